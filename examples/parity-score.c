@@ -1,0 +1,155 @@
+/* parity-score: the log-probs a learner computes for one sequence.
+ *
+ *   parity-score --model DIR|synthetic:NAME[:SEED] --policy PRESET [--bytes FILE | --tokens FILE]
+ *                [--temperature T] [--logprob-mode raw|processed|processed-truncated]
+ *                [--top-k K] [--top-p P] [--min-p P] [--threads N] [--backend bf16|openblas]
+ *                [--out FILE]
+ *
+ * Prints log p(x_t | x_<t) for t = 1 .. n-1, one per line ("%.9g", which round-trips a
+ * float), or with --out writes them as little-endian float32. The mode is "raw" unless
+ * --temperature is given ("processed": log-probs of logits / T) or --logprob-mode says
+ * otherwise; processed-truncated renormalises over the top-k/top-p/min-p support, as
+ * parity-generate's sampler does. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "parity.h"
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: parity-score --model DIR|synthetic:NAME[:SEED] --policy PRESET\n"
+            "                    (--bytes FILE | --tokens FILE) [--temperature T]\n"
+            "                    [--logprob-mode raw|processed|processed-truncated] [--top-k K]\n"
+            "                    [--top-p P] [--min-p P] [--threads N] [--backend bf16|openblas]\n"
+            "                    [--out FILE]\n"
+            "presets: fp32 hf-eager hf-sdpa vllm sglang aligned (+aligned, +fp32-head)\n");
+}
+
+static int fail(const char *what, int status) {
+    fprintf(stderr, "error: %s: %s: %s\n", what, parity_status_name(status), parity_last_error());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *model_spec = NULL, *policy_name = NULL, *bytes = NULL, *toks = NULL, *out = NULL;
+    const char *backend = "bf16", *mode = NULL;
+    float temperature = -1, top_p = 1.0f, min_p = 0.0f;
+    uint32_t threads = 1, top_k = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "error: %s needs a value\n", a);
+            usage();
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--model")) model_spec = v;
+        else if (!strcmp(a, "--policy")) policy_name = v;
+        else if (!strcmp(a, "--bytes")) bytes = v;
+        else if (!strcmp(a, "--tokens")) toks = v;
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--logprob-mode")) mode = v;
+        else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
+                 !strcmp(a, "--top-k")) {
+            int ok = !strcmp(a, "--top-k") ? parse_uint(v, &top_k)
+                     : parse_float(v, !strcmp(a, "--temperature") ? &temperature
+                                      : !strcmp(a, "--top-p")     ? &top_p
+                                                                  : &min_p);
+            if (!strcmp(a, "--temperature") && !(temperature >= 0)) ok = 0;
+            if (!ok) {
+                fprintf(stderr, "error: bad value for %s: '%s'\n", a, v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--threads")) {
+            if (!parse_uint(v, &threads) || threads == 0) {
+                fprintf(stderr, "error: --threads must be a positive integer\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "error: unknown option %s\n", a);
+            usage();
+            return 2;
+        }
+    }
+    if (!model_spec || !policy_name || (!bytes == !toks)) {
+        usage();
+        return 2;
+    }
+
+    parity_scorer_params params;
+    parity_scorer_default_params(&params);
+    params.n_threads = threads;
+    int rc = parity_policy_from_name(policy_name, &params.policy);
+    if (rc) return fail("--policy", rc);
+    if (!strcmp(backend, "bf16")) params.backend = PARITY_BACKEND_BF16;
+    else if (!strcmp(backend, "openblas")) params.backend = PARITY_BACKEND_OPENBLAS;
+    else {
+        fprintf(stderr, "error: --backend must be bf16 or openblas\n");
+        return 2;
+    }
+
+    uint32_t n;
+    int32_t *tokens = read_tokens(bytes ? bytes : toks, bytes != NULL, &n);
+    if (!tokens) return 1;
+    parity_model *model = NULL;
+    parity_scorer *scorer = NULL;
+    float *lp = malloc((n ? n : 1) * sizeof *lp);
+    int status = 1;
+    if (!lp) {
+        fprintf(stderr, "error: out of memory\n");
+        goto done;
+    }
+    if ((rc = parity_model_open(model_spec, &model))) {
+        fail(model_spec, rc);
+        goto done;
+    }
+    if (n > params.max_tokens && n <= parity_model_config(model)->max_position_embeddings)
+        params.max_tokens = n;
+    if ((rc = parity_scorer_create(model, &params, &scorer))) {
+        fail("creating the scorer", rc);
+        goto done;
+    }
+    parity_score_options opt;
+    parity_score_default_options(&opt);
+    if (temperature >= 0) {
+        opt.mode = PARITY_LOGPROB_PROCESSED;
+        opt.temperature = temperature;
+    }
+    if (mode && !strcmp(mode, "raw")) opt.mode = PARITY_LOGPROB_RAW;
+    else if (mode && !strcmp(mode, "processed")) opt.mode = PARITY_LOGPROB_PROCESSED;
+    else if (mode && !strcmp(mode, "processed-truncated")) opt.mode = PARITY_LOGPROB_PROCESSED_TRUNCATED;
+    else if (mode) {
+        fprintf(stderr, "error: --logprob-mode must be raw, processed or processed-truncated\n");
+        goto done;
+    }
+    opt.top_k = top_k;
+    opt.top_p = top_p;
+    opt.min_p = min_p;
+    if ((rc = parity_score(scorer, &opt, tokens, &n, 1, lp, NULL, NULL, NULL))) {
+        fail("scoring", rc);
+        goto done;
+    }
+    if (out) {
+        FILE *f = fopen(out, "wb");
+        if (!f || fwrite(lp, sizeof *lp, n - 1, f) != n - 1 || fclose(f) != 0) {
+            fprintf(stderr, "error: %s: cannot write\n", out);
+            goto done;
+        }
+    } else {
+        for (uint32_t t = 0; t + 1 < n; t++) printf("%.9g\n", (double)lp[t]);
+    }
+    status = 0;
+done:
+    parity_scorer_free(scorer);
+    parity_model_free(model);
+    free(lp);
+    free(tokens);
+    return status;
+}

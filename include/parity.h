@@ -1,0 +1,573 @@
+/*
+ * libparity — BF16 forward passes of Qwen-family models with every rounding point explicit,
+ * and a sampler and a learner that return bitwise-identical log-probabilities.
+ *
+ * This header is the whole public API: a function or type that is not declared here is not
+ * published. Conventions, for every object:
+ *
+ *   - Handles are opaque. `parity_X_free(NULL)` is a harmless no-op.
+ *   - Every fallible call returns a parity_status (0 = PARITY_OK, errors are negative and
+ *     stable once published). On failure, parity_last_error() returns a message for the
+ *     calling thread saying what was wrong, and nothing the caller owns has been changed
+ *     (output buffers excepted: their contents are unspecified after a failed call).
+ *   - The library never prints, never exits and never aborts on bad input; it speaks only
+ *     through the logging hook the host installs (parity_set_log_callback).
+ *   - Threading: a parity_model is immutable after it is loaded and may be shared by any
+ *     number of threads. A parity_scorer is used by one thread at a time (it owns scratch
+ *     memory and a thread pool); create one per thread that scores. The region kernels are
+ *     pure functions of their arguments and may be called from any thread.
+ *   - Params structs start with their size (`size`), filled by the *_default_params()
+ *     function, so that the ABI can grow: always initialise them with that function.
+ *
+ * Numerics: see DESIGN.md and README.md. In short, fp32->bf16 is round-to-nearest-even with
+ * quiet NaN (PyTorch's rule); bf16->fp32 is exact; every reduction runs in one fixed,
+ * documented order per output element, independent of batch size, batch position, chunking,
+ * thread count and SIMD path.
+ */
+#ifndef PARITY_H
+#define PARITY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(PARITY_STATIC_DEFINE)
+#define PARITY_API
+#elif defined(PARITY_BUILDING_LIBRARY)
+#define PARITY_API __attribute__((visibility("default")))
+#else
+#define PARITY_API
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* Version                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+#define PARITY_VERSION_MAJOR 0
+#define PARITY_VERSION_MINOR 1
+#define PARITY_VERSION_PATCH 0
+#define PARITY_VERSION_STRING "0.1.0"
+#define PARITY_VERSION_NUMBER \
+    (PARITY_VERSION_MAJOR * 10000 + PARITY_VERSION_MINOR * 100 + PARITY_VERSION_PATCH)
+
+/* Runtime version, so a host can check that it links what it compiled against:
+ *   assert(parity_version_number() == PARITY_VERSION_NUMBER); */
+PARITY_API const char *parity_version(void);
+PARITY_API int parity_version_number(void);
+
+/* The ABI: bumped whenever a public struct or a function's signature changes, so that a
+ * binding (python/parity) can check that it mirrors this library. */
+#define PARITY_ABI_VERSION 1
+PARITY_API int parity_abi_version(void);
+/* sizeof a public struct by its name ("parity_policy", "parity_config",
+ * "parity_scorer_params", "parity_score_options", "parity_sampling",
+ * "parity_sampler_params"); 0 for other names. */
+PARITY_API size_t parity_struct_size(const char *name);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Status codes and errors                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum parity_status {
+    PARITY_OK = 0,
+
+    /* generic */
+    PARITY_ERR_INVALID_ARGUMENT = -1,  /* NULL pointer, zero count, bad option value */
+    PARITY_ERR_OUT_OF_MEMORY = -2,     /* an allocation failed; nothing was changed */
+    PARITY_ERR_IO = -3,                /* a file could not be opened, read, mapped or written */
+    PARITY_ERR_UNSUPPORTED = -4,       /* valid input this build does not handle */
+
+    /* JSON files (config.json, model.safetensors.index.json) */
+    PARITY_ERR_JSON_SYNTAX = -10,      /* not valid JSON (RFC 8259), or nested too deep */
+    PARITY_ERR_CONFIG = -11,           /* config.json: missing, wrong type or out-of-range field */
+    PARITY_ERR_INDEX = -12,            /* index.json: bad weight_map, missing shard, tensor in
+                                          a shard the map does not name */
+
+    /* safetensors: one status per rule of the format */
+    PARITY_ERR_ST_HEADER_LENGTH = -20, /* file < 8 bytes, header length 0, > 100 MB or past EOF */
+    PARITY_ERR_ST_HEADER_UTF8 = -21,   /* header is not valid UTF-8 */
+    PARITY_ERR_ST_HEADER_JSON = -22,   /* header is not a JSON object of tensor entries
+                                          {"dtype","shape","data_offsets"} (+ "__metadata__") */
+    PARITY_ERR_ST_DTYPE = -23,         /* unknown dtype string */
+    PARITY_ERR_ST_OFFSETS = -24,       /* data_offsets not contiguous from 0: gap, overlap,
+                                          or end < begin */
+    PARITY_ERR_ST_OVERFLOW = -25,      /* shape product or byte size overflows 64 bits */
+    PARITY_ERR_ST_SIZE = -26,          /* shape x dtype size differs from the byte range */
+    PARITY_ERR_ST_TRUNCATED = -27,     /* the file ends before the last tensor's data */
+    PARITY_ERR_ST_TRAILING = -28,      /* bytes after the last tensor's data */
+    PARITY_ERR_ST_DUPLICATE = -29,     /* a tensor name appears twice (in a file or across shards) */
+
+    /* model tensors against the config */
+    PARITY_ERR_TENSOR_MISSING = -30,   /* a tensor the config requires is absent */
+    PARITY_ERR_TENSOR_SHAPE = -31,     /* a tensor's shape does not match the config */
+    PARITY_ERR_TENSOR_DTYPE = -32,     /* a weight stored in a dtype other than BF16/F16/F32 */
+    PARITY_ERR_TENSOR_NONFINITE = -33, /* a weight holds NaN or Inf */
+    PARITY_ERR_TENSOR_UNEXPECTED = -34,/* a tensor the architecture does not use */
+
+    /* inputs to scoring */
+    PARITY_ERR_TOKEN_RANGE = -40,      /* a token id < 0 or >= vocab_size */
+    PARITY_ERR_EMPTY_INPUT = -41,      /* a sequence of length 0, or no sequences */
+    PARITY_ERR_TOO_LONG = -42,         /* a sequence longer than the context or the capacity */
+    PARITY_ERR_POLICY = -43,           /* unknown preset name or invalid policy switch value */
+
+    /* the sampler */
+    PARITY_ERR_CACHE_FULL = -50,       /* no free KV cache blocks or sequence slots for the call */
+    PARITY_ERR_UNKNOWN_SEQUENCE = -51, /* a sequence id that is not live in this sampler */
+    PARITY_ERR_SEQUENCE_FINISHED = -52,/* a step asked of a sequence that has finished */
+} parity_status;
+
+/* Stable name of a status ("PARITY_ERR_ST_OFFSETS"); "PARITY_UNKNOWN_STATUS" for others. */
+PARITY_API const char *parity_status_name(int status);
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next
+ * call into the library from this thread. */
+PARITY_API const char *parity_last_error(void);
+
+/* Logging: the library reports nothing unless a callback is installed (process-wide). The
+ * callback may be called from any thread that calls into the library. */
+typedef enum parity_log_level {
+    PARITY_LOG_ERROR = 0,
+    PARITY_LOG_WARN = 1,
+    PARITY_LOG_INFO = 2,
+    PARITY_LOG_DEBUG = 3,
+} parity_log_level;
+typedef void (*parity_log_fn)(parity_log_level level, const char *message, void *user);
+PARITY_API void parity_set_log_callback(parity_log_fn fn, void *user);
+
+/* ---------------------------------------------------------------------------------------- */
+/* bf16                                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+/* fp32 -> bf16, round to nearest even; every NaN -> 0x7fc0 (quiet): as PyTorch's
+ * c10::BFloat16. Exactly the rule `(u + 0x7fff + ((u >> 16) & 1)) >> 16` for non-NaN u. */
+PARITY_API uint16_t parity_bf16_from_f32(float x);
+/* bf16 -> fp32, exact. */
+PARITY_API float parity_bf16_to_f32(uint16_t x);
+
+/* ---------------------------------------------------------------------------------------- */
+/* CPU paths                                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Every kernel has a portable C reference, which is its specification, and SIMD variants
+ * that must equal it bit for bit. The path is detected once; the environment variable
+ * PARITY_CPU_PATH (portable | avx2) or parity_set_cpu_path() forces one. */
+typedef enum parity_cpu_path {
+    PARITY_CPU_PORTABLE = 0,
+    PARITY_CPU_AVX2 = 1,      /* AVX2 + FMA */
+} parity_cpu_path;
+
+/* The path in use now. */
+PARITY_API parity_cpu_path parity_get_cpu_path(void);
+/* Name of a path ("portable", "avx2"). */
+PARITY_API const char *parity_cpu_path_name(parity_cpu_path path);
+/* Force a path. Fails with PARITY_ERR_UNSUPPORTED if this CPU (or OS) lacks it. Process-wide:
+ * call it while no other thread is inside the library. Results never depend on it. */
+PARITY_API int parity_set_cpu_path(parity_cpu_path path);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Precision policy: one switch per rounding point                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Values of the switches. "ROUND" means: the fp32 value is rounded to bf16 at that point. */
+enum {
+    /* norm_input: what the RMSNorm after a residual add reads */
+    PARITY_NORM_INPUT_ROUNDED = 0,  /* the bf16-rounded residual sum (HF transformers) */
+    PARITY_NORM_INPUT_FP32 = 1,     /* the unrounded fp32 sum (vLLM compiled, SGLang) */
+
+    /* norm_weight, qk_norm: how the normalised value meets the weight */
+    PARITY_NORM_ROUND_TWICE = 0,    /* bf16(w * bf16(x * r)): HF, vLLM */
+    PARITY_NORM_ROUND_ONCE = 1,     /* bf16(w * x * r) in fp32 */
+
+    /* rope_table: precision of cos/sin */
+    PARITY_ROPE_TABLE_BF16 = 0,
+    PARITY_ROPE_TABLE_FP32 = 1,
+
+    /* rope_apply */
+    PARITY_ROPE_PER_OP = 0,         /* bf16(bf16(x*c) +- bf16(x'*s)): 3 roundings (HF) */
+    PARITY_ROPE_FUSED = 1,          /* bf16(x*c +- x'*s) in fp32: 1 rounding */
+
+    /* swiglu */
+    PARITY_SWIGLU_PER_OP = 0,       /* bf16(bf16(silu(g)) * u): 2 roundings (HF, vLLM CUDA) */
+    PARITY_SWIGLU_FUSED = 1,        /* bf16(silu(g) * u) in fp32: 1 rounding */
+
+    /* attention */
+    PARITY_ATTN_EAGER = 0,          /* HF eager: bf16 scores, bf16 scaled, fp32 softmax -> bf16 P,
+                                       bf16(P.V) */
+    PARITY_ATTN_FLASH = 1,          /* flash: fp32 scores, P = exp(s-m) fp32, l over fp32 P,
+                                       O = sum bf16(P) V in fp32, bf16(O / l) */
+    PARITY_ATTN_FP32 = 2,           /* fp32 softmax attention, no rounding */
+
+    /* logits */
+    PARITY_LOGITS_BF16 = 0,         /* lm_head output rounded to bf16 */
+    PARITY_LOGITS_FP32 = 1,         /* fp32 lm_head output (an "fp32 head") */
+
+    /* temperature */
+    PARITY_TEMPERATURE_BF16 = 0,    /* logits / T rounded to bf16 (verl's div_ on bf16 logits) */
+    PARITY_TEMPERATURE_FP32 = 1,    /* logits / T in fp32 */
+
+    /* compute: the master switch of the fp32 reference */
+    PARITY_COMPUTE_BF16 = 0,        /* bf16 weights and activations, rounding where switched */
+    PARITY_COMPUTE_FP32 = 1,        /* fp32 everywhere: no rounding at any point, fp32 weights
+                                       (F32 checkpoints keep their master weights; bf16/f16
+                                       checkpoints are widened exactly). The other switches
+                                       are ignored. */
+};
+
+typedef struct parity_policy {
+    uint8_t compute;      /* PARITY_COMPUTE_* */
+    uint8_t norm_input;   /* PARITY_NORM_INPUT_* (residual RMSNorms) */
+    uint8_t norm_weight;  /* PARITY_NORM_ROUND_* (input, post-attention and final RMSNorm) */
+    uint8_t qk_norm;      /* PARITY_NORM_ROUND_* (Qwen3 q_norm / k_norm, before RoPE) */
+    uint8_t rope_table;   /* PARITY_ROPE_TABLE_* */
+    uint8_t rope_apply;   /* PARITY_ROPE_PER_OP / PARITY_ROPE_FUSED */
+    uint8_t swiglu;       /* PARITY_SWIGLU_* */
+    uint8_t attention;    /* PARITY_ATTN_* */
+    uint8_t logits;       /* PARITY_LOGITS_* */
+    uint8_t temperature;  /* PARITY_TEMPERATURE_* */
+    uint8_t reserved[6];  /* zero */
+} parity_policy;
+
+/*
+ * Presets (names are API). Each follows the framework behaviour cited; the line-by-line
+ * sources are in notes/framework-numerics.md (copied from ../shared/notes).
+ *
+ *  "fp32"      Reference: no rounding anywhere, fp32 weights.
+ *  "hf-eager"  transformers eager, torch_dtype=bfloat16 (modeling_qwen3.py / qwen2.py):
+ *              `hidden_states = residual + hidden_states` rounds and Qwen3RMSNorm reads it;
+ *              `hidden_states.to(input_dtype)` then `self.weight * hidden_states` (2 roundings);
+ *              RoPE `cos.to(dtype)`, `(q * cos) + (rotate_half(q) * sin)` (3 roundings);
+ *              `act_fn(gate_proj(x)) * up_proj(x)` (2 roundings); eager_attention_forward
+ *              (bf16 matmul, `* scaling`, `+ causal_mask`, softmax(dtype=float32).to(bf16),
+ *              bf16 matmul); bf16 lm_head; verl's `logits.div_(temperature)` on bf16 logits.
+ *  "hf-sdpa"   as hf-eager with F.scaled_dot_product_attention's flash recipe (fp32 scores,
+ *              bf16 P before P.V, one output rounding).
+ *  "vllm"      vLLM default V1 (torch.compile/Inductor, custom_ops "none"): RMSNorm
+ *              forward_native `x = x + residual` in fp32, `residual = x.to(orig_dtype)`, the
+ *              norm reads the fp32 x, `x.to(orig_dtype)` then `x * self.weight` (2 roundings);
+ *              RotaryEmbedding bf16 cos_sin_cache, rotation fused (1 rounding); SiluAndMul
+ *              forward_native fused (1 rounding); FlashAttention; bf16 logits; sampler
+ *              `logits.to(torch.float32)` then temperature in fp32.
+ *  "sglang"    SGLang CUDA (FlashInfer FusedAddRMSNorm): fp32 sum read by the norm,
+ *              `x * rms_rcp * weight` rounded once; RoPE cache kept fp32 ("cache needs to be
+ *              in FP32"), one rounding; SwiGLU fused (not read from its source); flash
+ *              attention; bf16 logits; temperature in fp32.
+ *  "aligned"   the remedy: hf-eager with RoPE, SwiGLU and every RMSNorm (residual ones and
+ *              q/k-norm) in fp32 from their bf16 inputs, rounded once at the region output;
+ *              the norm reads the unrounded fp32 residual sum while the residual stream is
+ *              still rounded after each add. Attention, GEMMs, logits as hf-eager.
+ *
+ * Modifiers, appended to any preset: "+aligned" (the three regions as in "aligned"),
+ * "+fp32-head" (fp32 logits, which a temperature then divides in fp32: vLLM's head_dtype
+ * float32). E.g. "vllm+fp32-head", "hf-eager+aligned".
+ */
+PARITY_API int parity_policy_from_name(const char *name, parity_policy *out);
+/* The preset names, NULL-terminated ("fp32", "hf-eager", ...). */
+PARITY_API const char *const *parity_policy_preset_names(void);
+/* Checks that every switch holds a defined value. */
+PARITY_API int parity_policy_validate(const parity_policy *policy);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Region kernels on caller-owned bf16 buffers                                              */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * For engines that adopt a policy's rounding points without the rest of libparity. Buffers
+ * are bf16 bit patterns (uint16_t), rows contiguous with the given row strides (in
+ * elements). They neither allocate nor start threads. Under PARITY_COMPUTE_FP32 the math
+ * is fp32 throughout and only the store to the bf16 output rounds.
+ */
+
+/* Residual add + RMSNorm over rows of `dim`:
+ *   s = residual + delta (fp32);  residual_out = bf16(s)  (the residual stream);
+ *   out = RMSNorm(s or bf16(s), per policy->norm_input) * weight, rounded per
+ *   policy->norm_weight. residual_out may alias residual; out may alias delta. */
+PARITY_API int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim,
+                                       const uint16_t *delta, size_t delta_stride,
+                                       const uint16_t *residual, size_t residual_stride,
+                                       const uint16_t *weight, float eps,
+                                       uint16_t *residual_out, size_t residual_out_stride,
+                                       uint16_t *out, size_t out_stride);
+
+/* RMSNorm without a residual (layer 0's input norm, Qwen3 q/k-norm with
+ * `is_qk_norm` != 0, which then follows policy->qk_norm instead of norm_weight).
+ * out may alias x. */
+PARITY_API int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows,
+                              size_t dim, const uint16_t *x, size_t x_stride,
+                              const uint16_t *weight, float eps, uint16_t *out,
+                              size_t out_stride);
+
+/* SwiGLU: out = silu(gate) * up, rounded per policy->swiglu. out may alias gate or up. */
+PARITY_API int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim,
+                             const uint16_t *gate, size_t gate_stride, const uint16_t *up,
+                             size_t up_stride, uint16_t *out, size_t out_stride);
+
+/* RoPE, rotate-half (NeoX) pairing, in place on `rows` tokens x `n_heads` heads x
+ * `head_dim`, head vectors contiguous, a token's heads `head_dim` apart, tokens
+ * `row_stride` elements apart. positions[rows] are the token positions. The cos/sin tables
+ * are computed from `theta` as DESIGN.md describes (default rope; for scaled rope use the
+ * model API) and rounded to bf16 or not per policy->rope_table. */
+PARITY_API int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads,
+                           size_t head_dim, uint16_t *x, size_t row_stride,
+                           const int32_t *positions, double theta);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Models                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct parity_model parity_model;
+
+typedef enum parity_rope_type {
+    PARITY_ROPE_DEFAULT = 0,
+    PARITY_ROPE_LINEAR = 1,
+    PARITY_ROPE_LLAMA3 = 2,
+    PARITY_ROPE_YARN = 3,
+} parity_rope_type;
+
+typedef enum parity_arch {
+    PARITY_ARCH_QWEN2 = 0,   /* Qwen2 / Qwen2.5: q/k/v bias, no q/k-norm */
+    PARITY_ARCH_QWEN3 = 1,   /* Qwen3: q_norm/k_norm before RoPE, no bias */
+    PARITY_ARCH_LLAMA = 2,   /* Llama 3.x: no bias, no q/k-norm */
+} parity_arch;
+
+/* The blueprint of a model: what config.json says. */
+typedef struct parity_config {
+    uint32_t size;                 /* sizeof(parity_config) */
+    uint32_t arch;                 /* parity_arch */
+    uint32_t vocab_size;
+    uint32_t hidden_size;
+    uint32_t intermediate_size;
+    uint32_t num_hidden_layers;
+    uint32_t num_attention_heads;
+    uint32_t num_key_value_heads;
+    uint32_t head_dim;
+    uint32_t max_position_embeddings;  /* the context length */
+    uint32_t tie_word_embeddings;      /* lm_head shares embed_tokens */
+    uint32_t attention_bias;           /* q/k/v projections have a bias (Qwen2) */
+    uint32_t qk_norm;                  /* q_norm/k_norm present (Qwen3) */
+    float rms_norm_eps;
+    double rope_theta;
+    uint32_t rope_type;                /* parity_rope_type */
+    float rope_factor;                 /* linear, llama3, yarn */
+    float rope_low_freq_factor;        /* llama3 */
+    float rope_high_freq_factor;       /* llama3 */
+    uint32_t rope_original_max_position_embeddings;  /* llama3, yarn */
+    float rope_beta_fast;              /* yarn (default 32) */
+    float rope_beta_slow;              /* yarn (default 1) */
+    float rope_attention_factor;       /* yarn; 0 = derived from factor as transformers does */
+    float rope_mscale;                 /* yarn; 0 = absent */
+    float rope_mscale_all_dim;         /* yarn; 0 = absent */
+    uint32_t rope_truncate;            /* yarn (default 1) */
+} parity_config;
+
+/* Named built-in configs with real hyper-parameters: "tiny", "qwen3-0.6b",
+ * "qwen2.5-0.5b", "llama3.2-1b". */
+PARITY_API int parity_config_builtin(const char *name, parity_config *out);
+/* Names of the built-in configs, NULL-terminated. */
+PARITY_API const char *const *parity_config_builtin_names(void);
+/* Reads and validates a Hugging Face config.json. */
+PARITY_API int parity_config_load(const char *path, parity_config *out);
+
+/* Loads a Hugging Face checkpoint directory: config.json plus model.safetensors, or shards
+ * listed in model.safetensors.index.json. BF16 tensors are mapped, not copied; F16/F32 are
+ * cast to bf16 with round-to-nearest-even (F32 masters are kept, mapped, for the fp32
+ * policy). Every tensor is validated (format, shape against the config, finite values). */
+PARITY_API int parity_model_load(const char *dir, parity_model **out);
+
+/* A model with deterministic weights drawn from `seed`: normal(0, 0.02) matrices and
+ * embeddings, norm weights 1 + normal(0, 0.02), biases normal(0, 0.02), rounded to bf16. */
+PARITY_API int parity_model_synthetic(const parity_config *config, uint64_t seed,
+                                      parity_model **out);
+
+/* "DIR" or "synthetic:NAME[:SEED]" (seed default 0), as the command-line tools take it. */
+PARITY_API int parity_model_open(const char *spec, parity_model **out);
+
+/* Writes the model as a Hugging Face checkpoint directory (config.json + model.safetensors,
+ * bf16 weights). The directory must exist. */
+PARITY_API int parity_model_save(const parity_model *model, const char *dir);
+
+PARITY_API void parity_model_free(parity_model *model);
+PARITY_API const parity_config *parity_model_config(const parity_model *model);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Scorer: the learner entry point                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct parity_scorer parity_scorer;
+
+typedef enum parity_backend {
+    /* The library's own GEMM on bf16 weights (fp32 weights under PARITY_COMPUTE_FP32): fp32
+     * accumulation in one fixed order per output element, whatever M, tile or thread. */
+    PARITY_BACKEND_BF16 = 0,
+    /* OpenBLAS cblas_sgemm on the weights widened to fp32, one row per call (M = 1): on CPUs
+     * where OpenBLAS's sgemm is not invariant across M (measured on Zen: see
+     * bench/openblas-invariance), one-row calls are what keeps rows bitwise equal.
+     * OpenBLAS's own thread count is left as the host set it. */
+    PARITY_BACKEND_OPENBLAS = 1,
+} parity_backend;
+
+typedef struct parity_scorer_params {
+    uint32_t size;              /* sizeof(parity_scorer_params) */
+    uint32_t n_threads;         /* threads of the scorer's pool, including the caller; 0 = 1 */
+    uint32_t backend;           /* parity_backend */
+    uint32_t max_tokens;        /* capacity: the longest sequence, and the most tokens of one
+                                   group of sequences scored together; 0 = min(context, 8192) */
+    uint32_t chunk_rows;        /* rows per forward chunk (bounds scratch memory); 0 = 256 */
+    parity_policy policy;
+} parity_scorer_params;
+
+PARITY_API void parity_scorer_default_params(parity_scorer_params *params);
+PARITY_API int parity_scorer_create(const parity_model *model, const parity_scorer_params *params,
+                                    parity_scorer **out);
+PARITY_API void parity_scorer_free(parity_scorer *scorer);
+
+typedef enum parity_logprob_mode {
+    PARITY_LOGPROB_RAW = 0,        /* log_softmax of the logits */
+    PARITY_LOGPROB_PROCESSED = 1,  /* log_softmax of logits / temperature (temperature 0, i.e.
+                                      greedy, counts as 1) */
+    PARITY_LOGPROB_PROCESSED_TRUNCATED = 2,
+                                   /* as PROCESSED, renormalised over the support the sampler
+                                      draws from after top-k, top-p and min-p (the support of
+                                      greedy is the arg max alone); -inf outside it. With no
+                                      truncation switched on it equals PROCESSED. */
+} parity_logprob_mode;
+
+typedef struct parity_score_options {
+    uint32_t size;              /* sizeof(parity_score_options) */
+    uint32_t mode;              /* parity_logprob_mode */
+    float temperature;          /* >= 0; PROCESSED modes divide the logits by it (0 = greedy) */
+    uint32_t top_k;             /* PROCESSED_TRUNCATED: as the sampler's (0 = off) */
+    float top_p;                /* PROCESSED_TRUNCATED: in (0, 1] (1 = off) */
+    float min_p;                /* PROCESSED_TRUNCATED: in [0, 1) (0 = off) */
+    uint32_t top_n;             /* alternatives to report per position (0 = none) */
+} parity_score_options;
+
+PARITY_API void parity_score_default_options(parity_score_options *options);
+
+/*
+ * Scores n_seqs token sequences, concatenated in `tokens` with lengths `lengths[i]` >= 1.
+ * For sequence i, writes log p(x_t | x_<t) for t = 1 .. len_i - 1 to `logprobs`,
+ * sequences one after another (sum of (len_i - 1) values). Optional outputs (NULL to skip),
+ * indexed like `logprobs`: `entropy` (nats, of the distribution the mode defines) and the
+ * top_n most likely tokens per position (`top_ids`, `top_logprobs`, top_n per position,
+ * best first, ties to the lower id).
+ *
+ * The parity contract: each value is a pure function of the model, policy, backend, mode and
+ * that sequence's tokens 0..t — not of n_threads, of which sequences share the call or of
+ * their order, of chunk_rows, or of the CPU path.
+ */
+PARITY_API int parity_score(parity_scorer *scorer, const parity_score_options *options,
+                            const int32_t *tokens, const uint32_t *lengths, size_t n_seqs,
+                            float *logprobs, float *entropy, int32_t *top_ids,
+                            float *top_logprobs);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Sampler: KV-cached batched generation                                                    */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * A sampler owns a KV cache shared by many sequences, in blocks of 16 positions. A sequence
+ * is added from a prompt (prefilled in chunks), forked (the child shares the parent's cache
+ * blocks, copied on write), stepped (one decode step advances any set of live sequences
+ * together, in batches: members may join and leave between steps) and released.
+ *
+ * The parity contract: the log-prob a step reports for a token equals bitwise what
+ * parity_score() returns for the same tokens with the same model, policy, backend, mode and
+ * sampling parameters; and the tokens drawn depend only on (model, policy, backend, prompt,
+ * sampling parameters, seed, stream), never on the batch, its order, the prefill chunking,
+ * forking, the thread count or the CPU path.
+ */
+
+typedef struct parity_sampler parity_sampler;
+
+#define PARITY_MAX_STOP 16
+
+/* How a sequence draws its tokens. */
+typedef struct parity_sampling {
+    uint32_t size;               /* sizeof(parity_sampling) */
+    float temperature;           /* 0 = greedy (arg max, ties to the lower id) */
+    uint32_t top_k;              /* keep the k most likely tokens; 0 = off */
+    float top_p;                 /* keep the smallest most-likely set of mass >= top_p; 1 = off */
+    float min_p;                 /* keep tokens with p >= min_p * p_max; 0 = off */
+    uint64_t seed;               /* with the stream id and the position, keys the randomness */
+    uint32_t max_new_tokens;     /* finish after this many tokens; 0 = only stop or capacity */
+    uint32_t n_stop;             /* stop tokens: finish after drawing one of them */
+    int32_t stop[PARITY_MAX_STOP];
+    uint32_t logprob_mode;       /* parity_logprob_mode of the reported log-probs */
+    uint32_t top_n;              /* alternatives reported per step (0 = none) */
+} parity_sampling;
+
+PARITY_API void parity_sampling_default(parity_sampling *sampling);
+
+typedef struct parity_sampler_params {
+    uint32_t size;               /* sizeof(parity_sampler_params) */
+    uint32_t n_threads;          /* threads of the sampler's pool, including the caller; 0 = 1 */
+    uint32_t backend;            /* parity_backend */
+    uint32_t max_seqs;           /* live sequences at once; 0 = 64 */
+    uint32_t max_len;            /* positions of one sequence (prompt + generated);
+                                    0 = min(context, 4096) */
+    uint32_t cache_tokens;       /* KV positions shared by all sequences; 0 = max_seqs * max_len */
+    uint32_t prefill_chunk;      /* rows per prefill forward; 0 = 256 */
+    uint32_t max_batch;          /* rows per decode forward; 0 = 64 */
+    parity_policy policy;
+    /* Kernel-order experiments, for the mismatch benchmarks: engines sum in other orders than a
+     * learner does. Both switch the sampler's decode steps to that order and so break the
+     * parity contract on purpose; 0 = off (the default). */
+    uint32_t split_k;            /* GEMMs sum K in this many chunks (each a multiple of 32
+                                    elements, in the backend's order), then add the partial
+                                    sums in chunk order, as split-K GEMMs do */
+    uint32_t split_kv;           /* flash attention over segments of this many positions, each
+                                    with its own max and sum, merged in order (split-KV /
+                                    flash-decoding); eager and fp32 attention ignore it */
+} parity_sampler_params;
+
+PARITY_API void parity_sampler_default_params(parity_sampler_params *params);
+PARITY_API int parity_sampler_create(const parity_model *model,
+                                     const parity_sampler_params *params, parity_sampler **out);
+PARITY_API void parity_sampler_free(parity_sampler *sampler);
+
+/* Adds a sequence: prefills prompt[0 .. len-1) into the cache (the last prompt token is fed by
+ * the first step). `stream` identifies the sequence's randomness (e.g. the completion's index
+ * within its group): draws are keyed by (sampling->seed, stream, position). */
+PARITY_API int parity_sampler_add(parity_sampler *sampler, const int32_t *prompt, uint32_t len,
+                                  const parity_sampling *sampling, uint64_t stream,
+                                  uint32_t *seq);
+
+/* Forks a live sequence: the child has the parent's tokens and shares its cache blocks (the
+ * n completions of a GRPO group prefill their prompt once). The child gets its own stream
+ * and sampling parameters. */
+PARITY_API int parity_sampler_fork(parity_sampler *sampler, uint32_t parent,
+                                   const parity_sampling *sampling, uint64_t stream,
+                                   uint32_t *child);
+
+/* Releases a sequence and its cache blocks (blocks shared with other sequences stay). */
+PARITY_API int parity_sampler_release(parity_sampler *sampler, uint32_t seq);
+
+/* Why a sequence finished. */
+typedef enum parity_finish {
+    PARITY_RUNNING = 0,
+    PARITY_FINISHED_STOP = 1,        /* drew a stop token (included in its tokens) */
+    PARITY_FINISHED_LENGTH = 2,      /* max_new_tokens reached */
+    PARITY_FINISHED_CAPACITY = 3,    /* max_len reached */
+} parity_finish;
+
+/* One decode step for n live, unfinished sequences: draws one token each. Outputs, indexed
+ * like seqs: the token, its log-prob under the sequence's logprob_mode, its finish state,
+ * and (if the sequence asked for top_n and the arrays are given) top_n alternatives at
+ * top_ids/top_logprobs + i * max_top_n. Fails with PARITY_ERR_CACHE_FULL, before changing
+ * anything, if the cache cannot hold the new positions. */
+PARITY_API int parity_sampler_step(parity_sampler *sampler, const uint32_t *seqs, size_t n,
+                                   int32_t *tokens, float *logprobs, uint32_t *finished,
+                                   uint32_t max_top_n, int32_t *top_ids, float *top_logprobs);
+
+/* The tokens of a sequence so far (prompt then generated): valid until the next call that
+ * changes the sampler. */
+PARITY_API int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq,
+                                     const int32_t **tokens, uint32_t *len, uint32_t *prompt_len);
+
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PARITY_H */

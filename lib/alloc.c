@@ -1,0 +1,84 @@
+/* The library's allocations, in one place: overflow-checked sizes, a message on failure, and
+ * a hook for tests that counts allocations and fails the Nth one (the SQLite way). */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+static atomic_long alloc_count;      /* allocations attempted since the last reset */
+static atomic_long alloc_fail_at;    /* fail the allocation with this count (0 = never) */
+
+void px_alloc_test_reset(long fail_at) {
+    atomic_store(&alloc_count, 0);
+    atomic_store(&alloc_fail_at, fail_at);
+}
+
+long px_alloc_test_count(void) { return atomic_load(&alloc_count); }
+
+/* Counts an allocation; true if the test hook says this one fails. */
+static int injected_failure(void) {
+    long n = atomic_fetch_add(&alloc_count, 1) + 1;
+    long at = atomic_load(&alloc_fail_at);
+    return at > 0 && n == at;
+}
+
+void *px_malloc(size_t size, const char *what) {
+    void *p = injected_failure() ? NULL : malloc(size ? size : 1);
+    if (!p) set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes for %s", size, what);
+    return p;
+}
+
+void *px_calloc(size_t n, size_t size, const char *what) {
+    uint64_t total;
+    if (mul_overflows(n, size, &total) || total > SIZE_MAX) {
+        set_error(PARITY_ERR_OUT_OF_MEMORY, "size of %s overflows (%zu x %zu bytes)", what, n, size);
+        return NULL;
+    }
+    void *p = injected_failure() ? NULL : calloc(n ? n : 1, size ? size : 1);
+    if (!p) set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory allocating %zu x %zu bytes for %s", n, size, what);
+    return p;
+}
+
+void *px_aligned_alloc(size_t size, const char *what) {
+    void *p = NULL;
+    if (injected_failure() || posix_memalign(&p, 64, size ? size : 1) != 0) {
+        set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes for %s", size, what);
+        return NULL;
+    }
+    return p;
+}
+
+void *px_realloc(void *p, size_t size, const char *what) {
+    void *q = injected_failure() ? NULL : realloc(p, size ? size : 1);
+    if (!q) set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory growing %s to %zu bytes", what, size);
+    return q;
+}
+
+char *px_strdup(const char *s, const char *what) {
+    size_t n = strlen(s) + 1;
+    char *d = px_malloc(n, what);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+void px_free(void *p) { free(p); }
+
+/* IEEE binary16 -> fp32, exact (subnormals, infinities and NaN payloads kept). */
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1f) return f32_from_bits(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        if (mant == 0) return f32_from_bits(sign);
+        /* subnormal: normalise */
+        int e = -1;
+        do {
+            mant <<= 1;
+            e++;
+        } while (!(mant & 0x400u));
+        mant &= 0x3ffu;
+        return f32_from_bits(sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13));
+    }
+    return f32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+}

@@ -1,0 +1,127 @@
+/*
+ * CPU path selection: which kernel table kern() returns.
+ *
+ * Detected once (pthread_once): AVX2 needs the AVX2, FMA and F16C instructions (cpuid) and
+ * an OS that saves the SSE and AVX register state (OSXSAVE, then XCR0 bits 1 and 2). The
+ * environment variable PARITY_CPU_PATH (portable | avx2) forces a path at that point;
+ * parity_set_cpu_path() forces one later. Results never depend on the path: the tables are
+ * bitwise equal (kernels.h).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kernels.h"
+
+#if defined(PARITY_HAVE_AVX2)
+#include <cpuid.h>
+#endif
+
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+static int have_avx2;
+/* Read by every kernel call: atomic so that a parity_set_cpu_path() is not a data race,
+ * relaxed because the tables are constant. */
+static _Atomic(const kernels *) current;
+
+#if defined(PARITY_HAVE_AVX2)
+static int detect_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned fma = 1u << 12, osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
+    if ((c & (fma | osxsave | avx | f16c)) != (fma | osxsave | avx | f16c)) return 0;
+    /* XCR0: bit 1 = SSE state, bit 2 = AVX state, both saved by the OS. */
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    (void)xcr0_hi;
+    if ((xcr0_lo & 6u) != 6u) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b & (1u << 5)) != 0;  /* AVX2 */
+}
+#endif
+
+static const kernels *table_of(parity_cpu_path path) {
+#if defined(PARITY_HAVE_AVX2)
+    if (path == PARITY_CPU_AVX2) return &kernels_avx2;
+#endif
+    (void)path;
+    return &kernels_portable;
+}
+
+static int supported(parity_cpu_path path) {
+    switch (path) {
+    case PARITY_CPU_PORTABLE:
+        return 1;
+    case PARITY_CPU_AVX2:
+        return have_avx2;
+    }
+    return 0;
+}
+
+static void detect(void) {
+#if defined(PARITY_HAVE_AVX2)
+    have_avx2 = detect_avx2();
+#endif
+    parity_cpu_path best = have_avx2 ? PARITY_CPU_AVX2 : PARITY_CPU_PORTABLE;
+    parity_cpu_path path = best;
+
+    const char *env = getenv("PARITY_CPU_PATH");
+    if (env && *env) {
+        if (strcmp(env, "portable") == 0) {
+            path = PARITY_CPU_PORTABLE;
+        } else if (strcmp(env, "avx2") == 0) {
+            if (have_avx2)
+                path = PARITY_CPU_AVX2;
+            else
+                log_message(PARITY_LOG_WARN,
+                            "PARITY_CPU_PATH=avx2: this CPU or OS lacks AVX2/FMA/F16C; using %s",
+                            parity_cpu_path_name(best));
+        } else {
+            log_message(PARITY_LOG_WARN,
+                        "PARITY_CPU_PATH=%s is not a path (portable | avx2); using %s", env,
+                        parity_cpu_path_name(best));
+        }
+    }
+    atomic_store_explicit(&current, table_of(path), memory_order_relaxed);
+    log_message(PARITY_LOG_DEBUG, "cpu path: %s", parity_cpu_path_name(path));
+}
+
+const kernels *kern(void) {
+    pthread_once(&detect_once, detect);
+    return atomic_load_explicit(&current, memory_order_relaxed);
+}
+
+parity_cpu_path parity_get_cpu_path(void) {
+    return kern() == &kernels_portable ? PARITY_CPU_PORTABLE : PARITY_CPU_AVX2;
+}
+
+const char *parity_cpu_path_name(parity_cpu_path path) {
+    switch (path) {
+    case PARITY_CPU_PORTABLE:
+        return "portable";
+    case PARITY_CPU_AVX2:
+        return "avx2";
+    }
+    return "unknown";
+}
+
+int parity_set_cpu_path(parity_cpu_path path) {
+    clear_error();
+    pthread_once(&detect_once, detect);
+    if (path != PARITY_CPU_PORTABLE && path != PARITY_CPU_AVX2)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_set_cpu_path: %d is not a CPU path",
+                         (int)path);
+    if (!supported(path))
+        return set_error(PARITY_ERR_UNSUPPORTED,
+                         "parity_set_cpu_path: path \"%s\" is not available: %s",
+                         parity_cpu_path_name(path),
+#if defined(PARITY_HAVE_AVX2)
+                         "this CPU or OS lacks AVX2, FMA or F16C"
+#else
+                         "this build has no AVX2 kernels"
+#endif
+        );
+    atomic_store_explicit(&current, table_of(path), memory_order_relaxed);
+    return PARITY_OK;
+}

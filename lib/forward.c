@@ -1,0 +1,221 @@
+/*
+ * The forward pass: one function for the scorer and the sampler. They differ only in which
+ * rows they send (a whole sequence, a prefill chunk, one decode token per sequence) and
+ * which rows they want logits for; K/V always go through the cache.
+ *
+ * Every buffer is fp32. Under a bf16 policy the values in it are bf16 values, made so by an
+ * explicit round_to_bf16() at each rounding point below (or inside a region kernel, by the
+ * policy switch named at the call). Grepping this file for round_to_bf16 lists the rounding
+ * points outside the regions; lib/kernels_ref.c shows the ones inside.
+ */
+#include "forward.h"
+
+#include "internal.h"
+#include "kernels.h"
+
+/* A rounding point: under PARITY_COMPUTE_FP32 nothing rounds. */
+static void round_to_bf16(const fwd_ctx *ctx, float *x, size_t n) {
+    if (ctx->pol.compute != PARITY_COMPUTE_FP32) kern()->round_bf16(x, n);
+}
+
+/* The fp32 values of a small weight (norms): the master under PARITY_COMPUTE_FP32, else the
+ * bf16 values widened. */
+static const float *vec(const fwd_ctx *ctx, const weight *w) {
+    return ctx->pol.compute == PARITY_COMPUTE_FP32 ? weight_f32(w) : w->wide;
+}
+
+/* ---- row-parallel region calls ---------------------------------------------------------- */
+
+typedef struct region_job {
+    const fwd_ctx *ctx;
+    const weight *w;
+    float *a, *b, *out;   /* meaning depends on the region */
+    size_t width;         /* row width of a/b/out */
+    const fwd_row *rows;
+} region_job;
+
+/* residual add + RMSNorm: a = delta [rows][hidden], b = h (updated), out = xn */
+static void job_rmsnorm_residual(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const region_job *j = p;
+    const float eps = j->ctx->model->config.rms_norm_eps;
+    for (size_t r = begin; r < end; r++)
+        kern()->rmsnorm_residual(&j->ctx->pol, j->width, j->a + r * j->width, j->b + r * j->width,
+                                 vec(j->ctx, j->w), eps, j->out + r * j->width);
+}
+
+/* RMSNorm without residual: a = x [rows][width], out */
+static void job_rmsnorm(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const region_job *j = p;
+    const float eps = j->ctx->model->config.rms_norm_eps;
+    for (size_t r = begin; r < end; r++)
+        kern()->rmsnorm(&j->ctx->pol, 0, j->width, j->a + r * j->width, vec(j->ctx, j->w), eps,
+                        j->out + r * j->width);
+}
+
+/* Qwen3 q/k-norm: every head_dim vector of a [rows * heads][head_dim], in place */
+static void job_qk_norm(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const region_job *j = p;
+    const float eps = j->ctx->model->config.rms_norm_eps;
+    for (size_t r = begin; r < end; r++)
+        kern()->rmsnorm(&j->ctx->pol, 1, j->width, j->a + r * j->width, vec(j->ctx, j->w), eps,
+                        j->a + r * j->width);
+}
+
+/* SwiGLU: a = gate, b = up, out (may alias a) */
+static void job_swiglu(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const region_job *j = p;
+    for (size_t r = begin; r < end; r++)
+        kern()->swiglu(&j->ctx->pol, j->width, j->a + r * j->width, j->b + r * j->width,
+                       j->out + r * j->width);
+}
+
+/* RoPE on q (a, heads) and k (b, kv heads) of each row, at the row's position */
+static void job_rope(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const region_job *j = p;
+    const parity_config *c = &j->ctx->model->config;
+    const rope_tables *t = &j->ctx->model->rope;
+    const int bf16_table = j->ctx->pol.compute != PARITY_COMPUTE_FP32 &&
+                           j->ctx->pol.rope_table == PARITY_ROPE_TABLE_BF16;
+    const size_t hd = c->head_dim, half = hd / 2;
+    for (size_t r = begin; r < end; r++) {
+        size_t pos = j->rows[r].pos;
+        const float *cos = (bf16_table ? t->cos_bf16 : t->cos_f32) + pos * half;
+        const float *sin = (bf16_table ? t->sin_bf16 : t->sin_f32) + pos * half;
+        kern()->rope(&j->ctx->pol, c->num_attention_heads, hd,
+                     j->a + r * c->num_attention_heads * hd, cos, sin);
+        kern()->rope(&j->ctx->pol, c->num_key_value_heads, hd,
+                     j->b + r * c->num_key_value_heads * hd, cos, sin);
+    }
+}
+
+static void run_rows(const fwd_ctx *ctx, pool_fn fn, region_job j, size_t n_rows) {
+    j.ctx = ctx;
+    pool_run(ctx->pool, fn, &j, n_rows);
+}
+
+/* ---- the KV cache ----------------------------------------------------------------------- */
+
+static void store_kv(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
+                     const float *k, const float *v) {
+    const kv_cache *kv = ctx->kv;
+    const size_t w = kv->width, layer_off = (size_t)layer * kv->n_cells * w;
+    for (size_t r = 0; r < n_rows; r++) {
+        size_t off = layer_off + kv_cell(rows[r].blocks, rows[r].pos) * w;
+        if (kv->fp32) {
+            memcpy((float *)kv->k + off, k + r * w, w * sizeof(float));
+            memcpy((float *)kv->v + off, v + r * w, w * sizeof(float));
+        } else {
+            /* exact: K and V already hold bf16 values */
+            uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
+            for (size_t i = 0; i < w; i++) {
+                kd[i] = bf16_from_f32(k[r * w + i]);
+                vd[i] = bf16_from_f32(v[r * w + i]);
+            }
+        }
+    }
+}
+
+/* ---- the forward -------------------------------------------------------------------------- */
+
+void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_out,
+             const uint32_t *out_rows, float *logits) {
+    const parity_model *m = ctx->model;
+    const parity_config *c = &m->config;
+    fwd_scratch *s = ctx->s;
+    const size_t R = n_rows, dim = c->hidden_size, hd = c->head_dim;
+    const size_t q_dim = (size_t)c->num_attention_heads * hd;
+    const size_t kv_dim = (size_t)c->num_key_value_heads * hd;
+    const size_t inter = c->intermediate_size;
+    const int fp32 = ctx->pol.compute == PARITY_COMPUTE_FP32;
+
+    /* token embedding: the residual stream starts as the embedding rows (exact) */
+    for (size_t r = 0; r < R; r++) {
+        const size_t tok = (size_t)rows[r].token;
+        float *h = s->h + r * dim;
+        if (fp32) {
+            memcpy(h, weight_f32(&m->embed) + tok * dim, dim * sizeof *h);
+        } else {
+            const uint16_t *e = m->embed.bf16 + tok * dim;
+            for (size_t i = 0; i < dim; i++) h[i] = bf16_to_f32(e[i]);
+        }
+    }
+
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
+        const layer_weights *w = &m->layers[l];
+
+        /* attention rmsnorm: layer 0 reads the embedding; later layers first add the
+         * previous MLP's output to the residual stream (region: residual + RMSNorm) */
+        if (l == 0)
+            run_rows(ctx, job_rmsnorm, (region_job){.w = &w->attn_norm, .a = s->h, .out = s->xn,
+                                                    .width = dim}, R);
+        else
+            run_rows(ctx, job_rmsnorm_residual, (region_job){.w = &w->attn_norm, .a = s->delta,
+                                                             .b = s->h, .out = s->xn, .width = dim}, R);
+
+        /* q, k, v projections: each GEMM output rounded once */
+        linear(ctx, R, s->xn, &w->wq, &w->bq, s->q);
+        round_to_bf16(ctx, s->q, R * q_dim);
+        linear(ctx, R, s->xn, &w->wk, &w->bk, s->k);
+        round_to_bf16(ctx, s->k, R * kv_dim);
+        linear(ctx, R, s->xn, &w->wv, &w->bv, s->v);
+        round_to_bf16(ctx, s->v, R * kv_dim);
+
+        /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm) */
+        if (c->qk_norm) {
+            run_rows(ctx, job_qk_norm, (region_job){.w = &w->q_norm, .a = s->q, .width = hd},
+                     R * c->num_attention_heads);
+            run_rows(ctx, job_qk_norm, (region_job){.w = &w->k_norm, .a = s->k, .width = hd},
+                     R * c->num_key_value_heads);
+        }
+
+        /* RoPE relative positional encoding on q and k (region: RoPE) */
+        run_rows(ctx, job_rope, (region_job){.a = s->q, .b = s->k, .rows = rows}, R);
+
+        /* this batch's keys and values join the cache; attention reads them from there */
+        store_kv(ctx, l, R, rows, s->k, s->v);
+        attention(ctx, l, R, rows, s->q, s->att);
+
+        /* output projection */
+        linear(ctx, R, s->att, &w->wo, NULL, s->delta);
+        round_to_bf16(ctx, s->delta, R * dim);
+
+        /* residual connection + MLP rmsnorm (region: residual + RMSNorm) */
+        run_rows(ctx, job_rmsnorm_residual, (region_job){.w = &w->mlp_norm, .a = s->delta,
+                                                         .b = s->h, .out = s->xn, .width = dim}, R);
+
+        /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
+         * down projection rounded */
+        linear(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
+        round_to_bf16(ctx, s->gate, R * inter);
+        linear(ctx, R, s->xn, &w->w_up, NULL, s->up);
+        round_to_bf16(ctx, s->up, R * inter);
+        run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
+                                               .width = inter}, R);
+        linear(ctx, R, s->gate, &w->w_down, NULL, s->delta);
+        round_to_bf16(ctx, s->delta, R * dim);
+    }
+
+    if (n_out == 0) return;
+
+    /* gather the rows that want logits (out_rows ascending, so in place is safe) */
+    for (size_t i = 0; i < n_out; i++) {
+        size_t r = out_rows[i];
+        if (r != i) {
+            memmove(s->h + i * dim, s->h + r * dim, dim * sizeof(float));
+            memmove(s->delta + i * dim, s->delta + r * dim, dim * sizeof(float));
+        }
+    }
+
+    /* last residual connection + final rmsnorm (region: residual + RMSNorm) */
+    run_rows(ctx, job_rmsnorm_residual, (region_job){.w = &m->final_norm, .a = s->delta,
+                                                     .b = s->h, .out = s->xn, .width = dim}, n_out);
+
+    /* classifier into logits: rounded to bf16 unless the policy keeps an fp32 head */
+    linear(ctx, n_out, s->xn, &m->lm_head, NULL, logits);
+    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_to_bf16(ctx, logits, n_out * c->vocab_size);
+}

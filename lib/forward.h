@@ -1,0 +1,97 @@
+/* The one forward pass, shared by the scorer (learner) and the sampler: the rows of a batch,
+ * the KV cache they read and write, and the GEMM backends. */
+#ifndef PARITY_FORWARD_H
+#define PARITY_FORWARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "parity.h"
+#include "threadpool.h"
+
+/* ---- KV cache ---------------------------------------------------------------------------
+ * Cells hold the K and V vectors of one position of one sequence, for every layer. Cells are
+ * grouped in blocks of KV_BLOCK positions; a sequence owns a block table, and position p of
+ * it lives in cell blocks[p / KV_BLOCK] * KV_BLOCK + p % KV_BLOCK. K is stored after q/k-norm
+ * and RoPE. Values are bf16 (exact: the forward rounded them) or fp32 under
+ * PARITY_COMPUTE_FP32. */
+#define KV_BLOCK 16
+
+typedef struct kv_cache {
+    uint32_t n_layers, n_cells, width;  /* width = num_key_value_heads * head_dim */
+    int fp32;
+    void *k, *v;                        /* [n_layers][n_cells][width] */
+} kv_cache;
+
+int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32);
+void kv_cache_free(kv_cache *kv);
+
+static inline size_t kv_cell(const uint32_t *blocks, uint32_t pos) {
+    return (size_t)blocks[pos / KV_BLOCK] * KV_BLOCK + pos % KV_BLOCK;
+}
+
+/* ---- a batch ------------------------------------------------------------------------------
+ * One row = one token of one sequence at one position. A row attends to positions 0..pos of
+ * its sequence (the cells its block table names); rows of the same sequence in one batch
+ * must come in position order, and positions before the batch's first row must already be in
+ * the cache. */
+typedef struct fwd_row {
+    int32_t token;
+    uint32_t pos;
+    const uint32_t *blocks;
+} fwd_row;
+
+/* Scratch for batches of up to max_rows rows and contexts up to max_ctx positions. */
+typedef struct fwd_scratch {
+    uint32_t max_rows, max_ctx;
+    float *h;       /* [max_rows][hidden]       the residual stream */
+    float *delta;   /* [max_rows][hidden]       a sublayer's output, added to h */
+    float *xn;      /* [max_rows][hidden]       a norm's output, the next GEMM's input */
+    float *q;       /* [max_rows][heads*hd]     queries */
+    float *k, *v;   /* [max_rows][kv_heads*hd]  this batch's keys and values */
+    float *att;     /* [max_rows][heads*hd]     attention output */
+    float *gate;    /* [max_rows][intermediate] */
+    float *up;      /* [max_rows][intermediate] */
+    float *xpack;   /* [max_rows][packed K]     GEMM input in the pair32 layout */
+    float *scores;  /* [workers][max_ctx]       attention scores / probabilities */
+    float *pv;      /* [workers][2 * head_dim]  attention accumulators */
+    float *partial; /* [max_rows][widest GEMM output] split-K partial sums (only when asked) */
+} fwd_scratch;
+
+int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
+                     uint32_t max_ctx, unsigned n_workers, int split_k);
+void fwd_scratch_free(fwd_scratch *s);
+
+/* Everything a forward needs besides the batch. */
+typedef struct fwd_ctx {
+    const parity_model *model;
+    parity_policy pol;
+    uint32_t backend;       /* parity_backend */
+    threadpool *pool;
+    kv_cache *kv;
+    fwd_scratch *s;
+    /* kernel-order experiments (parity_sampler_params): 0 = the contract's orders */
+    uint32_t split_k, split_kv;
+} fwd_ctx;
+
+/* Runs the rows through the model, writing their K/V to the cache. For the n_out rows listed
+ * in out_rows (indices into rows, ascending), writes the logits to logits[n_out][vocab]
+ * (rounded to bf16 unless the policy keeps an fp32 head). n_rows <= s->max_rows. */
+void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_out,
+             const uint32_t *out_rows, float *logits);
+
+/* ---- GEMM backends (gemm.c) --------------------------------------------------------------
+ * y[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]) for m < M, n < w->rows, fp32, unrounded:
+ * the forward rounds at the call site. x has w->cols columns (row stride w->cols), y has
+ * w->rows (row stride w->rows). */
+void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
+            float *y);
+
+/* ---- attention (attention.c) ----------------------------------------------------------
+ * For every row and head: causal attention over the row's positions 0..pos from the cache
+ * of `layer`, per policy->attention; q [n_rows][heads*hd] -> att [n_rows][heads*hd]. */
+void attention(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
+               const float *q, float *att);
+
+#endif

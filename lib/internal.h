@@ -1,0 +1,74 @@
+/* Internal declarations shared by the library's files. Nothing here is API. */
+#ifndef PARITY_INTERNAL_H
+#define PARITY_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "parity.h"
+
+#if defined(__GNUC__)
+#define PARITY_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define PARITY_PRINTF(a, b)
+#endif
+
+/* ---- errors (errors.c) ----------------------------------------------------------------- */
+
+/* Records `status` and a formatted message for this thread; returns `status`, so that a
+ * failing path reads `return set_error(PARITY_ERR_X, "...", ...);`. */
+int set_error(int status, const char *fmt, ...) PARITY_PRINTF(2, 3);
+/* Clears this thread's message (called on entry by public functions that can fail). */
+void clear_error(void);
+/* The logging hook (log.c). */
+void log_message(parity_log_level level, const char *fmt, ...) PARITY_PRINTF(2, 3);
+
+/* ---- memory (alloc.c) ------------------------------------------------------------------ */
+
+/* Every allocation of the library goes through these, so that tests can count them and
+ * fail the Nth one. They set PARITY_ERR_OUT_OF_MEMORY with a message naming `what` when
+ * they fail. Sizes are checked for overflow (n * size). */
+void *px_malloc(size_t size, const char *what);
+void *px_calloc(size_t n, size_t size, const char *what);
+void *px_aligned_alloc(size_t size, const char *what); /* 64-byte aligned, free with px_free */
+void *px_realloc(void *p, size_t size, const char *what);
+char *px_strdup(const char *s, const char *what);
+void px_free(void *p);
+/* Test hook: counts allocations from now on and makes the fail_at-th one fail (0 = none). */
+void px_alloc_test_reset(long fail_at);
+long px_alloc_test_count(void);
+
+/* ---- bf16 ------------------------------------------------------------------------------ */
+
+static inline uint32_t f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static inline float f32_from_bits(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+/* fp32 -> bf16 bits: round to nearest even; every NaN -> 0x7fc0 (PyTorch's c10::BFloat16). */
+static inline uint16_t bf16_from_f32(float x) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+/* The rounding point: an fp32 value rounded to the nearest bf16, held in fp32. */
+static inline float round_bf16(float x) { return bf16_to_f32(bf16_from_f32(x)); }
+
+/* f16 (IEEE binary16) bits -> fp32, exact. */
+float f16_to_f32(uint16_t h);
+
+/* ---- checked arithmetic ---------------------------------------------------------------- */
+
+static inline int mul_overflows(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+
+#endif /* PARITY_INTERNAL_H */

@@ -1,0 +1,124 @@
+/*
+ * Kernels: one table per instruction set. kernels_ref.c (portable C) is the specification;
+ * every other table (kernels_avx2.c) must return the same bits for every input, tails and
+ * odd sizes included (NaN payloads excepted: which NaN an operation on two NaNs returns
+ * follows the compiler's choice of operand order, so an fp32 NaN result is only NaN in
+ * every table; bf16 has one NaN, 0x7fc0). Kernels take pointers and sizes; they neither
+ * allocate nor start threads. The summation orders below are part of the numerics contract.
+ *
+ * Orders
+ * ------
+ * dot16 (fp32 dot products, sums of squares, sums of exponentials):
+ *   16 lane accumulators, all +0. Element i goes to lane i % 16, in ascending i, as
+ *   acc = fmaf(a[i], b[i], acc) (for sums: acc = acc + x[i]). Then the lanes are folded:
+ *   l += l + 8 (l < 8), then l += l + 4 (l < 4), then l += l + 2, then l += l + 1:
+ *   result = lane 0.
+ *
+ * pair32 (GEMM on bf16 weights; the order of vdpbf16ps, which equals two sequential fmaf,
+ * odd element first):
+ *   16 lane accumulators, all +0. Chunk c covers k = 32c .. 32c+31; lane l takes the pair
+ *   (k0 = 32c + 2l, k1 = k0 + 1) as acc = fmaf(x[k0], w[k0], fmaf(x[k1], w[k1], acc)),
+ *   chunks in ascending c; elements with k >= K are skipped. Then the dot16 fold.
+ *
+ * Elementwise functions: exp is parity_expf below (the same algorithm in every table);
+ * every other elementwise op is a single IEEE operation (or fmaf) in the order written.
+ * No path flushes denormals.
+ */
+#ifndef PARITY_KERNELS_H
+#define PARITY_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "parity.h"
+
+/* exp in fp32, the library's own (|error| <= 1 ulp, not correctly rounded), identical in
+ * every table: a scalar form for the reference kernels. */
+float parity_expf(float x);
+
+typedef struct kernels {
+    const char *name;  /* "portable", "avx2" */
+
+    /* --- reductions (dot16 order) --- */
+    float (*dot_f32)(const float *a, const float *b, size_t n);
+    float (*dot_f32_bf16)(const float *a, const uint16_t *b, size_t n);  /* b widened */
+    float (*sum_squares)(const float *x, size_t n);                      /* fmaf(x, x, acc) */
+    /* sum of parity_expf(x[i] - m) (the subtraction in fp32, then exp), dot16 order with
+     * acc = acc + e. If `out` is not NULL it receives the exponentials. */
+    float (*sum_exp)(const float *x, size_t n, float m, float *out);
+    /* n >= 1; dot16 lanes, all starting at x[0], step and fold m = (x > m) ? x : m (as
+     * vmaxps): NaN only if x[0] is NaN, the sign of a zero maximum fixed by the lanes */
+    float (*max_f32)(const float *x, size_t n);
+
+    /* --- elementwise --- */
+    void (*round_bf16)(float *x, size_t n);                /* x[i] = round_bf16(x[i]) */
+    void (*exp_f32)(float *x, size_t n);                   /* x[i] = parity_expf(x[i]) */
+    /* o[i] = fmaf(p, v[i], o[i]) (P.V accumulation, one key at a time) */
+    void (*axpy_f32)(float *o, float p, const float *v, size_t n);
+    void (*axpy_bf16)(float *o, float p, const uint16_t *v, size_t n);
+
+    /* --- GEMM: y[m][n] = sum_k x[m][k] * w[n][k], for n in [n0, n1), all m < M ---
+     * gemm_bf16w: pair32 order. `xp` is x packed by gemm_pack_x (below).
+     * gemm_f32w:  dot16 order on fp32 weights; x unpacked (row stride ldx).
+     * y is fp32, row stride ldy; no rounding here (the forward rounds). */
+    void (*gemm_bf16w)(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                       float *y, size_t ldy, size_t n0, size_t n1);
+    void (*gemm_f32w)(size_t M, size_t K, const float *x, size_t ldx, const float *w,
+                      size_t ldw, float *y, size_t ldy, size_t n0, size_t n1);
+
+    /* --- regions, one row, on fp32 buffers that hold bf16 values where the policy rounds.
+     * Under PARITY_COMPUTE_FP32 nothing rounds. ---
+     * rmsnorm_residual: s = residual[i] + delta[i] (fp32); residual[i] = round(s) (stream,
+     *   in place); out = norm(s or round(s) per norm_input) * w, rounded per norm_weight.
+     *   out may alias delta.
+     * rmsnorm: out = norm(x) * w; qk != 0 follows policy->qk_norm, else norm_weight.
+     *   out may alias x.
+     * Norm: ms = sum_squares(s) / dim; r = 1.0f / sqrtf(ms + eps); ROUND_TWICE:
+     *   round(w * round(s * r)); ROUND_ONCE: round(w * (s * r)).
+     * swiglu: silu(g) = g / (1 + parity_expf(-g)); PER_OP: round(round(silu) * u); FUSED:
+     *   round(silu * u). out may alias g or u.
+     * rope: x holds n_heads vectors of hd (contiguous, hd apart); cos/sin hold hd/2 values
+     *   for this position (already bf16 values when the table is bf16). For i < hd/2,
+     *   a = x[i], b = x[i + hd/2]:
+     *   PER_OP: x[i] = round(round(a*c) - round(b*s)); x[i+hd/2] = round(round(b*c) + round(a*s))
+     *   FUSED:  x[i] = round(a*c - b*s);  x[i+hd/2] = round(b*c + a*s)   (no fmaf: products
+     *           rounded to fp32, then the sum) */
+    void (*rmsnorm_residual)(const parity_policy *pol, size_t dim, const float *delta,
+                             float *residual, const float *w, float eps, float *out);
+    void (*rmsnorm)(const parity_policy *pol, int qk, size_t dim, const float *x,
+                    const float *w, float eps, float *out);
+    void (*swiglu)(const parity_policy *pol, size_t n, const float *g, const float *u,
+                   float *out);
+    void (*rope)(const parity_policy *pol, size_t n_heads, size_t hd, float *x,
+                 const float *cos, const float *sin);
+
+    /* The same four on bf16 buffers (the public region API): loads widen exactly, stores
+     * round (a no-op on values the policy already rounded). Same arithmetic as above. */
+    void (*rmsnorm_residual_bf16)(const parity_policy *pol, size_t dim, const uint16_t *delta,
+                                  const uint16_t *residual, const uint16_t *w, float eps,
+                                  uint16_t *residual_out, uint16_t *out);
+    void (*rmsnorm_bf16)(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
+                         const uint16_t *w, float eps, uint16_t *out);
+    void (*swiglu_bf16)(const parity_policy *pol, size_t n, const uint16_t *g,
+                        const uint16_t *u, uint16_t *out);
+    void (*rope_bf16)(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
+                      const float *cos, const float *sin);
+} kernels;
+
+/* Packs M rows of x (row stride ldx, K columns) for gemm_bf16w: row m occupies
+ * gemm_packed_row(K) floats at xp + m * gemm_packed_row(K); chunk c is 32 floats:
+ * [x[32c+0], x[32c+2], ..., x[32c+30]] (the 16 even elements) then
+ * [x[32c+1], x[32c+3], ..., x[32c+31]] (the 16 odd ones), zero past K. */
+static inline size_t gemm_packed_row(size_t K) { return (K + 31) / 32 * 32; }
+void gemm_pack_x(size_t M, size_t K, const float *x, size_t ldx, float *xp);
+
+extern const kernels kernels_portable;
+#if defined(PARITY_HAVE_AVX2)
+extern const kernels kernels_avx2;
+#endif
+
+/* The table of the current CPU path (cpu.c): detected once, PARITY_CPU_PATH or
+ * parity_set_cpu_path() force one. Never NULL. */
+const kernels *kern(void);
+
+#endif /* PARITY_KERNELS_H */

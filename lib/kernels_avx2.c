@@ -1,0 +1,627 @@
+/*
+ * The AVX2 + FMA kernels: kernels_ref.c vectorised, bit for bit.
+ *
+ * The only file compiled with -mavx2 -mfma -mf16c; cpu.c selects this table only on a CPU
+ * (and OS) that has them. Every function here must return what its portable twin returns
+ * for every input (test_kernels checks it), so the vector code keeps the specification's
+ * structure exactly:
+ *   - dot16: the 16 lane accumulators are two registers, acc0 = lanes 0..7 (elements
+ *     i % 16 < 8) and acc1 = lanes 8..15. In a partial block at the end of a row, the lanes
+ *     past the end must leave their accumulators exactly as they are, as the
+ *     specification does not touch them: they add -0 (a product -0 * +0, or a padding
+ *     term -0), since acc + -0 = acc for every acc. +0 would not do: an accumulator can
+ *     hold -0 (fmaf(-tiny, tiny, +0) = -0), and -0 + +0 = +0;
+ *   - elementwise kernels do the same IEEE operations in the same order, one lane per
+ *     element; partial blocks go through masked loads/stores or small zeroed buffers, so
+ *     nothing is read or written past the caller's arrays;
+ *   - exp is parity_expf's algorithm with the range checks turned into blends.
+ * As everywhere in the library, no fp contraction (-ffp-contract=off): every fma below is
+ * written as one.
+ */
+#include <immintrin.h>
+#include <math.h>
+
+#include "internal.h"
+#include "kernels.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* ---- loads, stores, rounding ------------------------------------------------------------ */
+
+/* Lanes 0..n-1 set (n <= 8). */
+static inline __m256i lane_mask(size_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline __m256 load_f32_n(const float *p, size_t n) {
+    return n == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(n));
+}
+
+/* The same with lanes >= n set to -0: the first factor of a padded dot16 product, so that
+ * the product is -0 (the second factor is padded with +0). */
+static inline __m256 load_f32_n_neg0(const float *p, size_t n) {
+    if (n == 8) return _mm256_loadu_ps(p);
+    __m256i m = lane_mask(n);
+    __m256 pad = _mm256_andnot_ps(_mm256_castsi256_ps(m), _mm256_set1_ps(-0.0f));
+    return _mm256_or_ps(_mm256_maskload_ps(p, m), pad);
+}
+
+static inline void store_f32_n(float *p, size_t n, __m256 v) {
+    if (n == 8)
+        _mm256_storeu_ps(p, v);
+    else
+        _mm256_maskstore_ps(p, lane_mask(n), v);
+}
+
+static inline __m256 widen_bf16(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __m256 load_bf16_n(const uint16_t *p, size_t n) {
+    if (n == 8) return widen_bf16(_mm_loadu_si128((const __m128i *)p));
+    uint16_t buf[8] = {0};
+    memcpy(buf, p, n * sizeof *p);
+    return widen_bf16(_mm_loadu_si128((const __m128i *)buf));
+}
+
+/* bf16_from_f32 on 8 lanes: (u + 0x7fff + ((u >> 16) & 1)) >> 16, NaN -> 0x7fc0; the
+ * results sit in the low 16 bits of each dword. */
+static inline __m256i bf16_bits(__m256 x) {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    r = _mm256_srli_epi32(r, 16);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+}
+
+/* round_bf16 on 8 lanes. */
+static inline __m256 round_bf16_8(__m256 x) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(x), 16));
+}
+
+static inline void store_bf16_n(uint16_t *p, size_t n, __m256 x) {
+    __m256i b = bf16_bits(x);
+    /* The values fit in 16 bits, so the saturating pack is a plain narrowing. */
+    __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    if (n == 8) {
+        _mm_storeu_si128((__m128i *)p, h);
+    } else {
+        uint16_t buf[8];
+        _mm_storeu_si128((__m128i *)buf, h);
+        memcpy(p, buf, n * sizeof *p);
+    }
+}
+
+/* Generic row access for the region kernels, which exist on fp32 and on bf16 buffers with
+ * one body: `bf` (a constant after inlining) selects the element type. A bf16 store rounds;
+ * an fp32 store stores. */
+ALWAYS_INLINE __m256 ld(int bf, const void *p, size_t i, size_t n) {
+    return bf ? load_bf16_n((const uint16_t *)p + i, n) : load_f32_n((const float *)p + i, n);
+}
+
+ALWAYS_INLINE void st(int bf, void *p, size_t i, size_t n, __m256 v) {
+    if (bf)
+        store_bf16_n((uint16_t *)p + i, n, v);
+    else
+        store_f32_n((float *)p + i, n, v);
+}
+
+/* A rounding point that the policy may switch off. */
+static inline __m256 round_if(int on, __m256 x) { return on ? round_bf16_8(x) : x; }
+
+/* ---- exp -------------------------------------------------------------------------------- */
+
+/* The constants of parity_expf (kernels_ref.c), which documents the algorithm. */
+#define EXP_HI 0x1.62e42ep+6f
+#define EXP_LO -0x1.9fe368p+6f
+#define LOG2E 0x1.715476p+0f
+#define LN2_HI 0x1.62e430p-1f
+#define LN2_LO -0x1.05c610p-29f
+#define ROUND_MAGIC 0x1.8p+23f
+#define EXP_C2 0x1.000000p-1f
+#define EXP_C3 0x1.555556p-3f
+#define EXP_C4 0x1.5554eap-5f
+#define EXP_C5 0x1.1110e0p-7f
+#define EXP_C6 0x1.6d4320p-10f
+#define EXP_C7 0x1.a124eep-13f
+
+/* parity_expf on 8 lanes. The scalar form branches on NaN and the range; here every lane
+ * computes on x clamped to [EXP_LO, EXP_HI] (where the clamp is the identity, the
+ * operations are the scalar ones), and the out-of-range and NaN lanes are then replaced by
+ * what the scalar branches return. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(EXP_HI), lo = _mm256_set1_ps(EXP_LO);
+    const __m256 magic = _mm256_set1_ps(ROUND_MAGIC);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+
+    __m256 t = _mm256_mul_ps(xc, _mm256_set1_ps(LOG2E));
+    __m256 n = _mm256_sub_ps(_mm256_add_ps(t, magic), magic);
+    /* fmaf(-n, c, r) == -(n * c) + r: fnmadd, the same single rounding */
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+
+    __m256 p = _mm256_set1_ps(EXP_C7);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+
+    __m256i ni = _mm256_cvttps_epi32(n);  /* n is an integer: exact */
+    __m256i n1 = _mm256_sub_epi32(
+        _mm256_srli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(256)), 1), _mm256_set1_epi32(128));
+    __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+    return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/* ---- dot16 ------------------------------------------------------------------------------ */
+
+/* The dot16 fold of lanes 0..7 (a0) and 8..15 (a1): l += l + 8, l + 4, l + 2, l + 1. */
+static inline float fold16(__m256 a0, __m256 a1) {
+    __m256 v = _mm256_add_ps(a0, a1);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 t = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* Lanes of the block of 8 at i in a row of n (i < n): 8, or fewer at the end of the row.
+ * In the last, partial block of 16, lanes 0..7 take lanes_at(n, i) elements and lanes
+ * 8..15 the rest, if any. */
+static inline size_t lanes_at(size_t n, size_t i) { return n - i < 8 ? n - i : 8; }
+
+static float dot_f32_avx2(const float *a, const float *b, size_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    if (i < n) {
+        size_t k0 = lanes_at(n, i), k1 = n - i - k0;
+        acc0 = _mm256_fmadd_ps(load_f32_n_neg0(a + i, k0), load_f32_n(b + i, k0), acc0);
+        if (k1)
+            acc1 = _mm256_fmadd_ps(load_f32_n_neg0(a + i + 8, k1), load_f32_n(b + i + 8, k1), acc1);
+    }
+    return fold16(acc0, acc1);
+}
+
+static float dot_f32_bf16_avx2(const float *a, const uint16_t *b, size_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_bf16_n(b + i, 8), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_bf16_n(b + i + 8, 8), acc1);
+    }
+    if (i < n) {
+        size_t k0 = lanes_at(n, i), k1 = n - i - k0;
+        acc0 = _mm256_fmadd_ps(load_f32_n_neg0(a + i, k0), load_bf16_n(b + i, k0), acc0);
+        if (k1) {
+            __m256 a1 = load_f32_n_neg0(a + i + 8, k1);
+            acc1 = _mm256_fmadd_ps(a1, load_bf16_n(b + i + 8, k1), acc1);
+        }
+    }
+    return fold16(acc0, acc1);
+}
+
+static float sum_squares_avx2(const float *x, size_t n) { return dot_f32_avx2(x, x, n); }
+
+/* exp(x[i + l] - m) for the k lanes at i (to out if any); lanes >= k are -0, since a
+ * padded lane computed exp(0 - m) and must add nothing. */
+static inline __m256 exp_block(const float *x, size_t i, size_t k, __m256 m, float *out) {
+    __m256 e = exp8(_mm256_sub_ps(load_f32_n(x + i, k), m));
+    if (out) store_f32_n(out + i, k, e);
+    if (k == 8) return e;
+    return _mm256_blendv_ps(_mm256_set1_ps(-0.0f), e, _mm256_castsi256_ps(lane_mask(k)));
+}
+
+static float sum_exp_avx2(const float *x, size_t n, float m, float *out) {
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        acc0 = _mm256_add_ps(acc0, exp_block(x, i, lanes_at(n, i), mv, out));
+        if (n - i > 8) acc1 = _mm256_add_ps(acc1, exp_block(x, i + 8, lanes_at(n, i + 8), mv, out));
+    }
+    return fold16(acc0, acc1);
+}
+
+/* x[i..i+k), lanes >= k holding x[0]: such a lane never replaces anything, since every
+ * lane starts at x[0] and only takes strictly greater values. */
+static inline __m256 max_block(const float *x, size_t i, size_t k, __m256 x0) {
+    if (k == 8) return _mm256_loadu_ps(x + i);
+    return _mm256_blendv_ps(x0, load_f32_n(x + i, k), _mm256_castsi256_ps(lane_mask(k)));
+}
+
+/* vmaxps(x, m) = (x > m) ? x : m, the step of the specification. */
+static float max_f32_avx2(const float *x, size_t n) {
+    const __m256 x0 = _mm256_set1_ps(x[0]);
+    __m256 acc0 = x0, acc1 = x0;
+    for (size_t i = 0; i < n; i += 16) {
+        acc0 = _mm256_max_ps(max_block(x, i, lanes_at(n, i), x0), acc0);
+        if (n - i > 8) acc1 = _mm256_max_ps(max_block(x, i + 8, lanes_at(n, i + 8), x0), acc1);
+    }
+    /* the fold, with the same step: lane l = (lane l + s > lane l) ? lane l + s : lane l */
+    __m256 v = _mm256_max_ps(acc1, acc0);
+    __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    __m128 t = _mm_max_ps(_mm_movehl_ps(u, u), u);
+    return _mm_cvtss_f32(_mm_max_ss(_mm_movehdup_ps(t), t));
+}
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+static void round_bf16_avx2(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+        size_t k = lanes_at(n, i);
+        store_f32_n(x + i, k, round_bf16_8(load_f32_n(x + i, k)));
+    }
+}
+
+static void exp_f32_avx2(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+        size_t k = lanes_at(n, i);
+        store_f32_n(x + i, k, exp8(load_f32_n(x + i, k)));
+    }
+}
+
+static void axpy_f32_avx2(float *o, float p, const float *v, size_t n) {
+    const __m256 pv = _mm256_set1_ps(p);
+    for (size_t i = 0; i < n; i += 8) {
+        size_t k = lanes_at(n, i);
+        store_f32_n(o + i, k, _mm256_fmadd_ps(pv, load_f32_n(v + i, k), load_f32_n(o + i, k)));
+    }
+}
+
+static void axpy_bf16_avx2(float *o, float p, const uint16_t *v, size_t n) {
+    const __m256 pv = _mm256_set1_ps(p);
+    for (size_t i = 0; i < n; i += 8) {
+        size_t k = lanes_at(n, i);
+        store_f32_n(o + i, k, _mm256_fmadd_ps(pv, load_bf16_n(v + i, k), load_f32_n(o + i, k)));
+    }
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+
+/* Register tiles: one x row against 4 weight rows, 2 accumulators per output (lanes 0..7
+ * and 8..15). gemm_bf16w holds the x chunk in 4 registers: 4 + 8 accumulators + weight
+ * temporaries fit the 16 ymm registers (measured on Zen 3 against 2x2, 2x3, 3x2 and 1x5
+ * tiles, this one is the fastest). The tiles are written out rather than looped over, so
+ * that no compiler keeps the accumulators in memory. Tiling changes which outputs are
+ * computed together, never the order of an output's own sum, so a row's results do not
+ * depend on M or on its place in a tile. */
+#define GEMM_NR 4
+/* Rows of x per block (<= 192 KB, so that a block stays in L2 while every column tile
+ * streams over it). */
+#define GEMM_BLOCK_BYTES (192u * 1024u)
+
+/* One packed x chunk: the 16 even elements (lanes 0..7, 8..15), then the 16 odd ones. */
+typedef struct xchunk {
+    __m256 e0, e1, o0, o1;
+} xchunk;
+
+static inline xchunk load_xchunk(const float *xc) {
+    xchunk x = {_mm256_loadu_ps(xc), _mm256_loadu_ps(xc + 8), _mm256_loadu_ps(xc + 16),
+                _mm256_loadu_ps(xc + 24)};
+    return x;
+}
+
+/* One chunk of pair32 for one weight row. Dword l of the 32 bf16 at `wc` holds (w[k0], w[k1])
+ * for lane l, k0 = 32c + 2l, the even element in the low half: w_even = dword << 16 and
+ * w_odd = dword & 0xffff0000. Per lane: odd element first, as pair32 says. */
+ALWAYS_INLINE void pair32_row(__m256 *acc0, __m256 *acc1, xchunk x, const uint16_t *wc) {
+    const __m256i odd_mask = _mm256_set1_epi32((int)0xffff0000u);
+    __m256i d0 = _mm256_loadu_si256((const __m256i *)wc);
+    __m256i d1 = _mm256_loadu_si256((const __m256i *)(wc + 16));
+    *acc0 = _mm256_fmadd_ps(x.o0, _mm256_castsi256_ps(_mm256_and_si256(d0, odd_mask)), *acc0);
+    *acc0 = _mm256_fmadd_ps(x.e0, _mm256_castsi256_ps(_mm256_slli_epi32(d0, 16)), *acc0);
+    *acc1 = _mm256_fmadd_ps(x.o1, _mm256_castsi256_ps(_mm256_and_si256(d1, odd_mask)), *acc1);
+    *acc1 = _mm256_fmadd_ps(x.e1, _mm256_castsi256_ps(_mm256_slli_epi32(d1, 16)), *acc1);
+}
+
+/* The last chunk when K % 32 != 0: the `rest` weights of each of the nr rows copied into a
+ * buffer, so that no load runs past the end of a weight row. Past K, x is packed with +0 and
+ * the weights are padded with -0 (0x8000): each padded step adds the product -0, which
+ * leaves the accumulator as it is, as the specification's skipped step does. */
+static inline void copy_tail(uint16_t tail[GEMM_NR][32], size_t nr, const uint16_t *w, size_t ldw,
+                             size_t rest) {
+    for (size_t j = 0; j < nr; j++) {
+        memcpy(tail[j], w + j * ldw, rest * sizeof(uint16_t));
+        for (size_t k = rest; k < 32; k++) tail[j][k] = 0x8000u;
+    }
+}
+
+/* y[0..3]: one packed x row against weight rows w, w + ldw, w + 2 ldw, w + 3 ldw. */
+static void bf16w_tile4(size_t K, const float *xp, const uint16_t *w, size_t ldw, float *y) {
+    const size_t full = K / 32, rest = K % 32;
+    __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+    for (size_t c = 0; c < full; c++) {
+        xchunk x = load_xchunk(xp + 32 * c);
+        const uint16_t *wc = w + 32 * c;
+        pair32_row(&a0, &b0, x, wc);
+        pair32_row(&a1, &b1, x, wc + ldw);
+        pair32_row(&a2, &b2, x, wc + 2 * ldw);
+        pair32_row(&a3, &b3, x, wc + 3 * ldw);
+    }
+    if (rest) {
+        uint16_t tail[GEMM_NR][32];
+        copy_tail(tail, 4, w + 32 * full, ldw, rest);
+        xchunk x = load_xchunk(xp + 32 * full);
+        pair32_row(&a0, &b0, x, tail[0]);
+        pair32_row(&a1, &b1, x, tail[1]);
+        pair32_row(&a2, &b2, x, tail[2]);
+        pair32_row(&a3, &b3, x, tail[3]);
+    }
+    y[0] = fold16(a0, b0);
+    y[1] = fold16(a1, b1);
+    y[2] = fold16(a2, b2);
+    y[3] = fold16(a3, b3);
+}
+
+/* y[0]: one packed x row against one weight row (the columns left over by the 4-tiles). */
+static void bf16w_tile1(size_t K, const float *xp, const uint16_t *w, float *y) {
+    const size_t full = K / 32, rest = K % 32;
+    __m256 a0 = _mm256_setzero_ps(), b0 = a0;
+    for (size_t c = 0; c < full; c++) pair32_row(&a0, &b0, load_xchunk(xp + 32 * c), w + 32 * c);
+    if (rest) {
+        uint16_t tail[GEMM_NR][32];
+        copy_tail(tail, 1, w + 32 * full, 0, rest);
+        pair32_row(&a0, &b0, load_xchunk(xp + 32 * full), tail[0]);
+    }
+    y[0] = fold16(a0, b0);
+}
+
+static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                            float *y, size_t ldy, size_t n0, size_t n1) {
+    const size_t row = gemm_packed_row(K);
+    size_t block = GEMM_BLOCK_BYTES / ((row ? row : 1) * sizeof(float));
+    if (block == 0) block = 1;
+    /* blocks of x rows outside, column tiles inside: a tile's weights are reused from L1
+     * by every row of the block, and the block is reused from L2 by every tile */
+    for (size_t m0 = 0; m0 < M; m0 += block) {
+        size_t m1 = M - m0 < block ? M : m0 + block;
+        size_t n = n0;
+        for (; n + GEMM_NR <= n1; n += GEMM_NR)
+            for (size_t m = m0; m < m1; m++)
+                bf16w_tile4(K, xp + m * row, w + n * ldw, ldw, y + m * ldy + n);
+        for (; n < n1; n++)
+            for (size_t m = m0; m < m1; m++)
+                bf16w_tile1(K, xp + m * row, w + n * ldw, y + m * ldy + n);
+    }
+}
+
+/* dot16 step of 16 elements for one weight row: x0/x1 hold x[i..i+7], x[i+8..i+15]. */
+ALWAYS_INLINE void dot16_row(__m256 *acc0, __m256 *acc1, __m256 x0, __m256 x1, __m256 w0,
+                             __m256 w1) {
+    *acc0 = _mm256_fmadd_ps(x0, w0, *acc0);
+    *acc1 = _mm256_fmadd_ps(x1, w1, *acc1);
+}
+
+/* y[0..3]: dot16 of one x row against 4 fp32 weight rows. The last partial block of 16 goes
+ * through masked loads, x padded with -0 and w with +0. */
+static void f32w_tile4(size_t K, const float *x, const float *w, size_t ldw, float *y) {
+    __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+    const float *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    size_t i = 0;
+    for (; i + 16 <= K; i += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        dot16_row(&a0, &b0, x0, x1, _mm256_loadu_ps(w + i), _mm256_loadu_ps(w + i + 8));
+        dot16_row(&a1, &b1, x0, x1, _mm256_loadu_ps(w1 + i), _mm256_loadu_ps(w1 + i + 8));
+        dot16_row(&a2, &b2, x0, x1, _mm256_loadu_ps(w2 + i), _mm256_loadu_ps(w2 + i + 8));
+        dot16_row(&a3, &b3, x0, x1, _mm256_loadu_ps(w3 + i), _mm256_loadu_ps(w3 + i + 8));
+    }
+    if (i < K) {
+        size_t k0 = lanes_at(K, i), k1 = K - i - k0;
+        __m256 x0 = load_f32_n_neg0(x + i, k0);
+        __m256 x1 = k1 ? load_f32_n_neg0(x + i + 8, k1) : _mm256_set1_ps(-0.0f);
+        __m256 z = _mm256_setzero_ps();
+        dot16_row(&a0, &b0, x0, x1, load_f32_n(w + i, k0), k1 ? load_f32_n(w + i + 8, k1) : z);
+        dot16_row(&a1, &b1, x0, x1, load_f32_n(w1 + i, k0), k1 ? load_f32_n(w1 + i + 8, k1) : z);
+        dot16_row(&a2, &b2, x0, x1, load_f32_n(w2 + i, k0), k1 ? load_f32_n(w2 + i + 8, k1) : z);
+        dot16_row(&a3, &b3, x0, x1, load_f32_n(w3 + i, k0), k1 ? load_f32_n(w3 + i + 8, k1) : z);
+    }
+    y[0] = fold16(a0, b0);
+    y[1] = fold16(a1, b1);
+    y[2] = fold16(a2, b2);
+    y[3] = fold16(a3, b3);
+}
+
+static void gemm_f32w_avx2(size_t M, size_t K, const float *x, size_t ldx, const float *w,
+                           size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
+    size_t block = GEMM_BLOCK_BYTES / ((K ? K : 1) * sizeof(float));
+    if (block == 0) block = 1;
+    for (size_t m0 = 0; m0 < M; m0 += block) {
+        size_t m1 = M - m0 < block ? M : m0 + block;
+        size_t n = n0;
+        for (; n + GEMM_NR <= n1; n += GEMM_NR)
+            for (size_t m = m0; m < m1; m++)
+                f32w_tile4(K, x + m * ldx, w + n * ldw, ldw, y + m * ldy + n);
+        for (; n < n1; n++)
+            for (size_t m = m0; m < m1; m++)
+                y[m * ldy + n] = dot_f32_avx2(x + m * ldx, w + n * ldw, K);
+    }
+}
+
+/* ---- regions ---------------------------------------------------------------------------- */
+
+/* As in kernels_ref.c. */
+typedef struct norm_points {
+    int bf16, rounded_in, twice;
+} norm_points;
+
+static norm_points norm_points_of(const parity_policy *pol, int residual, int qk) {
+    norm_points p;
+    p.bf16 = pol->compute == PARITY_COMPUTE_BF16;
+    p.rounded_in = p.bf16 && residual && pol->norm_input == PARITY_NORM_INPUT_ROUNDED;
+    p.twice = p.bf16 && (qk ? pol->qk_norm : pol->norm_weight) == PARITY_NORM_ROUND_TWICE;
+    return p;
+}
+
+static float inv_rms(float sum_sq, size_t dim, float eps) {
+    float ms = sum_sq / (float)dim;
+    return 1.0f / sqrtf(ms + eps);
+}
+
+/* round_if(bf16, w * round_if(twice, v * r)) */
+static inline __m256 norm_value8(norm_points p, __m256 w, __m256 v, __m256 r) {
+    return round_if(p.bf16, _mm256_mul_ps(w, round_if(p.twice, _mm256_mul_ps(v, r))));
+}
+
+/* dot16 sum of squares, one block of 8 at a time: the block at i holds lanes 0..7 when i/8
+ * is even, lanes 8..15 when it is odd (a branch, so both accumulators stay in registers).
+ * Padded lanes hold v = 0 and add +0, which is harmless here: a sum of squares is never
+ * -0. */
+static inline void square_into(size_t i, __m256 v, __m256 *acc0, __m256 *acc1) {
+    if ((i / 8) % 2 == 0)
+        *acc0 = _mm256_fmadd_ps(v, v, *acc0);
+    else
+        *acc1 = _mm256_fmadd_ps(v, v, *acc1);
+}
+
+/* The bodies below serve both buffer types (`bf`); the fp32 forms pass the residual as both
+ * input and output. Pass 1 accumulates the squares; pass 2 recomputes the sum s, as the
+ * specification does. */
+ALWAYS_INLINE void rmsnorm_residual_body(int bf, const parity_policy *pol, size_t dim,
+                                         const void *delta, const void *residual,
+                                         const void *w, float eps, void *residual_out,
+                                         void *out) {
+    norm_points p = norm_points_of(pol, 1, 0);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (size_t i = 0; i < dim; i += 8) {
+        size_t k = lanes_at(dim, i);
+        __m256 s = _mm256_add_ps(ld(bf, residual, i, k), ld(bf, delta, i, k));
+        __m256 v = round_if(p.rounded_in, s);
+        square_into(i, v, &acc0, &acc1);
+    }
+    const __m256 r = _mm256_set1_ps(inv_rms(fold16(acc0, acc1), dim, eps));
+    for (size_t i = 0; i < dim; i += 8) {
+        size_t k = lanes_at(dim, i);
+        __m256 s = _mm256_add_ps(ld(bf, residual, i, k), ld(bf, delta, i, k));
+        __m256 o = norm_value8(p, ld(bf, w, i, k), round_if(p.rounded_in, s), r);
+        st(bf, residual_out, i, k, round_if(p.bf16, s));
+        st(bf, out, i, k, o);
+    }
+}
+
+ALWAYS_INLINE void rmsnorm_body(int bf, const parity_policy *pol, int qk, size_t dim,
+                                const void *x, const void *w, float eps, void *out) {
+    norm_points p = norm_points_of(pol, 0, qk);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (size_t i = 0; i < dim; i += 8) {
+        __m256 v = ld(bf, x, i, lanes_at(dim, i));
+        square_into(i, v, &acc0, &acc1);
+    }
+    const __m256 r = _mm256_set1_ps(inv_rms(fold16(acc0, acc1), dim, eps));
+    for (size_t i = 0; i < dim; i += 8) {
+        size_t k = lanes_at(dim, i);
+        st(bf, out, i, k, norm_value8(p, ld(bf, w, i, k), ld(bf, x, i, k), r));
+    }
+}
+
+ALWAYS_INLINE void swiglu_body(int bf, const parity_policy *pol, size_t n, const void *g,
+                               const void *u, void *out) {
+    const int bf16 = pol->compute == PARITY_COMPUTE_BF16;
+    const int per_op = bf16 && pol->swiglu == PARITY_SWIGLU_PER_OP;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t i = 0; i < n; i += 8) {
+        size_t k = lanes_at(n, i);
+        __m256 gv = ld(bf, g, i, k), uv = ld(bf, u, i, k);
+        /* silu(g) = g / (1 + exp(-g)); -g flips the sign bit, as C's unary minus does */
+        __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_xor_ps(gv, sign))));
+        st(bf, out, i, k, round_if(bf16, _mm256_mul_ps(round_if(per_op, silu), uv)));
+    }
+}
+
+ALWAYS_INLINE void rope_body(int bf, const parity_policy *pol, size_t n_heads, size_t hd,
+                             void *x, const float *cos, const float *sin) {
+    const int bf16 = pol->compute == PARITY_COMPUTE_BF16;
+    const int per_op = bf16 && pol->rope_apply == PARITY_ROPE_PER_OP;
+    const size_t half = hd / 2;
+    for (size_t h = 0; h < n_heads; h++) {
+        size_t base = h * hd;
+        for (size_t i = 0; i < half; i += 8) {
+            size_t k = lanes_at(half, i);
+            __m256 a = ld(bf, x, base + i, k), b = ld(bf, x, base + half + i, k);
+            __m256 c = load_f32_n(cos + i, k), s = load_f32_n(sin + i, k);
+            __m256 a2 = _mm256_sub_ps(round_if(per_op, _mm256_mul_ps(a, c)),
+                                      round_if(per_op, _mm256_mul_ps(b, s)));
+            __m256 b2 = _mm256_add_ps(round_if(per_op, _mm256_mul_ps(b, c)),
+                                      round_if(per_op, _mm256_mul_ps(a, s)));
+            st(bf, x, base + i, k, round_if(bf16, a2));
+            st(bf, x, base + half + i, k, round_if(bf16, b2));
+        }
+    }
+}
+
+static void rmsnorm_residual_avx2(const parity_policy *pol, size_t dim, const float *delta,
+                                  float *residual, const float *w, float eps, float *out) {
+    rmsnorm_residual_body(0, pol, dim, delta, residual, w, eps, residual, out);
+}
+
+static void rmsnorm_avx2(const parity_policy *pol, int qk, size_t dim, const float *x,
+                         const float *w, float eps, float *out) {
+    rmsnorm_body(0, pol, qk, dim, x, w, eps, out);
+}
+
+static void swiglu_avx2(const parity_policy *pol, size_t n, const float *g, const float *u,
+                        float *out) {
+    swiglu_body(0, pol, n, g, u, out);
+}
+
+static void rope_avx2(const parity_policy *pol, size_t n_heads, size_t hd, float *x,
+                      const float *cos, const float *sin) {
+    rope_body(0, pol, n_heads, hd, x, cos, sin);
+}
+
+static void rmsnorm_residual_bf16_avx2(const parity_policy *pol, size_t dim,
+                                       const uint16_t *delta, const uint16_t *residual,
+                                       const uint16_t *w, float eps, uint16_t *residual_out,
+                                       uint16_t *out) {
+    rmsnorm_residual_body(1, pol, dim, delta, residual, w, eps, residual_out, out);
+}
+
+static void rmsnorm_bf16_avx2(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
+                              const uint16_t *w, float eps, uint16_t *out) {
+    rmsnorm_body(1, pol, qk, dim, x, w, eps, out);
+}
+
+static void swiglu_bf16_avx2(const parity_policy *pol, size_t n, const uint16_t *g,
+                             const uint16_t *u, uint16_t *out) {
+    swiglu_body(1, pol, n, g, u, out);
+}
+
+static void rope_bf16_avx2(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
+                           const float *cos, const float *sin) {
+    rope_body(1, pol, n_heads, hd, x, cos, sin);
+}
+
+const kernels kernels_avx2 = {
+    .name = "avx2",
+    .dot_f32 = dot_f32_avx2,
+    .dot_f32_bf16 = dot_f32_bf16_avx2,
+    .sum_squares = sum_squares_avx2,
+    .sum_exp = sum_exp_avx2,
+    .max_f32 = max_f32_avx2,
+    .round_bf16 = round_bf16_avx2,
+    .exp_f32 = exp_f32_avx2,
+    .axpy_f32 = axpy_f32_avx2,
+    .axpy_bf16 = axpy_bf16_avx2,
+    .gemm_bf16w = gemm_bf16w_avx2,
+    .gemm_f32w = gemm_f32w_avx2,
+    .rmsnorm_residual = rmsnorm_residual_avx2,
+    .rmsnorm = rmsnorm_avx2,
+    .swiglu = swiglu_avx2,
+    .rope = rope_avx2,
+    .rmsnorm_residual_bf16 = rmsnorm_residual_bf16_avx2,
+    .rmsnorm_bf16 = rmsnorm_bf16_avx2,
+    .swiglu_bf16 = swiglu_bf16_avx2,
+    .rope_bf16 = rope_bf16_avx2,
+};

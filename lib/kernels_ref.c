@@ -1,0 +1,368 @@
+/*
+ * The portable kernels: the specification of every kernel table (see kernels.h).
+ *
+ * Written to be read, not to be fast: plain loops that follow the summation orders
+ * literally (16 lane accumulators, element i in lane i % 16, then the fold), one IEEE
+ * operation per step in the order written. Every other table must reproduce these bits;
+ * when in doubt about what a SIMD kernel has to compute, this file is the answer.
+ *
+ * The file must be compiled with -ffp-contract=off (the project sets it): a compiler that
+ * fused a*b+c into an fma here would change the specification.
+ */
+#include <math.h>
+
+#include "internal.h"
+#include "kernels.h"
+
+/* ---- exp -------------------------------------------------------------------------------- */
+
+/* exp(x) is finite for x <= EXP_HI (exp(EXP_HI) = 0.99999 * 2^128) and +inf above (the next
+ * float's exp rounds to infinity); it is nonzero for x >= EXP_LO (exp(EXP_LO) is just above
+ * 2^-150, half the smallest subnormal, and rounds up to it) and rounds to 0 below. */
+#define EXP_HI 0x1.62e42ep+6f   /* 88.7228317 */
+#define EXP_LO -0x1.9fe368p+6f  /* -103.972076 */
+#define LOG2E 0x1.715476p+0f
+#define LN2_HI 0x1.62e430p-1f   /* ln 2 rounded to fp32 */
+#define LN2_LO -0x1.05c610p-29f /* ln 2 - LN2_HI */
+/* Adding then subtracting 1.5 * 2^23 rounds an fp32 of magnitude < 2^22 to an integer, to
+ * nearest even (the default rounding mode), as vroundps does: no libm call. */
+#define ROUND_MAGIC 0x1.8p+23f
+/* exp(r) ~= 1 + r * (1 + r * (C2 + r * (C3 + r * (C4 + r * (C5 + r * (C6 + r * C7))))))
+ * for |r| <= ln2 / 2: a Chebyshev fit of (exp(r) - 1 - r) / r^2 on [-0.3466, 0.3466];
+ * with the coefficients rounded to fp32 the relative error is < 7e-10 (0.012 ulp), so the
+ * fp32 rounding of the evaluation dominates. */
+#define EXP_C2 0x1.000000p-1f
+#define EXP_C3 0x1.555556p-3f
+#define EXP_C4 0x1.5554eap-5f
+#define EXP_C5 0x1.1110e0p-7f
+#define EXP_C6 0x1.6d4320p-10f
+#define EXP_C7 0x1.a124eep-13f
+
+/*
+ * x = n ln2 + r, |r| <= ln2 / 2 (a little more when x * log2e rounds across a half):
+ * n = rint(x * log2e), r = x - n * ln2 in two fmaf steps (Cody-Waite with an fp32 hi/lo
+ * split of ln2); exp(x) = p(r) * 2^n. The scale is applied in two steps, 2^n1 then 2^n2
+ * with n1 = floor(n / 2) and n2 = n - n1, both within [-75, 64]: 2^n1 and 2^n2 are normal
+ * fp32 values, p * 2^n1 is exact, and the second product rounds once. That gives the right
+ * overflow at the top (n = 128) and gradual subnormals at the bottom (n = -150) without a
+ * branch on n, which is what lets a SIMD table run the same operations on every lane.
+ *
+ * Measured against (float)exp((double)x) over every fp32 in [-104, 89] (test_kernels):
+ * max error 1 ulp, 99.55% correctly rounded.
+ */
+float parity_expf(float x) {
+    if (isnan(x)) return x + x;  /* quiet NaN, payload kept: what vaddps does */
+    if (x > EXP_HI) return INFINITY;
+    if (x < EXP_LO) return 0.0f;
+
+    float t = x * LOG2E;
+    float n = (t + ROUND_MAGIC) - ROUND_MAGIC;
+    float r = fmaf(-n, LN2_HI, x);
+    r = fmaf(-n, LN2_LO, r);
+
+    float p = EXP_C7;
+    p = fmaf(p, r, EXP_C6);
+    p = fmaf(p, r, EXP_C5);
+    p = fmaf(p, r, EXP_C4);
+    p = fmaf(p, r, EXP_C3);
+    p = fmaf(p, r, EXP_C2);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+
+    /* n is in [-150, 128]; floor(n / 2) on the biased, non-negative n + 256 avoids
+     * depending on how >> treats negative numbers. */
+    int32_t ni = (int32_t)n;
+    int32_t n1 = (int32_t)((uint32_t)(ni + 256) >> 1) - 128;
+    int32_t n2 = ni - n1;
+    float s1 = f32_from_bits((uint32_t)(n1 + 127) << 23);
+    float s2 = f32_from_bits((uint32_t)(n2 + 127) << 23);
+    return (p * s1) * s2;
+}
+
+/* silu(g) = g / (1 + exp(-g)), the division last: the form every table computes. */
+static float silu(float g) { return g / (1.0f + parity_expf(-g)); }
+
+/* ---- dot16 ------------------------------------------------------------------------------ */
+
+/* The dot16 fold: lane l += lane l + 8 (l < 8), then l + 4, l + 2, l + 1; lane 0 is the
+ * result. A SIMD table holds lanes 0..7 and 8..15 in two registers, so the first step is
+ * one vector add. */
+static float fold16(float acc[16]) {
+    for (int l = 0; l < 8; l++) acc[l] = acc[l] + acc[l + 8];
+    for (int l = 0; l < 4; l++) acc[l] = acc[l] + acc[l + 4];
+    for (int l = 0; l < 2; l++) acc[l] = acc[l] + acc[l + 2];
+    acc[0] = acc[0] + acc[1];
+    return acc[0];
+}
+
+static float dot_f32_ref(const float *a, const float *b, size_t n) {
+    float acc[16] = {0};
+    for (size_t i = 0; i < n; i++) acc[i % 16] = fmaf(a[i], b[i], acc[i % 16]);
+    return fold16(acc);
+}
+
+static float dot_f32_bf16_ref(const float *a, const uint16_t *b, size_t n) {
+    float acc[16] = {0};
+    for (size_t i = 0; i < n; i++) acc[i % 16] = fmaf(a[i], bf16_to_f32(b[i]), acc[i % 16]);
+    return fold16(acc);
+}
+
+static float sum_squares_ref(const float *x, size_t n) {
+    float acc[16] = {0};
+    for (size_t i = 0; i < n; i++) acc[i % 16] = fmaf(x[i], x[i], acc[i % 16]);
+    return fold16(acc);
+}
+
+static float sum_exp_ref(const float *x, size_t n, float m, float *out) {
+    float acc[16] = {0};
+    for (size_t i = 0; i < n; i++) {
+        float e = parity_expf(x[i] - m);
+        if (out) out[i] = e;
+        acc[i % 16] = acc[i % 16] + e;
+    }
+    return fold16(acc);
+}
+
+/* max in dot16 order with the step m = (x > m) ? x : m (what vmaxps(x, m) computes), every
+ * lane starting at x[0]. Hence a NaN is the result only if x[0] is NaN (comparisons with
+ * NaN are false), and which zero wins among +0 and -0 depends on the lanes: both are fixed
+ * by this definition, not by the order of a scan. */
+static float max_f32_ref(const float *x, size_t n) {
+    float acc[16];
+    for (int l = 0; l < 16; l++) acc[l] = x[0];
+    for (size_t i = 0; i < n; i++) acc[i % 16] = x[i] > acc[i % 16] ? x[i] : acc[i % 16];
+    for (int step = 8; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) acc[l] = acc[l + step] > acc[l] ? acc[l + step] : acc[l];
+    return acc[0];
+}
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+static void round_bf16_ref(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
+}
+
+static void exp_f32_ref(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = parity_expf(x[i]);
+}
+
+static void axpy_f32_ref(float *o, float p, const float *v, size_t n) {
+    for (size_t i = 0; i < n; i++) o[i] = fmaf(p, v[i], o[i]);
+}
+
+static void axpy_bf16_ref(float *o, float p, const uint16_t *v, size_t n) {
+    for (size_t i = 0; i < n; i++) o[i] = fmaf(p, bf16_to_f32(v[i]), o[i]);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+
+void gemm_pack_x(size_t M, size_t K, const float *x, size_t ldx, float *xp) {
+    size_t row = gemm_packed_row(K);
+    for (size_t m = 0; m < M; m++) {
+        const float *xm = x + m * ldx;
+        float *pm = xp + m * row;
+        for (size_t c = 0; c < row / 32; c++) {
+            for (size_t l = 0; l < 16; l++) {
+                size_t k0 = 32 * c + 2 * l, k1 = k0 + 1;
+                pm[32 * c + l] = k0 < K ? xm[k0] : 0.0f;
+                pm[32 * c + 16 + l] = k1 < K ? xm[k1] : 0.0f;
+            }
+        }
+    }
+}
+
+/* pair32: lane l of chunk c takes (k0 = 32c + 2l, k1 = k0 + 1), odd element first. */
+static void gemm_bf16w_ref(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                           float *y, size_t ldy, size_t n0, size_t n1) {
+    size_t row = gemm_packed_row(K);
+    for (size_t m = 0; m < M; m++) {
+        const float *xm = xp + m * row;
+        for (size_t n = n0; n < n1; n++) {
+            const uint16_t *wn = w + n * ldw;
+            float acc[16] = {0};
+            for (size_t c = 0; c < row / 32; c++) {
+                for (size_t l = 0; l < 16; l++) {
+                    size_t k0 = 32 * c + 2 * l, k1 = k0 + 1;
+                    if (k1 < K) acc[l] = fmaf(xm[32 * c + 16 + l], bf16_to_f32(wn[k1]), acc[l]);
+                    if (k0 < K) acc[l] = fmaf(xm[32 * c + l], bf16_to_f32(wn[k0]), acc[l]);
+                }
+            }
+            y[m * ldy + n] = fold16(acc);
+        }
+    }
+}
+
+static void gemm_f32w_ref(size_t M, size_t K, const float *x, size_t ldx, const float *w,
+                          size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = n0; n < n1; n++) y[m * ldy + n] = dot_f32_ref(x + m * ldx, w + n * ldw, K);
+}
+
+/* ---- regions ---------------------------------------------------------------------------- */
+
+/* A rounding point that the policy may switch off. */
+static float round_if(int on, float x) { return on ? round_bf16(x) : x; }
+
+/* The rounding points of the norms, decoded once per row. Under PARITY_COMPUTE_FP32 no point
+ * rounds (the other switches are ignored). */
+typedef struct norm_points {
+    int bf16;        /* compute in bf16: outputs and the residual stream round */
+    int rounded_in;  /* the norm reads round(s) */
+    int twice;       /* round(x * r) before the weight */
+} norm_points;
+
+static norm_points norm_points_of(const parity_policy *pol, int residual, int qk) {
+    norm_points p;
+    p.bf16 = pol->compute == PARITY_COMPUTE_BF16;
+    p.rounded_in = p.bf16 && residual && pol->norm_input == PARITY_NORM_INPUT_ROUNDED;
+    p.twice = p.bf16 && (qk ? pol->qk_norm : pol->norm_weight) == PARITY_NORM_ROUND_TWICE;
+    return p;
+}
+
+/* r = 1 / sqrt(mean of squares + eps), from the dot16 sum of squares. */
+static float inv_rms(float sum_sq, size_t dim, float eps) {
+    float ms = sum_sq / (float)dim;
+    return 1.0f / sqrtf(ms + eps);
+}
+
+/* One normalised output, rounded per the policy. */
+static float norm_value(norm_points p, float w, float v, float r) {
+    return round_if(p.bf16, w * round_if(p.twice, v * r));
+}
+
+static float swiglu_value(int bf16, int per_op, float g, float u) {
+    return round_if(bf16, round_if(per_op, silu(g)) * u);
+}
+
+/* The rotate-half pair (a, b) = (x[i], x[i + hd/2]) becomes (a c - b s, b c + a s). */
+static void rope_pair(int bf16, int per_op, float c, float s, float *a, float *b) {
+    float x0 = *a, x1 = *b;
+    *a = round_if(bf16, round_if(per_op, x0 * c) - round_if(per_op, x1 * s));
+    *b = round_if(bf16, round_if(per_op, x1 * c) + round_if(per_op, x0 * s));
+}
+
+/* Two passes over the row: the sum of squares, then the outputs. The second pass recomputes
+ * s = residual + delta, so that neither the in-place residual nor an `out` aliasing `delta`
+ * is overwritten before it is read, and no scratch buffer is needed. */
+static void rmsnorm_residual_ref(const parity_policy *pol, size_t dim, const float *delta,
+                                 float *residual, const float *w, float eps, float *out) {
+    norm_points p = norm_points_of(pol, 1, 0);
+    float acc[16] = {0};
+    for (size_t i = 0; i < dim; i++) {
+        float v = round_if(p.rounded_in, residual[i] + delta[i]);
+        acc[i % 16] = fmaf(v, v, acc[i % 16]);
+    }
+    float r = inv_rms(fold16(acc), dim, eps);
+    for (size_t i = 0; i < dim; i++) {
+        float s = residual[i] + delta[i];
+        residual[i] = round_if(p.bf16, s);
+        out[i] = norm_value(p, w[i], round_if(p.rounded_in, s), r);
+    }
+}
+
+static void rmsnorm_ref(const parity_policy *pol, int qk, size_t dim, const float *x,
+                        const float *w, float eps, float *out) {
+    norm_points p = norm_points_of(pol, 0, qk);
+    float r = inv_rms(sum_squares_ref(x, dim), dim, eps);
+    for (size_t i = 0; i < dim; i++) out[i] = norm_value(p, w[i], x[i], r);
+}
+
+static void swiglu_ref(const parity_policy *pol, size_t n, const float *g, const float *u,
+                       float *out) {
+    int bf16 = pol->compute == PARITY_COMPUTE_BF16;
+    int per_op = bf16 && pol->swiglu == PARITY_SWIGLU_PER_OP;
+    for (size_t i = 0; i < n; i++) out[i] = swiglu_value(bf16, per_op, g[i], u[i]);
+}
+
+static void rope_ref(const parity_policy *pol, size_t n_heads, size_t hd, float *x,
+                     const float *cos, const float *sin) {
+    int bf16 = pol->compute == PARITY_COMPUTE_BF16;
+    int per_op = bf16 && pol->rope_apply == PARITY_ROPE_PER_OP;
+    size_t half = hd / 2;
+    for (size_t h = 0; h < n_heads; h++) {
+        float *xh = x + h * hd;
+        for (size_t i = 0; i < half; i++)
+            rope_pair(bf16, per_op, cos[i], sin[i], xh + i, xh + i + half);
+    }
+}
+
+/* The bf16-buffer forms: the same arithmetic, loads widened exactly, stores rounded (which
+ * only matters under PARITY_COMPUTE_FP32, where it is the one rounding of the region). */
+
+static void rmsnorm_residual_bf16_ref(const parity_policy *pol, size_t dim,
+                                      const uint16_t *delta, const uint16_t *residual,
+                                      const uint16_t *w, float eps, uint16_t *residual_out,
+                                      uint16_t *out) {
+    norm_points p = norm_points_of(pol, 1, 0);
+    float acc[16] = {0};
+    for (size_t i = 0; i < dim; i++) {
+        float v = round_if(p.rounded_in, bf16_to_f32(residual[i]) + bf16_to_f32(delta[i]));
+        acc[i % 16] = fmaf(v, v, acc[i % 16]);
+    }
+    float r = inv_rms(fold16(acc), dim, eps);
+    for (size_t i = 0; i < dim; i++) {
+        float s = bf16_to_f32(residual[i]) + bf16_to_f32(delta[i]);
+        residual_out[i] = bf16_from_f32(s);
+        out[i] = bf16_from_f32(norm_value(p, bf16_to_f32(w[i]), round_if(p.rounded_in, s), r));
+    }
+}
+
+static void rmsnorm_bf16_ref(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
+                             const uint16_t *w, float eps, uint16_t *out) {
+    norm_points p = norm_points_of(pol, 0, qk);
+    float acc[16] = {0};
+    for (size_t i = 0; i < dim; i++) {
+        float v = bf16_to_f32(x[i]);
+        acc[i % 16] = fmaf(v, v, acc[i % 16]);
+    }
+    float r = inv_rms(fold16(acc), dim, eps);
+    for (size_t i = 0; i < dim; i++)
+        out[i] = bf16_from_f32(norm_value(p, bf16_to_f32(w[i]), bf16_to_f32(x[i]), r));
+}
+
+static void swiglu_bf16_ref(const parity_policy *pol, size_t n, const uint16_t *g,
+                            const uint16_t *u, uint16_t *out) {
+    int bf16 = pol->compute == PARITY_COMPUTE_BF16;
+    int per_op = bf16 && pol->swiglu == PARITY_SWIGLU_PER_OP;
+    for (size_t i = 0; i < n; i++)
+        out[i] = bf16_from_f32(swiglu_value(bf16, per_op, bf16_to_f32(g[i]), bf16_to_f32(u[i])));
+}
+
+static void rope_bf16_ref(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
+                          const float *cos, const float *sin) {
+    int bf16 = pol->compute == PARITY_COMPUTE_BF16;
+    int per_op = bf16 && pol->rope_apply == PARITY_ROPE_PER_OP;
+    size_t half = hd / 2;
+    for (size_t h = 0; h < n_heads; h++) {
+        uint16_t *xh = x + h * hd;
+        for (size_t i = 0; i < half; i++) {
+            float a = bf16_to_f32(xh[i]), b = bf16_to_f32(xh[i + half]);
+            rope_pair(bf16, per_op, cos[i], sin[i], &a, &b);
+            xh[i] = bf16_from_f32(a);
+            xh[i + half] = bf16_from_f32(b);
+        }
+    }
+}
+
+const kernels kernels_portable = {
+    .name = "portable",
+    .dot_f32 = dot_f32_ref,
+    .dot_f32_bf16 = dot_f32_bf16_ref,
+    .sum_squares = sum_squares_ref,
+    .sum_exp = sum_exp_ref,
+    .max_f32 = max_f32_ref,
+    .round_bf16 = round_bf16_ref,
+    .exp_f32 = exp_f32_ref,
+    .axpy_f32 = axpy_f32_ref,
+    .axpy_bf16 = axpy_bf16_ref,
+    .gemm_bf16w = gemm_bf16w_ref,
+    .gemm_f32w = gemm_f32w_ref,
+    .rmsnorm_residual = rmsnorm_residual_ref,
+    .rmsnorm = rmsnorm_ref,
+    .swiglu = swiglu_ref,
+    .rope = rope_ref,
+    .rmsnorm_residual_bf16 = rmsnorm_residual_bf16_ref,
+    .rmsnorm_bf16 = rmsnorm_bf16_ref,
+    .swiglu_bf16 = swiglu_bf16_ref,
+    .rope_bf16 = rope_bf16_ref,
+};

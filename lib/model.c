@@ -1,0 +1,746 @@
+/* Models: loading a Hugging Face checkpoint (single file or shards), binding its tensors to
+ * the blueprint with every shape checked, synthetic models from a seed, saving. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "json.h"
+#include "model.h"
+#include "safetensors.h"
+
+/* ---- ownership ------------------------------------------------------------------------- */
+
+/* Registers a buffer the model frees; on failure frees it and returns NULL. */
+static void *own(parity_model *m, void *p) {
+    if (!p) return NULL;
+    if (m->n_owned == m->cap_owned) {
+        size_t cap = m->cap_owned ? 2 * m->cap_owned : 64;
+        void **grown = px_realloc(m->owned, cap * sizeof *grown, "model buffer list");
+        if (!grown) {
+            px_free(p);
+            return NULL;
+        }
+        m->owned = grown;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return p;
+}
+
+static parity_model *model_new(const parity_config *c) {
+    parity_model *m = px_calloc(1, sizeof *m, "model");
+    if (!m) return NULL;
+    m->config = *c;
+    pthread_mutex_init(&m->prepare_lock, NULL);
+    m->layers = px_calloc(c->num_hidden_layers, sizeof *m->layers, "model layers");
+    if (!m->layers) {
+        pthread_mutex_destroy(&m->prepare_lock);
+        px_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void parity_model_free(parity_model *m) {
+    if (!m) return;
+    for (size_t i = 0; i < m->n_owned; i++) px_free(m->owned[i]);
+    px_free(m->owned);
+    for (size_t i = 0; i < m->n_files; i++) st_close(m->files[i]);
+    px_free(m->files);
+    rope_tables_free(&m->rope);
+    px_free(m->layers);
+    pthread_mutex_destroy(&m->prepare_lock);
+    px_free(m);
+}
+
+const parity_config *parity_model_config(const parity_model *m) { return m ? &m->config : NULL; }
+
+/* ---- the tensors of an architecture ---------------------------------------------------- */
+
+/* One tensor the blueprint expects: its checkpoint name, where it goes, its shape and how
+ * the shape follows from the config (for messages). */
+typedef struct expected {
+    char name[96];
+    weight *dst;
+    uint32_t rows, cols;  /* rows = 0: a vector of cols */
+    char shape_doc[96];
+} expected;
+
+static void expect(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t cols,
+                   const char *shape_doc, const char *fmt, int layer) {
+    expected *x = &e[(*n)++];
+    snprintf(x->name, sizeof x->name, fmt, layer);
+    x->dst = dst;
+    x->rows = rows;
+    x->cols = cols;
+    snprintf(x->shape_doc, sizeof x->shape_doc, "%s", shape_doc);
+}
+
+/* Lists the tensors of model m's architecture; returns their count (e must hold
+ * 16 * layers + 4). */
+static size_t expected_tensors(parity_model *m, expected *e) {
+    const parity_config *c = &m->config;
+    uint32_t hd = c->head_dim, q = c->num_attention_heads * hd, kv = c->num_key_value_heads * hd;
+    char d_q[96], d_kv[96], d_o[96], d_up[96], d_down[96], d_h[64], d_emb[96], d_hd[64],
+        d_bq[64], d_bkv[64];
+    snprintf(d_h, sizeof d_h, "[hidden_size=%u]", c->hidden_size);
+    snprintf(d_emb, sizeof d_emb, "[vocab_size=%u, hidden_size=%u]", c->vocab_size, c->hidden_size);
+    snprintf(d_q, sizeof d_q, "[num_attention_heads*head_dim=%u, hidden_size=%u]", q, c->hidden_size);
+    snprintf(d_kv, sizeof d_kv, "[num_key_value_heads*head_dim=%u, hidden_size=%u]", kv,
+             c->hidden_size);
+    snprintf(d_o, sizeof d_o, "[hidden_size=%u, num_attention_heads*head_dim=%u]", c->hidden_size, q);
+    snprintf(d_up, sizeof d_up, "[intermediate_size=%u, hidden_size=%u]", c->intermediate_size,
+             c->hidden_size);
+    snprintf(d_down, sizeof d_down, "[hidden_size=%u, intermediate_size=%u]", c->hidden_size,
+             c->intermediate_size);
+    snprintf(d_hd, sizeof d_hd, "[head_dim=%u]", hd);
+    snprintf(d_bq, sizeof d_bq, "[num_attention_heads*head_dim=%u]", q);
+    snprintf(d_bkv, sizeof d_bkv, "[num_key_value_heads*head_dim=%u]", kv);
+
+    size_t n = 0;
+    expect(e, &n, &m->embed, c->vocab_size, c->hidden_size, d_emb, "model.embed_tokens.weight", 0);
+    for (uint32_t i = 0; i < c->num_hidden_layers; i++) {
+        layer_weights *l = &m->layers[i];
+        int li = (int)i;
+        expect(e, &n, &l->attn_norm, 0, c->hidden_size, d_h, "model.layers.%d.input_layernorm.weight", li);
+        expect(e, &n, &l->wq, q, c->hidden_size, d_q, "model.layers.%d.self_attn.q_proj.weight", li);
+        expect(e, &n, &l->wk, kv, c->hidden_size, d_kv, "model.layers.%d.self_attn.k_proj.weight", li);
+        expect(e, &n, &l->wv, kv, c->hidden_size, d_kv, "model.layers.%d.self_attn.v_proj.weight", li);
+        expect(e, &n, &l->wo, c->hidden_size, q, d_o, "model.layers.%d.self_attn.o_proj.weight", li);
+        if (c->attention_bias) {
+            expect(e, &n, &l->bq, 0, q, d_bq, "model.layers.%d.self_attn.q_proj.bias", li);
+            expect(e, &n, &l->bk, 0, kv, d_bkv, "model.layers.%d.self_attn.k_proj.bias", li);
+            expect(e, &n, &l->bv, 0, kv, d_bkv, "model.layers.%d.self_attn.v_proj.bias", li);
+        }
+        if (c->qk_norm) {
+            expect(e, &n, &l->q_norm, 0, hd, d_hd, "model.layers.%d.self_attn.q_norm.weight", li);
+            expect(e, &n, &l->k_norm, 0, hd, d_hd, "model.layers.%d.self_attn.k_norm.weight", li);
+        }
+        expect(e, &n, &l->mlp_norm, 0, c->hidden_size, d_h,
+               "model.layers.%d.post_attention_layernorm.weight", li);
+        expect(e, &n, &l->w_gate, c->intermediate_size, c->hidden_size, d_up,
+               "model.layers.%d.mlp.gate_proj.weight", li);
+        expect(e, &n, &l->w_up, c->intermediate_size, c->hidden_size, d_up,
+               "model.layers.%d.mlp.up_proj.weight", li);
+        expect(e, &n, &l->w_down, c->hidden_size, c->intermediate_size, d_down,
+               "model.layers.%d.mlp.down_proj.weight", li);
+    }
+    expect(e, &n, &m->final_norm, 0, c->hidden_size, d_h, "model.norm.weight", 0);
+    if (!c->tie_word_embeddings)
+        expect(e, &n, &m->lm_head, c->vocab_size, c->hidden_size, d_emb, "lm_head.weight", 0);
+    return n;
+}
+
+static size_t max_expected(const parity_config *c) { return 16 * (size_t)c->num_hidden_layers + 4; }
+
+/* Tensors a checkpoint may carry that the forward does not read. */
+static int ignorable(const parity_model *m, const char *name) {
+    size_t n = strlen(name);
+    const char *inv = "rotary_emb.inv_freq";
+    if (n >= strlen(inv) && !strcmp(name + n - strlen(inv), inv)) return 1;
+    /* tied models: some writers also store the (identical) lm_head */
+    return m->config.tie_word_embeddings && !strcmp(name, "lm_head.weight");
+}
+
+/* ---- binding a checkpoint tensor ------------------------------------------------------- */
+
+static int check_finite_bf16(const char *file, const char *name, const uint16_t *x, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if ((x[i] & 0x7f80u) == 0x7f80u)
+            return set_error(PARITY_ERR_TENSOR_NONFINITE,
+                             "%s: tensor '%s': element %llu is %s (weights must be finite)", file,
+                             name, (unsigned long long)i, (x[i] & 0x7fu) ? "NaN" : "Inf");
+    return PARITY_OK;
+}
+
+static int check_finite_f32(const char *file, const char *name, const float *x, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return set_error(PARITY_ERR_TENSOR_NONFINITE,
+                             "%s: tensor '%s': element %llu is %s (weights must be finite)", file,
+                             name, (unsigned long long)i, isnan(x[i]) ? "NaN" : "Inf");
+    return PARITY_OK;
+}
+
+static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, const expected *e) {
+    uint64_t rows = e->rows ? e->rows : 1;
+    int shape_ok = e->rows ? (t->ndim == 2 && t->shape[0] == e->rows && t->shape[1] == e->cols)
+                           : (t->ndim == 1 && t->shape[0] == e->cols);
+    if (!shape_ok) {
+        char got[160];
+        int k = snprintf(got, sizeof got, "[");
+        for (uint32_t d = 0; d < t->ndim && k < (int)sizeof got - 24; d++)
+            k += snprintf(got + k, sizeof got - (size_t)k, "%s%llu", d ? ", " : "",
+                          (unsigned long long)t->shape[d]);
+        snprintf(got + k, sizeof got - (size_t)k, "]");
+        return set_error(PARITY_ERR_TENSOR_SHAPE,
+                         "%s: tensor '%s': shape %s does not match the config: expected %s",
+                         f->path, t->name, got, e->shape_doc);
+    }
+    if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32)
+        return set_error(PARITY_ERR_TENSOR_DTYPE,
+                         "%s: tensor '%s': dtype %s is not a weight dtype (BF16, F16 or F32)",
+                         f->path, t->name, st_dtype_name(t->dtype));
+    uint64_t n = rows * e->cols;
+    weight *w = e->dst;
+    w->rows = (uint32_t)rows;
+    w->cols = e->cols;
+    if (t->dtype == ST_BF16) {
+        if (((uintptr_t)t->data & 1u) == 0) {
+            w->bf16 = (const uint16_t *)t->data; /* mapped in place */
+        } else {
+            uint16_t *copy = own(m, px_malloc(n * 2, t->name));
+            if (!copy) return PARITY_ERR_OUT_OF_MEMORY;
+            memcpy(copy, t->data, n * 2);
+            w->bf16 = copy;
+        }
+        return check_finite_bf16(f->path, t->name, w->bf16, n);
+    }
+    /* F16 and F32: keep fp32 masters (mapped when F32 and aligned), cast to bf16 with RNE */
+    const float *master;
+    if (t->dtype == ST_F32 && ((uintptr_t)t->data & 3u) == 0) {
+        master = (const float *)t->data;
+    } else {
+        float *wide = own(m, px_malloc(n * 4, t->name));
+        if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
+        for (uint64_t i = 0; i < n; i++) {
+            if (t->dtype == ST_F32) {
+                memcpy(&wide[i], t->data + 4 * i, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, t->data + 2 * i, 2);
+                wide[i] = f16_to_f32(h);
+            }
+        }
+        master = wide;
+    }
+    int rc = check_finite_f32(f->path, t->name, master, n);
+    if (rc) return rc;
+    uint16_t *cast = own(m, px_malloc(n * 2, t->name));
+    if (!cast) return PARITY_ERR_OUT_OF_MEMORY;
+    for (uint64_t i = 0; i < n; i++) cast[i] = bf16_from_f32(master[i]);
+    w->master = master;
+    w->bf16 = cast;
+    /* an F32 value beyond bf16's range rounds to Inf */
+    return check_finite_bf16(f->path, t->name, cast, n);
+}
+
+/* ---- the fp32 copies ------------------------------------------------------------------ */
+
+static int widen(parity_model *m, weight *w) {
+    if (w->wide || !w->bf16) return PARITY_OK;
+    uint64_t n = (uint64_t)w->rows * w->cols;
+    float *wide = own(m, px_aligned_alloc(n * 4, "fp32 weights"));
+    if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
+    for (uint64_t i = 0; i < n; i++) wide[i] = bf16_to_f32(w->bf16[i]);
+    w->wide = wide;
+    return PARITY_OK;
+}
+
+/* Widens the weights (all of them, or only the vectors: norms and biases, which the region
+ * kernels always read in fp32). */
+static int widen_weights(parity_model *m, int vectors_only) {
+    weight *top[] = {&m->embed, &m->final_norm, &m->lm_head};
+    int rc = PARITY_OK;
+    for (size_t j = 0; j < 3 && !rc; j++) {
+        if (top[j] == &m->lm_head && m->config.tie_word_embeddings) continue; /* shares embed's */
+        if (!vectors_only || top[j]->rows == 1) rc = widen(m, top[j]);
+    }
+    for (uint32_t i = 0; i < m->config.num_hidden_layers && !rc; i++) {
+        layer_weights *l = &m->layers[i];
+        weight *ws[] = {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk, &l->bv,
+                        &l->q_norm, &l->k_norm, &l->mlp_norm, &l->w_gate, &l->w_up, &l->w_down};
+        for (size_t j = 0; j < sizeof ws / sizeof ws[0] && !rc; j++)
+            if (!vectors_only || ws[j]->rows == 1) rc = widen(m, ws[j]);
+    }
+    if (m->config.tie_word_embeddings) m->lm_head.wide = m->embed.wide;
+    return rc;
+}
+
+int model_prepare(parity_model *m, int need) {
+    if (!(need & MODEL_NEED_WIDE)) return PARITY_OK;
+    pthread_mutex_lock(&m->prepare_lock);
+    int rc = PARITY_OK;
+    if (!m->wide_ready) {
+        /* a failure leaves some weights widened: harmless, a retry reuses them */
+        rc = widen_weights(m, 0);
+        if (!rc) m->wide_ready = 1;
+    }
+    pthread_mutex_unlock(&m->prepare_lock);
+    return rc;
+}
+
+/* ---- files --------------------------------------------------------------------------- */
+
+static int read_text_file(const char *path, size_t limit, char **out, size_t *len) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return set_error(PARITY_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n == cap) {
+            if (cap >= limit) {
+                fclose(fp);
+                px_free(buf);
+                return set_error(PARITY_ERR_INDEX, "%s: larger than %zu bytes", path, limit);
+            }
+            cap = cap ? 2 * cap : 4096;
+            char *grown = px_realloc(buf, cap, path);
+            if (!grown) {
+                fclose(fp);
+                px_free(buf);
+                return PARITY_ERR_OUT_OF_MEMORY;
+            }
+            buf = grown;
+        }
+        size_t got = fread(buf + n, 1, cap - n, fp);
+        n += got;
+        if (got == 0) break;
+    }
+    int err = ferror(fp);
+    fclose(fp);
+    if (err) {
+        px_free(buf);
+        return set_error(PARITY_ERR_IO, "%s: read error", path);
+    }
+    *out = buf;
+    *len = n;
+    return PARITY_OK;
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static int add_file(parity_model *m, st_file *f) {
+    st_file **grown = px_realloc(m->files, (m->n_files + 1) * sizeof *grown, "model file list");
+    if (!grown) {
+        st_close(f);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    m->files = grown;
+    m->files[m->n_files++] = f;
+    return PARITY_OK;
+}
+
+/* A shard name from an index must be a plain file name in the checkpoint directory. */
+static int shard_name_ok(const char *s, size_t len) {
+    if (len == 0 || len > 255 || strlen(s) != len) return 0;
+    if (!strcmp(s, ".") || !strcmp(s, "..")) return 0;
+    return strchr(s, '/') == NULL;
+}
+
+/* Opens the shards named by model.safetensors.index.json and checks that the map and the
+ * shards agree: every mapped tensor is in its shard, every shard tensor is in the map. */
+static int open_sharded(parity_model *m, const char *dir, const char *index_path) {
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_text_file(index_path, 64u << 20, &text, &len);
+    if (rc) return rc;
+    json_doc *doc;
+    char err[256];
+    rc = json_parse(text, len, &doc, err, sizeof err);
+    px_free(text);
+    if (rc == PARITY_ERR_OUT_OF_MEMORY) return set_error(rc, "%s: out of memory parsing", index_path);
+    if (rc) return set_error(PARITY_ERR_JSON_SYNTAX, "%s: %s", index_path, err);
+    const json_value *map = json_get(json_doc_root(doc), "weight_map");
+    if (!map || map->type != JSON_OBJECT) {
+        json_free(doc);
+        return set_error(PARITY_ERR_INDEX, "%s: no \"weight_map\" object", index_path);
+    }
+    long dup = json_find_duplicate_key(map);
+    if (dup >= 0) {
+        rc = set_error(PARITY_ERR_ST_DUPLICATE, "%s: tensor '%s' appears twice in weight_map",
+                       index_path, map->keys[dup]);
+        json_free(doc);
+        return rc;
+    }
+    /* open each distinct shard once, in order of first mention */
+    for (size_t i = 0; i < map->count && rc == PARITY_OK; i++) {
+        const json_value *v = &map->items[i];
+        if (v->type != JSON_STRING || !shard_name_ok(v->str, v->len)) {
+            rc = set_error(PARITY_ERR_INDEX,
+                           "%s: tensor '%s': shard must be a file name in the checkpoint "
+                           "directory",
+                           index_path, map->keys[i]);
+            break;
+        }
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; j++) seen = !strcmp(map->items[j].str, v->str);
+        if (seen) continue;
+        size_t plen = strlen(dir) + 1 + v->len + 1;
+        char *path = px_malloc(plen, "shard path");
+        if (!path) {
+            rc = PARITY_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        snprintf(path, plen, "%s/%s", dir, v->str);
+        if (!file_exists(path)) {
+            rc = set_error(PARITY_ERR_INDEX, "%s: shard '%s' (tensor '%s') does not exist",
+                           index_path, v->str, map->keys[i]);
+            px_free(path);
+            break;
+        }
+        st_file *f;
+        rc = st_open(path, &f);
+        px_free(path);
+        if (rc == PARITY_OK) rc = add_file(m, f);
+    }
+    /* every tensor of every shard is in no other shard, and mapped to this one */
+    for (size_t fi = 0; fi < m->n_files && rc == PARITY_OK; fi++) {
+        const st_file *f = m->files[fi];
+        const char *base = strrchr(f->path, '/') + 1;
+        for (size_t t = 0; t < f->n_tensors && rc == PARITY_OK; t++) {
+            for (size_t g = 0; g < fi && rc == PARITY_OK; g++)
+                if (st_find(m->files[g], f->tensors[t].name))
+                    rc = set_error(PARITY_ERR_ST_DUPLICATE, "tensor '%s' is in both %s and %s",
+                                   f->tensors[t].name, m->files[g]->path, f->path);
+            if (rc) break;
+            const json_value *v = json_get(map, f->tensors[t].name);
+            if (!v)
+                rc = set_error(PARITY_ERR_INDEX, "%s: tensor '%s' is not in %s's weight_map",
+                               f->path, f->tensors[t].name, index_path);
+            else if (strcmp(v->str, base))
+                rc = set_error(PARITY_ERR_INDEX,
+                               "%s: tensor '%s' is here but the weight_map puts it in '%s'",
+                               f->path, f->tensors[t].name, v->str);
+        }
+    }
+    /* every mapped tensor is in its shard */
+    for (size_t i = 0; i < map->count && rc == PARITY_OK; i++) {
+        int found = 0;
+        for (size_t fi = 0; fi < m->n_files && !found; fi++)
+            found = st_find(m->files[fi], map->keys[i]) != NULL;
+        if (!found)
+            rc = set_error(PARITY_ERR_INDEX, "%s: tensor '%s' is not in shard '%s'", index_path,
+                           map->keys[i], map->items[i].str);
+    }
+    json_free(doc);
+    return rc;
+}
+
+static const st_tensor *find_tensor(const parity_model *m, const char *name, const st_file **file) {
+    for (size_t i = 0; i < m->n_files; i++) {
+        const st_tensor *t = st_find(m->files[i], name);
+        if (t) {
+            *file = m->files[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+static int bind_all(parity_model *m, const char *dir) {
+    size_t cap = max_expected(&m->config);
+    expected *e = px_calloc(cap, sizeof *e, "tensor list");
+    if (!e) return PARITY_ERR_OUT_OF_MEMORY;
+    size_t n = expected_tensors(m, e);
+    int rc = PARITY_OK;
+    for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
+        const st_file *f;
+        const st_tensor *t = find_tensor(m, e[i].name, &f);
+        if (!t)
+            rc = set_error(PARITY_ERR_TENSOR_MISSING, "%s: tensor '%s' (shape %s) is missing",
+                           dir, e[i].name, e[i].shape_doc);
+        else
+            rc = bind_tensor(m, f, t, &e[i]);
+    }
+    /* nothing in the files that the architecture does not use */
+    for (size_t fi = 0; fi < m->n_files && rc == PARITY_OK; fi++) {
+        const st_file *f = m->files[fi];
+        for (size_t t = 0; t < f->n_tensors && rc == PARITY_OK; t++) {
+            const char *name = f->tensors[t].name;
+            int known = ignorable(m, name);
+            for (size_t i = 0; i < n && !known; i++) known = !strcmp(e[i].name, name);
+            if (!known)
+                rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED,
+                               "%s: tensor '%s' is not part of a %s model with this config",
+                               f->path, name,
+                               m->config.arch == PARITY_ARCH_QWEN2   ? "qwen2"
+                               : m->config.arch == PARITY_ARCH_QWEN3 ? "qwen3"
+                                                                     : "llama");
+        }
+    }
+    px_free(e);
+    if (rc == PARITY_OK && m->config.tie_word_embeddings) m->lm_head = m->embed;
+    return rc;
+}
+
+int parity_model_load(const char *dir, parity_model **out) {
+    clear_error();
+    if (!dir || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "directory or output is NULL");
+    size_t plen = strlen(dir) + 64;
+    char *path = px_malloc(plen, "path");
+    if (!path) return PARITY_ERR_OUT_OF_MEMORY;
+    parity_config c;
+    snprintf(path, plen, "%s/config.json", dir);
+    int rc = parity_config_load(path, &c);
+    if (rc) {
+        px_free(path);
+        return rc;
+    }
+    parity_model *m = model_new(&c);
+    if (!m) {
+        px_free(path);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    snprintf(path, plen, "%s/model.safetensors.index.json", dir);
+    if (file_exists(path)) {
+        rc = open_sharded(m, dir, path);
+    } else {
+        snprintf(path, plen, "%s/model.safetensors", dir);
+        st_file *f;
+        if (!file_exists(path))
+            rc = set_error(PARITY_ERR_IO, "%s: neither model.safetensors nor "
+                           "model.safetensors.index.json is there", dir);
+        else if ((rc = st_open(path, &f)) == PARITY_OK)
+            rc = add_file(m, f);
+    }
+    px_free(path);
+    if (rc == PARITY_OK) rc = bind_all(m, dir);
+    if (rc == PARITY_OK) rc = widen_weights(m, 1);
+    if (rc == PARITY_OK) rc = rope_tables_build(&m->config, m->config.max_position_embeddings, &m->rope);
+    if (rc) {
+        parity_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return PARITY_OK;
+}
+
+/* ---- synthetic models ------------------------------------------------------------------ */
+
+/* splitmix64: a counter-based generator, so every element's value depends only on (seed,
+ * tensor, index). */
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Fills n bf16 values with mean + std * N(0,1) (Box-Muller on pairs). */
+static void fill_normal(uint16_t *dst, uint64_t n, uint64_t key, float mean, float std) {
+    for (uint64_t i = 0; i < n; i += 2) {
+        uint64_t r = splitmix64(key ^ splitmix64(i));
+        double u1 = ((double)(r >> 40) + 0.5) / 16777216.0;           /* (0,1) */
+        double u2 = (double)((r >> 16) & 0xffffffu) / 16777216.0;     /* [0,1) */
+        double rad = sqrt(-2.0 * log(u1)), ang = 6.283185307179586 * u2;
+        dst[i] = bf16_from_f32((float)(mean + std * rad * cos(ang)));
+        if (i + 1 < n) dst[i + 1] = bf16_from_f32((float)(mean + std * rad * sin(ang)));
+    }
+}
+
+int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_model **out) {
+    clear_error();
+    if (!config || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "config or output is NULL");
+    int rc = config_validate(config);
+    if (rc) return rc;
+    parity_model *m = model_new(config);
+    if (!m) return PARITY_ERR_OUT_OF_MEMORY;
+    expected *e = px_calloc(max_expected(config), sizeof *e, "tensor list");
+    if (!e) {
+        parity_model_free(m);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    size_t n = expected_tensors(m, e);
+    for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
+        uint64_t rows = e[i].rows ? e[i].rows : 1, count = rows * e[i].cols;
+        uint16_t *data = own(m, px_malloc(count * 2, e[i].name));
+        if (!data) {
+            rc = PARITY_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        /* norm weights are vectors named *norm.weight: near 1 */
+        size_t len = strlen(e[i].name);
+        int is_norm = len > 11 && !strcmp(e[i].name + len - 11, "norm.weight");
+        fill_normal(data, count, splitmix64(seed) ^ splitmix64(0x1000 + i), is_norm ? 1.0f : 0.0f,
+                    0.02f);
+        e[i].dst->rows = (uint32_t)rows;
+        e[i].dst->cols = e[i].cols;
+        e[i].dst->bf16 = data;
+    }
+    px_free(e);
+    if (rc == PARITY_OK && config->tie_word_embeddings) m->lm_head = m->embed;
+    if (rc == PARITY_OK) rc = widen_weights(m, 1);
+    if (rc == PARITY_OK) rc = rope_tables_build(&m->config, m->config.max_position_embeddings, &m->rope);
+    if (rc) {
+        parity_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return PARITY_OK;
+}
+
+int parity_model_open(const char *spec, parity_model **out) {
+    clear_error();
+    if (!spec || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model spec or output is NULL");
+    if (strncmp(spec, "synthetic:", 10)) return parity_model_load(spec, out);
+    char name[64];
+    const char *colon = strchr(spec + 10, ':');
+    size_t len = colon ? (size_t)(colon - spec - 10) : strlen(spec + 10);
+    if (len == 0 || len >= sizeof name)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "'%s': expected synthetic:NAME[:SEED]", spec);
+    memcpy(name, spec + 10, len);
+    name[len] = '\0';
+    uint64_t seed = 0;
+    if (colon) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(colon + 1, &end, 10);
+        if (errno || end == colon + 1 || *end || colon[1] == '-')
+            return set_error(PARITY_ERR_INVALID_ARGUMENT, "'%s': the seed must be a non-negative integer", spec);
+        seed = v;
+    }
+    parity_config c;
+    int rc = parity_config_builtin(name, &c);
+    if (rc) return rc;
+    return parity_model_synthetic(&c, seed, out);
+}
+
+/* ---- saving ------------------------------------------------------------------------------ */
+
+static int write_config(const parity_config *c, const char *path) {
+    FILE *fp = fopen(path, "w");
+    if (!fp) return set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    const char *type = c->arch == PARITY_ARCH_QWEN2 ? "qwen2" : c->arch == PARITY_ARCH_QWEN3 ? "qwen3" : "llama";
+    const char *archname = c->arch == PARITY_ARCH_QWEN2   ? "Qwen2ForCausalLM"
+                           : c->arch == PARITY_ARCH_QWEN3 ? "Qwen3ForCausalLM"
+                                                          : "LlamaForCausalLM";
+    fprintf(fp,
+            "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
+            "  \"vocab_size\": %u,\n  \"hidden_size\": %u,\n  \"intermediate_size\": %u,\n"
+            "  \"num_hidden_layers\": %u,\n  \"num_attention_heads\": %u,\n"
+            "  \"num_key_value_heads\": %u,\n  \"head_dim\": %u,\n  \"hidden_act\": \"silu\",\n"
+            "  \"max_position_embeddings\": %u,\n  \"rms_norm_eps\": %.9g,\n"
+            "  \"rope_theta\": %.17g,\n  \"tie_word_embeddings\": %s,\n"
+            "  \"attention_bias\": %s,\n  \"torch_dtype\": \"bfloat16\",\n",
+            archname, type, c->vocab_size, c->hidden_size, c->intermediate_size,
+            c->num_hidden_layers, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
+            c->max_position_embeddings, (double)c->rms_norm_eps, c->rope_theta,
+            c->tie_word_embeddings ? "true" : "false", c->attention_bias ? "true" : "false");
+    switch (c->rope_type) {
+    case PARITY_ROPE_LINEAR:
+        fprintf(fp, "  \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": %.9g}\n",
+                (double)c->rope_factor);
+        break;
+    case PARITY_ROPE_LLAMA3:
+        fprintf(fp,
+                "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.9g, "
+                "\"low_freq_factor\": %.9g, \"high_freq_factor\": %.9g, "
+                "\"original_max_position_embeddings\": %u}\n",
+                (double)c->rope_factor, (double)c->rope_low_freq_factor,
+                (double)c->rope_high_freq_factor, c->rope_original_max_position_embeddings);
+        break;
+    case PARITY_ROPE_YARN:
+        fprintf(fp,
+                "  \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": %.9g, "
+                "\"original_max_position_embeddings\": %u, \"beta_fast\": %.9g, "
+                "\"beta_slow\": %.9g, \"truncate\": %s",
+                (double)c->rope_factor, c->rope_original_max_position_embeddings,
+                (double)c->rope_beta_fast, (double)c->rope_beta_slow,
+                c->rope_truncate ? "true" : "false");
+        if (c->rope_attention_factor > 0)
+            fprintf(fp, ", \"attention_factor\": %.9g", (double)c->rope_attention_factor);
+        if (c->rope_mscale > 0) fprintf(fp, ", \"mscale\": %.9g", (double)c->rope_mscale);
+        if (c->rope_mscale_all_dim > 0)
+            fprintf(fp, ", \"mscale_all_dim\": %.9g", (double)c->rope_mscale_all_dim);
+        fprintf(fp, "}\n");
+        break;
+    default:
+        fprintf(fp, "  \"rope_scaling\": null\n");
+    }
+    fprintf(fp, "}\n");
+    if (fclose(fp) != 0) return set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    return PARITY_OK;
+}
+
+typedef struct saved_tensor {
+    const char *name;
+    const weight *w;
+    int is_vector;
+} saved_tensor;
+
+static int cmp_saved(const void *a, const void *b) {
+    return strcmp(((const saved_tensor *)a)->name, ((const saved_tensor *)b)->name);
+}
+
+int parity_model_save(const parity_model *m, const char *dir) {
+    clear_error();
+    if (!m || !dir) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or directory is NULL");
+    size_t plen = strlen(dir) + 64;
+    char *path = px_malloc(plen, "path"), *tmp = px_malloc(plen, "path");
+    expected *e = px_calloc(max_expected(&m->config), sizeof *e, "tensor list");
+    saved_tensor *s = px_calloc(max_expected(&m->config), sizeof *s, "tensor list");
+    char *header = NULL;
+    FILE *fp = NULL;
+    int rc = (path && tmp && e && s) ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    size_t n = 0;
+    if (rc == PARITY_OK) {
+        /* expected_tensors wants a mutable model for its destinations; only names, shapes and
+         * the weights' addresses are read here */
+        n = expected_tensors((parity_model *)m, e);
+        for (size_t i = 0; i < n; i++) s[i] = (saved_tensor){e[i].name, e[i].dst, e[i].rows == 0};
+        qsort(s, n, sizeof *s, cmp_saved);
+        snprintf(path, plen, "%s/config.json", dir);
+        rc = write_config(&m->config, path);
+    }
+    if (rc == PARITY_OK) {
+        size_t cap = 256 + n * 200, len = 0;
+        header = px_malloc(cap, "safetensors header");
+        if (!header) rc = PARITY_ERR_OUT_OF_MEMORY;
+        uint64_t offset = 0;
+        if (header) len += (size_t)snprintf(header, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
+        for (size_t i = 0; i < n && header; i++) {
+            uint64_t bytes = (uint64_t)s[i].w->rows * s[i].w->cols * 2;
+            if (s[i].is_vector)
+                len += (size_t)snprintf(header + len, cap - len,
+                                        ",\"%s\":{\"dtype\":\"BF16\",\"shape\":[%u],"
+                                        "\"data_offsets\":[%llu,%llu]}",
+                                        s[i].name, s[i].w->cols, (unsigned long long)offset,
+                                        (unsigned long long)(offset + bytes));
+            else
+                len += (size_t)snprintf(header + len, cap - len,
+                                        ",\"%s\":{\"dtype\":\"BF16\",\"shape\":[%u,%u],"
+                                        "\"data_offsets\":[%llu,%llu]}",
+                                        s[i].name, s[i].w->rows, s[i].w->cols,
+                                        (unsigned long long)offset,
+                                        (unsigned long long)(offset + bytes));
+            offset += bytes;
+        }
+        if (header) {
+            header[len++] = '}';
+            while (len % 8) header[len++] = ' '; /* data 8-byte aligned */
+            snprintf(tmp, plen, "%s/model.safetensors.tmp", dir);
+            snprintf(path, plen, "%s/model.safetensors", dir);
+            fp = fopen(tmp, "wb");
+            if (!fp) rc = set_error(PARITY_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        }
+        if (fp) {
+            uint64_t hlen = len;
+            uint8_t le[8];
+            for (int b = 0; b < 8; b++) le[b] = (uint8_t)(hlen >> (8 * b));
+            int ok = fwrite(le, 1, 8, fp) == 8 && fwrite(header, 1, len, fp) == len;
+            for (size_t i = 0; i < n && ok; i++) {
+                size_t count = (size_t)s[i].w->rows * s[i].w->cols;
+                ok = fwrite(s[i].w->bf16, 2, count, fp) == count;
+            }
+            if (fclose(fp) != 0) ok = 0;
+            if (!ok || rename(tmp, path) != 0) {
+                rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+                remove(tmp);
+            }
+        }
+    }
+    px_free(header);
+    px_free(s);
+    px_free(e);
+    px_free(tmp);
+    px_free(path);
+    return rc;
+}

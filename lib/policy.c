@@ -1,0 +1,128 @@
+/* Precision policies: the presets (names are API) and their modifiers. The framework
+ * behaviour each preset reproduces is documented in parity.h with the source lines it
+ * follows (docs/framework-numerics.md quotes them). */
+#include "internal.h"
+
+/* The switches of a preset, in the order of the table in DESIGN.md §3. */
+typedef struct preset {
+    const char *name;
+    parity_policy policy;
+} preset;
+
+#define POLICY(compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp) \
+    { compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp, {0} }
+
+static const preset presets[] = {
+    /* fp32: the reference; no rounding anywhere (the other switches are ignored) */
+    {"fp32", POLICY(PARITY_COMPUTE_FP32, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
+                    PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
+                    PARITY_SWIGLU_FUSED, PARITY_ATTN_FP32, PARITY_LOGITS_FP32,
+                    PARITY_TEMPERATURE_FP32)},
+    /* transformers eager, bf16 (framework-numerics.md §1, §3-§6) */
+    {"hf-eager", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_ROUNDED, PARITY_NORM_ROUND_TWICE,
+                        PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_PER_OP,
+                        PARITY_SWIGLU_PER_OP, PARITY_ATTN_EAGER, PARITY_LOGITS_BF16,
+                        PARITY_TEMPERATURE_BF16)},
+    /* transformers with sdpa attention (flash recipe), otherwise eager's rounding points */
+    {"hf-sdpa", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_ROUNDED, PARITY_NORM_ROUND_TWICE,
+                       PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_PER_OP,
+                       PARITY_SWIGLU_PER_OP, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
+                       PARITY_TEMPERATURE_BF16)},
+    /* vLLM V1 default (Inductor, custom_ops none): forward_native RMSNorm reads the fp32 sum,
+     * casts before x weight; bf16 cos_sin_cache, fused rotation; fused SiluAndMul; flash
+     * attention; temperature in fp32 after logits.to(float32) */
+    {"vllm", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_TWICE,
+                    PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_FUSED,
+                    PARITY_SWIGLU_FUSED, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
+                    PARITY_TEMPERATURE_FP32)},
+    /* SGLang CUDA: FlashInfer fused add-RMSNorm (fp32 sum, one rounding), fp32 RoPE cache,
+     * one rounding; SwiGLU fused (its source was not read); flash attention */
+    {"sglang", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
+                      PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
+                      PARITY_SWIGLU_FUSED, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
+                      PARITY_TEMPERATURE_FP32)},
+    /* the remedy: hf-eager with the three regions in fp32, one rounding at each output */
+    {"aligned", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
+                       PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
+                       PARITY_SWIGLU_FUSED, PARITY_ATTN_EAGER, PARITY_LOGITS_BF16,
+                       PARITY_TEMPERATURE_BF16)},
+};
+
+#define N_PRESETS (sizeof presets / sizeof presets[0])
+
+static const char *const preset_names[N_PRESETS + 1] = {
+    "fp32", "hf-eager", "hf-sdpa", "vllm", "sglang", "aligned", NULL,
+};
+
+const char *const *parity_policy_preset_names(void) { return preset_names; }
+
+int parity_policy_validate(const parity_policy *p) {
+    clear_error();
+    if (!p) return set_error(PARITY_ERR_INVALID_ARGUMENT, "policy is NULL");
+    struct {
+        const char *name;
+        uint8_t value, max;
+    } sw[] = {
+        {"compute", p->compute, PARITY_COMPUTE_FP32},
+        {"norm_input", p->norm_input, PARITY_NORM_INPUT_FP32},
+        {"norm_weight", p->norm_weight, PARITY_NORM_ROUND_ONCE},
+        {"qk_norm", p->qk_norm, PARITY_NORM_ROUND_ONCE},
+        {"rope_table", p->rope_table, PARITY_ROPE_TABLE_FP32},
+        {"rope_apply", p->rope_apply, PARITY_ROPE_FUSED},
+        {"swiglu", p->swiglu, PARITY_SWIGLU_FUSED},
+        {"attention", p->attention, PARITY_ATTN_FP32},
+        {"logits", p->logits, PARITY_LOGITS_FP32},
+        {"temperature", p->temperature, PARITY_TEMPERATURE_FP32},
+    };
+    for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
+        if (sw[i].value > sw[i].max)
+            return set_error(PARITY_ERR_POLICY, "policy switch %s = %u is not defined (0..%u)",
+                             sw[i].name, sw[i].value, sw[i].max);
+    for (size_t i = 0; i < sizeof p->reserved; i++)
+        if (p->reserved[i])
+            return set_error(PARITY_ERR_POLICY, "policy reserved byte %zu is %u, must be 0", i,
+                             p->reserved[i]);
+    return PARITY_OK;
+}
+
+/* "PRESET" or "PRESET+MODIFIER+..." with modifiers "aligned" and "fp32-head". */
+int parity_policy_from_name(const char *name, parity_policy *out) {
+    clear_error();
+    if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "policy name or output is NULL");
+    const char *plus = strchr(name, '+');
+    size_t base_len = plus ? (size_t)(plus - name) : strlen(name);
+    const preset *base = NULL;
+    for (size_t i = 0; i < N_PRESETS; i++)
+        if (strlen(presets[i].name) == base_len && !memcmp(presets[i].name, name, base_len))
+            base = &presets[i];
+    if (!base)
+        return set_error(PARITY_ERR_POLICY,
+                         "unknown policy '%s': presets are fp32, hf-eager, hf-sdpa, vllm, sglang, "
+                         "aligned, optionally followed by +aligned and/or +fp32-head",
+                         name);
+    parity_policy p = base->policy;
+    while (plus) {
+        const char *mod = plus + 1;
+        plus = strchr(mod, '+');
+        size_t len = plus ? (size_t)(plus - mod) : strlen(mod);
+        if (len == 7 && !memcmp(mod, "aligned", 7)) {
+            /* the three regions as in "aligned" */
+            p.norm_input = PARITY_NORM_INPUT_FP32;
+            p.norm_weight = PARITY_NORM_ROUND_ONCE;
+            p.qk_norm = PARITY_NORM_ROUND_ONCE;
+            p.rope_table = PARITY_ROPE_TABLE_FP32;
+            p.rope_apply = PARITY_ROPE_FUSED;
+            p.swiglu = PARITY_SWIGLU_FUSED;
+        } else if (len == 9 && !memcmp(mod, "fp32-head", 9)) {
+            /* fp32 logits; a temperature then divides fp32 logits, without rounding */
+            p.logits = PARITY_LOGITS_FP32;
+            p.temperature = PARITY_TEMPERATURE_FP32;
+        } else {
+            return set_error(PARITY_ERR_POLICY,
+                             "unknown policy modifier '%.*s' in '%s' (modifiers: aligned, fp32-head)",
+                             (int)len, mod, name);
+        }
+    }
+    *out = p;
+    return PARITY_OK;
+}

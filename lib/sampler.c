@@ -1,0 +1,470 @@
+/* The sampler: the inference engine's side. Sequences live in a paged KV cache (blocks of
+ * KV_BLOCK positions, reference-counted so that forks share their prompt and copy a block
+ * only when they write to it). A step feeds each sequence's last token through the same
+ * forward the scorer uses, as one row of a batch, and draws the next token from the
+ * distribution of lib/sampling.c with randomness keyed by (seed, stream, position). */
+#include <math.h>
+
+#include "forward.h"
+#include "internal.h"
+#include "kernels.h"
+#include "sampling.h"
+
+typedef struct seq_state {
+    int live;
+    uint32_t len;           /* tokens so far; the cache holds positions 0 .. len-2 and token
+                               len-1 is fed by the next step */
+    uint32_t prompt_len;
+    uint32_t generated;
+    uint32_t finished;      /* parity_finish */
+    int32_t *tokens;        /* [max_len] */
+    uint32_t *blocks;       /* [max_len / KV_BLOCK, rounded up] */
+    uint32_t n_blocks;      /* blocks held: positions 0 .. n_blocks * KV_BLOCK - 1 */
+    parity_sampling sampling;
+    uint64_t stream;
+} seq_state;
+
+struct parity_sampler {
+    const parity_model *model;
+    parity_sampler_params params;
+    threadpool *pool;
+    kv_cache kv;
+    fwd_scratch scratch;
+    uint32_t n_blocks;      /* blocks in the cache */
+    uint32_t *refs;         /* [n_blocks] sequences holding each block */
+    uint32_t *free_blocks;  /* [n_blocks] stack of free block ids */
+    uint32_t n_free;
+    seq_state *seqs;        /* [max_seqs] */
+    uint32_t max_rows;      /* max(prefill_chunk, max_batch) */
+    fwd_row *rows;          /* [max_rows] */
+    uint32_t *out_rows;     /* [max_rows] */
+    uint32_t *batch_seq;    /* [max_rows] the sequence of each decode row */
+    float *logits;          /* [max_rows][vocab] */
+    float *work;            /* [workers][3 * vocab] */
+};
+
+void parity_sampling_default(parity_sampling *s) {
+    if (!s) return;
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->logprob_mode = PARITY_LOGPROB_RAW;
+}
+
+void parity_sampler_default_params(parity_sampler_params *p) {
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->size = sizeof *p;
+    p->n_threads = 1;
+    p->backend = PARITY_BACKEND_BF16;
+    parity_policy_from_name("aligned", &p->policy);
+}
+
+void parity_sampler_free(parity_sampler *s) {
+    if (!s) return;
+    if (s->seqs)
+        for (uint32_t i = 0; i < s->params.max_seqs; i++) {
+            px_free(s->seqs[i].tokens);
+            px_free(s->seqs[i].blocks);
+        }
+    px_free(s->seqs);
+    pool_free(s->pool);
+    kv_cache_free(&s->kv);
+    fwd_scratch_free(&s->scratch);
+    px_free(s->refs);
+    px_free(s->free_blocks);
+    px_free(s->rows);
+    px_free(s->out_rows);
+    px_free(s->batch_seq);
+    px_free(s->logits);
+    px_free(s->work);
+    px_free(s);
+}
+
+int parity_sampler_create(const parity_model *model, const parity_sampler_params *params,
+                          parity_sampler **out) {
+    clear_error();
+    if (!model || !params || !out)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model, params or output is NULL");
+    if (params->size != sizeof *params)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "params.size is %u, this library expects %zu: initialise the params "
+                         "with parity_sampler_default_params()",
+                         params->size, sizeof *params);
+    int rc = parity_policy_validate(&params->policy);
+    if (rc) return rc;
+    const parity_config *c = &model->config;
+    parity_sampler_params p = *params;
+    if (p.backend > PARITY_BACKEND_OPENBLAS)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "unknown backend %u", p.backend);
+    if (p.n_threads > 256)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_threads %u is more than 256", p.n_threads);
+    if (!p.n_threads) p.n_threads = 1;
+    if (!p.max_seqs) p.max_seqs = 64;
+    if (!p.max_len) p.max_len = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (!p.prefill_chunk) p.prefill_chunk = 256;
+    if (!p.max_batch) p.max_batch = 64;
+    if (p.max_len > c->max_position_embeddings)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "max_len %u exceeds the model's context (max_position_embeddings = %u)",
+                         p.max_len, c->max_position_embeddings);
+    if (p.split_k > 64)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "split_k %u is more than 64", p.split_k);
+    if (p.max_seqs > 65536 || p.prefill_chunk > 65536 || p.max_batch > 65536)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "max_seqs, prefill_chunk and max_batch must be at most 65536");
+    uint64_t cells = p.cache_tokens ? p.cache_tokens : (uint64_t)p.max_seqs * p.max_len;
+    if (cells > (1u << 28))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "a cache of %llu positions is too large",
+                         (unsigned long long)cells);
+    const uint32_t n_blocks = (uint32_t)((cells + KV_BLOCK - 1) / KV_BLOCK);
+    p.cache_tokens = n_blocks * KV_BLOCK;
+    const int fp32 = p.policy.compute == PARITY_COMPUTE_FP32;
+    if (p.backend == PARITY_BACKEND_OPENBLAS || fp32) {
+        rc = model_prepare((parity_model *)model, MODEL_NEED_WIDE);
+        if (rc) return rc;
+    }
+
+    parity_sampler *s = px_calloc(1, sizeof *s, "sampler");
+    if (!s) return PARITY_ERR_OUT_OF_MEMORY;
+    s->model = model;
+    s->params = p;
+    s->n_blocks = n_blocks;
+    s->max_rows = p.prefill_chunk > p.max_batch ? p.prefill_chunk : p.max_batch;
+    const size_t V = c->vocab_size, R = s->max_rows;
+    rc = pool_create(p.n_threads, &s->pool);
+    if (!rc) rc = kv_cache_init(&s->kv, c, p.cache_tokens, fp32);
+    if (!rc) rc = fwd_scratch_init(&s->scratch, c, s->max_rows, p.max_len, p.n_threads, p.split_k > 1);
+    if (!rc) {
+        s->refs = px_calloc(n_blocks, sizeof *s->refs, "block references");
+        s->free_blocks = px_calloc(n_blocks, sizeof *s->free_blocks, "free blocks");
+        s->seqs = px_calloc(p.max_seqs, sizeof *s->seqs, "sequences");
+        s->rows = px_calloc(R, sizeof *s->rows, "batch rows");
+        s->out_rows = px_calloc(R, sizeof *s->out_rows, "batch rows");
+        s->batch_seq = px_calloc(R, sizeof *s->batch_seq, "batch rows");
+        s->logits = px_aligned_alloc(R * V * sizeof(float), "logits");
+        s->work = px_aligned_alloc((size_t)p.n_threads * 3 * V * sizeof(float), "sampling");
+        if (!s->refs || !s->free_blocks || !s->seqs || !s->rows || !s->out_rows ||
+            !s->batch_seq || !s->logits || !s->work)
+            rc = PARITY_ERR_OUT_OF_MEMORY;
+    }
+    const uint32_t table = (p.max_len + KV_BLOCK - 1) / KV_BLOCK;
+    for (uint32_t i = 0; !rc && i < p.max_seqs; i++) {
+        s->seqs[i].tokens = px_calloc(p.max_len, sizeof(int32_t), "sequence tokens");
+        s->seqs[i].blocks = px_calloc(table, sizeof(uint32_t), "sequence block table");
+        if (!s->seqs[i].tokens || !s->seqs[i].blocks) rc = PARITY_ERR_OUT_OF_MEMORY;
+    }
+    if (rc) {
+        parity_sampler_free(s);
+        return rc;
+    }
+    /* the free stack pops the lowest block ids first */
+    for (uint32_t b = 0; b < n_blocks; b++) s->free_blocks[b] = n_blocks - 1 - b;
+    s->n_free = n_blocks;
+    *out = s;
+    return PARITY_OK;
+}
+
+/* ---- blocks ------------------------------------------------------------------------------- */
+
+static uint32_t block_take(parity_sampler *s) {
+    uint32_t b = s->free_blocks[--s->n_free];
+    s->refs[b] = 1;
+    return b;
+}
+
+static void block_drop(parity_sampler *s, uint32_t b) {
+    if (--s->refs[b] == 0) s->free_blocks[s->n_free++] = b;
+}
+
+/* Copies every layer's K and V of block `from` into block `to`. */
+static void block_copy(parity_sampler *s, uint32_t from, uint32_t to) {
+    const kv_cache *kv = &s->kv;
+    const size_t esz = kv->fp32 ? 4 : 2, cells = (size_t)KV_BLOCK * kv->width * esz;
+    for (uint32_t l = 0; l < kv->n_layers; l++) {
+        size_t layer = (size_t)l * kv->n_cells * kv->width * esz;
+        memcpy((char *)kv->k + layer + (size_t)to * cells, (char *)kv->k + layer + (size_t)from * cells, cells);
+        memcpy((char *)kv->v + layer + (size_t)to * cells, (char *)kv->v + layer + (size_t)from * cells, cells);
+    }
+}
+
+/* Blocks a sequence needs before it can write position `pos`: a fresh block, or a private copy
+ * of a shared one. */
+static uint32_t blocks_needed(const parity_sampler *s, const seq_state *q, uint32_t pos) {
+    uint32_t b = pos / KV_BLOCK;
+    if (b >= q->n_blocks) return b + 1 - q->n_blocks;
+    return s->refs[q->blocks[b]] > 1 ? 1 : 0;
+}
+
+/* Makes position `pos` writable (blocks_needed() blocks must be free). */
+static void make_writable(parity_sampler *s, seq_state *q, uint32_t pos) {
+    uint32_t b = pos / KV_BLOCK;
+    while (q->n_blocks <= b) q->blocks[q->n_blocks++] = block_take(s);
+    if (s->refs[q->blocks[b]] > 1) {
+        uint32_t copy = block_take(s);
+        block_copy(s, q->blocks[b], copy);
+        block_drop(s, q->blocks[b]);
+        q->blocks[b] = copy;
+    }
+}
+
+/* ---- sequences ------------------------------------------------------------------------- */
+
+static int check_sampling(const parity_sampler *s, const parity_sampling *p) {
+    if (!p) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampling parameters are NULL");
+    if (p->size != sizeof *p)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "sampling.size is %u, this library expects %zu: initialise it with "
+                         "parity_sampling_default()",
+                         p->size, sizeof *p);
+    const uint32_t V = s->model->config.vocab_size;
+    const dist_params dp = {p->logprob_mode, p->temperature, p->top_k, p->top_p, p->min_p};
+    int rc = dist_params_check(&dp, V);
+    if (rc) return rc;
+    if (p->n_stop > PARITY_MAX_STOP)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_stop %u exceeds PARITY_MAX_STOP (%d)",
+                         p->n_stop, PARITY_MAX_STOP);
+    for (uint32_t i = 0; i < p->n_stop; i++)
+        if (p->stop[i] < 0 || (uint32_t)p->stop[i] >= V)
+            return set_error(PARITY_ERR_TOKEN_RANGE, "stop token %d is outside the vocabulary [0, %u)",
+                             p->stop[i], V);
+    if (p->top_n > V)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "top_n %u exceeds the vocabulary (%u)",
+                         p->top_n, V);
+    return PARITY_OK;
+}
+
+static int check_seq(const parity_sampler *s, uint32_t seq) {
+    if (seq >= s->params.max_seqs || !s->seqs[seq].live)
+        return set_error(PARITY_ERR_UNKNOWN_SEQUENCE, "sequence %u is not live in this sampler", seq);
+    return PARITY_OK;
+}
+
+static int free_slot(const parity_sampler *s, uint32_t *slot) {
+    for (uint32_t i = 0; i < s->params.max_seqs; i++)
+        if (!s->seqs[i].live) {
+            *slot = i;
+            return PARITY_OK;
+        }
+    return set_error(PARITY_ERR_CACHE_FULL, "all %u sequence slots are live (max_seqs)",
+                     s->params.max_seqs);
+}
+
+int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
+                       const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
+    clear_error();
+    if (!s || !prompt || !seq)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, prompt or output is NULL");
+    int rc = check_sampling(s, sampling);
+    if (rc) return rc;
+    const uint32_t V = s->model->config.vocab_size;
+    if (len == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "the prompt is empty");
+    if (len > s->params.max_len)
+        return set_error(PARITY_ERR_TOO_LONG, "the prompt has %u tokens, more than max_len (%u)",
+                         len, s->params.max_len);
+    for (uint32_t t = 0; t < len; t++)
+        if (prompt[t] < 0 || (uint32_t)prompt[t] >= V)
+            return set_error(PARITY_ERR_TOKEN_RANGE,
+                             "prompt position %u: token id %d is outside the vocabulary [0, %u)",
+                             t, prompt[t], V);
+    uint32_t slot = 0;
+    if ((rc = free_slot(s, &slot))) return rc;
+    const uint32_t need = (len - 1 + KV_BLOCK - 1) / KV_BLOCK;
+    if (need > s->n_free)
+        return set_error(PARITY_ERR_CACHE_FULL,
+                         "the prompt needs %u cache blocks, %u are free", need, s->n_free);
+
+    seq_state *q = &s->seqs[slot];
+    q->live = 1;
+    q->len = q->prompt_len = len;
+    q->generated = 0;
+    q->finished = len == s->params.max_len ? PARITY_FINISHED_CAPACITY : PARITY_RUNNING;
+    q->sampling = *sampling;
+    q->stream = stream;
+    q->n_blocks = 0;
+    memcpy(q->tokens, prompt, len * sizeof *prompt);
+    while (q->n_blocks < need) q->blocks[q->n_blocks++] = block_take(s);
+
+    /* prefill positions 0 .. len-2 in chunks; no logits are needed */
+    unsigned fp_saved = fp_env_enter();
+    fwd_ctx ctx = {s->model, s->params.policy, s->params.backend, s->pool, &s->kv, &s->scratch, 0, 0};
+    for (uint32_t at = 0; at + 1 < len;) {
+        uint32_t n = len - 1 - at < s->params.prefill_chunk ? len - 1 - at : s->params.prefill_chunk;
+        for (uint32_t r = 0; r < n; r++) s->rows[r] = (fwd_row){prompt[at + r], at + r, q->blocks};
+        forward(&ctx, n, s->rows, 0, NULL, NULL);
+        at += n;
+    }
+    fp_env_restore(fp_saved);
+    *seq = slot;
+    return PARITY_OK;
+}
+
+int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_sampling *sampling,
+                        uint64_t stream, uint32_t *child) {
+    clear_error();
+    if (!s || !child) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
+    int rc = check_seq(s, parent);
+    if (!rc) rc = check_sampling(s, sampling);
+    uint32_t slot = 0;
+    if (!rc) rc = free_slot(s, &slot);
+    if (rc) return rc;
+    const seq_state *p = &s->seqs[parent];
+    seq_state *q = &s->seqs[slot];
+    q->live = 1;
+    q->len = p->len;
+    q->prompt_len = p->len; /* the child's completion starts here */
+    q->generated = 0;
+    q->finished = p->len == s->params.max_len ? PARITY_FINISHED_CAPACITY : PARITY_RUNNING;
+    q->sampling = *sampling;
+    q->stream = stream;
+    memcpy(q->tokens, p->tokens, p->len * sizeof *q->tokens);
+    q->n_blocks = p->n_blocks;
+    for (uint32_t b = 0; b < p->n_blocks; b++) {
+        q->blocks[b] = p->blocks[b];
+        s->refs[q->blocks[b]]++;
+    }
+    *child = slot;
+    return PARITY_OK;
+}
+
+int parity_sampler_release(parity_sampler *s, uint32_t seq) {
+    clear_error();
+    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
+    int rc = check_seq(s, seq);
+    if (rc) return rc;
+    seq_state *q = &s->seqs[seq];
+    for (uint32_t b = 0; b < q->n_blocks; b++) block_drop(s, q->blocks[b]);
+    q->n_blocks = 0;
+    q->live = 0;
+    return PARITY_OK;
+}
+
+int parity_sampler_tokens(const parity_sampler *s, uint32_t seq, const int32_t **tokens,
+                          uint32_t *len, uint32_t *prompt_len) {
+    clear_error();
+    if (!s || !tokens || !len) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
+    int rc = check_seq(s, seq);
+    if (rc) return rc;
+    *tokens = s->seqs[seq].tokens;
+    *len = s->seqs[seq].len;
+    if (prompt_len) *prompt_len = s->seqs[seq].prompt_len;
+    return PARITY_OK;
+}
+
+/* ---- steps ----------------------------------------------------------------------------- */
+
+typedef struct draw_job {
+    parity_sampler *s;
+    int32_t *tokens;
+    float *logprobs;
+    uint32_t max_top_n;
+    int32_t *top_ids;
+    float *top_logprobs;
+    size_t first;           /* index of the batch's first row in the step's outputs */
+} draw_job;
+
+static void job_draw(void *p, size_t begin, size_t end, unsigned worker) {
+    const draw_job *j = p;
+    parity_sampler *s = j->s;
+    const size_t V = s->model->config.vocab_size;
+    float *work = s->work + (size_t)worker * 3 * V;
+    const dist_work w = {work, work + V, (uint32_t *)(work + 2 * V)};
+    for (size_t r = begin; r < end; r++) {
+        const seq_state *q = &s->seqs[s->batch_seq[r]];
+        const parity_sampling *sp = &q->sampling;
+        const float *logits = s->logits + r * V;
+        const size_t o = j->first + r;
+
+        /* the draw: from the truncated processed distribution, keyed by the new position */
+        const dist_params draw = {PARITY_LOGPROB_PROCESSED_TRUNCATED, sp->temperature, sp->top_k,
+                                  sp->top_p, sp->min_p};
+        dist d;
+        dist_build(&s->params.policy, &draw, logits, V, &w, &d);
+        const int32_t token =
+            dist_draw(&d, &w, V, philox_uniform(sp->seed, q->stream, q->len));
+        j->tokens[o] = token;
+
+        /* the reported log-prob, in the sequence's mode (the draw's distribution when that
+         * mode is the truncated one) */
+        if (sp->logprob_mode != PARITY_LOGPROB_PROCESSED_TRUNCATED) {
+            const dist_params rep = {sp->logprob_mode, sp->temperature, sp->top_k, sp->top_p,
+                                     sp->min_p};
+            dist_build(&s->params.policy, &rep, logits, V, &w, &d);
+        }
+        j->logprobs[o] = dist_logprob(&d, &w, token);
+        uint32_t n = sp->top_n < j->max_top_n ? sp->top_n : j->max_top_n;
+        if (n && j->top_ids)
+            dist_top(&d, &w, V, n, j->top_ids + o * j->max_top_n, j->top_logprobs + o * j->max_top_n);
+    }
+}
+
+int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32_t *tokens,
+                        float *logprobs, uint32_t *finished, uint32_t max_top_n, int32_t *top_ids,
+                        float *top_logprobs) {
+    clear_error();
+    if (!s || !seqs || !tokens || !logprobs || !finished)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, seqs or an output is NULL");
+    if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no sequences to step");
+    if (max_top_n && (!top_ids || !top_logprobs))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "max_top_n is %u but top_ids or top_logprobs is NULL",
+                         max_top_n);
+    /* validate everything, and count the blocks, before changing anything */
+    uint64_t need = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = check_seq(s, seqs[i]);
+        if (rc) return rc;
+        const seq_state *q = &s->seqs[seqs[i]];
+        if (q->finished)
+            return set_error(PARITY_ERR_SEQUENCE_FINISHED, "sequence %u has finished (%s)", seqs[i],
+                             q->finished == PARITY_FINISHED_STOP     ? "stop token"
+                             : q->finished == PARITY_FINISHED_LENGTH ? "max_new_tokens"
+                                                                     : "max_len");
+        for (size_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return set_error(PARITY_ERR_INVALID_ARGUMENT, "sequence %u is listed twice", seqs[i]);
+        need += blocks_needed(s, q, q->len - 1);
+    }
+    /* A fork and its parent may both need a private copy of one shared block; the second
+     * to copy then finds the block no longer shared. Counting both overestimates, which only
+     * makes the check stricter by at most one block per shared block. */
+    if (need > s->n_free)
+        return set_error(PARITY_ERR_CACHE_FULL, "the step needs %llu cache blocks, %u are free",
+                         (unsigned long long)need, s->n_free);
+
+    unsigned fp_saved = fp_env_enter();
+    /* decode: the kernel-order experiments apply here, as engines use them in decode */
+    fwd_ctx ctx = {s->model, s->params.policy, s->params.backend, s->pool, &s->kv, &s->scratch,
+                   s->params.split_k > 1 ? s->params.split_k : 0, s->params.split_kv};
+    for (size_t first = 0; first < n; first += s->params.max_batch) {
+        size_t B = n - first < s->params.max_batch ? n - first : s->params.max_batch;
+        for (size_t r = 0; r < B; r++) {
+            seq_state *q = &s->seqs[seqs[first + r]];
+            const uint32_t pos = q->len - 1;
+            make_writable(s, q, pos);
+            s->rows[r] = (fwd_row){q->tokens[pos], pos, q->blocks};
+            s->out_rows[r] = (uint32_t)r;
+            s->batch_seq[r] = seqs[first + r];
+        }
+        forward(&ctx, B, s->rows, B, s->out_rows, s->logits);
+        draw_job j = {s, tokens, logprobs, max_top_n, top_ids, top_logprobs, first};
+        pool_run(s->pool, job_draw, &j, B);
+    }
+    fp_env_restore(fp_saved);
+
+    /* append the tokens, finish what finished */
+    for (size_t i = 0; i < n; i++) {
+        seq_state *q = &s->seqs[seqs[i]];
+        const int32_t t = tokens[i];
+        q->tokens[q->len++] = t;
+        q->generated++;
+        q->finished = PARITY_RUNNING;
+        for (uint32_t k = 0; k < q->sampling.n_stop; k++)
+            if (q->sampling.stop[k] == t) q->finished = PARITY_FINISHED_STOP;
+        if (!q->finished && q->sampling.max_new_tokens && q->generated >= q->sampling.max_new_tokens)
+            q->finished = PARITY_FINISHED_LENGTH;
+        if (!q->finished && q->len == s->params.max_len) q->finished = PARITY_FINISHED_CAPACITY;
+        finished[i] = q->finished;
+    }
+    return PARITY_OK;
+}

@@ -1,0 +1,249 @@
+/* Distributions over the vocabulary: temperature, truncation (top-k, top-p, min-p), log-probs,
+ * entropy, top-n, and draws with counter-based randomness. */
+#include "sampling.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+#include "kernels.h"
+
+int dist_params_check(const dist_params *p, uint32_t vocab) {
+    if (p->mode > PARITY_LOGPROB_PROCESSED_TRUNCATED)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "unknown log-prob mode %u", p->mode);
+    if (!(p->temperature >= 0 && isfinite(p->temperature)))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "temperature %g must be finite and >= 0 (0 = greedy)", (double)p->temperature);
+    if (!(p->top_p > 0 && p->top_p <= 1))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "top_p %g must be in (0, 1] (1 = off)",
+                         (double)p->top_p);
+    if (!(p->min_p >= 0 && p->min_p < 1))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "min_p %g must be in [0, 1) (0 = off)",
+                         (double)p->min_p);
+    if (p->top_k > vocab)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "top_k %u exceeds the vocabulary (%u)",
+                         p->top_k, vocab);
+    return PARITY_OK;
+}
+
+/* ---- ordering ---------------------------------------------------------------------------- */
+
+/* The candidates order: larger x first, ties to the lower id. */
+static int better(const float *x, uint32_t a, uint32_t b) {
+    return x[a] > x[b] || (x[a] == x[b] && a < b);
+}
+
+/* Sorts ids[0..n) by `better` (heap sort: no recursion, no allocation). */
+static void sift_down(const float *x, uint32_t *ids, size_t i, size_t n) {
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) return;
+        /* a max-heap of the *worst* element, so that the sorted result is best first */
+        if (c + 1 < n && better(x, ids[c], ids[c + 1])) c++;
+        if (!better(x, ids[i], ids[c])) return;
+        uint32_t t = ids[i];
+        ids[i] = ids[c];
+        ids[c] = t;
+        i = c;
+    }
+}
+
+static void sort_best_first(const float *x, uint32_t *ids, size_t n) {
+    for (size_t i = n / 2; i-- > 0;) sift_down(x, ids, i, n);
+    for (size_t end = n; end > 1; end--) {
+        uint32_t t = ids[0];
+        ids[0] = ids[end - 1];
+        ids[end - 1] = t;
+        sift_down(x, ids, 0, end - 1);
+    }
+}
+
+/* Keeps the k best of ids[0..n) in ids[0..k), sorted best first: a heap of the k best seen,
+ * whose root is the worst of them. */
+static void select_best(const float *x, uint32_t *ids, size_t n, size_t k) {
+    for (size_t i = k / 2; i-- > 0;) sift_down(x, ids, i, k);
+    for (size_t i = k; i < n; i++)
+        if (better(x, ids[i], ids[0])) {
+            ids[0] = ids[i];
+            sift_down(x, ids, 0, k);
+        }
+    sort_best_first(x, ids, k);
+}
+
+static uint32_t arg_max(const float *x, size_t V) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < V; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* ---- distributions ----------------------------------------------------------------------- */
+
+void dist_build(const parity_policy *pol, const dist_params *p, const float *logits, size_t V,
+                const dist_work *w, dist *d) {
+    const kernels *k = kern();
+    float *x = w->x;
+    memset(d, 0, sizeof *d);
+    d->greedy = p->temperature == 0;
+
+    if (p->mode == PARITY_LOGPROB_RAW) {
+        memcpy(x, logits, V * sizeof *x);
+    } else {
+        const float t = d->greedy ? 1.0f : p->temperature;
+        for (size_t i = 0; i < V; i++) x[i] = logits[i] / t;
+        /* verl's logits.div_(temperature) on bf16 logits rounds the quotient */
+        if (pol->compute != PARITY_COMPUTE_FP32 && pol->temperature == PARITY_TEMPERATURE_BF16)
+            k->round_bf16(x, V);
+    }
+    d->m = k->max_f32(x, V);
+
+    int truncate = p->mode == PARITY_LOGPROB_PROCESSED_TRUNCATED &&
+                   (d->greedy || (p->top_k && p->top_k < V) || p->top_p < 1 || p->min_p > 0);
+    if (!truncate) {
+        d->n = (uint32_t)V;
+        d->lse = logf(k->sum_exp(x, V, d->m, w->e));
+        return;
+    }
+    d->truncated = 1;
+    if (d->greedy) {
+        w->ids[0] = arg_max(x, V);
+        d->n = 1;
+        d->lse = 0; /* log 1: the whole mass on the arg max */
+        return;
+    }
+    for (uint32_t i = 0; i < V; i++) w->ids[i] = i;
+    size_t n = V;
+    if (p->top_k && p->top_k < V) {
+        select_best(x, w->ids, V, p->top_k);
+        n = p->top_k;
+    } else {
+        sort_best_first(x, w->ids, V);
+    }
+    /* e in support order; top-p on the running sum in double */
+    double total = 0;
+    for (size_t i = 0; i < n; i++) {
+        w->e[i] = parity_expf(x[w->ids[i]] - d->m);
+        total += w->e[i];
+    }
+    if (p->top_p < 1) {
+        const double target = (double)p->top_p * total;
+        double run = 0;
+        size_t keep = 0;
+        while (keep < n) {
+            run += w->e[keep++];
+            if (run >= target) break;
+        }
+        n = keep;
+    }
+    if (p->min_p > 0) {
+        size_t keep = 1; /* the best token has e = 1 >= min_p */
+        while (keep < n && w->e[keep] >= p->min_p) keep++;
+        n = keep;
+    }
+    double z = 0;
+    for (size_t i = 0; i < n; i++) z += w->e[i];
+    d->n = (uint32_t)n;
+    d->lse = (float)log(z);
+}
+
+/* Position of token t in the truncated support, or -1. */
+static long support_index(const dist *d, const dist_work *w, int32_t t) {
+    for (uint32_t i = 0; i < d->n; i++)
+        if (w->ids[i] == (uint32_t)t) return (long)i;
+    return -1;
+}
+
+float dist_logprob(const dist *d, const dist_work *w, int32_t token) {
+    if (d->truncated && support_index(d, w, token) < 0) return -INFINITY;
+    return (w->x[token] - d->m) - d->lse;
+}
+
+float dist_entropy(const dist *d, const dist_work *w, size_t V) {
+    /* H = -sum p_i logp_i over the support, p_i = exp(logp_i) */
+    if (!d->truncated) {
+        for (size_t i = 0; i < V; i++) {
+            w->e[i] = (w->x[i] - d->m) - d->lse; /* logp_i */
+            w->x[i] = parity_expf(w->e[i]);       /* p_i */
+        }
+        return -kern()->dot_f32(w->x, w->e, V);
+    }
+    double h = 0;
+    for (uint32_t i = 0; i < d->n; i++) {
+        float lp = (w->x[w->ids[i]] - d->m) - d->lse;
+        h -= (double)parity_expf(lp) * lp;
+    }
+    return (float)h;
+}
+
+void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32_t *ids,
+              float *logprobs) {
+    /* the support of a truncated distribution is sorted already */
+    uint32_t j = 0;
+    if (d->truncated) {
+        for (; j < top_n && j < d->n; j++) {
+            ids[j] = (int32_t)w->ids[j];
+            logprobs[j] = (w->x[w->ids[j]] - d->m) - d->lse;
+        }
+    } else {
+        /* n passes of a selection: top_n is small */
+        for (; j < top_n && j < V; j++) {
+            uint32_t best = UINT32_MAX;
+            for (uint32_t i = 0; i < V; i++) {
+                int taken = 0;
+                for (uint32_t q = 0; q < j && !taken; q++) taken = ids[q] == (int32_t)i;
+                if (!taken && (best == UINT32_MAX || better(w->x, i, best))) best = i;
+            }
+            ids[j] = (int32_t)best;
+            logprobs[j] = (w->x[best] - d->m) - d->lse;
+        }
+    }
+    for (; j < top_n; j++) {
+        ids[j] = -1;
+        logprobs[j] = -INFINITY;
+    }
+}
+
+int32_t dist_draw(const dist *d, const dist_work *w, size_t V, double u) {
+    if (d->greedy) return d->truncated ? (int32_t)w->ids[0] : (int32_t)arg_max(w->x, V);
+    size_t n = d->truncated ? d->n : V;
+    double total = 0;
+    for (size_t i = 0; i < n; i++) total += w->e[i];
+    const double target = u * total;
+    double run = 0;
+    for (size_t i = 0; i < n; i++) {
+        run += w->e[i];
+        if (run > target) return d->truncated ? (int32_t)w->ids[i] : (int32_t)i;
+    }
+    /* u * total rounded up to total: the last token with mass */
+    for (size_t i = n; i-- > 0;)
+        if (w->e[i] > 0) return d->truncated ? (int32_t)w->ids[i] : (int32_t)i;
+    return d->truncated ? (int32_t)w->ids[0] : 0;
+}
+
+/* ---- Philox4x32-10 ------------------------------------------------------------------- */
+
+static inline void mulhilo(uint32_t a, uint32_t b, uint32_t *hi, uint32_t *lo) {
+    uint64_t p = (uint64_t)a * b;
+    *hi = (uint32_t)(p >> 32);
+    *lo = (uint32_t)p;
+}
+
+double philox_uniform(uint64_t seed, uint64_t stream, uint64_t position) {
+    uint32_t c[4] = {(uint32_t)position, (uint32_t)(position >> 32), (uint32_t)stream,
+                     (uint32_t)(stream >> 32)};
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int round = 0; round < 10; round++) {
+        uint32_t hi0, lo0, hi1, lo1;
+        mulhilo(0xD2511F53u, c[0], &hi0, &lo0);
+        mulhilo(0xCD9E8D57u, c[2], &hi1, &lo1);
+        uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0;
+        c[1] = lo1;
+        c[2] = n2;
+        c[3] = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    uint64_t bits = ((uint64_t)c[0] << 21) ^ (c[1] >> 11); /* 53 bits */
+    return (double)(bits & ((1ull << 53) - 1)) * 0x1p-53;
+}

@@ -1,0 +1,62 @@
+/* From logits to a distribution, its log-probs and a draw: the same code for the scorer
+ * (learner) and the sampler, so that both report the same value for a token bit for bit. */
+#ifndef PARITY_SAMPLING_H
+#define PARITY_SAMPLING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "parity.h"
+
+/* What defines the distribution of a position besides its logits. */
+typedef struct dist_params {
+    uint32_t mode;        /* parity_logprob_mode */
+    float temperature;    /* >= 0; 0 = greedy (counts as 1 for the log-probs) */
+    uint32_t top_k;       /* 0 = off */
+    float top_p;          /* (0, 1]; 1 = off */
+    float min_p;          /* [0, 1); 0 = off */
+} dist_params;
+
+/* Buffers for one position, each [V]. */
+typedef struct dist_work {
+    float *x;             /* the logits of the mode (raw or processed) */
+    float *e;             /* exp(x - m) */
+    uint32_t *ids;        /* the truncated support, best first */
+} dist_work;
+
+/* A distribution over the vocabulary:
+ *   RAW:        x = logits
+ *   PROCESSED:  x = logits / T (rounded to bf16 when policy->temperature says so)
+ *   TRUNCATED:  PROCESSED restricted to the support: the arg max alone when greedy; else the
+ *               tokens sorted by x (descending, ties to the lower id), cut by top-k, then
+ *               top-p (the shortest prefix whose exp(x - m) sum, in that order and in double,
+ *               reaches top_p of the total), then min-p (exp(x - m) >= min_p).
+ * m = max x. Full support: lse = logf(sum_exp(x, m)) (kernels.h dot16 order); truncated:
+ * lse = (float)log(sum over the support in sorted order, in double). log p(t) =
+ * (x[t] - m) - lse, -inf outside the support. */
+typedef struct dist {
+    float m, lse;
+    uint32_t n;           /* support size */
+    int truncated;        /* support = ids[0 .. n) (else the whole vocabulary) */
+    int greedy;
+} dist;
+
+int dist_params_check(const dist_params *p, uint32_t vocab);
+void dist_build(const parity_policy *pol, const dist_params *p, const float *logits, size_t V,
+                const dist_work *w, dist *d);
+float dist_logprob(const dist *d, const dist_work *w, int32_t token);
+/* The entropy of the distribution, -sum p log p. It overwrites w->x and w->e: call it last. */
+float dist_entropy(const dist *d, const dist_work *w, size_t V);
+/* The top_n tokens by log-prob within the support, best first, ties to the lower id. */
+void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32_t *ids,
+              float *logprobs);
+/* A draw from the distribution (a TRUNCATED one: the support the sampler uses), driven by
+ * u in [0, 1): the first token, in support order (id order when not truncated), whose
+ * cumulative exp(x - m) sum (in double) exceeds u times the total. Greedy: the arg max. */
+int32_t dist_draw(const dist *d, const dist_work *w, size_t V, double u);
+
+/* Counter-based randomness: Philox4x32-10 keyed by the seed, counting (position, stream):
+ * a uniform double in [0, 1) with 53 random bits. */
+double philox_uniform(uint64_t seed, uint64_t stream, uint64_t position);
+
+#endif

@@ -1,0 +1,28 @@
+/* A fixed pool of worker threads for parallel loops. The calling thread is worker 0; the
+ * pool starts n-1 threads once, at creation, and never per call. A loop's tasks [0, n_tasks)
+ * are split into contiguous static ranges, one per worker, so which worker computes a task
+ * never matters to the result: tasks must be independent (no task reduces into another's
+ * output). */
+#ifndef PARITY_THREADPOOL_H
+#define PARITY_THREADPOOL_H
+
+#include <stddef.h>
+
+typedef struct threadpool threadpool;
+
+/* fn computes tasks [begin, end) as worker `worker` (0 .. n_workers-1). */
+typedef void (*pool_fn)(void *ctx, size_t begin, size_t end, unsigned worker);
+
+int pool_create(unsigned n_workers, threadpool **out);
+void pool_free(threadpool *p);
+unsigned pool_size(const threadpool *p);
+/* Runs fn over [0, n_tasks) on all workers and returns when every task is done. */
+void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks);
+
+/* Sets the calling thread's floating-point environment to IEEE defaults (round to nearest,
+ * no flush-to-zero, no denormals-are-zero) and returns what it was, for fp_env_restore:
+ * a host that runs with FTZ/DAZ must not change libparity's results. */
+unsigned fp_env_enter(void);
+void fp_env_restore(unsigned saved);
+
+#endif

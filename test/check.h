@@ -1,0 +1,94 @@
+/* Minimal test assertions: a failure prints both sides and where, and the test goes on so
+ * that one run shows every failure; main returns check_report(). */
+#ifndef PARITY_TEST_CHECK_H
+#define PARITY_TEST_CHECK_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parity.h"
+
+static int check_failures, check_count;
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        check_count++;                                                                \
+        if (!(cond)) {                                                                \
+            check_failures++;                                                         \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);  \
+        }                                                                             \
+    } while (0)
+
+#define CHECK_INT(a, b)                                                                    \
+    do {                                                                                   \
+        long long check_a_ = (long long)(a), check_b_ = (long long)(b);                    \
+        check_count++;                                                                     \
+        if (check_a_ != check_b_) {                                                        \
+            check_failures++;                                                              \
+            fprintf(stderr, "%s:%d: %s == %s failed: %lld != %lld\n", __FILE__, __LINE__, #a, \
+                    #b, check_a_, check_b_);                                               \
+        }                                                                                  \
+    } while (0)
+
+/* A library call expected to succeed: on failure prints the status and the message. */
+#define CHECK_OK(call)                                                                     \
+    do {                                                                                   \
+        int check_s_ = (call);                                                             \
+        check_count++;                                                                     \
+        if (check_s_ != PARITY_OK) {                                                       \
+            check_failures++;                                                              \
+            fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,       \
+                    parity_status_name(check_s_), parity_last_error());                    \
+        }                                                                                  \
+    } while (0)
+
+/* A library call expected to fail with `status`. */
+#define CHECK_STATUS(call, status)                                                         \
+    do {                                                                                   \
+        int check_s_ = (call);                                                             \
+        check_count++;                                                                     \
+        if (check_s_ != (status)) {                                                        \
+            check_failures++;                                                              \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s (message: %s)\n", __FILE__, \
+                    __LINE__, #call, parity_status_name(check_s_), parity_status_name(status), \
+                    parity_last_error());                                                  \
+        }                                                                                  \
+    } while (0)
+
+/* Bitwise equality of two float arrays; prints the first differences. */
+#define CHECK_BITS_F32(a, b, n, what) check_bits_f32_((a), (b), (n), (what), __FILE__, __LINE__)
+static inline void check_bits_f32_(const float *a, const float *b, size_t n, const char *what,
+                                   const char *file, int line) {
+    size_t bad = 0;
+    check_count++;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t ua, ub;
+        memcpy(&ua, a + i, 4);
+        memcpy(&ub, b + i, 4);
+        if (ua != ub) {
+            if (bad < 5)
+                fprintf(stderr, "%s:%d: %s: [%zu] %.9g (0x%08" PRIx32 ") != %.9g (0x%08" PRIx32 ")\n",
+                        file, line, what, i, a[i], ua, b[i], ub);
+            bad++;
+        }
+    }
+    if (bad) {
+        check_failures++;
+        fprintf(stderr, "%s:%d: %s: %zu of %zu values differ bitwise\n", file, line, what, bad, n);
+    }
+}
+
+static inline int check_report(const char *name) {
+    printf("%s: %d checks, %d failed\n", name, check_count, check_failures);
+    return check_failures ? 1 : 0;
+}
+
+/* Where the test data is: $PARITY_SOURCE_ROOT (set by meson test), else ".". */
+static inline const char *source_root(void) {
+    const char *r = getenv("PARITY_SOURCE_ROOT");
+    return r ? r : ".";
+}
+
+#endif

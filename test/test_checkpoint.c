@@ -1,0 +1,770 @@
+/* Loading and saving checkpoints, on files this test writes itself into a scratch directory:
+ *   1. Round trip at real size: synthetic qwen3-0.6b saved as bf16 safetensors and loaded back
+ *      has the same config and scores bitwise the same log-probs (preset aligned).
+ *   2. Variants of a saved synthetic tiny model, rewritten tensor by tensor with the small
+ *      safetensors writer below:
+ *      a. F32 weights equal to the bf16 ones score bitwise the same under every preset; F32
+ *         weights a quarter bf16 ulp away (RNE gives back the same bf16) score bitwise the
+ *         same under the bf16 presets, while "fp32" reads the masters (different, but close);
+ *      b. F16 weights score bitwise as an F32 file of the same (exactly widened) values;
+ *      c. sharded with model.safetensors.index.json, and data at unaligned offsets: bitwise
+ *         the same as the single aligned file;
+ *      d. every way a checkpoint can be wrong gets its own status, a message naming the
+ *         tensor, field or file, and leaves *out untouched;
+ *      e. bad "synthetic:" specs are refused;
+ *      f. rotary_emb.inv_freq tensors are accepted and ignored. */
+#include <ftw.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "safetensors.h"
+
+#define PATH_LEN 4096
+#define TINY_LEN 48
+#define SHARD1 "model-00001-of-00002.safetensors"
+#define SHARD2 "model-00002-of-00002.safetensors"
+
+static const char *const all_presets[] = {"fp32", "hf-eager", "aligned", NULL};
+static const char *const bf16_presets[] = {"hf-eager", "aligned", NULL};
+
+static char root[PATH_LEN];          /* scratch directory */
+static char tiny_dir[PATH_LEN];      /* synthetic:tiny:5 as parity_model_save wrote it */
+static int32_t tiny_tokens[TINY_LEN];
+
+/* What a failed load must leave in *out. */
+static max_align_t sentinel_object;
+#define SENTINEL ((parity_model *)&sentinel_object)
+
+/* ---- files ------------------------------------------------------------------------------ */
+
+static void join(char *out, const char *dir, const char *name) {
+    int n = snprintf(out, PATH_LEN, "%s/%s", dir, name);
+    if (n < 0 || n >= PATH_LEN) {
+        fprintf(stderr, "path too long: %s/%s\n", dir, name);
+        exit(1);
+    }
+}
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *fp = fopen(path, "rb");
+    CHECK(fp != NULL);
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    CHECK(buf && fread(buf, 1, (size_t)n, fp) == (size_t)n);
+    fclose(fp);
+    if (buf) buf[n] = '\0';
+    *len = (size_t)n;
+    return buf;
+}
+
+static void write_all(const char *path, const void *data, size_t len) {
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    CHECK(fwrite(data, 1, len, fp) == len);
+    CHECK(fclose(fp) == 0);
+}
+
+/* A new directory root/name holding a copy of the tiny model's config.json. */
+static void variant_dir(const char *name, char *dir) {
+    char src[PATH_LEN], dst[PATH_LEN];
+    join(dir, root, name);
+    CHECK(mkdir(dir, 0700) == 0);
+    join(src, tiny_dir, "config.json");
+    join(dst, dir, "config.json");
+    size_t len;
+    char *text = read_all(src, &len);
+    if (text) write_all(dst, text, len);
+    free(text);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void remove_tree(const char *dir) {
+    CHECK(nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0);
+}
+
+/* ---- checkpoints in memory, and a safetensors writer ------------------------------------- */
+
+typedef struct tensor {
+    char name[128];
+    char dtype[8];
+    uint32_t ndim;
+    uint64_t shape[2];
+    uint8_t *data; /* owned */
+    size_t bytes;
+} tensor;
+
+typedef struct ckpt {
+    tensor *t;
+    size_t n, cap;
+} ckpt;
+
+static tensor *ckpt_add(ckpt *c, const char *name, const char *dtype, uint32_t ndim,
+                        const uint64_t *shape, const void *data, size_t bytes) {
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 32;
+        c->t = realloc(c->t, c->cap * sizeof *c->t);
+    }
+    tensor *t = &c->t[c->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
+    t->ndim = ndim;
+    memcpy(t->shape, shape, ndim * sizeof *shape);
+    t->data = malloc(bytes);
+    memcpy(t->data, data, bytes);
+    t->bytes = bytes;
+    return t;
+}
+
+static void ckpt_free(ckpt *c) {
+    for (size_t i = 0; i < c->n; i++) free(c->t[i].data);
+    free(c->t);
+    *c = (ckpt){0};
+}
+
+static void ckpt_copy(ckpt *dst, const ckpt *src) {
+    *dst = (ckpt){0};
+    for (size_t i = 0; i < src->n; i++) {
+        const tensor *t = &src->t[i];
+        ckpt_add(dst, t->name, t->dtype, t->ndim, t->shape, t->data, t->bytes);
+    }
+}
+
+/* The tensors of a safetensors file, in header order. */
+static void ckpt_read(ckpt *c, const char *path) {
+    *c = (ckpt){0};
+    st_file *f = NULL;
+    CHECK_OK(st_open(path, &f));
+    if (!f) return;
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        const st_tensor *t = &f->tensors[i];
+        ckpt_add(c, t->name, st_dtype_name(t->dtype), t->ndim, t->shape, t->data,
+                 (size_t)(t->end - t->begin));
+    }
+    st_close(f);
+}
+
+static tensor *ckpt_get(ckpt *c, const char *name) {
+    for (size_t i = 0; i < c->n; i++)
+        if (!strcmp(c->t[i].name, name)) return &c->t[i];
+    fprintf(stderr, "test checkpoint has no tensor '%s'\n", name);
+    exit(1);
+}
+
+static void ckpt_remove(ckpt *c, const char *name) {
+    tensor *t = ckpt_get(c, name);
+    free(t->data);
+    memmove(t, t + 1, (size_t)(c->t + c->n - (t + 1)) * sizeof *t);
+    c->n--;
+}
+
+/* Replaces a tensor's data (taking ownership of `data`) and dtype. */
+static void tensor_set(tensor *t, const char *dtype, void *data, size_t bytes) {
+    free(t->data);
+    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
+    t->data = data;
+    t->bytes = bytes;
+}
+
+/* BF16 tensors -> F32: each value widened, with `low_bits` set below the bf16 bits. */
+static void ckpt_bf16_to_f32(ckpt *c, uint32_t low_bits) {
+    for (size_t i = 0; i < c->n; i++) {
+        tensor *t = &c->t[i];
+        if (strcmp(t->dtype, "BF16")) continue;
+        size_t n = t->bytes / 2;
+        uint32_t *out = malloc(4 * n);
+        for (size_t k = 0; k < n; k++) {
+            uint16_t h;
+            memcpy(&h, t->data + 2 * k, 2);
+            out[k] = ((uint32_t)h << 16) | low_bits;
+        }
+        tensor_set(t, "F32", out, 4 * n);
+    }
+}
+
+/* fp32 -> IEEE binary16 rounded toward zero (tiny's weights are far below the f16 range). */
+static uint16_t f16_truncated(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    int e = (int)((u >> 23) & 0xffu) - 127;
+    uint32_t mant = u & 0x7fffffu;
+    if (e > 15) return sign | 0x7bffu;
+    if (e >= -14) return sign | (uint16_t)((uint32_t)(e + 15) << 10) | (uint16_t)(mant >> 13);
+    if (e >= -24) return sign | (uint16_t)((mant | 0x800000u) >> (-e - 1));
+    return sign;
+}
+
+/* binary16 -> fp32, exact (finite values). */
+static float f16_widened(uint16_t h) {
+    unsigned e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    float mag = e ? ldexpf((float)(0x400u | m), (int)e - 25) : ldexpf((float)m, -24);
+    return (h & 0x8000u) ? -mag : mag;
+}
+
+static void ckpt_f32_to_f16(ckpt *c) {
+    for (size_t i = 0; i < c->n; i++) {
+        tensor *t = &c->t[i];
+        size_t n = t->bytes / 4;
+        uint16_t *out = malloc(2 * n);
+        for (size_t k = 0; k < n; k++) {
+            float x;
+            memcpy(&x, t->data + 4 * k, 4);
+            out[k] = f16_truncated(x);
+        }
+        tensor_set(t, "F16", out, 2 * n);
+    }
+}
+
+static void ckpt_f16_to_f32(ckpt *c) {
+    for (size_t i = 0; i < c->n; i++) {
+        tensor *t = &c->t[i];
+        size_t n = t->bytes / 2;
+        float *out = malloc(4 * n);
+        for (size_t k = 0; k < n; k++) {
+            uint16_t h;
+            memcpy(&h, t->data + 2 * k, 2);
+            out[k] = f16_widened(h);
+        }
+        tensor_set(t, "F32", out, 4 * n);
+    }
+}
+
+/* Writes a safetensors file: header in the given order, padded with spaces to a multiple of 8
+ * and then `extra_pad` more (which moves the data off alignment), tensors contiguous. */
+static void write_st(const char *path, const tensor *ts, size_t n, size_t extra_pad) {
+    size_t cap = 64 + n * 256 + 8 + extra_pad, len = 0;
+    char *h = malloc(cap);
+    uint64_t offset = 0;
+    len += (size_t)snprintf(h, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (size_t i = 0; i < n; i++) {
+        const tensor *t = &ts[i];
+        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[",
+                                t->name, t->dtype);
+        for (uint32_t d = 0; d < t->ndim; d++)
+            len += (size_t)snprintf(h + len, cap - len, "%s%llu", d ? "," : "",
+                                    (unsigned long long)t->shape[d]);
+        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}",
+                                (unsigned long long)offset,
+                                (unsigned long long)(offset + t->bytes));
+        offset += t->bytes;
+    }
+    h[len++] = '}';
+    while (len % 8) h[len++] = ' ';
+    for (size_t k = 0; k < extra_pad; k++) h[len++] = ' ';
+
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp != NULL);
+    if (fp) {
+        uint8_t le[8];
+        for (int b = 0; b < 8; b++) le[b] = (uint8_t)((uint64_t)len >> (8 * b));
+        CHECK(fwrite(le, 1, 8, fp) == 8 && fwrite(h, 1, len, fp) == len);
+        for (size_t i = 0; i < n; i++)
+            CHECK(fwrite(ts[i].data, 1, ts[i].bytes, fp) == ts[i].bytes);
+        CHECK(fclose(fp) == 0);
+    }
+    free(h);
+}
+
+/* root/name/model.safetensors from c. */
+static void write_variant(const char *name, const ckpt *c, size_t extra_pad, char *dir) {
+    char path[PATH_LEN];
+    variant_dir(name, dir);
+    join(path, dir, "model.safetensors");
+    write_st(path, c->t, c->n, extra_pad);
+}
+
+/* The first `split` tensors of c go to SHARD1, the rest to SHARD2. */
+static void write_shards(const char *dir, const ckpt *c, size_t split) {
+    char path[PATH_LEN];
+    join(path, dir, SHARD1);
+    write_st(path, c->t, split, 0);
+    join(path, dir, SHARD2);
+    write_st(path, c->t + split, c->n - split, 0);
+}
+
+/* model.safetensors.index.json mapping names[i] -> shards[i]. */
+static void write_index(const char *dir, const char *const *names, const char *const *shards,
+                        size_t n) {
+    size_t cap = 128 + n * 256, len = 0;
+    char *text = malloc(cap), path[PATH_LEN];
+    len += (size_t)snprintf(text, cap, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {");
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(text + len, cap - len, "%s\n  \"%s\": \"%s\"", i ? "," : "",
+                                names[i], shards[i]);
+    len += (size_t)snprintf(text + len, cap - len, "\n}}\n");
+    join(path, dir, "model.safetensors.index.json");
+    write_all(path, text, len);
+    free(text);
+}
+
+/* ---- loading and scoring ---------------------------------------------------------------- */
+
+static parity_model *load(const char *dir) {
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_load(dir, &m));
+    return m;
+}
+
+/* Log-probs of one sequence (n_threads 2, max_tokens 64). */
+static void score(const parity_model *m, const char *preset, const int32_t *tokens,
+                  uint32_t len, float *lp) {
+    memset(lp, 0xff, (len - 1) * sizeof *lp);
+    parity_scorer_params p;
+    parity_scorer_default_params(&p);
+    CHECK_OK(parity_policy_from_name(preset, &p.policy));
+    p.n_threads = 2;
+    p.max_tokens = 64;
+    parity_scorer *s = NULL;
+    CHECK_OK(parity_scorer_create(m, &p, &s));
+    if (!s) return;
+    parity_score_options o;
+    parity_score_default_options(&o);
+    CHECK_OK(parity_score(s, &o, tokens, &len, 1, lp, NULL, NULL, NULL));
+    parity_scorer_free(s);
+}
+
+/* Models a and b score the tiny sequence bitwise the same under each preset. */
+static void check_same_scores(const parity_model *a, const parity_model *b,
+                              const char *const *presets, const char *what) {
+    CHECK(a && b);
+    if (!a || !b) return;
+    for (size_t i = 0; presets[i]; i++) {
+        float la[TINY_LEN - 1], lb[TINY_LEN - 1];
+        char label[256];
+        score(a, presets[i], tiny_tokens, TINY_LEN, la);
+        score(b, presets[i], tiny_tokens, TINY_LEN, lb);
+        snprintf(label, sizeof label, "%s, preset %s", what, presets[i]);
+        CHECK_BITS_F32(la, lb, TINY_LEN - 1, label);
+    }
+}
+
+static void check_message(const char *needle) {
+    const char *msg = parity_last_error();
+    CHECK(strstr(msg, needle) != NULL);
+    if (!strstr(msg, needle))
+        fprintf(stderr, "  message \"%s\" does not mention \"%s\"\n", msg, needle);
+}
+
+/* Loading dir fails with `status`, leaves *out alone, and the message mentions each of the
+ * (up to two) needles. */
+static void check_load_fails(const char *dir, int status, const char *needle,
+                             const char *needle2) {
+    parity_model *m = SENTINEL;
+    int rc = parity_model_load(dir, &m);
+    CHECK_STATUS(rc, status);
+    CHECK(m == SENTINEL);
+    if (m != SENTINEL && m) parity_model_free(m);
+    printf("  %-27s %s\n", parity_status_name(rc), parity_last_error());
+    if (needle) check_message(needle);
+    if (needle2) check_message(needle2);
+}
+
+static void check_config_equal(const parity_config *a, const parity_config *b) {
+#define SAME(f) CHECK(a->f == b->f)
+    SAME(size);
+    SAME(arch);
+    SAME(vocab_size);
+    SAME(hidden_size);
+    SAME(intermediate_size);
+    SAME(num_hidden_layers);
+    SAME(num_attention_heads);
+    SAME(num_key_value_heads);
+    SAME(head_dim);
+    SAME(max_position_embeddings);
+    SAME(tie_word_embeddings);
+    SAME(attention_bias);
+    SAME(qk_norm);
+    SAME(rms_norm_eps);
+    SAME(rope_theta);
+    SAME(rope_type);
+    SAME(rope_factor);
+    SAME(rope_low_freq_factor);
+    SAME(rope_high_freq_factor);
+    SAME(rope_original_max_position_embeddings);
+    SAME(rope_beta_fast);
+    SAME(rope_beta_slow);
+    SAME(rope_attention_factor);
+    SAME(rope_mscale);
+    SAME(rope_mscale_all_dim);
+    SAME(rope_truncate);
+#undef SAME
+}
+
+/* ---- 1. round trip at real size --------------------------------------------------------- */
+
+static void test_real_size(void) {
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_open("synthetic:qwen3-0.6b:1", &m));
+    if (!m) return;
+    parity_config c0 = *parity_model_config(m), builtin;
+    CHECK_OK(parity_config_builtin("qwen3-0.6b", &builtin));
+    check_config_equal(&c0, &builtin);
+    int32_t tokens[12];
+    for (uint32_t i = 0; i < 12; i++) tokens[i] = (int32_t)((i * 40503u + 17u) % c0.vocab_size);
+    float before[11], after[11];
+    score(m, "aligned", tokens, 12, before);
+
+    char dir[PATH_LEN], path[PATH_LEN];
+    join(dir, root, "qwen3-0.6b");
+    CHECK(mkdir(dir, 0700) == 0);
+    CHECK_OK(parity_model_save(m, dir));
+    parity_model_free(m);
+
+    /* a tied Qwen3 checkpoint: 11 tensors a layer, embed_tokens and norm; no lm_head */
+    join(path, dir, "model.safetensors");
+    st_file *f = NULL;
+    CHECK_OK(st_open(path, &f));
+    if (f) {
+        CHECK_INT(f->n_tensors, 2 + 11 * c0.num_hidden_layers);
+        CHECK(st_find(f, "lm_head.weight") == NULL);
+        for (size_t i = 0; i < f->n_tensors; i++) CHECK_INT(f->tensors[i].dtype, ST_BF16);
+        printf("qwen3-0.6b: saved %zu bf16 tensors, %zu bytes\n", f->n_tensors, f->size);
+        st_close(f);
+    }
+
+    m = load(dir);
+    if (m) {
+        check_config_equal(&c0, parity_model_config(m));
+        score(m, "aligned", tokens, 12, after);
+        CHECK_BITS_F32(before, after, 11, "qwen3-0.6b saved and loaded, preset aligned");
+        printf("qwen3-0.6b: aligned log-probs after the round trip: %.7f %.7f ... %.7f\n",
+               (double)after[0], (double)after[1], (double)after[10]);
+        parity_model_free(m);
+    }
+    remove_tree(dir);
+}
+
+/* ---- 2. variants of the tiny model ------------------------------------------------------ */
+
+/* a. F32 and b. F16 weights. */
+static void test_float_dtypes(const parity_model *orig, const ckpt *base) {
+    char dir[PATH_LEN], dir2[PATH_LEN];
+    ckpt exact, quarter, half, half_wide;
+
+    ckpt_copy(&exact, base);
+    ckpt_bf16_to_f32(&exact, 0);
+    write_variant("f32-exact", &exact, 0, dir);
+    parity_model *m = load(dir);
+    check_same_scores(orig, m, all_presets, "F32 holding bf16 values");
+    parity_model_free(m);
+
+    ckpt_copy(&quarter, base);
+    ckpt_bf16_to_f32(&quarter, 0x4000u); /* + 1/4 ulp of bf16: RNE gives the bf16 back */
+    write_variant("f32-quarter-ulp", &quarter, 0, dir);
+    m = load(dir);
+    check_same_scores(orig, m, bf16_presets, "F32 a quarter ulp off");
+    if (m) {
+        float a[TINY_LEN - 1], b[TINY_LEN - 1];
+        score(orig, "fp32", tiny_tokens, TINY_LEN, a);
+        score(m, "fp32", tiny_tokens, TINY_LEN, b);
+        double max_d = 0;
+        int n_diff = 0;
+        for (int i = 0; i < TINY_LEN - 1; i++) {
+            max_d = fmax(max_d, fabs((double)a[i] - (double)b[i]));
+            n_diff += memcmp(&a[i], &b[i], 4) != 0;
+        }
+        printf("F32 a quarter ulp off, preset fp32: %d of %d log-probs differ, max |d| %.3g\n",
+               n_diff, TINY_LEN - 1, max_d);
+        CHECK(n_diff > 0);
+        CHECK(max_d < 1e-2);
+    }
+    /* the copying path: data not aligned for F32 (or BF16) in the file */
+    write_variant("f32-unaligned", &quarter, 2, dir2);
+    parity_model *u = load(dir2);
+    check_same_scores(m, u, all_presets, "F32 at offsets 2 mod 4");
+    parity_model_free(u);
+    parity_model_free(m);
+
+    ckpt_copy(&half, &quarter);
+    ckpt_f32_to_f16(&half);
+    ckpt_copy(&half_wide, &half);
+    ckpt_f16_to_f32(&half_wide);
+    write_variant("f16", &half, 0, dir);
+    write_variant("f16-as-f32", &half_wide, 0, dir2);
+    m = load(dir);
+    u = load(dir2);
+    check_same_scores(m, u, all_presets, "F16 against the same values in F32");
+    parity_model_free(u);
+    parity_model_free(m);
+
+    ckpt_free(&half_wide);
+    ckpt_free(&half);
+    ckpt_free(&quarter);
+    ckpt_free(&exact);
+}
+
+/* c. shards, unaligned BF16 data, f. rotary_emb.inv_freq. */
+static void test_layouts(const parity_model *orig, const ckpt *base) {
+    char dir[PATH_LEN];
+    const char *names[256], *shards[256];
+    size_t split = base->n / 2;
+    for (size_t i = 0; i < base->n; i++) {
+        names[i] = base->t[i].name;
+        shards[i] = i < split ? SHARD1 : SHARD2;
+    }
+    variant_dir("sharded", dir);
+    write_shards(dir, base, split);
+    write_index(dir, names, shards, base->n);
+    parity_model *m = load(dir);
+    check_same_scores(orig, m, all_presets, "2 shards");
+    parity_model_free(m);
+
+    write_variant("bf16-unaligned", base, 1, dir);
+    m = load(dir);
+    check_same_scores(orig, m, all_presets, "BF16 at odd offsets");
+    parity_model_free(m);
+
+    ckpt c;
+    ckpt_copy(&c, base);
+    float inv_freq[8];
+    for (int i = 0; i < 8; i++) inv_freq[i] = (float)pow(10000.0, -i / 8.0);
+    uint64_t shape[1] = {8};
+    ckpt_add(&c, "model.layers.0.self_attn.rotary_emb.inv_freq", "F32", 1, shape, inv_freq,
+             sizeof inv_freq);
+    ckpt_add(&c, "model.layers.1.self_attn.rotary_emb.inv_freq", "F32", 1, shape, inv_freq,
+             sizeof inv_freq);
+    write_variant("inv-freq", &c, 0, dir);
+    m = load(dir);
+    check_same_scores(orig, m, all_presets, "with rotary_emb.inv_freq");
+    parity_model_free(m);
+    ckpt_free(&c);
+}
+
+/* d. single-file failures. */
+static void test_bad_tensors(const ckpt *base) {
+    char dir[PATH_LEN], path[PATH_LEN];
+    ckpt c;
+
+    ckpt_copy(&c, base);
+    ckpt_remove(&c, "model.layers.1.self_attn.k_norm.weight");
+    write_variant("missing", &c, 0, dir);
+    check_load_fails(dir, PARITY_ERR_TENSOR_MISSING, "model.layers.1.self_attn.k_norm.weight",
+                     NULL);
+    ckpt_free(&c);
+
+    ckpt_copy(&c, base);
+    tensor *t = ckpt_get(&c, "model.layers.1.mlp.gate_proj.weight");
+    uint64_t rows = t->shape[0];
+    t->shape[0] = t->shape[1];
+    t->shape[1] = rows;
+    write_variant("shape", &c, 0, dir);
+    check_load_fails(dir, PARITY_ERR_TENSOR_SHAPE, "model.layers.1.mlp.gate_proj.weight",
+                     "intermediate_size");
+    ckpt_free(&c);
+
+    ckpt_copy(&c, base);
+    uint16_t nan = 0x7fc1u;
+    memcpy(ckpt_get(&c, "model.layers.0.mlp.up_proj.weight")->data + 2 * 5, &nan, 2);
+    write_variant("nan-bf16", &c, 0, dir);
+    check_load_fails(dir, PARITY_ERR_TENSOR_NONFINITE, "model.layers.0.mlp.up_proj.weight",
+                     "NaN");
+    ckpt_free(&c);
+
+    ckpt_copy(&c, base);
+    ckpt_bf16_to_f32(&c, 0);
+    float inf = INFINITY;
+    memcpy(ckpt_get(&c, "model.norm.weight")->data + 4 * 3, &inf, 4);
+    write_variant("inf-f32", &c, 0, dir);
+    check_load_fails(dir, PARITY_ERR_TENSOR_NONFINITE, "model.norm.weight", "Inf");
+    ckpt_free(&c);
+
+    ckpt_copy(&c, base);
+    ckpt_bf16_to_f32(&c, 0);
+    float big = 3.4e38f; /* finite in fp32, above bf16's largest (3.3895e38): RNE gives Inf */
+    memcpy(ckpt_get(&c, "model.layers.0.self_attn.o_proj.weight")->data + 4 * 7, &big, 4);
+    write_variant("f32-beyond-bf16", &c, 0, dir);
+    check_load_fails(dir, PARITY_ERR_TENSOR_NONFINITE, "model.layers.0.self_attn.o_proj.weight",
+                     NULL);
+    ckpt_free(&c);
+
+    ckpt_copy(&c, base);
+    uint16_t extra[4] = {0x3f80u, 0x3f80u, 0x3f80u, 0x3f80u};
+    uint64_t shape[1] = {4};
+    ckpt_add(&c, "model.layers.0.mlp.extra_proj.weight", "BF16", 1, shape, extra, sizeof extra);
+    write_variant("unexpected", &c, 0, dir);
+    check_load_fails(dir, PARITY_ERR_TENSOR_UNEXPECTED, "model.layers.0.mlp.extra_proj.weight",
+                     NULL);
+    ckpt_free(&c);
+
+    ckpt_copy(&c, base);
+    t = ckpt_get(&c, "model.norm.weight");
+    size_t n = t->bytes / 2;
+    int32_t *ones = malloc(4 * n);
+    for (size_t i = 0; i < n; i++) ones[i] = 1;
+    tensor_set(t, "I32", ones, 4 * n);
+    write_variant("i32", &c, 0, dir);
+    check_load_fails(dir, PARITY_ERR_TENSOR_DTYPE, "model.norm.weight", "I32");
+    ckpt_free(&c);
+
+    write_variant("truncated", base, 0, dir);
+    join(path, dir, "model.safetensors");
+    struct stat st;
+    CHECK(stat(path, &st) == 0);
+    CHECK(truncate(path, st.st_size - 1) == 0);
+    check_load_fails(dir, PARITY_ERR_ST_TRUNCATED, "model.safetensors", NULL);
+
+    variant_dir("no-weights", dir);
+    check_load_fails(dir, PARITY_ERR_IO, "model.safetensors", NULL);
+
+    write_variant("bad-config", base, 0, dir);
+    join(path, dir, "config.json");
+    size_t len;
+    char *text = read_all(path, &len);
+    char *field = text ? strstr(text, "\"hidden_size\": 64,") : NULL;
+    CHECK(field != NULL);
+    if (field) {
+        memcpy(field, "\"hidden_size\":  0,", 18);
+        write_all(path, text, len);
+    }
+    free(text);
+    check_load_fails(dir, PARITY_ERR_CONFIG, "hidden_size", NULL);
+
+    join(dir, root, "no-config");
+    CHECK(mkdir(dir, 0700) == 0);
+    join(path, dir, "model.safetensors");
+    write_st(path, base->t, base->n, 0);
+    check_load_fails(dir, PARITY_ERR_IO, "config.json", NULL);
+}
+
+/* d. sharded failures. */
+static void test_bad_shards(const ckpt *base) {
+    char dir[PATH_LEN], path[PATH_LEN];
+    const char *names[257], *shards[257];
+    size_t n = base->n, split = n / 2;
+    const char *first = base->t[0].name;
+    for (size_t i = 0; i < n; i++) {
+        names[i] = base->t[i].name;
+        shards[i] = i < split ? SHARD1 : SHARD2;
+    }
+
+    variant_dir("index-absent-shard", dir);
+    write_shards(dir, base, split);
+    shards[n - 1] = "model-00003-of-00003.safetensors";
+    write_index(dir, names, shards, n);
+    shards[n - 1] = SHARD2;
+    check_load_fails(dir, PARITY_ERR_INDEX, "model-00003-of-00003.safetensors", NULL);
+
+    variant_dir("index-lacks-tensor", dir);
+    write_shards(dir, base, split);
+    write_index(dir, names + 1, shards + 1, n - 1);
+    check_load_fails(dir, PARITY_ERR_INDEX, first, NULL);
+
+    variant_dir("index-wrong-shard", dir);
+    write_shards(dir, base, split);
+    shards[0] = SHARD2;
+    write_index(dir, names, shards, n);
+    shards[0] = SHARD1;
+    check_load_fails(dir, PARITY_ERR_INDEX, first, SHARD2);
+
+    variant_dir("index-dotdot", dir);
+    write_shards(dir, base, split);
+    shards[0] = "../x.safetensors";
+    write_index(dir, names, shards, n);
+    shards[0] = SHARD1;
+    check_load_fails(dir, PARITY_ERR_INDEX, first, NULL);
+
+    /* the first tensor in both shards: the index names it once, or once per shard */
+    ckpt c;
+    ckpt_copy(&c, base);
+    ckpt_add(&c, first, c.t[0].dtype, c.t[0].ndim, c.t[0].shape, c.t[0].data, c.t[0].bytes);
+    variant_dir("duplicate-across-shards", dir);
+    write_shards(dir, &c, split);
+    write_index(dir, names, shards, n);
+    check_load_fails(dir, PARITY_ERR_ST_DUPLICATE, first, NULL);
+
+    variant_dir("duplicate-in-index", dir);
+    write_shards(dir, &c, split);
+    names[n] = first;
+    shards[n] = SHARD2;
+    write_index(dir, names, shards, n + 1);
+    check_load_fails(dir, PARITY_ERR_ST_DUPLICATE, first, NULL);
+    ckpt_free(&c);
+
+    variant_dir("index-not-json", dir);
+    write_shards(dir, base, split);
+    join(path, dir, "model.safetensors.index.json");
+    const char *broken = "{\"weight_map\": {\"model.norm.weight\": ";
+    write_all(path, broken, strlen(broken));
+    check_load_fails(dir, PARITY_ERR_JSON_SYNTAX, "model.safetensors.index.json", NULL);
+
+    variant_dir("index-no-map", dir);
+    write_shards(dir, base, split);
+    const char *no_map = "{\"metadata\": {\"total_size\": 0}}";
+    join(path, dir, "model.safetensors.index.json");
+    write_all(path, no_map, strlen(no_map));
+    check_load_fails(dir, PARITY_ERR_INDEX, "weight_map", NULL);
+}
+
+/* e. model specs. */
+static void test_specs(void) {
+    static const struct {
+        const char *spec;
+        int status;
+    } bad[] = {
+        {"synthetic:nope", PARITY_ERR_INVALID_ARGUMENT},
+        {"synthetic:tiny:abc", PARITY_ERR_INVALID_ARGUMENT},
+        {"synthetic:tiny:", PARITY_ERR_INVALID_ARGUMENT},
+        {"synthetic:tiny:-1", PARITY_ERR_INVALID_ARGUMENT},
+        {"synthetic:", PARITY_ERR_INVALID_ARGUMENT},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        parity_model *m = SENTINEL;
+        CHECK_STATUS(parity_model_open(bad[i].spec, &m), bad[i].status);
+        CHECK(m == SENTINEL);
+        printf("  %-27s %s\n", parity_status_name(bad[i].status), parity_last_error());
+    }
+}
+
+int main(void) {
+    snprintf(root, sizeof root, "/tmp/parity-checkpoint-XXXXXX");
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+
+    test_real_size();
+
+    parity_model *orig = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny:5", &orig));
+    if (!orig) {
+        remove_tree(root);
+        return check_report("checkpoint");
+    }
+    for (uint32_t i = 0; i < TINY_LEN; i++)
+        tiny_tokens[i] = (int32_t)((i * 37u + 11u) % parity_model_config(orig)->vocab_size);
+    join(tiny_dir, root, "tiny");
+    CHECK(mkdir(tiny_dir, 0700) == 0);
+    CHECK_OK(parity_model_save(orig, tiny_dir));
+    parity_model *saved = load(tiny_dir);
+    if (saved) check_config_equal(parity_model_config(orig), parity_model_config(saved));
+    check_same_scores(orig, saved, all_presets, "tiny saved and loaded");
+    parity_model_free(saved);
+
+    char path[PATH_LEN];
+    join(path, tiny_dir, "model.safetensors");
+    ckpt base;
+    ckpt_read(&base, path);
+    CHECK(base.n > 0 && base.n < 256);
+
+    test_float_dtypes(orig, &base);
+    test_layouts(orig, &base);
+    printf("failures, as expected:\n");
+    test_bad_tensors(&base);
+    test_bad_shards(&base);
+    test_specs();
+
+    ckpt_free(&base);
+    parity_model_free(orig);
+    remove_tree(root);
+    return check_report("checkpoint");
+}

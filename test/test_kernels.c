@@ -1,0 +1,829 @@
+/*
+ * Kernel tables: every SIMD table against the portable one (the specification), bit for
+ * bit, on random inputs of many sizes (tails included) with special values (signed zeros,
+ * subnormals, huge magnitudes, infinities, NaNs); the portable GEMMs and reductions against
+ * literal transcriptions of the orders in kernels.h; GEMM rows independent of M; the
+ * accuracy of parity_expf over every fp32 in [-104, 89]; and the public region API giving
+ * the same bits on every CPU path.
+ *
+ * Equality is bitwise, with one allowance on fp32 outputs: two NaNs are equal whatever
+ * their payloads (which NaN an operation on two NaNs returns is the compiler's choice of
+ * operand order, not part of the contract). bf16 outputs hold one NaN (0x7fc0) and are
+ * compared strictly. Arrays are allocated at their exact size, so that a read or write past
+ * the end shows under AddressSanitizer.
+ */
+#include <math.h>
+#include <pthread.h>
+
+#include "check.h"
+#include "internal.h"
+#include "kernels.h"
+
+/* ---- random inputs ------------------------------------------------------------------------ */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rand_u64(void) {
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rand_unit(void) { return (double)(rand_u64() >> 11) * 0x1p-53; }
+
+static float rand_normal(void) {
+    double u = rand_unit(), v = rand_unit();
+    return (float)(sqrt(-2.0 * log(u + 0x1p-60)) * cos(6.283185307179586 * v));
+}
+
+static float from_bits(uint32_t u) { return f32_from_bits(u); }
+
+/* Input modes: plain values; plus finite specials; plus infinities and NaNs. */
+enum { PLAIN = 0, FINITE_SPECIALS = 1, ALL_SPECIALS = 2, N_MODES = 3 };
+static const char *const mode_names[N_MODES] = {"plain", "finite specials", "all specials"};
+
+static float special_value(int mode) {
+    static const uint32_t finite[] = {
+        0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu, 0x00400000u,
+        0x00800000u, 0x7f7fffffu, 0xff7fffffu, 0x7149f2cau /* 1e30 */, 0x0da24260u /* 1e-30 */,
+        0x3f800000u, 0xbf800000u, 0x4b000000u /* 2^23 */,
+    };
+    static const uint32_t nonfinite[] = {
+        0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7fa00001u, 0x7fc12345u,
+    };
+    size_t nf = sizeof finite / sizeof finite[0], nn = sizeof nonfinite / sizeof nonfinite[0];
+    uint64_t r = rand_u64();
+    if (mode == ALL_SPECIALS && r % 3 == 0) return from_bits(nonfinite[(r >> 8) % nn]);
+    if (r % 5 == 1) /* a random subnormal */
+        return from_bits((uint32_t)((r >> 8) & 0x807fffffu));
+    return from_bits(finite[(r >> 8) % nf]);
+}
+
+/* Values of scale ~`scale`, one in 8 replaced by a special (per mode). */
+static void fill_f32(float *x, size_t n, int mode, float scale) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = (mode != PLAIN && rand_u64() % 8 == 0) ? special_value(mode) : rand_normal() * scale;
+}
+
+/* The same, rounded to bf16 values (as the region kernels' inputs are). */
+static void fill_f32_bf16(float *x, size_t n, int mode, float scale) {
+    fill_f32(x, n, mode, scale);
+    for (size_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
+}
+
+static void fill_bf16(uint16_t *x, size_t n, int mode, float scale) {
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        fill_f32(&v, 1, mode, scale);
+        /* keep a NaN's payload bits (bf16_from_f32 would make it 0x7fc0) */
+        x[i] = isnan(v) ? (uint16_t)(f32_bits(v) >> 16 | 0x40) : bf16_from_f32(v);
+    }
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+/* ---- comparisons -------------------------------------------------------------------------- */
+
+static long nan_payload_diffs;
+
+/* Bitwise, but NaN == NaN (see the top of the file). */
+static int same_f32(float a, float b) {
+    if (f32_bits(a) == f32_bits(b)) return 1;
+    if (isnan(a) && isnan(b)) {
+        nan_payload_diffs++;
+        return 1;
+    }
+    return 0;
+}
+
+static int check_f32(const float *want, const float *got, size_t n, const char *what,
+                     const char *table, size_t size, int mode) {
+    size_t bad = 0;
+    check_count++;
+    for (size_t i = 0; i < n; i++) {
+        if (same_f32(want[i], got[i])) continue;
+        if (bad < 3)
+            fprintf(stderr, "%s [%s, n=%zu, %s]: [%zu] 0x%08x != 0x%08x (%.9g vs %.9g)\n", what,
+                    table, size, mode_names[mode], i, f32_bits(want[i]), f32_bits(got[i]),
+                    want[i], got[i]);
+        bad++;
+    }
+    if (bad) check_failures++;
+    return bad == 0;
+}
+
+static int check_bf16(const uint16_t *want, const uint16_t *got, size_t n, const char *what,
+                      const char *table, size_t size, int mode) {
+    size_t bad = 0;
+    check_count++;
+    for (size_t i = 0; i < n; i++) {
+        if (want[i] == got[i]) continue;
+        if (bad < 3)
+            fprintf(stderr, "%s [%s, n=%zu, %s]: [%zu] 0x%04x != 0x%04x\n", what, table, size,
+                    mode_names[mode], i, want[i], got[i]);
+        bad++;
+    }
+    if (bad) check_failures++;
+    return bad == 0;
+}
+
+/* ---- literal transcriptions of kernels.h's orders ---------------------------------------- */
+
+static float spec_fold(float acc[16]) {
+    for (int step = 8; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) acc[l] += acc[l + step];
+    return acc[0];
+}
+
+static float spec_dot16(const float *a, const float *b, size_t n) {
+    float acc[16] = {0};
+    for (size_t i = 0; i < n; i++) acc[i % 16] = fmaf(a[i], b[i], acc[i % 16]);
+    return spec_fold(acc);
+}
+
+/* pair32 on the unpacked x row: lane l of chunk c, odd element first, k >= K skipped. */
+static float spec_pair32(const float *x, const uint16_t *w, size_t K) {
+    float acc[16] = {0};
+    for (size_t c = 0; 32 * c < K; c++) {
+        for (size_t l = 0; l < 16; l++) {
+            size_t k0 = 32 * c + 2 * l, k1 = k0 + 1;
+            if (k1 < K) acc[l] = fmaf(x[k1], bf16_to_f32(w[k1]), acc[l]);
+            if (k0 < K) acc[l] = fmaf(x[k0], bf16_to_f32(w[k0]), acc[l]);
+        }
+    }
+    return spec_fold(acc);
+}
+
+/* ---- sizes -------------------------------------------------------------------------------- */
+
+static size_t sizes[160];
+static size_t n_sizes;
+
+static void make_sizes(void) {
+    for (size_t n = 1; n <= 70; n++) sizes[n_sizes++] = n;
+    for (size_t n = 71; n <= 300; n += 5) sizes[n_sizes++] = n;
+    static const size_t big[] = {511, 512, 513, 1000, 1001, 4096, 4097};
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) sizes[n_sizes++] = big[i];
+}
+
+/* ---- reductions and elementwise kernels -------------------------------------------------- */
+
+static void test_vector_kernels(const kernels *t) {
+    const kernels *p = &kernels_portable;
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = sizes[si];
+        float *a = xmalloc(n * sizeof *a), *b = xmalloc(n * sizeof *b);
+        uint16_t *bh = xmalloc(n * sizeof *bh);
+        float *o1 = xmalloc(n * sizeof *o1), *o2 = xmalloc(n * sizeof *o2);
+        for (int mode = 0; mode < N_MODES; mode++) {
+            fill_f32(a, n, mode, 2.0f);
+            fill_f32(b, n, mode, 1.0f);
+            fill_bf16(bh, n, mode, 1.0f);
+            float r1, r2;
+
+            r1 = p->dot_f32(a, b, n), r2 = t->dot_f32(a, b, n);
+            check_f32(&r1, &r2, 1, "dot_f32", t->name, n, mode);
+            r1 = p->dot_f32_bf16(a, bh, n), r2 = t->dot_f32_bf16(a, bh, n);
+            check_f32(&r1, &r2, 1, "dot_f32_bf16", t->name, n, mode);
+            r1 = p->sum_squares(a, n), r2 = t->sum_squares(a, n);
+            check_f32(&r1, &r2, 1, "sum_squares", t->name, n, mode);
+            r1 = p->max_f32(a, n), r2 = t->max_f32(a, n);
+            check_f32(&r1, &r2, 1, "max_f32", t->name, n, mode);
+
+            /* sum_exp around the row's max (softmax), and around values that overflow or
+             * underflow every term */
+            const float shifts[] = {p->max_f32(a, n), 0.0f, -100.0f, 120.0f};
+            for (size_t s = 0; s < sizeof shifts / sizeof shifts[0]; s++) {
+                r1 = p->sum_exp(a, n, shifts[s], o1);
+                r2 = t->sum_exp(a, n, shifts[s], o2);
+                check_f32(&r1, &r2, 1, "sum_exp", t->name, n, mode);
+                check_f32(o1, o2, n, "sum_exp out", t->name, n, mode);
+                r2 = t->sum_exp(a, n, shifts[s], NULL);
+                check_f32(&r1, &r2, 1, "sum_exp (out NULL)", t->name, n, mode);
+            }
+
+            memcpy(o1, a, n * sizeof *a), memcpy(o2, a, n * sizeof *a);
+            p->round_bf16(o1, n), t->round_bf16(o2, n);
+            check_f32(o1, o2, n, "round_bf16", t->name, n, mode);
+
+            fill_f32(o1, n, mode, 30.0f);
+            memcpy(o2, o1, n * sizeof *o1);
+            p->exp_f32(o1, n), t->exp_f32(o2, n);
+            check_f32(o1, o2, n, "exp_f32", t->name, n, mode);
+
+            float pv = mode == PLAIN ? rand_normal() : special_value(mode);
+            memcpy(o1, b, n * sizeof *b), memcpy(o2, b, n * sizeof *b);
+            p->axpy_f32(o1, pv, a, n), t->axpy_f32(o2, pv, a, n);
+            check_f32(o1, o2, n, "axpy_f32", t->name, n, mode);
+            memcpy(o1, b, n * sizeof *b), memcpy(o2, b, n * sizeof *b);
+            p->axpy_bf16(o1, pv, bh, n), t->axpy_bf16(o2, pv, bh, n);
+            check_f32(o1, o2, n, "axpy_bf16", t->name, n, mode);
+        }
+        free(a), free(b), free(bh), free(o1), free(o2);
+    }
+}
+
+/* The portable reductions against the literal orders (and round_bf16 against its rule). */
+static void test_portable_orders(void) {
+    const kernels *p = &kernels_portable;
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = sizes[si];
+        float *a = xmalloc(n * sizeof *a), *b = xmalloc(n * sizeof *b);
+        fill_f32(a, n, FINITE_SPECIALS, 1.0f);
+        fill_f32(b, n, PLAIN, 1.0f);
+        float r1 = spec_dot16(a, b, n), r2 = p->dot_f32(a, b, n);
+        check_f32(&r1, &r2, 1, "dot16 literal", "portable", n, FINITE_SPECIALS);
+        r1 = spec_dot16(a, a, n), r2 = p->sum_squares(a, n);
+        check_f32(&r1, &r2, 1, "sum_squares literal", "portable", n, FINITE_SPECIALS);
+        float mx = a[0];
+        for (size_t i = 0; i < n; i++) mx = a[i] > mx ? a[i] : mx;
+        r2 = p->max_f32(a, n);
+        CHECK(mx == r2); /* the value (the sign of a zero max depends on the lanes) */
+        free(a), free(b);
+    }
+    float x[3] = {1.00390625f, -NAN, from_bits(0x7f7f8000u)};
+    p->round_bf16(x, 3);
+    CHECK_INT(f32_bits(x[0]), 0x3f800000u);
+    CHECK_INT(f32_bits(x[1]), 0x7fc00000u);
+    CHECK_INT(f32_bits(x[2]), 0x7f800000u);
+}
+
+/* Sums whose every product rounds to -0: a lane accumulator holds -0, and a partial block
+ * must leave it so (a padded lane that added +0 would turn it into +0, and the result into +0
+ * when all 16 lanes are -0). */
+static void test_negative_zero_sums(const kernels *const *tables, int n_tables) {
+    const float neg = -0x1p-80f, pos = 0x1p-80f; /* product -2^-160: rounds to -0 */
+    enum { N = 5 };                               /* a tile of 4 columns and a single one */
+    for (size_t n = 1; n <= 100; n++) {
+        float *a = xmalloc(n * sizeof *a), *b = xmalloc(N * n * sizeof *b);
+        float *xp = xmalloc(gemm_packed_row(n) * sizeof *xp);
+        uint16_t *bh = xmalloc(N * n * sizeof *bh);
+        for (size_t i = 0; i < n; i++) a[i] = neg;
+        for (size_t i = 0; i < N * n; i++) b[i] = pos, bh[i] = bf16_from_f32(pos);
+        gemm_pack_x(1, n, a, n, xp);
+        float want[2 + 2 * N], got[2 + 2 * N];
+        want[0] = kernels_portable.dot_f32(a, b, n);
+        want[1] = kernels_portable.dot_f32_bf16(a, bh, n);
+        kernels_portable.gemm_bf16w(1, n, xp, bh, n, want + 2, N, 0, N);
+        kernels_portable.gemm_f32w(1, n, a, n, b, n, want + 2 + N, N, 0, N);
+        /* every lane holds -0 once each has an element: n >= 16 (dot16), n >= 31 (pair32) */
+        CHECK_INT(f32_bits(want[0]), n >= 16 ? 0x80000000u : 0u);
+        CHECK_INT(f32_bits(want[2]), n >= 31 ? 0x80000000u : 0u);
+        for (int t = 0; t < n_tables; t++) {
+            got[0] = tables[t]->dot_f32(a, b, n);
+            got[1] = tables[t]->dot_f32_bf16(a, bh, n);
+            tables[t]->gemm_bf16w(1, n, xp, bh, n, got + 2, N, 0, N);
+            tables[t]->gemm_f32w(1, n, a, n, b, n, got + 2 + N, N, 0, N);
+            check_f32(want, got, 2 + 2 * N, "-0 sums (dot_f32, dot_f32_bf16, gemm_bf16w x5, "
+                      "gemm_f32w x5)", tables[t]->name, n, PLAIN);
+        }
+        free(a), free(b), free(xp), free(bh);
+    }
+}
+
+/* max over -1, +0, -0 and NaN (never first, then once first): which zero wins and whether
+ * a NaN is seen depend on the lanes, so the tables must keep the same lanes. */
+static void test_max_zeros(const kernels *const *tables, int n_tables) {
+    static const uint32_t vals[] = {0xbf800000u, 0x00000000u, 0x80000000u, 0x7fc00000u};
+    for (size_t si = 0; si < n_sizes && sizes[si] <= 300; si++) {
+        size_t n = sizes[si];
+        float *x = xmalloc(n * sizeof *x);
+        for (int first_nan = 0; first_nan < 2; first_nan++)
+            for (int rep = 0; rep < 8; rep++) {
+                for (size_t i = 0; i < n; i++) x[i] = from_bits(vals[rand_u64() % 4]);
+                x[0] = first_nan ? NAN : from_bits(vals[rand_u64() % 3]);
+                float want = kernels_portable.max_f32(x, n);
+                CHECK(first_nan ? isnan(want) : !isnan(want));
+                for (int t = 0; t < n_tables; t++) {
+                    float got = tables[t]->max_f32(x, n);
+                    check_f32(&want, &got, 1, "max_f32 of zeros", tables[t]->name, n, PLAIN);
+                }
+            }
+        free(x);
+    }
+}
+
+/* ---- exp: every table against the portable one, and the accuracy ------------------------ */
+
+typedef struct exp_sweep {
+    uint64_t begin, end;       /* bit patterns [begin, end) */
+    uint32_t stride;           /* every pattern (1) or a sample */
+    int measure;               /* also compare with (float)exp((double)x) */
+    uint64_t n, exact, off;    /* values measured, correctly rounded; table mismatches */
+    uint64_t max_ulp;
+    float worst;
+} exp_sweep;
+
+/* The tables to compare with parity_expf, and the one measured (the fastest). */
+static const kernels *exp_tables[4];
+static int n_exp_tables;
+static const kernels *exp_measured;
+
+/* Distance in ulps between two non-NaN floats (the integers that order the floats). */
+static uint64_t ulp_distance(float a, float b) {
+    int64_t ia = (int64_t)(f32_bits(a) & 0x7fffffffu), ib = (int64_t)(f32_bits(b) & 0x7fffffffu);
+    if (f32_bits(a) >> 31) ia = -ia;
+    if (f32_bits(b) >> 31) ib = -ib;
+    return (uint64_t)(ia > ib ? ia - ib : ib - ia);
+}
+
+/* The portable exp costs ten libm fmaf calls per value: on the exhaustive ranges it runs on
+ * one value in 7 (EXP_CHECK_EVERY), the other tables on all of them. */
+#define EXP_CHECK_EVERY 7
+
+static void *exp_sweep_run(void *arg) {
+    exp_sweep *s = arg;
+    enum { BLOCK = 4096 };
+    float x[BLOCK], got[4][BLOCK]; /* got[0] also serves when only portable exists */
+    for (uint64_t u = s->begin; u < s->end;) {
+        size_t n = 0;
+        for (; n < BLOCK && u < s->end; n++, u += s->stride) x[n] = from_bits((uint32_t)u);
+        for (int t = 0; t < n_exp_tables; t++) {
+            memcpy(got[t], x, n * sizeof *x);
+            exp_tables[t]->exp_f32(got[t], n);
+        }
+        size_t every = s->measure ? EXP_CHECK_EVERY : 1;
+        for (size_t i = 0; n_exp_tables && i < n; i += every) {
+            float want = parity_expf(x[i]);
+            for (int t = 0; t < n_exp_tables; t++)
+                if (f32_bits(got[t][i]) != f32_bits(want)) s->off++;
+        }
+        if (!s->measure) continue;
+        float *y = got[n_exp_tables ? n_exp_tables - 1 : 0];
+        if (exp_measured == &kernels_portable) {
+            memcpy(y, x, n * sizeof *x);
+            kernels_portable.exp_f32(y, n);
+        }
+        for (size_t i = 0; i < n; i++) {
+            uint64_t d = ulp_distance(y[i], (float)exp((double)x[i]));
+            s->n++;
+            if (d == 0) s->exact++;
+            if (d > s->max_ulp) s->max_ulp = d, s->worst = x[i];
+        }
+    }
+    return NULL;
+}
+
+static void test_exp(const kernels *const *tables, int n_tables) {
+    for (int t = 0; t < n_tables; t++) exp_tables[n_exp_tables++] = tables[t];
+    exp_measured = n_tables ? tables[n_tables - 1] : &kernels_portable;
+
+    /* Every fp32 in [-104, 89] (the two signs in two threads), and one pattern in 61 of the
+     * rest (overflow, underflow, infinities, NaNs). The accuracy is measured on the last
+     * table, which equals parity_expf wherever it is checked. With the portable table alone
+     * (no SIMD here) one pattern in 8 of the range, to keep the test within its time. */
+    const uint64_t pos_end = f32_bits(89.0f) + 1ull, neg_begin = 0x80000000ull,
+                   neg_end = f32_bits(-104.0f) + 1ull;
+    const uint32_t stride = n_tables ? 1 : 8;
+    exp_sweep sw[4] = {
+        {0, pos_end, stride, 1, 0, 0, 0, 0, 0},
+        {neg_begin, neg_end, stride, 1, 0, 0, 0, 0, 0},
+        {pos_end, neg_begin, 61, 0, 0, 0, 0, 0, 0},
+        {neg_end, 1ull << 32, 61, 0, 0, 0, 0, 0, 0},
+    };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, exp_sweep_run, &sw[1]) == 0);
+    exp_sweep_run(&sw[0]);
+    exp_sweep_run(&sw[2]);
+    pthread_join(th, NULL);
+    exp_sweep_run(&sw[3]);
+
+    uint64_t n = sw[0].n + sw[1].n, exact = sw[0].exact + sw[1].exact;
+    exp_sweep *w = sw[0].max_ulp >= sw[1].max_ulp ? &sw[0] : &sw[1];
+    printf("parity_expf (%s) over %s %" PRIu64 " fp32 in [-104, 89] against "
+           "(float)exp((double)x): max error %" PRIu64 " ulp (at %a), %.4f%% correctly rounded\n",
+           exp_measured->name, stride == 1 ? "all" : "a sample of", n, w->max_ulp,
+           (double)w->worst, 100.0 * (double)exact / (double)n);
+    CHECK(w->max_ulp <= 1);
+    CHECK_INT(sw[0].off + sw[1].off + sw[2].off + sw[3].off, 0);
+
+    /* the edges, by hand */
+    CHECK_INT(f32_bits(parity_expf(0.0f)), 0x3f800000u);
+    CHECK_INT(f32_bits(parity_expf(-0.0f)), 0x3f800000u);
+    CHECK_INT(f32_bits(parity_expf(-INFINITY)), 0u);
+    CHECK_INT(f32_bits(parity_expf(INFINITY)), 0x7f800000u);
+    CHECK(isnan(parity_expf(NAN)));
+    CHECK_INT(f32_bits(parity_expf(0x1.62e42ep+6f)), f32_bits((float)exp(0x1.62e42ep+6)));
+    CHECK_INT(f32_bits(parity_expf(0x1.62e430p+6f)), 0x7f800000u);     /* first inf */
+    CHECK_INT(f32_bits(parity_expf(-0x1.9fe368p+6f)), 1u);             /* 2^-149 */
+    CHECK_INT(f32_bits(parity_expf(-0x1.9fe36ap+6f)), 0u);             /* below: 0 */
+    CHECK_INT(f32_bits(parity_expf(-100.0f)), f32_bits((float)exp(-100.0))); /* subnormal */
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+
+#define SENTINEL 0x4b1dcafeu /* finite: a stray write of a NaN would not match it */
+
+/* One GEMM problem: x [M][K] (row stride ldx) and its packed form, bf16 and fp32 weights
+ * [N][K] (row stride ldw), outputs [M][ldy]. */
+typedef struct gemm_case {
+    size_t M, K, N, ldx, ldw, ldy, row;
+    float *x, *xp, *wf;
+    uint16_t *w;
+    int mode;
+} gemm_case;
+
+static void fill_sentinel(float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = from_bits(SENTINEL);
+}
+
+static void check_gemm_bf16w(const gemm_case *g, const kernels *const *tables, int n_tables,
+                             size_t n0, size_t n1, float *y1, float *y2, float *y3) {
+    size_t M = g->M, K = g->K, ldy = g->ldy;
+    char what[96];
+    /* portable against the literal pair32 on the unpacked x; columns outside untouched */
+    fill_sentinel(y1, M * ldy);
+    kernels_portable.gemm_bf16w(M, K, g->xp, g->w, g->ldw, y1, ldy, n0, n1);
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < g->N; n++) {
+            float want = n >= n0 && n < n1 ? spec_pair32(g->x + m * g->ldx, g->w + n * g->ldw, K)
+                                           : from_bits(SENTINEL);
+            snprintf(what, sizeof what, "gemm_bf16w literal M=%zu [%zu,%zu) m=%zu n=%zu", M, n0,
+                     n1, m, n);
+            check_f32(&want, &y1[m * ldy + n], 1, what, "portable", K, g->mode);
+        }
+    for (int t = 0; t < n_tables; t++) {
+        fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
+        tables[t]->gemm_bf16w(M, K, g->xp, g->w, g->ldw, y2, ldy, n0, n1);
+        snprintf(what, sizeof what, "gemm_bf16w M=%zu [%zu,%zu)", M, n0, n1);
+        check_f32(y1, y2, M * ldy, what, tables[t]->name, K, g->mode);
+        /* each row alone (M = 1) gives the same bits */
+        for (size_t m = 0; m < M; m++)
+            tables[t]->gemm_bf16w(1, K, g->xp + m * g->row, g->w, g->ldw, y3 + m * ldy, ldy, n0,
+                                  n1);
+        snprintf(what, sizeof what, "gemm_bf16w rows alone M=%zu [%zu,%zu)", M, n0, n1);
+        check_f32(y2, y3, M * ldy, what, tables[t]->name, K, g->mode);
+    }
+}
+
+static void check_gemm_f32w(const gemm_case *g, const kernels *const *tables, int n_tables,
+                            size_t n0, size_t n1, float *y1, float *y2, float *y3) {
+    size_t M = g->M, K = g->K, ldy = g->ldy;
+    char what[96];
+    fill_sentinel(y1, M * ldy);
+    kernels_portable.gemm_f32w(M, K, g->x, g->ldx, g->wf, g->ldw, y1, ldy, n0, n1);
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < g->N; n++) {
+            float want = n >= n0 && n < n1 ? spec_dot16(g->x + m * g->ldx, g->wf + n * g->ldw, K)
+                                           : from_bits(SENTINEL);
+            snprintf(what, sizeof what, "gemm_f32w literal M=%zu [%zu,%zu) m=%zu n=%zu", M, n0,
+                     n1, m, n);
+            check_f32(&want, &y1[m * ldy + n], 1, what, "portable", K, g->mode);
+        }
+    for (int t = 0; t < n_tables; t++) {
+        fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
+        tables[t]->gemm_f32w(M, K, g->x, g->ldx, g->wf, g->ldw, y2, ldy, n0, n1);
+        snprintf(what, sizeof what, "gemm_f32w M=%zu [%zu,%zu)", M, n0, n1);
+        check_f32(y1, y2, M * ldy, what, tables[t]->name, K, g->mode);
+        for (size_t m = 0; m < M; m++)
+            tables[t]->gemm_f32w(1, K, g->x + m * g->ldx, g->ldx, g->wf, g->ldw, y3 + m * ldy, ldy,
+                                 n0, n1);
+        snprintf(what, sizeof what, "gemm_f32w rows alone M=%zu [%zu,%zu)", M, n0, n1);
+        check_f32(y2, y3, M * ldy, what, tables[t]->name, K, g->mode);
+    }
+}
+
+static void test_gemm(const kernels *const *tables, int n_tables) {
+    static const size_t Ms[] = {1, 2, 3, 5, 8, 13};
+    /* 4097 with M = 13 spans two row blocks of the AVX2 kernel */
+    static const size_t Ks[] = {0, 1, 7, 31, 32, 33, 64, 100, 257, 1000, 4097};
+    /* column ranges [n0, n1) of N = 11: all, odd bounds, one column, empty */
+    static const size_t ranges[][2] = {{0, 11}, {1, 10}, {3, 8}, {5, 6}, {7, 11}, {4, 4}};
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (int mode = 0; mode < N_MODES; mode++) {
+                gemm_case g;
+                g.M = Ms[mi], g.K = Ks[ki], g.N = 11, g.mode = mode;
+                /* odd strides; for odd K the weight rows are packed tight */
+                g.ldx = g.K + 3, g.ldw = g.K + (g.K % 2 ? 0 : 5), g.ldy = g.N + 2;
+                g.row = gemm_packed_row(g.K);
+                /* exactly what the rows need: the last row ends at the allocation's end */
+                size_t nx = (g.M - 1) * g.ldx + g.K, nw = (g.N - 1) * g.ldw + g.K;
+                g.x = xmalloc(nx * sizeof *g.x), g.xp = xmalloc(g.M * g.row * sizeof *g.xp);
+                g.w = xmalloc(nw * sizeof *g.w), g.wf = xmalloc(nw * sizeof *g.wf);
+                float *y1 = xmalloc(g.M * g.ldy * sizeof *y1);
+                float *y2 = xmalloc(g.M * g.ldy * sizeof *y2);
+                float *y3 = xmalloc(g.M * g.ldy * sizeof *y3);
+                fill_f32(g.x, nx, mode, 1.0f);
+                fill_bf16(g.w, nw, mode, 0.05f);
+                fill_f32(g.wf, nw, mode, 0.05f);
+                gemm_pack_x(g.M, g.K, g.x, g.ldx, g.xp);
+                for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                    size_t n0 = ranges[ri][0], n1 = ranges[ri][1];
+                    check_gemm_bf16w(&g, tables, n_tables, n0, n1, y1, y2, y3);
+                    check_gemm_f32w(&g, tables, n_tables, n0, n1, y1, y2, y3);
+                }
+                free(g.x), free(g.xp), free(g.w), free(g.wf), free(y1), free(y2), free(y3);
+            }
+
+    /* the packed layout itself */
+    float x[35], xp[64];
+    for (int i = 0; i < 35; i++) x[i] = (float)(i + 1);
+    gemm_pack_x(1, 35, x, 35, xp);
+    CHECK(xp[0] == 1.0f && xp[1] == 3.0f && xp[15] == 31.0f && xp[16] == 2.0f && xp[31] == 32.0f);
+    CHECK(xp[32] == 33.0f && xp[33] == 35.0f && xp[34] == 0.0f && xp[48] == 34.0f);
+    CHECK(xp[49] == 0.0f && xp[63] == 0.0f);
+}
+
+/* ---- regions ---------------------------------------------------------------------------- */
+
+/* Every combination of the switches the region kernels read. */
+#define N_POLICIES 64
+static parity_policy policy_variant(int v) {
+    parity_policy p;
+    memset(&p, 0, sizeof p);
+    p.compute = (uint8_t)(v & 1);
+    p.norm_input = (uint8_t)(v >> 1 & 1);
+    p.norm_weight = (uint8_t)(v >> 2 & 1);
+    p.qk_norm = (uint8_t)(v >> 3 & 1);
+    p.rope_apply = (uint8_t)(v >> 4 & 1);
+    p.swiglu = (uint8_t)(v >> 5 & 1);
+    return p;
+}
+
+static void test_regions_f32(const kernels *t) {
+    const kernels *p = &kernels_portable;
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = sizes[si];
+        float *d = xmalloc(n * sizeof *d), *res = xmalloc(n * sizeof *res);
+        float *w = xmalloc(n * sizeof *w);
+        float *r1 = xmalloc(n * sizeof *r1), *r2 = xmalloc(n * sizeof *r2);
+        float *o1 = xmalloc(n * sizeof *o1), *o2 = xmalloc(n * sizeof *o2);
+        float *u = xmalloc(n * sizeof *u);
+        for (int mode = 0; mode < N_MODES; mode++) {
+            /* bf16 values most of the time (what the forward passes), raw fp32 sometimes */
+            void (*fill)(float *, size_t, int, float) = si % 3 ? fill_f32_bf16 : fill_f32;
+            fill(d, n, mode, 1.0f), fill(res, n, mode, 3.0f), fill(w, n, mode, 1.0f);
+            fill(u, n, mode, 1.0f);
+            float eps = si % 2 ? 1e-6f : 1e-5f;
+            for (int v = 0; v < N_POLICIES; v++) {
+                parity_policy pol = policy_variant(v);
+                char what[64];
+
+                memcpy(r1, res, n * sizeof *res), memcpy(r2, res, n * sizeof *res);
+                p->rmsnorm_residual(&pol, n, d, r1, w, eps, o1);
+                t->rmsnorm_residual(&pol, n, d, r2, w, eps, o2);
+                snprintf(what, sizeof what, "rmsnorm_residual policy %d", v);
+                check_f32(r1, r2, n, what, t->name, n, mode);
+                check_f32(o1, o2, n, what, t->name, n, mode);
+                /* out aliasing delta */
+                memcpy(r2, res, n * sizeof *res), memcpy(o2, d, n * sizeof *d);
+                t->rmsnorm_residual(&pol, n, o2, r2, w, eps, o2);
+                snprintf(what, sizeof what, "rmsnorm_residual out=delta policy %d", v);
+                check_f32(o1, o2, n, what, t->name, n, mode);
+
+                for (int qk = 0; qk < 2; qk++) {
+                    p->rmsnorm(&pol, qk, n, res, w, eps, o1);
+                    memcpy(o2, res, n * sizeof *res);
+                    t->rmsnorm(&pol, qk, n, o2, w, eps, o2); /* in place */
+                    snprintf(what, sizeof what, "rmsnorm qk=%d policy %d", qk, v);
+                    check_f32(o1, o2, n, what, t->name, n, mode);
+                }
+
+                /* gate of a wider range, so that exp over- and underflows */
+                for (size_t i = 0; i < n; i++) r1[i] = d[i] * 12.0f;
+                p->swiglu(&pol, n, r1, u, o1);
+                memcpy(o2, u, n * sizeof *u);
+                t->swiglu(&pol, n, r1, o2, o2); /* out aliasing up */
+                snprintf(what, sizeof what, "swiglu policy %d", v);
+                check_f32(o1, o2, n, what, t->name, n, mode);
+
+                if (n % 2 == 0) {
+                    /* n = n_heads * hd for the heads that divide it: hd = n, n/2 */
+                    for (size_t heads = 1; heads <= 2 && n % (2 * heads) == 0; heads++) {
+                        size_t hd = n / heads;
+                        memcpy(o1, res, n * sizeof *res), memcpy(o2, res, n * sizeof *res);
+                        /* cos/sin: hd/2 values of [-1, 1] (d and w reused as tables) */
+                        for (size_t i = 0; i < hd / 2; i++) {
+                            r1[i] = pol.compute ? cosf(d[i]) : round_bf16(cosf(d[i]));
+                            r2[i] = pol.compute ? sinf(d[i]) : round_bf16(sinf(d[i]));
+                            if (mode == ALL_SPECIALS && i % 7 == 3) r2[i] = special_value(mode);
+                        }
+                        p->rope(&pol, heads, hd, o1, r1, r2);
+                        t->rope(&pol, heads, hd, o2, r1, r2);
+                        snprintf(what, sizeof what, "rope heads=%zu policy %d", heads, v);
+                        check_f32(o1, o2, n, what, t->name, n, mode);
+                    }
+                }
+            }
+        }
+        free(d), free(res), free(w), free(r1), free(r2), free(o1), free(o2), free(u);
+    }
+}
+
+static void test_regions_bf16(const kernels *t) {
+    const kernels *p = &kernels_portable;
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = sizes[si];
+        uint16_t *d = xmalloc(n * 2), *res = xmalloc(n * 2), *w = xmalloc(n * 2);
+        uint16_t *r1 = xmalloc(n * 2), *r2 = xmalloc(n * 2);
+        uint16_t *o1 = xmalloc(n * 2), *o2 = xmalloc(n * 2);
+        uint16_t *g = xmalloc(n * 2);
+        float *cs = xmalloc(n / 2 * sizeof *cs + 4), *sn = xmalloc(n / 2 * sizeof *sn + 4);
+        for (int mode = 0; mode < N_MODES; mode++) {
+            fill_bf16(d, n, mode, 1.0f), fill_bf16(res, n, mode, 3.0f), fill_bf16(w, n, mode, 1.0f);
+            fill_bf16(g, n, mode, 5.0f);
+            float eps = 1e-6f;
+            for (int v = 0; v < N_POLICIES; v++) {
+                parity_policy pol = policy_variant(v);
+                char what[64];
+
+                p->rmsnorm_residual_bf16(&pol, n, d, res, w, eps, r1, o1);
+                t->rmsnorm_residual_bf16(&pol, n, d, res, w, eps, r2, o2);
+                snprintf(what, sizeof what, "rmsnorm_residual_bf16 policy %d", v);
+                check_bf16(r1, r2, n, what, t->name, n, mode);
+                check_bf16(o1, o2, n, what, t->name, n, mode);
+                /* residual_out aliasing residual, out aliasing delta */
+                memcpy(r2, res, n * 2), memcpy(o2, d, n * 2);
+                t->rmsnorm_residual_bf16(&pol, n, o2, r2, w, eps, r2, o2);
+                snprintf(what, sizeof what, "rmsnorm_residual_bf16 aliased policy %d", v);
+                check_bf16(r1, r2, n, what, t->name, n, mode);
+                check_bf16(o1, o2, n, what, t->name, n, mode);
+
+                for (int qk = 0; qk < 2; qk++) {
+                    p->rmsnorm_bf16(&pol, qk, n, res, w, eps, o1);
+                    memcpy(o2, res, n * 2);
+                    t->rmsnorm_bf16(&pol, qk, n, o2, w, eps, o2);
+                    snprintf(what, sizeof what, "rmsnorm_bf16 qk=%d policy %d", qk, v);
+                    check_bf16(o1, o2, n, what, t->name, n, mode);
+                }
+
+                p->swiglu_bf16(&pol, n, g, d, o1);
+                memcpy(o2, g, n * 2);
+                t->swiglu_bf16(&pol, n, o2, d, o2); /* out aliasing gate */
+                snprintf(what, sizeof what, "swiglu_bf16 policy %d", v);
+                check_bf16(o1, o2, n, what, t->name, n, mode);
+
+                if (n % 2 == 0) {
+                    for (size_t heads = 1; heads <= 3; heads++) {
+                        if (n % (2 * heads)) continue;
+                        size_t hd = n / heads;
+                        for (size_t i = 0; i < hd / 2; i++) {
+                            float a = bf16_to_f32(g[i]);
+                            cs[i] = pol.compute ? cosf(a) : round_bf16(cosf(a));
+                            sn[i] = pol.compute ? sinf(a) : round_bf16(sinf(a));
+                        }
+                        memcpy(o1, res, n * 2), memcpy(o2, res, n * 2);
+                        p->rope_bf16(&pol, heads, hd, o1, cs, sn);
+                        t->rope_bf16(&pol, heads, hd, o2, cs, sn);
+                        snprintf(what, sizeof what, "rope_bf16 heads=%zu policy %d", heads, v);
+                        check_bf16(o1, o2, n, what, t->name, n, mode);
+                    }
+                }
+            }
+        }
+        free(d), free(res), free(w), free(r1), free(r2), free(o1), free(o2), free(g);
+        free(cs), free(sn);
+    }
+}
+
+/* The portable region kernels against kernels.h's formulas, transcribed once more. */
+static float rnd(int on, float x) { return on ? round_bf16(x) : x; }
+
+static void test_region_formulas(void) {
+    const size_t n = 37, hd = 10;
+    uint16_t d[37], res[37], w[37], g[37], r1[37], o1[37];
+    float cs[5], sn[5];
+    fill_bf16(d, n, PLAIN, 1.0f), fill_bf16(res, n, PLAIN, 3.0f), fill_bf16(w, n, PLAIN, 1.0f);
+    fill_bf16(g, n, PLAIN, 4.0f);
+    for (int v = 0; v < N_POLICIES; v++) {
+        parity_policy pol = policy_variant(v);
+        int bf = pol.compute == PARITY_COMPUTE_BF16;
+        size_t bad = 0;
+
+        kernels_portable.rmsnorm_residual_bf16(&pol, n, d, res, w, 1e-6f, r1, o1);
+        float s[37], acc[16] = {0};
+        for (size_t i = 0; i < n; i++) {
+            s[i] = bf16_to_f32(res[i]) + bf16_to_f32(d[i]);
+            float x = rnd(bf && pol.norm_input == PARITY_NORM_INPUT_ROUNDED, s[i]);
+            acc[i % 16] = fmaf(x, x, acc[i % 16]);
+        }
+        float r = 1.0f / sqrtf(spec_fold(acc) / (float)n + 1e-6f);
+        for (size_t i = 0; i < n; i++) {
+            float x = rnd(bf && pol.norm_input == PARITY_NORM_INPUT_ROUNDED, s[i]);
+            float wi = bf16_to_f32(w[i]);
+            float o = bf && pol.norm_weight == PARITY_NORM_ROUND_TWICE ? wi * round_bf16(x * r)
+                                                                        : wi * (x * r);
+            bad += r1[i] != bf16_from_f32(s[i]) || o1[i] != bf16_from_f32(o);
+        }
+
+        kernels_portable.swiglu_bf16(&pol, n, g, d, o1);
+        for (size_t i = 0; i < n; i++) {
+            float gi = bf16_to_f32(g[i]), ui = bf16_to_f32(d[i]);
+            float silu = gi / (1.0f + parity_expf(-gi));
+            float o = bf && pol.swiglu == PARITY_SWIGLU_PER_OP ? round_bf16(silu) * ui : silu * ui;
+            bad += o1[i] != bf16_from_f32(o);
+        }
+
+        for (size_t i = 0; i < hd / 2; i++) {
+            cs[i] = round_bf16(cosf((float)i));
+            sn[i] = round_bf16(sinf((float)i));
+        }
+        memcpy(o1, res, 3 * hd * 2);
+        kernels_portable.rope_bf16(&pol, 3, hd, o1, cs, sn);
+        int per_op = bf && pol.rope_apply == PARITY_ROPE_PER_OP;
+        for (size_t h = 0; h < 3; h++)
+            for (size_t i = 0; i < hd / 2; i++) {
+                float a = bf16_to_f32(res[h * hd + i]), b = bf16_to_f32(res[h * hd + i + hd / 2]);
+                float x0 = rnd(per_op, rnd(per_op, a * cs[i]) - rnd(per_op, b * sn[i]));
+                float x1 = rnd(per_op, rnd(per_op, b * cs[i]) + rnd(per_op, a * sn[i]));
+                bad += o1[h * hd + i] != bf16_from_f32(x0);
+                bad += o1[h * hd + i + hd / 2] != bf16_from_f32(x1);
+            }
+        if (bad) fprintf(stderr, "region formulas, policy %d: %zu values differ\n", v, bad);
+        CHECK_INT(bad, 0);
+    }
+}
+
+/* ---- the public region API on every CPU path -------------------------------------------- */
+
+static void run_public_regions(const parity_policy *pol, uint16_t *out, size_t rows, size_t dim,
+                               const uint16_t *a, const uint16_t *b, const uint16_t *w,
+                               const int32_t *pos) {
+    size_t st = dim + 3; /* strides past the row: the gap must stay untouched */
+    uint16_t *o = out;
+    CHECK_OK(parity_rmsnorm_residual(pol, rows, dim, a, st, b, st, w, 1e-6f, o, st,
+                                     o + rows * st, st));
+    o += 2 * rows * st;
+    for (int qk = 0; qk < 2; qk++, o += rows * st) {
+        memcpy(o, b, rows * st * 2);
+        CHECK_OK(parity_rmsnorm(pol, qk, rows, dim, o, st, w, 1e-6f, o, st));
+    }
+    memcpy(o, b, rows * st * 2);
+    CHECK_OK(parity_swiglu(pol, rows, dim, a, st, o, st, o, st));
+    o += rows * st;
+    memcpy(o, b, rows * st * 2);
+    CHECK_OK(parity_rope(pol, rows, 2, dim / 2, o, st, pos, 1e6));
+}
+
+static void test_public_paths(int have_avx2) {
+    const size_t rows = 5, dim = 300, st = dim + 3, total = 6 * rows * st;
+    uint16_t *a = xmalloc(rows * st * 2), *b = xmalloc(rows * st * 2), *w = xmalloc(dim * 2);
+    uint16_t *o1 = xmalloc(total * 2), *o2 = xmalloc(total * 2);
+    int32_t pos[5] = {0, 1, 17, 4095, 40000};
+    fill_bf16(a, rows * st, PLAIN, 2.0f), fill_bf16(b, rows * st, PLAIN, 1.0f);
+    fill_bf16(w, dim, PLAIN, 1.0f);
+    const char *const *names = parity_policy_preset_names();
+    for (size_t i = 0; names[i]; i++) {
+        parity_policy pol;
+        CHECK_OK(parity_policy_from_name(names[i], &pol));
+        memset(o1, 0xab, total * 2), memset(o2, 0xab, total * 2);
+        CHECK_OK(parity_set_cpu_path(PARITY_CPU_PORTABLE));
+        CHECK_INT(parity_get_cpu_path(), PARITY_CPU_PORTABLE);
+        run_public_regions(&pol, o1, rows, dim, a, b, w, pos);
+        if (!have_avx2) continue;
+        CHECK_OK(parity_set_cpu_path(PARITY_CPU_AVX2));
+        CHECK_INT(parity_get_cpu_path(), PARITY_CPU_AVX2);
+        run_public_regions(&pol, o2, rows, dim, a, b, w, pos);
+        check_bf16(o1, o2, total, names[i], "public API, avx2", dim, PLAIN);
+    }
+    free(a), free(b), free(w), free(o1), free(o2);
+}
+
+int main(void) {
+    make_sizes();
+    CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_PORTABLE), "portable") == 0);
+    CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_AVX2), "avx2") == 0);
+    CHECK_STATUS(parity_set_cpu_path((parity_cpu_path)7), PARITY_ERR_INVALID_ARGUMENT);
+
+    const kernels *tables[4];
+    int n_tables = 0, have_avx2 = 0;
+#if defined(PARITY_HAVE_AVX2)
+    if (parity_set_cpu_path(PARITY_CPU_AVX2) == PARITY_OK) {
+        tables[n_tables++] = &kernels_avx2;
+        have_avx2 = 1;
+    } else {
+        printf("avx2: not supported here (%s): only the portable table is tested\n",
+               parity_last_error());
+    }
+#else
+    CHECK_STATUS(parity_set_cpu_path(PARITY_CPU_AVX2), PARITY_ERR_UNSUPPORTED);
+#endif
+
+    test_portable_orders();
+    test_region_formulas();
+    for (int t = 0; t < n_tables; t++) {
+        test_vector_kernels(tables[t]);
+        test_regions_f32(tables[t]);
+        test_regions_bf16(tables[t]);
+    }
+    test_gemm(tables, n_tables);
+    test_negative_zero_sums(tables, n_tables);
+    test_max_zeros(tables, n_tables);
+    test_public_paths(have_avx2);
+    test_exp(tables, n_tables);
+
+    printf("tables tested against portable:");
+    for (int t = 0; t < n_tables; t++) printf(" %s", tables[t]->name);
+    printf("%s; NaN outputs with another payload (allowed): %ld\n", n_tables ? "" : " none",
+           nan_payload_diffs);
+    return check_report("test_kernels");
+}

@@ -1,0 +1,406 @@
+/* The parity contract, sampler side. Under every preset, for random prompts and sampling
+ * settings, generation is run under many configurations — batch sizes 1..32, members joining
+ * and leaving between steps in random subsets and orders, prefill chunks of 1..256 rows,
+ * completions forked from one prefilled prompt or each prefilled afresh, 1 or 2 threads,
+ * every CPU path — and:
+ *   - the tokens drawn are identical across all of them;
+ *   - the log-probs reported are bitwise identical across all of them;
+ *   - they equal bitwise what the scorer returns for prompt + completion with the same mode
+ *     and sampling parameters.
+ * Also: cache-full, unknown sequences, finished sequences and bad sampling parameters give a
+ * status and change nothing. */
+#include <math.h>
+
+#include "check.h"
+
+#define N_SEQS 32
+#define MAX_NEW 16
+#define MAX_PROMPT 40
+
+typedef struct gen_case {
+    int32_t prompt[MAX_PROMPT];
+    uint32_t prompt_len;              /* all sequences share the prompt (a GRPO group) */
+    parity_sampling sampling[N_SEQS];
+} gen_case;
+
+typedef struct gen_result {
+    uint32_t n[N_SEQS];
+    int32_t tokens[N_SEQS][MAX_NEW];
+    float logprobs[N_SEQS][MAX_NEW];
+} gen_result;
+
+typedef struct run_config {
+    uint32_t threads, prefill_chunk, max_batch;
+    int fork;                 /* fork the completions from one prefilled prompt */
+    uint64_t schedule;        /* 0: step every live sequence each round; else a seed for random
+                                 subsets in random order */
+    const char *name;
+    uint32_t split_k, split_kv; /* kernel-order experiments (off: 0) */
+} run_config;
+
+static uint64_t xorshift(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void make_case(gen_case *c, uint32_t vocab, uint64_t seed) {
+    uint64_t r = seed * 0x9e3779b97f4a7c15ull + 1;
+    c->prompt_len = 1 + (uint32_t)(xorshift(&r) % MAX_PROMPT);
+    for (uint32_t t = 0; t < c->prompt_len; t++) c->prompt[t] = (int32_t)(xorshift(&r) % vocab);
+    static const float temps[] = {0.0f, 0.6f, 1.0f, 1.3f};
+    static const uint32_t topks[] = {0, 0, 5, 40};
+    static const float topps[] = {1.0f, 1.0f, 0.9f, 0.5f};
+    static const float minps[] = {0.0f, 0.0f, 0.0f, 0.05f};
+    for (int i = 0; i < N_SEQS; i++) {
+        parity_sampling *s = &c->sampling[i];
+        parity_sampling_default(s);
+        s->temperature = temps[xorshift(&r) % 4];
+        s->top_k = topks[xorshift(&r) % 4];
+        s->top_p = topps[xorshift(&r) % 4];
+        s->min_p = minps[xorshift(&r) % 4];
+        s->seed = seed;
+        s->max_new_tokens = 4 + (uint32_t)(xorshift(&r) % (MAX_NEW - 4));
+        s->logprob_mode = (uint32_t)(xorshift(&r) % 3);
+        if (xorshift(&r) % 2) {
+            s->n_stop = 2;
+            s->stop[0] = (int32_t)(xorshift(&r) % vocab);
+            s->stop[1] = (int32_t)(xorshift(&r) % vocab);
+        }
+    }
+}
+
+static int run(const parity_model *m, const char *policy, uint32_t backend, const gen_case *c,
+               const run_config *rc, gen_result *out) {
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    CHECK_OK(parity_policy_from_name(policy, &p.policy));
+    p.backend = backend;
+    p.n_threads = rc->threads;
+    p.prefill_chunk = rc->prefill_chunk;
+    p.max_batch = rc->max_batch;
+    p.max_seqs = N_SEQS + 1;
+    p.max_len = MAX_PROMPT + MAX_NEW;
+    p.split_k = rc->split_k;
+    p.split_kv = rc->split_kv;
+    parity_sampler *s = NULL;
+    CHECK_OK(parity_sampler_create(m, &p, &s));
+    if (!s) return 0;
+    uint32_t ids[N_SEQS], parent = 0;
+    if (rc->fork) CHECK_OK(parity_sampler_add(s, c->prompt, c->prompt_len, &c->sampling[0], 99, &parent));
+    for (int i = 0; i < N_SEQS; i++) {
+        if (rc->fork)
+            CHECK_OK(parity_sampler_fork(s, parent, &c->sampling[i], (uint64_t)i, &ids[i]));
+        else
+            CHECK_OK(parity_sampler_add(s, c->prompt, c->prompt_len, &c->sampling[i], (uint64_t)i, &ids[i]));
+        out->n[i] = 0;
+    }
+    int live[N_SEQS];
+    for (int i = 0; i < N_SEQS; i++) live[i] = 1;
+    uint64_t r = rc->schedule;
+    for (int rounds = 0; rounds < 10 * MAX_NEW; rounds++) {
+        uint32_t step_ids[N_SEQS], which[N_SEQS];
+        size_t n = 0;
+        for (int i = 0; i < N_SEQS; i++)
+            if (live[i] && (!rc->schedule || xorshift(&r) % 3 != 0)) which[n++] = (uint32_t)i;
+        if (n == 0) {
+            int any = 0;
+            for (int i = 0; i < N_SEQS; i++) any |= live[i];
+            if (!any) break;
+            continue;
+        }
+        if (rc->schedule)
+            for (size_t i = n - 1; i > 0; i--) {
+                size_t j = xorshift(&r) % (i + 1);
+                uint32_t t = which[i];
+                which[i] = which[j];
+                which[j] = t;
+            }
+        for (size_t i = 0; i < n; i++) step_ids[i] = ids[which[i]];
+        int32_t tok[N_SEQS];
+        float lp[N_SEQS];
+        uint32_t fin[N_SEQS];
+        int st = parity_sampler_step(s, step_ids, n, tok, lp, fin, 0, NULL, NULL);
+        CHECK_OK(st);
+        if (st) break;
+        for (size_t i = 0; i < n; i++) {
+            int q = (int)which[i];
+            out->tokens[q][out->n[q]] = tok[i];
+            out->logprobs[q][out->n[q]] = lp[i];
+            out->n[q]++;
+            if (fin[i]) live[q] = 0;
+        }
+    }
+    /* the sampler's own record of the tokens agrees */
+    for (int i = 0; i < N_SEQS; i++) {
+        const int32_t *toks;
+        uint32_t len, plen;
+        CHECK_OK(parity_sampler_tokens(s, ids[i], &toks, &len, &plen));
+        CHECK_INT(len, plen + out->n[i]);
+        CHECK(!memcmp(toks + plen, out->tokens[i], out->n[i] * sizeof *toks));
+    }
+    parity_sampler_free(s);
+    return 1;
+}
+
+static void compare(const gen_result *a, const gen_result *b, const char *what) {
+    for (int i = 0; i < N_SEQS; i++) {
+        CHECK_INT(a->n[i], b->n[i]);
+        if (a->n[i] != b->n[i]) {
+            fprintf(stderr, "  (%s, sequence %d)\n", what, i);
+            continue;
+        }
+        CHECK(!memcmp(a->tokens[i], b->tokens[i], a->n[i] * sizeof(int32_t)));
+        CHECK_BITS_F32(a->logprobs[i], b->logprobs[i], a->n[i], what);
+    }
+}
+
+/* The scorer on prompt + completion, with each sequence's mode and sampling parameters. */
+static void check_against_scorer(const parity_model *m, const char *policy, uint32_t backend,
+                                 const gen_case *c, const gen_result *g) {
+    parity_scorer_params p;
+    parity_scorer_default_params(&p);
+    CHECK_OK(parity_policy_from_name(policy, &p.policy));
+    p.backend = backend;
+    parity_scorer *s = NULL;
+    CHECK_OK(parity_scorer_create(m, &p, &s));
+    if (!s) return;
+    for (int i = 0; i < N_SEQS; i++) {
+        int32_t seq[MAX_PROMPT + MAX_NEW];
+        memcpy(seq, c->prompt, c->prompt_len * sizeof *seq);
+        memcpy(seq + c->prompt_len, g->tokens[i], g->n[i] * sizeof *seq);
+        uint32_t len = c->prompt_len + g->n[i];
+        const parity_sampling *sp = &c->sampling[i];
+        parity_score_options o;
+        parity_score_default_options(&o);
+        o.mode = sp->logprob_mode;
+        o.temperature = sp->temperature;
+        o.top_k = sp->top_k;
+        o.top_p = sp->top_p;
+        o.min_p = sp->min_p;
+        float lp[MAX_PROMPT + MAX_NEW];
+        CHECK_OK(parity_score(s, &o, seq, &len, 1, lp, NULL, NULL, NULL));
+        char what[160];
+        snprintf(what, sizeof what, "%s/%s: scorer vs sampler, sequence %d (mode %u, T %g, k %u, p %g, min_p %g)",
+                 policy, backend ? "openblas" : "bf16", i, sp->logprob_mode, (double)sp->temperature,
+                 sp->top_k, (double)sp->top_p, (double)sp->min_p);
+        CHECK_BITS_F32(lp + c->prompt_len - 1, g->logprobs[i], g->n[i], what);
+    }
+    parity_scorer_free(s);
+}
+
+static void check_policy(const parity_model *m, const char *policy, uint32_t backend, uint64_t seed) {
+    gen_case c;
+    make_case(&c, parity_model_config(m)->vocab_size, seed);
+    static const run_config configs[] = {
+        {1, 256, 32, 0, 0, "fresh prefill, one batch, 1 thread", 0, 0},
+        {2, 5, 3, 1, 0, "forked, batches of 3, chunks of 5, 2 threads", 0, 0},
+        {1, 1, 1, 1, 77, "forked, batch 1, chunks of 1, random subsets", 0, 0},
+        {2, 7, 32, 0, 1234, "fresh prefill, random subsets and order, 2 threads", 0, 0},
+    };
+    gen_result ref, got;
+    if (!run(m, policy, backend, &c, &configs[0], &ref)) return;
+    char what[200];
+    for (size_t k = 1; k < sizeof configs / sizeof configs[0]; k++) {
+        if (!run(m, policy, backend, &c, &configs[k], &got)) continue;
+        snprintf(what, sizeof what, "%s/%s: %s", policy, backend ? "openblas" : "bf16", configs[k].name);
+        compare(&ref, &got, what);
+    }
+    parity_cpu_path saved = parity_get_cpu_path();
+    for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX2; path++) {
+        if (parity_set_cpu_path((parity_cpu_path)path) != PARITY_OK) continue;
+        if (!run(m, policy, backend, &c, &configs[1], &got)) continue;
+        snprintf(what, sizeof what, "%s/%s: cpu path %s", policy, backend ? "openblas" : "bf16",
+                 parity_cpu_path_name((parity_cpu_path)path));
+        compare(&ref, &got, what);
+    }
+    parity_set_cpu_path(saved);
+    check_against_scorer(m, policy, backend, &c, &ref);
+}
+
+/* The kernel-order experiments: still independent of batching (every row is computed on its
+ * own), but no longer equal to the scorer, which keeps the contract's orders. */
+static void check_kernel_order(const parity_model *m) {
+    gen_case c;
+    make_case(&c, parity_model_config(m)->vocab_size, 4242);
+    for (int i = 0; i < N_SEQS; i++) c.sampling[i].logprob_mode = PARITY_LOGPROB_RAW;
+    const run_config a = {1, 256, 32, 0, 0, "split_k=4, split_kv=8, one batch", 4, 8};
+    const run_config b = {2, 3, 5, 1, 99, "split_k=4, split_kv=8, forked, random subsets", 4, 8};
+    gen_result ra, rb;
+    if (!run(m, "vllm", PARITY_BACKEND_BF16, &c, &a, &ra)) return;
+    if (!run(m, "vllm", PARITY_BACKEND_BF16, &c, &b, &rb)) return;
+    compare(&ra, &rb, "vllm: split-K / split-KV sampler under two batchings");
+
+    parity_scorer_params p;
+    parity_scorer_default_params(&p);
+    CHECK_OK(parity_policy_from_name("vllm", &p.policy));
+    parity_scorer *s = NULL;
+    CHECK_OK(parity_scorer_create(m, &p, &s));
+    if (!s) return;
+    size_t differ = 0, total = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        int32_t seq[MAX_PROMPT + MAX_NEW];
+        memcpy(seq, c.prompt, c.prompt_len * sizeof *seq);
+        memcpy(seq + c.prompt_len, ra.tokens[i], ra.n[i] * sizeof *seq);
+        uint32_t len = c.prompt_len + ra.n[i];
+        parity_score_options o;
+        parity_score_default_options(&o);
+        float lp[MAX_PROMPT + MAX_NEW];
+        CHECK_OK(parity_score(s, &o, seq, &len, 1, lp, NULL, NULL, NULL));
+        for (uint32_t t = 0; t < ra.n[i]; t++) {
+            differ += memcmp(&lp[c.prompt_len - 1 + t], &ra.logprobs[i][t], sizeof(float)) != 0;
+            total++;
+        }
+    }
+    printf("split_k=4, split_kv=8 sampler vs scorer (vllm): %zu of %zu log-probs differ\n", differ, total);
+    CHECK(differ > 0);
+    parity_scorer_free(s);
+}
+
+/* Bad input and a full cache: a status, and nothing changed. */
+static void check_errors(const parity_model *m) {
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    p.max_seqs = 3;
+    p.max_len = 40;
+    p.cache_tokens = 48; /* three blocks of 16 */
+    parity_sampler *s = NULL;
+    CHECK_OK(parity_sampler_create(m, &p, &s));
+    if (!s) return;
+    parity_sampling sp;
+    parity_sampling_default(&sp);
+    int32_t prompt[40] = {0};
+    uint32_t a = 99, b = 99, c = 99;
+
+    parity_sampling bad = sp;
+    bad.top_p = 0;
+    CHECK_STATUS(parity_sampler_add(s, prompt, 4, &bad, 0, &a), PARITY_ERR_INVALID_ARGUMENT);
+    bad = sp;
+    bad.top_p = 1.5f;
+    CHECK_STATUS(parity_sampler_add(s, prompt, 4, &bad, 0, &a), PARITY_ERR_INVALID_ARGUMENT);
+    bad = sp;
+    bad.temperature = -1;
+    CHECK_STATUS(parity_sampler_add(s, prompt, 4, &bad, 0, &a), PARITY_ERR_INVALID_ARGUMENT);
+    bad = sp;
+    bad.min_p = 1;
+    CHECK_STATUS(parity_sampler_add(s, prompt, 4, &bad, 0, &a), PARITY_ERR_INVALID_ARGUMENT);
+    bad = sp;
+    bad.top_k = parity_model_config(m)->vocab_size + 1;
+    CHECK_STATUS(parity_sampler_add(s, prompt, 4, &bad, 0, &a), PARITY_ERR_INVALID_ARGUMENT);
+    bad = sp;
+    bad.n_stop = 1;
+    bad.stop[0] = -3;
+    CHECK_STATUS(parity_sampler_add(s, prompt, 4, &bad, 0, &a), PARITY_ERR_TOKEN_RANGE);
+    bad = sp;
+    bad.size = 8;
+    CHECK_STATUS(parity_sampler_add(s, prompt, 4, &bad, 0, &a), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_sampler_add(s, prompt, 0, &sp, 0, &a), PARITY_ERR_EMPTY_INPUT);
+    CHECK_STATUS(parity_sampler_add(s, prompt, 41, &sp, 0, &a), PARITY_ERR_TOO_LONG);
+    prompt[2] = 1 << 20;
+    CHECK_STATUS(parity_sampler_add(s, prompt, 4, &sp, 0, &a), PARITY_ERR_TOKEN_RANGE);
+    prompt[2] = 0;
+    CHECK_INT(a, 99);
+
+    /* a 33-token prompt takes 2 blocks (positions 0..31), its first step a third */
+    CHECK_OK(parity_sampler_add(s, prompt, 33, &sp, 0, &a));
+    CHECK_STATUS(parity_sampler_add(s, prompt, 33, &sp, 1, &b), PARITY_ERR_CACHE_FULL);
+    CHECK_OK(parity_sampler_fork(s, a, &sp, 1, &b));
+    CHECK_STATUS(parity_sampler_fork(s, 77, &sp, 2, &c), PARITY_ERR_UNKNOWN_SEQUENCE);
+    int32_t tok[3];
+    float lp[3];
+    uint32_t fin[3], both[2] = {a, b};
+    /* both need a block for position 32: only one is free */
+    CHECK_STATUS(parity_sampler_step(s, both, 2, tok, lp, fin, 0, NULL, NULL), PARITY_ERR_CACHE_FULL);
+    const int32_t *toks;
+    uint32_t len;
+    CHECK_OK(parity_sampler_tokens(s, a, &toks, &len, NULL));
+    CHECK_INT(len, 33);
+    CHECK_OK(parity_sampler_step(s, &a, 1, tok, lp, fin, 0, NULL, NULL));
+    CHECK_STATUS(parity_sampler_step(s, &b, 1, tok, lp, fin, 0, NULL, NULL), PARITY_ERR_CACHE_FULL);
+    uint32_t twice[2] = {a, a};
+    CHECK_STATUS(parity_sampler_step(s, twice, 2, tok, lp, fin, 0, NULL, NULL), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_sampler_step(s, &a, 0, tok, lp, fin, 0, NULL, NULL), PARITY_ERR_EMPTY_INPUT);
+    CHECK_OK(parity_sampler_release(s, b));
+    CHECK_STATUS(parity_sampler_release(s, b), PARITY_ERR_UNKNOWN_SEQUENCE);
+    CHECK_STATUS(parity_sampler_tokens(s, b, &toks, &len, NULL), PARITY_ERR_UNKNOWN_SEQUENCE);
+    CHECK_OK(parity_sampler_release(s, a)); /* the last holder: its three blocks are free again */
+
+    /* max_new_tokens, then a step on the finished sequence */
+    parity_sampling one = sp;
+    one.max_new_tokens = 1;
+    CHECK_OK(parity_sampler_add(s, prompt, 3, &one, 5, &c));
+    CHECK_OK(parity_sampler_step(s, &c, 1, tok, lp, fin, 0, NULL, NULL));
+    CHECK_INT(fin[0], PARITY_FINISHED_LENGTH);
+    CHECK_STATUS(parity_sampler_step(s, &c, 1, tok, lp, fin, 0, NULL, NULL), PARITY_ERR_SEQUENCE_FINISHED);
+    parity_sampler_free(s);
+    parity_sampler_free(NULL);
+
+    /* bad params */
+    parity_sampler_default_params(&p);
+    p.max_len = parity_model_config(m)->max_position_embeddings + 1;
+    CHECK_STATUS(parity_sampler_create(m, &p, &s), PARITY_ERR_INVALID_ARGUMENT);
+    parity_sampler_default_params(&p);
+    p.size = 1;
+    CHECK_STATUS(parity_sampler_create(m, &p, &s), PARITY_ERR_INVALID_ARGUMENT);
+}
+
+/* top-n alternatives and stop tokens behave */
+static void check_top_n_and_stop(const parity_model *m) {
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    p.max_seqs = 2;
+    p.max_len = 64;
+    parity_sampler *s = NULL;
+    CHECK_OK(parity_sampler_create(m, &p, &s));
+    if (!s) return;
+    parity_sampling sp;
+    parity_sampling_default(&sp);
+    sp.temperature = 0; /* greedy */
+    sp.top_n = 4;
+    int32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    uint32_t q;
+    CHECK_OK(parity_sampler_add(s, prompt, 8, &sp, 0, &q));
+    int32_t tok, ids[4];
+    float lp, tlp[4];
+    uint32_t fin;
+    CHECK_OK(parity_sampler_step(s, &q, 1, &tok, &lp, &fin, 4, ids, tlp));
+    CHECK_INT(ids[0], tok); /* greedy draws the most likely token */
+    CHECK_BITS_F32(&tlp[0], &lp, 1, "greedy: top-1 log-prob is the drawn token's");
+    CHECK(tlp[1] <= tlp[0] && tlp[2] <= tlp[1] && tlp[3] <= tlp[2]);
+    /* a stop token ends the sequence: greedy will draw `tok` again from the same context */
+    parity_sampling st = sp;
+    st.n_stop = 1;
+    st.stop[0] = tok;
+    uint32_t r;
+    CHECK_OK(parity_sampler_add(s, prompt, 8, &st, 0, &r));
+    CHECK_OK(parity_sampler_step(s, &r, 1, &tok, &lp, &fin, 0, NULL, NULL));
+    CHECK_INT(fin, PARITY_FINISHED_STOP);
+    parity_sampler_free(s);
+}
+
+int main(void) {
+    parity_model *tiny = NULL, *trained = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny:11", &tiny));
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
+    CHECK_OK(parity_model_load(dir, &trained));
+    if (!tiny || !trained) return check_report("sampler");
+
+    const char *const *presets = parity_policy_preset_names();
+    uint64_t seed = 1;
+    for (int i = 0; presets[i]; i++) {
+        check_policy(trained, presets[i], PARITY_BACKEND_BF16, seed++);
+        check_policy(tiny, presets[i], PARITY_BACKEND_BF16, seed++);
+    }
+    check_policy(trained, "vllm+aligned+fp32-head", PARITY_BACKEND_BF16, seed++);
+    check_policy(trained, "hf-eager", PARITY_BACKEND_OPENBLAS, seed++);
+    check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
+    check_policy(trained, "fp32", PARITY_BACKEND_OPENBLAS, seed++);
+    check_kernel_order(trained);
+    check_errors(tiny);
+    check_top_n_and_stop(trained);
+    parity_model_free(tiny);
+    parity_model_free(trained);
+    return check_report("sampler");
+}

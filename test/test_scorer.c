@@ -1,0 +1,250 @@
+/* The scorer's half of the parity contract: a sequence's log-probs are bitwise the same
+ * whatever else shares the call, the order of the sequences, the thread count, the chunking
+ * of rows, the capacity that splits sequences into groups, and the CPU path — under every
+ * preset and both backends. Also: bad input gets a status, and the optional outputs agree
+ * with the log-probs. */
+#include <math.h>
+
+#include "check.h"
+
+#define N_SEQS 6
+
+typedef struct batch {
+    int32_t tokens[4096];
+    uint32_t lengths[N_SEQS];
+    size_t n_out;
+} batch;
+
+static uint64_t rng = 0x1234567;
+static uint32_t next_u32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+
+static void make_batch(batch *b, uint32_t vocab) {
+    static const uint32_t lens[N_SEQS] = {1, 2, 17, 40, 33, 64};
+    size_t at = 0;
+    b->n_out = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        b->lengths[i] = lens[i];
+        for (uint32_t t = 0; t < lens[i]; t++) b->tokens[at++] = (int32_t)(next_u32() % vocab);
+        b->n_out += lens[i] - 1;
+    }
+}
+
+static parity_scorer *make_scorer(const parity_model *m, const char *policy, uint32_t backend,
+                                  uint32_t threads, uint32_t chunk, uint32_t max_tokens) {
+    parity_scorer_params p;
+    parity_scorer_default_params(&p);
+    CHECK_OK(parity_policy_from_name(policy, &p.policy));
+    p.backend = backend;
+    p.n_threads = threads;
+    p.chunk_rows = chunk;
+    p.max_tokens = max_tokens;
+    parity_scorer *s = NULL;
+    CHECK_OK(parity_scorer_create(m, &p, &s));
+    return s;
+}
+
+/* Scores the batch with the given scorer: all at once. */
+static void score_all(parity_scorer *s, const parity_score_options *o, const batch *b, float *lp) {
+    CHECK_OK(parity_score(s, o, b->tokens, b->lengths, N_SEQS, lp, NULL, NULL, NULL));
+}
+
+/* Scores the batch one sequence per call, in reverse order, into the same layout. */
+static void score_one_by_one_reversed(parity_scorer *s, const parity_score_options *o,
+                                      const batch *b, float *lp) {
+    size_t tok_at[N_SEQS], out_at[N_SEQS], t = 0, u = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        tok_at[i] = t;
+        out_at[i] = u;
+        t += b->lengths[i];
+        u += b->lengths[i] - 1;
+    }
+    for (int i = N_SEQS - 1; i >= 0; i--)
+        CHECK_OK(parity_score(s, o, b->tokens + tok_at[i], &b->lengths[i], 1, lp + out_at[i],
+                              NULL, NULL, NULL));
+}
+
+static void check_invariance(const parity_model *m, const char *policy, uint32_t backend,
+                             const batch *b) {
+    char what[128];
+    parity_score_options o;
+    parity_score_default_options(&o);
+    float ref[4096], got[4096];
+
+    parity_scorer *s1 = make_scorer(m, policy, backend, 1, 0, 0);
+    if (!s1) return;
+    score_all(s1, &o, b, ref);
+    for (size_t i = 0; i < b->n_out; i++) CHECK(isfinite(ref[i]) && ref[i] <= 0);
+
+    snprintf(what, sizeof what, "%s/%s: one call per sequence, reversed", policy,
+             backend ? "openblas" : "bf16");
+    score_one_by_one_reversed(s1, &o, b, got);
+    CHECK_BITS_F32(ref, got, b->n_out, what);
+
+    parity_scorer *s2 = make_scorer(m, policy, backend, 2, 7, 80);
+    if (s2) {
+        snprintf(what, sizeof what, "%s/%s: 2 threads, chunks of 7 rows, groups of <= 80 cells",
+                 policy, backend ? "openblas" : "bf16");
+        score_all(s2, &o, b, got);
+        CHECK_BITS_F32(ref, got, b->n_out, what);
+        parity_scorer_free(s2);
+    }
+
+    /* every CPU path: the portable reference and each SIMD path */
+    parity_cpu_path saved = parity_get_cpu_path();
+    for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX2; path++) {
+        if (parity_set_cpu_path((parity_cpu_path)path) != PARITY_OK) continue;
+        snprintf(what, sizeof what, "%s/%s: cpu path %s", policy, backend ? "openblas" : "bf16",
+                 parity_cpu_path_name((parity_cpu_path)path));
+        score_all(s1, &o, b, got);
+        CHECK_BITS_F32(ref, got, b->n_out, what);
+    }
+    parity_set_cpu_path(saved);
+
+    /* processed mode with a temperature is another function, equally invariant */
+    o.mode = PARITY_LOGPROB_PROCESSED;
+    o.temperature = 0.7f;
+    score_all(s1, &o, b, ref);
+    score_one_by_one_reversed(s1, &o, b, got);
+    snprintf(what, sizeof what, "%s/%s: processed, T = 0.7", policy, backend ? "openblas" : "bf16");
+    CHECK_BITS_F32(ref, got, b->n_out, what);
+    parity_scorer_free(s1);
+}
+
+/* entropy and top-n are consistent with the log-probs */
+static void check_optional_outputs(const parity_model *m) {
+    batch b;
+    make_batch(&b, parity_model_config(m)->vocab_size);
+    parity_scorer *s = make_scorer(m, "aligned", PARITY_BACKEND_BF16, 2, 0, 0);
+    if (!s) return;
+    parity_score_options o;
+    parity_score_default_options(&o);
+    const uint32_t n = 5;
+    float lp[4096], lp2[4096], ent[4096], top_lp[4096 * 5];
+    int32_t top_id[4096 * 5];
+    o.top_n = n;
+    CHECK_OK(parity_score(s, &o, b.tokens, b.lengths, N_SEQS, lp, ent, top_id, top_lp));
+    o.top_n = 0;
+    CHECK_OK(parity_score(s, &o, b.tokens, b.lengths, N_SEQS, lp2, NULL, NULL, NULL));
+    CHECK_BITS_F32(lp, lp2, b.n_out, "log-probs with and without the optional outputs");
+    const uint32_t V = parity_model_config(m)->vocab_size;
+    for (size_t i = 0; i < b.n_out; i++) {
+        CHECK(ent[i] >= 0 && ent[i] <= logf((float)V) + 1e-3f);
+        CHECK(top_lp[i * n] >= lp[i]);
+        for (uint32_t j = 1; j < n; j++) {
+            CHECK(top_lp[i * n + j] <= top_lp[i * n + j - 1]);
+            CHECK(top_id[i * n + j] != top_id[i * n + j - 1]);
+        }
+    }
+    parity_scorer_free(s);
+}
+
+static void check_bad_input(const parity_model *m) {
+    parity_scorer *s = make_scorer(m, "hf-eager", PARITY_BACKEND_BF16, 1, 0, 64);
+    if (!s) return;
+    const parity_config *c = parity_model_config(m);
+    parity_score_options o;
+    parity_score_default_options(&o);
+    int32_t tok[200] = {1, 2, 3, 4};
+    uint32_t len = 4, zero = 0;
+    float lp[200];
+
+    tok[2] = (int32_t)c->vocab_size;
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL), PARITY_ERR_TOKEN_RANGE);
+    CHECK(strstr(parity_last_error(), "position 2") != NULL);
+    tok[2] = -1;
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL), PARITY_ERR_TOKEN_RANGE);
+    tok[2] = 3;
+    CHECK_STATUS(parity_score(s, &o, tok, &zero, 1, lp, NULL, NULL, NULL), PARITY_ERR_EMPTY_INPUT);
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 0, lp, NULL, NULL, NULL), PARITY_ERR_EMPTY_INPUT);
+    uint32_t too_long = 65; /* capacity 64 */
+    CHECK_STATUS(parity_score(s, &o, tok, &too_long, 1, lp, NULL, NULL, NULL), PARITY_ERR_TOO_LONG);
+    uint32_t beyond_context = c->max_position_embeddings + 1;
+    CHECK_STATUS(parity_score(s, &o, tok, &beyond_context, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_TOO_LONG);
+    CHECK_STATUS(parity_score(s, &o, NULL, &len, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_score(NULL, &o, tok, &len, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    o.mode = PARITY_LOGPROB_PROCESSED;
+    o.temperature = -1;
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    o.temperature = NAN;
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    o.temperature = 1;
+    o.top_p = 0;
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    o.top_p = 1;
+    o.mode = 9;
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    parity_score_default_options(&o);
+    o.size = 4;
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    parity_score_default_options(&o);
+    o.top_n = 3;
+    CHECK_STATUS(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    /* after all that, the scorer still works */
+    parity_score_default_options(&o);
+    CHECK_OK(parity_score(s, &o, tok, &len, 1, lp, NULL, NULL, NULL));
+    parity_scorer_free(s);
+
+    /* bad scorer params */
+    parity_scorer_params p;
+    parity_scorer *x = NULL;
+    parity_scorer_default_params(&p);
+    p.size = 3;
+    CHECK_STATUS(parity_scorer_create(m, &p, &x), PARITY_ERR_INVALID_ARGUMENT);
+    parity_scorer_default_params(&p);
+    p.backend = 7;
+    CHECK_STATUS(parity_scorer_create(m, &p, &x), PARITY_ERR_INVALID_ARGUMENT);
+    parity_scorer_default_params(&p);
+    p.policy.attention = 9;
+    CHECK_STATUS(parity_scorer_create(m, &p, &x), PARITY_ERR_POLICY);
+    CHECK(x == NULL);
+    parity_scorer_free(NULL);
+
+    parity_policy pol;
+    CHECK_STATUS(parity_policy_from_name("vllm+nonsense", &pol), PARITY_ERR_POLICY);
+    CHECK_STATUS(parity_policy_from_name("hf", &pol), PARITY_ERR_POLICY);
+    CHECK_OK(parity_policy_from_name("vllm+aligned+fp32-head", &pol));
+    CHECK_INT(pol.logits, PARITY_LOGITS_FP32);
+    CHECK_INT(pol.swiglu, PARITY_SWIGLU_FUSED);
+    CHECK_INT(pol.attention, PARITY_ATTN_FLASH);
+}
+
+int main(void) {
+    parity_model *tiny = NULL, *trained = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny:3", &tiny));
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
+    CHECK_OK(parity_model_load(dir, &trained));
+    if (!tiny || !trained) return check_report("scorer");
+
+    const char *const *presets = parity_policy_preset_names();
+    const char *extra[] = {"vllm+aligned", "hf-sdpa+fp32-head", NULL};
+    parity_model *models[] = {tiny, trained};
+    for (int mi = 0; mi < 2; mi++) {
+        batch b;
+        make_batch(&b, parity_model_config(models[mi])->vocab_size);
+        for (uint32_t backend = PARITY_BACKEND_BF16; backend <= PARITY_BACKEND_OPENBLAS; backend++) {
+            for (int i = 0; presets[i]; i++) check_invariance(models[mi], presets[i], backend, &b);
+            for (int i = 0; extra[i]; i++) check_invariance(models[mi], extra[i], backend, &b);
+        }
+    }
+    check_optional_outputs(trained);
+    check_bad_input(tiny);
+    parity_model_free(tiny);
+    parity_model_free(trained);
+    parity_model_free(NULL);
+    return check_report("scorer");
+}
