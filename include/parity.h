@@ -79,6 +79,9 @@ typedef enum parity_status {
     PARITY_ERR_OUT_OF_MEMORY = -2,     /* an allocation failed; nothing was changed */
     PARITY_ERR_IO = -3,                /* a file could not be opened, read, mapped or written */
     PARITY_ERR_UNSUPPORTED = -4,       /* valid input this build does not handle */
+    PARITY_ERR_MEMORY_LIMIT = -5,      /* the request needs more memory than max_memory allows */
+    PARITY_ERR_BUSY = -6,              /* an object (or the model, during a weight update) is in
+                                          use by another call */
 
     /* JSON files (config.json, model.safetensors.index.json) */
     PARITY_ERR_JSON_SYNTAX = -10,      /* not valid JSON (RFC 8259), or nested too deep */
@@ -117,6 +120,10 @@ typedef enum parity_status {
     PARITY_ERR_CACHE_FULL = -50,       /* no free KV cache blocks or sequence slots for the call */
     PARITY_ERR_UNKNOWN_SEQUENCE = -51, /* a sequence id that is not live in this sampler */
     PARITY_ERR_SEQUENCE_FINISHED = -52,/* a step asked of a sequence that has finished */
+    PARITY_ERR_STALE = -53,            /* a sequence's KV cache predates a weight update */
+
+    /* sync checks */
+    PARITY_ERR_VERIFY = -60,           /* the model differs from a manifest or a probe */
 } parity_status;
 
 /* Stable name of a status ("PARITY_ERR_ST_OFFSETS"); "PARITY_UNKNOWN_STATUS" for others. */
@@ -415,6 +422,9 @@ typedef struct parity_scorer_params {
                                    group of sequences scored together; 0 = min(context, 8192) */
     uint32_t chunk_rows;        /* rows per forward chunk (bounds scratch memory); 0 = 256 */
     parity_policy policy;
+    uint64_t max_memory;        /* ceiling on the bytes of KV cache and scratch the scorer
+                                   allocates; creation fails up front with
+                                   PARITY_ERR_MEMORY_LIMIT beyond it. 0 = no ceiling */
 } parity_scorer_params;
 
 PARITY_API void parity_scorer_default_params(parity_scorer_params *params);
@@ -519,6 +529,9 @@ typedef struct parity_sampler_params {
     uint32_t split_kv;           /* flash attention over segments of this many positions, each
                                     with its own max and sum, merged in order (split-KV /
                                     flash-decoding); eager and fp32 attention ignore it */
+    uint64_t max_memory;         /* ceiling on the bytes of KV cache and scratch the sampler
+                                    allocates; creation fails up front with
+                                    PARITY_ERR_MEMORY_LIMIT beyond it. 0 = no ceiling */
 } parity_sampler_params;
 
 PARITY_API void parity_sampler_default_params(parity_sampler_params *params);
@@ -564,6 +577,68 @@ PARITY_API int parity_sampler_step(parity_sampler *sampler, const uint32_t *seqs
  * changes the sampler. */
 PARITY_API int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq,
                                      const int32_t **tokens, uint32_t *len, uint32_t *prompt_len);
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* Weight updates and sync checks (an RL step pushes new weights to the sampler)            */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum parity_dtype {
+    PARITY_DTYPE_BF16 = 0,
+    PARITY_DTYPE_F16 = 1,
+    PARITY_DTYPE_F32 = 2,        /* fp32 masters: cast to bf16 with the learner's RNE */
+} parity_dtype;
+
+/* A tensor's new values, by its checkpoint name. Data is row-major, little-endian. */
+typedef struct parity_tensor_data {
+    const char *name;            /* e.g. "model.layers.0.mlp.up_proj.weight" */
+    uint32_t dtype;              /* parity_dtype */
+    uint32_t ndim;               /* 1 or 2, as in the checkpoint */
+    uint64_t shape[2];
+    const void *data;
+} parity_tensor_data;
+
+/*
+ * Replaces the values of n tensors in place. All or nothing: every tensor is checked first
+ * (a known name, its shape, its dtype, finite values after the cast). F32 data is cast to
+ * bf16 with round-to-nearest-even — the cast a learner makes — and kept as the fp32 master
+ * for the fp32 policy. Each successful call bumps the model's version.
+ *
+ * No other call may use the model while it runs: the call is refused with PARITY_ERR_BUSY if
+ * a scorer or sampler of this model is inside a call (and such calls are refused while an
+ * update runs). Scorers and samplers created before the update stay valid; a sampler
+ * refuses to step a sequence whose KV cache was computed under an older version
+ * (PARITY_ERR_STALE): release it and add it again.
+ */
+PARITY_API int parity_model_update(parity_model *model, const parity_tensor_data *tensors,
+                                   size_t n);
+/* The model's version: 0 when loaded, +1 per successful parity_model_update. */
+PARITY_API uint64_t parity_model_version(const parity_model *model);
+
+/*
+ * Sync checks. A manifest lists, for each tensor, its name, shape, dtype ("BF16") and a
+ * checksum of its bf16 bytes as the model holds them (FNV-1a 64 over the little-endian
+ * bf16 values), plus a version:
+ *   {"version": N, "tensors": {"NAME": {"shape": [..], "dtype": "BF16",
+ *                                       "fnv1a64": "16 hex digits"}, ...}}
+ * The learner writes one from the weights it sent (python/parity has a writer; so does
+ * parity_model_write_manifest). parity_model_verify compares the model against it and
+ * reports every difference — a tensor missing on either side, a shape, dtype or checksum
+ * that differs (a wrong cast, a skipped tensor, a stale shard, a transposed view, truncation
+ * instead of rounding), a version that differs — one per line in `report` (NUL-terminated,
+ * truncated to report_size). Returns PARITY_OK when nothing differs, PARITY_ERR_VERIFY with
+ * the count in the message otherwise.
+ */
+PARITY_API int parity_model_write_manifest(const parity_model *model, const char *path);
+PARITY_API int parity_model_verify(const parity_model *model, const char *manifest_path,
+                                   char *report, size_t report_size);
+
+/* The probe: scores `tokens` (raw log-probs) with a scorer and compares them bitwise with
+ * `expected` (len - 1 values the learner computed for the same tokens and policy). Returns
+ * PARITY_OK if all are equal, PARITY_ERR_VERIFY otherwise, with the number that differ, the
+ * first position and the largest |difference| in the message. */
+PARITY_API int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens, uint32_t len,
+                                   const float *expected);
 
 
 #ifdef __cplusplus

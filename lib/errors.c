@@ -27,6 +27,8 @@ const char *parity_status_name(int status) {
         NAME(PARITY_ERR_OUT_OF_MEMORY)
         NAME(PARITY_ERR_IO)
         NAME(PARITY_ERR_UNSUPPORTED)
+        NAME(PARITY_ERR_MEMORY_LIMIT)
+        NAME(PARITY_ERR_BUSY)
         NAME(PARITY_ERR_JSON_SYNTAX)
         NAME(PARITY_ERR_CONFIG)
         NAME(PARITY_ERR_INDEX)
@@ -52,6 +54,8 @@ const char *parity_status_name(int status) {
         NAME(PARITY_ERR_CACHE_FULL)
         NAME(PARITY_ERR_UNKNOWN_SEQUENCE)
         NAME(PARITY_ERR_SEQUENCE_FINISHED)
+        NAME(PARITY_ERR_STALE)
+        NAME(PARITY_ERR_VERIFY)
 #undef NAME
     }
     return "PARITY_UNKNOWN_STATUS";

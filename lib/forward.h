@@ -24,6 +24,7 @@ typedef struct kv_cache {
     void *k, *v;                        /* [n_layers][n_cells][width] */
 } kv_cache;
 
+uint64_t kv_cache_bytes(const parity_config *c, uint32_t n_cells, int fp32);
 int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32);
 void kv_cache_free(kv_cache *kv);
 
@@ -59,6 +60,8 @@ typedef struct fwd_scratch {
     float *partial; /* [max_rows][widest GEMM output] split-K partial sums (only when asked) */
 } fwd_scratch;
 
+uint64_t fwd_scratch_bytes(const parity_config *c, uint32_t max_rows, uint32_t max_ctx,
+                           unsigned n_workers, int split_k);
 int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
                      uint32_t max_ctx, unsigned n_workers, int split_k);
 void fwd_scratch_free(fwd_scratch *s);

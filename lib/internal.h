@@ -3,6 +3,7 @@
 #define PARITY_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -39,6 +40,22 @@ void px_free(void *p);
 /* Test hook: counts allocations from now on and makes the fail_at-th one fail (0 = none). */
 void px_alloc_test_reset(long fail_at);
 long px_alloc_test_count(void);
+
+/* ---- objects used by one thread at a time ----------------------------------------------- */
+
+/* A scorer or sampler is used by one thread at a time: its public calls take its `in_use`
+ * flag on entry and drop it on exit, and a call that finds it taken fails with
+ * PARITY_ERR_BUSY instead of corrupting the object's scratch state. */
+static inline int object_enter(atomic_int *in_use, const char *what) {
+    if (atomic_exchange_explicit(in_use, 1, memory_order_acq_rel))
+        return set_error(PARITY_ERR_BUSY,
+                         "this %s is in use by another thread: a %s serves one thread at a time",
+                         what, what);
+    return PARITY_OK;
+}
+static inline void object_leave(atomic_int *in_use) {
+    atomic_store_explicit(in_use, 0, memory_order_release);
+}
 
 /* ---- bf16 ------------------------------------------------------------------------------ */
 

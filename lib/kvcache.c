@@ -3,15 +3,18 @@
 #include "internal.h"
 #include "kernels.h"
 
+uint64_t kv_cache_bytes(const parity_config *c, uint32_t n_cells, int fp32) {
+    return 2ull * c->num_hidden_layers * n_cells * c->num_key_value_heads * c->head_dim * (fp32 ? 4 : 2);
+}
+
 int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32) {
     memset(kv, 0, sizeof *kv);
     kv->n_layers = c->num_hidden_layers;
     kv->n_cells = n_cells;
     kv->width = c->num_key_value_heads * c->head_dim;
     kv->fp32 = fp32;
-    uint64_t bytes;
-    if (mul_overflows((uint64_t)kv->n_layers * n_cells, (uint64_t)kv->width * (fp32 ? 4 : 2), &bytes) ||
-        bytes > SIZE_MAX)
+    uint64_t bytes = kv_cache_bytes(c, n_cells, fp32) / 2;
+    if (bytes > SIZE_MAX)
         return set_error(PARITY_ERR_OUT_OF_MEMORY, "KV cache of %u positions is too large", n_cells);
     kv->k = px_aligned_alloc((size_t)bytes, "KV cache (keys)");
     kv->v = kv->k ? px_aligned_alloc((size_t)bytes, "KV cache (values)") : NULL;
@@ -28,21 +31,21 @@ void kv_cache_free(kv_cache *kv) {
     kv->k = kv->v = NULL;
 }
 
-int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
-                     uint32_t max_ctx, unsigned n_workers, int split_k) {
-    memset(s, 0, sizeof *s);
-    s->max_rows = max_rows;
-    s->max_ctx = max_ctx;
-    const size_t R = max_rows, q = (size_t)c->num_attention_heads * c->head_dim,
-                 kvw = (size_t)c->num_key_value_heads * c->head_dim;
-    size_t kmax = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
+/* The scratch buffers and their sizes in floats, in one table for allocation and accounting. */
+typedef struct scratch_buf {
+    float **p;
+    uint64_t n;
+    const char *what;
+} scratch_buf;
+
+static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
+                             uint32_t max_ctx, unsigned n_workers, int split_k, scratch_buf *b) {
+    const uint64_t R = max_rows, q = (uint64_t)c->num_attention_heads * c->head_dim,
+                   kvw = (uint64_t)c->num_key_value_heads * c->head_dim;
+    uint64_t kmax = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
     if (q > kmax) kmax = q;
-    size_t nmax = kmax > c->vocab_size ? kmax : c->vocab_size; /* widest GEMM output */
-    struct {
-        float **p;
-        size_t n;
-        const char *what;
-    } bufs[] = {
+    const uint64_t nmax = kmax > c->vocab_size ? kmax : c->vocab_size; /* widest GEMM output */
+    const scratch_buf bufs[] = {
         {&s->h, R * c->hidden_size, "residual stream"},
         {&s->delta, R * c->hidden_size, "sublayer output"},
         {&s->xn, R * c->hidden_size, "norm output"},
@@ -53,14 +56,41 @@ int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
         {&s->gate, R * c->intermediate_size, "gate projection"},
         {&s->up, R * c->intermediate_size, "up projection"},
         {&s->xpack, R * gemm_packed_row(kmax), "packed GEMM input"},
-        {&s->scores, (size_t)n_workers * max_ctx, "attention scores"},
-        {&s->pv, (size_t)n_workers * 2 * c->head_dim, "attention accumulators"},
+        {&s->scores, (uint64_t)n_workers * max_ctx, "attention scores"},
+        {&s->pv, (uint64_t)n_workers * 2 * c->head_dim, "attention accumulators"},
         {&s->partial, split_k ? R * nmax : 0, "split-K partial sums"},
     };
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-        if (bufs[i].n == 0) continue;
-        *bufs[i].p = px_aligned_alloc(bufs[i].n * sizeof(float), bufs[i].what);
-        if (!*bufs[i].p) {
+    memcpy(b, bufs, sizeof bufs);
+    return sizeof bufs / sizeof bufs[0];
+}
+
+#define MAX_SCRATCH_BUFS 16
+
+uint64_t fwd_scratch_bytes(const parity_config *c, uint32_t max_rows, uint32_t max_ctx,
+                           unsigned n_workers, int split_k) {
+    fwd_scratch s;
+    scratch_buf b[MAX_SCRATCH_BUFS] = {{0}};
+    size_t n = scratch_layout(&s, c, max_rows, max_ctx, n_workers, split_k, b);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += b[i].n * sizeof(float);
+    return total;
+}
+
+int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
+                     uint32_t max_ctx, unsigned n_workers, int split_k) {
+    memset(s, 0, sizeof *s);
+    s->max_rows = max_rows;
+    s->max_ctx = max_ctx;
+    scratch_buf b[MAX_SCRATCH_BUFS] = {{0}};
+    size_t n = scratch_layout(s, c, max_rows, max_ctx, n_workers, split_k, b);
+    for (size_t i = 0; i < n; i++) {
+        if (b[i].n == 0) continue;
+        if (b[i].n > SIZE_MAX / sizeof(float)) {
+            fwd_scratch_free(s);
+            return set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: too large", b[i].what);
+        }
+        *b[i].p = px_aligned_alloc((size_t)b[i].n * sizeof(float), b[i].what);
+        if (!*b[i].p) {
             fwd_scratch_free(s);
             return PARITY_ERR_OUT_OF_MEMORY;
         }

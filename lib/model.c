@@ -15,7 +15,7 @@
 /* ---- ownership ------------------------------------------------------------------------- */
 
 /* Registers a buffer the model frees; on failure frees it and returns NULL. */
-static void *own(parity_model *m, void *p) {
+void *model_own(parity_model *m, void *p) {
     if (!p) return NULL;
     if (m->n_owned == m->cap_owned) {
         size_t cap = m->cap_owned ? 2 * m->cap_owned : 64;
@@ -36,9 +36,11 @@ static parity_model *model_new(const parity_config *c) {
     if (!m) return NULL;
     m->config = *c;
     pthread_mutex_init(&m->prepare_lock, NULL);
+    pthread_rwlock_init(&m->use_lock, NULL);
     m->layers = px_calloc(c->num_hidden_layers, sizeof *m->layers, "model layers");
     if (!m->layers) {
         pthread_mutex_destroy(&m->prepare_lock);
+        pthread_rwlock_destroy(&m->use_lock);
         px_free(m);
         return NULL;
     }
@@ -54,21 +56,30 @@ void parity_model_free(parity_model *m) {
     rope_tables_free(&m->rope);
     px_free(m->layers);
     pthread_mutex_destroy(&m->prepare_lock);
+    pthread_rwlock_destroy(&m->use_lock);
     px_free(m);
 }
+
+void model_disown(parity_model *m, const void *p) {
+    for (size_t i = 0; p && i < m->n_owned; i++)
+        if (m->owned[i] == p) {
+            px_free(m->owned[i]);
+            m->owned[i] = m->owned[--m->n_owned];
+            return;
+        }
+}
+
+int model_enter(const parity_model *m) {
+    if (pthread_rwlock_tryrdlock((pthread_rwlock_t *)&m->use_lock) != 0)
+        return set_error(PARITY_ERR_BUSY, "the model's weights are being updated");
+    return PARITY_OK;
+}
+
+void model_leave(const parity_model *m) { pthread_rwlock_unlock((pthread_rwlock_t *)&m->use_lock); }
 
 const parity_config *parity_model_config(const parity_model *m) { return m ? &m->config : NULL; }
 
 /* ---- the tensors of an architecture ---------------------------------------------------- */
-
-/* One tensor the blueprint expects: its checkpoint name, where it goes, its shape and how
- * the shape follows from the config (for messages). */
-typedef struct expected {
-    char name[96];
-    weight *dst;
-    uint32_t rows, cols;  /* rows = 0: a vector of cols */
-    char shape_doc[96];
-} expected;
 
 static void expect(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t cols,
                    const char *shape_doc, const char *fmt, int layer) {
@@ -80,9 +91,7 @@ static void expect(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t 
     snprintf(x->shape_doc, sizeof x->shape_doc, "%s", shape_doc);
 }
 
-/* Lists the tensors of model m's architecture; returns their count (e must hold
- * 16 * layers + 4). */
-static size_t expected_tensors(parity_model *m, expected *e) {
+size_t model_tensor_slots(parity_model *m, expected *e) {
     const parity_config *c = &m->config;
     uint32_t hd = c->head_dim, q = c->num_attention_heads * hd, kv = c->num_key_value_heads * hd;
     char d_q[96], d_kv[96], d_o[96], d_up[96], d_down[96], d_h[64], d_emb[96], d_hd[64],
@@ -135,7 +144,7 @@ static size_t expected_tensors(parity_model *m, expected *e) {
     return n;
 }
 
-static size_t max_expected(const parity_config *c) { return 16 * (size_t)c->num_hidden_layers + 4; }
+size_t model_max_tensors(const parity_config *c) { return 16 * (size_t)c->num_hidden_layers + 4; }
 
 /* Tensors a checkpoint may carry that the forward does not read. */
 static int ignorable(const parity_model *m, const char *name) {
@@ -193,7 +202,7 @@ static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, co
         if (((uintptr_t)t->data & 1u) == 0) {
             w->bf16 = (const uint16_t *)t->data; /* mapped in place */
         } else {
-            uint16_t *copy = own(m, px_malloc(n * 2, t->name));
+            uint16_t *copy = model_own(m, px_malloc(n * 2, t->name));
             if (!copy) return PARITY_ERR_OUT_OF_MEMORY;
             memcpy(copy, t->data, n * 2);
             w->bf16 = copy;
@@ -205,7 +214,7 @@ static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, co
     if (t->dtype == ST_F32 && ((uintptr_t)t->data & 3u) == 0) {
         master = (const float *)t->data;
     } else {
-        float *wide = own(m, px_malloc(n * 4, t->name));
+        float *wide = model_own(m, px_malloc(n * 4, t->name));
         if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
         for (uint64_t i = 0; i < n; i++) {
             if (t->dtype == ST_F32) {
@@ -220,7 +229,7 @@ static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, co
     }
     int rc = check_finite_f32(f->path, t->name, master, n);
     if (rc) return rc;
-    uint16_t *cast = own(m, px_malloc(n * 2, t->name));
+    uint16_t *cast = model_own(m, px_malloc(n * 2, t->name));
     if (!cast) return PARITY_ERR_OUT_OF_MEMORY;
     for (uint64_t i = 0; i < n; i++) cast[i] = bf16_from_f32(master[i]);
     w->master = master;
@@ -234,7 +243,7 @@ static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, co
 static int widen(parity_model *m, weight *w) {
     if (w->wide || !w->bf16) return PARITY_OK;
     uint64_t n = (uint64_t)w->rows * w->cols;
-    float *wide = own(m, px_aligned_alloc(n * 4, "fp32 weights"));
+    float *wide = model_own(m, px_aligned_alloc(n * 4, "fp32 weights"));
     if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
     for (uint64_t i = 0; i < n; i++) wide[i] = bf16_to_f32(w->bf16[i]);
     w->wide = wide;
@@ -436,10 +445,10 @@ static const st_tensor *find_tensor(const parity_model *m, const char *name, con
 }
 
 static int bind_all(parity_model *m, const char *dir) {
-    size_t cap = max_expected(&m->config);
+    size_t cap = model_max_tensors(&m->config);
     expected *e = px_calloc(cap, sizeof *e, "tensor list");
     if (!e) return PARITY_ERR_OUT_OF_MEMORY;
-    size_t n = expected_tensors(m, e);
+    size_t n = model_tensor_slots(m, e);
     int rc = PARITY_OK;
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         const st_file *f;
@@ -524,15 +533,38 @@ static uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-/* Fills n bf16 values with mean + std * N(0,1) (Box-Muller on pairs). */
+/* The standard normal quantile function at (i + 0.5) / 4096, i < 4096, tabulated once (by
+ * bisection on erfc, in double): synthetic weights interpolate it, which is fast enough for
+ * models of billions of parameters and normal to well within what synthetic weights need
+ * (the tails are cut at about 3.7 sigma). */
+#define NORMAL_TABLE 4096
+static float normal_quantile[NORMAL_TABLE];
+static pthread_once_t normal_once = PTHREAD_ONCE_INIT;
+
+static void normal_table_build(void) {
+    for (int i = 0; i < NORMAL_TABLE; i++) {
+        const double p = (i + 0.5) / NORMAL_TABLE;
+        double lo = -10, hi = 10;
+        for (int it = 0; it < 100; it++) {
+            double mid = 0.5 * (lo + hi);
+            if (0.5 * erfc(-mid / sqrt(2.0)) < p) lo = mid;
+            else hi = mid;
+        }
+        normal_quantile[i] = (float)(0.5 * (lo + hi));
+    }
+}
+
+/* Fills n bf16 values with mean + std * N(0,1): 12 random bits pick a table interval, 20 more
+ * the point within it. */
 static void fill_normal(uint16_t *dst, uint64_t n, uint64_t key, float mean, float std) {
-    for (uint64_t i = 0; i < n; i += 2) {
-        uint64_t r = splitmix64(key ^ splitmix64(i));
-        double u1 = ((double)(r >> 40) + 0.5) / 16777216.0;           /* (0,1) */
-        double u2 = (double)((r >> 16) & 0xffffffu) / 16777216.0;     /* [0,1) */
-        double rad = sqrt(-2.0 * log(u1)), ang = 6.283185307179586 * u2;
-        dst[i] = bf16_from_f32((float)(mean + std * rad * cos(ang)));
-        if (i + 1 < n) dst[i + 1] = bf16_from_f32((float)(mean + std * rad * sin(ang)));
+    pthread_once(&normal_once, normal_table_build);
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t r = splitmix64(key + i);
+        const uint32_t idx = (uint32_t)(r >> 52);
+        const float frac = (float)((r >> 32) & 0xfffffu) * (1.0f / 1048576.0f);
+        const float lo = normal_quantile[idx];
+        const float hi = idx + 1 < NORMAL_TABLE ? normal_quantile[idx + 1] : lo;
+        dst[i] = bf16_from_f32(mean + std * (lo + frac * (hi - lo)));
     }
 }
 
@@ -543,15 +575,15 @@ int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_mo
     if (rc) return rc;
     parity_model *m = model_new(config);
     if (!m) return PARITY_ERR_OUT_OF_MEMORY;
-    expected *e = px_calloc(max_expected(config), sizeof *e, "tensor list");
+    expected *e = px_calloc(model_max_tensors(config), sizeof *e, "tensor list");
     if (!e) {
         parity_model_free(m);
         return PARITY_ERR_OUT_OF_MEMORY;
     }
-    size_t n = expected_tensors(m, e);
+    size_t n = model_tensor_slots(m, e);
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         uint64_t rows = e[i].rows ? e[i].rows : 1, count = rows * e[i].cols;
-        uint16_t *data = own(m, px_malloc(count * 2, e[i].name));
+        uint16_t *data = model_own(m, px_malloc(count * 2, e[i].name));
         if (!data) {
             rc = PARITY_ERR_OUT_OF_MEMORY;
             break;
@@ -559,7 +591,7 @@ int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_mo
         /* norm weights are vectors named *norm.weight: near 1 */
         size_t len = strlen(e[i].name);
         int is_norm = len > 11 && !strcmp(e[i].name + len - 11, "norm.weight");
-        fill_normal(data, count, splitmix64(seed) ^ splitmix64(0x1000 + i), is_norm ? 1.0f : 0.0f,
+        fill_normal(data, count, splitmix64(splitmix64(seed) ^ (0x1000 + i)), is_norm ? 1.0f : 0.0f,
                     0.02f);
         e[i].dst->rows = (uint32_t)rows;
         e[i].dst->cols = e[i].cols;
@@ -675,16 +707,16 @@ int parity_model_save(const parity_model *m, const char *dir) {
     if (!m || !dir) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or directory is NULL");
     size_t plen = strlen(dir) + 64;
     char *path = px_malloc(plen, "path"), *tmp = px_malloc(plen, "path");
-    expected *e = px_calloc(max_expected(&m->config), sizeof *e, "tensor list");
-    saved_tensor *s = px_calloc(max_expected(&m->config), sizeof *s, "tensor list");
+    expected *e = px_calloc(model_max_tensors(&m->config), sizeof *e, "tensor list");
+    saved_tensor *s = px_calloc(model_max_tensors(&m->config), sizeof *s, "tensor list");
     char *header = NULL;
     FILE *fp = NULL;
     int rc = (path && tmp && e && s) ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     size_t n = 0;
     if (rc == PARITY_OK) {
-        /* expected_tensors wants a mutable model for its destinations; only names, shapes and
+        /* model_tensor_slots wants a mutable model for its destinations; only names, shapes and
          * the weights' addresses are read here */
-        n = expected_tensors((parity_model *)m, e);
+        n = model_tensor_slots((parity_model *)m, e);
         for (size_t i = 0; i < n; i++) s[i] = (saved_tensor){e[i].name, e[i].dst, e[i].rows == 0};
         qsort(s, n, sizeof *s, cmp_saved);
         snprintf(path, plen, "%s/config.json", dir);

@@ -52,7 +52,32 @@ struct parity_model {
     size_t n_owned, cap_owned;
     pthread_mutex_t prepare_lock;  /* guards building the fp32 copies (wide) */
     int wide_ready;
+    pthread_rwlock_t use_lock;     /* shared by calls that read weights, exclusive for updates */
+    uint64_t version;              /* +1 per weight update (read under use_lock) */
 };
+
+/* One tensor of the blueprint: its checkpoint name, where it goes, its shape and how the
+ * shape follows from the config (for messages). */
+typedef struct expected {
+    char name[96];
+    weight *dst;
+    uint32_t rows, cols;  /* rows = 0: a vector of cols */
+    char shape_doc[96];
+} expected;
+
+/* The tensors of m's architecture, in checkpoint order; returns their count. `e` must hold
+ * model_max_tensors(&m->config) entries. */
+size_t model_tensor_slots(parity_model *m, expected *e);
+size_t model_max_tensors(const parity_config *c);
+/* Registers a buffer the model frees; on failure frees it and returns NULL. */
+void *model_own(parity_model *m, void *p);
+/* Frees a buffer registered with model_own (no-op for others, e.g. mapped data). */
+void model_disown(parity_model *m, const void *p);
+
+/* Calls that read the weights hold the model's use lock (shared); a weight update holds it
+ * exclusively. Neither waits: both fail with PARITY_ERR_BUSY instead. */
+int model_enter(const parity_model *m);
+void model_leave(const parity_model *m);
 
 /* Which fp32 weights a forward needs, built once per model (thread-safe). */
 enum { MODEL_NEED_WIDE = 1 };

@@ -22,6 +22,7 @@ typedef struct seq_state {
     uint32_t n_blocks;      /* blocks held: positions 0 .. n_blocks * KV_BLOCK - 1 */
     parity_sampling sampling;
     uint64_t stream;
+    uint64_t version;       /* the model version its cache was computed under */
 } seq_state;
 
 struct parity_sampler {
@@ -121,8 +122,26 @@ int parity_sampler_create(const parity_model *model, const parity_sampler_params
     const uint32_t n_blocks = (uint32_t)((cells + KV_BLOCK - 1) / KV_BLOCK);
     p.cache_tokens = n_blocks * KV_BLOCK;
     const int fp32 = p.policy.compute == PARITY_COMPUTE_FP32;
+    /* what the sampler will hold, against the caller's ceiling, before anything is taken */
+    {
+        const uint64_t R = p.prefill_chunk > p.max_batch ? p.prefill_chunk : p.max_batch;
+        const uint64_t V = c->vocab_size, table = (p.max_len + KV_BLOCK - 1) / KV_BLOCK;
+        const uint64_t bytes =
+            kv_cache_bytes(c, p.cache_tokens, fp32) +
+            fwd_scratch_bytes(c, (uint32_t)R, p.max_len, p.n_threads, p.split_k > 1) +
+            R * V * 4 + (uint64_t)p.n_threads * 3 * V * 4 + R * (sizeof(fwd_row) + 8) +
+            (uint64_t)n_blocks * 8 + (uint64_t)p.max_seqs * (sizeof(seq_state) + p.max_len * 4 + table * 4);
+        if (p.max_memory && bytes > p.max_memory)
+            return set_error(PARITY_ERR_MEMORY_LIMIT,
+                             "the sampler needs %llu bytes of KV cache and scratch (cache_tokens "
+                             "%u, max_seqs %u, max_len %u), more than max_memory = %llu",
+                             (unsigned long long)bytes, p.cache_tokens, p.max_seqs, p.max_len,
+                             (unsigned long long)p.max_memory);
+    }
     if (p.backend == PARITY_BACKEND_OPENBLAS || fp32) {
+        if ((rc = model_enter(model))) return rc;
         rc = model_prepare((parity_model *)model, MODEL_NEED_WIDE);
+        model_leave(model);
         if (rc) return rc;
     }
 
@@ -274,6 +293,7 @@ int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
     if (need > s->n_free)
         return set_error(PARITY_ERR_CACHE_FULL,
                          "the prompt needs %u cache blocks, %u are free", need, s->n_free);
+    if ((rc = model_enter(s->model))) return rc;
 
     seq_state *q = &s->seqs[slot];
     q->live = 1;
@@ -282,6 +302,7 @@ int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
     q->finished = len == s->params.max_len ? PARITY_FINISHED_CAPACITY : PARITY_RUNNING;
     q->sampling = *sampling;
     q->stream = stream;
+    q->version = s->model->version;
     q->n_blocks = 0;
     memcpy(q->tokens, prompt, len * sizeof *prompt);
     while (q->n_blocks < need) q->blocks[q->n_blocks++] = block_take(s);
@@ -296,6 +317,7 @@ int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
         at += n;
     }
     fp_env_restore(fp_saved);
+    model_leave(s->model);
     *seq = slot;
     return PARITY_OK;
 }
@@ -318,6 +340,7 @@ int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_samplin
     q->finished = p->len == s->params.max_len ? PARITY_FINISHED_CAPACITY : PARITY_RUNNING;
     q->sampling = *sampling;
     q->stream = stream;
+    q->version = p->version;
     memcpy(q->tokens, p->tokens, p->len * sizeof *q->tokens);
     q->n_blocks = p->n_blocks;
     for (uint32_t b = 0; b < p->n_blocks; b++) {
@@ -399,18 +422,9 @@ static void job_draw(void *p, size_t begin, size_t end, unsigned worker) {
     }
 }
 
-int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32_t *tokens,
-                        float *logprobs, uint32_t *finished, uint32_t max_top_n, int32_t *top_ids,
-                        float *top_logprobs) {
-    clear_error();
-    if (!s || !seqs || !tokens || !logprobs || !finished)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, seqs or an output is NULL");
-    if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no sequences to step");
-    if (max_top_n && (!top_ids || !top_logprobs))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "max_top_n is %u but top_ids or top_logprobs is NULL",
-                         max_top_n);
-    /* validate everything, and count the blocks, before changing anything */
-    uint64_t need = 0;
+/* Checks a step's sequences and counts the cache blocks it needs, before anything changes. */
+static int step_check(const parity_sampler *s, const uint32_t *seqs, size_t n, uint64_t *need) {
+    *need = 0;
     for (size_t i = 0; i < n; i++) {
         int rc = check_seq(s, seqs[i]);
         if (rc) return rc;
@@ -423,14 +437,41 @@ int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
         for (size_t j = 0; j < i; j++)
             if (seqs[j] == seqs[i])
                 return set_error(PARITY_ERR_INVALID_ARGUMENT, "sequence %u is listed twice", seqs[i]);
-        need += blocks_needed(s, q, q->len - 1);
+        if (q->version != s->model->version)
+            return set_error(PARITY_ERR_STALE,
+                             "sequence %u's KV cache was computed under model version %llu, the "
+                             "weights are now version %llu: release it and add it again",
+                             seqs[i], (unsigned long long)q->version,
+                             (unsigned long long)s->model->version);
+        *need += blocks_needed(s, q, q->len - 1);
     }
     /* A fork and its parent may both need a private copy of one shared block; the second
      * to copy then finds the block no longer shared. Counting both overestimates, which only
      * makes the check stricter by at most one block per shared block. */
-    if (need > s->n_free)
+    if (*need > s->n_free)
         return set_error(PARITY_ERR_CACHE_FULL, "the step needs %llu cache blocks, %u are free",
-                         (unsigned long long)need, s->n_free);
+                         (unsigned long long)*need, s->n_free);
+    return PARITY_OK;
+}
+
+int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32_t *tokens,
+                        float *logprobs, uint32_t *finished, uint32_t max_top_n, int32_t *top_ids,
+                        float *top_logprobs) {
+    clear_error();
+    if (!s || !seqs || !tokens || !logprobs || !finished)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, seqs or an output is NULL");
+    if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no sequences to step");
+    if (max_top_n && (!top_ids || !top_logprobs))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "max_top_n is %u but top_ids or top_logprobs is NULL",
+                         max_top_n);
+    /* the weights cannot change from here to the end of the step */
+    int rc = model_enter(s->model);
+    if (rc) return rc;
+    uint64_t need;
+    if ((rc = step_check(s, seqs, n, &need))) {
+        model_leave(s->model);
+        return rc;
+    }
 
     unsigned fp_saved = fp_env_enter();
     /* decode: the kernel-order experiments apply here, as engines use them in decode */
@@ -451,6 +492,7 @@ int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
         pool_run(s->pool, job_draw, &j, B);
     }
     fp_env_restore(fp_saved);
+    model_leave(s->model);
 
     /* append the tokens, finish what finished */
     for (size_t i = 0; i < n; i++) {

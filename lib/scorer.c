@@ -23,6 +23,7 @@ struct parity_scorer {
     int32_t *out_target;    /* [chunk_rows] the token they predict */
     float *logits;          /* [chunk_rows][vocab] */
     float *work;            /* [workers][3 * vocab]: a dist_work per worker */
+    atomic_int in_use;      /* set while a call runs (object_enter) */
 };
 
 void parity_scorer_default_params(parity_scorer_params *p) {
@@ -86,9 +87,25 @@ int parity_scorer_create(const parity_model *model, const parity_scorer_params *
     if (chunk > capacity) chunk = capacity;
     const int fp32 = params->policy.compute == PARITY_COMPUTE_FP32;
 
+    /* what the scorer will hold, against the caller's ceiling, before anything is taken */
+    const uint64_t V = c->vocab_size, T = params->n_threads ? params->n_threads : 1;
+    const uint64_t bytes = kv_cache_bytes(c, capacity, fp32) +
+                           fwd_scratch_bytes(c, chunk, capacity, (unsigned)T, 0) +
+                           (uint64_t)chunk * V * 4 + T * 3 * V * 4 +
+                           (uint64_t)chunk * (sizeof(fwd_row) + 4 + sizeof(size_t) + 4) +
+                           capacity / KV_BLOCK * 4;
+    if (params->max_memory && bytes > params->max_memory)
+        return set_error(PARITY_ERR_MEMORY_LIMIT,
+                         "the scorer needs %llu bytes of KV cache and scratch (max_tokens %u, "
+                         "chunk_rows %u), more than max_memory = %llu",
+                         (unsigned long long)bytes, capacity, chunk,
+                         (unsigned long long)params->max_memory);
+
     /* the fp32 weights these settings read */
     if (params->backend == PARITY_BACKEND_OPENBLAS || fp32) {
+        if ((rc = model_enter(model))) return rc;
         rc = model_prepare((parity_model *)model, MODEL_NEED_WIDE);
+        model_leave(model);
         if (rc) return rc;
     }
 
@@ -100,7 +117,6 @@ int parity_scorer_create(const parity_model *model, const parity_scorer_params *
     s->params.chunk_rows = chunk;
     s->params.n_threads = params->n_threads ? params->n_threads : 1;
     s->capacity = capacity;
-    const size_t V = c->vocab_size;
     rc = pool_create(s->params.n_threads, &s->pool);
     if (!rc) rc = kv_cache_init(&s->kv, c, capacity, fp32);
     if (!rc) rc = fwd_scratch_init(&s->scratch, c, chunk, capacity, s->params.n_threads, 0);
@@ -201,13 +217,12 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
     return PARITY_OK;
 }
 
-int parity_score(parity_scorer *s, const parity_score_options *o, const int32_t *tokens,
+static int score(parity_scorer *s, const parity_score_options *o, const int32_t *tokens,
                  const uint32_t *lengths, size_t n_seqs, float *logprobs, float *entropy,
                  int32_t *top_ids, float *top_logprobs) {
-    clear_error();
-    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "scorer is NULL");
     int rc = check_inputs(s, o, tokens, lengths, n_seqs, logprobs, top_ids, top_logprobs);
     if (rc) return rc;
+    if ((rc = model_enter(s->model))) return rc;
 
     unsigned fp_saved = fp_env_enter();
     fwd_ctx ctx = {s->model, s->params.policy, s->params.backend, s->pool, &s->kv, &s->scratch, 0, 0};
@@ -251,5 +266,18 @@ int parity_score(parity_scorer *s, const parity_score_options *o, const int32_t 
         first = last;
     }
     fp_env_restore(fp_saved);
+    model_leave(s->model);
     return PARITY_OK;
+}
+
+int parity_score(parity_scorer *s, const parity_score_options *o, const int32_t *tokens,
+                 const uint32_t *lengths, size_t n_seqs, float *logprobs, float *entropy,
+                 int32_t *top_ids, float *top_logprobs) {
+    clear_error();
+    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "scorer is NULL");
+    int rc = object_enter(&s->in_use, "scorer");
+    if (rc) return rc;
+    rc = score(s, o, tokens, lengths, n_seqs, logprobs, entropy, top_ids, top_logprobs);
+    object_leave(&s->in_use);
+    return rc;
 }

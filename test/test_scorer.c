@@ -3,9 +3,14 @@
  * of rows, the capacity that splits sequences into groups, and the CPU path — under every
  * preset and both backends. Also: bad input gets a status, and the optional outputs agree
  * with the log-probs. */
+#include <cblas.h>
 #include <math.h>
 
 #include "check.h"
+
+/* OpenBLAS's own thread control: the host's, which libparity must never change. */
+extern int openblas_get_num_threads(void);
+extern void openblas_set_num_threads(int);
 
 #define N_SEQS 6
 
@@ -222,7 +227,16 @@ static void check_bad_input(const parity_model *m) {
     CHECK_INT(pol.attention, PARITY_ATTN_FLASH);
 }
 
+/* A host that uses OpenBLAS itself: its thread setting survives, its own sgemm works. */
+static float host_sgemm(void) {
+    float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, c[4];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+    return c[0] + c[1] + c[2] + c[3]; /* 17 + 23 + 39 + 53 */
+}
+
 int main(void) {
+    openblas_set_num_threads(1); /* the host's choice */
+    CHECK(host_sgemm() == 132.0f);
     parity_model *tiny = NULL, *trained = NULL;
     CHECK_OK(parity_model_open("synthetic:tiny:3", &tiny));
     char dir[4096];
@@ -246,5 +260,7 @@ int main(void) {
     parity_model_free(tiny);
     parity_model_free(trained);
     parity_model_free(NULL);
+    CHECK_INT(openblas_get_num_threads(), 1);
+    CHECK(host_sgemm() == 132.0f);
     return check_report("scorer");
 }

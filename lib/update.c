@@ -1,0 +1,356 @@
+/* Weight updates from a learner, and the checks that they arrived intact: a manifest of
+ * per-tensor checksums, and a probe of log-probs. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "internal.h"
+#include "json.h"
+#include "model.h"
+#include "sampling.h"
+
+uint64_t parity_model_version(const parity_model *m) {
+    if (!m) return 0;
+    if (pthread_rwlock_rdlock((pthread_rwlock_t *)&m->use_lock) != 0) return m->version;
+    uint64_t v = m->version;
+    pthread_rwlock_unlock((pthread_rwlock_t *)&m->use_lock);
+    return v;
+}
+
+/* ---- updates -------------------------------------------------------------------------------- */
+
+/* A checked, converted tensor waiting to be swapped in. */
+typedef struct staged {
+    weight *w;
+    uint16_t *bf16;
+    float *master;    /* F16/F32 updates: the exact fp32 values; NULL for BF16 */
+} staged;
+
+static const expected *find_slot(const expected *slots, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(slots[i].name, name)) return &slots[i];
+    return NULL;
+}
+
+static int stage(const parity_tensor_data *t, const expected *slot, staged *st) {
+    const uint64_t rows = slot->rows ? slot->rows : 1, n = rows * slot->cols;
+    const int shape_ok = slot->rows ? (t->ndim == 2 && t->shape[0] == slot->rows && t->shape[1] == slot->cols)
+                                    : (t->ndim == 1 && t->shape[0] == slot->cols);
+    if (!shape_ok)
+        return set_error(PARITY_ERR_TENSOR_SHAPE, "update of '%s': shape [%" PRIu64 "%s%.0" PRIu64
+                         "] does not match the model's %s", t->name, t->shape[0],
+                         t->ndim == 2 ? ", " : "", t->ndim == 2 ? t->shape[1] : 0, slot->shape_doc);
+    if (t->dtype > PARITY_DTYPE_F32)
+        return set_error(PARITY_ERR_TENSOR_DTYPE, "update of '%s': unknown dtype %u", t->name, t->dtype);
+    if (!t->data) return set_error(PARITY_ERR_INVALID_ARGUMENT, "update of '%s': data is NULL", t->name);
+    st->w = slot->dst;
+    st->bf16 = px_aligned_alloc(n * 2, t->name);
+    if (!st->bf16) return PARITY_ERR_OUT_OF_MEMORY;
+    if (t->dtype != PARITY_DTYPE_BF16) {
+        st->master = px_aligned_alloc(n * 4, t->name);
+        if (!st->master) return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    const uint8_t *src = t->data;
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t h;
+        float f;
+        switch (t->dtype) {
+        case PARITY_DTYPE_BF16:
+            memcpy(&h, src + 2 * i, 2);
+            st->bf16[i] = h;
+            break;
+        case PARITY_DTYPE_F16:
+            memcpy(&h, src + 2 * i, 2);
+            st->master[i] = f = f16_to_f32(h);
+            st->bf16[i] = bf16_from_f32(f);
+            break;
+        default:
+            memcpy(&f, src + 4 * i, 4);
+            st->master[i] = f;
+            st->bf16[i] = bf16_from_f32(f); /* the learner's cast: round to nearest even */
+        }
+        if ((st->bf16[i] & 0x7f80u) == 0x7f80u)
+            return set_error(PARITY_ERR_TENSOR_NONFINITE,
+                             "update of '%s': element %" PRIu64 " is not finite%s", t->name, i,
+                             t->dtype == PARITY_DTYPE_F32 && isfinite(f)
+                                 ? " in bf16 (an fp32 value beyond bf16's range)" : "");
+    }
+    return PARITY_OK;
+}
+
+int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size_t n) {
+    clear_error();
+    if (!m || (!tensors && n))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or tensors is NULL");
+    if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no tensors to update");
+    const size_t cap = model_max_tensors(&m->config);
+    expected *slots = px_calloc(cap, sizeof *slots, "tensor list");
+    staged *st = px_calloc(n, sizeof *st, "staged tensors");
+    int rc = slots && st ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    size_t n_slots = rc ? 0 : model_tensor_slots(m, slots);
+    /* everything is checked and converted before anything changes */
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (!tensors[i].name) {
+            rc = set_error(PARITY_ERR_INVALID_ARGUMENT, "update %zu has no name", i);
+            break;
+        }
+        const expected *slot = find_slot(slots, n_slots, tensors[i].name);
+        if (!slot) {
+            rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED, "update of '%s': the model has no such tensor",
+                           tensors[i].name);
+            break;
+        }
+        for (size_t j = 0; j < i && !rc; j++)
+            if (!strcmp(tensors[j].name, tensors[i].name))
+                rc = set_error(PARITY_ERR_ST_DUPLICATE, "update of '%s': listed twice", tensors[i].name);
+        if (!rc) rc = stage(&tensors[i], slot, &st[i]);
+    }
+    /* room in the owned list, so that the swap below cannot fail */
+    if (!rc && m->n_owned + 2 * n > m->cap_owned) {
+        size_t want = m->n_owned + 2 * n;
+        void **grown = px_realloc(m->owned, want * sizeof *grown, "model buffer list");
+        if (!grown) rc = PARITY_ERR_OUT_OF_MEMORY;
+        else {
+            m->owned = grown;
+            m->cap_owned = want;
+        }
+    }
+    if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
+        rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
+                       "weights can only be updated while no call runs");
+    if (rc) {
+        for (size_t i = 0; st && i < n; i++) {
+            px_free(st[i].bf16);
+            px_free(st[i].master);
+        }
+        px_free(st);
+        px_free(slots);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        weight *w = st[i].w;
+        model_disown(m, w->bf16);
+        model_disown(m, w->master);
+        w->bf16 = model_own(m, st[i].bf16);
+        w->master = st[i].master ? model_own(m, st[i].master) : NULL;
+        if (w->wide) { /* the fp32 copy a backend reads, refreshed in place */
+            const uint64_t count = (uint64_t)w->rows * w->cols;
+            for (uint64_t k = 0; k < count; k++) w->wide[k] = bf16_to_f32(w->bf16[k]);
+        }
+    }
+    if (m->config.tie_word_embeddings) m->lm_head = m->embed;
+    m->version++;
+    pthread_rwlock_unlock(&m->use_lock);
+    px_free(st);
+    px_free(slots);
+    return PARITY_OK;
+}
+
+/* ---- manifests -------------------------------------------------------------------------- */
+
+/* FNV-1a 64 over the little-endian bytes of n bf16 values. */
+static uint64_t fnv1a64_bf16(const uint16_t *x, uint64_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint64_t i = 0; i < n; i++) {
+        h = (h ^ (x[i] & 0xffu)) * 0x100000001b3ull;
+        h = (h ^ (x[i] >> 8)) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+int parity_model_write_manifest(const parity_model *m, const char *path) {
+    clear_error();
+    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
+    expected *slots = px_calloc(model_max_tensors(&m->config), sizeof *slots, "tensor list");
+    if (!slots) return PARITY_ERR_OUT_OF_MEMORY;
+    int rc = model_enter(m);
+    if (rc) {
+        px_free(slots);
+        return rc;
+    }
+    size_t n = model_tensor_slots((parity_model *)m, slots);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        rc = set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    } else {
+        fprintf(f, "{\"version\": %" PRIu64 ", \"tensors\": {", m->version);
+        for (size_t i = 0; i < n; i++) {
+            const weight *w = slots[i].dst;
+            fprintf(f, "%s\n  \"%s\": {\"shape\": [", i ? "," : "", slots[i].name);
+            if (slots[i].rows) fprintf(f, "%u, %u", w->rows, w->cols);
+            else fprintf(f, "%u", w->cols);
+            fprintf(f, "], \"dtype\": \"BF16\", \"fnv1a64\": \"%016" PRIx64 "\"}",
+                    fnv1a64_bf16(w->bf16, (uint64_t)w->rows * w->cols));
+        }
+        fprintf(f, "\n}}\n");
+        if (fclose(f) != 0) rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    }
+    model_leave(m);
+    px_free(slots);
+    return rc;
+}
+
+/* Appends a line to the report; counts it. */
+typedef struct report {
+    char *buf;
+    size_t size, used;
+    unsigned count;
+} report;
+
+static void report_line(report *r, const char *fmt, ...) PARITY_PRINTF(2, 3);
+static void report_line(report *r, const char *fmt, ...) {
+    r->count++;
+    if (!r->buf || r->used + 1 >= r->size) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(r->buf + r->used, r->size - r->used, fmt, ap);
+    va_end(ap);
+    if (k < 0) return;
+    r->used = r->used + (size_t)k < r->size ? r->used + (size_t)k : r->size - 1;
+    if (r->used + 1 < r->size) {
+        r->buf[r->used++] = '\n';
+        r->buf[r->used] = '\0';
+    }
+}
+
+static int read_manifest(const char *path, json_doc **doc) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return set_error(PARITY_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    int rc = PARITY_OK;
+    for (;;) {
+        if (len == cap) {
+            if (cap >= (256u << 20)) {
+                rc = set_error(PARITY_ERR_VERIFY, "%s: larger than 256 MB", path);
+                break;
+            }
+            cap = cap ? 2 * cap : 65536;
+            char *grown = px_realloc(text, cap, "manifest");
+            if (!grown) {
+                rc = PARITY_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            text = grown;
+        }
+        size_t got = fread(text + len, 1, cap - len, f);
+        len += got;
+        if (!got) break;
+    }
+    if (!rc && ferror(f)) rc = set_error(PARITY_ERR_IO, "%s: read error", path);
+    fclose(f);
+    char err[256];
+    if (!rc) {
+        rc = json_parse(text, len, doc, err, sizeof err);
+        if (rc == PARITY_ERR_JSON_SYNTAX) set_error(rc, "%s: %s", path, err);
+    }
+    px_free(text);
+    return rc;
+}
+
+int parity_model_verify(const parity_model *m, const char *path, char *report_buf,
+                        size_t report_size) {
+    clear_error();
+    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
+    if (report_buf && report_size) report_buf[0] = '\0';
+    json_doc *doc;
+    int rc = read_manifest(path, &doc);
+    if (rc) return rc;
+    const json_value *root = json_doc_root(doc);
+    const json_value *tensors = json_get(root, "tensors"), *version = json_get(root, "version");
+    if (!tensors || tensors->type != JSON_OBJECT || !version || version->type != JSON_NUMBER ||
+        !version->is_int || version->integer < 0) {
+        json_free(doc);
+        return set_error(PARITY_ERR_VERIFY, "%s: not a manifest (wants {\"version\": N, "
+                         "\"tensors\": {...}})", path);
+    }
+    expected *slots = px_calloc(model_max_tensors(&m->config), sizeof *slots, "tensor list");
+    if (!slots) {
+        json_free(doc);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    if ((rc = model_enter(m))) {
+        px_free(slots);
+        json_free(doc);
+        return rc;
+    }
+    size_t n = model_tensor_slots((parity_model *)m, slots);
+    report r = {report_buf, report_size, 0, 0};
+    if ((uint64_t)version->integer != m->version)
+        report_line(&r, "version: the manifest has %lld, the model %" PRIu64,
+                    (long long)version->integer, m->version);
+    for (size_t i = 0; i < n; i++) {
+        const weight *w = slots[i].dst;
+        const json_value *e = json_get(tensors, slots[i].name);
+        if (!e || e->type != JSON_OBJECT) {
+            report_line(&r, "%s: in the model, not in the manifest", slots[i].name);
+            continue;
+        }
+        const json_value *shape = json_get(e, "shape"), *dtype = json_get(e, "dtype"),
+                         *sum = json_get(e, "fnv1a64");
+        uint64_t want[2] = {slots[i].rows ? w->rows : w->cols, w->cols};
+        size_t ndim = slots[i].rows ? 2 : 1;
+        int shape_ok = shape && shape->type == JSON_ARRAY && shape->count == ndim;
+        for (size_t d = 0; shape_ok && d < ndim; d++)
+            shape_ok = shape->items[d].type == JSON_NUMBER && shape->items[d].is_int &&
+                       (uint64_t)shape->items[d].integer == want[d];
+        if (!shape_ok) {
+            report_line(&r, "%s: shape differs (the model has %s)", slots[i].name, slots[i].shape_doc);
+            continue;
+        }
+        if (!dtype || dtype->type != JSON_STRING || strcmp(dtype->str, "BF16")) {
+            report_line(&r, "%s: dtype is %s in the manifest, BF16 in the model", slots[i].name,
+                        dtype && dtype->type == JSON_STRING ? dtype->str : "missing");
+            continue;
+        }
+        char have[17];
+        snprintf(have, sizeof have, "%016" PRIx64, fnv1a64_bf16(w->bf16, (uint64_t)w->rows * w->cols));
+        if (!sum || sum->type != JSON_STRING || strcmp(sum->str, have))
+            report_line(&r, "%s: checksum differs (manifest %s, model %s): the values differ",
+                        slots[i].name, sum && sum->type == JSON_STRING ? sum->str : "missing", have);
+    }
+    for (size_t k = 0; k < tensors->count; k++)
+        if (!find_slot(slots, n, tensors->keys[k]))
+            report_line(&r, "%s: in the manifest, not in the model", tensors->keys[k]);
+    model_leave(m);
+    px_free(slots);
+    json_free(doc);
+    if (r.count)
+        return set_error(PARITY_ERR_VERIFY, "%u difference%s between the model and %s", r.count,
+                         r.count == 1 ? "" : "s", path);
+    return PARITY_OK;
+}
+
+/* ---- the probe --------------------------------------------------------------------------- */
+
+int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens, uint32_t len,
+                        const float *expected_lp) {
+    clear_error();
+    if (!scorer || !tokens || !expected_lp)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "scorer, tokens or expected is NULL");
+    if (len < 2) return set_error(PARITY_ERR_EMPTY_INPUT, "a probe needs at least 2 tokens");
+    float *got = px_malloc((size_t)(len - 1) * sizeof *got, "probe log-probs");
+    if (!got) return PARITY_ERR_OUT_OF_MEMORY;
+    parity_score_options o;
+    parity_score_default_options(&o);
+    int rc = parity_score(scorer, &o, tokens, &len, 1, got, NULL, NULL, NULL);
+    if (!rc) {
+        uint32_t differ = 0, first = 0;
+        double worst = 0;
+        for (uint32_t t = 0; t + 1 < len; t++)
+            if (f32_bits(got[t]) != f32_bits(expected_lp[t])) {
+                if (!differ++) first = t;
+                double d = fabs((double)got[t] - (double)expected_lp[t]);
+                if (!(d <= worst)) worst = d;
+            }
+        if (differ)
+            rc = set_error(PARITY_ERR_VERIFY,
+                           "probe: %u of %u log-probs differ from the learner's (first at "
+                           "position %u, max |difference| %.9g): the weights, policy or "
+                           "backend do not match",
+                           differ, len - 1, first + 1, worst);
+    }
+    px_free(got);
+    return rc;
+}

@@ -1,0 +1,27 @@
+#!/bin/sh
+# Installs the build into a staging directory and builds examples/embed the way a server
+# would: with `pkg-config --cflags --libs parity` alone, then runs it.
+#   test/test_install.sh BUILD_DIR
+set -eu
+build=$(cd "$1" && pwd)
+src=$(cd "$(dirname "$0")/.." && pwd)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+meson install -C "$build" --destdir "$stage" --quiet >/dev/null
+pc=$(find "$stage" -name parity.pc | head -n 1)
+[ -n "$pc" ] || { echo "no parity.pc installed"; exit 1; }
+export PKG_CONFIG_PATH="$(dirname "$pc")" PKG_CONFIG_SYSROOT_DIR="$stage"
+flags=$(pkg-config --cflags --libs parity)
+echo "pkg-config --cflags --libs parity: $flags"
+for f in include/parity.h; do
+    [ -n "$(find "$stage" -path "*/$f")" ] || { echo "missing $f"; exit 1; }
+done
+[ -n "$(find "$stage" -name 'libparity.a')" ] || { echo "missing libparity.a"; exit 1; }
+[ -n "$(find "$stage" -name 'libparity.so.0*')" ] || { echo "missing libparity.so.0 (soname)"; exit 1; }
+for tool in parity-score parity-generate; do
+    [ -n "$(find "$stage" -name "$tool" -type f)" ] || { echo "missing $tool"; exit 1; }
+done
+# shellcheck disable=SC2086
+cc "$src/examples/embed/embed.c" $flags -o "$stage/embed"
+LD_LIBRARY_PATH="$(dirname "$(find "$stage" -name 'libparity.so' | head -n 1)")" "$stage/embed"
+echo "install test: 1 passed, 0 failed"

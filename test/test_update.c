@@ -1,0 +1,326 @@
+/* Weight updates and sync checks, as an RL loop uses them: the learner pushes fp32 master
+ * weights, writes a manifest of what it sent (computed here independently of the library:
+ * its own RNE cast and its own FNV-1a), and the sampler side verifies. Every failure kind
+ * that happens in practice is provoked and must be reported: a wrong dtype cast, a skipped
+ * tensor, a stale shard, a transposed view, truncation instead of rounding, a version that
+ * differs; the probe of log-probs; KV caches computed under old weights are refused; an
+ * update while a call runs is refused. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "model.h"
+
+/* ---- the learner's side, written independently of the library ----------------------- */
+
+static uint16_t learner_rne(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static uint16_t learner_truncate(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* fp32 -> IEEE half, round to nearest even (normal range only: the weights are small). */
+static uint16_t to_f16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int32_t e = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t mant = u & 0x7fffffu;
+    if (e <= 0) return (uint16_t)sign; /* tiny: flush (not reached by these weights' bulk) */
+    uint32_t h = ((uint32_t)e << 10) | (mant >> 13);
+    uint32_t rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static uint64_t learner_fnv(const uint16_t *x, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b[2] = {(uint8_t)(x[i] & 0xff), (uint8_t)(x[i] >> 8)};
+        for (int k = 0; k < 2; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+typedef struct learner {
+    size_t n;
+    expected slots[128];
+    float *master[128];      /* the new fp32 weights */
+    uint16_t *sent[128];     /* what the learner believes it sent: RNE(master) */
+} learner;
+
+static uint64_t rng = 99;
+static float noise(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return ((float)(rng >> 40) / 16777216.0f - 0.5f) * 0.002f;
+}
+
+/* New fp32 weights: the model's values plus small noise (an optimizer step). */
+static void learner_step(learner *L, parity_model *m) {
+    L->n = model_tensor_slots(m, L->slots);
+    for (size_t i = 0; i < L->n; i++) {
+        const weight *w = L->slots[i].dst;
+        size_t count = (size_t)w->rows * w->cols;
+        L->master[i] = malloc(count * 4);
+        L->sent[i] = malloc(count * 2);
+        for (size_t k = 0; k < count; k++) {
+            uint32_t u = (uint32_t)w->bf16[k] << 16;
+            float v;
+            memcpy(&v, &u, 4);
+            L->master[i][k] = v + noise();
+            L->sent[i][k] = learner_rne(L->master[i][k]);
+        }
+    }
+}
+
+static void learner_free(learner *L) {
+    for (size_t i = 0; i < L->n; i++) {
+        free(L->master[i]);
+        free(L->sent[i]);
+    }
+}
+
+static void write_manifest(const learner *L, uint64_t version, const char *path) {
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"version\": %" PRIu64 ", \"tensors\": {", version);
+    for (size_t i = 0; i < L->n; i++) {
+        const weight *w = L->slots[i].dst;
+        fprintf(f, "%s\"%s\": {\"dtype\": \"BF16\", \"shape\": [", i ? ", " : "", L->slots[i].name);
+        if (L->slots[i].rows) fprintf(f, "%u, %u", w->rows, w->cols);
+        else fprintf(f, "%u", w->cols);
+        fprintf(f, "], \"fnv1a64\": \"%016" PRIx64 "\"}", learner_fnv(L->sent[i], (size_t)w->rows * w->cols));
+    }
+    fprintf(f, "}}\n");
+    fclose(f);
+}
+
+static parity_tensor_data as_f32(const learner *L, size_t i) {
+    const expected *e = &L->slots[i];
+    parity_tensor_data t = {e->name, PARITY_DTYPE_F32, e->rows ? 2u : 1u,
+                            {e->rows ? e->rows : e->cols, e->cols}, L->master[i]};
+    return t;
+}
+
+/* Pushes every tensor as fp32 masters (the correct path). */
+static void push_all(parity_model *m, const learner *L) {
+    parity_tensor_data t[128];
+    for (size_t i = 0; i < L->n; i++) t[i] = as_f32(L, i);
+    CHECK_OK(parity_model_update(m, t, L->n));
+}
+
+static size_t slot_index(const learner *L, const char *name) {
+    for (size_t i = 0; i < L->n; i++)
+        if (!strcmp(L->slots[i].name, name)) return i;
+    fprintf(stderr, "no tensor %s\n", name);
+    exit(1);
+}
+
+static int verify(parity_model *m, const char *manifest, char *report, size_t size) {
+    int rc = parity_model_verify(m, manifest, report, size);
+    if (rc) printf("verify: %s\n%s", parity_last_error(), report);
+    return rc;
+}
+
+static const char *model_dir(void) {
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
+    return dir;
+}
+
+int main(void) {
+    char tmp[] = "/tmp/parity-update-XXXXXX", manifest[4200], report[8192];
+    CHECK(mkdtemp(tmp) != NULL);
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", tmp);
+
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_load(model_dir(), &m));
+    if (!m) return check_report("update");
+    CHECK_INT(parity_model_version(m), 0);
+    learner L;
+    learner_step(&L, m);
+
+    /* the correct path: every tensor from fp32 masters, then verify: no difference */
+    push_all(m, &L);
+    CHECK_INT(parity_model_version(m), 1);
+    write_manifest(&L, 1, manifest);
+    CHECK_OK(verify(m, manifest, report, sizeof report));
+    CHECK_INT(strlen(report), 0);
+    /* the library's own manifest of the same weights is the learner's, byte for byte in meaning */
+    char own[4200];
+    snprintf(own, sizeof own, "%s/own.json", tmp);
+    CHECK_OK(parity_model_write_manifest(m, own));
+    CHECK_OK(verify(m, own, report, sizeof report));
+
+    /* the fp32 masters are the fp32 policy's weights; bf16 policies read RNE(master) */
+    int32_t probe_tokens[48];
+    for (int i = 0; i < 48; i++) probe_tokens[i] = "def parse(self, text):\n    return self.items[0]"[i];
+    float expected_lp[47];
+    parity_scorer_params sp;
+    parity_scorer_default_params(&sp);
+    parity_scorer *scorer = NULL;
+    CHECK_OK(parity_scorer_create(m, &sp, &scorer));
+    uint32_t len = 48;
+    parity_score_options o;
+    parity_score_default_options(&o);
+    CHECK_OK(parity_score(scorer, &o, probe_tokens, &len, 1, expected_lp, NULL, NULL, NULL));
+    CHECK_OK(parity_scorer_probe(scorer, probe_tokens, 48, expected_lp));
+
+    /* failure kinds, one by one, each reported by verify against the learner's manifest */
+    /* q_proj is [256, 256] in this model: square */
+    const size_t q0 = slot_index(&L, "model.layers.0.self_attn.q_proj.weight");
+    const expected *e = &L.slots[q0];
+    size_t count = (size_t)e->rows * e->cols;
+    uint16_t *buf16 = malloc(count * 2);
+
+    /* a wrong dtype cast: the learner cast its masters to fp16 and sent those */
+    for (size_t k = 0; k < count; k++) buf16[k] = to_f16(L.master[q0][k]);
+    parity_tensor_data t = {e->name, PARITY_DTYPE_F16, 2, {e->rows, e->cols}, buf16};
+    CHECK_OK(parity_model_update(m, &t, 1));
+    write_manifest(&L, parity_model_version(m), manifest);
+    CHECK_STATUS(parity_model_verify(m, manifest, report, sizeof report), PARITY_ERR_VERIFY);
+    CHECK(strstr(report, "q_proj.weight: checksum differs") != NULL);
+    CHECK_STATUS(parity_scorer_probe(scorer, probe_tokens, 48, expected_lp), PARITY_ERR_VERIFY);
+    push_all(m, &L);
+
+    /* truncation instead of round-to-nearest-even */
+    for (size_t k = 0; k < count; k++) buf16[k] = learner_truncate(L.master[q0][k]);
+    t = (parity_tensor_data){e->name, PARITY_DTYPE_BF16, 2, {e->rows, e->cols}, buf16};
+    CHECK_OK(parity_model_update(m, &t, 1));
+    write_manifest(&L, parity_model_version(m), manifest);
+    CHECK_STATUS(parity_model_verify(m, manifest, report, sizeof report), PARITY_ERR_VERIFY);
+    CHECK(strstr(report, "layers.0.self_attn.q_proj.weight: checksum differs") != NULL);
+    push_all(m, &L);
+
+    /* a transposed view: right shape (square), the data of the transpose */
+    float *tr = malloc(count * 4);
+    for (size_t r = 0; r < e->rows; r++)
+        for (size_t c = 0; c < e->cols; c++) tr[c * e->rows + r] = L.master[q0][r * e->cols + c];
+    t = (parity_tensor_data){e->name, PARITY_DTYPE_F32, 2, {e->rows, e->cols}, tr};
+    CHECK_OK(parity_model_update(m, &t, 1));
+    write_manifest(&L, parity_model_version(m), manifest);
+    CHECK_STATUS(parity_model_verify(m, manifest, report, sizeof report), PARITY_ERR_VERIFY);
+    CHECK(strstr(report, "q_proj.weight: checksum differs") != NULL);
+    /* ... and of a non-square matrix, a transposed shape is refused at the update */
+    const size_t iu = slot_index(&L, "model.layers.0.mlp.up_proj.weight"); /* [768, 256] */
+    const expected *up = &L.slots[iu];
+    t = (parity_tensor_data){up->name, PARITY_DTYPE_F32, 2, {up->cols, up->rows}, L.master[iu]};
+    CHECK_STATUS(parity_model_update(m, &t, 1), PARITY_ERR_TENSOR_SHAPE);
+    push_all(m, &L);
+
+    /* a skipped tensor: the learner stepped again, the push missed one tensor */
+    learner L2;
+    learner_step(&L2, m);
+    parity_tensor_data all[128];
+    size_t n = 0;
+    for (size_t i = 0; i < L2.n; i++)
+        if (i != 20) all[n++] = as_f32(&L2, i);
+    CHECK_OK(parity_model_update(m, all, n));
+    write_manifest(&L2, parity_model_version(m), manifest);
+    CHECK_STATUS(parity_model_verify(m, manifest, report, sizeof report), PARITY_ERR_VERIFY);
+    char want[200];
+    snprintf(want, sizeof want, "%s: checksum differs", L2.slots[20].name);
+    CHECK(strstr(report, want) != NULL);
+    CHECK(strchr(report, '\n') == report + strlen(report) - 1); /* exactly one line */
+
+    /* a stale shard: the last layers (one shard's worth) still hold the previous step */
+    n = 0;
+    for (size_t i = 0; i < L2.n; i++)
+        all[n++] = i < L2.n - 40 ? as_f32(&L2, i) : as_f32(&L, i);
+    CHECK_OK(parity_model_update(m, all, n));
+    write_manifest(&L2, parity_model_version(m), manifest);
+    CHECK_STATUS(parity_model_verify(m, manifest, report, sizeof report), PARITY_ERR_VERIFY);
+    /* every stale tensor whose bf16 values changed in the step (norm weights near 1 did not
+     * move by half a bf16 ulp) is reported, and nothing else */
+    unsigned stale = 0;
+    for (size_t i = L2.n - 40; i < L2.n; i++) {
+        const weight *w = L2.slots[i].dst;
+        stale += memcmp(L.sent[i], L2.sent[i], (size_t)w->rows * w->cols * 2) != 0;
+    }
+    snprintf(want, sizeof want, "%u differences", stale);
+    CHECK(stale >= 20 && strstr(parity_last_error(), want) != NULL);
+
+    /* a version that differs (everything else right) */
+    push_all(m, &L2);
+    write_manifest(&L2, parity_model_version(m) + 5, manifest);
+    CHECK_STATUS(parity_model_verify(m, manifest, report, sizeof report), PARITY_ERR_VERIFY);
+    CHECK(strstr(report, "version:") == report);
+    write_manifest(&L2, parity_model_version(m), manifest);
+    CHECK_OK(verify(m, manifest, report, sizeof report));
+
+    /* all or nothing: a bad tensor in a batch leaves every tensor as it was */
+    uint64_t v = parity_model_version(m);
+    float *bad = malloc(count * 4);
+    memcpy(bad, L.master[q0], count * 4);
+    bad[7] = NAN;
+    parity_tensor_data mixed[2] = {as_f32(&L, 1), {e->name, PARITY_DTYPE_F32, 2, {e->rows, e->cols}, bad}};
+    CHECK_STATUS(parity_model_update(m, mixed, 2), PARITY_ERR_TENSOR_NONFINITE);
+    bad[7] = 3.4e38f; /* finite in fp32, beyond bf16 */
+    CHECK_STATUS(parity_model_update(m, mixed, 2), PARITY_ERR_TENSOR_NONFINITE);
+    mixed[1].name = "model.layers.0.mlp.nonsense.weight";
+    CHECK_STATUS(parity_model_update(m, mixed, 2), PARITY_ERR_TENSOR_UNEXPECTED);
+    mixed[1] = mixed[0];
+    CHECK_STATUS(parity_model_update(m, mixed, 2), PARITY_ERR_ST_DUPLICATE);
+    CHECK_STATUS(parity_model_update(m, mixed, 0), PARITY_ERR_EMPTY_INPUT);
+    CHECK_INT(parity_model_version(m), v);
+    CHECK_OK(verify(m, manifest, report, sizeof report));
+
+    /* an update while a call holds the model is refused, and vice versa */
+    CHECK_OK(model_enter(m));
+    CHECK_STATUS(parity_model_update(m, all, 1), PARITY_ERR_BUSY);
+    model_leave(m);
+
+    /* a KV cache computed under old weights is refused */
+    parity_sampler_params pp;
+    parity_sampler_default_params(&pp);
+    pp.max_seqs = 2;
+    pp.max_len = 64;
+    parity_sampler *s = NULL;
+    CHECK_OK(parity_sampler_create(m, &pp, &s));
+    parity_sampling g;
+    parity_sampling_default(&g);
+    uint32_t seq;
+    CHECK_OK(parity_sampler_add(s, probe_tokens, 10, &g, 0, &seq));
+    push_all(m, &L);
+    int32_t tok;
+    float lp;
+    uint32_t fin;
+    CHECK_STATUS(parity_sampler_step(s, &seq, 1, &tok, &lp, &fin, 0, NULL, NULL), PARITY_ERR_STALE);
+    CHECK_OK(parity_sampler_release(s, seq));
+    CHECK_OK(parity_sampler_add(s, probe_tokens, 10, &g, 0, &seq));
+    CHECK_OK(parity_sampler_step(s, &seq, 1, &tok, &lp, &fin, 0, NULL, NULL));
+    parity_sampler_free(s);
+
+    /* manifests that are not manifests */
+    FILE *f = fopen(manifest, "w");
+    fputs("{\"tensors\": []}", f);
+    fclose(f);
+    CHECK_STATUS(parity_model_verify(m, manifest, report, sizeof report), PARITY_ERR_VERIFY);
+    f = fopen(manifest, "w");
+    fputs("{\"version\": 1, ", f);
+    fclose(f);
+    CHECK_STATUS(parity_model_verify(m, manifest, report, sizeof report), PARITY_ERR_JSON_SYNTAX);
+    snprintf(want, sizeof want, "%s/none.json", tmp);
+    CHECK_STATUS(parity_model_verify(m, want, report, sizeof report), PARITY_ERR_IO);
+
+    parity_scorer_free(scorer);
+    parity_model_free(m);
+    learner_free(&L);
+    learner_free(&L2);
+    free(buf16);
+    free(tr);
+    free(bad);
+    remove(manifest);
+    remove(own);
+    rmdir(tmp);
+    return check_report("update");
+}
