@@ -16,6 +16,9 @@
  *     number of threads. A parity_scorer is used by one thread at a time (it owns scratch
  *     memory and a thread pool); create one per thread that scores. The region kernels are
  *     pure functions of their arguments and may be called from any thread.
+ *     A scorer or sampler must not be used by two threads at once; the library detects it
+ *     where cheap (parity_score, parity_sampler_add/fork/step/release) and returns
+ *     PARITY_ERR_BUSY to the call that finds the object in use, changing nothing.
  *   - Params structs start with their size (`size`), filled by the *_default_params()
  *     function, so that the ABI can grow: always initialise them with that function.
  *
@@ -64,7 +67,7 @@ PARITY_API int parity_version_number(void);
 PARITY_API int parity_abi_version(void);
 /* sizeof a public struct by its name ("parity_policy", "parity_config",
  * "parity_scorer_params", "parity_score_options", "parity_sampling",
- * "parity_sampler_params"); 0 for other names. */
+ * "parity_sampler_params", "parity_tensor_data"); 0 for other names. */
 PARITY_API size_t parity_struct_size(const char *name);
 
 /* ---------------------------------------------------------------------------------------- */
@@ -516,7 +519,8 @@ typedef struct parity_sampler_params {
     uint32_t max_seqs;           /* live sequences at once; 0 = 64 */
     uint32_t max_len;            /* positions of one sequence (prompt + generated);
                                     0 = min(context, 4096) */
-    uint32_t cache_tokens;       /* KV positions shared by all sequences; 0 = max_seqs * max_len */
+    uint32_t cache_tokens;       /* KV positions shared by all sequences; 0 = room for max_seqs
+                                    sequences of max_len that share nothing */
     uint32_t prefill_chunk;      /* rows per prefill forward; 0 = 256 */
     uint32_t max_batch;          /* rows per decode forward; 0 = 64 */
     parity_policy policy;

@@ -42,6 +42,7 @@ struct parity_sampler {
     uint32_t *batch_seq;    /* [max_rows] the sequence of each decode row */
     float *logits;          /* [max_rows][vocab] */
     float *work;            /* [workers][3 * vocab] */
+    atomic_int in_use;      /* set while a call runs (object_enter) */
 };
 
 void parity_sampling_default(parity_sampling *s) {
@@ -115,7 +116,9 @@ int parity_sampler_create(const parity_model *model, const parity_sampler_params
     if (p.max_seqs > 65536 || p.prefill_chunk > 65536 || p.max_batch > 65536)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "max_seqs, prefill_chunk and max_batch must be at most 65536");
-    uint64_t cells = p.cache_tokens ? p.cache_tokens : (uint64_t)p.max_seqs * p.max_len;
+    /* by default every sequence can reach max_len on blocks of its own, shared or not */
+    const uint64_t seq_cells = (uint64_t)(p.max_len + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+    uint64_t cells = p.cache_tokens ? p.cache_tokens : (uint64_t)p.max_seqs * seq_cells;
     if (cells > (1u << 28))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "a cache of %llu positions is too large",
                          (unsigned long long)cells);
@@ -270,9 +273,8 @@ static int free_slot(const parity_sampler *s, uint32_t *slot) {
                      s->params.max_seqs);
 }
 
-int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
+static int sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
                        const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
-    clear_error();
     if (!s || !prompt || !seq)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, prompt or output is NULL");
     int rc = check_sampling(s, sampling);
@@ -322,9 +324,8 @@ int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
     return PARITY_OK;
 }
 
-int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_sampling *sampling,
+static int sampler_fork(parity_sampler *s, uint32_t parent, const parity_sampling *sampling,
                         uint64_t stream, uint32_t *child) {
-    clear_error();
     if (!s || !child) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
     int rc = check_seq(s, parent);
     if (!rc) rc = check_sampling(s, sampling);
@@ -351,8 +352,7 @@ int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_samplin
     return PARITY_OK;
 }
 
-int parity_sampler_release(parity_sampler *s, uint32_t seq) {
-    clear_error();
+static int sampler_release(parity_sampler *s, uint32_t seq) {
     if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
     int rc = check_seq(s, seq);
     if (rc) return rc;
@@ -454,10 +454,9 @@ static int step_check(const parity_sampler *s, const uint32_t *seqs, size_t n, u
     return PARITY_OK;
 }
 
-int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32_t *tokens,
+static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32_t *tokens,
                         float *logprobs, uint32_t *finished, uint32_t max_top_n, int32_t *top_ids,
                         float *top_logprobs) {
-    clear_error();
     if (!s || !seqs || !tokens || !logprobs || !finished)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, seqs or an output is NULL");
     if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no sequences to step");
@@ -509,4 +508,50 @@ int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
         finished[i] = q->finished;
     }
     return PARITY_OK;
+}
+
+/* ---- the public calls: one thread at a time ------------------------------------------- */
+
+int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
+                       const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
+    clear_error();
+    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
+    int rc = object_enter(&s->in_use, "sampler");
+    if (rc) return rc;
+    rc = sampler_add(s, prompt, len, sampling, stream, seq);
+    object_leave(&s->in_use);
+    return rc;
+}
+
+int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_sampling *sampling,
+                        uint64_t stream, uint32_t *child) {
+    clear_error();
+    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
+    int rc = object_enter(&s->in_use, "sampler");
+    if (rc) return rc;
+    rc = sampler_fork(s, parent, sampling, stream, child);
+    object_leave(&s->in_use);
+    return rc;
+}
+
+int parity_sampler_release(parity_sampler *s, uint32_t seq) {
+    clear_error();
+    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
+    int rc = object_enter(&s->in_use, "sampler");
+    if (rc) return rc;
+    rc = sampler_release(s, seq);
+    object_leave(&s->in_use);
+    return rc;
+}
+
+int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32_t *tokens,
+                        float *logprobs, uint32_t *finished, uint32_t max_top_n, int32_t *top_ids,
+                        float *top_logprobs) {
+    clear_error();
+    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
+    int rc = object_enter(&s->in_use, "sampler");
+    if (rc) return rc;
+    rc = sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n, top_ids, top_logprobs);
+    object_leave(&s->in_use);
+    return rc;
 }

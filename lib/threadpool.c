@@ -106,6 +106,7 @@ int pool_create(unsigned n_workers, threadpool **out) {
     if (n_workers > 1) {
         p->threads = px_calloc(n_workers - 1, sizeof *p->threads, "thread pool threads");
         if (!p->threads) {
+            p->n = 1; /* no worker started: nothing for pool_free to stop or join */
             pool_free(p);
             return PARITY_ERR_OUT_OF_MEMORY;
         }

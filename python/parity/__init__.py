@@ -1,0 +1,88 @@
+"""libparity from Python: bf16 forward passes of Qwen-family models with every rounding point
+chosen by a precision policy, a sampler and a scorer (learner) that return bitwise-identical
+log-probs.
+
+    import parity
+    with parity.Model("synthetic:tiny") as m:
+        lp = m.score([[1, 2, 3, 4]], policy="aligned")          # [[lp1, lp2, lp3]]
+        with m.sampler(policy="aligned") as s:
+            for c in s.generate([1, 2, 3], n=4, max_tokens=16, seed=7):
+                print(c.index, c.tokens, c.logprobs, c.finish_reason)
+
+Pure Python on the standard library (ctypes); numpy arrays are accepted and returned where
+given, and parity.torch (imported separately, needs PyTorch) holds the policies' region
+semantics on torch tensors. The shared library is found through PARITY_LIBRARY, then the
+repository's build tree, then the system paths; its ABI is checked at import.
+"""
+from . import regions
+from ._lib import ABI_VERSION, LIBRARY_PATH, MAX_STOP, ParityError, lib, status_name
+from .manifest import write_manifest
+from .model import Model, Scores
+from .policy import CHOICES, Policy, policies
+from .sampler import Completion, Sampler, Step
+
+__all__ = ["Model", "Sampler", "Completion", "Step", "Scores", "Policy", "ParityError",
+           "policies", "regions", "version", "cpu_path", "set_cpu_path", "set_log_callback",
+           "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION", "LIBRARY_PATH",
+           "CHOICES", "MAX_STOP", "status_name", "write_manifest"]
+
+__version__ = lib.parity_version().decode()
+
+
+def version():
+    """The loaded library's version string ("0.1.0")."""
+    return lib.parity_version().decode()
+
+
+def cpu_path():
+    """The kernel path the library runs: "portable" or "avx2"."""
+    return lib.parity_cpu_path_name(lib.parity_get_cpu_path()).decode()
+
+
+_PATHS = {"portable": 0, "avx2": 1}
+
+
+def set_cpu_path(name):
+    """Forces a kernel path ("portable" or "avx2") for the whole process; results never
+    depend on it. Call it while no other thread is inside the library. Raises ParityError
+    (PARITY_ERR_UNSUPPORTED) if this CPU lacks the path."""
+    if name not in _PATHS:
+        raise ParityError(-1, "cpu path must be one of %s, not %r" % (", ".join(_PATHS), name))
+    lib.parity_set_cpu_path(_PATHS[name])
+
+
+def builtin_configs():
+    """Names of the built-in configs usable as "synthetic:NAME[:SEED]"."""
+    from ._lib import null_terminated
+    return null_terminated(lib.parity_config_builtin_names())
+
+
+def bf16_from_f32(x):
+    """The bf16 bit pattern (int) of a float rounded to float32 then to bf16 (RNE)."""
+    return lib.parity_bf16_from_f32(x)
+
+
+def bf16_to_f32(bits):
+    """The float value of a bf16 bit pattern (exact)."""
+    return lib.parity_bf16_to_f32(bits)
+
+
+_LEVELS = ("error", "warn", "info", "debug")
+_log_callback = None  # keeps the ctypes callback alive
+
+
+def set_log_callback(fn):
+    """Routes the library's log messages to fn(level, message) (level "error", "warn",
+    "info" or "debug"); None stops them. Process-wide; fn may be called from any thread that
+    calls into the library. Exceptions raised by fn are printed and ignored."""
+    global _log_callback
+    from ._lib import parity_log_fn
+    if fn is None:
+        cb = parity_log_fn()
+    else:
+        def cb_py(level, message, user):
+            fn(_LEVELS[level] if 0 <= level < len(_LEVELS) else str(level),
+               message.decode("utf-8", "replace"))
+        cb = parity_log_fn(cb_py)
+    lib.parity_set_log_callback(cb, None)
+    _log_callback = cb

@@ -1,0 +1,453 @@
+"""Loading libparity and declaring its C API for ctypes.
+
+Everything in this module mirrors include/parity.h: the structs field by field, every exported
+function with its C prototype in a comment above its declaration. At import it checks that the
+library it loaded has the ABI this file mirrors (parity_abi_version() and parity_struct_size()
+for every mirrored struct) and refuses to go on otherwise, saying what to rebuild.
+
+The library is looked for, in order:
+  1. the file named by the environment variable PARITY_LIBRARY;
+  2. the repository's build trees: <repo>/build*/lib/libparity.so* (python/../build/lib/...),
+     the most recently built first, a directory named exactly "build" before the others;
+  3. the system's library paths (ctypes.util.find_library("parity")).
+
+ctypes.CDLL releases the GIL for the duration of every foreign call, so long calls (scoring,
+prefill, decode steps) let other Python threads run.
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32,
+                    c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
+
+#: The ABI this binding mirrors (PARITY_ABI_VERSION in include/parity.h).
+ABI_VERSION = 1
+
+#: PARITY_MAX_STOP: stop tokens per sequence.
+MAX_STOP = 16
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class ParityError(Exception):
+    """A call into libparity failed, or was refused before it was made.
+
+    Attributes:
+        code: the parity_status value (a negative int).
+        status: its stable name, e.g. "PARITY_ERR_TOKEN_RANGE".
+        message: what was wrong (the library's parity_last_error(), or the binding's own words
+            for a check it makes before calling the library).
+    """
+
+    def __init__(self, code, message, status=None):
+        self.code = int(code)
+        self.status = status or status_name(self.code)
+        self.message = message
+        super().__init__("%s: %s" % (self.status, message) if message else self.status)
+
+    def __reduce__(self):
+        return (type(self), (self.code, self.message, self.status))
+
+
+# parity_status values the binding raises itself (stable, from parity.h).
+ERR_INVALID_ARGUMENT = -1
+ERR_VERIFY = -60
+ERR_TOKEN_RANGE = -40
+ERR_EMPTY_INPUT = -41
+ERR_POLICY = -43
+ERR_CACHE_FULL = -50
+
+_STATUS_FALLBACK = {
+    0: "PARITY_OK", -1: "PARITY_ERR_INVALID_ARGUMENT", -40: "PARITY_ERR_TOKEN_RANGE",
+    -41: "PARITY_ERR_EMPTY_INPUT", -43: "PARITY_ERR_POLICY", -50: "PARITY_ERR_CACHE_FULL",
+}
+
+
+def status_name(code):
+    """The stable name of a parity_status code ("PARITY_ERR_ST_OFFSETS")."""
+    if lib is not None:
+        return lib.parity_status_name(int(code)).decode()
+    return _STATUS_FALLBACK.get(int(code), "PARITY_UNKNOWN_STATUS")
+
+
+def fail(code, message):
+    """Raises ParityError(code, message): a check the binding makes on the library's behalf."""
+    raise ParityError(code, message)
+
+
+def _check(result, func, args):
+    """errcheck of every function returning a parity_status: raises ParityError on failure.
+
+    ctypes runs the foreign call and this check on the same OS thread, so the thread-local
+    parity_last_error() read here belongs to this very call."""
+    if result:
+        raise ParityError(result, lib.parity_last_error().decode("utf-8", "replace"))
+    return result
+
+
+# ---- structs (field for field as in parity.h) ------------------------------------------------
+
+POLICY_FIELDS = ("compute", "norm_input", "norm_weight", "qk_norm", "rope_table", "rope_apply",
+                 "swiglu", "attention", "logits", "temperature")
+
+
+class parity_policy(Structure):
+    _fields_ = [(name, c_uint8) for name in POLICY_FIELDS] + [("reserved", c_uint8 * 6)]
+
+
+class parity_config(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("arch", c_uint32),
+        ("vocab_size", c_uint32),
+        ("hidden_size", c_uint32),
+        ("intermediate_size", c_uint32),
+        ("num_hidden_layers", c_uint32),
+        ("num_attention_heads", c_uint32),
+        ("num_key_value_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("max_position_embeddings", c_uint32),
+        ("tie_word_embeddings", c_uint32),
+        ("attention_bias", c_uint32),
+        ("qk_norm", c_uint32),
+        ("rms_norm_eps", c_float),
+        ("rope_theta", c_double),
+        ("rope_type", c_uint32),
+        ("rope_factor", c_float),
+        ("rope_low_freq_factor", c_float),
+        ("rope_high_freq_factor", c_float),
+        ("rope_original_max_position_embeddings", c_uint32),
+        ("rope_beta_fast", c_float),
+        ("rope_beta_slow", c_float),
+        ("rope_attention_factor", c_float),
+        ("rope_mscale", c_float),
+        ("rope_mscale_all_dim", c_float),
+        ("rope_truncate", c_uint32),
+    ]
+
+
+class parity_scorer_params(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("n_threads", c_uint32),
+        ("backend", c_uint32),
+        ("max_tokens", c_uint32),
+        ("chunk_rows", c_uint32),
+        ("policy", parity_policy),
+        ("max_memory", c_uint64),
+    ]
+
+
+class parity_score_options(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("mode", c_uint32),
+        ("temperature", c_float),
+        ("top_k", c_uint32),
+        ("top_p", c_float),
+        ("min_p", c_float),
+        ("top_n", c_uint32),
+    ]
+
+
+class parity_sampling(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("temperature", c_float),
+        ("top_k", c_uint32),
+        ("top_p", c_float),
+        ("min_p", c_float),
+        ("seed", c_uint64),
+        ("max_new_tokens", c_uint32),
+        ("n_stop", c_uint32),
+        ("stop", c_int32 * MAX_STOP),
+        ("logprob_mode", c_uint32),
+        ("top_n", c_uint32),
+    ]
+
+
+class parity_sampler_params(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("n_threads", c_uint32),
+        ("backend", c_uint32),
+        ("max_seqs", c_uint32),
+        ("max_len", c_uint32),
+        ("cache_tokens", c_uint32),
+        ("prefill_chunk", c_uint32),
+        ("max_batch", c_uint32),
+        ("policy", parity_policy),
+        ("split_k", c_uint32),
+        ("split_kv", c_uint32),
+        ("max_memory", c_uint64),
+    ]
+
+
+class parity_tensor_data(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("dtype", c_uint32),
+        ("ndim", c_uint32),
+        ("shape", c_uint64 * 2),
+        ("data", c_void_p),
+    ]
+
+
+MIRRORED_STRUCTS = {
+    "parity_policy": parity_policy,
+    "parity_config": parity_config,
+    "parity_scorer_params": parity_scorer_params,
+    "parity_score_options": parity_score_options,
+    "parity_sampling": parity_sampling,
+    "parity_sampler_params": parity_sampler_params,
+    "parity_tensor_data": parity_tensor_data,
+}
+
+# Opaque handles are plain void pointers.
+model_p = c_void_p
+scorer_p = c_void_p
+sampler_p = c_void_p
+
+# typedef void (*parity_log_fn)(parity_log_level level, const char *message, void *user);
+parity_log_fn = CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+
+_u16p = POINTER(c_uint16)
+_i32p = POINTER(c_int32)
+_u32p = POINTER(c_uint32)
+_f32p = POINTER(c_float)
+
+# (name, restype, argtypes, returns a parity_status), each under its C prototype.
+_PROTOTYPES = [
+    # const char *parity_version(void);
+    ("parity_version", c_char_p, [], False),
+    # int parity_version_number(void);
+    ("parity_version_number", c_int, [], False),
+    # int parity_abi_version(void);
+    ("parity_abi_version", c_int, [], False),
+    # size_t parity_struct_size(const char *name);
+    ("parity_struct_size", c_size_t, [c_char_p], False),
+    # const char *parity_status_name(int status);
+    ("parity_status_name", c_char_p, [c_int], False),
+    # const char *parity_last_error(void);
+    ("parity_last_error", c_char_p, [], False),
+    # void parity_set_log_callback(parity_log_fn fn, void *user);
+    ("parity_set_log_callback", None, [parity_log_fn, c_void_p], False),
+    # uint16_t parity_bf16_from_f32(float x);
+    ("parity_bf16_from_f32", c_uint16, [c_float], False),
+    # float parity_bf16_to_f32(uint16_t x);
+    ("parity_bf16_to_f32", c_float, [c_uint16], False),
+    # parity_cpu_path parity_get_cpu_path(void);
+    ("parity_get_cpu_path", c_int, [], False),
+    # const char *parity_cpu_path_name(parity_cpu_path path);
+    ("parity_cpu_path_name", c_char_p, [c_int], False),
+    # int parity_set_cpu_path(parity_cpu_path path);
+    ("parity_set_cpu_path", c_int, [c_int], True),
+    # int parity_policy_from_name(const char *name, parity_policy *out);
+    ("parity_policy_from_name", c_int, [c_char_p, POINTER(parity_policy)], True),
+    # const char *const *parity_policy_preset_names(void);
+    ("parity_policy_preset_names", POINTER(c_char_p), [], False),
+    # int parity_policy_validate(const parity_policy *policy);
+    ("parity_policy_validate", c_int, [POINTER(parity_policy)], True),
+    # int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim,
+    #                             const uint16_t *delta, size_t delta_stride,
+    #                             const uint16_t *residual, size_t residual_stride,
+    #                             const uint16_t *weight, float eps,
+    #                             uint16_t *residual_out, size_t residual_out_stride,
+    #                             uint16_t *out, size_t out_stride);
+    ("parity_rmsnorm_residual", c_int,
+     [POINTER(parity_policy), c_size_t, c_size_t, _u16p, c_size_t, _u16p, c_size_t, _u16p,
+      c_float, _u16p, c_size_t, _u16p, c_size_t], True),
+    # int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows, size_t dim,
+    #                    const uint16_t *x, size_t x_stride, const uint16_t *weight, float eps,
+    #                    uint16_t *out, size_t out_stride);
+    ("parity_rmsnorm", c_int,
+     [POINTER(parity_policy), c_int, c_size_t, c_size_t, _u16p, c_size_t, _u16p, c_float,
+      _u16p, c_size_t], True),
+    # int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim,
+    #                   const uint16_t *gate, size_t gate_stride, const uint16_t *up,
+    #                   size_t up_stride, uint16_t *out, size_t out_stride);
+    ("parity_swiglu", c_int,
+     [POINTER(parity_policy), c_size_t, c_size_t, _u16p, c_size_t, _u16p, c_size_t, _u16p,
+      c_size_t], True),
+    # int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads,
+    #                 size_t head_dim, uint16_t *x, size_t row_stride,
+    #                 const int32_t *positions, double theta);
+    ("parity_rope", c_int,
+     [POINTER(parity_policy), c_size_t, c_size_t, c_size_t, _u16p, c_size_t, _i32p, c_double],
+     True),
+    # int parity_config_builtin(const char *name, parity_config *out);
+    ("parity_config_builtin", c_int, [c_char_p, POINTER(parity_config)], True),
+    # const char *const *parity_config_builtin_names(void);
+    ("parity_config_builtin_names", POINTER(c_char_p), [], False),
+    # int parity_config_load(const char *path, parity_config *out);
+    ("parity_config_load", c_int, [c_char_p, POINTER(parity_config)], True),
+    # int parity_model_load(const char *dir, parity_model **out);
+    ("parity_model_load", c_int, [c_char_p, POINTER(model_p)], True),
+    # int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_model **out);
+    ("parity_model_synthetic", c_int, [POINTER(parity_config), c_uint64, POINTER(model_p)], True),
+    # int parity_model_open(const char *spec, parity_model **out);
+    ("parity_model_open", c_int, [c_char_p, POINTER(model_p)], True),
+    # int parity_model_save(const parity_model *model, const char *dir);
+    ("parity_model_save", c_int, [model_p, c_char_p], True),
+    # void parity_model_free(parity_model *model);
+    ("parity_model_free", None, [model_p], False),
+    # const parity_config *parity_model_config(const parity_model *model);
+    ("parity_model_config", POINTER(parity_config), [model_p], False),
+    # void parity_scorer_default_params(parity_scorer_params *params);
+    ("parity_scorer_default_params", None, [POINTER(parity_scorer_params)], False),
+    # int parity_scorer_create(const parity_model *model, const parity_scorer_params *params,
+    #                          parity_scorer **out);
+    ("parity_scorer_create", c_int, [model_p, POINTER(parity_scorer_params), POINTER(scorer_p)],
+     True),
+    # void parity_scorer_free(parity_scorer *scorer);
+    ("parity_scorer_free", None, [scorer_p], False),
+    # void parity_score_default_options(parity_score_options *options);
+    ("parity_score_default_options", None, [POINTER(parity_score_options)], False),
+    # int parity_score(parity_scorer *scorer, const parity_score_options *options,
+    #                  const int32_t *tokens, const uint32_t *lengths, size_t n_seqs,
+    #                  float *logprobs, float *entropy, int32_t *top_ids,
+    #                  float *top_logprobs);
+    ("parity_score", c_int,
+     [scorer_p, POINTER(parity_score_options), _i32p, _u32p, c_size_t, _f32p, _f32p, _i32p,
+      _f32p], True),
+    # void parity_sampling_default(parity_sampling *sampling);
+    ("parity_sampling_default", None, [POINTER(parity_sampling)], False),
+    # void parity_sampler_default_params(parity_sampler_params *params);
+    ("parity_sampler_default_params", None, [POINTER(parity_sampler_params)], False),
+    # int parity_sampler_create(const parity_model *model, const parity_sampler_params *params,
+    #                           parity_sampler **out);
+    ("parity_sampler_create", c_int,
+     [model_p, POINTER(parity_sampler_params), POINTER(sampler_p)], True),
+    # void parity_sampler_free(parity_sampler *sampler);
+    ("parity_sampler_free", None, [sampler_p], False),
+    # int parity_sampler_add(parity_sampler *sampler, const int32_t *prompt, uint32_t len,
+    #                        const parity_sampling *sampling, uint64_t stream, uint32_t *seq);
+    ("parity_sampler_add", c_int,
+     [sampler_p, _i32p, c_uint32, POINTER(parity_sampling), c_uint64, _u32p], True),
+    # int parity_sampler_fork(parity_sampler *sampler, uint32_t parent,
+    #                         const parity_sampling *sampling, uint64_t stream, uint32_t *child);
+    ("parity_sampler_fork", c_int,
+     [sampler_p, c_uint32, POINTER(parity_sampling), c_uint64, _u32p], True),
+    # int parity_sampler_release(parity_sampler *sampler, uint32_t seq);
+    ("parity_sampler_release", c_int, [sampler_p, c_uint32], True),
+    # int parity_sampler_step(parity_sampler *sampler, const uint32_t *seqs, size_t n,
+    #                         int32_t *tokens, float *logprobs, uint32_t *finished,
+    #                         uint32_t max_top_n, int32_t *top_ids, float *top_logprobs);
+    ("parity_sampler_step", c_int,
+     [sampler_p, _u32p, c_size_t, _i32p, _f32p, _u32p, c_uint32, _i32p, _f32p], True),
+    # int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq,
+    #                           const int32_t **tokens, uint32_t *len, uint32_t *prompt_len);
+    ("parity_sampler_tokens", c_int, [sampler_p, c_uint32, POINTER(_i32p), _u32p, _u32p], True),
+    # int parity_model_update(parity_model *model, const parity_tensor_data *tensors, size_t n);
+    ("parity_model_update", c_int, [model_p, POINTER(parity_tensor_data), c_size_t], True),
+    # uint64_t parity_model_version(const parity_model *model);
+    ("parity_model_version", c_uint64, [model_p], False),
+    # int parity_model_write_manifest(const parity_model *model, const char *path);
+    ("parity_model_write_manifest", c_int, [model_p, c_char_p], True),
+    # int parity_model_verify(const parity_model *model, const char *manifest_path,
+    #                         char *report, size_t report_size);
+    ("parity_model_verify", c_int, [model_p, c_char_p, c_char_p, c_size_t], False),
+    # int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens, uint32_t len,
+    #                         const float *expected);
+    ("parity_scorer_probe", c_int, [scorer_p, _i32p, c_uint32, _f32p], True),
+]
+
+_BUILD_HINT = ("build it with `meson setup build && ninja -C build` in %s, or point the "
+               "environment variable PARITY_LIBRARY at a libparity.so" % _REPO_ROOT)
+
+
+def _candidates():
+    """Where the shared library may be, in the order they are tried."""
+    env = os.environ.get("PARITY_LIBRARY")
+    if env:
+        return [("PARITY_LIBRARY", env)]
+    found = []
+    builds = [d for d in glob.glob(os.path.join(_REPO_ROOT, "build*")) if os.path.isdir(d)]
+    # "build" first (the README's build directory), then the others newest first
+    builds.sort(key=lambda d: (os.path.basename(d) != "build", -os.path.getmtime(d)))
+    for d in builds:
+        libs = sorted(glob.glob(os.path.join(d, "lib", "libparity.so*")), key=len)
+        found += [("build tree", p) for p in libs if os.path.isfile(p)]
+    system = ctypes.util.find_library("parity")
+    if system:
+        found.append(("system", system))
+    return found
+
+
+def _load():
+    candidates = _candidates()
+    if not candidates:
+        raise ImportError("parity: libparity.so not found (no PARITY_LIBRARY, no %s/build*/lib/"
+                          "libparity.so*, none on the system paths): %s"
+                          % (_REPO_ROOT, _BUILD_HINT))
+    source, path = candidates[0]
+    try:
+        handle = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError("parity: cannot load %s (from %s): %s" % (path, source, e)) from None
+    for name, restype, argtypes, status in _PROTOTYPES:
+        try:
+            fn = getattr(handle, name)
+        except AttributeError:
+            raise ImportError("parity: %s lacks %s(): it is older or newer than this binding "
+                              "(ABI %d); rebuild it from this source tree (%s)"
+                              % (path, name, ABI_VERSION, _BUILD_HINT)) from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+        if status:
+            fn.errcheck = _check
+    _check_abi(handle, path)
+    return handle, path
+
+
+def _check_abi(handle, path):
+    abi = handle.parity_abi_version()
+    if abi != ABI_VERSION:
+        raise ImportError(
+            "parity: %s has ABI version %d, this binding (python/parity) mirrors ABI %d. Rebuild "
+            "the library from the same source tree as the binding (ninja -C build), or use the "
+            "python/parity that ships with that library." % (path, abi, ABI_VERSION))
+    wrong = []
+    for name, struct in MIRRORED_STRUCTS.items():
+        theirs = handle.parity_struct_size(name.encode())
+        if theirs != ctypes.sizeof(struct):
+            wrong.append("%s is %d bytes in the library, %d in python/parity/_lib.py"
+                         % (name, theirs, ctypes.sizeof(struct)))
+    if wrong:
+        raise ImportError(
+            "parity: %s does not match this binding (%s). Both claim ABI %d, so one of them was "
+            "edited without the other: rebuild the library from the same tree (ninja -C build) "
+            "and, if include/parity.h changed its structs, update their mirrors in "
+            "python/parity/_lib.py (and bump PARITY_ABI_VERSION)."
+            % (path, "; ".join(wrong), ABI_VERSION))
+
+
+lib = None
+lib, LIBRARY_PATH = _load()
+
+
+def null_terminated(ptr):
+    """The strings of a NULL-terminated const char *const * as a list of str."""
+    out, i = [], 0
+    while ptr[i] is not None:
+        out.append(ptr[i].decode())
+        i += 1
+    return out
+
+
+def as_int(value, what, lo, hi):
+    """`value` as an int in [lo, hi]: TypeError for a non-integer, ParityError otherwise."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError("%s must be an integer, not %s" % (what, type(value).__name__))
+    value = value.__index__()
+    if not lo <= value <= hi:
+        fail(ERR_INVALID_ARGUMENT, "%s = %d is outside [%d, %d]" % (what, value, lo, hi))
+    return value
+
+
+def as_float(value, what):
+    """`value` as a Python float: TypeError for a non-number."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise TypeError("%s must be a number, not %s" % (what, type(value).__name__))
+    return float(value)

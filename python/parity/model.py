@@ -1,0 +1,465 @@
+"""Models and scoring (the learner's entry point)."""
+import ctypes
+import os
+import sys
+import threading
+from array import array
+
+from . import _lib
+from ._convert import TokenBatch, pointer
+from ._lib import ParityError, lib
+from .policy import policy_struct
+
+MODES = {"raw": 0, "processed": 1, "processed-truncated": 2}
+BACKENDS = {"bf16": 0, "openblas": 1}
+_ARCH = ("qwen2", "qwen3", "llama")
+_ROPE_TYPE = ("default", "linear", "llama3", "yarn")
+_FLAGS = ("tie_word_embeddings", "attention_bias", "qk_norm")
+
+
+def _choice(table, value, what):
+    if not isinstance(value, str):
+        raise TypeError("%s must be one of %s, not %s" % (what, ", ".join(table),
+                                                          type(value).__name__))
+    try:
+        return table[value]
+    except KeyError:
+        raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s must be one of %s, not %r"
+                          % (what, ", ".join(table), value)) from None
+
+
+def _default_threads():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_options_cache = {}
+
+
+def score_options(mode="raw", temperature=1.0, top_k=None, top_p=None, min_p=None, top_n=0):
+    """A parity_score_options from Python arguments (None = the option is off). Shared and
+    cached: do not modify the result."""
+    key = (mode, temperature, top_k, top_p, min_p, top_n)
+    try:
+        hit = _options_cache.get(key)
+    except TypeError:  # an unhashable argument: the checks below say what is wrong
+        return _make_options(*key)
+    if hit is None:
+        hit = _make_options(*key)
+        if len(_options_cache) < 1024:
+            _options_cache[key] = hit
+    return hit
+
+
+def _make_options(mode, temperature, top_k, top_p, min_p, top_n):
+    o = _lib.parity_score_options()
+    lib.parity_score_default_options(ctypes.byref(o))
+    o.mode = _choice(MODES, mode, "mode")
+    o.temperature = _lib.as_float(temperature, "temperature")
+    o.top_k = 0 if top_k is None else _lib.as_int(top_k, "top_k", 0, 2 ** 32 - 1)
+    o.top_p = 1.0 if top_p is None else _lib.as_float(top_p, "top_p")
+    o.min_p = 0.0 if min_p is None else _lib.as_float(min_p, "min_p")
+    o.top_n = _lib.as_int(top_n, "top_n", 0, 2 ** 32 - 1)
+    return o
+
+
+class Scores:
+    """What score() returns when entropy or top_n is asked for.
+
+    Each attribute is shaped like the log-probs (per sequence when several were scored):
+    logprobs and entropy (nats) have one value per predicted position; top_ids and
+    top_logprobs have top_n per position, best first (lists of lists, or (positions, top_n)
+    numpy arrays). entropy is None unless asked for; top_ids/top_logprobs are None when
+    top_n is 0."""
+
+    __slots__ = ("logprobs", "entropy", "top_ids", "top_logprobs")
+
+    def __init__(self, logprobs, entropy, top_ids, top_logprobs):
+        self.logprobs, self.entropy = logprobs, entropy
+        self.top_ids, self.top_logprobs = top_ids, top_logprobs
+
+    def __repr__(self):
+        return "Scores(logprobs=%r, entropy=%r, top_ids=%r, top_logprobs=%r)" % (
+            self.logprobs, self.entropy, self.top_ids, self.top_logprobs)
+
+
+class Model:
+    """A model loaded into libparity.
+
+    Args:
+        path_or_spec: a Hugging Face checkpoint directory (config.json + model.safetensors or
+            shards), or "synthetic:NAME[:SEED]" for a built-in config with deterministic random
+            weights (NAME in "tiny", "qwen3-0.6b", "qwen2.5-0.5b", "llama3.2-1b").
+        threads: threads of each scorer's pool (including the caller); None = the CPUs this
+            process may run on. Results never depend on it.
+        max_tokens: capacity of each scorer (the longest sequence, and the most tokens scored
+            in one group); None = the library's default, min(context, 8192), raised to a
+            longer sequence's length when one comes (as parity-score does).
+
+    Raises ParityError (e.g. PARITY_ERR_IO, PARITY_ERR_CONFIG, PARITY_ERR_TENSOR_SHAPE) when
+    the model cannot be opened.
+
+    A Model is safe to share between threads: each scoring thread takes its own scorer from
+    the model's pool. close() (or leaving a ``with`` block) releases the model; samplers made
+    from it keep what they need until they are closed themselves.
+    """
+
+    def __init__(self, path_or_spec, threads=None, max_tokens=None):
+        if not isinstance(path_or_spec, (str, os.PathLike)):
+            raise TypeError("path_or_spec must be a directory or 'synthetic:NAME[:SEED]', not %s"
+                            % type(path_or_spec).__name__)
+        self._handle = None
+        self._lock = threading.Lock()
+        self._scorers = {}       # key -> [(scorer handle, capacity)] idle
+        self._users = 0          # calls in flight and live samplers
+        self._closed = False
+        self.spec = os.fspath(path_or_spec)
+        self.threads = _default_threads() if threads is None else \
+            _lib.as_int(threads, "threads", 1, 256)
+        self.max_tokens = None if max_tokens is None else \
+            _lib.as_int(max_tokens, "max_tokens", 1, 1 << 28)
+        handle = _lib.model_p()
+        lib.parity_model_open(self.spec.encode(), ctypes.byref(handle))
+        self._handle = handle
+        c = lib.parity_model_config(handle).contents
+        cfg = {name: getattr(c, name) for name, _ in _lib.parity_config._fields_ if name != "size"}
+        cfg["arch"] = _ARCH[cfg["arch"]] if cfg["arch"] < len(_ARCH) else cfg["arch"]
+        cfg["rope_type"] = _ROPE_TYPE[cfg["rope_type"]] if cfg["rope_type"] < len(_ROPE_TYPE) \
+            else cfg["rope_type"]
+        for f in _FLAGS:
+            cfg[f] = bool(cfg[f])
+        self._config = cfg
+
+    @property
+    def config(self):
+        """The model's config (parity_config) as a dict: field names as in parity.h; arch
+        ("qwen2", "qwen3", "llama") and rope_type ("default", "linear", "llama3", "yarn") by
+        name, the flags as bools. A copy: changing it changes nothing."""
+        return dict(self._config)
+
+    @property
+    def vocab_size(self):
+        return self._config["vocab_size"]
+
+    @property
+    def context(self):
+        """max_position_embeddings: the longest sequence the model takes."""
+        return self._config["max_position_embeddings"]
+
+    @property
+    def closed(self):
+        return self._closed
+
+    # ---- life cycle ----------------------------------------------------------------------
+
+    def _acquire(self):
+        """Marks a user of the handle (a call in flight or a sampler); raises if closed."""
+        with self._lock:
+            if self._closed:
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT, "the model %r is closed" % self.spec)
+            self._users += 1
+            return self._handle
+
+    def _release(self):
+        with self._lock:
+            self._users -= 1
+            last = self._closed and self._users == 0
+        if last:
+            self._free()
+
+    def _free(self):
+        with self._lock:
+            scorers = [h for idle in self._scorers.values() for h, _ in idle]
+            self._scorers.clear()
+            handle, self._handle = self._handle, None
+        for h in scorers:
+            lib.parity_scorer_free(h)
+        if handle:
+            lib.parity_model_free(handle)
+
+    def close(self):
+        """Releases the model and its cached scorers. Idempotent. Calls in flight in other
+        threads and live samplers keep the memory they use until they finish."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            busy = self._users > 0
+        if not busy:
+            self._free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None) is not None:
+                self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self):
+        return "<parity.Model %r%s>" % (self.spec, " closed" if self._closed else "")
+
+    # ---- scorers ---------------------------------------------------------------------------
+
+    def _checkout(self, policy, backend, threads, need):
+        """Takes a user reference and an idle scorer for (policy, backend, threads) that holds
+        `need` tokens (made if none is idle): returns (key, (handle, capacity)). Raises
+        ParityError if the model is closed or the scorer cannot be made."""
+        key = (bytes(policy), backend, threads)
+        with self._lock:
+            if self._closed:
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT, "the model %r is closed" % self.spec)
+            self._users += 1
+            idle = self._scorers.get(key)
+            if idle:
+                for i, entry in enumerate(idle):
+                    if entry[1] >= need:
+                        return key, idle.pop(i)
+        try:
+            params = _lib.parity_scorer_params()
+            lib.parity_scorer_default_params(ctypes.byref(params))
+            params.policy = policy
+            params.backend = backend
+            params.n_threads = threads
+            ctx = self.context
+            default = self.max_tokens or min(ctx, 8192)
+            params.max_tokens = need if default < need <= ctx else default
+            h = _lib.scorer_p()
+            lib.parity_scorer_create(self._handle, ctypes.byref(params), ctypes.byref(h))
+        except BaseException:
+            self._release()
+            raise
+        return key, (h, (params.max_tokens + 15) // 16 * 16)
+
+    def _checkin(self, key, entry):
+        """Returns a scorer taken by _checkout and the user reference."""
+        with self._lock:
+            self._users -= 1
+            if not self._closed:
+                self._scorers.setdefault(key, []).append(entry)
+                return
+            last = self._users == 0
+        lib.parity_scorer_free(entry[0])
+        if last:
+            self._free()
+
+    # ---- scoring ---------------------------------------------------------------------------
+
+    def score(self, sequences, policy="aligned", temperature=1.0, mode="raw", top_k=None,
+              top_p=None, min_p=None, backend="bf16", entropy=False, top_n=0, threads=None):
+        """Log-probabilities of token sequences under a policy (the learner's numbers).
+
+        Args:
+            sequences: one sequence of token ids — a list of ints, bytes (each byte a token,
+                as parity-score --bytes), array('i') or another integer array, or a 1-D numpy
+                integer array — or many: a list of such sequences, or a 2-D numpy array (one
+                sequence per row).
+            policy: a preset name ("aligned", "hf-eager+aligned", ...) or a parity.Policy.
+            mode: "raw" (log_softmax of the logits), "processed" (of logits / temperature;
+                temperature 0 counts as 1) or "processed-truncated" (renormalised over the
+                top_k/top_p/min_p support the sampler draws from; -inf outside it).
+            temperature, top_k, top_p, min_p: as the sampler's (None = off).
+            backend: "bf16" (the library's GEMM) or "openblas".
+            entropy: also return the entropy (nats) of each position's distribution.
+            top_n: also return the top_n most likely tokens per position (ties to lower ids).
+            threads: the scorer's threads; None = the model's.
+
+        Returns:
+            For each sequence of n tokens, the n - 1 values log p(x_t | x_<t), t = 1..n-1
+            (natural log, float32 values): a list of floats for one sequence, a list of such
+            lists for many; numpy float32 arrays where the sequences were numpy arrays (a 2-D
+            array of shape (rows, n - 1) for a 2-D input). With entropy or top_n, a Scores
+            object holding logprobs, entropy, top_ids and top_logprobs shaped alike.
+            Each value is bitwise what parity-score prints for that sequence alone.
+
+        Raises:
+            ParityError: PARITY_ERR_TOKEN_RANGE (an id outside [0, vocab)), _EMPTY_INPUT (no
+                sequence, or an empty one), _TOO_LONG (longer than the context), _POLICY (an
+                unknown policy), _INVALID_ARGUMENT (a bad option value, a closed model).
+            TypeError: sequences that are not integer token ids; options of the wrong type.
+        """
+        pol = policy_struct(policy)
+        be = BACKENDS.get(backend) if type(backend) is str else None
+        if be is None:
+            be = _choice(BACKENDS, backend, "backend")
+        opts = score_options(mode, temperature, top_k, top_p, min_p, top_n)
+        n_threads = self.threads if threads is None else _lib.as_int(threads, "threads", 1, 256)
+        batch = TokenBatch(sequences)
+        lengths = batch.lengths
+        n = batch.n
+        # (a sequence of length 0 makes this too small: the library refuses it before writing)
+        total = max(sum(lengths) - n, 1)
+        k = opts.top_n
+        if batch.any_numpy:
+            np = sys.modules["numpy"]
+            lp = np.empty(total, dtype=np.float32)
+            ent = np.empty(total, dtype=np.float32) if entropy else None
+            tid = np.empty(total * k, dtype=np.int32) if k else None
+            tlp = np.empty(total * k, dtype=np.float32) if k else None
+        else:
+            lp = array("f", bytes(4 * total))
+            ent = array("f", bytes(4 * total)) if entropy else None
+            tid = array("i", bytes(4 * total * k)) if k else None
+            tlp = array("f", bytes(4 * total * k)) if k else None
+        tokens_p, lengths_p = batch.pointers()
+        f32 = ctypes.c_float
+        key, entry = self._checkout(pol, be, n_threads, max(lengths) if n else 1)
+        try:
+            lib.parity_score(entry[0], ctypes.byref(opts), tokens_p, lengths_p, n,
+                             pointer(lp, f32), pointer(ent, f32) if entropy else None,
+                             pointer(tid, ctypes.c_int32) if k else None,
+                             pointer(tlp, f32) if k else None)
+        finally:
+            self._checkin(key, entry)
+
+        total = sum(lengths) - n
+        lp = _split(lp, batch, total, 1, False)
+        if not entropy and not k:
+            return lp
+        return Scores(lp, _split(ent, batch, total, 1, False) if entropy else None,
+                      _split(tid, batch, total, k, True) if k else None,
+                      _split(tlp, batch, total, k, True) if k else None)
+
+    # ---- weight updates and sync checks ------------------------------------------------------
+
+    @property
+    def version(self):
+        """0 when loaded, +1 per successful update()."""
+        h = self._acquire()
+        try:
+            return lib.parity_model_version(h)
+        finally:
+            self._release()
+
+    def update(self, tensors):
+        """Replaces the values of some weights in place, all or nothing (parity_model_update).
+
+        Args:
+            tensors: {checkpoint name: values}, values a numpy array (uint16 = bf16 bits,
+                float16, float32: cast to bf16 with round-to-nearest-even, the f32 kept as the
+                fp32 policy's master), a torch tensor, or a (dtype, shape, buffer) tuple.
+        Raises ParityError: PARITY_ERR_INVALID_ARGUMENT (unknown name, shape, dtype),
+        PARITY_ERR_TENSOR_NONFINITE, PARITY_ERR_BUSY (a scorer or sampler of this model is
+        inside a call). Samplers' sequences prefilled before it then fail to step with
+        PARITY_ERR_STALE: release them and add them again."""
+        from .manifest import c_tensors
+        if not isinstance(tensors, dict):
+            raise TypeError("tensors must be a dict of name -> values")
+        arr, keep = c_tensors(tensors)
+        h = self._acquire()
+        try:
+            lib.parity_model_update(h, arr, len(tensors))
+        finally:
+            self._release()
+        del keep
+
+    def write_manifest(self, path):
+        """Writes the manifest of the weights the model holds (parity_model_write_manifest)."""
+        h = self._acquire()
+        try:
+            lib.parity_model_write_manifest(h, os.fspath(path).encode())
+        finally:
+            self._release()
+
+    def verify(self, manifest_path):
+        """Compares the model with a manifest (one the learner wrote with
+        parity.write_manifest, or Model.write_manifest). Returns the differences, one string
+        each (a tensor missing on either side, a shape, dtype or checksum that differs, the
+        version): an empty list when the model holds exactly the manifest's weights.
+        Raises ParityError for a manifest that cannot be read or is not one."""
+        report = ctypes.create_string_buffer(1 << 16)
+        h = self._acquire()
+        try:
+            rc = lib.parity_model_verify(h, os.fspath(manifest_path).encode(), report,
+                                         len(report))
+            message = lib.parity_last_error().decode("utf-8", "replace")
+        finally:
+            self._release()
+        lines = report.value.decode("utf-8", "replace").splitlines()
+        if rc == 0:
+            return []
+        if rc == _lib.ERR_VERIFY and lines:
+            return lines
+        raise ParityError(rc, message)
+
+    def probe(self, tokens, expected, policy="aligned", backend="bf16", threads=None):
+        """The sync probe (parity_scorer_probe): scores one sequence (raw log-probs) and checks
+        that they equal `expected` (its len - 1 values, e.g. what the learner computed)
+        bitwise. Returns None; raises ParityError PARITY_ERR_VERIFY saying how many differ,
+        the first position and the largest difference."""
+        pol = policy_struct(policy)
+        be = _choice(BACKENDS, backend, "backend")
+        n_threads = self.threads if threads is None else _lib.as_int(threads, "threads", 1, 256)
+        batch = TokenBatch(tokens)
+        if not batch.single:
+            raise TypeError("probe() takes one sequence")
+        want = array("f", [float(v) for v in expected])
+        n = batch.lengths[0]
+        if len(want) != max(n - 1, 0):
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "expected holds %d values, the sequence "
+                              "has %d tokens (want %d)" % (len(want), n, max(n - 1, 0)))
+        tokens_p, _ = batch.pointers()
+        key, entry = self._checkout(pol, be, n_threads, max(n, 1))
+        try:
+            lib.parity_scorer_probe(entry[0], tokens_p, n, pointer(want, ctypes.c_float))
+        finally:
+            self._checkin(key, entry)
+
+    def sampler(self, policy="aligned", max_seqs=None, max_len=None, threads=None,
+                backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None):
+        """A Sampler (KV-cached batched generation) on this model; see parity.Sampler."""
+        from .sampler import Sampler
+        return Sampler(self, policy=policy, max_seqs=max_seqs, max_len=max_len, threads=threads,
+                       backend=backend, max_batch=max_batch, cache_tokens=cache_tokens,
+                       prefill_chunk=prefill_chunk)
+
+    def generate(self, prompts, n=1, max_tokens=64, policy="aligned", batch=None, threads=None,
+                 backend="bf16", **sampling):
+        """Samples n completions of each prompt with a sampler sized as parity-generate sizes
+        its own (max_len = min(longest prompt + max_tokens, context), batch + 1 sequences),
+        then frees it. Other keyword arguments are Sampler.generate's. Returns what
+        Sampler.generate returns."""
+        from .sampler import Sampler, _prompt_list
+        plist, _ = _prompt_list(prompts)
+        n = _lib.as_int(n, "n", 1, 2 ** 32 - 1)
+        max_tokens = _lib.as_int(max_tokens, "max_tokens", 1, 2 ** 32 - 1)
+        total = n * len(plist)
+        b = total if batch is None else min(_lib.as_int(batch, "batch", 1, 65535), total)
+        longest = max((len(p) for p in plist), default=1)
+        max_len = min(longest + max_tokens, self.context)
+        # room for every sequence's blocks, copies of shared ones included (the library's
+        # default, max_seqs * max_len, can run short when max_len is small)
+        cache = (b + 1) * ((max_len + 15) // 16 + 1) * 16
+        with Sampler(self, policy=policy, max_seqs=b + 1, max_batch=b, threads=threads,
+                     backend=backend, max_len=max_len, cache_tokens=cache) as s:
+            return s.generate(prompts, n=n, max_tokens=max_tokens, batch=b, **sampling)
+
+
+def _split(buf, batch, total, k, grouped):
+    """Per-sequence parts of a flat result with `k` values per predicted position (`grouped`:
+    those k values form one list / one row per position)."""
+    if batch.matrix:
+        rows = batch.n
+        cols = batch.lengths[0] - 1 if rows else 0
+        return buf[:total * k].reshape((rows, cols, k) if grouped else (rows, cols))
+    values = None
+    out, at = [], 0
+    for length, is_np in zip(batch.lengths, batch.numpy):
+        m = max(length - 1, 0) * k
+        if is_np:
+            part = buf[at:at + m]
+            out.append(part.reshape(-1, k) if grouped else part)
+        else:
+            if values is None:
+                values = buf.tolist()
+            part = values[at:at + m]
+            out.append([part[i:i + k] for i in range(0, m, k)] if grouped else part)
+        at += m
+    return out[0] if batch.single else out

@@ -1,0 +1,357 @@
+"""The sampler: KV-cached batched generation whose log-probs equal the scorer's bitwise."""
+import collections
+import ctypes
+import threading
+from array import array
+
+from . import _lib
+from ._convert import TokenBatch, pointer
+from ._lib import ParityError, lib
+from .model import BACKENDS, MODES, _choice
+from .policy import policy_struct
+
+#: Why a sequence finished (parity_finish), None while it runs.
+FINISH_REASONS = (None, "stop", "length", "capacity")
+
+Step = collections.namedtuple("Step", "token logprob finish_reason top_ids top_logprobs")
+Step.__doc__ = """What one decode step drew for one sequence: the token, its log-prob in the
+sequence's mode, why it finished (None, "stop", "length", "capacity"), and its top_n
+alternatives (lists, best first; empty unless the sequence asked for top_n)."""
+
+
+def sampling_struct(temperature=1.0, top_k=None, top_p=None, min_p=None, seed=0,
+                    max_tokens=None, stop=(), mode="raw", top_n=0):
+    """A parity_sampling from Python arguments.
+
+    temperature: 0 = greedy; top_k/top_p/min_p: None = off; seed: 0 .. 2**64-1 (with the
+    stream and the position it keys the randomness); max_tokens: finish after this many
+    generated tokens (None/0 = only stop tokens or capacity); stop: token ids that finish a
+    sequence (included in its tokens), at most 16; mode: the reported log-probs' mode
+    ("raw", "processed", "processed-truncated"); top_n: alternatives reported per step."""
+    s = _lib.parity_sampling()
+    lib.parity_sampling_default(ctypes.byref(s))
+    s.temperature = _lib.as_float(temperature, "temperature")
+    s.top_k = 0 if top_k is None else _lib.as_int(top_k, "top_k", 0, 2 ** 32 - 1)
+    s.top_p = 1.0 if top_p is None else _lib.as_float(top_p, "top_p")
+    s.min_p = 0.0 if min_p is None else _lib.as_float(min_p, "min_p")
+    s.seed = _lib.as_int(seed, "seed", 0, 2 ** 64 - 1)
+    s.max_new_tokens = 0 if max_tokens is None else \
+        _lib.as_int(max_tokens, "max_tokens", 0, 2 ** 32 - 1)
+    if isinstance(stop, int):
+        stop = (stop,)
+    stop = list(stop)
+    if len(stop) > _lib.MAX_STOP:
+        raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%d stop tokens: at most %d "
+                          "(PARITY_MAX_STOP)" % (len(stop), _lib.MAX_STOP))
+    s.n_stop = len(stop)
+    for i, t in enumerate(stop):
+        s.stop[i] = _lib.as_int(t, "stop token", -2 ** 31, 2 ** 31 - 1)
+    s.logprob_mode = _choice(MODES, mode, "mode")
+    s.top_n = _lib.as_int(top_n, "top_n", 0, 2 ** 32 - 1)
+    return s
+
+
+def _prompt_list(prompts):
+    """Prompts as a list of array('i'), and whether one prompt was given."""
+    batch = TokenBatch(prompts, "prompts")
+    flat = batch.tokens
+    if not isinstance(flat, array):
+        a = array("i")
+        a.frombytes(flat.tobytes())
+        flat = a
+    out, at = [], 0
+    for n in batch.lengths:
+        out.append(flat[at:at + n])
+        at += n
+    return out, batch.single
+
+
+class Completion:
+    """One generated completion.
+
+    Attributes:
+        index: its index within its prompt's group (and its random stream).
+        prompt_index: which prompt it continues.
+        prompt_len: the prompt's length in tokens.
+        tokens: the generated token ids (list of int; the prompt not included).
+        logprobs: the log-prob of each generated token (list of float, float32 values).
+        finish_reason: "stop", "length" or "capacity".
+    """
+
+    __slots__ = ("index", "prompt_index", "prompt_len", "tokens", "logprobs", "finish_reason")
+
+    def __init__(self, index, prompt_index, prompt_len):
+        self.index, self.prompt_index, self.prompt_len = index, prompt_index, prompt_len
+        self.tokens, self.logprobs, self.finish_reason = [], [], None
+
+    def to_json(self):
+        """The line parity-generate prints for this completion (log-probs as "%.9g")."""
+        return '{"index": %d, "prompt_len": %d, "tokens": [%s], "logprobs": [%s]}' % (
+            self.index, self.prompt_len, ", ".join("%d" % t for t in self.tokens),
+            ", ".join("%.9g" % v for v in self.logprobs))
+
+    def __repr__(self):
+        return ("Completion(index=%d, prompt_index=%d, prompt_len=%d, tokens=%r, logprobs=%r, "
+                "finish_reason=%r)" % (self.index, self.prompt_index, self.prompt_len,
+                                       self.tokens, self.logprobs, self.finish_reason))
+
+
+class Sampler:
+    """A libparity sampler: a KV cache shared by up to max_seqs sequences of up to max_len
+    positions each (prompt + generated), on one model, policy and backend.
+
+    Made by Model.sampler(policy="aligned", max_seqs=None, max_len=None, threads=None,
+    backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None); None takes the
+    library's defaults (max_seqs 64, max_len min(context, 4096), max_batch 64 rows per decode
+    forward, cache_tokens max_seqs * max_len, prefill_chunk 256), threads None the model's.
+    Results never depend on threads, max_batch, prefill_chunk or cache_tokens.
+
+    High level: generate(). Low level: add(), fork(), step(), release(), tokens(), with
+    sequence ids (ints) that the library hands out. A sampler is used by one thread at a time
+    (calls from several threads are serialised). close() frees it; so do ``with`` and
+    garbage collection.
+    """
+
+    def __init__(self, model, policy="aligned", max_seqs=None, max_len=None, threads=None,
+                 backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None):
+        self._handle = None
+        self._model = model
+        self._lock = threading.RLock()
+        p = _lib.parity_sampler_params()
+        lib.parity_sampler_default_params(ctypes.byref(p))
+        p.policy = policy_struct(policy)
+        p.backend = _choice(BACKENDS, backend, "backend")
+        p.n_threads = model.threads if threads is None else _lib.as_int(threads, "threads", 1, 256)
+        u32 = 2 ** 32 - 1
+        p.max_seqs = 64 if max_seqs is None else _lib.as_int(max_seqs, "max_seqs", 1, u32)
+        ctx = model.context
+        p.max_len = min(ctx, 4096) if max_len is None else _lib.as_int(max_len, "max_len", 1, u32)
+        p.max_batch = 0 if max_batch is None else _lib.as_int(max_batch, "max_batch", 1, u32)
+        p.cache_tokens = 0 if cache_tokens is None else \
+            _lib.as_int(cache_tokens, "cache_tokens", 1, u32)
+        p.prefill_chunk = 0 if prefill_chunk is None else \
+            _lib.as_int(prefill_chunk, "prefill_chunk", 1, u32)
+        self.policy = policy
+        self.max_seqs, self.max_len = p.max_seqs, p.max_len
+        handle = _lib.sampler_p()
+        model_handle = model._acquire()
+        try:
+            lib.parity_sampler_create(model_handle, ctypes.byref(p), ctypes.byref(handle))
+        except BaseException:
+            model._release()
+            raise
+        self._handle = handle
+        self._cap = 0
+        self._bufs = None
+
+    # ---- life cycle ------------------------------------------------------------------------
+
+    def _h(self):
+        if self._handle is None:
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "the sampler is closed")
+        return self._handle
+
+    def close(self):
+        """Frees the sampler (and lets its model go if that was closed). Idempotent."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            lib.parity_sampler_free(handle)
+            self._model._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None) is not None:
+                self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    # ---- sequences -------------------------------------------------------------------------
+
+    def add(self, prompt, stream=0, **sampling):
+        """Adds a sequence from a prompt (token ids as score() takes one sequence) and
+        prefills it; returns its id. `stream` (an int) with the seed keys its randomness;
+        other keyword arguments are the sampling parameters of sampling_struct().
+
+        Raises ParityError: PARITY_ERR_EMPTY_INPUT, _TOO_LONG (prompt > max_len),
+        _TOKEN_RANGE, _CACHE_FULL (no free slot or cache blocks)."""
+        plist, single = _prompt_list(prompt)
+        if not single:
+            raise TypeError("add() takes one prompt (a sequence of token ids)")
+        return self._add(plist[0], sampling_struct(**sampling), stream)
+
+    def _add(self, prompt, sp, stream):
+        seq = ctypes.c_uint32()
+        with self._lock:
+            lib.parity_sampler_add(self._h(), pointer(prompt, ctypes.c_int32), len(prompt),
+                                   ctypes.byref(sp), _lib.as_int(stream, "stream", 0, 2 ** 64 - 1),
+                                   ctypes.byref(seq))
+        return seq.value
+
+    def fork(self, parent, stream, **sampling):
+        """A new sequence sharing `parent`'s tokens and cache blocks, with its own stream and
+        sampling parameters (keyword arguments of sampling_struct()); returns its id."""
+        return self._fork(parent, sampling_struct(**sampling), stream)
+
+    def _fork(self, parent, sp, stream):
+        child = ctypes.c_uint32()
+        with self._lock:
+            lib.parity_sampler_fork(self._h(), _lib.as_int(parent, "parent", 0, 2 ** 32 - 1),
+                                    ctypes.byref(sp), _lib.as_int(stream, "stream", 0, 2 ** 64 - 1),
+                                    ctypes.byref(child))
+        return child.value
+
+    def release(self, seq):
+        """Releases a sequence and the cache blocks no other sequence shares."""
+        with self._lock:
+            lib.parity_sampler_release(self._h(), _lib.as_int(seq, "seq", 0, 2 ** 32 - 1))
+
+    def tokens(self, seq):
+        """(tokens, prompt_len): the sequence's token ids so far (prompt then generated) and
+        where its completion starts (for a fork: the parent's length when it was forked)."""
+        ptr = ctypes.POINTER(ctypes.c_int32)()
+        n, plen = ctypes.c_uint32(), ctypes.c_uint32()
+        with self._lock:
+            lib.parity_sampler_tokens(self._h(), _lib.as_int(seq, "seq", 0, 2 ** 32 - 1),
+                                      ctypes.byref(ptr), ctypes.byref(n), ctypes.byref(plen))
+            return ptr[:n.value], plen.value
+
+    def _buffers(self, n, top_n=0):
+        if n > self._cap or (top_n and (self._bufs[4] is None or len(self._bufs[4]) < n * top_n)):
+            self._cap = max(n, self._cap)
+            k = self._cap * top_n
+            self._bufs = (array("I", bytes(4 * self._cap)), array("i", bytes(4 * self._cap)),
+                          array("f", bytes(4 * self._cap)), array("I", bytes(4 * self._cap)),
+                          array("i", bytes(4 * k)) if k else None,
+                          array("f", bytes(4 * k)) if k else None)
+        return self._bufs
+
+    def _step(self, seqs, top_n=0):
+        """One decode step; returns the (tokens, logprobs, finished[, top ids, top lps])
+        arrays, valid for len(seqs) entries until the next step."""
+        n = len(seqs)
+        s, tok, lp, fin, tid, tlp = self._buffers(n, top_n)
+        for i, q in enumerate(seqs):
+            s[i] = q
+        c_i32, c_f32 = ctypes.c_int32, ctypes.c_float
+        with self._lock:
+            lib.parity_sampler_step(self._h(), pointer(s, ctypes.c_uint32), n,
+                                    pointer(tok, c_i32), pointer(lp, c_f32),
+                                    pointer(fin, ctypes.c_uint32), top_n,
+                                    pointer(tid, c_i32) if top_n else None,
+                                    pointer(tlp, c_f32) if top_n else None)
+        return tok, lp, fin, tid, tlp
+
+    def step(self, seqs, max_top_n=0):
+        """One decode step for live, unfinished sequences (a list of ids): draws one token
+        each. Returns a list of Step, in the order of `seqs`. max_top_n bounds the
+        alternatives reported for sequences that asked for top_n.
+
+        Raises ParityError: PARITY_ERR_UNKNOWN_SEQUENCE, _SEQUENCE_FINISHED, _CACHE_FULL
+        (nothing changed), _EMPTY_INPUT (no sequence)."""
+        seqs = [_lib.as_int(q, "seq", 0, 2 ** 32 - 1) for q in seqs]
+        k = _lib.as_int(max_top_n, "max_top_n", 0, 2 ** 32 - 1)
+        if not seqs:
+            raise ParityError(_lib.ERR_EMPTY_INPUT, "no sequences to step")
+        tok, lp, fin, tid, tlp = self._step(seqs, k)
+        out = []
+        for i in range(len(seqs)):
+            ids = tid[i * k:(i + 1) * k].tolist() if k else []
+            lps = tlp[i * k:(i + 1) * k].tolist() if k else []
+            out.append(Step(tok[i], lp[i], FINISH_REASONS[fin[i]], ids, lps))
+        return out
+
+    # ---- generation ------------------------------------------------------------------------
+
+    def generate(self, prompts, n=1, max_tokens=64, temperature=1.0, top_k=None, top_p=None,
+                 min_p=None, seed=0, stop=(), mode="raw", batch=None):
+        """n completions of each prompt, as parity-generate makes them.
+
+        Each prompt is prefilled once; completion i (0 <= i < n) is a fork of it with random
+        stream i; at most `batch` completions decode together, the next starting as one
+        finishes (continuous batching; None = as many as the sampler holds, max_seqs - 1).
+        The results do not depend on batch. For one prompt and the same arguments (and a
+        sampler whose max_len is at least min(prompt + max_tokens, context), as the default
+        usually is) the completions are exactly what parity-generate prints.
+
+        Args:
+            prompts: one prompt (token ids, as score() takes one sequence) or a list of them.
+            n: completions per prompt.
+            max_tokens: tokens generated at most per completion (>= 1).
+            temperature, top_k, top_p, min_p, seed, stop, mode: see sampling_struct().
+
+        Returns:
+            A list of Completion ordered by (prompt_index, index): n per prompt.
+
+        Raises:
+            ParityError: as add(), fork() and step(); PARITY_ERR_INVALID_ARGUMENT if batch
+            exceeds max_seqs - 1 (one slot holds the prompt being forked).
+        """
+        plist, _ = _prompt_list(prompts)
+        n = _lib.as_int(n, "n", 1, 2 ** 32 - 1)
+        max_tokens = _lib.as_int(max_tokens, "max_tokens", 1, 2 ** 32 - 1)
+        sp = sampling_struct(temperature, top_k, top_p, min_p, seed, max_tokens, stop, mode)
+        total = n * len(plist)
+        if batch is None:
+            batch = max(1, min(total, self.max_seqs - 1))
+        else:
+            batch = min(_lib.as_int(batch, "batch", 1, 2 ** 32 - 1), max(total, 1))
+            if batch > self.max_seqs - 1:
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                                  "batch %d needs %d sequence slots (one for the prompt), the "
+                                  "sampler has max_seqs = %d" % (batch, batch + 1, self.max_seqs))
+        results = [Completion(i % n, i // n, len(plist[i // n])) for i in range(total)]
+        active = []  # [sequence id, completion]
+        parent, parent_of = None, -1
+        nxt = 0
+        try:
+            while nxt < total or active:
+                while len(active) < batch and nxt < total:
+                    p, i = divmod(nxt, n)
+                    if parent_of != p:
+                        parent = self._add(plist[p], sp, 0)
+                        parent_of = p
+                    child = self._fork(parent, sp, i)
+                    if i == n - 1:  # the last fork of this prompt: the children keep the cache
+                        self.release(parent)
+                        parent = None
+                    c = results[nxt]
+                    nxt += 1
+                    if len(plist[p]) >= self.max_len:  # a prompt that fills max_len
+                        self.release(child)
+                        c.finish_reason = "capacity"
+                        continue
+                    active.append([child, c])
+                if not active:
+                    continue
+                tok, lp, fin, _, _ = self._step([a[0] for a in active])
+                still = []
+                for k, a in enumerate(active):
+                    c = a[1]
+                    c.tokens.append(tok[k])
+                    c.logprobs.append(lp[k])
+                    if fin[k]:
+                        self.release(a[0])
+                        c.finish_reason = FINISH_REASONS[fin[k]]
+                    else:
+                        still.append(a)
+                active = still
+        except BaseException:
+            for a in active:
+                self._release_quietly(a[0])
+            if parent is not None:
+                self._release_quietly(parent)
+            raise
+        return results
+
+    def _release_quietly(self, seq):
+        try:
+            self.release(seq)
+        except ParityError:
+            pass

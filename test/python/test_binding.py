@@ -1,0 +1,793 @@
+"""Tests of the ctypes binding (python/parity) with the standard library alone.
+
+    python3 test/python/test_binding.py BUILD_DIR
+
+Checks that Model.score returns bitwise what parity-score prints (its text and its --out
+float32 file) and Sampler.generate exactly what parity-generate prints, for several policies,
+modes and truncations; the low-level sampler calls; the region functions on Python buffers
+(against each other and against the known answers in test/data/regions.safetensors); error
+handling; thread safety and that the GIL is released during long calls.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+from array import array
+
+import harness
+
+BUILD = harness.setup()
+import parity  # noqa: E402
+from parity import ParityError, regions  # noqa: E402
+
+SCORE = harness.tool(BUILD, "parity-score")
+GENERATE = harness.tool(BUILD, "parity-generate")
+REAL = os.path.join(harness.REPO, "models", "qwen3-bytes-pystdlib-4.9m")
+TEXT = (b"import os\nimport sys\n\n\ndef main(argv=None):\n    \"\"\"Parse the arguments.\"\"\"\n"
+        b"    if argv is None:\n        argv = sys.argv[1:]\n    for name in argv:\n"
+        b"        print(os.path.basename(name))\n    return 0\n")
+TMP = tempfile.mkdtemp(prefix="parity-pytest-")
+
+
+def f32_bits(values):
+    return array("f", values).tobytes()
+
+
+def write(name, data):
+    path = os.path.join(TMP, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def cli(*args):
+    p = subprocess.run(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if p.returncode:
+        raise AssertionError("%s failed (%d): %s" % (" ".join(args), p.returncode,
+                                                     p.stderr.decode()))
+    return p.stdout.decode()
+
+
+def tokens_file(tokens):
+    return write("tok-%d.txt" % abs(hash(tuple(tokens))), " ".join(map(str, tokens)).encode())
+
+
+def cli_score(model, policy, tokens, *extra):
+    """parity-score's text output parsed to floats, its --out file, and its raw lines."""
+    path = tokens_file(tokens)
+    out = os.path.join(TMP, "lp.f32")
+    text = cli(SCORE, "--model", model, "--policy", policy, "--tokens", path, *extra)
+    cli(SCORE, "--model", model, "--policy", policy, "--tokens", path, "--out", out, *extra)
+    with open(out, "rb") as f:
+        raw = f.read()
+    lines = text.split()
+    return [float(x) for x in lines], raw, lines
+
+
+def cli_generate(model, policy, prompt, *extra):
+    text = cli(GENERATE, "--model", model, "--policy", policy, "--prompt-tokens",
+               tokens_file(prompt), *extra)
+    return text.splitlines()
+
+
+class Models:
+    tiny = None
+    real = None
+
+    @classmethod
+    def get(cls):
+        if cls.tiny is None:
+            cls.tiny = parity.Model("synthetic:tiny", threads=2)
+            cls.real = parity.Model(REAL, threads=2)
+        return cls.tiny, cls.real
+
+
+class TestLoading(unittest.TestCase):
+    def test_abi(self):
+        self.assertEqual(parity.ABI_VERSION, 1)
+        self.assertEqual(parity.lib.parity_abi_version(), parity.ABI_VERSION)
+        import ctypes
+        from parity import _lib
+        for name, struct_ in _lib.MIRRORED_STRUCTS.items():
+            self.assertEqual(parity.lib.parity_struct_size(name.encode()), ctypes.sizeof(struct_))
+        self.assertEqual(parity.lib.parity_struct_size(b"nonsense"), 0)
+        self.assertEqual(os.path.realpath(parity.LIBRARY_PATH),
+                         os.path.realpath(os.environ["PARITY_LIBRARY"]))
+
+    def test_abi_mismatch_messages(self):
+        from parity import _lib
+
+        class Fake:
+            def __init__(self, abi, delta):
+                self.abi, self.delta = abi, delta
+
+            def parity_abi_version(self):
+                return self.abi
+
+            def parity_struct_size(self, name):
+                import ctypes
+                s = ctypes.sizeof(_lib.MIRRORED_STRUCTS[name.decode()])
+                return s + self.delta if name == b"parity_sampling" else s
+
+        with self.assertRaisesRegex(ImportError, "ABI version 2.*mirrors ABI 1.*[Rr]ebuild"):
+            _lib._check_abi(Fake(2, 0), "/x/libparity.so")
+        with self.assertRaisesRegex(ImportError,
+                                    "parity_sampling is 120 bytes in the library, 112 in"):
+            _lib._check_abi(Fake(1, 8), "/x/libparity.so")
+
+    def _import_with(self, env_update, cwd=None):
+        env = dict(os.environ)
+        env.pop("PARITY_LIBRARY", None)
+        env.update(env_update)
+        env["PYTHONPATH"] = os.path.join(harness.REPO, "python")
+        return subprocess.run([sys.executable, "-c", "import parity; print(parity.LIBRARY_PATH)"],
+                              env=env, cwd=cwd or TMP, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+
+    def test_torch_is_optional(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
+        code = ("import sys, parity\nassert 'torch' not in sys.modules and 'numpy' not in "
+                "sys.modules\ntry:\n    import torch\nexcept ImportError:\n    try:\n"
+                "        import parity.torch\n    except ImportError as e:\n        print(e)\n"
+                "else:\n    import parity.torch\n    print('imported')\n")
+        p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = p.stdout.decode()
+        self.assertTrue(out.startswith("parity.torch needs PyTorch") or out == "imported\n", out)
+
+    def test_bad_library_path(self):
+        p = self._import_with({"PARITY_LIBRARY": "/nonexistent/libparity.so"})
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(b"ImportError: parity: cannot load /nonexistent/libparity.so", p.stderr)
+
+    def test_build_tree_found(self):
+        rel = os.path.relpath(BUILD, harness.REPO)
+        if rel.startswith("..") or not rel.startswith("build"):
+            self.skipTest("the build directory %s is not <repo>/build*" % BUILD)
+        p = self._import_with({})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(p.stdout.decode().strip().startswith(harness.REPO))
+
+
+class TestScore(unittest.TestCase):
+    def setUp(self):
+        self.tiny, self.real = Models.get()
+
+    def check_against_cli(self, model, spec, policy, tokens, py_kwargs, cli_args):
+        floats, raw, lines = cli_score(spec, policy, tokens, *cli_args)
+        got = model.score(tokens, policy=policy, **py_kwargs)
+        self.assertEqual(len(got), len(tokens) - 1)
+        self.assertEqual(f32_bits(got), raw, "%s %s: not bitwise what parity-score wrote"
+                         % (policy, cli_args))
+        self.assertEqual(["%.9g" % v for v in got], lines)
+        self.assertEqual(f32_bits(got), f32_bits(floats))
+        return got
+
+    def test_config_and_policies(self):
+        c = self.tiny.config
+        self.assertEqual((c["arch"], c["vocab_size"], c["hidden_size"], c["qk_norm"]),
+                         ("qwen3", 256, 64, True))
+        self.assertEqual(self.real.config["num_hidden_layers"], 6)
+        self.assertEqual(parity.policies(),
+                         ["fp32", "hf-eager", "hf-sdpa", "vllm", "sglang", "aligned"])
+        p = parity.Policy.from_name("hf-eager+aligned")
+        self.assertEqual((p.attention, p.swiglu, p.norm_input), (0, 1, 1))
+        self.assertEqual(parity.Policy(), parity.Policy.from_name("hf-eager"))
+        self.assertEqual(parity.Policy.from_name("vllm").replace(logits="fp32", temperature=1),
+                         parity.Policy.from_name("vllm+fp32-head"))
+        self.assertIn("tiny", parity.builtin_configs())
+
+    def test_acceptance_one_liner(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
+        p = subprocess.run([sys.executable, "-c", "import parity; m = parity.Model("
+                            "'synthetic:tiny'); print(m.score([[1,2,3,4]], policy='aligned'))"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = json.loads(p.stdout.decode())
+        self.assertEqual(len(got), 1)
+        self.assertEqual(["%.9g" % v for v in got[0]],
+                         cli_score("synthetic:tiny", "aligned", [1, 2, 3, 4])[2])
+
+    def test_policies_modes_match_cli(self):
+        toks = list(TEXT[:97])
+        cases = [
+            ({}, []),
+            (dict(mode="processed", temperature=0.7), ["--temperature", "0.7"]),
+            (dict(mode="processed-truncated", temperature=0.9, top_k=20, top_p=0.9, min_p=0.02),
+             ["--temperature", "0.9", "--logprob-mode", "processed-truncated", "--top-k", "20",
+              "--top-p", "0.9", "--min-p", "0.02"]),
+            (dict(mode="processed-truncated", temperature=0.0),
+             ["--temperature", "0", "--logprob-mode", "processed-truncated"]),
+            (dict(mode="raw", temperature=0.5), ["--temperature", "0.5", "--logprob-mode", "raw"]),
+        ]
+        for policy in ["aligned", "hf-eager", "hf-sdpa", "vllm", "sglang", "fp32",
+                       "hf-eager+aligned", "vllm+fp32-head"]:
+            for kw, args in cases:
+                with self.subTest(policy=policy, args=args):
+                    self.check_against_cli(self.real, REAL, policy, toks, kw, args)
+        got = self.check_against_cli(self.real, REAL, "aligned", toks,
+                                     dict(mode="processed-truncated", temperature=0.0),
+                                     ["--temperature", "0", "--logprob-mode",
+                                      "processed-truncated"])
+        self.assertIn(float("-inf"), got)  # greedy's support is the arg max alone
+        for policy in ["aligned", "hf-eager"]:
+            self.check_against_cli(self.tiny, "synthetic:tiny", policy, [5, 9, 200, 3, 3, 7, 1],
+                                   dict(backend="openblas"), ["--backend", "openblas"])
+        seeded = parity.Model("synthetic:tiny:42")
+        self.check_against_cli(seeded, "synthetic:tiny:42", "hf-eager", list(range(0, 256, 3)),
+                               dict(threads=1), ["--threads", "2"])
+        seeded.close()
+
+    def test_batch_invariance_and_shapes(self):
+        seqs = [list(TEXT[i:i + n]) for i, n in [(0, 40), (5, 1), (17, 2), (30, 100), (3, 16)]]
+        many = self.real.score(seqs, policy="hf-eager")
+        self.assertEqual([len(x) for x in many], [39, 0, 1, 99, 15])
+        for s, lp in zip(seqs, many):
+            self.assertEqual(f32_bits(self.real.score(s, policy="hf-eager", threads=1)),
+                             f32_bits(lp))
+        rev = self.real.score(seqs[::-1], policy="hf-eager", threads=3)
+        self.assertEqual([f32_bits(x) for x in rev[::-1]], [f32_bits(x) for x in many])
+        # input kinds: bytes, array('i'), array('H'), tuple, a list of bytes
+        ref = self.real.score(list(TEXT[:50]), policy="vllm")
+        for kind in (TEXT[:50], bytearray(TEXT[:50]), array("i", list(TEXT[:50])),
+                     array("H", list(TEXT[:50])),
+                     tuple(TEXT[:50]), memoryview(TEXT[:50])):
+            self.assertEqual(f32_bits(self.real.score(kind, policy="vllm")), f32_bits(ref))
+        both = self.real.score([TEXT[:50], array("i", list(TEXT[:50]))], policy="vllm")
+        self.assertEqual([f32_bits(x) for x in both], [f32_bits(ref)] * 2)
+        self.assertEqual(self.real.score([TEXT[:50]], policy="vllm"), [ref])
+
+    def test_entropy_and_top(self):
+        s = self.real.score(TEXT[:30], policy="aligned", entropy=True, top_n=3)
+        self.assertIsInstance(s, parity.Scores)
+        self.assertEqual(len(s.entropy), 29)
+        self.assertEqual(len(s.top_ids), 29)
+        self.assertTrue(all(len(t) == 3 for t in s.top_ids))
+        for lp, ids, tlp, nxt in zip(s.logprobs, s.top_ids, s.top_logprobs, TEXT[1:30]):
+            self.assertGreaterEqual(tlp[0], tlp[1])
+            if ids[0] == nxt:
+                self.assertEqual(tlp[0], lp)
+        self.assertTrue(all(e >= 0 for e in s.entropy))
+        s2 = self.real.score([TEXT[:30], TEXT[:5]], policy="aligned", top_n=1)
+        self.assertIsNone(s2.entropy)
+        self.assertEqual(s2.top_ids[0], s.top_ids and [t[:1] for t in s.top_ids])
+        self.assertEqual(len(s2.top_ids[1]), 4)
+
+    def test_long_sequence_grows_scorer(self):
+        m = parity.Model("synthetic:tiny", max_tokens=32)
+        toks = [i % 256 for i in range(300)]
+        lp = m.score(toks, policy="aligned")
+        self.assertEqual(f32_bits(lp), cli_score("synthetic:tiny", "aligned", toks)[1])
+        with self.assertRaises(ParityError) as e:
+            m.score([0] * 513, policy="aligned")
+        self.assertEqual(e.exception.status, "PARITY_ERR_TOO_LONG")
+        m.close()
+
+
+class TestGenerate(unittest.TestCase):
+    def setUp(self):
+        self.tiny, self.real = Models.get()
+
+    def compare(self, model, spec, policy, prompt, n, max_tokens, extra, **kw):
+        args = ["--n", str(n), "--max-tokens", str(max_tokens)] + extra
+        want = cli_generate(spec, policy, prompt, *args)
+        self.assertEqual(len(want), n)
+        with model.sampler(policy=policy) as s:
+            got = s.generate(prompt, n=n, max_tokens=max_tokens, **kw)
+        self.assertEqual([c.to_json() for c in got], want)
+        for c, line in zip(got, want):
+            d = json.loads(line)
+            self.assertEqual(c.tokens, d["tokens"])
+            self.assertEqual(f32_bits(c.logprobs), f32_bits(d["logprobs"]))
+            self.assertEqual((c.index, c.prompt_len), (d["index"], d["prompt_len"]))
+        # the CLI-sized sampler of Model.generate gives the same
+        again = model.generate(prompt, n=n, max_tokens=max_tokens, policy=policy, **kw)
+        self.assertEqual([c.to_json() for c in again], want)
+        return got
+
+    def test_matches_cli(self):
+        prompt = list(TEXT[:40])
+        self.compare(self.real, REAL, "aligned", prompt, 4, 24, ["--seed", "7", "--batch", "2"],
+                     seed=7, batch=2)
+        self.compare(self.real, REAL, "hf-eager", prompt, 3, 20,
+                     ["--temperature", "0.8", "--top-k", "12", "--top-p", "0.9", "--seed", "3",
+                      "--logprob-mode", "processed"],
+                     temperature=0.8, top_k=12, top_p=0.9, seed=3, mode="processed")
+        self.compare(self.real, REAL, "vllm", prompt, 5, 30,
+                     ["--temperature", "0.7", "--min-p", "0.05", "--seed", "11", "--batch", "3",
+                      "--logprob-mode", "processed-truncated", "--stop", "10", "--stop", "58"],
+                     temperature=0.7, min_p=0.05, seed=11, batch=3, mode="processed-truncated",
+                     stop=[10, 58])
+        got = self.compare(self.real, REAL, "aligned", prompt, 2, 25,
+                           ["--temperature", "0", "--threads", "2"], temperature=0)
+        self.assertEqual(got[0].tokens, got[1].tokens)  # greedy
+        got = self.compare(self.tiny, "synthetic:tiny", "sglang", [1, 2, 3], 4, 40,
+                           ["--seed", "5", "--stop", "7", "--batch", "2"], seed=5, stop=[7],
+                           batch=2)
+        self.assertEqual({c.finish_reason for c in got} <= {"stop", "length"}, True)
+
+    def test_finish_reasons_and_scoring_parity(self):
+        prompt = list(TEXT[:20])
+        with self.real.sampler(policy="hf-eager", max_len=30) as s:
+            got = s.generate(prompt, n=3, max_tokens=50, temperature=0.9, seed=1, stop=[10],
+                             mode="processed")
+        for c in got:
+            self.assertIn(c.finish_reason, ("stop", "capacity"))
+            if c.finish_reason == "stop":
+                self.assertEqual(c.tokens[-1], 10)
+            else:
+                self.assertEqual(c.prompt_len + len(c.tokens), 30)
+            # the sampler's log-probs are the scorer's, bitwise
+            lp = self.real.score(prompt + c.tokens, policy="hf-eager", mode="processed",
+                                 temperature=0.9)
+            self.assertEqual(f32_bits(lp[len(prompt) - 1:]), f32_bits(c.logprobs))
+        with self.real.sampler(policy="aligned", max_len=20) as s:
+            full = s.generate(prompt, n=2, max_tokens=5)
+        self.assertEqual([(c.tokens, c.finish_reason) for c in full], [([], "capacity")] * 2)
+
+    def test_many_prompts(self):
+        prompts = [list(TEXT[:12]), TEXT[40:41], list(TEXT[60:90])]
+        with self.real.sampler(policy="aligned", max_seqs=4) as s:
+            together = s.generate(prompts, n=3, max_tokens=9, seed=2, temperature=1.1)
+            self.assertEqual([(c.prompt_index, c.index) for c in together],
+                             [(p, i) for p in range(3) for i in range(3)])
+            for p, prompt in enumerate(prompts):
+                alone = s.generate(prompt, n=3, max_tokens=9, seed=2, temperature=1.1, batch=1)
+                self.assertEqual([c.to_json() for c in alone],
+                                 [c.to_json() for c in together[3 * p:3 * p + 3]])
+
+    def test_low_level(self):
+        prompt = list(TEXT[:10])
+        with self.real.sampler(policy="aligned", max_seqs=4) as s:
+            parent = s.add(prompt, stream=0, seed=9, max_tokens=3)
+            kids = [s.fork(parent, stream=i, seed=9, max_tokens=3, top_n=2) for i in range(2)]
+            self.assertEqual(s.tokens(kids[0]), (prompt, 10))
+            steps = []
+            for _ in range(3):
+                steps.append(s.step(kids, max_top_n=2))
+            self.assertEqual([st.finish_reason for st in steps[-1]], ["length", "length"])
+            self.assertEqual(len(steps[0][0].top_ids), 2)
+            toks, plen = s.tokens(kids[1])
+            self.assertEqual(toks, prompt + [st[1].token for st in steps])
+            with self.assertRaises(ParityError) as e:
+                s.step(kids)
+            self.assertEqual(e.exception.status, "PARITY_ERR_SEQUENCE_FINISHED")
+            for k in kids + [parent]:
+                s.release(k)
+            with self.assertRaises(ParityError) as e:
+                s.release(parent)
+            self.assertEqual(e.exception.status, "PARITY_ERR_UNKNOWN_SEQUENCE")
+            # the same draws through generate()
+            gen = s.generate(prompt, n=2, max_tokens=3, seed=9)
+            self.assertEqual([c.tokens for c in gen],
+                             [[st[i].token for st in steps] for i in range(2)])
+            self.assertEqual([f32_bits(c.logprobs) for c in gen],
+                             [f32_bits([st[i].logprob for st in steps]) for i in range(2)])
+            with self.assertRaises(ParityError) as e:
+                s.generate(prompt, n=8, batch=5)
+            self.assertEqual(e.exception.status, "PARITY_ERR_INVALID_ARGUMENT")
+            with self.assertRaises(ParityError) as e:
+                for i in range(5):
+                    s.add(prompt)
+            self.assertEqual(e.exception.status, "PARITY_ERR_CACHE_FULL")
+        with self.assertRaises(ParityError):
+            s.add(prompt)
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        code = {"BF16": "H", "I32": "i", "F32": "f"}[t["dtype"]]
+        arr = array(code)
+        arr.frombytes(body[a:b])
+        out[name] = (arr, t["shape"])
+    return out, header.get("__metadata__", {})
+
+
+class TestRegions(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.vec, cls.meta = load_safetensors(
+            os.path.join(harness.REPO, "test", "data", "regions.safetensors"))
+
+    def agree(self, got, want, what):
+        """The known answers' bar: >= 99.9% bitwise equal, the rest within one bf16 ulp."""
+        got, want = array("H", bytes(got)) if isinstance(got, bytearray) else got, want
+        self.assertEqual(len(got), len(want))
+        equal = sum(1 for a, b in zip(got, want) if a == b)
+        worse = sum(1 for a, b in zip(got, want) if a != b and abs(a - b) > 1)
+        self.assertGreaterEqual(equal / len(want), 0.999, what)
+        self.assertEqual(worse, 0, what)
+
+    def test_known_answers(self):
+        v = self.vec
+        names = {"hf_bf16": "hf-eager", "vllm": "vllm", "aligned": "aligned"}
+        for case in ("resnorm", "resnorm_odd"):
+            rows, dim = v[case + ".delta"][1]
+            for mode, policy in names.items():
+                r_out, out = regions.rmsnorm_residual(v[case + ".delta"][0],
+                                                      v[case + ".residual"][0],
+                                                      v[case + ".weight"][0], policy=policy,
+                                                      eps=1e-6)
+                self.agree(out, v["%s.%s.out" % (case, mode)][0], case + mode)
+                self.assertEqual(r_out, v["%s.%s.residual_out" % (case, mode)][0])
+        for mode in ("hf_bf16", "aligned"):
+            out = regions.rmsnorm(v["qknorm.x"][0], v["qknorm.weight"][0], policy=names[mode],
+                                  eps=1e-6, qk_norm=True)
+            self.agree(out, v["qknorm.%s.out" % mode][0], "qknorm " + mode)
+            for case in ("swiglu", "swiglu_odd"):
+                rows, dim = v[case + ".gate"][1]
+                out = regions.swiglu(v[case + ".gate"][0], v[case + ".up"][0], policy=names[mode],
+                                     rows=rows, dim=dim)
+                self.agree(out, v["%s.%s.out" % (case, mode)][0], case + mode)
+        for case in ("rope", "rope_small"):
+            rows, heads, hd = v[case + ".x"][1]
+            for mode, policy in names.items():
+                x = array("H", v[case + ".x"][0])
+                res = regions.rope(x, v[case + ".positions"][0], head_dim=hd, policy=policy,
+                                   theta=float(self.meta[case + ".theta"]))
+                self.assertIs(res, x)
+                self.agree(x, v["%s.%s.out" % (case, mode)][0], case + mode)
+
+    def test_buffer_kinds_and_in_place(self):
+        v = self.vec
+        d, r = v["resnorm_odd.delta"][0], v["resnorm_odd.residual"][0]
+        w = v["resnorm_odd.weight"][0]
+        ro, o = regions.rmsnorm_residual(d, r, w, policy="hf-eager")
+        self.assertIsInstance(o, array)
+        ro2, o2 = regions.rmsnorm_residual(bytearray(d.tobytes()), bytes(r.tobytes()),
+                                           memoryview(w), policy="hf-eager")
+        self.assertIsInstance(o2, bytearray)
+        self.assertEqual((bytes(o2), bytes(ro2)), (o.tobytes(), ro.tobytes()))
+        dd, rr = array("H", d), array("H", r)
+        res = regions.rmsnorm_residual(dd, rr, w, policy="hf-eager", out=dd, residual_out=rr)
+        self.assertIs(res[0], rr)
+        self.assertEqual((dd, rr), (o, ro))
+        # rows are independent
+        part = regions.rmsnorm_residual(d[1000:3000], r[1000:3000], w, policy="hf-eager")[1]
+        self.assertEqual(part, o[1000:3000])
+        x = v["qknorm.x"][0]
+        a = regions.rmsnorm(x, v["qknorm.weight"][0], policy="sglang", qk_norm=True)
+        xx = array("H", x)
+        regions.rmsnorm(xx, v["qknorm.weight"][0], policy="sglang", qk_norm=True, out=xx)
+        self.assertEqual(xx, a)
+        g, u = v["swiglu_odd.gate"][0], v["swiglu_odd.up"][0]
+        s1 = regions.swiglu(g, u, policy="hf-eager")
+        s2 = regions.swiglu(g, u, policy="hf-eager", rows=7, dim=1001)
+        uu = array("H", u)
+        regions.swiglu(g, uu, policy="hf-eager", out=uu)
+        self.assertEqual((s1, s2), (uu, uu))
+        # the fp32 preset and a Policy object
+        pol = parity.Policy(compute="fp32")
+        self.assertEqual(regions.swiglu(g, u, policy=pol), regions.swiglu(g, u, policy="fp32"))
+
+    def test_rope_reference(self):
+        """RoPE against a pure-Python model of the C arithmetic (fp32 products, libm tables)."""
+        import math
+        rows, heads, hd = 5, 3, 10
+        x = regions.to_bf16([math.sin(i * 0.37) * (1 + i % 7) for i in range(rows * heads * hd)])
+        pos = [0, 1, 7, 300, 4099]
+        f32 = lambda z: array("f", [z])[0]  # noqa: E731
+        bf = lambda z: regions.from_bf16(regions.to_bf16([z]))[0]  # noqa: E731
+        for policy, per_op, table16 in (("hf-eager", True, True), ("vllm", False, True),
+                                        ("aligned", False, False)):
+            got = regions.rope(array("H", x), pos, head_dim=hd, policy=policy, theta=10000.0)
+            xs = regions.from_bf16(x)
+            want = list(xs)
+            for r, p in enumerate(pos):
+                for i in range(hd // 2):
+                    inv = f32(1.0 / f32(math.pow(10000.0, f32(2 * i / hd))))
+                    ang = f32(float(p) * inv)
+                    c, s = f32(math.cos(ang)), f32(math.sin(ang))
+                    if table16:
+                        c, s = bf(c), bf(s)
+                    for h in range(heads):
+                        k = r * heads * hd + h * hd + i
+                        a, b = xs[k], xs[k + hd // 2]
+                        rd = bf if per_op else (lambda z: z)
+                        want[k] = f32(rd(f32(a * c)) - rd(f32(b * s)))
+                        want[k + hd // 2] = f32(rd(f32(b * c)) + rd(f32(a * s)))
+            self.assertEqual(got, regions.to_bf16(want), policy)
+
+    def test_errors(self):
+        w = array("H", [0x3F80] * 8)
+        x = array("H", [0x3F80] * 16)
+        with self.assertRaisesRegex(TypeError, "array\\('f'\\)"):
+            regions.rmsnorm(array("f", [1.0] * 16), w)
+        with self.assertRaisesRegex(TypeError, "bf16 buffer"):
+            regions.rmsnorm([1, 2, 3], w)
+        with self.assertRaises(ParityError) as e:
+            regions.rmsnorm(x[:15], w)
+        self.assertEqual(e.exception.status, "PARITY_ERR_INVALID_ARGUMENT")
+        with self.assertRaises(ParityError) as e:
+            regions.rmsnorm(x, w, eps=0.0)
+        self.assertIn("eps", e.exception.message)
+        with self.assertRaises(ParityError) as e:
+            regions.rmsnorm(x, w, out=array("H", [0] * 8))
+        with self.assertRaisesRegex(TypeError, "read-only"):
+            regions.rmsnorm(x, w, out=bytes(32))
+        with self.assertRaises(ParityError) as e:
+            regions.swiglu(x, x, policy="nope")
+        self.assertEqual(e.exception.status, "PARITY_ERR_POLICY")
+        with self.assertRaises(ParityError) as e:
+            regions.rope(array("H", [0] * 18), [0, 1], head_dim=9)
+        self.assertIn("head_dim", e.exception.message)
+        with self.assertRaises(ParityError) as e:
+            regions.rope(array("H", [0] * 16), [0, -1], head_dim=8)
+        self.assertIn("negative", e.exception.message)
+        with self.assertRaises(ParityError):
+            regions.rope(array("H", [0] * 16), [0, 1, 2], head_dim=8)
+        with self.assertRaises(ParityError) as e:
+            regions.rmsnorm_residual(x, x, w, out=x, residual_out=x)
+        self.assertIn("same buffer", e.exception.message)
+        with self.assertRaises(ParityError) as e:
+            parity.Policy(swiglu=7)._struct()
+        self.assertEqual(e.exception.status, "PARITY_ERR_POLICY")
+        with self.assertRaises(ParityError):
+            parity.Policy(swiglu="sometimes")
+        with self.assertRaises(TypeError):
+            parity.Policy(swiglu=1.5)
+        with self.assertRaises(AttributeError):
+            parity.Policy(colour=1)
+
+
+class TestMisuse(unittest.TestCase):
+    def setUp(self):
+        self.tiny, self.real = Models.get()
+
+    def status(self, fn, *a, **k):
+        with self.assertRaises(ParityError) as e:
+            fn(*a, **k)
+        self.assertTrue(e.exception.message)
+        self.assertLess(e.exception.code, 0)
+        self.assertEqual(parity.status_name(e.exception.code), e.exception.status)
+        return e.exception.status
+
+    def test_score_errors(self):
+        m = self.tiny
+        self.assertEqual(self.status(m.score, [1, 2, 256]), "PARITY_ERR_TOKEN_RANGE")
+        self.assertEqual(self.status(m.score, [1, -2]), "PARITY_ERR_TOKEN_RANGE")
+        self.assertEqual(self.status(m.score, [1, 2 ** 40]), "PARITY_ERR_TOKEN_RANGE")
+        self.assertEqual(self.status(m.score, []), "PARITY_ERR_EMPTY_INPUT")
+        self.assertEqual(self.status(m.score, [[1, 2], []]), "PARITY_ERR_EMPTY_INPUT")
+        self.assertEqual(self.status(m.score, [1, 2], policy="hf-eagre"), "PARITY_ERR_POLICY")
+        self.assertEqual(self.status(m.score, [1, 2], mode="cooked"), "PARITY_ERR_INVALID_ARGUMENT")
+        self.assertEqual(self.status(m.score, [1, 2], top_p=1.5), "PARITY_ERR_INVALID_ARGUMENT")
+        self.assertEqual(self.status(m.score, [1, 2], temperature=-1),
+                         "PARITY_ERR_INVALID_ARGUMENT")
+        self.assertEqual(self.status(m.score, [1, 2], backend="cuda"),
+                         "PARITY_ERR_INVALID_ARGUMENT")
+        for bad in ([1.5, 2.0], "hello", [[1, 2], 3], array("f", [1.0]), None, 7):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                m.score(bad)
+        with self.assertRaises(TypeError):
+            m.score([1, 2], policy=3)
+        with self.assertRaises(TypeError):
+            m.score([1, 2], top_k=1.5)
+        try:
+            m.score([1, 2, 256])
+        except ParityError as e:
+            self.assertEqual((e.code, e.status), (-40, "PARITY_ERR_TOKEN_RANGE"))
+            self.assertIn("token id 256 is outside the vocabulary", str(e))
+
+    def test_open_errors(self):
+        self.assertEqual(self.status(parity.Model, "/nonexistent/model"), "PARITY_ERR_IO")
+        self.assertEqual(self.status(parity.Model, "synthetic:nothing"),
+                         "PARITY_ERR_INVALID_ARGUMENT")
+        with self.assertRaises(TypeError):
+            parity.Model(42)
+
+    def test_closed(self):
+        m = parity.Model("synthetic:tiny")
+        s = m.sampler(policy="aligned", max_seqs=3)
+        with m:
+            m.score([1, 2, 3])
+        self.assertTrue(m.closed)
+        m.close()
+        m.__del__()
+        self.assertEqual(self.status(m.score, [1, 2]), "PARITY_ERR_INVALID_ARGUMENT")
+        self.assertIn("closed", str(self._err(m.score, [1, 2])))
+        self.assertEqual(self.status(m.sampler), "PARITY_ERR_INVALID_ARGUMENT")
+        # a live sampler keeps what it needs
+        self.assertEqual(len(s.generate([1, 2, 3], n=2, max_tokens=4)), 2)
+        s.close()
+        s.close()
+        self.assertIn("closed", str(self._err(s.generate, [1, 2, 3])))
+        del s, m
+
+    def _err(self, fn, *a):
+        try:
+            fn(*a)
+        except ParityError as e:
+            return e
+        self.fail("no error")
+
+    def test_sampler_errors(self):
+        with self.tiny.sampler(max_seqs=2, max_len=8) as s:
+            self.assertEqual(self.status(s.add, [1] * 9), "PARITY_ERR_TOO_LONG")
+            self.assertEqual(self.status(s.add, [1, 999]), "PARITY_ERR_TOKEN_RANGE")
+            self.assertEqual(self.status(s.add, [1], stop=[1] * 17), "PARITY_ERR_INVALID_ARGUMENT")
+            self.assertEqual(self.status(s.add, [1], seed=-1), "PARITY_ERR_INVALID_ARGUMENT")
+            self.assertEqual(self.status(s.step, [5]), "PARITY_ERR_UNKNOWN_SEQUENCE")
+            self.assertEqual(self.status(s.step, []), "PARITY_ERR_EMPTY_INPUT")
+            self.assertEqual(self.status(s.fork, 1, 0), "PARITY_ERR_UNKNOWN_SEQUENCE")
+            with self.assertRaises(TypeError):
+                s.add([1, 2], temperature="hot")
+
+    def test_no_crash_in_subprocess(self):
+        code = ("import parity\nfrom array import array\nm = parity.Model('synthetic:tiny')\n"
+                "for f in (lambda: m.score([[1, 2], [3, 10**6]]), lambda: parity.regions.rmsnorm("
+                "array('H', [1]*3), array('H', [1]*4)), lambda: m.sampler(max_len=10**6)):\n"
+                "    try: f()\n"
+                "    except (parity.ParityError, TypeError) as e: print(type(e).__name__)\n"
+                "m.close(); m.close()\nprint('ok')\n")
+        env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
+        p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.decode().split(), ["ParityError"] * 3 + ["ok"])
+
+
+class TestThreads(unittest.TestCase):
+    def setUp(self):
+        self.tiny, self.real = Models.get()
+
+    def test_gil_released(self):
+        seqs = [list(TEXT[i:i + 120]) for i in range(0, 60, 2)]
+        t0 = time.perf_counter()
+        self.real.score(seqs, policy="aligned", threads=1)
+        alone = time.perf_counter() - t0
+        ticks = [0]
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                ticks[0] += 1
+                time.sleep(0)
+
+        t = threading.Thread(target=spin)
+        t.start()
+        time.sleep(0.01)
+        before = ticks[0]
+        self.real.score(seqs, policy="aligned", threads=1)
+        during = ticks[0] - before
+        stop.set()
+        t.join()
+        # with the GIL held for the whole call the other thread could not count at all
+        self.assertGreater(during, 100, "the other thread ran %d times in %.2fs" % (during, alone))
+
+    def test_concurrent_scoring(self):
+        seqs = [list(TEXT[i:i + 50]) for i in range(0, 40, 4)]
+        want = [f32_bits(x) for x in self.real.score(seqs, policy="vllm")]
+        results, errors = [], []
+
+        def work():
+            try:
+                for _ in range(3):
+                    results.append([f32_bits(x) for x in self.real.score(seqs, policy="vllm")])
+            except Exception as e:  # pragma: no cover
+                errors.append(e)
+
+        ts = [threading.Thread(target=work) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(results, [want] * 12)
+
+
+class TestUpdates(unittest.TestCase):
+    """Weight updates, manifests (the Python writer against the library's) and the probe."""
+
+    def test_manifest_update_verify_probe(self):
+        weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
+        tensors = {name: ("BF16", shape, arr) for name, (arr, shape) in weights.items()}
+        mine = os.path.join(TMP, "learner.manifest.json")
+        theirs = os.path.join(TMP, "model.manifest.json")
+        parity.write_manifest(mine, tensors, version=0)
+        with parity.Model(REAL, threads=1) as m:
+            self.assertEqual(m.version, 0)
+            self.assertEqual(m.verify(mine), [])
+            m.write_manifest(theirs)
+            with open(mine) as f1, open(theirs) as f2:
+                self.assertEqual(json.load(f1), json.load(f2))
+            toks = list(TEXT[:40])
+            before = m.score(toks, policy="aligned")
+            m.probe(toks, before, policy="aligned")
+            bad = list(before)
+            bad[5] += 1e-3
+            with self.assertRaises(ParityError) as e:
+                m.probe(toks, bad, policy="aligned")
+            self.assertEqual(e.exception.status, "PARITY_ERR_VERIFY")
+            # a sampler sequence prefilled before the update goes stale
+            s = m.sampler(policy="aligned", max_seqs=2)
+            seq = s.add(toks)
+            # the learner sends fp32 masters of one tensor; the library casts them (RNE)
+            name = "model.norm.weight"
+            arr, shape = weights[name]
+            f32 = array("f", array("I", [(h << 16) + 0x9000 for h in arr]).tobytes())
+            update = {name: ("F32", shape, f32)}
+            m.update(update)
+            self.assertEqual(m.version, 1)
+            diffs = m.verify(mine)
+            self.assertTrue(any(name in d and "checksum" in d for d in diffs), diffs)
+            self.assertTrue(any(d.startswith("version") for d in diffs), diffs)
+            tensors.update(update)
+            parity.write_manifest(mine, tensors, version=1)
+            self.assertEqual(m.verify(mine), [])
+            after = m.score(toks, policy="aligned")
+            self.assertNotEqual(f32_bits(after), f32_bits(before))
+            with self.assertRaises(ParityError) as e:
+                s.step([seq])
+            self.assertEqual(e.exception.status, "PARITY_ERR_STALE")
+            s.close()
+            with self.assertRaises(ParityError) as e:
+                m.update({"model.nothing.weight": ("BF16", (4,), bytes(8))})
+            with self.assertRaises(ParityError) as e:
+                m.update({name: ("BF16", (3,), bytes(6))})
+            with self.assertRaises(TypeError):
+                m.update({name: [1.0, 2.0]})
+            with self.assertRaises(ParityError) as e:
+                m.verify(os.path.join(TMP, "no-such-manifest.json"))
+            self.assertEqual(e.exception.status, "PARITY_ERR_IO")
+
+
+class TestExamples(unittest.TestCase):
+    EXAMPLES = os.path.join(harness.REPO, "examples", "python")
+
+    def run_example(self, name, *args):
+        env = dict(os.environ)
+        p = subprocess.run([sys.executable, os.path.join(self.EXAMPLES, name)] + list(args),
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+    def test_score_rollouts(self):
+        prompt = write("rollout-prompt.txt", TEXT[:30])
+        rollouts = write("rollouts.jsonl", cli(
+            GENERATE, "--model", REAL, "--policy", "vllm", "--prompt-bytes", prompt, "--n", "4",
+            "--max-tokens", "20", "--seed", "3", "--temperature", "0.9", "--logprob-mode",
+            "processed").encode())
+        base = ["--model", REAL, "--prompt-bytes", prompt, "--logprob-mode", "processed",
+                "--temperature", "0.9", rollouts]
+        rc, out, err = self.run_example("score_rollouts.py", "--policy", "vllm", "--json", *base)
+        self.assertEqual(rc, 0, err)
+        same = json.loads(out)
+        self.assertEqual((same["tokens"], same["bitwise_equal"], same["mean_abs_dlogp"]),
+                         (80, 1.0, 0.0))
+        rc, out, err = self.run_example("score_rollouts.py", "--policy", "hf-eager", "--json",
+                                        *base)
+        self.assertEqual(rc, 0, err)
+        other = json.loads(out)
+        self.assertGreater(other["mean_abs_dlogp"], 0)
+        self.assertLess(other["bitwise_equal"], 0.5)
+        rc, out, err = self.run_example("score_rollouts.py", "--policy", "aligned", *base)
+        self.assertIn("k3 KL", out)
+
+    def test_grpo_group(self):
+        rc, out, err = self.run_example("grpo_group.py", "--model", REAL, "--n", "3",
+                                        "--max-tokens", "12", "--seed", "2")
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("parity: 36 of 36 tokens bitwise equal", out)
+        rc, out, err = self.run_example("grpo_group.py", "--model", REAL, "--n", "2",
+                                        "--max-tokens", "8", "--learner-policy", "hf-eager")
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("learner (hf-eager)", out)
+
+
+if __name__ == "__main__":
+    harness.run("python-binding")
