@@ -1,0 +1,1291 @@
+/* parity-mismatch: how far a learner's log-probs drift from a sampler's, per precision policy.
+ *
+ *   parity-mismatch [--model DIR|synthetic:NAME[:SEED]] [--prompts FILE...] [--prompt-tokens]
+ *                   [--prompt-len N] [--n N] [--max-tokens N] [--greedy-tokens N] [--policies LIST]
+ *                   [--learners LIST] [--kernel-policies LIST|all|none] [--split-k N]
+ *                   [--split-kv N] [--ablation SAMPLER,LEARNER|none] [--growth-tokens N]
+ *                   [--growth-n N] [--growth-prompts N] [--threads N] [--lib-threads N]
+ *                   [--temperature T] [--top-p P] [--seed S]
+ *                   [--logprob-mode raw|processed|processed-truncated] [--backend bf16|openblas]
+ *                   [--json FILE] [--csv FILE] [--svg DIR] [--full-tables] [--quiet]
+ *
+ * What it does, as an RL trainer would:
+ *   1. Rollouts: for each sampler configuration, the sampler prefills every prompt once, forks
+ *      n completions from it (stream = the completion's index, one seed for the run) and draws
+ *      up to --max-tokens tokens each at --temperature / --top-p, recording the log-prob it
+ *      reports for every drawn token (--logprob-mode, "raw" by default). Each configuration
+ *      generates once; configurations with identical switches share their rollouts.
+ *   2. Scoring: the scorer (the learner's entry point) recomputes the log-probs of the same
+ *      tokens under a learner policy, all completions of a rollout set in one parity_score
+ *      call, with the sampler's mode, temperature and top-p.
+ *   3. Greedy: every configuration of the headline and the matrix also decodes each prompt
+ *      greedily once (temperature 0, --greedy-tokens long).
+ * Sections of the report:
+ *   headline  sampler S (vllm) against learner L (hf-eager: other rounding points), against L
+ *             with its regions aligned, against S itself, S+aligned on both sides, S with other
+ *             decode kernels, and the fp32 learner;
+ *   matrix    every sampler policy x every learner policy, plus kernel-order rows: the
+ *             sampler's decode steps with split-K GEMMs (--split-k chunks) and/or split-KV
+ *             attention (--split-kv positions per segment), as engines run them, for the
+ *             samplers in --kernel-policies ("kernel_order" in the JSON: "same" or e.g.
+ *             "split_k=4,split_kv=64");
+ *   ablation  from the mismatched pair (S, L), the learner copies the sampler's switches region
+ *             by region (residual+RMSNorm, RoPE, SwiGLU one at a time, attention alone, pairs,
+ *             the three, then attention, then logits: the learner equals the sampler);
+ *   growth    a longer run of S (--growth-tokens): mismatch by position in the completion and
+ *             by completion length, for S -> L and S -> S with and without other kernels.
+ *
+ * Metrics, per (sampler, learner) pair, over generated tokens, with
+ *   r = logp_learner - logp_sampler   (the log importance ratio of a token):
+ *   mean|d|      mean of |r|                      p99|d|  99th percentile of |r| (nearest rank)
+ *   max|d|       max of |r|                       bias    mean of r (signed)
+ *   k3 KL        mean of exp(r) - r - 1 (Schulman's k3 estimator; >= 0, 0 iff r = 0)
+ *   ratio, r std mean and (population) standard deviation of exp(r)
+ *   out          fraction of tokens with exp(r) outside [0.8, 1.2] (PPO-style clip range)
+ *   r max        max of exp(r)
+ *   equal        fraction of tokens whose two log-probs are bitwise equal (float bits)
+ *   seq|S| max|S|  S = sum of r over one completion (sequence-level log-ratio): mean |S| and
+ *                max |S| over completions
+ *   greedy       first position (0-based, in the completion) where greedy decoding under the
+ *                sampler configuration and greedy decoding under the learner policy (same
+ *                prompt, same length) pick different tokens; mean and min over the prompts where
+ *                they differ, and how many prompts differ; "none" if they never differ
+ *   nonfinite    tokens where either log-prob is not finite (possible in processed-truncated
+ *                mode); they are left out of every other metric
+ * Growth gives the per-token metrics for positions bucketed in the completion (0-15, 16-63,
+ * 64-255, 256-1023, 1024+) and mean/max |S| over the first L tokens of each completion.
+ *
+ * Outputs: a table on stdout with a legend; --json FILE (every figure and the configuration:
+ * model, policies and their switches, prompts, seeds, build, CPU path, threads); --csv FILE (one
+ * row per pair, growth bucket and prefix length); --svg DIR (heatmap_k3.svg, hist_logratio.svg,
+ * growth_position.svg, growth_length.svg). Progress on stderr (--quiet: none).
+ *
+ * Threads: --threads workers take independent tasks (a rollout set to generate, a learner's
+ * scorings), each with its own single-threaded sampler or scorer (--lib-threads for more). The
+ * log-probs do not depend on either.
+ *
+ * Defaults (about half a minute on 2 idle cores): the bundled model
+ * models/qwen3-bytes-pystdlib-4.9m (else synthetic:tiny); prompts = 32-byte slices of the
+ * held-out text test/data/reference/eval_0{0..3}.bin at offsets 0 and 256 (bytes are tokens);
+ * n 2, 64 tokens, temperature 1, top-p 1, seed 0; greedy runs of 128 tokens; kernel-order rows
+ * for vllm with split_k 4 and split_kv 64; growth 320 tokens on 4 prompts x 2 (--growth-tokens
+ * 1024 for the full length).
+ * The source tree is $PARITY_SOURCE_ROOT, else the directory this was built from. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "mismatch.h"
+
+#ifndef PARITY_SOURCE_DIR
+#define PARITY_SOURCE_DIR "."
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* Small utilities                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+static double start_time;
+static int quiet;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One line on stderr, written at once (workers report concurrently). */
+void progress(const char *fmt, ...) {
+    if (quiet) return;
+    char line[512];
+    int n = snprintf(line, sizeof line, "[%6.1f s] ", now_seconds() - start_time);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", line);
+}
+
+void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+static void die_parity(const char *what, int status) {
+    die("%s: %s: %s", what, parity_status_name(status), parity_last_error());
+}
+
+void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) die("out of memory");
+    return p;
+}
+
+static void *xrealloc(void *p, size_t size) {
+    p = realloc(p, size ? size : 1);
+    if (!p) die("out of memory");
+    return p;
+}
+
+static unsigned char *read_whole_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    unsigned char *buf = xcalloc(cap, 1);
+    for (;;) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        buf = xrealloc(buf, cap *= 2);
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static const char *source_root(void) {
+    const char *env = getenv("PARITY_SOURCE_ROOT");
+    return env && *env ? env : PARITY_SOURCE_DIR;
+}
+
+static int parse_u32(const char *s, uint32_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v > UINT32_MAX) return 0;
+    *out = (uint32_t)v;
+    return 1;
+}
+
+static int parse_f32(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return 0;
+    *out = (float)v;
+    return 1;
+}
+
+/* "same", "split_k=4", "split_kv=64" or "split_k=4,split_kv=64". */
+void describe_order(uint32_t split_k, uint32_t split_kv, char out[ORDER_MAX_LEN]) {
+    if (split_k && split_kv)
+        snprintf(out, ORDER_MAX_LEN, "split_k=%u,split_kv=%u", split_k, split_kv);
+    else if (split_k) snprintf(out, ORDER_MAX_LEN, "split_k=%u", split_k);
+    else if (split_kv) snprintf(out, ORDER_MAX_LEN, "split_kv=%u", split_kv);
+    else snprintf(out, ORDER_MAX_LEN, "same");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Options                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static const char *const DEFAULT_POLICIES =
+    "fp32,hf-eager,hf-sdpa,vllm,sglang,aligned,vllm+aligned,hf-eager+aligned";
+
+static void default_options(options *o) {
+    memset(o, 0, sizeof *o);
+    o->prompt_len = 32;
+    o->n = 2;
+    o->max_tokens = 64;
+    o->greedy_tokens = 128;
+    o->threads = 2;
+    o->lib_threads = 1;
+    o->split_k = 4;
+    o->split_kv = 64;
+    o->growth_tokens = 320;
+    o->growth_n = 2;
+    o->growth_prompts = 4;
+    o->temperature = 1.0f;
+    o->top_p = 1.0f;
+    o->mode = PARITY_LOGPROB_RAW;
+    o->backend = PARITY_BACKEND_BF16;
+    o->policies = DEFAULT_POLICIES;
+    o->kernel_policies = "vllm";
+    o->ablation = "vllm,hf-eager";
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: parity-mismatch [options]\n"
+        "  --model SPEC            DIR or synthetic:NAME[:SEED] (default: the bundled\n"
+        "                          models/qwen3-bytes-pystdlib-4.9m, else synthetic:tiny)\n"
+        "  --prompts FILE...       prompt files, one prompt each (bytes are tokens; default:\n"
+        "                          slices of test/data/reference/eval_0{0..3}.bin)\n"
+        "  --prompt-tokens         prompt files hold whitespace-separated token ids\n"
+        "  --prompt-len N          length of the default prompt slices (32)\n"
+        "  --n N                   completions per prompt (2)\n"
+        "  --max-tokens N          tokens per completion (64)\n"
+        "  --greedy-tokens N       length of the greedy runs, 0 = none (128)\n"
+        "  --policies LIST         sampler policies, comma-separated (%s)\n"
+        "  --learners LIST         learner policies (default: the sampler policies)\n"
+        "  --kernel-policies LIST  samplers that also get kernel-order rows: names, all or\n"
+        "                          none (%s)\n"
+        "  --split-k N             split-K chunks of the kernel-order rows (4; 0 = none)\n"
+        "  --split-kv N            split-KV segment of the kernel-order rows, positions\n"
+        "                          (64; 0 = none)\n"
+        "  --ablation S,L          the mismatched pair of the region ablation, or none\n"
+        "                          (vllm,hf-eager)\n"
+        "  --growth-tokens N       length of the growth run, 0 = none (320; up to 1024)\n"
+        "  --growth-n N            completions per prompt of the growth run (2)\n"
+        "  --growth-prompts N      prompts of the growth run (4)\n"
+        "  --threads N             worker threads, each running its own sampler or scorer on\n"
+        "                          independent tasks (2)\n"
+        "  --lib-threads N         threads of each sampler's and scorer's own pool (1)\n"
+        "  --temperature T         sampling temperature (1)\n"
+        "  --top-p P               nucleus sampling mass (1 = off)\n"
+        "  --seed S                sampling seed (0)\n"
+        "  --logprob-mode M        raw | processed | processed-truncated (raw)\n"
+        "  --backend B             bf16 | openblas (bf16)\n"
+        "  --json FILE  --csv FILE  --svg DIR   machine-readable outputs and plots\n"
+        "  --full-tables           print every matrix pair's metrics, not only the grids\n"
+        "  --quiet                 no progress on stderr\n",
+        DEFAULT_POLICIES, "vllm");
+}
+
+static uint32_t parse_mode(const char *v) {
+    if (!strcmp(v, "raw")) return PARITY_LOGPROB_RAW;
+    if (!strcmp(v, "processed")) return PARITY_LOGPROB_PROCESSED;
+    if (!strcmp(v, "processed-truncated")) return PARITY_LOGPROB_PROCESSED_TRUNCATED;
+    die("--logprob-mode must be raw, processed or processed-truncated");
+}
+
+const char *mode_name(uint32_t mode) {
+    return mode == PARITY_LOGPROB_RAW         ? "raw"
+           : mode == PARITY_LOGPROB_PROCESSED ? "processed"
+                                              : "processed-truncated";
+}
+
+/* Options with a numeric value; returns 1 if `a` was one of them. */
+static int parse_numeric_option(options *o, const char *a, const char *v) {
+    struct {
+        const char *name;
+        uint32_t *out;
+        uint32_t min;
+    } u[] = {
+        {"--prompt-len", &o->prompt_len, 1}, {"--n", &o->n, 1},
+        {"--max-tokens", &o->max_tokens, 1}, {"--threads", &o->threads, 1},
+        {"--lib-threads", &o->lib_threads, 1}, {"--greedy-tokens", &o->greedy_tokens, 0},
+        {"--split-k", &o->split_k, 0},       {"--split-kv", &o->split_kv, 0},
+        {"--growth-tokens", &o->growth_tokens, 0}, {"--growth-n", &o->growth_n, 1},
+        {"--growth-prompts", &o->growth_prompts, 1},
+    };
+    for (size_t i = 0; i < sizeof u / sizeof u[0]; i++)
+        if (!strcmp(a, u[i].name)) {
+            if (!parse_u32(v, u[i].out) || *u[i].out < u[i].min)
+                die("bad value for %s: '%s' (an integer >= %u)", a, v, u[i].min);
+            return 1;
+        }
+    if (!strcmp(a, "--temperature")) {
+        if (!parse_f32(v, &o->temperature) || o->temperature < 0) die("bad --temperature '%s'", v);
+        return 1;
+    }
+    if (!strcmp(a, "--top-p")) {
+        if (!parse_f32(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1))
+            die("bad --top-p '%s'", v);
+        return 1;
+    }
+    if (!strcmp(a, "--seed")) {
+        char *end;
+        errno = 0;
+        o->seed = strtoull(v, &end, 10);
+        if (errno || !*v || *v == '-' || *end) die("bad --seed '%s'", v);
+        return 1;
+    }
+    return 0;
+}
+
+static void parse_options(options *o, int argc, char **argv) {
+    default_options(o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--prompt-tokens")) { o->prompt_tokens = 1; continue; }
+        if (!strcmp(a, "--full-tables")) { o->full_tables = 1; continue; }
+        if (!strcmp(a, "--quiet")) { quiet = 1; continue; }
+        if (!strcmp(a, "--prompts")) {
+            o->prompt_files = &argv[i + 1];
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) i++, o->n_prompt_files++;
+            if (!o->n_prompt_files) die("--prompts needs at least one file");
+            continue;
+        }
+        if (i + 1 >= argc) die("%s needs a value (see --help)", a);
+        const char *v = argv[++i];
+        if (parse_numeric_option(o, a, v)) continue;
+        if (!strcmp(a, "--model")) o->model_spec = v;
+        else if (!strcmp(a, "--policies")) o->policies = v;
+        else if (!strcmp(a, "--learners")) o->learners = v;
+        else if (!strcmp(a, "--kernel-policies")) o->kernel_policies = v;
+        else if (!strcmp(a, "--ablation")) o->ablation = v;
+        else if (!strcmp(a, "--logprob-mode")) o->mode = parse_mode(v);
+        else if (!strcmp(a, "--json")) o->json_path = v;
+        else if (!strcmp(a, "--csv")) o->csv_path = v;
+        else if (!strcmp(a, "--svg")) o->svg_dir = v;
+        else if (!strcmp(a, "--backend")) {
+            if (!strcmp(v, "bf16")) o->backend = PARITY_BACKEND_BF16;
+            else if (!strcmp(v, "openblas")) o->backend = PARITY_BACKEND_OPENBLAS;
+            else die("--backend must be bf16 or openblas");
+        } else {
+            usage(stderr);
+            die("unknown option %s", a);
+        }
+    }
+    if (!o->learners) o->learners = o->policies;
+    if (o->split_k == 1) die("--split-k must be 0 (off) or at least 2");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Policies                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+int same_policy(const parity_policy *a, const parity_policy *b) {
+    return !memcmp(a, b, sizeof *a);
+}
+
+static void spec_from_name(const char *name, spec *out) {
+    memset(out, 0, sizeof *out);
+    if (strlen(name) >= NAME_MAX_LEN) die("policy name too long: '%s'", name);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    int rc = parity_policy_from_name(name, &out->policy);
+    if (rc) die_parity(name, rc);
+}
+
+/* A comma-separated list of policy names; "none" or "" gives an empty list. */
+static void parse_spec_list(const char *list, spec_list *out) {
+    out->n = 0;
+    if (!strcmp(list, "none")) return;
+    const char *p = list;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len) {
+            char name[NAME_MAX_LEN];
+            if (len >= sizeof name) die("policy name too long in '%s'", list);
+            memcpy(name, p, len);
+            name[len] = '\0';
+            if (out->n == MAX_SPECS) die("more than %d policies", MAX_SPECS);
+            spec_from_name(name, &out->v[out->n++]);
+        }
+        p = comma ? comma + 1 : p + len;
+    }
+}
+
+const spec *find_spec(const spec_list *l, const char *name) {
+    for (size_t i = 0; i < l->n; i++)
+        if (!strcmp(l->v[i].name, name)) return &l->v[i];
+    return NULL;
+}
+
+/* The ablation's regions: the switches each one owns. */
+enum {
+    REGION_RESNORM = 1,  /* residual + RMSNorm: norm_input, norm_weight, qk_norm */
+    REGION_ROPE = 2,     /* rope_table, rope_apply */
+    REGION_SWIGLU = 4,   /* swiglu */
+    REGION_ATTN = 8,     /* attention */
+    REGION_LOGITS = 16,  /* logits, temperature (and compute: the learner then equals the
+                            sampler) */
+};
+
+static const char *const region_names[] = {"norm", "rope", "swiglu", "attn", "logits"};
+
+/* The learner's policy with the given regions' switches copied from the sampler's. */
+static parity_policy copy_regions(parity_policy learner, const parity_policy *sampler,
+                                  unsigned regions) {
+    if (regions & REGION_RESNORM) {
+        learner.norm_input = sampler->norm_input;
+        learner.norm_weight = sampler->norm_weight;
+        learner.qk_norm = sampler->qk_norm;
+    }
+    if (regions & REGION_ROPE) {
+        learner.rope_table = sampler->rope_table;
+        learner.rope_apply = sampler->rope_apply;
+    }
+    if (regions & REGION_SWIGLU) learner.swiglu = sampler->swiglu;
+    if (regions & REGION_ATTN) learner.attention = sampler->attention;
+    if (regions & REGION_LOGITS) {
+        learner.logits = sampler->logits;
+        learner.temperature = sampler->temperature;
+        learner.compute = sampler->compute;
+    }
+    return learner;
+}
+
+/* "norm+rope", or "none". */
+static void describe_regions(unsigned regions, char *out, size_t size) {
+    out[0] = '\0';
+    for (unsigned i = 0; i < 5; i++)
+        if (regions & (1u << i))
+            snprintf(out + strlen(out), size - strlen(out), "%s%s", out[0] ? "+" : "",
+                     region_names[i]);
+    if (!out[0]) snprintf(out, size, "none");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Prompts                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static void prompt_push(prompt_set *ps, const int32_t *tok, uint32_t len, const char *source) {
+    ps->tok = xrealloc(ps->tok, (ps->n + 1) * sizeof *ps->tok);
+    ps->len = xrealloc(ps->len, (ps->n + 1) * sizeof *ps->len);
+    ps->source = xrealloc(ps->source, (ps->n + 1) * sizeof *ps->source);
+    ps->tok[ps->n] = xcalloc(len, sizeof(int32_t));
+    memcpy(ps->tok[ps->n], tok, len * sizeof(int32_t));
+    ps->len[ps->n] = len;
+    ps->source[ps->n] = strdup(source);
+    if (!ps->source[ps->n]) die("out of memory");
+    ps->n++;
+}
+
+/* Whitespace-separated decimal token ids. */
+static int32_t *parse_token_text(const unsigned char *data, size_t len, uint32_t *count,
+                                 const char *path) {
+    int32_t *tok = xcalloc(len / 2 + 1, sizeof *tok);
+    char *text = xcalloc(len + 1, 1);
+    memcpy(text, data, len);
+    size_t n = 0;
+    for (char *p = text;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && !strchr(" \t\r\n", *end)))
+            die("%s: '%.20s' is not a token id", path, p);
+        tok[n++] = (int32_t)v;
+        p = end;
+    }
+    free(text);
+    *count = (uint32_t)n;
+    return tok;
+}
+
+static void load_prompt_file(prompt_set *ps, const char *path, int as_ids) {
+    size_t len;
+    unsigned char *data = read_whole_file(path, &len);
+    if (!data) die("%s: %s", path, strerror(errno));
+    uint32_t n = 0;
+    int32_t *tok;
+    if (as_ids) {
+        tok = parse_token_text(data, len, &n, path);
+    } else {
+        tok = xcalloc(len, sizeof *tok);
+        for (size_t i = 0; i < len; i++) tok[i] = data[i];
+        n = (uint32_t)len;
+    }
+    if (!n) die("%s: empty prompt", path);
+    prompt_push(ps, tok, n, path);
+    free(tok);
+    free(data);
+}
+
+/* Some Python, for when the source tree's held-out text is not there. */
+static const char FALLBACK_TEXT[] =
+    "import os\nimport sys\n\n\ndef main(argv=None):\n    \"\"\"Print the arguments.\"\"\"\n"
+    "    if argv is None:\n        argv = sys.argv[1:]\n    for i, arg in enumerate(argv):\n"
+    "        print(i, arg)\n    return 0\n\n\nclass Reader(object):\n"
+    "    def __init__(self, path, mode='r'):\n        self.path = path\n"
+    "        self.mode = mode\n        self._file = None\n\n    def open(self):\n"
+    "        self._file = open(self.path, self.mode)\n        return self._file\n";
+
+/* Slices of the held-out text: --prompt-len bytes at offsets 0 and 256 of each file, the
+ * offset-0 slices first (the growth run takes the first prompts). */
+static void load_default_prompts(prompt_set *ps, uint32_t plen) {
+    static const uint32_t offsets[] = {0, 256};
+    char paths[4][1024];
+    unsigned char *data[4] = {0};
+    size_t len[4] = {0};
+    for (int k = 0; k < 4; k++) {
+        snprintf(paths[k], sizeof paths[k], "%s/test/data/reference/eval_%02d.bin", source_root(),
+                 k);
+        data[k] = read_whole_file(paths[k], &len[k]);
+        if (!data[k]) {
+            data[k] = xcalloc(sizeof FALLBACK_TEXT, 1);
+            memcpy(data[k], FALLBACK_TEXT, sizeof FALLBACK_TEXT - 1);
+            len[k] = sizeof FALLBACK_TEXT - 1;
+            snprintf(paths[k], sizeof paths[k], "built-in text %d", k);
+        }
+    }
+    int32_t *tok = xcalloc(plen, sizeof *tok);
+    for (size_t s = 0; s < sizeof offsets / sizeof offsets[0]; s++)
+        for (int k = 0; k < 4; k++) {
+            size_t off = (offsets[s] + (size_t)k * 37 * !strncmp(paths[k], "built-in", 8)) % len[k];
+            for (uint32_t i = 0; i < plen; i++) tok[i] = data[k][(off + i) % len[k]];
+            char source[1100];
+            snprintf(source, sizeof source, "%s@%zu", paths[k], off);
+            prompt_push(ps, tok, plen, source);
+        }
+    free(tok);
+    for (int k = 0; k < 4; k++) free(data[k]);
+}
+
+/* Checks every prompt against the model; bytes beyond a small vocabulary wrap around. */
+static void fit_prompts(prompt_set *ps, const parity_config *c, uint32_t room) {
+    for (size_t i = 0; i < ps->n; i++) {
+        if (ps->len[i] + room > c->max_position_embeddings) {
+            if (room >= c->max_position_embeddings) die("the model's context is too short");
+            ps->len[i] = c->max_position_embeddings - room;
+        }
+        for (uint32_t t = 0; t < ps->len[i]; t++)
+            if ((uint32_t)ps->tok[i][t] >= c->vocab_size)
+                ps->tok[i][t] = (int32_t)((uint32_t)ps->tok[i][t] % c->vocab_size);
+    }
+}
+
+static void free_prompts(prompt_set *ps) {
+    for (size_t i = 0; i < ps->n; i++) {
+        free(ps->tok[i]);
+        free(ps->source[i]);
+    }
+    free(ps->tok);
+    free(ps->len);
+    free(ps->source);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Rollouts: the sampler's completions and the log-probs it reported                        */
+/* ---------------------------------------------------------------------------------------- */
+
+/* What generation and scoring need from the run. */
+typedef struct run_env {
+    const options *o;
+    const parity_model *model;
+} run_env;
+
+static void sampling_for(const run_env *e, float temperature, uint32_t max_new,
+                         parity_sampling *sp) {
+    parity_sampling_default(sp);
+    sp->temperature = temperature;
+    sp->top_p = e->o->top_p;
+    sp->seed = e->o->seed;
+    sp->max_new_tokens = max_new;
+    sp->logprob_mode = e->o->mode;
+}
+
+static uint32_t max_prompt_len(const prompt_set *ps) {
+    uint32_t m = 0;
+    for (size_t i = 0; i < ps->n; i++)
+        if (ps->len[i] > m) m = ps->len[i];
+    return m;
+}
+
+/* A sampler sized for one wave of `prompts` prompts with `per` completions each. */
+static parity_sampler *make_sampler(const run_env *e, const variant *v, size_t prompts,
+                                    uint32_t per, uint32_t max_len) {
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    p.n_threads = e->o->lib_threads;
+    p.backend = e->o->backend;
+    p.policy = v->policy;
+    p.split_k = v->split_k;
+    p.split_kv = v->split_kv;
+    p.max_seqs = (uint32_t)(prompts * (per + 1));
+    p.max_len = max_len;
+    const uint64_t seq_blocks = (max_len + 15) / 16;
+    uint64_t blocks = (uint64_t)prompts * (seq_blocks + (uint64_t)per * (seq_blocks + 1));
+    p.cache_tokens = (uint32_t)(blocks * 16);
+    p.max_batch = (uint32_t)(prompts * per < 64 ? prompts * per : 64);
+    parity_sampler *s = NULL;
+    int rc = parity_sampler_create(e->model, &p, &s);
+    if (rc) die_parity("creating a sampler", rc);
+    return s;
+}
+
+/* Adds the prompts [first, last) and forks `per` completions of each; the parents are
+ * released (their blocks stay with the children). live[k] = sequence id, slot[k] = index of
+ * the completion in the rollouts. */
+static size_t start_wave(parity_sampler *s, const run_env *e, rollouts *r, size_t first,
+                         size_t last, uint32_t *live, size_t *slot) {
+    parity_sampling sp;
+    sampling_for(e, r->temperature, r->max_new, &sp);
+    size_t n_live = 0;
+    for (size_t p = first; p < last; p++) {
+        uint32_t parent;
+        int rc = parity_sampler_add(s, r->prompts->tok[p], r->prompts->len[p], &sp, 0, &parent);
+        if (rc) die_parity("prefilling a prompt", rc);
+        for (uint32_t j = 0; j < r->per_prompt; j++) {
+            size_t c = p * r->per_prompt + j;
+            if ((rc = parity_sampler_fork(s, parent, &sp, c, &live[n_live])))
+                die_parity("forking a completion", rc);
+            slot[n_live++] = c;
+        }
+        parity_sampler_release(s, parent);
+    }
+    return n_live;
+}
+
+/* Steps the live completions until all have finished, appending tokens and log-probs to
+ * gen_tok/gen_lp[c * max_new ...] and counting them in gen_n[c]. */
+static void decode_wave(parity_sampler *s, const rollouts *r, uint32_t *live, size_t *slot,
+                        size_t n_live, int32_t *gen_tok, float *gen_lp, uint32_t *gen_n) {
+    int32_t *tok = xcalloc(n_live, sizeof *tok);
+    float *lp = xcalloc(n_live, sizeof *lp);
+    uint32_t *fin = xcalloc(n_live, sizeof *fin);
+    while (n_live) {
+        int rc = parity_sampler_step(s, live, n_live, tok, lp, fin, 0, NULL, NULL);
+        if (rc) die_parity("decoding", rc);
+        size_t kept = 0;
+        for (size_t k = 0; k < n_live; k++) {
+            size_t c = slot[k];
+            gen_tok[c * r->max_new + gen_n[c]] = tok[k];
+            gen_lp[c * r->max_new + gen_n[c]] = lp[k];
+            gen_n[c]++;
+            if (fin[k] || gen_n[c] == r->max_new) {
+                parity_sampler_release(s, live[k]);
+            } else {
+                live[kept] = live[k];
+                slot[kept++] = c;
+            }
+        }
+        n_live = kept;
+    }
+    free(tok);
+    free(lp);
+    free(fin);
+}
+
+/* Lays the completions out as the scorer takes them: full sequences, concatenated. */
+static void pack_rollouts(rollouts *r, const int32_t *gen_tok, const float *gen_lp,
+                          const uint32_t *gen_n) {
+    size_t n = r->n_seqs, toks = 0, gens = 0;
+    r->prompt_index = xcalloc(n, sizeof *r->prompt_index);
+    r->length = xcalloc(n, sizeof *r->length);
+    r->prompt_len = xcalloc(n, sizeof *r->prompt_len);
+    r->tok_off = xcalloc(n + 1, sizeof *r->tok_off);
+    r->gen_off = xcalloc(n + 1, sizeof *r->gen_off);
+    for (size_t c = 0; c < n; c++) {
+        size_t p = c / r->per_prompt;
+        r->prompt_index[c] = (uint32_t)p;
+        r->prompt_len[c] = r->prompts->len[p];
+        r->length[c] = r->prompts->len[p] + gen_n[c];
+        r->tok_off[c] = toks;
+        r->gen_off[c] = gens;
+        toks += r->length[c];
+        gens += gen_n[c];
+    }
+    r->tok_off[n] = toks;
+    r->gen_off[n] = gens;
+    r->tokens = xcalloc(toks, sizeof *r->tokens);
+    r->lp = xcalloc(gens, sizeof *r->lp);
+    for (size_t c = 0; c < n; c++) {
+        int32_t *t = r->tokens + r->tok_off[c];
+        memcpy(t, r->prompts->tok[r->prompt_index[c]], r->prompt_len[c] * sizeof *t);
+        memcpy(t + r->prompt_len[c], gen_tok + c * r->max_new, gen_n[c] * sizeof *t);
+        memcpy(r->lp + r->gen_off[c], gen_lp + c * r->max_new, gen_n[c] * sizeof *r->lp);
+    }
+}
+
+/* Generates every completion of `r` (its configuration filled in), in waves of at most 64
+ * live completions. */
+static void generate(const run_env *e, rollouts *r) {
+    const prompt_set *ps = r->prompts;
+    r->n_seqs = ps->n * r->per_prompt;
+    uint32_t context = parity_model_config(e->model)->max_position_embeddings;
+    uint64_t max_len = (uint64_t)max_prompt_len(ps) + r->max_new;
+    if (max_len > context) max_len = context;
+    size_t per_wave = r->per_prompt >= 64 ? 1 : 64 / r->per_prompt;
+    if (per_wave > ps->n) per_wave = ps->n;
+    int32_t *gen_tok = xcalloc(r->n_seqs * r->max_new, sizeof *gen_tok);
+    float *gen_lp = xcalloc(r->n_seqs * r->max_new, sizeof *gen_lp);
+    uint32_t *gen_n = xcalloc(r->n_seqs, sizeof *gen_n);
+    uint32_t *live = xcalloc(per_wave * r->per_prompt, sizeof *live);
+    size_t *slot = xcalloc(per_wave * r->per_prompt, sizeof *slot);
+    parity_sampler *s = make_sampler(e, &r->v, per_wave, r->per_prompt, (uint32_t)max_len);
+    for (size_t first = 0; first < ps->n; first += per_wave) {
+        size_t last = first + per_wave < ps->n ? first + per_wave : ps->n;
+        size_t n_live = start_wave(s, e, r, first, last, live, slot);
+        decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n);
+    }
+    parity_sampler_free(s);
+    pack_rollouts(r, gen_tok, gen_lp, gen_n);
+    free(gen_tok);
+    free(gen_lp);
+    free(gen_n);
+    free(live);
+    free(slot);
+}
+
+static void free_rollouts(rollouts *r) {
+    free(r->prompt_index);
+    free(r->length);
+    free(r->prompt_len);
+    free(r->tok_off);
+    free(r->gen_off);
+    free(r->tokens);
+    free(r->lp);
+}
+
+static int same_variant(const variant *a, const variant *b) {
+    return same_policy(&a->policy, &b->policy) && a->split_k == b->split_k &&
+           a->split_kv == b->split_kv;
+}
+
+/* The rollouts of a configuration, planned once per (configuration, prompts, length,
+ * temperature) and generated later. */
+static rollouts *plan_rollouts(rollout_cache *cache, const variant *v, const char *label,
+                               const prompt_set *ps, uint32_t per, uint32_t max_new,
+                               float temperature) {
+    for (size_t i = 0; i < cache->n; i++) {
+        rollouts *r = cache->v[i];
+        if (same_variant(&r->v, v) && r->prompts == ps && r->per_prompt == per &&
+            r->max_new == max_new && r->temperature == temperature)
+            return r;
+    }
+    rollouts *r = xcalloc(1, sizeof *r);
+    r->v = *v;
+    snprintf(r->label, sizeof r->label, "%s", label);
+    r->prompts = ps;
+    r->per_prompt = per;
+    r->max_new = max_new;
+    r->temperature = temperature;
+    cache->v = xrealloc(cache->v, (cache->n + 1) * sizeof *cache->v);
+    cache->v[cache->n++] = r;
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Scoring                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static parity_scorer *make_scorer(const run_env *e, const parity_policy *policy,
+                                  uint32_t longest) {
+    parity_scorer_params p;
+    parity_scorer_default_params(&p);
+    p.n_threads = e->o->lib_threads;
+    p.backend = e->o->backend;
+    p.policy = *policy;
+    uint32_t context = parity_model_config(e->model)->max_position_embeddings;
+    uint32_t cap = longest > 2048 ? longest : 2048;
+    p.max_tokens = cap < context ? cap : context;
+    parity_scorer *s = NULL;
+    int rc = parity_scorer_create(e->model, &p, &s);
+    if (rc) die_parity("creating a scorer", rc);
+    return s;
+}
+
+/* The learner's log-probs of the generated tokens of `r`, indexed like r->lp. */
+static float *score_rollouts(const run_env *e, parity_scorer *s, const rollouts *r) {
+    parity_score_options so;
+    parity_score_default_options(&so);
+    so.mode = e->o->mode;
+    so.temperature = r->temperature;
+    so.top_p = e->o->top_p;
+    size_t all = r->tok_off[r->n_seqs] - r->n_seqs;
+    float *lp = xcalloc(all, sizeof *lp);
+    int rc = parity_score(s, &so, r->tokens, r->length, r->n_seqs, lp, NULL, NULL, NULL);
+    if (rc) die_parity("scoring", rc);
+    float *gen = xcalloc(r->gen_off[r->n_seqs], sizeof *gen);
+    size_t at = 0;
+    for (size_t c = 0; c < r->n_seqs; c++) {
+        /* sequence c's values predict tokens 1 .. len-1; the generated ones start at plen */
+        size_t n_gen = r->gen_off[c + 1] - r->gen_off[c];
+        memcpy(gen + r->gen_off[c], lp + at + r->prompt_len[c] - 1, n_gen * sizeof *gen);
+        at += r->length[c] - 1;
+    }
+    free(lp);
+    return gen;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Metrics                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static int bitwise_equal(float a, float b) {
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The metrics over generated positions [lo, hi] (0-based in each completion) of rollouts `r`
+ * scored as `learner`. Sequence-level sums run over the same positions. */
+void compute_metrics(const rollouts *r, const float *learner, uint32_t lo, uint32_t hi,
+                            metrics *m) {
+    memset(m, 0, sizeof *m);
+    double *abs_r = xcalloc(r->gen_off[r->n_seqs], sizeof *abs_r);
+    double s_abs = 0, s_r = 0, s_k3 = 0, s_w = 0, s_w2 = 0, s_seq = 0;
+    size_t n = 0, outside = 0;
+    for (size_t c = 0; c < r->n_seqs; c++) {
+        size_t n_gen = r->gen_off[c + 1] - r->gen_off[c];
+        double seq = 0;
+        int any = 0;
+        for (size_t t = lo; t < n_gen && t <= hi; t++) {
+            float ls = r->lp[r->gen_off[c] + t], ll = learner[r->gen_off[c] + t];
+            m->tokens++;
+            any = 1;
+            if (bitwise_equal(ls, ll)) m->equal++;
+            if (!isfinite(ls) || !isfinite(ll)) {
+                m->nonfinite++;
+                continue;
+            }
+            double d = (double)ll - (double)ls, w = exp(d);
+            abs_r[n++] = fabs(d);
+            s_abs += fabs(d);
+            s_r += d;
+            s_k3 += w - d - 1;
+            s_w += w;
+            s_w2 += w * w;
+            outside += w < 0.8 || w > 1.2;
+            if (fabs(d) > m->max_abs) m->max_abs = fabs(d);
+            if (w > m->ratio_max) m->ratio_max = w;
+            seq += d;
+        }
+        if (!any) continue;
+        m->seqs++;
+        s_seq += fabs(seq);
+        if (fabs(seq) > m->seq_max_abs) m->seq_max_abs = fabs(seq);
+    }
+    if (n) {
+        qsort(abs_r, n, sizeof *abs_r, cmp_double);
+        size_t rank = (size_t)ceil(0.99 * (double)n);
+        m->p99_abs = abs_r[rank ? rank - 1 : 0];
+        m->mean_abs = s_abs / (double)n;
+        m->bias = s_r / (double)n;
+        m->k3 = s_k3 / (double)n;
+        m->ratio_mean = s_w / (double)n;
+        double var = s_w2 / (double)n - m->ratio_mean * m->ratio_mean;
+        m->ratio_std = var > 0 ? sqrt(var) : 0;
+        m->ratio_outside = (double)outside / (double)n;
+    } else {
+        m->mean_abs = m->p99_abs = m->bias = m->k3 = m->ratio_mean = m->ratio_std = NAN;
+        m->ratio_outside = NAN;
+    }
+    m->equal_frac = m->tokens ? (double)m->equal / (double)m->tokens : NAN;
+    m->seq_mean_abs = m->seqs ? s_seq / (double)m->seqs : NAN;
+    free(abs_r);
+}
+
+/* First position where two greedy runs of the same prompts pick different tokens. */
+static void compare_greedy(const rollouts *a, const rollouts *b, greedy_cmp *g) {
+    memset(g, 0, sizeof *g);
+    g->measured = 1;
+    g->prompts = a->n_seqs;
+    g->length = a->max_new;
+    g->first_min = INFINITY;
+    double sum = 0;
+    for (size_t c = 0; c < a->n_seqs; c++) {
+        size_t na = a->gen_off[c + 1] - a->gen_off[c], nb = b->gen_off[c + 1] - b->gen_off[c];
+        const int32_t *ta = a->tokens + a->tok_off[c] + a->prompt_len[c];
+        const int32_t *tb = b->tokens + b->tok_off[c] + b->prompt_len[c];
+        size_t t = 0, n = na < nb ? na : nb;
+        while (t < n && ta[t] == tb[t]) t++;
+        if (t == n && na == nb) continue;
+        g->differing++;
+        sum += (double)t;
+        if ((double)t < g->first_min) g->first_min = (double)t;
+    }
+    g->first_mean = g->differing ? sum / (double)g->differing : NAN;
+    if (!g->differing) g->first_min = NAN;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Jobs: one (sampler configuration, learner policy) pair each                              */
+/* ---------------------------------------------------------------------------------------- */
+
+static job *add_job(job_list *jl, section sec, const spec *sampler, uint32_t split_k,
+                    uint32_t split_kv, const char *learner_name, const parity_policy *learner) {
+    jl->v = xrealloc(jl->v, (jl->n + 1) * sizeof *jl->v);
+    job *j = &jl->v[jl->n++];
+    memset(j, 0, sizeof *j);
+    j->sec = sec;
+    snprintf(j->sampler, sizeof j->sampler, "%s", sampler->name);
+    snprintf(j->learner, sizeof j->learner, "%s", learner_name);
+    describe_order(split_k, split_kv, j->order);
+    j->sv.policy = sampler->policy;
+    j->sv.split_k = split_k;
+    j->sv.split_kv = split_kv;
+    j->learner_policy = *learner;
+    return j;
+}
+
+/* The kernel orders: "same", then split-K, split-KV and both, leaving out any that a zero
+ * --split-k / --split-kv turns off; returns how many. */
+int kernel_orders(const options *o, uint32_t k[4], uint32_t kv[4]) {
+    int n = 0;
+    k[n] = 0, kv[n++] = 0;
+    if (o->split_k) k[n] = o->split_k, kv[n++] = 0;
+    if (o->split_kv) k[n] = 0, kv[n++] = o->split_kv;
+    if (o->split_k && o->split_kv) k[n] = o->split_k, kv[n++] = o->split_kv;
+    return n;
+}
+
+static int in_list(const spec_list *l, const char *name) { return find_spec(l, name) != NULL; }
+
+static void add_matrix_jobs(job_list *jl, const options *o, const spec_list *samplers,
+                            const spec_list *learners, const spec_list *kernel) {
+    uint32_t k[4], kv[4];
+    int n_orders = kernel_orders(o, k, kv);
+    for (size_t s = 0; s < samplers->n; s++)
+        for (int ord = 0; ord < n_orders; ord++) {
+            if (ord && !in_list(kernel, samplers->v[s].name)) continue;
+            for (size_t l = 0; l < learners->n; l++)
+                add_job(jl, SEC_MATRIX, &samplers->v[s], k[ord], kv[ord], learners->v[l].name,
+                        &learners->v[l].policy);
+        }
+}
+
+/* The research scenario: sampler S (vLLM), learner L (HF eager) against learners aligned to
+ * the sampler, and the kernel-order noise left when rounding points agree. */
+static void add_headline_jobs(job_list *jl, const options *o, const spec *S, const spec *L) {
+    uint32_t k[4], kv[4];
+    int n_orders = kernel_orders(o, k, kv);
+    char name[2 * NAME_MAX_LEN];
+    spec l_aligned = *L, s_aligned = *S, fp32;
+    int has_aligned = strstr(L->name, "+aligned") || strstr(S->name, "+aligned");
+    if (!has_aligned) {
+        snprintf(name, sizeof name, "%s+aligned", L->name);
+        spec_from_name(name, &l_aligned);
+        snprintf(name, sizeof name, "%s+aligned", S->name);
+        spec_from_name(name, &s_aligned);
+    }
+    spec_from_name("fp32", &fp32);
+    snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, L->name, &L->policy)->note, 64,
+             "mismatched rounding points");
+    if (!has_aligned) {
+        snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, l_aligned.name, &l_aligned.policy)->note, 64,
+                 "learner regions aligned, not to S");
+        snprintf(add_job(jl, SEC_HEADLINE, &s_aligned, 0, 0, s_aligned.name,
+                         &s_aligned.policy)->note, 64, "both +aligned");
+    }
+    snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, S->name, &S->policy)->note, 64,
+             "learner = sampler policy");
+    for (int ord = 1; ord < n_orders; ord++)
+        snprintf(add_job(jl, SEC_HEADLINE, S, k[ord], kv[ord], S->name, &S->policy)->note, 64,
+                 "same rounding, other kernels");
+    snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, fp32.name, &fp32.policy)->note, 64,
+             "learner fp32");
+}
+
+/* One region at a time (attention alone too), then pairs, then the three, then attention, then
+ * logits. */
+static void add_ablation_jobs(job_list *jl, const spec *S, const spec *L) {
+    static const unsigned steps[] = {
+        0, REGION_RESNORM, REGION_ROPE, REGION_SWIGLU, REGION_ATTN, REGION_RESNORM | REGION_ROPE,
+        REGION_RESNORM | REGION_SWIGLU, REGION_ROPE | REGION_SWIGLU,
+        REGION_RESNORM | REGION_ROPE | REGION_SWIGLU,
+        REGION_RESNORM | REGION_ROPE | REGION_SWIGLU | REGION_ATTN,
+        REGION_RESNORM | REGION_ROPE | REGION_SWIGLU | REGION_ATTN | REGION_LOGITS,
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        parity_policy p = copy_regions(L->policy, &S->policy, steps[i]);
+        char regions[64], name[NAME_MAX_LEN];
+        describe_regions(steps[i], regions, sizeof regions);
+        if (steps[i]) snprintf(name, sizeof name, "%.40s<-%.40s", L->name, regions);
+        else snprintf(name, sizeof name, "%s", L->name);
+        job *j = add_job(jl, SEC_ABLATION, S, 0, 0, name, &p);
+        snprintf(j->regions, sizeof j->regions, "%s", regions);
+    }
+}
+
+/* The long run: S -> L and S -> S, with and without the kernel-order switches. */
+static void add_growth_jobs(job_list *jl, const options *o, const spec *S, const spec *L) {
+    uint32_t both_k = o->split_k, both_kv = o->split_kv;
+    add_job(jl, SEC_GROWTH, S, 0, 0, L->name, &L->policy)->long_run = 1;
+    add_job(jl, SEC_GROWTH, S, 0, 0, S->name, &S->policy)->long_run = 1;
+    add_job(jl, SEC_GROWTH, S, both_k, both_kv, S->name, &S->policy)->long_run = 1;
+    add_job(jl, SEC_GROWTH, S, both_k, both_kv, L->name, &L->policy)->long_run = 1;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Running the jobs                                                                         */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Plans every job's rollouts, greedy runs and scoring, sharing what configurations share. */
+static void plan_work(bench *b) {
+    for (size_t i = 0; i < b->jobs.n; i++) {
+        job *j = &b->jobs.v[i];
+        char label[LABEL_MAX_LEN];
+        snprintf(label, sizeof label, "%s [%s]", j->sampler, j->order);
+        if (j->long_run) {
+            j->ro = plan_rollouts(&b->rollouts, &j->sv, label, &b->growth_prompts, b->o.growth_n,
+                                  b->growth_tokens, b->o.temperature);
+        } else {
+            j->ro = plan_rollouts(&b->rollouts, &j->sv, label, &b->prompts, b->o.n,
+                                  b->o.max_tokens, b->o.temperature);
+        }
+        if (j->sec != SEC_GROWTH && j->sec != SEC_ABLATION && b->o.greedy_tokens) {
+            variant lv = {j->learner_policy, 0, 0};
+            j->greedy_sampler = plan_rollouts(&b->rollouts, &j->sv, label, &b->prompts, 1,
+                                              b->o.greedy_tokens, 0.0f);
+            j->greedy_learner = plan_rollouts(&b->rollouts, &lv, j->learner, &b->prompts, 1,
+                                              b->o.greedy_tokens, 0.0f);
+        }
+        score_list *sl = &b->scores;
+        for (j->score = 0; j->score < sl->n; j->score++)
+            if (sl->v[j->score].ro == j->ro &&
+                same_policy(&sl->v[j->score].learner, &j->learner_policy))
+                break;
+        if (j->score == sl->n) {
+            sl->v = xrealloc(sl->v, (sl->n + 1) * sizeof *sl->v);
+            sl->v[sl->n++] = (score_entry){j->learner_policy, j->ro, NULL};
+        }
+    }
+}
+
+/* Runs fn(ctx, 0 .. n-1) on `threads` threads (the caller is one), tasks taken in order. */
+typedef struct task_queue {
+    void (*fn)(void *ctx, size_t i);
+    void *ctx;
+    size_t n;
+    atomic_size_t next;
+} task_queue;
+
+static void *task_worker(void *arg) {
+    task_queue *q = arg;
+    for (size_t i; (i = atomic_fetch_add(&q->next, 1)) < q->n;) q->fn(q->ctx, i);
+    return NULL;
+}
+
+static void run_tasks(size_t n, unsigned threads, void (*fn)(void *, size_t), void *ctx) {
+    task_queue q = {fn, ctx, n, 0};
+    atomic_init(&q.next, 0);
+    if (threads > n) threads = (unsigned)(n ? n : 1);
+    pthread_t *t = xcalloc(threads, sizeof *t);
+    for (unsigned i = 1; i < threads; i++)
+        if (pthread_create(&t[i], NULL, task_worker, &q)) die("cannot start a thread");
+    task_worker(&q);
+    for (unsigned i = 1; i < threads; i++) pthread_join(t[i], NULL);
+    free(t);
+}
+
+/* Generation tasks: every planned rollout set, the largest first. */
+typedef struct gen_tasks {
+    const run_env *env;
+    rollouts **todo;
+} gen_tasks;
+
+static double generation_cost(const rollouts *r) {
+    return (double)r->prompts->n * r->per_prompt * (r->max_new + max_prompt_len(r->prompts));
+}
+
+static int by_generation_cost(const void *a, const void *b) {
+    double x = generation_cost(*(rollouts *const *)a), y = generation_cost(*(rollouts *const *)b);
+    return x > y ? -1 : x < y;
+}
+
+static void run_generation(void *ctx, size_t i) {
+    gen_tasks *g = ctx;
+    rollouts *r = g->todo[i];
+    double t0 = now_seconds();
+    generate(g->env, r);
+    r->generated = 1;
+    progress("%s %s: %zu prompts x %u x %u tokens (%.1f s)",
+             r->temperature == 0 ? "greedy " : "sampled", r->label, r->prompts->n, r->per_prompt,
+             r->max_new, now_seconds() - t0);
+}
+
+static void generate_all(bench *b, const run_env *env) {
+    gen_tasks g = {env, xcalloc(b->rollouts.n, sizeof(rollouts *))};
+    size_t n = 0;
+    for (size_t i = 0; i < b->rollouts.n; i++)
+        if (!b->rollouts.v[i]->generated) g.todo[n++] = b->rollouts.v[i];
+    qsort(g.todo, n, sizeof *g.todo, by_generation_cost);
+    run_tasks(n, b->o.threads, run_generation, &g);
+    free(g.todo);
+}
+
+/* Scoring tasks: one per distinct learner policy, which scores every rollout set it is paired
+ * with through one scorer; the most tokens first. */
+typedef struct learner_task {
+    const char *name;
+    size_t *entries, n, tokens;
+} learner_task;
+
+typedef struct score_tasks {
+    const run_env *env;
+    score_list *scores;
+    learner_task *t;
+    uint32_t longest;
+} score_tasks;
+
+static int by_tokens(const void *a, const void *b) {
+    size_t x = ((const learner_task *)a)->tokens, y = ((const learner_task *)b)->tokens;
+    return x > y ? -1 : x < y;
+}
+
+static void run_scoring(void *ctx, size_t i) {
+    score_tasks *st = ctx;
+    learner_task *t = &st->t[i];
+    double t0 = now_seconds();
+    parity_scorer *s = make_scorer(st->env, &st->scores->v[t->entries[0]].learner, st->longest);
+    for (size_t k = 0; k < t->n; k++) {
+        score_entry *e = &st->scores->v[t->entries[k]];
+        e->lp = score_rollouts(st->env, s, e->ro);
+    }
+    parity_scorer_free(s);
+    progress("scored  %s: %zu rollout sets, %zu tokens (%.1f s)", t->name, t->n, t->tokens,
+             now_seconds() - t0);
+}
+
+/* The learner tasks of the score list; a job names each learner policy. */
+static size_t group_by_learner(const bench *b, learner_task *t) {
+    size_t n = 0;
+    for (size_t e = 0; e < b->scores.n; e++) {
+        const score_entry *se = &b->scores.v[e];
+        size_t k = 0;
+        while (k < n && !same_policy(&b->scores.v[t[k].entries[0]].learner, &se->learner)) k++;
+        if (k == n) {
+            t[n].entries = xcalloc(b->scores.n, sizeof(size_t));
+            for (size_t i = 0; i < b->jobs.n; i++)
+                if (same_policy(&b->jobs.v[i].learner_policy, &se->learner)) {
+                    t[n].name = b->jobs.v[i].learner;
+                    break;
+                }
+            n++;
+        }
+        t[k].entries[t[k].n++] = e;
+        t[k].tokens += se->ro->tok_off[se->ro->n_seqs];
+    }
+    return n;
+}
+
+static void score_all(bench *b, const run_env *env) {
+    score_tasks st = {env, &b->scores, xcalloc(b->scores.n, sizeof(learner_task)), 1};
+    for (size_t i = 0; i < b->rollouts.n; i++)
+        for (size_t s = 0; s < b->rollouts.v[i]->n_seqs; s++)
+            if (b->rollouts.v[i]->length[s] > st.longest) st.longest = b->rollouts.v[i]->length[s];
+    size_t n = group_by_learner(b, st.t);
+    qsort(st.t, n, sizeof *st.t, by_tokens);
+    run_tasks(n, b->o.threads, run_scoring, &st);
+    for (size_t i = 0; i < n; i++) free(st.t[i].entries);
+    free(st.t);
+}
+
+static void measure_all(bench *b) {
+    for (size_t i = 0; i < b->jobs.n; i++) {
+        job *j = &b->jobs.v[i];
+        j->learner_lp = b->scores.v[j->score].lp;
+        compute_metrics(j->ro, j->learner_lp, 0, UINT32_MAX, &j->m);
+        if (j->greedy_sampler) compare_greedy(j->greedy_sampler, j->greedy_learner, &j->g);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Setup                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+static void open_model(bench *b) {
+    if (b->o.model_spec) {
+        snprintf(b->model_spec, sizeof b->model_spec, "%s", b->o.model_spec);
+    } else {
+        char cfg[1100];
+        snprintf(b->model_spec, sizeof b->model_spec, "%s/models/qwen3-bytes-pystdlib-4.9m",
+                 source_root());
+        snprintf(cfg, sizeof cfg, "%s/config.json", b->model_spec);
+        if (!file_exists(cfg)) snprintf(b->model_spec, sizeof b->model_spec, "synthetic:tiny");
+    }
+    int rc = parity_model_open(b->model_spec, &b->model);
+    if (rc) die_parity(b->model_spec, rc);
+}
+
+static void load_prompts(bench *b) {
+    if (b->o.n_prompt_files)
+        for (size_t i = 0; i < b->o.n_prompt_files; i++)
+            load_prompt_file(&b->prompts, b->o.prompt_files[i], b->o.prompt_tokens);
+    else
+        load_default_prompts(&b->prompts, b->o.prompt_len);
+    const parity_config *c = parity_model_config(b->model);
+    uint32_t new_tokens = b->o.max_tokens > b->o.greedy_tokens ? b->o.max_tokens : b->o.greedy_tokens;
+    uint32_t room = new_tokens + 1;
+    if (room >= c->max_position_embeddings)
+        die("--max-tokens or --greedy-tokens exceeds the model's context");
+    fit_prompts(&b->prompts, c, room);
+    /* the growth run: the first prompts, as long as the context allows */
+    size_t n = b->o.growth_prompts < b->prompts.n ? b->o.growth_prompts : b->prompts.n;
+    for (size_t i = 0; i < n; i++)
+        prompt_push(&b->growth_prompts, b->prompts.tok[i], b->prompts.len[i], b->prompts.source[i]);
+    uint32_t longest = max_prompt_len(&b->growth_prompts);
+    b->growth_tokens = b->o.growth_tokens;
+    if (longest + b->growth_tokens > c->max_position_embeddings)
+        b->growth_tokens = c->max_position_embeddings - longest;
+}
+
+static void plan_jobs(bench *b) {
+    parse_spec_list(b->o.policies, &b->samplers);
+    parse_spec_list(b->o.learners, &b->learners);
+    if (!strcmp(b->o.kernel_policies, "all")) b->kernel = b->samplers;
+    else parse_spec_list(b->o.kernel_policies, &b->kernel);
+    for (size_t i = 0; i < b->kernel.n; i++)
+        if (!find_spec(&b->samplers, b->kernel.v[i].name))
+            fprintf(stderr, "warning: --kernel-policies: %s is not in --policies; it gets no "
+                            "kernel-order rows\n", b->kernel.v[i].name);
+    if (strcmp(b->o.ablation, "none")) {
+        const char *comma = strchr(b->o.ablation, ',');
+        if (!comma || strchr(comma + 1, ',')) die("--ablation takes SAMPLER,LEARNER");
+        char s[NAME_MAX_LEN];
+        snprintf(s, sizeof s, "%.*s", (int)(comma - b->o.ablation), b->o.ablation);
+        spec_from_name(s, &b->ablation_s);
+        spec_from_name(comma + 1, &b->ablation_l);
+        b->has_ablation = 1;
+    }
+    if (b->has_ablation) add_headline_jobs(&b->jobs, &b->o, &b->ablation_s, &b->ablation_l);
+    add_matrix_jobs(&b->jobs, &b->o, &b->samplers, &b->learners, &b->kernel);
+    if (b->has_ablation) add_ablation_jobs(&b->jobs, &b->ablation_s, &b->ablation_l);
+    if (b->has_ablation && b->growth_tokens)
+        add_growth_jobs(&b->jobs, &b->o, &b->ablation_s, &b->ablation_l);
+}
+
+static void free_bench(bench *b) {
+    for (size_t i = 0; i < b->rollouts.n; i++) {
+        free_rollouts(b->rollouts.v[i]);
+        free(b->rollouts.v[i]);
+    }
+    free(b->rollouts.v);
+    for (size_t i = 0; i < b->scores.n; i++) free(b->scores.v[i].lp);
+    free(b->scores.v);
+    free(b->jobs.v);
+    free_prompts(&b->prompts);
+    free_prompts(&b->growth_prompts);
+    parity_model_free(b->model);
+}
+
+int main(int argc, char **argv) {
+    static bench b;
+    start_time = now_seconds();
+    parse_options(&b.o, argc, argv);
+    open_model(&b);
+    load_prompts(&b);
+    plan_jobs(&b);
+    plan_work(&b);
+    progress("%zu pairs: %zu rollout sets (sampled and greedy), %zu scorings; model %s; "
+             "%u worker threads", b.jobs.n, b.rollouts.n, b.scores.n, b.model_spec, b.o.threads);
+    run_env env = {&b.o, b.model};
+    generate_all(&b, &env);
+    score_all(&b, &env);
+    measure_all(&b);
+    b.elapsed = now_seconds() - start_time;
+    print_report(&b);
+    if (b.o.json_path) write_json(&b, b.o.json_path);
+    if (b.o.csv_path) write_csv(&b, b.o.csv_path);
+    if (b.o.svg_dir) write_svgs(&b, b.o.svg_dir);
+    free_bench(&b);
+    return 0;
+}

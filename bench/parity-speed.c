@@ -1,0 +1,453 @@
+/* parity-speed: prefill and decode throughput per preset, backend and thread count, each
+ * figure printed beside the machine limit it is bounded by, measured in the same run.
+ *
+ *   parity-speed [--model SPEC] [--presets LIST] [--backends LIST] [--threads LIST]
+ *                [--prompts LIST] [--batches LIST] [--contexts LIST] [--steps N] [--reps N]
+ *                [--json FILE] [--quick]
+ *
+ * Defaults: synthetic:qwen3-0.6b; presets aligned,hf-eager,vllm; backend bf16; threads 1,2;
+ * prefill of 64 and 512 tokens; decode at batch 1, 8, 32 with 128 and 1024 tokens of
+ * context; 1 warm-up and 3 repetitions per figure (median, and min..max as the spread).
+ *
+ * Phases
+ *   prefill  the sampler's: a prompt of L tokens, up to the logits of its last position (as
+ *            llama-bench counts pp); tokens/s = L / time. Bounded by compute: achieved
+ *            GFLOP/s (2 flops per weight per token, plus attention) against the FMA peak.
+ *   score    the scorer's: log-probs at every position of L tokens (the lm_head runs on every
+ *            row); tokens/s = L / time.
+ *   decode   one step of B sequences at a given context; tokens/s = B * steps / time.
+ *            Bounded by memory: every step reads every weight once, so achieved GB/s =
+ *            weight bytes per step / step time, against the read bandwidth measured here.
+ * Machine limits, measured by this program per thread count: memory read bandwidth (sum of a
+ * 1 GiB buffer, split over the threads) and the peak of the FMA instruction the bf16 path runs
+ * on this CPU (a register-only loop of vfmadd231ps: on CPUs without AVX512_BF16 the bf16 GEMM
+ * is two fp32 FMAs per bf16 pair, so this is its peak).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "parity.h"
+
+#define MAX_LIST 8
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct stat3 {
+    double median, min, max;
+} stat3;
+
+static stat3 summarise(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
+    return s;
+}
+
+/* ---- machine limits -------------------------------------------------------------------- */
+
+typedef struct bw_job {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} bw_job;
+
+static void *bw_thread(void *arg) {
+    bw_job *j = arg;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= j->n; i += 4) {
+        s0 += j->p[i];
+        s1 += j->p[i + 1];
+        s2 += j->p[i + 2];
+        s3 += j->p[i + 3];
+    }
+    j->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+
+/* Read bandwidth in GB/s with `threads` threads over a buffer much larger than the caches. */
+static double measure_bandwidth(unsigned threads) {
+    const size_t bytes = (size_t)1 << 30, n = bytes / 8;
+    uint64_t *buf = malloc(bytes);
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double best = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        pthread_t tid[16];
+        bw_job jobs[16];
+        double t0 = now();
+        for (unsigned t = 0; t < threads; t++) {
+            jobs[t] = (bw_job){buf + n / threads * t, n / threads, 0};
+            pthread_create(&tid[t], NULL, bw_thread, &jobs[t]);
+        }
+        uint64_t sum = 0;
+        for (unsigned t = 0; t < threads; t++) {
+            pthread_join(tid[t], NULL);
+            sum += jobs[t].sum;
+        }
+        double gbs = (double)bytes / (now() - t0) / 1e9;
+        if (sum == 42) gbs = 0; /* keeps the sum alive */
+        if (gbs > best) best = gbs;
+    }
+    free(buf);
+    return best;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void *fma_thread(void *arg) {
+    /* 10 independent chains of 8-wide FMAs: enough to cover latency x throughput */
+    __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 10; i++) a[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < 20000000; it++)
+        for (int i = 0; i < 10; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
+    float out[8], s = 0;
+    for (int i = 0; i < 10; i++) {
+        _mm256_storeu_ps(out, a[i]);
+        s += out[0];
+    }
+    *(float *)arg = s;
+    return NULL;
+}
+#endif
+
+/* Peak GFLOP/s of vfmadd231ps on `threads` threads (0 if the CPU lacks AVX2/FMA). */
+static double measure_fma_peak(unsigned threads) {
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    pthread_t tid[16];
+    float sink[16];
+    double t0 = now();
+    for (unsigned t = 0; t < threads; t++) pthread_create(&tid[t], NULL, fma_thread, &sink[t]);
+    for (unsigned t = 0; t < threads; t++) pthread_join(tid[t], NULL);
+    return 20000000.0 * 10 * 8 * 2 * threads / (now() - t0) / 1e9;
+#else
+    (void)threads;
+    return 0;
+#endif
+}
+
+/* ---- the model's size -------------------------------------------------------------------- */
+
+typedef struct model_size {
+    double weight_bytes;   /* bf16 bytes a decode step reads: every matrix once */
+    double flops_per_tok;  /* 2 x matrix weights, without the lm_head */
+    double head_flops;     /* 2 x lm_head weights */
+    double attn_flops;     /* per (query, key) pair: 4 x heads x head_dim x layers */
+} model_size;
+
+static model_size size_of(const parity_config *c) {
+    const double h = c->hidden_size, q = (double)c->num_attention_heads * c->head_dim,
+                 kv = (double)c->num_key_value_heads * c->head_dim, f = c->intermediate_size;
+    const double layer = h * q * 2 + h * kv * 2 + 3 * h * f;
+    model_size s;
+    s.flops_per_tok = 2 * layer * c->num_hidden_layers;
+    s.head_flops = 2 * h * c->vocab_size;
+    s.weight_bytes = 2 * (layer * c->num_hidden_layers + h * c->vocab_size);
+    s.attn_flops = 4.0 * q * c->num_hidden_layers;
+    return s;
+}
+
+/* ---- runs ---------------------------------------------------------------------------------- */
+
+typedef struct run_cfg {
+    const parity_model *model;
+    const char *preset;
+    uint32_t backend, threads;
+} run_cfg;
+
+static int fail(const char *what) {
+    fprintf(stderr, "parity-speed: %s: %s\n", what, parity_last_error());
+    return -1;
+}
+
+static void make_prompt(int32_t *p, uint32_t n, uint32_t vocab) {
+    uint64_t x = 12345;
+    for (uint32_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (int32_t)((x >> 33) % vocab);
+    }
+}
+
+static int make_sampler(const run_cfg *r, uint32_t max_seqs, uint32_t max_len, parity_sampler **s) {
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    if (parity_policy_from_name(r->preset, &p.policy)) return fail(r->preset);
+    p.backend = r->backend;
+    p.n_threads = r->threads;
+    p.max_seqs = max_seqs;
+    p.max_len = max_len;
+    p.max_batch = max_seqs;
+    return parity_sampler_create(r->model, &p, s) ? fail("sampler") : 0;
+}
+
+/* Seconds for the sampler to take an L-token prompt to its first logits. */
+static double time_prefill(const run_cfg *r, uint32_t L) {
+    parity_sampler *s;
+    if (make_sampler(r, 1, L + 1, &s)) return -1;
+    int32_t *prompt = malloc(L * sizeof *prompt);
+    make_prompt(prompt, L, parity_model_config(r->model)->vocab_size);
+    parity_sampling g;
+    parity_sampling_default(&g);
+    g.temperature = 0;
+    uint32_t q, fin;
+    int32_t tok;
+    float lp;
+    double t0 = now();
+    int rc = parity_sampler_add(s, prompt, L, &g, 0, &q);
+    if (!rc) rc = parity_sampler_step(s, &q, 1, &tok, &lp, &fin, 0, NULL, NULL);
+    double dt = now() - t0;
+    free(prompt);
+    parity_sampler_free(s);
+    return rc ? fail("prefill") : dt;
+}
+
+/* Seconds for the scorer's log-probs of L tokens. */
+static double time_score(const run_cfg *r, uint32_t L) {
+    parity_scorer_params p;
+    parity_scorer_default_params(&p);
+    if (parity_policy_from_name(r->preset, &p.policy)) return fail(r->preset);
+    p.backend = r->backend;
+    p.n_threads = r->threads;
+    p.max_tokens = L;
+    parity_scorer *s;
+    if (parity_scorer_create(r->model, &p, &s)) return fail("scorer");
+    int32_t *tokens = malloc(L * sizeof *tokens);
+    float *lp = malloc(L * sizeof *lp);
+    make_prompt(tokens, L, parity_model_config(r->model)->vocab_size);
+    parity_score_options o;
+    parity_score_default_options(&o);
+    double t0 = now();
+    int rc = parity_score(s, &o, tokens, &L, 1, lp, NULL, NULL, NULL);
+    double dt = now() - t0;
+    free(tokens);
+    free(lp);
+    parity_scorer_free(s);
+    return rc ? fail("score") : dt;
+}
+
+/* Seconds per decode step of B sequences at `context` tokens (one prefill, B - 1 forks). */
+static int time_decode(const run_cfg *r, uint32_t B, uint32_t context, uint32_t steps, int reps,
+                       double *per_step) {
+    parity_sampler *s;
+    if (make_sampler(r, B + 1, context + steps * (uint32_t)(reps + 1) + 2, &s)) return -1;
+    int32_t *prompt = malloc(context * sizeof *prompt);
+    make_prompt(prompt, context, parity_model_config(r->model)->vocab_size);
+    parity_sampling g;
+    parity_sampling_default(&g);
+    g.temperature = 0;
+    uint32_t parent, seqs[64], fin[64];
+    int32_t tok[64];
+    float lp[64];
+    int rc = parity_sampler_add(s, prompt, context, &g, 0, &parent);
+    for (uint32_t b = 0; b < B && !rc; b++) rc = parity_sampler_fork(s, parent, &g, b, &seqs[b]);
+    /* warm-up: the first step also copies the forks' shared last block */
+    if (!rc) rc = parity_sampler_step(s, seqs, B, tok, lp, fin, 0, NULL, NULL);
+    for (int rep = 0; rep < reps && !rc; rep++) {
+        double t0 = now();
+        for (uint32_t i = 0; i < steps && !rc; i++)
+            rc = parity_sampler_step(s, seqs, B, tok, lp, fin, 0, NULL, NULL);
+        per_step[rep] = (now() - t0) / steps;
+    }
+    free(prompt);
+    parity_sampler_free(s);
+    return rc ? fail("decode") : 0;
+}
+
+/* ---- options and output -------------------------------------------------------------------- */
+
+static int split_list(char *s, const char **out) {
+    int n = 0;
+    for (char *tok = strtok(s, ","); tok && n < MAX_LIST; tok = strtok(NULL, ",")) out[n++] = tok;
+    return n;
+}
+
+static int split_uints(char *s, uint32_t *out) {
+    const char *items[MAX_LIST];
+    int n = split_list(s, items);
+    for (int i = 0; i < n; i++) out[i] = (uint32_t)strtoul(items[i], NULL, 10);
+    return n;
+}
+
+typedef struct result {
+    const char *phase, *preset, *backend;
+    uint32_t threads, batch, tokens, context;
+    stat3 tps;
+    double gbs, gflops;
+} result;
+
+int main(int argc, char **argv) {
+    const char *model_spec = "synthetic:qwen3-0.6b", *json = NULL;
+    char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "bf16", threads_s[64] = "1,2";
+    char prompts_s[64] = "64,512", batches_s[64] = "1,8,32", contexts_s[64] = "128,1024";
+    int reps = 3;
+    uint32_t steps = 8;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--quick")) {
+            strcpy(presets_s, "aligned");
+            strcpy(prompts_s, "64");
+            strcpy(batches_s, "1,8");
+            strcpy(contexts_s, "128");
+            reps = 1;
+            steps = 4;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help") || i + 1 >= argc) {
+            fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
+                            "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
+                            "[--steps N] [--reps N] [--json FILE] [--quick]\n");
+            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+        }
+        i++;
+        if (!strcmp(a, "--model")) model_spec = v;
+        else if (!strcmp(a, "--json")) json = v;
+        else if (!strcmp(a, "--presets")) snprintf(presets_s, sizeof presets_s, "%s", v);
+        else if (!strcmp(a, "--backends")) snprintf(backends_s, sizeof backends_s, "%s", v);
+        else if (!strcmp(a, "--threads")) snprintf(threads_s, sizeof threads_s, "%s", v);
+        else if (!strcmp(a, "--prompts")) snprintf(prompts_s, sizeof prompts_s, "%s", v);
+        else if (!strcmp(a, "--batches")) snprintf(batches_s, sizeof batches_s, "%s", v);
+        else if (!strcmp(a, "--contexts")) snprintf(contexts_s, sizeof contexts_s, "%s", v);
+        else if (!strcmp(a, "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else {
+            fprintf(stderr, "parity-speed: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 50 || steps < 1) {
+        fprintf(stderr, "parity-speed: --reps must be 1..50 and --steps >= 1\n");
+        return 2;
+    }
+    const char *presets[MAX_LIST], *backends[MAX_LIST];
+    uint32_t threads[MAX_LIST], prompts[MAX_LIST], batches[MAX_LIST], contexts[MAX_LIST];
+    int np = split_list(presets_s, presets), nb = split_list(backends_s, backends);
+    int nt = split_uints(threads_s, threads), nl = split_uints(prompts_s, prompts);
+    int nbatch = split_uints(batches_s, batches), nc = split_uints(contexts_s, contexts);
+    for (int i = 0; i < nbatch; i++)
+        if (batches[i] < 1 || batches[i] > 64) {
+            fprintf(stderr, "parity-speed: batches must be 1..64\n");
+            return 2;
+        }
+
+    parity_model *model;
+    fprintf(stderr, "parity-speed: loading %s\n", model_spec);
+    if (parity_model_open(model_spec, &model)) return fail(model_spec) ? 1 : 1;
+    const model_size ms = size_of(parity_model_config(model));
+
+    double bandwidth[MAX_LIST], peak[MAX_LIST];
+    for (int t = 0; t < nt; t++) {
+        bandwidth[t] = measure_bandwidth(threads[t]);
+        peak[t] = measure_fma_peak(threads[t]);
+        fprintf(stderr, "parity-speed: %u thread(s): read bandwidth %.1f GB/s, FMA peak %.0f GFLOP/s\n",
+                threads[t], bandwidth[t], peak[t]);
+    }
+
+    result *res = calloc(512, sizeof *res);
+    int nres = 0;
+    for (int b = 0; b < nb; b++) {
+        uint32_t backend = !strcmp(backends[b], "openblas") ? PARITY_BACKEND_OPENBLAS : PARITY_BACKEND_BF16;
+        for (int p = 0; p < np; p++)
+            for (int t = 0; t < nt; t++) {
+                run_cfg r = {model, presets[p], backend, threads[t]};
+                fprintf(stderr, "parity-speed: %s / %s / %u thread(s)\n", presets[p], backends[b], threads[t]);
+                for (int li = 0; li < nl; li++)
+                    for (int phase = 0; phase < 2; phase++) {
+                        double v[50];
+                        const uint32_t L = prompts[li];
+                        if ((phase ? time_score(&r, L) : time_prefill(&r, L)) < 0) return 1; /* warm-up */
+                        for (int k = 0; k < reps; k++) {
+                            double dt = phase ? time_score(&r, L) : time_prefill(&r, L);
+                            if (dt < 0) return 1;
+                            v[k] = L / dt;
+                        }
+                        result *x = &res[nres++];
+                        *x = (result){phase ? "score" : "prefill", presets[p], backends[b], threads[t],
+                                      1, L, L, summarise(v, reps), 0, 0};
+                        double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
+                                       ms.head_flops * (phase ? L : 1);
+                        x->gflops = flops / (L / x->tps.median) / 1e9;
+                    }
+                for (int ci = 0; ci < nc; ci++)
+                    for (int bi = 0; bi < nbatch; bi++) {
+                        double v[50];
+                        if (time_decode(&r, batches[bi], contexts[ci], steps, reps, v)) return 1;
+                        double tps[50];
+                        for (int k = 0; k < reps; k++) tps[k] = batches[bi] / v[k];
+                        result *x = &res[nres++];
+                        *x = (result){"decode", presets[p], backends[b], threads[t], batches[bi],
+                                      batches[bi], contexts[ci], summarise(tps, reps), 0, 0};
+                        x->gbs = ms.weight_bytes / (batches[bi] / x->tps.median) / 1e9;
+                    }
+            }
+    }
+
+    /* the table */
+    printf("parity-speed: %s, libparity %s, CPU path %s\n", model_spec, parity_version(),
+           parity_cpu_path_name(parity_get_cpu_path()));
+    for (int t = 0; t < nt; t++)
+        printf("machine, %u thread(s): read bandwidth %.1f GB/s, FMA peak %.0f GFLOP/s\n", threads[t],
+               bandwidth[t], peak[t]);
+    printf("\n%-8s %-9s %-8s %3s %5s %6s %7s %10s %17s  %s\n", "phase", "preset", "backend", "thr",
+           "batch", "tokens", "context", "tok/s", "(min..max)", "bound");
+    for (int i = 0; i < nres; i++) {
+        const result *x = &res[i];
+        int t = 0;
+        while (t < nt && threads[t] != x->threads) t++;
+        char bound[96];
+        if (!strcmp(x->phase, "decode"))
+            snprintf(bound, sizeof bound, "%.1f GB/s of %.1f (%.0f%%)", x->gbs, bandwidth[t],
+                     100 * x->gbs / bandwidth[t]);
+        else
+            snprintf(bound, sizeof bound, "%.0f GFLOP/s of %.0f (%.0f%%)", x->gflops, peak[t],
+                     peak[t] > 0 ? 100 * x->gflops / peak[t] : 0);
+        printf("%-8s %-9s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)  %s\n", x->phase, x->preset,
+               x->backend, x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
+               x->tps.max, bound);
+    }
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) {
+            fprintf(stderr, "parity-speed: cannot write %s\n", json);
+            return 1;
+        }
+        fprintf(f, "{\"config\": {\"model\": \"%s\", \"version\": \"%s\", \"reps\": %d, \"steps\": %u, "
+                   "\"peak_instruction\": \"vfmadd231ps (AVX2 FMA; the bf16 GEMM's instruction on "
+                   "CPUs without AVX512_BF16)\"},\n \"machines\": [",
+                model_spec, parity_version(), reps, steps);
+        for (int t = 0; t < nt; t++)
+            fprintf(f, "%s{\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, "
+                       "\"cpu_path\": \"%s\"}", t ? ", " : "", threads[t], bandwidth[t], peak[t],
+                    parity_cpu_path_name(parity_get_cpu_path()));
+        fprintf(f, "],\n \"machine\": {\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, "
+                   "\"cpu_path\": \"%s\"},\n \"results\": [", threads[nt - 1], bandwidth[nt - 1],
+                peak[nt - 1], parity_cpu_path_name(parity_get_cpu_path()));
+        for (int i = 0; i < nres; i++) {
+            const result *x = &res[i];
+            fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", \"threads\": %u, "
+                       "\"batch\": %u, \"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
+                       "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f, \"achieved_gbs\": %.3f, "
+                       "\"achieved_gflops\": %.3f}",
+                    i ? "," : "", x->phase, x->preset, x->backend, x->threads, x->batch, x->tokens,
+                    x->context, x->tps.median, x->tps.min, x->tps.max, x->gbs, x->gflops);
+        }
+        fprintf(f, "\n]}\n");
+        fclose(f);
+    }
+    free(res);
+    parity_model_free(model);
+    return 0;
+}
