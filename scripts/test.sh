@@ -4,9 +4,9 @@ set -eu
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 if [ -f build/build.ninja ]; then
-    meson setup --reconfigure build >/dev/null
+    meson setup --reconfigure build
 else
-    meson setup build >/dev/null
+    meson setup build
 fi
 ninja -C build
 meson test -C build --print-errorlogs --num-processes 2
