@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parity.h"
+
 /* Reads a whole file; returns NULL (and prints why) on failure. */
 static unsigned char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -86,6 +88,23 @@ static int parse_uint(const char *s, uint32_t *out) {
     unsigned long v = strtoul(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-' || v > UINT32_MAX) return 0;
     *out = (uint32_t)v;
+    return 1;
+}
+
+/* --backend bf16|openblas */
+static int parse_backend(const char *s, uint32_t *out) {
+    if (!strcmp(s, "bf16")) *out = PARITY_BACKEND_BF16;
+    else if (!strcmp(s, "openblas")) *out = PARITY_BACKEND_OPENBLAS;
+    else return 0;
+    return 1;
+}
+
+/* --logprob-mode raw|processed|processed-truncated */
+static int parse_logprob_mode(const char *s, uint32_t *out) {
+    if (!strcmp(s, "raw")) *out = PARITY_LOGPROB_RAW;
+    else if (!strcmp(s, "processed")) *out = PARITY_LOGPROB_PROCESSED;
+    else if (!strcmp(s, "processed-truncated")) *out = PARITY_LOGPROB_PROCESSED_TRUNCATED;
+    else return 0;
     return 1;
 }
 

@@ -102,10 +102,7 @@ int main(int argc, char **argv) {
     sp.min_p = min_p;
     sp.seed = seed;
     sp.max_new_tokens = max_tokens;
-    if (!strcmp(mode, "raw")) sp.logprob_mode = PARITY_LOGPROB_RAW;
-    else if (!strcmp(mode, "processed")) sp.logprob_mode = PARITY_LOGPROB_PROCESSED;
-    else if (!strcmp(mode, "processed-truncated")) sp.logprob_mode = PARITY_LOGPROB_PROCESSED_TRUNCATED;
-    else {
+    if (!parse_logprob_mode(mode, &sp.logprob_mode)) {
         fprintf(stderr, "error: --logprob-mode must be raw, processed or processed-truncated\n");
         return 2;
     }
@@ -114,9 +111,7 @@ int main(int argc, char **argv) {
     parity_sampler_default_params(&params);
     int rc = parity_policy_from_name(policy, &params.policy);
     if (rc) return fail("--policy", rc);
-    if (!strcmp(backend, "bf16")) params.backend = PARITY_BACKEND_BF16;
-    else if (!strcmp(backend, "openblas")) params.backend = PARITY_BACKEND_OPENBLAS;
-    else {
+    if (!parse_backend(backend, &params.backend)) {
         fprintf(stderr, "error: --backend must be bf16 or openblas\n");
         return 2;
     }

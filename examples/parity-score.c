@@ -88,9 +88,7 @@ int main(int argc, char **argv) {
     params.n_threads = threads;
     int rc = parity_policy_from_name(policy_name, &params.policy);
     if (rc) return fail("--policy", rc);
-    if (!strcmp(backend, "bf16")) params.backend = PARITY_BACKEND_BF16;
-    else if (!strcmp(backend, "openblas")) params.backend = PARITY_BACKEND_OPENBLAS;
-    else {
+    if (!parse_backend(backend, &params.backend)) {
         fprintf(stderr, "error: --backend must be bf16 or openblas\n");
         return 2;
     }
@@ -122,10 +120,7 @@ int main(int argc, char **argv) {
         opt.mode = PARITY_LOGPROB_PROCESSED;
         opt.temperature = temperature;
     }
-    if (mode && !strcmp(mode, "raw")) opt.mode = PARITY_LOGPROB_RAW;
-    else if (mode && !strcmp(mode, "processed")) opt.mode = PARITY_LOGPROB_PROCESSED;
-    else if (mode && !strcmp(mode, "processed-truncated")) opt.mode = PARITY_LOGPROB_PROCESSED_TRUNCATED;
-    else if (mode) {
+    if (mode && !parse_logprob_mode(mode, &opt.mode)) {
         fprintf(stderr, "error: --logprob-mode must be raw, processed or processed-truncated\n");
         goto done;
     }

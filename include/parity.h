@@ -67,7 +67,7 @@ PARITY_API int parity_version_number(void);
 PARITY_API int parity_abi_version(void);
 /* sizeof a public struct by its name ("parity_policy", "parity_config",
  * "parity_scorer_params", "parity_score_options", "parity_sampling",
- * "parity_sampler_params", "parity_tensor_data"); 0 for other names. */
+ * "parity_sampler_params", "parity_tensor_data", "parity_seq_info"); 0 for other names. */
 PARITY_API size_t parity_struct_size(const char *name);
 
 /* ---------------------------------------------------------------------------------------- */
@@ -576,6 +576,19 @@ typedef enum parity_finish {
 PARITY_API int parity_sampler_step(parity_sampler *sampler, const uint32_t *seqs, size_t n,
                                    int32_t *tokens, float *logprobs, uint32_t *finished,
                                    uint32_t max_top_n, int32_t *top_ids, float *top_logprobs);
+
+/* A sequence's state. */
+typedef struct parity_seq_info {
+    uint32_t size;               /* sizeof(parity_seq_info): set it before the call */
+    uint32_t len;                /* tokens so far, prompt included */
+    uint32_t prompt_len;         /* where its completion starts (a fork's: at the fork) */
+    uint32_t finished;           /* parity_finish */
+    uint64_t stream;
+    uint64_t model_version;      /* the weights its KV cache and results were computed under */
+} parity_seq_info;
+
+PARITY_API int parity_sampler_seq_info(const parity_sampler *sampler, uint32_t seq,
+                                       parity_seq_info *info);
 
 /* The tokens of a sequence so far (prompt then generated): valid until the next call that
  * changes the sampler. */

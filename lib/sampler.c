@@ -363,6 +363,19 @@ static int sampler_release(parity_sampler *s, uint32_t seq) {
     return PARITY_OK;
 }
 
+int parity_sampler_seq_info(const parity_sampler *s, uint32_t seq, parity_seq_info *info) {
+    clear_error();
+    if (!s || !info) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
+    if (info->size != sizeof *info)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "info.size is %u, this library expects %zu", info->size, sizeof *info);
+    int rc = check_seq(s, seq);
+    if (rc) return rc;
+    const seq_state *q = &s->seqs[seq];
+    *info = (parity_seq_info){sizeof *info, q->len, q->prompt_len, q->finished, q->stream, q->version};
+    return PARITY_OK;
+}
+
 int parity_sampler_tokens(const parity_sampler *s, uint32_t seq, const int32_t **tokens,
                           uint32_t *len, uint32_t *prompt_len) {
     clear_error();

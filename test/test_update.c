@@ -290,6 +290,10 @@ int main(void) {
     parity_sampling_default(&g);
     uint32_t seq;
     CHECK_OK(parity_sampler_add(s, probe_tokens, 10, &g, 0, &seq));
+    parity_seq_info info = {.size = sizeof info};
+    CHECK_OK(parity_sampler_seq_info(s, seq, &info));
+    CHECK_INT(info.model_version, parity_model_version(m)); /* results carry their version */
+    CHECK_INT(info.len, 10);
     push_all(m, &L);
     int32_t tok;
     float lp;
@@ -298,6 +302,11 @@ int main(void) {
     CHECK_OK(parity_sampler_release(s, seq));
     CHECK_OK(parity_sampler_add(s, probe_tokens, 10, &g, 0, &seq));
     CHECK_OK(parity_sampler_step(s, &seq, 1, &tok, &lp, &fin, 0, NULL, NULL));
+    CHECK_OK(parity_sampler_seq_info(s, seq, &info));
+    CHECK_INT(info.model_version, parity_model_version(m));
+    CHECK_INT(info.len, 11);
+    info.size = 3;
+    CHECK_STATUS(parity_sampler_seq_info(s, seq, &info), PARITY_ERR_INVALID_ARGUMENT);
     parity_sampler_free(s);
 
     /* manifests that are not manifests */

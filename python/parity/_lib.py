@@ -184,6 +184,17 @@ class parity_sampler_params(Structure):
     ]
 
 
+class parity_seq_info(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("len", c_uint32),
+        ("prompt_len", c_uint32),
+        ("finished", c_uint32),
+        ("stream", c_uint64),
+        ("model_version", c_uint64),
+    ]
+
+
 class parity_tensor_data(Structure):
     _fields_ = [
         ("name", c_char_p),
@@ -202,6 +213,7 @@ MIRRORED_STRUCTS = {
     "parity_sampling": parity_sampling,
     "parity_sampler_params": parity_sampler_params,
     "parity_tensor_data": parity_tensor_data,
+    "parity_seq_info": parity_seq_info,
 }
 
 # Opaque handles are plain void pointers.
@@ -336,6 +348,9 @@ _PROTOTYPES = [
     #                         uint32_t max_top_n, int32_t *top_ids, float *top_logprobs);
     ("parity_sampler_step", c_int,
      [sampler_p, _u32p, c_size_t, _i32p, _f32p, _u32p, c_uint32, _i32p, _f32p], True),
+    # int parity_sampler_seq_info(const parity_sampler *sampler, uint32_t seq,
+    #                             parity_seq_info *info);
+    ("parity_sampler_seq_info", c_int, [sampler_p, c_uint32, POINTER(parity_seq_info)], True),
     # int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq,
     #                           const int32_t **tokens, uint32_t *len, uint32_t *prompt_len);
     ("parity_sampler_tokens", c_int, [sampler_p, c_uint32, POINTER(_i32p), _u32p, _u32p], True),
