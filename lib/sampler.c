@@ -94,14 +94,10 @@ int parity_sampler_create(const parity_model *model, const parity_sampler_params
                          "params.size is %u, this library expects %zu: initialise the params "
                          "with parity_sampler_default_params()",
                          params->size, sizeof *params);
-    int rc = parity_policy_validate(&params->policy);
+    int rc = engine_check(&params->policy, params->backend, params->n_threads);
     if (rc) return rc;
     const parity_config *c = &model->config;
     parity_sampler_params p = *params;
-    if (p.backend > PARITY_BACKEND_OPENBLAS)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "unknown backend %u", p.backend);
-    if (p.n_threads > 256)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_threads %u is more than 256", p.n_threads);
     if (!p.n_threads) p.n_threads = 1;
     if (!p.max_seqs) p.max_seqs = 64;
     if (!p.max_len) p.max_len = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
@@ -141,12 +137,7 @@ int parity_sampler_create(const parity_model *model, const parity_sampler_params
                              (unsigned long long)bytes, p.cache_tokens, p.max_seqs, p.max_len,
                              (unsigned long long)p.max_memory);
     }
-    if (p.backend == PARITY_BACKEND_OPENBLAS || fp32) {
-        if ((rc = model_enter(model))) return rc;
-        rc = model_prepare((parity_model *)model, MODEL_NEED_WIDE);
-        model_leave(model);
-        if (rc) return rc;
-    }
+    if ((rc = engine_prepare_weights(model, &p.policy, p.backend))) return rc;
 
     parity_sampler *s = px_calloc(1, sizeof *s, "sampler");
     if (!s) return PARITY_ERR_OUT_OF_MEMORY;

@@ -69,13 +69,8 @@ int parity_scorer_create(const parity_model *model, const parity_scorer_params *
                          "params.size is %u, this library expects %zu: initialise the params "
                          "with parity_scorer_default_params()",
                          params->size, sizeof *params);
-    int rc = parity_policy_validate(&params->policy);
+    int rc = engine_check(&params->policy, params->backend, params->n_threads);
     if (rc) return rc;
-    if (params->backend > PARITY_BACKEND_OPENBLAS)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "unknown backend %u", params->backend);
-    if (params->n_threads > 256)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_threads %u is more than 256",
-                         params->n_threads);
     const parity_config *c = &model->config;
     uint32_t capacity = params->max_tokens ? params->max_tokens
                         : c->max_position_embeddings < 8192 ? c->max_position_embeddings
@@ -101,13 +96,7 @@ int parity_scorer_create(const parity_model *model, const parity_scorer_params *
                          (unsigned long long)bytes, capacity, chunk,
                          (unsigned long long)params->max_memory);
 
-    /* the fp32 weights these settings read */
-    if (params->backend == PARITY_BACKEND_OPENBLAS || fp32) {
-        if ((rc = model_enter(model))) return rc;
-        rc = model_prepare((parity_model *)model, MODEL_NEED_WIDE);
-        model_leave(model);
-        if (rc) return rc;
-    }
+    if ((rc = engine_prepare_weights(model, &params->policy, params->backend))) return rc;
 
     parity_scorer *s = px_calloc(1, sizeof *s, "scorer");
     if (!s) return PARITY_ERR_OUT_OF_MEMORY;

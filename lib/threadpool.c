@@ -1,10 +1,24 @@
-/* The thread pool: persistent workers woken by a generation counter. Workers spin briefly
- * (a decode step runs many short loops back to back) and then sleep on a condition
- * variable. */
+/* The thread pool: persistent workers woken by a generation counter.
+ *
+ * A decode step calls pool_run about 15 times per layer, often on loops of a few hundred
+ * microseconds, so a round trip must cost a few microseconds, not a system call:
+ *   - the caller publishes a loop by writing its description and bumping `generation`, all
+ *     on one cache line, and touches the mutex and condition variable only when a worker is
+ *     actually asleep (`sleepers`);
+ *   - workers spin on `generation` (pause) for WORKER_SPIN_NS before they sleep, long enough
+ *     to span the serial gaps between the loops of a step;
+ *   - the caller, after its own share, spins on `remaining` (its own cache line, the only
+ *     one the workers write in a round trip) for CALLER_SPIN_NS, then sleeps;
+ *   - the sleeps use the usual "announce, re-check, wait" handshake, so a wake-up is never
+ *     lost (see wait_generation and wait_workers).
+ * The split of [0, n_tasks) into contiguous ranges per worker is static: which thread
+ * computes a task never depends on timing. */
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <stdalign.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -12,26 +26,47 @@
 
 #include "internal.h"
 
-#define SPIN_ITERATIONS 2000
+#define CACHE_LINE 64
+/* How long an idle worker spins before it sleeps, and how long the caller spins on the
+ * workers still running before it sleeps. */
+#define WORKER_SPIN_NS 200000
+#define CALLER_SPIN_NS 100000
+/* Spin iterations between two looks at the clock. */
+#define SPINS_PER_CLOCK 64
 
 struct threadpool {
+    /* fixed at creation */
     unsigned n;
     pthread_t *threads;
     pthread_mutex_t mu;
-    pthread_cond_t wake;
-    pthread_cond_t done;
-    atomic_uint generation;  /* bumped for every loop (and for shutdown) */
-    atomic_uint remaining;   /* workers still running the current loop */
+    pthread_cond_t wake;    /* workers sleep here for the next generation */
+    pthread_cond_t done;    /* the caller sleeps here for `remaining` to reach 0 */
     atomic_int stop;
-    pool_fn fn;
+
+    /* The caller's line: the loop, then its generation, published together. Workers only
+     * read it. */
+    alignas(CACHE_LINE) pool_fn fn;
     void *ctx;
     size_t n_tasks;
+    atomic_uint generation;  /* bumped for every loop (and for shutdown) */
+
+    /* Written by workers: once per loop each, and on sleeping. */
+    alignas(CACHE_LINE) atomic_uint remaining;  /* workers still running the current loop */
+    atomic_int caller_sleeping;                 /* the caller waits on `done` */
+    alignas(CACHE_LINE) atomic_uint sleepers;   /* workers waiting (or about to) on `wake` */
+    char pad[CACHE_LINE - sizeof(atomic_uint)];
 };
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     _mm_pause();
 #endif
+}
+
+static inline long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
 unsigned fp_env_enter(void) {
@@ -57,6 +92,58 @@ static void run_share(threadpool *p, unsigned worker) {
     if (begin < end) p->fn(p->ctx, begin, end, worker);
 }
 
+/* Waits for a generation other than `seen` and returns it. The sleep is safe against the
+ * caller's bump: a worker counts itself in `sleepers` (under the mutex) before it re-checks
+ * the generation, and the caller bumps the generation before it reads `sleepers` (both
+ * sequentially consistent), so either the worker sees the new generation or the caller sees
+ * the sleeper and broadcasts, which it can only do once the worker waits (it needs the
+ * mutex). */
+static unsigned wait_generation(threadpool *p, unsigned seen) {
+    unsigned gen;
+    long long deadline = 0;
+    for (unsigned i = 1;; i++) {
+        gen = atomic_load_explicit(&p->generation, memory_order_acquire);
+        if (gen != seen) return gen;
+        cpu_relax();
+        if (i % SPINS_PER_CLOCK == 0) {
+            long long t = now_ns();
+            if (deadline == 0)
+                deadline = t + WORKER_SPIN_NS;
+            else if (t > deadline)
+                break;
+        }
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->sleepers, 1, memory_order_seq_cst);
+    while ((gen = atomic_load_explicit(&p->generation, memory_order_seq_cst)) == seen)
+        pthread_cond_wait(&p->wake, &p->mu);
+    atomic_fetch_sub_explicit(&p->sleepers, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&p->mu);
+    return gen;
+}
+
+/* The caller's side of the same handshake for `remaining` and `caller_sleeping`. */
+static void wait_workers(threadpool *p) {
+    long long deadline = 0;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(&p->remaining, memory_order_acquire) == 0) return;
+        cpu_relax();
+        if (i % SPINS_PER_CLOCK == 0) {
+            long long t = now_ns();
+            if (deadline == 0)
+                deadline = t + CALLER_SPIN_NS;
+            else if (t > deadline)
+                break;
+        }
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_store_explicit(&p->caller_sleeping, 1, memory_order_seq_cst);
+    while (atomic_load_explicit(&p->remaining, memory_order_seq_cst) != 0)
+        pthread_cond_wait(&p->done, &p->mu);
+    atomic_store_explicit(&p->caller_sleeping, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&p->mu);
+}
+
 typedef struct worker_arg {
     threadpool *pool;
     unsigned index;
@@ -69,22 +156,11 @@ static void *worker_main(void *arg_) {
     fp_env_enter();
     unsigned seen = 0;
     for (;;) {
-        unsigned gen;
-        int spins = 0;
-        while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
-            if (++spins < SPIN_ITERATIONS) {
-                cpu_relax();
-                continue;
-            }
-            pthread_mutex_lock(&p->mu);
-            while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen)
-                pthread_cond_wait(&p->wake, &p->mu);
-            pthread_mutex_unlock(&p->mu);
-        }
-        seen = gen;
-        if (atomic_load(&p->stop)) return NULL;
+        seen = wait_generation(p, seen);
+        if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
         run_share(p, arg.index);
-        if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) == 1) {
+        if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_seq_cst) == 1 &&
+            atomic_load_explicit(&p->caller_sleeping, memory_order_seq_cst)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
@@ -94,11 +170,15 @@ static void *worker_main(void *arg_) {
 
 int pool_create(unsigned n_workers, threadpool **out) {
     if (n_workers == 0) n_workers = 1;
-    threadpool *p = px_calloc(1, sizeof *p, "thread pool");
+    /* aligned: the hot fields sit on their own cache lines */
+    threadpool *p = px_aligned_alloc(sizeof *p, "thread pool");
     if (!p) return PARITY_ERR_OUT_OF_MEMORY;
+    memset(p, 0, sizeof *p);
     p->n = n_workers;
     atomic_init(&p->generation, 0);
     atomic_init(&p->remaining, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->caller_sleeping, 0);
     atomic_init(&p->stop, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
@@ -106,7 +186,7 @@ int pool_create(unsigned n_workers, threadpool **out) {
     if (n_workers > 1) {
         p->threads = px_calloc(n_workers - 1, sizeof *p->threads, "thread pool threads");
         if (!p->threads) {
-            p->n = 1; /* no worker started: nothing for pool_free to stop or join */
+            p->n = 1;
             pool_free(p);
             return PARITY_ERR_OUT_OF_MEMORY;
         }
@@ -133,7 +213,7 @@ void pool_free(threadpool *p) {
     if (p->n > 1) {
         atomic_store(&p->stop, 1);
         pthread_mutex_lock(&p->mu);
-        atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+        atomic_fetch_add_explicit(&p->generation, 1, memory_order_seq_cst);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
         for (unsigned i = 1; i < p->n; i++) pthread_join(p->threads[i - 1], NULL);
@@ -156,21 +236,15 @@ void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks) {
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
+    /* every worker has finished the previous loop (the caller waited for remaining == 0),
+     * so nobody reads the fields above while they change */
     atomic_store_explicit(&p->remaining, p->n - 1, memory_order_relaxed);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
-    run_share(p, 0);
-    int spins = 0;
-    while (atomic_load_explicit(&p->remaining, memory_order_acquire) != 0) {
-        if (++spins < SPIN_ITERATIONS) {
-            cpu_relax();
-            continue;
-        }
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&p->sleepers, memory_order_seq_cst) != 0) {
         pthread_mutex_lock(&p->mu);
-        while (atomic_load_explicit(&p->remaining, memory_order_acquire) != 0)
-            pthread_cond_wait(&p->done, &p->mu);
+        pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
+    run_share(p, 0);
+    wait_workers(p);
 }

@@ -91,4 +91,11 @@ static inline const char *source_root(void) {
     return r ? r : ".";
 }
 
+/* Quick mode ($PARITY_TEST_QUICK set and not "0"; scripts/sanitize.sh sets it): the heavy
+ * tests shrink their sweeps so that the suite runs under sanitizers in minutes. */
+static inline int quick(void) {
+    const char *q = getenv("PARITY_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
 #endif

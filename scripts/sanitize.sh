@@ -1,0 +1,58 @@
+#!/bin/sh
+# Sanitizer tiers, built with clang in their own build directories, tests in quick mode
+# (PARITY_TEST_QUICK=1: the heavy tests shrink their sweeps):
+#   scripts/sanitize.sh asan   the whole meson test suite under AddressSanitizer and
+#                              UndefinedBehaviorSanitizer, LeakSanitizer on (build-asan)
+#   scripts/sanitize.sh tsan   the tests that run threads — concurrency, and the scorer and
+#                              sampler thread-count tests — under ThreadSanitizer (build-tsan)
+# Any sanitizer report fails the tier.
+set -eu
+cd "$(dirname "$0")/.."
+tier=${1:-}
+case $tier in
+asan) sanitize=address,undefined ;;
+tsan) sanitize=thread ;;
+*)
+    echo "usage: $0 asan|tsan" >&2
+    exit 2
+    ;;
+esac
+build=build-$tier
+
+scripts/deps.sh
+need=""
+for pkg in clang libclang-rt-14-dev; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need="$need $pkg"
+done
+if [ -n "$need" ]; then
+    echo "sanitize.sh: installing$need" >&2
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $need >&2
+fi
+
+if [ -f $build/build.ninja ]; then
+    meson setup --reconfigure $build >/dev/null
+else
+    CC=clang meson setup $build -Db_sanitize=$sanitize -Db_lundef=false >/dev/null
+fi
+
+export PARITY_TEST_QUICK=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export ASAN_OPTIONS=detect_leaks=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+# OpenBLAS's own threads are not instrumented: the OpenBLAS backend runs on the calling thread
+export OPENBLAS_NUM_THREADS=1
+
+if [ $tier = asan ]; then
+    ninja -C $build
+    # The tests that load the library into Python (ctypes) or link it from an installed tree
+    # run outside this build's sanitizer runtime: they are scripts/test.sh's.
+    tests=$(meson test -C $build --list 2>/dev/null | grep -vE '^(python-.*|abi|install)$')
+else
+    ninja -C $build test/test_concurrency test/test_scorer test/test_sampler
+    tests="concurrency scorer sampler"
+fi
+# shellcheck disable=SC2086
+meson test -C $build --no-rebuild --print-errorlogs --num-processes 2 $tests
