@@ -464,7 +464,8 @@ PARITY_API void parity_score_default_options(parity_score_options *options);
  * sequences one after another (sum of (len_i - 1) values). Optional outputs (NULL to skip),
  * indexed like `logprobs`: `entropy` (nats, of the distribution the mode defines) and the
  * top_n most likely tokens per position (`top_ids`, `top_logprobs`, top_n per position,
- * best first, ties to the lower id).
+ * best first, ties to the lower id; id -1 and log-prob -inf past the support of a truncated
+ * distribution).
  *
  * The parity contract: each value is a pure function of the model, policy, backend, mode and
  * that sequence's tokens 0..t — not of n_threads, of which sequences share the call or of

@@ -185,16 +185,13 @@ void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32
             logprobs[j] = (w->x[w->ids[j]] - d->m) - d->lse;
         }
     } else {
-        /* n passes of a selection: top_n is small */
-        for (; j < top_n && j < V; j++) {
-            uint32_t best = UINT32_MAX;
-            for (uint32_t i = 0; i < V; i++) {
-                int taken = 0;
-                for (uint32_t q = 0; q < j && !taken; q++) taken = ids[q] == (int32_t)i;
-                if (!taken && (best == UINT32_MAX || better(w->x, i, best))) best = i;
-            }
-            ids[j] = (int32_t)best;
-            logprobs[j] = (w->x[best] - d->m) - d->lse;
+        /* the k best by a heap selection, O(V log k): top_n may be as large as V */
+        const size_t k = top_n < V ? top_n : V;
+        for (uint32_t i = 0; i < V; i++) w->ids[i] = i;
+        select_best(w->x, w->ids, V, k);
+        for (; j < k; j++) {
+            ids[j] = (int32_t)w->ids[j];
+            logprobs[j] = (w->x[w->ids[j]] - d->m) - d->lse;
         }
     }
     for (; j < top_n; j++) {

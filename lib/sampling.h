@@ -47,7 +47,8 @@ void dist_build(const parity_policy *pol, const dist_params *p, const float *log
 float dist_logprob(const dist *d, const dist_work *w, int32_t token);
 /* The entropy of the distribution, -sum p log p. It overwrites w->x and w->e: call it last. */
 float dist_entropy(const dist *d, const dist_work *w, size_t V);
-/* The top_n tokens by log-prob within the support, best first, ties to the lower id. */
+/* The top_n tokens by log-prob within the support, best first, ties to the lower id; past
+ * the support of a truncated distribution, id -1 and log-prob -inf. Uses w->ids. */
 void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32_t *ids,
               float *logprobs);
 /* A draw from the distribution (a TRUNCATED one: the support the sampler uses), driven by
