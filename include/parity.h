@@ -173,6 +173,8 @@ typedef enum parity_cpu_path {
 PARITY_API parity_cpu_path parity_get_cpu_path(void);
 /* Name of a path ("portable", "avx2"). */
 PARITY_API const char *parity_cpu_path_name(parity_cpu_path path);
+/* The path of a name ("portable", "avx2"); PARITY_ERR_INVALID_ARGUMENT for another name. */
+PARITY_API int parity_cpu_path_from_name(const char *name, parity_cpu_path *out);
 /* Force a path. Fails with PARITY_ERR_UNSUPPORTED if this CPU (or OS) lacks it. Process-wide:
  * call it while no other thread is inside the library. Results never depend on it. */
 PARITY_API int parity_set_cpu_path(parity_cpu_path path);
@@ -341,6 +343,12 @@ typedef enum parity_arch {
     PARITY_ARCH_LLAMA = 2,   /* Llama 3.x: no bias, no q/k-norm */
 } parity_arch;
 
+/* An architecture's name, its config.json model_type ("qwen2", "qwen3", "llama"); NULL for a
+ * value that is not an architecture. */
+PARITY_API const char *parity_arch_name(int arch);
+/* The architecture of a model_type; PARITY_ERR_INVALID_ARGUMENT for another name. */
+PARITY_API int parity_arch_from_name(const char *name, parity_arch *out);
+
 /* The blueprint of a model: what config.json says. */
 typedef struct parity_config {
     uint32_t size;                 /* sizeof(parity_config) */
@@ -417,6 +425,11 @@ typedef enum parity_backend {
     PARITY_BACKEND_OPENBLAS = 1,
 } parity_backend;
 
+/* A backend's name ("bf16", "openblas"); NULL for a value that is not a backend. */
+PARITY_API const char *parity_backend_name(int backend);
+/* The backend of a name; PARITY_ERR_INVALID_ARGUMENT for another name. */
+PARITY_API int parity_backend_from_name(const char *name, parity_backend *out);
+
 typedef struct parity_scorer_params {
     uint32_t size;              /* sizeof(parity_scorer_params) */
     uint32_t n_threads;         /* threads of the scorer's pool, including the caller; 0 = 1 */
@@ -445,6 +458,12 @@ typedef enum parity_logprob_mode {
                                       greedy is the arg max alone); -inf outside it. With no
                                       truncation switched on it equals PROCESSED. */
 } parity_logprob_mode;
+
+/* A mode's name ("raw", "processed", "processed-truncated": vLLM's --logprobs-mode words
+ * without the "-logprobs"); NULL for a value that is not a mode. */
+PARITY_API const char *parity_logprob_mode_name(int mode);
+/* The mode of a name; PARITY_ERR_INVALID_ARGUMENT for another name. */
+PARITY_API int parity_logprob_mode_from_name(const char *name, parity_logprob_mode *out);
 
 typedef struct parity_score_options {
     uint32_t size;              /* sizeof(parity_score_options) */
@@ -650,6 +669,14 @@ PARITY_API uint64_t parity_model_version(const parity_model *model);
 PARITY_API int parity_model_write_manifest(const parity_model *model, const char *path);
 PARITY_API int parity_model_verify(const parity_model *model, const char *manifest_path,
                                    char *report, size_t report_size);
+/* The manifest checksum of one tensor of n values held by the caller: FNV-1a 64 over the
+ * little-endian bytes of the values as bf16, as the model holds them after
+ * parity_model_update: BF16 data as it is, F16 and F32 data rounded to bf16 with the same
+ * round-to-nearest-even (NaN -> 0x7fc0). A learner computes its manifest with it without
+ * copying or casting its weights. PARITY_ERR_INVALID_ARGUMENT for a NULL pointer (data may be
+ * NULL when n is 0) or an unknown dtype. */
+PARITY_API int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n,
+                                      uint64_t *fnv1a64);
 
 /* The probe: scores `tokens` (raw log-probs) with a scorer and compares them bitwise with
  * `expected` (len - 1 values the learner computed for the same tokens and policy). Returns

@@ -106,6 +106,17 @@ const char *parity_cpu_path_name(parity_cpu_path path) {
     return "unknown";
 }
 
+int parity_cpu_path_from_name(const char *name, parity_cpu_path *out) {
+    clear_error();
+    if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "CPU path name or output is NULL");
+    for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX2; p++)
+        if (strcmp(name, parity_cpu_path_name((parity_cpu_path)p)) == 0) {
+            *out = (parity_cpu_path)p;
+            return PARITY_OK;
+        }
+    return set_error(PARITY_ERR_INVALID_ARGUMENT, "'%s' is not a CPU path (portable | avx2)", name);
+}
+
 int parity_set_cpu_path(parity_cpu_path path) {
     clear_error();
     pthread_once(&detect_once, detect);

@@ -149,14 +149,45 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
 
 /* ---- manifests -------------------------------------------------------------------------- */
 
+/* FNV-1a 64 of the two little-endian bytes of one bf16 value, continuing from h. */
+#define FNV1A64_OFFSET 0xcbf29ce484222325ull
+#define FNV1A64_PRIME 0x100000001b3ull
+static inline uint64_t fnv1a64_step(uint64_t h, uint16_t v) {
+    h = (h ^ (v & 0xffu)) * FNV1A64_PRIME;
+    return (h ^ (uint16_t)(v >> 8)) * FNV1A64_PRIME;
+}
+
 /* FNV-1a 64 over the little-endian bytes of n bf16 values. */
 static uint64_t fnv1a64_bf16(const uint16_t *x, uint64_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (uint64_t i = 0; i < n; i++) {
-        h = (h ^ (x[i] & 0xffu)) * 0x100000001b3ull;
-        h = (h ^ (x[i] >> 8)) * 0x100000001b3ull;
-    }
+    uint64_t h = FNV1A64_OFFSET;
+    for (uint64_t i = 0; i < n; i++) h = fnv1a64_step(h, x[i]);
     return h;
+}
+
+int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n, uint64_t *fnv1a64) {
+    clear_error();
+    if (!fnv1a64 || (!data && n))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_tensor_checksum: data or output is NULL");
+    if (dtype > PARITY_DTYPE_F32)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "parity_tensor_checksum: dtype %u is not BF16 (0), F16 (1) or F32 (2)", dtype);
+    /* The caller's buffer need not be aligned: values are read with memcpy. */
+    const uint8_t *src = data;
+    uint64_t h = FNV1A64_OFFSET;
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t v;
+        float f;
+        if (dtype == PARITY_DTYPE_F32) {
+            memcpy(&f, src + 4 * i, 4);
+            v = bf16_from_f32(f);
+        } else {
+            memcpy(&v, src + 2 * i, 2);
+            if (dtype == PARITY_DTYPE_F16) v = bf16_from_f32(f16_to_f32(v));
+        }
+        h = fnv1a64_step(h, v);
+    }
+    *fnv1a64 = h;
+    return PARITY_OK;
 }
 
 int parity_model_write_manifest(const parity_model *m, const char *path) {

@@ -149,6 +149,48 @@ int main(void) {
     learner L;
     learner_step(&L, m);
 
+    /* parity_tensor_checksum: the learner's FNV-1a of RNE(master), from the fp32 masters, from
+     * the bf16 values, and from f16 data (RNE of its exact fp32 value), at any alignment */
+    for (size_t i = 0; i < L.n; i++) {
+        size_t count = (size_t)((const weight *)L.slots[i].dst)->rows *
+                       ((const weight *)L.slots[i].dst)->cols;
+        uint64_t want = learner_fnv(L.sent[i], count), got = 0;
+        CHECK_OK(parity_tensor_checksum(PARITY_DTYPE_F32, L.master[i], count, &got));
+        CHECK(got == want);
+        CHECK_OK(parity_tensor_checksum(PARITY_DTYPE_BF16, L.sent[i], count, &got));
+        CHECK(got == want);
+        if (i == 0) {
+            unsigned char *odd = malloc(count * 4 + 1);
+            memcpy(odd + 1, L.master[i], count * 4);
+            CHECK_OK(parity_tensor_checksum(PARITY_DTYPE_F32, odd + 1, count, &got));
+            CHECK(got == want);
+            uint16_t *half = malloc(count * 2), *via_half = malloc(count * 2);
+            for (size_t k = 0; k < count; k++) {
+                half[k] = to_f16(L.master[i][k]);
+                uint32_t sign = (uint32_t)(half[k] & 0x8000u) << 16;
+                uint32_t e = (half[k] >> 10) & 0x1fu, mant = half[k] & 0x3ffu;
+                uint32_t u = e ? sign | ((e - 15 + 127) << 23) | (mant << 13) : sign;
+                float f;
+                memcpy(&f, &u, 4);
+                via_half[k] = learner_rne(f);
+            }
+            CHECK_OK(parity_tensor_checksum(PARITY_DTYPE_F16, half, count, &got));
+            CHECK(got == learner_fnv(via_half, count));
+            CHECK(got != want); /* f16 lost bits of the masters: another checksum */
+            free(odd);
+            free(half);
+            free(via_half);
+        }
+    }
+    uint64_t empty = 1;
+    CHECK_OK(parity_tensor_checksum(PARITY_DTYPE_BF16, NULL, 0, &empty));
+    CHECK(empty == 0xcbf29ce484222325ull);
+    CHECK_STATUS(parity_tensor_checksum(3, L.master[0], 1, &empty), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_tensor_checksum(PARITY_DTYPE_F32, NULL, 1, &empty),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_tensor_checksum(PARITY_DTYPE_F32, L.master[0], 1, NULL),
+                 PARITY_ERR_INVALID_ARGUMENT);
+
     /* the correct path: every tensor from fp32 masters, then verify: no difference */
     push_all(m, &L);
     CHECK_INT(parity_model_version(m), 1);
