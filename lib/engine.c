@@ -5,6 +5,12 @@
 #include "internal.h"
 #include "kernels.h"
 
+void engine_default_settings(uint32_t *n_threads, uint32_t *backend, parity_policy *policy) {
+    *n_threads = 1;
+    *backend = PARITY_BACKEND_BF16;
+    parity_policy_from_name("aligned", policy);
+}
+
 int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads) {
     int rc = parity_policy_validate(pol);
     if (rc) return rc;
@@ -53,14 +59,6 @@ uint64_t engine_bytes(const parity_config *c, const engine_params *p, size_t obj
     return total;
 }
 
-int engine_check_memory(const char *what, uint64_t bytes, uint64_t max_memory, const char *detail) {
-    if (!max_memory || bytes <= max_memory) return PARITY_OK;
-    return set_error(PARITY_ERR_MEMORY_LIMIT,
-                     "the %s needs %llu bytes of KV cache, scratch and tables (%s), more than "
-                     "max_memory = %llu",
-                     what, (unsigned long long)bytes, detail, (unsigned long long)max_memory);
-}
-
 void engine_free(engine *e) {
     pool_free(e->pool);
     e->pool = NULL;
@@ -100,6 +98,98 @@ int engine_init(engine *e, const parity_model *m, const engine_params *p, const 
     return rc;
 }
 
+int engine_enter(engine *e, const char *what) {
+    if (!e) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+    return object_enter(&e->in_use, what);
+}
+
+void engine_leave(engine *e) { object_leave(&e->in_use); }
+
 fwd_ctx engine_fwd_ctx(engine *e) {
     return (fwd_ctx){e->model, e->p.policy, e->p.backend, e->pool, &e->kv, &e->scratch, 0, 0};
+}
+
+/* ---- objects on an engine ---------------------------------------------------------------- */
+
+/* Room for either kind's resolved params. */
+typedef union any_params {
+    parity_scorer_params scorer;
+    parity_sampler_params sampler;
+} any_params;
+
+static engine *engine_of(const engine_kind *k, void *object) {
+    return (engine *)((char *)object + k->engine_offset);
+}
+
+static int resolve(const engine_kind *k, const parity_model *m, const void *params,
+                   any_params *resolved, engine_params *ep) {
+    if (!m || !params) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or params is NULL");
+    uint32_t size;
+    memcpy(&size, params, sizeof size);
+    if (size != k->params_size)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "params.size is %u, this library expects %zu: initialise the params "
+                         "with parity_%s_default_params()",
+                         size, k->params_size, k->name);
+    int rc = k->resolve(m, params, resolved, ep);
+    return rc ? rc : engine_check(&ep->policy, ep->backend, ep->n_threads);
+}
+
+static uint64_t object_bytes(const engine_kind *k, const parity_config *c, const any_params *resolved,
+                             const engine_params *ep) {
+    engine_buf b[ENGINE_MAX_BUFS];
+    size_t n = k->bufs(k->layout, resolved, ep, b);
+    return engine_bytes(c, ep, k->object_size, b, n);
+}
+
+int engine_object_bytes(const engine_kind *k, const parity_model *m, const void *params,
+                        uint64_t *bytes) {
+    if (!bytes) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
+    any_params resolved;
+    engine_params ep;
+    int rc = resolve(k, m, params, &resolved, &ep);
+    if (rc) return rc;
+    *bytes = object_bytes(k, &m->config, &resolved, &ep);
+    return PARITY_OK;
+}
+
+int engine_object_create(const engine_kind *k, const parity_model *m, const void *params,
+                         void *out) {
+    if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
+    any_params resolved;
+    engine_params ep;
+    int rc = resolve(k, m, params, &resolved, &ep);
+    if (rc) return rc;
+
+    /* what the object will hold, against the caller's ceiling, before anything is taken */
+    const uint64_t bytes = object_bytes(k, &m->config, &resolved, &ep);
+    if (ep.max_memory && bytes > ep.max_memory) {
+        char sizes[160];
+        k->describe(&resolved, sizes, sizeof sizes);
+        return set_error(PARITY_ERR_MEMORY_LIMIT,
+                         "the %s needs %llu bytes of KV cache, scratch and tables (%s), more "
+                         "than max_memory = %llu",
+                         k->name, (unsigned long long)bytes, sizes,
+                         (unsigned long long)ep.max_memory);
+    }
+    if ((rc = engine_prepare_weights(m, &ep.policy, ep.backend))) return rc;
+
+    void *object = px_calloc(1, k->object_size, k->name);
+    if (!object) return PARITY_ERR_OUT_OF_MEMORY;
+    memcpy((char *)object + k->params_offset, &resolved, k->params_size);
+    engine_buf b[ENGINE_MAX_BUFS];
+    size_t n = k->bufs(object, &resolved, &ep, b);
+    if ((rc = engine_init(engine_of(k, object), m, &ep, b, n))) {
+        px_free(object);
+        return rc;
+    }
+    k->start(object, m);
+    memcpy(out, &object, sizeof object); /* into the caller's typed pointer */
+    return PARITY_OK;
+}
+
+void engine_object_free(const engine_kind *k, void *object) {
+    if (!object) return;
+    engine_free(engine_of(k, object));
+    px_free(object);
 }

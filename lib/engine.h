@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "forward.h"
+#include "sampling.h"
 
 /* What sizes an engine (every field resolved: no zeros meaning "default"). */
 typedef struct engine_params {
@@ -22,6 +23,7 @@ typedef struct engine_params {
     uint32_t max_rows;     /* rows of one forward */
     uint32_t max_ctx;      /* the longest context one row attends to */
     uint32_t split_k;      /* > 1: the scratch holds split-K partial sums */
+    uint64_t max_memory;   /* the caller's ceiling on the bytes creation allocates; 0 = none */
 } engine_params;
 
 /* A buffer of `count` elements of `size` bytes at *p: zeroed, or 64-byte aligned and not
@@ -50,6 +52,9 @@ typedef struct engine {
     atomic_int in_use;     /* set while a public call runs (object_enter) */
 } engine;
 
+/* The defaults of the settings every engine takes: one thread, the bf16 backend, the
+ * "aligned" policy. */
+void engine_default_settings(uint32_t *n_threads, uint32_t *backend, parity_policy *policy);
 /* The settings every engine takes: the policy, the backend, the thread count (1..256). */
 int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads);
 
@@ -60,9 +65,6 @@ int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads)
 uint64_t engine_bytes(const parity_config *c, const engine_params *p, size_t object_size,
                       const engine_buf *extra, size_t n_extra);
 
-/* PARITY_ERR_MEMORY_LIMIT, with `bytes` and `detail` in the message, if max_memory is set
- * and `bytes` exceed it. `what` is "scorer" or "sampler". */
-int engine_check_memory(const char *what, uint64_t bytes, uint64_t max_memory, const char *detail);
 
 /* Builds, once per model, the fp32 weights a policy and backend read (the openblas backend
  * and the fp32 policy multiply fp32 weights). */
@@ -75,7 +77,56 @@ int engine_init(engine *e, const parity_model *m, const engine_params *p, const 
 /* Frees what engine_init allocated (harmless on a zeroed or failed engine). */
 void engine_free(engine *e);
 
+/* A public call on an object takes its engine (PARITY_ERR_INVALID_ARGUMENT if the object is
+ * NULL: pass `object ? &object->eng : NULL`; PARITY_ERR_BUSY if another call has it) and
+ * gives it back when it returns. */
+int engine_enter(engine *e, const char *what);
+void engine_leave(engine *e);
+
+/* Worker `worker`'s share of the work buffer: what lib/sampling.c needs to build one
+ * position's distribution. */
+static inline dist_work engine_work(const engine *e, unsigned worker) {
+    const size_t V = e->model->config.vocab_size;
+    float *work = e->work + (size_t)worker * 3 * V;
+    return (dist_work){work, work + V, (uint32_t *)(work + 2 * V)};
+}
+
 /* The forward's context on this engine, with the contract's summation orders. */
 fwd_ctx engine_fwd_ctx(engine *e);
+
+/* ---- objects on an engine: the scorer and the sampler ----------------------------------- */
+
+/* What an object that embeds an engine tells it, so that both are sized and created in one
+ * way: the public *_bytes and *_create functions are engine_object_bytes/_create. */
+typedef struct engine_kind {
+    const char *name;          /* "scorer", "sampler": for messages */
+    size_t object_size;        /* sizeof the object */
+    size_t engine_offset;      /* offsetof(object, its engine) */
+    size_t params_offset;      /* offsetof(object, its resolved params) */
+    size_t params_size;        /* sizeof its params struct (whose first field is `size`) */
+    void *layout;              /* an object of the kind, only for the addresses of its fields
+                                  (sizing without creating): never read or written */
+    /* Checks the caller's params and fills `resolved` (params_size bytes) with every default
+     * applied, and the engine they make. */
+    int (*resolve)(const parity_model *m, const void *params, void *resolved, engine_params *ep);
+    /* The object's own buffers, pointing into `object`. */
+    size_t (*bufs)(void *object, const void *resolved, const engine_params *ep, engine_buf *b);
+    /* The sizes a PARITY_ERR_MEMORY_LIMIT message names. */
+    void (*describe)(const void *resolved, char *buf, size_t size);
+    /* Sets the object up once its buffers exist (its resolved params are in place). */
+    void (*start)(void *object, const parity_model *m);
+} engine_kind;
+
+/* The bytes engine_object_create would allocate. */
+int engine_object_bytes(const engine_kind *k, const parity_model *m, const void *params,
+                        uint64_t *bytes);
+/* Checks the params, the memory ceiling (before anything is allocated), prepares the model's
+ * fp32 weights if the policy or backend reads them, and allocates the object, its engine and
+ * its buffers, all or nothing. `out` points to the caller's object pointer (a parity_scorer *
+ * or parity_sampler *), written only on success. */
+int engine_object_create(const engine_kind *k, const parity_model *m, const void *params,
+                         void *out);
+/* Frees an object made by engine_object_create (NULL: nothing). */
+void engine_object_free(const engine_kind *k, void *object);
 
 #endif

@@ -31,54 +31,6 @@ void *model_own(parity_model *m, void *p) {
     return p;
 }
 
-static parity_model *model_new(const parity_config *c) {
-    parity_model *m = px_calloc(1, sizeof *m, "model");
-    if (!m) return NULL;
-    m->config = *c;
-    pthread_mutex_init(&m->prepare_lock, NULL);
-    pthread_rwlock_init(&m->use_lock, NULL);
-    m->layers = px_calloc(c->num_hidden_layers, sizeof *m->layers, "model layers");
-    if (!m->layers) {
-        pthread_mutex_destroy(&m->prepare_lock);
-        pthread_rwlock_destroy(&m->use_lock);
-        px_free(m);
-        return NULL;
-    }
-    return m;
-}
-
-void parity_model_free(parity_model *m) {
-    if (!m) return;
-    for (size_t i = 0; i < m->n_owned; i++) px_free(m->owned[i]);
-    px_free(m->owned);
-    for (size_t i = 0; i < m->n_files; i++) st_close(m->files[i]);
-    px_free(m->files);
-    rope_tables_free(&m->rope);
-    px_free(m->layers);
-    pthread_mutex_destroy(&m->prepare_lock);
-    pthread_rwlock_destroy(&m->use_lock);
-    px_free(m);
-}
-
-void model_disown(parity_model *m, const void *p) {
-    for (size_t i = 0; p && i < m->n_owned; i++)
-        if (m->owned[i] == p) {
-            px_free(m->owned[i]);
-            m->owned[i] = m->owned[--m->n_owned];
-            return;
-        }
-}
-
-int model_enter(const parity_model *m) {
-    if (pthread_rwlock_tryrdlock((pthread_rwlock_t *)&m->use_lock) != 0)
-        return set_error(PARITY_ERR_BUSY, "the model's weights are being updated");
-    return PARITY_OK;
-}
-
-void model_leave(const parity_model *m) { pthread_rwlock_unlock((pthread_rwlock_t *)&m->use_lock); }
-
-const parity_config *parity_model_config(const parity_model *m) { return m ? &m->config : NULL; }
-
 /* ---- the tensors of an architecture ---------------------------------------------------- */
 
 static void expect(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t cols,
@@ -91,7 +43,8 @@ static void expect(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t 
     snprintf(x->shape_doc, sizeof x->shape_doc, "%s", shape_doc);
 }
 
-size_t model_tensor_slots(parity_model *m, expected *e) {
+/* Fills e (model_max_tensors entries) with the tensors of m's architecture; returns the count. */
+static size_t build_tensor_table(parity_model *m, expected *e) {
     const parity_config *c = &m->config;
     uint32_t hd = c->head_dim, q = c->num_attention_heads * hd, kv = c->num_key_value_heads * hd;
     char d_q[96], d_kv[96], d_o[96], d_up[96], d_down[96], d_h[64], d_emb[96], d_hd[64],
@@ -144,7 +97,66 @@ size_t model_tensor_slots(parity_model *m, expected *e) {
     return n;
 }
 
-size_t model_max_tensors(const parity_config *c) { return 16 * (size_t)c->num_hidden_layers + 4; }
+/* At most 13 tensors a layer (and 3 more per model): room to spare. */
+static size_t model_max_tensors(const parity_config *c) { return 16 * (size_t)c->num_hidden_layers + 4; }
+
+const expected *model_find_tensor(const parity_model *m, const char *name) {
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
+    return NULL;
+}
+
+static parity_model *model_new(const parity_config *c) {
+    parity_model *m = px_calloc(1, sizeof *m, "model");
+    if (!m) return NULL;
+    m->config = *c;
+    pthread_mutex_init(&m->prepare_lock, NULL);
+    pthread_rwlock_init(&m->use_lock, NULL);
+    m->layers = px_calloc(c->num_hidden_layers, sizeof *m->layers, "model layers");
+    m->tensors = m->layers ? px_calloc(model_max_tensors(c), sizeof *m->tensors, "tensor table") : NULL;
+    if (!m->tensors) {
+        px_free(m->layers);
+        pthread_mutex_destroy(&m->prepare_lock);
+        pthread_rwlock_destroy(&m->use_lock);
+        px_free(m);
+        return NULL;
+    }
+    m->n_tensors = build_tensor_table(m, m->tensors);
+    return m;
+}
+
+void parity_model_free(parity_model *m) {
+    if (!m) return;
+    for (size_t i = 0; i < m->n_owned; i++) px_free(m->owned[i]);
+    px_free(m->owned);
+    for (size_t i = 0; i < m->n_files; i++) st_close(m->files[i]);
+    px_free(m->files);
+    rope_tables_free(&m->rope);
+    px_free(m->tensors);
+    px_free(m->layers);
+    pthread_mutex_destroy(&m->prepare_lock);
+    pthread_rwlock_destroy(&m->use_lock);
+    px_free(m);
+}
+
+void model_disown(parity_model *m, const void *p) {
+    for (size_t i = 0; p && i < m->n_owned; i++)
+        if (m->owned[i] == p) {
+            px_free(m->owned[i]);
+            m->owned[i] = m->owned[--m->n_owned];
+            return;
+        }
+}
+
+int model_enter(const parity_model *m) {
+    if (pthread_rwlock_tryrdlock((pthread_rwlock_t *)&m->use_lock) != 0)
+        return set_error(PARITY_ERR_BUSY, "the model's weights are being updated");
+    return PARITY_OK;
+}
+
+void model_leave(const parity_model *m) { pthread_rwlock_unlock((pthread_rwlock_t *)&m->use_lock); }
+
+const parity_config *parity_model_config(const parity_model *m) { return m ? &m->config : NULL; }
 
 /* Tensors a checkpoint may carry that the forward does not read. */
 static int ignorable(const parity_model *m, const char *name) {
@@ -157,85 +169,30 @@ static int ignorable(const parity_model *m, const char *name) {
 
 /* ---- binding a checkpoint tensor ------------------------------------------------------- */
 
-static int check_finite_bf16(const char *file, const char *name, const uint16_t *x, uint64_t n) {
-    for (uint64_t i = 0; i < n; i++)
-        if ((x[i] & 0x7f80u) == 0x7f80u)
-            return set_error(PARITY_ERR_TENSOR_NONFINITE,
-                             "%s: tensor '%s': element %llu is %s (weights must be finite)", file,
-                             name, (unsigned long long)i, (x[i] & 0x7fu) ? "NaN" : "Inf");
-    return PARITY_OK;
-}
-
-static int check_finite_f32(const char *file, const char *name, const float *x, uint64_t n) {
-    for (uint64_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return set_error(PARITY_ERR_TENSOR_NONFINITE,
-                             "%s: tensor '%s': element %llu is %s (weights must be finite)", file,
-                             name, (unsigned long long)i, isnan(x[i]) ? "NaN" : "Inf");
-    return PARITY_OK;
-}
-
 static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, const expected *e) {
-    uint64_t rows = e->rows ? e->rows : 1;
-    int shape_ok = e->rows ? (t->ndim == 2 && t->shape[0] == e->rows && t->shape[1] == e->cols)
-                           : (t->ndim == 1 && t->shape[0] == e->cols);
-    if (!shape_ok) {
-        char got[160];
-        int k = snprintf(got, sizeof got, "[");
-        for (uint32_t d = 0; d < t->ndim && k < (int)sizeof got - 24; d++)
-            k += snprintf(got + k, sizeof got - (size_t)k, "%s%llu", d ? ", " : "",
-                          (unsigned long long)t->shape[d]);
-        snprintf(got + k, sizeof got - (size_t)k, "]");
-        return set_error(PARITY_ERR_TENSOR_SHAPE,
-                         "%s: tensor '%s': shape %s does not match the config: expected %s",
-                         f->path, t->name, got, e->shape_doc);
-    }
-    if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32)
-        return set_error(PARITY_ERR_TENSOR_DTYPE,
-                         "%s: tensor '%s': dtype %s is not a weight dtype (BF16, F16 or F32)",
-                         f->path, t->name, st_dtype_name(t->dtype));
-    uint64_t n = rows * e->cols;
-    weight *w = e->dst;
-    w->rows = (uint32_t)rows;
-    w->cols = e->cols;
-    if (t->dtype == ST_BF16) {
-        if (((uintptr_t)t->data & 1u) == 0) {
-            w->bf16 = (const uint16_t *)t->data; /* mapped in place */
-        } else {
-            uint16_t *copy = model_own(m, px_malloc(n * 2, t->name));
-            if (!copy) return PARITY_ERR_OUT_OF_MEMORY;
-            memcpy(copy, t->data, n * 2);
-            w->bf16 = copy;
-        }
-        return check_finite_bf16(f->path, t->name, w->bf16, n);
-    }
-    /* F16 and F32: keep fp32 masters (mapped when F32 and aligned), cast to bf16 with RNE */
-    const float *master;
-    if (t->dtype == ST_F32 && ((uintptr_t)t->data & 3u) == 0) {
-        master = (const float *)t->data;
-    } else {
-        float *wide = model_own(m, px_malloc(n * 4, t->name));
-        if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
-        for (uint64_t i = 0; i < n; i++) {
-            if (t->dtype == ST_F32) {
-                memcpy(&wide[i], t->data + 4 * i, 4);
-            } else {
-                uint16_t h;
-                memcpy(&h, t->data + 2 * i, 2);
-                wide[i] = f16_to_f32(h);
-            }
-        }
-        master = wide;
-    }
-    int rc = check_finite_f32(f->path, t->name, master, n);
+    char where[512];
+    snprintf(where, sizeof where, "%s: tensor '%s'", f->path, t->name);
+    const uint32_t dtype = t->dtype == ST_BF16  ? PARITY_DTYPE_BF16
+                           : t->dtype == ST_F16 ? PARITY_DTYPE_F16
+                           : t->dtype == ST_F32 ? PARITY_DTYPE_F32
+                                                : UINT32_MAX;
+    const tensor_source src = {where, dtype, st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
+    tensor_values v;
+    int rc = tensor_import(&src, e, &v);
     if (rc) return rc;
-    uint16_t *cast = model_own(m, px_malloc(n * 2, t->name));
-    if (!cast) return PARITY_ERR_OUT_OF_MEMORY;
-    for (uint64_t i = 0; i < n; i++) cast[i] = bf16_from_f32(master[i]);
-    w->master = master;
-    w->bf16 = cast;
-    /* an F32 value beyond bf16's range rounds to Inf */
-    return check_finite_bf16(f->path, t->name, cast, n);
+    /* the model frees what the import allocated (model_own frees it if it cannot) */
+    void *owned1 = v.owned[1];
+    if (v.owned[0] && !model_own(m, v.owned[0])) {
+        px_free(owned1);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    if (owned1 && !model_own(m, owned1)) return PARITY_ERR_OUT_OF_MEMORY;
+    weight *w = e->dst;
+    w->rows = e->rows ? e->rows : 1;
+    w->cols = e->cols;
+    w->bf16 = v.bf16;
+    w->master = v.master;
+    return PARITY_OK;
 }
 
 /* ---- the fp32 copies ------------------------------------------------------------------ */
@@ -245,7 +202,7 @@ static int widen(parity_model *m, weight *w) {
     uint64_t n = (uint64_t)w->rows * w->cols;
     float *wide = model_own(m, px_aligned_alloc(n * 4, "fp32 weights"));
     if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
-    for (uint64_t i = 0; i < n; i++) wide[i] = bf16_to_f32(w->bf16[i]);
+    weight_widen_into(w, wide);
     w->wide = wide;
     return PARITY_OK;
 }
@@ -445,10 +402,8 @@ static const st_tensor *find_tensor(const parity_model *m, const char *name, con
 }
 
 static int bind_all(parity_model *m, const char *dir) {
-    size_t cap = model_max_tensors(&m->config);
-    expected *e = px_calloc(cap, sizeof *e, "tensor list");
-    if (!e) return PARITY_ERR_OUT_OF_MEMORY;
-    size_t n = model_tensor_slots(m, e);
+    size_t n;
+    const expected *e = model_tensors(m, &n);
     int rc = PARITY_OK;
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         const st_file *f;
@@ -469,15 +424,25 @@ static int bind_all(parity_model *m, const char *dir) {
             if (!known)
                 rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED,
                                "%s: tensor '%s' is not part of a %s model with this config",
-                               f->path, name,
-                               m->config.arch == PARITY_ARCH_QWEN2   ? "qwen2"
-                               : m->config.arch == PARITY_ARCH_QWEN3 ? "qwen3"
-                                                                     : "llama");
+                               f->path, name, parity_arch_name((int)m->config.arch));
         }
     }
-    px_free(e);
-    if (rc == PARITY_OK && m->config.tie_word_embeddings) m->lm_head = m->embed;
     return rc;
+}
+
+/* The end of every way a model is made, once its weights are bound (rc == PARITY_OK) or not:
+ * the tied head, the vectors widened to fp32 (the region kernels read norms and biases in
+ * fp32), the RoPE tables; *out on success, everything freed on failure. */
+static int model_finish(parity_model *m, int rc, parity_model **out) {
+    if (rc == PARITY_OK && m->config.tie_word_embeddings) m->lm_head = m->embed;
+    if (rc == PARITY_OK) rc = widen_weights(m, 1);
+    if (rc == PARITY_OK) rc = rope_tables_build(&m->config, m->config.max_position_embeddings, &m->rope);
+    if (rc) {
+        parity_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return PARITY_OK;
 }
 
 int parity_model_load(const char *dir, parity_model **out) {
@@ -512,14 +477,7 @@ int parity_model_load(const char *dir, parity_model **out) {
     }
     px_free(path);
     if (rc == PARITY_OK) rc = bind_all(m, dir);
-    if (rc == PARITY_OK) rc = widen_weights(m, 1);
-    if (rc == PARITY_OK) rc = rope_tables_build(&m->config, m->config.max_position_embeddings, &m->rope);
-    if (rc) {
-        parity_model_free(m);
-        return rc;
-    }
-    *out = m;
-    return PARITY_OK;
+    return model_finish(m, rc, out);
 }
 
 /* ---- synthetic models ------------------------------------------------------------------ */
@@ -575,15 +533,11 @@ int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_mo
     if (rc) return rc;
     parity_model *m = model_new(config);
     if (!m) return PARITY_ERR_OUT_OF_MEMORY;
-    expected *e = px_calloc(model_max_tensors(config), sizeof *e, "tensor list");
-    if (!e) {
-        parity_model_free(m);
-        return PARITY_ERR_OUT_OF_MEMORY;
-    }
-    size_t n = model_tensor_slots(m, e);
+    size_t n;
+    const expected *e = model_tensors(m, &n);
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         uint64_t rows = e[i].rows ? e[i].rows : 1, count = rows * e[i].cols;
-        uint16_t *data = model_own(m, px_malloc(count * 2, e[i].name));
+        uint16_t *data = model_own(m, px_aligned_alloc(count * 2, e[i].name));
         if (!data) {
             rc = PARITY_ERR_OUT_OF_MEMORY;
             break;
@@ -597,16 +551,7 @@ int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_mo
         e[i].dst->cols = e[i].cols;
         e[i].dst->bf16 = data;
     }
-    px_free(e);
-    if (rc == PARITY_OK && config->tie_word_embeddings) m->lm_head = m->embed;
-    if (rc == PARITY_OK) rc = widen_weights(m, 1);
-    if (rc == PARITY_OK) rc = rope_tables_build(&m->config, m->config.max_position_embeddings, &m->rope);
-    if (rc) {
-        parity_model_free(m);
-        return rc;
-    }
-    *out = m;
-    return PARITY_OK;
+    return model_finish(m, rc, out);
 }
 
 int parity_model_open(const char *spec, parity_model **out) {
@@ -640,7 +585,7 @@ int parity_model_open(const char *spec, parity_model **out) {
 static int write_config(const parity_config *c, const char *path) {
     FILE *fp = fopen(path, "w");
     if (!fp) return set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    const char *type = c->arch == PARITY_ARCH_QWEN2 ? "qwen2" : c->arch == PARITY_ARCH_QWEN3 ? "qwen3" : "llama";
+    const char *type = parity_arch_name((int)c->arch);
     const char *archname = c->arch == PARITY_ARCH_QWEN2   ? "Qwen2ForCausalLM"
                            : c->arch == PARITY_ARCH_QWEN3 ? "Qwen3ForCausalLM"
                                                           : "LlamaForCausalLM";
@@ -707,16 +652,13 @@ int parity_model_save(const parity_model *m, const char *dir) {
     if (!m || !dir) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or directory is NULL");
     size_t plen = strlen(dir) + 64;
     char *path = px_malloc(plen, "path"), *tmp = px_malloc(plen, "path");
-    expected *e = px_calloc(model_max_tensors(&m->config), sizeof *e, "tensor list");
-    saved_tensor *s = px_calloc(model_max_tensors(&m->config), sizeof *s, "tensor list");
+    size_t n;
+    const expected *e = model_tensors(m, &n);
+    saved_tensor *s = px_calloc(n, sizeof *s, "tensor list");
     char *header = NULL;
     FILE *fp = NULL;
-    int rc = (path && tmp && e && s) ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
-    size_t n = 0;
+    int rc = (path && tmp && s) ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     if (rc == PARITY_OK) {
-        /* model_tensor_slots wants a mutable model for its destinations; only names, shapes and
-         * the weights' addresses are read here */
-        n = model_tensor_slots((parity_model *)m, e);
         for (size_t i = 0; i < n; i++) s[i] = (saved_tensor){e[i].name, e[i].dst, e[i].rows == 0};
         qsort(s, n, sizeof *s, cmp_saved);
         snprintf(path, plen, "%s/config.json", dir);
@@ -771,7 +713,6 @@ int parity_model_save(const parity_model *m, const char *dir) {
     }
     px_free(header);
     px_free(s);
-    px_free(e);
     px_free(tmp);
     px_free(path);
     return rc;

@@ -54,21 +54,59 @@ struct parity_model {
     int wide_ready;
     pthread_rwlock_t use_lock;     /* shared by calls that read weights, exclusive for updates */
     uint64_t version;              /* +1 per weight update (read under use_lock) */
+    struct expected *tensors;      /* the architecture's tensors, in checkpoint order */
+    size_t n_tensors;
 };
 
 /* One tensor of the blueprint: its checkpoint name, where it goes, its shape and how the
  * shape follows from the config (for messages). */
-typedef struct expected {
+struct expected {
     char name[96];
     weight *dst;
     uint32_t rows, cols;  /* rows = 0: a vector of cols */
     char shape_doc[96];
-} expected;
+};
+typedef struct expected expected;
 
-/* The tensors of m's architecture, in checkpoint order; returns their count. `e` must hold
- * model_max_tensors(&m->config) entries. */
-size_t model_tensor_slots(parity_model *m, expected *e);
-size_t model_max_tensors(const parity_config *c);
+/* The tensors of m's architecture, in checkpoint order: the table built once when the model
+ * is made (m->tensors, m->n_tensors). */
+static inline const expected *model_tensors(const parity_model *m, size_t *n) {
+    *n = m->n_tensors;
+    return m->tensors;
+}
+/* The entry of a checkpoint name, NULL if the architecture has no such tensor. */
+const expected *model_find_tensor(const parity_model *m, const char *name);
+
+/* ---- the one way in for weight values (weights.c) ----------------------------------------- */
+
+/* A tensor coming in: from a checkpoint file or from an update. */
+typedef struct tensor_source {
+    const char *where;      /* for messages: "PATH: tensor 'NAME'" or "update of 'NAME'" */
+    uint32_t dtype;         /* parity_dtype (another value is refused) */
+    const char *dtype_name; /* the source's name of its dtype, for messages; NULL: the number */
+    uint32_t ndim;
+    const uint64_t *shape;  /* ndim values */
+    const void *data;       /* row-major, little-endian, any alignment */
+    int may_map;            /* the data outlives the model (a mapped checkpoint): used in place
+                               where it is aligned, not copied */
+} tensor_source;
+
+/* A tensor's values as the model holds them. */
+typedef struct tensor_values {
+    const uint16_t *bf16;   /* the bf16 values: the source's, or the RNE cast of F16/F32 */
+    const float *master;    /* F16/F32 sources: the exact fp32 values; NULL for BF16 */
+    void *owned[2];         /* what tensor_import allocated (NULL where the data is used in
+                               place): the caller takes them over, or tensor_values_free */
+} tensor_values;
+
+/* Checks the source against its table entry (shape, dtype, data), converts it (one
+ * round-to-nearest-even to bf16; F16 widened exactly) and rejects NaN, Inf and fp32 values
+ * beyond bf16's range (PARITY_ERR_TENSOR_NONFINITE). On failure nothing is left allocated. */
+int tensor_import(const tensor_source *src, const expected *slot, tensor_values *out);
+void tensor_values_free(tensor_values *v);
+/* wide[i] = the bf16 values of w widened to fp32 (exact): the copy the openblas backend and
+ * the fp32 policy read. */
+void weight_widen_into(const weight *w, float *wide);
 /* Registers a buffer the model frees; on failure frees it and returns NULL. */
 void *model_own(parity_model *m, void *p);
 /* Frees a buffer registered with model_own (no-op for others, e.g. mapped data). */

@@ -5,6 +5,7 @@
  * distribution of lib/sampling.c with randomness keyed by (seed, stream, position). */
 #include <math.h>
 
+#include <stddef.h>
 #include <stdio.h>
 
 #include "engine.h"
@@ -54,16 +55,10 @@ void parity_sampler_default_params(parity_sampler_params *p) {
     if (!p) return;
     memset(p, 0, sizeof *p);
     p->size = sizeof *p;
-    p->n_threads = 1;
-    p->backend = PARITY_BACKEND_BF16;
-    parity_policy_from_name("aligned", &p->policy);
+    engine_default_settings(&p->n_threads, &p->backend, &p->policy);
 }
 
-void parity_sampler_free(parity_sampler *s) {
-    if (!s) return;
-    engine_free(&s->eng);
-    px_free(s);
-}
+/* ---- creation: the engine and the sampler's own tables ----------------------------------- */
 
 /* Entries of a sequence's block table: enough blocks for max_len positions. */
 static uint32_t table_len(const parity_sampler_params *p) {
@@ -71,19 +66,10 @@ static uint32_t table_len(const parity_sampler_params *p) {
 }
 
 /* The params with every default filled in, and the engine they make; checks them. */
-static int sampler_resolve(const parity_model *model, const parity_sampler_params *params,
-                           parity_sampler_params *out, engine_params *ep) {
-    if (!model || !params)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or params is NULL");
-    if (params->size != sizeof *params)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "params.size is %u, this library expects %zu: initialise the params "
-                         "with parity_sampler_default_params()",
-                         params->size, sizeof *params);
-    int rc = engine_check(&params->policy, params->backend, params->n_threads);
-    if (rc) return rc;
+static int sampler_resolve(const parity_model *model, const void *params, void *resolved,
+                           engine_params *ep) {
     const parity_config *c = &model->config;
-    parity_sampler_params p = *params;
+    parity_sampler_params p = *(const parity_sampler_params *)params;
     if (!p.n_threads) p.n_threads = 1;
     if (!p.max_seqs) p.max_seqs = 64;
     if (!p.max_len) p.max_len = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
@@ -106,15 +92,18 @@ static int sampler_resolve(const parity_model *model, const parity_sampler_param
                          (unsigned long long)cells);
     p.cache_tokens = (uint32_t)((cells + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK);
     const uint32_t rows = p.prefill_chunk > p.max_batch ? p.prefill_chunk : p.max_batch;
-    *ep = (engine_params){p.n_threads, p.backend, p.policy, p.cache_tokens, rows, p.max_len,
-                          p.split_k};
-    *out = p;
+    *ep = (engine_params){.n_threads = p.n_threads, .backend = p.backend, .policy = p.policy,
+                          .kv_cells = p.cache_tokens, .max_rows = rows, .max_ctx = p.max_len,
+                          .split_k = p.split_k, .max_memory = p.max_memory};
+    *(parity_sampler_params *)resolved = p;
     return PARITY_OK;
 }
 
 /* The sampler's own tables, beside the engine's. */
-static size_t sampler_bufs(parity_sampler *s, const parity_sampler_params *p,
-                           const engine_params *ep, engine_buf *b) {
+static size_t sampler_bufs(void *object, const void *resolved, const engine_params *ep,
+                           engine_buf *b) {
+    parity_sampler *s = object;
+    const parity_sampler_params *p = resolved;
     const uint64_t n_blocks = p->cache_tokens / KV_BLOCK;
     const engine_buf bufs[] = {
         {(void **)&s->refs, n_blocks, sizeof *s->refs, 0, "block references"},
@@ -130,64 +119,46 @@ static size_t sampler_bufs(parity_sampler *s, const parity_sampler_params *p,
     return sizeof bufs / sizeof bufs[0];
 }
 
-static uint64_t sampler_bytes(const parity_config *c, const parity_sampler_params *p,
-                              const engine_params *ep) {
-    parity_sampler layout;
-    engine_buf b[ENGINE_MAX_BUFS];
-    size_t n = sampler_bufs(&layout, p, ep, b);
-    return engine_bytes(c, ep, sizeof(parity_sampler), b, n);
+static void sampler_describe(const void *resolved, char *buf, size_t size) {
+    const parity_sampler_params *p = resolved;
+    snprintf(buf, size, "cache_tokens %u, max_seqs %u, max_len %u", p->cache_tokens, p->max_seqs,
+             p->max_len);
 }
 
-int parity_sampler_bytes(const parity_model *model, const parity_sampler_params *params,
-                         uint64_t *bytes) {
-    clear_error();
-    if (!bytes) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
-    parity_sampler_params p = {0};
-    engine_params ep = {0};
-    int rc = sampler_resolve(model, params, &p, &ep);
-    if (rc) return rc;
-    *bytes = sampler_bytes(&model->config, &p, &ep);
-    return PARITY_OK;
-}
-
-int parity_sampler_create(const parity_model *model, const parity_sampler_params *params,
-                          parity_sampler **out) {
-    clear_error();
-    if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
-    parity_sampler_params p = {0};
-    engine_params ep = {0};
-    int rc = sampler_resolve(model, params, &p, &ep);
-    if (rc) return rc;
-
-    /* what the sampler will hold, against the caller's ceiling, before anything is taken */
-    char detail[128];
-    snprintf(detail, sizeof detail, "cache_tokens %u, max_seqs %u, max_len %u", p.cache_tokens,
-             p.max_seqs, p.max_len);
-    rc = engine_check_memory("sampler", sampler_bytes(&model->config, &p, &ep), p.max_memory, detail);
-    if (rc) return rc;
-    if ((rc = engine_prepare_weights(model, &p.policy, p.backend))) return rc;
-
-    parity_sampler *s = px_calloc(1, sizeof *s, "sampler");
-    if (!s) return PARITY_ERR_OUT_OF_MEMORY;
-    s->model = model;
-    s->params = p;
-    s->n_blocks = p.cache_tokens / KV_BLOCK;
-    engine_buf b[ENGINE_MAX_BUFS];
-    size_t n = sampler_bufs(s, &p, &ep, b);
-    if ((rc = engine_init(&s->eng, model, &ep, b, n))) {
-        px_free(s);
-        return rc;
-    }
-    const uint32_t table = table_len(&p);
-    for (uint32_t i = 0; i < p.max_seqs; i++) {
-        s->seqs[i].tokens = s->seq_tokens + (size_t)i * p.max_len;
+static void sampler_start(void *object, const parity_model *m) {
+    parity_sampler *s = object;
+    const parity_sampler_params *p = &s->params;
+    s->model = m;
+    s->n_blocks = p->cache_tokens / KV_BLOCK;
+    const uint32_t table = table_len(p);
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        s->seqs[i].tokens = s->seq_tokens + (size_t)i * p->max_len;
         s->seqs[i].blocks = s->seq_blocks + (size_t)i * table;
     }
     /* the free stack pops the lowest block ids first */
     for (uint32_t k = 0; k < s->n_blocks; k++) s->free_blocks[k] = s->n_blocks - 1 - k;
     s->n_free = s->n_blocks;
-    *out = s;
-    return PARITY_OK;
+}
+
+static parity_sampler sampler_layout; /* for the addresses of its fields only */
+static const engine_kind sampler_kind = {
+    "sampler", sizeof(parity_sampler), offsetof(parity_sampler, eng),
+    offsetof(parity_sampler, params), sizeof(parity_sampler_params), &sampler_layout,
+    sampler_resolve, sampler_bufs, sampler_describe, sampler_start,
+};
+
+int parity_sampler_create(const parity_model *model, const parity_sampler_params *params,
+                          parity_sampler **out) {
+    clear_error();
+    return engine_object_create(&sampler_kind, model, params, out);
+}
+
+void parity_sampler_free(parity_sampler *s) { engine_object_free(&sampler_kind, s); }
+
+int parity_sampler_bytes(const parity_model *model, const parity_sampler_params *params,
+                         uint64_t *bytes) {
+    clear_error();
+    return engine_object_bytes(&sampler_kind, model, params, bytes);
 }
 
 uint32_t parity_kv_block_tokens(void) { return KV_BLOCK; }
@@ -420,20 +391,19 @@ int parity_sampler_tokens(const parity_sampler *s, uint32_t seq, const int32_t *
 
 typedef struct draw_job {
     parity_sampler *s;
+    size_t first;           /* index of the batch's first row in the step's outputs */
     int32_t *tokens;
     float *logprobs;
-    uint32_t max_top_n;
     int32_t *top_ids;
     float *top_logprobs;
-    size_t first;           /* index of the batch's first row in the step's outputs */
+    uint32_t max_top_n;     /* the stride of the alternatives in the outputs */
 } draw_job;
 
 static void job_draw(void *p, size_t begin, size_t end, unsigned worker) {
     const draw_job *j = p;
     parity_sampler *s = j->s;
     const size_t V = s->model->config.vocab_size;
-    float *work = s->eng.work + (size_t)worker * 3 * V;
-    const dist_work w = {work, work + V, (uint32_t *)(work + 2 * V)};
+    const dist_work w = engine_work(&s->eng, worker);
     for (size_t r = begin; r < end; r++) {
         const seq_state *q = &s->seqs[s->batch_seq[r]];
         const parity_sampling *sp = &q->sampling;
@@ -529,7 +499,7 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
             s->batch_seq[r] = seqs[first + r];
         }
         forward(&ctx, B, s->eng.rows, B, s->eng.out_rows, s->eng.logits);
-        draw_job j = {s, tokens, logprobs, max_top_n, top_ids, top_logprobs, first};
+        draw_job j = {s, first, tokens, logprobs, top_ids, top_logprobs, max_top_n};
         pool_run(s->eng.pool, job_draw, &j, B);
     }
     fp_env_restore(fp_saved);
@@ -557,32 +527,32 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
 int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
                        const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
     clear_error();
-    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = object_enter(&s->eng.in_use, "sampler");
-    if (rc) return rc;
-    rc = sampler_add(s, prompt, len, sampling, stream, seq);
-    object_leave(&s->eng.in_use);
+    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
+    if (rc == PARITY_OK) {
+        rc = sampler_add(s, prompt, len, sampling, stream, seq);
+        engine_leave(&s->eng);
+    }
     return rc;
 }
 
 int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_sampling *sampling,
                         uint64_t stream, uint32_t *child) {
     clear_error();
-    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = object_enter(&s->eng.in_use, "sampler");
-    if (rc) return rc;
-    rc = sampler_fork(s, parent, sampling, stream, child);
-    object_leave(&s->eng.in_use);
+    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
+    if (rc == PARITY_OK) {
+        rc = sampler_fork(s, parent, sampling, stream, child);
+        engine_leave(&s->eng);
+    }
     return rc;
 }
 
 int parity_sampler_release(parity_sampler *s, uint32_t seq) {
     clear_error();
-    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = object_enter(&s->eng.in_use, "sampler");
-    if (rc) return rc;
-    rc = sampler_release(s, seq);
-    object_leave(&s->eng.in_use);
+    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
+    if (rc == PARITY_OK) {
+        rc = sampler_release(s, seq);
+        engine_leave(&s->eng);
+    }
     return rc;
 }
 
@@ -590,10 +560,10 @@ int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
                         float *logprobs, uint32_t *finished, uint32_t max_top_n, int32_t *top_ids,
                         float *top_logprobs) {
     clear_error();
-    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = object_enter(&s->eng.in_use, "sampler");
-    if (rc) return rc;
-    rc = sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n, top_ids, top_logprobs);
-    object_leave(&s->eng.in_use);
+    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
+    if (rc == PARITY_OK) {
+        rc = sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n, top_ids, top_logprobs);
+        engine_leave(&s->eng);
+    }
     return rc;
 }

@@ -4,6 +4,7 @@
  * sequence's values depend on nothing but its own tokens, since every row of the forward is
  * computed in an order fixed per row. */
 
+#include <stddef.h>
 #include <stdio.h>
 
 #include "engine.h"
@@ -25,9 +26,7 @@ void parity_scorer_default_params(parity_scorer_params *p) {
     if (!p) return;
     memset(p, 0, sizeof *p);
     p->size = sizeof *p;
-    p->n_threads = 1;
-    p->backend = PARITY_BACKEND_BF16;
-    parity_policy_from_name("aligned", &p->policy);
+    engine_default_settings(&p->n_threads, &p->backend, &p->policy);
 }
 
 void parity_score_default_options(parity_score_options *o) {
@@ -39,101 +38,76 @@ void parity_score_default_options(parity_score_options *o) {
     o->top_p = 1.0f;
 }
 
-void parity_scorer_free(parity_scorer *s) {
-    if (!s) return;
-    engine_free(&s->eng);
-    px_free(s);
-}
+/* ---- creation: the engine and the scorer's own tables ------------------------------------ */
 
 /* The params with every default filled in, and the engine they make; checks them. */
-static int scorer_resolve(const parity_model *model, const parity_scorer_params *params,
-                          parity_scorer_params *p, engine_params *ep) {
-    if (!model || !params)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or params is NULL");
-    if (params->size != sizeof *params)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "params.size is %u, this library expects %zu: initialise the params "
-                         "with parity_scorer_default_params()",
-                         params->size, sizeof *params);
-    int rc = engine_check(&params->policy, params->backend, params->n_threads);
-    if (rc) return rc;
+static int scorer_resolve(const parity_model *model, const void *params, void *resolved,
+                          engine_params *ep) {
     const parity_config *c = &model->config;
-    *p = *params;
+    parity_scorer_params *p = resolved;
+    *p = *(const parity_scorer_params *)params;
     uint32_t capacity = p->max_tokens ? p->max_tokens
                         : c->max_position_embeddings < 8192 ? c->max_position_embeddings
                                                              : 8192;
     if (capacity > (1u << 28))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "max_tokens %u is too large", capacity);
+    /* whole blocks; a chunk never longer than the capacity */
     p->max_tokens = capacity = (capacity + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
     p->chunk_rows = p->chunk_rows ? p->chunk_rows : 256;
     if (p->chunk_rows > capacity) p->chunk_rows = capacity;
     p->n_threads = p->n_threads ? p->n_threads : 1;
-    *ep = (engine_params){p->n_threads, p->backend, p->policy, capacity, p->chunk_rows, capacity, 0};
+    *ep = (engine_params){.n_threads = p->n_threads, .backend = p->backend, .policy = p->policy,
+                          .kv_cells = capacity, .max_rows = p->chunk_rows, .max_ctx = capacity,
+                          .max_memory = p->max_memory};
     return PARITY_OK;
 }
 
 /* The scorer's own tables, beside the engine's. */
-static size_t scorer_bufs(parity_scorer *s, const parity_scorer_params *p, engine_buf *b) {
+static size_t scorer_bufs(void *object, const void *resolved, const engine_params *ep,
+                          engine_buf *b) {
+    parity_scorer *s = object;
+    const parity_scorer_params *p = resolved;
     const engine_buf bufs[] = {
         {(void **)&s->blocks, p->max_tokens / KV_BLOCK, sizeof *s->blocks, 0, "block table"},
-        {(void **)&s->out_index, p->chunk_rows, sizeof *s->out_index, 0, "batch rows"},
-        {(void **)&s->out_target, p->chunk_rows, sizeof *s->out_target, 0, "batch rows"},
+        {(void **)&s->out_index, ep->max_rows, sizeof *s->out_index, 0, "batch rows"},
+        {(void **)&s->out_target, ep->max_rows, sizeof *s->out_target, 0, "batch rows"},
     };
     memcpy(b, bufs, sizeof bufs);
     return sizeof bufs / sizeof bufs[0];
 }
 
-static uint64_t scorer_bytes(const parity_config *c, const parity_scorer_params *p,
-                             const engine_params *ep) {
-    parity_scorer layout;
-    engine_buf b[ENGINE_MAX_BUFS];
-    size_t n = scorer_bufs(&layout, p, b);
-    return engine_bytes(c, ep, sizeof(parity_scorer), b, n);
+static void scorer_describe(const void *resolved, char *buf, size_t size) {
+    const parity_scorer_params *p = resolved;
+    snprintf(buf, size, "max_tokens %u, chunk_rows %u", p->max_tokens, p->chunk_rows);
 }
+
+static void scorer_start(void *object, const parity_model *m) {
+    parity_scorer *s = object;
+    s->model = m;
+    s->capacity = s->params.max_tokens;
+    for (uint32_t k = 0; k < s->capacity / KV_BLOCK; k++) s->blocks[k] = k;
+}
+
+static parity_scorer scorer_layout; /* for the addresses of its fields only */
+static const engine_kind scorer_kind = {
+    "scorer", sizeof(parity_scorer), offsetof(parity_scorer, eng), offsetof(parity_scorer, params),
+    sizeof(parity_scorer_params), &scorer_layout, scorer_resolve, scorer_bufs, scorer_describe,
+    scorer_start,
+};
 
 int parity_scorer_bytes(const parity_model *model, const parity_scorer_params *params,
                         uint64_t *bytes) {
     clear_error();
-    if (!bytes) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
-    parity_scorer_params p = {0};
-    engine_params ep = {0};
-    int rc = scorer_resolve(model, params, &p, &ep);
-    if (rc) return rc;
-    *bytes = scorer_bytes(&model->config, &p, &ep);
-    return PARITY_OK;
+    return engine_object_bytes(&scorer_kind, model, params, bytes);
 }
 
 int parity_scorer_create(const parity_model *model, const parity_scorer_params *params,
                          parity_scorer **out) {
     clear_error();
-    if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
-    parity_scorer_params p = {0};
-    engine_params ep = {0};
-    int rc = scorer_resolve(model, params, &p, &ep);
-    if (rc) return rc;
-
-    /* what the scorer will hold, against the caller's ceiling, before anything is taken */
-    char detail[96];
-    snprintf(detail, sizeof detail, "max_tokens %u, chunk_rows %u", p.max_tokens, p.chunk_rows);
-    rc = engine_check_memory("scorer", scorer_bytes(&model->config, &p, &ep), p.max_memory, detail);
-    if (rc) return rc;
-    if ((rc = engine_prepare_weights(model, &p.policy, p.backend))) return rc;
-
-    parity_scorer *s = px_calloc(1, sizeof *s, "scorer");
-    if (!s) return PARITY_ERR_OUT_OF_MEMORY;
-    s->model = model;
-    s->params = p;
-    s->capacity = p.max_tokens;
-    engine_buf b[ENGINE_MAX_BUFS];
-    size_t n = scorer_bufs(s, &p, b);
-    if ((rc = engine_init(&s->eng, model, &ep, b, n))) {
-        px_free(s);
-        return rc;
-    }
-    for (uint32_t k = 0; k < s->capacity / KV_BLOCK; k++) s->blocks[k] = k;
-    *out = s;
-    return PARITY_OK;
+    return engine_object_create(&scorer_kind, model, params, out);
 }
+
+void parity_scorer_free(parity_scorer *s) { engine_object_free(&scorer_kind, s); }
 
 /* ---- scoring ------------------------------------------------------------------------------ */
 
@@ -147,12 +121,11 @@ typedef struct lp_job {
 
 static void job_logprobs(void *p, size_t begin, size_t end, unsigned worker) {
     const lp_job *j = p;
-    parity_scorer *s = j->s;
-    const size_t V = s->model->config.vocab_size;
-    float *work = s->eng.work + (size_t)worker * 3 * V;
-    const dist_work w = {work, work + V, (uint32_t *)(work + 2 * V)};
     const dist_params dp = {j->o->mode, j->o->temperature, j->o->top_k, j->o->top_p, j->o->min_p};
     const uint32_t n = j->o->top_n;
+    parity_scorer *s = j->s;
+    const size_t V = s->model->config.vocab_size;
+    const dist_work w = engine_work(&s->eng, worker);
     for (size_t i = begin; i < end; i++) {
         const size_t at = s->out_index[i];
         dist d;
@@ -268,10 +241,9 @@ int parity_score(parity_scorer *s, const parity_score_options *o, const int32_t 
                  const uint32_t *lengths, size_t n_seqs, float *logprobs, float *entropy,
                  int32_t *top_ids, float *top_logprobs) {
     clear_error();
-    if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "scorer is NULL");
-    int rc = object_enter(&s->eng.in_use, "scorer");
+    int rc = engine_enter(s ? &s->eng : NULL, "scorer");
     if (rc) return rc;
     rc = score(s, o, tokens, lengths, n_seqs, logprobs, entropy, top_ids, top_logprobs);
-    object_leave(&s->eng.in_use);
+    engine_leave(&s->eng);
     return rc;
 }

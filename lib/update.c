@@ -23,88 +23,43 @@ uint64_t parity_model_version(const parity_model *m) {
 /* A checked, converted tensor waiting to be swapped in. */
 typedef struct staged {
     weight *w;
-    uint16_t *bf16;
-    float *master;    /* F16/F32 updates: the exact fp32 values; NULL for BF16 */
+    tensor_values v;
 } staged;
-
-static const expected *find_slot(const expected *slots, size_t n, const char *name) {
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(slots[i].name, name)) return &slots[i];
-    return NULL;
-}
-
-static int stage(const parity_tensor_data *t, const expected *slot, staged *st) {
-    const uint64_t rows = slot->rows ? slot->rows : 1, n = rows * slot->cols;
-    const int shape_ok = slot->rows ? (t->ndim == 2 && t->shape[0] == slot->rows && t->shape[1] == slot->cols)
-                                    : (t->ndim == 1 && t->shape[0] == slot->cols);
-    if (!shape_ok)
-        return set_error(PARITY_ERR_TENSOR_SHAPE, "update of '%s': shape [%" PRIu64 "%s%.0" PRIu64
-                         "] does not match the model's %s", t->name, t->shape[0],
-                         t->ndim == 2 ? ", " : "", t->ndim == 2 ? t->shape[1] : 0, slot->shape_doc);
-    if (t->dtype > PARITY_DTYPE_F32)
-        return set_error(PARITY_ERR_TENSOR_DTYPE, "update of '%s': unknown dtype %u", t->name, t->dtype);
-    if (!t->data) return set_error(PARITY_ERR_INVALID_ARGUMENT, "update of '%s': data is NULL", t->name);
-    st->w = slot->dst;
-    st->bf16 = px_aligned_alloc(n * 2, t->name);
-    if (!st->bf16) return PARITY_ERR_OUT_OF_MEMORY;
-    if (t->dtype != PARITY_DTYPE_BF16) {
-        st->master = px_aligned_alloc(n * 4, t->name);
-        if (!st->master) return PARITY_ERR_OUT_OF_MEMORY;
-    }
-    const uint8_t *src = t->data;
-    for (uint64_t i = 0; i < n; i++) {
-        uint16_t h;
-        float f;
-        switch (t->dtype) {
-        case PARITY_DTYPE_BF16:
-            memcpy(&h, src + 2 * i, 2);
-            st->bf16[i] = h;
-            break;
-        case PARITY_DTYPE_F16:
-            memcpy(&h, src + 2 * i, 2);
-            st->master[i] = f = f16_to_f32(h);
-            st->bf16[i] = bf16_from_f32(f);
-            break;
-        default:
-            memcpy(&f, src + 4 * i, 4);
-            st->master[i] = f;
-            st->bf16[i] = bf16_from_f32(f); /* the learner's cast: round to nearest even */
-        }
-        if ((st->bf16[i] & 0x7f80u) == 0x7f80u)
-            return set_error(PARITY_ERR_TENSOR_NONFINITE,
-                             "update of '%s': element %" PRIu64 " is not finite%s", t->name, i,
-                             t->dtype == PARITY_DTYPE_F32 && isfinite(f)
-                                 ? " in bf16 (an fp32 value beyond bf16's range)" : "");
-    }
-    return PARITY_OK;
-}
 
 int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size_t n) {
     clear_error();
     if (!m || (!tensors && n))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or tensors is NULL");
     if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no tensors to update");
-    const size_t cap = model_max_tensors(&m->config);
-    expected *slots = px_calloc(cap, sizeof *slots, "tensor list");
     staged *st = px_calloc(n, sizeof *st, "staged tensors");
-    int rc = slots && st ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
-    size_t n_slots = rc ? 0 : model_tensor_slots(m, slots);
+    int rc = st ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     /* everything is checked and converted before anything changes */
     for (size_t i = 0; i < n && !rc; i++) {
-        if (!tensors[i].name) {
+        const parity_tensor_data *t = &tensors[i];
+        if (!t->name) {
             rc = set_error(PARITY_ERR_INVALID_ARGUMENT, "update %zu has no name", i);
             break;
         }
-        const expected *slot = find_slot(slots, n_slots, tensors[i].name);
+        const expected *slot = model_find_tensor(m, t->name);
         if (!slot) {
             rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED, "update of '%s': the model has no such tensor",
-                           tensors[i].name);
+                           t->name);
             break;
         }
         for (size_t j = 0; j < i && !rc; j++)
-            if (!strcmp(tensors[j].name, tensors[i].name))
-                rc = set_error(PARITY_ERR_ST_DUPLICATE, "update of '%s': listed twice", tensors[i].name);
-        if (!rc) rc = stage(&tensors[i], slot, &st[i]);
+            if (!strcmp(tensors[j].name, t->name))
+                rc = set_error(PARITY_ERR_ST_DUPLICATE, "update of '%s': listed twice", t->name);
+        if (rc) break;
+        char where[160];
+        snprintf(where, sizeof where, "update of '%s'", t->name);
+        if (t->ndim != 1 && t->ndim != 2) {
+            rc = set_error(PARITY_ERR_TENSOR_SHAPE, "%s: ndim is %u, the model's tensors have 1 or 2",
+                           where, t->ndim);
+            break;
+        }
+        const tensor_source src = {where, t->dtype, NULL, t->ndim, t->shape, t->data, 0};
+        st[i].w = slot->dst;
+        rc = tensor_import(&src, slot, &st[i].v);
     }
     /* room in the owned list, so that the swap below cannot fail */
     if (!rc && m->n_owned + 2 * n > m->cap_owned) {
@@ -120,30 +75,23 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
         rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
                        "weights can only be updated while no call runs");
     if (rc) {
-        for (size_t i = 0; st && i < n; i++) {
-            px_free(st[i].bf16);
-            px_free(st[i].master);
-        }
+        for (size_t i = 0; st && i < n; i++) tensor_values_free(&st[i].v);
         px_free(st);
-        px_free(slots);
         return rc;
     }
     for (size_t i = 0; i < n; i++) {
         weight *w = st[i].w;
         model_disown(m, w->bf16);
         model_disown(m, w->master);
-        w->bf16 = model_own(m, st[i].bf16);
-        w->master = st[i].master ? model_own(m, st[i].master) : NULL;
-        if (w->wide) { /* the fp32 copy a backend reads, refreshed in place */
-            const uint64_t count = (uint64_t)w->rows * w->cols;
-            for (uint64_t k = 0; k < count; k++) w->wide[k] = bf16_to_f32(w->bf16[k]);
-        }
+        /* an update's values are always copies (owned[0] the bf16, owned[1] an fp32 master) */
+        w->bf16 = model_own(m, st[i].v.owned[0]);
+        w->master = st[i].v.owned[1] ? model_own(m, st[i].v.owned[1]) : NULL;
+        if (w->wide) weight_widen_into(w, w->wide); /* the fp32 copy a backend reads, in place */
     }
     if (m->config.tie_word_embeddings) m->lm_head = m->embed;
     m->version++;
     pthread_rwlock_unlock(&m->use_lock);
     px_free(st);
-    px_free(slots);
     return PARITY_OK;
 }
 
@@ -193,14 +141,10 @@ int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n, uint64_
 int parity_model_write_manifest(const parity_model *m, const char *path) {
     clear_error();
     if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
-    expected *slots = px_calloc(model_max_tensors(&m->config), sizeof *slots, "tensor list");
-    if (!slots) return PARITY_ERR_OUT_OF_MEMORY;
     int rc = model_enter(m);
-    if (rc) {
-        px_free(slots);
-        return rc;
-    }
-    size_t n = model_tensor_slots((parity_model *)m, slots);
+    if (rc) return rc;
+    size_t n;
+    const expected *slots = model_tensors(m, &n);
     FILE *f = fopen(path, "w");
     if (!f) {
         rc = set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
@@ -218,7 +162,6 @@ int parity_model_write_manifest(const parity_model *m, const char *path) {
         if (fclose(f) != 0) rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
     }
     model_leave(m);
-    px_free(slots);
     return rc;
 }
 
@@ -296,17 +239,12 @@ int parity_model_verify(const parity_model *m, const char *path, char *report_bu
         return set_error(PARITY_ERR_VERIFY, "%s: not a manifest (wants {\"version\": N, "
                          "\"tensors\": {...}})", path);
     }
-    expected *slots = px_calloc(model_max_tensors(&m->config), sizeof *slots, "tensor list");
-    if (!slots) {
-        json_free(doc);
-        return PARITY_ERR_OUT_OF_MEMORY;
-    }
     if ((rc = model_enter(m))) {
-        px_free(slots);
         json_free(doc);
         return rc;
     }
-    size_t n = model_tensor_slots((parity_model *)m, slots);
+    size_t n;
+    const expected *slots = model_tensors(m, &n);
     report r = {report_buf, report_size, 0, 0};
     if ((uint64_t)version->integer != m->version)
         report_line(&r, "version: the manifest has %lld, the model %" PRIu64,
@@ -342,10 +280,9 @@ int parity_model_verify(const parity_model *m, const char *path, char *report_bu
                         slots[i].name, sum && sum->type == JSON_STRING ? sum->str : "missing", have);
     }
     for (size_t k = 0; k < tensors->count; k++)
-        if (!find_slot(slots, n, tensors->keys[k]))
+        if (!model_find_tensor(m, tensors->keys[k]))
             report_line(&r, "%s: in the manifest, not in the model", tensors->keys[k]);
     model_leave(m);
-    px_free(slots);
     json_free(doc);
     if (r.count)
         return set_error(PARITY_ERR_VERIFY, "%u difference%s between the model and %s", r.count,

@@ -67,7 +67,8 @@ static float noise(void) {
 
 /* New fp32 weights: the model's values plus small noise (an optimizer step). */
 static void learner_step(learner *L, parity_model *m) {
-    L->n = model_tensor_slots(m, L->slots);
+    const expected *table = model_tensors(m, &L->n);
+    memcpy(L->slots, table, L->n * sizeof *table);
     for (size_t i = 0; i < L->n; i++) {
         const weight *w = L->slots[i].dst;
         size_t count = (size_t)w->rows * w->cols;
