@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Shared by the scripts (and .ci/run), sourced, not run: `. scripts/lib.sh`.
 
 # install_missing WHO PACKAGE...: installs those of the Debian PACKAGEs that are not installed
