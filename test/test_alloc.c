@@ -13,7 +13,7 @@
 #include <math.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "fixtures.h"
 #include "internal.h"
 #include "safetensors.h"
 
@@ -72,14 +72,9 @@ static void sweep(const sweep_case *c) {
 /* ---- scoring a model: the result the model cases compare ---------------------------- */
 
 static void score_model(const parity_model *m, float *lp) {
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    parity_scorer *s = NULL;
-    CHECK_OK(parity_scorer_create(m, &p, &s));
-    parity_score_options o;
-    parity_score_default_options(&o);
+    parity_scorer *s = new_scorer(m, (fixture){0});
     uint32_t len = SEQ_LEN;
-    if (s) CHECK_OK(parity_score(s, &o, tokens, &len, 1, lp, NULL, NULL, NULL));
+    if (s) score_raw(s, tokens, &len, 1, lp);
     parity_scorer_free(s);
 }
 
@@ -310,55 +305,60 @@ static unsigned long long needed_bytes(void) {
     return at ? strtoull(at + 6, NULL, 10) : 0;
 }
 
-static void test_ceilings(const parity_model *m) {
-    parity_scorer_params sp;
-    parity_scorer_default_params(&sp);
-    sp.max_memory = 4096;
-    parity_scorer *s = SENTINEL;
+/* The scorer and the sampler, created under a ceiling of max_memory bytes: *out is left as it
+ * was when the creation fails. */
+static int ceiling_scorer(const parity_model *m, uint64_t max_memory, void **out) {
+    parity_scorer_params p;
+    parity_scorer_default_params(&p);
+    p.max_memory = max_memory;
+    parity_scorer *s = *out;
+    int rc = parity_scorer_create(m, &p, &s);
+    *out = s;
+    return rc;
+}
+static void free_scorer(void *s) { parity_scorer_free(s); }
+static int ceiling_sampler(const parity_model *m, uint64_t max_memory, void **out) {
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    p.max_memory = max_memory;
+    parity_sampler *s = *out;
+    int rc = parity_sampler_create(m, &p, &s);
+    *out = s;
+    return rc;
+}
+static void free_sampler(void *s) { parity_sampler_free(s); }
+
+/* A ceiling below what the default object needs is refused up front, without allocating and
+ * with the bytes it needs in the message; exactly those bytes, or more, are enough. */
+static void check_ceiling(const parity_model *m, const char *what,
+                          int (*create)(const parity_model *, uint64_t, void **),
+                          void (*destroy)(void *), int check_allocates) {
+    void *obj = SENTINEL;
     px_alloc_test_reset(0);
-    CHECK_STATUS(parity_scorer_create(m, &sp, &s), PARITY_ERR_MEMORY_LIMIT);
+    CHECK_STATUS(create(m, 4096, &obj), PARITY_ERR_MEMORY_LIMIT);
     CHECK_INT(px_alloc_test_count(), 0);
-    CHECK(s == SENTINEL);
+    CHECK(obj == SENTINEL);
     const unsigned long long need = needed_bytes();
     CHECK(need > 4096);
-    sp.max_memory = need - 1;
-    CHECK_STATUS(parity_scorer_create(m, &sp, &s), PARITY_ERR_MEMORY_LIMIT);
+    CHECK_STATUS(create(m, need - 1, &obj), PARITY_ERR_MEMORY_LIMIT);
     CHECK_INT(px_alloc_test_count(), 0);
-    sp.max_memory = need;
-    CHECK_OK(parity_scorer_create(m, &sp, &s));
-    CHECK(px_alloc_test_count() > 0);
-    parity_scorer_free(s);
-    sp.max_memory = 1ull << 40;
-    CHECK_OK(parity_scorer_create(m, &sp, &s));
-    parity_scorer_free(s);
-    printf("ceilings: the default scorer needs %llu bytes\n", need);
+    CHECK_OK(create(m, need, &obj));
+    if (check_allocates) CHECK(px_alloc_test_count() > 0);
+    destroy(obj);
+    CHECK_OK(create(m, 1ull << 40, &obj));
+    destroy(obj);
+    printf("ceilings: the default %s needs %llu bytes\n", what, need);
+}
 
-    parity_sampler_params pp;
-    parity_sampler_default_params(&pp);
-    pp.max_memory = 4096;
-    parity_sampler *q = SENTINEL;
-    px_alloc_test_reset(0);
-    CHECK_STATUS(parity_sampler_create(m, &pp, &q), PARITY_ERR_MEMORY_LIMIT);
-    CHECK_INT(px_alloc_test_count(), 0);
-    CHECK(q == SENTINEL);
-    const unsigned long long need_q = needed_bytes();
-    CHECK(need_q > 4096);
-    pp.max_memory = need_q - 1;
-    CHECK_STATUS(parity_sampler_create(m, &pp, &q), PARITY_ERR_MEMORY_LIMIT);
-    CHECK_INT(px_alloc_test_count(), 0);
-    pp.max_memory = need_q;
-    CHECK_OK(parity_sampler_create(m, &pp, &q));
-    parity_sampler_free(q);
-    pp.max_memory = 1ull << 40;
-    CHECK_OK(parity_sampler_create(m, &pp, &q));
-    parity_sampler_free(q);
-    printf("ceilings: the default sampler needs %llu bytes\n", need_q);
+static void test_ceilings(const parity_model *m) {
+    check_ceiling(m, "scorer", ceiling_scorer, free_scorer, 1);
+    check_ceiling(m, "sampler", ceiling_sampler, free_sampler, 0);
 }
 
 int main(void) {
     for (int i = 0; i < SEQ_LEN; i++) tokens[i] = (i * 29 + 3) % 256;
     char trained[4096], sharded[64] = "/tmp/parity-alloc-XXXXXX";
-    snprintf(trained, sizeof trained, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
+    source_path(trained, sizeof trained, TRAINED_MODEL);
     CHECK(mkdtemp(sharded) != NULL);
     make_sharded_f32(sharded);
 
@@ -395,9 +395,7 @@ int main(void) {
                         object_ok, &sampler});
 
     use_case use = {0};
-    parity_scorer_params sp;
-    parity_scorer_default_params(&sp);
-    CHECK_OK(parity_scorer_create(tiny, &sp, &use.scorer));
+    use.scorer = new_scorer(tiny, (fixture){0});
     CHECK_OK(parity_sampler_create(tiny, &sampler.pp, &use.sampler));
     if (use.scorer && use.sampler) {
         sweep(&(sweep_case){"parity_score", NULL, score_call, use_failed, use_ok, &use});
