@@ -16,12 +16,8 @@ targets="safetensors json index load score"
 scripts/deps.sh
 install_missing fuzz.sh clang libclang-rt-14-dev
 
-if [ -f $build/build.ninja ]; then
-    meson setup --reconfigure $build >/dev/null
-else
-    CC=clang meson setup $build -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-        -Dbuildtype=debugoptimized >/dev/null
-fi
+clang_build $build -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dbuildtype=debugoptimized
 ninja -C $build $(for t in $targets; do printf 'test/fuzz/fuzz_%s ' "$t"; done)
 
 mkdir -p $build/artifacts

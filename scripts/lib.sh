@@ -20,3 +20,15 @@ install_missing() {
     # shellcheck disable=SC2086
     DEBIAN_FRONTEND=noninteractive $_im_sudo apt-get install -y -qq $_im_need >&2
 }
+
+# clang_build DIR OPTION...: a clang build directory DIR configured with the meson OPTIONs, or,
+# when DIR is configured already, reconfigured (keeping the options it has).
+clang_build() {
+    _cb_dir=$1
+    shift
+    if [ -f "$_cb_dir/build.ninja" ]; then
+        meson setup --reconfigure "$_cb_dir" >/dev/null
+    else
+        CC=clang meson setup "$_cb_dir" "$@" >/dev/null
+    fi
+}

@@ -24,11 +24,7 @@ build=build-$tier
 scripts/deps.sh
 install_missing sanitize.sh clang libclang-rt-14-dev
 
-if [ -f $build/build.ninja ]; then
-    meson setup --reconfigure $build >/dev/null
-else
-    CC=clang meson setup $build -Db_sanitize=$sanitize -Db_lundef=false >/dev/null
-fi
+clang_build $build -Db_sanitize=$sanitize -Db_lundef=false
 
 export PARITY_TEST_QUICK=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -38,14 +38,22 @@ typedef struct fixture {
     uint32_t backend, n_threads;
     uint32_t max_tokens, chunk_rows; /* scorer */
     uint32_t max_seqs, max_len; /* sampler */
+    uint64_t max_memory;
 } fixture;
+
+/* The fields the scorer's and the sampler's params share, from f into the params p. */
+#define FIXTURE_COMMON(p, f)                                                \
+    do {                                                                    \
+        if ((f).policy) CHECK_OK(parity_policy_from_name((f).policy, &(p).policy)); \
+        if ((f).backend) (p).backend = (f).backend;                         \
+        if ((f).n_threads) (p).n_threads = (f).n_threads;                   \
+        (p).max_memory = (f).max_memory;                                    \
+    } while (0)
 
 static inline parity_scorer_params scorer_params(fixture f) {
     parity_scorer_params p;
     parity_scorer_default_params(&p);
-    if (f.policy) CHECK_OK(parity_policy_from_name(f.policy, &p.policy));
-    if (f.backend) p.backend = f.backend;
-    if (f.n_threads) p.n_threads = f.n_threads;
+    FIXTURE_COMMON(p, f);
     p.max_tokens = f.max_tokens;
     p.chunk_rows = f.chunk_rows;
     return p;
@@ -54,9 +62,7 @@ static inline parity_scorer_params scorer_params(fixture f) {
 static inline parity_sampler_params sampler_params(fixture f) {
     parity_sampler_params p;
     parity_sampler_default_params(&p);
-    if (f.policy) CHECK_OK(parity_policy_from_name(f.policy, &p.policy));
-    if (f.backend) p.backend = f.backend;
-    if (f.n_threads) p.n_threads = f.n_threads;
+    FIXTURE_COMMON(p, f);
     p.max_seqs = f.max_seqs;
     p.max_len = f.max_len;
     return p;

@@ -305,54 +305,48 @@ static unsigned long long needed_bytes(void) {
     return at ? strtoull(at + 6, NULL, 10) : 0;
 }
 
-/* The scorer and the sampler, created under a ceiling of max_memory bytes: *out is left as it
- * was when the creation fails. */
-static int ceiling_scorer(const parity_model *m, uint64_t max_memory, void **out) {
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    p.max_memory = max_memory;
+/* The scorer (sampler: the sampler), created under a ceiling of max_memory bytes: *out is
+ * left as it was when the creation fails. */
+static int ceiling_create(const parity_model *m, int sampler, uint64_t max_memory, void **out) {
+    parity_scorer_params sp = scorer_params((fixture){.max_memory = max_memory});
+    parity_sampler_params pp = sampler_params((fixture){.max_memory = max_memory});
     parity_scorer *s = *out;
-    int rc = parity_scorer_create(m, &p, &s);
-    *out = s;
+    parity_sampler *q = *out;
+    int rc = sampler ? parity_sampler_create(m, &pp, &q) : parity_scorer_create(m, &sp, &s);
+    *out = sampler ? (void *)q : (void *)s;
     return rc;
 }
-static void free_scorer(void *s) { parity_scorer_free(s); }
-static int ceiling_sampler(const parity_model *m, uint64_t max_memory, void **out) {
-    parity_sampler_params p;
-    parity_sampler_default_params(&p);
-    p.max_memory = max_memory;
-    parity_sampler *s = *out;
-    int rc = parity_sampler_create(m, &p, &s);
-    *out = s;
-    return rc;
+
+static void ceiling_free(int sampler, void *obj) {
+    if (sampler)
+        parity_sampler_free(obj);
+    else
+        parity_scorer_free(obj);
 }
-static void free_sampler(void *s) { parity_sampler_free(s); }
 
 /* A ceiling below what the default object needs is refused up front, without allocating and
  * with the bytes it needs in the message; exactly those bytes, or more, are enough. */
-static void check_ceiling(const parity_model *m, const char *what,
-                          int (*create)(const parity_model *, uint64_t, void **),
-                          void (*destroy)(void *), int check_allocates) {
+static void check_ceiling(const parity_model *m, int sampler) {
     void *obj = SENTINEL;
     px_alloc_test_reset(0);
-    CHECK_STATUS(create(m, 4096, &obj), PARITY_ERR_MEMORY_LIMIT);
+    CHECK_STATUS(ceiling_create(m, sampler, 4096, &obj), PARITY_ERR_MEMORY_LIMIT);
     CHECK_INT(px_alloc_test_count(), 0);
     CHECK(obj == SENTINEL);
     const unsigned long long need = needed_bytes();
     CHECK(need > 4096);
-    CHECK_STATUS(create(m, need - 1, &obj), PARITY_ERR_MEMORY_LIMIT);
+    CHECK_STATUS(ceiling_create(m, sampler, need - 1, &obj), PARITY_ERR_MEMORY_LIMIT);
     CHECK_INT(px_alloc_test_count(), 0);
-    CHECK_OK(create(m, need, &obj));
-    if (check_allocates) CHECK(px_alloc_test_count() > 0);
-    destroy(obj);
-    CHECK_OK(create(m, 1ull << 40, &obj));
-    destroy(obj);
-    printf("ceilings: the default %s needs %llu bytes\n", what, need);
+    CHECK_OK(ceiling_create(m, sampler, need, &obj));
+    if (!sampler) CHECK(px_alloc_test_count() > 0);
+    ceiling_free(sampler, obj);
+    CHECK_OK(ceiling_create(m, sampler, 1ull << 40, &obj));
+    ceiling_free(sampler, obj);
+    printf("ceilings: the default %s needs %llu bytes\n", sampler ? "sampler" : "scorer", need);
 }
 
 static void test_ceilings(const parity_model *m) {
-    check_ceiling(m, "scorer", ceiling_scorer, free_scorer, 1);
-    check_ceiling(m, "sampler", ceiling_sampler, free_sampler, 0);
+    check_ceiling(m, 0);
+    check_ceiling(m, 1);
 }
 
 int main(void) {

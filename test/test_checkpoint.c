@@ -175,9 +175,21 @@ static void tensor_set(tensor *t, const char *dtype, void *data, size_t bytes) {
     t->bytes = bytes;
 }
 
+/* A value's bits, of a 2- or 4-byte dtype. */
+static uint32_t value_load(const uint8_t *p, size_t size) {
+    uint16_t h;
+    uint32_t u;
+    if (size == 4) return memcpy(&u, p, 4), u;
+    return memcpy(&h, p, 2), h;
+}
+static void value_store(uint8_t *p, size_t size, uint32_t u) {
+    uint16_t h = (uint16_t)u;
+    memcpy(p, size == 4 ? (const void *)&u : (const void *)&h, size);
+}
+
 /* Converts every tensor (of dtype `from`; NULL: every tensor) value by value: `one` turns the
- * in_size bytes of a value into the out_size bytes of a `to` value, given `arg`. */
-typedef void convert_fn(const uint8_t *in, uint8_t *out, uint32_t arg);
+ * bits of an in_size-byte value into those of an out_size-byte `to` value, given `arg`. */
+typedef uint32_t convert_fn(uint32_t bits, uint32_t arg);
 static void ckpt_convert(ckpt *c, const char *from, size_t in_size, const char *to,
                          size_t out_size, convert_fn *one, uint32_t arg) {
     for (size_t i = 0; i < c->n; i++) {
@@ -185,22 +197,19 @@ static void ckpt_convert(ckpt *c, const char *from, size_t in_size, const char *
         if (from && strcmp(t->dtype, from)) continue;
         size_t n = t->bytes / in_size;
         uint8_t *out = malloc(out_size * n);
-        for (size_t k = 0; k < n; k++) one(t->data + in_size * k, out + out_size * k, arg);
+        for (size_t k = 0; k < n; k++)
+            value_store(out + out_size * k, out_size,
+                        one(value_load(t->data + in_size * k, in_size), arg));
         tensor_set(t, to, out, out_size * n);
     }
 }
 
 /* bf16 -> fp32, with `low_bits` set below the bf16 bits. */
-static void bf16_widened_one(const uint8_t *in, uint8_t *out, uint32_t low_bits) {
-    uint16_t h;
-    memcpy(&h, in, 2);
-    uint32_t u = ((uint32_t)h << 16) | low_bits;
-    memcpy(out, &u, 4);
-}
+static uint32_t bf16_widened_bits(uint32_t h, uint32_t low_bits) { return (h << 16) | low_bits; }
 
 /* BF16 tensors -> F32: each value widened, with `low_bits` set below the bf16 bits. */
 static void ckpt_bf16_to_f32(ckpt *c, uint32_t low_bits) {
-    ckpt_convert(c, "BF16", 2, "F32", 4, bf16_widened_one, low_bits);
+    ckpt_convert(c, "BF16", 2, "F32", 4, bf16_widened_bits, low_bits);
 }
 
 /* fp32 -> IEEE binary16 rounded toward zero (tiny's weights are far below the f16 range). */
@@ -223,25 +232,23 @@ static float f16_widened(uint16_t h) {
     return (h & 0x8000u) ? -mag : mag;
 }
 
-static void f16_truncated_one(const uint8_t *in, uint8_t *out, uint32_t unused) {
+static uint32_t f16_truncated_bits(uint32_t u, uint32_t unused) {
     (void)unused;
     float x;
-    memcpy(&x, in, 4);
-    uint16_t h = f16_truncated(x);
-    memcpy(out, &h, 2);
+    memcpy(&x, &u, 4);
+    return f16_truncated(x);
 }
 
-static void f16_widened_one(const uint8_t *in, uint8_t *out, uint32_t unused) {
+static uint32_t f16_widened_bits(uint32_t h, uint32_t unused) {
     (void)unused;
-    uint16_t h;
-    memcpy(&h, in, 2);
-    float x = f16_widened(h);
-    memcpy(out, &x, 4);
+    const float x = f16_widened((uint16_t)h);
+    uint32_t u;
+    return memcpy(&u, &x, 4), u;
 }
 
-static void ckpt_f32_to_f16(ckpt *c) { ckpt_convert(c, NULL, 4, "F16", 2, f16_truncated_one, 0); }
+static void ckpt_f32_to_f16(ckpt *c) { ckpt_convert(c, NULL, 4, "F16", 2, f16_truncated_bits, 0); }
 
-static void ckpt_f16_to_f32(ckpt *c) { ckpt_convert(c, NULL, 2, "F32", 4, f16_widened_one, 0); }
+static void ckpt_f16_to_f32(ckpt *c) { ckpt_convert(c, NULL, 2, "F32", 4, f16_widened_bits, 0); }
 
 /* Writes a safetensors file: header in the given order, padded with spaces to a multiple of 8
  * and then `extra_pad` more (which moves the data off alignment), tensors contiguous. */
