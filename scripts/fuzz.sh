@@ -11,25 +11,13 @@ secs=${1:-15}
 build=build-fuzz
 targets="safetensors json index load score"
 
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 scripts/deps.sh
-need=""
-for pkg in clang libclang-rt-14-dev; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need="$need $pkg"
-done
-if [ -n "$need" ]; then
-    echo "fuzz.sh: installing$need" >&2
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $need >&2
-fi
+install_missing fuzz.sh clang libclang-rt-14-dev
 
-if [ -f $build/build.ninja ]; then
-    meson setup --reconfigure $build >/dev/null
-else
-    CC=clang meson setup $build -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-        -Dbuildtype=debugoptimized >/dev/null
-fi
+clang_build $build -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dbuildtype=debugoptimized
 ninja -C $build $(for t in $targets; do printf 'test/fuzz/fuzz_%s ' "$t"; done)
 
 mkdir -p $build/artifacts

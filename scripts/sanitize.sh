@@ -19,24 +19,12 @@ tsan) sanitize=thread ;;
 esac
 build=build-$tier
 
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 scripts/deps.sh
-need=""
-for pkg in clang libclang-rt-14-dev; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need="$need $pkg"
-done
-if [ -n "$need" ]; then
-    echo "sanitize.sh: installing$need" >&2
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $need >&2
-fi
+install_missing sanitize.sh clang libclang-rt-14-dev
 
-if [ -f $build/build.ninja ]; then
-    meson setup --reconfigure $build >/dev/null
-else
-    CC=clang meson setup $build -Db_sanitize=$sanitize -Db_lundef=false >/dev/null
-fi
+clang_build $build -Db_sanitize=$sanitize -Db_lundef=false
 
 export PARITY_TEST_QUICK=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """ABI discipline: the shared library exports exactly the functions include/parity.h declares
-with PARITY_API (no internal symbol leaks, no declared function missing), and the version
-macros agree with the runtime version functions.
+with PARITY_API (no internal symbol leaks, no declared function missing); the static library
+defines no global symbol but those functions (its internal ones are local, so that it links
+into a host with its own forward() or json_parse()); and the version macros agree with the
+runtime version functions.
 
     test/test_abi.py BUILD_DIR
 """
@@ -14,22 +16,41 @@ import sys
 src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 build = os.path.abspath(sys.argv[1])
 lib = os.path.join(build, "lib", "libparity.so")
+archive = os.path.join(build, "lib", "libparity.a")
 header = open(os.path.join(src, "include", "parity.h")).read()
 
 declared = set(re.findall(r"PARITY_API\s+[^;(]*?\b(parity_\w+)\s*\(", header))
-nm = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True)
-exported = {line.split()[-1] for line in nm.stdout.splitlines() if line.split()[1] in "TtWDdBbRr"}
+
+
+def defined_globals(*nm_args):
+    """The global symbols that `nm --defined-only *nm_args` lists, as {name: type letter}."""
+    out = subprocess.run(["nm", "--defined-only", *nm_args], capture_output=True, text=True,
+                         check=True).stdout
+    # "ADDRESS TYPE NAME"; an archive's member headers ("member.o:") and blank lines have fewer
+    return {f[2]: f[1] for f in (line.split() for line in out.splitlines()) if len(f) == 3}
+
+
+exported = {s for s, t in defined_globals("-D", lib).items() if t in "TtWDdBbRr"}
+static = defined_globals("-g", archive)
 
 failures = 0
-leaked = sorted(s for s in exported if not s.startswith("parity_"))
-missing = sorted(declared - exported)
-undeclared = sorted(s for s in exported if s.startswith("parity_") and s not in declared)
-for what, names in (("exported but not parity_", leaked), ("declared but not exported", missing),
-                    ("exported but not declared", undeclared)):
+problems = [
+    ("libparity.so: exported but not parity_", sorted(s for s in exported if not s.startswith("parity_"))),
+    ("libparity.so: declared but not exported", sorted(declared - exported)),
+    ("libparity.so: exported but not declared",
+     sorted(s for s in exported if s.startswith("parity_") and s not in declared)),
+    ("libparity.a: global but not parity", sorted(s for s in static if not s.startswith("parity"))),
+    ("libparity.a: declared but not a global function",
+     sorted(s for s in declared if static.get(s) != "T")),
+    ("libparity.a: global but not declared",
+     sorted(s for s in static if s.startswith("parity") and s not in declared)),
+]
+for what, names in problems:
     if names:
         failures += 1
         print(f"FAIL: {what}: {', '.join(names)}")
-print(f"{len(declared)} functions declared with PARITY_API, {len(exported)} symbols exported")
+print(f"{len(declared)} functions declared with PARITY_API, {len(exported)} symbols exported by "
+      f"libparity.so, {len(static)} global symbols defined by libparity.a")
 
 macros = {k: int(v) for k, v in re.findall(r"#define PARITY_VERSION_(MAJOR|MINOR|PATCH) (\d+)", header)}
 string = re.search(r'#define PARITY_VERSION_STRING "([^"]+)"', header).group(1)
@@ -51,5 +72,5 @@ for name, ok in checks:
     if not ok:
         failures += 1
         print(f"FAIL: {name}")
-print(f"{len(checks) + 3 - failures} passed, {failures} failed")
+print(f"{len(checks) + len(problems) - failures} passed, {failures} failed")
 sys.exit(1 if failures else 0)

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "fixtures.h"
 #include "internal.h"
 #include "safetensors.h"
 
@@ -72,14 +72,9 @@ static void sweep(const sweep_case *c) {
 /* ---- scoring a model: the result the model cases compare ---------------------------- */
 
 static void score_model(const parity_model *m, float *lp) {
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    parity_scorer *s = NULL;
-    CHECK_OK(parity_scorer_create(m, &p, &s));
-    parity_score_options o;
-    parity_score_default_options(&o);
+    parity_scorer *s = new_scorer(m, (fixture){0});
     uint32_t len = SEQ_LEN;
-    if (s) CHECK_OK(parity_score(s, &o, tokens, &len, 1, lp, NULL, NULL, NULL));
+    if (s) score_raw(s, tokens, &len, 1, lp);
     parity_scorer_free(s);
 }
 
@@ -310,55 +305,54 @@ static unsigned long long needed_bytes(void) {
     return at ? strtoull(at + 6, NULL, 10) : 0;
 }
 
-static void test_ceilings(const parity_model *m) {
-    parity_scorer_params sp;
-    parity_scorer_default_params(&sp);
-    sp.max_memory = 4096;
-    parity_scorer *s = SENTINEL;
+/* The scorer (sampler: the sampler), created under a ceiling of max_memory bytes: *out is
+ * left as it was when the creation fails. */
+static int ceiling_create(const parity_model *m, int sampler, uint64_t max_memory, void **out) {
+    parity_scorer_params sp = scorer_params((fixture){.max_memory = max_memory});
+    parity_sampler_params pp = sampler_params((fixture){.max_memory = max_memory});
+    parity_scorer *s = *out;
+    parity_sampler *q = *out;
+    int rc = sampler ? parity_sampler_create(m, &pp, &q) : parity_scorer_create(m, &sp, &s);
+    *out = sampler ? (void *)q : (void *)s;
+    return rc;
+}
+
+static void ceiling_free(int sampler, void *obj) {
+    if (sampler)
+        parity_sampler_free(obj);
+    else
+        parity_scorer_free(obj);
+}
+
+/* A ceiling below what the default object needs is refused up front, without allocating and
+ * with the bytes it needs in the message; exactly those bytes, or more, are enough. */
+static void check_ceiling(const parity_model *m, int sampler) {
+    void *obj = SENTINEL;
     px_alloc_test_reset(0);
-    CHECK_STATUS(parity_scorer_create(m, &sp, &s), PARITY_ERR_MEMORY_LIMIT);
+    CHECK_STATUS(ceiling_create(m, sampler, 4096, &obj), PARITY_ERR_MEMORY_LIMIT);
     CHECK_INT(px_alloc_test_count(), 0);
-    CHECK(s == SENTINEL);
+    CHECK(obj == SENTINEL);
     const unsigned long long need = needed_bytes();
     CHECK(need > 4096);
-    sp.max_memory = need - 1;
-    CHECK_STATUS(parity_scorer_create(m, &sp, &s), PARITY_ERR_MEMORY_LIMIT);
+    CHECK_STATUS(ceiling_create(m, sampler, need - 1, &obj), PARITY_ERR_MEMORY_LIMIT);
     CHECK_INT(px_alloc_test_count(), 0);
-    sp.max_memory = need;
-    CHECK_OK(parity_scorer_create(m, &sp, &s));
-    CHECK(px_alloc_test_count() > 0);
-    parity_scorer_free(s);
-    sp.max_memory = 1ull << 40;
-    CHECK_OK(parity_scorer_create(m, &sp, &s));
-    parity_scorer_free(s);
-    printf("ceilings: the default scorer needs %llu bytes\n", need);
+    CHECK_OK(ceiling_create(m, sampler, need, &obj));
+    if (!sampler) CHECK(px_alloc_test_count() > 0);
+    ceiling_free(sampler, obj);
+    CHECK_OK(ceiling_create(m, sampler, 1ull << 40, &obj));
+    ceiling_free(sampler, obj);
+    printf("ceilings: the default %s needs %llu bytes\n", sampler ? "sampler" : "scorer", need);
+}
 
-    parity_sampler_params pp;
-    parity_sampler_default_params(&pp);
-    pp.max_memory = 4096;
-    parity_sampler *q = SENTINEL;
-    px_alloc_test_reset(0);
-    CHECK_STATUS(parity_sampler_create(m, &pp, &q), PARITY_ERR_MEMORY_LIMIT);
-    CHECK_INT(px_alloc_test_count(), 0);
-    CHECK(q == SENTINEL);
-    const unsigned long long need_q = needed_bytes();
-    CHECK(need_q > 4096);
-    pp.max_memory = need_q - 1;
-    CHECK_STATUS(parity_sampler_create(m, &pp, &q), PARITY_ERR_MEMORY_LIMIT);
-    CHECK_INT(px_alloc_test_count(), 0);
-    pp.max_memory = need_q;
-    CHECK_OK(parity_sampler_create(m, &pp, &q));
-    parity_sampler_free(q);
-    pp.max_memory = 1ull << 40;
-    CHECK_OK(parity_sampler_create(m, &pp, &q));
-    parity_sampler_free(q);
-    printf("ceilings: the default sampler needs %llu bytes\n", need_q);
+static void test_ceilings(const parity_model *m) {
+    check_ceiling(m, 0);
+    check_ceiling(m, 1);
 }
 
 int main(void) {
     for (int i = 0; i < SEQ_LEN; i++) tokens[i] = (i * 29 + 3) % 256;
     char trained[4096], sharded[64] = "/tmp/parity-alloc-XXXXXX";
-    snprintf(trained, sizeof trained, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
+    source_path(trained, sizeof trained, TRAINED_MODEL);
     CHECK(mkdtemp(sharded) != NULL);
     make_sharded_f32(sharded);
 
@@ -395,9 +389,7 @@ int main(void) {
                         object_ok, &sampler});
 
     use_case use = {0};
-    parity_scorer_params sp;
-    parity_scorer_default_params(&sp);
-    CHECK_OK(parity_scorer_create(tiny, &sp, &use.scorer));
+    use.scorer = new_scorer(tiny, (fixture){0});
     CHECK_OK(parity_sampler_create(tiny, &sampler.pp, &use.sampler));
     if (use.scorer && use.sampler) {
         sweep(&(sweep_case){"parity_score", NULL, score_call, use_failed, use_ok, &use});

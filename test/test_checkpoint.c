@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "fixtures.h"
 #include "safetensors.h"
 
 #define PATH_LEN 4096
@@ -175,20 +175,41 @@ static void tensor_set(tensor *t, const char *dtype, void *data, size_t bytes) {
     t->bytes = bytes;
 }
 
-/* BF16 tensors -> F32: each value widened, with `low_bits` set below the bf16 bits. */
-static void ckpt_bf16_to_f32(ckpt *c, uint32_t low_bits) {
+/* A value's bits, of a 2- or 4-byte dtype. */
+static uint32_t value_load(const uint8_t *p, size_t size) {
+    uint16_t h;
+    uint32_t u;
+    if (size == 4) return memcpy(&u, p, 4), u;
+    return memcpy(&h, p, 2), h;
+}
+static void value_store(uint8_t *p, size_t size, uint32_t u) {
+    uint16_t h = (uint16_t)u;
+    memcpy(p, size == 4 ? (const void *)&u : (const void *)&h, size);
+}
+
+/* Converts every tensor (of dtype `from`; NULL: every tensor) value by value: `one` turns the
+ * bits of an in_size-byte value into those of an out_size-byte `to` value, given `arg`. */
+typedef uint32_t convert_fn(uint32_t bits, uint32_t arg);
+static void ckpt_convert(ckpt *c, const char *from, size_t in_size, const char *to,
+                         size_t out_size, convert_fn *one, uint32_t arg) {
     for (size_t i = 0; i < c->n; i++) {
         tensor *t = &c->t[i];
-        if (strcmp(t->dtype, "BF16")) continue;
-        size_t n = t->bytes / 2;
-        uint32_t *out = malloc(4 * n);
-        for (size_t k = 0; k < n; k++) {
-            uint16_t h;
-            memcpy(&h, t->data + 2 * k, 2);
-            out[k] = ((uint32_t)h << 16) | low_bits;
-        }
-        tensor_set(t, "F32", out, 4 * n);
+        if (from && strcmp(t->dtype, from)) continue;
+        size_t n = t->bytes / in_size;
+        uint8_t *out = malloc(out_size * n);
+        for (size_t k = 0; k < n; k++)
+            value_store(out + out_size * k, out_size,
+                        one(value_load(t->data + in_size * k, in_size), arg));
+        tensor_set(t, to, out, out_size * n);
     }
+}
+
+/* bf16 -> fp32, with `low_bits` set below the bf16 bits. */
+static uint32_t bf16_widened_bits(uint32_t h, uint32_t low_bits) { return (h << 16) | low_bits; }
+
+/* BF16 tensors -> F32: each value widened, with `low_bits` set below the bf16 bits. */
+static void ckpt_bf16_to_f32(ckpt *c, uint32_t low_bits) {
+    ckpt_convert(c, "BF16", 2, "F32", 4, bf16_widened_bits, low_bits);
 }
 
 /* fp32 -> IEEE binary16 rounded toward zero (tiny's weights are far below the f16 range). */
@@ -211,33 +232,23 @@ static float f16_widened(uint16_t h) {
     return (h & 0x8000u) ? -mag : mag;
 }
 
-static void ckpt_f32_to_f16(ckpt *c) {
-    for (size_t i = 0; i < c->n; i++) {
-        tensor *t = &c->t[i];
-        size_t n = t->bytes / 4;
-        uint16_t *out = malloc(2 * n);
-        for (size_t k = 0; k < n; k++) {
-            float x;
-            memcpy(&x, t->data + 4 * k, 4);
-            out[k] = f16_truncated(x);
-        }
-        tensor_set(t, "F16", out, 2 * n);
-    }
+static uint32_t f16_truncated_bits(uint32_t u, uint32_t unused) {
+    (void)unused;
+    float x;
+    memcpy(&x, &u, 4);
+    return f16_truncated(x);
 }
 
-static void ckpt_f16_to_f32(ckpt *c) {
-    for (size_t i = 0; i < c->n; i++) {
-        tensor *t = &c->t[i];
-        size_t n = t->bytes / 2;
-        float *out = malloc(4 * n);
-        for (size_t k = 0; k < n; k++) {
-            uint16_t h;
-            memcpy(&h, t->data + 2 * k, 2);
-            out[k] = f16_widened(h);
-        }
-        tensor_set(t, "F32", out, 4 * n);
-    }
+static uint32_t f16_widened_bits(uint32_t h, uint32_t unused) {
+    (void)unused;
+    const float x = f16_widened((uint16_t)h);
+    uint32_t u;
+    return memcpy(&u, &x, 4), u;
 }
+
+static void ckpt_f32_to_f16(ckpt *c) { ckpt_convert(c, NULL, 4, "F16", 2, f16_truncated_bits, 0); }
+
+static void ckpt_f16_to_f32(ckpt *c) { ckpt_convert(c, NULL, 2, "F32", 4, f16_widened_bits, 0); }
 
 /* Writes a safetensors file: header in the given order, padded with spaces to a multiple of 8
  * and then `extra_pad` more (which moves the data off alignment), tensors contiguous. */
@@ -319,17 +330,9 @@ static parity_model *load(const char *dir) {
 static void score(const parity_model *m, const char *preset, const int32_t *tokens,
                   uint32_t len, float *lp) {
     memset(lp, 0xff, (len - 1) * sizeof *lp);
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    CHECK_OK(parity_policy_from_name(preset, &p.policy));
-    p.n_threads = 2;
-    p.max_tokens = 64;
-    parity_scorer *s = NULL;
-    CHECK_OK(parity_scorer_create(m, &p, &s));
+    parity_scorer *s = new_scorer(m, (fixture){.policy = preset, .n_threads = 2, .max_tokens = 64});
     if (!s) return;
-    parity_score_options o;
-    parity_score_default_options(&o);
-    CHECK_OK(parity_score(s, &o, tokens, &len, 1, lp, NULL, NULL, NULL));
+    score_raw(s, tokens, &len, 1, lp);
     parity_scorer_free(s);
 }
 

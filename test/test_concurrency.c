@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "check.h"
+#include "fixtures.h"
 
 #define N_THREADS 4
 #define N_SEQS 3
@@ -215,20 +215,10 @@ static void test_misuse(const char *dir) {
     static int32_t tokens[N_SEQS * SEQ_LEN];
     static float ref[N_OUT], after[N_OUT];
     for (int i = 0; i < N_SEQS * SEQ_LEN; i++) tokens[i] = (i * 7 + 1) % 256;
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    parity_scorer *s = NULL;
-    CHECK_OK(parity_scorer_create(model, &p, &s));
-    parity_sampler_params q;
-    parity_sampler_default_params(&q);
-    q.max_seqs = 2;
-    q.max_len = 64;
-    parity_sampler *sampler = NULL;
-    CHECK_OK(parity_sampler_create(model, &q, &sampler));
+    parity_scorer *s = new_scorer(model, (fixture){0});
+    parity_sampler *sampler = new_sampler(model, (fixture){.max_seqs = 2, .max_len = 64});
     if (!s || !sampler) return;
-    parity_score_options o;
-    parity_score_default_options(&o);
-    CHECK_OK(parity_score(s, &o, tokens, lengths, N_SEQS, ref, NULL, NULL, NULL));
+    score_raw(s, tokens, lengths, N_SEQS, ref);
 
     misuse m = {.scorer = s, .sampler = sampler, .tokens = tokens, .ref = ref};
     CHECK(provoke_busy(&m, score_until_stopped, probe_scorer));
@@ -236,7 +226,7 @@ static void test_misuse(const char *dir) {
     printf("scorer misuse: PARITY_ERR_BUSY seen (\"%s\"); the other thread's %d calls that got "
            "in were right, %d were refused\n", parity_last_error(), m.ok_calls, m.busy);
     /* the scorer is intact */
-    CHECK_OK(parity_score(s, &o, tokens, lengths, N_SEQS, after, NULL, NULL, NULL));
+    score_raw(s, tokens, lengths, N_SEQS, after);
     CHECK_BITS_F32(ref, after, N_OUT, "scorer after the misuse");
 
     m.ok_calls = m.busy = 0;
@@ -256,7 +246,7 @@ static void test_misuse(const char *dir) {
 
 int main(void) {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
+    source_path(dir, sizeof dir, TRAINED_MODEL);
     test_shared_model(dir);
     test_misuse(dir);
     return check_report("test_concurrency");

@@ -1,6 +1,9 @@
 #!/bin/sh
 # Installs the build into a staging directory and builds examples/embed the way a server
-# would: with `pkg-config --cflags --libs parity` alone, then runs it.
+# would: with `pkg-config --cflags --libs parity` alone, then runs it. Then links
+# test/static_host.c, a host with its own forward(), json_parse(), ... statically against the
+# installed libparity.a (`pkg-config --static`), and runs it: the static library must keep its
+# internal names to itself.
 #   test/test_install.sh BUILD_DIR
 set -eu
 build=$(cd "$1" && pwd)
@@ -24,4 +27,16 @@ done
 # shellcheck disable=SC2086
 cc "$src/examples/embed/embed.c" $flags -o "$stage/embed"
 LD_LIBRARY_PATH="$(dirname "$(find "$stage" -name 'libparity.so' | head -n 1)")" "$stage/embed"
-echo "install test: 1 passed, 0 failed"
+
+static_flags=$(pkg-config --static --cflags --libs parity)
+echo "pkg-config --static --cflags --libs parity: $static_flags"
+# the archive, not the shared library: -lparity becomes -l:libparity.a
+# shellcheck disable=SC2086
+cc -Wall -Wextra -Werror "$src/test/static_host.c" $(printf '%s\n' $static_flags |
+    sed 's/^-lparity$/-l:libparity.a/') -o "$stage/static_host"
+if readelf -d "$stage/static_host" | grep -q 'NEEDED.*libparity'; then
+    echo "static_host is linked against the shared libparity"
+    exit 1
+fi
+"$stage/static_host"
+echo "install test: 2 passed, 0 failed"

@@ -8,7 +8,7 @@
  * bounds, not bitwise checks. Prints the figures for every sequence and backend. */
 #include <math.h>
 
-#include "check.h"
+#include "fixtures.h"
 
 #define N_EVAL 4
 #define LEN 512
@@ -38,9 +38,8 @@ static void diff(const float *a, const float *b, size_t n, double *mean_abs, dou
 
 int main(void) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
     parity_model *m = NULL;
-    CHECK_OK(parity_model_load(path, &m));
+    load_model(TRAINED_MODEL, &m);
     if (!m) return check_report("model");
 
     static int32_t tokens[N_EVAL][LEN];
@@ -65,19 +64,12 @@ int main(void) {
     for (uint32_t backend = PARITY_BACKEND_BF16; backend <= last_backend; backend++) {
         const char *presets[] = {"fp32", "hf-eager", "aligned"};
         for (int pi = 0; pi < 3; pi++) {
-            parity_scorer_params p;
-            parity_scorer_default_params(&p);
-            CHECK_OK(parity_policy_from_name(presets[pi], &p.policy));
-            p.backend = backend;
-            p.n_threads = 2;
-            parity_scorer *s = NULL;
-            CHECK_OK(parity_scorer_create(m, &p, &s));
+            parity_scorer *s = new_scorer(
+                m, (fixture){.policy = presets[pi], .backend = backend, .n_threads = 2});
             if (!s) continue;
-            parity_score_options o;
-            parity_score_default_options(&o);
             uint32_t lengths[N_EVAL] = {LEN, LEN, LEN, LEN};
             static float lp[N_EVAL][LEN - 1];
-            CHECK_OK(parity_score(s, &o, &tokens[0][0], lengths, N_EVAL, &lp[0][0], NULL, NULL, NULL));
+            score_raw(s, &tokens[0][0], lengths, N_EVAL, &lp[0][0]);
             parity_scorer_free(s);
             double sum_own = 0, sum_other = 0;
             for (int e = 0; e < N_EVAL; e++) {

@@ -11,7 +11,7 @@
  * status and change nothing. */
 #include <math.h>
 
-#include "check.h"
+#include "fixtures.h"
 
 #define N_SEQS 32
 #define MAX_NEW 16
@@ -38,17 +38,10 @@ typedef struct run_config {
     uint32_t split_k, split_kv; /* kernel-order experiments (off: 0) */
 } run_config;
 
-static uint64_t xorshift(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
 static void make_case(gen_case *c, uint32_t vocab, uint64_t seed) {
     uint64_t r = seed * 0x9e3779b97f4a7c15ull + 1;
-    c->prompt_len = 1 + (uint32_t)(xorshift(&r) % MAX_PROMPT);
-    for (uint32_t t = 0; t < c->prompt_len; t++) c->prompt[t] = (int32_t)(xorshift(&r) % vocab);
+    c->prompt_len = 1 + (uint32_t)(xorshift64(&r) % MAX_PROMPT);
+    for (uint32_t t = 0; t < c->prompt_len; t++) c->prompt[t] = (int32_t)(xorshift64(&r) % vocab);
     static const float temps[] = {0.0f, 0.6f, 1.0f, 1.3f};
     static const uint32_t topks[] = {0, 0, 5, 40};
     static const float topps[] = {1.0f, 1.0f, 0.9f, 0.5f};
@@ -56,17 +49,17 @@ static void make_case(gen_case *c, uint32_t vocab, uint64_t seed) {
     for (int i = 0; i < N_SEQS; i++) {
         parity_sampling *s = &c->sampling[i];
         parity_sampling_default(s);
-        s->temperature = temps[xorshift(&r) % 4];
-        s->top_k = topks[xorshift(&r) % 4];
-        s->top_p = topps[xorshift(&r) % 4];
-        s->min_p = minps[xorshift(&r) % 4];
+        s->temperature = temps[xorshift64(&r) % 4];
+        s->top_k = topks[xorshift64(&r) % 4];
+        s->top_p = topps[xorshift64(&r) % 4];
+        s->min_p = minps[xorshift64(&r) % 4];
         s->seed = seed;
-        s->max_new_tokens = 4 + (uint32_t)(xorshift(&r) % (MAX_NEW - 4));
-        s->logprob_mode = (uint32_t)(xorshift(&r) % 3);
-        if (xorshift(&r) % 2) {
+        s->max_new_tokens = 4 + (uint32_t)(xorshift64(&r) % (MAX_NEW - 4));
+        s->logprob_mode = (uint32_t)(xorshift64(&r) % 3);
+        if (xorshift64(&r) % 2) {
             s->n_stop = 2;
-            s->stop[0] = (int32_t)(xorshift(&r) % vocab);
-            s->stop[1] = (int32_t)(xorshift(&r) % vocab);
+            s->stop[0] = (int32_t)(xorshift64(&r) % vocab);
+            s->stop[1] = (int32_t)(xorshift64(&r) % vocab);
         }
     }
 }
@@ -103,7 +96,7 @@ static int run(const parity_model *m, const char *policy, uint32_t backend, cons
         uint32_t step_ids[N_SEQS], which[N_SEQS];
         size_t n = 0;
         for (int i = 0; i < N_SEQS; i++)
-            if (live[i] && (!rc->schedule || xorshift(&r) % 3 != 0)) which[n++] = (uint32_t)i;
+            if (live[i] && (!rc->schedule || xorshift64(&r) % 3 != 0)) which[n++] = (uint32_t)i;
         if (n == 0) {
             int any = 0;
             for (int i = 0; i < N_SEQS; i++) any |= live[i];
@@ -112,7 +105,7 @@ static int run(const parity_model *m, const char *policy, uint32_t backend, cons
         }
         if (rc->schedule)
             for (size_t i = n - 1; i > 0; i--) {
-                size_t j = xorshift(&r) % (i + 1);
+                size_t j = xorshift64(&r) % (i + 1);
                 uint32_t t = which[i];
                 which[i] = which[j];
                 which[j] = t;
@@ -159,12 +152,7 @@ static void compare(const gen_result *a, const gen_result *b, const char *what) 
 /* The scorer on prompt + completion, with each sequence's mode and sampling parameters. */
 static void check_against_scorer(const parity_model *m, const char *policy, uint32_t backend,
                                  const gen_case *c, const gen_result *g) {
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    CHECK_OK(parity_policy_from_name(policy, &p.policy));
-    p.backend = backend;
-    parity_scorer *s = NULL;
-    CHECK_OK(parity_scorer_create(m, &p, &s));
+    parity_scorer *s = new_scorer(m, (fixture){.policy = policy, .backend = backend});
     if (!s) return;
     for (int i = 0; i < N_SEQS; i++) {
         int32_t seq[MAX_PROMPT + MAX_NEW];
@@ -232,11 +220,7 @@ static void check_kernel_order(const parity_model *m) {
     if (!run(m, "vllm", PARITY_BACKEND_BF16, &c, &b, &rb)) return;
     compare(&ra, &rb, "vllm: split-K / split-KV sampler under two batchings");
 
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    CHECK_OK(parity_policy_from_name("vllm", &p.policy));
-    parity_scorer *s = NULL;
-    CHECK_OK(parity_scorer_create(m, &p, &s));
+    parity_scorer *s = new_scorer(m, (fixture){.policy = "vllm"});
     if (!s) return;
     size_t differ = 0, total = 0;
     for (int i = 0; i < N_SEQS; i++) {
@@ -244,10 +228,8 @@ static void check_kernel_order(const parity_model *m) {
         memcpy(seq, c.prompt, c.prompt_len * sizeof *seq);
         memcpy(seq + c.prompt_len, ra.tokens[i], ra.n[i] * sizeof *seq);
         uint32_t len = c.prompt_len + ra.n[i];
-        parity_score_options o;
-        parity_score_default_options(&o);
         float lp[MAX_PROMPT + MAX_NEW];
-        CHECK_OK(parity_score(s, &o, seq, &len, 1, lp, NULL, NULL, NULL));
+        score_raw(s, seq, &len, 1, lp);
         for (uint32_t t = 0; t < ra.n[i]; t++) {
             differ += memcmp(&lp[c.prompt_len - 1 + t], &ra.logprobs[i][t], sizeof(float)) != 0;
             total++;
@@ -347,12 +329,7 @@ static void check_errors(const parity_model *m) {
 
 /* top-n alternatives and stop tokens behave */
 static void check_top_n_and_stop(const parity_model *m) {
-    parity_sampler_params p;
-    parity_sampler_default_params(&p);
-    p.max_seqs = 2;
-    p.max_len = 64;
-    parity_sampler *s = NULL;
-    CHECK_OK(parity_sampler_create(m, &p, &s));
+    parity_sampler *s = new_sampler(m, (fixture){.max_seqs = 2, .max_len = 64});
     if (!s) return;
     parity_sampling sp;
     parity_sampling_default(&sp);
@@ -382,9 +359,7 @@ static void check_top_n_and_stop(const parity_model *m) {
 int main(void) {
     parity_model *tiny = NULL, *trained = NULL;
     CHECK_OK(parity_model_open("synthetic:tiny:11", &tiny));
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
-    CHECK_OK(parity_model_load(dir, &trained));
+    load_model(TRAINED_MODEL, &trained);
     if (!tiny || !trained) return check_report("sampler");
 
     const char *const *presets = parity_policy_preset_names();

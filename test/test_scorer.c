@@ -6,7 +6,7 @@
 #include <cblas.h>
 #include <math.h>
 
-#include "check.h"
+#include "fixtures.h"
 
 /* OpenBLAS's own thread control: the host's, which libparity must never change. */
 extern int openblas_get_num_threads(void);
@@ -21,12 +21,7 @@ typedef struct batch {
 } batch;
 
 static uint64_t rng = 0x1234567;
-static uint32_t next_u32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
+static uint32_t next_u32(void) { return (uint32_t)(xorshift64(&rng) >> 11); }
 
 static void make_batch(batch *b, uint32_t vocab) {
     static const uint32_t lens[N_SEQS] = {1, 2, 17, 40, 33, 64};
@@ -41,16 +36,8 @@ static void make_batch(batch *b, uint32_t vocab) {
 
 static parity_scorer *make_scorer(const parity_model *m, const char *policy, uint32_t backend,
                                   uint32_t threads, uint32_t chunk, uint32_t max_tokens) {
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    CHECK_OK(parity_policy_from_name(policy, &p.policy));
-    p.backend = backend;
-    p.n_threads = threads;
-    p.chunk_rows = chunk;
-    p.max_tokens = max_tokens;
-    parity_scorer *s = NULL;
-    CHECK_OK(parity_scorer_create(m, &p, &s));
-    return s;
+    return new_scorer(m, (fixture){.policy = policy, .backend = backend, .n_threads = threads,
+                                   .chunk_rows = chunk, .max_tokens = max_tokens});
 }
 
 /* Scores the batch with the given scorer: all at once. */
@@ -239,9 +226,7 @@ int main(void) {
     CHECK(host_sgemm() == 132.0f);
     parity_model *tiny = NULL, *trained = NULL;
     CHECK_OK(parity_model_open("synthetic:tiny:3", &tiny));
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
-    CHECK_OK(parity_model_load(dir, &trained));
+    load_model(TRAINED_MODEL, &trained);
     if (!tiny || !trained) return check_report("scorer");
 
     const char *const *presets = parity_policy_preset_names();

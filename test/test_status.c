@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "fixtures.h"
 #include "internal.h"
 #include "safetensors.h"
 
@@ -219,12 +219,7 @@ static int p_policy(void) {
 
 /* A sampler on `m` with one sequence slot, and a greedy sequence of one new token in it. */
 static parity_sampler *sampler_with_one(parity_model *m, uint32_t *seq) {
-    parity_sampler_params p;
-    parity_sampler_default_params(&p);
-    p.max_seqs = 1;
-    p.max_len = 32;
-    parity_sampler *s = NULL;
-    CHECK_OK(parity_sampler_create(m, &p, &s));
+    parity_sampler *s = new_sampler(m, (fixture){.max_seqs = 1, .max_len = 32});
     parity_sampling sp;
     parity_sampling_default(&sp);
     sp.temperature = 0;
@@ -354,10 +349,7 @@ static size_t read_status_enum(char names[][64], int *values, size_t cap) {
 int main(void) {
     parity_score_default_options(&options);
     CHECK_OK(parity_model_open("synthetic:tiny:1", &tiny));
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    p.max_tokens = 64;
-    if (tiny) CHECK_OK(parity_scorer_create(tiny, &p, &scorer));
+    if (tiny) scorer = new_scorer(tiny, (fixture){.max_tokens = 64});
     snprintf(ckpt, sizeof ckpt, "/tmp/parity-status-XXXXXX");
     CHECK(mkdtemp(ckpt) != NULL);
     if (tiny) CHECK_OK(parity_model_save(tiny, ckpt));

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "fixtures.h"
 #include "model.h"
 
 /* ---- the learner's side, written independently of the library ----------------------- */
@@ -59,10 +59,7 @@ typedef struct learner {
 
 static uint64_t rng = 99;
 static float noise(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return ((float)(rng >> 40) / 16777216.0f - 0.5f) * 0.002f;
+    return ((float)(xorshift64(&rng) >> 40) / 16777216.0f - 0.5f) * 0.002f;
 }
 
 /* New fp32 weights: the model's values plus small noise (an optimizer step). */
@@ -134,8 +131,7 @@ static int verify(parity_model *m, const char *manifest, char *report, size_t si
 
 static const char *model_dir(void) {
     static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/models/qwen3-bytes-pystdlib-4.9m", source_root());
-    return dir;
+    return source_path(dir, sizeof dir, TRAINED_MODEL);
 }
 
 int main(void) {
@@ -208,14 +204,9 @@ int main(void) {
     int32_t probe_tokens[48];
     for (int i = 0; i < 48; i++) probe_tokens[i] = "def parse(self, text):\n    return self.items[0]"[i];
     float expected_lp[47];
-    parity_scorer_params sp;
-    parity_scorer_default_params(&sp);
-    parity_scorer *scorer = NULL;
-    CHECK_OK(parity_scorer_create(m, &sp, &scorer));
+    parity_scorer *scorer = new_scorer(m, (fixture){0});
     uint32_t len = 48;
-    parity_score_options o;
-    parity_score_default_options(&o);
-    CHECK_OK(parity_score(scorer, &o, probe_tokens, &len, 1, expected_lp, NULL, NULL, NULL));
+    score_raw(scorer, probe_tokens, &len, 1, expected_lp);
     CHECK_OK(parity_scorer_probe(scorer, probe_tokens, 48, expected_lp));
 
     /* failure kinds, one by one, each reported by verify against the learner's manifest */
@@ -323,12 +314,7 @@ int main(void) {
     model_leave(m);
 
     /* a KV cache computed under old weights is refused */
-    parity_sampler_params pp;
-    parity_sampler_default_params(&pp);
-    pp.max_seqs = 2;
-    pp.max_len = 64;
-    parity_sampler *s = NULL;
-    CHECK_OK(parity_sampler_create(m, &pp, &s));
+    parity_sampler *s = new_sampler(m, (fixture){.max_seqs = 2, .max_len = 64});
     parity_sampling g;
     parity_sampling_default(&g);
     uint32_t seq;

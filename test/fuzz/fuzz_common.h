@@ -184,4 +184,18 @@ static inline void fuzz_check_model(const parity_model *m) {
     parity_scorer_free(s);
 }
 
+/* Loads fuzz_dir: a failure must be a clean one (a status with a message, no model); a model
+ * that loads must be usable. */
+static inline void fuzz_load_dir(void) {
+    parity_model *m = NULL;
+    int rc = parity_model_load(fuzz_dir, &m);
+    if (rc) {
+        fuzz_check_failure(rc);
+        FUZZ_REQUIRE(m == NULL, "output set on failure");
+        return;
+    }
+    fuzz_check_model(m);
+    parity_model_free(m);
+}
+
 #endif

@@ -38,6 +38,18 @@ def setup():
     return build
 
 
+def require(what, modules, packages):
+    """Imports the named modules and returns them, in order; without one of them prints why
+    `what` is skipped (and the Debian `packages` that provide them) and exits SKIP."""
+    import importlib
+    try:
+        return [importlib.import_module(m) for m in modules]
+    except ImportError as e:
+        print("SKIP: %s need %s (%s); install %s and run them with /usr/bin/python3"
+              % (what, " and ".join(modules), e, packages))
+        sys.exit(SKIP)
+
+
 def tool(build, name):
     return os.path.join(build, "examples", name)
 

@@ -6,18 +6,12 @@ uint16 arrays (strided rows included).
 Needs numpy (Debian: python3-numpy); exits 77 (skipped) without it.
 """
 import os
-import sys
 from array import array
 
 import harness
 
 BUILD = harness.setup()
-try:
-    import numpy as np
-except ImportError as e:
-    print("SKIP: the numpy tests need numpy (%s); install python3-numpy and run them with "
-          "/usr/bin/python3" % e)
-    sys.exit(harness.SKIP)
+np, = harness.require("the numpy tests", ["numpy"], "python3-numpy")
 
 import unittest  # noqa: E402
 

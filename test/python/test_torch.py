@@ -5,18 +5,11 @@ Policy) on random bf16 inputs of odd sizes, on every CPU path the machine has.
 
 Needs torch and numpy (Debian: python3-torch python3-numpy); exits 77 (skipped) without them.
 """
-import sys
 
 import harness
 
 BUILD = harness.setup()
-try:
-    import numpy as np
-    import torch
-except ImportError as e:
-    print("SKIP: parity.torch tests need torch and numpy (%s); install python3-torch "
-          "python3-numpy and run them with /usr/bin/python3" % e)
-    sys.exit(harness.SKIP)
+torch, np = harness.require("parity.torch tests", ["torch", "numpy"], "python3-torch python3-numpy")
 
 import math  # noqa: E402
 import random  # noqa: E402
