@@ -319,12 +319,13 @@ void print_report(const bench *b) {
     const parity_config *c = parity_model_config(b->model);
     printf("parity-mismatch: libparity %s, CPU path %s, %u threads, backend %s\n",
            parity_version(), parity_cpu_path_name(parity_get_cpu_path()), b->o.threads,
-           b->o.backend ? "openblas" : "bf16");
+           parity_backend_name((int)b->o.backend));
     printf("model %s (vocab %u, hidden %u, %u layers)\n", b->model_spec, c->vocab_size,
            c->hidden_size, c->num_hidden_layers);
     printf("rollouts: %zu prompts x %u completions x %u tokens; temperature %g, top-p %g, seed "
            "%llu, log-probs %s; greedy runs of %u tokens\n\n", b->prompts.n, b->o.n,
-           b->o.max_tokens, b->o.temperature, b->o.top_p, b->o.seed, mode_name(b->o.mode),
+           b->o.max_tokens, b->o.temperature, b->o.top_p, b->o.seed,
+           parity_logprob_mode_name((int)b->o.mode),
            b->o.greedy_tokens);
     print_legend();
     print_equivalences(b);
@@ -570,7 +571,7 @@ static void json_config(FILE *f, const bench *b) {
                "independent tasks, each sampler/scorer with %u pool thread(s)\", "
                "\"backend\": \"%s\"",
             b->o.threads, b->o.lib_threads, b->o.threads, b->o.lib_threads,
-            b->o.backend ? "openblas" : "bf16");
+            parity_backend_name((int)b->o.backend));
     json_spec_list(f, "sampler_policies", &b->samplers);
     json_spec_list(f, "learner_policies", &b->learners);
     json_spec_list(f, "kernel_order_samplers", &b->kernel);
@@ -580,7 +581,7 @@ static void json_config(FILE *f, const bench *b) {
     json_key_num(f, "temperature", b->o.temperature);
     json_key_num(f, "top_p", b->o.top_p);
     fprintf(f, ", \"seed\": %llu, \"logprob_mode\": \"%s\", \"split_k\": %u, \"split_kv\": %u",
-            b->o.seed, mode_name(b->o.mode), b->o.split_k, b->o.split_kv);
+            b->o.seed, parity_logprob_mode_name((int)b->o.mode), b->o.split_k, b->o.split_kv);
     fputs(", \"ablation\": ", f);
     if (b->has_ablation) {
         fputs("{\"sampler\": ", f);
@@ -728,6 +729,23 @@ static void check_svg(int rc, const char *path) {
     progress("wrote %s", path);
 }
 
+/* DIR/NAME as a line chart. */
+static void write_line_chart(const char *dir, const char *name, const char *title,
+                             const char *subtitle, svg_axis x, svg_axis y,
+                             const svg_series *series, size_t n) {
+    char path[1200];
+    svg_path(dir, name, path, sizeof path);
+    check_svg(svg_line_chart(path, title, subtitle, x, y, series, n), path);
+}
+
+/* The first `max` jobs of a section, in order, into sel; returns how many. */
+static size_t select_jobs(const bench *b, section sec, const job **sel, size_t max) {
+    size_t n = 0;
+    for (size_t i = 0; i < b->jobs.n && n < max; i++)
+        if (b->jobs.v[i].sec == sec) sel[n++] = &b->jobs.v[i];
+    return n;
+}
+
 /* Heatmap of mean k3 KL: rows = sampler [kernel order], columns = learners. */
 static void plot_heatmap(const bench *b, const char *dir) {
     uint32_t k[4], kv[4];
@@ -773,9 +791,7 @@ static void plot_heatmap(const bench *b, const char *dir) {
 static void plot_histograms(const bench *b, const char *dir) {
     enum { BINS = 41, MAX_SERIES = 10 };
     const job *sel[MAX_SERIES];
-    size_t n = 0;
-    for (size_t i = 0; i < b->jobs.n && n < MAX_SERIES; i++)
-        if (b->jobs.v[i].sec == SEC_HEADLINE) sel[n++] = &b->jobs.v[i];
+    size_t n = select_jobs(b, SEC_HEADLINE, sel, MAX_SERIES);
     if (!n) return;
     double range = 0;
     for (size_t s = 0; s < n; s++) range = fmax(range, sel[s]->m.p99_abs * 1.5);
@@ -802,14 +818,13 @@ static void plot_histograms(const bench *b, const char *dir) {
             strncat(labels[s], " (bitwise equal)", sizeof labels[s] - strlen(labels[s]) - 1);
         series[s] = (svg_series){labels[s], edges, frac[s], BINS, 1, range, s >= 4};
     }
-    char path[1200], subtitle[512];
+    char subtitle[512];
     snprintf(subtitle, sizeof subtitle, "%zu tokens per pair; bin width %.2g; values beyond "
              "+-%.2g in the edge bins", sel[0]->m.tokens, width, range);
     svg_axis x = {"log importance ratio r = logp_learner - logp_sampler", -range, range, 0};
     svg_axis y = {"fraction of tokens", 0, 0, 1};
-    svg_path(dir, "hist_logratio.svg", path, sizeof path);
-    check_svg(svg_line_chart(path, "Histogram of log importance ratios per pair", subtitle, x,
-                             y, series, n), path);
+    write_line_chart(dir, "hist_logratio.svg", "Histogram of log importance ratios per pair",
+                     subtitle, x, y, series, n);
     free(frac);
     free(labels);
 }
@@ -819,9 +834,7 @@ static void plot_histograms(const bench *b, const char *dir) {
 static void plot_growth(const bench *b, const char *dir) {
     enum { MAX_BINS = 16, MAX_SERIES = 8 };
     const job *sel[MAX_SERIES];
-    size_t n = 0;
-    for (size_t i = 0; i < b->jobs.n && n < MAX_SERIES; i++)
-        if (b->jobs.v[i].sec == SEC_GROWTH) sel[n++] = &b->jobs.v[i];
+    size_t n = select_jobs(b, SEC_GROWTH, sel, MAX_SERIES);
     if (!n) return;
     double xs[MAX_SERIES][MAX_BINS], ys[MAX_SERIES][MAX_BINS];
     double lx[MAX_SERIES][MAX_LENGTHS], ly[MAX_SERIES][MAX_LENGTHS];
@@ -850,19 +863,18 @@ static void plot_growth(const bench *b, const char *dir) {
         pos[s] = (svg_series){labels[s], xs[s], ys[s], bins, 0, 0, s % 2};
         len[s] = (svg_series){labels[s], lx[s], ly[s], nl, 0, 0, s % 2};
     }
-    char path[1200], subtitle[512];
+    char subtitle[512];
     snprintf(subtitle, sizeof subtitle, "%zu prompts x %u completions x %u tokens, sampler %s",
              b->growth_prompts.n, b->o.growth_n, b->growth_tokens, b->ablation_s.name);
     svg_axis x = {"position in the completion (tokens; bins 0-7, 8-15, 16-31, ...)", 0, 0, 1};
     svg_axis y = {"mean |logp_learner - logp_sampler|", 0, 0, 1};
-    svg_path(dir, "growth_position.svg", path, sizeof path);
-    check_svg(svg_line_chart(path, "Mismatch against position in the completion", subtitle, x,
-                             y, pos, n), path);
+    write_line_chart(dir, "growth_position.svg", "Mismatch against position in the completion",
+                     subtitle, x, y, pos, n);
     svg_axis x2 = {"completion length L (tokens)", 0, 0, 1};
     svg_axis y2 = {"mean |sequence log-ratio over the first L tokens|", 0, 0, 1};
-    svg_path(dir, "growth_length.svg", path, sizeof path);
-    check_svg(svg_line_chart(path, "Sequence-level mismatch against completion length", subtitle,
-                             x2, y2, len, n), path);
+    write_line_chart(dir, "growth_length.svg",
+                     "Sequence-level mismatch against completion length", subtitle, x2, y2, len,
+                     n);
 }
 
 void write_svgs(const bench *b, const char *dir) {

@@ -161,7 +161,6 @@ int same_policy(const parity_policy *a, const parity_policy *b);
 const spec *find_spec(const spec_list *l, const char *name);
 void describe_order(uint32_t split_k, uint32_t split_kv, char out[ORDER_MAX_LEN]);
 int kernel_orders(const options *o, uint32_t k[4], uint32_t kv[4]);
-const char *mode_name(uint32_t mode);
 void compute_metrics(const rollouts *r, const float *learner, uint32_t lo, uint32_t hi,
                      metrics *m);
 

@@ -124,7 +124,7 @@ void die(const char *fmt, ...) {
     exit(1);
 }
 
-static void die_parity(const char *what, int status) {
+static __attribute__((noreturn)) void die_parity(const char *what, int status) {
     die("%s: %s: %s", what, parity_status_name(status), parity_last_error());
 }
 
@@ -205,25 +205,15 @@ static const char *const DEFAULT_POLICIES =
     "fp32,hf-eager,hf-sdpa,vllm,sglang,aligned,vllm+aligned,hf-eager+aligned";
 
 static void default_options(options *o) {
-    memset(o, 0, sizeof *o);
-    o->prompt_len = 32;
-    o->n = 2;
-    o->max_tokens = 64;
-    o->greedy_tokens = 128;
-    o->threads = 2;
-    o->lib_threads = 1;
-    o->split_k = 4;
-    o->split_kv = 64;
-    o->growth_tokens = 320;
-    o->growth_n = 2;
-    o->growth_prompts = 4;
-    o->temperature = 1.0f;
-    o->top_p = 1.0f;
-    o->mode = PARITY_LOGPROB_RAW;
-    o->backend = PARITY_BACKEND_BF16;
-    o->policies = DEFAULT_POLICIES;
-    o->kernel_policies = "vllm";
-    o->ablation = "vllm,hf-eager";
+    /* rollouts; threads; kernel orders; growth run; sampling; policies */
+    *o = (options){.prompt_len = 32, .n = 2, .max_tokens = 64, .greedy_tokens = 128,
+                   .threads = 2, .lib_threads = 1,
+                   .split_k = 4, .split_kv = 64,
+                   .growth_tokens = 320, .growth_n = 2, .growth_prompts = 4,
+                   .temperature = 1.0f, .top_p = 1.0f, .mode = PARITY_LOGPROB_RAW,
+                   .backend = PARITY_BACKEND_BF16,
+                   .policies = DEFAULT_POLICIES, .kernel_policies = "vllm",
+                   .ablation = "vllm,hf-eager"};
 }
 
 static void usage(FILE *f) {
@@ -256,25 +246,34 @@ static void usage(FILE *f) {
         "  --temperature T         sampling temperature (1)\n"
         "  --top-p P               nucleus sampling mass (1 = off)\n"
         "  --seed S                sampling seed (0)\n"
-        "  --logprob-mode M        raw | processed | processed-truncated (raw)\n"
-        "  --backend B             bf16 | openblas (bf16)\n"
+        "  --logprob-mode M        a log-prob mode, below (raw)\n"
+        "  --backend B             a backend, below (bf16)\n"
         "  --json FILE  --csv FILE  --svg DIR   machine-readable outputs and plots\n"
         "  --full-tables           print every matrix pair's metrics, not only the grids\n"
         "  --quiet                 no progress on stderr\n",
         DEFAULT_POLICIES, "vllm");
+    /* the choices, by the library's names */
+    fprintf(f, "log-prob modes:");
+    for (int m = 0; parity_logprob_mode_name(m); m++) fprintf(f, " %s", parity_logprob_mode_name(m));
+    fprintf(f, "\nbackends:");
+    for (int k = 0; parity_backend_name(k); k++) fprintf(f, " %s", parity_backend_name(k));
+    fprintf(f, "\npresets:");
+    for (const char *const *p = parity_policy_preset_names(); *p; p++) fprintf(f, " %s", *p);
+    fprintf(f, "\n");
 }
 
 static uint32_t parse_mode(const char *v) {
-    if (!strcmp(v, "raw")) return PARITY_LOGPROB_RAW;
-    if (!strcmp(v, "processed")) return PARITY_LOGPROB_PROCESSED;
-    if (!strcmp(v, "processed-truncated")) return PARITY_LOGPROB_PROCESSED_TRUNCATED;
-    die("--logprob-mode must be raw, processed or processed-truncated");
+    parity_logprob_mode m;
+    int rc = parity_logprob_mode_from_name(v, &m);
+    if (rc) die_parity("--logprob-mode", rc);
+    return (uint32_t)m;
 }
 
-const char *mode_name(uint32_t mode) {
-    return mode == PARITY_LOGPROB_RAW         ? "raw"
-           : mode == PARITY_LOGPROB_PROCESSED ? "processed"
-                                              : "processed-truncated";
+static uint32_t parse_backend(const char *v) {
+    parity_backend b;
+    int rc = parity_backend_from_name(v, &b);
+    if (rc) die_parity("--backend", rc);
+    return (uint32_t)b;
 }
 
 /* Options with a numeric value; returns 1 if `a` was one of them. */
@@ -345,11 +344,8 @@ static void parse_options(options *o, int argc, char **argv) {
         else if (!strcmp(a, "--json")) o->json_path = v;
         else if (!strcmp(a, "--csv")) o->csv_path = v;
         else if (!strcmp(a, "--svg")) o->svg_dir = v;
-        else if (!strcmp(a, "--backend")) {
-            if (!strcmp(v, "bf16")) o->backend = PARITY_BACKEND_BF16;
-            else if (!strcmp(v, "openblas")) o->backend = PARITY_BACKEND_OPENBLAS;
-            else die("--backend must be bf16 or openblas");
-        } else {
+        else if (!strcmp(a, "--backend")) o->backend = parse_backend(v);
+        else {
             usage(stderr);
             die("unknown option %s", a);
         }
@@ -671,11 +667,14 @@ static void decode_wave(parity_sampler *s, const rollouts *r, uint32_t *live, si
 static void pack_rollouts(rollouts *r, const int32_t *gen_tok, const float *gen_lp,
                           const uint32_t *gen_n) {
     size_t n = r->n_seqs, toks = 0, gens = 0;
-    r->prompt_index = xcalloc(n, sizeof *r->prompt_index);
-    r->length = xcalloc(n, sizeof *r->length);
-    r->prompt_len = xcalloc(n, sizeof *r->prompt_len);
-    r->tok_off = xcalloc(n + 1, sizeof *r->tok_off);
-    r->gen_off = xcalloc(n + 1, sizeof *r->gen_off);
+    /* the per-sequence arrays in one allocation, the size_t ones first (alignment); it is
+     * freed through tok_off */
+    size_t *offsets = xcalloc(2 * (n + 1) * sizeof(size_t) + 3 * n * sizeof(uint32_t), 1);
+    r->tok_off = offsets;
+    r->gen_off = offsets + n + 1;
+    r->prompt_index = (uint32_t *)(offsets + 2 * (n + 1));
+    r->length = r->prompt_index + n;
+    r->prompt_len = r->length + n;
     for (size_t c = 0; c < n; c++) {
         size_t p = c / r->per_prompt;
         r->prompt_index[c] = (uint32_t)p;
@@ -729,11 +728,7 @@ static void generate(const run_env *e, rollouts *r) {
 }
 
 static void free_rollouts(rollouts *r) {
-    free(r->prompt_index);
-    free(r->length);
-    free(r->prompt_len);
-    free(r->tok_off);
-    free(r->gen_off);
+    free(r->tok_off);  /* and the other per-sequence arrays (pack_rollouts) */
     free(r->tokens);
     free(r->lp);
 }

@@ -182,12 +182,19 @@ static void make_prompt(int32_t *p, uint32_t n, uint32_t vocab) {
     }
 }
 
+/* The parameters the sampler and the scorer share, from the run's configuration. */
+static int run_params(const run_cfg *r, parity_policy *policy, uint32_t *backend,
+                      uint32_t *n_threads) {
+    if (parity_policy_from_name(r->preset, policy)) return fail(r->preset);
+    *backend = r->backend;
+    *n_threads = r->threads;
+    return 0;
+}
+
 static int make_sampler(const run_cfg *r, uint32_t max_seqs, uint32_t max_len, parity_sampler **s) {
     parity_sampler_params p;
     parity_sampler_default_params(&p);
-    if (parity_policy_from_name(r->preset, &p.policy)) return fail(r->preset);
-    p.backend = r->backend;
-    p.n_threads = r->threads;
+    if (run_params(r, &p.policy, &p.backend, &p.n_threads)) return -1;
     p.max_seqs = max_seqs;
     p.max_len = max_len;
     p.max_batch = max_seqs;
@@ -219,9 +226,7 @@ static double time_prefill(const run_cfg *r, uint32_t L) {
 static double time_score(const run_cfg *r, uint32_t L) {
     parity_scorer_params p;
     parity_scorer_default_params(&p);
-    if (parity_policy_from_name(r->preset, &p.policy)) return fail(r->preset);
-    p.backend = r->backend;
-    p.n_threads = r->threads;
+    if (run_params(r, &p.policy, &p.backend, &p.n_threads)) return -1;
     p.max_tokens = L;
     parity_scorer *s;
     if (parity_scorer_create(r->model, &p, &s)) return fail("scorer");
@@ -359,7 +364,11 @@ int main(int argc, char **argv) {
     result *res = calloc(512, sizeof *res);
     int nres = 0;
     for (int b = 0; b < nb; b++) {
-        uint32_t backend = !strcmp(backends[b], "openblas") ? PARITY_BACKEND_OPENBLAS : PARITY_BACKEND_BF16;
+        parity_backend backend;
+        if (parity_backend_from_name(backends[b], &backend)) {
+            fail("--backends");
+            return 2;
+        }
         for (int p = 0; p < np; p++)
             for (int t = 0; t < nt; t++) {
                 run_cfg r = {model, presets[p], backend, threads[t]};

@@ -73,6 +73,7 @@ static int32_t *read_tokens(const char *path, int as_bytes, uint32_t *count) {
     return tok;
 }
 
+/* A numeric option's value: 1 if `s` is one, 0 otherwise. */
 static int parse_float(const char *s, float *out) {
     char *end;
     errno = 0;
@@ -91,20 +92,69 @@ static int parse_uint(const char *s, uint32_t *out) {
     return 1;
 }
 
-/* --backend bf16|openblas */
-static int parse_backend(const char *s, uint32_t *out) {
-    if (!strcmp(s, "bf16")) *out = PARITY_BACKEND_BF16;
-    else if (!strcmp(s, "openblas")) *out = PARITY_BACKEND_OPENBLAS;
-    else return 0;
+/* The option at argv[*i] and its value, *i moved past both. Returns 0, or the exit status to
+ * return now after usage(): 0 for -h/--help, 2 for an option without a value. */
+static int next_option(int argc, char **argv, int *i, void (*usage)(void), const char **opt,
+                       const char **val) {
+    *opt = argv[*i];
+    *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int help = !strcmp(*opt, "-h") || !strcmp(*opt, "--help");
+    if (!help && !*val) fprintf(stderr, "error: %s needs a value\n", *opt);
+    if (help || !*val) {
+        usage();
+        return help ? 0 : 2;
+    }
+    (*i)++;
+    return -1;
+}
+
+/* A failed library call: its status and message on stderr; the tools' exit status 1. */
+static int fail(const char *what, int status) {
+    fprintf(stderr, "error: %s: %s: %s\n", what, parity_status_name(status), parity_last_error());
     return 1;
 }
 
-/* --logprob-mode raw|processed|processed-truncated */
+/* The library's names, for usage messages: a NULL-terminated list, or the names of the values
+ * 0, 1, ... of an enumeration (name() is NULL past the last). */
+static void print_names(const char *const *names, const char *sep) {
+    for (size_t i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? sep : "", names[i]);
+}
+
+static void print_value_names(const char *(*name)(int), const char *sep) {
+    for (int v = 0; name(v); v++) fprintf(stderr, "%s%s", v ? sep : "", name(v));
+}
+
+/* The choices of the options every tool takes, after its usage line. */
+static void print_choices(void) {
+    fprintf(stderr, "presets: ");
+    print_names(parity_policy_preset_names(), " ");
+    fprintf(stderr, " (+aligned, +fp32-head)\nbackends: ");
+    print_value_names(parity_backend_name, " ");
+    fprintf(stderr, "\nlog-prob modes: ");
+    print_value_names(parity_logprob_mode_name, " ");
+    fprintf(stderr, "\nbuilt-in models (synthetic:NAME[:SEED]): ");
+    print_names(parity_config_builtin_names(), " ");
+    fprintf(stderr, "\n");
+}
+
+/* --policy NAME and --backend NAME, by the library's names, into a sampler's or scorer's
+ * parameters; 0, after printing why, if either is not a name. */
+static int parse_policy_backend(const char *policy, const char *backend, parity_policy *pol,
+                                uint32_t *backend_out) {
+    parity_backend b;
+    int rc = parity_policy_from_name(policy, pol);
+    if (rc) return !fail("--policy", rc);
+    if ((rc = parity_backend_from_name(backend, &b))) return !fail("--backend", rc);
+    *backend_out = (uint32_t)b;
+    return 1;
+}
+
+/* --logprob-mode NAME; 0, after printing why, if it is not a mode. */
 static int parse_logprob_mode(const char *s, uint32_t *out) {
-    if (!strcmp(s, "raw")) *out = PARITY_LOGPROB_RAW;
-    else if (!strcmp(s, "processed")) *out = PARITY_LOGPROB_PROCESSED;
-    else if (!strcmp(s, "processed-truncated")) *out = PARITY_LOGPROB_PROCESSED_TRUNCATED;
-    else return 0;
+    parity_logprob_mode m;
+    int rc = parity_logprob_mode_from_name(s, &m);
+    if (rc) return !fail("--logprob-mode", rc);
+    *out = (uint32_t)m;
     return 1;
 }
 

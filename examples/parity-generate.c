@@ -3,8 +3,11 @@
  *   parity-generate --model DIR|synthetic:NAME[:SEED] --policy PRESET
  *                   (--prompt-bytes FILE | --prompt-tokens FILE) [--n N] [--max-tokens M]
  *                   [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
- *                   [--batch B] [--threads N] [--logprob-mode raw|processed|processed-truncated]
- *                   [--stop ID]... [--backend bf16|openblas]
+ *                   [--batch B] [--threads N] [--logprob-mode MODE] [--stop ID]...
+ *                   [--backend BACKEND]
+ *
+ * MODE and BACKEND are the library's names (raw | processed | processed-truncated,
+ * bf16 | openblas); usage lists them.
  *
  * The prompt is prefilled once; each completion is a fork of it (as a GRPO group's are) with
  * its own random stream: its index. At most B completions decode together; as one finishes
@@ -24,13 +27,8 @@ static void usage(void) {
             "usage: parity-generate --model DIR|synthetic:NAME[:SEED] --policy PRESET\n"
             "         (--prompt-bytes FILE | --prompt-tokens FILE) [--n N] [--max-tokens M]\n"
             "         [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--batch B]\n"
-            "         [--threads N] [--logprob-mode raw|processed|processed-truncated]\n"
-            "         [--stop ID]... [--backend bf16|openblas]\n");
-}
-
-static int fail(const char *what, int status) {
-    fprintf(stderr, "error: %s: %s: %s\n", what, parity_status_name(status), parity_last_error());
-    return 1;
+            "         [--threads N] [--logprob-mode MODE] [--stop ID]... [--backend BACKEND]\n");
+    print_choices();
 }
 
 typedef struct completion {
@@ -48,16 +46,9 @@ int main(int argc, char **argv) {
     parity_sampling sp;
     parity_sampling_default(&sp);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "error: %s needs a value\n", a);
-            return 2;
-        }
-        i++;
+        const char *a, *v;
+        int done = next_option(argc, argv, &i, usage, &a, &v);
+        if (done >= 0) return done;
         int ok = 1;
         uint32_t stop;
         if (!strcmp(a, "--model")) model_spec = v;
@@ -102,19 +93,12 @@ int main(int argc, char **argv) {
     sp.min_p = min_p;
     sp.seed = seed;
     sp.max_new_tokens = max_tokens;
-    if (!parse_logprob_mode(mode, &sp.logprob_mode)) {
-        fprintf(stderr, "error: --logprob-mode must be raw, processed or processed-truncated\n");
-        return 2;
-    }
+    if (!parse_logprob_mode(mode, &sp.logprob_mode)) return 2;
 
     parity_sampler_params params;
     parity_sampler_default_params(&params);
-    int rc = parity_policy_from_name(policy, &params.policy);
-    if (rc) return fail("--policy", rc);
-    if (!parse_backend(backend, &params.backend)) {
-        fprintf(stderr, "error: --backend must be bf16 or openblas\n");
-        return 2;
-    }
+    if (!parse_policy_backend(policy, backend, &params.policy, &params.backend)) return 2;
+    int rc;
 
     uint32_t plen;
     int32_t *prompt = read_tokens(pbytes ? pbytes : ptokens, pbytes != NULL, &plen);

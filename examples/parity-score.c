@@ -1,9 +1,11 @@
 /* parity-score: the log-probs a learner computes for one sequence.
  *
  *   parity-score --model DIR|synthetic:NAME[:SEED] --policy PRESET [--bytes FILE | --tokens FILE]
- *                [--temperature T] [--logprob-mode raw|processed|processed-truncated]
- *                [--top-k K] [--top-p P] [--min-p P] [--threads N] [--backend bf16|openblas]
- *                [--out FILE]
+ *                [--temperature T] [--logprob-mode MODE] [--top-k K] [--top-p P]
+ *                [--min-p P] [--threads N] [--backend BACKEND] [--out FILE]
+ *
+ * MODE and BACKEND are the library's names (parity_logprob_mode_name, parity_backend_name):
+ * raw | processed | processed-truncated, bf16 | openblas; usage lists them.
  *
  * Prints log p(x_t | x_<t) for t = 1 .. n-1, one per line ("%.9g", which round-trips a
  * float), or with --out writes them as little-endian float32. The mode is "raw" unless
@@ -21,15 +23,9 @@ static void usage(void) {
     fprintf(stderr,
             "usage: parity-score --model DIR|synthetic:NAME[:SEED] --policy PRESET\n"
             "                    (--bytes FILE | --tokens FILE) [--temperature T]\n"
-            "                    [--logprob-mode raw|processed|processed-truncated] [--top-k K]\n"
-            "                    [--top-p P] [--min-p P] [--threads N] [--backend bf16|openblas]\n"
-            "                    [--out FILE]\n"
-            "presets: fp32 hf-eager hf-sdpa vllm sglang aligned (+aligned, +fp32-head)\n");
-}
-
-static int fail(const char *what, int status) {
-    fprintf(stderr, "error: %s: %s: %s\n", what, parity_status_name(status), parity_last_error());
-    return 1;
+            "                    [--logprob-mode MODE] [--top-k K] [--top-p P] [--min-p P]\n"
+            "                    [--threads N] [--backend BACKEND] [--out FILE]\n");
+    print_choices();
 }
 
 int main(int argc, char **argv) {
@@ -38,17 +34,9 @@ int main(int argc, char **argv) {
     float temperature = -1, top_p = 1.0f, min_p = 0.0f;
     uint32_t threads = 1, top_k = 0;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "error: %s needs a value\n", a);
-            usage();
-            return 2;
-        }
-        i++;
+        const char *a, *v;
+        int done = next_option(argc, argv, &i, usage, &a, &v);
+        if (done >= 0) return done;
         if (!strcmp(a, "--model")) model_spec = v;
         else if (!strcmp(a, "--policy")) policy_name = v;
         else if (!strcmp(a, "--bytes")) bytes = v;
@@ -86,12 +74,7 @@ int main(int argc, char **argv) {
     parity_scorer_params params;
     parity_scorer_default_params(&params);
     params.n_threads = threads;
-    int rc = parity_policy_from_name(policy_name, &params.policy);
-    if (rc) return fail("--policy", rc);
-    if (!parse_backend(backend, &params.backend)) {
-        fprintf(stderr, "error: --backend must be bf16 or openblas\n");
-        return 2;
-    }
+    if (!parse_policy_backend(policy_name, backend, &params.policy, &params.backend)) return 2;
 
     uint32_t n;
     int32_t *tokens = read_tokens(bytes ? bytes : toks, bytes != NULL, &n);
@@ -104,6 +87,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
+    int rc;
     if ((rc = parity_model_open(model_spec, &model))) {
         fail(model_spec, rc);
         goto done;
@@ -120,10 +104,7 @@ int main(int argc, char **argv) {
         opt.mode = PARITY_LOGPROB_PROCESSED;
         opt.temperature = temperature;
     }
-    if (mode && !parse_logprob_mode(mode, &opt.mode)) {
-        fprintf(stderr, "error: --logprob-mode must be raw, processed or processed-truncated\n");
-        goto done;
-    }
+    if (mode && !parse_logprob_mode(mode, &opt.mode)) goto done;
     opt.top_k = top_k;
     opt.top_p = top_p;
     opt.min_p = min_p;

@@ -36,6 +36,7 @@
  * PARITY_ERR_CONFIG. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -427,21 +428,25 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
     if (!model_type) return missing(r, "model_type");
     uint32_t head_dim_absent = 0; /* head_dim when the key is absent; 0 = hidden / heads */
     c->max_position_embeddings = 32768;
-    if (strcmp(model_type, "qwen2") == 0) {
-        c->arch = PARITY_ARCH_QWEN2;
+    parity_arch arch;
+    if (parity_arch_from_name(model_type, &arch) != PARITY_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", parity_last_error());
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: model_type is not supported: %s", r->path,
+                         why);
+    }
+    c->arch = arch;
+    switch (arch) {
+    case PARITY_ARCH_QWEN2:
         c->attention_bias = 1;
-    } else if (strcmp(model_type, "qwen3") == 0) {
-        c->arch = PARITY_ARCH_QWEN3;
+        break;
+    case PARITY_ARCH_QWEN3:
         c->qk_norm = 1;
         head_dim_absent = 128;
-    } else if (strcmp(model_type, "llama") == 0) {
-        c->arch = PARITY_ARCH_LLAMA;
+        break;
+    case PARITY_ARCH_LLAMA:
         c->max_position_embeddings = 2048;
-    } else {
-        return set_error(PARITY_ERR_UNSUPPORTED,
-                         "%s: model_type '%s' is not supported "
-                         "(qwen2, qwen3, llama)",
-                         r->path, model_type);
+        break;
     }
 
     static const struct {
@@ -621,21 +626,27 @@ static const struct builtin {
 
 #define N_BUILTINS (sizeof builtins / sizeof builtins[0])
 
-static const char *const builtin_names[N_BUILTINS + 1] = {"tiny", "qwen3-0.6b", "qwen2.5-0.5b",
-                                                          "llama3.2-1b", NULL};
+/* The names, NULL-terminated, derived from builtins[] once. */
+static const char *builtin_names[N_BUILTINS + 1];
+static pthread_once_t builtin_names_once = PTHREAD_ONCE_INIT;
 
-const char *const *parity_config_builtin_names(void) { return builtin_names; }
+static void fill_builtin_names(void) { NAME_NAMES(builtins, builtin_names); }
+
+const char *const *parity_config_builtin_names(void) {
+    pthread_once(&builtin_names_once, fill_builtin_names);
+    return builtin_names;
+}
 
 int parity_config_builtin(const char *name, parity_config *out) {
     clear_error();
     if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "name or output is NULL");
-    for (size_t i = 0; i < N_BUILTINS; i++)
-        if (strcmp(name, builtins[i].name) == 0) {
-            *out = builtins[i].config;
-            return PARITY_OK;
-        }
-    return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                     "no built-in config named '%s' (tiny, qwen3-0.6b, "
-                     "qwen2.5-0.5b, llama3.2-1b)",
-                     name);
+    const struct builtin *b = NAME_FIND(builtins, name, strlen(name));
+    if (b) {
+        *out = b->config;
+        return PARITY_OK;
+    }
+    char names[128];
+    NAME_LIST(builtins, names);
+    return set_error(PARITY_ERR_INVALID_ARGUMENT, "no built-in config named '%s' (%s)", name,
+                     names);
 }

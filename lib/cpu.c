@@ -9,6 +9,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,8 +23,42 @@
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static int have_avx2;
 /* Read by every kernel call: atomic so that a parity_set_cpu_path() is not a data race,
- * relaxed because the tables are constant. */
+ * relaxed because the tables do not change after detection. */
 static _Atomic(const kernels *) current;
+
+#if defined(PARITY_HAVE_AVX2)
+/* kernels_portable with the AVX2 entries over it: written once by detect(), read-only after. */
+static kernels avx2_table;
+#endif
+
+/* The name of each path, indexed by parity_cpu_path. */
+static const char *const path_names[] = {
+    [PARITY_CPU_PORTABLE] = "portable",
+    [PARITY_CPU_AVX2] = "avx2",
+};
+#define N_PATHS (sizeof path_names / sizeof path_names[0])
+
+/* The path of a name, without touching the thread's error message (detect() runs inside
+ * other calls). */
+static int path_of(const char *name, parity_cpu_path *out) {
+    for (size_t p = 0; p < N_PATHS; p++)
+        if (strcmp(name, path_names[p]) == 0) {
+            *out = (parity_cpu_path)p;
+            return 1;
+        }
+    return 0;
+}
+
+/* "portable | avx2", for messages. */
+static void path_list(char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t p = 0; p < N_PATHS && used < size; p++) {
+        int w = snprintf(buf + used, size - used, "%s%s", p ? " | " : "", path_names[p]);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+}
 
 #if defined(PARITY_HAVE_AVX2)
 static int detect_avx2(void) {
@@ -42,11 +77,17 @@ static int detect_avx2(void) {
 #endif
 
 static const kernels *table_of(parity_cpu_path path) {
+    switch (path) {
+    case PARITY_CPU_PORTABLE:
+        return &kernels_portable;
+    case PARITY_CPU_AVX2:
 #if defined(PARITY_HAVE_AVX2)
-    if (path == PARITY_CPU_AVX2) return &kernels_avx2;
+        return &avx2_table;
+#else
+        return NULL;
 #endif
-    (void)path;
-    return &kernels_portable;
+    }
+    return NULL;
 }
 
 static int supported(parity_cpu_path path) {
@@ -61,30 +102,36 @@ static int supported(parity_cpu_path path) {
 
 static void detect(void) {
 #if defined(PARITY_HAVE_AVX2)
+    avx2_table = kernels_portable;
+    kernels_avx2_set_entries(&avx2_table);
     have_avx2 = detect_avx2();
 #endif
     parity_cpu_path best = have_avx2 ? PARITY_CPU_AVX2 : PARITY_CPU_PORTABLE;
     parity_cpu_path path = best;
 
     const char *env = getenv("PARITY_CPU_PATH");
+    parity_cpu_path forced;
     if (env && *env) {
-        if (strcmp(env, "portable") == 0) {
-            path = PARITY_CPU_PORTABLE;
-        } else if (strcmp(env, "avx2") == 0) {
-            if (have_avx2)
-                path = PARITY_CPU_AVX2;
-            else
-                log_message(PARITY_LOG_WARN,
-                            "PARITY_CPU_PATH=avx2: this CPU or OS lacks AVX2/FMA/F16C; using %s",
-                            parity_cpu_path_name(best));
-        } else {
+        if (!path_of(env, &forced)) {
+            char list[64];
+            path_list(list, sizeof list);
+            log_message(PARITY_LOG_WARN, "PARITY_CPU_PATH=%s is not a path (%s); using %s", env,
+                        list, path_names[best]);
+        } else if (!supported(forced)) {
             log_message(PARITY_LOG_WARN,
-                        "PARITY_CPU_PATH=%s is not a path (portable | avx2); using %s", env,
-                        parity_cpu_path_name(best));
+                        "PARITY_CPU_PATH=%s: this CPU or OS lacks AVX2/FMA/F16C; using %s", env,
+                        path_names[best]);
+        } else {
+            path = forced;
         }
     }
     atomic_store_explicit(&current, table_of(path), memory_order_relaxed);
-    log_message(PARITY_LOG_DEBUG, "cpu path: %s", parity_cpu_path_name(path));
+    log_message(PARITY_LOG_DEBUG, "cpu path: %s", path_names[path]);
+}
+
+const kernels *kernel_table(parity_cpu_path path) {
+    pthread_once(&detect_once, detect);
+    return table_of(path);
 }
 
 const kernels *kern(void) {
@@ -97,36 +144,29 @@ parity_cpu_path parity_get_cpu_path(void) {
 }
 
 const char *parity_cpu_path_name(parity_cpu_path path) {
-    switch (path) {
-    case PARITY_CPU_PORTABLE:
-        return "portable";
-    case PARITY_CPU_AVX2:
-        return "avx2";
-    }
+    if ((size_t)path < N_PATHS) return path_names[path];
     return "unknown";
 }
 
 int parity_cpu_path_from_name(const char *name, parity_cpu_path *out) {
     clear_error();
     if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "CPU path name or output is NULL");
-    for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX2; p++)
-        if (strcmp(name, parity_cpu_path_name((parity_cpu_path)p)) == 0) {
-            *out = (parity_cpu_path)p;
-            return PARITY_OK;
-        }
-    return set_error(PARITY_ERR_INVALID_ARGUMENT, "'%s' is not a CPU path (portable | avx2)", name);
+    if (path_of(name, out)) return PARITY_OK;
+    char list[64];
+    path_list(list, sizeof list);
+    return set_error(PARITY_ERR_INVALID_ARGUMENT, "'%s' is not a CPU path (%s)", name, list);
 }
 
 int parity_set_cpu_path(parity_cpu_path path) {
     clear_error();
     pthread_once(&detect_once, detect);
-    if (path != PARITY_CPU_PORTABLE && path != PARITY_CPU_AVX2)
+    if ((size_t)path >= N_PATHS)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_set_cpu_path: %d is not a CPU path",
                          (int)path);
     if (!supported(path))
         return set_error(PARITY_ERR_UNSUPPORTED,
                          "parity_set_cpu_path: path \"%s\" is not available: %s",
-                         parity_cpu_path_name(path),
+                         path_names[path],
 #if defined(PARITY_HAVE_AVX2)
                          "this CPU or OS lacks AVX2, FMA or F16C"
 #else

@@ -44,24 +44,26 @@ static void job_rmsnorm_residual(void *p, size_t begin, size_t end, unsigned wor
                                  vec(j->ctx, j->w), eps, j->out + r * j->width);
 }
 
+/* RMSNorm of rows begin..end of a into out (qk: the q/k-norm switch) */
+static void rmsnorm_rows(const region_job *j, int qk, float *out, size_t begin, size_t end) {
+    const float eps = j->ctx->model->config.rms_norm_eps;
+    for (size_t r = begin; r < end; r++)
+        kern()->rmsnorm(&j->ctx->pol, qk, j->width, j->a + r * j->width, vec(j->ctx, j->w), eps,
+                        out + r * j->width);
+}
+
 /* RMSNorm without residual: a = x [rows][width], out */
 static void job_rmsnorm(void *p, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const region_job *j = p;
-    const float eps = j->ctx->model->config.rms_norm_eps;
-    for (size_t r = begin; r < end; r++)
-        kern()->rmsnorm(&j->ctx->pol, 0, j->width, j->a + r * j->width, vec(j->ctx, j->w), eps,
-                        j->out + r * j->width);
+    rmsnorm_rows(j, 0, j->out, begin, end);
 }
 
 /* Qwen3 q/k-norm: every head_dim vector of a [rows * heads][head_dim], in place */
 static void job_qk_norm(void *p, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const region_job *j = p;
-    const float eps = j->ctx->model->config.rms_norm_eps;
-    for (size_t r = begin; r < end; r++)
-        kern()->rmsnorm(&j->ctx->pol, 1, j->width, j->a + r * j->width, vec(j->ctx, j->w), eps,
-                        j->a + r * j->width);
+    rmsnorm_rows(j, 1, j->a, begin, end);
 }
 
 /* SwiGLU: a = gate, b = up, out (may alias a) */

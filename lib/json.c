@@ -410,6 +410,25 @@ static int close_container(parser *p, size_t base, json_value *v) {
     return 0;
 }
 
+/* After an element of a container: a ',' (1: another element follows), the container's
+ * `close` (0: it ends), or a syntax error (-1, the status set). */
+static int after_element(parser *p, char close, const char *container) {
+    skip_ws(p);
+    if (p->pos < p->len && p->s[p->pos] == ',') {
+        p->pos++;
+        skip_ws(p);
+        return 1;
+    }
+    if (p->pos < p->len && p->s[p->pos] == close) {
+        p->pos++;
+        return 0;
+    }
+    char b[16];
+    SYNTAX(p, p->pos, "expected ',' or '%c' in %s, found %s", close, container,
+           describe(p, p->pos, b));
+    return -1;
+}
+
 static int parse_array(parser *p, json_value *v) {
     size_t base = p->top;
     p->pos++; /* '[' */
@@ -417,22 +436,10 @@ static int parse_array(parser *p, json_value *v) {
     if (p->pos < p->len && p->s[p->pos] == ']') {
         p->pos++;
     } else {
-        for (;;) {
+        for (int more = 1; more;) {
             json_value item;
             if (parse_value(p, &item) || push(p, &item, NULL, 0)) return p->status;
-            skip_ws(p);
-            char b[16];
-            if (p->pos < p->len && p->s[p->pos] == ',') {
-                p->pos++;
-                skip_ws(p);
-                continue;
-            }
-            if (p->pos < p->len && p->s[p->pos] == ']') {
-                p->pos++;
-                break;
-            }
-            return SYNTAX(p, p->pos, "expected ',' or ']' in an array, found %s",
-                          describe(p, p->pos, b));
+            if ((more = after_element(p, ']', "an array")) < 0) return p->status;
         }
     }
     if (close_container(p, base, v)) return p->status;
@@ -462,18 +469,9 @@ static int parse_object(parser *p, json_value *v) {
             p->pos++;
             json_value item;
             if (parse_value(p, &item) || push(p, &item, key, key_len)) return p->status;
-            skip_ws(p);
-            if (p->pos < p->len && p->s[p->pos] == ',') {
-                p->pos++;
-                skip_ws(p);
-                continue;
-            }
-            if (p->pos < p->len && p->s[p->pos] == '}') {
-                p->pos++;
-                break;
-            }
-            return SYNTAX(p, p->pos, "expected ',' or '}' in an object, found %s",
-                          describe(p, p->pos, b));
+            int more = after_element(p, '}', "an object");
+            if (more < 0) return p->status;
+            if (!more) break;
         }
     }
     size_t count = p->top - base;

@@ -112,10 +112,19 @@ typedef struct kernels {
 static inline size_t gemm_packed_row(size_t K) { return (K + 31) / 32 * 32; }
 void gemm_pack_x(size_t M, size_t K, const float *x, size_t ldx, float *xp);
 
+/* The specification (kernels_ref.c). */
 extern const kernels kernels_portable;
+
+/* Every other table starts as a copy of kernels_portable, over which its ISA file sets the
+ * entries it has: an entry a SIMD file lacks is the specification's, never NULL. cpu.c builds
+ * the tables once, at detection. */
 #if defined(PARITY_HAVE_AVX2)
-extern const kernels kernels_avx2;
+void kernels_avx2_set_entries(kernels *t);  /* kernels_avx2.c */
 #endif
+
+/* The table of a CPU path in this build (cpu.c), NULL if the build has none for it. Whether
+ * this CPU can run it is parity_set_cpu_path()'s answer. */
+const kernels *kernel_table(parity_cpu_path path);
 
 /* The table of the current CPU path (cpu.c): detected once, PARITY_CPU_PATH or
  * parity_set_cpu_path() force one. Never NULL. */

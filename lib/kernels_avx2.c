@@ -22,6 +22,7 @@
 #include <math.h>
 
 #include "internal.h"
+#include "kernel_common.h"
 #include "kernels.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -112,19 +113,7 @@ static inline __m256 round_if(int on, __m256 x) { return on ? round_bf16_8(x) : 
 
 /* ---- exp -------------------------------------------------------------------------------- */
 
-/* The constants of parity_expf (kernels_ref.c), which documents the algorithm. */
-#define EXP_HI 0x1.62e42ep+6f
-#define EXP_LO -0x1.9fe368p+6f
-#define LOG2E 0x1.715476p+0f
-#define LN2_HI 0x1.62e430p-1f
-#define LN2_LO -0x1.05c610p-29f
-#define ROUND_MAGIC 0x1.8p+23f
-#define EXP_C2 0x1.000000p-1f
-#define EXP_C3 0x1.555556p-3f
-#define EXP_C4 0x1.5554eap-5f
-#define EXP_C5 0x1.1110e0p-7f
-#define EXP_C6 0x1.6d4320p-10f
-#define EXP_C7 0x1.a124eep-13f
+/* parity_expf's constants: kernel_common.h; its algorithm: kernels_ref.c. */
 
 /* parity_expf on 8 lanes. The scalar form branches on NaN and the range; here every lane
  * computes on x clamped to [EXP_LO, EXP_HI] (where the clamp is the identity, the
@@ -152,7 +141,8 @@ static inline __m256 exp8(__m256 x) {
 
     __m256i ni = _mm256_cvttps_epi32(n);  /* n is an integer: exact */
     __m256i n1 = _mm256_sub_epi32(
-        _mm256_srli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(256)), 1), _mm256_set1_epi32(128));
+        _mm256_srli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(EXP_SCALE_BIAS)), 1),
+        _mm256_set1_epi32(EXP_SCALE_BIAS / 2));
     __m256i n2 = _mm256_sub_epi32(ni, n1);
     const __m256i bias = _mm256_set1_epi32(127);
     __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
@@ -378,25 +368,6 @@ static void bf16w_tile1(size_t K, const float *xp, const uint16_t *w, float *y) 
     y[0] = fold16(a0, b0);
 }
 
-static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
-                            float *y, size_t ldy, size_t n0, size_t n1) {
-    const size_t row = gemm_packed_row(K);
-    size_t block = GEMM_BLOCK_BYTES / ((row ? row : 1) * sizeof(float));
-    if (block == 0) block = 1;
-    /* blocks of x rows outside, column tiles inside: a tile's weights are reused from L1
-     * by every row of the block, and the block is reused from L2 by every tile */
-    for (size_t m0 = 0; m0 < M; m0 += block) {
-        size_t m1 = M - m0 < block ? M : m0 + block;
-        size_t n = n0;
-        for (; n + GEMM_NR <= n1; n += GEMM_NR)
-            for (size_t m = m0; m < m1; m++)
-                bf16w_tile4(K, xp + m * row, w + n * ldw, ldw, y + m * ldy + n);
-        for (; n < n1; n++)
-            for (size_t m = m0; m < m1; m++)
-                bf16w_tile1(K, xp + m * row, w + n * ldw, y + m * ldy + n);
-    }
-}
-
 /* dot16 step of 16 elements for one weight row: x0/x1 hold x[i..i+7], x[i+8..i+15]. */
 ALWAYS_INLINE void dot16_row(__m256 *acc0, __m256 *acc1, __m256 x0, __m256 x1, __m256 w0,
                              __m256 w1) {
@@ -433,41 +404,52 @@ static void f32w_tile4(size_t K, const float *x, const float *w, size_t ldw, flo
     y[3] = fold16(a3, b3);
 }
 
-static void gemm_f32w_avx2(size_t M, size_t K, const float *x, size_t ldx, const float *w,
-                           size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
-    size_t block = GEMM_BLOCK_BYTES / ((K ? K : 1) * sizeof(float));
+/* The blocking both GEMMs share: blocks of x rows outside, column tiles inside, so that a
+ * tile's weights are reused from L1 by every row of the block and the block is reused from L2
+ * by every tile. `bf` (a constant after inlining) selects the bf16-weight tiles (x packed by
+ * gemm_pack_x, ldx = gemm_packed_row(K)) or the fp32-weight ones (x unpacked, a row K floats
+ * read, ldx apart). */
+ALWAYS_INLINE void gemm_blocked(int bf, size_t M, size_t K, const float *x, size_t ldx,
+                                const void *w, size_t ldw, float *y, size_t ldy, size_t n0,
+                                size_t n1) {
+    const size_t row_floats = bf ? ldx : K;  /* the floats of an x row that a tile reads */
+    size_t block = GEMM_BLOCK_BYTES / ((row_floats ? row_floats : 1) * sizeof(float));
     if (block == 0) block = 1;
+    const uint16_t *wb = w;
+    const float *wf = w;
     for (size_t m0 = 0; m0 < M; m0 += block) {
         size_t m1 = M - m0 < block ? M : m0 + block;
         size_t n = n0;
         for (; n + GEMM_NR <= n1; n += GEMM_NR)
-            for (size_t m = m0; m < m1; m++)
-                f32w_tile4(K, x + m * ldx, w + n * ldw, ldw, y + m * ldy + n);
+            for (size_t m = m0; m < m1; m++) {
+                if (bf)
+                    bf16w_tile4(K, x + m * ldx, wb + n * ldw, ldw, y + m * ldy + n);
+                else
+                    f32w_tile4(K, x + m * ldx, wf + n * ldw, ldw, y + m * ldy + n);
+            }
         for (; n < n1; n++)
-            for (size_t m = m0; m < m1; m++)
-                y[m * ldy + n] = dot_f32_avx2(x + m * ldx, w + n * ldw, K);
+            for (size_t m = m0; m < m1; m++) {
+                if (bf)
+                    bf16w_tile1(K, x + m * ldx, wb + n * ldw, y + m * ldy + n);
+                else
+                    y[m * ldy + n] = dot_f32_avx2(x + m * ldx, wf + n * ldw, K);
+            }
     }
+}
+
+static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                            float *y, size_t ldy, size_t n0, size_t n1) {
+    gemm_blocked(1, M, K, xp, gemm_packed_row(K), w, ldw, y, ldy, n0, n1);
+}
+
+static void gemm_f32w_avx2(size_t M, size_t K, const float *x, size_t ldx, const float *w,
+                           size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
+    gemm_blocked(0, M, K, x, ldx, w, ldw, y, ldy, n0, n1);
 }
 
 /* ---- regions ---------------------------------------------------------------------------- */
 
-/* As in kernels_ref.c. */
-typedef struct norm_points {
-    int bf16, rounded_in, twice;
-} norm_points;
-
-static norm_points norm_points_of(const parity_policy *pol, int residual, int qk) {
-    norm_points p;
-    p.bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    p.rounded_in = p.bf16 && residual && pol->norm_input == PARITY_NORM_INPUT_ROUNDED;
-    p.twice = p.bf16 && (qk ? pol->qk_norm : pol->norm_weight) == PARITY_NORM_ROUND_TWICE;
-    return p;
-}
-
-static float inv_rms(float sum_sq, size_t dim, float eps) {
-    float ms = sum_sq / (float)dim;
-    return 1.0f / sqrtf(ms + eps);
-}
+/* norm_points_of, swiglu_points_of, rope_points_of, inv_rms: kernel_common.h. */
 
 /* round_if(bf16, w * round_if(twice, v * r)) */
 static inline __m256 norm_value8(norm_points p, __m256 w, __m256 v, __m256 r) {
@@ -527,8 +509,7 @@ ALWAYS_INLINE void rmsnorm_body(int bf, const parity_policy *pol, int qk, size_t
 
 ALWAYS_INLINE void swiglu_body(int bf, const parity_policy *pol, size_t n, const void *g,
                                const void *u, void *out) {
-    const int bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    const int per_op = bf16 && pol->swiglu == PARITY_SWIGLU_PER_OP;
+    const op_points p = swiglu_points_of(pol);
     const __m256 one = _mm256_set1_ps(1.0f);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (size_t i = 0; i < n; i += 8) {
@@ -536,14 +517,13 @@ ALWAYS_INLINE void swiglu_body(int bf, const parity_policy *pol, size_t n, const
         __m256 gv = ld(bf, g, i, k), uv = ld(bf, u, i, k);
         /* silu(g) = g / (1 + exp(-g)); -g flips the sign bit, as C's unary minus does */
         __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_xor_ps(gv, sign))));
-        st(bf, out, i, k, round_if(bf16, _mm256_mul_ps(round_if(per_op, silu), uv)));
+        st(bf, out, i, k, round_if(p.bf16, _mm256_mul_ps(round_if(p.per_op, silu), uv)));
     }
 }
 
 ALWAYS_INLINE void rope_body(int bf, const parity_policy *pol, size_t n_heads, size_t hd,
                              void *x, const float *cos, const float *sin) {
-    const int bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    const int per_op = bf16 && pol->rope_apply == PARITY_ROPE_PER_OP;
+    const op_points p = rope_points_of(pol);
     const size_t half = hd / 2;
     for (size_t h = 0; h < n_heads; h++) {
         size_t base = h * hd;
@@ -551,12 +531,12 @@ ALWAYS_INLINE void rope_body(int bf, const parity_policy *pol, size_t n_heads, s
             size_t k = lanes_at(half, i);
             __m256 a = ld(bf, x, base + i, k), b = ld(bf, x, base + half + i, k);
             __m256 c = load_f32_n(cos + i, k), s = load_f32_n(sin + i, k);
-            __m256 a2 = _mm256_sub_ps(round_if(per_op, _mm256_mul_ps(a, c)),
-                                      round_if(per_op, _mm256_mul_ps(b, s)));
-            __m256 b2 = _mm256_add_ps(round_if(per_op, _mm256_mul_ps(b, c)),
-                                      round_if(per_op, _mm256_mul_ps(a, s)));
-            st(bf, x, base + i, k, round_if(bf16, a2));
-            st(bf, x, base + half + i, k, round_if(bf16, b2));
+            __m256 a2 = _mm256_sub_ps(round_if(p.per_op, _mm256_mul_ps(a, c)),
+                                      round_if(p.per_op, _mm256_mul_ps(b, s)));
+            __m256 b2 = _mm256_add_ps(round_if(p.per_op, _mm256_mul_ps(b, c)),
+                                      round_if(p.per_op, _mm256_mul_ps(a, s)));
+            st(bf, x, base + i, k, round_if(p.bf16, a2));
+            st(bf, x, base + half + i, k, round_if(p.bf16, b2));
         }
     }
 }
@@ -603,25 +583,27 @@ static void rope_bf16_avx2(const parity_policy *pol, size_t n_heads, size_t hd, 
     rope_body(1, pol, n_heads, hd, x, cos, sin);
 }
 
-const kernels kernels_avx2 = {
-    .name = "avx2",
-    .dot_f32 = dot_f32_avx2,
-    .dot_f32_bf16 = dot_f32_bf16_avx2,
-    .sum_squares = sum_squares_avx2,
-    .sum_exp = sum_exp_avx2,
-    .max_f32 = max_f32_avx2,
-    .round_bf16 = round_bf16_avx2,
-    .exp_f32 = exp_f32_avx2,
-    .axpy_f32 = axpy_f32_avx2,
-    .axpy_bf16 = axpy_bf16_avx2,
-    .gemm_bf16w = gemm_bf16w_avx2,
-    .gemm_f32w = gemm_f32w_avx2,
-    .rmsnorm_residual = rmsnorm_residual_avx2,
-    .rmsnorm = rmsnorm_avx2,
-    .swiglu = swiglu_avx2,
-    .rope = rope_avx2,
-    .rmsnorm_residual_bf16 = rmsnorm_residual_bf16_avx2,
-    .rmsnorm_bf16 = rmsnorm_bf16_avx2,
-    .swiglu_bf16 = swiglu_bf16_avx2,
-    .rope_bf16 = rope_bf16_avx2,
-};
+/* The entries of this file over a copy of the portable table (kernels.h): an entry that
+ * is not set here stays the specification's. */
+void kernels_avx2_set_entries(kernels *t) {
+    t->name = "avx2";
+    t->dot_f32 = dot_f32_avx2;
+    t->dot_f32_bf16 = dot_f32_bf16_avx2;
+    t->sum_squares = sum_squares_avx2;
+    t->sum_exp = sum_exp_avx2;
+    t->max_f32 = max_f32_avx2;
+    t->round_bf16 = round_bf16_avx2;
+    t->exp_f32 = exp_f32_avx2;
+    t->axpy_f32 = axpy_f32_avx2;
+    t->axpy_bf16 = axpy_bf16_avx2;
+    t->gemm_bf16w = gemm_bf16w_avx2;
+    t->gemm_f32w = gemm_f32w_avx2;
+    t->rmsnorm_residual = rmsnorm_residual_avx2;
+    t->rmsnorm = rmsnorm_avx2;
+    t->swiglu = swiglu_avx2;
+    t->rope = rope_avx2;
+    t->rmsnorm_residual_bf16 = rmsnorm_residual_bf16_avx2;
+    t->rmsnorm_bf16 = rmsnorm_bf16_avx2;
+    t->swiglu_bf16 = swiglu_bf16_avx2;
+    t->rope_bf16 = rope_bf16_avx2;
+}

@@ -12,31 +12,12 @@
 #include <math.h>
 
 #include "internal.h"
+#include "kernel_common.h"
 #include "kernels.h"
 
 /* ---- exp -------------------------------------------------------------------------------- */
 
-/* exp(x) is finite for x <= EXP_HI (exp(EXP_HI) = 0.99999 * 2^128) and +inf above (the next
- * float's exp rounds to infinity); it is nonzero for x >= EXP_LO (exp(EXP_LO) is just above
- * 2^-150, half the smallest subnormal, and rounds up to it) and rounds to 0 below. */
-#define EXP_HI 0x1.62e42ep+6f   /* 88.7228317 */
-#define EXP_LO -0x1.9fe368p+6f  /* -103.972076 */
-#define LOG2E 0x1.715476p+0f
-#define LN2_HI 0x1.62e430p-1f   /* ln 2 rounded to fp32 */
-#define LN2_LO -0x1.05c610p-29f /* ln 2 - LN2_HI */
-/* Adding then subtracting 1.5 * 2^23 rounds an fp32 of magnitude < 2^22 to an integer, to
- * nearest even (the default rounding mode), as vroundps does: no libm call. */
-#define ROUND_MAGIC 0x1.8p+23f
-/* exp(r) ~= 1 + r * (1 + r * (C2 + r * (C3 + r * (C4 + r * (C5 + r * (C6 + r * C7))))))
- * for |r| <= ln2 / 2: a Chebyshev fit of (exp(r) - 1 - r) / r^2 on [-0.3466, 0.3466];
- * with the coefficients rounded to fp32 the relative error is < 7e-10 (0.012 ulp), so the
- * fp32 rounding of the evaluation dominates. */
-#define EXP_C2 0x1.000000p-1f
-#define EXP_C3 0x1.555556p-3f
-#define EXP_C4 0x1.5554eap-5f
-#define EXP_C5 0x1.1110e0p-7f
-#define EXP_C6 0x1.6d4320p-10f
-#define EXP_C7 0x1.a124eep-13f
+/* The constants are in kernel_common.h, shared with every table. */
 
 /*
  * x = n ln2 + r, |r| <= ln2 / 2 (a little more when x * log2e rounds across a half):
@@ -69,10 +50,9 @@ float parity_expf(float x) {
     p = fmaf(p, r, 1.0f);
     p = fmaf(p, r, 1.0f);
 
-    /* n is in [-150, 128]; floor(n / 2) on the biased, non-negative n + 256 avoids
-     * depending on how >> treats negative numbers. */
+    /* n is in [-150, 128]; floor(n / 2) on the biased, non-negative n (kernel_common.h) */
     int32_t ni = (int32_t)n;
-    int32_t n1 = (int32_t)((uint32_t)(ni + 256) >> 1) - 128;
+    int32_t n1 = (int32_t)((uint32_t)(ni + EXP_SCALE_BIAS) >> 1) - EXP_SCALE_BIAS / 2;
     int32_t n2 = ni - n1;
     float s1 = f32_from_bits((uint32_t)(n1 + 127) << 23);
     float s2 = f32_from_bits((uint32_t)(n2 + 127) << 23);
@@ -203,42 +183,23 @@ static void gemm_f32w_ref(size_t M, size_t K, const float *x, size_t ldx, const 
 /* A rounding point that the policy may switch off. */
 static float round_if(int on, float x) { return on ? round_bf16(x) : x; }
 
-/* The rounding points of the norms, decoded once per row. Under PARITY_COMPUTE_FP32 no point
- * rounds (the other switches are ignored). */
-typedef struct norm_points {
-    int bf16;        /* compute in bf16: outputs and the residual stream round */
-    int rounded_in;  /* the norm reads round(s) */
-    int twice;       /* round(x * r) before the weight */
-} norm_points;
-
-static norm_points norm_points_of(const parity_policy *pol, int residual, int qk) {
-    norm_points p;
-    p.bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    p.rounded_in = p.bf16 && residual && pol->norm_input == PARITY_NORM_INPUT_ROUNDED;
-    p.twice = p.bf16 && (qk ? pol->qk_norm : pol->norm_weight) == PARITY_NORM_ROUND_TWICE;
-    return p;
-}
-
-/* r = 1 / sqrt(mean of squares + eps), from the dot16 sum of squares. */
-static float inv_rms(float sum_sq, size_t dim, float eps) {
-    float ms = sum_sq / (float)dim;
-    return 1.0f / sqrtf(ms + eps);
-}
+/* The policy decoded into rounding points (norm_points_of, swiglu_points_of,
+ * rope_points_of) and inv_rms: kernel_common.h, shared with every table. */
 
 /* One normalised output, rounded per the policy. */
 static float norm_value(norm_points p, float w, float v, float r) {
     return round_if(p.bf16, w * round_if(p.twice, v * r));
 }
 
-static float swiglu_value(int bf16, int per_op, float g, float u) {
-    return round_if(bf16, round_if(per_op, silu(g)) * u);
+static float swiglu_value(op_points p, float g, float u) {
+    return round_if(p.bf16, round_if(p.per_op, silu(g)) * u);
 }
 
 /* The rotate-half pair (a, b) = (x[i], x[i + hd/2]) becomes (a c - b s, b c + a s). */
-static void rope_pair(int bf16, int per_op, float c, float s, float *a, float *b) {
+static void rope_pair(op_points p, float c, float s, float *a, float *b) {
     float x0 = *a, x1 = *b;
-    *a = round_if(bf16, round_if(per_op, x0 * c) - round_if(per_op, x1 * s));
-    *b = round_if(bf16, round_if(per_op, x1 * c) + round_if(per_op, x0 * s));
+    *a = round_if(p.bf16, round_if(p.per_op, x0 * c) - round_if(p.per_op, x1 * s));
+    *b = round_if(p.bf16, round_if(p.per_op, x1 * c) + round_if(p.per_op, x0 * s));
 }
 
 /* Two passes over the row: the sum of squares, then the outputs. The second pass recomputes
@@ -269,20 +230,18 @@ static void rmsnorm_ref(const parity_policy *pol, int qk, size_t dim, const floa
 
 static void swiglu_ref(const parity_policy *pol, size_t n, const float *g, const float *u,
                        float *out) {
-    int bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    int per_op = bf16 && pol->swiglu == PARITY_SWIGLU_PER_OP;
-    for (size_t i = 0; i < n; i++) out[i] = swiglu_value(bf16, per_op, g[i], u[i]);
+    op_points p = swiglu_points_of(pol);
+    for (size_t i = 0; i < n; i++) out[i] = swiglu_value(p, g[i], u[i]);
 }
 
 static void rope_ref(const parity_policy *pol, size_t n_heads, size_t hd, float *x,
                      const float *cos, const float *sin) {
-    int bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    int per_op = bf16 && pol->rope_apply == PARITY_ROPE_PER_OP;
+    op_points p = rope_points_of(pol);
     size_t half = hd / 2;
     for (size_t h = 0; h < n_heads; h++) {
         float *xh = x + h * hd;
         for (size_t i = 0; i < half; i++)
-            rope_pair(bf16, per_op, cos[i], sin[i], xh + i, xh + i + half);
+            rope_pair(p, cos[i], sin[i], xh + i, xh + i + half);
     }
 }
 
@@ -322,22 +281,20 @@ static void rmsnorm_bf16_ref(const parity_policy *pol, int qk, size_t dim, const
 
 static void swiglu_bf16_ref(const parity_policy *pol, size_t n, const uint16_t *g,
                             const uint16_t *u, uint16_t *out) {
-    int bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    int per_op = bf16 && pol->swiglu == PARITY_SWIGLU_PER_OP;
+    op_points p = swiglu_points_of(pol);
     for (size_t i = 0; i < n; i++)
-        out[i] = bf16_from_f32(swiglu_value(bf16, per_op, bf16_to_f32(g[i]), bf16_to_f32(u[i])));
+        out[i] = bf16_from_f32(swiglu_value(p, bf16_to_f32(g[i]), bf16_to_f32(u[i])));
 }
 
 static void rope_bf16_ref(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
                           const float *cos, const float *sin) {
-    int bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    int per_op = bf16 && pol->rope_apply == PARITY_ROPE_PER_OP;
+    op_points p = rope_points_of(pol);
     size_t half = hd / 2;
     for (size_t h = 0; h < n_heads; h++) {
         uint16_t *xh = x + h * hd;
         for (size_t i = 0; i < half; i++) {
             float a = bf16_to_f32(xh[i]), b = bf16_to_f32(xh[i + half]);
-            rope_pair(bf16, per_op, cos[i], sin[i], &a, &b);
+            rope_pair(p, cos[i], sin[i], &a, &b);
             xh[i] = bf16_from_f32(a);
             xh[i + half] = bf16_from_f32(b);
         }

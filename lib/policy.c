@@ -1,6 +1,8 @@
 /* Precision policies: the presets (names are API) and their modifiers. The framework
  * behaviour each preset reproduces is documented in parity.h with the source lines it
  * follows (docs/framework-numerics.md quotes them). */
+#include <pthread.h>
+
 #include "internal.h"
 
 /* The switches of a preset, in the order of the table in DESIGN.md §3. */
@@ -50,11 +52,41 @@ static const preset presets[] = {
 
 #define N_PRESETS (sizeof presets / sizeof presets[0])
 
-static const char *const preset_names[N_PRESETS + 1] = {
-    "fp32", "hf-eager", "hf-sdpa", "vllm", "sglang", "aligned", NULL,
-};
+/* The names, NULL-terminated, derived from presets[] once. */
+static const char *preset_names[N_PRESETS + 1];
+static pthread_once_t preset_names_once = PTHREAD_ONCE_INIT;
 
-const char *const *parity_policy_preset_names(void) { return preset_names; }
+static void fill_preset_names(void) { NAME_NAMES(presets, preset_names); }
+
+const char *const *parity_policy_preset_names(void) {
+    pthread_once(&preset_names_once, fill_preset_names);
+    return preset_names;
+}
+
+/* The modifiers: "PRESET+NAME" applies `apply` to the preset's switches. */
+static void apply_aligned(parity_policy *p) {
+    /* the three regions as in "aligned" */
+    p->norm_input = PARITY_NORM_INPUT_FP32;
+    p->norm_weight = PARITY_NORM_ROUND_ONCE;
+    p->qk_norm = PARITY_NORM_ROUND_ONCE;
+    p->rope_table = PARITY_ROPE_TABLE_FP32;
+    p->rope_apply = PARITY_ROPE_FUSED;
+    p->swiglu = PARITY_SWIGLU_FUSED;
+}
+
+static void apply_fp32_head(parity_policy *p) {
+    /* fp32 logits; a temperature then divides fp32 logits, without rounding */
+    p->logits = PARITY_LOGITS_FP32;
+    p->temperature = PARITY_TEMPERATURE_FP32;
+}
+
+static const struct modifier {
+    const char *name;
+    void (*apply)(parity_policy *p);
+} modifiers[] = {
+    {"aligned", apply_aligned},
+    {"fp32-head", apply_fp32_head},
+};
 
 int parity_policy_validate(const parity_policy *p) {
     clear_error();
@@ -91,37 +123,27 @@ int parity_policy_from_name(const char *name, parity_policy *out) {
     if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "policy name or output is NULL");
     const char *plus = strchr(name, '+');
     size_t base_len = plus ? (size_t)(plus - name) : strlen(name);
-    const preset *base = NULL;
-    for (size_t i = 0; i < N_PRESETS; i++)
-        if (strlen(presets[i].name) == base_len && !memcmp(presets[i].name, name, base_len))
-            base = &presets[i];
-    if (!base)
+    const preset *base = NAME_FIND(presets, name, base_len);
+    char presets_list[128], modifiers_list[64];
+    NAME_LIST(modifiers, modifiers_list);
+    if (!base) {
+        NAME_LIST(presets, presets_list);
         return set_error(PARITY_ERR_POLICY,
-                         "unknown policy '%s': presets are fp32, hf-eager, hf-sdpa, vllm, sglang, "
-                         "aligned, optionally followed by +aligned and/or +fp32-head",
-                         name);
+                         "unknown policy '%s': presets are %s, each optionally followed by "
+                         "+MODIFIER (%s)",
+                         name, presets_list, modifiers_list);
+    }
     parity_policy p = base->policy;
     while (plus) {
         const char *mod = plus + 1;
         plus = strchr(mod, '+');
         size_t len = plus ? (size_t)(plus - mod) : strlen(mod);
-        if (len == 7 && !memcmp(mod, "aligned", 7)) {
-            /* the three regions as in "aligned" */
-            p.norm_input = PARITY_NORM_INPUT_FP32;
-            p.norm_weight = PARITY_NORM_ROUND_ONCE;
-            p.qk_norm = PARITY_NORM_ROUND_ONCE;
-            p.rope_table = PARITY_ROPE_TABLE_FP32;
-            p.rope_apply = PARITY_ROPE_FUSED;
-            p.swiglu = PARITY_SWIGLU_FUSED;
-        } else if (len == 9 && !memcmp(mod, "fp32-head", 9)) {
-            /* fp32 logits; a temperature then divides fp32 logits, without rounding */
-            p.logits = PARITY_LOGITS_FP32;
-            p.temperature = PARITY_TEMPERATURE_FP32;
-        } else {
+        const struct modifier *m = NAME_FIND(modifiers, mod, len);
+        if (!m)
             return set_error(PARITY_ERR_POLICY,
-                             "unknown policy modifier '%.*s' in '%s' (modifiers: aligned, fp32-head)",
-                             (int)len, mod, name);
-        }
+                             "unknown policy modifier '%.*s' in '%s' (modifiers: %s)", (int)len,
+                             mod, name, modifiers_list);
+        m->apply(&p);
     }
     *out = p;
     return PARITY_OK;

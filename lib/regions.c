@@ -8,6 +8,7 @@
 
 #include "internal.h"
 #include "kernels.h"
+#include "rope.h"
 
 /* The largest head_dim parity_rope takes (its per-position tables are on the stack). */
 #define ROPE_MAX_HEAD_DIM 1024
@@ -159,30 +160,16 @@ int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim, const ui
     return PARITY_OK;
 }
 
-/* Default RoPE's inverse frequencies, as lib/rope.c and transformers compute them:
- * inv_freq[i] = 1 / theta^(2i / hd) with theta cast to fp32 (a Python scalar meeting an
- * fp32 tensor), the exponent and the reciprocal in fp32, the power evaluated in double and
- * rounded to fp32. */
-static void rope_inv_freq(size_t hd, float theta, float *inv) {
-    for (size_t i = 0; i < hd / 2; i++) {
-        float exponent = (float)(2 * i) / (float)hd;
-        float p = (float)pow((double)theta, (double)exponent);
-        inv[i] = 1.0f / p;
-    }
-}
-
-/* cos/sin of one position: angle = float(pos) * inv_freq in fp32, cos and sin of it in
- * double rounded to fp32, then to bf16 when the policy keeps a bf16 table. */
-static void rope_cos_sin(const parity_policy *policy, size_t hd, const float *inv, int32_t pos,
-                         float *cos_out, float *sin_out) {
-    int bf16_table = policy->compute == PARITY_COMPUTE_BF16 &&
-                     policy->rope_table == PARITY_ROPE_TABLE_BF16;
-    for (size_t i = 0; i < hd / 2; i++) {
-        float angle = (float)pos * inv[i];
-        float c = (float)cos((double)angle), s = (float)sin((double)angle);
-        cos_out[i] = bf16_table ? round_bf16(c) : c;
-        sin_out[i] = bf16_table ? round_bf16(s) : s;
-    }
+/* One position's cos/sin (rope.c, as the forward's tables), rounded to bf16 when the policy
+ * keeps a bf16 table. */
+static void position_cos_sin(const parity_policy *policy, const float *inv, uint32_t half,
+                             int32_t pos, float *cos_out, float *sin_out) {
+    rope_cos_sin(inv, half, (uint32_t)pos, 1.0f, cos_out, sin_out);
+    if (policy->compute == PARITY_COMPUTE_BF16 && policy->rope_table == PARITY_ROPE_TABLE_BF16)
+        for (uint32_t i = 0; i < half; i++) {
+            cos_out[i] = round_bf16(cos_out[i]);
+            sin_out[i] = round_bf16(sin_out[i]);
+        }
 }
 
 int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t head_dim,
@@ -213,10 +200,11 @@ int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t
                              fn, r, (int)positions[r]);
 
     float inv[ROPE_MAX_HEAD_DIM / 2], cos_t[ROPE_MAX_HEAD_DIM / 2], sin_t[ROPE_MAX_HEAD_DIM / 2];
-    rope_inv_freq(head_dim, (float)theta, inv);
+    const uint32_t half = (uint32_t)(head_dim / 2);
+    rope_default_inv_freq((float)theta, (uint32_t)head_dim, inv);
     const kernels *k = kern();
     for (size_t r = 0; r < rows; r++) {
-        rope_cos_sin(policy, head_dim, inv, positions[r], cos_t, sin_t);
+        position_cos_sin(policy, inv, half, positions[r], cos_t, sin_t);
         k->rope_bf16(policy, n_heads, head_dim, x + r * row_stride, cos_t, sin_t);
     }
     return PARITY_OK;

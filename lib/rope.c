@@ -16,6 +16,7 @@
 
 #include "internal.h"
 #include "model.h"
+#include "rope.h"
 
 /* math.pi */
 static const double PI = 3.141592653589793;
@@ -144,6 +145,12 @@ static void inv_freq_yarn(const parity_config *c, float *inv_freq, float *attent
     }
 }
 
+/* _compute_default_rope_parameters:
+ *   inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)) */
+void rope_default_inv_freq(float base, uint32_t dim, float *inv_freq) {
+    for (uint32_t i = 0; i < dim / 2; i++) inv_freq[i] = recip(pos_freq(base, i, dim));
+}
+
 int rope_inv_freq(const parity_config *c, float *inv_freq, float *attention_factor) {
     if (!c || !inv_freq || !attention_factor)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "rope_inv_freq: NULL argument");
@@ -155,11 +162,8 @@ int rope_inv_freq(const parity_config *c, float *inv_freq, float *attention_fact
         inv_freq_yarn(c, inv_freq, attention_factor);
         return PARITY_OK;
     }
-    /* _compute_default_rope_parameters:
-     *   inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-     * The Python base meets an fp32 tensor, so it is cast to fp32. */
-    float base = (float)c->rope_theta;
-    for (uint32_t i = 0; i < half; i++) inv_freq[i] = recip(pos_freq(base, i, dim));
+    /* The Python base meets an fp32 tensor, so it is cast to fp32. */
+    rope_default_inv_freq((float)c->rope_theta, dim, inv_freq);
     if (c->rope_type == PARITY_ROPE_LINEAR) {
         /* _compute_linear_scaling_rope_parameters: inv_freq /= factor (fp32) */
         for (uint32_t i = 0; i < half; i++) inv_freq[i] = inv_freq[i] / c->rope_factor;
@@ -167,6 +171,28 @@ int rope_inv_freq(const parity_config *c, float *inv_freq, float *attention_fact
         inv_freq_llama3(c, inv_freq, half);
     }
     return PARITY_OK;
+}
+
+/* The rotary embedding's forward:
+ *   freqs = (inv_freq_expanded.float() @ position_ids_expanded.float())  -- K = 1: one
+ *           fp32 product per element
+ *   cos = emb.cos() * self.attention_scaling; sin = emb.sin() * self.attention_scaling
+ *   return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+ * cos/sin of the fp32 angle are evaluated in double and rounded to fp32. */
+void rope_cos_sin(const float *inv_freq, uint32_t half, uint32_t pos, float attention_factor,
+                  float *cos_out, float *sin_out) {
+    float fpos = (float)pos;
+    for (uint32_t i = 0; i < half; i++) {
+        float angle = fpos * inv_freq[i];
+        float cv = (float)cos((double)angle);
+        float sv = (float)sin((double)angle);
+        if (attention_factor != 1.0f) {
+            cv = cv * attention_factor;
+            sv = sv * attention_factor;
+        }
+        cos_out[i] = cv;
+        sin_out[i] = sv;
+    }
 }
 
 void rope_tables_free(rope_tables *t) {
@@ -208,27 +234,12 @@ int rope_tables_build(const parity_config *c, uint32_t n_positions, rope_tables 
         return PARITY_ERR_OUT_OF_MEMORY;
     }
 
-    /* The rotary embedding's forward:
-     *   freqs = (inv_freq_expanded.float() @ position_ids_expanded.float())  -- K = 1: one
-     *           fp32 product per element
-     *   cos = emb.cos() * self.attention_scaling; sin = emb.sin() * self.attention_scaling
-     *   return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
-     * cos/sin of the fp32 angle are evaluated in double and rounded to fp32. */
     for (uint32_t p = 0; p < n_positions; p++) {
-        float pos = (float)p;
         size_t row = (size_t)p * half;
+        rope_cos_sin(inv_freq, half, p, attention_factor, r.cos_f32 + row, r.sin_f32 + row);
         for (uint32_t i = 0; i < half; i++) {
-            float angle = pos * inv_freq[i];
-            float cv = (float)cos((double)angle);
-            float sv = (float)sin((double)angle);
-            if (attention_factor != 1.0f) {
-                cv = cv * attention_factor;
-                sv = sv * attention_factor;
-            }
-            r.cos_f32[row + i] = cv;
-            r.sin_f32[row + i] = sv;
-            r.cos_bf16[row + i] = round_bf16(cv);
-            r.sin_bf16[row + i] = round_bf16(sv);
+            r.cos_bf16[row + i] = round_bf16(r.cos_f32[row + i]);
+            r.sin_bf16[row + i] = round_bf16(r.sin_f32[row + i]);
         }
     }
     px_free(inv_freq);

@@ -92,6 +92,26 @@ static void run_share(threadpool *p, unsigned worker) {
     if (begin < end) p->fn(p->ctx, begin, end, worker);
 }
 
+/* The spin before a sleep: keep_spinning() after each check that failed relaxes the CPU and
+ * says whether to check again, until `spin_ns` have passed since the first reading of the
+ * clock (read every SPINS_PER_CLOCK checks). */
+typedef struct spinner {
+    unsigned checks;
+    long long deadline;  /* 0 until the first reading */
+    long long spin_ns;
+} spinner;
+
+static int keep_spinning(spinner *s) {
+    cpu_relax();
+    if (++s->checks % SPINS_PER_CLOCK != 0) return 1;
+    long long t = now_ns();
+    if (s->deadline == 0) {
+        s->deadline = t + s->spin_ns;
+        return 1;
+    }
+    return t <= s->deadline;
+}
+
 /* Waits for a generation other than `seen` and returns it. The sleep is safe against the
  * caller's bump: a worker counts itself in `sleepers` (under the mutex) before it re-checks
  * the generation, and the caller bumps the generation before it reads `sleepers` (both
@@ -100,19 +120,11 @@ static void run_share(threadpool *p, unsigned worker) {
  * mutex). */
 static unsigned wait_generation(threadpool *p, unsigned seen) {
     unsigned gen;
-    long long deadline = 0;
-    for (unsigned i = 1;; i++) {
+    spinner s = {0, 0, WORKER_SPIN_NS};
+    do {
         gen = atomic_load_explicit(&p->generation, memory_order_acquire);
         if (gen != seen) return gen;
-        cpu_relax();
-        if (i % SPINS_PER_CLOCK == 0) {
-            long long t = now_ns();
-            if (deadline == 0)
-                deadline = t + WORKER_SPIN_NS;
-            else if (t > deadline)
-                break;
-        }
-    }
+    } while (keep_spinning(&s));
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->sleepers, 1, memory_order_seq_cst);
     while ((gen = atomic_load_explicit(&p->generation, memory_order_seq_cst)) == seen)
@@ -124,18 +136,10 @@ static unsigned wait_generation(threadpool *p, unsigned seen) {
 
 /* The caller's side of the same handshake for `remaining` and `caller_sleeping`. */
 static void wait_workers(threadpool *p) {
-    long long deadline = 0;
-    for (unsigned i = 1;; i++) {
+    spinner s = {0, 0, CALLER_SPIN_NS};
+    do {
         if (atomic_load_explicit(&p->remaining, memory_order_acquire) == 0) return;
-        cpu_relax();
-        if (i % SPINS_PER_CLOCK == 0) {
-            long long t = now_ns();
-            if (deadline == 0)
-                deadline = t + CALLER_SPIN_NS;
-            else if (t > deadline)
-                break;
-        }
-    }
+    } while (keep_spinning(&s));
     pthread_mutex_lock(&p->mu);
     atomic_store_explicit(&p->caller_sleeping, 1, memory_order_seq_cst);
     while (atomic_load_explicit(&p->remaining, memory_order_seq_cst) != 0)

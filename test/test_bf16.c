@@ -90,7 +90,7 @@ int main(void) {
     sweep_all(&kernels_portable, "round_bf16 (portable)");
 #if defined(PARITY_HAVE_AVX2)
     if (parity_set_cpu_path(PARITY_CPU_AVX2) == PARITY_OK)
-        sweep_all(&kernels_avx2, "round_bf16 (avx2)");
+        sweep_all(kernel_table(PARITY_CPU_AVX2), "round_bf16 (avx2)");
 #endif
 
     /* a few by hand: ties to even, overflow to inf, NaN sign and payload dropped */

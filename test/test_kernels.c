@@ -811,7 +811,7 @@ int main(void) {
     int n_tables = 0, have_avx2 = 0;
 #if defined(PARITY_HAVE_AVX2)
     if (parity_set_cpu_path(PARITY_CPU_AVX2) == PARITY_OK) {
-        tables[n_tables++] = &kernels_avx2;
+        tables[n_tables++] = kernel_table(PARITY_CPU_AVX2);
         have_avx2 = 1;
     } else {
         printf("avx2: not supported here (%s): only the portable table is tested\n",
