@@ -6,13 +6,14 @@ import threading
 from array import array
 
 from . import _lib
-from ._convert import TokenBatch, pointer
+from ._convert import Pinned, TokenBatch, pointer
 from ._lib import ParityError, lib
 from .policy import policy_struct
 
-MODES = {"raw": 0, "processed": 1, "processed-truncated": 2}
-BACKENDS = {"bf16": 0, "openblas": 1}
-_ARCH = ("qwen2", "qwen3", "llama")
+#: {name: value} of the log-prob modes and backends, as the library names them.
+MODES = _lib.MODES
+BACKENDS = _lib.BACKENDS
+_ARCH_NAMES = {value: name for name, value in _lib.ARCHS.items()}
 _ROPE_TYPE = ("default", "linear", "llama3", "yarn")
 _FLAGS = ("tie_word_embeddings", "attention_bias", "qk_norm")
 
@@ -125,7 +126,7 @@ class Model:
         self._handle = handle
         c = lib.parity_model_config(handle).contents
         cfg = {name: getattr(c, name) for name, _ in _lib.parity_config._fields_ if name != "size"}
-        cfg["arch"] = _ARCH[cfg["arch"]] if cfg["arch"] < len(_ARCH) else cfg["arch"]
+        cfg["arch"] = _ARCH_NAMES.get(cfg["arch"], cfg["arch"])
         cfg["rope_type"] = _ROPE_TYPE[cfg["rope_type"]] if cfg["rope_type"] < len(_ROPE_TYPE) \
             else cfg["rope_type"]
         for f in _FLAGS:

@@ -141,18 +141,123 @@ class TestLoading(unittest.TestCase):
         out = p.stdout.decode()
         self.assertTrue(out.startswith("parity.torch needs PyTorch") or out == "imported\n", out)
 
-    def test_bad_library_path(self):
-        p = self._import_with({"PARITY_LIBRARY": "/nonexistent/libparity.so"})
-        self.assertNotEqual(p.returncode, 0)
-        self.assertIn(b"ImportError: parity: cannot load /nonexistent/libparity.so", p.stderr)
-
-    def test_build_tree_found(self):
+    def test_bad_library_path_falls_through(self):
+        """PARITY_LIBRARY naming a file that is not the library: the build tree is used, and a
+        warning names what failed."""
         rel = os.path.relpath(BUILD, harness.REPO)
         if rel.startswith("..") or not rel.startswith("build"):
             self.skipTest("the build directory %s is not <repo>/build*" % BUILD)
-        p = self._import_with({})
+        junk = write("not-a-library.so", b"this is not an ELF file\n")
+        p = self._import_with({"PARITY_LIBRARY": junk})
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertTrue(p.stdout.decode().strip().startswith(harness.REPO))
+        self.assertTrue(p.stdout.decode().strip().startswith(os.path.join(harness.REPO, "build")))
+        err = p.stderr.decode()
+        self.assertIn("RuntimeWarning", err)
+        self.assertIn("PARITY_LIBRARY: %s: " % junk, err)
+
+    def test_every_candidate_fails(self):
+        """An installed copy of the package (no source tree around it) with PARITY_LIBRARY
+        naming a file that is not the library: every place is tried and named with its
+        reason — unless a libparity is installed on this machine, which is then what loads."""
+        import shutil
+        from parity import _lib
+        site = tempfile.mkdtemp(prefix="site-", dir=TMP)
+        shutil.copytree(os.path.join(harness.REPO, "python", "parity"),
+                        os.path.join(site, "parity"))
+        junk = write("junk.so", b"\x7fELF but not really")
+        env = dict(os.environ, PARITY_LIBRARY=junk, PYTHONPATH=site)
+        code = "import parity; print(parity.LIBRARY_PATH)"
+        p = subprocess.run([sys.executable, "-c", code], env=env, cwd=site,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        installed = [path for where, path in _lib.candidates()
+                     if where in ("installed", "dynamic linker search",
+                                  "ctypes.util.find_library") and path]
+        if p.returncode == 0:  # this machine has a libparity installed: it must be one of those
+            got = p.stdout.decode().strip()
+            self.assertIn(got, installed)
+            self.assertIn("PARITY_LIBRARY: %s" % junk, p.stderr.decode())
+            return
+        err = p.stderr.decode()
+        self.assertIn("ImportError: parity: no usable libparity; tried, in order:", err)
+        self.assertIn("PARITY_LIBRARY: %s: " % junk, err)
+        self.assertIn("build tree: not in a source tree", err)
+        for path in installed:
+            self.assertIn(": %s: " % path, err)
+        self.assertIn("dynamic linker search: libparity.so.0: ", err)
+        self.assertIn("ctypes.util.find_library: ", err)
+        # each place on its own line, in the order tried
+        lines = [ln.strip() for ln in err.split("tried, in order:\n")[1].splitlines()]
+        self.assertEqual([ln.split(":")[0] for ln in lines[:2]], ["PARITY_LIBRARY", "build tree"])
+        hint = next(i for i, ln in enumerate(lines) if ln.startswith("build it with"))
+        self.assertEqual(lines[hint - 1].split(":")[0], "ctypes.util.find_library")
+
+    def test_load_tries_each_place(self):
+        from parity import _lib
+        import ctypes.util
+        junk = write("also-junk.so", b"not a library")
+        libm = ctypes.util.find_library("m")
+        places = [("PARITY_LIBRARY", junk), ("build tree", "/nonexistent/libparity.so"),
+                  ("installed", TMP), ("other", libm), ("ctypes.util.find_library", None)]
+        with self.assertRaises(ImportError) as e:
+            _lib.load(places)
+        msg = str(e.exception)
+        self.assertIn("PARITY_LIBRARY: %s: " % junk, msg)
+        self.assertIn("build tree: /nonexistent/libparity.so: no such file", msg)
+        self.assertIn("installed: %s: a directory" % TMP, msg)
+        self.assertIn("other: %s: it lacks parity_version()" % libm, msg)
+        self.assertIn("ctypes.util.find_library: nothing found", msg)
+        self.assertEqual([ln.split(":")[0].strip() for ln in msg.splitlines()[1:6]],
+                         [w for w, _ in places])
+        # a good place after bad ones: used, with a warning naming the bad ones
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            handle, path, tables = _lib.load(places[:2] + [("good", parity.LIBRARY_PATH)])
+        self.assertEqual(path, parity.LIBRARY_PATH)
+        self.assertEqual(handle.parity_abi_version(), parity.ABI_VERSION)
+        self.assertEqual(tables["backends"], parity.model.BACKENDS)
+        self.assertEqual(len(caught), 1)
+        self.assertIn("PARITY_LIBRARY: %s" % junk, str(caught[0].message))
+        self.assertIn("build tree: /nonexistent/libparity.so: no such file",
+                      str(caught[0].message))
+
+    def test_enum_mirrors(self):
+        from parity import _lib
+        lib = parity.lib
+        tables = _lib.check_mirrors(lib, "lib")
+        self.assertEqual(tables, {"backends": parity.model.BACKENDS,
+                                  "modes": parity.model.MODES, "archs": _lib.ARCHS,
+                                  "cpu_paths": _lib.CPU_PATHS})
+        # the tables are the library's names, each value round-tripping
+        for table, name_fn in (("backends", lib.parity_backend_name),
+                               ("modes", lib.parity_logprob_mode_name),
+                               ("archs", lib.parity_arch_name),
+                               ("cpu_paths", lib.parity_cpu_path_name)):
+            self.assertTrue(tables[table], table)
+            for name, value in tables[table].items():
+                self.assertEqual(name_fn(value).decode(), name)
+        self.assertEqual(set(parity.model.BACKENDS), {"bf16", "openblas"})
+        self.assertEqual(list(parity.model.MODES), ["raw", "processed", "processed-truncated"])
+        self.assertEqual(parity.cpu_paths()[0], "portable")
+        self.assertIn(parity.cpu_path(), parity.cpu_paths())
+        for name, code in _lib.STATUSES.items():
+            self.assertEqual(parity.status_name(code), name)
+        # a wrong mirror is caught, named
+        with self.assertRaisesRegex(ImportError, "status -41 is PARITY_ERR_EMPTY_INPUT in the "
+                                    "library, PARITY_ERR_TOKEN_RANGE in the binding"):
+            _lib.check_mirrors(lib, "lib", statuses={"PARITY_ERR_TOKEN_RANGE": -41})
+        with self.assertRaisesRegex(ImportError, "default backend 'cuda' is not one of the "
+                                    "library's \\(bf16, openblas\\)"):
+            _lib.check_mirrors(lib, "lib", defaults={"backends": "cuda"})
+        with self.assertRaisesRegex(ImportError, "default mode 'logits'"):
+            _lib.check_mirrors(lib, "lib", defaults={"modes": "logits"})
+        with self.assertRaisesRegex(ImportError, "dtypes BF16=0, F16=2, F32=1"):
+            _lib.check_mirrors(lib, "lib", dtypes={"BF16": 0, "F16": 2, "F32": 1})
+        with self.assertRaisesRegex(ImportError, "dtypes"):
+            _lib.check_mirrors(lib, "lib", dtypes={"BF16": 0, "F16": 1})  # F32 = 2 left over
+        with self.assertRaises(ParityError) as e:
+            parity.set_cpu_path("avx512")
+        self.assertIn("portable", e.exception.message)
 
 
 class TestScore(unittest.TestCase):
