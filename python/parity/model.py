@@ -353,13 +353,13 @@ class Model:
         from .manifest import c_tensors
         if not isinstance(tensors, dict):
             raise TypeError("tensors must be a dict of name -> values")
-        arr, keep = c_tensors(tensors)
-        h = self._acquire()
-        try:
-            lib.parity_model_update(h, arr, len(tensors))
-        finally:
-            self._release()
-        del keep
+        with Pinned() as pin:
+            arr = c_tensors(tensors, pin)
+            h = self._acquire()
+            try:
+                lib.parity_model_update(h, arr, len(tensors))
+            finally:
+                self._release()
 
     def write_manifest(self, path):
         """Writes the manifest of the weights the model holds (parity_model_write_manifest)."""

@@ -852,6 +852,103 @@ class TestUpdates(unittest.TestCase):
             self.assertEqual(e.exception.status, "PARITY_ERR_IO")
 
 
+def ref_checksum(f32_bits_list=None, bf16_list=None):
+    """FNV-1a 64 over the little-endian bf16 of values, in plain Python (the reference the
+    library's parity_tensor_checksum is held to): fp32 bit patterns rounded to nearest even,
+    NaN -> 0x7fc0."""
+    if bf16_list is None:
+        bf16_list = [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else (u + 0x7FFF + ((u >> 16) & 1))
+                     >> 16 for u in f32_bits_list]
+    h = 0xCBF29CE484222325
+    for v in bf16_list:
+        for b in (v & 0xFF, v >> 8):
+            h = ((h ^ b) * 0x100000001B3) & ((1 << 64) - 1)
+    return h
+
+
+class TestManifest(unittest.TestCase):
+    """parity.write_manifest: the library's checksum on every input form, zero-copy."""
+
+    # fp32 bit patterns: ties to even both ways, NaNs (quiet, signalling, negative), infinities,
+    # subnormals, the largest finite (rounds to inf), zeros
+    BITS = [0x3F800000, 0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
+            0x7F800000, 0xFF800000, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0x00000000, 0x80000000,
+            0x40490FDB, 0xC2F6E979]
+
+    def test_forms_and_reference(self):
+        from parity.manifest import checksum
+        f32 = array("I", self.BITS)
+        want = ref_checksum(self.BITS)
+        bf = array("H", [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else
+                         (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u in self.BITS])
+        self.assertEqual(ref_checksum(bf16_list=list(bf)), want)
+        raw32, raw16 = f32.tobytes(), bf.tobytes()
+        n = len(self.BITS)
+        for kind in (raw32, bytearray(raw32), memoryview(raw32), array("f", raw32),
+                     memoryview(bytearray(raw32)).cast("I")):
+            self.assertEqual(checksum(("F32", (n,), kind)), ((n,), want), type(kind))
+            self.assertEqual(checksum(("F32", [4, n // 4], kind)), ((4, n // 4), want))
+        for kind in (raw16, bytearray(raw16), memoryview(raw16), bf):
+            self.assertEqual(checksum(("BF16", (2, n // 2), kind)), ((2, n // 2), want))
+        # unaligned, read-only: a slice of bytes one byte in
+        shifted = (b"x" + raw32)
+        self.assertEqual(checksum(("F32", (n,), memoryview(shifted)[1:])), ((n,), want))
+        # a non-contiguous view is read in row-major order
+        every_other = memoryview(array("I", [v for u in self.BITS for v in (u, 0)])).cast(
+            "B").cast("I")[::2]
+        self.assertFalse(every_other.c_contiguous)
+        self.assertEqual(checksum(("F32", (n,), every_other)), ((n,), want))
+        # f16: exact in bf16 or rounded (1 + 2^-8 + 2^-10 rounds up), and a NaN
+        halves = [1.0, -2.5, 65504.0, 6.103515625e-05, 1.0 + 2 ** -8 + 2 ** -10, 0.0]
+        f16 = struct.pack("<%de" % len(halves), *halves) + b"\x01\x7e"  # + a NaN
+        as32 = list(array("I", array("f", halves).tobytes())) + [0x7FC00000]
+        self.assertEqual(checksum(("F16", (7,), f16)), ((7,), ref_checksum(as32)))
+        self.assertEqual(checksum(("BF16", (0,), b"")), ((0,), ref_checksum([])))
+
+    def test_bad_input(self):
+        from parity.manifest import checksum
+        with self.assertRaises(ParityError) as e:
+            checksum(("F32", (3,), bytes(8)))
+        self.assertIn("8 bytes for shape (3,) of F32 (want 12)", e.exception.message)
+        with self.assertRaises(ParityError):
+            checksum(("BF16", (2, 2), bytes(6)))
+        with self.assertRaises(ParityError):
+            checksum(("BF16", (-1,), bytes(0)))
+        for bad in (("F64", (1,), bytes(8)), ("BF16", 1, bytes(2)), ("BF16", (1,), [1, 2]),
+                    ("BF16", (1.5,), bytes(2)), [1.0, 2.0], "weights", None):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                checksum(bad)
+        with self.assertRaises(TypeError):
+            parity.write_manifest(os.path.join(TMP, "m.json"), {1: ("BF16", (1,), bytes(2))})
+        with self.assertRaises(TypeError):
+            parity.write_manifest(os.path.join(TMP, "m.json"), [("BF16", (1,), bytes(2))])
+
+    def test_same_text_as_the_library(self):
+        """The learner's manifest of the weights a model holds is the model's own, byte for
+        byte (given in the model's order), and verifies."""
+        weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
+        theirs = os.path.join(TMP, "c.manifest.json")
+        mine = os.path.join(TMP, "py.manifest.json")
+        with parity.Model(REAL, threads=1) as m:
+            m.write_manifest(theirs)
+            with open(theirs) as f:
+                order = list(json.load(f)["tensors"])
+            parity.write_manifest(mine, {name: ("BF16", weights[name][1], weights[name][0])
+                                         for name in order})
+            with open(theirs, "rb") as f1, open(mine, "rb") as f2:
+                self.assertEqual(f1.read(), f2.read())
+            self.assertEqual(m.verify(mine), [])
+            # one value of one tensor off by one ulp: that tensor's checksum differs
+            name = order[3]
+            arr = array("H", weights[name][0])
+            arr[7] ^= 1
+            parity.write_manifest(mine, {n: ("BF16", weights[n][1], arr if n == name
+                                             else weights[n][0]) for n in order})
+            diffs = m.verify(mine)
+            self.assertEqual(len(diffs), 1, diffs)
+            self.assertIn(name, diffs[0])
+
+
 class TestExamples(unittest.TestCase):
     EXAMPLES = os.path.join(harness.REPO, "examples", "python")
 
