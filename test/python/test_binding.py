@@ -747,6 +747,82 @@ class TestMisuse(unittest.TestCase):
         self.assertEqual(p.stdout.decode().split(), ["ParityError"] * 3 + ["ok"])
 
 
+class TestScorerCache(unittest.TestCase):
+    """The model's idle scorers: bounded by count and by bytes, least recently used out."""
+
+    def idle(self, m):
+        return [e["threads"] for e in m.idle_scorers()]
+
+    def test_count_bound_lru(self):
+        with parity.Model("synthetic:tiny", max_idle_scorers=2) as m:
+            self.assertEqual((m.max_idle_scorers, m.max_idle_bytes),
+                             (2, parity.model.DEFAULT_IDLE_BYTES))
+            want = m.score([1, 2, 3], threads=1)
+            for t in (1, 2, 3):
+                self.assertEqual(m.score([1, 2, 3], threads=t), want)
+            self.assertEqual(self.idle(m), [2, 3])      # 1, the least recently used, freed
+            m.score([1, 2, 3], threads=2)               # 2 is now the most recently used
+            self.assertEqual(self.idle(m), [3, 2])
+            m.score([1, 2, 3], threads=4)
+            self.assertEqual(self.idle(m), [2, 4])      # 3 out, not 2
+            m.probe([1, 2, 3], want, threads=2)         # probe takes from the same cache
+            self.assertEqual(self.idle(m), [4, 2])
+            m.score([1, 2, 3], policy="hf-eager", threads=4)  # another policy: its own scorer
+            self.assertEqual([(e["threads"], e["policy"]) for e in m.idle_scorers()],
+                             [(2, parity.Policy.from_name("aligned")),
+                              (4, parity.Policy.from_name("hf-eager"))])
+            self.assertEqual(m.idle_scorers()[0]["backend"], "bf16")
+            m.max_idle_scorers = 1                      # lowering the bound frees at once
+            self.assertEqual(self.idle(m), [4])
+            m.max_idle_scorers = 0
+            self.assertEqual(m.idle_scorers(), [])
+            self.assertEqual(m.score([1, 2, 3], threads=1), want)  # still scores, keeps none
+            self.assertEqual(m.idle_scorers(), [])
+            m.max_idle_scorers = None
+            for t in range(1, 7):
+                m.score([1, 2, 3], threads=t)
+            self.assertEqual(self.idle(m), [1, 2, 3, 4, 5, 6])
+        self.assertEqual(m.idle_scorers(), [])          # closed: all freed
+        with self.assertRaises(ParityError):
+            parity.Model("synthetic:tiny", max_idle_scorers=-1)
+        with self.assertRaises(TypeError):
+            parity.Model("synthetic:tiny", max_idle_bytes="1G")
+
+    def test_byte_bound_lru(self):
+        if not parity._lib.has("parity_scorer_bytes"):
+            self.skipTest("this libparity lacks parity_scorer_bytes: only the count bound "
+                          "applies")
+        long_seq = list(range(200)) * 2
+        with parity.Model("synthetic:tiny", max_idle_scorers=None, max_idle_bytes=None,
+                          max_tokens=64) as m:
+            m.score([1, 2, 3], threads=1)
+            m.score(long_seq, threads=5)                # a larger capacity: more bytes
+            small, big = [(e["max_tokens"], e["bytes"]) for e in m.idle_scorers()]
+            self.assertEqual((small[0], big[0]), (64, 400))
+            one, big = small[1], big[1]
+            self.assertGreater(one, 0)
+            self.assertGreater(big, one)
+            m.max_idle_bytes = 0                         # frees them all at once
+            self.assertEqual(m.idle_scorers(), [])
+            m.max_idle_bytes = 2 * one + one // 2       # room for two small scorers
+            for t in (1, 2, 3):
+                m.score([1, 2, 3], threads=t)
+            self.assertEqual(self.idle(m), [2, 3])
+            self.assertEqual([e["bytes"] for e in m.idle_scorers()], [one, one])
+            m.score([1, 2, 3], threads=2)
+            m.score([1, 2, 3], threads=4)
+            self.assertEqual(self.idle(m), [2, 4])      # 3 out, not 2
+            m.score(long_seq, threads=5)                # alone too large: freed, the others stay
+            self.assertEqual(self.idle(m), [2, 4])
+            m.max_idle_bytes = big + one + one // 2     # room for the large one and one small
+            m.score(long_seq, threads=5)
+            self.assertEqual(self.idle(m), [4, 5])      # 2, the least recently used, out
+            m.max_idle_bytes = big
+            self.assertEqual(self.idle(m), [5])
+            m.max_idle_bytes = big - 1
+            self.assertEqual(m.idle_scorers(), [])
+
+
 class TestThreads(unittest.TestCase):
     def setUp(self):
         self.tiny, self.real = Models.get()
