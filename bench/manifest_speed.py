@@ -21,9 +21,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
-
+import pybench  # noqa: F401  (puts python/ on sys.path)
 import parity  # noqa: E402
 from parity import _lib  # noqa: E402
 
@@ -113,11 +111,7 @@ def main():
     os.unlink(path)
     os.rmdir(os.path.dirname(path))
     result["target_met"] = all(v < 10 for v in result["seconds"].values())
-    text = json.dumps(result, sort_keys=True)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    pybench.emit(result, args.json)
     return 0
 
 

@@ -635,6 +635,25 @@ def has(name):
     return hasattr(lib, name)
 
 
+class Closing:
+    """The life cycle of an object owning a library handle in self._handle: close() in a
+    ``with`` block's exit and at garbage collection (quietly at interpreter shutdown). The
+    subclass defines close()."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None) is not None:
+                self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
 def null_terminated(ptr):
     """The strings of a NULL-terminated const char *const * as a list of str."""
     out, i = [], 0

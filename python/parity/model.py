@@ -95,7 +95,7 @@ class Scores:
             self.logprobs, self.entropy, self.top_ids, self.top_logprobs)
 
 
-class Model:
+class Model(_lib.Closing):
     """A model loaded into libparity.
 
     Args:
@@ -213,19 +213,6 @@ class Model:
             busy = self._users > 0
         if not busy:
             self._free()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            if getattr(self, "_handle", None) is not None:
-                self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
     def __repr__(self):
         return "<parity.Model %r%s>" % (self.spec, " closed" if self._closed else "")
