@@ -12,7 +12,8 @@ log-probs.
 Pure Python on the standard library (ctypes); numpy arrays are accepted and returned where
 given, and parity.torch (imported separately, needs PyTorch) holds the policies' region
 semantics on torch tensors. The shared library is found through PARITY_LIBRARY, then the
-repository's build tree, then the system paths; its ABI is checked at import.
+repository's build tree, then installed locations and the system's search (see parity._lib);
+its ABI, structs and enumerations are checked at import.
 """
 from . import _lib, regions
 from ._lib import ABI_VERSION, LIBRARY_PATH, MAX_STOP, ParityError, lib, status_name
