@@ -438,15 +438,22 @@ typedef struct parity_scorer_params {
                                    group of sequences scored together; 0 = min(context, 8192) */
     uint32_t chunk_rows;        /* rows per forward chunk (bounds scratch memory); 0 = 256 */
     parity_policy policy;
-    uint64_t max_memory;        /* ceiling on the bytes of KV cache and scratch the scorer
-                                   allocates; creation fails up front with
-                                   PARITY_ERR_MEMORY_LIMIT beyond it. 0 = no ceiling */
+    uint64_t max_memory;        /* ceiling on the bytes the scorer allocates (KV cache,
+                                   scratch, tables: parity_scorer_bytes); creation fails up
+                                   front with PARITY_ERR_MEMORY_LIMIT beyond it. 0 = none */
 } parity_scorer_params;
 
 PARITY_API void parity_scorer_default_params(parity_scorer_params *params);
 PARITY_API int parity_scorer_create(const parity_model *model, const parity_scorer_params *params,
                                     parity_scorer **out);
 PARITY_API void parity_scorer_free(parity_scorer *scorer);
+/* The bytes parity_scorer_create(model, params) would allocate (the scorer's KV cache,
+ * scratch, tables, thread pool and the object itself; what max_memory is compared with),
+ * without creating it. The model's own memory is not included: the fp32 copy of the
+ * weights that the openblas backend and the fp32 policy read is the model's (see
+ * parity_model_load). Fails as parity_scorer_create would on bad params. */
+PARITY_API int parity_scorer_bytes(const parity_model *model, const parity_scorer_params *params,
+                                   uint64_t *bytes);
 
 typedef enum parity_logprob_mode {
     PARITY_LOGPROB_RAW = 0,        /* log_softmax of the logits */
@@ -553,15 +560,33 @@ typedef struct parity_sampler_params {
     uint32_t split_kv;           /* flash attention over segments of this many positions, each
                                     with its own max and sum, merged in order (split-KV /
                                     flash-decoding); eager and fp32 attention ignore it */
-    uint64_t max_memory;         /* ceiling on the bytes of KV cache and scratch the sampler
-                                    allocates; creation fails up front with
-                                    PARITY_ERR_MEMORY_LIMIT beyond it. 0 = no ceiling */
+    uint64_t max_memory;         /* ceiling on the bytes the sampler allocates (KV cache,
+                                    scratch, tables: parity_sampler_bytes); creation fails up
+                                    front with PARITY_ERR_MEMORY_LIMIT beyond it. 0 = none */
 } parity_sampler_params;
 
 PARITY_API void parity_sampler_default_params(parity_sampler_params *params);
 PARITY_API int parity_sampler_create(const parity_model *model,
                                      const parity_sampler_params *params, parity_sampler **out);
 PARITY_API void parity_sampler_free(parity_sampler *sampler);
+/* The bytes parity_sampler_create(model, params) would allocate, as parity_scorer_bytes. */
+PARITY_API int parity_sampler_bytes(const parity_model *model, const parity_sampler_params *params,
+                                    uint64_t *bytes);
+
+/* Positions per KV cache block (16): a sequence's cache grows, and a fork's copy-on-write
+ * happens, a block at a time. */
+PARITY_API uint32_t parity_kv_block_tokens(void);
+
+/* The cache_tokens a sampler needs so that n_groups groups of sequences can all run to
+ * max_new_tokens at once, however they are stepped: group g adds a prompt of prompt_lens[g]
+ * tokens once and forks it so that completions[g] sequences (the added one included;
+ * completions NULL = 1 each) each generate up to max_new_tokens tokens. The forks share the
+ * prompt's full blocks, and each gets its own copy of a partly filled one when it writes
+ * there (the step's check counts one more block for a group whose sequences still share
+ * such a block, and that is included). Sequences that stop early only leave room. */
+PARITY_API int parity_sampler_cache_tokens(size_t n_groups, const uint32_t *prompt_lens,
+                                           const uint32_t *completions, uint32_t max_new_tokens,
+                                           uint64_t *cache_tokens);
 
 /* Adds a sequence: prefills prompt[0 .. len-1) into the cache (the last prompt token is fed by
  * the first step). `stream` identifies the sequence's randomness (e.g. the completion's index

@@ -7,13 +7,22 @@
 
 static atomic_long alloc_count;      /* allocations attempted since the last reset */
 static atomic_long alloc_fail_at;    /* fail the allocation with this count (0 = never) */
+static _Atomic uint64_t alloc_bytes; /* bytes of the allocations that succeeded since then */
 
 void px_alloc_test_reset(long fail_at) {
     atomic_store(&alloc_count, 0);
+    atomic_store(&alloc_bytes, 0);
     atomic_store(&alloc_fail_at, fail_at);
 }
 
 long px_alloc_test_count(void) { return atomic_load(&alloc_count); }
+uint64_t px_alloc_test_bytes(void) { return atomic_load(&alloc_bytes); }
+
+/* Counts the bytes of an allocation that succeeded. */
+static void *counted(void *p, uint64_t bytes) {
+    if (p) atomic_fetch_add(&alloc_bytes, bytes);
+    return p;
+}
 
 /* Counts an allocation; true if the test hook says this one fails. */
 static int injected_failure(void) {
@@ -25,7 +34,7 @@ static int injected_failure(void) {
 void *px_malloc(size_t size, const char *what) {
     void *p = injected_failure() ? NULL : malloc(size ? size : 1);
     if (!p) set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes for %s", size, what);
-    return p;
+    return counted(p, size);
 }
 
 void *px_calloc(size_t n, size_t size, const char *what) {
@@ -36,7 +45,7 @@ void *px_calloc(size_t n, size_t size, const char *what) {
     }
     void *p = injected_failure() ? NULL : calloc(n ? n : 1, size ? size : 1);
     if (!p) set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory allocating %zu x %zu bytes for %s", n, size, what);
-    return p;
+    return counted(p, total);
 }
 
 void *px_aligned_alloc(size_t size, const char *what) {
@@ -45,13 +54,13 @@ void *px_aligned_alloc(size_t size, const char *what) {
         set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes for %s", size, what);
         return NULL;
     }
-    return p;
+    return counted(p, size);
 }
 
 void *px_realloc(void *p, size_t size, const char *what) {
     void *q = injected_failure() ? NULL : realloc(p, size ? size : 1);
     if (!q) set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory growing %s to %zu bytes", what, size);
-    return q;
+    return counted(q, size); /* the new size: a test of growth counts it as allocated anew */
 }
 
 char *px_strdup(const char *s, const char *what) {

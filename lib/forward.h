@@ -32,14 +32,6 @@ static inline size_t kv_cell(const uint32_t *blocks, uint32_t pos) {
     return (size_t)blocks[pos / KV_BLOCK] * KV_BLOCK + pos % KV_BLOCK;
 }
 
-/* ---- what the scorer and the sampler share (kvcache.c) ----------------------------------- */
-
-/* Checks the settings both take: the policy, the backend, the thread count (1..256). */
-int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads);
-/* Builds, once per model, the fp32 weights a policy and backend read (the openblas backend
- * and the fp32 policy multiply fp32 weights). */
-int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend);
-
 /* ---- a batch ------------------------------------------------------------------------------
  * One row = one token of one sequence at one position. A row attends to positions 0..pos of
  * its sequence (the cells its block table names); rows of the same sequence in one batch

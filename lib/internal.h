@@ -40,6 +40,9 @@ void px_free(void *p);
 /* Test hook: counts allocations from now on and makes the fail_at-th one fail (0 = none). */
 void px_alloc_test_reset(long fail_at);
 long px_alloc_test_count(void);
+/* Test hook: the bytes requested by the allocations that succeeded since the last reset
+ * (frees are not subtracted). */
+uint64_t px_alloc_test_bytes(void);
 
 /* ---- objects used by one thread at a time ----------------------------------------------- */
 

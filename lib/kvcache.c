@@ -3,25 +3,6 @@
 #include "internal.h"
 #include "kernels.h"
 
-int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads) {
-    int rc = parity_policy_validate(pol);
-    if (rc) return rc;
-    if (backend > PARITY_BACKEND_OPENBLAS)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "unknown backend %u", backend);
-    if (n_threads > 256)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_threads %u is more than 256", n_threads);
-    return PARITY_OK;
-}
-
-int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend) {
-    if (backend != PARITY_BACKEND_OPENBLAS && pol->compute != PARITY_COMPUTE_FP32) return PARITY_OK;
-    int rc = model_enter(m);
-    if (rc) return rc;
-    rc = model_prepare((parity_model *)m, MODEL_NEED_WIDE);
-    model_leave(m);
-    return rc;
-}
-
 uint64_t kv_cache_bytes(const parity_config *c, uint32_t n_cells, int fp32) {
     return 2ull * c->num_hidden_layers * n_cells * c->num_key_value_heads * c->head_dim * (fp32 ? 4 : 2);
 }

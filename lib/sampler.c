@@ -5,7 +5,9 @@
  * distribution of lib/sampling.c with randomness keyed by (seed, stream, position). */
 #include <math.h>
 
-#include "forward.h"
+#include <stdio.h>
+
+#include "engine.h"
 #include "internal.h"
 #include "kernels.h"
 #include "sampling.h"
@@ -26,23 +28,17 @@ typedef struct seq_state {
 } seq_state;
 
 struct parity_sampler {
+    engine eng;             /* pool, KV cache, scratch, rows, logits, work, busy flag */
     const parity_model *model;
-    parity_sampler_params params;
-    threadpool *pool;
-    kv_cache kv;
-    fwd_scratch scratch;
+    parity_sampler_params params;  /* resolved: no zero means "default" */
     uint32_t n_blocks;      /* blocks in the cache */
     uint32_t *refs;         /* [n_blocks] sequences holding each block */
     uint32_t *free_blocks;  /* [n_blocks] stack of free block ids */
     uint32_t n_free;
     seq_state *seqs;        /* [max_seqs] */
-    uint32_t max_rows;      /* max(prefill_chunk, max_batch) */
-    fwd_row *rows;          /* [max_rows] */
-    uint32_t *out_rows;     /* [max_rows] */
+    int32_t *seq_tokens;    /* [max_seqs][max_len]: seqs[i].tokens */
+    uint32_t *seq_blocks;   /* [max_seqs][block table]: seqs[i].blocks */
     uint32_t *batch_seq;    /* [max_rows] the sequence of each decode row */
-    float *logits;          /* [max_rows][vocab] */
-    float *work;            /* [workers][3 * vocab] */
-    atomic_int in_use;      /* set while a call runs (object_enter) */
 };
 
 void parity_sampling_default(parity_sampling *s) {
@@ -65,30 +61,20 @@ void parity_sampler_default_params(parity_sampler_params *p) {
 
 void parity_sampler_free(parity_sampler *s) {
     if (!s) return;
-    if (s->seqs)
-        for (uint32_t i = 0; i < s->params.max_seqs; i++) {
-            px_free(s->seqs[i].tokens);
-            px_free(s->seqs[i].blocks);
-        }
-    px_free(s->seqs);
-    pool_free(s->pool);
-    kv_cache_free(&s->kv);
-    fwd_scratch_free(&s->scratch);
-    px_free(s->refs);
-    px_free(s->free_blocks);
-    px_free(s->rows);
-    px_free(s->out_rows);
-    px_free(s->batch_seq);
-    px_free(s->logits);
-    px_free(s->work);
+    engine_free(&s->eng);
     px_free(s);
 }
 
-int parity_sampler_create(const parity_model *model, const parity_sampler_params *params,
-                          parity_sampler **out) {
-    clear_error();
-    if (!model || !params || !out)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model, params or output is NULL");
+/* Entries of a sequence's block table: enough blocks for max_len positions. */
+static uint32_t table_len(const parity_sampler_params *p) {
+    return (p->max_len + KV_BLOCK - 1) / KV_BLOCK;
+}
+
+/* The params with every default filled in, and the engine they make; checks them. */
+static int sampler_resolve(const parity_model *model, const parity_sampler_params *params,
+                           parity_sampler_params *out, engine_params *ep) {
+    if (!model || !params)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or params is NULL");
     if (params->size != sizeof *params)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "params.size is %u, this library expects %zu: initialise the params "
@@ -113,69 +99,120 @@ int parity_sampler_create(const parity_model *model, const parity_sampler_params
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "max_seqs, prefill_chunk and max_batch must be at most 65536");
     /* by default every sequence can reach max_len on blocks of its own, shared or not */
-    const uint64_t seq_cells = (uint64_t)(p.max_len + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+    const uint64_t seq_cells = (uint64_t)table_len(&p) * KV_BLOCK;
     uint64_t cells = p.cache_tokens ? p.cache_tokens : (uint64_t)p.max_seqs * seq_cells;
     if (cells > (1u << 28))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "a cache of %llu positions is too large",
                          (unsigned long long)cells);
-    const uint32_t n_blocks = (uint32_t)((cells + KV_BLOCK - 1) / KV_BLOCK);
-    p.cache_tokens = n_blocks * KV_BLOCK;
-    const int fp32 = p.policy.compute == PARITY_COMPUTE_FP32;
+    p.cache_tokens = (uint32_t)((cells + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK);
+    const uint32_t rows = p.prefill_chunk > p.max_batch ? p.prefill_chunk : p.max_batch;
+    *ep = (engine_params){p.n_threads, p.backend, p.policy, p.cache_tokens, rows, p.max_len,
+                          p.split_k};
+    *out = p;
+    return PARITY_OK;
+}
+
+/* The sampler's own tables, beside the engine's. */
+static size_t sampler_bufs(parity_sampler *s, const parity_sampler_params *p,
+                           const engine_params *ep, engine_buf *b) {
+    const uint64_t n_blocks = p->cache_tokens / KV_BLOCK;
+    const engine_buf bufs[] = {
+        {(void **)&s->refs, n_blocks, sizeof *s->refs, 0, "block references"},
+        {(void **)&s->free_blocks, n_blocks, sizeof *s->free_blocks, 0, "free blocks"},
+        {(void **)&s->seqs, p->max_seqs, sizeof *s->seqs, 0, "sequences"},
+        {(void **)&s->seq_tokens, (uint64_t)p->max_seqs * p->max_len, sizeof *s->seq_tokens, 0,
+         "sequence tokens"},
+        {(void **)&s->seq_blocks, (uint64_t)p->max_seqs * table_len(p), sizeof *s->seq_blocks, 0,
+         "sequence block tables"},
+        {(void **)&s->batch_seq, ep->max_rows, sizeof *s->batch_seq, 0, "batch rows"},
+    };
+    memcpy(b, bufs, sizeof bufs);
+    return sizeof bufs / sizeof bufs[0];
+}
+
+static uint64_t sampler_bytes(const parity_config *c, const parity_sampler_params *p,
+                              const engine_params *ep) {
+    parity_sampler layout;
+    engine_buf b[ENGINE_MAX_BUFS];
+    size_t n = sampler_bufs(&layout, p, ep, b);
+    return engine_bytes(c, ep, sizeof(parity_sampler), b, n);
+}
+
+int parity_sampler_bytes(const parity_model *model, const parity_sampler_params *params,
+                         uint64_t *bytes) {
+    clear_error();
+    if (!bytes) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
+    parity_sampler_params p = {0};
+    engine_params ep = {0};
+    int rc = sampler_resolve(model, params, &p, &ep);
+    if (rc) return rc;
+    *bytes = sampler_bytes(&model->config, &p, &ep);
+    return PARITY_OK;
+}
+
+int parity_sampler_create(const parity_model *model, const parity_sampler_params *params,
+                          parity_sampler **out) {
+    clear_error();
+    if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
+    parity_sampler_params p = {0};
+    engine_params ep = {0};
+    int rc = sampler_resolve(model, params, &p, &ep);
+    if (rc) return rc;
+
     /* what the sampler will hold, against the caller's ceiling, before anything is taken */
-    {
-        const uint64_t R = p.prefill_chunk > p.max_batch ? p.prefill_chunk : p.max_batch;
-        const uint64_t V = c->vocab_size, table = (p.max_len + KV_BLOCK - 1) / KV_BLOCK;
-        const uint64_t bytes =
-            kv_cache_bytes(c, p.cache_tokens, fp32) +
-            fwd_scratch_bytes(c, (uint32_t)R, p.max_len, p.n_threads, p.split_k > 1) +
-            R * V * 4 + (uint64_t)p.n_threads * 3 * V * 4 + R * (sizeof(fwd_row) + 8) +
-            (uint64_t)n_blocks * 8 + (uint64_t)p.max_seqs * (sizeof(seq_state) + p.max_len * 4 + table * 4);
-        if (p.max_memory && bytes > p.max_memory)
-            return set_error(PARITY_ERR_MEMORY_LIMIT,
-                             "the sampler needs %llu bytes of KV cache and scratch (cache_tokens "
-                             "%u, max_seqs %u, max_len %u), more than max_memory = %llu",
-                             (unsigned long long)bytes, p.cache_tokens, p.max_seqs, p.max_len,
-                             (unsigned long long)p.max_memory);
-    }
+    char detail[128];
+    snprintf(detail, sizeof detail, "cache_tokens %u, max_seqs %u, max_len %u", p.cache_tokens,
+             p.max_seqs, p.max_len);
+    rc = engine_check_memory("sampler", sampler_bytes(&model->config, &p, &ep), p.max_memory, detail);
+    if (rc) return rc;
     if ((rc = engine_prepare_weights(model, &p.policy, p.backend))) return rc;
 
     parity_sampler *s = px_calloc(1, sizeof *s, "sampler");
     if (!s) return PARITY_ERR_OUT_OF_MEMORY;
     s->model = model;
     s->params = p;
-    s->n_blocks = n_blocks;
-    s->max_rows = p.prefill_chunk > p.max_batch ? p.prefill_chunk : p.max_batch;
-    const size_t V = c->vocab_size, R = s->max_rows;
-    rc = pool_create(p.n_threads, &s->pool);
-    if (!rc) rc = kv_cache_init(&s->kv, c, p.cache_tokens, fp32);
-    if (!rc) rc = fwd_scratch_init(&s->scratch, c, s->max_rows, p.max_len, p.n_threads, p.split_k > 1);
-    if (!rc) {
-        s->refs = px_calloc(n_blocks, sizeof *s->refs, "block references");
-        s->free_blocks = px_calloc(n_blocks, sizeof *s->free_blocks, "free blocks");
-        s->seqs = px_calloc(p.max_seqs, sizeof *s->seqs, "sequences");
-        s->rows = px_calloc(R, sizeof *s->rows, "batch rows");
-        s->out_rows = px_calloc(R, sizeof *s->out_rows, "batch rows");
-        s->batch_seq = px_calloc(R, sizeof *s->batch_seq, "batch rows");
-        s->logits = px_aligned_alloc(R * V * sizeof(float), "logits");
-        s->work = px_aligned_alloc((size_t)p.n_threads * 3 * V * sizeof(float), "sampling");
-        if (!s->refs || !s->free_blocks || !s->seqs || !s->rows || !s->out_rows ||
-            !s->batch_seq || !s->logits || !s->work)
-            rc = PARITY_ERR_OUT_OF_MEMORY;
-    }
-    const uint32_t table = (p.max_len + KV_BLOCK - 1) / KV_BLOCK;
-    for (uint32_t i = 0; !rc && i < p.max_seqs; i++) {
-        s->seqs[i].tokens = px_calloc(p.max_len, sizeof(int32_t), "sequence tokens");
-        s->seqs[i].blocks = px_calloc(table, sizeof(uint32_t), "sequence block table");
-        if (!s->seqs[i].tokens || !s->seqs[i].blocks) rc = PARITY_ERR_OUT_OF_MEMORY;
-    }
-    if (rc) {
-        parity_sampler_free(s);
+    s->n_blocks = p.cache_tokens / KV_BLOCK;
+    engine_buf b[ENGINE_MAX_BUFS];
+    size_t n = sampler_bufs(s, &p, &ep, b);
+    if ((rc = engine_init(&s->eng, model, &ep, b, n))) {
+        px_free(s);
         return rc;
     }
+    const uint32_t table = table_len(&p);
+    for (uint32_t i = 0; i < p.max_seqs; i++) {
+        s->seqs[i].tokens = s->seq_tokens + (size_t)i * p.max_len;
+        s->seqs[i].blocks = s->seq_blocks + (size_t)i * table;
+    }
     /* the free stack pops the lowest block ids first */
-    for (uint32_t b = 0; b < n_blocks; b++) s->free_blocks[b] = n_blocks - 1 - b;
-    s->n_free = n_blocks;
+    for (uint32_t k = 0; k < s->n_blocks; k++) s->free_blocks[k] = s->n_blocks - 1 - k;
+    s->n_free = s->n_blocks;
     *out = s;
+    return PARITY_OK;
+}
+
+uint32_t parity_kv_block_tokens(void) { return KV_BLOCK; }
+
+int parity_sampler_cache_tokens(size_t n_groups, const uint32_t *prompt_lens,
+                                const uint32_t *completions, uint32_t max_new_tokens,
+                                uint64_t *cache_tokens) {
+    clear_error();
+    if (!prompt_lens || !cache_tokens)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "prompt_lens or output is NULL");
+    if (max_new_tokens == 0)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "max_new_tokens is 0: the cache a sequence needs has no bound");
+    uint64_t blocks = 0;
+    for (size_t g = 0; g < n_groups; g++) {
+        const uint64_t P = prompt_lens[g], n = completions ? completions[g] : 1;
+        if (P == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "group %zu has an empty prompt", g);
+        /* a sequence of final length L has written positions 0 .. L-2 */
+        const uint64_t written = P + max_new_tokens - 1;
+        const uint64_t shared = (P - 1) / KV_BLOCK;  /* full prompt blocks, never written again */
+        const uint64_t own = (written + KV_BLOCK - 1) / KV_BLOCK - shared;
+        const int partly_filled = (P - 1) % KV_BLOCK != 0;
+        blocks += shared + n * own + (partly_filled && n > 1 ? 1 : 0);
+    }
+    *cache_tokens = blocks * KV_BLOCK;
     return PARITY_OK;
 }
 
@@ -193,7 +230,7 @@ static void block_drop(parity_sampler *s, uint32_t b) {
 
 /* Copies every layer's K and V of block `from` into block `to`. */
 static void block_copy(parity_sampler *s, uint32_t from, uint32_t to) {
-    const kv_cache *kv = &s->kv;
+    const kv_cache *kv = &s->eng.kv;
     const size_t esz = kv->fp32 ? 4 : 2, cells = (size_t)KV_BLOCK * kv->width * esz;
     for (uint32_t l = 0; l < kv->n_layers; l++) {
         size_t layer = (size_t)l * kv->n_cells * kv->width * esz;
@@ -302,11 +339,11 @@ static int sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
 
     /* prefill positions 0 .. len-2 in chunks; no logits are needed */
     unsigned fp_saved = fp_env_enter();
-    fwd_ctx ctx = {s->model, s->params.policy, s->params.backend, s->pool, &s->kv, &s->scratch, 0, 0};
+    fwd_ctx ctx = engine_fwd_ctx(&s->eng);
     for (uint32_t at = 0; at + 1 < len;) {
         uint32_t n = len - 1 - at < s->params.prefill_chunk ? len - 1 - at : s->params.prefill_chunk;
-        for (uint32_t r = 0; r < n; r++) s->rows[r] = (fwd_row){prompt[at + r], at + r, q->blocks};
-        forward(&ctx, n, s->rows, 0, NULL, NULL);
+        for (uint32_t r = 0; r < n; r++) s->eng.rows[r] = (fwd_row){prompt[at + r], at + r, q->blocks};
+        forward(&ctx, n, s->eng.rows, 0, NULL, NULL);
         at += n;
     }
     fp_env_restore(fp_saved);
@@ -395,12 +432,12 @@ static void job_draw(void *p, size_t begin, size_t end, unsigned worker) {
     const draw_job *j = p;
     parity_sampler *s = j->s;
     const size_t V = s->model->config.vocab_size;
-    float *work = s->work + (size_t)worker * 3 * V;
+    float *work = s->eng.work + (size_t)worker * 3 * V;
     const dist_work w = {work, work + V, (uint32_t *)(work + 2 * V)};
     for (size_t r = begin; r < end; r++) {
         const seq_state *q = &s->seqs[s->batch_seq[r]];
         const parity_sampling *sp = &q->sampling;
-        const float *logits = s->logits + r * V;
+        const float *logits = s->eng.logits + r * V;
         const size_t o = j->first + r;
 
         /* the draw: from the truncated processed distribution, keyed by the new position */
@@ -478,21 +515,22 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
 
     unsigned fp_saved = fp_env_enter();
     /* decode: the kernel-order experiments apply here, as engines use them in decode */
-    fwd_ctx ctx = {s->model, s->params.policy, s->params.backend, s->pool, &s->kv, &s->scratch,
-                   s->params.split_k > 1 ? s->params.split_k : 0, s->params.split_kv};
+    fwd_ctx ctx = engine_fwd_ctx(&s->eng);
+    ctx.split_k = s->params.split_k > 1 ? s->params.split_k : 0;
+    ctx.split_kv = s->params.split_kv;
     for (size_t first = 0; first < n; first += s->params.max_batch) {
         size_t B = n - first < s->params.max_batch ? n - first : s->params.max_batch;
         for (size_t r = 0; r < B; r++) {
             seq_state *q = &s->seqs[seqs[first + r]];
             const uint32_t pos = q->len - 1;
             make_writable(s, q, pos);
-            s->rows[r] = (fwd_row){q->tokens[pos], pos, q->blocks};
-            s->out_rows[r] = (uint32_t)r;
+            s->eng.rows[r] = (fwd_row){q->tokens[pos], pos, q->blocks};
+            s->eng.out_rows[r] = (uint32_t)r;
             s->batch_seq[r] = seqs[first + r];
         }
-        forward(&ctx, B, s->rows, B, s->out_rows, s->logits);
+        forward(&ctx, B, s->eng.rows, B, s->eng.out_rows, s->eng.logits);
         draw_job j = {s, tokens, logprobs, max_top_n, top_ids, top_logprobs, first};
-        pool_run(s->pool, job_draw, &j, B);
+        pool_run(s->eng.pool, job_draw, &j, B);
     }
     fp_env_restore(fp_saved);
     model_leave(s->model);
@@ -520,10 +558,10 @@ int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
                        const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
     clear_error();
     if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = object_enter(&s->in_use, "sampler");
+    int rc = object_enter(&s->eng.in_use, "sampler");
     if (rc) return rc;
     rc = sampler_add(s, prompt, len, sampling, stream, seq);
-    object_leave(&s->in_use);
+    object_leave(&s->eng.in_use);
     return rc;
 }
 
@@ -531,20 +569,20 @@ int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_samplin
                         uint64_t stream, uint32_t *child) {
     clear_error();
     if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = object_enter(&s->in_use, "sampler");
+    int rc = object_enter(&s->eng.in_use, "sampler");
     if (rc) return rc;
     rc = sampler_fork(s, parent, sampling, stream, child);
-    object_leave(&s->in_use);
+    object_leave(&s->eng.in_use);
     return rc;
 }
 
 int parity_sampler_release(parity_sampler *s, uint32_t seq) {
     clear_error();
     if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = object_enter(&s->in_use, "sampler");
+    int rc = object_enter(&s->eng.in_use, "sampler");
     if (rc) return rc;
     rc = sampler_release(s, seq);
-    object_leave(&s->in_use);
+    object_leave(&s->eng.in_use);
     return rc;
 }
 
@@ -553,9 +591,9 @@ int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
                         float *top_logprobs) {
     clear_error();
     if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = object_enter(&s->in_use, "sampler");
+    int rc = object_enter(&s->eng.in_use, "sampler");
     if (rc) return rc;
     rc = sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n, top_ids, top_logprobs);
-    object_leave(&s->in_use);
+    object_leave(&s->eng.in_use);
     return rc;
 }

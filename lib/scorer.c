@@ -4,26 +4,21 @@
  * sequence's values depend on nothing but its own tokens, since every row of the forward is
  * computed in an order fixed per row. */
 
-#include "forward.h"
+#include <stdio.h>
+
+#include "engine.h"
 #include "internal.h"
 #include "kernels.h"
 #include "sampling.h"
 
 struct parity_scorer {
+    engine eng;             /* pool, KV cache, scratch, rows, logits, work, busy flag */
     const parity_model *model;
-    parity_scorer_params params;
-    threadpool *pool;
-    kv_cache kv;
-    fwd_scratch scratch;
+    parity_scorer_params params;  /* resolved: no zero means "default" */
     uint32_t capacity;      /* KV cells */
     uint32_t *blocks;       /* identity block table [capacity / KV_BLOCK] */
-    fwd_row *rows;          /* [chunk_rows] */
-    uint32_t *out_rows;     /* [chunk_rows] rows of a chunk that predict a token */
-    size_t *out_index;      /* [chunk_rows] where their results go */
+    size_t *out_index;      /* [chunk_rows] where the results of a chunk's rows go */
     int32_t *out_target;    /* [chunk_rows] the token they predict */
-    float *logits;          /* [chunk_rows][vocab] */
-    float *work;            /* [workers][3 * vocab]: a dist_work per worker */
-    atomic_int in_use;      /* set while a call runs (object_enter) */
 };
 
 void parity_scorer_default_params(parity_scorer_params *p) {
@@ -46,24 +41,15 @@ void parity_score_default_options(parity_score_options *o) {
 
 void parity_scorer_free(parity_scorer *s) {
     if (!s) return;
-    pool_free(s->pool);
-    kv_cache_free(&s->kv);
-    fwd_scratch_free(&s->scratch);
-    px_free(s->blocks);
-    px_free(s->rows);
-    px_free(s->out_rows);
-    px_free(s->out_index);
-    px_free(s->out_target);
-    px_free(s->logits);
-    px_free(s->work);
+    engine_free(&s->eng);
     px_free(s);
 }
 
-int parity_scorer_create(const parity_model *model, const parity_scorer_params *params,
-                         parity_scorer **out) {
-    clear_error();
-    if (!model || !params || !out)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model, params or output is NULL");
+/* The params with every default filled in, and the engine they make; checks them. */
+static int scorer_resolve(const parity_model *model, const parity_scorer_params *params,
+                          parity_scorer_params *p, engine_params *ep) {
+    if (!model || !params)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or params is NULL");
     if (params->size != sizeof *params)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "params.size is %u, this library expects %zu: initialise the params "
@@ -72,60 +58,79 @@ int parity_scorer_create(const parity_model *model, const parity_scorer_params *
     int rc = engine_check(&params->policy, params->backend, params->n_threads);
     if (rc) return rc;
     const parity_config *c = &model->config;
-    uint32_t capacity = params->max_tokens ? params->max_tokens
+    *p = *params;
+    uint32_t capacity = p->max_tokens ? p->max_tokens
                         : c->max_position_embeddings < 8192 ? c->max_position_embeddings
                                                              : 8192;
     if (capacity > (1u << 28))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "max_tokens %u is too large", capacity);
-    capacity = (capacity + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
-    uint32_t chunk = params->chunk_rows ? params->chunk_rows : 256;
-    if (chunk > capacity) chunk = capacity;
-    const int fp32 = params->policy.compute == PARITY_COMPUTE_FP32;
+    p->max_tokens = capacity = (capacity + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+    p->chunk_rows = p->chunk_rows ? p->chunk_rows : 256;
+    if (p->chunk_rows > capacity) p->chunk_rows = capacity;
+    p->n_threads = p->n_threads ? p->n_threads : 1;
+    *ep = (engine_params){p->n_threads, p->backend, p->policy, capacity, p->chunk_rows, capacity, 0};
+    return PARITY_OK;
+}
+
+/* The scorer's own tables, beside the engine's. */
+static size_t scorer_bufs(parity_scorer *s, const parity_scorer_params *p, engine_buf *b) {
+    const engine_buf bufs[] = {
+        {(void **)&s->blocks, p->max_tokens / KV_BLOCK, sizeof *s->blocks, 0, "block table"},
+        {(void **)&s->out_index, p->chunk_rows, sizeof *s->out_index, 0, "batch rows"},
+        {(void **)&s->out_target, p->chunk_rows, sizeof *s->out_target, 0, "batch rows"},
+    };
+    memcpy(b, bufs, sizeof bufs);
+    return sizeof bufs / sizeof bufs[0];
+}
+
+static uint64_t scorer_bytes(const parity_config *c, const parity_scorer_params *p,
+                             const engine_params *ep) {
+    parity_scorer layout;
+    engine_buf b[ENGINE_MAX_BUFS];
+    size_t n = scorer_bufs(&layout, p, b);
+    return engine_bytes(c, ep, sizeof(parity_scorer), b, n);
+}
+
+int parity_scorer_bytes(const parity_model *model, const parity_scorer_params *params,
+                        uint64_t *bytes) {
+    clear_error();
+    if (!bytes) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
+    parity_scorer_params p = {0};
+    engine_params ep = {0};
+    int rc = scorer_resolve(model, params, &p, &ep);
+    if (rc) return rc;
+    *bytes = scorer_bytes(&model->config, &p, &ep);
+    return PARITY_OK;
+}
+
+int parity_scorer_create(const parity_model *model, const parity_scorer_params *params,
+                         parity_scorer **out) {
+    clear_error();
+    if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
+    parity_scorer_params p = {0};
+    engine_params ep = {0};
+    int rc = scorer_resolve(model, params, &p, &ep);
+    if (rc) return rc;
 
     /* what the scorer will hold, against the caller's ceiling, before anything is taken */
-    const uint64_t V = c->vocab_size, T = params->n_threads ? params->n_threads : 1;
-    const uint64_t bytes = kv_cache_bytes(c, capacity, fp32) +
-                           fwd_scratch_bytes(c, chunk, capacity, (unsigned)T, 0) +
-                           (uint64_t)chunk * V * 4 + T * 3 * V * 4 +
-                           (uint64_t)chunk * (sizeof(fwd_row) + 4 + sizeof(size_t) + 4) +
-                           capacity / KV_BLOCK * 4;
-    if (params->max_memory && bytes > params->max_memory)
-        return set_error(PARITY_ERR_MEMORY_LIMIT,
-                         "the scorer needs %llu bytes of KV cache and scratch (max_tokens %u, "
-                         "chunk_rows %u), more than max_memory = %llu",
-                         (unsigned long long)bytes, capacity, chunk,
-                         (unsigned long long)params->max_memory);
-
-    if ((rc = engine_prepare_weights(model, &params->policy, params->backend))) return rc;
+    char detail[96];
+    snprintf(detail, sizeof detail, "max_tokens %u, chunk_rows %u", p.max_tokens, p.chunk_rows);
+    rc = engine_check_memory("scorer", scorer_bytes(&model->config, &p, &ep), p.max_memory, detail);
+    if (rc) return rc;
+    if ((rc = engine_prepare_weights(model, &p.policy, p.backend))) return rc;
 
     parity_scorer *s = px_calloc(1, sizeof *s, "scorer");
     if (!s) return PARITY_ERR_OUT_OF_MEMORY;
     s->model = model;
-    s->params = *params;
-    s->params.max_tokens = capacity;
-    s->params.chunk_rows = chunk;
-    s->params.n_threads = params->n_threads ? params->n_threads : 1;
-    s->capacity = capacity;
-    rc = pool_create(s->params.n_threads, &s->pool);
-    if (!rc) rc = kv_cache_init(&s->kv, c, capacity, fp32);
-    if (!rc) rc = fwd_scratch_init(&s->scratch, c, chunk, capacity, s->params.n_threads, 0);
-    if (!rc) {
-        s->blocks = px_calloc(capacity / KV_BLOCK, sizeof *s->blocks, "block table");
-        s->rows = px_calloc(chunk, sizeof *s->rows, "batch rows");
-        s->out_rows = px_calloc(chunk, sizeof *s->out_rows, "batch rows");
-        s->out_index = px_calloc(chunk, sizeof *s->out_index, "batch rows");
-        s->out_target = px_calloc(chunk, sizeof *s->out_target, "batch rows");
-        s->logits = px_aligned_alloc((size_t)chunk * V * sizeof(float), "logits");
-        s->work = px_aligned_alloc((size_t)s->params.n_threads * 3 * V * sizeof(float), "log-softmax");
-        if (!s->blocks || !s->rows || !s->out_rows || !s->out_index || !s->out_target ||
-            !s->logits || !s->work)
-            rc = PARITY_ERR_OUT_OF_MEMORY;
-    }
-    if (rc) {
-        parity_scorer_free(s);
+    s->params = p;
+    s->capacity = p.max_tokens;
+    engine_buf b[ENGINE_MAX_BUFS];
+    size_t n = scorer_bufs(s, &p, b);
+    if ((rc = engine_init(&s->eng, model, &ep, b, n))) {
+        px_free(s);
         return rc;
     }
-    for (uint32_t b = 0; b < capacity / KV_BLOCK; b++) s->blocks[b] = b;
+    for (uint32_t k = 0; k < s->capacity / KV_BLOCK; k++) s->blocks[k] = k;
     *out = s;
     return PARITY_OK;
 }
@@ -144,14 +149,14 @@ static void job_logprobs(void *p, size_t begin, size_t end, unsigned worker) {
     const lp_job *j = p;
     parity_scorer *s = j->s;
     const size_t V = s->model->config.vocab_size;
-    float *work = s->work + (size_t)worker * 3 * V;
+    float *work = s->eng.work + (size_t)worker * 3 * V;
     const dist_work w = {work, work + V, (uint32_t *)(work + 2 * V)};
     const dist_params dp = {j->o->mode, j->o->temperature, j->o->top_k, j->o->top_p, j->o->min_p};
     const uint32_t n = j->o->top_n;
     for (size_t i = begin; i < end; i++) {
         const size_t at = s->out_index[i];
         dist d;
-        dist_build(&s->params.policy, &dp, s->logits + i * V, V, &w, &d);
+        dist_build(&s->params.policy, &dp, s->eng.logits + i * V, V, &w, &d);
         j->logprobs[at] = dist_logprob(&d, &w, s->out_target[i]);
         if (n) dist_top(&d, &w, V, n, j->top_ids + at * n, j->top_logprobs + at * n);
         if (j->entropy) j->entropy[at] = dist_entropy(&d, &w, V);
@@ -214,7 +219,7 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
     if ((rc = model_enter(s->model))) return rc;
 
     unsigned fp_saved = fp_env_enter();
-    fwd_ctx ctx = {s->model, s->params.policy, s->params.backend, s->pool, &s->kv, &s->scratch, 0, 0};
+    fwd_ctx ctx = engine_fwd_ctx(&s->eng);
     lp_job lj = {s, o, logprobs, entropy, top_ids, top_logprobs};
     const uint32_t chunk = s->params.chunk_rows;
 
@@ -235,16 +240,16 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
         for (size_t i = first; i < last; i++) {
             const uint32_t len = lengths[i];
             for (uint32_t t = 0; t < len; t++) {
-                s->rows[n_rows] = (fwd_row){tokens[token_at + t], t, s->blocks + block};
+                s->eng.rows[n_rows] = (fwd_row){tokens[token_at + t], t, s->blocks + block};
                 if (t + 1 < len) {
-                    s->out_rows[n_out] = (uint32_t)n_rows;
+                    s->eng.out_rows[n_out] = (uint32_t)n_rows;
                     s->out_index[n_out] = out_at + t;
                     s->out_target[n_out] = tokens[token_at + t + 1];
                     n_out++;
                 }
                 if (++n_rows == chunk || (i + 1 == last && t + 1 == len)) {
-                    forward(&ctx, n_rows, s->rows, n_out, s->out_rows, s->logits);
-                    pool_run(s->pool, job_logprobs, &lj, n_out);
+                    forward(&ctx, n_rows, s->eng.rows, n_out, s->eng.out_rows, s->eng.logits);
+                    pool_run(s->eng.pool, job_logprobs, &lj, n_out);
                     n_rows = n_out = 0;
                 }
             }
@@ -264,9 +269,9 @@ int parity_score(parity_scorer *s, const parity_score_options *o, const int32_t 
                  int32_t *top_ids, float *top_logprobs) {
     clear_error();
     if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "scorer is NULL");
-    int rc = object_enter(&s->in_use, "scorer");
+    int rc = object_enter(&s->eng.in_use, "scorer");
     if (rc) return rc;
     rc = score(s, o, tokens, lengths, n_seqs, logprobs, entropy, top_ids, top_logprobs);
-    object_leave(&s->in_use);
+    object_leave(&s->eng.in_use);
     return rc;
 }

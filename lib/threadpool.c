@@ -227,6 +227,11 @@ void pool_free(threadpool *p) {
 
 unsigned pool_size(const threadpool *p) { return p->n; }
 
+uint64_t pool_bytes(unsigned n_workers) {
+    if (n_workers <= 1) return sizeof(threadpool);
+    return sizeof(threadpool) + (uint64_t)(n_workers - 1) * (sizeof(pthread_t) + sizeof(worker_arg));
+}
+
 void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks) {
     if (n_tasks == 0) return;
     if (p->n == 1 || n_tasks == 1) {

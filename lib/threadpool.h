@@ -7,6 +7,7 @@
 #define PARITY_THREADPOOL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct threadpool threadpool;
 
@@ -15,6 +16,9 @@ typedef void (*pool_fn)(void *ctx, size_t begin, size_t end, unsigned worker);
 
 int pool_create(unsigned n_workers, threadpool **out);
 void pool_free(threadpool *p);
+/* The bytes pool_create(n_workers) allocates (the per-worker start arguments included: each
+ * worker frees its own once it has started). */
+uint64_t pool_bytes(unsigned n_workers);
 unsigned pool_size(const threadpool *p);
 /* Runs fn over [0, n_tasks) on all workers and returns when every task is done. */
 void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks);

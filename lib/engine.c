@@ -1,0 +1,105 @@
+/* The engine under the scorer and the sampler (engine.h). */
+#include <stdio.h>
+
+#include "engine.h"
+#include "internal.h"
+#include "kernels.h"
+
+int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads) {
+    int rc = parity_policy_validate(pol);
+    if (rc) return rc;
+    if (!parity_backend_name((int)backend))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "unknown backend %u (bf16 = 0, openblas = 1)",
+                         backend);
+    if (n_threads > 256)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_threads %u is more than 256", n_threads);
+    return PARITY_OK;
+}
+
+int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend) {
+    if (backend != PARITY_BACKEND_OPENBLAS && pol->compute != PARITY_COMPUTE_FP32) return PARITY_OK;
+    int rc = model_enter(m);
+    if (rc) return rc;
+    rc = model_prepare((parity_model *)m, MODEL_NEED_WIDE);
+    model_leave(m);
+    return rc;
+}
+
+/* The table: the engine's own buffers, then the extras. Returns the count. */
+static size_t engine_layout(engine *e, const parity_config *c, const engine_params *p,
+                            const engine_buf *extra, size_t n_extra, engine_buf *b) {
+    const uint64_t R = p->max_rows, V = c->vocab_size;
+    const engine_buf own[] = {
+        {(void **)&e->rows, R, sizeof *e->rows, 0, "batch rows"},
+        {(void **)&e->out_rows, R, sizeof *e->out_rows, 0, "batch rows"},
+        {(void **)&e->logits, R * V, sizeof *e->logits, 1, "logits"},
+        {(void **)&e->work, (uint64_t)p->n_threads * 3 * V, sizeof *e->work, 1, "log-softmax work"},
+    };
+    const size_t n_own = sizeof own / sizeof own[0];
+    memcpy(b, own, sizeof own);
+    memcpy(b + n_own, extra, n_extra * sizeof *extra);
+    return n_own + n_extra;
+}
+
+uint64_t engine_bytes(const parity_config *c, const engine_params *p, size_t object_size,
+                      const engine_buf *extra, size_t n_extra) {
+    engine e;
+    engine_buf b[ENGINE_MAX_BUFS];
+    size_t n = engine_layout(&e, c, p, extra, n_extra, b);
+    uint64_t total = object_size + pool_bytes(p->n_threads) +
+                     kv_cache_bytes(c, p->kv_cells, p->policy.compute == PARITY_COMPUTE_FP32) +
+                     fwd_scratch_bytes(c, p->max_rows, p->max_ctx, p->n_threads, p->split_k > 1);
+    for (size_t i = 0; i < n; i++) total += b[i].count * b[i].size;
+    return total;
+}
+
+int engine_check_memory(const char *what, uint64_t bytes, uint64_t max_memory, const char *detail) {
+    if (!max_memory || bytes <= max_memory) return PARITY_OK;
+    return set_error(PARITY_ERR_MEMORY_LIMIT,
+                     "the %s needs %llu bytes of KV cache, scratch and tables (%s), more than "
+                     "max_memory = %llu",
+                     what, (unsigned long long)bytes, detail, (unsigned long long)max_memory);
+}
+
+void engine_free(engine *e) {
+    pool_free(e->pool);
+    e->pool = NULL;
+    kv_cache_free(&e->kv);
+    fwd_scratch_free(&e->scratch);
+    for (size_t i = 0; i < e->n_bufs; i++) {
+        px_free(*e->bufs[i].p);
+        *e->bufs[i].p = NULL;
+    }
+    e->n_bufs = 0;
+}
+
+int engine_init(engine *e, const parity_model *m, const engine_params *p, const engine_buf *extra,
+                size_t n_extra) {
+    const parity_config *c = &m->config;
+    e->model = m;
+    e->p = *p;
+    atomic_init(&e->in_use, 0);
+    e->n_bufs = engine_layout(e, c, p, extra, n_extra, e->bufs);
+    for (size_t i = 0; i < e->n_bufs; i++) *e->bufs[i].p = NULL;
+    int rc = pool_create(p->n_threads, &e->pool);
+    if (!rc) rc = kv_cache_init(&e->kv, c, p->kv_cells, p->policy.compute == PARITY_COMPUTE_FP32);
+    if (!rc) rc = fwd_scratch_init(&e->scratch, c, p->max_rows, p->max_ctx, p->n_threads, p->split_k > 1);
+    for (size_t i = 0; !rc && i < e->n_bufs; i++) {
+        const engine_buf *b = &e->bufs[i];
+        uint64_t bytes;
+        if (mul_overflows(b->count, b->size, &bytes) || bytes > SIZE_MAX) {
+            rc = set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: %llu x %llu bytes is too large", b->what,
+                           (unsigned long long)b->count, (unsigned long long)b->size);
+            break;
+        }
+        *b->p = b->aligned ? px_aligned_alloc((size_t)bytes, b->what)
+                           : px_calloc((size_t)b->count, (size_t)b->size, b->what);
+        if (!*b->p) rc = PARITY_ERR_OUT_OF_MEMORY;
+    }
+    if (rc) engine_free(e);
+    return rc;
+}
+
+fwd_ctx engine_fwd_ctx(engine *e) {
+    return (fwd_ctx){e->model, e->p.policy, e->p.backend, e->pool, &e->kv, &e->scratch, 0, 0};
+}
