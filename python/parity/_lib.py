@@ -406,11 +406,6 @@ _PROTOTYPES = [
     # int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens, uint32_t len,
     #                         const float *expected);
     ("parity_scorer_probe", c_int, [scorer_p, _i32p, c_uint32, _f32p], True),
-]
-
-# Functions newer than some libraries of this ABI: declared when the library has them (see
-# has()), and the binding does without them otherwise.
-_OPTIONAL_PROTOTYPES = [
     # int parity_scorer_bytes(const parity_model *model, const parity_scorer_params *params,
     #                         uint64_t *bytes);
     ("parity_scorer_bytes", c_int, [model_p, POINTER(parity_scorer_params), POINTER(c_uint64)],
@@ -480,16 +475,13 @@ def _open(path):
         if not hasattr(handle, name):
             raise ImportError("it lacks %s(): it is older or newer than this binding (ABI %d); "
                               "rebuild it from this source tree" % (name, ABI_VERSION))
-    for name, restype, argtypes, status in _PROTOTYPES + _OPTIONAL_PROTOTYPES:
-        if not hasattr(handle, name):
-            continue
+    check = _errcheck(handle)
+    for name, restype, argtypes, status in _PROTOTYPES:
         fn = getattr(handle, name)
         fn.restype = restype
         fn.argtypes = argtypes
-    check = _errcheck(handle)
-    for name, restype, argtypes, status in _PROTOTYPES + _OPTIONAL_PROTOTYPES:
-        if status and hasattr(handle, name):
-            getattr(handle, name).errcheck = check
+        if status:
+            fn.errcheck = check
     _check_abi(handle, path)
     tables = check_mirrors(handle, path)
     return handle, tables
@@ -628,11 +620,6 @@ BACKENDS = _TABLES["backends"]
 MODES = _TABLES["modes"]
 ARCHS = _TABLES["archs"]
 CPU_PATHS = _TABLES["cpu_paths"]
-
-
-def has(name):
-    """Whether the loaded library has the optional function `name` (_OPTIONAL_PROTOTYPES)."""
-    return hasattr(lib, name)
 
 
 class Closing:

@@ -23,7 +23,7 @@ DEFAULT_IDLE_SCORERS = 4
 DEFAULT_IDLE_BYTES = 2 << 30
 
 #: An idle (or checked out) scorer: its key (policy bytes, backend, threads), handle, capacity
-#: in tokens and bytes (None if the library cannot say).
+#: in tokens and bytes (parity_scorer_bytes).
 _Idle = collections.namedtuple("_Idle", "key handle capacity nbytes")
 
 
@@ -109,11 +109,9 @@ class Model(_lib.Closing):
             longer sequence's length when one comes (as parity-score does).
         max_idle_scorers: how many idle scorers the model keeps for reuse (default 4; None =
             no limit, 0 = none: every call makes and frees its own).
-        max_idle_bytes: how many bytes (KV cache and scratch, as parity_scorer_bytes reports
-            them) the idle scorers may hold together (default 2 GiB; None = no limit). A
-            scorer larger than this alone is freed when its call ends (the others stay). With
-            a library that cannot
-            report a scorer's bytes (no parity_scorer_bytes), only the count bound applies.
+        max_idle_bytes: how many bytes (KV cache, scratch, tables: what parity_scorer_bytes
+            reports) the idle scorers may hold together (default 2 GiB; None = no limit). A
+            scorer larger than this alone is freed when its call ends (the others stay).
 
     Raises ParityError (e.g. PARITY_ERR_IO, PARITY_ERR_CONFIG, PARITY_ERR_TENSOR_SHAPE) when
     the model cannot be opened.
@@ -246,7 +244,7 @@ class Model(_lib.Closing):
     def idle_scorers(self):
         """The idle scorers, least recently used first (the next to be freed): a list of dicts
         {"policy": Policy, "backend": name, "threads": n, "max_tokens": capacity, "bytes":
-        their memory, or None if the library cannot say}."""
+        their memory (parity_scorer_bytes)}."""
         from .policy import Policy
         backends = {v: k for k, v in BACKENDS.items()}
         with self._lock:
@@ -267,7 +265,7 @@ class Model(_lib.Closing):
             while self._idle and ((count is not None and len(self._idle) > count) or
                                   (most is not None and self._idle_bytes > most)):
                 e = self._idle.pop(0)
-                self._idle_bytes -= e.nbytes or 0
+                self._idle_bytes -= e.nbytes
                 doomed.append(e)
         for e in doomed:
             lib.parity_scorer_free(e.handle)
@@ -285,7 +283,7 @@ class Model(_lib.Closing):
                 e = self._idle[i]
                 if e.key == key and e.capacity >= need:
                     del self._idle[i]
-                    self._idle_bytes -= e.nbytes or 0
+                    self._idle_bytes -= e.nbytes
                     return e
         try:
             params = _lib.parity_scorer_params()
@@ -296,21 +294,14 @@ class Model(_lib.Closing):
             ctx = self.context
             default = self.max_tokens or min(ctx, 8192)
             params.max_tokens = need if default < need <= ctx else default
+            nbytes = ctypes.c_uint64()
+            lib.parity_scorer_bytes(self._handle, ctypes.byref(params), ctypes.byref(nbytes))
             h = _lib.scorer_p()
             lib.parity_scorer_create(self._handle, ctypes.byref(params), ctypes.byref(h))
-            nbytes = None
-            if _lib.has("parity_scorer_bytes"):
-                b = ctypes.c_uint64()
-                try:
-                    lib.parity_scorer_bytes(self._handle, ctypes.byref(params), ctypes.byref(b))
-                    nbytes = b.value
-                except BaseException:
-                    lib.parity_scorer_free(h)
-                    raise
         except BaseException:
             self._release()
             raise
-        return _Idle(key, h, (params.max_tokens + 15) // 16 * 16, nbytes)
+        return _Idle(key, h, (params.max_tokens + 15) // 16 * 16, nbytes.value)
 
     def _checkin(self, entry):
         """Returns a scorer taken by _checkout (the most recently used now) and the user
@@ -319,10 +310,10 @@ class Model(_lib.Closing):
             self._users -= 1
             most = self._max_idle_bytes
             # a scorer that alone exceeds the byte bound is freed, not the others
-            keep = not self._closed and not (most is not None and (entry.nbytes or 0) > most)
+            keep = not self._closed and not (most is not None and (entry.nbytes) > most)
             if keep:
                 self._idle.append(entry)
-                self._idle_bytes += entry.nbytes or 0
+                self._idle_bytes += entry.nbytes
             last = self._closed and self._users == 0
         if keep:
             self._evict()

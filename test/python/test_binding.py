@@ -789,38 +789,42 @@ class TestScorerCache(unittest.TestCase):
             parity.Model("synthetic:tiny", max_idle_bytes="1G")
 
     def test_byte_bound_lru(self):
-        if not parity._lib.has("parity_scorer_bytes"):
-            self.skipTest("this libparity lacks parity_scorer_bytes: only the count bound "
-                          "applies")
         long_seq = list(range(200)) * 2
         with parity.Model("synthetic:tiny", max_idle_scorers=None, max_idle_bytes=None,
                           max_tokens=64) as m:
-            m.score([1, 2, 3], threads=1)
+            for t in (1, 2, 3, 4):
+                m.score([1, 2, 3], threads=t)
             m.score(long_seq, threads=5)                # a larger capacity: more bytes
-            small, big = [(e["max_tokens"], e["bytes"]) for e in m.idle_scorers()]
-            self.assertEqual((small[0], big[0]), (64, 400))
-            one, big = small[1], big[1]
-            self.assertGreater(one, 0)
-            self.assertGreater(big, one)
-            m.max_idle_bytes = 0                         # frees them all at once
+            idle = m.idle_scorers()
+            self.assertEqual([(e["threads"], e["max_tokens"]) for e in idle],
+                             [(1, 64), (2, 64), (3, 64), (4, 64), (5, 400)])
+            size = {e["threads"]: e["bytes"] for e in idle}  # each its parity_scorer_bytes
+            big = size.pop(5)
+            self.assertTrue(all(b > 0 for b in size.values()))
+            bound = size[2] + size[4]                   # room for scorers 2 and 4, not 1, 2, 3
+            self.assertGreater(size[1] + size[3], size[4])
+            self.assertGreater(big, bound)
+            self.assertEqual(m._idle_bytes, sum(size.values()) + big)
+            m.max_idle_bytes = 0                        # frees them all at once
             self.assertEqual(m.idle_scorers(), [])
-            m.max_idle_bytes = 2 * one + one // 2       # room for two small scorers
+            m.max_idle_bytes = bound
             for t in (1, 2, 3):
                 m.score([1, 2, 3], threads=t)
-            self.assertEqual(self.idle(m), [2, 3])
-            self.assertEqual([e["bytes"] for e in m.idle_scorers()], [one, one])
+            self.assertEqual(self.idle(m), [2, 3])      # 1, the least recently used, out
             m.score([1, 2, 3], threads=2)
             m.score([1, 2, 3], threads=4)
             self.assertEqual(self.idle(m), [2, 4])      # 3 out, not 2
             m.score(long_seq, threads=5)                # alone too large: freed, the others stay
             self.assertEqual(self.idle(m), [2, 4])
-            m.max_idle_bytes = big + one + one // 2     # room for the large one and one small
+            m.max_idle_bytes = big + size[4]            # room for the large one and 4
             m.score(long_seq, threads=5)
             self.assertEqual(self.idle(m), [4, 5])      # 2, the least recently used, out
+            self.assertEqual(m._idle_bytes, big + size[4])
             m.max_idle_bytes = big
             self.assertEqual(self.idle(m), [5])
             m.max_idle_bytes = big - 1
             self.assertEqual(m.idle_scorers(), [])
+            self.assertEqual(m._idle_bytes, 0)
 
 
 class TestThreads(unittest.TestCase):
