@@ -20,20 +20,19 @@ Prints a table, then one JSON object (also written to --json FILE).
 """
 import argparse
 import ctypes
-import json
 import os
 import random
 import sys
 import time
 from array import array
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
-
+import pybench  # noqa: F401  (puts python/ on sys.path)
 import parity  # noqa: E402
 from parity import _lib  # noqa: E402
 from parity.model import score_options  # noqa: E402
 from parity.policy import policy_struct  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def best_of(work, repeat, clock):
@@ -50,7 +49,7 @@ def best_of(work, repeat, clock):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.path.join(os.path.dirname(HERE), "models",
+    ap.add_argument("--model", default=os.path.join(REPO, "models",
                                                     "qwen3-bytes-pystdlib-4.9m"))
     ap.add_argument("--policy", default="aligned")
     ap.add_argument("--seqs", type=int, default=1000)
@@ -187,11 +186,7 @@ def main():
           "%s)" % (result["python_us_per_call"], result["python_us_per_batched_call"],
                    100 * result["python_share_per_seq"], 100 * result["python_share_batched"],
                    "met" if result["target_met"] else "NOT met"))
-    text = json.dumps(result, sort_keys=True)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    pybench.emit(result, args.json)
     return 0
 
 

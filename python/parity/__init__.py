@@ -12,9 +12,10 @@ log-probs.
 Pure Python on the standard library (ctypes); numpy arrays are accepted and returned where
 given, and parity.torch (imported separately, needs PyTorch) holds the policies' region
 semantics on torch tensors. The shared library is found through PARITY_LIBRARY, then the
-repository's build tree, then the system paths; its ABI is checked at import.
+repository's build tree, then installed locations and the system's search (see parity._lib);
+its ABI, structs and enumerations are checked at import.
 """
-from . import regions
+from . import _lib, regions
 from ._lib import ABI_VERSION, LIBRARY_PATH, MAX_STOP, ParityError, lib, status_name
 from .manifest import write_manifest
 from .model import Model, Scores
@@ -22,9 +23,9 @@ from .policy import CHOICES, Policy, policies
 from .sampler import Completion, Sampler, Step
 
 __all__ = ["Model", "Sampler", "Completion", "Step", "Scores", "Policy", "ParityError",
-           "policies", "regions", "version", "cpu_path", "set_cpu_path", "set_log_callback",
-           "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION", "LIBRARY_PATH",
-           "CHOICES", "MAX_STOP", "status_name", "write_manifest"]
+           "policies", "regions", "version", "cpu_path", "cpu_paths", "set_cpu_path",
+           "set_log_callback", "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION",
+           "LIBRARY_PATH", "CHOICES", "MAX_STOP", "status_name", "write_manifest"]
 
 __version__ = lib.parity_version().decode()
 
@@ -39,16 +40,19 @@ def cpu_path():
     return lib.parity_cpu_path_name(lib.parity_get_cpu_path()).decode()
 
 
-_PATHS = {"portable": 0, "avx2": 1}
-
-
 def set_cpu_path(name):
-    """Forces a kernel path ("portable" or "avx2") for the whole process; results never
-    depend on it. Call it while no other thread is inside the library. Raises ParityError
-    (PARITY_ERR_UNSUPPORTED) if this CPU lacks the path."""
-    if name not in _PATHS:
-        raise ParityError(-1, "cpu path must be one of %s, not %r" % (", ".join(_PATHS), name))
-    lib.parity_set_cpu_path(_PATHS[name])
+    """Forces a kernel path (one of cpu_paths(): "portable", "avx2") for the whole process;
+    results never depend on it. Call it while no other thread is inside the library. Raises
+    ParityError (PARITY_ERR_UNSUPPORTED) if this CPU lacks the path."""
+    if name not in _lib.CPU_PATHS:
+        raise ParityError(_lib.ERR_INVALID_ARGUMENT, "cpu path must be one of %s, not %r"
+                          % (", ".join(_lib.CPU_PATHS), name))
+    lib.parity_set_cpu_path(_lib.CPU_PATHS[name])
+
+
+def cpu_paths():
+    """The kernel paths the library has, as it names them (["portable", "avx2"])."""
+    return list(_lib.CPU_PATHS)
 
 
 def builtin_configs():

@@ -36,6 +36,62 @@ def pointer(buf, ctype):
     return ctypes.byref(ctype.from_buffer(buf))
 
 
+# ---- memory of buffer-protocol objects -----------------------------------------------------
+
+class _Py_buffer(ctypes.Structure):
+    """Py_buffer of the C API (stable since Python 3.3, in the limited API since 3.11)."""
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+# int PyObject_GetBuffer(PyObject *obj, Py_buffer *view, int flags) (raises on failure: a
+# function of ctypes.pythonapi checks the Python error indicator) and
+# void PyBuffer_Release(Py_buffer *view)
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.restype = ctypes.c_int
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_Py_buffer), ctypes.c_int]
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.restype = None
+_release_buffer.argtypes = [ctypes.POINTER(_Py_buffer)]
+_PyBUF_SIMPLE = 0  # a contiguous block of bytes, read-only allowed
+
+
+class Pinned:
+    """Holds the memory of Python objects in place while the library reads it: address(obj)
+    is the address of the bytes of any object with the buffer protocol (bytes, bytearray,
+    memoryview, array.array, numpy arrays, mmap, ...), read-only ones included, without a
+    copy; keep(obj) keeps an object (a numpy array or torch tensor whose address the caller
+    took) alive. Leaving the ``with`` block releases them."""
+
+    def __init__(self):
+        self._views, self._keep = [], []
+
+    def address(self, obj):
+        """The address of obj's bytes (BufferError if they are not one contiguous block)."""
+        view = _Py_buffer()
+        _get_buffer(obj, ctypes.byref(view), _PyBUF_SIMPLE)
+        self._views.append(view)
+        return view.buf or 0
+
+    def keep(self, obj):
+        self._keep.append(obj)
+        return obj
+
+    def close(self):
+        views, self._views, self._keep = self._views, [], []
+        for view in views:
+            _release_buffer(ctypes.byref(view))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 # ---- token ids --------------------------------------------------------------------------------
 
 def _np_tokens(a, what):

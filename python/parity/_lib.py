@@ -5,11 +5,18 @@ function with its C prototype in a comment above its declaration. At import it c
 library it loaded has the ABI this file mirrors (parity_abi_version() and parity_struct_size()
 for every mirrored struct) and refuses to go on otherwise, saying what to rebuild.
 
-The library is looked for, in order:
+The library is looked for in these places, each tried in turn until one loads and matches
+this binding (its ABI, struct sizes and enumerations); if none does, the ImportError names every
+place tried and why it failed:
   1. the file named by the environment variable PARITY_LIBRARY;
   2. the repository's build trees: <repo>/build*/lib/libparity.so* (python/../build/lib/...),
-     the most recently built first, a directory named exactly "build" before the others;
-  3. the system's library paths (ctypes.util.find_library("parity")).
+     a directory named exactly "build" first, then the others most recently built first;
+  3. installed locations: lib, lib64 and lib/<multiarch> under this Python's prefix, /usr/local
+     and /usr (where `meson install` puts it);
+  4. the dynamic linker's own search (LD_LIBRARY_PATH, the ld.so cache) for libparity.so.0,
+     and ctypes.util.find_library("parity").
+When a place before the one used failed (e.g. PARITY_LIBRARY names a file that is not the
+library), a warning says so.
 
 ctypes.CDLL releases the GIL for the duration of every foreign call, so long calls (scoring,
 prefill, decode steps) let other Python threads run.
@@ -18,6 +25,9 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import sys
+import sysconfig
+import warnings
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32,
                     c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
 
@@ -50,7 +60,8 @@ class ParityError(Exception):
         return (type(self), (self.code, self.message, self.status))
 
 
-# parity_status values the binding raises itself (stable, from parity.h).
+# parity_status values the binding raises itself (stable, from parity.h); checked against
+# parity_status_name() at import.
 ERR_INVALID_ARGUMENT = -1
 ERR_VERIFY = -60
 ERR_TOKEN_RANGE = -40
@@ -58,17 +69,23 @@ ERR_EMPTY_INPUT = -41
 ERR_POLICY = -43
 ERR_CACHE_FULL = -50
 
-_STATUS_FALLBACK = {
-    0: "PARITY_OK", -1: "PARITY_ERR_INVALID_ARGUMENT", -40: "PARITY_ERR_TOKEN_RANGE",
-    -41: "PARITY_ERR_EMPTY_INPUT", -43: "PARITY_ERR_POLICY", -50: "PARITY_ERR_CACHE_FULL",
+STATUSES = {
+    "PARITY_OK": 0, "PARITY_ERR_INVALID_ARGUMENT": ERR_INVALID_ARGUMENT,
+    "PARITY_ERR_TOKEN_RANGE": ERR_TOKEN_RANGE, "PARITY_ERR_EMPTY_INPUT": ERR_EMPTY_INPUT,
+    "PARITY_ERR_POLICY": ERR_POLICY, "PARITY_ERR_CACHE_FULL": ERR_CACHE_FULL,
+    "PARITY_ERR_VERIFY": ERR_VERIFY,
 }
+
+#: parity_dtype values by name (checked at import through parity_tensor_checksum).
+DTYPES = {"BF16": 0, "F16": 1, "F32": 2}
+
+#: The names the binding uses as defaults; each must be one the library knows.
+DEFAULT_NAMES = {"backends": "bf16", "modes": "raw", "cpu_paths": "portable"}
 
 
 def status_name(code):
     """The stable name of a parity_status code ("PARITY_ERR_ST_OFFSETS")."""
-    if lib is not None:
-        return lib.parity_status_name(int(code)).decode()
-    return _STATUS_FALLBACK.get(int(code), "PARITY_UNKNOWN_STATUS")
+    return lib.parity_status_name(int(code)).decode()
 
 
 def fail(code, message):
@@ -76,14 +93,20 @@ def fail(code, message):
     raise ParityError(code, message)
 
 
-def _check(result, func, args):
-    """errcheck of every function returning a parity_status: raises ParityError on failure.
+def _errcheck(handle):
+    """The errcheck of every function of `handle` returning a parity_status: raises ParityError
+    on failure.
 
     ctypes runs the foreign call and this check on the same OS thread, so the thread-local
     parity_last_error() read here belongs to this very call."""
-    if result:
-        raise ParityError(result, lib.parity_last_error().decode("utf-8", "replace"))
-    return result
+    last_error, name = handle.parity_last_error, handle.parity_status_name
+
+    def check(result, func, args):
+        if result:
+            raise ParityError(result, last_error().decode("utf-8", "replace"),
+                              name(result).decode())
+        return result
+    return check
 
 
 # ---- structs (field for field as in parity.h) ------------------------------------------------
@@ -253,8 +276,22 @@ _PROTOTYPES = [
     ("parity_get_cpu_path", c_int, [], False),
     # const char *parity_cpu_path_name(parity_cpu_path path);
     ("parity_cpu_path_name", c_char_p, [c_int], False),
+    # int parity_cpu_path_from_name(const char *name, parity_cpu_path *out);
+    ("parity_cpu_path_from_name", c_int, [c_char_p, POINTER(c_int)], True),
     # int parity_set_cpu_path(parity_cpu_path path);
     ("parity_set_cpu_path", c_int, [c_int], True),
+    # const char *parity_backend_name(int backend);
+    ("parity_backend_name", c_char_p, [c_int], False),
+    # int parity_backend_from_name(const char *name, parity_backend *out);
+    ("parity_backend_from_name", c_int, [c_char_p, POINTER(c_int)], True),
+    # const char *parity_logprob_mode_name(int mode);
+    ("parity_logprob_mode_name", c_char_p, [c_int], False),
+    # int parity_logprob_mode_from_name(const char *name, parity_logprob_mode *out);
+    ("parity_logprob_mode_from_name", c_int, [c_char_p, POINTER(c_int)], True),
+    # const char *parity_arch_name(int arch);
+    ("parity_arch_name", c_char_p, [c_int], False),
+    # int parity_arch_from_name(const char *name, parity_arch *out);
+    ("parity_arch_from_name", c_int, [c_char_p, POINTER(c_int)], True),
     # int parity_policy_from_name(const char *name, parity_policy *out);
     ("parity_policy_from_name", c_int, [c_char_p, POINTER(parity_policy)], True),
     # const char *const *parity_policy_preset_names(void);
@@ -363,57 +400,123 @@ _PROTOTYPES = [
     # int parity_model_verify(const parity_model *model, const char *manifest_path,
     #                         char *report, size_t report_size);
     ("parity_model_verify", c_int, [model_p, c_char_p, c_char_p, c_size_t], False),
+    # int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n,
+    #                            uint64_t *fnv1a64);
+    ("parity_tensor_checksum", c_int, [c_uint32, c_void_p, c_uint64, POINTER(c_uint64)], True),
     # int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens, uint32_t len,
     #                         const float *expected);
     ("parity_scorer_probe", c_int, [scorer_p, _i32p, c_uint32, _f32p], True),
+    # int parity_scorer_bytes(const parity_model *model, const parity_scorer_params *params,
+    #                         uint64_t *bytes);
+    ("parity_scorer_bytes", c_int, [model_p, POINTER(parity_scorer_params), POINTER(c_uint64)],
+     True),
+    # int parity_sampler_bytes(const parity_model *model, const parity_sampler_params *params,
+    #                          uint64_t *bytes);
+    ("parity_sampler_bytes", c_int, [model_p, POINTER(parity_sampler_params), POINTER(c_uint64)],
+     True),
 ]
 
-_BUILD_HINT = ("build it with `meson setup build && ninja -C build` in %s, or point the "
-               "environment variable PARITY_LIBRARY at a libparity.so" % _REPO_ROOT)
+_IN_TREE = os.path.isfile(os.path.join(_REPO_ROOT, "include", "parity.h"))
+_BUILD_HINT = ("build it with `meson setup build && ninja -C build` in %s (or install it: "
+               "`meson install -C build`), or point the environment variable PARITY_LIBRARY at "
+               "a libparity.so" % (_REPO_ROOT if _IN_TREE else "the libparity source tree"))
+_SONAME = "libparity.so.0"
 
 
-def _candidates():
-    """Where the shared library may be, in the order they are tried."""
+def _installed_dirs():
+    """The library directories `meson install` uses under the usual prefixes."""
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    subdirs = ["lib", "lib64"] + ([os.path.join("lib", multiarch)] if multiarch else [])
+    dirs = []
+    for prefix in (sys.prefix, sys.base_prefix, "/usr/local", "/usr"):
+        for sub in subdirs:
+            d = os.path.join(prefix, sub)
+            if d not in dirs:
+                dirs.append(d)
+    return dirs
+
+
+def candidates():
+    """Where the shared library may be, in the order they are tried: a list of (where, path),
+    `where` saying which rule found the path. A path that is not absolute is a name for the
+    dynamic linker's search; None, a rule that found nothing to try."""
+    found = []
     env = os.environ.get("PARITY_LIBRARY")
     if env:
-        return [("PARITY_LIBRARY", env)]
-    found = []
-    builds = [d for d in glob.glob(os.path.join(_REPO_ROOT, "build*")) if os.path.isdir(d)]
-    # "build" first (the README's build directory), then the others newest first
-    builds.sort(key=lambda d: (os.path.basename(d) != "build", -os.path.getmtime(d)))
-    for d in builds:
-        libs = sorted(glob.glob(os.path.join(d, "lib", "libparity.so*")), key=len)
-        found += [("build tree", p) for p in libs if os.path.isfile(p)]
+        found.append(("PARITY_LIBRARY", env))
+    if _IN_TREE:
+        builds = [d for d in glob.glob(os.path.join(_REPO_ROOT, "build*")) if os.path.isdir(d)]
+        # "build" first (the README's build directory), then the others newest first
+        builds.sort(key=lambda d: (os.path.basename(d) != "build", -os.path.getmtime(d)))
+        libs = []
+        for d in builds:
+            libs += sorted(glob.glob(os.path.join(d, "lib", "libparity.so*")), key=len)[:1]
+        found += [("build tree", p) for p in libs] or \
+            [("build tree", os.path.join(_REPO_ROOT, "build*", "lib", "libparity.so"))]
+    else:
+        found.append(("build tree", None))  # an installed binding: no source tree around it
+    for d in _installed_dirs():
+        found.append(("installed", os.path.join(d, "libparity.so")))
+    found.append(("dynamic linker search", _SONAME))
     system = ctypes.util.find_library("parity")
-    if system:
-        found.append(("system", system))
+    found.append(("ctypes.util.find_library", system))
     return found
 
 
-def _load():
-    candidates = _candidates()
-    if not candidates:
-        raise ImportError("parity: libparity.so not found (no PARITY_LIBRARY, no %s/build*/lib/"
-                          "libparity.so*, none on the system paths): %s"
-                          % (_REPO_ROOT, _BUILD_HINT))
-    source, path = candidates[0]
-    try:
-        handle = ctypes.CDLL(path)
-    except OSError as e:
-        raise ImportError("parity: cannot load %s (from %s): %s" % (path, source, e)) from None
+def _open(path):
+    """The library at `path` with every prototype declared and its ABI, struct sizes and
+    enumerations checked; raises OSError or ImportError saying why not."""
+    if os.sep in path and not os.path.exists(path):
+        raise OSError("no such file")
+    if os.path.isdir(path):
+        raise OSError("a directory, not the library file")
+    handle = ctypes.CDLL(path)
     for name, restype, argtypes, status in _PROTOTYPES:
-        try:
-            fn = getattr(handle, name)
-        except AttributeError:
-            raise ImportError("parity: %s lacks %s(): it is older or newer than this binding "
-                              "(ABI %d); rebuild it from this source tree (%s)"
-                              % (path, name, ABI_VERSION, _BUILD_HINT)) from None
+        if not hasattr(handle, name):
+            raise ImportError("it lacks %s(): it is older or newer than this binding (ABI %d); "
+                              "rebuild it from this source tree" % (name, ABI_VERSION))
+    check = _errcheck(handle)
+    for name, restype, argtypes, status in _PROTOTYPES:
+        fn = getattr(handle, name)
         fn.restype = restype
         fn.argtypes = argtypes
         if status:
-            fn.errcheck = _check
+            fn.errcheck = check
     _check_abi(handle, path)
-    return handle, path
+    tables = check_mirrors(handle, path)
+    return handle, tables
+
+
+def load(places):
+    """Tries each (where, path) of `places` in turn; returns (handle, path, name tables) of
+    the first that loads and matches this binding. Raises ImportError naming every place tried
+    and why it failed when none does; warns about the places that failed before the one used."""
+    failures, tried = [], set()
+    for where, path in places:
+        if not path:
+            failures.append("%s: %s" % (where, "not in a source tree (no include/parity.h "
+                                         "next to python/)" if where == "build tree"
+                                         else "nothing found"))
+            continue
+        key = os.path.realpath(path) if os.sep in path else path
+        if key in tried:
+            continue
+        tried.add(key)
+        try:
+            handle, tables = _open(path)
+        except (OSError, ImportError) as e:
+            why = str(e)
+            for prefix in ("parity: ", path + ": "):
+                if why.startswith(prefix):
+                    why = why[len(prefix):]
+            failures.append("%s: %s: %s" % (where, path, why))
+            continue
+        if failures:
+            warnings.warn("parity: using %s (%s); tried before it: %s"
+                          % (path, where, "; ".join(failures)), RuntimeWarning, stacklevel=3)
+        return handle, path, tables
+    raise ImportError("parity: no usable libparity; tried, in order:\n  %s\n%s"
+                      % ("\n  ".join(failures), _BUILD_HINT))
 
 
 def _check_abi(handle, path):
@@ -438,8 +541,104 @@ def _check_abi(handle, path):
             % (path, "; ".join(wrong), ABI_VERSION))
 
 
+# The enumerations the library names: (table, name function, from-name function). Values are
+# looked for in 0 .. _ENUM_SCAN - 1.
+_ENUMS = (("backends", "parity_backend_name", "parity_backend_from_name"),
+          ("modes", "parity_logprob_mode_name", "parity_logprob_mode_from_name"),
+          ("archs", "parity_arch_name", "parity_arch_from_name"),
+          ("cpu_paths", "parity_cpu_path_name", "parity_cpu_path_from_name"))
+_ENUM_SCAN = 64
+
+
+def _name_table(handle, name_fn, from_fn):
+    """{name: value} of one enumeration, each name read back through its from-name function
+    (a name that does not give back its value, like "unknown" for a CPU path that is not one,
+    is not a value of the enumeration)."""
+    table = {}
+    out = c_int()
+    raw = handle[from_fn]  # without the errcheck: a refusal here is an answer, not an error
+    raw.restype, raw.argtypes = c_int, [c_char_p, POINTER(c_int)]
+    for value in range(_ENUM_SCAN):
+        name = getattr(handle, name_fn)(value)
+        if name is None:
+            continue
+        if raw(name, ctypes.byref(out)) == 0 and out.value == value:
+            table[name.decode()] = value
+    return table
+
+
+def check_mirrors(handle, path, statuses=None, dtypes=None, defaults=None):
+    """Checks what the binding mirrors of the library's enumerations against its name functions
+    and returns the library's name tables {"backends": {name: value}, "modes", "archs",
+    "cpu_paths"}. Checked: every status the binding raises (STATUSES) against
+    parity_status_name, the dtype values (DTYPES) through parity_tensor_checksum (the same
+    value as BF16, F16 and F32 must hash alike, a value past F32 be refused), and that each
+    name the binding uses as a default (DEFAULT_NAMES) is one the library knows. The
+    arguments replace those mirrors (for tests). Raises ImportError naming every difference."""
+    statuses = STATUSES if statuses is None else statuses
+    dtypes = DTYPES if dtypes is None else dtypes
+    defaults = DEFAULT_NAMES if defaults is None else defaults
+    wrong = []
+    for name, code in statuses.items():
+        theirs = handle.parity_status_name(code).decode()
+        if theirs != name:
+            wrong.append("status %d is %s in the library, %s in the binding" % (code, theirs, name))
+    tables = {t: _name_table(handle, name_fn, from_fn) for t, name_fn, from_fn in _ENUMS}
+    for table, name in defaults.items():
+        if name not in tables[table]:
+            wrong.append("the binding's default %s %r is not one of the library's (%s)"
+                         % (table.rstrip("s").replace("_", " "), name,
+                            ", ".join(tables[table]) or "none"))
+    raw = handle["parity_tensor_checksum"]
+    raw.restype, raw.argtypes = c_int, [c_uint32, c_void_p, c_uint64, POINTER(c_uint64)]
+    one = {"BF16": b"\x80\x3f", "F16": b"\x00\x3c", "F32": b"\x00\x00\x80\x3f"}  # 1.0
+    hashes = {}
+    for name, value in dtypes.items():
+        h = c_uint64()
+        data = one.get(name)
+        if data is None or raw(value, data, 1, ctypes.byref(h)) != 0:
+            hashes[name] = None
+        else:
+            hashes[name] = h.value
+    if len(set(hashes.values())) != 1 or None in hashes.values() or \
+            raw(max(dtypes.values()) + 1, one["F32"], 1, ctypes.byref(c_uint64())) == 0:
+        wrong.append("the dtypes %s do not read 1.0 alike in parity_tensor_checksum"
+                     % ", ".join("%s=%d" % kv for kv in dtypes.items()))
+    if wrong:
+        raise ImportError(
+            "parity: %s does not match the enumerations python/parity/_lib.py mirrors: %s. "
+            "Rebuild the library from the same tree as the binding (ninja -C build) or update "
+            "the mirrors." % (path, "; ".join(wrong)))
+    return tables
+
+
 lib = None
-lib, LIBRARY_PATH = _load()
+lib, LIBRARY_PATH, _TABLES = load(candidates())
+
+#: {name: value} of the library's backends, log-prob modes, architectures and CPU paths.
+BACKENDS = _TABLES["backends"]
+MODES = _TABLES["modes"]
+ARCHS = _TABLES["archs"]
+CPU_PATHS = _TABLES["cpu_paths"]
+
+
+class Closing:
+    """The life cycle of an object owning a library handle in self._handle: close() in a
+    ``with`` block's exit and at garbage collection (quietly at interpreter shutdown). The
+    subclass defines close()."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None) is not None:
+                self.close()
+        except Exception:  # interpreter shutdown
+            pass
 
 
 def null_terminated(ptr):

@@ -1,5 +1,5 @@
-"""Weights as the learner sends them: conversion to the library's tensor data, and the learner's
-side of the sync check — a manifest of the weights it sent, in the format
+"""Weights as the learner sends them: their memory handed to the library (Model.update), and
+the learner's side of the sync check — a manifest of the weights it sent, in the format
 parity_model_write_manifest writes and parity_model_verify (Model.verify) reads:
 
     {"version": N, "tensors": {"NAME": {"shape": [..], "dtype": "BF16",
@@ -7,63 +7,25 @@ parity_model_write_manifest writes and parity_model_verify (Model.verify) reads:
 
 The checksum is FNV-1a 64 over the little-endian bytes of the bf16 values the sampler should
 hold: bf16 tensors as they are, f16 and f32 ones cast with round-to-nearest-even (the cast the
-library applies to them in Model.update). Pure Python: about a second per 10 MB of weights.
+library applies to them in Model.update). The library computes it (parity_tensor_checksum)
+on the caller's memory, without a copy where that memory is contiguous: a qwen3-0.6b-sized set
+of weights takes a few seconds (bench/manifest_speed.py).
 """
 import ctypes
 import json
-import struct
 import sys
-from array import array
 
 from . import _lib
-from ._convert import numpy_array
+from ._convert import Pinned, numpy_array
+from ._lib import DTYPES, lib
 
-DTYPES = {"BF16": 0, "F16": 1, "F32": 2}
-_FNV_OFFSET, _FNV_PRIME, _MASK = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
+_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
+_NUMPY_DTYPES = {"uint16": "BF16", "float16": "F16", "float32": "F32"}
+_TORCH_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float32": "F32"}
 
 
-def tensor_data(value, name="tensor"):
-    """(dtype name, shape, bytes-like, keepalive) of one tensor's values.
-
-    Takes a numpy array (uint16 = bf16 bit patterns, float16, float32), a torch tensor
-    (bfloat16, float16, float32; copied to the CPU), or a tuple (dtype, shape, buffer) with
-    dtype "BF16", "F16" or "F32" and a buffer of its little-endian values. 1 or 2 dimensions.
-    Raises TypeError for anything else."""
-    if type(value).__module__.startswith("torch"):
-        np = __import__("numpy")
-        t = value.detach().to("cpu").contiguous()
-        kind = str(t.dtype).replace("torch.", "")
-        if kind == "bfloat16":
-            import torch
-            value = t.view(torch.int16).numpy().view(np.uint16)
-        elif kind in ("float16", "float32"):
-            value = t.numpy()
-        else:
-            raise TypeError("%s: a torch tensor of %s; weights are bfloat16, float16 or float32"
-                            % (name, t.dtype))
-    a = numpy_array(value)
-    if a is not None:
-        dtype = {"uint16": "BF16", "float16": "F16", "float32": "F32"}.get(a.dtype.name)
-        if dtype is None:
-            raise TypeError("%s: a numpy array of %s; weights are uint16 (bf16 bits), float16 or "
-                            "float32" % (name, a.dtype))
-        a = sys.modules["numpy"].ascontiguousarray(a)
-        if a.dtype.byteorder == ">":
-            a = a.byteswap().newbyteorder()
-        return dtype, tuple(a.shape), a, a
-    if isinstance(value, tuple) and len(value) == 3:
-        dtype, shape, buf = value
-        if dtype not in DTYPES:
-            raise TypeError("%s: dtype %r; one of BF16, F16, F32" % (name, dtype))
-        shape = tuple(int(s) for s in shape)
-        mv = memoryview(buf).cast("B")
-        want = (2 if dtype != "F32" else 4) * _product(shape)
-        if mv.nbytes != want:
-            _lib.fail(_lib.ERR_INVALID_ARGUMENT, "%s: %d bytes for shape %s of %s (want %d)"
-                      % (name, mv.nbytes, shape, dtype, want))
-        return dtype, shape, mv, buf
-    raise TypeError("%s: weights are numpy arrays, torch tensors or (dtype, shape, buffer) "
-                    "tuples, not %s" % (name, type(value).__name__))
+def _is_torch(value):
+    return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
 
 
 def _product(shape):
@@ -73,70 +35,109 @@ def _product(shape):
     return n
 
 
-def bf16_bytes(dtype, data):
-    """The little-endian bf16 bytes of a tensor's values (f16/f32 cast with RNE)."""
-    if dtype == "BF16":
-        return bytes(memoryview(data).cast("B"))
-    raw = bytes(memoryview(data).cast("B"))
-    if dtype == "F16":
-        values = struct.unpack("<%de" % (len(raw) // 2), raw)
-        f32 = array("f", values)
-    else:
-        f32 = array("f")
-        f32.frombytes(raw)
-        if sys.byteorder == "big":
-            f32.byteswap()
-    u = array("I", f32.tobytes())
-    out = array("H", (0x7FC0 if (x & 0x7FFFFFFF) > 0x7F800000
-                      else (x + 0x7FFF + ((x >> 16) & 1)) >> 16 for x in u))
-    if sys.byteorder == "big":
-        out.byteswap()
-    return out.tobytes()
+def tensor_view(value, name, pin):
+    """(dtype name, shape, address, element count) of one tensor's values, its memory held by
+    `pin` (a _convert.Pinned) until that is closed.
+
+    Takes a torch tensor (bfloat16, float16, float32; any device: copied to the CPU), a numpy
+    array (uint16 = bf16 bit patterns, float16, float32), or a tuple (dtype, shape, buffer)
+    with dtype "BF16", "F16" or "F32" and any object with the buffer protocol (bytes,
+    bytearray, memoryview, array.array, numpy array, ...) holding its little-endian values
+    row-major. Contiguous memory is read where it is; a non-contiguous tensor, array or
+    memoryview is copied in row-major order, a big-endian numpy array converted. Raises
+    TypeError for anything else, ParityError (PARITY_ERR_INVALID_ARGUMENT) for a buffer whose
+    size does not match its shape."""
+    if _is_torch(value):
+        dtype = _TORCH_DTYPES.get(str(value.dtype))
+        if dtype is None:
+            raise TypeError("%s: a torch tensor of %s; weights are bfloat16, float16 or float32"
+                            % (name, value.dtype))
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        if not t.is_contiguous():
+            t = t.contiguous()
+        pin.keep(t)
+        return dtype, tuple(t.shape), t.data_ptr(), t.numel()
+    a = numpy_array(value)
+    if a is not None:
+        dtype = _NUMPY_DTYPES.get(a.dtype.name)
+        if dtype is None:
+            raise TypeError("%s: a numpy array of %s; weights are uint16 (bf16 bits), float16 or "
+                            "float32" % (name, a.dtype))
+        if not a.flags.c_contiguous or a.dtype.byteorder == ">":
+            a = sys.modules["numpy"].ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+        pin.keep(a)
+        return dtype, tuple(a.shape), a.__array_interface__["data"][0], a.size
+    if isinstance(value, tuple) and len(value) == 3:
+        dtype, shape, buf = value
+        if dtype not in DTYPES:
+            raise TypeError("%s: dtype %r; one of BF16, F16, F32" % (name, dtype))
+        if isinstance(shape, int) or not hasattr(shape, "__iter__"):
+            raise TypeError("%s: the shape must be a sequence of ints, not %s"
+                            % (name, type(shape).__name__))
+        shape = tuple(_lib.as_int(s, "%s: a dimension" % name, 0, 2 ** 63 - 1) for s in shape)
+        try:
+            mv = memoryview(buf)
+        except TypeError:
+            raise TypeError("%s: the values must be an object with the buffer protocol (bytes, "
+                            "bytearray, memoryview, array.array, numpy array), not %s"
+                            % (name, type(buf).__name__)) from None
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())
+        n = _product(shape)
+        if mv.nbytes != _ITEMSIZE[dtype] * n:
+            _lib.fail(_lib.ERR_INVALID_ARGUMENT, "%s: %d bytes for shape %s of %s (want %d)"
+                      % (name, mv.nbytes, shape, dtype, _ITEMSIZE[dtype] * n))
+        return dtype, shape, pin.address(mv), n
+    raise TypeError("%s: weights are numpy arrays, torch tensors or (dtype, shape, buffer) "
+                    "tuples, not %s" % (name, type(value).__name__))
 
 
-def fnv1a64(data):
-    """FNV-1a 64 of bytes (an int)."""
-    h = _FNV_OFFSET
-    for b in data:
-        h = ((h ^ b) * _FNV_PRIME) & _MASK
-    return h
+def _name(name):
+    if not isinstance(name, str):
+        raise TypeError("tensor names are str, not %s" % type(name).__name__)
+    return name
+
+
+def checksum(value, name="tensor"):
+    """(shape, FNV-1a 64 as an int) of one tensor as tensor_view() takes it: the checksum the
+    manifest holds for it (parity_tensor_checksum)."""
+    h = ctypes.c_uint64()
+    with Pinned() as pin:
+        dtype, shape, address, n = tensor_view(value, name, pin)
+        lib.parity_tensor_checksum(DTYPES[dtype], address, n, ctypes.byref(h))
+    return shape, h.value
 
 
 def write_manifest(path, tensors, version=0):
-    """Writes the manifest of `tensors` (a dict name -> value as tensor_data() takes) with
+    """Writes the manifest of `tensors` (a dict name -> value as tensor_view() takes) with
     `version` (the model's version once these weights are in: the number of updates)."""
+    if not isinstance(tensors, dict):
+        raise TypeError("tensors must be a dict of name -> values, not %s"
+                        % type(tensors).__name__)
+    version = _lib.as_int(version, "version", 0, 2 ** 64 - 1)
     entries = []
     for name, value in tensors.items():
-        dtype, shape, data, _ = tensor_data(value, name)
+        shape, h = checksum(value, _name(name))
         entries.append('  %s: {"shape": [%s], "dtype": "BF16", "fnv1a64": "%016x"}'
-                       % (json.dumps(name), ", ".join(str(s) for s in shape),
-                          fnv1a64(bf16_bytes(dtype, data))))
+                       % (json.dumps(name), ", ".join(str(s) for s in shape), h))
     with open(path, "w") as f:
         f.write('{"version": %d, "tensors": {\n%s\n}}\n' % (version, ",\n".join(entries)))
 
 
-def c_tensors(tensors):
-    """A parity_tensor_data array for Model.update, and what keeps its memory alive."""
+def c_tensors(tensors, pin):
+    """A parity_tensor_data array of `tensors` for Model.update, their memory held by `pin`."""
     arr = (_lib.parity_tensor_data * max(len(tensors), 1))()
-    keep = []
     for i, (name, value) in enumerate(tensors.items()):
-        dtype, shape, data, holder = tensor_data(value, name)
+        dtype, shape, address, _ = tensor_view(value, _name(name), pin)
         if not 1 <= len(shape) <= 2:
             _lib.fail(_lib.ERR_INVALID_ARGUMENT, "%s: %d dimensions; weights have 1 or 2"
                       % (name, len(shape)))
-        if numpy_array(data) is not None:
-            addr = data.__array_interface__["data"][0]
-        else:
-            mv = memoryview(data).cast("B")
-            buf = (ctypes.c_char * max(mv.nbytes, 1)).from_buffer_copy(mv.tobytes() or b"\0")
-            keep.append(buf)
-            addr = ctypes.addressof(buf)
-        encoded = name.encode()
-        keep += [encoded, holder]
-        arr[i].name = encoded
+        arr[i].name = pin.keep(name.encode())
         arr[i].dtype = DTYPES[dtype]
         arr[i].ndim = len(shape)
         for k, s in enumerate(shape):
             arr[i].shape[k] = s
-        arr[i].data = addr
-    return arr, keep
+        arr[i].data = address
+    return arr

@@ -1,4 +1,5 @@
 """Models and scoring (the learner's entry point)."""
+import collections
 import ctypes
 import os
 import sys
@@ -6,15 +7,24 @@ import threading
 from array import array
 
 from . import _lib
-from ._convert import TokenBatch, pointer
+from ._convert import Pinned, TokenBatch, pointer
 from ._lib import ParityError, lib
 from .policy import policy_struct
 
-MODES = {"raw": 0, "processed": 1, "processed-truncated": 2}
-BACKENDS = {"bf16": 0, "openblas": 1}
-_ARCH = ("qwen2", "qwen3", "llama")
+#: {name: value} of the log-prob modes and backends, as the library names them.
+MODES = _lib.MODES
+BACKENDS = _lib.BACKENDS
+_ARCH_NAMES = {value: name for name, value in _lib.ARCHS.items()}
 _ROPE_TYPE = ("default", "linear", "llama3", "yarn")
 _FLAGS = ("tie_word_embeddings", "attention_bias", "qk_norm")
+
+#: Defaults of Model(max_idle_scorers=, max_idle_bytes=).
+DEFAULT_IDLE_SCORERS = 4
+DEFAULT_IDLE_BYTES = 2 << 30
+
+#: An idle (or checked out) scorer: its key (policy bytes, backend, threads), handle, capacity
+#: in tokens and bytes (parity_scorer_bytes).
+_Idle = collections.namedtuple("_Idle", "key handle capacity nbytes")
 
 
 def _choice(table, value, what):
@@ -85,7 +95,7 @@ class Scores:
             self.logprobs, self.entropy, self.top_ids, self.top_logprobs)
 
 
-class Model:
+class Model(_lib.Closing):
     """A model loaded into libparity.
 
     Args:
@@ -97,22 +107,33 @@ class Model:
         max_tokens: capacity of each scorer (the longest sequence, and the most tokens scored
             in one group); None = the library's default, min(context, 8192), raised to a
             longer sequence's length when one comes (as parity-score does).
+        max_idle_scorers: how many idle scorers the model keeps for reuse (default 4; None =
+            no limit, 0 = none: every call makes and frees its own).
+        max_idle_bytes: how many bytes (KV cache, scratch, tables: what parity_scorer_bytes
+            reports) the idle scorers may hold together (default 2 GiB; None = no limit). A
+            scorer larger than this alone is freed when its call ends (the others stay).
 
     Raises ParityError (e.g. PARITY_ERR_IO, PARITY_ERR_CONFIG, PARITY_ERR_TENSOR_SHAPE) when
     the model cannot be opened.
 
     A Model is safe to share between threads: each scoring thread takes its own scorer from
-    the model's pool. close() (or leaving a ``with`` block) releases the model; samplers made
-    from it keep what they need until they are closed themselves.
+    the model's pool. A scorer is made per (policy, backend, threads) and kept idle between
+    calls, the least recently used freed first when the idle ones exceed max_idle_scorers or
+    max_idle_bytes (both attributes may be set at any time; idle_scorers() lists them).
+    close() (or leaving a ``with`` block) releases the model; samplers made from it keep what
+    they need until they are closed themselves.
     """
 
-    def __init__(self, path_or_spec, threads=None, max_tokens=None):
+    def __init__(self, path_or_spec, threads=None, max_tokens=None,
+                 max_idle_scorers=DEFAULT_IDLE_SCORERS, max_idle_bytes=DEFAULT_IDLE_BYTES):
         if not isinstance(path_or_spec, (str, os.PathLike)):
             raise TypeError("path_or_spec must be a directory or 'synthetic:NAME[:SEED]', not %s"
                             % type(path_or_spec).__name__)
         self._handle = None
         self._lock = threading.Lock()
-        self._scorers = {}       # key -> [(scorer handle, capacity)] idle
+        self._idle = []          # idle scorers, least recently used first: _Idle
+        self._idle_bytes = 0
+        self._max_idle_scorers = self._max_idle_bytes = None
         self._users = 0          # calls in flight and live samplers
         self._closed = False
         self.spec = os.fspath(path_or_spec)
@@ -120,12 +141,14 @@ class Model:
             _lib.as_int(threads, "threads", 1, 256)
         self.max_tokens = None if max_tokens is None else \
             _lib.as_int(max_tokens, "max_tokens", 1, 1 << 28)
+        self.max_idle_scorers = max_idle_scorers
+        self.max_idle_bytes = max_idle_bytes
         handle = _lib.model_p()
         lib.parity_model_open(self.spec.encode(), ctypes.byref(handle))
         self._handle = handle
         c = lib.parity_model_config(handle).contents
         cfg = {name: getattr(c, name) for name, _ in _lib.parity_config._fields_ if name != "size"}
-        cfg["arch"] = _ARCH[cfg["arch"]] if cfg["arch"] < len(_ARCH) else cfg["arch"]
+        cfg["arch"] = _ARCH_NAMES.get(cfg["arch"], cfg["arch"])
         cfg["rope_type"] = _ROPE_TYPE[cfg["rope_type"]] if cfg["rope_type"] < len(_ROPE_TYPE) \
             else cfg["rope_type"]
         for f in _FLAGS:
@@ -171,11 +194,10 @@ class Model:
 
     def _free(self):
         with self._lock:
-            scorers = [h for idle in self._scorers.values() for h, _ in idle]
-            self._scorers.clear()
+            scorers, self._idle, self._idle_bytes = self._idle, [], 0
             handle, self._handle = self._handle, None
-        for h in scorers:
-            lib.parity_scorer_free(h)
+        for entry in scorers:
+            lib.parity_scorer_free(entry.handle)
         if handle:
             lib.parity_model_free(handle)
 
@@ -190,38 +212,79 @@ class Model:
         if not busy:
             self._free()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            if getattr(self, "_handle", None) is not None:
-                self.close()
-        except Exception:  # interpreter shutdown
-            pass
-
     def __repr__(self):
         return "<parity.Model %r%s>" % (self.spec, " closed" if self._closed else "")
 
     # ---- scorers ---------------------------------------------------------------------------
 
+    @property
+    def max_idle_scorers(self):
+        """The most idle scorers kept for reuse (None = no limit). Setting it frees the least
+        recently used ones beyond it at once."""
+        return self._max_idle_scorers
+
+    @max_idle_scorers.setter
+    def max_idle_scorers(self, value):
+        self._max_idle_scorers = None if value is None else \
+            _lib.as_int(value, "max_idle_scorers", 0, 2 ** 31)
+        self._evict()
+
+    @property
+    def max_idle_bytes(self):
+        """The most bytes the idle scorers may hold together (None = no limit). Setting it
+        frees the least recently used ones beyond it at once."""
+        return self._max_idle_bytes
+
+    @max_idle_bytes.setter
+    def max_idle_bytes(self, value):
+        self._max_idle_bytes = None if value is None else \
+            _lib.as_int(value, "max_idle_bytes", 0, 2 ** 64 - 1)
+        self._evict()
+
+    def idle_scorers(self):
+        """The idle scorers, least recently used first (the next to be freed): a list of dicts
+        {"policy": Policy, "backend": name, "threads": n, "max_tokens": capacity, "bytes":
+        their memory (parity_scorer_bytes)}."""
+        from .policy import Policy
+        backends = {v: k for k, v in BACKENDS.items()}
+        with self._lock:
+            idle = list(self._idle)
+        out = []
+        for e in idle:
+            pol = _lib.parity_policy.from_buffer_copy(e.key[0])
+            out.append({"policy": Policy(**{f: getattr(pol, f) for f in _lib.POLICY_FIELDS}),
+                        "backend": backends.get(e.key[1], e.key[1]), "threads": e.key[2],
+                        "max_tokens": e.capacity, "bytes": e.nbytes})
+        return out
+
+    def _evict(self):
+        """Frees the least recently used idle scorers until both bounds hold."""
+        doomed = []
+        with self._lock:
+            count, most = self._max_idle_scorers, self._max_idle_bytes
+            while self._idle and ((count is not None and len(self._idle) > count) or
+                                  (most is not None and self._idle_bytes > most)):
+                e = self._idle.pop(0)
+                self._idle_bytes -= e.nbytes
+                doomed.append(e)
+        for e in doomed:
+            lib.parity_scorer_free(e.handle)
+
     def _checkout(self, policy, backend, threads, need):
         """Takes a user reference and an idle scorer for (policy, backend, threads) that holds
-        `need` tokens (made if none is idle): returns (key, (handle, capacity)). Raises
-        ParityError if the model is closed or the scorer cannot be made."""
+        `need` tokens (made if none is idle): returns an _Idle. Raises ParityError if the
+        model is closed or the scorer cannot be made."""
         key = (bytes(policy), backend, threads)
         with self._lock:
             if self._closed:
                 raise ParityError(_lib.ERR_INVALID_ARGUMENT, "the model %r is closed" % self.spec)
             self._users += 1
-            idle = self._scorers.get(key)
-            if idle:
-                for i, entry in enumerate(idle):
-                    if entry[1] >= need:
-                        return key, idle.pop(i)
+            for i in range(len(self._idle) - 1, -1, -1):  # the most recently used first
+                e = self._idle[i]
+                if e.key == key and e.capacity >= need:
+                    del self._idle[i]
+                    self._idle_bytes -= e.nbytes
+                    return e
         try:
             params = _lib.parity_scorer_params()
             lib.parity_scorer_default_params(ctypes.byref(params))
@@ -231,22 +294,31 @@ class Model:
             ctx = self.context
             default = self.max_tokens or min(ctx, 8192)
             params.max_tokens = need if default < need <= ctx else default
+            nbytes = ctypes.c_uint64()
+            lib.parity_scorer_bytes(self._handle, ctypes.byref(params), ctypes.byref(nbytes))
             h = _lib.scorer_p()
             lib.parity_scorer_create(self._handle, ctypes.byref(params), ctypes.byref(h))
         except BaseException:
             self._release()
             raise
-        return key, (h, (params.max_tokens + 15) // 16 * 16)
+        return _Idle(key, h, (params.max_tokens + 15) // 16 * 16, nbytes.value)
 
-    def _checkin(self, key, entry):
-        """Returns a scorer taken by _checkout and the user reference."""
+    def _checkin(self, entry):
+        """Returns a scorer taken by _checkout (the most recently used now) and the user
+        reference, then frees idle scorers beyond the bounds."""
         with self._lock:
             self._users -= 1
-            if not self._closed:
-                self._scorers.setdefault(key, []).append(entry)
-                return
-            last = self._users == 0
-        lib.parity_scorer_free(entry[0])
+            most = self._max_idle_bytes
+            # a scorer that alone exceeds the byte bound is freed, not the others
+            keep = not self._closed and not (most is not None and (entry.nbytes) > most)
+            if keep:
+                self._idle.append(entry)
+                self._idle_bytes += entry.nbytes
+            last = self._closed and self._users == 0
+        if keep:
+            self._evict()
+            return
+        lib.parity_scorer_free(entry.handle)
         if last:
             self._free()
 
@@ -310,14 +382,14 @@ class Model:
             tlp = array("f", bytes(4 * total * k)) if k else None
         tokens_p, lengths_p = batch.pointers()
         f32 = ctypes.c_float
-        key, entry = self._checkout(pol, be, n_threads, max(lengths) if n else 1)
+        entry = self._checkout(pol, be, n_threads, max(lengths) if n else 1)
         try:
-            lib.parity_score(entry[0], ctypes.byref(opts), tokens_p, lengths_p, n,
+            lib.parity_score(entry.handle, ctypes.byref(opts), tokens_p, lengths_p, n,
                              pointer(lp, f32), pointer(ent, f32) if entropy else None,
                              pointer(tid, ctypes.c_int32) if k else None,
                              pointer(tlp, f32) if k else None)
         finally:
-            self._checkin(key, entry)
+            self._checkin(entry)
 
         total = sum(lengths) - n
         lp = _split(lp, batch, total, 1, False)
@@ -352,13 +424,13 @@ class Model:
         from .manifest import c_tensors
         if not isinstance(tensors, dict):
             raise TypeError("tensors must be a dict of name -> values")
-        arr, keep = c_tensors(tensors)
-        h = self._acquire()
-        try:
-            lib.parity_model_update(h, arr, len(tensors))
-        finally:
-            self._release()
-        del keep
+        with Pinned() as pin:
+            arr = c_tensors(tensors, pin)
+            h = self._acquire()
+            try:
+                lib.parity_model_update(h, arr, len(tensors))
+            finally:
+                self._release()
 
     def write_manifest(self, path):
         """Writes the manifest of the weights the model holds (parity_model_write_manifest)."""
@@ -406,11 +478,11 @@ class Model:
             raise ParityError(_lib.ERR_INVALID_ARGUMENT, "expected holds %d values, the sequence "
                               "has %d tokens (want %d)" % (len(want), n, max(n - 1, 0)))
         tokens_p, _ = batch.pointers()
-        key, entry = self._checkout(pol, be, n_threads, max(n, 1))
+        entry = self._checkout(pol, be, n_threads, max(n, 1))
         try:
-            lib.parity_scorer_probe(entry[0], tokens_p, n, pointer(want, ctypes.c_float))
+            lib.parity_scorer_probe(entry.handle, tokens_p, n, pointer(want, ctypes.c_float))
         finally:
-            self._checkin(key, entry)
+            self._checkin(entry)
 
     def sampler(self, policy="aligned", max_seqs=None, max_len=None, threads=None,
                 backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None):

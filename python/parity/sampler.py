@@ -96,7 +96,7 @@ class Completion:
                                        self.tokens, self.logprobs, self.finish_reason))
 
 
-class Sampler:
+class Sampler(_lib.Closing):
     """A libparity sampler: a KV cache shared by up to max_seqs sequences of up to max_len
     positions each (prompt + generated), on one model, policy and backend.
 
@@ -158,19 +158,6 @@ class Sampler:
         if handle is not None:
             lib.parity_sampler_free(handle)
             self._model._release()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            if getattr(self, "_handle", None) is not None:
-                self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
     # ---- sequences -------------------------------------------------------------------------
 

@@ -141,18 +141,123 @@ class TestLoading(unittest.TestCase):
         out = p.stdout.decode()
         self.assertTrue(out.startswith("parity.torch needs PyTorch") or out == "imported\n", out)
 
-    def test_bad_library_path(self):
-        p = self._import_with({"PARITY_LIBRARY": "/nonexistent/libparity.so"})
-        self.assertNotEqual(p.returncode, 0)
-        self.assertIn(b"ImportError: parity: cannot load /nonexistent/libparity.so", p.stderr)
-
-    def test_build_tree_found(self):
+    def test_bad_library_path_falls_through(self):
+        """PARITY_LIBRARY naming a file that is not the library: the build tree is used, and a
+        warning names what failed."""
         rel = os.path.relpath(BUILD, harness.REPO)
         if rel.startswith("..") or not rel.startswith("build"):
             self.skipTest("the build directory %s is not <repo>/build*" % BUILD)
-        p = self._import_with({})
+        junk = write("not-a-library.so", b"this is not an ELF file\n")
+        p = self._import_with({"PARITY_LIBRARY": junk})
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertTrue(p.stdout.decode().strip().startswith(harness.REPO))
+        self.assertTrue(p.stdout.decode().strip().startswith(os.path.join(harness.REPO, "build")))
+        err = p.stderr.decode()
+        self.assertIn("RuntimeWarning", err)
+        self.assertIn("PARITY_LIBRARY: %s: " % junk, err)
+
+    def test_every_candidate_fails(self):
+        """An installed copy of the package (no source tree around it) with PARITY_LIBRARY
+        naming a file that is not the library: every place is tried and named with its
+        reason — unless a libparity is installed on this machine, which is then what loads."""
+        import shutil
+        from parity import _lib
+        site = tempfile.mkdtemp(prefix="site-", dir=TMP)
+        shutil.copytree(os.path.join(harness.REPO, "python", "parity"),
+                        os.path.join(site, "parity"))
+        junk = write("junk.so", b"\x7fELF but not really")
+        env = dict(os.environ, PARITY_LIBRARY=junk, PYTHONPATH=site)
+        code = "import parity; print(parity.LIBRARY_PATH)"
+        p = subprocess.run([sys.executable, "-c", code], env=env, cwd=site,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        installed = [path for where, path in _lib.candidates()
+                     if where in ("installed", "dynamic linker search",
+                                  "ctypes.util.find_library") and path]
+        if p.returncode == 0:  # this machine has a libparity installed: it must be one of those
+            got = p.stdout.decode().strip()
+            self.assertIn(got, installed)
+            self.assertIn("PARITY_LIBRARY: %s" % junk, p.stderr.decode())
+            return
+        err = p.stderr.decode()
+        self.assertIn("ImportError: parity: no usable libparity; tried, in order:", err)
+        self.assertIn("PARITY_LIBRARY: %s: " % junk, err)
+        self.assertIn("build tree: not in a source tree", err)
+        for path in installed:
+            self.assertIn(": %s: " % path, err)
+        self.assertIn("dynamic linker search: libparity.so.0: ", err)
+        self.assertIn("ctypes.util.find_library: ", err)
+        # each place on its own line, in the order tried
+        lines = [ln.strip() for ln in err.split("tried, in order:\n")[1].splitlines()]
+        self.assertEqual([ln.split(":")[0] for ln in lines[:2]], ["PARITY_LIBRARY", "build tree"])
+        hint = next(i for i, ln in enumerate(lines) if ln.startswith("build it with"))
+        self.assertEqual(lines[hint - 1].split(":")[0], "ctypes.util.find_library")
+
+    def test_load_tries_each_place(self):
+        from parity import _lib
+        import ctypes.util
+        junk = write("also-junk.so", b"not a library")
+        libm = ctypes.util.find_library("m")
+        places = [("PARITY_LIBRARY", junk), ("build tree", "/nonexistent/libparity.so"),
+                  ("installed", TMP), ("other", libm), ("ctypes.util.find_library", None)]
+        with self.assertRaises(ImportError) as e:
+            _lib.load(places)
+        msg = str(e.exception)
+        self.assertIn("PARITY_LIBRARY: %s: " % junk, msg)
+        self.assertIn("build tree: /nonexistent/libparity.so: no such file", msg)
+        self.assertIn("installed: %s: a directory" % TMP, msg)
+        self.assertIn("other: %s: it lacks parity_version()" % libm, msg)
+        self.assertIn("ctypes.util.find_library: nothing found", msg)
+        self.assertEqual([ln.split(":")[0].strip() for ln in msg.splitlines()[1:6]],
+                         [w for w, _ in places])
+        # a good place after bad ones: used, with a warning naming the bad ones
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            handle, path, tables = _lib.load(places[:2] + [("good", parity.LIBRARY_PATH)])
+        self.assertEqual(path, parity.LIBRARY_PATH)
+        self.assertEqual(handle.parity_abi_version(), parity.ABI_VERSION)
+        self.assertEqual(tables["backends"], parity.model.BACKENDS)
+        self.assertEqual(len(caught), 1)
+        self.assertIn("PARITY_LIBRARY: %s" % junk, str(caught[0].message))
+        self.assertIn("build tree: /nonexistent/libparity.so: no such file",
+                      str(caught[0].message))
+
+    def test_enum_mirrors(self):
+        from parity import _lib
+        lib = parity.lib
+        tables = _lib.check_mirrors(lib, "lib")
+        self.assertEqual(tables, {"backends": parity.model.BACKENDS,
+                                  "modes": parity.model.MODES, "archs": _lib.ARCHS,
+                                  "cpu_paths": _lib.CPU_PATHS})
+        # the tables are the library's names, each value round-tripping
+        for table, name_fn in (("backends", lib.parity_backend_name),
+                               ("modes", lib.parity_logprob_mode_name),
+                               ("archs", lib.parity_arch_name),
+                               ("cpu_paths", lib.parity_cpu_path_name)):
+            self.assertTrue(tables[table], table)
+            for name, value in tables[table].items():
+                self.assertEqual(name_fn(value).decode(), name)
+        self.assertEqual(set(parity.model.BACKENDS), {"bf16", "openblas"})
+        self.assertEqual(list(parity.model.MODES), ["raw", "processed", "processed-truncated"])
+        self.assertEqual(parity.cpu_paths()[0], "portable")
+        self.assertIn(parity.cpu_path(), parity.cpu_paths())
+        for name, code in _lib.STATUSES.items():
+            self.assertEqual(parity.status_name(code), name)
+        # a wrong mirror is caught, named
+        with self.assertRaisesRegex(ImportError, "status -41 is PARITY_ERR_EMPTY_INPUT in the "
+                                    "library, PARITY_ERR_TOKEN_RANGE in the binding"):
+            _lib.check_mirrors(lib, "lib", statuses={"PARITY_ERR_TOKEN_RANGE": -41})
+        with self.assertRaisesRegex(ImportError, "default backend 'cuda' is not one of the "
+                                    "library's \\(bf16, openblas\\)"):
+            _lib.check_mirrors(lib, "lib", defaults={"backends": "cuda"})
+        with self.assertRaisesRegex(ImportError, "default mode 'logits'"):
+            _lib.check_mirrors(lib, "lib", defaults={"modes": "logits"})
+        with self.assertRaisesRegex(ImportError, "dtypes BF16=0, F16=2, F32=1"):
+            _lib.check_mirrors(lib, "lib", dtypes={"BF16": 0, "F16": 2, "F32": 1})
+        with self.assertRaisesRegex(ImportError, "dtypes"):
+            _lib.check_mirrors(lib, "lib", dtypes={"BF16": 0, "F16": 1})  # F32 = 2 left over
+        with self.assertRaises(ParityError) as e:
+            parity.set_cpu_path("avx512")
+        self.assertIn("portable", e.exception.message)
 
 
 class TestScore(unittest.TestCase):
@@ -642,6 +747,86 @@ class TestMisuse(unittest.TestCase):
         self.assertEqual(p.stdout.decode().split(), ["ParityError"] * 3 + ["ok"])
 
 
+class TestScorerCache(unittest.TestCase):
+    """The model's idle scorers: bounded by count and by bytes, least recently used out."""
+
+    def idle(self, m):
+        return [e["threads"] for e in m.idle_scorers()]
+
+    def test_count_bound_lru(self):
+        with parity.Model("synthetic:tiny", max_idle_scorers=2) as m:
+            self.assertEqual((m.max_idle_scorers, m.max_idle_bytes),
+                             (2, parity.model.DEFAULT_IDLE_BYTES))
+            want = m.score([1, 2, 3], threads=1)
+            for t in (1, 2, 3):
+                self.assertEqual(m.score([1, 2, 3], threads=t), want)
+            self.assertEqual(self.idle(m), [2, 3])      # 1, the least recently used, freed
+            m.score([1, 2, 3], threads=2)               # 2 is now the most recently used
+            self.assertEqual(self.idle(m), [3, 2])
+            m.score([1, 2, 3], threads=4)
+            self.assertEqual(self.idle(m), [2, 4])      # 3 out, not 2
+            m.probe([1, 2, 3], want, threads=2)         # probe takes from the same cache
+            self.assertEqual(self.idle(m), [4, 2])
+            m.score([1, 2, 3], policy="hf-eager", threads=4)  # another policy: its own scorer
+            self.assertEqual([(e["threads"], e["policy"]) for e in m.idle_scorers()],
+                             [(2, parity.Policy.from_name("aligned")),
+                              (4, parity.Policy.from_name("hf-eager"))])
+            self.assertEqual(m.idle_scorers()[0]["backend"], "bf16")
+            m.max_idle_scorers = 1                      # lowering the bound frees at once
+            self.assertEqual(self.idle(m), [4])
+            m.max_idle_scorers = 0
+            self.assertEqual(m.idle_scorers(), [])
+            self.assertEqual(m.score([1, 2, 3], threads=1), want)  # still scores, keeps none
+            self.assertEqual(m.idle_scorers(), [])
+            m.max_idle_scorers = None
+            for t in range(1, 7):
+                m.score([1, 2, 3], threads=t)
+            self.assertEqual(self.idle(m), [1, 2, 3, 4, 5, 6])
+        self.assertEqual(m.idle_scorers(), [])          # closed: all freed
+        with self.assertRaises(ParityError):
+            parity.Model("synthetic:tiny", max_idle_scorers=-1)
+        with self.assertRaises(TypeError):
+            parity.Model("synthetic:tiny", max_idle_bytes="1G")
+
+    def test_byte_bound_lru(self):
+        long_seq = list(range(200)) * 2
+        with parity.Model("synthetic:tiny", max_idle_scorers=None, max_idle_bytes=None,
+                          max_tokens=64) as m:
+            for t in (1, 2, 3, 4):
+                m.score([1, 2, 3], threads=t)
+            m.score(long_seq, threads=5)                # a larger capacity: more bytes
+            idle = m.idle_scorers()
+            self.assertEqual([(e["threads"], e["max_tokens"]) for e in idle],
+                             [(1, 64), (2, 64), (3, 64), (4, 64), (5, 400)])
+            size = {e["threads"]: e["bytes"] for e in idle}  # each its parity_scorer_bytes
+            big = size.pop(5)
+            self.assertTrue(all(b > 0 for b in size.values()))
+            bound = size[2] + size[4]                   # room for scorers 2 and 4, not 1, 2, 3
+            self.assertGreater(size[1] + size[3], size[4])
+            self.assertGreater(big, bound)
+            self.assertEqual(m._idle_bytes, sum(size.values()) + big)
+            m.max_idle_bytes = 0                        # frees them all at once
+            self.assertEqual(m.idle_scorers(), [])
+            m.max_idle_bytes = bound
+            for t in (1, 2, 3):
+                m.score([1, 2, 3], threads=t)
+            self.assertEqual(self.idle(m), [2, 3])      # 1, the least recently used, out
+            m.score([1, 2, 3], threads=2)
+            m.score([1, 2, 3], threads=4)
+            self.assertEqual(self.idle(m), [2, 4])      # 3 out, not 2
+            m.score(long_seq, threads=5)                # alone too large: freed, the others stay
+            self.assertEqual(self.idle(m), [2, 4])
+            m.max_idle_bytes = big + size[4]            # room for the large one and 4
+            m.score(long_seq, threads=5)
+            self.assertEqual(self.idle(m), [4, 5])      # 2, the least recently used, out
+            self.assertEqual(m._idle_bytes, big + size[4])
+            m.max_idle_bytes = big
+            self.assertEqual(self.idle(m), [5])
+            m.max_idle_bytes = big - 1
+            self.assertEqual(m.idle_scorers(), [])
+            self.assertEqual(m._idle_bytes, 0)
+
+
 class TestThreads(unittest.TestCase):
     def setUp(self):
         self.tiny, self.real = Models.get()
@@ -745,6 +930,103 @@ class TestUpdates(unittest.TestCase):
             with self.assertRaises(ParityError) as e:
                 m.verify(os.path.join(TMP, "no-such-manifest.json"))
             self.assertEqual(e.exception.status, "PARITY_ERR_IO")
+
+
+def ref_checksum(f32_bits_list=None, bf16_list=None):
+    """FNV-1a 64 over the little-endian bf16 of values, in plain Python (the reference the
+    library's parity_tensor_checksum is held to): fp32 bit patterns rounded to nearest even,
+    NaN -> 0x7fc0."""
+    if bf16_list is None:
+        bf16_list = [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else (u + 0x7FFF + ((u >> 16) & 1))
+                     >> 16 for u in f32_bits_list]
+    h = 0xCBF29CE484222325
+    for v in bf16_list:
+        for b in (v & 0xFF, v >> 8):
+            h = ((h ^ b) * 0x100000001B3) & ((1 << 64) - 1)
+    return h
+
+
+class TestManifest(unittest.TestCase):
+    """parity.write_manifest: the library's checksum on every input form, zero-copy."""
+
+    # fp32 bit patterns: ties to even both ways, NaNs (quiet, signalling, negative), infinities,
+    # subnormals, the largest finite (rounds to inf), zeros
+    BITS = [0x3F800000, 0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
+            0x7F800000, 0xFF800000, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0x00000000, 0x80000000,
+            0x40490FDB, 0xC2F6E979]
+
+    def test_forms_and_reference(self):
+        from parity.manifest import checksum
+        f32 = array("I", self.BITS)
+        want = ref_checksum(self.BITS)
+        bf = array("H", [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else
+                         (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u in self.BITS])
+        self.assertEqual(ref_checksum(bf16_list=list(bf)), want)
+        raw32, raw16 = f32.tobytes(), bf.tobytes()
+        n = len(self.BITS)
+        for kind in (raw32, bytearray(raw32), memoryview(raw32), array("f", raw32),
+                     memoryview(bytearray(raw32)).cast("I")):
+            self.assertEqual(checksum(("F32", (n,), kind)), ((n,), want), type(kind))
+            self.assertEqual(checksum(("F32", [4, n // 4], kind)), ((4, n // 4), want))
+        for kind in (raw16, bytearray(raw16), memoryview(raw16), bf):
+            self.assertEqual(checksum(("BF16", (2, n // 2), kind)), ((2, n // 2), want))
+        # unaligned, read-only: a slice of bytes one byte in
+        shifted = (b"x" + raw32)
+        self.assertEqual(checksum(("F32", (n,), memoryview(shifted)[1:])), ((n,), want))
+        # a non-contiguous view is read in row-major order
+        every_other = memoryview(array("I", [v for u in self.BITS for v in (u, 0)])).cast(
+            "B").cast("I")[::2]
+        self.assertFalse(every_other.c_contiguous)
+        self.assertEqual(checksum(("F32", (n,), every_other)), ((n,), want))
+        # f16: exact in bf16 or rounded (1 + 2^-8 + 2^-10 rounds up), and a NaN
+        halves = [1.0, -2.5, 65504.0, 6.103515625e-05, 1.0 + 2 ** -8 + 2 ** -10, 0.0]
+        f16 = struct.pack("<%de" % len(halves), *halves) + b"\x01\x7e"  # + a NaN
+        as32 = list(array("I", array("f", halves).tobytes())) + [0x7FC00000]
+        self.assertEqual(checksum(("F16", (7,), f16)), ((7,), ref_checksum(as32)))
+        self.assertEqual(checksum(("BF16", (0,), b"")), ((0,), ref_checksum([])))
+
+    def test_bad_input(self):
+        from parity.manifest import checksum
+        with self.assertRaises(ParityError) as e:
+            checksum(("F32", (3,), bytes(8)))
+        self.assertIn("8 bytes for shape (3,) of F32 (want 12)", e.exception.message)
+        with self.assertRaises(ParityError):
+            checksum(("BF16", (2, 2), bytes(6)))
+        with self.assertRaises(ParityError):
+            checksum(("BF16", (-1,), bytes(0)))
+        for bad in (("F64", (1,), bytes(8)), ("BF16", 1, bytes(2)), ("BF16", (1,), [1, 2]),
+                    ("BF16", (1.5,), bytes(2)), [1.0, 2.0], "weights", None):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                checksum(bad)
+        with self.assertRaises(TypeError):
+            parity.write_manifest(os.path.join(TMP, "m.json"), {1: ("BF16", (1,), bytes(2))})
+        with self.assertRaises(TypeError):
+            parity.write_manifest(os.path.join(TMP, "m.json"), [("BF16", (1,), bytes(2))])
+
+    def test_same_text_as_the_library(self):
+        """The learner's manifest of the weights a model holds is the model's own, byte for
+        byte (given in the model's order), and verifies."""
+        weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
+        theirs = os.path.join(TMP, "c.manifest.json")
+        mine = os.path.join(TMP, "py.manifest.json")
+        with parity.Model(REAL, threads=1) as m:
+            m.write_manifest(theirs)
+            with open(theirs) as f:
+                order = list(json.load(f)["tensors"])
+            parity.write_manifest(mine, {name: ("BF16", weights[name][1], weights[name][0])
+                                         for name in order})
+            with open(theirs, "rb") as f1, open(mine, "rb") as f2:
+                self.assertEqual(f1.read(), f2.read())
+            self.assertEqual(m.verify(mine), [])
+            # one value of one tensor off by one ulp: that tensor's checksum differs
+            name = order[3]
+            arr = array("H", weights[name][0])
+            arr[7] ^= 1
+            parity.write_manifest(mine, {n: ("BF16", weights[n][1], arr if n == name
+                                             else weights[n][0]) for n in order})
+            diffs = m.verify(mine)
+            self.assertEqual(len(diffs), 1, diffs)
+            self.assertIn(name, diffs[0])
 
 
 class TestExamples(unittest.TestCase):

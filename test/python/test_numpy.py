@@ -170,5 +170,51 @@ class TestRegions(unittest.TestCase):
             regions.rope(bf16(np.ones((2, 8))), np.array([0.5, 1.5]), head_dim=8)
 
 
+class TestManifest(unittest.TestCase):
+    """Weights as numpy arrays: read in place (uint16 bf16 bits, float16, float32), non-
+    contiguous and big-endian arrays converted, all giving the checksum of the same values."""
+
+    def test_checksums_and_update(self):
+        from parity.manifest import checksum
+        x = (rng.standard_normal((48, 40)) * 3).astype(np.float32)
+        x[0, :4] = [np.nan, np.inf, -np.inf, 1e-40]
+        want = checksum(("F32", x.shape, x.tobytes()))[1]
+        self.assertEqual(checksum(x), (x.shape, want))
+        self.assertEqual(checksum(bf16(x)), (x.shape, want))  # the RNE of the library
+        wide = np.asfortranarray(x)
+        self.assertEqual(checksum(wide), (x.shape, want))
+        big = x.astype(">f4")
+        self.assertEqual(checksum(big), (x.shape, want))
+        ro = x.copy()
+        ro.flags.writeable = False
+        self.assertEqual(checksum(ro), (x.shape, want))
+        self.assertEqual(checksum(("F32", x.shape, x)), (x.shape, want))
+        t = np.ascontiguousarray(x.T)
+        self.assertEqual(checksum(x.T), (t.shape, checksum(t)[1]))
+        self.assertNotEqual(checksum(t)[1], want)
+        h = x.astype(np.float16)
+        self.assertEqual(checksum(h), (x.shape, checksum(("F32", x.shape,
+                                                          h.astype(np.float32)))[1]))
+        for bad in (x.astype(np.float64), x.astype(np.int32)):
+            with self.assertRaises(TypeError):
+                checksum(bad)
+        # Model.update takes the same forms, and the model then verifies against the manifest
+        with parity.Model("synthetic:tiny") as m:
+            w = (rng.standard_normal((256, 64)) * 0.02).astype(np.float32)
+            norm = np.ones(64 * 2, dtype=np.float32)[::2]  # non-contiguous
+            tensors = {"model.embed_tokens.weight": w, "model.norm.weight": norm}
+            m.update(tensors)
+            path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "parity-np-%d.json" % os.getpid())
+            try:
+                m.write_manifest(path)
+                with open(path) as f:
+                    import json
+                    theirs = json.load(f)["tensors"]
+                for name, value in tensors.items():
+                    self.assertEqual(theirs[name]["fnv1a64"], "%016x" % checksum(value)[1])
+            finally:
+                os.unlink(path)
+
+
 if __name__ == "__main__":
     harness.run("python-numpy")

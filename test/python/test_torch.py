@@ -281,5 +281,23 @@ class TestAutograd(Bitwise):
                       "no-such-preset")
 
 
+class TestManifest(unittest.TestCase):
+    """Weights as torch tensors: read through their data pointers (no numpy in between),
+    non-contiguous ones copied in row-major order, gradients ignored."""
+
+    def test_checksums(self):
+        from parity.manifest import checksum
+        x = torch.randn(33, 20) * 3
+        want = checksum(x.numpy())[1]
+        self.assertEqual(checksum(x), ((33, 20), want))
+        self.assertEqual(checksum(x.to(torch.bfloat16)), ((33, 20), want))  # the same RNE
+        self.assertEqual(checksum(x.clone().requires_grad_()), ((33, 20), want))
+        self.assertEqual(checksum(x.t()), ((20, 33), checksum(x.t().contiguous().numpy())[1]))
+        h = x.to(torch.float16)
+        self.assertEqual(checksum(h), ((33, 20), checksum(h.numpy())[1]))
+        with self.assertRaises(TypeError):
+            checksum(x.double())
+
+
 if __name__ == "__main__":
     harness.run("python-torch")
