@@ -12,8 +12,10 @@
  *     (output buffers excepted: their contents are unspecified after a failed call).
  *   - The library never prints, never exits and never aborts on bad input; it speaks only
  *     through the logging hook the host installs (parity_set_log_callback).
- *   - Threading: a parity_model is immutable after it is loaded and may be shared by any
- *     number of threads. A parity_scorer is used by one thread at a time (it owns scratch
+ *   - Threading: a parity_model may be shared by any number of threads. Its weights change
+ *     only through parity_model_update, which runs only while no other call uses the model
+ *     (it fails with PARITY_ERR_BUSY otherwise, and calls that find an update running fail
+ *     the same way): no call ever sees half-updated weights. Its config never changes. A parity_scorer is used by one thread at a time (it owns scratch
  *     memory and a thread pool); create one per thread that scores. The region kernels are
  *     pure functions of their arguments and may be called from any thread.
  *     A scorer or sampler must not be used by two threads at once; the library detects it
@@ -390,7 +392,20 @@ PARITY_API int parity_config_load(const char *path, parity_config *out);
 /* Loads a Hugging Face checkpoint directory: config.json plus model.safetensors, or shards
  * listed in model.safetensors.index.json. BF16 tensors are mapped, not copied; F16/F32 are
  * cast to bf16 with round-to-nearest-even (F32 masters are kept, mapped, for the fp32
- * policy). Every tensor is validated (format, shape against the config, finite values). */
+ * policy; F16 ones are widened into owned fp32 copies, 4 bytes a parameter). Every tensor
+ * is validated (format, shape against the config, finite values).
+ *
+ * Lifetimes and memory:
+ *   - The checkpoint files stay mapped while the model lives: they must not be truncated or
+ *     rewritten in place meanwhile (reading a truncated mapping kills the process with
+ *     SIGBUS, which no library can catch). Replace a file by renaming a new one over it.
+ *   - The model must outlive every scorer and sampler made from it; free them first.
+ *   - Weights in fp32: norm weights and biases are always held widened (small). The matrices
+ *     are widened, once per model, when the first scorer or sampler with the openblas
+ *     backend or the fp32 policy is created: an fp32 copy of every weight matrix, 4 bytes a
+ *     parameter more (the fp32 policy reads an F32 or F16 checkpoint's masters instead, but
+ *     the copy is made all the same, for the openblas backend). The copy lives with the
+ *     model and is not counted by a scorer's or sampler's max_memory. */
 PARITY_API int parity_model_load(const char *dir, parity_model **out);
 
 /* A model with deterministic weights drawn from `seed`: normal(0, 0.02) matrices and
@@ -406,6 +421,7 @@ PARITY_API int parity_model_open(const char *spec, parity_model **out);
 PARITY_API int parity_model_save(const parity_model *model, const char *dir);
 
 PARITY_API void parity_model_free(parity_model *model);
+/* The model's config: valid until the model is freed (weight updates do not change it). */
 PARITY_API const parity_config *parity_model_config(const parity_model *model);
 
 /* ---------------------------------------------------------------------------------------- */
@@ -551,9 +567,9 @@ typedef struct parity_sampler_params {
     uint32_t prefill_chunk;      /* rows per prefill forward; 0 = 256 */
     uint32_t max_batch;          /* rows per decode forward; 0 = 64 */
     parity_policy policy;
-    /* Kernel-order experiments, for the mismatch benchmarks: engines sum in other orders than a
-     * learner does. Both switch the sampler's decode steps to that order and so break the
-     * parity contract on purpose; 0 = off (the default). */
+    /* EXPERIMENT ONLY: kernel-order experiments, for the mismatch benchmarks (engines sum in
+     * other orders than a learner does). Both switch the sampler's decode steps to that order
+     * and so break the parity contract on purpose; leave them 0 (off, the default). */
     uint32_t split_k;            /* GEMMs sum K in this many chunks (each a multiple of 32
                                     elements, in the backend's order), then add the partial
                                     sums in chunk order, as split-K GEMMs do */

@@ -135,51 +135,59 @@ static int resolve(const engine_kind *k, const parity_model *m, const void *para
     return rc ? rc : engine_check(&ep->policy, ep->backend, ep->n_threads);
 }
 
-static uint64_t object_bytes(const engine_kind *k, const parity_config *c, const any_params *resolved,
-                             const engine_params *ep) {
+/* An object's params resolved, its engine's params, and the bytes it would take. */
+typedef struct sized {
+    any_params resolved;
+    engine_params ep;
+    uint64_t bytes;
+} sized;
+
+/* Checks the call (`out`: the caller's output pointer) and sizes the object. */
+static int size_object(const engine_kind *k, const parity_model *m, const void *params,
+                       const void *out, sized *z) {
+    if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
+    int rc = resolve(k, m, params, &z->resolved, &z->ep);
+    if (rc) return rc;
     engine_buf b[ENGINE_MAX_BUFS];
-    size_t n = k->bufs(k->layout, resolved, ep, b);
-    return engine_bytes(c, ep, k->object_size, b, n);
+    size_t n = k->bufs(k->layout, &z->resolved, &z->ep, b);
+    z->bytes = engine_bytes(&m->config, &z->ep, k->object_size, b, n);
+    return PARITY_OK;
 }
 
 int engine_object_bytes(const engine_kind *k, const parity_model *m, const void *params,
                         uint64_t *bytes) {
-    if (!bytes) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
-    any_params resolved;
-    engine_params ep;
-    int rc = resolve(k, m, params, &resolved, &ep);
-    if (rc) return rc;
-    *bytes = object_bytes(k, &m->config, &resolved, &ep);
-    return PARITY_OK;
+    sized z;
+    int rc = size_object(k, m, params, bytes, &z);
+    if (rc == PARITY_OK) *bytes = z.bytes;
+    return rc;
 }
 
 int engine_object_create(const engine_kind *k, const parity_model *m, const void *params,
                          void *out) {
-    if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
-    any_params resolved;
-    engine_params ep;
-    int rc = resolve(k, m, params, &resolved, &ep);
+    sized z;
+    int rc = size_object(k, m, params, out, &z);
     if (rc) return rc;
+    const any_params *resolved = &z.resolved;
+    const engine_params *ep = &z.ep;
 
     /* what the object will hold, against the caller's ceiling, before anything is taken */
-    const uint64_t bytes = object_bytes(k, &m->config, &resolved, &ep);
-    if (ep.max_memory && bytes > ep.max_memory) {
+    if (ep->max_memory && z.bytes > ep->max_memory) {
         char sizes[160];
-        k->describe(&resolved, sizes, sizeof sizes);
+        k->describe(resolved, sizes, sizeof sizes);
         return set_error(PARITY_ERR_MEMORY_LIMIT,
                          "the %s needs %llu bytes of KV cache, scratch and tables (%s), more "
                          "than max_memory = %llu",
-                         k->name, (unsigned long long)bytes, sizes,
-                         (unsigned long long)ep.max_memory);
+                         k->name, (unsigned long long)z.bytes, sizes,
+                         (unsigned long long)ep->max_memory);
     }
-    if ((rc = engine_prepare_weights(m, &ep.policy, ep.backend))) return rc;
+    if ((rc = engine_prepare_weights(m, &ep->policy, ep->backend))) return rc;
 
     void *object = px_calloc(1, k->object_size, k->name);
     if (!object) return PARITY_ERR_OUT_OF_MEMORY;
-    memcpy((char *)object + k->params_offset, &resolved, k->params_size);
+    memcpy((char *)object + k->params_offset, resolved, k->params_size);
     engine_buf b[ENGINE_MAX_BUFS];
-    size_t n = k->bufs(object, &resolved, &ep, b);
-    if ((rc = engine_init(engine_of(k, object), m, &ep, b, n))) {
+    size_t n = k->bufs(object, resolved, ep, b);
+    if ((rc = engine_init(engine_of(k, object), m, ep, b, n))) {
         px_free(object);
         return rc;
     }

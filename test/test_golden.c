@@ -28,6 +28,7 @@
  */
 #include <cblas.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <sys/stat.h>
 
 #include "check.h"
@@ -65,6 +66,18 @@ static void add_section(output *o, const char *name, int is_int, const void *dat
     memcpy(s->data, data, count * 4);
 }
 
+/* add_section with a printf-formatted name. */
+static void add_named(output *o, int is_int, const void *data, size_t count, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void add_named(output *o, int is_int, const void *data, size_t count, const char *fmt, ...) {
+    char name[96];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    add_section(o, name, is_int, data, count);
+}
+
 static void free_output(output *o) {
     for (size_t i = 0; i < o->n; i++) free(o->s[i].data);
     o->n = 0;
@@ -98,37 +111,36 @@ static void make_batch(batch *b, uint32_t vocab) {
     }
 }
 
+/* The scorer's modes: options as a caller sets them. */
 typedef struct score_mode {
     const char *name;
-    uint32_t mode;
-    float temperature;
-    uint32_t top_k;
-    float top_p, min_p;
+    parity_score_options options;
 } score_mode;
 
+#define SCORE_OPTIONS(mode, t, k, p, minp) {sizeof(parity_score_options), mode, t, k, p, minp, TOP_N}
 static const score_mode score_modes[] = {
-    {"raw", PARITY_LOGPROB_RAW, 1.0f, 0, 1.0f, 0.0f},
-    {"processed", PARITY_LOGPROB_PROCESSED, 0.7f, 0, 1.0f, 0.0f},
-    {"processed-truncated", PARITY_LOGPROB_PROCESSED_TRUNCATED, 0.8f, 20, 0.9f, 0.02f},
+    {"raw", SCORE_OPTIONS(PARITY_LOGPROB_RAW, 1.0f, 0, 1.0f, 0.0f)},
+    {"processed", SCORE_OPTIONS(PARITY_LOGPROB_PROCESSED, 0.7f, 0, 1.0f, 0.0f)},
+    {"processed-truncated", SCORE_OPTIONS(PARITY_LOGPROB_PROCESSED_TRUNCATED, 0.8f, 20, 0.9f, 0.02f)},
 };
 
+/* The sampler's settings: parity_sampling as a caller sets it (no stop tokens). */
 typedef struct sample_setting {
     const char *name;
-    float temperature;
-    uint32_t top_k;
-    float top_p, min_p;
-    uint32_t logprob_mode;
-    uint64_t seed;
+    parity_sampling sampling;
 } sample_setting;
 
+#define MAX_NEW 20
+#define SAMPLING(t, k, p, minp, mode, seed_) \
+    {.size = sizeof(parity_sampling), .temperature = t, .top_k = k, .top_p = p, .min_p = minp, \
+     .seed = seed_, .max_new_tokens = MAX_NEW, .logprob_mode = mode, .top_n = TOP_N}
 static const sample_setting sample_settings[] = {
-    {"greedy", 0.0f, 0, 1.0f, 0.0f, PARITY_LOGPROB_RAW, 1},
-    {"t1", 1.0f, 0, 1.0f, 0.0f, PARITY_LOGPROB_PROCESSED, 7},
-    {"t0.7-topk8", 0.7f, 8, 1.0f, 0.0f, PARITY_LOGPROB_PROCESSED_TRUNCATED, 42},
-    {"t1.2-topp0.9-minp0.05", 1.2f, 0, 0.9f, 0.05f, PARITY_LOGPROB_PROCESSED_TRUNCATED, 2026},
+    {"greedy", SAMPLING(0.0f, 0, 1.0f, 0.0f, PARITY_LOGPROB_RAW, 1)},
+    {"t1", SAMPLING(1.0f, 0, 1.0f, 0.0f, PARITY_LOGPROB_PROCESSED, 7)},
+    {"t0.7-topk8", SAMPLING(0.7f, 8, 1.0f, 0.0f, PARITY_LOGPROB_PROCESSED_TRUNCATED, 42)},
+    {"t1.2-topp0.9-minp0.05", SAMPLING(1.2f, 0, 0.9f, 0.05f, PARITY_LOGPROB_PROCESSED_TRUNCATED, 2026)},
 };
 #define N_SETTINGS (sizeof sample_settings / sizeof sample_settings[0])
-#define MAX_NEW 20
 static const char *const prompts[] = {"def ", "class Foo:\n    "};
 #define N_PROMPTS (sizeof prompts / sizeof prompts[0])
 
@@ -153,25 +165,13 @@ static int score_outputs(const parity_model *m, const parity_policy *pol, uint32
     int32_t top_ids[512 * TOP_N];
     for (size_t i = 0; i < sizeof score_modes / sizeof score_modes[0]; i++) {
         const score_mode *sm = &score_modes[i];
-        parity_score_options opt;
-        parity_score_default_options(&opt);
-        opt.mode = sm->mode;
-        opt.temperature = sm->temperature;
-        opt.top_k = sm->top_k;
-        opt.top_p = sm->top_p;
-        opt.min_p = sm->min_p;
-        opt.top_n = TOP_N;
+        const parity_score_options opt = sm->options;
         st = parity_score(s, &opt, b.tokens, b.lengths, N_SEQS, lp, ent, top_ids, top_lp);
         if (st != PARITY_OK) break;
-        char name[64];
-        snprintf(name, sizeof name, "score.%s.logprobs", sm->name);
-        add_section(o, name, 0, lp, b.n_out);
-        snprintf(name, sizeof name, "score.%s.entropy", sm->name);
-        add_section(o, name, 0, ent, b.n_out);
-        snprintf(name, sizeof name, "score.%s.top_ids", sm->name);
-        add_section(o, name, 1, top_ids, b.n_out * TOP_N);
-        snprintf(name, sizeof name, "score.%s.top_logprobs", sm->name);
-        add_section(o, name, 0, top_lp, b.n_out * TOP_N);
+        add_named(o, 0, lp, b.n_out, "score.%s.logprobs", sm->name);
+        add_named(o, 0, ent, b.n_out, "score.%s.entropy", sm->name);
+        add_named(o, 1, top_ids, b.n_out * TOP_N, "score.%s.top_ids", sm->name);
+        add_named(o, 0, top_lp, b.n_out * TOP_N, "score.%s.top_logprobs", sm->name);
     }
     parity_scorer_free(s);
     return st;
@@ -207,17 +207,7 @@ static int sample_outputs(const parity_model *m, const parity_policy *pol, uint3
         uint32_t len = (uint32_t)strlen(text);
         for (uint32_t t = 0; t < len; t++)
             prompt[t] = (int32_t)((unsigned char)text[t] % cfg->vocab_size);
-        parity_sampling sg;
-        parity_sampling_default(&sg);
-        sg.temperature = ss->temperature;
-        sg.top_k = ss->top_k;
-        sg.top_p = ss->top_p;
-        sg.min_p = ss->min_p;
-        sg.seed = ss->seed;
-        sg.logprob_mode = ss->logprob_mode;
-        sg.max_new_tokens = MAX_NEW;
-        sg.top_n = TOP_N;
-        st = parity_sampler_add(smp, prompt, len, &sg, i, &seq[i]);
+        st = parity_sampler_add(smp, prompt, len, &ss->sampling, i, &seq[i]);
     }
     for (uint32_t step = 0; step < MAX_NEW && st == PARITY_OK; step++) {
         uint32_t live[N], idx[N];
@@ -246,19 +236,12 @@ static int sample_outputs(const parity_model *m, const parity_policy *pol, uint3
     if (st != PARITY_OK) return st;
     for (size_t i = 0; i < N; i++) {
         if (n_out[i] > MAX_NEW) n_out[i] -= MAX_NEW;
-        char name[96];
-        snprintf(name, sizeof name, "sample.p%zu.%s.tokens", i / N_SETTINGS,
-                 sample_settings[i % N_SETTINGS].name);
-        add_section(o, name, 1, tokens[i], n_out[i]);
-        snprintf(name, sizeof name, "sample.p%zu.%s.logprobs", i / N_SETTINGS,
-                 sample_settings[i % N_SETTINGS].name);
-        add_section(o, name, 0, logprobs[i], n_out[i]);
-        snprintf(name, sizeof name, "sample.p%zu.%s.top_ids", i / N_SETTINGS,
-                 sample_settings[i % N_SETTINGS].name);
-        add_section(o, name, 1, top_ids[i], n_out[i] * TOP_N);
-        snprintf(name, sizeof name, "sample.p%zu.%s.top_logprobs", i / N_SETTINGS,
-                 sample_settings[i % N_SETTINGS].name);
-        add_section(o, name, 0, top_lp[i], n_out[i] * TOP_N);
+        const size_t p = i / N_SETTINGS;
+        const char *setting = sample_settings[i % N_SETTINGS].name;
+        add_named(o, 1, tokens[i], n_out[i], "sample.p%zu.%s.tokens", p, setting);
+        add_named(o, 0, logprobs[i], n_out[i], "sample.p%zu.%s.logprobs", p, setting);
+        add_named(o, 1, top_ids[i], n_out[i] * TOP_N, "sample.p%zu.%s.top_ids", p, setting);
+        add_named(o, 0, top_lp[i], n_out[i] * TOP_N, "sample.p%zu.%s.top_logprobs", p, setting);
     }
     return PARITY_OK;
 }

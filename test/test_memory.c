@@ -14,53 +14,35 @@ static uint64_t xorshift(uint64_t *s) {
     return *s;
 }
 
-static void check_scorer(const parity_model *m, const char *what, const parity_scorer_params *p) {
-    uint64_t told = 0;
-    CHECK_OK(parity_scorer_bytes(m, p, &told));
-    parity_scorer *s = NULL;
-    px_alloc_test_reset(0);
-    CHECK_OK(parity_scorer_create(m, p, &s));
-    const uint64_t taken = px_alloc_test_bytes();
-    parity_scorer_free(s);
-    printf("memory: scorer %-36s told %10llu bytes, allocated %10llu\n", what,
-           (unsigned long long)told, (unsigned long long)taken);
-    CHECK(told == taken);
-
-    parity_scorer_params q = *p;
-    q.max_memory = told;
-    CHECK_OK(parity_scorer_create(m, &q, &s));
-    parity_scorer_free(s);
-    q.max_memory = told - 1;
-    s = NULL;
-    px_alloc_test_reset(0);
-    CHECK_STATUS(parity_scorer_create(m, &q, &s), PARITY_ERR_MEMORY_LIMIT);
-    CHECK_INT(px_alloc_test_count(), 0);
-    CHECK(s == NULL);
-}
-
-static void check_sampler(const parity_model *m, const char *what, const parity_sampler_params *p) {
-    uint64_t told = 0;
-    CHECK_OK(parity_sampler_bytes(m, p, &told));
-    parity_sampler *s = NULL;
-    px_alloc_test_reset(0);
-    CHECK_OK(parity_sampler_create(m, p, &s));
-    const uint64_t taken = px_alloc_test_bytes();
-    parity_sampler_free(s);
-    printf("memory: sampler %-35s told %10llu bytes, allocated %10llu\n", what,
-           (unsigned long long)told, (unsigned long long)taken);
-    CHECK(told == taken);
-
-    parity_sampler_params q = *p;
-    q.max_memory = told;
-    CHECK_OK(parity_sampler_create(m, &q, &s));
-    parity_sampler_free(s);
-    q.max_memory = told - 1;
-    s = NULL;
-    px_alloc_test_reset(0);
-    CHECK_STATUS(parity_sampler_create(m, &q, &s), PARITY_ERR_MEMORY_LIMIT);
-    CHECK_INT(px_alloc_test_count(), 0);
-    CHECK(s == NULL);
-}
+/* For an object kind (scorer, sampler): the told bytes equal the allocated bytes, and
+ * max_memory at the figure passes while one byte less fails before any allocation. The two
+ * kinds differ only in their types and function names. */
+#define DEFINE_CHECK_BYTES(kind)                                                              \
+    static void check_##kind(const parity_model *m, const char *what,                         \
+                             const parity_##kind##_params *p) {                               \
+        uint64_t told = 0;                                                                    \
+        CHECK_OK(parity_##kind##_bytes(m, p, &told));                                         \
+        parity_##kind *s = NULL;                                                              \
+        px_alloc_test_reset(0);                                                               \
+        CHECK_OK(parity_##kind##_create(m, p, &s));                                           \
+        const uint64_t taken = px_alloc_test_bytes();                                         \
+        parity_##kind##_free(s);                                                              \
+        printf("memory: %-7s %-36s told %10llu bytes, allocated %10llu\n", #kind, what,       \
+               (unsigned long long)told, (unsigned long long)taken);                          \
+        CHECK(told == taken);                                                                 \
+        parity_##kind##_params q = *p;                                                        \
+        q.max_memory = told;                                                                  \
+        CHECK_OK(parity_##kind##_create(m, &q, &s));                                          \
+        parity_##kind##_free(s);                                                              \
+        q.max_memory = told - 1;                                                              \
+        s = NULL;                                                                             \
+        px_alloc_test_reset(0);                                                               \
+        CHECK_STATUS(parity_##kind##_create(m, &q, &s), PARITY_ERR_MEMORY_LIMIT);             \
+        CHECK_INT(px_alloc_test_count(), 0);                                                  \
+        CHECK(s == NULL);                                                                     \
+    }
+DEFINE_CHECK_BYTES(scorer)
+DEFINE_CHECK_BYTES(sampler)
 
 static void test_bytes(const parity_model *m) {
     /* the fp32 copies of the weights belong to the model: built once here, before measuring */
