@@ -600,9 +600,9 @@ static parity_sampler *make_sampler(const run_env *e, const variant *v, size_t p
     p.split_kv = v->split_kv;
     p.max_seqs = (uint32_t)(prompts * (per + 1));
     p.max_len = max_len;
-    const uint64_t seq_blocks = (max_len + 15) / 16;
+    const uint64_t block = parity_kv_block_tokens(), seq_blocks = (max_len + block - 1) / block;
     uint64_t blocks = (uint64_t)prompts * (seq_blocks + (uint64_t)per * (seq_blocks + 1));
-    p.cache_tokens = (uint32_t)(blocks * 16);
+    p.cache_tokens = (uint32_t)(blocks * block);
     p.max_batch = (uint32_t)(prompts * per < 64 ? prompts * per : 64);
     parity_sampler *s = NULL;
     int rc = parity_sampler_create(e->model, &p, &s);

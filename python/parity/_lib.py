@@ -414,6 +414,8 @@ _PROTOTYPES = [
     #                          uint64_t *bytes);
     ("parity_sampler_bytes", c_int, [model_p, POINTER(parity_sampler_params), POINTER(c_uint64)],
      True),
+    # uint32_t parity_kv_block_tokens(void);
+    ("parity_kv_block_tokens", c_uint32, [], False),
 ]
 
 _IN_TREE = os.path.isfile(os.path.join(_REPO_ROOT, "include", "parity.h"))

@@ -301,7 +301,8 @@ class Model(_lib.Closing):
         except BaseException:
             self._release()
             raise
-        return _Idle(key, h, (params.max_tokens + 15) // 16 * 16, nbytes.value)
+        block = lib.parity_kv_block_tokens()
+        return _Idle(key, h, (params.max_tokens + block - 1) // block * block, nbytes.value)
 
     def _checkin(self, entry):
         """Returns a scorer taken by _checkout (the most recently used now) and the user
@@ -508,7 +509,8 @@ class Model(_lib.Closing):
         max_len = min(longest + max_tokens, self.context)
         # room for every sequence's blocks, copies of shared ones included (the library's
         # default, max_seqs * max_len, can run short when max_len is small)
-        cache = (b + 1) * ((max_len + 15) // 16 + 1) * 16
+        block = lib.parity_kv_block_tokens()
+        cache = (b + 1) * ((max_len + block - 1) // block + 1) * block
         with Sampler(self, policy=policy, max_seqs=b + 1, max_batch=b, threads=threads,
                      backend=backend, max_len=max_len, cache_tokens=cache) as s:
             return s.generate(prompts, n=n, max_tokens=max_tokens, batch=b, **sampling)
