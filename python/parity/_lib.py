@@ -494,6 +494,9 @@ def load(places):
     the first that loads and matches this binding. Raises ImportError naming every place tried
     and why it failed when none does; warns about the places that failed before the one used."""
     failures, tried = [], set()
+    # worth a warning when another place is used: the one the user named, or a library that
+    # is there but does not load or match (an absent file at a usual place is not news)
+    notable = []
     for where, path in places:
         if not path:
             failures.append("%s: %s" % (where, "not in a source tree (no include/parity.h "
@@ -512,10 +515,12 @@ def load(places):
                 if why.startswith(prefix):
                     why = why[len(prefix):]
             failures.append("%s: %s: %s" % (where, path, why))
+            if where == "PARITY_LIBRARY" or why != "no such file":
+                notable.append(failures[-1])
             continue
-        if failures:
+        if notable:
             warnings.warn("parity: using %s (%s); tried before it: %s"
-                          % (path, where, "; ".join(failures)), RuntimeWarning, stacklevel=3)
+                          % (path, where, "; ".join(notable)), RuntimeWarning, stacklevel=3)
         return handle, path, tables
     raise ImportError("parity: no usable libparity; tried, in order:\n  %s\n%s"
                       % ("\n  ".join(failures), _BUILD_HINT))

@@ -208,18 +208,25 @@ class TestLoading(unittest.TestCase):
         self.assertIn("ctypes.util.find_library: nothing found", msg)
         self.assertEqual([ln.split(":")[0].strip() for ln in msg.splitlines()[1:6]],
                          [w for w, _ in places])
-        # a good place after bad ones: used, with a warning naming the bad ones
+        # a good place after bad ones: used, with a warning naming the ones worth naming (the
+        # place the user asked for; a file that is there but is not the library), not the
+        # usual places where nothing is installed
         import warnings
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            handle, path, tables = _lib.load(places[:2] + [("good", parity.LIBRARY_PATH)])
+            handle, path, tables = _lib.load(places[:3] + [("good", parity.LIBRARY_PATH)])
         self.assertEqual(path, parity.LIBRARY_PATH)
         self.assertEqual(handle.parity_abi_version(), parity.ABI_VERSION)
         self.assertEqual(tables["backends"], parity.model.BACKENDS)
         self.assertEqual(len(caught), 1)
         self.assertIn("PARITY_LIBRARY: %s" % junk, str(caught[0].message))
-        self.assertIn("build tree: /nonexistent/libparity.so: no such file",
-                      str(caught[0].message))
+        self.assertIn("installed: %s: a directory" % TMP, str(caught[0].message))
+        self.assertNotIn("/nonexistent/libparity.so", str(caught[0].message))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, path, _ = _lib.load([places[1], ("good", parity.LIBRARY_PATH)])
+        self.assertEqual(path, parity.LIBRARY_PATH)
+        self.assertEqual(caught, [])
 
     def test_enum_mirrors(self):
         from parity import _lib
