@@ -280,17 +280,55 @@ static void axpy_bf16_avx2(float *o, float p, const uint16_t *v, size_t n) {
 
 /* ---- GEMM ------------------------------------------------------------------------------- */
 
-/* Register tiles: one x row against 4 weight rows, 2 accumulators per output (lanes 0..7
- * and 8..15). gemm_bf16w holds the x chunk in 4 registers: 4 + 8 accumulators + weight
- * temporaries fit the 16 ymm registers (measured on Zen 3 against 2x2, 2x3, 3x2 and 1x5
- * tiles, this one is the fastest). The tiles are written out rather than looped over, so
- * that no compiler keeps the accumulators in memory. Tiling changes which outputs are
- * computed together, never the order of an output's own sum, so a row's results do not
- * depend on M or on its place in a tile. */
+/*
+ * gemm_bf16w has two paths, chosen by M. Both compute pair32 exactly. An output's 16 lane
+ * accumulators are 16 independent chains of fmas: lane l's chain takes, chunk after chunk in
+ * ascending order, the odd element's product and then the even one's; the chains only meet
+ * in the fold at the end. The paths differ in which chains they advance side by side, and in
+ * that a chain may wait in memory between two stretches of K (an fp32 store and reload is
+ * exact); no chain ever changes the order of its own steps. So no output depends on M, on
+ * the tile it falls in, on the columns next to it or on the thread that computes it.
+ *
+ * Decode (M < GEMM_HALF_MIN_M): each weight byte feeds one or two rows, so the loop is bound
+ * by memory bandwidth. One x row against GEMM_NR weight rows, both lane halves (2
+ * accumulators per output) in one pass, the next tile's weights prefetched.
+ *
+ * Prefill (M >= GEMM_HALF_MIN_M): bound by the fma units. Each accumulator is a chain of
+ * dependent fmas (latency 4, two issued per cycle), so a tile needs at least 8 accumulators
+ * to keep both units busy, and 16 ymm registers must hold them with the x and weight
+ * vectors. Lanes 0..7 and 8..15 of an output never meet before the fold, so they are computed
+ * in two passes over K (half 0, then half 1), one accumulator per output and pass; each pass
+ * advances its 8 chains in the same order as the single pass would. That makes room for a
+ * 3 x 3 tile: 9 accumulators, the 3 odd x vectors of a chunk, and one weight dword vector
+ * split into its odd and even halves at a time (the even x vectors are fma memory operands,
+ * read from L1). Per chunk and pass: 18 fmas, 3 weight loads, 6 integer ops. Measured on
+ * Zen 4 (from L1: 3 x 3 at about 95% of the fma peak) against 2 x 3 (6 chains, bound by
+ * latency at 75%), 2 x 4 (8 chains, no slack), 2 x 5 (spills), 3 x 4 and 4 x 3 (all of x as
+ * memory operands: more loads than the load ports sustain), and against weights widened to
+ * fp32 once into an L1 buffer (4% faster from L1, but it would double the weight bytes
+ * coming from L2, or make x stream from L2 instead).
+ */
+
+/* Weight rows per tile of the decode path. */
 #define GEMM_NR 4
-/* Rows of x per block (<= 192 KB, so that a block stays in L2 while every column tile
- * streams over it). */
+/* x rows per block of the fp32-weight GEMM (so that the block stays in L2). */
 #define GEMM_BLOCK_BYTES (192u * 1024u)
+
+/* The smallest M that takes the prefill path (measured: M = 2 is faster on the decode path,
+ * M = 3 about even, M = 4 faster here). */
+#define GEMM_HALF_MIN_M 3
+/* Prefill blocking, from the inside out:
+ *   - a row tile (3 x rows) against an N block of HP_NB column tiles (3 weight rows each):
+ *     the row tile's slice of x stays in L1 and every column tile reads it, while the
+ *     weights stream from L2 (bf16: half the bytes x would take);
+ *   - K in blocks of HP_KB chunks, so that the x slice (3 rows x 4 KB) fits L1 next to the
+ *     streaming weights; between K blocks the chains wait in an hp_part;
+ *   - the N block (33 rows, 66 KB per 1024 of K) stays in L2 while every row tile of the x
+ *     block passes, and the next N block is prefetched into L2 meanwhile;
+ *   - x rows in blocks of about HP_MB_BYTES, also for L2. */
+#define HP_KB 32
+#define HP_NB 11
+#define HP_MB_BYTES (512u * 1024u)
 
 /* One packed x chunk: the 16 even elements (lanes 0..7, 8..15), then the 16 odd ones. */
 typedef struct xchunk {
@@ -303,17 +341,21 @@ static inline xchunk load_xchunk(const float *xc) {
     return x;
 }
 
-/* One chunk of pair32 for one weight row. Dword l of the 32 bf16 at `wc` holds (w[k0], w[k1])
- * for lane l, k0 = 32c + 2l, the even element in the low half: w_even = dword << 16 and
- * w_odd = dword & 0xffff0000. Per lane: odd element first, as pair32 says. */
+/* Dword l of the 32 bf16 of a weight chunk holds (w[k0], w[k1]) for lane l, k0 = 32c + 2l,
+ * the even element in the low half: w_odd = dword & 0xffff0000, w_even = dword << 16. */
+static inline __m256 w_odd(__m256i d) {
+    return _mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32((int)0xffff0000u)));
+}
+static inline __m256 w_even(__m256i d) { return _mm256_castsi256_ps(_mm256_slli_epi32(d, 16)); }
+
+/* One chunk of pair32 for one weight row, both halves. Per lane: odd element first. */
 ALWAYS_INLINE void pair32_row(__m256 *acc0, __m256 *acc1, xchunk x, const uint16_t *wc) {
-    const __m256i odd_mask = _mm256_set1_epi32((int)0xffff0000u);
     __m256i d0 = _mm256_loadu_si256((const __m256i *)wc);
     __m256i d1 = _mm256_loadu_si256((const __m256i *)(wc + 16));
-    *acc0 = _mm256_fmadd_ps(x.o0, _mm256_castsi256_ps(_mm256_and_si256(d0, odd_mask)), *acc0);
-    *acc0 = _mm256_fmadd_ps(x.e0, _mm256_castsi256_ps(_mm256_slli_epi32(d0, 16)), *acc0);
-    *acc1 = _mm256_fmadd_ps(x.o1, _mm256_castsi256_ps(_mm256_and_si256(d1, odd_mask)), *acc1);
-    *acc1 = _mm256_fmadd_ps(x.e1, _mm256_castsi256_ps(_mm256_slli_epi32(d1, 16)), *acc1);
+    *acc0 = _mm256_fmadd_ps(x.o0, w_odd(d0), *acc0);
+    *acc0 = _mm256_fmadd_ps(x.e0, w_even(d0), *acc0);
+    *acc1 = _mm256_fmadd_ps(x.o1, w_odd(d1), *acc1);
+    *acc1 = _mm256_fmadd_ps(x.e1, w_even(d1), *acc1);
 }
 
 /* The last chunk when K % 32 != 0: the `rest` weights of each of the nr rows copied into a
@@ -328,11 +370,29 @@ static inline void copy_tail(uint16_t tail[GEMM_NR][32], size_t nr, const uint16
     }
 }
 
-/* y[0..3]: one packed x row against weight rows w, w + ldw, w + 2 ldw, w + 3 ldw. */
-static void bf16w_tile4(size_t K, const float *xp, const uint16_t *w, size_t ldw, float *y) {
+/* Decode prefetch: while a tile runs, the next tile's weights (GEMM_NR rows on) are
+ * prefetched, a chunk's worth of each row per chunk step. A small tile (4 rows of at most
+ * 2 KB) is prefetched in address order, which the memory system streams best; a larger one
+ * row by row, in the order it will be read, so that what arrives first is used first and a
+ * prefetched line is not evicted from L1 before its turn. */
+#define DECODE_LINEAR_MAX_BYTES (8u * 1024u)
+
+/* y[0..3]: one packed x row against weight rows w, w + ldw, w + 2 ldw, w + 3 ldw. `pf` (NULL
+ * to skip) is the next tile's first row; `linear` selects the address-order prefetch. */
+static void bf16w_tile4(size_t K, const float *xp, const uint16_t *w, size_t ldw, float *y,
+                        const uint16_t *pf, int linear) {
     const size_t full = K / 32, rest = K % 32;
+    const size_t row_bytes = ldw * sizeof(uint16_t);
     __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
     for (size_t c = 0; c < full; c++) {
+        if (pf) {
+            const char *p = (const char *)pf + (linear ? 256 * c : 64 * c);
+            const size_t step = linear ? 64 : row_bytes;
+            _mm_prefetch(p, _MM_HINT_T0);
+            _mm_prefetch(p + step, _MM_HINT_T0);
+            _mm_prefetch(p + 2 * step, _MM_HINT_T0);
+            _mm_prefetch(p + 3 * step, _MM_HINT_T0);
+        }
         xchunk x = load_xchunk(xp + 32 * c);
         const uint16_t *wc = w + 32 * c;
         pair32_row(&a0, &b0, x, wc);
@@ -366,6 +426,194 @@ static void bf16w_tile1(size_t K, const float *xp, const uint16_t *w, float *y) 
         pair32_row(&a0, &b0, load_xchunk(xp + 32 * full), tail[0]);
     }
     y[0] = fold16(a0, b0);
+}
+
+/* Decode path: weight tiles outside, x rows inside (rows after the first read the tile from
+ * L1, and only the first prefetches). */
+static void gemm_bf16w_rows(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                            float *y, size_t ldy, size_t n0, size_t n1) {
+    const size_t row = gemm_packed_row(K);
+    const int linear = GEMM_NR * ldw * sizeof(uint16_t) <= DECODE_LINEAR_MAX_BYTES;
+    size_t n = n0;
+    for (; n + GEMM_NR <= n1; n += GEMM_NR) {
+        const uint16_t *pf = n + 2 * GEMM_NR <= n1 ? w + (n + GEMM_NR) * ldw : NULL;
+        for (size_t m = 0; m < M; m++)
+            bf16w_tile4(K, xp + m * row, w + n * ldw, ldw, y + m * ldy + n, m ? NULL : pf,
+                        linear);
+    }
+    for (; n < n1; n++)
+        for (size_t m = 0; m < M; m++) bf16w_tile1(K, xp + m * row, w + n * ldw, y + m * ldy + n);
+}
+
+/* ---- prefill path ---- */
+
+/* Half h of chunks [0, nc) for R x rows (row stride ldx) against C weight rows (stride ldw):
+ * x points at the first chunk of row 0 plus 8h floats, w at its first chunk plus 16h
+ * elements; acc[r][j] holds lanes 8h .. 8h+7 of output (r, j) and takes, per lane, the odd
+ * element's product and then the even one's, chunk after chunk, as pair32 does. R, C are
+ * constants after inlining (the loops unroll and the accumulators live in registers). */
+ALWAYS_INLINE void half_tile(const int R, const int C, size_t nc, const float *x, size_t ldx,
+                             const uint16_t *w, size_t ldw, __m256 acc[3][3], const char *pf,
+                             size_t pf_step, size_t pf_n) {
+    for (size_t c = 0; c < nc; c++) {
+        if (c < pf_n) {
+            _mm_prefetch(pf + pf_step * c, _MM_HINT_T1);
+            if (pf_step > 64) _mm_prefetch(pf + pf_step * c + 64, _MM_HINT_T1);
+        }
+        __m256 xo[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) xo[r] = _mm256_loadu_ps(x + r * ldx + 32 * c + 16);
+#pragma GCC unroll 3
+        for (int j = 0; j < C; j++) {
+            __m256i d = _mm256_loadu_si256((const __m256i *)(w + j * ldw + 32 * c));
+            __m256 wo = w_odd(d), we = w_even(d);
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++) acc[r][j] = _mm256_fmadd_ps(xo[r], wo, acc[r][j]);
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++)
+                acc[r][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + 32 * c), we, acc[r][j]);
+        }
+    }
+}
+
+/* A range of memory to prefetch into L2 while computing (the next N block's weights):
+ * bytes [off, end) from base, `step` bytes (one or two cache lines) per chunk step. */
+typedef struct hp_prefetch {
+    const char *base;
+    size_t off, end, step;
+} hp_prefetch;
+
+/* The next nc chunk steps' share of the range: its start, and in *n how many steps have a
+ * line to prefetch (0 once the range is done). */
+static inline const char *pf_take(hp_prefetch *pf, size_t nc, size_t *n) {
+    const size_t left = pf->off < pf->end ? (pf->end - pf->off + pf->step - 1) / pf->step : 0;
+    const char *p = pf->base + (left ? pf->off : 0);
+    *n = left < nc ? left : nc;
+    pf->off += *n * pf->step;
+    return p;
+}
+
+/* Where a tile's chains stand between two K blocks: both halves of up to 3 x 3 outputs. */
+typedef struct hp_part {
+    __m256 a[2][3][3];
+} hp_part;
+
+/* Chunks [c0, c1) of an R x C tile (both halves, one after the other) at x row tile `x` and
+ * weight row `w`. The chains start at +0 when c0 == 0 and continue from `part` otherwise;
+ * they end in `part`, or, when c1 is the last chunk, folded into y. Chunk `full` (if
+ * c1 > full) is the padded tail. */
+ALWAYS_INLINE void hp_tile(const int R, const int C, size_t K, size_t c0, size_t c1,
+                           const float *x, size_t ldx, const uint16_t *w, size_t ldw,
+                           hp_part *part, float *y, size_t ldy, hp_prefetch *pf) {
+    const size_t full = K / 32, rest = K % 32, nct = full + (rest != 0);
+    const size_t f1 = c1 < full ? c1 : full;
+    uint16_t tail[GEMM_NR][32];
+    if (c1 > full) copy_tail(tail, (size_t)C, w + 32 * full, ldw, rest);
+    __m256 s[2][3][3];
+    size_t pf_n;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[3][3];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+            for (int j = 0; j < C; j++)
+                acc[r][j] = c0 == 0 ? _mm256_setzero_ps() : part->a[h][r][j];
+        if (f1 > c0) {
+            const char *p = pf_take(pf, f1 - c0, &pf_n);
+            half_tile(R, C, f1 - c0, x + 32 * c0 + 8 * h, ldx, w + 32 * c0 + 16 * h, ldw, acc, p,
+                      pf->step, pf_n);
+        }
+        if (c1 > full)
+            half_tile(R, C, 1, x + 32 * full + 8 * h, ldx, tail[0] + 16 * h, 32, acc, NULL, 0, 0);
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+            for (int j = 0; j < C; j++) s[h][r][j] = acc[r][j];
+    }
+    if (c1 == nct) {
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < C; j++) y[r * ldy + j] = fold16(s[0][r][j], s[1][r][j]);
+    } else {
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < C; j++) part->a[h][r][j] = s[h][r][j];
+    }
+}
+
+typedef void (*hp_tile_fn)(size_t K, size_t c0, size_t c1, const float *x, size_t ldx,
+                           const uint16_t *w, size_t ldw, hp_part *part, float *y, size_t ldy,
+                           hp_prefetch *pf);
+
+#define HP_TILE(R, C)                                                                          \
+    static void hp_tile_##R##x##C(size_t K, size_t c0, size_t c1, const float *x, size_t ldx, \
+                                  const uint16_t *w, size_t ldw, hp_part *part, float *y,     \
+                                  size_t ldy, hp_prefetch *pf) {                               \
+        hp_tile(R, C, K, c0, c1, x, ldx, w, ldw, part, y, ldy, pf);                           \
+    }
+HP_TILE(1, 1)
+HP_TILE(1, 2)
+HP_TILE(1, 3)
+HP_TILE(2, 1)
+HP_TILE(2, 2)
+HP_TILE(2, 3)
+HP_TILE(3, 1)
+HP_TILE(3, 2)
+HP_TILE(3, 3)
+
+static const hp_tile_fn hp_tiles[3][3] = {
+    {hp_tile_1x1, hp_tile_1x2, hp_tile_1x3},
+    {hp_tile_2x1, hp_tile_2x2, hp_tile_2x3},
+    {hp_tile_3x1, hp_tile_3x2, hp_tile_3x3},
+};
+
+/* Rows of the next row tile when `left` rows of the x block remain: 3, except that 4 splits
+ * as 2 + 2 and 2 stays 2 (a 1-row tile only for a 1-row block). */
+static inline size_t hp_rows(size_t left) { return left == 4 || left == 2 ? 2 : left < 3 ? left : 3; }
+
+static void gemm_bf16w_halves(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                              float *y, size_t ldy, size_t n0, size_t n1) {
+    const size_t row = gemm_packed_row(K), nct = row / 32;
+    /* x blocks of at most about HP_MB_BYTES, all of about the same size, in whole row tiles */
+    size_t mb = HP_MB_BYTES / (row * sizeof(float));
+    mb = mb < 3 ? 3 : mb;
+    const size_t n_blocks = (M + mb - 1) / mb;
+    mb = ((M + n_blocks - 1) / n_blocks + 2) / 3 * 3;
+    hp_part part[HP_NB]; /* 6 KB */
+    for (size_t m0 = 0; m0 < M; m0 += mb) {
+        const size_t m1 = M - m0 < mb ? M : m0 + mb;
+        for (size_t nb0 = n0; nb0 < n1; nb0 += 3 * HP_NB) {
+            const size_t nb1 = n1 - nb0 < 3 * HP_NB ? n1 : nb0 + 3 * HP_NB;
+            /* the next N block's weights are prefetched into L2 meanwhile: one line per chunk
+             * step covers them within 2 row tiles (11 tiles x 2 halves x the chunks, against 33
+             * rows x the chunks' lines); a single row tile takes two lines a step */
+            size_t pf0 = nb1, pf1 = n1 - nb1 < 3 * HP_NB ? n1 : nb1 + 3 * HP_NB;
+            if (pf0 == n1 && m1 < M) /* the last N block: the next x block's first one */
+                pf0 = n0, pf1 = n1 - n0 < 3 * HP_NB ? n1 : n0 + 3 * HP_NB;
+            hp_prefetch pf = {(const char *)w, pf0 * ldw * sizeof *w, pf1 * ldw * sizeof *w,
+                              m1 - m0 <= 3 ? 128 : 64};
+            for (size_t m = m0, R; m < m1; m += R) {
+                R = hp_rows(m1 - m);
+                for (size_t c0 = 0; c0 < nct; c0 += HP_KB) {
+                    const size_t c1 = nct - c0 < HP_KB ? nct : c0 + HP_KB;
+                    size_t t = 0;
+                    for (size_t n = nb0, C; n < nb1; n += C, t++) {
+                        C = nb1 - n < 3 ? nb1 - n : 3;
+                        hp_tiles[R - 1][C - 1](K, c0, c1, xp + m * row, row, w + n * ldw, ldw,
+                                               &part[t], y + m * ldy + n, ldy, &pf);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                            float *y, size_t ldy, size_t n0, size_t n1) {
+    if (M >= GEMM_HALF_MIN_M && K > 0)
+        gemm_bf16w_halves(M, K, xp, w, ldw, y, ldy, n0, n1);
+    else
+        gemm_bf16w_rows(M, K, xp, w, ldw, y, ldy, n0, n1);
 }
 
 /* dot16 step of 16 elements for one weight row: x0/x1 hold x[i..i+7], x[i+8..i+15]. */
@@ -404,47 +652,22 @@ static void f32w_tile4(size_t K, const float *x, const float *w, size_t ldw, flo
     y[3] = fold16(a3, b3);
 }
 
-/* The blocking both GEMMs share: blocks of x rows outside, column tiles inside, so that a
- * tile's weights are reused from L1 by every row of the block and the block is reused from L2
- * by every tile. `bf` (a constant after inlining) selects the bf16-weight tiles (x packed by
- * gemm_pack_x, ldx = gemm_packed_row(K)) or the fp32-weight ones (x unpacked, a row K floats
- * read, ldx apart). */
-ALWAYS_INLINE void gemm_blocked(int bf, size_t M, size_t K, const float *x, size_t ldx,
-                                const void *w, size_t ldw, float *y, size_t ldy, size_t n0,
-                                size_t n1) {
-    const size_t row_floats = bf ? ldx : K;  /* the floats of an x row that a tile reads */
-    size_t block = GEMM_BLOCK_BYTES / ((row_floats ? row_floats : 1) * sizeof(float));
+/* The fp32-weight GEMM: blocks of x rows outside, column tiles inside, so that a tile's
+ * weights are reused from L1 by every row of the block and the block is reused from L2 by
+ * every tile. */
+static void gemm_f32w_avx2(size_t M, size_t K, const float *x, size_t ldx, const float *w,
+                           size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
+    size_t block = GEMM_BLOCK_BYTES / ((K ? K : 1) * sizeof(float));
     if (block == 0) block = 1;
-    const uint16_t *wb = w;
-    const float *wf = w;
     for (size_t m0 = 0; m0 < M; m0 += block) {
         size_t m1 = M - m0 < block ? M : m0 + block;
         size_t n = n0;
         for (; n + GEMM_NR <= n1; n += GEMM_NR)
-            for (size_t m = m0; m < m1; m++) {
-                if (bf)
-                    bf16w_tile4(K, x + m * ldx, wb + n * ldw, ldw, y + m * ldy + n);
-                else
-                    f32w_tile4(K, x + m * ldx, wf + n * ldw, ldw, y + m * ldy + n);
-            }
+            for (size_t m = m0; m < m1; m++)
+                f32w_tile4(K, x + m * ldx, w + n * ldw, ldw, y + m * ldy + n);
         for (; n < n1; n++)
-            for (size_t m = m0; m < m1; m++) {
-                if (bf)
-                    bf16w_tile1(K, x + m * ldx, wb + n * ldw, y + m * ldy + n);
-                else
-                    y[m * ldy + n] = dot_f32_avx2(x + m * ldx, wf + n * ldw, K);
-            }
+            for (size_t m = m0; m < m1; m++) y[m * ldy + n] = dot_f32_avx2(x + m * ldx, w + n * ldw, K);
     }
-}
-
-static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
-                            float *y, size_t ldy, size_t n0, size_t n1) {
-    gemm_blocked(1, M, K, xp, gemm_packed_row(K), w, ldw, y, ldy, n0, n1);
-}
-
-static void gemm_f32w_avx2(size_t M, size_t K, const float *x, size_t ldx, const float *w,
-                           size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
-    gemm_blocked(0, M, K, x, ldx, w, ldw, y, ldy, n0, n1);
 }
 
 /* ---- regions ---------------------------------------------------------------------------- */

@@ -504,6 +504,33 @@ static void check_gemm_f32w(const gemm_case *g, const kernels *const *tables, in
     }
 }
 
+/* One GEMM shape under one value mode, over the given column ranges [n0, n1). */
+static void gemm_shape(const kernels *const *tables, int n_tables, size_t M, size_t K, size_t N,
+                       int mode, const size_t (*ranges)[2], size_t n_ranges) {
+    gemm_case g;
+    g.M = M, g.K = K, g.N = N, g.mode = mode;
+    /* odd strides; for odd K the weight rows are packed tight */
+    g.ldx = g.K + 3, g.ldw = g.K + (g.K % 2 ? 0 : 5), g.ldy = g.N + 2;
+    g.row = gemm_packed_row(g.K);
+    /* exactly what the rows need: the last row ends at the allocation's end */
+    size_t nx = (g.M - 1) * g.ldx + g.K, nw = (g.N - 1) * g.ldw + g.K;
+    g.x = xmalloc(nx * sizeof *g.x), g.xp = xmalloc(g.M * g.row * sizeof *g.xp);
+    g.w = xmalloc(nw * sizeof *g.w), g.wf = xmalloc(nw * sizeof *g.wf);
+    float *y1 = xmalloc(g.M * g.ldy * sizeof *y1);
+    float *y2 = xmalloc(g.M * g.ldy * sizeof *y2);
+    float *y3 = xmalloc(g.M * g.ldy * sizeof *y3);
+    fill_f32(g.x, nx, mode, 1.0f);
+    fill_bf16(g.w, nw, mode, 0.05f);
+    fill_f32(g.wf, nw, mode, 0.05f);
+    gemm_pack_x(g.M, g.K, g.x, g.ldx, g.xp);
+    for (size_t ri = 0; ri < n_ranges; ri++) {
+        size_t n0 = ranges[ri][0], n1 = ranges[ri][1];
+        check_gemm_bf16w(&g, tables, n_tables, n0, n1, y1, y2, y3);
+        check_gemm_f32w(&g, tables, n_tables, n0, n1, y1, y2, y3);
+    }
+    free(g.x), free(g.xp), free(g.w), free(g.wf), free(y1), free(y2), free(y3);
+}
+
 static void test_gemm(const kernels *const *tables, int n_tables) {
     static const size_t Ms[] = {1, 2, 3, 5, 8, 13};
     /* 4097 with M = 13 spans two row blocks of the AVX2 kernel */
@@ -512,30 +539,16 @@ static void test_gemm(const kernels *const *tables, int n_tables) {
     static const size_t ranges[][2] = {{0, 11}, {1, 10}, {3, 8}, {5, 6}, {7, 11}, {4, 4}};
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
-            for (int mode = 0; mode < N_MODES; mode++) {
-                gemm_case g;
-                g.M = Ms[mi], g.K = Ks[ki], g.N = 11, g.mode = mode;
-                /* odd strides; for odd K the weight rows are packed tight */
-                g.ldx = g.K + 3, g.ldw = g.K + (g.K % 2 ? 0 : 5), g.ldy = g.N + 2;
-                g.row = gemm_packed_row(g.K);
-                /* exactly what the rows need: the last row ends at the allocation's end */
-                size_t nx = (g.M - 1) * g.ldx + g.K, nw = (g.N - 1) * g.ldw + g.K;
-                g.x = xmalloc(nx * sizeof *g.x), g.xp = xmalloc(g.M * g.row * sizeof *g.xp);
-                g.w = xmalloc(nw * sizeof *g.w), g.wf = xmalloc(nw * sizeof *g.wf);
-                float *y1 = xmalloc(g.M * g.ldy * sizeof *y1);
-                float *y2 = xmalloc(g.M * g.ldy * sizeof *y2);
-                float *y3 = xmalloc(g.M * g.ldy * sizeof *y3);
-                fill_f32(g.x, nx, mode, 1.0f);
-                fill_bf16(g.w, nw, mode, 0.05f);
-                fill_f32(g.wf, nw, mode, 0.05f);
-                gemm_pack_x(g.M, g.K, g.x, g.ldx, g.xp);
-                for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
-                    size_t n0 = ranges[ri][0], n1 = ranges[ri][1];
-                    check_gemm_bf16w(&g, tables, n_tables, n0, n1, y1, y2, y3);
-                    check_gemm_f32w(&g, tables, n_tables, n0, n1, y1, y2, y3);
-                }
-                free(g.x), free(g.xp), free(g.w), free(g.wf), free(y1), free(y2), free(y3);
-            }
+            for (int mode = 0; mode < N_MODES; mode++)
+                gemm_shape(tables, n_tables, Ms[mi], Ks[ki], 11, mode, ranges,
+                           sizeof ranges / sizeof ranges[0]);
+    /* larger shapes: several blocks of x rows (of K chunks, of output columns) in the AVX2
+     * kernels' prefill path, and row tiles of every height */
+    static const size_t big_Ms[] = {4, 40, 100}, big_Ks[] = {33, 1000, 4097};
+    static const size_t big_ranges[][2] = {{0, 70}, {5, 67}};
+    for (size_t mi = 0; mi < 3; mi++)
+        for (size_t ki = 0; ki < 3; ki++)
+            gemm_shape(tables, n_tables, big_Ms[mi], big_Ks[ki], 70, 0, big_ranges, 2);
 
     /* the packed layout itself */
     float x[35], xp[64];

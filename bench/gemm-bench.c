@@ -1,0 +1,449 @@
+/*
+ * gemm-bench: speed of the bf16-weight GEMM (kern()->gemm_bf16w) on the shapes of a
+ * Qwen3-0.6B forward, called as lib/gemm.c calls it: output columns in blocks of 32, split
+ * over the library's thread pool in contiguous ranges, one pool_run per GEMM.
+ *
+ *   prefill shapes (M = 64, 512): GFLOP/s, against the AVX2 FMA peak that the bench
+ *     measures itself (a register-only fma loop on every thread);
+ *   decode shapes (M = 1): GB/s of weight traffic (N * K * 2 bytes per call);
+ *   the round trip of an empty pool_run.
+ *
+ * Weights are bf16 with random values. Every call reads a different copy of the weight
+ * matrix (copies of at least 128 MB in all, 4 times the L3 of the machine this was written
+ * on), so that weights come from memory as they do in a forward pass over a 1.2 GB model.
+ * x is packed once (gemm_pack_x is not timed). Times are wall clock; the median and the
+ * best of the repetitions are reported.
+ *
+ *   gemm-bench [--json] [--threads 1,2] [--m 1,64,512] [--shape NAME] [--min-time S]
+ *              [--reps N] [--check] [--thp] [--hot] [--quick]
+ *
+ * --check compares sampled outputs of every case bitwise with the portable kernels.
+ * --thp also runs M = 1 with the weights in buffers advised MADV_HUGEPAGE (2 MB pages).
+ * --hot uses one copy of the weights (cache-resident when they fit: the kernel alone).
+ * --quick skips lm_head at M = 512 (160 GFLOP a call).
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "internal.h"
+#include "kernels.h"
+#include "threadpool.h"
+
+#define COLUMN_BLOCK 32 /* as lib/gemm.c */
+#define MAX_REPS 64
+
+typedef struct shape {
+    const char *name;
+    size_t N, K;
+} shape;
+
+/* Qwen3-0.6B: hidden 1024, 16 query heads and 8 KV heads of 128, intermediate 3072. */
+static const shape SHAPES[] = {
+    {"q", 2048, 1024},      {"kv", 1024, 1024},   {"o", 1024, 2048},
+    {"gate/up", 3072, 1024}, {"down", 1024, 3072}, {"lm_head", 151936, 1024},
+};
+#define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* A value of about N(0, 0.02)'s size, as bf16 bits: random sign, exponent and mantissa. */
+static uint16_t random_weight(uint64_t r) {
+    uint16_t exp = (uint16_t)(0x73 + (r >> 8) % 9); /* 2^-12 .. 2^-4 */
+    return (uint16_t)((r & 1) << 15 | exp << 7 | ((r >> 16) & 0x7f));
+}
+
+/* ---- the FMA peak ---------------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+#define FMA_STEP(a) a = _mm256_fmadd_ps(a, m, c)
+/* 10 independent chains (latency 4 x 2 units needs 8) of register-only fmas. */
+__attribute__((target("avx2,fma"))) static double fma_loop(long iters) {
+    __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0, a8 = a0, a9 = a0;
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+    for (long i = 0; i < iters; i++) {
+        FMA_STEP(a0), FMA_STEP(a1), FMA_STEP(a2), FMA_STEP(a3), FMA_STEP(a4);
+        FMA_STEP(a5), FMA_STEP(a6), FMA_STEP(a7), FMA_STEP(a8), FMA_STEP(a9);
+        /* keeps the chains in registers and the loop from being folded */
+        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5),
+                         "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9));
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(a8, a9));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0];
+}
+static int have_fma(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+static double fma_loop(long iters) { return (double)iters; }
+static int have_fma(void) { return 0; }
+#endif
+
+typedef struct peak_job {
+    long iters;
+    double sink[64];
+} peak_job;
+
+static void peak_task(void *ctx, size_t begin, size_t end, unsigned worker) {
+    peak_job *j = ctx;
+    for (size_t t = begin; t < end; t++) j->sink[worker % 64] += fma_loop(j->iters);
+}
+
+/* GFLOP/s of the fma loop on every worker of the pool (one task per worker), the best of
+ * 10. Short loops first, so that every worker is awake and on a core of its own (a worker
+ * woken from sleep may first be queued on the waker's core). */
+static double fma_peak(threadpool *pool) {
+    const unsigned n = pool_size(pool);
+    peak_job j = {.iters = 20000};
+    for (int rep = 0; rep < 200; rep++) pool_run(pool, peak_task, &j, n);
+    j.iters = 2000000;
+    double best = 0;
+    for (int rep = 0; rep < 10; rep++) {
+        double t = now();
+        pool_run(pool, peak_task, &j, n);
+        t = now() - t;
+        double g = (double)n * (double)j.iters * 10 * 16 / t * 1e-9;
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+/* ---- the pool round trip --------------------------------------------------------------- */
+
+static void empty_task(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)ctx, (void)begin, (void)end, (void)worker;
+}
+
+/* Median microseconds of an empty pool_run with n_tasks = workers (back to back, as a
+ * decode step issues them). */
+static double pool_round_trip(threadpool *pool) {
+    enum { CALLS = 2000, ROUNDS = 9 };
+    double t[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        double t0 = now();
+        for (int i = 0; i < CALLS; i++) pool_run(pool, empty_task, NULL, pool_size(pool));
+        t[r] = (now() - t0) / CALLS * 1e6;
+    }
+    qsort(t, ROUNDS, sizeof *t, cmp_double);
+    return t[ROUNDS / 2];
+}
+
+/* ---- one GEMM case --------------------------------------------------------------------- */
+
+typedef struct gemm_job {
+    size_t M, K, N;
+    const float *xp;
+    const uint16_t *w;
+    float *y;
+} gemm_job;
+
+static void gemm_task(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const gemm_job *j = ctx;
+    size_t n0 = begin * COLUMN_BLOCK, n1 = end * COLUMN_BLOCK < j->N ? end * COLUMN_BLOCK : j->N;
+    kern()->gemm_bf16w(j->M, j->K, j->xp, j->w, j->K, j->y, j->N, n0, n1);
+}
+
+typedef struct weights {
+    uint16_t *data;
+    void *base; /* what to munmap (thp) */
+    size_t copies, bytes_each, alloc_bytes;
+    int mmapped;
+} weights;
+
+/* `copies` weight matrices of N x K, one after the other, at least 128 MB in all. With
+ * thp, in an mmap advised MADV_HUGEPAGE before the first touch. */
+static int weights_make(weights *wt, size_t N, size_t K, int thp, int hot) {
+    const size_t min_total = hot ? 1 : (size_t)128 << 20;
+    wt->bytes_each = (N * K * sizeof(uint16_t) + 4095) / 4096 * 4096;
+    wt->copies = (min_total + wt->bytes_each - 1) / wt->bytes_each;
+    if (wt->copies == 0) wt->copies = 1;
+    wt->alloc_bytes = wt->copies * wt->bytes_each;
+    wt->mmapped = thp;
+    if (thp) {
+        /* 2 MB aligned, so that every 2 MB of the weights can be one page */
+        const size_t huge = (size_t)2 << 20;
+        wt->alloc_bytes += huge;
+        void *p = mmap(NULL, wt->alloc_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+        if (p == MAP_FAILED) return -1;
+        wt->base = p;
+        char *aligned = (char *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+        if (madvise(aligned, wt->copies * wt->bytes_each, MADV_HUGEPAGE) != 0)
+            fprintf(stderr, "gemm-bench: madvise(MADV_HUGEPAGE): %s\n", strerror(errno));
+        wt->data = (uint16_t *)aligned;
+    } else {
+        wt->data = aligned_alloc(64, wt->alloc_bytes);
+        if (!wt->data) return -1;
+    }
+    /* the same values in every copy: rows are a function of their index */
+    for (size_t c = 0; c < wt->copies; c++) {
+        uint16_t *w = (uint16_t *)((char *)wt->data + c * wt->bytes_each);
+        if (c == 0) {
+            for (size_t i = 0; i < N * K; i++) w[i] = random_weight(rng());
+        } else {
+            memcpy(w, wt->data, N * K * sizeof(uint16_t));
+        }
+    }
+    return 0;
+}
+
+static void weights_free(weights *wt) {
+    if (wt->mmapped)
+        munmap(wt->base, wt->alloc_bytes);
+    else
+        free(wt->data);
+}
+
+typedef struct result {
+    const char *shape;
+    size_t M, N, K;
+    unsigned threads;
+    int thp;
+    int reps;
+    double median_s, best_s;
+    double gflops, gflops_best; /* from the median / best time */
+    double gbps, gbps_best;     /* weight bytes / time */
+    int checked, check_ok;
+} result;
+
+/* Bitwise comparison with the portable kernels on sampled columns (first, middle and last
+ * 40, every row), for the weight copy the last timed call used. */
+static int check_case(size_t M, size_t N, size_t K, const float *xp, const uint16_t *w,
+                      const float *y) {
+    size_t ranges[3][2] = {{0, 40}, {N / 2 - 20, N / 2 + 20}, {N - 40, N}};
+    float *ref = malloc(M * N * sizeof *ref);
+    if (!ref) return 0;
+    int ok = 1;
+    for (int r = 0; r < 3; r++) {
+        size_t n0 = ranges[r][0], n1 = ranges[r][1];
+        kernels_portable.gemm_bf16w(M, K, xp, w, K, ref, N, n0, n1);
+        for (size_t m = 0; m < M && ok; m++)
+            if (memcmp(ref + m * N + n0, y + m * N + n0, (n1 - n0) * sizeof *y) != 0) ok = 0;
+    }
+    free(ref);
+    return ok;
+}
+
+typedef struct options {
+    int json, check, thp, quick, hot, reps_max;
+    double min_time;
+    unsigned threads[8];
+    int n_threads;
+    size_t ms[8];
+    int n_ms;
+    const char *only;
+} options;
+
+static result run_case(const options *o, threadpool *pool, const shape *s, size_t M,
+                       const weights *wt, const float *xp, float *y) {
+    result r = {.shape = s->name, .M = M, .N = s->N, .K = s->K, .threads = pool_size(pool),
+                .thp = wt->mmapped};
+    const double flop = 2.0 * (double)M * (double)s->N * (double)s->K;
+    const double bytes = (double)s->N * (double)s->K * 2.0;
+    gemm_job j = {M, s->K, s->N, xp, NULL, y};
+    const size_t tasks = (s->N + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+    double t[MAX_REPS];
+    double spent = 0;
+    size_t copy = 0;
+    /* one untimed call (page faults, first touch of y) */
+    j.w = wt->data;
+    pool_run(pool, gemm_task, &j, tasks);
+    int n = 0;
+    while (n < o->reps_max && (n < 3 || spent < o->min_time)) {
+        copy = (copy + 1) % wt->copies;
+        j.w = (const uint16_t *)((const char *)wt->data + copy * wt->bytes_each);
+        double t0 = now();
+        pool_run(pool, gemm_task, &j, tasks);
+        t[n] = now() - t0;
+        spent += t[n++];
+    }
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    r.reps = n;
+    r.median_s = t[n / 2];
+    r.best_s = t[0];
+    r.gflops = flop / r.median_s * 1e-9;
+    r.gflops_best = flop / r.best_s * 1e-9;
+    r.gbps = bytes / r.median_s * 1e-9;
+    r.gbps_best = bytes / r.best_s * 1e-9;
+    if (o->check) {
+        r.checked = 1;
+        r.check_ok = check_case(M, s->N, s->K, xp, j.w, y);
+    }
+    return r;
+}
+
+static int parse_list(const char *arg, size_t *out, int max) {
+    int n = 0;
+    for (const char *p = arg; *p && n < max;) {
+        char *end;
+        unsigned long v = strtoul(p, &end, 10);
+        if (end == p) return -1;
+        out[n++] = v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: gemm-bench [--json] [--threads 1,2] [--m 1,64,512] [--shape NAME]\n"
+                    "                  [--min-time S] [--reps N] [--check] [--thp] [--hot] [--quick]\n");
+}
+
+int main(int argc, char **argv) {
+    options o = {.reps_max = 15, .min_time = 0.3, .threads = {1, 2}, .n_threads = 2,
+                 .ms = {1, 64, 512}, .n_ms = 3};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        size_t list[8];
+        if (!strcmp(a, "--json")) {
+            o.json = 1;
+        } else if (!strcmp(a, "--check")) {
+            o.check = 1;
+        } else if (!strcmp(a, "--thp")) {
+            o.thp = 1;
+        } else if (!strcmp(a, "--hot")) {
+            o.hot = 1;
+        } else if (!strcmp(a, "--quick")) {
+            o.quick = 1;
+        } else if (!strcmp(a, "--threads") && v) {
+            int n = parse_list(v, list, 8);
+            if (n <= 0) return usage(), 2;
+            for (int k = 0; k < n; k++) o.threads[k] = (unsigned)list[k];
+            o.n_threads = n, i++;
+        } else if (!strcmp(a, "--m") && v) {
+            int n = parse_list(v, o.ms, 8);
+            if (n <= 0) return usage(), 2;
+            o.n_ms = n, i++;
+        } else if (!strcmp(a, "--shape") && v) {
+            o.only = v, i++;
+        } else if (!strcmp(a, "--min-time") && v) {
+            o.min_time = atof(v), i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            o.reps_max = atoi(v), i++;
+            if (o.reps_max < 1) o.reps_max = 1;
+            if (o.reps_max > MAX_REPS) o.reps_max = MAX_REPS;
+        } else {
+            return usage(), 2;
+        }
+    }
+
+    threadpool *pools[8];
+    for (int t = 0; t < o.n_threads; t++)
+        if (pool_create(o.threads[t], &pools[t]) != PARITY_OK) {
+            fprintf(stderr, "gemm-bench: cannot create a pool of %u threads\n", o.threads[t]);
+            return 1;
+        }
+    const unsigned saved_env = fp_env_enter();
+
+    double peak[8], trip[8];
+    for (int t = 0; t < o.n_threads; t++) {
+        peak[t] = have_fma() ? fma_peak(pools[t]) : 0;
+        trip[t] = pool_round_trip(pools[t]);
+    }
+
+    if (!o.json) {
+        printf("kernels: %s\n", kern()->name);
+        for (int t = 0; t < o.n_threads; t++)
+            printf("threads %u: fma peak %.1f GFLOP/s, empty pool_run %.2f us\n", o.threads[t],
+                   peak[t], trip[t]);
+        printf("\n%-8s %5s %7s %5s %3s %4s %10s %10s %9s %9s %6s%s\n", "shape", "M", "N", "K",
+               "thr", "thp", "GFLOP/s", "(best)", "GB/s", "(best)", "%peak",
+               o.check ? "  check" : "");
+    } else {
+        printf("{\n  \"kernels\": \"%s\",\n  \"threads\": [", kern()->name);
+        for (int t = 0; t < o.n_threads; t++)
+            printf("%s{\"threads\": %u, \"fma_peak_gflops\": %.2f, \"pool_run_us\": %.3f}",
+                   t ? ", " : "", o.threads[t], peak[t], trip[t]);
+        printf("],\n  \"cases\": [");
+    }
+
+    int first = 1, failed = 0;
+    for (int mi = 0; mi < o.n_ms; mi++) {
+        const size_t M = o.ms[mi];
+        for (size_t si = 0; si < N_SHAPES; si++) {
+            const shape *s = &SHAPES[si];
+            if (o.only && strcmp(o.only, s->name) != 0) continue;
+            if (o.quick && M > 64 && s->N > 100000) continue;
+            const size_t row = gemm_packed_row(s->K);
+            float *x = malloc(M * s->K * sizeof *x);
+            float *xp = aligned_alloc(64, (M * row * sizeof *xp + 63) / 64 * 64);
+            float *y = malloc(M * s->N * sizeof *y);
+            if (!x || !xp || !y) {
+                fprintf(stderr, "gemm-bench: out of memory\n");
+                return 1;
+            }
+            for (size_t i = 0; i < M * s->K; i++)
+                x[i] = (float)((int)(rng() % 2001) - 1000) / 1000.0f;
+            gemm_pack_x(M, s->K, x, s->K, xp);
+            for (int thp = 0; thp <= (o.thp && M == 1); thp++) {
+                weights wt;
+                if (weights_make(&wt, s->N, s->K, thp, o.hot) != 0) {
+                    fprintf(stderr, "gemm-bench: cannot allocate weights\n");
+                    return 1;
+                }
+                for (int t = 0; t < o.n_threads; t++) {
+                    result r = run_case(&o, pools[t], s, M, &wt, xp, y);
+                    if (r.checked && !r.check_ok) failed = 1;
+                    double pct = peak[t] > 0 ? 100.0 * r.gflops / peak[t] : 0;
+                    if (!o.json) {
+                        printf("%-8s %5zu %7zu %5zu %3u %4s %10.1f %10.1f %9.2f %9.2f %5.0f%%%s\n",
+                               r.shape, r.M, r.N, r.K, r.threads, r.thp ? "yes" : "no", r.gflops,
+                               r.gflops_best, r.gbps, r.gbps_best, pct,
+                               r.checked ? (r.check_ok ? "  ok" : "  MISMATCH") : "");
+                        fflush(stdout);
+                    } else {
+                        printf("%s\n    {\"shape\": \"%s\", \"M\": %zu, \"N\": %zu, \"K\": %zu, "
+                               "\"threads\": %u, \"thp\": %s, \"reps\": %d, "
+                               "\"median_s\": %.6e, \"best_s\": %.6e, \"gflops\": %.3f, "
+                               "\"gflops_best\": %.3f, \"weight_gbps\": %.3f, "
+                               "\"weight_gbps_best\": %.3f, \"peak_fraction\": %.4f%s}",
+                               first ? "" : ",", r.shape, r.M, r.N, r.K, r.threads,
+                               r.thp ? "true" : "false", r.reps, r.median_s, r.best_s, r.gflops,
+                               r.gflops_best, r.gbps, r.gbps_best, pct / 100,
+                               r.checked ? (r.check_ok ? ", \"check\": \"ok\""
+                                                       : ", \"check\": \"mismatch\"")
+                                         : "");
+                        first = 0;
+                    }
+                }
+                weights_free(&wt);
+            }
+            free(x), free(xp), free(y);
+        }
+    }
+    if (o.json) printf("\n  ]\n}\n");
+    fp_env_restore(saved_env);
+    for (int t = 0; t < o.n_threads; t++) pool_free(pools[t]);
+    if (failed) fprintf(stderr, "gemm-bench: outputs differ from the portable kernels\n");
+    return failed;
+}
