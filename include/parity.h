@@ -405,7 +405,11 @@ PARITY_API int parity_config_load(const char *path, parity_config *out);
  *     backend or the fp32 policy is created: an fp32 copy of every weight matrix, 4 bytes a
  *     parameter more (the fp32 policy reads an F32 or F16 checkpoint's masters instead, but
  *     the copy is made all the same, for the openblas backend). The copy lives with the
- *     model and is not counted by a scorer's or sampler's max_memory. */
+ *     model and is not counted by a scorer's or sampler's max_memory.
+ *   - Weight buffers the library allocates (casts of F16/F32 tensors, fp32 copies, synthetic
+ *     weights) of 2 MB or more are 2 MB aligned and advised MADV_HUGEPAGE, so that
+ *     transparent huge pages back them where the OS enables them; mapped BF16 tensors stay in
+ *     the page cache as they are. */
 PARITY_API int parity_model_load(const char *dir, parity_model **out);
 
 /* A model with deterministic weights drawn from `seed`: normal(0, 0.02) matrices and

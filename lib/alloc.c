@@ -2,6 +2,7 @@
  * a hook for tests that counts allocations and fails the Nth one (the SQLite way). */
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "internal.h"
 
@@ -54,6 +55,25 @@ void *px_aligned_alloc(size_t size, const char *what) {
         set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes for %s", size, what);
         return NULL;
     }
+    return counted(p, size);
+}
+
+/* Weights are streamed from memory at every decode step: buffers of at least a huge page are
+ * aligned to one and advised MADV_HUGEPAGE, so that the kernel can back them with 2 MB pages
+ * where transparent huge pages are enabled (always or madvise). Fewer TLB misses on the
+ * stream: bench/gemm-bench --thp measures what it gives. Where the advice is refused the
+ * buffer is an ordinary one. */
+#define HUGE_PAGE (2u << 20)
+void *px_weight_alloc(size_t size, const char *what) {
+    if (size < HUGE_PAGE) return px_aligned_alloc(size, what);
+    void *p = NULL;
+    if (injected_failure() || posix_memalign(&p, HUGE_PAGE, size) != 0) {
+        set_error(PARITY_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes for %s", size, what);
+        return NULL;
+    }
+#if defined(MADV_HUGEPAGE)
+    (void)madvise(p, (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);
+#endif
     return counted(p, size);
 }
 

@@ -200,7 +200,7 @@ static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, co
 static int widen(parity_model *m, weight *w) {
     if (w->wide || !w->bf16) return PARITY_OK;
     uint64_t n = (uint64_t)w->rows * w->cols;
-    float *wide = model_own(m, px_aligned_alloc(n * 4, "fp32 weights"));
+    float *wide = model_own(m, px_weight_alloc(n * 4, "fp32 weights"));
     if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
     weight_widen_into(w, wide);
     w->wide = wide;
@@ -537,7 +537,7 @@ int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_mo
     const expected *e = model_tensors(m, &n);
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         uint64_t rows = e[i].rows ? e[i].rows : 1, count = rows * e[i].cols;
-        uint16_t *data = model_own(m, px_aligned_alloc(count * 2, e[i].name));
+        uint16_t *data = model_own(m, px_weight_alloc(count * 2, e[i].name));
         if (!data) {
             rc = PARITY_ERR_OUT_OF_MEMORY;
             break;

@@ -51,7 +51,7 @@ int tensor_import(const tensor_source *src, const expected *slot, tensor_values 
         if (src->may_map && ((uintptr_t)data & 1u) == 0) {
             out->bf16 = (const uint16_t *)data;
         } else {
-            uint16_t *copy = out->owned[0] = px_aligned_alloc(n * 2, slot->name);
+            uint16_t *copy = out->owned[0] = px_weight_alloc(n * 2, slot->name);
             if (!copy) return PARITY_ERR_OUT_OF_MEMORY;
             memcpy(copy, data, n * 2);
             out->bf16 = copy;
@@ -60,7 +60,7 @@ int tensor_import(const tensor_source *src, const expected *slot, tensor_values 
         if (src->dtype == PARITY_DTYPE_F32 && src->may_map && ((uintptr_t)data & 3u) == 0) {
             out->master = (const float *)data;
         } else {
-            float *wide = out->owned[1] = px_aligned_alloc(n * 4, slot->name);
+            float *wide = out->owned[1] = px_weight_alloc(n * 4, slot->name);
             if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
             for (uint64_t i = 0; i < n; i++) {
                 if (src->dtype == PARITY_DTYPE_F32) {
@@ -74,7 +74,7 @@ int tensor_import(const tensor_source *src, const expected *slot, tensor_values 
             out->master = wide;
         }
         /* the learner's cast: round to nearest even */
-        uint16_t *cast = out->owned[0] = px_aligned_alloc(n * 2, slot->name);
+        uint16_t *cast = out->owned[0] = px_weight_alloc(n * 2, slot->name);
         if (!cast) {
             tensor_values_free(out);
             return PARITY_ERR_OUT_OF_MEMORY;
