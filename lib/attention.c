@@ -59,6 +59,11 @@ static void attend_split(const fwd_ctx *ctx, const fwd_row *row, const float *q,
     k->round_bf16(out, hd);
 }
 
+/* The element offset of position p of a row's sequence in a layer's K or V, for one head. */
+static inline size_t cell_at(const kv_cache *kv, const fwd_row *row, size_t p, size_t head_off) {
+    return kv_cell(row->blocks, (uint32_t)p) * kv->width + head_off;
+}
+
 static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
     const attn_job *j = ctx_;
     const fwd_ctx *ctx = j->ctx;
@@ -85,17 +90,23 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
             continue;
         }
 
-        /* scores */
-        for (size_t p = 0; p < n; p++) {
-            size_t cell = kv_cell(row->blocks, (uint32_t)p) * kv->width + head_off;
-            float dot = kv->fp32 ? k->dot_f32(q, (const float *)kv->k + cell, hd)
-                                 : k->dot_f32_bf16(q, (const uint16_t *)kv->k + cell, hd);
-            if (mode == PARITY_ATTN_EAGER)
-                /* matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
-                s[p] = round_bf16(round_bf16(dot) * scale);
-            else
-                s[p] = dot * scale;
+        /* scores: q.k of each position (bf16 keys four at a time, each in its own order) */
+        size_t p = 0;
+        if (!kv->fp32)
+            for (; p + 4 <= n; p += 4) {
+                const uint16_t *keys[4];
+                for (int u = 0; u < 4; u++)
+                    keys[u] = (const uint16_t *)kv->k + cell_at(kv, row, p + u, head_off);
+                k->dot4_f32_bf16(q, keys, hd, s + p);
+            }
+        for (; p < n; p++) {
+            size_t cell = cell_at(kv, row, p, head_off);
+            s[p] = kv->fp32 ? k->dot_f32(q, (const float *)kv->k + cell, hd)
+                            : k->dot_f32_bf16(q, (const uint16_t *)kv->k + cell, hd);
         }
+        for (p = 0; p < n; p++)
+            /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
+            s[p] = mode == PARITY_ATTN_EAGER ? round_bf16(round_bf16(s[p]) * scale) : s[p] * scale;
         const float m = k->max_f32(s, n);
         const float l = k->sum_exp(s, n, m, s);  /* s[p] <- exp(s[p] - m) */
 
@@ -109,10 +120,18 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
             if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);  /* softmax(fp32).to(bf16) */
         }
 
-        /* P.V */
+        /* P.V, one position after another (bf16 values four at a time, in the same order) */
         memset(o, 0, hd * sizeof *o);
-        for (size_t p = 0; p < n; p++) {
-            size_t cell = kv_cell(row->blocks, (uint32_t)p) * kv->width + head_off;
+        p = 0;
+        if (!kv->fp32)
+            for (; p + 4 <= n; p += 4) {
+                const uint16_t *vals[4];
+                for (int u = 0; u < 4; u++)
+                    vals[u] = (const uint16_t *)kv->v + cell_at(kv, row, p + u, head_off);
+                k->axpy4_bf16(o, s + p, vals, hd);
+            }
+        for (; p < n; p++) {
+            size_t cell = cell_at(kv, row, p, head_off);
             if (kv->fp32)
                 k->axpy_f32(o, s[p], (const float *)kv->v + cell, hd);
             else

@@ -42,6 +42,9 @@ typedef struct kernels {
     /* --- reductions (dot16 order) --- */
     float (*dot_f32)(const float *a, const float *b, size_t n);
     float (*dot_f32_bf16)(const float *a, const uint16_t *b, size_t n);  /* b widened */
+    /* four dot_f32_bf16 of one a, side by side (attention scores, four keys at a time):
+     * out[j] = dot_f32_bf16(a, b[j], n), each in its own dot16 order */
+    void (*dot4_f32_bf16)(const float *a, const uint16_t *const b[4], size_t n, float out[4]);
     float (*sum_squares)(const float *x, size_t n);                      /* fmaf(x, x, acc) */
     /* sum of parity_expf(x[i] - m) (the subtraction in fp32, then exp), dot16 order with
      * acc = acc + e. If `out` is not NULL it receives the exponentials. */
@@ -56,6 +59,9 @@ typedef struct kernels {
     /* o[i] = fmaf(p, v[i], o[i]) (P.V accumulation, one key at a time) */
     void (*axpy_f32)(float *o, float p, const float *v, size_t n);
     void (*axpy_bf16)(float *o, float p, const uint16_t *v, size_t n);
+    /* four axpy_bf16 in order (P.V over four keys, o read and written once):
+     * o[i] = fmaf(p[3], v[3][i], fmaf(p[2], v[2][i], fmaf(p[1], v[1][i], fmaf(p[0], v[0][i], o[i])))) */
+    void (*axpy4_bf16)(float *o, const float p[4], const uint16_t *const v[4], size_t n);
 
     /* --- GEMM: y[m][n] = sum_k x[m][k] * w[n][k], for n in [n0, n1), all m < M ---
      * gemm_bf16w: pair32 order. `xp` is x packed by gemm_pack_x (below).

@@ -203,6 +203,33 @@ static float dot_f32_bf16_avx2(const float *a, const uint16_t *b, size_t n) {
     return fold16(acc0, acc1);
 }
 
+/* Four dot_f32_bf16_avx2 side by side: a's loads shared, four independent pairs of chains
+ * (the single dot is bound by the latency of its two chains). */
+static void dot4_f32_bf16_avx2(const float *a, const uint16_t *const b[4], size_t n,
+                               float out[4]) {
+    __m256 acc0[4], acc1[4];
+    for (int j = 0; j < 4; j++) acc0[j] = acc1[j] = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 x0 = _mm256_loadu_ps(a + i), x1 = _mm256_loadu_ps(a + i + 8);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            acc0[j] = _mm256_fmadd_ps(x0, load_bf16_n(b[j] + i, 8), acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(x1, load_bf16_n(b[j] + i + 8, 8), acc1[j]);
+        }
+    }
+    if (i < n) {
+        const size_t k0 = lanes_at(n, i), k1 = n - i - k0;
+        const __m256 x0 = load_f32_n_neg0(a + i, k0);
+        const __m256 x1 = k1 ? load_f32_n_neg0(a + i + 8, k1) : _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            acc0[j] = _mm256_fmadd_ps(x0, load_bf16_n(b[j] + i, k0), acc0[j]);
+            if (k1) acc1[j] = _mm256_fmadd_ps(x1, load_bf16_n(b[j] + i + 8, k1), acc1[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) out[j] = fold16(acc0[j], acc1[j]);
+}
+
 static float sum_squares_avx2(const float *x, size_t n) { return dot_f32_avx2(x, x, n); }
 
 /* exp(x[i + l] - m) for the k lanes at i (to out if any); lanes >= k are -0, since a
@@ -275,6 +302,21 @@ static void axpy_bf16_avx2(float *o, float p, const uint16_t *v, size_t n) {
     for (size_t i = 0; i < n; i += 8) {
         size_t k = lanes_at(n, i);
         store_f32_n(o + i, k, _mm256_fmadd_ps(pv, load_bf16_n(v + i, k), load_f32_n(o + i, k)));
+    }
+}
+
+/* Four axpy_bf16_avx2 in order, o loaded and stored once per block of 8. */
+static void axpy4_bf16_avx2(float *o, const float p[4], const uint16_t *const v[4], size_t n) {
+    const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
+                 p3 = _mm256_set1_ps(p[3]);
+    for (size_t i = 0; i < n; i += 8) {
+        const size_t k = lanes_at(n, i);
+        __m256 acc = load_f32_n(o + i, k);
+        acc = _mm256_fmadd_ps(p0, load_bf16_n(v[0] + i, k), acc);
+        acc = _mm256_fmadd_ps(p1, load_bf16_n(v[1] + i, k), acc);
+        acc = _mm256_fmadd_ps(p2, load_bf16_n(v[2] + i, k), acc);
+        acc = _mm256_fmadd_ps(p3, load_bf16_n(v[3] + i, k), acc);
+        store_f32_n(o + i, k, acc);
     }
 }
 
@@ -812,6 +854,7 @@ void kernels_avx2_set_entries(kernels *t) {
     t->name = "avx2";
     t->dot_f32 = dot_f32_avx2;
     t->dot_f32_bf16 = dot_f32_bf16_avx2;
+    t->dot4_f32_bf16 = dot4_f32_bf16_avx2;
     t->sum_squares = sum_squares_avx2;
     t->sum_exp = sum_exp_avx2;
     t->max_f32 = max_f32_avx2;
@@ -819,6 +862,7 @@ void kernels_avx2_set_entries(kernels *t) {
     t->exp_f32 = exp_f32_avx2;
     t->axpy_f32 = axpy_f32_avx2;
     t->axpy_bf16 = axpy_bf16_avx2;
+    t->axpy4_bf16 = axpy4_bf16_avx2;
     t->gemm_bf16w = gemm_bf16w_avx2;
     t->gemm_f32w = gemm_f32w_avx2;
     t->rmsnorm_residual = rmsnorm_residual_avx2;

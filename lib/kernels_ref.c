@@ -87,6 +87,10 @@ static float dot_f32_bf16_ref(const float *a, const uint16_t *b, size_t n) {
     return fold16(acc);
 }
 
+static void dot4_f32_bf16_ref(const float *a, const uint16_t *const b[4], size_t n, float out[4]) {
+    for (int j = 0; j < 4; j++) out[j] = dot_f32_bf16_ref(a, b[j], n);
+}
+
 static float sum_squares_ref(const float *x, size_t n) {
     float acc[16] = {0};
     for (size_t i = 0; i < n; i++) acc[i % 16] = fmaf(x[i], x[i], acc[i % 16]);
@@ -132,6 +136,10 @@ static void axpy_f32_ref(float *o, float p, const float *v, size_t n) {
 
 static void axpy_bf16_ref(float *o, float p, const uint16_t *v, size_t n) {
     for (size_t i = 0; i < n; i++) o[i] = fmaf(p, bf16_to_f32(v[i]), o[i]);
+}
+
+static void axpy4_bf16_ref(float *o, const float p[4], const uint16_t *const v[4], size_t n) {
+    for (int j = 0; j < 4; j++) axpy_bf16_ref(o, p[j], v[j], n);
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------- */
@@ -305,6 +313,7 @@ const kernels kernels_portable = {
     .name = "portable",
     .dot_f32 = dot_f32_ref,
     .dot_f32_bf16 = dot_f32_bf16_ref,
+    .dot4_f32_bf16 = dot4_f32_bf16_ref,
     .sum_squares = sum_squares_ref,
     .sum_exp = sum_exp_ref,
     .max_f32 = max_f32_ref,
@@ -312,6 +321,7 @@ const kernels kernels_portable = {
     .exp_f32 = exp_f32_ref,
     .axpy_f32 = axpy_f32_ref,
     .axpy_bf16 = axpy_bf16_ref,
+    .axpy4_bf16 = axpy4_bf16_ref,
     .gemm_bf16w = gemm_bf16w_ref,
     .gemm_f32w = gemm_f32w_ref,
     .rmsnorm_residual = rmsnorm_residual_ref,

@@ -38,7 +38,7 @@
 #define TOP_N 4
 
 typedef struct section {
-    char name[64];
+    char name[96];
     int is_int;         /* int32 values, else float32 */
     size_t count;
     void *data;         /* count values of 4 bytes */
