@@ -9,7 +9,6 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,25 +38,17 @@ static const char *const path_names[] = {
 #define N_PATHS (sizeof path_names / sizeof path_names[0])
 
 /* The path of a name, without touching the thread's error message (detect() runs inside
- * other calls). */
+ * other calls). The names are a table of named entries (nametable.c). */
 static int path_of(const char *name, parity_cpu_path *out) {
-    for (size_t p = 0; p < N_PATHS; p++)
-        if (strcmp(name, path_names[p]) == 0) {
-            *out = (parity_cpu_path)p;
-            return 1;
-        }
-    return 0;
+    const char *const *e = name_table_find(path_names, N_PATHS, sizeof path_names[0], name,
+                                           strlen(name));
+    if (e) *out = (parity_cpu_path)(e - path_names);
+    return e != NULL;
 }
 
-/* "portable | avx2", for messages. */
+/* "portable, avx2", for messages. */
 static void path_list(char *buf, size_t size) {
-    size_t used = 0;
-    buf[0] = 0;
-    for (size_t p = 0; p < N_PATHS && used < size; p++) {
-        int w = snprintf(buf + used, size - used, "%s%s", p ? " | " : "", path_names[p]);
-        if (w < 0) break;
-        used += (size_t)w;
-    }
+    name_table_list(path_names, N_PATHS, sizeof path_names[0], buf, size);
 }
 
 #if defined(PARITY_HAVE_AVX2)

@@ -90,6 +90,10 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
  * w->rows (row stride w->rows). */
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y);
+/* The bf16-weight GEMM as linear() runs it: y[M][N] = xp . w^T (xp packed by gemm_pack_x, w
+ * rows ldw apart), output columns split over the pool in blocks (bench/gemm-bench times it). */
+void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *xp, const uint16_t *w,
+                     size_t ldw, float *y, size_t N);
 
 /* ---- attention (attention.c) ----------------------------------------------------------
  * For every row and head: causal attention over the row's positions 0..pos from the cache

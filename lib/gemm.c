@@ -16,6 +16,7 @@
 #include "internal.h"
 #include "kernels.h"
 
+/* Output columns per task: threads take contiguous runs of such blocks. */
 #define COLUMN_BLOCK 32
 
 typedef struct gemm_job {
@@ -37,6 +38,16 @@ static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
         j->k->gemm_bf16w(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->N, n0, n1);
     else
         j->k->gemm_f32w(j->M, j->K, j->x, j->ldx, j->w32, j->ldw, j->y, j->N, n0, n1);
+}
+
+static void gemm_on_pool(threadpool *pool, const gemm_job *j) {
+    pool_run(pool, gemm_columns, (void *)j, (j->N + COLUMN_BLOCK - 1) / COLUMN_BLOCK);
+}
+
+void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *xp, const uint16_t *w,
+                     size_t ldw, float *y, size_t N) {
+    const gemm_job j = {kern(), M, K, N, xp, 0, w, NULL, ldw, y};
+    gemm_on_pool(pool, &j);
 }
 
 typedef struct pack_job {
@@ -64,16 +75,14 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, const weigh
                         x + m * K + k0, (blasint)K, w32, (blasint)K, 0.0f, y + m * N, (blasint)N);
         return;
     }
-    gemm_job j = {kern(), M, Ks, N, x + k0, K, NULL, NULL, K, y};
     if (fp32) {
-        j.w32 = weight_f32(w) + k0;
-    } else {
-        pack_job p = {Ks, K, x + k0, ctx->s->xpack};
-        pool_run(ctx->pool, pack_rows, &p, M);
-        j.x = ctx->s->xpack;
-        j.w16 = w->bf16 + k0;
+        const gemm_job j = {kern(), M, Ks, N, x + k0, K, NULL, weight_f32(w) + k0, K, y};
+        gemm_on_pool(ctx->pool, &j);
+        return;
     }
-    pool_run(ctx->pool, gemm_columns, &j, (N + COLUMN_BLOCK - 1) / COLUMN_BLOCK);
+    pack_job p = {Ks, K, x + k0, ctx->s->xpack};
+    pool_run(ctx->pool, pack_rows, &p, M);
+    gemm_bf16w_pool(ctx->pool, M, Ks, ctx->s->xpack, w->bf16 + k0, K, y, N);
 }
 
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
