@@ -1,7 +1,8 @@
 /*
- * gemm-bench: speed of the bf16-weight GEMM (kern()->gemm_bf16w) on the shapes of a
- * Qwen3-0.6B forward, called as lib/gemm.c calls it: output columns in blocks of 32, split
- * over the library's thread pool in contiguous ranges, one pool_run per GEMM.
+ * gemm-bench: speed of the bf16-weight GEMM on the shapes of a Qwen3-0.6B forward, called as
+ * the forward calls it (gemm_bf16w_pool: x packed over the pool, then output columns in
+ * blocks split over the library's thread pool in contiguous ranges; gemm_bf16w below
+ * GEMM_TILES_MIN_M rows, gemm_bf16w_tiles from there on).
  *
  *   prefill shapes (M = 64, 512): GFLOP/s, against the AVX2 FMA peak that the bench
  *     measures itself (a register-only fma loop on every thread);
@@ -11,7 +12,7 @@
  * Weights are bf16 with random values. Every call reads a different copy of the weight
  * matrix (copies of at least 128 MB in all, 4 times the L3 of the machine this was written
  * on), so that weights come from memory as they do in a forward pass over a 1.2 GB model.
- * x is packed once (gemm_pack_x is not timed). Times are wall clock; the median and the
+ * Packing x is part of every timed call, as in the forward. Times are wall clock; the median and the
  * best of the repetitions are reported.
  *
  *   gemm-bench [--json] [--threads 1,2] [--m 1,64,512] [--shape NAME] [--min-time S]
@@ -222,11 +223,13 @@ typedef struct result {
 
 /* Bitwise comparison with the portable kernels on sampled columns (first, middle and last
  * 40, every row), for the weight copy the last timed call used. */
-static int check_case(size_t M, size_t N, size_t K, const float *xp, const uint16_t *w,
+static int check_case(size_t M, size_t N, size_t K, const float *x, const uint16_t *w,
                       const float *y) {
     size_t ranges[3][2] = {{0, 40}, {N / 2 - 20, N / 2 + 20}, {N - 40, N}};
     float *ref = malloc(M * N * sizeof *ref);
-    if (!ref) return 0;
+    float *xp = malloc(M * gemm_packed_row(K) * sizeof *xp);
+    if (!ref || !xp) return free(ref), free(xp), 0;
+    gemm_pack_x(M, K, x, K, xp);
     int ok = 1;
     for (int r = 0; r < 3; r++) {
         size_t n0 = ranges[r][0], n1 = ranges[r][1];
@@ -234,7 +237,7 @@ static int check_case(size_t M, size_t N, size_t K, const float *xp, const uint1
         for (size_t m = 0; m < M && ok; m++)
             if (memcmp(ref + m * N + n0, y + m * N + n0, (n1 - n0) * sizeof *y) != 0) ok = 0;
     }
-    free(ref);
+    free(ref), free(xp);
     return ok;
 }
 
@@ -249,7 +252,7 @@ typedef struct options {
 } options;
 
 static result run_case(const options *o, threadpool *pool, const shape *s, size_t M,
-                       const weights *wt, const float *xp, float *y) {
+                       const weights *wt, const float *x, const gemm_scratch *gs, float *y) {
     result r = {.shape = s->name, .M = M, .N = s->N, .K = s->K, .threads = pool_size(pool),
                 .thp = wt->mmapped};
     const double flop = 2.0 * (double)M * (double)s->N * (double)s->K;
@@ -259,13 +262,13 @@ static result run_case(const options *o, threadpool *pool, const shape *s, size_
     size_t copy = 0;
     const uint16_t *w = wt->data; /* the copy of the last timed call */
     /* one untimed call (page faults, first touch of y) */
-    gemm_bf16w_pool(pool, M, s->K, xp, w, s->K, y, s->N);
+    gemm_bf16w_pool(pool, M, s->K, x, s->K, w, s->K, y, s->N, gs);
     int n = 0;
     while (n < o->reps_max && (n < 3 || spent < o->min_time)) {
         copy = (copy + 1) % wt->copies;
         w = (const uint16_t *)((const char *)wt->data + copy * wt->bytes_each);
         double t0 = now();
-        gemm_bf16w_pool(pool, M, s->K, xp, w, s->K, y, s->N);
+        gemm_bf16w_pool(pool, M, s->K, x, s->K, w, s->K, y, s->N, gs);
         t[n] = now() - t0;
         spent += t[n++];
     }
@@ -279,7 +282,7 @@ static result run_case(const options *o, threadpool *pool, const shape *s, size_
     r.gbps_best = bytes / r.best_s * 1e-9;
     if (o->check) {
         r.checked = 1;
-        r.check_ok = check_case(M, s->N, s->K, xp, w, y);
+        r.check_ok = check_case(M, s->N, s->K, x, w, y);
     }
     return r;
 }
@@ -378,17 +381,20 @@ int main(int argc, char **argv) {
             const shape *s = &SHAPES[si];
             if (o.only && strcmp(o.only, s->name) != 0) continue;
             if (o.quick && M > 64 && s->N > 100000) continue;
-            const size_t row = gemm_packed_row(s->K);
             float *x = malloc(M * s->K * sizeof *x);
-            float *xp = aligned_alloc(64, (M * row * sizeof *xp + 63) / 64 * 64);
+            const size_t nxp = gemm_scratch_xpack_floats(M, s->K);
+            unsigned most = 1; /* one panel per worker of the largest pool */
+            for (int t = 0; t < o.n_threads; t++) most = o.threads[t] > most ? o.threads[t] : most;
+            const size_t npanel = gemm_panel_floats(s->K) * most;
+            gemm_scratch gs = {aligned_alloc(64, (nxp * sizeof(float) + 63) / 64 * 64),
+                               aligned_alloc(64, npanel * sizeof(float)), s->K};
             float *y = malloc(M * s->N * sizeof *y);
-            if (!x || !xp || !y) {
+            if (!x || !gs.xpack || !gs.panels || !y) {
                 fprintf(stderr, "gemm-bench: out of memory\n");
                 return 1;
             }
             for (size_t i = 0; i < M * s->K; i++)
                 x[i] = (float)((int)(rng() % 2001) - 1000) / 1000.0f;
-            gemm_pack_x(M, s->K, x, s->K, xp);
             for (int thp = 0; thp <= (o.thp && M == 1); thp++) {
                 weights wt;
                 if (weights_make(&wt, s->N, s->K, thp, o.hot) != 0) {
@@ -396,7 +402,7 @@ int main(int argc, char **argv) {
                     return 1;
                 }
                 for (int t = 0; t < o.n_threads; t++) {
-                    result r = run_case(&o, pools[t], s, M, &wt, xp, y);
+                    result r = run_case(&o, pools[t], s, M, &wt, x, &gs, y);
                     if (r.checked && !r.check_ok) failed = 1;
                     double pct = peak[t] > 0 ? 100.0 * r.gflops / peak[t] : 0;
                     if (!o.json) {
@@ -422,7 +428,7 @@ int main(int argc, char **argv) {
                 }
                 weights_free(&wt);
             }
-            free(x), free(xp), free(y);
+            free(x), free(gs.xpack), free(gs.panels), free(y);
         }
     }
     if (o.json) printf("\n  ]\n}\n");

@@ -43,6 +43,15 @@ typedef struct fwd_row {
     const uint32_t *blocks;
 } fwd_row;
 
+/* The bf16-weight GEMM's scratch: x packed in either layout (gemm_scratch_xpack_floats of the
+ * largest M and K), and one weight panel of gemm_panel_floats(max_k) floats per worker. */
+typedef struct gemm_scratch {
+    float *xpack;
+    float *panels;
+    size_t max_k;
+} gemm_scratch;
+size_t gemm_scratch_xpack_floats(size_t max_rows, size_t max_k);
+
 /* Scratch for batches of up to max_rows rows and contexts up to max_ctx positions. */
 typedef struct fwd_scratch {
     uint32_t max_rows, max_ctx;
@@ -54,7 +63,7 @@ typedef struct fwd_scratch {
     float *att;     /* [max_rows][heads*hd]     attention output */
     float *gate;    /* [max_rows][intermediate] */
     float *up;      /* [max_rows][intermediate] */
-    float *xpack;   /* [max_rows][packed K]     GEMM input in the pair32 layout */
+    gemm_scratch gemm; /* packed GEMM input, per-worker weight panels */
     float *scores;  /* [workers][max_ctx]       attention scores / probabilities */
     float *pv;      /* [workers][2 * head_dim]  attention accumulators */
     float *partial; /* [max_rows][widest GEMM output] split-K partial sums (only when asked) */
@@ -90,10 +99,13 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
  * w->rows (row stride w->rows). */
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y);
-/* The bf16-weight GEMM as linear() runs it: y[M][N] = xp . w^T (xp packed by gemm_pack_x, w
- * rows ldw apart), output columns split over the pool in blocks (bench/gemm-bench times it). */
-void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *xp, const uint16_t *w,
-                     size_t ldw, float *y, size_t N);
+/* The bf16-weight GEMM as linear() runs it: y[M][N] = x . w^T (x rows ldx apart, w rows ldw
+ * apart, K <= s->max_k): x packed over the pool (gemm_pack_x, or gemm_pack_xt from
+ * GEMM_TILES_MIN_M rows on), then output columns split over the pool in blocks
+ * (bench/gemm-bench times it). */
+#define GEMM_TILES_MIN_M 16
+void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                     const uint16_t *w, size_t ldw, float *y, size_t N, const gemm_scratch *s);
 
 /* ---- attention (attention.c) ----------------------------------------------------------
  * For every row and head: causal attention over the row's positions 0..pos from the cache

@@ -16,8 +16,10 @@
 #include "internal.h"
 #include "kernels.h"
 
-/* Output columns per task: threads take contiguous runs of such blocks. */
+/* Output columns per task: threads take contiguous runs of such blocks (a multiple of every
+ * table's tile width in the large-M path). */
 #define COLUMN_BLOCK 32
+#define TILES_COLUMN_BLOCK 24
 
 typedef struct gemm_job {
     const kernels *k;
@@ -28,30 +30,30 @@ typedef struct gemm_job {
     const float *w32;
     size_t ldw;
     float *y;
+    float *panels;          /* large-M path: one panel per worker, else NULL */
+    size_t panel_floats;
 } gemm_job;
 
 static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
-    (void)worker;
     const gemm_job *j = ctx;
-    size_t n0 = begin * COLUMN_BLOCK, n1 = end * COLUMN_BLOCK < j->N ? end * COLUMN_BLOCK : j->N;
-    if (j->w16)
+    const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
+    size_t n0 = begin * block, n1 = end * block < j->N ? end * block : j->N;
+    if (j->panels)
+        j->k->gemm_bf16w_tiles(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->N, n0, n1,
+                               j->panels + worker * j->panel_floats);
+    else if (j->w16)
         j->k->gemm_bf16w(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->N, n0, n1);
     else
         j->k->gemm_f32w(j->M, j->K, j->x, j->ldx, j->w32, j->ldw, j->y, j->N, n0, n1);
 }
 
 static void gemm_on_pool(threadpool *pool, const gemm_job *j) {
-    pool_run(pool, gemm_columns, (void *)j, (j->N + COLUMN_BLOCK - 1) / COLUMN_BLOCK);
-}
-
-void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *xp, const uint16_t *w,
-                     size_t ldw, float *y, size_t N) {
-    const gemm_job j = {kern(), M, K, N, xp, 0, w, NULL, ldw, y};
-    gemm_on_pool(pool, &j);
+    const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
+    pool_run(pool, gemm_columns, (void *)j, (j->N + block - 1) / block);
 }
 
 typedef struct pack_job {
-    size_t K, ldx;
+    size_t M, K, ldx;
     const float *x;
     float *xp;
 } pack_job;
@@ -61,6 +63,30 @@ static void pack_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
     const pack_job *j = ctx;
     size_t row = gemm_packed_row(j->K);
     gemm_pack_x(end - begin, j->K, j->x + begin * j->ldx, j->ldx, j->xp + begin * row);
+}
+
+static void pack_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const pack_job *j = ctx;
+    kern()->pack_xt_tiles(j->M, j->K, j->x, j->ldx, j->xp, begin, end);
+}
+
+size_t gemm_scratch_xpack_floats(size_t max_rows, size_t max_k) {
+    const size_t rows = gemm_packed_row(max_k) * max_rows, tiles = gemm_xt_floats(max_rows, max_k);
+    return rows > tiles ? rows : tiles;
+}
+
+void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                     const uint16_t *w, size_t ldw, float *y, size_t N, const gemm_scratch *s) {
+    pack_job p = {M, K, ldx, x, s->xpack};
+    gemm_job j = {kern(), M, K, N, s->xpack, 0, w, NULL, ldw, y, NULL, 0};
+    if (M >= GEMM_TILES_MIN_M) {
+        pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
+        j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
+    } else {
+        pool_run(pool, pack_rows, &p, M);
+    }
+    gemm_on_pool(pool, &j);
 }
 
 /* y[M][N] = x[:, k0:k1] . w[:, k0:k1]^T: the columns k0 .. k1-1 of x (row stride K) and w. */
@@ -76,13 +102,11 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, const weigh
         return;
     }
     if (fp32) {
-        const gemm_job j = {kern(), M, Ks, N, x + k0, K, NULL, weight_f32(w) + k0, K, y};
+        const gemm_job j = {kern(), M, Ks, N, x + k0, K, NULL, weight_f32(w) + k0, K, y, NULL, 0};
         gemm_on_pool(ctx->pool, &j);
         return;
     }
-    pack_job p = {Ks, K, x + k0, ctx->s->xpack};
-    pool_run(ctx->pool, pack_rows, &p, M);
-    gemm_bf16w_pool(ctx->pool, M, Ks, ctx->s->xpack, w->bf16 + k0, K, y, N);
+    gemm_bf16w_pool(ctx->pool, M, Ks, x + k0, K, w->bf16 + k0, K, y, N, &ctx->s->gemm);
 }
 
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,

@@ -71,6 +71,14 @@ typedef struct kernels {
                        float *y, size_t ldy, size_t n0, size_t n1);
     void (*gemm_f32w)(size_t M, size_t K, const float *x, size_t ldx, const float *w,
                       size_t ldw, float *y, size_t ldy, size_t n0, size_t n1);
+    /* gemm_bf16w_tiles: the same outputs as gemm_bf16w, bit for bit, for large M: x packed
+     * by gemm_pack_xt (below) in tiles of GEMM_XT_ROWS rows, `panel` scratch of
+     * gemm_panel_floats(K) floats owned by the calling thread (its contents are not kept). */
+    void (*gemm_bf16w_tiles)(size_t M, size_t K, const float *xt, const uint16_t *w, size_t ldw,
+                             float *y, size_t ldy, size_t n0, size_t n1, float *panel);
+    /* gemm_pack_xt_tiles (below): the same floats in every table */
+    void (*pack_xt_tiles)(size_t M, size_t K, const float *x, size_t ldx, float *xt, size_t t0,
+                          size_t t1);
 
     /* --- regions, one row, on fp32 buffers that hold bf16 values where the policy rounds.
      * Under PARITY_COMPUTE_FP32 nothing rounds. ---
@@ -117,6 +125,28 @@ typedef struct kernels {
  * [x[32c+1], x[32c+3], ..., x[32c+31]] (the 16 odd ones), zero past K. */
 static inline size_t gemm_packed_row(size_t K) { return (K + 31) / 32 * 32; }
 void gemm_pack_x(size_t M, size_t K, const float *x, size_t ldx, float *xp);
+
+/* Packs x for gemm_bf16w_tiles, one lane of pair32 after the other, so that a kernel can
+ * advance the same lane of many rows with one vector: rows in tiles of GEMM_XT_ROWS (tile t
+ * holds rows 16t .. 16t+15 and occupies GEMM_XT_ROWS * gemm_packed_row(K) floats at
+ * xt + t * GEMM_XT_ROWS * gemm_packed_row(K)); inside a tile, for lane l (0..15), chunk c and
+ * step s (0: the odd element k = 32c + 2l + 1, taken first; 1: the even one, k = 32c + 2l),
+ * the 16 rows' x[.][k] are at offset ((l * chunks + c) * 2 + s) * 16, zero (+0) past K and
+ * past M. gemm_pack_xt_tiles packs tiles [t0, t1) only (threads split the tiles); it is the
+ * specification of every table's pack_xt_tiles. */
+#define GEMM_XT_ROWS 16
+static inline size_t gemm_xt_tiles(size_t M) { return (M + GEMM_XT_ROWS - 1) / GEMM_XT_ROWS; }
+static inline size_t gemm_xt_floats(size_t M, size_t K) {
+    return gemm_xt_tiles(M) * GEMM_XT_ROWS * gemm_packed_row(K);
+}
+void gemm_pack_xt_tiles(size_t M, size_t K, const float *x, size_t ldx, float *xt, size_t t0,
+                        size_t t1);
+/* Scratch for one thread's gemm_bf16w_tiles: room for GEMM_PANEL_ROWS weight rows widened to
+ * fp32, gemm_panel_stride(K) floats apart (a packed row and one cache line more, so that the
+ * rows do not all fall into the same L1 sets); a table's tiles use as many as they need. */
+#define GEMM_PANEL_ROWS 32
+static inline size_t gemm_panel_stride(size_t K) { return gemm_packed_row(K) + 16; }
+static inline size_t gemm_panel_floats(size_t K) { return GEMM_PANEL_ROWS * gemm_panel_stride(K); }
 
 /* The specification (kernels_ref.c). */
 extern const kernels kernels_portable;

@@ -658,6 +658,207 @@ static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t 
         gemm_bf16w_rows(M, K, xp, w, ldw, y, ldy, n0, n1);
 }
 
+/* ---- large M: lane tiles (gemm_bf16w_tiles) ----
+ *
+ * pair32's 16 lanes are 16 independent chains: lane l of output (m, n) is an fp32 dot product,
+ * in a fixed order, of the sequence x[m][32c + 2l + 1], x[m][32c + 2l] (c ascending) with the
+ * same elements of weight row n. gemm_pack_xt lays these sequences out lane by lane with 16
+ * rows side by side, so lane l of a block of 16 rows x LT_NR weight rows is an outer-product
+ * GEMM: per step, two vectors of 8 rows' x times LT_NR broadcast weights, 2 LT_NR
+ * accumulators (the register block BLIS uses on Haswell, 6 x 16): 12 fmas, 2 x loads and 6
+ * broadcast loads, no integer work. The LT_NR weight rows are widened to fp32 into the
+ * thread's panel first (past K the panel holds -0, whose product with the +0 of the packed x
+ * leaves a chain as it is, as the specification's skipped step does). Then for each tile of
+ * 16 rows the 16 lanes run one after the other, each over the whole of K, and the 16 lane sums
+ * of every output are folded in the dot16 order. No chain changes the order of its steps, so
+ * the bits are pair32's whatever M, the tile or the thread.
+ *
+ * Blocking: x tiles in blocks of about LT_XBLOCK_BYTES, which stay in L2 while every panel of
+ * the thread's columns passes them (each widened panel serves the whole block); one lane of
+ * one tile (16 rows x K/16 pairs, 4 KB at K = 1024) and the panel lines it reads stay in L1. A
+ * tile with at most 8 rows left runs on one vector of rows.
+ */
+#define LT_NR 6
+#define LT_KB 32
+#define LT_XBLOCK_BYTES (1024u * 1024u)
+
+/* Weight rows w, w + ldw, ... (nr of them) widened into panel rows (`row` floats of each, the
+ * rows gemm_panel_stride(K) apart); panel rows nr .. LT_NR-1 and every element past K hold
+ * -0. */
+static void lt_widen(size_t K, const uint16_t *w, size_t ldw, size_t nr, float *panel,
+                     size_t row) {
+    const __m256 neg0 = _mm256_set1_ps(-0.0f);
+    for (size_t j = 0; j < LT_NR; j++) {
+        float *p = panel + j * gemm_panel_stride(K);
+        size_t k = 0;
+        if (j < nr) {
+            const uint16_t *wj = w + j * ldw;
+            for (; k + 8 <= K; k += 8)
+                _mm256_storeu_ps(p + k, widen_bf16(_mm_loadu_si128((const __m128i *)(wj + k))));
+            for (; k < K; k++) {
+                uint32_t b = (uint32_t)wj[k] << 16;
+                memcpy(p + k, &b, sizeof b);
+            }
+        }
+        for (; k + 8 <= row; k += 8) _mm256_storeu_ps(p + k, neg0);
+        for (; k < row; k++) p[k] = -0.0f;
+    }
+}
+
+/* Chunks [0, nc) of lane l of one tile, continuing the chains in acc: xl is the lane's packed
+ * x at the first chunk (chunk c at xl + 32c: the odd step's 16 rows, then the even step's),
+ * wl the panel at the same chunk plus 2l (the even element of chunk c of panel row j at
+ * wl[j * ps + 32c], ps the panel stride, the odd one after it). H vectors of 8 rows (1 or 2). */
+ALWAYS_INLINE void lt_lane(const int H, size_t nc, const float *xl, const float *wl, size_t ps,
+                           __m256 acc_io[LT_NR][2]) {
+    __m256 acc[LT_NR][2];
+#pragma GCC unroll 6
+    for (int j = 0; j < LT_NR; j++) acc[j][0] = acc_io[j][0], acc[j][1] = acc_io[j][1];
+    for (size_t c = 0; c < nc; c++) {
+        const float *xs = xl + 32 * c, *ws = wl + 32 * c;
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            const __m256 x0 = _mm256_loadu_ps(xs + 16 * s);
+            const __m256 x1 = H > 1 ? _mm256_loadu_ps(xs + 16 * s + 8) : x0;
+#pragma GCC unroll 6
+            for (int j = 0; j < LT_NR; j++) {
+                const __m256 b = _mm256_broadcast_ss(ws + j * ps + 1 - s);
+                acc[j][0] = _mm256_fmadd_ps(x0, b, acc[j][0]);
+                if (H > 1) acc[j][1] = _mm256_fmadd_ps(x1, b, acc[j][1]);
+            }
+        }
+    }
+#pragma GCC unroll 6
+    for (int j = 0; j < LT_NR; j++) acc_io[j][0] = acc[j][0], acc_io[j][1] = acc[j][1];
+}
+
+/* One tile (`rows` <= 8H valid rows) against the panel's nr weight rows: y[r][j]. K in blocks
+ * of LT_KB chunks, every lane through a block before the next block: the block's panel lines
+ * stay in L1 for the 16 lanes, and the chains wait in `lanes` (in L1) between blocks. */
+ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const float *panel,
+                           size_t row, size_t rows, size_t nr, float *y, size_t ldy) {
+    __m256 lanes[16][LT_NR][2]; /* 6 KB */
+    for (size_t l = 0; l < 16; l++)
+        for (int j = 0; j < LT_NR; j++) lanes[l][j][0] = lanes[l][j][1] = _mm256_setzero_ps();
+    for (size_t c0 = 0; c0 < nc; c0 += LT_KB) {
+        const size_t n = nc - c0 < LT_KB ? nc - c0 : LT_KB;
+        for (size_t l = 0; l < 16; l++)
+            lt_lane(H, n, tile + (l * nc + c0) * 32, panel + 32 * c0 + 2 * l,
+                    row + 16 /* gemm_panel_stride */, lanes[l]);
+    }
+    for (size_t step = 8; step >= 1; step /= 2) /* the dot16 fold: l += l + 8, +4, +2, +1 */
+        for (size_t l = 0; l < step; l++)
+            for (int j = 0; j < LT_NR; j++)
+                for (int h = 0; h < H; h++)
+                    lanes[l][j][h] = _mm256_add_ps(lanes[l][j][h], lanes[l + step][j][h]);
+    /* the 8 x LT_NR block of each row vector transposed (columns 6, 7 unused), one masked
+     * store of nr floats per row */
+    const __m256i mask = lane_mask(nr);
+    for (int h = 0; h < H; h++) {
+        __m256 c[8];
+        for (int j = 0; j < 8; j++) c[j] = j < LT_NR ? lanes[0][j][h] : _mm256_setzero_ps();
+        const __m256 t0 = _mm256_unpacklo_ps(c[0], c[1]), t1 = _mm256_unpackhi_ps(c[0], c[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(c[2], c[3]), t3 = _mm256_unpackhi_ps(c[2], c[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(c[4], c[5]), t5 = _mm256_unpackhi_ps(c[4], c[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(c[6], c[7]), t7 = _mm256_unpackhi_ps(c[6], c[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+        const __m256 r[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                             _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                             _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                             _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+        for (size_t i = 0; i < 8 && 8 * (size_t)h + i < rows; i++)
+            _mm256_maskstore_ps(y + (8 * (size_t)h + i) * ldy, mask, r[i]);
+    }
+}
+
+static void lt_tile2(size_t nc, const float *tile, const float *panel, size_t row, size_t rows,
+                     size_t nr, float *y, size_t ldy) {
+    lt_tile(2, nc, tile, panel, row, rows, nr, y, ldy);
+}
+static void lt_tile1(size_t nc, const float *tile, const float *panel, size_t row, size_t rows,
+                     size_t nr, float *y, size_t ldy) {
+    lt_tile(1, nc, tile, panel, row, rows, nr, y, ldy);
+}
+
+/* gemm_pack_xt_tiles with 8 x 8 transposes: 8 rows' 8 consecutive elements of a chunk become
+ * 8 vectors, vector i holding element 8q + i of every row, that is lane 4q + i/2, step 1 - i%2.
+ * Partial chunks (past K) and row groups (past M) take the specification's loop. */
+static void pack_xt_tiles_avx2(size_t M, size_t K, const float *x, size_t ldx, float *xt,
+                               size_t t0, size_t t1) {
+    const size_t row = gemm_packed_row(K), nc = row / 32, full = K / 32;
+    for (size_t t = t0; t < t1; t++) {
+        float *tile = xt + t * GEMM_XT_ROWS * row;
+        for (size_t h = 0; h < 2; h++) {
+            const size_t m0 = t * GEMM_XT_ROWS + 8 * h;
+            if (m0 + 8 > M) continue;
+            const float *xr = x + m0 * ldx;
+            for (size_t c = 0; c < full; c++)
+                for (size_t q = 0; q < 4; q++) {
+                    const float *xc = xr + 32 * c + 8 * q;
+                    const __m256 a0 = _mm256_loadu_ps(xc), a1 = _mm256_loadu_ps(xc + ldx),
+                                 a2 = _mm256_loadu_ps(xc + 2 * ldx), a3 = _mm256_loadu_ps(xc + 3 * ldx),
+                                 a4 = _mm256_loadu_ps(xc + 4 * ldx), a5 = _mm256_loadu_ps(xc + 5 * ldx),
+                                 a6 = _mm256_loadu_ps(xc + 6 * ldx), a7 = _mm256_loadu_ps(xc + 7 * ldx);
+                    const __m256 t0v = _mm256_unpacklo_ps(a0, a1), t1v = _mm256_unpackhi_ps(a0, a1);
+                    const __m256 t2v = _mm256_unpacklo_ps(a2, a3), t3v = _mm256_unpackhi_ps(a2, a3);
+                    const __m256 t4v = _mm256_unpacklo_ps(a4, a5), t5v = _mm256_unpackhi_ps(a4, a5);
+                    const __m256 t6v = _mm256_unpacklo_ps(a6, a7), t7v = _mm256_unpackhi_ps(a6, a7);
+                    const __m256 u0 = _mm256_shuffle_ps(t0v, t2v, 0x44), u1 = _mm256_shuffle_ps(t0v, t2v, 0xee);
+                    const __m256 u2 = _mm256_shuffle_ps(t1v, t3v, 0x44), u3 = _mm256_shuffle_ps(t1v, t3v, 0xee);
+                    const __m256 u4 = _mm256_shuffle_ps(t4v, t6v, 0x44), u5 = _mm256_shuffle_ps(t4v, t6v, 0xee);
+                    const __m256 u6 = _mm256_shuffle_ps(t5v, t7v, 0x44), u7 = _mm256_shuffle_ps(t5v, t7v, 0xee);
+                    /* v[i]: element 8q + i of rows m0 .. m0+7 */
+                    const __m256 v[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                                         _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                                         _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                                         _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+                    for (size_t i = 0; i < 8; i++) {
+                        const size_t l = 4 * q + i / 2, step = 1 - i % 2;
+                        _mm256_storeu_ps(tile + ((l * nc + c) * 2 + step) * GEMM_XT_ROWS + 8 * h, v[i]);
+                    }
+                }
+        }
+        /* what the transposes left: row groups past M and the partial chunk */
+        for (size_t c = 0; c < nc; c++)
+            for (size_t r = 0; r < GEMM_XT_ROWS; r++) {
+                const size_t m = t * GEMM_XT_ROWS + r;
+                const size_t g0 = t * GEMM_XT_ROWS + (r < 8 ? 0 : 8);
+                if (c < full && g0 + 8 <= M) continue;
+                const float *xc = x + m * ldx + 32 * c;
+                const size_t n = m < M ? (K - 32 * c < 32 ? K - 32 * c : 32) : 0;
+                for (size_t l = 0; l < 16; l++) {
+                    float *at = tile + (l * nc + c) * 2 * GEMM_XT_ROWS + r;
+                    at[0] = 2 * l + 1 < n ? xc[2 * l + 1] : 0.0f;
+                    at[GEMM_XT_ROWS] = 2 * l < n ? xc[2 * l] : 0.0f;
+                }
+            }
+    }
+}
+
+static void gemm_bf16w_tiles_avx2(size_t M, size_t K, const float *xt, const uint16_t *w,
+                                  size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
+                                  float *panel) {
+    const size_t row = gemm_packed_row(K), nc = row / 32, tiles = gemm_xt_tiles(M);
+    const size_t tile_floats = GEMM_XT_ROWS * row;
+    size_t tb = row ? LT_XBLOCK_BYTES / (tile_floats * sizeof(float)) : tiles;
+    if (tb < 1) tb = 1;
+    for (size_t t0 = 0; t0 < tiles; t0 += tb) {
+        const size_t t1 = tiles - t0 < tb ? tiles : t0 + tb;
+        for (size_t n = n0; n < n1; n += LT_NR) {
+            const size_t nr = n1 - n < LT_NR ? n1 - n : LT_NR;
+            lt_widen(K, w + n * ldw, ldw, nr, panel, row);
+            for (size_t t = t0; t < t1; t++) {
+                const size_t m = t * GEMM_XT_ROWS, rows = M - m < 16 ? M - m : 16;
+                (rows > 8 ? lt_tile2 : lt_tile1)(nc, xt + t * tile_floats, panel, row, rows, nr,
+                                                 y + m * ldy + n, ldy);
+            }
+        }
+    }
+}
+
 /* dot16 step of 16 elements for one weight row: x0/x1 hold x[i..i+7], x[i+8..i+15]. */
 ALWAYS_INLINE void dot16_row(__m256 *acc0, __m256 *acc1, __m256 x0, __m256 x1, __m256 w0,
                              __m256 w1) {
@@ -865,6 +1066,8 @@ void kernels_avx2_set_entries(kernels *t) {
     t->axpy4_bf16 = axpy4_bf16_avx2;
     t->gemm_bf16w = gemm_bf16w_avx2;
     t->gemm_f32w = gemm_f32w_avx2;
+    t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx2;
+    t->pack_xt_tiles = pack_xt_tiles_avx2;
     t->rmsnorm_residual = rmsnorm_residual_avx2;
     t->rmsnorm = rmsnorm_avx2;
     t->swiglu = swiglu_avx2;

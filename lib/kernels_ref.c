@@ -180,6 +180,50 @@ static void gemm_bf16w_ref(size_t M, size_t K, const float *xp, const uint16_t *
     }
 }
 
+void gemm_pack_xt_tiles(size_t M, size_t K, const float *x, size_t ldx, float *xt, size_t t0,
+                        size_t t1) {
+    const size_t row = gemm_packed_row(K), nc = row / 32;
+    for (size_t t = t0; t < t1; t++) {
+        float *tile = xt + t * GEMM_XT_ROWS * row;
+        /* chunk by chunk: the 16 rows' 32 elements of chunk c fill 16 blocks of 32 floats (one
+         * per lane), all within 2 KB */
+        for (size_t c = 0; c < nc; c++)
+            for (size_t r = 0; r < GEMM_XT_ROWS; r++) {
+                const size_t m = t * GEMM_XT_ROWS + r;
+                const float *xc = x + m * ldx + 32 * c;
+                const size_t n = m < M ? (K - 32 * c < 32 ? K - 32 * c : 32) : 0;
+                for (size_t l = 0; l < 16; l++) {
+                    float *at = tile + (l * nc + c) * 2 * GEMM_XT_ROWS + r;
+                    at[0] = 2 * l + 1 < n ? xc[2 * l + 1] : 0.0f;
+                    at[GEMM_XT_ROWS] = 2 * l < n ? xc[2 * l] : 0.0f;
+                }
+            }
+    }
+}
+
+/* The specification read from the lane-major layout (the panel is not needed here). */
+static void gemm_bf16w_tiles_ref(size_t M, size_t K, const float *xt, const uint16_t *w,
+                                 size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
+                                 float *panel) {
+    (void)panel;
+    const size_t row = gemm_packed_row(K), nc = row / 32;
+    for (size_t m = 0; m < M; m++) {
+        const float *tile = xt + m / GEMM_XT_ROWS * GEMM_XT_ROWS * row + m % GEMM_XT_ROWS;
+        for (size_t n = n0; n < n1; n++) {
+            const uint16_t *wn = w + n * ldw;
+            float acc[16] = {0};
+            for (size_t c = 0; c < nc; c++)
+                for (size_t l = 0; l < 16; l++) {
+                    const size_t k0 = 32 * c + 2 * l, k1 = k0 + 1;
+                    const float *at = tile + (l * nc + c) * 2 * GEMM_XT_ROWS;
+                    if (k1 < K) acc[l] = fmaf(at[0], bf16_to_f32(wn[k1]), acc[l]);
+                    if (k0 < K) acc[l] = fmaf(at[GEMM_XT_ROWS], bf16_to_f32(wn[k0]), acc[l]);
+                }
+            y[m * ldy + n] = fold16(acc);
+        }
+    }
+}
+
 static void gemm_f32w_ref(size_t M, size_t K, const float *x, size_t ldx, const float *w,
                           size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
     for (size_t m = 0; m < M; m++)
@@ -324,6 +368,8 @@ const kernels kernels_portable = {
     .axpy4_bf16 = axpy4_bf16_ref,
     .gemm_bf16w = gemm_bf16w_ref,
     .gemm_f32w = gemm_f32w_ref,
+    .gemm_bf16w_tiles = gemm_bf16w_tiles_ref,
+    .pack_xt_tiles = gemm_pack_xt_tiles,
     .rmsnorm_residual = rmsnorm_residual_ref,
     .rmsnorm = rmsnorm_ref,
     .swiglu = swiglu_ref,

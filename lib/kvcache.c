@@ -45,6 +45,7 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
     uint64_t kmax = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
     if (q > kmax) kmax = q;
     const uint64_t nmax = kmax > c->vocab_size ? kmax : c->vocab_size; /* widest GEMM output */
+    s->gemm.max_k = (size_t)kmax;
     const scratch_buf bufs[] = {
         {&s->h, R * c->hidden_size, "residual stream"},
         {&s->delta, R * c->hidden_size, "sublayer output"},
@@ -55,7 +56,8 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
         {&s->att, R * q, "attention output"},
         {&s->gate, R * c->intermediate_size, "gate projection"},
         {&s->up, R * c->intermediate_size, "up projection"},
-        {&s->xpack, R * gemm_packed_row(kmax), "packed GEMM input"},
+        {&s->gemm.xpack, gemm_scratch_xpack_floats(R, kmax), "packed GEMM input"},
+        {&s->gemm.panels, (uint64_t)n_workers * gemm_panel_floats(kmax), "GEMM weight panels"},
         {&s->scores, (uint64_t)n_workers * max_ctx, "attention scores"},
         {&s->pv, (uint64_t)n_workers * 2 * c->head_dim, "attention accumulators"},
         {&s->partial, split_k ? R * nmax : 0, "split-K partial sums"},
@@ -100,7 +102,8 @@ int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
 
 void fwd_scratch_free(fwd_scratch *s) {
     float **all[] = {&s->h, &s->delta, &s->xn, &s->q, &s->k, &s->v, &s->att,
-                     &s->gate, &s->up, &s->xpack, &s->scores, &s->pv, &s->partial};
+                     &s->gate, &s->up, &s->gemm.xpack, &s->gemm.panels, &s->scores, &s->pv,
+                     &s->partial};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         px_free(*all[i]);
         *all[i] = NULL;

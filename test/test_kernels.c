@@ -493,6 +493,24 @@ static void check_gemm_bf16w(const gemm_case *g, const kernels *const *tables, i
                                   n1);
         snprintf(what, sizeof what, "gemm_bf16w rows alone M=%zu [%zu,%zu)", M, n0, n1);
         check_f32(y2, y3, M * ldy, what, tables[t]->name, K, g->mode);
+        /* the large-M form: the table's packing is the specification's, float for float, and
+         * its outputs are gemm_bf16w's */
+        const size_t nxt = gemm_xt_floats(M, K), tiles = gemm_xt_tiles(M);
+        float *xt = xmalloc(nxt * sizeof *xt), *xt_ref = xmalloc(nxt * sizeof *xt);
+        float *panel = xmalloc(gemm_panel_floats(K) * sizeof *panel);
+        fill_sentinel(xt, nxt), fill_sentinel(xt_ref, nxt);
+        gemm_pack_xt_tiles(M, K, g->x, g->ldx, xt_ref, 0, tiles);
+        tables[t]->pack_xt_tiles(M, K, g->x, g->ldx, xt, 0, tiles / 2);
+        tables[t]->pack_xt_tiles(M, K, g->x, g->ldx, xt, tiles / 2, tiles);
+        if (memcmp(xt, xt_ref, nxt * sizeof *xt) != 0)
+            fprintf(stderr, "%s: pack_xt_tiles M=%zu K=%zu differs from the specification\n",
+                    tables[t]->name, M, K);
+        CHECK(memcmp(xt, xt_ref, nxt * sizeof *xt) == 0);
+        fill_sentinel(y3, M * ldy), fill_sentinel(panel, gemm_panel_floats(K));
+        tables[t]->gemm_bf16w_tiles(M, K, xt, g->w, g->ldw, y3, ldy, n0, n1, panel);
+        snprintf(what, sizeof what, "gemm_bf16w_tiles M=%zu [%zu,%zu)", M, n0, n1);
+        check_f32(y1, y3, M * ldy, what, tables[t]->name, K, g->mode);
+        free(xt), free(xt_ref), free(panel);
     }
 }
 
@@ -551,7 +569,7 @@ static void gemm_shape(const kernels *const *tables, int n_tables, size_t M, siz
 }
 
 static void test_gemm(const kernels *const *tables, int n_tables) {
-    static const size_t Ms[] = {1, 2, 3, 5, 8, 13};
+    static const size_t Ms[] = {1, 2, 3, 5, 8, 9, 13, 16, 17};
     /* 4097 with M = 13 spans two row blocks of the AVX2 kernel */
     static const size_t Ks[] = {0, 1, 7, 31, 32, 33, 64, 100, 257, 1000, 4097};
     /* column ranges [n0, n1) of N = 11: all, odd bounds, one column, empty */
@@ -564,6 +582,8 @@ static void test_gemm(const kernels *const *tables, int n_tables) {
     /* larger shapes: several blocks of x rows (of K chunks, of output columns) in the AVX2
      * kernels' prefill path, and row tiles of every height */
     static const size_t big_Ms[] = {4, 40, 100}, big_Ks[] = {33, 1000, 4097};
+    /* (the AVX2 large-M path: 40 and 100 rows are 3 and 7 tiles of 16, the last partial;
+     * 70 columns are 11 tiles of 6 and 4 columns left) */
     static const size_t big_ranges[][2] = {{0, 70}, {5, 67}};
     for (size_t mi = 0; mi < 3; mi++)
         for (size_t ki = 0; ki < 3; ki++)
