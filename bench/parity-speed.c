@@ -3,27 +3,42 @@
  *
  *   parity-speed [--model SPEC] [--presets LIST] [--backends LIST] [--threads LIST]
  *                [--prompts LIST] [--batches LIST] [--contexts LIST] [--steps N] [--reps N]
- *                [--json FILE] [--quick]
+ *                [--peers LIST] [--score-all] [--json FILE] [--quick]
  *
- * Defaults: synthetic:qwen3-0.6b; presets aligned,hf-eager,vllm; backend bf16; threads 1,2;
- * prefill of 64 and 512 tokens; decode at batch 1, 8, 32 with 128 and 1024 tokens of
- * context; 1 warm-up and 3 repetitions per figure (median, and min..max as the spread).
+ * Defaults (a run of under three minutes on 2 cores, peers included): synthetic:qwen3-0.6b; presets
+ * aligned,hf-eager,vllm; backend bf16; threads 2; prefill and scoring of 512 tokens; decode
+ * at batch 1 and 32 with 128 tokens of context; 1 warm-up and 3 repetitions per figure
+ * (median, and min..max as the spread); peers torch,llama where available.
+ *
+ * Peers, measured in the same run at the largest thread count, for the first preset's shape:
+ *   torch   bench/torch_peer.py under /usr/bin/python3 (Debian's python3-torch), for
+ *           synthetic:NAME models: PyTorch bf16 prefill of the largest prompt and decode at
+ *           the listed batches and the first context; it names the oneDNN ISA it ran on.
+ *           PARITY_TORCH_PEER names another copy of the script.
+ *   llama   llama.cpp's llama-bench when LLAMA_BENCH (the binary) and LLAMA_GGUF (a BF16
+ *           GGUF of the same shape) are set: pp<largest prompt> and tg<first context> (tg
+ *           is measured from an empty context; its tokens/s sit beside decode at batch 1).
+ * Each libparity row with a peer figure of the same phase, batch and tokens is printed with
+ * the ratio libparity / peer. --peers none skips them.
  *
  * Phases
  *   prefill  the sampler's: a prompt of L tokens, up to the logits of its last position (as
  *            llama-bench counts pp); tokens/s = L / time. Bounded by compute: achieved
  *            GFLOP/s (2 flops per weight per token, plus attention) against the FMA peak.
  *   score    the scorer's: log-probs at every position of L tokens (the lm_head runs on every
- *            row); tokens/s = L / time.
+ *            row); tokens/s = L / time. For the first preset only, unless --score-all.
  *   decode   one step of B sequences at a given context; tokens/s = B * steps / time.
- *            Bounded by memory: every step reads every weight once, so achieved GB/s =
- *            weight bytes per step / step time, against the read bandwidth measured here.
+ *            Every step reads every weight once (achieved GB/s = weight bytes per step /
+ *            step time, against the read bandwidth measured here) and does B tokens' flops
+ *            (achieved GFLOP/s against the FMA peak); the bound column shows the limit of
+ *            the larger fraction: memory at batch 1, the FMA units at batch 32.
  * Machine limits, measured by this program per thread count: memory read bandwidth (sum of a
  * 1 GiB buffer, split over the threads, in 4 KB pages and in huge pages; decode is judged
  * against the better) and the peak of the FMA instruction the bf16 path runs
  * on this CPU (a register-only loop of vfmadd231ps: on CPUs without AVX512_BF16 the bf16 GEMM
  * is two fp32 FMAs per bf16 pair, so this is its peak).
  */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -36,6 +51,10 @@
 #endif
 
 #include "parity.h"
+
+#ifndef PARITY_BENCH_DIR
+#define PARITY_BENCH_DIR "bench"
+#endif
 
 #define MAX_LIST 8
 
@@ -307,6 +326,204 @@ static int time_decode(const run_cfg *r, uint32_t B, uint32_t context, uint32_t 
     return rc ? fail("decode") : 0;
 }
 
+/* ---- peers ----------------------------------------------------------------------------------- */
+
+#define MAX_PEER_ROWS 32
+#define MAX_NOTES 8
+
+typedef struct peer_row {
+    const char *peer;   /* "torch", "llama" */
+    const char *phase;  /* "prefill", "decode" */
+    uint32_t threads, batch, tokens, context;
+    double tps, lo, hi;
+} peer_row;
+
+typedef struct peers {
+    peer_row rows[MAX_PEER_ROWS];
+    int n;
+    char notes[MAX_NOTES][320];  /* what each peer ran on, or why it did not run */
+    int n_notes;
+} peers;
+
+static void peer_note(peers *P, const char *fmt, const char *a, const char *b) {
+    if (P->n_notes < MAX_NOTES) {
+        snprintf(P->notes[P->n_notes], sizeof P->notes[0], fmt, a, b);
+        char *nl = strchr(P->notes[P->n_notes], '\n');
+        if (nl) *nl = 0;
+        P->n_notes++;
+    }
+}
+
+static int shell_safe(const char *s) {
+    for (; *s; s++)
+        if (*s == '\'' || *s == '\n') return 0;
+    return 1;
+}
+
+/* PyTorch (bench/torch_peer.py under Debian's python3) on a built-in config's shape. */
+static void run_torch_peer(peers *P, const char *model_spec, uint32_t threads, uint32_t prompt,
+                           const char *batches, uint32_t context, uint32_t steps, int reps) {
+    const char *script = getenv("PARITY_TORCH_PEER");
+    if (!script || !*script) script = PARITY_BENCH_DIR "/torch_peer.py";
+    if (strncmp(model_spec, "synthetic:", 10) != 0) {
+        peer_note(P, "torch: not run (%s is not a built-in config; torch_peer.py takes "
+                     "synthetic:NAME shapes)%s", model_spec, "");
+        return;
+    }
+    const char *config = model_spec + 10;
+    if (!shell_safe(config) || !shell_safe(script) || !shell_safe(batches)) {
+        peer_note(P, "torch: not run (a quote in %s or %s)", config, script);
+        return;
+    }
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 '%s' --config '%s' --threads %u --prompt %u --batches '%s' "
+             "--context %u --steps %u --reps %d 2>&1",
+             script, config, threads, prompt, batches, context, steps, reps);
+    fprintf(stderr, "parity-speed: peer torch: %s\n", cmd);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        peer_note(P, "torch: not run (cannot start /usr/bin/python3: %s)%s", strerror(errno), "");
+        return;
+    }
+    char line[1024], last[1024] = "", header[1024] = "";
+    int got = 0;
+    while (fgets(line, sizeof line, f)) {
+        char phase[16];
+        unsigned b, t, c;
+        double tps, lo, hi;
+        if (sscanf(line, "%15s %u %u %u %lf (%lf..%lf)", phase, &b, &t, &c, &tps, &lo, &hi) == 7 &&
+            (!strcmp(phase, "prefill") || !strcmp(phase, "decode")) && P->n < MAX_PEER_ROWS) {
+            peer_row *r = &P->rows[P->n++];
+            *r = (peer_row){"torch", !strcmp(phase, "prefill") ? "prefill" : "decode", threads, b,
+                            t, c, tps, lo, hi};
+            got++;
+        } else if (!strncmp(line, "torch_peer: PyTorch", 19)) {
+            snprintf(header, sizeof header, "%s", line + 12);
+        } else if (line[0] != '{' && line[0] != '\n') {
+            snprintf(last, sizeof last, "%s", line);
+        }
+    }
+    int status = pclose(f);
+    if (status != 0 || !got)
+        peer_note(P, "torch: not measured (%s)%s", last[0] ? last : "no output", "");
+    else
+        peer_note(P, "torch: %s%s", header, "");
+}
+
+/* Index of a column in a CSV header line (fields possibly quoted), -1 if absent. */
+static int csv_column(const char *header, const char *name) {
+    int col = 0;
+    const char *p = header;
+    while (*p) {
+        const char *q = p;
+        if (*q == '"') q++;
+        size_t n = strlen(name);
+        if (!strncmp(q, name, n) && (q[n] == '"' || q[n] == ',' || q[n] == '\n' || !q[n]))
+            return col;
+        while (*p && *p != ',') p++;
+        if (*p == ',') p++, col++;
+        else break;
+    }
+    return -1;
+}
+
+/* Field `col` of a CSV line into out (quotes dropped). */
+static void csv_field(const char *line, int col, char *out, size_t size) {
+    const char *p = line;
+    int in_quotes = 0;
+    for (int c = 0; c < col && *p; p++) {
+        if (*p == '"') in_quotes = !in_quotes;
+        else if (*p == ',' && !in_quotes) c++;
+    }
+    size_t n = 0;
+    if (*p == '"') p++, in_quotes = 1;
+    else in_quotes = 0;
+    while (*p && n + 1 < size && (in_quotes ? *p != '"' : (*p != ',' && *p != '\n'))) out[n++] = *p++;
+    out[n] = 0;
+}
+
+/* llama.cpp's llama-bench (LLAMA_BENCH) on a GGUF (LLAMA_GGUF): pp<prompt> and tg<context>. */
+static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t context, int reps) {
+    const char *bin = getenv("LLAMA_BENCH"), *gguf = getenv("LLAMA_GGUF");
+    if (!bin || !*bin || !gguf || !*gguf) {
+        peer_note(P, "llama: not run (set LLAMA_BENCH to llama-bench and LLAMA_GGUF to a BF16 "
+                     "GGUF of the model's shape)%s%s", "", "");
+        return;
+    }
+    if (!shell_safe(bin) || !shell_safe(gguf)) {
+        peer_note(P, "llama: not run (a quote in %s or %s)", bin, gguf);
+        return;
+    }
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %u -p %u -n %u -r %d -o csv 2>&1", bin, gguf,
+             threads, prompt, context, reps);
+    fprintf(stderr, "parity-speed: peer llama: %s\n", cmd);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        peer_note(P, "llama: not run (cannot start %s: %s)", bin, strerror(errno));
+        return;
+    }
+    char line[4096], last[4096] = "", about[320] = "";
+    int c_prompt = -1, c_gen = -1, c_ts = -1, c_sd = -1, c_cpu = -1, c_back = -1, c_commit = -1;
+    int got = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (c_ts < 0 && strstr(line, "avg_ts")) {
+            c_prompt = csv_column(line, "n_prompt"), c_gen = csv_column(line, "n_gen");
+            c_ts = csv_column(line, "avg_ts"), c_sd = csv_column(line, "stddev_ts");
+            c_cpu = csv_column(line, "cpu_info"), c_back = csv_column(line, "backends");
+            c_commit = csv_column(line, "build_commit");
+            continue;
+        }
+        if (c_ts >= 0 && c_prompt >= 0 && c_gen >= 0 && P->n < MAX_PEER_ROWS) {
+            char a[64], b[64], ts[64], sd[64] = "0";
+            csv_field(line, c_prompt, a, sizeof a), csv_field(line, c_gen, b, sizeof b);
+            csv_field(line, c_ts, ts, sizeof ts);
+            if (c_sd >= 0) csv_field(line, c_sd, sd, sizeof sd);
+            const uint32_t np = (uint32_t)strtoul(a, NULL, 10), ng = (uint32_t)strtoul(b, NULL, 10);
+            const double v = strtod(ts, NULL), s = strtod(sd, NULL);
+            if (v <= 0 || (np == 0) == (ng == 0)) continue;
+            peer_row *r = &P->rows[P->n++];
+            *r = (peer_row){"llama", np ? "prefill" : "decode", threads, 1, np ? np : 1,
+                            np ? np : ng, v, v - s, v + s};
+            if (!got) {
+                char cpu[128] = "", back[64] = "", commit[64] = "";
+                if (c_cpu >= 0) csv_field(line, c_cpu, cpu, sizeof cpu);
+                if (c_back >= 0) csv_field(line, c_back, back, sizeof back);
+                if (c_commit >= 0) csv_field(line, c_commit, commit, sizeof commit);
+                snprintf(about, sizeof about, "llama-bench build %s, backend %s, %s (min..max is "
+                         "the mean -/+ its standard deviation)", commit, back, cpu);
+            }
+            got++;
+        } else if (c_ts < 0) {
+            snprintf(last, sizeof last, "%s", line);
+        }
+    }
+    int status = pclose(f);
+    if (status != 0 || !got)
+        peer_note(P, "llama: not measured (%s)%s", last[0] ? last : "no output", "");
+    else
+        peer_note(P, "llama: %s%s", about, "");
+}
+
+/* The peer figure a libparity row compares with: same peer, threads, phase and batch; the
+ * same prompt length for prefill, the same context for a torch decode (llama's tg starts
+ * from an empty context). NULL if none. */
+static const peer_row *peer_match(const peers *P, const char *peer, const char *phase,
+                                  uint32_t threads, uint32_t batch, uint32_t tokens,
+                                  uint32_t context) {
+    for (int i = 0; i < P->n; i++) {
+        const peer_row *r = &P->rows[i];
+        if (strcmp(r->peer, peer) || strcmp(r->phase, phase) || r->threads != threads ||
+            r->batch != batch)
+            continue;
+        if (!strcmp(phase, "prefill") ? r->tokens == tokens
+                                      : (!strcmp(peer, "llama") || r->context == context))
+            return r;
+    }
+    return NULL;
+}
+
 /* ---- options and output -------------------------------------------------------------------- */
 
 static int split_list(char *s, const char **out) {
@@ -331,10 +548,11 @@ typedef struct result {
 
 int main(int argc, char **argv) {
     const char *model_spec = "synthetic:qwen3-0.6b", *json = NULL;
-    char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "bf16", threads_s[64] = "1,2";
-    char prompts_s[64] = "64,512", batches_s[64] = "1,8,32", contexts_s[64] = "128,1024";
-    int reps = 3;
-    uint32_t steps = 8;
+    char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "bf16", threads_s[64] = "2";
+    char prompts_s[64] = "512", batches_s[64] = "1,32", contexts_s[64] = "128";
+    char peers_s[64] = "torch,llama";
+    int reps = 3, score_all = 0;
+    uint32_t steps = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--quick")) {
@@ -342,14 +560,19 @@ int main(int argc, char **argv) {
             strcpy(prompts_s, "64");
             strcpy(batches_s, "1,8");
             strcpy(contexts_s, "128");
+            strcpy(peers_s, "none");
             reps = 1;
             steps = 4;
+            continue;
+        }
+        if (!strcmp(a, "--score-all")) {
+            score_all = 1;
             continue;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || i + 1 >= argc) {
             fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
                             "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
-                            "[--steps N] [--reps N] [--json FILE] [--quick]\n");
+                            "[--steps N] [--reps N] [--peers LIST|none] [--score-all] [--json FILE] [--quick]\n");
             return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
         }
         i++;
@@ -363,6 +586,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--contexts")) snprintf(contexts_s, sizeof contexts_s, "%s", v);
         else if (!strcmp(a, "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--peers")) snprintf(peers_s, sizeof peers_s, "%s", v);
         else {
             fprintf(stderr, "parity-speed: unknown option %s\n", a);
             return 2;
@@ -414,9 +638,13 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "parity-speed: %s / %s / %u thread(s)\n", presets[p], backends[b], threads[t]);
                 for (int li = 0; li < nl; li++)
                     for (int phase = 0; phase < 2; phase++) {
+                        if (phase && p > 0 && !score_all) continue;
                         double v[50];
                         const uint32_t L = prompts[li];
-                        if ((phase ? time_score(&r, L) : time_prefill(&r, L)) < 0) return 1; /* warm-up */
+                        /* warm-up (the first configuration only: later ones find the
+                         * weights, the allocator and the pool as warm) */
+                        if (p == 0 && (phase ? time_score(&r, L) : time_prefill(&r, L)) < 0)
+                            return 1;
                         for (int k = 0; k < reps; k++) {
                             double dt = phase ? time_score(&r, L) : time_prefill(&r, L);
                             if (dt < 0) return 1;
@@ -438,9 +666,38 @@ int main(int argc, char **argv) {
                         result *x = &res[nres++];
                         *x = (result){"decode", presets[p], backends[b], threads[t], batches[bi],
                                       batches[bi], contexts[ci], summarise(tps, reps), 0, 0};
-                        x->gbs = ms.weight_bytes / (batches[bi] / x->tps.median) / 1e9;
+                        const double step_s = batches[bi] / x->tps.median;
+                        x->gbs = ms.weight_bytes / step_s / 1e9;
+                        x->gflops = batches[bi] *
+                                    (ms.flops_per_tok + ms.head_flops +
+                                     ms.attn_flops * (contexts[ci] + 1)) /
+                                    step_s / 1e9;
                     }
             }
+    }
+
+    /* peers, at the largest thread count, on the first preset's shape */
+    peers P = {.n = 0};
+    if (strcmp(peers_s, "none") != 0) {
+        uint32_t tmax = threads[0], lmax = prompts[0];
+        for (int t = 1; t < nt; t++) tmax = threads[t] > tmax ? threads[t] : tmax;
+        for (int l = 1; l < nl; l++) lmax = prompts[l] > lmax ? prompts[l] : lmax;
+        char batch_list[64] = "";
+        for (int i = 0; i < nbatch; i++)
+            snprintf(batch_list + strlen(batch_list), sizeof batch_list - strlen(batch_list),
+                     "%s%u", i ? "," : "", batches[i]);
+        char peer_copy[64];
+        snprintf(peer_copy, sizeof peer_copy, "%s", peers_s);
+        const char *which[MAX_LIST];
+        int nw = split_list(peer_copy, which);
+        for (int i = 0; i < nw; i++) {
+            if (!strcmp(which[i], "torch"))
+                run_torch_peer(&P, model_spec, tmax, lmax, batch_list, contexts[0], steps, reps);
+            else if (!strcmp(which[i], "llama"))
+                run_llama_peer(&P, tmax, lmax, contexts[0], reps);
+            else
+                peer_note(&P, "%s: unknown peer (torch, llama)%s", which[i], "");
+        }
     }
 
     /* the table */
@@ -456,15 +713,41 @@ int main(int argc, char **argv) {
         int t = 0;
         while (t < nt && threads[t] != x->threads) t++;
         char bound[96];
-        if (!strcmp(x->phase, "decode"))
+        const double mem_frac = x->gbs / bandwidth[t], fma_frac = peak[t] > 0 ? x->gflops / peak[t] : 0;
+        if (!strcmp(x->phase, "decode") && mem_frac >= fma_frac)
             snprintf(bound, sizeof bound, "%.1f GB/s of %.1f (%.0f%%)", x->gbs, bandwidth[t],
-                     100 * x->gbs / bandwidth[t]);
+                     100 * mem_frac);
         else
             snprintf(bound, sizeof bound, "%.0f GFLOP/s of %.0f (%.0f%%)", x->gflops, peak[t],
                      peak[t] > 0 ? 100 * x->gflops / peak[t] : 0);
         printf("%-8s %-9s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)  %s\n", x->phase, x->preset,
                x->backend, x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
                x->tps.max, bound);
+    }
+    if (P.n_notes) printf("\npeers\n");
+    for (int i = 0; i < P.n_notes; i++) printf("  %s\n", P.notes[i]);
+    if (P.n) {
+        printf("\n%-8s %-8s %3s %5s %6s %7s %10s %17s\n", "peer", "phase", "thr", "batch", "tokens",
+               "context", "tok/s", "(min..max)");
+        for (int i = 0; i < P.n; i++) {
+            const peer_row *r = &P.rows[i];
+            printf("%-8s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)\n", r->peer, r->phase,
+                   r->threads, r->batch, r->tokens, r->context, r->tps, r->lo, r->hi);
+        }
+        printf("\nratios libparity / peer (tok/s)\n");
+        for (int i = 0; i < nres; i++) {
+            const result *x = &res[i];
+            const char *ph = !strcmp(x->phase, "score") ? NULL : x->phase;
+            if (!ph) continue;
+            for (int k = 0; k < 2; k++) {
+                const char *name = k ? "llama" : "torch";
+                const peer_row *r = peer_match(&P, name, ph, x->threads, x->batch, x->tokens, x->context);
+                if (r)
+                    printf("  %-8s %-9s %-8s thr %u batch %2u context %5u: %6.2f x %s\n", x->phase,
+                           x->preset, x->backend, x->threads, x->batch, x->context,
+                           x->tps.median / r->tps, name);
+            }
+        }
     }
     if (json) {
         FILE *f = fopen(json, "w");
@@ -492,6 +775,40 @@ int main(int argc, char **argv) {
                        "\"achieved_gflops\": %.3f}",
                     i ? "," : "", x->phase, x->preset, x->backend, x->threads, x->batch, x->tokens,
                     x->context, x->tps.median, x->tps.min, x->tps.max, x->gbs, x->gflops);
+        }
+        fprintf(f, "\n],\n \"peer_notes\": [");
+        for (int i = 0; i < P.n_notes; i++) {
+            fprintf(f, "%s\"", i ? ", " : "");
+            for (const char *c = P.notes[i]; *c; c++)
+                if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+                else if ((unsigned char)*c >= 0x20) fputc(*c, f);
+            fprintf(f, "\"");
+        }
+        fprintf(f, "],\n \"peers\": [");
+        for (int i = 0; i < P.n; i++) {
+            const peer_row *r = &P.rows[i];
+            fprintf(f, "%s\n  {\"peer\": \"%s\", \"phase\": \"%s\", \"threads\": %u, \"batch\": %u, "
+                       "\"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
+                       "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f}",
+                    i ? "," : "", r->peer, r->phase, r->threads, r->batch, r->tokens, r->context,
+                    r->tps, r->lo, r->hi);
+        }
+        fprintf(f, "],\n \"ratios\": [");
+        int first_ratio = 1;
+        for (int i = 0; i < nres; i++) {
+            const result *x = &res[i];
+            if (!strcmp(x->phase, "score")) continue;
+            for (int k = 0; k < 2; k++) {
+                const char *name = k ? "llama" : "torch";
+                const peer_row *r = peer_match(&P, name, x->phase, x->threads, x->batch, x->tokens, x->context);
+                if (!r) continue;
+                fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
+                           "\"threads\": %u, \"batch\": %u, \"context\": %u, \"peer\": \"%s\", "
+                           "\"libparity_over_peer\": %.4f}",
+                        first_ratio ? "" : ",", x->phase, x->preset, x->backend, x->threads, x->batch,
+                        x->context, name, x->tps.median / r->tps);
+                first_ratio = 0;
+            }
         }
         fprintf(f, "\n]}\n");
         fclose(f);
