@@ -141,6 +141,10 @@ static inline size_t gemm_xt_floats(size_t M, size_t K) {
 }
 void gemm_pack_xt_tiles(size_t M, size_t K, const float *x, size_t ldx, float *xt, size_t t0,
                         size_t t1);
+/* One row r (0..15) of tile t, chunk c, into the tile at `tile` (gemm_pack_xt_tiles is this
+ * for every row and chunk of its tiles; SIMD packs use it where they leave a row). */
+void gemm_pack_xt_row(size_t M, size_t K, const float *x, size_t ldx, float *tile, size_t t,
+                      size_t c, size_t r);
 /* Scratch for one thread's gemm_bf16w_tiles: room for GEMM_PANEL_ROWS weight rows widened to
  * fp32, gemm_panel_stride(K) floats apart (a packed row and one cache line more, so that the
  * rows do not all fall into the same L1 sets); a table's tiles use as many as they need. */

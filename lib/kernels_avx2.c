@@ -658,6 +658,22 @@ static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t 
         gemm_bf16w_rows(M, K, xp, w, ldw, y, ldy, n0, n1);
 }
 
+/* 8 x 8 transpose: out[i] lane j = in[j] lane i. */
+ALWAYS_INLINE void transpose8(const __m256 in[8], __m256 out[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(in[4], in[5]), t5 = _mm256_unpackhi_ps(in[4], in[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(in[6], in[7]), t7 = _mm256_unpackhi_ps(in[6], in[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    out[0] = _mm256_permute2f128_ps(u0, u4, 0x20), out[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    out[2] = _mm256_permute2f128_ps(u2, u6, 0x20), out[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    out[4] = _mm256_permute2f128_ps(u0, u4, 0x31), out[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    out[6] = _mm256_permute2f128_ps(u2, u6, 0x31), out[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
 /* ---- large M: lane tiles (gemm_bf16w_tiles) ----
  *
  * pair32's 16 lanes are 16 independent chains: lane l of output (m, n) is an fp32 dot product,
@@ -736,15 +752,14 @@ ALWAYS_INLINE void lt_lane(const int H, size_t nc, const float *xl, const float 
  * of LT_KB chunks, every lane through a block before the next block: the block's panel lines
  * stay in L1 for the 16 lanes, and the chains wait in `lanes` (in L1) between blocks. */
 ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const float *panel,
-                           size_t row, size_t rows, size_t nr, float *y, size_t ldy) {
+                           size_t ps, size_t rows, size_t nr, float *y, size_t ldy) {
     __m256 lanes[16][LT_NR][2]; /* 6 KB */
     for (size_t l = 0; l < 16; l++)
         for (int j = 0; j < LT_NR; j++) lanes[l][j][0] = lanes[l][j][1] = _mm256_setzero_ps();
     for (size_t c0 = 0; c0 < nc; c0 += LT_KB) {
         const size_t n = nc - c0 < LT_KB ? nc - c0 : LT_KB;
         for (size_t l = 0; l < 16; l++)
-            lt_lane(H, n, tile + (l * nc + c0) * 32, panel + 32 * c0 + 2 * l,
-                    row + 16 /* gemm_panel_stride */, lanes[l]);
+            lt_lane(H, n, tile + (l * nc + c0) * 32, panel + 32 * c0 + 2 * l, ps, lanes[l]);
     }
     for (size_t step = 8; step >= 1; step /= 2) /* the dot16 fold: l += l + 8, +4, +2, +1 */
         for (size_t l = 0; l < step; l++)
@@ -757,30 +772,20 @@ ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const floa
     for (int h = 0; h < H; h++) {
         __m256 c[8];
         for (int j = 0; j < 8; j++) c[j] = j < LT_NR ? lanes[0][j][h] : _mm256_setzero_ps();
-        const __m256 t0 = _mm256_unpacklo_ps(c[0], c[1]), t1 = _mm256_unpackhi_ps(c[0], c[1]);
-        const __m256 t2 = _mm256_unpacklo_ps(c[2], c[3]), t3 = _mm256_unpackhi_ps(c[2], c[3]);
-        const __m256 t4 = _mm256_unpacklo_ps(c[4], c[5]), t5 = _mm256_unpackhi_ps(c[4], c[5]);
-        const __m256 t6 = _mm256_unpacklo_ps(c[6], c[7]), t7 = _mm256_unpackhi_ps(c[6], c[7]);
-        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-        const __m256 r[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-                             _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-                             _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-                             _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+        __m256 r[8];
+        transpose8(c, r);
         for (size_t i = 0; i < 8 && 8 * (size_t)h + i < rows; i++)
             _mm256_maskstore_ps(y + (8 * (size_t)h + i) * ldy, mask, r[i]);
     }
 }
 
-static void lt_tile2(size_t nc, const float *tile, const float *panel, size_t row, size_t rows,
+static void lt_tile2(size_t nc, const float *tile, const float *panel, size_t ps, size_t rows,
                      size_t nr, float *y, size_t ldy) {
-    lt_tile(2, nc, tile, panel, row, rows, nr, y, ldy);
+    lt_tile(2, nc, tile, panel, ps, rows, nr, y, ldy);
 }
-static void lt_tile1(size_t nc, const float *tile, const float *panel, size_t row, size_t rows,
+static void lt_tile1(size_t nc, const float *tile, const float *panel, size_t ps, size_t rows,
                      size_t nr, float *y, size_t ldy) {
-    lt_tile(1, nc, tile, panel, row, rows, nr, y, ldy);
+    lt_tile(1, nc, tile, panel, ps, rows, nr, y, ldy);
 }
 
 /* gemm_pack_xt_tiles with 8 x 8 transposes: 8 rows' 8 consecutive elements of a chunk become
@@ -798,23 +803,9 @@ static void pack_xt_tiles_avx2(size_t M, size_t K, const float *x, size_t ldx, f
             for (size_t c = 0; c < full; c++)
                 for (size_t q = 0; q < 4; q++) {
                     const float *xc = xr + 32 * c + 8 * q;
-                    const __m256 a0 = _mm256_loadu_ps(xc), a1 = _mm256_loadu_ps(xc + ldx),
-                                 a2 = _mm256_loadu_ps(xc + 2 * ldx), a3 = _mm256_loadu_ps(xc + 3 * ldx),
-                                 a4 = _mm256_loadu_ps(xc + 4 * ldx), a5 = _mm256_loadu_ps(xc + 5 * ldx),
-                                 a6 = _mm256_loadu_ps(xc + 6 * ldx), a7 = _mm256_loadu_ps(xc + 7 * ldx);
-                    const __m256 t0v = _mm256_unpacklo_ps(a0, a1), t1v = _mm256_unpackhi_ps(a0, a1);
-                    const __m256 t2v = _mm256_unpacklo_ps(a2, a3), t3v = _mm256_unpackhi_ps(a2, a3);
-                    const __m256 t4v = _mm256_unpacklo_ps(a4, a5), t5v = _mm256_unpackhi_ps(a4, a5);
-                    const __m256 t6v = _mm256_unpacklo_ps(a6, a7), t7v = _mm256_unpackhi_ps(a6, a7);
-                    const __m256 u0 = _mm256_shuffle_ps(t0v, t2v, 0x44), u1 = _mm256_shuffle_ps(t0v, t2v, 0xee);
-                    const __m256 u2 = _mm256_shuffle_ps(t1v, t3v, 0x44), u3 = _mm256_shuffle_ps(t1v, t3v, 0xee);
-                    const __m256 u4 = _mm256_shuffle_ps(t4v, t6v, 0x44), u5 = _mm256_shuffle_ps(t4v, t6v, 0xee);
-                    const __m256 u6 = _mm256_shuffle_ps(t5v, t7v, 0x44), u7 = _mm256_shuffle_ps(t5v, t7v, 0xee);
-                    /* v[i]: element 8q + i of rows m0 .. m0+7 */
-                    const __m256 v[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-                                         _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-                                         _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-                                         _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+                    __m256 a[8], v[8]; /* v[i]: element 8q + i of rows m0 .. m0+7 */
+                    for (size_t i = 0; i < 8; i++) a[i] = _mm256_loadu_ps(xc + i * ldx);
+                    transpose8(a, v);
                     for (size_t i = 0; i < 8; i++) {
                         const size_t l = 4 * q + i / 2, step = 1 - i % 2;
                         _mm256_storeu_ps(tile + ((l * nc + c) * 2 + step) * GEMM_XT_ROWS + 8 * h, v[i]);
@@ -823,18 +814,9 @@ static void pack_xt_tiles_avx2(size_t M, size_t K, const float *x, size_t ldx, f
         }
         /* what the transposes left: row groups past M and the partial chunk */
         for (size_t c = 0; c < nc; c++)
-            for (size_t r = 0; r < GEMM_XT_ROWS; r++) {
-                const size_t m = t * GEMM_XT_ROWS + r;
-                const size_t g0 = t * GEMM_XT_ROWS + (r < 8 ? 0 : 8);
-                if (c < full && g0 + 8 <= M) continue;
-                const float *xc = x + m * ldx + 32 * c;
-                const size_t n = m < M ? (K - 32 * c < 32 ? K - 32 * c : 32) : 0;
-                for (size_t l = 0; l < 16; l++) {
-                    float *at = tile + (l * nc + c) * 2 * GEMM_XT_ROWS + r;
-                    at[0] = 2 * l + 1 < n ? xc[2 * l + 1] : 0.0f;
-                    at[GEMM_XT_ROWS] = 2 * l < n ? xc[2 * l] : 0.0f;
-                }
-            }
+            for (size_t r = 0; r < GEMM_XT_ROWS; r++)
+                if (c >= full || t * GEMM_XT_ROWS + (r < 8 ? 0 : 8) + 8 > M)
+                    gemm_pack_xt_row(M, K, x, ldx, tile, t, c, r);
     }
 }
 
@@ -852,7 +834,8 @@ static void gemm_bf16w_tiles_avx2(size_t M, size_t K, const float *xt, const uin
             lt_widen(K, w + n * ldw, ldw, nr, panel, row);
             for (size_t t = t0; t < t1; t++) {
                 const size_t m = t * GEMM_XT_ROWS, rows = M - m < 16 ? M - m : 16;
-                (rows > 8 ? lt_tile2 : lt_tile1)(nc, xt + t * tile_floats, panel, row, rows, nr,
+                (rows > 8 ? lt_tile2 : lt_tile1)(nc, xt + t * tile_floats, panel,
+                                                 gemm_panel_stride(K), rows, nr,
                                                  y + m * ldy + n, ldy);
             }
         }

@@ -180,25 +180,27 @@ static void gemm_bf16w_ref(size_t M, size_t K, const float *xp, const uint16_t *
     }
 }
 
+void gemm_pack_xt_row(size_t M, size_t K, const float *x, size_t ldx, float *tile, size_t t,
+                      size_t c, size_t r) {
+    const size_t nc = gemm_packed_row(K) / 32, m = t * GEMM_XT_ROWS + r;
+    const float *xc = x + m * ldx + 32 * c;
+    const size_t n = m < M ? (K - 32 * c < 32 ? K - 32 * c : 32) : 0;
+    for (size_t l = 0; l < 16; l++) {
+        float *at = tile + (l * nc + c) * 2 * GEMM_XT_ROWS + r;
+        at[0] = 2 * l + 1 < n ? xc[2 * l + 1] : 0.0f;
+        at[GEMM_XT_ROWS] = 2 * l < n ? xc[2 * l] : 0.0f;
+    }
+}
+
 void gemm_pack_xt_tiles(size_t M, size_t K, const float *x, size_t ldx, float *xt, size_t t0,
                         size_t t1) {
     const size_t row = gemm_packed_row(K), nc = row / 32;
-    for (size_t t = t0; t < t1; t++) {
-        float *tile = xt + t * GEMM_XT_ROWS * row;
-        /* chunk by chunk: the 16 rows' 32 elements of chunk c fill 16 blocks of 32 floats (one
-         * per lane), all within 2 KB */
+    /* chunk by chunk: the 16 rows' 32 elements of chunk c fill 16 blocks of 32 floats (one per
+     * lane), all within 2 KB */
+    for (size_t t = t0; t < t1; t++)
         for (size_t c = 0; c < nc; c++)
-            for (size_t r = 0; r < GEMM_XT_ROWS; r++) {
-                const size_t m = t * GEMM_XT_ROWS + r;
-                const float *xc = x + m * ldx + 32 * c;
-                const size_t n = m < M ? (K - 32 * c < 32 ? K - 32 * c : 32) : 0;
-                for (size_t l = 0; l < 16; l++) {
-                    float *at = tile + (l * nc + c) * 2 * GEMM_XT_ROWS + r;
-                    at[0] = 2 * l + 1 < n ? xc[2 * l + 1] : 0.0f;
-                    at[GEMM_XT_ROWS] = 2 * l < n ? xc[2 * l] : 0.0f;
-                }
-            }
-    }
+            for (size_t r = 0; r < GEMM_XT_ROWS; r++)
+                gemm_pack_xt_row(M, K, x, ldx, xt + t * GEMM_XT_ROWS * row, t, c, r);
 }
 
 /* The specification read from the lane-major layout (the panel is not needed here). */
