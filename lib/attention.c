@@ -1,5 +1,5 @@
-/* Causal attention of each row over its sequence's cached positions, one (row, head) pair per
- * task. The order of every sum is fixed and the same for a prefill row and a decode row:
+/* Causal attention of each row over its sequence's cached positions, one (row, KV head) pair
+ * per task. The order of every sum is fixed and the same for a prefill row and a decode row:
  * q.k in dot16 order over head_dim, the softmax denominator in dot16 order over positions,
  * P.V one position at a time in ascending order. Masked positions are not visited: their
  * probability is exactly 0 in every recipe (exp of the most negative bf16 minus the row max
@@ -13,16 +13,33 @@
 typedef struct attn_job {
     const fwd_ctx *ctx;
     uint32_t layer;
+    size_t n_rows;
     const fwd_row *rows;
     const float *q;
     float *att;
 } attn_job;
 
+/* Asks for the KV_BLOCK vectors of one head in the block holding position pos (one
+ * contiguous run, forward.h) while the current block is computed: the run is a page of its
+ * own for head_dim 128 in bf16, which the hardware prefetchers do not cross into. */
+static inline void prefetch_block(const kv_cache *kv, const void *base, size_t off) {
+#if defined(__GNUC__)
+    const char *p = (const char *)base + off * (kv->fp32 ? 4 : 2);
+    const size_t bytes = (size_t)KV_BLOCK * kv->head_dim * (kv->fp32 ? 4 : 2);
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+#else
+    (void)kv, (void)base, (void)off;
+#endif
+}
+
+/* How many blocks ahead attention prefetches. */
+#define PREFETCH_BLOCKS 2
+
 /* Kernel-order experiment (parity_sampler_params.split_kv): flash attention over segments of
  * split_kv positions, each with its own max m_s, sum l_s and output O_s = sum bf16(P) V, merged
  * in segment order into a running (m, l, O) as split-KV decode kernels combine them. */
-static void attend_split(const fwd_ctx *ctx, const fwd_row *row, const float *q, size_t head_off,
-                         float *s, float *o, float *out) {
+static void attend_split(const fwd_ctx *ctx, uint32_t layer, const fwd_row *row, const float *q,
+                         size_t kvh, float *s, float *o, float *out) {
     const kernels *k = kern();
     const kv_cache *kv = ctx->kv;
     const size_t hd = ctx->model->config.head_dim, n = (size_t)row->pos + 1, seg = ctx->split_kv;
@@ -33,7 +50,7 @@ static void attend_split(const fwd_ctx *ctx, const fwd_row *row, const float *q,
     for (size_t p0 = 0; p0 < n; p0 += seg) {
         const size_t len = n - p0 < seg ? n - p0 : seg;
         for (size_t p = 0; p < len; p++) {
-            size_t cell = kv_cell(row->blocks, (uint32_t)(p0 + p)) * kv->width + head_off;
+            size_t cell = kv_offset(kv, layer, row->blocks, (uint32_t)(p0 + p), kvh);
             s[p] = (kv->fp32 ? k->dot_f32(q, (const float *)kv->k + cell, hd)
                              : k->dot_f32_bf16(q, (const uint16_t *)kv->k + cell, hd)) * scale;
         }
@@ -42,7 +59,7 @@ static void attend_split(const fwd_ctx *ctx, const fwd_row *row, const float *q,
         k->round_bf16(s, len);
         memset(os, 0, hd * sizeof *os);
         for (size_t p = 0; p < len; p++) {
-            size_t cell = kv_cell(row->blocks, (uint32_t)(p0 + p)) * kv->width + head_off;
+            size_t cell = kv_offset(kv, layer, row->blocks, (uint32_t)(p0 + p), kvh);
             if (kv->fp32)
                 k->axpy_f32(os, s[p], (const float *)kv->v + cell, hd);
             else
@@ -59,11 +76,49 @@ static void attend_split(const fwd_ctx *ctx, const fwd_row *row, const float *q,
     k->round_bf16(out, hd);
 }
 
-/* The element offset of position p of a row's sequence in a layer's K or V, for one head. */
-static inline size_t cell_at(const kv_cache *kv, const fwd_row *row, size_t p, size_t head_off) {
-    return kv_cell(row->blocks, (uint32_t)p) * kv->width + head_off;
+/* s[p] = q.k_p in dot16 order for the len <= KV_BLOCK consecutive vectors of one head's block
+ * at K + off (bf16 keys four at a time, each in its own order). */
+static void block_scores(const kernels *k, const kv_cache *kv, const float *q, size_t off,
+                         size_t len, float *s) {
+    const size_t hd = kv->head_dim;
+    size_t p = 0;
+    if (kv->fp32) {
+        for (; p < len; p++) s[p] = k->dot_f32(q, (const float *)kv->k + off + p * hd, hd);
+        return;
+    }
+    const uint16_t *key = (const uint16_t *)kv->k + off;
+    for (; p + 4 <= len; p += 4) {
+        const uint16_t *keys[4] = {key + p * hd, key + (p + 1) * hd, key + (p + 2) * hd,
+                                   key + (p + 3) * hd};
+        k->dot4_f32_bf16(q, keys, hd, s + p);
+    }
+    for (; p < len; p++) s[p] = k->dot_f32_bf16(q, key + p * hd, hd);
 }
 
+/* o += P[p] v_p for the len <= KV_BLOCK consecutive vectors of one head's block at V + off,
+ * one position after another (bf16 values four at a time, in the same order). */
+static void block_pv(const kernels *k, const kv_cache *kv, const float *P, size_t off,
+                     size_t len, float *o) {
+    const size_t hd = kv->head_dim;
+    size_t p = 0;
+    if (kv->fp32) {
+        for (; p < len; p++) k->axpy_f32(o, P[p], (const float *)kv->v + off + p * hd, hd);
+        return;
+    }
+    const uint16_t *val = (const uint16_t *)kv->v + off;
+    for (; p + 4 <= len; p += 4) {
+        const uint16_t *vals[4] = {val + p * hd, val + (p + 1) * hd, val + (p + 2) * hd,
+                                   val + (p + 3) * hd};
+        k->axpy4_bf16(o, P + p, vals, hd);
+    }
+    for (; p < len; p++) k->axpy_bf16(o, P[p], val + p * hd, hd);
+}
+
+/* One task = one row and one KV head with its `group` query heads: each block of the head's
+ * keys and values is read from memory once and used by every query head of the group while
+ * it is in L1. Tasks run KV head by KV head, so that a worker's rows of one sequence share
+ * that head's cache lines too; every score, sum and product is the one the mode defines for
+ * that query head alone. */
 static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
     const attn_job *j = ctx_;
     const fwd_ctx *ctx = j->ctx;
@@ -74,82 +129,79 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
     const size_t group = heads / c->num_key_value_heads;  /* query heads per KV head */
     const int mode = ctx->pol.compute == PARITY_COMPUTE_FP32 ? PARITY_ATTN_FP32 : ctx->pol.attention;
     const float scale = (float)(1.0 / sqrt((double)hd));  /* head_dim ** -0.5 */
-    float *s = ctx->s->scores + (size_t)worker * ctx->s->max_ctx;
-    float *o = ctx->s->pv + (size_t)worker * 2 * hd;
-    const size_t layer_off = (size_t)j->layer * kv->n_cells * kv->width;
+    const size_t max_ctx = ctx->s->max_ctx;
+    float *scores = ctx->s->scores + (size_t)worker * group * max_ctx;
+    float *acc = ctx->s->pv + (size_t)worker * ((group + 1) * hd + group);
+    float *l = acc + (group + 1) * hd;  /* each query head's softmax denominator */
 
     for (size_t t = begin; t < end; t++) {
-        const size_t r = t / heads, h = t % heads, kvh = h / group;
+        const size_t kvh = t / j->n_rows, r = t % j->n_rows;
         const fwd_row *row = &j->rows[r];
-        const float *q = j->q + r * heads * hd + h * hd;
+        const float *q = j->q + r * heads * hd + kvh * group * hd;   /* the group's queries */
+        float *out = j->att + r * heads * hd + kvh * group * hd;
         const size_t n = (size_t)row->pos + 1;
-        const size_t head_off = layer_off + kvh * hd;
 
         if (mode == PARITY_ATTN_FLASH && ctx->split_kv) {
-            attend_split(ctx, row, q, head_off, s, o, j->att + r * heads * hd + h * hd);
+            for (size_t g = 0; g < group; g++)
+                attend_split(ctx, j->layer, row, q + g * hd, kvh, scores, acc, out + g * hd);
             continue;
         }
 
-        /* scores: q.k of each position (bf16 keys four at a time, each in its own order) */
-        size_t p = 0;
-        if (!kv->fp32)
-            for (; p + 4 <= n; p += 4) {
-                const uint16_t *keys[4];
-                for (int u = 0; u < 4; u++)
-                    keys[u] = (const uint16_t *)kv->k + cell_at(kv, row, p + u, head_off);
-                k->dot4_f32_bf16(q, keys, hd, s + p);
-            }
-        for (; p < n; p++) {
-            size_t cell = cell_at(kv, row, p, head_off);
-            s[p] = kv->fp32 ? k->dot_f32(q, (const float *)kv->k + cell, hd)
-                            : k->dot_f32_bf16(q, (const uint16_t *)kv->k + cell, hd);
-        }
-        for (p = 0; p < n; p++)
-            /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
-            s[p] = mode == PARITY_ATTN_EAGER ? round_bf16(round_bf16(s[p]) * scale) : s[p] * scale;
-        const float m = k->max_f32(s, n);
-        const float l = k->sum_exp(s, n, m, s);  /* s[p] <- exp(s[p] - m) */
-
-        /* probabilities */
-        if (mode == PARITY_ATTN_FLASH) {
-            /* P stays unnormalised; bf16(P) feeds P.V, l sums the unrounded P */
-            k->round_bf16(s, n);
-        } else {
-            const float inv = 1.0f / l;
-            for (size_t p = 0; p < n; p++) s[p] *= inv;
-            if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);  /* softmax(fp32).to(bf16) */
+        /* scores: q.k of each position, block by block, every query head on the block */
+        for (size_t b0 = 0; b0 < n; b0 += KV_BLOCK) {
+            if (b0 + PREFETCH_BLOCKS * KV_BLOCK < n)
+                prefetch_block(kv, kv->k, kv_offset(kv, j->layer, row->blocks,
+                                                    (uint32_t)(b0 + PREFETCH_BLOCKS * KV_BLOCK), kvh));
+            const size_t off = kv_offset(kv, j->layer, row->blocks, (uint32_t)b0, kvh);
+            const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
+            for (size_t g = 0; g < group; g++)
+                block_scores(k, kv, q + g * hd, off, len, scores + g * max_ctx + b0);
         }
 
-        /* P.V, one position after another (bf16 values four at a time, in the same order) */
-        memset(o, 0, hd * sizeof *o);
-        p = 0;
-        if (!kv->fp32)
-            for (; p + 4 <= n; p += 4) {
-                const uint16_t *vals[4];
-                for (int u = 0; u < 4; u++)
-                    vals[u] = (const uint16_t *)kv->v + cell_at(kv, row, p + u, head_off);
-                k->axpy4_bf16(o, s + p, vals, hd);
+        /* probabilities, each query head on its own */
+        for (size_t g = 0; g < group; g++) {
+            float *s = scores + g * max_ctx;
+            for (size_t p = 0; p < n; p++)
+                /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
+                s[p] = mode == PARITY_ATTN_EAGER ? round_bf16(round_bf16(s[p]) * scale) : s[p] * scale;
+            const float m = k->max_f32(s, n);
+            l[g] = k->sum_exp(s, n, m, s);  /* s[p] <- exp(s[p] - m) */
+            if (mode == PARITY_ATTN_FLASH) {
+                /* P stays unnormalised; bf16(P) feeds P.V, l sums the unrounded P */
+                k->round_bf16(s, n);
+            } else {
+                const float inv = 1.0f / l[g];
+                for (size_t p = 0; p < n; p++) s[p] *= inv;
+                if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);  /* softmax(fp32).to(bf16) */
             }
-        for (; p < n; p++) {
-            size_t cell = cell_at(kv, row, p, head_off);
-            if (kv->fp32)
-                k->axpy_f32(o, s[p], (const float *)kv->v + cell, hd);
-            else
-                k->axpy_bf16(o, s[p], (const uint16_t *)kv->v + cell, hd);
         }
-        float *out = j->att + r * heads * hd + h * hd;
-        if (mode == PARITY_ATTN_FLASH) {
-            for (size_t d = 0; d < hd; d++) out[d] = o[d] / l;
-            k->round_bf16(out, hd);  /* O / l rounded once */
-        } else {
-            memcpy(out, o, hd * sizeof *o);
-            if (mode == PARITY_ATTN_EAGER) k->round_bf16(out, hd);  /* bf16 matmul output */
+
+        /* P.V, one position after another in ascending order, block by block */
+        memset(acc, 0, group * hd * sizeof *acc);
+        for (size_t b0 = 0; b0 < n; b0 += KV_BLOCK) {
+            if (b0 + PREFETCH_BLOCKS * KV_BLOCK < n)
+                prefetch_block(kv, kv->v, kv_offset(kv, j->layer, row->blocks,
+                                                    (uint32_t)(b0 + PREFETCH_BLOCKS * KV_BLOCK), kvh));
+            const size_t off = kv_offset(kv, j->layer, row->blocks, (uint32_t)b0, kvh);
+            const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
+            for (size_t g = 0; g < group; g++)
+                block_pv(k, kv, scores + g * max_ctx + b0, off, len, acc + g * hd);
+        }
+        for (size_t g = 0; g < group; g++) {
+            float *o = acc + g * hd, *dst = out + g * hd;
+            if (mode == PARITY_ATTN_FLASH) {
+                for (size_t d = 0; d < hd; d++) dst[d] = o[d] / l[g];
+                k->round_bf16(dst, hd);  /* O / l rounded once */
+            } else {
+                memcpy(dst, o, hd * sizeof *o);
+                if (mode == PARITY_ATTN_EAGER) k->round_bf16(dst, hd);  /* bf16 matmul output */
+            }
         }
     }
 }
 
 void attention(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
                const float *q, float *att) {
-    attn_job j = {ctx, layer, rows, q, att};
-    pool_run(ctx->pool, attend, &j, n_rows * ctx->model->config.num_attention_heads);
+    attn_job j = {ctx, layer, n_rows, rows, q, att};
+    pool_run(ctx->pool, attend, &j, n_rows * ctx->model->config.num_key_value_heads);
 }

@@ -105,21 +105,23 @@ static void run_rows(const fwd_ctx *ctx, pool_fn fn, region_job j, size_t n_rows
 static void store_kv(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
                      const float *k, const float *v) {
     const kv_cache *kv = ctx->kv;
-    const size_t w = kv->width, layer_off = (size_t)layer * kv->n_cells * w;
-    for (size_t r = 0; r < n_rows; r++) {
-        size_t off = layer_off + kv_cell(rows[r].blocks, rows[r].pos) * w;
-        if (kv->fp32) {
-            memcpy((float *)kv->k + off, k + r * w, w * sizeof(float));
-            memcpy((float *)kv->v + off, v + r * w, w * sizeof(float));
-        } else {
-            /* exact: K and V already hold bf16 values */
-            uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
-            for (size_t i = 0; i < w; i++) {
-                kd[i] = bf16_from_f32(k[r * w + i]);
-                vd[i] = bf16_from_f32(v[r * w + i]);
+    const size_t w = kv->width, hd = kv->head_dim;
+    for (size_t r = 0; r < n_rows; r++)
+        for (size_t h = 0; h < w / hd; h++) {
+            const size_t off = kv_offset(kv, layer, rows[r].blocks, rows[r].pos, h);
+            const float *kh = k + r * w + h * hd, *vh = v + r * w + h * hd;
+            if (kv->fp32) {
+                memcpy((float *)kv->k + off, kh, hd * sizeof(float));
+                memcpy((float *)kv->v + off, vh, hd * sizeof(float));
+            } else {
+                /* exact: K and V already hold bf16 values */
+                uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
+                for (size_t i = 0; i < hd; i++) {
+                    kd[i] = bf16_from_f32(kh[i]);
+                    vd[i] = bf16_from_f32(vh[i]);
+                }
             }
         }
-    }
 }
 
 /* ---- the forward -------------------------------------------------------------------------- */

@@ -13,15 +13,19 @@
 /* ---- KV cache ---------------------------------------------------------------------------
  * Cells hold the K and V vectors of one position of one sequence, for every layer. Cells are
  * grouped in blocks of KV_BLOCK positions; a sequence owns a block table, and position p of
- * it lives in cell blocks[p / KV_BLOCK] * KV_BLOCK + p % KV_BLOCK. K is stored after q/k-norm
- * and RoPE. Values are bf16 (exact: the forward rounded them) or fp32 under
- * PARITY_COMPUTE_FP32. */
+ * it lives in cell blocks[p / KV_BLOCK] * KV_BLOCK + p % KV_BLOCK. Within a layer, a block is
+ * one contiguous run of KV_BLOCK * width elements laid out head by head: KV head h's vectors
+ * of the block's KV_BLOCK positions follow each other (KV_BLOCK * head_dim elements), so
+ * attention streams each head's keys and values in runs of KV_BLOCK vectors, and copying a
+ * block is one memcpy per layer. K is stored after q/k-norm and RoPE. Values are bf16 (exact:
+ * the forward rounded them) or fp32 under PARITY_COMPUTE_FP32. */
 #define KV_BLOCK 16
 
 typedef struct kv_cache {
     uint32_t n_layers, n_cells, width;  /* width = num_key_value_heads * head_dim */
+    uint32_t head_dim;
     int fp32;
-    void *k, *v;                        /* [n_layers][n_cells][width] */
+    void *k, *v;                        /* [n_layers][n_cells / KV_BLOCK][kv heads][KV_BLOCK][head_dim] */
 } kv_cache;
 
 uint64_t kv_cache_bytes(const parity_config *c, uint32_t n_cells, int fp32);
@@ -30,6 +34,16 @@ void kv_cache_free(kv_cache *kv);
 
 static inline size_t kv_cell(const uint32_t *blocks, uint32_t pos) {
     return (size_t)blocks[pos / KV_BLOCK] * KV_BLOCK + pos % KV_BLOCK;
+}
+
+/* The element offset in K or V of KV head `head`'s vector at position pos of a sequence with
+ * block table `blocks`, in layer `layer`. The next positions of the same block follow at
+ * strides of head_dim elements. */
+static inline size_t kv_offset(const kv_cache *kv, uint32_t layer, const uint32_t *blocks,
+                               uint32_t pos, size_t head) {
+    const size_t block = blocks[pos / KV_BLOCK], slot = pos % KV_BLOCK;
+    return ((size_t)layer * kv->n_cells + block * KV_BLOCK) * kv->width +
+           (head * KV_BLOCK + slot) * kv->head_dim;
 }
 
 /* ---- a batch ------------------------------------------------------------------------------
@@ -64,8 +78,8 @@ typedef struct fwd_scratch {
     float *gate;    /* [max_rows][intermediate] */
     float *up;      /* [max_rows][intermediate] */
     gemm_scratch gemm; /* packed GEMM input, per-worker weight panels */
-    float *scores;  /* [workers][max_ctx]       attention scores / probabilities */
-    float *pv;      /* [workers][2 * head_dim]  attention accumulators */
+    float *scores;  /* [workers][group][max_ctx] attention scores / probabilities of a KV head's query heads */
+    float *pv;      /* [workers][(group + 1) * head_dim + group] attention accumulators and sums */
     float *partial; /* [max_rows][widest GEMM output] split-K partial sums (only when asked) */
 } fwd_scratch;
 

@@ -3,21 +3,28 @@
 #include "internal.h"
 #include "kernels.h"
 
+/* Whole blocks: a block's cells are laid out head by head (forward.h). */
+static uint64_t whole_blocks(uint32_t n_cells) {
+    return ((uint64_t)n_cells + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+}
+
 uint64_t kv_cache_bytes(const parity_config *c, uint32_t n_cells, int fp32) {
-    return 2ull * c->num_hidden_layers * n_cells * c->num_key_value_heads * c->head_dim * (fp32 ? 4 : 2);
+    return 2ull * c->num_hidden_layers * whole_blocks(n_cells) * c->num_key_value_heads * c->head_dim * (fp32 ? 4 : 2);
 }
 
 int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32) {
     memset(kv, 0, sizeof *kv);
     kv->n_layers = c->num_hidden_layers;
-    kv->n_cells = n_cells;
+    kv->n_cells = (uint32_t)whole_blocks(n_cells);
     kv->width = c->num_key_value_heads * c->head_dim;
+    kv->head_dim = c->head_dim;
     kv->fp32 = fp32;
     uint64_t bytes = kv_cache_bytes(c, n_cells, fp32) / 2;
     if (bytes > SIZE_MAX)
         return set_error(PARITY_ERR_OUT_OF_MEMORY, "KV cache of %u positions is too large", n_cells);
-    kv->k = px_aligned_alloc((size_t)bytes, "KV cache (keys)");
-    kv->v = kv->k ? px_aligned_alloc((size_t)bytes, "KV cache (values)") : NULL;
+    /* streamed at every step like the weights: in huge pages where the OS gives them */
+    kv->k = px_weight_alloc((size_t)bytes, "KV cache (keys)");
+    kv->v = kv->k ? px_weight_alloc((size_t)bytes, "KV cache (values)") : NULL;
     if (!kv->v) {
         kv_cache_free(kv);
         return PARITY_ERR_OUT_OF_MEMORY;
@@ -41,7 +48,8 @@ typedef struct scratch_buf {
 static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
                              uint32_t max_ctx, unsigned n_workers, int split_k, scratch_buf *b) {
     const uint64_t R = max_rows, q = (uint64_t)c->num_attention_heads * c->head_dim,
-                   kvw = (uint64_t)c->num_key_value_heads * c->head_dim;
+                   kvw = (uint64_t)c->num_key_value_heads * c->head_dim,
+                   group = c->num_attention_heads / c->num_key_value_heads; /* query heads per KV head */
     uint64_t kmax = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
     if (q > kmax) kmax = q;
     const uint64_t nmax = kmax > c->vocab_size ? kmax : c->vocab_size; /* widest GEMM output */
@@ -58,8 +66,8 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
         {&s->up, R * c->intermediate_size, "up projection"},
         {&s->gemm.xpack, gemm_scratch_xpack_floats(R, kmax), "packed GEMM input"},
         {&s->gemm.panels, (uint64_t)n_workers * gemm_panel_floats(kmax), "GEMM weight panels"},
-        {&s->scores, (uint64_t)n_workers * max_ctx, "attention scores"},
-        {&s->pv, (uint64_t)n_workers * 2 * c->head_dim, "attention accumulators"},
+        {&s->scores, (uint64_t)n_workers * group * max_ctx, "attention scores"},
+        {&s->pv, (uint64_t)n_workers * ((group + 1) * c->head_dim + group), "attention accumulators"},
         {&s->partial, split_k ? R * nmax : 0, "split-K partial sums"},
     };
     memcpy(b, bufs, sizeof bufs);
