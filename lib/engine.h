@@ -87,8 +87,7 @@ void engine_leave(engine *e);
  * position's distribution. */
 static inline dist_work engine_work(const engine *e, unsigned worker) {
     const size_t V = e->model->config.vocab_size;
-    float *work = e->work + (size_t)worker * 3 * V;
-    return (dist_work){work, work + V, (uint32_t *)(work + 2 * V)};
+    return dist_work_at(e->work + (size_t)worker * dist_work_floats(V), V);
 }
 
 /* The forward's context on this engine, with the contract's summation orders. */

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 #include "kernels.h"
@@ -28,9 +29,65 @@ int dist_params_check(const dist_params *p, uint32_t vocab) {
 
 /* ---- ordering ---------------------------------------------------------------------------- */
 
-/* The candidates order: larger x first, ties to the lower id. */
+/* The candidates order: larger x first, ties to the lower id, NaN after every number (so
+ * that the order is total and every sort below agrees with it). */
 static int better(const float *x, uint32_t a, uint32_t b) {
-    return x[a] > x[b] || (x[a] == x[b] && a < b);
+    const float xa = x[a], xb = x[b];
+    if (xa != xa || xb != xb) return xb != xb && (xa == xa || a < b);
+    return xa > xb || (xa == xb && a < b);
+}
+
+/* x as an unsigned key, ascending in `better`'s order without its tie rule: -0 as +0,
+ * every NaN one key after all numbers. */
+static inline uint32_t order_key(float v) {
+    if (v != v) return UINT32_MAX;
+    if (v == 0) v = 0.0f;
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    const uint32_t ascending = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ~ascending;
+}
+
+/* Sorts ids[0..n), which come in ascending id order, by `better`: stable counting passes
+ * over DIST_SORT_DIGITS digits of order_key (least significant first; a digit that every
+ * key shares is skipped), so equal x keep ascending ids. tmp[n] is scratch, count the
+ * digit tables of dist_work.hist. */
+static void sort_by_key(const float *x, uint32_t *ids, uint32_t *tmp, size_t n, uint32_t *count) {
+    const uint32_t R = 1u << DIST_SORT_DIGIT_BITS;
+    memset(count, 0, (size_t)DIST_SORT_DIGITS * R * sizeof *count);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t key = order_key(x[ids[i]]);
+        for (int d = 0; d < DIST_SORT_DIGITS; d++)
+            count[d * R + ((key >> (d * DIST_SORT_DIGIT_BITS)) & (R - 1))]++;
+    }
+    uint32_t *src = ids, *dst = tmp;
+    for (int d = 0; d < DIST_SORT_DIGITS; d++) {
+        uint32_t *c = count + d * R;
+        int shared = 0;
+        for (uint32_t b = 0, at = 0; b < R; b++) {
+            const uint32_t k = c[b];
+            if (k == n) shared = 1;
+            c[b] = at; /* the digit's first slot */
+            at += k;
+        }
+        if (shared) continue;
+        for (size_t i = 0; i < n; i++) {
+            const uint32_t id = src[i];
+            dst[c[(order_key(x[id]) >> (d * DIST_SORT_DIGIT_BITS)) & (R - 1)]++] = id;
+        }
+        uint32_t *t = src;
+        src = dst, dst = t;
+    }
+    if (src != ids) memcpy(ids, src, n * sizeof *ids);
+}
+
+/* The mass bucket of e = exp(x - m) in [0, 1]: its bit pattern's top bits, so a larger x
+ * never has a lower bucket; NaN in bucket 0, with the smallest. */
+static inline uint32_t mass_bucket(float e) {
+    uint32_t b;
+    memcpy(&b, &e, sizeof b);
+    b >>= 19;
+    return b < DIST_MASS_BUCKETS ? b : 0;
 }
 
 /* Sorts ids[0..n) by `better` (heap sort: no recursion, no allocation). */
@@ -79,6 +136,54 @@ static uint32_t arg_max(const float *x, size_t V) {
 
 /* ---- distributions ----------------------------------------------------------------------- */
 
+/* The mass top-p must reach. */
+static double top_p_target(const dist_params *p, double total) { return (double)p->top_p * total; }
+
+/* Without top-k: sorts into ids[0..c) the best c tokens, a prefix of the whole sorted order
+ * that holds every token the top-p and min-p cuts can keep, and returns c. Tokens are
+ * bucketed by their e (w->e_by_id): the buckets from the best down until their mass (in
+ * double, with a margin far above its rounding error) reaches the top-p target, or until
+ * e falls below min_p; the cut itself is made exactly, on the sorted prefix, by the caller.
+ * Should the prefix not reach the target after all, every token is sorted. */
+static size_t sorted_candidates(const dist_params *p, const dist_work *w, const float *x,
+                                size_t V, double total) {
+    uint32_t *count = (uint32_t *)w->hist;
+    double *mass = (double *)(w->hist + DIST_SORT_DIGITS * (1u << DIST_SORT_DIGIT_BITS));
+    uint32_t first = 0; /* the lowest bucket kept */
+    if (p->top_p < 1 && total == total) {
+        memset(mass, 0, DIST_MASS_BUCKETS * sizeof *mass);
+        for (size_t i = 0; i < V; i++) mass[mass_bucket(w->e_by_id[i])] += w->e_by_id[i];
+        const double need = top_p_target(p, total) * (1 + 0x1p-20);
+        double run = 0;
+        for (first = DIST_MASS_BUCKETS; first-- > 0;)
+            if ((run += mass[first]) >= need) break;
+        if (first >= DIST_MASS_BUCKETS) first = 0;
+    }
+    if (p->min_p > 0) {
+        const uint32_t b = mass_bucket(p->min_p);
+        if (b > first) first = b; /* e >= min_p lies in bucket b or above */
+    }
+    size_t c = 0;
+    if (first > 0) {
+        for (uint32_t i = 0; i < V; i++)
+            if (mass_bucket(w->e_by_id[i]) >= first) w->ids[c++] = i;
+        sort_by_key(x, w->ids, w->sort_tmp, c, count);
+        if (p->top_p < 1 && !(p->min_p > 0 && mass_bucket(p->min_p) == first)) {
+            /* the prefix was cut for top-p: check that it reaches the target */
+            const double target = top_p_target(p, total);
+            double run = 0;
+            size_t i = 0;
+            while (i < c && run < target) run += w->e_by_id[w->ids[i++]];
+            if (run < target) c = 0;
+        }
+        if (c) return c;
+    }
+    for (uint32_t i = 0; i < V; i++) w->ids[i] = i;
+    sort_by_key(x, w->ids, w->sort_tmp, V, count);
+    return V;
+}
+
+
 void dist_build(const parity_policy *pol, const dist_params *p, const float *logits, size_t V,
                 const dist_work *w, dist *d) {
     const kernels *k = kern();
@@ -111,22 +216,24 @@ void dist_build(const parity_policy *pol, const dist_params *p, const float *log
         d->lse = 0; /* log 1: the whole mass on the arg max */
         return;
     }
-    for (uint32_t i = 0; i < V; i++) w->ids[i] = i;
-    size_t n = V;
+    size_t n;
+    double total = 0;
     if (p->top_k && p->top_k < V) {
+        for (uint32_t i = 0; i < V; i++) w->ids[i] = i;
         select_best(x, w->ids, V, p->top_k);
         n = p->top_k;
+        /* e in support order; the total of the k in that order, in double */
+        for (size_t i = 0; i < n; i++) {
+            w->e[i] = parity_expf(x[w->ids[i]] - d->m);
+            total += w->e[i];
+        }
     } else {
-        sort_best_first(x, w->ids, V);
-    }
-    /* e in support order; top-p on the running sum in double */
-    double total = 0;
-    for (size_t i = 0; i < n; i++) {
-        w->e[i] = parity_expf(x[w->ids[i]] - d->m);
-        total += w->e[i];
+        total = k->sum_exp(x, V, d->m, w->e_by_id);
+        n = sorted_candidates(p, w, x, V, total);
+        for (size_t i = 0; i < n; i++) w->e[i] = w->e_by_id[w->ids[i]];
     }
     if (p->top_p < 1) {
-        const double target = (double)p->top_p * total;
+        const double target = top_p_target(p, total);
         double run = 0;
         size_t keep = 0;
         while (keep < n) {

@@ -17,20 +17,40 @@ typedef struct dist_params {
     float min_p;          /* [0, 1); 0 = off */
 } dist_params;
 
-/* Buffers for one position, each [V]. */
+/* Buffers for one position: x, e, ids, e_by_id and sort_tmp are [V] each; the histograms are
+ * DIST_WORK_HIST floats. dist_work_floats(V) floats hold them all. */
 typedef struct dist_work {
     float *x;             /* the logits of the mode (raw or processed) */
-    float *e;             /* exp(x - m) */
+    float *e;             /* exp(x - m), in support order */
     uint32_t *ids;        /* the truncated support, best first */
+    float *e_by_id;       /* exp(x - m) in id order (truncation without top-k) */
+    uint32_t *sort_tmp;   /* the sort's second buffer */
+    float *hist;          /* the sort's digit counts and the mass per bucket of e */
 } dist_work;
+
+#define DIST_SORT_DIGIT_BITS 11
+#define DIST_SORT_DIGITS 3                       /* 3 x 11 bits cover a 32-bit key */
+#define DIST_MASS_BUCKETS 2048                   /* e's bit pattern >> 19: sign, exponent, 3 bits */
+#define DIST_WORK_HIST (DIST_SORT_DIGITS * (1u << DIST_SORT_DIGIT_BITS) + 2 * DIST_MASS_BUCKETS)
+static inline size_t dist_work_floats(size_t V) { return (5 * V + DIST_WORK_HIST + 15) / 16 * 16; }
+/* Carves w out of dist_work_floats(V) floats at base (aligned for doubles). */
+static inline dist_work dist_work_at(float *base, size_t V) {
+    return (dist_work){base + DIST_WORK_HIST + 0 * V, base + DIST_WORK_HIST + 1 * V,
+                       (uint32_t *)(base + DIST_WORK_HIST + 2 * V), base + DIST_WORK_HIST + 3 * V,
+                       (uint32_t *)(base + DIST_WORK_HIST + 4 * V), base};
+}
 
 /* A distribution over the vocabulary:
  *   RAW:        x = logits
  *   PROCESSED:  x = logits / T (rounded to bf16 when policy->temperature says so)
  *   TRUNCATED:  PROCESSED restricted to the support: the arg max alone when greedy; else the
- *               tokens sorted by x (descending, ties to the lower id), cut by top-k, then
- *               top-p (the shortest prefix whose exp(x - m) sum, in that order and in double,
- *               reaches top_p of the total), then min-p (exp(x - m) >= min_p).
+ *               tokens sorted by x (descending, ties to the lower id, NaN last), cut by top-k,
+ *               then top-p (the shortest prefix whose exp(x - m) sum, in that order and in
+ *               double, reaches top_p times the total), then min-p (exp(x - m) >= min_p).
+ *               The total is that of the candidates: the top-k ones' sum in the same order
+ *               and in double under top-k; without top-k, the whole vocabulary's
+ *               sum_exp(x, m) (kernels.h dot16 order, fp32: the untruncated denominator), so
+ *               that only the tokens the cut can reach are ever sorted.
  * m = max x. Full support: lse = logf(sum_exp(x, m)) (kernels.h dot16 order); truncated:
  * lse = (float)log(sum over the support in sorted order, in double). log p(t) =
  * (x[t] - m) - lse, -inf outside the support. */

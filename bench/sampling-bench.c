@@ -1,0 +1,137 @@
+/*
+ * sampling-bench: the cost of turning one row of logits into a draw and its log-prob, as the
+ * sampler does it at every decode step (dist_build, dist_draw, dist_logprob on one thread),
+ * for the sampling settings RL frameworks use, over a vocabulary of V entries.
+ *
+ *   sampling-bench [--vocab V] [--reps N] [--step-ms MS] [--json FILE]
+ *
+ * Logits are bf16 values (as every preset but fp32 gives them) drawn from a normal
+ * distribution of standard deviation 2.5, so that top-p keeps thousands of tokens: a flat
+ * distribution, the costly case for truncation. --step-ms gives a decode step's time (from parity-speed)
+ * to print each setting's share of it; the sampler draws the rows of a step in parallel over
+ * its threads, so at batch 1 one row is on the critical path.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+#include "sampling.h"
+
+#define MAX_REPS 64
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* xorshift64* uniform in (0, 1) and a Box-Muller normal */
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double uniform(void) {
+    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+    return ((double)((rng * 2685821657736338717ull) >> 11) + 0.5) / 9007199254740992.0;
+}
+static double normal(void) { return sqrt(-2 * log(uniform())) * cos(6.283185307179586 * uniform()); }
+
+typedef struct setting {
+    const char *name;
+    dist_params draw;   /* the draw's distribution (always the truncated processed one) */
+    uint32_t report;    /* the reported log-prob's mode */
+} setting;
+
+int main(int argc, char **argv) {
+    size_t V = 151936;
+    int reps = 15;
+    double step_ms = 0;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--vocab") && i + 1 < argc) V = strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--step-ms") && i + 1 < argc) step_ms = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        else {
+            fprintf(stderr, "usage: sampling-bench [--vocab V] [--reps N] [--step-ms MS] [--json FILE]\n");
+            return 2;
+        }
+    }
+    if (V < 2 || reps < 1 || reps > MAX_REPS) {
+        fprintf(stderr, "sampling-bench: --vocab >= 2, --reps 1..%d\n", MAX_REPS);
+        return 2;
+    }
+    float *logits = malloc(V * sizeof *logits), *work = malloc(dist_work_floats(V) * sizeof *work);
+    if (!logits || !work) {
+        fprintf(stderr, "sampling-bench: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < V; i++) logits[i] = round_bf16((float)(2.5 * normal()));
+    const dist_work w = dist_work_at(work, V);
+    parity_policy pol;
+    parity_policy_from_name("aligned", &pol);
+
+    const uint32_t RAW = PARITY_LOGPROB_RAW, PROC = PARITY_LOGPROB_PROCESSED,
+                   TRUNC = PARITY_LOGPROB_PROCESSED_TRUNCATED;
+    const setting S[] = {
+        {"greedy", {TRUNC, 0, 0, 1, 0}, TRUNC},
+        {"t=1", {TRUNC, 1, 0, 1, 0}, TRUNC},
+        {"t=1, raw log-probs", {TRUNC, 1, 0, 1, 0}, RAW},
+        {"t=0.7, top-k 50", {TRUNC, 0.7f, 50, 1, 0}, PROC},
+        {"t=1, top-p 0.95", {TRUNC, 1, 0, 0.95f, 0}, TRUNC},
+        {"t=1, top-k 50, top-p 0.9", {TRUNC, 1, 50, 0.9f, 0}, TRUNC},
+        {"t=1, min-p 0.05", {TRUNC, 1, 0, 1, 0.05f}, TRUNC},
+    };
+    const size_t n_settings = sizeof S / sizeof S[0];
+    double med[16], best[16];
+    uint32_t support[16];
+    for (size_t s = 0; s < n_settings; s++) {
+        double t[MAX_REPS];
+        for (int r = 0; r <= reps; r++) {
+            double t0 = now();
+            dist d;
+            dist_build(&pol, &S[s].draw, logits, V, &w, &d);
+            const int32_t tok = dist_draw(&d, &w, V, uniform());
+            support[s] = d.n;
+            if (S[s].report != TRUNC) {
+                const dist_params rep = {S[s].report, S[s].draw.temperature, S[s].draw.top_k,
+                                         S[s].draw.top_p, S[s].draw.min_p};
+                dist_build(&pol, &rep, logits, V, &w, &d);
+            }
+            volatile float lp = dist_logprob(&d, &w, tok);
+            (void)lp;
+            if (r) t[r - 1] = now() - t0; /* the first call warms the buffers */
+        }
+        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        med[s] = t[reps / 2] * 1e3, best[s] = t[0] * 1e3;
+    }
+
+    printf("sampling-bench: one row of %zu logits, one thread, %d repetitions (median, best)\n\n", V, reps);
+    printf("%-26s %8s %10s %10s%s\n", "setting", "support", "ms", "best ms", step_ms > 0 ? "  of a step" : "");
+    for (size_t s = 0; s < n_settings; s++) {
+        printf("%-26s %8u %10.3f %10.3f", S[s].name, support[s], med[s], best[s]);
+        if (step_ms > 0) printf("  %9.1f%%", 100 * med[s] / step_ms);
+        printf("\n");
+    }
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) {
+            perror(json);
+            return 1;
+        }
+        fprintf(f, "{\"vocab\": %zu, \"reps\": %d, \"step_ms\": %g, \"settings\": [", V, reps, step_ms);
+        for (size_t s = 0; s < n_settings; s++)
+            fprintf(f, "%s\n  {\"setting\": \"%s\", \"support\": %u, \"ms\": %.4f, \"best_ms\": %.4f}",
+                    s ? "," : "", S[s].name, support[s], med[s], best[s]);
+        fprintf(f, "\n]}\n");
+        fclose(f);
+    }
+    free(logits), free(work);
+    return 0;
+}

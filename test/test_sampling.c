@@ -1,0 +1,151 @@
+/* The truncated distribution (top-k, top-p, min-p) against a direct reading of its
+ * definition in lib/sampling.h: every token sorted by a comparison sort, e = exp(x - m) in
+ * that order, the cuts in that order. dist_build sorts only the tokens the cuts can reach,
+ * with a radix sort; its support (ids in order), e and lse must be the reference's bit for
+ * bit, on flat and peaked logits, with ties, signed zeros, -inf and NaN among them. */
+#include <math.h>
+
+#include "check.h"
+#include "internal.h"
+#include "kernels.h"
+#include "sampling.h"
+
+static const float *cmp_x;
+
+/* larger x first, ties to the lower id, NaN after every number */
+static int cmp_best(const void *pa, const void *pb) {
+    const uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    const float xa = cmp_x[a], xb = cmp_x[b];
+    const int na = xa != xa, nb = xb != xb;
+    if (na != nb) return na - nb;
+    if (!na && xa != xb) return xa > xb ? -1 : 1;
+    return (a > b) - (a < b);
+}
+
+/* The dot16 sum of exp(x - m) (kernels.h), written out. */
+static float sum_exp_dot16(const float *x, size_t V, float m) {
+    float acc[16] = {0};
+    for (size_t i = 0; i < V; i++) acc[i % 16] = acc[i % 16] + parity_expf(x[i] - m);
+    for (int s = 8; s >= 1; s /= 2)
+        for (int l = 0; l < s; l++) acc[l] = acc[l] + acc[l + s];
+    return acc[0];
+}
+
+typedef struct ref_dist {
+    uint32_t n;
+    float lse;
+} ref_dist;
+
+/* x: processed logits; the distribution truncated, not greedy. ids[V], e[V] out. */
+static ref_dist reference(const float *x, size_t V, const dist_params *p, uint32_t *ids, float *e) {
+    const float m = kern()->max_f32(x, V); /* the max's own order is kernels.h's */
+    for (uint32_t i = 0; i < V; i++) ids[i] = i;
+    cmp_x = x;
+    qsort(ids, V, sizeof *ids, cmp_best);
+    size_t n = p->top_k && p->top_k < V ? p->top_k : V;
+    for (size_t i = 0; i < n; i++) e[i] = parity_expf(x[ids[i]] - m);
+    double total = 0;
+    if (p->top_k && p->top_k < V)
+        for (size_t i = 0; i < n; i++) total += e[i];
+    else
+        total = sum_exp_dot16(x, V, m);
+    if (p->top_p < 1) {
+        const double target = (double)p->top_p * total;
+        double run = 0;
+        size_t keep = 0;
+        while (keep < n) {
+            run += e[keep++];
+            if (run >= target) break;
+        }
+        n = keep;
+    }
+    if (p->min_p > 0) {
+        size_t keep = 1;
+        while (keep < n && e[keep] >= p->min_p) keep++;
+        n = keep;
+    }
+    double z = 0;
+    for (size_t i = 0; i < n; i++) z += e[i];
+    return (ref_dist){(uint32_t)n, (float)log(z)};
+}
+
+static uint64_t rng = 88172645463325252ull;
+static double uniform(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (double)(rng >> 11) * 0x1p-53;
+}
+static double normal(void) {
+    return sqrt(-2 * log(1 - uniform())) * cos(6.283185307179586 * uniform());
+}
+
+static uint32_t bits(float f) {
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
+}
+
+enum { FLAT, PEAKED, COARSE, SPECIAL, N_KINDS };
+static const char *const KIND[] = {"flat", "peaked", "coarse ties", "zeros, -inf, NaN"};
+
+static void fill(float *x, size_t V, int kind) {
+    for (size_t i = 0; i < V; i++) {
+        double v = normal();
+        switch (kind) {
+        case FLAT: x[i] = round_bf16((float)(2.5 * v)); break;
+        case PEAKED: x[i] = round_bf16((float)(4 * v + (uniform() < 0.001 ? 25 : 0))); break;
+        case COARSE: x[i] = (float)floor(3 * v) / 2; break; /* few distinct values, many ties */
+        default: {
+            double u = uniform();
+            x[i] = u < 0.1 ? -0.0f : u < 0.2 ? 0.0f : u < 0.3 ? -INFINITY : round_bf16((float)v);
+        }
+        }
+    }
+    if (kind == SPECIAL && V > 3) x[V / 2] = NAN, x[V - 1] = NAN; /* not at 0: m stays a number */
+}
+
+int main(void) {
+    const size_t sizes[] = {1, 2, 7, 33, 300, 5000, 151936};
+    const float top_ps[] = {1, 0.999f, 0.95f, 0.9f, 0.5f, 0.1f, 1e-6f};
+    const float min_ps[] = {0, 0.001f, 0.05f, 0.5f};
+    const uint32_t top_ks[] = {0, 1, 50};
+    const size_t Vmax = 151936;
+    float *x = malloc(Vmax * sizeof *x), *logits = malloc(Vmax * sizeof *logits);
+    float *re = malloc(Vmax * sizeof *re), *work = malloc(dist_work_floats(Vmax) * sizeof *work);
+    uint32_t *rids = malloc(Vmax * sizeof *rids);
+    if (!x || !logits || !re || !work || !rids) return 1;
+    parity_policy pol;
+    CHECK_OK(parity_policy_from_name("aligned", &pol));
+    int cases = 0, mismatched = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        const size_t V = sizes[si];
+        const dist_work w = dist_work_at(work, V);
+        for (int kind = 0; kind < N_KINDS; kind++) {
+            fill(logits, V, kind);
+            for (size_t a = 0; a < sizeof top_ps / sizeof *top_ps; a++)
+                for (size_t b = 0; b < sizeof min_ps / sizeof *min_ps; b++)
+                    for (size_t c = 0; c < sizeof top_ks / sizeof *top_ks; c++) {
+                        const dist_params p = {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, top_ks[c],
+                                               top_ps[a], min_ps[b]};
+                        if (p.top_p == 1 && p.min_p == 0 && (!p.top_k || p.top_k >= V)) continue;
+                        if (V > 5000 && (a % 2 || b % 2)) continue; /* qsort of V: keep it short */
+                        dist d;
+                        dist_build(&pol, &p, logits, V, &w, &d);
+                        memcpy(x, w.x, V * sizeof *x); /* the processed logits */
+                        const ref_dist r = reference(x, V, &p, rids, re);
+                        cases++;
+                        int bad = !d.truncated || d.n != r.n || bits(d.lse) != bits(r.lse);
+                        for (uint32_t i = 0; !bad && i < r.n; i++)
+                            bad = w.ids[i] != rids[i] || bits(w.e[i]) != bits(re[i]);
+                        if (bad && mismatched++ < 10)
+                            fprintf(stderr, "V %zu, %s, top_p %g, min_p %g, top_k %u: n %u (ref %u), "
+                                    "lse %a (ref %a)\n", V, KIND[kind], (double)p.top_p,
+                                    (double)p.min_p, p.top_k, d.n, r.n, (double)d.lse, (double)r.lse);
+                        CHECK(!bad);
+                    }
+        }
+    }
+    fprintf(stderr, "%d truncated distributions compared, %d differ\n", cases, mismatched);
+    CHECK(cases > 500);
+    free(x), free(logits), free(re), free(work), free(rids);
+    return check_report("test_sampling");
+}
