@@ -203,5 +203,6 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
 void attention(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
                const float *q, float *att) {
     attn_job j = {ctx, layer, n_rows, rows, q, att};
-    pool_run(ctx->pool, attend, &j, n_rows * ctx->model->config.num_key_value_heads);
+    /* tasks differ in length (rows at different positions): handed out one at a time */
+    pool_run_dynamic(ctx->pool, attend, &j, n_rows * ctx->model->config.num_key_value_heads, 1);
 }

@@ -47,9 +47,19 @@ static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
         j->k->gemm_f32w(j->M, j->K, j->x, j->ldx, j->w32, j->ldw, j->y, j->N, n0, n1);
 }
 
+/* The large-M path splits columns statically: each worker's range passes its x blocks once.
+ * The small-M path streams weights from memory, where one worker may be slowed down by the
+ * other's traffic or by a neighbour: its column blocks go out in chunks of about an eighth
+ * of a worker's share, to whichever worker is free. */
 static void gemm_on_pool(threadpool *pool, const gemm_job *j) {
     const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
-    pool_run(pool, gemm_columns, (void *)j, (j->N + block - 1) / block);
+    const size_t tasks = (j->N + block - 1) / block;
+    if (j->panels || !j->w16) {
+        pool_run(pool, gemm_columns, (void *)j, tasks);
+        return;
+    }
+    const size_t shares = 8 * (size_t)pool_size(pool);
+    pool_run_dynamic(pool, gemm_columns, (void *)j, tasks, (tasks + shares - 1) / shares);
 }
 
 typedef struct pack_job {

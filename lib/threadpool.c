@@ -11,8 +11,11 @@
  *     one the workers write in a round trip) for CALLER_SPIN_NS, then sleeps;
  *   - the sleeps use the usual "announce, re-check, wait" handshake, so a wake-up is never
  *     lost (see wait_generation and wait_workers).
- * The split of [0, n_tasks) into contiguous ranges per worker is static: which thread
- * computes a task never depends on timing. */
+ * pool_run splits [0, n_tasks) into contiguous ranges, one per worker, statically;
+ * pool_run_dynamic hands out chunks of tasks to whichever worker asks next, so that a worker
+ * slowed down (by a neighbour on the core, say) takes fewer. Which thread computes a task
+ * never changes a result: tasks are independent and per-worker scratch holds nothing from
+ * one call of fn to the next. */
 #include "threadpool.h"
 
 #include <pthread.h>
@@ -48,7 +51,11 @@ struct threadpool {
     alignas(CACHE_LINE) pool_fn fn;
     void *ctx;
     size_t n_tasks;
+    size_t chunk;            /* 0: static ranges; else tasks handed out `chunk` at a time */
     atomic_uint generation;  /* bumped for every loop (and for shutdown) */
+
+    /* The next task of a dynamic loop, taken by every worker. */
+    alignas(CACHE_LINE) atomic_size_t next;
 
     /* Written by workers: once per loop each, and on sleeping. */
     alignas(CACHE_LINE) atomic_uint remaining;  /* workers still running the current loop */
@@ -88,6 +95,14 @@ void fp_env_restore(unsigned saved) {
 }
 
 static void run_share(threadpool *p, unsigned worker) {
+    if (p->chunk) {
+        for (;;) {
+            const size_t begin = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
+            if (begin >= p->n_tasks) return;
+            const size_t end = p->n_tasks - begin < p->chunk ? p->n_tasks : begin + p->chunk;
+            p->fn(p->ctx, begin, end, worker);
+        }
+    }
     size_t begin = p->n_tasks * worker / p->n, end = p->n_tasks * (worker + 1) / p->n;
     if (begin < end) p->fn(p->ctx, begin, end, worker);
 }
@@ -236,7 +251,7 @@ uint64_t pool_bytes(unsigned n_workers) {
     return sizeof(threadpool) + (uint64_t)(n_workers - 1) * (sizeof(pthread_t) + sizeof(worker_arg));
 }
 
-void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks) {
+static void run_loop(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks, size_t chunk) {
     if (n_tasks == 0) return;
     if (p->n == 1 || n_tasks == 1) {
         fn(ctx, 0, n_tasks, 0);
@@ -245,6 +260,8 @@ void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks) {
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
+    p->chunk = chunk;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     /* every worker has finished the previous loop (the caller waited for remaining == 0),
      * so nobody reads the fields above while they change */
     atomic_store_explicit(&p->remaining, p->n - 1, memory_order_relaxed);
@@ -256,4 +273,12 @@ void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks) {
     }
     run_share(p, 0);
     wait_workers(p);
+}
+
+void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks) {
+    run_loop(p, fn, ctx, n_tasks, 0);
+}
+
+void pool_run_dynamic(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks, size_t chunk) {
+    run_loop(p, fn, ctx, n_tasks, chunk ? chunk : 1);
 }
