@@ -748,18 +748,36 @@ ALWAYS_INLINE void lt_lane(const int H, size_t nc, const float *xl, const float 
     for (int j = 0; j < LT_NR; j++) acc_io[j][0] = acc[j][0], acc_io[j][1] = acc[j][1];
 }
 
+/* The next panel's weight rows, asked into L2 a few lines at a time while the current panel
+ * is computed: widening them then reads L2, not memory (a panel's tiles take a few
+ * microseconds, about what its 12 KB take to arrive from memory). */
+typedef struct lt_prefetch {
+    const char *w;              /* the first weight row of the next panel; NULL: none */
+    size_t ld_bytes, lines_per_row, lines, next, per_slot;
+} lt_prefetch;
+
+static inline void lt_prefetch_some(lt_prefetch *pf) {
+    for (size_t i = 0; i < pf->per_slot && pf->next < pf->lines; i++, pf->next++) {
+        const size_t r = pf->next / pf->lines_per_row, c = pf->next % pf->lines_per_row;
+        _mm_prefetch(pf->w + r * pf->ld_bytes + c * 64, _MM_HINT_T1);
+    }
+}
+
 /* One tile (`rows` <= 8H valid rows) against the panel's nr weight rows: y[r][j]. K in blocks
  * of LT_KB chunks, every lane through a block before the next block: the block's panel lines
  * stay in L1 for the 16 lanes, and the chains wait in `lanes` (in L1) between blocks. */
 ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const float *panel,
-                           size_t ps, size_t rows, size_t nr, float *y, size_t ldy) {
+                           size_t ps, size_t rows, size_t nr, float *y, size_t ldy,
+                           lt_prefetch *pf) {
     __m256 lanes[16][LT_NR][2]; /* 6 KB */
     for (size_t l = 0; l < 16; l++)
         for (int j = 0; j < LT_NR; j++) lanes[l][j][0] = lanes[l][j][1] = _mm256_setzero_ps();
     for (size_t c0 = 0; c0 < nc; c0 += LT_KB) {
         const size_t n = nc - c0 < LT_KB ? nc - c0 : LT_KB;
-        for (size_t l = 0; l < 16; l++)
+        for (size_t l = 0; l < 16; l++) {
+            lt_prefetch_some(pf);
             lt_lane(H, n, tile + (l * nc + c0) * 32, panel + 32 * c0 + 2 * l, ps, lanes[l]);
+        }
     }
     for (size_t step = 8; step >= 1; step /= 2) /* the dot16 fold: l += l + 8, +4, +2, +1 */
         for (size_t l = 0; l < step; l++)
@@ -780,12 +798,12 @@ ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const floa
 }
 
 static void lt_tile2(size_t nc, const float *tile, const float *panel, size_t ps, size_t rows,
-                     size_t nr, float *y, size_t ldy) {
-    lt_tile(2, nc, tile, panel, ps, rows, nr, y, ldy);
+                     size_t nr, float *y, size_t ldy, lt_prefetch *pf) {
+    lt_tile(2, nc, tile, panel, ps, rows, nr, y, ldy, pf);
 }
 static void lt_tile1(size_t nc, const float *tile, const float *panel, size_t ps, size_t rows,
-                     size_t nr, float *y, size_t ldy) {
-    lt_tile(1, nc, tile, panel, ps, rows, nr, y, ldy);
+                     size_t nr, float *y, size_t ldy, lt_prefetch *pf) {
+    lt_tile(1, nc, tile, panel, ps, rows, nr, y, ldy, pf);
 }
 
 /* gemm_pack_xt_tiles with 8 x 8 transposes: 8 rows' 8 consecutive elements of a chunk become
@@ -829,14 +847,23 @@ static void gemm_bf16w_tiles_avx2(size_t M, size_t K, const float *xt, const uin
     if (tb < 1) tb = 1;
     for (size_t t0 = 0; t0 < tiles; t0 += tb) {
         const size_t t1 = tiles - t0 < tb ? tiles : t0 + tb;
+        /* lane passes per panel: where the next panel's lines are asked for */
+        const size_t slots = (t1 - t0) * ((nc + LT_KB - 1) / LT_KB) * 16;
         for (size_t n = n0; n < n1; n += LT_NR) {
             const size_t nr = n1 - n < LT_NR ? n1 - n : LT_NR;
             lt_widen(K, w + n * ldw, ldw, nr, panel, row);
+            lt_prefetch pf = {NULL, ldw * 2, (K * 2 + 63) / 64, 0, 0, 0};
+            if (n + LT_NR < n1 && slots && pf.lines_per_row) {
+                const size_t next_nr = n1 - n - LT_NR < LT_NR ? n1 - n - LT_NR : LT_NR;
+                pf.w = (const char *)(w + (n + LT_NR) * ldw);
+                pf.lines = next_nr * pf.lines_per_row;
+                pf.per_slot = (pf.lines + slots - 1) / slots;
+            }
             for (size_t t = t0; t < t1; t++) {
                 const size_t m = t * GEMM_XT_ROWS, rows = M - m < 16 ? M - m : 16;
                 (rows > 8 ? lt_tile2 : lt_tile1)(nc, xt + t * tile_floats, panel,
                                                  gemm_panel_stride(K), rows, nr,
-                                                 y + m * ldy + n, ldy);
+                                                 y + m * ldy + n, ldy, &pf);
             }
         }
     }
