@@ -19,22 +19,6 @@ typedef struct attn_job {
     float *att;
 } attn_job;
 
-/* Asks for the KV_BLOCK vectors of one head in the block holding position pos (one
- * contiguous run, forward.h) while the current block is computed: the run is a page of its
- * own for head_dim 128 in bf16, which the hardware prefetchers do not cross into. */
-static inline void prefetch_block(const kv_cache *kv, const void *base, size_t off) {
-#if defined(__GNUC__)
-    const char *p = (const char *)base + off * (kv->fp32 ? 4 : 2);
-    const size_t bytes = (size_t)KV_BLOCK * kv->head_dim * (kv->fp32 ? 4 : 2);
-    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
-#else
-    (void)kv, (void)base, (void)off;
-#endif
-}
-
-/* How many blocks ahead attention prefetches. */
-#define PREFETCH_BLOCKS 2
-
 /* Kernel-order experiment (parity_sampler_params.split_kv): flash attention over segments of
  * split_kv positions, each with its own max m_s, sum l_s and output O_s = sum bf16(P) V, merged
  * in segment order into a running (m, l, O) as split-KV decode kernels combine them. */
@@ -149,9 +133,6 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
 
         /* scores: q.k of each position, block by block, every query head on the block */
         for (size_t b0 = 0; b0 < n; b0 += KV_BLOCK) {
-            if (b0 + PREFETCH_BLOCKS * KV_BLOCK < n)
-                prefetch_block(kv, kv->k, kv_offset(kv, j->layer, row->blocks,
-                                                    (uint32_t)(b0 + PREFETCH_BLOCKS * KV_BLOCK), kvh));
             const size_t off = kv_offset(kv, j->layer, row->blocks, (uint32_t)b0, kvh);
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
             for (size_t g = 0; g < group; g++)
@@ -161,9 +142,10 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
         /* probabilities, each query head on its own */
         for (size_t g = 0; g < group; g++) {
             float *s = scores + g * max_ctx;
-            for (size_t p = 0; p < n; p++)
-                /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
-                s[p] = mode == PARITY_ATTN_EAGER ? round_bf16(round_bf16(s[p]) * scale) : s[p] * scale;
+            /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
+            if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);
+            for (size_t p = 0; p < n; p++) s[p] *= scale;
+            if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);
             const float m = k->max_f32(s, n);
             l[g] = k->sum_exp(s, n, m, s);  /* s[p] <- exp(s[p] - m) */
             if (mode == PARITY_ATTN_FLASH) {
@@ -179,9 +161,6 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
         /* P.V, one position after another in ascending order, block by block */
         memset(acc, 0, group * hd * sizeof *acc);
         for (size_t b0 = 0; b0 < n; b0 += KV_BLOCK) {
-            if (b0 + PREFETCH_BLOCKS * KV_BLOCK < n)
-                prefetch_block(kv, kv->v, kv_offset(kv, j->layer, row->blocks,
-                                                    (uint32_t)(b0 + PREFETCH_BLOCKS * KV_BLOCK), kvh));
             const size_t off = kv_offset(kv, j->layer, row->blocks, (uint32_t)b0, kvh);
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
             for (size_t g = 0; g < group; g++)
