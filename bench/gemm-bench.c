@@ -32,6 +32,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "bench_clock.h"
 #include "forward.h"
 #include "internal.h"
 #include "kernels.h"
@@ -50,17 +51,6 @@ static const shape SHAPES[] = {
     {"gate/up", 3072, 1024}, {"down", 1024, 3072}, {"lm_head", 151936, 1024},
 };
 #define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rng(void) {
@@ -127,9 +117,9 @@ static double fma_peak(threadpool *pool) {
     j.iters = 2000000;
     double best = 0;
     for (int rep = 0; rep < 10; rep++) {
-        double t = now();
+        double t = bench_now();
         pool_run(pool, peak_task, &j, n);
-        t = now() - t;
+        t = bench_now() - t;
         double g = (double)n * (double)j.iters * 10 * 16 / t * 1e-9;
         if (g > best) best = g;
     }
@@ -148,11 +138,11 @@ static double pool_round_trip(threadpool *pool) {
     enum { CALLS = 2000, ROUNDS = 9 };
     double t[ROUNDS];
     for (int r = 0; r < ROUNDS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < CALLS; i++) pool_run(pool, empty_task, NULL, pool_size(pool));
-        t[r] = (now() - t0) / CALLS * 1e6;
+        t[r] = (bench_now() - t0) / CALLS * 1e6;
     }
-    qsort(t, ROUNDS, sizeof *t, cmp_double);
+    qsort(t, ROUNDS, sizeof *t, bench_cmp_double);
     return t[ROUNDS / 2];
 }
 
@@ -267,12 +257,12 @@ static result run_case(const options *o, threadpool *pool, const shape *s, size_
     while (n < o->reps_max && (n < 3 || spent < o->min_time)) {
         copy = (copy + 1) % wt->copies;
         w = (const uint16_t *)((const char *)wt->data + copy * wt->bytes_each);
-        double t0 = now();
+        double t0 = bench_now();
         gemm_bf16w_pool(pool, M, s->K, x, s->K, w, s->K, y, s->N, gs);
-        t[n] = now() - t0;
+        t[n] = bench_now() - t0;
         spent += t[n++];
     }
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    qsort(t, (size_t)n, sizeof *t, bench_cmp_double);
     r.reps = n;
     r.median_s = t[n / 2];
     r.best_s = t[0];

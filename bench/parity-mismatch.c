@@ -83,6 +83,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "bench_clock.h"
 #include "mismatch.h"
 
 #ifndef PARITY_SOURCE_DIR
@@ -96,17 +97,11 @@
 static double start_time;
 static int quiet;
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One line on stderr, written at once (workers report concurrently). */
 void progress(const char *fmt, ...) {
     if (quiet) return;
     char line[512];
-    int n = snprintf(line, sizeof line, "[%6.1f s] ", now_seconds() - start_time);
+    int n = snprintf(line, sizeof line, "[%6.1f s] ", bench_now() - start_time);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
@@ -815,11 +810,6 @@ static int bitwise_equal(float a, float b) {
     return x == y;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The metrics over generated positions [lo, hi] (0-based in each completion) of rollouts `r`
  * scored as `learner`. Sequence-level sums run over the same positions. */
 void compute_metrics(const rollouts *r, const float *learner, uint32_t lo, uint32_t hi,
@@ -859,7 +849,7 @@ void compute_metrics(const rollouts *r, const float *learner, uint32_t lo, uint3
         if (fabs(seq) > m->seq_max_abs) m->seq_max_abs = fabs(seq);
     }
     if (n) {
-        qsort(abs_r, n, sizeof *abs_r, cmp_double);
+        qsort(abs_r, n, sizeof *abs_r, bench_cmp_double);
         size_t rank = (size_t)ceil(0.99 * (double)n);
         m->p99_abs = abs_r[rank ? rank - 1 : 0];
         m->mean_abs = s_abs / (double)n;
@@ -1089,12 +1079,12 @@ static int by_generation_cost(const void *a, const void *b) {
 static void run_generation(void *ctx, size_t i) {
     gen_tasks *g = ctx;
     rollouts *r = g->todo[i];
-    double t0 = now_seconds();
+    double t0 = bench_now();
     generate(g->env, r);
     r->generated = 1;
     progress("%s %s: %zu prompts x %u x %u tokens (%.1f s)",
              r->temperature == 0 ? "greedy " : "sampled", r->label, r->prompts->n, r->per_prompt,
-             r->max_new, now_seconds() - t0);
+             r->max_new, bench_now() - t0);
 }
 
 static void generate_all(bench *b, const run_env *env) {
@@ -1129,7 +1119,7 @@ static int by_tokens(const void *a, const void *b) {
 static void run_scoring(void *ctx, size_t i) {
     score_tasks *st = ctx;
     learner_task *t = &st->t[i];
-    double t0 = now_seconds();
+    double t0 = bench_now();
     parity_scorer *s = make_scorer(st->env, &st->scores->v[t->entries[0]].learner, st->longest);
     for (size_t k = 0; k < t->n; k++) {
         score_entry *e = &st->scores->v[t->entries[k]];
@@ -1137,7 +1127,7 @@ static void run_scoring(void *ctx, size_t i) {
     }
     parity_scorer_free(s);
     progress("scored  %s: %zu rollout sets, %zu tokens (%.1f s)", t->name, t->n, t->tokens,
-             now_seconds() - t0);
+             bench_now() - t0);
 }
 
 /* The learner tasks of the score list; a job names each learner policy. */
@@ -1264,7 +1254,7 @@ static void free_bench(bench *b) {
 
 int main(int argc, char **argv) {
     static bench b;
-    start_time = now_seconds();
+    start_time = bench_now();
     parse_options(&b.o, argc, argv);
     open_model(&b);
     load_prompts(&b);
@@ -1276,7 +1266,7 @@ int main(int argc, char **argv) {
     generate_all(&b, &env);
     score_all(&b, &env);
     measure_all(&b);
-    b.elapsed = now_seconds() - start_time;
+    b.elapsed = bench_now() - start_time;
     print_report(&b);
     if (b.o.json_path) write_json(&b, b.o.json_path);
     if (b.o.csv_path) write_csv(&b, b.o.csv_path);

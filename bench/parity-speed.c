@@ -41,6 +41,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bench_clock.h"
 #include "parity.h"
 
 #ifndef PARITY_BENCH_DIR
@@ -58,23 +60,12 @@
 
 #define MAX_LIST 8
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 typedef struct stat3 {
     double median, min, max;
 } stat3;
 
 static stat3 summarise(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
     stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
     return s;
 }
@@ -143,7 +134,7 @@ static double measure_bandwidth(unsigned threads, int huge) {
     for (int rep = 0; rep < 4; rep++) {
         pthread_t tid[16];
         bw_job jobs[16];
-        double t0 = now();
+        double t0 = bench_now();
         for (unsigned t = 0; t < threads; t++) {
             jobs[t] = (bw_job){buf + n / threads * t, n / threads, 0};
             pthread_create(&tid[t], NULL, bw_thread, &jobs[t]);
@@ -153,7 +144,7 @@ static double measure_bandwidth(unsigned threads, int huge) {
             pthread_join(tid[t], NULL);
             sum += jobs[t].sum;
         }
-        double gbs = (double)bytes / (now() - t0) / 1e9;
+        double gbs = (double)bytes / (bench_now() - t0) / 1e9;
         if (sum == 42) gbs = 0; /* keeps the sum alive */
         if (gbs > best) best = gbs;
     }
@@ -184,10 +175,10 @@ static double measure_fma_peak(unsigned threads) {
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
     pthread_t tid[16];
     float sink[16];
-    double t0 = now();
+    double t0 = bench_now();
     for (unsigned t = 0; t < threads; t++) pthread_create(&tid[t], NULL, fma_thread, &sink[t]);
     for (unsigned t = 0; t < threads; t++) pthread_join(tid[t], NULL);
-    return 20000000.0 * 10 * 8 * 2 * threads / (now() - t0) / 1e9;
+    return 20000000.0 * 10 * 8 * 2 * threads / (bench_now() - t0) / 1e9;
 #else
     (void)threads;
     return 0;
@@ -267,10 +258,10 @@ static double time_prefill(const run_cfg *r, uint32_t L) {
     uint32_t q, fin;
     int32_t tok;
     float lp;
-    double t0 = now();
+    double t0 = bench_now();
     int rc = parity_sampler_add(s, prompt, L, &g, 0, &q);
     if (!rc) rc = parity_sampler_step(s, &q, 1, &tok, &lp, &fin, 0, NULL, NULL);
-    double dt = now() - t0;
+    double dt = bench_now() - t0;
     free(prompt);
     parity_sampler_free(s);
     return rc ? fail("prefill") : dt;
@@ -289,9 +280,9 @@ static double time_score(const run_cfg *r, uint32_t L) {
     make_prompt(tokens, L, parity_model_config(r->model)->vocab_size);
     parity_score_options o;
     parity_score_default_options(&o);
-    double t0 = now();
+    double t0 = bench_now();
     int rc = parity_score(s, &o, tokens, &L, 1, lp, NULL, NULL, NULL);
-    double dt = now() - t0;
+    double dt = bench_now() - t0;
     free(tokens);
     free(lp);
     parity_scorer_free(s);
@@ -316,10 +307,10 @@ static int time_decode(const run_cfg *r, uint32_t B, uint32_t context, uint32_t 
     /* warm-up: the first step also copies the forks' shared last block */
     if (!rc) rc = parity_sampler_step(s, seqs, B, tok, lp, fin, 0, NULL, NULL);
     for (int rep = 0; rep < reps && !rc; rep++) {
-        double t0 = now();
+        double t0 = bench_now();
         for (uint32_t i = 0; i < steps && !rc; i++)
             rc = parity_sampler_step(s, seqs, B, tok, lp, fin, 0, NULL, NULL);
-        per_step[rep] = (now() - t0) / steps;
+        per_step[rep] = (bench_now() - t0) / steps;
     }
     free(prompt);
     parity_sampler_free(s);
@@ -345,13 +336,30 @@ typedef struct peers {
     int n_notes;
 } peers;
 
-static void peer_note(peers *P, const char *fmt, const char *a, const char *b) {
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void peer_note(peers *P, const char *fmt, ...) {
     if (P->n_notes < MAX_NOTES) {
-        snprintf(P->notes[P->n_notes], sizeof P->notes[0], fmt, a, b);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(P->notes[P->n_notes], sizeof P->notes[0], fmt, ap);
+        va_end(ap);
         char *nl = strchr(P->notes[P->n_notes], '\n');
         if (nl) *nl = 0;
         P->n_notes++;
     }
+}
+
+/* Closes a peer's pipe and notes what it ran on, or why it measured nothing (its last line
+ * of output). */
+static void peer_finish(peers *P, const char *peer, FILE *f, int got, const char *last,
+                        const char *about) {
+    int status = pclose(f);
+    if (status != 0 || !got)
+        peer_note(P, "%s: not measured (%s)", peer, last[0] ? last : "no output");
+    else
+        peer_note(P, "%s: %s", peer, about);
 }
 
 static int shell_safe(const char *s) {
@@ -367,7 +375,7 @@ static void run_torch_peer(peers *P, const char *model_spec, uint32_t threads, u
     if (!script || !*script) script = PARITY_BENCH_DIR "/torch_peer.py";
     if (strncmp(model_spec, "synthetic:", 10) != 0) {
         peer_note(P, "torch: not run (%s is not a built-in config; torch_peer.py takes "
-                     "synthetic:NAME shapes)%s", model_spec, "");
+                     "synthetic:NAME shapes)", model_spec);
         return;
     }
     const char *config = model_spec + 10;
@@ -383,7 +391,7 @@ static void run_torch_peer(peers *P, const char *model_spec, uint32_t threads, u
     fprintf(stderr, "parity-speed: peer torch: %s\n", cmd);
     FILE *f = popen(cmd, "r");
     if (!f) {
-        peer_note(P, "torch: not run (cannot start /usr/bin/python3: %s)%s", strerror(errno), "");
+        peer_note(P, "torch: not run (cannot start /usr/bin/python3: %s)", strerror(errno));
         return;
     }
     char line[1024], last[1024] = "", header[1024] = "";
@@ -404,11 +412,7 @@ static void run_torch_peer(peers *P, const char *model_spec, uint32_t threads, u
             snprintf(last, sizeof last, "%s", line);
         }
     }
-    int status = pclose(f);
-    if (status != 0 || !got)
-        peer_note(P, "torch: not measured (%s)%s", last[0] ? last : "no output", "");
-    else
-        peer_note(P, "torch: %s%s", header, "");
+    peer_finish(P, "torch", f, got, last, header);
 }
 
 /* Index of a column in a CSV header line (fields possibly quoted), -1 if absent. */
@@ -448,7 +452,7 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
     const char *bin = getenv("LLAMA_BENCH"), *gguf = getenv("LLAMA_GGUF");
     if (!bin || !*bin || !gguf || !*gguf) {
         peer_note(P, "llama: not run (set LLAMA_BENCH to llama-bench and LLAMA_GGUF to a BF16 "
-                     "GGUF of the model's shape)%s%s", "", "");
+                     "GGUF of the model's shape)");
         return;
     }
     if (!shell_safe(bin) || !shell_safe(gguf)) {
@@ -499,11 +503,7 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
             snprintf(last, sizeof last, "%s", line);
         }
     }
-    int status = pclose(f);
-    if (status != 0 || !got)
-        peer_note(P, "llama: not measured (%s)%s", last[0] ? last : "no output", "");
-    else
-        peer_note(P, "llama: %s%s", about, "");
+    peer_finish(P, "llama", f, got, last, about);
 }
 
 /* The peer figure a libparity row compares with: same peer, threads, phase and batch; the
@@ -696,7 +696,7 @@ int main(int argc, char **argv) {
             else if (!strcmp(which[i], "llama"))
                 run_llama_peer(&P, tmax, lmax, contexts[0], reps);
             else
-                peer_note(&P, "%s: unknown peer (torch, llama)%s", which[i], "");
+                peer_note(&P, "%s: unknown peer (torch, llama)", which[i]);
         }
     }
 

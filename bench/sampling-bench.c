@@ -18,21 +18,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_clock.h"
 #include "internal.h"
 #include "sampling.h"
 
 #define MAX_REPS 64
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* xorshift64* uniform in (0, 1) and a Box-Muller normal */
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -94,7 +84,7 @@ int main(int argc, char **argv) {
     for (size_t s = 0; s < n_settings; s++) {
         double t[MAX_REPS];
         for (int r = 0; r <= reps; r++) {
-            double t0 = now();
+            double t0 = bench_now();
             dist d;
             dist_build(&pol, &S[s].draw, logits, V, &w, &d);
             const int32_t tok = dist_draw(&d, &w, V, uniform());
@@ -106,9 +96,9 @@ int main(int argc, char **argv) {
             }
             volatile float lp = dist_logprob(&d, &w, tok);
             (void)lp;
-            if (r) t[r - 1] = now() - t0; /* the first call warms the buffers */
+            if (r) t[r - 1] = bench_now() - t0; /* the first call warms the buffers */
         }
-        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        qsort(t, (size_t)reps, sizeof *t, bench_cmp_double);
         med[s] = t[reps / 2] * 1e3, best[s] = t[0] * 1e3;
     }
 

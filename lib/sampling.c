@@ -141,16 +141,18 @@ static double top_p_target(const dist_params *p, double total) { return (double)
 
 /* Without top-k: sorts into ids[0..c) the best c tokens, a prefix of the whole sorted order
  * that holds every token the top-p and min-p cuts can keep, and returns c. Tokens are
- * bucketed by their e (w->e_by_id): the buckets from the best down until their mass (in
- * double, with a margin far above its rounding error) reaches the top-p target, or until
- * e falls below min_p; the cut itself is made exactly, on the sorted prefix, by the caller.
- * Should the prefix not reach the target after all, every token is sorted. */
+ * bucketed by their e (w->e_by_id): the buckets from the best down until their mass, summed
+ * in double, reaches the top-p target times (1 + 2^-20), or until e falls below min_p; the
+ * cut itself is made exactly, on the sorted prefix, by the caller. Both that mass and the
+ * caller's running sum are double sums of at most V < 2^28 terms in [0, 1], each within
+ * V * 2^-53 < 2^-25 of the exact sum, so the prefix always reaches the target; larger
+ * vocabularies, or buckets that never reach it (top_p near 1), sort every token. */
 static size_t sorted_candidates(const dist_params *p, const dist_work *w, const float *x,
                                 size_t V, double total) {
     uint32_t *count = (uint32_t *)w->hist;
     double *mass = (double *)(w->hist + DIST_SORT_DIGITS * (1u << DIST_SORT_DIGIT_BITS));
     uint32_t first = 0; /* the lowest bucket kept */
-    if (p->top_p < 1 && total == total) {
+    if (p->top_p < 1 && total == total && V < (1u << 28)) {
         memset(mass, 0, DIST_MASS_BUCKETS * sizeof *mass);
         for (size_t i = 0; i < V; i++) mass[mass_bucket(w->e_by_id[i])] += w->e_by_id[i];
         const double need = top_p_target(p, total) * (1 + 0x1p-20);
@@ -167,22 +169,15 @@ static size_t sorted_candidates(const dist_params *p, const dist_work *w, const 
     if (first > 0) {
         for (uint32_t i = 0; i < V; i++)
             if (mass_bucket(w->e_by_id[i]) >= first) w->ids[c++] = i;
-        sort_by_key(x, w->ids, w->sort_tmp, c, count);
-        if (p->top_p < 1 && !(p->min_p > 0 && mass_bucket(p->min_p) == first)) {
-            /* the prefix was cut for top-p: check that it reaches the target */
-            const double target = top_p_target(p, total);
-            double run = 0;
-            size_t i = 0;
-            while (i < c && run < target) run += w->e_by_id[w->ids[i++]];
-            if (run < target) c = 0;
+        if (c) {
+            sort_by_key(x, w->ids, w->sort_tmp, c, count);
+            return c;
         }
-        if (c) return c;
     }
     for (uint32_t i = 0; i < V; i++) w->ids[i] = i;
     sort_by_key(x, w->ids, w->sort_tmp, V, count);
     return V;
 }
-
 
 void dist_build(const parity_policy *pol, const dist_params *p, const float *logits, size_t V,
                 const dist_work *w, dist *d) {
