@@ -60,17 +60,11 @@ static void attend_split(const fwd_ctx *ctx, uint32_t layer, const fwd_row *row,
     k->round_bf16(out, hd);
 }
 
-/* s[p] = q.k_p in dot16 order for the len <= KV_BLOCK consecutive vectors of one head's block
- * at K + off (bf16 keys four at a time, each in its own order). */
-static void block_scores(const kernels *k, const kv_cache *kv, const float *q, size_t off,
-                         size_t len, float *s) {
-    const size_t hd = kv->head_dim;
+/* s[p] = q.k_p in dot16 order for the len <= KV_BLOCK consecutive bf16 keys of one head's
+ * block at `key`, four at a time, each in its own order (one row: no widened copy). */
+static void block_scores_bf16(const kernels *k, size_t hd, const float *q, const uint16_t *key,
+                              size_t len, float *s) {
     size_t p = 0;
-    if (kv->fp32) {
-        for (; p < len; p++) s[p] = k->dot_f32(q, (const float *)kv->k + off + p * hd, hd);
-        return;
-    }
-    const uint16_t *key = (const uint16_t *)kv->k + off;
     for (; p + 4 <= len; p += 4) {
         const uint16_t *keys[4] = {key + p * hd, key + (p + 1) * hd, key + (p + 2) * hd,
                                    key + (p + 3) * hd};
@@ -79,17 +73,11 @@ static void block_scores(const kernels *k, const kv_cache *kv, const float *q, s
     for (; p < len; p++) s[p] = k->dot_f32_bf16(q, key + p * hd, hd);
 }
 
-/* o += P[p] v_p for the len <= KV_BLOCK consecutive vectors of one head's block at V + off,
- * one position after another (bf16 values four at a time, in the same order). */
-static void block_pv(const kernels *k, const kv_cache *kv, const float *P, size_t off,
-                     size_t len, float *o) {
-    const size_t hd = kv->head_dim;
+/* o += P[p] v_p for the len <= KV_BLOCK consecutive bf16 values at `val`, one position after
+ * another (four at a time, in the same order). */
+static void block_pv_bf16(const kernels *k, size_t hd, const float *P, const uint16_t *val,
+                          size_t len, float *o) {
     size_t p = 0;
-    if (kv->fp32) {
-        for (; p < len; p++) k->axpy_f32(o, P[p], (const float *)kv->v + off + p * hd, hd);
-        return;
-    }
-    const uint16_t *val = (const uint16_t *)kv->v + off;
     for (; p + 4 <= len; p += 4) {
         const uint16_t *vals[4] = {val + p * hd, val + (p + 1) * hd, val + (p + 2) * hd,
                                    val + (p + 3) * hd};
@@ -98,13 +86,40 @@ static void block_pv(const kernels *k, const kv_cache *kv, const float *P, size_
     for (; p < len; p++) k->axpy_bf16(o, P[p], val + p * hd, hd);
 }
 
-/* One task = one row and one KV head with its `group` query heads: each block of the head's
- * keys and values is read from memory once and used by every query head of the group while
- * it is in L1. Tasks run KV head by KV head, so that a worker's rows of one sequence share
- * that head's cache lines too; every score, sum and product is the one the mode defines for
- * that query head alone. */
-static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
-    const attn_job *j = ctx_;
+/* Scores of one query head over positions 0..n-1 -> probabilities in place, per mode;
+ * returns the softmax denominator. */
+static float probabilities(const kernels *k, int mode, float scale, float *s, size_t n) {
+    /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
+    if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);
+    for (size_t p = 0; p < n; p++) s[p] *= scale;
+    if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);
+    const float m = k->max_f32(s, n);
+    const float l = k->sum_exp(s, n, m, s);  /* s[p] <- exp(s[p] - m) */
+    if (mode == PARITY_ATTN_FLASH) {
+        /* P stays unnormalised; bf16(P) feeds P.V, l sums the unrounded P */
+        k->round_bf16(s, n);
+    } else {
+        const float inv = 1.0f / l;
+        for (size_t p = 0; p < n; p++) s[p] *= inv;
+        if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);  /* softmax(fp32).to(bf16) */
+    }
+    return l;
+}
+
+/* A worker's scratch: scores [ATTN_TASK_ROWS][group][max_ctx] and, in pv (attn_pv_floats),
+ * the accumulators [ATTN_TASK_ROWS][group][hd], the denominators [ATTN_TASK_ROWS][group],
+ * then one block of keys and one of values widened to fp32 ([KV_BLOCK][hd] each). */
+typedef struct attn_scratch {
+    float *scores, *acc, *l, *keys, *vals;
+    size_t max_ctx;
+} attn_scratch;
+
+/* Rows r0 .. r1-1 of one sequence (one block table), KV head kvh, in scratch slots slot ..:
+ * each block of the head's keys and values is read once (and, with several rows, widened
+ * once) for every row and query head of the run while it is in L1; every score, sum and
+ * product is the one the mode defines for that row and query head alone. */
+static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size_t slot,
+                       const attn_scratch *w) {
     const fwd_ctx *ctx = j->ctx;
     const parity_config *c = &ctx->model->config;
     const kernels *k = kern();
@@ -113,68 +128,115 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
     const size_t group = heads / c->num_key_value_heads;  /* query heads per KV head */
     const int mode = ctx->pol.compute == PARITY_COMPUTE_FP32 ? PARITY_ATTN_FP32 : ctx->pol.attention;
     const float scale = (float)(1.0 / sqrt((double)hd));  /* head_dim ** -0.5 */
-    const size_t max_ctx = ctx->s->max_ctx;
-    float *scores = ctx->s->scores + (size_t)worker * group * max_ctx;
-    float *acc = ctx->s->pv + (size_t)worker * ((group + 1) * hd + group);
-    float *l = acc + (group + 1) * hd;  /* each query head's softmax denominator */
+    const uint32_t *blocks = j->rows[r0].blocks;
+    const int direct = kv->fp32 || r1 - r0 == 1;  /* read the cache as it is, no widened copy */
+    size_t n_max = 0;
+    for (size_t r = r0; r < r1; r++)
+        if ((size_t)j->rows[r].pos + 1 > n_max) n_max = (size_t)j->rows[r].pos + 1;
+#define ATT_Q(r, g) (j->q + (r) * heads * hd + (kvh * group + (g)) * hd)
+#define ATT_S(r, g) (w->scores + ((slot + (r) - r0) * group + (g)) * w->max_ctx)
+#define ATT_ACC(r, g) (w->acc + ((slot + (r) - r0) * group + (g)) * hd)
 
-    for (size_t t = begin; t < end; t++) {
-        const size_t kvh = t / j->n_rows, r = t % j->n_rows;
-        const fwd_row *row = &j->rows[r];
-        const float *q = j->q + r * heads * hd + kvh * group * hd;   /* the group's queries */
-        float *out = j->att + r * heads * hd + kvh * group * hd;
-        const size_t n = (size_t)row->pos + 1;
-
-        if (mode == PARITY_ATTN_FLASH && ctx->split_kv) {
-            for (size_t g = 0; g < group; g++)
-                attend_split(ctx, j->layer, row, q + g * hd, kvh, scores, acc, out + g * hd);
-            continue;
-        }
-
-        /* scores: q.k of each position, block by block, every query head on the block */
-        for (size_t b0 = 0; b0 < n; b0 += KV_BLOCK) {
-            const size_t off = kv_offset(kv, j->layer, row->blocks, (uint32_t)b0, kvh);
+    /* scores: q.k of each position, block by block, every row and query head on the block */
+    for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
+        const size_t off = kv_offset(kv, j->layer, blocks, (uint32_t)b0, kvh);
+        const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
+        const float *keys = kv->fp32 ? (const float *)kv->k + off : w->keys;
+        if (!direct) k->widen_bf16((const uint16_t *)kv->k + off, blen * hd, w->keys);
+        for (size_t r = r0; r < r1; r++) {
+            const size_t n = (size_t)j->rows[r].pos + 1;
+            if (b0 >= n) continue;
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
-            for (size_t g = 0; g < group; g++)
-                block_scores(k, kv, q + g * hd, off, len, scores + g * max_ctx + b0);
-        }
-
-        /* probabilities, each query head on its own */
-        for (size_t g = 0; g < group; g++) {
-            float *s = scores + g * max_ctx;
-            /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
-            if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);
-            for (size_t p = 0; p < n; p++) s[p] *= scale;
-            if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);
-            const float m = k->max_f32(s, n);
-            l[g] = k->sum_exp(s, n, m, s);  /* s[p] <- exp(s[p] - m) */
-            if (mode == PARITY_ATTN_FLASH) {
-                /* P stays unnormalised; bf16(P) feeds P.V, l sums the unrounded P */
-                k->round_bf16(s, n);
-            } else {
-                const float inv = 1.0f / l[g];
-                for (size_t p = 0; p < n; p++) s[p] *= inv;
-                if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);  /* softmax(fp32).to(bf16) */
+            for (size_t g = 0; g < group; g++) {
+                if (direct && !kv->fp32)
+                    block_scores_bf16(k, hd, ATT_Q(r, g), (const uint16_t *)kv->k + off, len,
+                                      ATT_S(r, g) + b0);
+                else
+                    k->dots_f32(ATT_Q(r, g), keys, hd, len, hd, ATT_S(r, g) + b0);
             }
         }
+    }
 
-        /* P.V, one position after another in ascending order, block by block */
-        memset(acc, 0, group * hd * sizeof *acc);
-        for (size_t b0 = 0; b0 < n; b0 += KV_BLOCK) {
-            const size_t off = kv_offset(kv, j->layer, row->blocks, (uint32_t)b0, kvh);
+    /* probabilities, each row and query head on its own */
+    for (size_t r = r0; r < r1; r++)
+        for (size_t g = 0; g < group; g++)
+            w->l[(slot + r - r0) * group + g] =
+                probabilities(k, mode, scale, ATT_S(r, g), (size_t)j->rows[r].pos + 1);
+
+    /* P.V, one position after another in ascending order, block by block */
+    memset(w->acc + slot * group * hd, 0, (r1 - r0) * group * hd * sizeof *w->acc);
+    for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
+        const size_t off = kv_offset(kv, j->layer, blocks, (uint32_t)b0, kvh);
+        const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
+        const float *vals = kv->fp32 ? (const float *)kv->v + off : w->vals;
+        if (!direct) k->widen_bf16((const uint16_t *)kv->v + off, blen * hd, w->vals);
+        for (size_t r = r0; r < r1; r++) {
+            const size_t n = (size_t)j->rows[r].pos + 1;
+            if (b0 >= n) continue;
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
-            for (size_t g = 0; g < group; g++)
-                block_pv(k, kv, scores + g * max_ctx + b0, off, len, acc + g * hd);
+            for (size_t g = 0; g < group; g++) {
+                if (direct && !kv->fp32)
+                    block_pv_bf16(k, hd, ATT_S(r, g) + b0, (const uint16_t *)kv->v + off, len,
+                                  ATT_ACC(r, g));
+                else
+                    k->pv_f32(ATT_ACC(r, g), ATT_S(r, g) + b0, vals, hd, len, hd);
+            }
         }
+    }
+
+    for (size_t r = r0; r < r1; r++)
         for (size_t g = 0; g < group; g++) {
-            float *o = acc + g * hd, *dst = out + g * hd;
+            const float *o = ATT_ACC(r, g), l = w->l[(slot + r - r0) * group + g];
+            float *dst = j->att + r * heads * hd + (kvh * group + g) * hd;
             if (mode == PARITY_ATTN_FLASH) {
-                for (size_t d = 0; d < hd; d++) dst[d] = o[d] / l[g];
+                for (size_t d = 0; d < hd; d++) dst[d] = o[d] / l;
                 k->round_bf16(dst, hd);  /* O / l rounded once */
             } else {
                 memcpy(dst, o, hd * sizeof *o);
                 if (mode == PARITY_ATTN_EAGER) k->round_bf16(dst, hd);  /* bf16 matmul output */
             }
+        }
+#undef ATT_Q
+#undef ATT_S
+#undef ATT_ACC
+}
+
+/* One task = ATTN_TASK_ROWS consecutive rows (fewer at the end) and one KV head with its
+ * `group` query heads; the rows are taken in runs of one sequence each. Tasks run KV head by
+ * KV head, so that concurrent tasks share that head's cache lines too. */
+static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
+    const attn_job *j = ctx_;
+    const fwd_ctx *ctx = j->ctx;
+    const parity_config *c = &ctx->model->config;
+    const size_t hd = c->head_dim, group = c->num_attention_heads / c->num_key_value_heads;
+    const size_t n_groups = (j->n_rows + ATTN_TASK_ROWS - 1) / ATTN_TASK_ROWS;
+    const size_t slots = ATTN_TASK_ROWS * group;
+    attn_scratch w;
+    w.max_ctx = ctx->s->max_ctx;
+    w.scores = ctx->s->scores + (size_t)worker * slots * w.max_ctx;
+    w.acc = ctx->s->pv + (size_t)worker * attn_pv_floats(group, hd);
+    w.l = w.acc + slots * hd;
+    w.keys = w.l + slots;
+    w.vals = w.keys + KV_BLOCK * hd;
+
+    for (size_t t = begin; t < end; t++) {
+        const size_t kvh = t / n_groups, first = t % n_groups * ATTN_TASK_ROWS;
+        const size_t last = j->n_rows - first < ATTN_TASK_ROWS ? j->n_rows : first + ATTN_TASK_ROWS;
+        if (ctx->pol.compute != PARITY_COMPUTE_FP32 && ctx->pol.attention == PARITY_ATTN_FLASH &&
+            ctx->split_kv) {
+            for (size_t r = first; r < last; r++)
+                for (size_t g = 0; g < group; g++) {
+                    const size_t h = kvh * group + g;
+                    attend_split(ctx, j->layer, &j->rows[r], j->q + (r * c->num_attention_heads + h) * hd,
+                                 kvh, w.scores, w.acc, j->att + (r * c->num_attention_heads + h) * hd);
+                }
+            continue;
+        }
+        for (size_t r0 = first; r0 < last;) {
+            size_t r1 = r0 + 1;
+            while (r1 < last && j->rows[r1].blocks == j->rows[r0].blocks) r1++;
+            attend_run(j, r0, r1, kvh, r0 - first, &w);
+            r0 = r1;
         }
     }
 }
@@ -182,6 +244,7 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
 void attention(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
                const float *q, float *att) {
     attn_job j = {ctx, layer, n_rows, rows, q, att};
+    const size_t n_groups = (n_rows + ATTN_TASK_ROWS - 1) / ATTN_TASK_ROWS;
     /* tasks differ in length (rows at different positions): handed out one at a time */
-    pool_run_dynamic(ctx->pool, attend, &j, n_rows * ctx->model->config.num_key_value_heads, 1);
+    pool_run_dynamic(ctx->pool, attend, &j, n_groups * ctx->model->config.num_key_value_heads, 1);
 }

@@ -78,8 +78,8 @@ typedef struct fwd_scratch {
     float *gate;    /* [max_rows][intermediate] */
     float *up;      /* [max_rows][intermediate] */
     gemm_scratch gemm; /* packed GEMM input, per-worker weight panels */
-    float *scores;  /* [workers][group][max_ctx] attention scores / probabilities of a KV head's query heads */
-    float *pv;      /* [workers][(group + 1) * head_dim + group] attention accumulators and sums */
+    float *scores;  /* [workers][ATTN_TASK_ROWS][group][max_ctx] attention scores / probabilities */
+    float *pv;      /* [workers][attn_pv_floats(group, head_dim)] attention accumulators, sums, blocks */
     float *partial; /* [max_rows][widest GEMM output] split-K partial sums (only when asked) */
 } fwd_scratch;
 
@@ -120,6 +120,14 @@ void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const
 #define GEMM_TILES_MIN_M 16
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
                      const uint16_t *w, size_t ldw, float *y, size_t N, const gemm_scratch *s);
+
+/* Rows per attention task: a prefill's rows of one sequence share each widened block of keys
+ * and values; a worker's attention scratch holds that many rows' scores and accumulators. */
+#define ATTN_TASK_ROWS 16
+static inline size_t attn_pv_floats(size_t group, size_t head_dim) {
+    const size_t slots = ATTN_TASK_ROWS * group;
+    return slots * head_dim + slots + 2 * KV_BLOCK * head_dim;
+}
 
 /* ---- attention (attention.c) ----------------------------------------------------------
  * For every row and head: causal attention over the row's positions 0..pos from the cache

@@ -45,6 +45,10 @@ typedef struct kernels {
     /* four dot_f32_bf16 of one a, side by side (attention scores, four keys at a time):
      * out[j] = dot_f32_bf16(a, b[j], n), each in its own dot16 order */
     void (*dot4_f32_bf16)(const float *a, const uint16_t *const b[4], size_t n, float out[4]);
+    /* count dot_f32 of one a against vectors ldb apart (attention scores of one query over
+     * a block of widened keys): out[j] = dot_f32(a, b + j * ldb, n), each in its own order */
+    void (*dots_f32)(const float *a, const float *b, size_t ldb, size_t count, size_t n,
+                     float *out);
     float (*sum_squares)(const float *x, size_t n);                      /* fmaf(x, x, acc) */
     /* sum of parity_expf(x[i] - m) (the subtraction in fp32, then exp), dot16 order with
      * acc = acc + e. If `out` is not NULL it receives the exponentials. */
@@ -62,6 +66,10 @@ typedef struct kernels {
     /* four axpy_bf16 in order (P.V over four keys, o read and written once):
      * o[i] = fmaf(p[3], v[3][i], fmaf(p[2], v[2][i], fmaf(p[1], v[1][i], fmaf(p[0], v[0][i], o[i])))) */
     void (*axpy4_bf16)(float *o, const float p[4], const uint16_t *const v[4], size_t n);
+    /* count axpy_f32 in order over vectors ldv apart (P.V over a block of widened values):
+     * for j = 0 .. count-1: o[i] = fmaf(p[j], v[j * ldv + i], o[i]) */
+    void (*pv_f32)(float *o, const float *p, const float *v, size_t ldv, size_t count, size_t n);
+    void (*widen_bf16)(const uint16_t *src, size_t n, float *dst);  /* dst[i] = src[i] exactly */
 
     /* --- GEMM: y[m][n] = sum_k x[m][k] * w[n][k], for n in [n0, n1), all m < M ---
      * gemm_bf16w: pair32 order. `xp` is x packed by gemm_pack_x (below).

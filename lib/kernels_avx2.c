@@ -230,6 +230,38 @@ static void dot4_f32_bf16_avx2(const float *a, const uint16_t *const b[4], size_
     for (int j = 0; j < 4; j++) out[j] = fold16(acc0[j], acc1[j]);
 }
 
+/* dots_f32: keys four at a time as in dot4_f32_bf16_avx2 (loads of a shared, four pairs of
+ * chains), the last one to three singly. */
+static void dots_f32_avx2(const float *a, const float *b, size_t ldb, size_t count, size_t n,
+                          float *out) {
+    size_t j0 = 0;
+    for (; j0 + 4 <= count; j0 += 4) {
+        const float *bj = b + j0 * ldb;
+        __m256 acc0[4], acc1[4];
+        for (int j = 0; j < 4; j++) acc0[j] = acc1[j] = _mm256_setzero_ps();
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const __m256 x0 = _mm256_loadu_ps(a + i), x1 = _mm256_loadu_ps(a + i + 8);
+#pragma GCC unroll 4
+            for (size_t j = 0; j < 4; j++) {
+                acc0[j] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(bj + j * ldb + i), acc0[j]);
+                acc1[j] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(bj + j * ldb + i + 8), acc1[j]);
+            }
+        }
+        if (i < n) {
+            const size_t k0 = lanes_at(n, i), k1 = n - i - k0;
+            const __m256 x0 = load_f32_n_neg0(a + i, k0);
+            const __m256 x1 = k1 ? load_f32_n_neg0(a + i + 8, k1) : _mm256_setzero_ps();
+            for (size_t j = 0; j < 4; j++) {
+                acc0[j] = _mm256_fmadd_ps(x0, load_f32_n(bj + j * ldb + i, k0), acc0[j]);
+                if (k1) acc1[j] = _mm256_fmadd_ps(x1, load_f32_n(bj + j * ldb + i + 8, k1), acc1[j]);
+            }
+        }
+        for (int j = 0; j < 4; j++) out[j0 + (size_t)j] = fold16(acc0[j], acc1[j]);
+    }
+    for (; j0 < count; j0++) out[j0] = dot_f32_avx2(a, b + j0 * ldb, n);
+}
+
 static float sum_squares_avx2(const float *x, size_t n) { return dot_f32_avx2(x, x, n); }
 
 /* exp(x[i + l] - m) for the k lanes at i (to out if any); lanes >= k are -0, since a
@@ -317,6 +349,40 @@ static void axpy4_bf16_avx2(float *o, const float p[4], const uint16_t *const v[
         acc = _mm256_fmadd_ps(p2, load_bf16_n(v[2] + i, k), acc);
         acc = _mm256_fmadd_ps(p3, load_bf16_n(v[3] + i, k), acc);
         store_f32_n(o + i, k, acc);
+    }
+}
+
+/* pv_f32: 64 elements of o at a time held in 8 registers (8 independent chains) through all
+ * count vectors, each element's fmas in ascending j; the rest 8 at a time. */
+static void pv_f32_avx2(float *o, const float *p, const float *v, size_t ldv, size_t count,
+                        size_t n) {
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int h = 0; h < 8; h++) acc[h] = _mm256_loadu_ps(o + i + 8 * h);
+        for (size_t j = 0; j < count; j++) {
+            const __m256 pj = _mm256_broadcast_ss(p + j);
+            const float *vj = v + j * ldv + i;
+#pragma GCC unroll 8
+            for (int h = 0; h < 8; h++) acc[h] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * h), acc[h]);
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < 8; h++) _mm256_storeu_ps(o + i + 8 * h, acc[h]);
+    }
+    for (; i < n; i += 8) {
+        const size_t k = lanes_at(n, i);
+        __m256 acc = load_f32_n(o + i, k);
+        for (size_t j = 0; j < count; j++)
+            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), load_f32_n(v + j * ldv + i, k), acc);
+        store_f32_n(o + i, k, acc);
+    }
+}
+
+static void widen_bf16_avx2(const uint16_t *src, size_t n, float *dst) {
+    for (size_t i = 0; i < n; i += 8) {
+        const size_t k = lanes_at(n, i);
+        store_f32_n(dst + i, k, load_bf16_n(src + i, k));
     }
 }
 
@@ -1066,6 +1132,7 @@ void kernels_avx2_set_entries(kernels *t) {
     t->dot_f32 = dot_f32_avx2;
     t->dot_f32_bf16 = dot_f32_bf16_avx2;
     t->dot4_f32_bf16 = dot4_f32_bf16_avx2;
+    t->dots_f32 = dots_f32_avx2;
     t->sum_squares = sum_squares_avx2;
     t->sum_exp = sum_exp_avx2;
     t->max_f32 = max_f32_avx2;
@@ -1074,6 +1141,8 @@ void kernels_avx2_set_entries(kernels *t) {
     t->axpy_f32 = axpy_f32_avx2;
     t->axpy_bf16 = axpy_bf16_avx2;
     t->axpy4_bf16 = axpy4_bf16_avx2;
+    t->pv_f32 = pv_f32_avx2;
+    t->widen_bf16 = widen_bf16_avx2;
     t->gemm_bf16w = gemm_bf16w_avx2;
     t->gemm_f32w = gemm_f32w_avx2;
     t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx2;

@@ -66,8 +66,8 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
         {&s->up, R * c->intermediate_size, "up projection"},
         {&s->gemm.xpack, gemm_scratch_xpack_floats(R, kmax), "packed GEMM input"},
         {&s->gemm.panels, (uint64_t)n_workers * gemm_panel_floats(kmax), "GEMM weight panels"},
-        {&s->scores, (uint64_t)n_workers * group * max_ctx, "attention scores"},
-        {&s->pv, (uint64_t)n_workers * ((group + 1) * c->head_dim + group), "attention accumulators"},
+        {&s->scores, (uint64_t)n_workers * ATTN_TASK_ROWS * group * max_ctx, "attention scores"},
+        {&s->pv, (uint64_t)n_workers * attn_pv_floats(group, c->head_dim), "attention accumulators"},
         {&s->partial, split_k ? R * nmax : 0, "split-K partial sums"},
     };
     memcpy(b, bufs, sizeof bufs);

@@ -246,6 +246,30 @@ static void test_vector_kernels(const kernels *t) {
             memcpy(o2, b, n * sizeof *b);
             for (int j = 0; j < 4; j++) p->axpy_bf16(o2, pw[j], keys[j], n);
             check_f32(o1, o2, n, "axpy4_bf16 (portable) = axpy_bf16 x 4", t->name, n, mode);
+
+            /* a block of widened keys / values: count vectors ld apart (ld > n, so that a
+             * kernel that read past n would take the wrong elements) */
+            const size_t ld = n + 3, count = 1 + (n + (size_t)mode) % 11;
+            uint16_t *blk16 = xmalloc(count * ld * sizeof *blk16);
+            float *blk = xmalloc(count * ld * sizeof *blk), *blk2 = xmalloc(count * ld * sizeof *blk2);
+            float *pj = xmalloc(count * sizeof *pj), s1[11], s2[11];
+            fill_bf16(blk16, count * ld, mode, 0.75f);
+            p->widen_bf16(blk16, count * ld, blk), t->widen_bf16(blk16, count * ld, blk2);
+            check_f32(blk, blk2, count * ld, "widen_bf16", t->name, n, mode);
+            for (size_t i = 0; i < count * ld; i++) blk2[i] = bf16_to_f32(blk16[i]);
+            check_f32(blk2, blk, count * ld, "widen_bf16 (portable) = bf16 values", t->name, n, mode);
+            p->dots_f32(a, blk, ld, count, n, s1), t->dots_f32(a, blk, ld, count, n, s2);
+            check_f32(s1, s2, count, "dots_f32", t->name, n, mode);
+            for (size_t j = 0; j < count; j++) s2[j] = p->dot_f32_bf16(a, blk16 + j * ld, n);
+            check_f32(s2, s1, count, "dots_f32 (portable) = dot_f32_bf16 of the bf16 keys", t->name, n, mode);
+            for (size_t j = 0; j < count; j++) pj[j] = j % 3 ? rand_normal() : pw[j % 4];
+            memcpy(o1, b, n * sizeof *b), memcpy(o2, b, n * sizeof *b);
+            p->pv_f32(o1, pj, blk, ld, count, n), t->pv_f32(o2, pj, blk, ld, count, n);
+            check_f32(o1, o2, n, "pv_f32", t->name, n, mode);
+            memcpy(o2, b, n * sizeof *b);
+            for (size_t j = 0; j < count; j++) p->axpy_bf16(o2, pj[j], blk16 + j * ld, n);
+            check_f32(o2, o1, n, "pv_f32 (portable) = axpy_bf16 in order", t->name, n, mode);
+            free(blk16), free(blk), free(blk2), free(pj);
         }
         free(a), free(b), free(bh), free(o1), free(o2);
         for (int j = 0; j < 4; j++) free(bh4[j]);
