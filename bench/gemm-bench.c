@@ -4,8 +4,8 @@
  * blocks split over the library's thread pool in contiguous ranges; gemm_bf16w below
  * GEMM_TILES_MIN_M rows, gemm_bf16w_tiles from there on).
  *
- *   prefill shapes (M = 64, 512): GFLOP/s, against the AVX2 FMA peak that the bench
- *     measures itself (a register-only fma loop on every thread);
+ *   prefill shapes (M = 64, 512): GFLOP/s, against the FMA peak of the active CPU path's
+ *     instruction that the bench measures itself (bench_peak.h, on every thread);
  *   decode shapes (M = 1): GB/s of weight traffic (N * K * 2 bytes per call);
  *   the round trip of an empty pool_run.
  *
@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "bench_clock.h"
+#include "bench_peak.h"
 #include "forward.h"
 #include "internal.h"
 #include "kernels.h"
@@ -66,45 +67,17 @@ static uint16_t random_weight(uint64_t r) {
     return (uint16_t)((r & 1) << 15 | exp << 7 | ((r >> 16) & 0x7f));
 }
 
-/* ---- the FMA peak ---------------------------------------------------------------------- */
-
-#if defined(__x86_64__)
-#define FMA_STEP(a) a = _mm256_fmadd_ps(a, m, c)
-/* 10 independent chains (latency 4 x 2 units needs 8) of register-only fmas. */
-__attribute__((target("avx2,fma"))) static double fma_loop(long iters) {
-    __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-           a7 = a0, a8 = a0, a9 = a0;
-    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
-    for (long i = 0; i < iters; i++) {
-        FMA_STEP(a0), FMA_STEP(a1), FMA_STEP(a2), FMA_STEP(a3), FMA_STEP(a4);
-        FMA_STEP(a5), FMA_STEP(a6), FMA_STEP(a7), FMA_STEP(a8), FMA_STEP(a9);
-        /* keeps the chains in registers and the loop from being folded */
-        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5),
-                         "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9));
-    }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(a8, a9));
-    float out[8];
-    _mm256_storeu_ps(out, s);
-    return out[0];
-}
-static int have_fma(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-#else
-static double fma_loop(long iters) { return (double)iters; }
-static int have_fma(void) { return 0; }
-#endif
+/* ---- the FMA peak (bench_peak.h) ------------------------------------------------------ */
 
 typedef struct peak_job {
     long iters;
+    int lanes;
     double sink[64];
 } peak_job;
 
 static void peak_task(void *ctx, size_t begin, size_t end, unsigned worker) {
     peak_job *j = ctx;
-    for (size_t t = begin; t < end; t++) j->sink[worker % 64] += fma_loop(j->iters);
+    for (size_t t = begin; t < end; t++) j->sink[worker % 64] += bench_fma_loop(j->iters, j->lanes);
 }
 
 /* GFLOP/s of the fma loop on every worker of the pool (one task per worker), the best of
@@ -112,7 +85,8 @@ static void peak_task(void *ctx, size_t begin, size_t end, unsigned worker) {
  * woken from sleep may first be queued on the waker's core). */
 static double fma_peak(threadpool *pool) {
     const unsigned n = pool_size(pool);
-    peak_job j = {.iters = 20000};
+    peak_job j = {.iters = 20000, .lanes = bench_fma_lanes()};
+    if (!j.lanes) return 0;
     for (int rep = 0; rep < 200; rep++) pool_run(pool, peak_task, &j, n);
     j.iters = 2000000;
     double best = 0;
@@ -120,7 +94,7 @@ static double fma_peak(threadpool *pool) {
         double t = bench_now();
         pool_run(pool, peak_task, &j, n);
         t = bench_now() - t;
-        double g = (double)n * (double)j.iters * 10 * 16 / t * 1e-9;
+        double g = (double)n * (double)j.iters * BENCH_FMA_FLOPS_PER_ITER(j.lanes) / t * 1e-9;
         if (g > best) best = g;
     }
     return best;
@@ -344,12 +318,12 @@ int main(int argc, char **argv) {
 
     double peak[8], trip[8];
     for (int t = 0; t < o.n_threads; t++) {
-        peak[t] = have_fma() ? fma_peak(pools[t]) : 0;
+        peak[t] = fma_peak(pools[t]);
         trip[t] = pool_round_trip(pools[t]);
     }
 
     if (!o.json) {
-        printf("kernels: %s\n", kern()->name);
+        printf("kernels: %s, peak of %s\n", kern()->name, bench_fma_instruction(bench_fma_lanes()));
         for (int t = 0; t < o.n_threads; t++)
             printf("threads %u: fma peak %.1f GFLOP/s, empty pool_run %.2f us\n", o.threads[t],
                    peak[t], trip[t]);

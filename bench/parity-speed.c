@@ -34,9 +34,9 @@
  *            the larger fraction: memory at batch 1, the FMA units at batch 32.
  * Machine limits, measured by this program per thread count: memory read bandwidth (sum of a
  * 1 GiB buffer, split over the threads, in 4 KB pages and in huge pages; decode is judged
- * against the better) and the peak of the FMA instruction the bf16 path runs
- * on this CPU (a register-only loop of vfmadd231ps: on CPUs without AVX512_BF16 the bf16 GEMM
- * is two fp32 FMAs per bf16 pair, so this is its peak).
+ * against the better) and the peak of the FMA instruction the active CPU path's bf16 GEMM
+ * runs (bench_peak.h: a register-only loop of vfmadd231ps, ymm on the avx2 path, zmm on the
+ * avx512 path; pair32 is two fp32 FMAs per bf16 pair on both, so this is the GEMM's peak).
  */
 #include <errno.h>
 #include <math.h>
@@ -52,6 +52,7 @@
 #endif
 
 #include "bench_clock.h"
+#include "bench_peak.h"
 #include "parity.h"
 
 #ifndef PARITY_BENCH_DIR
@@ -152,37 +153,33 @@ static double measure_bandwidth(unsigned threads, int huge) {
     return best;
 }
 
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) static void *fma_thread(void *arg) {
-    /* 10 independent chains of 8-wide FMAs: enough to cover latency x throughput */
-    __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < 10; i++) a[i] = _mm256_set1_ps((float)i);
-    for (long it = 0; it < 20000000; it++)
-        for (int i = 0; i < 10; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
-    float out[8], s = 0;
-    for (int i = 0; i < 10; i++) {
-        _mm256_storeu_ps(out, a[i]);
-        s += out[0];
-    }
-    *(float *)arg = s;
+#define FMA_ITERS 20000000L
+
+typedef struct fma_job {
+    int lanes;
+    double sink;
+} fma_job;
+
+static void *fma_thread(void *arg) {
+    fma_job *j = arg;
+    j->sink = bench_fma_loop(FMA_ITERS, j->lanes);
     return NULL;
 }
-#endif
 
-/* Peak GFLOP/s of vfmadd231ps on `threads` threads (0 if the CPU lacks AVX2/FMA). */
+/* Peak GFLOP/s of the active CPU path's fma (bench_peak.h) on `threads` threads (0 on the
+ * portable path). */
 static double measure_fma_peak(unsigned threads) {
-#if defined(__x86_64__)
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    const int lanes = bench_fma_lanes();
+    if (!lanes || threads > 16) return 0;
     pthread_t tid[16];
-    float sink[16];
+    fma_job jobs[16];
     double t0 = bench_now();
-    for (unsigned t = 0; t < threads; t++) pthread_create(&tid[t], NULL, fma_thread, &sink[t]);
+    for (unsigned t = 0; t < threads; t++) {
+        jobs[t].lanes = lanes;
+        pthread_create(&tid[t], NULL, fma_thread, &jobs[t]);
+    }
     for (unsigned t = 0; t < threads; t++) pthread_join(tid[t], NULL);
-    return 20000000.0 * 10 * 8 * 2 * threads / (bench_now() - t0) / 1e9;
-#else
-    (void)threads;
-    return 0;
-#endif
+    return FMA_ITERS * BENCH_FMA_FLOPS_PER_ITER(lanes) * threads / (bench_now() - t0) / 1e9;
 }
 
 /* ---- the model's size -------------------------------------------------------------------- */
@@ -701,8 +698,9 @@ int main(int argc, char **argv) {
     }
 
     /* the table */
-    printf("parity-speed: %s, libparity %s, CPU path %s\n", model_spec, parity_version(),
-           parity_cpu_path_name(parity_get_cpu_path()));
+    printf("parity-speed: %s, libparity %s, CPU path %s (FMA peak of %s)\n", model_spec,
+           parity_version(), parity_cpu_path_name(parity_get_cpu_path()),
+           bench_fma_instruction(bench_fma_lanes()));
     for (int t = 0; t < nt; t++)
         printf("machine, %u thread(s): read bandwidth %.1f GB/s (4 KB pages), %.1f GB/s (huge "
                "pages), FMA peak %.0f GFLOP/s\n", threads[t], bw_4k[t], bw_huge[t], peak[t]);
@@ -756,9 +754,8 @@ int main(int argc, char **argv) {
             return 1;
         }
         fprintf(f, "{\"config\": {\"model\": \"%s\", \"version\": \"%s\", \"reps\": %d, \"steps\": %u, "
-                   "\"peak_instruction\": \"vfmadd231ps (AVX2 FMA; the bf16 GEMM's instruction on "
-                   "CPUs without AVX512_BF16)\"},\n \"machines\": [",
-                model_spec, parity_version(), reps, steps);
+                   "\"peak_instruction\": \"%s\"},\n \"machines\": [",
+                model_spec, parity_version(), reps, steps, bench_fma_instruction(bench_fma_lanes()));
         for (int t = 0; t < nt; t++)
             fprintf(f, "%s{\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bandwidth_4k_gbs\": %.2f, "
                        "\"bandwidth_huge_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, \"cpu_path\": \"%s\"}",

@@ -2,8 +2,10 @@
  * CPU path selection: which kernel table kern() returns.
  *
  * Detected once (pthread_once): AVX2 needs the AVX2, FMA and F16C instructions (cpuid) and
- * an OS that saves the SSE and AVX register state (OSXSAVE, then XCR0 bits 1 and 2). The
- * environment variable PARITY_CPU_PATH (portable | avx2) forces a path at that point;
+ * an OS that saves the SSE and AVX register state (OSXSAVE, then XCR0 bits 1 and 2); AVX-512
+ * needs AVX2 as well, AVX-512 F, DQ, BW and VL, and an OS that also saves the opmask and
+ * zmm state (XCR0 bits 5, 6 and 7). The best path the CPU has is the default. The
+ * environment variable PARITY_CPU_PATH (portable | avx2 | avx512) forces a path at that point;
  * parity_set_cpu_path() forces one later. Results never depend on the path: the tables are
  * bitwise equal (kernels.h).
  */
@@ -20,7 +22,7 @@
 #endif
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
-static int have_avx2;
+static int have_avx2, have_avx512;
 /* Read by every kernel call: atomic so that a parity_set_cpu_path() is not a data race,
  * relaxed because the tables do not change after detection. */
 static _Atomic(const kernels *) current;
@@ -29,11 +31,16 @@ static _Atomic(const kernels *) current;
 /* kernels_portable with the AVX2 entries over it: written once by detect(), read-only after. */
 static kernels avx2_table;
 #endif
+#if defined(PARITY_HAVE_AVX512)
+/* avx2_table with the AVX-512 entries over it. */
+static kernels avx512_table;
+#endif
 
 /* The name of each path, indexed by parity_cpu_path. */
 static const char *const path_names[] = {
     [PARITY_CPU_PORTABLE] = "portable",
     [PARITY_CPU_AVX2] = "avx2",
+    [PARITY_CPU_AVX512] = "avx512",
 };
 #define N_PATHS (sizeof path_names / sizeof path_names[0])
 
@@ -46,7 +53,7 @@ static int path_of(const char *name, parity_cpu_path *out) {
     return e != NULL;
 }
 
-/* "portable, avx2", for messages. */
+/* "portable, avx2, avx512", for messages. */
 static void path_list(char *buf, size_t size) {
     name_table_list(path_names, N_PATHS, sizeof path_names[0], buf, size);
 }
@@ -67,6 +74,21 @@ static int detect_avx2(void) {
 }
 #endif
 
+#if defined(PARITY_HAVE_AVX512)
+static int detect_avx512(void) {
+    unsigned a, b, c, d;
+    if (!detect_avx2()) return 0;
+    /* XCR0: SSE, AVX, opmask, upper halves of zmm0-15, zmm16-31, all saved by the OS */
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    (void)xcr0_hi;
+    if ((xcr0_lo & 0xe6u) != 0xe6u) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    const unsigned f = 1u << 16, dq = 1u << 17, bw = 1u << 30, vl = 1u << 31;
+    return (b & (f | dq | bw | vl)) == (f | dq | bw | vl);
+}
+#endif
+
 static const kernels *table_of(parity_cpu_path path) {
     switch (path) {
     case PARITY_CPU_PORTABLE:
@@ -74,6 +96,12 @@ static const kernels *table_of(parity_cpu_path path) {
     case PARITY_CPU_AVX2:
 #if defined(PARITY_HAVE_AVX2)
         return &avx2_table;
+#else
+        return NULL;
+#endif
+    case PARITY_CPU_AVX512:
+#if defined(PARITY_HAVE_AVX512)
+        return &avx512_table;
 #else
         return NULL;
 #endif
@@ -87,8 +115,19 @@ static int supported(parity_cpu_path path) {
         return 1;
     case PARITY_CPU_AVX2:
         return have_avx2;
+    case PARITY_CPU_AVX512:
+        return have_avx512;
     }
     return 0;
+}
+
+/* Why a path is not available, for messages. */
+static const char *missing(parity_cpu_path path) {
+    if (!table_of(path))
+        return path == PARITY_CPU_AVX512 ? "this build has no AVX-512 kernels"
+                                         : "this build has no AVX2 kernels";
+    return path == PARITY_CPU_AVX512 ? "this CPU or OS lacks AVX-512 F/DQ/BW/VL (or AVX2)"
+                                     : "this CPU or OS lacks AVX2, FMA or F16C";
 }
 
 static void detect(void) {
@@ -97,7 +136,14 @@ static void detect(void) {
     kernels_avx2_set_entries(&avx2_table);
     have_avx2 = detect_avx2();
 #endif
-    parity_cpu_path best = have_avx2 ? PARITY_CPU_AVX2 : PARITY_CPU_PORTABLE;
+#if defined(PARITY_HAVE_AVX512)
+    avx512_table = avx2_table;
+    kernels_avx512_set_entries(&avx512_table);
+    have_avx512 = detect_avx512();
+#endif
+    parity_cpu_path best = have_avx512 ? PARITY_CPU_AVX512
+                           : have_avx2 ? PARITY_CPU_AVX2
+                                       : PARITY_CPU_PORTABLE;
     parity_cpu_path path = best;
 
     const char *env = getenv("PARITY_CPU_PATH");
@@ -109,9 +155,8 @@ static void detect(void) {
             log_message(PARITY_LOG_WARN, "PARITY_CPU_PATH=%s is not a path (%s); using %s", env,
                         list, path_names[best]);
         } else if (!supported(forced)) {
-            log_message(PARITY_LOG_WARN,
-                        "PARITY_CPU_PATH=%s: this CPU or OS lacks AVX2/FMA/F16C; using %s", env,
-                        path_names[best]);
+            log_message(PARITY_LOG_WARN, "PARITY_CPU_PATH=%s: %s; using %s", env,
+                        missing(forced), path_names[best]);
         } else {
             path = forced;
         }
@@ -131,7 +176,10 @@ const kernels *kern(void) {
 }
 
 parity_cpu_path parity_get_cpu_path(void) {
-    return kern() == &kernels_portable ? PARITY_CPU_PORTABLE : PARITY_CPU_AVX2;
+    const kernels *k = kern();
+    for (size_t p = 0; p < N_PATHS; p++)
+        if (table_of((parity_cpu_path)p) == k) return (parity_cpu_path)p;
+    return PARITY_CPU_PORTABLE;
 }
 
 const char *parity_cpu_path_name(parity_cpu_path path) {
@@ -157,13 +205,7 @@ int parity_set_cpu_path(parity_cpu_path path) {
     if (!supported(path))
         return set_error(PARITY_ERR_UNSUPPORTED,
                          "parity_set_cpu_path: path \"%s\" is not available: %s",
-                         path_names[path],
-#if defined(PARITY_HAVE_AVX2)
-                         "this CPU or OS lacks AVX2, FMA or F16C"
-#else
-                         "this build has no AVX2 kernels"
-#endif
-        );
+                         path_names[path], missing(path));
     atomic_store_explicit(&current, table_of(path), memory_order_relaxed);
     return PARITY_OK;
 }

@@ -37,7 +37,7 @@
 float parity_expf(float x);
 
 typedef struct kernels {
-    const char *name;  /* "portable", "avx2" */
+    const char *name;  /* "portable", "avx2", "avx512" */
 
     /* --- reductions (dot16 order) --- */
     float (*dot_f32)(const float *a, const float *b, size_t n);
@@ -168,6 +168,9 @@ extern const kernels kernels_portable;
  * the tables once, at detection. */
 #if defined(PARITY_HAVE_AVX2)
 void kernels_avx2_set_entries(kernels *t);  /* kernels_avx2.c */
+#endif
+#if defined(PARITY_HAVE_AVX512)
+void kernels_avx512_set_entries(kernels *t);  /* kernels_avx512.c, over the AVX2 table */
 #endif
 
 /* The table of a CPU path in this build (cpu.c), NULL if the build has none for it. Whether

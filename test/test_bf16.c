@@ -92,6 +92,10 @@ int main(void) {
     if (parity_set_cpu_path(PARITY_CPU_AVX2) == PARITY_OK)
         sweep_all(kernel_table(PARITY_CPU_AVX2), "round_bf16 (avx2)");
 #endif
+#if defined(PARITY_HAVE_AVX512)
+    if (parity_set_cpu_path(PARITY_CPU_AVX512) == PARITY_OK)
+        sweep_all(kernel_table(PARITY_CPU_AVX512), "round_bf16 (avx512)");
+#endif
 
     /* a few by hand: ties to even, overflow to inf, NaN sign and payload dropped */
     CHECK_INT(parity_bf16_from_f32(1.0f), 0x3f80);

@@ -853,7 +853,7 @@ static void run_public_regions(const parity_policy *pol, uint16_t *out, size_t r
     CHECK_OK(parity_rope(pol, rows, 2, dim / 2, o, st, pos, 1e6));
 }
 
-static void test_public_paths(int have_avx2) {
+static void test_public_paths(int have_avx2, int have_avx512) {
     const size_t rows = 5, dim = 300, st = dim + 3, total = 6 * rows * st;
     uint16_t *a = xmalloc(rows * st * 2), *b = xmalloc(rows * st * 2), *w = xmalloc(dim * 2);
     uint16_t *o1 = xmalloc(total * 2), *o2 = xmalloc(total * 2);
@@ -873,6 +873,12 @@ static void test_public_paths(int have_avx2) {
         CHECK_INT(parity_get_cpu_path(), PARITY_CPU_AVX2);
         run_public_regions(&pol, o2, rows, dim, a, b, w, pos);
         check_bf16(o1, o2, total, names[i], "public API, avx2", dim, PLAIN);
+        if (!have_avx512) continue;
+        memset(o2, 0xab, total * 2);
+        CHECK_OK(parity_set_cpu_path(PARITY_CPU_AVX512));
+        CHECK_INT(parity_get_cpu_path(), PARITY_CPU_AVX512);
+        run_public_regions(&pol, o2, rows, dim, a, b, w, pos);
+        check_bf16(o1, o2, total, names[i], "public API, avx512", dim, PLAIN);
     }
     free(a), free(b), free(w), free(o1), free(o2);
 }
@@ -881,10 +887,11 @@ int main(void) {
     make_sizes();
     CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_PORTABLE), "portable") == 0);
     CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_AVX2), "avx2") == 0);
+    CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_AVX512), "avx512") == 0);
     CHECK_STATUS(parity_set_cpu_path((parity_cpu_path)7), PARITY_ERR_INVALID_ARGUMENT);
 
     const kernels *tables[4];
-    int n_tables = 0, have_avx2 = 0;
+    int n_tables = 0, have_avx2 = 0, have_avx512 = 0;
 #if defined(PARITY_HAVE_AVX2)
     if (parity_set_cpu_path(PARITY_CPU_AVX2) == PARITY_OK) {
         tables[n_tables++] = kernel_table(PARITY_CPU_AVX2);
@@ -895,6 +902,16 @@ int main(void) {
     }
 #else
     CHECK_STATUS(parity_set_cpu_path(PARITY_CPU_AVX2), PARITY_ERR_UNSUPPORTED);
+#endif
+#if defined(PARITY_HAVE_AVX512)
+    if (parity_set_cpu_path(PARITY_CPU_AVX512) == PARITY_OK) {
+        tables[n_tables++] = kernel_table(PARITY_CPU_AVX512);
+        have_avx512 = 1;
+    } else {
+        printf("avx512: not supported here (%s): not tested\n", parity_last_error());
+    }
+#else
+    CHECK_STATUS(parity_set_cpu_path(PARITY_CPU_AVX512), PARITY_ERR_UNSUPPORTED);
 #endif
 
     test_portable_orders();
@@ -907,7 +924,7 @@ int main(void) {
     test_gemm(tables, n_tables);
     test_negative_zero_sums(tables, n_tables);
     test_max_zeros(tables, n_tables);
-    test_public_paths(have_avx2);
+    test_public_paths(have_avx2, have_avx512);
     test_exp(tables, n_tables);
 
     printf("tables tested against portable:");

@@ -364,8 +364,8 @@ int main(void) {
         return 1;
     }
 
-    parity_cpu_path paths[2] = {PARITY_CPU_PORTABLE, PARITY_CPU_AVX2};
-    for (int p = 0; p < 2; p++) {
+    parity_cpu_path paths[3] = {PARITY_CPU_PORTABLE, PARITY_CPU_AVX2, PARITY_CPU_AVX512};
+    for (int p = 0; p < 3; p++) {
         const char *name = parity_cpu_path_name(paths[p]);
         if (parity_set_cpu_path(paths[p]) != PARITY_OK) {
             printf("path %s: not available here, skipped\n", name);

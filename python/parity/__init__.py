@@ -36,12 +36,12 @@ def version():
 
 
 def cpu_path():
-    """The kernel path the library runs: "portable" or "avx2"."""
+    """The kernel path the library runs: "portable", "avx2" or "avx512"."""
     return lib.parity_cpu_path_name(lib.parity_get_cpu_path()).decode()
 
 
 def set_cpu_path(name):
-    """Forces a kernel path (one of cpu_paths(): "portable", "avx2") for the whole process;
+    """Forces a kernel path (one of cpu_paths(): "portable", "avx2", "avx512") for the whole process;
     results never depend on it. Call it while no other thread is inside the library. Raises
     ParityError (PARITY_ERR_UNSUPPORTED) if this CPU lacks the path."""
     if name not in _lib.CPU_PATHS:
@@ -51,7 +51,7 @@ def set_cpu_path(name):
 
 
 def cpu_paths():
-    """The kernel paths the library has, as it names them (["portable", "avx2"])."""
+    """The kernel paths the library has, as it names them (["portable", "avx2", "avx512"])."""
     return list(_lib.CPU_PATHS)
 
 

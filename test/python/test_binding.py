@@ -263,7 +263,7 @@ class TestLoading(unittest.TestCase):
         with self.assertRaisesRegex(ImportError, "dtypes"):
             _lib.check_mirrors(lib, "lib", dtypes={"BF16": 0, "F16": 1})  # F32 = 2 left over
         with self.assertRaises(ParityError) as e:
-            parity.set_cpu_path("avx512")
+            parity.set_cpu_path("avx1024")
         self.assertIn("portable", e.exception.message)
 
 

@@ -1,0 +1,231 @@
+/*
+ * The AVX-512 kernels (AVX-512F, BW, VL, DQ): kernels_ref.c on 16 fp32 lanes, bit for bit.
+ *
+ * The only file compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq; cpu.c selects this
+ * table only on a CPU (and OS) that has them. The table is the AVX2 one with the entries of
+ * this file over it, so an entry not written here is the AVX2 kernel (equal to the
+ * specification like every entry). The rules of kernels_avx2.c hold here too: the orders of
+ * the specification exactly, padding terms -0, masked loads and stores at the ends of rows,
+ * no fp contraction (every fma below is written as one).
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kernel_common.h"
+#include "kernels.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* ---- large M: lane tiles (gemm_bf16w_tiles) ----
+ *
+ * As in kernels_avx2.c, pair32's 16 lanes are 16 independent chains and gemm_pack_xt lays
+ * each lane's sequence out with the 16 rows of a tile side by side: one zmm is one step of
+ * one lane for 16 rows. A register block is two tiles (32 rows) x Z_NR = 8 weight rows: per
+ * step 2 x loads, 8 broadcasts and 16 fmas into 16 accumulators.
+ *
+ * The weight panel is widened to fp32 lane by lane (lane-major): lane l's pairs of chunk c
+ * for the 8 weight rows are one cache line, [w0(k0), w0(k1), w1(k0), w1(k1), ...] with
+ * k0 = 32c + 2l, k1 = k0 + 1. So a lane runs through the whole of K with its own 64 bytes
+ * per chunk, the panel needs no K blocking (it streams from L2, a line per chunk), and each
+ * lane's 16 accumulators are stored once, for the fold at the end. The x tiles are taken in
+ * blocks of about Z_XBLOCK_BYTES (an even number of tiles) that stay in L2 while every
+ * panel of the thread's columns passes over them; the next panel's weight rows are asked
+ * into L2 while the current one is computed.
+ */
+#define Z_NR 8
+#define Z_XBLOCK_BYTES (1280u * 1024u)
+
+static inline __m512 widen16_bf16(const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The 8 x 8 transpose of 64-bit units: out[l] unit j = in[j] unit l. */
+ALWAYS_INLINE void transpose8x8_pd(const __m512d in[8], __m512d out[8]) {
+    __m512d a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm512_unpacklo_pd(in[i], in[i + 1]);     /* units 0 2 4 6 of rows i, i+1 */
+        a[i + 1] = _mm512_unpackhi_pd(in[i], in[i + 1]); /* units 1 3 5 7 */
+    }
+    /* b[0]: units 0, 4 of rows 0..3; b[1]: units 2, 6; b[2]: 1, 5; b[3]: 3, 7; b[4..7] rows 4..7 */
+    for (int h = 0; h < 2; h++) {
+        b[4 * h + 0] = _mm512_shuffle_f64x2(a[4 * h + 0], a[4 * h + 2], 0x88);
+        b[4 * h + 1] = _mm512_shuffle_f64x2(a[4 * h + 0], a[4 * h + 2], 0xdd);
+        b[4 * h + 2] = _mm512_shuffle_f64x2(a[4 * h + 1], a[4 * h + 3], 0x88);
+        b[4 * h + 3] = _mm512_shuffle_f64x2(a[4 * h + 1], a[4 * h + 3], 0xdd);
+    }
+    out[0] = _mm512_shuffle_f64x2(b[0], b[4], 0x88), out[4] = _mm512_shuffle_f64x2(b[0], b[4], 0xdd);
+    out[2] = _mm512_shuffle_f64x2(b[1], b[5], 0x88), out[6] = _mm512_shuffle_f64x2(b[1], b[5], 0xdd);
+    out[1] = _mm512_shuffle_f64x2(b[2], b[6], 0x88), out[5] = _mm512_shuffle_f64x2(b[2], b[6], 0xdd);
+    out[3] = _mm512_shuffle_f64x2(b[3], b[7], 0x88), out[7] = _mm512_shuffle_f64x2(b[3], b[7], 0xdd);
+}
+
+/* Weight rows w, w + ldw, ... (nr <= Z_NR of them, K columns) widened into the lane-major
+ * panel: lane l, chunk c at panel + (l * nc + c) * 16, row j's pair at 2j, 2j + 1. Rows past
+ * nr and elements past K hold -0. */
+static void z_widen(size_t K, size_t nc, const uint16_t *w, size_t ldw, size_t nr, float *panel) {
+    static const uint16_t neg0_chunk[32] = {
+        0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000,
+        0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000,
+        0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000,
+        0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000};
+    uint16_t tail[Z_NR][32];
+    for (size_t c = 0; c < nc; c++) {
+        const int full = 32 * c + 32 <= K;
+        __m512d lo[8], hi[8]; /* row j: units (pairs) of lanes 0..7, 8..15 */
+        for (size_t j = 0; j < Z_NR; j++) {
+            const uint16_t *src = neg0_chunk;
+            if (j < nr) {
+                src = w + j * ldw + 32 * c;
+                if (!full) {
+                    memcpy(tail[j], neg0_chunk, sizeof tail[j]);
+                    memcpy(tail[j], src, (K - 32 * c) * sizeof *src);
+                    src = tail[j];
+                }
+            }
+            lo[j] = _mm512_castps_pd(widen16_bf16(src));
+            hi[j] = _mm512_castps_pd(widen16_bf16(src + 16));
+        }
+        __m512d t[8];
+        transpose8x8_pd(lo, t);
+        for (size_t l = 0; l < 8; l++) _mm512_storeu_pd(panel + (l * nc + c) * 16, t[l]);
+        transpose8x8_pd(hi, t);
+        for (size_t l = 0; l < 8; l++) _mm512_storeu_pd(panel + ((l + 8) * nc + c) * 16, t[l]);
+    }
+}
+
+/* Lane l of a tile pair through all nc chunks: xa, xb the lane's packed x in the two tiles
+ * (chunk c at + 32c: the odd step's 16 rows, then the even step's), wl the lane's panel
+ * lines (chunk c at + 16c). H tiles (1 or 2). */
+ALWAYS_INLINE void z_lane(const int H, size_t nc, const float *xa, const float *xb,
+                          const float *wl, __m512 out[Z_NR][2]) {
+    __m512 acc[Z_NR][2];
+#pragma GCC unroll 8
+    for (int j = 0; j < Z_NR; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (size_t c = 0; c < nc; c++) {
+        const float *xs0 = xa + 32 * c, *xs1 = xb + 32 * c, *ws = wl + 16 * c;
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            const __m512 x0 = _mm512_loadu_ps(xs0 + 16 * s);
+            const __m512 x1 = H > 1 ? _mm512_loadu_ps(xs1 + 16 * s) : x0;
+#pragma GCC unroll 8
+            for (int j = 0; j < Z_NR; j++) {
+                const __m512 b = _mm512_set1_ps(ws[2 * j + 1 - s]); /* odd element, then even */
+                acc[j][0] = _mm512_fmadd_ps(x0, b, acc[j][0]);
+                if (H > 1) acc[j][1] = _mm512_fmadd_ps(x1, b, acc[j][1]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < Z_NR; j++) out[j][0] = acc[j][0], out[j][1] = acc[j][1];
+}
+
+typedef struct z_prefetch {
+    const char *w;              /* the first weight row of the next panel; NULL: none */
+    size_t ld_bytes, lines_per_row, lines, next, per_slot;
+} z_prefetch;
+
+static inline void z_prefetch_some(z_prefetch *pf) {
+    for (size_t i = 0; i < pf->per_slot && pf->next < pf->lines; i++, pf->next++) {
+        const size_t r = pf->next / pf->lines_per_row, c = pf->next % pf->lines_per_row;
+        _mm_prefetch(pf->w + r * pf->ld_bytes + c * 64, _MM_HINT_T1);
+    }
+}
+
+/* 8 x 8 transpose of fp32 (ymm): out[i] element j = in[j] element i. */
+ALWAYS_INLINE void transpose8_ps(const __m256 in[8], __m256 out[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(in[4], in[5]), t5 = _mm256_unpackhi_ps(in[4], in[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(in[6], in[7]), t7 = _mm256_unpackhi_ps(in[6], in[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    out[0] = _mm256_permute2f128_ps(u0, u4, 0x20), out[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    out[2] = _mm256_permute2f128_ps(u2, u6, 0x20), out[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    out[4] = _mm256_permute2f128_ps(u0, u4, 0x31), out[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    out[6] = _mm256_permute2f128_ps(u2, u6, 0x31), out[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* One tile pair (H tiles, `rows` <= 16H valid rows) against the panel's nr weight rows:
+ * y[r][j]. Every lane through all of K, then the dot16 fold across the lanes. */
+ALWAYS_INLINE void z_tile(const int H, size_t nc, const float *tile0, const float *tile1,
+                          const float *panel, size_t rows, size_t nr, float *y, size_t ldy,
+                          z_prefetch *pf) {
+    __m512 lanes[16][Z_NR][2]; /* 16 KB */
+    for (size_t l = 0; l < 16; l++) {
+        z_prefetch_some(pf);
+        z_lane(H, nc, tile0 + l * nc * 32, tile1 + l * nc * 32, panel + l * nc * 16, lanes[l]);
+    }
+    for (size_t step = 8; step >= 1; step /= 2) /* the dot16 fold: l += l + 8, +4, +2, +1 */
+        for (size_t l = 0; l < step; l++)
+            for (int j = 0; j < Z_NR; j++)
+                for (int h = 0; h < H; h++)
+                    lanes[l][j][h] = _mm512_add_ps(lanes[l][j][h], lanes[l + step][j][h]);
+    /* each tile's 16 x 8 block transposed in two 8 x 8 halves, one masked store of nr floats
+     * per row */
+    const __mmask8 mask = (__mmask8)((1u << nr) - 1);
+    for (int h = 0; h < H; h++)
+        for (int half = 0; half < 2; half++) {
+            __m256 c[8], r[8];
+            for (int j = 0; j < 8; j++)
+                c[j] = half ? _mm512_extractf32x8_ps(lanes[0][j][h], 1)
+                            : _mm512_castps512_ps256(lanes[0][j][h]);
+            transpose8_ps(c, r);
+            for (size_t i = 0; i < 8; i++) {
+                const size_t m = 16 * (size_t)h + 8 * (size_t)half + i;
+                if (m < rows) _mm256_mask_storeu_ps(y + m * ldy, mask, r[i]);
+            }
+        }
+}
+
+static void z_tile2(size_t nc, const float *tile0, const float *tile1, const float *panel,
+                    size_t rows, size_t nr, float *y, size_t ldy, z_prefetch *pf) {
+    z_tile(2, nc, tile0, tile1, panel, rows, nr, y, ldy, pf);
+}
+static void z_tile1(size_t nc, const float *tile0, const float *tile1, const float *panel,
+                    size_t rows, size_t nr, float *y, size_t ldy, z_prefetch *pf) {
+    z_tile(1, nc, tile0, tile1, panel, rows, nr, y, ldy, pf);
+}
+
+static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const uint16_t *w,
+                                    size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
+                                    float *panel) {
+    const size_t row = gemm_packed_row(K), nc = row / 32, tiles = gemm_xt_tiles(M);
+    const size_t tile_floats = GEMM_XT_ROWS * row;
+    size_t tb = row ? Z_XBLOCK_BYTES / (tile_floats * sizeof(float)) / 2 * 2 : tiles;
+    if (tb < 2) tb = 2;
+    for (size_t t0 = 0; t0 < tiles; t0 += tb) {
+        const size_t t1 = tiles - t0 < tb ? tiles : t0 + tb;
+        /* lane passes per panel: where the next panel's lines are asked for */
+        const size_t slots = (t1 - t0 + 1) / 2 * 16;
+        for (size_t n = n0; n < n1; n += Z_NR) {
+            const size_t nr = n1 - n < Z_NR ? n1 - n : Z_NR;
+            z_widen(K, nc, w + n * ldw, ldw, nr, panel);
+            z_prefetch pf = {NULL, ldw * 2, (K * 2 + 63) / 64, 0, 0, 0};
+            if (n + Z_NR < n1 && pf.lines_per_row) {
+                const size_t next_nr = n1 - n - Z_NR < Z_NR ? n1 - n - Z_NR : Z_NR;
+                pf.w = (const char *)(w + (n + Z_NR) * ldw);
+                pf.lines = next_nr * pf.lines_per_row;
+                pf.per_slot = (pf.lines + slots - 1) / slots;
+            }
+            for (size_t t = t0; t < t1; t += 2) {
+                const size_t m = t * GEMM_XT_ROWS, h = t + 1 < t1 ? 2 : 1;
+                const size_t rows = M - m < GEMM_XT_ROWS * h ? M - m : GEMM_XT_ROWS * h;
+                const float *tile0 = xt + t * tile_floats;
+                if (h == 2)
+                    z_tile2(nc, tile0, tile0 + tile_floats, panel, rows, nr, y + m * ldy + n, ldy, &pf);
+                else
+                    z_tile1(nc, tile0, tile0, panel, rows, nr, y + m * ldy + n, ldy, &pf);
+            }
+        }
+    }
+}
+
+/* The entries of this file over a copy of the AVX2 table (kernels.h). */
+void kernels_avx512_set_entries(kernels *t) {
+    t->name = "avx512";
+    t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx512;
+}
