@@ -306,7 +306,7 @@ static void test_portable_orders(void) {
  * when all 16 lanes are -0). */
 static void test_negative_zero_sums(const kernels *const *tables, int n_tables) {
     const float neg = -0x1p-80f, pos = 0x1p-80f; /* product -2^-160: rounds to -0 */
-    enum { N = 5 };                               /* a tile of 4 columns and a single one */
+    enum { N = 13 };                              /* tiles of 8 and 4 columns, a single one */
     for (size_t n = 1; n <= 100; n++) {
         float *a = xmalloc(n * sizeof *a), *b = xmalloc(N * n * sizeof *b);
         float *xp = xmalloc(gemm_packed_row(n) * sizeof *xp);
@@ -314,11 +314,12 @@ static void test_negative_zero_sums(const kernels *const *tables, int n_tables) 
         for (size_t i = 0; i < n; i++) a[i] = neg;
         for (size_t i = 0; i < N * n; i++) b[i] = pos, bh[i] = bf16_from_f32(pos);
         gemm_pack_x(1, n, a, n, xp);
-        float want[2 + 2 * N], got[2 + 2 * N];
+        float want[2 + 3 * N], got[2 + 3 * N];
         want[0] = kernels_portable.dot_f32(a, b, n);
         want[1] = kernels_portable.dot_f32_bf16(a, bh, n);
         kernels_portable.gemm_bf16w(1, n, xp, bh, n, want + 2, N, 0, N);
         kernels_portable.gemm_f32w(1, n, a, n, b, n, want + 2 + N, N, 0, N);
+        kernels_portable.dots_f32(a, b, n, N, n, want + 2 + 2 * N);
         /* every lane holds -0 once each has an element: n >= 16 (dot16), n >= 31 (pair32) */
         CHECK_INT(f32_bits(want[0]), n >= 16 ? 0x80000000u : 0u);
         CHECK_INT(f32_bits(want[2]), n >= 31 ? 0x80000000u : 0u);
@@ -327,8 +328,9 @@ static void test_negative_zero_sums(const kernels *const *tables, int n_tables) 
             got[1] = tables[t]->dot_f32_bf16(a, bh, n);
             tables[t]->gemm_bf16w(1, n, xp, bh, n, got + 2, N, 0, N);
             tables[t]->gemm_f32w(1, n, a, n, b, n, got + 2 + N, N, 0, N);
-            check_f32(want, got, 2 + 2 * N, "-0 sums (dot_f32, dot_f32_bf16, gemm_bf16w x5, "
-                      "gemm_f32w x5)", tables[t]->name, n, PLAIN);
+            tables[t]->dots_f32(a, b, n, N, n, got + 2 + 2 * N);
+            check_f32(want, got, 2 + 3 * N, "-0 sums (dot_f32, dot_f32_bf16, gemm_bf16w, "
+                      "gemm_f32w, dots_f32; 13 columns each)", tables[t]->name, n, PLAIN);
         }
         free(a), free(b), free(xp), free(bh);
     }
