@@ -24,8 +24,8 @@
 #include "internal.h"
 #include "kernel_common.h"
 #include "kernels.h"
+#include "kernels_x86.h"
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* ---- loads, stores, rounding ------------------------------------------------------------ */
 
@@ -724,22 +724,6 @@ static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t 
         gemm_bf16w_rows(M, K, xp, w, ldw, y, ldy, n0, n1);
 }
 
-/* 8 x 8 transpose: out[i] lane j = in[j] lane i. */
-ALWAYS_INLINE void transpose8(const __m256 in[8], __m256 out[8]) {
-    const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(in[4], in[5]), t5 = _mm256_unpackhi_ps(in[4], in[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(in[6], in[7]), t7 = _mm256_unpackhi_ps(in[6], in[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-    out[0] = _mm256_permute2f128_ps(u0, u4, 0x20), out[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    out[2] = _mm256_permute2f128_ps(u2, u6, 0x20), out[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    out[4] = _mm256_permute2f128_ps(u0, u4, 0x31), out[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    out[6] = _mm256_permute2f128_ps(u2, u6, 0x31), out[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
 /* ---- large M: lane tiles (gemm_bf16w_tiles) ----
  *
  * pair32's 16 lanes are 16 independent chains: lane l of output (m, n) is an fp32 dot product,
@@ -814,34 +798,19 @@ ALWAYS_INLINE void lt_lane(const int H, size_t nc, const float *xl, const float 
     for (int j = 0; j < LT_NR; j++) acc_io[j][0] = acc[j][0], acc_io[j][1] = acc[j][1];
 }
 
-/* The next panel's weight rows, asked into L2 a few lines at a time while the current panel
- * is computed: widening them then reads L2, not memory (a panel's tiles take a few
- * microseconds, about what its 12 KB take to arrive from memory). */
-typedef struct lt_prefetch {
-    const char *w;              /* the first weight row of the next panel; NULL: none */
-    size_t ld_bytes, lines_per_row, lines, next, per_slot;
-} lt_prefetch;
-
-static inline void lt_prefetch_some(lt_prefetch *pf) {
-    for (size_t i = 0; i < pf->per_slot && pf->next < pf->lines; i++, pf->next++) {
-        const size_t r = pf->next / pf->lines_per_row, c = pf->next % pf->lines_per_row;
-        _mm_prefetch(pf->w + r * pf->ld_bytes + c * 64, _MM_HINT_T1);
-    }
-}
-
 /* One tile (`rows` <= 8H valid rows) against the panel's nr weight rows: y[r][j]. K in blocks
  * of LT_KB chunks, every lane through a block before the next block: the block's panel lines
  * stay in L1 for the 16 lanes, and the chains wait in `lanes` (in L1) between blocks. */
 ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const float *panel,
                            size_t ps, size_t rows, size_t nr, float *y, size_t ldy,
-                           lt_prefetch *pf) {
+                           panel_prefetch *pf) {
     __m256 lanes[16][LT_NR][2]; /* 6 KB */
     for (size_t l = 0; l < 16; l++)
         for (int j = 0; j < LT_NR; j++) lanes[l][j][0] = lanes[l][j][1] = _mm256_setzero_ps();
     for (size_t c0 = 0; c0 < nc; c0 += LT_KB) {
         const size_t n = nc - c0 < LT_KB ? nc - c0 : LT_KB;
         for (size_t l = 0; l < 16; l++) {
-            lt_prefetch_some(pf);
+            panel_prefetch_some(pf);
             lt_lane(H, n, tile + (l * nc + c0) * 32, panel + 32 * c0 + 2 * l, ps, lanes[l]);
         }
     }
@@ -864,11 +833,11 @@ ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const floa
 }
 
 static void lt_tile2(size_t nc, const float *tile, const float *panel, size_t ps, size_t rows,
-                     size_t nr, float *y, size_t ldy, lt_prefetch *pf) {
+                     size_t nr, float *y, size_t ldy, panel_prefetch *pf) {
     lt_tile(2, nc, tile, panel, ps, rows, nr, y, ldy, pf);
 }
 static void lt_tile1(size_t nc, const float *tile, const float *panel, size_t ps, size_t rows,
-                     size_t nr, float *y, size_t ldy, lt_prefetch *pf) {
+                     size_t nr, float *y, size_t ldy, panel_prefetch *pf) {
     lt_tile(1, nc, tile, panel, ps, rows, nr, y, ldy, pf);
 }
 
@@ -918,7 +887,7 @@ static void gemm_bf16w_tiles_avx2(size_t M, size_t K, const float *xt, const uin
         for (size_t n = n0; n < n1; n += LT_NR) {
             const size_t nr = n1 - n < LT_NR ? n1 - n : LT_NR;
             lt_widen(K, w + n * ldw, ldw, nr, panel, row);
-            lt_prefetch pf = {NULL, ldw * 2, (K * 2 + 63) / 64, 0, 0, 0};
+            panel_prefetch pf = {NULL, ldw * 2, (K * 2 + 63) / 64, 0, 0, 0};
             if (n + LT_NR < n1 && slots && pf.lines_per_row) {
                 const size_t next_nr = n1 - n - LT_NR < LT_NR ? n1 - n - LT_NR : LT_NR;
                 pf.w = (const char *)(w + (n + LT_NR) * ldw);

@@ -16,8 +16,7 @@
 #include "internal.h"
 #include "kernel_common.h"
 #include "kernels.h"
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "kernels_x86.h"
 
 /* ---- attention blocks (dots_f32, pv_f32) ---- */
 
@@ -215,42 +214,14 @@ ALWAYS_INLINE void z_lane(const int H, size_t nc, const float *xa, const float *
     for (int j = 0; j < Z_NR; j++) out[j][0] = acc[j][0], out[j][1] = acc[j][1];
 }
 
-typedef struct z_prefetch {
-    const char *w;              /* the first weight row of the next panel; NULL: none */
-    size_t ld_bytes, lines_per_row, lines, next, per_slot;
-} z_prefetch;
-
-static inline void z_prefetch_some(z_prefetch *pf) {
-    for (size_t i = 0; i < pf->per_slot && pf->next < pf->lines; i++, pf->next++) {
-        const size_t r = pf->next / pf->lines_per_row, c = pf->next % pf->lines_per_row;
-        _mm_prefetch(pf->w + r * pf->ld_bytes + c * 64, _MM_HINT_T1);
-    }
-}
-
-/* 8 x 8 transpose of fp32 (ymm): out[i] element j = in[j] element i. */
-ALWAYS_INLINE void transpose8_ps(const __m256 in[8], __m256 out[8]) {
-    const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(in[4], in[5]), t5 = _mm256_unpackhi_ps(in[4], in[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(in[6], in[7]), t7 = _mm256_unpackhi_ps(in[6], in[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-    out[0] = _mm256_permute2f128_ps(u0, u4, 0x20), out[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    out[2] = _mm256_permute2f128_ps(u2, u6, 0x20), out[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    out[4] = _mm256_permute2f128_ps(u0, u4, 0x31), out[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    out[6] = _mm256_permute2f128_ps(u2, u6, 0x31), out[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
 /* One tile pair (H tiles, `rows` <= 16H valid rows) against the panel's nr weight rows:
  * y[r][j]. Every lane through all of K, then the dot16 fold across the lanes. */
 ALWAYS_INLINE void z_tile(const int H, size_t nc, const float *tile0, const float *tile1,
                           const float *panel, size_t rows, size_t nr, float *y, size_t ldy,
-                          z_prefetch *pf) {
+                          panel_prefetch *pf) {
     __m512 lanes[16][Z_NR][2]; /* 16 KB */
     for (size_t l = 0; l < 16; l++) {
-        z_prefetch_some(pf);
+        panel_prefetch_some(pf);
         z_lane(H, nc, tile0 + l * nc * 32, tile1 + l * nc * 32, panel + l * nc * 16, lanes[l]);
     }
     for (size_t step = 8; step >= 1; step /= 2) /* the dot16 fold: l += l + 8, +4, +2, +1 */
@@ -267,7 +238,7 @@ ALWAYS_INLINE void z_tile(const int H, size_t nc, const float *tile0, const floa
             for (int j = 0; j < 8; j++)
                 c[j] = half ? _mm512_extractf32x8_ps(lanes[0][j][h], 1)
                             : _mm512_castps512_ps256(lanes[0][j][h]);
-            transpose8_ps(c, r);
+            transpose8(c, r);
             for (size_t i = 0; i < 8; i++) {
                 const size_t m = 16 * (size_t)h + 8 * (size_t)half + i;
                 if (m < rows) _mm256_mask_storeu_ps(y + m * ldy, mask, r[i]);
@@ -276,11 +247,11 @@ ALWAYS_INLINE void z_tile(const int H, size_t nc, const float *tile0, const floa
 }
 
 static void z_tile2(size_t nc, const float *tile0, const float *tile1, const float *panel,
-                    size_t rows, size_t nr, float *y, size_t ldy, z_prefetch *pf) {
+                    size_t rows, size_t nr, float *y, size_t ldy, panel_prefetch *pf) {
     z_tile(2, nc, tile0, tile1, panel, rows, nr, y, ldy, pf);
 }
 static void z_tile1(size_t nc, const float *tile0, const float *tile1, const float *panel,
-                    size_t rows, size_t nr, float *y, size_t ldy, z_prefetch *pf) {
+                    size_t rows, size_t nr, float *y, size_t ldy, panel_prefetch *pf) {
     z_tile(1, nc, tile0, tile1, panel, rows, nr, y, ldy, pf);
 }
 
@@ -298,7 +269,7 @@ static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const u
         for (size_t n = n0; n < n1; n += Z_NR) {
             const size_t nr = n1 - n < Z_NR ? n1 - n : Z_NR;
             z_widen(K, nc, w + n * ldw, ldw, nr, panel);
-            z_prefetch pf = {NULL, ldw * 2, (K * 2 + 63) / 64, 0, 0, 0};
+            panel_prefetch pf = {NULL, ldw * 2, (K * 2 + 63) / 64, 0, 0, 0};
             if (n + Z_NR < n1 && pf.lines_per_row) {
                 const size_t next_nr = n1 - n - Z_NR < Z_NR ? n1 - n - Z_NR : Z_NR;
                 pf.w = (const char *)(w + (n + Z_NR) * ldw);
