@@ -95,7 +95,7 @@ static void pv_f32_avx512(float *o, const float *p, const float *v, size_t ldv, 
  * step 2 x loads, 8 broadcasts and 16 fmas into 16 accumulators.
  *
  * The weight panel is widened to fp32 lane by lane (lane-major): lane l's pairs of chunk c
- * for the 8 weight rows are one cache line, [w0(k0), w0(k1), w1(k0), w1(k1), ...] with
+ * for the 8 weight rows are one cache line, [w0(k0) .. w7(k0), w0(k1) .. w7(k1)] with
  * k0 = 32c + 2l, k1 = k0 + 1. So a lane runs through the whole of K with its own 64 bytes
  * per chunk, the panel needs no K blocking (it streams from L2, a line per chunk), and each
  * lane's 16 accumulators are stored once, for the fold at the end. The x tiles are taken in
@@ -120,62 +120,63 @@ static size_t z_xblock_bytes(void) {
     return b;
 }
 
-static inline __m512 widen16_bf16(const uint16_t *p) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* The 8 x 8 transpose of 64-bit units: out[l] unit j = in[j] unit l. */
-ALWAYS_INLINE void transpose8x8_pd(const __m512d in[8], __m512d out[8]) {
-    __m512d a[8], b[8];
-    for (int i = 0; i < 8; i += 2) {
-        a[i] = _mm512_unpacklo_pd(in[i], in[i + 1]);     /* units 0 2 4 6 of rows i, i+1 */
-        a[i + 1] = _mm512_unpackhi_pd(in[i], in[i + 1]); /* units 1 3 5 7 */
-    }
-    /* b[0]: units 0, 4 of rows 0..3; b[1]: units 2, 6; b[2]: 1, 5; b[3]: 3, 7; b[4..7] rows 4..7 */
-    for (int h = 0; h < 2; h++) {
-        b[4 * h + 0] = _mm512_shuffle_f64x2(a[4 * h + 0], a[4 * h + 2], 0x88);
-        b[4 * h + 1] = _mm512_shuffle_f64x2(a[4 * h + 0], a[4 * h + 2], 0xdd);
-        b[4 * h + 2] = _mm512_shuffle_f64x2(a[4 * h + 1], a[4 * h + 3], 0x88);
-        b[4 * h + 3] = _mm512_shuffle_f64x2(a[4 * h + 1], a[4 * h + 3], 0xdd);
-    }
-    out[0] = _mm512_shuffle_f64x2(b[0], b[4], 0x88), out[4] = _mm512_shuffle_f64x2(b[0], b[4], 0xdd);
-    out[2] = _mm512_shuffle_f64x2(b[1], b[5], 0x88), out[6] = _mm512_shuffle_f64x2(b[1], b[5], 0xdd);
-    out[1] = _mm512_shuffle_f64x2(b[2], b[6], 0x88), out[5] = _mm512_shuffle_f64x2(b[2], b[6], 0xdd);
-    out[3] = _mm512_shuffle_f64x2(b[3], b[7], 0x88), out[7] = _mm512_shuffle_f64x2(b[3], b[7], 0xdd);
-}
-
 /* Weight rows w, w + ldw, ... (nr <= Z_NR of them, K columns) widened into the lane-major
- * panel: lane l, chunk c at panel + (l * nc + c) * 16, row j's pair at 2j, 2j + 1. Rows past
- * nr and elements past K hold -0. */
+ * panel: lane l, chunk c is the line at panel + (l * nc + c) * 16, holding row j's even
+ * element (k = 32c + 2l) at j and its odd one (k + 1) at 8 + j. Rows past nr and elements
+ * past K hold -0.
+ *
+ * Per chunk: the 8 rows' 16 pairs (a bf16 pair is one dword) are transposed to 16 lanes of
+ * 8 dwords (two lanes per zmm: unpack epi32, unpack epi64, then a qword permute across the
+ * 128-bit lanes), and each dword splits into its two fp32 values with one shift (even:
+ * d << 16) and one and (odd: d & 0xffff0000); bf16 -0 (0x8000) pads. */
 static void z_widen(size_t K, size_t nc, const uint16_t *w, size_t ldw, size_t nr, float *panel) {
-    static const uint16_t neg0_chunk[32] = {
+    static const uint16_t neg0_chunk[32] __attribute__((aligned(64))) = {
         0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000,
         0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000,
         0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000,
         0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000, 0x8000};
     uint16_t tail[Z_NR][32];
+    const __m512i lanes_0_4 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m512i lanes_8_12 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    const __m512i high16 = _mm512_set1_epi32((int)0xffff0000u);
     for (size_t c = 0; c < nc; c++) {
         const int full = 32 * c + 32 <= K;
-        __m512d lo[8], hi[8]; /* row j: units (pairs) of lanes 0..7, 8..15 */
+        __m512i r[Z_NR], t[Z_NR], u[Z_NR];
         for (size_t j = 0; j < Z_NR; j++) {
             const uint16_t *src = neg0_chunk;
             if (j < nr) {
                 src = w + j * ldw + 32 * c;
+                _mm_prefetch((const char *)(src + 32 * Z_PF_CHUNKS), _MM_HINT_T0);
                 if (!full) {
                     memcpy(tail[j], neg0_chunk, sizeof tail[j]);
                     memcpy(tail[j], src, (K - 32 * c) * sizeof *src);
                     src = tail[j];
                 }
             }
-            lo[j] = _mm512_castps_pd(widen16_bf16(src));
-            hi[j] = _mm512_castps_pd(widen16_bf16(src + 16));
+            r[j] = _mm512_loadu_si512((const void *)src); /* row j: pair l in dword l */
         }
-        __m512d t[8];
-        transpose8x8_pd(lo, t);
-        for (size_t l = 0; l < 8; l++) _mm512_storeu_pd(panel + (l * nc + c) * 16, t[l]);
-        transpose8x8_pd(hi, t);
-        for (size_t l = 0; l < 8; l++) _mm512_storeu_pd(panel + ((l + 8) * nc + c) * 16, t[l]);
+        /* per 128-bit lane q: u[i] (i < 4) holds dword 4q + i of rows 0..3, u[4 + i] of rows 4..7 */
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+        }
+        for (int h = 0; h < 8; h += 4) {
+            u[h + 0] = _mm512_unpacklo_epi64(t[h + 0], t[h + 2]);
+            u[h + 1] = _mm512_unpackhi_epi64(t[h + 0], t[h + 2]);
+            u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+            u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+        }
+        for (size_t i = 0; i < 4; i++)
+            for (size_t g = 0; g < 2; g++) {
+                /* lanes a (low 256 bits) and a + 4 (high): all 8 rows' pairs of each */
+                const size_t a = i + 8 * g;
+                const __m512i v = _mm512_permutex2var_epi64(u[i], g ? lanes_8_12 : lanes_0_4, u[4 + i]);
+                const __m512i even = _mm512_slli_epi32(v, 16), odd = _mm512_and_si512(v, high16);
+                _mm512_storeu_si512((void *)(panel + (a * nc + c) * 16),
+                                    _mm512_shuffle_i64x2(even, odd, 0x44));
+                _mm512_storeu_si512((void *)(panel + ((a + 4) * nc + c) * 16),
+                                    _mm512_shuffle_i64x2(even, odd, 0xee));
+            }
     }
 }
 
@@ -204,7 +205,7 @@ ALWAYS_INLINE void z_lane(const int H, size_t nc, const float *xa, const float *
             const __m512 x1 = H > 1 ? _mm512_loadu_ps(xs1 + 16 * s) : x0;
 #pragma GCC unroll 8
             for (int j = 0; j < Z_NR; j++) {
-                const __m512 b = _mm512_set1_ps(ws[2 * j + 1 - s]); /* odd element, then even */
+                const __m512 b = _mm512_set1_ps(ws[8 * (1 - s) + j]); /* odd element, then even */
                 acc[j][0] = _mm512_fmadd_ps(x0, b, acc[j][0]);
                 if (H > 1) acc[j][1] = _mm512_fmadd_ps(x1, b, acc[j][1]);
             }
