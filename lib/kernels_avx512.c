@@ -52,6 +52,65 @@ ALWAYS_INLINE void z_dots(const int J, const float *a, const float *b, size_t ld
     for (int j = 0; j < J; j++) out[j] = z_fold16(acc[j]);
 }
 
+/* bf16 lanes (masked: +0 past the mask) widened to fp32. */
+static inline __m512 z_load_bf16(const uint16_t *p, __mmask16 m) {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* dot_f32_bf16 (J = 1) and dot4_f32_bf16 (J = 4, the decode attention scores): the same
+ * lanes as z_dots, the keys widened in registers. */
+ALWAYS_INLINE void z_dots_bf16(const int J, const float *a, const uint16_t *const *b, size_t n,
+                               float *out) {
+    __m512 acc[4];
+    for (int j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(a + i);
+        for (int j = 0; j < J; j++)
+            acc[j] = _mm512_fmadd_ps(x, z_load_bf16(b[j] + i, 0xffff), acc[j]);
+    }
+    if (i < n) {
+        const __mmask16 m = z_mask(n - i);
+        const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + i);
+        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load_bf16(b[j] + i, m), acc[j]);
+    }
+    for (int j = 0; j < J; j++) out[j] = z_fold16(acc[j]);
+}
+
+static float dot_f32_bf16_avx512(const float *a, const uint16_t *b, size_t n) {
+    float out;
+    z_dots_bf16(1, a, &b, n, &out);
+    return out;
+}
+
+static void dot4_f32_bf16_avx512(const float *a, const uint16_t *const b[4], size_t n,
+                                 float out[4]) {
+    z_dots_bf16(4, a, b, n, out);
+}
+
+/* axpy_bf16 (J = 1) and axpy4_bf16 (J = 4, the decode P.V): o loaded and stored once per 16
+ * elements, the J fmas of each element in order. */
+ALWAYS_INLINE void z_axpy_bf16(const int J, float *o, const float *p, const uint16_t *const *v,
+                               size_t n) {
+    __m512 pj[4];
+    for (int j = 0; j < J; j++) pj[j] = _mm512_set1_ps(p[j]);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = z_mask(n - i < 16 ? n - i : 16);
+        __m512 acc = _mm512_maskz_loadu_ps(m, o + i);
+        for (int j = 0; j < J; j++) acc = _mm512_fmadd_ps(pj[j], z_load_bf16(v[j] + i, m), acc);
+        _mm512_mask_storeu_ps(o + i, m, acc);
+    }
+}
+
+static void axpy_bf16_avx512(float *o, float p, const uint16_t *v, size_t n) {
+    z_axpy_bf16(1, o, &p, &v, n);
+}
+
+static void axpy4_bf16_avx512(float *o, const float p[4], const uint16_t *const v[4], size_t n) {
+    z_axpy_bf16(4, o, p, v, n);
+}
+
 static void dots_f32_avx512(const float *a, const float *b, size_t ldb, size_t count, size_t n,
                             float *out) {
     size_t j = 0;
@@ -293,7 +352,11 @@ static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const u
 /* The entries of this file over a copy of the AVX2 table (kernels.h). */
 void kernels_avx512_set_entries(kernels *t) {
     t->name = "avx512";
+    t->dot_f32_bf16 = dot_f32_bf16_avx512;
+    t->dot4_f32_bf16 = dot4_f32_bf16_avx512;
     t->dots_f32 = dots_f32_avx512;
+    t->axpy_bf16 = axpy_bf16_avx512;
+    t->axpy4_bf16 = axpy4_bf16_avx512;
     t->pv_f32 = pv_f32_avx512;
     t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx512;
 }
