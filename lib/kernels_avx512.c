@@ -18,6 +18,34 @@
 #include "kernels.h"
 #include "kernels_x86.h"
 
+/* ---- elementwise: round_bf16, widen_bf16 ---- */
+
+/* bf16_from_f32 on 16 lanes, as fp32: ((u + 0x7fff + ((u >> 16) & 1)) >> 16) << 16, NaN ->
+ * 0x7fc0 << 16. */
+static inline __m512 z_round_bf16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    r = _mm512_slli_epi32(_mm512_srli_epi32(r, 16), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000)));
+}
+
+static void round_bf16_avx512(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = (__mmask16)((1u << (n - i < 16 ? n - i : 16)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, z_round_bf16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+static void widen_bf16_avx512(const uint16_t *src, size_t n, float *dst) {
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = (__mmask16)((1u << (n - i < 16 ? n - i : 16)) - 1);
+        const __m256i h = _mm256_maskz_loadu_epi16(m, src + i);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    }
+}
+
 /* ---- attention blocks (dots_f32, pv_f32) ---- */
 
 /* Lanes 0..n-1 (n <= 16). */
@@ -352,6 +380,8 @@ static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const u
 /* The entries of this file over a copy of the AVX2 table (kernels.h). */
 void kernels_avx512_set_entries(kernels *t) {
     t->name = "avx512";
+    t->round_bf16 = round_bf16_avx512;
+    t->widen_bf16 = widen_bf16_avx512;
     t->dot_f32_bf16 = dot_f32_bf16_avx512;
     t->dot4_f32_bf16 = dot4_f32_bf16_avx512;
     t->dots_f32 = dots_f32_avx512;
