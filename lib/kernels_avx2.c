@@ -203,10 +203,11 @@ static float dot_f32_bf16_avx2(const float *a, const uint16_t *b, size_t n) {
     return fold16(acc0, acc1);
 }
 
-/* Four dot_f32_bf16_avx2 side by side: a's loads shared, four independent pairs of chains
- * (the single dot is bound by the latency of its two chains). */
-static void dot4_f32_bf16_avx2(const float *a, const uint16_t *const b[4], size_t n,
-                               float out[4]) {
+/* Four dot16 products of one a against b[0..3] (bf16 or fp32, `bf` a constant after
+ * inlining), side by side: a's loads shared, four independent pairs of chains (the single
+ * dot is bound by the latency of its two chains). */
+ALWAYS_INLINE void dot4_rows(int bf, const float *a, const void *const b[4], size_t n,
+                             float out[4]) {
     __m256 acc0[4], acc1[4];
     for (int j = 0; j < 4; j++) acc0[j] = acc1[j] = _mm256_setzero_ps();
     size_t i = 0;
@@ -214,8 +215,8 @@ static void dot4_f32_bf16_avx2(const float *a, const uint16_t *const b[4], size_
         const __m256 x0 = _mm256_loadu_ps(a + i), x1 = _mm256_loadu_ps(a + i + 8);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
-            acc0[j] = _mm256_fmadd_ps(x0, load_bf16_n(b[j] + i, 8), acc0[j]);
-            acc1[j] = _mm256_fmadd_ps(x1, load_bf16_n(b[j] + i + 8, 8), acc1[j]);
+            acc0[j] = _mm256_fmadd_ps(x0, ld(bf, b[j], i, 8), acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(x1, ld(bf, b[j], i + 8, 8), acc1[j]);
         }
     }
     if (i < n) {
@@ -223,43 +224,29 @@ static void dot4_f32_bf16_avx2(const float *a, const uint16_t *const b[4], size_
         const __m256 x0 = load_f32_n_neg0(a + i, k0);
         const __m256 x1 = k1 ? load_f32_n_neg0(a + i + 8, k1) : _mm256_setzero_ps();
         for (int j = 0; j < 4; j++) {
-            acc0[j] = _mm256_fmadd_ps(x0, load_bf16_n(b[j] + i, k0), acc0[j]);
-            if (k1) acc1[j] = _mm256_fmadd_ps(x1, load_bf16_n(b[j] + i + 8, k1), acc1[j]);
+            acc0[j] = _mm256_fmadd_ps(x0, ld(bf, b[j], i, k0), acc0[j]);
+            if (k1) acc1[j] = _mm256_fmadd_ps(x1, ld(bf, b[j], i + 8, k1), acc1[j]);
         }
     }
     for (int j = 0; j < 4; j++) out[j] = fold16(acc0[j], acc1[j]);
 }
 
-/* dots_f32: keys four at a time as in dot4_f32_bf16_avx2 (loads of a shared, four pairs of
- * chains), the last one to three singly. */
+static void dot4_f32_bf16_avx2(const float *a, const uint16_t *const b[4], size_t n,
+                               float out[4]) {
+    const void *const rows[4] = {b[0], b[1], b[2], b[3]};
+    dot4_rows(1, a, rows, n, out);
+}
+
+/* dots_f32: keys four at a time (dot4_rows), the last one to three singly. */
 static void dots_f32_avx2(const float *a, const float *b, size_t ldb, size_t count, size_t n,
                           float *out) {
-    size_t j0 = 0;
-    for (; j0 + 4 <= count; j0 += 4) {
-        const float *bj = b + j0 * ldb;
-        __m256 acc0[4], acc1[4];
-        for (int j = 0; j < 4; j++) acc0[j] = acc1[j] = _mm256_setzero_ps();
-        size_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            const __m256 x0 = _mm256_loadu_ps(a + i), x1 = _mm256_loadu_ps(a + i + 8);
-#pragma GCC unroll 4
-            for (size_t j = 0; j < 4; j++) {
-                acc0[j] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(bj + j * ldb + i), acc0[j]);
-                acc1[j] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(bj + j * ldb + i + 8), acc1[j]);
-            }
-        }
-        if (i < n) {
-            const size_t k0 = lanes_at(n, i), k1 = n - i - k0;
-            const __m256 x0 = load_f32_n_neg0(a + i, k0);
-            const __m256 x1 = k1 ? load_f32_n_neg0(a + i + 8, k1) : _mm256_setzero_ps();
-            for (size_t j = 0; j < 4; j++) {
-                acc0[j] = _mm256_fmadd_ps(x0, load_f32_n(bj + j * ldb + i, k0), acc0[j]);
-                if (k1) acc1[j] = _mm256_fmadd_ps(x1, load_f32_n(bj + j * ldb + i + 8, k1), acc1[j]);
-            }
-        }
-        for (int j = 0; j < 4; j++) out[j0 + (size_t)j] = fold16(acc0[j], acc1[j]);
+    size_t j = 0;
+    for (; j + 4 <= count; j += 4) {
+        const void *const rows[4] = {b + j * ldb, b + (j + 1) * ldb, b + (j + 2) * ldb,
+                                     b + (j + 3) * ldb};
+        dot4_rows(0, a, rows, n, out + j);
     }
-    for (; j0 < count; j0++) out[j0] = dot_f32_avx2(a, b + j0 * ldb, n);
+    for (; j < count; j++) out[j] = dot_f32_avx2(a, b + j * ldb, n);
 }
 
 static float sum_squares_avx2(const float *x, size_t n) { return dot_f32_avx2(x, x, n); }

@@ -20,6 +20,24 @@
 
 /* ---- elementwise: round_bf16, widen_bf16 ---- */
 
+/* Lanes 0..n-1 (n <= 16). */
+static inline __mmask16 z_mask(size_t n) { return (__mmask16)((1u << n) - 1); }
+
+/* The mask of the block of 16 at i in a row of n (i < n): all 16 lanes, or fewer at the end. */
+static inline __mmask16 z_mask_at(size_t n, size_t i) { return z_mask(n - i < 16 ? n - i : 16); }
+
+/* bf16 lanes (masked: +0 past the mask) widened to fp32. */
+static inline __m512 z_load_bf16(const uint16_t *p, __mmask16 m) {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Masked lanes of a bf16 (`bf`, a constant after inlining) or fp32 row at element i, +0 past
+ * the mask. */
+ALWAYS_INLINE __m512 z_load(int bf, const void *p, size_t i, __mmask16 m) {
+    return bf ? z_load_bf16((const uint16_t *)p + i, m) : _mm512_maskz_loadu_ps(m, (const float *)p + i);
+}
+
 /* bf16_from_f32 on 16 lanes, as fp32: ((u + 0x7fff + ((u >> 16) & 1)) >> 16) << 16, NaN ->
  * 0x7fc0 << 16. */
 static inline __m512 z_round_bf16(__m512 x) {
@@ -33,23 +51,19 @@ static inline __m512 z_round_bf16(__m512 x) {
 
 static void round_bf16_avx512(float *x, size_t n) {
     for (size_t i = 0; i < n; i += 16) {
-        const __mmask16 m = (__mmask16)((1u << (n - i < 16 ? n - i : 16)) - 1);
+        const __mmask16 m = z_mask_at(n, i);
         _mm512_mask_storeu_ps(x + i, m, z_round_bf16(_mm512_maskz_loadu_ps(m, x + i)));
     }
 }
 
 static void widen_bf16_avx512(const uint16_t *src, size_t n, float *dst) {
     for (size_t i = 0; i < n; i += 16) {
-        const __mmask16 m = (__mmask16)((1u << (n - i < 16 ? n - i : 16)) - 1);
-        const __m256i h = _mm256_maskz_loadu_epi16(m, src + i);
-        _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        const __mmask16 m = z_mask_at(n, i);
+        _mm512_mask_storeu_ps(dst + i, m, z_load_bf16(src + i, m));
     }
 }
 
 /* ---- attention blocks (dots_f32, pv_f32) ---- */
-
-/* Lanes 0..n-1 (n <= 16). */
-static inline __mmask16 z_mask(size_t n) { return (__mmask16)((1u << n) - 1); }
 
 /* The dot16 fold of the 16 lanes of one zmm: l += l + 8, then l + 4, l + 2, l + 1. */
 static inline float z_fold16(__m512 v) {
@@ -59,62 +73,37 @@ static inline float z_fold16(__m512 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-/* dots_f32: dot16's 16 lanes are one zmm; keys 8 at a time (a's loads shared, 8 chains),
- * then 4, then singly. The partial block at the end pads a with -0 and b with +0. */
-ALWAYS_INLINE void z_dots(const int J, const float *a, const float *b, size_t ldb, size_t n,
+/* dot16 products of one a against the J rows b[j] (bf16 or fp32, `bf` a constant after
+ * inlining), side by side: dot16's 16 lanes are one zmm, a's loads shared, J chains. The
+ * partial block at the end pads a with -0 and b with +0. */
+ALWAYS_INLINE void z_dots(const int J, int bf, const float *a, const void *const *b, size_t n,
                           float *out) {
     __m512 acc[8];
     for (int j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 x = _mm512_loadu_ps(a + i);
-        for (int j = 0; j < J; j++)
-            acc[j] = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + (size_t)j * ldb + i), acc[j]);
+        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(bf, b[j], i, 0xffff), acc[j]);
     }
     if (i < n) {
         const __mmask16 m = z_mask(n - i);
         const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + i);
-        for (int j = 0; j < J; j++)
-            acc[j] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, b + (size_t)j * ldb + i), acc[j]);
-    }
-    for (int j = 0; j < J; j++) out[j] = z_fold16(acc[j]);
-}
-
-/* bf16 lanes (masked: +0 past the mask) widened to fp32. */
-static inline __m512 z_load_bf16(const uint16_t *p, __mmask16 m) {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* dot_f32_bf16 (J = 1) and dot4_f32_bf16 (J = 4, the decode attention scores): the same
- * lanes as z_dots, the keys widened in registers. */
-ALWAYS_INLINE void z_dots_bf16(const int J, const float *a, const uint16_t *const *b, size_t n,
-                               float *out) {
-    __m512 acc[4];
-    for (int j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(a + i);
-        for (int j = 0; j < J; j++)
-            acc[j] = _mm512_fmadd_ps(x, z_load_bf16(b[j] + i, 0xffff), acc[j]);
-    }
-    if (i < n) {
-        const __mmask16 m = z_mask(n - i);
-        const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + i);
-        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load_bf16(b[j] + i, m), acc[j]);
+        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(bf, b[j], i, m), acc[j]);
     }
     for (int j = 0; j < J; j++) out[j] = z_fold16(acc[j]);
 }
 
 static float dot_f32_bf16_avx512(const float *a, const uint16_t *b, size_t n) {
+    const void *const row[1] = {b};
     float out;
-    z_dots_bf16(1, a, &b, n, &out);
+    z_dots(1, 1, a, row, n, &out);
     return out;
 }
 
 static void dot4_f32_bf16_avx512(const float *a, const uint16_t *const b[4], size_t n,
                                  float out[4]) {
-    z_dots_bf16(4, a, b, n, out);
+    const void *const rows[4] = {b[0], b[1], b[2], b[3]};
+    z_dots(4, 1, a, rows, n, out);
 }
 
 /* axpy_bf16 (J = 1) and axpy4_bf16 (J = 4, the decode P.V): o loaded and stored once per 16
@@ -124,7 +113,7 @@ ALWAYS_INLINE void z_axpy_bf16(const int J, float *o, const float *p, const uint
     __m512 pj[4];
     for (int j = 0; j < J; j++) pj[j] = _mm512_set1_ps(p[j]);
     for (size_t i = 0; i < n; i += 16) {
-        const __mmask16 m = z_mask(n - i < 16 ? n - i : 16);
+        const __mmask16 m = z_mask_at(n, i);
         __m512 acc = _mm512_maskz_loadu_ps(m, o + i);
         for (int j = 0; j < J; j++) acc = _mm512_fmadd_ps(pj[j], z_load_bf16(v[j] + i, m), acc);
         _mm512_mask_storeu_ps(o + i, m, acc);
@@ -139,12 +128,23 @@ static void axpy4_bf16_avx512(float *o, const float p[4], const uint16_t *const 
     z_axpy_bf16(4, o, p, v, n);
 }
 
+/* dots_f32: keys 8 at a time, then 4, then singly. */
 static void dots_f32_avx512(const float *a, const float *b, size_t ldb, size_t count, size_t n,
                             float *out) {
+    const void *rows[8];
     size_t j = 0;
-    for (; j + 8 <= count; j += 8) z_dots(8, a, b + j * ldb, ldb, n, out + j);
-    for (; j + 4 <= count; j += 4) z_dots(4, a, b + j * ldb, ldb, n, out + j);
-    for (; j < count; j++) z_dots(1, a, b + j * ldb, ldb, n, out + j);
+    for (; j + 8 <= count; j += 8) {
+        for (size_t r = 0; r < 8; r++) rows[r] = b + (j + r) * ldb;
+        z_dots(8, 0, a, rows, n, out + j);
+    }
+    for (; j + 4 <= count; j += 4) {
+        for (size_t r = 0; r < 4; r++) rows[r] = b + (j + r) * ldb;
+        z_dots(4, 0, a, rows, n, out + j);
+    }
+    for (; j < count; j++) {
+        rows[0] = b + j * ldb;
+        z_dots(1, 0, a, rows, n, out + j);
+    }
 }
 
 /* pv_f32: 128 elements of o at a time in 8 registers (8 chains) through all count vectors,
@@ -166,7 +166,7 @@ static void pv_f32_avx512(float *o, const float *p, const float *v, size_t ldv, 
         for (int h = 0; h < 8; h++) _mm512_storeu_ps(o + i + 16 * h, acc[h]);
     }
     for (; i < n; i += 16) {
-        const __mmask16 m = z_mask(n - i < 16 ? n - i : 16);
+        const __mmask16 m = z_mask_at(n, i);
         __m512 acc = _mm512_maskz_loadu_ps(m, o + i);
         for (size_t j = 0; j < count; j++)
             acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, v + j * ldv + i), acc);
