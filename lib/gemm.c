@@ -3,7 +3,10 @@
  * columns, never a reduction.
  *
  *   bf16:     the library's kernels (kernels.h: pair32 order on bf16 weights, dot16 on fp32
- *             weights under PARITY_COMPUTE_FP32), columns split over the pool.
+ *             weights under PARITY_COMPUTE_FP32), columns split over the pool. A table with
+ *             bf16 dot products (avx512bf16) gets x packed as bf16 and runs gemm_bf16xw,
+ *             unless some x is not a bf16 value (an fp32 attention output): then the pack
+ *             says so and the fp32-FMA kernels run, with the same bits.
  *   openblas: cblas_sgemm on fp32 weights (bf16 widened exactly, or the fp32 masters), one
  *             row per call. On Zen, OpenBLAS 0.3.21's sgemm rounds a row differently
  *             depending on where it falls in an M tile (bench/openblas-invariance shows it),
@@ -11,6 +14,7 @@
  *             OpenBLAS's own threading is the host's to set; it splits N, which was
  *             measured to leave M = 1 results unchanged. */
 #include <cblas.h>
+#include <stdatomic.h>
 
 #include "forward.h"
 #include "internal.h"
@@ -26,6 +30,7 @@ typedef struct gemm_job {
     size_t M, K, N;
     const float *x;         /* packed x (bf16 weights) or x with row stride ldx (fp32) */
     size_t ldx;
+    const uint16_t *xb;     /* x packed as bf16 rows for gemm_bf16xw, else NULL */
     const uint16_t *w16;    /* weights [N][ldw], starting at the first k of the slice */
     const float *w32;
     size_t ldw;
@@ -38,7 +43,9 @@ static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
     const gemm_job *j = ctx;
     const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
     size_t n0 = begin * block, n1 = end * block < j->N ? end * block : j->N;
-    if (j->panels)
+    if (j->xb)
+        j->k->gemm_bf16xw(j->M, j->K, j->xb, j->w16, j->ldw, j->y, j->N, n0, n1);
+    else if (j->panels)
         j->k->gemm_bf16w_tiles(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->N, n0, n1,
                                j->panels + worker * j->panel_floats);
     else if (j->w16)
@@ -54,7 +61,7 @@ static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
 static void gemm_on_pool(threadpool *pool, const gemm_job *j) {
     const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
     const size_t tasks = (j->N + block - 1) / block;
-    if (j->panels || !j->w16) {
+    if (j->panels || !j->w16 || (j->xb && j->M >= GEMM_TILES_MIN_M)) {
         pool_run(pool, gemm_columns, (void *)j, tasks);
         return;
     }
@@ -75,6 +82,20 @@ static void pack_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
     gemm_pack_x(end - begin, j->K, j->x + begin * j->ldx, j->ldx, j->xp + begin * row);
 }
 
+typedef struct pack_bf16_job {
+    size_t K, ldx;
+    const float *x;
+    uint16_t *xb;
+    atomic_int not_bf16;    /* set by a task whose rows hold a value that is not bf16 */
+} pack_bf16_job;
+
+static void pack_bf16_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    pack_bf16_job *j = ctx;
+    if (!kern()->pack_x_bf16(j->K, j->x, j->ldx, j->xb, begin, end))
+        atomic_store_explicit(&j->not_bf16, 1, memory_order_relaxed);
+}
+
 static void pack_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const pack_job *j = ctx;
@@ -88,8 +109,19 @@ size_t gemm_scratch_xpack_floats(size_t max_rows, size_t max_k) {
 
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
                      const uint16_t *w, size_t ldw, float *y, size_t N, const gemm_scratch *s) {
+    const kernels *k = kern();
+    if (k->gemm_bf16xw) {
+        /* the scratch holds M packed fp32 rows, so M bf16 rows fit */
+        pack_bf16_job pb = {K, ldx, x, (uint16_t *)s->xpack, 0};
+        pool_run(pool, pack_bf16_rows, &pb, M);
+        if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) {
+            const gemm_job j = {k, M, K, N, NULL, 0, pb.xb, w, NULL, ldw, y, NULL, 0};
+            gemm_on_pool(pool, &j);
+            return;
+        }
+    }
     pack_job p = {M, K, ldx, x, s->xpack};
-    gemm_job j = {kern(), M, K, N, s->xpack, 0, w, NULL, ldw, y, NULL, 0};
+    gemm_job j = {k, M, K, N, s->xpack, 0, NULL, w, NULL, ldw, y, NULL, 0};
     if (M >= GEMM_TILES_MIN_M) {
         pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
         j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
@@ -112,7 +144,8 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, const weigh
         return;
     }
     if (fp32) {
-        const gemm_job j = {kern(), M, Ks, N, x + k0, K, NULL, weight_f32(w) + k0, K, y, NULL, 0};
+        const gemm_job j = {kern(), M, Ks, N, x + k0, K, NULL, NULL, weight_f32(w) + k0, K, y,
+                            NULL, 0};
         gemm_on_pool(ctx->pool, &j);
         return;
     }

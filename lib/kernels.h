@@ -19,10 +19,17 @@
  *   16 lane accumulators, all +0. Chunk c covers k = 32c .. 32c+31; lane l takes the pair
  *   (k0 = 32c + 2l, k1 = k0 + 1) as acc = fmaf(x[k0], w[k0], fmaf(x[k1], w[k1], acc)),
  *   chunks in ascending c; elements with k >= K are skipped. Then the dot16 fold.
+ *   Denormals are flushed, in every step of pair32 and of its fold, as vdpbf16ps does them
+ *   (Intel SDM: "DAZ in, FTZ out", whatever MXCSR says): an operand (x, w or the
+ *   accumulator) whose magnitude is below 2^-126 reads as a zero of its sign, and a result
+ *   that is tiny after rounding (rounded to 24 bits as if the exponent were unbounded, its
+ *   magnitude is below 2^-126) becomes a zero of its sign. This is what x86's fma and add
+ *   compute with MXCSR.DAZ and MXCSR.FTZ set, which is how the fp32-FMA tables get it;
+ *   fma_flushed in kernels_ref.c writes it out in C.
  *
  * Elementwise functions: exp is parity_expf below (the same algorithm in every table);
  * every other elementwise op is a single IEEE operation (or fmaf) in the order written.
- * No path flushes denormals.
+ * Nothing but pair32 flushes denormals.
  */
 #ifndef PARITY_KERNELS_H
 #define PARITY_KERNELS_H
@@ -37,7 +44,7 @@
 float parity_expf(float x);
 
 typedef struct kernels {
-    const char *name;  /* "portable", "avx2", "avx512" */
+    const char *name;  /* "portable", "avx2", "avx512", "avx512bf16" */
 
     /* --- reductions (dot16 order) --- */
     float (*dot_f32)(const float *a, const float *b, size_t n);
@@ -87,6 +94,17 @@ typedef struct kernels {
     /* gemm_pack_xt_tiles (below): the same floats in every table */
     void (*pack_xt_tiles)(size_t M, size_t K, const float *x, size_t ldx, float *xt, size_t t0,
                           size_t t1);
+    /* pair32 with x in bf16, for tables with bf16 dot-product instructions (NULL in the
+     * others). pack_x_bf16 writes rows m0 .. m1-1 of x (row stride ldx, K columns) as bf16
+     * rows, row m at xb + m * gemm_packed_row(K) in the order of k, -0 (0x8000) past K; a
+     * subnormal may be written as a zero of its sign (pair32 reads it so). It returns 1
+     * when every one of those x is a bf16 value (its low 16 bits are zero), else 0, and
+     * then xb is not to be used. gemm_bf16xw computes gemm_bf16w's outputs, bit for bit,
+     * from such rows, for any M. */
+    int (*pack_x_bf16)(size_t K, const float *x, size_t ldx, uint16_t *xb, size_t m0,
+                       size_t m1);
+    void (*gemm_bf16xw)(size_t M, size_t K, const uint16_t *xb, const uint16_t *w, size_t ldw,
+                        float *y, size_t ldy, size_t n0, size_t n1);
 
     /* --- regions, one row, on fp32 buffers that hold bf16 values where the policy rounds.
      * Under PARITY_COMPUTE_FP32 nothing rounds. ---
@@ -164,13 +182,17 @@ static inline size_t gemm_panel_floats(size_t K) { return GEMM_PANEL_ROWS * gemm
 extern const kernels kernels_portable;
 
 /* Every other table starts as a copy of kernels_portable, over which its ISA file sets the
- * entries it has: an entry a SIMD file lacks is the specification's, never NULL. cpu.c builds
+ * entries it has: an entry a SIMD file lacks is the specification's, never NULL (but for
+ * pack_x_bf16 and gemm_bf16xw, which only tables with bf16 dot products have). cpu.c builds
  * the tables once, at detection. */
 #if defined(PARITY_HAVE_AVX2)
 void kernels_avx2_set_entries(kernels *t);  /* kernels_avx2.c */
 #endif
 #if defined(PARITY_HAVE_AVX512)
 void kernels_avx512_set_entries(kernels *t);  /* kernels_avx512.c, over the AVX2 table */
+#endif
+#if defined(PARITY_HAVE_AVX512BF16)
+void kernels_avx512bf16_set_entries(kernels *t);  /* kernels_avx512bf16.c, over avx512 */
 #endif
 
 /* The table of a CPU path in this build (cpu.c), NULL if the build has none for it. Whether

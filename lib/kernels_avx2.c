@@ -703,12 +703,19 @@ static void gemm_bf16w_halves(size_t M, size_t K, const float *xp, const uint16_
     }
 }
 
-static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
-                            float *y, size_t ldy, size_t n0, size_t n1) {
+PAIR32_BODY void gemm_bf16w_body(size_t M, size_t K, const float *xp, const uint16_t *w,
+                                 size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
     if (M >= GEMM_HALF_MIN_M && K > 0)
         gemm_bf16w_halves(M, K, xp, w, ldw, y, ldy, n0, n1);
     else
         gemm_bf16w_rows(M, K, xp, w, ldw, y, ldy, n0, n1);
+}
+
+static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                            float *y, size_t ldy, size_t n0, size_t n1) {
+    const unsigned mxcsr = pair32_flush_begin();
+    gemm_bf16w_body(M, K, xp, w, ldw, y, ldy, n0, n1);
+    pair32_flush_end(mxcsr);
 }
 
 /* ---- large M: lane tiles (gemm_bf16w_tiles) ----
@@ -860,9 +867,9 @@ static void pack_xt_tiles_avx2(size_t M, size_t K, const float *x, size_t ldx, f
     }
 }
 
-static void gemm_bf16w_tiles_avx2(size_t M, size_t K, const float *xt, const uint16_t *w,
-                                  size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
-                                  float *panel) {
+PAIR32_BODY void gemm_bf16w_tiles_body(size_t M, size_t K, const float *xt, const uint16_t *w,
+                                       size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
+                                       float *panel) {
     const size_t row = gemm_packed_row(K), nc = row / 32, tiles = gemm_xt_tiles(M);
     const size_t tile_floats = GEMM_XT_ROWS * row;
     size_t tb = row ? LT_XBLOCK_BYTES / (tile_floats * sizeof(float)) : tiles;
@@ -889,6 +896,14 @@ static void gemm_bf16w_tiles_avx2(size_t M, size_t K, const float *xt, const uin
             }
         }
     }
+}
+
+static void gemm_bf16w_tiles_avx2(size_t M, size_t K, const float *xt, const uint16_t *w,
+                                  size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
+                                  float *panel) {
+    const unsigned mxcsr = pair32_flush_begin();
+    gemm_bf16w_tiles_body(M, K, xt, w, ldw, y, ldy, n0, n1, panel);
+    pair32_flush_end(mxcsr);
 }
 
 /* dot16 step of 16 elements for one weight row: x0/x1 hold x[i..i+7], x[i+8..i+15]. */

@@ -16,21 +16,10 @@
 #include "internal.h"
 #include "kernel_common.h"
 #include "kernels.h"
+#include "kernels_avx512.h"
 #include "kernels_x86.h"
 
 /* ---- elementwise: round_bf16, widen_bf16 ---- */
-
-/* Lanes 0..n-1 (n <= 16). */
-static inline __mmask16 z_mask(size_t n) { return (__mmask16)((1u << n) - 1); }
-
-/* The mask of the block of 16 at i in a row of n (i < n): all 16 lanes, or fewer at the end. */
-static inline __mmask16 z_mask_at(size_t n, size_t i) { return z_mask(n - i < 16 ? n - i : 16); }
-
-/* bf16 lanes (masked: +0 past the mask) widened to fp32. */
-static inline __m512 z_load_bf16(const uint16_t *p, __mmask16 m) {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 
 /* Masked lanes of a bf16 (`bf`, a constant after inlining) or fp32 row at element i, +0 past
  * the mask. */
@@ -64,14 +53,6 @@ static void widen_bf16_avx512(const uint16_t *src, size_t n, float *dst) {
 }
 
 /* ---- attention blocks (dots_f32, pv_f32) ---- */
-
-/* The dot16 fold of the 16 lanes of one zmm: l += l + 8, then l + 4, l + 2, l + 1. */
-static inline float z_fold16(__m512 v) {
-    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    const __m128 t = _mm_add_ps(u, _mm_movehl_ps(u, u));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
 
 /* dot16 products of one a against the J rows b[j] (bf16 or fp32, `bf` a constant after
  * inlining), side by side: dot16's 16 lanes are one zmm, a's loads shared, J chains. The
@@ -343,9 +324,9 @@ static void z_tile1(size_t nc, const float *tile0, const float *tile1, const flo
     z_tile(1, nc, tile0, tile1, panel, rows, nr, y, ldy, pf);
 }
 
-static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const uint16_t *w,
-                                    size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
-                                    float *panel) {
+PAIR32_BODY void z_gemm_tiles(size_t M, size_t K, const float *xt, const uint16_t *w,
+                              size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
+                              float *panel) {
     const size_t row = gemm_packed_row(K), nc = row / 32, tiles = gemm_xt_tiles(M);
     const size_t tile_floats = GEMM_XT_ROWS * row;
     size_t tb = row ? z_xblock_bytes() / (tile_floats * sizeof(float)) / 2 * 2 : tiles;
@@ -375,6 +356,14 @@ static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const u
             }
         }
     }
+}
+
+static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const uint16_t *w,
+                                    size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
+                                    float *panel) {
+    const unsigned mxcsr = pair32_flush_begin();
+    z_gemm_tiles(M, K, xt, w, ldw, y, ldy, n0, n1, panel);
+    pair32_flush_end(mxcsr);
 }
 
 /* The entries of this file over a copy of the AVX2 table (kernels.h). */

@@ -173,6 +173,37 @@ void gemm_pack_x(size_t M, size_t K, const float *x, size_t ldx, float *xp) {
     }
 }
 
+/* ---- pair32 ------------------------------------------------------------------------------ */
+
+/* A denormal operand read as a zero of its sign (DAZ). */
+static float daz(float v) { return fabsf(v) < 0x1p-126f ? copysignf(0.0f, v) : v; }
+
+/* fmaf(a, b, c) as pair32 computes it (kernels.h): operands through daz, and a result that
+ * is tiny after rounding flushed to a zero of its sign (FTZ). |r| < 2^-126 is tiny in any
+ * case. |r| = 2^-126 may be the gradual-underflow rounding of an exact value whose rounding
+ * to 24 bits (exponent unbounded) lies below 2^-126: the same fma scaled by 2^24 (exact,
+ * and far from the denormals) rounds as the unbounded exponent would and tells. The scale
+ * goes on the operand that cannot overflow: an r this small with |a| >= 2^100 means
+ * |b| < 2^28 (|c| >= 2^100 cannot give it: a*b would have to cancel c to below 2^-125). */
+static float fma_flushed(float a, float b, float c) {
+    a = daz(a), b = daz(b), c = daz(c);
+    const float r = fmaf(a, b, c);
+    if (fabsf(r) < 0x1p-126f) return copysignf(0.0f, r);
+    if (fabsf(r) == 0x1p-126f) {
+        const float s = fabsf(a) < 0x1p100f ? fmaf(a * 0x1p24f, b, c * 0x1p24f)
+                                            : fmaf(a, b * 0x1p24f, c * 0x1p24f);
+        if (fabsf(s) < 0x1p-102f) return copysignf(0.0f, r);
+    }
+    return r;
+}
+
+/* The dot16 fold with every add as pair32's: a + b = fma_flushed(a, 1, b). */
+static float fold16_flushed(float acc[16]) {
+    for (int step = 8; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) acc[l] = fma_flushed(acc[l], 1.0f, acc[l + step]);
+    return acc[0];
+}
+
 /* pair32: lane l of chunk c takes (k0 = 32c + 2l, k1 = k0 + 1), odd element first. */
 static void gemm_bf16w_ref(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
                            float *y, size_t ldy, size_t n0, size_t n1) {
@@ -185,11 +216,12 @@ static void gemm_bf16w_ref(size_t M, size_t K, const float *xp, const uint16_t *
             for (size_t c = 0; c < row / 32; c++) {
                 for (size_t l = 0; l < 16; l++) {
                     size_t k0 = 32 * c + 2 * l, k1 = k0 + 1;
-                    if (k1 < K) acc[l] = fmaf(xm[32 * c + 16 + l], bf16_to_f32(wn[k1]), acc[l]);
-                    if (k0 < K) acc[l] = fmaf(xm[32 * c + l], bf16_to_f32(wn[k0]), acc[l]);
+                    const float *xc = xm + 32 * c;
+                    if (k1 < K) acc[l] = fma_flushed(xc[16 + l], bf16_to_f32(wn[k1]), acc[l]);
+                    if (k0 < K) acc[l] = fma_flushed(xc[l], bf16_to_f32(wn[k0]), acc[l]);
                 }
             }
-            y[m * ldy + n] = fold16(acc);
+            y[m * ldy + n] = fold16_flushed(acc);
         }
     }
 }
@@ -232,10 +264,10 @@ static void gemm_bf16w_tiles_ref(size_t M, size_t K, const float *xt, const uint
                 for (size_t l = 0; l < 16; l++) {
                     const size_t k0 = 32 * c + 2 * l, k1 = k0 + 1;
                     const float *at = tile + (l * nc + c) * 2 * GEMM_XT_ROWS;
-                    if (k1 < K) acc[l] = fmaf(at[0], bf16_to_f32(wn[k1]), acc[l]);
-                    if (k0 < K) acc[l] = fmaf(at[GEMM_XT_ROWS], bf16_to_f32(wn[k0]), acc[l]);
+                    if (k1 < K) acc[l] = fma_flushed(at[0], bf16_to_f32(wn[k1]), acc[l]);
+                    if (k0 < K) acc[l] = fma_flushed(at[GEMM_XT_ROWS], bf16_to_f32(wn[k0]), acc[l]);
                 }
-            y[m * ldy + n] = fold16(acc);
+            y[m * ldy + n] = fold16_flushed(acc);
         }
     }
 }

@@ -9,6 +9,21 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* pair32 flushes denormals (kernels.h) exactly as x86's fma and add do with MXCSR.DAZ (bit
+ * 6) and MXCSR.FTZ (bit 15) set. A pair32 entry sets both, calls its body, and puts the
+ * caller's MXCSR back; the body is a PAIR32_BODY function (never inlined), so that no
+ * floating-point operation of it can be scheduled across the switch. */
+#define PAIR32_BODY static __attribute__((noinline))
+#define MXCSR_DAZ_FTZ 0x8040u
+
+static inline unsigned pair32_flush_begin(void) {
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(saved | MXCSR_DAZ_FTZ);
+    return saved;
+}
+
+static inline void pair32_flush_end(unsigned saved) { _mm_setcsr(saved); }
+
 /* 8 x 8 transpose: out[i] lane j = in[j] lane i. */
 ALWAYS_INLINE void transpose8(const __m256 in[8], __m256 out[8]) {
     const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);

@@ -522,7 +522,7 @@ static int check_all(void) {
 
     /* Quick mode (the sanitizer tiers): the path the library picked, alone. */
     parity_cpu_path saved = parity_get_cpu_path();
-    for (int path_i = PARITY_CPU_PORTABLE; path_i <= PARITY_CPU_AVX512; path_i++) {
+    for (int path_i = PARITY_CPU_PORTABLE; path_i <= PARITY_CPU_AVX512BF16; path_i++) {
         if (quick() && path_i != (int)saved) continue;
         if (parity_set_cpu_path((parity_cpu_path)path_i) != PARITY_OK) {
             printf("golden: cpu path %s: not on this machine\n",

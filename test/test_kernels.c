@@ -149,17 +149,38 @@ static float spec_dot16(const float *a, const float *b, size_t n) {
     return spec_fold(acc);
 }
 
-/* pair32 on the unpacked x row: lane l of chunk c, odd element first, k >= K skipped. */
+/* pair32's denormal rule (kernels.h), written apart from kernels_ref.c: subnormal operands
+ * read as zeros of their sign; a result is flushed when it is subnormal, or when it is
+ * 2^-126 but the exact value, rounded to 24 bits with an unbounded exponent, lies below:
+ * that rounding is the fma of the operands with the smaller of a and b scaled by 2^32. */
+static float spec_daz(float v) { return fpclassify(v) == FP_SUBNORMAL ? copysignf(0.0f, v) : v; }
+
+static float spec_fma_ftz(float a, float b, float c) {
+    a = spec_daz(a), b = spec_daz(b), c = spec_daz(c);
+    const float r = fmaf(a, b, c);
+    if (fpclassify(r) == FP_SUBNORMAL) return copysignf(0.0f, r);
+    if (fabsf(r) == 0x1p-126f) {
+        const float u = fabsf(a) <= fabsf(b) ? fmaf(ldexpf(a, 32), b, ldexpf(c, 32))
+                                             : fmaf(a, ldexpf(b, 32), ldexpf(c, 32));
+        if (fabsf(u) < 0x1p-94f) return copysignf(0.0f, r);
+    }
+    return r;
+}
+
+/* pair32 on the unpacked x row: lane l of chunk c, odd element first, k >= K skipped, then
+ * the fold, every step under the denormal rule. */
 static float spec_pair32(const float *x, const uint16_t *w, size_t K) {
     float acc[16] = {0};
     for (size_t c = 0; 32 * c < K; c++) {
         for (size_t l = 0; l < 16; l++) {
             size_t k0 = 32 * c + 2 * l, k1 = k0 + 1;
-            if (k1 < K) acc[l] = fmaf(x[k1], bf16_to_f32(w[k1]), acc[l]);
-            if (k0 < K) acc[l] = fmaf(x[k0], bf16_to_f32(w[k0]), acc[l]);
+            if (k1 < K) acc[l] = spec_fma_ftz(x[k1], bf16_to_f32(w[k1]), acc[l]);
+            if (k0 < K) acc[l] = spec_fma_ftz(x[k0], bf16_to_f32(w[k0]), acc[l]);
         }
     }
-    return spec_fold(acc);
+    for (int step = 8; step >= 1; step /= 2)
+        for (int l = 0; l < step; l++) acc[l] = spec_fma_ftz(acc[l], 1.0f, acc[l + step]);
+    return acc[0];
 }
 
 /* ---- sizes -------------------------------------------------------------------------------- */
@@ -310,7 +331,7 @@ static void test_negative_zero_sums(const kernels *const *tables, int n_tables) 
     for (size_t n = 1; n <= 100; n++) {
         float *a = xmalloc(n * sizeof *a), *b = xmalloc(N * n * sizeof *b);
         float *xp = xmalloc(gemm_packed_row(n) * sizeof *xp);
-        uint16_t *bh = xmalloc(N * n * sizeof *bh);
+        uint16_t *bh = xmalloc(N * n * sizeof *bh), *xb = xmalloc(gemm_packed_row(n) * sizeof *xb);
         for (size_t i = 0; i < n; i++) a[i] = neg;
         for (size_t i = 0; i < N * n; i++) b[i] = pos, bh[i] = bf16_from_f32(pos);
         gemm_pack_x(1, n, a, n, xp);
@@ -331,8 +352,13 @@ static void test_negative_zero_sums(const kernels *const *tables, int n_tables) 
             tables[t]->dots_f32(a, b, n, N, n, got + 2 + 2 * N);
             check_f32(want, got, 2 + 3 * N, "-0 sums (dot_f32, dot_f32_bf16, gemm_bf16w, "
                       "gemm_f32w, dots_f32; 13 columns each)", tables[t]->name, n, PLAIN);
+            if (!tables[t]->gemm_bf16xw) continue;
+            CHECK_INT(tables[t]->pack_x_bf16(n, a, n, xb, 0, 1), 1);
+            tables[t]->gemm_bf16xw(1, n, xb, bh, n, got + 2, N, 0, N);
+            check_f32(want + 2, got + 2, N, "-0 sums (gemm_bf16xw, 13 columns)", tables[t]->name,
+                      n, PLAIN);
         }
-        free(a), free(b), free(xp), free(bh);
+        free(a), free(b), free(xp), free(bh), free(xb);
     }
 }
 
@@ -493,6 +519,54 @@ static void fill_sentinel(float *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = from_bits(SENTINEL);
 }
 
+/* A table's pair32 on bf16 x (pack_x_bf16, gemm_bf16xw): the pack refuses g's x, which is
+ * not made of bf16 values, and packs x rounded to bf16 (specials kept) as the bf16 bits in
+ * order, -0 past K, subnormals possibly as zeros of their sign; gemm_bf16xw on that gives
+ * the specification's gemm_bf16w on the same rounded x, for the whole batch and for each
+ * row alone. */
+static void check_gemm_bf16xw(const gemm_case *g, const kernels *k, size_t n0, size_t n1,
+                              float *y2, float *y3) {
+    const size_t M = g->M, K = g->K, ldy = g->ldy, row = g->row;
+    char what[96];
+    uint16_t *xb = xmalloc(M * row * sizeof *xb);
+    float *xr = xmalloc(M * g->ldx * sizeof *xr), *xrp = xmalloc(M * row * sizeof *xrp);
+    float *y1 = xmalloc(M * ldy * sizeof *y1);
+    int any_not_bf16 = 0;
+    for (size_t m = 0; m < M; m++)
+        for (size_t i = 0; i < K; i++) {
+            const float v = g->x[m * g->ldx + i];
+            any_not_bf16 |= (f32_bits(v) & 0xffffu) != 0;
+            xr[m * g->ldx + i] = isnan(v) ? from_bits((f32_bits(v) & 0xffff0000u) | 0x00400000u)
+                                          : round_bf16(v);
+        }
+    if (any_not_bf16) CHECK_INT(k->pack_x_bf16(K, g->x, g->ldx, xb, 0, M), 0);
+    /* two calls over halves of the rows, as threads split them */
+    CHECK_INT(k->pack_x_bf16(K, xr, g->ldx, xb, 0, M / 2), 1);
+    CHECK_INT(k->pack_x_bf16(K, xr, g->ldx, xb, M / 2, M), 1);
+    size_t bad = 0;
+    for (size_t m = 0; m < M; m++)
+        for (size_t i = 0; i < row; i++) {
+            const uint16_t got = xb[m * row + i];
+            const uint16_t want = i < K ? (uint16_t)(f32_bits(xr[m * g->ldx + i]) >> 16) : 0x8000u;
+            const int zero_of_subnormal = (want & 0x7f80u) == 0 && got == (want & 0x8000u);
+            const int nan = (want & 0x7fffu) > 0x7f80u && (got & 0x7fffu) > 0x7f80u;
+            bad += got != want && !zero_of_subnormal && !nan;
+        }
+    if (bad) fprintf(stderr, "%s: pack_x_bf16 M=%zu K=%zu: %zu values wrong\n", k->name, M, K, bad);
+    CHECK_INT(bad, 0);
+    gemm_pack_x(M, K, xr, g->ldx, xrp);
+    fill_sentinel(y1, M * ldy), fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
+    kernels_portable.gemm_bf16w(M, K, xrp, g->w, g->ldw, y1, ldy, n0, n1);
+    k->gemm_bf16xw(M, K, xb, g->w, g->ldw, y2, ldy, n0, n1);
+    snprintf(what, sizeof what, "gemm_bf16xw M=%zu [%zu,%zu)", M, n0, n1);
+    check_f32(y1, y2, M * ldy, what, k->name, K, g->mode);
+    for (size_t m = 0; m < M; m++)
+        k->gemm_bf16xw(1, K, xb + m * row, g->w, g->ldw, y3 + m * ldy, ldy, n0, n1);
+    snprintf(what, sizeof what, "gemm_bf16xw rows alone M=%zu [%zu,%zu)", M, n0, n1);
+    check_f32(y1, y3, M * ldy, what, k->name, K, g->mode);
+    free(xb), free(xr), free(xrp), free(y1);
+}
+
 static void check_gemm_bf16w(const gemm_case *g, const kernels *const *tables, int n_tables,
                              size_t n0, size_t n1, float *y1, float *y2, float *y3) {
     size_t M = g->M, K = g->K, ldy = g->ldy;
@@ -537,6 +611,7 @@ static void check_gemm_bf16w(const gemm_case *g, const kernels *const *tables, i
         snprintf(what, sizeof what, "gemm_bf16w_tiles M=%zu [%zu,%zu)", M, n0, n1);
         check_f32(y1, y3, M * ldy, what, tables[t]->name, K, g->mode);
         free(xt), free(xt_ref), free(panel);
+        if (tables[t]->gemm_bf16xw) check_gemm_bf16xw(g, tables[t], n0, n1, y2, y3);
     }
 }
 
@@ -565,6 +640,72 @@ static void check_gemm_f32w(const gemm_case *g, const kernels *const *tables, in
         snprintf(what, sizeof what, "gemm_f32w rows alone M=%zu [%zu,%zu)", M, n0, n1);
         check_f32(y2, y3, M * ldy, what, tables[t]->name, K, g->mode);
     }
+}
+
+/* pair32's denormal rule on hand-made pairs (K = 4: lane 0 takes k = 1 then 0, lane 1 takes
+ * k = 3 then 2), each with the bits IEEE arithmetic without flushing would give, so that a
+ * table that does not flush, flushes before rounding, or does not flush in the fold fails
+ * here. */
+static void test_pair32_denormals(const kernels *const *tables, int n_tables) {
+    static const struct {
+        const char *what;
+        float x[4], w[4];
+        uint32_t want, ieee;
+    } cases[] = {
+        /* 2^-126 - 0.75 * 2^-150: gradual underflow rounds it to 2^-126, 24 bits with an
+         * unbounded exponent to 2^-126 - 2^-150, which is tiny */
+        {"tiny after rounding", {-0x1.8p-76f, 0x1p-63f, 0, 0}, {0x1p-75f, 0x1p-63f, 0, 0},
+         0x00000000u, 0x00800000u},
+        /* 2^-126 - 2^-152 rounds to 2^-126 either way: not tiny, kept */
+        {"2^-126 after rounding", {-0x1p-76f, 0x1p-63f, 0, 0}, {0x1p-76f, 0x1p-63f, 0, 0},
+         0x00800000u, 0x00800000u},
+        {"subnormal x", {0, 0x1p-133f, 0, 0}, {0, 0x1p100f, 0, 0}, 0x00000000u, 0x2f000000u},
+        {"subnormal bf16 w", {0, 0x1p100f, 0, 0}, {0, 0x1p-130f, 0, 0}, 0x00000000u,
+         0x30800000u},
+        /* the odd product 2^-130 is flushed before the even one (2^-126) joins it */
+        {"subnormal accumulator", {0x1p-63f, 0x1p-65f, 0, 0}, {0x1p-63f, 0x1p-65f, 0, 0},
+         0x00800000u, 0x00880000u},
+        /* lanes 2^-125 and -1.5 * 2^-126 meet in the fold's last add: 2^-127, flushed */
+        {"subnormal fold", {0, 0x1p-62f, 0, -0x1.8p-63f}, {0, 0x1p-63f, 0, 0x1p-63f},
+         0x00000000u, 0x00400000u},
+        /* -2^-140 flushed to -0, which the fold's adds with the +0 lanes make +0 */
+        {"negative tiny result", {0x1p-70f, 0, 0, 0}, {-0x1p-70f, 0, 0, 0}, 0x00000000u,
+         0x80000200u},
+    };
+    const size_t K = 4, n_cases = sizeof cases / sizeof cases[0];
+    float xp[32], y, xt[GEMM_XT_ROWS * 32];
+    uint16_t xb[32];
+    float *panel = xmalloc(gemm_panel_floats(K) * sizeof *panel);
+    for (size_t i = 0; i < n_cases; i++) {
+        uint16_t w[4];
+        for (size_t k = 0; k < K; k++) {
+            w[k] = bf16_from_f32(cases[i].w[k]);
+            CHECK_INT(f32_bits(bf16_to_f32(w[k])), f32_bits(cases[i].w[k])); /* exact bf16 */
+        }
+        const float ieee = fmaf(cases[i].x[2], cases[i].w[2], fmaf(cases[i].x[3], cases[i].w[3], 0))
+                         + fmaf(cases[i].x[0], cases[i].w[0], fmaf(cases[i].x[1], cases[i].w[1], 0));
+        CHECK_INT(f32_bits(ieee), cases[i].ieee);
+        CHECK_INT(f32_bits(spec_pair32(cases[i].x, w, K)), cases[i].want);
+        gemm_pack_x(1, K, cases[i].x, K, xp);
+        gemm_pack_xt_tiles(1, K, cases[i].x, K, xt, 0, 1);
+        for (int t = -1; t < n_tables; t++) {
+            const kernels *k = t < 0 ? &kernels_portable : tables[t];
+            char what[96];
+            snprintf(what, sizeof what, "pair32 denormals, gemm_bf16w: %s", cases[i].what);
+            const float want = from_bits(cases[i].want);
+            k->gemm_bf16w(1, K, xp, w, K, &y, 1, 0, 1);
+            check_f32(&want, &y, 1, what, k->name, K, FINITE_SPECIALS);
+            snprintf(what, sizeof what, "pair32 denormals, gemm_bf16w_tiles: %s", cases[i].what);
+            k->gemm_bf16w_tiles(1, K, xt, w, K, &y, 1, 0, 1, panel);
+            check_f32(&want, &y, 1, what, k->name, K, FINITE_SPECIALS);
+            if (!k->gemm_bf16xw) continue;
+            snprintf(what, sizeof what, "pair32 denormals, gemm_bf16xw: %s", cases[i].what);
+            CHECK_INT(k->pack_x_bf16(K, cases[i].x, K, xb, 0, 1), 1);
+            k->gemm_bf16xw(1, K, xb, w, K, &y, 1, 0, 1);
+            check_f32(&want, &y, 1, what, k->name, K, FINITE_SPECIALS);
+        }
+    }
+    free(panel);
 }
 
 /* One GEMM shape under one value mode, over the given column ranges [n0, n1). */
@@ -890,6 +1031,7 @@ int main(void) {
     CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_PORTABLE), "portable") == 0);
     CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_AVX2), "avx2") == 0);
     CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_AVX512), "avx512") == 0);
+    CHECK(strcmp(parity_cpu_path_name(PARITY_CPU_AVX512BF16), "avx512bf16") == 0);
     CHECK_STATUS(parity_set_cpu_path((parity_cpu_path)7), PARITY_ERR_INVALID_ARGUMENT);
 
     const kernels *tables[4];
@@ -915,6 +1057,14 @@ int main(void) {
 #else
     CHECK_STATUS(parity_set_cpu_path(PARITY_CPU_AVX512), PARITY_ERR_UNSUPPORTED);
 #endif
+#if defined(PARITY_HAVE_AVX512BF16)
+    if (parity_set_cpu_path(PARITY_CPU_AVX512BF16) == PARITY_OK)
+        tables[n_tables++] = kernel_table(PARITY_CPU_AVX512BF16);
+    else
+        printf("avx512bf16: not supported here (%s): not tested\n", parity_last_error());
+#else
+    CHECK_STATUS(parity_set_cpu_path(PARITY_CPU_AVX512BF16), PARITY_ERR_UNSUPPORTED);
+#endif
 
     test_portable_orders();
     test_region_formulas();
@@ -924,6 +1074,7 @@ int main(void) {
         test_regions_bf16(tables[t]);
     }
     test_gemm(tables, n_tables);
+    test_pair32_denormals(tables, n_tables);
     test_negative_zero_sums(tables, n_tables);
     test_max_zeros(tables, n_tables);
     test_public_paths(have_avx2, have_avx512);

@@ -53,7 +53,7 @@ int main(void) {
     check_names("log-prob modes", parity_logprob_mode_name, mode_from, modes, 3);
     check_names("architectures", parity_arch_name, arch_from, archs, 3);
 
-    for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX512; p++) {
+    for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX512BF16; p++) {
         parity_cpu_path back = (parity_cpu_path)-1;
         CHECK_OK(parity_cpu_path_from_name(parity_cpu_path_name((parity_cpu_path)p), &back));
         CHECK_INT(back, p);

@@ -364,8 +364,9 @@ int main(void) {
         return 1;
     }
 
-    parity_cpu_path paths[3] = {PARITY_CPU_PORTABLE, PARITY_CPU_AVX2, PARITY_CPU_AVX512};
-    for (int p = 0; p < 3; p++) {
+    parity_cpu_path paths[4] = {PARITY_CPU_PORTABLE, PARITY_CPU_AVX2, PARITY_CPU_AVX512,
+                                PARITY_CPU_AVX512BF16};
+    for (int p = 0; p < 4; p++) {
         const char *name = parity_cpu_path_name(paths[p]);
         if (parity_set_cpu_path(paths[p]) != PARITY_OK) {
             printf("path %s: not available here, skipped\n", name);

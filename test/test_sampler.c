@@ -196,7 +196,7 @@ static void check_policy(const parity_model *m, const char *policy, uint32_t bac
         compare(&ref, &got, what);
     }
     parity_cpu_path saved = parity_get_cpu_path();
-    for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX512; path++) {
+    for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX512BF16; path++) {
         if (parity_set_cpu_path((parity_cpu_path)path) != PARITY_OK) continue;
         if (!run(m, policy, backend, &c, &configs[1], &got)) continue;
         snprintf(what, sizeof what, "%s/%s: cpu path %s", policy, backend ? "openblas" : "bf16",

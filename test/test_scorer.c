@@ -88,7 +88,7 @@ static void check_invariance(const parity_model *m, const char *policy, uint32_t
 
     /* every CPU path: the portable reference and each SIMD path */
     parity_cpu_path saved = parity_get_cpu_path();
-    for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX512; path++) {
+    for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX512BF16; path++) {
         if (parity_set_cpu_path((parity_cpu_path)path) != PARITY_OK) continue;
         snprintf(what, sizeof what, "%s/%s: cpu path %s", policy, backend ? "openblas" : "bf16",
                  parity_cpu_path_name((parity_cpu_path)path));

@@ -36,14 +36,14 @@ def version():
 
 
 def cpu_path():
-    """The kernel path the library runs: "portable", "avx2" or "avx512"."""
+    """The kernel path the library runs: "portable", "avx2", "avx512" or "avx512bf16"."""
     return lib.parity_cpu_path_name(lib.parity_get_cpu_path()).decode()
 
 
 def set_cpu_path(name):
-    """Forces a kernel path (one of cpu_paths(): "portable", "avx2", "avx512") for the whole process;
-    results never depend on it. Call it while no other thread is inside the library. Raises
-    ParityError (PARITY_ERR_UNSUPPORTED) if this CPU lacks the path."""
+    """Forces a kernel path (one of cpu_paths(): "portable", "avx2", "avx512", "avx512bf16") for
+    the whole process; results never depend on it. Call it while no other thread is inside the
+    library. Raises ParityError (PARITY_ERR_UNSUPPORTED) if this CPU lacks the path."""
     if name not in _lib.CPU_PATHS:
         raise ParityError(_lib.ERR_INVALID_ARGUMENT, "cpu path must be one of %s, not %r"
                           % (", ".join(_lib.CPU_PATHS), name))
@@ -51,7 +51,8 @@ def set_cpu_path(name):
 
 
 def cpu_paths():
-    """The kernel paths the library has, as it names them (["portable", "avx2", "avx512"])."""
+    """The kernel paths the library has, as it names them (["portable", "avx2", "avx512",
+    "avx512bf16"]), whether or not this CPU runs them."""
     return list(_lib.CPU_PATHS)
 
 

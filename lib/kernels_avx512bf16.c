@@ -1,0 +1,171 @@
+/*
+ * The AVX512_BF16 kernels: pair32 on vdpbf16ps, bit for bit.
+ *
+ * The only file compiled with -mavx512bf16 (and the AVX-512 F/BW/VL/DQ flags); cpu.c selects
+ * this table only on a CPU that has AVX512_BF16 as well as the avx512 path. The table is the
+ * avx512 one with the entries of this file over it.
+ *
+ * vdpbf16ps computes, per fp32 lane l, acc = fma(x[2l], w[2l], fma(x[2l+1], w[2l+1], acc))
+ * with denormals flushed as pair32 defines them (kernels.h): one instruction is one step of
+ * pair32's 16 lanes for a chunk of 32 elements, when both x and w are bf16 pairs in their
+ * natural order. So x is packed once per GEMM into bf16 rows (gemm_pack_x_bf16, which says
+ * whether every x was a bf16 value: when one is not, as after an fp32 attention output, the
+ * caller runs the fp32-FMA entries instead), and the kernel needs no widening and no panel.
+ * The fold at the end runs with MXCSR.DAZ|FTZ set like the other tables' pair32 kernels.
+ */
+#include <immintrin.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "kernels.h"
+#include "kernels_avx512.h"
+#include "kernels_x86.h"
+
+/* ---- packing x: bf16 rows ---- */
+
+/* Rows m0 .. m1-1 of x as bf16 (gemm_pack_x_bf16 in kernels.h): 32 floats per chunk become one
+ * zmm of bf16 in their order (vcvtne2ps2bf16 is exact on bf16 values; any other value is
+ * caught by its low 16 bits first), -0 past K. */
+static int pack_x_bf16_avx512bf16(size_t K, const float *x, size_t ldx, uint16_t *xb, size_t m0,
+                                  size_t m1) {
+    const size_t row = gemm_packed_row(K);
+    __m512i low = _mm512_setzero_si512();
+    const __m512 neg0 = _mm512_set1_ps(-0.0f);
+    for (size_t m = m0; m < m1; m++) {
+        const float *xm = x + m * ldx;
+        uint16_t *out = xb + m * row;
+        for (size_t k = 0; k < row; k += 32) {
+            const __m512 a = _mm512_mask_loadu_ps(neg0, k < K ? z_mask_at(K, k) : 0, xm + k);
+            const __m512 b = _mm512_mask_loadu_ps(neg0, k + 16 < K ? z_mask_at(K, k + 16) : 0,
+                                                  xm + k + 16);
+            low = _mm512_or_si512(low, _mm512_or_si512(_mm512_castps_si512(a),
+                                                       _mm512_castps_si512(b)));
+            _mm512_storeu_si512((void *)(out + k), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+        }
+    }
+    return _mm512_test_epi32_mask(low, _mm512_set1_epi32(0xffff)) == 0;
+}
+
+/* ---- the GEMM on bf16 x ---- */
+
+/* The 32 bf16 of w's chunk at k: all of them, or those before K (+0 past it, which times
+ * x's -0 padding adds -0, leaving the lane as it was). */
+static inline __m512i z_load_w(const uint16_t *w, size_t k, size_t K) {
+    if (k + 32 <= K) return _mm512_loadu_si512((const void *)(w + k));
+    return _mm512_maskz_loadu_epi16((__mmask32)((1ull << (K - k)) - 1), w + k);
+}
+
+/* Weight rows this many chunks ahead are asked into L1 while the current one is computed. */
+#define BF_PF_CHUNKS 8
+
+/* The dot16 folds of 16 accumulators at once: out lane 4i + j is the fold of acc[i][j]. Each
+ * step is the fold's, lane l += lane l + h for h = 8, 4, 2, 1; a step adds two registers'
+ * halves at a time, so 16 folds take 15 adds and 30 shuffles instead of 16 * 4 adds and
+ * 16 * 4 extracts. */
+static inline __m512 z_fold16x16(const __m512 acc[16]) {
+    /* h = 8: v[p] holds acc[2p]'s lanes 0..7 + 8..15 in its low half, acc[2p + 1]'s high */
+    __m512 v[8], u[4], t[2];
+    for (int p = 0; p < 8; p++)
+        v[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], 0xee));
+    /* h = 4: 128-bit lane q of u[p] holds lanes 0..3 + 4..7 of acc[4p + q] */
+    for (int p = 0; p < 4; p++)
+        u[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x88),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xdd));
+    /* h = 2: within each 128-bit lane q of t[p]: [acc(a) 0+2, 1+3, acc(b) 0+2, 1+3] with
+     * a = 8p + q (from u[2p]) and b = 8p + 4 + q (from u[2p + 1]) */
+    for (int p = 0; p < 2; p++)
+        t[p] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * p], u[2 * p + 1], 0x44),
+                             _mm512_shuffle_ps(u[2 * p], u[2 * p + 1], 0xee));
+    /* h = 1: 128-bit lane q: [acc(q), acc(4 + q), acc(8 + q), acc(12 + q)] */
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x88),
+                                   _mm512_shuffle_ps(t[0], t[1], 0xdd));
+    /* lane 4q + s holds acc[q + 4s]: transpose the 4 x 4 of 128-bit lanes and dwords */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, r);
+}
+
+/* y[i][j] for MR rows of xb and NR weight rows (MR, NR <= 4, constants after inlining): MR * NR
+ * accumulators, each one vdpbf16ps per chunk. */
+ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t *xb, size_t ldxb,
+                            const uint16_t *w, size_t ldw, float *y, size_t ldy) {
+    __m512 acc[16];
+    for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+    for (size_t k = 0; k < K; k += 32) {
+        __m512bh x[4];
+        for (int i = 0; i < MR; i++) x[i] = (__m512bh)_mm512_loadu_si512((const void *)(xb + i * ldxb + k));
+        for (int j = 0; j < NR; j++) {
+            const uint16_t *wj = w + j * ldw;
+            _mm_prefetch((const char *)(wj + k + 32 * BF_PF_CHUNKS), _MM_HINT_T0);
+            const __m512bh wv = (__m512bh)z_load_w(wj, k, K);
+            for (int i = 0; i < MR; i++) acc[4 * i + j] = _mm512_dpbf16_ps(acc[4 * i + j], x[i], wv);
+        }
+    }
+    if (MR == 4 && NR == 4) {
+        /* lane 4i + j is y[i][j]: a row's 4 outputs are one 128-bit store */
+        const __m512 f = z_fold16x16(acc);
+        _mm_storeu_ps(y, _mm512_castps512_ps128(f));
+        _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(f, 1));
+        _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(f, 2));
+        _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(f, 3));
+    } else {
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) y[i * ldy + j] = z_fold16(acc[4 * i + j]);
+    }
+}
+
+/* Rows [0, rows) against weight rows [0, NR): blocks of 4 rows, then the rest. */
+ALWAYS_INLINE void bf_rows(const int NR, size_t rows, size_t K, const uint16_t *xb, size_t ldxb,
+                           const uint16_t *w, size_t ldw, float *y, size_t ldy) {
+    size_t i = 0;
+    for (; i + 4 <= rows; i += 4) bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy);
+    switch (rows - i) {
+    case 3: bf_block(3, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy); break;
+    case 2: bf_block(2, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy); break;
+    case 1: bf_block(1, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy); break;
+    default: break;
+    }
+}
+
+/* Rows of xb per block, so that a block stays in L2 while every weight row of the thread's
+ * columns passes over it: half the L2 (1 MB where the OS does not say), a multiple of 4. */
+static size_t bf_row_block(size_t K) {
+    static _Atomic size_t cached;
+    size_t bytes = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!bytes) {
+        const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        bytes = l2 >= 256 * 1024 ? (size_t)l2 / 2 : 1024u * 1024u;
+        atomic_store_explicit(&cached, bytes, memory_order_relaxed);
+    }
+    const size_t rows = bytes / (gemm_packed_row(K) * sizeof(uint16_t) + 1) / 4 * 4;
+    return rows < 4 ? 4 : rows;
+}
+
+PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t *w, size_t ldw,
+                         float *y, size_t ldy, size_t n0, size_t n1) {
+    const size_t ldxb = gemm_packed_row(K), mb = bf_row_block(K);
+    for (size_t m0 = 0; m0 < M; m0 += mb) {
+        const size_t rows = M - m0 < mb ? M - m0 : mb;
+        const uint16_t *xm = xb + m0 * ldxb;
+        float *ym = y + m0 * ldy;
+        size_t n = n0;
+        for (; n + 4 <= n1; n += 4) bf_rows(4, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
+        for (; n < n1; n++) bf_rows(1, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
+    }
+}
+
+static void gemm_bf16xw_avx512bf16(size_t M, size_t K, const uint16_t *xb, const uint16_t *w,
+                                   size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
+    const unsigned mxcsr = pair32_flush_begin();
+    bf_gemm(M, K, xb, w, ldw, y, ldy, n0, n1);
+    pair32_flush_end(mxcsr);
+}
+
+/* The entries of this file over a copy of the avx512 table (kernels.h). */
+void kernels_avx512bf16_set_entries(kernels *t) {
+    t->name = "avx512bf16";
+    t->pack_x_bf16 = pack_x_bf16_avx512bf16;
+    t->gemm_bf16xw = gemm_bf16xw_avx512bf16;
+}
