@@ -1,7 +1,9 @@
-/* The FMA peak of the instruction the active CPU path's bf16 GEMM runs: a register-only loop
- * of 10 independent fma chains (latency 4 x 2 units needs 8), ymm on the avx2 path, zmm on
- * the avx512 path (pair32 is two fp32 fmas per bf16 pair on both, so this is the GEMM's
- * peak). Shared by gemm-bench and parity-speed. */
+/* The peaks of the instructions the CPU paths' bf16 GEMMs run: register-only loops of 10
+ * independent chains (latency 4 x 2 units needs 8) of vfmadd231ps ymm (the avx2 path),
+ * vfmadd231ps zmm (avx512) and vdpbf16ps zmm (avx512bf16). A bf16 pair is two fp32 fmas
+ * (4 flops) on every path, so each loop's GFLOP/s is its path's GEMM peak: an fp32 fma
+ * counts 2 flops per lane, a vdpbf16ps 4 (two products and two adds). Shared by gemm-bench
+ * and parity-speed. */
 #ifndef PARITY_BENCH_PEAK_H
 #define PARITY_BENCH_PEAK_H
 
@@ -9,16 +11,25 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
-/* Ten named accumulators, not an array: an array would be stored back on every iteration. */
-#define BENCH_FMA_LOOP(T, SET1, FMA, STORE, LANES)                                           \
-    T a0 = SET1(1.0f), a1 = SET1(2.0f), a2 = SET1(3.0f), a3 = SET1(4.0f), a4 = SET1(5.0f);    \
-    T a5 = SET1(6.0f), a6 = SET1(7.0f), a7 = SET1(8.0f), a8 = SET1(9.0f), a9 = SET1(10.0f);   \
-    const T m = SET1(0.999999f), c = SET1(1e-6f);                                             \
+typedef enum bench_peak_kind {
+    BENCH_PEAK_NONE = 0,     /* the portable path: no peak loop */
+    BENCH_PEAK_FMA_YMM,
+    BENCH_PEAK_FMA_ZMM,
+    BENCH_PEAK_DPBF16_ZMM,
+    BENCH_PEAK_KINDS
+} bench_peak_kind;
+
+#if defined(__x86_64__)
+/* Ten named accumulators, not an array: an array would be stored back on every iteration.
+ * STEP(a) is one instruction on chain a. */
+#define BENCH_PEAK_LOOP(T, INIT, STEP, STORE, LANES)                                          \
+    T a0 = INIT(1.0f), a1 = INIT(2.0f), a2 = INIT(3.0f), a3 = INIT(4.0f), a4 = INIT(5.0f);    \
+    T a5 = INIT(6.0f), a6 = INIT(7.0f), a7 = INIT(8.0f), a8 = INIT(9.0f), a9 = INIT(10.0f);   \
     for (long it = 0; it < iters; it++) {                                                     \
-        a0 = FMA(a0, m, c), a1 = FMA(a1, m, c), a2 = FMA(a2, m, c), a3 = FMA(a3, m, c);       \
-        a4 = FMA(a4, m, c), a5 = FMA(a5, m, c), a6 = FMA(a6, m, c), a7 = FMA(a7, m, c);       \
-        a8 = FMA(a8, m, c), a9 = FMA(a9, m, c);                                               \
+        a0 = STEP(a0), a1 = STEP(a1), a2 = STEP(a2), a3 = STEP(a3), a4 = STEP(a4);            \
+        a5 = STEP(a5), a6 = STEP(a6), a7 = STEP(a7), a8 = STEP(a8), a9 = STEP(a9);            \
         /* keeps the chains in registers and the loop from being folded */                    \
         __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5),     \
                          "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9));                             \
@@ -29,40 +40,91 @@
     STORE(out, a9);                                                                           \
     return s + out[0];
 
-__attribute__((target("avx2,fma"))) static double bench_fma_loop_ymm(long iters) {
-    BENCH_FMA_LOOP(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps, 8)
+__attribute__((target("avx2,fma"))) static double bench_peak_loop_fma_ymm(long iters) {
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+#define FMA_YMM_STEP(a) _mm256_fmadd_ps(a, m, c)
+    BENCH_PEAK_LOOP(__m256, _mm256_set1_ps, FMA_YMM_STEP, _mm256_storeu_ps, 8)
+#undef FMA_YMM_STEP
 }
 
-__attribute__((target("avx512f"))) static double bench_fma_loop_zmm(long iters) {
-    BENCH_FMA_LOOP(__m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_storeu_ps, 16)
+__attribute__((target("avx512f"))) static double bench_peak_loop_fma_zmm(long iters) {
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+#define FMA_ZMM_STEP(a) _mm512_fmadd_ps(a, m, c)
+    BENCH_PEAK_LOOP(__m512, _mm512_set1_ps, FMA_ZMM_STEP, _mm512_storeu_ps, 16)
+#undef FMA_ZMM_STEP
+}
+
+/* acc += 1 * 2^-20 + 1 * 2^-20 per lane and step: 40 after 2e7 steps, far from overflow. */
+__attribute__((target("avx512f,avx512bf16"))) static double bench_peak_loop_dpbf16_zmm(long iters) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), w = (__m512bh)_mm512_set1_epi16(0x3580);
+#define DPBF16_STEP(a) _mm512_dpbf16_ps(a, x, w)
+    BENCH_PEAK_LOOP(__m512, _mm512_set1_ps, DPBF16_STEP, _mm512_storeu_ps, 16)
+#undef DPBF16_STEP
 }
 #endif
 
-/* fp32 lanes of the peak loop for the current CPU path: 16 (avx512), 8 (avx2), 0 (none). */
-static inline int bench_fma_lanes(void) {
+/* Whether this CPU runs kind k's loop. */
+static inline int bench_peak_available(bench_peak_kind k) {
 #if defined(__x86_64__)
-    const parity_cpu_path p = parity_get_cpu_path();
-    if (p == PARITY_CPU_AVX512 && __builtin_cpu_supports("avx512f")) return 16;
-    if (p != PARITY_CPU_PORTABLE && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return 8;
-#endif
+    switch (k) {
+    case BENCH_PEAK_FMA_YMM:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case BENCH_PEAK_FMA_ZMM:
+        return __builtin_cpu_supports("avx512f");
+    case BENCH_PEAK_DPBF16_ZMM:
+        return __builtin_cpu_supports("avx512bf16");
+    default:
+        return 0;
+    }
+#else
+    (void)k;
     return 0;
+#endif
 }
 
-/* The instruction the peak loop runs, for tables and JSON. */
-static inline const char *bench_fma_instruction(int lanes) {
-    return lanes == 16 ? "vfmadd231ps zmm (AVX-512F)"
-           : lanes == 8 ? "vfmadd231ps ymm (AVX2 FMA)"
-                        : "none (portable path)";
+/* The instruction CPU path p's bf16 GEMM runs (NONE on the portable path). */
+static inline bench_peak_kind bench_peak_of_path(parity_cpu_path p) {
+    const bench_peak_kind k = p == PARITY_CPU_AVX512BF16 ? BENCH_PEAK_DPBF16_ZMM
+                              : p == PARITY_CPU_AVX512   ? BENCH_PEAK_FMA_ZMM
+                              : p == PARITY_CPU_AVX2     ? BENCH_PEAK_FMA_YMM
+                                                         : BENCH_PEAK_NONE;
+    return bench_peak_available(k) ? k : BENCH_PEAK_NONE;
 }
 
-/* Runs the loop `iters` times; returns a sink (its value means nothing). Flops done:
- * iters * BENCH_FMA_FLOPS_PER_ITER(lanes). */
-#define BENCH_FMA_FLOPS_PER_ITER(lanes) (10.0 * 2.0 * (double)(lanes))
-static inline double bench_fma_loop(long iters, int lanes) {
+/* The active path's. */
+static inline bench_peak_kind bench_peak_active(void) {
+    return bench_peak_of_path(parity_get_cpu_path());
+}
+
+/* For tables and JSON: the instruction, and a short key. */
+static inline const char *bench_peak_instruction(bench_peak_kind k) {
+    return k == BENCH_PEAK_FMA_YMM      ? "vfmadd231ps ymm (AVX2 FMA)"
+           : k == BENCH_PEAK_FMA_ZMM    ? "vfmadd231ps zmm (AVX-512F)"
+           : k == BENCH_PEAK_DPBF16_ZMM ? "vdpbf16ps zmm (AVX512_BF16)"
+                                        : "none (portable path)";
+}
+
+static inline const char *bench_peak_key(bench_peak_kind k) {
+    return k == BENCH_PEAK_FMA_YMM      ? "fma_ymm"
+           : k == BENCH_PEAK_FMA_ZMM    ? "fma_zmm"
+           : k == BENCH_PEAK_DPBF16_ZMM ? "dpbf16_zmm"
+                                        : "none";
+}
+
+/* Flops of one iteration of kind k's loop (10 instructions). */
+static inline double bench_peak_flops_per_iter(bench_peak_kind k) {
+    return k == BENCH_PEAK_FMA_YMM      ? 10.0 * 2 * 8
+           : k == BENCH_PEAK_FMA_ZMM    ? 10.0 * 2 * 16
+           : k == BENCH_PEAK_DPBF16_ZMM ? 10.0 * 4 * 16
+                                        : 0.0;
+}
+
+/* Runs kind k's loop `iters` times; returns a sink (its value means nothing). */
+static inline double bench_peak_loop(long iters, bench_peak_kind k) {
 #if defined(__x86_64__)
-    if (lanes == 16) return bench_fma_loop_zmm(iters);
-    if (lanes == 8) return bench_fma_loop_ymm(iters);
+    if (k == BENCH_PEAK_FMA_YMM) return bench_peak_loop_fma_ymm(iters);
+    if (k == BENCH_PEAK_FMA_ZMM) return bench_peak_loop_fma_zmm(iters);
+    if (k == BENCH_PEAK_DPBF16_ZMM) return bench_peak_loop_dpbf16_zmm(iters);
 #endif
     return (double)iters;
 }

@@ -71,22 +71,22 @@ static uint16_t random_weight(uint64_t r) {
 
 typedef struct peak_job {
     long iters;
-    int lanes;
+    bench_peak_kind kind;
     double sink[64];
 } peak_job;
 
 static void peak_task(void *ctx, size_t begin, size_t end, unsigned worker) {
     peak_job *j = ctx;
-    for (size_t t = begin; t < end; t++) j->sink[worker % 64] += bench_fma_loop(j->iters, j->lanes);
+    for (size_t t = begin; t < end; t++) j->sink[worker % 64] += bench_peak_loop(j->iters, j->kind);
 }
 
-/* GFLOP/s of the fma loop on every worker of the pool (one task per worker), the best of
- * 10. Short loops first, so that every worker is awake and on a core of its own (a worker
+/* GFLOP/s of kind's peak loop on every worker of the pool (one task per worker), the best
+ * of 10. Short loops first, so that every worker is awake and on a core of its own (a worker
  * woken from sleep may first be queued on the waker's core). */
-static double fma_peak(threadpool *pool) {
+static double fma_peak(threadpool *pool, bench_peak_kind kind) {
     const unsigned n = pool_size(pool);
-    peak_job j = {.iters = 20000, .lanes = bench_fma_lanes()};
-    if (!j.lanes) return 0;
+    peak_job j = {.iters = 20000, .kind = kind};
+    if (kind == BENCH_PEAK_NONE) return 0;
     for (int rep = 0; rep < 200; rep++) pool_run(pool, peak_task, &j, n);
     j.iters = 2000000;
     double best = 0;
@@ -94,7 +94,7 @@ static double fma_peak(threadpool *pool) {
         double t = bench_now();
         pool_run(pool, peak_task, &j, n);
         t = bench_now() - t;
-        double g = (double)n * (double)j.iters * BENCH_FMA_FLOPS_PER_ITER(j.lanes) / t * 1e-9;
+        double g = (double)n * (double)j.iters * bench_peak_flops_per_iter(kind) / t * 1e-9;
         if (g > best) best = g;
     }
     return best;
@@ -316,25 +316,41 @@ int main(int argc, char **argv) {
         }
     const unsigned saved_env = fp_env_enter();
 
-    double peak[8], trip[8];
+    /* every peak the CPU has; %peak is the active path's */
+    const bench_peak_kind active = bench_peak_active();
+    double peaks[8][BENCH_PEAK_KINDS] = {{0}}, peak[8], trip[8];
     for (int t = 0; t < o.n_threads; t++) {
-        peak[t] = fma_peak(pools[t]);
+        for (int k = 1; k < BENCH_PEAK_KINDS; k++)
+            if (bench_peak_available((bench_peak_kind)k))
+                peaks[t][k] = fma_peak(pools[t], (bench_peak_kind)k);
+        peak[t] = peaks[t][active];
         trip[t] = pool_round_trip(pools[t]);
     }
 
     if (!o.json) {
-        printf("kernels: %s, peak of %s\n", kern()->name, bench_fma_instruction(bench_fma_lanes()));
-        for (int t = 0; t < o.n_threads; t++)
-            printf("threads %u: fma peak %.1f GFLOP/s, empty pool_run %.2f us\n", o.threads[t],
-                   peak[t], trip[t]);
+        printf("kernels: %s, %%peak of %s\n", kern()->name, bench_peak_instruction(active));
+        for (int t = 0; t < o.n_threads; t++) {
+            printf("threads %u: peak GFLOP/s", o.threads[t]);
+            for (int k = 1; k < BENCH_PEAK_KINDS; k++)
+                if (bench_peak_available((bench_peak_kind)k))
+                    printf(" %s %.1f,", bench_peak_instruction((bench_peak_kind)k), peaks[t][k]);
+            printf(" empty pool_run %.2f us\n", trip[t]);
+        }
         printf("\n%-8s %5s %7s %5s %3s %4s %10s %10s %9s %9s %6s%s\n", "shape", "M", "N", "K",
                "thr", "thp", "GFLOP/s", "(best)", "GB/s", "(best)", "%peak",
                o.check ? "  check" : "");
     } else {
-        printf("{\n  \"kernels\": \"%s\",\n  \"threads\": [", kern()->name);
-        for (int t = 0; t < o.n_threads; t++)
-            printf("%s{\"threads\": %u, \"fma_peak_gflops\": %.2f, \"pool_run_us\": %.3f}",
-                   t ? ", " : "", o.threads[t], peak[t], trip[t]);
+        printf("{\n  \"kernels\": \"%s\",\n  \"peak_instruction\": \"%s\",\n  \"threads\": [",
+               kern()->name, bench_peak_instruction(active));
+        for (int t = 0; t < o.n_threads; t++) {
+            printf("%s{\"threads\": %u, \"fma_peak_gflops\": %.2f, \"pool_run_us\": %.3f, "
+                   "\"peaks_gflops\": {", t ? ", " : "", o.threads[t], peak[t], trip[t]);
+            for (int k = 1, n = 0; k < BENCH_PEAK_KINDS; k++)
+                if (bench_peak_available((bench_peak_kind)k))
+                    printf("%s\"%s\": %.2f", n++ ? ", " : "", bench_peak_key((bench_peak_kind)k),
+                           peaks[t][k]);
+            printf("}}");
+        }
         printf("],\n  \"cases\": [");
     }
 
@@ -357,8 +373,11 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "gemm-bench: out of memory\n");
                 return 1;
             }
+            /* bf16 values, as the forward's GEMM inputs are (a table with bf16 dot products
+             * packs them as bf16) */
             for (size_t i = 0; i < M * s->K; i++)
-                x[i] = (float)((int)(rng() % 2001) - 1000) / 1000.0f;
+                x[i] = parity_bf16_to_f32(
+                    parity_bf16_from_f32((float)((int)(rng() % 2001) - 1000) / 1000.0f));
             for (int thp = 0; thp <= (o.thp && M == 1); thp++) {
                 weights wt;
                 if (weights_make(&wt, s->N, s->K, thp, o.hot) != 0) {

@@ -3,12 +3,14 @@
  *
  *   parity-speed [--model SPEC] [--presets LIST] [--backends LIST] [--threads LIST]
  *                [--prompts LIST] [--batches LIST] [--contexts LIST] [--steps N] [--reps N]
- *                [--peers LIST] [--score-all] [--json FILE] [--quick]
+ *                [--paths LIST|all] [--peers LIST] [--score-all] [--json FILE] [--quick]
  *
  * Defaults (a run of under three minutes on 2 cores, peers included): synthetic:qwen3-0.6b; presets
  * aligned,hf-eager,vllm; backend bf16; threads 2; prefill and scoring of 512 tokens; decode
  * at batch 1 and 32 with 128 tokens of context; 1 warm-up and 3 repetitions per figure
- * (median, and min..max as the spread); peers torch,llama where available.
+ * (median, and min..max as the spread); the CPU path the library picks (--paths all: every
+ * path this CPU has, one after the other, the same rows for each); peers torch,llama where
+ * available.
  *
  * Peers, measured in the same run at the largest thread count, for the first preset's shape:
  *   torch   bench/torch_peer.py under /usr/bin/python3 (Debian's python3-torch), for
@@ -34,9 +36,9 @@
  *            the larger fraction: memory at batch 1, the FMA units at batch 32.
  * Machine limits, measured by this program per thread count: memory read bandwidth (sum of a
  * 1 GiB buffer, split over the threads, in 4 KB pages and in huge pages; decode is judged
- * against the better) and the peak of the FMA instruction the active CPU path's bf16 GEMM
- * runs (bench_peak.h: a register-only loop of vfmadd231ps, ymm on the avx2 path, zmm on the
- * avx512 path; pair32 is two fp32 FMAs per bf16 pair on both, so this is the GEMM's peak).
+ * against the better) and the peak of every instruction a CPU path's bf16 GEMM runs that
+ * this CPU has (bench_peak.h: register-only loops of vfmadd231ps ymm for avx2, vfmadd231ps
+ * zmm for avx512, vdpbf16ps zmm for avx512bf16); a row's bound is its own path's peak.
  */
 #include <errno.h>
 #include <math.h>
@@ -156,30 +158,29 @@ static double measure_bandwidth(unsigned threads, int huge) {
 #define FMA_ITERS 20000000L
 
 typedef struct fma_job {
-    int lanes;
+    bench_peak_kind kind;
     double sink;
 } fma_job;
 
 static void *fma_thread(void *arg) {
     fma_job *j = arg;
-    j->sink = bench_fma_loop(FMA_ITERS, j->lanes);
+    j->sink = bench_peak_loop(FMA_ITERS, j->kind);
     return NULL;
 }
 
-/* Peak GFLOP/s of the active CPU path's fma (bench_peak.h) on `threads` threads (0 on the
- * portable path). */
-static double measure_fma_peak(unsigned threads) {
-    const int lanes = bench_fma_lanes();
-    if (!lanes || threads > 16) return 0;
+/* Peak GFLOP/s of one peak loop (bench_peak.h) on `threads` threads (0 for NONE or a loop
+ * this CPU does not run). */
+static double measure_fma_peak(unsigned threads, bench_peak_kind kind) {
+    if (!bench_peak_available(kind) || threads > 16) return 0;
     pthread_t tid[16];
     fma_job jobs[16];
     double t0 = bench_now();
     for (unsigned t = 0; t < threads; t++) {
-        jobs[t].lanes = lanes;
+        jobs[t].kind = kind;
         pthread_create(&tid[t], NULL, fma_thread, &jobs[t]);
     }
     for (unsigned t = 0; t < threads; t++) pthread_join(tid[t], NULL);
-    return FMA_ITERS * BENCH_FMA_FLOPS_PER_ITER(lanes) * threads / (bench_now() - t0) / 1e9;
+    return FMA_ITERS * bench_peak_flops_per_iter(kind) * threads / (bench_now() - t0) / 1e9;
 }
 
 /* ---- the model's size -------------------------------------------------------------------- */
@@ -538,6 +539,7 @@ static int split_uints(char *s, uint32_t *out) {
 
 typedef struct result {
     const char *phase, *preset, *backend;
+    parity_cpu_path path;
     uint32_t threads, batch, tokens, context;
     stat3 tps;
     double gbs, gflops;
@@ -547,7 +549,7 @@ int main(int argc, char **argv) {
     const char *model_spec = "synthetic:qwen3-0.6b", *json = NULL;
     char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "bf16", threads_s[64] = "2";
     char prompts_s[64] = "512", batches_s[64] = "1,32", contexts_s[64] = "128";
-    char peers_s[64] = "torch,llama";
+    char peers_s[64] = "torch,llama", paths_s[64] = "";
     int reps = 3, score_all = 0;
     uint32_t steps = 4;
     for (int i = 1; i < argc; i++) {
@@ -569,7 +571,8 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || i + 1 >= argc) {
             fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
                             "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
-                            "[--steps N] [--reps N] [--peers LIST|none] [--score-all] [--json FILE] [--quick]\n");
+                            "[--steps N] [--reps N] [--paths LIST|all] [--peers LIST|none] [--score-all] "
+                            "[--json FILE] [--quick]\n");
             return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
         }
         i++;
@@ -584,6 +587,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--peers")) snprintf(peers_s, sizeof peers_s, "%s", v);
+        else if (!strcmp(a, "--paths")) snprintf(paths_s, sizeof paths_s, "%s", v);
         else {
             fprintf(stderr, "parity-speed: unknown option %s\n", a);
             return 2;
@@ -604,74 +608,113 @@ int main(int argc, char **argv) {
             return 2;
         }
 
+    /* the CPU paths: the library's choice, every one this CPU has, or the listed ones */
+    parity_cpu_path paths[8];
+    int npath = 0;
+    const parity_cpu_path chosen = parity_get_cpu_path();
+    if (!paths_s[0]) {
+        paths[npath++] = chosen;
+    } else if (!strcmp(paths_s, "all")) {
+        for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX512BF16; p++)
+            if (parity_set_cpu_path((parity_cpu_path)p) == PARITY_OK) paths[npath++] = (parity_cpu_path)p;
+        parity_set_cpu_path(chosen);
+    } else {
+        const char *names[MAX_LIST];
+        const int n = split_list(paths_s, names);
+        for (int i = 0; i < n && npath < 8; i++) {
+            if (parity_cpu_path_from_name(names[i], &paths[npath]) ||
+                parity_set_cpu_path(paths[npath])) {
+                fail("--paths");
+                return 2;
+            }
+            npath++;
+        }
+        parity_set_cpu_path(chosen);
+    }
+
     parity_model *model;
     fprintf(stderr, "parity-speed: loading %s\n", model_spec);
     if (parity_model_open(model_spec, &model)) return fail(model_spec) ? 1 : 1;
     const model_size ms = size_of(parity_model_config(model));
 
     /* decode is judged against the better of the two bandwidths: the machine's limit */
-    double bandwidth[MAX_LIST], bw_4k[MAX_LIST], bw_huge[MAX_LIST], peak[MAX_LIST];
+    /* peaks[t][kind]: every peak loop this CPU runs; a row is judged against its path's */
+    double bandwidth[MAX_LIST], bw_4k[MAX_LIST], bw_huge[MAX_LIST];
+    double peaks[MAX_LIST][BENCH_PEAK_KINDS] = {{0}};
+    char peak_text[MAX_LIST][256];
     for (int t = 0; t < nt; t++) {
         bw_4k[t] = measure_bandwidth(threads[t], 0);
         bw_huge[t] = measure_bandwidth(threads[t], 1);
         bandwidth[t] = bw_4k[t] > bw_huge[t] ? bw_4k[t] : bw_huge[t];
-        peak[t] = measure_fma_peak(threads[t]);
+        peak_text[t][0] = 0;
+        for (int k = 1; k < BENCH_PEAK_KINDS; k++) {
+            if (!bench_peak_available((bench_peak_kind)k)) continue;
+            peaks[t][k] = measure_fma_peak(threads[t], (bench_peak_kind)k);
+            const size_t used = strlen(peak_text[t]);
+            snprintf(peak_text[t] + used, sizeof peak_text[t] - used, "%s%s %.0f", used ? ", " : "",
+                     bench_peak_instruction((bench_peak_kind)k), peaks[t][k]);
+        }
         fprintf(stderr, "parity-speed: %u thread(s): read bandwidth %.1f GB/s (4 KB pages), "
-                        "%.1f GB/s (huge pages), FMA peak %.0f GFLOP/s\n",
-                threads[t], bw_4k[t], bw_huge[t], peak[t]);
+                        "%.1f GB/s (huge pages), peaks (GFLOP/s): %s\n",
+                threads[t], bw_4k[t], bw_huge[t], peak_text[t][0] ? peak_text[t] : "none");
     }
 
     result *res = calloc(512, sizeof *res);
     int nres = 0;
-    for (int b = 0; b < nb; b++) {
-        parity_backend backend;
-        if (parity_backend_from_name(backends[b], &backend)) {
-            fail("--backends");
-            return 2;
-        }
-        for (int p = 0; p < np; p++)
-            for (int t = 0; t < nt; t++) {
-                run_cfg r = {model, presets[p], backend, threads[t]};
-                fprintf(stderr, "parity-speed: %s / %s / %u thread(s)\n", presets[p], backends[b], threads[t]);
-                for (int li = 0; li < nl; li++)
-                    for (int phase = 0; phase < 2; phase++) {
-                        if (phase && p > 0 && !score_all) continue;
-                        double v[50];
-                        const uint32_t L = prompts[li];
-                        /* warm-up (the first configuration only: later ones find the
-                         * weights, the allocator and the pool as warm) */
-                        if (p == 0 && (phase ? time_score(&r, L) : time_prefill(&r, L)) < 0)
-                            return 1;
-                        for (int k = 0; k < reps; k++) {
-                            double dt = phase ? time_score(&r, L) : time_prefill(&r, L);
-                            if (dt < 0) return 1;
-                            v[k] = L / dt;
-                        }
-                        result *x = &res[nres++];
-                        *x = (result){phase ? "score" : "prefill", presets[p], backends[b], threads[t],
-                                      1, L, L, summarise(v, reps), 0, 0};
-                        double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
-                                       ms.head_flops * (phase ? L : 1);
-                        x->gflops = flops / (L / x->tps.median) / 1e9;
-                    }
-                for (int ci = 0; ci < nc; ci++)
-                    for (int bi = 0; bi < nbatch; bi++) {
-                        double v[50];
-                        if (time_decode(&r, batches[bi], contexts[ci], steps, reps, v)) return 1;
-                        double tps[50];
-                        for (int k = 0; k < reps; k++) tps[k] = batches[bi] / v[k];
-                        result *x = &res[nres++];
-                        *x = (result){"decode", presets[p], backends[b], threads[t], batches[bi],
-                                      batches[bi], contexts[ci], summarise(tps, reps), 0, 0};
-                        const double step_s = batches[bi] / x->tps.median;
-                        x->gbs = ms.weight_bytes / step_s / 1e9;
-                        x->gflops = batches[bi] *
-                                    (ms.flops_per_tok + ms.head_flops +
-                                     ms.attn_flops * (contexts[ci] + 1)) /
-                                    step_s / 1e9;
-                    }
+    for (int pi = 0; pi < npath; pi++) {
+        parity_set_cpu_path(paths[pi]);
+        for (int b = 0; b < nb; b++) {
+            parity_backend backend;
+            if (parity_backend_from_name(backends[b], &backend)) {
+                fail("--backends");
+                return 2;
             }
+            for (int p = 0; p < np; p++)
+                for (int t = 0; t < nt; t++) {
+                    run_cfg r = {model, presets[p], backend, threads[t]};
+                    fprintf(stderr, "parity-speed: %s / %s / %s / %u thread(s)\n", presets[p], backends[b],
+                            parity_cpu_path_name(paths[pi]), threads[t]);
+                    for (int li = 0; li < nl; li++)
+                        for (int phase = 0; phase < 2; phase++) {
+                            if (phase && p > 0 && !score_all) continue;
+                            double v[50];
+                            const uint32_t L = prompts[li];
+                            /* warm-up (the first configuration only: later ones find the
+                             * weights, the allocator and the pool as warm) */
+                            if (p == 0 && (phase ? time_score(&r, L) : time_prefill(&r, L)) < 0)
+                                return 1;
+                            for (int k = 0; k < reps; k++) {
+                                double dt = phase ? time_score(&r, L) : time_prefill(&r, L);
+                                if (dt < 0) return 1;
+                                v[k] = L / dt;
+                            }
+                            result *x = &res[nres++];
+                            *x = (result){phase ? "score" : "prefill", presets[p], backends[b], paths[pi],
+                                          threads[t], 1, L, L, summarise(v, reps), 0, 0};
+                            double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
+                                           ms.head_flops * (phase ? L : 1);
+                            x->gflops = flops / (L / x->tps.median) / 1e9;
+                        }
+                    for (int ci = 0; ci < nc; ci++)
+                        for (int bi = 0; bi < nbatch; bi++) {
+                            double v[50];
+                            if (time_decode(&r, batches[bi], contexts[ci], steps, reps, v)) return 1;
+                            double tps[50];
+                            for (int k = 0; k < reps; k++) tps[k] = batches[bi] / v[k];
+                            result *x = &res[nres++];
+                            *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t],
+                                          batches[bi], batches[bi], contexts[ci], summarise(tps, reps), 0, 0};
+                            const double step_s = batches[bi] / x->tps.median;
+                            x->gbs = ms.weight_bytes / step_s / 1e9;
+                            x->gflops = batches[bi] *
+                                        (ms.flops_per_tok + ms.head_flops +
+                                         ms.attn_flops * (contexts[ci] + 1)) /
+                                        step_s / 1e9;
+                        }
+                }
+        }
     }
+    parity_set_cpu_path(chosen);
 
     /* peers, at the largest thread count, on the first preset's shape */
     peers P = {.n = 0};
@@ -698,29 +741,32 @@ int main(int argc, char **argv) {
     }
 
     /* the table */
-    printf("parity-speed: %s, libparity %s, CPU path %s (FMA peak of %s)\n", model_spec,
-           parity_version(), parity_cpu_path_name(parity_get_cpu_path()),
-           bench_fma_instruction(bench_fma_lanes()));
+    printf("parity-speed: %s, libparity %s, CPU path %s (its GEMM's peak: %s)\n", model_spec,
+           parity_version(), parity_cpu_path_name(chosen),
+           bench_peak_instruction(bench_peak_of_path(chosen)));
     for (int t = 0; t < nt; t++)
         printf("machine, %u thread(s): read bandwidth %.1f GB/s (4 KB pages), %.1f GB/s (huge "
-               "pages), FMA peak %.0f GFLOP/s\n", threads[t], bw_4k[t], bw_huge[t], peak[t]);
-    printf("\n%-8s %-9s %-8s %3s %5s %6s %7s %10s %17s  %s\n", "phase", "preset", "backend", "thr",
-           "batch", "tokens", "context", "tok/s", "(min..max)", "bound");
+               "pages); peaks (GFLOP/s): %s\n", threads[t], bw_4k[t], bw_huge[t],
+               peak_text[t][0] ? peak_text[t] : "none");
+    printf("\n%-8s %-9s %-8s %-10s %3s %5s %6s %7s %10s %17s  %s\n", "phase", "preset", "backend",
+           "path", "thr", "batch", "tokens", "context", "tok/s", "(min..max)", "bound");
     for (int i = 0; i < nres; i++) {
         const result *x = &res[i];
         int t = 0;
         while (t < nt && threads[t] != x->threads) t++;
+        const double *peak = peaks[t];
+        const bench_peak_kind pk = bench_peak_of_path(x->path);
         char bound[96];
-        const double mem_frac = x->gbs / bandwidth[t], fma_frac = peak[t] > 0 ? x->gflops / peak[t] : 0;
+        const double mem_frac = x->gbs / bandwidth[t], fma_frac = peak[pk] > 0 ? x->gflops / peak[pk] : 0;
         if (!strcmp(x->phase, "decode") && mem_frac >= fma_frac)
             snprintf(bound, sizeof bound, "%.1f GB/s of %.1f (%.0f%%)", x->gbs, bandwidth[t],
                      100 * mem_frac);
         else
-            snprintf(bound, sizeof bound, "%.0f GFLOP/s of %.0f (%.0f%%)", x->gflops, peak[t],
-                     peak[t] > 0 ? 100 * x->gflops / peak[t] : 0);
-        printf("%-8s %-9s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)  %s\n", x->phase, x->preset,
-               x->backend, x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
-               x->tps.max, bound);
+            snprintf(bound, sizeof bound, "%.0f GFLOP/s of %.0f (%.0f%%)", x->gflops, peak[pk],
+                     100 * fma_frac);
+        printf("%-8s %-9s %-8s %-10s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)  %s\n", x->phase,
+               x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch,
+               x->tokens, x->context, x->tps.median, x->tps.min, x->tps.max, bound);
     }
     if (P.n_notes) printf("\npeers\n");
     for (int i = 0; i < P.n_notes; i++) printf("  %s\n", P.notes[i]);
@@ -741,9 +787,9 @@ int main(int argc, char **argv) {
                 const char *name = k ? "llama" : "torch";
                 const peer_row *r = peer_match(&P, name, ph, x->threads, x->batch, x->tokens, x->context);
                 if (r)
-                    printf("  %-8s %-9s %-8s thr %u batch %2u context %5u: %6.2f x %s\n", x->phase,
-                           x->preset, x->backend, x->threads, x->batch, x->context,
-                           x->tps.median / r->tps, name);
+                    printf("  %-8s %-9s %-8s %-10s thr %u batch %2u context %5u: %6.2f x %s\n",
+                           x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
+                           x->threads, x->batch, x->context, x->tps.median / r->tps, name);
             }
         }
     }
@@ -755,23 +801,36 @@ int main(int argc, char **argv) {
         }
         fprintf(f, "{\"config\": {\"model\": \"%s\", \"version\": \"%s\", \"reps\": %d, \"steps\": %u, "
                    "\"peak_instruction\": \"%s\"},\n \"machines\": [",
-                model_spec, parity_version(), reps, steps, bench_fma_instruction(bench_fma_lanes()));
-        for (int t = 0; t < nt; t++)
+                model_spec, parity_version(), reps, steps,
+                bench_peak_instruction(bench_peak_of_path(chosen)));
+        const bench_peak_kind chosen_kind = bench_peak_of_path(chosen);
+        for (int t = 0; t < nt; t++) {
             fprintf(f, "%s{\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bandwidth_4k_gbs\": %.2f, "
-                       "\"bandwidth_huge_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, \"cpu_path\": \"%s\"}",
-                    t ? ", " : "", threads[t], bandwidth[t], bw_4k[t], bw_huge[t], peak[t],
-                    parity_cpu_path_name(parity_get_cpu_path()));
+                       "\"bandwidth_huge_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, \"cpu_path\": \"%s\", "
+                       "\"peaks_gflops\": {",
+                    t ? ", " : "", threads[t], bandwidth[t], bw_4k[t], bw_huge[t],
+                    peaks[t][chosen_kind], parity_cpu_path_name(chosen));
+            for (int k = 1, n = 0; k < BENCH_PEAK_KINDS; k++)
+                if (bench_peak_available((bench_peak_kind)k))
+                    fprintf(f, "%s\"%s\": %.1f", n++ ? ", " : "", bench_peak_key((bench_peak_kind)k),
+                            peaks[t][k]);
+            fprintf(f, "}}");
+        }
         fprintf(f, "],\n \"machine\": {\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, "
                    "\"cpu_path\": \"%s\"},\n \"results\": [", threads[nt - 1], bandwidth[nt - 1],
-                peak[nt - 1], parity_cpu_path_name(parity_get_cpu_path()));
+                peaks[nt - 1][chosen_kind], parity_cpu_path_name(chosen));
         for (int i = 0; i < nres; i++) {
             const result *x = &res[i];
-            fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", \"threads\": %u, "
+            int t = 0;
+            while (t < nt && threads[t] != x->threads) t++;
+            fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
+                       "\"cpu_path\": \"%s\", \"threads\": %u, "
                        "\"batch\": %u, \"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
                        "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f, \"achieved_gbs\": %.3f, "
-                       "\"achieved_gflops\": %.3f}",
-                    i ? "," : "", x->phase, x->preset, x->backend, x->threads, x->batch, x->tokens,
-                    x->context, x->tps.median, x->tps.min, x->tps.max, x->gbs, x->gflops);
+                       "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f}",
+                    i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
+                    x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
+                    x->tps.max, x->gbs, x->gflops, peaks[t][bench_peak_of_path(x->path)]);
         }
         fprintf(f, "\n],\n \"peer_notes\": [");
         for (int i = 0; i < P.n_notes; i++) {
@@ -800,10 +859,11 @@ int main(int argc, char **argv) {
                 const peer_row *r = peer_match(&P, name, x->phase, x->threads, x->batch, x->tokens, x->context);
                 if (!r) continue;
                 fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
-                           "\"threads\": %u, \"batch\": %u, \"context\": %u, \"peer\": \"%s\", "
-                           "\"libparity_over_peer\": %.4f}",
-                        first_ratio ? "" : ",", x->phase, x->preset, x->backend, x->threads, x->batch,
-                        x->context, name, x->tps.median / r->tps);
+                           "\"cpu_path\": \"%s\", \"threads\": %u, \"batch\": %u, \"context\": %u, "
+                           "\"peer\": \"%s\", \"libparity_over_peer\": %.4f}",
+                        first_ratio ? "" : ",", x->phase, x->preset, x->backend,
+                        parity_cpu_path_name(x->path), x->threads, x->batch, x->context, name,
+                        x->tps.median / r->tps);
                 first_ratio = 0;
             }
         }

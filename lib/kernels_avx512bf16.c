@@ -60,7 +60,7 @@ static inline __m512i z_load_w(const uint16_t *w, size_t k, size_t K) {
 /* Weight rows this many chunks ahead are asked into L1 while the current one is computed. */
 #define BF_PF_CHUNKS 8
 
-/* The dot16 folds of 16 accumulators at once: out lane 4i + j is the fold of acc[i][j]. Each
+/* The dot16 folds of 16 accumulators at once: out lane a is the fold of acc[a]. Each
  * step is the fold's, lane l += lane l + h for h = 8, 4, 2, 1; a step adds two registers'
  * halves at a time, so 16 folds take 15 adds and 30 shuffles instead of 16 * 4 adds and
  * 16 * 4 extracts. */
@@ -82,13 +82,15 @@ static inline __m512 z_fold16x16(const __m512 acc[16]) {
     /* h = 1: 128-bit lane q: [acc(q), acc(4 + q), acc(8 + q), acc(12 + q)] */
     const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x88),
                                    _mm512_shuffle_ps(t[0], t[1], 0xdd));
-    /* lane 4q + s holds acc[q + 4s]: transpose the 4 x 4 of 128-bit lanes and dwords */
+    /* lane 4q + s holds acc[q + 4s]: transpose the 4 x 4 of 128-bit lanes and dwords, so
+     * that lane a holds acc[a] */
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     return _mm512_permutexvar_ps(order, r);
 }
 
-/* y[i][j] for MR rows of xb and NR weight rows (MR, NR <= 4, constants after inlining): MR * NR
- * accumulators, each one vdpbf16ps per chunk. */
+/* y[i][j] for MR rows of xb and NR weight rows (MR * NR <= 16, constants after inlining):
+ * MR * NR accumulators, acc[NR * i + j], each one vdpbf16ps per chunk. A full block (16)
+ * folds as one tree, its lane NR * i + j being y[i][j]: one store per row of outputs. */
 ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t *xb, size_t ldxb,
                             const uint16_t *w, size_t ldw, float *y, size_t ldy) {
     __m512 acc[16];
@@ -100,23 +102,20 @@ ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t
             const uint16_t *wj = w + j * ldw;
             _mm_prefetch((const char *)(wj + k + 32 * BF_PF_CHUNKS), _MM_HINT_T0);
             const __m512bh wv = (__m512bh)z_load_w(wj, k, K);
-            for (int i = 0; i < MR; i++) acc[4 * i + j] = _mm512_dpbf16_ps(acc[4 * i + j], x[i], wv);
+            for (int i = 0; i < MR; i++) acc[NR * i + j] = _mm512_dpbf16_ps(acc[NR * i + j], x[i], wv);
         }
     }
-    if (MR == 4 && NR == 4) {
-        /* lane 4i + j is y[i][j]: a row's 4 outputs are one 128-bit store */
+    if (MR * NR == 16) {
         const __m512 f = z_fold16x16(acc);
-        _mm_storeu_ps(y, _mm512_castps512_ps128(f));
-        _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(f, 1));
-        _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(f, 2));
-        _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(f, 3));
+        for (int i = 0; i < MR; i++)
+            _mm512_mask_storeu_ps(y + i * ldy - NR * i, (__mmask16)(((1u << NR) - 1) << (NR * i)), f);
     } else {
         for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) y[i * ldy + j] = z_fold16(acc[4 * i + j]);
+            for (int j = 0; j < NR; j++) y[i * ldy + j] = z_fold16(acc[NR * i + j]);
     }
 }
 
-/* Rows [0, rows) against weight rows [0, NR): blocks of 4 rows, then the rest. */
+/* Rows [0, rows) against NR weight rows: blocks of 4 rows, then the 1 to 3 left. */
 ALWAYS_INLINE void bf_rows(const int NR, size_t rows, size_t K, const uint16_t *xb, size_t ldxb,
                            const uint16_t *w, size_t ldw, float *y, size_t ldy) {
     size_t i = 0;
@@ -151,7 +150,18 @@ PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t 
         const uint16_t *xm = xb + m0 * ldxb;
         float *ym = y + m0 * ldy;
         size_t n = n0;
-        for (; n + 4 <= n1; n += 4) bf_rows(4, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
+        if (rows >= 4) {
+            for (; n + 4 <= n1; n += 4) bf_rows(4, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
+        } else {
+            /* a decode step: fewer rows, more weight rows at once */
+            const int nr = rows == 1 ? 16 : rows == 2 ? 8 : 5;
+            for (; n + (size_t)nr <= n1; n += (size_t)nr) {
+                const uint16_t *wn = w + n * ldw;
+                if (rows == 1) bf_block(1, 16, K, xm, ldxb, wn, ldw, ym + n, ldy);
+                else if (rows == 2) bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy);
+                else bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy);
+            }
+        }
         for (; n < n1; n++) bf_rows(1, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
     }
 }
