@@ -6,7 +6,7 @@
  * Every buffer is fp32. Under a bf16 policy the values in it are bf16 values, made so by an
  * explicit round_to_bf16() at each rounding point below (or inside a region kernel, by the
  * policy switch named at the call). Grepping this file for round_to_bf16 lists the rounding
- * points outside the regions; lib/kernels_ref.c shows the ones inside.
+ * points outside the regions; lib/kernels/kernels_ref.c shows the ones inside.
  */
 #include "forward.h"
 

@@ -1,9 +1,10 @@
 /*
- * Kernels: one table per instruction set. kernels_ref.c (portable C) is the specification;
- * every other table (kernels_avx2.c) must return the same bits for every input, tails and
- * odd sizes included (NaN payloads excepted: which NaN an operation on two NaNs returns
- * follows the compiler's choice of operand order, so an fp32 NaN result is only NaN in
- * every table; bf16 has one NaN, 0x7fc0). Kernels take pointers and sizes; they neither
+ * Kernels: one table per instruction set, each in its own file in lib/kernels/ (compiled with
+ * its own flags). kernels_ref.c (portable C) is the specification; every other table
+ * (kernels_avx2.c, kernels_avx512.c, kernels_avx512bf16.c) must return the same bits for
+ * every input, tails and odd sizes included (NaN payloads excepted: which NaN an operation
+ * on two NaNs returns follows the compiler's choice of operand order, so an fp32 NaN result
+ * is only NaN in every table; bf16 has one NaN, 0x7fc0). Kernels take pointers and sizes; they neither
  * allocate nor start threads. The summation orders below are part of the numerics contract.
  *
  * Orders
