@@ -27,15 +27,36 @@ ALWAYS_INLINE __m512 z_load(int bf, const void *p, size_t i, __mmask16 m) {
     return bf ? z_load_bf16((const uint16_t *)p + i, m) : _mm512_maskz_loadu_ps(m, (const float *)p + i);
 }
 
-/* bf16_from_f32 on 16 lanes, as fp32: ((u + 0x7fff + ((u >> 16) & 1)) >> 16) << 16, NaN ->
- * 0x7fc0 << 16. */
-static inline __m512 z_round_bf16(__m512 x) {
+/* bf16_from_f32 on 16 lanes: (u + 0x7fff + ((u >> 16) & 1)) >> 16, NaN -> 0x7fc0, in the
+ * low 16 bits of each dword. */
+static inline __m512i z_bf16_bits(__m512 x) {
     const __m512i u = _mm512_castps_si512(x);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-    r = _mm512_slli_epi32(_mm512_srli_epi32(r, 16), 16);
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000)));
+    return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(0x7fc0));
+}
+
+/* round_bf16 on 16 lanes. */
+static inline __m512 z_round_bf16(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(z_bf16_bits(x), 16));
+}
+
+/* A rounding point that the policy may switch off. */
+static inline __m512 z_round_if(int on, __m512 x) { return on ? z_round_bf16(x) : x; }
+
+/* The masked lanes of x rounded to bf16 and stored at p. */
+static inline void z_store_bf16(uint16_t *p, __mmask16 m, __m512 x) {
+    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(z_bf16_bits(x)));
+}
+
+/* Generic row access for the region kernels (fp32 or bf16 buffers, `bf` a constant after
+ * inlining): masked lanes at element i, +0 past the mask; a bf16 store rounds. */
+ALWAYS_INLINE void z_store(int bf, void *p, size_t i, __mmask16 m, __m512 v) {
+    if (bf)
+        z_store_bf16((uint16_t *)p + i, m, v);
+    else
+        _mm512_mask_storeu_ps((float *)p + i, m, v);
 }
 
 static void round_bf16_avx512(float *x, size_t n) {
@@ -153,6 +174,223 @@ static void pv_f32_avx512(float *o, const float *p, const float *v, size_t ldv, 
             acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, v + j * ldv + i), acc);
         _mm512_mask_storeu_ps(o + i, m, acc);
     }
+}
+
+/* ---- exp, reductions, elementwise ---- */
+
+/* parity_expf on 16 lanes, as exp8 in kernels_avx2.c: every lane computes on x clamped to
+ * [EXP_LO, EXP_HI], then the out-of-range and NaN lanes take what the scalar branches
+ * return. */
+static inline __m512 z_exp(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(EXP_HI), lo = _mm512_set1_ps(EXP_LO);
+    const __m512 magic = _mm512_set1_ps(ROUND_MAGIC);
+    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+
+    const __m512 t = _mm512_mul_ps(xc, _mm512_set1_ps(LOG2E));
+    const __m512 n = _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
+    /* fmaf(-n, c, r) == -(n * c) + r: fnmadd, the same single rounding */
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+
+    __m512 p = _mm512_set1_ps(EXP_C7);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+
+    const __m512i ni = _mm512_cvttps_epi32(n); /* n is an integer: exact */
+    const __m512i n1 = _mm512_sub_epi32(
+        _mm512_srli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(EXP_SCALE_BIAS)), 1),
+        _mm512_set1_epi32(EXP_SCALE_BIAS / 2));
+    const __m512i n2 = _mm512_sub_epi32(ni, n1);
+    const __m512i bias = _mm512_set1_epi32(127);
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
+    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_add_ps(x, x));
+}
+
+/* dot16 is one zmm: lane l of the accumulator is lane l of the specification. */
+static float dot_f32_avx512(const float *a, const float *b, size_t n) {
+    const void *const row[1] = {b};
+    float out;
+    z_dots(1, 0, a, row, n, &out);
+    return out;
+}
+
+static float sum_squares_avx512(const float *x, size_t n) { return dot_f32_avx512(x, x, n); }
+
+/* Lanes past the row add -0 (a padded lane computed exp(0 - m) and must add nothing). */
+static float sum_exp_avx512(const float *x, size_t n, float m, float *out) {
+    const __m512 mv = _mm512_set1_ps(m), neg0 = _mm512_set1_ps(-0.0f);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 k = z_mask_at(n, i);
+        const __m512 e = z_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
+        if (out) _mm512_mask_storeu_ps(out + i, k, e);
+        acc = _mm512_add_ps(acc, _mm512_mask_mov_ps(neg0, k, e));
+    }
+    return z_fold16(acc);
+}
+
+/* vmaxps(x, m) = (x > m) ? x : m, the step of the specification; lanes past the row hold
+ * x[0], which never replaces anything (every lane starts at x[0]). */
+static float max_f32_avx512(const float *x, size_t n) {
+    const __m512 x0 = _mm512_set1_ps(x[0]);
+    __m512 acc = x0;
+    for (size_t i = 0; i < n; i += 16)
+        acc = _mm512_max_ps(_mm512_mask_loadu_ps(x0, z_mask_at(n, i), x + i), acc);
+    /* the fold, with the same step: lane l = (lane l + h > lane l) ? lane l + h : lane l */
+    const __m256 v = _mm256_max_ps(_mm512_extractf32x8_ps(acc, 1), _mm512_castps512_ps256(acc));
+    const __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    const __m128 t = _mm_max_ps(_mm_movehl_ps(u, u), u);
+    return _mm_cvtss_f32(_mm_max_ss(_mm_movehdup_ps(t), t));
+}
+
+static void exp_f32_avx512(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = z_mask_at(n, i);
+        _mm512_mask_storeu_ps(x + i, m, z_exp(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+static void axpy_f32_avx512(float *o, float p, const float *v, size_t n) {
+    const __m512 pv = _mm512_set1_ps(p);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = z_mask_at(n, i);
+        const __m512 r = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, v + i), _mm512_maskz_loadu_ps(m, o + i));
+        _mm512_mask_storeu_ps(o + i, m, r);
+    }
+}
+
+/* ---- regions ---- */
+
+/* norm_points_of, swiglu_points_of, rope_points_of, inv_rms: kernel_common.h. */
+
+/* round_if(bf16, w * round_if(twice, v * r)) */
+static inline __m512 z_norm_value(norm_points p, __m512 w, __m512 v, __m512 r) {
+    return z_round_if(p.bf16, _mm512_mul_ps(w, z_round_if(p.twice, _mm512_mul_ps(v, r))));
+}
+
+/* The bodies serve both buffer types (`bf`), as in kernels_avx2.c; the sum of squares is
+ * one zmm of dot16 lanes, padded lanes adding v = +0 (harmless: a sum of squares is never
+ * -0). Pass 2 recomputes s, as the specification does. */
+ALWAYS_INLINE void z_rmsnorm_residual_body(int bf, const parity_policy *pol, size_t dim,
+                                           const void *delta, const void *residual,
+                                           const void *w, float eps, void *residual_out,
+                                           void *out) {
+    const norm_points p = norm_points_of(pol, 1, 0);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t i = 0; i < dim; i += 16) {
+        const __mmask16 m = z_mask_at(dim, i);
+        const __m512 s = _mm512_add_ps(z_load(bf, residual, i, m), z_load(bf, delta, i, m));
+        const __m512 v = z_round_if(p.rounded_in, s);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const __m512 r = _mm512_set1_ps(inv_rms(z_fold16(acc), dim, eps));
+    for (size_t i = 0; i < dim; i += 16) {
+        const __mmask16 m = z_mask_at(dim, i);
+        const __m512 s = _mm512_add_ps(z_load(bf, residual, i, m), z_load(bf, delta, i, m));
+        const __m512 o = z_norm_value(p, z_load(bf, w, i, m), z_round_if(p.rounded_in, s), r);
+        z_store(bf, residual_out, i, m, z_round_if(p.bf16, s));
+        z_store(bf, out, i, m, o);
+    }
+}
+
+ALWAYS_INLINE void z_rmsnorm_body(int bf, const parity_policy *pol, int qk, size_t dim,
+                                  const void *x, const void *w, float eps, void *out) {
+    const norm_points p = norm_points_of(pol, 0, qk);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t i = 0; i < dim; i += 16) {
+        const __m512 v = z_load(bf, x, i, z_mask_at(dim, i));
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const __m512 r = _mm512_set1_ps(inv_rms(z_fold16(acc), dim, eps));
+    for (size_t i = 0; i < dim; i += 16) {
+        const __mmask16 m = z_mask_at(dim, i);
+        z_store(bf, out, i, m, z_norm_value(p, z_load(bf, w, i, m), z_load(bf, x, i, m), r));
+    }
+}
+
+ALWAYS_INLINE void z_swiglu_body(int bf, const parity_policy *pol, size_t n, const void *g,
+                                 const void *u, void *out) {
+    const op_points p = swiglu_points_of(pol);
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = z_mask_at(n, i);
+        const __m512 gv = z_load(bf, g, i, m), uv = z_load(bf, u, i, m);
+        /* silu(g) = g / (1 + exp(-g)); -g flips the sign bit, as C's unary minus does */
+        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, z_exp(_mm512_xor_ps(gv, sign))));
+        z_store(bf, out, i, m, z_round_if(p.bf16, _mm512_mul_ps(z_round_if(p.per_op, silu), uv)));
+    }
+}
+
+ALWAYS_INLINE void z_rope_body(int bf, const parity_policy *pol, size_t n_heads, size_t hd,
+                               void *x, const float *cos, const float *sin) {
+    const op_points p = rope_points_of(pol);
+    const size_t half = hd / 2;
+    for (size_t h = 0; h < n_heads; h++) {
+        const size_t base = h * hd;
+        for (size_t i = 0; i < half; i += 16) {
+            const __mmask16 m = z_mask_at(half, i);
+            const __m512 a = z_load(bf, x, base + i, m), b = z_load(bf, x, base + half + i, m);
+            const __m512 c = _mm512_maskz_loadu_ps(m, cos + i), sn = _mm512_maskz_loadu_ps(m, sin + i);
+            const __m512 a2 = _mm512_sub_ps(z_round_if(p.per_op, _mm512_mul_ps(a, c)),
+                                            z_round_if(p.per_op, _mm512_mul_ps(b, sn)));
+            const __m512 b2 = _mm512_add_ps(z_round_if(p.per_op, _mm512_mul_ps(b, c)),
+                                            z_round_if(p.per_op, _mm512_mul_ps(a, sn)));
+            z_store(bf, x, base + i, m, z_round_if(p.bf16, a2));
+            z_store(bf, x, base + half + i, m, z_round_if(p.bf16, b2));
+        }
+    }
+}
+
+static void rmsnorm_residual_avx512(const parity_policy *pol, size_t dim, const float *delta,
+                                    float *residual, const float *w, float eps, float *out) {
+    z_rmsnorm_residual_body(0, pol, dim, delta, residual, w, eps, residual, out);
+}
+
+static void rmsnorm_avx512(const parity_policy *pol, int qk, size_t dim, const float *x,
+                           const float *w, float eps, float *out) {
+    z_rmsnorm_body(0, pol, qk, dim, x, w, eps, out);
+}
+
+static void swiglu_avx512(const parity_policy *pol, size_t n, const float *g, const float *u,
+                          float *out) {
+    z_swiglu_body(0, pol, n, g, u, out);
+}
+
+static void rope_avx512(const parity_policy *pol, size_t n_heads, size_t hd, float *x,
+                        const float *cos, const float *sin) {
+    z_rope_body(0, pol, n_heads, hd, x, cos, sin);
+}
+
+static void rmsnorm_residual_bf16_avx512(const parity_policy *pol, size_t dim,
+                                         const uint16_t *delta, const uint16_t *residual,
+                                         const uint16_t *w, float eps, uint16_t *residual_out,
+                                         uint16_t *out) {
+    z_rmsnorm_residual_body(1, pol, dim, delta, residual, w, eps, residual_out, out);
+}
+
+static void rmsnorm_bf16_avx512(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
+                                const uint16_t *w, float eps, uint16_t *out) {
+    z_rmsnorm_body(1, pol, qk, dim, x, w, eps, out);
+}
+
+static void swiglu_bf16_avx512(const parity_policy *pol, size_t n, const uint16_t *g,
+                               const uint16_t *u, uint16_t *out) {
+    z_swiglu_body(1, pol, n, g, u, out);
+}
+
+static void rope_bf16_avx512(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
+                             const float *cos, const float *sin) {
+    z_rope_body(1, pol, n_heads, hd, x, cos, sin);
 }
 
 /* ---- large M: lane tiles (gemm_bf16w_tiles) ----
@@ -378,4 +616,18 @@ void kernels_avx512_set_entries(kernels *t) {
     t->axpy4_bf16 = axpy4_bf16_avx512;
     t->pv_f32 = pv_f32_avx512;
     t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx512;
+    t->dot_f32 = dot_f32_avx512;
+    t->sum_squares = sum_squares_avx512;
+    t->sum_exp = sum_exp_avx512;
+    t->max_f32 = max_f32_avx512;
+    t->exp_f32 = exp_f32_avx512;
+    t->axpy_f32 = axpy_f32_avx512;
+    t->rmsnorm_residual = rmsnorm_residual_avx512;
+    t->rmsnorm = rmsnorm_avx512;
+    t->swiglu = swiglu_avx512;
+    t->rope = rope_avx512;
+    t->rmsnorm_residual_bf16 = rmsnorm_residual_bf16_avx512;
+    t->rmsnorm_bf16 = rmsnorm_bf16_avx512;
+    t->swiglu_bf16 = swiglu_bf16_avx512;
+    t->rope_bf16 = rope_bf16_avx512;
 }
