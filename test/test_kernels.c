@@ -270,10 +270,10 @@ static void test_vector_kernels(const kernels *t) {
 
             /* a block of widened keys / values: count vectors ld apart (ld > n, so that a
              * kernel that read past n would take the wrong elements) */
-            const size_t ld = n + 3, count = 1 + (n + (size_t)mode) % 11;
+            const size_t ld = n + 3, count = 1 + (n + (size_t)mode) % 31;
             uint16_t *blk16 = xmalloc(count * ld * sizeof *blk16);
             float *blk = xmalloc(count * ld * sizeof *blk), *blk2 = xmalloc(count * ld * sizeof *blk2);
-            float *pj = xmalloc(count * sizeof *pj), s1[11], s2[11];
+            float *pj = xmalloc(count * sizeof *pj), s1[31], s2[31];
             fill_bf16(blk16, count * ld, mode, 0.75f);
             p->widen_bf16(blk16, count * ld, blk), t->widen_bf16(blk16, count * ld, blk2);
             check_f32(blk, blk2, count * ld, "widen_bf16", t->name, n, mode);
@@ -327,7 +327,7 @@ static void test_portable_orders(void) {
  * when all 16 lanes are -0). */
 static void test_negative_zero_sums(const kernels *const *tables, int n_tables) {
     const float neg = -0x1p-80f, pos = 0x1p-80f; /* product -2^-160: rounds to -0 */
-    enum { N = 13 };                              /* tiles of 8 and 4 columns, a single one */
+    enum { N = 29 };                              /* blocks of 16, 8 and 4 columns, a single one */
     for (size_t n = 1; n <= 100; n++) {
         float *a = xmalloc(n * sizeof *a), *b = xmalloc(N * n * sizeof *b);
         float *xp = xmalloc(gemm_packed_row(n) * sizeof *xp);
@@ -351,11 +351,11 @@ static void test_negative_zero_sums(const kernels *const *tables, int n_tables) 
             tables[t]->gemm_f32w(1, n, a, n, b, n, got + 2 + N, N, 0, N);
             tables[t]->dots_f32(a, b, n, N, n, got + 2 + 2 * N);
             check_f32(want, got, 2 + 3 * N, "-0 sums (dot_f32, dot_f32_bf16, gemm_bf16w, "
-                      "gemm_f32w, dots_f32; 13 columns each)", tables[t]->name, n, PLAIN);
+                      "gemm_f32w, dots_f32; 29 columns each)", tables[t]->name, n, PLAIN);
             if (!tables[t]->gemm_bf16xw) continue;
             CHECK_INT(tables[t]->pack_x_bf16(n, a, n, xb, 0, 1), 1);
             tables[t]->gemm_bf16xw(1, n, xb, bh, n, got + 2, N, 0, N);
-            check_f32(want + 2, got + 2, N, "-0 sums (gemm_bf16xw, 13 columns)", tables[t]->name,
+            check_f32(want + 2, got + 2, N, "-0 sums (gemm_bf16xw, 29 columns)", tables[t]->name,
                       n, PLAIN);
         }
         free(a), free(b), free(xp), free(bh), free(xb);

@@ -130,11 +130,32 @@ static void axpy4_bf16_avx512(float *o, const float p[4], const uint16_t *const 
     z_axpy_bf16(4, o, p, v, n);
 }
 
-/* dots_f32: keys 8 at a time, then 4, then singly. */
+/* 16 dots of one a against b, b + ldb, ..., b + 15 ldb: 16 chains, a's loads shared, the
+ * 16 folds as one tree (z_fold16x16) and one store. Padding as z_dots. */
+static inline void z_dots16(const float *a, const float *b, size_t ldb, size_t n, float *out) {
+    __m512 acc[16];
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(a + i);
+        for (int j = 0; j < 16; j++)
+            acc[j] = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + j * ldb + i), acc[j]);
+    }
+    if (i < n) {
+        const __mmask16 m = z_mask(n - i);
+        const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + i);
+        for (int j = 0; j < 16; j++)
+            acc[j] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, b + j * ldb + i), acc[j]);
+    }
+    _mm512_storeu_ps(out, z_fold16x16(acc));
+}
+
+/* dots_f32: keys 16 at a time, then 8, 4, and singly. */
 static void dots_f32_avx512(const float *a, const float *b, size_t ldb, size_t count, size_t n,
                             float *out) {
     const void *rows[8];
     size_t j = 0;
+    for (; j + 16 <= count; j += 16) z_dots16(a, b + j * ldb, ldb, n, out + j);
     for (; j + 8 <= count; j += 8) {
         for (size_t r = 0; r < 8; r++) rows[r] = b + (j + r) * ldb;
         z_dots(8, 0, a, rows, n, out + j);

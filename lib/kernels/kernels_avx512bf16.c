@@ -60,34 +60,6 @@ static inline __m512i z_load_w(const uint16_t *w, size_t k, size_t K) {
 /* Weight rows this many chunks ahead are asked into L1 while the current one is computed. */
 #define BF_PF_CHUNKS 8
 
-/* The dot16 folds of 16 accumulators at once: out lane a is the fold of acc[a]. Each
- * step is the fold's, lane l += lane l + h for h = 8, 4, 2, 1; a step adds two registers'
- * halves at a time, so 16 folds take 15 adds and 30 shuffles instead of 16 * 4 adds and
- * 16 * 4 extracts. */
-static inline __m512 z_fold16x16(const __m512 acc[16]) {
-    /* h = 8: v[p] holds acc[2p]'s lanes 0..7 + 8..15 in its low half, acc[2p + 1]'s high */
-    __m512 v[8], u[4], t[2];
-    for (int p = 0; p < 8; p++)
-        v[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], 0x44),
-                             _mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], 0xee));
-    /* h = 4: 128-bit lane q of u[p] holds lanes 0..3 + 4..7 of acc[4p + q] */
-    for (int p = 0; p < 4; p++)
-        u[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x88),
-                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xdd));
-    /* h = 2: within each 128-bit lane q of t[p]: [acc(a) 0+2, 1+3, acc(b) 0+2, 1+3] with
-     * a = 8p + q (from u[2p]) and b = 8p + 4 + q (from u[2p + 1]) */
-    for (int p = 0; p < 2; p++)
-        t[p] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * p], u[2 * p + 1], 0x44),
-                             _mm512_shuffle_ps(u[2 * p], u[2 * p + 1], 0xee));
-    /* h = 1: 128-bit lane q: [acc(q), acc(4 + q), acc(8 + q), acc(12 + q)] */
-    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x88),
-                                   _mm512_shuffle_ps(t[0], t[1], 0xdd));
-    /* lane 4q + s holds acc[q + 4s]: transpose the 4 x 4 of 128-bit lanes and dwords, so
-     * that lane a holds acc[a] */
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(order, r);
-}
-
 /* y[i][j] for MR rows of xb and NR weight rows (MR * NR <= 16, constants after inlining):
  * MR * NR accumulators, acc[NR * i + j], each one vdpbf16ps per chunk. A full block (16)
  * folds as one tree, its lane NR * i + j being y[i][j]: one store per row of outputs. */
