@@ -414,6 +414,90 @@ static void rope_bf16_avx512(const parity_policy *pol, size_t n_heads, size_t hd
     z_rope_body(1, pol, n_heads, hd, x, cos, sin);
 }
 
+/* ---- small M: rows (gemm_bf16w) ----
+ *
+ * One zmm is the 16 lanes of pair32 for one output: per chunk, the packed x row's even and
+ * odd elements are two zmm (gemm_pack_x), and the weight row's 32 bf16 are one zmm of
+ * dwords, split into its odd (d & 0xffff0000) and even (d << 16) halves; lane l then takes
+ * fma(x_even, w_even, fma(x_odd, w_odd, acc)), the odd element first. A block is R x rows
+ * against C weight rows (R * C accumulators): 1 x 8 for a decode step of one row (8 weight
+ * rows streaming at once), 4 x 4 otherwise (each weight chunk split once for 4 rows), with
+ * the rows left over in blocks of 1 to 3. Weight rows are read straight from memory, the
+ * next chunks asked for a few steps ahead; the block's rows after the first find them in
+ * L1. Past K, x is packed with +0 and the weight chunk is loaded with -0 (0x8000) in the
+ * missing elements, so a padded step adds -0 and leaves the lane as it was. */
+#define ZR_PF_CHUNKS 8
+
+/* The 32 bf16 of w's chunk at k, -0 past K, as 16 dwords. */
+static inline __m512i zr_load_w(const uint16_t *w, size_t k, size_t K) {
+    if (k + 32 <= K) return _mm512_loadu_si512((const void *)(w + k));
+    return _mm512_mask_loadu_epi16(_mm512_set1_epi16((short)0x8000), (__mmask32)((1ull << (K - k)) - 1),
+                                   w + k);
+}
+
+ALWAYS_INLINE void zr_block(const int R, const int C, size_t K, const float *xp, size_t row,
+                            const uint16_t *w, size_t ldw, float *y, size_t ldy) {
+    const __m512i high16 = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 acc[16];
+    for (int a = 0; a < R * C; a++) acc[a] = _mm512_setzero_ps();
+    for (size_t k = 0; k < K; k += 32) {
+        __m512 xe[4], xo[4];
+        for (int i = 0; i < R; i++) {
+            xe[i] = _mm512_loadu_ps(xp + i * row + k);
+            xo[i] = _mm512_loadu_ps(xp + i * row + k + 16);
+        }
+        for (int j = 0; j < C; j++) {
+            const uint16_t *wj = w + j * ldw;
+            _mm_prefetch((const char *)(wj + k + 32 * ZR_PF_CHUNKS), _MM_HINT_T0);
+            const __m512i d = zr_load_w(wj, k, K);
+            const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(d, high16));
+            const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
+            for (int i = 0; i < R; i++) {
+                acc[C * i + j] = _mm512_fmadd_ps(xo[i], wo, acc[C * i + j]);
+                acc[C * i + j] = _mm512_fmadd_ps(xe[i], we, acc[C * i + j]);
+            }
+        }
+    }
+    if (R * C == 16) {
+        const __m512 f = z_fold16x16(acc);
+        for (int i = 0; i < R; i++)
+            _mm512_mask_storeu_ps(y + i * ldy - C * i, (__mmask16)(((1u << C) - 1) << (C * i)), f);
+    } else {
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < C; j++) y[i * ldy + j] = z_fold16(acc[C * i + j]);
+    }
+}
+
+/* Rows [0, M) against C weight rows: blocks of 4 rows, then the 1 to 3 left. */
+ALWAYS_INLINE void zr_rows(const int C, size_t M, size_t K, const float *xp, size_t row,
+                           const uint16_t *w, size_t ldw, float *y, size_t ldy) {
+    size_t m = 0;
+    for (; m + 4 <= M; m += 4) zr_block(4, C, K, xp + m * row, row, w, ldw, y + m * ldy, ldy);
+    switch (M - m) {
+    case 3: zr_block(3, C, K, xp + m * row, row, w, ldw, y + m * ldy, ldy); break;
+    case 2: zr_block(2, C, K, xp + m * row, row, w, ldw, y + m * ldy, ldy); break;
+    case 1: zr_block(1, C, K, xp + m * row, row, w, ldw, y + m * ldy, ldy); break;
+    default: break;
+    }
+}
+
+PAIR32_BODY void zr_gemm(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                         float *y, size_t ldy, size_t n0, size_t n1) {
+    const size_t row = gemm_packed_row(K);
+    size_t n = n0;
+    if (M == 1)
+        for (; n + 8 <= n1; n += 8) zr_block(1, 8, K, xp, row, w + n * ldw, ldw, y + n, ldy);
+    for (; n + 4 <= n1; n += 4) zr_rows(4, M, K, xp, row, w + n * ldw, ldw, y + n, ldy);
+    for (; n < n1; n++) zr_rows(1, M, K, xp, row, w + n * ldw, ldw, y + n, ldy);
+}
+
+static void gemm_bf16w_avx512(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                              float *y, size_t ldy, size_t n0, size_t n1) {
+    const unsigned mxcsr = pair32_flush_begin();
+    zr_gemm(M, K, xp, w, ldw, y, ldy, n0, n1);
+    pair32_flush_end(mxcsr);
+}
+
 /* ---- large M: lane tiles (gemm_bf16w_tiles) ----
  *
  * As in kernels_avx2.c, pair32's 16 lanes are 16 independent chains and gemm_pack_xt lays
@@ -637,6 +721,7 @@ void kernels_avx512_set_entries(kernels *t) {
     t->axpy4_bf16 = axpy4_bf16_avx512;
     t->pv_f32 = pv_f32_avx512;
     t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx512;
+    t->gemm_bf16w = gemm_bf16w_avx512;
     t->dot_f32 = dot_f32_avx512;
     t->sum_squares = sum_squares_avx512;
     t->sum_exp = sum_exp_avx512;
