@@ -13,6 +13,9 @@
  * the end shows under AddressSanitizer.
  */
 #include <math.h>
+#if defined(PARITY_HAVE_AVX512BF16)
+#include <immintrin.h>
+#endif
 #include <pthread.h>
 
 #include "check.h"
@@ -642,6 +645,56 @@ static void check_gemm_f32w(const gemm_case *g, const kernels *const *tables, in
     }
 }
 
+#if defined(PARITY_HAVE_AVX512BF16)
+/* A bf16 value with a biased exponent in [lo, hi] (one in 16 is 0 or a subnormal: exponent
+ * field 0), random sign and mantissa. */
+static uint16_t rand_bf16_in(int lo, int hi) {
+    const uint64_t r = rand_u64();
+    const uint32_t e = r % 16 == 0 ? 0 : (uint32_t)(lo + (int)((r >> 8) % (uint64_t)(hi - lo + 1)));
+    return (uint16_t)(((r >> 20) & 1) << 15 | e << 7 | ((r >> 24) & 0x7f));
+}
+
+/* The hardware fact pair32's denormal rule rests on: vdpbf16ps equals two of pair32's
+ * flushed fmas (spec_fma_ftz), odd element first, lane by lane. Inputs are aimed at the
+ * denormal range (products and accumulators near 2^-126) and spread over all exponents;
+ * results compared bitwise, NaN payloads aside. */
+__attribute__((target("avx512f,avx512bf16"))) static void test_vdpbf16ps_is_pair32(void) {
+    static const int ranges[4][4] = {{0, 80, 0, 20}, {40, 90, 0, 10}, {60, 70, 0, 3}, {0, 255, 0, 255}};
+    long lanes = 0, differ = 0, nan_payloads = 0;
+    for (int it = 0; it < 400000; it++) {
+        const int *rg = ranges[it % 4];
+        uint32_t xa[16], wa[16], acc[16], out[16];
+        for (int l = 0; l < 16; l++) {
+            xa[l] = rand_bf16_in(rg[0], rg[1]) | (uint32_t)rand_bf16_in(rg[0], rg[1]) << 16;
+            wa[l] = rand_bf16_in(rg[0], rg[1]) | (uint32_t)rand_bf16_in(rg[0], rg[1]) << 16;
+            const uint32_t e = (uint32_t)rg[2] + (uint32_t)(rand_u64() % (uint64_t)(rg[3] - rg[2] + 1));
+            acc[l] = ((uint32_t)rand_u64() & 0x807fffffu) | e << 23;
+        }
+        const __m512 r = _mm512_dpbf16_ps(_mm512_loadu_ps((const float *)acc),
+                                          (__m512bh)_mm512_loadu_si512(xa),
+                                          (__m512bh)_mm512_loadu_si512(wa));
+        _mm512_storeu_ps((float *)out, r);
+        for (int l = 0; l < 16; l++) {
+            const float x0 = from_bits(xa[l] << 16), x1 = from_bits(xa[l] & 0xffff0000u);
+            const float w0 = from_bits(wa[l] << 16), w1 = from_bits(wa[l] & 0xffff0000u);
+            const float want = spec_fma_ftz(x0, w0, spec_fma_ftz(x1, w1, from_bits(acc[l])));
+            lanes++;
+            if (f32_bits(want) == out[l]) continue;
+            if (isnan(want) && isnan(from_bits(out[l]))) {
+                nan_payloads++;
+                continue;
+            }
+            if (differ++ < 3)
+                fprintf(stderr, "vdpbf16ps: acc 0x%08x x 0x%08x w 0x%08x: 0x%08x, pair32 0x%08x\n",
+                        acc[l], xa[l], wa[l], out[l], f32_bits(want));
+        }
+    }
+    printf("vdpbf16ps against pair32's two flushed fmas (odd element first): %ld lanes aimed at "
+           "the denormal range, %ld differ (NaN payloads aside: %ld)\n", lanes, differ, nan_payloads);
+    CHECK_INT(differ, 0);
+}
+#endif
+
 /* pair32's denormal rule on hand-made pairs (K = 4: lane 0 takes k = 1 then 0, lane 1 takes
  * k = 3 then 2), each with the bits IEEE arithmetic without flushing would give, so that a
  * table that does not flush, flushes before rounding, or does not flush in the fold fails
@@ -1075,6 +1128,9 @@ int main(void) {
     }
     test_gemm(tables, n_tables);
     test_pair32_denormals(tables, n_tables);
+#if defined(PARITY_HAVE_AVX512BF16)
+    if (parity_set_cpu_path(PARITY_CPU_AVX512BF16) == PARITY_OK) test_vdpbf16ps_is_pair32();
+#endif
     test_negative_zero_sums(tables, n_tables);
     test_max_zeros(tables, n_tables);
     test_public_paths(have_avx2, have_avx512);
