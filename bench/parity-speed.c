@@ -6,7 +6,8 @@
  *                [--paths LIST|all] [--peers LIST] [--score-all] [--json FILE] [--quick]
  *
  * Defaults (a run of under three minutes on 2 cores, peers included): synthetic:qwen3-0.6b; presets
- * aligned,hf-eager,vllm; backend bf16; threads 2; prefill and scoring of 512 tokens; decode
+ * aligned,hf-eager,vllm (measured interleaved, repetition by repetition, and their spread
+ * printed); backend bf16; threads 2; prefill and scoring of 512 tokens; decode
  * at batch 1 and 32 with 128 tokens of context; 1 warm-up and 3 repetitions per figure
  * (median, and min..max as the spread); the CPU path the library picks (--paths all: every
  * SIMD path this CPU has, one after the other, the same rows for each; the portable path,
@@ -288,32 +289,46 @@ static double time_score(const run_cfg *r, uint32_t L) {
     return rc ? fail("score") : dt;
 }
 
-/* Seconds per decode step of B sequences at `context` tokens (one prefill, B - 1 forks). */
-static int time_decode(const run_cfg *r, uint32_t B, uint32_t context, uint32_t steps, int reps,
-                       double *per_step) {
+/* A decode run of B sequences at `context` tokens (one prefill, B forks), its first step
+ * taken, ready for decode_time. */
+typedef struct decode_run {
     parity_sampler *s;
-    if (make_sampler(r, B + 1, context + steps * (uint32_t)(reps + 1) + 2, &s)) return -1;
+    uint32_t B, seqs[64], fin[64];
+    int32_t tok[64];
+    float lp[64];
+} decode_run;
+
+static int decode_open(const run_cfg *r, uint32_t B, uint32_t context, uint32_t max_steps,
+                       decode_run *d) {
+    d->B = B;
+    if (make_sampler(r, B + 1, context + max_steps + 2, &d->s)) return -1;
     int32_t *prompt = malloc(context * sizeof *prompt);
     make_prompt(prompt, context, parity_model_config(r->model)->vocab_size);
     parity_sampling g;
     parity_sampling_default(&g);
     g.temperature = 0;
-    uint32_t parent, seqs[64], fin[64];
-    int32_t tok[64];
-    float lp[64];
-    int rc = parity_sampler_add(s, prompt, context, &g, 0, &parent);
-    for (uint32_t b = 0; b < B && !rc; b++) rc = parity_sampler_fork(s, parent, &g, b, &seqs[b]);
+    uint32_t parent;
+    int rc = parity_sampler_add(d->s, prompt, context, &g, 0, &parent);
+    for (uint32_t b = 0; b < B && !rc; b++) rc = parity_sampler_fork(d->s, parent, &g, b, &d->seqs[b]);
     /* warm-up: the first step also copies the forks' shared last block */
-    if (!rc) rc = parity_sampler_step(s, seqs, B, tok, lp, fin, 0, NULL, NULL);
-    for (int rep = 0; rep < reps && !rc; rep++) {
-        double t0 = bench_now();
-        for (uint32_t i = 0; i < steps && !rc; i++)
-            rc = parity_sampler_step(s, seqs, B, tok, lp, fin, 0, NULL, NULL);
-        per_step[rep] = (bench_now() - t0) / steps;
-    }
+    if (!rc) rc = parity_sampler_step(d->s, d->seqs, B, d->tok, d->lp, d->fin, 0, NULL, NULL);
     free(prompt);
-    parity_sampler_free(s);
-    return rc ? fail("decode") : 0;
+    if (rc) {
+        parity_sampler_free(d->s);
+        return fail("decode");
+    }
+    return 0;
+}
+
+/* Seconds per step over `steps` steps, after one untimed step (which wakes the pool's
+ * workers if another run let them sleep); -1 on failure. */
+static double decode_time(decode_run *d, uint32_t steps) {
+    int rc = parity_sampler_step(d->s, d->seqs, d->B, d->tok, d->lp, d->fin, 0, NULL, NULL);
+    double t0 = bench_now();
+    for (uint32_t i = 0; i < steps && !rc; i++)
+        rc = parity_sampler_step(d->s, d->seqs, d->B, d->tok, d->lp, d->fin, 0, NULL, NULL);
+    const double dt = (bench_now() - t0) / steps;
+    return rc ? fail("decode") : dt;
 }
 
 /* ---- peers ----------------------------------------------------------------------------------- */
@@ -662,6 +677,9 @@ int main(int argc, char **argv) {
 
     result *res = calloc(512, sizeof *res);
     int nres = 0;
+    /* The presets of a configuration are measured interleaved, repetition by repetition
+     * (preset 1, 2, 3, then 1, 2, 3 again), so that a drift of the machine's speed over the
+     * run falls on all of them alike and their spread (printed below) means something. */
     for (int pi = 0; pi < npath; pi++) {
         parity_set_cpu_path(paths[pi]);
         for (int b = 0; b < nb; b++) {
@@ -670,49 +688,58 @@ int main(int argc, char **argv) {
                 fail("--backends");
                 return 2;
             }
-            for (int p = 0; p < np; p++)
-                for (int t = 0; t < nt; t++) {
-                    run_cfg r = {model, presets[p], backend, threads[t]};
-                    fprintf(stderr, "parity-speed: %s / %s / %s / %u thread(s)\n", presets[p], backends[b],
-                            parity_cpu_path_name(paths[pi]), threads[t]);
-                    for (int li = 0; li < nl; li++)
-                        for (int phase = 0; phase < 2; phase++) {
-                            if (phase && p > 0 && !score_all) continue;
-                            double v[50];
-                            const uint32_t L = prompts[li];
-                            /* warm-up (the first configuration only: later ones find the
-                             * weights, the allocator and the pool as warm) */
-                            if (p == 0 && (phase ? time_score(&r, L) : time_prefill(&r, L)) < 0)
-                                return 1;
-                            for (int k = 0; k < reps; k++) {
-                                double dt = phase ? time_score(&r, L) : time_prefill(&r, L);
+            for (int t = 0; t < nt; t++) {
+                run_cfg rc[MAX_LIST];
+                for (int p = 0; p < np; p++) rc[p] = (run_cfg){model, presets[p], backend, threads[t]};
+                fprintf(stderr, "parity-speed: %s / %s / %u thread(s): %s\n", backends[b],
+                        parity_cpu_path_name(paths[pi]), threads[t], presets_s);
+                for (int li = 0; li < nl; li++)
+                    for (int phase = 0; phase < 2; phase++) {
+                        const uint32_t L = prompts[li];
+                        const int npp = phase && !score_all ? 1 : np;
+                        /* warm-up (weights, allocator and pool) */
+                        if ((phase ? time_score(&rc[0], L) : time_prefill(&rc[0], L)) < 0) return 1;
+                        double v[MAX_LIST][50];
+                        for (int k = 0; k < reps; k++)
+                            for (int p = 0; p < npp; p++) {
+                                const double dt = phase ? time_score(&rc[p], L) : time_prefill(&rc[p], L);
                                 if (dt < 0) return 1;
-                                v[k] = L / dt;
+                                v[p][k] = L / dt;
                             }
+                        for (int p = 0; p < npp; p++) {
                             result *x = &res[nres++];
                             *x = (result){phase ? "score" : "prefill", presets[p], backends[b], paths[pi],
-                                          threads[t], 1, L, L, summarise(v, reps), 0, 0};
-                            double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
-                                           ms.head_flops * (phase ? L : 1);
+                                          threads[t], 1, L, L, summarise(v[p], reps), 0, 0};
+                            const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
+                                                 ms.head_flops * (phase ? L : 1);
                             x->gflops = flops / (L / x->tps.median) / 1e9;
                         }
-                    for (int ci = 0; ci < nc; ci++)
-                        for (int bi = 0; bi < nbatch; bi++) {
-                            double v[50];
-                            if (time_decode(&r, batches[bi], contexts[ci], steps, reps, v)) return 1;
-                            double tps[50];
-                            for (int k = 0; k < reps; k++) tps[k] = batches[bi] / v[k];
+                    }
+                for (int ci = 0; ci < nc; ci++)
+                    for (int bi = 0; bi < nbatch; bi++) {
+                        const uint32_t B = batches[bi];
+                        decode_run d[MAX_LIST];
+                        for (int p = 0; p < np; p++)
+                            if (decode_open(&rc[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, &d[p])) return 1;
+                        double tps[MAX_LIST][50];
+                        for (int k = 0; k < reps; k++)
+                            for (int p = 0; p < np; p++) {
+                                const double step = decode_time(&d[p], steps);
+                                if (step < 0) return 1;
+                                tps[p][k] = B / step;
+                            }
+                        for (int p = 0; p < np; p++) {
+                            parity_sampler_free(d[p].s);
                             result *x = &res[nres++];
-                            *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t],
-                                          batches[bi], batches[bi], contexts[ci], summarise(tps, reps), 0, 0};
-                            const double step_s = batches[bi] / x->tps.median;
+                            *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t], B, B,
+                                          contexts[ci], summarise(tps[p], reps), 0, 0};
+                            const double step_s = B / x->tps.median;
                             x->gbs = ms.weight_bytes / step_s / 1e9;
-                            x->gflops = batches[bi] *
-                                        (ms.flops_per_tok + ms.head_flops +
-                                         ms.attn_flops * (contexts[ci] + 1)) /
-                                        step_s / 1e9;
+                            x->gflops = B * (ms.flops_per_tok + ms.head_flops +
+                                             ms.attn_flops * (contexts[ci] + 1)) / step_s / 1e9;
                         }
-                }
+                    }
+            }
         }
     }
     parity_set_cpu_path(chosen);
@@ -768,6 +795,30 @@ int main(int argc, char **argv) {
         printf("%-8s %-9s %-8s %-10s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)  %s\n", x->phase,
                x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch,
                x->tokens, x->context, x->tps.median, x->tps.min, x->tps.max, bound);
+    }
+    /* the presets' spread per row of the other columns: fastest / slowest median - 1 */
+    int spread_header = 0;
+    for (int i = 0; i < nres; i++) {
+        const result *x = &res[i];
+        double lo = x->tps.median, hi = x->tps.median;
+        int n = 0, first = 1;
+        for (int j = 0; j < nres; j++) {
+            const result *z = &res[j];
+            if (strcmp(z->phase, x->phase) || strcmp(z->backend, x->backend) || z->path != x->path ||
+                z->threads != x->threads || z->batch != x->batch || z->tokens != x->tokens ||
+                z->context != x->context)
+                continue;
+            if (j < i) first = 0;
+            lo = z->tps.median < lo ? z->tps.median : lo;
+            hi = z->tps.median > hi ? z->tps.median : hi;
+            n++;
+        }
+        if (!first || n < 2) continue;
+        if (!spread_header) printf("\npreset spread (fastest / slowest median - 1, presets measured interleaved)\n");
+        spread_header = 1;
+        printf("  %-8s %-8s %-10s thr %u batch %2u tokens %5u context %5u: %4.1f%% over %d presets\n",
+               x->phase, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch, x->tokens,
+               x->context, 100 * (hi / lo - 1), n);
     }
     if (P.n_notes) printf("\npeers\n");
     for (int i = 0; i < P.n_notes; i++) printf("  %s\n", P.notes[i]);
