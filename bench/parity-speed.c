@@ -734,7 +734,11 @@ int main(int argc, char **argv) {
                             *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t], B, B,
                                           contexts[ci], summarise(tps[p], reps), 0, 0};
                             const double step_s = B / x->tps.median;
-                            x->gbs = ms.weight_bytes / step_s / 1e9;
+                            /* PARITY_COMPUTE_FP32 streams fp32 weights: twice the bytes */
+                            parity_policy pol;
+                            const int fp32 = parity_policy_from_name(presets[p], &pol) == PARITY_OK &&
+                                             pol.compute == PARITY_COMPUTE_FP32;
+                            x->gbs = (fp32 ? 2 : 1) * ms.weight_bytes / step_s / 1e9;
                             x->gflops = B * (ms.flops_per_tok + ms.head_flops +
                                              ms.attn_flops * (contexts[ci] + 1)) / step_s / 1e9;
                         }

@@ -498,6 +498,75 @@ static void gemm_bf16w_avx512(size_t M, size_t K, const float *xp, const uint16_
     pair32_flush_end(mxcsr);
 }
 
+/* ---- fp32 weights (gemm_f32w, PARITY_COMPUTE_FP32) ----
+ *
+ * dot16 on fp32 weights: one zmm is one output's 16 lanes, element i in lane i % 16. A block
+ * is R x rows against C weight rows (1 x 8 for one row, 4 x 4 otherwise, the rest in
+ * smaller blocks), x rows blocked to a fraction of the L2 as in the AVX2 kernel; the last,
+ * partial chunk pads x with -0 and w with +0, so a padded lane adds -0 and stays as it was. */
+static size_t z_xblock_bytes(void); /* below, with the lane tiles */
+
+ALWAYS_INLINE void zf_block(const int R, const int C, size_t K, const float *x, size_t ldx,
+                            const float *w, size_t ldw, float *y, size_t ldy) {
+    __m512 acc[16];
+    for (int a = 0; a < R * C; a++) acc[a] = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 xv[4];
+        for (int i = 0; i < R; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
+        for (int j = 0; j < C; j++) {
+            const __m512 wv = _mm512_loadu_ps(w + j * ldw + k);
+            for (int i = 0; i < R; i++) acc[C * i + j] = _mm512_fmadd_ps(xv[i], wv, acc[C * i + j]);
+        }
+    }
+    if (k < K) {
+        const __mmask16 m = z_mask(K - k);
+        __m512 xv[4];
+        for (int i = 0; i < R; i++) xv[i] = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, x + i * ldx + k);
+        for (int j = 0; j < C; j++) {
+            const __m512 wv = _mm512_maskz_loadu_ps(m, w + j * ldw + k);
+            for (int i = 0; i < R; i++) acc[C * i + j] = _mm512_fmadd_ps(xv[i], wv, acc[C * i + j]);
+        }
+    }
+    if (R * C == 16) {
+        const __m512 f = z_fold16x16(acc);
+        for (int i = 0; i < R; i++)
+            _mm512_mask_storeu_ps(y + i * ldy - C * i, (__mmask16)(((1u << C) - 1) << (C * i)), f);
+    } else {
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < C; j++) y[i * ldy + j] = z_fold16(acc[C * i + j]);
+    }
+}
+
+ALWAYS_INLINE void zf_rows(const int C, size_t M, size_t K, const float *x, size_t ldx,
+                           const float *w, size_t ldw, float *y, size_t ldy) {
+    size_t m = 0;
+    for (; m + 4 <= M; m += 4) zf_block(4, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy);
+    switch (M - m) {
+    case 3: zf_block(3, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
+    case 2: zf_block(2, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
+    case 1: zf_block(1, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
+    default: break;
+    }
+}
+
+static void gemm_f32w_avx512(size_t M, size_t K, const float *x, size_t ldx, const float *w,
+                             size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
+    /* x rows per block: a quarter of the L2 (the weights stream past it) */
+    size_t block = z_xblock_bytes() / 5 * 2 / ((K ? K : 1) * sizeof(float)) / 4 * 4;
+    if (block < 4) block = 4;
+    for (size_t m0 = 0; m0 < M; m0 += block) {
+        const size_t rows = M - m0 < block ? M - m0 : block;
+        const float *xm = x + m0 * ldx;
+        float *ym = y + m0 * ldy;
+        size_t n = n0;
+        if (rows == 1)
+            for (; n + 8 <= n1; n += 8) zf_block(1, 8, K, xm, ldx, w + n * ldw, ldw, ym + n, ldy);
+        for (; n + 4 <= n1; n += 4) zf_rows(4, rows, K, xm, ldx, w + n * ldw, ldw, ym + n, ldy);
+        for (; n < n1; n++) zf_rows(1, rows, K, xm, ldx, w + n * ldw, ldw, ym + n, ldy);
+    }
+}
+
 /* ---- large M: lane tiles (gemm_bf16w_tiles) ----
  *
  * As in kernels_avx2.c, pair32's 16 lanes are 16 independent chains and gemm_pack_xt lays
@@ -722,6 +791,7 @@ void kernels_avx512_set_entries(kernels *t) {
     t->pv_f32 = pv_f32_avx512;
     t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx512;
     t->gemm_bf16w = gemm_bf16w_avx512;
+    t->gemm_f32w = gemm_f32w_avx512;
     t->dot_f32 = dot_f32_avx512;
     t->sum_squares = sum_squares_avx512;
     t->sum_exp = sum_exp_avx512;
