@@ -689,8 +689,8 @@ int main(int argc, char **argv) {
                 return 2;
             }
             for (int t = 0; t < nt; t++) {
-                run_cfg rc[MAX_LIST];
-                for (int p = 0; p < np; p++) rc[p] = (run_cfg){model, presets[p], backend, threads[t]};
+                run_cfg cfg[MAX_LIST];
+                for (int p = 0; p < np; p++) cfg[p] = (run_cfg){model, presets[p], backend, threads[t]};
                 fprintf(stderr, "parity-speed: %s / %s / %u thread(s): %s\n", backends[b],
                         parity_cpu_path_name(paths[pi]), threads[t], presets_s);
                 for (int li = 0; li < nl; li++)
@@ -698,11 +698,11 @@ int main(int argc, char **argv) {
                         const uint32_t L = prompts[li];
                         const int npp = phase && !score_all ? 1 : np;
                         /* warm-up (weights, allocator and pool) */
-                        if ((phase ? time_score(&rc[0], L) : time_prefill(&rc[0], L)) < 0) return 1;
+                        if ((phase ? time_score(&cfg[0], L) : time_prefill(&cfg[0], L)) < 0) return 1;
                         double v[MAX_LIST][50];
                         for (int k = 0; k < reps; k++)
                             for (int p = 0; p < npp; p++) {
-                                const double dt = phase ? time_score(&rc[p], L) : time_prefill(&rc[p], L);
+                                const double dt = phase ? time_score(&cfg[p], L) : time_prefill(&cfg[p], L);
                                 if (dt < 0) return 1;
                                 v[p][k] = L / dt;
                             }
@@ -720,7 +720,7 @@ int main(int argc, char **argv) {
                         const uint32_t B = batches[bi];
                         decode_run d[MAX_LIST];
                         for (int p = 0; p < np; p++)
-                            if (decode_open(&rc[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, &d[p])) return 1;
+                            if (decode_open(&cfg[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, &d[p])) return 1;
                         double tps[MAX_LIST][50];
                         for (int k = 0; k < reps; k++)
                             for (int p = 0; p < np; p++) {

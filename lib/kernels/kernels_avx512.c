@@ -75,12 +75,12 @@ static void widen_bf16_avx512(const uint16_t *src, size_t n, float *dst) {
 
 /* ---- attention blocks (dots_f32, pv_f32) ---- */
 
-/* dot16 products of one a against the J rows b[j] (bf16 or fp32, `bf` a constant after
- * inlining), side by side: dot16's 16 lanes are one zmm, a's loads shared, J chains. The
- * partial block at the end pads a with -0 and b with +0. */
+/* dot16 products of one a against the J rows b[j] (J <= 16; bf16 or fp32, `bf` a constant
+ * after inlining), side by side: dot16's 16 lanes are one zmm, a's loads shared, J chains,
+ * 16 of them folded as one tree. The partial block at the end pads a with -0 and b with +0. */
 ALWAYS_INLINE void z_dots(const int J, int bf, const float *a, const void *const *b, size_t n,
                           float *out) {
-    __m512 acc[8];
+    __m512 acc[16];
     for (int j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -92,7 +92,7 @@ ALWAYS_INLINE void z_dots(const int J, int bf, const float *a, const void *const
         const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + i);
         for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(bf, b[j], i, m), acc[j]);
     }
-    for (int j = 0; j < J; j++) out[j] = z_fold16(acc[j]);
+    z_store_block(1, J, acc, out, 0);
 }
 
 static float dot_f32_bf16_avx512(const float *a, const uint16_t *b, size_t n) {
@@ -130,32 +130,15 @@ static void axpy4_bf16_avx512(float *o, const float p[4], const uint16_t *const 
     z_axpy_bf16(4, o, p, v, n);
 }
 
-/* 16 dots of one a against b, b + ldb, ..., b + 15 ldb: 16 chains, a's loads shared, the
- * 16 folds as one tree (z_fold16x16) and one store. Padding as z_dots. */
-static inline void z_dots16(const float *a, const float *b, size_t ldb, size_t n, float *out) {
-    __m512 acc[16];
-    for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(a + i);
-        for (int j = 0; j < 16; j++)
-            acc[j] = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + j * ldb + i), acc[j]);
-    }
-    if (i < n) {
-        const __mmask16 m = z_mask(n - i);
-        const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + i);
-        for (int j = 0; j < 16; j++)
-            acc[j] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, b + j * ldb + i), acc[j]);
-    }
-    _mm512_storeu_ps(out, z_fold16x16(acc));
-}
-
 /* dots_f32: keys 16 at a time, then 8, 4, and singly. */
 static void dots_f32_avx512(const float *a, const float *b, size_t ldb, size_t count, size_t n,
                             float *out) {
-    const void *rows[8];
+    const void *rows[16];
     size_t j = 0;
-    for (; j + 16 <= count; j += 16) z_dots16(a, b + j * ldb, ldb, n, out + j);
+    for (; j + 16 <= count; j += 16) {
+        for (size_t r = 0; r < 16; r++) rows[r] = b + (j + r) * ldb;
+        z_dots(16, 0, a, rows, n, out + j);
+    }
     for (; j + 8 <= count; j += 8) {
         for (size_t r = 0; r < 8; r++) rows[r] = b + (j + r) * ldb;
         z_dots(8, 0, a, rows, n, out + j);
@@ -458,14 +441,7 @@ ALWAYS_INLINE void zr_block(const int R, const int C, size_t K, const float *xp,
             }
         }
     }
-    if (R * C == 16) {
-        const __m512 f = z_fold16x16(acc);
-        for (int i = 0; i < R; i++)
-            _mm512_mask_storeu_ps(y + i * ldy - C * i, (__mmask16)(((1u << C) - 1) << (C * i)), f);
-    } else {
-        for (int i = 0; i < R; i++)
-            for (int j = 0; j < C; j++) y[i * ldy + j] = z_fold16(acc[C * i + j]);
-    }
+    z_store_block(R, C, acc, y, ldy);
 }
 
 /* Rows [0, M) against C weight rows: blocks of 4 rows, then the 1 to 3 left. */
@@ -528,14 +504,7 @@ ALWAYS_INLINE void zf_block(const int R, const int C, size_t K, const float *x, 
             for (int i = 0; i < R; i++) acc[C * i + j] = _mm512_fmadd_ps(xv[i], wv, acc[C * i + j]);
         }
     }
-    if (R * C == 16) {
-        const __m512 f = z_fold16x16(acc);
-        for (int i = 0; i < R; i++)
-            _mm512_mask_storeu_ps(y + i * ldy - C * i, (__mmask16)(((1u << C) - 1) << (C * i)), f);
-    } else {
-        for (int i = 0; i < R; i++)
-            for (int j = 0; j < C; j++) y[i * ldy + j] = z_fold16(acc[C * i + j]);
-    }
+    z_store_block(R, C, acc, y, ldy);
 }
 
 ALWAYS_INLINE void zf_rows(const int C, size_t M, size_t K, const float *x, size_t ldx,

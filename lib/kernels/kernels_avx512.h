@@ -1,6 +1,6 @@
 /* What the AVX-512 kernel files share (included only by files compiled with AVX-512 F, BW,
- * VL and DQ): masks for row tails, the bf16 widening load, the dot16 fold of one zmm and
- * the 16 folds of 16 zmm at once. */
+ * VL and DQ): masks for row tails, the bf16 widening load, the dot16 fold of one zmm, the
+ * 16 folds of 16 zmm at once, and the store of a block of outputs through them. */
 #ifndef PARITY_KERNELS_AVX512_H
 #define PARITY_KERNELS_AVX512_H
 
@@ -54,6 +54,23 @@ static inline __m512 z_fold16x16(const __m512 acc[16]) {
      * that lane a holds acc[a] */
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     return _mm512_permutexvar_ps(order, r);
+}
+
+/* The outputs of an R x C block (R * C <= 16, constants after inlining) from their
+ * accumulators acc[C * i + j] into y[i][j] (row stride ldy): a full block folds as one tree,
+ * its lane C * i + j being y[i][j], and stores a row with one masked store; a smaller one
+ * folds each output alone. */
+static inline __attribute__((always_inline)) void z_store_block(const int R, const int C,
+                                                                const __m512 *acc, float *y,
+                                                                size_t ldy) {
+    if (R * C == 16) {
+        const __m512 f = z_fold16x16(acc);
+        for (int i = 0; i < R; i++)
+            _mm512_mask_storeu_ps(y + i * ldy - C * i, (__mmask16)(((1u << C) - 1) << (C * i)), f);
+    } else {
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < C; j++) y[i * ldy + j] = z_fold16(acc[C * i + j]);
+    }
 }
 
 #endif

@@ -77,14 +77,7 @@ ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t
             for (int i = 0; i < MR; i++) acc[NR * i + j] = _mm512_dpbf16_ps(acc[NR * i + j], x[i], wv);
         }
     }
-    if (MR * NR == 16) {
-        const __m512 f = z_fold16x16(acc);
-        for (int i = 0; i < MR; i++)
-            _mm512_mask_storeu_ps(y + i * ldy - NR * i, (__mmask16)(((1u << NR) - 1) << (NR * i)), f);
-    } else {
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) y[i * ldy + j] = z_fold16(acc[NR * i + j]);
-    }
+    z_store_block(MR, NR, acc, y, ldy);
 }
 
 /* Rows [0, rows) against NR weight rows: blocks of 4 rows, then the 1 to 3 left. */
