@@ -226,13 +226,13 @@ static result run_case(const options *o, threadpool *pool, const shape *s, size_
     size_t copy = 0;
     const uint16_t *w = wt->data; /* the copy of the last timed call */
     /* one untimed call (page faults, first touch of y) */
-    gemm_bf16w_pool(pool, M, s->K, x, s->K, w, s->K, y, s->N, gs);
+    gemm_bf16w_pool(pool, M, s->K, x, s->K, w, s->K, y, s->N, s->N, gs);
     int n = 0;
     while (n < o->reps_max && (n < 3 || spent < o->min_time)) {
         copy = (copy + 1) % wt->copies;
         w = (const uint16_t *)((const char *)wt->data + copy * wt->bytes_each);
         double t0 = bench_now();
-        gemm_bf16w_pool(pool, M, s->K, x, s->K, w, s->K, y, s->N, gs);
+        gemm_bf16w_pool(pool, M, s->K, x, s->K, w, s->K, y, s->N, s->N, gs);
         t[n] = bench_now() - t0;
         spent += t[n++];
     }

@@ -737,6 +737,91 @@ PARITY_API int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens,
                                    const float *expected);
 
 
+/* ---------------------------------------------------------------------------------------- */
+/* Forward pieces for host learners and engines                                             */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * The pieces of the forward pass that the region kernels above do not cover, on caller-owned
+ * buffers: the embedding gather, the linear layer, causal GQA attention and the head. The
+ * model's forward (parity_score, the sampler) runs these same functions, so a host that
+ * composes them with the region kernels, rounding at the policy's points, gets the forward's
+ * bits exactly (test_ops composes a whole Qwen3 forward from them and compares it with
+ * parity_score bit for bit; python/parity/torch.py's CausalLM is built on them).
+ *
+ * Activations are fp32 buffers (float); under a bf16 policy the forward holds bf16 values in
+ * them, made so at each rounding point (parity_bf16_from_f32 / _to_f32, or the region kernels'
+ * bf16 outputs widened). Weights are bf16 bit patterns (PARITY_DTYPE_BF16) under a policy with
+ * compute "bf16" and fp32 (PARITY_DTYPE_F32, the masters) under compute "fp32"; any other dtype
+ * is refused. Rows are `*_stride` elements apart. Outputs must not overlap inputs.
+ *
+ * Threads: `pool` (parity_pool_create) runs a call on its threads, one call at a time
+ * (PARITY_ERR_BUSY for a second thread meanwhile); NULL runs it on the calling thread alone.
+ * The bits do not depend on the pool's size. Scratch (packed inputs, a KV cache for attention,
+ * logits) is allocated per call and freed before it returns; a call that fails
+ * (PARITY_ERR_OUT_OF_MEMORY included) has written no output.
+ */
+typedef struct parity_pool parity_pool;
+
+/* A pool of n_threads (1..256) threads, the calling thread included. */
+PARITY_API int parity_pool_create(uint32_t n_threads, parity_pool **out);
+PARITY_API void parity_pool_free(parity_pool *pool);
+/* Its thread count (1 for NULL). */
+PARITY_API uint32_t parity_pool_threads(const parity_pool *pool);
+
+/* out[r][:] = the row tokens[r] of the embedding table [vocab][dim] (rows table_stride apart,
+ * dtype PARITY_DTYPE_BF16: widened exactly, or PARITY_DTYPE_F32: copied).
+ * PARITY_ERR_TOKEN_RANGE for a token outside [0, vocab). */
+PARITY_API int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab, size_t dim,
+                                uint32_t dtype, const void *table, size_t table_stride,
+                                float *out, size_t out_stride);
+
+/* The linear layer: y[i][j] = sum_t x[i][t] * w[j][t] (+ bias[j]) for i < m, j < n, t < k,
+ * in fp32 and unrounded: the caller rounds at the policy's point (the forward rounds every
+ * GEMM output once, to bf16). The order of each sum is the backend's (DESIGN.md, "Matmul"):
+ * PARITY_BACKEND_BF16 runs pair32 on bf16 weights, dot16 on fp32 weights (compute "fp32");
+ * PARITY_BACKEND_OPENBLAS runs one-row cblas_sgemm on fp32 weights (bf16 weights are widened
+ * into scratch per call: n * k * 4 bytes). Each y[i][j] depends on row i of x and row j of w
+ * alone: not on m, the pool or the CPU path. bias (n fp32 values, or NULL) joins the fp32 sum,
+ * as a GEMM epilogue does. */
+PARITY_API int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backend,
+                             size_t m, size_t k, size_t n, const float *x, size_t x_stride,
+                             uint32_t w_dtype, const void *w, size_t w_stride, const float *bias,
+                             float *y, size_t y_stride);
+
+/* Causal attention of a batch of sequences, each attending to its own positions 0..t, with
+ * n_heads query heads sharing n_kv_heads KV heads (query head h reads KV head
+ * h / (n_heads / n_kv_heads)), scale head_dim^-0.5, in the policy's attention mode (eager,
+ * flash or fp32; fp32 under compute "fp32") with the forward's per-element order (DESIGN.md,
+ * "KV cache and attention"). The sequences' rows are concatenated: T = sum of lengths[0 ..
+ * n_seqs-1] rows of q [T][n_heads * head_dim] (after q-norm and RoPE), k [T][n_kv_heads *
+ * head_dim] (after k-norm and RoPE) and v [T][n_kv_heads * head_dim]; out [T][n_heads *
+ * head_dim]. Under compute
+ * "bf16", k and v are held as bf16 (round to nearest even, exact for the bf16 values the forward
+ * passes), as its KV cache holds them. */
+PARITY_API int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_seqs,
+                                const uint32_t *lengths, size_t n_heads, size_t n_kv_heads,
+                                size_t head_dim, const float *q, size_t q_stride,
+                                const float *k, size_t k_stride, const float *v,
+                                size_t v_stride, float *out, size_t out_stride);
+
+/* The head, for `rows` positions: s = residual + delta (the last layer's MLP output), the
+ * final RMSNorm of s with norm_weight [dim] and eps (the residual + RMSNorm region, per the
+ * policy), the lm_head GEMM [vocab][dim] (rows lm_head_stride apart; the logits rounded to bf16
+ * unless the policy keeps an fp32 head), then log p(targets[r]) under options' mode
+ * (raw, processed, processed-truncated; top_n must be 0) into logprobs[r], as parity_score
+ * computes it. Optional (NULL to skip): entropy[r] of the mode's distribution, and logits
+ * [rows][vocab] (rows logits_stride apart) as the policy rounds them, before any temperature.
+ * norm_weight and lm_head are both of w_dtype. */
+PARITY_API int parity_head_logprobs(parity_pool *pool, const parity_policy *policy,
+                                    uint32_t backend, const parity_score_options *options,
+                                    size_t rows, size_t dim, size_t vocab, const float *residual,
+                                    size_t residual_stride, const float *delta,
+                                    size_t delta_stride, uint32_t w_dtype,
+                                    const void *norm_weight, float eps, const void *lm_head,
+                                    size_t lm_head_stride, const int32_t *targets,
+                                    float *logprobs, float *entropy, float *logits,
+                                    size_t logits_stride);
+
 #ifdef __cplusplus
 }
 #endif

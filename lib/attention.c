@@ -26,7 +26,7 @@ static void attend_split(const fwd_ctx *ctx, uint32_t layer, const fwd_row *row,
                          size_t kvh, float *s, float *o, float *out) {
     const kernels *k = kern();
     const kv_cache *kv = ctx->kv;
-    const size_t hd = ctx->model->config.head_dim, n = (size_t)row->pos + 1, seg = ctx->split_kv;
+    const size_t hd = ctx->config->head_dim, n = (size_t)row->pos + 1, seg = ctx->split_kv;
     const float scale = (float)(1.0 / sqrt((double)hd));
     float *os = o + hd; /* the segment's output */
     float m = -INFINITY, l = 0;
@@ -121,7 +121,7 @@ typedef struct attn_scratch {
 static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size_t slot,
                        const attn_scratch *w) {
     const fwd_ctx *ctx = j->ctx;
-    const parity_config *c = &ctx->model->config;
+    const parity_config *c = ctx->config;
     const kernels *k = kern();
     const kv_cache *kv = ctx->kv;
     const size_t hd = c->head_dim, heads = c->num_attention_heads;
@@ -207,7 +207,7 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
 static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
     const attn_job *j = ctx_;
     const fwd_ctx *ctx = j->ctx;
-    const parity_config *c = &ctx->model->config;
+    const parity_config *c = ctx->config;
     const size_t hd = c->head_dim, group = c->num_attention_heads / c->num_key_value_heads;
     const size_t n_groups = (j->n_rows + ATTN_TASK_ROWS - 1) / ATTN_TASK_ROWS;
     const size_t slots = ATTN_TASK_ROWS * group;
@@ -246,5 +246,5 @@ void attention(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row 
     attn_job j = {ctx, layer, n_rows, rows, q, att};
     const size_t n_groups = (n_rows + ATTN_TASK_ROWS - 1) / ATTN_TASK_ROWS;
     /* tasks differ in length (rows at different positions): handed out one at a time */
-    pool_run_dynamic(ctx->pool, attend, &j, n_groups * ctx->model->config.num_key_value_heads, 1);
+    pool_run_dynamic(ctx->pool, attend, &j, n_groups * ctx->config->num_key_value_heads, 1);
 }

@@ -106,7 +106,8 @@ int engine_enter(engine *e, const char *what) {
 void engine_leave(engine *e) { object_leave(&e->in_use); }
 
 fwd_ctx engine_fwd_ctx(engine *e) {
-    return (fwd_ctx){e->model, e->p.policy, e->p.backend, e->pool, &e->kv, &e->scratch, 0, 0};
+    return (fwd_ctx){e->model, &e->model->config, e->p.policy, e->p.backend, e->pool, &e->kv,
+                     &e->scratch, 0, 0};
 }
 
 /* ---- objects on an engine ---------------------------------------------------------------- */

@@ -28,7 +28,8 @@ static const float *vec(const fwd_ctx *ctx, const weight *w) {
 
 typedef struct region_job {
     const fwd_ctx *ctx;
-    const weight *w;
+    const float *w;       /* a norm's weight values */
+    float eps;            /* a norm's epsilon */
     float *a, *b, *out;   /* meaning depends on the region */
     size_t width;         /* row width of a/b/out */
     const fwd_row *rows;
@@ -38,17 +39,15 @@ typedef struct region_job {
 static void job_rmsnorm_residual(void *p, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const region_job *j = p;
-    const float eps = j->ctx->model->config.rms_norm_eps;
     for (size_t r = begin; r < end; r++)
         kern()->rmsnorm_residual(&j->ctx->pol, j->width, j->a + r * j->width, j->b + r * j->width,
-                                 vec(j->ctx, j->w), eps, j->out + r * j->width);
+                                 j->w, j->eps, j->out + r * j->width);
 }
 
 /* RMSNorm of rows begin..end of a into out (qk: the q/k-norm switch) */
 static void rmsnorm_rows(const region_job *j, int qk, float *out, size_t begin, size_t end) {
-    const float eps = j->ctx->model->config.rms_norm_eps;
     for (size_t r = begin; r < end; r++)
-        kern()->rmsnorm(&j->ctx->pol, qk, j->width, j->a + r * j->width, vec(j->ctx, j->w), eps,
+        kern()->rmsnorm(&j->ctx->pol, qk, j->width, j->a + r * j->width, j->w, j->eps,
                         out + r * j->width);
 }
 
@@ -102,19 +101,19 @@ static void run_rows(const fwd_ctx *ctx, pool_fn fn, region_job j, size_t n_rows
 
 /* ---- the KV cache ----------------------------------------------------------------------- */
 
-static void store_kv(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
-                     const float *k, const float *v) {
+void kv_store(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
+              const float *k, size_t k_stride, const float *v, size_t v_stride) {
     const kv_cache *kv = ctx->kv;
     const size_t w = kv->width, hd = kv->head_dim;
     for (size_t r = 0; r < n_rows; r++)
         for (size_t h = 0; h < w / hd; h++) {
             const size_t off = kv_offset(kv, layer, rows[r].blocks, rows[r].pos, h);
-            const float *kh = k + r * w + h * hd, *vh = v + r * w + h * hd;
+            const float *kh = k + r * k_stride + h * hd, *vh = v + r * v_stride + h * hd;
             if (kv->fp32) {
                 memcpy((float *)kv->k + off, kh, hd * sizeof(float));
                 memcpy((float *)kv->v + off, vh, hd * sizeof(float));
             } else {
-                /* exact: K and V already hold bf16 values */
+                /* exact for the forward: its K and V already hold bf16 values */
                 uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
                 for (size_t i = 0; i < hd; i++) {
                     kd[i] = bf16_from_f32(kh[i]);
@@ -122,6 +121,33 @@ static void store_kv(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fw
                 }
             }
         }
+}
+
+void embed_rows(size_t n, const int32_t *tokens, size_t dim, const uint16_t *table_bf16,
+                const float *table_f32, size_t table_stride, float *out, size_t out_stride) {
+    for (size_t r = 0; r < n; r++) {
+        const size_t tok = (size_t)tokens[r];
+        float *h = out + r * out_stride;
+        if (table_f32) {
+            memcpy(h, table_f32 + tok * table_stride, dim * sizeof *h);
+        } else {
+            const uint16_t *e = table_bf16 + tok * table_stride;
+            for (size_t i = 0; i < dim; i++) h[i] = bf16_to_f32(e[i]);
+        }
+    }
+}
+
+/* ---- the head ----------------------------------------------------------------------------- */
+
+void forward_head(const fwd_ctx *ctx, size_t n, float *delta, float *h, const float *norm,
+                  float eps, float *xn, const gemm_weights *lm_head, float *logits) {
+    const size_t dim = lm_head->cols;
+    /* last residual connection + final rmsnorm (region: residual + RMSNorm) */
+    run_rows(ctx, job_rmsnorm_residual, (region_job){.w = norm, .eps = eps, .a = delta, .b = h,
+                                                     .out = xn, .width = dim}, n);
+    /* classifier into logits: rounded to bf16 unless the policy keeps an fp32 head */
+    linear_weights(ctx, n, xn, dim, lm_head, NULL, logits, lm_head->rows);
+    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_to_bf16(ctx, logits, n * lm_head->rows);
 }
 
 /* ---- the forward -------------------------------------------------------------------------- */
@@ -136,18 +162,12 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
     const size_t kv_dim = (size_t)c->num_key_value_heads * hd;
     const size_t inter = c->intermediate_size;
     const int fp32 = ctx->pol.compute == PARITY_COMPUTE_FP32;
+    const float eps = c->rms_norm_eps;
 
     /* token embedding: the residual stream starts as the embedding rows (exact) */
-    for (size_t r = 0; r < R; r++) {
-        const size_t tok = (size_t)rows[r].token;
-        float *h = s->h + r * dim;
-        if (fp32) {
-            memcpy(h, weight_f32(&m->embed) + tok * dim, dim * sizeof *h);
-        } else {
-            const uint16_t *e = m->embed.bf16 + tok * dim;
-            for (size_t i = 0; i < dim; i++) h[i] = bf16_to_f32(e[i]);
-        }
-    }
+    for (size_t r = 0; r < R; r++)
+        embed_rows(1, &rows[r].token, dim, m->embed.bf16, fp32 ? weight_f32(&m->embed) : NULL,
+                   dim, s->h + r * dim, dim);
 
     for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *w = &m->layers[l];
@@ -155,11 +175,12 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
         /* attention rmsnorm: layer 0 reads the embedding; later layers first add the
          * previous MLP's output to the residual stream (region: residual + RMSNorm) */
         if (l == 0)
-            run_rows(ctx, job_rmsnorm, (region_job){.w = &w->attn_norm, .a = s->h, .out = s->xn,
-                                                    .width = dim}, R);
+            run_rows(ctx, job_rmsnorm, (region_job){.w = vec(ctx, &w->attn_norm), .eps = eps,
+                                                    .a = s->h, .out = s->xn, .width = dim}, R);
         else
-            run_rows(ctx, job_rmsnorm_residual, (region_job){.w = &w->attn_norm, .a = s->delta,
-                                                             .b = s->h, .out = s->xn, .width = dim}, R);
+            run_rows(ctx, job_rmsnorm_residual,
+                     (region_job){.w = vec(ctx, &w->attn_norm), .eps = eps, .a = s->delta,
+                                  .b = s->h, .out = s->xn, .width = dim}, R);
 
         /* q, k, v projections: each GEMM output rounded once */
         linear(ctx, R, s->xn, &w->wq, &w->bq, s->q);
@@ -171,9 +192,11 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
 
         /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm) */
         if (c->qk_norm) {
-            run_rows(ctx, job_qk_norm, (region_job){.w = &w->q_norm, .a = s->q, .width = hd},
+            run_rows(ctx, job_qk_norm, (region_job){.w = vec(ctx, &w->q_norm), .eps = eps,
+                                                    .a = s->q, .width = hd},
                      R * c->num_attention_heads);
-            run_rows(ctx, job_qk_norm, (region_job){.w = &w->k_norm, .a = s->k, .width = hd},
+            run_rows(ctx, job_qk_norm, (region_job){.w = vec(ctx, &w->k_norm), .eps = eps,
+                                                    .a = s->k, .width = hd},
                      R * c->num_key_value_heads);
         }
 
@@ -181,7 +204,7 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
         run_rows(ctx, job_rope, (region_job){.a = s->q, .b = s->k, .rows = rows}, R);
 
         /* this batch's keys and values join the cache; attention reads them from there */
-        store_kv(ctx, l, R, rows, s->k, s->v);
+        kv_store(ctx, l, R, rows, s->k, kv_dim, s->v, kv_dim);
         attention(ctx, l, R, rows, s->q, s->att);
 
         /* output projection */
@@ -189,8 +212,9 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
         round_to_bf16(ctx, s->delta, R * dim);
 
         /* residual connection + MLP rmsnorm (region: residual + RMSNorm) */
-        run_rows(ctx, job_rmsnorm_residual, (region_job){.w = &w->mlp_norm, .a = s->delta,
-                                                         .b = s->h, .out = s->xn, .width = dim}, R);
+        run_rows(ctx, job_rmsnorm_residual,
+                 (region_job){.w = vec(ctx, &w->mlp_norm), .eps = eps, .a = s->delta, .b = s->h,
+                              .out = s->xn, .width = dim}, R);
 
         /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
          * down projection rounded */
@@ -215,11 +239,7 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
         }
     }
 
-    /* last residual connection + final rmsnorm (region: residual + RMSNorm) */
-    run_rows(ctx, job_rmsnorm_residual, (region_job){.w = &m->final_norm, .a = s->delta,
-                                                     .b = s->h, .out = s->xn, .width = dim}, n_out);
-
-    /* classifier into logits: rounded to bf16 unless the policy keeps an fp32 head */
-    linear(ctx, n_out, s->xn, &m->lm_head, NULL, logits);
-    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_to_bf16(ctx, logits, n_out * c->vocab_size);
+    const gemm_weights head = {m->lm_head.rows, m->lm_head.cols, m->lm_head.cols,
+                               m->lm_head.bf16, fp32 ? weight_f32(&m->lm_head) : m->lm_head.wide};
+    forward_head(ctx, n_out, s->delta, s->h, vec(ctx, &m->final_norm), eps, s->xn, &head, logits);
 }

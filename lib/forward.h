@@ -89,9 +89,19 @@ int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
                      uint32_t max_ctx, unsigned n_workers, int split_k);
 void fwd_scratch_free(fwd_scratch *s);
 
+/* The weights of one GEMM: rows x cols, rows ld elements apart, as bf16 values (the bf16
+ * backend under a bf16 policy) and/or as fp32 (the openblas backend: bf16 widened; the fp32
+ * policy: the masters). */
+typedef struct gemm_weights {
+    size_t rows, cols, ld;
+    const uint16_t *bf16;
+    const float *f32;
+} gemm_weights;
+
 /* Everything a forward needs besides the batch. */
 typedef struct fwd_ctx {
-    const parity_model *model;
+    const parity_model *model;  /* NULL in a kernel entry point (ops.c) */
+    const parity_config *config;  /* the shapes: the model's, or a kernel entry point's */
     parity_policy pol;
     uint32_t backend;       /* parity_backend */
     threadpool *pool;
@@ -107,19 +117,38 @@ typedef struct fwd_ctx {
 void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_out,
              const uint32_t *out_rows, float *logits);
 
-/* ---- GEMM backends (gemm.c) --------------------------------------------------------------
- * y[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]) for m < M, n < w->rows, fp32, unrounded:
- * the forward rounds at the call site. x has w->cols columns (row stride w->cols), y has
- * w->rows (row stride w->rows). */
+/* The pieces of the forward that the kernel entry points (ops.c) run too. */
+
+/* The embedding rows of tokens[0..n-1] (in range) into out (rows out_stride apart): the bf16
+ * table widened exactly, or the fp32 table copied. */
+void embed_rows(size_t n, const int32_t *tokens, size_t dim, const uint16_t *table_bf16,
+                const float *table_f32, size_t table_stride, float *out, size_t out_stride);
+
+/* The head: h[r] += delta[r] with the final RMSNorm (region: residual + RMSNorm) into
+ * xn [n][dim] (h updated to the rounded residual stream), then logits[n][N] = xn . lm_head^T,
+ * rounded to bf16 unless the policy keeps an fp32 head. norm: the fp32 values of the norm
+ * weight; eps the model's. */
+void forward_head(const fwd_ctx *ctx, size_t n, float *delta, float *h, const float *norm,
+                  float eps, float *xn, const gemm_weights *lm_head, float *logits);
+
+/* ---- GEMM backends (gemm.c) -------------------------------------------------------------- */
+/* y[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]) for m < M, n < w->rows, fp32, unrounded (the
+ * caller rounds); x has w->cols columns, rows ldx apart; y rows ldy apart. The order of each
+ * sum is the backend's (bf16: pair32 on bf16 weights, dot16 on fp32 weights under
+ * PARITY_COMPUTE_FP32; openblas: one-row cblas_sgemm); the bias joins the fp32 sum. */
+void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                    const gemm_weights *w, const float *bias, float *y, size_t ldy);
+/* linear_weights on a model weight (and bias: rows = 0 for none), x and y contiguous. */
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y);
 /* The bf16-weight GEMM as linear() runs it: y[M][N] = x . w^T (x rows ldx apart, w rows ldw
- * apart, K <= s->max_k): x packed over the pool (gemm_pack_x, or gemm_pack_xt from
- * GEMM_TILES_MIN_M rows on), then output columns split over the pool in blocks
- * (bench/gemm-bench times it). */
+ * apart, y rows ldy apart, K <= s->max_k): x packed over the pool (gemm_pack_x, or
+ * gemm_pack_xt from GEMM_TILES_MIN_M rows on), then output columns split over the pool in
+ * blocks (bench/gemm-bench times it). */
 #define GEMM_TILES_MIN_M 16
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
-                     const uint16_t *w, size_t ldw, float *y, size_t N, const gemm_scratch *s);
+                     const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
+                     const gemm_scratch *s);
 
 /* Rows per attention task: a prefill's rows of one sequence share each widened block of keys
  * and values; a worker's attention scratch holds that many rows' scores and accumulators. */
@@ -134,5 +163,11 @@ static inline size_t attn_pv_floats(size_t group, size_t head_dim) {
  * of `layer`, per policy->attention; q [n_rows][heads*hd] -> att [n_rows][heads*hd]. */
 void attention(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
                const float *q, float *att);
+
+/* The K and V vectors of the rows (k, v: [n_rows][kv heads * head_dim], rows k_stride and
+ * v_stride apart) into the cache of `layer` at the rows' positions: fp32 as they are, or
+ * bf16 (round to nearest even: exact for the bf16 values the forward passes). */
+void kv_store(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
+              const float *k, size_t k_stride, const float *v, size_t v_stride);
 
 #endif

@@ -35,6 +35,7 @@ typedef struct gemm_job {
     const float *w32;
     size_t ldw;
     float *y;
+    size_t ldy;             /* row stride of y */
     float *panels;          /* large-M path: one panel per worker, else NULL */
     size_t panel_floats;
 } gemm_job;
@@ -44,14 +45,14 @@ static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
     const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
     size_t n0 = begin * block, n1 = end * block < j->N ? end * block : j->N;
     if (j->xb)
-        j->k->gemm_bf16xw(j->M, j->K, j->xb, j->w16, j->ldw, j->y, j->N, n0, n1);
+        j->k->gemm_bf16xw(j->M, j->K, j->xb, j->w16, j->ldw, j->y, j->ldy, n0, n1);
     else if (j->panels)
-        j->k->gemm_bf16w_tiles(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->N, n0, n1,
+        j->k->gemm_bf16w_tiles(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->ldy, n0, n1,
                                j->panels + worker * j->panel_floats);
     else if (j->w16)
-        j->k->gemm_bf16w(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->N, n0, n1);
+        j->k->gemm_bf16w(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->ldy, n0, n1);
     else
-        j->k->gemm_f32w(j->M, j->K, j->x, j->ldx, j->w32, j->ldw, j->y, j->N, n0, n1);
+        j->k->gemm_f32w(j->M, j->K, j->x, j->ldx, j->w32, j->ldw, j->y, j->ldy, n0, n1);
 }
 
 /* The large-M path splits columns statically: each worker's range passes its x blocks once.
@@ -108,20 +109,21 @@ size_t gemm_scratch_xpack_floats(size_t max_rows, size_t max_k) {
 }
 
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
-                     const uint16_t *w, size_t ldw, float *y, size_t N, const gemm_scratch *s) {
+                     const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
+                     const gemm_scratch *s) {
     const kernels *k = kern();
     if (k->gemm_bf16xw) {
         /* the scratch holds M packed fp32 rows, so M bf16 rows fit */
         pack_bf16_job pb = {K, ldx, x, (uint16_t *)s->xpack, 0};
         pool_run(pool, pack_bf16_rows, &pb, M);
         if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) {
-            const gemm_job j = {k, M, K, N, NULL, 0, pb.xb, w, NULL, ldw, y, NULL, 0};
+            const gemm_job j = {k, M, K, N, NULL, 0, pb.xb, w, NULL, ldw, y, ldy, NULL, 0};
             gemm_on_pool(pool, &j);
             return;
         }
     }
     pack_job p = {M, K, ldx, x, s->xpack};
-    gemm_job j = {k, M, K, N, s->xpack, 0, NULL, w, NULL, ldw, y, NULL, 0};
+    gemm_job j = {k, M, K, N, s->xpack, 0, NULL, w, NULL, ldw, y, ldy, NULL, 0};
     if (M >= GEMM_TILES_MIN_M) {
         pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
         j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
@@ -131,46 +133,54 @@ void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_
     gemm_on_pool(pool, &j);
 }
 
-/* y[M][N] = x[:, k0:k1] . w[:, k0:k1]^T: the columns k0 .. k1-1 of x (row stride K) and w. */
-static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, size_t k0,
-                       size_t k1, float *y) {
-    const size_t N = w->rows, K = w->cols, Ks = k1 - k0;
-    const int fp32 = ctx->pol.compute == PARITY_COMPUTE_FP32;
+/* y[M][N] = x[:, k0:k1] . w[:, k0:k1]^T for the weights w and the columns k0 .. k1-1 of x. */
+static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                       const gemm_weights *w, size_t k0, size_t k1, float *y, size_t ldy) {
+    const size_t N = w->rows, Ks = k1 - k0;
     if (ctx->backend == PARITY_BACKEND_OPENBLAS) {
-        const float *w32 = (fp32 ? weight_f32(w) : w->wide) + k0;
+        const float *w32 = w->f32 + k0;
         for (size_t m = 0; m < M; m++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 1, (blasint)N, (blasint)Ks, 1.0f,
-                        x + m * K + k0, (blasint)K, w32, (blasint)K, 0.0f, y + m * N, (blasint)N);
+                        x + m * ldx + k0, (blasint)ldx, w32, (blasint)w->ld, 0.0f, y + m * ldy,
+                        (blasint)ldy);
         return;
     }
-    if (fp32) {
-        const gemm_job j = {kern(), M, Ks, N, x + k0, K, NULL, NULL, weight_f32(w) + k0, K, y,
+    if (ctx->pol.compute == PARITY_COMPUTE_FP32) {
+        const gemm_job j = {kern(), M, Ks, N, x + k0, ldx, NULL, NULL, w->f32 + k0, w->ld, y, ldy,
                             NULL, 0};
         gemm_on_pool(ctx->pool, &j);
         return;
     }
-    gemm_bf16w_pool(ctx->pool, M, Ks, x + k0, K, w->bf16 + k0, K, y, N, &ctx->s->gemm);
+    gemm_bf16w_pool(ctx->pool, M, Ks, x + k0, ldx, w->bf16 + k0, w->ld, y, ldy, N, &ctx->s->gemm);
 }
 
-void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
-            float *y) {
+void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                    const gemm_weights *w, const float *bias, float *y, size_t ldy) {
     const size_t N = w->rows, K = w->cols;
     if (ctx->split_k > 1) {
         /* kernel-order experiment: K in chunks (multiples of 32), partial sums added in order */
         const size_t chunk = ((K + ctx->split_k - 1) / ctx->split_k + 31) / 32 * 32;
-        gemm_slice(ctx, M, x, w, 0, chunk < K ? chunk : K, y);
+        gemm_slice(ctx, M, x, ldx, w, 0, chunk < K ? chunk : K, y, ldy);
         for (size_t k0 = chunk; k0 < K; k0 += chunk) {
-            gemm_slice(ctx, M, x, w, k0, k0 + chunk < K ? k0 + chunk : K, ctx->s->partial);
-            for (size_t i = 0; i < M * N; i++) y[i] += ctx->s->partial[i];
+            gemm_slice(ctx, M, x, ldx, w, k0, k0 + chunk < K ? k0 + chunk : K, ctx->s->partial, N);
+            for (size_t m = 0; m < M; m++)
+                for (size_t n = 0; n < N; n++) y[m * ldy + n] += ctx->s->partial[m * N + n];
         }
     } else {
-        gemm_slice(ctx, M, x, w, 0, K, y);
+        gemm_slice(ctx, M, x, ldx, w, 0, K, y, ldy);
     }
-    if (bias && bias->rows) {
-        /* the bias joins the fp32 accumulator before the output rounding (a GEMM epilogue) */
-        const int fp32 = ctx->pol.compute == PARITY_COMPUTE_FP32;
+    /* the bias joins the fp32 accumulator before the output rounding (a GEMM epilogue) */
+    if (bias)
         for (size_t m = 0; m < M; m++)
-            for (size_t n = 0; n < N; n++)
-                y[m * N + n] += fp32 ? weight_f32(bias)[n] : bf16_to_f32(bias->bf16[n]);
-    }
+            for (size_t n = 0; n < N; n++) y[m * ldy + n] += bias[n];
+}
+
+void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
+            float *y) {
+    const int fp32 = ctx->pol.compute == PARITY_COMPUTE_FP32;
+    const gemm_weights gw = {w->rows, w->cols, w->cols, w->bf16,
+                             fp32 ? weight_f32(w) : w->wide};
+    const float *b = NULL;
+    if (bias && bias->rows) b = fp32 ? weight_f32(bias) : bias->wide;
+    linear_weights(ctx, M, x, w->cols, &gw, b, y, w->rows);
 }

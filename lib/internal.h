@@ -63,6 +63,27 @@ static inline void object_leave(atomic_int *in_use) {
     atomic_store_explicit(in_use, 0, memory_order_release);
 }
 
+/* ---- argument checks of the public kernel calls (regions.c) ---------------------------
+ * Each sets the message, prefixed with the function's name fn, and returns the status. */
+int arg_policy(const char *fn, const parity_policy *policy);
+int arg_ptr(const char *fn, const void *p, const char *what);
+/* `rows` rows of `dim` elements, `stride` apart: dim <= stride, and the last element's index
+ * fits in size_t. */
+int arg_rows(const char *fn, size_t rows, size_t dim, size_t stride, const char *what);
+/* rows and dim both at least 1. */
+int arg_shape(const char *fn, size_t rows, size_t dim);
+int arg_eps(const char *fn, float eps);
+/* An output may alias an input only exactly: the same rows (same pointer, same stride). */
+int arg_alias(const char *fn, const void *out, size_t out_stride, const void *in,
+                size_t in_stride, const char *out_name, const char *in_name);
+
+/* Returns the status of `call` if it failed. */
+#define TRY(call)                            \
+    do {                                     \
+        int try_status_ = (call);            \
+        if (try_status_) return try_status_; \
+    } while (0)
+
 /* ---- bf16 ------------------------------------------------------------------------------ */
 
 static inline uint32_t f32_bits(float x) {

@@ -17,9 +17,9 @@ uint16_t parity_bf16_from_f32(float x) { return bf16_from_f32(x); }
 
 float parity_bf16_to_f32(uint16_t x) { return bf16_to_f32(x); }
 
-/* ---- argument checks (each sets the message and returns the status) --------------------- */
+/* ---- argument checks (internal.h; each sets the message and returns the status) ---------- */
 
-static int check_policy(const char *fn, const parity_policy *policy) {
+int arg_policy(const char *fn, const parity_policy *policy) {
     if (!policy) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: policy is NULL", fn);
     int status = parity_policy_validate(policy);
     if (status) {
@@ -32,14 +32,14 @@ static int check_policy(const char *fn, const parity_policy *policy) {
     return PARITY_OK;
 }
 
-static int check_ptr(const char *fn, const void *p, const char *what) {
+int arg_ptr(const char *fn, const void *p, const char *what) {
     if (!p) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
     return PARITY_OK;
 }
 
 /* `rows` rows of `dim` elements, `stride` apart: dim <= stride, and the last element's index
  * (rows - 1) * stride + dim - 1 fits in size_t. */
-static int check_rows(const char *fn, size_t rows, size_t dim, size_t stride, const char *what) {
+int arg_rows(const char *fn, size_t rows, size_t dim, size_t stride, const char *what) {
     uint64_t span;
     if (stride < dim)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s stride %zu is less than the row "
@@ -50,13 +50,13 @@ static int check_rows(const char *fn, size_t rows, size_t dim, size_t stride, co
     return PARITY_OK;
 }
 
-static int check_shape(const char *fn, size_t rows, size_t dim) {
+int arg_shape(const char *fn, size_t rows, size_t dim) {
     if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
     if (dim == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: dim is 0", fn);
     return PARITY_OK;
 }
 
-static int check_eps(const char *fn, float eps) {
+int arg_eps(const char *fn, float eps) {
     if (!(eps > 0.0f) || !isfinite(eps))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: eps %g must be positive and finite",
                          fn, (double)eps);
@@ -64,7 +64,7 @@ static int check_eps(const char *fn, float eps) {
 }
 
 /* An output may alias an input only exactly: the same rows (same pointer, same stride). */
-static int check_alias(const char *fn, const void *out, size_t out_stride, const void *in,
+int arg_alias(const char *fn, const void *out, size_t out_stride, const void *in,
                        size_t in_stride, const char *out_name, const char *in_name) {
     if (out == in && out_stride != in_stride)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s aliases %s with another stride "
@@ -72,12 +72,6 @@ static int check_alias(const char *fn, const void *out, size_t out_stride, const
     return PARITY_OK;
 }
 
-/* Returns the status of `call` if it failed. */
-#define TRY(call)                            \
-    do {                                     \
-        int try_status_ = (call);            \
-        if (try_status_) return try_status_; \
-    } while (0)
 
 /* ---- regions ------------------------------------------------------------------------------ */
 
@@ -88,24 +82,24 @@ int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim
                             size_t residual_out_stride, uint16_t *out, size_t out_stride) {
     static const char fn[] = "parity_rmsnorm_residual";
     clear_error();
-    TRY(check_policy(fn, policy));
-    TRY(check_ptr(fn, delta, "delta"));
-    TRY(check_ptr(fn, residual, "residual"));
-    TRY(check_ptr(fn, weight, "weight"));
-    TRY(check_ptr(fn, residual_out, "residual_out"));
-    TRY(check_ptr(fn, out, "out"));
-    TRY(check_shape(fn, rows, dim));
-    TRY(check_rows(fn, rows, dim, delta_stride, "delta"));
-    TRY(check_rows(fn, rows, dim, residual_stride, "residual"));
-    TRY(check_rows(fn, rows, dim, residual_out_stride, "residual_out"));
-    TRY(check_rows(fn, rows, dim, out_stride, "out"));
-    TRY(check_alias(fn, residual_out, residual_out_stride, residual, residual_stride,
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, delta, "delta"));
+    TRY(arg_ptr(fn, residual, "residual"));
+    TRY(arg_ptr(fn, weight, "weight"));
+    TRY(arg_ptr(fn, residual_out, "residual_out"));
+    TRY(arg_ptr(fn, out, "out"));
+    TRY(arg_shape(fn, rows, dim));
+    TRY(arg_rows(fn, rows, dim, delta_stride, "delta"));
+    TRY(arg_rows(fn, rows, dim, residual_stride, "residual"));
+    TRY(arg_rows(fn, rows, dim, residual_out_stride, "residual_out"));
+    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    TRY(arg_alias(fn, residual_out, residual_out_stride, residual, residual_stride,
                     "residual_out", "residual"));
-    TRY(check_alias(fn, out, out_stride, delta, delta_stride, "out", "delta"));
+    TRY(arg_alias(fn, out, out_stride, delta, delta_stride, "out", "delta"));
     if ((const void *)out == (const void *)residual_out)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: out and residual_out are the same "
                          "buffer", fn);
-    TRY(check_eps(fn, eps));
+    TRY(arg_eps(fn, eps));
 
     const kernels *k = kern();
     for (size_t r = 0; r < rows; r++)
@@ -120,15 +114,15 @@ int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows, siz
                    uint16_t *out, size_t out_stride) {
     static const char fn[] = "parity_rmsnorm";
     clear_error();
-    TRY(check_policy(fn, policy));
-    TRY(check_ptr(fn, x, "x"));
-    TRY(check_ptr(fn, weight, "weight"));
-    TRY(check_ptr(fn, out, "out"));
-    TRY(check_shape(fn, rows, dim));
-    TRY(check_rows(fn, rows, dim, x_stride, "x"));
-    TRY(check_rows(fn, rows, dim, out_stride, "out"));
-    TRY(check_alias(fn, out, out_stride, x, x_stride, "out", "x"));
-    TRY(check_eps(fn, eps));
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, x, "x"));
+    TRY(arg_ptr(fn, weight, "weight"));
+    TRY(arg_ptr(fn, out, "out"));
+    TRY(arg_shape(fn, rows, dim));
+    TRY(arg_rows(fn, rows, dim, x_stride, "x"));
+    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    TRY(arg_alias(fn, out, out_stride, x, x_stride, "out", "x"));
+    TRY(arg_eps(fn, eps));
 
     const kernels *k = kern();
     for (size_t r = 0; r < rows; r++)
@@ -142,16 +136,16 @@ int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim, const ui
                   size_t out_stride) {
     static const char fn[] = "parity_swiglu";
     clear_error();
-    TRY(check_policy(fn, policy));
-    TRY(check_ptr(fn, gate, "gate"));
-    TRY(check_ptr(fn, up, "up"));
-    TRY(check_ptr(fn, out, "out"));
-    TRY(check_shape(fn, rows, dim));
-    TRY(check_rows(fn, rows, dim, gate_stride, "gate"));
-    TRY(check_rows(fn, rows, dim, up_stride, "up"));
-    TRY(check_rows(fn, rows, dim, out_stride, "out"));
-    TRY(check_alias(fn, out, out_stride, gate, gate_stride, "out", "gate"));
-    TRY(check_alias(fn, out, out_stride, up, up_stride, "out", "up"));
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, gate, "gate"));
+    TRY(arg_ptr(fn, up, "up"));
+    TRY(arg_ptr(fn, out, "out"));
+    TRY(arg_shape(fn, rows, dim));
+    TRY(arg_rows(fn, rows, dim, gate_stride, "gate"));
+    TRY(arg_rows(fn, rows, dim, up_stride, "up"));
+    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    TRY(arg_alias(fn, out, out_stride, gate, gate_stride, "out", "gate"));
+    TRY(arg_alias(fn, out, out_stride, up, up_stride, "out", "up"));
 
     const kernels *k = kern();
     for (size_t r = 0; r < rows; r++)
@@ -176,9 +170,9 @@ int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t
                 uint16_t *x, size_t row_stride, const int32_t *positions, double theta) {
     static const char fn[] = "parity_rope";
     clear_error();
-    TRY(check_policy(fn, policy));
-    TRY(check_ptr(fn, x, "x"));
-    TRY(check_ptr(fn, positions, "positions"));
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, x, "x"));
+    TRY(arg_ptr(fn, positions, "positions"));
     if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
     if (n_heads == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n_heads is 0", fn);
     if (head_dim == 0 || head_dim % 2 != 0 || head_dim > ROPE_MAX_HEAD_DIM)
@@ -189,7 +183,7 @@ int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t
     if (mul_overflows((uint64_t)n_heads, (uint64_t)head_dim, &width) || width > SIZE_MAX)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu heads of %zu overflow", fn,
                          n_heads, head_dim);
-    TRY(check_rows(fn, rows, (size_t)width, row_stride, "x"));
+    TRY(arg_rows(fn, rows, (size_t)width, row_stride, "x"));
     if (!((float)theta > 0.0f) || !isfinite((float)theta))
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "%s: theta %g must be positive and finite in fp32", fn, theta);

@@ -66,12 +66,14 @@ ERR_INVALID_ARGUMENT = -1
 ERR_VERIFY = -60
 ERR_TOKEN_RANGE = -40
 ERR_EMPTY_INPUT = -41
+ERR_TOO_LONG = -42
 ERR_POLICY = -43
 ERR_CACHE_FULL = -50
 
 STATUSES = {
     "PARITY_OK": 0, "PARITY_ERR_INVALID_ARGUMENT": ERR_INVALID_ARGUMENT,
     "PARITY_ERR_TOKEN_RANGE": ERR_TOKEN_RANGE, "PARITY_ERR_EMPTY_INPUT": ERR_EMPTY_INPUT,
+    "PARITY_ERR_TOO_LONG": ERR_TOO_LONG,
     "PARITY_ERR_POLICY": ERR_POLICY, "PARITY_ERR_CACHE_FULL": ERR_CACHE_FULL,
     "PARITY_ERR_VERIFY": ERR_VERIFY,
 }
@@ -243,6 +245,7 @@ MIRRORED_STRUCTS = {
 model_p = c_void_p
 scorer_p = c_void_p
 sampler_p = c_void_p
+pool_p = c_void_p
 
 # typedef void (*parity_log_fn)(parity_log_level level, const char *message, void *user);
 parity_log_fn = CFUNCTYPE(None, c_int, c_char_p, c_void_p)
@@ -416,6 +419,48 @@ _PROTOTYPES = [
      True),
     # uint32_t parity_kv_block_tokens(void);
     ("parity_kv_block_tokens", c_uint32, [], False),
+    # Forward pieces: buffers are passed as addresses (c_void_p), so that a torch tensor's
+    # data_ptr() or a ctypes array goes in as it is.
+    # int parity_pool_create(uint32_t n_threads, parity_pool **out);
+    ("parity_pool_create", c_int, [c_uint32, POINTER(pool_p)], True),
+    # void parity_pool_free(parity_pool *pool);
+    ("parity_pool_free", None, [pool_p], False),
+    # uint32_t parity_pool_threads(const parity_pool *pool);
+    ("parity_pool_threads", c_uint32, [pool_p], False),
+    # int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab, size_t dim,
+    #                      uint32_t dtype, const void *table, size_t table_stride,
+    #                      float *out, size_t out_stride);
+    ("parity_embedding", c_int,
+     [c_size_t, c_void_p, c_size_t, c_size_t, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t],
+     True),
+    # int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backend,
+    #                   size_t m, size_t k, size_t n, const float *x, size_t x_stride,
+    #                   uint32_t w_dtype, const void *w, size_t w_stride, const float *bias,
+    #                   float *y, size_t y_stride);
+    ("parity_linear", c_int,
+     [pool_p, POINTER(parity_policy), c_uint32, c_size_t, c_size_t, c_size_t, c_void_p, c_size_t,
+      c_uint32, c_void_p, c_size_t, c_void_p, c_void_p, c_size_t], True),
+    # int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_seqs,
+    #                      const uint32_t *lengths, size_t n_heads, size_t n_kv_heads,
+    #                      size_t head_dim, const float *q, size_t q_stride,
+    #                      const float *k, size_t k_stride, const float *v,
+    #                      size_t v_stride, float *out, size_t out_stride);
+    ("parity_attention", c_int,
+     [pool_p, POINTER(parity_policy), c_size_t, c_void_p, c_size_t, c_size_t, c_size_t, c_void_p,
+      c_size_t, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t], True),
+    # int parity_head_logprobs(parity_pool *pool, const parity_policy *policy,
+    #                          uint32_t backend, const parity_score_options *options,
+    #                          size_t rows, size_t dim, size_t vocab, const float *residual,
+    #                          size_t residual_stride, const float *delta,
+    #                          size_t delta_stride, uint32_t w_dtype,
+    #                          const void *norm_weight, float eps, const void *lm_head,
+    #                          size_t lm_head_stride, const int32_t *targets,
+    #                          float *logprobs, float *entropy, float *logits,
+    #                          size_t logits_stride);
+    ("parity_head_logprobs", c_int,
+     [pool_p, POINTER(parity_policy), c_uint32, POINTER(parity_score_options), c_size_t,
+      c_size_t, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t, c_uint32, c_void_p, c_float,
+      c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t], True),
 ]
 
 _IN_TREE = os.path.isfile(os.path.join(_REPO_ROOT, "include", "parity.h"))

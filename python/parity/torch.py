@@ -42,8 +42,8 @@ except ImportError as _e:  # pragma: no cover - exercised where torch is missing
 
 from .policy import Policy
 
-__all__ = ["rmsnorm_residual", "rmsnorm", "swiglu", "rope", "rope_cos_sin", "silu", "expf",
-           "fmaf", "sum_squares"]
+__all__ = ["rmsnorm_residual", "rmsnorm", "swiglu", "rope", "rope_cos_sin", "round_point", "silu",
+           "expf", "fmaf", "sum_squares"]
 
 _f32 = _torch.float32
 _f64 = _torch.float64
@@ -65,9 +65,34 @@ def _policy(policy):
 _policies = {}
 
 
+class _RoundPoint(_torch.autograd.Function):
+    """A rounding point: fp32 -> bf16 (nearest even) -> fp32 forward; the gradient passes
+    straight through, unchanged and in fp32 (d round(x) / dx = 1)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(_bf16).to(_f32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 def _round(x):
-    """The rounding point: fp32 -> bf16 (nearest even, NaN -> 0x7fc0) -> fp32."""
+    """The rounding point: fp32 -> bf16 (nearest even, NaN -> 0x7fc0) -> fp32, with the
+    straight-through gradient (identity, fp32) when x needs one."""
+    if x.requires_grad:
+        return _RoundPoint.apply(x)
     return x.to(_bf16).to(_f32)
+
+
+def round_point(x):
+    """A rounding point on an fp32 tensor, as the policies place them: the values rounded to
+    bf16 (round to nearest even) and held in fp32; its gradient is the straight-through one,
+    the incoming gradient unchanged (fp32, not rounded to bf16)."""
+    if not isinstance(x, _torch.Tensor) or x.dtype != _f32:
+        raise TypeError("round_point takes a float32 tensor")
+    return _round(x)
 
 
 def _to_bf16(x):
@@ -221,6 +246,38 @@ def _inv_rms(v, eps):
 
 # ---- regions ------------------------------------------------------------------------------------
 
+def _rmsnorm_residual_f32(delta, residual, weight, eps, pol):
+    """rmsnorm_residual on fp32 tensors (bf16 values under compute "bf16"): returns the
+    residual stream and the norm output as fp32, rounded where the policy rounds (nothing
+    rounds under compute "fp32")."""
+    bf16 = pol.compute == 0
+    rounded_in = bf16 and pol.norm_input == 0
+    twice = bf16 and pol.norm_weight == 0
+    s = residual + delta
+    v = _round_if(rounded_in, s)
+    r = _inv_rms(v, eps)
+    out = _round_if(bf16, weight * _round_if(twice, v * r))
+    return _round_if(bf16, s), out
+
+
+def _rmsnorm_f32(x, weight, eps, pol, qk_norm=False):
+    """rmsnorm on an fp32 tensor, the output fp32 (rounded under compute "bf16")."""
+    bf16 = pol.compute == 0
+    twice = bf16 and (pol.qk_norm if qk_norm else pol.norm_weight) == 0
+    r = _inv_rms(x, eps)
+    return _round_if(bf16, weight * _round_if(twice, x * r))
+
+
+def _swiglu_f32(g, u, pol):
+    """swiglu on fp32 tensors, the output fp32 (rounded under compute "bf16")."""
+    bf16 = pol.compute == 0
+    per_op = bf16 and pol.swiglu == 0
+    with _torch.no_grad():
+        value = silu(g.detach())
+    sg = _exact(value, g * _torch.sigmoid(g)) if g.requires_grad else value
+    return _round_if(bf16, _round_if(per_op, sg) * u)
+
+
 def rmsnorm_residual(delta, residual, weight, eps=1e-6, policy="aligned"):
     """Residual add + RMSNorm over the last dimension, as parity_rmsnorm_residual.
 
@@ -235,13 +292,8 @@ def rmsnorm_residual(delta, residual, weight, eps=1e-6, policy="aligned"):
     _check_bf16(residual, "residual")
     _check_bf16(weight, "weight")
     pol = _policy(policy)
-    bf16 = pol.compute == 0
-    rounded_in = bf16 and pol.norm_input == 0
-    twice = bf16 and pol.norm_weight == 0
     s = residual.to(_f32) + delta.to(_f32)
-    v = _round_if(rounded_in, s)
-    r = _inv_rms(v, eps)
-    out = _round_if(bf16, weight.to(_f32) * _round_if(twice, v * r))
+    _, out = _rmsnorm_residual_f32(delta.to(_f32), residual.to(_f32), weight.to(_f32), eps, pol)
     return _to_bf16(s), _to_bf16(out)
 
 
@@ -253,12 +305,7 @@ def rmsnorm(x, weight, eps=1e-6, policy="aligned", qk_norm=False):
     Args: x: bf16 (..., dim); weight: bf16 (dim,). Returns bf16 shaped like x."""
     _check_bf16(x, "x")
     _check_bf16(weight, "weight")
-    pol = _policy(policy)
-    bf16 = pol.compute == 0
-    twice = bf16 and (pol.qk_norm if qk_norm else pol.norm_weight) == 0
-    v = x.to(_f32)
-    r = _inv_rms(v, eps)
-    return _to_bf16(_round_if(bf16, weight.to(_f32) * _round_if(twice, v * r)))
+    return _to_bf16(_rmsnorm_f32(x.to(_f32), weight.to(_f32), eps, _policy(policy), qk_norm))
 
 
 def swiglu(gate, up, policy="aligned"):
@@ -266,14 +313,7 @@ def swiglu(gate, up, policy="aligned"):
     and bf16(silu(g) * u) for "fused". gate, up: bf16 tensors of one shape; returns bf16."""
     _check_bf16(gate, "gate")
     _check_bf16(up, "up")
-    pol = _policy(policy)
-    bf16 = pol.compute == 0
-    per_op = bf16 and pol.swiglu == 0
-    g = gate.to(_f32)
-    with _torch.no_grad():
-        value = silu(g.detach())
-    sg = _exact(value, g * _torch.sigmoid(g)) if g.requires_grad else value
-    return _to_bf16(_round_if(bf16, _round_if(per_op, sg) * up.to(_f32)))
+    return _to_bf16(_swiglu_f32(gate.to(_f32), up.to(_f32), _policy(policy)))
 
 
 _tables = {}
@@ -333,6 +373,18 @@ def rope_cos_sin(positions, head_dim, theta=10000.0, policy="aligned"):
             sin[inverse].reshape(shape).to(positions.device))
 
 
+def _rope_f32(x, cos, sin, pol):
+    """RoPE on an fp32 tensor (..., head_dim) with the tables of rope_cos_sin broadcast to
+    x.shape[:-1] + (head_dim // 2,); the output fp32 (rounded under compute "bf16")."""
+    bf16 = pol.compute == 0
+    per_op = bf16 and pol.rope_apply == 0
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    lo = _round_if(per_op, a * cos) - _round_if(per_op, b * sin)
+    hi = _round_if(per_op, b * cos) + _round_if(per_op, a * sin)
+    return _round_if(bf16, _torch.cat([lo, hi], dim=-1))
+
+
 def rope(x, positions, theta=10000.0, policy="aligned"):
     """RoPE with rotate-half pairing, as parity_rope (returns a new tensor).
 
@@ -349,14 +401,12 @@ def rope(x, positions, theta=10000.0, policy="aligned"):
     Returns a bf16 tensor shaped like x."""
     _check_bf16(x, "x")
     pol = _policy(policy)
-    bf16 = pol.compute == 0
-    per_op = bf16 and pol.rope_apply == 0
-    hd = x.shape[-1]
-    cos, sin = rope_cos_sin(positions, hd, theta, pol)
-    cos, sin = cos.to(x.device), sin.to(x.device)
-    half = hd // 2
-    xf = x.to(_f32)
-    a, b = xf[..., :half], xf[..., half:]
-    lo = _round_if(per_op, a * cos) - _round_if(per_op, b * sin)
-    hi = _round_if(per_op, b * cos) + _round_if(per_op, a * sin)
-    return _to_bf16(_torch.cat([lo, hi], dim=-1))
+    cos, sin = rope_cos_sin(positions, x.shape[-1], theta, pol)
+    return _to_bf16(_rope_f32(x.to(_f32), cos.to(x.device), sin.to(x.device), pol))
+
+
+# The learner (parity/learner.py) builds on the functions above.
+from .learner import (CausalLM, Pool, attention, embedding, head_logprobs,  # noqa: E402
+                      linear)
+
+__all__ += ["CausalLM", "Pool", "attention", "embedding", "head_logprobs", "linear"]

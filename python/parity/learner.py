@@ -1,0 +1,816 @@
+"""A PyTorch learner whose forward is libparity's forward: log-probs bitwise equal to
+parity_score's and the sampler's, with gradients from ordinary autograd.
+
+Imported through parity.torch (``from parity.torch import CausalLM``); needs torch.
+
+The forward runs the pieces of libparity's own forward, on CPU tensors:
+  - the embedding gather, every linear layer, causal GQA attention and the head (final
+    residual + RMSNorm + lm_head + log-softmax of the targets) through the C kernel entry
+    points (parity_embedding, parity_linear, parity_attention, parity_head_logprobs: the very
+    functions parity_score runs);
+  - residual + RMSNorm, q/k-norm, RoPE and SwiGLU through parity.torch's region functions
+    (torch operations that reproduce the C kernels bit for bit);
+  - every rounding point as parity.torch.round_point: bf16 values held in fp32 tensors.
+So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head), both
+backends and the three log-prob modes.
+
+The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
+fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
+of the targets), evaluated at the saved inputs, and every rounding point passes its gradient
+straight through (d round(x)/dx = 1), as parity.torch documents. The weights' gradients reach
+the fp32 masters straight through the bf16 cast.
+
+What the backward keeps, per token of the batch (fp32, 4 bytes a value; H = hidden size, Q =
+query width heads x head_dim, KV = key/value width, I = intermediate size, L = layers):
+  per layer the linear inputs (x of q/k/v, the attention output, x of gate/up, the SwiGLU
+  output: 2H + Q + I), the attention's q, k, v (Q + 2 KV), the gate and up outputs (2I) and
+  the region functions' intermediates (about 6H + 3I + 2Q + 2KV: their fp32 graph), so about
+  4 (8H + 4Q + 4KV + 6I) bytes per token per layer, plus the head's 2H. The logits are not kept:
+  the head's backward recomputes them. CausalLM.saved_bytes(n_tokens) reports the measured
+  figure for a batch.
+"""
+import ctypes
+import json
+import os
+import struct
+import tempfile
+import time
+
+import torch as _torch
+
+from . import _lib
+from . import torch as _pt
+from ._lib import lib, ParityError
+from .model import Model, score_options, _default_threads
+from .policy import Policy, policy_struct
+
+__all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprobs"]
+
+_f32 = _torch.float32
+_bf16 = _torch.bfloat16
+_BF16, _F32 = 0, 2   # parity_dtype
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+
+def _tensor(t, name, dtype, ndim=None):
+    """t as a tensor the C kernels may read: a CPU tensor of `dtype`, contiguous, with `ndim`
+    dimensions; otherwise a TypeError / ValueError that says what to change."""
+    if not isinstance(t, _torch.Tensor):
+        raise TypeError("%s must be a torch.Tensor, not %s" % (name, type(t).__name__))
+    if t.device.type != "cpu":
+        raise ValueError("%s is on %s: libparity computes on the CPU (move it with .cpu())"
+                         % (name, t.device))
+    if t.dtype != dtype:
+        raise TypeError("%s must be %s, not %s" % (name, dtype, t.dtype))
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError("%s must have %d dimensions, not %d (shape %s)"
+                         % (name, ndim, t.dim(), tuple(t.shape)))
+    if not t.is_contiguous():
+        raise ValueError("%s is not contiguous (strides %s): pass x.contiguous()"
+                         % (name, t.stride()))
+    return t
+
+
+def _shape(t, name, shape):
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError("%s has shape %s, expected %s" % (name, tuple(t.shape), tuple(shape)))
+
+
+def _backend(backend):
+    value = _lib.BACKENDS.get(backend) if isinstance(backend, str) else None
+    if value is None:
+        raise ValueError("backend must be one of %s, not %r" % (", ".join(_lib.BACKENDS), backend))
+    return value
+
+
+def _pol(policy):
+    """(the C struct, the parity.torch Policy) of a preset name or a Policy."""
+    return policy_struct(policy), _pt._policy(policy)
+
+
+def _compute_fp32(pol):
+    return pol.compute == 1
+
+
+def _weight_data(w, pol):
+    """What the kernels read of a weight (an fp32 master tensor): its bf16 round-to-nearest-
+    even bits (compute "bf16") or the master itself (compute "fp32"); (tensor, dtype)."""
+    w = w.detach()
+    if _compute_fp32(pol):
+        return w.contiguous(), _F32
+    return w.to(_bf16).contiguous(), _BF16
+
+
+def _weight_values(w, pol):
+    """The fp32 values the forward multiplies by (bf16(w) under compute "bf16"), with the
+    gradient reaching w straight through the cast."""
+    return w if _compute_fp32(pol) else _pt._round(w)
+
+
+def _addr(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else None
+
+
+class Pool(_lib.Closing):
+    """A libparity thread pool (parity_pool) for the kernel calls; threads 1..256, the calling
+    thread included. The bits never depend on it."""
+
+    def __init__(self, threads=None):
+        self.threads = _default_threads() if threads is None else \
+            _lib.as_int(threads, "threads", 1, 256)
+        self._handle = None
+        h = _lib.pool_p()
+        lib.parity_pool_create(self.threads, ctypes.byref(h))
+        self._handle = h
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "the pool is closed")
+        return self._handle
+
+    def close(self):
+        h, self._handle = self._handle, None
+        if h:
+            lib.parity_pool_free(h)
+
+
+def _pool_handle(pool):
+    if pool is None:
+        return None
+    if not isinstance(pool, Pool):
+        raise TypeError("pool must be a parity.torch.Pool or None, not %s" % type(pool).__name__)
+    return pool.handle
+
+
+# ---- the kernel calls as autograd Functions -------------------------------------------------
+
+class _Embedding(_torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tokens, table, data, dtype):
+        rows, (vocab, dim) = tokens.numel(), data.shape
+        out = _torch.empty(rows, dim, dtype=_f32)
+        lib.parity_embedding(rows, _addr(tokens), vocab, dim, dtype, _addr(data), dim, _addr(out),
+                             dim)
+        ctx.save_for_backward(tokens)
+        ctx.vocab = vocab
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (tokens,) = ctx.saved_tensors
+        g = _torch.zeros(ctx.vocab, grad.shape[1], dtype=_f32)
+        g.index_add_(0, tokens.long(), grad)
+        return None, g, None, None
+
+
+def embedding(tokens, table, policy="aligned"):
+    """The embedding rows of `tokens` (an int32 tensor of ids) from `table` (the fp32 master
+    [vocab, dim]; the forward reads bf16(table) under compute "bf16"), as parity_embedding:
+    fp32 [len(tokens), dim]. The gradient goes to table's rows (index_add)."""
+    _tensor(tokens, "tokens", _torch.int32, 1)
+    _tensor(table, "table", _f32, 2)
+    _, pol = _pol(policy)
+    data, dtype = _weight_data(table, pol)
+    return _Embedding.apply(tokens, table, data, dtype)
+
+
+class _Linear(_torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, data, dtype, bias_values, pol_c, backend, pool):
+        (m, k), n = x.shape, data.shape[0]
+        y = _torch.empty(m, n, dtype=_f32)
+        lib.parity_linear(pool, ctypes.byref(pol_c), backend, m, k, n, _addr(x), k, dtype,
+                          _addr(data), k, _addr(bias_values), _addr(y), n)
+        ctx.save_for_backward(x, data)
+        ctx.has_bias = bias is not None
+        ctx.pool = pool
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, data = ctx.saved_tensors
+        gy = gy.contiguous()
+        w_t = data.t().contiguous()   # the values the forward multiplied by, transposed
+        gx = _matmul_t(gy, w_t, ctx.pool) if ctx.needs_input_grad[0] else None
+        gw = _matmul_t(gy.t().contiguous(), x.t().contiguous(), ctx.pool) \
+            if ctx.needs_input_grad[1] else None
+        gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None, None, None, None
+
+
+_MATMUL_BF16 = policy_struct("aligned")   # only its compute switch matters to parity_linear
+_MATMUL_FP32 = policy_struct("fp32")
+
+
+def _matmul_t(a, b, pool):
+    """a b^T in fp32 for the backward (a [m, k], b [n, k], contiguous), on libparity's GEMM:
+    Debian's torch multiplies fp32 matrices with a generic BLAS (about 10 GFLOP/s on the
+    machines here). b of bf16 values (the weights, and the activations under compute "bf16")
+    runs the bf16-weight GEMM, exact products of fp32 by bf16 summed in pair32 order with the
+    bf16 backend's denormal flush; other b the fp32 GEMM (dot16 order)."""
+    m, k = a.shape
+    n = b.shape[0]
+    y = _torch.empty(m, n, dtype=_f32)
+    if b.dtype == _bf16:
+        bits, dtype, pol = b, _BF16, _MATMUL_BF16
+    else:
+        b16 = b.to(_bf16)
+        if _torch.equal(b16.to(_f32), b):
+            bits, dtype, pol = b16, _BF16, _MATMUL_BF16
+        else:
+            bits, dtype, pol = b, _F32, _MATMUL_FP32
+    lib.parity_linear(pool, ctypes.byref(pol), 0, m, k, n, _addr(a), k, dtype, _addr(bits), k,
+                      None, _addr(y), n)
+    return y
+
+
+def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool):
+    bias_values = None
+    if bias is not None:
+        bias_values = bias.detach().contiguous() if _compute_fp32(pol) else \
+            bias.detach().to(_bf16).to(_f32)
+    return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool)
+
+
+def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
+    """x W^T (+ bias) as parity_linear, fp32 and unrounded (round with round_point where the
+    policy rounds): x fp32 [m, k]; weight the fp32 master [n, k] (the forward reads bf16(W)
+    under compute "bf16"); bias fp32 [n] or None. Each output depends on its row of x and of W
+    alone, in the backend's order. Gradients: gy W and gy^T x in fp32, straight through the
+    cast to bf16."""
+    _tensor(x, "x", _f32, 2)
+    _tensor(weight, "weight", _f32, 2)
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError("x has %d columns, weight %d: they must agree" % (x.shape[1],
+                                                                           weight.shape[1]))
+    if bias is not None:
+        _tensor(bias, "bias", _f32, 1)
+        _shape(bias, "bias", (weight.shape[0],))
+    pol_c, pol = _pol(policy)
+    data, dtype = _weight_data(weight, pol)
+    return _linear(x, weight, bias, data, dtype, pol_c, pol, _backend(backend),
+                   _pool_handle(pool))
+
+
+def _attention_fp32(q, k, v, lengths):
+    """Causal GQA softmax attention in fp32 torch operations (the backward's formula)."""
+    nh, nkv, hd = q.shape[1], k.shape[1], q.shape[2]
+    group = nh // nkv
+    outs, at = [], 0
+    for n in lengths:
+        qs = q[at:at + n].transpose(0, 1)
+        ks = k[at:at + n].repeat_interleave(group, dim=1).transpose(0, 1)
+        vs = v[at:at + n].repeat_interleave(group, dim=1).transpose(0, 1)
+        s = (qs @ ks.transpose(1, 2)) * (hd ** -0.5)
+        mask = _torch.ones(n, n, dtype=_torch.bool).triu(1)
+        p = _torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+        outs.append((p @ vs).transpose(0, 1))
+        at += n
+    return _torch.cat(outs, 0)
+
+
+class _Attention(_torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, lengths, pol_c, pool):
+        T, nh, hd = q.shape
+        nkv = k.shape[1]
+        out = _torch.empty(T, nh, hd, dtype=_f32)
+        c_lengths = (ctypes.c_uint32 * len(lengths))(*lengths)
+        lib.parity_attention(pool, ctypes.byref(pol_c), len(lengths), c_lengths, nh, nkv, hd,
+                             _addr(q), nh * hd, _addr(k), nkv * hd, _addr(v), nkv * hd,
+                             _addr(out), nh * hd)
+        ctx.save_for_backward(q, k, v)
+        ctx.lengths = lengths
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with _torch.enable_grad():
+            out = _attention_fp32(q, k, v, ctx.lengths)
+            gq, gk, gv = _torch.autograd.grad(out, (q, k, v), grad)
+        return gq, gk, gv, None, None, None
+
+
+def _lengths(lengths, total):
+    lens = [_lib.as_int(n, "lengths[%d]" % i, 1, 2 ** 32 - 1) for i, n in enumerate(lengths)]
+    if not lens:
+        raise ValueError("lengths is empty: no sequences")
+    if sum(lens) != total:
+        raise ValueError("the lengths add up to %d rows, q has %d" % (sum(lens), total))
+    return lens
+
+
+def attention(q, k, v, lengths, policy="aligned", pool=None):
+    """Causal GQA attention of a batch of sequences, as parity_attention: q fp32 [T, heads,
+    head_dim] (after q-norm and RoPE), k and v fp32 [T, kv_heads, head_dim], the sequences'
+    rows concatenated (lengths adds up to T), each attending to its own positions; the policy's
+    attention mode; fp32 [T, heads, head_dim]. Gradient: fp32 softmax attention."""
+    _tensor(q, "q", _f32, 3)
+    _tensor(k, "k", _f32, 3)
+    _tensor(v, "v", _f32, 3)
+    _shape(v, "v", k.shape)
+    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError("k has shape %s, q %s: rows and head_dim must agree"
+                         % (tuple(k.shape), tuple(q.shape)))
+    if q.shape[1] % k.shape[1]:
+        raise ValueError("%d query heads are not a multiple of %d KV heads" % (q.shape[1],
+                                                                             k.shape[1]))
+    pol_c, _ = _pol(policy)
+    return _Attention.apply(q, k, v, _lengths(lengths, q.shape[0]), pol_c, _pool_handle(pool))
+
+
+def _support(x, o):
+    """The truncated support of processed logits x [n, V] (top-k, then top-p, then min-p on
+    the probabilities), as torch computes it: the backward's mask (the forward's values come
+    from the library's own support)."""
+    keep = _torch.ones_like(x, dtype=_torch.bool)
+    if o.top_k:
+        kth = x.topk(min(o.top_k, x.shape[1]), dim=1).values[:, -1:]
+        keep &= x >= kth
+    p = _torch.softmax(x.masked_fill(~keep, float("-inf")), dim=1)
+    if o.top_p < 1:
+        sp, order = p.sort(dim=1, descending=True)
+        before = sp.cumsum(1) - sp
+        keep_sorted = before < o.top_p
+        keep &= _torch.zeros_like(keep).scatter(1, order, keep_sorted)
+    if o.min_p > 0:
+        keep &= p >= o.min_p * p.max(dim=1, keepdim=True).values
+    return keep
+
+
+class _Head(_torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, delta, norm_w, lm_w, norm_data, lm_data, dtype, targets, options, eps,
+                pol_c, backend, pool):
+        n, dim = h.shape
+        vocab = lm_data.shape[0]
+        lp = _torch.empty(n, dtype=_f32)
+        logits = _torch.empty(n, vocab, dtype=_f32)
+        lib.parity_head_logprobs(pool, ctypes.byref(pol_c), backend, ctypes.byref(options), n,
+                                 dim, vocab, _addr(h), dim, _addr(delta), dim, dtype,
+                                 _addr(norm_data), eps, _addr(lm_data), dim, _addr(targets),
+                                 _addr(lp), None, _addr(logits), vocab)
+        ctx.save_for_backward(h, delta, norm_data, lm_data, targets)
+        ctx.options, ctx.eps = options, eps
+        return lp, logits
+
+    @staticmethod
+    def backward(ctx, g_lp, g_logits):
+        h, delta, norm_data, lm_data, targets = ctx.saved_tensors
+        o = ctx.options
+        h, delta = h.detach().requires_grad_(), delta.detach().requires_grad_()
+        nw = norm_data.to(_f32).requires_grad_()
+        w = lm_data.to(_f32).requires_grad_()
+        with _torch.enable_grad():
+            s = h + delta
+            xn = s * _torch.rsqrt((s * s).mean(-1, keepdim=True) + ctx.eps) * nw
+            logits = xn @ w.t()
+            x = logits
+            if o.mode:
+                x = logits / (o.temperature if o.temperature > 0 else 1.0)
+            if o.mode == 2:
+                x = x.masked_fill(~_support(x.detach(), o), float("-inf"))
+            lse = _torch.logsumexp(x, dim=1)
+            picked = x.gather(1, targets.long().unsqueeze(1)).squeeze(1)
+            inside = _torch.isfinite(picked)
+            lp = _torch.where(inside, picked - lse, _torch.zeros_like(lse))
+            outs, grads = [lp], [_torch.where(inside, g_lp, _torch.zeros_like(g_lp))]
+            if g_logits is not None:
+                outs.append(logits)
+                grads.append(g_logits)
+            gh, gd, gn, gw = _torch.autograd.grad(outs, (h, delta, nw, w), grads,
+                                                  allow_unused=True)
+        return gh, gd, gn, gw, None, None, None, None, None, None, None, None, None
+
+
+def _options(mode, temperature, top_k, top_p, min_p):
+    return _lib.parity_score_options.from_buffer_copy(
+        score_options(mode, temperature, top_k, top_p, min_p, 0))
+
+
+def head_logprobs(residual, delta, norm_weight, lm_head, targets, eps=1e-6, policy="aligned",
+                  backend="bf16", mode="raw", temperature=1.0, top_k=None, top_p=None,
+                  min_p=None, pool=None):
+    """The head as parity_head_logprobs: s = residual + delta, the final RMSNorm (the residual
+    + RMSNorm region), lm_head, and log p(targets) under `mode` (raw, processed,
+    processed-truncated with temperature, top_k, top_p, min_p as parity.Model.score takes
+    them). residual, delta fp32 [n, hidden]; norm_weight fp32 [hidden] and lm_head fp32
+    [vocab, hidden] masters; targets int32 [n]. Returns (logprobs [n], logits [n, vocab] as the
+    policy rounds them), both differentiable. The backward is the fp32 formula (RMSNorm,
+    lm_head, log_softmax of logits / temperature over the support torch computes)."""
+    _tensor(residual, "residual", _f32, 2)
+    _tensor(delta, "delta", _f32, 2)
+    _shape(delta, "delta", residual.shape)
+    _tensor(norm_weight, "norm_weight", _f32, 1)
+    _shape(norm_weight, "norm_weight", (residual.shape[1],))
+    _tensor(lm_head, "lm_head", _f32, 2)
+    if lm_head.shape[1] != residual.shape[1]:
+        raise ValueError("lm_head has %d columns, the hidden size is %d"
+                         % (lm_head.shape[1], residual.shape[1]))
+    _tensor(targets, "targets", _torch.int32, 1)
+    _shape(targets, "targets", (residual.shape[0],))
+    pol_c, pol = _pol(policy)
+    nd, dtype = _weight_data(norm_weight, pol)
+    ld, _ = _weight_data(lm_head, pol)
+    return _Head.apply(residual, delta, norm_weight, lm_head, nd, ld, dtype, targets,
+                       _options(mode, temperature, top_k, top_p, min_p), float(eps), pol_c,
+                       _backend(backend), _pool_handle(pool))
+
+
+# ---- the regions under compute "bf16": the C region kernels, fp32 formulas backward ---------
+
+def _u16(t):
+    return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_uint16))
+
+
+def _bits(x):
+    """A contiguous bf16 copy of an fp32 tensor of bf16 values (exact)."""
+    return x.detach().to(_bf16).contiguous()
+
+
+def _rms_formula(x, w, eps):
+    return x * _torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+class _RmsnormResidualC(_torch.autograd.Function):
+    """parity_rmsnorm_residual: (residual stream, norm output); backward: s = h + delta
+    straight through, the norm's fp32 formula."""
+
+    @staticmethod
+    def forward(ctx, delta, h, w, eps, pol_c):
+        dim = h.shape[-1]
+        rows = h.numel() // dim
+        d16, h16, w16 = _bits(delta), _bits(h), _bits(w)
+        res, out = _torch.empty_like(h16), _torch.empty_like(h16)
+        lib.parity_rmsnorm_residual(ctypes.byref(pol_c), rows, dim, _u16(d16), dim, _u16(h16),
+                                    dim, _u16(w16), eps, _u16(res), dim, _u16(out), dim)
+        ctx.save_for_backward(delta, h, w)
+        ctx.eps = eps
+        return res.to(_f32), out.to(_f32)
+
+    @staticmethod
+    def backward(ctx, g_res, g_out):
+        delta, h, w = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with _torch.enable_grad():
+            s = h + delta
+            out = _rms_formula(s, w, ctx.eps)
+            gd, gh, gw = _torch.autograd.grad([s, out], (delta, h, w), [g_res, g_out])
+        return gd, gh, gw, None, None
+
+
+class _RmsnormC(_torch.autograd.Function):
+    """parity_rmsnorm (qk: Qwen3's q/k-norm switch); backward: the fp32 formula."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps, qk, pol_c):
+        dim = x.shape[-1]
+        rows = x.numel() // dim
+        x16, w16 = _bits(x), _bits(w)
+        out = _torch.empty_like(x16)
+        lib.parity_rmsnorm(ctypes.byref(pol_c), int(qk), rows, dim, _u16(x16), dim, _u16(w16),
+                           eps, _u16(out), dim)
+        ctx.save_for_backward(x, w)
+        ctx.eps = eps
+        return out.to(_f32)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with _torch.enable_grad():
+            gx, gw = _torch.autograd.grad(_rms_formula(x, w, ctx.eps), (x, w), g)
+        return gx, gw, None, None, None
+
+
+class _SwigluC(_torch.autograd.Function):
+    """parity_swiglu; backward: the fp32 formula g sigmoid(g) u."""
+
+    @staticmethod
+    def forward(ctx, g, u, pol_c):
+        dim = g.shape[-1]
+        rows = g.numel() // dim
+        g16, u16 = _bits(g), _bits(u)
+        out = _torch.empty_like(g16)
+        lib.parity_swiglu(ctypes.byref(pol_c), rows, dim, _u16(g16), dim, _u16(u16), dim,
+                          _u16(out), dim)
+        ctx.save_for_backward(g, u)
+        return out.to(_f32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g, u = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with _torch.enable_grad():
+            gg, gu = _torch.autograd.grad(g * _torch.sigmoid(g) * u, (g, u), grad)
+        return gg, gu, None
+
+
+def _rmsnorm_residual(delta, h, w, eps, pol_c, pol):
+    if _compute_fp32(pol):
+        return _pt._rmsnorm_residual_f32(delta, h, w, eps, pol)
+    return _RmsnormResidualC.apply(delta, h, w, eps, pol_c)
+
+
+def _rmsnorm(x, w, eps, pol_c, pol, qk=False):
+    if _compute_fp32(pol):
+        return _pt._rmsnorm_f32(x, w, eps, pol, qk)
+    return _RmsnormC.apply(x, w, eps, qk, pol_c)
+
+
+def _swiglu(g, u, pol_c, pol):
+    if _compute_fp32(pol):
+        return _pt._swiglu_f32(g, u, pol)
+    return _SwigluC.apply(g, u, pol_c)
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+
+_ST_DTYPES = {"BF16": _bf16, "F16": _torch.float16, "F32": _f32}
+
+
+def _read_safetensors(path):
+    """{name: fp32 tensor} of a safetensors file (BF16 and F16 widened exactly, F32 as is)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s: not a safetensors file" % path)
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES.get(e["dtype"])
+        if dtype is None:
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s: tensor %s has dtype %s"
+                              % (path, name, e["dtype"]))
+        lo, hi = e["data_offsets"]
+        raw = bytearray(data[base + lo:base + hi])
+        t = _torch.frombuffer(raw, dtype=_torch.uint8) if raw else _torch.empty(0, dtype=_torch.uint8)
+        out[name] = t.view(dtype).reshape(e["shape"]).to(_f32)
+    return out
+
+
+def _read_checkpoint(directory):
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        tensors.update(_read_safetensors(os.path.join(directory, name)))
+    return tensors
+
+
+# ---- the module ---------------------------------------------------------------------------------
+
+class CausalLM(_torch.nn.Module):
+    """A Qwen-family causal LM as a torch module whose forward is libparity's.
+
+    Args:
+        source: a checkpoint directory, "synthetic:NAME[:SEED]", or an open parity.Model (its
+            weights are copied: the module does not use the model afterwards).
+        policy: the precision policy (a preset name or a parity.Policy), as the sampler's.
+        backend: "bf16" or "openblas", as the sampler's.
+        threads: threads of the module's kernel pool (None = the CPUs this process may use);
+            the bits never depend on it.
+
+    Parameters are fp32 tensors named as in the checkpoint ("model.layers.0.mlp.up_proj.weight",
+    ...): the checkpoint's F32 masters where it has them, else its bf16 values widened
+    exactly. The forward reads their round-to-nearest-even bf16 cast (compute "bf16"), the
+    cast parity_model_update makes, or the masters themselves (compute "fp32"); so after
+    sync_to(model) the module and the model's sampler and scorer agree bit for bit.
+    Architectures: those of libparity with default RoPE (rope_type "default").
+    """
+
+    def __init__(self, source, policy="aligned", backend="bf16", threads=None):
+        super().__init__()
+        self._pol_c, self._pol = _pol(policy)
+        self.policy = policy
+        self.backend_name = backend
+        self._backend = _backend(backend)
+        self._pool = Pool(threads)
+        if isinstance(source, Model):
+            tensors, config = self._from_model(source)
+        elif isinstance(source, (str, os.PathLike)):
+            spec = os.fspath(source)
+            with Model(spec, threads=1) as m:
+                config = m.config
+                if os.path.isdir(spec):
+                    tensors = _read_checkpoint(spec)
+                else:
+                    tensors, _ = self._from_model(m)
+        else:
+            raise TypeError("source must be a checkpoint directory, 'synthetic:NAME' or a "
+                            "parity.Model, not %s" % type(source).__name__)
+        if config["rope_type"] != "default":
+            raise ValueError("CausalLM supports default RoPE; this model's rope_type is %r"
+                             % config["rope_type"])
+        self.config = config
+        self._names = list(tensors)
+        for name, t in tensors.items():
+            self._attach(name, _torch.nn.Parameter(t.contiguous()))
+
+    @staticmethod
+    def _from_model(model):
+        h = model._acquire()
+        try:
+            with tempfile.TemporaryDirectory(prefix="parity-learner-") as d:
+                lib.parity_model_save(h, d.encode())
+                tensors = _read_checkpoint(d)
+        finally:
+            model._release()
+        return tensors, model.config
+
+    def _attach(self, name, param):
+        parts = name.split(".")
+        mod = self
+        for p in parts[:-1]:
+            child = mod._modules.get(p)
+            if child is None:
+                child = _torch.nn.Module()
+                mod.add_module(p, child)
+            mod = child
+        mod.register_parameter(parts[-1], param)
+
+    def _param(self, name):
+        mod = self
+        for p in name.split("."):
+            mod = getattr(mod, p)
+        return mod
+
+    def _has(self, name):
+        try:
+            self._param(name)
+            return True
+        except AttributeError:
+            return False
+
+    def close(self):
+        """Frees the kernel pool (a later forward raises)."""
+        self._pool.close()
+
+    # ---- forward -----------------------------------------------------------------------------
+
+    def _sequences(self, sequences):
+        if isinstance(sequences, _torch.Tensor) or not hasattr(sequences, "__len__"):
+            raise TypeError("sequences must be a list of token-id sequences")
+        seqs, vocab = [], self.config["vocab_size"]
+        for i, s in enumerate(sequences):
+            if isinstance(s, _torch.Tensor):
+                if s.dim() != 1 or s.dtype.is_floating_point or s.dtype == _torch.bool:
+                    raise TypeError("sequence %d: a 1-D integer tensor, not %s of shape %s"
+                                    % (i, s.dtype, tuple(s.shape)))
+                s = s.tolist()
+            s = [_lib.as_int(t, "sequence %d token" % i, -2 ** 63, 2 ** 63) for t in s]
+            bad = [t for t in s if not 0 <= t < vocab]
+            if bad:
+                raise ParityError(_lib.ERR_TOKEN_RANGE, "sequence %d: token id %d is outside the "
+                                  "vocabulary [0, %d)" % (i, bad[0], vocab))
+            if not s:
+                raise ParityError(_lib.ERR_EMPTY_INPUT, "sequence %d is empty" % i)
+            if len(s) > self.config["max_position_embeddings"]:
+                raise ParityError(_lib.ERR_TOO_LONG, "sequence %d has %d tokens, more than the "
+                                  "model's context (%d)" % (i, len(s),
+                                                            self.config["max_position_embeddings"]))
+            seqs.append(s)
+        if not seqs:
+            raise ParityError(_lib.ERR_EMPTY_INPUT, "no sequences")
+        return seqs
+
+    def forward(self, sequences, mode="raw", temperature=1.0, top_k=None, top_p=None,
+                min_p=None, return_logits=False):
+        """Per-token log-probs of a batch of sequences of any lengths.
+
+        Args:
+            sequences: a list of token-id sequences (lists or 1-D integer tensors), each
+                at least 1 token long.
+            mode, temperature, top_k, top_p, min_p: the log-prob mode, as parity.Model.score.
+            return_logits: also return each sequence's logits [len - 1, vocab] (as the policy
+                rounds them, before any temperature), differentiable.
+        Returns:
+            A list of fp32 tensors, entry i holding log p(x_t | x_<t) for t = 1 .. len_i - 1,
+            bitwise equal to parity.Model.score under this policy and backend; with
+            return_logits, a list of (logprobs, logits) pairs.
+        """
+        seqs = self._sequences(sequences)
+        c, pol, pol_c, be = self.config, self._pol, self._pol_c, self._backend
+        pool = self._pool.handle
+        options = _options(mode, temperature, top_k, top_p, min_p)
+        lengths = [len(s) for s in seqs]
+        tokens = _torch.tensor([t for s in seqs for t in s], dtype=_torch.int32)
+        positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
+        T, dim, hd = tokens.numel(), c["hidden_size"], c["head_dim"]
+        nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
+        bf16 = not _compute_fp32(pol)
+
+        def rnd(x):
+            return _pt._round(x) if bf16 else x
+
+        def lin(x, prefix, bias=False):
+            w = self._param(prefix + ".weight")
+            b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
+            data, dtype = _weight_data(w, pol)
+            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool))
+
+        def vec(name):
+            return _weight_values(self._param(name), pol)
+
+        emb = self._param("model.embed_tokens.weight")
+        data, dtype = _weight_data(emb, pol)
+        h = _Embedding.apply(tokens, emb, data, dtype)
+        cos, sin = _pt.rope_cos_sin(positions, hd, c["rope_theta"], pol)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        delta = None
+        for l in range(c["num_hidden_layers"]):
+            p = "model.layers.%d." % l
+            if delta is None:
+                xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol)
+            else:
+                h, xn = _rmsnorm_residual(delta, h, vec(p + "input_layernorm.weight"), eps, pol_c,
+                                          pol)
+            q = lin(xn, p + "self_attn.q_proj", bias=True).view(T, nh, hd)
+            k = lin(xn, p + "self_attn.k_proj", bias=True).view(T, nkv, hd)
+            v = lin(xn, p + "self_attn.v_proj", bias=True).view(T, nkv, hd)
+            if c["qk_norm"]:
+                q = _rmsnorm(q, vec(p + "self_attn.q_norm.weight"), eps, pol_c, pol, True)
+                k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True)
+            q = _pt._rope_f32(q, cos, sin, pol).contiguous()
+            k = _pt._rope_f32(k, cos, sin, pol).contiguous()
+            att = _Attention.apply(q, k, v.contiguous(), lengths, pol_c, pool)
+            delta = lin(att.view(T, nh * hd), p + "self_attn.o_proj")
+            h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"), eps,
+                                      pol_c, pol)
+            g = lin(xn, p + "mlp.gate_proj")
+            u = lin(xn, p + "mlp.up_proj")
+            delta = lin(_swiglu(g, u, pol_c, pol), p + "mlp.down_proj")
+
+        # the head on every position but each sequence's last, predicting the next token
+        rows, at = [], 0
+        for n in lengths:
+            rows.extend(range(at, at + n - 1))
+            at += n
+        idx = _torch.tensor(rows, dtype=_torch.int64)
+        head_name = "model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"
+        norm_w, lm_w = self._param("model.norm.weight"), self._param(head_name)
+        nd, dtype = _weight_data(norm_w, pol)
+        ld, _ = _weight_data(lm_w, pol)
+        if idx.numel():
+            lp, logits = _Head.apply(h.index_select(0, idx).contiguous(),
+                                     delta.index_select(0, idx).contiguous(), norm_w, lm_w, nd,
+                                     ld, dtype, tokens[idx + 1].contiguous(), options, float(eps),
+                                     pol_c, be, pool)
+        else:
+            lp = _torch.zeros(0, dtype=_f32)
+            logits = _torch.zeros(0, c["vocab_size"], dtype=_f32)
+        counts = [n - 1 for n in lengths]
+        lps = list(lp.split(counts))
+        if return_logits:
+            return list(zip(lps, logits.split(counts)))
+        return lps
+
+    # ---- weights -------------------------------------------------------------------------------
+
+    def checkpoint_tensors(self):
+        """{checkpoint name: fp32 master} of every weight (the parameters, detached)."""
+        return {name: self._param(name).detach() for name in self._names}
+
+    def sync_to(self, model, manifest_path=None):
+        """Pushes the weights into a parity.Model: the fp32 masters go to parity_model_update
+        as they are (no copy), which casts them to bf16 with round-to-nearest-even (and keeps
+        them as the fp32 policy's masters); then a manifest of the module's weights (the same
+        cast) is written and parity_model_verify checks the model against it. The model's
+        samplers' sequences become STALE. Returns the seconds the update and the check took
+        (update, verify). Raises ParityError on any difference."""
+        if not isinstance(model, Model):
+            raise TypeError("model must be a parity.Model, not %s" % type(model).__name__)
+        tensors = self.checkpoint_tensors()
+        t0 = time.perf_counter()
+        model.update(tensors)
+        t1 = time.perf_counter()
+        from .manifest import write_manifest
+        with tempfile.TemporaryDirectory(prefix="parity-sync-") as d:
+            path = manifest_path or os.path.join(d, "manifest.json")
+            write_manifest(path, tensors, version=model.version)
+            differences = model.verify(path)
+        if differences:
+            raise ParityError(_lib.ERR_VERIFY, "after the sync the model differs from the "
+                              "module's weights: %s" % "; ".join(differences[:5]))
+        return t1 - t0, time.perf_counter() - t1
+
+    def saved_bytes(self, sequences):
+        """The bytes the forward of `sequences` keeps for the backward (measured with
+        torch.autograd.graph.saved_tensors_hooks; a tensor saved twice counts once)."""
+        seen = {}
+
+        def pack(t):
+            seen[(t.data_ptr(), t.numel(), t.dtype)] = t.numel() * t.element_size()
+            return t
+
+        with _torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            self.forward(sequences)
+        return sum(seen.values())

@@ -1,0 +1,376 @@
+/* The forward pieces (parity_embedding, parity_linear, parity_attention, parity_head_logprobs):
+ * a whole Qwen3 forward composed from them and the public region kernels, rounding at the
+ * policy's points as a host would, gives parity_score's log-probs bit for bit — every preset
+ * with bf16 compute (and +fp32-head), both backends, the three log-prob modes, one thread or
+ * a pool of two, on every CPU path; each piece on its own is invariant to the rows beside it
+ * and the pool; and bad arguments get a status and a message, with no output written. */
+#include <math.h>
+
+#include "fixtures.h"
+#include "model.h"
+
+/* ---- bf16 buffers for the region kernels ------------------------------------------------- */
+
+static void to_bf16(const float *x, uint16_t *out, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = parity_bf16_from_f32(x[i]);
+}
+static void from_bf16(const uint16_t *x, float *out, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = parity_bf16_to_f32(x[i]);
+}
+static void round_all(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = parity_bf16_to_f32(parity_bf16_from_f32(x[i]));
+}
+
+/* The host's forward: the model's weights (bf16), the policy, the backend, a pool (or NULL);
+ * writes the log-probs of positions 1..len-1 of each sequence, as parity_score does. */
+typedef struct host {
+    const parity_model *m;
+    parity_policy pol;
+    uint32_t backend;
+    parity_pool *pool;
+} host;
+
+static int host_linear(const host *h, size_t rows, const float *x, const weight *w, float *y) {
+    int rc = parity_linear(h->pool, &h->pol, h->backend, rows, w->cols, w->rows, x, w->cols,
+                           PARITY_DTYPE_BF16, w->bf16, w->cols, NULL, y, w->rows);
+    round_all(y, rows * w->rows);  /* every GEMM output rounded once */
+    return rc;
+}
+
+static void host_score(const host *h, const parity_score_options *o, const int32_t *tokens,
+                       const uint32_t *lengths, size_t n_seqs, float *logprobs) {
+    const parity_model *m = h->m;
+    const parity_config *c = &m->config;
+    const parity_policy *pol = &h->pol;
+    size_t T = 0;
+    for (size_t i = 0; i < n_seqs; i++) T += lengths[i];
+    const size_t dim = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads,
+                 nkv = c->num_key_value_heads, inter = c->intermediate_size;
+    const float eps = c->rms_norm_eps;
+    float *hs = calloc(T * dim, 4), *delta = calloc(T * dim, 4), *xn = calloc(T * dim, 4);
+    float *q = calloc(T * nh * hd, 4), *k = calloc(T * nkv * hd, 4), *v = calloc(T * nkv * hd, 4);
+    float *att = calloc(T * nh * hd, 4), *gate = calloc(T * inter, 4), *up = calloc(T * inter, 4);
+    size_t widest = inter > nh * hd ? inter : nh * hd;
+    uint16_t *b1 = calloc(T * widest, 2), *b2 = calloc(T * widest, 2), *b3 = calloc(T * widest, 2);
+    int32_t *pos = calloc(T, 4);
+    for (size_t i = 0, at = 0; i < n_seqs; i++)
+        for (uint32_t t = 0; t < lengths[i]; t++) pos[at++] = (int32_t)t;
+
+    CHECK_OK(parity_embedding(T, tokens, c->vocab_size, dim, PARITY_DTYPE_BF16, m->embed.bf16,
+                              dim, hs, dim));
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
+        const layer_weights *w = &m->layers[l];
+        if (l == 0) {
+            to_bf16(hs, b1, T * dim);
+            CHECK_OK(parity_rmsnorm(pol, 0, T, dim, b1, dim, w->attn_norm.bf16, eps, b2, dim));
+        } else {
+            to_bf16(delta, b1, T * dim);
+            to_bf16(hs, b3, T * dim);
+            CHECK_OK(parity_rmsnorm_residual(pol, T, dim, b1, dim, b3, dim, w->attn_norm.bf16,
+                                             eps, b3, dim, b2, dim));
+            from_bf16(b3, hs, T * dim);
+        }
+        from_bf16(b2, xn, T * dim);
+        CHECK_OK(host_linear(h, T, xn, &w->wq, q));
+        CHECK_OK(host_linear(h, T, xn, &w->wk, k));
+        CHECK_OK(host_linear(h, T, xn, &w->wv, v));
+        to_bf16(q, b1, T * nh * hd);
+        to_bf16(k, b2, T * nkv * hd);
+        if (c->qk_norm) {
+            CHECK_OK(parity_rmsnorm(pol, 1, T * nh, hd, b1, hd, w->q_norm.bf16, eps, b1, hd));
+            CHECK_OK(parity_rmsnorm(pol, 1, T * nkv, hd, b2, hd, w->k_norm.bf16, eps, b2, hd));
+        }
+        CHECK_OK(parity_rope(pol, T, nh, hd, b1, nh * hd, pos, c->rope_theta));
+        CHECK_OK(parity_rope(pol, T, nkv, hd, b2, nkv * hd, pos, c->rope_theta));
+        from_bf16(b1, q, T * nh * hd);
+        from_bf16(b2, k, T * nkv * hd);
+        CHECK_OK(parity_attention(h->pool, pol, n_seqs, lengths, nh, nkv, hd, q, nh * hd, k,
+                                  nkv * hd, v, nkv * hd, att, nh * hd));
+        CHECK_OK(host_linear(h, T, att, &w->wo, delta));
+        to_bf16(delta, b1, T * dim);
+        to_bf16(hs, b3, T * dim);
+        CHECK_OK(parity_rmsnorm_residual(pol, T, dim, b1, dim, b3, dim, w->mlp_norm.bf16, eps, b3,
+                                         dim, b2, dim));
+        from_bf16(b3, hs, T * dim);
+        from_bf16(b2, xn, T * dim);
+        CHECK_OK(host_linear(h, T, xn, &w->w_gate, gate));
+        CHECK_OK(host_linear(h, T, xn, &w->w_up, up));
+        to_bf16(gate, b1, T * inter);
+        to_bf16(up, b2, T * inter);
+        CHECK_OK(parity_swiglu(pol, T, inter, b1, inter, b2, inter, b1, inter));
+        from_bf16(b1, gate, T * inter);
+        CHECK_OK(host_linear(h, T, gate, &w->w_down, delta));
+    }
+    /* the head on every position but each sequence's last, predicting the next token */
+    size_t n_out = 0;
+    int32_t *targets = calloc(T, 4);
+    for (size_t i = 0, at = 0; i < n_seqs; at += lengths[i++])
+        for (uint32_t t = 0; t + 1 < lengths[i]; t++) {
+            memmove(hs + n_out * dim, hs + (at + t) * dim, dim * 4);
+            memmove(delta + n_out * dim, delta + (at + t) * dim, dim * 4);
+            targets[n_out++] = tokens[at + t + 1];
+        }
+    CHECK_OK(parity_head_logprobs(h->pool, pol, h->backend, o, n_out, dim, c->vocab_size, hs, dim,
+                                  delta, dim, PARITY_DTYPE_BF16, m->final_norm.bf16, eps,
+                                  m->lm_head.bf16, dim, targets, logprobs, NULL, NULL, 0));
+    free(targets);
+    free(hs), free(delta), free(xn), free(q), free(k), free(v), free(att), free(gate), free(up);
+    free(b1), free(b2), free(b3), free(pos);
+}
+
+/* ---- the composed forward against parity_score ---------------------------------------------- */
+
+/* Every preset with bf16 compute on the CPU path the library picked; on the other paths (whose
+ * kernels the other tests hold equal to it) the two presets that differ at every point. */
+static void compare_with_scorer(const parity_model *m, const char *what, const int32_t *tokens,
+                                const uint32_t *lengths, size_t n_seqs, parity_pool *pool2,
+                                int all_presets) {
+    static const char *const presets[] = {"hf-eager", "aligned+fp32-head", "hf-sdpa", "vllm",
+                                          "sglang", "aligned", "vllm+fp32-head"};
+    const size_t n_presets = all_presets ? sizeof presets / sizeof presets[0] : 2;
+    size_t n_lp = 0;
+    for (size_t i = 0; i < n_seqs; i++) n_lp += lengths[i] - 1;
+    float *want = calloc(n_lp, 4), *got = calloc(n_lp, 4);
+    for (size_t p = 0; p < n_presets; p++)
+        for (uint32_t backend = 0; backend <= PARITY_BACKEND_OPENBLAS; backend++)
+            for (uint32_t mode = 0; mode <= PARITY_LOGPROB_PROCESSED_TRUNCATED; mode++) {
+                parity_score_options o;
+                parity_score_default_options(&o);
+                o.mode = mode;
+                if (mode) o.temperature = 0.7f;
+                if (mode == PARITY_LOGPROB_PROCESSED_TRUNCATED) o.top_k = 40, o.top_p = 0.9f;
+                fixture f = {.policy = presets[p], .backend = backend};
+                parity_scorer *s = new_scorer(m, f);
+                CHECK_OK(parity_score(s, &o, tokens, lengths, n_seqs, want, NULL, NULL, NULL));
+                parity_scorer_free(s);
+                host h = {m, {0}, backend, (p + mode) % 2 ? pool2 : NULL};
+                CHECK_OK(parity_policy_from_name(presets[p], &h.pol));
+                memset(got, 0xff, n_lp * 4);
+                host_score(&h, &o, tokens, lengths, n_seqs, got);
+                char label[160];
+                snprintf(label, sizeof label, "%s, %s, %s, %s, mode %u, %s", what,
+                         parity_cpu_path_name(parity_get_cpu_path()), presets[p],
+                         parity_backend_name((int)backend), mode, h.pool ? "pool of 2" : "no pool");
+                CHECK_BITS_F32(got, want, n_lp, label);
+            }
+    free(want);
+    free(got);
+}
+
+static void test_composed_forward(parity_pool *pool2) {
+    parity_model *tiny = NULL, *trained = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny", &tiny));
+    load_model(TRAINED_MODEL, &trained);
+    if (!tiny || !trained) return;
+    /* sequences of different lengths, across KV blocks, one of length 1 */
+    static const char text[] = "def parity(x):\n    return x == x  # bit for bit\n";
+    const uint32_t lengths[] = {37, 1, 20, 9};
+    int32_t tokens[67];
+    for (size_t i = 0; i < 67; i++) tokens[i] = (unsigned char)text[i % (sizeof text - 1)];
+    int32_t tiny_tokens[67];
+    uint64_t st = 7;
+    for (size_t i = 0; i < 67; i++)
+        tiny_tokens[i] = (int32_t)(xorshift64(&st) % tiny->config.vocab_size);
+
+    parity_cpu_path saved = parity_get_cpu_path();
+    for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX512BF16; path++) {
+        if (quick() && path != (int)saved) continue;
+        if (parity_set_cpu_path((parity_cpu_path)path) != PARITY_OK) continue;
+        compare_with_scorer(tiny, "synthetic:tiny", tiny_tokens, lengths, 4, pool2,
+                            path == (int)saved);
+        compare_with_scorer(trained, "trained", tokens, lengths, 4, pool2, path == (int)saved);
+    }
+    parity_set_cpu_path(saved);
+    parity_model_free(tiny);
+    parity_model_free(trained);
+}
+
+/* ---- each piece alone: rows beside it, the pool and fp32 compute --------------------------- */
+
+static void test_invariance(parity_pool *pool2) {
+    parity_model *m = NULL;
+    load_model(TRAINED_MODEL, &m);
+    if (!m) return;
+    const weight *w = &m->layers[2].w_gate;
+    const size_t M = 37, K = w->cols, N = w->rows;
+    float *x = calloc(M * K, 4), *y = calloc(M * N, 4), *y1 = calloc(N, 4);
+    uint64_t st = 99;
+    for (size_t i = 0; i < M * K; i++)
+        x[i] = parity_bf16_to_f32(parity_bf16_from_f32((float)((int64_t)(xorshift64(&st) % 2001)
+                                                               - 1000) / 256.0f));
+    static const char *const pols[] = {"aligned", "fp32"};
+    for (size_t p = 0; p < 2; p++)
+        for (uint32_t backend = 0; backend <= PARITY_BACKEND_OPENBLAS; backend++) {
+            parity_policy pol;
+            CHECK_OK(parity_policy_from_name(pols[p], &pol));
+            const int fp32 = pol.compute == PARITY_COMPUTE_FP32;
+            const uint32_t dt = fp32 ? PARITY_DTYPE_F32 : PARITY_DTYPE_BF16;
+            const void *wp = fp32 ? (const void *)weight_f32(w) : (const void *)w->bf16;
+            if (fp32 && !weight_f32(w)) CHECK_OK(model_prepare(m, MODEL_NEED_WIDE));
+            wp = fp32 ? (const void *)weight_f32(w) : (const void *)w->bf16;
+            CHECK_OK(parity_linear(pool2, &pol, backend, M, K, N, x, K, dt, wp, K, NULL, y, N));
+            for (size_t r = 0; r < M; r += 5) {
+                CHECK_OK(parity_linear(NULL, &pol, backend, 1, K, N, x + r * K, K, dt, wp, K, NULL,
+                                       y1, N));
+                char label[96];
+                snprintf(label, sizeof label, "linear row %zu alone, %s, %s", r, pols[p],
+                         parity_backend_name((int)backend));
+                CHECK_BITS_F32(y1, y + r * N, N, label);
+            }
+        }
+
+    /* attention: a sequence alone equals the same sequence beside others; strided q/out */
+    const size_t hd = 64, nh = 4, nkv = 2, T = 50;
+    float *q = calloc(T * nh * hd * 2, 4), *k = calloc(T * nkv * hd, 4), *v = calloc(T * nkv * hd, 4);
+    float *o = calloc(T * nh * hd, 4), *o1 = calloc(T * nh * hd * 2, 4);
+    for (size_t i = 0; i < T * nh * hd * 2; i++)
+        q[i] = parity_bf16_to_f32(parity_bf16_from_f32((float)(xorshift64(&st) % 1000) / 500.0f - 1));
+    for (size_t i = 0; i < T * nkv * hd; i++) {
+        k[i] = parity_bf16_to_f32(parity_bf16_from_f32((float)(xorshift64(&st) % 1000) / 500.0f - 1));
+        v[i] = parity_bf16_to_f32(parity_bf16_from_f32((float)(xorshift64(&st) % 1000) / 500.0f - 1));
+    }
+    const uint32_t lengths[] = {20, 30};
+    static const char *const apols[] = {"hf-eager", "vllm", "fp32"};
+    for (size_t p = 0; p < 3; p++) {
+        parity_policy pol;
+        CHECK_OK(parity_policy_from_name(apols[p], &pol));
+        CHECK_OK(parity_attention(pool2, &pol, 2, lengths, nh, nkv, hd, q, 2 * nh * hd, k, nkv * hd,
+                                  v, nkv * hd, o, nh * hd));
+        /* the second sequence alone, with contiguous q and a strided out */
+        float *qc = calloc(30 * nh * hd, 4);
+        for (size_t r = 0; r < 30; r++) memcpy(qc + r * nh * hd, q + (20 + r) * 2 * nh * hd, nh * hd * 4);
+        CHECK_OK(parity_attention(NULL, &pol, 1, lengths + 1, nh, nkv, hd, qc, nh * hd,
+                                  k + 20 * nkv * hd, nkv * hd, v + 20 * nkv * hd, nkv * hd, o1,
+                                  2 * nh * hd));
+        for (size_t r = 0; r < 30; r++) {
+            char label[96];
+            snprintf(label, sizeof label, "attention %s, second sequence alone, row %zu", apols[p], r);
+            CHECK_BITS_F32(o1 + r * 2 * nh * hd, o + (20 + r) * nh * hd, nh * hd, label);
+        }
+        free(qc);
+    }
+    free(q), free(k), free(v), free(o), free(o1);
+    free(x), free(y), free(y1);
+    parity_model_free(m);
+}
+
+/* ---- bad arguments: a status, a message, nothing written ---------------------------------- */
+
+static int untouched(const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &y[i], 4);
+        if (u != 0xffffffffu) return 0;
+    }
+    return 1;
+}
+
+static void test_bad_arguments(void) {
+    parity_policy pol, fp32;
+    CHECK_OK(parity_policy_from_name("aligned", &pol));
+    CHECK_OK(parity_policy_from_name("fp32", &fp32));
+    uint16_t w16[8 * 4] = {0};
+    float x[3 * 4] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, y[3 * 8], w32[8 * 4] = {0};
+    memset(y, 0xff, sizeof y);
+    const int E = PARITY_ERR_INVALID_ARGUMENT;
+    CHECK_STATUS(parity_linear(NULL, NULL, 0, 3, 4, 8, x, 4, 0, w16, 4, NULL, y, 8), E);
+    parity_policy bad = pol;
+    bad.attention = 9;
+    CHECK_STATUS(parity_linear(NULL, &bad, 0, 3, 4, 8, x, 4, 0, w16, 4, NULL, y, 8), PARITY_ERR_POLICY);
+    CHECK_STATUS(parity_linear(NULL, &pol, 7, 3, 4, 8, x, 4, 0, w16, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 0, 4, 8, x, 4, 0, w16, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 0, 8, x, 4, 0, w16, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 0, x, 4, 0, w16, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 8, NULL, 4, 0, w16, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 8, x, 4, 0, NULL, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 8, x, 4, 0, w16, 4, NULL, NULL, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 8, x, 3, 0, w16, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 8, x, 4, 0, w16, 3, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 8, x, 4, 0, w16, 4, NULL, y, 7), E);
+    /* the dtype the policy reads */
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 8, x, 4, PARITY_DTYPE_F32, w32, 4, NULL, y, 8), E);
+    CHECK(strstr(parity_last_error(), "PARITY_DTYPE_BF16") != NULL);
+    CHECK_STATUS(parity_linear(NULL, &fp32, 0, 3, 4, 8, x, 4, PARITY_DTYPE_BF16, w16, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 8, x, 4, PARITY_DTYPE_F16, w16, 4, NULL, y, 8), E);
+    CHECK_STATUS(parity_linear(NULL, &pol, 0, 3, 4, 4, x, 4, 0, w16, 4, NULL, x, 4), E);
+    CHECK(untouched(y, 24));
+    CHECK_OK(parity_linear(NULL, &pol, 0, 3, 4, 8, x, 4, 0, w16, 4, NULL, y, 8));
+    CHECK(y[0] == 0 && y[23] == 0);
+
+    int32_t toks[3] = {1, 5, 2};
+    memset(y, 0xff, sizeof y);
+    CHECK_STATUS(parity_embedding(3, toks, 5, 4, PARITY_DTYPE_BF16, w16, 4, y, 4), PARITY_ERR_TOKEN_RANGE);
+    toks[1] = -1;
+    CHECK_STATUS(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_BF16, w16, 4, y, 4), PARITY_ERR_TOKEN_RANGE);
+    CHECK(strstr(parity_last_error(), "row 1") != NULL);
+    toks[1] = 3;
+    CHECK_STATUS(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_F16, w16, 4, y, 4), E);
+    CHECK_STATUS(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_BF16, NULL, 4, y, 4), E);
+    CHECK_STATUS(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_BF16, w16, 3, y, 4), E);
+    CHECK_STATUS(parity_embedding(0, toks, 8, 4, PARITY_DTYPE_BF16, w16, 4, y, 4), E);
+    CHECK(untouched(y, 24));
+
+    const uint32_t lens[2] = {2, 1}, zero[2] = {2, 0};
+    float q[3 * 8], o[3 * 8];
+    memset(q, 0, sizeof q);
+    memset(o, 0xff, sizeof o);
+    CHECK_STATUS(parity_attention(NULL, &pol, 2, lens, 3, 2, 4, q, 12, q, 8, q, 8, o, 12), E);
+    CHECK_STATUS(parity_attention(NULL, &pol, 2, lens, 2, 1, 0, q, 8, q, 4, q, 4, o, 8), E);
+    CHECK_STATUS(parity_attention(NULL, &pol, 2, zero, 2, 1, 4, q, 8, q, 4, q, 4, o, 8),
+                 PARITY_ERR_EMPTY_INPUT);
+    CHECK_STATUS(parity_attention(NULL, &pol, 0, lens, 2, 1, 4, q, 8, q, 4, q, 4, o, 8),
+                 PARITY_ERR_EMPTY_INPUT);
+    CHECK_STATUS(parity_attention(NULL, &pol, 2, lens, 2, 1, 4, q, 7, q, 4, q, 4, o, 8), E);
+    CHECK_STATUS(parity_attention(NULL, &pol, 2, lens, 2, 1, 4, q, 8, NULL, 4, q, 4, o, 8), E);
+    CHECK_STATUS(parity_attention(NULL, &pol, 2, lens, 2, 1, 4, q, 8, q, 4, q, 4, q, 8), E);
+    CHECK(untouched(o, 24));
+    CHECK_OK(parity_attention(NULL, &pol, 2, lens, 2, 1, 4, q, 8, q, 4, q, 4, o, 8));
+
+    parity_score_options opt;
+    parity_score_default_options(&opt);
+    float lp[3];
+    int32_t tg[3] = {0, 7, 3};
+    memset(lp, 0xff, sizeof lp);
+    const float h[3 * 4] = {1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4};
+    uint16_t nw[4] = {0x3f80, 0x3f80, 0x3f80, 0x3f80};
+#define HEAD(pol_, opt_, tg_, eps_, dt_) \
+    parity_head_logprobs(NULL, pol_, 0, opt_, 3, 4, 8, h, 4, h, 4, dt_, nw, eps_, w16, 4, tg_, lp, \
+                         NULL, NULL, 0)
+    CHECK_OK(HEAD(&pol, &opt, tg, 1e-6f, PARITY_DTYPE_BF16));
+    memset(lp, 0xff, sizeof lp);
+    tg[1] = 8;
+    CHECK_STATUS(HEAD(&pol, &opt, tg, 1e-6f, PARITY_DTYPE_BF16), PARITY_ERR_TOKEN_RANGE);
+    tg[1] = 7;
+    CHECK_STATUS(HEAD(&pol, &opt, tg, 0.0f, PARITY_DTYPE_BF16), E);
+    CHECK_STATUS(HEAD(&pol, NULL, tg, 1e-6f, PARITY_DTYPE_BF16), E);
+    CHECK_STATUS(HEAD(&fp32, &opt, tg, 1e-6f, PARITY_DTYPE_BF16), E);
+    opt.top_n = 2;
+    CHECK_STATUS(HEAD(&pol, &opt, tg, 1e-6f, PARITY_DTYPE_BF16), E);
+    opt.top_n = 0;
+    opt.size = 3;
+    CHECK_STATUS(HEAD(&pol, &opt, tg, 1e-6f, PARITY_DTYPE_BF16), E);
+    parity_score_default_options(&opt);
+    opt.top_p = 0;
+    CHECK_STATUS(HEAD(&pol, &opt, tg, 1e-6f, PARITY_DTYPE_BF16), E);
+    CHECK(strstr(parity_last_error(), "parity_head_logprobs: top_p") != NULL);
+    CHECK(untouched(lp, 3));
+#undef HEAD
+
+    parity_pool *p = NULL;
+    CHECK_STATUS(parity_pool_create(0, &p), E);
+    CHECK(p == NULL);
+    CHECK_STATUS(parity_pool_create(2, NULL), E);
+    CHECK_INT(parity_pool_threads(NULL), 1);
+    parity_pool_free(NULL);
+}
+
+int main(void) {
+    parity_pool *pool2 = NULL;
+    CHECK_OK(parity_pool_create(2, &pool2));
+    CHECK_INT(parity_pool_threads(pool2), 2);
+    test_bad_arguments();
+    test_invariance(pool2);
+    test_composed_forward(pool2);
+    parity_pool_free(pool2);
+    return check_report("ops");
+}
