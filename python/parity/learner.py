@@ -8,8 +8,11 @@ The forward runs the pieces of libparity's own forward, on CPU tensors:
     residual + RMSNorm + lm_head + log-softmax of the targets) through the C kernel entry
     points (parity_embedding, parity_linear, parity_attention, parity_head_logprobs: the very
     functions parity_score runs);
-  - residual + RMSNorm, q/k-norm, RoPE and SwiGLU through parity.torch's region functions
-    (torch operations that reproduce the C kernels bit for bit);
+  - residual + RMSNorm, q/k-norm and SwiGLU through the C region kernels
+    (parity_rmsnorm_residual, parity_rmsnorm, parity_swiglu) under compute "bf16", and through
+    parity.torch's exact torch versions under compute "fp32" (whose unrounded outputs the bf16
+    buffers of the C region kernels cannot hold); RoPE through parity.torch (torch operations
+    that reproduce the C kernel bit for bit);
   - every rounding point as parity.torch.round_point: bf16 values held in fp32 tensors.
 So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head), both
 backends and the three log-prob modes.
@@ -20,14 +23,14 @@ of the targets), evaluated at the saved inputs, and every rounding point passes 
 straight through (d round(x)/dx = 1), as parity.torch documents. The weights' gradients reach
 the fp32 masters straight through the bf16 cast.
 
-What the backward keeps, per token of the batch (fp32, 4 bytes a value; H = hidden size, Q =
-query width heads x head_dim, KV = key/value width, I = intermediate size, L = layers):
-  per layer the linear inputs (x of q/k/v, the attention output, x of gate/up, the SwiGLU
-  output: 2H + Q + I), the attention's q, k, v (Q + 2 KV), the gate and up outputs (2I) and
-  the region functions' intermediates (about 6H + 3I + 2Q + 2KV: their fp32 graph), so about
-  4 (8H + 4Q + 4KV + 6I) bytes per token per layer, plus the head's 2H. The logits are not kept:
-  the head's backward recomputes them. CausalLM.saved_bytes(n_tokens) reports the measured
-  figure for a batch.
+What the backward keeps (fp32, 4 bytes a value; H = hidden size, Q = heads x head_dim,
+KV = kv_heads x head_dim, I = intermediate size), per token and layer under compute "bf16":
+the linear layers' inputs (2H + Q + I), the norms' inputs (4H, and Q + KV for q/k-norm), the
+attention's q, k, v (Q + 2KV) and SwiGLU's gate and up (2I): about 4 (6H + 3Q + 3KV + 3I)
+bytes; plus, per forward, the bf16 weights each linear layer read (2 bytes a parameter) and
+the head's inputs (2H a scored token). The logits are not kept: the head's backward
+recomputes them. Under compute "fp32" the regions' exact torch graphs keep more.
+CausalLM.saved_bytes(sequences) measures it for a batch.
 """
 import ctypes
 import json
@@ -42,7 +45,7 @@ from . import _lib
 from . import torch as _pt
 from ._lib import lib, ParityError
 from .model import Model, score_options, _default_threads
-from .policy import Policy, policy_struct
+from .policy import policy_struct
 
 __all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprobs"]
 
@@ -548,7 +551,8 @@ def _read_safetensors(path):
                               % (path, name, e["dtype"]))
         lo, hi = e["data_offsets"]
         raw = bytearray(data[base + lo:base + hi])
-        t = _torch.frombuffer(raw, dtype=_torch.uint8) if raw else _torch.empty(0, dtype=_torch.uint8)
+        t = _torch.frombuffer(raw, dtype=_torch.uint8) if raw else \
+            _torch.empty(0, dtype=_torch.uint8)
         out[name] = t.view(dtype).reshape(e["shape"]).to(_f32)
     return out
 
@@ -704,7 +708,7 @@ class CausalLM(_torch.nn.Module):
         lengths = [len(s) for s in seqs]
         tokens = _torch.tensor([t for s in seqs for t in s], dtype=_torch.int32)
         positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
-        T, dim, hd = tokens.numel(), c["hidden_size"], c["head_dim"]
+        T, hd = tokens.numel(), c["head_dim"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
         bf16 = not _compute_fp32(pol)
 
