@@ -3,8 +3,9 @@
 # (PARITY_TEST_QUICK=1: the heavy tests shrink their sweeps):
 #   scripts/sanitize.sh asan   the whole meson test suite under AddressSanitizer and
 #                              UndefinedBehaviorSanitizer, LeakSanitizer on (build-asan)
-#   scripts/sanitize.sh tsan   the tests that run threads — concurrency, and the scorer and
-#                              sampler thread-count tests — under ThreadSanitizer (build-tsan)
+#   scripts/sanitize.sh tsan   the tests that run threads — concurrency, the scorer and
+#                              sampler thread-count tests and the forward pieces on a pool —
+#                              under ThreadSanitizer (build-tsan)
 # Any sanitizer report fails the tier.
 set -eu
 cd "$(dirname "$0")/.."
@@ -39,8 +40,8 @@ if [ $tier = asan ]; then
     # run outside this build's sanitizer runtime: they are scripts/test.sh's.
     tests=$(meson test -C $build --list 2>/dev/null | grep -vE '^(python-.*|abi|install)$')
 else
-    ninja -C $build test/test_concurrency test/test_scorer test/test_sampler
-    tests="concurrency scorer sampler"
+    ninja -C $build test/test_concurrency test/test_scorer test/test_sampler test/test_ops
+    tests="concurrency scorer sampler ops"
 fi
 # shellcheck disable=SC2086
 meson test -C $build --no-rebuild --print-errorlogs --num-processes 2 $tests

@@ -77,19 +77,22 @@ class Bitwise(unittest.TestCase):
                     self.compare(model, lm, seqs, "tiny, %s, %s" % (pol, backend))
 
     def test_equals_the_sampler(self):
-        prompt = list(TEXT[:40])
-        with parity.Model(TRAINED, threads=2) as model:
-            for pol in POLICIES:
-                for backend in ("bf16", "openblas"):
-                    for opts in (MODES[0], MODES[2]):
-                        with model.sampler(policy=pol, backend=backend, max_seqs=4,
-                                           max_len=80) as s:
-                            group = s.generate(prompt, n=3, max_tokens=24, seed=11, **opts)
-                        lm = CausalLM(model, policy=pol, backend=backend, threads=2)
-                        out = lm([prompt + c.tokens for c in group], **opts)
-                        for c, lp in zip(group, out):
-                            self.assertEqual(bits(lp[len(prompt) - 1:]), bits(c.logprobs),
-                                             "sampler, %s, %s, %s" % (pol, backend, opts))
+        for spec in (TRAINED, "synthetic:tiny"):
+            with parity.Model(spec, threads=2) as model:
+                self.sampler_against_module(model, [t % model.vocab_size for t in TEXT[:40]])
+
+    def sampler_against_module(self, model, prompt):
+        for pol in POLICIES:
+            for backend in ("bf16", "openblas"):
+                lm = CausalLM(model, policy=pol, backend=backend, threads=2)
+                for opts in MODES:
+                    with model.sampler(policy=pol, backend=backend, max_seqs=4,
+                                       max_len=80) as s:
+                        group = s.generate(prompt, n=3, max_tokens=24, seed=11, **opts)
+                    out = lm([prompt + c.tokens for c in group], **opts)
+                    for c, lp in zip(group, out):
+                        self.assertEqual(bits(lp[len(prompt) - 1:]), bits(c.logprobs),
+                                         "sampler, %s, %s, %s" % (pol, backend, opts))
 
     def test_logits_and_batch_invariance(self):
         seqs = byte_sequences([20, 50, 3])
