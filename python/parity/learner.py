@@ -47,7 +47,8 @@ from ._lib import lib, ParityError
 from .model import Model, score_options, _default_threads
 from .policy import policy_struct
 
-__all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprobs"]
+__all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprobs",
+           "read_checkpoint"]
 
 _f32 = _torch.float32
 _bf16 = _torch.bfloat16
@@ -557,7 +558,10 @@ def _read_safetensors(path):
     return out
 
 
-def _read_checkpoint(directory):
+def read_checkpoint(directory):
+    """{checkpoint name: fp32 tensor} of a Hugging Face checkpoint directory's weights
+    (model.safetensors, or the shards model.safetensors.index.json names), read with the
+    standard library: BF16 and F16 widened exactly, F32 as it is."""
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
@@ -605,7 +609,7 @@ class CausalLM(_torch.nn.Module):
             with Model(spec, threads=1) as m:
                 config = m.config
                 if os.path.isdir(spec):
-                    tensors = _read_checkpoint(spec)
+                    tensors = read_checkpoint(spec)
                 else:
                     tensors, _ = self._from_model(m)
         else:
@@ -625,7 +629,7 @@ class CausalLM(_torch.nn.Module):
         try:
             with tempfile.TemporaryDirectory(prefix="parity-learner-") as d:
                 lib.parity_model_save(h, d.encode())
-                tensors = _read_checkpoint(d)
+                tensors = read_checkpoint(d)
         finally:
             model._release()
         return tensors, model.config

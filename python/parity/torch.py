@@ -407,6 +407,7 @@ def rope(x, positions, theta=10000.0, policy="aligned"):
 
 # The learner (parity/learner.py) builds on the functions above.
 from .learner import (CausalLM, Pool, attention, embedding, head_logprobs,  # noqa: E402
-                      linear)
+                      linear, read_checkpoint)
 
-__all__ += ["CausalLM", "Pool", "attention", "embedding", "head_logprobs", "linear"]
+__all__ += ["CausalLM", "Pool", "attention", "embedding", "head_logprobs", "linear",
+            "read_checkpoint"]
