@@ -139,6 +139,12 @@ void parity_model_free(parity_model *m) {
     px_free(m);
 }
 
+int model_owns(const parity_model *m, const void *p) {
+    for (size_t i = 0; p && i < m->n_owned; i++)
+        if (m->owned[i] == p) return 1;
+    return 0;
+}
+
 void model_disown(parity_model *m, const void *p) {
     for (size_t i = 0; p && i < m->n_owned; i++)
         if (m->owned[i] == p) {

@@ -103,6 +103,12 @@ typedef struct tensor_values {
  * round-to-nearest-even to bf16; F16 widened exactly) and rejects NaN, Inf and fp32 values
  * beyond bf16's range (PARITY_ERR_TENSOR_NONFINITE). On failure nothing is left allocated. */
 int tensor_import(const tensor_source *src, const expected *slot, tensor_values *out);
+/* tensor_import's checks alone (shape, dtype, data, finite values once cast), allocating
+ * nothing. */
+int tensor_check(const tensor_source *src, const expected *slot);
+/* The n values of a checked source into bf16[n] (the RNE cast, or the BF16 values as they
+ * are) and, for F16/F32 sources, master[n] (the exact fp32 values; NULL to skip). */
+void tensor_convert_into(const tensor_source *src, uint64_t n, uint16_t *bf16, float *master);
 void tensor_values_free(tensor_values *v);
 /* wide[i] = the bf16 values of w widened to fp32 (exact): the copy the openblas backend and
  * the fp32 policy read. */
@@ -111,6 +117,8 @@ void weight_widen_into(const weight *w, float *wide);
 void *model_own(parity_model *m, void *p);
 /* Frees a buffer registered with model_own (no-op for others, e.g. mapped data). */
 void model_disown(parity_model *m, const void *p);
+/* Whether p is a buffer registered with model_own (not mapped data). */
+int model_owns(const parity_model *m, const void *p);
 
 /* Calls that read the weights hold the model's use lock (shared); a weight update holds it
  * exclusively. Neither waits: both fail with PARITY_ERR_BUSY instead. */

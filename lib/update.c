@@ -20,10 +20,14 @@ uint64_t parity_model_version(const parity_model *m) {
 
 /* ---- updates -------------------------------------------------------------------------------- */
 
-/* A checked, converted tensor waiting to be swapped in. */
+/* A checked tensor waiting to go in: converted into new buffers (v), or, when the model owns
+ * the buffers the weight holds (a cast or copy from loading or an earlier update), to be
+ * converted into them in place once no call runs (in_place, src). */
 typedef struct staged {
     weight *w;
     tensor_values v;
+    int in_place;
+    tensor_source src;
 } staged;
 
 int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size_t n) {
@@ -58,8 +62,14 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
             break;
         }
         const tensor_source src = {where, t->dtype, NULL, t->ndim, t->shape, t->data, 0};
-        st[i].w = slot->dst;
-        rc = tensor_import(&src, slot, &st[i].v);
+        weight *w = st[i].w = slot->dst;
+        /* the old values are overwritten only after every tensor passed its checks; a buffer
+         * the model does not own (a mapped checkpoint's) is never written */
+        st[i].in_place = model_owns(m, w->bf16) &&
+                         (t->dtype == PARITY_DTYPE_BF16 || model_owns(m, w->master));
+        st[i].src = src;
+        st[i].src.where = NULL;  /* `where` is this loop's buffer: only the checks print it */
+        rc = st[i].in_place ? tensor_check(&src, slot) : tensor_import(&src, slot, &st[i].v);
     }
     /* room in the owned list, so that the swap below cannot fail */
     if (!rc && m->n_owned + 2 * n > m->cap_owned) {
@@ -81,11 +91,22 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
     }
     for (size_t i = 0; i < n; i++) {
         weight *w = st[i].w;
-        model_disown(m, w->bf16);
-        model_disown(m, w->master);
-        /* an update's values are always copies (owned[0] the bf16, owned[1] an fp32 master) */
-        w->bf16 = model_own(m, st[i].v.owned[0]);
-        w->master = st[i].v.owned[1] ? model_own(m, st[i].v.owned[1]) : NULL;
+        if (st[i].in_place) {
+            const uint64_t count = (uint64_t)w->rows * w->cols;
+            const int bf16_source = st[i].src.dtype == PARITY_DTYPE_BF16;
+            tensor_convert_into(&st[i].src, count, (uint16_t *)w->bf16,
+                                bf16_source ? NULL : (float *)w->master);
+            if (bf16_source) {
+                model_disown(m, w->master);  /* BF16 values have no fp32 master */
+                w->master = NULL;
+            }
+        } else {
+            model_disown(m, w->bf16);
+            model_disown(m, w->master);
+            /* an update's values are copies (owned[0] the bf16, owned[1] an fp32 master) */
+            w->bf16 = model_own(m, st[i].v.owned[0]);
+            w->master = st[i].v.owned[1] ? model_own(m, st[i].v.owned[1]) : NULL;
+        }
         if (w->wide) weight_widen_into(w, w->wide); /* the fp32 copy a backend reads, in place */
     }
     if (m->config.tie_word_embeddings) m->lm_head = m->embed;

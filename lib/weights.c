@@ -29,8 +29,24 @@ static int check_shape(const tensor_source *src, const expected *slot) {
                      src->where, got, slot->shape_doc);
 }
 
-int tensor_import(const tensor_source *src, const expected *slot, tensor_values *out) {
-    *out = (tensor_values){0};
+/* The source's value i as fp32 (BF16 and F16 widened exactly) and as bf16 (the RNE cast). */
+static inline uint16_t source_value(const tensor_source *src, uint64_t i, float *f32) {
+    const uint8_t *data = src->data;
+    uint16_t h;
+    if (src->dtype == PARITY_DTYPE_F32) {
+        memcpy(f32, data + 4 * i, 4);
+        return bf16_from_f32(*f32);
+    }
+    memcpy(&h, data + 2 * i, 2);
+    if (src->dtype == PARITY_DTYPE_BF16) {
+        *f32 = bf16_to_f32(h);
+        return h;
+    }
+    *f32 = f16_to_f32(h);
+    return bf16_from_f32(*f32);
+}
+
+int tensor_check(const tensor_source *src, const expected *slot) {
     int rc = check_shape(src, slot);
     if (rc) return rc;
     if (src->dtype != PARITY_DTYPE_BF16 && src->dtype != PARITY_DTYPE_F16 &&
@@ -43,57 +59,60 @@ int tensor_import(const tensor_source *src, const expected *slot, tensor_values 
                                "%s: dtype %u is not a weight dtype (BF16 = 0, F16 = 1 or F32 = 2)",
                                src->where, src->dtype);
     if (!src->data) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: data is NULL", src->where);
+    /* finite values only: a NaN or Inf in the source, or an fp32 value beyond bf16's range */
+    const uint64_t n = (uint64_t)(slot->rows ? slot->rows : 1) * slot->cols;
+    for (uint64_t i = 0; i < n; i++) {
+        float f;
+        const uint16_t b = source_value(src, i, &f);
+        if ((b & 0x7f80u) == 0x7f80u)
+            return set_error(PARITY_ERR_TENSOR_NONFINITE,
+                             "%s: element %" PRIu64 " is %s (weights must be finite)", src->where,
+                             i,
+                             src->dtype != PARITY_DTYPE_BF16 && isfinite(f)
+                                 ? "Inf in bf16 (an fp32 value beyond bf16's range)"
+                             : (b & 0x7fu) ? "NaN" : "Inf");
+    }
+    return PARITY_OK;
+}
+
+void tensor_convert_into(const tensor_source *src, uint64_t n, uint16_t *bf16, float *master) {
+    if (src->dtype == PARITY_DTYPE_BF16) {
+        memcpy(bf16, src->data, n * 2);
+        return;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        float f;
+        bf16[i] = source_value(src, i, &f);
+        if (master) master[i] = f;
+    }
+}
+
+int tensor_import(const tensor_source *src, const expected *slot, tensor_values *out) {
+    *out = (tensor_values){0};
+    int rc = tensor_check(src, slot);
+    if (rc) return rc;
     const uint64_t n = (uint64_t)(slot->rows ? slot->rows : 1) * slot->cols;
     const uint8_t *data = src->data;
 
     /* in place where the data outlives the model and is aligned; else a copy */
-    if (src->dtype == PARITY_DTYPE_BF16) {
-        if (src->may_map && ((uintptr_t)data & 1u) == 0) {
-            out->bf16 = (const uint16_t *)data;
-        } else {
-            uint16_t *copy = out->owned[0] = px_weight_alloc(n * 2, slot->name);
-            if (!copy) return PARITY_ERR_OUT_OF_MEMORY;
-            memcpy(copy, data, n * 2);
-            out->bf16 = copy;
-        }
-    } else {
-        if (src->dtype == PARITY_DTYPE_F32 && src->may_map && ((uintptr_t)data & 3u) == 0) {
-            out->master = (const float *)data;
-        } else {
-            float *wide = out->owned[1] = px_weight_alloc(n * 4, slot->name);
-            if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
-            for (uint64_t i = 0; i < n; i++) {
-                if (src->dtype == PARITY_DTYPE_F32) {
-                    memcpy(&wide[i], data + 4 * i, 4);
-                } else {
-                    uint16_t h;
-                    memcpy(&h, data + 2 * i, 2);
-                    wide[i] = f16_to_f32(h);
-                }
-            }
-            out->master = wide;
-        }
-        /* the learner's cast: round to nearest even */
-        uint16_t *cast = out->owned[0] = px_weight_alloc(n * 2, slot->name);
-        if (!cast) {
-            tensor_values_free(out);
-            return PARITY_ERR_OUT_OF_MEMORY;
-        }
-        for (uint64_t i = 0; i < n; i++) cast[i] = bf16_from_f32(out->master[i]);
-        out->bf16 = cast;
+    if (src->dtype == PARITY_DTYPE_BF16 && src->may_map && ((uintptr_t)data & 1u) == 0) {
+        out->bf16 = (const uint16_t *)data;
+        return PARITY_OK;
     }
-
-    /* finite values only: a NaN or Inf in the source, or an fp32 value beyond bf16's range */
-    for (uint64_t i = 0; i < n; i++)
-        if ((out->bf16[i] & 0x7f80u) == 0x7f80u) {
-            const int beyond = out->master && isfinite(out->master[i]);
-            rc = set_error(PARITY_ERR_TENSOR_NONFINITE,
-                           "%s: element %" PRIu64 " is %s (weights must be finite)", src->where, i,
-                           beyond ? "Inf in bf16 (an fp32 value beyond bf16's range)"
-                           : (out->bf16[i] & 0x7fu) ? "NaN" : "Inf");
-            tensor_values_free(out);
-            return rc;
-        }
+    const int master_mapped =
+        src->dtype == PARITY_DTYPE_F32 && src->may_map && ((uintptr_t)data & 3u) == 0;
+    uint16_t *bf16 = out->owned[0] = px_weight_alloc(n * 2, slot->name);
+    float *master = NULL;
+    if (bf16 && src->dtype != PARITY_DTYPE_BF16)
+        master = master_mapped ? (float *)data : (out->owned[1] = px_weight_alloc(n * 4, slot->name));
+    if (!bf16 || (src->dtype != PARITY_DTYPE_BF16 && !master)) {
+        tensor_values_free(out);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    /* the learner's cast: round to nearest even (the fp32 master as it is) */
+    tensor_convert_into(src, n, bf16, master_mapped ? NULL : master);
+    out->bf16 = bf16;
+    out->master = master;
     return PARITY_OK;
 }
 

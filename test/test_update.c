@@ -350,6 +350,39 @@ int main(void) {
     snprintf(want, sizeof want, "%s/none.json", tmp);
     CHECK_STATUS(parity_model_verify(m, want, report, sizeof report), PARITY_ERR_IO);
 
+    /* Updates after the first write into the buffers the model already owns: the same
+     * pointers, the new values (the RNE cast and the fp32 master), and a BF16 update drops the
+     * master; a failed update leaves the old values in those buffers. */
+    {
+        const size_t i = slot_index(&L, "model.layers.2.mlp.up_proj.weight");
+        const weight *w = L.slots[i].dst;
+        const size_t count = (size_t)w->rows * w->cols;
+        parity_tensor_data one = as_f32(&L2, i);
+        CHECK_OK(parity_model_update(m, &one, 1));
+        const uint16_t *bf16_before = w->bf16;
+        const float *master_before = w->master;
+        CHECK(model_owns(m, bf16_before) && model_owns(m, master_before));
+        one = as_f32(&L, i);
+        CHECK_OK(parity_model_update(m, &one, 1));
+        CHECK(w->bf16 == bf16_before && w->master == master_before);
+        CHECK(memcmp(w->bf16, L.sent[i], count * 2) == 0);
+        CHECK(memcmp(w->master, L.master[i], count * 4) == 0);
+        float *nan_one = malloc(count * 4);
+        memcpy(nan_one, L2.master[i], count * 4);
+        nan_one[count - 1] = NAN;
+        parity_tensor_data two[2] = {as_f32(&L2, 0), as_f32(&L2, i)};
+        two[1].data = nan_one;
+        CHECK_STATUS(parity_model_update(m, two, 2), PARITY_ERR_TENSOR_NONFINITE);
+        CHECK(memcmp(w->bf16, L.sent[i], count * 2) == 0);
+        CHECK(memcmp(w->master, L.master[i], count * 4) == 0);
+        one = (parity_tensor_data){L.slots[i].name, PARITY_DTYPE_BF16, 2, {w->rows, w->cols},
+                                   L2.sent[i]};
+        CHECK_OK(parity_model_update(m, &one, 1));
+        CHECK(w->bf16 == bf16_before && w->master == NULL);
+        CHECK(memcmp(w->bf16, L2.sent[i], count * 2) == 0);
+        free(nan_one);
+    }
+
     parity_scorer_free(scorer);
     parity_model_free(m);
     learner_free(&L);
