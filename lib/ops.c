@@ -51,7 +51,7 @@ uint32_t parity_pool_threads(const parity_pool *p) { return p ? pool_size(p->poo
 
 /* ---- one call: the pool (the caller's, or a one-thread one), scratch, the FP environment -- */
 
-#define OPS_MAX_SCRATCH 8
+#define OPS_MAX_SCRATCH 16  /* the most a call allocates is 9 */
 
 typedef struct op_call {
     parity_pool *user;      /* the caller's pool, entered; NULL if the call made its own */
@@ -89,7 +89,10 @@ static void op_end(op_call *c) {
  * the size overflows or memory is exhausted. */
 static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
     uint64_t bytes;
-    if (c->n_scratch == OPS_MAX_SCRATCH) return NULL;
+    if (c->n_scratch == OPS_MAX_SCRATCH) {
+        set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: more scratch buffers than a call holds", what);
+        return NULL;
+    }
     if (mul_overflows(n, size, &bytes) || bytes > SIZE_MAX - 64) {
         set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: %llu x %zu bytes is too large", what,
                   (unsigned long long)n, size);

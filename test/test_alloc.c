@@ -6,7 +6,8 @@
  * nothing (LeakSanitizer checks that under scripts/sanitize.sh asan); a retry right after
  * must succeed with bitwise the same results. Calls: loading the trained model, loading a
  * sharded F32 checkpoint, a synthetic model, scorer and sampler creation, a parity_score
- * call, and a sampler add + fork + step.
+ * call, a sampler add + fork + step, and the forward pieces (a pool, parity_linear,
+ * parity_attention, parity_head_logprobs, with and without a pool, on both backends).
  *
  * The ceilings: a max_memory below what a scorer or sampler needs fails up front with
  * PARITY_ERR_MEMORY_LIMIT before any allocation; exactly what it needs, or more, succeeds. */
@@ -15,6 +16,7 @@
 
 #include "fixtures.h"
 #include "internal.h"
+#include "model.h"
 #include "safetensors.h"
 
 #define SENTINEL ((void *)&sentinel_object)
@@ -215,6 +217,106 @@ static void use_ok(void *ctx) {
     c->have_ref = 1;
 }
 
+/* ---- the forward pieces (parity_linear, parity_attention, parity_head_logprobs) ------------ */
+
+#define OPS_ROWS 20
+#define OPS_OUT (OPS_ROWS * 256)
+typedef struct ops_case {
+    const parity_model *m;
+    parity_pool *pool;      /* NULL: the call makes its own one-thread pool */
+    uint32_t backend;
+    int which;              /* 0 linear, 1 attention, 2 head */
+    float x[OPS_ROWS * 256], out[OPS_OUT], ref[OPS_OUT];
+    int have_ref;
+} ops_case;
+
+static void ops_setup(void *ctx) {
+    ops_case *c = ctx;
+    memset(c->out, 0xff, sizeof c->out);
+}
+
+static int ops_call(void *ctx) {
+    ops_case *c = ctx;
+    const parity_config *cf = &c->m->config;
+    const layer_weights *w = &c->m->layers[0];
+    parity_policy pol;
+    parity_policy_from_name("hf-eager", &pol);
+    if (c->which == 0)
+        return parity_linear(c->pool, &pol, c->backend, OPS_ROWS, w->w_up.cols, w->w_up.rows, c->x,
+                             w->w_up.cols, PARITY_DTYPE_BF16, w->w_up.bf16, w->w_up.cols, NULL,
+                             c->out, w->w_up.rows);
+    const size_t hd = cf->head_dim, nh = cf->num_attention_heads, nkv = cf->num_key_value_heads;
+    if (c->which == 1) {
+        const uint32_t lengths[2] = {7, OPS_ROWS - 7};
+        return parity_attention(c->pool, &pol, 2, lengths, nh, nkv, hd, c->x, nh * hd, c->x,
+                                nkv * hd, c->x + 8, nkv * hd, c->out, nh * hd);
+    }
+    parity_score_options o;
+    parity_score_default_options(&o);
+    o.mode = PARITY_LOGPROB_PROCESSED_TRUNCATED;
+    o.top_k = 5;
+    const size_t dim = cf->hidden_size;
+    return parity_head_logprobs(c->pool, &pol, c->backend, &o, OPS_ROWS, dim, cf->vocab_size, c->x,
+                                dim, c->x + 1, dim, PARITY_DTYPE_BF16, c->m->final_norm.bf16,
+                                cf->rms_norm_eps, c->m->lm_head.bf16, dim, tokens, c->out, NULL,
+                                NULL, 0);
+}
+
+static void ops_failed(void *ctx) {
+    ops_case *c = ctx;
+    uint32_t u;
+    int untouched = 1;
+    for (size_t i = 0; i < OPS_OUT; i++) {
+        memcpy(&u, &c->out[i], 4);
+        untouched &= u == 0xffffffffu;
+    }
+    CHECK(untouched);
+}
+
+static void ops_ok(void *ctx) {
+    ops_case *c = ctx;
+    if (c->have_ref) CHECK_BITS_F32(c->ref, c->out, OPS_OUT, "forward piece after a failure");
+    else memcpy(c->ref, c->out, sizeof c->ref);
+    c->have_ref = 1;
+}
+
+static int pool_call(void *ctx) {
+    parity_pool **p = ctx;
+    return parity_pool_create(2, p);
+}
+static void pool_failed(void *ctx) { CHECK(*(parity_pool **)ctx == NULL); }
+static void pool_ok(void *ctx) {
+    parity_pool **p = ctx;
+    CHECK_INT(parity_pool_threads(*p), 2);
+    parity_pool_free(*p);
+    *p = NULL;
+}
+
+static void test_ops(const parity_model *tiny) {
+    static const char *const names[3][2] = {
+        {"parity_linear (bf16)", "parity_linear (openblas)"},
+        {"parity_attention", "parity_attention"},
+        {"parity_head_logprobs (bf16)", "parity_head_logprobs (openblas)"}};
+    parity_pool *pool = NULL;
+    sweep(&(sweep_case){"parity_pool_create", NULL, pool_call, pool_failed, pool_ok, &pool});
+    CHECK_OK(parity_pool_create(2, &pool));
+    static ops_case c;
+    for (int which = 0; which < 3; which++)
+        for (uint32_t backend = 0; backend < (which == 1 ? 1u : 2u); backend++)
+            for (int with_pool = 0; with_pool < 2; with_pool++) {
+                memset(&c, 0, sizeof c);
+                c.m = tiny, c.backend = backend, c.which = which;
+                c.pool = with_pool ? pool : NULL;
+                for (size_t i = 0; i < OPS_ROWS * 256; i++)
+                    c.x[i] = parity_bf16_to_f32(parity_bf16_from_f32((float)((i * 37) % 101) / 50 - 1));
+                char name[64];
+                snprintf(name, sizeof name, "%s%s", names[which][backend],
+                         with_pool ? ", pool" : "");
+                sweep(&(sweep_case){name, ops_setup, ops_call, ops_failed, ops_ok, &c});
+            }
+    parity_pool_free(pool);
+}
+
 /* ---- a sharded F32 checkpoint ------------------------------------------------------------- */
 
 /* Writes tensors [first, last) of a BF16 file as an F32 safetensors file. */
@@ -400,6 +502,7 @@ int main(void) {
     parity_scorer_free(use.scorer);
     parity_sampler_free(use.sampler);
 
+    test_ops(tiny);
     test_ceilings(tiny);
     parity_model_free(tiny);
     return check_report("test_alloc");
