@@ -286,16 +286,44 @@ class _Attention(_torch.autograd.Function):
                              _addr(q), nh * hd, _addr(k), nkv * hd, _addr(v), nkv * hd,
                              _addr(out), nh * hd)
         ctx.save_for_backward(q, k, v)
-        ctx.lengths = lengths
+        ctx.lengths, ctx.pool = lengths, pool
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with _torch.enable_grad():
-            out = _attention_fp32(q, k, v, ctx.lengths)
-            gq, gk, gv = _torch.autograd.grad(out, (q, k, v), grad)
+        q, k, v = ctx.saved_tensors
+        gq, gk, gv = _attention_backward(q, k, v, grad.contiguous(), ctx.lengths, ctx.pool)
         return gq, gk, gv, None, None, None
+
+
+def _attention_backward(q, k, v, grad, lengths, pool):
+    """The gradients of fp32 softmax attention (_attention_fp32's formula) at q, k, v, written
+    out: per sequence and KV head, with the group's query heads as one block of rows,
+    P = softmax(Q K^T s) recomputed, O = P V, dP = dO V^T, dS = P (dP - rowsum(dO O)) s,
+    dQ = dS K, dK = dS^T Q, dV = P^T dO; the products on libparity's GEMM (_matmul_t)."""
+    T, nh, hd = q.shape
+    nkv = k.shape[1]
+    group, scale = nh // nkv, hd ** -0.5
+    gq, gk, gv = _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
+    at = 0
+    for n in lengths:
+        future = _torch.ones(n, n, dtype=_torch.bool).triu(1)
+        for j in range(nkv):
+            heads = slice(j * group, (j + 1) * group)
+            Q = q[at:at + n, heads].transpose(0, 1).reshape(group * n, hd).contiguous()
+            dO = grad[at:at + n, heads].transpose(0, 1).reshape(group * n, hd).contiguous()
+            K, V = k[at:at + n, j].contiguous(), v[at:at + n, j].contiguous()
+            S = _matmul_t(Q, K, pool).mul_(scale).view(group, n, n)
+            P = _torch.softmax(S.masked_fill_(future, float("-inf")), dim=-1).view(group * n, n)
+            O = _matmul_t(P, V.t().contiguous(), pool)
+            dP = _matmul_t(dO, V, pool)
+            dS = P * (dP - (dO * O).sum(-1, keepdim=True)) * scale
+            gq[at:at + n, heads] = _matmul_t(dS, K.t().contiguous(), pool) \
+                .view(group, n, hd).transpose(0, 1)
+            gk[at:at + n, j] = _matmul_t(dS.t().contiguous(), Q.t().contiguous(), pool)
+            gv[at:at + n, j] = _matmul_t(P.t().contiguous(), dO.t().contiguous(), pool)
+        at += n
+    return gq, gk, gv
 
 
 def _lengths(lengths, total):

@@ -405,9 +405,15 @@ def rope(x, positions, theta=10000.0, policy="aligned"):
     return _to_bf16(_rope_f32(x.to(_f32), cos.to(x.device), sin.to(x.device), pol))
 
 
-# The learner (parity/learner.py) builds on the functions above.
-from .learner import (CausalLM, Pool, attention, embedding, head_logprobs,  # noqa: E402
-                      linear, read_checkpoint)
+# The learner (parity/learner.py) builds on the functions above; its names are served from
+# there on first use (PEP 562), so that either module may be imported first.
+_LEARNER_NAMES = ("CausalLM", "Pool", "attention", "embedding", "head_logprobs", "linear",
+                  "read_checkpoint")
+__all__ += list(_LEARNER_NAMES)
 
-__all__ += ["CausalLM", "Pool", "attention", "embedding", "head_logprobs", "linear",
-            "read_checkpoint"]
+
+def __getattr__(name):
+    if name in _LEARNER_NAMES:
+        from . import learner
+        return getattr(learner, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

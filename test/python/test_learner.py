@@ -167,12 +167,17 @@ class Gradients(unittest.TestCase):
             P = {n: p.detach().clone().requires_grad_() for n, p in lm.named_parameters()}
             sum(lp.sum() for lp in reference_logprobs(P, lm.config, seqs)).backward()
             self.assertEqual(len(P), 69)
+            worst_cos, worst_rel = (2.0, ""), (-1.0, "")
             for name, p in lm.named_parameters():
                 g, r = p.grad.double().flatten(), P[name].grad.double().flatten()
                 cos = (g @ r / (g.norm() * r.norm())).item()
                 rel = abs(g.norm() - r.norm()).item() / r.norm().item()
+                worst_cos, worst_rel = min(worst_cos, (cos, name)), max(worst_rel, (rel, name))
                 self.assertGreaterEqual(cos, 0.999, "%s: %s cosine %.6f" % (pol, name, cos))
                 self.assertLessEqual(rel, bound, "%s: %s norm error %.4f" % (pol, name, rel))
+            print("gradients against the fp32 reference, %s: lowest cosine %.6f (%s), largest "
+                  "norm error %.2f%% (%s)" % (pol, worst_cos[0], worst_cos[1],
+                                             100 * worst_rel[0], worst_rel[1]))
 
     def test_fp32_policy_is_the_reference(self):
         """Under the fp32 policy nothing rounds: the gradients are the reference's up to the

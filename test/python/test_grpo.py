@@ -1,0 +1,162 @@
+"""examples/python/grpo.py end to end, on a few small steps: the step logs (everything but the
+timings) are bitwise identical whether the rollouts run on 1 or 2 dask workers or in-process;
+with the bitwise learner (parity.torch.CausalLM) every mismatch metric is exactly at its
+perfect value at every step, with the plain PyTorch learner it is not; bad arguments and a
+missing dask get a clear message and exit status 2, never a traceback.
+
+    /usr/bin/python3 test/python/test_grpo.py BUILD_DIR
+
+Needs torch and dask.distributed (Debian: python3-torch python3-distributed); exits 77 (skipped)
+without them.
+"""
+
+import harness
+
+BUILD = harness.setup()
+harness.require("grpo.py tests", ["torch", "distributed"], "python3-torch python3-distributed")
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import unittest  # noqa: E402
+import xml.etree.ElementTree as ET  # noqa: E402
+
+GRPO = os.path.join(harness.REPO, "examples", "python", "grpo.py")
+SMALL = ["--steps", "2", "--groups", "2", "--n", "4", "--line-bytes", "24", "--threads", "1",
+         "--quiet", "--svg", ""]
+MISMATCH = ["rollout_corr/k3_kl", "training/rollout_probs_diff_max",
+            "training/rollout_probs_diff_mean", "token_mult_prob_error", "lp_not_bitwise"]
+
+
+def exact(value):
+    """A value as text that tells every bit: floats by float.hex, containers element-wise."""
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: exact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [exact(v) for v in value]
+    return value
+
+
+def run(args, tmp, name):
+    """Runs grpo.py with args and --log; returns (completed process, step records)."""
+    log = os.path.join(tmp, name + ".jsonl")
+    p = subprocess.run([sys.executable, GRPO] + args + ["--log", log], capture_output=True,
+                       text=True, timeout=600)
+    if p.returncode != 0:
+        raise AssertionError("grpo.py %s exited %d:\n%s%s" % (" ".join(args), p.returncode,
+                                                              p.stdout, p.stderr))
+    with open(log) as f:
+        return p, [json.loads(line) for line in f]
+
+
+def untimed(records):
+    return [exact({k: v for k, v in r.items() if not k.startswith("time_")}) for r in records]
+
+
+class Grpo(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="test-grpo-")
+        cls.learners = "torch,parity"
+        cls.runs = {}
+        for workers in (None, 1, 2):
+            args = SMALL + ["--learner", cls.learners]
+            if workers:
+                args += ["--workers", str(workers)]
+            cls.runs[workers] = run(args, cls.tmp.name, "w%s" % workers)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_workers_bitwise(self):
+        """1 and 2 dask workers, and in-process sampling: the same rollouts, rewards, losses,
+        metrics and weights, bit for bit."""
+        one = untimed(self.runs[1][1])
+        self.assertEqual(len(one), 2 * len(self.learners.split(",")))
+        for key in ("rollouts_sha", "weights_sha", "loss", "reward_mean"):
+            self.assertIn(key, one[0])
+        self.assertEqual(untimed(self.runs[2][1]), one, "2 workers against 1")
+        self.assertEqual(untimed(self.runs[None][1]), one, "in-process against 1 worker")
+
+    def test_torch_learner_mismatch(self):
+        """The plain PyTorch bf16 learner does not reproduce the sampler's log-probs."""
+        recs = [r for r in self.runs[1][1] if r["learner"] == "torch"]
+        self.assertEqual([r["step"] for r in recs], [0, 1])
+        for r in recs:
+            self.assertGreater(r["lp_not_bitwise"], 0)
+            self.assertGreater(r["rollout_corr/k3_kl"], 0.0)
+            self.assertGreater(r["token_mult_prob_error"], 1.0)
+            self.assertGreater(r["tokens"], 0)
+
+    def test_parity_learner_exact(self):
+        """The bitwise learner: k3 0, probability differences 0, NeMo-RL's multiplicative
+        error exactly 1, no token whose log-prob differs in any bit, at every step."""
+        for workers, (_, recs) in self.runs.items():
+            recs = [r for r in recs if r["learner"] == "parity"]
+            self.assertEqual(len(recs), 2)
+            for r in recs:
+                what = "workers %s step %d" % (workers, r["step"])
+                self.assertEqual(r["rollout_corr/k3_kl"], 0.0, what)
+                self.assertEqual(r["training/rollout_probs_diff_max"], 0.0, what)
+                self.assertEqual(r["training/rollout_probs_diff_mean"], 0.0, what)
+                self.assertEqual(r["token_mult_prob_error"], 1.0, what)
+                self.assertEqual(r["lp_not_bitwise"], 0, what)
+                self.assertGreater(r["tokens"], 0, what)
+
+    def test_learners_share_step_zero(self):
+        """Every learner starts from the checkpoint: step 0's rollouts are the same for all."""
+        recs = self.runs[None][1]
+        self.assertEqual(len({r["rollouts_sha"] for r in recs if r["step"] == 0}), 1)
+
+    def test_table_and_svg(self):
+        """The summary names each learner; --svg writes well-formed SVG with the metrics."""
+        out = self.runs[None][0].stdout
+        self.assertIn("summary", out)
+        for name in self.learners.split(","):
+            self.assertIn(name, out)
+        svg = os.path.join(self.tmp.name, "plot.svg")
+        p = subprocess.run([sys.executable, GRPO, "--learner", "torch", "--steps", "2",
+                            "--groups", "1", "--n", "2", "--line-bytes", "8", "--threads", "1",
+                            "--svg", svg], capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("k3_kl", p.stdout)
+        root = ET.parse(svg).getroot()
+        self.assertTrue(root.tag.endswith("svg"))
+        text = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
+        for label in MISMATCH:
+            self.assertIn(label, text)
+
+    def assert_usage_error(self, args, needle, prelude=None):
+        if prelude:
+            cmd = [sys.executable, "-c", "import runpy, sys; %s; sys.argv = %r; "
+                   "runpy.run_path(%r, run_name='__main__')" % (prelude, [GRPO] + args, GRPO)]
+        else:
+            cmd = [sys.executable, GRPO] + args
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn(needle, p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+
+    def test_bad_arguments(self):
+        self.assert_usage_error(["--workers", "0"], "--workers must be at least 1")
+        self.assert_usage_error(["--learner", "tensorflow"],
+                                "is not parity, parity:PRESET or torch")
+        self.assert_usage_error(["--learner", "parity:no-such-preset"], "no-such-preset")
+        self.assert_usage_error(["--n", "1"], "--n must be at least 2")
+        self.assert_usage_error(["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"],
+                                "exclude each other")
+
+    def test_missing_dask(self):
+        """Where dask.distributed cannot be imported, --workers says so and exits 2."""
+        self.assert_usage_error(SMALL + ["--learner", "torch", "--workers", "2"],
+                                "need dask.distributed",
+                                prelude="sys.modules['distributed'] = None")
+
+
+if __name__ == "__main__":
+    harness.run("python-grpo")
