@@ -757,8 +757,9 @@ PARITY_API int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens,
  * Threads: `pool` (parity_pool_create) runs a call on its threads, one call at a time
  * (PARITY_ERR_BUSY for a second thread meanwhile); NULL runs it on the calling thread alone.
  * The bits do not depend on the pool's size. Scratch (packed inputs, a KV cache for attention,
- * logits) is allocated per call and freed before it returns; a call that fails
- * (PARITY_ERR_OUT_OF_MEMORY included) has written no output.
+ * logits): a pool keeps its calls' scratch for the next calls (grown as needed, freed with the
+ * pool); without a pool a call allocates its own and frees it before returning. A call that
+ * fails (PARITY_ERR_OUT_OF_MEMORY included) has written no output.
  */
 typedef struct parity_pool parity_pool;
 

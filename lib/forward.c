@@ -240,6 +240,6 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
     }
 
     const gemm_weights head = {m->lm_head.rows, m->lm_head.cols, m->lm_head.cols,
-                               m->lm_head.bf16, fp32 ? weight_f32(&m->lm_head) : m->lm_head.wide};
+                               m->lm_head.bf16, linear_f32_weights(ctx, &m->lm_head)};
     forward_head(ctx, n_out, s->delta, s->h, vec(ctx, &m->final_norm), eps, s->xn, &head, logits);
 }

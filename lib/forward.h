@@ -138,6 +138,9 @@ void forward_head(const fwd_ctx *ctx, size_t n, float *delta, float *h, const fl
  * PARITY_COMPUTE_FP32; openblas: one-row cblas_sgemm); the bias joins the fp32 sum. */
 void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
                     const gemm_weights *w, const float *bias, float *y, size_t ldy);
+/* The fp32 values of a model weight that the context's GEMM reads: the masters (or the bf16
+ * widened) under PARITY_COMPUTE_FP32, the widened copy on the openblas backend, else NULL. */
+const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w);
 /* linear_weights on a model weight (and bias: rows = 0 for none), x and y contiguous. */
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y);

@@ -175,11 +175,17 @@ void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
             for (size_t n = 0; n < N; n++) y[m * ldy + n] += bias[n];
 }
 
+const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w) {
+    if (ctx->pol.compute == PARITY_COMPUTE_FP32) return weight_f32(w);
+    /* read only where the backend uses it: another thread may be widening the weights for an
+     * openblas scorer being created meanwhile */
+    return ctx->backend == PARITY_BACKEND_OPENBLAS ? w->wide : NULL;
+}
+
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y) {
+    const gemm_weights gw = {w->rows, w->cols, w->cols, w->bf16, linear_f32_weights(ctx, w)};
     const int fp32 = ctx->pol.compute == PARITY_COMPUTE_FP32;
-    const gemm_weights gw = {w->rows, w->cols, w->cols, w->bf16,
-                             fp32 ? weight_f32(w) : w->wide};
     const float *b = NULL;
     if (bias && bias->rows) b = fp32 ? weight_f32(bias) : bias->wide;
     linear_weights(ctx, M, x, w->cols, &gw, b, y, w->rows);

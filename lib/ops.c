@@ -6,8 +6,8 @@
  * kv_store + attention, forward_head, dist_build), so a host that composes them with the
  * region kernels gets the forward's bits, with nothing to keep in step.
  *
- * Scratch (packed GEMM input, weight panels, a KV cache for attention, logits) is allocated
- * per call and freed before returning; a failed call changes no output.
+ * Scratch (packed GEMM input, weight panels, a KV cache for attention, logits) is the pool's,
+ * kept from call to call, or the call's own without a pool; a failed call changes no output.
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,9 +17,17 @@
 #include "kernels.h"
 #include "sampling.h"
 
+/* Room for the buffers of one call (a head on the bf16 backend takes 8, attention 8). */
+#define OPS_MAX_SCRATCH 16
+
+/* A pool keeps the scratch of its calls for the next ones: the k-th buffer a call asks for is
+ * the pool's k-th, grown when too small (a learner calls the same pieces with the same
+ * shapes layer after layer: without it, every call would page-fault its scratch in anew). */
 struct parity_pool {
     threadpool *pool;
     atomic_int in_use;
+    void *scratch[OPS_MAX_SCRATCH];
+    size_t scratch_bytes[OPS_MAX_SCRATCH];
 };
 
 int parity_pool_create(uint32_t n_threads, parity_pool **out) {
@@ -44,6 +52,7 @@ int parity_pool_create(uint32_t n_threads, parity_pool **out) {
 void parity_pool_free(parity_pool *p) {
     if (!p) return;
     pool_free(p->pool);
+    for (size_t i = 0; i < OPS_MAX_SCRATCH; i++) px_free(p->scratch[i]);
     px_free(p);
 }
 
@@ -51,13 +60,11 @@ uint32_t parity_pool_threads(const parity_pool *p) { return p ? pool_size(p->poo
 
 /* ---- one call: the pool (the caller's, or a one-thread one), scratch, the FP environment -- */
 
-#define OPS_MAX_SCRATCH 16  /* the most a call allocates is 9 */
-
 typedef struct op_call {
     parity_pool *user;      /* the caller's pool, entered; NULL if the call made its own */
     threadpool *pool;
     unsigned fp_saved;
-    void *scratch[OPS_MAX_SCRATCH];
+    void *scratch[OPS_MAX_SCRATCH];  /* without a pool: the call's own buffers */
     size_t n_scratch;
 } op_call;
 
@@ -78,15 +85,17 @@ static int op_begin(op_call *c, parity_pool *pool, const char *fn) {
 
 static void op_end(op_call *c) {
     fp_env_restore(c->fp_saved);
-    for (size_t i = 0; i < c->n_scratch; i++) px_free(c->scratch[i]);
-    if (c->user)
+    if (c->user) {
         object_leave(&c->user->in_use);
-    else
+    } else {
+        for (size_t i = 0; i < c->n_scratch; i++) px_free(c->scratch[i]);
         pool_free(c->pool);
+    }
 }
 
-/* n elements of `size` bytes, 64-byte aligned, freed by op_end; NULL (with the status set) if
- * the size overflows or memory is exhausted. */
+/* n elements of `size` bytes, 64-byte aligned: the pool's next buffer (grown if too small) or
+ * the call's own, freed by op_end; NULL (with the status set) if the size overflows or memory
+ * is exhausted. */
 static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
     uint64_t bytes;
     if (c->n_scratch == OPS_MAX_SCRATCH) {
@@ -98,9 +107,22 @@ static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
                   (unsigned long long)n, size);
         return NULL;
     }
-    void *p = px_aligned_alloc(bytes ? (size_t)bytes : 64, what);
-    if (p) c->scratch[c->n_scratch++] = p;
-    return p;
+    if (!bytes) bytes = 64;
+    const size_t k = c->n_scratch;
+    if (c->user) {
+        parity_pool *p = c->user;
+        if (p->scratch_bytes[k] < bytes) {
+            px_free(p->scratch[k]);
+            p->scratch[k] = px_aligned_alloc((size_t)bytes, what);
+            p->scratch_bytes[k] = p->scratch[k] ? (size_t)bytes : 0;
+            if (!p->scratch[k]) return NULL;
+        }
+        c->n_scratch++;
+        return p->scratch[k];
+    }
+    void *q = px_aligned_alloc((size_t)bytes, what);
+    if (q) c->scratch[c->n_scratch++] = q;
+    return q;
 }
 
 static int check_backend(const char *fn, uint32_t backend) {
@@ -278,7 +300,7 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
     op_call c;
     TRY(op_begin(&c, pool, fn));
     const size_t workers = pool_size(c.pool);
-    kv_cache kv = {0};
+    kv_cache kv;
     fwd_scratch s = {0};
     s.max_ctx = longest;
     s.max_rows = (uint32_t)(T < UINT32_MAX ? T : UINT32_MAX);
@@ -298,8 +320,12 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
     }
     if (s.pv && qc && out_stride != qw)
         att = op_alloc(&c, (uint64_t)T * qw, sizeof(float), "attention output");
-    int rc = s.pv && qc && att ? kv_cache_init(&kv, &shape, (uint32_t)cells, fp32)
-                               : PARITY_ERR_OUT_OF_MEMORY;
+    /* the cache of kv_cache_init's layout (one layer), in the call's scratch */
+    const uint64_t kv_half = kv_cache_bytes(&shape, (uint32_t)cells, fp32) / 2;
+    kv = (kv_cache){1, (uint32_t)cells, (uint32_t)kvw, (uint32_t)head_dim, fp32, NULL, NULL};
+    if (s.pv && qc && att) kv.k = op_alloc(&c, kv_half, 1, "attention keys");
+    if (kv.k) kv.v = op_alloc(&c, kv_half, 1, "attention values");
+    const int rc = kv.v ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     if (!rc) {
         for (size_t b = 0; b < cells / KV_BLOCK; b++) blocks[b] = (uint32_t)b;
         size_t at = 0, block = 0;
@@ -312,7 +338,6 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
         attention(&ctx, 0, T, rows, qc, att);
         if (att != out)
             for (size_t r = 0; r < T; r++) memcpy(out + r * out_stride, att + r * qw, qw * 4);
-        kv_cache_free(&kv);
     }
     op_end(&c);
     return rc;

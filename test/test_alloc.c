@@ -230,9 +230,16 @@ typedef struct ops_case {
     int have_ref;
 } ops_case;
 
+/* Before each call: the output filled with a pattern no result has, and a fresh pool (a pool
+ * keeps its calls' scratch for the next ones: a used one would not allocate again). */
 static void ops_setup(void *ctx) {
     ops_case *c = ctx;
     memset(c->out, 0xff, sizeof c->out);
+    if (c->pool) {
+        parity_pool_free(c->pool);
+        c->pool = NULL;
+        CHECK_OK(parity_pool_create(2, &c->pool));
+    }
 }
 
 static int ops_call(void *ctx) {
@@ -299,22 +306,21 @@ static void test_ops(const parity_model *tiny) {
         {"parity_head_logprobs (bf16)", "parity_head_logprobs (openblas)"}};
     parity_pool *pool = NULL;
     sweep(&(sweep_case){"parity_pool_create", NULL, pool_call, pool_failed, pool_ok, &pool});
-    CHECK_OK(parity_pool_create(2, &pool));
     static ops_case c;
     for (int which = 0; which < 3; which++)
         for (uint32_t backend = 0; backend < (which == 1 ? 1u : 2u); backend++)
             for (int with_pool = 0; with_pool < 2; with_pool++) {
                 memset(&c, 0, sizeof c);
                 c.m = tiny, c.backend = backend, c.which = which;
-                c.pool = with_pool ? pool : NULL;
+                if (with_pool) CHECK_OK(parity_pool_create(2, &c.pool));
                 for (size_t i = 0; i < OPS_ROWS * 256; i++)
                     c.x[i] = parity_bf16_to_f32(parity_bf16_from_f32((float)((i * 37) % 101) / 50 - 1));
                 char name[64];
                 snprintf(name, sizeof name, "%s%s", names[which][backend],
                          with_pool ? ", pool" : "");
                 sweep(&(sweep_case){name, ops_setup, ops_call, ops_failed, ops_ok, &c});
+                parity_pool_free(c.pool);
             }
-    parity_pool_free(pool);
 }
 
 /* ---- a sharded F32 checkpoint ------------------------------------------------------------- */
