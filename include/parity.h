@@ -690,7 +690,11 @@ typedef struct parity_tensor_data {
  * Replaces the values of n tensors in place. All or nothing: every tensor is checked first
  * (a known name, its shape, its dtype, finite values after the cast). F32 data is cast to
  * bf16 with round-to-nearest-even — the cast a learner makes — and kept as the fp32 master
- * for the fp32 policy. Each successful call bumps the model's version.
+ * for the fp32 policy. Each successful call bumps the model's version. Memory: the new values
+ * are written into the buffers the model already holds where it owns them (a cast or copy
+ * made at loading or by an earlier update), after every tensor passed its checks; a tensor
+ * still read from a mapped checkpoint, or F32 data for a tensor without an fp32 master yet,
+ * gets new buffers (2 bytes a value, and 4 more for a master).
  *
  * No other call may use the model while it runs: the call is refused with PARITY_ERR_BUSY if
  * a scorer or sampler of this model is inside a call (and such calls are refused while an
