@@ -66,6 +66,8 @@ static inline void object_leave(atomic_int *in_use) {
 /* ---- argument checks of the public kernel calls (regions.c) ---------------------------
  * Each sets the message, prefixed with the function's name fn, and returns the status. */
 int arg_policy(const char *fn, const parity_policy *policy);
+/* A failed check's status with fn prefixed to its message (PARITY_OK passes through). */
+int arg_prefixed(const char *fn, int status);
 int arg_ptr(const char *fn, const void *p, const char *what);
 /* `rows` rows of `dim` elements, `stride` apart: dim <= stride, and the last element's index
  * fits in size_t. */

@@ -303,7 +303,6 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
     kv_cache kv;
     fwd_scratch s = {0};
     s.max_ctx = longest;
-    s.max_rows = (uint32_t)(T < UINT32_MAX ? T : UINT32_MAX);
     fwd_row *rows = op_alloc(&c, T, sizeof *rows, "attention rows");
     uint32_t *blocks = rows ? op_alloc(&c, cells / KV_BLOCK, sizeof *blocks, "block table") : NULL;
     s.scores = blocks ? op_alloc(&c, (uint64_t)workers * ATTN_TASK_ROWS * group * longest,
@@ -391,12 +390,7 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: vocab %zu is not in 1..2^30", fn, vocab);
     const dist_params dp = {options->mode, options->temperature, options->top_k, options->top_p,
                             options->min_p};
-    int rc = dist_params_check(&dp, (uint32_t)vocab);
-    if (rc) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", parity_last_error());
-        return set_error(rc, "%s: %s", fn, why);
-    }
+    TRY(arg_prefixed(fn, dist_params_check(&dp, (uint32_t)vocab)));
     TRY(arg_ptr(fn, residual, "residual"));
     TRY(arg_ptr(fn, delta, "delta"));
     TRY(arg_ptr(fn, norm_weight, "norm_weight"));
@@ -428,7 +422,7 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
     float *work = lg ? op_alloc(&c, (uint64_t)workers * dist_work_floats(vocab), sizeof(float),
                                 "log-prob work") : NULL;
     float *norm = work ? op_alloc(&c, dim, sizeof(float), "norm weight") : NULL;
-    rc = norm ? gemm_weights_of(&c, policy, backend, vocab, dim, lm_head, lm_head_stride, &head)
+    int rc = norm ? gemm_weights_of(&c, policy, backend, vocab, dim, lm_head, lm_head_stride, &head)
               : PARITY_ERR_OUT_OF_MEMORY;
     if (!rc && backend == PARITY_BACKEND_BF16 && policy->compute != PARITY_COMPUTE_FP32)
         rc = gemm_scratch_of(&c, rows, dim, &s.gemm);

@@ -21,15 +21,15 @@ float parity_bf16_to_f32(uint16_t x) { return bf16_to_f32(x); }
 
 int arg_policy(const char *fn, const parity_policy *policy) {
     if (!policy) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: policy is NULL", fn);
-    int status = parity_policy_validate(policy);
-    if (status) {
-        /* prefix the function's name to the message (copied: set_error writes the buffer
-         * parity_last_error() returns) */
-        char why[512];
-        snprintf(why, sizeof why, "%s", parity_last_error());
-        return set_error(status, "%s: %s", fn, why);
-    }
-    return PARITY_OK;
+    return arg_prefixed(fn, parity_policy_validate(policy));
+}
+
+int arg_prefixed(const char *fn, int status) {
+    if (!status) return PARITY_OK;
+    /* copied first: set_error writes the buffer parity_last_error() returns */
+    char why[512];
+    snprintf(why, sizeof why, "%s", parity_last_error());
+    return set_error(status, "%s: %s", fn, why);
 }
 
 int arg_ptr(const char *fn, const void *p, const char *what) {

@@ -37,7 +37,6 @@ import json
 import os
 import struct
 import tempfile
-import time
 
 import torch as _torch
 
@@ -258,23 +257,6 @@ def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
                    _pool_handle(pool))
 
 
-def _attention_fp32(q, k, v, lengths):
-    """Causal GQA softmax attention in fp32 torch operations (the backward's formula)."""
-    nh, nkv, hd = q.shape[1], k.shape[1], q.shape[2]
-    group = nh // nkv
-    outs, at = [], 0
-    for n in lengths:
-        qs = q[at:at + n].transpose(0, 1)
-        ks = k[at:at + n].repeat_interleave(group, dim=1).transpose(0, 1)
-        vs = v[at:at + n].repeat_interleave(group, dim=1).transpose(0, 1)
-        s = (qs @ ks.transpose(1, 2)) * (hd ** -0.5)
-        mask = _torch.ones(n, n, dtype=_torch.bool).triu(1)
-        p = _torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
-        outs.append((p @ vs).transpose(0, 1))
-        at += n
-    return _torch.cat(outs, 0)
-
-
 class _Attention(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lengths, pol_c, pool):
@@ -297,10 +279,10 @@ class _Attention(_torch.autograd.Function):
 
 
 def _attention_backward(q, k, v, grad, lengths, pool):
-    """The gradients of fp32 softmax attention (_attention_fp32's formula) at q, k, v, written
-    out: per sequence and KV head, with the group's query heads as one block of rows,
-    P = softmax(Q K^T s) recomputed, O = P V, dP = dO V^T, dS = P (dP - rowsum(dO O)) s,
-    dQ = dS K, dK = dS^T Q, dV = P^T dO; the products on libparity's GEMM (_matmul_t)."""
+    """The gradients of causal fp32 softmax attention at q, k, v, written out: per sequence and
+    KV head, with the group's query heads as one block of rows, P = softmax(Q K^T s)
+    recomputed, O = P V, dP = dO V^T, dS = P (dP - rowsum(dO O)) s, dQ = dS K, dK = dS^T Q,
+    dV = P^T dO; the products on libparity's GEMM (_matmul_t)."""
     T, nh, hd = q.shape
     nkv = k.shape[1]
     group, scale = nh // nkv, hd ** -0.5
@@ -815,28 +797,15 @@ class CausalLM(_torch.nn.Module):
         """{checkpoint name: fp32 master} of every weight (the parameters, detached)."""
         return {name: self._param(name).detach() for name in self._names}
 
-    def sync_to(self, model, manifest_path=None):
-        """Pushes the weights into a parity.Model: the fp32 masters go to parity_model_update
-        as they are (no copy), which casts them to bf16 with round-to-nearest-even (and keeps
-        them as the fp32 policy's masters); then a manifest of the module's weights (the same
-        cast) is written and parity_model_verify checks the model against it. The model's
-        samplers' sequences become STALE. Returns the seconds the update and the check took
-        (update, verify). Raises ParityError on any difference."""
+    def sync_to(self, model):
+        """Pushes the weights into a parity.Model: Model.sync with the fp32 masters as they are
+        (no copy), which parity_model_update casts to bf16 with round-to-nearest-even (keeping
+        them as the fp32 policy's masters), then checks the model against their manifest. The
+        model's samplers' sequences become STALE. Returns (update, verify) seconds; raises
+        ParityError on any difference."""
         if not isinstance(model, Model):
             raise TypeError("model must be a parity.Model, not %s" % type(model).__name__)
-        tensors = self.checkpoint_tensors()
-        t0 = time.perf_counter()
-        model.update(tensors)
-        t1 = time.perf_counter()
-        from .manifest import write_manifest
-        with tempfile.TemporaryDirectory(prefix="parity-sync-") as d:
-            path = manifest_path or os.path.join(d, "manifest.json")
-            write_manifest(path, tensors, version=model.version)
-            differences = model.verify(path)
-        if differences:
-            raise ParityError(_lib.ERR_VERIFY, "after the sync the model differs from the "
-                              "module's weights: %s" % "; ".join(differences[:5]))
-        return t1 - t0, time.perf_counter() - t1
+        return model.sync(self.checkpoint_tensors())
 
     def saved_bytes(self, sequences):
         """The bytes the forward of `sequences` keeps for the backward (measured with

@@ -433,6 +433,28 @@ class Model(_lib.Closing):
             finally:
                 self._release()
 
+    def sync(self, tensors):
+        """A learner's weight sync: update(tensors), then a manifest of `tensors` written as the
+        learner's side (parity.write_manifest: their bf16 cast, this model's new version) and
+        verify() against it. Returns (update seconds, manifest + verify seconds).
+
+        Raises ParityError as update() does, and PARITY_ERR_VERIFY, naming the first
+        differences, if the model does not hold exactly the bf16 cast of `tensors` afterwards."""
+        import tempfile
+        import time
+        from .manifest import write_manifest
+        t0 = time.perf_counter()
+        self.update(tensors)
+        t1 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="parity-sync-") as d:
+            path = os.path.join(d, "manifest.json")
+            write_manifest(path, tensors, version=self.version)
+            differences = self.verify(path)
+        if differences:
+            raise ParityError(_lib.ERR_VERIFY, "after the sync the model differs from the "
+                              "weights sent: %s" % "; ".join(differences[:5]))
+        return t1 - t0, time.perf_counter() - t1
+
     def write_manifest(self, path):
         """Writes the manifest of the weights the model holds (parity_model_write_manifest)."""
         h = self._acquire()

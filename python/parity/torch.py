@@ -291,10 +291,9 @@ def rmsnorm_residual(delta, residual, weight, eps=1e-6, policy="aligned"):
     _check_bf16(delta, "delta")
     _check_bf16(residual, "residual")
     _check_bf16(weight, "weight")
-    pol = _policy(policy)
-    s = residual.to(_f32) + delta.to(_f32)
-    _, out = _rmsnorm_residual_f32(delta.to(_f32), residual.to(_f32), weight.to(_f32), eps, pol)
-    return _to_bf16(s), _to_bf16(out)
+    res, out = _rmsnorm_residual_f32(delta.to(_f32), residual.to(_f32), weight.to(_f32), eps,
+                                     _policy(policy))
+    return _to_bf16(res), _to_bf16(out)
 
 
 def rmsnorm(x, weight, eps=1e-6, policy="aligned", qk_norm=False):

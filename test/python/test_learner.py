@@ -199,6 +199,33 @@ class Gradients(unittest.TestCase):
         y.backward(g)
         self.assertEqual(bits(x.grad), bits(g))  # d round(x)/dx = 1, in fp32, not rounded
 
+    def test_attention_backward_is_the_softmax_formula(self):
+        """The written-out attention backward (parity.torch.attention's gradients) against
+        autograd through plain fp32 causal GQA softmax attention, sequences of different
+        lengths (one of length 1)."""
+        g = torch.Generator().manual_seed(3)
+        lengths = [37, 5, 60, 1]
+        T = sum(lengths)
+        q, k, v = (torch.randn(T, h, 64, generator=g).to(torch.bfloat16).float()
+                   for h in (4, 2, 2))
+        grad = torch.randn(T, 4, 64, generator=g)
+        qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+        attention(qa, ka, va, lengths, policy="vllm").backward(grad)
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+        outs, at = [], 0
+        for n in lengths:
+            qs = qr[at:at + n].transpose(0, 1)
+            ks = kr[at:at + n].repeat_interleave(2, dim=1).transpose(0, 1)
+            vs = vr[at:at + n].repeat_interleave(2, dim=1).transpose(0, 1)
+            s = (qs @ ks.transpose(1, 2)) / 8.0
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            outs.append((torch.softmax(s, -1) @ vs).transpose(0, 1))
+            at += n
+        torch.cat(outs).backward(grad)
+        for name, a, r in (("q", qa, qr), ("k", ka, kr), ("v", va, vr)):
+            err = ((a.grad - r.grad).norm() / r.grad.norm()).item()
+            self.assertLess(err, 1e-5, "d%s: relative error %.3g" % (name, err))
+
     def test_linear_and_swiglu_gradients_are_their_formulas(self):
         """parity.torch.linear's gradient is gy W and gy^T x (W the bf16 cast the forward
         multiplies by); the module's SwiGLU step (C kernel forward) has the gradient of
