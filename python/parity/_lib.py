@@ -417,6 +417,11 @@ _PROTOTYPES = [
     #                          uint64_t *bytes);
     ("parity_sampler_bytes", c_int, [model_p, POINTER(parity_sampler_params), POINTER(c_uint64)],
      True),
+    # int parity_sampler_cache_tokens(size_t n_groups, const uint32_t *prompt_lens,
+    #                                 const uint32_t *completions, uint32_t max_new_tokens,
+    #                                 uint64_t *cache_tokens);
+    ("parity_sampler_cache_tokens", c_int,
+     [c_size_t, POINTER(c_uint32), POINTER(c_uint32), c_uint32, POINTER(c_uint64)], True),
     # uint32_t parity_kv_block_tokens(void);
     ("parity_kv_block_tokens", c_uint32, [], False),
     # Forward pieces: buffers are passed as addresses (c_void_p), so that a torch tensor's
