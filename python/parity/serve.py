@@ -731,7 +731,8 @@ def _logprobs_block(srv, req, c, start, end):
     if req.logprobs:
         top = []
         for t, lp, (ids, lps) in zip(tokens, c.logprobs[start:end], c.tops[start:end]):
-            d = {srv.token_text(i): v for i, v in zip(ids, lps)}
+            # (the sampler pads with id -1 where the distribution has fewer tokens)
+            d = {srv.token_text(i): v for i, v in zip(ids, lps) if i >= 0}
             d.setdefault(srv.token_text(t), lp)
             top.append(d)
     return {"tokens": [srv.token_text(t) for t in tokens],
