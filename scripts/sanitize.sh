@@ -38,7 +38,7 @@ if [ $tier = asan ]; then
     ninja -C $build
     # The tests that load the library into Python (ctypes) or link it from an installed tree
     # run outside this build's sanitizer runtime: they are scripts/test.sh's.
-    tests=$(meson test -C $build --list 2>/dev/null | grep -vE '^(python-.*|abi|install)$')
+    tests=$(meson test -C $build --list 2>/dev/null | grep -vE '^(python-.*|serve-.*|abi|install)$')
 else
     ninja -C $build test/test_concurrency test/test_scorer test/test_sampler test/test_ops
     tests="concurrency scorer sampler ops"
