@@ -50,7 +50,8 @@ class ApiError(Exception):
 
     TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
              408: "invalid_request_error", 409: "invalid_request_error",
-             411: "invalid_request_error", 413: "invalid_request_error"}
+             411: "invalid_request_error", 413: "invalid_request_error",
+             501: "invalid_request_error"}
 
     def __init__(self, status, message, param=None, code=None, extra=None):
         super().__init__(message)
@@ -860,7 +861,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self._send_error(ApiError(500, "internal error: %s: %s" % (type(e).__name__, e)))
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _route
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _route
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (a malformed request line, headers too long, an unknown
+        method) in OpenAI's error shape too."""
+        self.close_connection = True
+        text = message or self.responses.get(code, ("error",))[0]
+        if explain:
+            text = "%s: %s" % (text, explain)
+        try:
+            self._send_json(code, ApiError(code, text).body())
+        except OSError:
+            pass
 
     # ---- endpoints ----
 
