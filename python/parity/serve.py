@@ -624,6 +624,9 @@ class Server(http.server.ThreadingHTTPServer):
         self.gate = Gate()
         self.current_checksums = None
         self.engine = Engine(self)
+        # connections waiting to be accepted: socketserver's default of 5 resets a burst of
+        # clients connecting at once
+        self.request_queue_size = max(128, args.max_queue)
         super().__init__((args.host, args.port), Handler)
 
     # ---- shared by the requests ----
@@ -751,6 +754,9 @@ def _final_text(srv, c):
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "parity.serve"
+    # headers and body are separate writes: without TCP_NODELAY the body waits for the client's
+    # delayed ACK (about 40 ms a response on a kept-alive connection, and on every stream event)
+    disable_nagle_algorithm = True
 
     def setup(self):
         self.timeout = self.server.args.client_timeout
