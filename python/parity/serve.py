@@ -22,8 +22,10 @@ import collections
 import ctypes
 import http.server
 import json
+import math
 import os
 import secrets
+import select
 import signal
 import socket
 import struct
@@ -83,8 +85,11 @@ def _number(body, name, default, lo=None, hi=None, lo_open=False):
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ApiError(400, "%s must be a number, not %s" % (name, json.dumps(v)), name)
-    v = float(v)
+        raise ApiError(400, "%s must be a number, not %s" % (name, json.dumps(v)[:100]), name)
+    try:
+        v = float(v)
+    except OverflowError:
+        raise ApiError(400, "%s is out of range" % name, name) from None
     if v != v or (lo is not None and (v < lo or (lo_open and v == lo))) or \
             (hi is not None and v > hi):
         raise ApiError(400, "%s = %r is out of range (%s%s, %s]" % (
@@ -97,7 +102,7 @@ def _integer(body, name, default, lo, hi):
     if v is None:
         return default
     if not _is_int(v):
-        raise ApiError(400, "%s must be an integer, not %s" % (name, json.dumps(v)), name)
+        raise ApiError(400, "%s must be an integer, not %s" % (name, json.dumps(v)[:100]), name)
     if not lo <= v <= hi:
         raise ApiError(400, "%s = %d is out of range [%d, %d]" % (name, v, lo, hi), name)
     return v
@@ -108,8 +113,22 @@ def _boolean(body, name, default=False):
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise ApiError(400, "%s must be true or false, not %s" % (name, json.dumps(v)), name)
+        raise ApiError(400, "%s must be true or false, not %s" % (name, json.dumps(v)[:100]),
+                       name)
     return v
+
+
+def _utf8(text, param):
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, "%s: not encodable as UTF-8 (%s)" % (param, e.reason), param) from None
+
+
+def _finite(v):
+    """A float for JSON: non-finite values (a -inf log-prob outside a truncated support) as
+    null, since JSON has no infinity."""
+    return v if math.isfinite(v) else None
 
 
 class Completion:
@@ -170,6 +189,8 @@ class Request:
                                "stream_options")
             self.include_usage = _boolean(opts, "include_usage")
         self.return_token_ids = _boolean(body, "return_token_ids")
+        self.token_id_names = _boolean(body, "return_tokens_as_token_ids")
+        self.include_stop = _boolean(body, "include_stop_str_in_output")
         mode = body.get("logprob_mode", "raw")
         if mode not in LOGPROB_MODES:
             raise ApiError(400, "logprob_mode must be one of %s, not %s"
@@ -235,14 +256,20 @@ class Request:
             raise ApiError(400, "stop strings need a tokenizer, which this server does not "
                            "have for a model of %d tokens: use stop_token_ids"
                            % self.server.vocab, "stop")
-        out = [s.encode("utf-8") for s in stop]
+        out = [_utf8(s, "stop") for s in stop]
         if any(not s for s in out):
             raise ApiError(400, "an empty stop string", "stop")
         return out
 
     @staticmethod
     def _unsupported(body):
-        """Known OpenAI fields accepted only with the value that means "off"."""
+        """Known OpenAI and vLLM fields accepted only with the value that means "off"."""
+        for name in ("skip_special_tokens", "spaces_between_special_tokens", "ignore_eos"):
+            _boolean(body, name)         # no tokenizer, no special tokens: no effect
+        if body.get("min_tokens") not in (None, 0):
+            raise ApiError(400, "min_tokens is not supported: only 0", "min_tokens")
+        if body.get("repetition_penalty") not in (None, 1, 1.0):
+            raise ApiError(400, "repetition_penalty is not supported: only 1", "repetition_penalty")
         if body.get("echo") not in (None, False):
             raise ApiError(400, "echo is not supported (score the prompt with /parity/score)",
                            "echo")
@@ -267,26 +294,28 @@ class Request:
             self.events.append(event)
             self.wake.notify()
 
-    def next_event(self):
+    def next_event(self, timeout=None):
+        """The next event, or None after `timeout` seconds without one."""
         with self.wake:
-            while not self.events:
-                self.wake.wait()
+            if not self.events and not self.wake.wait_for(lambda: self.events, timeout):
+                return None
             return self.events.popleft()
 
 
 class Gate:
-    """Scoring calls against a weight update: an update waits for the calls in progress and
-    holds new ones back until it is done."""
+    """Scoring calls against weight updates: from the moment an update is submitted, new
+    scoring calls wait until it is applied; the update waits for the calls in progress. At
+    most `limit` scoring calls run at once (each holds a scorer and its KV cache)."""
 
-    def __init__(self):
+    def __init__(self, limit):
         self.cv = threading.Condition()
         self.readers = 0
-        self.closed = False
+        self.holds = 0              # updates submitted and not yet applied
+        self.limit = limit
 
     def enter(self):
         with self.cv:
-            while self.closed:
-                self.cv.wait()
+            self.cv.wait_for(lambda: not self.holds and self.readers < self.limit)
             self.readers += 1
 
     def leave(self):
@@ -294,15 +323,17 @@ class Gate:
             self.readers -= 1
             self.cv.notify_all()
 
-    def close(self):
+    def hold(self):
         with self.cv:
-            self.closed = True
-            while self.readers:
-                self.cv.wait()
+            self.holds += 1
 
-    def open(self):
+    def wait_idle(self):
         with self.cv:
-            self.closed = False
+            self.cv.wait_for(lambda: not self.readers)
+
+    def release(self):
+        with self.cv:
+            self.holds -= 1
             self.cv.notify_all()
 
 
@@ -338,6 +369,8 @@ class Engine(threading.Thread):
 
     def submit(self, req):
         with self.cv:
+            if self.stopping or not self.is_alive():
+                raise ApiError(503, "the server is shutting down", None, "shutting_down")
             if len(self.waiting) >= self.server.max_queue:
                 raise ApiError(503, "the server is full: %d requests are waiting (--max-queue)"
                                % len(self.waiting), None, "queue_full")
@@ -346,6 +379,9 @@ class Engine(threading.Thread):
 
     def submit_update(self, upd):
         with self.cv:
+            if self.stopping or not self.is_alive():
+                raise ApiError(503, "the server is shutting down", None, "shutting_down")
+            self.server.gate.hold()     # scoring calls from now on see the new weights
             self.updates.append(upd)
             self.cv.notify()
 
@@ -359,6 +395,25 @@ class Engine(threading.Thread):
                 self.reserved_slots + req.slots <= self.server.max_batch + 1)
 
     def run(self):
+        try:
+            self._loop()
+        finally:
+            # shutting down (or a bug escaped): everyone still waiting gets an answer
+            with self.cv:
+                self.stopping = True
+                waiting, self.waiting = list(self.waiting), collections.deque()
+                updates, self.updates = list(self.updates), collections.deque()
+            for req in list(self.active):
+                self._finish(req, ApiError(503, "the server is shutting down"))
+            for req in waiting:
+                req.error = ApiError(503, "the server is shutting down")
+                req.push(("error", req.error))
+            for upd in updates:
+                upd.error = ApiError(503, "the server is shutting down; nothing was changed")
+                self.server.gate.release()
+                upd.done.set()
+
+    def _loop(self):
         while True:
             admitted, update = [], None
             with self.cv:
@@ -380,23 +435,19 @@ class Engine(threading.Thread):
             if update is not None:
                 self._apply(update)
                 continue
-            try:
-                for req in admitted:
+            for req in admitted:
+                try:
                     self._start(req)
-                if self.active:
+                except Exception as e:  # a bug: this request is answered, the others go on
+                    self._finish(req, ApiError(500, "internal error: %s: %s"
+                                               % (type(e).__name__, e)))
+            if self.active:
+                try:
                     self._step()
-            except Exception as e:  # a bug: every request in flight is answered, the engine goes on
-                error = ApiError(500, "internal error: %s: %s" % (type(e).__name__, e))
-                for req in admitted + self.active:
-                    if not req.done:
+                except Exception as e:  # a bug in the step: every request in it is answered
+                    error = ApiError(500, "internal error: %s: %s" % (type(e).__name__, e))
+                    for req in list(self.active):
                         self._finish(req, error)
-        for req in list(self.active):
-            self._finish(req, ApiError(503, "the server is shutting down"))
-        with self.cv:
-            for req in self.waiting:
-                req.error = ApiError(503, "the server is shutting down")
-                req.push(("error", req.error))
-            self.waiting.clear()
 
     def _release(self, seq):
         try:
@@ -461,23 +512,28 @@ class Engine(threading.Thread):
         byte_level = self.server.byte_level
         for i, (req, c) in enumerate(live):
             t = tok[i]
-            c.tokens.append(t)
-            c.logprobs.append(lp[i])
-            if req.logprobs:
-                c.tops.append((tid[i * k:i * k + req.logprobs].tolist(),
-                               tlp[i * k:i * k + req.logprobs].tolist()))
+            top = (tid[i * k:i * k + req.logprobs].tolist(),
+                   tlp[i * k:i * k + req.logprobs].tolist()) if req.logprobs else None
             reason = FINISH_REASONS[fin[i]]
-            if reason == "stop" and t in req.stop_token_ids:
-                c.text_end = len(c.text)          # the stop token is not part of the text
-            elif byte_level:
-                c.text.append(t)
-                for s in req.stops:
-                    if c.text.endswith(s):
-                        c.text_end = len(c.text) - len(s)
-                        reason = "stop"
-                        break
+            # a streaming request thread reads the choice under req.wake: it sees a step's
+            # token, log-prob, text and finish together or not at all
+            with req.wake:
+                c.tokens.append(t)
+                c.logprobs.append(lp[i])
+                if top is not None:
+                    c.tops.append(top)
+                if reason == "stop" and t in req.stop_token_ids:
+                    c.text_end = len(c.text)      # the stop token is not part of the text
+                elif byte_level:
+                    c.text.append(t)
+                    for s in req.stops:
+                        if c.text.endswith(s):
+                            c.text_end = len(c.text) - (0 if req.include_stop else len(s))
+                            reason = "stop"
+                            break
+                if reason is not None:
+                    c.finish_reason = "length" if reason == "capacity" else reason
             if reason is not None:
-                c.finish_reason = "length" if reason == "capacity" else reason
                 self._release(c.seq)
                 c.seq = None
         for req in list(self.active):
@@ -490,7 +546,7 @@ class Engine(threading.Thread):
         """A weight update, with no request in flight and scoring held back."""
         srv = self.server
         drained = time.perf_counter()
-        srv.gate.close()
+        srv.gate.wait_idle()
         try:
             if upd.manifest is not None:
                 differences = srv.expected_differences(upd.tensors, upd.manifest)
@@ -523,7 +579,7 @@ class Engine(threading.Thread):
         except Exception as e:  # a bug: answered, the server goes on
             upd.error = ApiError(500, "update failed: %s: %s" % (type(e).__name__, e))
         finally:
-            srv.gate.open()
+            srv.gate.release()
             upd.done.set()
 
 
@@ -604,7 +660,10 @@ class Server(http.server.ThreadingHTTPServer):
         "model", "prompt", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed",
         "stop", "stop_token_ids", "logprobs", "stream", "stream_options", "logprob_mode",
         "return_token_ids", "echo", "user", "frequency_penalty", "presence_penalty",
-        "logit_bias", "best_of", "suffix"))
+        "logit_bias", "best_of", "suffix",
+        # vLLM's extra sampling parameters that RL frameworks send
+        "return_tokens_as_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+        "spaces_between_special_tokens", "ignore_eos", "min_tokens", "repetition_penalty"))
 
     def __init__(self, args):
         self.args = args
@@ -621,7 +680,7 @@ class Server(http.server.ThreadingHTTPServer):
             policy=args.policy, max_seqs=self.max_batch + 1, max_len=self.max_len,
             threads=args.threads, backend=args.backend, max_batch=self.max_batch,
             cache_tokens=self.cache_tokens)
-        self.gate = Gate()
+        self.gate = Gate(args.max_scoring)
         self.current_checksums = None
         self.engine = Engine(self)
         # connections waiting to be accepted: socketserver's default of 5 resets a burst of
@@ -651,7 +710,7 @@ class Server(http.server.ThreadingHTTPServer):
                     raise ApiError(400, "a string prompt needs a tokenizer, which this server "
                                    "does not have for a model of %d tokens: send token ids"
                                    % self.vocab, param)
-                ids = list(p.encode("utf-8"))
+                ids = list(_utf8(p, param))
             elif isinstance(p, list) and all(_is_int(t) for t in p):
                 ids = p
                 for t in ids:
@@ -710,8 +769,8 @@ class Server(http.server.ThreadingHTTPServer):
                 out.append("%s: %s" % (name, what))
         return out
 
-    def token_text(self, t):
-        if not self.byte_level:
+    def token_text(self, t, as_id=False):
+        if as_id or not self.byte_level:
             return "token_id:%d" % t
         return chr(t) if t < 128 else "bytes:\\x%02x" % t
 
@@ -721,7 +780,10 @@ class Server(http.server.ThreadingHTTPServer):
                 "cpu_path": parity.cpu_path(), "weight_version": self.model.version,
                 "vocab_size": self.vocab, "max_model_len": self.max_len,
                 "max_batch": self.max_batch, "cache_tokens": self.cache_tokens,
-                "byte_level": self.byte_level, "libparity": parity.version()}
+                "byte_level": self.byte_level, "libparity": parity.version(),
+                "requests_running": len(self.engine.active),
+                "requests_waiting": len(self.engine.waiting),
+                "decode_steps": self.engine.steps}
 
 
 def _logprobs_block(srv, req, c, start, end):
@@ -729,18 +791,22 @@ def _logprobs_block(srv, req, c, start, end):
     if req.logprobs is None:
         return None
     tokens = c.tokens[start:end]
+    lps = [_finite(v) for v in c.logprobs[start:end]]
+
+    def name(t):
+        return srv.token_text(t, req.token_id_names)
+
     # byte offsets in the completion's text: a token is a byte (no text without a tokenizer)
     offsets = list(range(start, start + len(tokens))) if srv.byte_level else [0] * len(tokens)
     top = None
     if req.logprobs:
         top = []
-        for t, lp, (ids, lps) in zip(tokens, c.logprobs[start:end], c.tops[start:end]):
+        for t, lp, (ids, alts) in zip(tokens, lps, c.tops[start:end]):
             # (the sampler pads with id -1 where the distribution has fewer tokens)
-            d = {srv.token_text(i): v for i, v in zip(ids, lps) if i >= 0}
-            d.setdefault(srv.token_text(t), lp)
+            d = {name(i): _finite(v) for i, v in zip(ids, alts) if i >= 0}
+            d.setdefault(name(t), lp)
             top.append(d)
-    return {"tokens": [srv.token_text(t) for t in tokens],
-            "token_logprobs": list(c.logprobs[start:end]), "top_logprobs": top,
+    return {"tokens": [name(t) for t in tokens], "token_logprobs": lps, "top_logprobs": top,
             "text_offset": offsets}
 
 
@@ -769,7 +835,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # ---- plumbing ----
 
     def _send_json(self, status, obj, headers=()):
-        data = json.dumps(obj).encode()
+        data = json.dumps(obj, allow_nan=False).encode()
+        if not self.body_read and (self.headers.get("Transfer-Encoding") or
+                                   self.headers.get("Content-Length", "0").strip() != "0"):
+            self.close_connection = True    # the body was not read: the stream is not in step
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -778,13 +847,36 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _client_gone(self):
+        """Whether the client closed its connection (it reads as end of file)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _wait(self, req):
+        """The request's next event; a client that goes away meanwhile cancels it (the engine
+        releases its sequences at the next step)."""
+        while True:
+            event = req.next_event(timeout=1.0)
+            if event is not None:
+                return event
+            if self._client_gone():
+                req.cancelled = True
+                self.close_connection = True
+                raise ConnectionResetError("the client went away")
 
     def _send_error(self, e):
         self._send_json(e.status, e.body())
 
-    def _body(self, limit):
-        """The request body (bytes), read within the client timeout."""
+    def _body(self, limit, progress=False):
+        """The request body (bytes), read within the client timeout: the whole of it, or with
+        `progress` (weight files) some of it every client timeout."""
+        self.body_read = True
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
             raise ApiError(411, "send the body with a Content-Length (chunked bodies are not "
@@ -806,39 +898,43 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             raise ApiError(413, "the body is %d bytes; the limit is %d" % (n, limit), None,
                            "body_too_large")
-        deadline = time.monotonic() + self.server.args.client_timeout
-        parts, got = [], 0
+        timeout = self.server.args.client_timeout
+        deadline = time.monotonic() + timeout
+        try:
+            data = bytearray(n)
+        except MemoryError:
+            self.close_connection = True
+            raise ApiError(503, "no memory for a body of %d bytes" % n) from None
+        view, got = memoryview(data), 0
         while got < n:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close_connection = True
                 raise ApiError(408, "the body did not arrive within %g s (%d of %d bytes)"
-                               % (self.server.args.client_timeout, got, n), None,
-                               "request_timeout")
+                               % (timeout, got, n), None, "request_timeout")
             self.connection.settimeout(left)
             try:
-                chunk = self.rfile.read1(min(n - got, 1 << 20))
+                k = self.rfile.readinto1(view[got:got + (1 << 20)])
             except (socket.timeout, TimeoutError):
-                chunk = None
+                continue
             except OSError:
                 self.close_connection = True
                 raise
-            if chunk is None:
-                continue
-            if not chunk:
+            if not k:
                 self.close_connection = True
                 raise ApiError(400, "the body ended after %d of %d bytes" % (got, n))
-            parts.append(chunk)
-            got += len(chunk)
-        self.connection.settimeout(self.server.args.client_timeout)
-        return b"".join(parts)
+            got += k
+            if progress:
+                deadline = time.monotonic() + timeout
+        self.connection.settimeout(timeout)
+        return data
 
     def _json_body(self):
         data = self._body(self.server.args.max_body_bytes)
         try:
             body = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise ApiError(400, "the body is not valid JSON: %s" % e) from None
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise ApiError(400, "the body is not valid JSON: %s" % str(e)[:200]) from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
         return body
@@ -849,13 +945,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
               "/parity/update_weights": ("POST", "update_weights")}
 
     def _route(self):
+        self.body_read = False
         url = urllib.parse.urlsplit(self.path)
         self.query = urllib.parse.parse_qs(url.query)
         try:
             route = self.ROUTES.get(url.path.rstrip("/") or url.path)
             if route is None:
                 raise ApiError(404, "no such endpoint: %s %s" % (self.command, url.path))
-            if route[0] != self.command:
+            if route[0] != self.command and not (self.command == "HEAD" and route[0] == "GET"):
                 self.close_connection = True   # its body, if any, was not read
                 raise ApiError(405, "%s takes %s, not %s" % (url.path, route[0], self.command))
             getattr(self, "_" + route[1])()
@@ -876,6 +973,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         text = message or self.responses.get(code, ("error",))[0]
         if explain:
             text = "%s: %s" % (text, explain)
+        self.body_read = True       # whatever it was, the connection closes after this
         try:
             self._send_json(code, ApiError(code, text).body())
         except OSError:
@@ -884,6 +982,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # ---- endpoints ----
 
     def _health(self):
+        if not self.server.engine.is_alive():
+            raise ApiError(503, "the engine thread has stopped", None, "engine_stopped")
         self._send_json(200, {"status": "ok"})
 
     def _models(self):
@@ -903,7 +1003,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._stream(req)
             return
         while True:
-            kind, value = req.next_event()
+            kind, value = self._wait(req)
             if kind == "error":
                 raise value
             if kind == "done":
@@ -940,23 +1040,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _stream(self, req):
         srv = self.server
-        kind, value = req.next_event()
+        kind, value = self._wait(req)
         if kind == "error":
             raise value
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
 
         def event(obj):
-            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) \
-                + b"\n\n"
+            data = b"data: " + (obj if isinstance(obj, bytes) else
+                                json.dumps(obj, allow_nan=False).encode()) + b"\n\n"
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
         try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
             while True:
-                kind, value = req.next_event()
+                kind, value = self._wait(req)
                 if kind == "error":
                     event({"error": value.body()["error"]})
                     break
@@ -988,28 +1088,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _stream_delta(srv, req, c):
         """What a choice drew since its last chunk, or None. Text that could still turn out to
         be the start of a stop string is held back until it cannot."""
-        finished = c.finish_reason is not None   # read first: a finished choice has all its tokens
-        n = len(c.tokens)
-        if c.sent_tokens == n and (not finished or c.sent_text < 0):
-            return None
-        text = ""
-        if srv.byte_level:
+        with req.wake:          # the engine publishes a step's results under it
+            finished = c.finish_reason is not None
+            n = len(c.tokens)
+            if c.sent_tokens == n and (not finished or c.sent_text < 0):
+                return None
+            text = ""
+            if srv.byte_level:
+                if finished:
+                    end = len(c.text) if c.text_end is None else c.text_end
+                else:
+                    hold = max((len(s) for s in req.stops), default=1) - 1
+                    end = max(c.sent_text, len(c.text) - hold)
+                text = c.decoder.decode(bytes(c.text[max(c.sent_text, 0):end]), finished)
+                c.sent_text = end
+            ch = {"index": c.index, "text": text,
+                  "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
+                  "finish_reason": c.finish_reason if finished else None}
+            if req.return_token_ids:
+                ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
+            c.sent_tokens = n
             if finished:
-                end = len(c.text) if c.text_end is None else c.text_end
-            else:
-                hold = max((len(s) for s in req.stops), default=1) - 1
-                end = max(c.sent_text, len(c.text) - hold)
-            text = c.decoder.decode(bytes(c.text[max(c.sent_text, 0):end]), finished)
-            c.sent_text = end
-        ch = {"index": c.index, "text": text,
-              "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
-              "finish_reason": c.finish_reason if finished else None}
-        if req.return_token_ids:
-            ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
-        c.sent_tokens = n
-        if finished:
-            c.sent_text = -1          # the last chunk of this choice has gone out
-        return ch
+                c.sent_text = -1          # the last chunk of this choice has gone out
+            return ch
 
     def _score(self):
         srv = self.server
@@ -1029,7 +1130,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         batch = []
         for s in seqs:
             if isinstance(s, str) and srv.byte_level:
-                s = list(s.encode("utf-8"))
+                s = list(_utf8(s, "sequences"))
             if not isinstance(s, list) or not all(_is_int(t) for t in s) or not s:
                 raise ApiError(400, "each sequence is a non-empty list of token ids",
                                "sequences")
@@ -1059,14 +1160,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             raise _parity_error(e, "sequences") from None
         finally:
             srv.gate.leave()
-        self._send_json(200, {"logprobs": [list(x) for x in lps], "weight_version": version})
+        self._send_json(200, {"logprobs": [[_finite(v) for v in x] for x in lps],
+                              "weight_version": version})
 
     def _update_weights(self):
         srv = self.server
         ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
         manifest_path = None
         if ctype == "application/octet-stream":
-            data = self._body(srv.args.max_update_bytes)
+            data = self._body(srv.args.max_update_bytes, progress=True)
             tensors = read_safetensors(data, "the body")
             manifest_path = (self.query.get("manifest") or [None])[0]
         else:
@@ -1123,6 +1225,9 @@ def main(argv=None):
                     "the --model argument)")
     ap.add_argument("--max-queue", type=int, default=256,
                     help="requests waiting for room before new ones get 503 (default 256)")
+    ap.add_argument("--max-scoring", type=int, default=2,
+                    help="/parity/score calls running at once, each with its own scorer "
+                    "(default 2; more wait)")
     ap.add_argument("--max-body-bytes", type=int, default=1 << 20,
                     help="largest JSON body accepted (default 1 MiB)")
     ap.add_argument("--max-update-bytes", type=int, default=8 << 30,
@@ -1131,7 +1236,7 @@ def main(argv=None):
                     help="seconds a client has to send its request (default 10)")
     ap.add_argument("--log-requests", action="store_true", help="one line per request")
     args = ap.parse_args(argv)
-    for name in ("max_batch", "max_queue", "max_body_bytes", "max_update_bytes"):
+    for name in ("max_batch", "max_queue", "max_scoring", "max_body_bytes", "max_update_bytes"):
         if getattr(args, name) < 1:
             ap.error("--%s must be at least 1" % name.replace("_", "-"))
     if args.client_timeout <= 0:
@@ -1168,6 +1273,7 @@ def main(argv=None):
     finally:
         srv.engine.stop()
         srv.engine.join(timeout=30)
+        time.sleep(0.2)      # the request threads write the answers the engine gave them
         srv.server_close()
         srv.sampler.close()
         srv.model.close()

@@ -268,6 +268,69 @@ class TestServe(unittest.TestCase):
         self.assertEqual(status, 200, resp)
         self.check_equal(resp, reference(self.model, good), "request beside bad ones")
 
+    def test_http_edges(self):
+        """A kept-alive connection survives an error whose body was not read; HEAD has no
+        body; JSON a strict parser reads; odd values are 400s, not 500s."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=60)
+        try:
+            conn.request("POST", "/v1/chat/completions", body=b'{"model": "x"}')
+            r = conn.getresponse()
+            r.read()
+            self.assertEqual(r.status, 404)
+            conn.request("POST", "/v1/completions", body=json.dumps(
+                {"model": MODEL, "prompt": "x", "max_tokens": 2}).encode())
+            r = conn.getresponse()
+            self.assertEqual(r.status, 200, r.read())
+            r.read()
+            conn.request("HEAD", "/health")
+            r = conn.getresponse()
+            self.assertEqual((r.status, r.read()), (200, b""))
+        finally:
+            conn.close()
+        # -inf log-probs (outside a truncated support) are null: JSON has no infinity
+        status, raw = self.srv.request("POST", "/parity/score", {
+            "sequences": [list(b"hello world")], "mode": "processed-truncated", "top_k": 1})
+        self.assertEqual(status, 200, raw)
+        self.assertNotIn(b"Infinity", raw)
+        self.assertIn(None, json.loads(raw)["logprobs"][0])
+        for what, body in [("a lone surrogate", b'{"model": "%s", "prompt": "\\ud800"}'
+                            % MODEL.encode()),
+                           ("a huge number", b'{"model": "%s", "prompt": "x", "temperature": 1%s}'
+                            % (MODEL.encode(), b"0" * 400)),
+                           ("deep nesting", b"[" * 30000 + b"]" * 30000)]:
+            status, raw = self.srv.request("POST", "/v1/completions", body)
+            self.assertEqual(status, 400, "%s: %s" % (what, raw[:200]))
+        # vLLM's extra parameters at their neutral values, and the two that do something
+        status, resp = self.srv.complete(prompt="import os\n", max_tokens=30, seed=5,
+                                         stop=["os"], include_stop_str_in_output=True,
+                                         return_tokens_as_token_ids=True, logprobs=1,
+                                         skip_special_tokens=True, ignore_eos=False,
+                                         min_tokens=0, repetition_penalty=1.0,
+                                         return_token_ids=True)
+        self.assertEqual(status, 200, resp)
+        ch = resp["choices"][0]
+        self.assertTrue(all(t.startswith("token_id:") for t in ch["logprobs"]["tokens"]))
+        if ch["finish_reason"] == "stop":
+            self.assertTrue(ch["text"].endswith("os"), ch["text"])
+
+    def test_client_gone(self):
+        """A client that closes its connection cancels its request: its sequences are
+        released, not run to max_tokens."""
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 4000,
+                           "temperature": 1.0}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        deadline = time.monotonic() + 10
+        while json.loads(self.srv.request("GET", "/parity/info")[1])["requests_running"] == 0:
+            self.assertLess(time.monotonic(), deadline, "the request never started")
+            time.sleep(0.02)
+        s.close()
+        deadline = time.monotonic() + 10
+        while json.loads(self.srv.request("GET", "/parity/info")[1])["requests_running"]:
+            self.assertLess(time.monotonic(), deadline, "the request ran on without its client")
+            time.sleep(0.05)
+
     def test_update_during_load(self):
         """Weights pushed while requests run: none fails, each says its weight version and
         equals Model.generate on those weights."""
