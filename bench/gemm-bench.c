@@ -1,8 +1,8 @@
 /*
  * gemm-bench: speed of the bf16-weight GEMM on the shapes of a Qwen3-0.6B forward, called as
  * the forward calls it (gemm_bf16w_pool: x packed over the pool, then output columns in
- * blocks split over the library's thread pool in contiguous ranges; gemm_bf16w below
- * GEMM_TILES_MIN_M rows, gemm_bf16w_tiles from there on).
+ * blocks split over the library's thread pool in contiguous ranges; gemm_bf16w below the
+ * table's tiles_min_m rows, gemm_bf16w_tiles from there on).
  *
  *   prefill shapes (M = 64, 512): GFLOP/s, against the FMA peak of the active CPU path's
  *     instruction that the bench measures itself (bench_peak.h, on every thread);

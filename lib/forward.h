@@ -146,9 +146,8 @@ void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const
             float *y);
 /* The bf16-weight GEMM as linear() runs it: y[M][N] = x . w^T (x rows ldx apart, w rows ldw
  * apart, y rows ldy apart, K <= s->max_k): x packed over the pool (gemm_pack_x, or
- * gemm_pack_xt from GEMM_TILES_MIN_M rows on), then output columns split over the pool in
- * blocks (bench/gemm-bench times it). */
-#define GEMM_TILES_MIN_M 16
+ * gemm_pack_xt from the table's tiles_min_m rows on), then output columns split over the pool
+ * in blocks (bench/gemm-bench times it). */
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
                      const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
                      const gemm_scratch *s);

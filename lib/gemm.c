@@ -62,7 +62,7 @@ static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
 static void gemm_on_pool(threadpool *pool, const gemm_job *j) {
     const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
     const size_t tasks = (j->N + block - 1) / block;
-    if (j->panels || !j->w16 || (j->xb && j->M >= GEMM_TILES_MIN_M)) {
+    if (j->panels || !j->w16 || (j->xb && j->M >= j->k->tiles_min_m)) {
         pool_run(pool, gemm_columns, (void *)j, tasks);
         return;
     }
@@ -124,7 +124,7 @@ void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_
     }
     pack_job p = {M, K, ldx, x, s->xpack};
     gemm_job j = {k, M, K, N, s->xpack, 0, NULL, w, NULL, ldw, y, ldy, NULL, 0};
-    if (M >= GEMM_TILES_MIN_M) {
+    if (M >= k->tiles_min_m) {
         pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
         j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
     } else {

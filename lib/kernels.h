@@ -92,6 +92,9 @@ typedef struct kernels {
      * gemm_panel_floats(K) floats owned by the calling thread (its contents are not kept). */
     void (*gemm_bf16w_tiles)(size_t M, size_t K, const float *xt, const uint16_t *w, size_t ldw,
                              float *y, size_t ldy, size_t n0, size_t n1, float *panel);
+    /* the M from which gemm.c runs gemm_bf16w_tiles instead of gemm_bf16w (a matter of speed
+     * only: the two give the same bits); at least GEMM_XT_ROWS */
+    size_t tiles_min_m;
     /* gemm_pack_xt_tiles (below): the same floats in every table */
     void (*pack_xt_tiles)(size_t M, size_t K, const float *x, size_t ldx, float *xt, size_t t0,
                           size_t t1);

@@ -759,6 +759,12 @@ void kernels_avx512_set_entries(kernels *t) {
     t->axpy4_bf16 = axpy4_bf16_avx512;
     t->pv_f32 = pv_f32_avx512;
     t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx512;
+    /* below 64 rows the row kernel (1 x 8 and 4 x 4 blocks, weights split in registers) ran
+     * faster than the lane tiles, whose panel widening is shared by too few rows:
+     * build/bench/gemm-bench --m 16,24,32,40,48,56 on Qwen3-0.6B's q and down shapes, 2
+     * threads, 3 runs each way on an Intel Xeon (5th generation), 10-30% at 16-40 rows, 5-10%
+     * at 48-56, even at 64-128 */
+    t->tiles_min_m = 64;
     t->gemm_bf16w = gemm_bf16w_avx512;
     t->gemm_f32w = gemm_f32w_avx512;
     t->dot_f32 = dot_f32_avx512;

@@ -403,6 +403,7 @@ static void rope_bf16_ref(const parity_policy *pol, size_t n_heads, size_t hd, u
 
 const kernels kernels_portable = {
     .name = "portable",
+    .tiles_min_m = 16,
     .dot_f32 = dot_f32_ref,
     .dot_f32_bf16 = dot_f32_bf16_ref,
     .dot4_f32_bf16 = dot4_f32_bf16_ref,
