@@ -395,9 +395,17 @@ class Engine(threading.Thread):
                 self.reserved_slots + req.slots <= self.server.max_batch + 1)
 
     def run(self):
+        profile = None
+        if self.server.args.profile:
+            import cProfile
+            profile = cProfile.Profile()
+            profile.enable()
         try:
             self._loop()
         finally:
+            if profile is not None:
+                profile.disable()
+                self._write_profile(profile)
             # shutting down (or a bug escaped): everyone still waiting gets an answer
             with self.cv:
                 self.stopping = True
@@ -448,6 +456,20 @@ class Engine(threading.Thread):
                     error = ApiError(500, "internal error: %s: %s" % (type(e).__name__, e))
                     for req in list(self.active):
                         self._finish(req, error)
+
+    def _write_profile(self, profile):
+        """--profile: where the engine thread's time went, by function (cProfile), most first."""
+        import io
+        import pstats
+        out = io.StringIO()
+        out.write("parity.serve engine thread: %d decode steps\n" % self.steps)
+        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(15)
+        try:
+            with open(self.server.args.profile, "w") as f:
+                f.write(out.getvalue())
+        except OSError as e:
+            print("parity.serve: --profile %s: %s" % (self.server.args.profile, e.strerror),
+                  file=sys.stderr)
 
     def _release(self, seq):
         try:
@@ -1235,6 +1257,8 @@ def main(argv=None):
     ap.add_argument("--client-timeout", type=float, default=10.0,
                     help="seconds a client has to send its request (default 10)")
     ap.add_argument("--log-requests", action="store_true", help="one line per request")
+    ap.add_argument("--profile", metavar="FILE", help="at exit, write where the engine "
+                    "thread's time went (cProfile, by function) to FILE")
     args = ap.parse_args(argv)
     for name in ("max_batch", "max_queue", "max_scoring", "max_body_bytes", "max_update_bytes"):
         if getattr(args, name) < 1:
