@@ -621,6 +621,17 @@ PARITY_API int parity_sampler_add(parity_sampler *sampler, const int32_t *prompt
                                   const parity_sampling *sampling, uint64_t stream,
                                   uint32_t *seq);
 
+/* Adds n sequences at once: the same sequences, ids and bits as n parity_sampler_add calls in
+ * order (prompt i of lens[i] tokens, with sampling[i] and streams[i], becomes seqs[i]), but the
+ * prompts are prefilled together, up to prefill_chunk rows per forward, so that many short
+ * prompts cost a few forwards instead of one each. All or nothing: every prompt is checked,
+ * and the slots and cache blocks of all of them must be free, before anything changes; the
+ * error names the first prompt that fails (PARITY_ERR_EMPTY_INPUT for n = 0). */
+PARITY_API int parity_sampler_add_batch(parity_sampler *sampler, size_t n,
+                                        const int32_t *const *prompts, const uint32_t *lens,
+                                        const parity_sampling *sampling, const uint64_t *streams,
+                                        uint32_t *seqs);
+
 /* Forks a live sequence: the child has the parent's tokens and shares its cache blocks (the
  * n completions of a GRPO group prefill their prompt once). The child gets its own stream
  * and sampling parameters. */

@@ -272,31 +272,35 @@ static int free_slot(const parity_sampler *s, uint32_t *slot) {
                      s->params.max_seqs);
 }
 
-static int sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
-                       const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
-    if (!s || !prompt || !seq)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, prompt or output is NULL");
+/* The checks of one prompt to add; `which` names it in messages ("the prompt", "prompt 3"). */
+static int check_prompt(const parity_sampler *s, const char *which, const int32_t *prompt,
+                        uint32_t len, const parity_sampling *sampling) {
     int rc = check_sampling(s, sampling);
     if (rc) return rc;
     const uint32_t V = s->model->config.vocab_size;
-    if (len == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "the prompt is empty");
+    if (len == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s is empty", which);
+    if (!prompt) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s is NULL", which);
     if (len > s->params.max_len)
-        return set_error(PARITY_ERR_TOO_LONG, "the prompt has %u tokens, more than max_len (%u)",
+        return set_error(PARITY_ERR_TOO_LONG, "%s has %u tokens, more than max_len (%u)", which,
                          len, s->params.max_len);
     for (uint32_t t = 0; t < len; t++)
         if (prompt[t] < 0 || (uint32_t)prompt[t] >= V)
             return set_error(PARITY_ERR_TOKEN_RANGE,
-                             "prompt position %u: token id %d is outside the vocabulary [0, %u)",
-                             t, prompt[t], V);
-    uint32_t slot = 0;
-    if ((rc = free_slot(s, &slot))) return rc;
-    const uint32_t need = (len - 1 + KV_BLOCK - 1) / KV_BLOCK;
-    if (need > s->n_free)
-        return set_error(PARITY_ERR_CACHE_FULL,
-                         "the prompt needs %u cache blocks, %u are free", need, s->n_free);
-    if ((rc = model_enter(s->model))) return rc;
+                             "%s, position %u: token id %d is outside the vocabulary [0, %u)",
+                             which, t, prompt[t], V);
+    return PARITY_OK;
+}
 
+/* KV blocks a prompt of len tokens fills (its last token is fed by the first step). */
+static uint32_t prompt_blocks(uint32_t len) { return (len - 1 + KV_BLOCK - 1) / KV_BLOCK; }
+
+/* A checked prompt into a free slot, with its blocks (the caller made sure there are enough). */
+static uint32_t take_seq(parity_sampler *s, const int32_t *prompt, uint32_t len,
+                         const parity_sampling *sampling, uint64_t stream) {
+    uint32_t slot = 0;
+    free_slot(s, &slot);
     seq_state *q = &s->seqs[slot];
+    const uint32_t need = prompt_blocks(len);
     q->live = 1;
     q->len = q->prompt_len = len;
     q->generated = 0;
@@ -307,19 +311,78 @@ static int sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
     q->n_blocks = 0;
     memcpy(q->tokens, prompt, len * sizeof *prompt);
     while (q->n_blocks < need) q->blocks[q->n_blocks++] = block_take(s);
+    return slot;
+}
 
-    /* prefill positions 0 .. len-2 in chunks; no logits are needed */
+/* Prefills positions 0 .. len-2 of the n sequences seqs (their prompts are in their tokens),
+ * packed into forwards of up to prefill_chunk rows, sequence after sequence; no logits are
+ * needed. A row's K/V and attention depend only on its sequence, so the packing moves no bit. */
+static void prefill(parity_sampler *s, const uint32_t *seqs, size_t n) {
     unsigned fp_saved = fp_env_enter();
     fwd_ctx ctx = engine_fwd_ctx(&s->eng);
-    for (uint32_t at = 0; at + 1 < len;) {
-        uint32_t n = len - 1 - at < s->params.prefill_chunk ? len - 1 - at : s->params.prefill_chunk;
-        for (uint32_t r = 0; r < n; r++) s->eng.rows[r] = (fwd_row){prompt[at + r], at + r, q->blocks};
-        forward(&ctx, n, s->eng.rows, 0, NULL, NULL);
-        at += n;
+    uint32_t rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        const seq_state *q = &s->seqs[seqs[i]];
+        for (uint32_t at = 0; at + 1 < q->prompt_len; at++) {
+            s->eng.rows[rows++] = (fwd_row){q->tokens[at], at, q->blocks};
+            if (rows == s->params.prefill_chunk) {
+                forward(&ctx, rows, s->eng.rows, 0, NULL, NULL);
+                rows = 0;
+            }
+        }
     }
+    if (rows) forward(&ctx, rows, s->eng.rows, 0, NULL, NULL);
     fp_env_restore(fp_saved);
+}
+
+static int sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
+                       const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
+    if (!s || !prompt || !seq)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, prompt or output is NULL");
+    int rc = check_prompt(s, "the prompt", prompt, len, sampling);
+    if (rc) return rc;
+    uint32_t slot = 0;
+    if ((rc = free_slot(s, &slot))) return rc;
+    const uint32_t need = prompt_blocks(len);
+    if (need > s->n_free)
+        return set_error(PARITY_ERR_CACHE_FULL,
+                         "the prompt needs %u cache blocks, %u are free", need, s->n_free);
+    if ((rc = model_enter(s->model))) return rc;
+    slot = take_seq(s, prompt, len, sampling, stream);
+    prefill(s, &slot, 1);
     model_leave(s->model);
     *seq = slot;
+    return PARITY_OK;
+}
+
+static int sampler_add_batch(parity_sampler *s, size_t n, const int32_t *const *prompts,
+                             const uint32_t *lens, const parity_sampling *sampling,
+                             const uint64_t *streams, uint32_t *seqs) {
+    if (!s || !prompts || !lens || !sampling || !streams || !seqs)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "sampler, prompts, lens, sampling, streams or output is NULL");
+    if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no prompts to add");
+    uint64_t need = 0;
+    for (size_t i = 0; i < n; i++) {
+        char which[48];
+        snprintf(which, sizeof which, "prompt %zu", i);
+        int rc = check_prompt(s, which, prompts[i], lens[i], &sampling[i]);
+        if (rc) return rc;
+        need += prompt_blocks(lens[i]);
+    }
+    size_t free_slots = 0;
+    for (uint32_t i = 0; i < s->params.max_seqs; i++) free_slots += !s->seqs[i].live;
+    if (n > free_slots)
+        return set_error(PARITY_ERR_CACHE_FULL, "%zu prompts, %zu free sequence slots (max_seqs %u)",
+                         n, free_slots, s->params.max_seqs);
+    if (need > s->n_free)
+        return set_error(PARITY_ERR_CACHE_FULL, "the prompts need %llu cache blocks, %u are free",
+                         (unsigned long long)need, s->n_free);
+    int rc = model_enter(s->model);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++) seqs[i] = take_seq(s, prompts[i], lens[i], &sampling[i], streams[i]);
+    prefill(s, seqs, n);
+    model_leave(s->model);
     return PARITY_OK;
 }
 
@@ -530,6 +593,18 @@ int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
     int rc = engine_enter(s ? &s->eng : NULL, "sampler");
     if (rc == PARITY_OK) {
         rc = sampler_add(s, prompt, len, sampling, stream, seq);
+        engine_leave(&s->eng);
+    }
+    return rc;
+}
+
+int parity_sampler_add_batch(parity_sampler *s, size_t n, const int32_t *const *prompts,
+                             const uint32_t *lens, const parity_sampling *sampling,
+                             const uint64_t *streams, uint32_t *seqs) {
+    clear_error();
+    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
+    if (rc == PARITY_OK) {
+        rc = sampler_add_batch(s, n, prompts, lens, sampling, streams, seqs);
         engine_leave(&s->eng);
     }
     return rc;

@@ -356,6 +356,89 @@ static void check_top_n_and_stop(const parity_model *m) {
     parity_sampler_free(s);
 }
 
+/* parity_sampler_add_batch: the same ids, tokens and log-prob bits as adds one by one (prompts
+ * packed across prefill chunks of 5 rows), and all or nothing on bad input or a full cache. */
+static void check_add_batch(const parity_model *m) {
+    enum { N = 4, STEPS = 6 };
+    static const uint32_t lens[N] = {1, 9, 17, 4};
+    int32_t data[N][17];
+    const int32_t *prompts[N];
+    parity_sampling sp[N];
+    uint64_t streams[N];
+    const uint32_t V = parity_model_config(m)->vocab_size;
+    for (int i = 0; i < N; i++) {
+        for (uint32_t t = 0; t < lens[i]; t++) data[i][t] = (int32_t)((i * 31 + t * 7 + 3) % V);
+        prompts[i] = data[i];
+        parity_sampling_default(&sp[i]);
+        sp[i].seed = 5;
+        sp[i].temperature = i % 2 ? 0.8f : 1.0f;
+        streams[i] = (uint64_t)(10 + i);
+    }
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    p.max_seqs = 6;
+    p.max_len = 40;
+    p.prefill_chunk = 5;
+    parity_sampler *one = NULL, *batch = NULL;
+    CHECK_OK(parity_sampler_create(m, &p, &one));
+    CHECK_OK(parity_sampler_create(m, &p, &batch));
+    if (!one || !batch) goto done;
+    uint32_t ids1[N], ids2[N];
+    for (int i = 0; i < N; i++)
+        CHECK_OK(parity_sampler_add(one, prompts[i], lens[i], &sp[i], streams[i], &ids1[i]));
+    CHECK_OK(parity_sampler_add_batch(batch, N, prompts, lens, sp, streams, ids2));
+    for (int i = 0; i < N; i++) CHECK_INT(ids2[i], ids1[i]);
+    for (int step = 0; step < STEPS; step++) {
+        int32_t t1[N], t2[N];
+        float l1[N], l2[N];
+        uint32_t f1[N], f2[N];
+        CHECK_OK(parity_sampler_step(one, ids1, N, t1, l1, f1, 0, NULL, NULL));
+        CHECK_OK(parity_sampler_step(batch, ids2, N, t2, l2, f2, 0, NULL, NULL));
+        CHECK(memcmp(t1, t2, sizeof t1) == 0 && memcmp(l1, l2, sizeof l1) == 0);
+    }
+    for (int i = 0; i < N; i++) CHECK_OK(parity_sampler_release(batch, ids2[i]));
+
+    /* bad input anywhere: nothing taken, the ids untouched */
+    uint32_t out[N] = {99, 99, 99, 99};
+    data[2][5] = (int32_t)V;
+    CHECK_STATUS(parity_sampler_add_batch(batch, N, prompts, lens, sp, streams, out),
+                 PARITY_ERR_TOKEN_RANGE);
+    CHECK(strstr(parity_last_error(), "prompt 2") != NULL);
+    data[2][5] = 0;
+    uint32_t bad_lens[N] = {1, 9, 0, 4};
+    CHECK_STATUS(parity_sampler_add_batch(batch, N, prompts, bad_lens, sp, streams, out),
+                 PARITY_ERR_EMPTY_INPUT);
+    CHECK_STATUS(parity_sampler_add_batch(batch, 0, prompts, lens, sp, streams, out),
+                 PARITY_ERR_EMPTY_INPUT);
+    CHECK_STATUS(parity_sampler_add_batch(batch, N, NULL, lens, sp, streams, out),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    /* more prompts than free slots (6), then more blocks than the cache has */
+    const int32_t *seven[7];
+    uint32_t seven_lens[7];
+    parity_sampling seven_sp[7];
+    uint64_t seven_streams[7] = {0};
+    uint32_t seven_out[7];
+    for (int i = 0; i < 7; i++) seven[i] = data[0], seven_lens[i] = 1, seven_sp[i] = sp[0];
+    CHECK_STATUS(parity_sampler_add_batch(batch, 7, seven, seven_lens, seven_sp, seven_streams,
+                                          seven_out), PARITY_ERR_CACHE_FULL);
+    for (int i = 0; i < N; i++) CHECK_INT(out[i], 99);
+    parity_sampler_free(batch);
+    batch = NULL;
+    p.cache_tokens = 32; /* two blocks: prompts 1 and 2 need three */
+    CHECK_OK(parity_sampler_create(m, &p, &batch));
+    if (!batch) goto done;
+    CHECK_STATUS(parity_sampler_add_batch(batch, N, prompts, lens, sp, streams, out),
+                 PARITY_ERR_CACHE_FULL);
+    for (int i = 0; i < N; i++) CHECK_INT(out[i], 99);
+    /* nothing was taken: the first two prompts fit and come out as slots 0 and 1 */
+    CHECK_OK(parity_sampler_add_batch(batch, 2, prompts, lens, sp, streams, out));
+    CHECK_INT(out[0], 0);
+    CHECK_INT(out[1], 1);
+done:
+    parity_sampler_free(one);
+    parity_sampler_free(batch);
+}
+
 int main(void) {
     parity_model *tiny = NULL, *trained = NULL;
     CHECK_OK(parity_model_open("synthetic:tiny:11", &tiny));
@@ -382,6 +465,7 @@ int main(void) {
     }
     check_kernel_order(trained);
     check_errors(tiny);
+    check_add_batch(trained);
     check_top_n_and_stop(trained);
     parity_model_free(tiny);
     parity_model_free(trained);

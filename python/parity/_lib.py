@@ -377,6 +377,13 @@ _PROTOTYPES = [
     #                        const parity_sampling *sampling, uint64_t stream, uint32_t *seq);
     ("parity_sampler_add", c_int,
      [sampler_p, _i32p, c_uint32, POINTER(parity_sampling), c_uint64, _u32p], True),
+    # int parity_sampler_add_batch(parity_sampler *sampler, size_t n,
+    #                              const int32_t *const *prompts, const uint32_t *lens,
+    #                              const parity_sampling *sampling, const uint64_t *streams,
+    #                              uint32_t *seqs);
+    ("parity_sampler_add_batch", c_int,
+     [sampler_p, c_size_t, POINTER(_i32p), _u32p, POINTER(parity_sampling), POINTER(c_uint64),
+      _u32p], True),
     # int parity_sampler_fork(parity_sampler *sampler, uint32_t parent,
     #                         const parity_sampling *sampling, uint64_t stream, uint32_t *child);
     ("parity_sampler_fork", c_int,

@@ -225,7 +225,8 @@ class Request:
             raise ApiError(503, "the request needs %d KV cache positions; the server has %d "
                            "(--cache-tokens)" % (self.cache_need, server.cache_tokens),
                            None, "cache_full")
-        self.slots = seqs + 1        # one more for a prompt while it is forked
+        self.seqs = seqs                        # decoded together: at most --max-batch
+        self.slots = seqs + len(self.prompts)   # and the prompts while they are forked
         self.sampling = sampling_struct(
             self.temperature, self.top_k, None if self.top_p == 1.0 else self.top_p,
             None if self.min_p == 0.0 else self.min_p, self.seed, self.max_tokens,
@@ -364,6 +365,7 @@ class Engine(threading.Thread):
         self.active = []
         self.reserved_cache = 0
         self.reserved_slots = 0
+        self.reserved_seqs = 0
         self.stopping = False
         self.steps = 0
 
@@ -392,7 +394,8 @@ class Engine(threading.Thread):
 
     def _fits(self, req):
         return (self.reserved_cache + req.cache_need <= self.server.cache_tokens and
-                self.reserved_slots + req.slots <= self.server.max_batch + 1)
+                self.reserved_seqs + req.seqs <= self.server.max_batch and
+                self.reserved_slots + req.slots <= self.server.max_seqs)
 
     def run(self):
         profile = None
@@ -439,16 +442,19 @@ class Engine(threading.Thread):
                             continue
                         self.reserved_cache += req.cache_need
                         self.reserved_slots += req.slots
+                        self.reserved_seqs += req.seqs
                         admitted.append(req)
             if update is not None:
                 self._apply(update)
                 continue
-            for req in admitted:
+            if admitted:
                 try:
-                    self._start(req)
-                except Exception as e:  # a bug: this request is answered, the others go on
-                    self._finish(req, ApiError(500, "internal error: %s: %s"
-                                               % (type(e).__name__, e)))
+                    self._start_all(admitted)
+                except Exception as e:  # a bug: the requests it left unstarted are answered
+                    for req in admitted:
+                        if not req.done and req not in self.active:
+                            self._finish(req, ApiError(500, "internal error: %s: %s"
+                                                       % (type(e).__name__, e)))
             if self.active:
                 try:
                     self._step()
@@ -477,25 +483,53 @@ class Engine(threading.Thread):
         except ParityError:
             pass
 
-    def _start(self, req):
-        """Prefills each prompt once and forks its n completions (stream i for the i-th), as
-        Sampler.generate() does."""
+    def _start_all(self, reqs):
+        """Prefills the prompts of the requests admitted together in one
+        parity_sampler_add_batch (a few forwards instead of one per prompt; the same bits),
+        then starts each request. If the batch is refused, each request is started alone and
+        gets its own answer."""
+        if len(reqs) == 1 and len(reqs[0].prompts) == 1:
+            self._start_one(reqs[0])
+            return
+        prompts = [array("i", p) for req in reqs for p in req.prompts]
+        sps = [req.sampling for req in reqs for _ in req.prompts]
+        try:
+            parents = self.sampler._add_batch(prompts, sps, [0] * len(prompts))
+        except ParityError:
+            for req in reqs:
+                self._start_one(req)
+            return
+        at = 0
+        for req in reqs:
+            mine = parents[at:at + len(req.prompts)]
+            at += len(req.prompts)
+            try:
+                self._start_one(req, mine)
+            except Exception as e:  # a bug: this request is answered, the others go on
+                self._finish(req, ApiError(500, "internal error: %s: %s" % (type(e).__name__, e)))
+
+    def _start_one(self, req, parents=None):
+        """Prefills each prompt once (unless `parents` holds them, prefilled already) and forks
+        its n completions (stream i for the i-th), as Sampler.generate() does."""
         s = self.sampler
         req.version = self.server.model.version
+        parents = list(parents) if parents is not None else []
         try:
             for p, prompt in enumerate(req.prompts):
-                parent = s._add(array("i", prompt), req.sampling, 0)
-                try:
-                    for c in req.choices[p * req.n:(p + 1) * req.n]:
-                        c.seq = s._fork(parent, req.sampling, c.index - p * req.n)
-                finally:
-                    s.release(parent)
+                if p == len(parents):
+                    parents.append(s._add(array("i", prompt), req.sampling, 0))
+                for c in req.choices[p * req.n:(p + 1) * req.n]:
+                    c.seq = s._fork(parents[p], req.sampling, c.index - p * req.n)
         except ParityError as e:
             self._finish(req, _parity_error(e))
             return
+        finally:
+            for parent in parents:
+                self._release(parent)
         with self.cv:
-            self.reserved_slots -= 1     # the prompt's slot is free again
-            req.slots -= 1
+            freed = len(req.prompts)     # the prompts' slots are free again
+            self.reserved_slots -= freed
+            req.slots -= freed
         self.active.append(req)
         req.push(("started", req.version))
 
@@ -509,7 +543,8 @@ class Engine(threading.Thread):
         with self.cv:
             self.reserved_cache -= req.cache_need
             self.reserved_slots -= req.slots
-            req.cache_need = req.slots = 0
+            self.reserved_seqs -= req.seqs
+            req.cache_need = req.slots = req.seqs = 0
         req.done = True
         if error is not None:
             req.error = error
@@ -695,11 +730,13 @@ class Server(http.server.ThreadingHTTPServer):
         self.vocab = self.model.vocab_size
         self.byte_level = self.vocab == BYTE_VOCAB
         self.max_batch = args.max_batch
+        # sequence slots: the decoded ones, and prompts between their prefill and their forks
+        self.max_seqs = 2 * self.max_batch
         self.max_len = args.max_model_len or min(self.model.context, 4096)
         self.cache_tokens = args.cache_tokens or min((self.max_batch + 1) * self.max_len, 16384)
         self.max_queue = args.max_queue
         self.sampler = self.model.sampler(
-            policy=args.policy, max_seqs=self.max_batch + 1, max_len=self.max_len,
+            policy=args.policy, max_seqs=self.max_seqs, max_len=self.max_len,
             threads=args.threads, backend=args.backend, max_batch=self.max_batch,
             cache_tokens=self.cache_tokens)
         self.gate = Gate(args.max_scoring)

@@ -740,6 +740,29 @@ class TestMisuse(unittest.TestCase):
             with self.assertRaises(TypeError):
                 s.add([1, 2], temperature="hot")
 
+    def test_add_batch(self):
+        """Sampler.add_batch: the ids, tokens and log-prob bits of add() one by one; all or
+        nothing."""
+        prompts = [[1, 2, 3], [4] * 20, [5], [6, 7]]
+        with self.tiny.sampler(max_seqs=6, prefill_chunk=7) as a, \
+                self.tiny.sampler(max_seqs=6, prefill_chunk=7) as b:
+            one = [a.add(p, stream=10 + i, seed=4, temperature=0.9) for i, p in enumerate(prompts)]
+            many = b.add_batch(prompts, streams=[10, 11, 12, 13], seed=4, temperature=0.9)
+            self.assertEqual(many, one)
+            for _ in range(5):
+                x, y = a.step(one), b.step(many)
+                self.assertEqual([s.token for s in x], [s.token for s in y])
+                self.assertEqual(f32_bits([s.logprob for s in x]), f32_bits([s.logprob for s in y]))
+            for q in many:
+                b.release(q)
+            e = self._err(b.add_batch, [[1, 2], [1, 999]])
+            self.assertEqual(e.status, "PARITY_ERR_TOKEN_RANGE")
+            self.assertIn("prompt 1", str(e))
+            self.assertEqual(self.status(b.add_batch, [[1]] * 7), "PARITY_ERR_CACHE_FULL")
+            self.assertEqual(self.status(b.add_batch, [[1], [2]], streams=[1]),
+                             "PARITY_ERR_INVALID_ARGUMENT")
+            self.assertEqual(b.add_batch([[1]] * 6), list(range(6)))   # nothing was taken
+
     def test_no_crash_in_subprocess(self):
         code = ("import parity\nfrom array import array\nm = parity.Model('synthetic:tiny')\n"
                 "for f in (lambda: m.score([[1, 2], [3, 10**6]]), lambda: parity.regions.rmsnorm("
