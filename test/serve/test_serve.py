@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,7 +22,8 @@ harness.setup()
 import parity  # noqa: E402
 from parity import serve  # noqa: E402
 
-MODEL = os.path.join(harness.REPO, "models", "qwen3-bytes-pystdlib-4.9m")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_curl import MODEL, Server  # noqa: E402  (the server subprocess, shared)
 PROMPTS = ["def main(", "import os\n", "The quick brown fox", "for i in range(",
            "# Copyright", "int main(void) {"]
 
@@ -32,41 +32,11 @@ def bits(values):
     return [struct.pack("<f", v) for v in values]
 
 
-class Served:
-    """A server subprocess on a free loopback port."""
-
-    def __init__(self, *extra):
-        self.dir = tempfile.TemporaryDirectory(prefix="parity-serve-test-")
-        port_file = os.path.join(self.dir.name, "port")
-        env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
-        self.log = open(os.path.join(self.dir.name, "log"), "w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "parity.serve", "--model", MODEL, "--port", "0",
-             "--port-file", port_file, "--threads", "2"] + list(extra),
-            env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(port_file):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError("the server did not start: %s" % self.output())
-            time.sleep(0.05)
-        with open(port_file) as f:
-            self.port = int(f.read())
-
-    def output(self):
-        self.log.seek(0)
-        return self.log.read()
+class Served(Server):
+    """test_curl's server subprocess, with JSON requests."""
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        self.dir.cleanup()
+        self.stop()
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
