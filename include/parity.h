@@ -160,6 +160,33 @@ PARITY_API uint16_t parity_bf16_from_f32(float x);
 PARITY_API float parity_bf16_to_f32(uint16_t x);
 
 /* ---------------------------------------------------------------------------------------- */
+/* fp16 and fp8 elements                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* fp32 -> IEEE binary16, round to nearest even: |x| >= 65520 overflows to infinity,
+ * subnormals are kept (quantum 2^-24), every NaN -> 0x7e00 (the sign dropped, as bf16's
+ * every NaN -> 0x7fc0: a NaN's sign is not the same in every kernel table). */
+PARITY_API uint16_t parity_fp16_from_f32(float x);
+/* fp16 -> fp32, exact (NaN payloads kept). */
+PARITY_API float parity_fp16_to_f32(uint16_t x);
+
+/* The OCP 8-bit floats: E4M3 (torch.float8_e4m3fn: bias 7, max 448 = 0x7e, no infinities,
+ * NaN 0x7f / 0xff) and E5M2 (torch.float8_e5m2: bias 15, max 57344 = 0x7b, infinities 0x7c,
+ * NaN 0x7f / 0xff as written here). */
+enum { PARITY_FP8_E4M3 = 0, PARITY_FP8_E5M2 = 1 };
+
+/* out[i] = x[i] in fp8, round to nearest even, subnormals kept, NaN -> sign | 0x7f. With
+ * `saturate` != 0, values beyond the largest finite one (infinities included) become it,
+ * signed: the clamp every production quantizer applies before its cast. With saturate = 0,
+ * PyTorch's c10 conversion before 2026: E4M3 gives NaN above 464 (464 itself is a tie that
+ * rounds to 448), E5M2 gives infinity from 61440 up. Integer arithmetic: the same codes on
+ * every CPU. PARITY_ERR_INVALID_ARGUMENT for another format or NULL buffers with n > 0. */
+PARITY_API int parity_fp8_from_f32(int format, int saturate, size_t n, const float *x,
+                                   uint8_t *out);
+/* out[i] = the value of codes[i], exact (NaN codes -> a quiet NaN of their sign). */
+PARITY_API int parity_fp8_to_f32(int format, size_t n, const uint8_t *codes, float *out);
+
+/* ---------------------------------------------------------------------------------------- */
 /* CPU paths                                                                                */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -191,7 +218,8 @@ PARITY_API int parity_set_cpu_path(parity_cpu_path path);
 /* Precision policy: one switch per rounding point                                          */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Values of the switches. "ROUND" means: the fp32 value is rounded to bf16 at that point. */
+/* Values of the switches. "ROUND" means: the fp32 value is rounded to bf16 at that point
+ * (to fp16 under PARITY_COMPUTE_FP16: read every "bf16" below as "fp16" then). */
 enum {
     /* norm_input: what the RMSNorm after a residual add reads */
     PARITY_NORM_INPUT_ROUNDED = 0,  /* the bf16-rounded residual sum (HF transformers) */
@@ -234,6 +262,16 @@ enum {
                                        (F32 checkpoints keep their master weights; bf16/f16
                                        checkpoints are widened exactly). The other switches
                                        are ignored. */
+    PARITY_COMPUTE_FP16 = 2,        /* fp16 weights and activations: every rounding point that
+                                       rounds to bf16 under PARITY_COMPUTE_BF16 rounds to IEEE
+                                       fp16 instead (nearest even, overflow to infinity,
+                                       subnormals kept), the residual stream and the KV cache
+                                       included; the other switches as under bf16. Weights are
+                                       the checkpoint's values in fp16 (F16 as they are, BF16
+                                       and F32 rounded once to nearest even; a value beyond
+                                       fp16's range is refused), multiplied by the fp32-weight
+                                       GEMM (dot16 order: fp16 products are exact in fp32).
+                                       The "+fp16" modifier. */
 };
 
 typedef struct parity_policy {
@@ -281,7 +319,9 @@ typedef struct parity_policy {
  *
  * Modifiers, appended to any preset: "+aligned" (the three regions as in "aligned"),
  * "+fp32-head" (fp32 logits, which a temperature then divides in fp32: vLLM's head_dtype
- * float32). E.g. "vllm+fp32-head", "hf-eager+aligned".
+ * float32), "+fp16" (PARITY_COMPUTE_FP16: the preset's rounding points round to fp16, as the
+ * framework does when run with torch_dtype=float16 / --dtype float16; not on "fp32").
+ * E.g. "vllm+fp32-head", "hf-eager+aligned", "hf-eager+fp16".
  */
 PARITY_API int parity_policy_from_name(const char *name, parity_policy *out);
 /* The preset names, NULL-terminated ("fp32", "hf-eager", ...). */
@@ -294,7 +334,8 @@ PARITY_API int parity_policy_validate(const parity_policy *policy);
 /* ---------------------------------------------------------------------------------------- */
 /*
  * For engines that adopt a policy's rounding points without the rest of libparity. Buffers
- * are bf16 bit patterns (uint16_t), rows contiguous with the given row strides (in
+ * are bf16 bit patterns (uint16_t) — fp16 bit patterns under PARITY_COMPUTE_FP16, whose
+ * rounding points round to fp16 — rows contiguous with the given row strides (in
  * elements). They neither allocate nor start threads. Under PARITY_COMPUTE_FP32 the math
  * is fp32 throughout and only the store to the bf16 output rounds.
  */
@@ -765,9 +806,11 @@ PARITY_API int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens,
  *
  * Activations are fp32 buffers (float); under a bf16 policy the forward holds bf16 values in
  * them, made so at each rounding point (parity_bf16_from_f32 / _to_f32, or the region kernels'
- * bf16 outputs widened). Weights are bf16 bit patterns (PARITY_DTYPE_BF16) under a policy with
- * compute "bf16" and fp32 (PARITY_DTYPE_F32, the masters) under compute "fp32"; any other dtype
- * is refused. Rows are `*_stride` elements apart. Outputs must not overlap inputs.
+ * bf16 outputs widened; fp16 values and parity_fp16_* under compute "fp16"). Weights are bf16
+ * bit patterns (PARITY_DTYPE_BF16) under a policy with compute "bf16", fp16 bit patterns
+ * (PARITY_DTYPE_F16, widened exactly into scratch per call) under compute "fp16" and fp32
+ * (PARITY_DTYPE_F32, the masters) under compute "fp32"; any other dtype is refused. Rows are
+ * `*_stride` elements apart. Outputs must not overlap inputs.
  *
  * Threads: `pool` (parity_pool_create) runs a call on its threads, one call at a time
  * (PARITY_ERR_BUSY for a second thread meanwhile); NULL runs it on the calling thread alone.
@@ -785,7 +828,7 @@ PARITY_API void parity_pool_free(parity_pool *pool);
 PARITY_API uint32_t parity_pool_threads(const parity_pool *pool);
 
 /* out[r][:] = the row tokens[r] of the embedding table [vocab][dim] (rows table_stride apart,
- * dtype PARITY_DTYPE_BF16: widened exactly, or PARITY_DTYPE_F32: copied).
+ * dtype PARITY_DTYPE_BF16 or PARITY_DTYPE_F16: widened exactly, or PARITY_DTYPE_F32: copied).
  * PARITY_ERR_TOKEN_RANGE for a token outside [0, vocab). */
 PARITY_API int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab, size_t dim,
                                 uint32_t dtype, const void *table, size_t table_stride,
@@ -794,7 +837,8 @@ PARITY_API int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab
 /* The linear layer: y[i][j] = sum_t x[i][t] * w[j][t] (+ bias[j]) for i < m, j < n, t < k,
  * in fp32 and unrounded: the caller rounds at the policy's point (the forward rounds every
  * GEMM output once, to bf16). The order of each sum is the backend's (DESIGN.md, "Matmul"):
- * PARITY_BACKEND_BF16 runs pair32 on bf16 weights, dot16 on fp32 weights (compute "fp32");
+ * PARITY_BACKEND_BF16 runs pair32 on bf16 weights, dot16 on fp32 weights (compute "fp32")
+ * and on fp16 weights widened (compute "fp16");
  * PARITY_BACKEND_OPENBLAS runs one-row cblas_sgemm on fp32 weights (bf16 weights are widened
  * into scratch per call: n * k * 4 bytes). Each y[i][j] depends on row i of x and row j of w
  * alone: not on m, the pool or the CPU path. bias (n fp32 values, or NULL) joins the fp32 sum,

@@ -25,6 +25,7 @@ typedef struct attn_job {
 static void attend_split(const fwd_ctx *ctx, uint32_t layer, const fwd_row *row, const float *q,
                          size_t kvh, float *s, float *o, float *out) {
     const kernels *k = kern();
+    const parity_policy *pol = &ctx->pol;
     const kv_cache *kv = ctx->kv;
     const size_t hd = ctx->config->head_dim, n = (size_t)row->pos + 1, seg = ctx->split_kv;
     const float scale = (float)(1.0 / sqrt((double)hd));
@@ -40,7 +41,7 @@ static void attend_split(const fwd_ctx *ctx, uint32_t layer, const fwd_row *row,
         }
         const float ms = k->max_f32(s, len);
         const float ls = k->sum_exp(s, len, ms, s);
-        k->round_bf16(s, len);
+        round_with(k, pol, s, len);
         memset(os, 0, hd * sizeof *os);
         for (size_t p = 0; p < len; p++) {
             size_t cell = kv_offset(kv, layer, row->blocks, (uint32_t)(p0 + p), kvh);
@@ -57,7 +58,7 @@ static void attend_split(const fwd_ctx *ctx, uint32_t layer, const fwd_row *row,
         m = mn;
     }
     for (size_t d = 0; d < hd; d++) out[d] = o[d] / l;
-    k->round_bf16(out, hd);
+    round_with(k, pol, out, hd);
 }
 
 /* s[p] = q.k_p in dot16 order for the len <= KV_BLOCK consecutive bf16 keys of one head's
@@ -88,20 +89,21 @@ static void block_pv_bf16(const kernels *k, size_t hd, const float *P, const uin
 
 /* Scores of one query head over positions 0..n-1 -> probabilities in place, per mode;
  * returns the softmax denominator. */
-static float probabilities(const kernels *k, int mode, float scale, float *s, size_t n) {
+static float probabilities(const kernels *k, const parity_policy *pol, int mode, float scale,
+                           float *s, size_t n) {
     /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
-    if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);
+    if (mode == PARITY_ATTN_EAGER) round_with(k, pol, s, n);
     for (size_t p = 0; p < n; p++) s[p] *= scale;
-    if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);
+    if (mode == PARITY_ATTN_EAGER) round_with(k, pol, s, n);
     const float m = k->max_f32(s, n);
     const float l = k->sum_exp(s, n, m, s);  /* s[p] <- exp(s[p] - m) */
     if (mode == PARITY_ATTN_FLASH) {
         /* P stays unnormalised; bf16(P) feeds P.V, l sums the unrounded P */
-        k->round_bf16(s, n);
+        round_with(k, pol, s, n);
     } else {
         const float inv = 1.0f / l;
         for (size_t p = 0; p < n; p++) s[p] *= inv;
-        if (mode == PARITY_ATTN_EAGER) k->round_bf16(s, n);  /* softmax(fp32).to(bf16) */
+        if (mode == PARITY_ATTN_EAGER) round_with(k, pol, s, n);  /* softmax(fp32).to(bf16) */
     }
     return l;
 }
@@ -123,6 +125,7 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
     const fwd_ctx *ctx = j->ctx;
     const parity_config *c = ctx->config;
     const kernels *k = kern();
+    const parity_policy *pol = &ctx->pol;
     const kv_cache *kv = ctx->kv;
     const size_t hd = c->head_dim, heads = c->num_attention_heads;
     const size_t group = heads / c->num_key_value_heads;  /* query heads per KV head */
@@ -161,7 +164,7 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
     for (size_t r = r0; r < r1; r++)
         for (size_t g = 0; g < group; g++)
             w->l[(slot + r - r0) * group + g] =
-                probabilities(k, mode, scale, ATT_S(r, g), (size_t)j->rows[r].pos + 1);
+                probabilities(k, pol, mode, scale, ATT_S(r, g), (size_t)j->rows[r].pos + 1);
 
     /* P.V, one position after another in ascending order, block by block */
     memset(w->acc + slot * group * hd, 0, (r1 - r0) * group * hd * sizeof *w->acc);
@@ -190,10 +193,10 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
             float *dst = j->att + r * heads * hd + (kvh * group + g) * hd;
             if (mode == PARITY_ATTN_FLASH) {
                 for (size_t d = 0; d < hd; d++) dst[d] = o[d] / l;
-                k->round_bf16(dst, hd);  /* O / l rounded once */
+                round_with(k, pol, dst, hd);  /* O / l rounded once */
             } else {
                 memcpy(dst, o, hd * sizeof *o);
-                if (mode == PARITY_ATTN_EAGER) k->round_bf16(dst, hd);  /* bf16 matmul output */
+                if (mode == PARITY_ATTN_EAGER) round_with(k, pol, dst, hd);  /* bf16 matmul output */
             }
         }
 #undef ATT_Q

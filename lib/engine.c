@@ -23,10 +23,16 @@ int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads)
 }
 
 int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend) {
-    if (backend != PARITY_BACKEND_OPENBLAS && pol->compute != PARITY_COMPUTE_FP32) return PARITY_OK;
+    /* fp32 masters (or bf16 widened) under fp32, fp16 values under fp16, and the widened
+     * bf16 weights the openblas backend streams under bf16 */
+    const int need = pol->compute == PARITY_COMPUTE_FP16 ? MODEL_NEED_FP16
+                     : pol->compute == PARITY_COMPUTE_FP32 || backend == PARITY_BACKEND_OPENBLAS
+                         ? MODEL_NEED_WIDE
+                         : 0;
+    if (!need) return PARITY_OK;
     int rc = model_enter(m);
     if (rc) return rc;
-    rc = model_prepare((parity_model *)m, MODEL_NEED_WIDE);
+    rc = model_prepare((parity_model *)m, need);
     model_leave(m);
     return rc;
 }
@@ -53,7 +59,7 @@ uint64_t engine_bytes(const parity_config *c, const engine_params *p, size_t obj
     engine_buf b[ENGINE_MAX_BUFS];
     size_t n = engine_layout(&e, c, p, extra, n_extra, b);
     uint64_t total = object_size + pool_bytes(p->n_threads) +
-                     kv_cache_bytes(c, p->kv_cells, p->policy.compute == PARITY_COMPUTE_FP32) +
+                     kv_cache_bytes(c, p->kv_cells, kv_cells_fp32(&p->policy)) +
                      fwd_scratch_bytes(c, p->max_rows, p->max_ctx, p->n_threads, p->split_k > 1);
     for (size_t i = 0; i < n; i++) total += b[i].count * b[i].size;
     return total;
@@ -80,7 +86,7 @@ int engine_init(engine *e, const parity_model *m, const engine_params *p, const 
     e->n_bufs = engine_layout(e, c, p, extra, n_extra, e->bufs);
     for (size_t i = 0; i < e->n_bufs; i++) *e->bufs[i].p = NULL;
     int rc = pool_create(p->n_threads, &e->pool);
-    if (!rc) rc = kv_cache_init(&e->kv, c, p->kv_cells, p->policy.compute == PARITY_COMPUTE_FP32);
+    if (!rc) rc = kv_cache_init(&e->kv, c, p->kv_cells, kv_cells_fp32(&p->policy));
     if (!rc) rc = fwd_scratch_init(&e->scratch, c, p->max_rows, p->max_ctx, p->n_threads, p->split_k > 1);
     for (size_t i = 0; !rc && i < e->n_bufs; i++) {
         const engine_buf *b = &e->bufs[i];

@@ -3,26 +3,24 @@
  * rows they send (a whole sequence, a prefill chunk, one decode token per sequence) and
  * which rows they want logits for; K/V always go through the cache.
  *
- * Every buffer is fp32. Under a bf16 policy the values in it are bf16 values, made so by an
- * explicit round_to_bf16() at each rounding point below (or inside a region kernel, by the
- * policy switch named at the call). Grepping this file for round_to_bf16 lists the rounding
- * points outside the regions; lib/kernels/kernels_ref.c shows the ones inside.
+ * Every buffer is fp32. Under a bf16 policy the values in it are bf16 values (fp16 values
+ * under PARITY_COMPUTE_FP16), made so by an explicit round_point() at each rounding point
+ * below (or inside a region kernel, by the policy switch named at the call). Grepping this
+ * file for round_point lists the rounding points outside the regions;
+ * lib/kernels/kernels_ref.c shows the ones inside.
  */
 #include "forward.h"
 
 #include "internal.h"
 #include "kernels.h"
 
-/* A rounding point: under PARITY_COMPUTE_FP32 nothing rounds. */
-static void round_to_bf16(const fwd_ctx *ctx, float *x, size_t n) {
-    if (ctx->pol.compute != PARITY_COMPUTE_FP32) kern()->round_bf16(x, n);
-}
+/* A rounding point outside the regions: to bf16 (fp16 under PARITY_COMPUTE_FP16); under
+ * PARITY_COMPUTE_FP32 nothing rounds. */
+static void round_point(const fwd_ctx *ctx, float *x, size_t n) { round_to_policy(&ctx->pol, x, n); }
 
-/* The fp32 values of a small weight (norms): the master under PARITY_COMPUTE_FP32, else the
- * bf16 values widened. */
-static const float *vec(const fwd_ctx *ctx, const weight *w) {
-    return ctx->pol.compute == PARITY_COMPUTE_FP32 ? weight_f32(w) : w->wide;
-}
+/* The fp32 values of a small weight (norms): the master under PARITY_COMPUTE_FP32, the fp16
+ * values under PARITY_COMPUTE_FP16, else the bf16 values widened. */
+static const float *vec(const fwd_ctx *ctx, const weight *w) { return weight_values(&ctx->pol, w); }
 
 /* ---- row-parallel region calls ---------------------------------------------------------- */
 
@@ -80,13 +78,15 @@ static void job_rope(void *p, size_t begin, size_t end, unsigned worker) {
     const region_job *j = p;
     const parity_config *c = &j->ctx->model->config;
     const rope_tables *t = &j->ctx->model->rope;
-    const int bf16_table = j->ctx->pol.compute != PARITY_COMPUTE_FP32 &&
-                           j->ctx->pol.rope_table == PARITY_ROPE_TABLE_BF16;
+    /* the rounded table: bf16, or fp16 under PARITY_COMPUTE_FP16 */
+    const int rounded_table = j->ctx->pol.compute != PARITY_COMPUTE_FP32 &&
+                              j->ctx->pol.rope_table == PARITY_ROPE_TABLE_BF16;
+    const int fp16 = j->ctx->pol.compute == PARITY_COMPUTE_FP16;
     const size_t hd = c->head_dim, half = hd / 2;
     for (size_t r = begin; r < end; r++) {
         size_t pos = j->rows[r].pos;
-        const float *cos = (bf16_table ? t->cos_bf16 : t->cos_f32) + pos * half;
-        const float *sin = (bf16_table ? t->sin_bf16 : t->sin_f32) + pos * half;
+        const float *cos = (!rounded_table ? t->cos_f32 : fp16 ? t->cos_fp16 : t->cos_bf16) + pos * half;
+        const float *sin = (!rounded_table ? t->sin_f32 : fp16 ? t->sin_fp16 : t->sin_bf16) + pos * half;
         kern()->rope(&j->ctx->pol, c->num_attention_heads, hd,
                      j->a + r * c->num_attention_heads * hd, cos, sin);
         kern()->rope(&j->ctx->pol, c->num_key_value_heads, hd,
@@ -145,9 +145,9 @@ void forward_head(const fwd_ctx *ctx, size_t n, float *delta, float *h, const fl
     /* last residual connection + final rmsnorm (region: residual + RMSNorm) */
     run_rows(ctx, job_rmsnorm_residual, (region_job){.w = norm, .eps = eps, .a = delta, .b = h,
                                                      .out = xn, .width = dim}, n);
-    /* classifier into logits: rounded to bf16 unless the policy keeps an fp32 head */
+    /* classifier into logits: rounded (to bf16, or fp16) unless the policy keeps an fp32 head */
     linear_weights(ctx, n, xn, dim, lm_head, NULL, logits, lm_head->rows);
-    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_to_bf16(ctx, logits, n * lm_head->rows);
+    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_point(ctx, logits, n * lm_head->rows);
 }
 
 /* ---- the forward -------------------------------------------------------------------------- */
@@ -161,13 +161,12 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
     const size_t q_dim = (size_t)c->num_attention_heads * hd;
     const size_t kv_dim = (size_t)c->num_key_value_heads * hd;
     const size_t inter = c->intermediate_size;
-    const int fp32 = ctx->pol.compute == PARITY_COMPUTE_FP32;
     const float eps = c->rms_norm_eps;
+    const float *embed_f32 = ctx->pol.compute == PARITY_COMPUTE_BF16 ? NULL : vec(ctx, &m->embed);
 
     /* token embedding: the residual stream starts as the embedding rows (exact) */
     for (size_t r = 0; r < R; r++)
-        embed_rows(1, &rows[r].token, dim, m->embed.bf16, fp32 ? weight_f32(&m->embed) : NULL,
-                   dim, s->h + r * dim, dim);
+        embed_rows(1, &rows[r].token, dim, m->embed.bf16, embed_f32, dim, s->h + r * dim, dim);
 
     for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *w = &m->layers[l];
@@ -184,11 +183,11 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
 
         /* q, k, v projections: each GEMM output rounded once */
         linear(ctx, R, s->xn, &w->wq, &w->bq, s->q);
-        round_to_bf16(ctx, s->q, R * q_dim);
+        round_point(ctx, s->q, R * q_dim);
         linear(ctx, R, s->xn, &w->wk, &w->bk, s->k);
-        round_to_bf16(ctx, s->k, R * kv_dim);
+        round_point(ctx, s->k, R * kv_dim);
         linear(ctx, R, s->xn, &w->wv, &w->bv, s->v);
-        round_to_bf16(ctx, s->v, R * kv_dim);
+        round_point(ctx, s->v, R * kv_dim);
 
         /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm) */
         if (c->qk_norm) {
@@ -209,7 +208,7 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
 
         /* output projection */
         linear(ctx, R, s->att, &w->wo, NULL, s->delta);
-        round_to_bf16(ctx, s->delta, R * dim);
+        round_point(ctx, s->delta, R * dim);
 
         /* residual connection + MLP rmsnorm (region: residual + RMSNorm) */
         run_rows(ctx, job_rmsnorm_residual,
@@ -219,13 +218,13 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
         /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
          * down projection rounded */
         linear(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
-        round_to_bf16(ctx, s->gate, R * inter);
+        round_point(ctx, s->gate, R * inter);
         linear(ctx, R, s->xn, &w->w_up, NULL, s->up);
-        round_to_bf16(ctx, s->up, R * inter);
+        round_point(ctx, s->up, R * inter);
         run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
                                                .width = inter}, R);
         linear(ctx, R, s->gate, &w->w_down, NULL, s->delta);
-        round_to_bf16(ctx, s->delta, R * dim);
+        round_point(ctx, s->delta, R * dim);
     }
 
     if (n_out == 0) return;

@@ -18,7 +18,8 @@
  * of the block's KV_BLOCK positions follow each other (KV_BLOCK * head_dim elements), so
  * attention streams each head's keys and values in runs of KV_BLOCK vectors, and copying a
  * block is one memcpy per layer. K is stored after q/k-norm and RoPE. Values are bf16 (exact:
- * the forward rounded them) or fp32 under PARITY_COMPUTE_FP32. */
+ * the forward rounded them), or fp32 cells under PARITY_COMPUTE_FP32 and PARITY_COMPUTE_FP16
+ * (kv_cells_fp32). */
 #define KV_BLOCK 16
 
 typedef struct kv_cache {
@@ -28,6 +29,12 @@ typedef struct kv_cache {
     void *k, *v;                        /* [n_layers][n_cells / KV_BLOCK][kv heads][KV_BLOCK][head_dim] */
 } kv_cache;
 
+/* Whether a policy's KV cache cells are fp32: under PARITY_COMPUTE_FP32, and under
+ * PARITY_COMPUTE_FP16, whose fp16 keys and values are held in fp32 cells (exact; twice the
+ * bytes of a 16-bit cell). bf16 cells otherwise. */
+static inline int kv_cells_fp32(const parity_policy *pol) {
+    return pol->compute != PARITY_COMPUTE_BF16;
+}
 uint64_t kv_cache_bytes(const parity_config *c, uint32_t n_cells, int fp32);
 int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32);
 void kv_cache_free(kv_cache *kv);

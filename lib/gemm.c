@@ -3,11 +3,13 @@
  * columns, never a reduction.
  *
  *   bf16:     the library's kernels (kernels.h: pair32 order on bf16 weights, dot16 on fp32
- *             weights under PARITY_COMPUTE_FP32), columns split over the pool. A table with
+ *             weights under PARITY_COMPUTE_FP32 and on the fp16 values, held in fp32, under
+ *             PARITY_COMPUTE_FP16), columns split over the pool. A table with
  *             bf16 dot products (avx512bf16) gets x packed as bf16 and runs gemm_bf16xw,
  *             unless some x is not a bf16 value (an fp32 attention output): then the pack
  *             says so and the fp32-FMA kernels run, with the same bits.
- *   openblas: cblas_sgemm on fp32 weights (bf16 widened exactly, or the fp32 masters), one
+ *   openblas: cblas_sgemm on fp32 weights (bf16 widened exactly, the fp32 masters, or the
+ *             fp16 values), one
  *             row per call. On Zen, OpenBLAS 0.3.21's sgemm rounds a row differently
  *             depending on where it falls in an M tile (bench/openblas-invariance shows it),
  *             so only calls of one fixed shape (M = 1, the whole N and K) agree bitwise.
@@ -145,7 +147,7 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
                         (blasint)ldy);
         return;
     }
-    if (ctx->pol.compute == PARITY_COMPUTE_FP32) {
+    if (ctx->pol.compute != PARITY_COMPUTE_BF16) { /* fp32 or fp16 values, held in fp32 */
         const gemm_job j = {kern(), M, Ks, N, x + k0, ldx, NULL, NULL, w->f32 + k0, w->ld, y, ldy,
                             NULL, 0};
         gemm_on_pool(ctx->pool, &j);
@@ -176,7 +178,7 @@ void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
 }
 
 const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w) {
-    if (ctx->pol.compute == PARITY_COMPUTE_FP32) return weight_f32(w);
+    if (ctx->pol.compute != PARITY_COMPUTE_BF16) return weight_values(&ctx->pol, w);
     /* read only where the backend uses it: another thread may be widening the weights for an
      * openblas scorer being created meanwhile */
     return ctx->backend == PARITY_BACKEND_OPENBLAS ? w->wide : NULL;
@@ -185,8 +187,7 @@ const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w) {
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y) {
     const gemm_weights gw = {w->rows, w->cols, w->cols, w->bf16, linear_f32_weights(ctx, w)};
-    const int fp32 = ctx->pol.compute == PARITY_COMPUTE_FP32;
     const float *b = NULL;
-    if (bias && bias->rows) b = fp32 ? weight_f32(bias) : bias->wide;
+    if (bias && bias->rows) b = weight_values(&ctx->pol, bias);
     linear_weights(ctx, M, x, w->cols, &gw, b, y, w->rows);
 }

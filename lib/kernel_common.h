@@ -42,10 +42,28 @@
 
 /* ---- rounding points of the regions, decoded from a policy -------------------------------- */
 
-/* The rounding points of the norms, decoded once per row. Under PARITY_COMPUTE_FP32 no point
- * rounds (the other switches are ignored). */
+/* What a rounding point rounds to: nothing (PARITY_COMPUTE_FP32, or a point the policy
+ * switches off), bf16 (PARITY_COMPUTE_BF16) or fp16 (PARITY_COMPUTE_FP16). The same values
+ * name the element type of a region's buffers: fp32, or 16-bit bf16 / fp16 patterns. */
+enum { FMT_NONE = 0, FMT_BF16 = 1, FMT_FP16 = 2 };
+
+/* The format every rounding point of a policy rounds to. */
+static inline int round_format_of(const parity_policy *pol) {
+    return pol->compute == PARITY_COMPUTE_BF16   ? FMT_BF16
+           : pol->compute == PARITY_COMPUTE_FP16 ? FMT_FP16
+                                                 : FMT_NONE;
+}
+
+/* The element type of the public region API's 16-bit buffers: fp16 patterns under
+ * PARITY_COMPUTE_FP16, bf16 patterns otherwise (PARITY_COMPUTE_FP32 included). */
+static inline int buffer_format_of(const parity_policy *pol) {
+    return pol->compute == PARITY_COMPUTE_FP16 ? FMT_FP16 : FMT_BF16;
+}
+
+/* The rounding points of the norms, decoded once per row: each is the format it rounds to,
+ * FMT_NONE where it does not round. */
 typedef struct norm_points {
-    int bf16;        /* compute in bf16: outputs and the residual stream round */
+    int out;         /* the outputs and the residual stream */
     int rounded_in;  /* the norm reads round(s) */
     int twice;       /* round(x * r) before the weight */
 } norm_points;
@@ -54,9 +72,9 @@ typedef struct norm_points {
  * norm_weight). */
 static inline norm_points norm_points_of(const parity_policy *pol, int residual, int qk) {
     norm_points p;
-    p.bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    p.rounded_in = p.bf16 && residual && pol->norm_input == PARITY_NORM_INPUT_ROUNDED;
-    p.twice = p.bf16 && (qk ? pol->qk_norm : pol->norm_weight) == PARITY_NORM_ROUND_TWICE;
+    p.out = round_format_of(pol);
+    p.rounded_in = residual && pol->norm_input == PARITY_NORM_INPUT_ROUNDED ? p.out : FMT_NONE;
+    p.twice = (qk ? pol->qk_norm : pol->norm_weight) == PARITY_NORM_ROUND_TWICE ? p.out : FMT_NONE;
     return p;
 }
 
@@ -66,16 +84,16 @@ static inline float inv_rms(float sum_sq, size_t dim, float eps) {
     return 1.0f / sqrtf(ms + eps);
 }
 
-/* The rounding points of SwiGLU and RoPE: `bf16`, the output rounds; `per_op`, every
- * intermediate product rounds too (PER_OP). Nothing rounds under PARITY_COMPUTE_FP32. */
+/* The rounding points of SwiGLU and RoPE: `out`, the output; `per_op`, every intermediate
+ * product too (PER_OP). Each the format it rounds to, FMT_NONE where it does not. */
 typedef struct op_points {
-    int bf16, per_op;
+    int out, per_op;
 } op_points;
 
 static inline op_points op_points_of(const parity_policy *pol, int per_op_switch) {
     op_points p;
-    p.bf16 = pol->compute == PARITY_COMPUTE_BF16;
-    p.per_op = p.bf16 && per_op_switch;
+    p.out = round_format_of(pol);
+    p.per_op = per_op_switch ? p.out : FMT_NONE;
     return p;
 }
 

@@ -67,6 +67,7 @@ typedef struct kernels {
 
     /* --- elementwise --- */
     void (*round_bf16)(float *x, size_t n);                /* x[i] = round_bf16(x[i]) */
+    void (*round_fp16)(float *x, size_t n);                /* x[i] = round_fp16(x[i]) */
     void (*exp_f32)(float *x, size_t n);                   /* x[i] = parity_expf(x[i]) */
     /* o[i] = fmaf(p, v[i], o[i]) (P.V accumulation, one key at a time) */
     void (*axpy_f32)(float *o, float p, const float *v, size_t n);
@@ -110,8 +111,9 @@ typedef struct kernels {
     void (*gemm_bf16xw)(size_t M, size_t K, const uint16_t *xb, const uint16_t *w, size_t ldw,
                         float *y, size_t ldy, size_t n0, size_t n1);
 
-    /* --- regions, one row, on fp32 buffers that hold bf16 values where the policy rounds.
-     * Under PARITY_COMPUTE_FP32 nothing rounds. ---
+    /* --- regions, one row, on fp32 buffers that hold bf16 values (fp16 ones under
+     * PARITY_COMPUTE_FP16) where the policy rounds; round() below is to that format
+     * (kernel_common.h's round_format_of). Under PARITY_COMPUTE_FP32 nothing rounds. ---
      * rmsnorm_residual: s = residual[i] + delta[i] (fp32); residual[i] = round(s) (stream,
      *   in place); out = norm(s or round(s) per norm_input) * w, rounded per norm_weight.
      *   out may alias delta.
@@ -136,17 +138,19 @@ typedef struct kernels {
     void (*rope)(const parity_policy *pol, size_t n_heads, size_t hd, float *x,
                  const float *cos, const float *sin);
 
-    /* The same four on bf16 buffers (the public region API): loads widen exactly, stores
-     * round (a no-op on values the policy already rounded). Same arithmetic as above. */
-    void (*rmsnorm_residual_bf16)(const parity_policy *pol, size_t dim, const uint16_t *delta,
-                                  const uint16_t *residual, const uint16_t *w, float eps,
-                                  uint16_t *residual_out, uint16_t *out);
-    void (*rmsnorm_bf16)(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
-                         const uint16_t *w, float eps, uint16_t *out);
-    void (*swiglu_bf16)(const parity_policy *pol, size_t n, const uint16_t *g,
-                        const uint16_t *u, uint16_t *out);
-    void (*rope_bf16)(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
-                      const float *cos, const float *sin);
+    /* The same four on 16-bit buffers (the public region API), which hold fp16 patterns
+     * under PARITY_COMPUTE_FP16 and bf16 patterns otherwise (buffer_format_of): loads widen
+     * exactly, stores round to that format (a no-op on values the policy already rounded).
+     * Same arithmetic as above. */
+    void (*rmsnorm_residual_16)(const parity_policy *pol, size_t dim, const uint16_t *delta,
+                                const uint16_t *residual, const uint16_t *w, float eps,
+                                uint16_t *residual_out, uint16_t *out);
+    void (*rmsnorm_16)(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
+                       const uint16_t *w, float eps, uint16_t *out);
+    void (*swiglu_16)(const parity_policy *pol, size_t n, const uint16_t *g, const uint16_t *u,
+                      uint16_t *out);
+    void (*rope_16)(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
+                    const float *cos, const float *sin);
 } kernels;
 
 /* Packs M rows of x (row stride ldx, K columns) for gemm_bf16w: row m occupies
@@ -206,5 +210,19 @@ const kernels *kernel_table(parity_cpu_path path);
 /* The table of the current CPU path (cpu.c): detected once, PARITY_CPU_PATH or
  * parity_set_cpu_path() force one. Never NULL. */
 const kernels *kern(void);
+
+/* A policy's rounding point on n fp32 values with table k: to bf16 under
+ * PARITY_COMPUTE_BF16, to fp16 under PARITY_COMPUTE_FP16, nothing under PARITY_COMPUTE_FP32. */
+static inline void round_with(const kernels *k, const parity_policy *pol, float *x, size_t n) {
+    if (pol->compute == PARITY_COMPUTE_BF16)
+        k->round_bf16(x, n);
+    else if (pol->compute == PARITY_COMPUTE_FP16)
+        k->round_fp16(x, n);
+}
+
+/* round_with the current CPU path's table. */
+static inline void round_to_policy(const parity_policy *pol, float *x, size_t n) {
+    round_with(kern(), pol, x, n);
+}
 
 #endif /* PARITY_KERNELS_H */

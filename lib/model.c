@@ -1,6 +1,7 @@
 /* Models: loading a Hugging Face checkpoint (single file or shards), binding its tensors to
  * the blueprint with every shape checked, synthetic models from a seed, saving. */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,14 +234,48 @@ static int widen_weights(parity_model *m, int vectors_only) {
     return rc;
 }
 
+/* The fp16 copy of one weight; a value beyond fp16's range fails, naming the tensor. */
+static int to_fp16(parity_model *m, weight *w, const char *name) {
+    if (w->fp16 || !w->bf16) return PARITY_OK;
+    const uint64_t n = (uint64_t)w->rows * w->cols;
+    float *fp16 = px_weight_alloc(n * 4, "fp16 weights (held in fp32)");
+    if (!fp16) return PARITY_ERR_OUT_OF_MEMORY;
+    weight_fp16_into(w, fp16);
+    for (uint64_t i = 0; i < n; i++)
+        if (isinf(fp16[i])) {
+            px_free(fp16);
+            return set_error(PARITY_ERR_TENSOR_NONFINITE,
+                             "tensor '%s': element %" PRIu64 " is beyond fp16's range (|x| >= "
+                             "65520 rounds to infinity), which the fp16 policy cannot hold",
+                             name, i);
+        }
+    if (!model_own(m, fp16)) return PARITY_ERR_OUT_OF_MEMORY;
+    w->fp16 = fp16;
+    return PARITY_OK;
+}
+
+/* The fp16 copies of every tensor of the architecture (a tied lm_head shares embed's). */
+static int fp16_weights(parity_model *m) {
+    size_t n;
+    const expected *t = model_tensors(m, &n);
+    int rc = PARITY_OK;
+    for (size_t i = 0; i < n && !rc; i++) rc = to_fp16(m, t[i].dst, t[i].name);
+    if (!rc && m->config.tie_word_embeddings) m->lm_head.fp16 = m->embed.fp16;
+    return rc;
+}
+
 int model_prepare(parity_model *m, int need) {
-    if (!(need & MODEL_NEED_WIDE)) return PARITY_OK;
+    if (!(need & (MODEL_NEED_WIDE | MODEL_NEED_FP16))) return PARITY_OK;
     pthread_mutex_lock(&m->prepare_lock);
     int rc = PARITY_OK;
-    if (!m->wide_ready) {
-        /* a failure leaves some weights widened: harmless, a retry reuses them */
+    /* a failure leaves some copies built: harmless, a retry reuses them */
+    if ((need & MODEL_NEED_WIDE) && !m->wide_ready) {
         rc = widen_weights(m, 0);
         if (!rc) m->wide_ready = 1;
+    }
+    if (!rc && (need & MODEL_NEED_FP16) && !m->fp16_ready) {
+        rc = fp16_weights(m);
+        if (!rc) m->fp16_ready = 1;
     }
     pthread_mutex_unlock(&m->prepare_lock);
     return rc;

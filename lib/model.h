@@ -18,6 +18,9 @@ typedef struct weight {
     const float *master;   /* fp32 master values [rows][cols] when the checkpoint is F32
                               (mapped or owned) or F16 (widened, owned); NULL for BF16 */
     float *wide;           /* bf16 widened to fp32, owned, built on demand (model_prepare) */
+    float *fp16;           /* the fp16 values PARITY_COMPUTE_FP16 reads (the master, else the
+                              bf16 values, rounded once to nearest even; exact for an F16
+                              checkpoint), held in fp32, owned, built on demand */
 } weight;
 
 typedef struct layer_weights {
@@ -36,6 +39,7 @@ typedef struct rope_tables {
     uint32_t n_positions, half;
     float *cos_f32, *sin_f32;      /* [n_positions][half] fp32 */
     float *cos_bf16, *sin_bf16;    /* the same rounded to bf16 (held in fp32) */
+    float *cos_fp16, *sin_fp16;    /* the same rounded to fp16 (held in fp32) */
 } rope_tables;
 
 struct parity_model {
@@ -52,6 +56,7 @@ struct parity_model {
     size_t n_owned, cap_owned;
     pthread_mutex_t prepare_lock;  /* guards building the fp32 copies (wide) */
     int wide_ready;
+    int fp16_ready;                /* every weight's fp16 copy is built (model_prepare) */
     pthread_rwlock_t use_lock;     /* shared by calls that read weights, exclusive for updates */
     uint64_t version;              /* +1 per weight update (read under use_lock) */
     struct expected *tensors;      /* the architecture's tensors, in checkpoint order */
@@ -113,6 +118,13 @@ void tensor_values_free(tensor_values *v);
 /* wide[i] = the bf16 values of w widened to fp32 (exact): the copy the openblas backend and
  * the fp32 policy read. */
 void weight_widen_into(const weight *w, float *wide);
+/* fp16[i] = the fp16 value of w's element i (its master if it has one, else its bf16 value,
+ * rounded once to nearest even), held in fp32. */
+void weight_fp16_into(const weight *w, float *fp16);
+/* Whether every value of a checked source fits fp16 (rounds to a finite fp16 value, from the
+ * value the model would hold as master, else as bf16); if not, sets the error (naming the
+ * element) and returns PARITY_ERR_TENSOR_NONFINITE. */
+int tensor_check_fp16(const tensor_source *src, uint64_t n);
 /* Registers a buffer the model frees; on failure frees it and returns NULL. */
 void *model_own(parity_model *m, void *p);
 /* Frees a buffer registered with model_own (no-op for others, e.g. mapped data). */
@@ -125,13 +137,24 @@ int model_owns(const parity_model *m, const void *p);
 int model_enter(const parity_model *m);
 void model_leave(const parity_model *m);
 
-/* Which fp32 weights a forward needs, built once per model (thread-safe). */
-enum { MODEL_NEED_WIDE = 1 };
+/* Which fp32 weights a forward needs, built once per model (thread-safe): the bf16 values
+ * widened, and the fp16 values. The fp16 copies fail with PARITY_ERR_TENSOR_NONFINITE when a
+ * value is beyond fp16's range (it would round to infinity), naming the tensor. */
+enum { MODEL_NEED_WIDE = 1, MODEL_NEED_FP16 = 2 };
 int model_prepare(parity_model *m, int need);
 
 /* fp32 values of a weight for PARITY_COMPUTE_FP32: the master if any, else the widened bf16
  * (model_prepare(MODEL_NEED_WIDE) must have run). */
 static inline const float *weight_f32(const weight *w) { return w->master ? w->master : w->wide; }
+
+/* The fp32 values a policy reads for a weight: weight_f32 under PARITY_COMPUTE_FP32, the
+ * fp16 values under PARITY_COMPUTE_FP16 (MODEL_NEED_FP16), else the bf16 values widened
+ * (MODEL_NEED_WIDE; the region kernels read the vectors so under bf16). */
+static inline const float *weight_values(const parity_policy *pol, const weight *w) {
+    return pol->compute == PARITY_COMPUTE_FP32   ? weight_f32(w)
+           : pol->compute == PARITY_COMPUTE_FP16 ? w->fp16
+                                                 : w->wide;
+}
 
 /* RoPE (rope.c): inv_freq and attention factor for a config (rope_type, scaling), as
  * transformers' modeling_rope_utils computes them, in fp32. inv_freq has head_dim/2 values. */

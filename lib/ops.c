@@ -131,34 +131,49 @@ static int check_backend(const char *fn, uint32_t backend) {
     return PARITY_OK;
 }
 
-/* The weight dtype a policy reads: BF16 under PARITY_COMPUTE_BF16, F32 under _FP32. */
+/* The weight dtype a policy reads: BF16 under PARITY_COMPUTE_BF16, F16 under _FP16, F32
+ * under _FP32. */
+static uint32_t weight_dtype_of(const parity_policy *pol) {
+    return pol->compute == PARITY_COMPUTE_FP32   ? PARITY_DTYPE_F32
+           : pol->compute == PARITY_COMPUTE_FP16 ? PARITY_DTYPE_F16
+                                                 : PARITY_DTYPE_BF16;
+}
+
 static int check_weight_dtype(const char *fn, const parity_policy *pol, uint32_t dtype,
                               const char *what) {
-    const int fp32 = pol->compute == PARITY_COMPUTE_FP32;
-    const uint32_t want = fp32 ? PARITY_DTYPE_F32 : PARITY_DTYPE_BF16;
+    static const char *const compute[] = {"bf16", "fp32", "fp16"};
+    static const char *const dtypes[] = {"BF16", "F16", "F32"};
+    const uint32_t want = weight_dtype_of(pol);
     if (dtype != want)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "%s: %s has dtype %u; a policy with compute \"%s\" reads %s weights "
                          "(PARITY_DTYPE_%s)",
-                         fn, what, dtype, fp32 ? "fp32" : "bf16", fp32 ? "fp32" : "bf16",
-                         fp32 ? "F32" : "BF16");
+                         fn, what, dtype, compute[pol->compute], compute[pol->compute],
+                         dtypes[want]);
     return PARITY_OK;
 }
 
+/* The value of weight element i of dtype `dtype` (checked by check_weight_dtype), in fp32. */
+static float weight_element(uint32_t dtype, const void *w, size_t i) {
+    return dtype == PARITY_DTYPE_F32   ? ((const float *)w)[i]
+           : dtype == PARITY_DTYPE_F16 ? f16_to_f32(((const uint16_t *)w)[i])
+                                       : bf16_to_f32(((const uint16_t *)w)[i]);
+}
+
 /* The GEMM weights of a call: what the backend streams (the bf16 backend: bf16 values as
- * they are, or the fp32 values under PARITY_COMPUTE_FP32; openblas: fp32, bf16 widened into
- * scratch). */
+ * they are, or the fp32 values under PARITY_COMPUTE_FP32; fp16 weights widened into scratch
+ * under PARITY_COMPUTE_FP16 and bf16 ones on openblas). */
 static int gemm_weights_of(op_call *c, const parity_policy *pol, uint32_t backend, size_t n,
                            size_t k, const void *w, size_t ldw, gemm_weights *out) {
     *out = (gemm_weights){n, k, ldw, NULL, NULL};
     if (pol->compute == PARITY_COMPUTE_FP32) {
         out->f32 = w;
-    } else if (backend == PARITY_BACKEND_OPENBLAS) {
+    } else if (backend == PARITY_BACKEND_OPENBLAS || pol->compute == PARITY_COMPUTE_FP16) {
         float *wide = op_alloc(c, (uint64_t)n * k, sizeof(float), "weights widened to fp32");
         if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
+        const uint32_t dtype = weight_dtype_of(pol);
         for (size_t r = 0; r < n; r++)
-            for (size_t i = 0; i < k; i++)
-                wide[r * k + i] = bf16_to_f32(((const uint16_t *)w)[r * ldw + i]);
+            for (size_t i = 0; i < k; i++) wide[r * k + i] = weight_element(dtype, w, r * ldw + i);
         out->f32 = wide;
         out->ld = k;
     } else {
@@ -193,15 +208,22 @@ int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab, size_t di
     TRY(arg_ptr(fn, table, "table"));
     TRY(arg_ptr(fn, out, "out"));
     if (vocab == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: vocab is 0", fn);
-    if (dtype != PARITY_DTYPE_BF16 && dtype != PARITY_DTYPE_F32)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: table dtype %u is neither "
-                         "PARITY_DTYPE_BF16 nor PARITY_DTYPE_F32", fn, dtype);
+    if (dtype > PARITY_DTYPE_F32)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: table dtype %u is not PARITY_DTYPE_BF16, "
+                         "PARITY_DTYPE_F16 or PARITY_DTYPE_F32", fn, dtype);
     TRY(arg_rows(fn, vocab, dim, table_stride, "table"));
     TRY(arg_rows(fn, rows, dim, out_stride, "out"));
     for (size_t r = 0; r < rows; r++)
         if (tokens[r] < 0 || (uint64_t)tokens[r] >= vocab)
             return set_error(PARITY_ERR_TOKEN_RANGE, "%s: row %zu: token id %d is outside the "
                              "vocabulary [0, %zu)", fn, r, tokens[r], vocab);
+    if (dtype == PARITY_DTYPE_F16) {
+        for (size_t r = 0; r < rows; r++)
+            for (size_t i = 0; i < dim; i++)
+                out[r * out_stride + i] =
+                    weight_element(dtype, table, (size_t)tokens[r] * table_stride + i);
+        return PARITY_OK;
+    }
     embed_rows(rows, tokens, dim, dtype == PARITY_DTYPE_BF16 ? table : NULL,
                dtype == PARITY_DTYPE_F32 ? table : NULL, table_stride, out, out_stride);
     return PARITY_OK;
@@ -236,7 +258,7 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     fwd_scratch s = {0};
     gemm_weights gw;
     int rc = gemm_weights_of(&c, policy, backend, n, k, w, w_stride, &gw);
-    if (!rc && backend == PARITY_BACKEND_BF16 && policy->compute != PARITY_COMPUTE_FP32)
+    if (!rc && backend == PARITY_BACKEND_BF16 && policy->compute == PARITY_COMPUTE_BF16)
         rc = gemm_scratch_of(&c, m, k, &s.gemm);
     if (!rc) {
         const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
@@ -294,7 +316,7 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
     shape.num_attention_heads = (uint32_t)n_heads;
     shape.num_key_value_heads = (uint32_t)n_kv_heads;
     shape.head_dim = (uint32_t)head_dim;
-    const int fp32 = policy->compute == PARITY_COMPUTE_FP32;
+    const int fp32 = kv_cells_fp32(policy);
     const size_t group = n_heads / n_kv_heads, T = (size_t)total;
 
     op_call c;
@@ -424,16 +446,14 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
     float *norm = work ? op_alloc(&c, dim, sizeof(float), "norm weight") : NULL;
     int rc = norm ? gemm_weights_of(&c, policy, backend, vocab, dim, lm_head, lm_head_stride, &head)
               : PARITY_ERR_OUT_OF_MEMORY;
-    if (!rc && backend == PARITY_BACKEND_BF16 && policy->compute != PARITY_COMPUTE_FP32)
+    if (!rc && backend == PARITY_BACKEND_BF16 && policy->compute == PARITY_COMPUTE_BF16)
         rc = gemm_scratch_of(&c, rows, dim, &s.gemm);
     if (!rc) {
         for (size_t r = 0; r < rows; r++) {
             memcpy(h + r * dim, residual + r * residual_stride, dim * sizeof *h);
             memcpy(d + r * dim, delta + r * delta_stride, dim * sizeof *d);
         }
-        for (size_t i = 0; i < dim; i++)
-            norm[i] = w_dtype == PARITY_DTYPE_F32 ? ((const float *)norm_weight)[i]
-                                                  : bf16_to_f32(((const uint16_t *)norm_weight)[i]);
+        for (size_t i = 0; i < dim; i++) norm[i] = weight_element(w_dtype, norm_weight, i);
         const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
         forward_head(&ctx, rows, d, h, norm, eps, xn, &head, lg);
         head_lp_job j = {policy, dp, lg, vocab, targets, work, logprobs, entropy};

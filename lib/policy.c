@@ -63,8 +63,10 @@ const char *const *parity_policy_preset_names(void) {
     return preset_names;
 }
 
-/* The modifiers: "PRESET+NAME" applies `apply` to the preset's switches. */
-static void apply_aligned(parity_policy *p) {
+/* The modifiers: "PRESET+NAME" applies `apply` to the preset's switches; an apply that
+ * cannot compose with what it finds sets the error and returns its status. */
+static int apply_aligned(parity_policy *p, const char *name) {
+    (void)name;
     /* the three regions as in "aligned" */
     p->norm_input = PARITY_NORM_INPUT_FP32;
     p->norm_weight = PARITY_NORM_ROUND_ONCE;
@@ -72,20 +74,33 @@ static void apply_aligned(parity_policy *p) {
     p->rope_table = PARITY_ROPE_TABLE_FP32;
     p->rope_apply = PARITY_ROPE_FUSED;
     p->swiglu = PARITY_SWIGLU_FUSED;
+    return PARITY_OK;
 }
 
-static void apply_fp32_head(parity_policy *p) {
+static int apply_fp32_head(parity_policy *p, const char *name) {
+    (void)name;
     /* fp32 logits; a temperature then divides fp32 logits, without rounding */
     p->logits = PARITY_LOGITS_FP32;
     p->temperature = PARITY_TEMPERATURE_FP32;
+    return PARITY_OK;
+}
+
+static int apply_fp16(parity_policy *p, const char *name) {
+    /* every rounding point of the preset rounds to fp16 instead of bf16 */
+    if (p->compute == PARITY_COMPUTE_FP32)
+        return set_error(PARITY_ERR_POLICY, "policy '%s': +fp16 moves a preset's bf16 rounding "
+                         "points to fp16, and the fp32 reference has none", name);
+    p->compute = PARITY_COMPUTE_FP16;
+    return PARITY_OK;
 }
 
 static const struct modifier {
     const char *name;
-    void (*apply)(parity_policy *p);
+    int (*apply)(parity_policy *p, const char *name);
 } modifiers[] = {
     {"aligned", apply_aligned},
     {"fp32-head", apply_fp32_head},
+    {"fp16", apply_fp16},
 };
 
 int parity_policy_validate(const parity_policy *p) {
@@ -95,7 +110,7 @@ int parity_policy_validate(const parity_policy *p) {
         const char *name;
         uint8_t value, max;
     } sw[] = {
-        {"compute", p->compute, PARITY_COMPUTE_FP32},
+        {"compute", p->compute, PARITY_COMPUTE_FP16},
         {"norm_input", p->norm_input, PARITY_NORM_INPUT_FP32},
         {"norm_weight", p->norm_weight, PARITY_NORM_ROUND_ONCE},
         {"qk_norm", p->qk_norm, PARITY_NORM_ROUND_ONCE},
@@ -117,7 +132,7 @@ int parity_policy_validate(const parity_policy *p) {
     return PARITY_OK;
 }
 
-/* "PRESET" or "PRESET+MODIFIER+..." with modifiers "aligned" and "fp32-head". */
+/* "PRESET" or "PRESET+MODIFIER+..." with modifiers "aligned", "fp32-head" and "fp16". */
 int parity_policy_from_name(const char *name, parity_policy *out) {
     clear_error();
     if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "policy name or output is NULL");
@@ -143,7 +158,8 @@ int parity_policy_from_name(const char *name, parity_policy *out) {
             return set_error(PARITY_ERR_POLICY,
                              "unknown policy modifier '%.*s' in '%s' (modifiers: %s)", (int)len,
                              mod, name, modifiers_list);
-        m->apply(&p);
+        int rc = m->apply(&p, name);
+        if (rc) return rc;
     }
     *out = p;
     return PARITY_OK;

@@ -103,7 +103,7 @@ int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim
 
     const kernels *k = kern();
     for (size_t r = 0; r < rows; r++)
-        k->rmsnorm_residual_bf16(policy, dim, delta + r * delta_stride,
+        k->rmsnorm_residual_16(policy, dim, delta + r * delta_stride,
                                  residual + r * residual_stride, weight, eps,
                                  residual_out + r * residual_out_stride, out + r * out_stride);
     return PARITY_OK;
@@ -126,7 +126,7 @@ int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows, siz
 
     const kernels *k = kern();
     for (size_t r = 0; r < rows; r++)
-        k->rmsnorm_bf16(policy, is_qk_norm != 0, dim, x + r * x_stride, weight, eps,
+        k->rmsnorm_16(policy, is_qk_norm != 0, dim, x + r * x_stride, weight, eps,
                         out + r * out_stride);
     return PARITY_OK;
 }
@@ -149,21 +149,20 @@ int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim, const ui
 
     const kernels *k = kern();
     for (size_t r = 0; r < rows; r++)
-        k->swiglu_bf16(policy, dim, gate + r * gate_stride, up + r * up_stride,
+        k->swiglu_16(policy, dim, gate + r * gate_stride, up + r * up_stride,
                        out + r * out_stride);
     return PARITY_OK;
 }
 
-/* One position's cos/sin (rope.c, as the forward's tables), rounded to bf16 when the policy
- * keeps a bf16 table. */
+/* One position's cos/sin (rope.c, as the forward's tables), rounded to bf16 (fp16 under
+ * PARITY_COMPUTE_FP16) when the policy keeps a rounded table. */
 static void position_cos_sin(const parity_policy *policy, const float *inv, uint32_t half,
                              int32_t pos, float *cos_out, float *sin_out) {
     rope_cos_sin(inv, half, (uint32_t)pos, 1.0f, cos_out, sin_out);
-    if (policy->compute == PARITY_COMPUTE_BF16 && policy->rope_table == PARITY_ROPE_TABLE_BF16)
-        for (uint32_t i = 0; i < half; i++) {
-            cos_out[i] = round_bf16(cos_out[i]);
-            sin_out[i] = round_bf16(sin_out[i]);
-        }
+    if (policy->rope_table == PARITY_ROPE_TABLE_BF16) {
+        round_to_policy(policy, cos_out, half);
+        round_to_policy(policy, sin_out, half);
+    }
 }
 
 int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t head_dim,
@@ -199,7 +198,7 @@ int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t
     const kernels *k = kern();
     for (size_t r = 0; r < rows; r++) {
         position_cos_sin(policy, inv, half, positions[r], cos_t, sin_t);
-        k->rope_bf16(policy, n_heads, head_dim, x + r * row_stride, cos_t, sin_t);
+        k->rope_16(policy, n_heads, head_dim, x + r * row_stride, cos_t, sin_t);
     }
     return PARITY_OK;
 }

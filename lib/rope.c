@@ -201,6 +201,8 @@ void rope_tables_free(rope_tables *t) {
     px_free(t->sin_f32);
     px_free(t->cos_bf16);
     px_free(t->sin_bf16);
+    px_free(t->cos_fp16);
+    px_free(t->sin_fp16);
     memset(t, 0, sizeof *t);
 }
 
@@ -222,13 +224,15 @@ int rope_tables_build(const parity_config *c, uint32_t n_positions, rope_tables 
         return rc;
     }
 
-    rope_tables r = {n_positions, half, NULL, NULL, NULL, NULL};
+    rope_tables r = {n_positions, half, NULL, NULL, NULL, NULL, NULL, NULL};
     size_t n = (size_t)n_positions * half;
     r.cos_f32 = px_calloc(n, sizeof(float), "RoPE cos table");
     r.sin_f32 = r.cos_f32 ? px_calloc(n, sizeof(float), "RoPE sin table") : NULL;
     r.cos_bf16 = r.sin_f32 ? px_calloc(n, sizeof(float), "RoPE bf16 cos table") : NULL;
     r.sin_bf16 = r.cos_bf16 ? px_calloc(n, sizeof(float), "RoPE bf16 sin table") : NULL;
-    if (!r.sin_bf16) {
+    r.cos_fp16 = r.sin_bf16 ? px_calloc(n, sizeof(float), "RoPE fp16 cos table") : NULL;
+    r.sin_fp16 = r.cos_fp16 ? px_calloc(n, sizeof(float), "RoPE fp16 sin table") : NULL;
+    if (!r.sin_fp16) {
         px_free(inv_freq);
         rope_tables_free(&r);
         return PARITY_ERR_OUT_OF_MEMORY;
@@ -240,6 +244,8 @@ int rope_tables_build(const parity_config *c, uint32_t n_positions, rope_tables 
         for (uint32_t i = 0; i < half; i++) {
             r.cos_bf16[row + i] = round_bf16(r.cos_f32[row + i]);
             r.sin_bf16[row + i] = round_bf16(r.sin_f32[row + i]);
+            r.cos_fp16[row + i] = round_fp16(r.cos_f32[row + i]);
+            r.sin_fp16[row + i] = round_fp16(r.sin_f32[row + i]);
         }
     }
     px_free(inv_freq);

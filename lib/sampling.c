@@ -191,9 +191,8 @@ void dist_build(const parity_policy *pol, const dist_params *p, const float *log
     } else {
         const float t = d->greedy ? 1.0f : p->temperature;
         for (size_t i = 0; i < V; i++) x[i] = logits[i] / t;
-        /* verl's logits.div_(temperature) on bf16 logits rounds the quotient */
-        if (pol->compute != PARITY_COMPUTE_FP32 && pol->temperature == PARITY_TEMPERATURE_BF16)
-            k->round_bf16(x, V);
+        /* verl's logits.div_(temperature) on bf16 (fp16) logits rounds the quotient */
+        if (pol->temperature == PARITY_TEMPERATURE_BF16) round_with(k, pol, x, V);
     }
     d->m = k->max_f32(x, V);
 

@@ -70,6 +70,8 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
         st[i].src = src;
         st[i].src.where = NULL;  /* `where` is this loop's buffer: only the checks print it */
         rc = st[i].in_place ? tensor_check(&src, slot) : tensor_import(&src, slot, &st[i].v);
+        /* a model an fp16 policy reads must be able to hold the new values in fp16 */
+        if (!rc && w->fp16) rc = tensor_check_fp16(&src, (uint64_t)w->rows * w->cols);
     }
     /* room in the owned list, so that the swap below cannot fail */
     if (!rc && m->n_owned + 2 * n > m->cap_owned) {
@@ -107,7 +109,9 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
             w->bf16 = model_own(m, st[i].v.owned[0]);
             w->master = st[i].v.owned[1] ? model_own(m, st[i].v.owned[1]) : NULL;
         }
-        if (w->wide) weight_widen_into(w, w->wide); /* the fp32 copy a backend reads, in place */
+        /* the fp32 copies a backend or policy reads, in place */
+        if (w->wide) weight_widen_into(w, w->wide);
+        if (w->fp16) weight_fp16_into(w, w->fp16);
     }
     if (m->config.tie_word_embeddings) m->lm_head = m->embed;
     m->version++;

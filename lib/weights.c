@@ -120,3 +120,28 @@ void weight_widen_into(const weight *w, float *wide) {
     const uint64_t n = (uint64_t)w->rows * w->cols;
     for (uint64_t i = 0; i < n; i++) wide[i] = bf16_to_f32(w->bf16[i]);
 }
+
+/* The fp16 value of element i of a weight (the master, else the bf16 value), in fp32. */
+static inline float weight_fp16_value(const weight *w, uint64_t i) {
+    return round_fp16(w->master ? w->master[i] : bf16_to_f32(w->bf16[i]));
+}
+
+void weight_fp16_into(const weight *w, float *fp16) {
+    const uint64_t n = (uint64_t)w->rows * w->cols;
+    for (uint64_t i = 0; i < n; i++) fp16[i] = weight_fp16_value(w, i);
+}
+
+int tensor_check_fp16(const tensor_source *src, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        float f;
+        const uint16_t b = source_value(src, i, &f);
+        /* the model holds F16/F32 sources' exact values as masters, BF16 ones as they are */
+        const float v = src->dtype == PARITY_DTYPE_BF16 ? bf16_to_f32(b) : f;
+        if (isinf(round_fp16(v)))
+            return set_error(PARITY_ERR_TENSOR_NONFINITE,
+                             "%s: element %" PRIu64 " (%g) is beyond fp16's range (|x| >= 65520 "
+                             "rounds to infinity), which the fp16 policy cannot hold",
+                             src->where, i, (double)v);
+    }
+    return PARITY_OK;
+}

@@ -1,8 +1,8 @@
 /*
  * Golden bits: the library's own outputs, pinned bit for bit.
  *
- * For the trained model in models/ and for synthetic:tiny, under every preset (and two
- * modified presets) and both backends, this program computes
+ * For the trained model in models/ and for synthetic:tiny, under every preset (and four
+ * modified presets, two of them fp16) and both backends, this program computes
  *   - the scorer's log-probs of a fixed batch in the three log-prob modes, with entropy and
  *     the top-4 alternatives (ids and log-probs);
  *   - the sampler's tokens, log-probs and top-4 alternatives for fixed prompts, seeds and
@@ -258,7 +258,8 @@ static const model_entry models[] = {
     {"synthetic-tiny", "synthetic:tiny"},
 };
 
-static const char *const extra_policies[] = {"vllm+fp32-head", "hf-eager+aligned"};
+static const char *const extra_policies[] = {"vllm+fp32-head", "hf-eager+aligned",
+                                             "hf-eager+fp16", "vllm+fp16"};
 
 typedef void (*case_fn)(const model_entry *me, const parity_model *m, const char *policy,
                         uint32_t backend, const output *o, void *ctx);
@@ -278,7 +279,7 @@ static void for_each_case(case_fn fn, void *ctx) {
         const char *const *presets = parity_policy_preset_names();
         size_t n_presets = 0;
         while (presets[n_presets]) n_presets++;
-        for (size_t pi = 0; pi < n_presets + 2; pi++) {
+        for (size_t pi = 0; pi < n_presets + sizeof extra_policies / sizeof *extra_policies; pi++) {
             const char *name = pi < n_presets ? presets[pi] : extra_policies[pi - n_presets];
             parity_policy pol;
             CHECK_OK(parity_policy_from_name(name, &pol));

@@ -821,17 +821,45 @@ static void test_gemm(const kernels *const *tables, int n_tables) {
 /* ---- regions ---------------------------------------------------------------------------- */
 
 /* Every combination of the switches the region kernels read. */
-#define N_POLICIES 64
+/* Every combination of the region switches under each compute (bf16, fp32, fp16). */
+#define N_POLICIES 96
 static parity_policy policy_variant(int v) {
     parity_policy p;
     memset(&p, 0, sizeof p);
-    p.compute = (uint8_t)(v & 1);
-    p.norm_input = (uint8_t)(v >> 1 & 1);
-    p.norm_weight = (uint8_t)(v >> 2 & 1);
-    p.qk_norm = (uint8_t)(v >> 3 & 1);
-    p.rope_apply = (uint8_t)(v >> 4 & 1);
-    p.swiglu = (uint8_t)(v >> 5 & 1);
+    p.compute = (uint8_t)(v % 3);
+    const int b = v / 3;
+    p.norm_input = (uint8_t)(b & 1);
+    p.norm_weight = (uint8_t)(b >> 1 & 1);
+    p.qk_norm = (uint8_t)(b >> 2 & 1);
+    p.rope_apply = (uint8_t)(b >> 3 & 1);
+    p.swiglu = (uint8_t)(b >> 4 & 1);
     return p;
+}
+
+/* A RoPE table value as the forward holds it under a policy with a rounded table. */
+static float table_value(const parity_policy *pol, float x) {
+    return pol->compute == PARITY_COMPUTE_BF16   ? round_bf16(x)
+           : pol->compute == PARITY_COMPUTE_FP16 ? round_fp16(x)
+                                                 : x;
+}
+
+/* The 16-bit buffers of a policy hold fp16 patterns under PARITY_COMPUTE_FP16, else bf16. */
+static int fp16_buffers(const parity_policy *pol) { return pol->compute == PARITY_COMPUTE_FP16; }
+static float load16(const parity_policy *pol, uint16_t h) {
+    return fp16_buffers(pol) ? f16_to_f32(h) : bf16_to_f32(h);
+}
+static uint16_t store16(const parity_policy *pol, float x) {
+    return fp16_buffers(pol) ? f16_from_f32(x) : bf16_from_f32(x);
+}
+
+/* bf16 patterns of x[0..n) as fp16 patterns of the same values (rounded where they do not
+ * fit; a NaN stays a NaN, its payload kept where it can be). */
+static void bf16_to_fp16_patterns(const uint16_t *x, size_t n, uint16_t *out) {
+    for (size_t i = 0; i < n; i++) {
+        float v = bf16_to_f32(x[i]);
+        out[i] = isnan(v) ? (uint16_t)(0x7c00u | (x[i] & 0x8000u) | 0x200u | (x[i] & 0x3fu))
+                          : f16_from_f32(v);
+    }
 }
 
 static void test_regions_f32(const kernels *t) {
@@ -888,8 +916,8 @@ static void test_regions_f32(const kernels *t) {
                         memcpy(o1, res, n * sizeof *res), memcpy(o2, res, n * sizeof *res);
                         /* cos/sin: hd/2 values of [-1, 1] (d and w reused as tables) */
                         for (size_t i = 0; i < hd / 2; i++) {
-                            r1[i] = pol.compute ? cosf(d[i]) : round_bf16(cosf(d[i]));
-                            r2[i] = pol.compute ? sinf(d[i]) : round_bf16(sinf(d[i]));
+                            r1[i] = table_value(&pol, cosf(d[i]));
+                            r2[i] = table_value(&pol, sinf(d[i]));
                             if (mode == ALL_SPECIALS && i % 7 == 3) r2[i] = special_value(mode);
                         }
                         p->rope(&pol, heads, hd, o1, r1, r2);
@@ -912,39 +940,47 @@ static void test_regions_bf16(const kernels *t) {
         uint16_t *r1 = xmalloc(n * 2), *r2 = xmalloc(n * 2);
         uint16_t *o1 = xmalloc(n * 2), *o2 = xmalloc(n * 2);
         uint16_t *g = xmalloc(n * 2);
+        /* the same values as fp16 patterns, for the fp16 policies */
+        uint16_t *d16 = xmalloc(n * 2), *res16 = xmalloc(n * 2), *w16 = xmalloc(n * 2);
+        uint16_t *g16 = xmalloc(n * 2);
         float *cs = xmalloc(n / 2 * sizeof *cs + 4), *sn = xmalloc(n / 2 * sizeof *sn + 4);
         for (int mode = 0; mode < N_MODES; mode++) {
             fill_bf16(d, n, mode, 1.0f), fill_bf16(res, n, mode, 3.0f), fill_bf16(w, n, mode, 1.0f);
             fill_bf16(g, n, mode, 5.0f);
+            bf16_to_fp16_patterns(d, n, d16), bf16_to_fp16_patterns(res, n, res16);
+            bf16_to_fp16_patterns(w, n, w16), bf16_to_fp16_patterns(g, n, g16);
+            uint16_t *const bf[4] = {d, res, w, g};
             float eps = 1e-6f;
             for (int v = 0; v < N_POLICIES; v++) {
                 parity_policy pol = policy_variant(v);
                 char what[64];
+                if (fp16_buffers(&pol)) d = d16, res = res16, w = w16, g = g16;
+                else d = bf[0], res = bf[1], w = bf[2], g = bf[3];
 
-                p->rmsnorm_residual_bf16(&pol, n, d, res, w, eps, r1, o1);
-                t->rmsnorm_residual_bf16(&pol, n, d, res, w, eps, r2, o2);
-                snprintf(what, sizeof what, "rmsnorm_residual_bf16 policy %d", v);
+                p->rmsnorm_residual_16(&pol, n, d, res, w, eps, r1, o1);
+                t->rmsnorm_residual_16(&pol, n, d, res, w, eps, r2, o2);
+                snprintf(what, sizeof what, "rmsnorm_residual_16 policy %d", v);
                 check_bf16(r1, r2, n, what, t->name, n, mode);
                 check_bf16(o1, o2, n, what, t->name, n, mode);
                 /* residual_out aliasing residual, out aliasing delta */
                 memcpy(r2, res, n * 2), memcpy(o2, d, n * 2);
-                t->rmsnorm_residual_bf16(&pol, n, o2, r2, w, eps, r2, o2);
-                snprintf(what, sizeof what, "rmsnorm_residual_bf16 aliased policy %d", v);
+                t->rmsnorm_residual_16(&pol, n, o2, r2, w, eps, r2, o2);
+                snprintf(what, sizeof what, "rmsnorm_residual_16 aliased policy %d", v);
                 check_bf16(r1, r2, n, what, t->name, n, mode);
                 check_bf16(o1, o2, n, what, t->name, n, mode);
 
                 for (int qk = 0; qk < 2; qk++) {
-                    p->rmsnorm_bf16(&pol, qk, n, res, w, eps, o1);
+                    p->rmsnorm_16(&pol, qk, n, res, w, eps, o1);
                     memcpy(o2, res, n * 2);
-                    t->rmsnorm_bf16(&pol, qk, n, o2, w, eps, o2);
-                    snprintf(what, sizeof what, "rmsnorm_bf16 qk=%d policy %d", qk, v);
+                    t->rmsnorm_16(&pol, qk, n, o2, w, eps, o2);
+                    snprintf(what, sizeof what, "rmsnorm_16 qk=%d policy %d", qk, v);
                     check_bf16(o1, o2, n, what, t->name, n, mode);
                 }
 
-                p->swiglu_bf16(&pol, n, g, d, o1);
+                p->swiglu_16(&pol, n, g, d, o1);
                 memcpy(o2, g, n * 2);
-                t->swiglu_bf16(&pol, n, o2, d, o2); /* out aliasing gate */
-                snprintf(what, sizeof what, "swiglu_bf16 policy %d", v);
+                t->swiglu_16(&pol, n, o2, d, o2); /* out aliasing gate */
+                snprintf(what, sizeof what, "swiglu_16 policy %d", v);
                 check_bf16(o1, o2, n, what, t->name, n, mode);
 
                 if (n % 2 == 0) {
@@ -952,76 +988,84 @@ static void test_regions_bf16(const kernels *t) {
                         if (n % (2 * heads)) continue;
                         size_t hd = n / heads;
                         for (size_t i = 0; i < hd / 2; i++) {
-                            float a = bf16_to_f32(g[i]);
-                            cs[i] = pol.compute ? cosf(a) : round_bf16(cosf(a));
-                            sn[i] = pol.compute ? sinf(a) : round_bf16(sinf(a));
+                            float a = load16(&pol, g[i]);
+                            cs[i] = table_value(&pol, cosf(a));
+                            sn[i] = table_value(&pol, sinf(a));
                         }
                         memcpy(o1, res, n * 2), memcpy(o2, res, n * 2);
-                        p->rope_bf16(&pol, heads, hd, o1, cs, sn);
-                        t->rope_bf16(&pol, heads, hd, o2, cs, sn);
-                        snprintf(what, sizeof what, "rope_bf16 heads=%zu policy %d", heads, v);
+                        p->rope_16(&pol, heads, hd, o1, cs, sn);
+                        t->rope_16(&pol, heads, hd, o2, cs, sn);
+                        snprintf(what, sizeof what, "rope_16 heads=%zu policy %d", heads, v);
                         check_bf16(o1, o2, n, what, t->name, n, mode);
                     }
                 }
             }
+            d = bf[0], res = bf[1], w = bf[2], g = bf[3];
         }
         free(d), free(res), free(w), free(r1), free(r2), free(o1), free(o2), free(g);
+        free(d16), free(res16), free(w16), free(g16);
         free(cs), free(sn);
     }
 }
 
 /* The portable region kernels against kernels.h's formulas, transcribed once more. */
-static float rnd(int on, float x) { return on ? round_bf16(x) : x; }
+static float rnd(int fmt, float x) { return fmt == 1 ? round_bf16(x) : fmt == 2 ? round_fp16(x) : x; }
 
 static void test_region_formulas(void) {
     const size_t n = 37, hd = 10;
-    uint16_t d[37], res[37], w[37], g[37], r1[37], o1[37];
+    uint16_t bd[37], bres[37], bw[37], bg[37], hd_[37], hres[37], hw[37], hg[37], r1[37], o1[37];
     float cs[5], sn[5];
-    fill_bf16(d, n, PLAIN, 1.0f), fill_bf16(res, n, PLAIN, 3.0f), fill_bf16(w, n, PLAIN, 1.0f);
-    fill_bf16(g, n, PLAIN, 4.0f);
+    fill_bf16(bd, n, PLAIN, 1.0f), fill_bf16(bres, n, PLAIN, 3.0f), fill_bf16(bw, n, PLAIN, 1.0f);
+    fill_bf16(bg, n, PLAIN, 4.0f);
+    bf16_to_fp16_patterns(bd, n, hd_), bf16_to_fp16_patterns(bres, n, hres);
+    bf16_to_fp16_patterns(bw, n, hw), bf16_to_fp16_patterns(bg, n, hg);
     for (int v = 0; v < N_POLICIES; v++) {
         parity_policy pol = policy_variant(v);
-        int bf = pol.compute == PARITY_COMPUTE_BF16;
+        /* the format every rounding point rounds to: none, bf16 or fp16 */
+        const int f = pol.compute == PARITY_COMPUTE_BF16 ? 1 : pol.compute == PARITY_COMPUTE_FP16 ? 2 : 0;
+        const int h = fp16_buffers(&pol);
+        const uint16_t *d = h ? hd_ : bd, *res = h ? hres : bres, *w = h ? hw : bw, *g = h ? hg : bg;
         size_t bad = 0;
 
-        kernels_portable.rmsnorm_residual_bf16(&pol, n, d, res, w, 1e-6f, r1, o1);
+        kernels_portable.rmsnorm_residual_16(&pol, n, d, res, w, 1e-6f, r1, o1);
         float s[37], acc[16] = {0};
+        const int rounded_in = pol.norm_input == PARITY_NORM_INPUT_ROUNDED ? f : 0;
         for (size_t i = 0; i < n; i++) {
-            s[i] = bf16_to_f32(res[i]) + bf16_to_f32(d[i]);
-            float x = rnd(bf && pol.norm_input == PARITY_NORM_INPUT_ROUNDED, s[i]);
+            s[i] = load16(&pol, res[i]) + load16(&pol, d[i]);
+            float x = rnd(rounded_in, s[i]);
             acc[i % 16] = fmaf(x, x, acc[i % 16]);
         }
         float r = 1.0f / sqrtf(spec_fold(acc) / (float)n + 1e-6f);
         for (size_t i = 0; i < n; i++) {
-            float x = rnd(bf && pol.norm_input == PARITY_NORM_INPUT_ROUNDED, s[i]);
-            float wi = bf16_to_f32(w[i]);
-            float o = bf && pol.norm_weight == PARITY_NORM_ROUND_TWICE ? wi * round_bf16(x * r)
-                                                                        : wi * (x * r);
-            bad += r1[i] != bf16_from_f32(s[i]) || o1[i] != bf16_from_f32(o);
+            float x = rnd(rounded_in, s[i]);
+            float wi = load16(&pol, w[i]);
+            float o = f && pol.norm_weight == PARITY_NORM_ROUND_TWICE ? wi * rnd(f, x * r)
+                                                                       : wi * (x * r);
+            bad += r1[i] != store16(&pol, s[i]) || o1[i] != store16(&pol, o);
         }
 
-        kernels_portable.swiglu_bf16(&pol, n, g, d, o1);
+        kernels_portable.swiglu_16(&pol, n, g, d, o1);
         for (size_t i = 0; i < n; i++) {
-            float gi = bf16_to_f32(g[i]), ui = bf16_to_f32(d[i]);
+            float gi = load16(&pol, g[i]), ui = load16(&pol, d[i]);
             float silu = gi / (1.0f + parity_expf(-gi));
-            float o = bf && pol.swiglu == PARITY_SWIGLU_PER_OP ? round_bf16(silu) * ui : silu * ui;
-            bad += o1[i] != bf16_from_f32(o);
+            float o = f && pol.swiglu == PARITY_SWIGLU_PER_OP ? rnd(f, silu) * ui : silu * ui;
+            bad += o1[i] != store16(&pol, o);
         }
 
         for (size_t i = 0; i < hd / 2; i++) {
-            cs[i] = round_bf16(cosf((float)i));
-            sn[i] = round_bf16(sinf((float)i));
+            cs[i] = table_value(&pol, cosf((float)i));
+            sn[i] = table_value(&pol, sinf((float)i));
         }
         memcpy(o1, res, 3 * hd * 2);
-        kernels_portable.rope_bf16(&pol, 3, hd, o1, cs, sn);
-        int per_op = bf && pol.rope_apply == PARITY_ROPE_PER_OP;
-        for (size_t h = 0; h < 3; h++)
+        kernels_portable.rope_16(&pol, 3, hd, o1, cs, sn);
+        const int per_op = pol.rope_apply == PARITY_ROPE_PER_OP ? f : 0;
+        for (size_t hh = 0; hh < 3; hh++)
             for (size_t i = 0; i < hd / 2; i++) {
-                float a = bf16_to_f32(res[h * hd + i]), b = bf16_to_f32(res[h * hd + i + hd / 2]);
+                float a = load16(&pol, res[hh * hd + i]), b = load16(&pol, res[hh * hd + i + hd / 2]);
                 float x0 = rnd(per_op, rnd(per_op, a * cs[i]) - rnd(per_op, b * sn[i]));
                 float x1 = rnd(per_op, rnd(per_op, b * cs[i]) + rnd(per_op, a * sn[i]));
-                bad += o1[h * hd + i] != bf16_from_f32(x0);
-                bad += o1[h * hd + i + hd / 2] != bf16_from_f32(x1);
+                bad += o1[hh * hd + i] != store16(&pol, x0);
+                bad += o1[hh * hd + i + hd / 2] != store16(&pol, x1);
             }
         if (bad) fprintf(stderr, "region formulas, policy %d: %zu values differ\n", v, bad);
         CHECK_INT(bad, 0);
@@ -1056,7 +1100,12 @@ static void test_public_paths(int have_avx2, int have_avx512) {
     int32_t pos[5] = {0, 1, 17, 4095, 40000};
     fill_bf16(a, rows * st, PLAIN, 2.0f), fill_bf16(b, rows * st, PLAIN, 1.0f);
     fill_bf16(w, dim, PLAIN, 1.0f);
-    const char *const *names = parity_policy_preset_names();
+    const char *const *presets = parity_policy_preset_names();
+    const char *names[16];
+    size_t n_names = 0;
+    for (; presets[n_names] && n_names < 12; n_names++) names[n_names] = presets[n_names];
+    names[n_names++] = "hf-eager+fp16", names[n_names++] = "vllm+fp16";
+    names[n_names++] = "sglang+fp16", names[n_names] = NULL;
     for (size_t i = 0; names[i]; i++) {
         parity_policy pol;
         CHECK_OK(parity_policy_from_name(names[i], &pol));

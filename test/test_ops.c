@@ -305,11 +305,21 @@ static void test_bad_arguments(void) {
     CHECK_STATUS(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_BF16, w16, 4, y, 4), PARITY_ERR_TOKEN_RANGE);
     CHECK(strstr(parity_last_error(), "row 1") != NULL);
     toks[1] = 3;
-    CHECK_STATUS(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_F16, w16, 4, y, 4), E);
+    CHECK_STATUS(parity_embedding(3, toks, 8, 4, 7, w16, 4, y, 4), E); /* no such dtype */
     CHECK_STATUS(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_BF16, NULL, 4, y, 4), E);
     CHECK_STATUS(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_BF16, w16, 3, y, 4), E);
     CHECK_STATUS(parity_embedding(0, toks, 8, 4, PARITY_DTYPE_BF16, w16, 4, y, 4), E);
     CHECK(untouched(y, 24));
+    /* an fp16 table is widened exactly: the rows hold the fp16 values of their patterns */
+    CHECK_OK(parity_embedding(3, toks, 8, 4, PARITY_DTYPE_F16, w16, 4, y, 4));
+    int widened = 1;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < 4; i++)
+        {
+            const float want = parity_fp16_to_f32(w16[toks[r] * 4 + i]);
+            widened &= memcmp(&y[r * 4 + i], &want, 4) == 0;
+        }
+    CHECK(widened);
 
     const uint32_t lens[2] = {2, 1}, zero[2] = {2, 0};
     float q[3 * 8], o[3 * 8];

@@ -276,7 +276,7 @@ static void run_rope(const char *name, size_t T, size_t H, size_t hd, double the
 
 static void test_arguments(void) {
     parity_policy pol = mode_policy(HF), bad = pol;
-    bad.compute = 2;
+    bad.compute = 3; /* no such compute */
     uint16_t a[64] = {0}, b[64] = {0}, w[16], o[64], r[64];
     for (int i = 0; i < 16; i++) w[i] = 0x3f80;
     int32_t pos[4] = {0, 1, 2, 3};

@@ -379,7 +379,7 @@ static void test_tables(void) {
     rope_tables_free(&t);
 
     /* Failures leave the output alone. */
-    rope_tables keep = {7, 7, NULL, NULL, NULL, NULL};
+    rope_tables keep = {7, 7, NULL, NULL, NULL, NULL, NULL, NULL};
     CHECK_STATUS(rope_tables_build(&c, 0, &keep), PARITY_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(rope_tables_build(&c, (1u << 24) + 1, &keep), PARITY_ERR_INVALID_ARGUMENT);
     c.head_dim = 63;

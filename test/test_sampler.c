@@ -453,12 +453,16 @@ int main(void) {
         check_policy(trained, "vllm", PARITY_BACKEND_BF16, seed++);
         check_policy(tiny, "fp32", PARITY_BACKEND_BF16, seed++);
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
+        check_policy(trained, "hf-eager+fp16", PARITY_BACKEND_BF16, seed++);
     } else {
         for (int i = 0; presets[i]; i++) {
             check_policy(trained, presets[i], PARITY_BACKEND_BF16, seed++);
             check_policy(tiny, presets[i], PARITY_BACKEND_BF16, seed++);
         }
         check_policy(trained, "vllm+aligned+fp32-head", PARITY_BACKEND_BF16, seed++);
+        check_policy(trained, "hf-eager+fp16", PARITY_BACKEND_BF16, seed++);
+        check_policy(tiny, "vllm+fp16", PARITY_BACKEND_BF16, seed++);
+        check_policy(trained, "aligned+fp16", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "hf-eager", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "fp32", PARITY_BACKEND_OPENBLAS, seed++);

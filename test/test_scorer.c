@@ -212,6 +212,12 @@ static void check_bad_input(const parity_model *m) {
     CHECK_INT(pol.logits, PARITY_LOGITS_FP32);
     CHECK_INT(pol.swiglu, PARITY_SWIGLU_FUSED);
     CHECK_INT(pol.attention, PARITY_ATTN_FLASH);
+    CHECK_OK(parity_policy_from_name("hf-eager+aligned+fp16", &pol));
+    CHECK_INT(pol.compute, PARITY_COMPUTE_FP16);
+    CHECK_INT(pol.swiglu, PARITY_SWIGLU_FUSED);
+    CHECK_INT(pol.attention, PARITY_ATTN_EAGER);
+    CHECK_STATUS(parity_policy_from_name("fp32+fp16", &pol), PARITY_ERR_POLICY);
+    CHECK(strstr(parity_last_error(), "fp32") != NULL);
 }
 
 /* A host that uses OpenBLAS itself: its thread setting survives, its own sgemm works. */
@@ -230,7 +236,7 @@ int main(void) {
     if (!tiny || !trained) return check_report("scorer");
 
     const char *const *presets = parity_policy_preset_names();
-    const char *extra[] = {"vllm+aligned", "hf-sdpa+fp32-head", NULL};
+    const char *extra[] = {"vllm+aligned", "hf-sdpa+fp32-head", "hf-eager+fp16", "vllm+fp16", NULL};
     parity_model *models[] = {tiny, trained};
     /* quick mode: every other preset (fp32, flash and eager attention all met), no extras */
     const int every = quick() ? 2 : 1;

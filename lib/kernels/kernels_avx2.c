@@ -94,22 +94,59 @@ static inline void store_bf16_n(uint16_t *p, size_t n, __m256 x) {
     }
 }
 
-/* Generic row access for the region kernels, which exist on fp32 and on bf16 buffers with
- * one body: `bf` (a constant after inlining) selects the element type. A bf16 store rounds;
- * an fp32 store stores. */
-ALWAYS_INLINE __m256 ld(int bf, const void *p, size_t i, size_t n) {
-    return bf ? load_bf16_n((const uint16_t *)p + i, n) : load_f32_n((const float *)p + i, n);
+/* fp32 -> fp16 on 8 lanes, as f16_from_f32: vcvtps2ph rounds to nearest even with
+ * overflow to infinity and subnormals kept, as the specification does; only NaN differs
+ * (vcvtps2ph keeps sign and payload bits), so NaN lanes become 0x7fc00000 first, whose
+ * conversion is 0x7e00. */
+static inline __m128i fp16_bits(__m256 x) {
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256 canon = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    return _mm256_cvtps_ph(_mm256_blendv_ps(x, canon, nan), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-ALWAYS_INLINE void st(int bf, void *p, size_t i, size_t n, __m256 v) {
-    if (bf)
+/* round_fp16 on 8 lanes. */
+static inline __m256 round_fp16_8(__m256 x) { return _mm256_cvtph_ps(fp16_bits(x)); }
+
+static inline __m256 load_fp16_n(const uint16_t *p, size_t n) {
+    if (n == 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    uint16_t buf[8] = {0};
+    memcpy(buf, p, n * sizeof *p);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)buf));
+}
+
+static inline void store_fp16_n(uint16_t *p, size_t n, __m256 x) {
+    const __m128i h = fp16_bits(x);
+    if (n == 8) {
+        _mm_storeu_si128((__m128i *)p, h);
+    } else {
+        uint16_t buf[8];
+        _mm_storeu_si128((__m128i *)buf, h);
+        memcpy(p, buf, n * sizeof *p);
+    }
+}
+
+/* Generic row access for the region kernels, which exist on fp32 and on 16-bit buffers with
+ * one body: `elt` (a constant after inlining: FMT_NONE for fp32, FMT_BF16, FMT_FP16) selects
+ * the element type. A 16-bit store rounds to its format; an fp32 store stores. */
+ALWAYS_INLINE __m256 ld(int elt, const void *p, size_t i, size_t n) {
+    return elt == FMT_BF16   ? load_bf16_n((const uint16_t *)p + i, n)
+           : elt == FMT_FP16 ? load_fp16_n((const uint16_t *)p + i, n)
+                             : load_f32_n((const float *)p + i, n);
+}
+
+ALWAYS_INLINE void st(int elt, void *p, size_t i, size_t n, __m256 v) {
+    if (elt == FMT_BF16)
         store_bf16_n((uint16_t *)p + i, n, v);
+    else if (elt == FMT_FP16)
+        store_fp16_n((uint16_t *)p + i, n, v);
     else
         store_f32_n((float *)p + i, n, v);
 }
 
-/* A rounding point that the policy may switch off. */
-static inline __m256 round_if(int on, __m256 x) { return on ? round_bf16_8(x) : x; }
+/* A rounding point: to the format the policy names there (kernel_common.h), or not at all. */
+static inline __m256 round_if(int fmt, __m256 x) {
+    return fmt == FMT_BF16 ? round_bf16_8(x) : fmt == FMT_FP16 ? round_fp16_8(x) : x;
+}
 
 /* ---- exp -------------------------------------------------------------------------------- */
 
@@ -203,10 +240,10 @@ static float dot_f32_bf16_avx2(const float *a, const uint16_t *b, size_t n) {
     return fold16(acc0, acc1);
 }
 
-/* Four dot16 products of one a against b[0..3] (bf16 or fp32, `bf` a constant after
+/* Four dot16 products of one a against b[0..3] (bf16 or fp32, `elt` (a FMT_* value) a constant after
  * inlining), side by side: a's loads shared, four independent pairs of chains (the single
  * dot is bound by the latency of its two chains). */
-ALWAYS_INLINE void dot4_rows(int bf, const float *a, const void *const b[4], size_t n,
+ALWAYS_INLINE void dot4_rows(int elt, const float *a, const void *const b[4], size_t n,
                              float out[4]) {
     __m256 acc0[4], acc1[4];
     for (int j = 0; j < 4; j++) acc0[j] = acc1[j] = _mm256_setzero_ps();
@@ -215,8 +252,8 @@ ALWAYS_INLINE void dot4_rows(int bf, const float *a, const void *const b[4], siz
         const __m256 x0 = _mm256_loadu_ps(a + i), x1 = _mm256_loadu_ps(a + i + 8);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
-            acc0[j] = _mm256_fmadd_ps(x0, ld(bf, b[j], i, 8), acc0[j]);
-            acc1[j] = _mm256_fmadd_ps(x1, ld(bf, b[j], i + 8, 8), acc1[j]);
+            acc0[j] = _mm256_fmadd_ps(x0, ld(elt, b[j], i, 8), acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(x1, ld(elt, b[j], i + 8, 8), acc1[j]);
         }
     }
     if (i < n) {
@@ -224,8 +261,8 @@ ALWAYS_INLINE void dot4_rows(int bf, const float *a, const void *const b[4], siz
         const __m256 x0 = load_f32_n_neg0(a + i, k0);
         const __m256 x1 = k1 ? load_f32_n_neg0(a + i + 8, k1) : _mm256_setzero_ps();
         for (int j = 0; j < 4; j++) {
-            acc0[j] = _mm256_fmadd_ps(x0, ld(bf, b[j], i, k0), acc0[j]);
-            if (k1) acc1[j] = _mm256_fmadd_ps(x1, ld(bf, b[j], i + 8, k1), acc1[j]);
+            acc0[j] = _mm256_fmadd_ps(x0, ld(elt, b[j], i, k0), acc0[j]);
+            if (k1) acc1[j] = _mm256_fmadd_ps(x1, ld(elt, b[j], i + 8, k1), acc1[j]);
         }
     }
     for (int j = 0; j < 4; j++) out[j] = fold16(acc0[j], acc1[j]);
@@ -234,7 +271,7 @@ ALWAYS_INLINE void dot4_rows(int bf, const float *a, const void *const b[4], siz
 static void dot4_f32_bf16_avx2(const float *a, const uint16_t *const b[4], size_t n,
                                float out[4]) {
     const void *const rows[4] = {b[0], b[1], b[2], b[3]};
-    dot4_rows(1, a, rows, n, out);
+    dot4_rows(FMT_BF16, a, rows, n, out);
 }
 
 /* dots_f32: keys four at a time (dot4_rows), the last one to three singly. */
@@ -244,7 +281,7 @@ static void dots_f32_avx2(const float *a, const float *b, size_t ldb, size_t cou
     for (; j + 4 <= count; j += 4) {
         const void *const rows[4] = {b + j * ldb, b + (j + 1) * ldb, b + (j + 2) * ldb,
                                      b + (j + 3) * ldb};
-        dot4_rows(0, a, rows, n, out + j);
+        dot4_rows(FMT_NONE, a, rows, n, out + j);
     }
     for (; j < count; j++) out[j] = dot_f32_avx2(a, b + j * ldb, n);
 }
@@ -298,6 +335,13 @@ static void round_bf16_avx2(float *x, size_t n) {
     for (size_t i = 0; i < n; i += 8) {
         size_t k = lanes_at(n, i);
         store_f32_n(x + i, k, round_bf16_8(load_f32_n(x + i, k)));
+    }
+}
+
+static void round_fp16_avx2(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+        size_t k = lanes_at(n, i);
+        store_f32_n(x + i, k, round_fp16_8(load_f32_n(x + i, k)));
     }
 }
 
@@ -964,9 +1008,9 @@ static void gemm_f32w_avx2(size_t M, size_t K, const float *x, size_t ldx, const
 
 /* norm_points_of, swiglu_points_of, rope_points_of, inv_rms: kernel_common.h. */
 
-/* round_if(bf16, w * round_if(twice, v * r)) */
+/* round_if(out, w * round_if(twice, v * r)) */
 static inline __m256 norm_value8(norm_points p, __m256 w, __m256 v, __m256 r) {
-    return round_if(p.bf16, _mm256_mul_ps(w, round_if(p.twice, _mm256_mul_ps(v, r))));
+    return round_if(p.out, _mm256_mul_ps(w, round_if(p.twice, _mm256_mul_ps(v, r))));
 }
 
 /* dot16 sum of squares, one block of 8 at a time: the block at i holds lanes 0..7 when i/8
@@ -980,10 +1024,10 @@ static inline void square_into(size_t i, __m256 v, __m256 *acc0, __m256 *acc1) {
         *acc1 = _mm256_fmadd_ps(v, v, *acc1);
 }
 
-/* The bodies below serve both buffer types (`bf`); the fp32 forms pass the residual as both
+/* The bodies below serve every buffer type (`elt`); the fp32 forms pass the residual as both
  * input and output. Pass 1 accumulates the squares; pass 2 recomputes the sum s, as the
  * specification does. */
-ALWAYS_INLINE void rmsnorm_residual_body(int bf, const parity_policy *pol, size_t dim,
+ALWAYS_INLINE void rmsnorm_residual_body(int elt, const parity_policy *pol, size_t dim,
                                          const void *delta, const void *residual,
                                          const void *w, float eps, void *residual_out,
                                          void *out) {
@@ -991,50 +1035,50 @@ ALWAYS_INLINE void rmsnorm_residual_body(int bf, const parity_policy *pol, size_
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (size_t i = 0; i < dim; i += 8) {
         size_t k = lanes_at(dim, i);
-        __m256 s = _mm256_add_ps(ld(bf, residual, i, k), ld(bf, delta, i, k));
+        __m256 s = _mm256_add_ps(ld(elt, residual, i, k), ld(elt, delta, i, k));
         __m256 v = round_if(p.rounded_in, s);
         square_into(i, v, &acc0, &acc1);
     }
     const __m256 r = _mm256_set1_ps(inv_rms(fold16(acc0, acc1), dim, eps));
     for (size_t i = 0; i < dim; i += 8) {
         size_t k = lanes_at(dim, i);
-        __m256 s = _mm256_add_ps(ld(bf, residual, i, k), ld(bf, delta, i, k));
-        __m256 o = norm_value8(p, ld(bf, w, i, k), round_if(p.rounded_in, s), r);
-        st(bf, residual_out, i, k, round_if(p.bf16, s));
-        st(bf, out, i, k, o);
+        __m256 s = _mm256_add_ps(ld(elt, residual, i, k), ld(elt, delta, i, k));
+        __m256 o = norm_value8(p, ld(elt, w, i, k), round_if(p.rounded_in, s), r);
+        st(elt, residual_out, i, k, round_if(p.out, s));
+        st(elt, out, i, k, o);
     }
 }
 
-ALWAYS_INLINE void rmsnorm_body(int bf, const parity_policy *pol, int qk, size_t dim,
+ALWAYS_INLINE void rmsnorm_body(int elt, const parity_policy *pol, int qk, size_t dim,
                                 const void *x, const void *w, float eps, void *out) {
     norm_points p = norm_points_of(pol, 0, qk);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (size_t i = 0; i < dim; i += 8) {
-        __m256 v = ld(bf, x, i, lanes_at(dim, i));
+        __m256 v = ld(elt, x, i, lanes_at(dim, i));
         square_into(i, v, &acc0, &acc1);
     }
     const __m256 r = _mm256_set1_ps(inv_rms(fold16(acc0, acc1), dim, eps));
     for (size_t i = 0; i < dim; i += 8) {
         size_t k = lanes_at(dim, i);
-        st(bf, out, i, k, norm_value8(p, ld(bf, w, i, k), ld(bf, x, i, k), r));
+        st(elt, out, i, k, norm_value8(p, ld(elt, w, i, k), ld(elt, x, i, k), r));
     }
 }
 
-ALWAYS_INLINE void swiglu_body(int bf, const parity_policy *pol, size_t n, const void *g,
+ALWAYS_INLINE void swiglu_body(int elt, const parity_policy *pol, size_t n, const void *g,
                                const void *u, void *out) {
     const op_points p = swiglu_points_of(pol);
     const __m256 one = _mm256_set1_ps(1.0f);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (size_t i = 0; i < n; i += 8) {
         size_t k = lanes_at(n, i);
-        __m256 gv = ld(bf, g, i, k), uv = ld(bf, u, i, k);
+        __m256 gv = ld(elt, g, i, k), uv = ld(elt, u, i, k);
         /* silu(g) = g / (1 + exp(-g)); -g flips the sign bit, as C's unary minus does */
         __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_xor_ps(gv, sign))));
-        st(bf, out, i, k, round_if(p.bf16, _mm256_mul_ps(round_if(p.per_op, silu), uv)));
+        st(elt, out, i, k, round_if(p.out, _mm256_mul_ps(round_if(p.per_op, silu), uv)));
     }
 }
 
-ALWAYS_INLINE void rope_body(int bf, const parity_policy *pol, size_t n_heads, size_t hd,
+ALWAYS_INLINE void rope_body(int elt, const parity_policy *pol, size_t n_heads, size_t hd,
                              void *x, const float *cos, const float *sin) {
     const op_points p = rope_points_of(pol);
     const size_t half = hd / 2;
@@ -1042,58 +1086,70 @@ ALWAYS_INLINE void rope_body(int bf, const parity_policy *pol, size_t n_heads, s
         size_t base = h * hd;
         for (size_t i = 0; i < half; i += 8) {
             size_t k = lanes_at(half, i);
-            __m256 a = ld(bf, x, base + i, k), b = ld(bf, x, base + half + i, k);
+            __m256 a = ld(elt, x, base + i, k), b = ld(elt, x, base + half + i, k);
             __m256 c = load_f32_n(cos + i, k), s = load_f32_n(sin + i, k);
             __m256 a2 = _mm256_sub_ps(round_if(p.per_op, _mm256_mul_ps(a, c)),
                                       round_if(p.per_op, _mm256_mul_ps(b, s)));
             __m256 b2 = _mm256_add_ps(round_if(p.per_op, _mm256_mul_ps(b, c)),
                                       round_if(p.per_op, _mm256_mul_ps(a, s)));
-            st(bf, x, base + i, k, round_if(p.bf16, a2));
-            st(bf, x, base + half + i, k, round_if(p.bf16, b2));
+            st(elt, x, base + i, k, round_if(p.out, a2));
+            st(elt, x, base + half + i, k, round_if(p.out, b2));
         }
     }
 }
 
 static void rmsnorm_residual_avx2(const parity_policy *pol, size_t dim, const float *delta,
                                   float *residual, const float *w, float eps, float *out) {
-    rmsnorm_residual_body(0, pol, dim, delta, residual, w, eps, residual, out);
+    rmsnorm_residual_body(FMT_NONE, pol, dim, delta, residual, w, eps, residual, out);
 }
 
 static void rmsnorm_avx2(const parity_policy *pol, int qk, size_t dim, const float *x,
                          const float *w, float eps, float *out) {
-    rmsnorm_body(0, pol, qk, dim, x, w, eps, out);
+    rmsnorm_body(FMT_NONE, pol, qk, dim, x, w, eps, out);
 }
 
 static void swiglu_avx2(const parity_policy *pol, size_t n, const float *g, const float *u,
                         float *out) {
-    swiglu_body(0, pol, n, g, u, out);
+    swiglu_body(FMT_NONE, pol, n, g, u, out);
 }
 
 static void rope_avx2(const parity_policy *pol, size_t n_heads, size_t hd, float *x,
                       const float *cos, const float *sin) {
-    rope_body(0, pol, n_heads, hd, x, cos, sin);
+    rope_body(FMT_NONE, pol, n_heads, hd, x, cos, sin);
 }
 
-static void rmsnorm_residual_bf16_avx2(const parity_policy *pol, size_t dim,
-                                       const uint16_t *delta, const uint16_t *residual,
-                                       const uint16_t *w, float eps, uint16_t *residual_out,
-                                       uint16_t *out) {
-    rmsnorm_residual_body(1, pol, dim, delta, residual, w, eps, residual_out, out);
+/* The 16-bit forms: one instance of each body per buffer format. */
+static void rmsnorm_residual_16_avx2(const parity_policy *pol, size_t dim, const uint16_t *delta,
+                                     const uint16_t *residual, const uint16_t *w, float eps,
+                                     uint16_t *residual_out, uint16_t *out) {
+    if (buffer_format_of(pol) == FMT_FP16)
+        rmsnorm_residual_body(FMT_FP16, pol, dim, delta, residual, w, eps, residual_out, out);
+    else
+        rmsnorm_residual_body(FMT_BF16, pol, dim, delta, residual, w, eps, residual_out, out);
 }
 
-static void rmsnorm_bf16_avx2(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
-                              const uint16_t *w, float eps, uint16_t *out) {
-    rmsnorm_body(1, pol, qk, dim, x, w, eps, out);
+static void rmsnorm_16_avx2(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
+                            const uint16_t *w, float eps, uint16_t *out) {
+    if (buffer_format_of(pol) == FMT_FP16)
+        rmsnorm_body(FMT_FP16, pol, qk, dim, x, w, eps, out);
+    else
+        rmsnorm_body(FMT_BF16, pol, qk, dim, x, w, eps, out);
 }
 
-static void swiglu_bf16_avx2(const parity_policy *pol, size_t n, const uint16_t *g,
-                             const uint16_t *u, uint16_t *out) {
-    swiglu_body(1, pol, n, g, u, out);
+static void swiglu_16_avx2(const parity_policy *pol, size_t n, const uint16_t *g,
+                           const uint16_t *u, uint16_t *out) {
+    if (buffer_format_of(pol) == FMT_FP16)
+        swiglu_body(FMT_FP16, pol, n, g, u, out);
+    else
+        swiglu_body(FMT_BF16, pol, n, g, u, out);
 }
 
-static void rope_bf16_avx2(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
-                           const float *cos, const float *sin) {
-    rope_body(1, pol, n_heads, hd, x, cos, sin);
+static void rope_16_avx2(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
+                         const float *cos, const float *sin) {
+    if (buffer_format_of(pol) == FMT_FP16)
+        rope_body(FMT_FP16, pol, n_heads, hd, x, cos, sin);
+    else
+        rope_body(FMT_BF16, pol, n_heads, hd, x, cos, sin);
 }
 
 /* The entries of this file over a copy of the portable table (kernels.h): an entry that
@@ -1108,6 +1164,7 @@ void kernels_avx2_set_entries(kernels *t) {
     t->sum_exp = sum_exp_avx2;
     t->max_f32 = max_f32_avx2;
     t->round_bf16 = round_bf16_avx2;
+    t->round_fp16 = round_fp16_avx2;
     t->exp_f32 = exp_f32_avx2;
     t->axpy_f32 = axpy_f32_avx2;
     t->axpy_bf16 = axpy_bf16_avx2;
@@ -1122,8 +1179,8 @@ void kernels_avx2_set_entries(kernels *t) {
     t->rmsnorm = rmsnorm_avx2;
     t->swiglu = swiglu_avx2;
     t->rope = rope_avx2;
-    t->rmsnorm_residual_bf16 = rmsnorm_residual_bf16_avx2;
-    t->rmsnorm_bf16 = rmsnorm_bf16_avx2;
-    t->swiglu_bf16 = swiglu_bf16_avx2;
-    t->rope_bf16 = rope_bf16_avx2;
+    t->rmsnorm_residual_16 = rmsnorm_residual_16_avx2;
+    t->rmsnorm_16 = rmsnorm_16_avx2;
+    t->swiglu_16 = swiglu_16_avx2;
+    t->rope_16 = rope_16_avx2;
 }

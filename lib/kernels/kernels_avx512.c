@@ -21,10 +21,17 @@
 
 /* ---- elementwise: round_bf16, widen_bf16 ---- */
 
-/* Masked lanes of a bf16 (`bf`, a constant after inlining) or fp32 row at element i, +0 past
- * the mask. */
-ALWAYS_INLINE __m512 z_load(int bf, const void *p, size_t i, __mmask16 m) {
-    return bf ? z_load_bf16((const uint16_t *)p + i, m) : _mm512_maskz_loadu_ps(m, (const float *)p + i);
+/* Masked lanes of an fp16 row at p, +0 past the mask (vcvtph2ps is exact). */
+static inline __m512 z_load_fp16(const uint16_t *p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+/* Masked lanes of a 16-bit or fp32 row at element i (`elt` a constant after inlining:
+ * FMT_NONE for fp32, FMT_BF16, FMT_FP16), +0 past the mask. */
+ALWAYS_INLINE __m512 z_load(int elt, const void *p, size_t i, __mmask16 m) {
+    return elt == FMT_BF16   ? z_load_bf16((const uint16_t *)p + i, m)
+           : elt == FMT_FP16 ? z_load_fp16((const uint16_t *)p + i, m)
+                             : _mm512_maskz_loadu_ps(m, (const float *)p + i);
 }
 
 /* bf16_from_f32 on 16 lanes: (u + 0x7fff + ((u >> 16) & 1)) >> 16, NaN -> 0x7fc0, in the
@@ -42,19 +49,34 @@ static inline __m512 z_round_bf16(__m512 x) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(z_bf16_bits(x), 16));
 }
 
-/* A rounding point that the policy may switch off. */
-static inline __m512 z_round_if(int on, __m512 x) { return on ? z_round_bf16(x) : x; }
+/* fp32 -> fp16 on 16 lanes, as f16_from_f32 (see kernels_avx2.c's fp16_bits: vcvtps2ph is
+ * the specification but for NaN, so NaN lanes become 0x7fc00000 first). */
+static inline __m256i z_fp16_bits(__m512 x) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512 y = _mm512_mask_mov_ps(x, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+    return _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* round_fp16 on 16 lanes. */
+static inline __m512 z_round_fp16(__m512 x) { return _mm512_cvtph_ps(z_fp16_bits(x)); }
+
+/* A rounding point: to the format the policy names there (kernel_common.h), or not at all. */
+static inline __m512 z_round_if(int fmt, __m512 x) {
+    return fmt == FMT_BF16 ? z_round_bf16(x) : fmt == FMT_FP16 ? z_round_fp16(x) : x;
+}
 
 /* The masked lanes of x rounded to bf16 and stored at p. */
 static inline void z_store_bf16(uint16_t *p, __mmask16 m, __m512 x) {
     _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(z_bf16_bits(x)));
 }
 
-/* Generic row access for the region kernels (fp32 or bf16 buffers, `bf` a constant after
- * inlining): masked lanes at element i, +0 past the mask; a bf16 store rounds. */
-ALWAYS_INLINE void z_store(int bf, void *p, size_t i, __mmask16 m, __m512 v) {
-    if (bf)
+/* Generic row access for the region kernels (`elt` as z_load's): masked lanes at element i;
+ * a 16-bit store rounds to its format. */
+ALWAYS_INLINE void z_store(int elt, void *p, size_t i, __mmask16 m, __m512 v) {
+    if (elt == FMT_BF16)
         z_store_bf16((uint16_t *)p + i, m, v);
+    else if (elt == FMT_FP16)
+        _mm256_mask_storeu_epi16((uint16_t *)p + i, m, z_fp16_bits(v));
     else
         _mm512_mask_storeu_ps((float *)p + i, m, v);
 }
@@ -63,6 +85,13 @@ static void round_bf16_avx512(float *x, size_t n) {
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 m = z_mask_at(n, i);
         _mm512_mask_storeu_ps(x + i, m, z_round_bf16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+static void round_fp16_avx512(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = z_mask_at(n, i);
+        _mm512_mask_storeu_ps(x + i, m, z_round_fp16(_mm512_maskz_loadu_ps(m, x + i)));
     }
 }
 
@@ -75,22 +104,22 @@ static void widen_bf16_avx512(const uint16_t *src, size_t n, float *dst) {
 
 /* ---- attention blocks (dots_f32, pv_f32) ---- */
 
-/* dot16 products of one a against the J rows b[j] (J <= 16; bf16 or fp32, `bf` a constant
+/* dot16 products of one a against the J rows b[j] (J <= 16; bf16 or fp32, `elt` (a FMT_* value) a constant
  * after inlining), side by side: dot16's 16 lanes are one zmm, a's loads shared, J chains,
  * 16 of them folded as one tree. The partial block at the end pads a with -0 and b with +0. */
-ALWAYS_INLINE void z_dots(const int J, int bf, const float *a, const void *const *b, size_t n,
+ALWAYS_INLINE void z_dots(const int J, int elt, const float *a, const void *const *b, size_t n,
                           float *out) {
     __m512 acc[16];
     for (int j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 x = _mm512_loadu_ps(a + i);
-        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(bf, b[j], i, 0xffff), acc[j]);
+        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(elt, b[j], i, 0xffff), acc[j]);
     }
     if (i < n) {
         const __mmask16 m = z_mask(n - i);
         const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + i);
-        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(bf, b[j], i, m), acc[j]);
+        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(elt, b[j], i, m), acc[j]);
     }
     z_store_block(1, J, acc, out, 0);
 }
@@ -98,14 +127,14 @@ ALWAYS_INLINE void z_dots(const int J, int bf, const float *a, const void *const
 static float dot_f32_bf16_avx512(const float *a, const uint16_t *b, size_t n) {
     const void *const row[1] = {b};
     float out;
-    z_dots(1, 1, a, row, n, &out);
+    z_dots(1, FMT_BF16, a, row, n, &out);
     return out;
 }
 
 static void dot4_f32_bf16_avx512(const float *a, const uint16_t *const b[4], size_t n,
                                  float out[4]) {
     const void *const rows[4] = {b[0], b[1], b[2], b[3]};
-    z_dots(4, 1, a, rows, n, out);
+    z_dots(4, FMT_BF16, a, rows, n, out);
 }
 
 /* axpy_bf16 (J = 1) and axpy4_bf16 (J = 4, the decode P.V): o loaded and stored once per 16
@@ -137,19 +166,19 @@ static void dots_f32_avx512(const float *a, const float *b, size_t ldb, size_t c
     size_t j = 0;
     for (; j + 16 <= count; j += 16) {
         for (size_t r = 0; r < 16; r++) rows[r] = b + (j + r) * ldb;
-        z_dots(16, 0, a, rows, n, out + j);
+        z_dots(16, FMT_NONE, a, rows, n, out + j);
     }
     for (; j + 8 <= count; j += 8) {
         for (size_t r = 0; r < 8; r++) rows[r] = b + (j + r) * ldb;
-        z_dots(8, 0, a, rows, n, out + j);
+        z_dots(8, FMT_NONE, a, rows, n, out + j);
     }
     for (; j + 4 <= count; j += 4) {
         for (size_t r = 0; r < 4; r++) rows[r] = b + (j + r) * ldb;
-        z_dots(4, 0, a, rows, n, out + j);
+        z_dots(4, FMT_NONE, a, rows, n, out + j);
     }
     for (; j < count; j++) {
         rows[0] = b + j * ldb;
-        z_dots(1, 0, a, rows, n, out + j);
+        z_dots(1, FMT_NONE, a, rows, n, out + j);
     }
 }
 
@@ -224,7 +253,7 @@ static inline __m512 z_exp(__m512 x) {
 static float dot_f32_avx512(const float *a, const float *b, size_t n) {
     const void *const row[1] = {b};
     float out;
-    z_dots(1, 0, a, row, n, &out);
+    z_dots(1, FMT_NONE, a, row, n, &out);
     return out;
 }
 
@@ -277,15 +306,15 @@ static void axpy_f32_avx512(float *o, float p, const float *v, size_t n) {
 
 /* norm_points_of, swiglu_points_of, rope_points_of, inv_rms: kernel_common.h. */
 
-/* round_if(bf16, w * round_if(twice, v * r)) */
+/* round_if(out, w * round_if(twice, v * r)) */
 static inline __m512 z_norm_value(norm_points p, __m512 w, __m512 v, __m512 r) {
-    return z_round_if(p.bf16, _mm512_mul_ps(w, z_round_if(p.twice, _mm512_mul_ps(v, r))));
+    return z_round_if(p.out, _mm512_mul_ps(w, z_round_if(p.twice, _mm512_mul_ps(v, r))));
 }
 
-/* The bodies serve both buffer types (`bf`), as in kernels_avx2.c; the sum of squares is
+/* The bodies serve every buffer type (`elt`), as in kernels_avx2.c; the sum of squares is
  * one zmm of dot16 lanes, padded lanes adding v = +0 (harmless: a sum of squares is never
  * -0). Pass 2 recomputes s, as the specification does. */
-ALWAYS_INLINE void z_rmsnorm_residual_body(int bf, const parity_policy *pol, size_t dim,
+ALWAYS_INLINE void z_rmsnorm_residual_body(int elt, const parity_policy *pol, size_t dim,
                                            const void *delta, const void *residual,
                                            const void *w, float eps, void *residual_out,
                                            void *out) {
@@ -293,49 +322,49 @@ ALWAYS_INLINE void z_rmsnorm_residual_body(int bf, const parity_policy *pol, siz
     __m512 acc = _mm512_setzero_ps();
     for (size_t i = 0; i < dim; i += 16) {
         const __mmask16 m = z_mask_at(dim, i);
-        const __m512 s = _mm512_add_ps(z_load(bf, residual, i, m), z_load(bf, delta, i, m));
+        const __m512 s = _mm512_add_ps(z_load(elt, residual, i, m), z_load(elt, delta, i, m));
         const __m512 v = z_round_if(p.rounded_in, s);
         acc = _mm512_fmadd_ps(v, v, acc);
     }
     const __m512 r = _mm512_set1_ps(inv_rms(z_fold16(acc), dim, eps));
     for (size_t i = 0; i < dim; i += 16) {
         const __mmask16 m = z_mask_at(dim, i);
-        const __m512 s = _mm512_add_ps(z_load(bf, residual, i, m), z_load(bf, delta, i, m));
-        const __m512 o = z_norm_value(p, z_load(bf, w, i, m), z_round_if(p.rounded_in, s), r);
-        z_store(bf, residual_out, i, m, z_round_if(p.bf16, s));
-        z_store(bf, out, i, m, o);
+        const __m512 s = _mm512_add_ps(z_load(elt, residual, i, m), z_load(elt, delta, i, m));
+        const __m512 o = z_norm_value(p, z_load(elt, w, i, m), z_round_if(p.rounded_in, s), r);
+        z_store(elt, residual_out, i, m, z_round_if(p.out, s));
+        z_store(elt, out, i, m, o);
     }
 }
 
-ALWAYS_INLINE void z_rmsnorm_body(int bf, const parity_policy *pol, int qk, size_t dim,
+ALWAYS_INLINE void z_rmsnorm_body(int elt, const parity_policy *pol, int qk, size_t dim,
                                   const void *x, const void *w, float eps, void *out) {
     const norm_points p = norm_points_of(pol, 0, qk);
     __m512 acc = _mm512_setzero_ps();
     for (size_t i = 0; i < dim; i += 16) {
-        const __m512 v = z_load(bf, x, i, z_mask_at(dim, i));
+        const __m512 v = z_load(elt, x, i, z_mask_at(dim, i));
         acc = _mm512_fmadd_ps(v, v, acc);
     }
     const __m512 r = _mm512_set1_ps(inv_rms(z_fold16(acc), dim, eps));
     for (size_t i = 0; i < dim; i += 16) {
         const __mmask16 m = z_mask_at(dim, i);
-        z_store(bf, out, i, m, z_norm_value(p, z_load(bf, w, i, m), z_load(bf, x, i, m), r));
+        z_store(elt, out, i, m, z_norm_value(p, z_load(elt, w, i, m), z_load(elt, x, i, m), r));
     }
 }
 
-ALWAYS_INLINE void z_swiglu_body(int bf, const parity_policy *pol, size_t n, const void *g,
+ALWAYS_INLINE void z_swiglu_body(int elt, const parity_policy *pol, size_t n, const void *g,
                                  const void *u, void *out) {
     const op_points p = swiglu_points_of(pol);
     const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 m = z_mask_at(n, i);
-        const __m512 gv = z_load(bf, g, i, m), uv = z_load(bf, u, i, m);
+        const __m512 gv = z_load(elt, g, i, m), uv = z_load(elt, u, i, m);
         /* silu(g) = g / (1 + exp(-g)); -g flips the sign bit, as C's unary minus does */
         const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, z_exp(_mm512_xor_ps(gv, sign))));
-        z_store(bf, out, i, m, z_round_if(p.bf16, _mm512_mul_ps(z_round_if(p.per_op, silu), uv)));
+        z_store(elt, out, i, m, z_round_if(p.out, _mm512_mul_ps(z_round_if(p.per_op, silu), uv)));
     }
 }
 
-ALWAYS_INLINE void z_rope_body(int bf, const parity_policy *pol, size_t n_heads, size_t hd,
+ALWAYS_INLINE void z_rope_body(int elt, const parity_policy *pol, size_t n_heads, size_t hd,
                                void *x, const float *cos, const float *sin) {
     const op_points p = rope_points_of(pol);
     const size_t half = hd / 2;
@@ -343,58 +372,70 @@ ALWAYS_INLINE void z_rope_body(int bf, const parity_policy *pol, size_t n_heads,
         const size_t base = h * hd;
         for (size_t i = 0; i < half; i += 16) {
             const __mmask16 m = z_mask_at(half, i);
-            const __m512 a = z_load(bf, x, base + i, m), b = z_load(bf, x, base + half + i, m);
+            const __m512 a = z_load(elt, x, base + i, m), b = z_load(elt, x, base + half + i, m);
             const __m512 c = _mm512_maskz_loadu_ps(m, cos + i), sn = _mm512_maskz_loadu_ps(m, sin + i);
             const __m512 a2 = _mm512_sub_ps(z_round_if(p.per_op, _mm512_mul_ps(a, c)),
                                             z_round_if(p.per_op, _mm512_mul_ps(b, sn)));
             const __m512 b2 = _mm512_add_ps(z_round_if(p.per_op, _mm512_mul_ps(b, c)),
                                             z_round_if(p.per_op, _mm512_mul_ps(a, sn)));
-            z_store(bf, x, base + i, m, z_round_if(p.bf16, a2));
-            z_store(bf, x, base + half + i, m, z_round_if(p.bf16, b2));
+            z_store(elt, x, base + i, m, z_round_if(p.out, a2));
+            z_store(elt, x, base + half + i, m, z_round_if(p.out, b2));
         }
     }
 }
 
 static void rmsnorm_residual_avx512(const parity_policy *pol, size_t dim, const float *delta,
                                     float *residual, const float *w, float eps, float *out) {
-    z_rmsnorm_residual_body(0, pol, dim, delta, residual, w, eps, residual, out);
+    z_rmsnorm_residual_body(FMT_NONE, pol, dim, delta, residual, w, eps, residual, out);
 }
 
 static void rmsnorm_avx512(const parity_policy *pol, int qk, size_t dim, const float *x,
                            const float *w, float eps, float *out) {
-    z_rmsnorm_body(0, pol, qk, dim, x, w, eps, out);
+    z_rmsnorm_body(FMT_NONE, pol, qk, dim, x, w, eps, out);
 }
 
 static void swiglu_avx512(const parity_policy *pol, size_t n, const float *g, const float *u,
                           float *out) {
-    z_swiglu_body(0, pol, n, g, u, out);
+    z_swiglu_body(FMT_NONE, pol, n, g, u, out);
 }
 
 static void rope_avx512(const parity_policy *pol, size_t n_heads, size_t hd, float *x,
                         const float *cos, const float *sin) {
-    z_rope_body(0, pol, n_heads, hd, x, cos, sin);
+    z_rope_body(FMT_NONE, pol, n_heads, hd, x, cos, sin);
 }
 
-static void rmsnorm_residual_bf16_avx512(const parity_policy *pol, size_t dim,
-                                         const uint16_t *delta, const uint16_t *residual,
-                                         const uint16_t *w, float eps, uint16_t *residual_out,
-                                         uint16_t *out) {
-    z_rmsnorm_residual_body(1, pol, dim, delta, residual, w, eps, residual_out, out);
+/* The 16-bit forms: one instance of each body per buffer format. */
+static void rmsnorm_residual_16_avx512(const parity_policy *pol, size_t dim, const uint16_t *delta,
+                                       const uint16_t *residual, const uint16_t *w, float eps,
+                                       uint16_t *residual_out, uint16_t *out) {
+    if (buffer_format_of(pol) == FMT_FP16)
+        z_rmsnorm_residual_body(FMT_FP16, pol, dim, delta, residual, w, eps, residual_out, out);
+    else
+        z_rmsnorm_residual_body(FMT_BF16, pol, dim, delta, residual, w, eps, residual_out, out);
 }
 
-static void rmsnorm_bf16_avx512(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
-                                const uint16_t *w, float eps, uint16_t *out) {
-    z_rmsnorm_body(1, pol, qk, dim, x, w, eps, out);
+static void rmsnorm_16_avx512(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
+                              const uint16_t *w, float eps, uint16_t *out) {
+    if (buffer_format_of(pol) == FMT_FP16)
+        z_rmsnorm_body(FMT_FP16, pol, qk, dim, x, w, eps, out);
+    else
+        z_rmsnorm_body(FMT_BF16, pol, qk, dim, x, w, eps, out);
 }
 
-static void swiglu_bf16_avx512(const parity_policy *pol, size_t n, const uint16_t *g,
-                               const uint16_t *u, uint16_t *out) {
-    z_swiglu_body(1, pol, n, g, u, out);
+static void swiglu_16_avx512(const parity_policy *pol, size_t n, const uint16_t *g,
+                             const uint16_t *u, uint16_t *out) {
+    if (buffer_format_of(pol) == FMT_FP16)
+        z_swiglu_body(FMT_FP16, pol, n, g, u, out);
+    else
+        z_swiglu_body(FMT_BF16, pol, n, g, u, out);
 }
 
-static void rope_bf16_avx512(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
-                             const float *cos, const float *sin) {
-    z_rope_body(1, pol, n_heads, hd, x, cos, sin);
+static void rope_16_avx512(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
+                           const float *cos, const float *sin) {
+    if (buffer_format_of(pol) == FMT_FP16)
+        z_rope_body(FMT_FP16, pol, n_heads, hd, x, cos, sin);
+    else
+        z_rope_body(FMT_BF16, pol, n_heads, hd, x, cos, sin);
 }
 
 /* ---- small M: rows (gemm_bf16w) ----
@@ -751,6 +792,7 @@ static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const u
 void kernels_avx512_set_entries(kernels *t) {
     t->name = "avx512";
     t->round_bf16 = round_bf16_avx512;
+    t->round_fp16 = round_fp16_avx512;
     t->widen_bf16 = widen_bf16_avx512;
     t->dot_f32_bf16 = dot_f32_bf16_avx512;
     t->dot4_f32_bf16 = dot4_f32_bf16_avx512;
@@ -777,8 +819,8 @@ void kernels_avx512_set_entries(kernels *t) {
     t->rmsnorm = rmsnorm_avx512;
     t->swiglu = swiglu_avx512;
     t->rope = rope_avx512;
-    t->rmsnorm_residual_bf16 = rmsnorm_residual_bf16_avx512;
-    t->rmsnorm_bf16 = rmsnorm_bf16_avx512;
-    t->swiglu_bf16 = swiglu_bf16_avx512;
-    t->rope_bf16 = rope_bf16_avx512;
+    t->rmsnorm_residual_16 = rmsnorm_residual_16_avx512;
+    t->rmsnorm_16 = rmsnorm_16_avx512;
+    t->swiglu_16 = swiglu_16_avx512;
+    t->rope_16 = rope_16_avx512;
 }

@@ -131,6 +131,10 @@ static void round_bf16_ref(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
 }
 
+static void round_fp16_ref(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = round_fp16(x[i]);
+}
+
 static void exp_f32_ref(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = parity_expf(x[i]);
 }
@@ -280,26 +284,28 @@ static void gemm_f32w_ref(size_t M, size_t K, const float *x, size_t ldx, const 
 
 /* ---- regions ---------------------------------------------------------------------------- */
 
-/* A rounding point that the policy may switch off. */
-static float round_if(int on, float x) { return on ? round_bf16(x) : x; }
+/* A rounding point: to the format the policy names there (kernel_common.h), or not at all. */
+static float round_if(int fmt, float x) {
+    return fmt == FMT_BF16 ? round_bf16(x) : fmt == FMT_FP16 ? round_fp16(x) : x;
+}
 
 /* The policy decoded into rounding points (norm_points_of, swiglu_points_of,
  * rope_points_of) and inv_rms: kernel_common.h, shared with every table. */
 
 /* One normalised output, rounded per the policy. */
 static float norm_value(norm_points p, float w, float v, float r) {
-    return round_if(p.bf16, w * round_if(p.twice, v * r));
+    return round_if(p.out, w * round_if(p.twice, v * r));
 }
 
 static float swiglu_value(op_points p, float g, float u) {
-    return round_if(p.bf16, round_if(p.per_op, silu(g)) * u);
+    return round_if(p.out, round_if(p.per_op, silu(g)) * u);
 }
 
 /* The rotate-half pair (a, b) = (x[i], x[i + hd/2]) becomes (a c - b s, b c + a s). */
 static void rope_pair(op_points p, float c, float s, float *a, float *b) {
     float x0 = *a, x1 = *b;
-    *a = round_if(p.bf16, round_if(p.per_op, x0 * c) - round_if(p.per_op, x1 * s));
-    *b = round_if(p.bf16, round_if(p.per_op, x1 * c) + round_if(p.per_op, x0 * s));
+    *a = round_if(p.out, round_if(p.per_op, x0 * c) - round_if(p.per_op, x1 * s));
+    *b = round_if(p.out, round_if(p.per_op, x1 * c) + round_if(p.per_op, x0 * s));
 }
 
 /* Two passes over the row: the sum of squares, then the outputs. The second pass recomputes
@@ -316,7 +322,7 @@ static void rmsnorm_residual_ref(const parity_policy *pol, size_t dim, const flo
     float r = inv_rms(fold16(acc), dim, eps);
     for (size_t i = 0; i < dim; i++) {
         float s = residual[i] + delta[i];
-        residual[i] = round_if(p.bf16, s);
+        residual[i] = round_if(p.out, s);
         out[i] = norm_value(p, w[i], round_if(p.rounded_in, s), r);
     }
 }
@@ -345,58 +351,69 @@ static void rope_ref(const parity_policy *pol, size_t n_heads, size_t hd, float 
     }
 }
 
-/* The bf16-buffer forms: the same arithmetic, loads widened exactly, stores rounded (which
- * only matters under PARITY_COMPUTE_FP32, where it is the one rounding of the region). */
+/* The 16-bit-buffer forms: bf16 patterns, or fp16 ones under PARITY_COMPUTE_FP16
+ * (buffer_format_of). The same arithmetic; loads widen exactly, stores round to the buffer's
+ * format (which only matters under PARITY_COMPUTE_FP32, where it is the one rounding of the
+ * region: elsewhere the value stored is already one of that format). */
 
-static void rmsnorm_residual_bf16_ref(const parity_policy *pol, size_t dim,
-                                      const uint16_t *delta, const uint16_t *residual,
-                                      const uint16_t *w, float eps, uint16_t *residual_out,
-                                      uint16_t *out) {
+static float load16(int fmt, uint16_t h) { return fmt == FMT_FP16 ? f16_to_f32(h) : bf16_to_f32(h); }
+
+static uint16_t store16(int fmt, float x) {
+    return fmt == FMT_FP16 ? f16_from_f32(x) : bf16_from_f32(x);
+}
+
+static void rmsnorm_residual_16_ref(const parity_policy *pol, size_t dim, const uint16_t *delta,
+                                    const uint16_t *residual, const uint16_t *w, float eps,
+                                    uint16_t *residual_out, uint16_t *out) {
+    const int b = buffer_format_of(pol);
     norm_points p = norm_points_of(pol, 1, 0);
     float acc[16] = {0};
     for (size_t i = 0; i < dim; i++) {
-        float v = round_if(p.rounded_in, bf16_to_f32(residual[i]) + bf16_to_f32(delta[i]));
+        float v = round_if(p.rounded_in, load16(b, residual[i]) + load16(b, delta[i]));
         acc[i % 16] = fmaf(v, v, acc[i % 16]);
     }
     float r = inv_rms(fold16(acc), dim, eps);
     for (size_t i = 0; i < dim; i++) {
-        float s = bf16_to_f32(residual[i]) + bf16_to_f32(delta[i]);
-        residual_out[i] = bf16_from_f32(s);
-        out[i] = bf16_from_f32(norm_value(p, bf16_to_f32(w[i]), round_if(p.rounded_in, s), r));
+        float s = load16(b, residual[i]) + load16(b, delta[i]);
+        residual_out[i] = store16(b, s);
+        out[i] = store16(b, norm_value(p, load16(b, w[i]), round_if(p.rounded_in, s), r));
     }
 }
 
-static void rmsnorm_bf16_ref(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
-                             const uint16_t *w, float eps, uint16_t *out) {
+static void rmsnorm_16_ref(const parity_policy *pol, int qk, size_t dim, const uint16_t *x,
+                           const uint16_t *w, float eps, uint16_t *out) {
+    const int b = buffer_format_of(pol);
     norm_points p = norm_points_of(pol, 0, qk);
     float acc[16] = {0};
     for (size_t i = 0; i < dim; i++) {
-        float v = bf16_to_f32(x[i]);
+        float v = load16(b, x[i]);
         acc[i % 16] = fmaf(v, v, acc[i % 16]);
     }
     float r = inv_rms(fold16(acc), dim, eps);
     for (size_t i = 0; i < dim; i++)
-        out[i] = bf16_from_f32(norm_value(p, bf16_to_f32(w[i]), bf16_to_f32(x[i]), r));
+        out[i] = store16(b, norm_value(p, load16(b, w[i]), load16(b, x[i]), r));
 }
 
-static void swiglu_bf16_ref(const parity_policy *pol, size_t n, const uint16_t *g,
-                            const uint16_t *u, uint16_t *out) {
+static void swiglu_16_ref(const parity_policy *pol, size_t n, const uint16_t *g,
+                          const uint16_t *u, uint16_t *out) {
+    const int b = buffer_format_of(pol);
     op_points p = swiglu_points_of(pol);
     for (size_t i = 0; i < n; i++)
-        out[i] = bf16_from_f32(swiglu_value(p, bf16_to_f32(g[i]), bf16_to_f32(u[i])));
+        out[i] = store16(b, swiglu_value(p, load16(b, g[i]), load16(b, u[i])));
 }
 
-static void rope_bf16_ref(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
-                          const float *cos, const float *sin) {
+static void rope_16_ref(const parity_policy *pol, size_t n_heads, size_t hd, uint16_t *x,
+                        const float *cos, const float *sin) {
+    const int b = buffer_format_of(pol);
     op_points p = rope_points_of(pol);
     size_t half = hd / 2;
     for (size_t h = 0; h < n_heads; h++) {
         uint16_t *xh = x + h * hd;
         for (size_t i = 0; i < half; i++) {
-            float a = bf16_to_f32(xh[i]), b = bf16_to_f32(xh[i + half]);
-            rope_pair(p, cos[i], sin[i], &a, &b);
-            xh[i] = bf16_from_f32(a);
-            xh[i + half] = bf16_from_f32(b);
+            float a = load16(b, xh[i]), c = load16(b, xh[i + half]);
+            rope_pair(p, cos[i], sin[i], &a, &c);
+            xh[i] = store16(b, a);
+            xh[i + half] = store16(b, c);
         }
     }
 }
@@ -412,6 +429,7 @@ const kernels kernels_portable = {
     .sum_exp = sum_exp_ref,
     .max_f32 = max_f32_ref,
     .round_bf16 = round_bf16_ref,
+    .round_fp16 = round_fp16_ref,
     .exp_f32 = exp_f32_ref,
     .axpy_f32 = axpy_f32_ref,
     .axpy_bf16 = axpy_bf16_ref,
@@ -426,8 +444,8 @@ const kernels kernels_portable = {
     .rmsnorm = rmsnorm_ref,
     .swiglu = swiglu_ref,
     .rope = rope_ref,
-    .rmsnorm_residual_bf16 = rmsnorm_residual_bf16_ref,
-    .rmsnorm_bf16 = rmsnorm_bf16_ref,
-    .swiglu_bf16 = swiglu_bf16_ref,
-    .rope_bf16 = rope_bf16_ref,
+    .rmsnorm_residual_16 = rmsnorm_residual_16_ref,
+    .rmsnorm_16 = rmsnorm_16_ref,
+    .swiglu_16 = swiglu_16_ref,
+    .rope_16 = rope_16_ref,
 };

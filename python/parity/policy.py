@@ -1,7 +1,8 @@
-"""Precision policies: one switch per bf16 rounding point.
+"""Precision policies: one switch per bf16 rounding point (fp16 under compute "fp16").
 
 A policy is given to the library either by name ("aligned", "hf-eager+aligned",
-"vllm+fp32-head", ...: see policies()) or as a Policy whose attributes are the switches.
+"vllm+fp32-head", "hf-eager+fp16", ...: see policies()) or as a Policy whose attributes are
+the switches.
 """
 import ctypes
 
@@ -10,7 +11,7 @@ from ._lib import POLICY_FIELDS, ParityError, lib
 
 #: The values of each switch, by name, in the order of their C values (0, 1, 2).
 CHOICES = {
-    "compute": ("bf16", "fp32"),
+    "compute": ("bf16", "fp32", "fp16"),
     "norm_input": ("rounded", "fp32"),
     "norm_weight": ("round-twice", "round-once"),
     "qk_norm": ("round-twice", "round-once"),
@@ -26,7 +27,8 @@ CHOICES = {
 def policies():
     """The preset names, as the library knows them: ["fp32", "hf-eager", "hf-sdpa", ...].
 
-    Any preset may be followed by the modifiers "+aligned" and/or "+fp32-head"."""
+    Any preset may be followed by the modifiers "+aligned", "+fp32-head" and "+fp16" (every
+    bf16 rounding point rounds to fp16; not on "fp32")."""
     return _lib.null_terminated(lib.parity_policy_preset_names())
 
 

@@ -1,0 +1,231 @@
+/* fp16 and fp8 element conversions, exhaustively: fp32 -> fp16 (the public function and every
+ * kernel table's round_fp16) and fp32 -> E4M3 / E5M2 (saturating and not) on all 2^32
+ * inputs, against a reference computed on values rather than bits: |x| is split into its
+ * binade, the quantum of the target format there is a power of two, and the magnitude is
+ * rounded to a multiple of it in double by the add-and-subtract of 2^52 (round to nearest
+ * even in the default rounding mode); the result is then encoded from its value. The two
+ * share no step with the library's integer carries. fp16 -> fp32 and fp8 -> fp32 on every
+ * code against a decoding from the fields. The 2^32 sweep is split across two threads. */
+#include <math.h>
+#include <pthread.h>
+
+#include "check.h"
+#include "internal.h"
+#include "kernels.h"
+
+/* A target format, by its numbers: fraction bits, smallest normal exponent, largest finite
+ * value and code, what overflow gives without saturation, the NaN code, the sign bit. */
+typedef struct target {
+    int mbits, emin;
+    double max;
+    uint32_t max_code, overflow_code, nan_code, sign;
+} target;
+
+static const target FP16 = {10, -14, 65504.0, 0x7bff, 0x7c00, 0x7e00, 0x8000};
+static const target E4M3 = {3, -6, 448.0, 0x7e, 0x7f, 0x7f, 0x80};
+static const target E5M2 = {2, -14, 57344.0, 0x7b, 0x7c, 0x7f, 0x80};
+
+/* Round to nearest even of a double y with 0 <= y < 2^52. */
+static double rne(double y) {
+    const double big = 4503599627370496.0; /* 2^52 */
+    volatile double t = y + big;           /* volatile: no algebraic folding */
+    return t - big;
+}
+
+/* 2^e for e in [-160, 160], built once with ldexp. */
+static double pow2_table[321];
+static double pow2(int e) { return pow2_table[e + 160]; }
+
+/* The code of fp32 bits u in format t. */
+static uint32_t want_code(const target *t, uint32_t u, int saturate) {
+    const uint32_t sign = u >> 31 ? t->sign : 0;
+    const float x = f32_from_bits(u);
+    if (isnan(x)) return (t == &FP16 ? 0 : sign) | t->nan_code; /* fp16: one NaN, 0x7e00 */
+    if (isinf(x)) return sign | (saturate ? t->max_code : t->overflow_code);
+    const double a = fabs((double)x);
+    /* the binade of a (an fp32 subnormal is below every emin here), and the quantum of the
+     * format there, the subnormal quantum below emin */
+    int e = (int)((u >> 23) & 0xffu) - 127;
+    if (e < t->emin) e = t->emin;
+    const double n = rne(a * pow2(t->mbits - e)); /* exact: a power of two */
+    const double v = n * pow2(e - t->mbits);
+    if (v > t->max) return sign | (saturate ? t->max_code : t->overflow_code);
+    if (v == 0) return sign;
+    /* encode v from its value: its binade is e, or e + 1 when the rounding carried */
+    if (v < pow2(t->emin)) return sign | (uint32_t)n; /* subnormal: n quanta */
+    const int ev = v >= pow2(e + 1) ? e + 1 : e;
+    const uint32_t frac = (uint32_t)((v * pow2(-ev) - 1.0) * pow2(t->mbits));
+    return sign | (uint32_t)(ev + 1 - t->emin) << t->mbits | frac;
+}
+
+static uint64_t step = 1; /* every input, or one in a prime in quick mode */
+
+typedef struct sweep {
+    uint64_t begin, end;
+    uint64_t bad[8];
+    uint32_t first_bad[8];
+} sweep;
+
+enum { PUBLIC_FP16, TABLE_PORTABLE, TABLE_AVX2, TABLE_AVX512, E4M3_SAT, E4M3_RAW, E5M2_SAT, E5M2_RAW };
+static const char *const names[8] = {"parity_fp16_from_f32", "round_fp16 (portable)",
+                                     "round_fp16 (avx2)", "round_fp16 (avx512)",
+                                     "E4M3 saturating", "E4M3 non-saturating",
+                                     "E5M2 saturating", "E5M2 non-saturating"};
+static const kernels *tables[3]; /* portable, avx2, avx512 where this CPU has them */
+
+static void count(sweep *s, int what, uint32_t got, uint32_t want, uint32_t u) {
+    if (got == want) return;
+    if (!s->bad[what]) s->first_bad[what] = u;
+    s->bad[what]++;
+}
+
+static void *sweep_run(void *arg) {
+    sweep *s = arg;
+    enum { BLOCK = 4096 };
+    float x[BLOCK], y[BLOCK];
+    uint32_t u[BLOCK];
+    uint8_t c8[BLOCK];
+    for (uint64_t v = s->begin; v < s->end; v += BLOCK * step) {
+        size_t n = 0;
+        for (; n < BLOCK && v + n * step < s->end; n++) u[n] = (uint32_t)(v + n * step);
+        for (size_t i = 0; i < n; i++) x[i] = f32_from_bits(u[i]);
+        uint32_t want16[BLOCK];
+        for (size_t i = 0; i < n; i++) {
+            want16[i] = want_code(&FP16, u[i], 0);
+            count(s, PUBLIC_FP16, parity_fp16_from_f32(x[i]), want16[i], u[i]);
+        }
+        for (int t = 0; t < 3; t++) {
+            if (!tables[t]) continue;
+            memcpy(y, x, n * sizeof *y);
+            tables[t]->round_fp16(y, n);
+            for (size_t i = 0; i < n; i++) {
+                /* round_fp16 holds the value in fp32: it must be the widened code */
+                count(s, TABLE_PORTABLE + t, f32_bits(y[i]),
+                      f32_bits(f16_to_f32((uint16_t)want16[i])), u[i]);
+            }
+        }
+        const struct {
+            int format, saturate, what;
+            const target *t;
+        } fp8[] = {{PARITY_FP8_E4M3, 1, E4M3_SAT, &E4M3}, {PARITY_FP8_E4M3, 0, E4M3_RAW, &E4M3},
+                   {PARITY_FP8_E5M2, 1, E5M2_SAT, &E5M2}, {PARITY_FP8_E5M2, 0, E5M2_RAW, &E5M2}};
+        for (int f = 0; f < 4; f++) {
+            if (parity_fp8_from_f32(fp8[f].format, fp8[f].saturate, n, x, c8) != PARITY_OK) {
+                count(s, fp8[f].what, 1, 0, u[0]);
+                continue;
+            }
+            for (size_t i = 0; i < n; i++)
+                count(s, fp8[f].what, c8[i], want_code(fp8[f].t, u[i], fp8[f].saturate), u[i]);
+        }
+    }
+    return NULL;
+}
+
+/* The value of a code from its fields: (-1)^s 2^(e - bias) (1 + f / 2^mbits), subnormals
+ * 2^(emin) (f / 2^mbits); `ieee`: the top exponent holds infinities and NaNs. */
+static float decode(const target *t, uint32_t code, int ieee) {
+    const int ebits = t == &FP16 ? 5 : t == &E4M3 ? 4 : 5;
+    const int bias = 1 - t->emin;
+    const uint32_t mag = code & (t->sign - 1);
+    const int e = (int)(mag >> t->mbits), f = (int)(mag & ((1u << t->mbits) - 1));
+    double v;
+    if (ieee && e == (1 << ebits) - 1)
+        v = f ? NAN : INFINITY;
+    else if (!ieee && mag == t->nan_code)
+        v = NAN;
+    else if (e == 0)
+        v = ldexp((double)f, t->emin - t->mbits);
+    else
+        v = ldexp(1.0 + ldexp((double)f, -t->mbits), e - bias);
+    return (float)((code & t->sign) ? -v : v);
+}
+
+static int same_value(float got, float want) {
+    return isnan(want) ? isnan(got) && signbit(got) == signbit(want)
+                       : f32_bits(got) == f32_bits(want);
+}
+
+int main(void) {
+    if (quick()) step = 31;
+    for (int e = -160; e <= 160; e++) pow2_table[e + 160] = ldexp(1.0, e);
+    tables[0] = &kernels_portable;
+#if defined(PARITY_HAVE_AVX2)
+    if (parity_set_cpu_path(PARITY_CPU_AVX2) == PARITY_OK) tables[1] = kernel_table(PARITY_CPU_AVX2);
+#endif
+#if defined(PARITY_HAVE_AVX512)
+    if (parity_set_cpu_path(PARITY_CPU_AVX512) == PARITY_OK)
+        tables[2] = kernel_table(PARITY_CPU_AVX512);
+#endif
+    for (int t = 0; t < 3; t++)
+        if (!tables[t]) fprintf(stderr, "test_formats: %s: not on this CPU, skipped\n", names[1 + t]);
+
+    sweep parts[2] = {{0, 1ull << 31, {0}, {0}}, {1ull << 31, 1ull << 32, {0}, {0}}};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, sweep_run, &parts[1]) == 0);
+    sweep_run(&parts[0]);
+    pthread_join(th, NULL);
+    for (int w = 0; w < 8; w++)
+        for (int i = 0; i < 2; i++) {
+            if (parts[i].bad[w])
+                fprintf(stderr, "%s: %" PRIu64 " wrong, first 0x%08" PRIx32 "\n", names[w],
+                        parts[i].bad[w], parts[i].first_bad[w]);
+            CHECK_INT(parts[i].bad[w], 0);
+        }
+
+    /* by hand: the edges each rule is about */
+    CHECK_INT(parity_fp16_from_f32(65504.0f), 0x7bff);
+    CHECK_INT(parity_fp16_from_f32(65519.996f), 0x7bff);  /* below the tie */
+    CHECK_INT(parity_fp16_from_f32(65520.0f), 0x7c00);    /* tie, odd: -> inf */
+    CHECK_INT(parity_fp16_from_f32(0x1p-25f), 0x0000);    /* subnormal tie, even: 0 */
+    CHECK_INT(parity_fp16_from_f32(0x1.000002p-25f), 0x0001);
+    CHECK_INT(parity_fp16_from_f32(0x1.8p-24f), 0x0002);  /* 1.5 quanta: tie, up to even */
+    CHECK_INT(parity_fp16_from_f32(-NAN), 0x7e00);
+    CHECK_INT(parity_fp16_from_f32(f32_from_bits(0x7f800001u)), 0x7e00);
+    uint8_t c[8];
+    const float edges[8] = {448.0f, 464.0f, 464.00003f, 480.0f, INFINITY, -1e30f, 0x1p-10f, 0x1.000002p-10f};
+    CHECK_OK(parity_fp8_from_f32(PARITY_FP8_E4M3, 1, 8, edges, c));
+    const uint8_t sat[8] = {0x7e, 0x7e, 0x7e, 0x7e, 0x7e, 0xfe, 0x00, 0x01};
+    for (int i = 0; i < 8; i++) CHECK_INT(c[i], sat[i]);
+    CHECK_OK(parity_fp8_from_f32(PARITY_FP8_E4M3, 0, 8, edges, c));
+    const uint8_t raw[8] = {0x7e, 0x7e, 0x7f, 0x7f, 0x7f, 0xff, 0x00, 0x01};
+    for (int i = 0; i < 8; i++) CHECK_INT(c[i], raw[i]);
+    const float e5[4] = {57344.0f, 61439.996f, 61440.0f, -INFINITY};
+    CHECK_OK(parity_fp8_from_f32(PARITY_FP8_E5M2, 0, 4, e5, c));
+    CHECK(c[0] == 0x7b && c[1] == 0x7b && c[2] == 0x7c && c[3] == 0xfc);
+    CHECK_OK(parity_fp8_from_f32(PARITY_FP8_E5M2, 1, 4, e5, c));
+    CHECK(c[0] == 0x7b && c[1] == 0x7b && c[2] == 0x7b && c[3] == 0xfb);
+
+    /* decoding: every code against its fields; the round trip is the identity */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float x = parity_fp16_to_f32((uint16_t)h), want = decode(&FP16, h, 1);
+        if (!same_value(x, want)) bad++;
+        if (!isnan(x) && parity_fp16_from_f32(x) != h) bad++;
+    }
+    CHECK_INT(bad, 0);
+    uint8_t codes[256], back[256];
+    float vals[256];
+    for (int i = 0; i < 256; i++) codes[i] = (uint8_t)i;
+    const struct {
+        int format;
+        const target *t;
+        int ieee;
+    } f8[2] = {{PARITY_FP8_E4M3, &E4M3, 0}, {PARITY_FP8_E5M2, &E5M2, 1}};
+    for (int f = 0; f < 2; f++) {
+        CHECK_OK(parity_fp8_to_f32(f8[f].format, 256, codes, vals));
+        CHECK_OK(parity_fp8_from_f32(f8[f].format, 0, 256, vals, back));
+        int bad8 = 0;
+        for (int i = 0; i < 256; i++) {
+            if (!same_value(vals[i], decode(f8[f].t, (uint32_t)i, f8[f].ieee))) bad8++;
+            if (!isnan(vals[i]) && back[i] != i) bad8++;
+        }
+        CHECK_INT(bad8, 0);
+    }
+
+    /* bad arguments */
+    CHECK_STATUS(parity_fp8_from_f32(2, 1, 1, edges, c), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_fp8_from_f32(PARITY_FP8_E4M3, 1, 1, NULL, c), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_fp8_to_f32(PARITY_FP8_E5M2, 1, codes, NULL), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_OK(parity_fp8_to_f32(PARITY_FP8_E5M2, 0, NULL, NULL));
+    return check_report("test_formats");
+}
