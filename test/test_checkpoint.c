@@ -12,7 +12,10 @@
  *      d. every way a checkpoint can be wrong gets its own status, a message naming the
  *         tensor, field or file, and leaves *out untouched;
  *      e. bad "synthetic:" specs are refused;
- *      f. rotary_emb.inv_freq tensors are accepted and ignored. */
+ *      f. rotary_emb.inv_freq tensors are accepted and ignored;
+ *      g. fp16 policies read F32 masters rounded once to fp16 (bitwise as an F16 file of
+ *         those values, unlike one rounded through bf16), and a value beyond fp16's range is
+ *         refused when an fp16 scorer is made, naming the tensor and element. */
 #include <ftw.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -506,6 +509,79 @@ static void test_float_dtypes(const parity_model *orig, const ckpt *base) {
     ckpt_free(&exact);
 }
 
+/* g. fp16 policies read the checkpoint's own values in fp16: F32 masters rounded once to fp16
+ * (never through bf16), F16 values as they are; a value beyond fp16's range is refused when
+ * the first fp16 scorer is made, naming the tensor, while bf16 policies still load it. */
+static uint32_t f16_rne_bits(uint32_t u, uint32_t unused) {
+    (void)unused;
+    float x;
+    memcpy(&x, &u, 4);
+    return parity_fp16_from_f32(x);
+}
+
+static uint32_t f16_via_bf16_bits(uint32_t u, uint32_t unused) {
+    (void)unused;
+    float x;
+    memcpy(&x, &u, 4);
+    return parity_fp16_from_f32(parity_bf16_to_f32(parity_bf16_from_f32(x)));
+}
+
+static void test_fp16_weights(const ckpt *base) {
+    static const char *const fp16_presets[] = {"hf-eager+fp16", "vllm+fp16", NULL};
+    char dir[PATH_LEN], dir2[PATH_LEN], dir3[PATH_LEN];
+    ckpt masters, rne, detour;
+    ckpt_copy(&masters, base);
+    /* fp32 masters with low bits that bf16 drops and fp16 partly keeps */
+    ckpt_bf16_to_f32(&masters, 0x5a5au);
+    ckpt_copy(&rne, &masters);
+    ckpt_convert(&rne, NULL, 4, "F16", 2, f16_rne_bits, 0);
+    ckpt_copy(&detour, &masters);
+    ckpt_convert(&detour, NULL, 4, "F16", 2, f16_via_bf16_bits, 0);
+    write_variant("fp16-masters", &masters, 0, dir);
+    write_variant("fp16-rne", &rne, 0, dir2);
+    write_variant("fp16-detour", &detour, 0, dir3);
+    parity_model *m = load(dir), *r = load(dir2), *d = load(dir3);
+    check_same_scores(m, r, fp16_presets, "F32 masters against their fp16 values in F16");
+    if (m && d) {
+        float a[TINY_LEN - 1], b[TINY_LEN - 1];
+        score(m, "hf-eager+fp16", tiny_tokens, TINY_LEN, a);
+        score(d, "hf-eager+fp16", tiny_tokens, TINY_LEN, b);
+        int n_diff = 0;
+        for (int i = 0; i < TINY_LEN - 1; i++) n_diff += memcmp(&a[i], &b[i], 4) != 0;
+        printf("F32 masters against fp16 through a bf16 cast, hf-eager+fp16: %d of %d log-probs "
+               "differ\n", n_diff, TINY_LEN - 1);
+        CHECK(n_diff > 0);
+    }
+    parity_model_free(d);
+    parity_model_free(r);
+    parity_model_free(m);
+
+    /* 70000 fits bf16, not fp16 (|x| >= 65520 rounds to infinity) */
+    tensor *t = ckpt_get(&masters, "model.layers.0.mlp.down_proj.weight");
+    const float big = 70000.0f;
+    CHECK(t != NULL);
+    if (t) memcpy(t->data + 4 * 5, &big, 4);
+    write_variant("fp16-overflow", &masters, 0, dir);
+    m = load(dir);
+    if (m) {
+        parity_scorer_params p;
+        parity_scorer_default_params(&p);
+        parity_scorer *s = NULL;
+        CHECK_OK(parity_policy_from_name("hf-eager+fp16", &p.policy));
+        CHECK_STATUS(parity_scorer_create(m, &p, &s), PARITY_ERR_TENSOR_NONFINITE);
+        check_message("model.layers.0.mlp.down_proj.weight");
+        check_message("element 5");
+        CHECK(s == NULL);
+        CHECK_OK(parity_policy_from_name("hf-eager", &p.policy));
+        CHECK_OK(parity_scorer_create(m, &p, &s));
+        parity_scorer_free(s);
+    }
+    parity_model_free(m);
+    ckpt_free(&detour);
+    ckpt_free(&rne);
+    ckpt_free(&masters);
+}
+
 /* c. shards, unaligned BF16 data, f. rotary_emb.inv_freq. */
 static void test_layouts(const parity_model *orig, const ckpt *base) {
     char dir[PATH_LEN];
@@ -760,6 +836,7 @@ int main(void) {
     CHECK(base.n > 0 && base.n < 256);
 
     test_float_dtypes(orig, &base);
+    test_fp16_weights(&base);
     test_layouts(orig, &base);
     printf("failures, as expected:\n");
     test_bad_tensors(&base);

@@ -384,6 +384,50 @@ int main(void) {
     }
 
     parity_scorer_free(scorer);
+
+    /* an fp16 policy on an updated model: the fp16 copies follow each update (the masters
+     * rounded once to fp16), an update the fp16 copies cannot hold is refused whole, and the
+     * scores equal those of a model loaded fresh with the same masters */
+    {
+        parity_scorer *s16 = new_scorer(m, (fixture){.policy = "hf-eager+fp16"});
+        const size_t i = slot_index(&L2, "model.layers.0.mlp.down_proj.weight");
+        const weight *w = L2.slots[i].dst;
+        const size_t count = (size_t)w->rows * w->cols;
+        CHECK(s16 != NULL && w->fp16 != NULL);
+        if (s16 && w->fp16) {
+            push_all(m, &L2);
+            int copies_follow = 1;
+            for (size_t k = 0; k < count; k++)
+                copies_follow &= w->fp16[k] == parity_fp16_to_f32(parity_fp16_from_f32(L2.master[i][k]));
+            CHECK(copies_follow);
+            float *big = malloc(count * 4);
+            memcpy(big, L.master[i], count * 4);
+            big[3] = 70000.0f; /* a bf16 value, beyond fp16's range */
+            parity_tensor_data two[2] = {as_f32(&L, 0), as_f32(&L, i)};
+            two[1].data = big;
+            const uint64_t version = parity_model_version(m);
+            CHECK_STATUS(parity_model_update(m, two, 2), PARITY_ERR_TENSOR_NONFINITE);
+            CHECK(strstr(parity_last_error(), "fp16") != NULL);
+            CHECK_INT(parity_model_version(m), version);
+            CHECK(memcmp(w->master, L2.master[i], count * 4) == 0);
+            float lp_updated[47], lp_fresh[47];
+            uint32_t len = 48;
+            score_raw(s16, probe_tokens, &len, 1, lp_updated);
+            parity_model *fresh = NULL;
+            CHECK_OK(parity_model_load(model_dir(), &fresh));
+            if (fresh) {
+                push_all(fresh, &L2);
+                parity_scorer *f16 = new_scorer(fresh, (fixture){.policy = "hf-eager+fp16"});
+                score_raw(f16, probe_tokens, &len, 1, lp_fresh);
+                CHECK_BITS_F32(lp_updated, lp_fresh, 47, "fp16 scores after updates vs a fresh model");
+                parity_scorer_free(f16);
+                parity_model_free(fresh);
+            }
+            free(big);
+        }
+        parity_scorer_free(s16);
+    }
+
     parity_model_free(m);
     learner_free(&L);
     learner_free(&L2);
