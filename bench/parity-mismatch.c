@@ -22,8 +22,11 @@
  *      greedily once (temperature 0, --greedy-tokens long).
  * Sections of the report:
  *   headline  sampler S (vllm) against learner L (hf-eager: other rounding points), against L
- *             with its regions aligned, against S itself, S+aligned on both sides, S with other
- *             decode kernels, and the fp32 learner;
+ *             with its regions aligned, against S itself, S+aligned on both sides (the same
+ *             policy; then S+aligned -> L+aligned, each side keeping its own attention), S with
+ *             other decode kernels, and the fp32 learner; then the formats: S+fp16 -> L+fp16
+ *             (the same mismatched pair with every rounding point in fp16), S+fp16 -> S+fp16,
+ *             and an fp16 sampler against the bf16 learner S;
  *   matrix    every sampler policy x every learner policy, plus kernel-order rows: the
  *             sampler's decode steps with split-K GEMMs (--split-k chunks) and/or split-KV
  *             attention (--split-kv positions per segment), as engines run them, for the
@@ -943,13 +946,22 @@ static void add_headline_jobs(job_list *jl, const options *o, const spec *S, con
     uint32_t k[4], kv[4];
     int n_orders = kernel_orders(o, k, kv);
     char name[2 * NAME_MAX_LEN];
-    spec l_aligned = *L, s_aligned = *S, fp32;
+    spec l_aligned = *L, s_aligned = *S, fp32, s_fp16, l_fp16;
     int has_aligned = strstr(L->name, "+aligned") || strstr(S->name, "+aligned");
     if (!has_aligned) {
         snprintf(name, sizeof name, "%s+aligned", L->name);
         spec_from_name(name, &l_aligned);
         snprintf(name, sizeof name, "%s+aligned", S->name);
         spec_from_name(name, &s_aligned);
+    }
+    /* the same pair with every rounding point in fp16, when both sides are bf16 policies */
+    const int fp16_rows = S->policy.compute == PARITY_COMPUTE_BF16 &&
+                          L->policy.compute == PARITY_COMPUTE_BF16;
+    if (fp16_rows) {
+        snprintf(name, sizeof name, "%s+fp16", S->name);
+        spec_from_name(name, &s_fp16);
+        snprintf(name, sizeof name, "%s+fp16", L->name);
+        spec_from_name(name, &l_fp16);
     }
     spec_from_name("fp32", &fp32);
     snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, L->name, &L->policy)->note, 64,
@@ -959,6 +971,8 @@ static void add_headline_jobs(job_list *jl, const options *o, const spec *S, con
                  "learner regions aligned, not to S");
         snprintf(add_job(jl, SEC_HEADLINE, &s_aligned, 0, 0, s_aligned.name,
                          &s_aligned.policy)->note, 64, "both +aligned");
+        snprintf(add_job(jl, SEC_HEADLINE, &s_aligned, 0, 0, l_aligned.name,
+                         &l_aligned.policy)->note, 64, "both +aligned, own attention");
     }
     snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, S->name, &S->policy)->note, 64,
              "learner = sampler policy");
@@ -967,6 +981,14 @@ static void add_headline_jobs(job_list *jl, const options *o, const spec *S, con
                  "same rounding, other kernels");
     snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, fp32.name, &fp32.policy)->note, 64,
              "learner fp32");
+    if (fp16_rows) {
+        snprintf(add_job(jl, SEC_HEADLINE, &s_fp16, 0, 0, l_fp16.name, &l_fp16.policy)->note, 64,
+                 "fp16: mismatched rounding points");
+        snprintf(add_job(jl, SEC_HEADLINE, &s_fp16, 0, 0, s_fp16.name, &s_fp16.policy)->note, 64,
+                 "fp16: learner = sampler policy");
+        snprintf(add_job(jl, SEC_HEADLINE, &s_fp16, 0, 0, S->name, &S->policy)->note, 64,
+                 "fp16 sampler, bf16 learner");
+    }
 }
 
 /* One region at a time (attention alone too), then pairs, then the three, then attention, then
