@@ -14,8 +14,10 @@ The forward runs the pieces of libparity's own forward, on CPU tensors:
     buffers of the C region kernels cannot hold); RoPE through parity.torch (torch operations
     that reproduce the C kernel bit for bit);
   - every rounding point as parity.torch.round_point: bf16 values held in fp32 tensors.
-So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head), both
-backends and the three log-prob modes.
+So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head, +fp16),
+both backends and the three log-prob modes. Under compute "fp16" the same holds with fp16 in
+place of bf16: the kernels read the masters' fp16 casts, the region kernels fp16 buffers, and
+every rounding point rounds to fp16 (a master beyond fp16's range raises ValueError).
 
 The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
 fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
@@ -51,7 +53,8 @@ __all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprob
 
 _f32 = _torch.float32
 _bf16 = _torch.bfloat16
-_BF16, _F32 = 0, 2   # parity_dtype
+_f16 = _torch.float16
+_BF16, _F16, _F32 = 0, 1, 2   # parity_dtype
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -96,19 +99,43 @@ def _compute_fp32(pol):
     return pol.compute == 1
 
 
-def _weight_data(w, pol):
+def _half(pol):
+    """The 16-bit dtype of a policy's values: float16 under compute "fp16", else bfloat16."""
+    return _f16 if pol.compute == 2 else _bf16
+
+
+def _check_fp16_range(w, h, name):
+    """h = fp16(w): a finite master that became infinite is beyond what fp16 holds."""
+    if bool(_torch.isinf(h).any()) and not bool(_torch.isinf(w).any()):
+        raise ValueError("%s holds a value beyond fp16's range (|x| >= 65520 rounds to "
+                         "infinity), which an fp16 policy cannot hold" % name)
+
+
+def _weight_data(w, pol, name="a weight"):
     """What the kernels read of a weight (an fp32 master tensor): its bf16 round-to-nearest-
-    even bits (compute "bf16") or the master itself (compute "fp32"); (tensor, dtype)."""
+    even bits (compute "bf16"), its fp16 ones (compute "fp16"; a master beyond fp16's range
+    raises ValueError, as the library refuses it) or the master itself (compute "fp32");
+    (tensor, dtype)."""
     w = w.detach()
     if _compute_fp32(pol):
         return w.contiguous(), _F32
+    if pol.compute == 2:
+        h = w.to(_f16).contiguous()
+        _check_fp16_range(w, h, name)
+        return h, _F16
     return w.to(_bf16).contiguous(), _BF16
 
 
-def _weight_values(w, pol):
-    """The fp32 values the forward multiplies by (bf16(w) under compute "bf16"), with the
-    gradient reaching w straight through the cast."""
-    return w if _compute_fp32(pol) else _pt._round(w)
+def _weight_values(w, pol, name="a weight"):
+    """The fp32 values the forward multiplies by (bf16(w) under compute "bf16", fp16(w) under
+    "fp16", with _weight_data's range check), with the gradient reaching w straight through
+    the cast."""
+    if _compute_fp32(pol):
+        return w
+    v = _pt._round(w, _half(pol))
+    if pol.compute == 2:
+        _check_fp16_range(w, v, name)
+    return v
 
 
 def _addr(t):
@@ -233,7 +260,7 @@ def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool):
     bias_values = None
     if bias is not None:
         bias_values = bias.detach().contiguous() if _compute_fp32(pol) else \
-            bias.detach().to(_bf16).to(_f32)
+            bias.detach().to(_half(pol)).to(_f32)
     return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool)
 
 
@@ -440,9 +467,9 @@ def _u16(t):
     return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_uint16))
 
 
-def _bits(x):
-    """A contiguous bf16 copy of an fp32 tensor of bf16 values (exact)."""
-    return x.detach().to(_bf16).contiguous()
+def _bits(x, dtype):
+    """A contiguous bf16 (or fp16) copy of an fp32 tensor of bf16 (fp16) values (exact)."""
+    return x.detach().to(dtype).contiguous()
 
 
 def _rms_formula(x, w, eps):
@@ -454,10 +481,10 @@ class _RmsnormResidualC(_torch.autograd.Function):
     straight through, the norm's fp32 formula."""
 
     @staticmethod
-    def forward(ctx, delta, h, w, eps, pol_c):
+    def forward(ctx, delta, h, w, eps, pol_c, dtype):
         dim = h.shape[-1]
         rows = h.numel() // dim
-        d16, h16, w16 = _bits(delta), _bits(h), _bits(w)
+        d16, h16, w16 = _bits(delta, dtype), _bits(h, dtype), _bits(w, dtype)
         res, out = _torch.empty_like(h16), _torch.empty_like(h16)
         lib.parity_rmsnorm_residual(ctypes.byref(pol_c), rows, dim, _u16(d16), dim, _u16(h16),
                                     dim, _u16(w16), eps, _u16(res), dim, _u16(out), dim)
@@ -472,17 +499,17 @@ class _RmsnormResidualC(_torch.autograd.Function):
             s = h + delta
             out = _rms_formula(s, w, ctx.eps)
             gd, gh, gw = _torch.autograd.grad([s, out], (delta, h, w), [g_res, g_out])
-        return gd, gh, gw, None, None
+        return gd, gh, gw, None, None, None
 
 
 class _RmsnormC(_torch.autograd.Function):
     """parity_rmsnorm (qk: Qwen3's q/k-norm switch); backward: the fp32 formula."""
 
     @staticmethod
-    def forward(ctx, x, w, eps, qk, pol_c):
+    def forward(ctx, x, w, eps, qk, pol_c, dtype):
         dim = x.shape[-1]
         rows = x.numel() // dim
-        x16, w16 = _bits(x), _bits(w)
+        x16, w16 = _bits(x, dtype), _bits(w, dtype)
         out = _torch.empty_like(x16)
         lib.parity_rmsnorm(ctypes.byref(pol_c), int(qk), rows, dim, _u16(x16), dim, _u16(w16),
                            eps, _u16(out), dim)
@@ -495,17 +522,17 @@ class _RmsnormC(_torch.autograd.Function):
         x, w = (t.detach().requires_grad_() for t in ctx.saved_tensors)
         with _torch.enable_grad():
             gx, gw = _torch.autograd.grad(_rms_formula(x, w, ctx.eps), (x, w), g)
-        return gx, gw, None, None, None
+        return gx, gw, None, None, None, None
 
 
 class _SwigluC(_torch.autograd.Function):
     """parity_swiglu; backward: the fp32 formula g sigmoid(g) u."""
 
     @staticmethod
-    def forward(ctx, g, u, pol_c):
+    def forward(ctx, g, u, pol_c, dtype):
         dim = g.shape[-1]
         rows = g.numel() // dim
-        g16, u16 = _bits(g), _bits(u)
+        g16, u16 = _bits(g, dtype), _bits(u, dtype)
         out = _torch.empty_like(g16)
         lib.parity_swiglu(ctypes.byref(pol_c), rows, dim, _u16(g16), dim, _u16(u16), dim,
                           _u16(out), dim)
@@ -517,25 +544,25 @@ class _SwigluC(_torch.autograd.Function):
         g, u = (t.detach().requires_grad_() for t in ctx.saved_tensors)
         with _torch.enable_grad():
             gg, gu = _torch.autograd.grad(g * _torch.sigmoid(g) * u, (g, u), grad)
-        return gg, gu, None
+        return gg, gu, None, None
 
 
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol):
     if _compute_fp32(pol):
         return _pt._rmsnorm_residual_f32(delta, h, w, eps, pol)
-    return _RmsnormResidualC.apply(delta, h, w, eps, pol_c)
+    return _RmsnormResidualC.apply(delta, h, w, eps, pol_c, _half(pol))
 
 
 def _rmsnorm(x, w, eps, pol_c, pol, qk=False):
     if _compute_fp32(pol):
         return _pt._rmsnorm_f32(x, w, eps, pol, qk)
-    return _RmsnormC.apply(x, w, eps, qk, pol_c)
+    return _RmsnormC.apply(x, w, eps, qk, pol_c, _half(pol))
 
 
 def _swiglu(g, u, pol_c, pol):
     if _compute_fp32(pol):
         return _pt._swiglu_f32(g, u, pol)
-    return _SwigluC.apply(g, u, pol_c)
+    return _SwigluC.apply(g, u, pol_c, _half(pol))
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
@@ -724,22 +751,22 @@ class CausalLM(_torch.nn.Module):
         positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
         T, hd = tokens.numel(), c["head_dim"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
-        bf16 = not _compute_fp32(pol)
+        rd = _pt._round_dtype(pol)
 
         def rnd(x):
-            return _pt._round(x) if bf16 else x
+            return _pt._round(x, rd) if rd is not None else x
 
         def lin(x, prefix, bias=False):
             w = self._param(prefix + ".weight")
             b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
-            data, dtype = _weight_data(w, pol)
+            data, dtype = _weight_data(w, pol, prefix + ".weight")
             return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool))
 
         def vec(name):
-            return _weight_values(self._param(name), pol)
+            return _weight_values(self._param(name), pol, name)
 
         emb = self._param("model.embed_tokens.weight")
-        data, dtype = _weight_data(emb, pol)
+        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
         h = _Embedding.apply(tokens, emb, data, dtype)
         cos, sin = _pt.rope_cos_sin(positions, hd, c["rope_theta"], pol)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -775,8 +802,8 @@ class CausalLM(_torch.nn.Module):
         idx = _torch.tensor(rows, dtype=_torch.int64)
         head_name = "model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"
         norm_w, lm_w = self._param("model.norm.weight"), self._param(head_name)
-        nd, dtype = _weight_data(norm_w, pol)
-        ld, _ = _weight_data(lm_w, pol)
+        nd, dtype = _weight_data(norm_w, pol, "model.norm.weight")
+        ld, _ = _weight_data(lm_w, pol, head_name)
         if idx.numel():
             lp, logits = _Head.apply(h.index_select(0, idx).contiguous(),
                                      delta.index_select(0, idx).contiguous(), norm_w, lm_w, nd,

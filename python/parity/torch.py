@@ -65,25 +65,41 @@ def _policy(policy):
 _policies = {}
 
 
+_f16 = _torch.float16
+
+
 class _RoundPoint(_torch.autograd.Function):
-    """A rounding point: fp32 -> bf16 (nearest even) -> fp32 forward; the gradient passes
-    straight through, unchanged and in fp32 (d round(x) / dx = 1)."""
+    """A rounding point: fp32 -> bf16 (or fp16; nearest even) -> fp32 forward; the gradient
+    passes straight through, unchanged and in fp32 (d round(x) / dx = 1)."""
 
     @staticmethod
-    def forward(ctx, x):
-        return x.to(_bf16).to(_f32)
+    def forward(ctx, x, dtype):
+        return x.to(dtype).to(_f32)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad
+        return grad, None
 
 
-def _round(x):
-    """The rounding point: fp32 -> bf16 (nearest even, NaN -> 0x7fc0) -> fp32, with the
-    straight-through gradient (identity, fp32) when x needs one."""
+def _round(x, dtype=_bf16):
+    """The rounding point: fp32 -> bf16 (nearest even, NaN -> 0x7fc0; fp16 with dtype
+    float16, overflow to inf) -> fp32, with the straight-through gradient (identity, fp32)
+    when x needs one."""
     if x.requires_grad:
-        return _RoundPoint.apply(x)
-    return x.to(_bf16).to(_f32)
+        return _RoundPoint.apply(x, dtype)
+    return x.to(dtype).to(_f32)
+
+
+def _round_dtype(pol):
+    """The dtype a policy's rounding points round to: bf16 under compute "bf16", fp16 under
+    compute "fp16", None (no rounding) under compute "fp32"."""
+    return {0: _bf16, 2: _f16}.get(pol.compute)
+
+
+def _buffer_dtype(pol):
+    """The dtype of the 16-bit tensors the public region functions take: fp16 under compute
+    "fp16", bf16 otherwise (as the C region API's buffers)."""
+    return _f16 if pol.compute == 2 else _bf16
 
 
 def round_point(x):
@@ -95,26 +111,30 @@ def round_point(x):
     return _round(x)
 
 
-def _to_bf16(x):
+def _to_bf16(x, dtype=_bf16):
     """fp32 -> bf16 tensor as the library stores it: nearest even, and every NaN -> 0x7fc0
-    (PyTorch's vectorised CPU conversion writes 0xffff for a NaN, its scalar one 0x7fc0)."""
-    out = x.to(_bf16)
+    (PyTorch's vectorised CPU conversion writes 0xffff for a NaN, its scalar one 0x7fc0);
+    with dtype float16, fp16 and every NaN -> 0x7e00 (the library drops a NaN's sign)."""
+    out = x.to(dtype)
     nan = _torch.isnan(x)
     if bool(nan.any()):
-        qnan = _torch.tensor(0x7FC0, dtype=_torch.int16, device=x.device).view(_bf16)
+        qnan = _torch.tensor(0x7FC0 if dtype == _bf16 else 0x7E00, dtype=_torch.int16,
+                             device=x.device).view(dtype)
         out = _torch.where(nan, qnan, out)
     return out
 
 
-def _round_if(on, x):
-    return _round(x) if on else x
+def _round_if(dtype, x):
+    """A rounding point to `dtype` (bf16 or fp16), or none when dtype is None."""
+    return _round(x, dtype) if dtype is not None else x
 
 
-def _check_bf16(t, name):
+def _check_bf16(t, name, dtype=_bf16):
     if not isinstance(t, _torch.Tensor):
         raise TypeError("%s must be a torch.Tensor, not %s" % (name, type(t).__name__))
-    if t.dtype != _bf16:
-        raise TypeError("%s must be a bfloat16 tensor, not %s" % (name, t.dtype))
+    if t.dtype != dtype:
+        raise TypeError("%s must be a %s tensor under this policy, not %s"
+                        % (name, "float16" if dtype == _f16 else "bfloat16", t.dtype))
 
 
 def _const(value, like):
@@ -247,35 +267,35 @@ def _inv_rms(v, eps):
 # ---- regions ------------------------------------------------------------------------------------
 
 def _rmsnorm_residual_f32(delta, residual, weight, eps, pol):
-    """rmsnorm_residual on fp32 tensors (bf16 values under compute "bf16"): returns the
-    residual stream and the norm output as fp32, rounded where the policy rounds (nothing
-    rounds under compute "fp32")."""
-    bf16 = pol.compute == 0
-    rounded_in = bf16 and pol.norm_input == 0
-    twice = bf16 and pol.norm_weight == 0
+    """rmsnorm_residual on fp32 tensors (bf16 values under compute "bf16", fp16 ones under
+    "fp16"): returns the residual stream and the norm output as fp32, rounded where the policy
+    rounds (nothing rounds under compute "fp32")."""
+    rd = _round_dtype(pol)
+    rounded_in = rd if pol.norm_input == 0 else None
+    twice = rd if pol.norm_weight == 0 else None
     s = residual + delta
     v = _round_if(rounded_in, s)
     r = _inv_rms(v, eps)
-    out = _round_if(bf16, weight * _round_if(twice, v * r))
-    return _round_if(bf16, s), out
+    out = _round_if(rd, weight * _round_if(twice, v * r))
+    return _round_if(rd, s), out
 
 
 def _rmsnorm_f32(x, weight, eps, pol, qk_norm=False):
-    """rmsnorm on an fp32 tensor, the output fp32 (rounded under compute "bf16")."""
-    bf16 = pol.compute == 0
-    twice = bf16 and (pol.qk_norm if qk_norm else pol.norm_weight) == 0
+    """rmsnorm on an fp32 tensor, the output fp32 (rounded under compute "bf16"/"fp16")."""
+    rd = _round_dtype(pol)
+    twice = rd if (pol.qk_norm if qk_norm else pol.norm_weight) == 0 else None
     r = _inv_rms(x, eps)
-    return _round_if(bf16, weight * _round_if(twice, x * r))
+    return _round_if(rd, weight * _round_if(twice, x * r))
 
 
 def _swiglu_f32(g, u, pol):
-    """swiglu on fp32 tensors, the output fp32 (rounded under compute "bf16")."""
-    bf16 = pol.compute == 0
-    per_op = bf16 and pol.swiglu == 0
+    """swiglu on fp32 tensors, the output fp32 (rounded under compute "bf16"/"fp16")."""
+    rd = _round_dtype(pol)
+    per_op = rd if pol.swiglu == 0 else None
     with _torch.no_grad():
         value = silu(g.detach())
     sg = _exact(value, g * _torch.sigmoid(g)) if g.requires_grad else value
-    return _round_if(bf16, _round_if(per_op, sg) * u)
+    return _round_if(rd, _round_if(per_op, sg) * u)
 
 
 def rmsnorm_residual(delta, residual, weight, eps=1e-6, policy="aligned"):
@@ -286,14 +306,17 @@ def rmsnorm_residual(delta, residual, weight, eps=1e-6, policy="aligned"):
     bf16(w * bf16(x * r)) for norm_weight "round-twice" and bf16(w * x * r) for "round-once".
     Under compute "fp32" nothing rounds but the bf16 outputs.
 
-    Args: delta, residual: bf16 tensors (..., dim); weight: bf16 (dim,); eps: a float (used
-    as float32). Returns (residual_out, out), bf16 tensors shaped like delta."""
-    _check_bf16(delta, "delta")
-    _check_bf16(residual, "residual")
-    _check_bf16(weight, "weight")
+    Args: delta, residual: bf16 tensors (..., dim) (float16 under compute "fp16", whose
+    rounding points round to fp16); weight: bf16 (dim,) (float16 likewise); eps: a float (used
+    as float32). Returns (residual_out, out), tensors of that dtype shaped like delta."""
+    pol = _policy(policy)
+    dt = _buffer_dtype(pol)
+    _check_bf16(delta, "delta", dt)
+    _check_bf16(residual, "residual", dt)
+    _check_bf16(weight, "weight", dt)
     res, out = _rmsnorm_residual_f32(delta.to(_f32), residual.to(_f32), weight.to(_f32), eps,
-                                     _policy(policy))
-    return _to_bf16(res), _to_bf16(out)
+                                     pol)
+    return _to_bf16(res, dt), _to_bf16(out, dt)
 
 
 def rmsnorm(x, weight, eps=1e-6, policy="aligned", qk_norm=False):
@@ -301,18 +324,24 @@ def rmsnorm(x, weight, eps=1e-6, policy="aligned", qk_norm=False):
     norm, the final norm, or Qwen3's q_norm/k_norm with qk_norm=True (which then follows the
     policy's qk_norm switch instead of norm_weight).
 
-    Args: x: bf16 (..., dim); weight: bf16 (dim,). Returns bf16 shaped like x."""
-    _check_bf16(x, "x")
-    _check_bf16(weight, "weight")
-    return _to_bf16(_rmsnorm_f32(x.to(_f32), weight.to(_f32), eps, _policy(policy), qk_norm))
+    Args: x: bf16 (..., dim); weight: bf16 (dim,) (float16 both under compute "fp16").
+    Returns a tensor of that dtype shaped like x."""
+    pol = _policy(policy)
+    dt = _buffer_dtype(pol)
+    _check_bf16(x, "x", dt)
+    _check_bf16(weight, "weight", dt)
+    return _to_bf16(_rmsnorm_f32(x.to(_f32), weight.to(_f32), eps, pol, qk_norm), dt)
 
 
 def swiglu(gate, up, policy="aligned"):
     """SwiGLU as parity_swiglu: silu(gate) * up, bf16(bf16(silu(g)) * u) for swiglu "per-op"
-    and bf16(silu(g) * u) for "fused". gate, up: bf16 tensors of one shape; returns bf16."""
-    _check_bf16(gate, "gate")
-    _check_bf16(up, "up")
-    return _to_bf16(_swiglu_f32(gate.to(_f32), up.to(_f32), _policy(policy)))
+    and bf16(silu(g) * u) for "fused". gate, up: bf16 tensors of one shape (float16 under
+    compute "fp16"); returns that dtype."""
+    pol = _policy(policy)
+    dt = _buffer_dtype(pol)
+    _check_bf16(gate, "gate", dt)
+    _check_bf16(up, "up", dt)
+    return _to_bf16(_swiglu_f32(gate.to(_f32), up.to(_f32), pol), dt)
 
 
 _tables = {}
@@ -351,7 +380,8 @@ def rope_cos_sin(positions, head_dim, theta=10000.0, policy="aligned"):
     """The cos/sin tables parity_rope uses (default RoPE) for integer `positions`.
 
     Returns (cos, sin): fp32 tensors of shape positions.shape + (head_dim // 2,), holding bf16
-    values when the policy keeps a bf16 table (rope_table "bf16" under compute "bf16")."""
+    values when the policy keeps a bf16 table (rope_table "bf16" under compute "bf16"; fp16
+    values under compute "fp16")."""
     pol = _policy(policy)
     positions = _torch.as_tensor(positions)
     if positions.dtype.is_floating_point or positions.dtype == _torch.bool:
@@ -365,8 +395,9 @@ def rope_cos_sin(positions, head_dim, theta=10000.0, policy="aligned"):
     half = head_dim // 2
     cos = _torch.tensor(cos_rows, dtype=_f32).reshape(-1, half)
     sin = _torch.tensor(sin_rows, dtype=_f32).reshape(-1, half)
-    if pol.compute == 0 and pol.rope_table == 0:
-        cos, sin = _round(cos), _round(sin)
+    rd = _round_dtype(pol)
+    if rd is not None and pol.rope_table == 0:
+        cos, sin = _round(cos, rd), _round(sin, rd)
     shape = tuple(positions.shape) + (half,)
     return (cos[inverse].reshape(shape).to(positions.device),
             sin[inverse].reshape(shape).to(positions.device))
@@ -374,14 +405,14 @@ def rope_cos_sin(positions, head_dim, theta=10000.0, policy="aligned"):
 
 def _rope_f32(x, cos, sin, pol):
     """RoPE on an fp32 tensor (..., head_dim) with the tables of rope_cos_sin broadcast to
-    x.shape[:-1] + (head_dim // 2,); the output fp32 (rounded under compute "bf16")."""
-    bf16 = pol.compute == 0
-    per_op = bf16 and pol.rope_apply == 0
+    x.shape[:-1] + (head_dim // 2,); the output fp32 (rounded under compute "bf16"/"fp16")."""
+    rd = _round_dtype(pol)
+    per_op = rd if pol.rope_apply == 0 else None
     half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]
     lo = _round_if(per_op, a * cos) - _round_if(per_op, b * sin)
     hi = _round_if(per_op, b * cos) + _round_if(per_op, a * sin)
-    return _round_if(bf16, _torch.cat([lo, hi], dim=-1))
+    return _round_if(rd, _torch.cat([lo, hi], dim=-1))
 
 
 def rope(x, positions, theta=10000.0, policy="aligned"):
@@ -397,11 +428,12 @@ def rope(x, positions, theta=10000.0, policy="aligned"):
         positions: integer tensor broadcastable to x.shape[:-1] (e.g. (tokens, 1) for
             (tokens, heads, head_dim), or (batch, 1, seq)).
         theta: the rope base.
-    Returns a bf16 tensor shaped like x."""
-    _check_bf16(x, "x")
+    Returns a bf16 tensor shaped like x (x and the result float16 under compute "fp16")."""
     pol = _policy(policy)
+    dt = _buffer_dtype(pol)
+    _check_bf16(x, "x", dt)
     cos, sin = rope_cos_sin(positions, x.shape[-1], theta, pol)
-    return _to_bf16(_rope_f32(x.to(_f32), cos.to(x.device), sin.to(x.device), pol))
+    return _to_bf16(_rope_f32(x.to(_f32), cos.to(x.device), sin.to(x.device), pol), dt)
 
 
 # The learner (parity/learner.py) builds on the functions above; its names are served from

@@ -293,6 +293,10 @@ class TestScore(unittest.TestCase):
         self.assertEqual(parity.Policy(), parity.Policy.from_name("hf-eager"))
         self.assertEqual(parity.Policy.from_name("vllm").replace(logits="fp32", temperature=1),
                          parity.Policy.from_name("vllm+fp32-head"))
+        self.assertEqual(parity.Policy.from_name("vllm").replace(compute="fp16"),
+                         parity.Policy.from_name("vllm+fp16"))
+        with self.assertRaises(parity.ParityError):
+            parity.Policy.from_name("fp32+fp16")
         self.assertIn("tiny", parity.builtin_configs())
 
     def test_acceptance_one_liner(self):

@@ -27,7 +27,8 @@ from parity.torch import CausalLM, attention, head_logprobs, linear, round_point
 
 TRAINED = os.path.join(harness.REPO, "models", "qwen3-bytes-pystdlib-4.9m")
 BF16_PRESETS = [p for p in parity.policies() if p != "fp32"]
-POLICIES = parity.policies() + [p + "+fp32-head" for p in BF16_PRESETS]
+POLICIES = parity.policies() + [p + "+fp32-head" for p in BF16_PRESETS] + \
+    ["hf-eager+fp16", "vllm+fp16"]
 MODES = [dict(mode="raw"), dict(mode="processed", temperature=0.7),
          dict(mode="processed-truncated", temperature=0.8, top_k=20, top_p=0.9)]
 TEXT = open(os.path.join(harness.REPO, "examples", "python", "grpo_group.py"), "rb").read()
@@ -190,6 +191,18 @@ class Gradients(unittest.TestCase):
         for name, p in lm.named_parameters():
             g, r = p.grad.double().flatten(), P[name].grad.double().flatten()
             self.assertLess((g - r).norm().item(), 1e-4 * r.norm().item() + 1e-9, name)
+
+    def test_fp16_refuses_what_fp16_cannot_hold(self):
+        """Under an fp16 policy a master beyond fp16's range is refused, naming the tensor (the
+        library refuses such a checkpoint too); the bf16 policy still takes it."""
+        seqs = byte_sequences([20])
+        lm = CausalLM(TRAINED, policy="hf-eager+fp16", threads=2)
+        name = "model.layers.1.mlp.up_proj.weight"
+        with torch.no_grad():
+            dict(lm.named_parameters())[name][3, 5] = 70000.0
+        with self.assertRaisesRegex(ValueError, "up_proj.*fp16"):
+            lm(seqs)
+        CausalLM(TRAINED, policy="hf-eager", threads=2)(seqs)
 
     def test_rounding_point_is_straight_through(self):
         x = (torch.randn(1000) * 3).requires_grad_()

@@ -20,7 +20,8 @@ import parity  # noqa: E402
 import parity.torch as pt  # noqa: E402
 from parity import regions  # noqa: E402
 
-POLICIES = parity.policies() + ["hf-eager+aligned", "vllm+fp32-head", "sglang+aligned"]
+POLICIES = parity.policies() + ["hf-eager+aligned", "vllm+fp32-head", "sglang+aligned",
+                                 "hf-eager+fp16", "vllm+fp16", "aligned+fp16"]
 MIXED = parity.Policy(norm_input="fp32", norm_weight="round-twice", qk_norm="round-once",
                       rope_table="fp32", rope_apply="per-op", swiglu="per-op")
 ALL = POLICIES + [MIXED]
@@ -49,8 +50,12 @@ def bits(t):
     return t.contiguous().view(torch.int16).numpy().view(np.uint16)
 
 
-def tensor(u16):
-    return torch.from_numpy(np.ascontiguousarray(u16).view(np.int16)).view(torch.bfloat16)
+def tensor(u16, pol=None):
+    """The bit patterns as a bf16 tensor, or as an fp16 one for a policy with compute "fp16"
+    (whose region buffers hold fp16 patterns)."""
+    p = parity.Policy.from_name(pol) if isinstance(pol, str) else pol
+    dtype = torch.float16 if p is not None and p.compute == 2 else torch.bfloat16
+    return torch.from_numpy(np.ascontiguousarray(u16).view(np.int16)).view(dtype)
 
 
 def random_bf16(rows, dim, kind):
@@ -174,7 +179,7 @@ class TestRegions(Bitwise):
         def run(path):
             for (rows, dim, kind), (d, r, w) in zip(cases, data):
                 for pol in ALL:
-                    ro_t, o_t = pt.rmsnorm_residual(tensor(d), tensor(r), tensor(w), 1e-6, pol)
+                    ro_t, o_t = pt.rmsnorm_residual(tensor(d, pol), tensor(r, pol), tensor(w, pol), 1e-6, pol)
                     ro_c, o_c = regions.rmsnorm_residual(d, r, w, policy=pol, eps=1e-6)
                     what = "rmsnorm_residual %s %dx%d %s %s" % (path, rows, dim, kind, pol)
                     self.assert_bits(bits(ro_t), ro_c, what + " residual_out")
@@ -190,7 +195,7 @@ class TestRegions(Bitwise):
             for (rows, dim, kind), (x, w) in zip(cases, data):
                 for pol in ALL:
                     for qk in (False, True):
-                        got = pt.rmsnorm(tensor(x), tensor(w), 1e-6, pol, qk_norm=qk)
+                        got = pt.rmsnorm(tensor(x, pol), tensor(w, pol), 1e-6, pol, qk_norm=qk)
                         want = regions.rmsnorm(x, w, policy=pol, eps=1e-6, qk_norm=qk)
                         self.assert_bits(bits(got), want, "rmsnorm %s %dx%d %s %s qk=%s"
                                          % (path, rows, dim, kind, pol, qk))
@@ -210,10 +215,10 @@ class TestRegions(Bitwise):
 
         def run(path):
             for pol in ALL:
-                self.assert_bits(bits(pt.swiglu(tensor(g8), tensor(u8), pol)),
+                self.assert_bits(bits(pt.swiglu(tensor(g8, pol), tensor(u8, pol), pol)),
                                  regions.swiglu(g8, u8, policy=pol), "swiglu all gates %s %s"
                                  % (path, pol))
-                self.assert_bits(bits(pt.swiglu(tensor(rg), tensor(ru), pol)),
+                self.assert_bits(bits(pt.swiglu(tensor(rg, pol), tensor(ru, pol), pol)),
                                  regions.swiglu(rg, ru, policy=pol), "swiglu random %s %s"
                                  % (path, pol))
         self.each_path(run)
@@ -231,7 +236,7 @@ class TestRegions(Bitwise):
         def run(path):
             for (rows, heads, hd, theta, kind), (x, pos) in zip(cases, data):
                 for pol in ALL:
-                    got = pt.rope(tensor(x), torch.from_numpy(pos).long()[:, None], theta, pol)
+                    got = pt.rope(tensor(x, pol), torch.from_numpy(pos).long()[:, None], theta, pol)
                     want = x.copy()
                     regions.rope(want, pos, policy=pol, theta=theta)
                     self.assert_bits(bits(got), want, "rope %s %dx%dx%d %s %s"
