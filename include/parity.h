@@ -187,6 +187,73 @@ PARITY_API int parity_fp8_from_f32(int format, int saturate, size_t n, const flo
 PARITY_API int parity_fp8_to_f32(int format, size_t n, const uint8_t *codes, float *out);
 
 /* ---------------------------------------------------------------------------------------- */
+/* FP8 quantizers: the scale and element rules of the public code, by name                  */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * Each rule is the fp32 arithmetic its source performs, IEEE and round to nearest even, in
+ * the order written; amax = max |x| over the block; the element step ends in the E4M3 cast
+ * with the clamp to +-448 (parity_fp8_from_f32 saturating). Block rules (fp8-block: 128 x 128
+ * weight blocks, 1 x 128 activation groups; "stored" is the fp32 dequantization multiplier a
+ * checkpoint's weight_scale_inv holds, value = code * stored):
+ *   PARITY_FP8Q_DEEPSEEK  "deepseek": s = max(amax, 1e-10) / 448, stored s, code = e4m3(x / s).
+ *       vLLM csrc/quantization/fp8/per_token_group_quant.cu, per_token_group_quant_8bit_kernel
+ *       (eps 1e-10, IEEE division); DeepSeek-V3 inference/kernel.py act_quant_kernel and
+ *       weight_quant_kernel write the same formula without eps, in Triton, whose fp32 division
+ *       is approximate (div.full.f32): their bits are not reproducible on a CPU, the formula is.
+ *   PARITY_FP8Q_SGLANG    "sglang": s = max(amax, 1e-10) / 448, stored s, code = e4m3(x * (1 / s)).
+ *       SGLang python/sglang/srt/layers/quantization/fp8_kernel.py, _per_token_group_quant_8bit
+ *       (row-major Triton; its 1.0 / y_s is Triton's approximate division on the GPU).
+ *   PARITY_FP8Q_TE        "te": m = 448 / amax (FLT_MAX if that overflows, 1 if amax = 0, eps 0),
+ *       stored 1 / m, code = e4m3(x * m). TransformerEngine common/recipe/recipe_common.cuh,
+ *       compute_scale_from_amax (__fdiv_rn), with NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1.
+ *   PARITY_FP8Q_DEEPGEMM  "deepgemm": a = max(amax, 1e-4), stored a / 448, code = e4m3(x * (448 / a)).
+ *       DeepGEMM's reference per_token_cast_to_fp8 / per_block_cast_to_fp8 (torch, IEEE).
+ *   PARITY_FP8Q_TE_POW2   "te-pow2": m as "te", then floored to a power of two (its exponent bits
+ *       kept: force_pow_2_scales), stored 1 / m (exact), code = e4m3(x * m). TE's default
+ *       Float8BlockScaling recipe (power_2_scale = True).
+ * MXFP8 rules (1 x 32 blocks along K, E8M0 scales: byte b means 2^(b - 127)):
+ *   PARITY_FP8Q_MX_OCP    "ocp": b = clamp(exponent(amax) - 8, -127, 128) + 127 (floor(log2 amax)
+ *       minus E4M3's emax, from the bits), code = e4m3(x * 2^(127 - b)). OCP MX v1.0 /
+ *       microsoft/microxcaling _shared_exponents(method="max"); torchao mx_tensor.py to_mx with
+ *       ScaleCalculationMode.FLOOR (its default). (microxcaling rounds elements half away from
+ *       zero by default; this rule rounds to nearest even, as torchao's cast does.)
+ *   PARITY_FP8Q_MX_RCEIL  "te": v = amax * (1 / 448 in fp32), b = exponent(v) rounded up when v is
+ *       not a power of two (TE common/util/ptx.cuh float_to_e8m0: NaN -> 0xff, Inf -> 0xfe,
+ *       subnormal v up to 2^-127 -> 0), code = e4m3(x * m) with m = 1 for b = 0, else
+ *       2^(127 - b) (exp2f_rcp). TransformerEngine's MXFP8 cast (and cuBLAS' RCEIL).
+ */
+enum {
+    PARITY_FP8Q_DEEPSEEK = 0,
+    PARITY_FP8Q_SGLANG = 1,
+    PARITY_FP8Q_TE = 2,
+    PARITY_FP8Q_DEEPGEMM = 3,
+    PARITY_FP8Q_TE_POW2 = 4,
+    PARITY_FP8Q_MX_OCP = 5,
+    PARITY_FP8Q_MX_RCEIL = 6,
+};
+
+/* The quantizer of a name: `mx` = 0 for the fp8-block rules ("deepseek", "sglang", "te",
+ * "deepgemm", "te-pow2"), 1 for the MXFP8 ones ("ocp", "te"). PARITY_ERR_POLICY for another. */
+PARITY_API int parity_fp8_quantizer_from_name(int mx, const char *name, int *out);
+/* The name of a quantizer ("deepseek", ..., "ocp", "te"), NULL for another value. */
+PARITY_API const char *parity_fp8_quantizer_name(int quantizer);
+
+/* Block quantization of rows x cols fp32 values (row stride x_stride) with a block rule, in
+ * blocks of block_rows x block_cols (128 x 128 for weights, 1 x 128 for activations; partial
+ * blocks at the edges): codes[r * codes_stride + c] E4M3, scales[ceil(rows / block_rows)]
+ * [ceil(cols / block_cols)] the stored fp32 multipliers. A NaN or Inf value is refused
+ * (PARITY_ERR_TENSOR_NONFINITE, naming the element), before anything is written. */
+PARITY_API int parity_fp8_quantize_blocks(int quantizer, size_t rows, size_t cols,
+                                          const float *x, size_t x_stride, uint32_t block_rows,
+                                          uint32_t block_cols, uint8_t *codes,
+                                          size_t codes_stride, float *scales);
+/* MXFP8 quantization with an MX rule: 1 x 32 blocks along each row (the last one partial),
+ * codes E4M3, scales[rows][ceil(cols / 32)] E8M0 bytes. Errors as above. */
+PARITY_API int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, const float *x,
+                                     size_t x_stride, uint8_t *codes, size_t codes_stride,
+                                     uint8_t *scales);
+
+/* ---------------------------------------------------------------------------------------- */
 /* CPU paths                                                                                */
 /* ---------------------------------------------------------------------------------------- */
 

@@ -106,3 +106,5 @@ int parity_fp8_to_f32(int format, size_t n, const uint8_t *codes, float *out) {
     for (size_t i = 0; i < n; i++) out[i] = minifloat_to_f32(f, codes[i]);
     return PARITY_OK;
 }
+
+uint8_t e4m3_from_f32_saturating(float x) { return minifloat_from_f32(&E4M3, x, 1); }

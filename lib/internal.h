@@ -135,6 +135,8 @@ static inline uint16_t f16_from_f32(float x) {
 }
 /* The fp16 rounding point: an fp32 value rounded to the nearest fp16, held in fp32. */
 static inline float round_fp16(float x) { return f16_to_f32(f16_from_f32(x)); }
+/* fp32 -> E4M3 (formats.c), round to nearest even, saturating at +-448, NaN -> sign | 0x7f. */
+uint8_t e4m3_from_f32_saturating(float x);
 
 /* ---- tables of named entries (nametable.c) -------------------------------------------- */
 

@@ -1,4 +1,5 @@
-/* fp16 and fp8 element conversions, exhaustively: fp32 -> fp16 (the public function and every
+/* fp16 and fp8 element conversions, exhaustively (and the FP8 quantizers' names, answers by
+ * hand and refusals; their known answers are test/python/test_quant.py's): fp32 -> fp16 (the public function and every
  * kernel table's round_fp16) and fp32 -> E4M3 / E5M2 (saturating and not) on all 2^32
  * inputs, against a reference computed on values rather than bits: |x| is split into its
  * binade, the quantum of the target format there is a power of two, and the magnitude is
@@ -221,6 +222,65 @@ int main(void) {
         }
         CHECK_INT(bad8, 0);
     }
+
+    /* the quantizers by name, a few answers by hand, and what they refuse (the known-answer
+     * test against an independent reference is test/python/test_quant.py) */
+    static const char *const block_names[] = {"deepseek", "sglang", "te", "deepgemm", "te-pow2"};
+    for (int q = 0; q < 5; q++) {
+        int got = -1;
+        CHECK_OK(parity_fp8_quantizer_from_name(0, block_names[q], &got));
+        CHECK_INT(got, q);
+        CHECK(strcmp(parity_fp8_quantizer_name(q), block_names[q]) == 0);
+    }
+    int qid = -1;
+    CHECK_OK(parity_fp8_quantizer_from_name(1, "ocp", &qid));
+    CHECK_INT(qid, PARITY_FP8Q_MX_OCP);
+    CHECK_OK(parity_fp8_quantizer_from_name(1, "te", &qid));
+    CHECK_INT(qid, PARITY_FP8Q_MX_RCEIL);
+    CHECK_STATUS(parity_fp8_quantizer_from_name(1, "deepseek", &qid), PARITY_ERR_POLICY);
+    CHECK_STATUS(parity_fp8_quantizer_from_name(0, "ocp", &qid), PARITY_ERR_POLICY);
+    CHECK(parity_fp8_quantizer_name(7) == NULL);
+    /* one 2 x 2 block of amax 896: deepseek's s = 2, te's m = 0.5 stored 2, te-pow2 the same */
+    const float blk[4] = {896.0f, -3.0f, 1.0f, 0.0f};
+    uint8_t qc[4];
+    float qs[1];
+    CHECK_OK(parity_fp8_quantize_blocks(PARITY_FP8Q_DEEPSEEK, 2, 2, blk, 2, 2, 2, qc, 2, qs));
+    CHECK(qs[0] == 2.0f && qc[0] == 0x7e && qc[1] == 0xbc && qc[2] == 0x30 && qc[3] == 0x00);
+    CHECK_OK(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, 2, 2, blk, 2, 2, 2, qc, 2, qs));
+    CHECK(qs[0] == 2.0f && qc[0] == 0x7e && qc[1] == 0xbc);
+    /* an all-zero block: te's scale 1 (compute_scale_from_amax), deepseek's eps */
+    const float zero4[4] = {0};
+    CHECK_OK(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, 2, 2, zero4, 2, 2, 2, qc, 2, qs));
+    CHECK(qs[0] == 1.0f && qc[0] == 0);
+    CHECK_OK(parity_fp8_quantize_blocks(PARITY_FP8Q_DEEPSEEK, 2, 2, zero4, 2, 2, 2, qc, 2, qs));
+    CHECK(qs[0] == 1e-10f / 448.0f);
+    /* MX: amax 500 saturates under the OCP floor (scale 2^0), RCEIL takes 2^1 */
+    float row[32];
+    for (int i = 0; i < 32; i++) row[i] = 1.0f;
+    row[0] = 500.0f;
+    uint8_t mc[32], ms[1];
+    CHECK_OK(parity_mxfp8_quantize(PARITY_FP8Q_MX_OCP, 1, 32, row, 32, mc, 32, ms));
+    CHECK(ms[0] == 127 && mc[0] == 0x7e);
+    CHECK_OK(parity_mxfp8_quantize(PARITY_FP8Q_MX_RCEIL, 1, 32, row, 32, mc, 32, ms));
+    CHECK(ms[0] == 128 && mc[0] == 0x78); /* 250 rounds to 256 */
+    /* refused: another family's rule, a NaN (nothing written), sizes, NULL */
+    memset(qc, 0xaa, sizeof qc), qs[0] = -1.0f;
+    const float nan4[4] = {1.0f, 2.0f, NAN, 4.0f};
+    CHECK_STATUS(parity_fp8_quantize_blocks(PARITY_FP8Q_MX_OCP, 2, 2, blk, 2, 2, 2, qc, 2, qs),
+                 PARITY_ERR_POLICY);
+    CHECK_STATUS(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, 2, 2, nan4, 2, 2, 2, qc, 2, qs),
+                 PARITY_ERR_TENSOR_NONFINITE);
+    CHECK(strstr(parity_last_error(), "x[1][0]") != NULL);
+    CHECK(qc[0] == 0xaa && qs[0] == -1.0f);
+    CHECK_STATUS(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, 2, 2, blk, 1, 2, 2, qc, 2, qs),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, 2, 2, blk, 2, 0, 2, qc, 2, qs),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, 0, 2, blk, 2, 2, 2, qc, 2, qs),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_mxfp8_quantize(PARITY_FP8Q_TE, 1, 32, row, 32, mc, 32, ms), PARITY_ERR_POLICY);
+    CHECK_STATUS(parity_mxfp8_quantize(PARITY_FP8Q_MX_OCP, 1, 32, row, 32, NULL, 32, ms),
+                 PARITY_ERR_INVALID_ARGUMENT);
 
     /* bad arguments */
     CHECK_STATUS(parity_fp8_from_f32(2, 1, 1, edges, c), PARITY_ERR_INVALID_ARGUMENT);

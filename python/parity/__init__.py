@@ -15,7 +15,7 @@ semantics on torch tensors. The shared library is found through PARITY_LIBRARY, 
 repository's build tree, then installed locations and the system's search (see parity._lib);
 its ABI, structs and enumerations are checked at import.
 """
-from . import _lib, regions
+from . import _lib, quant, regions
 from ._lib import ABI_VERSION, LIBRARY_PATH, MAX_STOP, ParityError, lib, status_name
 from .manifest import write_manifest
 from .model import Model, Scores
@@ -23,7 +23,7 @@ from .policy import CHOICES, Policy, policies
 from .sampler import Completion, Sampler, Step
 
 __all__ = ["Model", "Sampler", "Completion", "Step", "Scores", "Policy", "ParityError",
-           "policies", "regions", "version", "cpu_path", "cpu_paths", "set_cpu_path",
+           "policies", "quant", "regions", "version", "cpu_path", "cpu_paths", "set_cpu_path",
            "set_log_callback", "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION",
            "LIBRARY_PATH", "CHOICES", "MAX_STOP", "status_name", "write_manifest"]
 

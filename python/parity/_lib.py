@@ -410,6 +410,29 @@ _PROTOTYPES = [
     # int parity_model_verify(const parity_model *model, const char *manifest_path,
     #                         char *report, size_t report_size);
     ("parity_model_verify", c_int, [model_p, c_char_p, c_char_p, c_size_t], False),
+    # uint16_t parity_fp16_from_f32(float x);
+    ("parity_fp16_from_f32", c_uint16, [c_float], False),
+    # float parity_fp16_to_f32(uint16_t x);
+    ("parity_fp16_to_f32", c_float, [c_uint16], False),
+    # int parity_fp8_from_f32(int format, int saturate, size_t n, const float *x, uint8_t *out);
+    ("parity_fp8_from_f32", c_int, [c_int, c_int, c_size_t, c_void_p, c_void_p], True),
+    # int parity_fp8_to_f32(int format, size_t n, const uint8_t *codes, float *out);
+    ("parity_fp8_to_f32", c_int, [c_int, c_size_t, c_void_p, c_void_p], True),
+    # int parity_fp8_quantizer_from_name(int mx, const char *name, int *out);
+    ("parity_fp8_quantizer_from_name", c_int, [c_int, c_char_p, POINTER(c_int)], True),
+    # const char *parity_fp8_quantizer_name(int quantizer);
+    ("parity_fp8_quantizer_name", c_char_p, [c_int], False),
+    # int parity_fp8_quantize_blocks(int quantizer, size_t rows, size_t cols, const float *x,
+    #                                size_t x_stride, uint32_t block_rows, uint32_t block_cols,
+    #                                uint8_t *codes, size_t codes_stride, float *scales);
+    ("parity_fp8_quantize_blocks", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                           c_uint32, c_uint32, c_void_p, c_size_t, c_void_p],
+     True),
+    # int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, const float *x,
+    #                           size_t x_stride, uint8_t *codes, size_t codes_stride,
+    #                           uint8_t *scales);
+    ("parity_mxfp8_quantize", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
+                                      c_size_t, c_void_p], True),
     # int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n,
     #                            uint64_t *fnv1a64);
     ("parity_tensor_checksum", c_int, [c_uint32, c_void_p, c_uint64, POINTER(c_uint64)], True),

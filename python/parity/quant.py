@@ -1,0 +1,131 @@
+"""FP8 elements and the named FP8 quantizers (parity.h, "fp16 and fp8 elements" and "FP8
+quantizers"): the rules of the public code — DeepSeek/vLLM, SGLang, TransformerEngine,
+DeepGEMM, TE's power-of-two scales for block FP8; the OCP floor rule and TE's RCEIL for
+MXFP8 — as the fp32 arithmetic each source performs, so that both sides of an RL loop can name
+one and get the same codes and scales.
+
+Values are float32 buffers: array('f'), a bytes-like object of float32s, or a numpy float32
+array (C-contiguous). Results are bytes (E4M3 codes, E8M0 scales) and array('f') (fp32 block
+scales), or numpy arrays when the input was one.
+
+    codes, scales = parity.quant.quantize_fp8_blocks(w, rows, cols, "te", block=(128, 128))
+    codes, e8m0 = parity.quant.quantize_mxfp8(x, rows, cols, "ocp")
+"""
+import ctypes
+from array import array
+
+from . import _lib
+from ._convert import numpy_array
+from ._lib import lib
+
+__all__ = ["BLOCK_RULES", "MX_RULES", "fp8_from_f32", "fp8_to_f32", "quantize_fp8_blocks",
+           "quantize_mxfp8", "fp16_from_f32", "fp16_to_f32"]
+
+#: The names of the block-FP8 and MXFP8 quantizers, as parity_fp8_quantizer_from_name takes them.
+BLOCK_RULES = ("deepseek", "sglang", "te", "deepgemm", "te-pow2")
+MX_RULES = ("ocp", "te")
+_FORMATS = {"e4m3": 0, "e5m2": 1}
+
+
+def fp16_from_f32(x):
+    """The fp16 bit pattern (int) of a float rounded to float32 then to fp16 (RNE, overflow to
+    inf, every NaN 0x7e00)."""
+    return lib.parity_fp16_from_f32(x)
+
+
+def fp16_to_f32(bits):
+    """The float value of an fp16 bit pattern (exact)."""
+    return lib.parity_fp16_to_f32(bits)
+
+
+def _floats(values, what):
+    """(a ctypes buffer holding the float32 values, their count, the numpy module or None)."""
+    a = numpy_array(values)
+    if a is not None:
+        if a.dtype.str != "<f4" or not a.flags["C_CONTIGUOUS"]:
+            raise TypeError("%s must be a C-contiguous float32 numpy array, not %s" % (what, a.dtype))
+        import numpy
+        buf = (ctypes.c_char * a.nbytes).from_address(a.__array_interface__["data"][0])
+        return buf, a.size, numpy, a
+    if isinstance(values, array):
+        if values.typecode != "f":
+            raise TypeError("%s must be an array('f'), not array(%r)" % (what, values.typecode))
+        data = values.tobytes()
+    else:
+        try:
+            data = bytes(memoryview(values).cast("B"))
+        except TypeError:
+            raise TypeError("%s must be a float32 buffer (array('f'), bytes, numpy float32), not %s"
+                            % (what, type(values).__name__)) from None
+        if len(data) % 4:
+            raise ValueError("%s holds %d bytes, not a whole number of float32s" % (what, len(data)))
+    return ctypes.create_string_buffer(data, len(data)), len(data) // 4, None, None
+
+
+def _rule(mx, name):
+    q = ctypes.c_int()
+    lib.parity_fp8_quantizer_from_name(1 if mx else 0, name.encode(), ctypes.byref(q))
+    return q.value
+
+
+def _shape(n, rows, cols):
+    rows, cols = _lib.as_int(rows, "rows", 1, 2 ** 62), _lib.as_int(cols, "cols", 1, 2 ** 62)
+    if rows * cols != n:
+        raise ValueError("%d values are not %d x %d" % (n, rows, cols))
+    return rows, cols
+
+
+def fp8_from_f32(values, format="e4m3", saturate=True):
+    """The fp8 codes (bytes) of float32 values: "e4m3" or "e5m2", round to nearest even,
+    saturating (the quantizers' clamp) or not (c10's conversion before 2026)."""
+    buf, n, np, _ = _floats(values, "values")
+    out = ctypes.create_string_buffer(max(n, 1))
+    lib.parity_fp8_from_f32(_FORMATS[format], 1 if saturate else 0, n, buf, out)
+    return np.frombuffer(out.raw[:n], dtype=np.uint8).copy() if np else out.raw[:n]
+
+
+def fp8_to_f32(codes, format="e4m3"):
+    """The float32 values (array('f')) of fp8 codes (a bytes-like object), exact."""
+    data = bytes(memoryview(codes).cast("B"))
+    out = array("f", bytes(4 * len(data)))
+    src = ctypes.create_string_buffer(data, max(len(data), 1))
+    lib.parity_fp8_to_f32(_FORMATS[format], len(data), src,
+                          (ctypes.c_char * len(out.tobytes())).from_buffer(out) if len(data) else None)
+    return out
+
+
+def quantize_fp8_blocks(values, rows, cols, rule="deepseek", block=(128, 128)):
+    """Block-FP8 quantization of a rows x cols float32 matrix with a named rule (BLOCK_RULES):
+    (codes, scales): rows * cols E4M3 codes, row-major, and the fp32 dequantization scales of
+    the ceil(rows / br) x ceil(cols / bc) blocks, row-major (value = code * scale). block is
+    (128, 128) for weights, (1, 128) for activations."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    br, bc = (_lib.as_int(b, "block", 1, 2 ** 31) for b in block)
+    q = _rule(False, rule)
+    grid = -(-rows // br) * -(-cols // bc)
+    codes = ctypes.create_string_buffer(n)
+    scales = array("f", bytes(4 * grid))
+    lib.parity_fp8_quantize_blocks(q, rows, cols, buf, cols, br, bc, codes, cols,
+                                   (ctypes.c_char * (4 * grid)).from_buffer(scales))
+    if np:
+        return (np.frombuffer(codes.raw, dtype=np.uint8).reshape(rows, cols).copy(),
+                np.frombuffer(scales.tobytes(), dtype=np.float32).reshape(-(-rows // br), -(-cols // bc)))
+    return codes.raw, scales
+
+
+def quantize_mxfp8(values, rows, cols, rule="ocp"):
+    """MXFP8 quantization (1 x 32 blocks along each row) with a named rule (MX_RULES):
+    (codes, scales): rows * cols E4M3 codes and rows * ceil(cols / 32) E8M0 scale bytes
+    (byte b means 2^(b - 127)), row-major."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    q = _rule(True, rule)
+    grid = rows * -(-cols // 32)
+    codes = ctypes.create_string_buffer(n)
+    scales = ctypes.create_string_buffer(grid)
+    lib.parity_mxfp8_quantize(q, rows, cols, buf, cols, codes, cols, scales)
+    if np:
+        return (np.frombuffer(codes.raw, dtype=np.uint8).reshape(rows, cols).copy(),
+                np.frombuffer(scales.raw, dtype=np.uint8).reshape(rows, -(-cols // 32)).copy())
+    return codes.raw, scales.raw
