@@ -26,7 +26,8 @@
  *             policy; then S+aligned -> L+aligned, each side keeping its own attention), S with
  *             other decode kernels, and the fp32 learner; then the formats: S+fp16 -> L+fp16
  *             (the same mismatched pair with every rounding point in fp16), S+fp16 -> S+fp16,
- *             and an fp16 sampler against the bf16 learner S;
+ *             an fp16 sampler against the bf16 learner S; S+fp8-block:deepseek against S with
+ *             TE's power-of-two quantizer, against the bf16 learner S, and against itself;
  *   matrix    every sampler policy x every learner policy, plus kernel-order rows: the
  *             sampler's decode steps with split-K GEMMs (--split-k chunks) and/or split-KV
  *             attention (--split-kv positions per segment), as engines run them, for the
@@ -946,7 +947,7 @@ static void add_headline_jobs(job_list *jl, const options *o, const spec *S, con
     uint32_t k[4], kv[4];
     int n_orders = kernel_orders(o, k, kv);
     char name[2 * NAME_MAX_LEN];
-    spec l_aligned = *L, s_aligned = *S, fp32, s_fp16, l_fp16;
+    spec l_aligned = *L, s_aligned = *S, fp32, s_fp16, l_fp16, s_fp8, s_fp8_other;
     int has_aligned = strstr(L->name, "+aligned") || strstr(S->name, "+aligned");
     if (!has_aligned) {
         snprintf(name, sizeof name, "%s+aligned", L->name);
@@ -962,6 +963,12 @@ static void add_headline_jobs(job_list *jl, const options *o, const spec *S, con
         spec_from_name(name, &s_fp16);
         snprintf(name, sizeof name, "%s+fp16", L->name);
         spec_from_name(name, &l_fp16);
+        /* block FP8 on the sampler's rounding points: the DeepSeek/vLLM quantizer, and TE's
+         * power-of-two default as another side's */
+        snprintf(name, sizeof name, "%s+fp8-block:deepseek", S->name);
+        spec_from_name(name, &s_fp8);
+        snprintf(name, sizeof name, "%s+fp8-block:te-pow2", S->name);
+        spec_from_name(name, &s_fp8_other);
     }
     spec_from_name("fp32", &fp32);
     snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, L->name, &L->policy)->note, 64,
@@ -988,6 +995,12 @@ static void add_headline_jobs(job_list *jl, const options *o, const spec *S, con
                  "fp16: learner = sampler policy");
         snprintf(add_job(jl, SEC_HEADLINE, &s_fp16, 0, 0, S->name, &S->policy)->note, 64,
                  "fp16 sampler, bf16 learner");
+        snprintf(add_job(jl, SEC_HEADLINE, &s_fp8, 0, 0, s_fp8_other.name,
+                         &s_fp8_other.policy)->note, 64, "fp8: other quantizer");
+        snprintf(add_job(jl, SEC_HEADLINE, &s_fp8, 0, 0, S->name, &S->policy)->note, 64,
+                 "fp8 sampler, bf16 learner");
+        snprintf(add_job(jl, SEC_HEADLINE, &s_fp8, 0, 0, s_fp8.name, &s_fp8.policy)->note, 64,
+                 "fp8: same quantizer");
     }
 }
 

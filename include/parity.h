@@ -329,6 +329,23 @@ enum {
                                        (F32 checkpoints keep their master weights; bf16/f16
                                        checkpoints are widened exactly). The other switches
                                        are ignored. */
+    /* gemm: the format of the decoder layers' linear layers (q, k, v, o, gate, up, down; the
+     * embedding, the norms and lm_head stay bf16). Under both fp8 formats the weights are
+     * quantized once, with the policy's quantizer (FP8 quantizers below), from the
+     * checkpoint's own values (fp32 masters where it has them, never through a bf16 cast),
+     * and each GEMM input is quantized per token with the same rule, dynamically; the output
+     * is fp32 and the forward rounds it to bf16 as every GEMM output. Requires compute bf16.
+     * y[m][n] = sum over K blocks kb, ascending, in fp32: acc = acc + (d * a_s) * w_s, where
+     * d = the block's dot product of the E4M3 codes' values, exact (E4M3 x E4M3 products are
+     * integer multiples of 2^-18: the library sums them exactly, in any order), then rounded
+     * once to fp32; a_s, w_s the activation's and the weight's block scales (DeepSeek-V3
+     * fp8_gemm_kernel's `accumulator += dot * a_s * b_s`, left to right). */
+    PARITY_GEMM_BF16 = 0,           /* bf16 weights (the native GEMM of the compute switch) */
+    PARITY_GEMM_FP8_BLOCK = 1,      /* E4M3 weights in 128 x 128 blocks with fp32 scales,
+                                       activations in 1 x 128 groups; "+fp8-block:RULE" */
+    PARITY_GEMM_MXFP8 = 2,          /* E4M3 in 1 x 32 blocks along K with E8M0 scales, weights
+                                       and activations; "+mxfp8:RULE" */
+
     PARITY_COMPUTE_FP16 = 2,        /* fp16 weights and activations: every rounding point that
                                        rounds to bf16 under PARITY_COMPUTE_BF16 rounds to IEEE
                                        fp16 instead (nearest even, overflow to infinity,
@@ -352,7 +369,9 @@ typedef struct parity_policy {
     uint8_t attention;    /* PARITY_ATTN_* */
     uint8_t logits;       /* PARITY_LOGITS_* */
     uint8_t temperature;  /* PARITY_TEMPERATURE_* */
-    uint8_t reserved[6];  /* zero */
+    uint8_t gemm;         /* PARITY_GEMM_*: the decoder layers' linear layers in bf16 or fp8 */
+    uint8_t quantizer;    /* PARITY_FP8Q_* of an fp8 gemm (0 under PARITY_GEMM_BF16) */
+    uint8_t reserved[4];  /* zero */
 } parity_policy;
 
 /*
@@ -387,8 +406,11 @@ typedef struct parity_policy {
  * Modifiers, appended to any preset: "+aligned" (the three regions as in "aligned"),
  * "+fp32-head" (fp32 logits, which a temperature then divides in fp32: vLLM's head_dtype
  * float32), "+fp16" (PARITY_COMPUTE_FP16: the preset's rounding points round to fp16, as the
- * framework does when run with torch_dtype=float16 / --dtype float16; not on "fp32").
- * E.g. "vllm+fp32-head", "hf-eager+aligned", "hf-eager+fp16".
+ * framework does when run with torch_dtype=float16 / --dtype float16; not on "fp32"),
+ * "+fp8-block:RULE" and "+mxfp8:RULE" (the gemm switch with the quantizer RULE: "deepseek",
+ * "sglang", "te", "deepgemm", "te-pow2"; "ocp", "te"; on bf16 presets).
+ * E.g. "vllm+fp32-head", "hf-eager+aligned", "hf-eager+fp16", "vllm+fp8-block:deepseek",
+ * "hf-eager+mxfp8:te".
  */
 PARITY_API int parity_policy_from_name(const char *name, parity_policy *out);
 /* The preset names, NULL-terminated ("fp32", "hf-eager", ...). */

@@ -29,10 +29,13 @@ int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint
                      : pol->compute == PARITY_COMPUTE_FP32 || backend == PARITY_BACKEND_OPENBLAS
                          ? MODEL_NEED_WIDE
                          : 0;
-    if (!need) return PARITY_OK;
+    const int fp8 = pol->gemm != PARITY_GEMM_BF16;
+    if (!need && !fp8) return PARITY_OK;
     int rc = model_enter(m);
     if (rc) return rc;
     rc = model_prepare((parity_model *)m, need);
+    /* the fp8 copies of the decoder layers' linear weights with the policy's quantizer */
+    if (!rc && fp8) rc = model_prepare_fp8((parity_model *)m, pol->quantizer);
     model_leave(m);
     return rc;
 }

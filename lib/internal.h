@@ -137,6 +137,12 @@ static inline uint16_t f16_from_f32(float x) {
 static inline float round_fp16(float x) { return f16_to_f32(f16_from_f32(x)); }
 /* fp32 -> E4M3 (formats.c), round to nearest even, saturating at +-448, NaN -> sign | 0x7f. */
 uint8_t e4m3_from_f32_saturating(float x);
+/* The quantizer's codes and scales of rows x cols values (quant.c), without argument checks:
+ * block rules in blocks of block_rows x 128, scales the stored fp32 multipliers
+ * [ceil(rows / block_rows)][ceil(cols / 128)]; MX rules in 1 x 32 blocks (block_rows
+ * ignored), scales [rows][ceil(cols / 32)] the E8M0 values as fp32 powers of two. */
+void fp8_quantize_rows(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,
+                       uint32_t block_rows, uint8_t *codes, size_t codes_stride, float *scales);
 
 /* ---- tables of named entries (nametable.c) -------------------------------------------- */
 

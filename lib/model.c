@@ -264,6 +264,50 @@ static int fp16_weights(parity_model *m) {
     return rc;
 }
 
+/* The decoder layers' linear weights: what an fp8 gemm quantizes (the embedding, lm_head,
+ * norms and biases stay as they are). */
+static size_t linear_weights_of(parity_model *m, uint32_t layer, weight **out) {
+    layer_weights *l = &m->layers[layer];
+    weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+    for (size_t j = 0; j < 7; j++) out[j] = ws[j];
+    return 7;
+}
+
+int model_prepare_fp8(parity_model *m, int quantizer) {
+    if (quantizer < 0 || quantizer >= FP8_QUANTIZERS)
+        return set_error(PARITY_ERR_POLICY, "fp8 quantizer %d is not defined", quantizer);
+    pthread_mutex_lock(&m->prepare_lock);
+    int rc = PARITY_OK;
+    if (!m->fp8_ready[quantizer]) {
+        const parity_config *c = &m->config;
+        size_t widest = c->hidden_size;
+        if (c->intermediate_size > widest) widest = c->intermediate_size;
+        if ((size_t)c->num_attention_heads * c->head_dim > widest)
+            widest = (size_t)c->num_attention_heads * c->head_dim;
+        float *scratch = px_malloc(128 * widest * sizeof(float), "fp8 quantization rows");
+        if (!scratch) rc = PARITY_ERR_OUT_OF_MEMORY;
+        /* a failure leaves some copies built: harmless, a retry reuses them */
+        for (uint32_t i = 0; !rc && i < c->num_hidden_layers; i++) {
+            weight *ws[7];
+            const size_t n = linear_weights_of(m, i, ws);
+            for (size_t j = 0; !rc && j < n; j++) {
+                if (ws[j]->fp8[quantizer]) continue;
+                fp8_weight *q = fp8_weight_alloc(m, ws[j], quantizer);
+                if (!q) {
+                    rc = PARITY_ERR_OUT_OF_MEMORY;
+                    break;
+                }
+                fp8_weight_quantize(ws[j], quantizer, q, scratch);
+                ws[j]->fp8[quantizer] = q;
+            }
+        }
+        px_free(scratch);
+        if (!rc) m->fp8_ready[quantizer] = 1;
+    }
+    pthread_mutex_unlock(&m->prepare_lock);
+    return rc;
+}
+
 int model_prepare(parity_model *m, int need) {
     if (!(need & (MODEL_NEED_WIDE | MODEL_NEED_FP16))) return PARITY_OK;
     pthread_mutex_lock(&m->prepare_lock);

@@ -10,6 +10,16 @@
 
 struct st_file;
 
+/* A weight quantized to E4M3 with one FP8 quantizer (lib/gemm_fp8.c). */
+typedef struct fp8_weight {
+    uint8_t *codes;        /* [rows][cols] E4M3 */
+    float *scales;         /* block rules: [ceil(rows / 128)][ceil(cols / 128)] fp32, the stored
+                              dequantization multipliers; MX rules: [rows][ceil(cols / 32)], the
+                              E8M0 scales as fp32 powers of two */
+} fp8_weight;
+
+#define FP8_QUANTIZERS (PARITY_FP8Q_MX_RCEIL + 1)
+
 /* One weight tensor: rows x cols (a vector has rows = 1). */
 typedef struct weight {
     uint32_t rows, cols;
@@ -21,6 +31,8 @@ typedef struct weight {
     float *fp16;           /* the fp16 values PARITY_COMPUTE_FP16 reads (the master, else the
                               bf16 values, rounded once to nearest even; exact for an F16
                               checkpoint), held in fp32, owned, built on demand */
+    fp8_weight *fp8[FP8_QUANTIZERS]; /* the decoder layers' linear weights quantized with each
+                              quantizer a policy asked for, owned, built on demand */
 } weight;
 
 typedef struct layer_weights {
@@ -57,6 +69,7 @@ struct parity_model {
     pthread_mutex_t prepare_lock;  /* guards building the fp32 copies (wide) */
     int wide_ready;
     int fp16_ready;                /* every weight's fp16 copy is built (model_prepare) */
+    int fp8_ready[FP8_QUANTIZERS]; /* the fp8 copies of that quantizer are built */
     pthread_rwlock_t use_lock;     /* shared by calls that read weights, exclusive for updates */
     uint64_t version;              /* +1 per weight update (read under use_lock) */
     struct expected *tensors;      /* the architecture's tensors, in checkpoint order */
@@ -142,6 +155,13 @@ void model_leave(const parity_model *m);
  * value is beyond fp16's range (it would round to infinity), naming the tensor. */
 enum { MODEL_NEED_WIDE = 1, MODEL_NEED_FP16 = 2 };
 int model_prepare(parity_model *m, int need);
+/* The fp8 copies of the decoder layers' linear weights with `quantizer` (thread-safe, once). */
+int model_prepare_fp8(parity_model *m, int quantizer);
+/* Quantizes w (its master, else its bf16 values, widened 128 rows at a time into `scratch`,
+ * 128 * cols floats) with `quantizer` into q (lib/gemm_fp8.c). */
+void fp8_weight_quantize(const weight *w, int quantizer, fp8_weight *q, float *scratch);
+/* An fp8 copy for w, allocated (codes and scales) but not filled; NULL when out of memory. */
+fp8_weight *fp8_weight_alloc(parity_model *m, const weight *w, int quantizer);
 
 /* fp32 values of a weight for PARITY_COMPUTE_FP32: the master if any, else the widened bf16
  * (model_prepare(MODEL_NEED_WIDE) must have run). */

@@ -237,6 +237,9 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     static const char fn[] = "parity_linear";
     clear_error();
     TRY(arg_policy(fn, policy));
+    if (policy->gemm != PARITY_GEMM_BF16)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: the fp8 gemm formats are not in the forward "
+                         "pieces yet (the model's forward has them)", fn);
     TRY(check_backend(fn, backend));
     TRY(arg_shape(fn, m, k));
     if (n == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);

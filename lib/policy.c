@@ -12,7 +12,8 @@ typedef struct preset {
 } preset;
 
 #define POLICY(compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp) \
-    { compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp, {0} }
+    { compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp,             \
+      PARITY_GEMM_BF16, 0, {0} }
 
 static const preset presets[] = {
     /* fp32: the reference; no rounding anywhere (the other switches are ignored) */
@@ -63,10 +64,19 @@ const char *const *parity_policy_preset_names(void) {
     return preset_names;
 }
 
-/* The modifiers: "PRESET+NAME" applies `apply` to the preset's switches; an apply that
- * cannot compose with what it finds sets the error and returns its status. */
-static int apply_aligned(parity_policy *p, const char *name) {
-    (void)name;
+/* The modifiers: "PRESET+NAME" (or "PRESET+NAME:ARG") applies `apply` to the preset's
+ * switches; an apply that cannot compose with what it finds, or whose argument it does not
+ * take, sets the error and returns its status. `arg` is the text after ':' ("" if none),
+ * `arg_len` its length. */
+static int no_arg(const char *mod, const char *arg, size_t arg_len, const char *name) {
+    (void)arg;
+    if (arg_len)
+        return set_error(PARITY_ERR_POLICY, "policy '%s': +%s takes no ':' argument", name, mod);
+    return PARITY_OK;
+}
+
+static int apply_aligned(parity_policy *p, const char *arg, size_t arg_len, const char *name) {
+    TRY(no_arg("aligned", arg, arg_len, name));
     /* the three regions as in "aligned" */
     p->norm_input = PARITY_NORM_INPUT_FP32;
     p->norm_weight = PARITY_NORM_ROUND_ONCE;
@@ -77,15 +87,16 @@ static int apply_aligned(parity_policy *p, const char *name) {
     return PARITY_OK;
 }
 
-static int apply_fp32_head(parity_policy *p, const char *name) {
-    (void)name;
+static int apply_fp32_head(parity_policy *p, const char *arg, size_t arg_len, const char *name) {
+    TRY(no_arg("fp32-head", arg, arg_len, name));
     /* fp32 logits; a temperature then divides fp32 logits, without rounding */
     p->logits = PARITY_LOGITS_FP32;
     p->temperature = PARITY_TEMPERATURE_FP32;
     return PARITY_OK;
 }
 
-static int apply_fp16(parity_policy *p, const char *name) {
+static int apply_fp16(parity_policy *p, const char *arg, size_t arg_len, const char *name) {
+    TRY(no_arg("fp16", arg, arg_len, name));
     /* every rounding point of the preset rounds to fp16 instead of bf16 */
     if (p->compute == PARITY_COMPUTE_FP32)
         return set_error(PARITY_ERR_POLICY, "policy '%s': +fp16 moves a preset's bf16 rounding "
@@ -94,13 +105,44 @@ static int apply_fp16(parity_policy *p, const char *name) {
     return PARITY_OK;
 }
 
+/* +fp8-block:RULE, +mxfp8:RULE: the decoder layers' GEMMs in fp8 with a named quantizer */
+static int apply_fp8(parity_policy *p, int mx, const char *arg, size_t arg_len, const char *name) {
+    const char *mod = mx ? "mxfp8" : "fp8-block";
+    if (p->compute != PARITY_COMPUTE_BF16)
+        return set_error(PARITY_ERR_POLICY, "policy '%s': +%s applies to bf16 presets (not fp32 "
+                         "or +fp16)", name, mod);
+    if (!arg_len)
+        return set_error(PARITY_ERR_POLICY, "policy '%s': +%s needs its quantizer, +%s:RULE (%s)",
+                         name, mod, mod, mx ? "ocp, te" : "deepseek, sglang, te, deepgemm, te-pow2");
+    char rule[32];
+    if (arg_len >= sizeof rule)
+        return set_error(PARITY_ERR_POLICY, "policy '%s': unknown %s quantizer", name, mod);
+    memcpy(rule, arg, arg_len);
+    rule[arg_len] = 0;
+    int q;
+    TRY(parity_fp8_quantizer_from_name(mx, rule, &q));
+    p->gemm = mx ? PARITY_GEMM_MXFP8 : PARITY_GEMM_FP8_BLOCK;
+    p->quantizer = (uint8_t)q;
+    return PARITY_OK;
+}
+
+static int apply_fp8_block(parity_policy *p, const char *arg, size_t arg_len, const char *name) {
+    return apply_fp8(p, 0, arg, arg_len, name);
+}
+
+static int apply_mxfp8(parity_policy *p, const char *arg, size_t arg_len, const char *name) {
+    return apply_fp8(p, 1, arg, arg_len, name);
+}
+
 static const struct modifier {
     const char *name;
-    int (*apply)(parity_policy *p, const char *name);
+    int (*apply)(parity_policy *p, const char *arg, size_t arg_len, const char *name);
 } modifiers[] = {
     {"aligned", apply_aligned},
     {"fp32-head", apply_fp32_head},
     {"fp16", apply_fp16},
+    {"fp8-block", apply_fp8_block},
+    {"mxfp8", apply_mxfp8},
 };
 
 int parity_policy_validate(const parity_policy *p) {
@@ -120,11 +162,27 @@ int parity_policy_validate(const parity_policy *p) {
         {"attention", p->attention, PARITY_ATTN_FP32},
         {"logits", p->logits, PARITY_LOGITS_FP32},
         {"temperature", p->temperature, PARITY_TEMPERATURE_FP32},
+        {"gemm", p->gemm, PARITY_GEMM_MXFP8},
+        {"quantizer", p->quantizer, PARITY_FP8Q_MX_RCEIL},
     };
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
         if (sw[i].value > sw[i].max)
             return set_error(PARITY_ERR_POLICY, "policy switch %s = %u is not defined (0..%u)",
                              sw[i].name, sw[i].value, sw[i].max);
+    /* the quantizer belongs to the gemm format; fp8 formats run on bf16 policies */
+    const int q = p->quantizer;
+    if (p->gemm == PARITY_GEMM_BF16 && q != 0)
+        return set_error(PARITY_ERR_POLICY, "policy quantizer = %d needs an fp8 gemm (gemm = %u is "
+                         "bf16): 0 there", q, p->gemm);
+    if (p->gemm == PARITY_GEMM_FP8_BLOCK && q > PARITY_FP8Q_TE_POW2)
+        return set_error(PARITY_ERR_POLICY, "policy quantizer = %d is an MXFP8 rule, the gemm is "
+                         "fp8-block (rules 0..%d)", q, PARITY_FP8Q_TE_POW2);
+    if (p->gemm == PARITY_GEMM_MXFP8 && q < PARITY_FP8Q_MX_OCP)
+        return set_error(PARITY_ERR_POLICY, "policy quantizer = %d is a block rule, the gemm is "
+                         "mxfp8 (rules %d, %d)", q, PARITY_FP8Q_MX_OCP, PARITY_FP8Q_MX_RCEIL);
+    if (p->gemm != PARITY_GEMM_BF16 && p->compute != PARITY_COMPUTE_BF16)
+        return set_error(PARITY_ERR_POLICY, "policy gemm = %u (fp8) needs compute bf16, not %u",
+                         p->gemm, p->compute);
     for (size_t i = 0; i < sizeof p->reserved; i++)
         if (p->reserved[i])
             return set_error(PARITY_ERR_POLICY, "policy reserved byte %zu is %u, must be 0", i,
@@ -132,7 +190,8 @@ int parity_policy_validate(const parity_policy *p) {
     return PARITY_OK;
 }
 
-/* "PRESET" or "PRESET+MODIFIER+..." with modifiers "aligned", "fp32-head" and "fp16". */
+/* "PRESET" or "PRESET+MODIFIER+..." with modifiers "aligned", "fp32-head", "fp16",
+ * "fp8-block:RULE" and "mxfp8:RULE". */
 int parity_policy_from_name(const char *name, parity_policy *out) {
     clear_error();
     if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "policy name or output is NULL");
@@ -153,12 +212,14 @@ int parity_policy_from_name(const char *name, parity_policy *out) {
         const char *mod = plus + 1;
         plus = strchr(mod, '+');
         size_t len = plus ? (size_t)(plus - mod) : strlen(mod);
-        const struct modifier *m = NAME_FIND(modifiers, mod, len);
+        const char *colon = memchr(mod, ':', len);
+        const size_t name_len = colon ? (size_t)(colon - mod) : len;
+        const struct modifier *m = NAME_FIND(modifiers, mod, name_len);
         if (!m)
             return set_error(PARITY_ERR_POLICY,
                              "unknown policy modifier '%.*s' in '%s' (modifiers: %s)", (int)len,
                              mod, name, modifiers_list);
-        int rc = m->apply(&p, name);
+        int rc = colon ? m->apply(&p, colon + 1, len - name_len - 1, name) : m->apply(&p, "", 0, name);
         if (rc) return rc;
     }
     *out = p;

@@ -125,6 +125,43 @@ static int check_quant_args(const char *fn, size_t rows, size_t cols, const floa
     return PARITY_OK;
 }
 
+void fp8_quantize_rows(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,
+                       uint32_t block_rows, uint8_t *codes, size_t codes_stride, float *scales) {
+    if (is_mx_rule(quantizer)) {
+        const size_t grid_cols = (cols + 31) / 32;
+        for (size_t r = 0; r < rows; r++)
+            for (size_t c0 = 0; c0 < cols; c0 += 32) {
+                const size_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
+                const float *xr = x + r * x_stride;
+                float amax = 0.0f;
+                for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(xr[c]));
+                const uint8_t biased = mx_scale_of(quantizer, amax);
+                const float mult = mx_mult_of(quantizer, biased);
+                scales[r * grid_cols + c0 / 32] = ldexpf(1.0f, (int)biased - 127);
+                for (size_t c = c0; c < c1; c++)
+                    codes[r * codes_stride + c] = e4m3_from_f32_saturating(xr[c] * mult);
+            }
+        return;
+    }
+    const size_t grid_cols = (cols + 127) / 128;
+    for (size_t r0 = 0; r0 < rows; r0 += block_rows)
+        for (size_t c0 = 0; c0 < cols; c0 += 128) {
+            const size_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
+            const size_t c1 = c0 + 128 < cols ? c0 + 128 : cols;
+            float amax = 0.0f;
+            for (size_t r = r0; r < r1; r++)
+                for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[r * x_stride + c]));
+            const block_scale b = block_scale_of(quantizer, amax);
+            scales[(r0 / block_rows) * grid_cols + c0 / 128] = b.stored;
+            for (size_t r = r0; r < r1; r++)
+                for (size_t c = c0; c < c1; c++) {
+                    const float v = x[r * x_stride + c];
+                    codes[r * codes_stride + c] =
+                        e4m3_from_f32_saturating(b.divide ? v / b.stored : v * b.mult);
+                }
+        }
+}
+
 int parity_fp8_quantize_blocks(int quantizer, size_t rows, size_t cols, const float *x,
                                size_t x_stride, uint32_t block_rows, uint32_t block_cols,
                                uint8_t *codes, size_t codes_stride, float *scales) {

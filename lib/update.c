@@ -83,12 +83,21 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
             m->cap_owned = want;
         }
     }
+    /* the rows an fp8 requantization widens bf16 values into, so that it cannot fail */
+    float *fp8_rows = NULL;
+    size_t widest = 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        for (int q = 0; q < FP8_QUANTIZERS; q++)
+            if (st[i].w->fp8[q] && st[i].w->cols > widest) widest = st[i].w->cols;
+    if (!rc && widest && !(fp8_rows = px_malloc(128 * widest * sizeof(float), "fp8 quantization rows")))
+        rc = PARITY_ERR_OUT_OF_MEMORY;
     if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
         rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
                        "weights can only be updated while no call runs");
     if (rc) {
         for (size_t i = 0; st && i < n; i++) tensor_values_free(&st[i].v);
         px_free(st);
+        px_free(fp8_rows);
         return rc;
     }
     for (size_t i = 0; i < n; i++) {
@@ -112,11 +121,14 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
         /* the fp32 copies a backend or policy reads, in place */
         if (w->wide) weight_widen_into(w, w->wide);
         if (w->fp16) weight_fp16_into(w, w->fp16);
+        for (int q = 0; q < FP8_QUANTIZERS; q++) /* requantized from the new values */
+            if (w->fp8[q]) fp8_weight_quantize(w, q, w->fp8[q], fp8_rows);
     }
     if (m->config.tie_word_embeddings) m->lm_head = m->embed;
     m->version++;
     pthread_rwlock_unlock(&m->use_lock);
     px_free(st);
+    px_free(fp8_rows);
     return PARITY_OK;
 }
 

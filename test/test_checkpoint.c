@@ -15,13 +15,16 @@
  *      f. rotary_emb.inv_freq tensors are accepted and ignored;
  *      g. fp16 policies read F32 masters rounded once to fp16 (bitwise as an F16 file of
  *         those values, unlike one rounded through bf16), and a value beyond fp16's range is
- *         refused when an fp16 scorer is made, naming the tensor and element. */
+ *         refused when an fp16 scorer is made, naming the tensor and element; an fp8 gemm
+ *         quantizes the F32 masters themselves (its codes and scales are the quantizer's on
+ *         the masters, not on their bf16 cast). */
 #include <ftw.h>
 #include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "fixtures.h"
+#include "model.h"
 #include "safetensors.h"
 
 #define PATH_LEN 4096
@@ -542,6 +545,33 @@ static void test_fp16_weights(const ckpt *base) {
     write_variant("fp16-detour", &detour, 0, dir3);
     parity_model *m = load(dir), *r = load(dir2), *d = load(dir3);
     check_same_scores(m, r, fp16_presets, "F32 masters against their fp16 values in F16");
+    /* an fp8 gemm quantizes the F32 masters themselves: the model's codes and scales are the
+     * quantizer's on the masters, not on their bf16 cast */
+    if (m) {
+        parity_scorer *s8 = new_scorer(m, (fixture){.policy = "vllm+fp8-block:te", .max_tokens = 64});
+        const char *name = "model.layers.1.mlp.down_proj.weight";
+        const expected *e = model_find_tensor(m, name);
+        const tensor *t = ckpt_get(&masters, name);
+        CHECK(s8 && e && t && e->dst->fp8[PARITY_FP8Q_TE]);
+        if (s8 && e && t && e->dst->fp8[PARITY_FP8Q_TE]) {
+            const weight *w = e->dst;
+            const size_t n = (size_t)w->rows * w->cols, grid = ((w->rows + 127) / 128) * ((w->cols + 127) / 128);
+            uint8_t *codes = malloc(n);
+            float *scales = malloc(grid * sizeof *scales), *cast = malloc(n * sizeof *cast);
+            CHECK_OK(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, w->rows, w->cols, (const float *)t->data,
+                                                w->cols, 128, 128, codes, w->cols, scales));
+            CHECK(memcmp(codes, w->fp8[PARITY_FP8Q_TE]->codes, n) == 0);
+            CHECK(memcmp(scales, w->fp8[PARITY_FP8Q_TE]->scales, grid * sizeof *scales) == 0);
+            for (size_t i = 0; i < n; i++)
+                cast[i] = parity_bf16_to_f32(parity_bf16_from_f32(((const float *)t->data)[i]));
+            CHECK_OK(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, w->rows, w->cols, cast, w->cols,
+                                                128, 128, codes, w->cols, scales));
+            CHECK(memcmp(codes, w->fp8[PARITY_FP8Q_TE]->codes, n) != 0 ||
+                  memcmp(scales, w->fp8[PARITY_FP8Q_TE]->scales, grid * sizeof *scales) != 0);
+            free(codes), free(scales), free(cast);
+        }
+        parity_scorer_free(s8);
+    }
     if (m && d) {
         float a[TINY_LEN - 1], b[TINY_LEN - 1];
         score(m, "hf-eager+fp16", tiny_tokens, TINY_LEN, a);

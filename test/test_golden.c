@@ -1,8 +1,8 @@
 /*
  * Golden bits: the library's own outputs, pinned bit for bit.
  *
- * For the trained model in models/ and for synthetic:tiny, under every preset (and four
- * modified presets, two of them fp16) and both backends, this program computes
+ * For the trained model in models/ and for synthetic:tiny, under every preset (and seven
+ * modified presets: two fp16, three fp8) and both backends, this program computes
  *   - the scorer's log-probs of a fixed batch in the three log-prob modes, with entropy and
  *     the top-4 alternatives (ids and log-probs);
  *   - the sampler's tokens, log-probs and top-4 alternatives for fixed prompts, seeds and
@@ -259,7 +259,9 @@ static const model_entry models[] = {
 };
 
 static const char *const extra_policies[] = {"vllm+fp32-head", "hf-eager+aligned",
-                                             "hf-eager+fp16", "vllm+fp16"};
+                                             "hf-eager+fp16", "vllm+fp16",
+                                             "vllm+fp8-block:deepseek", "vllm+fp8-block:te",
+                                             "hf-eager+mxfp8:te"};
 
 typedef void (*case_fn)(const model_entry *me, const parity_model *m, const char *policy,
                         uint32_t backend, const output *o, void *ctx);
@@ -295,9 +297,20 @@ static void for_each_case(case_fn fn, void *ctx) {
     }
 }
 
+/* A policy name as a file name: ':' (of "+fp8-block:RULE") becomes '=', which every file
+ * system takes. */
+static const char *policy_file(const char *policy) {
+    static _Thread_local char buf[128];
+    snprintf(buf, sizeof buf, "%s", policy);
+    for (char *c = buf; *c; c++)
+        if (*c == ':') *c = '=';
+    return buf;
+}
+
 static void file_name(char *buf, size_t size, const char *root, const model_entry *me,
                       const char *policy, uint32_t backend) {
-    snprintf(buf, size, "%s/%s/%s/%s.bin", root, me->label, backend_names[backend], policy);
+    snprintf(buf, size, "%s/%s/%s/%s.bin", root, me->label, backend_names[backend],
+             policy_file(policy));
 }
 
 static void put_le32(unsigned char *p, uint32_t v) {
@@ -355,7 +368,7 @@ static void write_case(const model_entry *me, const parity_model *m, const char 
     }
     fprintf(w->manifest, "%s\n    {\"file\": \"%s/%s/%s.bin\", \"model\": \"%s\", \"policy\": \"%s\", "
             "\"backend\": \"%s\",\n     \"sections\": [", w->first ? "" : ",", me->label,
-            backend_names[backend], policy, me->spec ? me->spec : me->label, policy,
+            backend_names[backend], policy_file(policy), me->spec ? me->spec : me->label, policy,
             backend_names[backend]);
     w->first = 0;
     for (size_t i = 0; i < o->n; i++)
@@ -416,7 +429,7 @@ static void check_case(const model_entry *me, const parity_model *m, const char 
         return;
     }
     char rel[512], path[4096], what[768];
-    snprintf(rel, sizeof rel, "%s/%s/%s.bin", me->label, backend_names[backend], policy);
+    snprintf(rel, sizeof rel, "%s/%s/%s.bin", me->label, backend_names[backend], policy_file(policy));
     snprintf(path, sizeof path, "%s/%s", c->root, rel);
     const json_value *entry = manifest_entry(c, rel);
     const json_value *secs = entry ? json_get(entry, "sections") : NULL;

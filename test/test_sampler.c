@@ -454,6 +454,7 @@ int main(void) {
         check_policy(tiny, "fp32", PARITY_BACKEND_BF16, seed++);
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "hf-eager+fp16", PARITY_BACKEND_BF16, seed++);
+        check_policy(trained, "vllm+fp8-block:deepseek", PARITY_BACKEND_BF16, seed++);
     } else {
         for (int i = 0; presets[i]; i++) {
             check_policy(trained, presets[i], PARITY_BACKEND_BF16, seed++);
@@ -463,6 +464,8 @@ int main(void) {
         check_policy(trained, "hf-eager+fp16", PARITY_BACKEND_BF16, seed++);
         check_policy(tiny, "vllm+fp16", PARITY_BACKEND_BF16, seed++);
         check_policy(trained, "aligned+fp16", PARITY_BACKEND_OPENBLAS, seed++);
+        check_policy(trained, "vllm+fp8-block:te", PARITY_BACKEND_BF16, seed++);
+        check_policy(tiny, "hf-eager+mxfp8:ocp", PARITY_BACKEND_BF16, seed++);
         check_policy(trained, "hf-eager", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "fp32", PARITY_BACKEND_OPENBLAS, seed++);

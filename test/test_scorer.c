@@ -218,6 +218,30 @@ static void check_bad_input(const parity_model *m) {
     CHECK_INT(pol.attention, PARITY_ATTN_EAGER);
     CHECK_STATUS(parity_policy_from_name("fp32+fp16", &pol), PARITY_ERR_POLICY);
     CHECK(strstr(parity_last_error(), "fp32") != NULL);
+    CHECK_OK(parity_policy_from_name("vllm+fp8-block:te-pow2", &pol));
+    CHECK(pol.gemm == PARITY_GEMM_FP8_BLOCK && pol.quantizer == PARITY_FP8Q_TE_POW2);
+    CHECK_INT(pol.attention, PARITY_ATTN_FLASH);
+    CHECK_OK(parity_policy_from_name("hf-eager+mxfp8:te", &pol));
+    CHECK(pol.gemm == PARITY_GEMM_MXFP8 && pol.quantizer == PARITY_FP8Q_MX_RCEIL);
+    CHECK_OK(parity_policy_from_name("hf-eager+aligned+fp8-block:sglang", &pol));
+    CHECK(pol.quantizer == PARITY_FP8Q_SGLANG && pol.swiglu == PARITY_SWIGLU_FUSED);
+    const char *const bad_fp8[] = {"vllm+fp8-block", "vllm+fp8-block:", "vllm+fp8-block:ocp",
+                                   "vllm+mxfp8:deepseek", "fp32+fp8-block:te",
+                                   "vllm+fp16+mxfp8:te", "vllm+aligned:x", "vllm+fp8-block:te:1",
+                                   NULL};
+    for (int i = 0; bad_fp8[i]; i++)
+        CHECK_STATUS(parity_policy_from_name(bad_fp8[i], &pol), PARITY_ERR_POLICY);
+    /* the switches checked: a quantizer of the other family, fp8 on fp16, a stray quantizer */
+    parity_policy sw;
+    CHECK_OK(parity_policy_from_name("vllm", &sw));
+    sw.quantizer = PARITY_FP8Q_TE;
+    CHECK_STATUS(parity_policy_validate(&sw), PARITY_ERR_POLICY);
+    sw.gemm = PARITY_GEMM_MXFP8;
+    CHECK_STATUS(parity_policy_validate(&sw), PARITY_ERR_POLICY);
+    sw.quantizer = PARITY_FP8Q_MX_OCP;
+    CHECK_OK(parity_policy_validate(&sw));
+    sw.compute = PARITY_COMPUTE_FP16;
+    CHECK_STATUS(parity_policy_validate(&sw), PARITY_ERR_POLICY);
 }
 
 /* A host that uses OpenBLAS itself: its thread setting survives, its own sgemm works. */
@@ -236,7 +260,9 @@ int main(void) {
     if (!tiny || !trained) return check_report("scorer");
 
     const char *const *presets = parity_policy_preset_names();
-    const char *extra[] = {"vllm+aligned", "hf-sdpa+fp32-head", "hf-eager+fp16", "vllm+fp16", NULL};
+    const char *extra[] = {"vllm+aligned", "hf-sdpa+fp32-head", "hf-eager+fp16", "vllm+fp16",
+                           "vllm+fp8-block:deepseek", "aligned+fp8-block:te-pow2",
+                           "hf-eager+mxfp8:te", NULL};
     parity_model *models[] = {tiny, trained};
     /* quick mode: every other preset (fp32, flash and eager attention all met), no extras */
     const int every = quick() ? 2 : 1;

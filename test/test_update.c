@@ -390,6 +390,7 @@ int main(void) {
      * scores equal those of a model loaded fresh with the same masters */
     {
         parity_scorer *s16 = new_scorer(m, (fixture){.policy = "hf-eager+fp16"});
+        parity_scorer *s8 = new_scorer(m, (fixture){.policy = "vllm+fp8-block:deepseek"});
         const size_t i = slot_index(&L2, "model.layers.0.mlp.down_proj.weight");
         const weight *w = L2.slots[i].dst;
         const size_t count = (size_t)w->rows * w->cols;
@@ -421,11 +422,19 @@ int main(void) {
                 score_raw(f16, probe_tokens, &len, 1, lp_fresh);
                 CHECK_BITS_F32(lp_updated, lp_fresh, 47, "fp16 scores after updates vs a fresh model");
                 parity_scorer_free(f16);
+                /* the fp8 copies are requantized from the new masters too */
+                float lp8_updated[47], lp8_fresh[47];
+                score_raw(s8, probe_tokens, &len, 1, lp8_updated);
+                parity_scorer *f8 = new_scorer(fresh, (fixture){.policy = "vllm+fp8-block:deepseek"});
+                score_raw(f8, probe_tokens, &len, 1, lp8_fresh);
+                CHECK_BITS_F32(lp8_updated, lp8_fresh, 47, "fp8 scores after updates vs a fresh model");
+                parity_scorer_free(f8);
                 parity_model_free(fresh);
             }
             free(big);
         }
         parity_scorer_free(s16);
+        parity_scorer_free(s8);
     }
 
     parity_model_free(m);

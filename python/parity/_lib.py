@@ -114,11 +114,11 @@ def _errcheck(handle):
 # ---- structs (field for field as in parity.h) ------------------------------------------------
 
 POLICY_FIELDS = ("compute", "norm_input", "norm_weight", "qk_norm", "rope_table", "rope_apply",
-                 "swiglu", "attention", "logits", "temperature")
+                 "swiglu", "attention", "logits", "temperature", "gemm", "quantizer")
 
 
 class parity_policy(Structure):
-    _fields_ = [(name, c_uint8) for name in POLICY_FIELDS] + [("reserved", c_uint8 * 6)]
+    _fields_ = [(name, c_uint8) for name in POLICY_FIELDS] + [("reserved", c_uint8 * 4)]
 
 
 class parity_config(Structure):

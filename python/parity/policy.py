@@ -21,6 +21,8 @@ CHOICES = {
     "attention": ("eager", "flash", "fp32"),
     "logits": ("bf16", "fp32"),
     "temperature": ("bf16", "fp32"),
+    "gemm": ("bf16", "fp8-block", "mxfp8"),
+    "quantizer": ("deepseek", "sglang", "te", "deepgemm", "te-pow2", "ocp", "te-rceil"),
 }
 
 
