@@ -189,6 +189,8 @@ static double measure_fma_peak(unsigned threads, bench_peak_kind kind) {
 
 typedef struct model_size {
     double weight_bytes;   /* bf16 bytes a decode step reads: every matrix once */
+    double linear_params;  /* the decoder layers' linear weights (what an fp8 gemm reads as
+                              one byte each) */
     double flops_per_tok;  /* 2 x matrix weights, without the lm_head */
     double head_flops;     /* 2 x lm_head weights */
     double attn_flops;     /* per (query, key) pair: 4 x heads x head_dim x layers */
@@ -202,8 +204,20 @@ static model_size size_of(const parity_config *c) {
     s.flops_per_tok = 2 * layer * c->num_hidden_layers;
     s.head_flops = 2 * h * c->vocab_size;
     s.weight_bytes = 2 * (layer * c->num_hidden_layers + h * c->vocab_size);
+    s.linear_params = layer * c->num_hidden_layers;
     s.attn_flops = 4.0 * q * c->num_hidden_layers;
     return s;
+}
+
+/* The bytes of weights a decode step streams under a preset: fp32 cells under compute fp32
+ * and fp16 (twice bf16's), one byte per decoder-layer linear weight under an fp8 gemm (its
+ * block scales left out: 1/16384 or 1/32 of that), bf16 otherwise. */
+static double step_bytes(const char *preset, const model_size *ms) {
+    parity_policy pol;
+    if (parity_policy_from_name(preset, &pol) != PARITY_OK) return ms->weight_bytes;
+    if (pol.compute != PARITY_COMPUTE_BF16) return 2 * ms->weight_bytes;
+    if (pol.gemm != PARITY_GEMM_BF16) return ms->weight_bytes - ms->linear_params;
+    return ms->weight_bytes;
 }
 
 /* ---- runs ---------------------------------------------------------------------------------- */
@@ -734,11 +748,7 @@ int main(int argc, char **argv) {
                             *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t], B, B,
                                           contexts[ci], summarise(tps[p], reps), 0, 0};
                             const double step_s = B / x->tps.median;
-                            /* PARITY_COMPUTE_FP32 streams fp32 weights: twice the bytes */
-                            parity_policy pol;
-                            const int fp32 = parity_policy_from_name(presets[p], &pol) == PARITY_OK &&
-                                             pol.compute == PARITY_COMPUTE_FP32;
-                            x->gbs = (fp32 ? 2 : 1) * ms.weight_bytes / step_s / 1e9;
+                            x->gbs = step_bytes(presets[p], &ms) / step_s / 1e9;
                             x->gflops = B * (ms.flops_per_tok + ms.head_flops +
                                              ms.attn_flops * (contexts[ci] + 1)) / step_s / 1e9;
                         }

@@ -1,8 +1,8 @@
 /*
  * Golden bits: the library's own outputs, pinned bit for bit.
  *
- * For the trained model in models/ and for synthetic:tiny, under every preset (and seven
- * modified presets: two fp16, three fp8) and both backends, this program computes
+ * For the trained model in models/ and for synthetic:tiny, under every preset (and six
+ * modified presets: two fp16, two fp8) and both backends, this program computes
  *   - the scorer's log-probs of a fixed batch in the three log-prob modes, with entropy and
  *     the top-4 alternatives (ids and log-probs);
  *   - the sampler's tokens, log-probs and top-4 alternatives for fixed prompts, seeds and
@@ -260,8 +260,7 @@ static const model_entry models[] = {
 
 static const char *const extra_policies[] = {"vllm+fp32-head", "hf-eager+aligned",
                                              "hf-eager+fp16", "vllm+fp16",
-                                             "vllm+fp8-block:deepseek", "vllm+fp8-block:te",
-                                             "hf-eager+mxfp8:te"};
+                                             "vllm+fp8-block:deepseek", "hf-eager+mxfp8:te"};
 
 typedef void (*case_fn)(const model_entry *me, const parity_model *m, const char *policy,
                         uint32_t backend, const output *o, void *ctx);

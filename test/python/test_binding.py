@@ -297,7 +297,28 @@ class TestScore(unittest.TestCase):
                          parity.Policy.from_name("vllm+fp16"))
         with self.assertRaises(parity.ParityError):
             parity.Policy.from_name("fp32+fp16")
+        self.assertEqual(parity.Policy.from_name("vllm+fp8-block:te-pow2").names()["quantizer"],
+                         "te-pow2")
         self.assertIn("tiny", parity.builtin_configs())
+
+    def test_quantizers_without_numpy(self):
+        """parity.quant on array('f'): a 2 x 2 block of amax 896 (deepseek's scale 2), MXFP8's
+        two rules on a block of amax 500 (FLOOR saturates at 2^0, RCEIL takes 2^1)."""
+        from array import array
+        codes, scales = parity.quant.quantize_fp8_blocks(array("f", [896.0, -3.0, 1.0, 0.0]), 2, 2,
+                                                         "deepseek", (2, 2))
+        self.assertEqual((codes, list(scales)), (bytes([0x7E, 0xBC, 0x30, 0x00]), [2.0]))
+        row = array("f", [500.0] + [1.0] * 31)
+        self.assertEqual(parity.quant.quantize_mxfp8(row, 1, 32, "ocp")[1], bytes([127]))
+        self.assertEqual(parity.quant.quantize_mxfp8(row, 1, 32, "te")[1], bytes([128]))
+        self.assertEqual(parity.quant.fp8_from_f32(array("f", [448.0, 465.0]), "e4m3", False),
+                         bytes([0x7E, 0x7F]))
+        self.assertEqual(list(parity.quant.fp8_to_f32(bytes([0x38, 0xC4]))), [1.0, -3.0])
+        self.assertEqual(parity.quant.fp16_from_f32(65520.0), 0x7C00)
+        with self.assertRaises(parity.ParityError):
+            parity.quant.quantize_fp8_blocks(array("f", [1.0]), 1, 1, "no-such-rule")
+        with self.assertRaises(TypeError):
+            parity.quant.quantize_mxfp8(array("d", [1.0]), 1, 1)
 
     def test_acceptance_one_liner(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
