@@ -790,8 +790,12 @@ int main(int argc, char **argv) {
         printf("machine, %u thread(s): read bandwidth %.1f GB/s (4 KB pages), %.1f GB/s (huge "
                "pages); peaks (GFLOP/s): %s\n", threads[t], bw_4k[t], bw_huge[t],
                peak_text[t][0] ? peak_text[t] : "none");
-    printf("\n%-8s %-9s %-8s %-10s %3s %5s %6s %7s %10s %17s  %s\n", "phase", "preset", "backend",
-           "path", "thr", "batch", "tokens", "context", "tok/s", "(min..max)", "bound");
+    /* the preset column as wide as the longest name ("aligned+fp8-block:deepseek") */
+    int pw = 9;
+    for (int i = 0; i < nres; i++)
+        if ((int)strlen(res[i].preset) > pw) pw = (int)strlen(res[i].preset);
+    printf("\n%-8s %-*s %-8s %-10s %3s %5s %6s %7s %10s %17s  %s\n", "phase", pw, "preset",
+           "backend", "path", "thr", "batch", "tokens", "context", "tok/s", "(min..max)", "bound");
     for (int i = 0; i < nres; i++) {
         const result *x = &res[i];
         int t = 0;
@@ -806,8 +810,8 @@ int main(int argc, char **argv) {
         else
             snprintf(bound, sizeof bound, "%.0f GFLOP/s of %.0f (%.0f%%)", x->gflops, peak[pk],
                      100 * fma_frac);
-        printf("%-8s %-9s %-8s %-10s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)  %s\n", x->phase,
-               x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch,
+        printf("%-8s %-*s %-8s %-10s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)  %s\n", x->phase,
+               pw, x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch,
                x->tokens, x->context, x->tps.median, x->tps.min, x->tps.max, bound);
     }
     /* the presets' spread per row of the other columns: fastest / slowest median - 1 */
