@@ -125,41 +125,62 @@ static int check_quant_args(const char *fn, size_t rows, size_t cols, const floa
     return PARITY_OK;
 }
 
+/* One block [r0, r1) x [c0, c1) of a block rule: its codes, and its stored scale returned. */
+static float quantize_block(int quantizer, const float *x, size_t x_stride, size_t r0, size_t r1,
+                            size_t c0, size_t c1, uint8_t *codes, size_t codes_stride) {
+    float amax = 0.0f;
+    for (size_t r = r0; r < r1; r++)
+        for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[r * x_stride + c]));
+    const block_scale b = block_scale_of(quantizer, amax);
+    for (size_t r = r0; r < r1; r++)
+        for (size_t c = c0; c < c1; c++) {
+            const float v = x[r * x_stride + c];
+            codes[r * codes_stride + c] = e4m3_from_f32_saturating(b.divide ? v / b.stored : v * b.mult);
+        }
+    return b.stored;
+}
+
+/* Every block_rows x block_cols block of a block rule; scales row-major over the grid. */
+static void quantize_grid(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,
+                          size_t block_rows, size_t block_cols, uint8_t *codes, size_t codes_stride,
+                          float *scales) {
+    const size_t grid_cols = (cols + block_cols - 1) / block_cols;
+    for (size_t r0 = 0; r0 < rows; r0 += block_rows)
+        for (size_t c0 = 0; c0 < cols; c0 += block_cols) {
+            const size_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
+            const size_t c1 = c0 + block_cols < cols ? c0 + block_cols : cols;
+            scales[(r0 / block_rows) * grid_cols + c0 / block_cols] =
+                quantize_block(quantizer, x, x_stride, r0, r1, c0, c1, codes, codes_stride);
+        }
+}
+
+/* Every 1 x 32 block of an MX rule: codes, and the E8M0 scales as bytes (`bytes`) or as the
+ * fp32 powers of two they mean (`pow2`), whichever is not NULL. */
+static void quantize_mx(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,
+                        uint8_t *codes, size_t codes_stride, uint8_t *bytes, float *pow2) {
+    const size_t grid_cols = (cols + 31) / 32;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c0 = 0; c0 < cols; c0 += 32) {
+            const size_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
+            const float *xr = x + r * x_stride;
+            float amax = 0.0f;
+            for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(xr[c]));
+            const uint8_t biased = mx_scale_of(quantizer, amax);
+            const float mult = mx_mult_of(quantizer, biased);
+            if (bytes) bytes[r * grid_cols + c0 / 32] = biased;
+            if (pow2) pow2[r * grid_cols + c0 / 32] = ldexpf(1.0f, (int)biased - 127);
+            for (size_t c = c0; c < c1; c++)
+                codes[r * codes_stride + c] = e4m3_from_f32_saturating(xr[c] * mult);
+        }
+}
+
 void fp8_quantize_rows(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,
                        uint32_t block_rows, uint8_t *codes, size_t codes_stride, float *scales) {
-    if (is_mx_rule(quantizer)) {
-        const size_t grid_cols = (cols + 31) / 32;
-        for (size_t r = 0; r < rows; r++)
-            for (size_t c0 = 0; c0 < cols; c0 += 32) {
-                const size_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
-                const float *xr = x + r * x_stride;
-                float amax = 0.0f;
-                for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(xr[c]));
-                const uint8_t biased = mx_scale_of(quantizer, amax);
-                const float mult = mx_mult_of(quantizer, biased);
-                scales[r * grid_cols + c0 / 32] = ldexpf(1.0f, (int)biased - 127);
-                for (size_t c = c0; c < c1; c++)
-                    codes[r * codes_stride + c] = e4m3_from_f32_saturating(xr[c] * mult);
-            }
-        return;
-    }
-    const size_t grid_cols = (cols + 127) / 128;
-    for (size_t r0 = 0; r0 < rows; r0 += block_rows)
-        for (size_t c0 = 0; c0 < cols; c0 += 128) {
-            const size_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
-            const size_t c1 = c0 + 128 < cols ? c0 + 128 : cols;
-            float amax = 0.0f;
-            for (size_t r = r0; r < r1; r++)
-                for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[r * x_stride + c]));
-            const block_scale b = block_scale_of(quantizer, amax);
-            scales[(r0 / block_rows) * grid_cols + c0 / 128] = b.stored;
-            for (size_t r = r0; r < r1; r++)
-                for (size_t c = c0; c < c1; c++) {
-                    const float v = x[r * x_stride + c];
-                    codes[r * codes_stride + c] =
-                        e4m3_from_f32_saturating(b.divide ? v / b.stored : v * b.mult);
-                }
-        }
+    if (is_mx_rule(quantizer))
+        quantize_mx(quantizer, rows, cols, x, x_stride, codes, codes_stride, NULL, scales);
+    else
+        quantize_grid(quantizer, rows, cols, x, x_stride, block_rows, 128, codes, codes_stride,
+                      scales);
 }
 
 int parity_fp8_quantize_blocks(int quantizer, size_t rows, size_t cols, const float *x,
@@ -173,23 +194,8 @@ int parity_fp8_quantize_blocks(int quantizer, size_t rows, size_t cols, const fl
     if (block_rows == 0 || block_cols == 0)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: block %u x %u", fn, block_rows, block_cols);
     TRY(check_quant_args(fn, rows, cols, x, x_stride, codes, codes_stride, scales));
-    const size_t grid_cols = (cols + block_cols - 1) / block_cols;
-    for (size_t r0 = 0; r0 < rows; r0 += block_rows)
-        for (size_t c0 = 0; c0 < cols; c0 += block_cols) {
-            const size_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
-            const size_t c1 = c0 + block_cols < cols ? c0 + block_cols : cols;
-            float amax = 0.0f;
-            for (size_t r = r0; r < r1; r++)
-                for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[r * x_stride + c]));
-            const block_scale b = block_scale_of(quantizer, amax);
-            scales[(r0 / block_rows) * grid_cols + c0 / block_cols] = b.stored;
-            for (size_t r = r0; r < r1; r++)
-                for (size_t c = c0; c < c1; c++) {
-                    const float v = x[r * x_stride + c];
-                    codes[r * codes_stride + c] =
-                        e4m3_from_f32_saturating(b.divide ? v / b.stored : v * b.mult);
-                }
-        }
+    quantize_grid(quantizer, rows, cols, x, x_stride, block_rows, block_cols, codes, codes_stride,
+                  scales);
     return PARITY_OK;
 }
 
@@ -201,18 +207,6 @@ int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, const float *
         return set_error(PARITY_ERR_POLICY, "%s: %d is not an MXFP8 quantizer (PARITY_FP8Q_MX_OCP, "
                          "PARITY_FP8Q_MX_RCEIL)", fn, quantizer);
     TRY(check_quant_args(fn, rows, cols, x, x_stride, codes, codes_stride, scales));
-    const size_t grid_cols = (cols + 31) / 32;
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c0 = 0; c0 < cols; c0 += 32) {
-            const size_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
-            const float *xr = x + r * x_stride;
-            float amax = 0.0f;
-            for (size_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(xr[c]));
-            const uint8_t biased = mx_scale_of(quantizer, amax);
-            const float mult = mx_mult_of(quantizer, biased);
-            scales[r * grid_cols + c0 / 32] = biased;
-            for (size_t c = c0; c < c1; c++)
-                codes[r * codes_stride + c] = e4m3_from_f32_saturating(xr[c] * mult);
-        }
+    quantize_mx(quantizer, rows, cols, x, x_stride, codes, codes_stride, scales, NULL);
     return PARITY_OK;
 }

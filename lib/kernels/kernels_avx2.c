@@ -81,10 +81,8 @@ static inline __m256 round_bf16_8(__m256 x) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(x), 16));
 }
 
-static inline void store_bf16_n(uint16_t *p, size_t n, __m256 x) {
-    __m256i b = bf16_bits(x);
-    /* The values fit in 16 bits, so the saturating pack is a plain narrowing. */
-    __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+/* The first n of 8 16-bit values at p. */
+static inline void store_u16_n(uint16_t *p, size_t n, __m128i h) {
     if (n == 8) {
         _mm_storeu_si128((__m128i *)p, h);
     } else {
@@ -92,6 +90,12 @@ static inline void store_bf16_n(uint16_t *p, size_t n, __m256 x) {
         _mm_storeu_si128((__m128i *)buf, h);
         memcpy(p, buf, n * sizeof *p);
     }
+}
+
+static inline void store_bf16_n(uint16_t *p, size_t n, __m256 x) {
+    __m256i b = bf16_bits(x);
+    /* The values fit in 16 bits, so the saturating pack is a plain narrowing. */
+    store_u16_n(p, n, _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
 }
 
 /* fp32 -> fp16 on 8 lanes, as f16_from_f32: vcvtps2ph rounds to nearest even with
@@ -114,16 +118,7 @@ static inline __m256 load_fp16_n(const uint16_t *p, size_t n) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)buf));
 }
 
-static inline void store_fp16_n(uint16_t *p, size_t n, __m256 x) {
-    const __m128i h = fp16_bits(x);
-    if (n == 8) {
-        _mm_storeu_si128((__m128i *)p, h);
-    } else {
-        uint16_t buf[8];
-        _mm_storeu_si128((__m128i *)buf, h);
-        memcpy(p, buf, n * sizeof *p);
-    }
-}
+static inline void store_fp16_n(uint16_t *p, size_t n, __m256 x) { store_u16_n(p, n, fp16_bits(x)); }
 
 /* Generic row access for the region kernels, which exist on fp32 and on 16-bit buffers with
  * one body: `elt` (a constant after inlining: FMT_NONE for fp32, FMT_BF16, FMT_FP16) selects
