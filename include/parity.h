@@ -579,12 +579,30 @@ typedef enum parity_backend {
      * bench/openblas-invariance), one-row calls are what keeps rows bitwise equal.
      * OpenBLAS's own thread count is left as the host set it. */
     PARITY_BACKEND_OPENBLAS = 1,
+    /* AMX-BF16 tiles (tdpbf16ps) for the GEMMs of bf16 weights and bf16 activations, on CPUs
+     * that have them (Intel Xeon 4th generation and later; the OS must grant the tile state:
+     * arch_prctl(ARCH_REQ_XCOMP_PERM), asked once; creation fails with PARITY_ERR_UNSUPPORTED
+     * where either is missing). K in tiles of 32 from k = 0, zero-padded, each output element
+     * accumulated in fp32 by one tile op per K tile in the tile unit's own order, denormal
+     * inputs read as zero. Every element depends only on its own row and column, so the
+     * parity contract holds within the backend (batch, position, chunking, forks, threads),
+     * on one CPU model. Its results differ from the bf16 backend's, as the openblas
+     * backend's do: sampler and learner must both run it, and a learner on a CPU without
+     * AMX cannot reproduce it. A GEMM input holding a value that is not bf16 (the fp32
+     * attention output of PARITY_ATTN_FP32) runs the bf16 backend's kernel for that row, and
+     * under compute fp32 or fp16 (no bf16 GEMMs) the backend is refused. */
+    PARITY_BACKEND_AMX = 2,
 } parity_backend;
 
-/* A backend's name ("bf16", "openblas"); NULL for a value that is not a backend. */
+/* A backend's name ("bf16", "openblas", "amx"); NULL for a value that is not a backend. */
 PARITY_API const char *parity_backend_name(int backend);
 /* The backend of a name; PARITY_ERR_INVALID_ARGUMENT for another name. */
 PARITY_API int parity_backend_from_name(const char *name, parity_backend *out);
+/* PARITY_OK when this build, CPU and OS run the backend (bf16 and openblas always; amx where
+ * the CPU has AMX-BF16 and the OS grants the tile state), else PARITY_ERR_UNSUPPORTED with
+ * the reason in parity_last_error(); PARITY_ERR_INVALID_ARGUMENT for a value that is not a
+ * backend. (A backend that runs may still refuse a policy: amx takes only bf16 compute.) */
+PARITY_API int parity_backend_check(int backend);
 
 typedef struct parity_scorer_params {
     uint32_t size;              /* sizeof(parity_scorer_params) */

@@ -256,3 +256,55 @@ int parity_set_cpu_path(parity_cpu_path path) {
     atomic_store_explicit(&current, table_of(path), memory_order_relaxed);
     return PARITY_OK;
 }
+
+/* ---- AMX (the amx backend) ----------------------------------------------------------------
+ * AMX-BF16 needs cpuid leaf 7 edx bits 24 (AMX-TILE) and 22 (AMX-BF16), an OS that saves
+ * the tile state (XCR0 bits 17 and 18), and, on Linux, the process's permission to use it:
+ * arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once. Without the permission
+ * the first tile instruction would kill the process (SIGILL), so the backend is refused. */
+#if defined(PARITY_HAVE_AMX)
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static const char *amx_missing = "this build has no AMX kernels";
+
+static void amx_detect(void) {
+#if defined(PARITY_HAVE_AMX)
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) {
+        amx_missing = "this CPU lacks AMX-TILE or AMX-BF16";
+        return;
+    }
+    if (!detect_avx512()) {
+        amx_missing = "this CPU or OS lacks AVX-512 F/DQ/BW/VL, which the amx backend packs with";
+        return;
+    }
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    (void)xcr0_hi;
+    if ((xcr0_lo & (3u << 17)) != (3u << 17)) {
+        amx_missing = "the OS does not enable the AMX tile state (XCR0 bits 17, 18)";
+        return;
+    }
+#if defined(__linux__)
+    const long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0) {
+        amx_missing = errno == EPERM || errno == EINVAL || errno == ENOSYS
+                          ? "the OS refused the AMX tile permission (arch_prctl "
+                            "ARCH_REQ_XCOMP_PERM)"
+                          : "the AMX tile permission request (arch_prctl ARCH_REQ_XCOMP_PERM) "
+                            "failed";
+        return;
+    }
+#endif
+    amx_missing = NULL;
+#endif
+}
+
+const char *amx_unavailable(void) {
+    pthread_once(&amx_once, amx_detect);
+    return amx_missing;
+}

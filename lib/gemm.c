@@ -17,6 +17,7 @@
  *             measured to leave M = 1 results unchanged. */
 #include <cblas.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "forward.h"
 #include "internal.h"
@@ -107,8 +108,105 @@ static void pack_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
 
 size_t gemm_scratch_xpack_floats(size_t max_rows, size_t max_k) {
     const size_t rows = gemm_packed_row(max_k) * max_rows, tiles = gemm_xt_floats(max_rows, max_k);
-    return rows > tiles ? rows : tiles;
+    size_t most = rows > tiles ? rows : tiles;
+#if defined(PARITY_HAVE_AMX)
+    /* the amx backend's packed x (M rounded up to 16 rows), where the CPU has it */
+    if (!amx_unavailable()) {
+        const size_t amx = (amx_packed_x_bytes(max_rows, max_k) + sizeof(float) - 1) / sizeof(float);
+        if (amx > most) most = amx;
+    }
+#endif
+    return most;
 }
+
+int parity_backend_check(int backend) {
+    clear_error();
+    if (!parity_backend_name(backend))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%d is not a backend (bf16 = 0, openblas = 1, "
+                         "amx = 2)", backend);
+    const char *why = backend == PARITY_BACKEND_AMX ? amx_unavailable() : NULL;
+    if (why) return set_error(PARITY_ERR_UNSUPPORTED, "the amx backend is not available: %s", why);
+    return PARITY_OK;
+}
+
+int backend_check(const parity_policy *pol, uint32_t backend) {
+    if (backend != PARITY_BACKEND_AMX) return PARITY_OK;
+    const char *why = amx_unavailable();
+    if (why) return set_error(PARITY_ERR_UNSUPPORTED, "the amx backend is not available: %s", why);
+    if (pol->compute != PARITY_COMPUTE_BF16)
+        return set_error(PARITY_ERR_UNSUPPORTED, "the amx backend runs bf16 GEMMs, and a policy "
+                         "with compute %s has none: use the bf16 backend",
+                         pol->compute == PARITY_COMPUTE_FP32 ? "fp32" : "fp16");
+    return PARITY_OK;
+}
+
+#if defined(PARITY_HAVE_AMX)
+typedef struct amx_pack_job {
+    size_t M, K, ldx;
+    const float *x;
+    uint16_t *xt;
+    atomic_size_t inexact;  /* rows holding a value that is not bf16 */
+} amx_pack_job;
+
+static void amx_pack_blocks(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    amx_pack_job *j = ctx;
+    const size_t n = amx_pack_x(j->M, j->K, j->x, j->ldx, j->xt, begin, end);
+    if (n) atomic_fetch_add_explicit(&j->inexact, n, memory_order_relaxed);
+}
+
+typedef struct amx_job {
+    size_t M, K, N;
+    const uint16_t *xt, *w;
+    size_t ldw;
+    float *y;
+    size_t ldy;
+} amx_job;
+
+static void amx_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const amx_job *j = ctx;
+    const size_t n0 = begin * COLUMN_BLOCK, n1 = end * COLUMN_BLOCK < j->N ? end * COLUMN_BLOCK : j->N;
+    amx_gemm_columns(j->M, j->K, j->xt, j->w, j->ldw, j->y, j->ldy, j->N, n0, n1);
+}
+
+/* A row of x that is all bf16 values. */
+static int row_is_bf16(const float *x, size_t K) {
+    for (size_t i = 0; i < K; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        if (u & 0xffffu) return 0;
+    }
+    return 1;
+}
+
+/* The amx backend's GEMM: x packed into tiles over the pool, then the output columns split
+ * over the pool as the bf16 backend splits them. Rows with a value that is not bf16 are the
+ * bf16 backend's, each computed alone (its bits do not depend on M). */
+static void gemm_amx_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                          const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
+                          const gemm_scratch *s) {
+    amx_pack_job p = {M, K, ldx, x, (uint16_t *)s->xpack, 0};
+    pool_run(pool, amx_pack_blocks, &p, (M + 15) / 16);
+    const size_t inexact = atomic_load_explicit(&p.inexact, memory_order_relaxed);
+    if (inexact == M) {
+        gemm_bf16w_pool(pool, M, K, x, ldx, w, ldw, y, ldy, N, s);
+        return;
+    }
+    const amx_job j = {M, K, N, p.xt, w, ldw, y, ldy};
+    const size_t tasks = (N + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+    if (M >= 64) {
+        pool_run(pool, amx_columns, (void *)&j, tasks);
+    } else {
+        const size_t shares = 8 * (size_t)pool_size(pool);
+        pool_run_dynamic(pool, amx_columns, (void *)&j, tasks, (tasks + shares - 1) / shares);
+    }
+    if (inexact)
+        for (size_t m = 0; m < M; m++)
+            if (!row_is_bf16(x + m * ldx, K))
+                gemm_bf16w_pool(pool, 1, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy, N, s);
+}
+#endif
 
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
                      const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
@@ -153,6 +251,12 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
         gemm_on_pool(ctx->pool, &j);
         return;
     }
+#if defined(PARITY_HAVE_AMX)
+    if (ctx->backend == PARITY_BACKEND_AMX) {
+        gemm_amx_pool(ctx->pool, M, Ks, x + k0, ldx, w->bf16 + k0, w->ld, y, ldy, N, &ctx->s->gemm);
+        return;
+    }
+#endif
     gemm_bf16w_pool(ctx->pool, M, Ks, x + k0, ldx, w->bf16 + k0, w->ld, y, ldy, N, &ctx->s->gemm);
 }
 

@@ -203,6 +203,22 @@ void kernels_avx512_set_entries(kernels *t);  /* kernels_avx512.c, over the AVX2
 void kernels_avx512bf16_set_entries(kernels *t);  /* kernels_avx512bf16.c, over avx512 */
 #endif
 
+/* The amx backend (kernels/gemm_amx.c, built with PARITY_HAVE_AMX): x packed into AMX tiles
+ * and the tile GEMM. amx_unavailable() (cpu.c) is NULL once the CPU has AMX-BF16 and the OS
+ * granted the tile state, else why not; nothing of gemm_amx.c may run before it says NULL. */
+const char *amx_unavailable(void);
+#if defined(PARITY_HAVE_AMX)
+/* Bytes of x[M][K] packed: M and K rounded up to 16 rows and 32 columns. */
+size_t amx_packed_x_bytes(size_t M, size_t K);
+/* Packs the 16-row blocks mb0 .. mb1-1 of x; returns how many of their rows hold a value
+ * that is not a bf16 value (their packing is not to be used). */
+size_t amx_pack_x(size_t M, size_t K, const float *x, size_t ldx, uint16_t *xt, size_t mb0,
+                  size_t mb1);
+/* Columns n0 .. n1-1 (n0 a multiple of 32) of y[M][N] = x . w^T from the packed x. */
+void amx_gemm_columns(size_t M, size_t K, const uint16_t *xt, const uint16_t *w, size_t ldw,
+                      float *y, size_t ldy, size_t N, size_t n0, size_t n1);
+#endif
+
 /* The table of a CPU path in this build (cpu.c), NULL if the build has none for it. Whether
  * this CPU can run it is parity_set_cpu_path()'s answer. */
 const kernels *kernel_table(parity_cpu_path path);

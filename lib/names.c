@@ -14,6 +14,7 @@ typedef struct name_entry {
 static const name_entry backends[] = {
     {"bf16", PARITY_BACKEND_BF16},
     {"openblas", PARITY_BACKEND_OPENBLAS},
+    {"amx", PARITY_BACKEND_AMX},
 };
 
 static const name_entry logprob_modes[] = {

@@ -125,9 +125,15 @@ static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
     return q;
 }
 
-static int check_backend(const char *fn, uint32_t backend) {
+static int check_backend(const char *fn, const parity_policy *pol, uint32_t backend) {
     if (!parity_backend_name((int)backend))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: unknown backend %u", fn, backend);
+    const int rc = backend_check(pol, backend);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", parity_last_error());
+        return set_error(rc, "%s: %s", fn, why);
+    }
     return PARITY_OK;
 }
 
@@ -240,7 +246,7 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     if (policy->gemm != PARITY_GEMM_BF16)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: the fp8 gemm formats are not in the forward "
                          "pieces yet (the model's forward has them)", fn);
-    TRY(check_backend(fn, backend));
+    TRY(check_backend(fn, policy, backend));
     TRY(arg_shape(fn, m, k));
     if (n == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);
     TRY(arg_ptr(fn, x, "x"));
@@ -261,7 +267,7 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     fwd_scratch s = {0};
     gemm_weights gw;
     int rc = gemm_weights_of(&c, policy, backend, n, k, w, w_stride, &gw);
-    if (!rc && backend == PARITY_BACKEND_BF16 && policy->compute == PARITY_COMPUTE_BF16)
+    if (!rc && backend != PARITY_BACKEND_OPENBLAS && policy->compute == PARITY_COMPUTE_BF16)
         rc = gemm_scratch_of(&c, m, k, &s.gemm);
     if (!rc) {
         const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
@@ -400,7 +406,7 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
     static const char fn[] = "parity_head_logprobs";
     clear_error();
     TRY(arg_policy(fn, policy));
-    TRY(check_backend(fn, backend));
+    TRY(check_backend(fn, policy, backend));
     TRY(arg_ptr(fn, options, "options"));
     if (options->size != sizeof *options)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
@@ -449,7 +455,7 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
     float *norm = work ? op_alloc(&c, dim, sizeof(float), "norm weight") : NULL;
     int rc = norm ? gemm_weights_of(&c, policy, backend, vocab, dim, lm_head, lm_head_stride, &head)
               : PARITY_ERR_OUT_OF_MEMORY;
-    if (!rc && backend == PARITY_BACKEND_BF16 && policy->compute == PARITY_COMPUTE_BF16)
+    if (!rc && backend != PARITY_BACKEND_OPENBLAS && policy->compute == PARITY_COMPUTE_BF16)
         rc = gemm_scratch_of(&c, rows, dim, &s.gemm);
     if (!rc) {
         for (size_t r = 0; r < rows; r++) {

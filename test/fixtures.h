@@ -83,6 +83,30 @@ static inline parity_sampler *new_sampler(const parity_model *m, fixture f) {
     return s;
 }
 
+/* Whether `backend` runs `policy` on this CPU: the amx backend needs AMX-BF16 (and a policy
+ * with bf16 GEMMs); on a CPU without it, it must be refused as unsupported, which this checks,
+ * saying once that its runs are skipped. */
+static inline int backend_runs(uint32_t backend, const char *policy) {
+    if (backend != PARITY_BACKEND_AMX) return 1;
+    parity_policy p;
+    if (parity_policy_from_name(policy, &p) != PARITY_OK || p.compute != PARITY_COMPUTE_BF16)
+        return 0;
+    static int known, runs;
+    if (!known++) {
+        float x[32] = {0}, y[16];
+        uint16_t w[16 * 32] = {0};
+        CHECK_OK(parity_policy_from_name("aligned", &p));
+        const int rc = parity_linear(NULL, &p, PARITY_BACKEND_AMX, 1, 32, 16, x, 32,
+                                     PARITY_DTYPE_BF16, w, 32, NULL, y, 16);
+        runs = rc == PARITY_OK;
+        if (!runs) {
+            CHECK_INT(rc, PARITY_ERR_UNSUPPORTED);
+            printf("amx backend runs skipped: %s\n", parity_last_error());
+        }
+    }
+    return runs;
+}
+
 /* parity_score with the default options (raw log-probs), log-probs only (CHECK_OK). */
 static inline void score_raw(parity_scorer *s, const int32_t *tokens, const uint32_t *lengths,
                              size_t n_seqs, float *logprobs) {

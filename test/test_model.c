@@ -58,12 +58,13 @@ int main(void) {
         }
     }
 
-    const char *backends[] = {"bf16", "openblas"};
+    const char *backends[] = {"bf16", "openblas", "amx"};
     /* quick mode: the library's own GEMM only */
-    const uint32_t last_backend = quick() ? PARITY_BACKEND_BF16 : PARITY_BACKEND_OPENBLAS;
+    const uint32_t last_backend = quick() ? PARITY_BACKEND_BF16 : PARITY_BACKEND_AMX;
     for (uint32_t backend = PARITY_BACKEND_BF16; backend <= last_backend; backend++) {
         const char *presets[] = {"fp32", "hf-eager", "aligned"};
         for (int pi = 0; pi < 3; pi++) {
+            if (!backend_runs(backend, presets[pi])) continue; /* amx: bf16 GEMMs, AMX CPUs */
             parity_scorer *s = new_scorer(
                 m, (fixture){.policy = presets[pi], .backend = backend, .n_threads = 2});
             if (!s) continue;

@@ -171,7 +171,7 @@ static void check_against_scorer(const parity_model *m, const char *policy, uint
         CHECK_OK(parity_score(s, &o, seq, &len, 1, lp, NULL, NULL, NULL));
         char what[160];
         snprintf(what, sizeof what, "%s/%s: scorer vs sampler, sequence %d (mode %u, T %g, k %u, p %g, min_p %g)",
-                 policy, backend ? "openblas" : "bf16", i, sp->logprob_mode, (double)sp->temperature,
+                 policy, parity_backend_name((int)backend), i, sp->logprob_mode, (double)sp->temperature,
                  sp->top_k, (double)sp->top_p, (double)sp->min_p);
         CHECK_BITS_F32(lp + c->prompt_len - 1, g->logprobs[i], g->n[i], what);
     }
@@ -192,14 +192,14 @@ static void check_policy(const parity_model *m, const char *policy, uint32_t bac
     char what[200];
     for (size_t k = 1; k < sizeof configs / sizeof configs[0]; k++) {
         if (!run(m, policy, backend, &c, &configs[k], &got)) continue;
-        snprintf(what, sizeof what, "%s/%s: %s", policy, backend ? "openblas" : "bf16", configs[k].name);
+        snprintf(what, sizeof what, "%s/%s: %s", policy, parity_backend_name((int)backend), configs[k].name);
         compare(&ref, &got, what);
     }
     parity_cpu_path saved = parity_get_cpu_path();
     for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX512BF16; path++) {
         if (parity_set_cpu_path((parity_cpu_path)path) != PARITY_OK) continue;
         if (!run(m, policy, backend, &c, &configs[1], &got)) continue;
-        snprintf(what, sizeof what, "%s/%s: cpu path %s", policy, backend ? "openblas" : "bf16",
+        snprintf(what, sizeof what, "%s/%s: cpu path %s", policy, parity_backend_name((int)backend),
                  parity_cpu_path_name((parity_cpu_path)path));
         compare(&ref, &got, what);
     }
@@ -455,6 +455,8 @@ int main(void) {
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(tiny, "hf-eager+fp16", PARITY_BACKEND_BF16, seed++);
         check_policy(tiny, "vllm+fp8-block:deepseek", PARITY_BACKEND_BF16, seed++);
+        if (backend_runs(PARITY_BACKEND_AMX, "aligned"))
+            check_policy(trained, "aligned", PARITY_BACKEND_AMX, seed++);
     } else {
         for (int i = 0; presets[i]; i++) {
             check_policy(trained, presets[i], PARITY_BACKEND_BF16, seed++);
@@ -470,6 +472,14 @@ int main(void) {
         check_policy(trained, "hf-eager", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "fp32", PARITY_BACKEND_OPENBLAS, seed++);
+        /* the amx backend (skipped on a CPU without AMX-BF16): eager and flash attention, an
+         * fp32 head, and the fp8 gemm, whose lm_head is the backend's */
+        static const char *const amx_policies[] = {"aligned", "hf-eager", "vllm",
+                                                   "vllm+aligned+fp32-head",
+                                                   "vllm+fp8-block:deepseek"};
+        for (size_t i = 0; i < sizeof amx_policies / sizeof amx_policies[0]; i++)
+            if (backend_runs(PARITY_BACKEND_AMX, amx_policies[i]))
+                check_policy(i == 4 ? tiny : trained, amx_policies[i], PARITY_BACKEND_AMX, seed++);
     }
     check_kernel_order(trained);
     check_errors(tiny);

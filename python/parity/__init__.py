@@ -23,7 +23,7 @@ from .policy import CHOICES, Policy, policies
 from .sampler import Completion, Sampler, Step
 
 __all__ = ["Model", "Sampler", "Completion", "Step", "Scores", "Policy", "ParityError",
-           "policies", "quant", "regions", "version", "cpu_path", "cpu_paths", "set_cpu_path",
+           "policies", "quant", "regions", "version", "backends", "cpu_path", "cpu_paths", "set_cpu_path",
            "set_log_callback", "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION",
            "LIBRARY_PATH", "CHOICES", "MAX_STOP", "status_name", "write_manifest"]
 
@@ -54,6 +54,20 @@ def cpu_paths():
     """The kernel paths the library has, as it names them (["portable", "avx2", "avx512",
     "avx512bf16"]), whether or not this CPU runs them."""
     return list(_lib.CPU_PATHS)
+
+
+def backends():
+    """The GEMM backends this build, CPU and OS run, as the library names them: "bf16" and
+    "openblas" always, "amx" where the CPU has AMX-BF16 and the OS grants the tile state
+    (parity_backend_check)."""
+    runs = []
+    for name, value in _lib.BACKENDS.items():
+        try:
+            lib.parity_backend_check(value)
+        except ParityError:
+            continue
+        runs.append(name)
+    return runs
 
 
 def builtin_configs():

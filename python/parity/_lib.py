@@ -285,6 +285,8 @@ _PROTOTYPES = [
     ("parity_set_cpu_path", c_int, [c_int], True),
     # const char *parity_backend_name(int backend);
     ("parity_backend_name", c_char_p, [c_int], False),
+    # int parity_backend_check(int backend);
+    ("parity_backend_check", c_int, [c_int], True),
     # int parity_backend_from_name(const char *name, parity_backend *out);
     ("parity_backend_from_name", c_int, [c_char_p, POINTER(c_int)], True),
     # const char *parity_logprob_mode_name(int mode);

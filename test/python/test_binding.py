@@ -243,7 +243,13 @@ class TestLoading(unittest.TestCase):
             self.assertTrue(tables[table], table)
             for name, value in tables[table].items():
                 self.assertEqual(name_fn(value).decode(), name)
-        self.assertEqual(set(parity.model.BACKENDS), {"bf16", "openblas"})
+        self.assertEqual(set(parity.model.BACKENDS), {"bf16", "openblas", "amx"})
+        runs = parity.backends()
+        self.assertEqual(runs[:2], ["bf16", "openblas"])
+        self.assertLessEqual(set(runs), set(parity.model.BACKENDS))
+        if "amx" not in runs:  # refused with the reason
+            with self.assertRaisesRegex(parity.ParityError, "amx backend is not available"):
+                Models.get()[0].score([1, 2, 3], backend="amx")
         self.assertEqual(list(parity.model.MODES), ["raw", "processed", "processed-truncated"])
         self.assertEqual(parity.cpu_paths()[0], "portable")
         self.assertIn(parity.cpu_path(), parity.cpu_paths())
@@ -254,7 +260,7 @@ class TestLoading(unittest.TestCase):
                                     "library, PARITY_ERR_TOKEN_RANGE in the binding"):
             _lib.check_mirrors(lib, "lib", statuses={"PARITY_ERR_TOKEN_RANGE": -41})
         with self.assertRaisesRegex(ImportError, "default backend 'cuda' is not one of the "
-                                    "library's \\(bf16, openblas\\)"):
+                                    "library's \\(bf16, openblas, amx\\)"):
             _lib.check_mirrors(lib, "lib", defaults={"backends": "cuda"})
         with self.assertRaisesRegex(ImportError, "default mode 'logits'"):
             _lib.check_mirrors(lib, "lib", defaults={"modes": "logits"})
@@ -356,6 +362,9 @@ class TestScore(unittest.TestCase):
         for policy in ["aligned", "hf-eager"]:
             self.check_against_cli(self.tiny, "synthetic:tiny", policy, [5, 9, 200, 3, 3, 7, 1],
                                    dict(backend="openblas"), ["--backend", "openblas"])
+            if "amx" in parity.backends():
+                self.check_against_cli(self.real, REAL, policy, toks, dict(backend="amx"),
+                                       ["--backend", "amx"])
         seeded = parity.Model("synthetic:tiny:42")
         self.check_against_cli(seeded, "synthetic:tiny:42", "hf-eager", list(range(0, 256, 3)),
                                dict(threads=1), ["--threads", "2"])

@@ -29,6 +29,13 @@ TRAINED = os.path.join(harness.REPO, "models", "qwen3-bytes-pystdlib-4.9m")
 BF16_PRESETS = [p for p in parity.policies() if p != "fp32"]
 POLICIES = parity.policies() + [p + "+fp32-head" for p in BF16_PRESETS] + \
     ["hf-eager+fp16", "vllm+fp16"]
+def backends_of(policy):
+    """The backends a policy runs on here: bf16 and openblas, and amx (bf16 GEMMs only) where
+    this CPU has AMX-BF16."""
+    bf16_compute = not policy.startswith("fp32") and "fp16" not in policy
+    return ["bf16", "openblas"] + (["amx"] if bf16_compute and "amx" in parity.backends() else [])
+
+
 MODES = [dict(mode="raw"), dict(mode="processed", temperature=0.7),
          dict(mode="processed-truncated", temperature=0.8, top_k=20, top_p=0.9)]
 TEXT = open(os.path.join(harness.REPO, "examples", "python", "grpo_group.py"), "rb").read()
@@ -63,7 +70,7 @@ class Bitwise(unittest.TestCase):
         seqs = byte_sequences([37, 1, 90, 16, 2])
         with parity.Model(TRAINED, threads=2) as model:
             for pol in POLICIES:
-                for backend in ("bf16", "openblas"):
+                for backend in backends_of(pol):
                     lm = CausalLM(model, policy=pol, backend=backend, threads=2)
                     self.compare(model, lm, seqs, "trained, %s, %s" % (pol, backend))
 
@@ -73,7 +80,7 @@ class Bitwise(unittest.TestCase):
             vocab = model.vocab_size
             seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (33, 5, 17)]
             for pol in POLICIES:
-                for backend in ("bf16", "openblas"):
+                for backend in backends_of(pol):
                     lm = CausalLM("synthetic:tiny", policy=pol, backend=backend, threads=1)
                     self.compare(model, lm, seqs, "tiny, %s, %s" % (pol, backend))
 
@@ -84,7 +91,7 @@ class Bitwise(unittest.TestCase):
 
     def sampler_against_module(self, model, prompt):
         for pol in POLICIES:
-            for backend in ("bf16", "openblas"):
+            for backend in backends_of(pol):
                 lm = CausalLM(model, policy=pol, backend=backend, threads=2)
                 for opts in MODES:
                     with model.sampler(policy=pol, backend=backend, max_seqs=4,
