@@ -2,12 +2,14 @@
  * independent chains (latency 4 x 2 units needs 8) of vfmadd231ps ymm (the avx2 path),
  * vfmadd231ps zmm (avx512) and vdpbf16ps zmm (avx512bf16). A bf16 pair is two fp32 fmas
  * (4 flops) on every path, so each loop's GFLOP/s is its path's GEMM peak: an fp32 fma
- * counts 2 flops per lane, a vdpbf16ps 4 (two products and two adds). Shared by gemm-bench
- * and parity-speed. */
+ * counts 2 flops per lane, a vdpbf16ps 4 (two products and two adds). And the amx backend's
+ * tdpbf16ps (2 flops per product). Shared by gemm-bench and parity-speed. */
 #ifndef PARITY_BENCH_PEAK_H
 #define PARITY_BENCH_PEAK_H
 
 #include "parity.h"
+
+#include <string.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -18,6 +20,7 @@ typedef enum bench_peak_kind {
     BENCH_PEAK_FMA_YMM,
     BENCH_PEAK_FMA_ZMM,
     BENCH_PEAK_DPBF16_ZMM,
+    BENCH_PEAK_AMX_BF16,     /* the amx backend's tdpbf16ps (needs the OS's tile permission) */
     BENCH_PEAK_KINDS
 } bench_peak_kind;
 
@@ -61,6 +64,55 @@ __attribute__((target("avx512f,avx512bf16"))) static double bench_peak_loop_dpbf
     BENCH_PEAK_LOOP(__m512, _mm512_set1_ps, DPBF16_STEP, _mm512_storeu_ps, 16)
 #undef DPBF16_STEP
 }
+
+/* tdpbf16ps on four independent 16 x 16 accumulators (tiles 0-3) from two A tiles and two B
+ * tiles (4-7), 16384 flops each (16 x 16 outputs x 32 products x 2); the tiles hold 1.0 and
+ * 2^-20 in bf16, so the sums stay far from overflow. The tile state is the thread's: set up
+ * and released here. */
+/* A tile op takes 16 cycles where an fma takes half of one: the AMX loop runs iters / 16 of
+ * its iterations, and bench_peak_flops_per_iter counts per requested iteration. */
+#define BENCH_PEAK_AMX_SCALE 16
+
+typedef struct bench_tile_config {
+    unsigned char palette, start_row, reserved[14];
+    unsigned short colsb[16];
+    unsigned char rows[16];
+} bench_tile_config;
+
+__attribute__((target("amx-tile,amx-bf16"))) static double bench_peak_loop_amx_bf16(long iters) {
+    bench_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    static unsigned short ones[16 * 32], small[16 * 32];
+    for (int i = 0; i < 16 * 32; i++) ones[i] = 0x3f80, small[i] = 0x3580;
+    float out[16 * 16];
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(5, ones, 64);
+    _tile_loadd(6, small, 64);
+    _tile_loadd(7, small, 64);
+    for (long it = 0; it < iters; it++) {
+        /* 10 instructions per iteration, as the other loops */
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        _tile_dpbf16ps(0, 5, 7);
+        _tile_dpbf16ps(1, 5, 6);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_dpbf16ps(3, 4, 6);
+        _tile_dpbf16ps(0, 4, 7);
+        _tile_dpbf16ps(1, 5, 6);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+}
 #endif
 
 /* Whether this CPU runs kind k's loop. */
@@ -73,6 +125,9 @@ static inline int bench_peak_available(bench_peak_kind k) {
         return __builtin_cpu_supports("avx512f");
     case BENCH_PEAK_DPBF16_ZMM:
         return __builtin_cpu_supports("avx512bf16");
+    case BENCH_PEAK_AMX_BF16:
+        /* the library asks the OS for the tile state on the backend's first check */
+        return parity_backend_check(PARITY_BACKEND_AMX) == PARITY_OK;
     default:
         return 0;
     }
@@ -101,6 +156,7 @@ static inline const char *bench_peak_instruction(bench_peak_kind k) {
     return k == BENCH_PEAK_FMA_YMM      ? "vfmadd231ps ymm (AVX2 FMA)"
            : k == BENCH_PEAK_FMA_ZMM    ? "vfmadd231ps zmm (AVX-512F)"
            : k == BENCH_PEAK_DPBF16_ZMM ? "vdpbf16ps zmm (AVX512_BF16)"
+           : k == BENCH_PEAK_AMX_BF16   ? "tdpbf16ps (AMX-BF16)"
                                         : "none (portable path)";
 }
 
@@ -108,6 +164,7 @@ static inline const char *bench_peak_key(bench_peak_kind k) {
     return k == BENCH_PEAK_FMA_YMM      ? "fma_ymm"
            : k == BENCH_PEAK_FMA_ZMM    ? "fma_zmm"
            : k == BENCH_PEAK_DPBF16_ZMM ? "dpbf16_zmm"
+           : k == BENCH_PEAK_AMX_BF16   ? "amx_bf16"
                                         : "none";
 }
 
@@ -116,6 +173,7 @@ static inline double bench_peak_flops_per_iter(bench_peak_kind k) {
     return k == BENCH_PEAK_FMA_YMM      ? 10.0 * 2 * 8
            : k == BENCH_PEAK_FMA_ZMM    ? 10.0 * 2 * 16
            : k == BENCH_PEAK_DPBF16_ZMM ? 10.0 * 4 * 16
+           : k == BENCH_PEAK_AMX_BF16   ? 10.0 * 16 * 16 * 32 * 2 / BENCH_PEAK_AMX_SCALE
                                         : 0.0;
 }
 
@@ -125,6 +183,7 @@ static inline double bench_peak_loop(long iters, bench_peak_kind k) {
     if (k == BENCH_PEAK_FMA_YMM) return bench_peak_loop_fma_ymm(iters);
     if (k == BENCH_PEAK_FMA_ZMM) return bench_peak_loop_fma_zmm(iters);
     if (k == BENCH_PEAK_DPBF16_ZMM) return bench_peak_loop_dpbf16_zmm(iters);
+    if (k == BENCH_PEAK_AMX_BF16) return bench_peak_loop_amx_bf16(iters / BENCH_PEAK_AMX_SCALE);
 #endif
     return (double)iters;
 }

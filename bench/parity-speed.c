@@ -7,7 +7,7 @@
  *
  * Defaults (a run of under three minutes on 2 cores, peers included): synthetic:qwen3-0.6b; presets
  * aligned,hf-eager,vllm (measured interleaved, repetition by repetition, and their spread
- * printed); backend bf16; threads 2; prefill and scoring of 512 tokens; decode
+ * printed); backends bf16, and amx where the CPU has AMX-BF16; threads 2; prefill and scoring of 512 tokens; decode
  * at batch 1 and 32 with 128 tokens of context; 1 warm-up and 3 repetitions per figure
  * (median, and min..max as the spread); the CPU path the library picks (--paths all: every
  * SIMD path this CPU has, one after the other, the same rows for each; the portable path,
@@ -40,7 +40,8 @@
  * 1 GiB buffer, split over the threads, in 4 KB pages and in huge pages; decode is judged
  * against the better) and the peak of every instruction a CPU path's bf16 GEMM runs that
  * this CPU has (bench_peak.h: register-only loops of vfmadd231ps ymm for avx2, vfmadd231ps
- * zmm for avx512, vdpbf16ps zmm for avx512bf16); a row's bound is its own path's peak.
+ * zmm for avx512, vdpbf16ps zmm for avx512bf16) and of AMX's tdpbf16ps where the CPU has it; a
+ * row's bound is its own path's peak, or AMX's on the amx backend.
  */
 #include <errno.h>
 #include <math.h>
@@ -575,9 +576,15 @@ typedef struct result {
     double gbs, gflops;
 } result;
 
+/* The peak a row is judged against: its CPU path's GEMM instruction, or AMX's on the amx
+ * backend. */
+static bench_peak_kind bench_peak_of_row(const result *x) {
+    return !strcmp(x->backend, "amx") ? BENCH_PEAK_AMX_BF16 : bench_peak_of_path(x->path);
+}
+
 int main(int argc, char **argv) {
     const char *model_spec = "synthetic:qwen3-0.6b", *json = NULL;
-    char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "bf16", threads_s[64] = "2";
+    char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "", threads_s[64] = "2";
     char prompts_s[64] = "512", batches_s[64] = "1,32", contexts_s[64] = "128";
     char peers_s[64] = "torch,llama", paths_s[64] = "";
     int reps = 3, score_all = 0;
@@ -629,6 +636,10 @@ int main(int argc, char **argv) {
     }
     const char *presets[MAX_LIST], *backends[MAX_LIST];
     uint32_t threads[MAX_LIST], prompts[MAX_LIST], batches[MAX_LIST], contexts[MAX_LIST];
+    /* every backend this CPU runs, unless --backends names them */
+    if (!backends_s[0])
+        snprintf(backends_s, sizeof backends_s, "%s",
+                 parity_backend_check(PARITY_BACKEND_AMX) == PARITY_OK ? "bf16,amx" : "bf16");
     int np = split_list(presets_s, presets), nb = split_list(backends_s, backends);
     int nt = split_uints(threads_s, threads), nl = split_uints(prompts_s, prompts);
     int nbatch = split_uints(batches_s, batches), nc = split_uints(contexts_s, contexts);
@@ -801,7 +812,7 @@ int main(int argc, char **argv) {
         int t = 0;
         while (t < nt && threads[t] != x->threads) t++;
         const double *peak = peaks[t];
-        const bench_peak_kind pk = bench_peak_of_path(x->path);
+        const bench_peak_kind pk = bench_peak_of_row(x);
         char bound[96];
         const double mem_frac = x->gbs / bandwidth[t], fma_frac = peak[pk] > 0 ? x->gflops / peak[pk] : 0;
         if (!strcmp(x->phase, "decode") && mem_frac >= fma_frac)
@@ -900,7 +911,7 @@ int main(int argc, char **argv) {
                        "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f}",
                     i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
                     x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
-                    x->tps.max, x->gbs, x->gflops, peaks[t][bench_peak_of_path(x->path)]);
+                    x->tps.max, x->gbs, x->gflops, peaks[t][bench_peak_of_row(x)]);
         }
         fprintf(f, "\n],\n \"peer_notes\": [");
         for (int i = 0; i < P.n_notes; i++) {

@@ -54,15 +54,26 @@ size_t amx_packed_x_bytes(size_t M, size_t K) {
 /* ---- 16 x 16 transposes of 32-bit elements ------------------------------------------------ */
 
 /* r[i][j] -> r[j][i]: four butterfly stages, each swapping the off-diagonal b x b blocks of
- * every 2b x 2b block (b = 1, 2, 4, 8). */
+ * every 2b x 2b block (b = 1, 2, 4, 8). Stage s's row i (i & b == 0) keeps its own j where
+ * j & b == 0 and takes row i+b's j-b elsewhere (lo); row i+b takes row i's j+b where j & b
+ * == 0 and keeps its own elsewhere (hi). Indices of vpermt2d: 16 + j reads the second row. */
+static const int32_t butterfly_lo[4][16] = {
+    {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+    {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+    {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+    {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+};
+static const int32_t butterfly_hi[4][16] = {
+    {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31},
+    {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+    {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+    {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+};
+
 static inline void transpose16(__m512i r[16]) {
-    for (int b = 1; b < 16; b <<= 1) {
-        int lo[16], hi[16];
-        for (int j = 0; j < 16; j++) {
-            lo[j] = (j & b) ? 16 + j - b : j; /* row i keeps its j, takes row i+b's j-b */
-            hi[j] = (j & b) ? 16 + j : j + b; /* row i+b takes row i's j+b, keeps its own */
-        }
-        const __m512i ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi);
+    for (int s = 0, b = 1; s < 4; s++, b <<= 1) {
+        const __m512i ilo = _mm512_loadu_si512(butterfly_lo[s]);
+        const __m512i ihi = _mm512_loadu_si512(butterfly_hi[s]);
         for (int i = 0; i < 16; i++) {
             if (i & b) continue;
             const __m512i a = r[i], c = r[i + b];
