@@ -56,7 +56,9 @@ typedef struct prompt_set {
 typedef struct variant {
     parity_policy policy;
     uint32_t split_k, split_kv;
+    uint32_t backend;   /* the sampler's GEMM backend; VARIANT_RUN_BACKEND: --backend's */
 } variant;
+#define VARIANT_RUN_BACKEND UINT32_MAX
 
 /* Completions of a prompt set under one configuration, and the log-probs the sampler
  * reported (temperature 0: a greedy run). Planned first, generated later. */

@@ -593,7 +593,7 @@ static parity_sampler *make_sampler(const run_env *e, const variant *v, size_t p
     parity_sampler_params p;
     parity_sampler_default_params(&p);
     p.n_threads = e->o->lib_threads;
-    p.backend = e->o->backend;
+    p.backend = v->backend == VARIANT_RUN_BACKEND ? e->o->backend : v->backend;
     p.policy = v->policy;
     p.split_k = v->split_k;
     p.split_kv = v->split_kv;
@@ -734,7 +734,7 @@ static void free_rollouts(rollouts *r) {
 
 static int same_variant(const variant *a, const variant *b) {
     return same_policy(&a->policy, &b->policy) && a->split_k == b->split_k &&
-           a->split_kv == b->split_kv;
+           a->split_kv == b->split_kv && a->backend == b->backend;
 }
 
 /* The rollouts of a configuration, planned once per (configuration, prompts, length,
@@ -911,6 +911,7 @@ static job *add_job(job_list *jl, section sec, const spec *sampler, uint32_t spl
     j->sv.policy = sampler->policy;
     j->sv.split_k = split_k;
     j->sv.split_kv = split_kv;
+    j->sv.backend = VARIANT_RUN_BACKEND;
     j->learner_policy = *learner;
     return j;
 }
@@ -986,6 +987,15 @@ static void add_headline_jobs(job_list *jl, const options *o, const spec *S, con
     for (int ord = 1; ord < n_orders; ord++)
         snprintf(add_job(jl, SEC_HEADLINE, S, k[ord], kv[ord], S->name, &S->policy)->note, 64,
                  "same rounding, other kernels");
+    /* the amx backend's tile order on the sampler, the run's backend on the learner, where
+     * the CPU has AMX-BF16 and S has bf16 GEMMs */
+    if (o->backend != PARITY_BACKEND_AMX && S->policy.compute == PARITY_COMPUTE_BF16 &&
+        parity_backend_check(PARITY_BACKEND_AMX) == PARITY_OK) {
+        job *j = add_job(jl, SEC_HEADLINE, S, 0, 0, S->name, &S->policy);
+        j->sv.backend = PARITY_BACKEND_AMX;
+        snprintf(j->order, sizeof j->order, "amx");
+        snprintf(j->note, sizeof j->note, "same rounding, amx sampler");
+    }
     snprintf(add_job(jl, SEC_HEADLINE, S, 0, 0, fp32.name, &fp32.policy)->note, 64,
              "learner fp32");
     if (fp16_rows) {
@@ -1052,7 +1062,7 @@ static void plan_work(bench *b) {
                                   b->o.max_tokens, b->o.temperature);
         }
         if (j->sec != SEC_GROWTH && j->sec != SEC_ABLATION && b->o.greedy_tokens) {
-            variant lv = {j->learner_policy, 0, 0};
+            variant lv = {j->learner_policy, 0, 0, VARIANT_RUN_BACKEND};
             j->greedy_sampler = plan_rollouts(&b->rollouts, &j->sv, label, &b->prompts, 1,
                                               b->o.greedy_tokens, 0.0f);
             j->greedy_learner = plan_rollouts(&b->rollouts, &lv, j->learner, &b->prompts, 1,

@@ -588,9 +588,10 @@ typedef enum parity_backend {
      * parity contract holds within the backend (batch, position, chunking, forks, threads),
      * on one CPU model. Its results differ from the bf16 backend's, as the openblas
      * backend's do: sampler and learner must both run it, and a learner on a CPU without
-     * AMX cannot reproduce it. A GEMM input holding a value that is not bf16 (the fp32
-     * attention output of PARITY_ATTN_FP32) runs the bf16 backend's kernel for that row, and
-     * under compute fp32 or fp16 (no bf16 GEMMs) the backend is refused. */
+     * AMX cannot reproduce it. Only bf16 x bf16 products go to the tiles: a GEMM input row
+     * holding a value that is not bf16 (the fp32 attention output of PARITY_ATTN_FP32), the
+     * GEMMs of compute fp32 and fp16, and the fp8 gemm's blocks are the bf16 backend's, bit
+     * for bit (the lm_head of an fp8 policy is the tiles'). */
     PARITY_BACKEND_AMX = 2,
 } parity_backend;
 
@@ -601,7 +602,7 @@ PARITY_API int parity_backend_from_name(const char *name, parity_backend *out);
 /* PARITY_OK when this build, CPU and OS run the backend (bf16 and openblas always; amx where
  * the CPU has AMX-BF16 and the OS grants the tile state), else PARITY_ERR_UNSUPPORTED with
  * the reason in parity_last_error(); PARITY_ERR_INVALID_ARGUMENT for a value that is not a
- * backend. (A backend that runs may still refuse a policy: amx takes only bf16 compute.) */
+ * backend. */
 PARITY_API int parity_backend_check(int backend);
 
 typedef struct parity_scorer_params {

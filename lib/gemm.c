@@ -131,12 +131,9 @@ int parity_backend_check(int backend) {
 
 int backend_check(const parity_policy *pol, uint32_t backend) {
     if (backend != PARITY_BACKEND_AMX) return PARITY_OK;
+    (void)pol; /* every policy: its GEMMs that are not bf16 x bf16 are the bf16 backend's */
     const char *why = amx_unavailable();
     if (why) return set_error(PARITY_ERR_UNSUPPORTED, "the amx backend is not available: %s", why);
-    if (pol->compute != PARITY_COMPUTE_BF16)
-        return set_error(PARITY_ERR_UNSUPPORTED, "the amx backend runs bf16 GEMMs, and a policy "
-                         "with compute %s has none: use the bf16 backend",
-                         pol->compute == PARITY_COMPUTE_FP32 ? "fp32" : "fp16");
     return PARITY_OK;
 }
 

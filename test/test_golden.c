@@ -22,11 +22,15 @@
  * The bf16 backend's bits are the same on every machine. The openblas backend's depend on
  * the kernels OpenBLAS picked for this CPU (openblas_get_corename()): the manifest records
  * the core they were made on, and on another core those files are skipped with a message.
+ * The amx backend's (four policies) depend on the CPU's tile unit: the manifest records the
+ * CPU (vendor, family, model) they were made on, and another CPU, or one without AMX, skips
+ * them with a message; a regeneration on a CPU without AMX leaves them out.
  *
  * Regenerating the files is a change of the library's output: the commit that does it says
  * why, for a reason docs/DESIGN.md names.
  */
 #include <cblas.h>
+#include <cpuid.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -144,7 +148,7 @@ static const sample_setting sample_settings[] = {
 static const char *const prompts[] = {"def ", "class Foo:\n    "};
 #define N_PROMPTS (sizeof prompts / sizeof prompts[0])
 
-static const char *const backend_names[] = {"bf16", "openblas"};
+static const char *const backend_names[] = {"bf16", "openblas", "amx"};
 
 static int score_outputs(const parity_model *m, const parity_policy *pol, uint32_t backend,
                          output *o) {
@@ -262,6 +266,33 @@ static const char *const extra_policies[] = {"vllm+fp32-head", "hf-eager+aligned
                                              "hf-eager+fp16", "vllm+fp16",
                                              "vllm+fp8-block:deepseek", "hf-eager+mxfp8:te"};
 
+/* The amx backend's files: these policies, on a CPU with AMX-BF16. Its tile order is the
+ * CPU's, so the manifest records the CPU (amx_cpu_id) and another CPU skips them. */
+static const char *const amx_policies[] = {"hf-eager", "vllm", "aligned", "vllm+fp32-head"};
+static int amx_cases; /* set by the writer and the checker before for_each_case */
+
+static int is_amx_policy(const char *name) {
+    for (size_t i = 0; i < sizeof amx_policies / sizeof *amx_policies; i++)
+        if (!strcmp(amx_policies[i], name)) return 1;
+    return 0;
+}
+
+/* "GenuineIntel family 6 model 207" (cpuid leaves 0 and 1), or "none" without AMX. */
+static const char *amx_cpu_id(void) {
+    static char id[96];
+    if (parity_backend_check(PARITY_BACKEND_AMX) != PARITY_OK) return "none";
+    unsigned a = 0, b, c, d, vendor[3] = {0};
+    if (!__get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]) || !__get_cpuid(1, &a, &b, &c, &d))
+        return "unknown";
+    const unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
+    const unsigned model = ((a >> 4) & 0xf) | ((a >> 12) & 0xf0);
+    char v[13];
+    memcpy(v, vendor, 12);
+    v[12] = 0;
+    snprintf(id, sizeof id, "%s family %u model %u", v, family, model);
+    return id;
+}
+
 typedef void (*case_fn)(const model_entry *me, const parity_model *m, const char *policy,
                         uint32_t backend, const output *o, void *ctx);
 
@@ -284,7 +315,8 @@ static void for_each_case(case_fn fn, void *ctx) {
             const char *name = pi < n_presets ? presets[pi] : extra_policies[pi - n_presets];
             parity_policy pol;
             CHECK_OK(parity_policy_from_name(name, &pol));
-            for (uint32_t backend = 0; backend < 2; backend++) {
+            for (uint32_t backend = 0; backend < 3; backend++) {
+                if (backend == PARITY_BACKEND_AMX && (!amx_cases || !is_amx_policy(name))) continue;
                 output o = {0};
                 CHECK_OK(score_outputs(m, &pol, backend, &o));
                 CHECK_OK(sample_outputs(m, &pol, backend, &o));
@@ -390,11 +422,13 @@ static int write_all(const char *root) {
             " \"library_version\": \"%s\",\n"
             " \"cpu_path\": \"%s\",\n"
             " \"openblas_core\": \"%s\",\n"
+            " \"amx_cpu\": \"%s\",\n"
             " \"format\": \"each file: its sections one after another, each `count` "
             "little-endian int32 (i32) or float32 (f32) values\",\n"
             " \"files\": [",
             parity_version(), parity_cpu_path_name(parity_get_cpu_path()),
-            openblas_get_corename());
+            openblas_get_corename(), amx_cpu_id());
+    amx_cases = strcmp(amx_cpu_id(), "none") != 0;
     for_each_case(write_case, &w);
     fprintf(w.manifest, "\n]}\n");
     if (fclose(w.manifest) != 0) return 2;
@@ -528,6 +562,14 @@ static int check_all(void) {
         return 1;
     }
     checker c = {root, files, strcmp(core->str, openblas_get_corename()) == 0, NULL, 0, 0};
+    const json_value *amx = json_get(root_v, "amx_cpu");
+    const char *amx_made = amx && amx->type == JSON_STRING ? amx->str : "none";
+    amx_cases = strcmp(amx_made, "none") != 0 && strcmp(amx_made, amx_cpu_id()) == 0;
+    if (!amx_cases)
+        printf("golden: amx files skipped: they were made on %s, this machine is %s (the tile "
+               "unit's order is the CPU's)\n",
+               strcmp(amx_made, "none") ? amx_made : "a CPU without AMX (none)",
+               strcmp(amx_cpu_id(), "none") ? amx_cpu_id() : "without AMX");
     if (!c.openblas_same_core)
         printf("golden: openblas files skipped: they were made on OpenBLAS core %s, this machine's "
                "is %s (its sgemm kernels, and so their bits, differ by core)\n",

@@ -620,7 +620,7 @@ class CausalLM(_torch.nn.Module):
         source: a checkpoint directory, "synthetic:NAME[:SEED]", or an open parity.Model (its
             weights are copied: the module does not use the model afterwards).
         policy: the precision policy (a preset name or a parity.Policy), as the sampler's.
-        backend: "bf16" or "openblas", as the sampler's.
+        backend: "bf16", "openblas" or "amx" (where parity.backends() has it), as the sampler's.
         threads: threads of the module's kernel pool (None = the CPUs this process may use);
             the bits never depend on it.
 

@@ -339,7 +339,8 @@ class Model(_lib.Closing):
                 temperature 0 counts as 1) or "processed-truncated" (renormalised over the
                 top_k/top_p/min_p support the sampler draws from; -inf outside it).
             temperature, top_k, top_p, min_p: as the sampler's (None = off).
-            backend: "bf16" (the library's GEMM) or "openblas".
+            backend: "bf16" (the library's GEMM), "openblas", or "amx" (AMX-BF16 tiles, where
+                parity.backends() has it).
             entropy: also return the entropy (nats) of each position's distribution.
             top_n: also return the top_n most likely tokens per position (ties to lower ids).
             threads: the scorer's threads; None = the model's.

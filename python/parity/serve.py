@@ -1266,7 +1266,7 @@ def main(argv=None):
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="checkpoint directory or synthetic:NAME")
     ap.add_argument("--policy", default="aligned", help="precision policy (default aligned)")
-    ap.add_argument("--backend", default="bf16", choices=("bf16", "openblas"))
+    ap.add_argument("--backend", default="bf16", choices=tuple(_lib.BACKENDS))
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                     "loopback)")
     ap.add_argument("--port", type=int, default=8000, help="0 picks a free port")

@@ -30,10 +30,9 @@ BF16_PRESETS = [p for p in parity.policies() if p != "fp32"]
 POLICIES = parity.policies() + [p + "+fp32-head" for p in BF16_PRESETS] + \
     ["hf-eager+fp16", "vllm+fp16"]
 def backends_of(policy):
-    """The backends a policy runs on here: bf16 and openblas, and amx (bf16 GEMMs only) where
-    this CPU has AMX-BF16."""
-    bf16_compute = not policy.startswith("fp32") and "fp16" not in policy
-    return ["bf16", "openblas"] + (["amx"] if bf16_compute and "amx" in parity.backends() else [])
+    """The backends a policy runs on here: bf16 and openblas, and amx where this CPU has
+    AMX-BF16 (under compute fp32 or fp16 it is the bf16 backend's GEMMs, and must say so)."""
+    return ["bf16", "openblas"] + (["amx"] if "amx" in parity.backends() else [])
 
 
 MODES = [dict(mode="raw"), dict(mode="processed", temperature=0.7),
