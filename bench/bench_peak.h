@@ -65,19 +65,21 @@ __attribute__((target("avx512f,avx512bf16"))) static double bench_peak_loop_dpbf
 #undef DPBF16_STEP
 }
 
-/* tdpbf16ps on four independent 16 x 16 accumulators (tiles 0-3) from two A tiles and two B
- * tiles (4-7), 16384 flops each (16 x 16 outputs x 32 products x 2); the tiles hold 1.0 and
- * 2^-20 in bf16, so the sums stay far from overflow. The tile state is the thread's: set up
- * and released here. */
 /* A tile op takes 16 cycles where an fma takes half of one: the AMX loop runs iters / 16 of
  * its iterations, and bench_peak_flops_per_iter counts per requested iteration. */
 #define BENCH_PEAK_AMX_SCALE 16
 
+/* The AMX tile configuration (palette 1): bytes per row and rows of each tile. */
 typedef struct bench_tile_config {
     unsigned char palette, start_row, reserved[14];
     unsigned short colsb[16];
     unsigned char rows[16];
 } bench_tile_config;
+
+/* tdpbf16ps on four independent 16 x 16 accumulators (tiles 0-3) from two A tiles and two B
+ * tiles (4-7), 16384 flops each (16 x 16 outputs x 32 products x 2); the tiles hold 1.0 and
+ * 2^-20 in bf16, so the sums stay far from overflow. The tile state is the thread's: set up
+ * and released here. */
 
 __attribute__((target("amx-tile,amx-bf16"))) static double bench_peak_loop_amx_bf16(long iters) {
     bench_tile_config cfg;

@@ -14,10 +14,7 @@ void engine_default_settings(uint32_t *n_threads, uint32_t *backend, parity_poli
 int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads) {
     int rc = parity_policy_validate(pol);
     if (rc) return rc;
-    if (!parity_backend_name((int)backend))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "unknown backend %u (bf16 = 0, openblas = 1, amx = 2)", backend);
-    rc = backend_check(pol, backend);
+    rc = parity_backend_check((int)backend); /* known, and this CPU runs it */
     if (rc) return rc;
     if (n_threads > 256)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_threads %u is more than 256", n_threads);

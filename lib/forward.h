@@ -72,9 +72,6 @@ typedef struct gemm_scratch {
     size_t max_k;
 } gemm_scratch;
 size_t gemm_scratch_xpack_floats(size_t max_rows, size_t max_k);
-/* PARITY_OK when the backend can run the policy on this CPU: the amx backend needs AMX-BF16
- * and the OS's tile permission; else PARITY_ERR_UNSUPPORTED with the reason. */
-int backend_check(const parity_policy *pol, uint32_t backend);
 
 /* Scratch for batches of up to max_rows rows and contexts up to max_ctx positions. */
 typedef struct fwd_scratch {

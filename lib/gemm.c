@@ -119,20 +119,14 @@ size_t gemm_scratch_xpack_floats(size_t max_rows, size_t max_k) {
     return most;
 }
 
+/* Every policy runs on every backend that runs at all: the amx backend's GEMMs that are not
+ * bf16 x bf16 are the bf16 backend's. */
 int parity_backend_check(int backend) {
     clear_error();
     if (!parity_backend_name(backend))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%d is not a backend (bf16 = 0, openblas = 1, "
-                         "amx = 2)", backend);
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "unknown backend %u (bf16 = 0, openblas = 1, "
+                         "amx = 2)", (unsigned)backend);
     const char *why = backend == PARITY_BACKEND_AMX ? amx_unavailable() : NULL;
-    if (why) return set_error(PARITY_ERR_UNSUPPORTED, "the amx backend is not available: %s", why);
-    return PARITY_OK;
-}
-
-int backend_check(const parity_policy *pol, uint32_t backend) {
-    if (backend != PARITY_BACKEND_AMX) return PARITY_OK;
-    (void)pol; /* every policy: its GEMMs that are not bf16 x bf16 are the bf16 backend's */
-    const char *why = amx_unavailable();
     if (why) return set_error(PARITY_ERR_UNSUPPORTED, "the amx backend is not available: %s", why);
     return PARITY_OK;
 }

@@ -125,10 +125,8 @@ static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
     return q;
 }
 
-static int check_backend(const char *fn, const parity_policy *pol, uint32_t backend) {
-    if (!parity_backend_name((int)backend))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: unknown backend %u", fn, backend);
-    const int rc = backend_check(pol, backend);
+static int check_backend(const char *fn, uint32_t backend) {
+    const int rc = parity_backend_check((int)backend);
     if (rc) {
         char why[256];
         snprintf(why, sizeof why, "%s", parity_last_error());
@@ -246,7 +244,7 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     if (policy->gemm != PARITY_GEMM_BF16)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: the fp8 gemm formats are not in the forward "
                          "pieces yet (the model's forward has them)", fn);
-    TRY(check_backend(fn, policy, backend));
+    TRY(check_backend(fn, backend));
     TRY(arg_shape(fn, m, k));
     if (n == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);
     TRY(arg_ptr(fn, x, "x"));
@@ -406,7 +404,7 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
     static const char fn[] = "parity_head_logprobs";
     clear_error();
     TRY(arg_policy(fn, policy));
-    TRY(check_backend(fn, policy, backend));
+    TRY(check_backend(fn, backend));
     TRY(arg_ptr(fn, options, "options"));
     if (options->size != sizeof *options)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,

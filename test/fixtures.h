@@ -85,18 +85,12 @@ static inline parity_sampler *new_sampler(const parity_model *m, fixture f) {
 
 /* Whether `backend` runs on this CPU: the amx backend needs AMX-BF16; on a CPU without it,
  * it must be refused as unsupported, which this checks, saying once that its runs are
- * skipped. `policy`: the policy the caller runs (a name; only checked to parse). */
-static inline int backend_runs(uint32_t backend, const char *policy) {
-    parity_policy p;
-    if (parity_policy_from_name(policy, &p) != PARITY_OK) return 0;
+ * skipped. */
+static inline int backend_runs(uint32_t backend) {
     if (backend != PARITY_BACKEND_AMX) return 1;
     static int known, runs;
     if (!known++) {
-        float x[32] = {0}, y[16];
-        uint16_t w[16 * 32] = {0};
-        CHECK_OK(parity_policy_from_name("aligned", &p));
-        const int rc = parity_linear(NULL, &p, PARITY_BACKEND_AMX, 1, 32, 16, x, 32,
-                                     PARITY_DTYPE_BF16, w, 32, NULL, y, 16);
+        const int rc = parity_backend_check(PARITY_BACKEND_AMX);
         runs = rc == PARITY_OK;
         if (!runs) {
             CHECK_INT(rc, PARITY_ERR_UNSUPPORTED);

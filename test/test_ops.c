@@ -135,7 +135,7 @@ static void compare_with_scorer(const parity_model *m, const char *what, const i
     for (size_t p = 0; p < n_presets; p++)
         for (uint32_t backend = 0; backend <= PARITY_BACKEND_AMX; backend++)
             for (uint32_t mode = 0; mode <= PARITY_LOGPROB_PROCESSED_TRUNCATED; mode++) {
-                if (!backend_runs(backend, presets[p])) continue;
+                if (!backend_runs(backend)) continue;
                 parity_score_options o;
                 parity_score_default_options(&o);
                 o.mode = mode;
@@ -203,7 +203,7 @@ static void test_invariance(parity_pool *pool2) {
     static const char *const pols[] = {"aligned", "fp32"};
     for (size_t p = 0; p < 2; p++)
         for (uint32_t backend = 0; backend <= PARITY_BACKEND_AMX; backend++) {
-            if (!backend_runs(backend, pols[p])) continue;
+            if (!backend_runs(backend)) continue;
             parity_policy pol;
             CHECK_OK(parity_policy_from_name(pols[p], &pol));
             const int fp32 = pol.compute == PARITY_COMPUTE_FP32;

@@ -455,7 +455,7 @@ int main(void) {
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(tiny, "hf-eager+fp16", PARITY_BACKEND_BF16, seed++);
         check_policy(tiny, "vllm+fp8-block:deepseek", PARITY_BACKEND_BF16, seed++);
-        if (backend_runs(PARITY_BACKEND_AMX, "aligned"))
+        if (backend_runs(PARITY_BACKEND_AMX))
             check_policy(trained, "aligned", PARITY_BACKEND_AMX, seed++);
     } else {
         for (int i = 0; presets[i]; i++) {
@@ -478,7 +478,7 @@ int main(void) {
                                                    "vllm+aligned+fp32-head",
                                                    "vllm+fp8-block:deepseek"};
         for (size_t i = 0; i < sizeof amx_policies / sizeof amx_policies[0]; i++)
-            if (backend_runs(PARITY_BACKEND_AMX, amx_policies[i]))
+            if (backend_runs(PARITY_BACKEND_AMX))
                 check_policy(i == 4 ? tiny : trained, amx_policies[i], PARITY_BACKEND_AMX, seed++);
     }
     check_kernel_order(trained);

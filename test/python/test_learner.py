@@ -29,12 +29,8 @@ TRAINED = os.path.join(harness.REPO, "models", "qwen3-bytes-pystdlib-4.9m")
 BF16_PRESETS = [p for p in parity.policies() if p != "fp32"]
 POLICIES = parity.policies() + [p + "+fp32-head" for p in BF16_PRESETS] + \
     ["hf-eager+fp16", "vllm+fp16"]
-def backends_of(policy):
-    """The backends a policy runs on here: bf16 and openblas, and amx where this CPU has
-    AMX-BF16 (under compute fp32 or fp16 it is the bf16 backend's GEMMs, and must say so)."""
-    return ["bf16", "openblas"] + (["amx"] if "amx" in parity.backends() else [])
-
-
+#: The backends this machine runs: bf16 and openblas, and amx where the CPU has AMX-BF16.
+BACKENDS = parity.backends()
 MODES = [dict(mode="raw"), dict(mode="processed", temperature=0.7),
          dict(mode="processed-truncated", temperature=0.8, top_k=20, top_p=0.9)]
 TEXT = open(os.path.join(harness.REPO, "examples", "python", "grpo_group.py"), "rb").read()
@@ -69,7 +65,7 @@ class Bitwise(unittest.TestCase):
         seqs = byte_sequences([37, 1, 90, 16, 2])
         with parity.Model(TRAINED, threads=2) as model:
             for pol in POLICIES:
-                for backend in backends_of(pol):
+                for backend in BACKENDS:
                     lm = CausalLM(model, policy=pol, backend=backend, threads=2)
                     self.compare(model, lm, seqs, "trained, %s, %s" % (pol, backend))
 
@@ -79,7 +75,7 @@ class Bitwise(unittest.TestCase):
             vocab = model.vocab_size
             seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (33, 5, 17)]
             for pol in POLICIES:
-                for backend in backends_of(pol):
+                for backend in BACKENDS:
                     lm = CausalLM("synthetic:tiny", policy=pol, backend=backend, threads=1)
                     self.compare(model, lm, seqs, "tiny, %s, %s" % (pol, backend))
 
@@ -90,7 +86,7 @@ class Bitwise(unittest.TestCase):
 
     def sampler_against_module(self, model, prompt):
         for pol in POLICIES:
-            for backend in backends_of(pol):
+            for backend in BACKENDS:
                 lm = CausalLM(model, policy=pol, backend=backend, threads=2)
                 for opts in MODES:
                     with model.sampler(policy=pol, backend=backend, max_seqs=4,
