@@ -171,20 +171,23 @@ static const char *missing(parity_cpu_path path) {
 }
 
 static void detect(void) {
+    /* Each table's entries are set by its own translation unit, compiled with that table's
+     * ISA flags: the compiler may use those instructions even there (it vectorised the
+     * avx512 one with zmm stores), so a table is filled only on a CPU that has its ISA. */
 #if defined(PARITY_HAVE_AVX2)
     avx2_table = kernels_portable;
-    kernels_avx2_set_entries(&avx2_table);
     have_avx2 = detect_avx2();
+    if (have_avx2) kernels_avx2_set_entries(&avx2_table);
 #endif
 #if defined(PARITY_HAVE_AVX512)
     avx512_table = avx2_table;
-    kernels_avx512_set_entries(&avx512_table);
     have_avx512 = detect_avx512();
+    if (have_avx512) kernels_avx512_set_entries(&avx512_table);
 #endif
 #if defined(PARITY_HAVE_AVX512BF16)
     avx512bf16_table = avx512_table;
-    kernels_avx512bf16_set_entries(&avx512bf16_table);
     have_avx512bf16 = detect_avx512bf16();
+    if (have_avx512bf16) kernels_avx512bf16_set_entries(&avx512bf16_table);
     is_amd = detect_amd();
 #endif
     parity_cpu_path best = have_avx512bf16 && is_amd ? PARITY_CPU_AVX512BF16
