@@ -111,9 +111,17 @@ typedef enum parity_status {
     /* model tensors against the config */
     PARITY_ERR_TENSOR_MISSING = -30,   /* a tensor the config requires is absent */
     PARITY_ERR_TENSOR_SHAPE = -31,     /* a tensor's shape does not match the config */
-    PARITY_ERR_TENSOR_DTYPE = -32,     /* a weight stored in a dtype other than BF16/F16/F32 */
+    PARITY_ERR_TENSOR_DTYPE = -32,     /* a weight stored in a dtype other than BF16/F16/F32
+                                          (F8_E4M3 where a block-FP8 checkpoint quantizes it),
+                                          or a scale in one other than F32/BF16 */
     PARITY_ERR_TENSOR_NONFINITE = -33, /* a weight holds NaN or Inf */
     PARITY_ERR_TENSOR_UNEXPECTED = -34,/* a tensor the architecture does not use */
+    /* block-FP8 weights (a checkpoint's or an update's F8_E4M3 codes and their scales) */
+    PARITY_ERR_SCALE_MISSING = -35,    /* an F8_E4M3 weight without its weight_scale_inv */
+    PARITY_ERR_SCALE_GRID = -36,       /* a weight_scale_inv whose shape is not the weight's
+                                          128 x 128 block grid [ceil(rows/128), ceil(cols/128)] */
+    PARITY_ERR_SCALE_VALUE = -37,      /* a scale that is NaN, infinite, zero or negative (or not
+                                          a power of two under "scale_fmt": "ue8m0") */
 
     /* inputs to scoring */
     PARITY_ERR_TOKEN_RANGE = -40,      /* a token id < 0 or >= vocab_size */
@@ -557,8 +565,30 @@ PARITY_API int parity_model_synthetic(const parity_config *config, uint64_t seed
 PARITY_API int parity_model_open(const char *spec, parity_model **out);
 
 /* Writes the model as a Hugging Face checkpoint directory (config.json + model.safetensors,
- * bf16 weights). The directory must exist. */
+ * bf16 weights). The directory must exist. parity_model_save_as(model, dir, "bf16"). */
 PARITY_API int parity_model_save(const parity_model *model, const char *dir);
+/* Writes the model in a layout (NULL: "bf16"), each one parity_model_load reads back:
+ *   "bf16"  BF16 weights (a block-FP8 weight's dequantized values, rounded to bf16);
+ *   "fp16"  F16 weights, torch_dtype float16: each value (the fp32 master where the model has
+ *           one, else the bf16 value) rounded once to nearest even; a value beyond fp16's range
+ *           fails with PARITY_ERR_TENSOR_NONFINITE before anything is written;
+ *   "fp32"  F32 weights, torch_dtype float32: the masters, else the bf16 values widened;
+ *   "fp8-block:RULE"  the block-FP8 layout of DeepSeek-V3 / Qwen3-FP8: config.json gains
+ *           quantization_config {quant_method fp8, fmt e4m3, activation_scheme dynamic,
+ *           weight_block_size [128, 128], modules_to_not_convert ["lm_head", and the layers the
+ *           model keeps in bf16]} (and "scale_fmt": "ue8m0" when every scale is a power of two
+ *           under te-pow2 or a ue8m0 checkpoint); each decoder linear weight is written as
+ *           "<name>" F8_E4M3 codes with "<name>_scale_inv", the fp32 block scales
+ *           [ceil(rows/128), ceil(cols/128)] — the shipped codes and scales as they are where the
+ *           model holds them (a block-FP8 checkpoint saves back byte for byte, BF16 scales
+ *           staying BF16), else quantized with the block rule RULE ("deepseek", "sglang", "te",
+ *           "deepgemm", "te-pow2") from the model's values (the fp32 masters where it has them,
+ *           never through a bf16 cast); the embedding, norms and lm_head stay BF16;
+ *   "fp8-block"  the same where every quantized weight holds shipped codes (else
+ *           PARITY_ERR_INVALID_ARGUMENT, naming the weight).
+ * The directory must exist; model.safetensors is written under a temporary name and renamed.
+ * PARITY_ERR_INVALID_ARGUMENT (PARITY_ERR_POLICY for an unknown RULE) for another layout. */
+PARITY_API int parity_model_save_as(const parity_model *model, const char *dir, const char *layout);
 
 PARITY_API void parity_model_free(parity_model *model);
 /* The model's config: valid until the model is freed (weight updates do not change it). */
@@ -835,6 +865,9 @@ typedef enum parity_dtype {
     PARITY_DTYPE_BF16 = 0,
     PARITY_DTYPE_F16 = 1,
     PARITY_DTYPE_F32 = 2,        /* fp32 masters: cast to bf16 with the learner's RNE */
+    PARITY_DTYPE_F8_E4M3 = 3,    /* block-FP8 codes of a decoder linear weight ("...weight"),
+                                    shipped with its "...weight_scale_inv" (F32 or BF16) in
+                                    the same update, as a block-FP8 checkpoint holds them */
 } parity_dtype;
 
 /* A tensor's new values, by its checkpoint name. Data is row-major, little-endian. */
@@ -880,16 +913,51 @@ PARITY_API uint64_t parity_model_version(const parity_model *model);
  * instead of rounding), a version that differs — one per line in `report` (NUL-terminated,
  * truncated to report_size). Returns PARITY_OK when nothing differs, PARITY_ERR_VERIFY with
  * the count in the message otherwise.
+ *
+ * Quantized weights. A learner that quantizes (an fp8 policy) lists the decoder linear weights
+ * its GEMMs read quantized as
+ *   "NAME": {"shape": [rows, cols], "dtype": "F8_E4M3", "format": "fp8-block" | "mxfp8",
+ *            "block": [128, 128] | [1, 32], "quantizer": "deepseek" (null: shipped codes
+ *            whose rule is unknown), "fnv1a64": FNV-1a 64 of the codes' bytes,
+ *            "scales": {"shape": [grid rows, grid cols], "dtype": "F32" | "BF16" | "F8_E8M0",
+ *                       "fnv1a64": FNV-1a 64 of the scales' fp32 values' bytes}}
+ * with a top-level "quantization": {"format": .., "quantizer": ..}; its BF16 entries of linear
+ * weights are then layers it keeps in bf16. parity_model_write_manifest_for writes this for a
+ * policy (NULL: parity_model_write_manifest). parity_model_verify_for checks the codes that
+ * the sampler's policy reads (NULL: the manifest's own format and quantizer, applied to the
+ * model's values where it holds no shipped codes), one report line per failure, each naming
+ * its check:
+ *   "kept in bf16"            the learner ships a layer quantized that the sampler runs in
+ *                             bf16 (modules_to_not_convert, a bf16 policy), or the reverse;
+ *   "block geometry differs"  format, block or scale grid (padding) not the sampler's;
+ *   "scale format"            the scales' storage dtype (BF16 scales where the learner's are
+ *                             F32), scales not powers of two where the learner's rule makes
+ *                             them (te-pow2, MXFP8), scales not finite and positive;
+ *   "quantizer identity"      the sampler quantizes the values with another rule than the
+ *                             learner's (e.g. power-of-two scales where the learner's are
+ *                             continuous: the re-quantization to UE8M0 that engines make),
+ *                             saying whether the learner's rule would give its codes;
+ *   "codes differ", "scales differ"  the same rule (or shipped codes) but other bytes;
+ *   "version"                 a stale sync, or one applied twice.
+ * The log-prob probe (parity_scorer_probe) checks the rest end to end.
  */
 PARITY_API int parity_model_write_manifest(const parity_model *model, const char *path);
 PARITY_API int parity_model_verify(const parity_model *model, const char *manifest_path,
                                    char *report, size_t report_size);
+PARITY_API int parity_model_write_manifest_for(const parity_model *model,
+                                               const parity_policy *policy, const char *path);
+PARITY_API int parity_model_verify_for(const parity_model *model, const parity_policy *policy,
+                                       const char *manifest_path, char *report,
+                                       size_t report_size);
+/* FNV-1a 64 over n_bytes bytes: the manifest checksum of fp8 codes (their bytes) and of
+ * scales (the little-endian bytes of their fp32 values). */
+PARITY_API int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64);
 /* The manifest checksum of one tensor of n values held by the caller: FNV-1a 64 over the
  * little-endian bytes of the values as bf16, as the model holds them after
  * parity_model_update: BF16 data as it is, F16 and F32 data rounded to bf16 with the same
  * round-to-nearest-even (NaN -> 0x7fc0). A learner computes its manifest with it without
- * copying or casting its weights. PARITY_ERR_INVALID_ARGUMENT for a NULL pointer (data may be
- * NULL when n is 0) or an unknown dtype. */
+ * copying or casting its weights. F8_E4M3 codes: their bytes as they are. PARITY_ERR_INVALID_ARGUMENT
+ * for a NULL pointer (data may be NULL when n is 0) or an unknown dtype. */
 PARITY_API int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n,
                                       uint64_t *fnv1a64);
 

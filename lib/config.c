@@ -169,22 +169,7 @@ typedef struct reader {
 } reader;
 
 static const char *type_name(const json_value *v) {
-    switch (v->type) {
-    case JSON_NULL:
-        return "null";
-    case JSON_FALSE:
-    case JSON_TRUE:
-        return "a boolean";
-    case JSON_NUMBER:
-        return v->is_int ? "an integer" : "a number";
-    case JSON_STRING:
-        return "a string";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_OBJECT:
-        return "an object";
-    }
-    return "a value";
+    return v->type == JSON_NUMBER && v->is_int ? "an integer" : json_type_name(v->type);
 }
 
 /* The member, or NULL when it is absent or null. */

@@ -281,10 +281,11 @@ const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w) {
 
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y) {
-    if (ctx->pol.gemm != PARITY_GEMM_BF16 && w->fp8[ctx->pol.quantizer]) {
+    const fp8_weight *wq = fp8_weight_for(&ctx->pol, w);
+    if (wq) {
         /* the decoder layers' linear layers under an fp8 gemm (lib/gemm_fp8.c) */
-        linear_fp8(ctx, M, x, w->cols, w, bias && bias->rows ? weight_values(&ctx->pol, bias) : NULL,
-                   y, w->rows);
+        linear_fp8(ctx, M, x, w->cols, w, wq,
+                   bias && bias->rows ? weight_values(&ctx->pol, bias) : NULL, y, w->rows);
         return;
     }
     const gemm_weights gw = {w->rows, w->cols, w->cols, w->bf16, linear_f32_weights(ctx, w)};

@@ -107,7 +107,7 @@ static void fp8_columns(void *p, size_t n0, size_t n1, unsigned worker) {
 }
 
 void linear_fp8(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, const weight *w,
-                const float *bias, float *y, size_t ldy) {
+                const fp8_weight *wq, const float *bias, float *y, size_t ldy) {
     pthread_once(&e4m3_k_once, fill_e4m3_k);
     const int q = ctx->pol.quantizer, mx = ctx->pol.gemm == PARITY_GEMM_MXFP8;
     const size_t K = w->cols, N = w->rows, bc = block_cols_of(q);
@@ -116,7 +116,7 @@ void linear_fp8(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, const 
     uint8_t *xq = (uint8_t *)ctx->s->gemm.xpack;
     float *xs = (float *)(void *)(xq + (M * K + 63) / 64 * 64);
     fp8_quantize_rows(q, M, K, x, ldx, 1, xq, K, xs);
-    fp8_job j = {M, K, nblocks, bc, xq, xs, w->fp8[q], nblocks, mx, y, ldy};
+    fp8_job j = {M, K, nblocks, bc, xq, xs, wq, nblocks, mx, y, ldy};
     pool_run(ctx->pool, fp8_columns, &j, N);
     if (bias)
         for (size_t m = 0; m < M; m++)

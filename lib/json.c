@@ -610,3 +610,16 @@ long json_find_duplicate_key(const json_value *obj) {
     px_free(refs);
     return best;
 }
+
+const char *json_type_name(json_type t) {
+    switch (t) {
+    case JSON_NULL: return "null";
+    case JSON_FALSE:
+    case JSON_TRUE: return "a boolean";
+    case JSON_NUMBER: return "a number";
+    case JSON_STRING: return "a string";
+    case JSON_ARRAY: return "an array";
+    case JSON_OBJECT: return "an object";
+    }
+    return "?";
+}

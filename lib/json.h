@@ -51,6 +51,8 @@ void json_free(json_doc *doc);
 
 /* Object member lookup (first match), NULL if absent or not an object. */
 const json_value *json_get(const json_value *obj, const char *key);
+/* "null", "a boolean", "a number", "a string", "an array", "an object": for messages. */
+const char *json_type_name(json_type t);
 /* Index of the first key that appears twice in the object, or -1. */
 long json_find_duplicate_key(const json_value *obj);
 

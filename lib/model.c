@@ -42,6 +42,7 @@ static void expect(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t 
     x->rows = rows;
     x->cols = cols;
     snprintf(x->shape_doc, sizeof x->shape_doc, "%s", shape_doc);
+    x->linear = 0;
 }
 
 /* Fills e (model_max_tensors entries) with the tensors of m's architecture; returns the count. */
@@ -95,6 +96,16 @@ static size_t build_tensor_table(parity_model *m, expected *e) {
     expect(e, &n, &m->final_norm, 0, c->hidden_size, d_h, "model.norm.weight", 0);
     if (!c->tie_word_embeddings)
         expect(e, &n, &m->lm_head, c->vocab_size, c->hidden_size, d_emb, "lm_head.weight", 0);
+    /* the decoder layers' linear weights: what the fp8 formats quantize */
+    for (size_t i = 0; i < n; i++) {
+        const weight *d = e[i].dst;
+        for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
+            const layer_weights *lw = &m->layers[l];
+            if (d == &lw->wq || d == &lw->wk || d == &lw->wv || d == &lw->wo || d == &lw->w_gate ||
+                d == &lw->w_up || d == &lw->w_down)
+                e[i].linear = 1;
+        }
+    }
     return n;
 }
 
@@ -133,6 +144,7 @@ void parity_model_free(parity_model *m) {
     for (size_t i = 0; i < m->n_files; i++) st_close(m->files[i]);
     px_free(m->files);
     rope_tables_free(&m->rope);
+    fp8_checkpoint_free(&m->ckpt);
     px_free(m->tensors);
     px_free(m->layers);
     pthread_mutex_destroy(&m->prepare_lock);
@@ -291,7 +303,10 @@ int model_prepare_fp8(parity_model *m, int quantizer) {
             weight *ws[7];
             const size_t n = linear_weights_of(m, i, ws);
             for (size_t j = 0; !rc && j < n; j++) {
-                if (ws[j]->fp8[quantizer]) continue;
+                /* kept in bf16 by the checkpoint, or shipped codes an fp8-block policy reads */
+                if (ws[j]->fp8[quantizer] || ws[j]->keep_bf16 ||
+                    (ws[j]->shipped && quantizer < PARITY_FP8Q_MX_OCP))
+                    continue;
                 fp8_weight *q = fp8_weight_alloc(m, ws[j], quantizer);
                 if (!q) {
                     rc = PARITY_ERR_OUT_OF_MEMORY;
@@ -486,16 +501,91 @@ static const st_tensor *find_tensor(const parity_model *m, const char *name, con
     return NULL;
 }
 
+/* A linear weight of a block-FP8 checkpoint: its F8_E4M3 codes and weight_scale_inv. */
+static int bind_shipped(parity_model *m, const st_file *f, const st_tensor *t, const expected *e) {
+    char where[512], swhere[512], sname[128];
+    snprintf(where, sizeof where, "%s: tensor '%s'", f->path, t->name);
+    snprintf(sname, sizeof sname, "%s_scale_inv", e->name);
+    const uint32_t dtype = t->dtype == ST_F8_E4M3 ? PARITY_DTYPE_F8_E4M3 : UINT32_MAX;
+    const tensor_source codes = {where, dtype, st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
+    const st_file *sf;
+    const st_tensor *st = find_tensor(m, sname, &sf);
+    tensor_source scales = {0};
+    if (st) {
+        snprintf(swhere, sizeof swhere, "%s: tensor '%s'", sf->path, sname);
+        scales = (tensor_source){swhere,
+                                 st->dtype == ST_F32    ? PARITY_DTYPE_F32
+                                 : st->dtype == ST_BF16 ? PARITY_DTYPE_BF16
+                                                        : UINT32_MAX,
+                                 st_dtype_name(st->dtype), st->ndim, st->shape, st->data, 1};
+    }
+    if (dtype != PARITY_DTYPE_F8_E4M3)
+        return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s, but config.json's "
+                         "quantization_config (quant_method fp8) quantizes this layer: F8_E4M3 codes "
+                         "expected (a layer kept in bf16 is named in modules_to_not_convert)",
+                         where, st_dtype_name(t->dtype));
+    shipped_values v;
+    int rc = shipped_import(&codes, st ? &scales : NULL, e, m->ckpt.scale_ue8m0, &v);
+    if (rc) return rc;
+    weight *w = e->dst;
+    fp8_weight *q = model_own(m, px_calloc(1, sizeof *q, "fp8 weight"));
+    if (!q) {
+        shipped_values_free(&v);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    /* the model frees what the import allocated (model_own frees a buffer it cannot take) */
+    void *bufs[4] = {v.codes, v.scales, v.master, v.bf16};
+    for (int i = 0; i < 4; i++)
+        if (!model_own(m, bufs[i])) {
+            for (int j = i + 1; j < 4; j++) px_free(bufs[j]);
+            return PARITY_ERR_OUT_OF_MEMORY;
+        }
+    q->codes = v.codes;
+    q->scales = v.scales;
+    w->rows = e->rows;
+    w->cols = e->cols;
+    w->bf16 = v.bf16;
+    w->master = v.master;
+    w->shipped = q;
+    w->shipped_scale_dtype = v.scale_dtype;
+    return PARITY_OK;
+}
+
+/* Whether NAME is "<weight>_scale_inv" of a weight the checkpoint quantizes. */
+static int is_shipped_scale(const parity_model *m, const char *name) {
+    const size_t n = strlen(name), k = strlen("_scale_inv");
+    if (!m->ckpt.quantized || n <= k || strcmp(name + n - k, "_scale_inv")) return 0;
+    char base[128];
+    if (n - k >= sizeof base) return 0;
+    memcpy(base, name, n - k);
+    base[n - k] = '\0';
+    const expected *e = model_find_tensor(m, base);
+    return e && e->linear && !e->dst->keep_bf16;
+}
+
 static int bind_all(parity_model *m, const char *dir) {
     size_t n;
     const expected *e = model_tensors(m, &n);
     int rc = PARITY_OK;
+    for (size_t i = 0; i < n; i++)
+        e[i].dst->keep_bf16 = m->ckpt.quantized && e[i].linear && fp8_checkpoint_keeps(&m->ckpt, e[i].name);
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         const st_file *f;
         const st_tensor *t = find_tensor(m, e[i].name, &f);
         if (!t)
             rc = set_error(PARITY_ERR_TENSOR_MISSING, "%s: tensor '%s' (shape %s) is missing",
                            dir, e[i].name, e[i].shape_doc);
+        else if (m->ckpt.quantized && e[i].linear && !e[i].dst->keep_bf16)
+            rc = bind_shipped(m, f, t, &e[i]);
+        else if (t->dtype == ST_F8_E4M3)
+            rc = set_error(PARITY_ERR_TENSOR_DTYPE, "%s: tensor '%s' is F8_E4M3, but %s",
+                           f->path, e[i].name,
+                           !m->ckpt.quantized ? "config.json has no quantization_config "
+                                                "(quant_method fp8) that quantizes it"
+                           : e[i].linear ? "quantization_config's modules_to_not_convert / "
+                                           "ignored_layers keep it unquantized"
+                                         : "only the decoder layers' linear weights are quantized "
+                                           "(the embedding, norms and lm_head are not)");
         else
             rc = bind_tensor(m, f, t, &e[i]);
     }
@@ -504,12 +594,14 @@ static int bind_all(parity_model *m, const char *dir) {
         const st_file *f = m->files[fi];
         for (size_t t = 0; t < f->n_tensors && rc == PARITY_OK; t++) {
             const char *name = f->tensors[t].name;
-            int known = ignorable(m, name);
+            int known = ignorable(m, name) || is_shipped_scale(m, name);
             for (size_t i = 0; i < n && !known; i++) known = !strcmp(e[i].name, name);
             if (!known)
                 rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED,
-                               "%s: tensor '%s' is not part of a %s model with this config",
-                               f->path, name, parity_arch_name((int)m->config.arch));
+                               "%s: tensor '%s' is not part of a %s model with this config%s",
+                               f->path, name, parity_arch_name((int)m->config.arch),
+                               strstr(name, "_scale_inv") ? " (a scale of a weight the checkpoint "
+                                                            "does not quantize)" : "");
         }
     }
     return rc;
@@ -539,15 +631,23 @@ int parity_model_load(const char *dir, parity_model **out) {
     parity_config c;
     snprintf(path, plen, "%s/config.json", dir);
     int rc = parity_config_load(path, &c);
+    fp8_checkpoint ckpt = {0};
+    char *text = NULL;
+    size_t text_len = 0;
+    if (!rc && !(rc = read_text_file(path, 16u << 20, &text, &text_len)))
+        rc = fp8_checkpoint_parse(text, text_len, path, &ckpt);
+    px_free(text);
     if (rc) {
         px_free(path);
         return rc;
     }
     parity_model *m = model_new(&c);
     if (!m) {
+        fp8_checkpoint_free(&ckpt);
         px_free(path);
         return PARITY_ERR_OUT_OF_MEMORY;
     }
+    m->ckpt = ckpt;
     snprintf(path, plen, "%s/model.safetensors.index.json", dir);
     if (file_exists(path)) {
         rc = open_sharded(m, dir, path);
@@ -667,7 +767,8 @@ int parity_model_open(const char *spec, parity_model **out) {
 
 /* ---- saving ------------------------------------------------------------------------------ */
 
-static int write_config(const parity_config *c, const char *path) {
+static int write_config(const parity_config *c, const char *path, const char *torch_dtype,
+                        const char *quantization_config) {
     FILE *fp = fopen(path, "w");
     if (!fp) return set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     const char *type = parity_arch_name((int)c->arch);
@@ -681,11 +782,13 @@ static int write_config(const parity_config *c, const char *path) {
             "  \"num_key_value_heads\": %u,\n  \"head_dim\": %u,\n  \"hidden_act\": \"silu\",\n"
             "  \"max_position_embeddings\": %u,\n  \"rms_norm_eps\": %.9g,\n"
             "  \"rope_theta\": %.17g,\n  \"tie_word_embeddings\": %s,\n"
-            "  \"attention_bias\": %s,\n  \"torch_dtype\": \"bfloat16\",\n",
+            "  \"attention_bias\": %s,\n  \"torch_dtype\": \"%s\",\n",
             archname, type, c->vocab_size, c->hidden_size, c->intermediate_size,
             c->num_hidden_layers, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
             c->max_position_embeddings, (double)c->rms_norm_eps, c->rope_theta,
-            c->tie_word_embeddings ? "true" : "false", c->attention_bias ? "true" : "false");
+            c->tie_word_embeddings ? "true" : "false", c->attention_bias ? "true" : "false",
+            torch_dtype);
+    if (quantization_config) fprintf(fp, "  \"quantization_config\": %s,\n", quantization_config);
     switch (c->rope_type) {
     case PARITY_ROPE_LINEAR:
         fprintf(fp, "  \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": %.9g}\n",
@@ -722,32 +825,196 @@ static int write_config(const parity_config *c, const char *path) {
     return PARITY_OK;
 }
 
+/* The layouts parity_model_save_as writes. */
+enum { LAYOUT_BF16, LAYOUT_FP16, LAYOUT_FP32, LAYOUT_FP8_BLOCK };
+
+/* One tensor of the file: a weight's values in the layout's dtype, or an fp8 weight's codes
+ * or block scales. */
+enum { OUT_VALUES, OUT_CODES, OUT_SCALES };
 typedef struct saved_tensor {
     const char *name;
+    char scale_name[128];  /* OUT_SCALES: "<weight>_scale_inv" */
     const weight *w;
-    int is_vector;
+    int is_vector, kind;
+    const char *dtype;     /* "BF16", "F16", "F32", "F8_E4M3" */
+    uint64_t bytes;
+    const fp8_weight *q;   /* OUT_CODES/OUT_SCALES: the shipped codes, or `made` */
+    fp8_weight made;       /* codes and scales quantized for the file (owned by the save) */
+    int scales_bf16;       /* OUT_SCALES: stored as BF16 (shipped so) */
 } saved_tensor;
 
 static int cmp_saved(const void *a, const void *b) {
     return strcmp(((const saved_tensor *)a)->name, ((const saved_tensor *)b)->name);
 }
 
-int parity_model_save(const parity_model *m, const char *dir) {
-    clear_error();
-    if (!m || !dir) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or directory is NULL");
-    size_t plen = strlen(dir) + 64;
-    char *path = px_malloc(plen, "path"), *tmp = px_malloc(plen, "path");
+/* "bf16", "fp16", "fp32", "fp8-block" or "fp8-block:RULE" (NULL: "bf16"). */
+static int parse_layout(const char *layout, int *kind, int *rule) {
+    *rule = -1;
+    if (!layout || !strcmp(layout, "bf16")) return *kind = LAYOUT_BF16, PARITY_OK;
+    if (!strcmp(layout, "fp16")) return *kind = LAYOUT_FP16, PARITY_OK;
+    if (!strcmp(layout, "fp32")) return *kind = LAYOUT_FP32, PARITY_OK;
+    if (!strcmp(layout, "fp8-block")) return *kind = LAYOUT_FP8_BLOCK, PARITY_OK;
+    if (!strncmp(layout, "fp8-block:", 10)) {
+        *kind = LAYOUT_FP8_BLOCK;
+        return parity_fp8_quantizer_from_name(0, layout + 10, rule);
+    }
+    return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout '%s' is not one of bf16, fp16, fp32, "
+                     "fp8-block, fp8-block:RULE", layout);
+}
+
+/* Writes one tensor's bytes. */
+static int write_saved(FILE *fp, const saved_tensor *t, int layout) {
+    const weight *w = t->w;
+    const size_t count = (size_t)w->rows * w->cols;
+    if (t->kind == OUT_CODES) return fwrite(t->q->codes, 1, count, fp) == count;
+    if (t->kind == OUT_SCALES) {
+        const size_t g = (size_t)(t->bytes / (t->scales_bf16 ? 2 : 4));
+        if (!t->scales_bf16) return fwrite(t->q->scales, 4, g, fp) == g;
+        for (size_t i = 0; i < g; i++) {
+            const uint16_t h = bf16_from_f32(t->q->scales[i]); /* exact: they came from bf16 */
+            if (fwrite(&h, 2, 1, fp) != 1) return 0;
+        }
+        return 1;
+    }
+    if (layout == LAYOUT_BF16 || layout == LAYOUT_FP8_BLOCK) return fwrite(w->bf16, 2, count, fp) == count;
+    /* fp16 and fp32 from the master where there is one, else the bf16 values (exact) */
+    for (size_t i = 0; i < count; i++) {
+        const float v = w->master ? w->master[i] : bf16_to_f32(w->bf16[i]);
+        if (layout == LAYOUT_FP32 ? fwrite(&v, 4, 1, fp) != 1 : 0) return 0;
+        if (layout == LAYOUT_FP16) {
+            const uint16_t h = f16_from_f32(v);
+            if (fwrite(&h, 2, 1, fp) != 1) return 0;
+        }
+    }
+    return 1;
+}
+
+/* The tensor list of a layout: every slot's values, and for fp8-block each quantized weight's
+ * codes and scales (shipped, or quantized with `rule` into buffers the list owns). */
+static int plan_saved(const parity_model *m, int layout, int rule, saved_tensor **out, size_t *count,
+                      int *all_pow2) {
     size_t n;
     const expected *e = model_tensors(m, &n);
-    saved_tensor *s = px_calloc(n, sizeof *s, "tensor list");
-    char *header = NULL;
+    saved_tensor *s = px_calloc(2 * n, sizeof *s, "tensor list");
+    if (!s) return PARITY_ERR_OUT_OF_MEMORY;
+    /* sorted by name, each scale right after its weight ("X.weight" < "X.weight_scale_inv") */
+    size_t k = 0, widest = 0;
+    for (size_t i = 0; i < n; i++) widest = e[i].cols > widest ? e[i].cols : widest;
+    float *scratch = NULL;
+    int rc = PARITY_OK;
+    *all_pow2 = 1;
+    saved_tensor *tmp = px_calloc(n, sizeof *tmp, "tensor list");
+    if (!tmp) rc = PARITY_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; !rc && i < n; i++) tmp[i] = (saved_tensor){.name = e[i].name, .w = e[i].dst,
+                                                                   .is_vector = e[i].rows == 0};
+    if (!rc) qsort(tmp, n, sizeof *tmp, cmp_saved);
+    for (size_t i = 0; !rc && i < n; i++) {
+        const weight *w = tmp[i].w;
+        const expected *slot = model_find_tensor(m, tmp[i].name);
+        const uint64_t count = (uint64_t)w->rows * w->cols;
+        saved_tensor *v = &s[k++];
+        *v = tmp[i];
+        v->kind = OUT_VALUES;
+        const int quantize = layout == LAYOUT_FP8_BLOCK && slot->linear && !w->keep_bf16;
+        v->dtype = layout == LAYOUT_FP16 ? "F16" : layout == LAYOUT_FP32 ? "F32" : "BF16";
+        v->bytes = count * (layout == LAYOUT_FP32 ? 4 : 2);
+        if (layout == LAYOUT_FP16)
+            for (uint64_t j = 0; j < count && !rc; j++) {
+                const float x = w->master ? w->master[j] : bf16_to_f32(w->bf16[j]);
+                if (isinf(round_fp16(x)))
+                    rc = set_error(PARITY_ERR_TENSOR_NONFINITE, "layout fp16: '%s' element %llu "
+                                   "(%g) is beyond fp16's range", v->name,
+                                   (unsigned long long)j, (double)x);
+            }
+        if (!quantize || rc) continue;
+        const uint64_t grid = (uint64_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128);
+        saved_tensor *sc = &s[k++];
+        *sc = (saved_tensor){.w = w, .kind = OUT_SCALES};
+        snprintf(sc->scale_name, sizeof sc->scale_name, "%s_scale_inv", v->name);
+        sc->name = sc->scale_name;
+        v->kind = OUT_CODES;
+        v->dtype = "F8_E4M3";
+        v->bytes = count;
+        if (w->shipped) {
+            v->q = sc->q = w->shipped;
+            sc->scales_bf16 = w->shipped_scale_dtype == PARITY_DTYPE_BF16;
+        } else if (rule < 0) {
+            rc = set_error(PARITY_ERR_INVALID_ARGUMENT, "layout fp8-block: '%s' holds no shipped fp8 "
+                           "codes; name the quantizer that makes them (fp8-block:RULE)", v->name);
+        } else {
+            if (!scratch && !(scratch = px_malloc(128 * widest * sizeof(float), "fp8 quantization rows")))
+                rc = PARITY_ERR_OUT_OF_MEMORY;
+            v->made.codes = rc ? NULL : px_malloc(count, "fp8 codes");
+            v->made.scales = v->made.codes ? px_malloc(grid * sizeof(float), "fp8 scales") : NULL;
+            if (!rc && !v->made.scales) rc = PARITY_ERR_OUT_OF_MEMORY;
+            if (!rc) fp8_weight_quantize(w, rule, &v->made, scratch);
+            v->q = sc->q = &v->made;
+        }
+        sc->dtype = sc->scales_bf16 ? "BF16" : "F32";
+        sc->bytes = grid * (sc->scales_bf16 ? 2 : 4);
+        for (uint64_t j = 0; !rc && j < grid; j++)
+            if (f32_bits(sc->q->scales[j]) & 0x007fffffu) *all_pow2 = 0;
+    }
+    px_free(scratch);
+    px_free(tmp);
+    *out = s;
+    *count = k;
+    return rc;
+}
+
+static void saved_free(saved_tensor *s, size_t n) {
+    for (size_t i = 0; s && i < n; i++) {
+        px_free(s[i].made.codes);
+        px_free(s[i].made.scales);
+    }
+    px_free(s);
+}
+
+/* config.json's quantization_config for the fp8-block layout. */
+static void fp8_config_text(const parity_model *m, int scale_ue8m0, char *buf, size_t size) {
+    int k = snprintf(buf, size, "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                     "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128], "
+                     "%s\"modules_to_not_convert\": [\"lm_head\"",
+                     scale_ue8m0 ? "\"scale_fmt\": \"ue8m0\", " : "");
+    size_t n;
+    const expected *e = model_tensors(m, &n);
+    for (size_t i = 0; i < n && k > 0 && (size_t)k < size; i++)
+        if (e[i].linear && e[i].dst->keep_bf16)
+            k += snprintf(buf + k, size - (size_t)k, ", \"%.*s\"", (int)(strlen(e[i].name) - 7),
+                          e[i].name);
+    if (k > 0 && (size_t)k < size) snprintf(buf + k, size - (size_t)k, "]}");
+}
+
+int parity_model_save(const parity_model *m, const char *dir) {
+    return parity_model_save_as(m, dir, "bf16");
+}
+
+int parity_model_save_as(const parity_model *m, const char *dir, const char *layout_name) {
+    clear_error();
+    if (!m || !dir) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or directory is NULL");
+    int layout, rule;
+    int rc = parse_layout(layout_name, &layout, &rule);
+    if (rc) return rc;
+    if ((rc = model_enter(m))) return rc;
+    size_t plen = strlen(dir) + 64;
+    char *path = px_malloc(plen, "path"), *tmp = px_malloc(plen, "path");
+    size_t n = 0;
+    saved_tensor *s = NULL;
+    int all_pow2 = 0;
+    char *header = NULL, *qtext = NULL;
     FILE *fp = NULL;
-    int rc = (path && tmp && s) ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    rc = (path && tmp) ? plan_saved(m, layout, rule, &s, &n, &all_pow2) : PARITY_ERR_OUT_OF_MEMORY;
+    const size_t qsize = 512 + m->n_tensors * 100;
+    if (rc == PARITY_OK && layout == LAYOUT_FP8_BLOCK && !(qtext = px_malloc(qsize, "config text")))
+        rc = PARITY_ERR_OUT_OF_MEMORY;
     if (rc == PARITY_OK) {
-        for (size_t i = 0; i < n; i++) s[i] = (saved_tensor){e[i].name, e[i].dst, e[i].rows == 0};
-        qsort(s, n, sizeof *s, cmp_saved);
+        if (qtext)
+            fp8_config_text(m, all_pow2 && (rule == PARITY_FP8Q_TE_POW2 || m->ckpt.scale_ue8m0),
+                            qtext, qsize);
         snprintf(path, plen, "%s/config.json", dir);
-        rc = write_config(&m->config, path);
+        rc = write_config(&m->config, path,
+                          layout == LAYOUT_FP16 ? "float16" : layout == LAYOUT_FP32 ? "float32" : "bfloat16",
+                          qtext);
     }
     if (rc == PARITY_OK) {
         size_t cap = 256 + n * 200, len = 0;
@@ -756,21 +1023,20 @@ int parity_model_save(const parity_model *m, const char *dir) {
         uint64_t offset = 0;
         if (header) len += (size_t)snprintf(header, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
         for (size_t i = 0; i < n && header; i++) {
-            uint64_t bytes = (uint64_t)s[i].w->rows * s[i].w->cols * 2;
-            if (s[i].is_vector)
-                len += (size_t)snprintf(header + len, cap - len,
-                                        ",\"%s\":{\"dtype\":\"BF16\",\"shape\":[%u],"
-                                        "\"data_offsets\":[%llu,%llu]}",
-                                        s[i].name, s[i].w->cols, (unsigned long long)offset,
-                                        (unsigned long long)(offset + bytes));
+            const weight *w = s[i].w;
+            char shape[64];
+            if (s[i].kind == OUT_SCALES)
+                snprintf(shape, sizeof shape, "%u,%u", (w->rows + 127) / 128, (w->cols + 127) / 128);
+            else if (s[i].is_vector)
+                snprintf(shape, sizeof shape, "%u", w->cols);
             else
-                len += (size_t)snprintf(header + len, cap - len,
-                                        ",\"%s\":{\"dtype\":\"BF16\",\"shape\":[%u,%u],"
-                                        "\"data_offsets\":[%llu,%llu]}",
-                                        s[i].name, s[i].w->rows, s[i].w->cols,
-                                        (unsigned long long)offset,
-                                        (unsigned long long)(offset + bytes));
-            offset += bytes;
+                snprintf(shape, sizeof shape, "%u,%u", w->rows, w->cols);
+            len += (size_t)snprintf(header + len, cap - len,
+                                    ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],"
+                                    "\"data_offsets\":[%llu,%llu]}",
+                                    s[i].name, s[i].dtype, shape, (unsigned long long)offset,
+                                    (unsigned long long)(offset + s[i].bytes));
+            offset += s[i].bytes;
         }
         if (header) {
             header[len++] = '}';
@@ -785,10 +1051,7 @@ int parity_model_save(const parity_model *m, const char *dir) {
             uint8_t le[8];
             for (int b = 0; b < 8; b++) le[b] = (uint8_t)(hlen >> (8 * b));
             int ok = fwrite(le, 1, 8, fp) == 8 && fwrite(header, 1, len, fp) == len;
-            for (size_t i = 0; i < n && ok; i++) {
-                size_t count = (size_t)s[i].w->rows * s[i].w->cols;
-                ok = fwrite(s[i].w->bf16, 2, count, fp) == count;
-            }
+            for (size_t i = 0; i < n && ok; i++) ok = write_saved(fp, &s[i], layout);
             if (fclose(fp) != 0) ok = 0;
             if (!ok || rename(tmp, path) != 0) {
                 rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
@@ -796,8 +1059,10 @@ int parity_model_save(const parity_model *m, const char *dir) {
             }
         }
     }
+    model_leave(m);
     px_free(header);
-    px_free(s);
+    px_free(qtext);
+    saved_free(s, n);
     px_free(tmp);
     px_free(path);
     return rc;

@@ -33,7 +33,22 @@ typedef struct weight {
                               checkpoint), held in fp32, owned, built on demand */
     fp8_weight *fp8[FP8_QUANTIZERS]; /* the decoder layers' linear weights quantized with each
                               quantizer a policy asked for, owned, built on demand */
+    fp8_weight *shipped;   /* block-FP8 codes and 128 x 128 block scales as a checkpoint or an
+                              update shipped them (lib/fp8_checkpoint.c), owned; every fp8-block
+                              policy reads them as they are; NULL if none. bf16 and master then
+                              hold the dequantized values */
+    uint8_t shipped_scale_dtype; /* PARITY_DTYPE_F32 or _BF16: how the shipped scales were stored */
+    uint8_t keep_bf16;     /* named by the checkpoint's modules_to_not_convert / ignored_layers:
+                              no fp8 policy quantizes it */
 } weight;
+
+/* A checkpoint's quantization_config (lib/fp8_checkpoint.c). */
+typedef struct fp8_checkpoint {
+    int quantized;         /* quant_method "fp8", fmt e4m3, dynamic activations, 128 x 128 blocks */
+    int scale_ue8m0;       /* "scale_fmt": "ue8m0": every scale a power of two */
+    char **not_converted;  /* modules_to_not_convert, then ignored_layers, as written */
+    size_t n_not_converted;
+} fp8_checkpoint;
 
 typedef struct layer_weights {
     weight attn_norm;              /* input_layernorm            [hidden] */
@@ -74,6 +89,7 @@ struct parity_model {
     uint64_t version;              /* +1 per weight update (read under use_lock) */
     struct expected *tensors;      /* the architecture's tensors, in checkpoint order */
     size_t n_tensors;
+    fp8_checkpoint ckpt;           /* the loaded checkpoint's quantization_config (zero if none) */
 };
 
 /* One tensor of the blueprint: its checkpoint name, where it goes, its shape and how the
@@ -83,6 +99,7 @@ struct expected {
     weight *dst;
     uint32_t rows, cols;  /* rows = 0: a vector of cols */
     char shape_doc[96];
+    int linear;           /* a decoder layer's linear weight: what the fp8 formats quantize */
 };
 typedef struct expected expected;
 
@@ -162,6 +179,45 @@ int model_prepare_fp8(parity_model *m, int quantizer);
 void fp8_weight_quantize(const weight *w, int quantizer, fp8_weight *q, float *scratch);
 /* An fp8 copy for w, allocated (codes and scales) but not filled; NULL when out of memory. */
 fp8_weight *fp8_weight_alloc(parity_model *m, const weight *w, int quantizer);
+
+/* ---- block-FP8 checkpoints (fp8_checkpoint.c) --------------------------------------------- */
+
+/* config.json's quantization_config into *out (all zero when there is none); PARITY_ERR_CONFIG
+ * for a malformed one, PARITY_ERR_UNSUPPORTED for another method, format or block size. */
+int fp8_checkpoint_parse(const char *text, size_t len, const char *path, fp8_checkpoint *out);
+void fp8_checkpoint_free(fp8_checkpoint *c);
+/* Whether the checkpoint keeps the weight NAME ("<module>.weight") unquantized. */
+int fp8_checkpoint_keeps(const fp8_checkpoint *c, const char *weight_name);
+
+/* A shipped weight's values: codes and fp32 scales, the dequantized master and its bf16. */
+typedef struct shipped_values {
+    uint8_t *codes;
+    float *scales;
+    float *master;
+    uint16_t *bf16;
+    uint8_t scale_dtype;
+} shipped_values;
+/* The checks of shipped codes (F8_E4M3, the slot's shape, no NaN code, dequantized values
+ * within bf16's range) and scales (scales NULL: PARITY_ERR_SCALE_MISSING; F32/BF16; the block
+ * grid; finite, positive, powers of two if ue8m0), allocating nothing. */
+int shipped_check(const tensor_source *codes, const tensor_source *scales, const expected *slot,
+                  int ue8m0);
+/* The checked values into buffers of the slot's sizes. */
+void shipped_convert_into(const tensor_source *codes, const tensor_source *scales,
+                          const expected *slot, uint8_t *out_codes, float *out_scales,
+                          float *master, uint16_t *bf16);
+/* shipped_check, then the values into new buffers (nothing left allocated on failure). */
+int shipped_import(const tensor_source *codes, const tensor_source *scales, const expected *slot,
+                   int ue8m0, shipped_values *out);
+void shipped_values_free(shipped_values *v);
+
+/* The fp8 weights a policy's GEMM reads for w: the shipped ones under an fp8-block policy
+ * where w has them, else the copy of the policy's quantizer (NULL: w runs in bf16). */
+static inline const fp8_weight *fp8_weight_for(const parity_policy *pol, const weight *w) {
+    if (pol->gemm == PARITY_GEMM_BF16 || w->keep_bf16) return NULL;
+    if (pol->gemm == PARITY_GEMM_FP8_BLOCK && w->shipped) return w->shipped;
+    return w->fp8[pol->quantizer];
+}
 
 /* fp32 values of a weight for PARITY_COMPUTE_FP32: the master if any, else the widened bf16
  * (model_prepare(MODEL_NEED_WIDE) must have run). */

@@ -95,19 +95,6 @@ static int get_uint(const json_value *v, uint64_t *out) {
     return 1;
 }
 
-static const char *json_type_name(json_type t) {
-    switch (t) {
-    case JSON_NULL: return "null";
-    case JSON_FALSE:
-    case JSON_TRUE: return "a boolean";
-    case JSON_NUMBER: return "a number";
-    case JSON_STRING: return "a string";
-    case JSON_ARRAY: return "an array";
-    case JSON_OBJECT: return "an object";
-    }
-    return "?";
-}
-
 #define ENTRY_ERROR(status, fmt, ...)                                                       \
     set_error((status), "%s: tensor '%.*s': " fmt, path, name_width(name), name, __VA_ARGS__)
 

@@ -22,13 +22,99 @@ uint64_t parity_model_version(const parity_model *m) {
 
 /* A checked tensor waiting to go in: converted into new buffers (v), or, when the model owns
  * the buffers the weight holds (a cast or copy from loading or an earlier update), to be
- * converted into them in place once no call runs (in_place, src). */
+ * converted into them in place once no call runs (in_place, src). An F8_E4M3 update (ship)
+ * brings its codes, scales and dequantized values in new buffers (sv); its weight_scale_inv
+ * entry is not a tensor of its own (scale_entry). */
 typedef struct staged {
     weight *w;
     tensor_values v;
     int in_place;
     tensor_source src;
+    int scale_entry;
+    int ship;
+    shipped_values sv;
+    fp8_weight *shipped;                /* the struct for w->shipped where w has none yet */
+    fp8_weight *fp8_new[FP8_QUANTIZERS]; /* copies a weight leaving its shipped codes needs */
 } staged;
+
+/* The index of the update named `name`, or n. */
+static size_t find_update(const parity_tensor_data *t, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (t[i].name && !strcmp(t[i].name, name)) return i;
+    return n;
+}
+
+static const char SCALE_SUFFIX[] = "_scale_inv";
+
+/* Whether `name` is "<weight>_scale_inv"; the weight's name into base. */
+static int scale_base(const char *name, char *base, size_t size) {
+    const size_t n = strlen(name), k = sizeof SCALE_SUFFIX - 1;
+    if (n <= k || strcmp(name + n - k, SCALE_SUFFIX) || n - k >= size) return 0;
+    memcpy(base, name, n - k);
+    base[n - k] = '\0';
+    return 1;
+}
+
+/* Checks and converts update i of an F8_E4M3 weight with its scales (the entry named
+ * "<name>_scale_inv" in the same update). */
+static int stage_shipped(parity_model *m, const parity_tensor_data *tensors, size_t n, size_t i,
+                         const expected *slot, const char *where, staged *st) {
+    const parity_tensor_data *t = &tensors[i];
+    weight *w = slot->dst;
+    if (!slot->linear || w->keep_bf16)
+        return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: F8_E4M3 codes for a tensor that %s", where,
+                         slot->linear ? "the checkpoint keeps in bf16 (modules_to_not_convert)"
+                                      : "is not a decoder layer's linear weight (only those are "
+                                        "quantized)");
+    char sname[160], swhere[192];
+    snprintf(sname, sizeof sname, "%s%s", t->name, SCALE_SUFFIX);
+    snprintf(swhere, sizeof swhere, "update of '%s'", sname);
+    const size_t k = find_update(tensors, n, sname);
+    const tensor_source codes = {where, t->dtype, "F8_E4M3", t->ndim, t->shape, t->data, 0};
+    tensor_source scales = {0};
+    if (k < n)
+        scales = (tensor_source){swhere, tensors[k].dtype, NULL, tensors[k].ndim, tensors[k].shape,
+                                 tensors[k].data, 0};
+    int rc = shipped_import(&codes, k < n ? &scales : NULL, slot, m->ckpt.scale_ue8m0, &st->sv);
+    if (rc) return rc;
+    st->ship = 1;
+    const uint64_t count = (uint64_t)slot->rows * slot->cols;
+    /* a model an fp16 policy reads must be able to hold the dequantized values in fp16 */
+    for (uint64_t j = 0; w->fp16 && j < count; j++)
+        if (isinf(round_fp16(st->sv.master[j])))
+            return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element %" PRIu64 " dequantizes to "
+                             "%g, beyond fp16's range, which the fp16 policy cannot hold", where, j,
+                             (double)st->sv.master[j]);
+    if (!w->shipped && !(st->shipped = px_calloc(1, sizeof *st->shipped, "fp8 weight")))
+        return PARITY_ERR_OUT_OF_MEMORY;
+    return PARITY_OK;
+}
+
+static void staged_free(staged *st) {
+    tensor_values_free(&st->v);
+    shipped_values_free(&st->sv);
+    px_free(st->shipped);
+}
+
+/* Shipped codes into the weight (buffers taken over by the model; room reserved). */
+static void commit_shipped(parity_model *m, staged *st) {
+    weight *w = st->w;
+    model_disown(m, w->bf16);
+    model_disown(m, w->master);
+    if (w->shipped) {
+        model_disown(m, w->shipped->codes);
+        model_disown(m, w->shipped->scales);
+    } else {
+        w->shipped = model_own(m, st->shipped);
+        st->shipped = NULL;
+    }
+    w->shipped->codes = model_own(m, st->sv.codes);
+    w->shipped->scales = model_own(m, st->sv.scales);
+    w->master = model_own(m, st->sv.master);
+    w->bf16 = model_own(m, st->sv.bf16);
+    w->shipped_scale_dtype = st->sv.scale_dtype;
+    st->sv = (shipped_values){0};
+}
 
 int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size_t n) {
     clear_error();
@@ -44,16 +130,26 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
             rc = set_error(PARITY_ERR_INVALID_ARGUMENT, "update %zu has no name", i);
             break;
         }
+        for (size_t j = 0; j < i && !rc; j++)
+            if (!strcmp(tensors[j].name, t->name))
+                rc = set_error(PARITY_ERR_ST_DUPLICATE, "update of '%s': listed twice", t->name);
+        if (rc) break;
         const expected *slot = model_find_tensor(m, t->name);
+        char base[160];
+        if (!slot && scale_base(t->name, base, sizeof base)) {
+            /* the scales of an F8_E4M3 weight in the same update go in with it */
+            const size_t k = find_update(tensors, n, base);
+            if (k == n || tensors[k].dtype != PARITY_DTYPE_F8_E4M3)
+                rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED, "update of '%s': block scales without "
+                               "the F8_E4M3 codes of '%s' in the same update", t->name, base);
+            st[i].scale_entry = 1;
+            continue;
+        }
         if (!slot) {
             rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED, "update of '%s': the model has no such tensor",
                            t->name);
             break;
         }
-        for (size_t j = 0; j < i && !rc; j++)
-            if (!strcmp(tensors[j].name, t->name))
-                rc = set_error(PARITY_ERR_ST_DUPLICATE, "update of '%s': listed twice", t->name);
-        if (rc) break;
         char where[160];
         snprintf(where, sizeof where, "update of '%s'", t->name);
         if (t->ndim != 1 && t->ndim != 2) {
@@ -61,8 +157,12 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
                            where, t->ndim);
             break;
         }
-        const tensor_source src = {where, t->dtype, NULL, t->ndim, t->shape, t->data, 0};
         weight *w = st[i].w = slot->dst;
+        if (t->dtype == PARITY_DTYPE_F8_E4M3) {
+            rc = stage_shipped(m, tensors, n, i, slot, where, &st[i]);
+            continue;
+        }
+        const tensor_source src = {where, t->dtype, NULL, t->ndim, t->shape, t->data, 0};
         /* the old values are overwritten only after every tensor passed its checks; a buffer
          * the model does not own (a mapped checkpoint's) is never written */
         st[i].in_place = model_owns(m, w->bf16) &&
@@ -72,10 +172,15 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
         rc = st[i].in_place ? tensor_check(&src, slot) : tensor_import(&src, slot, &st[i].v);
         /* a model an fp16 policy reads must be able to hold the new values in fp16 */
         if (!rc && w->fp16) rc = tensor_check_fp16(&src, (uint64_t)w->rows * w->cols);
+        /* values for a weight that held shipped codes: the fp8-block policies that read those
+         * quantize the new values with their own rules from now on */
+        for (int q = 0; !rc && w->shipped && q < PARITY_FP8Q_MX_OCP; q++)
+            if (m->fp8_ready[q] && !w->fp8[q] && !(st[i].fp8_new[q] = fp8_weight_alloc(m, w, q)))
+                rc = PARITY_ERR_OUT_OF_MEMORY;
     }
     /* room in the owned list, so that the swap below cannot fail */
-    if (!rc && m->n_owned + 2 * n > m->cap_owned) {
-        size_t want = m->n_owned + 2 * n;
+    if (!rc && m->n_owned + 5 * n > m->cap_owned) {
+        size_t want = m->n_owned + 5 * n;
         void **grown = px_realloc(m->owned, want * sizeof *grown, "model buffer list");
         if (!grown) rc = PARITY_ERR_OUT_OF_MEMORY;
         else {
@@ -87,22 +192,25 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
     float *fp8_rows = NULL;
     size_t widest = 0;
     for (size_t i = 0; !rc && i < n; i++)
-        for (int q = 0; q < FP8_QUANTIZERS; q++)
-            if (st[i].w->fp8[q] && st[i].w->cols > widest) widest = st[i].w->cols;
+        for (int q = 0; q < FP8_QUANTIZERS && st[i].w; q++)
+            if ((st[i].w->fp8[q] || st[i].fp8_new[q]) && st[i].w->cols > widest) widest = st[i].w->cols;
     if (!rc && widest && !(fp8_rows = px_malloc(128 * widest * sizeof(float), "fp8 quantization rows")))
         rc = PARITY_ERR_OUT_OF_MEMORY;
     if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
         rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
                        "weights can only be updated while no call runs");
     if (rc) {
-        for (size_t i = 0; st && i < n; i++) tensor_values_free(&st[i].v);
+        for (size_t i = 0; st && i < n; i++) staged_free(&st[i]);
         px_free(st);
         px_free(fp8_rows);
         return rc;
     }
     for (size_t i = 0; i < n; i++) {
         weight *w = st[i].w;
-        if (st[i].in_place) {
+        if (st[i].scale_entry) continue;
+        if (st[i].ship) {
+            commit_shipped(m, &st[i]);
+        } else if (st[i].in_place) {
             const uint64_t count = (uint64_t)w->rows * w->cols;
             const int bf16_source = st[i].src.dtype == PARITY_DTYPE_BF16;
             tensor_convert_into(&st[i].src, count, (uint16_t *)w->bf16,
@@ -117,6 +225,14 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
             /* an update's values are copies (owned[0] the bf16, owned[1] an fp32 master) */
             w->bf16 = model_own(m, st[i].v.owned[0]);
             w->master = st[i].v.owned[1] ? model_own(m, st[i].v.owned[1]) : NULL;
+        }
+        if (!st[i].ship && w->shipped) { /* values replace the shipped codes */
+            model_disown(m, w->shipped->codes);
+            model_disown(m, w->shipped->scales);
+            model_disown(m, w->shipped);
+            w->shipped = NULL;
+            for (int q = 0; q < FP8_QUANTIZERS; q++)
+                if (st[i].fp8_new[q]) w->fp8[q] = st[i].fp8_new[q];
         }
         /* the fp32 copies a backend or policy reads, in place */
         if (w->wide) weight_widen_into(w, w->wide);
@@ -149,13 +265,31 @@ static uint64_t fnv1a64_bf16(const uint16_t *x, uint64_t n) {
     return h;
 }
 
+/* FNV-1a 64 over n bytes. */
+static uint64_t fnv1a64_bytes(const void *data, uint64_t n) {
+    const uint8_t *p = data;
+    uint64_t h = FNV1A64_OFFSET;
+    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * FNV1A64_PRIME;
+    return h;
+}
+
+int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64) {
+    clear_error();
+    if (!fnv1a64 || (!data && n_bytes))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_bytes_checksum: data or output is NULL");
+    *fnv1a64 = fnv1a64_bytes(data, n_bytes);
+    return PARITY_OK;
+}
+
 int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n, uint64_t *fnv1a64) {
     clear_error();
     if (!fnv1a64 || (!data && n))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_tensor_checksum: data or output is NULL");
+    if (dtype == PARITY_DTYPE_F8_E4M3) return parity_bytes_checksum(data, n, fnv1a64);
     if (dtype > PARITY_DTYPE_F32)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "parity_tensor_checksum: dtype %u is not BF16 (0), F16 (1) or F32 (2)", dtype);
+                         "parity_tensor_checksum: dtype %u is not BF16 (0), F16 (1), F32 (2) or "
+                         "F8_E4M3 (3)", dtype);
     /* The caller's buffer need not be aligned: values are read with memcpy. */
     const uint8_t *src = data;
     uint64_t h = FNV1A64_OFFSET;
@@ -175,31 +309,134 @@ int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n, uint64_
     return PARITY_OK;
 }
 
-int parity_model_write_manifest(const parity_model *m, const char *path) {
-    clear_error();
-    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
-    int rc = model_enter(m);
-    if (rc) return rc;
+/* ---- quantized weights in manifests -------------------------------------------------------- */
+
+/* The fp8 codes and scales a policy's GEMM reads for a weight, as a manifest describes them:
+ * the shipped ones, the copy the model built, or (not built yet) a quantization of the
+ * weight's values made for the manifest. */
+typedef struct fp8_view {
+    int mx;                 /* MXFP8: 1 x 32 blocks, E8M0 scales; else 128 x 128, fp32 */
+    int shipped;            /* the shipped codes (no quantizer of the model's made them) */
+    int quantizer;          /* the PARITY_FP8Q_* that made them (not shipped) */
+    uint64_t grid_rows, grid_cols;
+    const uint8_t *codes;
+    const float *scales;
+    uint8_t scale_dtype;    /* PARITY_DTYPE_F32 / _BF16 (shipped), or SCALE_E8M0 */
+    fp8_weight made;        /* owned when the view had to quantize */
+} fp8_view;
+#define SCALE_E8M0 0xe8u
+
+static const char *scale_dtype_name(unsigned d) {
+    return d == PARITY_DTYPE_BF16 ? "BF16" : d == SCALE_E8M0 ? "F8_E8M0" : "F32";
+}
+
+static void fp8_view_free(fp8_view *v) {
+    px_free(v->made.codes);
+    px_free(v->made.scales);
+}
+
+/* The view of w under gemm format `gemm` (PARITY_GEMM_FP8_BLOCK / _MXFP8) and `quantizer`. */
+static int fp8_view_of(const weight *w, int gemm, int quantizer, fp8_view *v) {
+    *v = (fp8_view){0};
+    v->mx = gemm == PARITY_GEMM_MXFP8;
+    v->grid_rows = v->mx ? w->rows : (w->rows + 127u) / 128u;
+    v->grid_cols = v->mx ? (w->cols + 31u) / 32u : (w->cols + 127u) / 128u;
+    v->quantizer = quantizer;
+    v->scale_dtype = v->mx ? SCALE_E8M0 : PARITY_DTYPE_F32;
+    const fp8_weight *q = NULL;
+    if (!v->mx && w->shipped) {
+        q = w->shipped;
+        v->shipped = 1;
+        v->scale_dtype = w->shipped_scale_dtype;
+    } else if (w->fp8[quantizer]) {
+        q = w->fp8[quantizer];
+    } else {
+        float *scratch = px_malloc(128 * (size_t)w->cols * sizeof(float), "fp8 quantization rows");
+        v->made.codes = px_malloc((size_t)w->rows * w->cols, "fp8 codes");
+        v->made.scales = px_malloc(v->grid_rows * v->grid_cols * sizeof(float), "fp8 scales");
+        if (!scratch || !v->made.codes || !v->made.scales) {
+            px_free(scratch);
+            fp8_view_free(v);
+            return PARITY_ERR_OUT_OF_MEMORY;
+        }
+        fp8_weight_quantize(w, quantizer, &v->made, scratch);
+        px_free(scratch);
+        q = &v->made;
+    }
+    v->codes = q->codes;
+    v->scales = q->scales;
+    return PARITY_OK;
+}
+
+static uint64_t view_codes_sum(const weight *w, const fp8_view *v) {
+    return fnv1a64_bytes(v->codes, (uint64_t)w->rows * w->cols);
+}
+/* The scales' checksum: FNV-1a 64 over their fp32 values' little-endian bytes (BF16 and E8M0
+ * scales widened exactly). */
+static uint64_t view_scales_sum(const fp8_view *v) {
+    return fnv1a64_bytes(v->scales, v->grid_rows * v->grid_cols * sizeof(float));
+}
+
+/* Whether the policy quantizes slot's weight (an fp8 gemm, a linear weight not kept in bf16). */
+static int policy_quantizes(const parity_policy *pol, const expected *slot) {
+    return pol && pol->gemm != PARITY_GEMM_BF16 && slot->linear && !slot->dst->keep_bf16;
+}
+
+static const char *format_name(int gemm) { return gemm == PARITY_GEMM_MXFP8 ? "mxfp8" : "fp8-block"; }
+
+static int manifest_write(const parity_model *m, const parity_policy *pol, const char *path) {
     size_t n;
     const expected *slots = model_tensors(m, &n);
+    const int quantized = pol && pol->gemm != PARITY_GEMM_BF16;
     FILE *f = fopen(path, "w");
-    if (!f) {
-        rc = set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    } else {
-        fprintf(f, "{\"version\": %" PRIu64 ", \"tensors\": {", m->version);
-        for (size_t i = 0; i < n; i++) {
-            const weight *w = slots[i].dst;
-            fprintf(f, "%s\n  \"%s\": {\"shape\": [", i ? "," : "", slots[i].name);
-            if (slots[i].rows) fprintf(f, "%u, %u", w->rows, w->cols);
-            else fprintf(f, "%u", w->cols);
+    if (!f) return set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    int rc = PARITY_OK;
+    fprintf(f, "{\"version\": %" PRIu64 ", ", m->version);
+    if (quantized)
+        fprintf(f, "\"quantization\": {\"format\": \"%s\", \"quantizer\": \"%s\"}, ",
+                format_name(pol->gemm), parity_fp8_quantizer_name(pol->quantizer));
+    fprintf(f, "\"tensors\": {");
+    for (size_t i = 0; i < n && !rc; i++) {
+        const weight *w = slots[i].dst;
+        fprintf(f, "%s\n  \"%s\": {\"shape\": [", i ? "," : "", slots[i].name);
+        if (slots[i].rows) fprintf(f, "%u, %u", w->rows, w->cols);
+        else fprintf(f, "%u", w->cols);
+        if (!policy_quantizes(pol, &slots[i])) {
             fprintf(f, "], \"dtype\": \"BF16\", \"fnv1a64\": \"%016" PRIx64 "\"}",
                     fnv1a64_bf16(w->bf16, (uint64_t)w->rows * w->cols));
+            continue;
         }
-        fprintf(f, "\n}}\n");
-        if (fclose(f) != 0) rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        fp8_view v;
+        if ((rc = fp8_view_of(w, pol->gemm, pol->quantizer, &v))) break;
+        fprintf(f, "], \"dtype\": \"F8_E4M3\", \"format\": \"%s\", \"block\": [%u, %u], ",
+                format_name(pol->gemm), v.mx ? 1u : 128u, v.mx ? 32u : 128u);
+        if (v.shipped) fprintf(f, "\"quantizer\": null, ");
+        else fprintf(f, "\"quantizer\": \"%s\", ", parity_fp8_quantizer_name(v.quantizer));
+        fprintf(f, "\"fnv1a64\": \"%016" PRIx64 "\", \"scales\": {\"shape\": [%" PRIu64 ", %" PRIu64
+                   "], \"dtype\": \"%s\", \"fnv1a64\": \"%016" PRIx64 "\"}}",
+                view_codes_sum(w, &v), v.grid_rows, v.grid_cols, scale_dtype_name(v.scale_dtype),
+                view_scales_sum(&v));
+        fp8_view_free(&v);
     }
+    fprintf(f, "\n}}\n");
+    if (fclose(f) != 0 && !rc) rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    return rc;
+}
+
+int parity_model_write_manifest_for(const parity_model *m, const parity_policy *pol,
+                                    const char *path) {
+    clear_error();
+    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
+    int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
+    if (rc) return rc;
+    if ((rc = model_enter(m))) return rc;
+    rc = manifest_write(m, pol, path);
     model_leave(m);
     return rc;
+}
+
+int parity_model_write_manifest(const parity_model *m, const char *path) {
+    return parity_model_write_manifest_for(m, NULL, path);
 }
 
 /* Appends a line to the report; counts it. */
@@ -260,13 +497,145 @@ static int read_manifest(const char *path, json_doc **doc) {
     return rc;
 }
 
-int parity_model_verify(const parity_model *m, const char *path, char *report_buf,
-                        size_t report_size) {
+/* A string member of a manifest entry, NULL if absent or not a string. */
+static const char *entry_str(const json_value *e, const char *key) {
+    const json_value *v = json_get(e, key);
+    return v && v->type == JSON_STRING ? v->str : NULL;
+}
+
+/* Whether `v` is the array [a, b] of integers. */
+static int is_pair(const json_value *v, uint64_t a, uint64_t b) {
+    return v && v->type == JSON_ARRAY && v->count == 2 && v->items[0].type == JSON_NUMBER &&
+           v->items[0].is_int && (uint64_t)v->items[0].integer == a &&
+           v->items[1].type == JSON_NUMBER && v->items[1].is_int && (uint64_t)v->items[1].integer == b;
+}
+
+/* The checks of one F8_E4M3 manifest entry against the codes the sampler's policy (pol; NULL:
+ * the entry's own format and quantizer) reads for the weight. */
+static int verify_fp8_entry(const expected *slot, const json_value *e, const parity_policy *pol,
+                            report *r) {
+    const weight *w = slot->dst;
+    const char *name = slot->name;
+    const char *fmt = entry_str(e, "format"), *qname = entry_str(e, "quantizer");
+    const int learner_mx = fmt && !strcmp(fmt, "mxfp8");
+    int learner_q = -1;
+    if (qname) parity_fp8_quantizer_from_name(learner_mx, qname, &learner_q);
+    clear_error();
+    if (w->keep_bf16 || (pol && pol->gemm == PARITY_GEMM_BF16)) {
+        report_line(r, "%s: kept in bf16: the learner ships it quantized (F8_E4M3, %s), the sampler "
+                    "runs it in bf16 (%s)", name, fmt ? fmt : "?",
+                    w->keep_bf16 ? "the checkpoint's modules_to_not_convert"
+                                 : "its policy has no fp8 gemm");
+        return PARITY_OK;
+    }
+    const int gemm = pol ? pol->gemm : learner_mx ? PARITY_GEMM_MXFP8 : PARITY_GEMM_FP8_BLOCK;
+    const int quantizer = pol ? pol->quantizer : learner_q;
+    if (!pol && learner_q < 0 && !(gemm == PARITY_GEMM_FP8_BLOCK && w->shipped)) {
+        report_line(r, "%s: quantizer %s%s%s is not one of the library's: the sampler cannot make "
+                    "the learner's codes", name, qname ? "'" : "", qname ? qname : "null",
+                    qname ? "'" : "");
+        return PARITY_OK;
+    }
+    /* geometry: the format, the block and the scale grid */
+    const json_value *scales = json_get(e, "scales");
+    const json_value *sshape = scales ? json_get(scales, "shape") : NULL;
+    const uint64_t gr = gemm == PARITY_GEMM_MXFP8 ? w->rows : (w->rows + 127u) / 128u,
+                   gc = gemm == PARITY_GEMM_MXFP8 ? (w->cols + 31u) / 32u : (w->cols + 127u) / 128u;
+    const int mx = gemm == PARITY_GEMM_MXFP8;
+    if (!fmt || strcmp(fmt, format_name(gemm)) || !is_pair(json_get(e, "block"), mx ? 1 : 128, mx ? 32 : 128) ||
+        !is_pair(sshape, gr, gc)) {
+        const json_value *blk = json_get(e, "block");
+        report_line(r, "%s: block geometry differs: the learner's %s blocks %lld x %lld with a "
+                    "scale grid %lld x %lld, the sampler's %s blocks %u x %u with a grid %" PRIu64
+                    " x %" PRIu64, name, fmt ? fmt : "?",
+                    blk && blk->type == JSON_ARRAY && blk->count == 2 ? (long long)blk->items[0].integer : -1,
+                    blk && blk->type == JSON_ARRAY && blk->count == 2 ? (long long)blk->items[1].integer : -1,
+                    sshape && sshape->type == JSON_ARRAY && sshape->count == 2 ? (long long)sshape->items[0].integer : -1,
+                    sshape && sshape->type == JSON_ARRAY && sshape->count == 2 ? (long long)sshape->items[1].integer : -1,
+                    format_name(gemm), mx ? 1u : 128u, mx ? 32u : 128u, gr, gc);
+        return PARITY_OK;
+    }
+    fp8_view v;
+    int rc = fp8_view_of(w, gemm, quantizer < 0 ? 0 : quantizer, &v);
+    if (rc) return rc;
+    /* scale format: storage dtype, powers of two where the learner's rule makes them, finite
+     * and positive */
+    const char *want_dtype = scales ? entry_str(scales, "dtype") : NULL;
+    uint64_t not_pow2 = 0, not_positive = 0;
+    for (uint64_t i = 0; i < v.grid_rows * v.grid_cols; i++) {
+        const float s = v.scales[i];
+        if (!(isfinite(s) && s > 0)) not_positive++;
+        else if (f32_bits(s) & 0x007fffffu) not_pow2++;
+    }
+    const int pow2_rule = learner_mx || learner_q == PARITY_FP8Q_TE_POW2;
+    int format_bad = 0;
+    if (!want_dtype || strcmp(want_dtype, scale_dtype_name(v.scale_dtype))) {
+        report_line(r, "%s: scale format differs: the learner's scales are %s, the sampler's %s%s",
+                    name, want_dtype ? want_dtype : "missing", scale_dtype_name(v.scale_dtype),
+                    v.scale_dtype == PARITY_DTYPE_BF16 ? " (a cast of the scales the codes were "
+                                                         "made with)" : "");
+        format_bad = 1;
+    }
+    if (not_positive) {
+        report_line(r, "%s: scale format: %" PRIu64 " of the sampler's scales are not finite and "
+                    "positive", name, not_positive);
+        format_bad = 1;
+    }
+    if (pow2_rule && not_pow2) {
+        report_line(r, "%s: scale format: the learner's quantizer '%s' makes powers of two, %" PRIu64
+                    " of the sampler's %" PRIu64 " scales are not", name, qname ? qname : "?",
+                    not_pow2, v.grid_rows * v.grid_cols);
+        format_bad = 1;
+    }
+    char have_c[17], have_s[17];
+    snprintf(have_c, sizeof have_c, "%016" PRIx64, view_codes_sum(w, &v));
+    snprintf(have_s, sizeof have_s, "%016" PRIx64, view_scales_sum(&v));
+    const char *want_c = entry_str(e, "fnv1a64"), *want_s = scales ? entry_str(scales, "fnv1a64") : NULL;
+    const int codes_ok = want_c && !strcmp(want_c, have_c), scales_ok = want_s && !strcmp(want_s, have_s);
+    if (!format_bad && !(codes_ok && scales_ok)) {
+        if (!v.shipped && learner_q >= 0 && v.quantizer != learner_q) {
+            /* would the learner's rule on the sampler's values give the learner's codes? */
+            fp8_view again;
+            int same = -1;
+            if (fp8_view_of(w, gemm, learner_q, &again) == PARITY_OK) {
+                char c2[17], s2[17];
+                snprintf(c2, sizeof c2, "%016" PRIx64, view_codes_sum(w, &again));
+                snprintf(s2, sizeof s2, "%016" PRIx64, view_scales_sum(&again));
+                same = !strcmp(c2, want_c) && want_s && !strcmp(s2, want_s);
+                fp8_view_free(&again);
+            }
+            report_line(r, "%s: quantizer identity: the sampler quantizes its weights with '%s', the "
+                        "learner's codes were made with '%s'; %s", name,
+                        parity_fp8_quantizer_name(v.quantizer), qname,
+                        same == 1   ? "re-quantized with the learner's rule, the sampler's values "
+                                      "give the learner's codes: only the quantizer differs"
+                        : same == 0 ? "even the learner's rule does not give its codes from the "
+                                      "sampler's values: the values differ too"
+                                    : "(out of memory re-quantizing)");
+        } else {
+            if (!codes_ok)
+                report_line(r, "%s: codes differ (manifest %s, sampler %s)%s", name,
+                            want_c ? want_c : "missing", have_c,
+                            v.shipped ? ": the shipped codes are not the learner's"
+                                      : ": the values the sampler quantized differ");
+            if (!scales_ok)
+                report_line(r, "%s: scales differ (manifest %s, sampler %s)", name,
+                            want_s ? want_s : "missing", have_s);
+        }
+    }
+    fp8_view_free(&v);
+    return PARITY_OK;
+}
+
+int parity_model_verify_for(const parity_model *m, const parity_policy *pol, const char *path,
+                            char *report_buf, size_t report_size) {
     clear_error();
     if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
+    int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
+    if (rc) return rc;
     if (report_buf && report_size) report_buf[0] = '\0';
     json_doc *doc;
-    int rc = read_manifest(path, &doc);
+    rc = read_manifest(path, &doc);
     if (rc) return rc;
     const json_value *root = json_doc_root(doc);
     const json_value *tensors = json_get(root, "tensors"), *version = json_get(root, "version");
@@ -276,6 +645,8 @@ int parity_model_verify(const parity_model *m, const char *path, char *report_bu
         return set_error(PARITY_ERR_VERIFY, "%s: not a manifest (wants {\"version\": N, "
                          "\"tensors\": {...}})", path);
     }
+    const json_value *quant = json_get(root, "quantization");
+    const int learner_quantizes = quant && quant->type == JSON_OBJECT;
     if ((rc = model_enter(m))) {
         json_free(doc);
         return rc;
@@ -284,9 +655,9 @@ int parity_model_verify(const parity_model *m, const char *path, char *report_bu
     const expected *slots = model_tensors(m, &n);
     report r = {report_buf, report_size, 0, 0};
     if ((uint64_t)version->integer != m->version)
-        report_line(&r, "version: the manifest has %lld, the model %" PRIu64,
-                    (long long)version->integer, m->version);
-    for (size_t i = 0; i < n; i++) {
+        report_line(&r, "version: the manifest has %lld, the model %" PRIu64 " (a stale sync, or "
+                    "one applied twice)", (long long)version->integer, m->version);
+    for (size_t i = 0; i < n && !rc; i++) {
         const weight *w = slots[i].dst;
         const json_value *e = json_get(tensors, slots[i].name);
         if (!e || e->type != JSON_OBJECT) {
@@ -305,9 +676,20 @@ int parity_model_verify(const parity_model *m, const char *path, char *report_bu
             report_line(&r, "%s: shape differs (the model has %s)", slots[i].name, slots[i].shape_doc);
             continue;
         }
+        const int f8 = dtype && dtype->type == JSON_STRING && !strcmp(dtype->str, "F8_E4M3");
+        if (f8 && slots[i].linear) {
+            rc = verify_fp8_entry(&slots[i], e, pol, &r);
+            continue;
+        }
         if (!dtype || dtype->type != JSON_STRING || strcmp(dtype->str, "BF16")) {
             report_line(&r, "%s: dtype is %s in the manifest, BF16 in the model", slots[i].name,
                         dtype && dtype->type == JSON_STRING ? dtype->str : "missing");
+            continue;
+        }
+        if (learner_quantizes && policy_quantizes(pol, &slots[i])) {
+            report_line(&r, "%s: kept in bf16: the learner keeps it in bf16, the sampler's policy "
+                        "quantizes it (%s:%s)", slots[i].name, format_name(pol->gemm),
+                        parity_fp8_quantizer_name(pol->quantizer));
             continue;
         }
         char have[17];
@@ -316,15 +698,21 @@ int parity_model_verify(const parity_model *m, const char *path, char *report_bu
             report_line(&r, "%s: checksum differs (manifest %s, model %s): the values differ",
                         slots[i].name, sum && sum->type == JSON_STRING ? sum->str : "missing", have);
     }
-    for (size_t k = 0; k < tensors->count; k++)
+    for (size_t k = 0; k < tensors->count && !rc; k++)
         if (!model_find_tensor(m, tensors->keys[k]))
             report_line(&r, "%s: in the manifest, not in the model", tensors->keys[k]);
     model_leave(m);
     json_free(doc);
+    if (rc) return rc;
     if (r.count)
         return set_error(PARITY_ERR_VERIFY, "%u difference%s between the model and %s", r.count,
                          r.count == 1 ? "" : "s", path);
     return PARITY_OK;
+}
+
+int parity_model_verify(const parity_model *m, const char *path, char *report_buf,
+                        size_t report_size) {
+    return parity_model_verify_for(m, NULL, path, report_buf, report_size);
 }
 
 /* ---- the probe --------------------------------------------------------------------------- */

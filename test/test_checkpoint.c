@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "fixtures.h"
+#include "internal.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -834,6 +835,396 @@ static void test_specs(void) {
     }
 }
 
+/* ---- block-FP8 checkpoints ---------------------------------------------------------------- */
+
+static const char *const linear_names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                           "mlp.down_proj"};
+
+/* Whether two files hold the same bytes. */
+static int same_file(const char *a, const char *b) {
+    size_t la, lb;
+    char *x = read_all(a, &la), *y = read_all(b, &lb);
+    int same = x && y && la == lb && !memcmp(x, y, la);
+    free(x);
+    free(y);
+    return same;
+}
+
+static void check_same_files(const char *dir_a, const char *dir_b, const char *what) {
+    char pa[PATH_LEN], pb[PATH_LEN];
+    join(pa, dir_a, "model.safetensors");
+    join(pb, dir_b, "model.safetensors");
+    CHECK(same_file(pa, pb));
+    join(pa, dir_a, "config.json");
+    join(pb, dir_b, "config.json");
+    CHECK(same_file(pa, pb));
+    if (!same_file(pa, pb)) fprintf(stderr, "  %s: the checkpoints differ\n", what);
+}
+
+/* A saved checkpoint of m in `layout` under root/name. */
+static void save_as(const parity_model *m, const char *layout, const char *name, char *dir) {
+    join(dir, root, name);
+    CHECK(mkdir(dir, 0700) == 0);
+    CHECK_OK(parity_model_save_as(m, dir, layout));
+}
+
+/* Every linear weight of `m` holds shipped codes and scales equal, bitwise, to what the public
+ * block quantizer `rule` makes of `values_of`'s fp32 values (its masters, else its bf16). */
+static void check_shipped_equal_quantized(const parity_model *m, const parity_model *values_of,
+                                          int rule, const char *what) {
+    const parity_config *c = parity_model_config(m);
+    size_t bad = 0, checked = 0;
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
+        for (size_t j = 0; j < 7; j++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.%u.%s.weight", l, linear_names[j]);
+            const weight *w = model_find_tensor(m, name)->dst;
+            const weight *v = model_find_tensor(values_of, name)->dst;
+            CHECK(w->shipped != NULL);
+            if (!w->shipped) return;
+            const size_t n = (size_t)v->rows * v->cols, grid = ((v->rows + 127) / 128) * ((v->cols + 127) / 128);
+            float *x = malloc(n * sizeof *x), *scales = malloc(grid * sizeof *scales);
+            uint8_t *codes = malloc(n);
+            for (size_t i = 0; i < n; i++) x[i] = v->master ? v->master[i] : bf16_to_f32(v->bf16[i]);
+            CHECK_OK(parity_fp8_quantize_blocks(rule, v->rows, v->cols, x, v->cols, 128, 128, codes,
+                                                v->cols, scales));
+            bad += memcmp(codes, w->shipped->codes, n) != 0;
+            bad += memcmp(scales, w->shipped->scales, grid * sizeof *scales) != 0;
+            /* the values every other reader sees: RN_bf16(RN_fp32(e4m3 * scale)) */
+            for (size_t i = 0; i < n; i++) {
+                float e;
+                parity_fp8_to_f32(PARITY_FP8_E4M3, 1, &codes[i], &e);
+                const float d = e * scales[(i / v->cols / 128) * ((v->cols + 127) / 128) + (i % v->cols) / 128];
+                bad += f32_bits(w->master[i]) != f32_bits(d) || w->bf16[i] != bf16_from_f32(d);
+            }
+            checked++;
+            free(x);
+            free(scales);
+            free(codes);
+        }
+    CHECK(checked == 7u * c->num_hidden_layers);
+    CHECK_INT(bad, 0);
+    if (bad) fprintf(stderr, "  %s: %zu differences\n", what, bad);
+}
+
+/* A copy of the tiny model's config.json with `insert` after the first '{' (NULL: as it is). */
+static void write_config_with(const char *dir, const char *from_dir, const char *insert) {
+    char src[PATH_LEN], dst[PATH_LEN];
+    join(src, from_dir, "config.json");
+    join(dst, dir, "config.json");
+    size_t len;
+    char *text = read_all(src, &len);
+    if (!text) return;
+    char *out = malloc(len + (insert ? strlen(insert) : 0) + 2);
+    const char *brace = strchr(text, '{');
+    size_t k = (size_t)(brace - text) + 1;
+    memcpy(out, text, k);
+    size_t n = k;
+    if (insert) n += (size_t)sprintf(out + n, "%s", insert);
+    memcpy(out + n, text + k, len - k);
+    write_all(dst, out, n + len - k);
+    free(out);
+    free(text);
+}
+
+/* root/name holding c with a config.json of `config_dir` (plus `insert`). */
+static void write_fp8_variant(const char *name, const ckpt *c, const char *config_dir,
+                              const char *insert, char *dir) {
+    char path[PATH_LEN];
+    join(dir, root, name);
+    CHECK(mkdir(dir, 0700) == 0);
+    write_config_with(dir, config_dir, insert);
+    join(path, dir, "model.safetensors");
+    write_st(path, c->t, c->n, 0);
+}
+
+static float scale_at(tensor *t, size_t i) {
+    float f;
+    memcpy(&f, t->data + 4 * i, 4);
+    return f;
+}
+
+static void set_scale(tensor *t, size_t i, float v) { memcpy(t->data + 4 * i, &v, 4); }
+
+#define GATE0 "model.layers.0.mlp.gate_proj.weight"
+#define Q0 "model.layers.0.self_attn.q_proj.weight"
+#define QUANT_DEEPSEEK "deepseek"
+
+static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
+    (void)base;
+    char fp8_dir[PATH_LEN], dir[PATH_LEN], dir2[PATH_LEN], path[PATH_LEN];
+    int rule_deepseek = -1, rule_te = -1;
+    CHECK_OK(parity_fp8_quantizer_from_name(0, "deepseek", &rule_deepseek));
+    CHECK_OK(parity_fp8_quantizer_from_name(0, "te", &rule_te));
+
+    /* bf16 model -> fp8-block:deepseek -> load: the shipped codes are the quantizer's, the
+     * fp8 policy scores bitwise as the bf16 model quantized at load, and the file saves back
+     * byte for byte */
+    save_as(orig, "fp8-block:deepseek", "fp8-deepseek", fp8_dir);
+    size_t len;
+    join(path, fp8_dir, "config.json");
+    char *text = read_all(path, &len);
+    CHECK(text && strstr(text, "\"quant_method\": \"fp8\"") && strstr(text, "[128, 128]") &&
+          strstr(text, "\"modules_to_not_convert\": [\"lm_head\"]") && !strstr(text, "ue8m0"));
+    free(text);
+    parity_model *m = load(fp8_dir);
+    if (!m) return;
+    check_shipped_equal_quantized(m, orig, rule_deepseek, "fp8-block:deepseek from bf16");
+    const char *fp8_presets[] = {"vllm+fp8-block:deepseek", "hf-eager+fp8-block:deepseek", NULL};
+    check_same_scores(orig, m, fp8_presets, "fp8-block:deepseek saved and loaded");
+    save_as(m, "fp8-block", "fp8-resaved", dir);
+    check_same_files(fp8_dir, dir, "fp8-block saved back");
+    /* shipped codes are written as they are whatever the rule: never re-quantized */
+    save_as(m, "fp8-block:te", "fp8-resaved-te", dir);
+    check_same_files(fp8_dir, dir, "fp8-block:te of a shipped model");
+    /* an fp8-block policy with another rule reads the shipped weights too (its rule quantizes
+     * the activations only): no te copy is made of them, an mxfp8 one is (from the
+     * dequantized values) */
+    {
+        parity_scorer *s = new_scorer(m, (fixture){.policy = "vllm+fp8-block:te", .n_threads = 1, .max_tokens = 64});
+        parity_scorer *s2 = new_scorer(m, (fixture){.policy = "vllm+mxfp8:ocp", .n_threads = 1, .max_tokens = 64});
+        const weight *g = model_find_tensor(m, GATE0)->dst;
+        parity_policy te;
+        CHECK_OK(parity_policy_from_name("vllm+fp8-block:te", &te));
+        CHECK(g->fp8[rule_te] == NULL && fp8_weight_for(&te, g) == g->shipped &&
+              g->fp8[PARITY_FP8Q_MX_OCP] != NULL);
+        parity_scorer_free(s);
+        parity_scorer_free(s2);
+    }
+    /* the other layouts of an fp8 model hold its dequantized values */
+    save_as(m, "bf16", "fp8-as-bf16", dir);
+    parity_model *mb = load(dir);
+    const char *bf16_only[] = {"hf-eager", NULL};
+    check_same_scores(m, mb, bf16_only, "an fp8 model saved as bf16");
+    parity_model_free(mb);
+    parity_model_free(m);
+
+    /* no rule and no shipped codes: refused */
+    join(dir, root, "fp8-no-rule");
+    CHECK(mkdir(dir, 0700) == 0);
+    CHECK_STATUS(parity_model_save_as(orig, dir, "fp8-block"), PARITY_ERR_INVALID_ARGUMENT);
+    check_message("fp8-block:RULE");
+    CHECK_STATUS(parity_model_save_as(orig, dir, "fp8-block:nope"), PARITY_ERR_POLICY);
+    CHECK_STATUS(parity_model_save_as(orig, dir, "int4"), PARITY_ERR_INVALID_ARGUMENT);
+
+    /* fp32 masters are quantized from fp32, not through a bf16 cast */
+    ckpt f32;
+    ckpt_copy(&f32, base);
+    ckpt_bf16_to_f32(&f32, 0x5a5a);
+    write_variant("f32-for-fp8", &f32, 0, dir);
+    ckpt_free(&f32);
+    parity_model *m32 = load(dir);
+    if (m32) {
+        save_as(m32, "fp8-block:te", "fp8-te-from-f32", dir2);
+        parity_model *q = load(dir2);
+        if (q) check_shipped_equal_quantized(q, m32, rule_te, "fp8-block:te from fp32 masters");
+        parity_model_free(q);
+        /* fp16 and fp32 layouts load back with the same scores */
+        save_as(m32, "fp32", "f32-resaved", dir2);
+        q = load(dir2);
+        check_same_scores(m32, q, all_presets, "fp32 layout saved and loaded");
+        parity_model_free(q);
+        save_as(m32, "fp16", "f16-saved", dir2);
+        q = load(dir2);
+        const char *fp16_presets[] = {"hf-eager+fp16", "vllm+fp16", NULL};
+        check_same_scores(m32, q, fp16_presets, "fp16 layout saved and loaded");
+        parity_model_free(q);
+        parity_model_free(m32);
+    }
+
+    ckpt fp8;
+    join(path, fp8_dir, "model.safetensors");
+    ckpt_read(&fp8, path);
+
+    /* BF16 scales (Qwen3-FP8) are read widened, and save back as BF16 */
+    {
+        ckpt c;
+        ckpt_copy(&c, &fp8);
+        for (size_t i = 0; i < c.n; i++) {
+            tensor *t = &c.t[i];
+            if (!strstr(t->name, "_scale_inv")) continue;
+            const size_t g = t->bytes / 4;
+            uint16_t *h = malloc(g * 2);
+            for (size_t k = 0; k < g; k++) h[k] = bf16_from_f32(scale_at(t, k));
+            tensor_set(t, "BF16", h, g * 2);
+        }
+        write_fp8_variant("fp8-bf16-scales", &c, fp8_dir, NULL, dir);
+        parity_model *mb16 = load(dir);
+        if (mb16) {
+            const weight *w = model_find_tensor(mb16, GATE0)->dst;
+            const tensor *t = ckpt_get(&c, GATE0 "_scale_inv");
+            uint16_t h0;
+            memcpy(&h0, t->data, 2);
+            CHECK(w->shipped && w->shipped_scale_dtype == PARITY_DTYPE_BF16 &&
+                  f32_bits(w->shipped->scales[0]) == (uint32_t)h0 << 16u);
+            save_as(mb16, "fp8-block", "fp8-bf16-scales-resaved", dir2);
+            char pa[PATH_LEN], pb[PATH_LEN];
+            join(pa, dir, "model.safetensors");
+            join(pb, dir2, "model.safetensors");
+            CHECK(same_file(pa, pb));
+            parity_model_free(mb16);
+        }
+        ckpt_free(&c);
+    }
+
+    /* modules_to_not_convert: a layer kept in bf16 (its weight BF16, no scale), by full name
+     * and by a suffix naming every layer's down_proj */
+    {
+        ckpt c;
+        ckpt_copy(&c, &fp8);
+        const weight *wq = model_find_tensor(orig, Q0)->dst;
+        tensor *t = ckpt_get(&c, Q0);
+        uint16_t *vals = malloc((size_t)wq->rows * wq->cols * 2);
+        memcpy(vals, wq->bf16, (size_t)wq->rows * wq->cols * 2);
+        tensor_set(t, "BF16", vals, (size_t)wq->rows * wq->cols * 2);
+        ckpt_remove(&c, Q0 "_scale_inv");
+        const parity_config *cfg = parity_model_config(orig);
+        for (uint32_t l = 0; l < cfg->num_hidden_layers; l++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.%u.mlp.down_proj.weight", l);
+            const weight *wd = model_find_tensor(orig, name)->dst;
+            uint16_t *d = malloc((size_t)wd->rows * wd->cols * 2);
+            memcpy(d, wd->bf16, (size_t)wd->rows * wd->cols * 2);
+            tensor_set(ckpt_get(&c, name), "BF16", d, (size_t)wd->rows * wd->cols * 2);
+            strcat(name, "_scale_inv");
+            ckpt_remove(&c, name);
+        }
+        /* the saved config.json's list is replaced by a later key? no: a fresh file */
+        char cfgtext[512];
+        snprintf(cfgtext, sizeof cfgtext, "\"quantization_config\": {\"quant_method\": \"fp8\", "
+                 "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", \"weight_block_size\": "
+                 "[128, 128], \"modules_to_not_convert\": [\"lm_head\", "
+                 "\"model.layers.0.self_attn.q_proj\"], \"ignored_layers\": [\"down_proj\"]},");
+        write_fp8_variant("fp8-kept-layers", &c, tiny_dir, cfgtext, dir);
+        parity_model *mk = load(dir);
+        if (mk) {
+            const weight *kq = model_find_tensor(mk, Q0)->dst;
+            CHECK(kq->keep_bf16 && !kq->shipped && !memcmp(kq->bf16, wq->bf16, (size_t)wq->rows * wq->cols * 2));
+            parity_scorer *s = new_scorer(mk, (fixture){.policy = "vllm+fp8-block:deepseek", .n_threads = 1, .max_tokens = 64});
+            parity_scorer *s2 = new_scorer(mk, (fixture){.policy = "vllm+mxfp8:ocp", .n_threads = 1, .max_tokens = 64});
+            /* no fp8 policy quantizes a kept layer; the others run on their shipped codes or
+             * (mxfp8) on a copy quantized from their dequantized values */
+            for (int q = 0; q < FP8_QUANTIZERS; q++) CHECK(kq->fp8[q] == NULL);
+            const weight *kg = model_find_tensor(mk, GATE0)->dst;
+            CHECK(kg->shipped && !kg->fp8[rule_deepseek] && kg->fp8[PARITY_FP8Q_MX_OCP]);
+            const weight *kd = model_find_tensor(mk, "model.layers.1.mlp.down_proj.weight")->dst;
+            CHECK(kd->keep_bf16 && !kd->shipped);
+            parity_scorer_free(s);
+            parity_scorer_free(s2);
+            save_as(mk, "fp8-block", "fp8-kept-resaved", dir2);
+            join(path, dir2, "config.json");
+            text = read_all(path, &len);
+            CHECK(text && strstr(text, "\"lm_head\", \"model.layers.0.self_attn.q_proj\", "
+                                       "\"model.layers.0.mlp.down_proj\", "
+                                       "\"model.layers.1.mlp.down_proj\"]"));
+            free(text);
+            parity_model *again = load(dir2);
+            check_same_scores(mk, again, fp8_presets, "kept layers saved and loaded");
+            parity_model_free(again);
+            parity_model_free(mk);
+        }
+        ckpt_free(&c);
+    }
+
+    /* ue8m0: power-of-two scales written by te-pow2, and required on load */
+    save_as(orig, "fp8-block:te-pow2", "fp8-te-pow2", dir);
+    join(path, dir, "config.json");
+    text = read_all(path, &len);
+    CHECK(text && strstr(text, "\"scale_fmt\": \"ue8m0\""));
+    free(text);
+    m = load(dir);
+    parity_model_free(m);
+
+    printf("block-FP8 failures, as expected:\n");
+    const char *qcfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                       "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128]},";
+    struct {
+        const char *what;
+        int status;
+        const char *needle;
+    } cases[] = {
+        {"grid", PARITY_ERR_SCALE_GRID, GATE0 "_scale_inv"},
+        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv"},
+        {"zero-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv"},
+        {"negative-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv"},
+        {"ue8m0-not-pow2", PARITY_ERR_SCALE_VALUE, "ue8m0"},
+        {"e5m2-codes", PARITY_ERR_TENSOR_DTYPE, GATE0},
+        {"f16-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scale_inv"},
+        {"bf16-not-kept", PARITY_ERR_TENSOR_DTYPE, GATE0},
+        {"missing-scale", PARITY_ERR_SCALE_MISSING, GATE0},
+        {"nan-code", PARITY_ERR_TENSOR_NONFINITE, GATE0},
+        {"no-quant-config", PARITY_ERR_TENSOR_DTYPE, "quantization_config"},
+        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale_inv"},
+        {"method", PARITY_ERR_UNSUPPORTED, "bitnet"},
+        {"fmt", PARITY_ERR_UNSUPPORTED, "e5m2"},
+        {"block", PARITY_ERR_UNSUPPORTED, "[64, 64]"},
+        {"static", PARITY_ERR_UNSUPPORTED, "static"},
+        {"block-type", PARITY_ERR_CONFIG, "weight_block_size"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ckpt c;
+        ckpt_copy(&c, &fp8);
+        const char *cfg = qcfg;
+        const char *w = cases[i].what;
+        tensor *g = ckpt_get(&c, GATE0), *gs = ckpt_get(&c, GATE0 "_scale_inv");
+        char name[64];
+        snprintf(name, sizeof name, "fp8-bad-%s", w);
+        if (!strcmp(w, "grid")) {
+            gs->shape[0] = 1; /* [2, 1] for the 160 x 64 weight */
+            gs->bytes = 4;
+        } else if (!strcmp(w, "nan-scale")) set_scale(gs, 1, NAN);
+        else if (!strcmp(w, "zero-scale")) set_scale(gs, 0, 0.0f);
+        else if (!strcmp(w, "negative-scale")) set_scale(gs, 0, -scale_at(gs, 0));
+        else if (!strcmp(w, "ue8m0-not-pow2"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+                  "[128, 128], \"scale_fmt\": \"ue8m0\"},";
+        else if (!strcmp(w, "e5m2-codes")) snprintf(g->dtype, sizeof g->dtype, "F8_E5M2");
+        else if (!strcmp(w, "f16-scales")) {
+            uint16_t *h = calloc(gs->bytes / 4, 2);
+            for (size_t k = 0; k < gs->bytes / 4; k++) h[k] = 0x3c00;
+            tensor_set(gs, "F16", h, gs->bytes / 2);
+        } else if (!strcmp(w, "bf16-not-kept")) {
+            const weight *o = model_find_tensor(orig, GATE0)->dst;
+            uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
+            memcpy(d, o->bf16, (size_t)o->rows * o->cols * 2);
+            tensor_set(g, "BF16", d, (size_t)o->rows * o->cols * 2);
+            ckpt_remove(&c, GATE0 "_scale_inv");
+        } else if (!strcmp(w, "missing-scale")) ckpt_remove(&c, GATE0 "_scale_inv");
+        else if (!strcmp(w, "nan-code")) g->data[17] = 0xff;
+        else if (!strcmp(w, "no-quant-config")) cfg = NULL;
+        else if (!strcmp(w, "scale-of-kept"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+                  "[128, 128], \"modules_to_not_convert\": [\"gate_proj\"]},";
+        else if (!strcmp(w, "method")) cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\"},";
+        else if (!strcmp(w, "fmt"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e5m2\", "
+                  "\"weight_block_size\": [128, 128]},";
+        else if (!strcmp(w, "block"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]},";
+        else if (!strcmp(w, "static"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"activation_scheme\": "
+                  "\"static\", \"weight_block_size\": [128, 128]},";
+        else if (!strcmp(w, "block-type"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": \"128\"},";
+        if (!strcmp(w, "scale-of-kept")) {
+            /* the kept weight in bf16, its scale left behind */
+            const weight *o = model_find_tensor(orig, GATE0)->dst;
+            for (uint32_t l = 0; l < 2; l++) {
+                char nm[96];
+                snprintf(nm, sizeof nm, "model.layers.%u.mlp.gate_proj.weight", l);
+                uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
+                memcpy(d, model_find_tensor(orig, nm)->dst->bf16, (size_t)o->rows * o->cols * 2);
+                tensor_set(ckpt_get(&c, nm), "BF16", d, (size_t)o->rows * o->cols * 2);
+            }
+        }
+        write_fp8_variant(name, &c, tiny_dir, cfg, dir);
+        check_load_fails(dir, cases[i].status, cases[i].needle, NULL);
+        ckpt_free(&c);
+    }
+    ckpt_free(&fp8);
+}
+
 int main(void) {
     snprintf(root, sizeof root, "/tmp/parity-checkpoint-XXXXXX");
     if (!mkdtemp(root)) {
@@ -868,6 +1259,7 @@ int main(void) {
     test_float_dtypes(orig, &base);
     test_fp16_weights(&base);
     test_layouts(orig, &base);
+    test_fp8_checkpoints(orig, &base);
     printf("failures, as expected:\n");
     test_bad_tensors(&base);
     test_bad_shards(&base);

@@ -194,6 +194,21 @@ static int p_tensor_nonfinite(void) { return load_patched("model.safetensors", N
 static int p_tensor_unexpected(void) {
     return load_patched("config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
 }
+/* Block-FP8 codes of tiny's layer-0 gate_proj (160 x 64: a [2, 1] grid of 128 x 128 blocks)
+ * shipped by an update, with scales of value `scale` in a grid of `grid_rows` rows (without
+ * its scales when with_scales is 0). */
+static int update_fp8(int with_scales, uint64_t grid_rows, float scale) {
+    static uint8_t codes[160 * 64];
+    float scales[4] = {scale, scale, scale, scale};
+    parity_tensor_data t[2] = {
+        {"model.layers.0.mlp.gate_proj.weight", PARITY_DTYPE_F8_E4M3, 2, {160, 64}, codes},
+        {"model.layers.0.mlp.gate_proj.weight_scale_inv", PARITY_DTYPE_F32, 2, {grid_rows, 1}, scales},
+    };
+    return parity_model_update(tiny, t, with_scales ? 2 : 1);
+}
+static int p_scale_missing(void) { return update_fp8(0, 2, 1.0f); }
+static int p_scale_grid(void) { return update_fp8(1, 1, 1.0f); }
+static int p_scale_value(void) { return update_fp8(1, 2, -1.0f); }
 static int p_token_range(void) {
     int32_t t[2] = {1, 999};
     uint32_t len = 2;
@@ -311,6 +326,9 @@ static const struct {
     {"PARITY_ERR_TENSOR_DTYPE", p_tensor_dtype},
     {"PARITY_ERR_TENSOR_NONFINITE", p_tensor_nonfinite},
     {"PARITY_ERR_TENSOR_UNEXPECTED", p_tensor_unexpected},
+    {"PARITY_ERR_SCALE_MISSING", p_scale_missing},
+    {"PARITY_ERR_SCALE_GRID", p_scale_grid},
+    {"PARITY_ERR_SCALE_VALUE", p_scale_value},
     {"PARITY_ERR_TOKEN_RANGE", p_token_range},
     {"PARITY_ERR_EMPTY_INPUT", p_empty_input},
     {"PARITY_ERR_TOO_LONG", p_too_long},

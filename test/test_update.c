@@ -182,7 +182,7 @@ int main(void) {
     uint64_t empty = 1;
     CHECK_OK(parity_tensor_checksum(PARITY_DTYPE_BF16, NULL, 0, &empty));
     CHECK(empty == 0xcbf29ce484222325ull);
-    CHECK_STATUS(parity_tensor_checksum(3, L.master[0], 1, &empty), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_tensor_checksum(4, L.master[0], 1, &empty), PARITY_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(parity_tensor_checksum(PARITY_DTYPE_F32, NULL, 1, &empty),
                  PARITY_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(parity_tensor_checksum(PARITY_DTYPE_F32, L.master[0], 1, NULL),

@@ -79,7 +79,7 @@ STATUSES = {
 }
 
 #: parity_dtype values by name (checked at import through parity_tensor_checksum).
-DTYPES = {"BF16": 0, "F16": 1, "F32": 2}
+DTYPES = {"BF16": 0, "F16": 1, "F32": 2, "F8_E4M3": 3}
 
 #: The names the binding uses as defaults; each must be one the library knows.
 DEFAULT_NAMES = {"backends": "bf16", "modes": "raw", "cpu_paths": "portable"}
@@ -344,6 +344,8 @@ _PROTOTYPES = [
     ("parity_model_open", c_int, [c_char_p, POINTER(model_p)], True),
     # int parity_model_save(const parity_model *model, const char *dir);
     ("parity_model_save", c_int, [model_p, c_char_p], True),
+    # int parity_model_save_as(const parity_model *model, const char *dir, const char *layout);
+    ("parity_model_save_as", c_int, [model_p, c_char_p, c_char_p], True),
     # void parity_model_free(parity_model *model);
     ("parity_model_free", None, [model_p], False),
     # const parity_config *parity_model_config(const parity_model *model);
@@ -683,13 +685,18 @@ def check_mirrors(handle, path, statuses=None, dtypes=None, defaults=None):
     one = {"BF16": b"\x80\x3f", "F16": b"\x00\x3c", "F32": b"\x00\x00\x80\x3f"}  # 1.0
     hashes = {}
     for name, value in dtypes.items():
+        if name not in one:
+            continue
         h = c_uint64()
-        data = one.get(name)
-        if data is None or raw(value, data, 1, ctypes.byref(h)) != 0:
+        if raw(value, one[name], 1, ctypes.byref(h)) != 0:
             hashes[name] = None
         else:
             hashes[name] = h.value
-    if len(set(hashes.values())) != 1 or None in hashes.values() or \
+    # F8_E4M3 codes: the checksum of their bytes as they are (FNV-1a 64 of the byte 0x38)
+    codes = c_uint64()
+    fp8_ok = "F8_E4M3" in dtypes and raw(dtypes["F8_E4M3"], b"\x38", 1, ctypes.byref(codes)) == 0 \
+        and codes.value == ((0xcbf29ce484222325 ^ 0x38) * 0x100000001b3) % 2 ** 64
+    if len(set(hashes.values())) != 1 or None in hashes.values() or not fp8_ok or \
             raw(max(dtypes.values()) + 1, one["F32"], 1, ctypes.byref(c_uint64())) == 0:
         wrong.append("the dtypes %s do not read 1.0 alike in parity_tensor_checksum"
                      % ", ".join("%s=%d" % kv for kv in dtypes.items()))

@@ -19,7 +19,7 @@ from . import _lib
 from ._convert import Pinned, numpy_array
 from ._lib import DTYPES, lib
 
-_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
+_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1}
 _NUMPY_DTYPES = {"uint16": "BF16", "float16": "F16", "float32": "F32"}
 _TORCH_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float32": "F32"}
 

@@ -401,6 +401,22 @@ class Model(_lib.Closing):
                       _split(tid, batch, total, k, True) if k else None,
                       _split(tlp, batch, total, k, True) if k else None)
 
+    def save(self, directory, layout="bf16"):
+        """Writes the model as a Hugging Face checkpoint into `directory` (created if missing):
+        config.json and model.safetensors (parity_model_save_as). layout: "bf16", "fp16",
+        "fp32", "fp8-block:RULE" (the DeepSeek-V3 / Qwen3-FP8 block layout, F8_E4M3 codes with
+        fp32 weight_scale_inv, quantized with the block rule RULE from the model's values, or
+        the shipped codes as they are where the model holds them), or "fp8-block" (shipped
+        codes only). Raises ParityError (PARITY_ERR_INVALID_ARGUMENT for another layout)."""
+        if not isinstance(layout, str):
+            raise TypeError("layout must be a str, not %s" % type(layout).__name__)
+        os.makedirs(os.fspath(directory), exist_ok=True)
+        h = self._acquire()
+        try:
+            lib.parity_model_save_as(h, os.fspath(directory).encode(), layout.encode())
+        finally:
+            self._release()
+
     # ---- weight updates and sync checks ------------------------------------------------------
 
     @property

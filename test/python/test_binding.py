@@ -326,6 +326,27 @@ class TestScore(unittest.TestCase):
         with self.assertRaises(TypeError):
             parity.quant.quantize_mxfp8(array("d", [1.0]), 1, 1)
 
+    def test_save_layouts(self):
+        """Model.save in each layout loads back: fp8-block:deepseek scores as the bf16 model
+        quantized at load (bitwise), fp16 as the model under +fp16, fp32 under fp32."""
+        import tempfile
+        seq = [[(i * 37 + 11) % 256 for i in range(40)]]
+        with tempfile.TemporaryDirectory(prefix="parity-save-") as d:
+            for layout, policy in (("fp8-block:deepseek", "vllm+fp8-block:deepseek"),
+                                   ("fp16", "hf-eager+fp16"), ("fp32", "fp32"), ("bf16", "vllm")):
+                path = os.path.join(d, layout.replace(":", "-"))
+                self.tiny.save(path, layout=layout)
+                back = parity.Model(path, threads=2)
+                self.assertEqual(f32_bits(back.score(seq, policy=policy)[0]),
+                                 f32_bits(self.tiny.score(seq, policy=policy)[0]), layout)
+                back.close()
+            with self.assertRaises(parity.ParityError) as e:
+                self.tiny.save(os.path.join(d, "x"), layout="int4")
+            self.assertEqual(e.exception.code, -1)
+            with self.assertRaises(parity.ParityError) as e:
+                self.tiny.save(os.path.join(d, "y"), layout="fp8-block")
+            self.assertIn("fp8-block:RULE", str(e.exception))
+
     def test_acceptance_one_liner(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
         p = subprocess.run([sys.executable, "-c", "import parity; m = parity.Model("
