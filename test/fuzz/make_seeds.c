@@ -144,6 +144,31 @@ int main(int argc, char **argv) {
     seed_load("trained-config", parts, lens);
     parts[0] = NULL, lens[0] = 0;
     seed_load("no-config", parts, lens);
+    /* a block-FP8 checkpoint: quantization_config, F8_E4M3 codes and weight_scale_inv */
+    {
+        char fp8_dir[1024];
+        snprintf(fp8_dir, sizeof fp8_dir, "%s/parity-seeds-fp8-XXXXXX",
+                 getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+        FUZZ_REQUIRE(mkdtemp(fp8_dir) != NULL, "mkdtemp %s", fp8_dir);
+        parity_config c = fuzz_micro_config();
+        parity_model *m = NULL;
+        FUZZ_REQUIRE(parity_model_synthetic(&c, 7, &m) == PARITY_OK, "%s", parity_last_error());
+        FUZZ_REQUIRE(parity_model_save_as(m, fp8_dir, "fp8-block:deepseek") == PARITY_OK, "%s",
+                     parity_last_error());
+        parity_model_free(m);
+        size_t c8_len, st8_len;
+        char *c8 = slurp(fp8_dir, fuzz_files[0], &c8_len), *st8 = slurp(fp8_dir, fuzz_files[2], &st8_len);
+        const char *parts8[FUZZ_N_FILES] = {c8, NULL, st8, NULL, NULL};
+        size_t lens8[FUZZ_N_FILES] = {c8_len, 0, st8_len, 0, 0};
+        fuzz_remove(fp8_dir, fuzz_files[0]);
+        fuzz_remove(fp8_dir, fuzz_files[2]);
+        rmdir(fp8_dir);
+        seed_load("fp8-block", parts8, lens8);
+        seed("json", "fp8-block-config.json", c8, c8_len);
+        seed("safetensors", "fp8-block.safetensors", st8, st8_len);
+        free(c8);
+        free(st8);
+    }
 
     /* score: valid calls on each scorer, and a few invalid ones (see fuzz_score.c) */
     static const struct {
