@@ -1018,7 +1018,11 @@ PARITY_API int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab
  * PARITY_BACKEND_OPENBLAS runs one-row cblas_sgemm on fp32 weights (bf16 weights are widened
  * into scratch per call: n * k * 4 bytes). Each y[i][j] depends on row i of x and row j of w
  * alone: not on m, the pool or the CPU path. bias (n fp32 values, or NULL) joins the fp32 sum,
- * as a GEMM epilogue does. */
+ * as a GEMM epilogue does. Under an fp8 gemm (policy.gemm fp8-block or mxfp8) w is
+ * PARITY_DTYPE_F32 (fp32 masters) or PARITY_DTYPE_BF16, quantized per call with the policy's
+ * quantizer as the model quantizes its own weights, each row of x quantized as the model's
+ * fp8 GEMM does, and the GEMM is the model's (its order and scale products; the backend
+ * does not enter): the bits of the model's layer on the same values; bias added after. */
 PARITY_API int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backend,
                              size_t m, size_t k, size_t n, const float *x, size_t x_stride,
                              uint32_t w_dtype, const void *w, size_t w_stride, const float *bias,

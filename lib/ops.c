@@ -15,6 +15,7 @@
 #include "forward.h"
 #include "internal.h"
 #include "kernels.h"
+#include "model.h"
 #include "sampling.h"
 
 /* Room for the buffers of one call (a head on the bf16 backend takes 8, attention 8). */
@@ -241,16 +242,18 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     static const char fn[] = "parity_linear";
     clear_error();
     TRY(arg_policy(fn, policy));
-    if (policy->gemm != PARITY_GEMM_BF16)
-        return set_error(PARITY_ERR_UNSUPPORTED, "%s: the fp8 gemm formats are not in the forward "
-                         "pieces yet (the model's forward has them)", fn);
+    const int fp8 = policy->gemm != PARITY_GEMM_BF16;
     TRY(check_backend(fn, backend));
     TRY(arg_shape(fn, m, k));
     if (n == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);
     TRY(arg_ptr(fn, x, "x"));
     TRY(arg_ptr(fn, w, "w"));
     TRY(arg_ptr(fn, y, "y"));
-    TRY(check_weight_dtype(fn, policy, w_dtype, "w"));
+    if (fp8 && w_dtype != PARITY_DTYPE_F32 && w_dtype != PARITY_DTYPE_BF16)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: w has dtype %u; an fp8 gemm quantizes "
+                         "fp32 masters (PARITY_DTYPE_F32) or bf16 values (PARITY_DTYPE_BF16)",
+                         fn, w_dtype);
+    if (!fp8) TRY(check_weight_dtype(fn, policy, w_dtype, "w"));
     TRY(arg_rows(fn, m, k, x_stride, "x"));
     TRY(arg_rows(fn, n, k, w_stride, "w"));
     TRY(arg_rows(fn, m, n, y_stride, "y"));
@@ -263,6 +266,42 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     op_call c;
     TRY(op_begin(&c, pool, fn));
     fwd_scratch s = {0};
+    if (fp8) {
+        /* the weights quantized with the policy's rule, as the model quantizes its own (from
+         * the fp32 masters, or from the bf16 values widened), then the model's fp8 GEMM */
+        const int q = policy->quantizer, mx = policy->gemm == PARITY_GEMM_MXFP8;
+        const size_t bc = mx ? 32 : 128, grid_rows = mx ? n : (n + 127) / 128;
+        const size_t grid_cols = (k + bc - 1) / bc;
+        fp8_weight wq = {op_alloc(&c, (uint64_t)n * k, 1, "fp8 weight codes"), NULL};
+        wq.scales = wq.codes ? op_alloc(&c, (uint64_t)grid_rows * grid_cols, sizeof(float),
+                                        "fp8 weight scales") : NULL;
+        float *rows = wq.scales && w_dtype == PARITY_DTYPE_BF16
+                          ? op_alloc(&c, (uint64_t)128 * k, sizeof(float), "fp8 weight rows") : NULL;
+        /* the activations' codes and scales (linear_fp8 puts them in the GEMM scratch) */
+        s.gemm.xpack = wq.scales && (rows || w_dtype == PARITY_DTYPE_F32)
+                           ? op_alloc(&c, (uint64_t)m * k + 64 + (uint64_t)m * grid_cols * 4, 1,
+                                      "fp8 activation codes") : NULL;
+        int rc = s.gemm.xpack ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+        if (!rc) {
+            for (size_t r0 = 0; r0 < n; r0 += 128) {
+                const size_t nr = n - r0 < 128 ? n - r0 : 128;
+                const float *src = (const float *)w + r0 * w_stride;
+                if (w_dtype == PARITY_DTYPE_BF16) {
+                    for (size_t r = 0; r < nr; r++)
+                        for (size_t t = 0; t < k; t++)
+                            rows[r * k + t] = bf16_to_f32(((const uint16_t *)w)[(r0 + r) * w_stride + t]);
+                    src = rows;
+                }
+                fp8_quantize_rows(q, nr, k, src, w_dtype == PARITY_DTYPE_BF16 ? k : w_stride, 128,
+                                  wq.codes + r0 * k, k, wq.scales + (mx ? r0 : r0 / 128) * grid_cols);
+            }
+            const weight shape = {.rows = (uint32_t)n, .cols = (uint32_t)k};
+            const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
+            linear_fp8(&ctx, m, x, x_stride, &shape, &wq, bias, y, y_stride);
+        }
+        op_end(&c);
+        return rc;
+    }
     gemm_weights gw;
     int rc = gemm_weights_of(&c, policy, backend, n, k, w, w_stride, &gw);
     if (!rc && backend != PARITY_BACKEND_OPENBLAS && policy->compute == PARITY_COMPUTE_BF16)

@@ -120,14 +120,16 @@ static void host_score(const host *h, const parity_score_options *o, const int32
 
 /* ---- the composed forward against parity_score ---------------------------------------------- */
 
-/* Every preset with bf16 compute on the CPU path the library picked; on the other paths (whose
- * kernels the other tests hold equal to it) and in quick mode (the sanitizer tiers) the two
- * presets that differ at every point. */
+/* Every preset with bf16 compute (and two fp8 formats, whose weights parity_linear quantizes
+ * from the same bf16 values as the model) on the CPU path the library picked; on the other
+ * paths (whose kernels the other tests hold equal to it) and in quick mode (the sanitizer
+ * tiers) the two presets that differ at every point. */
 static void compare_with_scorer(const parity_model *m, const char *what, const int32_t *tokens,
                                 const uint32_t *lengths, size_t n_seqs, parity_pool *pool2,
                                 int all_presets) {
     static const char *const presets[] = {"hf-eager", "aligned+fp32-head", "hf-sdpa", "vllm",
-                                          "sglang", "aligned", "vllm+fp32-head"};
+                                          "sglang", "aligned", "vllm+fp32-head",
+                                          "vllm+fp8-block:deepseek", "hf-eager+mxfp8:te"};
     const size_t n_presets = all_presets ? sizeof presets / sizeof presets[0] : 2;
     size_t n_lp = 0;
     for (size_t i = 0; i < n_seqs; i++) n_lp += lengths[i] - 1;

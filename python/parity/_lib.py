@@ -414,6 +414,15 @@ _PROTOTYPES = [
     # int parity_model_verify(const parity_model *model, const char *manifest_path,
     #                         char *report, size_t report_size);
     ("parity_model_verify", c_int, [model_p, c_char_p, c_char_p, c_size_t], False),
+    # int parity_model_write_manifest_for(const parity_model *model, const parity_policy *policy,
+    #                                     const char *path);
+    ("parity_model_write_manifest_for", c_int, [model_p, POINTER(parity_policy), c_char_p], True),
+    # int parity_model_verify_for(const parity_model *model, const parity_policy *policy,
+    #                             const char *manifest_path, char *report, size_t report_size);
+    ("parity_model_verify_for", c_int,
+     [model_p, POINTER(parity_policy), c_char_p, c_char_p, c_size_t], False),
+    # int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64);
+    ("parity_bytes_checksum", c_int, [c_void_p, c_uint64, POINTER(c_uint64)], True),
     # uint16_t parity_fp16_from_f32(float x);
     ("parity_fp16_from_f32", c_uint16, [c_float], False),
     # float parity_fp16_to_f32(uint16_t x);

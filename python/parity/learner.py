@@ -17,7 +17,10 @@ The forward runs the pieces of libparity's own forward, on CPU tensors:
 So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head, +fp16),
 both backends and the three log-prob modes. Under compute "fp16" the same holds with fp16 in
 place of bf16: the kernels read the masters' fp16 casts, the region kernels fp16 buffers, and
-every rounding point rounds to fp16 (a master beyond fp16's range raises ValueError).
+every rounding point rounds to fp16 (a master beyond fp16's range raises ValueError). Under
+an fp8 gemm ("+fp8-block:RULE", "+mxfp8:RULE") the decoder layers' linear layers quantize the
+fp32 masters and their inputs with the rule, as the model's fp8 GEMM does (so a model synced
+with the masters scores the same bits), with gradients straight through both quantizers.
 
 The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
 fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
@@ -256,11 +259,76 @@ def _matmul_t(a, b, pool):
     return y
 
 
-def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool):
+_E4M3_VALUES = []
+
+
+def _e4m3_values():
+    """The fp32 value of each of the 256 E4M3 codes (parity_fp8_to_f32), as a tensor."""
+    if not _E4M3_VALUES:
+        codes = (ctypes.c_uint8 * 256)(*range(256))
+        out = (ctypes.c_float * 256)()
+        lib.parity_fp8_to_f32(0, 256, codes, out)
+        _E4M3_VALUES.append(_torch.tensor(list(out), dtype=_f32))
+    return _E4M3_VALUES[0]
+
+
+def _fp8_dequantized(t, pol_c, weight):
+    """code * scale of t quantized as the policy's fp8 GEMM quantizes it (parity_linear): a
+    weight in 128 x 128 blocks (1 x 32 under MXFP8), an activation per row in 1 x 128 groups
+    (1 x 32), with the policy's rule: the values the forward's dot products multiply."""
+    t = t.detach().contiguous()
+    rows, cols = t.shape
+    codes = _torch.empty(rows, cols, dtype=_torch.uint8)
+    if pol_c.gemm == 2:
+        br, bc = 1, 32
+        e8m0 = _torch.empty(rows, -(-cols // 32), dtype=_torch.uint8)
+        lib.parity_mxfp8_quantize(pol_c.quantizer, rows, cols, _addr(t), cols, _addr(codes), cols,
+                                  _addr(e8m0))
+        scales = _torch.pow(2.0, e8m0.to(_torch.float64) - 127).to(_f32)  # exact powers of two
+    else:
+        br, bc = (128 if weight else 1), 128
+        scales = _torch.empty(-(-rows // br), -(-cols // bc), dtype=_f32)
+        lib.parity_fp8_quantize_blocks(pol_c.quantizer, rows, cols, _addr(t), cols, br, bc,
+                                       _addr(codes), cols, _addr(scales))
+    s = scales.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+    return _e4m3_values()[codes.long()] * s
+
+
+class _LinearFP8(_torch.autograd.Function):
+    """x W^T under an fp8 gemm: parity_linear quantizes the fp32 master W and each row of x
+    with the policy's rule and runs the model's fp8 GEMM. Backward: the fp32 formula at the
+    quantized inputs, straight through both quantizers: gx = gy deq(Wq), gW = gy^T deq(xq)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, bias_values, pol_c, backend, pool):
+        (m, k), n = x.shape, weight.shape[0]
+        w = weight.detach().contiguous()
+        y = _torch.empty(m, n, dtype=_f32)
+        lib.parity_linear(pool, ctypes.byref(pol_c), backend, m, k, n, _addr(x), k, _F32, _addr(w),
+                          k, _addr(bias_values), _addr(y), n)
+        ctx.save_for_backward(x, w)
+        ctx.has_bias, ctx.pool, ctx.pol_c = bias is not None, pool, pol_c
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        gy = gy.contiguous()
+        gx = _matmul_t(gy, _fp8_dequantized(w, ctx.pol_c, True).t().contiguous(), ctx.pool) \
+            if ctx.needs_input_grad[0] else None
+        gw = _matmul_t(gy.t().contiguous(), _fp8_dequantized(x, ctx.pol_c, False).t().contiguous(),
+                       ctx.pool) if ctx.needs_input_grad[1] else None
+        gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None, None
+
+
+def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False):
     bias_values = None
     if bias is not None:
         bias_values = bias.detach().contiguous() if _compute_fp32(pol) else \
             bias.detach().to(_half(pol)).to(_f32)
+    if fp8 and pol_c.gemm != 0:
+        return _LinearFP8.apply(x, weight, bias, bias_values, pol_c, backend, pool)
     return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool)
 
 
@@ -269,7 +337,9 @@ def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
     policy rounds): x fp32 [m, k]; weight the fp32 master [n, k] (the forward reads bf16(W)
     under compute "bf16"); bias fp32 [n] or None. Each output depends on its row of x and of W
     alone, in the backend's order. Gradients: gy W and gy^T x in fp32, straight through the
-    cast to bf16."""
+    cast to bf16. Under an fp8 gemm policy ("+fp8-block:RULE", "+mxfp8:RULE") the master W
+    and each row of x are quantized with the rule, as the model's fp8 GEMM does; the
+    gradients are gy deq(Wq) and gy^T deq(xq), straight through both quantizers."""
     _tensor(x, "x", _f32, 2)
     _tensor(weight, "weight", _f32, 2)
     if x.shape[1] != weight.shape[1]:
@@ -281,7 +351,7 @@ def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
     pol_c, pol = _pol(policy)
     data, dtype = _weight_data(weight, pol)
     return _linear(x, weight, bias, data, dtype, pol_c, pol, _backend(backend),
-                   _pool_handle(pool))
+                   _pool_handle(pool), fp8=True)
 
 
 class _Attention(_torch.autograd.Function):
@@ -760,7 +830,8 @@ class CausalLM(_torch.nn.Module):
             w = self._param(prefix + ".weight")
             b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
             data, dtype = _weight_data(w, pol, prefix + ".weight")
-            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool))
+            # the decoder layers' linear layers: under an fp8 gemm, quantized from the masters
+            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
 
         def vec(name):
             return _weight_values(self._param(name), pol, name)

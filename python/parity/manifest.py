@@ -13,6 +13,8 @@ of weights takes a few seconds (bench/manifest_speed.py).
 """
 import ctypes
 import json
+import re
+import struct
 import sys
 
 from . import _lib
@@ -110,20 +112,83 @@ def checksum(value, name="tensor"):
     return shape, h.value
 
 
-def write_manifest(path, tensors, version=0):
+#: The decoder layers' linear weights: what an fp8 policy quantizes.
+_LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+
+
+def _module(name):
+    return name[:-len(".weight")]
+
+
+def _quantized_entry(name, value, pol, pin):
+    """The manifest entry of a weight an fp8 policy quantizes: its codes and scales made with
+    the policy's quantizer from its float32 values (the learner's masters)."""
+    dtype, shape, address, n = tensor_view(value, name, pin)
+    if dtype != "F32" or len(shape) != 2:
+        raise TypeError("%s: an fp8 manifest quantizes the learner's float32 masters; this is a "
+                        "%s tensor of %d dimensions" % (name, dtype, len(shape)))
+    rows, cols = shape
+    mx = pol.gemm == 2
+    grid = (rows, -(-cols // 32)) if mx else (-(-rows // 128), -(-cols // 128))
+    codes = ctypes.create_string_buffer(max(n, 1))
+    if mx:
+        e8m0 = ctypes.create_string_buffer(max(grid[0] * grid[1], 1))
+        lib.parity_mxfp8_quantize(pol.quantizer, rows, cols, address, cols, codes, cols, e8m0)
+        # the scales as the library holds them: fp32 powers of two 2^(b - 127)
+        scales = struct.pack("<%df" % (grid[0] * grid[1]),
+                             *[2.0 ** (b - 127) for b in e8m0.raw[:grid[0] * grid[1]]])
+    else:
+        buf = (ctypes.c_float * max(grid[0] * grid[1], 1))()
+        lib.parity_fp8_quantize_blocks(pol.quantizer, rows, cols, address, cols, 128, 128, codes,
+                                       cols, buf)
+        scales = bytes(buf)[:4 * grid[0] * grid[1]]
+    hc, hs = ctypes.c_uint64(), ctypes.c_uint64()
+    lib.parity_bytes_checksum(codes, n, ctypes.byref(hc))
+    lib.parity_bytes_checksum(scales, len(scales), ctypes.byref(hs))
+    rule = lib.parity_fp8_quantizer_name(pol.quantizer).decode()
+    return ('  %s: {"shape": [%d, %d], "dtype": "F8_E4M3", "format": "%s", "block": [%s], '
+            '"quantizer": "%s", "fnv1a64": "%016x", "scales": {"shape": [%d, %d], "dtype": "%s", '
+            '"fnv1a64": "%016x"}}'
+            % (json.dumps(name), rows, cols, "mxfp8" if mx else "fp8-block",
+               "1, 32" if mx else "128, 128", rule, hc.value, grid[0], grid[1],
+               "F8_E8M0" if mx else "F32", hs.value))
+
+
+def write_manifest(path, tensors, version=0, policy=None, kept=()):
     """Writes the manifest of `tensors` (a dict name -> value as tensor_view() takes) with
-    `version` (the model's version once these weights are in: the number of updates)."""
+    `version` (the model's version once these weights are in: the number of updates).
+
+    With `policy` (a name or parity.Policy) whose gemm is fp8 ("vllm+fp8-block:deepseek",
+    "hf-eager+mxfp8:te", ...), the decoder linear weights — except the modules or weight names
+    in `kept`, which the learner keeps in bf16 — are listed as the codes and scales its GEMMs
+    read: quantized with the policy's rule from their float32 values (the masters; another
+    dtype raises TypeError), as parity_model_write_manifest_for writes them; Model.verify(path,
+    policy=...) checks a sampler against it."""
+    from .policy import policy_struct
     if not isinstance(tensors, dict):
         raise TypeError("tensors must be a dict of name -> values, not %s"
                         % type(tensors).__name__)
     version = _lib.as_int(version, "version", 0, 2 ** 64 - 1)
+    pol = policy_struct(policy) if policy is not None else None
+    quantized = pol is not None and pol.gemm != 0
+    kept = set(kept)
     entries = []
-    for name, value in tensors.items():
-        shape, h = checksum(value, _name(name))
-        entries.append('  %s: {"shape": [%s], "dtype": "BF16", "fnv1a64": "%016x"}'
-                       % (json.dumps(name), ", ".join(str(s) for s in shape), h))
+    with Pinned() as pin:
+        for name, value in tensors.items():
+            _name(name)
+            if quantized and _LINEAR.match(name) and name not in kept and _module(name) not in kept:
+                entries.append(_quantized_entry(name, value, pol, pin))
+                continue
+            shape, h = checksum(value, name)
+            entries.append('  %s: {"shape": [%s], "dtype": "BF16", "fnv1a64": "%016x"}'
+                           % (json.dumps(name), ", ".join(str(s) for s in shape), h))
+    head = '{"version": %d, ' % version
+    if quantized:
+        head += '"quantization": {"format": "%s", "quantizer": "%s"}, ' % (
+            "mxfp8" if pol.gemm == 2 else "fp8-block",
+            lib.parity_fp8_quantizer_name(pol.quantizer).decode())
     with open(path, "w") as f:
-        f.write('{"version": %d, "tensors": {\n%s\n}}\n' % (version, ",\n".join(entries)))
+        f.write('%s"tensors": {\n%s\n}}\n' % (head, ",\n".join(entries)))
 
 
 def c_tensors(tensors, pin):

@@ -472,25 +472,35 @@ class Model(_lib.Closing):
                               "weights sent: %s" % "; ".join(differences[:5]))
         return t1 - t0, time.perf_counter() - t1
 
-    def write_manifest(self, path):
-        """Writes the manifest of the weights the model holds (parity_model_write_manifest)."""
+    def write_manifest(self, path, policy=None):
+        """Writes the manifest of the weights the model holds (parity_model_write_manifest); with
+        an fp8 policy, the codes and scales its GEMMs read for the weights it quantizes
+        (parity_model_write_manifest_for)."""
+        pol = policy_struct(policy) if policy is not None else None
         h = self._acquire()
         try:
-            lib.parity_model_write_manifest(h, os.fspath(path).encode())
+            if pol is None:
+                lib.parity_model_write_manifest(h, os.fspath(path).encode())
+            else:
+                lib.parity_model_write_manifest_for(h, ctypes.byref(pol), os.fspath(path).encode())
         finally:
             self._release()
 
-    def verify(self, manifest_path):
+    def verify(self, manifest_path, policy=None):
         """Compares the model with a manifest (one the learner wrote with
         parity.write_manifest, or Model.write_manifest). Returns the differences, one string
         each (a tensor missing on either side, a shape, dtype or checksum that differs, the
-        version): an empty list when the model holds exactly the manifest's weights.
+        version; for quantized weights, checked as `policy` — the sampler's — reads them: codes,
+        scales, scale format, block geometry, quantizer identity, layers kept in bf16): an
+        empty list when the model holds exactly the manifest's weights.
         Raises ParityError for a manifest that cannot be read or is not one."""
+        pol = policy_struct(policy) if policy is not None else None
         report = ctypes.create_string_buffer(1 << 16)
         h = self._acquire()
         try:
-            rc = lib.parity_model_verify(h, os.fspath(manifest_path).encode(), report,
-                                         len(report))
+            rc = lib.parity_model_verify_for(h, ctypes.byref(pol) if pol is not None else None,
+                                             os.fspath(manifest_path).encode(), report,
+                                             len(report))
             message = lib.parity_last_error().decode("utf-8", "replace")
         finally:
             self._release()

@@ -347,6 +347,57 @@ class TestScore(unittest.TestCase):
                 self.tiny.save(os.path.join(d, "y"), layout="fp8-block")
             self.assertIn("fp8-block:RULE", str(e.exception))
 
+    def test_fp8_sync(self):
+        """The learner's fp8 manifest written in Python from its float32 masters
+        (parity.write_manifest with a policy) is the library's (Model.write_manifest with the
+        same policy) and verifies a sampler that received the masters; a sampler that
+        quantizes with te-pow2 fails the quantizer identity check on every linear weight; a
+        layer the learner keeps in bf16 is reported; codes shipped as F8_E4M3 verify too."""
+        import tempfile
+        ds = "vllm+fp8-block:deepseek"
+        with tempfile.TemporaryDirectory(prefix="parity-fp8-sync-") as d:
+            self.tiny.save(os.path.join(d, "f32"), layout="fp32")
+            tensors, _ = load_safetensors(os.path.join(d, "f32", "model.safetensors"))
+            masters = {k: ("F32", tuple(shape), arr) for k, (arr, shape) in tensors.items()}
+            sampler = parity.Model("synthetic:tiny", threads=2)
+            sampler.update(masters)
+            mine, theirs = os.path.join(d, "learner.json"), os.path.join(d, "library.json")
+            parity.write_manifest(mine, masters, version=1, policy=ds)
+            sampler.write_manifest(theirs, policy=ds)
+            with open(mine) as f, open(theirs) as g:
+                self.assertEqual(json.load(f), json.load(g))
+            self.assertEqual(sampler.verify(mine, policy=ds), [])
+            self.assertEqual(sampler.verify(mine), [])
+            lines = sampler.verify(mine, policy="vllm+fp8-block:te-pow2")
+            self.assertEqual(len(lines), 14)
+            self.assertTrue(all("quantizer identity" in l and "only the quantizer differs" in l
+                                for l in lines), lines)
+            kept = "model.layers.1.mlp.up_proj"
+            parity.write_manifest(mine, masters, version=1, policy=ds, kept=[kept])
+            lines = sampler.verify(mine, policy=ds)
+            self.assertEqual(len(lines), 1)
+            self.assertIn(kept + ".weight: kept in bf16: the learner keeps it in bf16", lines[0])
+            with self.assertRaises(TypeError):
+                parity.write_manifest(mine, {"model.layers.0.mlp.up_proj.weight":
+                                             ("BF16", (160, 64), bytes(2 * 160 * 64))}, policy=ds)
+            # codes and scales shipped to a third model verify against the same manifest
+            codes = {}
+            for name, (arr, shape) in tensors.items():
+                if ".layers." in name and name.endswith("_proj.weight"):
+                    c, sc = parity.quant.quantize_fp8_blocks(arr, shape[0], shape[1], "deepseek")
+                    codes[name] = ("F8_E4M3", shape, c)
+                    codes[name + "_scale_inv"] = ("F32", (-(-shape[0] // 128), -(-shape[1] // 128)), sc)
+                else:
+                    codes[name] = masters[name]
+            shipped = parity.Model("synthetic:tiny", threads=2)
+            shipped.update(codes)
+            parity.write_manifest(mine, masters, version=1, policy=ds)
+            self.assertEqual(shipped.verify(mine, policy=ds), [])
+            self.assertEqual(f32_bits(shipped.score([[1, 2, 3, 4, 5]], policy=ds)[0]),
+                             f32_bits(sampler.score([[1, 2, 3, 4, 5]], policy=ds)[0]))
+            sampler.close()
+            shipped.close()
+
     def test_acceptance_one_liner(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
         p = subprocess.run([sys.executable, "-c", "import parity; m = parity.Model("

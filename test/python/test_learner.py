@@ -28,7 +28,7 @@ from parity.torch import CausalLM, attention, head_logprobs, linear, round_point
 TRAINED = os.path.join(harness.REPO, "models", "qwen3-bytes-pystdlib-4.9m")
 BF16_PRESETS = [p for p in parity.policies() if p != "fp32"]
 POLICIES = parity.policies() + [p + "+fp32-head" for p in BF16_PRESETS] + \
-    ["hf-eager+fp16", "vllm+fp16"]
+    ["hf-eager+fp16", "vllm+fp16", "vllm+fp8-block:deepseek", "hf-eager+mxfp8:te"]
 #: The backends this machine runs: bf16 and openblas, and amx where the CPU has AMX-BF16.
 BACKENDS = parity.backends()
 MODES = [dict(mode="raw"), dict(mode="processed", temperature=0.7),
@@ -269,9 +269,52 @@ class Gradients(unittest.TestCase):
         self.assertLess((u.grad - go * g.detach() * s).abs().max().item(), 1e-5)
 
 
+    def test_fp8_linear_gradient_is_straight_through(self):
+        """Under an fp8 gemm, parity.torch.linear's forward is the model's fp8 GEMM on the
+        master quantized with the rule, and its gradients are gy deq(Wq) and gy^T deq(xq)."""
+        from parity import learner
+        for pol in ("vllm+fp8-block:deepseek", "hf-eager+mxfp8:te"):
+            x = torch.randn(9, 200).requires_grad_()
+            w = torch.randn(150, 200, requires_grad=True)
+            y = linear(x, w, policy=pol)
+            pol_c, _ = learner._pol(pol)
+            wq = learner._fp8_dequantized(w, pol_c, True)
+            xq = learner._fp8_dequantized(x, pol_c, False)
+            # the forward multiplies the quantized values (exact block dots, scales in fp32)
+            self.assertLess((y - xq @ wq.t()).abs().max().item(), 1e-3 * y.abs().max().item())
+            self.assertFalse(torch.equal(wq, w.detach()))
+            gy = torch.randn(9, 150)
+            y.backward(gy)
+            self.assertLess((x.grad - gy @ wq).abs().max().item(), 1e-4)
+            self.assertLess((w.grad - gy.t() @ xq).abs().max().item(), 1e-4)
+
+
 # ---- weight sync -----------------------------------------------------------------------------
 
 class Sync(unittest.TestCase):
+    def test_fp8_step_sync_still_bitwise(self):
+        """An FP8 learner (vllm+fp8-block:deepseek): after an optimizer step its masters are
+        off the bf16 grid; synced as fp32 masters, the model quantizes them with the same rule
+        and scores bitwise as the learner; the learner's fp8 manifest verifies the model."""
+        seqs = byte_sequences([40, 20], start=500)
+        pol = "vllm+fp8-block:deepseek"
+        with parity.Model(TRAINED, threads=2) as model:
+            lm = CausalLM(model, policy=pol, threads=2)
+            opt = torch.optim.Adam(lm.parameters(), lr=1e-3)
+            opt.zero_grad()
+            (-sum(lp.mean() for lp in lm(seqs))).backward()
+            opt.step()
+            lm.sync_to(model)
+            for g, w in zip(lm(seqs), model.score(seqs, policy=pol)):
+                self.assertEqual(bits(g), bits(w), "fp8 learner after a sync")
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "m.json")
+                parity.write_manifest(path, lm.checkpoint_tensors(), version=model.version,
+                                      policy=pol)
+                self.assertEqual(model.verify(path, policy=pol), [])
+                self.assertEqual(len(model.verify(path, policy="vllm+fp8-block:te-pow2")),
+                                 7 * lm.config["num_hidden_layers"])
+
     def test_step_sync_still_bitwise(self):
         seqs = byte_sequences([50, 30], start=900)
         prompt = list(TEXT[100:130])
