@@ -130,8 +130,8 @@ int fp8_checkpoint_parse(const char *text, size_t len, const char *path, fp8_che
  * keeps a whole layer), or a dotted suffix ("down_proj", "mlp.down_proj": every layer's). */
 static int entry_names(const char *entry, const char *module) {
     const size_t n = strlen(entry), m = strlen(module);
-    if (!n || n > m) return n == m && !strcmp(entry, module);
-    if (!strncmp(module, entry, n) && (module[n] == '\0' || module[n] == '.')) return 1;
+    if (!n || n >= m) return n == m && !strcmp(entry, module);
+    if (!strncmp(module, entry, n) && module[n] == '.') return 1;
     return module[m - n - 1] == '.' && !strcmp(module + m - n, entry);
 }
 
