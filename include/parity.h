@@ -194,6 +194,30 @@ PARITY_API int parity_fp8_from_f32(int format, int saturate, size_t n, const flo
 /* out[i] = the value of codes[i], exact (NaN codes -> a quiet NaN of their sign). */
 PARITY_API int parity_fp8_to_f32(int format, size_t n, const uint8_t *codes, float *out);
 
+/* The OCP 4-bit float E2M1 (FP4 of NVFP4 and MXFP4): 1 sign, 2 exponent (bias 1) and 1
+ * fraction bit, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; no infinity, no NaN. A code is the low
+ * four bits of a byte, the sign bit 0x8 (so -0 is 0x8). Roundings: */
+enum {
+    PARITY_FP4_RNE = 0,       /* to nearest, ties to the even code, saturating at +-6 (infinities
+                                 too): PTX cvt.rn.satfinite.e2m1x2.f32, torchao's
+                                 f32_to_f4_unpacked, ModelOpt's _cast_fp4 (searchsorted on the
+                                 midpoints plus the ties 0.75, 1.75, 3.5 rounding up) */
+    PARITY_FP4_HALF_AWAY = 1, /* to nearest, ties away from zero, saturating: microxcaling's
+                                 round="nearest" (sign(x) floor(|x| + 0.5) on the mantissa) */
+};
+/* codes[i] = x[i] in E2M1 with `rounding`. A NaN is refused (E2M1 has none) with
+ * PARITY_ERR_TENSOR_NONFINITE naming the element, before anything is written;
+ * PARITY_ERR_INVALID_ARGUMENT for another rounding or NULL buffers with n > 0. */
+PARITY_API int parity_fp4_from_f32(int rounding, size_t n, const float *x, uint8_t *codes);
+/* out[i] = the value of codes[i] (exact); a code above 0xf is PARITY_ERR_INVALID_ARGUMENT,
+ * naming it. */
+PARITY_API int parity_fp4_to_f32(size_t n, const uint8_t *codes, float *out);
+/* Two codes a byte, as ModelOpt, torchao and the MXFP4 *_blocks tensors store them: byte j
+ * holds code 2j in its low nibble and code 2j + 1 in its high one (0 past an odd n);
+ * packed has (n + 1) / 2 bytes. Codes above 0xf are refused as by parity_fp4_to_f32. */
+PARITY_API int parity_fp4_pack(size_t n, const uint8_t *codes, uint8_t *packed);
+PARITY_API int parity_fp4_unpack(size_t n, const uint8_t *packed, uint8_t *codes);
+
 /* ---------------------------------------------------------------------------------------- */
 /* FP8 quantizers: the scale and element rules of the public code, by name                  */
 /* ---------------------------------------------------------------------------------------- */

@@ -13,6 +13,8 @@
  * tie and goes to the even 448); E5M2 rounds [61440, inf] to infinity. NaN keeps its sign:
  * E4M3 0x7f, E5M2 0x7f (| 0x80 when negative), as c10 writes them.
  */
+#include <math.h>
+
 #include "internal.h"
 
 uint16_t parity_fp16_from_f32(float x) { return f16_from_f32(x); }
@@ -108,3 +110,82 @@ int parity_fp8_to_f32(int format, size_t n, const uint8_t *codes, float *out) {
 }
 
 uint8_t e4m3_from_f32_saturating(float x) { return minifloat_from_f32(&E4M3, x, 1); }
+
+/* ---- E2M1 ---------------------------------------------------------------------------------- */
+
+/* The midpoints between consecutive E2M1 magnitudes (exact in fp32): |x| past midpoint i rounds
+ * to code i + 1 or above; at the midpoint itself RNE takes the even code (i + 1 when i is odd),
+ * half-away the larger one. */
+static const float e2m1_mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+static const float e2m1_value[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+static uint8_t e2m1_from_f32(float x, int away) {
+    const uint8_t sign = (uint8_t)((f32_bits(x) >> 28) & 0x8u);
+    const float a = fabsf(x); /* an infinity passes every midpoint: saturates at 6 */
+    uint8_t code = 0;
+    for (int i = 0; i < 7; i++)
+        if (a > e2m1_mid[i] || (a == e2m1_mid[i] && (away || (i & 1)))) code = (uint8_t)(i + 1);
+    return sign | code;
+}
+
+int parity_fp4_from_f32(int rounding, size_t n, const float *x, uint8_t *codes) {
+    clear_error();
+    if (rounding != PARITY_FP4_RNE && rounding != PARITY_FP4_HALF_AWAY)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_from_f32: rounding %d is neither "
+                         "PARITY_FP4_RNE nor PARITY_FP4_HALF_AWAY", rounding);
+    if (n && (!x || !codes))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_from_f32: %s is NULL",
+                         x ? "codes" : "x");
+    for (size_t i = 0; i < n; i++)
+        if (isnan(x[i]))
+            return set_error(PARITY_ERR_TENSOR_NONFINITE, "parity_fp4_from_f32: x[%zu] is NaN, "
+                             "which E2M1 cannot hold", i);
+    for (size_t i = 0; i < n; i++) codes[i] = e2m1_from_f32(x[i], rounding == PARITY_FP4_HALF_AWAY);
+    return PARITY_OK;
+}
+
+/* The first code above 0xf, or n. */
+static size_t fp4_bad_code(size_t n, const uint8_t *codes) {
+    for (size_t i = 0; i < n; i++)
+        if (codes[i] > 0xf) return i;
+    return n;
+}
+
+int parity_fp4_to_f32(size_t n, const uint8_t *codes, float *out) {
+    clear_error();
+    if (n && (!codes || !out))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_to_f32: %s is NULL",
+                         codes ? "out" : "codes");
+    const size_t bad = fp4_bad_code(n, codes);
+    if (bad < n)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_to_f32: codes[%zu] is 0x%02x, "
+                         "not a 4-bit code", bad, codes[bad]);
+    for (size_t i = 0; i < n; i++) {
+        const float v = e2m1_value[codes[i] & 7];
+        out[i] = codes[i] & 8 ? -v : v;
+    }
+    return PARITY_OK;
+}
+
+int parity_fp4_pack(size_t n, const uint8_t *codes, uint8_t *packed) {
+    clear_error();
+    if (n && (!codes || !packed))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_pack: %s is NULL",
+                         codes ? "packed" : "codes");
+    const size_t bad = fp4_bad_code(n, codes);
+    if (bad < n)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_pack: codes[%zu] is 0x%02x, not "
+                         "a 4-bit code", bad, codes[bad]);
+    for (size_t j = 0; j < n / 2; j++) packed[j] = (uint8_t)(codes[2 * j] | codes[2 * j + 1] << 4);
+    if (n & 1) packed[n / 2] = codes[n - 1];
+    return PARITY_OK;
+}
+
+int parity_fp4_unpack(size_t n, const uint8_t *packed, uint8_t *codes) {
+    clear_error();
+    if (n && (!codes || !packed))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_unpack: %s is NULL",
+                         packed ? "codes" : "packed");
+    for (size_t i = 0; i < n; i++) codes[i] = (uint8_t)(packed[i / 2] >> (4 * (i & 1)) & 0xfu);
+    return PARITY_OK;
+}

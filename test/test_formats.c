@@ -1,4 +1,4 @@
-/* fp16 and fp8 element conversions, exhaustively (and the FP8 quantizers' names, answers by
+/* fp16, fp8 and fp4 (E2M1) element conversions, exhaustively (and the FP8 quantizers' names, answers by
  * hand and refusals; their known answers are test/python/test_quant.py's): fp32 -> fp16 (the public function and every
  * kernel table's round_fp16) and fp32 -> E4M3 / E5M2 (saturating and not) on all 2^32
  * inputs, against a reference computed on values rather than bits: |x| is split into its
@@ -6,7 +6,9 @@
  * rounded to a multiple of it in double by the add-and-subtract of 2^52 (round to nearest
  * even in the default rounding mode); the result is then encoded from its value. The two
  * share no step with the library's integer carries. fp16 -> fp32 and fp8 -> fp32 on every
- * code against a decoding from the fields. The 2^32 sweep is split across two threads. */
+ * code against a decoding from the fields. fp32 -> E2M1 (nearest even and half away) on all
+ * 2^32 inputs (NaN refused) against the same kind of reference. The 2^32 sweep is split
+ * across two threads. */
 #include <math.h>
 #include <pthread.h>
 
@@ -74,19 +76,42 @@ static uint32_t want_code(const target *t, uint32_t u, int saturate) {
     return saturate ? sat : raw;
 }
 
+/* The E2M1 code of fp32 bits u (not NaN), the same way: the quantum of E2M1 in u's binade
+ * (emin 0: 0.5 below 1), the magnitude rounded to a multiple of it in double — to nearest
+ * even, or half away from zero by floor(y + 1/2) — saturated at 6, and encoded by looking its
+ * value up among the eight magnitudes. */
+static uint32_t want_fp4(uint32_t u, int away) {
+    static const double mags[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    const uint32_t sign = u >> 31 ? 0x8u : 0u;
+    int e = (int)((u >> 23) & 0xffu) - 127;
+    if (e >= 3) return sign | 7u;  /* |x| >= 8 (infinity included): beyond 6 */
+    if (e < -3) return sign;       /* |x| < 1/8: below half of 0.5 */
+    const float x = f32_from_bits(u);
+    if (e < 0) e = 0;
+    const double y = fabs((double)x) * pow2(1 - e);
+    const double v = (away ? floor(y + 0.5) : rne(y)) * pow2(e - 1);
+    if (v > 6.0) return sign | 7u;
+    for (uint32_t k = 0; k < 8; k++)
+        if (v == mags[k]) return sign | k;
+    return 0xffu; /* not a magnitude: the reference is wrong */
+}
+
 static uint64_t step = 1; /* every input, or one in a prime in quick mode */
 
+#define N_SWEEPS 10
 typedef struct sweep {
     uint64_t begin, end;
-    uint64_t bad[8];
-    uint32_t first_bad[8];
+    uint64_t bad[N_SWEEPS];
+    uint32_t first_bad[N_SWEEPS];
 } sweep;
 
-enum { PUBLIC_FP16, TABLE_PORTABLE, TABLE_AVX2, TABLE_AVX512, E4M3_SAT, E4M3_RAW, E5M2_SAT, E5M2_RAW };
-static const char *const names[8] = {"parity_fp16_from_f32", "round_fp16 (portable)",
-                                     "round_fp16 (avx2)", "round_fp16 (avx512)",
-                                     "E4M3 saturating", "E4M3 non-saturating",
-                                     "E5M2 saturating", "E5M2 non-saturating"};
+enum { PUBLIC_FP16, TABLE_PORTABLE, TABLE_AVX2, TABLE_AVX512, E4M3_SAT, E4M3_RAW, E5M2_SAT, E5M2_RAW,
+       FP4_RNE, FP4_AWAY };
+static const char *const names[N_SWEEPS] = {"parity_fp16_from_f32", "round_fp16 (portable)",
+                                            "round_fp16 (avx2)", "round_fp16 (avx512)",
+                                            "E4M3 saturating", "E4M3 non-saturating",
+                                            "E5M2 saturating", "E5M2 non-saturating",
+                                            "E2M1 nearest even", "E2M1 half away"};
 static const kernels *tables[3]; /* portable, avx2, avx512 where this CPU has them */
 
 static void count(sweep *s, int what, uint32_t got, uint32_t want, uint32_t u) {
@@ -139,6 +164,18 @@ static void *sweep_run(void *arg) {
                 count(s, fp8[f].what + 1, raw8[i], raw, u[i]);
             }
         }
+        /* E2M1 refuses NaN (tested by hand in main): NaN inputs become 0 here */
+        float xf[BLOCK];
+        for (size_t i = 0; i < n; i++) xf[i] = isnan(x[i]) ? 0.0f : x[i];
+        for (int away = 0; away < 2; away++) {
+            if (parity_fp4_from_f32(away ? PARITY_FP4_HALF_AWAY : PARITY_FP4_RNE, n, xf, c8) !=
+                PARITY_OK) {
+                count(s, FP4_RNE + away, 1, 0, u[0]);
+                continue;
+            }
+            for (size_t i = 0; i < n; i++)
+                if (!isnan(x[i])) count(s, FP4_RNE + away, c8[i], want_fp4(u[i], away), u[i]);
+        }
     }
     return NULL;
 }
@@ -186,7 +223,7 @@ int main(void) {
     CHECK(pthread_create(&th, NULL, sweep_run, &parts[1]) == 0);
     sweep_run(&parts[0]);
     pthread_join(th, NULL);
-    for (int w = 0; w < 8; w++)
+    for (int w = 0; w < N_SWEEPS; w++)
         for (int i = 0; i < 2; i++) {
             if (parts[i].bad[w])
                 fprintf(stderr, "%s: %" PRIu64 " wrong, first 0x%08" PRIx32 "\n", names[w],
@@ -216,6 +253,47 @@ int main(void) {
     CHECK(c[0] == 0x7b && c[1] == 0x7b && c[2] == 0x7c && c[3] == 0xfc);
     CHECK_OK(parity_fp8_from_f32(PARITY_FP8_E5M2, 1, 4, e5, c));
     CHECK(c[0] == 0x7b && c[1] == 0x7b && c[2] == 0x7b && c[3] == 0xfb);
+
+    /* E2M1 by hand: every tie of each rounding, saturation, -0, NaN refused, the 16 codes'
+     * values and the round trip, packing (low nibble = even index) */
+    {
+        const float x[14] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 5.0001f, 1e9f,
+                             -INFINITY, -0.0f, 0.2499f, -2.6f, 0x1p-140f};
+        const uint8_t rne_codes[14] = {0x0, 0x2, 0x2, 0x4, 0x4, 0x6, 0x6, 0x7, 0x7, 0xf, 0x8,
+                                       0x0, 0xd, 0x0};
+        const uint8_t away_codes[14] = {0x1, 0x2, 0x3, 0x4, 0x5, 0x6, 0x7, 0x7, 0x7, 0xf, 0x8,
+                                        0x0, 0xd, 0x0};
+        uint8_t got[14];
+        CHECK_OK(parity_fp4_from_f32(PARITY_FP4_RNE, 14, x, got));
+        for (int i = 0; i < 14; i++) CHECK_INT(got[i], rne_codes[i]);
+        CHECK_OK(parity_fp4_from_f32(PARITY_FP4_HALF_AWAY, 14, x, got));
+        for (int i = 0; i < 14; i++) CHECK_INT(got[i], away_codes[i]);
+        const float with_nan[3] = {1.0f, NAN, 2.0f};
+        uint8_t untouched[3] = {0xaa, 0xaa, 0xaa};
+        CHECK_STATUS(parity_fp4_from_f32(PARITY_FP4_RNE, 3, with_nan, untouched),
+                     PARITY_ERR_TENSOR_NONFINITE);
+        CHECK(untouched[0] == 0xaa && strstr(parity_last_error(), "x[1]"));
+        CHECK_STATUS(parity_fp4_from_f32(2, 1, x, got), PARITY_ERR_INVALID_ARGUMENT);
+        uint8_t all[16], again[16], packed[8], unpacked[16];
+        float v[16];
+        for (int i = 0; i < 16; i++) all[i] = (uint8_t)i;
+        CHECK_OK(parity_fp4_to_f32(16, all, v));
+        const float mags[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+        for (int i = 0; i < 16; i++)
+            CHECK(f32_bits(v[i]) == f32_bits(i & 8 ? -mags[i & 7] : mags[i & 7]));
+        CHECK_OK(parity_fp4_from_f32(PARITY_FP4_RNE, 16, v, again));
+        CHECK(memcmp(again, all, 16) == 0);
+        CHECK_OK(parity_fp4_pack(16, all, packed));
+        CHECK(packed[0] == 0x10 && packed[1] == 0x32 && packed[7] == 0xfe);
+        CHECK_OK(parity_fp4_unpack(16, packed, unpacked));
+        CHECK(memcmp(unpacked, all, 16) == 0);
+        CHECK_OK(parity_fp4_pack(3, all + 5, packed));
+        CHECK(packed[0] == 0x65 && packed[1] == 0x07);
+        const uint8_t wide[2] = {0x3, 0x13};
+        CHECK_STATUS(parity_fp4_to_f32(2, wide, v), PARITY_ERR_INVALID_ARGUMENT);
+        CHECK_STATUS(parity_fp4_pack(2, wide, packed), PARITY_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(parity_last_error(), "codes[1]") != NULL);
+    }
 
     /* decoding: every code against its fields; the round trip is the identity */
     int bad = 0;

@@ -431,6 +431,14 @@ _PROTOTYPES = [
     ("parity_fp8_from_f32", c_int, [c_int, c_int, c_size_t, c_void_p, c_void_p], True),
     # int parity_fp8_to_f32(int format, size_t n, const uint8_t *codes, float *out);
     ("parity_fp8_to_f32", c_int, [c_int, c_size_t, c_void_p, c_void_p], True),
+    # int parity_fp4_from_f32(int rounding, size_t n, const float *x, uint8_t *codes);
+    ("parity_fp4_from_f32", c_int, [c_int, c_size_t, c_void_p, c_void_p], True),
+    # int parity_fp4_to_f32(size_t n, const uint8_t *codes, float *out);
+    ("parity_fp4_to_f32", c_int, [c_size_t, c_void_p, c_void_p], True),
+    # int parity_fp4_pack(size_t n, const uint8_t *codes, uint8_t *packed);
+    ("parity_fp4_pack", c_int, [c_size_t, c_void_p, c_void_p], True),
+    # int parity_fp4_unpack(size_t n, const uint8_t *packed, uint8_t *codes);
+    ("parity_fp4_unpack", c_int, [c_size_t, c_void_p, c_void_p], True),
     # int parity_fp8_quantizer_from_name(int mx, const char *name, int *out);
     ("parity_fp8_quantizer_from_name", c_int, [c_int, c_char_p, POINTER(c_int)], True),
     # const char *parity_fp8_quantizer_name(int quantizer);

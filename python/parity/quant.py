@@ -18,7 +18,8 @@ from . import _lib
 from ._convert import numpy_array
 from ._lib import lib
 
-__all__ = ["BLOCK_RULES", "MX_RULES", "fp8_from_f32", "fp8_to_f32", "quantize_fp8_blocks",
+__all__ = ["BLOCK_RULES", "MX_RULES", "FP4_ROUNDINGS", "fp8_from_f32", "fp8_to_f32", "fp4_from_f32", "fp4_to_f32",
+           "fp4_pack", "fp4_unpack", "quantize_fp8_blocks",
            "quantize_mxfp8", "fp16_from_f32", "fp16_to_f32"]
 
 #: The names of the block-FP8 and MXFP8 quantizers, as parity_fp8_quantizer_from_name takes them.
@@ -92,6 +93,53 @@ def fp8_to_f32(codes, format="e4m3"):
     lib.parity_fp8_to_f32(_FORMATS[format], len(data), src,
                           (ctypes.c_char * len(out.tobytes())).from_buffer(out) if len(data) else None)
     return out
+
+
+#: E2M1 roundings (parity_fp4_from_f32).
+FP4_ROUNDINGS = {"nearest-even": 0, "half-away": 1}
+
+
+def _codes(codes):
+    data = bytes(memoryview(codes).cast("B"))
+    return data, ctypes.create_string_buffer(data, max(len(data), 1))
+
+
+def fp4_from_f32(values, rounding="nearest-even"):
+    """The E2M1 codes (bytes, one code in the low nibble of each) of float32 values:
+    "nearest-even" (PTX cvt.rn.satfinite, torchao, ModelOpt) or "half-away" (microxcaling's
+    round="nearest"), saturating at +-6. Raises ParityError for a NaN."""
+    if rounding not in FP4_ROUNDINGS:
+        raise ValueError("rounding must be one of %s, not %r" % (", ".join(FP4_ROUNDINGS), rounding))
+    buf, n, np, _ = _floats(values, "values")
+    out = ctypes.create_string_buffer(max(n, 1))
+    lib.parity_fp4_from_f32(FP4_ROUNDINGS[rounding], n, buf, out)
+    return np.frombuffer(out.raw[:n], dtype=np.uint8).copy() if np else out.raw[:n]
+
+
+def fp4_to_f32(codes):
+    """The float32 values (array('f')) of E2M1 codes (a bytes-like object, one code a byte)."""
+    data, src = _codes(codes)
+    out = array("f", bytes(4 * len(data)))
+    lib.parity_fp4_to_f32(len(data), src,
+                          (ctypes.c_char * len(out.tobytes())).from_buffer(out) if data else None)
+    return out
+
+
+def fp4_pack(codes):
+    """Two E2M1 codes a byte (bytes): code 2j in the low nibble of byte j, 2j + 1 in the high."""
+    data, src = _codes(codes)
+    out = ctypes.create_string_buffer(max((len(data) + 1) // 2, 1))
+    lib.parity_fp4_pack(len(data), src, out)
+    return out.raw[:(len(data) + 1) // 2]
+
+
+def fp4_unpack(packed, n):
+    """The n E2M1 codes (bytes) of packed bytes (fp4_pack's layout)."""
+    data, src = _codes(packed)
+    n = _lib.as_int(n, "n", 0, 2 * len(data))
+    out = ctypes.create_string_buffer(max(n, 1))
+    lib.parity_fp4_unpack(n, src, out)
+    return out.raw[:n]
 
 
 def quantize_fp8_blocks(values, rows, cols, rule="deepseek", block=(128, 128)):

@@ -321,6 +321,16 @@ class TestScore(unittest.TestCase):
                          bytes([0x7E, 0x7F]))
         self.assertEqual(list(parity.quant.fp8_to_f32(bytes([0x38, 0xC4]))), [1.0, -3.0])
         self.assertEqual(parity.quant.fp16_from_f32(65520.0), 0x7C00)
+        ties = array("f", [0.25, 0.75, 1.75, 5.0, 1e9, -2.6])
+        self.assertEqual(parity.quant.fp4_from_f32(ties), bytes([0, 2, 4, 6, 7, 0xD]))
+        self.assertEqual(parity.quant.fp4_from_f32(ties, "half-away"), bytes([1, 2, 4, 7, 7, 0xD]))
+        self.assertEqual(list(parity.quant.fp4_to_f32(bytes([0x7, 0xB]))), [6.0, -1.5])
+        self.assertEqual(parity.quant.fp4_pack(bytes([1, 2, 3])), bytes([0x21, 0x03]))
+        self.assertEqual(parity.quant.fp4_unpack(bytes([0x21, 0x03]), 3), bytes([1, 2, 3]))
+        with self.assertRaises(parity.ParityError):
+            parity.quant.fp4_from_f32(array("f", [float("nan")]))
+        with self.assertRaises(parity.ParityError):
+            parity.quant.fp4_to_f32(bytes([0x10]))
         with self.assertRaises(parity.ParityError):
             parity.quant.quantize_fp8_blocks(array("f", [1.0]), 1, 1, "no-such-rule")
         with self.assertRaises(TypeError):
