@@ -144,22 +144,22 @@ int parity_fp4_from_f32(int rounding, size_t n, const float *x, uint8_t *codes) 
     return PARITY_OK;
 }
 
-/* The first code above 0xf, or n. */
-static size_t fp4_bad_code(size_t n, const uint8_t *codes) {
+/* The checks of a call reading n codes into `out`: both buffers there, every code 4 bits. */
+static int fp4_check_codes(const char *fn, size_t n, const uint8_t *codes, const void *out,
+                           const char *out_name) {
+    if (n && (!codes || !out))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, codes ? out_name : "codes");
     for (size_t i = 0; i < n; i++)
-        if (codes[i] > 0xf) return i;
-    return n;
+        if (codes[i] > 0xf)
+            return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: codes[%zu] is 0x%02x, not a 4-bit "
+                             "code", fn, i, codes[i]);
+    return PARITY_OK;
 }
 
 int parity_fp4_to_f32(size_t n, const uint8_t *codes, float *out) {
     clear_error();
-    if (n && (!codes || !out))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_to_f32: %s is NULL",
-                         codes ? "out" : "codes");
-    const size_t bad = fp4_bad_code(n, codes);
-    if (bad < n)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_to_f32: codes[%zu] is 0x%02x, "
-                         "not a 4-bit code", bad, codes[bad]);
+    const int rc = fp4_check_codes("parity_fp4_to_f32", n, codes, out, "out");
+    if (rc) return rc;
     for (size_t i = 0; i < n; i++) {
         const float v = e2m1_value[codes[i] & 7];
         out[i] = codes[i] & 8 ? -v : v;
@@ -169,13 +169,8 @@ int parity_fp4_to_f32(size_t n, const uint8_t *codes, float *out) {
 
 int parity_fp4_pack(size_t n, const uint8_t *codes, uint8_t *packed) {
     clear_error();
-    if (n && (!codes || !packed))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_pack: %s is NULL",
-                         codes ? "packed" : "codes");
-    const size_t bad = fp4_bad_code(n, codes);
-    if (bad < n)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp4_pack: codes[%zu] is 0x%02x, not "
-                         "a 4-bit code", bad, codes[bad]);
+    const int rc = fp4_check_codes("parity_fp4_pack", n, codes, packed, "packed");
+    if (rc) return rc;
     for (size_t j = 0; j < n / 2; j++) packed[j] = (uint8_t)(codes[2 * j] | codes[2 * j + 1] << 4);
     if (n & 1) packed[n / 2] = codes[n - 1];
     return PARITY_OK;
