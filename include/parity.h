@@ -286,6 +286,107 @@ PARITY_API int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, co
                                      uint8_t *scales);
 
 /* ---------------------------------------------------------------------------------------- */
+/* 4-bit and ternary quantizers                                                             */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * As the FP8 rules: each is the arithmetic its source performs, IEEE fp32 (bf16 where said),
+ * round to nearest even, in the order written; amax = max |x| over the block; RN() is one
+ * fp32 rounding. Codes are unpacked, one per byte (E2M1 in the low nibble, sign 0x8, as
+ * parity_fp4_from_f32 writes them; ternary and int8 as two's complement int8).
+ *
+ * NVFP4 (E2M1 in 1 x 16 blocks along K, an E4M3 block scale, an fp32 tensor scale s2; value =
+ * e2m1 * e4m3 * s2). A weight's s2 is per tensor; an activation's is per token (per row):
+ * a scale over a whole batch would make a token's codes depend on its neighbours in the
+ * batch, which the parity contract forbids (TE's NVTE_NVFP4_PER_TOKEN mode is this one).
+ * A block whose E4M3 scale is 0 decodes to 0 whatever its codes; such blocks get code 0
+ * (ModelOpt's x / 0 would write +-6 there, TE's x * FLT_MAX too: the values are the same).
+ *   PARITY_QUANT_NVFP4_MODELOPT "modelopt": s2 = amax_tensor / 2688; sf = e4m3(amax16 /
+ *       RN(6 * s2)), 1 where amax16 / RN(6 * s2) is 0; code = e2m1(x / RN(sf * s2)). NVIDIA
+ *       Model-Optimizer nvfp4_tensor.py, NVFP4QTensor (get_weights_scaling_factor_2,
+ *       get_weights_scaling_factor, _cast_fp4): the rule of the NVFP4 checkpoints people
+ *       download. An all-zero tensor: s2 = 0, every sf 1 and every code 0 (ModelOpt divides
+ *       0 by 0 there).
+ *   PARITY_QUANT_NVFP4_TE "te": S = min(2688 / amax_tensor, FLT_MAX), 1 where amax is 0 or
+ *       S is 0; s2 = RN(1 / S); sf = e4m3(amax16 * RN(S * RN(1 / 6))); m = min(RN(1 /
+ *       RN(sf * RN(1 / S))), FLT_MAX); code = e2m1(x * m). TransformerEngine
+ *       cast/nvfp4/core_nvfp4.cuh (compute_global_encode_scaling_factor_FP4,
+ *       compute_decoding_scaling_factor, compute_scaling_coefficient<float>): the form its
+ *       comment calls an exact emulation. 1 x 16 blocks (TE's weights default to 16 x 16;
+ *       NVTE_NVFP4_DISABLE_2D_QUANTIZATION=1 gives these).
+ *   PARITY_QUANT_NVFP4_TORCHAO "torchao": s2 = amax_tensor / 2688; sf = e4m3(clamp(RN(amax16 /
+ *       6) / s2, 2^-6, 448)); code = e2m1(clamp(x / RN(s2 * sf), -6, 6)). torchao
+ *       prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize (no subnormal block scales).
+ *       An all-zero tensor as "modelopt".
+ *   Not offered: vLLM's, FlashInfer's and TRT-LLM's activation quantizer (nvfp4_utils.cuh,
+ *   cvt_warp_fp16_to_fp4) computes its scales with rcp.approx.ftz.f32, whose bits no CPU
+ *   reproduces from a formula.
+ *
+ * MXFP4 (E2M1 in 1 x 32 blocks along K with E8M0 scales, byte b meaning 2^(b - 127); value =
+ * e2m1 * 2^(b - 127)); elements are e2m1(x * 2^(127 - b)), saturating at +-6:
+ *   PARITY_QUANT_MXFP4_OCP "ocp": b = clamp(exponent(amax) - 2, -127, 128) + 127 (floor(log2
+ *       amax) minus E2M1's emax 2, from the bits), elements to nearest even. torchao to_mx
+ *       with ScaleCalculationMode.FLOOR (its default), f32_to_f4_unpacked.
+ *   PARITY_QUANT_MXFP4_RCEIL "rceil": v = amax * RN(1 / 6), b = exponent(v) rounded up when v
+ *       is not a power of two (the subnormal rule of the MXFP8 "te" rule), elements to nearest
+ *       even. torchao to_mx with ScaleCalculationMode.RCEIL (cvt.rp.satfinite.ue8m0x2.f32).
+ *   PARITY_QUANT_MXFP4_MICROXCALING "microxcaling": b as "ocp", elements rounded half away from
+ *       zero: microsoft/microxcaling _quantize_mx with its default round="nearest".
+ *
+ * Ternary (BitNet b1.58: weights w = code / s_w with code in {-1, 0, 1} and one multiplier
+ * s_w per tensor; activations int8 per token, x = code / s_x). mean|W| = RN(S / n) with S the
+ * fp64 sum of the |w| in row-major order (numpy.cumsum's last element), then rounded to fp32.
+ *   PARITY_QUANT_TERNARY_BITNET "bitnet": s_w = RN(1 / max(mean|W|, 1e-5)); code =
+ *       clamp(rne(RN(w * s_w)), -1, 1); s_x = RN(127 / max(amax_row, 1e-5)); code =
+ *       clamp(rne(RN(x * s_x)), -128, 127). 1bitLLM utils_quant.py, the lineage llama.cpp and
+ *       microsoft/BitNet convert from; transformers' AutoBitLinear online WeightQuant.
+ *   PARITY_QUANT_TERNARY_HF_BITLINEAR "hf-bitlinear": transformers integrations/bitnet.py
+ *       BitLinear: weights as "bitnet" with s_w stored in bf16 (its weight_scale buffer is in
+ *       the model dtype); the activation quantizer in bf16 arithmetic: c = max(amax_row,
+ *       bf16(1e-5)), s_x = bf16(RN(127 / c)), code = clamp(rne(bf16(x * s_x)), -128, 127).
+ *   PARITY_QUANT_TERNARY_ONEBITLLMS "onebitllms": as "bitnet" with every rounding half up,
+ *       floor(RN(RN(v * s) + 0.5)): tiiuae/onebitllms' training kernels (weight_quant.py,
+ *       activation_quant.py, tl.floor(x * scale + 0.5), read unfused).
+ */
+enum {
+    PARITY_QUANT_NVFP4_MODELOPT = 7,
+    PARITY_QUANT_NVFP4_TE = 8,
+    PARITY_QUANT_NVFP4_TORCHAO = 9,
+    PARITY_QUANT_MXFP4_OCP = 10,
+    PARITY_QUANT_MXFP4_RCEIL = 11,
+    PARITY_QUANT_MXFP4_MICROXCALING = 12,
+    PARITY_QUANT_TERNARY_BITNET = 13,
+    PARITY_QUANT_TERNARY_HF_BITLINEAR = 14,
+    PARITY_QUANT_TERNARY_ONEBITLLMS = 15,
+};
+
+/* The quantizer named `name` for the gemm format `gemm` (PARITY_GEMM_FP8_BLOCK, _MXFP8,
+ * _NVFP4, _MXFP4, _TERNARY; the names above), PARITY_ERR_POLICY for another. */
+PARITY_API int parity_quantizer_from_name(uint32_t gemm, const char *name, int *out);
+/* The name of any quantizer (PARITY_FP8Q_* and PARITY_QUANT_*), NULL for another value. */
+PARITY_API const char *parity_quantizer_name(int quantizer);
+
+/* NVFP4 quantization of rows x cols fp32 values with an NVFP4 rule: codes[r * codes_stride
+ * + c] E2M1, block_scales[rows][ceil(cols / 16)] E4M3 codes, and the tensor scales s2: one
+ * (tensor_scales[0]) when per_row is 0 (a weight), one per row when 1 (activations). A NaN
+ * or Inf value is refused (PARITY_ERR_TENSOR_NONFINITE, naming the element), before
+ * anything is written. */
+PARITY_API int parity_nvfp4_quantize(int quantizer, int per_row, size_t rows, size_t cols,
+                                     const float *x, size_t x_stride, uint8_t *codes,
+                                     size_t codes_stride, uint8_t *block_scales,
+                                     float *tensor_scales);
+/* MXFP4 quantization with an MXFP4 rule: codes E2M1, scales[rows][ceil(cols / 32)] E8M0
+ * bytes. Errors as above. */
+PARITY_API int parity_mxfp4_quantize(int quantizer, size_t rows, size_t cols, const float *x,
+                                     size_t x_stride, uint8_t *codes, size_t codes_stride,
+                                     uint8_t *scales);
+/* Ternary quantization of a weight (per_row 0: codes in {-1, 0, 1}, one multiplier s_w in
+ * scales[0], as fp32, rounded to bf16 first under "hf-bitlinear") or of activations (per_row
+ * 1: int8 codes, one multiplier s_x per row). Errors as above. */
+PARITY_API int parity_ternary_quantize(int quantizer, int per_row, size_t rows, size_t cols,
+                                       const float *x, size_t x_stride, int8_t *codes,
+                                       size_t codes_stride, float *scales);
+
+/* ---------------------------------------------------------------------------------------- */
 /* CPU paths                                                                                */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -377,6 +478,17 @@ enum {
                                        activations in 1 x 128 groups; "+fp8-block:RULE" */
     PARITY_GEMM_MXFP8 = 2,          /* E4M3 in 1 x 32 blocks along K with E8M0 scales, weights
                                        and activations; "+mxfp8:RULE" */
+    /* The 4-bit and ternary formats (4-bit and ternary quantizers above): codes of both
+     * operands exact integers times a power of two, so every block dot is exact in fp32.
+     * NVFP4: acc = acc + (d * sfa) * sfw over the 1 x 16 blocks, ascending (each term exact:
+     * at most 22 significant bits), y = RN(acc * RN(s2a * s2w)) (the GEMM's alpha, as vLLM's
+     * input_scale * weight_scale_2). MXFP4: as MXFP8 over 1 x 32 blocks. Ternary: D = the
+     * integer dot of the int8 and ternary codes (exact), y = RN(D / RN(s_w * s_x)) (BitLinear's
+     * y / (weight_scale * input_scale)); under "hf-bitlinear" every step of it in bf16:
+     * bf16(bf16(D) / bf16(s_w * s_x)), with the division done in fp32 and rounded. */
+    PARITY_GEMM_NVFP4 = 3,          /* "+nvfp4:RULE" */
+    PARITY_GEMM_MXFP4 = 4,          /* "+mxfp4:RULE" */
+    PARITY_GEMM_TERNARY = 5,        /* "+ternary:RULE" */
 
     PARITY_COMPUTE_FP16 = 2,        /* fp16 weights and activations: every rounding point that
                                        rounds to bf16 under PARITY_COMPUTE_BF16 rounds to IEEE
@@ -402,7 +514,8 @@ typedef struct parity_policy {
     uint8_t logits;       /* PARITY_LOGITS_* */
     uint8_t temperature;  /* PARITY_TEMPERATURE_* */
     uint8_t gemm;         /* PARITY_GEMM_*: the decoder layers' linear layers in bf16 or fp8 */
-    uint8_t quantizer;    /* PARITY_FP8Q_* of an fp8 gemm (0 under PARITY_GEMM_BF16) */
+    uint8_t quantizer;    /* PARITY_FP8Q_* / PARITY_QUANT_* of the gemm's format (0 under
+                             PARITY_GEMM_BF16) */
     uint8_t reserved[4];  /* zero */
 } parity_policy;
 
@@ -440,9 +553,11 @@ typedef struct parity_policy {
  * float32), "+fp16" (PARITY_COMPUTE_FP16: the preset's rounding points round to fp16, as the
  * framework does when run with torch_dtype=float16 / --dtype float16; not on "fp32"),
  * "+fp8-block:RULE" and "+mxfp8:RULE" (the gemm switch with the quantizer RULE: "deepseek",
- * "sglang", "te", "deepgemm", "te-pow2"; "ocp", "te"; on bf16 presets).
+ * "sglang", "te", "deepgemm", "te-pow2"; "ocp", "te"; on bf16 presets), "+nvfp4:RULE"
+ * ("modelopt", "te", "torchao"), "+mxfp4:RULE" ("ocp", "rceil", "microxcaling") and
+ * "+ternary:RULE" ("bitnet", "hf-bitlinear", "onebitllms"), likewise.
  * E.g. "vllm+fp32-head", "hf-eager+aligned", "hf-eager+fp16", "vllm+fp8-block:deepseek",
- * "hf-eager+mxfp8:te".
+ * "hf-eager+mxfp8:te", "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp", "hf-eager+ternary:bitnet".
  */
 PARITY_API int parity_policy_from_name(const char *name, parity_policy *out);
 /* The preset names, NULL-terminated ("fp32", "hf-eager", ...). */

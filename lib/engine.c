@@ -34,7 +34,7 @@ int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint
     if (rc) return rc;
     rc = model_prepare((parity_model *)m, need);
     /* the fp8 copies of the decoder layers' linear weights with the policy's quantizer */
-    if (!rc && fp8) rc = model_prepare_fp8((parity_model *)m, pol->quantizer);
+    if (!rc && fp8) rc = model_prepare_quant((parity_model *)m, pol->quantizer);
     model_leave(m);
     return rc;
 }

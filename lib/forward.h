@@ -145,14 +145,17 @@ void forward_head(const fwd_ctx *ctx, size_t n, float *delta, float *h, const fl
  * PARITY_COMPUTE_FP32; openblas: one-row cblas_sgemm); the bias joins the fp32 sum. */
 void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
                     const gemm_weights *w, const float *bias, float *y, size_t ldy);
-/* The fp8 linear layer (lib/gemm_fp8.c): y = x . w^T (+ bias) under the policy's fp8 gemm and
- * quantizer, with wq the weight's codes and scales (fp8_weight_for: shipped, or the copy
- * model_prepare_fp8 built); x rows ldx apart, y rows ldy apart; the activations are quantized
- * into the GEMM scratch. */
+/* The quantized linear layer (lib/gemm_quant.c): y = x . w^T (+ bias) under the policy's
+ * quantized gemm and quantizer, with wq the weight's codes and scales (quant_weight_for:
+ * shipped, or the copy model_prepare_quant built); x rows ldx apart, y rows ldy apart; the
+ * activations are quantized into the GEMM scratch (xpack), which holds
+ * linear_quantized_scratch(quantizer, M, K) bytes. */
 struct weight;
-struct fp8_weight;
-void linear_fp8(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, const struct weight *w,
-                const struct fp8_weight *wq, const float *bias, float *y, size_t ldy);
+struct quant_weight;
+void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                      const struct weight *w, const struct quant_weight *wq, const float *bias,
+                      float *y, size_t ldy);
+size_t linear_quantized_scratch(int quantizer, size_t M, size_t K);
 
 /* The fp32 values of a model weight that the context's GEMM reads: the masters (or the bf16
  * widened) under PARITY_COMPUTE_FP32, the widened copy on the openblas backend, else NULL. */

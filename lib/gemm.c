@@ -109,6 +109,10 @@ static void pack_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
 size_t gemm_scratch_xpack_floats(size_t max_rows, size_t max_k) {
     const size_t rows = gemm_packed_row(max_k) * max_rows, tiles = gemm_xt_floats(max_rows, max_k);
     size_t most = rows > tiles ? rows : tiles;
+    /* a quantized gemm's activation codes and scales (NVFP4's 1 x 16 blocks need the most) */
+    const size_t quant = (linear_quantized_scratch(PARITY_QUANT_NVFP4_MODELOPT, max_rows, max_k) +
+                          sizeof(float) - 1) / sizeof(float);
+    if (quant > most) most = quant;
 #if defined(PARITY_HAVE_AMX)
     /* the amx backend's packed x (M rounded up to 16 rows), where the CPU has it */
     if (!amx_unavailable()) {
@@ -281,10 +285,10 @@ const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w) {
 
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y) {
-    const fp8_weight *wq = fp8_weight_for(&ctx->pol, w);
+    const quant_weight *wq = quant_weight_for(&ctx->pol, w);
     if (wq) {
-        /* the decoder layers' linear layers under an fp8 gemm (lib/gemm_fp8.c) */
-        linear_fp8(ctx, M, x, w->cols, w, wq,
+        /* the decoder layers' linear layers under an fp8 gemm (lib/gemm_quant.c) */
+        linear_quantized(ctx, M, x, w->cols, w, wq,
                    bias && bias->rows ? weight_values(&ctx->pol, bias) : NULL, y, w->rows);
         return;
     }

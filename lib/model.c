@@ -285,18 +285,23 @@ static size_t linear_weights_of(parity_model *m, uint32_t layer, weight **out) {
     return 7;
 }
 
-int model_prepare_fp8(parity_model *m, int quantizer) {
-    if (quantizer < 0 || quantizer >= FP8_QUANTIZERS)
-        return set_error(PARITY_ERR_POLICY, "fp8 quantizer %d is not defined", quantizer);
+int model_prepare_quant(parity_model *m, int quantizer) {
+    if (quantizer < 0 || quantizer >= QUANTIZERS)
+        return set_error(PARITY_ERR_POLICY, "quantizer %d is not defined", quantizer);
     pthread_mutex_lock(&m->prepare_lock);
     int rc = PARITY_OK;
-    if (!m->fp8_ready[quantizer]) {
+    if (!m->quant_ready[quantizer]) {
         const parity_config *c = &m->config;
-        size_t widest = c->hidden_size;
-        if (c->intermediate_size > widest) widest = c->intermediate_size;
-        if ((size_t)c->num_attention_heads * c->head_dim > widest)
-            widest = (size_t)c->num_attention_heads * c->head_dim;
-        float *scratch = px_malloc(128 * widest * sizeof(float), "fp8 quantization rows");
+        size_t most = 1; /* floats of the widened values a quantization reads */
+        for (uint32_t i = 0; i < c->num_hidden_layers; i++) {
+            weight *ws[7];
+            const size_t n = linear_weights_of(m, i, ws);
+            for (size_t j = 0; j < n; j++) {
+                const size_t f = quant_scratch_floats(ws[j], quantizer);
+                if (f > most) most = f;
+            }
+        }
+        float *scratch = px_malloc(most * sizeof(float), "quantization rows");
         if (!scratch) rc = PARITY_ERR_OUT_OF_MEMORY;
         /* a failure leaves some copies built: harmless, a retry reuses them */
         for (uint32_t i = 0; !rc && i < c->num_hidden_layers; i++) {
@@ -304,20 +309,20 @@ int model_prepare_fp8(parity_model *m, int quantizer) {
             const size_t n = linear_weights_of(m, i, ws);
             for (size_t j = 0; !rc && j < n; j++) {
                 /* kept in bf16 by the checkpoint, or shipped codes an fp8-block policy reads */
-                if (ws[j]->fp8[quantizer] || ws[j]->keep_bf16 ||
+                if (ws[j]->quant[quantizer] || ws[j]->keep_bf16 ||
                     (ws[j]->shipped && quantizer < PARITY_FP8Q_MX_OCP))
                     continue;
-                fp8_weight *q = fp8_weight_alloc(m, ws[j], quantizer);
+                quant_weight *q = quant_weight_alloc(m, ws[j], quantizer);
                 if (!q) {
                     rc = PARITY_ERR_OUT_OF_MEMORY;
                     break;
                 }
-                fp8_weight_quantize(ws[j], quantizer, q, scratch);
-                ws[j]->fp8[quantizer] = q;
+                quant_weight_quantize(ws[j], quantizer, q, scratch);
+                ws[j]->quant[quantizer] = q;
             }
         }
         px_free(scratch);
-        if (!rc) m->fp8_ready[quantizer] = 1;
+        if (!rc) m->quant_ready[quantizer] = 1;
     }
     pthread_mutex_unlock(&m->prepare_lock);
     return rc;
@@ -528,7 +533,7 @@ static int bind_shipped(parity_model *m, const st_file *f, const st_tensor *t, c
     int rc = shipped_import(&codes, st ? &scales : NULL, e, m->ckpt.scale_ue8m0, &v);
     if (rc) return rc;
     weight *w = e->dst;
-    fp8_weight *q = model_own(m, px_calloc(1, sizeof *q, "fp8 weight"));
+    quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "fp8 weight"));
     if (!q) {
         shipped_values_free(&v);
         return PARITY_ERR_OUT_OF_MEMORY;
@@ -838,8 +843,8 @@ typedef struct saved_tensor {
     int is_vector, kind;
     const char *dtype;     /* "BF16", "F16", "F32", "F8_E4M3" */
     uint64_t bytes;
-    const fp8_weight *q;   /* OUT_CODES/OUT_SCALES: the shipped codes, or `made` */
-    fp8_weight made;       /* codes and scales quantized for the file (owned by the save) */
+    const quant_weight *q;   /* OUT_CODES/OUT_SCALES: the shipped codes, or `made` */
+    quant_weight made;       /* codes and scales quantized for the file (owned by the save) */
     int scales_bf16;       /* OUT_SCALES: stored as BF16 (shipped so) */
 } saved_tensor;
 
@@ -947,7 +952,7 @@ static int plan_saved(const parity_model *m, int layout, int rule, saved_tensor 
             v->made.codes = rc ? NULL : px_malloc(count, "fp8 codes");
             v->made.scales = v->made.codes ? px_malloc(grid * sizeof(float), "fp8 scales") : NULL;
             if (!rc && !v->made.scales) rc = PARITY_ERR_OUT_OF_MEMORY;
-            if (!rc) fp8_weight_quantize(w, rule, &v->made, scratch);
+            if (!rc) quant_weight_quantize(w, rule, &v->made, scratch);
             v->q = sc->q = &v->made;
         }
         sc->dtype = sc->scales_bf16 ? "BF16" : "F32";

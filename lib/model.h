@@ -10,15 +10,18 @@
 
 struct st_file;
 
-/* A weight quantized to E4M3 with one FP8 quantizer (lib/gemm_fp8.c). */
-typedef struct fp8_weight {
-    uint8_t *codes;        /* [rows][cols] E4M3 */
-    float *scales;         /* block rules: [ceil(rows / 128)][ceil(cols / 128)] fp32, the stored
-                              dequantization multipliers; MX rules: [rows][ceil(cols / 32)], the
-                              E8M0 scales as fp32 powers of two */
-} fp8_weight;
+/* A weight quantized with one quantizer of a quantized gemm format (lib/gemm_quant.c). */
+typedef struct quant_weight {
+    uint8_t *codes;        /* [rows][cols], one code a byte: E4M3, E2M1 (low nibble), or
+                              ternary as int8 */
+    float *scales;         /* fp8-block: [ceil(rows / 128)][ceil(cols / 128)] fp32, the stored
+                              dequantization multipliers; MXFP8, MXFP4: [rows][ceil(cols / 32)],
+                              the E8M0 scales as fp32 powers of two; NVFP4: [rows][ceil(cols /
+                              16)], the E4M3 block scales' values; ternary: unused (1 float) */
+    float tensor_scale;    /* NVFP4's s2, ternary's s_w; 0 for the others */
+} quant_weight;
 
-#define FP8_QUANTIZERS (PARITY_FP8Q_MX_RCEIL + 1)
+#define QUANTIZERS (PARITY_QUANT_TERNARY_ONEBITLLMS + 1)
 
 /* One weight tensor: rows x cols (a vector has rows = 1). */
 typedef struct weight {
@@ -31,9 +34,9 @@ typedef struct weight {
     float *fp16;           /* the fp16 values PARITY_COMPUTE_FP16 reads (the master, else the
                               bf16 values, rounded once to nearest even; exact for an F16
                               checkpoint), held in fp32, owned, built on demand */
-    fp8_weight *fp8[FP8_QUANTIZERS]; /* the decoder layers' linear weights quantized with each
+    quant_weight *quant[QUANTIZERS]; /* the decoder layers' linear weights quantized with each
                               quantizer a policy asked for, owned, built on demand */
-    fp8_weight *shipped;   /* block-FP8 codes and 128 x 128 block scales as a checkpoint or an
+    quant_weight *shipped;   /* block-FP8 codes and 128 x 128 block scales as a checkpoint or an
                               update shipped them (lib/fp8_checkpoint.c), owned; every fp8-block
                               policy reads them as they are; NULL if none. bf16 and master then
                               hold the dequantized values */
@@ -84,7 +87,7 @@ struct parity_model {
     pthread_mutex_t prepare_lock;  /* guards building the fp32 copies (wide) */
     int wide_ready;
     int fp16_ready;                /* every weight's fp16 copy is built (model_prepare) */
-    int fp8_ready[FP8_QUANTIZERS]; /* the fp8 copies of that quantizer are built */
+    int quant_ready[QUANTIZERS]; /* the fp8 copies of that quantizer are built */
     pthread_rwlock_t use_lock;     /* shared by calls that read weights, exclusive for updates */
     uint64_t version;              /* +1 per weight update (read under use_lock) */
     struct expected *tensors;      /* the architecture's tensors, in checkpoint order */
@@ -172,13 +175,17 @@ void model_leave(const parity_model *m);
  * value is beyond fp16's range (it would round to infinity), naming the tensor. */
 enum { MODEL_NEED_WIDE = 1, MODEL_NEED_FP16 = 2 };
 int model_prepare(parity_model *m, int need);
-/* The fp8 copies of the decoder layers' linear weights with `quantizer` (thread-safe, once). */
-int model_prepare_fp8(parity_model *m, int quantizer);
-/* Quantizes w (its master, else its bf16 values, widened 128 rows at a time into `scratch`,
- * 128 * cols floats) with `quantizer` into q (lib/gemm_fp8.c). */
-void fp8_weight_quantize(const weight *w, int quantizer, fp8_weight *q, float *scratch);
-/* An fp8 copy for w, allocated (codes and scales) but not filled; NULL when out of memory. */
-fp8_weight *fp8_weight_alloc(parity_model *m, const weight *w, int quantizer);
+/* The quantized copies of the decoder layers' linear weights with `quantizer` (thread-safe,
+ * once). */
+int model_prepare_quant(parity_model *m, int quantizer);
+/* Quantizes w (its master, else its bf16 values widened into `scratch`) with `quantizer` into
+ * q (lib/gemm_quant.c); scratch holds quant_scratch_floats(w, quantizer) floats (128 rows of
+ * the fp8 rules' blocks, the whole tensor for the per-tensor rules, none for a master). */
+void quant_weight_quantize(const weight *w, int quantizer, quant_weight *q, float *scratch);
+size_t quant_scratch_floats(const weight *w, int quantizer);
+/* A quantized copy for w, allocated (codes and scales) but not filled; NULL when out of
+ * memory. */
+quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer);
 
 /* ---- block-FP8 checkpoints (fp8_checkpoint.c) --------------------------------------------- */
 
@@ -213,10 +220,10 @@ void shipped_values_free(shipped_values *v);
 
 /* The fp8 weights a policy's GEMM reads for w: the shipped ones under an fp8-block policy
  * where w has them, else the copy of the policy's quantizer (NULL: w runs in bf16). */
-static inline const fp8_weight *fp8_weight_for(const parity_policy *pol, const weight *w) {
+static inline const quant_weight *quant_weight_for(const parity_policy *pol, const weight *w) {
     if (pol->gemm == PARITY_GEMM_BF16 || w->keep_bf16) return NULL;
     if (pol->gemm == PARITY_GEMM_FP8_BLOCK && w->shipped) return w->shipped;
-    return w->fp8[pol->quantizer];
+    return w->quant[pol->quantizer];
 }
 
 /* fp32 values of a weight for PARITY_COMPUTE_FP32: the master if any, else the widened bf16

@@ -250,7 +250,7 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     TRY(arg_ptr(fn, w, "w"));
     TRY(arg_ptr(fn, y, "y"));
     if (fp8 && w_dtype != PARITY_DTYPE_F32 && w_dtype != PARITY_DTYPE_BF16)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: w has dtype %u; an fp8 gemm quantizes "
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: w has dtype %u; a quantized gemm quantizes "
                          "fp32 masters (PARITY_DTYPE_F32) or bf16 values (PARITY_DTYPE_BF16)",
                          fn, w_dtype);
     if (!fp8) TRY(check_weight_dtype(fn, policy, w_dtype, "w"));
@@ -268,23 +268,27 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     fwd_scratch s = {0};
     if (fp8) {
         /* the weights quantized with the policy's rule, as the model quantizes its own (from
-         * the fp32 masters, or from the bf16 values widened), then the model's fp8 GEMM */
-        const int q = policy->quantizer, mx = policy->gemm == PARITY_GEMM_MXFP8;
-        const size_t bc = mx ? 32 : 128, grid_rows = mx ? n : (n + 127) / 128;
-        const size_t grid_cols = (k + bc - 1) / bc;
-        fp8_weight wq = {op_alloc(&c, (uint64_t)n * k, 1, "fp8 weight codes"), NULL};
-        wq.scales = wq.codes ? op_alloc(&c, (uint64_t)grid_rows * grid_cols, sizeof(float),
-                                        "fp8 weight scales") : NULL;
-        float *rows = wq.scales && w_dtype == PARITY_DTYPE_BF16
-                          ? op_alloc(&c, (uint64_t)128 * k, sizeof(float), "fp8 weight rows") : NULL;
-        /* the activations' codes and scales (linear_fp8 puts them in the GEMM scratch) */
-        s.gemm.xpack = wq.scales && (rows || w_dtype == PARITY_DTYPE_F32)
-                           ? op_alloc(&c, (uint64_t)m * k + 64 + (uint64_t)m * grid_cols * 4, 1,
-                                      "fp8 activation codes") : NULL;
+         * the fp32 masters, or from the bf16 values widened), then the model's quantized GEMM */
+        const int q = policy->quantizer, block_rule = q <= PARITY_FP8Q_TE_POW2;
+        const int fp8_rule = q <= PARITY_FP8Q_MX_RCEIL;
+        const size_t bc = quant_block_cols(q);
+        const size_t grid = bc ? (block_rule ? (n + 127) / 128 : n) * ((k + bc - 1) / bc) : 1;
+        /* bf16 values widened: 128 rows at a time for the fp8 rules, all for the others */
+        const size_t wide_rows = w_dtype != PARITY_DTYPE_BF16 ? 0 : fp8_rule ? 128 : n;
+        quant_weight wq = {op_alloc(&c, (uint64_t)n * k, 1, "quantized weight codes"), NULL, 0.0f};
+        wq.scales = wq.codes ? op_alloc(&c, grid, sizeof(float), "quantized weight scales") : NULL;
+        float *rows = wq.scales && wide_rows
+                          ? op_alloc(&c, (uint64_t)wide_rows * k, sizeof(float), "quantized weight rows")
+                          : NULL;
+        /* the activations' codes and scales (linear_quantized puts them in the GEMM scratch) */
+        s.gemm.xpack = wq.scales && (rows || !wide_rows)
+                           ? op_alloc(&c, linear_quantized_scratch(q, m, k), 1, "activation codes")
+                           : NULL;
         int rc = s.gemm.xpack ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
         if (!rc) {
-            for (size_t r0 = 0; r0 < n; r0 += 128) {
-                const size_t nr = n - r0 < 128 ? n - r0 : 128;
+            const size_t step = fp8_rule ? 128 : n;
+            for (size_t r0 = 0; r0 < n; r0 += step) {
+                const size_t nr = n - r0 < step ? n - r0 : step;
                 const float *src = (const float *)w + r0 * w_stride;
                 if (w_dtype == PARITY_DTYPE_BF16) {
                     for (size_t r = 0; r < nr; r++)
@@ -292,12 +296,16 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
                             rows[r * k + t] = bf16_to_f32(((const uint16_t *)w)[(r0 + r) * w_stride + t]);
                     src = rows;
                 }
-                fp8_quantize_rows(q, nr, k, src, w_dtype == PARITY_DTYPE_BF16 ? k : w_stride, 128,
-                                  wq.codes + r0 * k, k, wq.scales + (mx ? r0 : r0 / 128) * grid_cols);
+                const size_t ld = w_dtype == PARITY_DTYPE_BF16 ? k : w_stride;
+                if (fp8_rule)
+                    fp8_quantize_rows(q, nr, k, src, ld, 128, wq.codes + r0 * k, k,
+                                      wq.scales + (block_rule ? r0 / 128 : r0) * ((k + bc - 1) / bc));
+                else
+                    quant4_weight(q, nr, k, src, ld, wq.codes, k, wq.scales, &wq.tensor_scale);
             }
             const weight shape = {.rows = (uint32_t)n, .cols = (uint32_t)k};
             const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
-            linear_fp8(&ctx, m, x, x_stride, &shape, &wq, bias, y, y_stride);
+            linear_quantized(&ctx, m, x, x_stride, &shape, &wq, bias, y, y_stride);
         }
         op_end(&c);
         return rc;

@@ -2,6 +2,7 @@
  * behaviour each preset reproduces is documented in parity.h with the source lines it
  * follows (docs/framework-numerics.md quotes them). */
 #include <pthread.h>
+#include <stdio.h>
 
 #include "internal.h"
 
@@ -105,34 +106,42 @@ static int apply_fp16(parity_policy *p, const char *arg, size_t arg_len, const c
     return PARITY_OK;
 }
 
-/* +fp8-block:RULE, +mxfp8:RULE: the decoder layers' GEMMs in fp8 with a named quantizer */
-static int apply_fp8(parity_policy *p, int mx, const char *arg, size_t arg_len, const char *name) {
-    const char *mod = mx ? "mxfp8" : "fp8-block";
+/* +fp8-block:RULE, +mxfp8:RULE, +nvfp4:RULE, +mxfp4:RULE, +ternary:RULE: the decoder layers'
+ * GEMMs in a quantized format with a named quantizer */
+static int apply_quantized(parity_policy *p, uint32_t gemm, const char *arg, size_t arg_len,
+                           const char *name) {
+    const char *mod = quant_format_name(gemm);
     if (p->compute != PARITY_COMPUTE_BF16)
         return set_error(PARITY_ERR_POLICY, "policy '%s': +%s applies to bf16 presets (not fp32 "
                          "or +fp16)", name, mod);
-    if (!arg_len)
-        return set_error(PARITY_ERR_POLICY, "policy '%s': +%s needs its quantizer, +%s:RULE (%s)",
-                         name, mod, mod, mx ? "ocp, te" : "deepseek, sglang, te, deepgemm, te-pow2");
+    if (p->gemm != PARITY_GEMM_BF16)
+        return set_error(PARITY_ERR_POLICY, "policy '%s': +%s after +%s: one quantized format a "
+                         "policy", name, mod, quant_format_name(p->gemm));
     char rule[32];
-    if (arg_len >= sizeof rule)
-        return set_error(PARITY_ERR_POLICY, "policy '%s': unknown %s quantizer", name, mod);
+    if (arg_len >= sizeof rule) arg_len = sizeof rule - 1; /* no rule name is that long */
     memcpy(rule, arg, arg_len);
     rule[arg_len] = 0;
     int q;
-    TRY(parity_fp8_quantizer_from_name(mx, rule, &q));
-    p->gemm = mx ? PARITY_GEMM_MXFP8 : PARITY_GEMM_FP8_BLOCK;
+    if (!arg_len || parity_quantizer_from_name(gemm, rule, &q)) {
+        char why[160] = "";
+        if (arg_len) snprintf(why, sizeof why, ": %s", parity_last_error());
+        return set_error(PARITY_ERR_POLICY, "policy '%s': +%s needs its quantizer, +%s:RULE%s",
+                         name, mod, mod, why);
+    }
+    p->gemm = (uint8_t)gemm;
     p->quantizer = (uint8_t)q;
     return PARITY_OK;
 }
 
-static int apply_fp8_block(parity_policy *p, const char *arg, size_t arg_len, const char *name) {
-    return apply_fp8(p, 0, arg, arg_len, name);
-}
-
-static int apply_mxfp8(parity_policy *p, const char *arg, size_t arg_len, const char *name) {
-    return apply_fp8(p, 1, arg, arg_len, name);
-}
+#define QUANTIZED_MODIFIER(fn, gemm)                                                         \
+    static int fn(parity_policy *p, const char *arg, size_t arg_len, const char *name) {    \
+        return apply_quantized(p, gemm, arg, arg_len, name);                                 \
+    }
+QUANTIZED_MODIFIER(apply_fp8_block, PARITY_GEMM_FP8_BLOCK)
+QUANTIZED_MODIFIER(apply_mxfp8, PARITY_GEMM_MXFP8)
+QUANTIZED_MODIFIER(apply_nvfp4, PARITY_GEMM_NVFP4)
+QUANTIZED_MODIFIER(apply_mxfp4, PARITY_GEMM_MXFP4)
+QUANTIZED_MODIFIER(apply_ternary, PARITY_GEMM_TERNARY)
 
 static const struct modifier {
     const char *name;
@@ -143,6 +152,9 @@ static const struct modifier {
     {"fp16", apply_fp16},
     {"fp8-block", apply_fp8_block},
     {"mxfp8", apply_mxfp8},
+    {"nvfp4", apply_nvfp4},
+    {"mxfp4", apply_mxfp4},
+    {"ternary", apply_ternary},
 };
 
 int parity_policy_validate(const parity_policy *p) {
@@ -162,27 +174,25 @@ int parity_policy_validate(const parity_policy *p) {
         {"attention", p->attention, PARITY_ATTN_FP32},
         {"logits", p->logits, PARITY_LOGITS_FP32},
         {"temperature", p->temperature, PARITY_TEMPERATURE_FP32},
-        {"gemm", p->gemm, PARITY_GEMM_MXFP8},
-        {"quantizer", p->quantizer, PARITY_FP8Q_MX_RCEIL},
+        {"gemm", p->gemm, PARITY_GEMM_TERNARY},
+        {"quantizer", p->quantizer, PARITY_QUANT_TERNARY_ONEBITLLMS},
     };
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
         if (sw[i].value > sw[i].max)
             return set_error(PARITY_ERR_POLICY, "policy switch %s = %u is not defined (0..%u)",
                              sw[i].name, sw[i].value, sw[i].max);
-    /* the quantizer belongs to the gemm format; fp8 formats run on bf16 policies */
+    /* the quantizer belongs to the gemm format; quantized formats run on bf16 policies */
     const int q = p->quantizer;
     if (p->gemm == PARITY_GEMM_BF16 && q != 0)
-        return set_error(PARITY_ERR_POLICY, "policy quantizer = %d needs an fp8 gemm (gemm = %u is "
-                         "bf16): 0 there", q, p->gemm);
-    if (p->gemm == PARITY_GEMM_FP8_BLOCK && q > PARITY_FP8Q_TE_POW2)
-        return set_error(PARITY_ERR_POLICY, "policy quantizer = %d is an MXFP8 rule, the gemm is "
-                         "fp8-block (rules 0..%d)", q, PARITY_FP8Q_TE_POW2);
-    if (p->gemm == PARITY_GEMM_MXFP8 && q < PARITY_FP8Q_MX_OCP)
-        return set_error(PARITY_ERR_POLICY, "policy quantizer = %d is a block rule, the gemm is "
-                         "mxfp8 (rules %d, %d)", q, PARITY_FP8Q_MX_OCP, PARITY_FP8Q_MX_RCEIL);
+        return set_error(PARITY_ERR_POLICY, "policy quantizer = %d needs a quantized gemm (gemm = "
+                         "%u is bf16): 0 there", q, p->gemm);
+    if (p->gemm != PARITY_GEMM_BF16 && quant_format_of(q) != p->gemm)
+        return set_error(PARITY_ERR_POLICY, "policy quantizer = %d (%s) is not a rule of the "
+                         "gemm format %u (%s)", q, parity_quantizer_name(q), p->gemm,
+                         quant_format_name(p->gemm));
     if (p->gemm != PARITY_GEMM_BF16 && p->compute != PARITY_COMPUTE_BF16)
-        return set_error(PARITY_ERR_POLICY, "policy gemm = %u (fp8) needs compute bf16, not %u",
-                         p->gemm, p->compute);
+        return set_error(PARITY_ERR_POLICY, "policy gemm = %u (%s) needs compute bf16, not %u",
+                         p->gemm, quant_format_name(p->gemm), p->compute);
     for (size_t i = 0; i < sizeof p->reserved; i++)
         if (p->reserved[i])
             return set_error(PARITY_ERR_POLICY, "policy reserved byte %zu is %u, must be 0", i,
@@ -191,7 +201,7 @@ int parity_policy_validate(const parity_policy *p) {
 }
 
 /* "PRESET" or "PRESET+MODIFIER+..." with modifiers "aligned", "fp32-head", "fp16",
- * "fp8-block:RULE" and "mxfp8:RULE". */
+ * "fp8-block:RULE", "mxfp8:RULE", "nvfp4:RULE", "mxfp4:RULE" and "ternary:RULE". */
 int parity_policy_from_name(const char *name, parity_policy *out) {
     clear_error();
     if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "policy name or output is NULL");

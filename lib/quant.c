@@ -83,26 +83,84 @@ static float mx_mult_of(int rule, uint8_t biased) {
     return ldexpf(1.0f, e);
 }
 
-static const char *const quantizer_names[] = {"deepseek", "sglang", "te", "deepgemm", "te-pow2",
-                                              "ocp", "te"};
+static const char *const quantizer_names[] = {
+    "deepseek", "sglang", "te", "deepgemm", "te-pow2", /* fp8-block */
+    "ocp", "te",                                       /* MXFP8 */
+    "modelopt", "te", "torchao",                       /* NVFP4 */
+    "ocp", "rceil", "microxcaling",                    /* MXFP4 */
+    "bitnet", "hf-bitlinear", "onebitllms",            /* ternary */
+};
+#define N_QUANTIZERS (int)(sizeof quantizer_names / sizeof quantizer_names[0])
 
 const char *parity_fp8_quantizer_name(int quantizer) {
     return quantizer >= 0 && quantizer <= PARITY_FP8Q_MX_RCEIL ? quantizer_names[quantizer] : NULL;
 }
 
-int parity_fp8_quantizer_from_name(int mx, const char *name, int *out) {
+const char *parity_quantizer_name(int quantizer) {
+    return quantizer >= 0 && quantizer < N_QUANTIZERS ? quantizer_names[quantizer] : NULL;
+}
+
+/* The quantizers of a gemm format: [lo, hi] and the names for a message. */
+static int format_rules(uint32_t gemm, int *lo, int *hi, const char **what, const char **names) {
+    switch (gemm) {
+    case PARITY_GEMM_FP8_BLOCK:
+        *lo = PARITY_FP8Q_DEEPSEEK, *hi = PARITY_FP8Q_TE_POW2, *what = "fp8-block";
+        *names = "deepseek, sglang, te, deepgemm, te-pow2";
+        return 1;
+    case PARITY_GEMM_MXFP8:
+        *lo = PARITY_FP8Q_MX_OCP, *hi = PARITY_FP8Q_MX_RCEIL, *what = "mxfp8", *names = "ocp, te";
+        return 1;
+    case PARITY_GEMM_NVFP4:
+        *lo = PARITY_QUANT_NVFP4_MODELOPT, *hi = PARITY_QUANT_NVFP4_TORCHAO, *what = "nvfp4";
+        *names = "modelopt, te, torchao";
+        return 1;
+    case PARITY_GEMM_MXFP4:
+        *lo = PARITY_QUANT_MXFP4_OCP, *hi = PARITY_QUANT_MXFP4_MICROXCALING, *what = "mxfp4";
+        *names = "ocp, rceil, microxcaling";
+        return 1;
+    case PARITY_GEMM_TERNARY:
+        *lo = PARITY_QUANT_TERNARY_BITNET, *hi = PARITY_QUANT_TERNARY_ONEBITLLMS, *what = "ternary";
+        *names = "bitnet, hf-bitlinear, onebitllms";
+        return 1;
+    }
+    return 0;
+}
+
+int quant_format_of(int quantizer) {
+    for (uint32_t g = PARITY_GEMM_FP8_BLOCK; g <= PARITY_GEMM_TERNARY; g++) {
+        int lo, hi;
+        const char *what, *names;
+        if (format_rules(g, &lo, &hi, &what, &names) && quantizer >= lo && quantizer <= hi)
+            return (int)g;
+    }
+    return -1;
+}
+
+const char *quant_format_name(uint32_t gemm) {
+    int lo, hi;
+    const char *what, *names;
+    return format_rules(gemm, &lo, &hi, &what, &names) ? what : NULL;
+}
+
+int parity_quantizer_from_name(uint32_t gemm, const char *name, int *out) {
     clear_error();
     if (!name || !out)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_fp8_quantizer_from_name: NULL argument");
-    const int lo = mx ? PARITY_FP8Q_MX_OCP : PARITY_FP8Q_DEEPSEEK;
-    const int hi = mx ? PARITY_FP8Q_MX_RCEIL : PARITY_FP8Q_TE_POW2;
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_quantizer_from_name: NULL argument");
+    int lo, hi;
+    const char *what, *names;
+    if (!format_rules(gemm, &lo, &hi, &what, &names))
+        return set_error(PARITY_ERR_POLICY, "parity_quantizer_from_name: gemm %u is not a quantized "
+                         "format (PARITY_GEMM_FP8_BLOCK .. PARITY_GEMM_TERNARY)", gemm);
     for (int q = lo; q <= hi; q++)
         if (!strcmp(name, quantizer_names[q])) {
             *out = q;
             return PARITY_OK;
         }
-    return set_error(PARITY_ERR_POLICY, "unknown %s quantizer '%s' (%s)", mx ? "mxfp8" : "fp8-block",
-                     name, mx ? "ocp, te" : "deepseek, sglang, te, deepgemm, te-pow2");
+    return set_error(PARITY_ERR_POLICY, "unknown %s quantizer '%s' (%s)", what, name, names);
+}
+
+int parity_fp8_quantizer_from_name(int mx, const char *name, int *out) {
+    return parity_quantizer_from_name(mx ? PARITY_GEMM_MXFP8 : PARITY_GEMM_FP8_BLOCK, name, out);
 }
 
 /* Shared argument checks; every value finite (a NaN or Inf is refused, naming the element). */

@@ -33,8 +33,8 @@ typedef struct staged {
     int scale_entry;
     int ship;
     shipped_values sv;
-    fp8_weight *shipped;                /* the struct for w->shipped where w has none yet */
-    fp8_weight *fp8_new[FP8_QUANTIZERS]; /* copies a weight leaving its shipped codes needs */
+    quant_weight *shipped;                /* the struct for w->shipped where w has none yet */
+    quant_weight *quant_new[QUANTIZERS]; /* copies a weight leaving its shipped codes needs */
 } staged;
 
 /* The index of the update named `name`, or n. */
@@ -175,7 +175,7 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
         /* values for a weight that held shipped codes: the fp8-block policies that read those
          * quantize the new values with their own rules from now on */
         for (int q = 0; !rc && w->shipped && q < PARITY_FP8Q_MX_OCP; q++)
-            if (m->fp8_ready[q] && !w->fp8[q] && !(st[i].fp8_new[q] = fp8_weight_alloc(m, w, q)))
+            if (m->quant_ready[q] && !w->quant[q] && !(st[i].quant_new[q] = quant_weight_alloc(m, w, q)))
                 rc = PARITY_ERR_OUT_OF_MEMORY;
     }
     /* room in the owned list, so that the swap below cannot fail */
@@ -188,13 +188,18 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
             m->cap_owned = want;
         }
     }
-    /* the rows an fp8 requantization widens bf16 values into, so that it cannot fail */
+    /* the values a requantization widens bf16 values into, so that it cannot fail (sized for
+     * bf16 values: the update may replace a master with them) */
     float *fp8_rows = NULL;
-    size_t widest = 0;
+    size_t most = 0;
     for (size_t i = 0; !rc && i < n; i++)
-        for (int q = 0; q < FP8_QUANTIZERS && st[i].w; q++)
-            if ((st[i].w->fp8[q] || st[i].fp8_new[q]) && st[i].w->cols > widest) widest = st[i].w->cols;
-    if (!rc && widest && !(fp8_rows = px_malloc(128 * widest * sizeof(float), "fp8 quantization rows")))
+        for (int q = 0; q < QUANTIZERS && st[i].w; q++)
+            if (st[i].w->quant[q] || st[i].quant_new[q]) {
+                const weight as_bf16 = {.rows = st[i].w->rows, .cols = st[i].w->cols};
+                const size_t f = quant_scratch_floats(&as_bf16, q);
+                if (f > most) most = f;
+            }
+    if (!rc && most && !(fp8_rows = px_malloc(most * sizeof(float), "quantization rows")))
         rc = PARITY_ERR_OUT_OF_MEMORY;
     if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
         rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
@@ -231,14 +236,14 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
             model_disown(m, w->shipped->scales);
             model_disown(m, w->shipped);
             w->shipped = NULL;
-            for (int q = 0; q < FP8_QUANTIZERS; q++)
-                if (st[i].fp8_new[q]) w->fp8[q] = st[i].fp8_new[q];
+            for (int q = 0; q < QUANTIZERS; q++)
+                if (st[i].quant_new[q]) w->quant[q] = st[i].quant_new[q];
         }
         /* the fp32 copies a backend or policy reads, in place */
         if (w->wide) weight_widen_into(w, w->wide);
         if (w->fp16) weight_fp16_into(w, w->fp16);
-        for (int q = 0; q < FP8_QUANTIZERS; q++) /* requantized from the new values */
-            if (w->fp8[q]) fp8_weight_quantize(w, q, w->fp8[q], fp8_rows);
+        for (int q = 0; q < QUANTIZERS; q++) /* requantized from the new values */
+            if (w->quant[q]) quant_weight_quantize(w, q, w->quant[q], fp8_rows);
     }
     if (m->config.tie_word_embeddings) m->lm_head = m->embed;
     m->version++;
@@ -322,7 +327,7 @@ typedef struct fp8_view {
     const uint8_t *codes;
     const float *scales;
     uint8_t scale_dtype;    /* PARITY_DTYPE_F32 / _BF16 (shipped), or SCALE_E8M0 */
-    fp8_weight made;        /* owned when the view had to quantize */
+    quant_weight made;        /* owned when the view had to quantize */
 } fp8_view;
 #define SCALE_E8M0 0xe8u
 
@@ -343,15 +348,16 @@ static int fp8_view_of(const weight *w, int gemm, int quantizer, fp8_view *v) {
     v->grid_cols = v->mx ? (w->cols + 31u) / 32u : (w->cols + 127u) / 128u;
     v->quantizer = quantizer;
     v->scale_dtype = v->mx ? SCALE_E8M0 : PARITY_DTYPE_F32;
-    const fp8_weight *q = NULL;
+    const quant_weight *q = NULL;
     if (!v->mx && w->shipped) {
         q = w->shipped;
         v->shipped = 1;
         v->scale_dtype = w->shipped_scale_dtype;
-    } else if (w->fp8[quantizer]) {
-        q = w->fp8[quantizer];
+    } else if (w->quant[quantizer]) {
+        q = w->quant[quantizer];
     } else {
-        float *scratch = px_malloc(128 * (size_t)w->cols * sizeof(float), "fp8 quantization rows");
+        const size_t f = quant_scratch_floats(w, quantizer);
+        float *scratch = px_malloc((f ? f : 1) * sizeof(float), "fp8 quantization rows");
         v->made.codes = px_malloc((size_t)w->rows * w->cols, "fp8 codes");
         v->made.scales = px_malloc(v->grid_rows * v->grid_cols * sizeof(float), "fp8 scales");
         if (!scratch || !v->made.codes || !v->made.scales) {
@@ -359,7 +365,7 @@ static int fp8_view_of(const weight *w, int gemm, int quantizer, fp8_view *v) {
             fp8_view_free(v);
             return PARITY_ERR_OUT_OF_MEMORY;
         }
-        fp8_weight_quantize(w, quantizer, &v->made, scratch);
+        quant_weight_quantize(w, quantizer, &v->made, scratch);
         px_free(scratch);
         q = &v->made;
     }
@@ -429,6 +435,10 @@ int parity_model_write_manifest_for(const parity_model *m, const parity_policy *
     if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
     int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
     if (rc) return rc;
+    if (pol && pol->gemm > PARITY_GEMM_MXFP8)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: manifests list fp8 codes (fp8-block, mxfp8); "
+                         "the %s codes of policy gemm %u are not described by a manifest yet",
+                         "parity_model_write_manifest_for", quant_format_name(pol->gemm), pol->gemm);
     if ((rc = model_enter(m))) return rc;
     rc = manifest_write(m, pol, path);
     model_leave(m);
@@ -633,6 +643,10 @@ int parity_model_verify_for(const parity_model *m, const parity_policy *pol, con
     if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
     int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
     if (rc) return rc;
+    if (pol && pol->gemm > PARITY_GEMM_MXFP8)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: manifests list fp8 codes (fp8-block, mxfp8); "
+                         "the %s codes of policy gemm %u are not described by a manifest yet",
+                         "parity_model_verify_for", quant_format_name(pol->gemm), pol->gemm);
     if (report_buf && report_size) report_buf[0] = '\0';
     json_doc *doc;
     rc = read_manifest(path, &doc);

@@ -553,22 +553,22 @@ static void test_fp16_weights(const ckpt *base) {
         const char *name = "model.layers.1.mlp.down_proj.weight";
         const expected *e = model_find_tensor(m, name);
         const tensor *t = ckpt_get(&masters, name);
-        CHECK(s8 && e && t && e->dst->fp8[PARITY_FP8Q_TE]);
-        if (s8 && e && t && e->dst->fp8[PARITY_FP8Q_TE]) {
+        CHECK(s8 && e && t && e->dst->quant[PARITY_FP8Q_TE]);
+        if (s8 && e && t && e->dst->quant[PARITY_FP8Q_TE]) {
             const weight *w = e->dst;
             const size_t n = (size_t)w->rows * w->cols, grid = ((w->rows + 127) / 128) * ((w->cols + 127) / 128);
             uint8_t *codes = malloc(n);
             float *scales = malloc(grid * sizeof *scales), *cast = malloc(n * sizeof *cast);
             CHECK_OK(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, w->rows, w->cols, (const float *)t->data,
                                                 w->cols, 128, 128, codes, w->cols, scales));
-            CHECK(memcmp(codes, w->fp8[PARITY_FP8Q_TE]->codes, n) == 0);
-            CHECK(memcmp(scales, w->fp8[PARITY_FP8Q_TE]->scales, grid * sizeof *scales) == 0);
+            CHECK(memcmp(codes, w->quant[PARITY_FP8Q_TE]->codes, n) == 0);
+            CHECK(memcmp(scales, w->quant[PARITY_FP8Q_TE]->scales, grid * sizeof *scales) == 0);
             for (size_t i = 0; i < n; i++)
                 cast[i] = parity_bf16_to_f32(parity_bf16_from_f32(((const float *)t->data)[i]));
             CHECK_OK(parity_fp8_quantize_blocks(PARITY_FP8Q_TE, w->rows, w->cols, cast, w->cols,
                                                 128, 128, codes, w->cols, scales));
-            CHECK(memcmp(codes, w->fp8[PARITY_FP8Q_TE]->codes, n) != 0 ||
-                  memcmp(scales, w->fp8[PARITY_FP8Q_TE]->scales, grid * sizeof *scales) != 0);
+            CHECK(memcmp(codes, w->quant[PARITY_FP8Q_TE]->codes, n) != 0 ||
+                  memcmp(scales, w->quant[PARITY_FP8Q_TE]->scales, grid * sizeof *scales) != 0);
             free(codes), free(scales), free(cast);
         }
         parity_scorer_free(s8);
@@ -987,8 +987,8 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
         const weight *g = model_find_tensor(m, GATE0)->dst;
         parity_policy te;
         CHECK_OK(parity_policy_from_name("vllm+fp8-block:te", &te));
-        CHECK(g->fp8[rule_te] == NULL && fp8_weight_for(&te, g) == g->shipped &&
-              g->fp8[PARITY_FP8Q_MX_OCP] != NULL);
+        CHECK(g->quant[rule_te] == NULL && quant_weight_for(&te, g) == g->shipped &&
+              g->quant[PARITY_FP8Q_MX_OCP] != NULL);
         parity_scorer_free(s);
         parity_scorer_free(s2);
     }
@@ -1105,9 +1105,9 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
             parity_scorer *s2 = new_scorer(mk, (fixture){.policy = "vllm+mxfp8:ocp", .n_threads = 1, .max_tokens = 64});
             /* no fp8 policy quantizes a kept layer; the others run on their shipped codes or
              * (mxfp8) on a copy quantized from their dequantized values */
-            for (int q = 0; q < FP8_QUANTIZERS; q++) CHECK(kq->fp8[q] == NULL);
+            for (int q = 0; q < QUANTIZERS; q++) CHECK(kq->quant[q] == NULL);
             const weight *kg = model_find_tensor(mk, GATE0)->dst;
-            CHECK(kg->shipped && !kg->fp8[rule_deepseek] && kg->fp8[PARITY_FP8Q_MX_OCP]);
+            CHECK(kg->shipped && !kg->quant[rule_deepseek] && kg->quant[PARITY_FP8Q_MX_OCP]);
             const weight *kd = model_find_tensor(mk, "model.layers.1.mlp.down_proj.weight")->dst;
             CHECK(kd->keep_bf16 && !kd->shipped);
             parity_scorer_free(s);

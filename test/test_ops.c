@@ -129,7 +129,9 @@ static void compare_with_scorer(const parity_model *m, const char *what, const i
                                 int all_presets) {
     static const char *const presets[] = {"hf-eager", "aligned+fp32-head", "hf-sdpa", "vllm",
                                           "sglang", "aligned", "vllm+fp32-head",
-                                          "vllm+fp8-block:deepseek", "hf-eager+mxfp8:te"};
+                                          "vllm+fp8-block:deepseek", "hf-eager+mxfp8:te",
+                                          "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp",
+                                          "hf-eager+ternary:bitnet"};
     const size_t n_presets = all_presets ? sizeof presets / sizeof presets[0] : 2;
     size_t n_lp = 0;
     for (size_t i = 0; i < n_seqs; i++) n_lp += lengths[i] - 1;

@@ -455,6 +455,7 @@ int main(void) {
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(tiny, "hf-eager+fp16", PARITY_BACKEND_BF16, seed++);
         check_policy(tiny, "vllm+fp8-block:deepseek", PARITY_BACKEND_BF16, seed++);
+        check_policy(tiny, "vllm+nvfp4:te", PARITY_BACKEND_BF16, seed++);
         if (backend_runs(PARITY_BACKEND_AMX))
             check_policy(trained, "aligned", PARITY_BACKEND_AMX, seed++);
     } else {
@@ -469,6 +470,12 @@ int main(void) {
         /* fp8 on the tiny model: its GEMM is a scalar reference (DESIGN.md, "FP8 GEMM") */
         check_policy(tiny, "vllm+fp8-block:te", PARITY_BACKEND_BF16, seed++);
         check_policy(tiny, "hf-eager+mxfp8:ocp", PARITY_BACKEND_BF16, seed++);
+        /* the 4-bit and ternary formats, each with a rule the scorer tests do not run */
+        check_policy(tiny, "vllm+nvfp4:torchao", PARITY_BACKEND_BF16, seed++);
+        check_policy(tiny, "vllm+mxfp4:rceil", PARITY_BACKEND_BF16, seed++);
+        check_policy(tiny, "hf-eager+mxfp4:microxcaling", PARITY_BACKEND_OPENBLAS, seed++);
+        check_policy(trained, "hf-eager+ternary:hf-bitlinear", PARITY_BACKEND_BF16, seed++);
+        check_policy(tiny, "aligned+ternary:onebitllms", PARITY_BACKEND_BF16, seed++);
         check_policy(trained, "hf-eager", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "aligned", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "fp32", PARITY_BACKEND_OPENBLAS, seed++);

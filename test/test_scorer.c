@@ -231,6 +231,47 @@ static void check_bad_input(const parity_model *m) {
                                    NULL};
     for (int i = 0; bad_fp8[i]; i++)
         CHECK_STATUS(parity_policy_from_name(bad_fp8[i], &pol), PARITY_ERR_POLICY);
+    /* the 4-bit and ternary modifiers: each rule maps to its quantizer, its format's only */
+    static const struct {
+        const char *name;
+        int gemm, quantizer;
+    } fmt4[] = {{"vllm+nvfp4:modelopt", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_MODELOPT},
+                {"vllm+nvfp4:te", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TE},
+                {"aligned+nvfp4:torchao", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TORCHAO},
+                {"vllm+mxfp4:ocp", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_OCP},
+                {"vllm+mxfp4:rceil", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_RCEIL},
+                {"sglang+mxfp4:microxcaling", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_MICROXCALING},
+                {"hf-eager+ternary:bitnet", PARITY_GEMM_TERNARY, PARITY_QUANT_TERNARY_BITNET},
+                {"hf-eager+ternary:hf-bitlinear", PARITY_GEMM_TERNARY, PARITY_QUANT_TERNARY_HF_BITLINEAR},
+                {"hf-eager+ternary:onebitllms", PARITY_GEMM_TERNARY, PARITY_QUANT_TERNARY_ONEBITLLMS}};
+    for (size_t i = 0; i < sizeof fmt4 / sizeof fmt4[0]; i++) {
+        CHECK_OK(parity_policy_from_name(fmt4[i].name, &pol));
+        CHECK_INT(pol.gemm, fmt4[i].gemm);
+        CHECK_INT(pol.quantizer, fmt4[i].quantizer);
+        CHECK_OK(parity_policy_validate(&pol));
+        CHECK(!strcmp(parity_quantizer_name(pol.quantizer), strchr(fmt4[i].name, ':') + 1));
+    }
+    const char *const bad_fmt4[] = {"vllm+nvfp4", "vllm+nvfp4:ocp", "vllm+mxfp4:te",
+                                    "vllm+ternary:", "vllm+ternary:bitnet:x", "fp32+ternary:bitnet",
+                                    "vllm+fp16+nvfp4:te", "vllm+nvfp4:te+mxfp4:ocp",
+                                    "vllm+mxfp4:ocp+fp8-block:te", NULL};
+    for (int i = 0; bad_fmt4[i]; i++)
+        CHECK_STATUS(parity_policy_from_name(bad_fmt4[i], &pol), PARITY_ERR_POLICY);
+    CHECK(strstr(parity_last_error(), "one quantized format") != NULL);
+    CHECK_OK(parity_policy_from_name("vllm", &pol));
+    pol.gemm = PARITY_GEMM_NVFP4;
+    pol.quantizer = PARITY_QUANT_MXFP4_OCP; /* a rule of another format */
+    CHECK_STATUS(parity_policy_validate(&pol), PARITY_ERR_POLICY);
+    pol.quantizer = PARITY_QUANT_TERNARY_ONEBITLLMS + 1;
+    CHECK_STATUS(parity_policy_validate(&pol), PARITY_ERR_POLICY);
+    pol.gemm = PARITY_GEMM_TERNARY + 1;
+    pol.quantizer = 0;
+    CHECK_STATUS(parity_policy_validate(&pol), PARITY_ERR_POLICY);
+    int q = -1;
+    CHECK_STATUS(parity_quantizer_from_name(PARITY_GEMM_BF16, "te", &q), PARITY_ERR_POLICY);
+    CHECK_OK(parity_quantizer_from_name(PARITY_GEMM_MXFP4, "rceil", &q));
+    CHECK_INT(q, PARITY_QUANT_MXFP4_RCEIL);
+    CHECK(parity_quantizer_name(PARITY_QUANT_TERNARY_ONEBITLLMS + 1) == NULL);
     /* the switches checked: a quantizer of the other family, fp8 on fp16, a stray quantizer */
     parity_policy sw;
     CHECK_OK(parity_policy_from_name("vllm", &sw));
@@ -262,7 +303,8 @@ int main(void) {
     const char *const *presets = parity_policy_preset_names();
     const char *extra[] = {"vllm+aligned", "hf-sdpa+fp32-head", "hf-eager+fp16", "vllm+fp16",
                            "vllm+fp8-block:deepseek", "aligned+fp8-block:te-pow2",
-                           "hf-eager+mxfp8:te", NULL};
+                           "hf-eager+mxfp8:te", "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp",
+                           "hf-eager+ternary:bitnet", NULL};
     parity_model *models[] = {tiny, trained};
     /* quick mode: every other preset (fp32, flash and eager attention all met), no extras */
     const int every = quick() ? 2 : 1;

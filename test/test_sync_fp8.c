@@ -398,7 +398,7 @@ int main(void) {
         parity_scorer *s = new_scorer(Q, (fixture){.policy = ds, .n_threads = 1, .max_tokens = 64});
         push_masters(Q, L);
         const weight *g = model_find_tensor(Q, GATE0)->dst;
-        CHECK(!g->shipped && g->fp8[deepseek] != NULL);
+        CHECK(!g->shipped && g->quant[deepseek] != NULL);
         float a[SEQ_LEN - 1], b[SEQ_LEN - 1];
         scores(L, ds, a);
         uint32_t len = SEQ_LEN;

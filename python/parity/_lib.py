@@ -454,6 +454,25 @@ _PROTOTYPES = [
     #                           uint8_t *scales);
     ("parity_mxfp8_quantize", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
                                       c_size_t, c_void_p], True),
+    # int parity_quantizer_from_name(uint32_t gemm, const char *name, int *out);
+    ("parity_quantizer_from_name", c_int, [c_uint32, c_char_p, POINTER(c_int)], True),
+    # const char *parity_quantizer_name(int quantizer);
+    ("parity_quantizer_name", c_char_p, [c_int], False),
+    # int parity_nvfp4_quantize(int quantizer, int per_row, size_t rows, size_t cols,
+    #                           const float *x, size_t x_stride, uint8_t *codes,
+    #                           size_t codes_stride, uint8_t *block_scales, float *tensor_scales);
+    ("parity_nvfp4_quantize", c_int, [c_int, c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                      c_void_p, c_size_t, c_void_p, c_void_p], True),
+    # int parity_mxfp4_quantize(int quantizer, size_t rows, size_t cols, const float *x,
+    #                           size_t x_stride, uint8_t *codes, size_t codes_stride,
+    #                           uint8_t *scales);
+    ("parity_mxfp4_quantize", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
+                                      c_size_t, c_void_p], True),
+    # int parity_ternary_quantize(int quantizer, int per_row, size_t rows, size_t cols,
+    #                             const float *x, size_t x_stride, int8_t *codes,
+    #                             size_t codes_stride, float *scales);
+    ("parity_ternary_quantize", c_int, [c_int, c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                        c_void_p, c_size_t, c_void_p], True),
     # int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n,
     #                            uint64_t *fnv1a64);
     ("parity_tensor_checksum", c_int, [c_uint32, c_void_p, c_uint64, POINTER(c_uint64)], True),

@@ -20,11 +20,17 @@ from ._lib import lib
 
 __all__ = ["BLOCK_RULES", "MX_RULES", "FP4_ROUNDINGS", "fp8_from_f32", "fp8_to_f32", "fp4_from_f32", "fp4_to_f32",
            "fp4_pack", "fp4_unpack", "quantize_fp8_blocks",
-           "quantize_mxfp8", "fp16_from_f32", "fp16_to_f32"]
+           "quantize_mxfp8", "fp16_from_f32", "fp16_to_f32", "NVFP4_RULES", "MXFP4_RULES",
+           "TERNARY_RULES", "quantize_nvfp4", "quantize_mxfp4", "quantize_ternary"]
 
 #: The names of the block-FP8 and MXFP8 quantizers, as parity_fp8_quantizer_from_name takes them.
 BLOCK_RULES = ("deepseek", "sglang", "te", "deepgemm", "te-pow2")
 MX_RULES = ("ocp", "te")
+#: The names of the 4-bit and ternary quantizers (parity.h, "4-bit and ternary quantizers").
+NVFP4_RULES = ("modelopt", "te", "torchao")
+MXFP4_RULES = ("ocp", "rceil", "microxcaling")
+TERNARY_RULES = ("bitnet", "hf-bitlinear", "onebitllms")
+_GEMM = {"nvfp4": 3, "mxfp4": 4, "ternary": 5}
 _FORMATS = {"e4m3": 0, "e5m2": 1}
 
 
@@ -177,3 +183,68 @@ def quantize_mxfp8(values, rows, cols, rule="ocp"):
         return (np.frombuffer(codes.raw, dtype=np.uint8).reshape(rows, cols).copy(),
                 np.frombuffer(scales.raw, dtype=np.uint8).reshape(rows, -(-cols // 32)).copy())
     return codes.raw, scales.raw
+
+
+def _rule_of(fmt, name):
+    q = ctypes.c_int()
+    lib.parity_quantizer_from_name(_GEMM[fmt], name.encode(), ctypes.byref(q))
+    return q.value
+
+
+def _per_row(per_row):
+    if per_row not in (False, True, 0, 1):
+        raise ValueError("per_row must be a bool, not %r" % (per_row,))
+    return 1 if per_row else 0
+
+
+def quantize_nvfp4(values, rows, cols, rule="modelopt", per_row=False):
+    """NVFP4 quantization (1 x 16 blocks along each row) with a named rule (NVFP4_RULES):
+    (codes, block_scales, tensor_scales): rows * cols E2M1 codes (one a byte), rows *
+    ceil(cols / 16) E4M3 block-scale codes, and the fp32 tensor scales s2 (one for a weight,
+    per_row=False; one per row for activations, per_row=True). value = e2m1 * e4m3 * s2."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    q, pr = _rule_of("nvfp4", rule), _per_row(per_row)
+    grid = rows * -(-cols // 16)
+    codes, sf = ctypes.create_string_buffer(n), ctypes.create_string_buffer(grid)
+    s2 = array("f", bytes(4 * (rows if pr else 1)))
+    lib.parity_nvfp4_quantize(q, pr, rows, cols, buf, cols, codes, cols, sf,
+                              (ctypes.c_char * (4 * len(s2))).from_buffer(s2))
+    if np:
+        return (np.frombuffer(codes.raw, dtype=np.uint8).reshape(rows, cols).copy(),
+                np.frombuffer(sf.raw, dtype=np.uint8).reshape(rows, -(-cols // 16)).copy(),
+                np.frombuffer(s2.tobytes(), dtype=np.float32).copy())
+    return codes.raw, sf.raw, s2
+
+
+def quantize_mxfp4(values, rows, cols, rule="ocp"):
+    """MXFP4 quantization (1 x 32 blocks along each row) with a named rule (MXFP4_RULES):
+    (codes, scales): rows * cols E2M1 codes (one a byte) and rows * ceil(cols / 32) E8M0
+    scale bytes (byte b means 2^(b - 127))."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    q = _rule_of("mxfp4", rule)
+    grid = rows * -(-cols // 32)
+    codes, scales = ctypes.create_string_buffer(n), ctypes.create_string_buffer(grid)
+    lib.parity_mxfp4_quantize(q, rows, cols, buf, cols, codes, cols, scales)
+    if np:
+        return (np.frombuffer(codes.raw, dtype=np.uint8).reshape(rows, cols).copy(),
+                np.frombuffer(scales.raw, dtype=np.uint8).reshape(rows, -(-cols // 32)).copy())
+    return codes.raw, scales.raw
+
+
+def quantize_ternary(values, rows, cols, rule="bitnet", per_row=False):
+    """Ternary quantization with a named rule (TERNARY_RULES): a weight (per_row=False: codes
+    in {-1, 0, 1} and one multiplier s_w, value = code / s_w) or activations (per_row=True:
+    int8 codes and one multiplier s_x per row). (codes as int8, scales as float32)."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    q, pr = _rule_of("ternary", rule), _per_row(per_row)
+    codes = ctypes.create_string_buffer(n)
+    scales = array("f", bytes(4 * (rows if pr else 1)))
+    lib.parity_ternary_quantize(q, pr, rows, cols, buf, cols, codes, cols,
+                                (ctypes.c_char * (4 * len(scales))).from_buffer(scales))
+    if np:
+        return (np.frombuffer(codes.raw, dtype=np.int8).reshape(rows, cols).copy(),
+                np.frombuffer(scales.tobytes(), dtype=np.float32).copy())
+    return codes.raw, scales

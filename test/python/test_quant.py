@@ -1,4 +1,4 @@
-"""Known answers for the FP8 quantizers: a reference written here from the sources'
+"""Known answers for the FP8, NVFP4, MXFP4 and ternary quantizers: a reference written here from the sources'
 formulas (../shared/notes/quant-formats.md; numpy float32 arithmetic, which is IEEE), not from
 the C code, quantizes the trained model's fp32 masters with every named rule; the library's
 codes and scales must equal it bitwise. Each rule's reference is also compared with every
@@ -128,6 +128,131 @@ def ref_mx(x, rule):
     return codes, biased.astype(np.uint8)
 
 
+# ---- the 4-bit and ternary references ------------------------------------------------------
+
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def e2m1(v, away=False):
+    """E2M1 codes of float32 values: the nearest of the eight magnitudes by distance (beyond 6:
+    6), ties to the even code or (away) to the larger magnitude; sign 0x8 from the sign bit."""
+    v = np.asarray(v, dtype=F32).astype(np.float64)
+    a = np.minimum(np.abs(v), 6.0)
+    hi = np.clip(np.searchsorted(E2M1_VALUES, a, side="left"), 0, 7)
+    lo = np.clip(hi - 1, 0, 7)
+    d_lo, d_hi = a - E2M1_VALUES[lo], E2M1_VALUES[hi] - a
+    tie = d_lo == d_hi
+    pick = np.where(d_lo < d_hi, lo, hi)
+    pick = np.where(tie, hi if away else np.where(lo % 2 == 0, lo, hi), pick)
+    pick = np.where(a == E2M1_VALUES[hi], hi, pick)
+    return (pick | np.where(np.signbit(v), 8, 0)).astype(np.uint8)
+
+
+def e4m3_value(codes):
+    c = codes.astype(np.int64)
+    mag, e, f = c & 0x7F, (c & 0x7F) >> 3, c & 7
+    v = np.where(e == 0, np.ldexp(f.astype(np.float64), -9), np.ldexp((8 + f).astype(np.float64), e - 10))
+    return np.where(c & 0x80, -v, v).astype(F32)
+
+
+def bf16(x):
+    """float32 -> bf16 -> float32, round to nearest even (finite values)."""
+    b = np.asarray(x, dtype=F32).view(np.uint32).astype(np.uint64)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return r.view(F32)
+
+
+def row_blocks(x, bc):
+    """[R, C, bc] zero-padded 1 x bc blocks and their amax [R, C]."""
+    b, amax = blocks(x, 1, bc)
+    return b[:, :, 0, :], amax
+
+
+def cut(codes, x):
+    R, C, bc = codes.shape
+    return codes.reshape(R, C * bc)[:, :x.shape[1]]
+
+
+def ref_nvfp4(x, rule, per_row):
+    b, amax16 = row_blocks(x, 16)
+    amax_t = np.abs(x).max(axis=1).astype(F32) if per_row else np.full(x.shape[0], np.abs(x).max(), F32)
+    s2row = amax_t[:, None]
+    fmax = np.finfo(F32).max
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if rule == "te":
+            S = np.minimum(F32(2688.0) / s2row, fmax).astype(F32)
+            S = np.where((s2row == 0) | (S == 0), F32(1.0), S).astype(F32)
+            s2 = (F32(1.0) / S).astype(F32)
+            sf = e4m3_saturating((amax16 * (S * (F32(1.0) / F32(6.0)))).astype(F32))
+            sfv = e4m3_value(sf)
+            m = np.minimum(F32(1.0) / (sfv * (F32(1.0) / S)), fmax).astype(F32)
+            codes = e2m1((b * m[:, :, None]).astype(F32))
+            zero = np.zeros_like(s2, dtype=bool)
+        else:
+            s2 = (s2row / F32(2688.0)).astype(F32)
+            zero = s2 == 0
+            if rule == "modelopt":
+                v = (amax16 / (F32(6.0) * s2)).astype(F32)
+                v = np.where(v == 0, F32(1.0), v)
+                sf = e4m3_saturating(v)
+                sfv = e4m3_value(sf)
+                codes = e2m1((b / (sfv * s2)[:, :, None]).astype(F32))
+            else:  # torchao
+                v = ((amax16 / F32(6.0)) / s2).astype(F32)
+                sf = e4m3_saturating(np.clip(v, F32(2.0 ** -6), F32(448.0)))
+                sfv = e4m3_value(sf)
+                codes = e2m1(np.clip((b / (s2 * sfv)[:, :, None]).astype(F32), -6, 6))
+        codes = np.where((sfv == 0)[:, :, None], 0, codes)
+        sf = np.where(zero, e4m3_saturating(np.array([1.0], F32))[0], sf)
+        codes = np.where(zero[:, :, None], 0, codes).astype(np.uint8)
+    s2 = s2[:, 0] if per_row else s2[:1, 0]
+    return cut(codes, x), np.concatenate([sf.astype(np.uint8).ravel(), s2.astype(F32).view(np.uint8)])
+
+
+def ref_mxfp4(x, rule):
+    b, amax = row_blocks(x, 32)
+    amax = amax.astype(F32)
+    if rule == "rceil":                        # RCEIL of amax * RN(1/6)
+        v = (amax * (F32(1.0) / F32(6.0))).astype(F32)
+        m, e = np.frexp(v.astype(np.float64))
+        ceil_log2 = np.where(m == 0.5, e - 1, e)
+        biased = np.clip(np.where(v > 0, ceil_log2 + 127, 0), 0, 254)
+    else:                                      # floor(log2 amax) - emax(E2M1) = 2
+        _, e = np.frexp(amax.astype(np.float64))
+        biased = np.clip(np.where(amax > 0, e - 1, -1000) - 2, -127, 128) + 127
+    mult = np.ldexp(1.0, 127 - biased).astype(F32)
+    codes = e2m1((b * mult[:, :, None]).astype(F32), away=rule == "microxcaling")
+    return cut(codes, x), biased.astype(np.uint8)
+
+
+def ref_ternary(x, rule, per_row):
+    if rule == "onebitllms":
+        rnd = lambda v: np.floor((v + F32(0.5)).astype(F32))  # noqa: E731
+    else:
+        rnd = np.rint
+    if not per_row:
+        total = np.cumsum(np.abs(x).astype(np.float64).ravel())[-1]   # in row-major order
+        mean = F32(total / x.size)
+        s = F32(1.0) / np.maximum(mean, F32(1e-5))
+        codes = np.clip(rnd((x * s).astype(F32)), -1, 1).astype(np.int8)
+        stored = bf16(np.array([s], F32)) if rule == "hf-bitlinear" else np.array([s], F32)
+        return codes, stored.astype(F32)
+    if rule == "hf-bitlinear":                 # transformers BitLinear, in bf16
+        xb = bf16(x)
+        c = np.maximum(np.abs(xb).max(axis=1), bf16(np.array([1e-5], F32))[0])
+        s = bf16((F32(127.0) / c).astype(F32))
+        codes = np.clip(np.rint(bf16((xb * s[:, None]).astype(F32))), -128, 127)
+    else:
+        s = (F32(127.0) / np.maximum(np.abs(x).max(axis=1), F32(1e-5))).astype(F32)
+        codes = np.clip(rnd((x * s[:, None]).astype(F32)), -128, 127)
+    return codes.astype(np.int8), s.astype(F32)
+
+
+def lib_nvfp4(x, rule, per_row):
+    c, sf, s2 = quant.quantize_nvfp4(x, x.shape[0], x.shape[1], rule, per_row)
+    return c, np.concatenate([sf.ravel(), s2.view(np.uint8)])
+
+
 PATH, MASTERS = read_masters()
 #: the matrices quantized: each master, one cut so that its edge blocks are partial, a random
 #: one (rows of N(0, 1) at scales 10^U(-6, 4)), and one built on the element rounding's ties
@@ -161,6 +286,36 @@ def ties_matrix():
 CASES.append(("ties 128x2048", ties_matrix()))
 
 
+def ties_fp4(bc):
+    """64 x (bc x 32) for the E2M1 rules: row r's block j has its amax a (random; the first
+    row's first element is 10 times the largest, the tensor's amax) in its first element and
+    E2M1 midpoints times a / 6 elsewhere, so that x / scale lands on the element ties; MXFP4
+    blocks with a power-of-two a (half of them) meet them exactly."""
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    out = np.empty((64, bc * 32), dtype=F32)
+    for j in range(32):
+        a = np.where(_gen.random(64) < 0.5, 2.0 ** _gen.integers(-8, 8, 64) * 6,
+                     10.0 ** _gen.uniform(-3, 3, 64)).astype(F32)
+        blk = (_gen.choice(mids, (64, bc)) * _gen.choice([-1, 1], (64, bc)) * (a[:, None] / 6.0))
+        blk[:, 0] = a
+        out[:, j * bc:(j + 1) * bc] = blk.astype(F32)
+    out[0, 0] = F32(np.abs(out).max() * 10)
+    return np.ascontiguousarray(out)
+
+
+def ties_ternary(activations):
+    """256 x 256, half 0.5 and half 1.5 (signs random): mean |w| is 1 exactly, so every 0.5 is
+    a tie of the weight rounding; or (activations) rows with amax 127 and elements k + 0.5,
+    ties of the int8 rounding."""
+    if not activations:
+        w = _gen.permutation(np.repeat([0.5, 1.5], 256 * 128)).reshape(256, 256)
+        w = w * _gen.choice([-1, 1], (256, 256))
+    else:
+        w = _gen.integers(-126, 126, (256, 256)) + 0.5
+        w[:, 0] = 127.0
+    return np.ascontiguousarray(w.astype(F32))
+
+
 def equal(a, b):
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -172,30 +327,34 @@ class KnownAnswers(unittest.TestCase):
                             np.ldexp(np.linspace(1, 2, 4097), -12).astype(F32)])
         self.assertTrue(equal(e4m3_saturating(x), quant.fp8_from_f32(x, "e4m3", True)))
 
-    def check_rules(self, rules, run_ref, run_lib, label):
+    def check_rules(self, rules, run_ref, run_lib, label, ties=None):
         print("%s: %d matrices from %s" % (label, len(CASES), os.path.relpath(PATH, harness.REPO)))
-        for name, w in CASES:
+        cases = CASES if ties is None else CASES[:-1] + [ties]
+        for name, w in cases:
             refs = {r: run_ref(w, r) for r in rules}
             libs = {r: run_lib(w, r) for r in rules}
             for r in rules:
                 with self.subTest(tensor=name, rule=r):
                     self.assertTrue(equal(refs[r][0], libs[r][0]), "%s %s codes differ" % (name, r))
                     self.assertTrue(equal(refs[r][1], libs[r][1]), "%s %s scales differ" % (name, r))
-        # every other rule's output differs from this rule's answer (on the trained masters
-        # alone some pairs agree everywhere: the count of codes that differ there is printed)
+        # every other rule's output differs from this rule's answer somewhere, on the masters
+        # or on the ties matrix (on the masters alone some pairs agree everywhere: the count
+        # of codes that differ there is printed)
         for r in rules:
             for other in rules:
                 if other <= r:
                     continue
-                masters = [run_ref(w, r)[0] != run_lib(w, other)[0] for n, w in CASES[:-3]]
-                n_codes = sum(int(d.sum()) for d in masters)
-                total = sum(d.size for d in masters)
-                a, b = run_ref(CASES[-1][1], r), run_lib(CASES[-1][1], other)
-                print("  %s vs %s: %d of %d codes of the masters differ; on the ties matrix "
-                      "%d codes, %d scales" % (r, other, n_codes, total, int((a[0] != b[0]).sum()),
-                                               int((a[1] != b[1]).sum())))
-                self.assertFalse(equal(a[0], b[0]) and equal(a[1], b[1]),
-                                 "%s and %s give the same codes and scales" % (r, other))
+                pairs = [(run_ref(w, r), run_lib(w, other)) for n, w in cases[:-3]]
+                n_codes = sum(int((a[0] != b[0]).sum()) for a, b in pairs)
+                n_scales = sum(int((a[1] != b[1]).sum()) for a, b in pairs)
+                total = sum(a[0].size for a, b in pairs)
+                a, b = run_ref(cases[-1][1], r), run_lib(cases[-1][1], other)
+                t_codes, t_scales = int((a[0] != b[0]).sum()), int((a[1] != b[1]).sum())
+                print("  %s vs %s: %d of %d codes and %d scales of the masters differ; on the "
+                      "ties matrix %d codes, %d scales" % (r, other, n_codes, total, n_scales,
+                                                           t_codes, t_scales))
+                self.assertTrue(n_codes + n_scales + t_codes + t_scales > 0,
+                                "%s and %s give the same codes and scales" % (r, other))
 
     def test_block_rules_weights(self):
         self.check_rules(quant.BLOCK_RULES, lambda w, r: ref_blocks(w, r, 128, 128),
@@ -228,15 +387,86 @@ class KnownAnswers(unittest.TestCase):
             if want == (127, 128):
                 self.assertEqual(int(c_floor[0, 0]), 0x7E)  # saturated at 448
 
+    def test_reference_e2m1_is_the_format(self):
+        """The reference's E2M1 step against the library's exhaustively tested cast."""
+        x = np.concatenate([np.linspace(-8, 8, 64001, dtype=F32),
+                            np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -5], F32)])
+        self.assertTrue(equal(e2m1(x), quant.fp4_from_f32(x, "nearest-even")))
+        self.assertTrue(equal(e2m1(x, True), quant.fp4_from_f32(x, "half-away")))
+
+    def test_nvfp4_weights(self):
+        self.check_rules(quant.NVFP4_RULES, lambda w, r: ref_nvfp4(w, r, False),
+                         lambda w, r: lib_nvfp4(w, r, False), "nvfp4 1x16, tensor scale",
+                         ("ties 64x512", ties_fp4(16)))
+
+    def test_nvfp4_activations(self):
+        self.check_rules(quant.NVFP4_RULES, lambda w, r: ref_nvfp4(w, r, True),
+                         lambda w, r: lib_nvfp4(w, r, True), "nvfp4 1x16, per-token scale",
+                         ("ties 64x512", ties_fp4(16)))
+
+    def test_mxfp4(self):
+        self.check_rules(quant.MXFP4_RULES, ref_mxfp4,
+                         lambda w, r: quant.quantize_mxfp4(w, w.shape[0], w.shape[1], r),
+                         "mxfp4 1x32", ("ties 64x1024", ties_fp4(32)))
+
+    def test_ternary_weights(self):
+        self.check_rules(quant.TERNARY_RULES, lambda w, r: ref_ternary(w, r, False),
+                         lambda w, r: quant.quantize_ternary(w, w.shape[0], w.shape[1], r, False),
+                         "ternary absmean", ("ties 256x256", ties_ternary(False)))
+
+    def test_ternary_activations(self):
+        self.check_rules(quant.TERNARY_RULES, lambda w, r: ref_ternary(w, r, True),
+                         lambda w, r: quant.quantize_ternary(w, w.shape[0], w.shape[1], r, True),
+                         "int8 absmax", ("ties 256x256", ties_ternary(True)))
+
+    def test_4bit_by_hand(self):
+        """Answers worked by hand. NVFP4 modelopt: amax 6 gives s2 = 6 / 2688, sf = 448, and the
+        E2M1 values themselves come back; a block 10^-6 below the tensor's amax has an E4M3
+        scale of 0 and codes 0. MXFP4: amax 7 has floor scale 2^0 (7 saturates to 6) and RCEIL
+        scale 2^1 (7 / 2 = 3.5, a tie, to even: 4). Ternary: mean |w| = 1 for w = (0.5, 1.5),
+        so 0.5 is a tie: 0 to even, 1 half up."""
+        vals = np.array([[6, 4, 3, 2, 1.5, 1, 0.5, 0, -6, -4, -3, -2, -1.5, -1, -0.5, 0]], F32)
+        c, sf, s2 = quant.quantize_nvfp4(vals, 1, 16, "modelopt")
+        self.assertEqual(s2[0], F32(6.0) / F32(2688.0))
+        self.assertEqual(int(sf[0, 0]), 0x7E)
+        self.assertTrue(np.array_equal(np.array(quant.fp4_to_f32(c.tobytes()), F32), vals[0]))
+        two = np.concatenate([vals, np.full((1, 16), 1e-6, F32) * vals], axis=1)
+        c2, sf2, _ = quant.quantize_nvfp4(two, 1, 32, "modelopt")
+        self.assertEqual(int(sf2[0, 1]), 0)
+        self.assertFalse(c2[0, 16:].any())
+        x = np.array([[7.0] + [0.0] * 31], F32)
+        c_ocp, s_ocp = quant.quantize_mxfp4(x, 1, 32, "ocp")
+        c_rc, s_rc = quant.quantize_mxfp4(x, 1, 32, "rceil")
+        self.assertEqual((int(s_ocp[0, 0]), int(c_ocp[0, 0])), (127, 0x7))
+        self.assertEqual((int(s_rc[0, 0]), int(c_rc[0, 0])), (128, 0x6))
+        w = np.array([[0.5, 1.5]], F32)
+        self.assertEqual(list(quant.quantize_ternary(w, 1, 2, "bitnet")[0][0]), [0, 1])
+        self.assertEqual(list(quant.quantize_ternary(w, 1, 2, "onebitllms")[0][0]), [1, 1])
+        a = np.array([[127.0, 0.5, -0.5, 63.5]], F32)
+        self.assertEqual(list(quant.quantize_ternary(a, 1, 4, "bitnet", True)[0][0]), [127, 0, 0, 64])
+        self.assertEqual(list(quant.quantize_ternary(a, 1, 4, "onebitllms", True)[0][0]), [127, 1, 0, 64])
+
     def test_bad_input(self):
         x = np.ones((2, 4), dtype=F32)
         with self.assertRaises(parity.ParityError):
             quant.quantize_fp8_blocks(x, 2, 4, "ocp")          # an MX rule name
         with self.assertRaises(parity.ParityError):
             quant.quantize_mxfp8(x, 2, 4, "deepseek")
+        with self.assertRaises(parity.ParityError):
+            quant.quantize_nvfp4(x, 2, 4, "ocp")                # an MXFP4 rule name
+        with self.assertRaises(parity.ParityError):
+            quant.quantize_mxfp4(x, 2, 4, "modelopt")
+        with self.assertRaises(parity.ParityError):
+            quant.quantize_ternary(x, 2, 4, "te")
+        with self.assertRaises(ValueError):
+            quant.quantize_ternary(x, 2, 4, "bitnet", per_row=2)
         x[1, 2] = np.nan
         with self.assertRaisesRegex(parity.ParityError, r"x\[1\]\[2\] is NaN"):
             quant.quantize_fp8_blocks(x, 2, 4, "te")
+        for call in (lambda: quant.quantize_nvfp4(x, 2, 4), lambda: quant.quantize_mxfp4(x, 2, 4),
+                     lambda: quant.quantize_ternary(x, 2, 4, per_row=True)):
+            with self.assertRaisesRegex(parity.ParityError, r"x\[1\]\[2\] is NaN"):
+                call()
         with self.assertRaises(ValueError):
             quant.quantize_fp8_blocks(np.ones(8, dtype=F32), 3, 3)
 
