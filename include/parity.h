@@ -724,7 +724,26 @@ PARITY_API int parity_model_save(const parity_model *model, const char *dir);
  *           "deepgemm", "te-pow2") from the model's values (the fp32 masters where it has them,
  *           never through a bf16 cast); the embedding, norms and lm_head stay BF16;
  *   "fp8-block"  the same where every quantized weight holds shipped codes (else
- *           PARITY_ERR_INVALID_ARGUMENT, naming the weight).
+ *           PARITY_ERR_INVALID_ARGUMENT, naming the weight);
+ *   "bitnet:RULE"  transformers' BitNet layout (integrations/bitnet.py): config.json gains
+ *           quantization_config {quant_method bitnet, linear_class bitlinear,
+ *           modules_to_not_convert ["lm_head", and the kept layers]}; each decoder linear
+ *           weight is "<name>" U8 [ceil(rows/4), cols], four ternary codes a byte stored + 1
+ *           as pack_weights interleaves them (row i * ceil(rows/4) + r in bits 2i of packed
+ *           row r), with "<name>_scale" [1], s_w = 1 / mean|W| (BitLinear divides by it): the
+ *           shipped codes and scale as they are where the model holds them (the scale in its
+ *           dtype), else quantized with the ternary rule RULE ("bitnet", "hf-bitlinear",
+ *           "onebitllms") from the model's values, the scale F32 (BF16 under hf-bitlinear);
+ *   "bitnet"  the same where every quantized weight holds shipped ternary codes.
+ * A checkpoint in the BitNet layout loads as it is: its codes are shipped (every ternary
+ * policy reads them; the rule then quantizes the activations only), the dequantized values
+ * code / weight_scale (linear_class "bitlinear", the default) or code * weight_scale
+ * ("autobitlinear", offline) are what every other reader sees. Refused with their own
+ * statuses and the tensor named: packed codes of another shape (PARITY_ERR_TENSOR_SHAPE) or
+ * dtype (_TENSOR_DTYPE), a 2-bit field of 3 (_TENSOR_NONFINITE: no ternary code), a missing
+ * weight_scale (_SCALE_MISSING), one of another shape than [1] (_SCALE_GRID), one that is
+ * NaN, infinite, zero or negative (_SCALE_VALUE); another linear_class, or the online
+ * quantization_mode, is PARITY_ERR_UNSUPPORTED.
  * The directory must exist; model.safetensors is written under a temporary name and renamed.
  * PARITY_ERR_INVALID_ARGUMENT (PARITY_ERR_POLICY for an unknown RULE) for another layout. */
 PARITY_API int parity_model_save_as(const parity_model *model, const char *dir, const char *layout);

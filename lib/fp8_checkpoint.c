@@ -69,6 +69,27 @@ static int read_str(const json_value *q, const char *key, const char *path, cons
     return PARITY_OK;
 }
 
+/* quant_method "bitnet" (transformers integrations/bitnet.py; lib/bitnet_checkpoint.c). */
+static int parse_bitnet(const json_value *q, const char *path, fp8_checkpoint *c) {
+    const char *cls, *mode;
+    int rc;
+    if ((rc = read_str(q, "linear_class", path, &cls)) || (rc = read_str(q, "quantization_mode", path, &mode)))
+        return rc;
+    if (cls && strcmp(cls, "bitlinear") && strcmp(cls, "autobitlinear"))
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: quantization_config.linear_class '%s' is not "
+                         "known (\"bitlinear\": weight_scale is 1 / mean|W|; \"autobitlinear\": it "
+                         "is mean|W|)", path, cls);
+    const int autobit = cls && !strcmp(cls, "autobitlinear");
+    if (autobit && mode && strcmp(mode, "offline"))
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: quantization_config.quantization_mode '%s' is "
+                         "not supported (\"offline\": packed codes in the files; an online "
+                         "checkpoint holds latents, which load without quantization_config)", path, mode);
+    c->quantized = 1;
+    c->bitnet = 1;
+    c->bitnet_scale_is_mean = autobit;
+    return read_module_list(q, "modules_to_not_convert", path, c);
+}
+
 static int parse_quant(const json_value *q, const char *path, fp8_checkpoint *c) {
     if (q->type != JSON_OBJECT)
         return set_error(PARITY_ERR_CONFIG, "%s: quantization_config is %s, expected an object",
@@ -78,9 +99,11 @@ static int parse_quant(const json_value *q, const char *path, fp8_checkpoint *c)
     if ((rc = read_str(q, "quant_method", path, &method))) return rc;
     if (!method)
         return set_error(PARITY_ERR_CONFIG, "%s: quantization_config has no quant_method", path);
+    if (!strcmp(method, "bitnet")) return parse_bitnet(q, path, c);
     if (strcmp(method, "fp8"))
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: quantization_config.quant_method '%s' is not "
-                         "supported (block-wise \"fp8\" checkpoints are)", path, method);
+                         "supported (block-wise \"fp8\" and \"bitnet\" checkpoints are)", path,
+                         method);
     if ((rc = read_str(q, "fmt", path, &fmt)) || (rc = read_str(q, "activation_scheme", path, &scheme)) ||
         (rc = read_str(q, "scale_fmt", path, &scale_fmt)))
         return rc;

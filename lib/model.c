@@ -308,9 +308,9 @@ int model_prepare_quant(parity_model *m, int quantizer) {
             weight *ws[7];
             const size_t n = linear_weights_of(m, i, ws);
             for (size_t j = 0; !rc && j < n; j++) {
-                /* kept in bf16 by the checkpoint, or shipped codes an fp8-block policy reads */
+                /* kept in bf16 by the checkpoint, or shipped codes the policy's format reads */
                 if (ws[j]->quant[quantizer] || ws[j]->keep_bf16 ||
-                    (ws[j]->shipped && quantizer < PARITY_FP8Q_MX_OCP))
+                    (ws[j]->shipped && quant_format_of(quantizer) == ws[j]->shipped_gemm))
                     continue;
                 quant_weight *q = quant_weight_alloc(m, ws[j], quantizer);
                 if (!q) {
@@ -552,14 +552,65 @@ static int bind_shipped(parity_model *m, const st_file *f, const st_tensor *t, c
     w->bf16 = v.bf16;
     w->master = v.master;
     w->shipped = q;
+    w->shipped_gemm = PARITY_GEMM_FP8_BLOCK;
     w->shipped_scale_dtype = v.scale_dtype;
     return PARITY_OK;
 }
 
-/* Whether NAME is "<weight>_scale_inv" of a weight the checkpoint quantizes. */
+/* A linear weight of a BitNet checkpoint: its packed codes and weight_scale. */
+static int bind_ternary(parity_model *m, const st_file *f, const st_tensor *t, const expected *e) {
+    char where[512], swhere[512], sname[128];
+    snprintf(where, sizeof where, "%s: tensor '%s'", f->path, t->name);
+    snprintf(sname, sizeof sname, "%s_scale", e->name);
+    const tensor_source codes = {where, t->dtype == ST_U8 ? UINT32_MAX - 1 : UINT32_MAX,
+                                 st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
+    const st_file *sf;
+    const st_tensor *st = find_tensor(m, sname, &sf);
+    tensor_source scale = {0};
+    if (st) {
+        snprintf(swhere, sizeof swhere, "%s: tensor '%s'", sf->path, sname);
+        scale = (tensor_source){swhere,
+                                st->dtype == ST_F32    ? PARITY_DTYPE_F32
+                                : st->dtype == ST_BF16 ? PARITY_DTYPE_BF16
+                                : st->dtype == ST_F16  ? PARITY_DTYPE_F16
+                                                       : UINT32_MAX,
+                                st_dtype_name(st->dtype), st->ndim, st->shape, st->data, 1};
+    }
+    shipped_values v;
+    int rc = ternary_shipped_import(&codes, st ? &scale : NULL, e, m->ckpt.bitnet_scale_is_mean, &v);
+    if (rc) return rc;
+    weight *w = e->dst;
+    quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "ternary weight"));
+    if (!q) {
+        shipped_values_free(&v);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    void *bufs[4] = {v.codes, v.scales, v.master, v.bf16};
+    for (int i = 0; i < 4; i++)
+        if (!model_own(m, bufs[i])) {
+            for (int j = i + 1; j < 4; j++) px_free(bufs[j]);
+            return PARITY_ERR_OUT_OF_MEMORY;
+        }
+    q->codes = v.codes;
+    q->scales = v.scales;
+    q->tensor_scale = v.tensor_scale;
+    w->rows = e->rows;
+    w->cols = e->cols;
+    w->bf16 = v.bf16;
+    w->master = v.master;
+    w->shipped = q;
+    w->shipped_gemm = PARITY_GEMM_TERNARY;
+    /* autobitlinear's s_w is computed (1 / mean): it saves as F32, exactly */
+    w->shipped_scale_dtype = m->ckpt.bitnet_scale_is_mean ? PARITY_DTYPE_F32 : v.scale_dtype;
+    return PARITY_OK;
+}
+
+/* Whether NAME is "<weight>_scale_inv" (fp8) or "<weight>_scale" (BitNet) of a weight the
+ * checkpoint quantizes. */
 static int is_shipped_scale(const parity_model *m, const char *name) {
-    const size_t n = strlen(name), k = strlen("_scale_inv");
-    if (!m->ckpt.quantized || n <= k || strcmp(name + n - k, "_scale_inv")) return 0;
+    const char *suffix = m->ckpt.bitnet ? "_scale" : "_scale_inv";
+    const size_t n = strlen(name), k = strlen(suffix);
+    if (!m->ckpt.quantized || n <= k || strcmp(name + n - k, suffix)) return 0;
     char base[128];
     if (n - k >= sizeof base) return 0;
     memcpy(base, name, n - k);
@@ -581,7 +632,7 @@ static int bind_all(parity_model *m, const char *dir) {
             rc = set_error(PARITY_ERR_TENSOR_MISSING, "%s: tensor '%s' (shape %s) is missing",
                            dir, e[i].name, e[i].shape_doc);
         else if (m->ckpt.quantized && e[i].linear && !e[i].dst->keep_bf16)
-            rc = bind_shipped(m, f, t, &e[i]);
+            rc = m->ckpt.bitnet ? bind_ternary(m, f, t, &e[i]) : bind_shipped(m, f, t, &e[i]);
         else if (t->dtype == ST_F8_E4M3)
             rc = set_error(PARITY_ERR_TENSOR_DTYPE, "%s: tensor '%s' is F8_E4M3, but %s",
                            f->path, e[i].name,
@@ -605,7 +656,7 @@ static int bind_all(parity_model *m, const char *dir) {
                 rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED,
                                "%s: tensor '%s' is not part of a %s model with this config%s",
                                f->path, name, parity_arch_name((int)m->config.arch),
-                               strstr(name, "_scale_inv") ? " (a scale of a weight the checkpoint "
+                               strstr(name, "_scale") ? " (a scale of a weight the checkpoint "
                                                             "does not quantize)" : "");
         }
     }
@@ -831,28 +882,29 @@ static int write_config(const parity_config *c, const char *path, const char *to
 }
 
 /* The layouts parity_model_save_as writes. */
-enum { LAYOUT_BF16, LAYOUT_FP16, LAYOUT_FP32, LAYOUT_FP8_BLOCK };
+enum { LAYOUT_BF16, LAYOUT_FP16, LAYOUT_FP32, LAYOUT_FP8_BLOCK, LAYOUT_BITNET };
 
 /* One tensor of the file: a weight's values in the layout's dtype, or an fp8 weight's codes
  * or block scales. */
 enum { OUT_VALUES, OUT_CODES, OUT_SCALES };
 typedef struct saved_tensor {
     const char *name;
-    char scale_name[128];  /* OUT_SCALES: "<weight>_scale_inv" */
+    char scale_name[128];  /* OUT_SCALES: "<weight>_scale_inv" (fp8), "<weight>_scale" (bitnet) */
     const weight *w;
     int is_vector, kind;
-    const char *dtype;     /* "BF16", "F16", "F32", "F8_E4M3" */
+    const char *dtype;     /* "BF16", "F16", "F32", "F8_E4M3", "U8" */
     uint64_t bytes;
     const quant_weight *q;   /* OUT_CODES/OUT_SCALES: the shipped codes, or `made` */
     quant_weight made;       /* codes and scales quantized for the file (owned by the save) */
-    int scales_bf16;       /* OUT_SCALES: stored as BF16 (shipped so) */
+    int scales_bf16;       /* OUT_SCALES: stored as BF16 (shipped so, or hf-bitlinear's) */
+    int scales_f16;        /* OUT_SCALES: stored as F16 (a BitNet checkpoint's) */
 } saved_tensor;
 
 static int cmp_saved(const void *a, const void *b) {
     return strcmp(((const saved_tensor *)a)->name, ((const saved_tensor *)b)->name);
 }
 
-/* "bf16", "fp16", "fp32", "fp8-block" or "fp8-block:RULE" (NULL: "bf16"). */
+/* "bf16", "fp16", "fp32", "fp8-block[:RULE]" or "bitnet[:RULE]" (NULL: "bf16"). */
 static int parse_layout(const char *layout, int *kind, int *rule) {
     *rule = -1;
     if (!layout || !strcmp(layout, "bf16")) return *kind = LAYOUT_BF16, PARITY_OK;
@@ -863,15 +915,36 @@ static int parse_layout(const char *layout, int *kind, int *rule) {
         *kind = LAYOUT_FP8_BLOCK;
         return parity_fp8_quantizer_from_name(0, layout + 10, rule);
     }
+    if (!strcmp(layout, "bitnet")) return *kind = LAYOUT_BITNET, PARITY_OK;
+    if (!strncmp(layout, "bitnet:", 7)) {
+        *kind = LAYOUT_BITNET;
+        return parity_quantizer_from_name(PARITY_GEMM_TERNARY, layout + 7, rule);
+    }
     return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout '%s' is not one of bf16, fp16, fp32, "
-                     "fp8-block, fp8-block:RULE", layout);
+                     "fp8-block, fp8-block:RULE, bitnet, bitnet:RULE", layout);
 }
 
 /* Writes one tensor's bytes. */
 static int write_saved(FILE *fp, const saved_tensor *t, int layout) {
     const weight *w = t->w;
     const size_t count = (size_t)w->rows * w->cols;
+    if (t->kind == OUT_CODES && layout == LAYOUT_BITNET) {
+        uint8_t *packed = px_malloc(t->bytes ? t->bytes : 1, "packed ternary codes");
+        if (!packed) return 0;
+        ternary_pack(t->q->codes, w->rows, w->cols, packed);
+        const int ok = fwrite(packed, 1, t->bytes, fp) == t->bytes;
+        px_free(packed);
+        return ok;
+    }
     if (t->kind == OUT_CODES) return fwrite(t->q->codes, 1, count, fp) == count;
+    if (t->kind == OUT_SCALES && layout == LAYOUT_BITNET) {
+        const float s = t->q->tensor_scale;
+        if (t->scales_bf16 || t->scales_f16) {
+            const uint16_t h = t->scales_bf16 ? bf16_from_f32(s) : f16_from_f32(s);
+            return fwrite(&h, 2, 1, fp) == 1;
+        }
+        return fwrite(&s, 4, 1, fp) == 1;
+    }
     if (t->kind == OUT_SCALES) {
         const size_t g = (size_t)(t->bytes / (t->scales_bf16 ? 2 : 4));
         if (!t->scales_bf16) return fwrite(t->q->scales, 4, g, fp) == g;
@@ -881,7 +954,8 @@ static int write_saved(FILE *fp, const saved_tensor *t, int layout) {
         }
         return 1;
     }
-    if (layout == LAYOUT_BF16 || layout == LAYOUT_FP8_BLOCK) return fwrite(w->bf16, 2, count, fp) == count;
+    if (layout == LAYOUT_BF16 || layout == LAYOUT_FP8_BLOCK || layout == LAYOUT_BITNET)
+        return fwrite(w->bf16, 2, count, fp) == count;
     /* fp16 and fp32 from the master where there is one, else the bf16 values (exact) */
     for (size_t i = 0; i < count; i++) {
         const float v = w->master ? w->master[i] : bf16_to_f32(w->bf16[i]);
@@ -892,6 +966,39 @@ static int write_saved(FILE *fp, const saved_tensor *t, int layout) {
         }
     }
     return 1;
+}
+
+/* A BitNet layout's codes (v) and weight_scale (sc) of w: the shipped ternary codes, or those
+ * of `rule` quantizing its values into buffers v owns. The scale keeps a shipped scale's
+ * dtype; a quantized one is F32 (BF16 under hf-bitlinear, whose s_w is a bf16 value). */
+static int plan_ternary(const weight *w, saved_tensor *v, saved_tensor *sc, int rule) {
+    *sc = (saved_tensor){.w = w, .kind = OUT_SCALES};
+    snprintf(sc->scale_name, sizeof sc->scale_name, "%s_scale", v->name);
+    sc->name = sc->scale_name;
+    v->kind = OUT_CODES;
+    v->dtype = "U8";
+    v->bytes = ((uint64_t)w->rows + 3) / 4 * w->cols;
+    if (w->shipped && w->shipped_gemm == PARITY_GEMM_TERNARY && rule < 0) {
+        v->q = sc->q = w->shipped;
+        sc->scales_bf16 = w->shipped_scale_dtype == PARITY_DTYPE_BF16;
+        sc->scales_f16 = w->shipped_scale_dtype == PARITY_DTYPE_F16;
+    } else if (rule < 0) {
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout bitnet: '%s' holds no shipped ternary "
+                         "codes; name the quantizer that makes them (bitnet:RULE)", v->name);
+    } else {
+        const size_t f = quant_scratch_floats(w, rule);
+        float *scratch = px_malloc((f ? f : 1) * sizeof(float), "ternary quantization");
+        v->made.codes = scratch ? px_malloc((size_t)w->rows * w->cols, "ternary codes") : NULL;
+        v->made.scales = v->made.codes ? px_malloc(sizeof(float), "ternary scale") : NULL;
+        if (v->made.scales) quant_weight_quantize(w, rule, &v->made, scratch);
+        px_free(scratch);
+        if (!v->made.scales) return PARITY_ERR_OUT_OF_MEMORY;
+        v->q = sc->q = &v->made;
+        sc->scales_bf16 = rule == PARITY_QUANT_TERNARY_HF_BITLINEAR;
+    }
+    sc->dtype = sc->scales_bf16 ? "BF16" : sc->scales_f16 ? "F16" : "F32";
+    sc->bytes = sc->scales_bf16 || sc->scales_f16 ? 2 : 4;
+    return PARITY_OK;
 }
 
 /* The tensor list of a layout: every slot's values, and for fp8-block each quantized weight's
@@ -920,7 +1027,8 @@ static int plan_saved(const parity_model *m, int layout, int rule, saved_tensor 
         saved_tensor *v = &s[k++];
         *v = tmp[i];
         v->kind = OUT_VALUES;
-        const int quantize = layout == LAYOUT_FP8_BLOCK && slot->linear && !w->keep_bf16;
+        const int quantize = (layout == LAYOUT_FP8_BLOCK || layout == LAYOUT_BITNET) &&
+                             slot->linear && !w->keep_bf16;
         v->dtype = layout == LAYOUT_FP16 ? "F16" : layout == LAYOUT_FP32 ? "F32" : "BF16";
         v->bytes = count * (layout == LAYOUT_FP32 ? 4 : 2);
         if (layout == LAYOUT_FP16)
@@ -932,6 +1040,10 @@ static int plan_saved(const parity_model *m, int layout, int rule, saved_tensor 
                                    (unsigned long long)j, (double)x);
             }
         if (!quantize || rc) continue;
+        if (layout == LAYOUT_BITNET) {
+            rc = plan_ternary(w, v, &s[k++], rule);
+            continue;
+        }
         const uint64_t grid = (uint64_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128);
         saved_tensor *sc = &s[k++];
         *sc = (saved_tensor){.w = w, .kind = OUT_SCALES};
@@ -975,6 +1087,20 @@ static void saved_free(saved_tensor *s, size_t n) {
     px_free(s);
 }
 
+/* config.json's quantization_config for the bitnet layout: linear_class bitlinear (weight_scale
+ * is s_w = 1 / mean|W|), the kept layers listed. */
+static void bitnet_config_text(const parity_model *m, char *buf, size_t size) {
+    int k = snprintf(buf, size, "{\"quant_method\": \"bitnet\", \"linear_class\": \"bitlinear\", "
+                     "\"modules_to_not_convert\": [\"lm_head\"");
+    size_t n;
+    const expected *e = model_tensors(m, &n);
+    for (size_t i = 0; i < n && k > 0 && (size_t)k < size; i++)
+        if (e[i].linear && e[i].dst->keep_bf16)
+            k += snprintf(buf + k, size - (size_t)k, ", \"%.*s\"", (int)(strlen(e[i].name) - 7),
+                          e[i].name);
+    if (k > 0 && (size_t)k < size) snprintf(buf + k, size - (size_t)k, "]}");
+}
+
 /* config.json's quantization_config for the fp8-block layout. */
 static void fp8_config_text(const parity_model *m, int scale_ue8m0, char *buf, size_t size) {
     int k = snprintf(buf, size, "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
@@ -997,7 +1123,7 @@ int parity_model_save(const parity_model *m, const char *dir) {
 int parity_model_save_as(const parity_model *m, const char *dir, const char *layout_name) {
     clear_error();
     if (!m || !dir) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or directory is NULL");
-    int layout, rule;
+    int layout = LAYOUT_BF16, rule = -1;
     int rc = parse_layout(layout_name, &layout, &rule);
     if (rc) return rc;
     if ((rc = model_enter(m))) return rc;
@@ -1010,10 +1136,13 @@ int parity_model_save_as(const parity_model *m, const char *dir, const char *lay
     FILE *fp = NULL;
     rc = (path && tmp) ? plan_saved(m, layout, rule, &s, &n, &all_pow2) : PARITY_ERR_OUT_OF_MEMORY;
     const size_t qsize = 512 + m->n_tensors * 100;
-    if (rc == PARITY_OK && layout == LAYOUT_FP8_BLOCK && !(qtext = px_malloc(qsize, "config text")))
+    if (rc == PARITY_OK && (layout == LAYOUT_FP8_BLOCK || layout == LAYOUT_BITNET) &&
+        !(qtext = px_malloc(qsize, "config text")))
         rc = PARITY_ERR_OUT_OF_MEMORY;
     if (rc == PARITY_OK) {
-        if (qtext)
+        if (qtext && layout == LAYOUT_BITNET)
+            bitnet_config_text(m, qtext, qsize);
+        else if (qtext)
             fp8_config_text(m, all_pow2 && (rule == PARITY_FP8Q_TE_POW2 || m->ckpt.scale_ue8m0),
                             qtext, qsize);
         snprintf(path, plen, "%s/config.json", dir);
@@ -1030,7 +1159,11 @@ int parity_model_save_as(const parity_model *m, const char *dir, const char *lay
         for (size_t i = 0; i < n && header; i++) {
             const weight *w = s[i].w;
             char shape[64];
-            if (s[i].kind == OUT_SCALES)
+            if (s[i].kind == OUT_SCALES && layout == LAYOUT_BITNET)
+                snprintf(shape, sizeof shape, "1");
+            else if (s[i].kind == OUT_CODES && layout == LAYOUT_BITNET)
+                snprintf(shape, sizeof shape, "%u,%u", (w->rows + 3) / 4, w->cols);
+            else if (s[i].kind == OUT_SCALES)
                 snprintf(shape, sizeof shape, "%u,%u", (w->rows + 127) / 128, (w->cols + 127) / 128);
             else if (s[i].is_vector)
                 snprintf(shape, sizeof shape, "%u", w->cols);

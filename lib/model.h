@@ -40,14 +40,21 @@ typedef struct weight {
                               update shipped them (lib/fp8_checkpoint.c), owned; every fp8-block
                               policy reads them as they are; NULL if none. bf16 and master then
                               hold the dequantized values */
-    uint8_t shipped_scale_dtype; /* PARITY_DTYPE_F32 or _BF16: how the shipped scales were stored */
+    uint8_t shipped_gemm;  /* the format of the shipped codes: PARITY_GEMM_FP8_BLOCK or _TERNARY */
+    uint8_t shipped_scale_dtype; /* PARITY_DTYPE_F32, _BF16 (or _F16, ternary): how the shipped
+                              scales were stored */
     uint8_t keep_bf16;     /* named by the checkpoint's modules_to_not_convert / ignored_layers:
                               no fp8 policy quantizes it */
 } weight;
 
 /* A checkpoint's quantization_config (lib/fp8_checkpoint.c). */
 typedef struct fp8_checkpoint {
-    int quantized;         /* quant_method "fp8", fmt e4m3, dynamic activations, 128 x 128 blocks */
+    int quantized;         /* the decoder linear layers are quantized in the files: quant_method
+                              "fp8" (fmt e4m3, dynamic activations, 128 x 128 blocks) or
+                              "bitnet" (lib/bitnet_checkpoint.c) */
+    int bitnet;            /* quant_method "bitnet": packed ternary codes and weight_scale */
+    int bitnet_scale_is_mean; /* linear_class "autobitlinear": weight_scale = mean|W| (else
+                              "bitlinear": 1 / mean|W|) */
     int scale_ue8m0;       /* "scale_fmt": "ue8m0": every scale a power of two */
     char **not_converted;  /* modules_to_not_convert, then ignored_layers, as written */
     size_t n_not_converted;
@@ -187,6 +194,19 @@ size_t quant_scratch_floats(const weight *w, int quantizer);
  * memory. */
 quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer);
 
+/* ---- BitNet (ternary) checkpoints (bitnet_checkpoint.c) ----------------------------------- */
+struct shipped_values;
+/* The checks of packed ternary codes (codes->dtype UINT32_MAX - 1 marks a U8 tensor; shape
+ * [ceil(rows / 4), cols]; no 2-bit field of 3) and their weight_scale (scale NULL:
+ * PARITY_ERR_SCALE_MISSING; BF16/F16/F32; one value; finite, positive). */
+int ternary_shipped_check(const tensor_source *codes, const tensor_source *scale,
+                          const expected *slot);
+/* Checked, unpacked (int8 codes), with s_w and the dequantized values, into new buffers. */
+int ternary_shipped_import(const tensor_source *codes, const tensor_source *scale,
+                           const expected *slot, int scale_is_mean, struct shipped_values *out);
+/* int8 ternary codes [rows][cols] into transformers' pack_weights layout [ceil(rows/4)][cols]. */
+void ternary_pack(const uint8_t *codes, uint32_t rows, uint32_t cols, uint8_t *packed);
+
 /* ---- block-FP8 checkpoints (fp8_checkpoint.c) --------------------------------------------- */
 
 /* config.json's quantization_config into *out (all zero when there is none); PARITY_ERR_CONFIG
@@ -203,6 +223,7 @@ typedef struct shipped_values {
     float *master;
     uint16_t *bf16;
     uint8_t scale_dtype;
+    float tensor_scale;    /* ternary: s_w, the GEMM's multiplier */
 } shipped_values;
 /* The checks of shipped codes (F8_E4M3, the slot's shape, no NaN code, dequantized values
  * within bf16's range) and scales (scales NULL: PARITY_ERR_SCALE_MISSING; F32/BF16; the block
@@ -222,7 +243,7 @@ void shipped_values_free(shipped_values *v);
  * where w has them, else the copy of the policy's quantizer (NULL: w runs in bf16). */
 static inline const quant_weight *quant_weight_for(const parity_policy *pol, const weight *w) {
     if (pol->gemm == PARITY_GEMM_BF16 || w->keep_bf16) return NULL;
-    if (pol->gemm == PARITY_GEMM_FP8_BLOCK && w->shipped) return w->shipped;
+    if (w->shipped && pol->gemm == w->shipped_gemm) return w->shipped;
     return w->quant[pol->quantizer];
 }
 

@@ -112,6 +112,7 @@ static void commit_shipped(parity_model *m, staged *st) {
     w->shipped->scales = model_own(m, st->sv.scales);
     w->master = model_own(m, st->sv.master);
     w->bf16 = model_own(m, st->sv.bf16);
+    w->shipped_gemm = PARITY_GEMM_FP8_BLOCK;
     w->shipped_scale_dtype = st->sv.scale_dtype;
     st->sv = (shipped_values){0};
 }
@@ -172,10 +173,11 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
         rc = st[i].in_place ? tensor_check(&src, slot) : tensor_import(&src, slot, &st[i].v);
         /* a model an fp16 policy reads must be able to hold the new values in fp16 */
         if (!rc && w->fp16) rc = tensor_check_fp16(&src, (uint64_t)w->rows * w->cols);
-        /* values for a weight that held shipped codes: the fp8-block policies that read those
-         * quantize the new values with their own rules from now on */
-        for (int q = 0; !rc && w->shipped && q < PARITY_FP8Q_MX_OCP; q++)
-            if (m->quant_ready[q] && !w->quant[q] && !(st[i].quant_new[q] = quant_weight_alloc(m, w, q)))
+        /* values for a weight that held shipped codes: the policies of their format that read
+         * those quantize the new values with their own rules from now on */
+        for (int q = 0; !rc && w->shipped && q < QUANTIZERS; q++)
+            if (quant_format_of(q) == w->shipped_gemm && m->quant_ready[q] && !w->quant[q] &&
+                !(st[i].quant_new[q] = quant_weight_alloc(m, w, q)))
                 rc = PARITY_ERR_OUT_OF_MEMORY;
     }
     /* room in the owned list, so that the swap below cannot fail */
@@ -349,7 +351,7 @@ static int fp8_view_of(const weight *w, int gemm, int quantizer, fp8_view *v) {
     v->quantizer = quantizer;
     v->scale_dtype = v->mx ? SCALE_E8M0 : PARITY_DTYPE_F32;
     const quant_weight *q = NULL;
-    if (!v->mx && w->shipped) {
+    if (!v->mx && w->shipped && w->shipped_gemm == PARITY_GEMM_FP8_BLOCK) {
         q = w->shipped;
         v->shipped = 1;
         v->scale_dtype = w->shipped_scale_dtype;

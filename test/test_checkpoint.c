@@ -1156,7 +1156,7 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
         {"nan-code", PARITY_ERR_TENSOR_NONFINITE, GATE0},
         {"no-quant-config", PARITY_ERR_TENSOR_DTYPE, "quantization_config"},
         {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale_inv"},
-        {"method", PARITY_ERR_UNSUPPORTED, "bitnet"},
+        {"method", PARITY_ERR_UNSUPPORTED, "awq"},
         {"fmt", PARITY_ERR_UNSUPPORTED, "e5m2"},
         {"block", PARITY_ERR_UNSUPPORTED, "[64, 64]"},
         {"static", PARITY_ERR_UNSUPPORTED, "static"},
@@ -1196,7 +1196,7 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
         else if (!strcmp(w, "scale-of-kept"))
             cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
                   "[128, 128], \"modules_to_not_convert\": [\"gate_proj\"]},";
-        else if (!strcmp(w, "method")) cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\"},";
+        else if (!strcmp(w, "method")) cfg = "\"quantization_config\": {\"quant_method\": \"awq\"},";
         else if (!strcmp(w, "fmt"))
             cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e5m2\", "
                   "\"weight_block_size\": [128, 128]},";
@@ -1223,6 +1223,190 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
         ckpt_free(&c);
     }
     ckpt_free(&fp8);
+}
+
+/* ---- BitNet (ternary) checkpoints ------------------------------------------------------------ */
+
+/* Every linear weight of m holds shipped ternary codes and s_w equal to what the public
+ * quantizer `rule` makes of values_of's values, and the dequantized values code / s_w. */
+static void check_ternary_shipped(const parity_model *m, const parity_model *values_of, int rule,
+                                  const char *what) {
+    const parity_config *c = parity_model_config(m);
+    size_t bad = 0, checked = 0;
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
+        for (size_t j = 0; j < 7; j++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.%u.%s.weight", l, linear_names[j]);
+            const weight *w = model_find_tensor(m, name)->dst;
+            const weight *v = model_find_tensor(values_of, name)->dst;
+            CHECK(w->shipped != NULL && w->shipped_gemm == PARITY_GEMM_TERNARY);
+            if (!w->shipped) return;
+            const size_t n = (size_t)v->rows * v->cols;
+            float *x = malloc(n * sizeof *x), s_w;
+            int8_t *codes = malloc(n);
+            for (size_t i = 0; i < n; i++) x[i] = v->master ? v->master[i] : bf16_to_f32(v->bf16[i]);
+            CHECK_OK(parity_ternary_quantize(rule, 0, v->rows, v->cols, x, v->cols, codes, v->cols, &s_w));
+            bad += memcmp(codes, w->shipped->codes, n) != 0;
+            bad += f32_bits(s_w) != f32_bits(w->shipped->tensor_scale);
+            for (size_t i = 0; i < n; i++) {
+                const float d = (float)codes[i] / s_w;
+                bad += f32_bits(w->master[i]) != f32_bits(d) || w->bf16[i] != bf16_from_f32(d);
+            }
+            checked++;
+            free(x);
+            free(codes);
+        }
+    CHECK(checked == 7u * c->num_hidden_layers);
+    CHECK_INT(bad, 0);
+    if (bad) fprintf(stderr, "  %s: %zu differences\n", what, bad);
+}
+
+static void test_bitnet_checkpoints(const parity_model *orig) {
+    char bn_dir[PATH_LEN], dir[PATH_LEN], path[PATH_LEN];
+    /* transformers' pack_weights by hand: 5 rows, R = ceil(5 / 4) = 2 packed rows; row i*R + r
+     * sits in bits 2i of packed row r. Column 0 holds -1..1 codes (1, 0, -1, 1, 0), stored +1:
+     * (2, 1, 0, 2, 1): packed[0] = 2 | 0 << 2 | 1 << 4 = 18, packed[1] = 1 | 2 << 2 = 9;
+     * column 1 (-1, -1, 1, 0, 1): (0, 0, 2, 1, 2): packed[0] = 0 | 2 << 2 | 2 << 4 = 40,
+     * packed[1] = 0 | 1 << 2 = 4. */
+    {
+        const int8_t codes[10] = {1, -1, 0, -1, -1, 1, 1, 0, 0, 1};
+        uint8_t packed[4];
+        ternary_pack((const uint8_t *)codes, 5, 2, packed);
+        CHECK_INT(packed[0], 18);
+        CHECK_INT(packed[2], 9);
+        CHECK_INT(packed[1], 40);
+        CHECK_INT(packed[3], 4);
+    }
+    int bitnet = -1, hf = -1;
+    CHECK_OK(parity_quantizer_from_name(PARITY_GEMM_TERNARY, "bitnet", &bitnet));
+    CHECK_OK(parity_quantizer_from_name(PARITY_GEMM_TERNARY, "hf-bitlinear", &hf));
+    /* bf16 model -> bitnet:bitnet -> load: the shipped codes are the quantizer's, the ternary
+     * policy scores bitwise as the bf16 model quantized at load, and it saves back byte for
+     * byte (also when a rule is named: shipped codes are never re-quantized) */
+    save_as(orig, "bitnet:bitnet", "bitnet", bn_dir);
+    size_t len;
+    join(path, bn_dir, "config.json");
+    char *text = read_all(path, &len);
+    CHECK(text && strstr(text, "\"quant_method\": \"bitnet\"") &&
+          strstr(text, "\"linear_class\": \"bitlinear\""));
+    free(text);
+    parity_model *m = load(bn_dir);
+    if (!m) return;
+    check_ternary_shipped(m, orig, bitnet, "bitnet:bitnet from bf16");
+    const char *tern[] = {"hf-eager+ternary:bitnet", "vllm+ternary:onebitllms", NULL};
+    check_same_scores(orig, m, tern, "bitnet saved and loaded");
+    save_as(m, "bitnet", "bitnet-resaved", dir);
+    check_same_files(bn_dir, dir, "bitnet saved back");
+    /* hf-bitlinear: its s_w is bf16, and stored so */
+    save_as(orig, "bitnet:hf-bitlinear", "bitnet-hf", dir);
+    parity_model *mh = load(dir);
+    if (mh) {
+        const weight *g = model_find_tensor(mh, GATE0)->dst;
+        CHECK(g->shipped_scale_dtype == PARITY_DTYPE_BF16);
+        const char *hfp[] = {"hf-eager+ternary:hf-bitlinear", NULL};
+        check_same_scores(orig, mh, hfp, "bitnet:hf-bitlinear saved and loaded");
+        parity_model_free(mh);
+    }
+    (void)hf;
+    /* the other layouts of a ternary model hold its dequantized values */
+    save_as(m, "bf16", "bitnet-as-bf16", dir);
+    parity_model *mb = load(dir);
+    const char *bf16_only[] = {"hf-eager", NULL};
+    check_same_scores(m, mb, bf16_only, "a ternary model saved as bf16");
+    parity_model_free(mb);
+
+    join(path, bn_dir, "model.safetensors");
+    ckpt bn;
+    ckpt_read(&bn, path);
+    /* autobitlinear: weight_scale is mean|W| = 1 / s_w; the dequantized values code * mean */
+    {
+        ckpt c;
+        ckpt_copy(&c, &bn);
+        tensor *gs = ckpt_get(&c, GATE0 "_scale");
+        const float mean = 1.0f / scale_at(gs, 0);
+        set_scale(gs, 0, mean);
+        write_fp8_variant("bitnet-auto", &c, tiny_dir,
+                          "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
+                          "\"autobitlinear\", \"quantization_mode\": \"offline\"},", dir);
+        parity_model *ma = load(dir);
+        if (ma) {
+            const weight *g = model_find_tensor(ma, GATE0)->dst;
+            const weight *g0 = model_find_tensor(m, GATE0)->dst;
+            CHECK(f32_bits(g->shipped->tensor_scale) == f32_bits(1.0f / mean));
+            size_t bad = 0;
+            for (size_t i = 0; i < (size_t)g->rows * g->cols; i++)
+                bad += f32_bits(g->master[i]) != f32_bits((float)(int8_t)g0->shipped->codes[i] * mean);
+            CHECK_INT(bad, 0);
+            parity_model_free(ma);
+        }
+        ckpt_free(&c);
+    }
+
+    printf("BitNet failures, as expected:\n");
+    const char *qcfg = "\"quantization_config\": {\"quant_method\": \"bitnet\"},";
+    struct {
+        const char *what;
+        int status;
+        const char *needle;
+    } cases[] = {
+        {"packed-shape", PARITY_ERR_TENSOR_SHAPE, GATE0},
+        {"code-3", PARITY_ERR_TENSOR_NONFINITE, GATE0},
+        {"missing-scale", PARITY_ERR_SCALE_MISSING, GATE0},
+        {"zero-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
+        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
+        {"negative-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
+        {"two-scales", PARITY_ERR_SCALE_GRID, GATE0 "_scale"},
+        {"i8-codes", PARITY_ERR_TENSOR_DTYPE, GATE0},
+        {"bf16-not-kept", PARITY_ERR_TENSOR_DTYPE, GATE0},
+        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale"},
+        {"linear-class", PARITY_ERR_UNSUPPORTED, "ternarylinear"},
+        {"online", PARITY_ERR_UNSUPPORTED, "online"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ckpt c;
+        ckpt_copy(&c, &bn);
+        const char *cfg = qcfg;
+        const char *w = cases[i].what;
+        tensor *g = ckpt_get(&c, GATE0), *gs = ckpt_get(&c, GATE0 "_scale");
+        char name[64];
+        snprintf(name, sizeof name, "bitnet-bad-%s", w);
+        if (!strcmp(w, "packed-shape")) {
+            g->shape[0] -= 1; /* one packed row short */
+            g->bytes -= g->shape[1];
+        } else if (!strcmp(w, "code-3")) g->data[5] |= 0x30; /* field 2 of a byte: 3 */
+        else if (!strcmp(w, "missing-scale")) ckpt_remove(&c, GATE0 "_scale");
+        else if (!strcmp(w, "zero-scale")) set_scale(gs, 0, 0.0f);
+        else if (!strcmp(w, "nan-scale")) set_scale(gs, 0, NAN);
+        else if (!strcmp(w, "negative-scale")) set_scale(gs, 0, -scale_at(gs, 0));
+        else if (!strcmp(w, "two-scales")) {
+            float two[2] = {scale_at(gs, 0), scale_at(gs, 0)};
+            void *d = malloc(8);
+            memcpy(d, two, 8);
+            tensor_set(gs, "F32", d, 8);
+            gs->shape[0] = 2;
+        } else if (!strcmp(w, "i8-codes")) snprintf(g->dtype, sizeof g->dtype, "I8");
+        else if (!strcmp(w, "bf16-not-kept") || !strcmp(w, "scale-of-kept")) {
+            const weight *o = model_find_tensor(orig, GATE0)->dst;
+            uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
+            memcpy(d, o->bf16, (size_t)o->rows * o->cols * 2);
+            tensor_set(g, "BF16", d, (size_t)o->rows * o->cols * 2);
+            g->shape[0] = o->rows;
+            if (!strcmp(w, "bf16-not-kept")) ckpt_remove(&c, GATE0 "_scale");
+            else
+                cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", "
+                      "\"modules_to_not_convert\": [\"model.layers.0.mlp.gate_proj\"]},";
+        } else if (!strcmp(w, "linear-class"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
+                  "\"ternarylinear\"},";
+        else if (!strcmp(w, "online"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
+                  "\"autobitlinear\", \"quantization_mode\": \"online\"},";
+        write_fp8_variant(name, &c, tiny_dir, cfg, dir);
+        check_load_fails(dir, cases[i].status, cases[i].needle, NULL);
+        ckpt_free(&c);
+    }
+    ckpt_free(&bn);
+    parity_model_free(m);
 }
 
 int main(void) {
@@ -1260,6 +1444,7 @@ int main(void) {
     test_fp16_weights(&base);
     test_layouts(orig, &base);
     test_fp8_checkpoints(orig, &base);
+    test_bitnet_checkpoints(orig);
     printf("failures, as expected:\n");
     test_bad_tensors(&base);
     test_bad_shards(&base);

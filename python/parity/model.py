@@ -406,7 +406,10 @@ class Model(_lib.Closing):
         config.json and model.safetensors (parity_model_save_as). layout: "bf16", "fp16",
         "fp32", "fp8-block:RULE" (the DeepSeek-V3 / Qwen3-FP8 block layout, F8_E4M3 codes with
         fp32 weight_scale_inv, quantized with the block rule RULE from the model's values, or
-        the shipped codes as they are where the model holds them), or "fp8-block" (shipped
+        the shipped codes as they are where the model holds them), "fp8-block" (shipped
+        codes only), "bitnet:RULE" (transformers' BitNet layout: U8 weights with four ternary
+        codes a byte as pack_weights interleaves them, weight_scale = 1 / mean|W|, linear_class
+        "bitlinear"; codes of the ternary rule RULE, or the shipped ones), or "bitnet" (shipped
         codes only). Raises ParityError (PARITY_ERR_INVALID_ARGUMENT for another layout)."""
         if not isinstance(layout, str):
             raise TypeError("layout must be a str, not %s" % type(layout).__name__)

@@ -337,12 +337,15 @@ class TestScore(unittest.TestCase):
             parity.quant.quantize_mxfp8(array("d", [1.0]), 1, 1)
 
     def test_save_layouts(self):
-        """Model.save in each layout loads back: fp8-block:deepseek scores as the bf16 model
-        quantized at load (bitwise), fp16 as the model under +fp16, fp32 under fp32."""
+        """Model.save in each layout loads back: fp8-block:deepseek and bitnet:RULE score as
+        the bf16 model quantized at load (bitwise), fp16 as the model under +fp16, fp32 under
+        fp32."""
         import tempfile
         seq = [[(i * 37 + 11) % 256 for i in range(40)]]
         with tempfile.TemporaryDirectory(prefix="parity-save-") as d:
             for layout, policy in (("fp8-block:deepseek", "vllm+fp8-block:deepseek"),
+                                   ("bitnet:bitnet", "hf-eager+ternary:bitnet"),
+                                   ("bitnet:hf-bitlinear", "hf-eager+ternary:hf-bitlinear"),
                                    ("fp16", "hf-eager+fp16"), ("fp32", "fp32"), ("bf16", "vllm")):
                 path = os.path.join(d, layout.replace(":", "-"))
                 self.tiny.save(path, layout=layout)
