@@ -387,6 +387,35 @@ PARITY_API int parity_ternary_quantize(int quantizer, int per_row, size_t rows, 
                                        size_t codes_stride, float *scales);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Export check (bench/parity-quant-check)                                                   */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * A weight's codes and scales as the model quantizes it with any quantizer (PARITY_FP8Q_*,
+ * PARITY_QUANT_*): codes one a byte, row-major; scales the parity_quant_scale_count() block
+ * scales as fp32 values (the stored multipliers of fp8-block, E8M0 and E4M3 scales as their
+ * values) followed by one tensor scale (NVFP4's s2, ternary's s_w; 0 for the others). A NaN
+ * or Inf value is PARITY_ERR_TENSOR_NONFINITE.
+ */
+PARITY_API uint64_t parity_quant_scale_count(int quantizer, size_t rows, size_t cols);
+PARITY_API int parity_quantize_weight(int quantizer, size_t rows, size_t cols, const float *x,
+                                      size_t x_stride, uint8_t *codes, float *scales);
+/* The same quantizer as an export script runs it on a bf16 cast of x: the 4-bit and fp8
+ * rules in their fp32 arithmetic on the cast values (ModelOpt and torchao exports read bf16
+ * models); the ternary rules in bf16 arithmetic, as onebitllms' quantize_to_1bit
+ * (_weight_quant on a bfloat16 model): mean|W| rounded to bf16, s = bf16(1 / max(mean,
+ * bf16(1e-5))), code = clamp(round(bf16(w * s)), -1, 1) with the rule's rounding. */
+PARITY_API int parity_quantize_bf16_export(int quantizer, size_t rows, size_t cols,
+                                           const float *x, size_t x_stride, uint8_t *codes,
+                                           float *scales);
+/* The second remedy: out[rows * cols] bf16 values, each the nearest bf16 value to its latent
+ * x whose export (parity_quantize_bf16_export) gives the training code
+ * (parity_quantize_weight of x), iterated until the export's tensor scale is stable (16 rounds
+ * at most, else PARITY_ERR_VERIFY); *n_adjusted (if not NULL) counts the values that differ
+ * from the plain bf16 cast. Ternary rules only (PARITY_ERR_UNSUPPORTED for the others). */
+PARITY_API int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const float *x,
+                                        size_t x_stride, uint16_t *out, uint64_t *n_adjusted);
+
+/* ---------------------------------------------------------------------------------------- */
 /* CPU paths                                                                                */
 /* ---------------------------------------------------------------------------------------- */
 

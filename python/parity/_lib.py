@@ -473,6 +473,20 @@ _PROTOTYPES = [
     #                             size_t codes_stride, float *scales);
     ("parity_ternary_quantize", c_int, [c_int, c_int, c_size_t, c_size_t, c_void_p, c_size_t,
                                         c_void_p, c_size_t, c_void_p], True),
+    # uint64_t parity_quant_scale_count(int quantizer, size_t rows, size_t cols);
+    ("parity_quant_scale_count", c_uint64, [c_int, c_size_t, c_size_t], False),
+    # int parity_quantize_weight(int quantizer, size_t rows, size_t cols, const float *x,
+    #                            size_t x_stride, uint8_t *codes, float *scales);
+    ("parity_quantize_weight", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
+                                       c_void_p], True),
+    # int parity_quantize_bf16_export(int quantizer, size_t rows, size_t cols, const float *x,
+    #                                 size_t x_stride, uint8_t *codes, float *scales);
+    ("parity_quantize_bf16_export", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                            c_void_p, c_void_p], True),
+    # int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const float *x,
+    #                              size_t x_stride, uint16_t *out, uint64_t *n_adjusted);
+    ("parity_quant_adjust_bf16", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
+                                         POINTER(c_uint64)], True),
     # int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n,
     #                            uint64_t *fnv1a64);
     ("parity_tensor_checksum", c_int, [c_uint32, c_void_p, c_uint64, POINTER(c_uint64)], True),

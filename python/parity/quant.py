@@ -21,7 +21,8 @@ from ._lib import lib
 __all__ = ["BLOCK_RULES", "MX_RULES", "FP4_ROUNDINGS", "fp8_from_f32", "fp8_to_f32", "fp4_from_f32", "fp4_to_f32",
            "fp4_pack", "fp4_unpack", "quantize_fp8_blocks",
            "quantize_mxfp8", "fp16_from_f32", "fp16_to_f32", "NVFP4_RULES", "MXFP4_RULES",
-           "TERNARY_RULES", "quantize_nvfp4", "quantize_mxfp4", "quantize_ternary"]
+           "TERNARY_RULES", "quantize_nvfp4", "quantize_mxfp4", "quantize_ternary",
+           "quantize_weight", "quantize_bf16_export", "adjust_bf16"]
 
 #: The names of the block-FP8 and MXFP8 quantizers, as parity_fp8_quantizer_from_name takes them.
 BLOCK_RULES = ("deepseek", "sglang", "te", "deepgemm", "te-pow2")
@@ -248,3 +249,58 @@ def quantize_ternary(values, rows, cols, rule="bitnet", per_row=False):
         return (np.frombuffer(codes.raw, dtype=np.int8).reshape(rows, cols).copy(),
                 np.frombuffer(scales.tobytes(), dtype=np.float32).copy())
     return codes.raw, scales
+
+
+def _any_rule(rule):
+    """A quantizer from "FORMAT:RULE" (fp8-block, mxfp8, nvfp4, mxfp4, ternary)."""
+    fmt, _, name = rule.partition(":")
+    gemm = {"fp8-block": 1, "mxfp8": 2}.get(fmt, _GEMM.get(fmt))
+    if gemm is None or not name:
+        raise ValueError("rule must be FORMAT:RULE with FORMAT fp8-block, mxfp8, nvfp4, mxfp4 or "
+                         "ternary, not %r" % (rule,))
+    q = ctypes.c_int()
+    lib.parity_quantizer_from_name(gemm, name.encode(), ctypes.byref(q))
+    return q.value
+
+
+def _weight_call(fn, values, rows, cols, rule):
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    q = _any_rule(rule)
+    g = lib.parity_quant_scale_count(q, rows, cols)
+    codes = ctypes.create_string_buffer(n)
+    scales = array("f", bytes(4 * (g + 1)))
+    fn(q, rows, cols, buf, cols, codes, (ctypes.c_char * (4 * (g + 1))).from_buffer(scales))
+    if np:
+        return (np.frombuffer(codes.raw, dtype=np.uint8).reshape(rows, cols).copy(),
+                np.frombuffer(scales.tobytes(), dtype=np.float32).copy())
+    return codes.raw, scales
+
+
+def quantize_weight(values, rows, cols, rule):
+    """A weight as the model quantizes it with rule "FORMAT:RULE": (codes, scales), codes one a
+    byte (E4M3, E2M1, or ternary as int8 bytes), scales the block scales' fp32 values followed
+    by the tensor scale (NVFP4's s2, ternary's s_w; 0 for the others)."""
+    return _weight_call(lib.parity_quantize_weight, values, rows, cols, rule)
+
+
+def quantize_bf16_export(values, rows, cols, rule):
+    """The same quantizer as an export script runs it on a bf16 cast of the values (the
+    ternary rules in bf16 arithmetic, as onebitllms' quantize_to_1bit); as quantize_weight."""
+    return _weight_call(lib.parity_quantize_bf16_export, values, rows, cols, rule)
+
+
+def adjust_bf16(values, rows, cols, rule):
+    """The second remedy (ternary rules): (bf16 bit patterns as uint16 / array('H'), the count
+    that differ from the plain cast): each the nearest bf16 value to its latent whose export
+    (quantize_bf16_export) gives the training code (quantize_weight of the latents)."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    q = _any_rule(rule)
+    out = array("H", bytes(2 * n))
+    moved = ctypes.c_uint64()
+    lib.parity_quant_adjust_bf16(q, rows, cols, buf, cols,
+                                 (ctypes.c_char * (2 * n)).from_buffer(out), ctypes.byref(moved))
+    if np:
+        return np.frombuffer(out.tobytes(), dtype=np.uint16).reshape(rows, cols).copy(), moved.value
+    return out, moved.value

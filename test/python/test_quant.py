@@ -446,6 +446,43 @@ class KnownAnswers(unittest.TestCase):
         self.assertEqual(list(quant.quantize_ternary(a, 1, 4, "bitnet", True)[0][0]), [127, 0, 0, 64])
         self.assertEqual(list(quant.quantize_ternary(a, 1, 4, "onebitllms", True)[0][0]), [127, 1, 0, 64])
 
+    def test_bf16_export_and_adjustment(self):
+        """The export path against a numpy reference (ternary: onebitllms' bf16 arithmetic;
+        4-bit: the rule on the bf16 cast), and the second remedy: the adjusted bf16 inputs'
+        export gives the training codes exactly, on every master (where the plain cast does
+        not)."""
+        total_cast = total_adj = moved = 0
+        for name, w in CASES[:-1]:
+            rows, cols = w.shape
+            for rule in ("ternary:bitnet", "ternary:onebitllms"):
+                train, ts = quant.quantize_weight(w, rows, cols, rule)
+                ref_codes, ref_s = ref_ternary(w, rule.split(":")[1], False)
+                self.assertTrue(equal(train.view(np.int8), ref_codes), (name, rule))
+                ex, es = quant.quantize_bf16_export(w, rows, cols, rule)
+                wb = bf16(w)
+                total = np.cumsum(np.abs(wb).astype(np.float64).ravel())[-1]
+                mean = bf16(np.array([total / wb.size], F32))[0]
+                sb = bf16(np.array([F32(1.0) / np.maximum(mean, bf16(np.array([1e-5], F32))[0])], F32))[0]
+                v = bf16((wb * sb).astype(F32))
+                r = np.floor((v + F32(0.5)).astype(F32)) if rule.endswith("onebitllms") else np.rint(v)
+                self.assertTrue(equal(ex.view(np.int8), np.clip(r, -1, 1).astype(np.int8)), (name, rule))
+                self.assertEqual(es[-1], sb)
+                total_cast += int((ex != train).sum())
+                adj, k = quant.adjust_bf16(w, rows, cols, rule)
+                moved += k
+                back = adj.astype(np.uint32).__lshift__(16).view(F32)
+                ex2, _ = quant.quantize_bf16_export(np.ascontiguousarray(back), rows, cols, rule)
+                total_adj += int((ex2 != train).sum())
+            c4, _ = quant.quantize_bf16_export(w, rows, cols, "nvfp4:modelopt")
+            ref4 = quant.quantize_nvfp4(bf16(w), rows, cols, "modelopt")[0]
+            self.assertTrue(equal(c4, ref4), name)
+        print("ternary bf16-cast export: %d codes differ from training; after the adjustment %d "
+              "(%d inputs moved)" % (total_cast, total_adj, moved))
+        self.assertGreater(total_cast, 0)
+        self.assertEqual(total_adj, 0)
+        with self.assertRaises(parity.ParityError):
+            quant.adjust_bf16(CASES[0][1], *CASES[0][1].shape, "nvfp4:modelopt")
+
     def test_bad_input(self):
         x = np.ones((2, 4), dtype=F32)
         with self.assertRaises(parity.ParityError):
