@@ -28,6 +28,8 @@
  *             (the same mismatched pair with every rounding point in fp16), S+fp16 -> S+fp16,
  *             an fp16 sampler against the bf16 learner S; S+fp8-block:deepseek against S with
  *             TE's power-of-two quantizer, against the bf16 learner S, and against itself;
+ *             the same three for S+nvfp4:modelopt (other quantizer: TE's), S+mxfp4:ocp
+ *             (RCEIL) and S+ternary:bitnet (onebitllms' half-up rounding);
  *   matrix    every sampler policy x every learner policy, plus kernel-order rows: the
  *             sampler's decode steps with split-K GEMMs (--split-k chunks) and/or split-KV
  *             attention (--split-kv positions per segment), as engines run them, for the
@@ -1011,6 +1013,26 @@ static void add_headline_jobs(job_list *jl, const options *o, const spec *S, con
                  "fp8 sampler, bf16 learner");
         snprintf(add_job(jl, SEC_HEADLINE, &s_fp8, 0, 0, s_fp8.name, &s_fp8.policy)->note, 64,
                  "fp8: same quantizer");
+        /* the 4-bit and ternary formats on the sampler's rounding points: a quantizer
+         * variant on the learner's side, the bf16 learner, the same quantizer */
+        static const struct {
+            const char *format, *same, *other;
+        } low[] = {{"nvfp4", "nvfp4:modelopt", "nvfp4:te"},
+                   {"mxfp4", "mxfp4:ocp", "mxfp4:rceil"},
+                   {"ternary", "ternary:bitnet", "ternary:onebitllms"}};
+        for (size_t f = 0; f < sizeof low / sizeof low[0]; f++) {
+            spec s_low, s_low_other;
+            snprintf(name, sizeof name, "%s+%s", S->name, low[f].same);
+            spec_from_name(name, &s_low);
+            snprintf(name, sizeof name, "%s+%s", S->name, low[f].other);
+            spec_from_name(name, &s_low_other);
+            snprintf(add_job(jl, SEC_HEADLINE, &s_low, 0, 0, s_low_other.name,
+                             &s_low_other.policy)->note, 64, "%s: other quantizer", low[f].format);
+            snprintf(add_job(jl, SEC_HEADLINE, &s_low, 0, 0, S->name, &S->policy)->note, 64,
+                     "%s sampler, bf16 learner", low[f].format);
+            snprintf(add_job(jl, SEC_HEADLINE, &s_low, 0, 0, s_low.name, &s_low.policy)->note, 64,
+                     "%s: same quantizer", low[f].format);
+        }
     }
 }
 
