@@ -5,7 +5,8 @@
  *                      [--policy PRESET] [--write-export DIR]
  *                      [--eval FILE...] [--json FILE] [--per-tensor]
  *
- * For every decoder linear weight of the latents (a checkpoint with F32 masters, or bf16),
+ * For every decoder linear weight of the latents (a checkpoint directory with F32 masters, or
+ * bf16; or a .safetensors file of masters beside its directory's config.json),
  * three code sets under the quantizer (FORMAT nvfp4, mxfp4, ternary, fp8-block, mxfp8):
  *   (a) train     the training quantizer on the fp32 latents (parity_quantize_weight);
  *   (b) export    the same quantizer after a bf16 cast of the latents, in bf16 arithmetic for
@@ -30,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "model.h"
@@ -56,6 +58,13 @@ typedef struct counts {
     uint64_t codes, code_diff, scales, scale_diff;
     double scale_rel; /* max relative difference of a scale */
 } counts;
+
+/* The scales a format has: the block scales, then the tensor scale where there is one
+ * (NVFP4's s2; ternary has the tensor scale only). `first` is where they start. */
+static uint64_t scales_of(int gemm, uint64_t grid, uint64_t *first) {
+    *first = gemm == PARITY_GEMM_TERNARY ? grid : 0;
+    return gemm == PARITY_GEMM_TERNARY ? 1 : gemm == PARITY_GEMM_NVFP4 ? grid + 1 : grid;
+}
 
 static void compare(const uint8_t *a, const float *as, const uint8_t *b, const float *bs,
                     uint64_t n, uint64_t n_scales, counts *c) {
@@ -211,8 +220,36 @@ int main(int argc, char **argv) {
         total += lens[k];
     }
 
+    /* latents given as a .safetensors file (a checkpoint's fp32 masters beside its bf16
+     * model.safetensors, as ../shared/models ships them): a directory of links to it and to
+     * its directory's config.json */
+    char link_dir[] = "/tmp/parity-quant-latents-XXXXXX";
+    const char *latents_dir = latents;
+    struct stat st;
+    if (stat(latents, &st) == 0 && S_ISREG(st.st_mode)) {
+        char src[4096], dst[4096], cfg[4096];
+        if (!mkdtemp(link_dir) || !realpath(latents, src)) die("linking the latents", PARITY_ERR_IO);
+        snprintf(cfg, sizeof cfg, "%s", src);
+        char *slash = strrchr(cfg, '/');
+        snprintf(slash + 1, sizeof cfg - (size_t)(slash + 1 - cfg), "config.json");
+        snprintf(dst, sizeof dst, "%s/model.safetensors", link_dir);
+        int bad = symlink(src, dst) != 0;
+        snprintf(dst, sizeof dst, "%s/config.json", link_dir);
+        bad |= symlink(cfg, dst) != 0;
+        if (bad) die("linking the latents", PARITY_ERR_IO);
+        latents_dir = link_dir;
+    }
     parity_model *L, *S, *D = NULL;
-    if ((rc = parity_model_load(latents, &L)) || (rc = parity_model_load(latents, &S))) die(latents, rc);
+    if ((rc = parity_model_load(latents_dir, &L)) || (rc = parity_model_load(latents_dir, &S)))
+        die(latents, rc);
+    if (latents_dir != latents) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/model.safetensors", link_dir);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/config.json", link_dir);
+        unlink(p);
+        rmdir(link_dir);
+    }
     if (deployed && (rc = parity_model_load(deployed, &D))) die(deployed, rc);
     const parity_config *c = parity_model_config(L);
     printf("parity-quant-check: latents %s, quantizer %s (%s), policy %s\n", latents, qname,
@@ -237,7 +274,9 @@ int main(int argc, char **argv) {
             if ((rc = parity_quantize_bf16_export(q, w->rows, w->cols, x, w->cols, b, bs)))
                 die("export", rc);
             counts ce = {0}, cd = {0};
-            compare(a, as, b, bs, n, grid + 1, &ce);
+            uint64_t first;
+            const uint64_t n_scales = scales_of(pol.gemm, grid, &first);
+            compare(a, as + first, b, bs + first, n, n_scales, &ce);
             add(&t_export, &ce);
             serve_codes(S, ws, q, b, bs, grid);
             if (export_dir && ternary) {
@@ -257,7 +296,7 @@ int main(int argc, char **argv) {
                         die("deployed", rc);
                     free(xd);
                 }
-                compare(a, as, d, ds, n, grid + 1, &cd);
+                compare(a, as + first, d, ds + first, n, n_scales, &cd);
                 add(&t_deployed, &cd);
             }
             if (ternary) {
@@ -275,7 +314,7 @@ int main(int argc, char **argv) {
                     if ((rc = parity_quantize_bf16_export(q, w->rows, w->cols, vx, w->cols, d, ds)))
                         die("export of the adjusted values", rc);
                     counts cr = {0};
-                    compare(a, as, d, ds, n, grid + 1, &cr);
+                    compare(a, as + first, d, ds + first, n, n_scales, &cr);
                     add(&t_adjusted, &cr);
                     free(vx);
                 }
@@ -323,10 +362,10 @@ int main(int argc, char **argv) {
                 weight *w = linear_of(L, l, j), *ww = linear_of(W, l, j);
                 if (w->keep_bf16) continue;
                 const size_t n = (size_t)w->rows * w->cols;
-                float *x = values_of(w), *as = xmalloc(2 * 4), ws2[2] = {0, ww->shipped->tensor_scale};
+                float *x = values_of(w), *as = xmalloc(2 * 4), s_w = ww->shipped->tensor_scale;
                 uint8_t *a = xmalloc(n);
                 parity_quantize_weight(q, w->rows, w->cols, x, w->cols, a, as);
-                compare(a, as, ww->shipped->codes, ws2, n, 2, &t_written);
+                compare(a, as + 1, ww->shipped->codes, &s_w, n, 1, &t_written);
                 free(x), free(as), free(a);
             }
         float *lp_w = score_all(W, &pol, tokens, lens, n_eval, total);

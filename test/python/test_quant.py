@@ -31,8 +31,12 @@ SHARED = os.path.join(os.path.dirname(harness.REPO), "shared", "models",
 SUBSET = os.path.join(harness.REPO, "test", "data", "quant", "masters.safetensors")
 
 
-def read_masters():
-    path = SHARED if os.path.exists(SHARED) else SUBSET
+TERNARY_LATENTS = os.path.join(harness.REPO, "models", "qwen3-bytes-ternary-4.9m", "latents",
+                               "model.safetensors")
+
+
+def read_masters(path=None):
+    path = path or (SHARED if os.path.exists(SHARED) else SUBSET)
     with open(path, "rb") as f:
         blob = f.read()
     n = struct.unpack("<Q", blob[:8])[0]
@@ -413,6 +417,20 @@ class KnownAnswers(unittest.TestCase):
         self.check_rules(quant.TERNARY_RULES, lambda w, r: ref_ternary(w, r, False),
                          lambda w, r: quant.quantize_ternary(w, w.shape[0], w.shape[1], r, False),
                          "ternary absmean", ("ties 256x256", ties_ternary(False)))
+
+    def test_ternary_on_the_shipped_latents(self):
+        """Every rule on the fp32 latents of the shipped ternary model (models/): the library's
+        codes and multipliers equal the reference's; the deployed checkpoint beside them loads
+        (tests/python/test_quant_check.py compares its codes with the latents')."""
+        _, latents = read_masters(TERNARY_LATENTS)
+        linear = {n: w for n, w in latents.items() if ".layers." in n}
+        self.assertEqual(len(linear), 42)
+        for name, w in sorted(linear.items()):
+            for r in quant.TERNARY_RULES:
+                ref, lib = ref_ternary(w, r, False), quant.quantize_ternary(w, *w.shape, r, False)
+                self.assertTrue(equal(ref[0], lib[0]) and equal(ref[1], lib[1]), (name, r))
+        deployed = parity.Model(os.path.dirname(os.path.dirname(TERNARY_LATENTS)))
+        deployed.close()
 
     def test_ternary_activations(self):
         self.check_rules(quant.TERNARY_RULES, lambda w, r: ref_ternary(w, r, True),

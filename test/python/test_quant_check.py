@@ -1,0 +1,61 @@
+"""parity-quant-check on the shipped ternary model (models/qwen3-bytes-ternary-4.9m): its
+deployed BitNet checkpoint holds exactly the training quantizer's codes of the fp32 latents;
+the bf16-cast export beside it (export-bf16-cast/, what onebitllms' quantize_to_1bit makes of
+the latents) disagrees on some codes and on the multipliers, and its log-probs differ from the
+learner's; both remedies end at 0 differing codes. Plain python3 (no numpy).
+
+    python3 test/python/test_quant_check.py BUILD_DIR
+"""
+import json
+import os
+import subprocess
+import tempfile
+
+import harness
+
+BUILD = harness.setup()
+
+import unittest  # noqa: E402
+
+MODEL = os.path.join(harness.REPO, "models", "qwen3-bytes-ternary-4.9m")
+TOOL = os.path.join(BUILD, "bench", "parity-quant-check")
+
+
+def check(deployed):
+    with tempfile.TemporaryDirectory(prefix="parity-qc-") as d:
+        out = os.path.join(d, "report.json")
+        env = dict(os.environ, PARITY_SOURCE_ROOT=harness.REPO)
+        p = subprocess.run([TOOL, "--latents", os.path.join(MODEL, "latents"), "--deployed", deployed,
+                            "--quantizer", "ternary:bitnet", "--json", out], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        print(p.stdout)
+        with open(out) as f:
+            return p.returncode, json.load(f)
+
+
+class QuantCheck(unittest.TestCase):
+    def test_deployed_is_the_training_quantizers(self):
+        rc, r = check(MODEL)
+        self.assertEqual(rc, 0)
+        self.assertEqual(r["deployed"]["differ"], 0)
+        self.assertEqual(r["deployed"]["scales_differ"], 0)
+        self.assertEqual(r["deployed"]["equal"], 1.0)
+        # the bf16-cast export path disagrees, and both remedies end at exactly 0
+        self.assertGreater(r["export"]["differ"], 0)
+        self.assertLess(r["export"]["equal"], 1.0)
+        self.assertEqual(r["remedy_written"]["differ"], 0)
+        self.assertEqual(r["remedy_written"]["equal"], 1.0)
+        self.assertEqual(r["remedy_adjusted"]["differ"], 0)
+        self.assertGreater(r["remedy_adjusted"]["moved"], 0)
+
+    def test_the_bf16_cast_export(self):
+        rc, r = check(os.path.join(MODEL, "export-bf16-cast"))
+        self.assertEqual(rc, 0)
+        self.assertEqual(r["deployed"]["differ"], r["export"]["differ"])
+        self.assertGreater(r["deployed"]["differ"], 0)
+        self.assertEqual(r["deployed"]["scales_differ"], r["export"]["scales_differ"])
+        self.assertLess(r["deployed"]["equal"], 1.0)
+
+
+if __name__ == "__main__":
+    harness.run("test_quant_check")
