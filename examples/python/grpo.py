@@ -829,6 +829,10 @@ def parse_args(argv):
                          "another (default: parity)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory")
     ap.add_argument("--policy", default="aligned", help="the sampler's policy (default aligned)")
+    ap.add_argument("--format", help="a quantized format on both sides, FORMAT or FORMAT:RULE "
+                                     "(nvfp4, mxfp4, ternary, fp8-block, mxfp8; default rules "
+                                     "modelopt, ocp, bitnet, deepseek, ocp): appended to --policy "
+                                     "and to every parity learner's preset")
     ap.add_argument("--backend", default="bf16", choices=["bf16", "openblas"],
                     help="the sampler's (and parity learner's) GEMM backend")
     ap.add_argument("--mode", choices=["raw", "processed"],
@@ -880,6 +884,17 @@ def parse_args(argv):
     specs = [s.strip() for s in args.learner.split(",") if s.strip()]
     if not specs:
         ap.error("--learner: name at least one learner")
+    if args.format:
+        default_rules = {"nvfp4": "modelopt", "mxfp4": "ocp", "ternary": "bitnet",
+                         "fp8-block": "deepseek", "mxfp8": "ocp"}
+        fmt = args.format if ":" in args.format else \
+            "%s:%s" % (args.format, default_rules.get(args.format, ""))
+        if fmt.split(":")[0] not in default_rules:
+            ap.error("--format: %r is not one of %s" % (args.format, ", ".join(default_rules)))
+        if "torch" in specs:
+            ap.error("--format: the torch learner has no quantized formats (use parity learners)")
+        args.policy += "+" + fmt
+        specs = [s + "+" + fmt if s.startswith("parity:") else s for s in specs]
     for s in specs:
         if s in ("parity", "torch"):
             continue

@@ -272,12 +272,48 @@ def _e4m3_values():
     return _E4M3_VALUES[0]
 
 
+_E2M1_VALUES = _torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=_f32)
+
+
+def _low_bit_dequantized(t, pol_c, weight):
+    """The 4-bit and ternary formats' dequantized values (see _fp8_dequantized): NVFP4
+    e2m1 * e4m3 * s2 (s2 per tensor for a weight, per row for activations), MXFP4 e2m1 *
+    2^(b - 127), ternary code / s (s_w per tensor, s_x per row)."""
+    rows, cols = t.shape
+    per_row = 0 if weight else 1
+    n_t = rows if per_row else 1
+    if pol_c.gemm == 5:
+        codes = _torch.empty(rows, cols, dtype=_torch.int8)
+        s = _torch.empty(n_t, dtype=_f32)
+        lib.parity_ternary_quantize(pol_c.quantizer, per_row, rows, cols, _addr(t), cols,
+                                    _addr(codes), cols, _addr(s))
+        return codes.to(_f32) / s.reshape(-1, 1)
+    codes = _torch.empty(rows, cols, dtype=_torch.uint8)
+    if pol_c.gemm == 4:
+        e8m0 = _torch.empty(rows, -(-cols // 32), dtype=_torch.uint8)
+        lib.parity_mxfp4_quantize(pol_c.quantizer, rows, cols, _addr(t), cols, _addr(codes), cols,
+                                  _addr(e8m0))
+        scales = _torch.pow(2.0, e8m0.to(_torch.float64) - 127).to(_f32)  # exact powers of two
+        return _E2M1_VALUES[codes.long()] * scales.repeat_interleave(32, 1)[:, :cols]
+    sf = _torch.empty(rows, -(-cols // 16), dtype=_torch.uint8)
+    s2 = _torch.empty(n_t, dtype=_f32)
+    lib.parity_nvfp4_quantize(pol_c.quantizer, per_row, rows, cols, _addr(t), cols, _addr(codes),
+                              cols, _addr(sf), _addr(s2))
+    block = _e4m3_values()[sf.long()].repeat_interleave(16, 1)[:, :cols]
+    # (e2m1 * sf) is exact in fp32; then one rounding by s2, as the GEMM's alpha applies it
+    return (_E2M1_VALUES[codes.long()] * block) * s2.reshape(-1, 1)
+
+
 def _fp8_dequantized(t, pol_c, weight):
-    """code * scale of t quantized as the policy's fp8 GEMM quantizes it (parity_linear): a
-    weight in 128 x 128 blocks (1 x 32 under MXFP8), an activation per row in 1 x 128 groups
-    (1 x 32), with the policy's rule: the values the forward's dot products multiply."""
+    """code * scale of t quantized as the policy's quantized GEMM quantizes it (parity_linear):
+    a weight in 128 x 128 blocks (1 x 32 under MXFP8), an activation per row in 1 x 128 groups
+    (1 x 32), with the policy's rule: the values the forward's dot products multiply; the
+    4-bit and ternary formats by _low_bit_dequantized."""
     t = t.detach().contiguous()
     rows, cols = t.shape
+    if pol_c.gemm >= 3:
+        return _low_bit_dequantized(t, pol_c, weight)
     codes = _torch.empty(rows, cols, dtype=_torch.uint8)
     if pol_c.gemm == 2:
         br, bc = 1, 32
@@ -337,9 +373,10 @@ def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
     policy rounds): x fp32 [m, k]; weight the fp32 master [n, k] (the forward reads bf16(W)
     under compute "bf16"); bias fp32 [n] or None. Each output depends on its row of x and of W
     alone, in the backend's order. Gradients: gy W and gy^T x in fp32, straight through the
-    cast to bf16. Under an fp8 gemm policy ("+fp8-block:RULE", "+mxfp8:RULE") the master W
-    and each row of x are quantized with the rule, as the model's fp8 GEMM does; the
-    gradients are gy deq(Wq) and gy^T deq(xq), straight through both quantizers."""
+    cast to bf16. Under a quantized gemm policy ("+fp8-block:RULE", "+mxfp8:RULE",
+    "+nvfp4:RULE", "+mxfp4:RULE", "+ternary:RULE") the master W and each row of x are
+    quantized with the rule, as the model's quantized GEMM does; the gradients are gy deq(Wq)
+    and gy^T deq(xq), straight through both quantizers."""
     _tensor(x, "x", _f32, 2)
     _tensor(weight, "weight", _f32, 2)
     if x.shape[1] != weight.shape[1]:

@@ -108,6 +108,18 @@ class Grpo(unittest.TestCase):
                 self.assertEqual(r["lp_not_bitwise"], 0, what)
                 self.assertGreater(r["tokens"], 0, what)
 
+    def test_formats_bitwise(self):
+        """--format puts a 4-bit or ternary format on both sides (straight-through gradients in
+        the learner): the parity learner stays bitwise at every step."""
+        for fmt in ("nvfp4", "ternary:onebitllms"):
+            _, recs = run(SMALL + ["--learner", "parity", "--format", fmt], self.tmp.name,
+                          "format-" + fmt.replace(":", "-"))
+            self.assertEqual(len(recs), 2)
+            for r in recs:
+                self.assertEqual(r["lp_not_bitwise"], 0, fmt)
+                self.assertEqual(r["rollout_corr/k3_kl"], 0.0, fmt)
+                self.assertGreater(r["tokens"], 0, fmt)
+
     def test_learners_share_step_zero(self):
         """Every learner starts from the checkpoint: step 0's rollouts are the same for all."""
         recs = self.runs[None][1]
@@ -148,6 +160,8 @@ class Grpo(unittest.TestCase):
                                 "is not parity, parity:PRESET or torch")
         self.assert_usage_error(["--learner", "parity:no-such-preset"], "no-such-preset")
         self.assert_usage_error(["--n", "1"], "--n must be at least 2")
+        self.assert_usage_error(["--format", "int4"], "is not one of")
+        self.assert_usage_error(["--format", "nvfp4", "--learner", "torch"], "no quantized formats")
         self.assert_usage_error(["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"],
                                 "exclude each other")
 

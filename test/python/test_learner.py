@@ -28,7 +28,8 @@ from parity.torch import CausalLM, attention, head_logprobs, linear, round_point
 TRAINED = os.path.join(harness.REPO, "models", "qwen3-bytes-pystdlib-4.9m")
 BF16_PRESETS = [p for p in parity.policies() if p != "fp32"]
 POLICIES = parity.policies() + [p + "+fp32-head" for p in BF16_PRESETS] + \
-    ["hf-eager+fp16", "vllm+fp16", "vllm+fp8-block:deepseek", "hf-eager+mxfp8:te"]
+    ["hf-eager+fp16", "vllm+fp16", "vllm+fp8-block:deepseek", "hf-eager+mxfp8:te",
+     "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp", "hf-eager+ternary:bitnet"]
 #: The backends this machine runs: bf16 and openblas, and amx where the CPU has AMX-BF16.
 BACKENDS = parity.backends()
 
@@ -36,7 +37,8 @@ BACKENDS = parity.backends()
 def backends_of(policy):
     """The backends a policy is tested on: all; the fp8 policies skip openblas (their decoder
     GEMMs do not depend on the backend, and the openblas head is the other policies' test)."""
-    return [b for b in BACKENDS if b != "openblas"] if "fp8" in policy else BACKENDS
+    quantized = any(f in policy for f in ("fp8", "fp4", "ternary"))
+    return [b for b in BACKENDS if b != "openblas"] if quantized else BACKENDS
 MODES = [dict(mode="raw"), dict(mode="processed", temperature=0.7),
          dict(mode="processed-truncated", temperature=0.8, top_k=20, top_p=0.9)]
 TEXT = open(os.path.join(harness.REPO, "examples", "python", "grpo_group.py"), "rb").read()
@@ -279,7 +281,8 @@ class Gradients(unittest.TestCase):
         """Under an fp8 gemm, parity.torch.linear's forward is the model's fp8 GEMM on the
         master quantized with the rule, and its gradients are gy deq(Wq) and gy^T deq(xq)."""
         from parity import learner
-        for pol in ("vllm+fp8-block:deepseek", "hf-eager+mxfp8:te"):
+        for pol in ("vllm+fp8-block:deepseek", "hf-eager+mxfp8:te", "vllm+nvfp4:te",
+                    "vllm+mxfp4:rceil", "hf-eager+ternary:onebitllms"):
             x = torch.randn(9, 200).requires_grad_()
             w = torch.randn(150, 200, requires_grad=True)
             y = linear(x, w, policy=pol)
