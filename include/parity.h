@@ -763,7 +763,37 @@ PARITY_API int parity_model_save(const parity_model *model, const char *dir);
  *           shipped codes and scale as they are where the model holds them (the scale in its
  *           dtype), else quantized with the ternary rule RULE ("bitnet", "hf-bitlinear",
  *           "onebitllms") from the model's values, the scale F32 (BF16 under hf-bitlinear);
- *   "bitnet"  the same where every quantized weight holds shipped ternary codes.
+ *   "bitnet"  the same where every quantized weight holds shipped ternary codes;
+ *   "nvfp4:RULE"  ModelOpt's NVFP4 layout: config.json gains quantization_config {quant_method
+ *           modelopt, quant_algo NVFP4, kv_cache_quant_algo null, group_size 16,
+ *           exclude_modules ["lm_head", and the kept layers]}, and hf_quant_config.json the same
+ *           under "quantization" (with producer libparity); each decoder linear weight is
+ *           "<name>" U8 [rows, ceil(cols/2)] (two E2M1 codes a byte, the low nibble the even
+ *           column), "<name>_scale" F8_E4M3 [rows, ceil(cols/16)] and "<name>_scale_2" F32 []:
+ *           the shipped codes as they are where the model holds them, else quantized with the
+ *           NVFP4 rule RULE ("modelopt", "te", "torchao"); "<module>.input_scale" F32 [] only
+ *           where the loaded checkpoint had one (libparity scales activations per token and
+ *           calibrates none). An all-zero weight's weight_scale_2 is written as 1 (its codes
+ *           are 0 whatever it is);
+ *   "mxfp4:RULE"  the *_blocks / *_scales layout of gpt-oss on each linear weight:
+ *           quantization_config {quant_method mxfp4, modules_to_not_convert [...]};
+ *           "<name>_blocks" U8 [rows, ceil(cols/32), 16] and "<name>_scales" U8 [rows,
+ *           ceil(cols/32)] (E8M0): shipped, else quantized with the MXFP4 rule RULE ("ocp",
+ *           "rceil", "microxcaling");
+ *   "nvfp4", "mxfp4"  the same where every quantized weight holds shipped codes of the format.
+ * Saving a layout other than nvfp4 removes an hf_quant_config.json left in the directory.
+ * NVFP4 and MXFP4 checkpoints load as they are (config.json's quantization_config, or for
+ * ModelOpt hf_quant_config.json alone): every policy of the format reads the shipped codes,
+ * every other reader their values, RN_fp32(e2m1 * sf * s2) (NVFP4) or e2m1 * 2^(e - 127)
+ * (MXFP4). Refused with the tensor named: codes not U8 (_TENSOR_DTYPE) or of another shape,
+ * the wrong count of nibbles (_TENSOR_SHAPE), a nonzero padding code past the last column
+ * (_TENSOR_SHAPE), a missing weight_scale / weight_scale_2 / *_scales (_SCALE_MISSING),
+ * scales of another grid or a weight_scale_2 of more than one value (_SCALE_GRID), a NaN or
+ * negative E4M3 block scale, an E8M0 0xFF, a weight_scale_2 or input_scale that is not finite
+ * and positive (_SCALE_VALUE), a value beyond bf16's range (_TENSOR_NONFINITE), a "<name>"
+ * beside "<name>_blocks" (_TENSOR_UNEXPECTED); another quant_algo, group_size or a quantized
+ * KV cache is PARITY_ERR_UNSUPPORTED. A block scale of zero is accepted (ModelOpt writes one
+ * for a block far below the tensor's amax).
  * A checkpoint in the BitNet layout loads as it is: its codes are shipped (every ternary
  * policy reads them; the rule then quantizes the activations only), the dequantized values
  * code / weight_scale (linear_class "bitlinear", the default) or code * weight_scale

@@ -43,7 +43,7 @@ static float one_scale(const tensor_source *s) {
 
 int ternary_shipped_check(const tensor_source *codes, const tensor_source *scale,
                           const expected *slot) {
-    if (codes->dtype != UINT32_MAX - 1) /* the caller's mark for a U8 tensor */
+    if (codes->dtype != TENSOR_SOURCE_U8)
         return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s where packed ternary codes are U8 "
                          "(quantization_config quant_method bitnet quantizes this layer; a layer "
                          "kept in bf16 is named in modules_to_not_convert)", codes->where,

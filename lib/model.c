@@ -144,7 +144,7 @@ void parity_model_free(parity_model *m) {
     for (size_t i = 0; i < m->n_files; i++) st_close(m->files[i]);
     px_free(m->files);
     rope_tables_free(&m->rope);
-    fp8_checkpoint_free(&m->ckpt);
+    quant_checkpoint_free(&m->ckpt);
     px_free(m->tensors);
     px_free(m->layers);
     pthread_mutex_destroy(&m->prepare_lock);
@@ -506,137 +506,183 @@ static const st_tensor *find_tensor(const parity_model *m, const char *name, con
     return NULL;
 }
 
-/* A linear weight of a block-FP8 checkpoint: its F8_E4M3 codes and weight_scale_inv. */
-static int bind_shipped(parity_model *m, const st_file *f, const st_tensor *t, const expected *e) {
-    char where[512], swhere[512], sname[128];
-    snprintf(where, sizeof where, "%s: tensor '%s'", f->path, t->name);
-    snprintf(sname, sizeof sname, "%s_scale_inv", e->name);
-    const uint32_t dtype = t->dtype == ST_F8_E4M3 ? PARITY_DTYPE_F8_E4M3 : UINT32_MAX;
-    const tensor_source codes = {where, dtype, st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
-    const st_file *sf;
-    const st_tensor *st = find_tensor(m, sname, &sf);
-    tensor_source scales = {0};
-    if (st) {
-        snprintf(swhere, sizeof swhere, "%s: tensor '%s'", sf->path, sname);
-        scales = (tensor_source){swhere,
-                                 st->dtype == ST_F32    ? PARITY_DTYPE_F32
-                                 : st->dtype == ST_BF16 ? PARITY_DTYPE_BF16
-                                                        : UINT32_MAX,
-                                 st_dtype_name(st->dtype), st->ndim, st->shape, st->data, 1};
-    }
-    if (dtype != PARITY_DTYPE_F8_E4M3)
-        return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s, but config.json's "
-                         "quantization_config (quant_method fp8) quantizes this layer: F8_E4M3 codes "
-                         "expected (a layer kept in bf16 is named in modules_to_not_convert)",
-                         where, st_dtype_name(t->dtype));
-    shipped_values v;
-    int rc = shipped_import(&codes, st ? &scales : NULL, e, m->ckpt.scale_ue8m0, &v);
-    if (rc) return rc;
-    weight *w = e->dst;
-    quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "fp8 weight"));
+/* A tensor of the checkpoint as a tensor_source (`where` its buffer for messages), or 0 when
+ * no file holds NAME. */
+static int find_source(const parity_model *m, const char *name, char *where, size_t where_size,
+                       tensor_source *out) {
+    const st_file *f;
+    const st_tensor *t = find_tensor(m, name, &f);
+    if (!t) return 0;
+    snprintf(where, where_size, "%s: tensor '%s'", f->path, name);
+    const uint32_t dtype = t->dtype == ST_F32       ? PARITY_DTYPE_F32
+                           : t->dtype == ST_BF16    ? PARITY_DTYPE_BF16
+                           : t->dtype == ST_F16     ? PARITY_DTYPE_F16
+                           : t->dtype == ST_F8_E4M3 ? PARITY_DTYPE_F8_E4M3
+                           : t->dtype == ST_U8      ? TENSOR_SOURCE_U8
+                                                    : UINT32_MAX;
+    *out = (tensor_source){where, dtype, st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
+    return 1;
+}
+
+/* The imported values become w's: the model owns the buffers, w->shipped the codes and scales
+ * of format `gemm`. */
+static int install_shipped(parity_model *m, weight *w, const expected *e, shipped_values *v,
+                           int gemm, int scale_dtype) {
+    quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "shipped weight"));
     if (!q) {
-        shipped_values_free(&v);
+        shipped_values_free(v);
         return PARITY_ERR_OUT_OF_MEMORY;
     }
     /* the model frees what the import allocated (model_own frees a buffer it cannot take) */
-    void *bufs[4] = {v.codes, v.scales, v.master, v.bf16};
+    void *bufs[4] = {v->codes, v->scales, v->master, v->bf16};
     for (int i = 0; i < 4; i++)
         if (!model_own(m, bufs[i])) {
             for (int j = i + 1; j < 4; j++) px_free(bufs[j]);
             return PARITY_ERR_OUT_OF_MEMORY;
         }
-    q->codes = v.codes;
-    q->scales = v.scales;
+    q->codes = v->codes;
+    q->scales = v->scales;
+    q->tensor_scale = v->tensor_scale;
+    q->input_scale = v->input_scale;
     w->rows = e->rows;
     w->cols = e->cols;
-    w->bf16 = v.bf16;
-    w->master = v.master;
+    w->bf16 = v->bf16;
+    w->master = v->master;
     w->shipped = q;
-    w->shipped_gemm = PARITY_GEMM_FP8_BLOCK;
-    w->shipped_scale_dtype = v.scale_dtype;
+    w->shipped_gemm = (uint8_t)gemm;
+    w->shipped_scale_dtype = (uint8_t)scale_dtype;
     return PARITY_OK;
 }
 
-/* A linear weight of a BitNet checkpoint: its packed codes and weight_scale. */
-static int bind_ternary(parity_model *m, const st_file *f, const st_tensor *t, const expected *e) {
-    char where[512], swhere[512], sname[128];
-    snprintf(where, sizeof where, "%s: tensor '%s'", f->path, t->name);
-    snprintf(sname, sizeof sname, "%s_scale", e->name);
-    const tensor_source codes = {where, t->dtype == ST_U8 ? UINT32_MAX - 1 : UINT32_MAX,
-                                 st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
-    const st_file *sf;
-    const st_tensor *st = find_tensor(m, sname, &sf);
-    tensor_source scale = {0};
-    if (st) {
-        snprintf(swhere, sizeof swhere, "%s: tensor '%s'", sf->path, sname);
-        scale = (tensor_source){swhere,
-                                st->dtype == ST_F32    ? PARITY_DTYPE_F32
-                                : st->dtype == ST_BF16 ? PARITY_DTYPE_BF16
-                                : st->dtype == ST_F16  ? PARITY_DTYPE_F16
-                                                       : UINT32_MAX,
-                                st_dtype_name(st->dtype), st->ndim, st->shape, st->data, 1};
+/* The name of a weight's companion tensor: "<weight><suffix>", or with `module_level` the
+ * module's ("<module><suffix>", "<module>" being the weight's name less ".weight"). */
+static void companion_name(const expected *e, const char *suffix, int module_level, char *out,
+                           size_t size) {
+    const size_t n = strlen(e->name);
+    const int cut = module_level && n > 7 ? 7 : 0;
+    snprintf(out, size, "%.*s%s", (int)(n - (size_t)cut), e->name, suffix);
+}
+
+/* A quantized linear weight of the checkpoint, in the layout of its quantization method. */
+static int bind_quantized(parity_model *m, const char *dir, const expected *e) {
+    char w0[512], w1[512], w2[512], w3[512], name[160];
+    tensor_source codes = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    const int method = m->ckpt.method;
+    int have = 0, h1, h2 = 0, h3 = 0;
+    if (method == QUANT_METHOD_MXFP4) {
+        companion_name(e, "_blocks", 0, name, sizeof name);
+        have = find_source(m, name, w0, sizeof w0, &codes);
+        tensor_source plain;
+        char wp[512];
+        if (find_source(m, e->name, wp, sizeof wp, &plain))
+            return set_error(PARITY_ERR_TENSOR_UNEXPECTED, "%s: quantization_config (quant_method "
+                             "mxfp4) quantizes this layer, whose codes are '%s' (a layer kept in "
+                             "bf16 is named in modules_to_not_convert)", wp, name);
+    } else {
+        snprintf(name, sizeof name, "%s", e->name);
+        have = find_source(m, e->name, w0, sizeof w0, &codes);
     }
+    if (!have)
+        return set_error(PARITY_ERR_TENSOR_MISSING, "%s: tensor '%s' (the %s codes of %s, shape %s) "
+                         "is missing", dir, name, quant_method_name(method), e->name, e->shape_doc);
     shipped_values v;
-    int rc = ternary_shipped_import(&codes, st ? &scale : NULL, e, m->ckpt.bitnet_scale_is_mean, &v);
-    if (rc) return rc;
-    weight *w = e->dst;
-    quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "ternary weight"));
-    if (!q) {
-        shipped_values_free(&v);
-        return PARITY_ERR_OUT_OF_MEMORY;
+    int rc, gemm;
+    switch (method) {
+    case QUANT_METHOD_FP8_BLOCK:
+        if (codes.dtype != PARITY_DTYPE_F8_E4M3)
+            return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s, but config.json's "
+                             "quantization_config (quant_method fp8) quantizes this layer: F8_E4M3 "
+                             "codes expected (a layer kept in bf16 is named in "
+                             "modules_to_not_convert)", w0, codes.dtype_name);
+        companion_name(e, "_scale_inv", 0, name, sizeof name);
+        h1 = find_source(m, name, w1, sizeof w1, &s1);
+        rc = shipped_import(&codes, h1 ? &s1 : NULL, e, m->ckpt.scale_ue8m0, &v);
+        gemm = PARITY_GEMM_FP8_BLOCK;
+        break;
+    case QUANT_METHOD_BITNET:
+        companion_name(e, "_scale", 0, name, sizeof name);
+        h1 = find_source(m, name, w1, sizeof w1, &s1);
+        rc = ternary_shipped_import(&codes, h1 ? &s1 : NULL, e, m->ckpt.bitnet_scale_is_mean, &v);
+        /* autobitlinear's s_w is computed (1 / mean): it saves as F32, exactly */
+        if (!rc && m->ckpt.bitnet_scale_is_mean) v.scale_dtype = PARITY_DTYPE_F32;
+        gemm = PARITY_GEMM_TERNARY;
+        break;
+    case QUANT_METHOD_NVFP4:
+        companion_name(e, "_scale", 0, name, sizeof name);
+        h1 = find_source(m, name, w1, sizeof w1, &s1);
+        companion_name(e, "_scale_2", 0, name, sizeof name);
+        h2 = find_source(m, name, w2, sizeof w2, &s2);
+        companion_name(e, ".input_scale", 1, name, sizeof name);
+        h3 = find_source(m, name, w3, sizeof w3, &s3);
+        rc = nvfp4_shipped_import(&codes, h1 ? &s1 : NULL, h2 ? &s2 : NULL, h3 ? &s3 : NULL, e, &v);
+        gemm = PARITY_GEMM_NVFP4;
+        break;
+    default: /* QUANT_METHOD_MXFP4 */
+        companion_name(e, "_scales", 0, name, sizeof name);
+        h1 = find_source(m, name, w1, sizeof w1, &s1);
+        rc = mxfp4_shipped_import(&codes, h1 ? &s1 : NULL, e, &v);
+        gemm = PARITY_GEMM_MXFP4;
+        break;
     }
-    void *bufs[4] = {v.codes, v.scales, v.master, v.bf16};
-    for (int i = 0; i < 4; i++)
-        if (!model_own(m, bufs[i])) {
-            for (int j = i + 1; j < 4; j++) px_free(bufs[j]);
-            return PARITY_ERR_OUT_OF_MEMORY;
-        }
-    q->codes = v.codes;
-    q->scales = v.scales;
-    q->tensor_scale = v.tensor_scale;
-    w->rows = e->rows;
-    w->cols = e->cols;
-    w->bf16 = v.bf16;
-    w->master = v.master;
-    w->shipped = q;
-    w->shipped_gemm = PARITY_GEMM_TERNARY;
-    /* autobitlinear's s_w is computed (1 / mean): it saves as F32, exactly */
-    w->shipped_scale_dtype = m->ckpt.bitnet_scale_is_mean ? PARITY_DTYPE_F32 : v.scale_dtype;
-    return PARITY_OK;
+    if (rc) return rc;
+    return install_shipped(m, e->dst, e, &v, gemm, v.scale_dtype);
 }
 
-/* Whether NAME is "<weight>_scale_inv" (fp8) or "<weight>_scale" (BitNet) of a weight the
- * checkpoint quantizes. */
-static int is_shipped_scale(const parity_model *m, const char *name) {
-    const char *suffix = m->ckpt.bitnet ? "_scale" : "_scale_inv";
-    const size_t n = strlen(name), k = strlen(suffix);
-    if (!m->ckpt.quantized || n <= k || strcmp(name + n - k, suffix)) return 0;
-    char base[128];
-    if (n - k >= sizeof base) return 0;
-    memcpy(base, name, n - k);
-    base[n - k] = '\0';
-    const expected *e = model_find_tensor(m, base);
-    return e && e->linear && !e->dst->keep_bf16;
+/* Whether NAME is a companion tensor (scales, or MXFP4's blocks) of a weight the checkpoint
+ * quantizes. */
+static int is_shipped_companion(const parity_model *m, const char *name) {
+    static const char *const suffixes[][3] = {
+        [QUANT_METHOD_FP8_BLOCK] = {"_scale_inv"},
+        [QUANT_METHOD_BITNET] = {"_scale"},
+        [QUANT_METHOD_NVFP4] = {"_scale", "_scale_2"},
+        [QUANT_METHOD_MXFP4] = {"_blocks", "_scales"},
+    };
+    if (m->ckpt.method == QUANT_METHOD_NONE) return 0;
+    const size_t n = strlen(name);
+    char base[160];
+    for (int s = 0; s < 3 && suffixes[m->ckpt.method][s]; s++) {
+        const char *suffix = suffixes[m->ckpt.method][s];
+        const size_t k = strlen(suffix);
+        if (n <= k || n - k >= sizeof base || strcmp(name + n - k, suffix)) continue;
+        memcpy(base, name, n - k);
+        base[n - k] = '\0';
+        const expected *e = model_find_tensor(m, base);
+        if (e && e->linear && !e->dst->keep_bf16) return 1;
+    }
+    /* NVFP4's "<module>.input_scale" */
+    static const char input[] = ".input_scale";
+    const size_t k = sizeof input - 1;
+    if (m->ckpt.method == QUANT_METHOD_NVFP4 && n > k && n - k + 7 < sizeof base &&
+        !strcmp(name + n - k, input)) {
+        memcpy(base, name, n - k);
+        memcpy(base + n - k, ".weight", 8);
+        const expected *e = model_find_tensor(m, base);
+        return e && e->linear && !e->dst->keep_bf16;
+    }
+    return 0;
 }
 
 static int bind_all(parity_model *m, const char *dir) {
     size_t n;
     const expected *e = model_tensors(m, &n);
     int rc = PARITY_OK;
+    const int quantized = m->ckpt.method != QUANT_METHOD_NONE;
     for (size_t i = 0; i < n; i++)
-        e[i].dst->keep_bf16 = m->ckpt.quantized && e[i].linear && fp8_checkpoint_keeps(&m->ckpt, e[i].name);
+        e[i].dst->keep_bf16 = quantized && e[i].linear && quant_checkpoint_keeps(&m->ckpt, e[i].name);
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         const st_file *f;
+        if (quantized && e[i].linear && !e[i].dst->keep_bf16) {
+            rc = bind_quantized(m, dir, &e[i]);
+            continue;
+        }
         const st_tensor *t = find_tensor(m, e[i].name, &f);
         if (!t)
             rc = set_error(PARITY_ERR_TENSOR_MISSING, "%s: tensor '%s' (shape %s) is missing",
                            dir, e[i].name, e[i].shape_doc);
-        else if (m->ckpt.quantized && e[i].linear && !e[i].dst->keep_bf16)
-            rc = m->ckpt.bitnet ? bind_ternary(m, f, t, &e[i]) : bind_shipped(m, f, t, &e[i]);
         else if (t->dtype == ST_F8_E4M3)
             rc = set_error(PARITY_ERR_TENSOR_DTYPE, "%s: tensor '%s' is F8_E4M3, but %s",
                            f->path, e[i].name,
-                           !m->ckpt.quantized ? "config.json has no quantization_config "
+                           !quantized ? "config.json has no quantization_config "
                                                 "(quant_method fp8) that quantizes it"
                            : e[i].linear ? "quantization_config's modules_to_not_convert / "
                                            "ignored_layers keep it unquantized"
@@ -650,7 +696,7 @@ static int bind_all(parity_model *m, const char *dir) {
         const st_file *f = m->files[fi];
         for (size_t t = 0; t < f->n_tensors && rc == PARITY_OK; t++) {
             const char *name = f->tensors[t].name;
-            int known = ignorable(m, name) || is_shipped_scale(m, name);
+            int known = ignorable(m, name) || is_shipped_companion(m, name);
             for (size_t i = 0; i < n && !known; i++) known = !strcmp(e[i].name, name);
             if (!known)
                 rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED,
@@ -687,11 +733,18 @@ int parity_model_load(const char *dir, parity_model **out) {
     parity_config c;
     snprintf(path, plen, "%s/config.json", dir);
     int rc = parity_config_load(path, &c);
-    fp8_checkpoint ckpt = {0};
+    quant_checkpoint ckpt = {0};
     char *text = NULL;
     size_t text_len = 0;
     if (!rc && !(rc = read_text_file(path, 16u << 20, &text, &text_len)))
-        rc = fp8_checkpoint_parse(text, text_len, path, &ckpt);
+        rc = quant_checkpoint_parse(text, text_len, path, &ckpt);
+    px_free(text);
+    text = NULL;
+    /* a ModelOpt checkpoint may say how it is quantized in hf_quant_config.json alone */
+    snprintf(path, plen, "%s/hf_quant_config.json", dir);
+    if (!rc && ckpt.method == QUANT_METHOD_NONE && file_exists(path) &&
+        !(rc = read_text_file(path, 16u << 20, &text, &text_len)))
+        rc = quant_checkpoint_parse_modelopt(text, text_len, path, &ckpt);
     px_free(text);
     if (rc) {
         px_free(path);
@@ -699,7 +752,7 @@ int parity_model_load(const char *dir, parity_model **out) {
     }
     parity_model *m = model_new(&c);
     if (!m) {
-        fp8_checkpoint_free(&ckpt);
+        quant_checkpoint_free(&ckpt);
         px_free(path);
         return PARITY_ERR_OUT_OF_MEMORY;
     }
@@ -882,14 +935,17 @@ static int write_config(const parity_config *c, const char *path, const char *to
 }
 
 /* The layouts parity_model_save_as writes. */
-enum { LAYOUT_BF16, LAYOUT_FP16, LAYOUT_FP32, LAYOUT_FP8_BLOCK, LAYOUT_BITNET };
+enum { LAYOUT_BF16, LAYOUT_FP16, LAYOUT_FP32, LAYOUT_FP8_BLOCK, LAYOUT_BITNET, LAYOUT_NVFP4,
+       LAYOUT_MXFP4 };
 
-/* One tensor of the file: a weight's values in the layout's dtype, or an fp8 weight's codes
- * or block scales. */
-enum { OUT_VALUES, OUT_CODES, OUT_SCALES };
+/* One tensor of the file: a weight's values in the layout's dtype, or a quantized weight's
+ * codes, block scales, tensor scale (NVFP4's weight_scale_2) or input_scale (NVFP4's). */
+enum { OUT_VALUES, OUT_CODES, OUT_SCALES, OUT_TENSOR_SCALE, OUT_INPUT_SCALE };
 typedef struct saved_tensor {
     const char *name;
-    char scale_name[128];  /* OUT_SCALES: "<weight>_scale_inv" (fp8), "<weight>_scale" (bitnet) */
+    char scale_name[128];  /* the name when it is not the weight's: "<weight>_scale_inv" (fp8),
+                              "<weight>_scale" (bitnet, NVFP4), "<weight>_blocks" (MXFP4), ... */
+    char shape[48];        /* the shape as the header writes it, where it is not the weight's */
     const weight *w;
     int is_vector, kind;
     const char *dtype;     /* "BF16", "F16", "F32", "F8_E4M3", "U8" */
@@ -904,7 +960,8 @@ static int cmp_saved(const void *a, const void *b) {
     return strcmp(((const saved_tensor *)a)->name, ((const saved_tensor *)b)->name);
 }
 
-/* "bf16", "fp16", "fp32", "fp8-block[:RULE]" or "bitnet[:RULE]" (NULL: "bf16"). */
+/* "bf16", "fp16", "fp32", "fp8-block[:RULE]", "bitnet[:RULE]", "nvfp4[:RULE]" or
+ * "mxfp4[:RULE]" (NULL: "bf16"). */
 static int parse_layout(const char *layout, int *kind, int *rule) {
     *rule = -1;
     if (!layout || !strcmp(layout, "bf16")) return *kind = LAYOUT_BF16, PARITY_OK;
@@ -920,14 +977,46 @@ static int parse_layout(const char *layout, int *kind, int *rule) {
         *kind = LAYOUT_BITNET;
         return parity_quantizer_from_name(PARITY_GEMM_TERNARY, layout + 7, rule);
     }
+    if (!strcmp(layout, "nvfp4")) return *kind = LAYOUT_NVFP4, PARITY_OK;
+    if (!strncmp(layout, "nvfp4:", 6)) {
+        *kind = LAYOUT_NVFP4;
+        return parity_quantizer_from_name(PARITY_GEMM_NVFP4, layout + 6, rule);
+    }
+    if (!strcmp(layout, "mxfp4")) return *kind = LAYOUT_MXFP4, PARITY_OK;
+    if (!strncmp(layout, "mxfp4:", 6)) {
+        *kind = LAYOUT_MXFP4;
+        return parity_quantizer_from_name(PARITY_GEMM_MXFP4, layout + 6, rule);
+    }
     return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout '%s' is not one of bf16, fp16, fp32, "
-                     "fp8-block, fp8-block:RULE, bitnet, bitnet:RULE", layout);
+                     "fp8-block[:RULE], bitnet[:RULE], nvfp4[:RULE], mxfp4[:RULE]", layout);
 }
 
 /* Writes one tensor's bytes. */
 static int write_saved(FILE *fp, const saved_tensor *t, int layout) {
     const weight *w = t->w;
     const size_t count = (size_t)w->rows * w->cols;
+    const int fp4 = layout == LAYOUT_NVFP4 || layout == LAYOUT_MXFP4;
+    if (t->kind == OUT_CODES && fp4) {
+        uint8_t *packed = px_malloc(t->bytes ? t->bytes : 1, "packed fp4 codes");
+        if (!packed) return 0;
+        fp4_pack_rows(t->q->codes, w->rows, w->cols, t->bytes / w->rows, packed);
+        const int ok = fwrite(packed, 1, t->bytes, fp) == t->bytes;
+        px_free(packed);
+        return ok;
+    }
+    if (t->kind == OUT_SCALES && fp4) {
+        for (uint64_t i = 0; i < t->bytes; i++) {
+            const float v = t->q->scales[i];
+            const uint8_t b = layout == LAYOUT_NVFP4 ? e4m3_from_f32_saturating(v) : e8m0_of_pow2(v);
+            if (fputc(b, fp) == EOF) return 0;
+        }
+        return 1;
+    }
+    if (t->kind == OUT_TENSOR_SCALE || t->kind == OUT_INPUT_SCALE) {
+        float v = t->kind == OUT_INPUT_SCALE ? t->q->input_scale : t->q->tensor_scale;
+        if (v == 0.0f) v = 1.0f; /* an all-zero weight's s2: its codes are 0 whatever s2 is */
+        return fwrite(&v, 4, 1, fp) == 1;
+    }
     if (t->kind == OUT_CODES && layout == LAYOUT_BITNET) {
         uint8_t *packed = px_malloc(t->bytes ? t->bytes : 1, "packed ternary codes");
         if (!packed) return 0;
@@ -954,8 +1043,7 @@ static int write_saved(FILE *fp, const saved_tensor *t, int layout) {
         }
         return 1;
     }
-    if (layout == LAYOUT_BF16 || layout == LAYOUT_FP8_BLOCK || layout == LAYOUT_BITNET)
-        return fwrite(w->bf16, 2, count, fp) == count;
+    if (layout != LAYOUT_FP16 && layout != LAYOUT_FP32) return fwrite(w->bf16, 2, count, fp) == count;
     /* fp16 and fp32 from the master where there is one, else the bf16 values (exact) */
     for (size_t i = 0; i < count; i++) {
         const float v = w->master ? w->master[i] : bf16_to_f32(w->bf16[i]);
@@ -978,7 +1066,7 @@ static int plan_ternary(const weight *w, saved_tensor *v, saved_tensor *sc, int 
     v->kind = OUT_CODES;
     v->dtype = "U8";
     v->bytes = ((uint64_t)w->rows + 3) / 4 * w->cols;
-    if (w->shipped && w->shipped_gemm == PARITY_GEMM_TERNARY && rule < 0) {
+    if (w->shipped && w->shipped_gemm == PARITY_GEMM_TERNARY) {
         v->q = sc->q = w->shipped;
         sc->scales_bf16 = w->shipped_scale_dtype == PARITY_DTYPE_BF16;
         sc->scales_f16 = w->shipped_scale_dtype == PARITY_DTYPE_F16;
@@ -1001,13 +1089,72 @@ static int plan_ternary(const weight *w, saved_tensor *v, saved_tensor *sc, int 
     return PARITY_OK;
 }
 
+/* An NVFP4 or MXFP4 layout's tensors of w (v the codes, then up to three more at more[0..]):
+ * the shipped codes of that format, or those of `rule` quantizing its values into buffers v
+ * owns. Returns the number of entries written to `more`, or a negative status. */
+static int plan_fp4(const weight *w, int layout, int rule, saved_tensor *v, saved_tensor *more) {
+    const int nv = layout == LAYOUT_NVFP4, gemm = nv ? PARITY_GEMM_NVFP4 : PARITY_GEMM_MXFP4;
+    const char *lname = nv ? "nvfp4" : "mxfp4";
+    const uint64_t bc = nv ? 16 : 32, grid_cols = (w->cols + bc - 1) / bc;
+    const quant_weight *q;
+    if (w->shipped && w->shipped_gemm == gemm) {
+        q = w->shipped;
+    } else if (rule < 0) {
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout %s: '%s' holds no shipped %s codes; "
+                         "name the quantizer that makes them (%s:RULE)", lname, v->name,
+                         nv ? "NVFP4" : "MXFP4", lname);
+    } else {
+        const size_t f = quant_scratch_floats(w, rule);
+        float *scratch = px_malloc((f ? f : 1) * sizeof(float), "fp4 quantization");
+        v->made.codes = scratch ? px_malloc((size_t)w->rows * w->cols, "fp4 codes") : NULL;
+        v->made.scales = v->made.codes ? px_malloc(w->rows * grid_cols * sizeof(float), "fp4 scales") : NULL;
+        if (v->made.scales) quant_weight_quantize(w, rule, &v->made, scratch);
+        px_free(scratch);
+        if (!v->made.scales) return PARITY_ERR_OUT_OF_MEMORY;
+        q = &v->made;
+    }
+    const char *base = v->name;
+    v->kind = OUT_CODES;
+    v->dtype = "U8";
+    v->q = q;
+    int k = 0;
+    saved_tensor *sc = &more[k++];
+    *sc = (saved_tensor){.w = w, .kind = OUT_SCALES, .q = q, .dtype = nv ? "F8_E4M3" : "U8",
+                         .bytes = w->rows * grid_cols};
+    snprintf(sc->shape, sizeof sc->shape, "%u,%llu", w->rows, (unsigned long long)grid_cols);
+    if (nv) {
+        v->bytes = (uint64_t)w->rows * ((w->cols + 1) / 2);
+        snprintf(v->shape, sizeof v->shape, "%u,%u", w->rows, (w->cols + 1) / 2);
+        snprintf(sc->scale_name, sizeof sc->scale_name, "%s_scale", base);
+        saved_tensor *s2 = &more[k++];
+        *s2 = (saved_tensor){.w = w, .kind = OUT_TENSOR_SCALE, .q = q, .dtype = "F32", .bytes = 4};
+        snprintf(s2->scale_name, sizeof s2->scale_name, "%s_scale_2", base);
+        s2->name = s2->scale_name;
+        if (q->input_scale > 0) {
+            saved_tensor *in = &more[k++];
+            *in = (saved_tensor){.w = w, .kind = OUT_INPUT_SCALE, .q = q, .dtype = "F32", .bytes = 4};
+            snprintf(in->scale_name, sizeof in->scale_name, "%.*s.input_scale",
+                     (int)(strlen(base) - 7), base);
+            in->name = in->scale_name;
+        }
+    } else {
+        v->bytes = (uint64_t)w->rows * grid_cols * 16;
+        snprintf(v->shape, sizeof v->shape, "%u,%llu,16", w->rows, (unsigned long long)grid_cols);
+        snprintf(v->scale_name, sizeof v->scale_name, "%s_blocks", base);
+        v->name = v->scale_name;
+        snprintf(sc->scale_name, sizeof sc->scale_name, "%s_scales", base);
+    }
+    sc->name = sc->scale_name;
+    return k;
+}
+
 /* The tensor list of a layout: every slot's values, and for fp8-block each quantized weight's
  * codes and scales (shipped, or quantized with `rule` into buffers the list owns). */
 static int plan_saved(const parity_model *m, int layout, int rule, saved_tensor **out, size_t *count,
                       int *all_pow2) {
     size_t n;
     const expected *e = model_tensors(m, &n);
-    saved_tensor *s = px_calloc(2 * n, sizeof *s, "tensor list");
+    saved_tensor *s = px_calloc(4 * n, sizeof *s, "tensor list");
     if (!s) return PARITY_ERR_OUT_OF_MEMORY;
     /* sorted by name, each scale right after its weight ("X.weight" < "X.weight_scale_inv") */
     size_t k = 0, widest = 0;
@@ -1027,9 +1174,11 @@ static int plan_saved(const parity_model *m, int layout, int rule, saved_tensor 
         saved_tensor *v = &s[k++];
         *v = tmp[i];
         v->kind = OUT_VALUES;
-        const int quantize = (layout == LAYOUT_FP8_BLOCK || layout == LAYOUT_BITNET) &&
+        const int quantize = (layout == LAYOUT_FP8_BLOCK || layout == LAYOUT_BITNET ||
+                              layout == LAYOUT_NVFP4 || layout == LAYOUT_MXFP4) &&
                              slot->linear && !w->keep_bf16;
         v->dtype = layout == LAYOUT_FP16 ? "F16" : layout == LAYOUT_FP32 ? "F32" : "BF16";
+        v->shape[0] = '\0';
         v->bytes = count * (layout == LAYOUT_FP32 ? 4 : 2);
         if (layout == LAYOUT_FP16)
             for (uint64_t j = 0; j < count && !rc; j++) {
@@ -1042,6 +1191,12 @@ static int plan_saved(const parity_model *m, int layout, int rule, saved_tensor 
         if (!quantize || rc) continue;
         if (layout == LAYOUT_BITNET) {
             rc = plan_ternary(w, v, &s[k++], rule);
+            continue;
+        }
+        if (layout == LAYOUT_NVFP4 || layout == LAYOUT_MXFP4) {
+            const int more = plan_fp4(w, layout, rule, v, &s[k]);
+            if (more < 0) rc = more;
+            else k += (size_t)more;
             continue;
         }
         const uint64_t grid = (uint64_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128);
@@ -1087,33 +1242,73 @@ static void saved_free(saved_tensor *s, size_t n) {
     px_free(s);
 }
 
-/* config.json's quantization_config for the bitnet layout: linear_class bitlinear (weight_scale
- * is s_w = 1 / mean|W|), the kept layers listed. */
-static void bitnet_config_text(const parity_model *m, char *buf, size_t size) {
-    int k = snprintf(buf, size, "{\"quant_method\": \"bitnet\", \"linear_class\": \"bitlinear\", "
-                     "\"modules_to_not_convert\": [\"lm_head\"");
+/* The modules a quantized layout keeps in bf16, as a JSON array: lm_head, then the linear
+ * layers the model keeps (named by the checkpoint it was loaded from). */
+static int kept_modules_text(const parity_model *m, char *buf, size_t size) {
+    int k = snprintf(buf, size, "[\"lm_head\"");
     size_t n;
     const expected *e = model_tensors(m, &n);
     for (size_t i = 0; i < n && k > 0 && (size_t)k < size; i++)
         if (e[i].linear && e[i].dst->keep_bf16)
             k += snprintf(buf + k, size - (size_t)k, ", \"%.*s\"", (int)(strlen(e[i].name) - 7),
                           e[i].name);
-    if (k > 0 && (size_t)k < size) snprintf(buf + k, size - (size_t)k, "]}");
+    if (k > 0 && (size_t)k < size) k += snprintf(buf + k, size - (size_t)k, "]");
+    return k;
 }
 
-/* config.json's quantization_config for the fp8-block layout. */
-static void fp8_config_text(const parity_model *m, int scale_ue8m0, char *buf, size_t size) {
-    int k = snprintf(buf, size, "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+/* config.json's quantization_config for a quantized layout (hf_quant_config.json's
+ * "quantization" object with `modelopt_file`), into buf. */
+static void quant_config_text(const parity_model *m, int layout, int scale_ue8m0, int modelopt_file,
+                              char *buf, size_t size) {
+    int k;
+    switch (layout) {
+    case LAYOUT_BITNET: /* weight_scale is s_w = 1 / mean|W| */
+        k = snprintf(buf, size, "{\"quant_method\": \"bitnet\", \"linear_class\": \"bitlinear\", "
+                     "\"modules_to_not_convert\": ");
+        break;
+    case LAYOUT_NVFP4:
+        k = snprintf(buf, size, "{%s\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": null, "
+                     "\"group_size\": 16, \"exclude_modules\": ",
+                     modelopt_file ? "" : "\"quant_method\": \"modelopt\", ");
+        break;
+    case LAYOUT_MXFP4:
+        k = snprintf(buf, size, "{\"quant_method\": \"mxfp4\", \"modules_to_not_convert\": ");
+        break;
+    default:
+        k = snprintf(buf, size, "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
                      "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128], "
-                     "%s\"modules_to_not_convert\": [\"lm_head\"",
-                     scale_ue8m0 ? "\"scale_fmt\": \"ue8m0\", " : "");
-    size_t n;
-    const expected *e = model_tensors(m, &n);
-    for (size_t i = 0; i < n && k > 0 && (size_t)k < size; i++)
-        if (e[i].linear && e[i].dst->keep_bf16)
-            k += snprintf(buf + k, size - (size_t)k, ", \"%.*s\"", (int)(strlen(e[i].name) - 7),
-                          e[i].name);
-    if (k > 0 && (size_t)k < size) snprintf(buf + k, size - (size_t)k, "]}");
+                     "%s\"modules_to_not_convert\": ", scale_ue8m0 ? "\"scale_fmt\": \"ue8m0\", " : "");
+    }
+    if (k > 0 && (size_t)k < size) k += kept_modules_text(m, buf + k, size - (size_t)k);
+    if (k > 0 && (size_t)k < size) snprintf(buf + k, size - (size_t)k, "}");
+}
+
+/* hf_quant_config.json beside an NVFP4 checkpoint's config.json (vLLM finds ModelOpt
+ * checkpoints by it); for another layout, one left from an earlier save is removed, so that
+ * the directory does not contradict itself. */
+static int write_modelopt_file(const parity_model *m, const char *dir, int layout, char *qtext,
+                               size_t qsize) {
+    const size_t plen = strlen(dir) + 32;
+    char *path = px_malloc(plen, "path");
+    if (!path) return PARITY_ERR_OUT_OF_MEMORY;
+    snprintf(path, plen, "%s/hf_quant_config.json", dir);
+    int rc = PARITY_OK;
+    if (layout != LAYOUT_NVFP4) {
+        if (remove(path) != 0 && errno != ENOENT)
+            rc = set_error(PARITY_ERR_IO, "%s: cannot remove the stale file: %s", path, strerror(errno));
+        px_free(path);
+        return rc;
+    }
+    quant_config_text(m, layout, 0, 1, qtext, qsize);
+    FILE *fp = fopen(path, "w");
+    if (!fp) rc = set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (fp) {
+        fprintf(fp, "{\n  \"producer\": {\"name\": \"libparity\", \"version\": \"%s\"},\n"
+                "  \"quantization\": %s\n}\n", PARITY_VERSION_STRING, qtext);
+        if (fclose(fp) != 0) rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    }
+    px_free(path);
+    return rc;
 }
 
 int parity_model_save(const parity_model *m, const char *dir) {
@@ -1136,19 +1331,18 @@ int parity_model_save_as(const parity_model *m, const char *dir, const char *lay
     FILE *fp = NULL;
     rc = (path && tmp) ? plan_saved(m, layout, rule, &s, &n, &all_pow2) : PARITY_ERR_OUT_OF_MEMORY;
     const size_t qsize = 512 + m->n_tensors * 100;
-    if (rc == PARITY_OK && (layout == LAYOUT_FP8_BLOCK || layout == LAYOUT_BITNET) &&
-        !(qtext = px_malloc(qsize, "config text")))
-        rc = PARITY_ERR_OUT_OF_MEMORY;
+    const int quantized = layout != LAYOUT_BF16 && layout != LAYOUT_FP16 && layout != LAYOUT_FP32;
+    if (rc == PARITY_OK && !(qtext = px_malloc(qsize, "config text"))) rc = PARITY_ERR_OUT_OF_MEMORY;
+    if (rc == PARITY_OK) rc = write_modelopt_file(m, dir, layout, qtext, qsize);
     if (rc == PARITY_OK) {
-        if (qtext && layout == LAYOUT_BITNET)
-            bitnet_config_text(m, qtext, qsize);
-        else if (qtext)
-            fp8_config_text(m, all_pow2 && (rule == PARITY_FP8Q_TE_POW2 || m->ckpt.scale_ue8m0),
-                            qtext, qsize);
+        if (quantized)
+            quant_config_text(m, layout,
+                              all_pow2 && (rule == PARITY_FP8Q_TE_POW2 || m->ckpt.scale_ue8m0), 0,
+                              qtext, qsize);
         snprintf(path, plen, "%s/config.json", dir);
         rc = write_config(&m->config, path,
                           layout == LAYOUT_FP16 ? "float16" : layout == LAYOUT_FP32 ? "float32" : "bfloat16",
-                          qtext);
+                          quantized ? qtext : NULL);
     }
     if (rc == PARITY_OK) {
         size_t cap = 256 + n * 200, len = 0;
@@ -1159,7 +1353,11 @@ int parity_model_save_as(const parity_model *m, const char *dir, const char *lay
         for (size_t i = 0; i < n && header; i++) {
             const weight *w = s[i].w;
             char shape[64];
-            if (s[i].kind == OUT_SCALES && layout == LAYOUT_BITNET)
+            if (s[i].shape[0])
+                snprintf(shape, sizeof shape, "%s", s[i].shape);
+            else if (s[i].kind == OUT_TENSOR_SCALE || s[i].kind == OUT_INPUT_SCALE)
+                shape[0] = '\0'; /* a scalar, [] */
+            else if (s[i].kind == OUT_SCALES && layout == LAYOUT_BITNET)
                 snprintf(shape, sizeof shape, "1");
             else if (s[i].kind == OUT_CODES && layout == LAYOUT_BITNET)
                 snprintf(shape, sizeof shape, "%u,%u", (w->rows + 3) / 4, w->cols);

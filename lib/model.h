@@ -19,6 +19,9 @@ typedef struct quant_weight {
                               the E8M0 scales as fp32 powers of two; NVFP4: [rows][ceil(cols /
                               16)], the E4M3 block scales' values; ternary: unused (1 float) */
     float tensor_scale;    /* NVFP4's s2, ternary's s_w; 0 for the others */
+    float input_scale;     /* shipped NVFP4: the checkpoint's input_scale (ModelOpt's calibrated
+                              activation scale, kept to be saved back; the GEMM scales
+                              activations per token), 0 when it had none */
 } quant_weight;
 
 #define QUANTIZERS (PARITY_QUANT_TERNARY_ONEBITLLMS + 1)
@@ -36,29 +39,37 @@ typedef struct weight {
                               checkpoint), held in fp32, owned, built on demand */
     quant_weight *quant[QUANTIZERS]; /* the decoder layers' linear weights quantized with each
                               quantizer a policy asked for, owned, built on demand */
-    quant_weight *shipped;   /* block-FP8 codes and 128 x 128 block scales as a checkpoint or an
-                              update shipped them (lib/fp8_checkpoint.c), owned; every fp8-block
-                              policy reads them as they are; NULL if none. bf16 and master then
-                              hold the dequantized values */
-    uint8_t shipped_gemm;  /* the format of the shipped codes: PARITY_GEMM_FP8_BLOCK or _TERNARY */
+    quant_weight *shipped;   /* codes and scales as a checkpoint (or, block-FP8, an update)
+                              shipped them, owned: block-FP8 (lib/fp8_checkpoint.c), ternary
+                              (bitnet_checkpoint.c), NVFP4 or MXFP4 (fp4_checkpoint.c); every
+                              policy of that format reads them as they are; NULL if none. bf16
+                              and master then hold the dequantized values */
+    uint8_t shipped_gemm;  /* the format of the shipped codes: PARITY_GEMM_FP8_BLOCK, _NVFP4,
+                              _MXFP4 or _TERNARY */
     uint8_t shipped_scale_dtype; /* PARITY_DTYPE_F32, _BF16 (or _F16, ternary): how the shipped
                               scales were stored */
     uint8_t keep_bf16;     /* named by the checkpoint's modules_to_not_convert / ignored_layers:
                               no fp8 policy quantizes it */
 } weight;
 
-/* A checkpoint's quantization_config (lib/fp8_checkpoint.c). */
-typedef struct fp8_checkpoint {
-    int quantized;         /* the decoder linear layers are quantized in the files: quant_method
-                              "fp8" (fmt e4m3, dynamic activations, 128 x 128 blocks) or
-                              "bitnet" (lib/bitnet_checkpoint.c) */
-    int bitnet;            /* quant_method "bitnet": packed ternary codes and weight_scale */
+/* How a checkpoint quantizes its decoder linear layers (lib/quant_config.c). */
+enum {
+    QUANT_METHOD_NONE = 0,  /* not at all: every weight holds values */
+    QUANT_METHOD_FP8_BLOCK, /* "fp8": F8_E4M3 codes, 128 x 128 block scales (fp8_checkpoint.c) */
+    QUANT_METHOD_BITNET,    /* "bitnet": packed ternary codes and weight_scale (bitnet_checkpoint.c) */
+    QUANT_METHOD_NVFP4,     /* "modelopt" NVFP4: packed E2M1, E4M3 block scales, weight_scale_2 */
+    QUANT_METHOD_MXFP4      /* "mxfp4": *_blocks and E8M0 *_scales (fp4_checkpoint.c) */
+};
+
+/* A checkpoint's quantization settings (lib/quant_config.c). */
+typedef struct quant_checkpoint {
+    int method;            /* QUANT_METHOD_* */
     int bitnet_scale_is_mean; /* linear_class "autobitlinear": weight_scale = mean|W| (else
                               "bitlinear": 1 / mean|W|) */
-    int scale_ue8m0;       /* "scale_fmt": "ue8m0": every scale a power of two */
-    char **not_converted;  /* modules_to_not_convert, then ignored_layers, as written */
+    int scale_ue8m0;       /* fp8 "scale_fmt": "ue8m0": every scale a power of two */
+    char **not_converted;  /* the modules kept unquantized, as the lists name them */
     size_t n_not_converted;
-} fp8_checkpoint;
+} quant_checkpoint;
 
 typedef struct layer_weights {
     weight attn_norm;              /* input_layernorm            [hidden] */
@@ -99,7 +110,7 @@ struct parity_model {
     uint64_t version;              /* +1 per weight update (read under use_lock) */
     struct expected *tensors;      /* the architecture's tensors, in checkpoint order */
     size_t n_tensors;
-    fp8_checkpoint ckpt;           /* the loaded checkpoint's quantization_config (zero if none) */
+    quant_checkpoint ckpt;         /* the loaded checkpoint's quantization settings (zero if none) */
 };
 
 /* One tensor of the blueprint: its checkpoint name, where it goes, its shape and how the
@@ -196,7 +207,10 @@ quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer
 
 /* ---- BitNet (ternary) checkpoints (bitnet_checkpoint.c) ----------------------------------- */
 struct shipped_values;
-/* The checks of packed ternary codes (codes->dtype UINT32_MAX - 1 marks a U8 tensor; shape
+/* A tensor_source's dtype for a U8 tensor (packed codes; parity_dtype has no U8). */
+#define TENSOR_SOURCE_U8 (UINT32_MAX - 1)
+
+/* The checks of packed ternary codes (codes->dtype TENSOR_SOURCE_U8; shape
  * [ceil(rows / 4), cols]; no 2-bit field of 3) and their weight_scale (scale NULL:
  * PARITY_ERR_SCALE_MISSING; BF16/F16/F32; one value; finite, positive). */
 int ternary_shipped_check(const tensor_source *codes, const tensor_source *scale,
@@ -207,14 +221,37 @@ int ternary_shipped_import(const tensor_source *codes, const tensor_source *scal
 /* int8 ternary codes [rows][cols] into transformers' pack_weights layout [ceil(rows/4)][cols]. */
 void ternary_pack(const uint8_t *codes, uint32_t rows, uint32_t cols, uint8_t *packed);
 
+/* ---- NVFP4 and MXFP4 checkpoints (fp4_checkpoint.c) --------------------------------------- */
+/* ModelOpt NVFP4: "<w>" U8 [rows, ceil(cols / 2)], "<w>_scale" F8_E4M3 [rows, ceil(cols / 16)],
+ * "<w>_scale_2" F32 [] or [1], optional "<module>.input_scale" F32 [] or [1] (input_scale NULL:
+ * none); checked, unpacked, with the dequantized values, into new buffers. */
+int nvfp4_shipped_import(const tensor_source *codes, const tensor_source *block_scales,
+                         const tensor_source *scale_2, const tensor_source *input_scale,
+                         const expected *slot, struct shipped_values *out);
+/* MXFP4: "<w>_blocks" U8 [rows, ceil(cols / 32), 16], "<w>_scales" U8 [rows, ceil(cols / 32)]. */
+int mxfp4_shipped_import(const tensor_source *blocks, const tensor_source *scales,
+                         const expected *slot, struct shipped_values *out);
+/* One code a byte [rows][cols] into two a byte, low nibble the even column: [rows][ceil(cols /
+ * 2)] (NVFP4), or [rows][ceil(cols / 32)][16] with each 32-block's padding zero (MXFP4). */
+void fp4_pack_rows(const uint8_t *codes, uint32_t rows, uint32_t cols, uint64_t packed_cols,
+                   uint8_t *packed);
+/* The E8M0 byte of an MXFP4 scale held as an fp32 power of two (2^-127 .. 2^127). */
+uint8_t e8m0_of_pow2(float s);
+
 /* ---- block-FP8 checkpoints (fp8_checkpoint.c) --------------------------------------------- */
 
 /* config.json's quantization_config into *out (all zero when there is none); PARITY_ERR_CONFIG
  * for a malformed one, PARITY_ERR_UNSUPPORTED for another method, format or block size. */
-int fp8_checkpoint_parse(const char *text, size_t len, const char *path, fp8_checkpoint *out);
-void fp8_checkpoint_free(fp8_checkpoint *c);
+int quant_checkpoint_parse(const char *text, size_t len, const char *path, quant_checkpoint *out);
+/* hf_quant_config.json (ModelOpt's {"quantization": {...}}) into *out, for a checkpoint whose
+ * config.json has no quantization_config. */
+int quant_checkpoint_parse_modelopt(const char *text, size_t len, const char *path,
+                                    quant_checkpoint *out);
+void quant_checkpoint_free(quant_checkpoint *c);
 /* Whether the checkpoint keeps the weight NAME ("<module>.weight") unquantized. */
-int fp8_checkpoint_keeps(const fp8_checkpoint *c, const char *weight_name);
+int quant_checkpoint_keeps(const quant_checkpoint *c, const char *weight_name);
+/* "fp8", "bitnet", "modelopt NVFP4", "mxfp4" or "none", for messages. */
+const char *quant_method_name(int method);
 
 /* A shipped weight's values: codes and fp32 scales, the dequantized master and its bf16. */
 typedef struct shipped_values {
@@ -223,7 +260,8 @@ typedef struct shipped_values {
     float *master;
     uint16_t *bf16;
     uint8_t scale_dtype;
-    float tensor_scale;    /* ternary: s_w, the GEMM's multiplier */
+    float tensor_scale;    /* ternary: s_w, the GEMM's multiplier; NVFP4: weight_scale_2 */
+    float input_scale;     /* NVFP4: the checkpoint's input_scale, 0 if none */
 } shipped_values;
 /* The checks of shipped codes (F8_E4M3, the slot's shape, no NaN code, dequantized values
  * within bf16's range) and scales (scales NULL: PARITY_ERR_SCALE_MISSING; F32/BF16; the block

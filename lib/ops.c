@@ -275,7 +275,7 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
         const size_t grid = bc ? (block_rule ? (n + 127) / 128 : n) * ((k + bc - 1) / bc) : 1;
         /* bf16 values widened: 128 rows at a time for the fp8 rules, all for the others */
         const size_t wide_rows = w_dtype != PARITY_DTYPE_BF16 ? 0 : fp8_rule ? 128 : n;
-        quant_weight wq = {op_alloc(&c, (uint64_t)n * k, 1, "quantized weight codes"), NULL, 0.0f};
+        quant_weight wq = {.codes = op_alloc(&c, (uint64_t)n * k, 1, "quantized weight codes")};
         wq.scales = wq.codes ? op_alloc(&c, grid, sizeof(float), "quantized weight scales") : NULL;
         float *rows = wq.scales && wide_rows
                           ? op_alloc(&c, (uint64_t)wide_rows * k, sizeof(float), "quantized weight rows")

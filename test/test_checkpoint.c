@@ -105,7 +105,7 @@ typedef struct tensor {
     char name[128];
     char dtype[8];
     uint32_t ndim;
-    uint64_t shape[2];
+    uint64_t shape[4];
     uint8_t *data; /* owned */
     size_t bytes;
 } tensor;
@@ -1409,6 +1409,428 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
     parity_model_free(m);
 }
 
+
+/* ---- NVFP4 (ModelOpt) and MXFP4 checkpoints ------------------------------------------------- */
+
+static float e4m3_of(uint8_t c) {
+    float v;
+    parity_fp8_to_f32(PARITY_FP8_E4M3, 1, &c, &v);
+    return v;
+}
+
+static float e2m1_of(uint8_t c) {
+    float v;
+    parity_fp4_to_f32(1, &c, &v);
+    return v;
+}
+
+/* Every linear weight of m holds shipped codes and scales of `gemm` (NVFP4 or MXFP4) equal to
+ * what the public quantizer `rule` makes of values_of's values, and the dequantized values
+ * e2m1 * sf * s2 (NVFP4, one rounding) or e2m1 * 2^(e - 127) (MXFP4, exact). */
+static void check_fp4_shipped(const parity_model *m, const parity_model *values_of, int gemm,
+                              int rule, const char *what) {
+    const parity_config *c = parity_model_config(m);
+    const int nv = gemm == PARITY_GEMM_NVFP4;
+    const size_t bc = nv ? 16 : 32;
+    size_t bad = 0, checked = 0;
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
+        for (size_t j = 0; j < 7; j++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.%u.%s.weight", l, linear_names[j]);
+            const weight *w = model_find_tensor(m, name)->dst;
+            const weight *v = model_find_tensor(values_of, name)->dst;
+            CHECK(w->shipped != NULL && w->shipped_gemm == gemm);
+            if (!w->shipped || w->shipped_gemm != gemm) return;
+            const size_t n = (size_t)v->rows * v->cols, g = (v->cols + bc - 1) / bc;
+            float *x = malloc(n * sizeof *x), s2 = 0.0f;
+            uint8_t *codes = malloc(n), *sf = malloc(v->rows * g);
+            for (size_t i = 0; i < n; i++) x[i] = v->master ? v->master[i] : bf16_to_f32(v->bf16[i]);
+            if (nv)
+                CHECK_OK(parity_nvfp4_quantize(rule, 0, v->rows, v->cols, x, v->cols, codes, v->cols, sf, &s2));
+            else
+                CHECK_OK(parity_mxfp4_quantize(rule, v->rows, v->cols, x, v->cols, codes, v->cols, sf));
+            bad += memcmp(codes, w->shipped->codes, n) != 0;
+            bad += nv && f32_bits(s2) != f32_bits(w->shipped->tensor_scale);
+            for (size_t b = 0; b < v->rows * g; b++) {
+                const float sv = nv ? e4m3_of(sf[b]) : ldexpf(1.0f, (int)sf[b] - 127);
+                bad += f32_bits(sv) != f32_bits(w->shipped->scales[b]);
+            }
+            for (size_t i = 0; i < n; i++) {
+                const size_t b = (i / v->cols) * g + (i % v->cols) / bc;
+                float d = e2m1_of(codes[i]) * (nv ? e4m3_of(sf[b]) : ldexpf(1.0f, (int)sf[b] - 127));
+                if (nv) d = d * s2;
+                bad += f32_bits(w->master[i]) != f32_bits(d) || w->bf16[i] != bf16_from_f32(d);
+            }
+            checked++;
+            free(x);
+            free(codes);
+            free(sf);
+        }
+    CHECK(checked == 7u * c->num_hidden_layers);
+    CHECK_INT(bad, 0);
+    if (bad) fprintf(stderr, "  %s: %zu differences\n", what, bad);
+}
+
+static void check_same_file_in(const char *dir_a, const char *dir_b, const char *file) {
+    char pa[PATH_LEN], pb[PATH_LEN];
+    join(pa, dir_a, file);
+    join(pb, dir_b, file);
+    CHECK(same_file(pa, pb));
+    if (!same_file(pa, pb)) fprintf(stderr, "  %s differs between %s and %s\n", file, dir_a, dir_b);
+}
+
+static int file_present(const char *dir, const char *file) {
+    char p[PATH_LEN];
+    join(p, dir, file);
+    return access(p, F_OK) == 0;
+}
+
+/* One 4-bit layout's round trips on model `orig` (named `tag`): saved with each rule, the
+ * shipped codes are the quantizer's, the policies of the format score bitwise as orig
+ * quantized at load, and the loaded model saves back byte for byte. */
+static void fp4_round_trips(const parity_model *orig, const char *tag, const char *format,
+                            int gemm, const char *const *rules, const char *policy_base) {
+    for (size_t r = 0; rules[r]; r++) {
+        char layout[64], name[96], dir[PATH_LEN], again[PATH_LEN], policy[96];
+        int rule = -1;
+        CHECK_OK(parity_quantizer_from_name(gemm, rules[r], &rule));
+        snprintf(layout, sizeof layout, "%s:%s", format, rules[r]);
+        snprintf(name, sizeof name, "%s-%s-%s", tag, format, rules[r]);
+        save_as(orig, layout, name, dir);
+        CHECK(file_present(dir, "hf_quant_config.json") == (gemm == PARITY_GEMM_NVFP4));
+        parity_model *m = load(dir);
+        if (!m) continue;
+        check_fp4_shipped(m, orig, gemm, rule, layout);
+        snprintf(policy, sizeof policy, "%s+%s", policy_base, layout);
+        const char *pol[] = {policy, NULL};
+        check_same_scores(orig, m, pol, layout);
+        /* saved back, with or without the rule named: the shipped codes as they are */
+        snprintf(name, sizeof name, "%s-%s-%s-again", tag, format, rules[r]);
+        save_as(m, r % 2 ? format : layout, name, again);
+        check_same_files(dir, again, layout);
+        if (gemm == PARITY_GEMM_NVFP4) check_same_file_in(dir, again, "hf_quant_config.json");
+        parity_model_free(m);
+    }
+}
+
+static void test_fp4_checkpoints(const parity_model *orig) {
+    char nv_dir[PATH_LEN], mx_dir[PATH_LEN], dir[PATH_LEN], path[PATH_LEN];
+    /* two codes a byte, the low nibble the even column (ModelOpt's q[1::2] << 4 | q[0::2],
+     * torchao's pack_uint4): row 0 codes (0x1, 0xA, 0x7) -> bytes 0xA1, 0x07; row 1 (0xF, 0x0,
+     * 0x3) -> 0x0F, 0x03 */
+    {
+        const uint8_t codes[6] = {0x1, 0xA, 0x7, 0xF, 0x0, 0x3};
+        uint8_t packed[4];
+        fp4_pack_rows(codes, 2, 3, 2, packed);
+        CHECK_INT(packed[0], 0xA1);
+        CHECK_INT(packed[1], 0x07);
+        CHECK_INT(packed[2], 0x0F);
+        CHECK_INT(packed[3], 0x03);
+        CHECK_INT(e8m0_of_pow2(ldexpf(1.0f, -127)), 0);
+        CHECK_INT(e8m0_of_pow2(1.0f), 127);
+        CHECK_INT(e8m0_of_pow2(ldexpf(1.0f, 127)), 254);
+    }
+    const char *nv_rules[] = {"modelopt", "te", "torchao", NULL};
+    const char *mx_rules[] = {"ocp", "rceil", "microxcaling", NULL};
+    fp4_round_trips(orig, "tiny", "nvfp4", PARITY_GEMM_NVFP4, nv_rules, "vllm");
+    fp4_round_trips(orig, "tiny", "mxfp4", PARITY_GEMM_MXFP4, mx_rules, "vllm");
+    /* an odd intermediate size: NVFP4 pads a row's last byte, both formats a partial block */
+    parity_config oc = *parity_model_config(orig);
+    oc.intermediate_size = 149;
+    parity_model *odd = NULL;
+    CHECK_OK(parity_model_synthetic(&oc, 5, &odd));
+    if (odd) {
+        const char *one_nv[] = {"modelopt", NULL}, *one_mx[] = {"ocp", NULL};
+        fp4_round_trips(odd, "odd", "nvfp4", PARITY_GEMM_NVFP4, one_nv, "hf-eager");
+        fp4_round_trips(odd, "odd", "mxfp4", PARITY_GEMM_MXFP4, one_mx, "hf-eager");
+    }
+    /* the 4-bit codes are what a shipped model's other readers see dequantized: as bf16 */
+    save_as(orig, "nvfp4:modelopt", "nvfp4", nv_dir);
+    save_as(orig, "mxfp4:ocp", "mxfp4", mx_dir);
+    parity_model *m = load(nv_dir);
+    if (m) {
+        save_as(m, "bf16", "nvfp4-as-bf16", dir);
+        CHECK(!file_present(dir, "hf_quant_config.json"));
+        parity_model *mb = load(dir);
+        const char *bf16_only[] = {"hf-eager", NULL};
+        check_same_scores(m, mb, bf16_only, "an NVFP4 model saved as bf16");
+        parity_model_free(mb);
+        /* saving another layout over an NVFP4 directory removes its hf_quant_config.json */
+        save_as(m, "nvfp4", "nvfp4-then-bf16", dir);
+        CHECK_OK(parity_model_save_as(m, dir, "bf16"));
+        CHECK(!file_present(dir, "hf_quant_config.json"));
+        parity_model *mb2 = load(dir);
+        CHECK(mb2 != NULL);
+        parity_model_free(mb2);
+    }
+    parity_model *mx = load(mx_dir);
+    const char *nv_pol[] = {"vllm+nvfp4:modelopt", NULL};
+    /* hf_quant_config.json alone says how the files are quantized, as ModelOpt's exports do */
+    join(path, nv_dir, "model.safetensors");
+    ckpt nv;
+    ckpt_read(&nv, path);
+    {
+        write_fp8_variant("nvfp4-hfq-only", &nv, tiny_dir, NULL, dir);
+        char src[PATH_LEN], dst[PATH_LEN];
+        size_t len;
+        join(src, nv_dir, "hf_quant_config.json");
+        join(dst, dir, "hf_quant_config.json");
+        char *text = read_all(src, &len);
+        CHECK(text && strstr(text, "\"quant_algo\": \"NVFP4\"") && strstr(text, "\"group_size\": 16"));
+        if (text) write_all(dst, text, len);
+        free(text);
+        parity_model *mh = load(dir);
+        check_same_scores(m, mh, nv_pol, "NVFP4 described by hf_quant_config.json alone");
+        parity_model_free(mh);
+    }
+    /* input_scale: ModelOpt's calibrated activation scale, kept and saved back, not read by
+     * the GEMM (activations are scaled per token) */
+    {
+        ckpt c;
+        ckpt_copy(&c, &nv);
+        const float in = 0.0123f;
+        const uint64_t one = 1;
+        ckpt_add(&c, "model.layers.0.mlp.gate_proj.input_scale", "F32", 1, &one, &in, 4);
+        write_fp8_variant("nvfp4-input-scale", &c, nv_dir, NULL, dir);
+        parity_model *mi = load(dir);
+        if (mi) {
+            CHECK(f32_bits(model_find_tensor(mi, GATE0)->dst->shipped->input_scale) == f32_bits(in));
+            check_same_scores(m, mi, nv_pol, "NVFP4 with an input_scale");
+            char again[PATH_LEN];
+            save_as(mi, "nvfp4", "nvfp4-input-scale-again", again);
+            join(path, again, "model.safetensors");
+            ckpt back;
+            ckpt_read(&back, path);
+            tensor *t = ckpt_get(&back, "model.layers.0.mlp.gate_proj.input_scale");
+            CHECK(t->ndim == 0 && t->bytes == 4 && scale_at(t, 0) == in);
+            ckpt_free(&back);
+            parity_model_free(mi);
+        }
+        ckpt_free(&c);
+    }
+
+    printf("NVFP4 failures, as expected:\n");
+    const char *nv_cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+                         "\"NVFP4\", \"group_size\": 16},";
+    struct {
+        const char *what;
+        int status;
+        const char *needle;
+    } nv_cases[] = {
+        {"nibble-count", PARITY_ERR_TENSOR_SHAPE, GATE0},
+        {"i8-codes", PARITY_ERR_TENSOR_DTYPE, GATE0},
+        {"missing-block-scales", PARITY_ERR_SCALE_MISSING, GATE0 "_scale"},
+        {"missing-scale-2", PARITY_ERR_SCALE_MISSING, GATE0 "_scale_2"},
+        {"scale-grid", PARITY_ERR_SCALE_GRID, GATE0 "_scale"},
+        {"f32-block-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scale"},
+        {"nan-block-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
+        {"negative-block-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
+        {"zero-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2"},
+        {"nan-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2"},
+        {"negative-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2"},
+        {"two-scale-2", PARITY_ERR_SCALE_GRID, GATE0 "_scale_2"},
+        {"huge-scale-2", PARITY_ERR_TENSOR_NONFINITE, GATE0},
+        {"nan-input-scale", PARITY_ERR_SCALE_VALUE, "gate_proj.input_scale"},
+        {"padding-nibble", PARITY_ERR_TENSOR_SHAPE, "padding"},
+        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale"},
+        {"mixed-precision", PARITY_ERR_UNSUPPORTED, "MIXED_PRECISION"},
+        {"group-32", PARITY_ERR_UNSUPPORTED, "group_size"},
+        {"fp8-kv-cache", PARITY_ERR_UNSUPPORTED, "kv_cache_quant_algo"},
+        {"hfq-no-quantization", PARITY_ERR_CONFIG, "hf_quant_config.json"},
+    };
+    for (size_t i = 0; i < sizeof nv_cases / sizeof nv_cases[0]; i++) {
+        ckpt c;
+        ckpt_copy(&c, &nv);
+        const char *cfg = nv_cfg, *w = nv_cases[i].what;
+        tensor *g = ckpt_get(&c, GATE0), *gs = ckpt_get(&c, GATE0 "_scale"),
+               *g2 = ckpt_get(&c, GATE0 "_scale_2");
+        char name[64];
+        snprintf(name, sizeof name, "nvfp4-bad-%s", w);
+        if (!strcmp(w, "nibble-count")) { /* one byte short a row: 2 * 31 codes for 64 columns */
+            g->shape[1] -= 1;
+            g->bytes -= g->shape[0];
+        } else if (!strcmp(w, "i8-codes")) snprintf(g->dtype, sizeof g->dtype, "I8");
+        else if (!strcmp(w, "missing-block-scales")) ckpt_remove(&c, GATE0 "_scale");
+        else if (!strcmp(w, "missing-scale-2")) ckpt_remove(&c, GATE0 "_scale_2");
+        else if (!strcmp(w, "scale-grid")) {
+            gs->shape[1] -= 1;
+            gs->bytes -= gs->shape[0];
+        } else if (!strcmp(w, "f32-block-scales")) {
+            const size_t nb = gs->bytes;
+            float *d = calloc(nb, 4);
+            for (size_t k = 0; k < nb; k++) d[k] = e4m3_of(gs->data[k]);
+            tensor_set(gs, "F32", d, nb * 4);
+        } else if (!strcmp(w, "nan-block-scale")) gs->data[3] = 0x7f;
+        else if (!strcmp(w, "negative-block-scale")) gs->data[3] = 0xb8; /* -1.0 */
+        else if (!strcmp(w, "zero-scale-2")) set_scale(g2, 0, 0.0f);
+        else if (!strcmp(w, "nan-scale-2")) set_scale(g2, 0, NAN);
+        else if (!strcmp(w, "negative-scale-2")) set_scale(g2, 0, -scale_at(g2, 0));
+        else if (!strcmp(w, "two-scale-2")) {
+            float two[2] = {scale_at(g2, 0), scale_at(g2, 0)};
+            void *d = malloc(8);
+            memcpy(d, two, 8);
+            tensor_set(g2, "F32", d, 8);
+            g2->ndim = 1;
+            g2->shape[0] = 2;
+        } else if (!strcmp(w, "huge-scale-2")) set_scale(g2, 0, 1e37f); /* 6 * 448 * 1e37 */
+        else if (!strcmp(w, "nan-input-scale")) {
+            const float in = NAN;
+            const uint64_t none = 0;
+            ckpt_add(&c, "model.layers.0.mlp.gate_proj.input_scale", "F32", 0, &none, &in, 4);
+        } else if (!strcmp(w, "padding-nibble")) {
+            /* the odd model's down_proj: 149 columns, 75 bytes a row, the last high nibble pad */
+            ckpt_free(&c);
+            char odd_dir[PATH_LEN];
+            join(odd_dir, root, "odd-nvfp4-modelopt");
+            join(path, odd_dir, "model.safetensors");
+            ckpt_read(&c, path);
+            tensor *d = ckpt_get(&c, "model.layers.1.mlp.down_proj.weight");
+            d->data[74] |= 0x10;
+            write_fp8_variant(name, &c, odd_dir, NULL, dir);
+            char src[PATH_LEN], dst[PATH_LEN];
+            size_t len;
+            join(src, odd_dir, "hf_quant_config.json");
+            join(dst, dir, "hf_quant_config.json");
+            char *text = read_all(src, &len);
+            if (text) write_all(dst, text, len);
+            free(text);
+            check_load_fails(dir, nv_cases[i].status, nv_cases[i].needle, "down_proj");
+            ckpt_free(&c);
+            continue;
+        } else if (!strcmp(w, "scale-of-kept")) {
+            const weight *o = model_find_tensor(orig, GATE0)->dst;
+            uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
+            memcpy(d, o->bf16, (size_t)o->rows * o->cols * 2);
+            tensor_set(g, "BF16", d, (size_t)o->rows * o->cols * 2);
+            g->shape[1] = o->cols;
+            cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+                  "\"NVFP4\", \"exclude_modules\": [\"lm_head\", \"model.layers.0.mlp.gate_*\"]},";
+        } else if (!strcmp(w, "mixed-precision"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+                  "\"MIXED_PRECISION\"},";
+        else if (!strcmp(w, "group-32"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+                  "\"NVFP4\", \"group_size\": 32},";
+        else if (!strcmp(w, "fp8-kv-cache"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+                  "\"NVFP4\", \"kv_cache_quant_algo\": \"FP8\"},";
+        if (!strcmp(w, "hfq-no-quantization")) {
+            write_fp8_variant(name, &c, tiny_dir, NULL, dir);
+            join(path, dir, "hf_quant_config.json");
+            const char *doc = "{\"producer\": {\"name\": \"modelopt\"}}";
+            write_all(path, doc, strlen(doc));
+        } else {
+            write_fp8_variant(name, &c, tiny_dir, cfg, dir);
+        }
+        check_load_fails(dir, nv_cases[i].status, nv_cases[i].needle, NULL);
+        ckpt_free(&c);
+    }
+    /* a gate_proj kept in bf16 by an exclude_modules pattern loads (the case above without its
+     * stray scales) */
+    {
+        ckpt c;
+        ckpt_copy(&c, &nv);
+        const weight *o = model_find_tensor(orig, GATE0)->dst;
+        tensor *g = ckpt_get(&c, GATE0);
+        uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
+        memcpy(d, o->bf16, (size_t)o->rows * o->cols * 2);
+        tensor_set(g, "BF16", d, (size_t)o->rows * o->cols * 2);
+        g->shape[1] = o->cols;
+        ckpt_remove(&c, GATE0 "_scale");
+        ckpt_remove(&c, GATE0 "_scale_2");
+        write_fp8_variant("nvfp4-kept-gate", &c, tiny_dir,
+                          "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+                          "\"NVFP4\", \"exclude_modules\": [\"lm_head\", \"model.layers.0.mlp.gate_*\"]},",
+                          dir);
+        parity_model *mk = load(dir);
+        if (mk) {
+            CHECK(model_find_tensor(mk, GATE0)->dst->keep_bf16 && !model_find_tensor(mk, GATE0)->dst->shipped);
+            char again[PATH_LEN];
+            save_as(mk, "nvfp4", "nvfp4-kept-gate-again", again);
+            join(path, again, "config.json");
+            size_t len;
+            char *text = read_all(path, &len);
+            CHECK(text && strstr(text, "\"model.layers.0.mlp.gate_proj\""));
+            free(text);
+            parity_model_free(mk);
+        }
+        ckpt_free(&c);
+    }
+    ckpt_free(&nv);
+
+    printf("MXFP4 failures, as expected:\n");
+    join(path, mx_dir, "model.safetensors");
+    ckpt mc;
+    ckpt_read(&mc, path);
+    const char *mx_cfg = "\"quantization_config\": {\"quant_method\": \"mxfp4\"},";
+    struct {
+        const char *what;
+        int status;
+        const char *needle;
+    } mx_cases[] = {
+        {"nibble-count", PARITY_ERR_TENSOR_SHAPE, GATE0 "_blocks"},
+        {"missing-blocks", PARITY_ERR_TENSOR_MISSING, GATE0 "_blocks"},
+        {"weight-and-blocks", PARITY_ERR_TENSOR_UNEXPECTED, GATE0},
+        {"missing-scales", PARITY_ERR_SCALE_MISSING, GATE0 "_scales"},
+        {"scale-grid", PARITY_ERR_SCALE_GRID, GATE0 "_scales"},
+        {"f32-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scales"},
+        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scales"},
+        {"overflow", PARITY_ERR_TENSOR_NONFINITE, GATE0 "_blocks"},
+        {"padding-code", PARITY_ERR_TENSOR_SHAPE, "padding"},
+    };
+    for (size_t i = 0; i < sizeof mx_cases / sizeof mx_cases[0]; i++) {
+        ckpt c;
+        ckpt_copy(&c, &mc);
+        const char *w = mx_cases[i].what;
+        tensor *g = ckpt_get(&c, GATE0 "_blocks"), *gs = ckpt_get(&c, GATE0 "_scales");
+        char name[64];
+        snprintf(name, sizeof name, "mxfp4-bad-%s", w);
+        if (!strcmp(w, "nibble-count")) { /* blocks of 8 bytes: 16 codes, not 32 */
+            g->shape[2] = 8;
+            g->bytes /= 2;
+        } else if (!strcmp(w, "missing-blocks")) ckpt_remove(&c, GATE0 "_blocks");
+        else if (!strcmp(w, "weight-and-blocks")) {
+            const weight *o = model_find_tensor(orig, GATE0)->dst;
+            const uint64_t shape[2] = {o->rows, o->cols};
+            ckpt_add(&c, GATE0, "BF16", 2, shape, o->bf16, (size_t)o->rows * o->cols * 2);
+        } else if (!strcmp(w, "missing-scales")) ckpt_remove(&c, GATE0 "_scales");
+        else if (!strcmp(w, "scale-grid")) {
+            gs->shape[1] += 1;
+            uint8_t *d = calloc(gs->shape[0] * gs->shape[1], 1);
+            tensor_set(gs, "U8", d, gs->shape[0] * gs->shape[1]);
+        } else if (!strcmp(w, "f32-scales")) {
+            const size_t nb = gs->bytes;
+            float *d = calloc(nb, 4);
+            for (size_t k = 0; k < nb; k++) d[k] = ldexpf(1.0f, (int)gs->data[k] - 127);
+            tensor_set(gs, "F32", d, nb * 4);
+        } else if (!strcmp(w, "nan-scale")) gs->data[2] = 0xff;
+        else if (!strcmp(w, "overflow")) { /* 6 * 2^127 */
+            gs->data[0] = 0xfe;
+            g->data[0] = 0x77;
+        } else if (!strcmp(w, "padding-code")) {
+            /* the odd model's down_proj: 149 columns in 5 blocks, codes 149..159 are padding */
+            ckpt_free(&c);
+            char odd_dir[PATH_LEN];
+            join(odd_dir, root, "odd-mxfp4-ocp");
+            join(path, odd_dir, "model.safetensors");
+            ckpt_read(&c, path);
+            tensor *d = ckpt_get(&c, "model.layers.1.mlp.down_proj.weight_blocks");
+            d->data[79] = 0x20; /* row 0, block 4, byte 15: codes 158 and 159 */
+            write_fp8_variant(name, &c, odd_dir, NULL, dir);
+            check_load_fails(dir, mx_cases[i].status, mx_cases[i].needle, "down_proj");
+            ckpt_free(&c);
+            continue;
+        }
+        write_fp8_variant(name, &c, tiny_dir, mx_cfg, dir);
+        check_load_fails(dir, mx_cases[i].status, mx_cases[i].needle, NULL);
+        ckpt_free(&c);
+    }
+    ckpt_free(&mc);
+    parity_model_free(mx);
+    parity_model_free(m);
+    parity_model_free(odd);
+}
+
 int main(void) {
     snprintf(root, sizeof root, "/tmp/parity-checkpoint-XXXXXX");
     if (!mkdtemp(root)) {
@@ -1445,6 +1867,7 @@ int main(void) {
     test_layouts(orig, &base);
     test_fp8_checkpoints(orig, &base);
     test_bitnet_checkpoints(orig);
+    test_fp4_checkpoints(orig);
     printf("failures, as expected:\n");
     test_bad_tensors(&base);
     test_bad_shards(&base);

@@ -409,8 +409,12 @@ class Model(_lib.Closing):
         the shipped codes as they are where the model holds them), "fp8-block" (shipped
         codes only), "bitnet:RULE" (transformers' BitNet layout: U8 weights with four ternary
         codes a byte as pack_weights interleaves them, weight_scale = 1 / mean|W|, linear_class
-        "bitlinear"; codes of the ternary rule RULE, or the shipped ones), or "bitnet" (shipped
-        codes only). Raises ParityError (PARITY_ERR_INVALID_ARGUMENT for another layout)."""
+        "bitlinear"; codes of the ternary rule RULE, or the shipped ones), "nvfp4:RULE"
+        (ModelOpt's NVFP4: U8 weights with two E2M1 codes a byte, F8_E4M3 weight_scale per 16,
+        F32 weight_scale_2, and hf_quant_config.json; codes of the NVFP4 rule RULE, or the
+        shipped ones), "mxfp4:RULE" (weight_blocks U8 [rows, cols/32, 16] and E8M0
+        weight_scales), and "bitnet", "nvfp4", "mxfp4" (shipped codes only). Raises ParityError
+        (PARITY_ERR_INVALID_ARGUMENT for another layout)."""
         if not isinstance(layout, str):
             raise TypeError("layout must be a str, not %s" % type(layout).__name__)
         os.makedirs(os.fspath(directory), exist_ok=True)

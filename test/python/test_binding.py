@@ -337,7 +337,8 @@ class TestScore(unittest.TestCase):
             parity.quant.quantize_mxfp8(array("d", [1.0]), 1, 1)
 
     def test_save_layouts(self):
-        """Model.save in each layout loads back: fp8-block:deepseek and bitnet:RULE score as
+        """Model.save in each layout loads back: fp8-block:deepseek, bitnet:RULE, nvfp4:RULE
+        (ModelOpt's layout, with hf_quant_config.json) and mxfp4:RULE score as
         the bf16 model quantized at load (bitwise), fp16 as the model under +fp16, fp32 under
         fp32."""
         import tempfile
@@ -346,6 +347,10 @@ class TestScore(unittest.TestCase):
             for layout, policy in (("fp8-block:deepseek", "vllm+fp8-block:deepseek"),
                                    ("bitnet:bitnet", "hf-eager+ternary:bitnet"),
                                    ("bitnet:hf-bitlinear", "hf-eager+ternary:hf-bitlinear"),
+                                   ("nvfp4:modelopt", "vllm+nvfp4:modelopt"),
+                                   ("nvfp4:te", "vllm+nvfp4:te"),
+                                   ("mxfp4:ocp", "vllm+mxfp4:ocp"),
+                                   ("mxfp4:rceil", "vllm+mxfp4:rceil"),
                                    ("fp16", "hf-eager+fp16"), ("fp32", "fp32"), ("bf16", "vllm")):
                 path = os.path.join(d, layout.replace(":", "-"))
                 self.tiny.save(path, layout=layout)
@@ -353,6 +358,8 @@ class TestScore(unittest.TestCase):
                 self.assertEqual(f32_bits(back.score(seq, policy=policy)[0]),
                                  f32_bits(self.tiny.score(seq, policy=policy)[0]), layout)
                 back.close()
+                self.assertEqual(os.path.exists(os.path.join(path, "hf_quant_config.json")),
+                                 layout.startswith("nvfp4"), layout)
             with self.assertRaises(parity.ParityError) as e:
                 self.tiny.save(os.path.join(d, "x"), layout="int4")
             self.assertEqual(e.exception.code, -1)
