@@ -18,12 +18,13 @@
  * by default), the held-out NLL and the sampler/learner mismatch when the sampler serves (b)
  * (and (c)) and the learner trains on the latents, both under PRESET+FORMAT:RULE (default
  * hf-eager). And both remedies: (1) write the training quantizer's codes (the latents saved in
- * the BitNet layout with RULE and loaded back: ternary), (2) adjust each bf16 input to the
- * nearest bf16 value whose export gives the training code (parity_quant_adjust_bf16: ternary),
- * each followed by the same count, which must be 0.
- * --write-export DIR writes (b) as a BitNet checkpoint (ternary: the export as onebitllms
- * writes it, weight_scale its bf16 multiplier).
- * Exit status 0 when both remedies give 0 disagreements (where they apply), 1 otherwise.
+ * the format's checkpoint layout with RULE and loaded back: bitnet, nvfp4 or mxfp4), (2) adjust
+ * each bf16 input to the nearest bf16 value whose export gives the training code
+ * (parity_quant_adjust_bf16: ternary), each followed by the same count, which must be 0.
+ * --write-export DIR writes (b) as a checkpoint of the format (BitNet: the export as
+ * onebitllms writes it, weight_scale its bf16 multiplier; ModelOpt NVFP4; MXFP4), which
+ * --deployed reads back as (c).
+ * Exit status 0 when the remedies give 0 disagreements (where they apply), 1 otherwise.
  */
 #include <errno.h>
 #include <math.h>
@@ -194,6 +195,11 @@ int main(int argc, char **argv) {
     int rc = parity_policy_from_name(polname, &pol);
     if (rc) die(polname, rc);
     const int q = pol.quantizer, ternary = pol.gemm == PARITY_GEMM_TERNARY;
+    /* the checkpoint layout of the format, where it has one: remedy 1 and --write-export */
+    const char *layout_of = ternary                         ? "bitnet"
+                            : pol.gemm == PARITY_GEMM_NVFP4 ? "nvfp4"
+                            : pol.gemm == PARITY_GEMM_MXFP4 ? "mxfp4"
+                                                            : NULL;
     char defaults[4][512];
     if (!n_eval) {
         const char *root = getenv("PARITY_SOURCE_ROOT");
@@ -279,10 +285,10 @@ int main(int argc, char **argv) {
             compare(a, as + first, b, bs + first, n, n_scales, &ce);
             add(&t_export, &ce);
             serve_codes(S, ws, q, b, bs, grid);
-            if (export_dir && ternary) {
+            if (export_dir && layout_of) {
                 ws->shipped = ws->quant[q];
-                ws->shipped_gemm = PARITY_GEMM_TERNARY;
-                ws->shipped_scale_dtype = PARITY_DTYPE_BF16;
+                ws->shipped_gemm = (uint8_t)pol.gemm;
+                ws->shipped_scale_dtype = ternary ? PARITY_DTYPE_BF16 : PARITY_DTYPE_F8_E4M3;
             }
             if (D) {
                 weight *wd = linear_of(D, l, j);
@@ -345,14 +351,14 @@ int main(int argc, char **argv) {
         e_d = effect_of(lp_l, lp_d, n_lp);
         free(lp_d);
     }
-    /* remedy 1: the latents written in the BitNet layout with the training rule, loaded back */
+    /* remedy 1: the latents written in the format's layout with the training rule, loaded back */
     counts t_written = {0};
     effect e_w = {0, 0, 0, 0, 0};
     int written = 0;
-    if (ternary) {
+    if (layout_of) {
         char dir[] = "/tmp/parity-quant-check-XXXXXX";
         char layout[64];
-        snprintf(layout, sizeof layout, "bitnet:%s", parity_quantizer_name(q));
+        snprintf(layout, sizeof layout, "%s:%s", layout_of, parity_quantizer_name(q));
         if (!mkdtemp(dir)) die("mkdtemp", PARITY_ERR_IO);
         parity_model *W;
         if ((rc = parity_model_save_as(L, dir, layout)) || (rc = parity_model_load(dir, &W)))
@@ -362,11 +368,17 @@ int main(int argc, char **argv) {
                 weight *w = linear_of(L, l, j), *ww = linear_of(W, l, j);
                 if (w->keep_bf16) continue;
                 const size_t n = (size_t)w->rows * w->cols;
-                float *x = values_of(w), *as = xmalloc(2 * 4), s_w = ww->shipped->tensor_scale;
+                const uint64_t grid = parity_quant_scale_count(q, w->rows, w->cols);
+                float *x = values_of(w), *as = xmalloc((grid + 1) * 4), *ws_s = xmalloc((grid + 1) * 4);
                 uint8_t *a = xmalloc(n);
-                parity_quantize_weight(q, w->rows, w->cols, x, w->cols, a, as);
-                compare(a, as + 1, ww->shipped->codes, &s_w, n, 1, &t_written);
-                free(x), free(as), free(a);
+                if ((rc = parity_quantize_weight(q, w->rows, w->cols, x, w->cols, a, as))) die("train", rc);
+                /* the shipped scales as parity_quantize_weight lays them out: blocks, tensor */
+                if (!ternary) memcpy(ws_s, ww->shipped->scales, grid * 4);
+                ws_s[grid] = ww->shipped->tensor_scale;
+                uint64_t first;
+                const uint64_t n_scales = scales_of(pol.gemm, grid, &first);
+                compare(a, as + first, ww->shipped->codes, ws_s + first, n, n_scales, &t_written);
+                free(x), free(as), free(ws_s), free(a);
             }
         float *lp_w = score_all(W, &pol, tokens, lens, n_eval, total);
         e_w = effect_of(lp_l, lp_w, n_lp);
@@ -377,9 +389,9 @@ int main(int argc, char **argv) {
         if (system(cmd) != 0) fprintf(stderr, "parity-quant-check: could not remove %s\n", dir);
         written = 1;
     }
-    if (export_dir && ternary) {
+    if (export_dir && layout_of) {
         mkdir(export_dir, 0755);
-        if ((rc = parity_model_save_as(S, export_dir, "bitnet"))) die(export_dir, rc);
+        if ((rc = parity_model_save_as(S, export_dir, layout_of))) die(export_dir, rc);
         printf("wrote the export (b) to %s\n", export_dir);
     }
 
@@ -405,9 +417,11 @@ int main(int argc, char **argv) {
                (unsigned long long)t_adjusted.code_diff, (unsigned long long)t_adjusted.codes,
                (unsigned long long)moved, (unsigned long long)t_adjusted.scale_diff,
                (unsigned long long)t_adjusted.scales, t_adjusted.scale_rel);
+    if (!layout_of)
+        printf("  remedy 1: no checkpoint layout for %s here\n", qname);
     if (!ternary)
-        printf("  remedies: written for the ternary rules (no 4-bit checkpoint layout and no 4-bit "
-               "bf16 adjustment yet)\n");
+        printf("  remedy 2: written for the ternary rules only (adjusting a 4-bit export's bf16 "
+               "inputs moves its block scales: open)\n");
     printf("\neffect on %zu evaluation sequences (%zu log-probs), policy %s; learner = the "
            "latents with the training quantizer:\n", n_eval, n_lp, polname);
     printf("  %-34s %9s %10s %10s %10s %8s\n", "sampler serves", "NLL", "mean|d|", "max|d|", "k3 KL",
@@ -455,6 +469,7 @@ int main(int argc, char **argv) {
     parity_model_free(S);
     parity_model_free(D);
     free(lp_l), free(lp_s), free(lp_b), free(tokens);
-    if (!ternary) return 0;
-    return adjust_ok && t_adjusted.code_diff == 0 && t_written.code_diff == 0 ? 0 : 1;
+    const int remedy1_ok = !written || (t_written.code_diff == 0 && t_written.scale_diff == 0);
+    if (!ternary) return remedy1_ok ? 0 : 1;
+    return adjust_ok && t_adjusted.code_diff == 0 && remedy1_ok ? 0 : 1;
 }

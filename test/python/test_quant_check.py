@@ -2,7 +2,8 @@
 deployed BitNet checkpoint holds exactly the training quantizer's codes of the fp32 latents;
 the bf16-cast export beside it (export-bf16-cast/, what onebitllms' quantize_to_1bit makes of
 the latents) disagrees on some codes and on the multipliers, and its log-probs differ from the
-learner's; both remedies end at 0 differing codes. Plain python3 (no numpy).
+learner's; both remedies end at 0 differing codes. NVFP4 and MXFP4 exports of the same
+latents, written as checkpoints and read back; remedy 1 ends at 0. Plain python3 (no numpy).
 
     python3 test/python/test_quant_check.py BUILD_DIR
 """
@@ -21,16 +22,19 @@ MODEL = os.path.join(harness.REPO, "models", "qwen3-bytes-ternary-4.9m")
 TOOL = os.path.join(BUILD, "bench", "parity-quant-check")
 
 
+def run_tool(args, d):
+    out = os.path.join(d, "report-%d.json" % len(os.listdir(d)))
+    env = dict(os.environ, PARITY_SOURCE_ROOT=harness.REPO)
+    p = subprocess.run([TOOL, "--latents", os.path.join(MODEL, "latents"), "--json", out] + args,
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(p.stdout)
+    with open(out) as f:
+        return p.returncode, json.load(f)
+
+
 def check(deployed):
     with tempfile.TemporaryDirectory(prefix="parity-qc-") as d:
-        out = os.path.join(d, "report.json")
-        env = dict(os.environ, PARITY_SOURCE_ROOT=harness.REPO)
-        p = subprocess.run([TOOL, "--latents", os.path.join(MODEL, "latents"), "--deployed", deployed,
-                            "--quantizer", "ternary:bitnet", "--json", out], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        print(p.stdout)
-        with open(out) as f:
-            return p.returncode, json.load(f)
+        return run_tool(["--deployed", deployed, "--quantizer", "ternary:bitnet"], d)
 
 
 class QuantCheck(unittest.TestCase):
@@ -55,6 +59,31 @@ class QuantCheck(unittest.TestCase):
         self.assertGreater(r["deployed"]["differ"], 0)
         self.assertEqual(r["deployed"]["scales_differ"], r["export"]["scales_differ"])
         self.assertLess(r["deployed"]["equal"], 1.0)
+
+    def test_4bit_exports(self):
+        """NVFP4 and MXFP4 exports of the latents: the bf16 cast moves codes and block scales;
+        the export written as a checkpoint (ModelOpt NVFP4, MXFP4 blocks) reads back as the
+        deployed checkpoint with exactly those differences; remedy 1 (the training codes
+        written in the format's layout) ends at 0 codes, 0 scales, log-probs bitwise."""
+        evals = ["--eval", os.path.join(harness.REPO, "test", "data", "reference", "eval_00.bin")]
+        for q in ("nvfp4:modelopt", "mxfp4:ocp"):
+            with tempfile.TemporaryDirectory(prefix="parity-qc-4bit-") as d:
+                export = os.path.join(d, "export")
+                rc, r = run_tool(["--quantizer", q, "--policy", "vllm", "--write-export", export]
+                                 + evals, d)
+                self.assertEqual(rc, 0, q)
+                self.assertGreater(r["export"]["differ"], 0, q)
+                self.assertGreater(r["export"]["scales_differ"], 0, q)
+                self.assertEqual(r["remedy_written"]["differ"], 0, q)
+                self.assertEqual(r["remedy_written"]["equal"], 1.0, q)
+                self.assertEqual(os.path.exists(os.path.join(export, "hf_quant_config.json")),
+                                 q.startswith("nvfp4"), q)
+                rc, r2 = run_tool(["--quantizer", q, "--policy", "vllm", "--deployed", export]
+                                  + evals, d)
+                self.assertEqual(rc, 0, q)
+                self.assertEqual(r2["deployed"]["differ"], r["export"]["differ"], q)
+                self.assertEqual(r2["deployed"]["scales_differ"], r["export"]["scales_differ"], q)
+                self.assertEqual(r2["deployed"]["equal"], r["export"]["equal"], q)
 
 
 if __name__ == "__main__":
