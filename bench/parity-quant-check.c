@@ -20,7 +20,8 @@
  * hf-eager). And both remedies: (1) write the training quantizer's codes (the latents saved in
  * the format's checkpoint layout with RULE and loaded back: bitnet, nvfp4 or mxfp4), (2) adjust
  * each bf16 input to the nearest bf16 value whose export gives the training code
- * (parity_quant_adjust_bf16: ternary), each followed by the same count, which must be 0.
+ * (parity_quant_adjust_bf16: the 4-bit and ternary rules), each followed by the same count,
+ * which must be 0.
  * --write-export DIR writes (b) as a checkpoint of the format (BitNet: the export as
  * onebitllms writes it, weight_scale its bf16 multiplier; ModelOpt NVFP4; MXFP4), which
  * --deployed reads back as (c).
@@ -245,8 +246,9 @@ int main(int argc, char **argv) {
         if (bad) die("linking the latents", PARITY_ERR_IO);
         latents_dir = link_dir;
     }
-    parity_model *L, *S, *D = NULL;
-    if ((rc = parity_model_load(latents_dir, &L)) || (rc = parity_model_load(latents_dir, &S)))
+    parity_model *L, *S, *R, *D = NULL; /* R serves the export of the adjusted inputs */
+    if ((rc = parity_model_load(latents_dir, &L)) || (rc = parity_model_load(latents_dir, &S)) ||
+        (rc = parity_model_load(latents_dir, &R)))
         die(latents, rc);
     if (latents_dir != latents) {
         char p[4200];
@@ -263,7 +265,9 @@ int main(int argc, char **argv) {
     if (deployed) printf("deployed %s\n", deployed);
     counts t_export = {0}, t_deployed = {0}, t_adjusted = {0};
     uint64_t moved = 0;
-    int adjust_ok = ternary;
+    /* remedy 2 is written for the 4-bit and ternary rules */
+    const int adjustable = layout_of != NULL;
+    int adjust_ok = adjustable;
     if (per_tensor)
         printf("\n%-40s %10s %12s %12s %14s\n", "tensor", "codes", "export diff", "deployed diff",
                "export scales");
@@ -305,7 +309,7 @@ int main(int argc, char **argv) {
                 compare(a, as + first, d, ds + first, n, n_scales, &cd);
                 add(&t_deployed, &cd);
             }
-            if (ternary) {
+            if (adjustable) {
                 /* the second remedy, then its export: the training codes exactly */
                 uint16_t *v = xmalloc(n * 2);
                 uint64_t k = 0;
@@ -322,6 +326,7 @@ int main(int argc, char **argv) {
                     counts cr = {0};
                     compare(a, as + first, d, ds + first, n, n_scales, &cr);
                     add(&t_adjusted, &cr);
+                    serve_codes(R, linear_of(R, l, j), q, d, ds, grid);
                     free(vx);
                 }
                 free(v);
@@ -350,6 +355,12 @@ int main(int argc, char **argv) {
         float *lp_d = score_all(D, &pol, tokens, lens, n_eval, total);
         e_d = effect_of(lp_l, lp_d, n_lp);
         free(lp_d);
+    }
+    effect e_r = {0, 0, 0, 0, 0};
+    if (adjust_ok) {
+        float *lp_r = score_all(R, &pol, tokens, lens, n_eval, total);
+        e_r = effect_of(lp_l, lp_r, n_lp);
+        free(lp_r);
     }
     /* remedy 1: the latents written in the format's layout with the training rule, loaded back */
     counts t_written = {0};
@@ -411,7 +422,7 @@ int main(int argc, char **argv) {
         printf("  remedy 1: codes written   %10llu of %llu; scales %llu differ\n",
                (unsigned long long)t_written.code_diff, (unsigned long long)t_written.codes,
                (unsigned long long)t_written.scale_diff);
-    if (ternary && adjust_ok)
+    if (adjust_ok)
         printf("  remedy 2: bf16 adjusted   %10llu of %llu (%llu inputs moved one or more bf16 "
                "steps); scales %llu of %llu differ (max relative %.3g)\n",
                (unsigned long long)t_adjusted.code_diff, (unsigned long long)t_adjusted.codes,
@@ -419,9 +430,7 @@ int main(int argc, char **argv) {
                (unsigned long long)t_adjusted.scales, t_adjusted.scale_rel);
     if (!layout_of)
         printf("  remedy 1: no checkpoint layout for %s here\n", qname);
-    if (!ternary)
-        printf("  remedy 2: written for the ternary rules only (adjusting a 4-bit export's bf16 "
-               "inputs moves its block scales: open)\n");
+    if (!adjustable) printf("  remedy 2: written for the 4-bit and ternary rules only\n");
     printf("\neffect on %zu evaluation sequences (%zu log-probs), policy %s; learner = the "
            "latents with the training quantizer:\n", n_eval, n_lp, polname);
     printf("  %-34s %9s %10s %10s %10s %8s\n", "sampler serves", "NLL", "mean|d|", "max|d|", "k3 KL",
@@ -436,6 +445,9 @@ int main(int argc, char **argv) {
     if (written)
         printf("  %-34s %9.4f %10.3g %10.3g %10.3g %8.3f\n", "remedy 1 (training codes written)",
                e_w.nll, e_w.mean_abs, e_w.max_abs, e_w.k3, e_w.equal);
+    if (adjust_ok)
+        printf("  %-34s %9.4f %10.3g %10.3g %10.3g %8.3f\n", "remedy 2 (export of adjusted bf16)",
+               e_r.nll, e_r.mean_abs, e_r.max_abs, e_r.k3, e_r.equal);
     printf("  %-34s %9.4f   (the latents unquantized, policy %s)\n", "reference", e_b.nll, preset);
 
     if (json_path) {
@@ -459,17 +471,20 @@ int main(int argc, char **argv) {
         if (written)
             fprintf(f, " \"remedy_written\": {\"differ\": %llu, \"equal\": %.6f},\n",
                     (unsigned long long)t_written.code_diff, e_w.equal);
-        if (ternary && adjust_ok)
-            fprintf(f, " \"remedy_adjusted\": {\"differ\": %llu, \"moved\": %llu},\n",
-                    (unsigned long long)t_adjusted.code_diff, (unsigned long long)moved);
+        if (adjust_ok)
+            fprintf(f, " \"remedy_adjusted\": {\"differ\": %llu, \"moved\": %llu, "
+                       "\"scales_differ\": %llu, \"equal\": %.6f},\n",
+                    (unsigned long long)t_adjusted.code_diff, (unsigned long long)moved,
+                    (unsigned long long)t_adjusted.scale_diff, e_r.equal);
         fprintf(f, " \"learner_nll\": %.6f, \"reference_nll\": %.6f}\n", e_l.nll, e_b.nll);
         fclose(f);
     }
     parity_model_free(L);
     parity_model_free(S);
+    parity_model_free(R);
     parity_model_free(D);
     free(lp_l), free(lp_s), free(lp_b), free(tokens);
     const int remedy1_ok = !written || (t_written.code_diff == 0 && t_written.scale_diff == 0);
-    if (!ternary) return remedy1_ok ? 0 : 1;
+    if (!adjustable) return remedy1_ok ? 0 : 1;
     return adjust_ok && t_adjusted.code_diff == 0 && remedy1_ok ? 0 : 1;
 }

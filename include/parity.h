@@ -409,9 +409,16 @@ PARITY_API int parity_quantize_bf16_export(int quantizer, size_t rows, size_t co
                                            float *scales);
 /* The second remedy: out[rows * cols] bf16 values, each the nearest bf16 value to its latent
  * x whose export (parity_quantize_bf16_export) gives the training code
- * (parity_quantize_weight of x), iterated until the export's tensor scale is stable (16 rounds
- * at most, else PARITY_ERR_VERIFY); *n_adjusted (if not NULL) counts the values that differ
- * from the plain bf16 cast. Ternary rules only (PARITY_ERR_UNSUPPORTED for the others). */
+ * (parity_quantize_weight of x); *n_adjusted (if not NULL) counts the values that differ from
+ * the plain bf16 cast. Ternary rules: iterated until the export's bf16 multiplier is stable
+ * (16 rounds at most, else PARITY_ERR_VERIFY); the multiplier itself stays the export's.
+ * NVFP4 and MXFP4 rules, block by block: the element with the largest latent first takes the
+ * nearest bf16 value that gives its code and the training block scale (the others held at or
+ * below it), then each other element the nearest one at or below it that gives its code; the
+ * export then has the training codes and block scales (NVFP4's s2, the bf16 amax / 2688,
+ * excepted: no bf16 value is the fp32 amax unless it is one already); a block where no bf16
+ * value within 1024 steps works is PARITY_ERR_VERIFY. The fp8 rules are
+ * PARITY_ERR_UNSUPPORTED. */
 PARITY_API int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const float *x,
                                         size_t x_stride, uint16_t *out, uint64_t *n_adjusted);
 

@@ -159,6 +159,9 @@ size_t quant_block_cols(int quantizer);
  * powers of two; ternary: unused), *tensor_scale NVFP4's s2, ternary's s_w (0 for MXFP4). */
 void quant4_weight(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,
                    uint8_t *codes, size_t codes_stride, float *block_scales, float *tensor_scale);
+/* One block of n <= 32 values of an NVFP4 (tensor_amax: the weight's amax, which sets s2) or
+ * MXFP4 rule, as quant4_weight quantizes it: codes written, the block scale's value returned. */
+float quant4_block(int quantizer, float tensor_amax, const float *x, size_t n, uint8_t *codes);
 /* Activations, per token: block_scales as above, row_scales[r] NVFP4's s2 or ternary's s_x of
  * row r (unused for MXFP4). */
 void quant4_activations(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,

@@ -230,6 +230,16 @@ void quant4_weight(int quantizer, size_t rows, size_t cols, const float *x, size
     }
 }
 
+float quant4_block(int quantizer, float tensor_amax, const float *x, size_t n, uint8_t *codes) {
+    if (quant_is_nvfp4(quantizer)) {
+        const nvfp4_tensor t = nvfp4_tensor_of(quantizer, tensor_amax);
+        return e4m3_value(nvfp4_block(quantizer, &t, x, n, codes));
+    }
+    float pow2;
+    mxfp4_rows(quantizer, 1, n, x, n, codes, n, NULL, &pow2);
+    return pow2;
+}
+
 void quant4_activations(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,
                         uint8_t *codes, size_t codes_stride, float *block_scales,
                         float *row_scales) {

@@ -127,19 +127,101 @@ static uint16_t bf16_step(uint16_t h, int k) {
     return (uint16_t)(o < 0 ? 0x8000 | (uint32_t)(-o) : (uint32_t)o);
 }
 
+/* The bf16 values nearest xi (k = 0, 1, ...: in order of distance, ties to the lower one), from
+ * h0 = RN(xi) outwards; *state holds how far each side has gone. */
+typedef struct nearest {
+    uint16_t h0;
+    int lo, hi;
+} nearest;
+
+static float nearest_next(nearest *s, float xi) {
+    const uint16_t a = bf16_step(s->h0, -s->lo), c = bf16_step(s->h0, s->hi);
+    const float va = bf16_to_f32(a), vc = bf16_to_f32(c);
+    const int take_a = fabsf(va - xi) <= fabsf(vc - xi);
+    if (take_a) s->lo++;
+    else s->hi++;
+    return take_a ? va : vc;
+}
+
+/* One block of a 4-bit rule: bf16 values b[0..n) near the latents xb whose export has the
+ * block scale ws and the codes want. The export's block scale follows the block's amax (and,
+ * NVFP4, the tensor's amax `tmax`, held fixed: no value may pass it), so first the element
+ * with the largest latent takes the nearest bf16 value that gives both its code and the
+ * scale, with the others held at or below it; then each other element whose code differs
+ * takes the nearest bf16 value at or below that amax that gives its code. 0 when found. */
+static int adjust_block(int q, float tmax, const float *xb, float *b, size_t n, const uint8_t *want,
+                        float ws) {
+    uint8_t codes[32];
+    float t[32];
+    float sf = quant4_block(q, tmax, b, n, codes);
+    if (f32_bits(sf) == f32_bits(ws) && !memcmp(codes, want, n)) return 0;
+    size_t j = 0;
+    for (size_t i = 1; i < n; i++)
+        if (fabsf(xb[i]) > fabsf(xb[j])) j = i;
+    nearest near = {bf16_from_f32(xb[j]), 0, 1};
+    int found = 0;
+    for (int tries = 0; tries < 1024 && !found; tries++) {
+        const float v = nearest_next(&near, xb[j]);
+        if (quant_is_nvfp4(q) && fabsf(v) > tmax) continue;
+        for (size_t i = 0; i < n; i++) t[i] = fabsf(b[i]) > fabsf(v) ? copysignf(fabsf(v), b[i]) : b[i];
+        t[j] = v;
+        sf = quant4_block(q, tmax, t, n, codes);
+        found = f32_bits(sf) == f32_bits(ws) && codes[j] == want[j];
+    }
+    if (!found) return 1;
+    const float cap = fabsf(t[j]);
+    for (size_t i = 0; i < n; i++) {
+        if (codes[i] == want[i]) continue;
+        nearest ni = {bf16_from_f32(xb[i]), 0, 1};
+        int ok = 0;
+        for (int tries = 0; tries < 1024 && !ok; tries++) {
+            const float v = nearest_next(&ni, xb[i]);
+            if (fabsf(v) > cap) continue;
+            const float keep = t[i];
+            t[i] = v;
+            sf = quant4_block(q, tmax, t, n, codes);
+            ok = f32_bits(sf) == f32_bits(ws) && codes[i] == want[i];
+            if (!ok) t[i] = keep;
+        }
+        if (!ok) return 1;
+    }
+    sf = quant4_block(q, tmax, t, n, codes);
+    if (f32_bits(sf) != f32_bits(ws) || memcmp(codes, want, n)) return 1;
+    memcpy(b, t, n * sizeof *b);
+    return 0;
+}
+
+/* The second remedy for the NVFP4 and MXFP4 rules: every block adjusted (adjust_block); the
+ * codes and block scales of the export then equal the training ones, NVFP4's tensor scale s2
+ * (the bf16 amax / 2688) excepted. */
+static int adjust_4bit(int q, size_t rows, size_t cols, const float *x, size_t stride, float *b,
+                       const uint8_t *want, const float *want_scales, size_t *failed) {
+    const size_t bc = quant_block_cols(q), gcols = (cols + bc - 1) / bc;
+    float tmax = 0.0f;
+    for (size_t i = 0; i < rows * cols; i++) tmax = fmaxf(tmax, fabsf(b[i]));
+    *failed = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t g = 0; g < gcols; g++) {
+            const size_t c0 = g * bc, n = cols - c0 < bc ? cols - c0 : bc;
+            *failed += (size_t)adjust_block(q, tmax, x + r * stride + c0, b + r * cols + c0, n,
+                                            want + r * cols + c0, want_scales[r * gcols + g]);
+        }
+    return *failed ? PARITY_ERR_VERIFY : PARITY_OK;
+}
+
 int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const float *x,
                              size_t stride, uint16_t *out, uint64_t *n_adjusted) {
     static const char fn[] = "parity_quant_adjust_bf16";
     clear_error();
     TRY(check(fn, quantizer, rows, cols, x, stride, out, out));
-    if (!quant_is_ternary(quantizer))
+    if (is_fp8(quantizer))
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: the bf16 adjustment is written for the "
-                         "ternary rules (the 4-bit rules' block scales move with the values they "
-                         "adjust: open); write the training codes instead", fn);
+                         "4-bit and ternary rules, not the fp8 ones; write the training codes "
+                         "instead", fn);
     const size_t n = rows * cols;
     float *b = bf16_copy(rows, cols, x, stride);
     uint8_t *want = px_malloc(n, "training codes");
-    float *scales = px_malloc(2 * sizeof *scales, "scales");
+    float *scales = px_malloc((grid_of(quantizer, rows, cols) + 1) * sizeof *scales, "scales");
     if (!b || !want || !scales) {
         px_free(b), px_free(want), px_free(scales);
         return PARITY_ERR_OUT_OF_MEMORY;
@@ -147,7 +229,12 @@ int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const floa
     quantize_weight(quantizer, rows, cols, x, stride, want, scales);
     uint64_t moved = 0;
     int rc = PARITY_ERR_VERIFY;
-    for (int round = 0; round < 16; round++) {
+    size_t failed = 0;
+    if (!quant_is_ternary(quantizer)) {
+        rc = adjust_4bit(quantizer, rows, cols, x, stride, b, want, scales, &failed);
+        for (size_t i = 0; i < n; i++) moved += f32_bits(b[i]) != f32_bits(round_bf16(x[(i / cols) * stride + i % cols]));
+    }
+    for (int round = 0; quant_is_ternary(quantizer) && round < 16; round++) {
         const float s = ternary_bf16_scale(n, b);
         size_t wrong = 0;
         for (size_t i = 0; i < n; i++) {
@@ -183,9 +270,12 @@ int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const floa
             for (size_t i = 0; i < n; i++)
                 *n_adjusted += out[i] != bf16_from_f32(x[(i / cols) * stride + i % cols]);
         }
-    } else {
+    } else if (quant_is_ternary(quantizer)) {
         set_error(PARITY_ERR_VERIFY, "%s: no bf16 inputs found within 16 rounds whose export "
                   "gives the training codes (%llu values moved)", fn, (unsigned long long)moved);
+    } else {
+        set_error(PARITY_ERR_VERIFY, "%s: %zu blocks have no bf16 inputs near their latents whose "
+                  "export gives the training codes and block scale", fn, failed);
     }
     px_free(b), px_free(want), px_free(scales);
     return rc;

@@ -291,7 +291,7 @@ def quantize_bf16_export(values, rows, cols, rule):
 
 
 def adjust_bf16(values, rows, cols, rule):
-    """The second remedy (ternary rules): (bf16 bit patterns as uint16 / array('H'), the count
+    """The second remedy (4-bit and ternary rules): (bf16 bit patterns as uint16 / array('H'), the count
     that differ from the plain cast): each the nearest bf16 value to its latent whose export
     (quantize_bf16_export) gives the training code (quantize_weight of the latents)."""
     buf, n, np, _ = _floats(values, "values")

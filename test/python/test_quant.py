@@ -498,8 +498,25 @@ class KnownAnswers(unittest.TestCase):
               "(%d inputs moved)" % (total_cast, total_adj, moved))
         self.assertGreater(total_cast, 0)
         self.assertEqual(total_adj, 0)
+        # the 4-bit rules: the adjusted inputs' export has the training codes and block scales
+        # (NVFP4's tensor scale, the last, stays the bf16 amax's)
+        moved4 = 0
+        for name, w in CASES[:-1]:
+            rows, cols = w.shape
+            for rule in ("nvfp4:modelopt", "nvfp4:te", "mxfp4:ocp", "mxfp4:rceil"):
+                train, ts = quant.quantize_weight(w, rows, cols, rule)
+                adj, k = quant.adjust_bf16(w, rows, cols, rule)
+                moved4 += k
+                back = adj.astype(np.uint32).__lshift__(16).view(F32)
+                ex2, es2 = quant.quantize_bf16_export(np.ascontiguousarray(back), rows, cols, rule)
+                self.assertTrue(equal(ex2, train), (name, rule))
+                self.assertTrue(equal(np.asarray(es2[:-1], F32), np.asarray(ts[:-1], F32)), (name, rule))
+                # each adjusted value is a bf16 value: the cast of itself
+                self.assertTrue(equal(bf16(back), back), (name, rule))
+        print("4-bit bf16 adjustment: %d inputs moved" % moved4)
+        self.assertGreater(moved4, 0)
         with self.assertRaises(parity.ParityError):
-            quant.adjust_bf16(CASES[0][1], *CASES[0][1].shape, "nvfp4:modelopt")
+            quant.adjust_bf16(CASES[0][1], *CASES[0][1].shape, "fp8-block:deepseek")
 
     def test_bad_input(self):
         x = np.ones((2, 4), dtype=F32)
