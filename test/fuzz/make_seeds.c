@@ -144,30 +144,41 @@ int main(int argc, char **argv) {
     seed_load("trained-config", parts, lens);
     parts[0] = NULL, lens[0] = 0;
     seed_load("no-config", parts, lens);
-    /* a block-FP8 checkpoint: quantization_config, F8_E4M3 codes and weight_scale_inv */
-    {
-        char fp8_dir[1024];
-        snprintf(fp8_dir, sizeof fp8_dir, "%s/parity-seeds-fp8-XXXXXX",
+    /* quantized checkpoints as the library writes them: block-FP8 (F8_E4M3 codes and
+     * weight_scale_inv), BitNet (packed ternary codes, weight_scale), ModelOpt NVFP4 (packed
+     * E2M1, F8_E4M3 weight_scale, weight_scale_2) and MXFP4 (*_blocks, *_scales) */
+    static const struct {
+        const char *layout, *name;
+    } quantized[] = {{"fp8-block:deepseek", "fp8-block"},
+                     {"bitnet:bitnet", "bitnet"},
+                     {"nvfp4:modelopt", "nvfp4"},
+                     {"mxfp4:ocp", "mxfp4"}};
+    for (size_t k = 0; k < sizeof quantized / sizeof quantized[0]; k++) {
+        char q_dir[1024], name[64];
+        snprintf(q_dir, sizeof q_dir, "%s/parity-seeds-quant-XXXXXX",
                  getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-        FUZZ_REQUIRE(mkdtemp(fp8_dir) != NULL, "mkdtemp %s", fp8_dir);
+        FUZZ_REQUIRE(mkdtemp(q_dir) != NULL, "mkdtemp %s", q_dir);
         parity_config c = fuzz_micro_config();
         parity_model *m = NULL;
         FUZZ_REQUIRE(parity_model_synthetic(&c, 7, &m) == PARITY_OK, "%s", parity_last_error());
-        FUZZ_REQUIRE(parity_model_save_as(m, fp8_dir, "fp8-block:deepseek") == PARITY_OK, "%s",
+        FUZZ_REQUIRE(parity_model_save_as(m, q_dir, quantized[k].layout) == PARITY_OK, "%s",
                      parity_last_error());
         parity_model_free(m);
-        size_t c8_len, st8_len;
-        char *c8 = slurp(fp8_dir, fuzz_files[0], &c8_len), *st8 = slurp(fp8_dir, fuzz_files[2], &st8_len);
-        const char *parts8[FUZZ_N_FILES] = {c8, NULL, st8, NULL, NULL};
-        size_t lens8[FUZZ_N_FILES] = {c8_len, 0, st8_len, 0, 0};
-        fuzz_remove(fp8_dir, fuzz_files[0]);
-        fuzz_remove(fp8_dir, fuzz_files[2]);
-        rmdir(fp8_dir);
-        seed_load("fp8-block", parts8, lens8);
-        seed("json", "fp8-block-config.json", c8, c8_len);
-        seed("safetensors", "fp8-block.safetensors", st8, st8_len);
-        free(c8);
-        free(st8);
+        size_t cq_len, stq_len;
+        char *cq = slurp(q_dir, fuzz_files[0], &cq_len), *stq = slurp(q_dir, fuzz_files[2], &stq_len);
+        const char *partsq[FUZZ_N_FILES] = {cq, NULL, stq, NULL, NULL};
+        size_t lensq[FUZZ_N_FILES] = {cq_len, 0, stq_len, 0, 0};
+        fuzz_remove(q_dir, fuzz_files[0]);
+        fuzz_remove(q_dir, fuzz_files[2]);
+        fuzz_remove(q_dir, "hf_quant_config.json");
+        rmdir(q_dir);
+        seed_load(quantized[k].name, partsq, lensq);
+        snprintf(name, sizeof name, "%s-config.json", quantized[k].name);
+        seed("json", name, cq, cq_len);
+        snprintf(name, sizeof name, "%s.safetensors", quantized[k].name);
+        seed("safetensors", name, stq, stq_len);
+        free(cq);
+        free(stq);
     }
 
     /* score: valid calls on each scorer, and a few invalid ones (see fuzz_score.c) */
