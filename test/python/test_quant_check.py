@@ -94,6 +94,37 @@ class QuantCheck(unittest.TestCase):
                 self.assertEqual(r2["deployed"]["scales_differ"], r["export"]["scales_differ"], q)
                 self.assertEqual(r2["deployed"]["equal"], r["export"]["equal"], q)
 
+    def test_python_tool_is_the_c_tool(self):
+        """parity.quant_check (pure Python: its own safetensors reader and writer, the layouts'
+        packing, parity.Model serving the exports) reports the C tool's counts and, scoring
+        through the same library, the same log-prob statistics, for each format."""
+        from parity import quant_check
+        evals = [os.path.join(harness.REPO, "test", "data", "reference", "eval_00.bin")]
+        cases = [("ternary:bitnet", "hf-eager", os.path.join(MODEL, "export-bf16-cast")),
+                 ("nvfp4:modelopt", "vllm", None), ("mxfp4:ocp", "vllm", None)]
+        for q, preset, deployed in cases:
+            with tempfile.TemporaryDirectory(prefix="parity-qc-py-") as d:
+                args = ["--quantizer", q, "--policy", preset, "--eval"] + evals
+                if deployed:
+                    args += ["--deployed", deployed]
+                rc, c = run_tool(args, d)
+                self.assertEqual(rc, 0, q)
+                p = quant_check.check(os.path.join(MODEL, "latents"), q, preset, deployed, evals)
+                for key in ("export", "deployed") if deployed else ("export",):
+                    for field in ("codes", "differ", "scales", "scales_differ"):
+                        if field in c[key]:
+                            self.assertEqual(p[key][field], c[key][field], (q, key, field))
+                    for field in ("nll", "mean_abs", "k3", "equal"):
+                        if field in c[key]:
+                            self.assertAlmostEqual(p[key][field], c[key][field], 5, (q, key, field))
+                self.assertEqual(p["remedy_written"]["differ"], c["remedy_written"]["differ"], q)
+                self.assertEqual(p["remedy_written"]["equal"], c["remedy_written"]["equal"], q)
+                for field in ("differ", "moved", "scales_differ"):
+                    self.assertEqual(p["remedy_adjusted"][field], c["remedy_adjusted"][field], (q, field))
+                self.assertAlmostEqual(p["remedy_adjusted"]["equal"], c["remedy_adjusted"]["equal"], 5, q)
+                self.assertAlmostEqual(p["learner_nll"], c["learner_nll"], 5, q)
+                self.assertAlmostEqual(p["reference_nll"], c["reference_nll"], 5, q)
+
 
 if __name__ == "__main__":
     harness.run("test_quant_check")
