@@ -1138,13 +1138,21 @@ PARITY_API uint64_t parity_model_version(const parity_model *model);
  * truncated to report_size). Returns PARITY_OK when nothing differs, PARITY_ERR_VERIFY with
  * the count in the message otherwise.
  *
- * Quantized weights. A learner that quantizes (an fp8 policy) lists the decoder linear weights
- * its GEMMs read quantized as
+ * Quantized weights. A learner that quantizes (a policy with a quantized gemm) lists the
+ * decoder linear weights its GEMMs read quantized as (fp8)
  *   "NAME": {"shape": [rows, cols], "dtype": "F8_E4M3", "format": "fp8-block" | "mxfp8",
  *            "block": [128, 128] | [1, 32], "quantizer": "deepseek" (null: shipped codes
  *            whose rule is unknown), "fnv1a64": FNV-1a 64 of the codes' bytes,
  *            "scales": {"shape": [grid rows, grid cols], "dtype": "F32" | "BF16" | "F8_E8M0",
  *                       "fnv1a64": FNV-1a 64 of the scales' fp32 values' bytes}}
+ * or, for the 4-bit and ternary formats,
+ *   "NAME": {"shape": [rows, cols], "dtype": "E2M1" | "TERNARY", "format": "nvfp4" | "mxfp4" |
+ *            "ternary", "block": [1, 16] | [1, 32] | [rows, cols], "quantizer": RULE | null,
+ *            "fnv1a64": of the codes one a byte as the GEMM reads them (E2M1 in the low nibble,
+ *            ternary as int8), "scales": {"shape": [rows, ceil(cols / block)] | [1, 1],
+ *            "dtype": "F8_E4M3" | "F8_E8M0" | "F32", "fnv1a64": of the block scales' fp32
+ *            values (ternary: of s_w)}, "tensor_scale": NVFP4's s2 as 8 hex digits of its
+ *            fp32 bits}
  * with a top-level "quantization": {"format": .., "quantizer": ..}; its BF16 entries of linear
  * weights are then layers it keeps in bf16. parity_model_write_manifest_for writes this for a
  * policy (NULL: parity_model_write_manifest). parity_model_verify_for checks the codes that
@@ -1161,7 +1169,10 @@ PARITY_API uint64_t parity_model_version(const parity_model *model);
  *                             learner's (e.g. power-of-two scales where the learner's are
  *                             continuous: the re-quantization to UE8M0 that engines make),
  *                             saying whether the learner's rule would give its codes;
- *   "codes differ", "scales differ"  the same rule (or shipped codes) but other bytes;
+ *   "codes differ", "scales differ", "tensor scale differs"  the same rule (or shipped codes)
+ *                             but other bytes;
+ *   "format differs"          the learner ships codes of another format than the sampler's
+ *                             policy reads (fp8 against 4-bit or ternary);
  *   "version"                 a stale sync, or one applied twice.
  * The log-prob probe (parity_scorer_probe) checks the rest end to end.
  */

@@ -392,6 +392,91 @@ static int policy_quantizes(const parity_policy *pol, const expected *slot) {
 
 static const char *format_name(int gemm) { return gemm == PARITY_GEMM_MXFP8 ? "mxfp8" : "fp8-block"; }
 
+/* ---- 4-bit and ternary weights in manifests ------------------------------------------------
+ * An entry: "dtype" "E2M1" (nvfp4, mxfp4) or "TERNARY", "format", "block" [1, 16], [1, 32] or
+ * [rows, cols] (ternary: one scale for the tensor), "quantizer" (null: shipped codes),
+ * "fnv1a64" over the codes one a byte as the GEMM reads them (E2M1 in the low nibble, ternary
+ * as int8), "scales" {"shape", "dtype" F8_E4M3 / F8_E8M0 / F32, "fnv1a64" over the fp32 values:
+ * the block scales, ternary's s_w}, and NVFP4's "tensor_scale" s2 as its fp32 bits in hex. */
+
+static int is_lowbit(int gemm) { return gemm >= PARITY_GEMM_NVFP4 && gemm <= PARITY_GEMM_TERNARY; }
+
+typedef struct lowbit_view {
+    int gemm, shipped, quantizer;
+    uint64_t grid_rows, grid_cols, block_rows, block_cols;
+    const uint8_t *codes;
+    const float *scales;   /* grid_rows x grid_cols fp32 values (ternary: &tensor_scale) */
+    float tensor_scale;
+    quant_weight made;
+} lowbit_view;
+
+static const char *lowbit_dtype(int gemm) { return gemm == PARITY_GEMM_TERNARY ? "TERNARY" : "E2M1"; }
+static const char *lowbit_scale_dtype(int gemm) {
+    return gemm == PARITY_GEMM_NVFP4 ? "F8_E4M3" : gemm == PARITY_GEMM_MXFP4 ? "F8_E8M0" : "F32";
+}
+
+static int lowbit_view_of(const weight *w, int gemm, int quantizer, lowbit_view *v) {
+    *v = (lowbit_view){.gemm = gemm, .quantizer = quantizer};
+    const uint64_t bc = gemm == PARITY_GEMM_NVFP4 ? 16 : 32;
+    if (gemm == PARITY_GEMM_TERNARY) {
+        v->grid_rows = v->grid_cols = 1;
+        v->block_rows = w->rows, v->block_cols = w->cols;
+    } else {
+        v->grid_rows = w->rows, v->grid_cols = (w->cols + bc - 1) / bc;
+        v->block_rows = 1, v->block_cols = bc;
+    }
+    const quant_weight *q = NULL;
+    if (w->shipped && w->shipped_gemm == gemm) {
+        q = w->shipped;
+        v->shipped = 1;
+    } else if (w->quant[quantizer]) {
+        q = w->quant[quantizer];
+    } else {
+        const size_t f = quant_scratch_floats(w, quantizer);
+        float *scratch = px_malloc((f ? f : 1) * sizeof(float), "quantization values");
+        v->made.codes = px_malloc((size_t)w->rows * w->cols, "codes");
+        v->made.scales = px_malloc(v->grid_rows * v->grid_cols * sizeof(float), "scales");
+        if (!scratch || !v->made.codes || !v->made.scales) {
+            px_free(scratch), px_free(v->made.codes), px_free(v->made.scales);
+            return PARITY_ERR_OUT_OF_MEMORY;
+        }
+        quant_weight_quantize(w, quantizer, &v->made, scratch);
+        px_free(scratch);
+        q = &v->made;
+    }
+    v->codes = q->codes;
+    v->tensor_scale = q->tensor_scale;
+    v->scales = gemm == PARITY_GEMM_TERNARY ? &v->tensor_scale : q->scales;
+    return PARITY_OK;
+}
+
+static void lowbit_view_free(lowbit_view *v) {
+    px_free(v->made.codes);
+    px_free(v->made.scales);
+}
+
+/* The view's checksums as the manifest writes them: codes, scales, tensor scale bits. */
+static void lowbit_sums(const weight *w, const lowbit_view *v, char codes[17], char scales[17],
+                        char tensor[9]) {
+    snprintf(codes, 17, "%016" PRIx64, fnv1a64_bytes(v->codes, (uint64_t)w->rows * w->cols));
+    snprintf(scales, 17, "%016" PRIx64, fnv1a64_bytes(v->scales, v->grid_rows * v->grid_cols * 4));
+    snprintf(tensor, 9, "%08" PRIx32, f32_bits(v->tensor_scale));
+}
+
+static void write_lowbit_entry(FILE *f, const weight *w, const lowbit_view *v) {
+    char c[17], sc[17], t[9];
+    lowbit_sums(w, v, c, sc, t);
+    fprintf(f, "], \"dtype\": \"%s\", \"format\": \"%s\", \"block\": [%" PRIu64 ", %" PRIu64 "], ",
+            lowbit_dtype(v->gemm), quant_format_name((uint32_t)v->gemm), v->block_rows, v->block_cols);
+    if (v->shipped) fprintf(f, "\"quantizer\": null, ");
+    else fprintf(f, "\"quantizer\": \"%s\", ", parity_quantizer_name(v->quantizer));
+    fprintf(f, "\"fnv1a64\": \"%s\", \"scales\": {\"shape\": [%" PRIu64 ", %" PRIu64 "], "
+               "\"dtype\": \"%s\", \"fnv1a64\": \"%s\"}", c, v->grid_rows, v->grid_cols,
+            lowbit_scale_dtype(v->gemm), sc);
+    if (v->gemm == PARITY_GEMM_NVFP4) fprintf(f, ", \"tensor_scale\": \"%s\"", t);
+    fprintf(f, "}");
+}
+
 static int manifest_write(const parity_model *m, const parity_policy *pol, const char *path) {
     size_t n;
     const expected *slots = model_tensors(m, &n);
@@ -402,7 +487,7 @@ static int manifest_write(const parity_model *m, const parity_policy *pol, const
     fprintf(f, "{\"version\": %" PRIu64 ", ", m->version);
     if (quantized)
         fprintf(f, "\"quantization\": {\"format\": \"%s\", \"quantizer\": \"%s\"}, ",
-                format_name(pol->gemm), parity_fp8_quantizer_name(pol->quantizer));
+                quant_format_name(pol->gemm), parity_quantizer_name(pol->quantizer));
     fprintf(f, "\"tensors\": {");
     for (size_t i = 0; i < n && !rc; i++) {
         const weight *w = slots[i].dst;
@@ -412,6 +497,13 @@ static int manifest_write(const parity_model *m, const parity_policy *pol, const
         if (!policy_quantizes(pol, &slots[i])) {
             fprintf(f, "], \"dtype\": \"BF16\", \"fnv1a64\": \"%016" PRIx64 "\"}",
                     fnv1a64_bf16(w->bf16, (uint64_t)w->rows * w->cols));
+            continue;
+        }
+        if (is_lowbit(pol->gemm)) {
+            lowbit_view lv;
+            if ((rc = lowbit_view_of(w, pol->gemm, pol->quantizer, &lv))) break;
+            write_lowbit_entry(f, w, &lv);
+            lowbit_view_free(&lv);
             continue;
         }
         fp8_view v;
@@ -437,10 +529,6 @@ int parity_model_write_manifest_for(const parity_model *m, const parity_policy *
     if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
     int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
     if (rc) return rc;
-    if (pol && pol->gemm > PARITY_GEMM_MXFP8)
-        return set_error(PARITY_ERR_UNSUPPORTED, "%s: manifests list fp8 codes (fp8-block, mxfp8); "
-                         "the %s codes of policy gemm %u are not described by a manifest yet",
-                         "parity_model_write_manifest_for", quant_format_name(pol->gemm), pol->gemm);
     if ((rc = model_enter(m))) return rc;
     rc = manifest_write(m, pol, path);
     model_leave(m);
@@ -639,16 +727,109 @@ static int verify_fp8_entry(const expected *slot, const json_value *e, const par
     return PARITY_OK;
 }
 
+/* The checks of one E2M1 or TERNARY manifest entry against the codes the sampler's policy (pol;
+ * NULL: the entry's own format and quantizer) reads for the weight: geometry (format, block,
+ * scale grid), scale format, then codes, scales and tensor scale, with the quantizer identity
+ * check where the sampler quantizes with another rule. */
+static int verify_lowbit_entry(const expected *slot, const json_value *e, const parity_policy *pol,
+                               report *r) {
+    const weight *w = slot->dst;
+    const char *name = slot->name;
+    const char *fmt = entry_str(e, "format"), *qname = entry_str(e, "quantizer");
+    int learner_gemm = -1, learner_q = -1;
+    for (int g = PARITY_GEMM_NVFP4; fmt && g <= PARITY_GEMM_TERNARY; g++)
+        if (!strcmp(fmt, quant_format_name((uint32_t)g))) learner_gemm = g;
+    if (qname && learner_gemm >= 0) parity_quantizer_from_name((uint32_t)learner_gemm, qname, &learner_q);
+    clear_error();
+    if (w->keep_bf16 || (pol && pol->gemm == PARITY_GEMM_BF16)) {
+        report_line(r, "%s: kept in bf16: the learner ships it quantized (%s), the sampler runs it "
+                    "in bf16 (%s)", name, fmt ? fmt : "?",
+                    w->keep_bf16 ? "the checkpoint's modules_to_not_convert"
+                                 : "its policy has no quantized gemm");
+        return PARITY_OK;
+    }
+    const int gemm = pol ? (int)pol->gemm : learner_gemm;
+    const int quantizer = pol ? pol->quantizer : learner_q;
+    if (gemm < 0 || (!pol && learner_q < 0 && !(w->shipped && w->shipped_gemm == gemm))) {
+        report_line(r, "%s: format %s / quantizer %s is not one of the library's: the sampler "
+                    "cannot make the learner's codes", name, fmt ? fmt : "?", qname ? qname : "null");
+        return PARITY_OK;
+    }
+    lowbit_view v;
+    int rc = lowbit_view_of(w, gemm, quantizer >= 0                  ? quantizer
+                                    : gemm == PARITY_GEMM_NVFP4 ? PARITY_QUANT_NVFP4_MODELOPT
+                                    : gemm == PARITY_GEMM_MXFP4 ? PARITY_QUANT_MXFP4_OCP
+                                                                : PARITY_QUANT_TERNARY_BITNET, &v);
+    if (rc) return rc;
+    const json_value *scales = json_get(e, "scales");
+    const json_value *sshape = scales ? json_get(scales, "shape") : NULL;
+    if (!is_lowbit(gemm) || learner_gemm != gemm || !is_pair(json_get(e, "block"), v.block_rows, v.block_cols) ||
+        !is_pair(sshape, v.grid_rows, v.grid_cols)) {
+        report_line(r, "%s: block geometry differs: the learner's %s, the sampler's %s blocks %"
+                    PRIu64 " x %" PRIu64 " with a scale grid %" PRIu64 " x %" PRIu64, name,
+                    fmt ? fmt : "?", quant_format_name((uint32_t)gemm) ? quant_format_name((uint32_t)gemm) : "?",
+                    v.block_rows, v.block_cols, v.grid_rows, v.grid_cols);
+        lowbit_view_free(&v);
+        return PARITY_OK;
+    }
+    const char *want_dtype = scales ? entry_str(scales, "dtype") : NULL;
+    if (!want_dtype || strcmp(want_dtype, lowbit_scale_dtype(gemm))) {
+        report_line(r, "%s: scale format differs: the learner's scales are %s, the sampler's %s",
+                    name, want_dtype ? want_dtype : "missing", lowbit_scale_dtype(gemm));
+        lowbit_view_free(&v);
+        return PARITY_OK;
+    }
+    char have_c[17], have_s[17], have_t[9];
+    lowbit_sums(w, &v, have_c, have_s, have_t);
+    const char *want_c = entry_str(e, "fnv1a64"), *want_s = scales ? entry_str(scales, "fnv1a64") : NULL;
+    /* NVFP4's s2 is a field of its own; ternary's s_w is its scales entry */
+    const int nv = gemm == PARITY_GEMM_NVFP4;
+    const char *want_t = nv ? entry_str(e, "tensor_scale") : NULL;
+    const int codes_ok = want_c && !strcmp(want_c, have_c), scales_ok = want_s && !strcmp(want_s, have_s),
+              tensor_ok = !nv || (want_t && !strcmp(want_t, have_t));
+    if (!(codes_ok && scales_ok && tensor_ok)) {
+        if (!v.shipped && learner_q >= 0 && v.quantizer != learner_q) {
+            lowbit_view again;
+            int same = -1;
+            if (lowbit_view_of(w, gemm, learner_q, &again) == PARITY_OK) {
+                char c2[17], s2[17], t2[9];
+                lowbit_sums(w, &again, c2, s2, t2);
+                same = want_c && !strcmp(c2, want_c) && want_s && !strcmp(s2, want_s) &&
+                       (!nv || (want_t && !strcmp(t2, want_t)));
+                lowbit_view_free(&again);
+            }
+            report_line(r, "%s: quantizer identity: the sampler quantizes its weights with '%s', the "
+                        "learner's codes were made with '%s'; %s", name,
+                        parity_quantizer_name(v.quantizer), qname,
+                        same == 1   ? "re-quantized with the learner's rule, the sampler's values "
+                                      "give the learner's codes: only the quantizer differs"
+                        : same == 0 ? "even the learner's rule does not give its codes from the "
+                                      "sampler's values: the values differ too"
+                                    : "(out of memory re-quantizing)");
+        } else {
+            if (!codes_ok)
+                report_line(r, "%s: codes differ (manifest %s, sampler %s)%s", name,
+                            want_c ? want_c : "missing", have_c,
+                            v.shipped ? ": the shipped codes are not the learner's"
+                                      : ": the values the sampler quantized differ");
+            if (!scales_ok)
+                report_line(r, "%s: scales differ (manifest %s, sampler %s)", name,
+                            want_s ? want_s : "missing", have_s);
+            if (!tensor_ok)
+                report_line(r, "%s: tensor scale differs (manifest %s, sampler %s)", name,
+                            want_t ? want_t : "missing", have_t);
+        }
+    }
+    lowbit_view_free(&v);
+    return PARITY_OK;
+}
+
 int parity_model_verify_for(const parity_model *m, const parity_policy *pol, const char *path,
                             char *report_buf, size_t report_size) {
     clear_error();
     if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
     int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
     if (rc) return rc;
-    if (pol && pol->gemm > PARITY_GEMM_MXFP8)
-        return set_error(PARITY_ERR_UNSUPPORTED, "%s: manifests list fp8 codes (fp8-block, mxfp8); "
-                         "the %s codes of policy gemm %u are not described by a manifest yet",
-                         "parity_model_verify_for", quant_format_name(pol->gemm), pol->gemm);
     if (report_buf && report_size) report_buf[0] = '\0';
     json_doc *doc;
     rc = read_manifest(path, &doc);
@@ -693,8 +874,22 @@ int parity_model_verify_for(const parity_model *m, const parity_policy *pol, con
             continue;
         }
         const int f8 = dtype && dtype->type == JSON_STRING && !strcmp(dtype->str, "F8_E4M3");
+        const int lowbit = dtype && dtype->type == JSON_STRING &&
+                           (!strcmp(dtype->str, "E2M1") || !strcmp(dtype->str, "TERNARY"));
+        if ((f8 || lowbit) && slots[i].linear && pol && (is_lowbit(pol->gemm) != lowbit) &&
+            pol->gemm != PARITY_GEMM_BF16) {
+            report_line(&r, "%s: format differs: the learner ships %s codes (%s), the sampler's "
+                        "policy reads %s", slots[i].name, dtype->str,
+                        entry_str(e, "format") ? entry_str(e, "format") : "?",
+                        quant_format_name(pol->gemm));
+            continue;
+        }
         if (f8 && slots[i].linear) {
             rc = verify_fp8_entry(&slots[i], e, pol, &r);
+            continue;
+        }
+        if (lowbit && slots[i].linear) {
+            rc = verify_lowbit_entry(&slots[i], e, pol, &r);
             continue;
         }
         if (!dtype || dtype->type != JSON_STRING || strcmp(dtype->str, "BF16")) {
@@ -704,8 +899,8 @@ int parity_model_verify_for(const parity_model *m, const parity_policy *pol, con
         }
         if (learner_quantizes && policy_quantizes(pol, &slots[i])) {
             report_line(&r, "%s: kept in bf16: the learner keeps it in bf16, the sampler's policy "
-                        "quantizes it (%s:%s)", slots[i].name, format_name(pol->gemm),
-                        parity_fp8_quantizer_name(pol->quantizer));
+                        "quantizes it (%s:%s)", slots[i].name, quant_format_name(pol->gemm),
+                        parity_quantizer_name(pol->quantizer));
             continue;
         }
         char have[17];

@@ -120,14 +120,47 @@ def _module(name):
     return name[:-len(".weight")]
 
 
+_FORMAT_NAMES = {1: "fp8-block", 2: "mxfp8", 3: "nvfp4", 4: "mxfp4", 5: "ternary"}
+
+
+def _lowbit_entry(name, rows, cols, address, n, pol):
+    """The entry of a weight a 4-bit or ternary policy quantizes (parity_model_write_manifest_for's
+    form): the codes one a byte, the block scales' fp32 values (ternary: s_w), NVFP4's s2."""
+    g = lib.parity_quant_scale_count(pol.quantizer, rows, cols)
+    codes = ctypes.create_string_buffer(max(n, 1))
+    scales = (ctypes.c_float * (g + 1))()
+    lib.parity_quantize_weight(pol.quantizer, rows, cols, address, cols, codes, scales)
+    raw = bytes(scales)
+    fmt = _FORMAT_NAMES[pol.gemm]
+    if pol.gemm == 5:
+        block, grid, sraw, sdtype = (rows, cols), (1, 1), raw[4 * g:4 * g + 4], "F32"
+    else:
+        bc = 16 if pol.gemm == 3 else 32
+        block, grid, sraw = (1, bc), (rows, -(-cols // bc)), raw[:4 * g]
+        sdtype = "F8_E4M3" if pol.gemm == 3 else "F8_E8M0"
+    hc, hs = ctypes.c_uint64(), ctypes.c_uint64()
+    lib.parity_bytes_checksum(codes, n, ctypes.byref(hc))
+    lib.parity_bytes_checksum(sraw, len(sraw), ctypes.byref(hs))
+    rule = lib.parity_quantizer_name(pol.quantizer).decode()
+    tail = (', "tensor_scale": "%08x"' % struct.unpack("<I", raw[4 * g:4 * g + 4])[0]
+            if pol.gemm == 3 else "")
+    return ('  %s: {"shape": [%d, %d], "dtype": "%s", "format": "%s", "block": [%d, %d], '
+            '"quantizer": "%s", "fnv1a64": "%016x", "scales": {"shape": [%d, %d], "dtype": "%s", '
+            '"fnv1a64": "%016x"}%s}'
+            % (json.dumps(name), rows, cols, "TERNARY" if pol.gemm == 5 else "E2M1", fmt,
+               block[0], block[1], rule, hc.value, grid[0], grid[1], sdtype, hs.value, tail))
+
+
 def _quantized_entry(name, value, pol, pin):
-    """The manifest entry of a weight an fp8 policy quantizes: its codes and scales made with
-    the policy's quantizer from its float32 values (the learner's masters)."""
+    """The manifest entry of a weight a quantized policy quantizes: its codes and scales made
+    with the policy's quantizer from its float32 values (the learner's masters)."""
     dtype, shape, address, n = tensor_view(value, name, pin)
     if dtype != "F32" or len(shape) != 2:
-        raise TypeError("%s: an fp8 manifest quantizes the learner's float32 masters; this is a "
-                        "%s tensor of %d dimensions" % (name, dtype, len(shape)))
+        raise TypeError("%s: a quantized manifest quantizes the learner's float32 masters; this "
+                        "is a %s tensor of %d dimensions" % (name, dtype, len(shape)))
     rows, cols = shape
+    if pol.gemm >= 3:
+        return _lowbit_entry(name, rows, cols, address, n, pol)
     mx = pol.gemm == 2
     grid = (rows, -(-cols // 32)) if mx else (-(-rows // 128), -(-cols // 128))
     codes = ctypes.create_string_buffer(max(n, 1))
@@ -158,8 +191,8 @@ def write_manifest(path, tensors, version=0, policy=None, kept=()):
     """Writes the manifest of `tensors` (a dict name -> value as tensor_view() takes) with
     `version` (the model's version once these weights are in: the number of updates).
 
-    With `policy` (a name or parity.Policy) whose gemm is fp8 ("vllm+fp8-block:deepseek",
-    "hf-eager+mxfp8:te", ...), the decoder linear weights — except the modules or weight names
+    With `policy` (a name or parity.Policy) whose gemm is quantized ("vllm+fp8-block:deepseek",
+    "hf-eager+mxfp8:te", "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp", "hf-eager+ternary:bitnet"), the decoder linear weights — except the modules or weight names
     in `kept`, which the learner keeps in bf16 — are listed as the codes and scales its GEMMs
     read: quantized with the policy's rule from their float32 values (the masters; another
     dtype raises TypeError), as parity_model_write_manifest_for writes them; Model.verify(path,
@@ -185,8 +218,7 @@ def write_manifest(path, tensors, version=0, policy=None, kept=()):
     head = '{"version": %d, ' % version
     if quantized:
         head += '"quantization": {"format": "%s", "quantizer": "%s"}, ' % (
-            "mxfp8" if pol.gemm == 2 else "fp8-block",
-            lib.parity_fp8_quantizer_name(pol.quantizer).decode())
+            _FORMAT_NAMES[pol.gemm], lib.parity_quantizer_name(pol.quantizer).decode())
     with open(path, "w") as f:
         f.write('%s"tensors": {\n%s\n}}\n' % (head, ",\n".join(entries)))
 

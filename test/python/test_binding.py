@@ -418,6 +418,50 @@ class TestScore(unittest.TestCase):
             sampler.close()
             shipped.close()
 
+    def test_lowbit_sync(self):
+        """The manifests of the 4-bit and ternary policies: the learner's, written in Python
+        from its float32 masters, is the library's and verifies the sampler that received the
+        masters; a sampler quantizing with another rule of the format fails the quantizer
+        identity check on every linear weight (only the quantizer differs); a sampler of
+        another format is told so; an NVFP4 checkpoint the library wrote (shipped codes)
+        verifies against the learner's manifest of its rule."""
+        import tempfile
+        cases = (("vllm+nvfp4:modelopt", "vllm+nvfp4:te"), ("vllm+mxfp4:ocp", "vllm+mxfp4:rceil"),
+                 ("hf-eager+ternary:bitnet", "hf-eager+ternary:hf-bitlinear"))
+        with tempfile.TemporaryDirectory(prefix="parity-lowbit-sync-") as d:
+            self.tiny.save(os.path.join(d, "f32"), layout="fp32")
+            tensors, _ = load_safetensors(os.path.join(d, "f32", "model.safetensors"))
+            masters = {k: ("F32", tuple(shape), arr) for k, (arr, shape) in tensors.items()}
+            sampler = parity.Model("synthetic:tiny", threads=2)
+            sampler.update(masters)
+            mine, theirs = os.path.join(d, "learner.json"), os.path.join(d, "library.json")
+            for pol, other in cases:
+                parity.write_manifest(mine, masters, version=1, policy=pol)
+                sampler.write_manifest(theirs, policy=pol)
+                with open(mine) as f, open(theirs) as g:
+                    self.assertEqual(json.load(f), json.load(g), pol)
+                self.assertEqual(sampler.verify(mine, policy=pol), [], pol)
+                self.assertEqual(sampler.verify(mine), [], pol)
+                # (the rules agree on some weights: NVFP4's modelopt and te differ in a few codes)
+                lines = sampler.verify(mine, policy=other)
+                self.assertTrue(1 <= len(lines) <= 14, (pol, lines))
+                self.assertTrue(all("quantizer identity" in l and "only the quantizer differs" in l
+                                    for l in lines), lines)
+                lines = sampler.verify(mine, policy="vllm+fp8-block:deepseek")
+                self.assertEqual(len(lines), 14, (pol, lines))
+                self.assertTrue(all("format differs" in l for l in lines), lines)
+            # shipped NVFP4 codes: the checkpoint written with modelopt's rule from the masters
+            f32 = parity.Model(os.path.join(d, "f32"), threads=2)
+            f32.save(os.path.join(d, "nv"), layout="nvfp4:modelopt")
+            f32.close()
+            shipped = parity.Model(os.path.join(d, "nv"), threads=2)
+            parity.write_manifest(mine, masters, version=0, policy="vllm+nvfp4:modelopt")
+            lines = shipped.verify(mine, policy="vllm+nvfp4:modelopt")
+            # the embedding, norms and lm_head hold bf16 casts of the masters: equal checksums
+            self.assertEqual(lines, [])
+            shipped.close()
+            sampler.close()
+
     def test_acceptance_one_liner(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
         p = subprocess.run([sys.executable, "-c", "import parity; m = parity.Model("
