@@ -610,6 +610,33 @@ static int is_pair(const json_value *v, uint64_t a, uint64_t b) {
            v->items[1].type == JSON_NUMBER && v->items[1].is_int && (uint64_t)v->items[1].integer == b;
 }
 
+/* The quantizer identity line: the sampler's rule is not the learner's; `same` whether the
+ * learner's rule on the sampler's values gives the learner's codes (-1: not known). */
+static void report_identity(report *r, const char *name, const char *sampler_rule,
+                            const char *learner_rule, int same) {
+    report_line(r, "%s: quantizer identity: the sampler quantizes its weights with '%s', the "
+                "learner's codes were made with '%s'; %s", name, sampler_rule, learner_rule,
+                same == 1   ? "re-quantized with the learner's rule, the sampler's values give the "
+                              "learner's codes: only the quantizer differs"
+                : same == 0 ? "even the learner's rule does not give its codes from the sampler's "
+                              "values: the values differ too"
+                            : "(out of memory re-quantizing)");
+}
+
+/* The codes and scales lines, for the checksums that differ: want_c / want_s are the
+ * manifest's where they differ (its missing one: ""), NULL where they agree. */
+static void report_differs(report *r, const char *name, const char *want_c, const char *have_c,
+                           int shipped, const char *want_s, const char *have_s) {
+    if (want_c)
+        report_line(r, "%s: codes differ (manifest %s, sampler %s)%s", name,
+                    *want_c ? want_c : "missing", have_c,
+                    shipped ? ": the shipped codes are not the learner's"
+                            : ": the values the sampler quantized differ");
+    if (want_s)
+        report_line(r, "%s: scales differ (manifest %s, sampler %s)", name,
+                    *want_s ? want_s : "missing", have_s);
+}
+
 /* The checks of one F8_E4M3 manifest entry against the codes the sampler's policy (pol; NULL:
  * the entry's own format and quantizer) reads for the weight. */
 static int verify_fp8_entry(const expected *slot, const json_value *e, const parity_policy *pol,
@@ -704,23 +731,10 @@ static int verify_fp8_entry(const expected *slot, const json_value *e, const par
                 same = !strcmp(c2, want_c) && want_s && !strcmp(s2, want_s);
                 fp8_view_free(&again);
             }
-            report_line(r, "%s: quantizer identity: the sampler quantizes its weights with '%s', the "
-                        "learner's codes were made with '%s'; %s", name,
-                        parity_fp8_quantizer_name(v.quantizer), qname,
-                        same == 1   ? "re-quantized with the learner's rule, the sampler's values "
-                                      "give the learner's codes: only the quantizer differs"
-                        : same == 0 ? "even the learner's rule does not give its codes from the "
-                                      "sampler's values: the values differ too"
-                                    : "(out of memory re-quantizing)");
+            report_identity(r, name, parity_fp8_quantizer_name(v.quantizer), qname, same);
         } else {
-            if (!codes_ok)
-                report_line(r, "%s: codes differ (manifest %s, sampler %s)%s", name,
-                            want_c ? want_c : "missing", have_c,
-                            v.shipped ? ": the shipped codes are not the learner's"
-                                      : ": the values the sampler quantized differ");
-            if (!scales_ok)
-                report_line(r, "%s: scales differ (manifest %s, sampler %s)", name,
-                            want_s ? want_s : "missing", have_s);
+            report_differs(r, name, codes_ok ? NULL : want_c ? want_c : "", have_c, v.shipped,
+                           scales_ok ? NULL : want_s ? want_s : "", have_s);
         }
     }
     fp8_view_free(&v);
@@ -798,23 +812,10 @@ static int verify_lowbit_entry(const expected *slot, const json_value *e, const 
                        (!nv || (want_t && !strcmp(t2, want_t)));
                 lowbit_view_free(&again);
             }
-            report_line(r, "%s: quantizer identity: the sampler quantizes its weights with '%s', the "
-                        "learner's codes were made with '%s'; %s", name,
-                        parity_quantizer_name(v.quantizer), qname,
-                        same == 1   ? "re-quantized with the learner's rule, the sampler's values "
-                                      "give the learner's codes: only the quantizer differs"
-                        : same == 0 ? "even the learner's rule does not give its codes from the "
-                                      "sampler's values: the values differ too"
-                                    : "(out of memory re-quantizing)");
+            report_identity(r, name, parity_quantizer_name(v.quantizer), qname, same);
         } else {
-            if (!codes_ok)
-                report_line(r, "%s: codes differ (manifest %s, sampler %s)%s", name,
-                            want_c ? want_c : "missing", have_c,
-                            v.shipped ? ": the shipped codes are not the learner's"
-                                      : ": the values the sampler quantized differ");
-            if (!scales_ok)
-                report_line(r, "%s: scales differ (manifest %s, sampler %s)", name,
-                            want_s ? want_s : "missing", have_s);
+            report_differs(r, name, codes_ok ? NULL : want_c ? want_c : "", have_c, v.shipped,
+                           scales_ok ? NULL : want_s ? want_s : "", have_s);
             if (!tensor_ok)
                 report_line(r, "%s: tensor scale differs (manifest %s, sampler %s)", name,
                             want_t ? want_t : "missing", have_t);
