@@ -3,7 +3,8 @@
  *
  *   parity-speed [--model SPEC] [--presets LIST] [--backends LIST] [--threads LIST]
  *                [--prompts LIST] [--batches LIST] [--contexts LIST] [--steps N] [--reps N]
- *                [--paths LIST|all] [--peers LIST] [--score-all] [--json FILE] [--quick]
+ *                [--paths LIST|all] [--peers LIST] [--score-all] [--profile] [--json FILE]
+ *                [--quick]
  *
  * Defaults (a run of under three minutes on 2 cores, peers included): synthetic:qwen3-0.6b; presets
  * aligned,hf-eager,vllm (measured interleaved, repetition by repetition, and their spread
@@ -36,6 +37,15 @@
  *            step time, against the read bandwidth measured here) and does B tokens' flops
  *            (achieved GFLOP/s against the FMA peak); the bound column shows the limit of
  *            the larger fraction: memory at batch 1, the FMA units at batch 32.
+ *   --profile  instead of the table: where the time goes, from the library's profile
+ *            (parity_sampler_set_profiling) of the first preset, backend and the largest
+ *            thread count: a prefill of the first prompt length, then decode steps at each
+ *            batch and context (contexts 128, 1024 and 4096 unless --contexts is given),
+ *            drawing at temperature 1; each phase (embed, gemm, rounding, regions,
+ *            attention, head, sampling, other) as a share of the step, and the thread
+ *            pool's own share.
+ * Peers: torch_peer.py runs bf16 weights unless torch has no bf16 GEMM kernel for the CPU
+ * (then fp32, as a user of that CPU would, and the weights column says so).
  * Machine limits, measured by this program per thread count: memory read bandwidth (sum of a
  * 1 GiB buffer, split over the threads, in 4 KB pages and in huge pages; decode is judged
  * against the better) and the peak of every instruction a CPU path's bf16 GEMM runs that
@@ -314,7 +324,7 @@ typedef struct decode_run {
 } decode_run;
 
 static int decode_open(const run_cfg *r, uint32_t B, uint32_t context, uint32_t max_steps,
-                       decode_run *d) {
+                       const parity_sampling *sampling, decode_run *d) {
     d->B = B;
     if (make_sampler(r, B + 1, context + max_steps + 2, &d->s)) return -1;
     int32_t *prompt = malloc(context * sizeof *prompt);
@@ -322,6 +332,7 @@ static int decode_open(const run_cfg *r, uint32_t B, uint32_t context, uint32_t 
     parity_sampling g;
     parity_sampling_default(&g);
     g.temperature = 0;
+    if (sampling) g = *sampling;
     uint32_t parent;
     int rc = parity_sampler_add(d->s, prompt, context, &g, 0, &parent);
     for (uint32_t b = 0; b < B && !rc; b++) rc = parity_sampler_fork(d->s, parent, &g, b, &d->seqs[b]);
@@ -346,6 +357,120 @@ static double decode_time(decode_run *d, uint32_t steps) {
     return rc ? fail("decode") : dt;
 }
 
+/* ---- the profile (--profile) ----------------------------------------------------------------- */
+
+/* Where a prefill or a decode step spends its time: the library's own profile
+ * (parity_sampler_set_profiling) of the sampler's calls, as shares of their wall time. */
+typedef struct profile_row {
+    const char *phase;  /* "prefill", "decode" */
+    uint32_t batch, tokens, context;
+    uint32_t units;     /* what ms/unit is per: 1 prefill, or the decode steps */
+    parity_profile p;
+} profile_row;
+
+static void profile_print(const profile_row *r) {
+    const parity_profile *p = &r->p;
+    double known = 0;
+    for (int i = 0; i < PARITY_PHASE_COUNT; i++) known += p->phase_seconds[i];
+    printf("%-8s %5u %6u %7u %9.2f", r->phase, r->batch, r->tokens, r->context,
+           1e3 * p->call_seconds / r->units);
+    for (int i = 0; i < PARITY_PHASE_COUNT; i++)
+        printf(" %8.1f%%", 100 * p->phase_seconds[i] / p->call_seconds);
+    printf(" %8.1f%% %8.1f%%\n", 100 * (p->call_seconds - known) / p->call_seconds,
+           100 * p->dispatch_seconds / p->call_seconds);
+}
+
+/* Profiles the sampler of the first configuration: a prefill of `prompt` tokens (its add and
+ * first step), then decode steps at each batch and context, drawing as RL rollouts do by
+ * default (temperature 1, no truncation: what verl and OpenRLHF sample with; sampling-bench
+ * times the truncations, --step-ms giving them a decode step's time from here). */
+static int run_profile(const run_cfg *r, uint32_t prompt, const uint32_t *batches, int nbatch,
+                       const uint32_t *contexts, int nc, uint32_t steps, const char *json) {
+    profile_row rows[1 + MAX_LIST * MAX_LIST];
+    int n = 0;
+    parity_sampling g;
+    parity_sampling_default(&g);
+    g.temperature = 1.0f;
+    g.seed = 7;
+    const uint32_t vocab = parity_model_config(r->model)->vocab_size;
+    {
+        parity_sampler *s;
+        if (make_sampler(r, 1, prompt + 1, &s)) return -1;
+        int32_t *tokens = malloc(prompt * sizeof *tokens);
+        make_prompt(tokens, prompt, vocab);
+        uint32_t q, fin;
+        int32_t tok;
+        float lp;
+        int rc = parity_sampler_add(s, tokens, prompt, &g, 0, &q); /* warm-up */
+        if (!rc) rc = parity_sampler_release(s, q);
+        if (!rc) rc = parity_sampler_set_profiling(s, 1);
+        if (!rc) rc = parity_sampler_add(s, tokens, prompt, &g, 0, &q);
+        if (!rc) rc = parity_sampler_step(s, &q, 1, &tok, &lp, &fin, 0, NULL, NULL);
+        rows[n] = (profile_row){"prefill", 1, prompt, prompt, 1, {.size = sizeof(parity_profile)}};
+        if (!rc) rc = parity_sampler_profile(s, &rows[n].p);
+        free(tokens);
+        parity_sampler_free(s);
+        if (rc) return fail("profile");
+        n++;
+    }
+    for (int ci = 0; ci < nc; ci++)
+        for (int bi = 0; bi < nbatch; bi++) {
+            decode_run d;
+            fprintf(stderr, "parity-speed: profile: decode batch %u context %u\n", batches[bi],
+                    contexts[ci]);
+            if (decode_open(r, batches[bi], contexts[ci], steps + 2, &g, &d)) return -1;
+            int rc = parity_sampler_step(d.s, d.seqs, d.B, d.tok, d.lp, d.fin, 0, NULL, NULL);
+            if (!rc) rc = parity_sampler_set_profiling(d.s, 1);
+            for (uint32_t k = 0; k < steps && !rc; k++)
+                rc = parity_sampler_step(d.s, d.seqs, d.B, d.tok, d.lp, d.fin, 0, NULL, NULL);
+            rows[n] = (profile_row){"decode", d.B, d.B, contexts[ci], steps,
+                                    {.size = sizeof(parity_profile)}};
+            if (!rc) rc = parity_sampler_profile(d.s, &rows[n].p);
+            parity_sampler_free(d.s);
+            if (rc) return fail("profile");
+            n++;
+        }
+    printf("profile of the sampler's calls: %s, backend %s, %u thread(s), CPU path %s; "
+           "temperature 1; decode over %u steps\n", r->preset,
+           parity_backend_name((int)r->backend), r->threads, parity_cpu_path_name(parity_get_cpu_path()),
+           steps);
+    printf("(ms: a prefill's or a decode step's; the shares are of the calls' wall time; \"other\" is the rest of a call: its checks, the cache's\n"
+           " block bookkeeping and copy-on-write; \"pool\" is the thread pool's own time inside the\n"
+           " phases: per parallel loop, its wall time less its slowest worker's work)\n\n");
+    printf("%-8s %5s %6s %7s %9s", "phase", "batch", "tokens", "context", "ms");
+    for (int i = 0; i < PARITY_PHASE_COUNT; i++) printf(" %9s", parity_phase_name((uint32_t)i));
+    printf(" %9s %9s\n", "other", "pool");
+    for (int i = 0; i < n; i++) profile_print(&rows[i]);
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) {
+            fprintf(stderr, "parity-speed: cannot write %s\n", json);
+            return -1;
+        }
+        fprintf(f, "{\"profile\": {\"preset\": \"%s\", \"backend\": \"%s\", \"threads\": %u, "
+                   "\"cpu_path\": \"%s\", \"steps\": %u, \"rows\": [", r->preset,
+                parity_backend_name((int)r->backend), r->threads,
+                parity_cpu_path_name(parity_get_cpu_path()), steps);
+        for (int i = 0; i < n; i++) {
+            const parity_profile *p = &rows[i].p;
+            fprintf(f, "%s\n  {\"phase\": \"%s\", \"batch\": %u, \"tokens\": %u, \"context\": %u, "
+                       "\"calls\": %llu, \"forwards\": %llu, \"rows\": %llu, \"call_seconds\": %.6f, "
+                       "\"dispatch_seconds\": %.6f, \"loops\": %llu, \"phase_seconds\": {",
+                    i ? "," : "", rows[i].phase, rows[i].batch, rows[i].tokens, rows[i].context,
+                    (unsigned long long)p->calls, (unsigned long long)p->forwards,
+                    (unsigned long long)p->rows, p->call_seconds, p->dispatch_seconds,
+                    (unsigned long long)p->loops);
+            for (int k = 0; k < PARITY_PHASE_COUNT; k++)
+                fprintf(f, "%s\"%s\": %.6f", k ? ", " : "", parity_phase_name((uint32_t)k),
+                        p->phase_seconds[k]);
+            fprintf(f, "}}");
+        }
+        fprintf(f, "\n]}}\n");
+        fclose(f);
+    }
+    return 0;
+}
+
 /* ---- peers ----------------------------------------------------------------------------------- */
 
 #define MAX_PEER_ROWS 32
@@ -356,6 +481,7 @@ typedef struct peer_row {
     const char *phase;  /* "prefill", "decode" */
     uint32_t threads, batch, tokens, context;
     double tps, lo, hi;
+    char weights[16];   /* the peer's weight type: torch's dtype, the GGUF's type */
 } peer_row;
 
 typedef struct peers {
@@ -423,7 +549,7 @@ static void run_torch_peer(peers *P, const char *model_spec, uint32_t threads, u
         peer_note(P, "torch: not run (cannot start /usr/bin/python3: %s)", strerror(errno));
         return;
     }
-    char line[1024], last[1024] = "", header[1024] = "";
+    char line[1024], last[1024] = "", header[1024] = "", weights[16] = "bf16";
     int got = 0;
     while (fgets(line, sizeof line, f)) {
         char phase[16];
@@ -433,9 +559,14 @@ static void run_torch_peer(peers *P, const char *model_spec, uint32_t threads, u
             (!strcmp(phase, "prefill") || !strcmp(phase, "decode")) && P->n < MAX_PEER_ROWS) {
             peer_row *r = &P->rows[P->n++];
             *r = (peer_row){"torch", !strcmp(phase, "prefill") ? "prefill" : "decode", threads, b,
-                            t, c, tps, lo, hi};
+                            t, c, tps, lo, hi, ""};
+            snprintf(r->weights, sizeof r->weights, "%s", weights);
             got++;
         } else if (!strncmp(line, "torch_peer: PyTorch", 19)) {
+            /* "...; weights fp32 (why); ...": torch_peer runs fp32 where torch has no bf16
+             * GEMM kernel for the CPU */
+            const char *w = strstr(line, "; weights ");
+            if (w) sscanf(w + 10, "%15[a-z0-9]", weights);
             snprintf(header, sizeof header, "%s", line + 12);
         } else if (line[0] != '{' && line[0] != '\n') {
             snprintf(last, sizeof last, "%s", line);
@@ -499,6 +630,7 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
     }
     char line[4096], last[4096] = "", about[320] = "";
     int c_prompt = -1, c_gen = -1, c_ts = -1, c_sd = -1, c_cpu = -1, c_back = -1, c_commit = -1;
+    int c_type = -1;
     int got = 0;
     while (fgets(line, sizeof line, f)) {
         if (c_ts < 0 && strstr(line, "avg_ts")) {
@@ -506,6 +638,7 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
             c_ts = csv_column(line, "avg_ts"), c_sd = csv_column(line, "stddev_ts");
             c_cpu = csv_column(line, "cpu_info"), c_back = csv_column(line, "backends");
             c_commit = csv_column(line, "build_commit");
+            c_type = csv_column(line, "model_type");
             continue;
         }
         if (c_ts >= 0 && c_prompt >= 0 && c_gen >= 0 && P->n < MAX_PEER_ROWS) {
@@ -518,7 +651,16 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
             if (v <= 0 || (np == 0) == (ng == 0)) continue;
             peer_row *r = &P->rows[P->n++];
             *r = (peer_row){"llama", np ? "prefill" : "decode", threads, 1, np ? np : 1,
-                            np ? np : ng, v, v - s, v + s};
+                            np ? np : ng, v, v - s, v + s, "?"};
+            if (c_type >= 0) { /* "qwen3 0.6B BF16": the last word is the weights' type */
+                char type[128];
+                csv_field(line, c_type, type, sizeof type);
+                const char *sp = strrchr(type, ' ');
+                sp = sp ? sp + 1 : type;
+                size_t n = strlen(sp) < sizeof r->weights ? strlen(sp) : sizeof r->weights - 1;
+                memcpy(r->weights, sp, n);
+                r->weights[n] = 0;
+            }
             if (!got) {
                 char cpu[128] = "", back[64] = "", commit[64] = "";
                 if (c_cpu >= 0) csv_field(line, c_cpu, cpu, sizeof cpu);
@@ -587,7 +729,7 @@ int main(int argc, char **argv) {
     char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "", threads_s[64] = "2";
     char prompts_s[64] = "512", batches_s[64] = "1,32", contexts_s[64] = "128";
     char peers_s[64] = "torch,llama", paths_s[64] = "";
-    int reps = 3, score_all = 0;
+    int reps = 3, score_all = 0, profile = 0, contexts_given = 0;
     uint32_t steps = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
@@ -605,11 +747,15 @@ int main(int argc, char **argv) {
             score_all = 1;
             continue;
         }
+        if (!strcmp(a, "--profile")) {
+            profile = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || i + 1 >= argc) {
             fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
                             "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
                             "[--steps N] [--reps N] [--paths LIST|all] [--peers LIST|none] [--score-all] "
-                            "[--json FILE] [--quick]\n");
+                            "[--profile] [--json FILE] [--quick]\n");
             return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
         }
         i++;
@@ -620,7 +766,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) snprintf(threads_s, sizeof threads_s, "%s", v);
         else if (!strcmp(a, "--prompts")) snprintf(prompts_s, sizeof prompts_s, "%s", v);
         else if (!strcmp(a, "--batches")) snprintf(batches_s, sizeof batches_s, "%s", v);
-        else if (!strcmp(a, "--contexts")) snprintf(contexts_s, sizeof contexts_s, "%s", v);
+        else if (!strcmp(a, "--contexts")) {
+            snprintf(contexts_s, sizeof contexts_s, "%s", v);
+            contexts_given = 1;
+        }
         else if (!strcmp(a, "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--peers")) snprintf(peers_s, sizeof peers_s, "%s", v);
@@ -677,6 +826,16 @@ int main(int argc, char **argv) {
     fprintf(stderr, "parity-speed: loading %s\n", model_spec);
     if (parity_model_open(model_spec, &model)) return fail(model_spec) ? 1 : 1;
     const model_size ms = size_of(parity_model_config(model));
+
+    if (profile) {
+        parity_backend backend;
+        if (parity_backend_from_name(backends[0], &backend)) return fail("--backends") ? 2 : 2;
+        if (!contexts_given) nc = 3, contexts[0] = 128, contexts[1] = 1024, contexts[2] = 4096;
+        const run_cfg cfg = {model, presets[0], backend, threads[nt - 1]};
+        const int rc = run_profile(&cfg, prompts[0], batches, nbatch, contexts, nc, steps, json);
+        parity_model_free(model);
+        return rc ? 1 : 0;
+    }
 
     /* decode is judged against the better of the two bandwidths: the machine's limit */
     /* peaks[t][kind]: every peak loop this CPU runs; a row is judged against its path's */
@@ -745,7 +904,7 @@ int main(int argc, char **argv) {
                         const uint32_t B = batches[bi];
                         decode_run d[MAX_LIST];
                         for (int p = 0; p < np; p++)
-                            if (decode_open(&cfg[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, &d[p])) return 1;
+                            if (decode_open(&cfg[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, NULL, &d[p])) return 1;
                         double tps[MAX_LIST][50];
                         for (int k = 0; k < reps; k++)
                             for (int p = 0; p < np; p++) {
@@ -852,12 +1011,12 @@ int main(int argc, char **argv) {
     if (P.n_notes) printf("\npeers\n");
     for (int i = 0; i < P.n_notes; i++) printf("  %s\n", P.notes[i]);
     if (P.n) {
-        printf("\n%-8s %-8s %3s %5s %6s %7s %10s %17s\n", "peer", "phase", "thr", "batch", "tokens",
-               "context", "tok/s", "(min..max)");
+        printf("\n%-8s %-8s %-8s %3s %5s %6s %7s %10s %17s\n", "peer", "weights", "phase", "thr",
+               "batch", "tokens", "context", "tok/s", "(min..max)");
         for (int i = 0; i < P.n; i++) {
             const peer_row *r = &P.rows[i];
-            printf("%-8s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)\n", r->peer, r->phase,
-                   r->threads, r->batch, r->tokens, r->context, r->tps, r->lo, r->hi);
+            printf("%-8s %-8s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)\n", r->peer, r->weights,
+                   r->phase, r->threads, r->batch, r->tokens, r->context, r->tps, r->lo, r->hi);
         }
         printf("\nratios libparity / peer (tok/s)\n");
         for (int i = 0; i < nres; i++) {
@@ -868,9 +1027,10 @@ int main(int argc, char **argv) {
                 const char *name = k ? "llama" : "torch";
                 const peer_row *r = peer_match(&P, name, ph, x->threads, x->batch, x->tokens, x->context);
                 if (r)
-                    printf("  %-8s %-9s %-8s %-10s thr %u batch %2u context %5u: %6.2f x %s\n",
+                    printf("  %-8s %-9s %-8s %-10s thr %u batch %2u context %5u: %6.2f x %s (%s)\n",
                            x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
-                           x->threads, x->batch, x->context, x->tps.median / r->tps, name);
+                           x->threads, x->batch, x->context, x->tps.median / r->tps, name,
+                           r->weights);
             }
         }
     }
@@ -924,11 +1084,12 @@ int main(int argc, char **argv) {
         fprintf(f, "],\n \"peers\": [");
         for (int i = 0; i < P.n; i++) {
             const peer_row *r = &P.rows[i];
-            fprintf(f, "%s\n  {\"peer\": \"%s\", \"phase\": \"%s\", \"threads\": %u, \"batch\": %u, "
+            fprintf(f, "%s\n  {\"peer\": \"%s\", \"weights\": \"%s\", \"phase\": \"%s\", "
+                       "\"threads\": %u, \"batch\": %u, "
                        "\"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
                        "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f}",
-                    i ? "," : "", r->peer, r->phase, r->threads, r->batch, r->tokens, r->context,
-                    r->tps, r->lo, r->hi);
+                    i ? "," : "", r->peer, r->weights, r->phase, r->threads, r->batch, r->tokens,
+                    r->context, r->tps, r->lo, r->hi);
         }
         fprintf(f, "],\n \"ratios\": [");
         int first_ratio = 1;
@@ -941,10 +1102,11 @@ int main(int argc, char **argv) {
                 if (!r) continue;
                 fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
                            "\"cpu_path\": \"%s\", \"threads\": %u, \"batch\": %u, \"context\": %u, "
-                           "\"peer\": \"%s\", \"libparity_over_peer\": %.4f}",
+                           "\"peer\": \"%s\", \"peer_weights\": \"%s\", "
+                           "\"libparity_over_peer\": %.4f}",
                         first_ratio ? "" : ",", x->phase, x->preset, x->backend,
                         parity_cpu_path_name(x->path), x->threads, x->batch, x->context, name,
-                        x->tps.median / r->tps);
+                        r->weights, x->tps.median / r->tps);
                 first_ratio = 0;
             }
         }

@@ -14,8 +14,16 @@ torch.inference_mode(). It measures, with the model shape of a libparity built-i
 and prints which oneDNN ISA and kernels its bf16 GEMMs ran on (ONEDNN_VERBOSE of a small
 matmul in a subprocess: torch does not say otherwise).
 
+The weights are bf16 unless this CPU has no bf16 GEMM kernel in torch: --dtype auto (the
+default) times one bf16 and one fp32 matmul of the model's width first, and where bf16 runs at
+under a quarter of fp32's rate (seen on an AVX2-only AMD EPYC: 1.6 against 145 GFLOP/s, a
+reference loop, which would take the default run past a quarter of an hour) it runs the model
+in fp32, as a user of that CPU would, and says so in its first line (`weights fp32 (...)`).
+--dtype bf16 or fp32 forces one.
+
     /usr/bin/python3 bench/torch_peer.py [--config qwen3-0.6b] [--threads 2] [--prompt 512]
-        [--batches 1,32] [--context 128] [--steps 8] [--reps 3] [--json FILE]
+        [--batches 1,32] [--context 128] [--steps 8] [--reps 3] [--dtype auto|bf16|fp32]
+        [--json FILE]
 
 Needs Debian's python3-torch (apt-get install python3-torch); the shapes come from the
 library's table of built-in configs (python/parity, which needs a built libparity).
@@ -54,7 +62,7 @@ def builtin_config(name):
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.bfloat16))
+        self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x):
@@ -144,16 +152,17 @@ class Model(nn.Module):
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, half, dtype=torch.float32) / half))
 
     def new_cache(self, batch, length):
-        c = self.c
+        c, dt = self.c, self.norm.weight.dtype
         shape = (batch, c.num_key_value_heads, length, c.head_dim)
-        return [(torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
+        return [(torch.zeros(shape, dtype=dt), torch.zeros(shape, dtype=dt))
                 for _ in range(c.num_hidden_layers)]
 
     def forward(self, tokens, cache, pos, last_only=True):
         T = tokens.shape[1]
         angle = torch.arange(pos, pos + T, dtype=torch.float32)[:, None] * self.inv_freq[None]
         emb = torch.cat((angle, angle), dim=-1)
-        cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+        dt = self.norm.weight.dtype
+        cos, sin = emb.cos().to(dt), emb.sin().to(dt)
         x = self.embed_tokens(tokens)
         for layer, kv in zip(self.layers, cache):
             x = layer(x, cos, sin, kv, pos)
@@ -182,6 +191,30 @@ def onednn_kernels():
     return isa, impl
 
 
+def matmul_gflops(dtype, width):
+    """GFLOP/s of one (64 x width) @ (width x width) linear in this dtype (best of three)."""
+    a = torch.randn(64, width).to(dtype)
+    w = torch.randn(width, width).to(dtype)
+    F.linear(a, w)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        F.linear(a, w)
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * 64 * width * width / best / 1e9
+
+
+def choose_dtype(requested, width):
+    """(dtype, why): bf16 unless auto finds torch's bf16 GEMM far slower than its fp32 one."""
+    if requested != "auto":
+        return getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[requested]), "as asked"
+    bf16, fp32 = matmul_gflops(torch.bfloat16, width), matmul_gflops(torch.float32, width)
+    rates = "bf16 matmul %.1f GFLOP/s, fp32 %.1f" % (bf16, fp32)
+    if bf16 < fp32 / 4:
+        return torch.float32, "%s: torch has no bf16 GEMM kernel for this CPU" % rates
+    return torch.bfloat16, rates
+
+
 def timed(fn, reps):
     fn()  # warm-up
     times = []
@@ -202,30 +235,33 @@ def main():
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args()
 
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     c = builtin_config(a.config)
+    dtype, why = choose_dtype(a.dtype, c.hidden_size)
+    dtype_name = "bf16" if dtype == torch.bfloat16 else "fp32"
     # The weights are set right below, so the constructors' own initialisation (an fp32
     # kaiming draw over every matrix, 11 s of the start-up here) is skipped.
     saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
     nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
     try:
-        model = Model(c).to(torch.bfloat16).eval()
+        model = Model(c).to(dtype).eval()
     finally:
         nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
     # random weights, as libparity's synthetic models (one N(0, 0.02) draw, reused by every
     # matrix: the values do not change the speed)
     params = [p for p in model.parameters() if p.dim() > 1]
-    pool = (torch.randn(max(p.numel() for p in params)) * 0.02).to(torch.bfloat16)
+    pool = (torch.randn(max(p.numel() for p in params)) * 0.02).to(torch.bfloat16).to(dtype)
     with torch.no_grad():
         for p in params:
             p.copy_(pool[:p.numel()].view_as(p))
     isa, impl = onednn_kernels()
-    print("torch_peer: PyTorch %s, %d thread(s), %s shape; oneDNN ISA: %s; bf16 matmul: %s"
-          % (torch.__version__, a.threads, a.config, isa, impl))
+    print("torch_peer: PyTorch %s, %d thread(s), %s shape; weights %s (%s); oneDNN ISA: %s; "
+          "bf16 matmul: %s" % (torch.__version__, a.threads, a.config, dtype_name, why, isa, impl))
     rows = []
     with torch.inference_mode():
         prompt = torch.randint(0, c.vocab_size, (1, a.prompt))
@@ -254,7 +290,8 @@ def main():
                                                          r["context"], r["tok_s"], r["tok_s_min"],
                                                          r["tok_s_max"]))
     result = {"peer": "pytorch", "torch": torch.__version__, "threads": a.threads,
-              "config": a.config, "onednn_isa": isa, "bf16_matmul": impl, "rows": rows}
+              "config": a.config, "dtype": dtype_name, "dtype_reason": why, "onednn_isa": isa,
+              "bf16_matmul": impl, "rows": rows}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)

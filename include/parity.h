@@ -931,6 +931,11 @@ PARITY_API int parity_score(parity_scorer *scorer, const parity_score_options *o
                             float *logprobs, float *entropy, int32_t *top_ids,
                             float *top_logprobs);
 
+/* A profile of the scorer's parity_score calls (see parity_profile, below the sampler). */
+typedef struct parity_profile parity_profile;
+PARITY_API int parity_scorer_set_profiling(parity_scorer *scorer, int on);
+PARITY_API int parity_scorer_profile(const parity_scorer *scorer, parity_profile *profile);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Sampler: KV-cached batched generation                                                    */
 /* ---------------------------------------------------------------------------------------- */
@@ -1079,6 +1084,52 @@ PARITY_API int parity_sampler_seq_info(const parity_sampler *sampler, uint32_t s
  * changes the sampler. */
 PARITY_API int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq,
                                      const int32_t **tokens, uint32_t *len, uint32_t *prompt_len);
+
+/* ---- Where the time goes ---------------------------------------------------------------- */
+
+/* The parts of a forward and a step that a profile times (wall clock of the calling thread,
+ * each part's parallel loops included from their dispatch to their last worker's end). */
+typedef enum parity_phase {
+    PARITY_PHASE_EMBED = 0,      /* the token embedding gather */
+    PARITY_PHASE_GEMM = 1,       /* the decoder layers' projections (q, k, v, o, gate, up,
+                                    down) with their bias */
+    PARITY_PHASE_ROUNDING = 2,   /* the rounding points after those GEMMs (bf16 or fp16) */
+    PARITY_PHASE_REGIONS = 3,    /* the RMSNorms (residual adds included), q/k-norms, RoPE,
+                                    SwiGLU */
+    PARITY_PHASE_ATTENTION = 4,  /* K/V into the cache, and attention */
+    PARITY_PHASE_HEAD = 5,       /* the final norm, the lm_head GEMM and the logits' rounding */
+    PARITY_PHASE_SAMPLING = 6,   /* log-softmax, temperature, top-k / top-p / min-p, the
+                                    draw, log-probs and top-n (sampler); the log-probs of the
+                                    scored tokens (scorer) */
+    PARITY_PHASE_COUNT = 7
+} parity_phase;
+
+/* The name of a phase ("embed", "gemm", "rounding", "regions", "attention", "head",
+ * "sampling"), or NULL. */
+PARITY_API const char *parity_phase_name(uint32_t phase);
+
+/* What an object's calls spent since profiling was switched on. */
+typedef struct parity_profile {
+    uint32_t size;               /* sizeof(parity_profile): set it before the call */
+    uint32_t enabled;            /* profiling is on */
+    uint64_t calls;              /* calls that ran the model: parity_sampler_add, _add_batch
+                                    and _step; parity_score */
+    uint64_t forwards;           /* forwards run by them (a call runs one or more) */
+    uint64_t rows;               /* rows (tokens) those forwards ran */
+    double call_seconds;         /* wall time inside the calls */
+    double phase_seconds[PARITY_PHASE_COUNT];
+    /* The thread pool's share, across all phases: per parallel loop, its wall time less its
+     * slowest worker's time in the loop's own work (the wake-up, the hand-out and the join),
+     * summed; and the number of loops. */
+    double dispatch_seconds;
+    uint64_t loops;
+} parity_profile;
+
+/* Switches an object's profiling on (nonzero) or off, and zeroes its counters either way.
+ * Off is the default: no clock is read then. On costs a few clock readings per layer. The
+ * profile changes no result. */
+PARITY_API int parity_sampler_set_profiling(parity_sampler *sampler, int on);
+PARITY_API int parity_sampler_profile(const parity_sampler *sampler, parity_profile *profile);
 
 
 /* ---------------------------------------------------------------------------------------- */

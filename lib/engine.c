@@ -115,7 +115,39 @@ void engine_leave(engine *e) { object_leave(&e->in_use); }
 
 fwd_ctx engine_fwd_ctx(engine *e) {
     return (fwd_ctx){e->model, &e->model->config, e->p.policy, e->p.backend, e->pool, &e->kv,
-                     &e->scratch, 0, 0};
+                     &e->scratch, 0, 0, e->profiling ? &e->prof : NULL};
+}
+
+/* ---- profiling ----------------------------------------------------------------------------- */
+
+void engine_set_profiling(engine *e, int on) {
+    e->profiling = on != 0;
+    memset(&e->prof, 0, sizeof e->prof);
+    pool_set_timing(e->pool, on);
+}
+
+int engine_profile(const engine *e, parity_profile *out) {
+    if (out->size != sizeof *out)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "profile.size is %u, this library expects %zu", out->size, sizeof *out);
+    memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
+    out->enabled = (uint32_t)e->profiling;
+    out->calls = e->prof.calls;
+    out->forwards = e->prof.forwards;
+    out->rows = e->prof.rows;
+    out->call_seconds = e->prof.call_s;
+    for (int i = 0; i < PARITY_PHASE_COUNT; i++) out->phase_seconds[i] = e->prof.phase_s[i];
+    pool_timing(e->pool, &out->dispatch_seconds, &out->loops);
+    return PARITY_OK;
+}
+
+double engine_call_begin(const engine *e) { return e->profiling ? profile_now() : 0.0; }
+
+void engine_call_end(engine *e, double t0) {
+    if (!e->profiling) return;
+    e->prof.calls++;
+    e->prof.call_s += profile_now() - t0;
 }
 
 /* ---- objects on an engine ---------------------------------------------------------------- */

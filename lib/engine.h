@@ -50,7 +50,17 @@ typedef struct engine {
     engine_buf bufs[ENGINE_MAX_BUFS];  /* the table engine_init allocated, freed by engine_free */
     size_t n_bufs;
     atomic_int in_use;     /* set while a public call runs (object_enter) */
+    int profiling;         /* parity_*_set_profiling */
+    fwd_profile prof;
 } engine;
+
+/* Profiling (parity_sampler_set_profiling, parity_scorer_set_profiling): on or off, the
+ * counters zeroed; and the counters as a parity_profile (size checked). A public call that is
+ * profiled brackets itself with engine_call_begin / engine_call_end. */
+void engine_set_profiling(engine *e, int on);
+int engine_profile(const engine *e, parity_profile *out);
+double engine_call_begin(const engine *e);
+void engine_call_end(engine *e, double t0);
 
 /* The defaults of the settings every engine takes: one thread, the bf16 backend, the
  * "aligned" policy. */

@@ -104,6 +104,7 @@ size_t parity_struct_size(const char *name) {
         {"parity_sampler_params", sizeof(parity_sampler_params)},
         {"parity_tensor_data", sizeof(parity_tensor_data)},
         {"parity_seq_info", sizeof(parity_seq_info)},
+        {"parity_profile", sizeof(parity_profile)},
     };
     for (size_t i = 0; name && i < sizeof structs / sizeof structs[0]; i++)
         if (!strcmp(structs[i].name, name)) return structs[i].size;

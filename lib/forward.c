@@ -11,6 +11,8 @@
  */
 #include "forward.h"
 
+#include <time.h>
+
 #include "internal.h"
 #include "kernels.h"
 
@@ -164,9 +166,13 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
     const float eps = c->rms_norm_eps;
     const float *embed_f32 = ctx->pol.compute == PARITY_COMPUTE_BF16 ? NULL : vec(ctx, &m->embed);
 
+    double t = phase_start(ctx);
+    if (ctx->prof) ctx->prof->forwards++, ctx->prof->rows += R;
+
     /* token embedding: the residual stream starts as the embedding rows (exact) */
     for (size_t r = 0; r < R; r++)
         embed_rows(1, &rows[r].token, dim, m->embed.bf16, embed_f32, dim, s->h + r * dim, dim);
+    phase_lap(ctx, PARITY_PHASE_EMBED, &t);
 
     for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *w = &m->layers[l];
@@ -180,14 +186,21 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
             run_rows(ctx, job_rmsnorm_residual,
                      (region_job){.w = vec(ctx, &w->attn_norm), .eps = eps, .a = s->delta,
                                   .b = s->h, .out = s->xn, .width = dim}, R);
+        phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* q, k, v projections: each GEMM output rounded once */
         linear(ctx, R, s->xn, &w->wq, &w->bq, s->q);
+        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
         round_point(ctx, s->q, R * q_dim);
+        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
         linear(ctx, R, s->xn, &w->wk, &w->bk, s->k);
+        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
         round_point(ctx, s->k, R * kv_dim);
+        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
         linear(ctx, R, s->xn, &w->wv, &w->bv, s->v);
+        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
         round_point(ctx, s->v, R * kv_dim);
+        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
 
         /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm) */
         if (c->qk_norm) {
@@ -201,30 +214,42 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
 
         /* RoPE relative positional encoding on q and k (region: RoPE) */
         run_rows(ctx, job_rope, (region_job){.a = s->q, .b = s->k, .rows = rows}, R);
+        phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* this batch's keys and values join the cache; attention reads them from there */
         kv_store(ctx, l, R, rows, s->k, kv_dim, s->v, kv_dim);
         attention(ctx, l, R, rows, s->q, s->att);
+        phase_lap(ctx, PARITY_PHASE_ATTENTION, &t);
 
         /* output projection */
         linear(ctx, R, s->att, &w->wo, NULL, s->delta);
+        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
         round_point(ctx, s->delta, R * dim);
+        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
 
         /* residual connection + MLP rmsnorm (region: residual + RMSNorm) */
         run_rows(ctx, job_rmsnorm_residual,
                  (region_job){.w = vec(ctx, &w->mlp_norm), .eps = eps, .a = s->delta, .b = s->h,
                               .out = s->xn, .width = dim}, R);
+        phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
          * down projection rounded */
         linear(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
+        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
         round_point(ctx, s->gate, R * inter);
+        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
         linear(ctx, R, s->xn, &w->w_up, NULL, s->up);
+        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
         round_point(ctx, s->up, R * inter);
+        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
         run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
                                                .width = inter}, R);
+        phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
         linear(ctx, R, s->gate, &w->w_down, NULL, s->delta);
+        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
         round_point(ctx, s->delta, R * dim);
+        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
     }
 
     if (n_out == 0) return;
@@ -241,4 +266,11 @@ void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_ou
     const gemm_weights head = {m->lm_head.rows, m->lm_head.cols, m->lm_head.cols,
                                m->lm_head.bf16, linear_f32_weights(ctx, &m->lm_head)};
     forward_head(ctx, n_out, s->delta, s->h, vec(ctx, &m->final_norm), eps, s->xn, &head, logits);
+    phase_lap(ctx, PARITY_PHASE_HEAD, &t);
+}
+
+double profile_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -1,6 +1,6 @@
 /*
- * The names of the library's enumerations, each in one table: backends, log-prob modes and
- * architectures. The command-line tools, the benches and the Python binding use these
+ * The names of the library's enumerations, each in one table: backends, log-prob modes,
+ * architectures and profile phases. The command-line tools, the benches and the Python binding use these
  * functions rather than copies of the strings. (Presets: policy.c; built-in configs:
  * config.c; CPU paths: cpu.c; statuses: errors.c.)
  */
@@ -28,6 +28,16 @@ static const name_entry archs[] = {
     {"qwen2", PARITY_ARCH_QWEN2},
     {"qwen3", PARITY_ARCH_QWEN3},
     {"llama", PARITY_ARCH_LLAMA},
+};
+
+static const name_entry phases[] = {
+    {"embed", PARITY_PHASE_EMBED},
+    {"gemm", PARITY_PHASE_GEMM},
+    {"rounding", PARITY_PHASE_ROUNDING},
+    {"regions", PARITY_PHASE_REGIONS},
+    {"attention", PARITY_PHASE_ATTENTION},
+    {"head", PARITY_PHASE_HEAD},
+    {"sampling", PARITY_PHASE_SAMPLING},
 };
 
 #define COUNT(t) (sizeof t / sizeof t[0])
@@ -69,6 +79,10 @@ int parity_logprob_mode_from_name(const char *name, parity_logprob_mode *out) {
 }
 
 const char *parity_arch_name(int arch) { return name_of(archs, COUNT(archs), arch); }
+
+const char *parity_phase_name(uint32_t phase) {
+    return phase < PARITY_PHASE_COUNT ? name_of(phases, COUNT(phases), (int)phase) : NULL;
+}
 int parity_arch_from_name(const char *name, parity_arch *out) {
     return value_of(archs, COUNT(archs), "architecture (model_type)", name, out);
 }

@@ -562,8 +562,10 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
             s->batch_seq[r] = seqs[first + r];
         }
         forward(&ctx, B, s->eng.rows, B, s->eng.out_rows, s->eng.logits);
+        double t = phase_start(&ctx);
         draw_job j = {s, first, tokens, logprobs, top_ids, top_logprobs, max_top_n};
         pool_run(s->eng.pool, job_draw, &j, B);
+        phase_lap(&ctx, PARITY_PHASE_SAMPLING, &t);
     }
     fp_env_restore(fp_saved);
     model_leave(s->model);
@@ -592,7 +594,9 @@ int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
     clear_error();
     int rc = engine_enter(s ? &s->eng : NULL, "sampler");
     if (rc == PARITY_OK) {
+        const double t0 = engine_call_begin(&s->eng);
         rc = sampler_add(s, prompt, len, sampling, stream, seq);
+        engine_call_end(&s->eng, t0);
         engine_leave(&s->eng);
     }
     return rc;
@@ -604,7 +608,9 @@ int parity_sampler_add_batch(parity_sampler *s, size_t n, const int32_t *const *
     clear_error();
     int rc = engine_enter(s ? &s->eng : NULL, "sampler");
     if (rc == PARITY_OK) {
+        const double t0 = engine_call_begin(&s->eng);
         rc = sampler_add_batch(s, n, prompts, lens, sampling, streams, seqs);
+        engine_call_end(&s->eng, t0);
         engine_leave(&s->eng);
     }
     return rc;
@@ -637,8 +643,26 @@ int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
     clear_error();
     int rc = engine_enter(s ? &s->eng : NULL, "sampler");
     if (rc == PARITY_OK) {
+        const double t0 = engine_call_begin(&s->eng);
         rc = sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n, top_ids, top_logprobs);
+        engine_call_end(&s->eng, t0);
         engine_leave(&s->eng);
     }
     return rc;
+}
+
+int parity_sampler_set_profiling(parity_sampler *s, int on) {
+    clear_error();
+    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
+    if (rc == PARITY_OK) {
+        engine_set_profiling(&s->eng, on);
+        engine_leave(&s->eng);
+    }
+    return rc;
+}
+
+int parity_sampler_profile(const parity_sampler *s, parity_profile *profile) {
+    clear_error();
+    if (!s || !profile) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
+    return engine_profile(&s->eng, profile);
 }

@@ -222,7 +222,9 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
                 }
                 if (++n_rows == chunk || (i + 1 == last && t + 1 == len)) {
                     forward(&ctx, n_rows, s->eng.rows, n_out, s->eng.out_rows, s->eng.logits);
+                    double t = phase_start(&ctx);
                     pool_run(s->eng.pool, job_logprobs, &lj, n_out);
+                    phase_lap(&ctx, PARITY_PHASE_SAMPLING, &t);
                     n_rows = n_out = 0;
                 }
             }
@@ -243,7 +245,24 @@ int parity_score(parity_scorer *s, const parity_score_options *o, const int32_t 
     clear_error();
     int rc = engine_enter(s ? &s->eng : NULL, "scorer");
     if (rc) return rc;
+    const double t0 = engine_call_begin(&s->eng);
     rc = score(s, o, tokens, lengths, n_seqs, logprobs, entropy, top_ids, top_logprobs);
+    engine_call_end(&s->eng, t0);
     engine_leave(&s->eng);
     return rc;
+}
+
+int parity_scorer_set_profiling(parity_scorer *s, int on) {
+    clear_error();
+    int rc = engine_enter(s ? &s->eng : NULL, "scorer");
+    if (rc) return rc;
+    engine_set_profiling(&s->eng, on);
+    engine_leave(&s->eng);
+    return PARITY_OK;
+}
+
+int parity_scorer_profile(const parity_scorer *s, parity_profile *profile) {
+    clear_error();
+    if (!s || !profile) return set_error(PARITY_ERR_INVALID_ARGUMENT, "scorer or output is NULL");
+    return engine_profile(&s->eng, profile);
 }

@@ -34,6 +34,9 @@
  * workers still running before it sleeps. */
 #define WORKER_SPIN_NS 200000
 #define CALLER_SPIN_NS 100000
+/* The most workers a pool times (engine_check allows 256 threads). */
+#define POOL_MAX_WORKERS 256
+
 /* Spin iterations between two looks at the clock. */
 #define SPINS_PER_CLOCK 64
 
@@ -62,6 +65,11 @@ struct threadpool {
     atomic_int caller_sleeping;                 /* the caller waits on `done` */
     alignas(CACHE_LINE) atomic_uint sleepers;   /* workers waiting (or about to) on `wake` */
     char pad[CACHE_LINE - sizeof(atomic_uint)];
+    /* pool_set_timing: set by the caller between loops, read by the workers in a loop */
+    int timing;
+    long long overhead_ns;   /* the caller's sums */
+    uint64_t loops;
+    alignas(CACHE_LINE) long long busy_ns[POOL_MAX_WORKERS];  /* each worker's time in fn */
 };
 
 static inline void cpu_relax(void) {
@@ -94,7 +102,19 @@ void fp_env_restore(unsigned saved) {
 #endif
 }
 
+static void run_tasks(threadpool *p, unsigned worker);
+
 static void run_share(threadpool *p, unsigned worker) {
+    if (!p->timing || worker >= POOL_MAX_WORKERS) {
+        run_tasks(p, worker);
+        return;
+    }
+    const long long t0 = now_ns();
+    run_tasks(p, worker);
+    p->busy_ns[worker] = now_ns() - t0;
+}
+
+static void run_tasks(threadpool *p, unsigned worker) {
     if (p->chunk) {
         for (;;) {
             const size_t begin = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
@@ -271,8 +291,30 @@ static void run_loop(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks, size_
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
+    const long long t0 = p->timing ? now_ns() : 0;
     run_share(p, 0);
     wait_workers(p);
+    if (p->timing) {
+        /* the workers wrote busy_ns before their release of `remaining`, which the caller
+         * acquired in wait_workers */
+        const long long wall = now_ns() - t0;
+        long long slowest = 0;
+        for (unsigned i = 0; i < p->n && i < POOL_MAX_WORKERS; i++)
+            if (p->busy_ns[i] > slowest) slowest = p->busy_ns[i];
+        p->overhead_ns += wall > slowest ? wall - slowest : 0;
+        p->loops++;
+    }
+}
+
+void pool_set_timing(threadpool *p, int on) {
+    p->timing = on != 0;
+    p->overhead_ns = 0;
+    p->loops = 0;
+}
+
+void pool_timing(const threadpool *p, double *overhead_s, uint64_t *loops) {
+    *overhead_s = (double)p->overhead_ns * 1e-9;
+    *loops = p->loops;
 }
 
 void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks) {

@@ -27,6 +27,12 @@ void pool_run(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks);
  * whose workers may run at different speeds, at the price of an atomic per chunk. */
 void pool_run_dynamic(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks, size_t chunk);
 
+/* Timing of the pool's own cost (for a profile): when on, each loop adds its wall time less
+ * its slowest worker's time in fn to *overhead_s, and counts itself in *loops. Switching it
+ * zeroes both. Off (the default) reads no clock. */
+void pool_set_timing(threadpool *p, int on);
+void pool_timing(const threadpool *p, double *overhead_s, uint64_t *loops);
+
 /* Sets the calling thread's floating-point environment to IEEE defaults (round to nearest,
  * no flush-to-zero, no denormals-are-zero) and returns what it was, for fp_env_restore:
  * a host that runs with FTZ/DAZ must not change libparity's results. */

@@ -220,6 +220,23 @@ class parity_seq_info(Structure):
     ]
 
 
+PHASE_COUNT = 7  # PARITY_PHASE_COUNT
+
+
+class parity_profile(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("enabled", c_uint32),
+        ("calls", c_uint64),
+        ("forwards", c_uint64),
+        ("rows", c_uint64),
+        ("call_seconds", c_double),
+        ("phase_seconds", c_double * PHASE_COUNT),
+        ("dispatch_seconds", c_double),
+        ("loops", c_uint64),
+    ]
+
+
 class parity_tensor_data(Structure):
     _fields_ = [
         ("name", c_char_p),
@@ -239,6 +256,7 @@ MIRRORED_STRUCTS = {
     "parity_sampler_params": parity_sampler_params,
     "parity_tensor_data": parity_tensor_data,
     "parity_seq_info": parity_seq_info,
+    "parity_profile": parity_profile,
 }
 
 # Opaque handles are plain void pointers.
@@ -405,6 +423,16 @@ _PROTOTYPES = [
     # int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq,
     #                           const int32_t **tokens, uint32_t *len, uint32_t *prompt_len);
     ("parity_sampler_tokens", c_int, [sampler_p, c_uint32, POINTER(_i32p), _u32p, _u32p], True),
+    # const char *parity_phase_name(uint32_t phase);
+    ("parity_phase_name", c_char_p, [c_uint32], False),
+    # int parity_sampler_set_profiling(parity_sampler *sampler, int on);
+    ("parity_sampler_set_profiling", c_int, [sampler_p, c_int], True),
+    # int parity_sampler_profile(const parity_sampler *sampler, parity_profile *profile);
+    ("parity_sampler_profile", c_int, [sampler_p, POINTER(parity_profile)], True),
+    # int parity_scorer_set_profiling(parity_scorer *scorer, int on);
+    ("parity_scorer_set_profiling", c_int, [scorer_p, c_int], True),
+    # int parity_scorer_profile(const parity_scorer *scorer, parity_profile *profile);
+    ("parity_scorer_profile", c_int, [scorer_p, POINTER(parity_profile)], True),
     # int parity_model_update(parity_model *model, const parity_tensor_data *tensors, size_t n);
     ("parity_model_update", c_int, [model_p, POINTER(parity_tensor_data), c_size_t], True),
     # uint64_t parity_model_version(const parity_model *model);

@@ -96,6 +96,15 @@ class Completion:
                                        self.tokens, self.logprobs, self.finish_reason))
 
 
+def profile_dict(p):
+    """A parity_profile as a dict (phase names from the library)."""
+    return {"enabled": bool(p.enabled), "calls": p.calls, "forwards": p.forwards, "rows": p.rows,
+            "call_seconds": p.call_seconds,
+            "phase_seconds": {lib.parity_phase_name(i).decode(): p.phase_seconds[i]
+                              for i in range(_lib.PHASE_COUNT)},
+            "dispatch_seconds": p.dispatch_seconds, "loops": p.loops}
+
+
 class Sampler(_lib.Closing):
     """A libparity sampler: a KV cache shared by up to max_seqs sequences of up to max_len
     positions each (prompt + generated), on one model, policy and backend.
@@ -242,6 +251,24 @@ class Sampler(_lib.Closing):
             lib.parity_sampler_tokens(self._h(), _lib.as_int(seq, "seq", 0, 2 ** 32 - 1),
                                       ctypes.byref(ptr), ctypes.byref(n), ctypes.byref(plen))
             return ptr[:n.value], plen.value
+
+    # ---- where the time goes ------------------------------------------------------------------
+
+    def set_profiling(self, on=True):
+        """Switches the sampler's profile on (or off) and zeroes it. It changes no result."""
+        with self._lock:
+            lib.parity_sampler_set_profiling(self._h(), 1 if on else 0)
+
+    def profile(self):
+        """What the sampler's calls spent since set_profiling(): a dict with calls, forwards,
+        rows, call_seconds, phase_seconds ({"embed", "gemm", "rounding", "regions",
+        "attention", "head", "sampling": seconds}), dispatch_seconds (the thread pool's own
+        time inside the phases) and loops; enabled says whether it is on."""
+        p = _lib.parity_profile()
+        p.size = ctypes.sizeof(p)
+        with self._lock:
+            lib.parity_sampler_profile(self._h(), ctypes.byref(p))
+        return profile_dict(p)
 
     def _buffers(self, n, top_n=0):
         if n > self._cap or (top_n and (self._bufs[4] is None or len(self._bufs[4]) < n * top_n)):

@@ -910,6 +910,27 @@ class TestMisuse(unittest.TestCase):
             with self.assertRaises(TypeError):
                 s.add([1, 2], temperature="hot")
 
+    def test_profile(self):
+        """Sampler.profile(): counts what ran, bits unchanged, zeros when off."""
+        with self.tiny.sampler(max_seqs=2, threads=2) as a, self.tiny.sampler(max_seqs=2, threads=2) as b:
+            self.assertFalse(b.profile()["enabled"])
+            b.set_profiling()
+            qa, qb = a.add([1, 2, 3, 4], seed=3), b.add([1, 2, 3, 4], seed=3)
+            for _ in range(3):
+                x, y = a.step([qa]), b.step([qb])
+                self.assertEqual(f32_bits([s.logprob for s in x]), f32_bits([s.logprob for s in y]))
+            p = b.profile()
+            self.assertTrue(p["enabled"])
+            self.assertEqual((p["calls"], p["forwards"], p["rows"]), (4, 4, 3 + 3))
+            self.assertEqual(sorted(p["phase_seconds"]), sorted(["embed", "gemm", "rounding",
+                                                                 "regions", "attention", "head",
+                                                                 "sampling"]))
+            self.assertLessEqual(sum(p["phase_seconds"].values()), p["call_seconds"])
+            self.assertGreater(p["phase_seconds"]["gemm"], 0)
+            self.assertEqual(a.profile()["calls"], 0)
+            b.set_profiling(False)
+            self.assertEqual(b.profile()["calls"], 0)
+
     def test_add_batch(self):
         """Sampler.add_batch: the ids, tokens and log-prob bits of add() one by one; all or
         nothing."""
