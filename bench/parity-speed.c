@@ -46,7 +46,8 @@
  *            pool's own share.
  * Peers: torch_peer.py runs bf16 weights unless torch has no bf16 GEMM kernel for the CPU
  * (then fp32, as a user of that CPU would, and the weights column says so).
- * Machine limits, measured by this program per thread count: memory read bandwidth (sum of a
+ * Machine limits, measured by this program per thread count at the start and again before
+ * each group of rows (a row is judged against the latter: a VM's speed drifts over a run): memory read bandwidth (sum of a
  * 1 GiB buffer, split over the threads, in 4 KB pages and in huge pages; decode is judged
  * against the better) and the peak of every instruction a CPU path's bf16 GEMM runs that
  * this CPU has (bench_peak.h: register-only loops of vfmadd231ps ymm for avx2, vfmadd231ps
@@ -133,19 +134,28 @@ static void *bw_thread(void *arg) {
     return NULL;
 }
 
+/* The two 1 GiB buffers the bandwidth is read from (4 KB pages, huge pages), made and filled
+ * once: the limits are measured again beside every group of rows. */
+static uint64_t *bw_buffers[2];
+
+static void bw_free(void) {
+    for (int i = 0; i < 2; i++) free(bw_buffers[i]), bw_buffers[i] = NULL;
+}
+
 /* Read bandwidth in GB/s with `threads` threads over a buffer much larger than the caches, in
  * 4 KB pages or advised MADV_HUGEPAGE (as the library advises the weight buffers it
  * allocates; a mapped BF16 checkpoint stays in 4 KB page-cache pages). */
 static double measure_bandwidth(unsigned threads, int huge) {
     const size_t bytes = (size_t)1 << 30, n = bytes / 8, align = (size_t)2 << 20;
-    uint64_t *buf = NULL;
-    if (posix_memalign((void **)&buf, align, bytes) != 0) return 0;
+    uint64_t *buf = bw_buffers[huge != 0];
+    if (!buf) {
+        if (posix_memalign((void **)&buf, align, bytes) != 0) return 0;
 #if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
-    (void)madvise(buf, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-#else
-    (void)huge;
+        (void)madvise(buf, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 #endif
-    for (size_t i = 0; i < n; i++) buf[i] = i;
+        for (size_t i = 0; i < n; i++) buf[i] = i;
+        bw_buffers[huge != 0] = buf;
+    }
     double best = 0;
     for (int rep = 0; rep < 4; rep++) {
         pthread_t tid[16];
@@ -164,7 +174,6 @@ static double measure_bandwidth(unsigned threads, int huge) {
         if (sum == 42) gbs = 0; /* keeps the sum alive */
         if (gbs > best) best = gbs;
     }
-    free(buf);
     return best;
 }
 
@@ -523,6 +532,11 @@ static int shell_safe(const char *s) {
     return 1;
 }
 
+/* torch_peer's time budget per row: where torch is slow (fp32 on a reference BLAS, as
+ * Debian's is on a CPU without a bf16 GEMM kernel), fewer repetitions, so that the default
+ * run stays near three minutes. */
+#define TORCH_ROW_SECONDS 8
+
 /* PyTorch (bench/torch_peer.py under Debian's python3) on a built-in config's shape. */
 static void run_torch_peer(peers *P, const char *model_spec, uint32_t threads, uint32_t prompt,
                            const char *batches, uint32_t context, uint32_t steps, int reps) {
@@ -541,8 +555,8 @@ static void run_torch_peer(peers *P, const char *model_spec, uint32_t threads, u
     char cmd[1400];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 '%s' --config '%s' --threads %u --prompt %u --batches '%s' "
-             "--context %u --steps %u --reps %d 2>&1",
-             script, config, threads, prompt, batches, context, steps, reps);
+             "--context %u --steps %u --reps %d --row-seconds %d 2>&1",
+             script, config, threads, prompt, batches, context, steps, reps, TORCH_ROW_SECONDS);
     fprintf(stderr, "parity-speed: peer torch: %s\n", cmd);
     FILE *f = popen(cmd, "r");
     if (!f) {
@@ -716,12 +730,22 @@ typedef struct result {
     uint32_t threads, batch, tokens, context;
     stat3 tps;
     double gbs, gflops;
+    /* the machine's limits measured just before the row's group (a VM's neighbours change
+     * them over a run): read bandwidth (the better of the two page sizes), the row's peak */
+    double limit_gbs, limit_gflops;
 } result;
+
+/* The limits beside a group of rows, for `threads` threads and the peak of `kind`. */
+static void group_limits(unsigned threads, bench_peak_kind kind, double *gbs, double *gflops) {
+    const double a = measure_bandwidth(threads, 0), b = measure_bandwidth(threads, 1);
+    *gbs = a > b ? a : b;
+    *gflops = measure_fma_peak(threads, kind);
+}
 
 /* The peak a row is judged against: its CPU path's GEMM instruction, or AMX's on the amx
  * backend. */
-static bench_peak_kind bench_peak_of_row(const result *x) {
-    return !strcmp(x->backend, "amx") ? BENCH_PEAK_AMX_BF16 : bench_peak_of_path(x->path);
+static bench_peak_kind row_peak_kind(parity_backend backend, parity_cpu_path path) {
+    return backend == PARITY_BACKEND_AMX ? BENCH_PEAK_AMX_BF16 : bench_peak_of_path(path);
 }
 
 int main(int argc, char **argv) {
@@ -883,6 +907,8 @@ int main(int argc, char **argv) {
                         const int npp = phase && !score_all ? 1 : np;
                         /* warm-up (weights, allocator and pool) */
                         if ((phase ? time_score(&cfg[0], L) : time_prefill(&cfg[0], L)) < 0) return 1;
+                        double lim_gbs, lim_gflops;
+                        group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs, &lim_gflops);
                         double v[MAX_LIST][50];
                         for (int k = 0; k < reps; k++)
                             for (int p = 0; p < npp; p++) {
@@ -893,7 +919,8 @@ int main(int argc, char **argv) {
                         for (int p = 0; p < npp; p++) {
                             result *x = &res[nres++];
                             *x = (result){phase ? "score" : "prefill", presets[p], backends[b], paths[pi],
-                                          threads[t], 1, L, L, summarise(v[p], reps), 0, 0};
+                                          threads[t], 1, L, L, summarise(v[p], reps), 0, 0,
+                                          lim_gbs, lim_gflops};
                             const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
                                                  ms.head_flops * (phase ? L : 1);
                             x->gflops = flops / (L / x->tps.median) / 1e9;
@@ -903,6 +930,8 @@ int main(int argc, char **argv) {
                     for (int bi = 0; bi < nbatch; bi++) {
                         const uint32_t B = batches[bi];
                         decode_run d[MAX_LIST];
+                        double lim_gbs, lim_gflops;
+                        group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs, &lim_gflops);
                         for (int p = 0; p < np; p++)
                             if (decode_open(&cfg[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, NULL, &d[p])) return 1;
                         double tps[MAX_LIST][50];
@@ -916,7 +945,8 @@ int main(int argc, char **argv) {
                             parity_sampler_free(d[p].s);
                             result *x = &res[nres++];
                             *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t], B, B,
-                                          contexts[ci], summarise(tps[p], reps), 0, 0};
+                                          contexts[ci], summarise(tps[p], reps), 0, 0, lim_gbs,
+                                          lim_gflops};
                             const double step_s = B / x->tps.median;
                             x->gbs = step_bytes(presets[p], &ms) / step_s / 1e9;
                             x->gflops = B * (ms.flops_per_tok + ms.head_flops +
@@ -957,9 +987,11 @@ int main(int argc, char **argv) {
            parity_version(), parity_cpu_path_name(chosen),
            bench_peak_instruction(bench_peak_of_path(chosen)));
     for (int t = 0; t < nt; t++)
-        printf("machine, %u thread(s): read bandwidth %.1f GB/s (4 KB pages), %.1f GB/s (huge "
-               "pages); peaks (GFLOP/s): %s\n", threads[t], bw_4k[t], bw_huge[t],
+        printf("machine, %u thread(s), at the start: read bandwidth %.1f GB/s (4 KB pages), %.1f "
+               "GB/s (huge pages); peaks (GFLOP/s): %s\n", threads[t], bw_4k[t], bw_huge[t],
                peak_text[t][0] ? peak_text[t] : "none");
+    printf("(each row's bound is judged against the limits measured again just before its group "
+           "of rows)\n");
     /* the preset column as wide as the longest name ("aligned+fp8-block:deepseek") */
     int pw = 9;
     for (int i = 0; i < nres; i++)
@@ -968,18 +1000,15 @@ int main(int argc, char **argv) {
            "backend", "path", "thr", "batch", "tokens", "context", "tok/s", "(min..max)", "bound");
     for (int i = 0; i < nres; i++) {
         const result *x = &res[i];
-        int t = 0;
-        while (t < nt && threads[t] != x->threads) t++;
-        const double *peak = peaks[t];
-        const bench_peak_kind pk = bench_peak_of_row(x);
         char bound[96];
-        const double mem_frac = x->gbs / bandwidth[t], fma_frac = peak[pk] > 0 ? x->gflops / peak[pk] : 0;
+        const double mem_frac = x->limit_gbs > 0 ? x->gbs / x->limit_gbs : 0;
+        const double fma_frac = x->limit_gflops > 0 ? x->gflops / x->limit_gflops : 0;
         if (!strcmp(x->phase, "decode") && mem_frac >= fma_frac)
-            snprintf(bound, sizeof bound, "%.1f GB/s of %.1f (%.0f%%)", x->gbs, bandwidth[t],
+            snprintf(bound, sizeof bound, "%.1f GB/s of %.1f (%.0f%%)", x->gbs, x->limit_gbs,
                      100 * mem_frac);
         else
-            snprintf(bound, sizeof bound, "%.0f GFLOP/s of %.0f (%.0f%%)", x->gflops, peak[pk],
-                     100 * fma_frac);
+            snprintf(bound, sizeof bound, "%.0f GFLOP/s of %.0f (%.0f%%)", x->gflops,
+                     x->limit_gflops, 100 * fma_frac);
         printf("%-8s %-*s %-8s %-10s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)  %s\n", x->phase,
                pw, x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch,
                x->tokens, x->context, x->tps.median, x->tps.min, x->tps.max, bound);
@@ -1062,16 +1091,14 @@ int main(int argc, char **argv) {
                 peaks[nt - 1][chosen_kind], parity_cpu_path_name(chosen));
         for (int i = 0; i < nres; i++) {
             const result *x = &res[i];
-            int t = 0;
-            while (t < nt && threads[t] != x->threads) t++;
             fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
                        "\"cpu_path\": \"%s\", \"threads\": %u, "
                        "\"batch\": %u, \"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
                        "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f, \"achieved_gbs\": %.3f, "
-                       "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f}",
+                       "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.2f}",
                     i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
                     x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
-                    x->tps.max, x->gbs, x->gflops, peaks[t][bench_peak_of_row(x)]);
+                    x->tps.max, x->gbs, x->gflops, x->limit_gflops, x->limit_gbs);
         }
         fprintf(f, "\n],\n \"peer_notes\": [");
         for (int i = 0; i < P.n_notes; i++) {
@@ -1114,6 +1141,7 @@ int main(int argc, char **argv) {
         fclose(f);
     }
     free(res);
+    bw_free();
     parity_model_free(model);
     return 0;
 }

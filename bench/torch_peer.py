@@ -23,7 +23,7 @@ in fp32, as a user of that CPU would, and says so in its first line (`weights fp
 
     /usr/bin/python3 bench/torch_peer.py [--config qwen3-0.6b] [--threads 2] [--prompt 512]
         [--batches 1,32] [--context 128] [--steps 8] [--reps 3] [--dtype auto|bf16|fp32]
-        [--json FILE]
+        [--row-seconds S] [--json FILE]
 
 Needs Debian's python3-torch (apt-get install python3-torch); the shapes come from the
 library's table of built-in configs (python/parity, which needs a built libparity).
@@ -215,8 +215,15 @@ def choose_dtype(requested, width):
     return torch.bfloat16, rates
 
 
-def timed(fn, reps):
+def timed(fn, reps, row_seconds=0.0):
+    """(median, min, max) seconds of fn over reps repetitions after an untimed warm-up; with
+    row_seconds, fewer repetitions (at least one) where reps of the warm-up's length would
+    take longer than that."""
+    t = time.perf_counter()
     fn()  # warm-up
+    warm = time.perf_counter() - t
+    if row_seconds > 0:
+        reps = max(1, min(reps, int(row_seconds / max(warm, 1e-9))))
     times = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -224,6 +231,17 @@ def timed(fn, reps):
         times.append(time.perf_counter() - t)
     times.sort()
     return times[len(times) // 2], times[0], times[-1]
+
+
+def decode_steps(step, steps, row_seconds):
+    """The decode steps to time: `steps`, or fewer (at least one) where one step already takes
+    more than row_seconds / steps (measured once); the tok/s are per step either way."""
+    if row_seconds <= 0:
+        return steps
+    t = time.perf_counter()
+    step(0)
+    one = time.perf_counter() - t
+    return max(1, min(steps, int(row_seconds / max(one, 1e-9))))
 
 
 def main():
@@ -236,6 +254,9 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto")
+    ap.add_argument("--row-seconds", type=float, default=0.0,
+                    help="time budget per row: fewer repetitions (and decode steps) where the "
+                         "warm-up says the row would take longer; 0 = none")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args()
 
@@ -266,7 +287,7 @@ def main():
     with torch.inference_mode():
         prompt = torch.randint(0, c.vocab_size, (1, a.prompt))
         cache = model.new_cache(1, a.prompt)
-        med, lo, hi = timed(lambda: model(prompt, cache, 0), a.reps)
+        med, lo, hi = timed(lambda: model(prompt, cache, 0), a.reps, a.row_seconds)
         rows.append({"phase": "prefill", "batch": 1, "tokens": a.prompt, "context": a.prompt,
                      "tok_s": a.prompt / med, "tok_s_min": a.prompt / hi,
                      "tok_s_max": a.prompt / lo})
@@ -276,11 +297,14 @@ def main():
             cache = [(k.repeat(b, 1, 1, 1), v.repeat(b, 1, 1, 1)) for k, v in one]
             tok = torch.randint(0, c.vocab_size, (b, 1))
 
+            n_steps = decode_steps(lambda s: model(tok, cache, a.context + s), a.steps,
+                                   a.row_seconds)
+
             def steps():
-                for s in range(a.steps):
+                for s in range(n_steps):
                     model(tok, cache, a.context + s)
-            med, lo, hi = timed(steps, a.reps)
-            n = b * a.steps
+            med, lo, hi = timed(steps, a.reps, a.row_seconds)
+            n = b * n_steps
             rows.append({"phase": "decode", "batch": b, "tokens": b, "context": a.context,
                          "tok_s": n / med, "tok_s_min": n / hi, "tok_s_max": n / lo})
     print("%-8s %5s %6s %7s %10s %20s" % ("phase", "batch", "tokens", "context", "tok/s",
