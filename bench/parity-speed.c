@@ -6,7 +6,9 @@
  *                [--paths LIST|all] [--peers LIST] [--score-all] [--profile] [--json FILE]
  *                [--quick]
  *
- * Defaults (a run of under three minutes on 2 cores, peers included): synthetic:qwen3-0.6b; presets
+ * Defaults (a run of about three minutes on 2 cores with the peers: 1 min 53 s without them on
+ * an AVX2 AMD EPYC VM, 3 min 57 s with llama-bench and torch's fp32 fallback, whose generic
+ * BLAS decodes at 0.6 s a step there): synthetic:qwen3-0.6b; presets
  * aligned,hf-eager,vllm (measured interleaved, repetition by repetition, and their spread
  * printed); backends bf16, and amx where the CPU has AMX-BF16; threads 2; prefill and scoring of 512 tokens; decode
  * at batch 1 and 32 with 128 tokens of context; 1 warm-up and 3 repetitions per figure
