@@ -498,7 +498,7 @@ typedef struct peer_row {
 typedef struct peers {
     peer_row rows[MAX_PEER_ROWS];
     int n;
-    char notes[MAX_NOTES][320];  /* what each peer ran on, or why it did not run */
+    char notes[MAX_NOTES][512];  /* what each peer ran on, or why it did not run */
     int n_notes;
 } peers;
 

@@ -215,6 +215,14 @@ def choose_dtype(requested, width):
     return torch.bfloat16, rates
 
 
+def blas_info():
+    """The BLAS torch was built with (BLAS_INFO in torch.__config__.show(): "mkl", "open",
+    "generic" for its own reference loops, ...): what its fp32 GEMMs run on."""
+    import re
+    m = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    return m.group(1) if m else "not reported"
+
+
 def timed(fn, reps, row_seconds=0.0):
     """(median, min, max) seconds of fn over reps repetitions after an untimed warm-up; with
     row_seconds, fewer repetitions (at least one) where reps of the warm-up's length would
@@ -281,8 +289,10 @@ def main():
         for p in params:
             p.copy_(pool[:p.numel()].view_as(p))
     isa, impl = onednn_kernels()
+    blas = blas_info()
     print("torch_peer: PyTorch %s, %d thread(s), %s shape; weights %s (%s); oneDNN ISA: %s; "
-          "bf16 matmul: %s" % (torch.__version__, a.threads, a.config, dtype_name, why, isa, impl))
+          "bf16 matmul: %s; BLAS (fp32 GEMMs): %s"
+          % (torch.__version__, a.threads, a.config, dtype_name, why, isa, impl, blas))
     rows = []
     with torch.inference_mode():
         prompt = torch.randint(0, c.vocab_size, (1, a.prompt))
@@ -314,7 +324,8 @@ def main():
                                                          r["context"], r["tok_s"], r["tok_s_min"],
                                                          r["tok_s_max"]))
     result = {"peer": "pytorch", "torch": torch.__version__, "threads": a.threads,
-              "config": a.config, "dtype": dtype_name, "dtype_reason": why, "onednn_isa": isa,
+              "config": a.config, "dtype": dtype_name, "dtype_reason": why, "blas": blas,
+              "onednn_isa": isa,
               "bf16_matmul": impl, "rows": rows}
     if a.json:
         with open(a.json, "w") as f:
