@@ -1112,8 +1112,8 @@ PARITY_API const char *parity_phase_name(uint32_t phase);
 typedef struct parity_profile {
     uint32_t size;               /* sizeof(parity_profile): set it before the call */
     uint32_t enabled;            /* profiling is on */
-    uint64_t calls;              /* calls that ran the model: parity_sampler_add, _add_batch
-                                    and _step; parity_score */
+    uint64_t calls;              /* calls of parity_sampler_add, _add_batch and _step, or of
+                                    parity_score (a refused one included: its time counts) */
     uint64_t forwards;           /* forwards run by them (a call runs one or more) */
     uint64_t rows;               /* rows (tokens) those forwards ran */
     double call_seconds;         /* wall time inside the calls */

@@ -105,7 +105,6 @@ typedef struct gemm_weights {
     const float *f32;
 } gemm_weights;
 
-/* Everything a forward needs besides the batch. */
 /* A profile's counters (parity_profile), kept by an engine while profiling is on. */
 typedef struct fwd_profile {
     double phase_s[PARITY_PHASE_COUNT];
@@ -116,18 +115,7 @@ typedef struct fwd_profile {
 /* The monotonic clock in seconds, for the profile. */
 double profile_now(void);
 
-/* A phase's lap: adds the time since *t to the phase and restarts *t (nothing without a
- * profile). Start with *t = phase_start(ctx). */
-#define phase_start(ctx) ((ctx)->prof ? profile_now() : 0.0)
-#define phase_lap(ctx, phase, t)                                    \
-    do {                                                            \
-        if ((ctx)->prof) {                                          \
-            const double now_ = profile_now();                      \
-            (ctx)->prof->phase_s[phase] += now_ - *(t);             \
-            *(t) = now_;                                            \
-        }                                                           \
-    } while (0)
-
+/* Everything a forward needs besides the batch. */
 typedef struct fwd_ctx {
     const parity_model *model;  /* NULL in a kernel entry point (ops.c) */
     const parity_config *config;  /* the shapes: the model's, or a kernel entry point's */
@@ -140,6 +128,16 @@ typedef struct fwd_ctx {
     uint32_t split_k, split_kv;
     fwd_profile *prof;      /* NULL unless the caller profiles (parity_*_set_profiling) */
 } fwd_ctx;
+
+/* A phase's lap: adds the time since *t to the phase and restarts *t; no clock is read
+ * without a profile. Start with t = phase_start(ctx). */
+static inline double phase_start(const fwd_ctx *ctx) { return ctx->prof ? profile_now() : 0.0; }
+static inline void phase_lap(const fwd_ctx *ctx, parity_phase phase, double *t) {
+    if (!ctx->prof) return;
+    const double now = profile_now();
+    ctx->prof->phase_s[phase] += now - *t;
+    *t = now;
+}
 
 /* Runs the rows through the model, writing their K/V to the cache. For the n_out rows listed
  * in out_rows (indices into rows, ascending), writes the logits to logits[n_out][vocab]

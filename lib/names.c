@@ -1,7 +1,7 @@
 /*
  * The names of the library's enumerations, each in one table: backends, log-prob modes,
- * architectures and profile phases. The command-line tools, the benches and the Python binding use these
- * functions rather than copies of the strings. (Presets: policy.c; built-in configs:
+ * architectures and profile phases. The command-line tools, the benches and the Python
+ * binding use these functions rather than copies of the strings. (Presets: policy.c; built-in configs:
  * config.c; CPU paths: cpu.c; statuses: errors.c.)
  */
 #include "internal.h"
@@ -79,10 +79,10 @@ int parity_logprob_mode_from_name(const char *name, parity_logprob_mode *out) {
 }
 
 const char *parity_arch_name(int arch) { return name_of(archs, COUNT(archs), arch); }
+int parity_arch_from_name(const char *name, parity_arch *out) {
+    return value_of(archs, COUNT(archs), "architecture (model_type)", name, out);
+}
 
 const char *parity_phase_name(uint32_t phase) {
     return phase < PARITY_PHASE_COUNT ? name_of(phases, COUNT(phases), (int)phase) : NULL;
-}
-int parity_arch_from_name(const char *name, parity_arch *out) {
-    return value_of(archs, COUNT(archs), "architecture (model_type)", name, out);
 }

@@ -102,18 +102,6 @@ void fp_env_restore(unsigned saved) {
 #endif
 }
 
-static void run_tasks(threadpool *p, unsigned worker);
-
-static void run_share(threadpool *p, unsigned worker) {
-    if (!p->timing || worker >= POOL_MAX_WORKERS) {
-        run_tasks(p, worker);
-        return;
-    }
-    const long long t0 = now_ns();
-    run_tasks(p, worker);
-    p->busy_ns[worker] = now_ns() - t0;
-}
-
 static void run_tasks(threadpool *p, unsigned worker) {
     if (p->chunk) {
         for (;;) {
@@ -125,6 +113,17 @@ static void run_tasks(threadpool *p, unsigned worker) {
     }
     size_t begin = p->n_tasks * worker / p->n, end = p->n_tasks * (worker + 1) / p->n;
     if (begin < end) p->fn(p->ctx, begin, end, worker);
+}
+
+/* A worker's share of the loop, timed into busy_ns when the pool is timing. */
+static void run_share(threadpool *p, unsigned worker) {
+    if (!p->timing || worker >= POOL_MAX_WORKERS) {
+        run_tasks(p, worker);
+        return;
+    }
+    const long long t0 = now_ns();
+    run_tasks(p, worker);
+    p->busy_ns[worker] = now_ns() - t0;
 }
 
 /* The spin before a sleep: keep_spinning() after each check that failed relaxes the CPU and
@@ -277,6 +276,7 @@ static void run_loop(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks, size_
         fn(ctx, 0, n_tasks, 0);
         return;
     }
+    const long long t0 = p->timing ? now_ns() : 0;  /* the publication is dispatch too */
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
@@ -291,7 +291,6 @@ static void run_loop(threadpool *p, pool_fn fn, void *ctx, size_t n_tasks, size_
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
-    const long long t0 = p->timing ? now_ns() : 0;
     run_share(p, 0);
     wait_workers(p);
     if (p->timing) {
