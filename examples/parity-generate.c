@@ -5,6 +5,8 @@
  *                   [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
  *                   [--batch B] [--threads N] [--logprob-mode MODE] [--stop ID]...
  *                   [--backend BACKEND]
+ *                   [--exit-rule full|threshold|fixed] [--exit-threshold X] [--min-depth D]
+ *                   [--max-depth D] [--loop-kv last-exited|full]
  *
  * MODE and BACKEND are the library's names (raw | processed | processed-truncated,
  * bf16 | openblas); usage lists them.
@@ -14,7 +16,10 @@
  * the next starts (continuous batching). The output does not depend on B.
  * One JSON object per completion on stdout, in index order:
  *   {"index": i, "prompt_len": L, "tokens": [...], "logprobs": [...]}
- * (the generated part only; log-probs "%.9g"). */
+ * (the generated part only; log-probs "%.9g"), and for a looped model (Ouro)
+ * "exit_depths": [...], the loops of the step that produced each token, with the KV rule as
+ * "loop_kv": the schedule that parity-score --depths replays (the exit options are
+ * parity_sampling's; the defaults run every loop). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +32,9 @@ static void usage(void) {
             "usage: parity-generate --model DIR|synthetic:NAME[:SEED] --policy PRESET\n"
             "         (--prompt-bytes FILE | --prompt-tokens FILE) [--n N] [--max-tokens M]\n"
             "         [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--batch B]\n"
-            "         [--threads N] [--logprob-mode MODE] [--stop ID]... [--backend BACKEND]\n");
+            "         [--threads N] [--logprob-mode MODE] [--stop ID]... [--backend BACKEND]\n"
+            "         [--exit-rule full|threshold|fixed] [--exit-threshold X] [--min-depth D]\n"
+            "         [--max-depth D] [--loop-kv last-exited|full]   (looped models)\n");
     print_choices();
 }
 
@@ -35,7 +42,25 @@ typedef struct completion {
     uint32_t n;
     int32_t *tokens;
     float *logprobs;
+    uint32_t *depths;
 } completion;
+
+/* name -> index in names[] (n of them); 0 if not there, after saying so */
+static int parse_name(const char *opt, const char *v, const char *const *names, uint32_t n,
+                      uint32_t *out) {
+    for (uint32_t i = 0; i < n; i++)
+        if (!strcmp(v, names[i])) {
+            *out = i;
+            return 1;
+        }
+    fprintf(stderr, "error: %s '%s' is not one of", opt, v);
+    for (uint32_t i = 0; i < n; i++) fprintf(stderr, " %s", names[i]);
+    fprintf(stderr, "\n");
+    return 0;
+}
+
+static const char *const exit_rules[] = {"full", "threshold", "fixed"}; /* parity_exit_rule */
+static const char *const loop_kvs[] = {"last-exited", "full"};           /* parity_loop_kv */
 
 int main(int argc, char **argv) {
     const char *model_spec = NULL, *policy = NULL, *pbytes = NULL, *ptokens = NULL;
@@ -45,6 +70,7 @@ int main(int argc, char **argv) {
     unsigned long long seed = 0;
     parity_sampling sp;
     parity_sampling_default(&sp);
+    uint32_t loop_kv = PARITY_LOOP_KV_LAST_EXITED;
     for (int i = 1; i < argc; i++) {
         const char *a, *v;
         int done = next_option(argc, argv, &i, usage, &a, &v);
@@ -65,6 +91,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--temperature")) ok = parse_float(v, &temperature);
         else if (!strcmp(a, "--top-p")) ok = parse_float(v, &top_p);
         else if (!strcmp(a, "--min-p")) ok = parse_float(v, &min_p);
+        else if (!strcmp(a, "--exit-rule")) {
+            if (!parse_name(a, v, exit_rules, 3, &sp.exit_rule)) return 2;
+        } else if (!strcmp(a, "--loop-kv")) {
+            if (!parse_name(a, v, loop_kvs, 2, &loop_kv)) return 2;
+        } else if (!strcmp(a, "--exit-threshold")) ok = parse_float(v, &sp.exit_threshold);
+        else if (!strcmp(a, "--min-depth")) ok = parse_uint(v, &sp.min_depth);
+        else if (!strcmp(a, "--max-depth")) ok = parse_uint(v, &sp.max_depth);
         else if (!strcmp(a, "--seed")) {
             char *end;
             seed = strtoull(v, &end, 10);
@@ -126,6 +159,8 @@ int main(int argc, char **argv) {
     params.max_seqs = batch + 1;
     params.max_len = (uint32_t)max_len;
     params.max_batch = batch;
+    params.loop_kv = loop_kv;
+    const int looped = parity_model_config(model)->arch == PARITY_ARCH_OURO;
     if ((rc = parity_sampler_create(model, &params, &sampler))) {
         fail("creating the sampler", rc);
         goto done;
@@ -138,7 +173,8 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < n; i++) {
         out[i].tokens = malloc(max_tokens * sizeof(int32_t));
         out[i].logprobs = malloc(max_tokens * sizeof(float));
-        if (!out[i].tokens || !out[i].logprobs) {
+        out[i].depths = malloc(max_tokens * sizeof(uint32_t));
+        if (!out[i].tokens || !out[i].logprobs || !out[i].depths) {
             fprintf(stderr, "error: out of memory\n");
             goto done;
         }
@@ -171,6 +207,11 @@ int main(int argc, char **argv) {
             completion *c = &out[index[k]];
             c->tokens[c->n] = tok[k];
             c->logprobs[c->n] = lp[k];
+            /* the depth of the step that drew it: the last cached position's */
+            const uint32_t *d;
+            uint32_t nd;
+            parity_sampler_depths(sampler, active[k], &d, &nd);
+            c->depths[c->n] = d[nd - 1];
             c->n++;
             if (fin[k]) {
                 parity_sampler_release(sampler, active[k]);
@@ -193,7 +234,13 @@ int main(int argc, char **argv) {
         for (uint32_t t = 0; t < out[i].n; t++) printf("%s%d", t ? ", " : "", out[i].tokens[t]);
         printf("], \"logprobs\": [");
         for (uint32_t t = 0; t < out[i].n; t++) printf("%s%.9g", t ? ", " : "", (double)out[i].logprobs[t]);
-        printf("]}\n");
+        if (looped) {
+            printf("], \"exit_depths\": [");
+            for (uint32_t t = 0; t < out[i].n; t++) printf("%s%u", t ? ", " : "", out[i].depths[t]);
+            printf("], \"loop_kv\": \"%s\"}\n", loop_kvs[loop_kv]);
+        } else {
+            printf("]}\n");
+        }
     }
     status = 0;
 done:
@@ -201,6 +248,7 @@ done:
         for (uint32_t i = 0; i < n; i++) {
             free(out[i].tokens);
             free(out[i].logprobs);
+            free(out[i].depths);
         }
     free(out);
     free(active);

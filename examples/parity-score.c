@@ -3,6 +3,7 @@
  *   parity-score --model DIR|synthetic:NAME[:SEED] --policy PRESET [--bytes FILE | --tokens FILE]
  *                [--temperature T] [--logprob-mode MODE] [--top-k K] [--top-p P]
  *                [--min-p P] [--threads N] [--backend BACKEND] [--out FILE]
+ *                [--depths FILE [--loop-kv last-exited|full]]
  *
  * MODE and BACKEND are the library's names (parity_logprob_mode_name, parity_backend_name):
  * raw | processed | processed-truncated, bf16 | openblas; usage lists them.
@@ -11,7 +12,10 @@
  * float), or with --out writes them as little-endian float32. The mode is "raw" unless
  * --temperature is given ("processed": log-probs of logits / T) or --logprob-mode says
  * otherwise; processed-truncated renormalises over the top-k/top-p/min-p support, as
- * parity-generate's sampler does. */
+ * parity-generate's sampler does. A looped model (Ouro) replays the depth schedule in
+ * --depths (whitespace-separated, one per token: the prompt's positions at every loop, then
+ * each exit depth parity-generate printed; the last position's is not used) with the KV rule
+ * the completion was sampled with; without --depths every position runs every loop. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,13 +28,14 @@ static void usage(void) {
             "usage: parity-score --model DIR|synthetic:NAME[:SEED] --policy PRESET\n"
             "                    (--bytes FILE | --tokens FILE) [--temperature T]\n"
             "                    [--logprob-mode MODE] [--top-k K] [--top-p P] [--min-p P]\n"
-            "                    [--threads N] [--backend BACKEND] [--out FILE]\n");
+            "                    [--threads N] [--backend BACKEND] [--out FILE]\n"
+            "                    [--depths FILE [--loop-kv last-exited|full]]   (looped models)\n");
     print_choices();
 }
 
 int main(int argc, char **argv) {
     const char *model_spec = NULL, *policy_name = NULL, *bytes = NULL, *toks = NULL, *out = NULL;
-    const char *backend = "bf16", *mode = NULL;
+    const char *backend = "bf16", *mode = NULL, *depths_path = NULL, *loop_kv = "last-exited";
     float temperature = -1, top_p = 1.0f, min_p = 0.0f;
     uint32_t threads = 1, top_k = 0;
     for (int i = 1; i < argc; i++) {
@@ -42,6 +47,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--bytes")) bytes = v;
         else if (!strcmp(a, "--tokens")) toks = v;
         else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--depths")) depths_path = v;
+        else if (!strcmp(a, "--loop-kv")) loop_kv = v;
         else if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--logprob-mode")) mode = v;
         else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
@@ -79,6 +86,28 @@ int main(int argc, char **argv) {
     uint32_t n;
     int32_t *tokens = read_tokens(bytes ? bytes : toks, bytes != NULL, &n);
     if (!tokens) return 1;
+    int32_t *depths = NULL;
+    if (depths_path) {
+        uint32_t nd;
+        depths = read_tokens(depths_path, 0, &nd);
+        if (!depths) {
+            free(tokens);
+            return 1;
+        }
+        if (nd != n) {
+            fprintf(stderr, "error: %s has %u depths, the sequence %u tokens: one per token\n",
+                    depths_path, nd, n);
+            free(tokens);
+            free(depths);
+            return 2;
+        }
+    }
+    if (strcmp(loop_kv, "last-exited") && strcmp(loop_kv, "full")) {
+        fprintf(stderr, "error: --loop-kv '%s' is not last-exited or full\n", loop_kv);
+        free(tokens);
+        free(depths);
+        return 2;
+    }
     parity_model *model = NULL;
     parity_scorer *scorer = NULL;
     float *lp = malloc((n ? n : 1) * sizeof *lp);
@@ -108,6 +137,9 @@ int main(int argc, char **argv) {
     opt.top_k = top_k;
     opt.top_p = top_p;
     opt.min_p = min_p;
+    /* a negative depth read as uint32 is above any model's loops: the library refuses it */
+    opt.depths = (const uint32_t *)depths;
+    opt.loop_kv = strcmp(loop_kv, "full") ? PARITY_LOOP_KV_LAST_EXITED : PARITY_LOOP_KV_FULL;
     if ((rc = parity_score(scorer, &opt, tokens, &n, 1, lp, NULL, NULL, NULL))) {
         fail("scoring", rc);
         goto done;
@@ -127,5 +159,6 @@ done:
     parity_model_free(model);
     free(lp);
     free(tokens);
+    free(depths);
     return status;
 }

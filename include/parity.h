@@ -65,7 +65,7 @@ PARITY_API int parity_version_number(void);
 
 /* The ABI: bumped whenever a public struct or a function's signature changes, so that a
  * binding (python/parity) can check that it mirrors this library. */
-#define PARITY_ABI_VERSION 1
+#define PARITY_ABI_VERSION 2
 PARITY_API int parity_abi_version(void);
 /* sizeof a public struct by its name ("parity_policy", "parity_config",
  * "parity_scorer_params", "parity_score_options", "parity_sampling",
@@ -526,6 +526,22 @@ enum {
     PARITY_GEMM_MXFP4 = 4,          /* "+mxfp4:RULE" */
     PARITY_GEMM_TERNARY = 5,        /* "+ternary:RULE" */
 
+    /* exit_dist: a looped model's exit distribution from its gate (Ouro's
+     * OuroForCausalLM.forward): per loop t, lambda = sigmoid(gate(h_t)), p_t = lambda *
+     * remaining and remaining = remaining * (1 - lambda), the last loop p = remaining; the CDF
+     * is the running sum of the p. The threshold rule exits at the first loop whose CDF >= the
+     * threshold. */
+    PARITY_EXIT_DIST_MODEL = 0,     /* in the model's dtype, as HF computes it: the gate's
+                                       output, lambda, 1 - lambda, each product and each CDF
+                                       value rounded to bf16 (fp16 under PARITY_COMPUTE_FP16;
+                                       the CDF summed in fp32 and rounded per loop, as
+                                       torch.cumsum does), and the threshold rounded too (a
+                                       Python float compared with a bf16 tensor). A CDF that
+                                       comes within 2^-9 of 1 rounds to 1: at threshold 1
+                                       this exits before the last loop. Under
+                                       PARITY_COMPUTE_FP32 as FP32 */
+    PARITY_EXIT_DIST_FP32 = 1,      /* every step in fp32, the gate's output unrounded */
+
     PARITY_COMPUTE_FP16 = 2,        /* fp16 weights and activations: every rounding point that
                                        rounds to bf16 under PARITY_COMPUTE_BF16 rounds to IEEE
                                        fp16 instead (nearest even, overflow to infinity,
@@ -552,7 +568,8 @@ typedef struct parity_policy {
     uint8_t gemm;         /* PARITY_GEMM_*: the decoder layers' linear layers in bf16 or fp8 */
     uint8_t quantizer;    /* PARITY_FP8Q_* / PARITY_QUANT_* of the gemm's format (0 under
                              PARITY_GEMM_BF16) */
-    uint8_t reserved[4];  /* zero */
+    uint8_t exit_dist;    /* PARITY_EXIT_DIST_* (looped models: the exit gate's distribution) */
+    uint8_t reserved[3];  /* zero */
 } parity_policy;
 
 /*
@@ -662,10 +679,14 @@ typedef enum parity_arch {
     PARITY_ARCH_QWEN2 = 0,   /* Qwen2 / Qwen2.5: q/k/v bias, no q/k-norm */
     PARITY_ARCH_QWEN3 = 1,   /* Qwen3: q_norm/k_norm before RoPE, no bias */
     PARITY_ARCH_LLAMA = 2,   /* Llama 3.x: no bias, no q/k-norm */
+    PARITY_ARCH_OURO = 3,    /* Ouro (ByteDance): a looped Qwen2-style stack without biases,
+                                run total_ut_steps times, four RMSNorms a layer (the attention
+                                and MLP outputs normed before each residual add), the final
+                                norm after every loop, an exit gate on each loop's output */
 } parity_arch;
 
-/* An architecture's name, its config.json model_type ("qwen2", "qwen3", "llama"); NULL for a
- * value that is not an architecture. */
+/* An architecture's name, its config.json model_type ("qwen2", "qwen3", "llama", "ouro");
+ * NULL for a value that is not an architecture. */
 PARITY_API const char *parity_arch_name(int arch);
 /* The architecture of a model_type; PARITY_ERR_INVALID_ARGUMENT for another name. */
 PARITY_API int parity_arch_from_name(const char *name, parity_arch *out);
@@ -698,10 +719,21 @@ typedef struct parity_config {
     float rope_mscale;                 /* yarn; 0 = absent */
     float rope_mscale_all_dim;         /* yarn; 0 = absent */
     uint32_t rope_truncate;            /* yarn (default 1) */
+    /* Looped models (PARITY_ARCH_OURO; 1, 0 and 0 for every other architecture): */
+    uint32_t total_ut_steps;           /* loops T: the layer stack runs T times per token,
+                                          K/V kept per (loop, layer) (T x num_hidden_layers
+                                          planes); 0 is read as 1 */
+    uint32_t early_exit_gate;          /* model.early_exit_gate (Linear(hidden, 1) with bias)
+                                          is present; 0: a fixed-loop model (config.json
+                                          "use_early_exit_gate": false), every token T loops */
+    float early_exit_threshold;        /* config.json's early_exit_threshold (HF's default
+                                          exit rule; 1 when absent): recorded, not applied */
 } parity_config;
 
 /* Named built-in configs with real hyper-parameters: "tiny", "qwen3-0.6b",
- * "qwen2.5-0.5b", "llama3.2-1b". */
+ * "qwen2.5-0.5b", "llama3.2-1b", "ouro-1.4b", "ouro-2.6b" (ByteDance/Ouro-1.4B, -2.6B), and
+ * the small looped shapes "ouro-tiny" (4 loops, exit gate) and "ouro-tiny-fixed" (3 loops,
+ * no gate). */
 PARITY_API int parity_config_builtin(const char *name, parity_config *out);
 /* Names of the built-in configs, NULL-terminated. */
 PARITY_API const char *const *parity_config_builtin_names(void);
@@ -909,6 +941,13 @@ typedef struct parity_score_options {
     float top_p;                /* PROCESSED_TRUNCATED: in (0, 1] (1 = off) */
     float min_p;                /* PROCESSED_TRUNCATED: in [0, 1) (0 = off) */
     uint32_t top_n;             /* alternatives to report per position (0 = none) */
+    /* Looped models (see parity_loop_kv): the depth schedule to replay. depths[j], indexed
+     * like tokens, is the loops position j runs, 1..total_ut_steps: what
+     * parity_sampler_depths returns for a sampled sequence (prompt positions at full depth,
+     * then each generated token's input at the depth its step exited; the last position's
+     * value is not used). NULL: every position runs every loop (the dense learner). */
+    const uint32_t *depths;
+    uint32_t loop_kv;           /* parity_loop_kv the schedule was sampled with */
 } parity_score_options;
 
 PARITY_API void parity_score_default_options(parity_score_options *options);
@@ -969,7 +1008,34 @@ typedef struct parity_sampling {
     int32_t stop[PARITY_MAX_STOP];
     uint32_t logprob_mode;       /* parity_logprob_mode of the reported log-probs */
     uint32_t top_n;              /* alternatives reported per step (0 = none) */
+    /* Looped models (arch ouro): how many loops each decode step runs (the prompt runs them
+     * all). The loops a step ran are the sequence's depth at that position
+     * (parity_sampler_depths), which the scorer replays. */
+    uint32_t exit_rule;          /* parity_exit_rule (0 = PARITY_EXIT_FULL) */
+    float exit_threshold;        /* PARITY_EXIT_THRESHOLD: exit after the first loop whose exit
+                                    CDF (policy->exit_dist) is >= this, in [0, 1] */
+    uint32_t min_depth;          /* PARITY_EXIT_THRESHOLD: loops run at least (0 = 1) */
+    uint32_t max_depth;          /* PARITY_EXIT_THRESHOLD: loops run at most; PARITY_EXIT_FIXED:
+                                    the loops every step runs (0 = total_ut_steps) */
 } parity_sampling;
+
+/* How a looped model's decode step chooses its depth. */
+typedef enum parity_exit_rule {
+    PARITY_EXIT_FULL = 0,        /* every loop (vLLM upstream: the gate is never read) */
+    PARITY_EXIT_THRESHOLD = 1,   /* the exit gate's CDF against exit_threshold, within
+                                    [min_depth, max_depth] (HF's exit_threshold path, vllm-rlt's
+                                    "ouro" mode); needs the gate */
+    PARITY_EXIT_FIXED = 2,       /* max_depth loops */
+} parity_exit_rule;
+
+/* What a looped model's token leaves in the KV planes of the loops after its exit depth. */
+typedef enum parity_loop_kv {
+    PARITY_LOOP_KV_LAST_EXITED = 0,  /* the exit loop's K/V copied into every deeper plane
+                                        (vllm-rlt's LAST_EXITED); the deeper loops are not
+                                        run: early exit saves their compute */
+    PARITY_LOOP_KV_FULL = 1,         /* every loop run and its K/V kept, as dense engines do;
+                                        the logits read the exit loop's output */
+} parity_loop_kv;
 
 PARITY_API void parity_sampling_default(parity_sampling *sampling);
 
@@ -997,6 +1063,7 @@ typedef struct parity_sampler_params {
     uint64_t max_memory;         /* ceiling on the bytes the sampler allocates (KV cache,
                                     scratch, tables: parity_sampler_bytes); creation fails up
                                     front with PARITY_ERR_MEMORY_LIMIT beyond it. 0 = none */
+    uint32_t loop_kv;            /* parity_loop_kv (looped models) */
 } parity_sampler_params;
 
 PARITY_API void parity_sampler_default_params(parity_sampler_params *params);
@@ -1084,6 +1151,14 @@ PARITY_API int parity_sampler_seq_info(const parity_sampler *sampler, uint32_t s
  * changes the sampler. */
 PARITY_API int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq,
                                      const int32_t **tokens, uint32_t *len, uint32_t *prompt_len);
+
+/* A looped model's depth schedule of a sequence: depths[j] = the loops position j ran, for
+ * j < *n = len - 1 (the positions in the cache; prompt positions ran every loop), valid until
+ * the next call that changes the sampler. Pass it, with the sampler's loop_kv, as
+ * parity_score_options.depths (any value for the last position) to replay it. A model that
+ * does not loop gives 1 for every position. */
+PARITY_API int parity_sampler_depths(const parity_sampler *sampler, uint32_t seq,
+                                     const uint32_t **depths, uint32_t *n);
 
 /* ---- Where the time goes ---------------------------------------------------------------- */
 

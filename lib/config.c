@@ -46,6 +46,7 @@
 #include "model.h"
 
 #define CONFIG_MAX_BYTES (16u * 1024u * 1024u)
+#define CONFIG_MAX_LOOPS 64u
 
 /* ---- validation ------------------------------------------------------------------------- */
 
@@ -57,8 +58,29 @@ int config_validate(const parity_config *c) {
         return set_error(PARITY_ERR_CONFIG,
                          "config: size is %u, expected sizeof(parity_config) = %zu", c->size,
                          sizeof(parity_config));
-    if (c->arch > PARITY_ARCH_LLAMA)
+    if (c->arch > PARITY_ARCH_OURO)
         return set_error(PARITY_ERR_CONFIG, "config: arch %u is not a parity_arch", c->arch);
+    if (c->arch != PARITY_ARCH_OURO && (c->total_ut_steps > 1 || c->early_exit_gate))
+        return set_error(PARITY_ERR_CONFIG,
+                         "config: total_ut_steps %u and early_exit_gate %u: only arch ouro loops "
+                         "(1 and 0 for %s)",
+                         c->total_ut_steps, c->early_exit_gate, parity_arch_name((int)c->arch));
+    if (c->arch == PARITY_ARCH_OURO) {
+        if (c->total_ut_steps < 1 || c->total_ut_steps > CONFIG_MAX_LOOPS)
+            return set_error(PARITY_ERR_CONFIG, "config: total_ut_steps is %u, must be in 1..%u",
+                             c->total_ut_steps, CONFIG_MAX_LOOPS);
+        if (c->early_exit_gate > 1)
+            return set_error(PARITY_ERR_CONFIG, "config: early_exit_gate must be 0 or 1 (got %u)",
+                             c->early_exit_gate);
+        if (!(c->early_exit_threshold >= 0.0f && c->early_exit_threshold <= 1.0f))
+            return set_error(PARITY_ERR_CONFIG, "config: early_exit_threshold (%g) must be in 0..1",
+                             (double)c->early_exit_threshold);
+        if (c->attention_bias || c->qk_norm)
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: an ouro model has no q/k/v bias and no q/k-norm "
+                             "(attention_bias %u, qk_norm %u)",
+                             c->attention_bias, c->qk_norm);
+    }
 
     struct {
         const char *name;
@@ -399,6 +421,7 @@ static void config_init(parity_config *c) {
     c->rope_beta_fast = 32.0f;
     c->rope_beta_slow = 1.0f;
     c->rope_truncate = 1;
+    c->total_ut_steps = 1;
 }
 
 static int parse_tree(const reader *r, const json_value *root, parity_config *c) {
@@ -431,6 +454,12 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
         break;
     case PARITY_ARCH_LLAMA:
         c->max_position_embeddings = 2048;
+        break;
+    case PARITY_ARCH_OURO:
+        /* configuration_ouro.py's defaults */
+        c->total_ut_steps = 4;
+        c->early_exit_gate = 1;
+        c->early_exit_threshold = 1.0f;
         break;
     }
 
@@ -490,6 +519,25 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
     if (flag)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: use_sliding_window true is not supported",
                          r->path);
+
+    if (arch == PARITY_ARCH_OURO) {
+        if ((rc = read_uint(r, root, "total_ut_steps", "total_ut_steps", 0, &c->total_ut_steps)))
+            return rc;
+        /* ouro_rl's use_early_exit_gate: false for a fixed-loop model without the gate */
+        if ((rc = read_bool(r, root, "use_early_exit_gate", "use_early_exit_gate",
+                            &c->early_exit_gate)))
+            return rc;
+        int present;
+        double thr = 1.0;
+        if ((rc = read_number(r, root, "early_exit_threshold", "early_exit_threshold", &present,
+                              &thr)))
+            return rc;
+        if (present && !(thr >= 0.0 && thr <= 1.0))
+            return set_error(PARITY_ERR_CONFIG,
+                             "%s: field 'early_exit_threshold' must be in 0..1, got %.17g", r->path,
+                             thr);
+        c->early_exit_threshold = (float)thr;
+    }
 
     const char *s;
     if ((rc = read_string(r, root, "hidden_act", "hidden_act", &s))) return rc;
@@ -579,7 +627,7 @@ static const struct builtin {
               .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16,
               .max_position_embeddings = 512, .tie_word_embeddings = 0, .attention_bias = 0,
               .qk_norm = 1, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0,
-              .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL}},
+              .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL, .total_ut_steps = 1}},
     /* Qwen/Qwen3-0.6B config.json */
     {"qwen3-0.6b", {.size = sizeof(parity_config), .arch = PARITY_ARCH_QWEN3,
                     .vocab_size = 151936, .hidden_size = 1024, .intermediate_size = 3072,
@@ -587,7 +635,8 @@ static const struct builtin {
                     .num_key_value_heads = 8, .head_dim = 128, .max_position_embeddings = 40960,
                     .tie_word_embeddings = 1, .attention_bias = 0, .qk_norm = 1,
                     .rms_norm_eps = 1e-6f,
-                    .rope_theta = 1000000.0, .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL}},
+                    .rope_theta = 1000000.0, .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL,
+                    .total_ut_steps = 1}},
     /* Qwen/Qwen2.5-0.5B config.json */
     {"qwen2.5-0.5b", {.size = sizeof(parity_config), .arch = PARITY_ARCH_QWEN2,
                       .vocab_size = 151936, .hidden_size = 896, .intermediate_size = 4864,
@@ -595,7 +644,7 @@ static const struct builtin {
                       .num_key_value_heads = 2, .head_dim = 64, .max_position_embeddings = 32768,
                       .tie_word_embeddings = 1, .attention_bias = 1, .qk_norm = 0,
                       .rms_norm_eps = 1e-6f, .rope_theta = 1000000.0,
-                      .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL}},
+                      .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL, .total_ut_steps = 1}},
     /* meta-llama/Llama-3.2-1B config.json */
     {"llama3.2-1b", {.size = sizeof(parity_config), .arch = PARITY_ARCH_LLAMA,
                      .vocab_size = 128256, .hidden_size = 2048, .intermediate_size = 8192,
@@ -606,7 +655,36 @@ static const struct builtin {
                      .rope_type = PARITY_ROPE_LLAMA3, .rope_factor = 32.0f,
                      .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
                      .rope_original_max_position_embeddings = 8192, .rope_beta_fast = 32.0f,
-                     .rope_beta_slow = 1.0f, .rope_truncate = 1}},
+                     .rope_beta_slow = 1.0f, .rope_truncate = 1, .total_ut_steps = 1}},
+    /* ByteDance/Ouro-1.4B config.json (revision 574fa66c, as vllm-rlt pins it): 24 layers run
+     * 4 times, MHA, untied head */
+#define OURO(layers)                                                                             \
+    {.size = sizeof(parity_config), .arch = PARITY_ARCH_OURO, .vocab_size = 49152,               \
+     .hidden_size = 2048, .intermediate_size = 5632, .num_hidden_layers = layers,                \
+     .num_attention_heads = 16, .num_key_value_heads = 16, .head_dim = 128,                      \
+     .max_position_embeddings = 65536, .tie_word_embeddings = 0, .rms_norm_eps = 1e-6f,          \
+     .rope_theta = 1000000.0, .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL,                    \
+     .total_ut_steps = 4, .early_exit_gate = 1, .early_exit_threshold = 1.0f}
+    {"ouro-1.4b", OURO(24)},
+    /* ByteDance/Ouro-2.6B: the 1.4B's layers duplicated, 48 */
+    {"ouro-2.6b", OURO(48)},
+#undef OURO
+    /* Small looped shapes for tests: 2 layers run 4 times with the exit gate, GQA (the Ouro
+     * models are MHA; GQA reaches more of the attention code), and a fixed-loop one (3 loops,
+     * no gate) */
+    {"ouro-tiny", {.size = sizeof(parity_config), .arch = PARITY_ARCH_OURO, .vocab_size = 256,
+                   .hidden_size = 64, .intermediate_size = 160, .num_hidden_layers = 2,
+                   .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16,
+                   .max_position_embeddings = 512, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0,
+                   .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL, .total_ut_steps = 4,
+                   .early_exit_gate = 1, .early_exit_threshold = 1.0f}},
+    {"ouro-tiny-fixed", {.size = sizeof(parity_config), .arch = PARITY_ARCH_OURO,
+                         .vocab_size = 256, .hidden_size = 64, .intermediate_size = 160,
+                         .num_hidden_layers = 2, .num_attention_heads = 4,
+                         .num_key_value_heads = 2, .head_dim = 16, .max_position_embeddings = 512,
+                         .rms_norm_eps = 1e-6f, .rope_theta = 10000.0,
+                         .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL, .total_ut_steps = 3,
+                         .early_exit_gate = 0, .early_exit_threshold = 1.0f}},
 };
 
 #define N_BUILTINS (sizeof builtins / sizeof builtins[0])

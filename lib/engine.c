@@ -115,7 +115,8 @@ void engine_leave(engine *e) { object_leave(&e->in_use); }
 
 fwd_ctx engine_fwd_ctx(engine *e) {
     return (fwd_ctx){e->model, &e->model->config, e->p.policy, e->p.backend, e->pool, &e->kv,
-                     &e->scratch, 0, 0, e->profiling ? &e->prof : NULL};
+                     &e->scratch, 0, 0, e->profiling ? &e->prof : NULL,
+                     PARITY_LOOP_KV_LAST_EXITED};
 }
 
 /* ---- profiling ----------------------------------------------------------------------------- */

@@ -23,7 +23,9 @@
 #define KV_BLOCK 16
 
 typedef struct kv_cache {
-    uint32_t n_layers, n_cells, width;  /* width = num_key_value_heads * head_dim */
+    uint32_t n_layers, n_cells, width;  /* n_layers: planes (config_kv_planes: a looped model
+                                           has one per loop and layer); width =
+                                           num_key_value_heads * head_dim */
     uint32_t head_dim;
     int fp32;
     void *k, *v;                        /* [n_layers][n_cells / KV_BLOCK][kv heads][KV_BLOCK][head_dim] */
@@ -53,16 +55,39 @@ static inline size_t kv_offset(const kv_cache *kv, uint32_t layer, const uint32_
            (head * KV_BLOCK + slot) * kv->head_dim;
 }
 
+/* A looped model's row in a forward: the depth it runs to (0: its exit rule decides), its
+ * exit distribution so far, and whether it has exited. */
+typedef struct loop_state {
+    float remaining;   /* survival mass: the product of (1 - lambda) over the loops run */
+    float cdf_sum;     /* the sum of the exit probabilities so far (fp32, as torch.cumsum) */
+    uint32_t target;   /* 1..loops, 0 = decided by the exit rule */
+    uint32_t exited;   /* its output has been taken (h_exit) */
+} loop_state;
+
 /* ---- a batch ------------------------------------------------------------------------------
  * One row = one token of one sequence at one position. A row attends to positions 0..pos of
  * its sequence (the cells its block table names); rows of the same sequence in one batch
  * must come in position order, and positions before the batch's first row must already be in
  * the cache. */
+/* A looped model's exit rule for one row (the threshold rule: parity_sampling). */
+typedef struct fwd_exit {
+    float threshold;              /* exit after the first loop whose exit CDF >= threshold */
+    uint32_t min_depth, max_depth; /* 1 <= min_depth <= max_depth <= loops */
+} fwd_exit;
+
 typedef struct fwd_row {
     int32_t token;
     uint32_t pos;
     const uint32_t *blocks;
+    /* Looped models (config_loops > 1, or arch ouro), ignored by the others. In: the loops
+     * the row runs, 1..loops (0 = all), unless `exit` names a rule, which then decides it
+     * from the gate after each loop. Out: the loops whose output the row's logits read (its
+     * exit depth). */
+    uint32_t depth;
+    const fwd_exit *exit;
 } fwd_row;
+
+
 
 /* The bf16-weight GEMM's scratch: x packed in either layout (gemm_scratch_xpack_floats of the
  * largest M and K), and one weight panel of gemm_panel_floats(max_k) floats per worker. */
@@ -88,6 +113,11 @@ typedef struct fwd_scratch {
     float *scores;  /* [workers][ATTN_TASK_ROWS][group][max_ctx] attention scores / probabilities */
     float *pv;      /* [workers][attn_pv_floats(group, head_dim)] attention accumulators, sums, blocks */
     float *partial; /* [max_rows][widest GEMM output] split-K partial sums (only when asked) */
+    /* looped models only (NULL otherwise): */
+    float *h_exit;  /* [max_rows][hidden]       each row's output at its exit loop */
+    struct loop_state *loop_state; /* [max_rows] per row: its target and exit distribution */
+    fwd_row *loop_rows; /* [max_rows]           the rows still running a loop, packed */
+    uint32_t *loop_slot; /* [max_rows]          the batch row of each of them */
 } fwd_scratch;
 
 uint64_t fwd_scratch_bytes(const parity_config *c, uint32_t max_rows, uint32_t max_ctx,
@@ -127,6 +157,7 @@ typedef struct fwd_ctx {
     /* kernel-order experiments (parity_sampler_params): 0 = the contract's orders */
     uint32_t split_k, split_kv;
     fwd_profile *prof;      /* NULL unless the caller profiles (parity_*_set_profiling) */
+    uint32_t loop_kv;       /* parity_loop_kv: looped models' K/V after a row's exit depth */
 } fwd_ctx;
 
 /* A phase's lap: adds the time since *t to the phase and restarts *t; no clock is read
@@ -141,8 +172,10 @@ static inline void phase_lap(const fwd_ctx *ctx, parity_phase phase, double *t) 
 
 /* Runs the rows through the model, writing their K/V to the cache. For the n_out rows listed
  * in out_rows (indices into rows, ascending), writes the logits to logits[n_out][vocab]
- * (rounded to bf16 unless the policy keeps an fp32 head). n_rows <= s->max_rows. */
-void forward(const fwd_ctx *ctx, size_t n_rows, const fwd_row *rows, size_t n_out,
+ * (rounded to bf16 unless the policy keeps an fp32 head). n_rows <= s->max_rows. A looped
+ * model's rows run to their depth or exit rule and have their exit depth written to
+ * rows[r].depth (forward_looped). */
+void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
              const uint32_t *out_rows, float *logits);
 
 /* The pieces of the forward that the kernel entry points (ops.c) run too. */

@@ -84,8 +84,14 @@ static size_t build_tensor_table(parity_model *m, expected *e) {
             expect(e, &n, &l->q_norm, 0, hd, d_hd, "model.layers.%d.self_attn.q_norm.weight", li);
             expect(e, &n, &l->k_norm, 0, hd, d_hd, "model.layers.%d.self_attn.k_norm.weight", li);
         }
+        if (c->arch == PARITY_ARCH_OURO)
+            expect(e, &n, &l->attn_out_norm, 0, c->hidden_size, d_h,
+                   "model.layers.%d.input_layernorm_2.weight", li);
         expect(e, &n, &l->mlp_norm, 0, c->hidden_size, d_h,
                "model.layers.%d.post_attention_layernorm.weight", li);
+        if (c->arch == PARITY_ARCH_OURO)
+            expect(e, &n, &l->mlp_out_norm, 0, c->hidden_size, d_h,
+                   "model.layers.%d.post_attention_layernorm_2.weight", li);
         expect(e, &n, &l->w_gate, c->intermediate_size, c->hidden_size, d_up,
                "model.layers.%d.mlp.gate_proj.weight", li);
         expect(e, &n, &l->w_up, c->intermediate_size, c->hidden_size, d_up,
@@ -94,6 +100,12 @@ static size_t build_tensor_table(parity_model *m, expected *e) {
                "model.layers.%d.mlp.down_proj.weight", li);
     }
     expect(e, &n, &m->final_norm, 0, c->hidden_size, d_h, "model.norm.weight", 0);
+    if (c->early_exit_gate) {
+        char d_gate[64];
+        snprintf(d_gate, sizeof d_gate, "[1, hidden_size=%u]", c->hidden_size);
+        expect(e, &n, &m->exit_gate, 1, c->hidden_size, d_gate, "model.early_exit_gate.weight", 0);
+        expect(e, &n, &m->exit_gate_bias, 0, 1, "[1]", "model.early_exit_gate.bias", 0);
+    }
     if (!c->tie_word_embeddings)
         expect(e, &n, &m->lm_head, c->vocab_size, c->hidden_size, d_emb, "lm_head.weight", 0);
     /* the decoder layers' linear weights: what the fp8 formats quantize */
@@ -109,8 +121,8 @@ static size_t build_tensor_table(parity_model *m, expected *e) {
     return n;
 }
 
-/* At most 13 tensors a layer (and 3 more per model): room to spare. */
-static size_t model_max_tensors(const parity_config *c) { return 16 * (size_t)c->num_hidden_layers + 4; }
+/* At most 15 tensors a layer (and 5 more per model): room to spare. */
+static size_t model_max_tensors(const parity_config *c) { return 16 * (size_t)c->num_hidden_layers + 6; }
 
 const expected *model_find_tensor(const parity_model *m, const char *name) {
     for (size_t i = 0; i < m->n_tensors; i++)
@@ -229,18 +241,10 @@ static int widen(parity_model *m, weight *w) {
 /* Widens the weights (all of them, or only the vectors: norms and biases, which the region
  * kernels always read in fp32). */
 static int widen_weights(parity_model *m, int vectors_only) {
-    weight *top[] = {&m->embed, &m->final_norm, &m->lm_head};
     int rc = PARITY_OK;
-    for (size_t j = 0; j < 3 && !rc; j++) {
-        if (top[j] == &m->lm_head && m->config.tie_word_embeddings) continue; /* shares embed's */
-        if (!vectors_only || top[j]->rows == 1) rc = widen(m, top[j]);
-    }
-    for (uint32_t i = 0; i < m->config.num_hidden_layers && !rc; i++) {
-        layer_weights *l = &m->layers[i];
-        weight *ws[] = {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk, &l->bv,
-                        &l->q_norm, &l->k_norm, &l->mlp_norm, &l->w_gate, &l->w_up, &l->w_down};
-        for (size_t j = 0; j < sizeof ws / sizeof ws[0] && !rc; j++)
-            if (!vectors_only || ws[j]->rows == 1) rc = widen(m, ws[j]);
+    for (size_t i = 0; i < m->n_tensors && !rc; i++) {
+        weight *w = m->tensors[i].dst;
+        if (!vectors_only || w->rows == 1) rc = widen(m, w);
     }
     if (m->config.tie_word_embeddings) m->lm_head.wide = m->embed.wide;
     return rc;
@@ -883,6 +887,7 @@ static int write_config(const parity_config *c, const char *path, const char *to
     const char *type = parity_arch_name((int)c->arch);
     const char *archname = c->arch == PARITY_ARCH_QWEN2   ? "Qwen2ForCausalLM"
                            : c->arch == PARITY_ARCH_QWEN3 ? "Qwen3ForCausalLM"
+                           : c->arch == PARITY_ARCH_OURO  ? "OuroForCausalLM"
                                                           : "LlamaForCausalLM";
     fprintf(fp,
             "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
@@ -897,6 +902,12 @@ static int write_config(const parity_config *c, const char *path, const char *to
             c->max_position_embeddings, (double)c->rms_norm_eps, c->rope_theta,
             c->tie_word_embeddings ? "true" : "false", c->attention_bias ? "true" : "false",
             torch_dtype);
+    if (c->arch == PARITY_ARCH_OURO)
+        fprintf(fp,
+                "  \"total_ut_steps\": %u,\n  \"early_exit_threshold\": %.9g,\n"
+                "  \"use_early_exit_gate\": %s,\n",
+                c->total_ut_steps, (double)c->early_exit_threshold,
+                c->early_exit_gate ? "true" : "false");
     if (quantization_config) fprintf(fp, "  \"quantization_config\": %s,\n", quantization_config);
     switch (c->rope_type) {
     case PARITY_ROPE_LINEAR:

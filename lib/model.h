@@ -78,9 +78,23 @@ typedef struct layer_weights {
     weight bq, bk, bv;             /* Qwen2 biases [n_heads*hd], [n_kv*hd] (rows = 0 if none) */
     weight q_norm, k_norm;         /* Qwen3 [hd] (rows = 0 if none) */
     weight mlp_norm;               /* post_attention_layernorm   [hidden] */
+    weight attn_out_norm;          /* Ouro: input_layernorm_2 on the attention output [hidden]
+                                      (rows = 0 for other architectures) */
+    weight mlp_out_norm;           /* Ouro: post_attention_layernorm_2 on the MLP output */
     weight w_gate, w_up;           /* [intermediate][hidden] */
     weight w_down;                 /* [hidden][intermediate] */
 } layer_weights;
+
+/* The loops a token runs through the layer stack: total_ut_steps (Ouro), 1 for the others. */
+static inline uint32_t config_loops(const parity_config *c) {
+    return c->total_ut_steps > 1 ? c->total_ut_steps : 1;
+}
+
+/* The KV cache's planes: one per (loop, layer), loop-major (plane t * layers + l, as HF's
+ * UniversalTransformerCache and vLLM's Ouro index them). */
+static inline uint32_t config_kv_planes(const parity_config *c) {
+    return config_loops(c) * c->num_hidden_layers;
+}
 
 /* RoPE tables for positions 0 .. n_positions-1, hd/2 frequencies each. */
 typedef struct rope_tables {
@@ -95,6 +109,8 @@ struct parity_model {
     weight embed;                  /* [vocab][hidden] */
     weight final_norm;             /* [hidden] */
     weight lm_head;                /* [vocab][hidden]; a copy of embed's pointers when tied */
+    weight exit_gate, exit_gate_bias; /* Ouro: model.early_exit_gate [1][hidden] and its bias
+                                      [1] (rows = 0 without the gate) */
     layer_weights *layers;         /* [num_hidden_layers] */
     rope_tables rope;
 

@@ -28,6 +28,7 @@ static const name_entry archs[] = {
     {"qwen2", PARITY_ARCH_QWEN2},
     {"qwen3", PARITY_ARCH_QWEN3},
     {"llama", PARITY_ARCH_LLAMA},
+    {"ouro", PARITY_ARCH_OURO},
 };
 
 static const name_entry phases[] = {

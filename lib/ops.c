@@ -199,7 +199,8 @@ static int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
 
 static fwd_ctx op_ctx(const op_call *c, const parity_policy *pol, uint32_t backend,
                       const parity_config *shape, fwd_scratch *s, kv_cache *kv) {
-    return (fwd_ctx){NULL, shape, *pol, backend, c->pool, kv, s, 0, 0, NULL};
+    return (fwd_ctx){NULL, shape, *pol, backend, c->pool, kv, s, 0, 0, NULL,
+                     PARITY_LOOP_KV_LAST_EXITED};
 }
 
 /* ---- the embedding gather ------------------------------------------------------------------ */
@@ -405,7 +406,7 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
         for (size_t b = 0; b < cells / KV_BLOCK; b++) blocks[b] = (uint32_t)b;
         size_t at = 0, block = 0;
         for (size_t i = 0; i < n_seqs; i++) {
-            for (uint32_t t = 0; t < lengths[i]; t++) rows[at++] = (fwd_row){0, t, blocks + block};
+            for (uint32_t t = 0; t < lengths[i]; t++) rows[at++] = (fwd_row){0, t, blocks + block, 0, NULL};
             block += (lengths[i] + KV_BLOCK - 1) / KV_BLOCK;
         }
         const fwd_ctx ctx = op_ctx(&c, policy, PARITY_BACKEND_BF16, &shape, &s, &kv);

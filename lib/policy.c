@@ -12,44 +12,44 @@ typedef struct preset {
     parity_policy policy;
 } preset;
 
-#define POLICY(compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp) \
-    { compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp,             \
-      PARITY_GEMM_BF16, 0, {0} }
+#define POLICY(compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp, exit) \
+    { compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp,                   \
+      PARITY_GEMM_BF16, 0, exit, {0} }
 
 static const preset presets[] = {
     /* fp32: the reference; no rounding anywhere (the other switches are ignored) */
     {"fp32", POLICY(PARITY_COMPUTE_FP32, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
                     PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
                     PARITY_SWIGLU_FUSED, PARITY_ATTN_FP32, PARITY_LOGITS_FP32,
-                    PARITY_TEMPERATURE_FP32)},
+                    PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32)},
     /* transformers eager, bf16 (framework-numerics.md §1, §3-§6) */
     {"hf-eager", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_ROUNDED, PARITY_NORM_ROUND_TWICE,
                         PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_PER_OP,
                         PARITY_SWIGLU_PER_OP, PARITY_ATTN_EAGER, PARITY_LOGITS_BF16,
-                        PARITY_TEMPERATURE_BF16)},
+                        PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_MODEL)},
     /* transformers with sdpa attention (flash recipe), otherwise eager's rounding points */
     {"hf-sdpa", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_ROUNDED, PARITY_NORM_ROUND_TWICE,
                        PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_PER_OP,
                        PARITY_SWIGLU_PER_OP, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
-                       PARITY_TEMPERATURE_BF16)},
+                       PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_MODEL)},
     /* vLLM V1 default (Inductor, custom_ops none): forward_native RMSNorm reads the fp32 sum,
      * casts before x weight; bf16 cos_sin_cache, fused rotation; fused SiluAndMul; flash
      * attention; temperature in fp32 after logits.to(float32) */
     {"vllm", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_TWICE,
                     PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_FUSED,
                     PARITY_SWIGLU_FUSED, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
-                    PARITY_TEMPERATURE_FP32)},
+                    PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32)},
     /* SGLang CUDA: FlashInfer fused add-RMSNorm (fp32 sum, one rounding), fp32 RoPE cache,
      * one rounding; SwiGLU fused (its source was not read); flash attention */
     {"sglang", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
                       PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
                       PARITY_SWIGLU_FUSED, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
-                      PARITY_TEMPERATURE_FP32)},
+                      PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32)},
     /* the remedy: hf-eager with the three regions in fp32, one rounding at each output */
     {"aligned", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
                        PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
                        PARITY_SWIGLU_FUSED, PARITY_ATTN_EAGER, PARITY_LOGITS_BF16,
-                       PARITY_TEMPERATURE_BF16)},
+                       PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_FP32)},
 };
 
 #define N_PRESETS (sizeof presets / sizeof presets[0])
@@ -176,6 +176,7 @@ int parity_policy_validate(const parity_policy *p) {
         {"temperature", p->temperature, PARITY_TEMPERATURE_FP32},
         {"gemm", p->gemm, PARITY_GEMM_TERNARY},
         {"quantizer", p->quantizer, PARITY_QUANT_TERNARY_ONEBITLLMS},
+        {"exit_dist", p->exit_dist, PARITY_EXIT_DIST_FP32},
     };
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
         if (sw[i].value > sw[i].max)

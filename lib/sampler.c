@@ -21,6 +21,9 @@ typedef struct seq_state {
     uint32_t generated;
     uint32_t finished;      /* parity_finish */
     int32_t *tokens;        /* [max_len] */
+    uint32_t *depths;       /* [max_len] loops each cached position ran (a looped model's
+                               schedule; 1 for the others) */
+    fwd_exit exit;          /* its exit rule, resolved (PARITY_EXIT_THRESHOLD) */
     uint32_t *blocks;       /* [max_len / KV_BLOCK, rounded up] */
     uint32_t n_blocks;      /* blocks held: positions 0 .. n_blocks * KV_BLOCK - 1 */
     parity_sampling sampling;
@@ -39,6 +42,7 @@ struct parity_sampler {
     seq_state *seqs;        /* [max_seqs] */
     int32_t *seq_tokens;    /* [max_seqs][max_len]: seqs[i].tokens */
     uint32_t *seq_blocks;   /* [max_seqs][block table]: seqs[i].blocks */
+    uint32_t *seq_depths;   /* [max_seqs][max_len]: seqs[i].depths */
     uint32_t *batch_seq;    /* [max_rows] the sequence of each decode row */
 };
 
@@ -81,6 +85,9 @@ static int sampler_resolve(const parity_model *model, const void *params, void *
                          p.max_len, c->max_position_embeddings);
     if (p.split_k > 64)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "split_k %u is more than 64", p.split_k);
+    if (p.loop_kv > PARITY_LOOP_KV_FULL)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "loop_kv %u is not a parity_loop_kv",
+                         p.loop_kv);
     if (p.max_seqs > 65536 || p.prefill_chunk > 65536 || p.max_batch > 65536)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "max_seqs, prefill_chunk and max_batch must be at most 65536");
@@ -113,6 +120,8 @@ static size_t sampler_bufs(void *object, const void *resolved, const engine_para
          "sequence tokens"},
         {(void **)&s->seq_blocks, (uint64_t)p->max_seqs * table_len(p), sizeof *s->seq_blocks, 0,
          "sequence block tables"},
+        {(void **)&s->seq_depths, (uint64_t)p->max_seqs * p->max_len, sizeof *s->seq_depths, 0,
+         "sequence depth schedules"},
         {(void **)&s->batch_seq, ep->max_rows, sizeof *s->batch_seq, 0, "batch rows"},
     };
     memcpy(b, bufs, sizeof bufs);
@@ -134,6 +143,7 @@ static void sampler_start(void *object, const parity_model *m) {
     for (uint32_t i = 0; i < p->max_seqs; i++) {
         s->seqs[i].tokens = s->seq_tokens + (size_t)i * p->max_len;
         s->seqs[i].blocks = s->seq_blocks + (size_t)i * table;
+        s->seqs[i].depths = s->seq_depths + (size_t)i * p->max_len;
     }
     /* the free stack pops the lowest block ids first */
     for (uint32_t k = 0; k < s->n_blocks; k++) s->free_blocks[k] = s->n_blocks - 1 - k;
@@ -232,6 +242,57 @@ static void make_writable(parity_sampler *s, seq_state *q, uint32_t pos) {
 
 /* ---- sequences ------------------------------------------------------------------------- */
 
+/* A looped model's exit rule (parity_sampling): defined, in range, and one the model can run. */
+static int check_exit_rule(const parity_config *c, const parity_sampling *p) {
+    const uint32_t T = config_loops(c);
+    if (p->exit_rule > PARITY_EXIT_FIXED)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "exit_rule %u is not a parity_exit_rule",
+                         p->exit_rule);
+    if (p->exit_rule == PARITY_EXIT_FULL) return PARITY_OK;
+    if (c->arch != PARITY_ARCH_OURO)
+        return set_error(PARITY_ERR_UNSUPPORTED,
+                         "exit_rule %u: the model (%s) does not loop; only PARITY_EXIT_FULL",
+                         p->exit_rule, parity_arch_name((int)c->arch));
+    if (p->min_depth > T || p->max_depth > T)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "min_depth %u / max_depth %u: the model runs at most %u loops "
+                         "(total_ut_steps)", p->min_depth, p->max_depth, T);
+    if (p->exit_rule == PARITY_EXIT_THRESHOLD) {
+        if (!c->early_exit_gate)
+            return set_error(PARITY_ERR_UNSUPPORTED,
+                             "PARITY_EXIT_THRESHOLD needs the exit gate, and this looped model "
+                             "has none (a fixed-loop model): use PARITY_EXIT_FIXED or FULL");
+        if (!(p->exit_threshold >= 0.0f && p->exit_threshold <= 1.0f))
+            return set_error(PARITY_ERR_INVALID_ARGUMENT, "exit_threshold %g is not in [0, 1]",
+                             (double)p->exit_threshold);
+        const uint32_t lo = p->min_depth ? p->min_depth : 1, hi = p->max_depth ? p->max_depth : T;
+        if (lo > hi)
+            return set_error(PARITY_ERR_INVALID_ARGUMENT, "min_depth %u is above max_depth %u", lo,
+                             hi);
+    }
+    return PARITY_OK;
+}
+
+/* The sequence's exit rule into the forward's terms. */
+static void resolve_exit(const parity_config *c, seq_state *q) {
+    const parity_sampling *p = &q->sampling;
+    const uint32_t T = config_loops(c);
+    q->exit = (fwd_exit){p->exit_threshold, p->min_depth ? p->min_depth : 1,
+                         p->max_depth ? p->max_depth : T};
+}
+
+/* A decode row of the sequence at pos: its depth or its rule. A prompt token (the first
+ * step feeds the prompt's last one) runs every loop, as the prefill does: the published
+ * replay's alignment, where the rollout's first exit depth is the prefill's, full. */
+static fwd_row decode_row(const seq_state *q, uint32_t pos) {
+    const parity_sampling *p = &q->sampling;
+    fwd_row row = {q->tokens[pos], pos, q->blocks, 0, NULL};
+    if (pos < q->prompt_len) return row;
+    if (p->exit_rule == PARITY_EXIT_THRESHOLD) row.exit = &q->exit;
+    if (p->exit_rule == PARITY_EXIT_FIXED) row.depth = q->exit.max_depth;
+    return row;
+}
+
 static int check_sampling(const parity_sampler *s, const parity_sampling *p) {
     if (!p) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampling parameters are NULL");
     if (p->size != sizeof *p)
@@ -253,7 +314,7 @@ static int check_sampling(const parity_sampler *s, const parity_sampling *p) {
     if (p->top_n > V)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "top_n %u exceeds the vocabulary (%u)",
                          p->top_n, V);
-    return PARITY_OK;
+    return check_exit_rule(&s->model->config, p);
 }
 
 static int check_seq(const parity_sampler *s, uint32_t seq) {
@@ -306,10 +367,13 @@ static uint32_t take_seq(parity_sampler *s, const int32_t *prompt, uint32_t len,
     q->generated = 0;
     q->finished = len == s->params.max_len ? PARITY_FINISHED_CAPACITY : PARITY_RUNNING;
     q->sampling = *sampling;
+    resolve_exit(&s->model->config, q);
     q->stream = stream;
     q->version = s->model->version;
     q->n_blocks = 0;
     memcpy(q->tokens, prompt, len * sizeof *prompt);
+    /* the prompt runs every loop */
+    for (uint32_t j = 0; j + 1 < len; j++) q->depths[j] = config_loops(&s->model->config);
     while (q->n_blocks < need) q->blocks[q->n_blocks++] = block_take(s);
     return slot;
 }
@@ -324,7 +388,7 @@ static void prefill(parity_sampler *s, const uint32_t *seqs, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const seq_state *q = &s->seqs[seqs[i]];
         for (uint32_t at = 0; at + 1 < q->prompt_len; at++) {
-            s->eng.rows[rows++] = (fwd_row){q->tokens[at], at, q->blocks};
+            s->eng.rows[rows++] = (fwd_row){q->tokens[at], at, q->blocks, 0, NULL};
             if (rows == s->params.prefill_chunk) {
                 forward(&ctx, rows, s->eng.rows, 0, NULL, NULL);
                 rows = 0;
@@ -402,9 +466,11 @@ static int sampler_fork(parity_sampler *s, uint32_t parent, const parity_samplin
     q->generated = 0;
     q->finished = p->len == s->params.max_len ? PARITY_FINISHED_CAPACITY : PARITY_RUNNING;
     q->sampling = *sampling;
+    resolve_exit(&s->model->config, q);
     q->stream = stream;
     q->version = p->version;
     memcpy(q->tokens, p->tokens, p->len * sizeof *q->tokens);
+    memcpy(q->depths, p->depths, p->len * sizeof *q->depths);
     q->n_blocks = p->n_blocks;
     for (uint32_t b = 0; b < p->n_blocks; b++) {
         q->blocks[b] = p->blocks[b];
@@ -435,6 +501,17 @@ int parity_sampler_seq_info(const parity_sampler *s, uint32_t seq, parity_seq_in
     if (rc) return rc;
     const seq_state *q = &s->seqs[seq];
     *info = (parity_seq_info){sizeof *info, q->len, q->prompt_len, q->finished, q->stream, q->version};
+    return PARITY_OK;
+}
+
+int parity_sampler_depths(const parity_sampler *s, uint32_t seq, const uint32_t **depths,
+                          uint32_t *n) {
+    clear_error();
+    if (!s || !depths || !n) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
+    int rc = check_seq(s, seq);
+    if (rc) return rc;
+    *depths = s->seqs[seq].depths;
+    *n = s->seqs[seq].len - 1;
     return PARITY_OK;
 }
 
@@ -547,21 +624,27 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
     }
 
     unsigned fp_saved = fp_env_enter();
+    const int looped = s->model->config.arch == PARITY_ARCH_OURO;
     /* decode: the kernel-order experiments apply here, as engines use them in decode */
     fwd_ctx ctx = engine_fwd_ctx(&s->eng);
     ctx.split_k = s->params.split_k > 1 ? s->params.split_k : 0;
     ctx.split_kv = s->params.split_kv;
+    ctx.loop_kv = s->params.loop_kv;
     for (size_t first = 0; first < n; first += s->params.max_batch) {
         size_t B = n - first < s->params.max_batch ? n - first : s->params.max_batch;
         for (size_t r = 0; r < B; r++) {
             seq_state *q = &s->seqs[seqs[first + r]];
             const uint32_t pos = q->len - 1;
             make_writable(s, q, pos);
-            s->eng.rows[r] = (fwd_row){q->tokens[pos], pos, q->blocks};
+            s->eng.rows[r] = decode_row(q, pos);
             s->eng.out_rows[r] = (uint32_t)r;
             s->batch_seq[r] = seqs[first + r];
         }
         forward(&ctx, B, s->eng.rows, B, s->eng.out_rows, s->eng.logits);
+        for (size_t r = 0; r < B; r++) {
+            seq_state *q = &s->seqs[seqs[first + r]];
+            q->depths[q->len - 1] = looped ? s->eng.rows[r].depth : 1;
+        }
         double t = phase_start(&ctx);
         draw_job j = {s, first, tokens, logprobs, top_ids, top_logprobs, max_top_n};
         pool_run(s->eng.pool, job_draw, &j, B);

@@ -157,6 +157,10 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "top_n is %u but top_ids or top_logprobs is NULL",
                          o->top_n);
     if (n_seqs == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no sequences to score");
+    if (o->loop_kv > PARITY_LOOP_KV_FULL)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "options.loop_kv %u is not a parity_loop_kv",
+                         o->loop_kv);
+    const uint32_t loops = config_loops(c);
     size_t at = 0;
     for (size_t i = 0; i < n_seqs; i++) {
         uint32_t len = lengths[i];
@@ -178,6 +182,11 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
                                  "sequence %zu, position %u: token id %d is outside the "
                                  "vocabulary [0, %u)",
                                  i, t, tok, c->vocab_size);
+            if (o->depths && (o->depths[at + t] < 1 || o->depths[at + t] > loops))
+                return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                                 "sequence %zu, position %u: depth %u is not in 1..%u (the "
+                                 "model's loops, total_ut_steps)",
+                                 i, t, o->depths[at + t], loops);
         }
         at += len;
     }
@@ -193,6 +202,7 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
 
     unsigned fp_saved = fp_env_enter();
     fwd_ctx ctx = engine_fwd_ctx(&s->eng);
+    ctx.loop_kv = o->loop_kv;
     lp_job lj = {s, o, logprobs, entropy, top_ids, top_logprobs};
     const uint32_t chunk = s->params.chunk_rows;
 
@@ -213,7 +223,8 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
         for (size_t i = first; i < last; i++) {
             const uint32_t len = lengths[i];
             for (uint32_t t = 0; t < len; t++) {
-                s->eng.rows[n_rows] = (fwd_row){tokens[token_at + t], t, s->blocks + block};
+                s->eng.rows[n_rows] = (fwd_row){tokens[token_at + t], t, s->blocks + block,
+                                                o->depths ? o->depths[token_at + t] : 0, NULL};
                 if (t + 1 < len) {
                     s->eng.out_rows[n_out] = (uint32_t)n_rows;
                     s->out_index[n_out] = out_at + t;

@@ -2,7 +2,8 @@
 # The command-line tools agree with each other, as text:
 #   - parity-generate prints identical lines for --batch 1 and --batch 8 (same seed);
 #   - for every completion, parity-score on prompt + completion (same model, policy,
-#     temperature, mode and truncation) prints exactly the log-probs parity-generate reported.
+#     temperature, mode and truncation) prints exactly the log-probs parity-generate reported;
+#   - for a looped model, parity-score --depths replays parity-generate's exit depths.
 #   test/test_cli.sh BUILD_DIR
 set -eu
 build=$(cd "$1" && pwd)
@@ -45,6 +46,51 @@ PY
         done
     done
 done
+# a looped model (Ouro): early exit in parity-generate, the printed exit depths replayed by
+# parity-score --depths, under both KV rules; without --depths the dense learner differs
+for kv in last-exited full; do
+    args="--model synthetic:ouro-tiny:5 --policy hf-eager --prompt-bytes $tmp/prompt.bin --n 4
+          --max-tokens 10 --temperature 0.9 --seed 3 --exit-rule threshold --exit-threshold 0.6
+          --min-depth 1 --max-depth 4 --loop-kv $kv"
+    # shellcheck disable=SC2086
+    "$build/examples/parity-generate" $args --batch 1 > "$tmp/o1.jsonl"
+    # shellcheck disable=SC2086
+    "$build/examples/parity-generate" $args --batch 4 --threads 2 > "$tmp/o4.jsonl"
+    if cmp -s "$tmp/o1.jsonl" "$tmp/o4.jsonl"; then check ok; else check no "ouro/$kv: --batch 1 and 4 differ"; fi
+    python3 - "$tmp" "$tmp/o1.jsonl" <<'PY'
+import json, sys
+tmp, path = sys.argv[1], sys.argv[2]
+prompt = list(open(tmp + "/prompt.bin", "rb").read())
+for line in open(path):
+    c = json.loads(line)
+    i = c["index"]
+    with open("%s/oseq%d.txt" % (tmp, i), "w") as f:
+        f.write(" ".join(map(str, prompt + c["tokens"])))
+    with open("%s/odepth%d.txt" % (tmp, i), "w") as f:
+        f.write(" ".join(map(str, [4] * (len(prompt) - 1) + c["exit_depths"] + [1])))
+    with open("%s/owant%d.txt" % (tmp, i), "w") as f:
+        f.write("".join("%s\n" % x for x in line.split('"logprobs": [')[1].split("]")[0].split(", ")))
+PY
+    for i in 0 1 2 3; do
+        n=$(wc -l < "$tmp/owant$i.txt")
+        "$build/examples/parity-score" --model synthetic:ouro-tiny:5 --policy hf-eager --tokens "$tmp/oseq$i.txt" \
+            --depths "$tmp/odepth$i.txt" --loop-kv $kv | tail -n "$n" > "$tmp/ogot$i.txt"
+        if cmp -s "$tmp/owant$i.txt" "$tmp/ogot$i.txt"; then check ok; else check no "ouro/$kv completion $i: the replay differs"; fi
+    done
+    "$build/examples/parity-score" --model synthetic:ouro-tiny:5 --policy hf-eager --tokens "$tmp/oseq0.txt" \
+        | tail -n "$(wc -l < "$tmp/owant0.txt")" > "$tmp/odense.txt"
+    if cmp -s "$tmp/owant0.txt" "$tmp/odense.txt"; then check no "ouro/$kv: the dense learner equals the early-exit sampler"; else check ok; fi
+done
+# a depth out of range: a message naming it
+echo "4 4 0" > "$tmp/bad_depths.txt"
+printf '1 2 3' > "$tmp/three.txt"
+if "$build/examples/parity-score" --model synthetic:ouro-tiny:5 --policy aligned --tokens "$tmp/three.txt" \
+    --depths "$tmp/bad_depths.txt" 2> "$tmp/err"; then
+    check no "depth 0 accepted"
+else
+    grep -q "depth 0" "$tmp/err" && check ok || check no "no message naming depth 0"
+fi
+
 # errors: a message on stderr and a non-zero exit, never a crash
 if "$build/examples/parity-score" --model synthetic:nope --policy aligned --bytes "$tmp/prompt.bin" 2> "$tmp/err"; then
     check no "unknown model accepted"

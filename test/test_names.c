@@ -48,7 +48,7 @@ static int arch_from(const char *s, int *out) {
 int main(void) {
     static const char *const backends[] = {"bf16", "openblas", "amx"};
     static const char *const modes[] = {"raw", "processed", "processed-truncated"};
-    static const char *const archs[] = {"qwen2", "qwen3", "llama"};
+    static const char *const archs[] = {"qwen2", "qwen3", "llama", "ouro"};
     check_names("backends", parity_backend_name, backend_from, backends, 3);
     CHECK_OK(parity_backend_check(PARITY_BACKEND_BF16));
     CHECK_OK(parity_backend_check(PARITY_BACKEND_OPENBLAS));
@@ -56,7 +56,7 @@ int main(void) {
     CHECK(amx == PARITY_OK || (amx == PARITY_ERR_UNSUPPORTED && strstr(parity_last_error(), "amx")));
     CHECK_STATUS(parity_backend_check(3), PARITY_ERR_INVALID_ARGUMENT);
     check_names("log-prob modes", parity_logprob_mode_name, mode_from, modes, 3);
-    check_names("architectures", parity_arch_name, arch_from, archs, 3);
+    check_names("architectures", parity_arch_name, arch_from, archs, 4);
 
     for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX512BF16; p++) {
         parity_cpu_path back = (parity_cpu_path)-1;

@@ -32,7 +32,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, 
                     c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
 
 #: The ABI this binding mirrors (PARITY_ABI_VERSION in include/parity.h).
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 #: PARITY_MAX_STOP: stop tokens per sequence.
 MAX_STOP = 16
@@ -114,11 +114,11 @@ def _errcheck(handle):
 # ---- structs (field for field as in parity.h) ------------------------------------------------
 
 POLICY_FIELDS = ("compute", "norm_input", "norm_weight", "qk_norm", "rope_table", "rope_apply",
-                 "swiglu", "attention", "logits", "temperature", "gemm", "quantizer")
+                 "swiglu", "attention", "logits", "temperature", "gemm", "quantizer", "exit_dist")
 
 
 class parity_policy(Structure):
-    _fields_ = [(name, c_uint8) for name in POLICY_FIELDS] + [("reserved", c_uint8 * 4)]
+    _fields_ = [(name, c_uint8) for name in POLICY_FIELDS] + [("reserved", c_uint8 * 3)]
 
 
 class parity_config(Structure):
@@ -149,6 +149,9 @@ class parity_config(Structure):
         ("rope_mscale", c_float),
         ("rope_mscale_all_dim", c_float),
         ("rope_truncate", c_uint32),
+        ("total_ut_steps", c_uint32),
+        ("early_exit_gate", c_uint32),
+        ("early_exit_threshold", c_float),
     ]
 
 
@@ -173,6 +176,8 @@ class parity_score_options(Structure):
         ("top_p", c_float),
         ("min_p", c_float),
         ("top_n", c_uint32),
+        ("depths", POINTER(c_uint32)),
+        ("loop_kv", c_uint32),
     ]
 
 
@@ -189,6 +194,10 @@ class parity_sampling(Structure):
         ("stop", c_int32 * MAX_STOP),
         ("logprob_mode", c_uint32),
         ("top_n", c_uint32),
+        ("exit_rule", c_uint32),
+        ("exit_threshold", c_float),
+        ("min_depth", c_uint32),
+        ("max_depth", c_uint32),
     ]
 
 
@@ -206,6 +215,7 @@ class parity_sampler_params(Structure):
         ("split_k", c_uint32),
         ("split_kv", c_uint32),
         ("max_memory", c_uint64),
+        ("loop_kv", c_uint32),
     ]
 
 
@@ -423,6 +433,9 @@ _PROTOTYPES = [
     # int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq,
     #                           const int32_t **tokens, uint32_t *len, uint32_t *prompt_len);
     ("parity_sampler_tokens", c_int, [sampler_p, c_uint32, POINTER(_i32p), _u32p, _u32p], True),
+    # int parity_sampler_depths(const parity_sampler *sampler, uint32_t seq,
+    #                           const uint32_t **depths, uint32_t *n);
+    ("parity_sampler_depths", c_int, [sampler_p, c_uint32, POINTER(_u32p), _u32p], True),
     # const char *parity_phase_name(uint32_t phase);
     ("parity_phase_name", c_char_p, [c_uint32], False),
     # int parity_sampler_set_profiling(parity_sampler *sampler, int on);

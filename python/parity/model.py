@@ -326,7 +326,8 @@ class Model(_lib.Closing):
     # ---- scoring ---------------------------------------------------------------------------
 
     def score(self, sequences, policy="aligned", temperature=1.0, mode="raw", top_k=None,
-              top_p=None, min_p=None, backend="bf16", entropy=False, top_n=0, threads=None):
+              top_p=None, min_p=None, backend="bf16", entropy=False, top_n=0, threads=None,
+              depths=None, loop_kv="last-exited"):
         """Log-probabilities of token sequences under a policy (the learner's numbers).
 
         Args:
@@ -344,6 +345,11 @@ class Model(_lib.Closing):
             entropy: also return the entropy (nats) of each position's distribution.
             top_n: also return the top_n most likely tokens per position (ties to lower ids).
             threads: the scorer's threads; None = the model's.
+            depths: looped models: the depth schedule to replay, one int (1..total_ut_steps)
+                per token, shaped like sequences (a list per sequence; Completion.schedule()
+                gives it for a sampled completion); None = every position runs every loop
+                (the dense learner).
+            loop_kv: the KV rule the schedule was sampled with ("last-exited" or "full").
 
         Returns:
             For each sequence of n tokens, the n - 1 values log p(x_t | x_<t), t = 1..n-1
@@ -364,6 +370,10 @@ class Model(_lib.Closing):
         if be is None:
             be = _choice(BACKENDS, backend, "backend")
         opts = score_options(mode, temperature, top_k, top_p, min_p, top_n)
+        if depths is not None or loop_kv != "last-exited":
+            from .sampler import LOOP_KV
+            opts = _make_options(mode, temperature, top_k, top_p, min_p, top_n)
+            opts.loop_kv = _choice(LOOP_KV, loop_kv, "loop_kv")
         n_threads = self.threads if threads is None else _lib.as_int(threads, "threads", 1, 256)
         batch = TokenBatch(sequences)
         lengths = batch.lengths
@@ -383,6 +393,14 @@ class Model(_lib.Closing):
             tid = array("i", bytes(4 * total * k)) if k else None
             tlp = array("f", bytes(4 * total * k)) if k else None
         tokens_p, lengths_p = batch.pointers()
+        if depths is not None:
+            flat = depths if batch.single else [d for seq in depths for d in seq]
+            dbuf = array("I", [_lib.as_int(d, "depth", 0, 2 ** 32 - 1) for d in flat])
+            if len(dbuf) != sum(lengths):
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                                  "depths has %d values, the sequences %d tokens: one depth per "
+                                  "token" % (len(dbuf), sum(lengths)))
+            opts.depths = ctypes.cast(dbuf.buffer_info()[0], ctypes.POINTER(ctypes.c_uint32))
         f32 = ctypes.c_float
         entry = self._checkout(pol, be, n_threads, max(lengths) if n else 1)
         try:
@@ -542,15 +560,16 @@ class Model(_lib.Closing):
             self._checkin(entry)
 
     def sampler(self, policy="aligned", max_seqs=None, max_len=None, threads=None,
-                backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None):
+                backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None,
+                loop_kv="last-exited"):
         """A Sampler (KV-cached batched generation) on this model; see parity.Sampler."""
         from .sampler import Sampler
         return Sampler(self, policy=policy, max_seqs=max_seqs, max_len=max_len, threads=threads,
                        backend=backend, max_batch=max_batch, cache_tokens=cache_tokens,
-                       prefill_chunk=prefill_chunk)
+                       prefill_chunk=prefill_chunk, loop_kv=loop_kv)
 
     def generate(self, prompts, n=1, max_tokens=64, policy="aligned", batch=None, threads=None,
-                 backend="bf16", **sampling):
+                 backend="bf16", loop_kv="last-exited", **sampling):
         """Samples n completions of each prompt with a sampler sized as parity-generate sizes
         its own (max_len = min(longest prompt + max_tokens, context), batch + 1 sequences),
         then frees it. Other keyword arguments are Sampler.generate's. Returns what
@@ -568,7 +587,7 @@ class Model(_lib.Closing):
         block = lib.parity_kv_block_tokens()
         cache = (b + 1) * ((max_len + block - 1) // block + 1) * block
         with Sampler(self, policy=policy, max_seqs=b + 1, max_batch=b, threads=threads,
-                     backend=backend, max_len=max_len, cache_tokens=cache) as s:
+                     backend=backend, max_len=max_len, cache_tokens=cache, loop_kv=loop_kv) as s:
             return s.generate(prompts, n=n, max_tokens=max_tokens, batch=b, **sampling)
 
 

@@ -23,6 +23,7 @@ CHOICES = {
     "temperature": ("bf16", "fp32"),
     "gemm": ("bf16", "fp8-block", "mxfp8"),
     "quantizer": ("deepseek", "sglang", "te", "deepgemm", "te-pow2", "ocp", "te-rceil"),
+    "exit_dist": ("model", "fp32"),
 }
 
 

@@ -19,15 +19,25 @@ sequence's mode, why it finished (None, "stop", "length", "capacity"), and its t
 alternatives (lists, best first; empty unless the sequence asked for top_n)."""
 
 
+#: Looped models: how a decode step chooses its loops (parity_exit_rule), and what an exited
+#: token leaves in the deeper KV planes (parity_loop_kv).
+EXIT_RULES = {"full": 0, "threshold": 1, "fixed": 2}
+LOOP_KV = {"last-exited": 0, "full": 1}
+
+
 def sampling_struct(temperature=1.0, top_k=None, top_p=None, min_p=None, seed=0,
-                    max_tokens=None, stop=(), mode="raw", top_n=0):
+                    max_tokens=None, stop=(), mode="raw", top_n=0, exit_rule="full",
+                    exit_threshold=1.0, min_depth=None, max_depth=None):
     """A parity_sampling from Python arguments.
 
     temperature: 0 = greedy; top_k/top_p/min_p: None = off; seed: 0 .. 2**64-1 (with the
     stream and the position it keys the randomness); max_tokens: finish after this many
     generated tokens (None/0 = only stop tokens or capacity); stop: token ids that finish a
     sequence (included in its tokens), at most 16; mode: the reported log-probs' mode
-    ("raw", "processed", "processed-truncated"); top_n: alternatives reported per step."""
+    ("raw", "processed", "processed-truncated"); top_n: alternatives reported per step.
+    Looped models: exit_rule "full" (every loop), "threshold" (exit after the first loop whose
+    exit CDF >= exit_threshold, within min_depth..max_depth; None = 1 and all loops) or
+    "fixed" (max_depth loops)."""
     s = _lib.parity_sampling()
     lib.parity_sampling_default(ctypes.byref(s))
     s.temperature = _lib.as_float(temperature, "temperature")
@@ -48,6 +58,10 @@ def sampling_struct(temperature=1.0, top_k=None, top_p=None, min_p=None, seed=0,
         s.stop[i] = _lib.as_int(t, "stop token", -2 ** 31, 2 ** 31 - 1)
     s.logprob_mode = _choice(MODES, mode, "mode")
     s.top_n = _lib.as_int(top_n, "top_n", 0, 2 ** 32 - 1)
+    s.exit_rule = _choice(EXIT_RULES, exit_rule, "exit_rule")
+    s.exit_threshold = _lib.as_float(exit_threshold, "exit_threshold")
+    s.min_depth = 0 if min_depth is None else _lib.as_int(min_depth, "min_depth", 1, 2 ** 32 - 1)
+    s.max_depth = 0 if max_depth is None else _lib.as_int(max_depth, "max_depth", 1, 2 ** 32 - 1)
     return s
 
 
@@ -76,19 +90,36 @@ class Completion:
         tokens: the generated token ids (list of int; the prompt not included).
         logprobs: the log-prob of each generated token (list of float, float32 values).
         finish_reason: "stop", "length" or "capacity".
+        exit_depths: looped models: the loops that produced each generated token (the depth
+            of the step whose logits it was drawn from; the first is the prompt's, all loops);
+            None for a model that does not loop.
+        loop_kv: the sampler's KV rule ("last-exited" or "full"), which a replay must use.
     """
 
-    __slots__ = ("index", "prompt_index", "prompt_len", "tokens", "logprobs", "finish_reason")
+    __slots__ = ("index", "prompt_index", "prompt_len", "tokens", "logprobs", "finish_reason",
+                 "exit_depths", "loop_kv")
 
-    def __init__(self, index, prompt_index, prompt_len):
+    def __init__(self, index, prompt_index, prompt_len, loop_kv="last-exited", looped=False):
         self.index, self.prompt_index, self.prompt_len = index, prompt_index, prompt_len
         self.tokens, self.logprobs, self.finish_reason = [], [], None
+        self.exit_depths, self.loop_kv = ([] if looped else None), loop_kv
+
+    def schedule(self, total_ut_steps):
+        """The depth schedule of prompt + tokens for Model.score(depths=...): every prompt
+        position at total_ut_steps loops, then each generated token's input at the depth its
+        step exited (the last position's depth is not used: 1)."""
+        return [total_ut_steps] * (self.prompt_len - 1) + (self.exit_depths or []) + [1]
 
     def to_json(self):
-        """The line parity-generate prints for this completion (log-probs as "%.9g")."""
-        return '{"index": %d, "prompt_len": %d, "tokens": [%s], "logprobs": [%s]}' % (
+        """The line parity-generate prints for this completion (log-probs as "%.9g"; a looped
+        model's exit depths and KV rule too)."""
+        line = '{"index": %d, "prompt_len": %d, "tokens": [%s], "logprobs": [%s]' % (
             self.index, self.prompt_len, ", ".join("%d" % t for t in self.tokens),
             ", ".join("%.9g" % v for v in self.logprobs))
+        if self.exit_depths is not None:
+            line += ', "exit_depths": [%s], "loop_kv": "%s"' % (
+                ", ".join("%d" % d for d in self.exit_depths), self.loop_kv)
+        return line + "}"
 
     def __repr__(self):
         return ("Completion(index=%d, prompt_index=%d, prompt_len=%d, tokens=%r, logprobs=%r, "
@@ -122,7 +153,8 @@ class Sampler(_lib.Closing):
     """
 
     def __init__(self, model, policy="aligned", max_seqs=None, max_len=None, threads=None,
-                 backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None):
+                 backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None,
+                 loop_kv="last-exited"):
         self._handle = None
         self._model = model
         self._lock = threading.RLock()
@@ -140,6 +172,8 @@ class Sampler(_lib.Closing):
             _lib.as_int(cache_tokens, "cache_tokens", 1, u32)
         p.prefill_chunk = 0 if prefill_chunk is None else \
             _lib.as_int(prefill_chunk, "prefill_chunk", 1, u32)
+        p.loop_kv = _choice(LOOP_KV, loop_kv, "loop_kv")
+        self.loop_kv = loop_kv
         self.policy = policy
         self.max_seqs, self.max_len = p.max_seqs, p.max_len
         handle = _lib.sampler_p()
@@ -242,6 +276,22 @@ class Sampler(_lib.Closing):
         with self._lock:
             lib.parity_sampler_release(self._h(), _lib.as_int(seq, "seq", 0, 2 ** 32 - 1))
 
+    def depths(self, seq):
+        """The loops each cached position of the sequence ran (len - 1 values; prompt
+        positions all loops): its depth schedule, which Model.score(depths=...) replays."""
+        ptr = ctypes.POINTER(ctypes.c_uint32)()
+        n = ctypes.c_uint32()
+        with self._lock:
+            lib.parity_sampler_depths(self._h(), _lib.as_int(seq, "seq", 0, 2 ** 32 - 1),
+                                      ctypes.byref(ptr), ctypes.byref(n))
+            return ptr[:n.value]
+
+    def _last_depth(self, seq):
+        ptr = ctypes.POINTER(ctypes.c_uint32)()
+        n = ctypes.c_uint32()
+        lib.parity_sampler_depths(self._h(), seq, ctypes.byref(ptr), ctypes.byref(n))
+        return ptr[n.value - 1]
+
     def tokens(self, seq):
         """(tokens, prompt_len): the sequence's token ids so far (prompt then generated) and
         where its completion starts (for a fork: the parent's length when it was forked)."""
@@ -318,7 +368,8 @@ class Sampler(_lib.Closing):
     # ---- generation ------------------------------------------------------------------------
 
     def generate(self, prompts, n=1, max_tokens=64, temperature=1.0, top_k=None, top_p=None,
-                 min_p=None, seed=0, stop=(), mode="raw", batch=None):
+                 min_p=None, seed=0, stop=(), mode="raw", batch=None, exit_rule="full",
+                 exit_threshold=1.0, min_depth=None, max_depth=None):
         """n completions of each prompt, as parity-generate makes them.
 
         Each prompt is prefilled once; completion i (0 <= i < n) is a fork of it with random
@@ -332,7 +383,8 @@ class Sampler(_lib.Closing):
             prompts: one prompt (token ids, as score() takes one sequence) or a list of them.
             n: completions per prompt.
             max_tokens: tokens generated at most per completion (>= 1).
-            temperature, top_k, top_p, min_p, seed, stop, mode: see sampling_struct().
+            temperature, top_k, top_p, min_p, seed, stop, mode, exit_rule, exit_threshold,
+                min_depth, max_depth: see sampling_struct().
 
         Returns:
             A list of Completion ordered by (prompt_index, index): n per prompt.
@@ -344,7 +396,8 @@ class Sampler(_lib.Closing):
         plist, _ = _prompt_list(prompts)
         n = _lib.as_int(n, "n", 1, 2 ** 32 - 1)
         max_tokens = _lib.as_int(max_tokens, "max_tokens", 1, 2 ** 32 - 1)
-        sp = sampling_struct(temperature, top_k, top_p, min_p, seed, max_tokens, stop, mode)
+        sp = sampling_struct(temperature, top_k, top_p, min_p, seed, max_tokens, stop, mode, 0,
+                             exit_rule, exit_threshold, min_depth, max_depth)
         total = n * len(plist)
         if batch is None:
             batch = max(1, min(total, self.max_seqs - 1))
@@ -354,7 +407,9 @@ class Sampler(_lib.Closing):
                 raise ParityError(_lib.ERR_INVALID_ARGUMENT,
                                   "batch %d needs %d sequence slots (one for the prompt), the "
                                   "sampler has max_seqs = %d" % (batch, batch + 1, self.max_seqs))
-        results = [Completion(i % n, i // n, len(plist[i // n])) for i in range(total)]
+        looped = self._model.config["arch"] == "ouro"
+        results = [Completion(i % n, i // n, len(plist[i // n]), self.loop_kv, looped)
+                   for i in range(total)]
         active = []  # [sequence id, completion]
         parent, parent_of = None, -1
         nxt = 0
@@ -384,6 +439,8 @@ class Sampler(_lib.Closing):
                     c = a[1]
                     c.tokens.append(tok[k])
                     c.logprobs.append(lp[k])
+                    if c.exit_depths is not None:
+                        c.exit_depths.append(self._last_depth(a[0]))
                     if fin[k]:
                         self.release(a[0])
                         c.finish_reason = FINISH_REASONS[fin[k]]

@@ -89,7 +89,7 @@ class Models:
 
 class TestLoading(unittest.TestCase):
     def test_abi(self):
-        self.assertEqual(parity.ABI_VERSION, 1)
+        self.assertEqual(parity.ABI_VERSION, 2)
         self.assertEqual(parity.lib.parity_abi_version(), parity.ABI_VERSION)
         import ctypes
         from parity import _lib
@@ -114,11 +114,11 @@ class TestLoading(unittest.TestCase):
                 s = ctypes.sizeof(_lib.MIRRORED_STRUCTS[name.decode()])
                 return s + self.delta if name == b"parity_sampling" else s
 
-        with self.assertRaisesRegex(ImportError, "ABI version 2.*mirrors ABI 1.*[Rr]ebuild"):
-            _lib._check_abi(Fake(2, 0), "/x/libparity.so")
+        with self.assertRaisesRegex(ImportError, "ABI version 3.*mirrors ABI 2.*[Rr]ebuild"):
+            _lib._check_abi(Fake(3, 0), "/x/libparity.so")
         with self.assertRaisesRegex(ImportError,
-                                    "parity_sampling is 120 bytes in the library, 112 in"):
-            _lib._check_abi(Fake(1, 8), "/x/libparity.so")
+                                    "parity_sampling is 136 bytes in the library, 128 in"):
+            _lib._check_abi(Fake(2, 8), "/x/libparity.so")
 
     def _import_with(self, env_update, cwd=None):
         env = dict(os.environ)
@@ -593,6 +593,38 @@ class TestGenerate(unittest.TestCase):
                            ["--seed", "5", "--stop", "7", "--batch", "2"], seed=5, stop=[7],
                            batch=2)
         self.assertEqual({c.finish_reason for c in got} <= {"stop", "length"}, True)
+
+    def test_looped_exit_depths_and_replay(self):
+        """A looped model (Ouro): early exit, the exit depths parity-generate prints, and the
+        scorer replaying Completion.schedule() under the same KV rule, bit for bit."""
+        spec = "synthetic:ouro-tiny:5"
+        prompt = list(TEXT[:12])
+        with parity.Model(spec) as m:
+            T = m.config["total_ut_steps"]
+            for kv in ("last-exited", "full"):
+                want = cli_generate(spec, "vllm", prompt, "--n", "3", "--max-tokens", "9",
+                                    "--seed", "2", "--exit-rule", "threshold",
+                                    "--exit-threshold", "0.55", "--loop-kv", kv)
+                with m.sampler(policy="vllm", loop_kv=kv) as s:
+                    got = s.generate(prompt, n=3, max_tokens=9, seed=2, exit_rule="threshold",
+                                     exit_threshold=0.55)
+                self.assertEqual([c.to_json() for c in got], want)
+                for c in got:
+                    self.assertEqual(c.exit_depths[0], T)  # the prompt's last token: all loops
+                    self.assertTrue(all(1 <= d <= T for d in c.exit_depths))
+                    self.assertEqual(len(c.schedule(T)), len(prompt) + len(c.tokens))
+                    lp = m.score(prompt + c.tokens, policy="vllm", depths=c.schedule(T),
+                                 loop_kv=c.loop_kv)
+                    self.assertEqual(f32_bits(lp[len(prompt) - 1:]), f32_bits(c.logprobs))
+            with self.assertRaisesRegex(parity.ParityError, "one depth per token"):
+                m.score([1, 2, 3], policy="vllm", depths=[T, T])
+            with self.assertRaisesRegex(parity.ParityError, "depth 0"):
+                m.score([1, 2, 3], policy="vllm", depths=[T, 0, 1])
+            with self.assertRaisesRegex(parity.ParityError, "loop_kv"):
+                m.score([1, 2, 3], policy="vllm", loop_kv="shared")
+        with self.assertRaisesRegex(parity.ParityError, "does not loop"):
+            self.tiny.generate([1, 2], n=1, max_tokens=2, exit_rule="fixed", max_depth=1)
+        self.assertIsNone(self.tiny.generate([1, 2], n=1, max_tokens=2)[0].exit_depths)
 
     def test_finish_reasons_and_scoring_parity(self):
         prompt = list(TEXT[:20])

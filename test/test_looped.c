@@ -1,0 +1,619 @@
+/* Looped models (Ouro): the sampler exits early and records each position's depth; the
+ * scorer replays that schedule and returns the sampler's log-probs bit for bit.
+ *
+ *   - Under every preset and both KV rules (LAST_EXITED, FULL), for random prompts, sampling
+ *     settings and exit rules (thresholds from 0 to 1 with random depth bounds, fixed depths
+ *     from 1 to all loops, every loop), generation is run with batches of 1, 3 and 32,
+ *     members stepped in random subsets, prefill chunks of 1..256 rows, forked or fresh, 1 or
+ *     2 threads, every CPU path: tokens, log-probs and depth schedules are identical across
+ *     all of them, and the scorer given the schedule (in one call for all sequences, in
+ *     chunks of 5 rows) returns the log-probs bitwise.
+ *   - Schedules that exit at depth 1 and that never exit early are among them (checked).
+ *   - The dense scorer (every loop for every token) disagrees with an early-exit sampler;
+ *     LAST_EXITED and FULL give different log-probs once depths vary.
+ *   - The exit distribution's dtype: with the gate's bias raised so that every loop's exit
+ *     probability is 0.9997, HF's bf16 CDF rounds to exactly 1 after the first loop, so the
+ *     threshold 1 exits at depth 1 under exit_dist "model", and at depth 3 under "fp32"
+ *     (where 1 - 4e-11 rounds to 1).
+ *   - The fixed-loop model (no gate): FIXED and FULL run, THRESHOLD is refused.
+ *   - The KV cache holds loops x layers planes (its bytes per token), a checkpoint saved and
+ *     loaded back scores the same bits, and bad input gets a status: depths of 0 or above the
+ *     loops, an unknown KV rule or exit rule, a threshold outside [0, 1], min above max, an
+ *     exit rule on a model that does not loop, config fields out of range, an Ouro
+ *     checkpoint missing its gate or a second norm. */
+#include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fixtures.h"
+#include "forward.h"
+#include "internal.h"
+
+#define N_SEQS 24
+#define MAX_NEW 14
+#define MAX_PROMPT 30
+#define MAX_LEN (MAX_PROMPT + MAX_NEW)
+
+typedef struct gen_case {
+    int32_t prompt[MAX_PROMPT];
+    uint32_t prompt_len;
+    parity_sampling sampling[N_SEQS];
+} gen_case;
+
+typedef struct gen_result {
+    uint32_t n[N_SEQS];
+    int32_t tokens[N_SEQS][MAX_NEW];
+    float logprobs[N_SEQS][MAX_NEW];
+    uint32_t depths[N_SEQS][MAX_LEN];  /* the schedule: per position of prompt + completion */
+} gen_result;
+
+typedef struct run_config {
+    uint32_t threads, prefill_chunk, max_batch;
+    int fork;
+    uint64_t schedule; /* 0: every live sequence each step; else a seed for random subsets */
+    const char *name;
+} run_config;
+
+static void make_case(gen_case *c, const parity_config *cfg, uint64_t seed) {
+    uint64_t r = seed * 0x9e3779b97f4a7c15ull + 7;
+    const uint32_t T = cfg->total_ut_steps;
+    c->prompt_len = 1 + (uint32_t)(xorshift64(&r) % MAX_PROMPT);
+    for (uint32_t t = 0; t < c->prompt_len; t++)
+        c->prompt[t] = (int32_t)(xorshift64(&r) % cfg->vocab_size);
+    static const float temps[] = {0.0f, 0.7f, 1.0f, 1.2f};
+    static const float thresholds[] = {0.0f, 0.3f, 0.5f, 0.65f, 0.8f, 0.9f, 0.99f, 1.0f};
+    for (int i = 0; i < N_SEQS; i++) {
+        parity_sampling *s = &c->sampling[i];
+        parity_sampling_default(s);
+        s->temperature = temps[xorshift64(&r) % 4];
+        s->top_k = xorshift64(&r) % 2 ? 0 : 20;
+        s->seed = seed;
+        s->max_new_tokens = 3 + (uint32_t)(xorshift64(&r) % (MAX_NEW - 3));
+        s->logprob_mode = (uint32_t)(xorshift64(&r) % 3);
+        const uint32_t kind = (uint32_t)(xorshift64(&r) % 4);
+        if (kind == 0) {
+            s->exit_rule = PARITY_EXIT_FULL;
+        } else if (kind == 1 || !cfg->early_exit_gate) {
+            s->exit_rule = PARITY_EXIT_FIXED;
+            s->max_depth = 1 + (uint32_t)(xorshift64(&r) % T); /* 1 .. T */
+        } else {
+            s->exit_rule = PARITY_EXIT_THRESHOLD;
+            s->exit_threshold = thresholds[xorshift64(&r) % 8];
+            s->min_depth = (uint32_t)(xorshift64(&r) % 3);      /* 0 (= 1), 1, 2 */
+            s->max_depth = s->min_depth + (uint32_t)(xorshift64(&r) % (T - s->min_depth + 1));
+            if (s->max_depth == 0) s->max_depth = T;
+        }
+    }
+}
+
+static int run(const parity_model *m, const char *policy, uint32_t loop_kv, const gen_case *c,
+               const run_config *rc, gen_result *out) {
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    CHECK_OK(parity_policy_from_name(policy, &p.policy));
+    p.n_threads = rc->threads;
+    p.prefill_chunk = rc->prefill_chunk;
+    p.max_batch = rc->max_batch;
+    p.max_seqs = N_SEQS + 1;
+    p.max_len = MAX_LEN;
+    p.loop_kv = loop_kv;
+    parity_sampler *s = NULL;
+    CHECK_OK(parity_sampler_create(m, &p, &s));
+    if (!s) return 0;
+    uint32_t ids[N_SEQS], parent = 0;
+    if (rc->fork) CHECK_OK(parity_sampler_add(s, c->prompt, c->prompt_len, &c->sampling[0], 99, &parent));
+    for (int i = 0; i < N_SEQS; i++) {
+        if (rc->fork)
+            CHECK_OK(parity_sampler_fork(s, parent, &c->sampling[i], (uint64_t)i, &ids[i]));
+        else
+            CHECK_OK(parity_sampler_add(s, c->prompt, c->prompt_len, &c->sampling[i], (uint64_t)i,
+                                        &ids[i]));
+        out->n[i] = 0;
+    }
+    int live[N_SEQS];
+    for (int i = 0; i < N_SEQS; i++) live[i] = 1;
+    uint64_t r = rc->schedule;
+    for (int rounds = 0; rounds < 10 * MAX_NEW; rounds++) {
+        uint32_t step_ids[N_SEQS], which[N_SEQS];
+        size_t n = 0;
+        for (int i = 0; i < N_SEQS; i++)
+            if (live[i] && (!rc->schedule || xorshift64(&r) % 3 != 0)) which[n++] = (uint32_t)i;
+        if (n == 0) {
+            int any = 0;
+            for (int i = 0; i < N_SEQS; i++) any |= live[i];
+            if (!any) break;
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) step_ids[i] = ids[which[i]];
+        int32_t tok[N_SEQS];
+        float lp[N_SEQS];
+        uint32_t fin[N_SEQS];
+        int st = parity_sampler_step(s, step_ids, n, tok, lp, fin, 0, NULL, NULL);
+        CHECK_OK(st);
+        if (st) break;
+        for (size_t i = 0; i < n; i++) {
+            int q = (int)which[i];
+            out->tokens[q][out->n[q]] = tok[i];
+            out->logprobs[q][out->n[q]] = lp[i];
+            out->n[q]++;
+            if (fin[i]) live[q] = 0;
+        }
+    }
+    for (int i = 0; i < N_SEQS; i++) {
+        const uint32_t *d;
+        uint32_t nd;
+        CHECK_OK(parity_sampler_depths(s, ids[i], &d, &nd));
+        CHECK_INT(nd, c->prompt_len + out->n[i] - 1);
+        memcpy(out->depths[i], d, nd * sizeof *d);
+        out->depths[i][nd] = 1; /* the last position's depth: not used */
+    }
+    parity_sampler_free(s);
+    return 1;
+}
+
+static void compare(const gen_result *a, const gen_result *b, uint32_t prompt_len, const char *what) {
+    for (int i = 0; i < N_SEQS; i++) {
+        CHECK_INT(a->n[i], b->n[i]);
+        if (a->n[i] != b->n[i]) {
+            fprintf(stderr, "  (%s, sequence %d)\n", what, i);
+            continue;
+        }
+        CHECK(!memcmp(a->tokens[i], b->tokens[i], a->n[i] * sizeof(int32_t)));
+        CHECK(!memcmp(a->depths[i], b->depths[i], (prompt_len + a->n[i]) * sizeof(uint32_t)));
+        CHECK_BITS_F32(a->logprobs[i], b->logprobs[i], a->n[i], what);
+    }
+}
+
+/* The scorer, replaying (depths) or dense (NULL), all sequences of the case in one call whose
+ * per-sequence options must agree: one call per sequence here (the options carry the mode),
+ * with chunk_rows `chunk`. Returns the mean |log-prob - sampler's| (0 when bitwise). */
+static double score_case(const parity_model *m, const char *policy, uint32_t loop_kv,
+                         uint32_t chunk, int replay, const gen_case *c, const gen_result *g,
+                         int expect_bitwise, const char *what) {
+    parity_scorer *s = new_scorer(m, (fixture){.policy = policy, .chunk_rows = chunk});
+    if (!s) return 0;
+    double sum = 0;
+    size_t count = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        int32_t seq[MAX_LEN];
+        memcpy(seq, c->prompt, c->prompt_len * sizeof *seq);
+        memcpy(seq + c->prompt_len, g->tokens[i], g->n[i] * sizeof *seq);
+        uint32_t len = c->prompt_len + g->n[i];
+        const parity_sampling *sp = &c->sampling[i];
+        parity_score_options o;
+        parity_score_default_options(&o);
+        o.mode = sp->logprob_mode;
+        o.temperature = sp->temperature;
+        o.top_k = sp->top_k;
+        o.depths = replay ? g->depths[i] : NULL;
+        o.loop_kv = loop_kv;
+        float lp[MAX_LEN];
+        CHECK_OK(parity_score(s, &o, seq, &len, 1, lp, NULL, NULL, NULL));
+        if (expect_bitwise) {
+            char w[200];
+            snprintf(w, sizeof w, "%s: sequence %d (exit rule %u, threshold %g, depths %u..%u)",
+                     what, i, sp->exit_rule, (double)sp->exit_threshold, sp->min_depth,
+                     sp->max_depth);
+            CHECK_BITS_F32(lp + c->prompt_len - 1, g->logprobs[i], g->n[i], w);
+        }
+        for (uint32_t t = 0; t < g->n[i]; t++) {
+            /* (a truncated mode gives -inf to a token outside the dense learner's support) */
+            const double d = fabs((double)lp[c->prompt_len - 1 + t] - (double)g->logprobs[i][t]);
+            if (isfinite(d)) sum += d, count++;
+        }
+    }
+    parity_scorer_free(s);
+    return count ? sum / (double)count : 0;
+}
+
+/* The schedules that occurred: some position at depth 1, some decode position below the
+ * model's loops, some sequence that never exited early. */
+static void tally(const gen_case *c, const gen_result *g, uint32_t T, int *depth1, int *early,
+                  int *never) {
+    for (int i = 0; i < N_SEQS; i++) {
+        int any_early = 0;
+        for (uint32_t j = 0; j + 1 < c->prompt_len + g->n[i]; j++) {
+            const uint32_t d = g->depths[i][j];
+            CHECK(d >= 1 && d <= T);
+            if (j + 1 < c->prompt_len) CHECK_INT(d, T); /* the prompt: every loop */
+            if (d == 1) (*depth1)++;
+            if (d < T) any_early = 1;
+        }
+        *early += any_early;
+        *never += !any_early && g->n[i] > 1;
+    }
+}
+
+static void check_policy(const parity_model *m, const char *policy, uint32_t loop_kv,
+                         uint64_t seed, int *depth1, int *early, int *never) {
+    const parity_config *cfg = parity_model_config(m);
+    gen_case c;
+    make_case(&c, cfg, seed);
+    static const run_config configs[] = {
+        {1, 256, 32, 0, 0, "fresh prefill, one batch, 1 thread"},
+        {2, 5, 3, 1, 0, "forked, batches of 3, chunks of 5, 2 threads"},
+        {1, 1, 1, 1, 77, "forked, batch 1, chunks of 1, random subsets"},
+        {2, 7, 32, 0, 1234, "fresh prefill, random subsets, 2 threads"},
+    };
+    static gen_result ref, got;
+    char what[200];
+    if (!run(m, policy, loop_kv, &c, &configs[0], &ref)) return;
+    for (size_t k = 1; k < sizeof configs / sizeof configs[0]; k++) {
+        if (!run(m, policy, loop_kv, &c, &configs[k], &got)) continue;
+        snprintf(what, sizeof what, "%s, kv %u: %s", policy, loop_kv, configs[k].name);
+        compare(&ref, &got, c.prompt_len, what);
+    }
+    parity_cpu_path saved = parity_get_cpu_path();
+    for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX512BF16; path++) {
+        if (parity_set_cpu_path((parity_cpu_path)path) != PARITY_OK) continue;
+        if (!run(m, policy, loop_kv, &c, &configs[1], &got)) continue;
+        snprintf(what, sizeof what, "%s, kv %u: cpu path %s", policy, loop_kv,
+                 parity_cpu_path_name((parity_cpu_path)path));
+        compare(&ref, &got, c.prompt_len, what);
+    }
+    parity_set_cpu_path(saved);
+    snprintf(what, sizeof what, "%s, kv %u: replaying scorer", policy, loop_kv);
+    score_case(m, policy, loop_kv, 256, 1, &c, &ref, 1, what);
+    snprintf(what, sizeof what, "%s, kv %u: replaying scorer in chunks of 5", policy, loop_kv);
+    score_case(m, policy, loop_kv, 5, 1, &c, &ref, 1, what);
+    tally(&c, &ref, cfg->total_ut_steps, depth1, early, never);
+    if (cfg->early_exit_gate) {
+        const double dense = score_case(m, policy, loop_kv, 256, 0, &c, &ref, 0, "");
+        printf("%-9s kv %-11s dense learner vs early-exit sampler: mean |dlogp| %.6f\n", policy,
+               loop_kv ? "full" : "last-exited", dense);
+        CHECK(dense > 0);
+    }
+}
+
+/* LAST_EXITED and FULL on the same case: the same tokens and depths until the first token
+ * where a later position reads a plane the exited one did not compute; some log-prob moves. */
+static void check_kv_rules_differ(const parity_model *m) {
+    gen_case c;
+    make_case(&c, parity_model_config(m), 42);
+    for (int i = 0; i < N_SEQS; i++) {
+        c.sampling[i].exit_rule = PARITY_EXIT_THRESHOLD;
+        c.sampling[i].exit_threshold = 0.5f + 0.02f * (float)i;
+        c.sampling[i].temperature = 0.0f;
+    }
+    static gen_result last, full;
+    const run_config rc = {1, 256, 32, 0, 0, "one batch"};
+    if (!run(m, "aligned", PARITY_LOOP_KV_LAST_EXITED, &c, &rc, &last) ||
+        !run(m, "aligned", PARITY_LOOP_KV_FULL, &c, &rc, &full))
+        return;
+    size_t differ = 0, total = 0;
+    for (int i = 0; i < N_SEQS; i++)
+        for (uint32_t t = 0; t < last.n[i] && t < full.n[i]; t++, total++)
+            differ += memcmp(&last.logprobs[i][t], &full.logprobs[i][t], 4) != 0;
+    printf("LAST_EXITED vs FULL K/V: %zu of %zu log-probs differ\n", differ, total);
+    CHECK(differ > 0);
+}
+
+/* The gate's bias raised to +8: lambda = 0.99966 at every loop. Under exit_dist "model" the
+ * first loop's CDF rounds to bf16 1.0 (1 - 2^-9 and above do), which the threshold 1 reaches;
+ * under "fp32" it is 1 - 3.4e-4, then 1 - 1.2e-7, and only the third loop's (1 - 4e-11)
+ * rounds to fp32 1.0. */
+static void check_exit_dist_dtype(void) {
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_open("synthetic:ouro-tiny:3", &m));
+    if (!m) return;
+    const float bias = 8.0f;
+    const parity_tensor_data t = {"model.early_exit_gate.bias", PARITY_DTYPE_F32, 1, {1, 0}, &bias};
+    CHECK_OK(parity_model_update(m, &t, 1));
+    const uint32_t T = parity_model_config(m)->total_ut_steps;
+    const int32_t prompt[4] = {5, 6, 7, 8};
+    for (int dist = 0; dist < 2; dist++) {
+        parity_sampler_params p;
+        parity_sampler_default_params(&p);
+        CHECK_OK(parity_policy_from_name("hf-eager", &p.policy));
+        p.policy.exit_dist = dist == 0 ? PARITY_EXIT_DIST_MODEL : PARITY_EXIT_DIST_FP32;
+        p.max_seqs = 1;
+        p.max_len = 16;
+        parity_sampler *s = NULL;
+        CHECK_OK(parity_sampler_create(m, &p, &s));
+        if (!s) continue;
+        parity_sampling sp;
+        parity_sampling_default(&sp);
+        sp.exit_rule = PARITY_EXIT_THRESHOLD;
+        sp.exit_threshold = 1.0f;
+        uint32_t id;
+        CHECK_OK(parity_sampler_add(s, prompt, 4, &sp, 0, &id));
+        int32_t tok;
+        float lp;
+        uint32_t fin;
+        for (int k = 0; k < 4; k++) CHECK_OK(parity_sampler_step(s, &id, 1, &tok, &lp, &fin, 0, NULL, NULL));
+        const uint32_t *d;
+        uint32_t n;
+        CHECK_OK(parity_sampler_depths(s, id, &d, &n));
+        CHECK_INT(n, 7);
+        /* positions 0..3 are the prompt (every loop); 4..6 are decode steps */
+        for (uint32_t j = 4; j < n; j++) CHECK_INT(d[j], dist == 0 ? 1u : 3u);
+        CHECK(T > 3);
+        printf("exit_dist %s, threshold 1, lambda 0.99966: decode depth %u\n",
+               dist == 0 ? "model (bf16)" : "fp32", d[n - 1]);
+        parity_sampler_free(s);
+    }
+    parity_model_free(m);
+}
+
+static void check_config(void) {
+    parity_config c;
+    CHECK_OK(parity_config_builtin("ouro-1.4b", &c));
+    CHECK_INT(c.arch, PARITY_ARCH_OURO);
+    CHECK_INT(c.num_hidden_layers, 24);
+    CHECK_INT(c.total_ut_steps, 4);
+    CHECK_INT(c.early_exit_gate, 1);
+    CHECK_INT(c.vocab_size, 49152);
+    CHECK_INT(c.num_key_value_heads, 16);
+    /* the KV cache: loops x layers planes; 768 KiB a token for Ouro-1.4B's bf16 cells */
+    CHECK_INT(kv_cache_bytes(&c, 16, 0) / 16, 2ull * 4 * 24 * 16 * 128 * 2);
+    CHECK_INT(kv_cache_bytes(&c, 16, 0) / 16, 768u * 1024u);
+    CHECK_OK(parity_config_builtin("ouro-2.6b", &c));
+    CHECK_INT(c.num_hidden_layers, 48);
+    CHECK_OK(parity_config_builtin("ouro-tiny-fixed", &c));
+    CHECK_INT(c.early_exit_gate, 0);
+    CHECK_INT(c.total_ut_steps, 3);
+    parity_config bad = c;
+    bad.total_ut_steps = 0;
+    CHECK_STATUS(parity_model_synthetic(&bad, 1, &(parity_model *){NULL}), PARITY_ERR_CONFIG);
+    bad = c;
+    bad.early_exit_threshold = 1.5f;
+    CHECK_STATUS(parity_model_synthetic(&bad, 1, &(parity_model *){NULL}), PARITY_ERR_CONFIG);
+    bad = c;
+    bad.qk_norm = 1;
+    CHECK_STATUS(parity_model_synthetic(&bad, 1, &(parity_model *){NULL}), PARITY_ERR_CONFIG);
+    CHECK_OK(parity_config_builtin("tiny", &bad));
+    bad.total_ut_steps = 2;
+    CHECK_STATUS(parity_model_synthetic(&bad, 1, &(parity_model *){NULL}), PARITY_ERR_CONFIG);
+
+    /* config.json */
+    static const char json[] =
+        "{\"model_type\": \"ouro\", \"vocab_size\": 300, \"hidden_size\": 64, "
+        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 4, \"total_ut_steps\": 3, \"early_exit_threshold\": 0.75, "
+        "\"use_early_exit_gate\": false, \"rope_theta\": 1000000.0}";
+    CHECK_OK(config_parse(json, sizeof json - 1, "ouro.json", &c));
+    CHECK_INT(c.arch, PARITY_ARCH_OURO);
+    CHECK_INT(c.total_ut_steps, 3);
+    CHECK_INT(c.early_exit_gate, 0);
+    CHECK(c.early_exit_threshold == 0.75f);
+    CHECK_INT(c.head_dim, 16);
+    static const char defaults[] =
+        "{\"model_type\": \"ouro\", \"vocab_size\": 300, \"hidden_size\": 64, "
+        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4}";
+    CHECK_OK(config_parse(defaults, sizeof defaults - 1, "ouro.json", &c));
+    CHECK_INT(c.total_ut_steps, 4); /* configuration_ouro.py's defaults */
+    CHECK_INT(c.early_exit_gate, 1);
+    CHECK(c.early_exit_threshold == 1.0f);
+    static const char zero[] =
+        "{\"model_type\": \"ouro\", \"vocab_size\": 300, \"hidden_size\": 64, "
+        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"total_ut_steps\": 0}";
+    CHECK_STATUS(config_parse(zero, sizeof zero - 1, "ouro.json", &c), PARITY_ERR_CONFIG);
+    CHECK(strstr(parity_last_error(), "total_ut_steps") != NULL);
+    static const char thr[] =
+        "{\"model_type\": \"ouro\", \"vocab_size\": 300, \"hidden_size\": 64, "
+        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"early_exit_threshold\": 2}";
+    CHECK_STATUS(config_parse(thr, sizeof thr - 1, "ouro.json", &c), PARITY_ERR_CONFIG);
+    CHECK(strstr(parity_last_error(), "early_exit_threshold") != NULL);
+}
+
+static void check_bad_input(const parity_model *ouro, const parity_model *fixed) {
+    const uint32_t T = parity_model_config(ouro)->total_ut_steps;
+    parity_scorer *s = new_scorer(ouro, (fixture){.policy = "aligned"});
+    if (s) {
+        const int32_t toks[5] = {1, 2, 3, 4, 5};
+        const uint32_t len = 5;
+        uint32_t depths[5] = {T, T, 2, 0, 1};
+        parity_score_options o;
+        parity_score_default_options(&o);
+        o.depths = depths;
+        float lp[4] = {7, 7, 7, 7};
+        CHECK_STATUS(parity_score(s, &o, toks, &len, 1, lp, NULL, NULL, NULL),
+                     PARITY_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(parity_last_error(), "position 3: depth 0") != NULL);
+        depths[3] = T + 1;
+        CHECK_STATUS(parity_score(s, &o, toks, &len, 1, lp, NULL, NULL, NULL),
+                     PARITY_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(parity_last_error(), "depth 5 is not in 1..4") != NULL);
+        depths[3] = 2;
+        o.loop_kv = 7;
+        CHECK_STATUS(parity_score(s, &o, toks, &len, 1, lp, NULL, NULL, NULL),
+                     PARITY_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(parity_last_error(), "loop_kv") != NULL);
+        for (int i = 0; i < 4; i++) CHECK(lp[i] == 7.0f); /* untouched */
+        o.loop_kv = PARITY_LOOP_KV_FULL;
+        CHECK_OK(parity_score(s, &o, toks, &len, 1, lp, NULL, NULL, NULL));
+        parity_scorer_free(s);
+    }
+
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    p.loop_kv = 2;
+    parity_sampler *bad = NULL;
+    CHECK_STATUS(parity_sampler_create(ouro, &p, &bad), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(bad == NULL);
+    parity_sampler *smp = new_sampler(ouro, (fixture){.policy = "aligned"});
+    parity_sampler *fix = new_sampler(fixed, (fixture){.policy = "aligned"});
+    parity_model *tiny = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny:1", &tiny));
+    parity_sampler *plain = tiny ? new_sampler(tiny, (fixture){.policy = "aligned"}) : NULL;
+    if (smp && fix && plain) {
+        const int32_t prompt[3] = {1, 2, 3};
+        uint32_t id = 12345;
+        parity_sampling sp;
+        parity_sampling_default(&sp);
+        sp.exit_rule = 9;
+        CHECK_STATUS(parity_sampler_add(smp, prompt, 3, &sp, 0, &id), PARITY_ERR_INVALID_ARGUMENT);
+        sp.exit_rule = PARITY_EXIT_THRESHOLD;
+        sp.exit_threshold = 1.5f;
+        CHECK_STATUS(parity_sampler_add(smp, prompt, 3, &sp, 0, &id), PARITY_ERR_INVALID_ARGUMENT);
+        sp.exit_threshold = NAN;
+        CHECK_STATUS(parity_sampler_add(smp, prompt, 3, &sp, 0, &id), PARITY_ERR_INVALID_ARGUMENT);
+        sp.exit_threshold = 0.5f;
+        sp.min_depth = 3;
+        sp.max_depth = 2;
+        CHECK_STATUS(parity_sampler_add(smp, prompt, 3, &sp, 0, &id), PARITY_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(parity_last_error(), "min_depth 3 is above max_depth 2") != NULL);
+        sp.min_depth = 0;
+        sp.max_depth = T + 1;
+        CHECK_STATUS(parity_sampler_add(smp, prompt, 3, &sp, 0, &id), PARITY_ERR_INVALID_ARGUMENT);
+        sp.max_depth = 0;
+        /* the fixed-loop model has no gate to read */
+        CHECK_STATUS(parity_sampler_add(fix, prompt, 3, &sp, 0, &id), PARITY_ERR_UNSUPPORTED);
+        CHECK(strstr(parity_last_error(), "exit gate") != NULL);
+        /* a model that does not loop */
+        CHECK_STATUS(parity_sampler_add(plain, prompt, 3, &sp, 0, &id), PARITY_ERR_UNSUPPORTED);
+        CHECK(strstr(parity_last_error(), "does not loop") != NULL);
+        CHECK_INT(id, 12345);
+        /* and its depths: 1 everywhere */
+        sp.exit_rule = PARITY_EXIT_FULL;
+        CHECK_OK(parity_sampler_add(plain, prompt, 3, &sp, 0, &id));
+        const uint32_t *d;
+        uint32_t n;
+        CHECK_OK(parity_sampler_depths(plain, id, &d, &n));
+        CHECK_INT(n, 2);
+        CHECK(d[0] == 1 && d[1] == 1);
+        CHECK_STATUS(parity_sampler_depths(plain, 77, &d, &n), PARITY_ERR_UNKNOWN_SEQUENCE);
+    }
+    parity_sampler_free(smp);
+    parity_sampler_free(fix);
+    parity_sampler_free(plain);
+    parity_model_free(tiny);
+}
+
+/* Replaces `from` by `to` in the file at path (once). */
+static void edit_file(const char *path, const char *from, const char *to) {
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    if (!f) return;
+    static char text[1 << 16], out[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char *at = strstr(text, from);
+    CHECK(at != NULL);
+    if (!at) return;
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs(out, f);
+    fclose(f);
+}
+
+static void remove_dir(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void check_checkpoints(const parity_model *ouro) {
+    char dir[] = "/tmp/parity-looped-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    const int32_t toks[9] = {3, 1, 4, 1, 5, 9, 2, 6, 5};
+    const uint32_t len = 9, depths[9] = {4, 4, 4, 2, 1, 3, 4, 2, 1};
+    parity_score_options o;
+    parity_score_default_options(&o);
+    o.depths = depths;
+    float before[8], after[8];
+    parity_scorer *orig = new_scorer(ouro, (fixture){.policy = "hf-eager"});
+    if (orig) score_raw(orig, toks, &len, 1, before);
+    parity_scorer_free(orig);
+
+    /* saved and loaded back: the same bits, dense and replayed */
+    CHECK_OK(parity_model_save(ouro, dir));
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_load(dir, &m));
+    if (m) {
+        CHECK_INT(parity_model_config(m)->total_ut_steps, 4);
+        CHECK_INT(parity_model_config(m)->early_exit_gate, 1);
+        parity_scorer *back = new_scorer(m, (fixture){.policy = "hf-eager"});
+        if (back) score_raw(back, toks, &len, 1, after);
+        parity_scorer_free(back);
+        CHECK_BITS_F32(before, after, 8, "ouro-tiny saved and loaded, dense");
+        parity_scorer *a = new_scorer(ouro, (fixture){.policy = "vllm"});
+        parity_scorer *b = new_scorer(m, (fixture){.policy = "vllm"});
+        if (a && b) {
+            CHECK_OK(parity_score(a, &o, toks, &len, 1, before, NULL, NULL, NULL));
+            CHECK_OK(parity_score(b, &o, toks, &len, 1, after, NULL, NULL, NULL));
+            CHECK_BITS_F32(before, after, 8, "ouro-tiny saved and loaded, replayed");
+        }
+        parity_scorer_free(a);
+        parity_scorer_free(b);
+        parity_model_free(m);
+    }
+    /* a config that says "no gate" for a checkpoint that has one: the gate is unexpected */
+    edit_file(cfg, "\"use_early_exit_gate\": true", "\"use_early_exit_gate\": false");
+    m = NULL;
+    CHECK(parity_model_load(dir, &m) != PARITY_OK);
+    CHECK(m == NULL);
+    CHECK(strstr(parity_last_error(), "early_exit_gate") != NULL);
+    printf("gate not in the config: %s\n", parity_last_error());
+    remove_dir(dir);
+
+    /* the fixed-loop model's checkpoint read as one with a gate: the gate is missing */
+    CHECK(mkdtemp(strcpy(dir, "/tmp/parity-looped-XXXXXX")) != NULL);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    parity_model *fixed = NULL;
+    CHECK_OK(parity_model_open("synthetic:ouro-tiny-fixed:2", &fixed));
+    CHECK_OK(parity_model_save(fixed, dir));
+    parity_model_free(fixed);
+    edit_file(cfg, "\"use_early_exit_gate\": false", "\"use_early_exit_gate\": true");
+    CHECK(parity_model_load(dir, &m) != PARITY_OK);
+    CHECK(strstr(parity_last_error(), "model.early_exit_gate.weight") != NULL);
+    printf("gate missing: %s\n", parity_last_error());
+    remove_dir(dir);
+
+    /* a Llama-shaped checkpoint called ouro: the second norms are missing */
+    CHECK(mkdtemp(strcpy(dir, "/tmp/parity-looped-XXXXXX")) != NULL);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    parity_config c;
+    CHECK_OK(parity_config_builtin("ouro-tiny-fixed", &c));
+    c.arch = PARITY_ARCH_LLAMA;
+    c.total_ut_steps = 1;
+    parity_model *llama = NULL;
+    CHECK_OK(parity_model_synthetic(&c, 4, &llama));
+    CHECK_OK(parity_model_save(llama, dir));
+    parity_model_free(llama);
+    edit_file(cfg, "\"model_type\": \"llama\"",
+              "\"model_type\": \"ouro\", \"use_early_exit_gate\": false");
+    CHECK(parity_model_load(dir, &m) != PARITY_OK);
+    CHECK(strstr(parity_last_error(), "input_layernorm_2") != NULL);
+    printf("second norm missing: %s\n", parity_last_error());
+    remove_dir(dir);
+}
+
+int main(void) {
+    check_config();
+    parity_model *ouro = NULL, *fixed = NULL;
+    CHECK_OK(parity_model_open("synthetic:ouro-tiny:11", &ouro));
+    CHECK_OK(parity_model_open("synthetic:ouro-tiny-fixed:12", &fixed));
+    if (!ouro || !fixed) return check_report("looped");
+
+    int depth1 = 0, early = 0, never = 0;
+    const char *const *presets = parity_policy_preset_names();
+    uint64_t seed = 1;
+    for (int i = 0; presets[i]; i++)
+        for (uint32_t kv = 0; kv <= PARITY_LOOP_KV_FULL; kv++)
+            if (!quick() || i % 2 == 0)
+                check_policy(ouro, presets[i], kv, seed++, &depth1, &early, &never);
+    check_policy(ouro, "hf-eager+fp16", PARITY_LOOP_KV_LAST_EXITED, seed++, &depth1, &early, &never);
+    check_policy(fixed, "vllm", PARITY_LOOP_KV_LAST_EXITED, seed++, &depth1, &early, &never);
+    printf("schedules: %d positions at depth 1, %d sequences exiting early, %d never\n", depth1,
+           early, never);
+    CHECK(depth1 > 0 && early > 0 && never > 0);
+
+    check_kv_rules_differ(ouro);
+    check_exit_dist_dtype();
+    check_bad_input(ouro, fixed);
+    check_checkpoints(ouro);
+    parity_model_free(ouro);
+    parity_model_free(fixed);
+    return check_report("looped");
+}
