@@ -4,8 +4,8 @@
 #   scripts/sanitize.sh asan   the whole meson test suite under AddressSanitizer and
 #                              UndefinedBehaviorSanitizer, LeakSanitizer on (build-asan)
 #   scripts/sanitize.sh tsan   the tests that run threads — concurrency, the scorer and
-#                              sampler thread-count tests, the forward pieces on a pool and the
-#                              profile (its pool timing) —
+#                              sampler thread-count tests, the forward pieces on a pool, the
+#                              profile (its pool timing) and the looped models' sampler —
 #                              under ThreadSanitizer (build-tsan)
 # Any sanitizer report fails the tier.
 set -eu
@@ -42,8 +42,8 @@ if [ $tier = asan ]; then
     tests=$(meson test -C $build --list 2>/dev/null | grep -vE '^(python-.*|serve-.*|abi|install)$')
 else
     ninja -C $build test/test_concurrency test/test_scorer test/test_sampler test/test_ops \
-        test/test_profile
-    tests="concurrency scorer sampler ops profile"
+        test/test_profile test/test_looped
+    tests="concurrency scorer sampler ops profile looped"
 fi
 # shellcheck disable=SC2086
 meson test -C $build --no-rebuild --print-errorlogs --num-processes 2 $tests
