@@ -4,7 +4,7 @@
  *   parity-speed [--model SPEC] [--presets LIST] [--backends LIST] [--threads LIST]
  *                [--prompts LIST] [--batches LIST] [--contexts LIST] [--steps N] [--reps N]
  *                [--paths LIST|all] [--peers LIST] [--score-all] [--profile] [--json FILE]
- *                [--quick]
+ *                [--quick] [--early-exit [--thresholds LIST]]
  *
  * Defaults (a run of about three minutes on 2 cores with the peers: 1 min 53 s without them on
  * an AVX2 AMD EPYC VM, 3 min 57 s with llama-bench and torch's fp32 fallback, whose generic
@@ -46,6 +46,14 @@
  *            drawing at temperature 1; each phase (embed, gemm, rounding, regions,
  *            attention, head, sampling, other) as a share of the step, and the thread
  *            pool's own share.
+ *   --early-exit  instead of the table, for a looped model (default synthetic:ouro-1.4b): decode
+ *            at each batch after a prompt of the first context (32 unless --contexts is
+ *            given), greedy, under the first preset with the KV rule LAST_EXITED, once with
+ *            every loop (the dense loop, PARITY_EXIT_FULL) and once per threshold of LIST
+ *            (default 0.5,0.7,0.9,0.99; PARITY_EXIT_THRESHOLD on the gate's exit CDF): tokens/s
+ *            (median of the repetitions), the mean depth of the decode steps (the first, which
+ *            feeds the prompt's last token, runs every loop and is not counted) and the
+ *            speed-up over the dense loop.
  * Peers: torch_peer.py runs bf16 weights unless torch has no bf16 GEMM kernel for the CPU
  * (then fp32, as a user of that CPU would, and the weights column says so).
  * Machine limits, measured by this program per thread count at the start and again before
@@ -366,6 +374,94 @@ static double decode_time(decode_run *d, uint32_t steps) {
         rc = parity_sampler_step(d->s, d->seqs, d->B, d->tok, d->lp, d->fin, 0, NULL, NULL);
     const double dt = (bench_now() - t0) / steps;
     return rc ? fail("decode") : dt;
+}
+
+/* ---- early exit (--early-exit) ------------------------------------------------------------------ */
+
+/* Decode of a looped model with each exit rule: tokens/s, mean depth, speed-up over every loop. */
+static int run_early_exit(const run_cfg *r, const char *model_spec, const uint32_t *batches,
+                          int nbatch, uint32_t context,
+                          const float *thresholds, int nthr, uint32_t steps, int reps,
+                          const char *json) {
+    const parity_config *c = parity_model_config(r->model);
+    if (c->arch != PARITY_ARCH_OURO || !c->early_exit_gate) {
+        fprintf(stderr, "parity-speed: --early-exit needs a looped model with an exit gate "
+                        "(e.g. --model synthetic:ouro-1.4b)\n");
+        return -1;
+    }
+    FILE *jf = json ? fopen(json, "w") : NULL;
+    if (json && !jf) return fail(json);
+    if (jf)
+        fprintf(jf, "{\"early_exit\": {\"model\": \"%s\", \"preset\": \"%s\", \"threads\": %u, "
+                    "\"context\": %u, \"loops\": %u, \"loop_kv\": \"last-exited\", \"rows\": [",
+                model_spec, r->preset, r->threads, context, c->total_ut_steps);
+    printf("early exit: %s, preset %s, %u threads, prompt %u tokens, %u loops, KV rule last-exited, "
+           "greedy; %d x %u steps a row\n",
+           model_spec, r->preset, r->threads, context, c->total_ut_steps, reps, steps);
+    printf("%5s %-16s %10s %11s %9s\n", "batch", "exit rule", "tok/s", "mean depth", "speed-up");
+    int first_row = 1;
+    for (int bi = 0; bi < nbatch; bi++) {
+        double dense = 0;
+        for (int k = -1; k < nthr; k++) {
+            parity_sampling g;
+            parity_sampling_default(&g);
+            g.temperature = 0;
+            if (k >= 0) {
+                g.exit_rule = PARITY_EXIT_THRESHOLD;
+                g.exit_threshold = thresholds[k];
+            }
+            const uint32_t B = batches[bi];
+            decode_run d;
+            if (decode_open(r, B, context, (uint32_t)reps * (steps + 1) + 2, &g, &d)) {
+                if (jf) fclose(jf);
+                return -1;
+            }
+            double v[64];
+            for (int i = 0; i < reps; i++) {
+                const double dt = decode_time(&d, steps);
+                if (dt < 0) {
+                    parity_sampler_free(d.s);
+                    if (jf) fclose(jf);
+                    return -1;
+                }
+                v[i] = B / dt;
+            }
+            const stat3 st = summarise(v, reps);
+            /* the depths of the decode steps after the first (the prompt's last token runs
+             * every loop) */
+            double depth_sum = 0;
+            size_t depth_n = 0;
+            for (uint32_t b = 0; b < B; b++) {
+                const uint32_t *dep;
+                uint32_t n;
+                if (parity_sampler_depths(d.s, d.seqs[b], &dep, &n)) continue;
+                for (uint32_t j = context; j < n; j++) depth_sum += dep[j], depth_n++;
+            }
+            parity_sampler_free(d.s);
+            const double depth = depth_n ? depth_sum / (double)depth_n : 0;
+            if (k < 0) dense = st.median;
+            char rule[32];
+            if (k < 0)
+                snprintf(rule, sizeof rule, "every loop");
+            else
+                snprintf(rule, sizeof rule, "threshold %.2f", (double)thresholds[k]);
+            printf("%5u %-16s %10.2f %11.2f %8.2fx\n", B, rule, st.median, depth,
+                   dense > 0 ? st.median / dense : 0.0);
+            if (jf)
+                fprintf(jf, "%s\n  {\"batch\": %u, \"exit_rule\": \"%s\", \"threshold\": %.4g, "
+                            "\"tokens_per_s\": %.4f, \"min\": %.4f, \"max\": %.4f, "
+                            "\"mean_depth\": %.4f, \"speedup\": %.4f}",
+                        first_row ? "" : ",", B, k < 0 ? "full" : "threshold",
+                        k < 0 ? 1.0 : (double)thresholds[k], st.median, st.min, st.max, depth,
+                        dense > 0 ? st.median / dense : 0.0);
+            first_row = 0;
+        }
+    }
+    if (jf) {
+        fprintf(jf, "\n]}}\n");
+        fclose(jf);
+    }
+    return 0;
 }
 
 /* ---- the profile (--profile) ----------------------------------------------------------------- */
@@ -755,7 +851,8 @@ int main(int argc, char **argv) {
     char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "", threads_s[64] = "2";
     char prompts_s[64] = "512", batches_s[64] = "1,32", contexts_s[64] = "128";
     char peers_s[64] = "torch,llama", paths_s[64] = "";
-    int reps = 3, score_all = 0, profile = 0, contexts_given = 0;
+    int reps = 3, score_all = 0, profile = 0, contexts_given = 0, early_exit = 0, model_given = 0;
+    char thresholds_s[128] = "0.5,0.7,0.9,0.99";
     uint32_t steps = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
@@ -777,15 +874,20 @@ int main(int argc, char **argv) {
             profile = 1;
             continue;
         }
+        if (!strcmp(a, "--early-exit")) {
+            early_exit = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || i + 1 >= argc) {
             fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
                             "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
                             "[--steps N] [--reps N] [--paths LIST|all] [--peers LIST|none] [--score-all] "
-                            "[--profile] [--json FILE] [--quick]\n");
+                            "[--profile] [--json FILE] [--quick] [--early-exit [--thresholds LIST]]\n");
             return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
         }
         i++;
-        if (!strcmp(a, "--model")) model_spec = v;
+        if (!strcmp(a, "--model")) model_spec = v, model_given = 1;
+        else if (!strcmp(a, "--thresholds")) snprintf(thresholds_s, sizeof thresholds_s, "%s", v);
         else if (!strcmp(a, "--json")) json = v;
         else if (!strcmp(a, "--presets")) snprintf(presets_s, sizeof presets_s, "%s", v);
         else if (!strcmp(a, "--backends")) snprintf(backends_s, sizeof backends_s, "%s", v);
@@ -848,11 +950,26 @@ int main(int argc, char **argv) {
         parity_set_cpu_path(chosen);
     }
 
+    if (early_exit && !model_given) model_spec = "synthetic:ouro-1.4b";
     parity_model *model;
     fprintf(stderr, "parity-speed: loading %s\n", model_spec);
     if (parity_model_open(model_spec, &model)) return fail(model_spec) ? 1 : 1;
     const model_size ms = size_of(parity_model_config(model));
 
+    if (early_exit) {
+        parity_backend backend;
+        if (parity_backend_from_name(backends[0], &backend)) return fail("--backends") ? 2 : 2;
+        float thr[MAX_LIST];
+        int nthr = 0;
+        for (char *t = strtok(thresholds_s, ","); t && nthr < MAX_LIST; t = strtok(NULL, ","))
+            thr[nthr++] = strtof(t, NULL);
+        const run_cfg cfg = {model, presets[0], backend, threads[nt - 1]};
+        const int rc = run_early_exit(&cfg, model_spec, batches, nbatch,
+                                      contexts_given ? contexts[0] : 32, thr, nthr, steps, reps,
+                                      json);
+        parity_model_free(model);
+        return rc ? 1 : 0;
+    }
     if (profile) {
         parity_backend backend;
         if (parity_backend_from_name(backends[0], &backend)) return fail("--backends") ? 2 : 2;
