@@ -299,6 +299,7 @@ static acceptance check_acceptance(const bench *b) {
     acceptance a = {1, 0, 0, 0, 0};
     for (size_t i = 0; i < b->jobs.n; i++) {
         const job *j = &b->jobs.v[i];
+        if (j->sec == SEC_LOOPED) continue; /* its learners differ in depth, not in policy */
         int same = same_policy(&j->sv.policy, &j->learner_policy);
         if (same && !strcmp(j->order, "same")) {
             a.equal_pairs_seen++;
@@ -353,6 +354,24 @@ void print_report(const bench *b) {
     }
     if (b->has_ablation) print_ablation(b);
     if (b->has_ablation && b->growth_tokens) print_growth(b);
+    {
+        int any = 0;
+        for (size_t i = 0; i < b->jobs.n; i++) any |= b->jobs.v[i].sec == SEC_LOOPED;
+        if (any) {
+            printf("== Looped model: an early-exit sampler (threshold %g on the exit CDF, K/V "
+                   "last-exited) against learners ==\n", (double)b->o.exit_threshold);
+            const int w = label_width(b, SEC_LOOPED);
+            print_table_header(w);
+            for (size_t i = 0; i < b->jobs.n; i++) {
+                const job *j = &b->jobs.v[i];
+                if (j->sec != SEC_LOOPED) continue;
+                char extra[96];
+                snprintf(extra, sizeof extra, "   (%s)", j->note);
+                print_job_row(j, w, extra);
+            }
+            printf("\n");
+        }
+    }
     acceptance a = check_acceptance(b);
     printf("Checks: equal policies, same kernels -> bitwise equal: %s (%d pairs)",
            a.equal_pairs_exact ? "yes" : "NO", a.equal_pairs_seen);
@@ -430,7 +449,7 @@ static void json_job_fields(FILE *f, const job *j) {
         fputs(", \"aligned_regions\": ", f);
         json_str(f, j->regions);
     }
-    if (j->sec == SEC_HEADLINE) {
+    if (j->sec == SEC_HEADLINE || j->sec == SEC_LOOPED) {
         fputs(", \"note\": ", f);
         json_str(f, j->note);
     }
@@ -642,6 +661,7 @@ void write_json(const bench *b, const char *path) {
     json_jobs(f, b, "pairs", SEC_MATRIX);
     json_jobs(f, b, "ablation", SEC_ABLATION);
     json_growth(f, b);
+    json_jobs(f, b, "looped", SEC_LOOPED);
     acceptance a = check_acceptance(b);
     fprintf(f, ",\n\"checks\": {\"equal_policy_pairs_bitwise_equal\": %s, \"equal_policy_pairs\": "
                "%d, \"mismatched_pair_nonzero\": %s, \"kernel_order_changes_logprobs\": %s}",
@@ -656,7 +676,8 @@ void write_json(const bench *b, const char *path) {
 /* CSV                                                                                      */
 /* ---------------------------------------------------------------------------------------- */
 
-static const char *const section_names[N_SECTIONS] = {"headline", "pair", "ablation", "growth"};
+static const char *const section_names[N_SECTIONS] = {"headline", "pair", "ablation", "growth",
+                                                      "looped"};
 
 static void csv_num(FILE *f, double v) {
     if (isfinite(v)) fprintf(f, ",%.9g", v);

@@ -27,6 +27,7 @@ typedef struct options {
     uint32_t split_k, split_kv;
     uint32_t growth_tokens, growth_n, growth_prompts;
     float temperature, top_p;
+    float exit_threshold;       /* looped models: the early-exit sampler's threshold */
     unsigned long long seed;
     uint32_t mode, backend;
     const char *policies, *learners, *kernel_policies, *ablation;
@@ -115,6 +116,7 @@ typedef enum section {
     SEC_MATRIX,    /* includes the kernel-order rows */
     SEC_ABLATION,
     SEC_GROWTH,
+    SEC_LOOPED,    /* a looped model: early exit against dense and replaying learners */
     N_SECTIONS
 } section;
 

@@ -40,6 +40,13 @@
  *             the three, then attention, then logits: the learner equals the sampler);
  *   growth    a longer run of S (--growth-tokens): mismatch by position in the completion and
  *             by completion length, for S -> L and S -> S with and without other kernels.
+ *   looped    for a looped model (Ouro, e.g. --model synthetic:ouro-tiny): an early-exit sampler
+ *             (threshold --exit-threshold, default 0.7, on the gate's exit CDF; K/V of exited
+ *             tokens copied into the deeper planes, LAST_EXITED) of aligned against the dense
+ *             learner (every loop for every token), the learner replaying the sampler's depths
+ *             (bitwise), the replay with every plane computed instead (FULL K/V), and the same
+ *             for hf-eager, whose exit CDF is bf16, against a learner that re-derives the
+ *             depths with an fp32 CDF.
  *
  * Metrics, per (sampler, learner) pair, over generated tokens, with
  *   r = logp_learner - logp_sampler   (the log importance ratio of a token):
@@ -212,6 +219,7 @@ static void default_options(options *o) {
                    .split_k = 4, .split_kv = 64,
                    .growth_tokens = 320, .growth_n = 2, .growth_prompts = 4,
                    .temperature = 1.0f, .top_p = 1.0f, .mode = PARITY_LOGPROB_RAW,
+                   .exit_threshold = 0.7f,
                    .backend = PARITY_BACKEND_BF16,
                    .policies = DEFAULT_POLICIES, .kernel_policies = "vllm",
                    .ablation = "vllm,hf-eager"};
@@ -247,6 +255,7 @@ static void usage(FILE *f) {
         "  --temperature T         sampling temperature (1)\n"
         "  --top-p P               nucleus sampling mass (1 = off)\n"
         "  --seed S                sampling seed (0)\n"
+        "  --exit-threshold T      looped models: the early-exit sampler's threshold (0.7)\n"
         "  --logprob-mode M        a log-prob mode, below (raw)\n"
         "  --backend B             a backend, below (bf16)\n"
         "  --json FILE  --csv FILE  --svg DIR   machine-readable outputs and plots\n"
@@ -304,6 +313,11 @@ static int parse_numeric_option(options *o, const char *a, const char *v) {
     if (!strcmp(a, "--top-p")) {
         if (!parse_f32(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1))
             die("bad --top-p '%s'", v);
+        return 1;
+    }
+    if (!strcmp(a, "--exit-threshold")) {
+        if (!parse_f32(v, &o->exit_threshold) || !(o->exit_threshold >= 0 && o->exit_threshold <= 1))
+            die("bad --exit-threshold '%s' (0..1)", v);
         return 1;
     }
     if (!strcmp(a, "--seed")) {
@@ -1241,6 +1255,176 @@ static void measure_all(bench *b) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Looped models                                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Rollouts of `r` (prompts, per_prompt, max_new, temperature set) by an early-exit sampler of
+ * `policy` (threshold rule, LAST_EXITED), and each sequence's depth schedule, laid out like
+ * r->tokens (the last position's: 1). */
+static uint32_t *generate_looped(const run_env *e, const parity_policy *policy, float threshold,
+                                 rollouts *r) {
+    const prompt_set *ps = r->prompts;
+    r->n_seqs = ps->n * r->per_prompt;
+    const uint32_t max_len = max_prompt_len(ps) + r->max_new;
+    const variant v = {*policy, 0, 0, VARIANT_RUN_BACKEND};
+    parity_sampler *s = make_sampler(e, &v, ps->n, r->per_prompt, max_len);
+    parity_sampling sp;
+    sampling_for(e, r->temperature, r->max_new, &sp);
+    sp.exit_rule = PARITY_EXIT_THRESHOLD;
+    sp.exit_threshold = threshold;
+    int32_t *gen_tok = xcalloc(r->n_seqs * r->max_new, sizeof *gen_tok);
+    float *gen_lp = xcalloc(r->n_seqs * r->max_new, sizeof *gen_lp);
+    uint32_t *gen_n = xcalloc(r->n_seqs, sizeof *gen_n);
+    uint32_t *depth = xcalloc(r->n_seqs * max_len, sizeof *depth);
+    uint32_t *live = xcalloc(r->n_seqs, sizeof *live);
+    size_t *slot = xcalloc(r->n_seqs, sizeof *slot), n_live = 0;
+    for (size_t p = 0; p < ps->n; p++) {
+        uint32_t parent;
+        int rc = parity_sampler_add(s, ps->tok[p], ps->len[p], &sp, 0, &parent);
+        if (rc) die_parity("prefilling a prompt", rc);
+        for (uint32_t j = 0; j < r->per_prompt; j++) {
+            const size_t c = p * r->per_prompt + j;
+            if ((rc = parity_sampler_fork(s, parent, &sp, c, &live[n_live])))
+                die_parity("forking a completion", rc);
+            slot[n_live++] = c;
+        }
+        parity_sampler_release(s, parent);
+    }
+    int32_t *tok = xcalloc(n_live, sizeof *tok);
+    float *lp = xcalloc(n_live, sizeof *lp);
+    uint32_t *fin = xcalloc(n_live, sizeof *fin);
+    while (n_live) {
+        int rc = parity_sampler_step(s, live, n_live, tok, lp, fin, 0, NULL, NULL);
+        if (rc) die_parity("decoding", rc);
+        size_t kept = 0;
+        for (size_t k = 0; k < n_live; k++) {
+            const size_t c = slot[k];
+            gen_tok[c * r->max_new + gen_n[c]] = tok[k];
+            gen_lp[c * r->max_new + gen_n[c]] = lp[k];
+            gen_n[c]++;
+            if (fin[k] || gen_n[c] == r->max_new) {
+                const uint32_t *d;
+                uint32_t n;
+                if ((rc = parity_sampler_depths(s, live[k], &d, &n))) die_parity("depths", rc);
+                memcpy(depth + c * max_len, d, n * sizeof *d);
+                depth[c * max_len + n] = 1; /* the last position's: not used */
+                parity_sampler_release(s, live[k]);
+            } else {
+                live[kept] = live[k];
+                slot[kept++] = c;
+            }
+        }
+        n_live = kept;
+    }
+    parity_sampler_free(s);
+    pack_rollouts(r, gen_tok, gen_lp, gen_n);
+    uint32_t *sched = xcalloc(r->tok_off[r->n_seqs], sizeof *sched);
+    for (size_t c = 0; c < r->n_seqs; c++)
+        memcpy(sched + r->tok_off[c], depth + c * max_len, r->length[c] * sizeof *sched);
+    r->generated = 1;
+    free(gen_tok);
+    free(gen_lp);
+    free(gen_n);
+    free(depth);
+    free(live);
+    free(slot);
+    free(tok);
+    free(lp);
+    free(fin);
+    return sched;
+}
+
+/* How a looped learner runs the rollouts' positions. */
+enum { LOOPED_DENSE, LOOPED_REPLAY, LOOPED_RULE };
+
+/* The learner's log-probs of the generated tokens (indexed like r->lp): every loop for every
+ * position, the schedule `sched` replayed under `loop_kv`, or the depths re-derived by the
+ * sampler's threshold rule under the learner's own policy. */
+static float *score_looped(const run_env *e, const parity_policy *policy, const rollouts *r,
+                           int how, const uint32_t *sched, uint32_t loop_kv, float threshold) {
+    parity_scorer *s = make_scorer(e, policy, max_prompt_len(r->prompts) + r->max_new);
+    float *gen = xcalloc(r->gen_off[r->n_seqs] + 1, sizeof *gen);
+    float *lp = xcalloc(max_prompt_len(r->prompts) + r->max_new, sizeof *lp);
+    for (size_t c = 0; c < r->n_seqs; c++) {
+        parity_score_options so;
+        parity_score_default_options(&so);
+        so.mode = e->o->mode;
+        so.temperature = r->temperature;
+        so.top_p = e->o->top_p;
+        so.loop_kv = loop_kv;
+        if (how == LOOPED_REPLAY) so.depths = sched + r->tok_off[c];
+        if (how == LOOPED_RULE) {
+            so.exit_rule = PARITY_EXIT_THRESHOLD;
+            so.exit_threshold = threshold;
+            so.prompt_len = r->prompt_len[c];
+        }
+        int rc = parity_score(s, &so, r->tokens + r->tok_off[c], &r->length[c], 1, lp, NULL,
+                              NULL, NULL);
+        if (rc) die_parity("scoring", rc);
+        memcpy(gen + r->gen_off[c], lp + r->prompt_len[c] - 1,
+               (r->gen_off[c + 1] - r->gen_off[c]) * sizeof *gen);
+    }
+    parity_scorer_free(s);
+    free(lp);
+    return gen;
+}
+
+/* A row of the looped section: how its learner runs the positions. */
+typedef struct looped_row {
+    int how;
+    uint32_t kv;
+    const char *learner, *note;
+    int fp32_cdf;   /* the learner's exit CDF in fp32 (the sampler's: its policy's) */
+} looped_row;
+
+static const looped_row aligned_rows[] = {
+    {LOOPED_DENSE, 0, "aligned dense", "every loop, every token", 0},
+    {LOOPED_REPLAY, PARITY_LOOP_KV_LAST_EXITED, "aligned replay", "the sampler's depths, last-exited", 0},
+    {LOOPED_REPLAY, PARITY_LOOP_KV_FULL, "aligned replay, full K/V", "the depths, every plane computed", 0},
+};
+static const looped_row eager_rows[] = {
+    {LOOPED_RULE, PARITY_LOOP_KV_LAST_EXITED, "hf-eager rule, fp32 CDF",
+     "depths re-derived, exit CDF fp32 not bf16", 1},
+    {LOOPED_RULE, PARITY_LOOP_KV_LAST_EXITED, "hf-eager rule", "depths re-derived, bf16 CDF", 0},
+};
+
+/* The looped section's rows (after the others: its rollouts are its own). */
+static void run_looped(bench *b, const run_env *env) {
+    const parity_config *c = parity_model_config(b->model);
+    if (c->arch != PARITY_ARCH_OURO || !c->early_exit_gate) return;
+    progress("looped model: early-exit rollouts at threshold %g", (double)b->o.exit_threshold);
+    static const char *const samplers[2] = {"aligned", "hf-eager"};
+    for (int k = 0; k < 2; k++) {
+        spec S;
+        spec_from_name(samplers[k], &S);
+        rollouts *r = xcalloc(1, sizeof *r);
+        r->v = (variant){S.policy, 0, 0, VARIANT_RUN_BACKEND};
+        r->prompts = &b->prompts;
+        r->per_prompt = b->o.n;
+        r->max_new = b->o.max_tokens;
+        r->temperature = b->o.temperature;
+        snprintf(r->label, sizeof r->label, "%s early exit", S.name);
+        uint32_t *sched = generate_looped(env, &S.policy, b->o.exit_threshold, r);
+        /* kept with the others, freed with them */
+        b->rollouts.v = xrealloc(b->rollouts.v, (b->rollouts.n + 1) * sizeof *b->rollouts.v);
+        b->rollouts.v[b->rollouts.n++] = r;
+        const looped_row *rows = k == 0 ? aligned_rows : eager_rows;
+        const int n = k == 0 ? 3 : 2;
+        for (int i = 0; i < n; i++) {
+            parity_policy L = S.policy;
+            if (rows[i].fp32_cdf) L.exit_dist = PARITY_EXIT_DIST_FP32;
+            job *j = add_job(&b->jobs, SEC_LOOPED, &S, 0, 0, rows[i].learner, &L);
+            snprintf(j->note, sizeof j->note, "%s", rows[i].note);
+            float *lp = score_looped(env, &L, r, rows[i].how, sched, rows[i].kv,
+                                     b->o.exit_threshold);
+            compute_metrics(r, lp, 0, UINT32_MAX, &j->m);
+            free(lp);
+        }
+        free(sched);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Setup                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -1333,6 +1517,7 @@ int main(int argc, char **argv) {
     generate_all(&b, &env);
     score_all(&b, &env);
     measure_all(&b);
+    run_looped(&b, &env);
     b.elapsed = bench_now() - start_time;
     print_report(&b);
     if (b.o.json_path) write_json(&b, b.o.json_path);

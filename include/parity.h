@@ -948,6 +948,17 @@ typedef struct parity_score_options {
      * value is not used). NULL: every position runs every loop (the dense learner). */
     const uint32_t *depths;
     uint32_t loop_kv;           /* parity_loop_kv the schedule was sampled with */
+    /* Or, with depths NULL, the depths re-derived by an exit rule, as parity_sampling's
+     * (PARITY_EXIT_FULL, 0, is the dense learner): every position past prompt_len - 1 runs
+     * until the rule fires on the gate's exit distribution under this scorer's policy (the
+     * prompt's positions run every loop, as the sampler's do). A learner that re-thresholds
+     * instead of replaying; with the sampler's policy it computes the sampler's depths. */
+    uint32_t exit_rule;
+    float exit_threshold;
+    uint32_t min_depth, max_depth;
+    uint32_t prompt_len;        /* under an exit rule: positions 0 .. prompt_len - 1 run every
+                                   loop (the sampler's prompt, its last token included), the
+                                   same for every sequence of the call */
 } parity_score_options;
 
 PARITY_API void parity_score_default_options(parity_score_options *options);

@@ -242,55 +242,18 @@ static void make_writable(parity_sampler *s, seq_state *q, uint32_t pos) {
 
 /* ---- sequences ------------------------------------------------------------------------- */
 
-/* A looped model's exit rule (parity_sampling): defined, in range, and one the model can run. */
-static int check_exit_rule(const parity_config *c, const parity_sampling *p) {
-    const uint32_t T = config_loops(c);
-    if (p->exit_rule > PARITY_EXIT_FIXED)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "exit_rule %u is not a parity_exit_rule",
-                         p->exit_rule);
-    if (p->exit_rule == PARITY_EXIT_FULL) return PARITY_OK;
-    if (c->arch != PARITY_ARCH_OURO)
-        return set_error(PARITY_ERR_UNSUPPORTED,
-                         "exit_rule %u: the model (%s) does not loop; only PARITY_EXIT_FULL",
-                         p->exit_rule, parity_arch_name((int)c->arch));
-    if (p->min_depth > T || p->max_depth > T)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "min_depth %u / max_depth %u: the model runs at most %u loops "
-                         "(total_ut_steps)", p->min_depth, p->max_depth, T);
-    if (p->exit_rule == PARITY_EXIT_THRESHOLD) {
-        if (!c->early_exit_gate)
-            return set_error(PARITY_ERR_UNSUPPORTED,
-                             "PARITY_EXIT_THRESHOLD needs the exit gate, and this looped model "
-                             "has none (a fixed-loop model): use PARITY_EXIT_FIXED or FULL");
-        if (!(p->exit_threshold >= 0.0f && p->exit_threshold <= 1.0f))
-            return set_error(PARITY_ERR_INVALID_ARGUMENT, "exit_threshold %g is not in [0, 1]",
-                             (double)p->exit_threshold);
-        const uint32_t lo = p->min_depth ? p->min_depth : 1, hi = p->max_depth ? p->max_depth : T;
-        if (lo > hi)
-            return set_error(PARITY_ERR_INVALID_ARGUMENT, "min_depth %u is above max_depth %u", lo,
-                             hi);
-    }
-    return PARITY_OK;
-}
-
 /* The sequence's exit rule into the forward's terms. */
 static void resolve_exit(const parity_config *c, seq_state *q) {
     const parity_sampling *p = &q->sampling;
-    const uint32_t T = config_loops(c);
-    q->exit = (fwd_exit){p->exit_threshold, p->min_depth ? p->min_depth : 1,
-                         p->max_depth ? p->max_depth : T};
+    q->exit = exit_rule_resolve(c, p->exit_threshold, p->min_depth, p->max_depth);
 }
 
 /* A decode row of the sequence at pos: its depth or its rule. A prompt token (the first
  * step feeds the prompt's last one) runs every loop, as the prefill does: the published
  * replay's alignment, where the rollout's first exit depth is the prefill's, full. */
 static fwd_row decode_row(const seq_state *q, uint32_t pos) {
-    const parity_sampling *p = &q->sampling;
-    fwd_row row = {q->tokens[pos], pos, q->blocks, 0, NULL};
-    if (pos < q->prompt_len) return row;
-    if (p->exit_rule == PARITY_EXIT_THRESHOLD) row.exit = &q->exit;
-    if (p->exit_rule == PARITY_EXIT_FIXED) row.depth = q->exit.max_depth;
-    return row;
+    const fwd_row row = {q->tokens[pos], pos, q->blocks, 0, NULL};
+    return pos < q->prompt_len ? row : exit_rule_row(row, q->sampling.exit_rule, &q->exit);
 }
 
 static int check_sampling(const parity_sampler *s, const parity_sampling *p) {
@@ -314,7 +277,8 @@ static int check_sampling(const parity_sampler *s, const parity_sampling *p) {
     if (p->top_n > V)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "top_n %u exceeds the vocabulary (%u)",
                          p->top_n, V);
-    return check_exit_rule(&s->model->config, p);
+    return exit_rule_check(&s->model->config, p->exit_rule, p->exit_threshold, p->min_depth,
+                           p->max_depth);
 }
 
 static int check_seq(const parity_sampler *s, uint32_t seq) {

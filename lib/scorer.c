@@ -161,6 +161,12 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "options.loop_kv %u is not a parity_loop_kv",
                          o->loop_kv);
     const uint32_t loops = config_loops(c);
+    if (o->depths && o->exit_rule != PARITY_EXIT_FULL)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "options give both depths and exit_rule %u: a schedule is replayed, a "
+                         "rule re-derives one", o->exit_rule);
+    rc = exit_rule_check(c, o->exit_rule, o->exit_threshold, o->min_depth, o->max_depth);
+    if (rc) return rc;
     size_t at = 0;
     for (size_t i = 0; i < n_seqs; i++) {
         uint32_t len = lengths[i];
@@ -203,6 +209,8 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
     unsigned fp_saved = fp_env_enter();
     fwd_ctx ctx = engine_fwd_ctx(&s->eng);
     ctx.loop_kv = o->loop_kv;
+    const fwd_exit rule = exit_rule_resolve(&s->model->config, o->exit_threshold, o->min_depth,
+                                            o->max_depth);
     lp_job lj = {s, o, logprobs, entropy, top_ids, top_logprobs};
     const uint32_t chunk = s->params.chunk_rows;
 
@@ -223,8 +231,11 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
         for (size_t i = first; i < last; i++) {
             const uint32_t len = lengths[i];
             for (uint32_t t = 0; t < len; t++) {
-                s->eng.rows[n_rows] = (fwd_row){tokens[token_at + t], t, s->blocks + block,
-                                                o->depths ? o->depths[token_at + t] : 0, NULL};
+                const fwd_row row = {tokens[token_at + t], t, s->blocks + block,
+                                     o->depths ? o->depths[token_at + t] : 0, NULL};
+                s->eng.rows[n_rows] = t < o->prompt_len || o->depths
+                                          ? row
+                                          : exit_rule_row(row, o->exit_rule, &rule);
                 if (t + 1 < len) {
                     s->eng.out_rows[n_out] = (uint32_t)n_rows;
                     s->out_index[n_out] = out_at + t;

@@ -7,7 +7,8 @@
  *     members stepped in random subsets, prefill chunks of 1..256 rows, forked or fresh, 1 or
  *     2 threads, every CPU path: tokens, log-probs and depth schedules are identical across
  *     all of them, and the scorer given the schedule (in one call for all sequences, in
- *     chunks of 5 rows) returns the log-probs bitwise.
+ *     chunks of 5 rows) returns the log-probs bitwise, and so does the scorer re-deriving the
+ *     depths with the same exit rule and policy.
  *   - Schedules that exit at depth 1 and that never exit early are among them (checked).
  *   - The dense scorer (every loop for every token) disagrees with an early-exit sampler;
  *     LAST_EXITED and FULL give different log-probs once depths vary.
@@ -164,11 +165,15 @@ static void compare(const gen_result *a, const gen_result *b, uint32_t prompt_le
     }
 }
 
-/* The scorer, replaying (depths) or dense (NULL), all sequences of the case in one call whose
- * per-sequence options must agree: one call per sequence here (the options carry the mode),
- * with chunk_rows `chunk`. Returns the mean |log-prob - sampler's| (0 when bitwise). */
+/* How the scorer runs a looped model's positions. */
+enum { DENSE, REPLAY, RULE };
+
+/* The scorer on each sequence of the case (one call each: the options carry its mode), with
+ * chunk_rows `chunk`: dense (every loop), replaying the sampler's depths, or re-deriving them
+ * with the sequence's exit rule. Returns the mean |log-prob - sampler's| over the finite
+ * differences. */
 static double score_case(const parity_model *m, const char *policy, uint32_t loop_kv,
-                         uint32_t chunk, int replay, const gen_case *c, const gen_result *g,
+                         uint32_t chunk, int how, const gen_case *c, const gen_result *g,
                          int expect_bitwise, const char *what) {
     parity_scorer *s = new_scorer(m, (fixture){.policy = policy, .chunk_rows = chunk});
     if (!s) return 0;
@@ -185,8 +190,15 @@ static double score_case(const parity_model *m, const char *policy, uint32_t loo
         o.mode = sp->logprob_mode;
         o.temperature = sp->temperature;
         o.top_k = sp->top_k;
-        o.depths = replay ? g->depths[i] : NULL;
+        o.depths = how == REPLAY ? g->depths[i] : NULL;
         o.loop_kv = loop_kv;
+        if (how == RULE) {
+            o.exit_rule = sp->exit_rule;
+            o.exit_threshold = sp->exit_threshold;
+            o.min_depth = sp->min_depth;
+            o.max_depth = sp->max_depth;
+            o.prompt_len = c->prompt_len;
+        }
         float lp[MAX_LEN];
         CHECK_OK(parity_score(s, &o, seq, &len, 1, lp, NULL, NULL, NULL));
         if (expect_bitwise) {
@@ -253,12 +265,15 @@ static void check_policy(const parity_model *m, const char *policy, uint32_t loo
     }
     parity_set_cpu_path(saved);
     snprintf(what, sizeof what, "%s, kv %u: replaying scorer", policy, loop_kv);
-    score_case(m, policy, loop_kv, 256, 1, &c, &ref, 1, what);
+    score_case(m, policy, loop_kv, 256, REPLAY, &c, &ref, 1, what);
     snprintf(what, sizeof what, "%s, kv %u: replaying scorer in chunks of 5", policy, loop_kv);
-    score_case(m, policy, loop_kv, 5, 1, &c, &ref, 1, what);
+    score_case(m, policy, loop_kv, 5, REPLAY, &c, &ref, 1, what);
+    snprintf(what, sizeof what, "%s, kv %u: scorer re-deriving the depths by the rule", policy,
+             loop_kv);
+    score_case(m, policy, loop_kv, 7, RULE, &c, &ref, 1, what);
     tally(&c, &ref, cfg->total_ut_steps, depth1, early, never);
     if (cfg->early_exit_gate) {
-        const double dense = score_case(m, policy, loop_kv, 256, 0, &c, &ref, 0, "");
+        const double dense = score_case(m, policy, loop_kv, 256, DENSE, &c, &ref, 0, "");
         printf("%-9s kv %-11s dense learner vs early-exit sampler: mean |dlogp| %.6f\n", policy,
                loop_kv ? "full" : "last-exited", dense);
         CHECK(dense > 0);
@@ -423,6 +438,19 @@ static void check_bad_input(const parity_model *ouro, const parity_model *fixed)
         CHECK(strstr(parity_last_error(), "loop_kv") != NULL);
         for (int i = 0; i < 4; i++) CHECK(lp[i] == 7.0f); /* untouched */
         o.loop_kv = PARITY_LOOP_KV_FULL;
+        o.exit_rule = PARITY_EXIT_FIXED;
+        CHECK_STATUS(parity_score(s, &o, toks, &len, 1, lp, NULL, NULL, NULL),
+                     PARITY_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(parity_last_error(), "both depths and exit_rule") != NULL);
+        o.depths = NULL;
+        o.max_depth = T + 1;
+        CHECK_STATUS(parity_score(s, &o, toks, &len, 1, lp, NULL, NULL, NULL),
+                     PARITY_ERR_INVALID_ARGUMENT);
+        for (int i = 0; i < 4; i++) CHECK(lp[i] == 7.0f); /* untouched */
+        o.max_depth = 2;
+        CHECK_OK(parity_score(s, &o, toks, &len, 1, lp, NULL, NULL, NULL));
+        o.exit_rule = PARITY_EXIT_FULL;
+        o.depths = depths;
         CHECK_OK(parity_score(s, &o, toks, &len, 1, lp, NULL, NULL, NULL));
         parity_scorer_free(s);
     }

@@ -9,7 +9,9 @@
 #     mean_abs_dlogp == 0 and bitwise_equal_fraction == 1, for every sampler preset;
 #   - the kernel-order rows and the ablation rows are there;
 #   - each SVG parses as XML and holds its axis labels and legend text;
-#   - a split-KV segment longer than every sequence leaves the log-probs bitwise unchanged.
+#   - a split-KV segment longer than every sequence leaves the log-probs bitwise unchanged;
+#   - on a looped model (synthetic:ouro-tiny) the looped rows: replaying learners bitwise,
+#     the dense learner not.
 # If /usr/bin/chromium exists, each SVG is also screenshotted headless and the PNG must be a
 # non-empty PNG; if rsvg-convert exists, each SVG must render with it too.
 # Prints one line per check and a closing "N passed, N failed"; exits 1 if any failed.
@@ -127,6 +129,22 @@ check "parity-mismatch runs" run_bench
 check "JSON: equal policies exact, mismatch, kernel-order and ablation rows" check_json
 check "SVGs parse, with axis labels and legends" check_svgs
 check "split-KV in one segment equals no split" check_one_segment
+
+# A looped model: the looped rows, the replaying learners bitwise, the dense one not.
+check_looped() {
+    "$exe" --model synthetic:ouro-tiny --policies aligned --ablation none --growth-tokens 0 \
+        --greedy-tokens 0 --n 2 --max-tokens 12 --json "$tmp/looped.json" --quiet >/dev/null &&
+    python3 - "$tmp/looped.json" <<'EOF'
+import json, sys
+rows = {r["learner"]: r for r in json.load(open(sys.argv[1]))["looped"]}
+assert len(rows) == 5, sorted(rows)
+for exact in ("aligned replay", "hf-eager rule"):
+    assert rows[exact]["bitwise_equal_fraction"] == 1 and rows[exact]["tokens"] > 0, rows[exact]
+assert rows["aligned dense"]["mean_abs_dlogp"] > 0, rows["aligned dense"]
+print("looped rows:", {k: v["mean_abs_dlogp"] for k, v in rows.items()})
+EOF
+}
+check "looped model: replay bitwise, dense learner not" check_looped
 for svg in "$tmp"/svg/*.svg; do
     if [ -x /usr/bin/chromium ]; then
         check "chromium screenshot of $(basename "$svg")" screenshot "$svg"

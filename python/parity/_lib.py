@@ -178,6 +178,11 @@ class parity_score_options(Structure):
         ("top_n", c_uint32),
         ("depths", POINTER(c_uint32)),
         ("loop_kv", c_uint32),
+        ("exit_rule", c_uint32),
+        ("exit_threshold", c_float),
+        ("min_depth", c_uint32),
+        ("max_depth", c_uint32),
+        ("prompt_len", c_uint32),
     ]
 
 
