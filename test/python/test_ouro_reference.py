@@ -1,0 +1,423 @@
+"""Known-answer test of the Ouro (looped) forward: libparity's log-probs on synthetic:ouro-tiny
+against an independent fp32 PyTorch implementation written here from the description of
+ByteDance Ouro (transformers' remote-code modeling_ouro.py), on the weights the model saves
+(model.save: config.json + model.safetensors, read here with a small safetensors reader).
+
+Two variants of the model: "synthetic" as built, and "sharpened" (some weights replaced with
+Model.update, see sharpened()): the synthetic sandwich norms have weights ~0.02, so the loops
+barely move the state and attention and log-probs are close to uniform, which would let a bug
+hide; the sharpened one has full-size residual updates, contrasted attention and log-probs
+spread over -11..-3. Every check runs on both, on seeded random sequences of lengths 1..40.
+
+It asserts:
+  - the config is ouro-tiny's, and the saved checkpoint holds exactly the Ouro tensor names,
+    shaped as the config says (and the update's values);
+  - Model.score(policy="fp32") (dense: every position runs all T loops) agrees with the
+    reference within TOL_FP32 = 1e-5 (max |difference| of the log-probs, absolute);
+  - Model.score(policy="fp32", depths=..., loop_kv="last-exited") agrees with the reference's
+    replay of the schedule within 1e-5, for the schedules all-1, all-T, random depths,
+    (T, 2, 2, 2, ...) and (T, 2, 4, 3, 2, T, 2, 4, 3, 2, ...);
+  - the "hf-eager" preset (bf16 everywhere) is within BF16_BOUNDS of the fp32 reference, mean
+    and max |dlogp|, dense and replayed (bounds ~3x above the figures measured);
+  - the cases discriminate (on the reference): all-1 is not dense, and where a read position
+    runs deeper than an earlier one (so attends to its copied K/V) the replay differs from
+    "the dense forward read at depth d_j" by more than 10 * TOL_FP32 (0.58 nats at least on
+    the sharpened model), so the fp32 agreement tests the LAST_EXITED rule and not just the
+    read-out depth; elsewhere, as in (T, 2, 2, ...), the two are equal; and the replay with
+    every depth T is the plain dense forward (self-checks of the reference).
+
+    /usr/bin/python3 test/python/test_ouro_reference.py BUILD_DIR
+
+Needs torch and numpy (Debian: python3-torch, python3-numpy); exits 77 (skipped) without them.
+"""
+
+import harness
+
+BUILD = harness.setup()
+torch, np = harness.require("Ouro reference tests", ["torch", "numpy"],
+                            "python3-torch python3-numpy")
+
+import json  # noqa: E402
+import os  # noqa: E402
+import struct  # noqa: E402
+import tempfile  # noqa: E402
+import unittest  # noqa: E402
+
+import parity  # noqa: E402
+
+SPEC = "synthetic:ouro-tiny:7"
+#: fp32 against the fp32 reference: max |dlogp|, absolute (the log-probs are ~3-6 nats).
+TOL_FP32 = 1e-5
+#: hf-eager (bf16 weights, activations and rounding points) against the fp32 reference:
+#: variant -> (bound on the mean |dlogp|, bound on the max). Measured, dense and replayed alike:
+#: synthetic mean 0.0015, max 0.0048 (log-probs -5.9..-5.1, near-uniform); sharpened mean
+#: 0.016, max 0.073 (log-probs -10.9..-3.1; larger activations, sharper softmaxes: more bf16
+#: rounding reaches the log-probs). The bounds are ~3x above that.
+BF16_BOUNDS = {"synthetic": (0.005, 0.015), "sharpened": (0.05, 0.2)}
+torch.set_num_threads(1)
+
+
+# ---- the checkpoint ---------------------------------------------------------------------------
+
+def read_safetensors(path):
+    """{name: float32 torch tensor} from a .safetensors file (BF16, F16 or F32 tensors)."""
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        raw = data[start:end]
+        if info["dtype"] == "BF16":
+            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            values = bits.view(np.float32)
+        elif info["dtype"] == "F16":
+            values = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        elif info["dtype"] == "F32":
+            values = np.frombuffer(raw, dtype="<f4").copy()
+        else:
+            raise ValueError("%s: dtype %s not handled by this reader" % (name, info["dtype"]))
+        out[name] = torch.from_numpy(values.reshape(info["shape"]).copy())
+    return out
+
+
+def expected_shapes(cfg):
+    H, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    q_dim = cfg["num_attention_heads"] * cfg["head_dim"]
+    kv_dim = cfg["num_key_value_heads"] * cfg["head_dim"]
+    shapes = {"model.embed_tokens.weight": [V, H], "model.norm.weight": [H]}
+    if cfg["early_exit_gate"]:
+        shapes["model.early_exit_gate.weight"] = [1, H]
+        shapes["model.early_exit_gate.bias"] = [1]
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = [V, H]
+    for l in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        shapes.update({
+            p + "input_layernorm.weight": [H], p + "input_layernorm_2.weight": [H],
+            p + "post_attention_layernorm.weight": [H],
+            p + "post_attention_layernorm_2.weight": [H],
+            p + "self_attn.q_proj.weight": [q_dim, H], p + "self_attn.k_proj.weight": [kv_dim, H],
+            p + "self_attn.v_proj.weight": [kv_dim, H], p + "self_attn.o_proj.weight": [H, q_dim],
+            p + "mlp.gate_proj.weight": [I, H], p + "mlp.up_proj.weight": [I, H],
+            p + "mlp.down_proj.weight": [H, I]})
+    return shapes
+
+
+# ---- the reference ----------------------------------------------------------------------------
+
+class Reference:
+    """Ouro's forward in plain PyTorch, in `dtype` (float32 for the test)."""
+
+    def __init__(self, weights, cfg, dtype=torch.float32):
+        self.W = {k: v.to(dtype) for k, v in weights.items()}
+        self.dtype = dtype
+        self.H = cfg["hidden_size"]
+        self.heads = cfg["num_attention_heads"]
+        self.kv_heads = cfg["num_key_value_heads"]
+        self.hd = cfg["head_dim"]
+        self.eps = cfg["rms_norm_eps"]
+        self.theta = cfg["rope_theta"]
+        self.layers = cfg["num_hidden_layers"]
+        self.T = cfg["total_ut_steps"]
+        self.head = self.W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] \
+            else self.W["lm_head.weight"]
+
+    def rms(self, x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def rope_tables(self, n):
+        """cos and sin, [n, 1, hd], of cat(angles, angles), angle = pos * inv_freq (computed in
+        float64, then cast)."""
+        i = torch.arange(self.hd // 2, dtype=torch.float64)
+        inv_freq = self.theta ** (-(i * 2) / self.hd)
+        angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        emb = torch.cat([angles, angles], dim=-1)
+        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+
+    @staticmethod
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+    def qkv(self, l, x, cos, sin):
+        """Layer l's q [n, heads, hd], and k, v [n, kv_heads, hd] (q and k rotated) of the
+        hidden states x (the input layernorm applied here)."""
+        p = "model.layers.%d." % l
+        n = x.shape[0]
+        x = self.rms(x, self.W[p + "input_layernorm.weight"])
+        q = (x @ self.W[p + "self_attn.q_proj.weight"].T).view(n, self.heads, self.hd)
+        k = (x @ self.W[p + "self_attn.k_proj.weight"].T).view(n, self.kv_heads, self.hd)
+        v = (x @ self.W[p + "self_attn.v_proj.weight"].T).view(n, self.kv_heads, self.hd)
+        q = q * cos + self.rotate_half(q) * sin
+        k = k * cos + self.rotate_half(k) * sin
+        return q, k, v
+
+    def attention(self, q, k, v):
+        """Causal GQA softmax attention: [n, heads * hd]."""
+        n = q.shape[0]
+        group = self.heads // self.kv_heads
+        out = torch.empty(n, self.heads, self.hd, dtype=self.dtype)
+        mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+        for h in range(self.heads):
+            kh, vh = k[:, h // group], v[:, h // group]
+            scores = (q[:, h] @ kh.T) * self.hd ** -0.5
+            scores = scores.masked_fill(mask, float("-inf"))
+            out[:, h] = torch.softmax(scores, dim=-1) @ vh
+        return out.reshape(n, self.heads * self.hd)
+
+    def finish_layer(self, l, h, q, k, v):
+        """The rest of decoder layer l after q, k, v: attention, o_proj, the sandwich norms,
+        the residuals and the MLP."""
+        p = "model.layers.%d." % l
+        a = self.attention(q, k, v) @ self.W[p + "self_attn.o_proj.weight"].T
+        h = h + self.rms(a, self.W[p + "input_layernorm_2.weight"])
+        x = self.rms(h, self.W[p + "post_attention_layernorm.weight"])
+        gate = torch.nn.functional.silu(x @ self.W[p + "mlp.gate_proj.weight"].T)
+        up = x @ self.W[p + "mlp.up_proj.weight"].T
+        m = (gate * up) @ self.W[p + "mlp.down_proj.weight"].T
+        return h + self.rms(m, self.W[p + "post_attention_layernorm_2.weight"])
+
+    def logprobs(self, ids, loop_states):
+        """log p(x_t | x_<t), t = 1..n-1, position t-1's logits taken from loop_states[t-1]
+        (its normed state at the loop it exits after)."""
+        logits = loop_states @ self.head.T
+        lp = torch.log_softmax(logits, dim=-1)
+        return lp[:-1].gather(1, ids[1:, None]).squeeze(1)
+
+    def dense(self, seq):
+        """Every position runs every loop. Returns (log-probs, [n, T, hidden] the normed state
+        after each loop)."""
+        ids = torch.tensor(seq, dtype=torch.long)
+        cos, sin = self.rope_tables(len(seq))
+        h = self.W["model.embed_tokens.weight"][ids]
+        per_loop = []
+        for _ in range(self.T):
+            for l in range(self.layers):
+                h = self.finish_layer(l, h, *self.qkv(l, h, cos, sin))
+            h = self.rms(h, self.W["model.norm.weight"])
+            per_loop.append(h)
+        states = torch.stack(per_loop, dim=1)
+        return self.logprobs(ids, states[:, -1]), states
+
+    def replay(self, seq, depths):
+        """The depth schedule with LAST_EXITED K/V: loop d runs the positions whose depth is
+        > d; in each layer, an exited position's K/V are the previous loop's K/V of that layer
+        (so a copy of its K/V at its last loop); an exited position keeps its last normed
+        state, and its log-prob is read from it."""
+        ids = torch.tensor(seq, dtype=torch.long)
+        depths = torch.tensor(depths, dtype=torch.long)
+        assert depths.min() >= 1 and depths.max() <= self.T
+        cos, sin = self.rope_tables(len(seq))
+        state = self.W["model.embed_tokens.weight"][ids]
+        prev_kv = [None] * self.layers  # layer l's K/V at the previous loop
+        for d in range(int(depths.max())):
+            active = depths > d
+            keep = (~active)[:, None, None]
+            h = state
+            for l in range(self.layers):
+                q, k, v = self.qkv(l, h, cos, sin)
+                if d > 0:
+                    k = torch.where(keep, prev_kv[l][0], k)
+                    v = torch.where(keep, prev_kv[l][1], v)
+                prev_kv[l] = (k, v)
+                h = self.finish_layer(l, h, q, k, v)
+            h = self.rms(h, self.W["model.norm.weight"])
+            state = torch.where(active[:, None], h, state)
+        return self.logprobs(ids, state)
+
+
+# ---- the cases --------------------------------------------------------------------------------
+
+LENGTHS = [1, 2, 3, 9, 17, 26, 40]
+
+
+def sequences(vocab):
+    g = torch.Generator().manual_seed(20240)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def schedules(n, T, seed):
+    """name -> one depth (1..T) per token."""
+    g = torch.Generator().manual_seed(seed)
+    pattern = [T, 2, 4, 3, 2]
+    return {
+        "all-1": [1] * n,
+        "all-T": [T] * n,
+        "random": torch.randint(1, T + 1, (n,), generator=g).tolist(),
+        "T,2,2,2,...": [T] + [2] * (n - 1),
+        "T,2,4,3,2,...": [min(pattern[i % len(pattern)], T) for i in range(n)],
+    }
+
+
+def copies_matter(depths):
+    """Whether some read position (0..n-2) runs deeper than an earlier position, so attends to
+    that position's copied K/V."""
+    n = len(depths)
+    return any(depths[a] < depths[b] for b in range(n - 1) for a in range(b))
+
+
+def sharpened(weights, cfg):
+    """New values for some weights of the synthetic model, on the bf16 grid (so the saved bf16
+    checkpoint is exactly the fp32 master): the synthetic sandwich norms (input_layernorm_2,
+    post_attention_layernorm_2) have weights ~0.02, which make every residual update ~2% of
+    its size, near-uniform attention and log-probs close to -ln(vocab); here they are ~1, q
+    and k are 4x (attention scores of std ~1.5) and lm_head 10x (peaked log-probs)."""
+    g = torch.Generator().manual_seed(31)
+    H = cfg["hidden_size"]
+    new = {}
+    for l in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        for norm in ("input_layernorm_2", "post_attention_layernorm_2"):
+            new[p + norm + ".weight"] = 1.0 + 0.1 * torch.randn(H, generator=g)
+        for proj in ("q_proj", "k_proj"):
+            name = p + "self_attn.%s.weight" % proj
+            new[name] = 4.0 * weights[name]
+    new["lm_head.weight"] = 10.0 * weights["lm_head.weight"]
+    return {k: v.to(torch.bfloat16).float().numpy() for k, v in new.items()}
+
+
+def as_tensor(values):
+    return torch.tensor(list(values), dtype=torch.float64)
+
+
+class Variant:
+    """A model under test, its saved weights and the reference on them."""
+
+    def __init__(self, name, sharpen):
+        self.name = name
+        self.model = parity.Model(SPEC, threads=1)
+        self.cfg = self.model.config
+        if sharpen:
+            with tempfile.TemporaryDirectory() as d:
+                self.model.save(d)
+                synthetic = read_safetensors(os.path.join(d, "model.safetensors"))
+            self.model.update(sharpened(synthetic, self.cfg))
+        with tempfile.TemporaryDirectory() as d:
+            self.model.save(d)
+            self.weights = read_safetensors(os.path.join(d, "model.safetensors"))
+        self.ref = Reference(self.weights, self.cfg)
+        self.T = self.cfg["total_ut_steps"]
+        self.seqs = sequences(self.cfg["vocab_size"])
+
+
+class Ouro(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.variants = [Variant("synthetic", False), Variant("sharpened", True)]
+
+    @classmethod
+    def tearDownClass(cls):
+        for v in cls.variants:
+            v.model.close()
+
+    def test_config_and_checkpoint(self):
+        for v in self.variants:
+            cfg = v.cfg
+            self.assertEqual(cfg["arch"], "ouro")
+            self.assertEqual((cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"],
+                              cfg["num_hidden_layers"], cfg["num_attention_heads"],
+                              cfg["num_key_value_heads"], cfg["head_dim"],
+                              cfg["total_ut_steps"]), (256, 64, 160, 2, 4, 2, 16, 4))
+            self.assertTrue(cfg["early_exit_gate"])
+            self.assertFalse(cfg["tie_word_embeddings"])
+            got = {name: list(t.shape) for name, t in v.weights.items()}
+            self.assertEqual(got, expected_shapes(cfg), v.name)
+        # the update took: the sharpened checkpoint holds the new values
+        base, sharp = (v.weights for v in self.variants)
+        self.assertTrue(torch.equal(sharp["lm_head.weight"],
+                                    (10.0 * base["lm_head.weight"]).to(torch.bfloat16).float()))
+
+    def test_reference_replay_all_T_is_dense(self):
+        for v in self.variants:
+            for seq in v.seqs:
+                if len(seq) < 2:
+                    continue
+                dense, _ = v.ref.dense(seq)
+                replayed = v.ref.replay(seq, [v.T] * len(seq))
+                self.assertLess((dense - replayed).abs().max().item(), 1e-6,
+                                "%s, length %d" % (v.name, len(seq)))
+
+    def compare(self, got, want, what):
+        """(max |got - want|, sum of |got - want|, how many) over the log-probs."""
+        got, want = as_tensor(got), want.double()
+        self.assertEqual(got.shape, want.shape, what)
+        if got.numel() == 0:
+            return 0.0, 0.0, 0
+        self.assertTrue(torch.isfinite(got).all().item(), what)
+        diff = (got - want).abs()
+        return diff.max().item(), diff.sum().item(), diff.numel()
+
+    def check(self, v, policy, replay):
+        """Scores every sequence of variant v (dense, or under every schedule when replay)
+        under `policy` against the reference; prints and returns (max |dlogp|, mean |dlogp|,
+        where the max was)."""
+        worst, total, count = (0.0, ""), 0.0, 0
+        for i, seq in enumerate(v.seqs):
+            n = len(seq)
+            if replay:
+                cases = [(name, dict(depths=d, loop_kv="last-exited"), v.ref.replay(seq, d))
+                         for name, d in schedules(n, v.T, seed=100 + i).items()]
+            else:
+                cases = [("dense", {}, v.ref.dense(seq)[0])]
+            for name, opts, want in cases:
+                what = "%s, %s, length %d, %s" % (v.name, policy, n, name)
+                got = v.model.score(seq, policy=policy, **opts)
+                mx, s, k = self.compare(got, want, what)
+                worst = max(worst, (mx, what))
+                total, count = total + s, count + k
+        mean = total / count
+        print("%s %s %s against the fp32 reference: max |dlogp| %.3g (%s), mean %.3g"
+              % (v.name, policy, "replay" if replay else "dense", worst[0], worst[1], mean))
+        return worst[0], mean, worst[1]
+
+    def test_fp32(self):
+        for v in self.variants:
+            for replay in (False, True):
+                mx, _, where = self.check(v, "fp32", replay)
+                self.assertLess(mx, TOL_FP32, where)
+
+    def test_hf_eager(self):
+        for v in self.variants:
+            for replay in (False, True):
+                mx, mean, where = self.check(v, "hf-eager", replay)
+                mean_bound, max_bound = BF16_BOUNDS[v.name]
+                self.assertLess(mean, mean_bound, where)
+                self.assertLess(mx, max_bound, where)
+
+    def test_cases_discriminate(self):
+        """What the fp32 agreement rules out, on the reference: the depth matters (all-1 is
+        not dense); and the replay against the dense forward read at depth d_j differs by more
+        than 10 * TOL_FP32 exactly where copies_matter (a read position attends to an earlier
+        position's copied K/V), and agrees otherwise (a self-check of the reference). The
+        random and T,2,4,3,2 schedules must have such cases."""
+        for v in self.variants:
+            shown, smallest = set(), float("inf")
+            for i, seq in enumerate(v.seqs):
+                n = len(seq)
+                if n < 2:
+                    continue
+                ids = torch.tensor(seq)
+                dense, states = v.ref.dense(seq)
+                shallow = v.ref.replay(seq, [1] * n)
+                self.assertGreater((shallow - dense).abs().max().item(), 10 * TOL_FP32)
+                for name, d in schedules(n, v.T, seed=100 + i).items():
+                    read_at_depth = v.ref.logprobs(ids, states[torch.arange(n),
+                                                                torch.tensor(d) - 1])
+                    effect = (v.ref.replay(seq, d) - read_at_depth).abs().max().item()
+                    what = "%s, length %d, %s: effect %.3g" % (v.name, n, name, effect)
+                    if copies_matter(d):
+                        self.assertGreater(effect, 10 * TOL_FP32, what)
+                        shown.add(name)
+                        smallest = min(smallest, effect)
+                    else:
+                        self.assertLess(effect, 1e-6, what)
+            self.assertEqual(shown, {"random", "T,2,4,3,2,..."}, v.name)
+            print("%s: smallest effect of the K/V copies on a log-prob %.3g" % (v.name, smallest))
+
+
+if __name__ == "__main__":
+    harness.run("test_ouro_reference")
