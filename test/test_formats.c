@@ -7,8 +7,12 @@
  * even in the default rounding mode); the result is then encoded from its value. The two
  * share no step with the library's integer carries. fp16 -> fp32 and fp8 -> fp32 on every
  * code against a decoding from the fields. fp32 -> E2M1 (nearest even and half away) on all
- * 2^32 inputs (NaN refused) against the same kind of reference. The 2^32 sweep is split
- * across two threads. */
+ * 2^32 inputs (NaN refused) against the same kind of reference. "All 2^32" means: every input
+ * of the binades where some target format has codes or rounds to one (|x| from 2^-40 to
+ * 2^25: below, everything flushes to zero; above, everything overflows or saturates) and of
+ * the two special exponents (zeros and subnormals, infinities and NaNs); every 61st fraction of
+ * the other binades, which only repeat the flush and the overflow. The sweep is split across
+ * two threads, one sign each. */
 #include <math.h>
 #include <pthread.h>
 
@@ -96,7 +100,15 @@ static uint32_t want_fp4(uint32_t u, int away) {
     return 0xffu; /* not a magnitude: the reference is wrong */
 }
 
-static uint64_t step = 1; /* every input, or one in a prime in quick mode */
+static uint64_t quick_step = 1; /* 1, or a prime in quick mode: one input in it */
+
+/* The step within a biased fp32 exponent's binade: 1 where a target format has codes or
+ * rounds to one (or the exponent is special), 61 where every input flushes or overflows. */
+static uint64_t binade_step(uint32_t biased_exp) {
+    const int e = (int)biased_exp - 127;
+    const int dense = biased_exp == 0 || biased_exp == 255 || (e >= -40 && e <= 24);
+    return (dense ? 1 : 61) * quick_step;
+}
 
 #define N_SWEEPS 10
 typedef struct sweep {
@@ -126,9 +138,14 @@ static void *sweep_run(void *arg) {
     float x[BLOCK], y[BLOCK];
     uint32_t u[BLOCK];
     uint8_t c8[BLOCK];
-    for (uint64_t v = s->begin; v < s->end; v += BLOCK * step) {
+    uint64_t v = s->begin;
+    while (v < s->end) {
+        /* a block of inputs within one binade, at its step */
+        const uint64_t binade_end = (v | ((1ull << 23) - 1)) + 1;
+        const uint64_t step = binade_step((uint32_t)(v >> 23) & 0xff);
         size_t n = 0;
-        for (; n < BLOCK && v + n * step < s->end; n++) u[n] = (uint32_t)(v + n * step);
+        for (; n < BLOCK && v < binade_end && v < s->end; n++, v += step) u[n] = (uint32_t)v;
+        if (v >= binade_end) v = binade_end;
         for (size_t i = 0; i < n; i++) x[i] = f32_from_bits(u[i]);
         uint32_t want16[BLOCK];
         for (size_t i = 0; i < n; i++) {
@@ -205,7 +222,7 @@ static int same_value(float got, float want) {
 }
 
 int main(void) {
-    if (quick()) step = 31;
+    if (quick()) quick_step = 31;
     for (int e = -160; e <= 160; e++) pow2_table[e + 160] = ldexp(1.0, e);
     tables[0] = &kernels_portable;
 #if defined(PARITY_HAVE_AVX2)
