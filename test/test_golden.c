@@ -9,7 +9,9 @@
  *     sampling settings (greedy, plain temperature, top-k, top-p + min-p), each in its own
  *     log-prob mode;
  * and compares them bitwise with test/data/golden/, once per CPU path this machine has (in
- * quick mode, PARITY_TEST_QUICK, on the path the library picked).
+ * quick mode, PARITY_TEST_QUICK, on the path the library picked alone): every case on the
+ * path the library picked, and on the others synthetic:tiny's every case and the trained
+ * model's one policy per GEMM and rounding kind (secondary_path_case).
  *
  *   test_golden                 compare (the meson test)
  *   test_golden --write DIR     write the files and DIR/MANIFEST.json (scripts/golden.sh)
@@ -276,6 +278,24 @@ static const char *const extra_policies[] = {"vllm+fp32-head", "hf-eager+aligned
  * CPU's, so the manifest records the CPU (amx_cpu_id) and another CPU skips them. */
 static const char *const amx_policies[] = {"hf-eager", "vllm", "aligned", "vllm+fp32-head"};
 static int amx_cases; /* set by the writer and the checker before for_each_case */
+/* The checker's: whether the openblas backend's files are compared (same OpenBLAS core), and
+ * whether this CPU path runs every case. */
+static int openblas_cases = 1, every_case = 1;
+
+/* On a CPU path other than the one the library picked (the portable path of an AVX2 machine,
+ * say), the trained model runs one policy per GEMM and rounding kind (the bf16 GEMM with and
+ * without the fp32 head, the fp32 regions, fp32, fp16, the fp8 and the 4-bit and ternary
+ * GEMMs), and synthetic:tiny every case: the other presets differ from these by where they
+ * round and how they attend, which tiny's files pin on that path, while its kernels' cost on
+ * the trained model is the bf16 GEMM's, the same kernel again. */
+static int secondary_path_case(const model_entry *me, const char *policy) {
+    static const char *const skipped[] = {"sglang", "hf-sdpa", "vllm", "hf-eager+aligned",
+                                          "vllm+fp16"};
+    if (me->spec) return 1;
+    for (size_t i = 0; i < sizeof skipped / sizeof *skipped; i++)
+        if (!strcmp(skipped[i], policy)) return 0;
+    return 1;
+}
 
 static int is_amx_policy(const char *name) {
     for (size_t i = 0; i < sizeof amx_policies / sizeof *amx_policies; i++)
@@ -325,6 +345,8 @@ static void for_each_case(case_fn fn, void *ctx) {
             CHECK_OK(parity_policy_from_name(name, &pol));
             for (uint32_t backend = 0; backend < 3; backend++) {
                 if (backend == PARITY_BACKEND_AMX && (!amx_cases || !is_amx_policy(name))) continue;
+                if (backend == PARITY_BACKEND_OPENBLAS && !openblas_cases) continue;
+                if (!every_case && !secondary_path_case(&models[mi], name)) continue;
                 /* the 4-bit and ternary GEMMs are one C implementation on every backend: their
                  * files are the bf16 backend's (the backends' lm_head is covered by the other
                  * policies' files, which need no regeneration per OpenBLAS core for them) */
@@ -452,9 +474,8 @@ static int write_all(const char *root) {
 typedef struct checker {
     const char *root;
     const json_value *files;
-    int openblas_same_core;
     const char *cpu_path;
-    size_t compared, skipped;
+    size_t compared;
 } checker;
 
 static const json_value *manifest_entry(const checker *c, const char *file) {
@@ -469,10 +490,6 @@ static void check_case(const model_entry *me, const parity_model *m, const char 
                        uint32_t backend, const output *o, void *ctx) {
     (void)m;
     checker *c = ctx;
-    if (backend == PARITY_BACKEND_OPENBLAS && !c->openblas_same_core) {
-        c->skipped++;
-        return;
-    }
     char rel[512], path[4096], what[768];
     snprintf(rel, sizeof rel, "%s/%s/%s.bin", me->label, backend_names[backend], policy_file(policy));
     snprintf(path, sizeof path, "%s/%s", c->root, rel);
@@ -573,7 +590,8 @@ static int check_all(void) {
         json_free(doc);
         return 1;
     }
-    checker c = {root, files, strcmp(core->str, openblas_get_corename()) == 0, NULL, 0, 0};
+    checker c = {root, files, NULL, 0};
+    openblas_cases = strcmp(core->str, openblas_get_corename()) == 0;
     const json_value *amx = json_get(root_v, "amx_cpu");
     const char *amx_made = amx && amx->type == JSON_STRING ? amx->str : "none";
     const char *amx_here = amx_cpu_id();
@@ -583,7 +601,7 @@ static int check_all(void) {
                "unit's order is the CPU's)\n",
                strcmp(amx_made, "none") ? amx_made : "a CPU without AMX (none)",
                strcmp(amx_here, "none") ? amx_here : "without AMX");
-    if (!c.openblas_same_core)
+    if (!openblas_cases)
         printf("golden: openblas files skipped: they were made on OpenBLAS core %s, this machine's "
                "is %s (its sgemm kernels, and so their bits, differ by core)\n",
                core->str, openblas_get_corename());
@@ -598,12 +616,15 @@ static int check_all(void) {
             continue;
         }
         c.cpu_path = parity_cpu_path_name((parity_cpu_path)path_i);
+        every_case = path_i == (int)saved;
         size_t before = c.compared;
         for_each_case(check_case, &c);
-        printf("golden: cpu path %s: %zu files compared bitwise\n", c.cpu_path,
-               c.compared - before);
+        printf("golden: cpu path %s: %zu files compared bitwise%s\n", c.cpu_path,
+               c.compared - before,
+               every_case ? "" : " (the trained model: one policy per GEMM and rounding kind)");
     }
     parity_set_cpu_path(saved);
+    every_case = 1;
     json_free(doc);
     return check_report("golden");
 }
