@@ -959,7 +959,32 @@ typedef struct parity_score_options {
     uint32_t prompt_len;        /* under an exit rule: positions 0 .. prompt_len - 1 run every
                                    loop (the sampler's prompt, its last token included), the
                                    same for every sequence of the call */
+    /* Looped models, the dense learner (depths NULL, exit_rule PARITY_EXIT_FULL): the loop
+     * output that logprobs, entropy and the top-n read (parity_loop_readout), and optionally
+     * every loop's log-prob besides. */
+    uint32_t readout;           /* parity_loop_readout (0 = PARITY_READOUT_EXIT) */
+    uint32_t readout_loop;      /* PARITY_READOUT_LOOP: the loop read, 1..total_ut_steps */
+    float *loop_logprobs;       /* NULL, or total_ut_steps values per scored position (loop 1
+                                   first), indexed like logprobs times total_ut_steps: the
+                                   log-prob of the token in each loop's distribution (as the
+                                   mode defines it), for learners that weight per-loop
+                                   log-probs; entry total_ut_steps - 1 equals logprobs' under
+                                   PARITY_READOUT_EXIT */
 } parity_score_options;
+
+/* What a looped model's scorer reads out of a position's loops. */
+typedef enum parity_loop_readout {
+    PARITY_READOUT_EXIT = 0,     /* the output of the position's exit loop: its replayed or
+                                    re-derived depth, or the last loop (the dense learner) */
+    PARITY_READOUT_LOOP = 1,     /* dense: the output of loop readout_loop (HF's exit_at_step,
+                                    which counts from 0) */
+    PARITY_READOUT_EXPECTED_LOGITS = 2,
+                                 /* dense: HF's expected logits (the labels and
+                                    use_weighted_exit path), sum over loops t of
+                                    p_t * logits_t, p the exit distribution (policy exit_dist),
+                                    each product and partial sum rounded where the logits are
+                                    (policy logits); needs an exit gate */
+} parity_loop_readout;
 
 PARITY_API void parity_score_default_options(parity_score_options *options);
 

@@ -116,7 +116,7 @@ void engine_leave(engine *e) { object_leave(&e->in_use); }
 fwd_ctx engine_fwd_ctx(engine *e) {
     return (fwd_ctx){e->model, &e->model->config, e->p.policy, e->p.backend, e->pool, &e->kv,
                      &e->scratch, 0, 0, e->profiling ? &e->prof : NULL,
-                     PARITY_LOOP_KV_LAST_EXITED};
+                     PARITY_LOOP_KV_LAST_EXITED, NULL, NULL};
 }
 
 /* ---- profiling ----------------------------------------------------------------------------- */
@@ -191,7 +191,7 @@ static int size_object(const engine_kind *k, const parity_model *m, const void *
     int rc = resolve(k, m, params, &z->resolved, &z->ep);
     if (rc) return rc;
     engine_buf b[ENGINE_MAX_BUFS];
-    size_t n = k->bufs(k->layout, &z->resolved, &z->ep, b);
+    size_t n = k->bufs(k->layout, &m->config, &z->resolved, &z->ep, b);
     z->bytes = engine_bytes(&m->config, &z->ep, k->object_size, b, n);
     return PARITY_OK;
 }
@@ -228,7 +228,7 @@ int engine_object_create(const engine_kind *k, const parity_model *m, const void
     if (!object) return PARITY_ERR_OUT_OF_MEMORY;
     memcpy((char *)object + k->params_offset, resolved, k->params_size);
     engine_buf b[ENGINE_MAX_BUFS];
-    size_t n = k->bufs(object, resolved, ep, b);
+    size_t n = k->bufs(object, &m->config, resolved, ep, b);
     if ((rc = engine_init(engine_of(k, object), m, ep, b, n))) {
         px_free(object);
         return rc;

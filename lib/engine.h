@@ -118,8 +118,9 @@ typedef struct engine_kind {
     /* Checks the caller's params and fills `resolved` (params_size bytes) with every default
      * applied, and the engine they make. */
     int (*resolve)(const parity_model *m, const void *params, void *resolved, engine_params *ep);
-    /* The object's own buffers, pointing into `object`. */
-    size_t (*bufs)(void *object, const void *resolved, const engine_params *ep, engine_buf *b);
+    /* The object's own buffers, pointing into `object`, for a model of config c. */
+    size_t (*bufs)(void *object, const parity_config *c, const void *resolved,
+                   const engine_params *ep, engine_buf *b);
     /* The sizes a PARITY_ERR_MEMORY_LIMIT message names. */
     void (*describe)(const void *resolved, char *buf, size_t size);
     /* Sets the object up once its buffers exist (its resolved params are in place). */

@@ -306,13 +306,14 @@ static float exit_round(const fwd_ctx *ctx, float x) {
 }
 
 /* The row's exit distribution after loop `depth` (1-based) of `loops`, given the gate's output
- * there; returns whether its rule exits. OuroForCausalLM.forward: lambda = sigmoid(gate),
+ * there (exit_pdf_step: that loop's p, the state advanced); exit_rule_fires: whether its rule
+ * exits. OuroForCausalLM.forward: lambda = sigmoid(gate),
  * p = lambda * remaining and remaining *= 1 - lambda before the last loop, p = remaining at
  * it; the CDF is the running sum of the p (torch.cumsum: summed in fp32, each value rounded
  * to the tensor's dtype), compared with the threshold (a Python float against a bf16 tensor:
  * the threshold is rounded to bf16 first). */
-static int exit_rule_fires(const fwd_ctx *ctx, const fwd_exit *e, loop_state *st, float gate,
-                           uint32_t depth, uint32_t loops) {
+static float exit_pdf_step(const fwd_ctx *ctx, loop_state *st, float gate, uint32_t depth,
+                           uint32_t loops) {
     const float logit = exit_round(ctx, gate);
     const float lambda = exit_round(ctx, 1.0f / (1.0f + parity_expf(-logit)));
     float p;
@@ -322,6 +323,12 @@ static int exit_rule_fires(const fwd_ctx *ctx, const fwd_exit *e, loop_state *st
     } else {
         p = st->remaining;
     }
+    return p;
+}
+
+static int exit_rule_fires(const fwd_ctx *ctx, const fwd_exit *e, loop_state *st, float gate,
+                           uint32_t depth, uint32_t loops) {
+    const float p = exit_pdf_step(ctx, st, gate, depth, loops);
     st->cdf_sum += p;
     const float cdf = exit_round(ctx, st->cdf_sum);
     return depth >= e->max_depth || (depth >= e->min_depth && cdf >= exit_round(ctx, e->threshold));
@@ -424,6 +431,16 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
     }
 }
 
+/* The head on the n normed rows in s->xn: logits[n][vocab], rounded unless the policy keeps
+ * an fp32 head. */
+static void looped_head(const fwd_ctx *ctx, size_t n, float *logits) {
+    const parity_model *m = ctx->model;
+    const gemm_weights head = {m->lm_head.rows, m->lm_head.cols, m->lm_head.cols,
+                               m->lm_head.bf16, linear_f32_weights(ctx, &m->lm_head)};
+    linear_weights(ctx, n, ctx->s->xn, m->config.hidden_size, &head, NULL, logits, head.rows);
+    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_point(ctx, logits, n * head.rows);
+}
+
 static void forward_looped(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
                            const uint32_t *out_rows, float *logits) {
     const parity_model *m = ctx->model;
@@ -460,11 +477,27 @@ static void forward_looped(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, siz
                               .b = s->h, .out = s->xn, .width = dim}, A);
         phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
-        /* the exit gate, where a row's rule reads it: Linear(hidden, 1) with its bias */
-        int gate = 0;
+        /* every loop's output, for the dense readouts */
+        if (ctx->loop_out)
+            for (size_t i = 0; i < A; i++)
+                memcpy(ctx->loop_out + ((size_t)loop * s->max_rows + s->loop_slot[i]) * dim,
+                       s->xn + i * dim, dim * sizeof(float));
+
+        /* the exit gate, where a row's rule reads it (or the readouts its distribution):
+         * Linear(hidden, 1) with its bias */
+        const int pdf = ctx->loop_pdf && c->early_exit_gate;
+        int gate = pdf;
         for (size_t i = 0; i < A && !gate; i++)
             gate = !s->loop_state[s->loop_slot[i]].target && !s->loop_state[s->loop_slot[i]].exited;
         if (gate) linear(ctx, A, s->xn, &m->exit_gate, &m->exit_gate_bias, s->gate);
+        if (pdf)
+            for (size_t i = 0; i < A; i++) {
+                const uint32_t r = s->loop_slot[i];
+                loop_state *st = &s->loop_state[r];
+                if (st->target)
+                    ctx->loop_pdf[(size_t)r * loops + loop] =
+                        exit_pdf_step(ctx, st, s->gate[i], depth, loops);
+            }
 
         /* exits, and the rows that run the next loop packed again, their input the output */
         size_t kept = 0;
@@ -504,10 +537,19 @@ static void forward_looped(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, siz
     /* the head on each wanted row's exit-loop output (Ouro's lm_head reads the normed state) */
     for (size_t i = 0; i < n_out; i++)
         memcpy(s->xn + i * dim, s->h_exit + (size_t)out_rows[i] * dim, dim * sizeof(float));
-    const gemm_weights head = {m->lm_head.rows, m->lm_head.cols, m->lm_head.cols,
-                               m->lm_head.bf16, linear_f32_weights(ctx, &m->lm_head)};
-    linear_weights(ctx, n_out, s->xn, dim, &head, NULL, logits, head.rows);
-    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_point(ctx, logits, n_out * head.rows);
+    looped_head(ctx, n_out, logits);
+    phase_lap(ctx, PARITY_PHASE_HEAD, &t);
+}
+
+void forward_loop_logits(const fwd_ctx *ctx, uint32_t loop, size_t n_out,
+                         const uint32_t *out_rows, float *logits) {
+    fwd_scratch *s = ctx->s;
+    const size_t dim = ctx->model->config.hidden_size;
+    double t = phase_start(ctx);
+    for (size_t i = 0; i < n_out; i++)
+        memcpy(s->xn + i * dim, ctx->loop_out + ((size_t)loop * s->max_rows + out_rows[i]) * dim,
+               dim * sizeof(float));
+    looped_head(ctx, n_out, logits);
     phase_lap(ctx, PARITY_PHASE_HEAD, &t);
 }
 

@@ -158,6 +158,12 @@ typedef struct fwd_ctx {
     uint32_t split_k, split_kv;
     fwd_profile *prof;      /* NULL unless the caller profiles (parity_*_set_profiling) */
     uint32_t loop_kv;       /* parity_loop_kv: looped models' K/V after a row's exit depth */
+    /* Looped models, the dense learner's readouts (the scorer's): NULL, or every row's output
+     * after every loop it runs, loop_out[loop][row][hidden] (rows s->max_rows apart), and the
+     * exit distribution of the rows with a fixed depth, loop_pdf[row][loop] (p of each loop
+     * they run; a model with an exit gate) */
+    float *loop_out;
+    float *loop_pdf;
 } fwd_ctx;
 
 /* A phase's lap: adds the time since *t to the phase and restarts *t; no clock is read
@@ -191,6 +197,11 @@ void embed_rows(size_t n, const int32_t *tokens, size_t dim, const uint16_t *tab
  * weight; eps the model's. */
 void forward_head(const fwd_ctx *ctx, size_t n, float *delta, float *h, const float *norm,
                   float eps, float *xn, const gemm_weights *lm_head, float *logits);
+
+/* A looped model's logits of loop `loop` (0-based) for the n_out rows out_rows of the last
+ * forward, from ctx->loop_out: the head as forward() applies it at a row's exit loop. */
+void forward_loop_logits(const fwd_ctx *ctx, uint32_t loop, size_t n_out,
+                         const uint32_t *out_rows, float *logits);
 
 /* ---- GEMM backends (gemm.c) -------------------------------------------------------------- */
 /* y[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]) for m < M, n < w->rows, fp32, unrounded (the

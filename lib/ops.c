@@ -200,7 +200,7 @@ static int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
 static fwd_ctx op_ctx(const op_call *c, const parity_policy *pol, uint32_t backend,
                       const parity_config *shape, fwd_scratch *s, kv_cache *kv) {
     return (fwd_ctx){NULL, shape, *pol, backend, c->pool, kv, s, 0, 0, NULL,
-                     PARITY_LOOP_KV_LAST_EXITED};
+                     PARITY_LOOP_KV_LAST_EXITED, NULL, NULL};
 }
 
 /* ---- the embedding gather ------------------------------------------------------------------ */

@@ -107,8 +107,9 @@ static int sampler_resolve(const parity_model *model, const void *params, void *
 }
 
 /* The sampler's own tables, beside the engine's. */
-static size_t sampler_bufs(void *object, const void *resolved, const engine_params *ep,
-                           engine_buf *b) {
+static size_t sampler_bufs(void *object, const parity_config *c, const void *resolved,
+                           const engine_params *ep, engine_buf *b) {
+    (void)c;
     parity_sampler *s = object;
     const parity_sampler_params *p = resolved;
     const uint64_t n_blocks = p->cache_tokens / KV_BLOCK;

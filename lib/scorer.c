@@ -20,6 +20,10 @@ struct parity_scorer {
     uint32_t *blocks;       /* identity block table [capacity / KV_BLOCK] */
     size_t *out_index;      /* [chunk_rows] where the results of a chunk's rows go */
     int32_t *out_target;    /* [chunk_rows] the token they predict */
+    /* looped models, the dense readouts: */
+    float *loop_out;        /* [loops][chunk_rows][hidden] every loop's output */
+    float *loop_pdf;        /* [chunk_rows][loops] the exit distribution (a gate) */
+    float *mix_logits;      /* [chunk_rows][vocab] the expected logits (a gate) */
 };
 
 void parity_scorer_default_params(parity_scorer_params *p) {
@@ -63,14 +67,19 @@ static int scorer_resolve(const parity_model *model, const void *params, void *r
 }
 
 /* The scorer's own tables, beside the engine's. */
-static size_t scorer_bufs(void *object, const void *resolved, const engine_params *ep,
-                          engine_buf *b) {
+static size_t scorer_bufs(void *object, const parity_config *c, const void *resolved,
+                          const engine_params *ep, engine_buf *b) {
     parity_scorer *s = object;
     const parity_scorer_params *p = resolved;
+    const uint64_t R = ep->max_rows, loops = c->arch == PARITY_ARCH_OURO ? config_loops(c) : 0;
+    const uint64_t gated = loops && c->early_exit_gate;
     const engine_buf bufs[] = {
         {(void **)&s->blocks, p->max_tokens / KV_BLOCK, sizeof *s->blocks, 0, "block table"},
-        {(void **)&s->out_index, ep->max_rows, sizeof *s->out_index, 0, "batch rows"},
-        {(void **)&s->out_target, ep->max_rows, sizeof *s->out_target, 0, "batch rows"},
+        {(void **)&s->out_index, R, sizeof *s->out_index, 0, "batch rows"},
+        {(void **)&s->out_target, R, sizeof *s->out_target, 0, "batch rows"},
+        {(void **)&s->loop_out, loops * R * c->hidden_size, sizeof(float), 1, "loop outputs"},
+        {(void **)&s->loop_pdf, gated * R * loops, sizeof(float), 1, "exit distributions"},
+        {(void **)&s->mix_logits, gated * R * c->vocab_size, sizeof(float), 1, "expected logits"},
     };
     memcpy(b, bufs, sizeof bufs);
     return sizeof bufs / sizeof bufs[0];
@@ -111,28 +120,64 @@ void parity_scorer_free(parity_scorer *s) { engine_object_free(&scorer_kind, s);
 
 /* ---- scoring ------------------------------------------------------------------------------ */
 
+/* The log-probs of a chunk's wanted rows from their logits: logprobs[at * stride + offset]
+ * for the row's place `at`, and the entropy and top-n where asked. */
 typedef struct lp_job {
     parity_scorer *s;
     const parity_score_options *o;
+    const float *logits;
     float *logprobs, *entropy;
     int32_t *top_ids;
     float *top_logprobs;
+    size_t stride, offset;
 } lp_job;
 
 static void job_logprobs(void *p, size_t begin, size_t end, unsigned worker) {
     const lp_job *j = p;
     const dist_params dp = {j->o->mode, j->o->temperature, j->o->top_k, j->o->top_p, j->o->min_p};
-    const uint32_t n = j->o->top_n;
+    const uint32_t n = j->top_ids ? j->o->top_n : 0;
     parity_scorer *s = j->s;
     const size_t V = s->model->config.vocab_size;
     const dist_work w = engine_work(&s->eng, worker);
     for (size_t i = begin; i < end; i++) {
         const size_t at = s->out_index[i];
         dist d;
-        dist_build(&s->params.policy, &dp, s->eng.logits + i * V, V, &w, &d);
-        j->logprobs[at] = dist_logprob(&d, &w, s->out_target[i]);
+        dist_build(&s->params.policy, &dp, j->logits + i * V, V, &w, &d);
+        j->logprobs[at * j->stride + j->offset] = dist_logprob(&d, &w, s->out_target[i]);
         if (n) dist_top(&d, &w, V, n, j->top_ids + at * n, j->top_logprobs + at * n);
         if (j->entropy) j->entropy[at] = dist_entropy(&d, &w, V);
+    }
+}
+
+/* The expected logits' step at one loop (OuroForCausalLM's compute_expected_logits): for each
+ * wanted row, w = p_t in the logits' format, then step = step * w and mix = step (the first
+ * loop) or mix + step, each rounded where the logits are. Overwrites the step logits. */
+typedef struct mix_job {
+    parity_scorer *s;
+    const uint32_t *out_rows;
+    float *step;
+    uint32_t loop, loops;
+} mix_job;
+
+static void job_mix(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const mix_job *j = p;
+    parity_scorer *s = j->s;
+    const parity_policy *pol = &s->params.policy;
+    const int round = pol->logits == PARITY_LOGITS_BF16;
+    const size_t V = s->model->config.vocab_size;
+    for (size_t i = begin; i < end; i++) {
+        float w = s->loop_pdf[(size_t)j->out_rows[i] * j->loops + j->loop];
+        float *step = j->step + i * V, *mix = s->mix_logits + i * V;
+        if (round) round_to_policy(pol, &w, 1);
+        for (size_t v = 0; v < V; v++) step[v] *= w;
+        if (round) round_to_policy(pol, step, V);
+        if (j->loop == 0) {
+            memcpy(mix, step, V * sizeof *mix);
+            continue;
+        }
+        for (size_t v = 0; v < V; v++) mix[v] += step[v];
+        if (round) round_to_policy(pol, mix, V);
     }
 }
 
@@ -167,6 +212,29 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
                          "rule re-derives one", o->exit_rule);
     rc = exit_rule_check(c, o->exit_rule, o->exit_threshold, o->min_depth, o->max_depth);
     if (rc) return rc;
+    if (o->readout > PARITY_READOUT_EXPECTED_LOGITS)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "options.readout %u is not a parity_loop_readout", o->readout);
+    if (o->readout != PARITY_READOUT_EXIT || o->loop_logprobs) {
+        const char *what = o->loop_logprobs ? "loop_logprobs" : "a loop readout";
+        if (c->arch != PARITY_ARCH_OURO)
+            return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                             "options ask for %s, but this model does not loop", what);
+        if (o->depths || o->exit_rule != PARITY_EXIT_FULL)
+            return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                             "options ask for %s with %s: the loop readouts are the dense "
+                             "learner's (every position runs every loop)",
+                             what, o->depths ? "a depth schedule" : "an exit rule");
+        if (o->readout == PARITY_READOUT_LOOP && (o->readout_loop < 1 || o->readout_loop > loops))
+            return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                             "options.readout_loop %u is not in 1..%u (the model's loops, "
+                             "total_ut_steps)",
+                             o->readout_loop, loops);
+        if (o->readout == PARITY_READOUT_EXPECTED_LOGITS && !c->early_exit_gate)
+            return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                             "the expected-logits readout weights the loops by the exit "
+                             "distribution, and this model has no exit gate");
+    }
     size_t at = 0;
     for (size_t i = 0; i < n_seqs; i++) {
         uint32_t len = lengths[i];
@@ -199,6 +267,28 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
     return PARITY_OK;
 }
 
+/* The dense readouts of a chunk's n_out wanted rows, after its forward: each loop's logits
+ * in turn, with their log-probs where asked (loop_logprobs) and their step of the expected
+ * logits; then the log-probs of the expected logits (`mixed`, the main outputs' job). */
+static void loop_readouts(parity_scorer *s, const fwd_ctx *ctx, const parity_score_options *o,
+                          size_t n_out, uint32_t loops, const lp_job *mixed) {
+    const int mixture = o->readout == PARITY_READOUT_EXPECTED_LOGITS;
+    for (uint32_t loop = 0; loop < loops; loop++) {
+        forward_loop_logits(ctx, loop, n_out, s->eng.out_rows, s->eng.logits);
+        double t = phase_start(ctx);
+        if (o->loop_logprobs) {
+            lp_job lj = {s, o, s->eng.logits, o->loop_logprobs, NULL, NULL, NULL, loops, loop};
+            pool_run(s->eng.pool, job_logprobs, &lj, n_out);
+        }
+        if (mixture) {
+            mix_job mj = {s, s->eng.out_rows, s->eng.logits, loop, loops};
+            pool_run(s->eng.pool, job_mix, &mj, n_out);
+        }
+        phase_lap(ctx, PARITY_PHASE_SAMPLING, &t);
+    }
+    if (mixture) pool_run(s->eng.pool, job_logprobs, (void *)mixed, n_out);
+}
+
 static int score(parity_scorer *s, const parity_score_options *o, const int32_t *tokens,
                  const uint32_t *lengths, size_t n_seqs, float *logprobs, float *entropy,
                  int32_t *top_ids, float *top_logprobs) {
@@ -211,7 +301,16 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
     ctx.loop_kv = o->loop_kv;
     const fwd_exit rule = exit_rule_resolve(&s->model->config, o->exit_threshold, o->min_depth,
                                             o->max_depth);
-    lp_job lj = {s, o, logprobs, entropy, top_ids, top_logprobs};
+    /* the dense readouts: a chosen loop is the depth every row exits at, every loop run
+     * (full K/V: the dense learner's planes); every loop's output kept where they read it */
+    const int mixture = o->readout == PARITY_READOUT_EXPECTED_LOGITS;
+    const uint32_t fixed_depth = o->readout == PARITY_READOUT_LOOP ? o->readout_loop : 0;
+    if (fixed_depth) ctx.loop_kv = PARITY_LOOP_KV_FULL;
+    if (mixture || o->loop_logprobs) ctx.loop_out = s->loop_out;
+    if (mixture) ctx.loop_pdf = s->loop_pdf;
+    const uint32_t loops = config_loops(&s->model->config);
+    lp_job lj = {s, o, mixture ? s->mix_logits : s->eng.logits, logprobs, entropy, top_ids,
+                 top_logprobs, 1, 0};
     const uint32_t chunk = s->params.chunk_rows;
 
     /* groups of whole sequences that fit the cache, each sequence from a block boundary */
@@ -232,7 +331,7 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
             const uint32_t len = lengths[i];
             for (uint32_t t = 0; t < len; t++) {
                 const fwd_row row = {tokens[token_at + t], t, s->blocks + block,
-                                     o->depths ? o->depths[token_at + t] : 0, NULL};
+                                     o->depths ? o->depths[token_at + t] : fixed_depth, NULL};
                 s->eng.rows[n_rows] = t < o->prompt_len || o->depths
                                           ? row
                                           : exit_rule_row(row, o->exit_rule, &rule);
@@ -243,10 +342,13 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
                     n_out++;
                 }
                 if (++n_rows == chunk || (i + 1 == last && t + 1 == len)) {
-                    forward(&ctx, n_rows, s->eng.rows, n_out, s->eng.out_rows, s->eng.logits);
+                    /* (the expected logits need no head at the exit loop) */
+                    forward(&ctx, n_rows, s->eng.rows, mixture ? 0 : n_out, s->eng.out_rows,
+                            s->eng.logits);
                     double t = phase_start(&ctx);
-                    pool_run(s->eng.pool, job_logprobs, &lj, n_out);
+                    if (!mixture) pool_run(s->eng.pool, job_logprobs, &lj, n_out);
                     phase_lap(&ctx, PARITY_PHASE_SAMPLING, &t);
+                    if (ctx.loop_out) loop_readouts(s, &ctx, o, n_out, loops, &lj);
                     n_rows = n_out = 0;
                 }
             }

@@ -617,6 +617,156 @@ static void check_checkpoints(const parity_model *ouro) {
     remove_dir(dir);
 }
 
+/* The dense learner's readouts: every loop's log-probs in one call, a chosen loop, and the
+ * expected logits. Loop T of the every-loop readout is the dense learner's log-prob, loop k
+ * the chosen loop k's, which is also the replay of depth k everywhere with full K/V; the
+ * expected logits' log-prob is at least the smallest loop's (log-sum-exp is convex: exact
+ * under fp32); each is invariant to threads, chunks, batching and the CPU path. */
+enum { RO_SEQS = 3, RO_MAX = 24 };
+static void score_readout(parity_scorer *s, parity_score_options *o, const int32_t *toks,
+                          const uint32_t *lens, int one_by_one, float *lp, float *loops_lp,
+                          uint32_t T) {
+    o->loop_logprobs = loops_lp;
+    if (!one_by_one) {
+        CHECK_OK(parity_score(s, o, toks, lens, RO_SEQS, lp, NULL, NULL, NULL));
+        return;
+    }
+    size_t tok_at[RO_SEQS], out_at[RO_SEQS], ta = 0, oa = 0;
+    for (int i = 0; i < RO_SEQS; i++) tok_at[i] = ta, out_at[i] = oa, ta += lens[i], oa += lens[i] - 1;
+    for (int i = RO_SEQS - 1; i >= 0; i--) {
+        o->loop_logprobs = loops_lp ? loops_lp + out_at[i] * T : NULL;
+        CHECK_OK(parity_score(s, o, toks + tok_at[i], &lens[i], 1, lp + out_at[i], NULL, NULL, NULL));
+    }
+}
+
+static void check_dense_readouts(const parity_model *ouro, const parity_model *fixed) {
+    const parity_config *cfg = parity_model_config(ouro);
+    const uint32_t T = cfg->total_ut_steps;
+    static const uint32_t lens[RO_SEQS] = {9, 23, 17};
+    int32_t toks[3 * RO_MAX];
+    uint32_t depths[3 * RO_MAX];
+    uint64_t x = 99;
+    size_t n_tok = 0, n_out = 0;
+    for (int i = 0; i < RO_SEQS; i++) n_tok += lens[i], n_out += lens[i] - 1;
+    for (size_t j = 0; j < n_tok; j++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        toks[j] = (int32_t)((x >> 33) % cfg->vocab_size);
+    }
+    static const char *const policies[] = {"hf-eager", "vllm", "aligned", "fp32"};
+    static float dense[3 * RO_MAX], every[3 * RO_MAX * 8], chosen[3 * RO_MAX], replay[3 * RO_MAX],
+        mixed[3 * RO_MAX], got[3 * RO_MAX], every2[3 * RO_MAX * 8];
+    char what[160];
+    for (size_t pi = 0; pi < sizeof policies / sizeof *policies; pi++) {
+        const char *pol = policies[pi];
+        parity_scorer *s1 = new_scorer(ouro, (fixture){.policy = pol});
+        parity_scorer *s2 = new_scorer(ouro, (fixture){.policy = pol, .n_threads = 2, .chunk_rows = 5});
+        if (!s1 || !s2) return;
+        parity_score_options o;
+        parity_score_default_options(&o);
+        score_readout(s1, &o, toks, lens, 0, dense, every, T);
+        for (size_t j = 0; j < n_out; j++) got[j] = every[j * T + T - 1];
+        snprintf(what, sizeof what, "%s: the every-loop readout's last loop against the dense learner", pol);
+        CHECK_BITS_F32(got, dense, n_out, what);
+        for (uint32_t k = 1; k <= T; k++) {
+            parity_score_default_options(&o);
+            o.readout = PARITY_READOUT_LOOP;
+            o.readout_loop = k;
+            score_readout(s1, &o, toks, lens, 0, chosen, NULL, T);
+            for (size_t j = 0; j < n_out; j++) got[j] = every[j * T + k - 1];
+            snprintf(what, sizeof what, "%s: loop %u read alone against the every-loop readout", pol, k);
+            CHECK_BITS_F32(chosen, got, n_out, what);
+            parity_score_default_options(&o);
+            for (size_t j = 0; j < n_tok; j++) depths[j] = k;
+            o.depths = depths;
+            o.loop_kv = PARITY_LOOP_KV_FULL;
+            score_readout(s2, &o, toks, lens, 1, replay, NULL, T);
+            snprintf(what, sizeof what, "%s: loop %u against the replay of depth %u with full K/V", pol, k, k);
+            CHECK_BITS_F32(replay, chosen, n_out, what);
+        }
+        parity_score_default_options(&o);
+        o.readout = PARITY_READOUT_EXPECTED_LOGITS;
+        score_readout(s1, &o, toks, lens, 0, mixed, every2, T);
+        snprintf(what, sizeof what, "%s: every loop beside the expected logits", pol);
+        CHECK_BITS_F32(every2, every, n_out * T, what);
+        size_t moved = 0, below = 0;
+        for (size_t j = 0; j < n_out; j++) {
+            float lo = every[j * T];
+            for (uint32_t t = 1; t < T; t++) lo = fminf(lo, every[j * T + t]);
+            moved += memcmp(&mixed[j], &dense[j], 4) != 0;
+            CHECK(isfinite(mixed[j]) && mixed[j] <= 0);
+            if (!strcmp(pol, "fp32")) below += mixed[j] < lo - 1e-5f;
+        }
+        printf("%s: expected logits differ from the last loop at %zu of %zu positions\n", pol,
+               moved, n_out);
+        CHECK(moved > 0);
+        CHECK_INT(below, 0);
+        score_readout(s2, &o, toks, lens, 1, got, every2, T);
+        snprintf(what, sizeof what, "%s: expected logits, 2 threads, chunks of 5, one by one", pol);
+        CHECK_BITS_F32(got, mixed, n_out, what);
+        CHECK_BITS_F32(every2, every, n_out * T, what);
+        parity_cpu_path saved = parity_get_cpu_path();
+        for (int path = PARITY_CPU_PORTABLE; path <= PARITY_CPU_AVX512BF16; path++) {
+            if (parity_set_cpu_path((parity_cpu_path)path) != PARITY_OK) continue;
+            score_readout(s2, &o, toks, lens, 0, got, every2, T);
+            snprintf(what, sizeof what, "%s: expected logits and every loop, cpu path %s", pol,
+                     parity_cpu_path_name((parity_cpu_path)path));
+            CHECK_BITS_F32(got, mixed, n_out, what);
+            CHECK_BITS_F32(every2, every, n_out * T, what);
+        }
+        parity_set_cpu_path(saved);
+        parity_scorer_free(s1);
+        parity_scorer_free(s2);
+    }
+
+    /* refusals, the outputs untouched */
+    parity_scorer *s = new_scorer(ouro, (fixture){.policy = "aligned"});
+    parity_scorer *sf = new_scorer(fixed, (fixture){.policy = "aligned"});
+    parity_model *plain = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny", &plain));
+    parity_scorer *sp = plain ? new_scorer(plain, (fixture){.policy = "aligned"}) : NULL;
+    if (!s || !sf || !sp) return;
+    const int32_t t5[5] = {1, 2, 3, 4, 5};
+    const uint32_t len = 5;
+    uint32_t d5[5] = {T, T, T, 1, 1};
+    float lp[4] = {7, 7, 7, 7}, ll[32];
+    for (int i = 0; i < 32; i++) ll[i] = 7;
+    const struct {
+        uint32_t readout, loop;
+        int with_depths, with_rule, loops_out;
+        parity_scorer *on;
+        const char *message;
+    } bad[] = {
+        {3, 0, 0, 0, 0, s, "readout 3 is not a parity_loop_readout"},
+        {PARITY_READOUT_LOOP, 0, 0, 0, 0, s, "readout_loop 0 is not in 1..4"},
+        {PARITY_READOUT_LOOP, 5, 0, 0, 0, s, "readout_loop 5 is not in 1..4"},
+        {PARITY_READOUT_EXIT, 0, 1, 0, 1, s, "loop_logprobs with a depth schedule"},
+        {PARITY_READOUT_EXPECTED_LOGITS, 0, 0, 1, 0, s, "a loop readout with an exit rule"},
+        {PARITY_READOUT_EXPECTED_LOGITS, 0, 0, 0, 0, sf, "has no exit gate"},
+        {PARITY_READOUT_EXIT, 0, 0, 0, 1, sp, "this model does not loop"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        parity_score_options o;
+        parity_score_default_options(&o);
+        o.readout = bad[i].readout;
+        o.readout_loop = bad[i].loop;
+        o.depths = bad[i].with_depths ? d5 : NULL;
+        if (bad[i].with_rule) o.exit_rule = PARITY_EXIT_FIXED, o.max_depth = 2;
+        o.loop_logprobs = bad[i].loops_out ? ll : NULL;
+        CHECK_STATUS(parity_score(bad[i].on, &o, t5, &len, 1, lp, NULL, NULL, NULL),
+                     PARITY_ERR_INVALID_ARGUMENT);
+        if (!strstr(parity_last_error(), bad[i].message))
+            fprintf(stderr, "readout refusal %zu: \"%s\" does not say \"%s\"\n", i,
+                    parity_last_error(), bad[i].message);
+        CHECK(strstr(parity_last_error(), bad[i].message) != NULL);
+    }
+    for (int i = 0; i < 4; i++) CHECK(lp[i] == 7.0f);
+    for (int i = 0; i < 32; i++) CHECK(ll[i] == 7.0f);
+    parity_scorer_free(s);
+    parity_scorer_free(sf);
+    parity_scorer_free(sp);
+    parity_model_free(plain);
+}
+
 int main(void) {
     check_config();
     parity_model *ouro = NULL, *fixed = NULL;
@@ -638,6 +788,7 @@ int main(void) {
     CHECK(depth1 > 0 && early > 0 && never > 0);
 
     check_kv_rules_differ(ouro);
+    check_dense_readouts(ouro, fixed);
     check_exit_dist_dtype();
     check_bad_input(ouro, fixed);
     check_checkpoints(ouro);

@@ -20,9 +20,9 @@ from ._lib import ABI_VERSION, LIBRARY_PATH, MAX_STOP, ParityError, lib, status_
 from .manifest import write_manifest
 from .model import Model, Scores
 from .policy import CHOICES, Policy, policies
-from .sampler import Completion, Sampler, Step
+from .sampler import Completion, DepthSchedule, Sampler, Step
 
-__all__ = ["Model", "Sampler", "Completion", "Step", "Scores", "Policy", "ParityError",
+__all__ = ["Model", "Sampler", "Completion", "DepthSchedule", "Step", "Scores", "Policy", "ParityError",
            "policies", "quant", "regions", "version", "backends", "cpu_path", "cpu_paths", "set_cpu_path",
            "set_log_callback", "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION",
            "LIBRARY_PATH", "CHOICES", "MAX_STOP", "status_name", "write_manifest"]

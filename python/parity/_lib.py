@@ -183,6 +183,9 @@ class parity_score_options(Structure):
         ("min_depth", c_uint32),
         ("max_depth", c_uint32),
         ("prompt_len", c_uint32),
+        ("readout", c_uint32),
+        ("readout_loop", c_uint32),
+        ("loop_logprobs", POINTER(c_float)),
     ]
 
 

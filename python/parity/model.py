@@ -63,6 +63,36 @@ def score_options(mode="raw", temperature=1.0, top_k=None, top_p=None, min_p=Non
     return hit
 
 
+#: Model.score's readout names (parity_loop_readout); an int k reads loop k ("loop").
+READOUTS = {"exit": 0, "loop": 1, "expected-logits": 2}
+
+
+def _schedule_loop_kv(depths, loop_kv):
+    """The KV rule to score a depth schedule with: `loop_kv`, or the one the schedule was
+    sampled with (a DepthSchedule's, for one sequence or each of many), which must agree."""
+    known = set()
+    if depths is not None:
+        parts = [depths] if hasattr(depths, "loop_kv") else \
+            (depths if isinstance(depths, (list, tuple)) else [])
+        for i, d in enumerate(parts):
+            rule = getattr(d, "loop_kv", None)
+            if rule is not None:
+                known.add(rule)
+                if loop_kv is not None and rule != loop_kv:
+                    raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                                      "depth schedule %d was sampled with loop_kv %r, not %r: "
+                                      "a replay with another KV rule computes other K/V than "
+                                      "the sampler's" % (i, rule, loop_kv))
+    if loop_kv is not None:
+        return loop_kv
+    if len(known) > 1:
+        raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                          "the depth schedules were sampled with different KV rules (%s): "
+                          "score each rule's sequences in its own call"
+                          % ", ".join(sorted(known)))
+    return known.pop() if known else "last-exited"
+
+
 def _make_options(mode, temperature, top_k, top_p, min_p, top_n):
     o = _lib.parity_score_options()
     lib.parity_score_default_options(ctypes.byref(o))
@@ -82,17 +112,20 @@ class Scores:
     logprobs and entropy (nats) have one value per predicted position; top_ids and
     top_logprobs have top_n per position, best first (lists of lists, or (positions, top_n)
     numpy arrays). entropy is None unless asked for; top_ids/top_logprobs are None when
-    top_n is 0."""
+    top_n is 0. loop_logprobs (looped models, score(loop_logprobs=True)) has total_ut_steps
+    values per position, loop 1 first, shaped like top_logprobs; None otherwise."""
 
-    __slots__ = ("logprobs", "entropy", "top_ids", "top_logprobs")
+    __slots__ = ("logprobs", "entropy", "top_ids", "top_logprobs", "loop_logprobs")
 
-    def __init__(self, logprobs, entropy, top_ids, top_logprobs):
+    def __init__(self, logprobs, entropy, top_ids, top_logprobs, loop_logprobs=None):
         self.logprobs, self.entropy = logprobs, entropy
         self.top_ids, self.top_logprobs = top_ids, top_logprobs
+        self.loop_logprobs = loop_logprobs
 
     def __repr__(self):
-        return "Scores(logprobs=%r, entropy=%r, top_ids=%r, top_logprobs=%r)" % (
-            self.logprobs, self.entropy, self.top_ids, self.top_logprobs)
+        return ("Scores(logprobs=%r, entropy=%r, top_ids=%r, top_logprobs=%r, loop_logprobs=%r)"
+                % (self.logprobs, self.entropy, self.top_ids, self.top_logprobs,
+                   self.loop_logprobs))
 
 
 class Model(_lib.Closing):
@@ -327,7 +360,7 @@ class Model(_lib.Closing):
 
     def score(self, sequences, policy="aligned", temperature=1.0, mode="raw", top_k=None,
               top_p=None, min_p=None, backend="bf16", entropy=False, top_n=0, threads=None,
-              depths=None, loop_kv="last-exited"):
+              depths=None, loop_kv=None, readout="exit", loop_logprobs=False):
         """Log-probabilities of token sequences under a policy (the learner's numbers).
 
         Args:
@@ -349,7 +382,18 @@ class Model(_lib.Closing):
                 per token, shaped like sequences (a list per sequence; Completion.schedule()
                 gives it for a sampled completion); None = every position runs every loop
                 (the dense learner).
-            loop_kv: the KV rule the schedule was sampled with ("last-exited" or "full").
+            loop_kv: the KV rule the schedule was sampled with ("last-exited" or "full"); None
+                = the schedule's own (a Completion.schedule() knows it; a schedule that does
+                not, "last-exited"). A rule other than the one a schedule was sampled with
+                raises ParityError.
+            readout: looped models, the dense learner: "exit" (each position's exit loop:
+                the last when dense), an int k (loop k's output, 1..total_ut_steps: HF's
+                exit_at_step = k - 1) or "expected-logits" (HF's use_weighted_exit mixture
+                sum_t p_t logits_t, the exit distribution as the policy's exit_dist computes
+                it; a model with an exit gate).
+            loop_logprobs: looped models, the dense learner: also return every loop's
+                log-prob of each position (Scores.loop_logprobs: total_ut_steps values per
+                position, loop 1 first), for learners that weight per-loop log-probs.
 
         Returns:
             For each sequence of n tokens, the n - 1 values log p(x_t | x_<t), t = 1..n-1
@@ -370,10 +414,18 @@ class Model(_lib.Closing):
         if be is None:
             be = _choice(BACKENDS, backend, "backend")
         opts = score_options(mode, temperature, top_k, top_p, min_p, top_n)
-        if depths is not None or loop_kv != "last-exited":
+        loop_kv = _schedule_loop_kv(depths, loop_kv)
+        loops = 0
+        if depths is not None or loop_kv != "last-exited" or readout != "exit" or loop_logprobs:
             from .sampler import LOOP_KV
             opts = _make_options(mode, temperature, top_k, top_p, min_p, top_n)
             opts.loop_kv = _choice(LOOP_KV, loop_kv, "loop_kv")
+            if isinstance(readout, str):
+                opts.readout = _choice(READOUTS, readout, "readout")
+            else:
+                opts.readout = READOUTS["loop"]
+                opts.readout_loop = _lib.as_int(readout, "readout", 0, 2 ** 32 - 1)
+            loops = self.config.get("total_ut_steps", 1) if loop_logprobs else 0
         n_threads = self.threads if threads is None else _lib.as_int(threads, "threads", 1, 256)
         batch = TokenBatch(sequences)
         lengths = batch.lengths
@@ -392,6 +444,13 @@ class Model(_lib.Closing):
             ent = array("f", bytes(4 * total)) if entropy else None
             tid = array("i", bytes(4 * total * k)) if k else None
             tlp = array("f", bytes(4 * total * k)) if k else None
+        f32 = ctypes.c_float
+        if loops:
+            llp = np.empty(total * loops, dtype=np.float32) if batch.any_numpy \
+                else array("f", bytes(4 * total * loops))
+            addr = llp.buffer_info()[0] if type(llp) is array else \
+                llp.__array_interface__["data"][0]
+            opts.loop_logprobs = ctypes.cast(addr, ctypes.POINTER(f32))
         tokens_p, lengths_p = batch.pointers()
         if depths is not None:
             flat = depths if batch.single else [d for seq in depths for d in seq]
@@ -401,7 +460,6 @@ class Model(_lib.Closing):
                                   "depths has %d values, the sequences %d tokens: one depth per "
                                   "token" % (len(dbuf), sum(lengths)))
             opts.depths = ctypes.cast(dbuf.buffer_info()[0], ctypes.POINTER(ctypes.c_uint32))
-        f32 = ctypes.c_float
         entry = self._checkout(pol, be, n_threads, max(lengths) if n else 1)
         try:
             lib.parity_score(entry.handle, ctypes.byref(opts), tokens_p, lengths_p, n,
@@ -413,11 +471,12 @@ class Model(_lib.Closing):
 
         total = sum(lengths) - n
         lp = _split(lp, batch, total, 1, False)
-        if not entropy and not k:
+        if not entropy and not k and not loops:
             return lp
         return Scores(lp, _split(ent, batch, total, 1, False) if entropy else None,
                       _split(tid, batch, total, k, True) if k else None,
-                      _split(tlp, batch, total, k, True) if k else None)
+                      _split(tlp, batch, total, k, True) if k else None,
+                      _split(llp, batch, total, loops, True) if loops else None)
 
     def save(self, directory, layout="bf16"):
         """Writes the model as a Hugging Face checkpoint into `directory` (created if missing):

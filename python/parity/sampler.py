@@ -80,6 +80,18 @@ def _prompt_list(prompts):
     return out, batch.single
 
 
+class DepthSchedule(list):
+    """A looped model's depth schedule (a list of ints, one per token) with the KV rule it
+    was sampled with (loop_kv: "last-exited" or "full"), as Completion.schedule() makes it."""
+
+    def __init__(self, depths, loop_kv):
+        super().__init__(depths)
+        self.loop_kv = loop_kv
+
+    def __repr__(self):
+        return "DepthSchedule(%s, loop_kv=%r)" % (list.__repr__(self), self.loop_kv)
+
+
 class Completion:
     """One generated completion.
 
@@ -107,8 +119,10 @@ class Completion:
     def schedule(self, total_ut_steps):
         """The depth schedule of prompt + tokens for Model.score(depths=...): every prompt
         position at total_ut_steps loops, then each generated token's input at the depth its
-        step exited (the last position's depth is not used: 1)."""
-        return [total_ut_steps] * (self.prompt_len - 1) + (self.exit_depths or []) + [1]
+        step exited (the last position's depth is not used: 1). A DepthSchedule: it carries
+        the KV rule it was sampled with, which Model.score then replays (and refuses another)."""
+        return DepthSchedule([total_ut_steps] * (self.prompt_len - 1) + (self.exit_depths or [])
+                             + [1], self.loop_kv)
 
     def to_json(self):
         """The line parity-generate prints for this completion (log-probs as "%.9g"; a looped

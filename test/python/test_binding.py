@@ -616,6 +616,19 @@ class TestGenerate(unittest.TestCase):
                     lp = m.score(prompt + c.tokens, policy="vllm", depths=c.schedule(T),
                                  loop_kv=c.loop_kv)
                     self.assertEqual(f32_bits(lp[len(prompt) - 1:]), f32_bits(c.logprobs))
+                    # the schedule knows its KV rule: replayed by default, another refused
+                    self.assertEqual(c.schedule(T).loop_kv, kv)
+                    lp = m.score(prompt + c.tokens, policy="vllm", depths=c.schedule(T))
+                    self.assertEqual(f32_bits(lp[len(prompt) - 1:]), f32_bits(c.logprobs))
+                    other = "full" if kv == "last-exited" else "last-exited"
+                    with self.assertRaisesRegex(parity.ParityError,
+                                                "sampled with loop_kv '%s', not '%s'" % (kv, other)):
+                        m.score(prompt + c.tokens, policy="vllm", depths=c.schedule(T),
+                                loop_kv=other)
+                many = m.score([prompt + c.tokens for c in got], policy="vllm",
+                               depths=[c.schedule(T) for c in got])
+                self.assertEqual([f32_bits(lp[len(prompt) - 1:]) for lp in many],
+                                 [f32_bits(c.logprobs) for c in got])
             with self.assertRaisesRegex(parity.ParityError, "one depth per token"):
                 m.score([1, 2, 3], policy="vllm", depths=[T, T])
             with self.assertRaisesRegex(parity.ParityError, "depth 0"):
@@ -624,6 +637,41 @@ class TestGenerate(unittest.TestCase):
                 m.score([1, 2, 3], policy="vllm", loop_kv="shared")
         with self.assertRaisesRegex(parity.ParityError, "does not loop"):
             self.tiny.generate([1, 2], n=1, max_tokens=2, exit_rule="fixed", max_depth=1)
+        with self.assertRaisesRegex(parity.ParityError, "does not loop"):
+            self.tiny.score([1, 2, 3], loop_logprobs=True)
+
+    def test_looped_dense_readouts(self):
+        """The dense learner's readouts of a looped model: every loop's log-probs (the last
+        the dense learner's), a chosen loop, the expected logits; bitwise what one loop read
+        alone gives, and the same for a batch as one by one."""
+        seqs = [list(TEXT[:15]), list(TEXT[20:31])]
+        with parity.Model("synthetic:ouro-tiny:5") as m:
+            T = m.config["total_ut_steps"]
+            for pol in ("hf-eager", "aligned"):
+                every = m.score(seqs, policy=pol, loop_logprobs=True)
+                dense = m.score(seqs, policy=pol)
+                self.assertEqual([f32_bits(x) for x in every.logprobs], [f32_bits(x) for x in dense])
+                for i, seq in enumerate(seqs):
+                    self.assertEqual(len(every.loop_logprobs[i]), len(seq) - 1)
+                    self.assertTrue(all(len(row) == T for row in every.loop_logprobs[i]))
+                    self.assertEqual(f32_bits([row[T - 1] for row in every.loop_logprobs[i]]),
+                                     f32_bits(dense[i]))
+                for k in range(1, T + 1):
+                    lp = m.score(seqs[1], policy=pol, readout=k)
+                    self.assertEqual(f32_bits(lp), f32_bits([r[k - 1] for r in every.loop_logprobs[1]]))
+                mix = m.score(seqs, policy=pol, readout="expected-logits")
+                alone = [m.score(seq, policy=pol, readout="expected-logits") for seq in seqs]
+                self.assertEqual([f32_bits(x) for x in mix], [f32_bits(x) for x in alone])
+                self.assertNotEqual(f32_bits(mix[0]), f32_bits(dense[0]))
+            with self.assertRaisesRegex(parity.ParityError, "readout_loop 9 is not in 1..4"):
+                m.score(seqs[0], readout=9)
+            with self.assertRaisesRegex(parity.ParityError, "readout must be one of"):
+                m.score(seqs[0], readout="mean")
+            with self.assertRaisesRegex(parity.ParityError, "dense learner"):
+                m.score(seqs[0], readout="expected-logits", depths=[T] * len(seqs[0]))
+        with parity.Model("synthetic:ouro-tiny-fixed:5") as m:
+            with self.assertRaisesRegex(parity.ParityError, "no exit gate"):
+                m.score(seqs[0], readout="expected-logits")
         self.assertIsNone(self.tiny.generate([1, 2], n=1, max_tokens=2)[0].exit_depths)
 
     def test_finish_reasons_and_scoring_parity(self):

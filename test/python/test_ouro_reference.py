@@ -17,8 +17,14 @@ It asserts:
   - Model.score(policy="fp32", depths=..., loop_kv="last-exited") agrees with the reference's
     replay of the schedule within 1e-5, for the schedules all-1, all-T, random depths,
     (T, 2, 2, 2, ...) and (T, 2, 4, 3, 2, T, 2, 4, 3, 2, ...);
+  - the dense learner's readouts under "fp32" within 1e-5 of the reference's: every loop's
+    log-probs (score(loop_logprobs=True)), each loop read alone (readout=k) and HF's expected
+    logits, sum_t p_t lm_head(state_t) with the gate's exit distribution
+    (readout="expected-logits"); and they discriminate: the expected logits are neither the
+    last loop's nor the mixture with the weights reversed (by 0.02 nats and more);
   - the "hf-eager" preset (bf16 everywhere) is within BF16_BOUNDS of the fp32 reference, mean
-    and max |dlogp|, dense and replayed (bounds ~3x above the figures measured);
+    and max |dlogp|, dense and replayed, and its dense readouts too (bounds ~2-3x above the
+    figures measured);
   - the cases discriminate (on the reference): all-1 is not dense, and where a read position
     runs deeper than an earlier one (so attends to its copied K/V) the replay differs from
     "the dense forward read at depth d_j" by more than 10 * TOL_FP32 (0.58 nats at least on
@@ -202,6 +208,37 @@ class Reference:
             per_loop.append(h)
         states = torch.stack(per_loop, dim=1)
         return self.logprobs(ids, states[:, -1]), states
+
+    def exit_pdf(self, states):
+        """The exit distribution [n, T] from the gate on each loop's normed state:
+        lambda_t = sigmoid(gate), p_t = lambda_t * remaining and remaining *= 1 - lambda_t
+        before the last loop, which takes the remaining mass."""
+        gate = states @ self.W["model.early_exit_gate.weight"].T + \
+            self.W["model.early_exit_gate.bias"]
+        lam = torch.sigmoid(gate.squeeze(-1))
+        remaining, pdf = torch.ones_like(lam[:, 0]), []
+        for t in range(self.T):
+            if t < self.T - 1:
+                pdf.append(lam[:, t] * remaining)
+                remaining = remaining * (1 - lam[:, t])
+            else:
+                pdf.append(remaining)
+        return torch.stack(pdf, dim=1)
+
+    def loop_logprobs(self, seq):
+        """Dense: every loop's log-probs, [n - 1, T]."""
+        ids = torch.tensor(seq, dtype=torch.long)
+        _, states = self.dense(seq)
+        return torch.stack([self.logprobs(ids, states[:, t]) for t in range(self.T)], dim=1)
+
+    def expected_logits(self, seq):
+        """Dense: the log-probs of the expected logits sum_t p_t * lm_head(state_t)."""
+        ids = torch.tensor(seq, dtype=torch.long)
+        _, states = self.dense(seq)
+        pdf = self.exit_pdf(states)
+        logits = sum(pdf[:, t, None] * (states[:, t] @ self.head.T) for t in range(self.T))
+        lp = torch.log_softmax(logits, dim=-1)
+        return lp[:-1].gather(1, ids[1:, None]).squeeze(1)
 
     def replay(self, seq, depths):
         """The depth schedule with LAST_EXITED K/V: loop d runs the positions whose depth is
@@ -387,6 +424,71 @@ class Ouro(unittest.TestCase):
                 mean_bound, max_bound = BF16_BOUNDS[v.name]
                 self.assertLess(mean, mean_bound, where)
                 self.assertLess(mx, max_bound, where)
+
+    def check_readouts(self, v, policy):
+        """The dense readouts of variant v under `policy` against the reference: every loop's
+        log-probs (Scores.loop_logprobs), each loop read alone (readout=k) and the expected
+        logits; returns {readout: (max |dlogp|, mean |dlogp|)}."""
+        stats = {}
+        for i, seq in enumerate(v.seqs):
+            n = len(seq)
+            every = v.ref.loop_logprobs(seq)
+            got = v.model.score(seq, policy=policy, loop_logprobs=True).loop_logprobs
+            cases = [("every loop", [x for row in got for x in row], every.reshape(-1)),
+                     ("expected logits", v.model.score(seq, policy=policy,
+                                                       readout="expected-logits"),
+                      v.ref.expected_logits(seq))]
+            cases += [("loop %d" % k, v.model.score(seq, policy=policy, readout=k),
+                       every[:, k - 1]) for k in range(1, v.T + 1)]
+            for name, have, want in cases:
+                mx, total, count = self.compare(have, want, "%s, %s, length %d, %s"
+                                                % (v.name, policy, n, name))
+                key = "loop k" if name.startswith("loop ") else name
+                m0, t0, c0 = stats.get(key, (0.0, 0.0, 0))
+                stats[key] = (max(m0, mx), t0 + total, c0 + count)
+        out = {}
+        for key, (mx, total, count) in stats.items():
+            out[key] = (mx, total / count)
+            print("%s %s %s against the fp32 reference: max |dlogp| %.3g, mean %.3g"
+                  % (v.name, policy, key, mx, total / count))
+        return out
+
+    def test_dense_readouts_fp32(self):
+        for v in self.variants:
+            for key, (mx, _) in self.check_readouts(v, "fp32").items():
+                self.assertLess(mx, TOL_FP32, "%s, %s" % (v.name, key))
+
+    def test_dense_readouts_hf_eager(self):
+        for v in self.variants:
+            mean_bound, max_bound = BF16_BOUNDS[v.name]
+            for key, (mx, mean) in self.check_readouts(v, "hf-eager").items():
+                self.assertLess(mean, mean_bound, "%s, %s" % (v.name, key))
+                self.assertLess(mx, max_bound, "%s, %s" % (v.name, key))
+
+    def test_readouts_discriminate(self):
+        """What the readouts' fp32 agreement rules out, on the reference: the expected logits
+        are neither the last loop's nor a mixture with the exit distribution reversed, and
+        the loops differ from each other, by more than 10 * TOL_FP32."""
+        for v in self.variants:
+            gaps = {"last loop": 0.0, "reversed weights": 0.0, "loop 1 vs T": 0.0}
+            for seq in v.seqs:
+                if len(seq) < 2:
+                    continue
+                ids = torch.tensor(seq)
+                _, states = v.ref.dense(seq)
+                pdf = v.ref.exit_pdf(states).flip(1)
+                logits = sum(pdf[:, t, None] * (states[:, t] @ v.ref.head.T)
+                             for t in range(v.T))
+                reversed_mix = torch.log_softmax(logits, -1)[:-1].gather(1, ids[1:, None])[:, 0]
+                mix, every = v.ref.expected_logits(seq), v.ref.loop_logprobs(seq)
+                for key, other in (("last loop", every[:, -1]), ("reversed weights", reversed_mix),
+                                   ("loop 1 vs T", None)):
+                    d = (every[:, 0] - every[:, -1]) if other is None else (mix - other)
+                    gaps[key] = max(gaps[key], d.abs().max().item())
+            print("%s: expected logits against %s" % (v.name, ", ".join(
+                "%s %.3g" % kv for kv in gaps.items())))
+            for key, gap in gaps.items():
+                self.assertGreater(gap, 10 * TOL_FP32, "%s, %s" % (v.name, key))
 
     def test_cases_discriminate(self):
         """What the fp32 agreement rules out, on the reference: the depth matters (all-1 is
