@@ -835,7 +835,8 @@ class CausalLM(_torch.nn.Module):
         return seqs
 
     def forward(self, sequences, mode="raw", temperature=1.0, top_k=None, top_p=None,
-                min_p=None, return_logits=False):
+                min_p=None, return_logits=False, depths=None, loop_kv=None,
+                loop_logprobs=False):
         """Per-token log-probs of a batch of sequences of any lengths.
 
         Args:
@@ -843,13 +844,32 @@ class CausalLM(_torch.nn.Module):
                 at least 1 token long.
             mode, temperature, top_k, top_p, min_p: the log-prob mode, as parity.Model.score.
             return_logits: also return each sequence's logits [len - 1, vocab] (as the policy
-                rounds them, before any temperature), differentiable.
+                rounds them, before any temperature), differentiable (not with a looped model).
+            depths, loop_kv: a looped model's depth schedules to replay, one list per
+                sequence (Completion.schedule(); None = every position runs every loop, the
+                dense learner) and the KV rule they were sampled with (None = the
+                schedules' own), as parity.Model.score. The schedule is a constant: the
+                gradient flows through the K/V an exited position leaves in the deeper
+                loops (its exit loop's, under "last-exited") and through the loop each
+                position is read at, never through the choice of depth.
+            loop_logprobs: a looped model, dense: also return every loop's log-probs, a
+                [len - 1, total_ut_steps] tensor per sequence (loop 1 first), differentiable.
         Returns:
             A list of fp32 tensors, entry i holding log p(x_t | x_<t) for t = 1 .. len_i - 1,
-            bitwise equal to parity.Model.score under this policy and backend; with
-            return_logits, a list of (logprobs, logits) pairs.
+            bitwise equal to parity.Model.score under this policy and backend (and the same
+            depths and KV rule); with return_logits, a list of (logprobs, logits) pairs; with
+            loop_logprobs, a list of (logprobs, per-loop logprobs) pairs.
         """
         seqs = self._sequences(sequences)
+        if self.config.get("arch") == "ouro":
+            if return_logits:
+                raise ValueError("return_logits is not available for a looped model")
+            return self._forward_looped(seqs, mode, temperature, top_k, top_p, min_p, depths,
+                                        loop_kv, loop_logprobs)
+        if depths is not None or loop_kv is not None or loop_logprobs:
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                              "depths, loop_kv and loop_logprobs are a looped model's; this "
+                              "model does not loop")
         c, pol, pol_c, be = self.config, self._pol, self._pol_c, self._backend
         pool = self._pool.handle
         options = _options(mode, temperature, top_k, top_p, min_p)
@@ -925,6 +945,143 @@ class CausalLM(_torch.nn.Module):
         if return_logits:
             return list(zip(lps, logits.split(counts)))
         return lps
+
+    def _forward_looped(self, seqs, mode, temperature, top_k, top_p, min_p, depths, loop_kv,
+                        want_loops):
+        """The Ouro forward (lib/forward.c, forward_looped) on every row at once: loop t runs
+        the N layers on every row; under "last-exited" a row whose depth is <= t keeps, in
+        every layer, the K/V of its exit loop (a torch.where of the previous loop's K/V:
+        the copy, and its gradient); each row's head reads its state at its depth. The rows
+        past their depth compute values nothing reads; each row's values are those of the
+        scorer, which runs it alone to its depth."""
+        from .model import _schedule_loop_kv
+        c, pol, pol_c, be = self.config, self._pol, self._pol_c, self._backend
+        pool = self._pool.handle
+        T_loops = c["total_ut_steps"]
+        options = _options(mode, temperature, top_k, top_p, min_p)
+        lengths = [len(s) for s in seqs]
+        total = sum(lengths)
+        rule = _schedule_loop_kv(depths, loop_kv)
+        if rule not in ("last-exited", "full"):
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                              "loop_kv must be 'last-exited' or 'full', not %r" % (rule,))
+        if depths is None:
+            depth = _torch.full((total,), T_loops, dtype=_torch.int64)
+        else:
+            if want_loops:
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                                  "loop_logprobs is the dense learner's readout (every position "
+                                  "runs every loop): not with a depth schedule")
+            if len(depths) != len(seqs):
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                                  "depths has %d schedules for %d sequences"
+                                  % (len(depths), len(seqs)))
+            flat = []
+            for i, (d, n) in enumerate(zip(depths, lengths)):
+                d = [_lib.as_int(x, "depth", 0, 2 ** 32 - 1) for x in d]
+                if len(d) != n:
+                    raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                                      "sequence %d: %d depths for %d tokens: one depth per token"
+                                      % (i, len(d), n))
+                for j, x in enumerate(d):
+                    if not 1 <= x <= T_loops:
+                        raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                                          "sequence %d, position %d: depth %d is not in 1..%d "
+                                          "(the model's loops, total_ut_steps)"
+                                          % (i, j, x, T_loops))
+                flat.extend(d)
+            depth = _torch.tensor(flat, dtype=_torch.int64)
+        copies = rule == "last-exited"
+        tokens = _torch.tensor([t for s in seqs for t in s], dtype=_torch.int32)
+        positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
+        hd, N = c["head_dim"], c["num_hidden_layers"]
+        nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
+        rd = _pt._round_dtype(pol)
+
+        def rnd(x):
+            return _pt._round(x, rd) if rd is not None else x
+
+        def lin(x, prefix, bias=False):
+            w = self._param(prefix + ".weight")
+            b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
+            data, dtype = _weight_data(w, pol, prefix + ".weight")
+            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
+
+        def vec(name):
+            return _weight_values(self._param(name), pol, name)
+
+        emb = self._param("model.embed_tokens.weight")
+        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
+        x = _Embedding.apply(tokens, emb, data, dtype)
+        cos, sin = _pt.rope_cos_sin(positions, hd, c["rope_theta"], pol)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        kept_k, kept_v = [None] * N, [None] * N  # each layer's K/V of the previous loop
+        read_h = read_delta = None                 # each row's head input at its depth
+        per_loop = []
+        loops_run = int(depth.max()) if copies else T_loops
+        for t in range(loops_run):
+            exited = (depth <= t)[:, None, None]  # rows past their depth at loop t
+            h, delta = x, None
+            for l in range(N):
+                p = "model.layers.%d." % l
+                if delta is None:
+                    xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol)
+                else:
+                    h, xn = _rmsnorm_residual(delta, h, vec(p + "input_layernorm.weight"), eps,
+                                              pol_c, pol)
+                q = lin(xn, p + "self_attn.q_proj", bias=True).view(-1, nh, hd)
+                k = lin(xn, p + "self_attn.k_proj", bias=True).view(-1, nkv, hd)
+                v = lin(xn, p + "self_attn.v_proj", bias=True).view(-1, nkv, hd)
+                q = _pt._rope_f32(q, cos, sin, pol).contiguous()
+                k = _pt._rope_f32(k, cos, sin, pol)
+                if copies and t > 0:
+                    k = _torch.where(exited, kept_k[l], k)
+                    v = _torch.where(exited, kept_v[l], v)
+                kept_k[l], kept_v[l] = k, v
+                att = _Attention.apply(q, k.contiguous(), v.contiguous(), lengths, pol_c, pool)
+                delta = lin(att.view(-1, nh * hd), p + "self_attn.o_proj")
+                delta = _rmsnorm(delta, vec(p + "input_layernorm_2.weight"), eps, pol_c, pol)
+                h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"),
+                                          eps, pol_c, pol)
+                g = lin(xn, p + "mlp.gate_proj")
+                u = lin(xn, p + "mlp.up_proj")
+                delta = lin(_swiglu(g, u, pol_c, pol), p + "mlp.down_proj")
+                delta = _rmsnorm(delta, vec(p + "post_attention_layernorm_2.weight"), eps, pol_c,
+                                 pol)
+            # the loop's final norm: its output is the next loop's input and the head's
+            _, x = _rmsnorm_residual(delta, h, vec("model.norm.weight"), eps, pol_c, pol)
+            here = (depth == t + 1)[:, None]
+            read_h = h if read_h is None else _torch.where(here, h, read_h)
+            read_delta = delta if read_delta is None else _torch.where(here, delta, read_delta)
+            if want_loops:
+                per_loop.append((h, delta))
+
+        rows, at = [], 0
+        for n in lengths:
+            rows.extend(range(at, at + n - 1))
+            at += n
+        idx = _torch.tensor(rows, dtype=_torch.int64)
+        counts = [n - 1 for n in lengths]
+
+        head_name = "model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"
+
+        def head(hh, dd):
+            norm_w, lm_w = self._param("model.norm.weight"), self._param(head_name)
+            nd, dtype = _weight_data(norm_w, pol, "model.norm.weight")
+            ld, _ = _weight_data(lm_w, pol, head_name)
+            if not idx.numel():
+                return _torch.zeros(0, dtype=_f32)
+            lp, _ = _Head.apply(hh.index_select(0, idx).contiguous(),
+                                dd.index_select(0, idx).contiguous(), norm_w, lm_w, nd, ld,
+                                dtype, tokens[idx + 1].contiguous(), options, float(eps), pol_c,
+                                be, pool)
+            return lp
+
+        lps = list(head(read_h, read_delta).split(counts))
+        if not want_loops:
+            return lps
+        every = _torch.stack([head(hh, dd) for hh, dd in per_loop], dim=1)
+        return list(zip(lps, every.split(counts)))
 
     # ---- weights -------------------------------------------------------------------------------
 
