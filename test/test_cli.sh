@@ -3,7 +3,8 @@
 #   - parity-generate prints identical lines for --batch 1 and --batch 8 (same seed);
 #   - for every completion, parity-score on prompt + completion (same model, policy,
 #     temperature, mode and truncation) prints exactly the log-probs parity-generate reported;
-#   - for a looped model, parity-score --depths replays parity-generate's exit depths.
+#   - for a looped model, parity-score --depths replays parity-generate's exit depths, and its
+#     dense readouts (--every-loop, --readout K, --readout expected-logits) agree.
 #   test/test_cli.sh BUILD_DIR
 set -eu
 build=$(cd "$1" && pwd)
@@ -90,6 +91,22 @@ if "$build/examples/parity-score" --model synthetic:ouro-tiny:5 --policy aligned
 else
     grep -q "depth 0" "$tmp/err" && check ok || check no "no message naming depth 0"
 fi
+
+# the dense readouts: --every-loop's column K is --readout K's, its last the default readout's;
+# the expected logits are another readout
+score_ouro() { "$build/examples/parity-score" --model synthetic:ouro-tiny:5 --policy hf-eager --bytes "$tmp/prompt.bin" "$@"; }
+score_ouro --every-loop > "$tmp/every.txt"
+for k in 1 2 3 4; do
+    score_ouro --readout $k > "$tmp/loop$k.txt"
+    cut -d' ' -f$k "$tmp/every.txt" > "$tmp/col$k.txt"
+    if cmp -s "$tmp/loop$k.txt" "$tmp/col$k.txt"; then check ok; else check no "--readout $k is not --every-loop's column $k"; fi
+done
+score_ouro > "$tmp/dense.txt"
+if cmp -s "$tmp/dense.txt" "$tmp/loop4.txt"; then check ok; else check no "the last loop is not the dense readout"; fi
+score_ouro --readout expected-logits > "$tmp/mix.txt"
+if [ -s "$tmp/mix.txt" ] && ! cmp -s "$tmp/mix.txt" "$tmp/dense.txt"; then check ok; else check no "the expected logits are missing or the last loop's"; fi
+if score_ouro --readout 5 2> "$tmp/err"; then check no "--readout 5 accepted"; else
+    grep -q "readout_loop 5 is not in 1..4" "$tmp/err" && check ok || check no "no message naming readout_loop 5"; fi
 
 # errors: a message on stderr and a non-zero exit, never a crash
 if "$build/examples/parity-score" --model synthetic:nope --policy aligned --bytes "$tmp/prompt.bin" 2> "$tmp/err"; then
