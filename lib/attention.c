@@ -61,32 +61,6 @@ static void attend_split(const fwd_ctx *ctx, uint32_t layer, const fwd_row *row,
     round_with(k, pol, out, hd);
 }
 
-/* s[p] = q.k_p in dot16 order for the len <= KV_BLOCK consecutive bf16 keys of one head's
- * block at `key`, four at a time, each in its own order (one row: no widened copy). */
-static void block_scores_bf16(const kernels *k, size_t hd, const float *q, const uint16_t *key,
-                              size_t len, float *s) {
-    size_t p = 0;
-    for (; p + 4 <= len; p += 4) {
-        const uint16_t *keys[4] = {key + p * hd, key + (p + 1) * hd, key + (p + 2) * hd,
-                                   key + (p + 3) * hd};
-        k->dot4_f32_bf16(q, keys, hd, s + p);
-    }
-    for (; p < len; p++) s[p] = k->dot_f32_bf16(q, key + p * hd, hd);
-}
-
-/* o += P[p] v_p for the len <= KV_BLOCK consecutive bf16 values at `val`, one position after
- * another (four at a time, in the same order). */
-static void block_pv_bf16(const kernels *k, size_t hd, const float *P, const uint16_t *val,
-                          size_t len, float *o) {
-    size_t p = 0;
-    for (; p + 4 <= len; p += 4) {
-        const uint16_t *vals[4] = {val + p * hd, val + (p + 1) * hd, val + (p + 2) * hd,
-                                   val + (p + 3) * hd};
-        k->axpy4_bf16(o, P + p, vals, hd);
-    }
-    for (; p < len; p++) k->axpy_bf16(o, P[p], val + p * hd, hd);
-}
-
 /* Scores of one query head over positions 0..n-1 -> probabilities in place, per mode;
  * returns the softmax denominator. */
 static float probabilities(const kernels *k, const parity_policy *pol, int mode, float scale,
@@ -152,8 +126,8 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
             for (size_t g = 0; g < group; g++) {
                 if (direct && !kv->fp32)
-                    block_scores_bf16(k, hd, ATT_Q(r, g), (const uint16_t *)kv->k + off, len,
-                                      ATT_S(r, g) + b0);
+                    k->dots_f32_bf16(ATT_Q(r, g), (const uint16_t *)kv->k + off, hd, len, hd,
+                                     ATT_S(r, g) + b0);
                 else
                     k->dots_f32(ATT_Q(r, g), keys, hd, len, hd, ATT_S(r, g) + b0);
             }
@@ -179,8 +153,8 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
             for (size_t g = 0; g < group; g++) {
                 if (direct && !kv->fp32)
-                    block_pv_bf16(k, hd, ATT_S(r, g) + b0, (const uint16_t *)kv->v + off, len,
-                                  ATT_ACC(r, g));
+                    k->pv_bf16(ATT_ACC(r, g), ATT_S(r, g) + b0, (const uint16_t *)kv->v + off, hd,
+                               len, hd);
                 else
                     k->pv_f32(ATT_ACC(r, g), ATT_S(r, g) + b0, vals, hd, len, hd);
             }

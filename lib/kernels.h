@@ -50,9 +50,11 @@ typedef struct kernels {
     /* --- reductions (dot16 order) --- */
     float (*dot_f32)(const float *a, const float *b, size_t n);
     float (*dot_f32_bf16)(const float *a, const uint16_t *b, size_t n);  /* b widened */
-    /* four dot_f32_bf16 of one a, side by side (attention scores, four keys at a time):
-     * out[j] = dot_f32_bf16(a, b[j], n), each in its own dot16 order */
-    void (*dot4_f32_bf16)(const float *a, const uint16_t *const b[4], size_t n, float out[4]);
+    /* count dot_f32_bf16 of one a against bf16 vectors ldb apart (attention scores of one
+     * query over a block of the cache's keys): out[j] = dot_f32_bf16(a, b + j * ldb, n),
+     * each in its own dot16 order */
+    void (*dots_f32_bf16)(const float *a, const uint16_t *b, size_t ldb, size_t count, size_t n,
+                          float *out);
     /* count dot_f32 of one a against vectors ldb apart (attention scores of one query over
      * a block of widened keys): out[j] = dot_f32(a, b + j * ldb, n), each in its own order */
     void (*dots_f32)(const float *a, const float *b, size_t ldb, size_t count, size_t n,
@@ -72,9 +74,10 @@ typedef struct kernels {
     /* o[i] = fmaf(p, v[i], o[i]) (P.V accumulation, one key at a time) */
     void (*axpy_f32)(float *o, float p, const float *v, size_t n);
     void (*axpy_bf16)(float *o, float p, const uint16_t *v, size_t n);
-    /* four axpy_bf16 in order (P.V over four keys, o read and written once):
-     * o[i] = fmaf(p[3], v[3][i], fmaf(p[2], v[2][i], fmaf(p[1], v[1][i], fmaf(p[0], v[0][i], o[i])))) */
-    void (*axpy4_bf16)(float *o, const float p[4], const uint16_t *const v[4], size_t n);
+    /* count axpy_bf16 in order over bf16 vectors ldv apart (P.V over a block of the cache's
+     * values): for j = 0 .. count-1: o[i] = fmaf(p[j], v[j * ldv + i], o[i]) */
+    void (*pv_bf16)(float *o, const float *p, const uint16_t *v, size_t ldv, size_t count,
+                    size_t n);
     /* count axpy_f32 in order over vectors ldv apart (P.V over a block of widened values):
      * for j = 0 .. count-1: o[i] = fmaf(p[j], v[j * ldv + i], o[i]) */
     void (*pv_f32)(float *o, const float *p, const float *v, size_t ldv, size_t count, size_t n);

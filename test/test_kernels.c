@@ -207,8 +207,7 @@ static void test_vector_kernels(const kernels *t) {
     for (size_t si = 0; si < n_sizes; si++) {
         size_t n = sizes[si];
         float *a = xmalloc(n * sizeof *a), *b = xmalloc(n * sizeof *b);
-        uint16_t *bh = xmalloc(n * sizeof *bh), *bh4[4];
-        for (int j = 0; j < 4; j++) bh4[j] = xmalloc(n * sizeof *bh4[j]);
+        uint16_t *bh = xmalloc(n * sizeof *bh);
         float *o1 = xmalloc(n * sizeof *o1), *o2 = xmalloc(n * sizeof *o2);
         for (int mode = 0; mode < N_MODES; mode++) {
             fill_f32(a, n, mode, 2.0f);
@@ -254,25 +253,10 @@ static void test_vector_kernels(const kernels *t) {
             p->axpy_bf16(o1, pv, bh, n), t->axpy_bf16(o2, pv, bh, n);
             check_f32(o1, o2, n, "axpy_bf16", t->name, n, mode);
 
-            /* four keys at a time: each as its single form (the portable four are the
-             * single portable kernel four times) */
-            const uint16_t *keys[4] = {bh4[0], bh4[1], bh4[2], bh4[3]};
-            for (int j = 0; j < 4; j++) fill_bf16(bh4[j], n, mode, 0.5f * (float)(j + 1));
-            float d1[4], d2[4];
-            p->dot4_f32_bf16(a, keys, n, d1), t->dot4_f32_bf16(a, keys, n, d2);
-            check_f32(d1, d2, 4, "dot4_f32_bf16", t->name, n, mode);
-            for (int j = 0; j < 4; j++) d2[j] = p->dot_f32_bf16(a, keys[j], n);
-            check_f32(d1, d2, 4, "dot4_f32_bf16 (portable) = dot_f32_bf16 x 4", t->name, n, mode);
             const float pw[4] = {pv, rand_normal(), mode == PLAIN ? rand_normal() : -pv, 0.25f};
-            memcpy(o1, b, n * sizeof *b), memcpy(o2, b, n * sizeof *b);
-            p->axpy4_bf16(o1, pw, keys, n), t->axpy4_bf16(o2, pw, keys, n);
-            check_f32(o1, o2, n, "axpy4_bf16", t->name, n, mode);
-            memcpy(o2, b, n * sizeof *b);
-            for (int j = 0; j < 4; j++) p->axpy_bf16(o2, pw[j], keys[j], n);
-            check_f32(o1, o2, n, "axpy4_bf16 (portable) = axpy_bf16 x 4", t->name, n, mode);
 
-            /* a block of widened keys / values: count vectors ld apart (ld > n, so that a
-             * kernel that read past n would take the wrong elements) */
+            /* a block of the cache's keys / values, bf16 and widened: count vectors ld apart
+             * (ld > n, so that a kernel that read past n would take the wrong elements) */
             const size_t ld = n + 3, count = 1 + (n + (size_t)mode) % 31;
             uint16_t *blk16 = xmalloc(count * ld * sizeof *blk16);
             float *blk = xmalloc(count * ld * sizeof *blk), *blk2 = xmalloc(count * ld * sizeof *blk2);
@@ -286,6 +270,10 @@ static void test_vector_kernels(const kernels *t) {
             check_f32(s1, s2, count, "dots_f32", t->name, n, mode);
             for (size_t j = 0; j < count; j++) s2[j] = p->dot_f32_bf16(a, blk16 + j * ld, n);
             check_f32(s2, s1, count, "dots_f32 (portable) = dot_f32_bf16 of the bf16 keys", t->name, n, mode);
+            t->dots_f32_bf16(a, blk16, ld, count, n, s2);
+            check_f32(s1, s2, count, "dots_f32_bf16 = dots_f32 of the widened keys", t->name, n, mode);
+            p->dots_f32_bf16(a, blk16, ld, count, n, s2);
+            check_f32(s1, s2, count, "dots_f32_bf16 (portable) = dots_f32 of the widened keys", t->name, n, mode);
             for (size_t j = 0; j < count; j++) pj[j] = j % 3 ? rand_normal() : pw[j % 4];
             memcpy(o1, b, n * sizeof *b), memcpy(o2, b, n * sizeof *b);
             p->pv_f32(o1, pj, blk, ld, count, n), t->pv_f32(o2, pj, blk, ld, count, n);
@@ -293,10 +281,15 @@ static void test_vector_kernels(const kernels *t) {
             memcpy(o2, b, n * sizeof *b);
             for (size_t j = 0; j < count; j++) p->axpy_bf16(o2, pj[j], blk16 + j * ld, n);
             check_f32(o2, o1, n, "pv_f32 (portable) = axpy_bf16 in order", t->name, n, mode);
+            memcpy(o2, b, n * sizeof *b);
+            t->pv_bf16(o2, pj, blk16, ld, count, n);
+            check_f32(o1, o2, n, "pv_bf16 = pv_f32 of the widened values", t->name, n, mode);
+            memcpy(o2, b, n * sizeof *b);
+            p->pv_bf16(o2, pj, blk16, ld, count, n);
+            check_f32(o1, o2, n, "pv_bf16 (portable) = pv_f32 of the widened values", t->name, n, mode);
             free(blk16), free(blk), free(blk2), free(pj);
         }
         free(a), free(b), free(bh), free(o1), free(o2);
-        for (int j = 0; j < 4; j++) free(bh4[j]);
     }
 }
 

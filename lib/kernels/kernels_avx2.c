@@ -263,22 +263,31 @@ ALWAYS_INLINE void dot4_rows(int elt, const float *a, const void *const b[4], si
     for (int j = 0; j < 4; j++) out[j] = fold16(acc0[j], acc1[j]);
 }
 
-static void dot4_f32_bf16_avx2(const float *a, const uint16_t *const b[4], size_t n,
-                               float out[4]) {
-    const void *const rows[4] = {b[0], b[1], b[2], b[3]};
-    dot4_rows(FMT_BF16, a, rows, n, out);
-}
-
-/* dots_f32: keys four at a time (dot4_rows), the last one to three singly. */
-static void dots_f32_avx2(const float *a, const float *b, size_t ldb, size_t count, size_t n,
-                          float *out) {
+/* dots_f32 and dots_f32_bf16 (`elt` FMT_NONE or FMT_BF16, a constant after inlining): keys
+ * four at a time (dot4_rows), the last one to three singly. */
+ALWAYS_INLINE void dots_rows(int elt, const float *a, const void *b, size_t ldb, size_t count,
+                             size_t n, float *out) {
+    const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
+    const char *base = b;
     size_t j = 0;
     for (; j + 4 <= count; j += 4) {
-        const void *const rows[4] = {b + j * ldb, b + (j + 1) * ldb, b + (j + 2) * ldb,
-                                     b + (j + 3) * ldb};
-        dot4_rows(FMT_NONE, a, rows, n, out + j);
+        const void *const rows[4] = {base + j * ldb * bytes, base + (j + 1) * ldb * bytes,
+                                     base + (j + 2) * ldb * bytes, base + (j + 3) * ldb * bytes};
+        dot4_rows(elt, a, rows, n, out + j);
     }
-    for (; j < count; j++) out[j] = dot_f32_avx2(a, b + j * ldb, n);
+    for (; j < count; j++)
+        out[j] = elt == FMT_NONE ? dot_f32_avx2(a, (const float *)(base + j * ldb * bytes), n)
+                                 : dot_f32_bf16_avx2(a, (const uint16_t *)(base + j * ldb * bytes), n);
+}
+
+static void dots_f32_avx2(const float *a, const float *b, size_t ldb, size_t count, size_t n,
+                          float *out) {
+    dots_rows(FMT_NONE, a, b, ldb, count, n, out);
+}
+
+static void dots_f32_bf16_avx2(const float *a, const uint16_t *b, size_t ldb, size_t count,
+                               size_t n, float *out) {
+    dots_rows(FMT_BF16, a, b, ldb, count, n, out);
 }
 
 static float sum_squares_avx2(const float *x, size_t n) { return dot_f32_avx2(x, x, n); }
@@ -363,25 +372,13 @@ static void axpy_bf16_avx2(float *o, float p, const uint16_t *v, size_t n) {
     }
 }
 
-/* Four axpy_bf16_avx2 in order, o loaded and stored once per block of 8. */
-static void axpy4_bf16_avx2(float *o, const float p[4], const uint16_t *const v[4], size_t n) {
-    const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
-                 p3 = _mm256_set1_ps(p[3]);
-    for (size_t i = 0; i < n; i += 8) {
-        const size_t k = lanes_at(n, i);
-        __m256 acc = load_f32_n(o + i, k);
-        acc = _mm256_fmadd_ps(p0, load_bf16_n(v[0] + i, k), acc);
-        acc = _mm256_fmadd_ps(p1, load_bf16_n(v[1] + i, k), acc);
-        acc = _mm256_fmadd_ps(p2, load_bf16_n(v[2] + i, k), acc);
-        acc = _mm256_fmadd_ps(p3, load_bf16_n(v[3] + i, k), acc);
-        store_f32_n(o + i, k, acc);
-    }
-}
-
-/* pv_f32: 64 elements of o at a time held in 8 registers (8 independent chains) through all
- * count vectors, each element's fmas in ascending j; the rest 8 at a time. */
-static void pv_f32_avx2(float *o, const float *p, const float *v, size_t ldv, size_t count,
-                        size_t n) {
+/* pv_f32 and pv_bf16 (`elt` FMT_NONE or FMT_BF16, a constant after inlining): 64 elements
+ * of o at a time held in 8 registers (8 independent chains) through all count vectors, each
+ * element's fmas in ascending j; the rest 8 at a time. */
+ALWAYS_INLINE void pv_rows(int elt, float *o, const float *p, const void *v, size_t ldv,
+                           size_t count, size_t n) {
+    const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
+    const char *base = v;
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
         __m256 acc[8];
@@ -389,9 +386,9 @@ static void pv_f32_avx2(float *o, const float *p, const float *v, size_t ldv, si
         for (int h = 0; h < 8; h++) acc[h] = _mm256_loadu_ps(o + i + 8 * h);
         for (size_t j = 0; j < count; j++) {
             const __m256 pj = _mm256_broadcast_ss(p + j);
-            const float *vj = v + j * ldv + i;
+            const void *vj = base + j * ldv * bytes;
 #pragma GCC unroll 8
-            for (int h = 0; h < 8; h++) acc[h] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * h), acc[h]);
+            for (int h = 0; h < 8; h++) acc[h] = _mm256_fmadd_ps(pj, ld(elt, vj, i + 8 * h, 8), acc[h]);
         }
 #pragma GCC unroll 8
         for (int h = 0; h < 8; h++) _mm256_storeu_ps(o + i + 8 * h, acc[h]);
@@ -400,9 +397,19 @@ static void pv_f32_avx2(float *o, const float *p, const float *v, size_t ldv, si
         const size_t k = lanes_at(n, i);
         __m256 acc = load_f32_n(o + i, k);
         for (size_t j = 0; j < count; j++)
-            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), load_f32_n(v + j * ldv + i, k), acc);
+            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), ld(elt, base + j * ldv * bytes, i, k), acc);
         store_f32_n(o + i, k, acc);
     }
+}
+
+static void pv_f32_avx2(float *o, const float *p, const float *v, size_t ldv, size_t count,
+                        size_t n) {
+    pv_rows(FMT_NONE, o, p, v, ldv, count, n);
+}
+
+static void pv_bf16_avx2(float *o, const float *p, const uint16_t *v, size_t ldv, size_t count,
+                         size_t n) {
+    pv_rows(FMT_BF16, o, p, v, ldv, count, n);
 }
 
 static void widen_bf16_avx2(const uint16_t *src, size_t n, float *dst) {
@@ -1153,7 +1160,7 @@ void kernels_avx2_set_entries(kernels *t) {
     t->name = "avx2";
     t->dot_f32 = dot_f32_avx2;
     t->dot_f32_bf16 = dot_f32_bf16_avx2;
-    t->dot4_f32_bf16 = dot4_f32_bf16_avx2;
+    t->dots_f32_bf16 = dots_f32_bf16_avx2;
     t->dots_f32 = dots_f32_avx2;
     t->sum_squares = sum_squares_avx2;
     t->sum_exp = sum_exp_avx2;
@@ -1163,7 +1170,7 @@ void kernels_avx2_set_entries(kernels *t) {
     t->exp_f32 = exp_f32_avx2;
     t->axpy_f32 = axpy_f32_avx2;
     t->axpy_bf16 = axpy_bf16_avx2;
-    t->axpy4_bf16 = axpy4_bf16_avx2;
+    t->pv_bf16 = pv_bf16_avx2;
     t->pv_f32 = pv_f32_avx2;
     t->widen_bf16 = widen_bf16_avx2;
     t->gemm_bf16w = gemm_bf16w_avx2;

@@ -131,61 +131,59 @@ static float dot_f32_bf16_avx512(const float *a, const uint16_t *b, size_t n) {
     return out;
 }
 
-static void dot4_f32_bf16_avx512(const float *a, const uint16_t *const b[4], size_t n,
-                                 float out[4]) {
-    const void *const rows[4] = {b[0], b[1], b[2], b[3]};
-    z_dots(4, FMT_BF16, a, rows, n, out);
-}
-
-/* axpy_bf16 (J = 1) and axpy4_bf16 (J = 4, the decode P.V): o loaded and stored once per 16
- * elements, the J fmas of each element in order. */
-ALWAYS_INLINE void z_axpy_bf16(const int J, float *o, const float *p, const uint16_t *const *v,
-                               size_t n) {
-    __m512 pj[4];
-    for (int j = 0; j < J; j++) pj[j] = _mm512_set1_ps(p[j]);
+static void axpy_bf16_avx512(float *o, float p, const uint16_t *v, size_t n) {
+    const __m512 pv = _mm512_set1_ps(p);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 m = z_mask_at(n, i);
-        __m512 acc = _mm512_maskz_loadu_ps(m, o + i);
-        for (int j = 0; j < J; j++) acc = _mm512_fmadd_ps(pj[j], z_load_bf16(v[j] + i, m), acc);
-        _mm512_mask_storeu_ps(o + i, m, acc);
+        const __m512 r = _mm512_fmadd_ps(pv, z_load_bf16(v + i, m), _mm512_maskz_loadu_ps(m, o + i));
+        _mm512_mask_storeu_ps(o + i, m, r);
     }
 }
 
-static void axpy_bf16_avx512(float *o, float p, const uint16_t *v, size_t n) {
-    z_axpy_bf16(1, o, &p, &v, n);
-}
-
-static void axpy4_bf16_avx512(float *o, const float p[4], const uint16_t *const v[4], size_t n) {
-    z_axpy_bf16(4, o, p, v, n);
-}
-
-/* dots_f32: keys 16 at a time, then 8, 4, and singly. */
-static void dots_f32_avx512(const float *a, const float *b, size_t ldb, size_t count, size_t n,
-                            float *out) {
+/* dots_f32 and dots_f32_bf16 (`elt` FMT_NONE or FMT_BF16, a constant after inlining): keys
+ * 16 at a time (16 independent chains: a block of the cache in one call), then 8, 4, and
+ * singly. */
+ALWAYS_INLINE void z_dots_rows(int elt, const float *a, const void *b, size_t ldb, size_t count,
+                               size_t n, float *out) {
+    const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
+    const char *base = b;
     const void *rows[16];
     size_t j = 0;
     for (; j + 16 <= count; j += 16) {
-        for (size_t r = 0; r < 16; r++) rows[r] = b + (j + r) * ldb;
-        z_dots(16, FMT_NONE, a, rows, n, out + j);
+        for (size_t r = 0; r < 16; r++) rows[r] = base + (j + r) * ldb * bytes;
+        z_dots(16, elt, a, rows, n, out + j);
     }
     for (; j + 8 <= count; j += 8) {
-        for (size_t r = 0; r < 8; r++) rows[r] = b + (j + r) * ldb;
-        z_dots(8, FMT_NONE, a, rows, n, out + j);
+        for (size_t r = 0; r < 8; r++) rows[r] = base + (j + r) * ldb * bytes;
+        z_dots(8, elt, a, rows, n, out + j);
     }
     for (; j + 4 <= count; j += 4) {
-        for (size_t r = 0; r < 4; r++) rows[r] = b + (j + r) * ldb;
-        z_dots(4, FMT_NONE, a, rows, n, out + j);
+        for (size_t r = 0; r < 4; r++) rows[r] = base + (j + r) * ldb * bytes;
+        z_dots(4, elt, a, rows, n, out + j);
     }
     for (; j < count; j++) {
-        rows[0] = b + j * ldb;
-        z_dots(1, FMT_NONE, a, rows, n, out + j);
+        rows[0] = base + j * ldb * bytes;
+        z_dots(1, elt, a, rows, n, out + j);
     }
 }
 
-/* pv_f32: 128 elements of o at a time in 8 registers (8 chains) through all count vectors,
- * each element's fmas in ascending j; the rest 16 at a time, masked at the end. */
-static void pv_f32_avx512(float *o, const float *p, const float *v, size_t ldv, size_t count,
-                          size_t n) {
+static void dots_f32_avx512(const float *a, const float *b, size_t ldb, size_t count, size_t n,
+                            float *out) {
+    z_dots_rows(FMT_NONE, a, b, ldb, count, n, out);
+}
+
+static void dots_f32_bf16_avx512(const float *a, const uint16_t *b, size_t ldb, size_t count,
+                                 size_t n, float *out) {
+    z_dots_rows(FMT_BF16, a, b, ldb, count, n, out);
+}
+
+/* pv_f32 and pv_bf16 (`elt` as z_dots_rows'): 128 elements of o at a time in 8 registers
+ * (8 chains) through all count vectors, each element's fmas in ascending j; the rest 16 at a
+ * time, masked at the end. */
+ALWAYS_INLINE void z_pv_rows(int elt, float *o, const float *p, const void *v, size_t ldv,
+                             size_t count, size_t n) {
+    const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
+    const char *base = v;
     size_t i = 0;
     for (; i + 128 <= n; i += 128) {
         __m512 acc[8];
@@ -193,9 +191,10 @@ static void pv_f32_avx512(float *o, const float *p, const float *v, size_t ldv, 
         for (int h = 0; h < 8; h++) acc[h] = _mm512_loadu_ps(o + i + 16 * h);
         for (size_t j = 0; j < count; j++) {
             const __m512 pj = _mm512_set1_ps(p[j]);
-            const float *vj = v + j * ldv + i;
+            const void *vj = base + j * ldv * bytes;
 #pragma GCC unroll 8
-            for (int h = 0; h < 8; h++) acc[h] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16 * h), acc[h]);
+            for (int h = 0; h < 8; h++)
+                acc[h] = _mm512_fmadd_ps(pj, z_load(elt, vj, i + 16 * h, 0xffff), acc[h]);
         }
 #pragma GCC unroll 8
         for (int h = 0; h < 8; h++) _mm512_storeu_ps(o + i + 16 * h, acc[h]);
@@ -204,9 +203,19 @@ static void pv_f32_avx512(float *o, const float *p, const float *v, size_t ldv, 
         const __mmask16 m = z_mask_at(n, i);
         __m512 acc = _mm512_maskz_loadu_ps(m, o + i);
         for (size_t j = 0; j < count; j++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, v + j * ldv + i), acc);
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), z_load(elt, base + j * ldv * bytes, i, m), acc);
         _mm512_mask_storeu_ps(o + i, m, acc);
     }
+}
+
+static void pv_f32_avx512(float *o, const float *p, const float *v, size_t ldv, size_t count,
+                          size_t n) {
+    z_pv_rows(FMT_NONE, o, p, v, ldv, count, n);
+}
+
+static void pv_bf16_avx512(float *o, const float *p, const uint16_t *v, size_t ldv, size_t count,
+                           size_t n) {
+    z_pv_rows(FMT_BF16, o, p, v, ldv, count, n);
 }
 
 /* ---- exp, reductions, elementwise ---- */
@@ -795,11 +804,11 @@ void kernels_avx512_set_entries(kernels *t) {
     t->round_fp16 = round_fp16_avx512;
     t->widen_bf16 = widen_bf16_avx512;
     t->dot_f32_bf16 = dot_f32_bf16_avx512;
-    t->dot4_f32_bf16 = dot4_f32_bf16_avx512;
     t->dots_f32 = dots_f32_avx512;
+    t->dots_f32_bf16 = dots_f32_bf16_avx512;
     t->axpy_bf16 = axpy_bf16_avx512;
-    t->axpy4_bf16 = axpy4_bf16_avx512;
     t->pv_f32 = pv_f32_avx512;
+    t->pv_bf16 = pv_bf16_avx512;
     t->gemm_bf16w_tiles = gemm_bf16w_tiles_avx512;
     /* below 64 rows the row kernel (1 x 8 and 4 x 4 blocks, weights split in registers) ran
      * faster than the lane tiles, whose panel widening is shared by too few rows:

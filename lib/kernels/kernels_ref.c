@@ -87,8 +87,9 @@ static float dot_f32_bf16_ref(const float *a, const uint16_t *b, size_t n) {
     return fold16(acc);
 }
 
-static void dot4_f32_bf16_ref(const float *a, const uint16_t *const b[4], size_t n, float out[4]) {
-    for (int j = 0; j < 4; j++) out[j] = dot_f32_bf16_ref(a, b[j], n);
+static void dots_f32_bf16_ref(const float *a, const uint16_t *b, size_t ldb, size_t count,
+                              size_t n, float *out) {
+    for (size_t j = 0; j < count; j++) out[j] = dot_f32_bf16_ref(a, b + j * ldb, n);
 }
 
 static void dots_f32_ref(const float *a, const float *b, size_t ldb, size_t count, size_t n,
@@ -147,8 +148,9 @@ static void axpy_bf16_ref(float *o, float p, const uint16_t *v, size_t n) {
     for (size_t i = 0; i < n; i++) o[i] = fmaf(p, bf16_to_f32(v[i]), o[i]);
 }
 
-static void axpy4_bf16_ref(float *o, const float p[4], const uint16_t *const v[4], size_t n) {
-    for (int j = 0; j < 4; j++) axpy_bf16_ref(o, p[j], v[j], n);
+static void pv_bf16_ref(float *o, const float *p, const uint16_t *v, size_t ldv, size_t count,
+                        size_t n) {
+    for (size_t j = 0; j < count; j++) axpy_bf16_ref(o, p[j], v + j * ldv, n);
 }
 
 static void pv_f32_ref(float *o, const float *p, const float *v, size_t ldv, size_t count,
@@ -423,7 +425,7 @@ const kernels kernels_portable = {
     .tiles_min_m = 16,
     .dot_f32 = dot_f32_ref,
     .dot_f32_bf16 = dot_f32_bf16_ref,
-    .dot4_f32_bf16 = dot4_f32_bf16_ref,
+    .dots_f32_bf16 = dots_f32_bf16_ref,
     .dots_f32 = dots_f32_ref,
     .sum_squares = sum_squares_ref,
     .sum_exp = sum_exp_ref,
@@ -433,7 +435,7 @@ const kernels kernels_portable = {
     .exp_f32 = exp_f32_ref,
     .axpy_f32 = axpy_f32_ref,
     .axpy_bf16 = axpy_bf16_ref,
-    .axpy4_bf16 = axpy4_bf16_ref,
+    .pv_bf16 = pv_bf16_ref,
     .pv_f32 = pv_f32_ref,
     .widen_bf16 = widen_bf16_ref,
     .gemm_bf16w = gemm_bf16w_ref,
