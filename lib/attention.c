@@ -82,6 +82,21 @@ static float probabilities(const kernels *k, const parity_policy *pol, int mode,
     return l;
 }
 
+/* The cache's blocks of one head lie a whole block of every head apart (kv_cache), each in a
+ * page of its own that the hardware's stream prefetchers do not follow from the last: the
+ * block this many blocks ahead of the one being read is asked into the cache. */
+#define KV_PREFETCH_BLOCKS 2
+
+static void prefetch_block(const kv_cache *kv, const void *plane, uint32_t layer,
+                           const uint32_t *blocks, size_t pos, size_t n, size_t kvh) {
+    if (pos >= n) return;
+    const size_t len = n - pos < KV_BLOCK ? n - pos : KV_BLOCK;
+    const size_t bytes = len * kv->head_dim * (kv->fp32 ? sizeof(float) : sizeof(uint16_t));
+    const char *p = (const char *)plane + kv_offset(kv, layer, blocks, (uint32_t)pos, kvh) *
+                                              (kv->fp32 ? sizeof(float) : sizeof(uint16_t));
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+}
+
 /* A worker's scratch: scores [ATTN_TASK_ROWS][group][max_ctx] and, in pv (attn_pv_floats),
  * the accumulators [ATTN_TASK_ROWS][group][hd], the denominators [ATTN_TASK_ROWS][group],
  * then one block of keys and one of values widened to fp32 ([KV_BLOCK][hd] each). */
@@ -119,6 +134,7 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
         const size_t off = kv_offset(kv, j->layer, blocks, (uint32_t)b0, kvh);
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
         const float *keys = kv->fp32 ? (const float *)kv->k + off : w->keys;
+        prefetch_block(kv, kv->k, j->layer, blocks, b0 + KV_PREFETCH_BLOCKS * KV_BLOCK, n_max, kvh);
         if (!direct) k->widen_bf16((const uint16_t *)kv->k + off, blen * hd, w->keys);
         for (size_t r = r0; r < r1; r++) {
             const size_t n = (size_t)j->rows[r].pos + 1;
@@ -146,6 +162,7 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
         const size_t off = kv_offset(kv, j->layer, blocks, (uint32_t)b0, kvh);
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
         const float *vals = kv->fp32 ? (const float *)kv->v + off : w->vals;
+        prefetch_block(kv, kv->v, j->layer, blocks, b0 + KV_PREFETCH_BLOCKS * KV_BLOCK, n_max, kvh);
         if (!direct) k->widen_bf16((const uint16_t *)kv->v + off, blen * hd, w->vals);
         for (size_t r = r0; r < r1; r++) {
             const size_t n = (size_t)j->rows[r].pos + 1;
