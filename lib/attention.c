@@ -140,13 +140,13 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
             const size_t n = (size_t)j->rows[r].pos + 1;
             if (b0 >= n) continue;
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
-            for (size_t g = 0; g < group; g++) {
-                if (direct && !kv->fp32)
-                    k->dots_f32_bf16(ATT_Q(r, g), (const uint16_t *)kv->k + off, hd, len, hd,
-                                     ATT_S(r, g) + b0);
-                else
-                    k->dots_f32(ATT_Q(r, g), keys, hd, len, hd, ATT_S(r, g) + b0);
-            }
+            /* the row's query heads together (q heads hd apart, scores max_ctx apart) */
+            if (direct && !kv->fp32)
+                k->dots_f32_bf16(ATT_Q(r, 0), hd, group, (const uint16_t *)kv->k + off, hd, len,
+                                 hd, ATT_S(r, 0) + b0, w->max_ctx);
+            else
+                k->dots_f32(ATT_Q(r, 0), hd, group, keys, hd, len, hd, ATT_S(r, 0) + b0,
+                            w->max_ctx);
         }
     }
 
@@ -168,13 +168,12 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
             const size_t n = (size_t)j->rows[r].pos + 1;
             if (b0 >= n) continue;
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
-            for (size_t g = 0; g < group; g++) {
-                if (direct && !kv->fp32)
-                    k->pv_bf16(ATT_ACC(r, g), ATT_S(r, g) + b0, (const uint16_t *)kv->v + off, hd,
-                               len, hd);
-                else
-                    k->pv_f32(ATT_ACC(r, g), ATT_S(r, g) + b0, vals, hd, len, hd);
-            }
+            if (direct && !kv->fp32)
+                k->pv_bf16(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group,
+                           (const uint16_t *)kv->v + off, hd, len, hd);
+            else
+                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group, vals, hd, len,
+                          hd);
         }
     }
 

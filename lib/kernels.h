@@ -50,15 +50,15 @@ typedef struct kernels {
     /* --- reductions (dot16 order) --- */
     float (*dot_f32)(const float *a, const float *b, size_t n);
     float (*dot_f32_bf16)(const float *a, const uint16_t *b, size_t n);  /* b widened */
-    /* count dot_f32_bf16 of one a against bf16 vectors ldb apart (attention scores of one
-     * query over a block of the cache's keys): out[j] = dot_f32_bf16(a, b + j * ldb, n),
-     * each in its own dot16 order */
-    void (*dots_f32_bf16)(const float *a, const uint16_t *b, size_t ldb, size_t count, size_t n,
-                          float *out);
-    /* count dot_f32 of one a against vectors ldb apart (attention scores of one query over
-     * a block of widened keys): out[j] = dot_f32(a, b + j * ldb, n), each in its own order */
-    void (*dots_f32)(const float *a, const float *b, size_t ldb, size_t count, size_t n,
-                     float *out);
+    /* count dot_f32_bf16 of each of `queries` vectors a + q * lda against bf16 vectors ldb
+     * apart (attention scores of a KV head's query heads over a block of the cache's keys):
+     * out[q * ldo + j] = dot_f32_bf16(a + q * lda, b + j * ldb, n), each in its own order */
+    void (*dots_f32_bf16)(const float *a, size_t lda, size_t queries, const uint16_t *b,
+                          size_t ldb, size_t count, size_t n, float *out, size_t ldo);
+    /* dots_f32_bf16 on fp32 vectors (a block of widened keys):
+     * out[q * ldo + j] = dot_f32(a + q * lda, b + j * ldb, n) */
+    void (*dots_f32)(const float *a, size_t lda, size_t queries, const float *b, size_t ldb,
+                     size_t count, size_t n, float *out, size_t ldo);
     float (*sum_squares)(const float *x, size_t n);                      /* fmaf(x, x, acc) */
     /* sum of parity_expf(x[i] - m) (the subtraction in fp32, then exp), dot16 order with
      * acc = acc + e. If `out` is not NULL it receives the exponentials. */
@@ -74,13 +74,15 @@ typedef struct kernels {
     /* o[i] = fmaf(p, v[i], o[i]) (P.V accumulation, one key at a time) */
     void (*axpy_f32)(float *o, float p, const float *v, size_t n);
     void (*axpy_bf16)(float *o, float p, const uint16_t *v, size_t n);
-    /* count axpy_bf16 in order over bf16 vectors ldv apart (P.V over a block of the cache's
-     * values): for j = 0 .. count-1: o[i] = fmaf(p[j], v[j * ldv + i], o[i]) */
-    void (*pv_bf16)(float *o, const float *p, const uint16_t *v, size_t ldv, size_t count,
-                    size_t n);
-    /* count axpy_f32 in order over vectors ldv apart (P.V over a block of widened values):
-     * for j = 0 .. count-1: o[i] = fmaf(p[j], v[j * ldv + i], o[i]) */
-    void (*pv_f32)(float *o, const float *p, const float *v, size_t ldv, size_t count, size_t n);
+    /* for each of `queries` outputs o_q = o + q * ldo with probabilities p_q = p + q * ldp,
+     * count axpy_bf16 in order over bf16 vectors ldv apart (P.V of a KV head's query heads
+     * over a block of the cache's values): for j = 0 .. count-1:
+     * o_q[i] = fmaf(p_q[j], v[j * ldv + i], o_q[i]) */
+    void (*pv_bf16)(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                    const uint16_t *v, size_t ldv, size_t count, size_t n);
+    /* pv_bf16 on fp32 vectors (a block of widened values): o_q[i] = fmaf(p_q[j], v[j * ldv + i], o_q[i]) */
+    void (*pv_f32)(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                   const float *v, size_t ldv, size_t count, size_t n);
     void (*widen_bf16)(const uint16_t *src, size_t n, float *dst);  /* dst[i] = src[i] exactly */
 
     /* --- GEMM: y[m][n] = sum_k x[m][k] * w[n][k], for n in [n0, n1), all m < M ---

@@ -256,38 +256,50 @@ static void test_vector_kernels(const kernels *t) {
             const float pw[4] = {pv, rand_normal(), mode == PLAIN ? rand_normal() : -pv, 0.25f};
 
             /* a block of the cache's keys / values, bf16 and widened: count vectors ld apart
-             * (ld > n, so that a kernel that read past n would take the wrong elements) */
+             * (ld > n, so that a kernel that read past n would take the wrong elements), read
+             * by 1 to 3 query heads lda apart, their scores ldo apart */
             const size_t ld = n + 3, count = 1 + (n + (size_t)mode) % 31;
+            const size_t Q = 1 + (n + (size_t)mode) % 3, lda = n + 1, ldo = count + 2;
             uint16_t *blk16 = xmalloc(count * ld * sizeof *blk16);
             float *blk = xmalloc(count * ld * sizeof *blk), *blk2 = xmalloc(count * ld * sizeof *blk2);
-            float *pj = xmalloc(count * sizeof *pj), s1[31], s2[31];
+            float *aq = xmalloc(Q * lda * sizeof *aq), *pj = xmalloc(Q * ldo * sizeof *pj);
+            float *oq1 = xmalloc(Q * lda * sizeof *oq1), *oq2 = xmalloc(Q * lda * sizeof *oq2);
+            float *ob = xmalloc(Q * lda * sizeof *ob), s1[3 * 33], s2[3 * 33];
+            fill_f32(aq, Q * lda, mode, 1.0f);
+            memcpy(aq, a, n * sizeof *a);
+            fill_f32(ob, Q * lda, mode, 1.0f);
             fill_bf16(blk16, count * ld, mode, 0.75f);
             p->widen_bf16(blk16, count * ld, blk), t->widen_bf16(blk16, count * ld, blk2);
             check_f32(blk, blk2, count * ld, "widen_bf16", t->name, n, mode);
             for (size_t i = 0; i < count * ld; i++) blk2[i] = bf16_to_f32(blk16[i]);
             check_f32(blk2, blk, count * ld, "widen_bf16 (portable) = bf16 values", t->name, n, mode);
-            p->dots_f32(a, blk, ld, count, n, s1), t->dots_f32(a, blk, ld, count, n, s2);
-            check_f32(s1, s2, count, "dots_f32", t->name, n, mode);
-            for (size_t j = 0; j < count; j++) s2[j] = p->dot_f32_bf16(a, blk16 + j * ld, n);
-            check_f32(s2, s1, count, "dots_f32 (portable) = dot_f32_bf16 of the bf16 keys", t->name, n, mode);
-            t->dots_f32_bf16(a, blk16, ld, count, n, s2);
-            check_f32(s1, s2, count, "dots_f32_bf16 = dots_f32 of the widened keys", t->name, n, mode);
-            p->dots_f32_bf16(a, blk16, ld, count, n, s2);
-            check_f32(s1, s2, count, "dots_f32_bf16 (portable) = dots_f32 of the widened keys", t->name, n, mode);
-            for (size_t j = 0; j < count; j++) pj[j] = j % 3 ? rand_normal() : pw[j % 4];
-            memcpy(o1, b, n * sizeof *b), memcpy(o2, b, n * sizeof *b);
-            p->pv_f32(o1, pj, blk, ld, count, n), t->pv_f32(o2, pj, blk, ld, count, n);
-            check_f32(o1, o2, n, "pv_f32", t->name, n, mode);
-            memcpy(o2, b, n * sizeof *b);
-            for (size_t j = 0; j < count; j++) p->axpy_bf16(o2, pj[j], blk16 + j * ld, n);
-            check_f32(o2, o1, n, "pv_f32 (portable) = axpy_bf16 in order", t->name, n, mode);
-            memcpy(o2, b, n * sizeof *b);
-            t->pv_bf16(o2, pj, blk16, ld, count, n);
-            check_f32(o1, o2, n, "pv_bf16 = pv_f32 of the widened values", t->name, n, mode);
-            memcpy(o2, b, n * sizeof *b);
-            p->pv_bf16(o2, pj, blk16, ld, count, n);
-            check_f32(o1, o2, n, "pv_bf16 (portable) = pv_f32 of the widened values", t->name, n, mode);
-            free(blk16), free(blk), free(blk2), free(pj);
+            memset(s1, 0, sizeof s1), memset(s2, 0, sizeof s2);
+            p->dots_f32(aq, lda, Q, blk, ld, count, n, s1, ldo);
+            t->dots_f32(aq, lda, Q, blk, ld, count, n, s2, ldo);
+            check_f32(s1, s2, Q * ldo, "dots_f32", t->name, n, mode);
+            for (size_t q = 0; q < Q; q++)
+                for (size_t j = 0; j < count; j++) s2[q * ldo + j] = p->dot_f32_bf16(aq + q * lda, blk16 + j * ld, n);
+            check_f32(s2, s1, Q * ldo, "dots_f32 (portable) = dot_f32_bf16 of the bf16 keys", t->name, n, mode);
+            t->dots_f32_bf16(aq, lda, Q, blk16, ld, count, n, s2, ldo);
+            check_f32(s1, s2, Q * ldo, "dots_f32_bf16 = dots_f32 of the widened keys", t->name, n, mode);
+            p->dots_f32_bf16(aq, lda, Q, blk16, ld, count, n, s2, ldo);
+            check_f32(s1, s2, Q * ldo, "dots_f32_bf16 (portable) = dots_f32 of the widened keys", t->name, n, mode);
+            for (size_t j = 0; j < Q * ldo; j++) pj[j] = j % 3 ? rand_normal() : pw[j % 4];
+            memcpy(oq1, ob, Q * lda * sizeof *ob), memcpy(oq2, ob, Q * lda * sizeof *ob);
+            p->pv_f32(oq1, lda, pj, ldo, Q, blk, ld, count, n);
+            t->pv_f32(oq2, lda, pj, ldo, Q, blk, ld, count, n);
+            check_f32(oq1, oq2, Q * lda, "pv_f32", t->name, n, mode);
+            memcpy(oq2, ob, Q * lda * sizeof *ob);
+            for (size_t q = 0; q < Q; q++)
+                for (size_t j = 0; j < count; j++) p->axpy_bf16(oq2 + q * lda, pj[q * ldo + j], blk16 + j * ld, n);
+            check_f32(oq2, oq1, Q * lda, "pv_f32 (portable) = axpy_bf16 in order", t->name, n, mode);
+            memcpy(oq2, ob, Q * lda * sizeof *ob);
+            t->pv_bf16(oq2, lda, pj, ldo, Q, blk16, ld, count, n);
+            check_f32(oq1, oq2, Q * lda, "pv_bf16 = pv_f32 of the widened values", t->name, n, mode);
+            memcpy(oq2, ob, Q * lda * sizeof *ob);
+            p->pv_bf16(oq2, lda, pj, ldo, Q, blk16, ld, count, n);
+            check_f32(oq1, oq2, Q * lda, "pv_bf16 (portable) = pv_f32 of the widened values", t->name, n, mode);
+            free(blk16), free(blk), free(blk2), free(pj), free(aq), free(oq1), free(oq2), free(ob);
         }
         free(a), free(b), free(bh), free(o1), free(o2);
     }
@@ -336,7 +348,7 @@ static void test_negative_zero_sums(const kernels *const *tables, int n_tables) 
         want[1] = kernels_portable.dot_f32_bf16(a, bh, n);
         kernels_portable.gemm_bf16w(1, n, xp, bh, n, want + 2, N, 0, N);
         kernels_portable.gemm_f32w(1, n, a, n, b, n, want + 2 + N, N, 0, N);
-        kernels_portable.dots_f32(a, b, n, N, n, want + 2 + 2 * N);
+        kernels_portable.dots_f32(a, n, 1, b, n, N, n, want + 2 + 2 * N, N);
         /* every lane holds -0 once each has an element: n >= 16 (dot16), n >= 31 (pair32) */
         CHECK_INT(f32_bits(want[0]), n >= 16 ? 0x80000000u : 0u);
         CHECK_INT(f32_bits(want[2]), n >= 31 ? 0x80000000u : 0u);
@@ -345,7 +357,7 @@ static void test_negative_zero_sums(const kernels *const *tables, int n_tables) 
             got[1] = tables[t]->dot_f32_bf16(a, bh, n);
             tables[t]->gemm_bf16w(1, n, xp, bh, n, got + 2, N, 0, N);
             tables[t]->gemm_f32w(1, n, a, n, b, n, got + 2 + N, N, 0, N);
-            tables[t]->dots_f32(a, b, n, N, n, got + 2 + 2 * N);
+            tables[t]->dots_f32(a, n, 1, b, n, N, n, got + 2 + 2 * N, N);
             check_f32(want, got, 2 + 3 * N, "-0 sums (dot_f32, dot_f32_bf16, gemm_bf16w, "
                       "gemm_f32w, dots_f32; 29 columns each)", tables[t]->name, n, PLAIN);
             if (!tables[t]->gemm_bf16xw) continue;

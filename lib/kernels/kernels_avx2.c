@@ -280,14 +280,14 @@ ALWAYS_INLINE void dots_rows(int elt, const float *a, const void *b, size_t ldb,
                                  : dot_f32_bf16_avx2(a, (const uint16_t *)(base + j * ldb * bytes), n);
 }
 
-static void dots_f32_avx2(const float *a, const float *b, size_t ldb, size_t count, size_t n,
-                          float *out) {
-    dots_rows(FMT_NONE, a, b, ldb, count, n, out);
+static void dots_f32_avx2(const float *a, size_t lda, size_t queries, const float *b, size_t ldb,
+                          size_t count, size_t n, float *out, size_t ldo) {
+    for (size_t q = 0; q < queries; q++) dots_rows(FMT_NONE, a + q * lda, b, ldb, count, n, out + q * ldo);
 }
 
-static void dots_f32_bf16_avx2(const float *a, const uint16_t *b, size_t ldb, size_t count,
-                               size_t n, float *out) {
-    dots_rows(FMT_BF16, a, b, ldb, count, n, out);
+static void dots_f32_bf16_avx2(const float *a, size_t lda, size_t queries, const uint16_t *b,
+                               size_t ldb, size_t count, size_t n, float *out, size_t ldo) {
+    for (size_t q = 0; q < queries; q++) dots_rows(FMT_BF16, a + q * lda, b, ldb, count, n, out + q * ldo);
 }
 
 static float sum_squares_avx2(const float *x, size_t n) { return dot_f32_avx2(x, x, n); }
@@ -402,14 +402,14 @@ ALWAYS_INLINE void pv_rows(int elt, float *o, const float *p, const void *v, siz
     }
 }
 
-static void pv_f32_avx2(float *o, const float *p, const float *v, size_t ldv, size_t count,
-                        size_t n) {
-    pv_rows(FMT_NONE, o, p, v, ldv, count, n);
+static void pv_f32_avx2(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                        const float *v, size_t ldv, size_t count, size_t n) {
+    for (size_t q = 0; q < queries; q++) pv_rows(FMT_NONE, o + q * ldo, p + q * ldp, v, ldv, count, n);
 }
 
-static void pv_bf16_avx2(float *o, const float *p, const uint16_t *v, size_t ldv, size_t count,
-                         size_t n) {
-    pv_rows(FMT_BF16, o, p, v, ldv, count, n);
+static void pv_bf16_avx2(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                         const uint16_t *v, size_t ldv, size_t count, size_t n) {
+    for (size_t q = 0; q < queries; q++) pv_rows(FMT_BF16, o + q * ldo, p + q * ldp, v, ldv, count, n);
 }
 
 static void widen_bf16_avx2(const uint16_t *src, size_t n, float *dst) {

@@ -167,14 +167,75 @@ ALWAYS_INLINE void z_dots_rows(int elt, const float *a, const void *b, size_t ld
     }
 }
 
-static void dots_f32_avx512(const float *a, const float *b, size_t ldb, size_t count, size_t n,
-                            float *out) {
-    z_dots_rows(FMT_NONE, a, b, ldb, count, n, out);
+/* Two queries a0, a1 against the J <= 8 rows b[j], side by side: each key chunk is loaded
+ * (and widened) once for both, 2 J chains; a full block (J = 8) folds as one tree, its lane
+ * 8 q + j being query q's score j, stored at out + q * ldo. Padding as z_dots'. */
+ALWAYS_INLINE void z_dots2(const int J, int elt, const float *a0, const float *a1,
+                           const void *const *b, size_t n, float *out, size_t ldo) {
+    __m512 acc[16];
+    for (int c = 0; c < 2 * J; c++) acc[c] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x0 = _mm512_loadu_ps(a0 + i), x1 = _mm512_loadu_ps(a1 + i);
+        for (int j = 0; j < J; j++) {
+            const __m512 kj = z_load(elt, b[j], i, 0xffff);
+            acc[j] = _mm512_fmadd_ps(x0, kj, acc[j]);
+            acc[J + j] = _mm512_fmadd_ps(x1, kj, acc[J + j]);
+        }
+    }
+    if (i < n) {
+        const __mmask16 m = z_mask(n - i);
+        const __m512 neg0 = _mm512_set1_ps(-0.0f);
+        const __m512 x0 = _mm512_mask_loadu_ps(neg0, m, a0 + i), x1 = _mm512_mask_loadu_ps(neg0, m, a1 + i);
+        for (int j = 0; j < J; j++) {
+            const __m512 kj = z_load(elt, b[j], i, m);
+            acc[j] = _mm512_fmadd_ps(x0, kj, acc[j]);
+            acc[J + j] = _mm512_fmadd_ps(x1, kj, acc[J + j]);
+        }
+    }
+    z_store_block(2, J, acc, out, ldo);
 }
 
-static void dots_f32_bf16_avx512(const float *a, const uint16_t *b, size_t ldb, size_t count,
-                                 size_t n, float *out) {
-    z_dots_rows(FMT_BF16, a, b, ldb, count, n, out);
+/* Two queries over count keys: 8 at a time, then 4, and singly. */
+ALWAYS_INLINE void z_dots2_rows(int elt, const float *a0, const float *a1, const void *b,
+                                size_t ldb, size_t count, size_t n, float *out, size_t ldo) {
+    const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
+    const char *base = b;
+    const void *rows[8];
+    size_t j = 0;
+    for (; j + 8 <= count; j += 8) {
+        for (size_t r = 0; r < 8; r++) rows[r] = base + (j + r) * ldb * bytes;
+        z_dots2(8, elt, a0, a1, rows, n, out + j, ldo);
+    }
+    for (; j + 4 <= count; j += 4) {
+        for (size_t r = 0; r < 4; r++) rows[r] = base + (j + r) * ldb * bytes;
+        z_dots2(4, elt, a0, a1, rows, n, out + j, ldo);
+    }
+    for (; j < count; j++) {
+        rows[0] = base + j * ldb * bytes;
+        z_dots2(1, elt, a0, a1, rows, n, out + j, ldo);
+    }
+}
+
+/* The queries two at a time (the query heads of a KV head share every key load), an odd
+ * last one alone. */
+ALWAYS_INLINE void z_dots_queries(int elt, const float *a, size_t lda, size_t queries,
+                                  const void *b, size_t ldb, size_t count, size_t n, float *out,
+                                  size_t ldo) {
+    size_t q = 0;
+    for (; q + 2 <= queries; q += 2)
+        z_dots2_rows(elt, a + q * lda, a + (q + 1) * lda, b, ldb, count, n, out + q * ldo, ldo);
+    if (q < queries) z_dots_rows(elt, a + q * lda, b, ldb, count, n, out + q * ldo);
+}
+
+static void dots_f32_avx512(const float *a, size_t lda, size_t queries, const float *b,
+                            size_t ldb, size_t count, size_t n, float *out, size_t ldo) {
+    z_dots_queries(FMT_NONE, a, lda, queries, b, ldb, count, n, out, ldo);
+}
+
+static void dots_f32_bf16_avx512(const float *a, size_t lda, size_t queries, const uint16_t *b,
+                                 size_t ldb, size_t count, size_t n, float *out, size_t ldo) {
+    z_dots_queries(FMT_BF16, a, lda, queries, b, ldb, count, n, out, ldo);
 }
 
 /* pv_f32 and pv_bf16 (`elt` as z_dots_rows'): 128 elements of o at a time in 8 registers
@@ -208,14 +269,68 @@ ALWAYS_INLINE void z_pv_rows(int elt, float *o, const float *p, const void *v, s
     }
 }
 
-static void pv_f32_avx512(float *o, const float *p, const float *v, size_t ldv, size_t count,
-                          size_t n) {
-    z_pv_rows(FMT_NONE, o, p, v, ldv, count, n);
+/* z_pv_rows for two outputs o0, o1 with their probabilities p0, p1: each value chunk is
+ * loaded (and widened) once for both, 16 chains; every element's fmas in ascending j. */
+ALWAYS_INLINE void z_pv2_rows(int elt, float *o0, float *o1, const float *p0, const float *p1,
+                              const void *v, size_t ldv, size_t count, size_t n) {
+    const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
+    const char *base = v;
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        __m512 acc0[8], acc1[8];
+#pragma GCC unroll 8
+        for (int h = 0; h < 8; h++) {
+            acc0[h] = _mm512_loadu_ps(o0 + i + 16 * h);
+            acc1[h] = _mm512_loadu_ps(o1 + i + 16 * h);
+        }
+        for (size_t j = 0; j < count; j++) {
+            const __m512 pj0 = _mm512_set1_ps(p0[j]), pj1 = _mm512_set1_ps(p1[j]);
+            const void *vj = base + j * ldv * bytes;
+#pragma GCC unroll 8
+            for (int h = 0; h < 8; h++) {
+                const __m512 vv = z_load(elt, vj, i + 16 * h, 0xffff);
+                acc0[h] = _mm512_fmadd_ps(pj0, vv, acc0[h]);
+                acc1[h] = _mm512_fmadd_ps(pj1, vv, acc1[h]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < 8; h++) {
+            _mm512_storeu_ps(o0 + i + 16 * h, acc0[h]);
+            _mm512_storeu_ps(o1 + i + 16 * h, acc1[h]);
+        }
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = z_mask_at(n, i);
+        __m512 acc0 = _mm512_maskz_loadu_ps(m, o0 + i), acc1 = _mm512_maskz_loadu_ps(m, o1 + i);
+        for (size_t j = 0; j < count; j++) {
+            const __m512 vv = z_load(elt, base + j * ldv * bytes, i, m);
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[j]), vv, acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[j]), vv, acc1);
+        }
+        _mm512_mask_storeu_ps(o0 + i, m, acc0);
+        _mm512_mask_storeu_ps(o1 + i, m, acc1);
+    }
 }
 
-static void pv_bf16_avx512(float *o, const float *p, const uint16_t *v, size_t ldv, size_t count,
-                           size_t n) {
-    z_pv_rows(FMT_BF16, o, p, v, ldv, count, n);
+/* The outputs two at a time, an odd last one alone. */
+ALWAYS_INLINE void z_pv_queries(int elt, float *o, size_t ldo, const float *p, size_t ldp,
+                                size_t queries, const void *v, size_t ldv, size_t count,
+                                size_t n) {
+    size_t q = 0;
+    for (; q + 2 <= queries; q += 2)
+        z_pv2_rows(elt, o + q * ldo, o + (q + 1) * ldo, p + q * ldp, p + (q + 1) * ldp, v, ldv,
+                   count, n);
+    if (q < queries) z_pv_rows(elt, o + q * ldo, p + q * ldp, v, ldv, count, n);
+}
+
+static void pv_f32_avx512(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                          const float *v, size_t ldv, size_t count, size_t n) {
+    z_pv_queries(FMT_NONE, o, ldo, p, ldp, queries, v, ldv, count, n);
+}
+
+static void pv_bf16_avx512(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                           const uint16_t *v, size_t ldv, size_t count, size_t n) {
+    z_pv_queries(FMT_BF16, o, ldo, p, ldp, queries, v, ldv, count, n);
 }
 
 /* ---- exp, reductions, elementwise ---- */

@@ -87,14 +87,16 @@ static float dot_f32_bf16_ref(const float *a, const uint16_t *b, size_t n) {
     return fold16(acc);
 }
 
-static void dots_f32_bf16_ref(const float *a, const uint16_t *b, size_t ldb, size_t count,
-                              size_t n, float *out) {
-    for (size_t j = 0; j < count; j++) out[j] = dot_f32_bf16_ref(a, b + j * ldb, n);
+static void dots_f32_bf16_ref(const float *a, size_t lda, size_t queries, const uint16_t *b,
+                              size_t ldb, size_t count, size_t n, float *out, size_t ldo) {
+    for (size_t q = 0; q < queries; q++)
+        for (size_t j = 0; j < count; j++) out[q * ldo + j] = dot_f32_bf16_ref(a + q * lda, b + j * ldb, n);
 }
 
-static void dots_f32_ref(const float *a, const float *b, size_t ldb, size_t count, size_t n,
-                         float *out) {
-    for (size_t j = 0; j < count; j++) out[j] = dot_f32_ref(a, b + j * ldb, n);
+static void dots_f32_ref(const float *a, size_t lda, size_t queries, const float *b, size_t ldb,
+                         size_t count, size_t n, float *out, size_t ldo) {
+    for (size_t q = 0; q < queries; q++)
+        for (size_t j = 0; j < count; j++) out[q * ldo + j] = dot_f32_ref(a + q * lda, b + j * ldb, n);
 }
 
 static float sum_squares_ref(const float *x, size_t n) {
@@ -148,14 +150,16 @@ static void axpy_bf16_ref(float *o, float p, const uint16_t *v, size_t n) {
     for (size_t i = 0; i < n; i++) o[i] = fmaf(p, bf16_to_f32(v[i]), o[i]);
 }
 
-static void pv_bf16_ref(float *o, const float *p, const uint16_t *v, size_t ldv, size_t count,
-                        size_t n) {
-    for (size_t j = 0; j < count; j++) axpy_bf16_ref(o, p[j], v + j * ldv, n);
+static void pv_bf16_ref(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                        const uint16_t *v, size_t ldv, size_t count, size_t n) {
+    for (size_t q = 0; q < queries; q++)
+        for (size_t j = 0; j < count; j++) axpy_bf16_ref(o + q * ldo, p[q * ldp + j], v + j * ldv, n);
 }
 
-static void pv_f32_ref(float *o, const float *p, const float *v, size_t ldv, size_t count,
-                       size_t n) {
-    for (size_t j = 0; j < count; j++) axpy_f32_ref(o, p[j], v + j * ldv, n);
+static void pv_f32_ref(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                       const float *v, size_t ldv, size_t count, size_t n) {
+    for (size_t q = 0; q < queries; q++)
+        for (size_t j = 0; j < count; j++) axpy_f32_ref(o + q * ldo, p[q * ldp + j], v + j * ldv, n);
 }
 
 static void widen_bf16_ref(const uint16_t *src, size_t n, float *dst) {
