@@ -60,8 +60,8 @@ static inline __m512i z_load_w(const uint16_t *w, size_t k, size_t K) {
 /* Weight rows this many chunks ahead are asked into L1 while the current one is computed.
  * Where a block's weight rows are reused by further rows of x (M >= 4), the first row block
  * also asks the next block's weight rows (`next` elements on) into L2, so that a new group of
- * columns does not start with a wait on memory (decode at batch 32: 10-20% faster measured
- * with gemm-bench on a Zen 5 VM). */
+ * columns does not start with a wait on memory (M = 32: 10-15% faster in gemm-bench on a
+ * Zen 5 VM, interleaved runs). */
 #define BF_PF_CHUNKS 8
 
 /* y[i][j] for MR rows of xb and NR weight rows (MR * NR <= 16, constants after inlining):
