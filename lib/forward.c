@@ -6,7 +6,8 @@
  * Every buffer is fp32. Under a bf16 policy the values in it are bf16 values (fp16 values
  * under PARITY_COMPUTE_FP16), made so by an explicit round_point() at each rounding point
  * below (or inside a region kernel, by the policy switch named at the call). Grepping this
- * file for round_point lists the rounding points outside the regions;
+ * file for round_point lists the rounding points outside the regions (linear_round_point: a
+ * GEMM's output, rounded by the GEMM's tasks as they finish their columns);
  * lib/kernels/kernels_ref.c shows the ones inside.
  */
 #include "forward.h"
@@ -167,7 +168,6 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
     const parity_config *c = &m->config;
     fwd_scratch *s = ctx->s;
     const size_t R = n_rows, dim = c->hidden_size, hd = c->head_dim;
-    const size_t q_dim = (size_t)c->num_attention_heads * hd;
     const size_t kv_dim = (size_t)c->num_key_value_heads * hd;
     const size_t inter = c->intermediate_size;
     const float eps = c->rms_norm_eps;
@@ -196,18 +196,12 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
         phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* q, k, v projections: each GEMM output rounded once */
-        linear(ctx, R, s->xn, &w->wq, &w->bq, s->q);
+        linear_round_point(ctx, R, s->xn, &w->wq, &w->bq, s->q);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        round_point(ctx, s->q, R * q_dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
-        linear(ctx, R, s->xn, &w->wk, &w->bk, s->k);
+        linear_round_point(ctx, R, s->xn, &w->wk, &w->bk, s->k);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        round_point(ctx, s->k, R * kv_dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
-        linear(ctx, R, s->xn, &w->wv, &w->bv, s->v);
+        linear_round_point(ctx, R, s->xn, &w->wv, &w->bv, s->v);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        round_point(ctx, s->v, R * kv_dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
 
         /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm) */
         if (c->qk_norm) {
@@ -229,10 +223,8 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
         phase_lap(ctx, PARITY_PHASE_ATTENTION, &t);
 
         /* output projection */
-        linear(ctx, R, s->att, &w->wo, NULL, s->delta);
+        linear_round_point(ctx, R, s->att, &w->wo, NULL, s->delta);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        round_point(ctx, s->delta, R * dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
 
         /* residual connection + MLP rmsnorm (region: residual + RMSNorm) */
         run_rows(ctx, job_rmsnorm_residual,
@@ -242,21 +234,15 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
 
         /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
          * down projection rounded */
-        linear(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
+        linear_round_point(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        round_point(ctx, s->gate, R * inter);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
-        linear(ctx, R, s->xn, &w->w_up, NULL, s->up);
+        linear_round_point(ctx, R, s->xn, &w->w_up, NULL, s->up);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        round_point(ctx, s->up, R * inter);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
         run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
                                                .width = inter}, R);
         phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
-        linear(ctx, R, s->gate, &w->w_down, NULL, s->delta);
+        linear_round_point(ctx, R, s->gate, &w->w_down, NULL, s->delta);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        round_point(ctx, s->delta, R * dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, &t);
     }
 
     if (n_out == 0) return;
@@ -353,7 +339,6 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
     const parity_config *c = &m->config;
     fwd_scratch *s = ctx->s;
     const size_t dim = c->hidden_size, hd = c->head_dim;
-    const size_t q_dim = (size_t)c->num_attention_heads * hd;
     const size_t kv_dim = (size_t)c->num_key_value_heads * hd;
     const size_t inter = c->intermediate_size;
     const float eps = c->rms_norm_eps;
@@ -373,18 +358,12 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
         /* q, k, v projections, each rounded; RoPE (region) */
-        linear(ctx, R, s->xn, &w->wq, NULL, s->q);
+        linear_round_point(ctx, R, s->xn, &w->wq, NULL, s->q);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        round_point(ctx, s->q, R * q_dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, t);
-        linear(ctx, R, s->xn, &w->wk, NULL, s->k);
+        linear_round_point(ctx, R, s->xn, &w->wk, NULL, s->k);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        round_point(ctx, s->k, R * kv_dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, t);
-        linear(ctx, R, s->xn, &w->wv, NULL, s->v);
+        linear_round_point(ctx, R, s->xn, &w->wv, NULL, s->v);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        round_point(ctx, s->v, R * kv_dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, t);
         run_rows(ctx, job_rope, (region_job){.a = s->q, .b = s->k, .rows = rows}, R);
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
@@ -393,10 +372,8 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
         attention(ctx, plane, R, rows, s->q, s->att);
         phase_lap(ctx, PARITY_PHASE_ATTENTION, t);
 
-        linear(ctx, R, s->att, &w->wo, NULL, s->delta);
+        linear_round_point(ctx, R, s->att, &w->wo, NULL, s->delta);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        round_point(ctx, s->delta, R * dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, t);
 
         /* input_layernorm_2 on the attention output (region: RMSNorm, in place), then the
          * residual add and post_attention_layernorm (region: residual + RMSNorm) */
@@ -408,21 +385,15 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
         /* SwiGLU MLP, as in forward() */
-        linear(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
+        linear_round_point(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        round_point(ctx, s->gate, R * inter);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, t);
-        linear(ctx, R, s->xn, &w->w_up, NULL, s->up);
+        linear_round_point(ctx, R, s->xn, &w->w_up, NULL, s->up);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        round_point(ctx, s->up, R * inter);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, t);
         run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
                                                .width = inter}, R);
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
-        linear(ctx, R, s->gate, &w->w_down, NULL, s->delta);
+        linear_round_point(ctx, R, s->gate, &w->w_down, NULL, s->delta);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        round_point(ctx, s->delta, R * dim);
-        phase_lap(ctx, PARITY_PHASE_ROUNDING, t);
 
         /* post_attention_layernorm_2 on the MLP output (region: RMSNorm, in place) */
         run_rows(ctx, job_rmsnorm, (region_job){.w = vec(ctx, &w->mlp_out_norm), .eps = eps,

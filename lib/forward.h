@@ -228,6 +228,11 @@ const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w);
 /* linear_weights on a model weight (and bias: rows = 0 for none), x and y contiguous. */
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y);
+/* linear, then the rounding point of its output (round_to_policy of all of y), the rounding
+ * done by the GEMM's own tasks on the columns each computed where the backend is bf16 (the
+ * same bits as a pass after the GEMM, without one core rounding all of y alone). */
+void linear_round_point(const fwd_ctx *ctx, size_t M, const float *x, const weight *w,
+                        const weight *bias, float *y);
 /* The bf16-weight GEMM as linear() runs it: y[M][N] = x . w^T (x rows ldx apart, w rows ldw
  * apart, y rows ldy apart, K <= s->max_k): x packed over the pool (gemm_pack_x, or
  * gemm_pack_xt from the table's tiles_min_m rows on), then output columns split over the pool

@@ -28,6 +28,15 @@
 #define COLUMN_BLOCK 32
 #define TILES_COLUMN_BLOCK 24
 
+/* What a GEMM task does to the output columns it computed, before anyone else reads them: the
+ * bias added to the fp32 sums, then the policy's output rounding. The same additions and the
+ * same rounding as passes over y after the GEMM, so the same bits; done by every worker on
+ * columns still in its cache instead of by the caller over all of y. */
+typedef struct gemm_epilogue {
+    const float *bias;           /* [N], or NULL */
+    const parity_policy *round;  /* round_with this policy, or NULL */
+} gemm_epilogue;
+
 typedef struct gemm_job {
     const kernels *k;
     size_t M, K, N;
@@ -41,7 +50,18 @@ typedef struct gemm_job {
     size_t ldy;             /* row stride of y */
     float *panels;          /* large-M path: one panel per worker, else NULL */
     size_t panel_floats;
+    const gemm_epilogue *ep;  /* or NULL */
 } gemm_job;
+
+static void run_epilogue(const gemm_job *j, size_t n0, size_t n1) {
+    if (!j->ep || n1 <= n0) return;
+    for (size_t m = 0; m < j->M; m++) {
+        float *row = j->y + m * j->ldy;
+        if (j->ep->bias)
+            for (size_t n = n0; n < n1; n++) row[n] += j->ep->bias[n];
+        if (j->ep->round) round_with(j->k, j->ep->round, row + n0, n1 - n0);
+    }
+}
 
 static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
     const gemm_job *j = ctx;
@@ -56,6 +76,7 @@ static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
         j->k->gemm_bf16w(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->ldy, n0, n1);
     else
         j->k->gemm_f32w(j->M, j->K, j->x, j->ldx, j->w32, j->ldw, j->y, j->ldy, n0, n1);
+    run_epilogue(j, n0, n1);
 }
 
 /* The large-M path splits columns statically: each worker's range passes its x blocks once.
@@ -203,22 +224,22 @@ static void gemm_amx_pool(threadpool *pool, size_t M, size_t K, const float *x, 
 }
 #endif
 
-void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
-                     const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
-                     const gemm_scratch *s) {
+static void gemm_bf16w_pool_ep(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                               const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
+                               const gemm_scratch *s, const gemm_epilogue *ep) {
     const kernels *k = kern();
     if (k->gemm_bf16xw) {
         /* the scratch holds M packed fp32 rows, so M bf16 rows fit */
         pack_bf16_job pb = {K, ldx, x, (uint16_t *)s->xpack, 0};
         pool_run(pool, pack_bf16_rows, &pb, M);
         if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) {
-            const gemm_job j = {k, M, K, N, NULL, 0, pb.xb, w, NULL, ldw, y, ldy, NULL, 0};
+            const gemm_job j = {k, M, K, N, NULL, 0, pb.xb, w, NULL, ldw, y, ldy, NULL, 0, ep};
             gemm_on_pool(pool, &j);
             return;
         }
     }
     pack_job p = {M, K, ldx, x, s->xpack};
-    gemm_job j = {k, M, K, N, s->xpack, 0, NULL, w, NULL, ldw, y, ldy, NULL, 0};
+    gemm_job j = {k, M, K, N, s->xpack, 0, NULL, w, NULL, ldw, y, ldy, NULL, 0, ep};
     if (M >= k->tiles_min_m) {
         pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
         j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
@@ -228,9 +249,18 @@ void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_
     gemm_on_pool(pool, &j);
 }
 
-/* y[M][N] = x[:, k0:k1] . w[:, k0:k1]^T for the weights w and the columns k0 .. k1-1 of x. */
+void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                     const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
+                     const gemm_scratch *s) {
+    gemm_bf16w_pool_ep(pool, M, K, x, ldx, w, ldw, y, ldy, N, s, NULL);
+}
+
+/* y[M][N] = x[:, k0:k1] . w[:, k0:k1]^T for the weights w and the columns k0 .. k1-1 of x;
+ * the epilogue `ep` (or NULL) run by the GEMM's tasks: only on the bf16 backend (the caller
+ * runs it otherwise). */
 static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
-                       const gemm_weights *w, size_t k0, size_t k1, float *y, size_t ldy) {
+                       const gemm_weights *w, size_t k0, size_t k1, float *y, size_t ldy,
+                       const gemm_epilogue *ep) {
     const size_t N = w->rows, Ks = k1 - k0;
     if (ctx->backend == PARITY_BACKEND_OPENBLAS) {
         const float *w32 = w->f32 + k0;
@@ -242,7 +272,7 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
     }
     if (ctx->pol.compute != PARITY_COMPUTE_BF16) { /* fp32 or fp16 values, held in fp32 */
         const gemm_job j = {kern(), M, Ks, N, x + k0, ldx, NULL, NULL, w->f32 + k0, w->ld, y, ldy,
-                            NULL, 0};
+                            NULL, 0, ep};
         gemm_on_pool(ctx->pool, &j);
         return;
     }
@@ -252,28 +282,45 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
         return;
     }
 #endif
-    gemm_bf16w_pool(ctx->pool, M, Ks, x + k0, ldx, w->bf16 + k0, w->ld, y, ldy, N, &ctx->s->gemm);
+    gemm_bf16w_pool_ep(ctx->pool, M, Ks, x + k0, ldx, w->bf16 + k0, w->ld, y, ldy, N, &ctx->s->gemm,
+                       ep);
 }
 
-void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
-                    const gemm_weights *w, const float *bias, float *y, size_t ldy) {
+/* linear_weights, then (when round_out) the policy's rounding of y: by the GEMM's tasks where
+ * the backend is bf16 and K is not split, else by passes after it. */
+static void linear_weights_ep(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                              const gemm_weights *w, const float *bias, int round_out, float *y,
+                              size_t ldy) {
     const size_t N = w->rows, K = w->cols;
+    if (ctx->split_k <= 1 && ctx->backend == PARITY_BACKEND_BF16) {
+        const gemm_epilogue ep = {bias, round_out ? &ctx->pol : NULL};
+        gemm_slice(ctx, M, x, ldx, w, 0, K, y, ldy, bias || round_out ? &ep : NULL);
+        return;
+    }
     if (ctx->split_k > 1) {
         /* kernel-order experiment: K in chunks (multiples of 32), partial sums added in order */
         const size_t chunk = ((K + ctx->split_k - 1) / ctx->split_k + 31) / 32 * 32;
-        gemm_slice(ctx, M, x, ldx, w, 0, chunk < K ? chunk : K, y, ldy);
+        gemm_slice(ctx, M, x, ldx, w, 0, chunk < K ? chunk : K, y, ldy, NULL);
         for (size_t k0 = chunk; k0 < K; k0 += chunk) {
-            gemm_slice(ctx, M, x, ldx, w, k0, k0 + chunk < K ? k0 + chunk : K, ctx->s->partial, N);
+            gemm_slice(ctx, M, x, ldx, w, k0, k0 + chunk < K ? k0 + chunk : K, ctx->s->partial, N,
+                       NULL);
             for (size_t m = 0; m < M; m++)
                 for (size_t n = 0; n < N; n++) y[m * ldy + n] += ctx->s->partial[m * N + n];
         }
     } else {
-        gemm_slice(ctx, M, x, ldx, w, 0, K, y, ldy);
+        gemm_slice(ctx, M, x, ldx, w, 0, K, y, ldy, NULL);
     }
     /* the bias joins the fp32 accumulator before the output rounding (a GEMM epilogue) */
     if (bias)
         for (size_t m = 0; m < M; m++)
             for (size_t n = 0; n < N; n++) y[m * ldy + n] += bias[n];
+    if (round_out)
+        for (size_t m = 0; m < M; m++) round_to_policy(&ctx->pol, y + m * ldy, N);
+}
+
+void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                    const gemm_weights *w, const float *bias, float *y, size_t ldy) {
+    linear_weights_ep(ctx, M, x, ldx, w, bias, 0, y, ldy);
 }
 
 const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w) {
@@ -283,17 +330,28 @@ const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w) {
     return ctx->backend == PARITY_BACKEND_OPENBLAS ? w->wide : NULL;
 }
 
-void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
-            float *y) {
+static void linear_ep(const fwd_ctx *ctx, size_t M, const float *x, const weight *w,
+                      const weight *bias, int round_out, float *y) {
     const quant_weight *wq = quant_weight_for(&ctx->pol, w);
     if (wq) {
         /* the decoder layers' linear layers under an fp8 gemm (lib/gemm_quant.c) */
         linear_quantized(ctx, M, x, w->cols, w, wq,
                    bias && bias->rows ? weight_values(&ctx->pol, bias) : NULL, y, w->rows);
+        if (round_out) round_to_policy(&ctx->pol, y, M * w->rows);
         return;
     }
     const gemm_weights gw = {w->rows, w->cols, w->cols, w->bf16, linear_f32_weights(ctx, w)};
     const float *b = NULL;
     if (bias && bias->rows) b = weight_values(&ctx->pol, bias);
-    linear_weights(ctx, M, x, w->cols, &gw, b, y, w->rows);
+    linear_weights_ep(ctx, M, x, w->cols, &gw, b, round_out, y, w->rows);
+}
+
+void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
+            float *y) {
+    linear_ep(ctx, M, x, w, bias, 0, y);
+}
+
+void linear_round_point(const fwd_ctx *ctx, size_t M, const float *x, const weight *w,
+                        const weight *bias, float *y) {
+    linear_ep(ctx, M, x, w, bias, 1, y);
 }
