@@ -764,10 +764,15 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
             peer_row *r = &P->rows[P->n++];
             *r = (peer_row){"llama", np ? "prefill" : "decode", threads, 1, np ? np : 1,
                             np ? np : ng, v, v - s, v + s, "?"};
-            if (c_type >= 0) { /* "qwen3 0.6B BF16": the last word is the weights' type */
+            if (c_type >= 0) { /* "qwen3 0.6B BF16": the last word is the weights' type, but
+                                * for a "(guessed)" after it (a file without general.file_type) */
                 char type[128];
                 csv_field(line, c_type, type, sizeof type);
-                const char *sp = strrchr(type, ' ');
+                char *sp = strrchr(type, ' ');
+                if (sp && sp[1] == '(') {
+                    *sp = 0;
+                    sp = strrchr(type, ' ');
+                }
                 sp = sp ? sp + 1 : type;
                 size_t n = strlen(sp) < sizeof r->weights ? strlen(sp) : sizeof r->weights - 1;
                 memcpy(r->weights, sp, n);

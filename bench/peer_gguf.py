@@ -94,6 +94,8 @@ def main():
     meta = [kv("general.architecture", GGUF_TYPE_STRING, "llama"),
             kv("general.name", GGUF_TYPE_STRING, "libparity peer shape " + a.config),
             kv("general.alignment", GGUF_TYPE_UINT32, ALIGN),
+            # llama.cpp's LLAMA_FTYPE_MOSTLY_BF16, so that llama-bench names the type BF16
+            kv("general.file_type", GGUF_TYPE_UINT32, 32),
             kv("llama.block_count", GGUF_TYPE_UINT32, c["layers"]),
             kv("llama.context_length", GGUF_TYPE_UINT32, c["context"]),
             kv("llama.embedding_length", GGUF_TYPE_UINT32, c["hidden"]),
