@@ -231,7 +231,11 @@ static void gemm_bf16w_pool_ep(threadpool *pool, size_t M, size_t K, const float
     if (k->gemm_bf16xw) {
         /* the scratch holds M packed fp32 rows, so M bf16 rows fit */
         pack_bf16_job pb = {K, ldx, x, (uint16_t *)s->xpack, 0};
-        pool_run(pool, pack_bf16_rows, &pb, M);
+        /* a decode step's row or two is packed by the caller: a pool round trip costs more */
+        if (M <= 2)
+            pack_bf16_rows(&pb, 0, M, 0);
+        else
+            pool_run(pool, pack_bf16_rows, &pb, M);
         if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) {
             const gemm_job j = {k, M, K, N, NULL, 0, pb.xb, w, NULL, ldw, y, ldy, NULL, 0, ep};
             gemm_on_pool(pool, &j);
