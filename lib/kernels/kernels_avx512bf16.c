@@ -57,18 +57,21 @@ static inline __m512i z_load_w(const uint16_t *w, size_t k, size_t K) {
     return _mm512_maskz_loadu_epi16((__mmask32)((1ull << (K - k)) - 1), w + k);
 }
 
-/* Weight rows this many chunks ahead are asked into L1 while the current one is computed.
- * Where a block's weight rows are reused by further rows of x (M >= 4), the first row block
- * also asks the next block's weight rows (`next` elements on) into L2, so that a new group of
- * columns does not start with a wait on memory (M = 32: 10-15% faster in gemm-bench on a
- * Zen 5 VM, interleaved runs). */
+/* What a block asks into the cache for its weight rows (`pf`): the chunks BF_PF_CHUNKS ahead
+ * of the current one into L1; where further row blocks of x reuse the weight rows (M >= 4),
+ * the first row block also asks the next column group's rows into L2, so that a new group
+ * does not start with a wait on memory, and the later row blocks ask nothing: their weight
+ * rows are in L1, and the prefetches only took load slots. On a Zen 5 VM (gemm-bench,
+ * interleaved runs) the next group's prefetch made M = 32 10-15% faster, and dropping the
+ * later blocks' prefetches M = 32 another 10% and M = 512 15-20% (q: 611 -> 722-744 GFLOP/s). */
 #define BF_PF_CHUNKS 8
+enum { BF_PF_NONE, BF_PF_AHEAD, BF_PF_AHEAD_AND_NEXT };
 
 /* y[i][j] for MR rows of xb and NR weight rows (MR * NR <= 16, constants after inlining):
  * MR * NR accumulators, acc[NR * i + j], each one vdpbf16ps per chunk. A full block (16)
  * folds as one tree, its lane NR * i + j being y[i][j]: one store per row of outputs. */
 ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t *xb, size_t ldxb,
-                            const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t next) {
+                            const uint16_t *w, size_t ldw, float *y, size_t ldy, int pf) {
     __m512 acc[16];
     for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
     for (size_t k = 0; k < K; k += 32) {
@@ -76,8 +79,8 @@ ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t
         for (int i = 0; i < MR; i++) x[i] = (__m512bh)_mm512_loadu_si512((const void *)(xb + i * ldxb + k));
         for (int j = 0; j < NR; j++) {
             const uint16_t *wj = w + j * ldw;
-            _mm_prefetch((const char *)(wj + k + 32 * BF_PF_CHUNKS), _MM_HINT_T0);
-            if (next) _mm_prefetch((const char *)(wj + next + k), _MM_HINT_T1);
+            if (pf != BF_PF_NONE) _mm_prefetch((const char *)(wj + k + 32 * BF_PF_CHUNKS), _MM_HINT_T0);
+            if (pf == BF_PF_AHEAD_AND_NEXT) _mm_prefetch((const char *)(wj + NR * ldw + k), _MM_HINT_T1);
             const __m512bh wv = (__m512bh)z_load_w(wj, k, K);
             for (int i = 0; i < MR; i++) acc[NR * i + j] = _mm512_dpbf16_ps(acc[NR * i + j], x[i], wv);
         }
@@ -116,11 +119,13 @@ ALWAYS_INLINE void bf_rows(const int NR, size_t rows, size_t K, const uint16_t *
                            const uint16_t *w, size_t ldw, float *y, size_t ldy) {
     size_t i = 0;
     for (; i + 4 <= rows; i += 4)
-        bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, i ? 0 : NR * ldw);
+        bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy,
+                 i ? BF_PF_NONE : BF_PF_AHEAD_AND_NEXT);
+    const int pf = i ? BF_PF_NONE : BF_PF_AHEAD;
     switch (rows - i) {
-    case 3: bf_block(3, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0); break;
-    case 2: bf_block(2, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0); break;
-    case 1: bf_block(1, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0); break;
+    case 3: bf_block(3, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf); break;
+    case 2: bf_block(2, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf); break;
+    case 1: bf_block(1, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf); break;
     default: break;
     }
 }
@@ -155,8 +160,8 @@ PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t 
             for (; n + (size_t)nr <= n1; n += (size_t)nr) {
                 const uint16_t *wn = w + n * ldw;
                 if (rows == 1) bf_rowwise(16, K, xm, wn, ldw, ym + n);
-                else if (rows == 2) bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, 0);
-                else bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy, 0);
+                else if (rows == 2) bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD);
+                else bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD);
             }
         }
         for (; n < n1; n++) bf_rows(1, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
