@@ -4,10 +4,11 @@
  * which rows they want logits for; K/V always go through the cache.
  *
  * Every buffer is fp32. Under a bf16 policy the values in it are bf16 values (fp16 values
- * under PARITY_COMPUTE_FP16), made so by an explicit round_point() at each rounding point
- * below (or inside a region kernel, by the policy switch named at the call). Grepping this
- * file for round_point lists the rounding points outside the regions (linear_round_point: a
- * GEMM's output, rounded by the GEMM's tasks as they finish their columns);
+ * under PARITY_COMPUTE_FP16), made so at each rounding point below: a GEMM's output by
+ * linear_round_point / linear_weights_round_point (round_to_policy of the output, done by
+ * the GEMM's tasks as they finish their columns; under PARITY_COMPUTE_FP32 nothing rounds),
+ * everything else inside a region kernel, by the policy switch named at the call. Grepping
+ * this file for round_point lists the rounding points outside the regions;
  * lib/kernels/kernels_ref.c shows the ones inside.
  */
 #include "forward.h"
@@ -16,10 +17,6 @@
 
 #include "internal.h"
 #include "kernels.h"
-
-/* A rounding point outside the regions: to bf16 (fp16 under PARITY_COMPUTE_FP16); under
- * PARITY_COMPUTE_FP32 nothing rounds. */
-static void round_point(const fwd_ctx *ctx, float *x, size_t n) { round_to_policy(&ctx->pol, x, n); }
 
 /* The fp32 values of a small weight (norms): the master under PARITY_COMPUTE_FP32, the fp16
  * values under PARITY_COMPUTE_FP16, else the bf16 values widened. */
@@ -149,8 +146,10 @@ void forward_head(const fwd_ctx *ctx, size_t n, float *delta, float *h, const fl
     run_rows(ctx, job_rmsnorm_residual, (region_job){.w = norm, .eps = eps, .a = delta, .b = h,
                                                      .out = xn, .width = dim}, n);
     /* classifier into logits: rounded (to bf16, or fp16) unless the policy keeps an fp32 head */
-    linear_weights(ctx, n, xn, dim, lm_head, NULL, logits, lm_head->rows);
-    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_point(ctx, logits, n * lm_head->rows);
+    if (ctx->pol.logits == PARITY_LOGITS_BF16)
+        linear_weights_round_point(ctx, n, xn, dim, lm_head, NULL, logits, lm_head->rows);
+    else
+        linear_weights(ctx, n, xn, dim, lm_head, NULL, logits, lm_head->rows);
 }
 
 /* ---- the forward -------------------------------------------------------------------------- */
@@ -408,8 +407,11 @@ static void looped_head(const fwd_ctx *ctx, size_t n, float *logits) {
     const parity_model *m = ctx->model;
     const gemm_weights head = {m->lm_head.rows, m->lm_head.cols, m->lm_head.cols,
                                m->lm_head.bf16, linear_f32_weights(ctx, &m->lm_head)};
-    linear_weights(ctx, n, ctx->s->xn, m->config.hidden_size, &head, NULL, logits, head.rows);
-    if (ctx->pol.logits == PARITY_LOGITS_BF16) round_point(ctx, logits, n * head.rows);
+    if (ctx->pol.logits == PARITY_LOGITS_BF16)
+        linear_weights_round_point(ctx, n, ctx->s->xn, m->config.hidden_size, &head, NULL, logits,
+                                   head.rows);
+    else
+        linear_weights(ctx, n, ctx->s->xn, m->config.hidden_size, &head, NULL, logits, head.rows);
 }
 
 static void forward_looped(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,

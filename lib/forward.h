@@ -225,6 +225,10 @@ size_t linear_quantized_scratch(int quantizer, size_t M, size_t K);
 /* The fp32 values of a model weight that the context's GEMM reads: the masters (or the bf16
  * widened) under PARITY_COMPUTE_FP32, the widened copy on the openblas backend, else NULL. */
 const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w);
+/* linear_weights, then the rounding point of its output (round_to_policy of each of y's M
+ * rows), done by the GEMM's tasks where the backend is bf16 (as linear_round_point below). */
+void linear_weights_round_point(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                                const gemm_weights *w, const float *bias, float *y, size_t ldy);
 /* linear_weights on a model weight (and bias: rows = 0 for none), x and y contiguous. */
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
             float *y);

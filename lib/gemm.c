@@ -327,6 +327,11 @@ void linear_weights(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
     linear_weights_ep(ctx, M, x, ldx, w, bias, 0, y, ldy);
 }
 
+void linear_weights_round_point(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                                const gemm_weights *w, const float *bias, float *y, size_t ldy) {
+    linear_weights_ep(ctx, M, x, ldx, w, bias, 1, y, ldy);
+}
+
 const float *linear_f32_weights(const fwd_ctx *ctx, const weight *w) {
     if (ctx->pol.compute != PARITY_COMPUTE_BF16) return weight_values(&ctx->pol, w);
     /* read only where the backend uses it: another thread may be widening the weights for an
