@@ -1203,8 +1203,10 @@ PARITY_API int parity_sampler_depths(const parity_sampler *sampler, uint32_t seq
 typedef enum parity_phase {
     PARITY_PHASE_EMBED = 0,      /* the token embedding gather */
     PARITY_PHASE_GEMM = 1,       /* the decoder layers' projections (q, k, v, o, gate, up,
-                                    down) with their bias */
-    PARITY_PHASE_ROUNDING = 2,   /* the rounding points after those GEMMs (bf16 or fp16) */
+                                    down) with their bias and the rounding of their outputs
+                                    (bf16 or fp16), which the GEMMs' tasks do */
+    PARITY_PHASE_ROUNDING = 2,   /* kept for the ABI: no time is counted here since those
+                                    roundings moved into the GEMMs (reads 0) */
     PARITY_PHASE_REGIONS = 3,    /* the RMSNorms (residual adds included), q/k-norms, RoPE,
                                     SwiGLU */
     PARITY_PHASE_ATTENTION = 4,  /* K/V into the cache, and attention */
