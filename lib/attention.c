@@ -91,9 +91,9 @@ static void prefetch_block(const kv_cache *kv, const void *plane, uint32_t layer
                            const uint32_t *blocks, size_t pos, size_t n, size_t kvh) {
     if (pos >= n) return;
     const size_t len = n - pos < KV_BLOCK ? n - pos : KV_BLOCK;
-    const size_t bytes = len * kv->head_dim * (kv->fp32 ? sizeof(float) : sizeof(uint16_t));
-    const char *p = (const char *)plane + kv_offset(kv, layer, blocks, (uint32_t)pos, kvh) *
-                                              (kv->fp32 ? sizeof(float) : sizeof(uint16_t));
+    const size_t elt = kv->fp32 ? sizeof(float) : sizeof(uint16_t);
+    const size_t bytes = len * kv->head_dim * elt;
+    const char *p = (const char *)plane + kv_offset(kv, layer, blocks, (uint32_t)pos, kvh) * elt;
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
 }
 

@@ -224,6 +224,18 @@ static void test_invariance(parity_pool *pool2) {
                          parity_backend_name((int)backend));
                 CHECK_BITS_F32(y1, y + r * N, N, label);
             }
+            /* the bias joins each fp32 sum as one addition after it, whether the GEMM's tasks
+             * add it (the bf16 backend's epilogue, on the pool) or a pass after the GEMM does */
+            float *bias = calloc(N, 4), *yb = calloc(M * N, 4);
+            for (size_t j = 0; j < N; j++)
+                bias[j] = (float)((int64_t)(xorshift64(&st) % 2001) - 1000) / 4096.0f;
+            CHECK_OK(parity_linear(pool2, &pol, backend, M, K, N, x, K, dt, wp, K, bias, yb, N));
+            for (size_t i = 0; i < M * N; i++) y[i] += bias[i % N];
+            char label[96];
+            snprintf(label, sizeof label, "linear with bias = without, then + bias, %s, %s",
+                     pols[p], parity_backend_name((int)backend));
+            CHECK_BITS_F32(y, yb, M * N, label);
+            free(bias), free(yb);
         }
 
     /* attention: a sequence alone equals the same sequence beside others; strided q/out */
