@@ -12,7 +12,9 @@
  * aligned,hf-eager,vllm (measured interleaved, repetition by repetition, and their spread
  * printed); backends bf16, and amx where the CPU has AMX-BF16; threads 2; prefill and scoring of 512 tokens; decode
  * at batch 1 and 32 with 128 tokens of context; 1 warm-up and 3 repetitions per figure
- * (median, and min..max as the spread); the CPU path the library picks (--paths all: every
+ * (median, and min..max as the spread), each on one object kept across them (a sampler or a
+ * scorer per preset, as a server or a trainer keeps its own: the warm-up touches its buffers,
+ * so no figure pays their first-touch page faults); the CPU path the library picks (--paths all: every
  * SIMD path this CPU has, one after the other, the same rows for each; the portable path,
  * the specification, runs only when named, being some 500 times slower); peers torch,llama
  * where available.
@@ -34,6 +36,9 @@
  *            GFLOP/s (2 flops per weight per token, plus attention) against the FMA peak.
  *   score    the scorer's: log-probs at every position of L tokens (the lm_head runs on every
  *            row); tokens/s = L / time. For the first preset only, unless --score-all.
+ *            Below the table, each score row beside the prefill row of its tokens, split by
+ *            the library's profile of the timed calls: the decoder layers, the head (whose
+ *            GFLOP/s on all L rows is printed against the row's peak), the log-probs.
  *   decode   one step of B sequences at a given context; tokens/s = B * steps / time.
  *            Every step reads every weight once (achieved GB/s = weight bytes per step /
  *            step time, against the read bandwidth measured here) and does B tokens' flops
@@ -290,46 +295,102 @@ static int make_sampler(const run_cfg *r, uint32_t max_seqs, uint32_t max_len, p
     return parity_sampler_create(r->model, &p, s) ? fail("sampler") : 0;
 }
 
-/* Seconds for the sampler to take an L-token prompt to its first logits. */
-static double time_prefill(const run_cfg *r, uint32_t L) {
-    parity_sampler *s;
-    if (make_sampler(r, 1, L + 1, &s)) return -1;
-    int32_t *prompt = malloc(L * sizeof *prompt);
-    make_prompt(prompt, L, parity_model_config(r->model)->vocab_size);
-    parity_sampling g;
-    parity_sampling_default(&g);
-    g.temperature = 0;
-    uint32_t q, fin;
-    int32_t tok;
-    float lp;
-    double t0 = bench_now();
-    int rc = parity_sampler_add(s, prompt, L, &g, 0, &q);
-    if (!rc) rc = parity_sampler_step(s, &q, 1, &tok, &lp, &fin, 0, NULL, NULL);
-    double dt = bench_now() - t0;
-    free(prompt);
-    parity_sampler_free(s);
-    return rc ? fail("prefill") : dt;
+/* A prompt phase's object, kept across its timed calls as a server or a trainer keeps its
+ * sampler or scorer: prefill (a sampler of one sequence, its prompt added, first-stepped and
+ * released again per call) or score (a scorer of L tokens). prompt_open makes one untimed call,
+ * so that the object's buffers (a scorer's 512 x 151936 fp32 logits are 311 MB) are touched
+ * before the clock runs: their first-touch page faults are the allocation's cost, not the
+ * phase's, and a fresh object per call would put them in every figure. */
+typedef struct prompt_run {
+    int score;
+    uint32_t L;
+    parity_sampler *sampler;
+    parity_scorer *scorer;
+    int32_t *tokens;
+    float *lp;
+} prompt_run;
+
+static double prompt_time(prompt_run *x);
+
+static void prompt_close(prompt_run *x) {
+    parity_sampler_free(x->sampler);
+    parity_scorer_free(x->scorer);
+    free(x->tokens);
+    free(x->lp);
+    memset(x, 0, sizeof *x);
 }
 
-/* Seconds for the scorer's log-probs of L tokens. */
-static double time_score(const run_cfg *r, uint32_t L) {
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    if (run_params(r, &p.policy, &p.backend, &p.n_threads)) return -1;
-    p.max_tokens = L;
-    parity_scorer *s;
-    if (parity_scorer_create(r->model, &p, &s)) return fail("scorer");
-    int32_t *tokens = malloc(L * sizeof *tokens);
-    float *lp = malloc(L * sizeof *lp);
-    make_prompt(tokens, L, parity_model_config(r->model)->vocab_size);
-    parity_score_options o;
-    parity_score_default_options(&o);
-    double t0 = bench_now();
-    int rc = parity_score(s, &o, tokens, &L, 1, lp, NULL, NULL, NULL);
-    double dt = bench_now() - t0;
-    free(tokens);
-    free(lp);
-    parity_scorer_free(s);
+static int prompt_open(const run_cfg *r, int score, uint32_t L, prompt_run *x) {
+    memset(x, 0, sizeof *x);
+    x->score = score;
+    x->L = L;
+    x->tokens = malloc(L * sizeof *x->tokens);
+    x->lp = malloc(L * sizeof *x->lp);
+    if (!x->tokens || !x->lp) {
+        prompt_close(x);
+        return fail("out of memory");
+    }
+    make_prompt(x->tokens, L, parity_model_config(r->model)->vocab_size);
+    if (score) {
+        parity_scorer_params p;
+        parity_scorer_default_params(&p);
+        if (run_params(r, &p.policy, &p.backend, &p.n_threads)) {
+            prompt_close(x);
+            return -1;
+        }
+        p.max_tokens = L;
+        if (parity_scorer_create(r->model, &p, &x->scorer)) {
+            prompt_close(x);
+            return fail("scorer");
+        }
+    } else if (make_sampler(r, 1, L + 1, &x->sampler)) {
+        prompt_close(x);
+        return -1;
+    }
+    if (prompt_time(x) < 0) { /* the untimed call */
+        prompt_close(x);
+        return -1;
+    }
+    /* the timed calls are profiled (a few clock readings per layer): where a call's time goes */
+    if (score ? parity_scorer_set_profiling(x->scorer, 1) : parity_sampler_set_profiling(x->sampler, 1)) {
+        prompt_close(x);
+        return fail("profiling");
+    }
+    return 0;
+}
+
+/* The profile of the timed calls so far. */
+static int prompt_profile(const prompt_run *x, parity_profile *p) {
+    p->size = sizeof *p;
+    return x->score ? parity_scorer_profile(x->scorer, p) : parity_sampler_profile(x->sampler, p);
+}
+
+/* Seconds for one call of the phase: the sampler taking the L-token prompt to its first
+ * logits (as llama-bench counts pp), or the scorer's log-probs at all L positions. */
+static double prompt_time(prompt_run *x) {
+    int rc;
+    double t0;
+    if (x->score) {
+        parity_score_options o;
+        parity_score_default_options(&o);
+        uint32_t L = x->L;
+        t0 = bench_now();
+        rc = parity_score(x->scorer, &o, x->tokens, &L, 1, x->lp, NULL, NULL, NULL);
+    } else {
+        parity_sampling g;
+        parity_sampling_default(&g);
+        g.temperature = 0;
+        uint32_t q, fin;
+        int32_t tok;
+        float lp;
+        t0 = bench_now();
+        rc = parity_sampler_add(x->sampler, x->tokens, x->L, &g, 0, &q);
+        if (!rc) rc = parity_sampler_step(x->sampler, &q, 1, &tok, &lp, &fin, 0, NULL, NULL);
+        const double dt = bench_now() - t0;
+        if (!rc) rc = parity_sampler_release(x->sampler, q);
+        return rc ? fail("prefill") : dt;
+    }
+    const double dt = bench_now() - t0;
     return rc ? fail("score") : dt;
 }
 
@@ -836,6 +897,10 @@ typedef struct result {
     /* the machine's limits measured just before the row's group (a VM's neighbours change
      * them over a run): read bandwidth (the better of the two page sizes), the row's peak */
     double limit_gbs, limit_gflops;
+    /* prefill and score: the profile of the timed calls, per call (seconds): the decoder
+     * layers (everything before the head), the head (final norm, lm_head, logits' rounding),
+     * and the log-softmax, draws and log-probs */
+    double layers_s, head_s, sampling_s;
 } result;
 
 /* The limits beside a group of rows, for `threads` threads and the peak of `kind`. */
@@ -849,6 +914,19 @@ static void group_limits(unsigned threads, bench_peak_kind kind, double *gbs, do
  * backend. */
 static bench_peak_kind row_peak_kind(parity_backend backend, parity_cpu_path path) {
     return backend == PARITY_BACKEND_AMX ? BENCH_PEAK_AMX_BF16 : bench_peak_of_path(path);
+}
+
+/* The prefill row a score row is compared with: same preset, backend, path, threads and
+ * tokens; NULL if the run has none. */
+static const result *prefill_of(const result *res, int nres, const result *score) {
+    for (int j = 0; j < nres; j++) {
+        const result *z = &res[j];
+        if (!strcmp(z->phase, "prefill") && !strcmp(z->preset, score->preset) &&
+            !strcmp(z->backend, score->backend) && z->path == score->path &&
+            z->threads == score->threads && z->tokens == score->tokens)
+            return z;
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -1029,25 +1107,37 @@ int main(int argc, char **argv) {
                     for (int phase = 0; phase < 2; phase++) {
                         const uint32_t L = prompts[li];
                         const int npp = phase && !score_all ? 1 : np;
-                        /* warm-up (weights, allocator and pool) */
-                        if ((phase ? time_score(&cfg[0], L) : time_prefill(&cfg[0], L)) < 0) return 1;
+                        prompt_run runs[MAX_LIST];
+                        for (int p = 0; p < npp; p++)
+                            if (prompt_open(&cfg[p], phase, L, &runs[p])) return 1;
                         double lim_gbs, lim_gflops;
                         group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs, &lim_gflops);
                         double v[MAX_LIST][50];
                         for (int k = 0; k < reps; k++)
                             for (int p = 0; p < npp; p++) {
-                                const double dt = phase ? time_score(&cfg[p], L) : time_prefill(&cfg[p], L);
+                                const double dt = prompt_time(&runs[p]);
                                 if (dt < 0) return 1;
                                 v[p][k] = L / dt;
                             }
+                        parity_profile prof[MAX_LIST];
+                        for (int p = 0; p < npp; p++) {
+                            const int rc = prompt_profile(&runs[p], &prof[p]);
+                            prompt_close(&runs[p]);
+                            if (rc) return fail("profile");
+                        }
                         for (int p = 0; p < npp; p++) {
                             result *x = &res[nres++];
                             *x = (result){phase ? "score" : "prefill", presets[p], backends[b], paths[pi],
                                           threads[t], 1, L, L, summarise(v[p], reps), 0, 0,
-                                          lim_gbs, lim_gflops};
+                                          lim_gbs, lim_gflops, 0, 0, 0};
                             const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
                                                  ms.head_flops * (phase ? L : 1);
                             x->gflops = flops / (L / x->tps.median) / 1e9;
+                            const parity_profile *q = &prof[p];
+                            const double calls = reps; /* prefill: an add and a step each */
+                            x->head_s = q->phase_seconds[PARITY_PHASE_HEAD] / calls;
+                            x->sampling_s = q->phase_seconds[PARITY_PHASE_SAMPLING] / calls;
+                            x->layers_s = q->call_seconds / calls - x->head_s - x->sampling_s;
                         }
                     }
                 for (int ci = 0; ci < nc; ci++)
@@ -1070,7 +1160,7 @@ int main(int argc, char **argv) {
                             result *x = &res[nres++];
                             *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t], B, B,
                                           contexts[ci], summarise(tps[p], reps), 0, 0, lim_gbs,
-                                          lim_gflops};
+                                          lim_gflops, 0, 0, 0};
                             const double step_s = B / x->tps.median;
                             x->gbs = step_bytes(presets[p], &ms) / step_s / 1e9;
                             x->gflops = B * (ms.flops_per_tok + ms.head_flops +
@@ -1161,6 +1251,28 @@ int main(int argc, char **argv) {
                x->phase, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch, x->tokens,
                x->context, 100 * (hi / lo - 1), n);
     }
+    /* Scoring should cost prefill plus one large GEMM (the head on every row): each score
+     * row's calls split by their profile, beside the prefill row's of the same tokens. */
+    int score_header = 0;
+    for (int i = 0; i < nres; i++) {
+        const result *x = &res[i];
+        const result *pf = !strcmp(x->phase, "score") ? prefill_of(res, nres, x) : NULL;
+        if (!pf) continue;
+        const double head_gflop = ms.head_flops * x->tokens / 1e9;
+        const double head_gflops = x->head_s > 0 ? head_gflop / x->head_s : 0;
+        if (!score_header)
+            printf("\nscore against prefill, per call from the profile of the timed calls (layers: all before the "
+                   "head; head: final norm, lm_head, logits' rounding; log-probs: log-softmax and draws)\n");
+        score_header = 1;
+        printf("  %-9s %-8s %-10s thr %u tokens %5u: score %.0f ms = layers %.0f + head %.0f + "
+               "log-probs %.0f; prefill %.0f ms = layers %.0f + head %.0f + draw %.0f; the score's "
+               "head: %.1f GFLOP at %.0f GFLOP/s (%.0f%% of %.0f)\n",
+               x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->tokens,
+               1e3 * (x->layers_s + x->head_s + x->sampling_s), 1e3 * x->layers_s, 1e3 * x->head_s,
+               1e3 * x->sampling_s, 1e3 * (pf->layers_s + pf->head_s + pf->sampling_s),
+               1e3 * pf->layers_s, 1e3 * pf->head_s, 1e3 * pf->sampling_s, head_gflop, head_gflops,
+               x->limit_gflops > 0 ? 100 * head_gflops / x->limit_gflops : 0, x->limit_gflops);
+    }
     if (P.n_notes) printf("\npeers\n");
     for (int i = 0; i < P.n_notes; i++) printf("  %s\n", P.notes[i]);
     if (P.n) {
@@ -1223,6 +1335,23 @@ int main(int argc, char **argv) {
                     i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
                     x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
                     x->tps.max, x->gbs, x->gflops, x->limit_gflops, x->limit_gbs);
+        }
+        fprintf(f, "\n],\n \"score_over_prefill\": [");
+        for (int i = 0, n = 0; i < nres; i++) {
+            const result *x = &res[i];
+            const result *pf = !strcmp(x->phase, "score") ? prefill_of(res, nres, x) : NULL;
+            if (!pf) continue;
+            const double head_gflop = ms.head_flops * x->tokens / 1e9;
+            fprintf(f, "%s\n  {\"preset\": \"%s\", \"backend\": \"%s\", \"cpu_path\": \"%s\", "
+                       "\"threads\": %u, \"tokens\": %u, \"score_layers_seconds\": %.6f, "
+                       "\"score_head_seconds\": %.6f, \"score_logprobs_seconds\": %.6f, "
+                       "\"prefill_layers_seconds\": %.6f, \"prefill_head_seconds\": %.6f, "
+                       "\"prefill_draw_seconds\": %.6f, \"head_gflop\": %.3f, "
+                       "\"head_gflops\": %.3f, \"peak_gflops\": %.1f}",
+                    n++ ? "," : "", x->preset, x->backend, parity_cpu_path_name(x->path), x->threads,
+                    x->tokens, x->layers_s, x->head_s, x->sampling_s, pf->layers_s, pf->head_s,
+                    pf->sampling_s, head_gflop, x->head_s > 0 ? head_gflop / x->head_s : 0,
+                    x->limit_gflops);
         }
         fprintf(f, "\n],\n \"peer_notes\": [");
         for (int i = 0; i < P.n_notes; i++) {
