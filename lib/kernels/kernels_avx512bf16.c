@@ -146,7 +146,11 @@ static size_t bf_row_block(size_t K) {
 
 PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t *w, size_t ldw,
                          float *y, size_t ldy, size_t n0, size_t n1) {
-    const size_t ldxb = gemm_packed_row(K), mb = bf_row_block(K);
+    /* M in row blocks of equal size (a multiple of 4), as few as fit: 256 rows of K = 1024
+     * went as 252 + 4, the second pass over the weights serving 4 rows */
+    if (M == 0) return;
+    const size_t ldxb = gemm_packed_row(K), most = bf_row_block(K), blocks = (M + most - 1) / most;
+    const size_t mb = ((M + blocks - 1) / blocks + 3) / 4 * 4;
     for (size_t m0 = 0; m0 < M; m0 += mb) {
         const size_t rows = M - m0 < mb ? M - m0 : mb;
         const uint16_t *xm = xb + m0 * ldxb;
