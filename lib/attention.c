@@ -105,10 +105,52 @@ typedef struct attn_scratch {
     size_t max_ctx;
 } attn_scratch;
 
-/* Rows r0 .. r1-1 of one sequence (one block table), KV head kvh, in scratch slots slot ..:
- * each block of the head's keys and values is read once (and, with several rows, widened
- * once) for every row and query head of the run while it is in L1; every score, sum and
- * product is the one the mode defines for that row and query head alone. */
+/* Where row r's block at position b0 comes from, for attend_run: the block widened to fp32 in
+ * the worker's scratch, when the rows share it, else the cache as it is (bf16 or fp32). */
+enum { BLOCK_DIRECT, BLOCK_WIDENED };
+
+/* The source of row r's block at b0 (offset `off` in the plane), widening it into `wide` when
+ * another row of the run reads the same block: the next row that reaches b0 (rows of one
+ * sequence, or forks of one prompt, which share their prefix's blocks, come next to each
+ * other). *widened is the offset now in `wide`, SIZE_MAX for none. */
+static int block_source(const attn_job *j, size_t r, size_t r1, size_t b0, size_t kvh, size_t off,
+                        size_t blen, const void *plane, float *wide, size_t *widened) {
+    const kv_cache *kv = j->ctx->kv;
+    if (kv->fp32) return BLOCK_DIRECT;
+    if (off == *widened) return BLOCK_WIDENED;
+    for (size_t s = r + 1; s < r1; s++) {
+        if (b0 >= (size_t)j->rows[s].pos + 1) continue;
+        if (kv_offset(kv, j->layer, j->rows[s].blocks, (uint32_t)b0, kvh) != off) break;
+        kern()->widen_bf16((const uint16_t *)plane + off, blen * kv->head_dim, wide);
+        *widened = off;
+        return BLOCK_WIDENED;
+    }
+    return BLOCK_DIRECT;
+}
+
+/* Asks into the cache the block KV_PREFETCH_BLOCKS ahead of b0 of every row of the run whose
+ * block there is not the previous row's. */
+static void prefetch_rows(const attn_job *j, const void *plane, size_t r0, size_t r1, size_t b0,
+                          size_t kvh) {
+    const kv_cache *kv = j->ctx->kv;
+    const size_t ahead = b0 + KV_PREFETCH_BLOCKS * KV_BLOCK;
+    size_t last = SIZE_MAX;
+    for (size_t r = r0; r < r1; r++) {
+        const size_t n = (size_t)j->rows[r].pos + 1;
+        if (ahead >= n) continue;
+        const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, (uint32_t)ahead, kvh);
+        if (off != last) prefetch_block(kv, plane, j->layer, j->rows[r].blocks, ahead, n, kvh);
+        last = off;
+    }
+}
+
+/* Rows r0 .. r1-1, KV head kvh, in scratch slots slot ..: each block of the head's keys and
+ * values is read once for every row and query head that reads it, while it is in L1, and
+ * widened once when several rows share it (the rows of one sequence, or sequences forked from
+ * one prompt over their shared prefix); every score, sum and product is the one the mode
+ * defines for that row and query head alone, whichever rows run beside it and whether its
+ * block was read widened or as it is (dots_f32 and pv_f32 on widened vectors are
+ * dots_f32_bf16 and pv_bf16, bit for bit). */
 static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size_t slot,
                        const attn_scratch *w) {
     const fwd_ctx *ctx = j->ctx;
@@ -120,8 +162,6 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
     const size_t group = heads / c->num_key_value_heads;  /* query heads per KV head */
     const int mode = ctx->pol.compute == PARITY_COMPUTE_FP32 ? PARITY_ATTN_FP32 : ctx->pol.attention;
     const float scale = (float)(1.0 / sqrt((double)hd));  /* head_dim ** -0.5 */
-    const uint32_t *blocks = j->rows[r0].blocks;
-    const int direct = kv->fp32 || r1 - r0 == 1;  /* read the cache as it is, no widened copy */
     size_t n_max = 0;
     for (size_t r = r0; r < r1; r++)
         if ((size_t)j->rows[r].pos + 1 > n_max) n_max = (size_t)j->rows[r].pos + 1;
@@ -130,27 +170,30 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
 #define ATT_ACC(r, g) (w->acc + ((slot + (r) - r0) * group + (g)) * hd)
 
     /* scores: q.k of each position, block by block, every row and query head on the block */
+    size_t widened = SIZE_MAX;
     for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
-        const size_t off = kv_offset(kv, j->layer, blocks, (uint32_t)b0, kvh);
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
-        const float *keys = kv->fp32 ? (const float *)kv->k + off : w->keys;
-        prefetch_block(kv, kv->k, j->layer, blocks, b0 + KV_PREFETCH_BLOCKS * KV_BLOCK, n_max, kvh);
-        if (!direct) k->widen_bf16((const uint16_t *)kv->k + off, blen * hd, w->keys);
+        prefetch_rows(j, kv->k, r0, r1, b0, kvh);
         for (size_t r = r0; r < r1; r++) {
             const size_t n = (size_t)j->rows[r].pos + 1;
             if (b0 >= n) continue;
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
+            const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, (uint32_t)b0, kvh);
             /* the row's query heads together (q heads hd apart, scores max_ctx apart) */
-            if (direct && !kv->fp32)
+            if (block_source(j, r, r1, b0, kvh, off, blen, kv->k, w->keys, &widened) ==
+                BLOCK_WIDENED)
+                k->dots_f32(ATT_Q(r, 0), hd, group, w->keys, hd, len, hd, ATT_S(r, 0) + b0,
+                            w->max_ctx);
+            else if (kv->fp32)
+                k->dots_f32(ATT_Q(r, 0), hd, group, (const float *)kv->k + off, hd, len, hd,
+                            ATT_S(r, 0) + b0, w->max_ctx);
+            else
                 k->dots_f32_bf16(ATT_Q(r, 0), hd, group, (const uint16_t *)kv->k + off, hd, len,
                                  hd, ATT_S(r, 0) + b0, w->max_ctx);
-            else
-                k->dots_f32(ATT_Q(r, 0), hd, group, keys, hd, len, hd, ATT_S(r, 0) + b0,
-                            w->max_ctx);
         }
     }
 
-    /* probabilities, each row and query head on its own */
+/* probabilities, each row and query head on its own */
     for (size_t r = r0; r < r1; r++)
         for (size_t g = 0; g < group; g++)
             w->l[(slot + r - r0) * group + g] =
@@ -158,22 +201,25 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
 
     /* P.V, one position after another in ascending order, block by block */
     memset(w->acc + slot * group * hd, 0, (r1 - r0) * group * hd * sizeof *w->acc);
+    widened = SIZE_MAX;
     for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
-        const size_t off = kv_offset(kv, j->layer, blocks, (uint32_t)b0, kvh);
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
-        const float *vals = kv->fp32 ? (const float *)kv->v + off : w->vals;
-        prefetch_block(kv, kv->v, j->layer, blocks, b0 + KV_PREFETCH_BLOCKS * KV_BLOCK, n_max, kvh);
-        if (!direct) k->widen_bf16((const uint16_t *)kv->v + off, blen * hd, w->vals);
+        prefetch_rows(j, kv->v, r0, r1, b0, kvh);
         for (size_t r = r0; r < r1; r++) {
             const size_t n = (size_t)j->rows[r].pos + 1;
             if (b0 >= n) continue;
             const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
-            if (direct && !kv->fp32)
+            const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, (uint32_t)b0, kvh);
+            if (block_source(j, r, r1, b0, kvh, off, blen, kv->v, w->vals, &widened) ==
+                BLOCK_WIDENED)
+                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group, w->vals, hd,
+                          len, hd);
+            else if (kv->fp32)
+                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group,
+                          (const float *)kv->v + off, hd, len, hd);
+            else
                 k->pv_bf16(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group,
                            (const uint16_t *)kv->v + off, hd, len, hd);
-            else
-                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group, vals, hd, len,
-                          hd);
         }
     }
 
@@ -225,12 +271,7 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
                 }
             continue;
         }
-        for (size_t r0 = first; r0 < last;) {
-            size_t r1 = r0 + 1;
-            while (r1 < last && j->rows[r1].blocks == j->rows[r0].blocks) r1++;
-            attend_run(j, r0, r1, kvh, r0 - first, &w);
-            r0 = r1;
-        }
+        attend_run(j, first, last, kvh, 0, &w);
     }
 }
 

@@ -301,16 +301,40 @@ void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32
     }
 }
 
+/* Elements between the running sums dist_draw keeps. */
+#define DRAW_MARK_STRIDE 64
+
 int32_t dist_draw(const dist *d, const dist_work *w, size_t V, double u) {
     if (d->greedy) return d->truncated ? (int32_t)w->ids[0] : (int32_t)arg_max(w->x, V);
     size_t n = d->truncated ? d->n : V;
+    /* The draw is the first i whose running sum e[0] + ... + e[i] (in double, in order)
+     * exceeds u times the whole sum. The sum before every DRAW_MARK_STRIDE-th element is kept
+     * (in the sort's scratch, unused by now) while the whole sum is formed, so the search
+     * replays one stretch instead of the additions up to i: the same additions in the same
+     * order, so the same running sums. They never decrease (every e >= 0, and rounding to
+     * nearest is monotone), so i lies in the first stretch whose end exceeds the target; where
+     * some e is NaN, so are the whole sum and the target, and no comparison holds either way. */
+    /* marks[b - 1]: the sum before stretch b >= 1 (n / 8 bytes at most, of sort_tmp's 4 V) */
+    unsigned char *marks = (unsigned char *)w->sort_tmp;
+    const size_t stretches = (n + DRAW_MARK_STRIDE - 1) / DRAW_MARK_STRIDE;
     double total = 0;
-    for (size_t i = 0; i < n; i++) total += w->e[i];
+    for (size_t b = 0; b < stretches; b++) {
+        if (b) memcpy(marks + (b - 1) * sizeof total, &total, sizeof total);
+        const size_t end = (b + 1) * DRAW_MARK_STRIDE < n ? (b + 1) * DRAW_MARK_STRIDE : n;
+        for (size_t i = b * DRAW_MARK_STRIDE; i < end; i++) total += w->e[i];
+    }
     const double target = u * total;
-    double run = 0;
-    for (size_t i = 0; i < n; i++) {
-        run += w->e[i];
-        if (run > target) return d->truncated ? (int32_t)w->ids[i] : (int32_t)i;
+    for (size_t b = 0; b < stretches; b++) {
+        double after = total, run = 0;
+        if (b + 1 < stretches) memcpy(&after, marks + b * sizeof after, sizeof after);
+        if (!(after > target)) continue;
+        if (b) memcpy(&run, marks + (b - 1) * sizeof run, sizeof run);
+        const size_t end = (b + 1) * DRAW_MARK_STRIDE < n ? (b + 1) * DRAW_MARK_STRIDE : n;
+        for (size_t i = b * DRAW_MARK_STRIDE; i < end; i++) {
+            run += w->e[i];
+            if (run > target) return d->truncated ? (int32_t)w->ids[i] : (int32_t)i;
+        }
+        break; /* not reached: the stretch's last running sum is `after` */
     }
     /* u * total rounded up to total: the last token with mass */
     for (size_t i = n; i-- > 0;)

@@ -24,7 +24,7 @@ typedef struct dist_work {
     float *e;             /* exp(x - m), in support order */
     uint32_t *ids;        /* the truncated support, best first */
     float *e_by_id;       /* exp(x - m) in id order (truncation without top-k) */
-    uint32_t *sort_tmp;   /* the sort's second buffer */
+    uint32_t *sort_tmp;   /* the sort's second buffer; then dist_draw's running sums */
     float *hist;          /* the sort's digit counts and the mass per bucket of e */
 } dist_work;
 

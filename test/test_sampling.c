@@ -103,6 +103,52 @@ static void fill(float *x, size_t V, int kind) {
     if (kind == SPECIAL && V > 3) x[V / 2] = NAN, x[V - 1] = NAN; /* not at 0: m stays a number */
 }
 
+/* The draw as its definition reads (lib/sampling.h): the first i whose running sum of e, in
+ * double and in order, exceeds u times the whole sum; else the last i with e > 0. */
+static int32_t reference_draw(const float *e, const uint32_t *ids, size_t n, double u) {
+    double total = 0, run = 0;
+    for (size_t i = 0; i < n; i++) total += e[i];
+    const double target = u * total;
+    for (size_t i = 0; i < n; i++) {
+        run += e[i];
+        if (run > target) return ids ? (int32_t)ids[i] : (int32_t)i;
+    }
+    for (size_t i = n; i-- > 0;)
+        if (e[i] > 0) return ids ? (int32_t)ids[i] : (int32_t)i;
+    return ids ? (int32_t)ids[0] : 0;
+}
+
+/* dist_draw against reference_draw for uniforms spread over [0, 1), the extremes, and the
+ * running sums themselves (u * total at a boundary between two tokens, where `>` decides);
+ * returns the number of draws compared. */
+static int check_draws(const dist *d, const dist_work *w, size_t V, const char *what) {
+    const size_t n = d->truncated ? d->n : V;
+    const uint32_t *ids = d->truncated ? w->ids : NULL;
+    double total = 0;
+    for (size_t i = 0; i < n; i++) total += w->e[i];
+    int draws = 0, bad = 0;
+    for (int t = 0; t < 64; t++) {
+        double u;
+        if (t == 0) u = 0;
+        else if (t == 1) u = 0x1.fffffffffffffp-1;
+        else if (t < 32) u = (t - 2) / 30.0 + 1e-3;
+        else {
+            /* u * total equal to (or one rounding from) the running sum before token i */
+            const size_t i = (size_t)(t - 32) * n / 32;
+            double run = 0;
+            for (size_t k = 0; k < i; k++) run += w->e[k];
+            u = total > 0 ? run / total : 0;
+            if (!(u < 1)) u = 0x1.fffffffffffffp-1;
+        }
+        const int32_t got = dist_draw(d, w, V, u), want = reference_draw(w->e, ids, n, u);
+        draws++;
+        if (got != want && bad++ < 3)
+            fprintf(stderr, "%s: draw at u = %a is %d, the definition's %d\n", what, u, got, want);
+    }
+    CHECK(bad == 0);
+    return draws;
+}
+
 int main(void) {
     const size_t sizes[] = {1, 2, 7, 33, 300, 5000, 151936};
     const float top_ps[] = {1, 0.999f, 0.95f, 0.9f, 0.5f, 0.1f, 1e-6f};
@@ -115,7 +161,7 @@ int main(void) {
     if (!x || !logits || !re || !work || !rids) return 1;
     parity_policy pol;
     CHECK_OK(parity_policy_from_name("aligned", &pol));
-    int cases = 0, mismatched = 0;
+    int cases = 0, mismatched = 0, draws = 0;
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
         const size_t V = sizes[si];
         const dist_work w = dist_work_at(work, V);
@@ -141,10 +187,19 @@ int main(void) {
                                     "lse %a (ref %a)\n", V, KIND[kind], (double)p.top_p,
                                     (double)p.min_p, p.top_k, d.n, r.n, (double)d.lse, (double)r.lse);
                         CHECK(!bad);
+                        if (!bad && c == 0 && b == 0) draws += check_draws(&d, &w, V, KIND[kind]);
                     }
+            /* the whole distribution (no truncation): e in id order */
+            const dist_params full = {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 0, 1, 0};
+            dist d;
+            dist_build(&pol, &full, logits, V, &w, &d);
+            CHECK(!d.truncated);
+            draws += check_draws(&d, &w, V, KIND[kind]);
         }
     }
-    fprintf(stderr, "%d truncated distributions compared, %d differ\n", cases, mismatched);
+    fprintf(stderr, "%d truncated distributions compared, %d differ; %d draws compared\n", cases,
+            mismatched, draws);
+    CHECK(draws > 1000);
     CHECK(cases > 500);
     free(x), free(logits), free(re), free(work), free(rids);
     return check_report("test_sampling");

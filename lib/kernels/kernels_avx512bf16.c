@@ -57,30 +57,36 @@ static inline __m512i z_load_w(const uint16_t *w, size_t k, size_t K) {
     return _mm512_maskz_loadu_epi16((__mmask32)((1ull << (K - k)) - 1), w + k);
 }
 
-/* What a block asks into the cache for its weight rows (`pf`): the chunks BF_PF_CHUNKS ahead
- * of the current one into L1; where further row blocks of x reuse the weight rows (M >= 4),
- * the first row block also asks the next column group's rows into L2, so that a new group
- * does not start with a wait on memory, and the later row blocks ask nothing: their weight
- * rows are in L1, and the prefetches only took load slots. On a Zen 5 VM (gemm-bench,
- * interleaved runs) the next group's prefetch made M = 32 10-15% faster, and dropping the
- * later blocks' prefetches M = 32 another 10% and M = 512 15-20% (q: 611 -> 722-744 GFLOP/s). */
+/* What a block asks into the cache for its weight rows (`pf`, flags, a constant after
+ * inlining): BF_PF_AHEAD, the chunks BF_PF_CHUNKS ahead of the current one into L1 (the first
+ * row block of a column group, which meets the group's weights first; the later row blocks
+ * find them in L1, and prefetches there only took load slots: on a Zen 5 VM, dropping them
+ * made M = 32 10% and M = 512 15-20% faster); and, where further row blocks reuse the weight
+ * rows (M >= 4), the next column group's rows into L2, so that a new group does not start with
+ * a wait on memory: all of them from the first block (BF_PF_NEXT_ALL) where there are fewer
+ * row blocks than weight rows, else one row from each of the first NR blocks (BF_PF_NEXT_ONE,
+ * the row `next`), one line per chunk: the first block's burst of NR lines per chunk held its
+ * loads while it waited for the group's weights (Zen 4 VM, gemm-bench, M = 32 with weights
+ * from memory ran at 71-77% of the peak, 86-89% with the weights in cache). */
 #define BF_PF_CHUNKS 8
-enum { BF_PF_NONE, BF_PF_AHEAD, BF_PF_AHEAD_AND_NEXT };
+enum { BF_PF_AHEAD = 1, BF_PF_NEXT_ALL = 2, BF_PF_NEXT_ONE = 4 };
 
 /* y[i][j] for MR rows of xb and NR weight rows (MR * NR <= 16, constants after inlining):
  * MR * NR accumulators, acc[NR * i + j], each one vdpbf16ps per chunk. A full block (16)
  * folds as one tree, its lane NR * i + j being y[i][j]: one store per row of outputs. */
 ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t *xb, size_t ldxb,
-                            const uint16_t *w, size_t ldw, float *y, size_t ldy, int pf) {
+                            const uint16_t *w, size_t ldw, float *y, size_t ldy, const int pf,
+                            const uint16_t *next) {
     __m512 acc[16];
     for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
     for (size_t k = 0; k < K; k += 32) {
         __m512bh x[4];
         for (int i = 0; i < MR; i++) x[i] = (__m512bh)_mm512_loadu_si512((const void *)(xb + i * ldxb + k));
+        if (pf & BF_PF_NEXT_ONE) _mm_prefetch((const char *)(next + k), _MM_HINT_T1);
         for (int j = 0; j < NR; j++) {
             const uint16_t *wj = w + j * ldw;
-            if (pf != BF_PF_NONE) _mm_prefetch((const char *)(wj + k + 32 * BF_PF_CHUNKS), _MM_HINT_T0);
-            if (pf == BF_PF_AHEAD_AND_NEXT) _mm_prefetch((const char *)(wj + NR * ldw + k), _MM_HINT_T1);
+            if (pf & BF_PF_AHEAD) _mm_prefetch((const char *)(wj + k + 32 * BF_PF_CHUNKS), _MM_HINT_T0);
+            if (pf & BF_PF_NEXT_ALL) _mm_prefetch((const char *)(wj + NR * ldw + k), _MM_HINT_T1);
             const __m512bh wv = (__m512bh)z_load_w(wj, k, K);
             for (int i = 0; i < MR; i++) acc[NR * i + j] = _mm512_dpbf16_ps(acc[NR * i + j], x[i], wv);
         }
@@ -117,15 +123,31 @@ ALWAYS_INLINE void bf_rowwise(const int NR, size_t K, const uint16_t *xb, const 
 /* Rows [0, rows) against NR weight rows: blocks of 4 rows, then the 1 to 3 left. */
 ALWAYS_INLINE void bf_rows(const int NR, size_t rows, size_t K, const uint16_t *xb, size_t ldxb,
                            const uint16_t *w, size_t ldw, float *y, size_t ldy) {
+    const size_t blocks = (rows + 3) / 4;
+    const uint16_t *next = w + NR * ldw;  /* the next group's first row */
     size_t i = 0;
-    for (; i + 4 <= rows; i += 4)
-        bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy,
-                 i ? BF_PF_NONE : BF_PF_AHEAD_AND_NEXT);
-    const int pf = i ? BF_PF_NONE : BF_PF_AHEAD;
+    if (rows >= 4 && blocks >= (size_t)NR) {
+        /* the first NR blocks ask for one row of the next group each */
+        bf_block(4, NR, K, xb, ldxb, w, ldw, y, ldy, BF_PF_AHEAD | BF_PF_NEXT_ONE, next);
+        for (i = 4; i + 4 <= rows; i += 4)
+            if (i / 4 < (size_t)NR)
+                bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, BF_PF_NEXT_ONE,
+                         next + i / 4 * ldw);
+            else
+                bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0, NULL);
+    } else {
+        for (; i + 4 <= rows; i += 4)
+            if (i == 0)
+                bf_block(4, NR, K, xb, ldxb, w, ldw, y, ldy, BF_PF_AHEAD | BF_PF_NEXT_ALL, NULL);
+            else
+                bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0, NULL);
+    }
+    /* the 1 to 3 rows left: the first block (nothing after it to reuse the weights) or none */
+    const int pf = i ? 0 : BF_PF_AHEAD;
     switch (rows - i) {
-    case 3: bf_block(3, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf); break;
-    case 2: bf_block(2, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf); break;
-    case 1: bf_block(1, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf); break;
+    case 3: bf_block(3, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL); break;
+    case 2: bf_block(2, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL); break;
+    case 1: bf_block(1, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL); break;
     default: break;
     }
 }
@@ -164,8 +186,8 @@ PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t 
             for (; n + (size_t)nr <= n1; n += (size_t)nr) {
                 const uint16_t *wn = w + n * ldw;
                 if (rows == 1) bf_rowwise(16, K, xm, wn, ldw, ym + n);
-                else if (rows == 2) bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD);
-                else bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD);
+                else if (rows == 2) bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL);
+                else bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL);
             }
         }
         for (; n < n1; n++) bf_rows(1, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
