@@ -93,11 +93,12 @@ void engine_free(engine *e);
 int engine_enter(engine *e, const char *what);
 void engine_leave(engine *e);
 
-/* Worker `worker`'s share of the work buffer: what lib/sampling.c needs to build one
- * position's distribution. */
-static inline dist_work engine_work(const engine *e, unsigned worker) {
+/* Worker `worker`'s shares of the work buffer, slot 0 and 1 (the sampler draws its rows in
+ * pairs): each what lib/sampling.c needs to build one position's distribution. */
+#define ENGINE_WORKS_PER_WORKER 2
+static inline dist_work engine_work(const engine *e, unsigned worker, unsigned slot) {
     const size_t V = e->model->config.vocab_size;
-    return dist_work_at(e->work + (size_t)worker * dist_work_floats(V), V);
+    return dist_work_at(e->work + ((size_t)worker * ENGINE_WORKS_PER_WORKER + slot) * dist_work_floats(V), V);
 }
 
 /* The forward's context on this engine, with the contract's summation orders. */

@@ -504,37 +504,52 @@ typedef struct draw_job {
     uint32_t max_top_n;     /* the stride of the alternatives in the outputs */
 } draw_job;
 
+/* Reports row r's log-prob and alternatives from d, the draw's distribution in w, building
+ * the reported mode's distribution there when it differs. */
+static void report_row(const draw_job *j, size_t r, int32_t token, dist *d, const dist_work *w,
+                       const float *logits, const dist_params *draw) {
+    parity_sampler *s = j->s;
+    const size_t V = s->model->config.vocab_size;
+    const parity_sampling *sp = &s->seqs[s->batch_seq[r]].sampling;
+    const size_t o = j->first + r;
+    j->tokens[o] = token;
+    /* the reported log-prob, in the sequence's mode (the draw's distribution when that mode
+     * is the truncated one, or when the draw's is untruncated and the same) */
+    const dist_params rep = {sp->logprob_mode, sp->temperature, sp->top_k, sp->top_p, sp->min_p};
+    if (sp->logprob_mode != PARITY_LOGPROB_PROCESSED_TRUNCATED &&
+        !dist_built_as(&s->params.policy, draw, d, &rep))
+        dist_build(&s->params.policy, &rep, logits, V, w, d);
+    j->logprobs[o] = dist_logprob(d, w, token);
+    uint32_t n = sp->top_n < j->max_top_n ? sp->top_n : j->max_top_n;
+    if (n && j->top_ids)
+        dist_top(d, w, V, n, j->top_ids + o * j->max_top_n, j->top_logprobs + o * j->max_top_n);
+}
+
 static void job_draw(void *p, size_t begin, size_t end, unsigned worker) {
     const draw_job *j = p;
     parity_sampler *s = j->s;
     const size_t V = s->model->config.vocab_size;
-    const dist_work w = engine_work(&s->eng, worker);
-    for (size_t r = begin; r < end; r++) {
-        const seq_state *q = &s->seqs[s->batch_seq[r]];
-        const parity_sampling *sp = &q->sampling;
-        const float *logits = s->eng.logits + r * V;
-        const size_t o = j->first + r;
-
-        /* the draw: from the truncated processed distribution, keyed by the new position */
-        const dist_params draw = {PARITY_LOGPROB_PROCESSED_TRUNCATED, sp->temperature, sp->top_k,
-                                  sp->top_p, sp->min_p};
-        dist d;
-        dist_build(&s->params.policy, &draw, logits, V, &w, &d);
-        const int32_t token =
-            dist_draw(&d, &w, V, philox_uniform(sp->seed, q->stream, q->len));
-        j->tokens[o] = token;
-
-        /* the reported log-prob, in the sequence's mode (the draw's distribution when that
-         * mode is the truncated one) */
-        if (sp->logprob_mode != PARITY_LOGPROB_PROCESSED_TRUNCATED) {
-            const dist_params rep = {sp->logprob_mode, sp->temperature, sp->top_k, sp->top_p,
-                                     sp->min_p};
-            dist_build(&s->params.policy, &rep, logits, V, &w, &d);
+    const dist_work w[2] = {engine_work(&s->eng, worker, 0), engine_work(&s->eng, worker, 1)};
+    /* two rows at a time, each drawn from the truncated processed distribution keyed by its
+     * new position */
+    for (size_t r = begin; r < end; r += 2) {
+        const unsigned rows = end - r >= 2 ? 2 : 1;
+        dist d[2];
+        dist_params draw[2];
+        double u[2];
+        int32_t token[2];
+        for (unsigned k = 0; k < rows; k++) {
+            const seq_state *q = &s->seqs[s->batch_seq[r + k]];
+            const parity_sampling *sp = &q->sampling;
+            draw[k] = (dist_params){PARITY_LOGPROB_PROCESSED_TRUNCATED, sp->temperature,
+                                    sp->top_k, sp->top_p, sp->min_p};
+            dist_build(&s->params.policy, &draw[k], s->eng.logits + (r + k) * V, V, &w[k], &d[k]);
+            u[k] = philox_uniform(sp->seed, q->stream, q->len);
         }
-        j->logprobs[o] = dist_logprob(&d, &w, token);
-        uint32_t n = sp->top_n < j->max_top_n ? sp->top_n : j->max_top_n;
-        if (n && j->top_ids)
-            dist_top(&d, &w, V, n, j->top_ids + o * j->max_top_n, j->top_logprobs + o * j->max_top_n);
+        if (rows == 2) dist_draw2(&d[0], &w[0], u[0], &d[1], &w[1], u[1], V, token);
+        else token[0] = dist_draw(&d[0], &w[0], V, u[0]);
+        for (unsigned k = 0; k < rows; k++)
+            report_row(j, r + k, token[k], &d[k], &w[k], s->eng.logits + (r + k) * V, &draw[k]);
     }
 }
 

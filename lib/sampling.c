@@ -182,18 +182,21 @@ static size_t sorted_candidates(const dist_params *p, const dist_work *w, const 
 void dist_build(const parity_policy *pol, const dist_params *p, const float *logits, size_t V,
                 const dist_work *w, dist *d) {
     const kernels *k = kern();
-    float *x = w->x;
     memset(d, 0, sizeof *d);
     d->greedy = p->temperature == 0;
 
-    if (p->mode == PARITY_LOGPROB_RAW) {
-        memcpy(x, logits, V * sizeof *x);
-    } else {
-        const float t = d->greedy ? 1.0f : p->temperature;
-        for (size_t i = 0; i < V; i++) x[i] = logits[i] / t;
-        /* verl's logits.div_(temperature) on bf16 (fp16) logits rounds the quotient */
-        if (pol->temperature == PARITY_TEMPERATURE_BF16) round_with(k, pol, x, V);
+    const float *x = logits;
+    const float t = d->greedy ? 1.0f : p->temperature;
+    /* verl's logits.div_(temperature) on bf16 (fp16) logits rounds the quotient */
+    const int round = pol->temperature == PARITY_TEMPERATURE_BF16;
+    /* x / 1 == x for every number (DAZ is off in every call), and a NaN stays a NaN: at
+     * temperature 1 without the rounding, the processed logits are the logits */
+    if (p->mode != PARITY_LOGPROB_RAW && (t != 1 || round)) {
+        for (size_t i = 0; i < V; i++) w->x[i] = logits[i] / t;
+        if (round) round_with(k, pol, w->x, V);
+        x = w->x;
     }
+    d->x = x;
     d->m = k->max_f32(x, V);
 
     int truncate = p->mode == PARITY_LOGPROB_PROCESSED_TRUNCATED &&
@@ -247,6 +250,15 @@ void dist_build(const parity_policy *pol, const dist_params *p, const float *log
     d->lse = (float)log(z);
 }
 
+int dist_built_as(const parity_policy *pol, const dist_params *built, const dist *d,
+                  const dist_params *want) {
+    if (d->truncated || want->mode == PARITY_LOGPROB_PROCESSED_TRUNCATED) return 0;
+    /* untruncated: x = logits / T (rounded as pol says), m = max x, lse = logf(sum_exp) */
+    if (want->mode == PARITY_LOGPROB_PROCESSED) return want->temperature == built->temperature;
+    /* RAW: x = logits, which PROCESSED takes as they are at temperature 1 unless it rounds */
+    return built->temperature == 1 && pol->temperature != PARITY_TEMPERATURE_BF16;
+}
+
 /* Position of token t in the truncated support, or -1. */
 static long support_index(const dist *d, const dist_work *w, int32_t t) {
     for (uint32_t i = 0; i < d->n; i++)
@@ -256,21 +268,21 @@ static long support_index(const dist *d, const dist_work *w, int32_t t) {
 
 float dist_logprob(const dist *d, const dist_work *w, int32_t token) {
     if (d->truncated && support_index(d, w, token) < 0) return -INFINITY;
-    return (w->x[token] - d->m) - d->lse;
+    return (d->x[token] - d->m) - d->lse;
 }
 
 float dist_entropy(const dist *d, const dist_work *w, size_t V) {
     /* H = -sum p_i logp_i over the support, p_i = exp(logp_i) */
     if (!d->truncated) {
         for (size_t i = 0; i < V; i++) {
-            w->e[i] = (w->x[i] - d->m) - d->lse; /* logp_i */
-            w->x[i] = parity_expf(w->e[i]);       /* p_i */
+            w->e[i] = (d->x[i] - d->m) - d->lse; /* logp_i */
+            w->x[i] = parity_expf(w->e[i]);       /* p_i (where d->x may be w->x: read first) */
         }
         return -kern()->dot_f32(w->x, w->e, V);
     }
     double h = 0;
     for (uint32_t i = 0; i < d->n; i++) {
-        float lp = (w->x[w->ids[i]] - d->m) - d->lse;
+        float lp = (d->x[w->ids[i]] - d->m) - d->lse;
         h -= (double)parity_expf(lp) * lp;
     }
     return (float)h;
@@ -283,16 +295,16 @@ void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32
     if (d->truncated) {
         for (; j < top_n && j < d->n; j++) {
             ids[j] = (int32_t)w->ids[j];
-            logprobs[j] = (w->x[w->ids[j]] - d->m) - d->lse;
+            logprobs[j] = (d->x[w->ids[j]] - d->m) - d->lse;
         }
     } else {
         /* the k best by a heap selection, O(V log k): top_n may be as large as V */
         const size_t k = top_n < V ? top_n : V;
         for (uint32_t i = 0; i < V; i++) w->ids[i] = i;
-        select_best(w->x, w->ids, V, k);
+        select_best(d->x, w->ids, V, k);
         for (; j < k; j++) {
             ids[j] = (int32_t)w->ids[j];
-            logprobs[j] = (w->x[w->ids[j]] - d->m) - d->lse;
+            logprobs[j] = (d->x[w->ids[j]] - d->m) - d->lse;
         }
     }
     for (; j < top_n; j++) {
@@ -304,42 +316,95 @@ void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32
 /* Elements between the running sums dist_draw keeps. */
 #define DRAW_MARK_STRIDE 64
 
-int32_t dist_draw(const dist *d, const dist_work *w, size_t V, double u) {
-    if (d->greedy) return d->truncated ? (int32_t)w->ids[0] : (int32_t)arg_max(w->x, V);
-    size_t n = d->truncated ? d->n : V;
-    /* The draw is the first i whose running sum e[0] + ... + e[i] (in double, in order)
-     * exceeds u times the whole sum. The sum before every DRAW_MARK_STRIDE-th element is kept
-     * (in the sort's scratch, unused by now) while the whole sum is formed, so the search
-     * replays one stretch instead of the additions up to i: the same additions in the same
-     * order, so the same running sums. They never decrease (every e >= 0, and rounding to
-     * nearest is monotone), so i lies in the first stretch whose end exceeds the target; where
-     * some e is NaN, so are the whole sum and the target, and no comparison holds either way. */
-    /* marks[b - 1]: the sum before stretch b >= 1 (n / 8 bytes at most, of sort_tmp's 4 V) */
-    unsigned char *marks = (unsigned char *)w->sort_tmp;
-    const size_t stretches = (n + DRAW_MARK_STRIDE - 1) / DRAW_MARK_STRIDE;
-    double total = 0;
-    for (size_t b = 0; b < stretches; b++) {
-        if (b) memcpy(marks + (b - 1) * sizeof total, &total, sizeof total);
-        const size_t end = (b + 1) * DRAW_MARK_STRIDE < n ? (b + 1) * DRAW_MARK_STRIDE : n;
-        for (size_t i = b * DRAW_MARK_STRIDE; i < end; i++) total += w->e[i];
+/* The draw is the first i whose running sum e[0] + ... + e[i] (in double, in order) exceeds u
+ * times the whole sum. The sum before every DRAW_MARK_STRIDE-th element is kept (in the sort's
+ * scratch, unused by now) while the whole sum is formed, so the search replays one stretch
+ * instead of the additions up to i: the same additions in the same order, so the same running
+ * sums. They never decrease (every e >= 0, and rounding to nearest is monotone), so i lies in
+ * the first stretch whose end exceeds the target; where some e is NaN, so are the whole sum and
+ * the target, and no comparison holds either way. */
+typedef struct draw_row {
+    const float *e;
+    size_t n;
+    unsigned char *marks; /* marks[b - 1]: the sum before stretch b >= 1 (n / 8 bytes at most,
+                           * of sort_tmp's 4 V) */
+    double total;
+} draw_row;
+
+static draw_row draw_row_of(const dist *d, const dist_work *w, size_t V) {
+    return (draw_row){w->e, d->truncated ? d->n : V, (unsigned char *)w->sort_tmp, 0};
+}
+
+static size_t stretch_end(size_t b, size_t n) {
+    return (b + 1) * DRAW_MARK_STRIDE < n ? (b + 1) * DRAW_MARK_STRIDE : n;
+}
+
+/* The whole sums of two rows (b->n may be 0), their additions interleaved: each row's are a
+ * sequential chain, the other's hide its latency. */
+static void draw_totals(draw_row *a, draw_row *b) {
+    const size_t sa = (a->n + DRAW_MARK_STRIDE - 1) / DRAW_MARK_STRIDE,
+                 sb = (b->n + DRAW_MARK_STRIDE - 1) / DRAW_MARK_STRIDE;
+    const float *ea = a->e, *eb = b->e;
+    double ta = 0, tb = 0;
+    for (size_t s = 0; s < sa || s < sb; s++) {
+        const size_t lo = s * DRAW_MARK_STRIDE;
+        const size_t end_a = s < sa ? stretch_end(s, a->n) : lo, end_b = s < sb ? stretch_end(s, b->n) : lo;
+        if (s && s < sa) memcpy(a->marks + (s - 1) * sizeof ta, &ta, sizeof ta);
+        if (s && s < sb) memcpy(b->marks + (s - 1) * sizeof tb, &tb, sizeof tb);
+        const size_t both = end_a < end_b ? end_a : end_b;
+        size_t i = lo;
+        for (; i < both; i++) {
+            ta += ea[i];
+            tb += eb[i];
+        }
+        for (size_t k = i; k < end_a; k++) ta += ea[k];
+        for (size_t k = i; k < end_b; k++) tb += eb[k];
     }
-    const double target = u * total;
+    a->total = ta, b->total = tb;
+}
+
+static int32_t draw_find(const dist *d, const dist_work *w, const draw_row *r, double u) {
+    const size_t n = r->n, stretches = (n + DRAW_MARK_STRIDE - 1) / DRAW_MARK_STRIDE;
+    const double target = u * r->total;
     for (size_t b = 0; b < stretches; b++) {
-        double after = total, run = 0;
-        if (b + 1 < stretches) memcpy(&after, marks + b * sizeof after, sizeof after);
+        double after = r->total, run = 0;
+        if (b + 1 < stretches) memcpy(&after, r->marks + b * sizeof after, sizeof after);
         if (!(after > target)) continue;
-        if (b) memcpy(&run, marks + (b - 1) * sizeof run, sizeof run);
-        const size_t end = (b + 1) * DRAW_MARK_STRIDE < n ? (b + 1) * DRAW_MARK_STRIDE : n;
-        for (size_t i = b * DRAW_MARK_STRIDE; i < end; i++) {
-            run += w->e[i];
+        if (b) memcpy(&run, r->marks + (b - 1) * sizeof run, sizeof run);
+        for (size_t i = b * DRAW_MARK_STRIDE, end = stretch_end(b, n); i < end; i++) {
+            run += r->e[i];
             if (run > target) return d->truncated ? (int32_t)w->ids[i] : (int32_t)i;
         }
         break; /* not reached: the stretch's last running sum is `after` */
     }
     /* u * total rounded up to total: the last token with mass */
     for (size_t i = n; i-- > 0;)
-        if (w->e[i] > 0) return d->truncated ? (int32_t)w->ids[i] : (int32_t)i;
+        if (r->e[i] > 0) return d->truncated ? (int32_t)w->ids[i] : (int32_t)i;
     return d->truncated ? (int32_t)w->ids[0] : 0;
+}
+
+static int32_t draw_greedy(const dist *d, const dist_work *w, size_t V) {
+    return d->truncated ? (int32_t)w->ids[0] : (int32_t)arg_max(d->x, V);
+}
+
+int32_t dist_draw(const dist *d, const dist_work *w, size_t V, double u) {
+    if (d->greedy) return draw_greedy(d, w, V);
+    draw_row r = draw_row_of(d, w, V), none = {NULL, 0, NULL, 0};
+    draw_totals(&r, &none);
+    return draw_find(d, w, &r, u);
+}
+
+void dist_draw2(const dist *d0, const dist_work *w0, double u0, const dist *d1,
+                const dist_work *w1, double u1, size_t V, int32_t out[2]) {
+    if (d0->greedy || d1->greedy) {
+        out[0] = dist_draw(d0, w0, V, u0);
+        out[1] = dist_draw(d1, w1, V, u1);
+        return;
+    }
+    draw_row r0 = draw_row_of(d0, w0, V), r1 = draw_row_of(d1, w1, V);
+    draw_totals(&r0, &r1);
+    out[0] = draw_find(d0, w0, &r0, u0);
+    out[1] = draw_find(d1, w1, &r1, u1);
 }
 
 /* ---- Philox4x32-10 ------------------------------------------------------------------- */

@@ -20,7 +20,7 @@ typedef struct dist_params {
 /* Buffers for one position: x, e, ids, e_by_id and sort_tmp are [V] each; the histograms are
  * DIST_WORK_HIST floats. dist_work_floats(V) floats hold them all. */
 typedef struct dist_work {
-    float *x;             /* the logits of the mode (raw or processed) */
+    float *x;             /* the processed logits, where they differ from the logits */
     float *e;             /* exp(x - m), in support order */
     uint32_t *ids;        /* the truncated support, best first */
     float *e_by_id;       /* exp(x - m) in id order (truncation without top-k) */
@@ -55,6 +55,8 @@ static inline dist_work dist_work_at(float *base, size_t V) {
  * lse = (float)log(sum over the support in sorted order, in double). log p(t) =
  * (x[t] - m) - lse, -inf outside the support. */
 typedef struct dist {
+    const float *x;       /* the mode's logits: the logits passed to dist_build (which must
+                           * outlive the dist) when the mode leaves them as they are, else w->x */
     float m, lse;
     uint32_t n;           /* support size */
     int truncated;        /* support = ids[0 .. n) (else the whole vocabulary) */
@@ -64,8 +66,13 @@ typedef struct dist {
 int dist_params_check(const dist_params *p, uint32_t vocab);
 void dist_build(const parity_policy *pol, const dist_params *p, const float *logits, size_t V,
                 const dist_work *w, dist *d);
+/* Whether d, built by dist_build from `built`, is bit for bit the distribution dist_build
+ * would build from `want` on the same logits (so that it need not be built again). */
+int dist_built_as(const parity_policy *pol, const dist_params *built, const dist *d,
+                  const dist_params *want);
 float dist_logprob(const dist *d, const dist_work *w, int32_t token);
-/* The entropy of the distribution, -sum p log p. It overwrites w->x and w->e: call it last. */
+/* The entropy of the distribution, -sum p log p. It overwrites w->x and w->e (so d->x where
+ * that is w->x): call it last. */
 float dist_entropy(const dist *d, const dist_work *w, size_t V);
 /* The top_n tokens by log-prob within the support, best first, ties to the lower id; past
  * the support of a truncated distribution, id -1 and log-prob -inf. Uses w->ids. */
@@ -75,6 +82,11 @@ void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32
  * u in [0, 1): the first token, in support order (id order when not truncated), whose
  * cumulative exp(x - m) sum (in double) exceeds u times the total. Greedy: the arg max. */
 int32_t dist_draw(const dist *d, const dist_work *w, size_t V, double u);
+
+/* dist_draw of two distributions (built in two dist_works), out[k] the k-th's: the same
+ * draws, their sums interleaved so that each hides the other's latency. */
+void dist_draw2(const dist *d0, const dist_work *w0, double u0, const dist *d1,
+                const dist_work *w1, double u1, size_t V, int32_t out[2]);
 
 /* Counter-based randomness: Philox4x32-10 keyed by the seed, counting (position, stream):
  * a uniform double in [0, 1) with 53 random bits. */

@@ -138,7 +138,7 @@ static void job_logprobs(void *p, size_t begin, size_t end, unsigned worker) {
     const uint32_t n = j->top_ids ? j->o->top_n : 0;
     parity_scorer *s = j->s;
     const size_t V = s->model->config.vocab_size;
-    const dist_work w = engine_work(&s->eng, worker);
+    const dist_work w = engine_work(&s->eng, worker, 0);
     for (size_t i = begin; i < end; i++) {
         const size_t at = s->out_index[i];
         dist d;

@@ -120,8 +120,10 @@ static int32_t reference_draw(const float *e, const uint32_t *ids, size_t n, dou
 
 /* dist_draw against reference_draw for uniforms spread over [0, 1), the extremes, and the
  * running sums themselves (u * total at a boundary between two tokens, where `>` decides);
- * returns the number of draws compared. */
-static int check_draws(const dist *d, const dist_work *w, size_t V, const char *what) {
+ * and dist_draw2 of d beside a partner distribution pd (in pw, untruncated), either first,
+ * against the same definition for both; returns the number of draws compared. */
+static int check_draws(const dist *d, const dist_work *w, size_t V, const char *what,
+                       const dist *pd, const dist_work *pw) {
     const size_t n = d->truncated ? d->n : V;
     const uint32_t *ids = d->truncated ? w->ids : NULL;
     double total = 0;
@@ -144,6 +146,17 @@ static int check_draws(const dist *d, const dist_work *w, size_t V, const char *
         draws++;
         if (got != want && bad++ < 3)
             fprintf(stderr, "%s: draw at u = %a is %d, the definition's %d\n", what, u, got, want);
+        const double pu = fmod(t * 0.6180339887498949, 1.0);
+        const int32_t pwant = reference_draw(pw->e, NULL, V, pu);
+        int32_t two[2], swapped[2];
+        dist_draw2(d, w, u, pd, pw, pu, V, two);
+        dist_draw2(pd, pw, pu, d, w, u, V, swapped);
+        draws += 2;
+        if ((two[0] != want || two[1] != pwant || swapped[0] != pwant || swapped[1] != want) &&
+            bad++ < 3)
+            fprintf(stderr, "%s: paired draws at u = %a, %a are %d, %d and %d, %d swapped; the "
+                    "definition's %d, %d\n", what, u, pu, two[0], two[1], swapped[0], swapped[1],
+                    want, pwant);
     }
     CHECK(bad == 0);
     return draws;
@@ -158,13 +171,22 @@ int main(void) {
     float *x = malloc(Vmax * sizeof *x), *logits = malloc(Vmax * sizeof *logits);
     float *re = malloc(Vmax * sizeof *re), *work = malloc(dist_work_floats(Vmax) * sizeof *work);
     uint32_t *rids = malloc(Vmax * sizeof *rids);
-    if (!x || !logits || !re || !work || !rids) return 1;
+    float *plogits = malloc(Vmax * sizeof *plogits), *pwork = malloc(dist_work_floats(Vmax) * sizeof *pwork);
+    if (!x || !logits || !re || !work || !rids || !plogits || !pwork) return 1;
     parity_policy pol;
     CHECK_OK(parity_policy_from_name("aligned", &pol));
     int cases = 0, mismatched = 0, draws = 0;
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
         const size_t V = sizes[si];
         const dist_work w = dist_work_at(work, V);
+        /* the paired draws' partner: the whole distribution of other logits, in its own work */
+        const dist_work pw = dist_work_at(pwork, V);
+        fill(plogits, V, PEAKED);
+        for (size_t i = 0; i < V; i++) plogits[i] = -plogits[i];
+        const dist_params pfull = {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 0, 1, 0};
+        dist pd;
+        dist_build(&pol, &pfull, plogits, V, &pw, &pd);
+        CHECK(!pd.truncated);
         for (int kind = 0; kind < N_KINDS; kind++) {
             fill(logits, V, kind);
             for (size_t a = 0; a < sizeof top_ps / sizeof *top_ps; a++)
@@ -176,7 +198,7 @@ int main(void) {
                         if (V > 5000 && (a % 2 || b % 2)) continue; /* qsort of V: keep it short */
                         dist d;
                         dist_build(&pol, &p, logits, V, &w, &d);
-                        memcpy(x, w.x, V * sizeof *x); /* the processed logits */
+                        memcpy(x, d.x, V * sizeof *x); /* the processed logits */
                         const ref_dist r = reference(x, V, &p, rids, re);
                         cases++;
                         int bad = !d.truncated || d.n != r.n || bits(d.lse) != bits(r.lse);
@@ -187,20 +209,20 @@ int main(void) {
                                     "lse %a (ref %a)\n", V, KIND[kind], (double)p.top_p,
                                     (double)p.min_p, p.top_k, d.n, r.n, (double)d.lse, (double)r.lse);
                         CHECK(!bad);
-                        if (!bad && c == 0 && b == 0) draws += check_draws(&d, &w, V, KIND[kind]);
+                        if (!bad && c == 0 && b == 0) draws += check_draws(&d, &w, V, KIND[kind], &pd, &pw);
                     }
             /* the whole distribution (no truncation): e in id order */
             const dist_params full = {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 0, 1, 0};
             dist d;
             dist_build(&pol, &full, logits, V, &w, &d);
             CHECK(!d.truncated);
-            draws += check_draws(&d, &w, V, KIND[kind]);
+            draws += check_draws(&d, &w, V, KIND[kind], &pd, &pw);
         }
     }
     fprintf(stderr, "%d truncated distributions compared, %d differ; %d draws compared\n", cases,
             mismatched, draws);
     CHECK(draws > 1000);
     CHECK(cases > 500);
-    free(x), free(logits), free(re), free(work), free(rids);
+    free(x), free(logits), free(re), free(work), free(rids), free(plogits), free(pwork);
     return check_report("test_sampling");
 }
