@@ -93,9 +93,10 @@ void engine_free(engine *e);
 int engine_enter(engine *e, const char *what);
 void engine_leave(engine *e);
 
-/* Worker `worker`'s shares of the work buffer, slot 0 and 1 (the sampler draws its rows in
- * pairs): each what lib/sampling.c needs to build one position's distribution. */
-#define ENGINE_WORKS_PER_WORKER 2
+/* Worker `worker`'s shares of the work buffer, slots 0 .. DIST_DRAW_ROWS - 1 (the sampler
+ * draws its rows that many at a time): each what lib/sampling.c needs to build one position's
+ * distribution. */
+#define ENGINE_WORKS_PER_WORKER DIST_DRAW_ROWS
 static inline dist_work engine_work(const engine *e, unsigned worker, unsigned slot) {
     const size_t V = e->model->config.vocab_size;
     return dist_work_at(e->work + ((size_t)worker * ENGINE_WORKS_PER_WORKER + slot) * dist_work_floats(V), V);

@@ -517,7 +517,7 @@ static void report_row(const draw_job *j, size_t r, int32_t token, dist *d, cons
      * is the truncated one, or when the draw's is untruncated and the same) */
     const dist_params rep = {sp->logprob_mode, sp->temperature, sp->top_k, sp->top_p, sp->min_p};
     if (sp->logprob_mode != PARITY_LOGPROB_PROCESSED_TRUNCATED &&
-        !dist_built_as(&s->params.policy, draw, d, &rep))
+        !dist_built_as(draw, d, &rep))
         dist_build(&s->params.policy, &rep, logits, V, w, d);
     j->logprobs[o] = dist_logprob(d, w, token);
     uint32_t n = sp->top_n < j->max_top_n ? sp->top_n : j->max_top_n;
@@ -529,15 +529,16 @@ static void job_draw(void *p, size_t begin, size_t end, unsigned worker) {
     const draw_job *j = p;
     parity_sampler *s = j->s;
     const size_t V = s->model->config.vocab_size;
-    const dist_work w[2] = {engine_work(&s->eng, worker, 0), engine_work(&s->eng, worker, 1)};
-    /* two rows at a time, each drawn from the truncated processed distribution keyed by its
-     * new position */
-    for (size_t r = begin; r < end; r += 2) {
-        const unsigned rows = end - r >= 2 ? 2 : 1;
-        dist d[2];
-        dist_params draw[2];
-        double u[2];
-        int32_t token[2];
+    dist_work w[DIST_DRAW_ROWS];
+    for (unsigned k = 0; k < DIST_DRAW_ROWS; k++) w[k] = engine_work(&s->eng, worker, k);
+    /* DIST_DRAW_ROWS rows at a time, each drawn from the truncated processed distribution
+     * keyed by its new position */
+    for (size_t r = begin; r < end; r += DIST_DRAW_ROWS) {
+        const unsigned rows = end - r >= DIST_DRAW_ROWS ? DIST_DRAW_ROWS : (unsigned)(end - r);
+        dist d[DIST_DRAW_ROWS];
+        dist_params draw[DIST_DRAW_ROWS];
+        double u[DIST_DRAW_ROWS];
+        int32_t token[DIST_DRAW_ROWS];
         for (unsigned k = 0; k < rows; k++) {
             const seq_state *q = &s->seqs[s->batch_seq[r + k]];
             const parity_sampling *sp = &q->sampling;
@@ -546,8 +547,7 @@ static void job_draw(void *p, size_t begin, size_t end, unsigned worker) {
             dist_build(&s->params.policy, &draw[k], s->eng.logits + (r + k) * V, V, &w[k], &d[k]);
             u[k] = philox_uniform(sp->seed, q->stream, q->len);
         }
-        if (rows == 2) dist_draw2(&d[0], &w[0], u[0], &d[1], &w[1], u[1], V, token);
-        else token[0] = dist_draw(&d[0], &w[0], V, u[0]);
+        dist_draw_rows(rows, d, w, u, V, token);
         for (unsigned k = 0; k < rows; k++)
             report_row(j, r + k, token[k], &d[k], &w[k], s->eng.logits + (r + k) * V, &draw[k]);
     }

@@ -127,11 +127,32 @@ static void select_best(const float *x, uint32_t *ids, size_t n, size_t k) {
     sort_best_first(x, ids, k);
 }
 
+/* The first index of the largest x by `>` (a NaN never replaces anything; x[0] a NaN stays). */
 static uint32_t arg_max(const float *x, size_t V) {
     uint32_t best = 0;
     for (uint32_t i = 1; i < V; i++)
         if (x[i] > x[best]) best = i;
     return best;
+}
+
+/* arg_max(x, V) given m = max_f32(x, V) (kernels.h: every lane starts at x[0] and takes only
+ * strictly greater values). Where x[0] is a number, m is the largest number of x (no NaN is
+ * ever taken), and arg_max's answer is the first i with x[i] == m: every x before it is
+ * smaller or a NaN, and later ones equal to it do not replace it (a zero of either sign ==
+ * m = 0 of either sign, as `>` sees them equal too). The search runs in blocks whose equality
+ * tests vectorize, then finds the index inside the first block that holds it. */
+static uint32_t arg_max_of(const float *x, size_t V, float m) {
+    enum { BLOCK = 64 };
+    if (x[0] != x[0]) return 0;
+    for (size_t b = 0; b < V; b += BLOCK) {
+        const size_t end = b + BLOCK < V ? b + BLOCK : V;
+        int hit = 0;
+        for (size_t i = b; i < end; i++) hit |= x[i] == m;
+        if (hit)
+            for (size_t i = b; i < end; i++)
+                if (x[i] == m) return (uint32_t)i;
+    }
+    return arg_max(x, V); /* not reached: m is one of the x */
 }
 
 /* ---- distributions ----------------------------------------------------------------------- */
@@ -179,6 +200,19 @@ static size_t sorted_candidates(const dist_params *p, const dist_work *w, const 
     return V;
 }
 
+/* Whether round_bf16 leaves every x[i] as it is: its low 16 bits are zero and it is not a NaN
+ * (round_bf16 makes every NaN 0x7fc0, the one that stays is left out for simplicity). */
+static int bf16_exact(const float *x, size_t n) {
+    uint32_t low = 0, nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        low |= b & 0xffffu;
+        nan |= (b & 0x7fffffffu) > 0x7f800000u;
+    }
+    return !low && !nan;
+}
+
 void dist_build(const parity_policy *pol, const dist_params *p, const float *logits, size_t V,
                 const dist_work *w, dist *d) {
     const kernels *k = kern();
@@ -190,13 +224,16 @@ void dist_build(const parity_policy *pol, const dist_params *p, const float *log
     /* verl's logits.div_(temperature) on bf16 (fp16) logits rounds the quotient */
     const int round = pol->temperature == PARITY_TEMPERATURE_BF16;
     /* x / 1 == x for every number (DAZ is off in every call), and a NaN stays a NaN: at
-     * temperature 1 without the rounding, the processed logits are the logits */
-    if (p->mode != PARITY_LOGPROB_RAW && (t != 1 || round)) {
+     * temperature 1 without the rounding, the processed logits are the logits; with it, they
+     * are too where every logit is a bf16 number already (as LOGITS_BF16 leaves them) */
+    if (p->mode != PARITY_LOGPROB_RAW && (t != 1 || round) &&
+        !(t == 1 && pol->compute == PARITY_COMPUTE_BF16 && bf16_exact(logits, V))) {
         for (size_t i = 0; i < V; i++) w->x[i] = logits[i] / t;
         if (round) round_with(k, pol, w->x, V);
         x = w->x;
     }
     d->x = x;
+    d->x_is_logits = x == logits;
     d->m = k->max_f32(x, V);
 
     int truncate = p->mode == PARITY_LOGPROB_PROCESSED_TRUNCATED &&
@@ -208,7 +245,7 @@ void dist_build(const parity_policy *pol, const dist_params *p, const float *log
     }
     d->truncated = 1;
     if (d->greedy) {
-        w->ids[0] = arg_max(x, V);
+        w->ids[0] = arg_max_of(x, V, d->m);
         d->n = 1;
         d->lse = 0; /* log 1: the whole mass on the arg max */
         return;
@@ -250,13 +287,13 @@ void dist_build(const parity_policy *pol, const dist_params *p, const float *log
     d->lse = (float)log(z);
 }
 
-int dist_built_as(const parity_policy *pol, const dist_params *built, const dist *d,
-                  const dist_params *want) {
+int dist_built_as(const dist_params *built, const dist *d, const dist_params *want) {
     if (d->truncated || want->mode == PARITY_LOGPROB_PROCESSED_TRUNCATED) return 0;
     /* untruncated: x = logits / T (rounded as pol says), m = max x, lse = logf(sum_exp) */
-    if (want->mode == PARITY_LOGPROB_PROCESSED) return want->temperature == built->temperature;
-    /* RAW: x = logits, which PROCESSED takes as they are at temperature 1 unless it rounds */
-    return built->temperature == 1 && pol->temperature != PARITY_TEMPERATURE_BF16;
+    if (want->mode == PARITY_LOGPROB_PROCESSED)
+        return built->mode != PARITY_LOGPROB_RAW && want->temperature == built->temperature;
+    /* RAW: x = logits, which d has where dist_build found its processed logits to be them */
+    return d->x_is_logits;
 }
 
 /* Position of token t in the truncated support, or -1. */
@@ -339,28 +376,46 @@ static size_t stretch_end(size_t b, size_t n) {
     return (b + 1) * DRAW_MARK_STRIDE < n ? (b + 1) * DRAW_MARK_STRIDE : n;
 }
 
-/* The whole sums of two rows (b->n may be 0), their additions interleaved: each row's are a
- * sequential chain, the other's hide its latency. */
-static void draw_totals(draw_row *a, draw_row *b) {
-    const size_t sa = (a->n + DRAW_MARK_STRIDE - 1) / DRAW_MARK_STRIDE,
-                 sb = (b->n + DRAW_MARK_STRIDE - 1) / DRAW_MARK_STRIDE;
-    const float *ea = a->e, *eb = b->e;
-    double ta = 0, tb = 0;
-    for (size_t s = 0; s < sa || s < sb; s++) {
-        const size_t lo = s * DRAW_MARK_STRIDE;
-        const size_t end_a = s < sa ? stretch_end(s, a->n) : lo, end_b = s < sb ? stretch_end(s, b->n) : lo;
-        if (s && s < sa) memcpy(a->marks + (s - 1) * sizeof ta, &ta, sizeof ta);
-        if (s && s < sb) memcpy(b->marks + (s - 1) * sizeof tb, &tb, sizeof tb);
-        const size_t both = end_a < end_b ? end_a : end_b;
-        size_t i = lo;
-        for (; i < both; i++) {
-            ta += ea[i];
-            tb += eb[i];
-        }
-        for (size_t k = i; k < end_a; k++) ta += ea[k];
-        for (size_t k = i; k < end_b; k++) tb += eb[k];
+/* The whole sums of up to DIST_DRAW_ROWS rows, their additions interleaved: each row's are a
+ * sequential chain of double additions, latency-bound alone, and the others' fill its gaps.
+ * A stretch that every row has whole runs as four chains side by side, a row that is done
+ * (or missing) adding zeros from `zeros`: t + 0 == t for every t a sum of e >= 0 can be
+ * (+0, a positive number, +inf or NaN), so those additions change nothing. */
+static void draw_totals(draw_row *r, unsigned rows) {
+    static const float zeros[DRAW_MARK_STRIDE];
+    size_t stretches[DIST_DRAW_ROWS] = {0}, most = 0;
+    double t[DIST_DRAW_ROWS] = {0};
+    for (unsigned k = 0; k < rows; k++) {
+        stretches[k] = (r[k].n + DRAW_MARK_STRIDE - 1) / DRAW_MARK_STRIDE;
+        if (stretches[k] > most) most = stretches[k];
     }
-    a->total = ta, b->total = tb;
+    for (size_t s = 0; s < most; s++) {
+        const size_t lo = s * DRAW_MARK_STRIDE;
+        const float *p[DIST_DRAW_ROWS];
+        int whole = 1;
+        for (unsigned k = 0; k < DIST_DRAW_ROWS; k++) {
+            p[k] = zeros;
+            if (k >= rows || s >= stretches[k]) continue;
+            if (s) memcpy(r[k].marks + (s - 1) * sizeof t[k], &t[k], sizeof t[k]);
+            p[k] = r[k].e + lo;
+            if (stretch_end(s, r[k].n) - lo < DRAW_MARK_STRIDE) whole = 0;
+        }
+        if (whole) {
+            double t0 = t[0], t1 = t[1], t2 = t[2], t3 = t[3];
+            for (size_t i = 0; i < DRAW_MARK_STRIDE; i++) {
+                t0 += p[0][i];
+                t1 += p[1][i];
+                t2 += p[2][i];
+                t3 += p[3][i];
+            }
+            t[0] = t0, t[1] = t1, t[2] = t2, t[3] = t3;
+        } else {
+            for (unsigned k = 0; k < rows; k++)
+                if (s < stretches[k])
+                    for (size_t i = lo, end = stretch_end(s, r[k].n); i < end; i++) t[k] += r[k].e[i];
+        }
+    }
+    for (unsigned k = 0; k < rows; k++) r[k].total = t[k];
 }
 
 static int32_t draw_find(const dist *d, const dist_work *w, const draw_row *r, double u) {
@@ -388,23 +443,26 @@ static int32_t draw_greedy(const dist *d, const dist_work *w, size_t V) {
 }
 
 int32_t dist_draw(const dist *d, const dist_work *w, size_t V, double u) {
-    if (d->greedy) return draw_greedy(d, w, V);
-    draw_row r = draw_row_of(d, w, V), none = {NULL, 0, NULL, 0};
-    draw_totals(&r, &none);
-    return draw_find(d, w, &r, u);
+    int32_t out;
+    dist_draw_rows(1, d, w, &u, V, &out);
+    return out;
 }
 
-void dist_draw2(const dist *d0, const dist_work *w0, double u0, const dist *d1,
-                const dist_work *w1, double u1, size_t V, int32_t out[2]) {
-    if (d0->greedy || d1->greedy) {
-        out[0] = dist_draw(d0, w0, V, u0);
-        out[1] = dist_draw(d1, w1, V, u1);
-        return;
+void dist_draw_rows(unsigned rows, const dist *d, const dist_work *w, const double *u, size_t V,
+                    int32_t *out) {
+    draw_row r[DIST_DRAW_ROWS];
+    unsigned of[DIST_DRAW_ROWS], n = 0; /* r[i] is row of[i]'s */
+    for (unsigned k = 0; k < rows; k++) {
+        if (d[k].greedy) {
+            out[k] = draw_greedy(&d[k], &w[k], V);
+            continue;
+        }
+        of[n] = k;
+        r[n++] = draw_row_of(&d[k], &w[k], V);
     }
-    draw_row r0 = draw_row_of(d0, w0, V), r1 = draw_row_of(d1, w1, V);
-    draw_totals(&r0, &r1);
-    out[0] = draw_find(d0, w0, &r0, u0);
-    out[1] = draw_find(d1, w1, &r1, u1);
+    if (!n) return;
+    draw_totals(r, n);
+    for (unsigned i = 0; i < n; i++) out[of[i]] = draw_find(&d[of[i]], &w[of[i]], &r[i], u[of[i]]);
 }
 
 /* ---- Philox4x32-10 ------------------------------------------------------------------- */

@@ -57,6 +57,7 @@ static inline dist_work dist_work_at(float *base, size_t V) {
 typedef struct dist {
     const float *x;       /* the mode's logits: the logits passed to dist_build (which must
                            * outlive the dist) when the mode leaves them as they are, else w->x */
+    int x_is_logits;      /* x is the logits themselves (bit for bit the RAW mode's x) */
     float m, lse;
     uint32_t n;           /* support size */
     int truncated;        /* support = ids[0 .. n) (else the whole vocabulary) */
@@ -68,8 +69,7 @@ void dist_build(const parity_policy *pol, const dist_params *p, const float *log
                 const dist_work *w, dist *d);
 /* Whether d, built by dist_build from `built`, is bit for bit the distribution dist_build
  * would build from `want` on the same logits (so that it need not be built again). */
-int dist_built_as(const parity_policy *pol, const dist_params *built, const dist *d,
-                  const dist_params *want);
+int dist_built_as(const dist_params *built, const dist *d, const dist_params *want);
 float dist_logprob(const dist *d, const dist_work *w, int32_t token);
 /* The entropy of the distribution, -sum p log p. It overwrites w->x and w->e (so d->x where
  * that is w->x): call it last. */
@@ -83,10 +83,14 @@ void dist_top(const dist *d, const dist_work *w, size_t V, uint32_t top_n, int32
  * cumulative exp(x - m) sum (in double) exceeds u times the total. Greedy: the arg max. */
 int32_t dist_draw(const dist *d, const dist_work *w, size_t V, double u);
 
-/* dist_draw of two distributions (built in two dist_works), out[k] the k-th's: the same
- * draws, their sums interleaved so that each hides the other's latency. */
-void dist_draw2(const dist *d0, const dist_work *w0, double u0, const dist *d1,
-                const dist_work *w1, double u1, size_t V, int32_t out[2]);
+/* The most rows dist_draw_rows draws together. */
+#define DIST_DRAW_ROWS 4
+
+/* dist_draw of `rows` <= DIST_DRAW_ROWS distributions (d[k] built in w[k], driven by u[k]),
+ * out[k] the k-th's draw: the same draws, their sums interleaved so that each hides the
+ * others' latency. */
+void dist_draw_rows(unsigned rows, const dist *d, const dist_work *w, const double *u, size_t V,
+                    int32_t *out);
 
 /* Counter-based randomness: Philox4x32-10 keyed by the seed, counting (position, stream):
  * a uniform double in [0, 1) with 53 random bits. */

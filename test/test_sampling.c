@@ -120,8 +120,9 @@ static int32_t reference_draw(const float *e, const uint32_t *ids, size_t n, dou
 
 /* dist_draw against reference_draw for uniforms spread over [0, 1), the extremes, and the
  * running sums themselves (u * total at a boundary between two tokens, where `>` decides);
- * and dist_draw2 of d beside a partner distribution pd (in pw, untruncated), either first,
- * against the same definition for both; returns the number of draws compared. */
+ * and dist_draw_rows of d at every place of a group beside DIST_DRAW_ROWS - 1 partner
+ * distributions pd[q] (in pw[q]), against the same definition for each row; returns the
+ * number of draws compared. */
 static int check_draws(const dist *d, const dist_work *w, size_t V, const char *what,
                        const dist *pd, const dist_work *pw) {
     const size_t n = d->truncated ? d->n : V;
@@ -146,17 +147,88 @@ static int check_draws(const dist *d, const dist_work *w, size_t V, const char *
         draws++;
         if (got != want && bad++ < 3)
             fprintf(stderr, "%s: draw at u = %a is %d, the definition's %d\n", what, u, got, want);
-        const double pu = fmod(t * 0.6180339887498949, 1.0);
-        const int32_t pwant = reference_draw(pw->e, NULL, V, pu);
-        int32_t two[2], swapped[2];
-        dist_draw2(d, w, u, pd, pw, pu, V, two);
-        dist_draw2(pd, pw, pu, d, w, u, V, swapped);
-        draws += 2;
-        if ((two[0] != want || two[1] != pwant || swapped[0] != pwant || swapped[1] != want) &&
-            bad++ < 3)
-            fprintf(stderr, "%s: paired draws at u = %a, %a are %d, %d and %d, %d swapped; the "
-                    "definition's %d, %d\n", what, u, pu, two[0], two[1], swapped[0], swapped[1],
-                    want, pwant);
+        /* d at every place of a group of 2 .. DIST_DRAW_ROWS rows, beside the partners */
+        for (unsigned rows = 2; rows <= DIST_DRAW_ROWS; rows++)
+            for (unsigned at = 0; at < rows; at++) {
+                dist gd[DIST_DRAW_ROWS];
+                dist_work gw[DIST_DRAW_ROWS];
+                double gu[DIST_DRAW_ROWS];
+                int32_t gwant[DIST_DRAW_ROWS], got_rows[DIST_DRAW_ROWS];
+                for (unsigned k = 0, q = 0; k < rows; k++) {
+                    if (k == at) {
+                        gd[k] = *d, gw[k] = *w, gu[k] = u, gwant[k] = want;
+                        continue;
+                    }
+                    gd[k] = pd[q], gw[k] = pw[q];
+                    gu[k] = fmod((t + 1) * (0.6180339887498949 + q), 1.0);
+                    gwant[k] = reference_draw(pw[q].e, pd[q].truncated ? pw[q].ids : NULL,
+                                              pd[q].truncated ? pd[q].n : V, gu[k]);
+                    q++;
+                }
+                dist_draw_rows(rows, gd, gw, gu, V, got_rows);
+                draws += (int)rows;
+                for (unsigned k = 0; k < rows; k++)
+                    if (got_rows[k] != gwant[k] && bad++ < 3)
+                        fprintf(stderr, "%s: row %u of %u drawn together at u = %a is %d, the "
+                                "definition's %d\n", what, k, rows, gu[k], got_rows[k], gwant[k]);
+            }
+    }
+    CHECK(bad == 0);
+    return draws;
+}
+
+/* The processed logits at temperature 1 under a policy that rounds the quotient (aligned):
+ * where every logit is a bf16 number, dist_build takes them as they are (x_is_logits) and a
+ * RAW log-prob may reuse the distribution; where one is not (a fraction below bf16's, or a
+ * NaN), it rounds them. Either way x, m and lse are bit for bit those of round_bf16(logits / 1)
+ * built as RAW logits, which is what the processed distribution is by definition. */
+static void check_temperature_one(const parity_policy *pol, float *logits, size_t V,
+                                  const dist_work *w, const dist_work *rw, float *xr) {
+    const dist_params draw = {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 0, 1, 0},
+                      raw = {PARITY_LOGPROB_RAW, 1, 0, 1, 0};
+    fill(logits, V, FLAT); /* bf16 numbers */
+    for (int variant = 0; variant < 3; variant++) {
+        if (variant == 1) logits[V / 2] = nextafterf(logits[V / 2], INFINITY); /* not bf16 */
+        if (variant == 2) logits[V / 3] = NAN;
+        dist d, r;
+        dist_build(pol, &draw, logits, V, w, &d);
+        for (size_t i = 0; i < V; i++) xr[i] = round_bf16(logits[i] / 1.0f);
+        dist_build(pol, &raw, xr, V, rw, &r);
+        const int exact = variant == 0;
+        CHECK(!d.truncated);
+        CHECK(d.x_is_logits == exact);
+        CHECK(dist_built_as(&draw, &d, &raw) == exact);
+        int same = bits(d.m) == bits(r.m) && bits(d.lse) == bits(r.lse);
+        for (size_t i = 0; i < V; i++) same &= bits(d.x[i]) == bits(xr[i]);
+        if (!same)
+            fprintf(stderr, "temperature 1, variant %d: the processed logits, max or lse differ "
+                    "from round_bf16(logits)'s\n", variant);
+        CHECK(same);
+    }
+}
+
+/* The greedy draw against its definition, the first index of the largest logit by `>` (a NaN
+ * never replaces the best; a NaN first logit stays), on every kind of logits and on the
+ * edges: a NaN first, every logit -inf, zeros of both signs, the largest one last. Returns
+ * the number of draws compared. */
+static int check_greedy(const parity_policy *pol, float *logits, size_t V, const dist_work *w) {
+    const dist_params greedy = {PARITY_LOGPROB_PROCESSED_TRUNCATED, 0, 0, 1, 0};
+    int draws = 0, bad = 0;
+    for (int kind = 0; kind < N_KINDS + 4; kind++) {
+        if (kind < N_KINDS) fill(logits, V, kind);
+        else if (kind == N_KINDS) fill(logits, V, SPECIAL), logits[0] = NAN;
+        else if (kind == N_KINDS + 1) for (size_t i = 0; i < V; i++) logits[i] = -INFINITY;
+        else if (kind == N_KINDS + 2) for (size_t i = 0; i < V; i++) logits[i] = i % 3 ? -0.0f : (i % 2 ? 0.0f : -1.0f);
+        else for (size_t i = 0; i < V; i++) logits[i] = i + 1 < V ? -1.0f : 1.0f;
+        uint32_t want = 0;
+        for (uint32_t i = 1; i < V; i++)
+            if (logits[i] > logits[want]) want = i;
+        dist d;
+        dist_build(pol, &greedy, logits, V, w, &d);
+        const int32_t got = dist_draw(&d, w, V, 0.5);
+        draws++;
+        if (got != (int32_t)want && bad++ < 3)
+            fprintf(stderr, "greedy, V %zu, logits %d: drew %d, the definition %u\n", V, kind, got, want);
     }
     CHECK(bad == 0);
     return draws;
@@ -171,7 +243,8 @@ int main(void) {
     float *x = malloc(Vmax * sizeof *x), *logits = malloc(Vmax * sizeof *logits);
     float *re = malloc(Vmax * sizeof *re), *work = malloc(dist_work_floats(Vmax) * sizeof *work);
     uint32_t *rids = malloc(Vmax * sizeof *rids);
-    float *plogits = malloc(Vmax * sizeof *plogits), *pwork = malloc(dist_work_floats(Vmax) * sizeof *pwork);
+    float *plogits = malloc((DIST_DRAW_ROWS - 1) * Vmax * sizeof *plogits),
+          *pwork = malloc((DIST_DRAW_ROWS - 1) * dist_work_floats(Vmax) * sizeof *pwork);
     if (!x || !logits || !re || !work || !rids || !plogits || !pwork) return 1;
     parity_policy pol;
     CHECK_OK(parity_policy_from_name("aligned", &pol));
@@ -179,14 +252,24 @@ int main(void) {
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
         const size_t V = sizes[si];
         const dist_work w = dist_work_at(work, V);
-        /* the paired draws' partner: the whole distribution of other logits, in its own work */
-        const dist_work pw = dist_work_at(pwork, V);
-        fill(plogits, V, PEAKED);
-        for (size_t i = 0; i < V; i++) plogits[i] = -plogits[i];
-        const dist_params pfull = {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 0, 1, 0};
-        dist pd;
-        dist_build(&pol, &pfull, plogits, V, &pw, &pd);
-        CHECK(!pd.truncated);
+        /* the partners of the draws made together: the whole distribution of other logits,
+         * a short truncated one (top-k 5) and a top-p one, each in its own work */
+        const dist_params partner[DIST_DRAW_ROWS - 1] = {
+            {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 0, 1, 0},
+            {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 5, 1, 0},
+            {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 0, 0.9f, 0}};
+        const int partner_kind[DIST_DRAW_ROWS - 1] = {PEAKED, FLAT, COARSE};
+        dist_work pw[DIST_DRAW_ROWS - 1];
+        dist pd[DIST_DRAW_ROWS - 1];
+        for (unsigned q = 0; q < DIST_DRAW_ROWS - 1; q++) {
+            float *pl = plogits + q * Vmax;
+            pw[q] = dist_work_at(pwork + q * dist_work_floats(Vmax), V);
+            fill(pl, V, partner_kind[q]);
+            for (size_t i = 0; i < V; i++) pl[i] = -pl[i];
+            dist_build(&pol, &partner[q], pl, V, &pw[q], &pd[q]);
+        }
+        CHECK(!pd[0].truncated);
+        draws += check_greedy(&pol, logits, V, &w);
         for (int kind = 0; kind < N_KINDS; kind++) {
             fill(logits, V, kind);
             for (size_t a = 0; a < sizeof top_ps / sizeof *top_ps; a++)
@@ -209,16 +292,18 @@ int main(void) {
                                     "lse %a (ref %a)\n", V, KIND[kind], (double)p.top_p,
                                     (double)p.min_p, p.top_k, d.n, r.n, (double)d.lse, (double)r.lse);
                         CHECK(!bad);
-                        if (!bad && c == 0 && b == 0) draws += check_draws(&d, &w, V, KIND[kind], &pd, &pw);
+                        if (!bad && c == 0 && b == 0) draws += check_draws(&d, &w, V, KIND[kind], pd, pw);
                     }
             /* the whole distribution (no truncation): e in id order */
             const dist_params full = {PARITY_LOGPROB_PROCESSED_TRUNCATED, 1, 0, 1, 0};
             dist d;
             dist_build(&pol, &full, logits, V, &w, &d);
             CHECK(!d.truncated);
-            draws += check_draws(&d, &w, V, KIND[kind], &pd, &pw);
+            draws += check_draws(&d, &w, V, KIND[kind], pd, pw);
         }
     }
+    const dist_work tw = dist_work_at(work, Vmax), trw = dist_work_at(pwork, Vmax);
+    check_temperature_one(&pol, logits, Vmax, &tw, &trw, x);
     fprintf(stderr, "%d truncated distributions compared, %d differ; %d draws compared\n", cases,
             mismatched, draws);
     CHECK(draws > 1000);

@@ -383,11 +383,28 @@ static float dot_f32_avx512(const float *a, const float *b, size_t n) {
 
 static float sum_squares_avx512(const float *x, size_t n) { return dot_f32_avx512(x, x, n); }
 
-/* Lanes past the row add -0 (a padded lane computed exp(0 - m) and must add nothing). */
+/* Lanes past the row add -0 (a padded lane computed exp(0 - m) and must add nothing). Four
+ * vectors' exps are computed side by side (their polynomial chains overlap in program order
+ * as well as in the core's window) and added to the one accumulator in order: the same
+ * additions as one vector at a time. */
 static float sum_exp_avx512(const float *x, size_t n, float m, float *out) {
     const __m512 mv = _mm512_set1_ps(m), neg0 = _mm512_set1_ps(-0.0f);
     __m512 acc = _mm512_setzero_ps();
-    for (size_t i = 0; i < n; i += 16) {
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512 e0 = z_exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+        const __m512 e1 = z_exp(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), mv));
+        const __m512 e2 = z_exp(_mm512_sub_ps(_mm512_loadu_ps(x + i + 32), mv));
+        const __m512 e3 = z_exp(_mm512_sub_ps(_mm512_loadu_ps(x + i + 48), mv));
+        if (out) {
+            _mm512_storeu_ps(out + i, e0);
+            _mm512_storeu_ps(out + i + 16, e1);
+            _mm512_storeu_ps(out + i + 32, e2);
+            _mm512_storeu_ps(out + i + 48, e3);
+        }
+        acc = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc, e0), e1), e2), e3);
+    }
+    for (; i < n; i += 16) {
         const __mmask16 k = z_mask_at(n, i);
         const __m512 e = z_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
         if (out) _mm512_mask_storeu_ps(out + i, k, e);
