@@ -47,7 +47,7 @@ static size_t engine_layout(engine *e, const parity_config *c, const engine_para
         {(void **)&e->rows, R, sizeof *e->rows, 0, "batch rows"},
         {(void **)&e->out_rows, R, sizeof *e->out_rows, 0, "batch rows"},
         {(void **)&e->logits, R * V, sizeof *e->logits, 1, "logits"},
-        {(void **)&e->work, (uint64_t)p->n_threads * ENGINE_WORKS_PER_WORKER * dist_work_floats(V), sizeof *e->work, 1, "log-softmax work"},
+        {(void **)&e->work, (uint64_t)p->n_threads * p->works * dist_work_floats(V), sizeof *e->work, 1, "log-softmax work"},
     };
     const size_t n_own = sizeof own / sizeof own[0];
     memcpy(b, own, sizeof own);

@@ -24,6 +24,8 @@ typedef struct engine_params {
     uint32_t max_ctx;      /* the longest context one row attends to */
     uint32_t split_k;      /* > 1: the scratch holds split-K partial sums */
     uint64_t max_memory;   /* the caller's ceiling on the bytes creation allocates; 0 = none */
+    uint32_t works;        /* dist_works per worker: 1, or DIST_DRAW_ROWS for the sampler,
+                            * which draws that many rows together */
 } engine_params;
 
 /* A buffer of `count` elements of `size` bytes at *p: zeroed, or 64-byte aligned and not
@@ -46,7 +48,7 @@ typedef struct engine {
     fwd_row *rows;         /* [max_rows] */
     uint32_t *out_rows;    /* [max_rows] rows of a forward whose logits are wanted */
     float *logits;         /* [max_rows][vocab] */
-    float *work;           /* [n_threads][3 * vocab]: a dist_work per worker */
+    float *work;           /* [n_threads][p.works][dist_work_floats(vocab)]: a worker's dist_works */
     engine_buf bufs[ENGINE_MAX_BUFS];  /* the table engine_init allocated, freed by engine_free */
     size_t n_bufs;
     atomic_int in_use;     /* set while a public call runs (object_enter) */
@@ -93,13 +95,11 @@ void engine_free(engine *e);
 int engine_enter(engine *e, const char *what);
 void engine_leave(engine *e);
 
-/* Worker `worker`'s shares of the work buffer, slots 0 .. DIST_DRAW_ROWS - 1 (the sampler
- * draws its rows that many at a time): each what lib/sampling.c needs to build one position's
- * distribution. */
-#define ENGINE_WORKS_PER_WORKER DIST_DRAW_ROWS
+/* Worker `worker`'s share `slot` (< p.works) of the work buffer: what lib/sampling.c needs to
+ * build one position's distribution. */
 static inline dist_work engine_work(const engine *e, unsigned worker, unsigned slot) {
     const size_t V = e->model->config.vocab_size;
-    return dist_work_at(e->work + ((size_t)worker * ENGINE_WORKS_PER_WORKER + slot) * dist_work_floats(V), V);
+    return dist_work_at(e->work + ((size_t)worker * e->p.works + slot) * dist_work_floats(V), V);
 }
 
 /* The forward's context on this engine, with the contract's summation orders. */

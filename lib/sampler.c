@@ -101,7 +101,7 @@ static int sampler_resolve(const parity_model *model, const void *params, void *
     const uint32_t rows = p.prefill_chunk > p.max_batch ? p.prefill_chunk : p.max_batch;
     *ep = (engine_params){.n_threads = p.n_threads, .backend = p.backend, .policy = p.policy,
                           .kv_cells = p.cache_tokens, .max_rows = rows, .max_ctx = p.max_len,
-                          .split_k = p.split_k, .max_memory = p.max_memory};
+                          .split_k = p.split_k, .max_memory = p.max_memory, .works = DIST_DRAW_ROWS};
     *(parity_sampler_params *)resolved = p;
     return PARITY_OK;
 }

@@ -62,7 +62,7 @@ static int scorer_resolve(const parity_model *model, const void *params, void *r
     p->n_threads = p->n_threads ? p->n_threads : 1;
     *ep = (engine_params){.n_threads = p->n_threads, .backend = p->backend, .policy = p->policy,
                           .kv_cells = capacity, .max_rows = p->chunk_rows, .max_ctx = capacity,
-                          .max_memory = p->max_memory};
+                          .max_memory = p->max_memory, .works = 1};
     return PARITY_OK;
 }
 
