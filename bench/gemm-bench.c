@@ -22,6 +22,10 @@
  * --thp also runs M = 1 with the weights in buffers advised MADV_HUGEPAGE (2 MB pages).
  * --hot uses one copy of the weights (cache-resident when they fit: the kernel alone).
  * --quick skips lm_head at M = 512 (160 GFLOP a call).
+ * --groups instead of the table: the GEMMs a layer runs on one x (q, k, v; gate, up), one
+ *   call each (gemm_bf16w_pool) against one grouped call (gemm_bf16w_group_pool: x packed
+ *   once, one parallel loop), the two timed alternately call by call; GB/s of weights from
+ *   the median times, and the grouped outputs checked bitwise against the separate ones.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -206,7 +210,7 @@ static int check_case(size_t M, size_t N, size_t K, const float *x, const uint16
 }
 
 typedef struct options {
-    int json, check, thp, quick, hot, reps_max;
+    int json, check, thp, quick, hot, groups, reps_max;
     double min_time;
     unsigned threads[8];
     int n_threads;
@@ -251,6 +255,106 @@ static result run_case(const options *o, threadpool *pool, const shape *s, size_
     return r;
 }
 
+/* ---- --groups: one call per GEMM against one grouped call ---------------------------- */
+
+typedef struct group_shape {
+    const char *name;
+    size_t n, K, N[GEMM_GROUP_MAX];
+} group_shape;
+
+static const group_shape GROUPS[] = {
+    {"q,k,v", 3, 1024, {2048, 1024, 1024}},
+    {"gate,up", 2, 1024, {3072, 3072}},
+};
+
+/* The median seconds of the separate calls and of the grouped call, timed alternately on
+ * the same weight copies; 0 from a failed allocation. *same: the outputs agree bitwise. */
+static int run_group(const options *o, threadpool *pool, const group_shape *g, size_t M,
+                     double *t_sep, double *t_grp, int *same) {
+    size_t total = 0, off[GEMM_GROUP_MAX];
+    for (size_t i = 0; i < g->n; i++) off[i] = total, total += g->N[i];
+    weights wt;
+    float *x = malloc(M * g->K * sizeof *x), *y = malloc(M * total * sizeof *y),
+          *y2 = malloc(M * total * sizeof *y2);
+    const size_t nxp = gemm_scratch_xpack_floats(M, g->K);
+    gemm_scratch gs = {aligned_alloc(64, (nxp * sizeof(float) + 63) / 64 * 64),
+                       aligned_alloc(64, gemm_panel_floats(g->K) * pool_size(pool) * sizeof(float)),
+                       g->K};
+    if (!x || !y || !y2 || !gs.xpack || !gs.panels || weights_make(&wt, total, g->K, 0, o->hot)) {
+        free(x), free(y), free(y2), free(gs.xpack), free(gs.panels);
+        return -1;
+    }
+    for (size_t i = 0; i < M * g->K; i++)
+        x[i] = parity_bf16_to_f32(parity_bf16_from_f32((float)((int)(rng() % 2001) - 1000) / 1000.0f));
+    double ts[MAX_REPS], tg[MAX_REPS], spent = 0;
+    int n = 0;
+    size_t copy = 0;
+    *same = 1;
+    for (int rep = -1; rep < o->reps_max && (rep < 3 || spent < o->min_time); rep++) {
+        const uint16_t *w = (const uint16_t *)((const char *)wt.data + copy * wt.bytes_each);
+        gemm_part parts[GEMM_GROUP_MAX];
+        for (size_t i = 0; i < g->n; i++)
+            parts[i] = (gemm_part){w + off[i] * g->K, g->K, g->N[i], y2 + M * off[i], g->N[i], NULL};
+        double t0 = bench_now();
+        for (size_t i = 0; i < g->n; i++)
+            gemm_bf16w_pool(pool, M, g->K, x, g->K, w + off[i] * g->K, g->K, y + M * off[i], g->N[i],
+                            g->N[i], &gs);
+        const double t1 = bench_now();
+        copy = (copy + 1) % wt.copies;
+        w = (const uint16_t *)((const char *)wt.data + copy * wt.bytes_each);
+        for (size_t i = 0; i < g->n; i++) parts[i].w = w + off[i] * g->K;
+        const double t2 = bench_now();
+        gemm_bf16w_group_pool(pool, M, g->K, x, g->K, g->n, parts, &gs);
+        const double t3 = bench_now();
+        copy = (copy + 1) % wt.copies;
+        if (memcmp(y, y2, M * total * sizeof *y) != 0) *same = 0;
+        if (rep < 0) continue; /* the untimed first round */
+        ts[n] = t1 - t0, tg[n] = t3 - t2;
+        spent += ts[n] + tg[n];
+        n++;
+    }
+    qsort(ts, (size_t)n, sizeof *ts, bench_cmp_double);
+    qsort(tg, (size_t)n, sizeof *tg, bench_cmp_double);
+    *t_sep = ts[n / 2], *t_grp = tg[n / 2];
+    weights_free(&wt);
+    free(x), free(y), free(y2), free(gs.xpack), free(gs.panels);
+    return 0;
+}
+
+static int run_groups(const options *o, threadpool *const *pools) {
+    int failed = 0, first = 1;
+    if (!o->json)
+        printf("\n%-8s %5s %5s %3s %14s %14s %8s  %s\n", "group", "M", "K", "thr",
+               "separate GB/s", "grouped GB/s", "speedup", "bits");
+    for (int mi = 0; mi < o->n_ms; mi++)
+        for (size_t gi = 0; gi < sizeof GROUPS / sizeof GROUPS[0]; gi++)
+            for (int t = 0; t < o->n_threads; t++) {
+                const group_shape *g = &GROUPS[gi];
+                const size_t M = o->ms[mi];
+                double ts, tg;
+                int same;
+                if (run_group(o, pools[t], g, M, &ts, &tg, &same)) {
+                    fprintf(stderr, "gemm-bench: out of memory\n");
+                    return 1;
+                }
+                size_t total = 0;
+                for (size_t i = 0; i < g->n; i++) total += g->N[i];
+                const double bytes = 2.0 * (double)total * (double)g->K;
+                if (!same) failed = 1;
+                if (!o->json)
+                    printf("%-8s %5zu %5zu %3u %14.2f %14.2f %7.3fx  %s\n", g->name, M, g->K,
+                           o->threads[t], bytes / ts * 1e-9, bytes / tg * 1e-9, ts / tg,
+                           same ? "same" : "DIFFER");
+                else
+                    printf("%s\n    {\"group\": \"%s\", \"M\": %zu, \"K\": %zu, \"threads\": %u, "
+                           "\"separate_s\": %.6e, \"grouped_s\": %.6e, \"same_bits\": %s}",
+                           first ? "" : ",", g->name, M, g->K, o->threads[t], ts, tg,
+                           same ? "true" : "false");
+                first = 0;
+            }
+    return failed;
+}
+
 static int parse_list(const char *arg, size_t *out, int max) {
     int n = 0;
     for (const char *p = arg; *p && n < max;) {
@@ -266,7 +370,8 @@ static int parse_list(const char *arg, size_t *out, int max) {
 
 static void usage(void) {
     fprintf(stderr, "usage: gemm-bench [--json] [--threads 1,2] [--m 1,64,512] [--shape NAME]\n"
-                    "                  [--min-time S] [--reps N] [--check] [--thp] [--hot] [--quick]\n");
+                    "                  [--min-time S] [--reps N] [--check] [--thp] [--hot] [--quick]\n"
+                    "                  [--groups]\n");
 }
 
 int main(int argc, char **argv) {
@@ -286,6 +391,8 @@ int main(int argc, char **argv) {
             o.hot = 1;
         } else if (!strcmp(a, "--quick")) {
             o.quick = 1;
+        } else if (!strcmp(a, "--groups")) {
+            o.groups = 1;
         } else if (!strcmp(a, "--threads") && v) {
             int n = parse_list(v, list, 8);
             if (n <= 0) return usage(), 2;
@@ -355,7 +462,11 @@ int main(int argc, char **argv) {
     }
 
     int first = 1, failed = 0;
-    for (int mi = 0; mi < o.n_ms; mi++) {
+    if (o.groups) {
+        if (o.json) printf("],\n  \"groups\": [");
+        failed = run_groups(&o, pools);
+    }
+    for (int mi = 0; mi < o.n_ms && !o.groups; mi++) {
         const size_t M = o.ms[mi];
         for (size_t si = 0; si < N_SHAPES; si++) {
             const shape *s = &SHAPES[si];
@@ -417,6 +528,8 @@ int main(int argc, char **argv) {
     if (o.json) printf("\n  ]\n}\n");
     fp_env_restore(saved_env);
     for (int t = 0; t < o.n_threads; t++) pool_free(pools[t]);
-    if (failed) fprintf(stderr, "gemm-bench: outputs differ from the portable kernels\n");
+    if (failed)
+        fprintf(stderr, o.groups ? "gemm-bench: grouped outputs differ from the separate calls\n"
+                                 : "gemm-bench: outputs differ from the portable kernels\n");
     return failed;
 }

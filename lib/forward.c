@@ -195,11 +195,9 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
         phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* q, k, v projections: each GEMM output rounded once */
-        linear_round_point(ctx, R, s->xn, &w->wq, &w->bq, s->q);
-        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        linear_round_point(ctx, R, s->xn, &w->wk, &w->bk, s->k);
-        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        linear_round_point(ctx, R, s->xn, &w->wv, &w->bv, s->v);
+        const weight *qkv[] = {&w->wq, &w->wk, &w->wv}, *qkv_bias[] = {&w->bq, &w->bk, &w->bv};
+        float *const qkv_out[] = {s->q, s->k, s->v};
+        linear_group_round_point(ctx, R, s->xn, 3, qkv, qkv_bias, qkv_out);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
 
         /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm) */
@@ -233,9 +231,9 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
 
         /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
          * down projection rounded */
-        linear_round_point(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
-        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        linear_round_point(ctx, R, s->xn, &w->w_up, NULL, s->up);
+        const weight *gate_up[] = {&w->w_gate, &w->w_up}, *no_bias[] = {NULL, NULL};
+        float *const gate_up_out[] = {s->gate, s->up};
+        linear_group_round_point(ctx, R, s->xn, 2, gate_up, no_bias, gate_up_out);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
         run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
                                                .width = inter}, R);

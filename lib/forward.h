@@ -237,6 +237,13 @@ void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const
  * same bits as a pass after the GEMM, without one core rounding all of y alone). */
 void linear_round_point(const fwd_ctx *ctx, size_t M, const float *x, const weight *w,
                         const weight *bias, float *y);
+/* linear_round_point of n <= GEMM_GROUP_MAX layers that read the same x (q, k and v; gate and
+ * up): y[i] = round(x . w[i]^T + bias[i]) (bias[i] NULL or of rows = 0 for none), each
+ * output the same bits as linear_round_point's. On the bf16 backend x is packed once and one
+ * parallel loop runs the column blocks of all n (gemm_bf16w_group_pool); elsewhere the n run
+ * one after the other. */
+void linear_group_round_point(const fwd_ctx *ctx, size_t M, const float *x, size_t n,
+                              const weight *const *w, const weight *const *bias, float *const *y);
 /* The bf16-weight GEMM as linear() runs it: y[M][N] = x . w^T (x rows ldx apart, w rows ldw
  * apart, y rows ldy apart, K <= s->max_k): x packed over the pool (gemm_pack_x, or
  * gemm_pack_xt from the table's tiles_min_m rows on), then output columns split over the pool
@@ -244,6 +251,29 @@ void linear_round_point(const fwd_ctx *ctx, size_t M, const float *x, const weig
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
                      const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
                      const gemm_scratch *s);
+/* What a GEMM task does to the output columns it computed, before anyone else reads them: the
+ * bias added to the fp32 sums, then the policy's output rounding. The same additions and the
+ * same rounding as passes over y after the GEMM, so the same bits; done by every worker on
+ * columns still in its cache instead of by the caller over all of y. */
+typedef struct gemm_epilogue {
+    const float *bias;           /* [N], or NULL */
+    const parity_policy *round;  /* round_with this policy, or NULL */
+} gemm_epilogue;
+/* One GEMM of a group: y[M][N] = x . w^T (w rows ldw apart, y rows ldy apart), then ep (or
+ * NULL). */
+typedef struct gemm_part {
+    const uint16_t *w;
+    size_t ldw, N;
+    float *y;
+    size_t ldy;
+    const gemm_epilogue *ep;
+} gemm_part;
+#define GEMM_GROUP_MAX 3
+/* gemm_bf16w_pool of n <= GEMM_GROUP_MAX GEMMs on the same x: x packed once, then the column
+ * blocks of all n split over the pool in one parallel loop, each output the same bits as
+ * its own gemm_bf16w_pool's (an output depends on nothing computed beside it). */
+void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                           size_t n, const gemm_part *parts, const gemm_scratch *s);
 
 /* Rows per attention task: a prefill's rows of one sequence share each widened block of keys
  * and values; a worker's attention scratch holds that many rows' scores and accumulators. */

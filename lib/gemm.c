@@ -28,15 +28,6 @@
 #define COLUMN_BLOCK 32
 #define TILES_COLUMN_BLOCK 24
 
-/* What a GEMM task does to the output columns it computed, before anyone else reads them: the
- * bias added to the fp32 sums, then the policy's output rounding. The same additions and the
- * same rounding as passes over y after the GEMM, so the same bits; done by every worker on
- * columns still in its cache instead of by the caller over all of y. */
-typedef struct gemm_epilogue {
-    const float *bias;           /* [N], or NULL */
-    const parity_policy *round;  /* round_with this policy, or NULL */
-} gemm_epilogue;
-
 typedef struct gemm_job {
     const kernels *k;
     size_t M, K, N;
@@ -102,19 +93,48 @@ static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
     }
 }
 
+/* Several GEMMs on one x, packed once (gemm_bf16w_group_pool): task t is column block
+ * t - first[p] of part p, for the part p whose blocks hold it. One GEMM is a group of one. */
+typedef struct gemm_group_job {
+    size_t n;
+    gemm_job part[GEMM_GROUP_MAX];
+    size_t first[GEMM_GROUP_MAX + 1];  /* the parts' first tasks, then the count of all */
+} gemm_group_job;
+
+static void gemm_group_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
+    const gemm_group_job *g = ctx;
+    for (size_t p = 0; p < g->n && begin < end; p++) {
+        if (begin >= g->first[p + 1]) continue;
+        const size_t stop = end < g->first[p + 1] ? end : g->first[p + 1];
+        gemm_columns((void *)&g->part[p], begin - g->first[p], stop - g->first[p], worker);
+        begin = stop;
+    }
+}
+
 /* The large-M path splits columns statically: each worker's range passes its x blocks once.
  * The small-M path streams weights from memory, where one worker may be slowed down by the
  * other's traffic or by a neighbour: its column blocks go out in chunks of about an eighth
- * of a worker's share, to whichever worker is free. */
-static void gemm_on_pool(threadpool *pool, const gemm_job *j) {
+ * of a worker's share, to whichever worker is free. The parts of a group (all of one kind)
+ * go as one loop: one dispatch, and the weights of one part follow the last's without a
+ * pause. */
+static void gemm_group_on_pool(threadpool *pool, gemm_group_job *g) {
+    const gemm_job *j = &g->part[0];
     const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
-    const size_t tasks = (j->N + block - 1) / block;
+    g->first[0] = 0;
+    for (size_t p = 0; p < g->n; p++)
+        g->first[p + 1] = g->first[p] + (g->part[p].N + block - 1) / block;
+    const size_t tasks = g->first[g->n];
     if (j->panels || !j->w16 || (j->xb && j->M >= j->k->tiles_min_m)) {
-        pool_run(pool, gemm_columns, (void *)j, tasks);
+        pool_run(pool, gemm_group_columns, g, tasks);
         return;
     }
     const size_t shares = 8 * (size_t)pool_size(pool);
-    pool_run_dynamic(pool, gemm_columns, (void *)j, tasks, (tasks + shares - 1) / shares);
+    pool_run_dynamic(pool, gemm_group_columns, g, tasks, (tasks + shares - 1) / shares);
+}
+
+static void gemm_on_pool(threadpool *pool, const gemm_job *j) {
+    gemm_group_job g = {.n = 1, .part = {*j}};
+    gemm_group_on_pool(pool, &g);
 }
 
 typedef struct pack_job {
@@ -247,10 +267,12 @@ static void gemm_amx_pool(threadpool *pool, size_t M, size_t K, const float *x, 
 }
 #endif
 
-static void gemm_bf16w_pool_ep(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
-                               const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
-                               const gemm_scratch *s, const gemm_epilogue *ep) {
+void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                           size_t n, const gemm_part *parts, const gemm_scratch *s) {
     const kernels *k = kern();
+    gemm_group_job g = {.n = n};
+    gemm_job j = {k, M, K, 0, NULL, 0, NULL, NULL, NULL, 0, NULL, 0, NULL, 0, NULL};
+    int packed = 0;
     if (k->gemm_bf16xw) {
         /* the scratch holds M packed fp32 rows, so M bf16 rows fit */
         pack_bf16_job pb = {K, ldx, x, (uint16_t *)s->xpack, 0};
@@ -259,21 +281,35 @@ static void gemm_bf16w_pool_ep(threadpool *pool, size_t M, size_t K, const float
             pack_bf16_rows(&pb, 0, M, 0);
         else
             pool_run(pool, pack_bf16_rows, &pb, M);
-        if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) {
-            const gemm_job j = {k, M, K, N, NULL, 0, pb.xb, w, NULL, ldw, y, ldy, NULL, 0, ep};
-            gemm_on_pool(pool, &j);
-            return;
+        if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) j.xb = pb.xb, packed = 1;
+    }
+    if (!packed) {
+        pack_job p = {M, K, ldx, x, s->xpack};
+        j.x = s->xpack;
+        if (M >= k->tiles_min_m) {
+            pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
+            j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
+        } else {
+            pool_run(pool, pack_rows, &p, M);
         }
     }
-    pack_job p = {M, K, ldx, x, s->xpack};
-    gemm_job j = {k, M, K, N, s->xpack, 0, NULL, w, NULL, ldw, y, ldy, NULL, 0, ep};
-    if (M >= k->tiles_min_m) {
-        pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
-        j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
-    } else {
-        pool_run(pool, pack_rows, &p, M);
+    for (size_t i = 0; i < n; i++) {
+        g.part[i] = j;
+        g.part[i].N = parts[i].N;
+        g.part[i].w16 = parts[i].w;
+        g.part[i].ldw = parts[i].ldw;
+        g.part[i].y = parts[i].y;
+        g.part[i].ldy = parts[i].ldy;
+        g.part[i].ep = parts[i].ep;
     }
-    gemm_on_pool(pool, &j);
+    gemm_group_on_pool(pool, &g);
+}
+
+static void gemm_bf16w_pool_ep(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                               const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
+                               const gemm_scratch *s, const gemm_epilogue *ep) {
+    const gemm_part part = {w, ldw, N, y, ldy, ep};
+    gemm_bf16w_group_pool(pool, M, K, x, ldx, 1, &part, s);
 }
 
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
@@ -376,6 +412,28 @@ static void linear_ep(const fwd_ctx *ctx, size_t M, const float *x, const weight
     const float *b = NULL;
     if (bias && bias->rows) b = weight_values(&ctx->pol, bias);
     linear_weights_ep(ctx, M, x, w->cols, &gw, b, round_out, y, w->rows);
+}
+
+void linear_group_round_point(const fwd_ctx *ctx, size_t M, const float *x, size_t n,
+                              const weight *const *w, const weight *const *bias, float *const *y) {
+    const size_t K = w[0]->cols;
+    /* the bf16 backend's one-pass GEMMs (not K split, not quantized, bf16 weights) */
+    int grouped = n <= GEMM_GROUP_MAX && ctx->backend == PARITY_BACKEND_BF16 &&
+                  ctx->split_k <= 1 && ctx->pol.compute == PARITY_COMPUTE_BF16;
+    for (size_t i = 0; i < n && grouped; i++)
+        grouped = w[i]->cols == K && !quant_weight_for(&ctx->pol, w[i]);
+    if (!grouped) {
+        for (size_t i = 0; i < n; i++) linear_round_point(ctx, M, x, w[i], bias[i], y[i]);
+        return;
+    }
+    gemm_epilogue ep[GEMM_GROUP_MAX];
+    gemm_part parts[GEMM_GROUP_MAX];
+    for (size_t i = 0; i < n; i++) {
+        const float *b = bias[i] && bias[i]->rows ? weight_values(&ctx->pol, bias[i]) : NULL;
+        ep[i] = (gemm_epilogue){b, &ctx->pol};
+        parts[i] = (gemm_part){w[i]->bf16, K, w[i]->rows, y[i], w[i]->rows, &ep[i]};
+    }
+    gemm_bf16w_group_pool(ctx->pool, M, K, x, K, n, parts, &ctx->s->gemm);
 }
 
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
