@@ -35,7 +35,8 @@
  *            llama-bench counts pp); tokens/s = L / time. Bounded by compute: achieved
  *            GFLOP/s (2 flops per weight per token, plus attention) against the FMA peak.
  *   score    the scorer's: log-probs at every position of L tokens (the lm_head runs on every
- *            row); tokens/s = L / time. For the first preset only, unless --score-all.
+ *            row); tokens/s = L / time. For the first preset only, unless --score-all;
+ *            timed interleaved with the prefill rows of the same L, call by call.
  *            Below the table, each score row beside the prefill row of its tokens, split by
  *            the library's profile of the timed calls: the decoder layers, the head (whose
  *            GFLOP/s on all L rows is printed against the row's peak), the log-probs.
@@ -1103,43 +1104,45 @@ int main(int argc, char **argv) {
                 for (int p = 0; p < np; p++) cfg[p] = (run_cfg){model, presets[p], backend, threads[t]};
                 fprintf(stderr, "parity-speed: %s / %s / %u thread(s): %s\n", backends[b],
                         parity_cpu_path_name(paths[pi]), threads[t], presets_s);
-                for (int li = 0; li < nl; li++)
-                    for (int phase = 0; phase < 2; phase++) {
-                        const uint32_t L = prompts[li];
-                        const int npp = phase && !score_all ? 1 : np;
-                        prompt_run runs[MAX_LIST];
-                        for (int p = 0; p < npp; p++)
-                            if (prompt_open(&cfg[p], phase, L, &runs[p])) return 1;
-                        double lim_gbs, lim_gflops;
-                        group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs, &lim_gflops);
-                        double v[MAX_LIST][50];
-                        for (int k = 0; k < reps; k++)
-                            for (int p = 0; p < npp; p++) {
-                                const double dt = prompt_time(&runs[p]);
-                                if (dt < 0) return 1;
-                                v[p][k] = L / dt;
-                            }
-                        parity_profile prof[MAX_LIST];
-                        for (int p = 0; p < npp; p++) {
-                            const int rc = prompt_profile(&runs[p], &prof[p]);
-                            prompt_close(&runs[p]);
-                            if (rc) return fail("profile");
+                /* prefill and score of a prompt length in one group, interleaved too: the
+                 * score is compared with the prefill below */
+                for (int li = 0; li < nl; li++) {
+                    const uint32_t L = prompts[li];
+                    const int ns = score_all ? np : 1, nrun = np + ns;
+                    prompt_run runs[2 * MAX_LIST];
+                    for (int q = 0; q < nrun; q++)
+                        if (prompt_open(&cfg[q < np ? q : q - np], q >= np, L, &runs[q])) return 1;
+                    double lim_gbs, lim_gflops;
+                    group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs, &lim_gflops);
+                    double v[2 * MAX_LIST][50];
+                    for (int k = 0; k < reps; k++)
+                        for (int q = 0; q < nrun; q++) {
+                            const double dt = prompt_time(&runs[q]);
+                            if (dt < 0) return 1;
+                            v[q][k] = L / dt;
                         }
-                        for (int p = 0; p < npp; p++) {
-                            result *x = &res[nres++];
-                            *x = (result){phase ? "score" : "prefill", presets[p], backends[b], paths[pi],
-                                          threads[t], 1, L, L, summarise(v[p], reps), 0, 0,
-                                          lim_gbs, lim_gflops, 0, 0, 0};
-                            const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
-                                                 ms.head_flops * (phase ? L : 1);
-                            x->gflops = flops / (L / x->tps.median) / 1e9;
-                            const parity_profile *q = &prof[p];
-                            const double calls = reps; /* prefill: an add and a step each */
-                            x->head_s = q->phase_seconds[PARITY_PHASE_HEAD] / calls;
-                            x->sampling_s = q->phase_seconds[PARITY_PHASE_SAMPLING] / calls;
-                            x->layers_s = q->call_seconds / calls - x->head_s - x->sampling_s;
-                        }
+                    parity_profile prof[2 * MAX_LIST];
+                    for (int q = 0; q < nrun; q++) {
+                        const int rc = prompt_profile(&runs[q], &prof[q]);
+                        prompt_close(&runs[q]);
+                        if (rc) return fail("profile");
                     }
+                    for (int q = 0; q < nrun; q++) {
+                        const int phase = q >= np, p = phase ? q - np : q;
+                        result *x = &res[nres++];
+                        *x = (result){phase ? "score" : "prefill", presets[p], backends[b], paths[pi],
+                                      threads[t], 1, L, L, summarise(v[q], reps), 0, 0,
+                                      lim_gbs, lim_gflops, 0, 0, 0};
+                        const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
+                                             ms.head_flops * (phase ? L : 1);
+                        x->gflops = flops / (L / x->tps.median) / 1e9;
+                        const parity_profile *pr = &prof[q];
+                        const double calls = reps; /* prefill: an add and a step each */
+                        x->head_s = pr->phase_seconds[PARITY_PHASE_HEAD] / calls;
+                        x->sampling_s = pr->phase_seconds[PARITY_PHASE_SAMPLING] / calls;
+                        x->layers_s = pr->call_seconds / calls - x->head_s - x->sampling_s;
+                    }
+                }
                 for (int ci = 0; ci < nc; ci++)
                     for (int bi = 0; bi < nbatch; bi++) {
                         const uint32_t B = batches[bi];
