@@ -354,12 +354,10 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
                                   .b = s->h, .out = s->xn, .width = dim}, R);
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
-        /* q, k, v projections, each rounded; RoPE (region) */
-        linear_round_point(ctx, R, s->xn, &w->wq, NULL, s->q);
-        phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        linear_round_point(ctx, R, s->xn, &w->wk, NULL, s->k);
-        phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        linear_round_point(ctx, R, s->xn, &w->wv, NULL, s->v);
+        /* q, k, v projections, each rounded (one group); RoPE (region) */
+        const weight *qkv[] = {&w->wq, &w->wk, &w->wv}, *no_bias[] = {NULL, NULL, NULL};
+        float *const qkv_out[] = {s->q, s->k, s->v};
+        linear_group_round_point(ctx, R, s->xn, 3, qkv, no_bias, qkv_out);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
         run_rows(ctx, job_rope, (region_job){.a = s->q, .b = s->k, .rows = rows}, R);
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
@@ -382,9 +380,9 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
         /* SwiGLU MLP, as in forward() */
-        linear_round_point(ctx, R, s->xn, &w->w_gate, NULL, s->gate);
-        phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        linear_round_point(ctx, R, s->xn, &w->w_up, NULL, s->up);
+        const weight *gate_up[] = {&w->w_gate, &w->w_up};
+        float *const gate_up_out[] = {s->gate, s->up};
+        linear_group_round_point(ctx, R, s->xn, 2, gate_up, no_bias, gate_up_out);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
         run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
                                                .width = inter}, R);
