@@ -8,6 +8,7 @@
 
 #include "forward.h"
 #include "internal.h"
+#include "kernel_common.h"
 #include "kernels.h"
 
 typedef struct attn_job {
@@ -62,23 +63,20 @@ static void attend_split(const fwd_ctx *ctx, uint32_t layer, const fwd_row *row,
 }
 
 /* Scores of one query head over positions 0..n-1 -> probabilities in place, per mode;
- * returns the softmax denominator. */
+ * returns the softmax denominator. Three passes over the row: the scaling with its rounding
+ * points and the max, sum_exp, the normalisation or P's rounding. */
 static float probabilities(const kernels *k, const parity_policy *pol, int mode, float scale,
                            float *s, size_t n) {
+    const int fmt = round_format_of(pol);
     /* eager: matmul output rounded, then `* scaling` rounded (+ mask 0 is exact) */
-    if (mode == PARITY_ATTN_EAGER) round_with(k, pol, s, n);
-    for (size_t p = 0; p < n; p++) s[p] *= scale;
-    if (mode == PARITY_ATTN_EAGER) round_with(k, pol, s, n);
-    const float m = k->max_f32(s, n);
+    const int eager = mode == PARITY_ATTN_EAGER ? fmt : FMT_NONE;
+    float m;
+    k->scale_round(s, n, scale, eager, eager, &m);
     const float l = k->sum_exp(s, n, m, s);  /* s[p] <- exp(s[p] - m) */
-    if (mode == PARITY_ATTN_FLASH) {
-        /* P stays unnormalised; bf16(P) feeds P.V, l sums the unrounded P */
-        round_with(k, pol, s, n);
-    } else {
-        const float inv = 1.0f / l;
-        for (size_t p = 0; p < n; p++) s[p] *= inv;
-        if (mode == PARITY_ATTN_EAGER) round_with(k, pol, s, n);  /* softmax(fp32).to(bf16) */
-    }
+    if (mode == PARITY_ATTN_FLASH)
+        round_with(k, pol, s, n);  /* P stays unnormalised; bf16(P) feeds P.V, l sums the unrounded P */
+    else
+        k->scale_round(s, n, 1.0f / l, FMT_NONE, eager, NULL);  /* softmax(fp32).to(bf16) */
     return l;
 }
 

@@ -70,6 +70,11 @@ typedef struct kernels {
     /* --- elementwise --- */
     void (*round_bf16)(float *x, size_t n);                /* x[i] = round_bf16(x[i]) */
     void (*round_fp16)(float *x, size_t n);                /* x[i] = round_fp16(x[i]) */
+    /* x[i] = round_if(after, round_if(before, x[i]) * scale) (FMT_* rounding points of
+     * kernel_common.h, FMT_NONE for none; the product in fp32), in one pass over x; if `max`
+     * is not NULL (n >= 1), *max = max_f32 of the new x. One row of attention scores: the
+     * passes of its softmax between q.k and sum_exp, and after it. */
+    void (*scale_round)(float *x, size_t n, float scale, int before, int after, float *max);
     void (*exp_f32)(float *x, size_t n);                   /* x[i] = parity_expf(x[i]) */
     /* o[i] = fmaf(p, v[i], o[i]) (P.V accumulation, one key at a time) */
     void (*axpy_f32)(float *o, float p, const float *v, size_t n);

@@ -20,6 +20,7 @@
 
 #include "check.h"
 #include "internal.h"
+#include "kernel_common.h"
 #include "kernels.h"
 
 /* ---- random inputs ------------------------------------------------------------------------ */
@@ -240,6 +241,22 @@ static void test_vector_kernels(const kernels *t) {
             p->round_bf16(o1, n), t->round_bf16(o2, n);
             check_f32(o1, o2, n, "round_bf16", t->name, n, mode);
 
+            /* scale_round at every pair of rounding points, with and without the max */
+            for (int f = 0; f < 9; f++) {
+                const int before = f % 3, after = f / 3;
+                const float sc = f % 2 ? 0.08838834764831845f : (mode == PLAIN ? 1.0f / rand_normal() : special_value(mode));
+                memcpy(o1, a, n * sizeof *a), memcpy(o2, a, n * sizeof *a);
+                p->scale_round(o1, n, sc, before, after, &r1);
+                t->scale_round(o2, n, sc, before, after, &r2);
+                check_f32(o1, o2, n, "scale_round", t->name, n, mode);
+                check_f32(&r1, &r2, 1, "scale_round max", t->name, n, mode);
+                r2 = t->max_f32(o1, n);
+                check_f32(&r1, &r2, 1, "scale_round max = max_f32 of the result", t->name, n, mode);
+                memcpy(o2, a, n * sizeof *a);
+                t->scale_round(o2, n, sc, before, after, NULL);
+                check_f32(o1, o2, n, "scale_round (max NULL)", t->name, n, mode);
+            }
+
             fill_f32(o1, n, mode, 30.0f);
             memcpy(o2, o1, n * sizeof *o1);
             p->exp_f32(o1, n), t->exp_f32(o2, n);
@@ -322,6 +339,20 @@ static void test_portable_orders(void) {
         r2 = p->max_f32(a, n);
         CHECK(mx == r2); /* the value (the sign of a zero max depends on the lanes) */
         free(a), free(b);
+    }
+    /* scale_round: its definition, element by element */
+    for (size_t si = 0; si < n_sizes; si++) {
+        const size_t n = sizes[si];
+        float *a = xmalloc(n * sizeof *a), *x = xmalloc(n * sizeof *x);
+        fill_f32(a, n, ALL_SPECIALS, 3.0f);
+        memcpy(x, a, n * sizeof *a);
+        float mx;
+        p->scale_round(x, n, 0.0883883f, FMT_BF16, FMT_FP16, &mx);
+        for (size_t i = 0; i < n; i++) a[i] = round_fp16(round_bf16(a[i]) * 0.0883883f);
+        check_f32(a, x, n, "scale_round literal", "portable", n, ALL_SPECIALS);
+        const float want = p->max_f32(a, n);
+        check_f32(&want, &mx, 1, "scale_round max literal", "portable", n, ALL_SPECIALS);
+        free(a), free(x);
     }
     float x[3] = {1.00390625f, -NAN, from_bits(0x7f7f8000u)};
     p->round_bf16(x, 3);

@@ -349,6 +349,21 @@ static void round_fp16_avx2(float *x, size_t n) {
     }
 }
 
+/* One pass, full vectors loaded and stored whole, then max_f32's. */
+static void scale_round_avx2(float *x, size_t n, float scale, int before, int after, float *max) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (size_t i = 0; i < n; i += 8) {
+        const size_t k = lanes_at(n, i);
+        const __m256 v = k == 8 ? _mm256_loadu_ps(x + i) : load_f32_n(x + i, k);
+        const __m256 r = round_if(after, _mm256_mul_ps(round_if(before, v), sv));
+        if (k == 8)
+            _mm256_storeu_ps(x + i, r);
+        else
+            store_f32_n(x + i, k, r);
+    }
+    if (max) *max = max_f32_avx2(x, n);
+}
+
 static void exp_f32_avx2(float *x, size_t n) {
     for (size_t i = 0; i < n; i += 8) {
         size_t k = lanes_at(n, i);
@@ -1166,6 +1181,7 @@ void kernels_avx2_set_entries(kernels *t) {
     t->sum_exp = sum_exp_avx2;
     t->max_f32 = max_f32_avx2;
     t->round_bf16 = round_bf16_avx2;
+    t->scale_round = scale_round_avx2;
     t->round_fp16 = round_fp16_avx2;
     t->exp_f32 = exp_f32_avx2;
     t->axpy_f32 = axpy_f32_avx2;

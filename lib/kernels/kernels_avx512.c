@@ -415,16 +415,40 @@ static float sum_exp_avx512(const float *x, size_t n, float m, float *out) {
 
 /* vmaxps(x, m) = (x > m) ? x : m, the step of the specification; lanes past the row hold
  * x[0], which never replaces anything (every lane starts at x[0]). */
+/* The fold of max_f32's lanes, with the same step: lane l = (lane l + h > lane l) ? lane l + h
+ * : lane l. */
+static inline float z_fold_max(__m512 acc) {
+    const __m256 v = _mm256_max_ps(_mm512_extractf32x8_ps(acc, 1), _mm512_castps512_ps256(acc));
+    const __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    const __m128 t = _mm_max_ps(_mm_movehl_ps(u, u), u);
+    return _mm_cvtss_f32(_mm_max_ss(_mm_movehdup_ps(t), t));
+}
+
 static float max_f32_avx512(const float *x, size_t n) {
     const __m512 x0 = _mm512_set1_ps(x[0]);
     __m512 acc = x0;
     for (size_t i = 0; i < n; i += 16)
         acc = _mm512_max_ps(_mm512_mask_loadu_ps(x0, z_mask_at(n, i), x + i), acc);
-    /* the fold, with the same step: lane l = (lane l + h > lane l) ? lane l + h : lane l */
-    const __m256 v = _mm256_max_ps(_mm512_extractf32x8_ps(acc, 1), _mm512_castps512_ps256(acc));
-    const __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    const __m128 t = _mm_max_ps(_mm_movehl_ps(u, u), u);
-    return _mm_cvtss_f32(_mm_max_ss(_mm_movehdup_ps(t), t));
+    return z_fold_max(acc);
+}
+
+/* One pass, full vectors loaded and stored whole; the max taken on the way as max_f32 takes
+ * it, every lane starting at the new x[0] and the lanes past the row holding it. */
+static void scale_round_avx512(float *x, size_t n, float scale, int before, int after, float *max) {
+    const __m512 sv = _mm512_set1_ps(scale);
+    __m512 acc = _mm512_setzero_ps(), x0 = acc;
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = z_mask_at(n, i);
+        const __m512 v = m == 0xffff ? _mm512_loadu_ps(x + i) : _mm512_maskz_loadu_ps(m, x + i);
+        const __m512 r = z_round_if(after, _mm512_mul_ps(z_round_if(before, v), sv));
+        if (m == 0xffff)
+            _mm512_storeu_ps(x + i, r);
+        else
+            _mm512_mask_storeu_ps(x + i, m, r);
+        if (i == 0) acc = x0 = _mm512_broadcastss_ps(_mm512_castps512_ps128(r));
+        acc = _mm512_max_ps(_mm512_mask_mov_ps(x0, m, r), acc);
+    }
+    if (max) *max = z_fold_max(acc);
 }
 
 static void exp_f32_avx512(float *x, size_t n) {
@@ -933,6 +957,7 @@ static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const u
 void kernels_avx512_set_entries(kernels *t) {
     t->name = "avx512";
     t->round_bf16 = round_bf16_avx512;
+    t->scale_round = scale_round_avx512;
     t->round_fp16 = round_fp16_avx512;
     t->widen_bf16 = widen_bf16_avx512;
     t->dot_f32_bf16 = dot_f32_bf16_avx512;

@@ -295,6 +295,11 @@ static float round_if(int fmt, float x) {
     return fmt == FMT_BF16 ? round_bf16(x) : fmt == FMT_FP16 ? round_fp16(x) : x;
 }
 
+static void scale_round_ref(float *x, size_t n, float scale, int before, int after, float *max) {
+    for (size_t i = 0; i < n; i++) x[i] = round_if(after, round_if(before, x[i]) * scale);
+    if (max) *max = max_f32_ref(x, n);
+}
+
 /* The policy decoded into rounding points (norm_points_of, swiglu_points_of,
  * rope_points_of) and inv_rms: kernel_common.h, shared with every table. */
 
@@ -435,6 +440,7 @@ const kernels kernels_portable = {
     .sum_exp = sum_exp_ref,
     .max_f32 = max_f32_ref,
     .round_bf16 = round_bf16_ref,
+    .scale_round = scale_round_ref,
     .round_fp16 = round_fp16_ref,
     .exp_f32 = exp_f32_ref,
     .axpy_f32 = axpy_f32_ref,
