@@ -114,7 +114,7 @@ enum { BLOCK_DIRECT, BLOCK_WIDENED };
 static int block_source(const attn_job *j, size_t r, size_t r1, size_t b0, size_t kvh, size_t off,
                         size_t blen, const void *plane, float *wide, size_t *widened) {
     const kv_cache *kv = j->ctx->kv;
-    if (kv->fp32) return BLOCK_DIRECT;
+    if (kv->fp32 || !kern()->attn_widens_shared_blocks) return BLOCK_DIRECT;
     if (off == *widened) return BLOCK_WIDENED;
     for (size_t s = r + 1; s < r1; s++) {
         if (b0 >= (size_t)j->rows[s].pos + 1) continue;

@@ -89,6 +89,10 @@ typedef struct kernels {
     void (*pv_f32)(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
                    const float *v, size_t ldv, size_t count, size_t n);
     void (*widen_bf16)(const uint16_t *src, size_t n, float *dst);  /* dst[i] = src[i] exactly */
+    /* Whether attention widens a bf16 block of the cache that several rows read once
+     * (widen_bf16, then dots_f32 and pv_f32 for each row) rather than each row reading it as
+     * bf16 (dots_f32_bf16, pv_bf16): the same bits either way, a question of speed only. */
+    int attn_widens_shared_blocks;
 
     /* --- GEMM: y[m][n] = sum_k x[m][k] * w[n][k], for n in [n0, n1), all m < M ---
      * gemm_bf16w: pair32 order. `xp` is x packed by gemm_pack_x (below).

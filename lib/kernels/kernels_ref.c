@@ -431,6 +431,7 @@ static void rope_16_ref(const parity_policy *pol, size_t n_heads, size_t hd, uin
 
 const kernels kernels_portable = {
     .name = "portable",
+    .attn_widens_shared_blocks = 1,
     .tiles_min_m = 16,
     .dot_f32 = dot_f32_ref,
     .dot_f32_bf16 = dot_f32_bf16_ref,
