@@ -40,7 +40,10 @@
  *            Below the table, each score row beside the prefill row of its tokens, split by
  *            the library's profile of the timed calls: the decoder layers, the head (whose
  *            GFLOP/s on all L rows is printed against the row's peak), the log-probs.
- *   decode   one step of B sequences at a given context; tokens/s = B * steps / time.
+ *   decode   one step of B sequences at a given context; tokens/s = B * steps / time. The
+ *            samplers of the decode rows and of --profile are created with prefault set (the
+ *            KV cache written at creation, as llama.cpp's is), so that the timed steps, whose
+ *            sequences reach new cache blocks, take no first-touch page faults.
  *            Every step reads every weight once (achieved GB/s = weight bytes per step /
  *            step time, against the read bandwidth measured here) and does B tokens' flops
  *            (achieved GFLOP/s against the FMA peak); the bound column shows the limit of
@@ -293,6 +296,9 @@ static int make_sampler(const run_cfg *r, uint32_t max_seqs, uint32_t max_len, p
     p.max_seqs = max_seqs;
     p.max_len = max_len;
     p.max_batch = max_seqs;
+    /* as a server sets it (llama.cpp clears its KV buffer at creation too): the timed steps,
+     * whose sequences reach new cache blocks, take no first-touch page faults */
+    p.prefault = 1;
     return parity_sampler_create(r->model, &p, s) ? fail("sampler") : 0;
 }
 

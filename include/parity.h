@@ -1100,6 +1100,12 @@ typedef struct parity_sampler_params {
                                     scratch, tables: parity_sampler_bytes); creation fails up
                                     front with PARITY_ERR_MEMORY_LIMIT beyond it. 0 = none */
     uint32_t loop_kv;            /* parity_loop_kv (looped models) */
+    uint32_t prefault;           /* 1: every page of the KV cache and of the sampler's
+                                    other buffers is written at creation, so that no step
+                                    takes a first-touch page fault when its sequences reach
+                                    new cache blocks (as a server wants; the memory is
+                                    committed at once: size cache_tokens first). 0 (the
+                                    default): pages are touched as the sequences grow */
 } parity_sampler_params;
 
 PARITY_API void parity_sampler_default_params(parity_sampler_params *params);

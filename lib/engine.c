@@ -88,8 +88,10 @@ int engine_init(engine *e, const parity_model *m, const engine_params *p, const 
     e->n_bufs = engine_layout(e, c, p, extra, n_extra, e->bufs);
     for (size_t i = 0; i < e->n_bufs; i++) *e->bufs[i].p = NULL;
     int rc = pool_create(p->n_threads, &e->pool);
-    if (!rc) rc = kv_cache_init(&e->kv, c, p->kv_cells, kv_cells_fp32(&p->policy));
-    if (!rc) rc = fwd_scratch_init(&e->scratch, c, p->max_rows, p->max_ctx, p->n_threads, p->split_k > 1);
+    if (!rc) rc = kv_cache_init(&e->kv, c, p->kv_cells, kv_cells_fp32(&p->policy), p->prefault);
+    if (!rc)
+        rc = fwd_scratch_init(&e->scratch, c, p->max_rows, p->max_ctx, p->n_threads,
+                              p->split_k > 1, p->prefault);
     for (size_t i = 0; !rc && i < e->n_bufs; i++) {
         const engine_buf *b = &e->bufs[i];
         uint64_t bytes;
@@ -100,7 +102,10 @@ int engine_init(engine *e, const parity_model *m, const engine_params *p, const 
         }
         *b->p = b->aligned ? px_aligned_alloc((size_t)bytes, b->what)
                            : px_calloc((size_t)b->count, (size_t)b->size, b->what);
-        if (!*b->p) rc = PARITY_ERR_OUT_OF_MEMORY;
+        if (!*b->p)
+            rc = PARITY_ERR_OUT_OF_MEMORY;
+        else if (p->prefault)
+            memset(*b->p, 0, (size_t)bytes);  /* zeroed or not initialised: zeros either way */
     }
     if (rc) engine_free(e);
     return rc;

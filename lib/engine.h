@@ -26,6 +26,8 @@ typedef struct engine_params {
     uint64_t max_memory;   /* the caller's ceiling on the bytes creation allocates; 0 = none */
     uint32_t works;        /* dist_works per worker: 1, or DIST_DRAW_ROWS for the sampler,
                             * which draws that many rows together */
+    uint32_t prefault;     /* write every page of the KV cache, the scratch and the buffers
+                            * at creation */
 } engine_params;
 
 /* A buffer of `count` elements of `size` bytes at *p: zeroed, or 64-byte aligned and not

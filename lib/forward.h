@@ -38,7 +38,8 @@ static inline int kv_cells_fp32(const parity_policy *pol) {
     return pol->compute != PARITY_COMPUTE_BF16;
 }
 uint64_t kv_cache_bytes(const parity_config *c, uint32_t n_cells, int fp32);
-int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32);
+/* prefault: every page written (zeros) now rather than at a step's first store into it */
+int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32, int prefault);
 void kv_cache_free(kv_cache *kv);
 
 static inline size_t kv_cell(const uint32_t *blocks, uint32_t pos) {
@@ -123,7 +124,7 @@ typedef struct fwd_scratch {
 uint64_t fwd_scratch_bytes(const parity_config *c, uint32_t max_rows, uint32_t max_ctx,
                            unsigned n_workers, int split_k);
 int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
-                     uint32_t max_ctx, unsigned n_workers, int split_k);
+                     uint32_t max_ctx, unsigned n_workers, int split_k, int prefault);
 void fwd_scratch_free(fwd_scratch *s);
 
 /* The weights of one GEMM: rows x cols, rows ld elements apart, as bf16 values (the bf16

@@ -12,7 +12,7 @@ uint64_t kv_cache_bytes(const parity_config *c, uint32_t n_cells, int fp32) {
     return 2ull * config_kv_planes(c) * whole_blocks(n_cells) * c->num_key_value_heads * c->head_dim * (fp32 ? 4 : 2);
 }
 
-int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32) {
+int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp32, int prefault) {
     memset(kv, 0, sizeof *kv);
     kv->n_layers = config_kv_planes(c);
     kv->n_cells = (uint32_t)whole_blocks(n_cells);
@@ -28,6 +28,10 @@ int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp
     if (!kv->v) {
         kv_cache_free(kv);
         return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    if (prefault) {
+        memset(kv->k, 0, (size_t)bytes);
+        memset(kv->v, 0, (size_t)bytes);
     }
     return PARITY_OK;
 }
@@ -95,7 +99,7 @@ uint64_t fwd_scratch_bytes(const parity_config *c, uint32_t max_rows, uint32_t m
 }
 
 int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
-                     uint32_t max_ctx, unsigned n_workers, int split_k) {
+                     uint32_t max_ctx, unsigned n_workers, int split_k, int prefault) {
     memset(s, 0, sizeof *s);
     s->max_rows = max_rows;
     s->max_ctx = max_ctx;
@@ -112,6 +116,7 @@ int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
             fwd_scratch_free(s);
             return PARITY_ERR_OUT_OF_MEMORY;
         }
+        if (prefault) memset(*b[i].p, 0, (size_t)b[i].n * elem_size(&b[i]));
     }
     return PARITY_OK;
 }

@@ -88,6 +88,8 @@ static int sampler_resolve(const parity_model *model, const void *params, void *
     if (p.loop_kv > PARITY_LOOP_KV_FULL)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "loop_kv %u is not a parity_loop_kv",
                          p.loop_kv);
+    if (p.prefault > 1)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "prefault %u is not 0 or 1", p.prefault);
     if (p.max_seqs > 65536 || p.prefill_chunk > 65536 || p.max_batch > 65536)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "max_seqs, prefill_chunk and max_batch must be at most 65536");
@@ -101,7 +103,8 @@ static int sampler_resolve(const parity_model *model, const void *params, void *
     const uint32_t rows = p.prefill_chunk > p.max_batch ? p.prefill_chunk : p.max_batch;
     *ep = (engine_params){.n_threads = p.n_threads, .backend = p.backend, .policy = p.policy,
                           .kv_cells = p.cache_tokens, .max_rows = rows, .max_ctx = p.max_len,
-                          .split_k = p.split_k, .max_memory = p.max_memory, .works = DIST_DRAW_ROWS};
+                          .split_k = p.split_k, .max_memory = p.max_memory, .works = DIST_DRAW_ROWS,
+                          .prefault = p.prefault};
     *(parity_sampler_params *)resolved = p;
     return PARITY_OK;
 }

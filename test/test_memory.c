@@ -3,7 +3,13 @@
  * allocation funnel, for defaults and for every setting that sizes something; max_memory at
  * that figure passes and one byte less fails before anything is allocated. And the cache a
  * set of forked groups needs (parity_sampler_cache_tokens) is enough however the sequences
- * are stepped, and, where no block is shared partly filled, not a block more than needed. */
+ * are stepped, and, where no block is shared partly filled, not a block more than needed.
+ * A sampler made with prefault is resident once it is made; a lazy one is not. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "check.h"
 #include "internal.h"
 
@@ -192,12 +198,55 @@ static void test_cache_tokens(const parity_model *m) {
     CHECK_INT(untouched, 5);
 }
 
+/* The process's resident bytes (/proc/self/statm), -1 where that file is not there. */
+static long resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, pages = 0;
+    if (!f) return -1;
+    const int got = fscanf(f, "%ld %ld", &size, &pages);
+    fclose(f);
+    return got == 2 ? pages * sysconf(_SC_PAGESIZE) : -1;
+}
+
+/* prefault: creation grows the process by nearly all of parity_sampler_bytes, a lazy
+ * creation by under half of it. The cache is 64 MB a plane, above glibc's largest mmap
+ * threshold, so that its pages are fresh ones, not a heap's already touched; meson sets
+ * MALLOC_PERTURB_ to 0 for this test (a perturbing allocator writes every page it hands out). */
+static void test_prefault(const parity_model *m) {
+    const char *perturb = getenv("MALLOC_PERTURB_");
+    if (resident_bytes() < 0 || (perturb && strcmp(perturb, "0") != 0)) {
+        printf("prefault: resident bytes not checked (%s)\n",
+               resident_bytes() < 0 ? "no /proc/self/statm" : "MALLOC_PERTURB_ is set");
+        return;
+    }
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    p.max_seqs = 4;
+    p.max_len = 64;
+    p.cache_tokens = 1u << 19; /* tiny: 2 layers x 32 cells x 2 bytes a position and plane */
+    for (uint32_t pf = 0; pf < 2; pf++) {
+        p.prefault = pf;
+        uint64_t bytes = 0;
+        CHECK_OK(parity_sampler_bytes(m, &p, &bytes));
+        parity_sampler *s = NULL;
+        const long before = resident_bytes();
+        CHECK_OK(parity_sampler_create(m, &p, &s));
+        const long grown = resident_bytes() - before;
+        if (pf)
+            CHECK(grown >= (long)(bytes / 10 * 9));
+        else
+            CHECK(grown < (long)(bytes / 2));
+        parity_sampler_free(s);
+    }
+}
+
 int main(void) {
     parity_model *m = NULL;
     CHECK_OK(parity_model_open("synthetic:tiny:3", &m));
     if (!m) return check_report("memory");
     test_bytes(m);
     test_cache_tokens(m);
+    test_prefault(m);
     parity_model_free(m);
     return check_report("memory");
 }

@@ -10,7 +10,8 @@
  * (Every CPU path: every policy on the tiny model, two presets on the trained one; see
  * every_path_model.)
  * Also: cache-full, unknown sequences, finished sequences and bad sampling parameters give a
- * status and change nothing. */
+ * status and change nothing; prefault commits the sampler's memory at creation and moves no
+ * bit. */
 #include <math.h>
 
 #include "fixtures.h"
@@ -258,6 +259,42 @@ static void check_kernel_order(const parity_model *m) {
 }
 
 /* Bad input and a full cache: a status, and nothing changed. */
+/* prefault: beyond 1 rejected; a prefaulted sampler draws the same tokens with the same
+ * log-probs as a lazy one, bit for bit, its sequences crossing into new cache blocks
+ * (test_memory checks that its memory is resident once it is created). */
+static void check_prefault(const parity_model *m) {
+    parity_sampler_params p;
+    parity_sampler_default_params(&p);
+    p.max_seqs = 4;
+    p.max_len = 64;
+    p.prefault = 2;
+    parity_sampler *s[2] = {NULL, NULL};
+    CHECK_STATUS(parity_sampler_create(m, &p, &s[0]), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(s[0] == NULL);
+    for (uint32_t pf = 0; pf < 2; pf++) {
+        p.prefault = pf;
+        CHECK_OK(parity_sampler_create(m, &p, &s[pf]));
+    }
+    if (!s[0] || !s[1]) goto done;
+    int32_t prompt[20], tok[2][4 * 40];
+    float lp[2][4 * 40];
+    for (int i = 0; i < 20; i++) prompt[i] = (i * 37 + 5) % 256;
+    parity_sampling sp;
+    parity_sampling_default(&sp);
+    for (int pf = 0; pf < 2; pf++) {
+        uint32_t seqs[4], fin[4];
+        for (uint32_t q = 0; q < 4; q++) CHECK_OK(parity_sampler_add(s[pf], prompt, 20, &sp, q, &seqs[q]));
+        /* 40 steps: the sequences cross into new cache blocks at 32 and 48 */
+        for (int t = 0; t < 40; t++)
+            CHECK_OK(parity_sampler_step(s[pf], seqs, 4, tok[pf] + 4 * t, lp[pf] + 4 * t, fin, 0, NULL, NULL));
+    }
+    CHECK(memcmp(tok[0], tok[1], sizeof tok[0]) == 0);
+    CHECK_BITS_F32(lp[0], lp[1], 4 * 40, "prefaulted sampler's log-probs");
+done:
+    parity_sampler_free(s[0]);
+    parity_sampler_free(s[1]);
+}
+
 static void check_errors(const parity_model *m) {
     parity_sampler_params p;
     parity_sampler_default_params(&p);
@@ -508,6 +545,7 @@ int main(void) {
     }
     check_kernel_order(trained);
     check_errors(tiny);
+    check_prefault(tiny);
     check_add_batch(trained);
     check_top_n_and_stop(trained);
     parity_model_free(tiny);

@@ -224,6 +224,7 @@ class parity_sampler_params(Structure):
         ("split_kv", c_uint32),
         ("max_memory", c_uint64),
         ("loop_kv", c_uint32),
+        ("prefault", c_uint32),
     ]
 
 

@@ -620,12 +620,12 @@ class Model(_lib.Closing):
 
     def sampler(self, policy="aligned", max_seqs=None, max_len=None, threads=None,
                 backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None,
-                loop_kv="last-exited"):
+                loop_kv="last-exited", prefault=False):
         """A Sampler (KV-cached batched generation) on this model; see parity.Sampler."""
         from .sampler import Sampler
         return Sampler(self, policy=policy, max_seqs=max_seqs, max_len=max_len, threads=threads,
                        backend=backend, max_batch=max_batch, cache_tokens=cache_tokens,
-                       prefill_chunk=prefill_chunk, loop_kv=loop_kv)
+                       prefill_chunk=prefill_chunk, loop_kv=loop_kv, prefault=prefault)
 
     def generate(self, prompts, n=1, max_tokens=64, policy="aligned", batch=None, threads=None,
                  backend="bf16", loop_kv="last-exited", **sampling):

@@ -155,10 +155,13 @@ class Sampler(_lib.Closing):
     positions each (prompt + generated), on one model, policy and backend.
 
     Made by Model.sampler(policy="aligned", max_seqs=None, max_len=None, threads=None,
-    backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None); None takes the
-    library's defaults (max_seqs 64, max_len min(context, 4096), max_batch 64 rows per decode
-    forward, cache_tokens max_seqs * max_len, prefill_chunk 256), threads None the model's.
-    Results never depend on threads, max_batch, prefill_chunk or cache_tokens.
+    backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None, loop_kv="last-exited",
+    prefault=False); None takes the library's defaults (max_seqs 64, max_len min(context, 4096),
+    max_batch 64 rows per decode forward, cache_tokens max_seqs * max_len, prefill_chunk 256),
+    threads None the model's. prefault=True writes every page of the cache at creation, so
+    that no step takes a first-touch page fault (the memory is committed at once: size
+    cache_tokens first). Results never depend on threads, max_batch, prefill_chunk,
+    cache_tokens or prefault.
 
     High level: generate(). Low level: add(), add_batch(), fork(), step(), release(),
     tokens(), with sequence ids (ints) that the library hands out. A sampler is used by one thread at a time
@@ -168,7 +171,7 @@ class Sampler(_lib.Closing):
 
     def __init__(self, model, policy="aligned", max_seqs=None, max_len=None, threads=None,
                  backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None,
-                 loop_kv="last-exited"):
+                 loop_kv="last-exited", prefault=False):
         self._handle = None
         self._model = model
         self._lock = threading.RLock()
@@ -187,6 +190,7 @@ class Sampler(_lib.Closing):
         p.prefill_chunk = 0 if prefill_chunk is None else \
             _lib.as_int(prefill_chunk, "prefill_chunk", 1, u32)
         p.loop_kv = _choice(LOOP_KV, loop_kv, "loop_kv")
+        p.prefault = 1 if prefault else 0
         self.loop_kv = loop_kv
         self.policy = policy
         self.max_seqs, self.max_len = p.max_seqs, p.max_len

@@ -738,7 +738,7 @@ class Server(http.server.ThreadingHTTPServer):
         self.sampler = self.model.sampler(
             policy=args.policy, max_seqs=self.max_seqs, max_len=self.max_len,
             threads=args.threads, backend=args.backend, max_batch=self.max_batch,
-            cache_tokens=self.cache_tokens)
+            cache_tokens=self.cache_tokens, prefault=getattr(args, "prefault", False))
         self.gate = Gate(args.max_scoring)
         self.current_checksums = None
         self.engine = Engine(self)
@@ -1280,6 +1280,9 @@ def main(argv=None):
     ap.add_argument("--cache-tokens", type=int, default=0,
                     help="KV cache positions shared by all sequences (default "
                     "min((max_batch + 1) * max_model_len, 16384))")
+    ap.add_argument("--prefault", action="store_true",
+                    help="write every page of the KV cache at start-up, so that no decode step "
+                    "takes a first-touch page fault (the cache's memory is committed at once)")
     ap.add_argument("--served-model-name", help="the name requests give as model (default: "
                     "the --model argument)")
     ap.add_argument("--max-queue", type=int, default=256,

@@ -689,6 +689,12 @@ class TestGenerate(unittest.TestCase):
             lp = self.real.score(prompt + c.tokens, policy="hf-eager", mode="processed",
                                  temperature=0.9)
             self.assertEqual(f32_bits(lp[len(prompt) - 1:]), f32_bits(c.logprobs))
+        # a prefaulted sampler (its cache written at creation) draws the same bits
+        with self.real.sampler(policy="hf-eager", max_len=30, prefault=True) as s:
+            again = s.generate(prompt, n=3, max_tokens=50, temperature=0.9, seed=1, stop=[10],
+                               mode="processed")
+        self.assertEqual([(c.tokens, f32_bits(c.logprobs)) for c in again],
+                         [(c.tokens, f32_bits(c.logprobs)) for c in got])
         with self.real.sampler(policy="aligned", max_len=20) as s:
             full = s.generate(prompt, n=2, max_tokens=5)
         self.assertEqual([(c.tokens, c.finish_reason) for c in full], [([], "capacity")] * 2)
