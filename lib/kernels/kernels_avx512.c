@@ -413,9 +413,7 @@ static float sum_exp_avx512(const float *x, size_t n, float m, float *out) {
     return z_fold16(acc);
 }
 
-/* vmaxps(x, m) = (x > m) ? x : m, the step of the specification; lanes past the row hold
- * x[0], which never replaces anything (every lane starts at x[0]). */
-/* The fold of max_f32's lanes, with the same step: lane l = (lane l + h > lane l) ? lane l + h
+/* The fold of max_f32's lanes, with its step: lane l = (lane l + h > lane l) ? lane l + h
  * : lane l. */
 static inline float z_fold_max(__m512 acc) {
     const __m256 v = _mm256_max_ps(_mm512_extractf32x8_ps(acc, 1), _mm512_castps512_ps256(acc));
@@ -424,6 +422,8 @@ static inline float z_fold_max(__m512 acc) {
     return _mm_cvtss_f32(_mm_max_ss(_mm_movehdup_ps(t), t));
 }
 
+/* vmaxps(x, m) = (x > m) ? x : m, the step of the specification; lanes past the row hold
+ * x[0], which never replaces anything (every lane starts at x[0]). */
 static float max_f32_avx512(const float *x, size_t n) {
     const __m512 x0 = _mm512_set1_ps(x[0]);
     __m512 acc = x0;
