@@ -39,7 +39,9 @@
  *            timed interleaved with the prefill rows of the same L, call by call.
  *            Below the table, each score row beside the prefill row of its tokens, split by
  *            the library's profile of the timed calls: the decoder layers, the head (whose
- *            GFLOP/s on all L rows is printed against the row's peak), the log-probs.
+ *            GFLOP/s on all L rows is printed against the row's peak), the log-probs, and
+ *            the untimed first call of each object (score and prefill), the one that touches
+ *            its buffers' pages for the first time.
  *   decode   one step of B sequences at a given context; tokens/s = B * steps / time. The
  *            samplers of the decode rows and of --profile are created with prefault set (the
  *            KV cache written at creation, as llama.cpp's is), so that the timed steps, whose
@@ -315,6 +317,7 @@ typedef struct prompt_run {
     parity_scorer *scorer;
     int32_t *tokens;
     float *lp;
+    double first_s;  /* the untimed first call: with the first touch of the object's buffers */
 } prompt_run;
 
 static double prompt_time(prompt_run *x);
@@ -354,7 +357,8 @@ static int prompt_open(const run_cfg *r, int score, uint32_t L, prompt_run *x) {
         prompt_close(x);
         return -1;
     }
-    if (prompt_time(x) < 0) { /* the untimed call */
+    x->first_s = prompt_time(x); /* the untimed call */
+    if (x->first_s < 0) {
         prompt_close(x);
         return -1;
     }
@@ -908,6 +912,9 @@ typedef struct result {
      * layers (everything before the head), the head (final norm, lm_head, logits' rounding),
      * and the log-softmax, draws and log-probs */
     double layers_s, head_s, sampling_s;
+    /* prefill and score: the untimed first call of the row's object (seconds), in which the
+     * pages of its buffers are touched for the first time */
+    double first_s;
 } result;
 
 /* The limits beside a group of rows, for `threads` threads and the peak of `kind`. */
@@ -1128,7 +1135,9 @@ int main(int argc, char **argv) {
                             v[q][k] = L / dt;
                         }
                     parity_profile prof[2 * MAX_LIST];
+                    double first_s[2 * MAX_LIST];
                     for (int q = 0; q < nrun; q++) {
+                        first_s[q] = runs[q].first_s;
                         const int rc = prompt_profile(&runs[q], &prof[q]);
                         prompt_close(&runs[q]);
                         if (rc) return fail("profile");
@@ -1138,7 +1147,7 @@ int main(int argc, char **argv) {
                         result *x = &res[nres++];
                         *x = (result){phase ? "score" : "prefill", presets[p], backends[b], paths[pi],
                                       threads[t], 1, L, L, summarise(v[q], reps), 0, 0,
-                                      lim_gbs, lim_gflops, 0, 0, 0};
+                                      lim_gbs, lim_gflops, 0, 0, 0, 0};
                         const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
                                              ms.head_flops * (phase ? L : 1);
                         x->gflops = flops / (L / x->tps.median) / 1e9;
@@ -1147,6 +1156,7 @@ int main(int argc, char **argv) {
                         x->head_s = pr->phase_seconds[PARITY_PHASE_HEAD] / calls;
                         x->sampling_s = pr->phase_seconds[PARITY_PHASE_SAMPLING] / calls;
                         x->layers_s = pr->call_seconds / calls - x->head_s - x->sampling_s;
+                        x->first_s = first_s[q];
                     }
                 }
                 for (int ci = 0; ci < nc; ci++)
@@ -1169,7 +1179,7 @@ int main(int argc, char **argv) {
                             result *x = &res[nres++];
                             *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t], B, B,
                                           contexts[ci], summarise(tps[p], reps), 0, 0, lim_gbs,
-                                          lim_gflops, 0, 0, 0};
+                                          lim_gflops, 0, 0, 0, 0};
                             const double step_s = B / x->tps.median;
                             x->gbs = step_bytes(presets[p], &ms) / step_s / 1e9;
                             x->gflops = B * (ms.flops_per_tok + ms.head_flops +
@@ -1275,12 +1285,14 @@ int main(int argc, char **argv) {
         score_header = 1;
         printf("  %-9s %-8s %-10s thr %u tokens %5u: score %.0f ms = layers %.0f + head %.0f + "
                "log-probs %.0f; prefill %.0f ms = layers %.0f + head %.0f + draw %.0f; the score's "
-               "head: %.1f GFLOP at %.0f GFLOP/s (%.0f%% of %.0f)\n",
+               "head: %.1f GFLOP at %.0f GFLOP/s (%.0f%% of %.0f); first calls (untimed, the buffers' "
+               "pages touched): score %.0f ms, prefill %.0f ms\n",
                x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->tokens,
                1e3 * (x->layers_s + x->head_s + x->sampling_s), 1e3 * x->layers_s, 1e3 * x->head_s,
                1e3 * x->sampling_s, 1e3 * (pf->layers_s + pf->head_s + pf->sampling_s),
                1e3 * pf->layers_s, 1e3 * pf->head_s, 1e3 * pf->sampling_s, head_gflop, head_gflops,
-               x->limit_gflops > 0 ? 100 * head_gflops / x->limit_gflops : 0, x->limit_gflops);
+               x->limit_gflops > 0 ? 100 * head_gflops / x->limit_gflops : 0, x->limit_gflops,
+               1e3 * x->first_s, 1e3 * pf->first_s);
     }
     if (P.n_notes) printf("\npeers\n");
     for (int i = 0; i < P.n_notes; i++) printf("  %s\n", P.notes[i]);
@@ -1356,11 +1368,12 @@ int main(int argc, char **argv) {
                        "\"score_head_seconds\": %.6f, \"score_logprobs_seconds\": %.6f, "
                        "\"prefill_layers_seconds\": %.6f, \"prefill_head_seconds\": %.6f, "
                        "\"prefill_draw_seconds\": %.6f, \"head_gflop\": %.3f, "
-                       "\"head_gflops\": %.3f, \"peak_gflops\": %.1f}",
+                       "\"head_gflops\": %.3f, \"peak_gflops\": %.1f, "
+                       "\"score_first_call_seconds\": %.6f, \"prefill_first_call_seconds\": %.6f}",
                     n++ ? "," : "", x->preset, x->backend, parity_cpu_path_name(x->path), x->threads,
                     x->tokens, x->layers_s, x->head_s, x->sampling_s, pf->layers_s, pf->head_s,
                     pf->sampling_s, head_gflop, x->head_s > 0 ? head_gflop / x->head_s : 0,
-                    x->limit_gflops);
+                    x->limit_gflops, x->first_s, pf->first_s);
         }
         fprintf(f, "\n],\n \"peer_notes\": [");
         for (int i = 0; i < P.n_notes; i++) {

@@ -58,13 +58,15 @@ void *px_aligned_alloc(size_t size, const char *what) {
     return counted(p, size);
 }
 
-/* Weights are streamed from memory at every decode step: buffers of at least a huge page are
- * aligned to one and advised MADV_HUGEPAGE, so that the kernel can back them with 2 MB pages
- * where transparent huge pages are enabled (always or madvise). Fewer TLB misses on the
- * stream: bench/gemm-bench --thp measures what it gives. Where the advice is refused the
- * buffer is an ordinary one. */
+/* Weights are streamed from memory at every decode step, and the first call of a scorer
+ * touches its logits (155 MB for a chunk of 256 rows of 151936) a few columns of every row at
+ * a time: buffers of at least a huge page are aligned to one and advised MADV_HUGEPAGE, so
+ * that the kernel can back them with 2 MB pages where transparent huge pages are enabled
+ * (always or madvise). Fewer TLB misses and page faults: bench/gemm-bench --thp measures what
+ * it gives the weights, parity-speed's "first calls" line what it gives a new scorer (DESIGN.md,
+ * "Large buffers"). Where the advice is refused the buffer is an ordinary one. */
 #define HUGE_PAGE (2u << 20)
-void *px_weight_alloc(size_t size, const char *what) {
+void *px_huge_alloc(size_t size, const char *what) {
     if (size < HUGE_PAGE) return px_aligned_alloc(size, what);
     void *p = NULL;
     if (injected_failure() || posix_memalign(&p, HUGE_PAGE, size) != 0) {

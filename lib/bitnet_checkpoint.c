@@ -91,10 +91,10 @@ int ternary_shipped_import(const tensor_source *codes, const tensor_source *scal
     int rc = ternary_shipped_check(codes, scale, slot);
     if (rc) return rc;
     const uint64_t n = (uint64_t)slot->rows * slot->cols, pr = packed_rows(slot->rows);
-    out->codes = px_weight_alloc(n, slot->name);
+    out->codes = px_huge_alloc(n, slot->name);
     out->scales = px_malloc(sizeof(float), "ternary scale");
-    out->master = px_weight_alloc(n * 4, slot->name);
-    out->bf16 = px_weight_alloc(n * 2, slot->name);
+    out->master = px_huge_alloc(n * 4, slot->name);
+    out->bf16 = px_huge_alloc(n * 2, slot->name);
     if (!out->codes || !out->scales || !out->master || !out->bf16) {
         shipped_values_free(out);
         return PARITY_ERR_OUT_OF_MEMORY;

@@ -100,7 +100,7 @@ int engine_init(engine *e, const parity_model *m, const engine_params *p, const 
                            (unsigned long long)b->count, (unsigned long long)b->size);
             break;
         }
-        *b->p = b->aligned ? px_aligned_alloc((size_t)bytes, b->what)
+        *b->p = b->large ? px_huge_alloc((size_t)bytes, b->what)
                            : px_calloc((size_t)b->count, (size_t)b->size, b->what);
         if (!*b->p)
             rc = PARITY_ERR_OUT_OF_MEMORY;

@@ -30,12 +30,13 @@ typedef struct engine_params {
                             * at creation */
 } engine_params;
 
-/* A buffer of `count` elements of `size` bytes at *p: zeroed, or 64-byte aligned and not
- * initialised. The engine's own buffers and those of the object that embeds it. */
+/* A buffer of `count` elements of `size` bytes at *p: zeroed, or (`large`) not initialised,
+ * 64-byte aligned and, from 2 MB, in huge pages where the OS gives them (px_huge_alloc). The
+ * engine's own buffers and those of the object that embeds it. */
 typedef struct engine_buf {
     void **p;
     uint64_t count, size;
-    int aligned;
+    int large;
     const char *what;
 } engine_buf;
 

@@ -122,10 +122,10 @@ static int check_packed(const tensor_source *codes, const expected *slot, uint64
 
 static int alloc_values(const expected *slot, uint64_t grid, shipped_values *out) {
     const uint64_t n = (uint64_t)slot->rows * slot->cols;
-    out->codes = px_weight_alloc(n, slot->name);
+    out->codes = px_huge_alloc(n, slot->name);
     out->scales = px_malloc(grid * sizeof(float), "block scales");
-    out->master = px_weight_alloc(n * 4, slot->name);
-    out->bf16 = px_weight_alloc(n * 2, slot->name);
+    out->master = px_huge_alloc(n * 4, slot->name);
+    out->bf16 = px_huge_alloc(n * 2, slot->name);
     if (out->codes && out->scales && out->master && out->bf16) return PARITY_OK;
     shipped_values_free(out);
     return PARITY_ERR_OUT_OF_MEMORY;

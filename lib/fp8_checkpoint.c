@@ -127,10 +127,10 @@ int shipped_import(const tensor_source *codes, const tensor_source *scales, cons
     int rc = shipped_check(codes, scales, slot, ue8m0);
     if (rc) return rc;
     const uint64_t n = (uint64_t)slot->rows * slot->cols;
-    out->codes = px_weight_alloc(n, slot->name);
+    out->codes = px_huge_alloc(n, slot->name);
     out->scales = px_malloc(grid_rows(slot) * grid_cols(slot) * sizeof(float), "fp8 block scales");
-    out->master = px_weight_alloc(n * 4, slot->name);
-    out->bf16 = px_weight_alloc(n * 2, slot->name);
+    out->master = px_huge_alloc(n * 4, slot->name);
+    out->bf16 = px_huge_alloc(n * 2, slot->name);
     if (!out->codes || !out->scales || !out->master || !out->bf16) {
         shipped_values_free(out);
         return PARITY_ERR_OUT_OF_MEMORY;

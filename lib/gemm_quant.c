@@ -55,8 +55,8 @@ quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer
     const uint64_t n = (uint64_t)w->rows * w->cols;
     quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "quantized weight"));
     if (!q) return NULL;
-    q->codes = model_own(m, px_weight_alloc(n, "quantized weight codes"));
-    q->scales = q->codes ? model_own(m, px_weight_alloc(grid_of(quantizer, w->rows, w->cols) *
+    q->codes = model_own(m, px_huge_alloc(n, "quantized weight codes"));
+    q->scales = q->codes ? model_own(m, px_huge_alloc(grid_of(quantizer, w->rows, w->cols) *
                                                             sizeof(float), "quantized weight scales"))
                          : NULL;
     return q->scales ? q : NULL;

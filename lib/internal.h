@@ -34,9 +34,9 @@ void log_message(parity_log_level level, const char *fmt, ...) PARITY_PRINTF(2, 
 void *px_malloc(size_t size, const char *what);
 void *px_calloc(size_t n, size_t size, const char *what);
 void *px_aligned_alloc(size_t size, const char *what); /* 64-byte aligned, free with px_free */
-/* For weights: px_aligned_alloc, and a buffer of 2 MB or more is 2 MB aligned and advised
- * MADV_HUGEPAGE. Free with px_free. */
-void *px_weight_alloc(size_t size, const char *what);
+/* For the large buffers (weights, KV cache, logits, the forward's scratch): px_aligned_alloc,
+ * and a buffer of 2 MB or more is 2 MB aligned and advised MADV_HUGEPAGE. Free with px_free. */
+void *px_huge_alloc(size_t size, const char *what);
 void *px_realloc(void *p, size_t size, const char *what);
 char *px_strdup(const char *s, const char *what);
 void px_free(void *p);

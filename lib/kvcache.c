@@ -23,8 +23,8 @@ int kv_cache_init(kv_cache *kv, const parity_config *c, uint32_t n_cells, int fp
     if (bytes > SIZE_MAX)
         return set_error(PARITY_ERR_OUT_OF_MEMORY, "KV cache of %u positions is too large", n_cells);
     /* streamed at every step like the weights: in huge pages where the OS gives them */
-    kv->k = px_weight_alloc((size_t)bytes, "KV cache (keys)");
-    kv->v = kv->k ? px_weight_alloc((size_t)bytes, "KV cache (values)") : NULL;
+    kv->k = px_huge_alloc((size_t)bytes, "KV cache (keys)");
+    kv->v = kv->k ? px_huge_alloc((size_t)bytes, "KV cache (values)") : NULL;
     if (!kv->v) {
         kv_cache_free(kv);
         return PARITY_ERR_OUT_OF_MEMORY;
@@ -111,7 +111,7 @@ int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
             fwd_scratch_free(s);
             return set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: too large", b[i].what);
         }
-        *b[i].p = px_aligned_alloc((size_t)b[i].n * elem_size(&b[i]), b[i].what);
+        *b[i].p = px_huge_alloc((size_t)b[i].n * elem_size(&b[i]), b[i].what);
         if (!*b[i].p) {
             fwd_scratch_free(s);
             return PARITY_ERR_OUT_OF_MEMORY;

@@ -231,7 +231,7 @@ static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, co
 static int widen(parity_model *m, weight *w) {
     if (w->wide || !w->bf16) return PARITY_OK;
     uint64_t n = (uint64_t)w->rows * w->cols;
-    float *wide = model_own(m, px_weight_alloc(n * 4, "fp32 weights"));
+    float *wide = model_own(m, px_huge_alloc(n * 4, "fp32 weights"));
     if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
     weight_widen_into(w, wide);
     w->wide = wide;
@@ -254,7 +254,7 @@ static int widen_weights(parity_model *m, int vectors_only) {
 static int to_fp16(parity_model *m, weight *w, const char *name) {
     if (w->fp16 || !w->bf16) return PARITY_OK;
     const uint64_t n = (uint64_t)w->rows * w->cols;
-    float *fp16 = px_weight_alloc(n * 4, "fp16 weights (held in fp32)");
+    float *fp16 = px_huge_alloc(n * 4, "fp16 weights (held in fp32)");
     if (!fp16) return PARITY_ERR_OUT_OF_MEMORY;
     weight_fp16_into(w, fp16);
     for (uint64_t i = 0; i < n; i++)
@@ -835,7 +835,7 @@ int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_mo
     const expected *e = model_tensors(m, &n);
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         uint64_t rows = e[i].rows ? e[i].rows : 1, count = rows * e[i].cols;
-        uint16_t *data = model_own(m, px_weight_alloc(count * 2, e[i].name));
+        uint16_t *data = model_own(m, px_huge_alloc(count * 2, e[i].name));
         if (!data) {
             rc = PARITY_ERR_OUT_OF_MEMORY;
             break;

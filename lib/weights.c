@@ -101,10 +101,10 @@ int tensor_import(const tensor_source *src, const expected *slot, tensor_values 
     }
     const int master_mapped =
         src->dtype == PARITY_DTYPE_F32 && src->may_map && ((uintptr_t)data & 3u) == 0;
-    uint16_t *bf16 = out->owned[0] = px_weight_alloc(n * 2, slot->name);
+    uint16_t *bf16 = out->owned[0] = px_huge_alloc(n * 2, slot->name);
     float *master = NULL;
     if (bf16 && src->dtype != PARITY_DTYPE_BF16)
-        master = master_mapped ? (float *)data : (out->owned[1] = px_weight_alloc(n * 4, slot->name));
+        master = master_mapped ? (float *)data : (out->owned[1] = px_huge_alloc(n * 4, slot->name));
     if (!bf16 || (src->dtype != PARITY_DTYPE_BF16 && !master)) {
         tensor_values_free(out);
         return PARITY_ERR_OUT_OF_MEMORY;
