@@ -97,9 +97,11 @@ static void prefetch_block(const kv_cache *kv, const void *plane, uint32_t layer
 
 /* A worker's scratch: scores [ATTN_TASK_ROWS][group][max_ctx] and, in pv (attn_pv_floats),
  * the accumulators [ATTN_TASK_ROWS][group][hd], the denominators [ATTN_TASK_ROWS][group],
- * then one block of keys and one of values widened to fp32 ([KV_BLOCK][hd] each). */
+ * one block of keys and one of values widened to fp32 ([KV_BLOCK][hd] each), and the task's
+ * queries [ATTN_TASK_ROWS][group][hd], so that those of consecutive rows lie hd apart like
+ * the heads of one row. */
 typedef struct attn_scratch {
-    float *scores, *acc, *l, *keys, *vals;
+    float *scores, *acc, *l, *keys, *vals, *q;
     size_t max_ctx;
 } attn_scratch;
 
@@ -124,6 +126,29 @@ static int block_source(const attn_job *j, size_t r, size_t r1, size_t b0, size_
         return BLOCK_WIDENED;
     }
     return BLOCK_DIRECT;
+}
+
+/* The rows from r on (before r1) that read the same positions of the same block at b0 as row
+ * r: the rows of one sequence whose positions cover the whole block, or forks over their
+ * shared prefix. Returns the first row after them; *len is how many positions of the block
+ * they read (0 when row r ends before b0: the run is row r alone), *off where the block
+ * lies. */
+static size_t rows_on_block(const attn_job *j, size_t r, size_t r1, size_t b0, size_t kvh,
+                            size_t *len, size_t *off) {
+    const kv_cache *kv = j->ctx->kv;
+    const size_t n = (size_t)j->rows[r].pos + 1;
+    *len = 0;
+    if (b0 >= n) return r + 1;
+    *len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
+    *off = kv_offset(kv, j->layer, j->rows[r].blocks, (uint32_t)b0, kvh);
+    size_t e = r + 1;
+    for (; e < r1; e++) {
+        const size_t ne = (size_t)j->rows[e].pos + 1;
+        if (ne <= b0 || (ne - b0 < KV_BLOCK ? ne - b0 : KV_BLOCK) != *len ||
+            kv_offset(kv, j->layer, j->rows[e].blocks, (uint32_t)b0, kvh) != *off)
+            break;
+    }
+    return e;
 }
 
 /* Asks into the cache the block KV_PREFETCH_BLOCKS ahead of b0 of every row of the run whose
@@ -163,31 +188,35 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
     size_t n_max = 0;
     for (size_t r = r0; r < r1; r++)
         if ((size_t)j->rows[r].pos + 1 > n_max) n_max = (size_t)j->rows[r].pos + 1;
-#define ATT_Q(r, g) (j->q + (r) * heads * hd + (kvh * group + (g)) * hd)
+#define ATT_Q(r, g) (w->q + ((slot + (r) - r0) * group + (g)) * hd)
 #define ATT_S(r, g) (w->scores + ((slot + (r) - r0) * group + (g)) * w->max_ctx)
 #define ATT_ACC(r, g) (w->acc + ((slot + (r) - r0) * group + (g)) * hd)
 
-    /* scores: q.k of each position, block by block, every row and query head on the block */
+    for (size_t r = r0; r < r1; r++)  /* the row's query heads of this KV head */
+        memcpy(ATT_Q(r, 0), j->q + r * heads * hd + kvh * group * hd, group * hd * sizeof *w->q);
+
+    /* scores: q.k of each position, block by block, every row and query head on the block:
+     * the query heads of the rows that read the same positions of it in one call (queries
+     * hd apart, scores max_ctx apart) */
     size_t widened = SIZE_MAX;
     for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
         prefetch_rows(j, kv->k, r0, r1, b0, kvh);
-        for (size_t r = r0; r < r1; r++) {
-            const size_t n = (size_t)j->rows[r].pos + 1;
-            if (b0 >= n) continue;
-            const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
-            const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, (uint32_t)b0, kvh);
-            /* the row's query heads together (q heads hd apart, scores max_ctx apart) */
+        size_t len, off;
+        for (size_t r = r0, e; r < r1; r = e) {
+            e = rows_on_block(j, r, r1, b0, kvh, &len, &off);
+            if (!len) continue;
+            const size_t queries = (e - r) * group;
             if (block_source(j, r, r1, b0, kvh, off, blen, kv->k, w->keys, &widened) ==
                 BLOCK_WIDENED)
-                k->dots_f32(ATT_Q(r, 0), hd, group, w->keys, hd, len, hd, ATT_S(r, 0) + b0,
+                k->dots_f32(ATT_Q(r, 0), hd, queries, w->keys, hd, len, hd, ATT_S(r, 0) + b0,
                             w->max_ctx);
             else if (kv->fp32)
-                k->dots_f32(ATT_Q(r, 0), hd, group, (const float *)kv->k + off, hd, len, hd,
+                k->dots_f32(ATT_Q(r, 0), hd, queries, (const float *)kv->k + off, hd, len, hd,
                             ATT_S(r, 0) + b0, w->max_ctx);
             else
-                k->dots_f32_bf16(ATT_Q(r, 0), hd, group, (const uint16_t *)kv->k + off, hd, len,
-                                 hd, ATT_S(r, 0) + b0, w->max_ctx);
+                k->dots_f32_bf16(ATT_Q(r, 0), hd, queries, (const uint16_t *)kv->k + off, hd,
+                                 len, hd, ATT_S(r, 0) + b0, w->max_ctx);
         }
     }
 
@@ -203,20 +232,20 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
     for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
         prefetch_rows(j, kv->v, r0, r1, b0, kvh);
-        for (size_t r = r0; r < r1; r++) {
-            const size_t n = (size_t)j->rows[r].pos + 1;
-            if (b0 >= n) continue;
-            const size_t len = n - b0 < KV_BLOCK ? n - b0 : KV_BLOCK;
-            const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, (uint32_t)b0, kvh);
+        size_t len, off;
+        for (size_t r = r0, e; r < r1; r = e) {
+            e = rows_on_block(j, r, r1, b0, kvh, &len, &off);
+            if (!len) continue;
+            const size_t queries = (e - r) * group;
             if (block_source(j, r, r1, b0, kvh, off, blen, kv->v, w->vals, &widened) ==
                 BLOCK_WIDENED)
-                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group, w->vals, hd,
+                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, queries, w->vals, hd,
                           len, hd);
             else if (kv->fp32)
-                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group,
+                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, queries,
                           (const float *)kv->v + off, hd, len, hd);
             else
-                k->pv_bf16(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, group,
+                k->pv_bf16(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, queries,
                            (const uint16_t *)kv->v + off, hd, len, hd);
         }
     }
@@ -255,6 +284,7 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
     w.l = w.acc + slots * hd;
     w.keys = w.l + slots;
     w.vals = w.keys + KV_BLOCK * hd;
+    w.q = w.vals + KV_BLOCK * hd;
 
     for (size_t t = begin; t < end; t++) {
         const size_t kvh = t / n_groups, first = t % n_groups * ATTN_TASK_ROWS;

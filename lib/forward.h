@@ -276,12 +276,13 @@ typedef struct gemm_part {
 void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
                            size_t n, const gemm_part *parts, const gemm_scratch *s);
 
-/* Rows per attention task: a prefill's rows of one sequence share each widened block of keys
- * and values; a worker's attention scratch holds that many rows' scores and accumulators. */
+/* Rows per attention task: a prefill's rows of one sequence share each block of keys and
+ * values; a worker's attention scratch holds that many rows' scores, queries and
+ * accumulators. */
 #define ATTN_TASK_ROWS 16
 static inline size_t attn_pv_floats(size_t group, size_t head_dim) {
     const size_t slots = ATTN_TASK_ROWS * group;
-    return slots * head_dim + slots + 2 * KV_BLOCK * head_dim;
+    return 2 * slots * head_dim + slots + 2 * KV_BLOCK * head_dim;
 }
 
 /* ---- attention (attention.c) ----------------------------------------------------------
