@@ -101,7 +101,7 @@ int engine_init(engine *e, const parity_model *m, const engine_params *p, const 
             break;
         }
         *b->p = b->large ? px_huge_alloc((size_t)bytes, b->what)
-                           : px_calloc((size_t)b->count, (size_t)b->size, b->what);
+                         : px_calloc((size_t)b->count, (size_t)b->size, b->what);
         if (!*b->p)
             rc = PARITY_ERR_OUT_OF_MEMORY;
         else if (p->prefault)

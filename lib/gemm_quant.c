@@ -57,7 +57,7 @@ quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer
     if (!q) return NULL;
     q->codes = model_own(m, px_huge_alloc(n, "quantized weight codes"));
     q->scales = q->codes ? model_own(m, px_huge_alloc(grid_of(quantizer, w->rows, w->cols) *
-                                                            sizeof(float), "quantized weight scales"))
+                                                          sizeof(float), "quantized weight scales"))
                          : NULL;
     return q->scales ? q : NULL;
 }

@@ -274,14 +274,15 @@ static void test_vector_kernels(const kernels *t) {
 
             /* a block of the cache's keys / values, bf16 and widened: count vectors ld apart
              * (ld > n, so that a kernel that read past n would take the wrong elements), read
-             * by 1 to 3 query heads lda apart, their scores ldo apart */
+             * by 1 to 9 query vectors lda apart (attention passes a run of rows' query heads
+             * in one call: several pairs and an odd one), their scores ldo apart */
             const size_t ld = n + 3, count = 1 + (n + (size_t)mode) % 31;
-            const size_t Q = 1 + (n + (size_t)mode) % 3, lda = n + 1, ldo = count + 2;
+            const size_t Q = 1 + (n + (size_t)mode) % 9, lda = n + 1, ldo = count + 2;
             uint16_t *blk16 = xmalloc(count * ld * sizeof *blk16);
             float *blk = xmalloc(count * ld * sizeof *blk), *blk2 = xmalloc(count * ld * sizeof *blk2);
             float *aq = xmalloc(Q * lda * sizeof *aq), *pj = xmalloc(Q * ldo * sizeof *pj);
             float *oq1 = xmalloc(Q * lda * sizeof *oq1), *oq2 = xmalloc(Q * lda * sizeof *oq2);
-            float *ob = xmalloc(Q * lda * sizeof *ob), s1[3 * 33], s2[3 * 33];
+            float *ob = xmalloc(Q * lda * sizeof *ob), s1[9 * 33], s2[9 * 33];
             fill_f32(aq, Q * lda, mode, 1.0f);
             memcpy(aq, a, n * sizeof *a);
             fill_f32(ob, Q * lda, mode, 1.0f);

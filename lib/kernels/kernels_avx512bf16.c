@@ -208,7 +208,7 @@ void kernels_avx512bf16_set_entries(kernels *t) {
     t->gemm_bf16xw = gemm_bf16xw_avx512bf16;
     /* On the Zen 5 VM the widening in registers runs beside the fmas: attention reading the
      * bf16 blocks directly took 6-10% less time than widening the shared ones first (prefill
-     * 512, attention against GEMM time, interleaved pairs), and less of a decode step at batch 32 over a forked
-     * prompt (parity-speed --profile, contexts 128 and 1024). */
+     * 512, attention against GEMM time, interleaved pairs), and less of a decode step at
+     * batch 32 over a forked prompt (parity-speed --profile, contexts 128 and 1024). */
     t->attn_widens_shared_blocks = 0;
 }
