@@ -18,6 +18,7 @@ typedef struct attn_job {
     const fwd_row *rows;
     const float *q;
     float *att;
+    const uint32_t *fresh;  /* per row: the first position this forward wrote of its sequence */
 } attn_job;
 
 /* Kernel-order experiment (parity_sampler_params.split_kv): flash attention over segments of
@@ -81,9 +82,15 @@ static float probabilities(const kernels *k, const parity_policy *pol, int mode,
 }
 
 /* The cache's blocks of one head lie a whole block of every head apart (kv_cache), each in a
- * page of its own that the hardware's stream prefetchers do not follow from the last: the
- * block this many blocks ahead of the one being read is asked into the cache. */
-#define KV_PREFETCH_BLOCKS 2
+ * page of its own that the hardware's stream prefetchers do not follow from the last, so
+ * attend_run asks for them itself: the block KV_NEAR_BLOCKS ahead of the one it reads into
+ * L1 (prefetch_rows), and, where the rows read positions written before this forward, a
+ * walk over those blocks (kv_walk) up to KV_FAR_BLOCKS ahead into L2, a few lines beside each
+ * kernel call, as many as the call's work covers: the blocks that only one row reads (a
+ * fork's own tail: 16 of them side by side in a task at a batch of forks) then come in while
+ * the shared ones are worked on, instead of in one burst each that waits on memory. */
+#define KV_NEAR_BLOCKS 2
+#define KV_FAR_BLOCKS 8
 
 static void prefetch_block(const kv_cache *kv, const void *plane, uint32_t layer,
                            const uint32_t *blocks, size_t pos, size_t n, size_t kvh) {
@@ -151,21 +158,95 @@ static size_t rows_on_block(const attn_job *j, size_t r, size_t r1, size_t b0, s
     return e;
 }
 
-/* Asks into the cache the block KV_PREFETCH_BLOCKS ahead of b0 of every row of the run whose
- * block there is not the previous row's. */
-static void prefetch_rows(const attn_job *j, const void *plane, size_t r0, size_t r1, size_t b0,
+/* Asks into L1 the block at position `pos` of every row of the run whose block there is not
+ * the previous row's. */
+static void prefetch_rows(const attn_job *j, const void *plane, size_t r0, size_t r1, size_t pos,
                           size_t kvh) {
     const kv_cache *kv = j->ctx->kv;
-    const size_t ahead = b0 + KV_PREFETCH_BLOCKS * KV_BLOCK;
     size_t last = SIZE_MAX;
     for (size_t r = r0; r < r1; r++) {
         const size_t n = (size_t)j->rows[r].pos + 1;
-        if (ahead >= n) continue;
-        const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, (uint32_t)ahead, kvh);
-        if (off != last) prefetch_block(kv, plane, j->layer, j->rows[r].blocks, ahead, n, kvh);
+        if (pos >= n) continue;
+        const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, (uint32_t)pos, kvh);
+        if (off != last) prefetch_block(kv, plane, j->layer, j->rows[r].blocks, pos, n, kvh);
         last = off;
     }
 }
+
+/* The far walk over the blocks that rows r0 .. r1-1 read in one plane and that hold a
+ * position written before this forward (those it wrote, just now, are still in the caches),
+ * in attend_run's order: positions ascending; at each, the rows in order, a block that the
+ * previous row reads too only once. It starts KV_NEAR_BLOCKS in, where prefetch_rows has not
+ * been. */
+typedef struct kv_walk {
+    const attn_job *j;
+    const char *plane;
+    size_t r0, r1, kvh, elt;
+    size_t end;          /* past the last position written before this forward */
+    size_t b0, r, line;  /* the next line to ask for: line `line` of row r's block at b0 */
+    size_t last;         /* the previous row's block at b0, SIZE_MAX for none */
+} kv_walk;
+
+static kv_walk kv_walk_start(const attn_job *j, const void *plane, size_t r0, size_t r1,
+                             size_t kvh, size_t n_max) {
+    const kv_cache *kv = j->ctx->kv;
+    size_t old = 0;
+    for (size_t r = r0; r < r1; r++)
+        if (j->fresh[r] > old) old = j->fresh[r];
+    return (kv_walk){j, plane, r0, r1, kvh, kv->fp32 ? sizeof(float) : sizeof(uint16_t),
+                     old < n_max ? old : n_max, KV_NEAR_BLOCKS * KV_BLOCK, r0, 0, SIZE_MAX};
+}
+
+/* Asks into L2 for the walk's next lines, at most `budget` of them and none of a block at
+ * `until` or after; with budget 0 it only passes the rows it has nothing to ask of. */
+static void kv_walk_ask(kv_walk *w, size_t until, size_t budget) {
+    const kv_cache *kv = w->j->ctx->kv;
+    if (until > w->end) until = w->end;
+    while (w->b0 < until) {
+        if (w->r == w->r1) {
+            w->b0 += KV_BLOCK, w->r = w->r0, w->last = SIZE_MAX;
+            continue;
+        }
+        const fwd_row *row = &w->j->rows[w->r];
+        const size_t n = (size_t)row->pos + 1;
+        if (w->b0 >= n || w->b0 >= w->j->fresh[w->r]) {
+            w->r++;
+            continue;
+        }
+        const size_t off = kv_offset(kv, w->j->layer, row->blocks, (uint32_t)w->b0, w->kvh);
+        if (off == w->last) {
+            w->r++;
+            continue;
+        }
+        if (!budget) return;
+        const size_t len = n - w->b0 < KV_BLOCK ? n - w->b0 : KV_BLOCK;
+        const size_t lines = (len * kv->head_dim * w->elt + 63) / 64;
+        const char *p = w->plane + off * w->elt;
+        for (; w->line < lines && budget; w->line++, budget--)
+            __builtin_prefetch(p + 64 * w->line, 0, 2);  /* prefetcht1 */
+        if (w->line == lines) w->last = off, w->r++, w->line = 0;
+    }
+}
+
+/* Whether the walk has lines left to ask for before `until`. */
+static int kv_walk_pending(kv_walk *w, size_t until) {
+    kv_walk_ask(w, until, 0);
+    return w->b0 < (until < w->end ? until : w->end);
+}
+
+/* The lines the walk asks for beside a kernel call on `queries` query vectors and `len`
+ * positions: two blocks' worth at least (so that it gains on a stream of blocks that each
+ * take one call), more beside a call with more work. */
+static size_t kv_walk_budget(const kv_walk *w, size_t queries, size_t len) {
+    const size_t work = queries * len / 2,
+                 blocks = 2 * KV_BLOCK * w->j->ctx->kv->head_dim * w->elt / 64;
+    return work > blocks ? work : blocks;
+}
+
+/* Shared blocks read by at least this many query vectors are read in four calls, a quarter
+ * of the queries each, with the far walk's asks between them, while it has any left. */
+#define ATT_SPLIT_QUERIES 16
+#define ATT_SPLIT_PARTS 4
 
 /* Rows r0 .. r1-1, KV head kvh, in scratch slots slot ..: each block of the head's keys and
  * values is read once for every row and query head that reads it, while it is in L1, and
@@ -199,26 +280,48 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
      * the query heads of the rows that read the same positions of it in one call (queries
      * hd apart, scores max_ctx apart) */
     size_t widened = SIZE_MAX;
+    kv_walk far = kv_walk_start(j, kv->k, r0, r1, kvh, n_max);
+    if (far.end)  /* the first blocks, which the loop does not ask for, are not in the caches */
+        for (size_t b0 = 0; b0 < KV_NEAR_BLOCKS * KV_BLOCK; b0 += KV_BLOCK)
+            prefetch_rows(j, kv->k, r0, r1, b0, kvh);
     for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
-        prefetch_rows(j, kv->k, r0, r1, b0, kvh);
+        prefetch_rows(j, kv->k, r0, r1, b0 + KV_NEAR_BLOCKS * KV_BLOCK, kvh);
         size_t len, off;
         for (size_t r = r0, e; r < r1; r = e) {
             e = rows_on_block(j, r, r1, b0, kvh, &len, &off);
             if (!len) continue;
             const size_t queries = (e - r) * group;
-            if (block_source(j, r, r1, b0, kvh, off, blen, kv->k, w->keys, &widened) ==
-                BLOCK_WIDENED)
-                k->dots_f32(ATT_Q(r, 0), hd, queries, w->keys, hd, len, hd, ATT_S(r, 0) + b0,
-                            w->max_ctx);
-            else if (kv->fp32)
-                k->dots_f32(ATT_Q(r, 0), hd, queries, (const float *)kv->k + off, hd, len, hd,
-                            ATT_S(r, 0) + b0, w->max_ctx);
-            else
-                k->dots_f32_bf16(ATT_Q(r, 0), hd, queries, (const uint16_t *)kv->k + off, hd,
-                                 len, hd, ATT_S(r, 0) + b0, w->max_ctx);
+            const int src = block_source(j, r, r1, b0, kvh, off, blen, kv->k, w->keys, &widened);
+            const size_t parts =
+                queries >= ATT_SPLIT_QUERIES && far.end &&
+                        kv_walk_pending(&far, b0 + KV_FAR_BLOCKS * KV_BLOCK)
+                    ? ATT_SPLIT_PARTS
+                    : 1;
+            const size_t step = parts == 1 ? queries : (queries + parts - 1) / parts;
+            for (size_t q0 = 0; q0 < queries; q0 += step) {
+                const size_t nq = queries - q0 < step ? queries - q0 : step;
+                const float *qp = ATT_Q(r, 0) + q0 * hd;
+                float *sp = ATT_S(r, 0) + q0 * w->max_ctx + b0;
+                if (far.end)
+                    kv_walk_ask(&far, b0 + KV_FAR_BLOCKS * KV_BLOCK, kv_walk_budget(&far, nq, len));
+                if (src == BLOCK_WIDENED)
+                    k->dots_f32(qp, hd, nq, w->keys, hd, len, hd, sp, w->max_ctx);
+                else if (kv->fp32)
+                    k->dots_f32(qp, hd, nq, (const float *)kv->k + off, hd, len, hd, sp,
+                                w->max_ctx);
+                else
+                    k->dots_f32_bf16(qp, hd, nq, (const uint16_t *)kv->k + off, hd, len, hd, sp,
+                                     w->max_ctx);
+            }
         }
     }
+
+    /* the values' first blocks come in while the probabilities are computed */
+    far = kv_walk_start(j, kv->v, r0, r1, kvh, n_max);
+    if (far.end)
+        for (size_t b0 = 0; b0 < KV_NEAR_BLOCKS * KV_BLOCK; b0 += KV_BLOCK)
+            prefetch_rows(j, kv->v, r0, r1, b0, kvh);
 
 /* probabilities, each row and query head on its own */
     for (size_t r = r0; r < r1; r++)
@@ -231,22 +334,34 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
     widened = SIZE_MAX;
     for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
-        prefetch_rows(j, kv->v, r0, r1, b0, kvh);
+        prefetch_rows(j, kv->v, r0, r1, b0 + KV_NEAR_BLOCKS * KV_BLOCK, kvh);
         size_t len, off;
         for (size_t r = r0, e; r < r1; r = e) {
             e = rows_on_block(j, r, r1, b0, kvh, &len, &off);
             if (!len) continue;
             const size_t queries = (e - r) * group;
-            if (block_source(j, r, r1, b0, kvh, off, blen, kv->v, w->vals, &widened) ==
-                BLOCK_WIDENED)
-                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, queries, w->vals, hd,
-                          len, hd);
-            else if (kv->fp32)
-                k->pv_f32(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, queries,
-                          (const float *)kv->v + off, hd, len, hd);
-            else
-                k->pv_bf16(ATT_ACC(r, 0), hd, ATT_S(r, 0) + b0, w->max_ctx, queries,
-                           (const uint16_t *)kv->v + off, hd, len, hd);
+            const int src = block_source(j, r, r1, b0, kvh, off, blen, kv->v, w->vals, &widened);
+            const size_t parts =
+                queries >= ATT_SPLIT_QUERIES && far.end &&
+                        kv_walk_pending(&far, b0 + KV_FAR_BLOCKS * KV_BLOCK)
+                    ? ATT_SPLIT_PARTS
+                    : 1;
+            const size_t step = parts == 1 ? queries : (queries + parts - 1) / parts;
+            for (size_t q0 = 0; q0 < queries; q0 += step) {
+                const size_t nq = queries - q0 < step ? queries - q0 : step;
+                float *op = ATT_ACC(r, 0) + q0 * hd;
+                const float *pp = ATT_S(r, 0) + q0 * w->max_ctx + b0;
+                if (far.end)
+                    kv_walk_ask(&far, b0 + KV_FAR_BLOCKS * KV_BLOCK, kv_walk_budget(&far, nq, len));
+                if (src == BLOCK_WIDENED)
+                    k->pv_f32(op, hd, pp, w->max_ctx, nq, w->vals, hd, len, hd);
+                else if (kv->fp32)
+                    k->pv_f32(op, hd, pp, w->max_ctx, nq, (const float *)kv->v + off, hd, len,
+                              hd);
+                else
+                    k->pv_bf16(op, hd, pp, w->max_ctx, nq, (const uint16_t *)kv->v + off, hd,
+                               len, hd);
+            }
         }
     }
 
@@ -305,7 +420,12 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
 
 void attention(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
                const float *q, float *att) {
-    attn_job j = {ctx, layer, n_rows, rows, q, att};
+    /* a sequence's rows in a forward come one after the other, its first row at the first
+     * position the forward writes for it */
+    uint32_t *fresh = ctx->s->attn_fresh;
+    for (size_t r = 0; r < n_rows; r++)
+        fresh[r] = r && rows[r].blocks == rows[r - 1].blocks ? fresh[r - 1] : rows[r].pos;
+    attn_job j = {ctx, layer, n_rows, rows, q, att, fresh};
     const size_t n_groups = (n_rows + ATTN_TASK_ROWS - 1) / ATTN_TASK_ROWS;
     /* tasks differ in length (rows at different positions): handed out one at a time */
     pool_run_dynamic(ctx->pool, attend, &j, n_groups * ctx->config->num_key_value_heads, 1);

@@ -113,6 +113,7 @@ typedef struct fwd_scratch {
     gemm_scratch gemm; /* packed GEMM input, per-worker weight panels */
     float *scores;  /* [workers][ATTN_TASK_ROWS][group][max_ctx] attention scores / probabilities */
     float *pv;      /* [workers][attn_pv_floats(group, head_dim)] attention accumulators, sums, blocks */
+    uint32_t *attn_fresh; /* [max_rows] per row: the first position of its sequence in the forward */
     float *partial; /* [max_rows][widest GEMM output] split-K partial sums (only when asked) */
     /* looped models only (NULL otherwise): */
     float *h_exit;  /* [max_rows][hidden]       each row's output at its exit loop */

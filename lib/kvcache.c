@@ -76,6 +76,7 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
         {(void **)&s->gemm.panels, (uint64_t)n_workers * gemm_panel_floats(kmax), "GEMM weight panels", 0},
         {(void **)&s->scores, (uint64_t)n_workers * ATTN_TASK_ROWS * group * max_ctx, "attention scores", 0},
         {(void **)&s->pv, (uint64_t)n_workers * attn_pv_floats(group, c->head_dim), "attention accumulators", 0},
+        {(void **)&s->attn_fresh, R, "attention rows' first positions", sizeof(uint32_t)},
         {(void **)&s->partial, split_k ? R * nmax : 0, "split-K partial sums", 0},
         {(void **)&s->h_exit, looped ? R * c->hidden_size : 0, "exit-loop outputs", 0},
         {(void **)&s->loop_state, looped ? R : 0, "exit distributions", sizeof(loop_state)},

@@ -386,6 +386,8 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
                                  sizeof(float), "attention scores") : NULL;
     s.pv = s.scores ? op_alloc(&c, (uint64_t)workers * attn_pv_floats(group, head_dim),
                                sizeof(float), "attention accumulators") : NULL;
+    s.attn_fresh = s.pv ? op_alloc(&c, T, sizeof(uint32_t), "attention rows' first positions")
+                        : NULL;
     const float *qc = q;
     float *att = out;
     if (s.pv && q_stride != qw) {
@@ -399,7 +401,7 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
     /* the cache of kv_cache_init's layout (one layer), in the call's scratch */
     const uint64_t kv_half = kv_cache_bytes(&shape, (uint32_t)cells, fp32) / 2;
     kv = (kv_cache){1, (uint32_t)cells, (uint32_t)kvw, (uint32_t)head_dim, fp32, NULL, NULL};
-    if (s.pv && qc && att) kv.k = op_alloc(&c, kv_half, 1, "attention keys");
+    if (s.attn_fresh && qc && att) kv.k = op_alloc(&c, kv_half, 1, "attention keys");
     if (kv.k) kv.v = op_alloc(&c, kv_half, 1, "attention values");
     const int rc = kv.v ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     if (!rc) {
