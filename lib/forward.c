@@ -101,26 +101,53 @@ static void run_rows(const fwd_ctx *ctx, pool_fn fn, region_job j, size_t n_rows
 
 /* ---- the KV cache ----------------------------------------------------------------------- */
 
-void kv_store(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
-              const float *k, size_t k_stride, const float *v, size_t v_stride) {
-    const kv_cache *kv = ctx->kv;
+/* bf16_from_f32 of n values, written without a branch so that the compiler vectorizes it. */
+static void narrow_bf16(const float *x, size_t n, uint16_t *out) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        out[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+    }
+}
+
+typedef struct kv_store_job {
+    const fwd_ctx *ctx;
+    uint32_t layer;
+    const fwd_row *rows;
+    const float *k, *v;
+    size_t k_stride, v_stride;
+} kv_store_job;
+
+static void kv_store_rows(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const kv_store_job *j = p;
+    const kv_cache *kv = j->ctx->kv;
     const size_t w = kv->width, hd = kv->head_dim;
-    for (size_t r = 0; r < n_rows; r++)
+    for (size_t r = begin; r < end; r++)
         for (size_t h = 0; h < w / hd; h++) {
-            const size_t off = kv_offset(kv, layer, rows[r].blocks, rows[r].pos, h);
-            const float *kh = k + r * k_stride + h * hd, *vh = v + r * v_stride + h * hd;
+            const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, j->rows[r].pos, h);
+            const float *kh = j->k + r * j->k_stride + h * hd, *vh = j->v + r * j->v_stride + h * hd;
             if (kv->fp32) {
                 memcpy((float *)kv->k + off, kh, hd * sizeof(float));
                 memcpy((float *)kv->v + off, vh, hd * sizeof(float));
             } else {
                 /* exact for the forward: its K and V already hold bf16 values */
-                uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
-                for (size_t i = 0; i < hd; i++) {
-                    kd[i] = bf16_from_f32(kh[i]);
-                    vd[i] = bf16_from_f32(vh[i]);
-                }
+                narrow_bf16(kh, hd, (uint16_t *)kv->k + off);
+                narrow_bf16(vh, hd, (uint16_t *)kv->v + off);
             }
         }
+}
+
+/* Each row writes its own position's cells: the rows go over the pool (a decode step's one
+ * row is stored by the caller: a pool round trip costs more). */
+void kv_store(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
+              const float *k, size_t k_stride, const float *v, size_t v_stride) {
+    kv_store_job j = {ctx, layer, rows, k, v, k_stride, v_stride};
+    if (n_rows <= 1)
+        kv_store_rows(&j, 0, n_rows, 0);
+    else
+        pool_run(ctx->pool, kv_store_rows, &j, n_rows);
 }
 
 void embed_rows(size_t n, const int32_t *tokens, size_t dim, const uint16_t *table_bf16,
