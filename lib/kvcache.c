@@ -122,13 +122,14 @@ int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
     return PARITY_OK;
 }
 
+/* Every buffer of scratch_layout's list (keep the two lists the same). */
 void fwd_scratch_free(fwd_scratch *s) {
     void **all[] = {(void **)&s->h, (void **)&s->delta, (void **)&s->xn, (void **)&s->q,
                     (void **)&s->k, (void **)&s->v, (void **)&s->att, (void **)&s->gate,
                     (void **)&s->up, (void **)&s->gemm.xpack, (void **)&s->gemm.panels,
-                    (void **)&s->scores, (void **)&s->pv, (void **)&s->partial,
-                    (void **)&s->h_exit, (void **)&s->loop_state, (void **)&s->loop_rows,
-                    (void **)&s->loop_slot};
+                    (void **)&s->scores, (void **)&s->pv, (void **)&s->attn_fresh,
+                    (void **)&s->partial, (void **)&s->h_exit, (void **)&s->loop_state,
+                    (void **)&s->loop_rows, (void **)&s->loop_slot};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         px_free(*all[i]);
         *all[i] = NULL;
