@@ -187,12 +187,17 @@ typedef struct kv_walk {
     size_t last;         /* the previous row's block at b0, SIZE_MAX for none */
 } kv_walk;
 
+/* The walk of a pass over `plane`; where it has blocks to walk, the pass's first
+ * KV_NEAR_BLOCKS blocks, which the pass's loop does not ask for, are asked into L1 now. */
 static kv_walk kv_walk_start(const attn_job *j, const void *plane, size_t r0, size_t r1,
                              size_t kvh, size_t n_max) {
     const kv_cache *kv = j->ctx->kv;
     size_t old = 0;
     for (size_t r = r0; r < r1; r++)
         if (j->fresh[r] > old) old = j->fresh[r];
+    if (old)
+        for (size_t b0 = 0; b0 < KV_NEAR_BLOCKS * KV_BLOCK; b0 += KV_BLOCK)
+            prefetch_rows(j, plane, r0, r1, b0, kvh);
     return (kv_walk){j, plane, r0, r1, kvh, kv->fp32 ? sizeof(float) : sizeof(uint16_t),
                      old < n_max ? old : n_max, KV_NEAR_BLOCKS * KV_BLOCK, r0, 0, SIZE_MAX};
 }
@@ -228,25 +233,29 @@ static void kv_walk_ask(kv_walk *w, size_t until, size_t budget) {
     }
 }
 
-/* Whether the walk has lines left to ask for before `until`. */
-static int kv_walk_pending(kv_walk *w, size_t until) {
-    kv_walk_ask(w, until, 0);
-    return w->b0 < (until < w->end ? until : w->end);
-}
-
-/* The lines the walk asks for beside a kernel call on `queries` query vectors and `len`
- * positions: two blocks' worth at least (so that it gains on a stream of blocks that each
- * take one call), more beside a call with more work. */
-static size_t kv_walk_budget(const kv_walk *w, size_t queries, size_t len) {
-    const size_t work = queries * len / 2,
-                 blocks = 2 * KV_BLOCK * w->j->ctx->kv->head_dim * w->elt / 64;
-    return work > blocks ? work : blocks;
-}
-
 /* Shared blocks read by at least this many query vectors are read in four calls, a quarter
- * of the queries each, with the far walk's asks between them, while it has any left. */
+ * of the queries each, with the walk's asks between them, while it has any left. */
 #define ATT_SPLIT_QUERIES 16
 #define ATT_SPLIT_PARTS 4
+
+/* The query vectors per kernel call for a run of `queries` on the block at b0. */
+static size_t kv_walk_split(kv_walk *w, size_t queries, size_t b0) {
+    if (queries < ATT_SPLIT_QUERIES || !w->end) return queries;
+    const size_t until = b0 + KV_FAR_BLOCKS * KV_BLOCK;
+    kv_walk_ask(w, until, 0);  /* past the rows it has nothing to ask of */
+    if (w->b0 >= (until < w->end ? until : w->end)) return queries;
+    return (queries + ATT_SPLIT_PARTS - 1) / ATT_SPLIT_PARTS;
+}
+
+/* The walk's asks beside a kernel call on `queries` query vectors and `len` positions of the
+ * block at b0: as many lines as the call's work covers, two blocks' worth at least (so that
+ * it gains on a stream of blocks that each take one call). */
+static void kv_walk_beside(kv_walk *w, size_t b0, size_t queries, size_t len) {
+    if (!w->end) return;
+    const size_t work = queries * len / 2,
+                 blocks = 2 * KV_BLOCK * w->j->ctx->kv->head_dim * w->elt / 64;
+    kv_walk_ask(w, b0 + KV_FAR_BLOCKS * KV_BLOCK, work > blocks ? work : blocks);
+}
 
 /* Rows r0 .. r1-1, KV head kvh, in scratch slots slot ..: each block of the head's keys and
  * values is read once for every row and query head that reads it, while it is in L1, and
@@ -281,9 +290,6 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
      * hd apart, scores max_ctx apart) */
     size_t widened = SIZE_MAX;
     kv_walk far = kv_walk_start(j, kv->k, r0, r1, kvh, n_max);
-    if (far.end)  /* the first blocks, which the loop does not ask for, are not in the caches */
-        for (size_t b0 = 0; b0 < KV_NEAR_BLOCKS * KV_BLOCK; b0 += KV_BLOCK)
-            prefetch_rows(j, kv->k, r0, r1, b0, kvh);
     for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
         prefetch_rows(j, kv->k, r0, r1, b0 + KV_NEAR_BLOCKS * KV_BLOCK, kvh);
@@ -293,18 +299,12 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
             if (!len) continue;
             const size_t queries = (e - r) * group;
             const int src = block_source(j, r, r1, b0, kvh, off, blen, kv->k, w->keys, &widened);
-            const size_t parts =
-                queries >= ATT_SPLIT_QUERIES && far.end &&
-                        kv_walk_pending(&far, b0 + KV_FAR_BLOCKS * KV_BLOCK)
-                    ? ATT_SPLIT_PARTS
-                    : 1;
-            const size_t step = parts == 1 ? queries : (queries + parts - 1) / parts;
+            const size_t step = kv_walk_split(&far, queries, b0);
             for (size_t q0 = 0; q0 < queries; q0 += step) {
                 const size_t nq = queries - q0 < step ? queries - q0 : step;
                 const float *qp = ATT_Q(r, 0) + q0 * hd;
                 float *sp = ATT_S(r, 0) + q0 * w->max_ctx + b0;
-                if (far.end)
-                    kv_walk_ask(&far, b0 + KV_FAR_BLOCKS * KV_BLOCK, kv_walk_budget(&far, nq, len));
+                kv_walk_beside(&far, b0, nq, len);
                 if (src == BLOCK_WIDENED)
                     k->dots_f32(qp, hd, nq, w->keys, hd, len, hd, sp, w->max_ctx);
                 else if (kv->fp32)
@@ -319,9 +319,6 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
 
     /* the values' first blocks come in while the probabilities are computed */
     far = kv_walk_start(j, kv->v, r0, r1, kvh, n_max);
-    if (far.end)
-        for (size_t b0 = 0; b0 < KV_NEAR_BLOCKS * KV_BLOCK; b0 += KV_BLOCK)
-            prefetch_rows(j, kv->v, r0, r1, b0, kvh);
 
 /* probabilities, each row and query head on its own */
     for (size_t r = r0; r < r1; r++)
@@ -341,18 +338,12 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
             if (!len) continue;
             const size_t queries = (e - r) * group;
             const int src = block_source(j, r, r1, b0, kvh, off, blen, kv->v, w->vals, &widened);
-            const size_t parts =
-                queries >= ATT_SPLIT_QUERIES && far.end &&
-                        kv_walk_pending(&far, b0 + KV_FAR_BLOCKS * KV_BLOCK)
-                    ? ATT_SPLIT_PARTS
-                    : 1;
-            const size_t step = parts == 1 ? queries : (queries + parts - 1) / parts;
+            const size_t step = kv_walk_split(&far, queries, b0);
             for (size_t q0 = 0; q0 < queries; q0 += step) {
                 const size_t nq = queries - q0 < step ? queries - q0 : step;
                 float *op = ATT_ACC(r, 0) + q0 * hd;
                 const float *pp = ATT_S(r, 0) + q0 * w->max_ctx + b0;
-                if (far.end)
-                    kv_walk_ask(&far, b0 + KV_FAR_BLOCKS * KV_BLOCK, kv_walk_budget(&far, nq, len));
+                kv_walk_beside(&far, b0, nq, len);
                 if (src == BLOCK_WIDENED)
                     k->pv_f32(op, hd, pp, w->max_ctx, nq, w->vals, hd, len, hd);
                 else if (kv->fp32)

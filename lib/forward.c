@@ -101,16 +101,6 @@ static void run_rows(const fwd_ctx *ctx, pool_fn fn, region_job j, size_t n_rows
 
 /* ---- the KV cache ----------------------------------------------------------------------- */
 
-/* bf16_from_f32 of n values, written without a branch so that the compiler vectorizes it. */
-static void narrow_bf16(const float *x, size_t n, uint16_t *out) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, x + i, sizeof u);
-        const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        out[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
-    }
-}
-
 typedef struct kv_store_job {
     const fwd_ctx *ctx;
     uint32_t layer;
@@ -133,8 +123,9 @@ static void kv_store_rows(void *p, size_t begin, size_t end, unsigned worker) {
                 memcpy((float *)kv->v + off, vh, hd * sizeof(float));
             } else {
                 /* exact for the forward: its K and V already hold bf16 values */
-                narrow_bf16(kh, hd, (uint16_t *)kv->k + off);
-                narrow_bf16(vh, hd, (uint16_t *)kv->v + off);
+                uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
+                for (size_t i = 0; i < hd; i++) kd[i] = bf16_from_f32(kh[i]);
+                for (size_t i = 0; i < hd; i++) vd[i] = bf16_from_f32(vh[i]);
             }
         }
 }

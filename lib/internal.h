@@ -100,9 +100,9 @@ static inline float f32_from_bits(uint32_t u) {
 }
 /* fp32 -> bf16 bits: round to nearest even; every NaN -> 0x7fc0 (PyTorch's c10::BFloat16). */
 static inline uint16_t bf16_from_f32(float x) {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    const uint32_t u = f32_bits(x), rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    /* no branch: a loop of these vectorizes (kv_store) */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
 }
 static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 /* The rounding point: an fp32 value rounded to the nearest bf16, held in fp32. */
