@@ -326,6 +326,11 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
             w->l[(slot + r - r0) * group + g] =
                 probabilities(k, pol, mode, scale, ATT_S(r, g), (size_t)j->rows[r].pos + 1);
 
+    for (size_t r = r0; r < r1; r++) {
+        const char *dst = (const char *)(j->att + r * heads * hd + kvh * group * hd);
+        for (size_t b = 0; b < group * hd * sizeof(float); b += 64) __builtin_prefetch(dst + b, 1);
+    }
+
     /* P.V, one position after another in ascending order, block by block */
     memset(w->acc + slot * group * hd, 0, (r1 - r0) * group * hd * sizeof *w->acc);
     widened = SIZE_MAX;
@@ -356,18 +361,22 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
         }
     }
 
-    for (size_t r = r0; r < r1; r++)
+    /* the outputs, each row's query heads side by side: finished in the scratch, then copied
+     * to lines asked for at the P.V pass's start (written cold, each waited on its line) */
+    for (size_t r = r0; r < r1; r++) {
+        float *dst = j->att + r * heads * hd + kvh * group * hd;
         for (size_t g = 0; g < group; g++) {
-            const float *o = ATT_ACC(r, g), l = w->l[(slot + r - r0) * group + g];
-            float *dst = j->att + r * heads * hd + (kvh * group + g) * hd;
+            float *o = ATT_ACC(r, g);
+            const float l = w->l[(slot + r - r0) * group + g];
             if (mode == PARITY_ATTN_FLASH) {
-                for (size_t d = 0; d < hd; d++) dst[d] = o[d] / l;
-                round_with(k, pol, dst, hd);  /* O / l rounded once */
-            } else {
-                memcpy(dst, o, hd * sizeof *o);
-                if (mode == PARITY_ATTN_EAGER) round_with(k, pol, dst, hd);  /* bf16 matmul output */
+                for (size_t d = 0; d < hd; d++) o[d] /= l;
+                round_with(k, pol, o, hd);  /* O / l rounded once */
+            } else if (mode == PARITY_ATTN_EAGER) {
+                round_with(k, pol, o, hd);  /* bf16 matmul output */
             }
         }
+        memcpy(dst, ATT_ACC(r, 0), group * hd * sizeof *dst);
+    }
 #undef ATT_Q
 #undef ATT_S
 #undef ATT_ACC

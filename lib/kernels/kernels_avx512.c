@@ -104,30 +104,39 @@ static void widen_bf16_avx512(const uint16_t *src, size_t n, float *dst) {
 
 /* ---- attention blocks (dots_f32, pv_f32) ---- */
 
-/* dot16 products of one a against the J rows b[j] (J <= 16; bf16 or fp32, `elt` (a FMT_* value) a constant
- * after inlining), side by side: dot16's 16 lanes are one zmm, a's loads shared, J chains,
- * 16 of them folded as one tree. The partial block at the end pads a with -0 and b with +0. */
-ALWAYS_INLINE void z_dots(const int J, int elt, const float *a, const void *const *b, size_t n,
-                          float *out) {
-    __m512 acc[16];
-    for (int j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
+/* dot16 products of Q queries a + q lda against J keys b[j] (bf16 or fp32, `elt` a FMT_*
+ * value; Q * J <= 16; all three constants after inlining), side by side: each key chunk is
+ * loaded (and widened) once for the Q queries and each query chunk once for the J keys, Q J
+ * chains; a full block of 16 folds as one tree, its lane J q + j being query q's score j,
+ * stored at out + q ldo + j. The partial chunk at the end pads the queries with -0 and the
+ * keys with +0. */
+ALWAYS_INLINE void z_dots(const int Q, const int J, int elt, const float *a, size_t lda,
+                          const void *const *b, size_t n, float *out, size_t ldo) {
+    __m512 acc[16], key[16];
+    for (int c = 0; c < Q * J; c++) acc[c] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(a + i);
-        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(elt, b[j], i, 0xffff), acc[j]);
+        for (int j = 0; j < J; j++) key[j] = z_load(elt, b[j], i, 0xffff);
+        for (int q = 0; q < Q; q++) {
+            const __m512 x = _mm512_loadu_ps(a + q * lda + i);
+            for (int j = 0; j < J; j++) acc[J * q + j] = _mm512_fmadd_ps(x, key[j], acc[J * q + j]);
+        }
     }
     if (i < n) {
         const __mmask16 m = z_mask(n - i);
-        const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + i);
-        for (int j = 0; j < J; j++) acc[j] = _mm512_fmadd_ps(x, z_load(elt, b[j], i, m), acc[j]);
+        for (int j = 0; j < J; j++) key[j] = z_load(elt, b[j], i, m);
+        for (int q = 0; q < Q; q++) {
+            const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), m, a + q * lda + i);
+            for (int j = 0; j < J; j++) acc[J * q + j] = _mm512_fmadd_ps(x, key[j], acc[J * q + j]);
+        }
     }
-    z_store_block(1, J, acc, out, 0);
+    z_store_block(Q, J, acc, out, ldo);
 }
 
 static float dot_f32_bf16_avx512(const float *a, const uint16_t *b, size_t n) {
     const void *const row[1] = {b};
     float out;
-    z_dots(1, FMT_BF16, a, row, n, &out);
+    z_dots(1, 1, FMT_BF16, a, 0, row, n, &out, 0);
     return out;
 }
 
@@ -140,92 +149,48 @@ static void axpy_bf16_avx512(float *o, float p, const uint16_t *v, size_t n) {
     }
 }
 
-/* dots_f32 and dots_f32_bf16 (`elt` FMT_NONE or FMT_BF16, a constant after inlining): keys
- * 16 at a time (16 independent chains: a block of the cache in one call), then 8, 4, and
- * singly. */
-ALWAYS_INLINE void z_dots_rows(int elt, const float *a, const void *b, size_t ldb, size_t count,
-                               size_t n, float *out) {
+/* Q queries against the keys j, j + J, ... of count, ldb apart, J at a time while J are
+ * left; returns the first key not done. */
+ALWAYS_INLINE size_t z_dots_run(const int Q, const int J, int elt, const float *a, size_t lda,
+                                const void *b, size_t ldb, size_t j, size_t count, size_t n,
+                                float *out, size_t ldo) {
     const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
-    const char *base = b;
     const void *rows[16];
+    for (; j + (size_t)J <= count; j += (size_t)J) {
+        for (int r = 0; r < J; r++) rows[r] = (const char *)b + (j + (size_t)r) * ldb * bytes;
+        z_dots(Q, J, elt, a, lda, rows, n, out + j, ldo);
+    }
+    return j;
+}
+
+/* Q (1, 2 or 4) queries over count keys: 16 / Q keys at a time, then half as many, down to
+ * one. */
+ALWAYS_INLINE void z_dots_keys(const int Q, int elt, const float *a, size_t lda, const void *b,
+                               size_t ldb, size_t count, size_t n, float *out, size_t ldo) {
     size_t j = 0;
-    for (; j + 16 <= count; j += 16) {
-        for (size_t r = 0; r < 16; r++) rows[r] = base + (j + r) * ldb * bytes;
-        z_dots(16, elt, a, rows, n, out + j);
-    }
-    for (; j + 8 <= count; j += 8) {
-        for (size_t r = 0; r < 8; r++) rows[r] = base + (j + r) * ldb * bytes;
-        z_dots(8, elt, a, rows, n, out + j);
-    }
-    for (; j + 4 <= count; j += 4) {
-        for (size_t r = 0; r < 4; r++) rows[r] = base + (j + r) * ldb * bytes;
-        z_dots(4, elt, a, rows, n, out + j);
-    }
-    for (; j < count; j++) {
-        rows[0] = base + j * ldb * bytes;
-        z_dots(1, elt, a, rows, n, out + j);
-    }
+    if (Q == 1) j = z_dots_run(1, 16, elt, a, lda, b, ldb, j, count, n, out, ldo);
+    if (Q <= 2) j = z_dots_run(Q, 8, elt, a, lda, b, ldb, j, count, n, out, ldo);
+    j = z_dots_run(Q, 4, elt, a, lda, b, ldb, j, count, n, out, ldo);
+    j = z_dots_run(Q, 2, elt, a, lda, b, ldb, j, count, n, out, ldo);
+    z_dots_run(Q, 1, elt, a, lda, b, ldb, j, count, n, out, ldo);
 }
 
-/* Two queries a0, a1 against the J <= 8 rows b[j], side by side: each key chunk is loaded
- * (and widened) once for both, 2 J chains; a full block (J = 8) folds as one tree, its lane
- * 8 q + j being query q's score j, stored at out + q * ldo. Padding as z_dots'. */
-ALWAYS_INLINE void z_dots2(const int J, int elt, const float *a0, const float *a1,
-                           const void *const *b, size_t n, float *out, size_t ldo) {
-    __m512 acc[16];
-    for (int c = 0; c < 2 * J; c++) acc[c] = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x0 = _mm512_loadu_ps(a0 + i), x1 = _mm512_loadu_ps(a1 + i);
-        for (int j = 0; j < J; j++) {
-            const __m512 kj = z_load(elt, b[j], i, 0xffff);
-            acc[j] = _mm512_fmadd_ps(x0, kj, acc[j]);
-            acc[J + j] = _mm512_fmadd_ps(x1, kj, acc[J + j]);
-        }
-    }
-    if (i < n) {
-        const __mmask16 m = z_mask(n - i);
-        const __m512 neg0 = _mm512_set1_ps(-0.0f);
-        const __m512 x0 = _mm512_mask_loadu_ps(neg0, m, a0 + i), x1 = _mm512_mask_loadu_ps(neg0, m, a1 + i);
-        for (int j = 0; j < J; j++) {
-            const __m512 kj = z_load(elt, b[j], i, m);
-            acc[j] = _mm512_fmadd_ps(x0, kj, acc[j]);
-            acc[J + j] = _mm512_fmadd_ps(x1, kj, acc[J + j]);
-        }
-    }
-    z_store_block(2, J, acc, out, ldo);
-}
-
-/* Two queries over count keys: 8 at a time, then 4, and singly. */
-ALWAYS_INLINE void z_dots2_rows(int elt, const float *a0, const float *a1, const void *b,
-                                size_t ldb, size_t count, size_t n, float *out, size_t ldo) {
-    const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
-    const char *base = b;
-    const void *rows[8];
-    size_t j = 0;
-    for (; j + 8 <= count; j += 8) {
-        for (size_t r = 0; r < 8; r++) rows[r] = base + (j + r) * ldb * bytes;
-        z_dots2(8, elt, a0, a1, rows, n, out + j, ldo);
-    }
-    for (; j + 4 <= count; j += 4) {
-        for (size_t r = 0; r < 4; r++) rows[r] = base + (j + r) * ldb * bytes;
-        z_dots2(4, elt, a0, a1, rows, n, out + j, ldo);
-    }
-    for (; j < count; j++) {
-        rows[0] = base + j * ldb * bytes;
-        z_dots2(1, elt, a0, a1, rows, n, out + j, ldo);
-    }
-}
-
-/* The queries two at a time (the query heads of a KV head share every key load), an odd
- * last one alone. */
+/* dots_f32 and dots_f32_bf16 (`elt` FMT_NONE or FMT_BF16, a constant after inlining): the
+ * queries four at a time against four keys (the query heads of the rows that read a block
+ * share every key load, each key chunk is widened once for four queries), the two or three
+ * left as a pair and one alone. On the Zen 5 VM four by four took 15-20% less time than the
+ * pairs against eight keys before them (prefill 512, timed around the q.k and P.V passes). */
 ALWAYS_INLINE void z_dots_queries(int elt, const float *a, size_t lda, size_t queries,
                                   const void *b, size_t ldb, size_t count, size_t n, float *out,
                                   size_t ldo) {
     size_t q = 0;
-    for (; q + 2 <= queries; q += 2)
-        z_dots2_rows(elt, a + q * lda, a + (q + 1) * lda, b, ldb, count, n, out + q * ldo, ldo);
-    if (q < queries) z_dots_rows(elt, a + q * lda, b, ldb, count, n, out + q * ldo);
+    for (; q + 4 <= queries; q += 4)
+        z_dots_keys(4, elt, a + q * lda, lda, b, ldb, count, n, out + q * ldo, ldo);
+    if (q + 2 <= queries) {
+        z_dots_keys(2, elt, a + q * lda, lda, b, ldb, count, n, out + q * ldo, ldo);
+        q += 2;
+    }
+    if (q < queries) z_dots_keys(1, elt, a + q * lda, lda, b, ldb, count, n, out + q * ldo, ldo);
 }
 
 static void dots_f32_avx512(const float *a, size_t lda, size_t queries, const float *b,
@@ -238,89 +203,57 @@ static void dots_f32_bf16_avx512(const float *a, size_t lda, size_t queries, con
     z_dots_queries(FMT_BF16, a, lda, queries, b, ldb, count, n, out, ldo);
 }
 
-/* pv_f32 and pv_bf16 (`elt` as z_dots_rows'): 128 elements of o at a time in 8 registers
- * (8 chains) through all count vectors, each element's fmas in ascending j; the rest 16 at a
- * time, masked at the end. */
-ALWAYS_INLINE void z_pv_rows(int elt, float *o, const float *p, const void *v, size_t ldv,
-                             size_t count, size_t n) {
+/* Q outputs o + q ldo with their probabilities p + q ldp against count vectors ldv apart
+ * (`elt` as z_dots'; Q * H <= 16, constants after inlining): the outputs' elements 16 H at a
+ * time in Q H registers through all count vectors, each value chunk loaded (and widened) once
+ * for the Q outputs, every element's fmas in ascending j; the rest 16 at a time, masked at the
+ * end. */
+ALWAYS_INLINE void z_pv(const int Q, const int H, int elt, float *o, size_t ldo, const float *p,
+                        size_t ldp, const void *v, size_t ldv, size_t count, size_t n) {
     const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
     const char *base = v;
     size_t i = 0;
-    for (; i + 128 <= n; i += 128) {
-        __m512 acc[8];
-#pragma GCC unroll 8
-        for (int h = 0; h < 8; h++) acc[h] = _mm512_loadu_ps(o + i + 16 * h);
+    for (; i + 16 * (size_t)H <= n; i += 16 * (size_t)H) {
+        __m512 acc[16], val[16];
+        for (int q = 0; q < Q; q++)
+            for (int h = 0; h < H; h++) acc[H * q + h] = _mm512_loadu_ps(o + q * ldo + i + 16 * h);
         for (size_t j = 0; j < count; j++) {
-            const __m512 pj = _mm512_set1_ps(p[j]);
             const void *vj = base + j * ldv * bytes;
-#pragma GCC unroll 8
-            for (int h = 0; h < 8; h++)
-                acc[h] = _mm512_fmadd_ps(pj, z_load(elt, vj, i + 16 * h, 0xffff), acc[h]);
-        }
-#pragma GCC unroll 8
-        for (int h = 0; h < 8; h++) _mm512_storeu_ps(o + i + 16 * h, acc[h]);
-    }
-    for (; i < n; i += 16) {
-        const __mmask16 m = z_mask_at(n, i);
-        __m512 acc = _mm512_maskz_loadu_ps(m, o + i);
-        for (size_t j = 0; j < count; j++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), z_load(elt, base + j * ldv * bytes, i, m), acc);
-        _mm512_mask_storeu_ps(o + i, m, acc);
-    }
-}
-
-/* z_pv_rows for two outputs o0, o1 with their probabilities p0, p1: each value chunk is
- * loaded (and widened) once for both, 16 chains; every element's fmas in ascending j. */
-ALWAYS_INLINE void z_pv2_rows(int elt, float *o0, float *o1, const float *p0, const float *p1,
-                              const void *v, size_t ldv, size_t count, size_t n) {
-    const size_t bytes = elt == FMT_NONE ? sizeof(float) : sizeof(uint16_t);
-    const char *base = v;
-    size_t i = 0;
-    for (; i + 128 <= n; i += 128) {
-        __m512 acc0[8], acc1[8];
-#pragma GCC unroll 8
-        for (int h = 0; h < 8; h++) {
-            acc0[h] = _mm512_loadu_ps(o0 + i + 16 * h);
-            acc1[h] = _mm512_loadu_ps(o1 + i + 16 * h);
-        }
-        for (size_t j = 0; j < count; j++) {
-            const __m512 pj0 = _mm512_set1_ps(p0[j]), pj1 = _mm512_set1_ps(p1[j]);
-            const void *vj = base + j * ldv * bytes;
-#pragma GCC unroll 8
-            for (int h = 0; h < 8; h++) {
-                const __m512 vv = z_load(elt, vj, i + 16 * h, 0xffff);
-                acc0[h] = _mm512_fmadd_ps(pj0, vv, acc0[h]);
-                acc1[h] = _mm512_fmadd_ps(pj1, vv, acc1[h]);
+            for (int h = 0; h < H; h++) val[h] = z_load(elt, vj, i + 16 * h, 0xffff);
+            for (int q = 0; q < Q; q++) {
+                const __m512 pj = _mm512_set1_ps(p[q * ldp + j]);
+                for (int h = 0; h < H; h++) acc[H * q + h] = _mm512_fmadd_ps(pj, val[h], acc[H * q + h]);
             }
         }
-#pragma GCC unroll 8
-        for (int h = 0; h < 8; h++) {
-            _mm512_storeu_ps(o0 + i + 16 * h, acc0[h]);
-            _mm512_storeu_ps(o1 + i + 16 * h, acc1[h]);
-        }
+        for (int q = 0; q < Q; q++)
+            for (int h = 0; h < H; h++) _mm512_storeu_ps(o + q * ldo + i + 16 * h, acc[H * q + h]);
     }
     for (; i < n; i += 16) {
         const __mmask16 m = z_mask_at(n, i);
-        __m512 acc0 = _mm512_maskz_loadu_ps(m, o0 + i), acc1 = _mm512_maskz_loadu_ps(m, o1 + i);
+        __m512 acc[16];
+        for (int q = 0; q < Q; q++) acc[q] = _mm512_maskz_loadu_ps(m, o + q * ldo + i);
         for (size_t j = 0; j < count; j++) {
             const __m512 vv = z_load(elt, base + j * ldv * bytes, i, m);
-            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[j]), vv, acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[j]), vv, acc1);
+            for (int q = 0; q < Q; q++) acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(p[q * ldp + j]), vv, acc[q]);
         }
-        _mm512_mask_storeu_ps(o0 + i, m, acc0);
-        _mm512_mask_storeu_ps(o1 + i, m, acc1);
+        for (int q = 0; q < Q; q++) _mm512_mask_storeu_ps(o + q * ldo + i, m, acc[q]);
     }
 }
 
-/* The outputs two at a time, an odd last one alone. */
+/* pv_f32 and pv_bf16: the outputs four at a time on 64 elements (each value chunk widened
+ * once for four outputs; see z_dots_queries), the two or three left as a pair and one alone
+ * on 128. */
 ALWAYS_INLINE void z_pv_queries(int elt, float *o, size_t ldo, const float *p, size_t ldp,
                                 size_t queries, const void *v, size_t ldv, size_t count,
                                 size_t n) {
     size_t q = 0;
-    for (; q + 2 <= queries; q += 2)
-        z_pv2_rows(elt, o + q * ldo, o + (q + 1) * ldo, p + q * ldp, p + (q + 1) * ldp, v, ldv,
-                   count, n);
-    if (q < queries) z_pv_rows(elt, o + q * ldo, p + q * ldp, v, ldv, count, n);
+    for (; q + 4 <= queries; q += 4)
+        z_pv(4, 4, elt, o + q * ldo, ldo, p + q * ldp, ldp, v, ldv, count, n);
+    if (q + 2 <= queries) {
+        z_pv(2, 8, elt, o + q * ldo, ldo, p + q * ldp, ldp, v, ldv, count, n);
+        q += 2;
+    }
+    if (q < queries) z_pv(1, 8, elt, o + q * ldo, ldo, p + q * ldp, ldp, v, ldv, count, n);
 }
 
 static void pv_f32_avx512(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
@@ -377,7 +310,7 @@ static inline __m512 z_exp(__m512 x) {
 static float dot_f32_avx512(const float *a, const float *b, size_t n) {
     const void *const row[1] = {b};
     float out;
-    z_dots(1, FMT_NONE, a, row, n, &out);
+    z_dots(1, 1, FMT_NONE, a, 0, row, n, &out, 0);
     return out;
 }
 
