@@ -26,7 +26,8 @@ static const float *vec(const fwd_ctx *ctx, const weight *w) { return weight_val
 
 typedef struct region_job {
     const fwd_ctx *ctx;
-    const float *w;       /* a norm's weight values */
+    const float *w;       /* a norm's weight values (q-norm's in job_qk_norm_rope) */
+    const float *w_k;     /* job_qk_norm_rope: k-norm's weight values */
     float eps;            /* a norm's epsilon */
     float *a, *b, *out;   /* meaning depends on the region */
     size_t width;         /* row width of a/b/out */
@@ -42,25 +43,13 @@ static void job_rmsnorm_residual(void *p, size_t begin, size_t end, unsigned wor
                                  j->w, j->eps, j->out + r * j->width);
 }
 
-/* RMSNorm of rows begin..end of a into out (qk: the q/k-norm switch) */
-static void rmsnorm_rows(const region_job *j, int qk, float *out, size_t begin, size_t end) {
-    for (size_t r = begin; r < end; r++)
-        kern()->rmsnorm(&j->ctx->pol, qk, j->width, j->a + r * j->width, j->w, j->eps,
-                        out + r * j->width);
-}
-
 /* RMSNorm without residual: a = x [rows][width], out */
 static void job_rmsnorm(void *p, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const region_job *j = p;
-    rmsnorm_rows(j, 0, j->out, begin, end);
-}
-
-/* Qwen3 q/k-norm: every head_dim vector of a [rows * heads][head_dim], in place */
-static void job_qk_norm(void *p, size_t begin, size_t end, unsigned worker) {
-    (void)worker;
-    const region_job *j = p;
-    rmsnorm_rows(j, 1, j->a, begin, end);
+    for (size_t r = begin; r < end; r++)
+        kern()->rmsnorm(&j->ctx->pol, 0, j->width, j->a + r * j->width, j->w, j->eps,
+                        j->out + r * j->width);
 }
 
 /* SwiGLU: a = gate, b = up, out (may alias a) */
@@ -72,25 +61,36 @@ static void job_swiglu(void *p, size_t begin, size_t end, unsigned worker) {
                        j->out + r * j->width);
 }
 
-/* RoPE on q (a, heads) and k (b, kv heads) of each row, at the row's position */
-static void job_rope(void *p, size_t begin, size_t end, unsigned worker) {
+/* Row r's q (a, heads) and k (b, kv heads): Qwen3's q/k-norm over each head where the
+ * job has its weights (region: RMSNorm, policy->qk_norm), then RoPE at the row's position
+ * (region: RoPE). The row's q and k stay in L1 from the one region to the other: one pass
+ * over the rows instead of three (q-norm, k-norm, RoPE over every row), the same kernel
+ * calls on each row. */
+static void job_qk_norm_rope(void *p, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const region_job *j = p;
     const parity_config *c = &j->ctx->model->config;
+    const parity_policy *pol = &j->ctx->pol;
     const rope_tables *t = &j->ctx->model->rope;
     /* the rounded table: bf16, or fp16 under PARITY_COMPUTE_FP16 */
-    const int rounded_table = j->ctx->pol.compute != PARITY_COMPUTE_FP32 &&
-                              j->ctx->pol.rope_table == PARITY_ROPE_TABLE_BF16;
-    const int fp16 = j->ctx->pol.compute == PARITY_COMPUTE_FP16;
+    const int rounded_table = pol->compute != PARITY_COMPUTE_FP32 &&
+                              pol->rope_table == PARITY_ROPE_TABLE_BF16;
+    const int fp16 = pol->compute == PARITY_COMPUTE_FP16;
     const size_t hd = c->head_dim, half = hd / 2;
+    const size_t q_heads = c->num_attention_heads, k_heads = c->num_key_value_heads;
     for (size_t r = begin; r < end; r++) {
-        size_t pos = j->rows[r].pos;
+        float *q = j->a + r * q_heads * hd, *k = j->b + r * k_heads * hd;
+        if (j->w) {
+            for (size_t h = 0; h < q_heads; h++)
+                kern()->rmsnorm(pol, 1, hd, q + h * hd, j->w, j->eps, q + h * hd);
+            for (size_t h = 0; h < k_heads; h++)
+                kern()->rmsnorm(pol, 1, hd, k + h * hd, j->w_k, j->eps, k + h * hd);
+        }
+        const size_t pos = j->rows[r].pos;
         const float *cos = (!rounded_table ? t->cos_f32 : fp16 ? t->cos_fp16 : t->cos_bf16) + pos * half;
         const float *sin = (!rounded_table ? t->sin_f32 : fp16 ? t->sin_fp16 : t->sin_bf16) + pos * half;
-        kern()->rope(&j->ctx->pol, c->num_attention_heads, hd,
-                     j->a + r * c->num_attention_heads * hd, cos, sin);
-        kern()->rope(&j->ctx->pol, c->num_key_value_heads, hd,
-                     j->b + r * c->num_key_value_heads * hd, cos, sin);
+        kern()->rope(pol, q_heads, hd, q, cos, sin);
+        kern()->rope(pol, k_heads, hd, k, cos, sin);
     }
 }
 
@@ -218,18 +218,12 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
         linear_group_round_point(ctx, R, s->xn, 3, qkv, qkv_bias, qkv_out);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
 
-        /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm) */
-        if (c->qk_norm) {
-            run_rows(ctx, job_qk_norm, (region_job){.w = vec(ctx, &w->q_norm), .eps = eps,
-                                                    .a = s->q, .width = hd},
-                     R * c->num_attention_heads);
-            run_rows(ctx, job_qk_norm, (region_job){.w = vec(ctx, &w->k_norm), .eps = eps,
-                                                    .a = s->k, .width = hd},
-                     R * c->num_key_value_heads);
-        }
-
-        /* RoPE relative positional encoding on q and k (region: RoPE) */
-        run_rows(ctx, job_rope, (region_job){.a = s->q, .b = s->k, .rows = rows}, R);
+        /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm), then RoPE on q
+         * and k (region: RoPE), row by row */
+        run_rows(ctx, job_qk_norm_rope,
+                 (region_job){.w = c->qk_norm ? vec(ctx, &w->q_norm) : NULL,
+                              .w_k = c->qk_norm ? vec(ctx, &w->k_norm) : NULL, .eps = eps,
+                              .a = s->q, .b = s->k, .rows = rows}, R);
         phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* this batch's keys and values join the cache; attention reads them from there */
@@ -377,7 +371,7 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
         float *const qkv_out[] = {s->q, s->k, s->v};
         linear_group_round_point(ctx, R, s->xn, 3, qkv, no_bias, qkv_out);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        run_rows(ctx, job_rope, (region_job){.a = s->q, .b = s->k, .rows = rows}, R);
+        run_rows(ctx, job_qk_norm_rope, (region_job){.a = s->q, .b = s->k, .rows = rows}, R);
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
         /* this loop's plane of the layer */
