@@ -99,6 +99,24 @@ static void run_rows(const fwd_ctx *ctx, pool_fn fn, region_job j, size_t n_rows
     pool_run(ctx->pool, fn, &j, n_rows);
 }
 
+/* The MLP's gate and up projections, each rounded, and silu(gate) * up (region: SwiGLU)
+ * into s->gate: in the GEMM's tasks where linear_swiglu_fused can (its time then the GEMM
+ * phase's), else the two GEMMs and a pass over the rows. */
+static void swiglu_mlp_in(const fwd_ctx *ctx, size_t R, const layer_weights *w, double *t) {
+    fwd_scratch *s = ctx->s;
+    if (!linear_swiglu_fused(ctx, R, s->xn, &w->w_gate, &w->w_up, s->gate, s->up, s->gate)) {
+        const weight *gate_up[] = {&w->w_gate, &w->w_up}, *no_bias[] = {NULL, NULL};
+        float *const gate_up_out[] = {s->gate, s->up};
+        linear_group_round_point(ctx, R, s->xn, 2, gate_up, no_bias, gate_up_out);
+        phase_lap(ctx, PARITY_PHASE_GEMM, t);
+        run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
+                                               .width = ctx->config->intermediate_size}, R);
+        phase_lap(ctx, PARITY_PHASE_REGIONS, t);
+        return;
+    }
+    phase_lap(ctx, PARITY_PHASE_GEMM, t);
+}
+
 /* ---- the KV cache ----------------------------------------------------------------------- */
 
 typedef struct kv_store_job {
@@ -186,7 +204,6 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
     fwd_scratch *s = ctx->s;
     const size_t R = n_rows, dim = c->hidden_size, hd = c->head_dim;
     const size_t kv_dim = (size_t)c->num_key_value_heads * hd;
-    const size_t inter = c->intermediate_size;
     const float eps = c->rms_norm_eps;
     const float *embed_f32 = ctx->pol.compute == PARITY_COMPUTE_BF16 ? NULL : vec(ctx, &m->embed);
 
@@ -243,13 +260,7 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
 
         /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
          * down projection rounded */
-        const weight *gate_up[] = {&w->w_gate, &w->w_up}, *no_bias[] = {NULL, NULL};
-        float *const gate_up_out[] = {s->gate, s->up};
-        linear_group_round_point(ctx, R, s->xn, 2, gate_up, no_bias, gate_up_out);
-        phase_lap(ctx, PARITY_PHASE_GEMM, &t);
-        run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
-                                               .width = inter}, R);
-        phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
+        swiglu_mlp_in(ctx, R, w, &t);
         linear_round_point(ctx, R, s->gate, &w->w_down, NULL, s->delta);
         phase_lap(ctx, PARITY_PHASE_GEMM, &t);
     }
@@ -349,7 +360,6 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
     fwd_scratch *s = ctx->s;
     const size_t dim = c->hidden_size, hd = c->head_dim;
     const size_t kv_dim = (size_t)c->num_key_value_heads * hd;
-    const size_t inter = c->intermediate_size;
     const float eps = c->rms_norm_eps;
     for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *w = &m->layers[l];
@@ -392,13 +402,7 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
         /* SwiGLU MLP, as in forward() */
-        const weight *gate_up[] = {&w->w_gate, &w->w_up};
-        float *const gate_up_out[] = {s->gate, s->up};
-        linear_group_round_point(ctx, R, s->xn, 2, gate_up, no_bias, gate_up_out);
-        phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
-                                               .width = inter}, R);
-        phase_lap(ctx, PARITY_PHASE_REGIONS, t);
+        swiglu_mlp_in(ctx, R, w, t);
         linear_round_point(ctx, R, s->gate, &w->w_down, NULL, s->delta);
         phase_lap(ctx, PARITY_PHASE_GEMM, t);
 

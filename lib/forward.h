@@ -271,6 +271,14 @@ typedef struct gemm_part {
     const gemm_epilogue *ep;
 } gemm_part;
 #define GEMM_GROUP_MAX 3
+/* A SwiGLU MLP's first half where the bf16 backend runs it in one pass (bf16 compute, bf16
+ * weights, K not split): gate = x . w_gate^T and up = x . w_up^T, each rounded as
+ * linear_group_round_point rounds them, and out = the policy's swiglu(gate, up) (out may be
+ * gate), all in the GEMM's tasks, each on the columns it has just computed; returns 1. Returns
+ * 0 having done nothing elsewhere: the caller runs the GEMMs and the region itself. The same
+ * bits either way (swiglu is elementwise). */
+int linear_swiglu_fused(const fwd_ctx *ctx, size_t M, const float *x, const weight *w_gate,
+                        const weight *w_up, float *gate, float *up, float *out);
 /* gemm_bf16w_pool of n <= GEMM_GROUP_MAX GEMMs on the same x: x packed once, then the column
  * blocks of all n split over the pool in one parallel loop, each output the same bits as
  * its own gemm_bf16w_pool's (an output depends on nothing computed beside it). */

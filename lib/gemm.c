@@ -267,12 +267,13 @@ static void gemm_amx_pool(threadpool *pool, size_t M, size_t K, const float *x, 
 }
 #endif
 
-void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
-                           size_t n, const gemm_part *parts, const gemm_scratch *s) {
+/* A bf16-weight GEMM's job on x, all but its weights, output and epilogue: x packed over
+ * the pool for the table's kernel (bf16 rows where every value is one, else fp32 rows or
+ * tiles). */
+static gemm_job gemm_bf16w_packed(threadpool *pool, size_t M, size_t K, const float *x,
+                                  size_t ldx, const gemm_scratch *s) {
     const kernels *k = kern();
-    gemm_group_job g = {.n = n};
     gemm_job j = {k, M, K, 0, NULL, 0, NULL, NULL, NULL, 0, NULL, 0, NULL, 0, NULL};
-    int packed = 0;
     if (k->gemm_bf16xw) {
         /* the scratch holds M packed fp32 rows, so M bf16 rows fit */
         pack_bf16_job pb = {K, ldx, x, (uint16_t *)s->xpack, 0};
@@ -281,18 +282,26 @@ void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x,
             pack_bf16_rows(&pb, 0, M, 0);
         else
             pool_run(pool, pack_bf16_rows, &pb, M);
-        if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) j.xb = pb.xb, packed = 1;
-    }
-    if (!packed) {
-        pack_job p = {M, K, ldx, x, s->xpack};
-        j.x = s->xpack;
-        if (M >= k->tiles_min_m) {
-            pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
-            j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
-        } else {
-            pool_run(pool, pack_rows, &p, M);
+        if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) {
+            j.xb = pb.xb;
+            return j;
         }
     }
+    pack_job p = {M, K, ldx, x, s->xpack};
+    j.x = s->xpack;
+    if (M >= k->tiles_min_m) {
+        pool_run(pool, pack_tiles, &p, gemm_xt_tiles(M));
+        j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
+    } else {
+        pool_run(pool, pack_rows, &p, M);
+    }
+    return j;
+}
+
+void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
+                           size_t n, const gemm_part *parts, const gemm_scratch *s) {
+    const gemm_job j = gemm_bf16w_packed(pool, M, K, x, ldx, s);
+    gemm_group_job g = {.n = n};
     for (size_t i = 0; i < n; i++) {
         g.part[i] = j;
         g.part[i].N = parts[i].N;
@@ -303,6 +312,34 @@ void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x,
         g.part[i].ep = parts[i].ep;
     }
     gemm_group_on_pool(pool, &g);
+}
+
+/* The gate and up GEMMs of a SwiGLU MLP and the region after them, task by task: a task's
+ * gate columns, then the same up columns (each rounded by its epilogue), then out = swiglu
+ * of the two on those columns of every row, while they are in the task's cache. */
+typedef struct gemm_swiglu_job {
+    gemm_job gate, up;
+    const parity_policy *pol;
+    float *out;
+    size_t ldo;
+} gemm_swiglu_job;
+
+static void gemm_swiglu_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
+    const gemm_swiglu_job *sj = ctx;
+    const gemm_job *g = &sj->gate, *u = &sj->up;
+    const size_t block = g->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
+    /* pieces of at most EPILOGUE_BYTES of the two outputs (at least one block) */
+    const size_t fit = EPILOGUE_BYTES / (2 * g->M * block * sizeof(float));
+    const size_t step = fit == 0 ? 1 : fit < end - begin ? fit : end - begin;
+    for (size_t b = begin; b < end; b += step) {
+        const size_t b1 = b + step < end ? b + step : end;
+        const size_t n0 = b * block, n1 = b1 * block < g->N ? b1 * block : g->N;
+        gemm_piece(g, n0, n1, worker);
+        gemm_piece(u, n0, n1, worker);
+        for (size_t m = 0; m < g->M; m++)
+            g->k->swiglu(sj->pol, n1 - n0, g->y + m * g->ldy + n0, u->y + m * u->ldy + n0,
+                         sj->out + m * sj->ldo + n0);
+    }
 }
 
 static void gemm_bf16w_pool_ep(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
@@ -434,6 +471,33 @@ void linear_group_round_point(const fwd_ctx *ctx, size_t M, const float *x, size
         parts[i] = (gemm_part){w[i]->bf16, K, w[i]->rows, y[i], w[i]->rows, &ep[i]};
     }
     gemm_bf16w_group_pool(ctx->pool, M, K, x, K, n, parts, &ctx->s->gemm);
+}
+
+int linear_swiglu_fused(const fwd_ctx *ctx, size_t M, const float *x, const weight *w_gate,
+                        const weight *w_up, float *gate, float *up, float *out) {
+    const size_t K = w_gate->cols, N = w_gate->rows;
+    if (ctx->backend != PARITY_BACKEND_BF16 || ctx->split_k > 1 ||
+        ctx->pol.compute != PARITY_COMPUTE_BF16 || w_up->cols != K || w_up->rows != N ||
+        quant_weight_for(&ctx->pol, w_gate) || quant_weight_for(&ctx->pol, w_up) || M == 0)
+        return 0;
+    const gemm_epilogue ep = {NULL, &ctx->pol};
+    gemm_swiglu_job sj = {.pol = &ctx->pol, .out = out, .ldo = N};
+    sj.gate = gemm_bf16w_packed(ctx->pool, M, K, x, K, &ctx->s->gemm);
+    sj.gate.N = N, sj.gate.w16 = w_gate->bf16, sj.gate.ldw = K;
+    sj.gate.y = gate, sj.gate.ldy = N, sj.gate.ep = &ep;
+    sj.up = sj.gate;
+    sj.up.w16 = w_up->bf16, sj.up.y = up;
+    /* split as gemm_group_on_pool splits one GEMM's column blocks */
+    const gemm_job *j = &sj.gate;
+    const size_t tasks = (N + (j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK) - 1) /
+                         (j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK);
+    if (j->panels || (j->xb && M >= j->k->tiles_min_m)) {
+        pool_run(ctx->pool, gemm_swiglu_columns, &sj, tasks);
+    } else {
+        const size_t shares = 8 * (size_t)pool_size(ctx->pool);
+        pool_run_dynamic(ctx->pool, gemm_swiglu_columns, &sj, tasks, (tasks + shares - 1) / shares);
+    }
+    return 1;
 }
 
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,
