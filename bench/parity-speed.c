@@ -68,7 +68,12 @@
  * Peers: torch_peer.py runs bf16 weights unless torch has no bf16 GEMM kernel for the CPU
  * (then fp32, as a user of that CPU would, and the weights column says so).
  * Machine limits, measured by this program per thread count at the start and again before
- * each group of rows (a row is judged against the latter: a VM's speed drifts over a run): memory read bandwidth (sum of a
+ * every repetition of a group of rows (the rows' interleaved calls of one repetition follow
+ * it): a row's bound column gives the medians of its limits and, as its percentage, the median
+ * over its repetitions of the fraction each reached of the limits measured just before it
+ * (on a shared VM the read bandwidth of 2 threads jumped between about 32 and 60 GB/s for a
+ * second or two at a time, a decode row then reading 126% of a limit taken before its group;
+ * the preset spread is paired the same way): memory read bandwidth (sum of a
  * 1 GiB buffer, split over the threads, in 4 KB pages and in huge pages; decode is judged
  * against the better) and the peak of every instruction a CPU path's bf16 GEMM runs that
  * this CPU has (bench_peak.h: register-only loops of vfmadd231ps ymm for avx2, vfmadd231ps
@@ -97,6 +102,7 @@
 #endif
 
 #define MAX_LIST 8
+#define MAX_REPS 50
 
 typedef struct stat3 {
     double median, min, max;
@@ -156,7 +162,7 @@ static void *bw_thread(void *arg) {
 }
 
 /* The two 1 GiB buffers the bandwidth is read from (4 KB pages, huge pages), made and filled
- * once: the limits are measured again beside every group of rows. */
+ * once: the limits are measured again before every repetition of a group of rows. */
 static uint64_t *bw_buffers[2];
 
 static void bw_free(void) {
@@ -905,9 +911,12 @@ typedef struct result {
     uint32_t threads, batch, tokens, context;
     stat3 tps;
     double gbs, gflops;
-    /* the machine's limits measured just before the row's group (a VM's neighbours change
-     * them over a run): read bandwidth (the better of the two page sizes), the row's peak */
-    double limit_gbs, limit_gflops;
+    /* the machine's limits measured just before each repetition of the row's group (a VM's
+     * neighbours change them from one second to the next): their medians (read bandwidth,
+     * the better of the two page sizes; the row's peak), and the fractions of them the row
+     * reached: the median over the repetitions of each repetition's speed against the limits
+     * measured just before it */
+    double limit_gbs, limit_gflops, mem_frac, fma_frac;
     /* prefill and score: the profile of the timed calls, per call (seconds): the decoder
      * layers (everything before the head), the head (final norm, lm_head, logits' rounding),
      * and the log-softmax, draws and log-probs */
@@ -915,7 +924,56 @@ typedef struct result {
     /* prefill and score: the untimed first call of the row's object (seconds), in which the
      * pages of its buffers are touched for the first time */
     double first_s;
+    /* each repetition's tokens/s, in the order they ran (the presets of a group interleaved),
+     * and the limits measured just before it */
+    int reps;
+    double rep_tps[MAX_REPS], rep_gbs[MAX_REPS], rep_gflops[MAX_REPS];
 } result;
+
+/* Whether two rows differ at most in their preset. */
+static int same_row_but_preset(const result *a, const result *b) {
+    return !strcmp(a->phase, b->phase) && !strcmp(a->backend, b->backend) && a->path == b->path &&
+           a->threads == b->threads && a->batch == b->batch && a->tokens == b->tokens &&
+           a->context == b->context;
+}
+
+/* The median of n values, left in their order. */
+static double median_of(const double *v, int n) {
+    double c[MAX_REPS];
+    memcpy(c, v, (size_t)n * sizeof *v);
+    return summarise(c, n).median;
+}
+
+/* A row's repetitions and limits (tps: its tokens/s per repetition, in order; gbs, gflops:
+ * the limits measured before each), with x->gbs and x->gflops already the achieved rates at
+ * the median tokens/s: the limits' medians and the median fractions reached. */
+static void judge(result *x, const double *tps, const double *gbs, const double *gflops, int reps) {
+    double mem[MAX_REPS], fma[MAX_REPS];
+    x->reps = reps;
+    for (int k = 0; k < reps; k++) {
+        x->rep_tps[k] = tps[k];
+        x->rep_gbs[k] = gbs[k];
+        x->rep_gflops[k] = gflops[k];
+        const double scale = x->tps.median > 0 ? tps[k] / x->tps.median : 0;
+        mem[k] = gbs[k] > 0 ? x->gbs * scale / gbs[k] : 0;
+        fma[k] = gflops[k] > 0 ? x->gflops * scale / gflops[k] : 0;
+    }
+    x->limit_gbs = median_of(gbs, reps);
+    x->limit_gflops = median_of(gflops, reps);
+    x->mem_frac = median_of(mem, reps);
+    x->fma_frac = median_of(fma, reps);
+}
+
+/* How much faster row a ran than row b, measured in the same repetitions: the median over
+ * the repetitions of the ratio of their tokens/s, minus 1. A phase of the machine that slows
+ * one repetition slows both rows of it alike, where it moves either row's median alone. */
+static double paired_speedup(const result *a, const result *b) {
+    double r[MAX_REPS];
+    const int n = a->reps < b->reps ? a->reps : b->reps;
+    if (n < 1) return 0;
+    for (int k = 0; k < n; k++) r[k] = b->rep_tps[k] > 0 ? a->rep_tps[k] / b->rep_tps[k] : 0;
+    return median_of(r, n) - 1;
+}
 
 /* The limits beside a group of rows, for `threads` threads and the peak of `kind`. */
 static void group_limits(unsigned threads, bench_peak_kind kind, double *gbs, double *gflops) {
@@ -1102,8 +1160,10 @@ int main(int argc, char **argv) {
     result *res = calloc(512, sizeof *res);
     int nres = 0;
     /* The presets of a configuration are measured interleaved, repetition by repetition
-     * (preset 1, 2, 3, then 1, 2, 3 again), so that a drift of the machine's speed over the
-     * run falls on all of them alike and their spread (printed below) means something. */
+     * (preset 1, 2, 3, then 2, 3, 1, then 3, 1, 2: each repetition starts one later, so that no
+     * preset always runs first after the limits' measurement), so that a drift of the
+     * machine's speed over the run falls on all of them alike and their spread (printed
+     * below) means something. */
     for (int pi = 0; pi < npath; pi++) {
         parity_set_cpu_path(paths[pi]);
         for (int b = 0; b < nb; b++) {
@@ -1125,15 +1185,18 @@ int main(int argc, char **argv) {
                     prompt_run runs[2 * MAX_LIST];
                     for (int q = 0; q < nrun; q++)
                         if (prompt_open(&cfg[q < np ? q : q - np], q >= np, L, &runs[q])) return 1;
-                    double lim_gbs, lim_gflops;
-                    group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs, &lim_gflops);
-                    double v[2 * MAX_LIST][50];
-                    for (int k = 0; k < reps; k++)
-                        for (int q = 0; q < nrun; q++) {
+                    double lim_gbs[MAX_REPS], lim_gflops[MAX_REPS];
+                    double v[2 * MAX_LIST][MAX_REPS], v_in_order[2 * MAX_LIST][MAX_REPS];
+                    for (int k = 0; k < reps; k++) {
+                        group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs[k],
+                                     &lim_gflops[k]);
+                        for (int i = 0; i < nrun; i++) {
+                            const int q = (k + i) % nrun; /* each repetition starts one later */
                             const double dt = prompt_time(&runs[q]);
                             if (dt < 0) return 1;
-                            v[q][k] = L / dt;
+                            v[q][k] = v_in_order[q][k] = L / dt;
                         }
+                    }
                     parity_profile prof[2 * MAX_LIST];
                     double first_s[2 * MAX_LIST];
                     for (int q = 0; q < nrun; q++) {
@@ -1145,12 +1208,14 @@ int main(int argc, char **argv) {
                     for (int q = 0; q < nrun; q++) {
                         const int phase = q >= np, p = phase ? q - np : q;
                         result *x = &res[nres++];
-                        *x = (result){phase ? "score" : "prefill", presets[p], backends[b], paths[pi],
-                                      threads[t], 1, L, L, summarise(v[q], reps), 0, 0,
-                                      lim_gbs, lim_gflops, 0, 0, 0, 0};
+                        *x = (result){.phase = phase ? "score" : "prefill", .preset = presets[p],
+                                      .backend = backends[b], .path = paths[pi], .threads = threads[t],
+                                      .batch = 1, .tokens = L, .context = L,
+                                      .tps = summarise(v[q], reps)};
                         const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
                                              ms.head_flops * (phase ? L : 1);
                         x->gflops = flops / (L / x->tps.median) / 1e9;
+                        judge(x, v_in_order[q], lim_gbs, lim_gflops, reps);
                         const parity_profile *pr = &prof[q];
                         const double calls = reps; /* prefill: an add and a step each */
                         x->head_s = pr->phase_seconds[PARITY_PHASE_HEAD] / calls;
@@ -1163,27 +1228,32 @@ int main(int argc, char **argv) {
                     for (int bi = 0; bi < nbatch; bi++) {
                         const uint32_t B = batches[bi];
                         decode_run d[MAX_LIST];
-                        double lim_gbs, lim_gflops;
-                        group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs, &lim_gflops);
+                        double lim_gbs[MAX_REPS], lim_gflops[MAX_REPS];
                         for (int p = 0; p < np; p++)
                             if (decode_open(&cfg[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, NULL, &d[p])) return 1;
-                        double tps[MAX_LIST][50];
-                        for (int k = 0; k < reps; k++)
-                            for (int p = 0; p < np; p++) {
+                        double tps[MAX_LIST][MAX_REPS], tps_in_order[MAX_LIST][MAX_REPS];
+                        for (int k = 0; k < reps; k++) {
+                            group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs[k],
+                                         &lim_gflops[k]);
+                            for (int i = 0; i < np; i++) {
+                                const int p = (k + i) % np; /* each repetition starts one later */
                                 const double step = decode_time(&d[p], steps);
                                 if (step < 0) return 1;
-                                tps[p][k] = B / step;
+                                tps[p][k] = tps_in_order[p][k] = B / step;
                             }
+                        }
                         for (int p = 0; p < np; p++) {
                             parity_sampler_free(d[p].s);
                             result *x = &res[nres++];
-                            *x = (result){"decode", presets[p], backends[b], paths[pi], threads[t], B, B,
-                                          contexts[ci], summarise(tps[p], reps), 0, 0, lim_gbs,
-                                          lim_gflops, 0, 0, 0, 0};
+                            *x = (result){.phase = "decode", .preset = presets[p], .backend = backends[b],
+                                          .path = paths[pi], .threads = threads[t], .batch = B,
+                                          .tokens = B, .context = contexts[ci],
+                                          .tps = summarise(tps[p], reps)};
                             const double step_s = B / x->tps.median;
                             x->gbs = step_bytes(presets[p], &ms) / step_s / 1e9;
                             x->gflops = B * (ms.flops_per_tok + ms.head_flops +
                                              ms.attn_flops * (contexts[ci] + 1)) / step_s / 1e9;
+                            judge(x, tps_in_order[p], lim_gbs, lim_gflops, reps);
                         }
                     }
             }
@@ -1223,8 +1293,9 @@ int main(int argc, char **argv) {
         printf("machine, %u thread(s), at the start: read bandwidth %.1f GB/s (4 KB pages), %.1f "
                "GB/s (huge pages); peaks (GFLOP/s): %s\n", threads[t], bw_4k[t], bw_huge[t],
                peak_text[t][0] ? peak_text[t] : "none");
-    printf("(each row's bound is judged against the limits measured again just before its group "
-           "of rows)\n");
+    printf("(the limits are measured again before every repetition of a group of rows; a row's bound is "
+           "the median of its limits and the median over its repetitions of the fraction of them "
+           "it reached)\n");
     /* the preset column as wide as the longest name ("aligned+fp8-block:deepseek") */
     int pw = 9;
     for (int i = 0; i < nres; i++)
@@ -1234,8 +1305,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nres; i++) {
         const result *x = &res[i];
         char bound[96];
-        const double mem_frac = x->limit_gbs > 0 ? x->gbs / x->limit_gbs : 0;
-        const double fma_frac = x->limit_gflops > 0 ? x->gflops / x->limit_gflops : 0;
+        const double mem_frac = x->mem_frac, fma_frac = x->fma_frac;
         if (!strcmp(x->phase, "decode") && mem_frac >= fma_frac)
             snprintf(bound, sizeof bound, "%.1f GB/s of %.1f (%.0f%%)", x->gbs, x->limit_gbs,
                      100 * mem_frac);
@@ -1246,29 +1316,39 @@ int main(int argc, char **argv) {
                pw, x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch,
                x->tokens, x->context, x->tps.median, x->tps.min, x->tps.max, bound);
     }
-    /* the presets' spread per row of the other columns: fastest / slowest median - 1 */
+    /* the presets' spread per row of the other columns: the largest paired speed-up of one
+     * preset over another (paired_speedup: repetition by repetition, the presets having run
+     * interleaved), and, beside it, the fastest median over the slowest */
     int spread_header = 0;
+    double spreads[512];
     for (int i = 0; i < nres; i++) {
         const result *x = &res[i];
-        double lo = x->tps.median, hi = x->tps.median;
+        double lo = x->tps.median, hi = x->tps.median, paired = 0;
         int n = 0, first = 1;
+        spreads[i] = -1;
         for (int j = 0; j < nres; j++) {
             const result *z = &res[j];
-            if (strcmp(z->phase, x->phase) || strcmp(z->backend, x->backend) || z->path != x->path ||
-                z->threads != x->threads || z->batch != x->batch || z->tokens != x->tokens ||
-                z->context != x->context)
-                continue;
+            if (!same_row_but_preset(z, x)) continue;
             if (j < i) first = 0;
             lo = z->tps.median < lo ? z->tps.median : lo;
             hi = z->tps.median > hi ? z->tps.median : hi;
+            for (int k = 0; k < nres; k++)
+                if (k != j && same_row_but_preset(&res[k], x)) {
+                    const double up = paired_speedup(z, &res[k]);
+                    paired = up > paired ? up : paired;
+                }
             n++;
         }
         if (!first || n < 2) continue;
-        if (!spread_header) printf("\npreset spread (fastest / slowest median - 1, presets measured interleaved)\n");
+        spreads[i] = paired;
+        if (!spread_header)
+            printf("\npreset spread (presets measured interleaved: the largest speed-up of one preset over another, "
+                   "as the median over the repetitions of their per-repetition ratio; in brackets the fastest "
+                   "median over the slowest, which a phase of the machine during one preset's repetition moves)\n");
         spread_header = 1;
-        printf("  %-8s %-8s %-10s thr %u batch %2u tokens %5u context %5u: %4.1f%% over %d presets\n",
+        printf("  %-8s %-8s %-10s thr %u batch %2u tokens %5u context %5u: %4.1f%% over %d presets (%4.1f%%)\n",
                x->phase, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch, x->tokens,
-               x->context, 100 * (hi / lo - 1), n);
+               x->context, 100 * paired, n, 100 * (hi / lo - 1));
     }
     /* Scoring should cost prefill plus one large GEMM (the head on every row): each score
      * row's calls split by their profile, beside the prefill row's of the same tokens. */
@@ -1352,10 +1432,22 @@ int main(int argc, char **argv) {
                        "\"cpu_path\": \"%s\", \"threads\": %u, "
                        "\"batch\": %u, \"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
                        "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f, \"achieved_gbs\": %.3f, "
-                       "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.2f}",
+                       "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.2f, "
+                       "\"fraction_of_bandwidth\": %.4f, \"fraction_of_peak\": %.4f}",
                     i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
                     x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
-                    x->tps.max, x->gbs, x->gflops, x->limit_gflops, x->limit_gbs);
+                    x->tps.max, x->gbs, x->gflops, x->limit_gflops, x->limit_gbs, x->mem_frac,
+                    x->fma_frac);
+        }
+        fprintf(f, "\n],\n \"preset_spread\": [");
+        for (int i = 0, n = 0; i < nres; i++) {
+            const result *x = &res[i];
+            if (spreads[i] < 0) continue;
+            fprintf(f, "%s\n  {\"phase\": \"%s\", \"backend\": \"%s\", \"cpu_path\": \"%s\", "
+                       "\"threads\": %u, \"batch\": %u, \"tokens\": %u, \"context\": %u, "
+                       "\"paired_spread\": %.4f}",
+                    n++ ? "," : "", x->phase, x->backend, parity_cpu_path_name(x->path), x->threads,
+                    x->batch, x->tokens, x->context, spreads[i]);
         }
         fprintf(f, "\n],\n \"score_over_prefill\": [");
         for (int i = 0, n = 0; i < nres; i++) {
