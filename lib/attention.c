@@ -106,9 +106,11 @@ static void prefetch_block(const kv_cache *kv, const void *plane, uint32_t layer
  * the accumulators [ATTN_TASK_ROWS][group][hd], the denominators [ATTN_TASK_ROWS][group],
  * one block of keys and one of values widened to fp32 ([KV_BLOCK][hd] each), and the task's
  * queries [ATTN_TASK_ROWS][group][hd], so that those of consecutive rows lie hd apart like
- * the heads of one row. */
+ * the heads of one row, then the same packed for the table's bf16 dot products (qb, where it
+ * has them: pack_queries_bf16). */
 typedef struct attn_scratch {
     float *scores, *acc, *l, *keys, *vals, *q;
+    uint16_t *qb;
     size_t max_ctx;
 } attn_scratch;
 
@@ -281,9 +283,15 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
 #define ATT_Q(r, g) (w->q + ((slot + (r) - r0) * group + (g)) * hd)
 #define ATT_S(r, g) (w->scores + ((slot + (r) - r0) * group + (g)) * w->max_ctx)
 #define ATT_ACC(r, g) (w->acc + ((slot + (r) - r0) * group + (g)) * hd)
+#define ATT_QB(r, g) (w->qb + ((slot + (r) - r0) * group + (g)) * hd)
 
     for (size_t r = r0; r < r1; r++)  /* the row's query heads of this KV head */
         memcpy(ATT_Q(r, 0), j->q + r * heads * hd + kvh * group * hd, group * hd * sizeof *w->q);
+    /* the table's bf16 dot products take the queries packed once for every block (qcode < 0:
+     * not these queries, or not this table) */
+    const int qcode = k->pack_queries_bf16 && !kv->fp32
+                          ? k->pack_queries_bf16(ATT_Q(r0, 0), hd, (r1 - r0) * group, hd, ATT_QB(r0, 0))
+                          : -1;
 
     /* scores: q.k of each position, block by block, every row and query head on the block:
      * the query heads of the rows that read the same positions of it in one call (queries
@@ -310,6 +318,9 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
                 else if (kv->fp32)
                     k->dots_f32(qp, hd, nq, (const float *)kv->k + off, hd, len, hd, sp,
                                 w->max_ctx);
+                else if (qcode >= 0)
+                    k->dots_packed_bf16(ATT_QB(r, 0) + q0 * hd, qcode, qp, hd, nq,
+                                        (const uint16_t *)kv->k + off, hd, len, hd, sp, w->max_ctx);
                 else
                     k->dots_f32_bf16(qp, hd, nq, (const uint16_t *)kv->k + off, hd, len, hd, sp,
                                      w->max_ctx);
@@ -331,8 +342,11 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
         for (size_t b = 0; b < group * hd * sizeof(float); b += 64) __builtin_prefetch(dst + b, 1);
     }
 
-    /* P.V, one position after another in ascending order, block by block */
+    /* P.V, one position after another in ascending order, block by block; the table's bf16
+     * dot products take the accumulators while they hold only what they summed themselves
+     * (pv_bf16_grained) */
     memset(w->acc + slot * group * hd, 0, (r1 - r0) * group * hd * sizeof *w->acc);
+    int grained = k->pv_bf16_grained != NULL;
     widened = SIZE_MAX;
     for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
         const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
@@ -349,14 +363,17 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
                 float *op = ATT_ACC(r, 0) + q0 * hd;
                 const float *pp = ATT_S(r, 0) + q0 * w->max_ctx + b0;
                 kv_walk_beside(&far, b0, nq, len);
-                if (src == BLOCK_WIDENED)
-                    k->pv_f32(op, hd, pp, w->max_ctx, nq, w->vals, hd, len, hd);
-                else if (kv->fp32)
-                    k->pv_f32(op, hd, pp, w->max_ctx, nq, (const float *)kv->v + off, hd, len,
-                              hd);
-                else
+                if (src == BLOCK_WIDENED || kv->fp32) {
+                    k->pv_f32(op, hd, pp, w->max_ctx, nq,
+                              src == BLOCK_WIDENED ? w->vals : (const float *)kv->v + off, hd, len, hd);
+                    grained = 0;
+                } else if (grained) {
+                    grained = k->pv_bf16_grained(op, hd, pp, w->max_ctx, nq,
+                                                 (const uint16_t *)kv->v + off, hd, len, hd);
+                } else {
                     k->pv_bf16(op, hd, pp, w->max_ctx, nq, (const uint16_t *)kv->v + off, hd,
                                len, hd);
+                }
             }
         }
     }
@@ -380,6 +397,7 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
 #undef ATT_Q
 #undef ATT_S
 #undef ATT_ACC
+#undef ATT_QB
 }
 
 /* One task = ATTN_TASK_ROWS consecutive rows (fewer at the end) and one KV head with its
@@ -400,6 +418,7 @@ static void attend(void *ctx_, size_t begin, size_t end, unsigned worker) {
     w.keys = w.l + slots;
     w.vals = w.keys + KV_BLOCK * hd;
     w.q = w.vals + KV_BLOCK * hd;
+    w.qb = (uint16_t *)(((uintptr_t)(w.q + slots * hd) + 63) & ~(uintptr_t)63);
 
     for (size_t t = begin; t < end; t++) {
         const size_t kvh = t / n_groups, first = t % n_groups * ATTN_TASK_ROWS;

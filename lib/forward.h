@@ -291,7 +291,8 @@ void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x,
 #define ATTN_TASK_ROWS 16
 static inline size_t attn_pv_floats(size_t group, size_t head_dim) {
     const size_t slots = ATTN_TASK_ROWS * group;
-    return 2 * slots * head_dim + slots + 2 * KV_BLOCK * head_dim;
+    /* + the queries packed as bf16 (half a float each), 64-byte aligned */
+    return 2 * slots * head_dim + slots + 2 * KV_BLOCK * head_dim + (slots * head_dim + 1) / 2 + 16;
 }
 
 /* ---- attention (attention.c) ----------------------------------------------------------

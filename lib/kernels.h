@@ -93,6 +93,22 @@ typedef struct kernels {
      * (widen_bf16, then dots_f32 and pv_f32 for each row) rather than each row reading it as
      * bf16 (dots_f32_bf16, pv_bf16): the same bits either way, a question of speed only. */
     int attn_widens_shared_blocks;
+    /* Attention on bf16 dot-product instructions (NULL in tables without them; attention then
+     * calls dots_f32_bf16 and pv_bf16). pack_queries_bf16 writes `queries` vectors a + q lda
+     * of n floats (a task's query heads, once) into qp, n apart, in the table's layout, and
+     * returns a code for dots_packed_bf16, negative where these queries are not for it (not
+     * bf16 values, or values it cannot take). dots_packed_bf16(qp, code, a, ...) is
+     * dots_f32_bf16(a, ...) bit for bit, qp + q n and the code being those of the packing of
+     * a + q lda or of a set of queries that held it. pv_bf16_grained is pv_bf16 bit for bit
+     * where every o_q[i] is +0 or was summed only by calls of it that returned 1 (attention's
+     * accumulators from their memset on); it returns 0 where it ran pv_bf16 itself, after
+     * which an output it touched holds sums it cannot take. */
+    int (*pack_queries_bf16)(const float *a, size_t lda, size_t queries, size_t n, uint16_t *qp);
+    void (*dots_packed_bf16)(const uint16_t *qp, int code, const float *a, size_t lda,
+                             size_t queries, const uint16_t *b, size_t ldb, size_t count,
+                             size_t n, float *out, size_t ldo);
+    int (*pv_bf16_grained)(float *o, size_t ldo, const float *p, size_t ldp, size_t queries,
+                           const uint16_t *v, size_t ldv, size_t count, size_t n);
 
     /* --- GEMM: y[m][n] = sum_k x[m][k] * w[n][k], for n in [n0, n1), all m < M ---
      * gemm_bf16w: pair32 order. `xp` is x packed by gemm_pack_x (below).

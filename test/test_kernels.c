@@ -323,6 +323,150 @@ static void test_vector_kernels(const kernels *t) {
     }
 }
 
+/* ---- attention blocks on bf16 queries ------------------------------------------------------ */
+
+/* A bf16 value of random sign, a random 7-bit mantissa and an exponent in [lo, lo + span]
+ * (2^lo where `at_lo`); zero one time in 8. */
+static float bf16_with_exponent(int lo, int span, int at_lo) {
+    const uint64_t r = rand_u64();
+    if (!at_lo && r % 8 == 0) return r & 8 ? -0.0f : 0.0f;
+    const int e = at_lo ? lo : lo + (int)((r >> 8) % (uint64_t)(span + 1));
+    const float m = at_lo ? 1.0f : 1.0f + (float)((r >> 20) % 128) / 128.0f;
+    return (r >> 40) % 2 ? -ldexpf(m, e) : ldexpf(m, e);
+}
+
+/* Attention's P.V over count positions as attend_run runs it: blocks of up to 16 positions
+ * in order from outputs at +0, through the table's pv_bf16_grained while it returns 1, then
+ * pv_bf16 (or pv_bf16 throughout, where the table has no grained form). */
+static void pv_blocks(const kernels *t, float *o, size_t ldo, const float *p, size_t ldp,
+                      size_t queries, const uint16_t *v, size_t ldv, size_t count, size_t n) {
+    int grained = t->pv_bf16_grained != NULL;
+    for (size_t j0 = 0; j0 < count; j0 += 16) {
+        const size_t len = count - j0 < 16 ? count - j0 : 16;
+        if (grained)
+            grained = t->pv_bf16_grained(o, ldo, p + j0, ldp, queries, v + j0 * ldv, ldv, len, n);
+        else
+            t->pv_bf16(o, ldo, p + j0, ldp, queries, v + j0 * ldv, ldv, len, n);
+    }
+}
+
+/* Attention's q.k as attend_run runs it: the queries packed once where the table packs them,
+ * then every block of up to 16 keys. */
+static void dots_blocks(const kernels *t, const float *a, size_t lda, size_t queries,
+                        const uint16_t *b, size_t ldb, size_t count, size_t n, float *out,
+                        size_t ldo, uint16_t *qp) {
+    const int code = t->pack_queries_bf16 ? t->pack_queries_bf16(a, lda, queries, n, qp) : -1;
+    for (size_t j0 = 0; j0 < count; j0 += 16) {
+        const size_t len = count - j0 < 16 ? count - j0 : 16;
+        if (code >= 0)
+            t->dots_packed_bf16(qp, code, a, lda, queries, b + j0 * ldb, ldb, len, n, out + j0, ldo);
+        else
+            t->dots_f32_bf16(a, lda, queries, b + j0 * ldb, ldb, len, n, out + j0, ldo);
+    }
+}
+
+/* Attention's q.k and P.V where the queries and the probabilities are bf16 values, as the
+ * presets' rounded q and P are (the avx512bf16 table runs them on vdpbf16ps there, which
+ * flushes denormals: it must fall back wherever one could arise, and give dot16's and
+ * pv_bf16's bits elsewhere), run as attend_run runs them (dots_blocks, pv_blocks): every
+ * table against the portable one's dots_f32_bf16 and pv_bf16, for 1 to 40 queries, 1 to 40
+ * positions and n a multiple of 32 or not, over plain values, the specials, values whose
+ * least exponents sit on either side of what vdpbf16ps can take without meeting a denormal
+ * (products and partial sums near 2^-126), tinier ones, and products that overflow. */
+static void test_attention_bf16_values(const kernels *const *tables, int n_tables) {
+    static const size_t ns[] = {32, 64, 96, 128, 256, 100, 288};
+    static const size_t queries[] = {1, 3, 8, 9, 12, 16, 32, 33, 40};
+    static const size_t counts[] = {1, 2, 3, 5, 15, 16, 17, 31, 40};
+    const kernels *p = &kernels_portable;
+    enum { R_PLAIN, R_FINITE, R_ALL, R_NEAR_DENORMAL, R_TINY, R_OVERFLOW, N_REGIMES };
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (size_t qi = 0; qi < sizeof queries / sizeof queries[0]; qi++)
+            for (int regime = 0; regime < N_REGIMES; regime++) {
+                const size_t n = ns[ni], Q = queries[qi];
+                const size_t count = counts[(ni + qi + (size_t)regime) % (sizeof counts / sizeof counts[0])];
+                const size_t lda = n + 5, ldb = n + 3, ldo = count + 2, ldp = count + 1;
+                const int mode = regime == R_FINITE ? FINITE_SPECIALS : regime == R_ALL ? ALL_SPECIALS : PLAIN;
+                float *a = xmalloc(Q * lda * sizeof *a), *pr = xmalloc(Q * ldp * sizeof *pr);
+                float *o1 = xmalloc(Q * lda * sizeof *o1), *o2 = xmalloc(Q * lda * sizeof *o2);
+                float *s1 = xmalloc(Q * ldo * sizeof *s1), *s2 = xmalloc(Q * ldo * sizeof *s2);
+                uint16_t *b = xmalloc(count * ldb * sizeof *b), *qp = xmalloc(Q * n * sizeof *qp);
+                if (regime == R_NEAR_DENORMAL) {
+                    /* least exponents e1 + e2 = -112 + d, d in -1..1: 142 biased, vdpbf16ps's
+                     * limit, or one either side (queries and keys; probabilities and the
+                     * values, every other vector) */
+                    const int d = (int)(rand_u64() % 3) - 1, eq = -56 + d / 2, ek = -112 + d - eq;
+                    const int ep = -50 + d / 2, ev = -112 + d - ep;
+                    for (size_t i = 0; i < Q * lda; i++) a[i] = bf16_with_exponent(eq, 12, i == 7);
+                    for (size_t i = 0; i < count * ldb; i++)
+                        b[i] = bf16_from_f32(bf16_with_exponent(i / ldb % 2 ? ev : ek, 12, i == 5 || i == ldb + 9));
+                    for (size_t i = 0; i < Q * ldp; i++) pr[i] = fabsf(bf16_with_exponent(ep, 12, i == 3));
+                } else if (regime == R_TINY) {
+                    /* least exponents anywhere in -80..-40: products down in the denormals */
+                    const int eq = -80 + (int)(rand_u64() % 41), ek = -80 + (int)(rand_u64() % 41);
+                    for (size_t i = 0; i < Q * lda; i++) a[i] = bf16_with_exponent(eq, 10, i == 1);
+                    for (size_t i = 0; i < count * ldb; i++) b[i] = bf16_from_f32(bf16_with_exponent(ek, 10, i == 2));
+                    for (size_t i = 0; i < Q * ldp; i++) pr[i] = fabsf(bf16_with_exponent(eq, 10, i == 1));
+                } else if (regime == R_OVERFLOW) {
+                    for (size_t i = 0; i < Q * lda; i++) a[i] = bf16_with_exponent(60, 6, 0);
+                    for (size_t i = 0; i < count * ldb; i++) b[i] = bf16_from_f32(bf16_with_exponent(60, 6, 0));
+                    for (size_t i = 0; i < Q * ldp; i++) pr[i] = fabsf(bf16_with_exponent(60, 6, 0));
+                } else {
+                    fill_f32_bf16(a, Q * lda, mode, 1.0f);
+                    fill_bf16(b, count * ldb, mode, 0.75f);
+                    fill_f32_bf16(pr, Q * ldp, mode, 0.3f);
+                    for (size_t i = 0; i < Q * ldp; i++) pr[i] = mode == PLAIN ? fabsf(pr[i]) : pr[i];
+                }
+                memset(s1, 0, Q * ldo * sizeof *s1);
+                p->dots_f32_bf16(a, lda, Q, b, ldb, count, n, s1, ldo);
+                memset(o1, 0, Q * lda * sizeof *o1);
+                p->pv_bf16(o1, lda, pr, ldp, Q, b, ldb, count, n);
+                for (int t = 0; t < n_tables; t++) {
+                    memcpy(s2, s1, Q * ldo * sizeof *s1);
+                    for (size_t q = 0; q < Q; q++)
+                        for (size_t j = 0; j < count; j++) s2[q * ldo + j] = 12345.0f;
+                    dots_blocks(tables[t], a, lda, Q, b, ldb, count, n, s2, ldo, qp);
+                    check_f32(s1, s2, Q * ldo, "q.k on bf16 queries", tables[t]->name, n, mode);
+                    memset(o2, 0, Q * lda * sizeof *o2);
+                    pv_blocks(tables[t], o2, lda, pr, ldp, Q, b, ldb, count, n);
+                    check_f32(o1, o2, Q * lda, "P.V on bf16 probabilities", tables[t]->name, n, mode);
+                }
+                free(a), free(pr), free(o1), free(o2), free(s1), free(s2), free(b), free(qp);
+            }
+}
+
+/* Two products that cancel to one unit of their granule (129 * 129 - 128 * 130 = 1): with
+ * the least exponents 2^-56 (queries, probabilities) and 2^-57 or 2^-56 (keys, values) the
+ * granule is 2^-127, a denormal that vdpbf16ps would flush, or 2^-126, a normal number. Each
+ * pair sits where one dot16 chain (elements 0 and 16) or one output element (positions 0
+ * and 1) meets it, for 8 queries, the fewest the avx512bf16 table packs. */
+static void test_attention_cancellations(const kernels *const *tables, int n_tables) {
+    const kernels *p = &kernels_portable;
+    const size_t n = 32, Q = 8, count = 2;
+    for (int kexp = -64; kexp <= -63; kexp++) {
+        float a[8 * 32] = {0}, pr[8 * 2], o1[8 * 32] = {0}, o2[8 * 32], s1[8 * 2], s2[8 * 2];
+        uint16_t kb[2 * 32] = {0}, vb[2 * 32] = {0}, qp[8 * 32];
+        for (size_t q = 0; q < Q; q++) {
+            a[q * n] = ldexpf(129, -63), a[q * n + 16] = -ldexpf(128, -63);
+            pr[q * 2] = ldexpf(129, -63), pr[q * 2 + 1] = ldexpf(128, -63);
+        }
+        kb[0] = bf16_from_f32(ldexpf(129, kexp)), kb[16] = bf16_from_f32(ldexpf(130, kexp));
+        for (size_t i = 0; i < n; i++)
+            vb[i] = bf16_from_f32(ldexpf(129, kexp)), vb[n + i] = bf16_from_f32(-ldexpf(130, kexp));
+        p->dots_f32_bf16(a, n, Q, kb, n, 1, n, s1, 2);
+        CHECK(f32_bits(s1[0]) == f32_bits(ldexpf(1, kexp - 63)));  /* the chain keeps it */
+        p->pv_bf16(o1, n, pr, 2, Q, vb, n, count, n);
+        CHECK(f32_bits(o1[0]) == f32_bits(ldexpf(1, kexp - 63)));
+        for (int t = 0; t < n_tables; t++) {
+            dots_blocks(tables[t], a, n, Q, kb, n, 1, n, s2, 2, qp);
+            for (size_t q = 0; q < Q; q++)
+                check_f32(s1, s2 + 2 * q, 1, "q.k cancelling to one granule", tables[t]->name, n, PLAIN);
+            memset(o2, 0, sizeof o2);
+            pv_blocks(tables[t], o2, n, pr, 2, Q, vb, n, count, n);
+            check_f32(o1, o2, Q * n, "P.V cancelling to one granule", tables[t]->name, n, PLAIN);
+        }
+    }
+}
+
 /* The portable reductions against the literal orders (and round_bf16 against its rule). */
 static void test_portable_orders(void) {
     const kernels *p = &kernels_portable;
@@ -1214,6 +1358,8 @@ int main(void) {
     }
     test_gemm(tables, n_tables);
     test_pair32_denormals(tables, n_tables);
+    test_attention_bf16_values(tables, n_tables);
+    test_attention_cancellations(tables, n_tables);
 #if defined(PARITY_HAVE_AVX512BF16)
     if (parity_set_cpu_path(PARITY_CPU_AVX512BF16) == PARITY_OK) test_vdpbf16ps_is_pair32();
 #endif
