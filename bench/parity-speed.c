@@ -1161,9 +1161,11 @@ int main(int argc, char **argv) {
     int nres = 0;
     /* The presets of a configuration are measured interleaved, repetition by repetition
      * (preset 1, 2, 3, then 2, 3, 1, then 3, 1, 2: each repetition starts one later, so that no
-     * preset always runs first after the limits' measurement), so that a drift of the
-     * machine's speed over the run falls on all of them alike and their spread (printed
-     * below) means something. */
+     * preset always runs first after the limits' measurement; a prompt group's score rows
+     * after its prefills), so that a drift of the machine's speed over the run falls on all
+     * of them alike and their spread (printed below) means something. At the default 3
+     * repetitions the paired spread of identical kernels read 0.3-6% here; --reps 6 or 10
+     * resolves a few percent. */
     for (int pi = 0; pi < npath; pi++) {
         parity_set_cpu_path(paths[pi]);
         for (int b = 0; b < nb; b++) {
@@ -1191,7 +1193,11 @@ int main(int argc, char **argv) {
                         group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs[k],
                                      &lim_gflops[k]);
                         for (int i = 0; i < nrun; i++) {
-                            const int q = (k + i) % nrun; /* each repetition starts one later */
+                            /* the presets' prefills rotate, each repetition starting one later;
+                             * the score rows follow them (a score's 311 MB of logits slowed the
+                             * call after it, which a rotation of all four would always give to
+                             * the same preset) */
+                            const int q = i < np ? (k + i) % np : i;
                             const double dt = prompt_time(&runs[q]);
                             if (dt < 0) return 1;
                             v[q][k] = v_in_order[q][k] = L / dt;
