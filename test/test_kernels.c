@@ -372,13 +372,14 @@ static void dots_blocks(const kernels *t, const float *a, size_t lda, size_t que
  * table against the portable one's dots_f32_bf16 and pv_bf16, for 1 to 40 queries, 1 to 40
  * positions and n a multiple of 32 or not, over plain values, the specials, values whose
  * least exponents sit on either side of what vdpbf16ps can take without meeting a denormal
- * (products and partial sums near 2^-126), tinier ones, and products that overflow. */
+ * (products and partial sums near 2^-126), tinier ones, denormal inputs beside large values
+ * (normal products that vdpbf16ps would zero), and products that overflow. */
 static void test_attention_bf16_values(const kernels *const *tables, int n_tables) {
     static const size_t ns[] = {32, 64, 96, 128, 256, 100, 288};
     static const size_t queries[] = {1, 3, 8, 9, 12, 16, 32, 33, 40};
     static const size_t counts[] = {1, 2, 3, 5, 15, 16, 17, 31, 40};
     const kernels *p = &kernels_portable;
-    enum { R_PLAIN, R_FINITE, R_ALL, R_NEAR_DENORMAL, R_TINY, R_OVERFLOW, N_REGIMES };
+    enum { R_PLAIN, R_FINITE, R_ALL, R_NEAR_DENORMAL, R_TINY, R_OVERFLOW, R_DENORMAL_BESIDE_LARGE, N_REGIMES };
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
         for (size_t qi = 0; qi < sizeof queries / sizeof queries[0]; qi++)
             for (int regime = 0; regime < N_REGIMES; regime++) {
@@ -406,6 +407,22 @@ static void test_attention_bf16_values(const kernels *const *tables, int n_table
                     for (size_t i = 0; i < Q * lda; i++) a[i] = bf16_with_exponent(eq, 10, i == 1);
                     for (size_t i = 0; i < count * ldb; i++) b[i] = bf16_from_f32(bf16_with_exponent(ek, 10, i == 2));
                     for (size_t i = 0; i < Q * ldp; i++) pr[i] = fabsf(bf16_with_exponent(eq, 10, i == 1));
+                } else if (regime == R_DENORMAL_BESIDE_LARGE) {
+                    /* one operand large (least exponent 2^20: the exponents add up to far more
+                     * than 142 against anything) and the other holding denormals, which
+                     * vdpbf16ps reads as zeros while their products with the large values
+                     * are normal: queries or probabilities large, or keys and values */
+                    const int big_first = (int)(rand_u64() % 2);
+                    for (size_t i = 0; i < Q * lda; i++)
+                        a[i] = big_first                       ? bf16_with_exponent(20, 6, 0)
+                               : i % 5 == 2 || i / lda == 1 ? ldexpf(3, -132)  /* query 1: all denormal */
+                                                            : bf16_with_exponent(-10, 6, 0);
+                    for (size_t i = 0; i < count * ldb; i++)
+                        b[i] = !big_first                      ? bf16_from_f32(bf16_with_exponent(20, 6, 0))
+                               : i % 7 == 3 || i / ldb == 0 ? 0x0003  /* key 0: all denormal */
+                                                            : bf16_from_f32(bf16_with_exponent(-10, 6, 0));
+                    for (size_t i = 0; i < Q * ldp; i++)
+                        pr[i] = big_first ? fabsf(bf16_with_exponent(20, 6, 0)) : i % 5 == 2 ? ldexpf(3, -132) : fabsf(bf16_with_exponent(-10, 6, 0));
                 } else if (regime == R_OVERFLOW) {
                     for (size_t i = 0; i < Q * lda; i++) a[i] = bf16_with_exponent(60, 6, 0);
                     for (size_t i = 0; i < count * ldb; i++) b[i] = bf16_from_f32(bf16_with_exponent(60, 6, 0));

@@ -222,13 +222,14 @@ static void gemm_bf16xw_avx512bf16(size_t M, size_t K, const uint16_t *xb, const
  *
  * Both need bf16 values (the presets' rounded q and P; under +fp16 or fp32 compute they are
  * not) and must meet no denormal, which vdpbf16ps flushes (its inputs read as zero, its
- * results flushed: pair32's rule, not dot16's). The exponents make sure of the second: a
- * nonzero bf16 value of biased exponent E is a multiple of 2^(E - 134), so with E1 and E2 the
- * least exponents of the nonzero elements of the two operands, every product, every partial
- * sum and every rounded sum is a multiple of 2^(E1 + E2 - 268): zero or a normal number where
- * E1 + E2 >= 142. For P.V the outputs must be such sums too (+0 from attention's memset, or
- * sums of earlier calls that took this path; the zero pair that pads an odd block adds +0 to
- * an output that is never -0). Calls that miss it (a denormal or tiny element, an inf or NaN,
+ * results flushed: pair32's rule, not dot16's). The exponents make sure of the second: with
+ * E1 and E2 the least biased exponents of the nonzero elements of the two operands, no input
+ * is a denormal where both are at least 1, and since a nonzero bf16 value of biased exponent
+ * E is a multiple of 2^(E - 134), every product, every partial sum and every rounded sum is a
+ * multiple of 2^(E1 + E2 - 268): zero or a normal number where E1 + E2 >= 142. For P.V the
+ * outputs must be such sums too (+0 from attention's memset, or sums of earlier calls that
+ * took this path; the zero pair that pads an odd block adds +0 to an output that is never
+ * -0). Calls that miss it (a denormal or tiny element, an inf or NaN,
  * a value that is not bf16), calls of few queries (packing would cost more than it saves) and
  * n not a multiple of 32 run the avx512 table's kernels. */
 #define BF_ATT_MAX_N 256       /* elements per vector the packed forms take */
@@ -284,9 +285,11 @@ static inline int bf_range_least_bf16(const bf_range *r) {
     return m == 255 ? -1 : l == 0xffffu ? 255 : (int)(l >> 7);
 }
 
-/* Whether two least exponents keep every sum of their products away from the denormals. */
+/* Whether two least exponents keep vdpbf16ps away from the denormals: no input is one
+ * (exponent 0: vdpbf16ps reads it as a zero, where its product with a large value can be
+ * normal) and every sum of their products is zero or normal. */
 static inline int bf_exponents_fit(int e1, int e2) {
-    return e1 >= 0 && e2 >= 0 && e1 + e2 >= BF_ATT_MIN_EXPONENTS;
+    return e1 >= 1 && e2 >= 1 && e1 + e2 >= BF_ATT_MIN_EXPONENTS;
 }
 
 /* pack_queries_bf16: queries dot16-paired (above), n apart; returns their least exponent. */
