@@ -102,15 +102,19 @@
 #endif
 
 #define MAX_LIST 8
-#define MAX_REPS 50
+#define MAX_REPS 50  /* the most --reps takes */
 
 typedef struct stat3 {
     double median, min, max;
 } stat3;
 
-static stat3 summarise(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
-    stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
+/* Median, min and max of n <= MAX_REPS values, left in their order (the repetitions' order
+ * pairs the presets of a group). */
+static stat3 summarise(const double *v, int n) {
+    double c[MAX_REPS];
+    memcpy(c, v, (size_t)n * sizeof *v);
+    qsort(c, (size_t)n, sizeof *c, bench_cmp_double);
+    stat3 s = {n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]), c[0], c[n - 1]};
     return s;
 }
 
@@ -494,7 +498,7 @@ static int run_early_exit(const run_cfg *r, const char *model_spec, const uint32
                 if (jf) fclose(jf);
                 return -1;
             }
-            double v[64];
+            double v[MAX_REPS];
             for (int i = 0; i < reps; i++) {
                 const double dt = decode_time(&d, steps);
                 if (dt < 0) {
@@ -924,10 +928,9 @@ typedef struct result {
     /* prefill and score: the untimed first call of the row's object (seconds), in which the
      * pages of its buffers are touched for the first time */
     double first_s;
-    /* each repetition's tokens/s, in the order they ran (the presets of a group interleaved),
-     * and the limits measured just before it */
+    /* each repetition's tokens/s, in the order they ran (the presets of a group interleaved) */
     int reps;
-    double rep_tps[MAX_REPS], rep_gbs[MAX_REPS], rep_gflops[MAX_REPS];
+    double rep_tps[MAX_REPS];
 } result;
 
 /* Whether two rows differ at most in their preset. */
@@ -935,13 +938,6 @@ static int same_row_but_preset(const result *a, const result *b) {
     return !strcmp(a->phase, b->phase) && !strcmp(a->backend, b->backend) && a->path == b->path &&
            a->threads == b->threads && a->batch == b->batch && a->tokens == b->tokens &&
            a->context == b->context;
-}
-
-/* The median of n values, left in their order. */
-static double median_of(const double *v, int n) {
-    double c[MAX_REPS];
-    memcpy(c, v, (size_t)n * sizeof *v);
-    return summarise(c, n).median;
 }
 
 /* A row's repetitions and limits (tps: its tokens/s per repetition, in order; gbs, gflops:
@@ -952,16 +948,14 @@ static void judge(result *x, const double *tps, const double *gbs, const double 
     x->reps = reps;
     for (int k = 0; k < reps; k++) {
         x->rep_tps[k] = tps[k];
-        x->rep_gbs[k] = gbs[k];
-        x->rep_gflops[k] = gflops[k];
         const double scale = x->tps.median > 0 ? tps[k] / x->tps.median : 0;
         mem[k] = gbs[k] > 0 ? x->gbs * scale / gbs[k] : 0;
         fma[k] = gflops[k] > 0 ? x->gflops * scale / gflops[k] : 0;
     }
-    x->limit_gbs = median_of(gbs, reps);
-    x->limit_gflops = median_of(gflops, reps);
-    x->mem_frac = median_of(mem, reps);
-    x->fma_frac = median_of(fma, reps);
+    x->limit_gbs = summarise(gbs, reps).median;
+    x->limit_gflops = summarise(gflops, reps).median;
+    x->mem_frac = summarise(mem, reps).median;
+    x->fma_frac = summarise(fma, reps).median;
 }
 
 /* How much faster row a ran than row b, measured in the same repetitions: the median over
@@ -972,7 +966,7 @@ static double paired_speedup(const result *a, const result *b) {
     const int n = a->reps < b->reps ? a->reps : b->reps;
     if (n < 1) return 0;
     for (int k = 0; k < n; k++) r[k] = b->rep_tps[k] > 0 ? a->rep_tps[k] / b->rep_tps[k] : 0;
-    return median_of(r, n) - 1;
+    return summarise(r, n).median - 1;
 }
 
 /* The limits beside a group of rows, for `threads` threads and the peak of `kind`. */
@@ -1062,7 +1056,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (reps < 1 || reps > 50 || steps < 1) {
+    if (reps < 1 || reps > MAX_REPS || steps < 1) {
         fprintf(stderr, "parity-speed: --reps must be 1..50 and --steps >= 1\n");
         return 2;
     }
@@ -1188,7 +1182,7 @@ int main(int argc, char **argv) {
                     for (int q = 0; q < nrun; q++)
                         if (prompt_open(&cfg[q < np ? q : q - np], q >= np, L, &runs[q])) return 1;
                     double lim_gbs[MAX_REPS], lim_gflops[MAX_REPS];
-                    double v[2 * MAX_LIST][MAX_REPS], v_in_order[2 * MAX_LIST][MAX_REPS];
+                    double v[2 * MAX_LIST][MAX_REPS];
                     for (int k = 0; k < reps; k++) {
                         group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs[k],
                                      &lim_gflops[k]);
@@ -1200,7 +1194,7 @@ int main(int argc, char **argv) {
                             const int q = i < np ? (k + i) % np : i;
                             const double dt = prompt_time(&runs[q]);
                             if (dt < 0) return 1;
-                            v[q][k] = v_in_order[q][k] = L / dt;
+                            v[q][k] = L / dt;
                         }
                     }
                     parity_profile prof[2 * MAX_LIST];
@@ -1221,7 +1215,7 @@ int main(int argc, char **argv) {
                         const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
                                              ms.head_flops * (phase ? L : 1);
                         x->gflops = flops / (L / x->tps.median) / 1e9;
-                        judge(x, v_in_order[q], lim_gbs, lim_gflops, reps);
+                        judge(x, v[q], lim_gbs, lim_gflops, reps);
                         const parity_profile *pr = &prof[q];
                         const double calls = reps; /* prefill: an add and a step each */
                         x->head_s = pr->phase_seconds[PARITY_PHASE_HEAD] / calls;
@@ -1237,7 +1231,7 @@ int main(int argc, char **argv) {
                         double lim_gbs[MAX_REPS], lim_gflops[MAX_REPS];
                         for (int p = 0; p < np; p++)
                             if (decode_open(&cfg[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, NULL, &d[p])) return 1;
-                        double tps[MAX_LIST][MAX_REPS], tps_in_order[MAX_LIST][MAX_REPS];
+                        double tps[MAX_LIST][MAX_REPS];
                         for (int k = 0; k < reps; k++) {
                             group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs[k],
                                          &lim_gflops[k]);
@@ -1245,7 +1239,7 @@ int main(int argc, char **argv) {
                                 const int p = (k + i) % np; /* each repetition starts one later */
                                 const double step = decode_time(&d[p], steps);
                                 if (step < 0) return 1;
-                                tps[p][k] = tps_in_order[p][k] = B / step;
+                                tps[p][k] = B / step;
                             }
                         }
                         for (int p = 0; p < np; p++) {
@@ -1259,7 +1253,7 @@ int main(int argc, char **argv) {
                             x->gbs = step_bytes(presets[p], &ms) / step_s / 1e9;
                             x->gflops = B * (ms.flops_per_tok + ms.head_flops +
                                              ms.attn_flops * (contexts[ci] + 1)) / step_s / 1e9;
-                            judge(x, tps_in_order[p], lim_gbs, lim_gflops, reps);
+                            judge(x, tps[p], lim_gbs, lim_gflops, reps);
                         }
                     }
             }
