@@ -19,7 +19,7 @@
  *              [--reps N] [--check] [--thp] [--hot] [--quick]
  *
  * --check compares sampled outputs of every case bitwise with the portable kernels.
- * --thp also runs M = 1 with the weights in buffers advised MADV_HUGEPAGE (2 MB pages).
+ * --thp also runs each M with the weights in buffers advised MADV_HUGEPAGE (2 MB pages).
  * --hot uses one copy of the weights (cache-resident when they fit: the kernel alone).
  * --quick skips lm_head at M = 512 (160 GFLOP a call).
  * --groups instead of the table: the GEMMs a layer runs on one x (q, k, v; gate, up), one
@@ -489,7 +489,7 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < M * s->K; i++)
                 x[i] = parity_bf16_to_f32(
                     parity_bf16_from_f32((float)((int)(rng() % 2001) - 1000) / 1000.0f));
-            for (int thp = 0; thp <= (o.thp && M == 1); thp++) {
+            for (int thp = 0; thp <= o.thp; thp++) {
                 weights wt;
                 if (weights_make(&wt, s->N, s->K, thp, o.hot) != 0) {
                     fprintf(stderr, "gemm-bench: cannot allocate weights\n");
