@@ -44,8 +44,16 @@ typedef struct gemm_job {
     const gemm_epilogue *ep;  /* or NULL */
 } gemm_job;
 
+/* An epilogue that is only the policy's rounding to bf16, which gemm_bf16xw does in its store
+ * (the same bits as round_bf16 after it): a bias is added by the epilogue, outside the
+ * kernel's flushing of denormals, which would flush a denormal bias or sum. */
+static int rounds_in_store(const gemm_job *j) {
+    return j->xb && j->ep && !j->ep->bias && j->ep->round &&
+           j->ep->round->compute == PARITY_COMPUTE_BF16;
+}
+
 static void run_epilogue(const gemm_job *j, size_t n0, size_t n1) {
-    if (!j->ep || n1 <= n0) return;
+    if (!j->ep || n1 <= n0 || rounds_in_store(j)) return;
     for (size_t m = 0; m < j->M; m++) {
         float *row = j->y + m * j->ldy;
         if (j->ep->bias)
@@ -64,7 +72,7 @@ static void run_epilogue(const gemm_job *j, size_t n0, size_t n1) {
 
 static void gemm_piece(const gemm_job *j, size_t n0, size_t n1, unsigned worker) {
     if (j->xb)
-        j->k->gemm_bf16xw(j->M, j->K, j->xb, j->w16, j->ldw, j->y, j->ldy, n0, n1);
+        j->k->gemm_bf16xw(j->M, j->K, j->xb, j->w16, j->ldw, j->y, j->ldy, n0, n1, rounds_in_store(j));
     else if (j->panels)
         j->k->gemm_bf16w_tiles(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->ldy, n0, n1,
                                j->panels + worker * j->panel_floats);
@@ -75,15 +83,15 @@ static void gemm_piece(const gemm_job *j, size_t n0, size_t n1, unsigned worker)
     run_epilogue(j, n0, n1);
 }
 
-/* The column blocks begin .. end-1: in one call to the kernel, or, with an epilogue, in
- * pieces of whole blocks of at most EPILOGUE_BYTES of output each (at least one block), each
- * followed by its epilogue. An output's value does not depend on the columns computed beside
+/* The column blocks begin .. end-1: in one call to the kernel, or, with an epilogue that the
+ * kernel does not do in its store, in pieces of whole blocks of at most EPILOGUE_BYTES of
+ * output each (at least one block), each followed by its epilogue. An output's value does not depend on the columns computed beside
  * it, so the pieces change no bit. */
 static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
     const gemm_job *j = ctx;
     const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;
     size_t step = end - begin;
-    if (j->ep && j->M) {
+    if (j->ep && j->M && !rounds_in_store(j)) {
         const size_t fit = EPILOGUE_BYTES / (j->M * block * sizeof(float));
         if (fit < step) step = fit ? fit : 1;
     }

@@ -135,11 +135,12 @@ typedef struct kernels {
      * subnormal may be written as a zero of its sign (pair32 reads it so). It returns 1
      * when every one of those x is a bf16 value (its low 16 bits are zero), else 0, and
      * then xb is not to be used. gemm_bf16xw computes gemm_bf16w's outputs, bit for bit,
-     * from such rows, for any M. */
+     * from such rows, for any M; with round_bf16 nonzero it stores them rounded to bf16 as
+     * round_bf16 rounds them (the same bits as round_bf16 over y after the call). */
     int (*pack_x_bf16)(size_t K, const float *x, size_t ldx, uint16_t *xb, size_t m0,
                        size_t m1);
     void (*gemm_bf16xw)(size_t M, size_t K, const uint16_t *xb, const uint16_t *w, size_t ldw,
-                        float *y, size_t ldy, size_t n0, size_t n1);
+                        float *y, size_t ldy, size_t n0, size_t n1, int round_bf16);
 
     /* --- regions, one row, on fp32 buffers that hold bf16 values (fp16 ones under
      * PARITY_COMPUTE_FP16) where the policy rounds; round() below is to that format

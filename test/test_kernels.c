@@ -555,7 +555,7 @@ static void test_negative_zero_sums(const kernels *const *tables, int n_tables) 
                       "gemm_f32w, dots_f32; 29 columns each)", tables[t]->name, n, PLAIN);
             if (!tables[t]->gemm_bf16xw) continue;
             CHECK_INT(tables[t]->pack_x_bf16(n, a, n, xb, 0, 1), 1);
-            tables[t]->gemm_bf16xw(1, n, xb, bh, n, got + 2, N, 0, N);
+            tables[t]->gemm_bf16xw(1, n, xb, bh, n, got + 2, N, 0, N, 0);
             check_f32(want + 2, got + 2, N, "-0 sums (gemm_bf16xw, 29 columns)", tables[t]->name,
                       n, PLAIN);
         }
@@ -758,12 +758,23 @@ static void check_gemm_bf16xw(const gemm_case *g, const kernels *k, size_t n0, s
     gemm_pack_x(M, K, xr, g->ldx, xrp);
     fill_sentinel(y1, M * ldy), fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
     kernels_portable.gemm_bf16w(M, K, xrp, g->w, g->ldw, y1, ldy, n0, n1);
-    k->gemm_bf16xw(M, K, xb, g->w, g->ldw, y2, ldy, n0, n1);
+    k->gemm_bf16xw(M, K, xb, g->w, g->ldw, y2, ldy, n0, n1, 0);
     snprintf(what, sizeof what, "gemm_bf16xw M=%zu [%zu,%zu)", M, n0, n1);
     check_f32(y1, y2, M * ldy, what, k->name, K, g->mode);
     for (size_t m = 0; m < M; m++)
-        k->gemm_bf16xw(1, K, xb + m * row, g->w, g->ldw, y3 + m * ldy, ldy, n0, n1);
+        k->gemm_bf16xw(1, K, xb + m * row, g->w, g->ldw, y3 + m * ldy, ldy, n0, n1, 0);
     snprintf(what, sizeof what, "gemm_bf16xw rows alone M=%zu [%zu,%zu)", M, n0, n1);
+    check_f32(y1, y3, M * ldy, what, k->name, K, g->mode);
+    /* rounding in the store: round_bf16 over the computed columns afterwards, and nothing
+     * else written */
+    for (size_t m = 0; m < M; m++) kernels_portable.round_bf16(y1 + m * ldy + n0, n1 - n0);
+    fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
+    k->gemm_bf16xw(M, K, xb, g->w, g->ldw, y2, ldy, n0, n1, 1);
+    snprintf(what, sizeof what, "gemm_bf16xw rounded M=%zu [%zu,%zu)", M, n0, n1);
+    check_f32(y1, y2, M * ldy, what, k->name, K, g->mode);
+    for (size_t m = 0; m < M; m++)
+        k->gemm_bf16xw(1, K, xb + m * row, g->w, g->ldw, y3 + m * ldy, ldy, n0, n1, 1);
+    snprintf(what, sizeof what, "gemm_bf16xw rounded, rows alone M=%zu [%zu,%zu)", M, n0, n1);
     check_f32(y1, y3, M * ldy, what, k->name, K, g->mode);
     free(xb), free(xr), free(xrp), free(y1);
 }
@@ -952,8 +963,13 @@ static void test_pair32_denormals(const kernels *const *tables, int n_tables) {
             if (!k->gemm_bf16xw) continue;
             snprintf(what, sizeof what, "pair32 denormals, gemm_bf16xw: %s", cases[i].what);
             CHECK_INT(k->pack_x_bf16(K, cases[i].x, K, xb, 0, 1), 1);
-            k->gemm_bf16xw(1, K, xb, w, K, &y, 1, 0, 1);
+            k->gemm_bf16xw(1, K, xb, w, K, &y, 1, 0, 1, 0);
             check_f32(&want, &y, 1, what, k->name, K, FINITE_SPECIALS);
+            snprintf(what, sizeof what, "pair32 denormals, gemm_bf16xw rounded: %s", cases[i].what);
+            float want_rounded = want;
+            kernels_portable.round_bf16(&want_rounded, 1);
+            k->gemm_bf16xw(1, K, xb, w, K, &y, 1, 0, 1, 1);
+            check_f32(&want_rounded, &y, 1, what, k->name, K, FINITE_SPECIALS);
         }
     }
     free(panel);

@@ -34,21 +34,6 @@ ALWAYS_INLINE __m512 z_load(int elt, const void *p, size_t i, __mmask16 m) {
                              : _mm512_maskz_loadu_ps(m, (const float *)p + i);
 }
 
-/* bf16_from_f32 on 16 lanes: (u + 0x7fff + ((u >> 16) & 1)) >> 16, NaN -> 0x7fc0, in the
- * low 16 bits of each dword. */
-static inline __m512i z_bf16_bits(__m512 x) {
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(0x7fc0));
-}
-
-/* round_bf16 on 16 lanes. */
-static inline __m512 z_round_bf16(__m512 x) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(z_bf16_bits(x), 16));
-}
-
 /* fp32 -> fp16 on 16 lanes, as f16_from_f32 (see kernels_avx2.c's fp16_bits: vcvtps2ph is
  * the specification but for NaN, so NaN lanes become 0x7fc00000 first). */
 static inline __m256i z_fp16_bits(__m512 x) {

@@ -20,6 +20,21 @@ static inline __m512 z_load_bf16(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* bf16_from_f32 on 16 lanes: (u + 0x7fff + ((u >> 16) & 1)) >> 16, NaN -> 0x7fc0, in the
+ * low 16 bits of each dword. */
+static inline __m512i z_bf16_bits(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(0x7fc0));
+}
+
+/* round_bf16 on 16 lanes. */
+static inline __m512 z_round_bf16(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(z_bf16_bits(x), 16));
+}
+
 /* The dot16 fold of the 16 lanes of one zmm: l += l + 8, then l + 4, l + 2, l + 1. */
 static inline float z_fold16(__m512 v) {
     const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -59,18 +74,34 @@ static inline __m512 z_fold16x16(const __m512 acc[16]) {
 /* The outputs of an R x C block (R * C <= 16, constants after inlining) from their
  * accumulators acc[C * i + j] into y[i][j] (row stride ldy): a full block folds as one tree,
  * its lane C * i + j being y[i][j], and stores a row with one masked store; a smaller one
- * folds each output alone. */
-static inline __attribute__((always_inline)) void z_store_block(const int R, const int C,
-                                                                const __m512 *acc, float *y,
-                                                                size_t ldy) {
+ * folds each output alone. With round_bf16, the outputs are rounded to bf16 before the store
+ * (z_round_bf16: round_bf16's bits, on integers, whatever MXCSR says). */
+static inline __attribute__((always_inline)) void z_store_block_as(const int R, const int C,
+                                                                   const __m512 *acc, float *y,
+                                                                   size_t ldy, int round_bf16) {
     if (R * C == 16) {
-        const __m512 f = z_fold16x16(acc);
+        __m512 f = z_fold16x16(acc);
+        if (round_bf16) f = z_round_bf16(f);
         for (int i = 0; i < R; i++)
             _mm512_mask_storeu_ps(y + i * ldy - C * i, (__mmask16)(((1u << C) - 1) << (C * i)), f);
+    } else if (round_bf16) {
+        /* the folds side by side (lane C i + j, the rest +0), rounded as one vector */
+        float f[16] = {0};
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < C; j++) f[C * i + j] = z_fold16(acc[C * i + j]);
+        const __m512 r = z_round_bf16(_mm512_loadu_ps(f));
+        for (int i = 0; i < R; i++)
+            _mm512_mask_storeu_ps(y + i * ldy - C * i, (__mmask16)(((1u << C) - 1) << (C * i)), r);
     } else {
         for (int i = 0; i < R; i++)
             for (int j = 0; j < C; j++) y[i * ldy + j] = z_fold16(acc[C * i + j]);
     }
+}
+
+static inline __attribute__((always_inline)) void z_store_block(const int R, const int C,
+                                                                const __m512 *acc, float *y,
+                                                                size_t ldy) {
+    z_store_block_as(R, C, acc, y, ldy, 0);
 }
 
 #endif

@@ -77,7 +77,7 @@ enum { BF_PF_AHEAD = 1, BF_PF_NEXT_ALL = 2, BF_PF_NEXT_ONE = 4 };
  * folds as one tree, its lane NR * i + j being y[i][j]: one store per row of outputs. */
 ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t *xb, size_t ldxb,
                             const uint16_t *w, size_t ldw, float *y, size_t ldy, const int pf,
-                            const uint16_t *next) {
+                            const uint16_t *next, int rnd) {
     __m512 acc[16];
     for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
     for (size_t k = 0; k < K; k += 32) {
@@ -92,7 +92,7 @@ ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t
             for (int i = 0; i < MR; i++) acc[NR * i + j] = _mm512_dpbf16_ps(acc[NR * i + j], x[i], wv);
         }
     }
-    z_store_block(MR, NR, acc, y, ldy);
+    z_store_block_as(MR, NR, acc, y, ldy, rnd);
 }
 
 /* One row of x against NR weight rows (a decode step), row after row: each weight row's
@@ -105,7 +105,7 @@ ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t
  * 34-46 GB/s, 4 KB 39-65, 6 KB 37-68, 8 KB 36-60; the 16-stream order of bf_block 31-49. */
 #define BF_PF_LINEAR 3072
 ALWAYS_INLINE void bf_rowwise(const int NR, size_t K, const uint16_t *xb, const uint16_t *w,
-                              size_t ldw, float *y) {
+                              size_t ldw, float *y, int rnd) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int j = 0; j < NR; j++) {
@@ -118,37 +118,37 @@ ALWAYS_INLINE void bf_rowwise(const int NR, size_t K, const uint16_t *xb, const 
         }
         acc[j] = a;
     }
-    z_store_block(1, NR, acc, y, 0);
+    z_store_block_as(1, NR, acc, y, 0, rnd);
 }
 
 /* Rows [0, rows) against NR weight rows: blocks of 4 rows, then the 1 to 3 left. */
 ALWAYS_INLINE void bf_rows(const int NR, size_t rows, size_t K, const uint16_t *xb, size_t ldxb,
-                           const uint16_t *w, size_t ldw, float *y, size_t ldy) {
+                           const uint16_t *w, size_t ldw, float *y, size_t ldy, int rnd) {
     const size_t blocks = (rows + 3) / 4;
     const uint16_t *next = w + NR * ldw;  /* the next group's first row */
     size_t i = 0;
     if (rows >= 4 && blocks >= (size_t)NR) {
         /* the first NR blocks ask for one row of the next group each */
-        bf_block(4, NR, K, xb, ldxb, w, ldw, y, ldy, BF_PF_AHEAD | BF_PF_NEXT_ONE, next);
+        bf_block(4, NR, K, xb, ldxb, w, ldw, y, ldy, BF_PF_AHEAD | BF_PF_NEXT_ONE, next, rnd);
         for (i = 4; i + 4 <= rows; i += 4)
             if (i / 4 < (size_t)NR)
                 bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, BF_PF_NEXT_ONE,
-                         next + i / 4 * ldw);
+                         next + i / 4 * ldw, rnd);
             else
-                bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0, NULL);
+                bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0, NULL, rnd);
     } else {
         for (; i + 4 <= rows; i += 4)
             if (i == 0)
-                bf_block(4, NR, K, xb, ldxb, w, ldw, y, ldy, BF_PF_AHEAD | BF_PF_NEXT_ALL, NULL);
+                bf_block(4, NR, K, xb, ldxb, w, ldw, y, ldy, BF_PF_AHEAD | BF_PF_NEXT_ALL, NULL, rnd);
             else
-                bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0, NULL);
+                bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0, NULL, rnd);
     }
     /* the 1 to 3 rows left: the first block (nothing after it to reuse the weights) or none */
     const int pf = i ? 0 : BF_PF_AHEAD;
     switch (rows - i) {
-    case 3: bf_block(3, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL); break;
-    case 2: bf_block(2, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL); break;
-    case 1: bf_block(1, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL); break;
+    case 3: bf_block(3, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL, rnd); break;
+    case 2: bf_block(2, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL, rnd); break;
+    case 1: bf_block(1, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, pf, NULL, rnd); break;
     default: break;
     }
 }
@@ -168,7 +168,7 @@ static size_t bf_row_block(size_t K) {
 }
 
 PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t *w, size_t ldw,
-                         float *y, size_t ldy, size_t n0, size_t n1) {
+                         float *y, size_t ldy, size_t n0, size_t n1, int rnd) {
     /* M in row blocks of equal size (a multiple of 4), as few as fit: 256 rows of K = 1024
      * went as 252 + 4, the second pass over the weights serving 4 rows */
     if (M == 0) return;
@@ -180,25 +180,26 @@ PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t 
         float *ym = y + m0 * ldy;
         size_t n = n0;
         if (rows >= 4) {
-            for (; n + 4 <= n1; n += 4) bf_rows(4, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
+            for (; n + 4 <= n1; n += 4) bf_rows(4, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy, rnd);
         } else {
             /* a decode step: fewer rows, more weight rows at once */
             const int nr = rows == 1 ? 16 : rows == 2 ? 8 : 5;
             for (; n + (size_t)nr <= n1; n += (size_t)nr) {
                 const uint16_t *wn = w + n * ldw;
-                if (rows == 1) bf_rowwise(16, K, xm, wn, ldw, ym + n);
-                else if (rows == 2) bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL);
-                else bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL);
+                if (rows == 1) bf_rowwise(16, K, xm, wn, ldw, ym + n, rnd);
+                else if (rows == 2) bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL, rnd);
+                else bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL, rnd);
             }
         }
-        for (; n < n1; n++) bf_rows(1, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy);
+        for (; n < n1; n++) bf_rows(1, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy, rnd);
     }
 }
 
 static void gemm_bf16xw_avx512bf16(size_t M, size_t K, const uint16_t *xb, const uint16_t *w,
-                                   size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
+                                   size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
+                                   int round_bf16) {
     const unsigned mxcsr = pair32_flush_begin();
-    bf_gemm(M, K, xb, w, ldw, y, ldy, n0, n1);
+    bf_gemm(M, K, xb, w, ldw, y, ldy, n0, n1, round_bf16);
     pair32_flush_end(mxcsr);
 }
 
