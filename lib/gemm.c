@@ -72,7 +72,8 @@ static void run_epilogue(const gemm_job *j, size_t n0, size_t n1) {
 
 static void gemm_piece(const gemm_job *j, size_t n0, size_t n1, unsigned worker) {
     if (j->xb)
-        j->k->gemm_bf16xw(j->M, j->K, j->xb, j->w16, j->ldw, j->y, j->ldy, n0, n1, rounds_in_store(j));
+        j->k->gemm_bf16xw(j->M, j->K, j->xb, j->w16, j->ldw, j->y, j->ldy, n0, n1,
+                          rounds_in_store(j));
     else if (j->panels)
         j->k->gemm_bf16w_tiles(j->M, j->K, j->x, j->w16, j->ldw, j->y, j->ldy, n0, n1,
                                j->panels + worker * j->panel_floats);
@@ -85,8 +86,8 @@ static void gemm_piece(const gemm_job *j, size_t n0, size_t n1, unsigned worker)
 
 /* The column blocks begin .. end-1: in one call to the kernel, or, with an epilogue that the
  * kernel does not do in its store, in pieces of whole blocks of at most EPILOGUE_BYTES of
- * output each (at least one block), each followed by its epilogue. An output's value does not depend on the columns computed beside
- * it, so the pieces change no bit. */
+ * output each (at least one block), each followed by its epilogue. An output's value does not
+ * depend on the columns computed beside it, so the pieces change no bit. */
 static void gemm_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
     const gemm_job *j = ctx;
     const size_t block = j->panels ? TILES_COLUMN_BLOCK : COLUMN_BLOCK;

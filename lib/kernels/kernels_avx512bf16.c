@@ -74,7 +74,8 @@ enum { BF_PF_AHEAD = 1, BF_PF_NEXT_ALL = 2, BF_PF_NEXT_ONE = 4 };
 
 /* y[i][j] for MR rows of xb and NR weight rows (MR * NR <= 16, constants after inlining):
  * MR * NR accumulators, acc[NR * i + j], each one vdpbf16ps per chunk. A full block (16)
- * folds as one tree, its lane NR * i + j being y[i][j]: one store per row of outputs. */
+ * folds as one tree, its lane NR * i + j being y[i][j]: one store per row of outputs, rounded
+ * to bf16 first where rnd (z_store_block_as; so in every kernel below). */
 ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t *xb, size_t ldxb,
                             const uint16_t *w, size_t ldw, float *y, size_t ldy, const int pf,
                             const uint16_t *next, int rnd) {
@@ -139,7 +140,8 @@ ALWAYS_INLINE void bf_rows(const int NR, size_t rows, size_t K, const uint16_t *
     } else {
         for (; i + 4 <= rows; i += 4)
             if (i == 0)
-                bf_block(4, NR, K, xb, ldxb, w, ldw, y, ldy, BF_PF_AHEAD | BF_PF_NEXT_ALL, NULL, rnd);
+                bf_block(4, NR, K, xb, ldxb, w, ldw, y, ldy, BF_PF_AHEAD | BF_PF_NEXT_ALL, NULL,
+                         rnd);
             else
                 bf_block(4, NR, K, xb + i * ldxb, ldxb, w, ldw, y + i * ldy, ldy, 0, NULL, rnd);
     }
@@ -180,15 +182,18 @@ PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t 
         float *ym = y + m0 * ldy;
         size_t n = n0;
         if (rows >= 4) {
-            for (; n + 4 <= n1; n += 4) bf_rows(4, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy, rnd);
+            for (; n + 4 <= n1; n += 4)
+                bf_rows(4, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy, rnd);
         } else {
             /* a decode step: fewer rows, more weight rows at once */
             const int nr = rows == 1 ? 16 : rows == 2 ? 8 : 5;
             for (; n + (size_t)nr <= n1; n += (size_t)nr) {
                 const uint16_t *wn = w + n * ldw;
                 if (rows == 1) bf_rowwise(16, K, xm, wn, ldw, ym + n, rnd);
-                else if (rows == 2) bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL, rnd);
-                else bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL, rnd);
+                else if (rows == 2)
+                    bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL, rnd);
+                else
+                    bf_block(3, 5, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL, rnd);
             }
         }
         for (; n < n1; n++) bf_rows(1, rows, K, xm, ldxb, w + n * ldw, ldw, ym + n, ldy, rnd);
