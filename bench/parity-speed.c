@@ -449,6 +449,14 @@ static int decode_open(const run_cfg *r, uint32_t B, uint32_t context, uint32_t 
 
 /* Seconds per step over `steps` steps, after one untimed step (which wakes the pool's
  * workers if another run let them sleep); -1 on failure. */
+/* One decode step of the run: its seconds, or -1 (reported) when the step fails. */
+static double decode_step(decode_run *d) {
+    const double t0 = bench_now();
+    const int rc = parity_sampler_step(d->s, d->seqs, d->B, d->tok, d->lp, d->fin, 0, NULL, NULL);
+    const double dt = bench_now() - t0;
+    return rc ? fail("decode") : dt;
+}
+
 static double decode_time(decode_run *d, uint32_t steps) {
     int rc = parity_sampler_step(d->s, d->seqs, d->B, d->tok, d->lp, d->fin, 0, NULL, NULL);
     double t0 = bench_now();
@@ -1156,8 +1164,9 @@ int main(int argc, char **argv) {
     /* The presets of a configuration are measured interleaved, repetition by repetition
      * (preset 1, 2, 3, then 2, 3, 1, then 3, 1, 2: each repetition starts one later, so that no
      * preset always runs first after the limits' measurement; a prompt group's score rows
-     * after its prefills), so that a drift of the machine's speed over the run falls on all
-     * of them alike and their spread (printed below) means something. At the default 3
+     * after its prefills; decode rows step by step within a repetition), so that a drift of
+     * the machine's speed over the run falls on all of them alike and their spread (printed
+     * below) means something. At the default 3
      * repetitions the paired spread of identical kernels read 0.3-6% here; --reps 6 or 10
      * resolves a few percent. */
     for (int pi = 0; pi < npath; pi++) {
@@ -1235,12 +1244,19 @@ int main(int argc, char **argv) {
                         for (int k = 0; k < reps; k++) {
                             group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs[k],
                                          &lim_gflops[k]);
-                            for (int i = 0; i < np; i++) {
-                                const int p = (k + i) % np; /* each repetition starts one later */
-                                const double step = decode_time(&d[p], steps);
-                                if (step < 0) return 1;
-                                tps[p][k] = B / step;
-                            }
+                            /* an untimed step of each, then the timed steps preset after
+                             * preset, step by step (each repetition starting one later): a
+                             * burst or a lull of the machine, which lasts a second or two,
+                             * then falls on every preset's steps alike */
+                            double sum[MAX_LIST] = {0};
+                            for (uint32_t st = 0; st <= steps; st++)
+                                for (int i = 0; i < np; i++) {
+                                    const int p = (k + i) % np;
+                                    const double dt = decode_step(&d[p]);
+                                    if (dt < 0) return 1;
+                                    if (st) sum[p] += dt;
+                                }
+                            for (int p = 0; p < np; p++) tps[p][k] = B / (sum[p] / steps);
                         }
                         for (int p = 0; p < np; p++) {
                             parity_sampler_free(d[p].s);
