@@ -1023,6 +1023,14 @@ static void test_gemm(const kernels *const *tables, int n_tables) {
         for (size_t ki = 0; ki < 3; ki++)
             gemm_shape(tables, n_tables, big_Ms[mi], big_Ks[ki], 70, 0, big_ranges, 2);
 
+    /* a decode step's row against many columns (the tables' row-after-row M = 1 paths
+     * take 16 weight rows at a time), every value mode */
+    static const size_t wide_ranges[][2] = {{0, 40}, {3, 37}};
+    static const size_t wide_Ks[] = {31, 1000};
+    for (size_t ki = 0; ki < 2; ki++)
+        for (int mode = 0; mode < N_MODES; mode++)
+            gemm_shape(tables, n_tables, 1, wide_Ks[ki], 40, mode, wide_ranges, 2);
+
     /* the packed layout itself */
     float x[35], xp[64];
     for (int i = 0; i < 35; i++) x[i] = (float)(i + 1);

@@ -527,12 +527,12 @@ static void rope_16_avx512(const parity_policy *pol, size_t n_heads, size_t hd, 
  * odd elements are two zmm (gemm_pack_x), and the weight row's 32 bf16 are one zmm of
  * dwords, split into its odd (d & 0xffff0000) and even (d << 16) halves; lane l then takes
  * fma(x_even, w_even, fma(x_odd, w_odd, acc)), the odd element first. A block is R x rows
- * against C weight rows (R * C accumulators): 1 x 8 for a decode step of one row (8 weight
- * rows streaming at once), 4 x 4 otherwise (each weight chunk split once for 4 rows), with
- * the rows left over in blocks of 1 to 3. Weight rows are read straight from memory, the
- * next chunks asked for a few steps ahead; the block's rows after the first find them in
- * L1. Past K, x is packed with +0 and the weight chunk is loaded with -0 (0x8000) in the
- * missing elements, so a padded step adds -0 and leaves the lane as it was. */
+ * against C weight rows (R * C accumulators): 4 x 4 (each weight chunk split once for 4
+ * rows), with the rows left over in blocks of 1 to 3; a decode step of one row takes 16
+ * weight rows one after another instead (zr_rowwise). Weight rows are read straight from
+ * memory, the next chunks asked for a few steps ahead; the block's rows after the first find
+ * them in L1. Past K, x is packed with +0 and the weight chunk is loaded with -0 (0x8000) in
+ * the missing elements, so a padded step adds -0 and leaves the lane as it was. */
 #define ZR_PF_CHUNKS 8
 
 /* The 32 bf16 of w's chunk at k, -0 past K, as 16 dwords. */
@@ -568,6 +568,37 @@ ALWAYS_INLINE void zr_block(const int R, const int C, size_t K, const float *xp,
     z_store_block(R, C, acc, y, ldy);
 }
 
+/* One x row against C weight rows (a decode step), row after row: each weight row's chunks
+ * in order on one accumulator (the chain of zr_block's acc[j], the same bits), so that the
+ * weights are read as one linear stream, which the hardware prefetchers follow better than
+ * C streams of K elements each, the line ZR_PF_LINEAR elements ahead asked into L1 across
+ * rows; the out-of-order core overlaps the rows' chains (bf_rowwise in kernels_avx512bf16.c
+ * is the same loop on vdpbf16ps). Zen 4 VM, 2 threads, gemm-bench --m 1 --thp over the six
+ * shapes: 20-32 GB/s with 1 x 8 blocks (20 at K = 1024), 27-38 row after row; a decode step
+ * of one row (bench/ab-builds, avx512 path, 12 pairs each way round) took 0.69 and 1/1.43
+ * of its time before. */
+#define ZR_PF_LINEAR 3072
+ALWAYS_INLINE void zr_rowwise(const int C, size_t K, const float *xp, const uint16_t *w,
+                              size_t ldw, float *y) {
+    const __m512i high16 = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < C; j++) {
+        const uint16_t *wj = w + j * ldw;
+        __m512 a = _mm512_setzero_ps();
+        for (size_t k = 0; k < K; k += 32) {
+            _mm_prefetch((const char *)(wj + k + ZR_PF_LINEAR), _MM_HINT_T0);
+            const __m512i d = zr_load_w(wj, k, K);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(xp + k + 16),
+                                _mm512_castsi512_ps(_mm512_and_si512(d, high16)), a);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(xp + k),
+                                _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)), a);
+        }
+        acc[j] = a;
+    }
+    z_store_block(1, C, acc, y, 0);
+}
+
 /* Rows [0, M) against C weight rows: blocks of 4 rows, then the 1 to 3 left. */
 ALWAYS_INLINE void zr_rows(const int C, size_t M, size_t K, const float *xp, size_t row,
                            const uint16_t *w, size_t ldw, float *y, size_t ldy) {
@@ -586,7 +617,7 @@ PAIR32_BODY void zr_gemm(size_t M, size_t K, const float *xp, const uint16_t *w,
     const size_t row = gemm_packed_row(K);
     size_t n = n0;
     if (M == 1)
-        for (; n + 8 <= n1; n += 8) zr_block(1, 8, K, xp, row, w + n * ldw, ldw, y + n, ldy);
+        for (; n + 16 <= n1; n += 16) zr_rowwise(16, K, xp, w + n * ldw, ldw, y + n);
     for (; n + 4 <= n1; n += 4) zr_rows(4, M, K, xp, row, w + n * ldw, ldw, y + n, ldy);
     for (; n < n1; n++) zr_rows(1, M, K, xp, row, w + n * ldw, ldw, y + n, ldy);
 }
