@@ -447,8 +447,6 @@ static int decode_open(const run_cfg *r, uint32_t B, uint32_t context, uint32_t 
     return 0;
 }
 
-/* Seconds per step over `steps` steps, after one untimed step (which wakes the pool's
- * workers if another run let them sleep); -1 on failure. */
 /* One decode step of the run: its seconds, or -1 (reported) when the step fails. */
 static double decode_step(decode_run *d) {
     const double t0 = bench_now();
@@ -457,13 +455,17 @@ static double decode_step(decode_run *d) {
     return rc ? fail("decode") : dt;
 }
 
+/* Seconds per step over `steps` steps, after one untimed step (which wakes the pool's
+ * workers if another run let them sleep); -1 on failure. */
 static double decode_time(decode_run *d, uint32_t steps) {
-    int rc = parity_sampler_step(d->s, d->seqs, d->B, d->tok, d->lp, d->fin, 0, NULL, NULL);
-    double t0 = bench_now();
-    for (uint32_t i = 0; i < steps && !rc; i++)
-        rc = parity_sampler_step(d->s, d->seqs, d->B, d->tok, d->lp, d->fin, 0, NULL, NULL);
-    const double dt = (bench_now() - t0) / steps;
-    return rc ? fail("decode") : dt;
+    if (decode_step(d) < 0) return -1;
+    double sum = 0;
+    for (uint32_t i = 0; i < steps; i++) {
+        const double dt = decode_step(d);
+        if (dt < 0) return -1;
+        sum += dt;
+    }
+    return sum / steps;
 }
 
 /* ---- early exit (--early-exit) ------------------------------------------------------------------ */

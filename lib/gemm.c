@@ -21,6 +21,7 @@
 
 #include "forward.h"
 #include "internal.h"
+#include "kernel_common.h"
 #include "kernels.h"
 
 /* Output columns per task: threads take contiguous runs of such blocks (a multiple of every
@@ -49,7 +50,7 @@ typedef struct gemm_job {
  * kernel's flushing of denormals, which would flush a denormal bias or sum. */
 static int rounds_in_store(const gemm_job *j) {
     return j->xb && j->ep && !j->ep->bias && j->ep->round &&
-           j->ep->round->compute == PARITY_COMPUTE_BF16;
+           round_format_of(j->ep->round) == FMT_BF16;
 }
 
 static void run_epilogue(const gemm_job *j, size_t n0, size_t n1) {

@@ -756,26 +756,24 @@ static void check_gemm_bf16xw(const gemm_case *g, const kernels *k, size_t n0, s
     if (bad) fprintf(stderr, "%s: pack_x_bf16 M=%zu K=%zu: %zu values wrong\n", k->name, M, K, bad);
     CHECK_INT(bad, 0);
     gemm_pack_x(M, K, xr, g->ldx, xrp);
-    fill_sentinel(y1, M * ldy), fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
+    fill_sentinel(y1, M * ldy);
     kernels_portable.gemm_bf16w(M, K, xrp, g->w, g->ldw, y1, ldy, n0, n1);
-    k->gemm_bf16xw(M, K, xb, g->w, g->ldw, y2, ldy, n0, n1, 0);
-    snprintf(what, sizeof what, "gemm_bf16xw M=%zu [%zu,%zu)", M, n0, n1);
-    check_f32(y1, y2, M * ldy, what, k->name, K, g->mode);
-    for (size_t m = 0; m < M; m++)
-        k->gemm_bf16xw(1, K, xb + m * row, g->w, g->ldw, y3 + m * ldy, ldy, n0, n1, 0);
-    snprintf(what, sizeof what, "gemm_bf16xw rows alone M=%zu [%zu,%zu)", M, n0, n1);
-    check_f32(y1, y3, M * ldy, what, k->name, K, g->mode);
-    /* rounding in the store: round_bf16 over the computed columns afterwards, and nothing
-     * else written */
-    for (size_t m = 0; m < M; m++) kernels_portable.round_bf16(y1 + m * ldy + n0, n1 - n0);
-    fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
-    k->gemm_bf16xw(M, K, xb, g->w, g->ldw, y2, ldy, n0, n1, 1);
-    snprintf(what, sizeof what, "gemm_bf16xw rounded M=%zu [%zu,%zu)", M, n0, n1);
-    check_f32(y1, y2, M * ldy, what, k->name, K, g->mode);
-    for (size_t m = 0; m < M; m++)
-        k->gemm_bf16xw(1, K, xb + m * row, g->w, g->ldw, y3 + m * ldy, ldy, n0, n1, 1);
-    snprintf(what, sizeof what, "gemm_bf16xw rounded, rows alone M=%zu [%zu,%zu)", M, n0, n1);
-    check_f32(y1, y3, M * ldy, what, k->name, K, g->mode);
+    /* plain, then rounding in the store: round_bf16 over the computed columns afterwards, and
+     * nothing else written */
+    for (int rnd = 0; rnd < 2; rnd++) {
+        if (rnd)
+            for (size_t m = 0; m < M; m++) kernels_portable.round_bf16(y1 + m * ldy + n0, n1 - n0);
+        fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
+        k->gemm_bf16xw(M, K, xb, g->w, g->ldw, y2, ldy, n0, n1, rnd);
+        snprintf(what, sizeof what, "gemm_bf16xw%s M=%zu [%zu,%zu)", rnd ? " rounded" : "", M,
+                 n0, n1);
+        check_f32(y1, y2, M * ldy, what, k->name, K, g->mode);
+        for (size_t m = 0; m < M; m++)
+            k->gemm_bf16xw(1, K, xb + m * row, g->w, g->ldw, y3 + m * ldy, ldy, n0, n1, rnd);
+        snprintf(what, sizeof what, "gemm_bf16xw%s rows alone M=%zu [%zu,%zu)",
+                 rnd ? " rounded" : "", M, n0, n1);
+        check_f32(y1, y3, M * ldy, what, k->name, K, g->mode);
+    }
     free(xb), free(xr), free(xrp), free(y1);
 }
 
