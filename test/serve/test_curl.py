@@ -422,7 +422,10 @@ class TestServe(Base):
                 "logprobs": 1, "return_token_ids": True}
         ref = self.complete(**body)
         chunks = self.stream(dict(body, stream=True, stream_options={"include_usage": True}))
-        self.assertGreater(len(chunks), 2)
+        # At least one chunk of text and the usage chunk. How many chunks carry the text is not
+        # fixed: each one carries what the choices drew since the handler last woke, so a step
+        # that ends before the handler wakes joins the next one (here, all twelve once did).
+        self.assertGreaterEqual(len(chunks), 2)
         usage = chunks[-1]
         self.assertEqual(usage["choices"], [])
         self.assertEqual(usage["usage"], ref["usage"])
