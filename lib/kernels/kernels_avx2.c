@@ -858,15 +858,19 @@ static void lt_widen(size_t K, const uint16_t *w, size_t ldw, size_t nr, float *
     }
 }
 
-/* Chunks [0, nc) of lane l of one tile, continuing the chains in acc: xl is the lane's packed
- * x at the first chunk (chunk c at xl + 32c: the odd step's 16 rows, then the even step's),
- * wl the panel at the same chunk plus 2l (the even element of chunk c of panel row j at
- * wl[j * ps + 32c], ps the panel stride, the odd one after it). H vectors of 8 rows (1 or 2). */
+/* Chunks [0, nc) of lane l of one tile: xl is the lane's packed x at the first chunk (chunk c
+ * at xl + 32c: the odd step's 16 rows, then the even step's), wl the panel at the same chunk
+ * plus 2l (the even element of chunk c of panel row j at wl[j * ps + 32c], the odd one after
+ * it). H vectors of 8 rows (1 or 2). The chains start at zero where `fresh` (the lane's first
+ * block of K), else at the values in acc; at the end they go back to acc, or, where `fold`
+ * is given (the last block of a lane l >= 8), the dot16 fold's first step is taken on the way:
+ * fold (lane l - 8, finished before) becomes fold + these chains. */
 ALWAYS_INLINE void lt_lane(const int H, size_t nc, const float *xl, const float *wl, size_t ps,
-                           __m256 acc_io[LT_NR][2]) {
+                           __m256 acc_io[LT_NR][2], int fresh, __m256 fold[LT_NR][2]) {
     __m256 acc[LT_NR][2];
 #pragma GCC unroll 6
-    for (int j = 0; j < LT_NR; j++) acc[j][0] = acc_io[j][0], acc[j][1] = acc_io[j][1];
+    for (int j = 0; j < LT_NR; j++)
+        for (int h = 0; h < 2; h++) acc[j][h] = fresh || h >= H ? _mm256_setzero_ps() : acc_io[j][h];
     for (size_t c = 0; c < nc; c++) {
         const float *xs = xl + 32 * c, *ws = wl + 32 * c;
 #pragma GCC unroll 2
@@ -882,7 +886,10 @@ ALWAYS_INLINE void lt_lane(const int H, size_t nc, const float *xl, const float 
         }
     }
 #pragma GCC unroll 6
-    for (int j = 0; j < LT_NR; j++) acc_io[j][0] = acc[j][0], acc_io[j][1] = acc[j][1];
+    for (int j = 0; j < LT_NR; j++)
+        for (int h = 0; h < H; h++)
+            if (fold) fold[j][h] = _mm256_add_ps(fold[j][h], acc[j][h]);
+            else acc_io[j][h] = acc[j][h];
 }
 
 /* One tile (`rows` <= 8H valid rows) against the panel's nr weight rows: y[r][j]. K in blocks
@@ -892,16 +899,18 @@ ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const floa
                            size_t ps, size_t rows, size_t nr, float *y, size_t ldy,
                            panel_prefetch *pf) {
     __m256 lanes[16][LT_NR][2]; /* 6 KB */
-    for (size_t l = 0; l < 16; l++)
-        for (int j = 0; j < LT_NR; j++) lanes[l][j][0] = lanes[l][j][1] = _mm256_setzero_ps();
+    if (!nc) memset(lanes, 0, sizeof lanes);  /* K = 0: every output +0, as the chains start */
     for (size_t c0 = 0; c0 < nc; c0 += LT_KB) {
         const size_t n = nc - c0 < LT_KB ? nc - c0 : LT_KB;
+        const int last = c0 + n == nc;
         for (size_t l = 0; l < 16; l++) {
             panel_prefetch_some(pf);
-            lt_lane(H, n, tile + (l * nc + c0) * 32, panel + 32 * c0 + 2 * l, ps, lanes[l]);
+            lt_lane(H, n, tile + (l * nc + c0) * 32, panel + 32 * c0 + 2 * l, ps, lanes[l],
+                    c0 == 0, last && l >= 8 ? lanes[l - 8] : NULL);
         }
     }
-    for (size_t step = 8; step >= 1; step /= 2) /* the dot16 fold: l += l + 8, +4, +2, +1 */
+    /* the rest of the dot16 fold (l += l + 8 was taken as lanes 8-15 ended): l += l + 4, +2, +1 */
+    for (size_t step = 4; step >= 1; step /= 2)
         for (size_t l = 0; l < step; l++)
             for (int j = 0; j < LT_NR; j++)
                 for (int h = 0; h < H; h++)
