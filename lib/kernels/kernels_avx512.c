@@ -786,9 +786,11 @@ static void z_widen(size_t K, size_t nc, const uint16_t *w, size_t ldw, size_t n
 
 /* Lane l of a tile pair through all nc chunks: xa, xb the lane's packed x in the two tiles
  * (chunk c at + 32c: the odd step's 16 rows, then the even step's), wl the lane's panel
- * lines (chunk c at + 16c). H tiles (1 or 2). */
+ * lines (chunk c at + 16c). H tiles (1 or 2). The chains go to out, or, where `fold` is given
+ * (lanes 8-15), the dot16 fold's first step is taken on the way: fold (lane l - 8, finished
+ * before) becomes fold + these chains. */
 ALWAYS_INLINE void z_lane(const int H, size_t nc, const float *xa, const float *xb,
-                          const float *wl, __m512 out[Z_NR][2]) {
+                          const float *wl, __m512 out[Z_NR][2], __m512 fold[Z_NR][2]) {
     __m512 acc[Z_NR][2];
 #pragma GCC unroll 8
     for (int j = 0; j < Z_NR; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
@@ -816,7 +818,10 @@ ALWAYS_INLINE void z_lane(const int H, size_t nc, const float *xa, const float *
         }
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < Z_NR; j++) out[j][0] = acc[j][0], out[j][1] = acc[j][1];
+    for (int j = 0; j < Z_NR; j++)
+        for (int h = 0; h < H; h++)
+            if (fold) fold[j][h] = _mm512_add_ps(fold[j][h], acc[j][h]);
+            else out[j][h] = acc[j][h];
 }
 
 /* One tile pair (H tiles, `rows` <= 16H valid rows) against the panel's nr weight rows:
@@ -827,9 +832,11 @@ ALWAYS_INLINE void z_tile(const int H, size_t nc, const float *tile0, const floa
     __m512 lanes[16][Z_NR][2]; /* 16 KB */
     for (size_t l = 0; l < 16; l++) {
         panel_prefetch_some(pf);
-        z_lane(H, nc, tile0 + l * nc * 32, tile1 + l * nc * 32, panel + l * nc * 16, lanes[l]);
+        z_lane(H, nc, tile0 + l * nc * 32, tile1 + l * nc * 32, panel + l * nc * 16, lanes[l],
+               l >= 8 ? lanes[l - 8] : NULL);
     }
-    for (size_t step = 8; step >= 1; step /= 2) /* the dot16 fold: l += l + 8, +4, +2, +1 */
+    /* the rest of the dot16 fold (l += l + 8 was taken as lanes 8-15 ended): l += l + 4, +2, +1 */
+    for (size_t step = 4; step >= 1; step /= 2)
         for (size_t l = 0; l < step; l++)
             for (int j = 0; j < Z_NR; j++)
                 for (int h = 0; h < H; h++)
