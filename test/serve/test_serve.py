@@ -286,20 +286,28 @@ class TestServe(unittest.TestCase):
     def test_client_gone(self):
         """A client that closes its connection cancels its request: its sequences are
         released, not run to max_tokens."""
+        def info():
+            return json.loads(self.srv.request("GET", "/parity/info")[1])
+        steps_before = info()["decode_steps"]  # no other request runs in this test
         s = socket.create_connection(("127.0.0.1", self.srv.port))
-        body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 4000,
+        # the most a 1-token prompt can draw in the model's 4096 positions
+        body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 4095,
                            "temperature": 1.0}).encode()
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
                   % (len(body), body))
         deadline = time.monotonic() + 10
-        while json.loads(self.srv.request("GET", "/parity/info")[1])["requests_running"] == 0:
+        while info()["requests_running"] == 0:
             self.assertLess(time.monotonic(), deadline, "the request never started")
             time.sleep(0.02)
         s.close()
         deadline = time.monotonic() + 10
-        while json.loads(self.srv.request("GET", "/parity/info")[1])["requests_running"]:
+        while info()["requests_running"]:
             self.assertLess(time.monotonic(), deadline, "the request ran on without its client")
             time.sleep(0.05)
+        # It ended because it was cancelled, not because it drew all its tokens (which takes
+        # about 4 s here; the server looks for a gone client every second).
+        self.assertLess(info()["decode_steps"] - steps_before, 4000,
+                        "the request drew its max_tokens: it was not cancelled")
 
     def test_update_during_load(self):
         """Weights pushed while requests run: none fails, each says its weight version and
