@@ -1317,6 +1317,15 @@ def main(argv=None):
     srv.started = int(time.time())
     srv.engine.start()
     host, port = srv.server_address[:2]
+
+    # Installed before the port is announced, so that a SIGTERM sent as soon as the port file
+    # appears stops the server cleanly (exit 0). A shutdown asked before serve_forever runs
+    # still takes effect: serve_forever then returns at once.
+    def stop(signum, frame):
+        threading.Thread(target=srv.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     if args.port_file:
         with open(args.port_file + ".tmp", "w") as f:
             f.write("%d\n" % port)
@@ -1327,11 +1336,6 @@ def main(argv=None):
                                                      srv.cache_tokens),
           file=sys.stderr, flush=True)
 
-    def stop(signum, frame):
-        threading.Thread(target=srv.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     try:
         srv.serve_forever(poll_interval=0.2)
     finally:
