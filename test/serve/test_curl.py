@@ -455,6 +455,13 @@ class TestServe(Base):
             self.assertEqual(a["tok"], c["logprobs"]["tokens"])
             self.assertEqual([f32(x) for x in a["lp"]],
                              [f32(x) for x in c["logprobs"]["token_logprobs"]])
+        # A long stream comes in pieces: 1500 steps take over a second here, and the handler
+        # sends what was drawn each time it wakes (at every step it can keep up with), so
+        # fewer than three chunks would mean it held the text back.
+        long = self.stream(dict(body, stream=True, n=1, max_tokens=1500, logprobs=None))
+        self.assertGreaterEqual(sum(1 for ch in long if ch["choices"][0]["text"]), 3,
+                                "a 1500-token completion streamed in fewer than 3 chunks")
+        self.assertEqual(sum(len(ch["choices"][0]["token_ids"]) for ch in long), 1500)
         # Without include_usage there is no usage chunk.
         plain = self.stream(dict(body, stream=True, n=1))
         self.assertTrue(all(ch["choices"] for ch in plain))
@@ -517,7 +524,7 @@ class TestServe(Base):
 
 
 class TestLimits(Base):
-    """A server with --max-body-bytes 4096 --client-timeout 2."""
+    """A server with --max-body-bytes 4096, --client-timeout 5 and one engine thread."""
 
     def test_limits(self):
         # One engine thread: on two loaded cores a pool of two waits on its worker at every

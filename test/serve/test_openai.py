@@ -44,7 +44,8 @@ def fail(why):
 
 
 def install(d):
-    """`openai@4` under d/node_modules, reused when already there; skips without a registry."""
+    """`openai@4` under d/node_modules, reused when already there; a failed install (no
+    registry, say) fails the test, since Node.js and npm are there."""
     if installed_major(d) == 4:
         return
     os.makedirs(d, exist_ok=True)
