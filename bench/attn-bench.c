@@ -10,22 +10,26 @@
  * Qwen3-0.6B's 2 query heads per KV head, or a prefill row on the causal diagonal), 8 (the
  * quarter calls of a batch of forks, attention.c's kv_walk_split) and 32 (16 rows: a prefill
  * task, or the forks of a task over their shared prompt). Each repetition runs B calls on B
- * distinct blocks (64: 256 KB of keys, read from L2 as consecutive blocks of a prefill are),
- * the timed figure being the median over repetitions. Kernels (kernels.h):
+ * distinct blocks (64: 256 KB of keys, from L2; here a head's blocks lie 4 KB apart, in the
+ * cache a block of every head apart, each in a page of its own, with attention's own
+ * prefetches), the timed figure being the median over repetitions. Kernels (kernels.h):
  *   q.k packed   dots_packed_bf16 on queries packed once (pack_queries_bf16, untimed: once
  *                per task in the forward), where the table has it (avx512bf16)
  *   q.k          dots_f32_bf16 (the widening kernel every table has)
  *   P.V grained  pv_bf16_grained, where the table has it
  *   P.V          pv_bf16
- * and the two passes over a row of n scores that the softmax adds (eager's): scale_round
- * with its rounding points and max, then sum_exp, for rows of 512 and 4096 positions.
+ * and the three passes over one query head's row of n scores that the softmax adds (eager's):
+ * scale_round with its rounding points and max, sum_exp, and scale_round again for the
+ * normalisation with P's rounding, for rows of 512 and 4096 positions (each from a fresh copy
+ * of the scores, which is timed with them: n floats copied within L1/L2).
  * Flops: 2 per product (q.k: queries x 16 x 128, P.V the same); % of the peak of the path's
  * GEMM instruction (bench_peak.h), measured here on one thread. The inputs are realistic:
  * queries, keys and values normal bf16 values, probabilities exp(-u) (u uniform in [0, 8])
- * rounded to bf16, so the packed kernels take their fast path: "(fell back)" marks a row whose
- * packed kernel said it ran the widening one (pv_bf16_grained's result, pack_queries_bf16's
- * code); below the table's least count of queries (avx512bf16: 8) the packed kernels run the
- * widening ones inside, without a word, and their rows read as those.
+ * rounded to bf16, so the packed kernels take their fast path. "(fell back)" marks a row whose
+ * packed kernel said it ran the widening one for some block (pv_bf16_grained's result,
+ * pack_queries_bf16's code); dots_packed_bf16 says nothing of its own fallbacks (below the
+ * table's least count of queries, 8 on avx512bf16, or a block whose exponents do not fit),
+ * so its rows below that count are not printed.
  */
 #include <math.h>
 #include <stdint.h>
@@ -43,6 +47,7 @@
 #define HEAD_DIM 128
 #define LD_SCORES 4096 /* scores of a query lie this far apart, as max_ctx apart in the forward */
 #define MAX_QUERIES 32
+#define PACKED_MIN_QUERIES 8 /* kernels_avx512bf16.c's BF_ATT_MIN_QUERIES */
 #define MAX_REPS 101
 #define MAX_BLOCKS 1024
 
@@ -64,6 +69,7 @@ typedef struct inputs {
     uint16_t *keys, *vals;  /* blocks x KV_BLOCK x HEAD_DIM */
     float *q;               /* MAX_QUERIES x HEAD_DIM, bf16 values */
     uint16_t *qp;           /* the packed queries (pack_queries_bf16) */
+    int qcode;              /* its code */
     float *p;               /* MAX_QUERIES x LD_SCORES probabilities, bf16 values */
     float *scores;          /* MAX_QUERIES x LD_SCORES */
     float *o;               /* MAX_QUERIES x HEAD_DIM accumulators */
@@ -74,7 +80,7 @@ typedef struct inputs {
 typedef struct result {
     const char *path, *kernel;
     size_t queries, n;   /* n: positions of a softmax row (0 for the block kernels) */
-    double ns, gflops, peak_frac; /* peak_frac < 0: no peak */
+    double ns, gflops, peak, peak_frac; /* peak_frac < 0: no peak */
     int fast;            /* the packed kernels: whether they took their fast path */
 } result;
 
@@ -100,12 +106,11 @@ static double median_time(const kernels *k, inputs *in, size_t queries, rep_fn f
 }
 
 static int rep_qk_packed(const kernels *k, inputs *in, size_t queries) {
-    const int code = k->pack_queries_bf16(in->q, HEAD_DIM, queries, HEAD_DIM, in->qp);
     for (size_t b = 0; b < in->blocks; b++)
-        k->dots_packed_bf16(in->qp, code, in->q, HEAD_DIM, queries,
+        k->dots_packed_bf16(in->qp, in->qcode, in->q, HEAD_DIM, queries,
                             in->keys + b * KV_BLOCK * HEAD_DIM, HEAD_DIM, KV_BLOCK, HEAD_DIM,
                             in->scores + (b * KV_BLOCK) % (LD_SCORES - KV_BLOCK), LD_SCORES);
-    return code >= 0;
+    return in->qcode >= 0;
 }
 
 static int rep_qk(const kernels *k, inputs *in, size_t queries) {
@@ -151,6 +156,7 @@ static void add(const char *path, const char *kernel, size_t queries, size_t n, 
     if (n_results == sizeof results / sizeof results[0]) return;
     result *r = &results[n_results++];
     r->path = path, r->kernel = kernel, r->queries = queries, r->n = n, r->fast = fast;
+    r->peak = peak;
     r->ns = seconds * 1e9;
     r->gflops = flops ? flops / seconds * 1e-9 : 0;
     r->peak_frac = flops && peak > 0 ? r->gflops / peak : -1;
@@ -178,6 +184,7 @@ static int usage(void) {
 
 int main(int argc, char **argv) {
     const char *paths_arg = "all", *json_path = NULL;
+    int wanted[PARITY_CPU_AVX512BF16 + 1] = {0};
     size_t blocks = 64;
     int reps = 21;
     for (int i = 1; i < argc; i++) {
@@ -189,6 +196,21 @@ int main(int argc, char **argv) {
         else return usage();
     }
     if (blocks < 1 || blocks > MAX_BLOCKS || reps < 1 || reps > MAX_REPS) return usage();
+    if (!strcmp(paths_arg, "all")) {
+        for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX512BF16; p++) wanted[p] = 1;
+    } else {
+        char list[256];
+        snprintf(list, sizeof list, "%s", paths_arg);
+        for (char *save = NULL, *name = strtok_r(list, ",", &save); name;
+             name = strtok_r(NULL, ",", &save)) {
+            parity_cpu_path p;
+            if (parity_cpu_path_from_name(name, &p) != PARITY_OK || p > PARITY_CPU_AVX512BF16) {
+                fprintf(stderr, "attn-bench: --paths: unknown CPU path '%s'\n", name);
+                return 2;
+            }
+            wanted[p] = 1;
+        }
+    }
 
     inputs in = {.blocks = blocks};
     const size_t kv = blocks * KV_BLOCK * HEAD_DIM;
@@ -221,8 +243,11 @@ int main(int argc, char **argv) {
     for (int pi = PARITY_CPU_PORTABLE; pi <= PARITY_CPU_AVX512BF16; pi++) {
         const parity_cpu_path path = (parity_cpu_path)pi;
         const char *name = parity_cpu_path_name(path);
-        if (strcmp(paths_arg, "all") && !strstr(paths_arg, name)) continue;
-        if (parity_set_cpu_path(path) != PARITY_OK) continue; /* not on this CPU */
+        if (!wanted[pi]) continue;
+        if (parity_set_cpu_path(path) != PARITY_OK) { /* not on this CPU */
+            if (strcmp(paths_arg, "all")) printf("\npath %s: not on this CPU\n", name);
+            continue;
+        }
         const kernels *k = kernel_table(path);
         const bench_peak_kind kind = bench_peak_of_path(path);
         const double peak = peak_of(kind);
@@ -240,8 +265,11 @@ int main(int argc, char **argv) {
                       {"q.k", rep_qk, 1},
                       {"P.V grained", rep_pv_grained, k->pv_bf16_grained != NULL},
                       {"P.V", rep_pv, 1}};
+            if (k->pack_queries_bf16)
+                in.qcode = k->pack_queries_bf16(in.q, HEAD_DIM, Q, HEAD_DIM, in.qp);
             for (size_t j = 0; j < sizeof ks / sizeof ks[0]; j++) {
-                if (!ks[j].present) continue;
+                if (!ks[j].present || (ks[j].fn == rep_qk_packed && Q < PACKED_MIN_QUERIES))
+                    continue;
                 int fast = 1;
                 const double t = median_time(k, &in, Q, ks[j].fn, reps, &fast);
                 add(name, ks[j].name, Q, 0, t, flops, peak, fast);
@@ -254,7 +282,7 @@ int main(int argc, char **argv) {
         }
         for (size_t n = 512; n <= LD_SCORES; n *= 8) {
             const double t = median_time(k, &in, n, rep_softmax, reps, NULL) / 8;
-            add(name, "softmax", 0, n, t, 0, 0, 1);
+            add(name, "softmax", 1, n, t, 0, 0, 1);
             printf("%-14s %8s %11.1f  (%zu positions: %.2f ns each)\n", "softmax", "1", t * 1e9, n,
                    t * 1e9 / (double)n);
         }
@@ -271,11 +299,17 @@ int main(int argc, char **argv) {
                 HEAD_DIM, KV_BLOCK, blocks, reps);
         for (size_t i = 0; i < n_results; i++) {
             const result *r = &results[i];
+            char peak[32] = "null", frac[32] = "null";
+            if (r->peak_frac >= 0) {
+                snprintf(peak, sizeof peak, "%.2f", r->peak);
+                snprintf(frac, sizeof frac, "%.4f", r->peak_frac);
+            }
+            /* softmax rows: one query head's row of `positions` scores a call, no flops counted */
             fprintf(f, "%s\n  {\"path\": \"%s\", \"kernel\": \"%s\", \"queries\": %zu, "
                        "\"positions\": %zu, \"ns_per_call\": %.1f, \"gflops\": %.2f, "
-                       "\"peak_fraction\": %.4f, \"fast_path\": %s}",
-                    i ? "," : "", r->path, r->kernel, r->queries, r->n,
-                    r->n ? r->ns : r->ns / (double)blocks, r->gflops, r->peak_frac,
+                       "\"peak_gflops\": %s, \"peak_fraction\": %s, \"fast_path\": %s}",
+                    i ? "," : "", r->path, r->kernel, r->n ? 1 : r->queries, r->n,
+                    r->n ? r->ns : r->ns / (double)blocks, r->gflops, peak, frac,
                     r->fast ? "true" : "false");
         }
         fprintf(f, "\n]}\n");
