@@ -22,6 +22,7 @@
 #include "parity.h"
 
 #define MAX_PAIRS 200
+#define KV_BLOCK_POSITIONS 16 /* the cache's blocks (lib/forward.h, KV_BLOCK) */
 #define MAX_BATCH 64
 
 /* The entry points of one build. */
@@ -86,7 +87,9 @@ static void make_prompt(int32_t *p, uint32_t n, uint32_t vocab) {
 
 static uint32_t n_threads = 2;
 
-static int make_sampler(build *b, const char *preset, uint32_t seqs, uint32_t len,
+/* A sampler of `seqs` sequences of up to `len` positions sharing `cache` KV positions (0:
+ * room for all of them sharing nothing). */
+static int make_sampler(build *b, const char *preset, uint32_t seqs, uint32_t len, uint32_t cache,
                         parity_sampler **s) {
     parity_sampler_params p;
     b->sampler_default_params(&p);
@@ -94,6 +97,7 @@ static int make_sampler(build *b, const char *preset, uint32_t seqs, uint32_t le
     if (b->policy_from_name(preset, &p.policy)) return fail(b, preset);
     p.max_seqs = seqs;
     p.max_len = len;
+    p.cache_tokens = cache;
     p.max_batch = seqs;
     p.prefault = 1;
     return b->sampler_create(b->model, &p, s) ? fail(b, "sampler") : 0;
@@ -130,7 +134,15 @@ static double decode_time(build *b, uint32_t batch, uint32_t steps) {
 
 static int open_decode(build *b, const char *preset, uint32_t batch, uint32_t context,
                        uint32_t steps) {
-    if (make_sampler(b, preset, batch + 1, context + steps + 2, &b->decode)) return -1;
+    /* the forks share the prompt's blocks: the cache holds the prompt and each sequence's own
+     * blocks (its copy of the prompt's last, partial block and the steps after it), not
+     * batch + 1 whole sequences (at --context 4096 --batch 32 two builds' caches of 15 GB
+     * each had the process killed) */
+    const uint32_t own = steps + 2 + 2 * KV_BLOCK_POSITIONS;
+    if (make_sampler(b, preset, batch + 1, context + steps + 2,
+                     context + KV_BLOCK_POSITIONS + (batch + 1) * own,
+                     &b->decode))
+        return -1;
     int32_t *prompt = malloc(context * sizeof *prompt);
     if (!prompt) return fail(b, "out of memory");
     make_prompt(prompt, context, b->model_config(b->model)->vocab_size);
@@ -202,7 +214,7 @@ int main(int argc, char **argv) {
     for (int v = 0; v < 2; v++) {
         if (load(&b[v], argv[1 + v])) return 1;
         if (b[v].model_open(spec, &b[v].model)) return fail(&b[v], spec), 1;
-        if (make_sampler(&b[v], preset, 1, L + 1, &b[v].prefill)) return 1;
+        if (make_sampler(&b[v], preset, 1, L + 1, 0, &b[v].prefill)) return 1;
         if (batch && open_decode(&b[v], preset, batch, context, 4 * (uint32_t)pairs + 8)) return 1;
     }
     int32_t *tokens = malloc(L * sizeof *tokens);
