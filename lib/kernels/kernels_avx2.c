@@ -862,15 +862,16 @@ static void lt_widen(size_t K, const uint16_t *w, size_t ldw, size_t nr, float *
  * at xl + 32c: the odd step's 16 rows, then the even step's), wl the panel at the same chunk
  * plus 2l (the even element of chunk c of panel row j at wl[j * ps + 32c], the odd one after
  * it). H vectors of 8 rows (1 or 2). The chains start at zero where `fresh` (the lane's first
- * block of K), else at the values in acc; at the end they go back to acc, or, where `fold`
- * is given (the last block of a lane l >= 8), the dot16 fold's first step is taken on the way:
- * fold (lane l - 8, finished before) becomes fold + these chains. */
+ * block of K), else at the values in acc_io; at the end they go back to acc_io, or, where
+ * `fold` is given (the last block of a lane l >= 8), the dot16 fold's first step is taken on
+ * the way: fold (lane l - 8, finished before) becomes fold + these chains. */
 ALWAYS_INLINE void lt_lane(const int H, size_t nc, const float *xl, const float *wl, size_t ps,
                            __m256 acc_io[LT_NR][2], int fresh, __m256 fold[LT_NR][2]) {
     __m256 acc[LT_NR][2];
 #pragma GCC unroll 6
     for (int j = 0; j < LT_NR; j++)
-        for (int h = 0; h < 2; h++) acc[j][h] = fresh || h >= H ? _mm256_setzero_ps() : acc_io[j][h];
+        for (int h = 0; h < 2; h++)
+            acc[j][h] = fresh || h >= H ? _mm256_setzero_ps() : acc_io[j][h];
     for (size_t c = 0; c < nc; c++) {
         const float *xs = xl + 32 * c, *ws = wl + 32 * c;
 #pragma GCC unroll 2
