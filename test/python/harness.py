@@ -64,3 +64,61 @@ def run(name):
     passed = result.testsRun - failed - skipped
     print("%s: %d passed, %d failed, %d skipped" % (name, passed, failed, skipped))
     sys.exit(0 if failed == 0 and result.testsRun > 0 else 1)
+
+
+def venv(build, name, requirements, timeout=900):
+    """The Python of a virtual environment BUILD/venv-NAME holding the PyPI `requirements` (pip
+    requirement strings), created and installed on the first call and reused after: a file
+    BUILD/venv-NAME/parity-requirements.txt records what was installed, and a different list
+    installs again. Prints what the install took. Exits SKIP only where this Python has no venv
+    module or no ensurepip (Debian: apt-get install python3-venv); where it has them, a failed
+    install (PyPI unreachable, say) is a failure, exit 1. Returns the venv's python path."""
+    import shutil
+    import subprocess
+    import time
+    try:
+        import ensurepip  # noqa: F401
+        import venv as _venv  # noqa: F401
+    except ImportError as e:
+        print("SKIP: the %s virtual environment needs Python's venv and ensurepip (%s); "
+              "install python3-venv" % (name, e))
+        sys.exit(SKIP)
+    d = os.path.join(build, "venv-" + name)
+    py = os.path.join(d, "bin", "python")
+    stamp = os.path.join(d, "parity-requirements.txt")
+    want = "\n".join(requirements) + "\n"
+    try:
+        with open(stamp) as f:
+            if f.read() == want and os.path.isfile(py):
+                return py
+    except OSError:
+        pass
+    shutil.rmtree(d, ignore_errors=True)
+    t0 = time.monotonic()
+    steps = [[sys.executable, "-m", "venv", d],
+             [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+              "--progress-bar", "off"] + list(requirements)]
+    for cmd in steps:
+        left = timeout - (time.monotonic() - t0)
+        try:
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, timeout=max(left, 1))
+            out, ok = p.stdout.decode("utf-8", "replace"), p.returncode == 0
+        except subprocess.TimeoutExpired:
+            out, ok = "(timed out after %d s)" % timeout, False
+        if not ok:
+            print("FAIL: %s: `%s` failed, so the virtual environment %s could not be made (is "
+                  "PyPI reachable?):\n%s" % (name, " ".join(cmd), d, out[-3000:]))
+            sys.exit(1)
+    size = 0
+    for root, _, files in os.walk(d):
+        for f in files:
+            try:
+                size += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    with open(stamp, "w") as f:
+        f.write(want)
+    print("%s: installed %s into %s in %.1f s (%.0f MB on disk)"
+          % (name, " ".join(requirements), d, time.monotonic() - t0, size / 1e6))
+    return py
