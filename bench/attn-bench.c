@@ -39,10 +39,10 @@
 
 #include "bench_clock.h"
 #include "bench_peak.h"
-#include "forward.h"
-#include "internal.h"
-#include "kernel_common.h"
-#include "kernels.h"
+#include "engine/forward.h"
+#include "base/internal.h"
+#include "kernels/kernel_common.h"
+#include "kernels/kernels.h"
 
 #define HEAD_DIM 128
 #define LD_SCORES 4096 /* scores of a query lie this far apart, as max_ctx apart in the forward */

@@ -38,10 +38,10 @@
 
 #include "bench_clock.h"
 #include "bench_peak.h"
-#include "forward.h"
-#include "internal.h"
-#include "kernels.h"
-#include "threadpool.h"
+#include "engine/forward.h"
+#include "base/internal.h"
+#include "kernels/kernels.h"
+#include "base/threadpool.h"
 
 #define MAX_REPS 64
 

@@ -35,8 +35,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "model.h"
+#include "base/internal.h"
+#include "model/model.h"
 #include "parity.h"
 
 #define MAX_EVAL 16

@@ -23,8 +23,8 @@
 #include <time.h>
 
 #include "bench_clock.h"
-#include "internal.h"
-#include "sampling.h"
+#include "base/internal.h"
+#include "engine/sampling.h"
 
 #define MAX_REPS 64
 #define MAX_ROWS 64

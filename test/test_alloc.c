@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "internal.h"
-#include "model.h"
-#include "safetensors.h"
+#include "base/internal.h"
+#include "model/model.h"
+#include "checkpoint/safetensors.h"
 
 #define SENTINEL ((void *)&sentinel_object)
 static max_align_t sentinel_object;

@@ -7,8 +7,8 @@
 #include <pthread.h>
 
 #include "check.h"
-#include "internal.h"
-#include "kernels.h"
+#include "base/internal.h"
+#include "kernels/kernels.h"
 
 typedef struct sweep {
     uint64_t begin, end;  /* input bit patterns [begin, end) */

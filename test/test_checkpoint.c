@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "internal.h"
-#include "model.h"
-#include "safetensors.h"
+#include "base/internal.h"
+#include "model/model.h"
+#include "checkpoint/safetensors.h"
 
 #define PATH_LEN 4096
 #define TINY_LEN 48

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h"
-#include "model.h"
+#include "base/internal.h"
+#include "model/model.h"
 
 static int load(const char *name, parity_config *c) {
     char path[1024];

@@ -17,8 +17,8 @@
 #include <pthread.h>
 
 #include "check.h"
-#include "internal.h"
-#include "kernels.h"
+#include "base/internal.h"
+#include "kernels/kernels.h"
 
 /* A target format, by its numbers: fraction bits, smallest normal exponent, largest finite
  * value and code, what overflow gives without saturation, the NaN code, the sign bit. */

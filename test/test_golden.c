@@ -40,7 +40,7 @@
 #include <sys/stat.h>
 
 #include "check.h"
-#include "json.h"
+#include "checkpoint/json.h"
 
 #define MAX_SECTIONS 64
 #define TOP_N 4

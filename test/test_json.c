@@ -4,8 +4,8 @@
 #include <math.h>
 
 #include "check.h"
-#include "internal.h"
-#include "json.h"
+#include "base/internal.h"
+#include "checkpoint/json.h"
 
 static char err[256];
 

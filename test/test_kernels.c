@@ -19,9 +19,9 @@
 #include <pthread.h>
 
 #include "check.h"
-#include "internal.h"
-#include "kernel_common.h"
-#include "kernels.h"
+#include "base/internal.h"
+#include "kernels/kernel_common.h"
+#include "kernels/kernels.h"
 
 /* ---- random inputs ------------------------------------------------------------------------ */
 

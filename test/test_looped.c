@@ -27,8 +27,8 @@
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "forward.h"
-#include "internal.h"
+#include "engine/forward.h"
+#include "base/internal.h"
 
 #define N_SEQS 24
 #define MAX_NEW 14

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h"
+#include "base/internal.h"
 
 static uint64_t xorshift(uint64_t *s) {
     *s ^= *s << 13;

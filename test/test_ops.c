@@ -7,7 +7,7 @@
 #include <math.h>
 
 #include "fixtures.h"
-#include "model.h"
+#include "model/model.h"
 
 /* ---- bf16 buffers for the region kernels ------------------------------------------------- */
 

@@ -11,8 +11,8 @@
 #include <math.h>
 
 #include "check.h"
-#include "internal.h"
-#include "safetensors.h"
+#include "base/internal.h"
+#include "checkpoint/safetensors.h"
 
 static st_file *vectors;
 

@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "internal.h"
-#include "model.h"
-#include "safetensors.h"
+#include "base/internal.h"
+#include "model/model.h"
+#include "checkpoint/safetensors.h"
 
 /* Distance in ulps between two floats of the same sign (+0 and -0 are one point). */
 static int64_t ulp_diff(float a, float b) {

@@ -7,8 +7,8 @@
 #include <dirent.h>
 
 #include "check.h"
-#include "internal.h"
-#include "safetensors.h"
+#include "base/internal.h"
+#include "checkpoint/safetensors.h"
 
 /* "ST_OFFSETS" -> PARITY_ERR_ST_OFFSETS, "OK" -> PARITY_OK; 1 if the name is a status. */
 static int status_from_token(const char *token, int *status) {

@@ -6,9 +6,9 @@
 #include <math.h>
 
 #include "check.h"
-#include "internal.h"
-#include "kernels.h"
-#include "sampling.h"
+#include "base/internal.h"
+#include "kernels/kernels.h"
+#include "engine/sampling.h"
 
 static const float *cmp_x;
 

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "internal.h"
-#include "safetensors.h"
+#include "base/internal.h"
+#include "checkpoint/safetensors.h"
 
 static parity_model *tiny;         /* synthetic:tiny:1 (vocab 256, 2 layers, context 512) */
 static parity_scorer *scorer;      /* on tiny, max_tokens 64 */

@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "internal.h"
-#include "model.h"
+#include "base/internal.h"
+#include "model/model.h"
 
 #define SEQ_LEN 40
 #define N_LINEAR 14 /* tiny: 2 layers x 7 linear weights */

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "model.h"
+#include "model/model.h"
 
 /* ---- the learner's side, written independently of the library ----------------------- */
 

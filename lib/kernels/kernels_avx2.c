@@ -21,7 +21,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "internal.h"
+#include "base/internal.h"
 #include "kernel_common.h"
 #include "kernels.h"
 #include "kernels_x86.h"

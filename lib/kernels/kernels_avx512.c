@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base/internal.h"
 #include "kernel_common.h"
 #include "kernels.h"
 #include "kernels_avx512.h"

@@ -11,7 +11,7 @@
  */
 #include <math.h>
 
-#include "internal.h"
+#include "base/internal.h"
 #include "kernel_common.h"
 #include "kernels.h"
 

@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "model.h"
-#include "safetensors.h"
+#include "base/internal.h"
+#include "model/model.h"
+#include "checkpoint/safetensors.h"
 
 /* The framing of fuzz_load's input: the parts between markers are these files, in order; an
  * empty part is a file that is not there. */

@@ -1,0 +1,130 @@
+/*
+ * Ternary weights as transformers' BitNet integration stores them (integrations/bitnet.py):
+ * config.json's
+ *   "quantization_config": {"quant_method": "bitnet", "linear_class": "bitlinear" |
+ *                           "autobitlinear", "quantization_mode": "offline",
+ *                           "modules_to_not_convert": [...]}
+ * and, for each quantized linear layer, "<module>.weight" U8 [ceil(rows / 4), cols] with four
+ * ternary values a byte, and "<module>.weight_scale" (one value: shape [1] or [], BF16, F16 or
+ * F32). pack_weights stores value + 1 (0, 1, 2) in two bits and interleaves quarter blocks of
+ * rows: with R = ceil(rows / 4), row i * R + r sits in bits 2i..2i+1 of packed row r (not four
+ * consecutive rows in one byte). A field of 3 is no ternary code.
+ *
+ * linear_class decides what weight_scale is: "bitlinear" (the default, BitLinear) divides the
+ * GEMM output by it, so it is s_w = 1 / mean|W| and W = code / weight_scale; "autobitlinear"
+ * (offline AutoBitLinear) multiplies by it, so it is mean|W| and W = code * weight_scale.
+ *
+ * The model keeps the codes ("shipped") with s_w as the ternary GEMM's multiplier: the stored
+ * value under bitlinear, RN(1 / weight_scale) under autobitlinear. Every ternary policy reads
+ * them as they are (its rule then quantizes the activations only); every other reader sees
+ * the dequantized values master = RN_fp32(code / weight_scale) (bitlinear) or RN_fp32(code *
+ * weight_scale) (autobitlinear), bf16 = RN_bf16(master).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "base/internal.h"
+#include "model/model.h"
+
+static uint64_t packed_rows(uint32_t rows) { return ((uint64_t)rows + 3) / 4; }
+
+static float one_scale(const tensor_source *s) {
+    const uint8_t *p = s->data;
+    if (s->dtype == PARITY_DTYPE_F32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return s->dtype == PARITY_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+int ternary_shipped_check(const tensor_source *codes, const tensor_source *scale,
+                          const expected *slot) {
+    if (codes->dtype != TENSOR_SOURCE_U8)
+        return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s where packed ternary codes are U8 "
+                         "(quantization_config quant_method bitnet quantizes this layer; a layer "
+                         "kept in bf16 is named in modules_to_not_convert)", codes->where,
+                         codes->dtype_name ? codes->dtype_name : "?");
+    if (!scale)
+        return set_error(PARITY_ERR_SCALE_MISSING, "%s: packed ternary codes without their "
+                         "weight_scale (%s_scale)", codes->where, slot->name);
+    const uint64_t pr = packed_rows(slot->rows);
+    if (!slot->rows || codes->ndim != 2 || codes->shape[0] != pr || codes->shape[1] != slot->cols)
+        return set_error(PARITY_ERR_TENSOR_SHAPE, "%s: packed codes of shape [%" PRIu64 ", %u] "
+                         "expected (four ternary values a byte along the %u rows of %s), not of %u "
+                         "dimensions [%" PRIu64 "%s", codes->where, pr, slot->cols, slot->rows,
+                         slot->shape_doc, codes->ndim, codes->ndim ? codes->shape[0] : 0,
+                         codes->ndim == 2 ? ", ...]" : "]");
+    if (scale->dtype != PARITY_DTYPE_F32 && scale->dtype != PARITY_DTYPE_BF16 &&
+        scale->dtype != PARITY_DTYPE_F16)
+        return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s, a weight_scale is BF16, F16 or F32",
+                         scale->where, scale->dtype_name ? scale->dtype_name : "?");
+    if (scale->ndim > 1 || (scale->ndim == 1 && scale->shape[0] != 1))
+        return set_error(PARITY_ERR_SCALE_GRID, "%s: a ternary weight has one scale (shape [1] or "
+                         "[]), not %u dimensions [%" PRIu64 "%s", scale->where, scale->ndim,
+                         scale->ndim ? scale->shape[0] : 0, scale->ndim > 1 ? ", ...]" : "]");
+    if (!codes->data || !scale->data)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: data is NULL", codes->where);
+    const float s = one_scale(scale);
+    if (!(isfinite(s) && s > 0))
+        return set_error(PARITY_ERR_SCALE_VALUE, "%s: weight_scale %g: a ternary scale is finite "
+                         "and positive", scale->where, (double)s);
+    const uint8_t *p = codes->data;
+    for (uint32_t r = 0; r < slot->rows; r++) {
+        const uint64_t byte_row = r % pr, field = r / pr;
+        for (uint32_t c = 0; c < slot->cols; c++)
+            if (((p[byte_row * slot->cols + c] >> (2 * field)) & 3u) == 3u)
+                return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element [%u][%u] (byte [%" PRIu64
+                                 "][%u], bits %u-%u) is 3, not a ternary code (0, 1, 2 mean -1, "
+                                 "0, 1)", codes->where, r, c, byte_row, c, (unsigned)(2 * field),
+                                 (unsigned)(2 * field + 1));
+    }
+    return PARITY_OK;
+}
+
+int ternary_shipped_import(const tensor_source *codes, const tensor_source *scale,
+                           const expected *slot, int scale_is_mean, shipped_values *out) {
+    *out = (shipped_values){0};
+    int rc = ternary_shipped_check(codes, scale, slot);
+    if (rc) return rc;
+    const uint64_t n = (uint64_t)slot->rows * slot->cols, pr = packed_rows(slot->rows);
+    out->codes = px_huge_alloc(n, slot->name);
+    out->scales = px_malloc(sizeof(float), "ternary scale");
+    out->master = px_huge_alloc(n * 4, slot->name);
+    out->bf16 = px_huge_alloc(n * 2, slot->name);
+    if (!out->codes || !out->scales || !out->master || !out->bf16) {
+        shipped_values_free(out);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    const float s = one_scale(scale);
+    const uint8_t *p = codes->data;
+    for (uint32_t r = 0; r < slot->rows; r++) {
+        const uint64_t byte_row = r % pr, field = r / pr;
+        for (uint32_t c = 0; c < slot->cols; c++) {
+            const int code = (int)((p[byte_row * slot->cols + c] >> (2 * field)) & 3u) - 1;
+            const uint64_t i = (uint64_t)r * slot->cols + c;
+            out->codes[i] = (uint8_t)(int8_t)code;
+            out->master[i] = scale_is_mean ? (float)code * s : (float)code / s;
+            out->bf16[i] = bf16_from_f32(out->master[i]);
+        }
+    }
+    out->scales[0] = 0.0f;
+    out->tensor_scale = scale_is_mean ? 1.0f / s : s;
+    out->scale_dtype = (uint8_t)scale->dtype;
+    return PARITY_OK;
+}
+
+void ternary_pack(const uint8_t *codes, uint32_t rows, uint32_t cols, uint8_t *packed) {
+    const uint64_t pr = packed_rows(rows);
+    memset(packed, 0, pr * cols);
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint64_t byte_row = r % pr, field = r / pr;
+        for (uint32_t c = 0; c < cols; c++) {
+            const unsigned v = (unsigned)((int8_t)codes[(uint64_t)r * cols + c] + 1);
+            packed[byte_row * cols + c] |= (uint8_t)(v << (2 * field));
+        }
+    }
+}

@@ -1,0 +1,715 @@
+/* config.json -> parity_config, field validation, and the built-in configs.
+ *
+ * Reads Hugging Face configs of model_type "qwen2" (Qwen2, Qwen2.5), "qwen3" and "llama"
+ * (Llama 3.x) in both forms transformers writes: the old one (`torch_dtype`, top-level
+ * `rope_theta`, `rope_scaling`) and the new one (`dtype`, `rope_parameters` holding
+ * `rope_theta` and the scaling parameters). A field that is absent takes the default of the
+ * transformers config class (Qwen2Config, Qwen3Config, LlamaConfig); JSON null counts as
+ * absent except where transformers gives null its own meaning (head_dim, yarn's factor).
+ *
+ *   required                 vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+ *                            num_attention_heads (integers in 1..2^32-1), model_type
+ *   num_key_value_heads      num_attention_heads
+ *   head_dim                 absent: 128 for qwen3 (Qwen3Config), hidden/heads otherwise;
+ *                            null: hidden/heads
+ *   max_position_embeddings  32768 (qwen2, qwen3), 2048 (llama)
+ *   rms_norm_eps             1e-6
+ *   rope_theta               10000 (rope_parameters.rope_theta wins over the top level)
+ *   tie_word_embeddings      false
+ *   attention_bias           qwen2: q/k/v always have a bias (Qwen2Attention hard-codes it,
+ *                            the key is ignored); qwen3, llama: false, and true (a bias on
+ *                            q/k/v and o_proj) is unsupported
+ *   hidden_act               "silu"; anything else is unsupported
+ *
+ * The rope dict is `rope_scaling` when it is a non-empty object, else `rope_parameters`
+ * (transformers: `rope_scaling or self.rope_parameters`); its type is "rope_type", else
+ * "type", else "default". Types default, linear (factor), llama3 (factor, low_freq_factor,
+ * high_freq_factor) and yarn (factor; attention_factor, beta_fast, beta_slow, mscale,
+ * mscale_all_dim, truncate) are read; any other type is PARITY_ERR_UNSUPPORTED. llama3 and
+ * yarn take original_max_position_embeddings from the top level if it is there, else from
+ * the dict, else max_position_embeddings (standardize_rope_params). Yarn follows
+ * transformers 5: an explicit factor is used as given; factor null means
+ * max_position_embeddings / original_max_position_embeddings.
+ *
+ * Unsupported features are refused rather than ignored: use_sliding_window true,
+ * partial_rotary_factor != 1, mlp_bias true. Duplicate keys anywhere in the file are a
+ * PARITY_ERR_CONFIG. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/internal.h"
+#include "json.h"
+#include "model/model.h"
+
+#define CONFIG_MAX_BYTES (16u * 1024u * 1024u)
+#define CONFIG_MAX_LOOPS 64u
+
+/* ---- validation ------------------------------------------------------------------------- */
+
+static int finite_positive(float x) { return isfinite(x) && x > 0.0f; }
+
+int config_validate(const parity_config *c) {
+    if (!c) return set_error(PARITY_ERR_INVALID_ARGUMENT, "config is NULL");
+    if (c->size != sizeof(parity_config))
+        return set_error(PARITY_ERR_CONFIG,
+                         "config: size is %u, expected sizeof(parity_config) = %zu", c->size,
+                         sizeof(parity_config));
+    if (c->arch > PARITY_ARCH_OURO)
+        return set_error(PARITY_ERR_CONFIG, "config: arch %u is not a parity_arch", c->arch);
+    if (c->arch != PARITY_ARCH_OURO && (c->total_ut_steps > 1 || c->early_exit_gate))
+        return set_error(PARITY_ERR_CONFIG,
+                         "config: total_ut_steps %u and early_exit_gate %u: only arch ouro loops "
+                         "(1 and 0 for %s)",
+                         c->total_ut_steps, c->early_exit_gate, parity_arch_name((int)c->arch));
+    if (c->arch == PARITY_ARCH_OURO) {
+        if (c->total_ut_steps < 1 || c->total_ut_steps > CONFIG_MAX_LOOPS)
+            return set_error(PARITY_ERR_CONFIG, "config: total_ut_steps is %u, must be in 1..%u",
+                             c->total_ut_steps, CONFIG_MAX_LOOPS);
+        if (c->early_exit_gate > 1)
+            return set_error(PARITY_ERR_CONFIG, "config: early_exit_gate must be 0 or 1 (got %u)",
+                             c->early_exit_gate);
+        if (!(c->early_exit_threshold >= 0.0f && c->early_exit_threshold <= 1.0f))
+            return set_error(PARITY_ERR_CONFIG, "config: early_exit_threshold (%g) must be in 0..1",
+                             (double)c->early_exit_threshold);
+        if (c->attention_bias || c->qk_norm)
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: an ouro model has no q/k/v bias and no q/k-norm "
+                             "(attention_bias %u, qk_norm %u)",
+                             c->attention_bias, c->qk_norm);
+    }
+
+    struct {
+        const char *name;
+        uint32_t value, max; /* 1 <= value <= max */
+    } sizes[] = {
+        {"vocab_size", c->vocab_size, (1u << 24) - 1},
+        {"hidden_size", c->hidden_size, (1u << 20) - 1},
+        {"intermediate_size", c->intermediate_size, (1u << 20) - 1},
+        {"num_hidden_layers", c->num_hidden_layers, 1023},
+        {"num_attention_heads", c->num_attention_heads, 4096},
+        {"num_key_value_heads", c->num_key_value_heads, 4096},
+        {"head_dim", c->head_dim, 4096},
+        {"max_position_embeddings", c->max_position_embeddings, 1u << 24},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].value < 1 || sizes[i].value > sizes[i].max)
+            return set_error(PARITY_ERR_CONFIG, "config: %s is %u, must be in 1..%u", sizes[i].name,
+                             sizes[i].value, sizes[i].max);
+    if (c->num_attention_heads % c->num_key_value_heads != 0)
+        return set_error(
+            PARITY_ERR_CONFIG,
+            "config: num_attention_heads (%u) is not a multiple of num_key_value_heads (%u)",
+            c->num_attention_heads, c->num_key_value_heads);
+    if (c->head_dim % 2 != 0)
+        return set_error(PARITY_ERR_CONFIG, "config: head_dim (%u) must be even", c->head_dim);
+    if ((uint64_t)c->num_attention_heads * c->head_dim >= (1u << 20))
+        return set_error(PARITY_ERR_CONFIG,
+                         "config: num_attention_heads x head_dim (%u x %u) is too large",
+                         c->num_attention_heads, c->head_dim);
+    if (c->tie_word_embeddings > 1 || c->attention_bias > 1 || c->qk_norm > 1)
+        return set_error(PARITY_ERR_CONFIG,
+                         "config: tie_word_embeddings, attention_bias and qk_norm "
+                         "must be 0 or 1 (got %u, %u, %u)",
+                         c->tie_word_embeddings, c->attention_bias, c->qk_norm);
+    if (!finite_positive(c->rms_norm_eps))
+        return set_error(PARITY_ERR_CONFIG, "config: rms_norm_eps (%g) must be finite and > 0",
+                         (double)c->rms_norm_eps);
+    if (!isfinite(c->rope_theta) || !(c->rope_theta > 0.0) || !isfinite((float)c->rope_theta))
+        return set_error(PARITY_ERR_CONFIG, "config: rope_theta (%g) must be finite and > 0",
+                         c->rope_theta);
+
+    switch (c->rope_type) {
+    case PARITY_ROPE_DEFAULT:
+        break;
+    case PARITY_ROPE_LINEAR:
+        if (!finite_positive(c->rope_factor))
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: linear rope factor (%g) must be finite and > 0",
+                             (double)c->rope_factor);
+        break;
+    case PARITY_ROPE_LLAMA3:
+        if (!finite_positive(c->rope_factor) || !finite_positive(c->rope_low_freq_factor) ||
+            !finite_positive(c->rope_high_freq_factor))
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: llama3 rope factor, low_freq_factor and "
+                             "high_freq_factor (%g, %g, %g) must be finite and > 0",
+                             (double)c->rope_factor, (double)c->rope_low_freq_factor,
+                             (double)c->rope_high_freq_factor);
+        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: llama3 rope high_freq_factor (%g) must be "
+                             "greater than low_freq_factor (%g)",
+                             (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
+        if (c->rope_original_max_position_embeddings < 1)
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: llama3 rope original_max_position_embeddings "
+                             "must be >= 1");
+        break;
+    case PARITY_ROPE_YARN:
+        if (!finite_positive(c->rope_factor))
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: yarn rope factor (%g) must be finite and > 0",
+                             (double)c->rope_factor);
+        if (!finite_positive(c->rope_beta_fast) || !finite_positive(c->rope_beta_slow))
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: yarn rope beta_fast and beta_slow (%g, %g) "
+                             "must be finite and > 0",
+                             (double)c->rope_beta_fast, (double)c->rope_beta_slow);
+        if (!isfinite(c->rope_attention_factor) || c->rope_attention_factor < 0.0f ||
+            !isfinite(c->rope_mscale) || !isfinite(c->rope_mscale_all_dim))
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: yarn rope attention_factor (%g) must be "
+                             "finite and >= 0 (0 = derived), mscale and mscale_all_dim finite",
+                             (double)c->rope_attention_factor);
+        if (c->rope_original_max_position_embeddings < 1)
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: yarn rope original_max_position_embeddings "
+                             "must be >= 1");
+        if (!(c->rope_theta > 1.0))
+            return set_error(PARITY_ERR_CONFIG, "config: yarn rope needs rope_theta > 1 (got %g)",
+                             c->rope_theta);
+        if (c->rope_truncate > 1)
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: yarn rope truncate must be 0 or 1 (got %u)",
+                             c->rope_truncate);
+        break;
+    default:
+        return set_error(PARITY_ERR_CONFIG, "config: rope_type %u is not a parity_rope_type",
+                         c->rope_type);
+    }
+    return PARITY_OK;
+}
+
+/* ---- parsing ------------------------------------------------------------------------------ */
+
+typedef struct reader {
+    const char *path; /* for messages */
+} reader;
+
+static const char *type_name(const json_value *v) {
+    return v->type == JSON_NUMBER && v->is_int ? "an integer" : json_type_name(v->type);
+}
+
+/* The member, or NULL when it is absent or null. */
+static const json_value *member(const json_value *obj, const char *key) {
+    const json_value *v = obj ? json_get(obj, key) : NULL;
+    return v && v->type != JSON_NULL ? v : NULL;
+}
+
+static int wrong_type(const reader *r, const char *field, const json_value *v, const char *want) {
+    return set_error(PARITY_ERR_CONFIG, "%s: field '%s' must be %s, got %s", r->path, field, want,
+                     type_name(v));
+}
+
+static int missing(const reader *r, const char *field) {
+    return set_error(PARITY_ERR_CONFIG, "%s: required field '%s' is missing or null", r->path,
+                     field);
+}
+
+/* A positive integer that fits uint32. *out is left alone when the field is absent or null and
+ * not required. */
+static int read_uint(const reader *r, const json_value *obj, const char *key, const char *field,
+                     int required, uint32_t *out) {
+    const json_value *v = member(obj, key);
+    if (!v) return required ? missing(r, field) : PARITY_OK;
+    if (v->type != JSON_NUMBER || !v->is_int) {
+        if (v->type == JSON_NUMBER)
+            return set_error(PARITY_ERR_CONFIG, "%s: field '%s' must be an integer, got %.17g",
+                             r->path, field, v->number);
+        return wrong_type(r, field, v, "an integer");
+    }
+    if (v->integer < 1 || v->integer > (int64_t)UINT32_MAX)
+        return set_error(PARITY_ERR_CONFIG, "%s: field '%s' must be in 1..4294967295, got %lld",
+                         r->path, field, (long long)v->integer);
+    *out = (uint32_t)v->integer;
+    return PARITY_OK;
+}
+
+/* A number; *present says whether the field was there (not absent, not null). */
+static int read_number(const reader *r, const json_value *obj, const char *key, const char *field,
+                       int *present, double *out) {
+    const json_value *v = member(obj, key);
+    *present = v != NULL;
+    if (!v) return PARITY_OK;
+    if (v->type != JSON_NUMBER) return wrong_type(r, field, v, "a number");
+    *out = v->number;
+    return PARITY_OK;
+}
+
+/* A number that must be finite and > 0 and fit a float (the struct holds floats). */
+static int read_positive_float(const reader *r, const json_value *obj, const char *key,
+                               const char *field, int required, float *out) {
+    int present;
+    double x = 0.0;
+    int rc = read_number(r, obj, key, field, &present, &x);
+    if (rc) return rc;
+    if (!present) return required ? missing(r, field) : PARITY_OK;
+    if (!(x > 0.0) || !isfinite((float)x))
+        return set_error(PARITY_ERR_CONFIG, "%s: field '%s' must be > 0 and fit a float, got %.17g",
+                         r->path, field, x);
+    *out = (float)x;
+    return PARITY_OK;
+}
+
+static int read_bool(const reader *r, const json_value *obj, const char *key, const char *field,
+                     uint32_t *out) {
+    const json_value *v = member(obj, key);
+    if (!v) return PARITY_OK;
+    if (v->type != JSON_TRUE && v->type != JSON_FALSE) return wrong_type(r, field, v, "a boolean");
+    *out = v->type == JSON_TRUE;
+    return PARITY_OK;
+}
+
+/* A string member, NULL when absent or null. */
+static int read_string(const reader *r, const json_value *obj, const char *key, const char *field,
+                       const char **out) {
+    const json_value *v = member(obj, key);
+    *out = NULL;
+    if (!v) return PARITY_OK;
+    if (v->type != JSON_STRING) return wrong_type(r, field, v, "a string");
+    *out = v->str;
+    return PARITY_OK;
+}
+
+/* Every object in the tree, checked for a key that appears twice. */
+static int check_duplicates(const reader *r, const json_value *v) {
+    if (v->type == JSON_OBJECT) {
+        long dup = json_find_duplicate_key(v);
+        if (dup >= 0)
+            return set_error(PARITY_ERR_CONFIG, "%s: key '%s' appears twice in an object", r->path,
+                             v->keys[dup]);
+    }
+    if (v->type == JSON_OBJECT || v->type == JSON_ARRAY)
+        for (size_t i = 0; i < v->count; i++) {
+            int rc = check_duplicates(r, &v->items[i]);
+            if (rc) return rc;
+        }
+    return PARITY_OK;
+}
+
+/* partial_rotary_factor: only 1 (rotate the whole head) is supported. */
+static int check_partial_rotary(const reader *r, const json_value *obj, const char *field) {
+    int present;
+    double x = 1.0;
+    int rc = read_number(r, obj, "partial_rotary_factor", field, &present, &x);
+    if (rc) return rc;
+    if (present && x != 1.0)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s = %g is not supported (only 1)", r->path,
+                         field, x);
+    return PARITY_OK;
+}
+
+/* The rope fields: theta, type and scaling parameters, old or new form. */
+static int read_rope(const reader *r, const json_value *root, parity_config *c) {
+    const json_value *scaling = member(root, "rope_scaling");
+    const json_value *params = member(root, "rope_parameters");
+    if (scaling && scaling->type != JSON_OBJECT)
+        return wrong_type(r, "rope_scaling", scaling, "an object or null");
+    if (params && params->type != JSON_OBJECT)
+        return wrong_type(r, "rope_parameters", params, "an object or null");
+    const json_value *d = NULL;
+    const char *dname = NULL;
+    if (scaling && scaling->count > 0) {
+        d = scaling;
+        dname = "rope_scaling";
+    } else if (params && params->count > 0) {
+        d = params;
+        dname = "rope_parameters";
+    }
+    char f[96];
+#define FIELD(key) (snprintf(f, sizeof f, "%s.%s", dname, key), f)
+
+    int present, rc;
+    double theta = 10000.0;
+    if ((rc = read_number(r, root, "rope_theta", "rope_theta", &present, &theta))) return rc;
+    if (d && (rc = read_number(r, d, "rope_theta", FIELD("rope_theta"), &present, &theta)))
+        return rc;
+    c->rope_theta = theta;
+    if ((rc = check_partial_rotary(r, root, "partial_rotary_factor"))) return rc;
+    if (!d) {
+        c->rope_type = PARITY_ROPE_DEFAULT;
+        return PARITY_OK;
+    }
+    if ((rc = check_partial_rotary(r, d, FIELD("partial_rotary_factor")))) return rc;
+
+    const char *type;
+    if ((rc = read_string(r, d, "rope_type", FIELD("rope_type"), &type))) return rc;
+    if (!type && (rc = read_string(r, d, "type", FIELD("type"), &type))) return rc;
+    if (!type || strcmp(type, "default") == 0) {
+        c->rope_type = PARITY_ROPE_DEFAULT;
+        return PARITY_OK;
+    }
+    if (strcmp(type, "linear") == 0)
+        c->rope_type = PARITY_ROPE_LINEAR;
+    else if (strcmp(type, "llama3") == 0)
+        c->rope_type = PARITY_ROPE_LLAMA3;
+    else if (strcmp(type, "yarn") == 0)
+        c->rope_type = PARITY_ROPE_YARN;
+    else
+        return set_error(PARITY_ERR_UNSUPPORTED,
+                         "%s: %s.rope_type '%s' is not supported "
+                         "(default, linear, llama3, yarn)",
+                         r->path, dname, type);
+
+    if (c->rope_type == PARITY_ROPE_LINEAR)
+        return read_positive_float(r, d, "factor", FIELD("factor"), 1, &c->rope_factor);
+
+    /* standardize_rope_params: the top-level original_max_position_embeddings has priority,
+     * then the dict's, then max_position_embeddings. */
+    c->rope_original_max_position_embeddings = c->max_position_embeddings;
+    if ((rc = read_uint(r, d, "original_max_position_embeddings",
+                        FIELD("original_max_position_embeddings"), 0,
+                        &c->rope_original_max_position_embeddings)))
+        return rc;
+    if ((rc = read_uint(r, root, "original_max_position_embeddings",
+                        "original_max_position_embeddings", 0,
+                        &c->rope_original_max_position_embeddings)))
+        return rc;
+
+    if (c->rope_type == PARITY_ROPE_LLAMA3) {
+        if ((rc = read_positive_float(r, d, "factor", FIELD("factor"), 1, &c->rope_factor)) ||
+            (rc = read_positive_float(r, d, "low_freq_factor", FIELD("low_freq_factor"), 1,
+                                      &c->rope_low_freq_factor)) ||
+            (rc = read_positive_float(r, d, "high_freq_factor", FIELD("high_freq_factor"), 1,
+                                      &c->rope_high_freq_factor)))
+            return rc;
+        return PARITY_OK;
+    }
+
+    /* yarn: `factor` is a required key; null derives it from the context lengths. */
+    const json_value *fv = json_get(d, "factor");
+    if (!fv) return missing(r, FIELD("factor"));
+    if (fv->type == JSON_NULL)
+        c->rope_factor = (float)((double)c->max_position_embeddings /
+                                 (double)c->rope_original_max_position_embeddings);
+    else if ((rc = read_positive_float(r, d, "factor", FIELD("factor"), 1, &c->rope_factor)))
+        return rc;
+    /* `get("beta_fast") or 32`: absent, null and 0 all mean the default. */
+    double x = 0.0;
+    if ((rc = read_number(r, d, "beta_fast", FIELD("beta_fast"), &present, &x))) return rc;
+    if (present && x != 0.0) c->rope_beta_fast = (float)x;
+    if ((rc = read_number(r, d, "beta_slow", FIELD("beta_slow"), &present, &x))) return rc;
+    if (present && x != 0.0) c->rope_beta_slow = (float)x;
+    if ((rc = read_positive_float(r, d, "attention_factor", FIELD("attention_factor"), 0,
+                                  &c->rope_attention_factor)))
+        return rc;
+    if ((rc = read_number(r, d, "mscale", FIELD("mscale"), &present, &x))) return rc;
+    if (present) c->rope_mscale = (float)x;
+    if ((rc = read_number(r, d, "mscale_all_dim", FIELD("mscale_all_dim"), &present, &x)))
+        return rc;
+    if (present) c->rope_mscale_all_dim = (float)x;
+    /* `rope_parameters.get("truncate", True)`: null is falsy. */
+    const json_value *tv = json_get(d, "truncate");
+    if (tv && tv->type == JSON_NULL)
+        c->rope_truncate = 0;
+    else if ((rc = read_bool(r, d, "truncate", FIELD("truncate"), &c->rope_truncate)))
+        return rc;
+    return PARITY_OK;
+#undef FIELD
+}
+
+/* The struct with every field at its neutral value: default rope, yarn's defaults. */
+static void config_init(parity_config *c) {
+    memset(c, 0, sizeof *c);
+    c->size = sizeof(parity_config);
+    c->rope_type = PARITY_ROPE_DEFAULT;
+    c->rope_factor = 1.0f;
+    c->rope_beta_fast = 32.0f;
+    c->rope_beta_slow = 1.0f;
+    c->rope_truncate = 1;
+    c->total_ut_steps = 1;
+}
+
+static int parse_tree(const reader *r, const json_value *root, parity_config *c) {
+    if (root->type != JSON_OBJECT)
+        return set_error(PARITY_ERR_CONFIG, "%s: the top level is %s, not an object", r->path,
+                         type_name(root));
+    int rc = check_duplicates(r, root);
+    if (rc) return rc;
+
+    const char *model_type;
+    if ((rc = read_string(r, root, "model_type", "model_type", &model_type))) return rc;
+    if (!model_type) return missing(r, "model_type");
+    uint32_t head_dim_absent = 0; /* head_dim when the key is absent; 0 = hidden / heads */
+    c->max_position_embeddings = 32768;
+    parity_arch arch;
+    if (parity_arch_from_name(model_type, &arch) != PARITY_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", parity_last_error());
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: model_type is not supported: %s", r->path,
+                         why);
+    }
+    c->arch = arch;
+    switch (arch) {
+    case PARITY_ARCH_QWEN2:
+        c->attention_bias = 1;
+        break;
+    case PARITY_ARCH_QWEN3:
+        c->qk_norm = 1;
+        head_dim_absent = 128;
+        break;
+    case PARITY_ARCH_LLAMA:
+        c->max_position_embeddings = 2048;
+        break;
+    case PARITY_ARCH_OURO:
+        /* configuration_ouro.py's defaults */
+        c->total_ut_steps = 4;
+        c->early_exit_gate = 1;
+        c->early_exit_threshold = 1.0f;
+        break;
+    }
+
+    static const struct {
+        const char *key;
+        size_t offset;
+        int required;
+    } ints[] = {
+        {"vocab_size", offsetof(parity_config, vocab_size), 1},
+        {"hidden_size", offsetof(parity_config, hidden_size), 1},
+        {"intermediate_size", offsetof(parity_config, intermediate_size), 1},
+        {"num_hidden_layers", offsetof(parity_config, num_hidden_layers), 1},
+        {"num_attention_heads", offsetof(parity_config, num_attention_heads), 1},
+        {"num_key_value_heads", offsetof(parity_config, num_key_value_heads), 0},
+        {"max_position_embeddings", offsetof(parity_config, max_position_embeddings), 0},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        uint32_t *field = (uint32_t *)((char *)c + ints[i].offset);
+        if ((rc = read_uint(r, root, ints[i].key, ints[i].key, ints[i].required, field))) return rc;
+    }
+    if (!c->num_key_value_heads) c->num_key_value_heads = c->num_attention_heads;
+
+    const json_value *hd = json_get(root, "head_dim");
+    if (hd && hd->type != JSON_NULL) {
+        if ((rc = read_uint(r, root, "head_dim", "head_dim", 1, &c->head_dim))) return rc;
+    } else if (!hd && head_dim_absent) {
+        c->head_dim = head_dim_absent;
+    } else {
+        if (c->hidden_size % c->num_attention_heads != 0)
+            return set_error(PARITY_ERR_CONFIG,
+                             "%s: head_dim is not given and hidden_size (%u) is not "
+                             "a multiple of num_attention_heads (%u)",
+                             r->path, c->hidden_size, c->num_attention_heads);
+        c->head_dim = c->hidden_size / c->num_attention_heads;
+    }
+
+    c->rms_norm_eps = 1e-6f;
+    if ((rc = read_positive_float(r, root, "rms_norm_eps", "rms_norm_eps", 0, &c->rms_norm_eps)))
+        return rc;
+    if ((rc = read_bool(r, root, "tie_word_embeddings", "tie_word_embeddings",
+                        &c->tie_word_embeddings)))
+        return rc;
+
+    uint32_t flag = 0;
+    if ((rc = read_bool(r, root, "attention_bias", "attention_bias", &flag))) return rc;
+    if (flag && c->arch != PARITY_ARCH_QWEN2)
+        return set_error(PARITY_ERR_UNSUPPORTED,
+                         "%s: attention_bias true (a bias on q/k/v and o_proj) "
+                         "is not supported for model_type '%s'",
+                         r->path, model_type);
+    flag = 0;
+    if ((rc = read_bool(r, root, "mlp_bias", "mlp_bias", &flag))) return rc;
+    if (flag)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: mlp_bias true is not supported", r->path);
+    flag = 0;
+    if ((rc = read_bool(r, root, "use_sliding_window", "use_sliding_window", &flag))) return rc;
+    if (flag)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: use_sliding_window true is not supported",
+                         r->path);
+
+    if (arch == PARITY_ARCH_OURO) {
+        if ((rc = read_uint(r, root, "total_ut_steps", "total_ut_steps", 0, &c->total_ut_steps)))
+            return rc;
+        /* ouro_rl's use_early_exit_gate: false for a fixed-loop model without the gate */
+        if ((rc = read_bool(r, root, "use_early_exit_gate", "use_early_exit_gate",
+                            &c->early_exit_gate)))
+            return rc;
+        int present;
+        double thr = 1.0;
+        if ((rc = read_number(r, root, "early_exit_threshold", "early_exit_threshold", &present,
+                              &thr)))
+            return rc;
+        if (present && !(thr >= 0.0 && thr <= 1.0))
+            return set_error(PARITY_ERR_CONFIG,
+                             "%s: field 'early_exit_threshold' must be in 0..1, got %.17g", r->path,
+                             thr);
+        c->early_exit_threshold = (float)thr;
+    }
+
+    const char *s;
+    if ((rc = read_string(r, root, "hidden_act", "hidden_act", &s))) return rc;
+    if (s && strcmp(s, "silu") != 0)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)",
+                         r->path, s);
+    if ((rc = read_string(r, root, "torch_dtype", "torch_dtype", &s))) return rc;
+    if ((rc = read_string(r, root, "dtype", "dtype", &s))) return rc;
+
+    return read_rope(r, root, c);
+}
+
+int config_parse(const char *text, size_t len, const char *path, parity_config *out) {
+    if (!text || !out)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "config text or output is NULL");
+    reader r = {path ? path : "config.json"};
+    char err[256];
+    json_doc *doc = NULL;
+    int rc = json_parse(text, len, &doc, err, sizeof err);
+    if (rc == PARITY_ERR_OUT_OF_MEMORY)
+        return set_error(rc, "%s: out of memory parsing JSON: %s", r.path, err);
+    if (rc) return set_error(PARITY_ERR_JSON_SYNTAX, "%s: %s", r.path, err);
+
+    parity_config c;
+    config_init(&c);
+    rc = parse_tree(&r, json_doc_root(doc), &c);
+    json_free(doc);
+    if (rc) return rc;
+    if ((rc = config_validate(&c))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", parity_last_error());
+        return set_error(rc, "%s: %s", r.path, msg);
+    }
+    *out = c;
+    return PARITY_OK;
+}
+
+int parity_config_load(const char *path, parity_config *out) {
+    clear_error();
+    if (!path || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "path or output is NULL");
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return set_error(PARITY_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 64 * 1024, len = 0;
+    char *text = px_malloc(cap, "config.json text");
+    int rc = text ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    while (rc == PARITY_OK) {
+        if (len == cap) {
+            if (cap >= CONFIG_MAX_BYTES) {
+                rc = set_error(PARITY_ERR_CONFIG, "%s: larger than %u bytes, not a config.json",
+                               path, CONFIG_MAX_BYTES);
+                break;
+            }
+            char *grown = px_realloc(text, cap * 2, "config.json text");
+            if (!grown) {
+                rc = PARITY_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            text = grown;
+            cap *= 2;
+        }
+        size_t n = fread(text + len, 1, cap - len, fp);
+        len += n;
+        if (n == 0) {
+            if (ferror(fp))
+                rc = set_error(PARITY_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+            break;
+        }
+    }
+    fclose(fp);
+    if (rc == PARITY_OK) rc = config_parse(text, len, path, out);
+    px_free(text);
+    return rc;
+}
+
+/* ---- built-in configs --------------------------------------------------------------------- */
+
+#define ROPE_NEUTRAL .rope_factor = 1.0f, .rope_beta_fast = 32.0f, .rope_beta_slow = 1.0f, \
+                     .rope_truncate = 1
+
+static const struct builtin {
+    const char *name;
+    parity_config config;
+} builtins[] = {
+    /* A small Qwen3 shape for fast tests. */
+    {"tiny", {.size = sizeof(parity_config), .arch = PARITY_ARCH_QWEN3, .vocab_size = 256,
+              .hidden_size = 64, .intermediate_size = 160, .num_hidden_layers = 2,
+              .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16,
+              .max_position_embeddings = 512, .tie_word_embeddings = 0, .attention_bias = 0,
+              .qk_norm = 1, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0,
+              .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL, .total_ut_steps = 1}},
+    /* Qwen/Qwen3-0.6B config.json */
+    {"qwen3-0.6b", {.size = sizeof(parity_config), .arch = PARITY_ARCH_QWEN3,
+                    .vocab_size = 151936, .hidden_size = 1024, .intermediate_size = 3072,
+                    .num_hidden_layers = 28, .num_attention_heads = 16,
+                    .num_key_value_heads = 8, .head_dim = 128, .max_position_embeddings = 40960,
+                    .tie_word_embeddings = 1, .attention_bias = 0, .qk_norm = 1,
+                    .rms_norm_eps = 1e-6f,
+                    .rope_theta = 1000000.0, .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL,
+                    .total_ut_steps = 1}},
+    /* Qwen/Qwen2.5-0.5B config.json */
+    {"qwen2.5-0.5b", {.size = sizeof(parity_config), .arch = PARITY_ARCH_QWEN2,
+                      .vocab_size = 151936, .hidden_size = 896, .intermediate_size = 4864,
+                      .num_hidden_layers = 24, .num_attention_heads = 14,
+                      .num_key_value_heads = 2, .head_dim = 64, .max_position_embeddings = 32768,
+                      .tie_word_embeddings = 1, .attention_bias = 1, .qk_norm = 0,
+                      .rms_norm_eps = 1e-6f, .rope_theta = 1000000.0,
+                      .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL, .total_ut_steps = 1}},
+    /* meta-llama/Llama-3.2-1B config.json */
+    {"llama3.2-1b", {.size = sizeof(parity_config), .arch = PARITY_ARCH_LLAMA,
+                     .vocab_size = 128256, .hidden_size = 2048, .intermediate_size = 8192,
+                     .num_hidden_layers = 16, .num_attention_heads = 32,
+                     .num_key_value_heads = 8, .head_dim = 64, .max_position_embeddings = 131072,
+                     .tie_word_embeddings = 1, .attention_bias = 0, .qk_norm = 0,
+                     .rms_norm_eps = 1e-5f, .rope_theta = 500000.0,
+                     .rope_type = PARITY_ROPE_LLAMA3, .rope_factor = 32.0f,
+                     .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
+                     .rope_original_max_position_embeddings = 8192, .rope_beta_fast = 32.0f,
+                     .rope_beta_slow = 1.0f, .rope_truncate = 1, .total_ut_steps = 1}},
+    /* ByteDance/Ouro-1.4B config.json (revision 574fa66c, as vllm-rlt pins it): 24 layers run
+     * 4 times, MHA, untied head */
+#define OURO(layers)                                                                             \
+    {.size = sizeof(parity_config), .arch = PARITY_ARCH_OURO, .vocab_size = 49152,               \
+     .hidden_size = 2048, .intermediate_size = 5632, .num_hidden_layers = layers,                \
+     .num_attention_heads = 16, .num_key_value_heads = 16, .head_dim = 128,                      \
+     .max_position_embeddings = 65536, .tie_word_embeddings = 0, .rms_norm_eps = 1e-6f,          \
+     .rope_theta = 1000000.0, .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL,                    \
+     .total_ut_steps = 4, .early_exit_gate = 1, .early_exit_threshold = 1.0f}
+    {"ouro-1.4b", OURO(24)},
+    /* ByteDance/Ouro-2.6B: the 1.4B's layers duplicated, 48 */
+    {"ouro-2.6b", OURO(48)},
+#undef OURO
+    /* Small looped shapes for tests: 2 layers run 4 times with the exit gate, GQA (the Ouro
+     * models are MHA; GQA reaches more of the attention code), and a fixed-loop one (3 loops,
+     * no gate) */
+    {"ouro-tiny", {.size = sizeof(parity_config), .arch = PARITY_ARCH_OURO, .vocab_size = 256,
+                   .hidden_size = 64, .intermediate_size = 160, .num_hidden_layers = 2,
+                   .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16,
+                   .max_position_embeddings = 512, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0,
+                   .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL, .total_ut_steps = 4,
+                   .early_exit_gate = 1, .early_exit_threshold = 1.0f}},
+    {"ouro-tiny-fixed", {.size = sizeof(parity_config), .arch = PARITY_ARCH_OURO,
+                         .vocab_size = 256, .hidden_size = 64, .intermediate_size = 160,
+                         .num_hidden_layers = 2, .num_attention_heads = 4,
+                         .num_key_value_heads = 2, .head_dim = 16, .max_position_embeddings = 512,
+                         .rms_norm_eps = 1e-6f, .rope_theta = 10000.0,
+                         .rope_type = PARITY_ROPE_DEFAULT, ROPE_NEUTRAL, .total_ut_steps = 3,
+                         .early_exit_gate = 0, .early_exit_threshold = 1.0f}},
+};
+
+#define N_BUILTINS (sizeof builtins / sizeof builtins[0])
+
+/* The names, NULL-terminated, derived from builtins[] once. */
+static const char *builtin_names[N_BUILTINS + 1];
+static pthread_once_t builtin_names_once = PTHREAD_ONCE_INIT;
+
+static void fill_builtin_names(void) { NAME_NAMES(builtins, builtin_names); }
+
+const char *const *parity_config_builtin_names(void) {
+    pthread_once(&builtin_names_once, fill_builtin_names);
+    return builtin_names;
+}
+
+int parity_config_builtin(const char *name, parity_config *out) {
+    clear_error();
+    if (!name || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "name or output is NULL");
+    const struct builtin *b = NAME_FIND(builtins, name, strlen(name));
+    if (b) {
+        *out = b->config;
+        return PARITY_OK;
+    }
+    char names[128];
+    NAME_LIST(builtins, names);
+    return set_error(PARITY_ERR_INVALID_ARGUMENT, "no built-in config named '%s' (%s)", name,
+                     names);
+}

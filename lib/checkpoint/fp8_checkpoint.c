@@ -1,0 +1,141 @@
+/*
+ * Block-FP8 weights as Hugging Face checkpoints hold them (DeepSeek-V3's README_WEIGHTS.md,
+ * Qwen3-*-FP8): config.json's
+ *   "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+ *                           "dynamic", "weight_block_size": [128, 128],
+ *                           "modules_to_not_convert": [...], "scale_fmt": "ue8m0"}
+ * and, for each quantized linear layer, "<module>.weight" F8_E4M3 [rows, cols] (the true shape:
+ * a partial last block is not padded in the file) with "<module>.weight_scale_inv" F32 or BF16
+ * [ceil(rows / 128), ceil(cols / 128)], which, despite its name, is the dequantization
+ * multiplier of each 128 x 128 block (a partial block's is that of its values zero-padded to
+ * 128 x 128, which have the same amax).
+ *
+ * The model keeps such a weight's codes and scales as they are ("shipped"): every fp8-block
+ * policy reads them, whatever its rule (the rule then quantizes the activations only), so a
+ * sampler serving the checkpoint never re-quantizes it. The weight's values for every other
+ * reader (bf16 and fp16 policies, the fp32 policy, an mxfp8 policy's quantizer, the save
+ * layouts other than fp8-block) are the dequantized ones, as DeepSeek-V3's weight_dequant
+ * computes them: master = RN_fp32(e4m3(code) * scale), bf16 = RN_bf16(master).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "base/internal.h"
+#include "json.h"
+#include "model/model.h"
+
+/* ---- shipped codes and scales --------------------------------------------------------------- */
+
+void shipped_values_free(shipped_values *v) {
+    px_free(v->codes);
+    px_free(v->scales);
+    px_free(v->master);
+    px_free(v->bf16);
+    *v = (shipped_values){0};
+}
+
+static uint64_t grid_rows(const expected *slot) { return (slot->rows + 127u) / 128u; }
+static uint64_t grid_cols(const expected *slot) { return (slot->cols + 127u) / 128u; }
+
+/* Scale i of a checked scale source, as fp32 (BF16 widened exactly). */
+static float scale_value(const tensor_source *s, uint64_t i) {
+    const uint8_t *p = s->data;
+    if (s->dtype == PARITY_DTYPE_F32) {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return bf16_to_f32(h);
+}
+
+static int is_pow2(float s) { return (f32_bits(s) & 0x007fffffu) == 0 && (f32_bits(s) & 0x7f800000u); }
+
+int shipped_check(const tensor_source *codes, const tensor_source *scales, const expected *slot,
+                  int ue8m0) {
+    if (codes->dtype != PARITY_DTYPE_F8_E4M3)
+        return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s where block-FP8 codes are F8_E4M3",
+                         codes->where, codes->dtype_name ? codes->dtype_name : "not F8_E4M3");
+    if (!scales)
+        return set_error(PARITY_ERR_SCALE_MISSING, "%s: an F8_E4M3 weight without its "
+                         "weight_scale_inv (%s_scale_inv, the block scales)", codes->where,
+                         slot->name);
+    if (!slot->rows || codes->ndim != 2 || codes->shape[0] != slot->rows ||
+        codes->shape[1] != slot->cols)
+        return set_error(PARITY_ERR_TENSOR_SHAPE, "%s: F8_E4M3 codes of shape %s expected (the "
+                         "config's), not of %u dimensions [%" PRIu64 "%s", codes->where,
+                         slot->shape_doc, codes->ndim, codes->ndim ? codes->shape[0] : 0,
+                         codes->ndim == 2 ? ", ...]" : "]");
+    if (scales->dtype != PARITY_DTYPE_F32 && scales->dtype != PARITY_DTYPE_BF16)
+        return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s, block scales are F32 or BF16",
+                         scales->where, scales->dtype_name ? scales->dtype_name : "not F32/BF16");
+    const uint64_t gr = grid_rows(slot), gc = grid_cols(slot);
+    if (scales->ndim != 2 || scales->shape[0] != gr || scales->shape[1] != gc)
+        return set_error(PARITY_ERR_SCALE_GRID, "%s: shape [%" PRIu64 "%s%" PRIu64 "] is not the "
+                         "128 x 128 block grid [%" PRIu64 ", %" PRIu64 "] of the %u x %u weight "
+                         "(ceil(rows / 128), ceil(cols / 128); partial blocks are not padded "
+                         "away)", scales->where, scales->ndim ? scales->shape[0] : 0,
+                         scales->ndim == 2 ? ", " : "", scales->ndim == 2 ? scales->shape[1] : 0,
+                         gr, gc, slot->rows, slot->cols);
+    if (!codes->data || !scales->data)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: data is NULL", codes->where);
+    for (uint64_t i = 0; i < gr * gc; i++) {
+        const float s = scale_value(scales, i);
+        if (!(isfinite(s) && s > 0) || (ue8m0 && !is_pow2(s)))
+            return set_error(PARITY_ERR_SCALE_VALUE, "%s: block [%" PRIu64 ", %" PRIu64 "] has "
+                             "scale %g: %s", scales->where, i / gc, i % gc, (double)s,
+                             !(isfinite(s) && s > 0)
+                                 ? "a dequantization multiplier is finite and positive"
+                                 : "scale_fmt ue8m0 wants a power of two");
+    }
+    const uint8_t *c = codes->data;
+    const uint64_t n = (uint64_t)slot->rows * slot->cols;
+    for (uint64_t i = 0; i < n; i++) {
+        if ((c[i] & 0x7f) == 0x7f)
+            return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element %" PRIu64 " is the NaN code "
+                             "0x%02x (weights must be finite)", codes->where, i, c[i]);
+        const uint64_t r = i / slot->cols, k = i % slot->cols;
+        float v;
+        parity_fp8_to_f32(PARITY_FP8_E4M3, 1, &c[i], &v);
+        v = v * scale_value(scales, (r / 128) * gc + k / 128);
+        if ((bf16_from_f32(v) & 0x7f80u) == 0x7f80u)
+            return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element %" PRIu64 " dequantizes to "
+                             "%g, beyond bf16's range", codes->where, i, (double)v);
+    }
+    return PARITY_OK;
+}
+
+void shipped_convert_into(const tensor_source *codes, const tensor_source *scales,
+                          const expected *slot, uint8_t *out_codes, float *out_scales,
+                          float *master, uint16_t *bf16) {
+    const uint64_t gc = grid_cols(slot), n = (uint64_t)slot->rows * slot->cols;
+    for (uint64_t i = 0; i < grid_rows(slot) * gc; i++) out_scales[i] = scale_value(scales, i);
+    memcpy(out_codes, codes->data, n);
+    parity_fp8_to_f32(PARITY_FP8_E4M3, n, out_codes, master);
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t r = i / slot->cols, k = i % slot->cols;
+        master[i] = master[i] * out_scales[(r / 128) * gc + k / 128];
+        bf16[i] = bf16_from_f32(master[i]);
+    }
+}
+
+int shipped_import(const tensor_source *codes, const tensor_source *scales, const expected *slot,
+                   int ue8m0, shipped_values *out) {
+    *out = (shipped_values){0};
+    int rc = shipped_check(codes, scales, slot, ue8m0);
+    if (rc) return rc;
+    const uint64_t n = (uint64_t)slot->rows * slot->cols;
+    out->codes = px_huge_alloc(n, slot->name);
+    out->scales = px_malloc(grid_rows(slot) * grid_cols(slot) * sizeof(float), "fp8 block scales");
+    out->master = px_huge_alloc(n * 4, slot->name);
+    out->bf16 = px_huge_alloc(n * 2, slot->name);
+    if (!out->codes || !out->scales || !out->master || !out->bf16) {
+        shipped_values_free(out);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    shipped_convert_into(codes, scales, slot, out->codes, out->scales, out->master, out->bf16);
+    out->scale_dtype = (uint8_t)scales->dtype;
+    return PARITY_OK;
+}

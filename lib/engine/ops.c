@@ -1,0 +1,524 @@
+/*
+ * The forward's pieces as public calls on caller-owned buffers (parity.h, "Forward pieces"):
+ * the embedding gather, the linear layer, causal GQA attention and the head (final residual
+ * + norm + lm_head + log-softmax of given tokens). Each builds a forward context over the
+ * caller's buffers and runs the very functions forward() runs (embed_rows, linear_weights,
+ * kv_store + attention, forward_head, dist_build), so a host that composes them with the
+ * region kernels gets the forward's bits, with nothing to keep in step.
+ *
+ * Scratch (packed GEMM input, weight panels, a KV cache for attention, logits) is the pool's,
+ * kept from call to call, or the call's own without a pool; a failed call changes no output.
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "forward.h"
+#include "base/internal.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "sampling.h"
+
+/* Room for the buffers of one call (a head on the bf16 backend takes 8, attention 8). */
+#define OPS_MAX_SCRATCH 16
+
+/* A pool keeps the scratch of its calls for the next ones: the k-th buffer a call asks for is
+ * the pool's k-th, grown when too small (a learner calls the same pieces with the same
+ * shapes layer after layer: without it, every call would page-fault its scratch in anew). */
+struct parity_pool {
+    threadpool *pool;
+    atomic_int in_use;
+    void *scratch[OPS_MAX_SCRATCH];
+    size_t scratch_bytes[OPS_MAX_SCRATCH];
+};
+
+int parity_pool_create(uint32_t n_threads, parity_pool **out) {
+    clear_error();
+    if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_pool_create: out is NULL");
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 256)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "parity_pool_create: n_threads %u is not in 1..256", n_threads);
+    parity_pool *p = px_calloc(1, sizeof *p, "thread pool");
+    if (!p) return PARITY_ERR_OUT_OF_MEMORY;
+    atomic_init(&p->in_use, 0);
+    int rc = pool_create(n_threads, &p->pool);
+    if (rc) {
+        px_free(p);
+        return rc;
+    }
+    *out = p;
+    return PARITY_OK;
+}
+
+void parity_pool_free(parity_pool *p) {
+    if (!p) return;
+    pool_free(p->pool);
+    for (size_t i = 0; i < OPS_MAX_SCRATCH; i++) px_free(p->scratch[i]);
+    px_free(p);
+}
+
+uint32_t parity_pool_threads(const parity_pool *p) { return p ? pool_size(p->pool) : 1; }
+
+/* ---- one call: the pool (the caller's, or a one-thread one), scratch, the FP environment -- */
+
+typedef struct op_call {
+    parity_pool *user;      /* the caller's pool, entered; NULL if the call made its own */
+    threadpool *pool;
+    unsigned fp_saved;
+    void *scratch[OPS_MAX_SCRATCH];  /* without a pool: the call's own buffers */
+    size_t n_scratch;
+} op_call;
+
+static int op_begin(op_call *c, parity_pool *pool, const char *fn) {
+    memset(c, 0, sizeof *c);
+    if (pool) {
+        int rc = object_enter(&pool->in_use, "parity_pool");
+        if (rc) return rc;
+        c->user = pool;
+        c->pool = pool->pool;
+    } else {
+        int rc = pool_create(1, &c->pool);
+        if (rc) return set_error(rc, "%s: cannot create a one-thread pool", fn);
+    }
+    c->fp_saved = fp_env_enter();
+    return PARITY_OK;
+}
+
+static void op_end(op_call *c) {
+    fp_env_restore(c->fp_saved);
+    if (c->user) {
+        object_leave(&c->user->in_use);
+    } else {
+        for (size_t i = 0; i < c->n_scratch; i++) px_free(c->scratch[i]);
+        pool_free(c->pool);
+    }
+}
+
+/* n elements of `size` bytes, 64-byte aligned: the pool's next buffer (grown if too small) or
+ * the call's own, freed by op_end; NULL (with the status set) if the size overflows or memory
+ * is exhausted. */
+static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
+    uint64_t bytes;
+    if (c->n_scratch == OPS_MAX_SCRATCH) {
+        set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: more scratch buffers than a call holds", what);
+        return NULL;
+    }
+    if (mul_overflows(n, size, &bytes) || bytes > SIZE_MAX - 64) {
+        set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: %llu x %zu bytes is too large", what,
+                  (unsigned long long)n, size);
+        return NULL;
+    }
+    if (!bytes) bytes = 64;
+    const size_t k = c->n_scratch;
+    if (c->user) {
+        parity_pool *p = c->user;
+        if (p->scratch_bytes[k] < bytes) {
+            px_free(p->scratch[k]);
+            p->scratch[k] = px_aligned_alloc((size_t)bytes, what);
+            p->scratch_bytes[k] = p->scratch[k] ? (size_t)bytes : 0;
+            if (!p->scratch[k]) return NULL;
+        }
+        c->n_scratch++;
+        return p->scratch[k];
+    }
+    void *q = px_aligned_alloc((size_t)bytes, what);
+    if (q) c->scratch[c->n_scratch++] = q;
+    return q;
+}
+
+static int check_backend(const char *fn, uint32_t backend) {
+    const int rc = parity_backend_check((int)backend);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", parity_last_error());
+        return set_error(rc, "%s: %s", fn, why);
+    }
+    return PARITY_OK;
+}
+
+/* The weight dtype a policy reads: BF16 under PARITY_COMPUTE_BF16, F16 under _FP16, F32
+ * under _FP32. */
+static uint32_t weight_dtype_of(const parity_policy *pol) {
+    return pol->compute == PARITY_COMPUTE_FP32   ? PARITY_DTYPE_F32
+           : pol->compute == PARITY_COMPUTE_FP16 ? PARITY_DTYPE_F16
+                                                 : PARITY_DTYPE_BF16;
+}
+
+static int check_weight_dtype(const char *fn, const parity_policy *pol, uint32_t dtype,
+                              const char *what) {
+    static const char *const compute[] = {"bf16", "fp32", "fp16"};
+    static const char *const dtypes[] = {"BF16", "F16", "F32"};
+    const uint32_t want = weight_dtype_of(pol);
+    if (dtype != want)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: %s has dtype %u; a policy with compute \"%s\" reads %s weights "
+                         "(PARITY_DTYPE_%s)",
+                         fn, what, dtype, compute[pol->compute], compute[pol->compute],
+                         dtypes[want]);
+    return PARITY_OK;
+}
+
+/* The value of weight element i of dtype `dtype` (checked by check_weight_dtype), in fp32. */
+static float weight_element(uint32_t dtype, const void *w, size_t i) {
+    return dtype == PARITY_DTYPE_F32   ? ((const float *)w)[i]
+           : dtype == PARITY_DTYPE_F16 ? f16_to_f32(((const uint16_t *)w)[i])
+                                       : bf16_to_f32(((const uint16_t *)w)[i]);
+}
+
+/* The GEMM weights of a call: what the backend streams (the bf16 backend: bf16 values as
+ * they are, or the fp32 values under PARITY_COMPUTE_FP32; fp16 weights widened into scratch
+ * under PARITY_COMPUTE_FP16 and bf16 ones on openblas). */
+static int gemm_weights_of(op_call *c, const parity_policy *pol, uint32_t backend, size_t n,
+                           size_t k, const void *w, size_t ldw, gemm_weights *out) {
+    *out = (gemm_weights){n, k, ldw, NULL, NULL};
+    if (pol->compute == PARITY_COMPUTE_FP32) {
+        out->f32 = w;
+    } else if (backend == PARITY_BACKEND_OPENBLAS || pol->compute == PARITY_COMPUTE_FP16) {
+        float *wide = op_alloc(c, (uint64_t)n * k, sizeof(float), "weights widened to fp32");
+        if (!wide) return PARITY_ERR_OUT_OF_MEMORY;
+        const uint32_t dtype = weight_dtype_of(pol);
+        for (size_t r = 0; r < n; r++)
+            for (size_t i = 0; i < k; i++) wide[r * k + i] = weight_element(dtype, w, r * ldw + i);
+        out->f32 = wide;
+        out->ld = k;
+    } else {
+        out->bf16 = w;
+    }
+    return PARITY_OK;
+}
+
+/* The GEMM scratch of M rows of K columns over `workers` workers. */
+static int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
+    g->max_k = K;
+    g->xpack = op_alloc(c, gemm_scratch_xpack_floats(M, K), sizeof(float), "packed GEMM input");
+    g->panels = g->xpack ? op_alloc(c, (uint64_t)pool_size(c->pool) * gemm_panel_floats(K),
+                                    sizeof(float), "GEMM weight panels")
+                         : NULL;
+    return g->panels ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+}
+
+static fwd_ctx op_ctx(const op_call *c, const parity_policy *pol, uint32_t backend,
+                      const parity_config *shape, fwd_scratch *s, kv_cache *kv) {
+    return (fwd_ctx){NULL, shape, *pol, backend, c->pool, kv, s, 0, 0, NULL,
+                     PARITY_LOOP_KV_LAST_EXITED, NULL, NULL};
+}
+
+/* ---- the embedding gather ------------------------------------------------------------------ */
+
+int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab, size_t dim, uint32_t dtype,
+                     const void *table, size_t table_stride, float *out, size_t out_stride) {
+    static const char fn[] = "parity_embedding";
+    clear_error();
+    TRY(arg_shape(fn, rows, dim));
+    TRY(arg_ptr(fn, tokens, "tokens"));
+    TRY(arg_ptr(fn, table, "table"));
+    TRY(arg_ptr(fn, out, "out"));
+    if (vocab == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: vocab is 0", fn);
+    if (dtype > PARITY_DTYPE_F32)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: table dtype %u is not PARITY_DTYPE_BF16, "
+                         "PARITY_DTYPE_F16 or PARITY_DTYPE_F32", fn, dtype);
+    TRY(arg_rows(fn, vocab, dim, table_stride, "table"));
+    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    for (size_t r = 0; r < rows; r++)
+        if (tokens[r] < 0 || (uint64_t)tokens[r] >= vocab)
+            return set_error(PARITY_ERR_TOKEN_RANGE, "%s: row %zu: token id %d is outside the "
+                             "vocabulary [0, %zu)", fn, r, tokens[r], vocab);
+    if (dtype == PARITY_DTYPE_F16) {
+        for (size_t r = 0; r < rows; r++)
+            for (size_t i = 0; i < dim; i++)
+                out[r * out_stride + i] =
+                    weight_element(dtype, table, (size_t)tokens[r] * table_stride + i);
+        return PARITY_OK;
+    }
+    embed_rows(rows, tokens, dim, dtype == PARITY_DTYPE_BF16 ? table : NULL,
+               dtype == PARITY_DTYPE_F32 ? table : NULL, table_stride, out, out_stride);
+    return PARITY_OK;
+}
+
+/* ---- the linear layer ------------------------------------------------------------------------ */
+
+int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backend, size_t m,
+                  size_t k, size_t n, const float *x, size_t x_stride, uint32_t w_dtype,
+                  const void *w, size_t w_stride, const float *bias, float *y, size_t y_stride) {
+    static const char fn[] = "parity_linear";
+    clear_error();
+    TRY(arg_policy(fn, policy));
+    const int fp8 = policy->gemm != PARITY_GEMM_BF16;
+    TRY(check_backend(fn, backend));
+    TRY(arg_shape(fn, m, k));
+    if (n == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);
+    TRY(arg_ptr(fn, x, "x"));
+    TRY(arg_ptr(fn, w, "w"));
+    TRY(arg_ptr(fn, y, "y"));
+    if (fp8 && w_dtype != PARITY_DTYPE_F32 && w_dtype != PARITY_DTYPE_BF16)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: w has dtype %u; a quantized gemm quantizes "
+                         "fp32 masters (PARITY_DTYPE_F32) or bf16 values (PARITY_DTYPE_BF16)",
+                         fn, w_dtype);
+    if (!fp8) TRY(check_weight_dtype(fn, policy, w_dtype, "w"));
+    TRY(arg_rows(fn, m, k, x_stride, "x"));
+    TRY(arg_rows(fn, n, k, w_stride, "w"));
+    TRY(arg_rows(fn, m, n, y_stride, "y"));
+    if ((const void *)y == (const void *)x || (const void *)y == w)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: y aliases %s", fn,
+                         (const void *)y == (const void *)x ? "x" : "w");
+    if (k > (1u << 24) || n > (1u << 30))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: k %zu or n %zu is too large", fn, k, n);
+
+    op_call c;
+    TRY(op_begin(&c, pool, fn));
+    fwd_scratch s = {0};
+    if (fp8) {
+        /* the weights quantized with the policy's rule, as the model quantizes its own (from
+         * the fp32 masters, or from the bf16 values widened), then the model's quantized GEMM */
+        const int q = policy->quantizer, block_rule = q <= PARITY_FP8Q_TE_POW2;
+        const int fp8_rule = q <= PARITY_FP8Q_MX_RCEIL;
+        const size_t bc = quant_block_cols(q);
+        const size_t grid = bc ? (block_rule ? (n + 127) / 128 : n) * ((k + bc - 1) / bc) : 1;
+        /* bf16 values widened: 128 rows at a time for the fp8 rules, all for the others */
+        const size_t wide_rows = w_dtype != PARITY_DTYPE_BF16 ? 0 : fp8_rule ? 128 : n;
+        quant_weight wq = {.codes = op_alloc(&c, (uint64_t)n * k, 1, "quantized weight codes")};
+        wq.scales = wq.codes ? op_alloc(&c, grid, sizeof(float), "quantized weight scales") : NULL;
+        float *rows = wq.scales && wide_rows
+                          ? op_alloc(&c, (uint64_t)wide_rows * k, sizeof(float), "quantized weight rows")
+                          : NULL;
+        /* the activations' codes and scales (linear_quantized puts them in the GEMM scratch) */
+        s.gemm.xpack = wq.scales && (rows || !wide_rows)
+                           ? op_alloc(&c, linear_quantized_scratch(q, m, k), 1, "activation codes")
+                           : NULL;
+        int rc = s.gemm.xpack ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+        if (!rc) {
+            const size_t step = fp8_rule ? 128 : n;
+            for (size_t r0 = 0; r0 < n; r0 += step) {
+                const size_t nr = n - r0 < step ? n - r0 : step;
+                const float *src = (const float *)w + r0 * w_stride;
+                if (w_dtype == PARITY_DTYPE_BF16) {
+                    for (size_t r = 0; r < nr; r++)
+                        for (size_t t = 0; t < k; t++)
+                            rows[r * k + t] = bf16_to_f32(((const uint16_t *)w)[(r0 + r) * w_stride + t]);
+                    src = rows;
+                }
+                const size_t ld = w_dtype == PARITY_DTYPE_BF16 ? k : w_stride;
+                if (fp8_rule)
+                    fp8_quantize_rows(q, nr, k, src, ld, 128, wq.codes + r0 * k, k,
+                                      wq.scales + (block_rule ? r0 / 128 : r0) * ((k + bc - 1) / bc));
+                else
+                    quant4_weight(q, nr, k, src, ld, wq.codes, k, wq.scales, &wq.tensor_scale);
+            }
+            const weight shape = {.rows = (uint32_t)n, .cols = (uint32_t)k};
+            const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
+            linear_quantized(&ctx, m, x, x_stride, &shape, &wq, bias, y, y_stride);
+        }
+        op_end(&c);
+        return rc;
+    }
+    gemm_weights gw;
+    int rc = gemm_weights_of(&c, policy, backend, n, k, w, w_stride, &gw);
+    if (!rc && backend != PARITY_BACKEND_OPENBLAS && policy->compute == PARITY_COMPUTE_BF16)
+        rc = gemm_scratch_of(&c, m, k, &s.gemm);
+    if (!rc) {
+        const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
+        linear_weights(&ctx, m, x, x_stride, &gw, bias, y, y_stride);
+    }
+    op_end(&c);
+    return rc;
+}
+
+/* ---- causal GQA attention -------------------------------------------------------------------- */
+
+int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_seqs,
+                     const uint32_t *lengths, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                     const float *q, size_t q_stride, const float *k, size_t k_stride,
+                     const float *v, size_t v_stride, float *out, size_t out_stride) {
+    static const char fn[] = "parity_attention";
+    clear_error();
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, lengths, "lengths"));
+    TRY(arg_ptr(fn, q, "q"));
+    TRY(arg_ptr(fn, k, "k"));
+    TRY(arg_ptr(fn, v, "v"));
+    TRY(arg_ptr(fn, out, "out"));
+    if (n_seqs == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s: no sequences", fn);
+    if (n_heads == 0 || n_kv_heads == 0 || head_dim == 0 || n_heads % n_kv_heads ||
+        n_heads > 4096 || head_dim > 4096)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: %zu query heads, %zu KV heads of dimension %zu: each must be in "
+                         "1..4096 and the query heads a multiple of the KV heads",
+                         fn, n_heads, n_kv_heads, head_dim);
+    uint64_t total = 0, cells = 0;
+    uint32_t longest = 0;
+    for (size_t i = 0; i < n_seqs; i++) {
+        if (lengths[i] == 0)
+            return set_error(PARITY_ERR_EMPTY_INPUT, "%s: sequence %zu is empty", fn, i);
+        total += lengths[i];
+        cells += (lengths[i] + (uint64_t)KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+        if (lengths[i] > longest) longest = lengths[i];
+    }
+    if (cells > (1u << 28))
+        return set_error(PARITY_ERR_TOO_LONG, "%s: %llu positions in all is too many", fn,
+                         (unsigned long long)total);
+    const size_t qw = n_heads * head_dim, kvw = n_kv_heads * head_dim;
+    TRY(arg_rows(fn, (size_t)total, qw, q_stride, "q"));
+    TRY(arg_rows(fn, (size_t)total, kvw, k_stride, "k"));
+    TRY(arg_rows(fn, (size_t)total, kvw, v_stride, "v"));
+    TRY(arg_rows(fn, (size_t)total, qw, out_stride, "out"));
+    if ((const void *)out == (const void *)q || (const void *)out == (const void *)k ||
+        (const void *)out == (const void *)v)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: out aliases an input", fn);
+
+    /* the shapes attention() reads, a one-layer KV cache of whole blocks per sequence */
+    parity_config shape = {0};
+    shape.num_hidden_layers = 1;
+    shape.num_attention_heads = (uint32_t)n_heads;
+    shape.num_key_value_heads = (uint32_t)n_kv_heads;
+    shape.head_dim = (uint32_t)head_dim;
+    const int fp32 = kv_cells_fp32(policy);
+    const size_t group = n_heads / n_kv_heads, T = (size_t)total;
+
+    op_call c;
+    TRY(op_begin(&c, pool, fn));
+    const size_t workers = pool_size(c.pool);
+    kv_cache kv;
+    fwd_scratch s = {0};
+    s.max_ctx = longest;
+    fwd_row *rows = op_alloc(&c, T, sizeof *rows, "attention rows");
+    uint32_t *blocks = rows ? op_alloc(&c, cells / KV_BLOCK, sizeof *blocks, "block table") : NULL;
+    s.scores = blocks ? op_alloc(&c, (uint64_t)workers * ATTN_TASK_ROWS * group * longest,
+                                 sizeof(float), "attention scores") : NULL;
+    s.pv = s.scores ? op_alloc(&c, (uint64_t)workers * attn_pv_floats(group, head_dim),
+                               sizeof(float), "attention accumulators") : NULL;
+    s.attn_fresh = s.pv ? op_alloc(&c, T, sizeof(uint32_t), "attention rows' first positions")
+                        : NULL;
+    const float *qc = q;
+    float *att = out;
+    if (s.pv && q_stride != qw) {
+        float *packed = op_alloc(&c, (uint64_t)T * qw, sizeof(float), "queries");
+        if (packed)
+            for (size_t r = 0; r < T; r++) memcpy(packed + r * qw, q + r * q_stride, qw * 4);
+        qc = packed;
+    }
+    if (s.pv && qc && out_stride != qw)
+        att = op_alloc(&c, (uint64_t)T * qw, sizeof(float), "attention output");
+    /* the cache of kv_cache_init's layout (one layer), in the call's scratch */
+    const uint64_t kv_half = kv_cache_bytes(&shape, (uint32_t)cells, fp32) / 2;
+    kv = (kv_cache){1, (uint32_t)cells, (uint32_t)kvw, (uint32_t)head_dim, fp32, NULL, NULL};
+    if (s.attn_fresh && qc && att) kv.k = op_alloc(&c, kv_half, 1, "attention keys");
+    if (kv.k) kv.v = op_alloc(&c, kv_half, 1, "attention values");
+    const int rc = kv.v ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    if (!rc) {
+        for (size_t b = 0; b < cells / KV_BLOCK; b++) blocks[b] = (uint32_t)b;
+        size_t at = 0, block = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
+            for (uint32_t t = 0; t < lengths[i]; t++) rows[at++] = (fwd_row){0, t, blocks + block, 0, NULL};
+            block += (lengths[i] + KV_BLOCK - 1) / KV_BLOCK;
+        }
+        const fwd_ctx ctx = op_ctx(&c, policy, PARITY_BACKEND_BF16, &shape, &s, &kv);
+        kv_store(&ctx, 0, T, rows, k, k_stride, v, v_stride);
+        attention(&ctx, 0, T, rows, qc, att);
+        if (att != out)
+            for (size_t r = 0; r < T; r++) memcpy(out + r * out_stride, att + r * qw, qw * 4);
+    }
+    op_end(&c);
+    return rc;
+}
+
+/* ---- the head ------------------------------------------------------------------------------ */
+
+typedef struct head_lp_job {
+    const parity_policy *pol;
+    dist_params dp;
+    const float *logits;
+    size_t V;
+    const int32_t *targets;
+    float *work;            /* [workers][dist_work_floats(V)] */
+    float *logprobs, *entropy;
+} head_lp_job;
+
+static void job_head_logprobs(void *p, size_t begin, size_t end, unsigned worker) {
+    const head_lp_job *j = p;
+    const dist_work w = dist_work_at(j->work + (size_t)worker * dist_work_floats(j->V), j->V);
+    for (size_t r = begin; r < end; r++) {
+        dist d;
+        dist_build(j->pol, &j->dp, j->logits + r * j->V, j->V, &w, &d);
+        j->logprobs[r] = dist_logprob(&d, &w, j->targets[r]);
+        if (j->entropy) j->entropy[r] = dist_entropy(&d, &w, j->V);
+    }
+}
+
+int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_t backend,
+                         const parity_score_options *options, size_t rows, size_t dim,
+                         size_t vocab, const float *residual, size_t residual_stride,
+                         const float *delta, size_t delta_stride, uint32_t w_dtype,
+                         const void *norm_weight, float eps, const void *lm_head,
+                         size_t lm_head_stride, const int32_t *targets, float *logprobs,
+                         float *entropy, float *logits, size_t logits_stride) {
+    static const char fn[] = "parity_head_logprobs";
+    clear_error();
+    TRY(arg_policy(fn, policy));
+    TRY(check_backend(fn, backend));
+    TRY(arg_ptr(fn, options, "options"));
+    if (options->size != sizeof *options)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: options.size is %u, this library expects %zu: initialise the "
+                         "options with parity_score_default_options()",
+                         fn, options->size, sizeof *options);
+    if (options->top_n)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: options.top_n must be 0 (this call "
+                         "reports no alternatives; parity_score does)", fn);
+    TRY(arg_shape(fn, rows, dim));
+    if (vocab == 0 || vocab > (1u << 30))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: vocab %zu is not in 1..2^30", fn, vocab);
+    const dist_params dp = {options->mode, options->temperature, options->top_k, options->top_p,
+                            options->min_p};
+    TRY(arg_prefixed(fn, dist_params_check(&dp, (uint32_t)vocab)));
+    TRY(arg_ptr(fn, residual, "residual"));
+    TRY(arg_ptr(fn, delta, "delta"));
+    TRY(arg_ptr(fn, norm_weight, "norm_weight"));
+    TRY(arg_ptr(fn, lm_head, "lm_head"));
+    TRY(arg_ptr(fn, targets, "targets"));
+    TRY(arg_ptr(fn, logprobs, "logprobs"));
+    TRY(arg_eps(fn, eps));
+    TRY(check_weight_dtype(fn, policy, w_dtype, "the weights"));
+    TRY(arg_rows(fn, rows, dim, residual_stride, "residual"));
+    TRY(arg_rows(fn, rows, dim, delta_stride, "delta"));
+    TRY(arg_rows(fn, vocab, dim, lm_head_stride, "lm_head"));
+    if (logits) TRY(arg_rows(fn, rows, vocab, logits_stride, "logits"));
+    for (size_t r = 0; r < rows; r++)
+        if (targets[r] < 0 || (uint64_t)targets[r] >= vocab)
+            return set_error(PARITY_ERR_TOKEN_RANGE, "%s: row %zu: target token id %d is outside "
+                             "the vocabulary [0, %zu)", fn, r, targets[r], vocab);
+
+    op_call c;
+    TRY(op_begin(&c, pool, fn));
+    const size_t workers = pool_size(c.pool);
+    fwd_scratch s = {0};
+    gemm_weights head;
+    /* the residual stream and the sublayer output are the head's own copies (it updates
+     * them in place), then the norm output, the logits and the per-worker work buffers */
+    float *h = op_alloc(&c, (uint64_t)rows * dim, sizeof(float), "residual stream");
+    float *d = h ? op_alloc(&c, (uint64_t)rows * dim, sizeof(float), "sublayer output") : NULL;
+    float *xn = d ? op_alloc(&c, (uint64_t)rows * dim, sizeof(float), "norm output") : NULL;
+    float *lg = xn ? op_alloc(&c, (uint64_t)rows * vocab, sizeof(float), "logits") : NULL;
+    float *work = lg ? op_alloc(&c, (uint64_t)workers * dist_work_floats(vocab), sizeof(float),
+                                "log-prob work") : NULL;
+    float *norm = work ? op_alloc(&c, dim, sizeof(float), "norm weight") : NULL;
+    int rc = norm ? gemm_weights_of(&c, policy, backend, vocab, dim, lm_head, lm_head_stride, &head)
+              : PARITY_ERR_OUT_OF_MEMORY;
+    if (!rc && backend != PARITY_BACKEND_OPENBLAS && policy->compute == PARITY_COMPUTE_BF16)
+        rc = gemm_scratch_of(&c, rows, dim, &s.gemm);
+    if (!rc) {
+        for (size_t r = 0; r < rows; r++) {
+            memcpy(h + r * dim, residual + r * residual_stride, dim * sizeof *h);
+            memcpy(d + r * dim, delta + r * delta_stride, dim * sizeof *d);
+        }
+        for (size_t i = 0; i < dim; i++) norm[i] = weight_element(w_dtype, norm_weight, i);
+        const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
+        forward_head(&ctx, rows, d, h, norm, eps, xn, &head, lg);
+        head_lp_job j = {policy, dp, lg, vocab, targets, work, logprobs, entropy};
+        pool_run(c.pool, job_head_logprobs, &j, rows);
+        if (logits)
+            for (size_t r = 0; r < rows; r++)
+                memcpy(logits + r * logits_stride, lg + r * vocab, vocab * sizeof *lg);
+    }
+    op_end(&c);
+    return rc;
+}

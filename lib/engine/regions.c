@@ -1,0 +1,204 @@
+/*
+ * The public region kernels on caller-owned bf16 buffers (parity.h), and the public bf16
+ * conversions. Each function validates its arguments, then runs the current CPU path's
+ * kernel row by row. No allocation: RoPE's cos/sin for one position live on the stack.
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "base/internal.h"
+#include "kernels/kernels.h"
+#include "model/rope.h"
+
+/* The largest head_dim parity_rope takes (its per-position tables are on the stack). */
+#define ROPE_MAX_HEAD_DIM 1024
+
+uint16_t parity_bf16_from_f32(float x) { return bf16_from_f32(x); }
+
+float parity_bf16_to_f32(uint16_t x) { return bf16_to_f32(x); }
+
+/* ---- argument checks (internal.h; each sets the message and returns the status) ---------- */
+
+int arg_policy(const char *fn, const parity_policy *policy) {
+    if (!policy) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: policy is NULL", fn);
+    return arg_prefixed(fn, parity_policy_validate(policy));
+}
+
+int arg_prefixed(const char *fn, int status) {
+    if (!status) return PARITY_OK;
+    /* copied first: set_error writes the buffer parity_last_error() returns */
+    char why[512];
+    snprintf(why, sizeof why, "%s", parity_last_error());
+    return set_error(status, "%s: %s", fn, why);
+}
+
+int arg_ptr(const char *fn, const void *p, const char *what) {
+    if (!p) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+    return PARITY_OK;
+}
+
+/* `rows` rows of `dim` elements, `stride` apart: dim <= stride, and the last element's index
+ * (rows - 1) * stride + dim - 1 fits in size_t. */
+int arg_rows(const char *fn, size_t rows, size_t dim, size_t stride, const char *what) {
+    uint64_t span;
+    if (stride < dim)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s stride %zu is less than the row "
+                         "length %zu", fn, what, stride, dim);
+    if (mul_overflows((uint64_t)(rows - 1), (uint64_t)stride, &span) || span > SIZE_MAX - dim)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu rows of stride %zu overflow the "
+                         "address space", fn, rows, stride);
+    return PARITY_OK;
+}
+
+int arg_shape(const char *fn, size_t rows, size_t dim) {
+    if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
+    if (dim == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: dim is 0", fn);
+    return PARITY_OK;
+}
+
+int arg_eps(const char *fn, float eps) {
+    if (!(eps > 0.0f) || !isfinite(eps))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: eps %g must be positive and finite",
+                         fn, (double)eps);
+    return PARITY_OK;
+}
+
+/* An output may alias an input only exactly: the same rows (same pointer, same stride). */
+int arg_alias(const char *fn, const void *out, size_t out_stride, const void *in,
+                       size_t in_stride, const char *out_name, const char *in_name) {
+    if (out == in && out_stride != in_stride)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s aliases %s with another stride "
+                         "(%zu != %zu)", fn, out_name, in_name, out_stride, in_stride);
+    return PARITY_OK;
+}
+
+
+/* ---- regions ------------------------------------------------------------------------------ */
+
+int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim,
+                            const uint16_t *delta, size_t delta_stride,
+                            const uint16_t *residual, size_t residual_stride,
+                            const uint16_t *weight, float eps, uint16_t *residual_out,
+                            size_t residual_out_stride, uint16_t *out, size_t out_stride) {
+    static const char fn[] = "parity_rmsnorm_residual";
+    clear_error();
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, delta, "delta"));
+    TRY(arg_ptr(fn, residual, "residual"));
+    TRY(arg_ptr(fn, weight, "weight"));
+    TRY(arg_ptr(fn, residual_out, "residual_out"));
+    TRY(arg_ptr(fn, out, "out"));
+    TRY(arg_shape(fn, rows, dim));
+    TRY(arg_rows(fn, rows, dim, delta_stride, "delta"));
+    TRY(arg_rows(fn, rows, dim, residual_stride, "residual"));
+    TRY(arg_rows(fn, rows, dim, residual_out_stride, "residual_out"));
+    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    TRY(arg_alias(fn, residual_out, residual_out_stride, residual, residual_stride,
+                    "residual_out", "residual"));
+    TRY(arg_alias(fn, out, out_stride, delta, delta_stride, "out", "delta"));
+    if ((const void *)out == (const void *)residual_out)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: out and residual_out are the same "
+                         "buffer", fn);
+    TRY(arg_eps(fn, eps));
+
+    const kernels *k = kern();
+    for (size_t r = 0; r < rows; r++)
+        k->rmsnorm_residual_16(policy, dim, delta + r * delta_stride,
+                                 residual + r * residual_stride, weight, eps,
+                                 residual_out + r * residual_out_stride, out + r * out_stride);
+    return PARITY_OK;
+}
+
+int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows, size_t dim,
+                   const uint16_t *x, size_t x_stride, const uint16_t *weight, float eps,
+                   uint16_t *out, size_t out_stride) {
+    static const char fn[] = "parity_rmsnorm";
+    clear_error();
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, x, "x"));
+    TRY(arg_ptr(fn, weight, "weight"));
+    TRY(arg_ptr(fn, out, "out"));
+    TRY(arg_shape(fn, rows, dim));
+    TRY(arg_rows(fn, rows, dim, x_stride, "x"));
+    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    TRY(arg_alias(fn, out, out_stride, x, x_stride, "out", "x"));
+    TRY(arg_eps(fn, eps));
+
+    const kernels *k = kern();
+    for (size_t r = 0; r < rows; r++)
+        k->rmsnorm_16(policy, is_qk_norm != 0, dim, x + r * x_stride, weight, eps,
+                        out + r * out_stride);
+    return PARITY_OK;
+}
+
+int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim, const uint16_t *gate,
+                  size_t gate_stride, const uint16_t *up, size_t up_stride, uint16_t *out,
+                  size_t out_stride) {
+    static const char fn[] = "parity_swiglu";
+    clear_error();
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, gate, "gate"));
+    TRY(arg_ptr(fn, up, "up"));
+    TRY(arg_ptr(fn, out, "out"));
+    TRY(arg_shape(fn, rows, dim));
+    TRY(arg_rows(fn, rows, dim, gate_stride, "gate"));
+    TRY(arg_rows(fn, rows, dim, up_stride, "up"));
+    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    TRY(arg_alias(fn, out, out_stride, gate, gate_stride, "out", "gate"));
+    TRY(arg_alias(fn, out, out_stride, up, up_stride, "out", "up"));
+
+    const kernels *k = kern();
+    for (size_t r = 0; r < rows; r++)
+        k->swiglu_16(policy, dim, gate + r * gate_stride, up + r * up_stride,
+                       out + r * out_stride);
+    return PARITY_OK;
+}
+
+/* One position's cos/sin (rope.c, as the forward's tables), rounded to bf16 (fp16 under
+ * PARITY_COMPUTE_FP16) when the policy keeps a rounded table. */
+static void position_cos_sin(const parity_policy *policy, const float *inv, uint32_t half,
+                             int32_t pos, float *cos_out, float *sin_out) {
+    rope_cos_sin(inv, half, (uint32_t)pos, 1.0f, cos_out, sin_out);
+    if (policy->rope_table == PARITY_ROPE_TABLE_BF16) {
+        round_to_policy(policy, cos_out, half);
+        round_to_policy(policy, sin_out, half);
+    }
+}
+
+int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t head_dim,
+                uint16_t *x, size_t row_stride, const int32_t *positions, double theta) {
+    static const char fn[] = "parity_rope";
+    clear_error();
+    TRY(arg_policy(fn, policy));
+    TRY(arg_ptr(fn, x, "x"));
+    TRY(arg_ptr(fn, positions, "positions"));
+    if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
+    if (n_heads == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n_heads is 0", fn);
+    if (head_dim == 0 || head_dim % 2 != 0 || head_dim > ROPE_MAX_HEAD_DIM)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: head_dim %zu must be even, positive and at most %d", fn, head_dim,
+                         ROPE_MAX_HEAD_DIM);
+    uint64_t width;
+    if (mul_overflows((uint64_t)n_heads, (uint64_t)head_dim, &width) || width > SIZE_MAX)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu heads of %zu overflow", fn,
+                         n_heads, head_dim);
+    TRY(arg_rows(fn, rows, (size_t)width, row_stride, "x"));
+    if (!((float)theta > 0.0f) || !isfinite((float)theta))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: theta %g must be positive and finite in fp32", fn, theta);
+    /* Every position is checked before any row is rotated: a failed call leaves x as it was. */
+    for (size_t r = 0; r < rows; r++)
+        if (positions[r] < 0)
+            return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: positions[%zu] = %d is negative",
+                             fn, r, (int)positions[r]);
+
+    float inv[ROPE_MAX_HEAD_DIM / 2], cos_t[ROPE_MAX_HEAD_DIM / 2], sin_t[ROPE_MAX_HEAD_DIM / 2];
+    const uint32_t half = (uint32_t)(head_dim / 2);
+    rope_default_inv_freq((float)theta, (uint32_t)head_dim, inv);
+    const kernels *k = kern();
+    for (size_t r = 0; r < rows; r++) {
+        position_cos_sin(policy, inv, half, positions[r], cos_t, sin_t);
+        k->rope_16(policy, n_heads, head_dim, x + r * row_stride, cos_t, sin_t);
+    }
+    return PARITY_OK;
+}

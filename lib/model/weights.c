@@ -1,0 +1,147 @@
+/* The one way in for weight values: a tensor from a checkpoint (parity_model_load) or from a
+ * learner (parity_model_update) is checked against the model's table of tensors, converted
+ * to bf16 with one round-to-nearest-even, tested for NaN and Inf, and widened to fp32 where a
+ * path reads fp32 weights. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "base/internal.h"
+#include "model.h"
+
+void tensor_values_free(tensor_values *v) {
+    px_free(v->owned[0]);
+    px_free(v->owned[1]);
+    *v = (tensor_values){0};
+}
+
+static int check_shape(const tensor_source *src, const expected *slot) {
+    const int ok = slot->rows ? (src->ndim == 2 && src->shape[0] == slot->rows &&
+                                 src->shape[1] == slot->cols)
+                              : (src->ndim == 1 && src->shape[0] == slot->cols);
+    if (ok) return PARITY_OK;
+    char got[160];
+    int k = snprintf(got, sizeof got, "[");
+    for (uint32_t d = 0; d < src->ndim && d < 8 && k < (int)sizeof got - 24; d++)
+        k += snprintf(got + k, sizeof got - (size_t)k, "%s%" PRIu64, d ? ", " : "", src->shape[d]);
+    snprintf(got + k, sizeof got - (size_t)k, "%s]", src->ndim > 8 ? ", ..." : "");
+    return set_error(PARITY_ERR_TENSOR_SHAPE, "%s: shape %s does not match the config: expected %s",
+                     src->where, got, slot->shape_doc);
+}
+
+/* The source's value i as fp32 (BF16 and F16 widened exactly) and as bf16 (the RNE cast). */
+static inline uint16_t source_value(const tensor_source *src, uint64_t i, float *f32) {
+    const uint8_t *data = src->data;
+    uint16_t h;
+    if (src->dtype == PARITY_DTYPE_F32) {
+        memcpy(f32, data + 4 * i, 4);
+        return bf16_from_f32(*f32);
+    }
+    memcpy(&h, data + 2 * i, 2);
+    if (src->dtype == PARITY_DTYPE_BF16) {
+        *f32 = bf16_to_f32(h);
+        return h;
+    }
+    *f32 = f16_to_f32(h);
+    return bf16_from_f32(*f32);
+}
+
+int tensor_check(const tensor_source *src, const expected *slot) {
+    int rc = check_shape(src, slot);
+    if (rc) return rc;
+    if (src->dtype != PARITY_DTYPE_BF16 && src->dtype != PARITY_DTYPE_F16 &&
+        src->dtype != PARITY_DTYPE_F32)
+        return src->dtype_name
+                   ? set_error(PARITY_ERR_TENSOR_DTYPE,
+                               "%s: dtype %s is not a weight dtype (BF16, F16 or F32)", src->where,
+                               src->dtype_name)
+                   : set_error(PARITY_ERR_TENSOR_DTYPE,
+                               "%s: dtype %u is not a weight dtype (BF16 = 0, F16 = 1 or F32 = 2)",
+                               src->where, src->dtype);
+    if (!src->data) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: data is NULL", src->where);
+    /* finite values only: a NaN or Inf in the source, or an fp32 value beyond bf16's range */
+    const uint64_t n = (uint64_t)(slot->rows ? slot->rows : 1) * slot->cols;
+    for (uint64_t i = 0; i < n; i++) {
+        float f;
+        const uint16_t b = source_value(src, i, &f);
+        if ((b & 0x7f80u) == 0x7f80u)
+            return set_error(PARITY_ERR_TENSOR_NONFINITE,
+                             "%s: element %" PRIu64 " is %s (weights must be finite)", src->where,
+                             i,
+                             src->dtype != PARITY_DTYPE_BF16 && isfinite(f)
+                                 ? "Inf in bf16 (an fp32 value beyond bf16's range)"
+                             : (b & 0x7fu) ? "NaN" : "Inf");
+    }
+    return PARITY_OK;
+}
+
+void tensor_convert_into(const tensor_source *src, uint64_t n, uint16_t *bf16, float *master) {
+    if (src->dtype == PARITY_DTYPE_BF16) {
+        memcpy(bf16, src->data, n * 2);
+        return;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        float f;
+        bf16[i] = source_value(src, i, &f);
+        if (master) master[i] = f;
+    }
+}
+
+int tensor_import(const tensor_source *src, const expected *slot, tensor_values *out) {
+    *out = (tensor_values){0};
+    int rc = tensor_check(src, slot);
+    if (rc) return rc;
+    const uint64_t n = (uint64_t)(slot->rows ? slot->rows : 1) * slot->cols;
+    const uint8_t *data = src->data;
+
+    /* in place where the data outlives the model and is aligned; else a copy */
+    if (src->dtype == PARITY_DTYPE_BF16 && src->may_map && ((uintptr_t)data & 1u) == 0) {
+        out->bf16 = (const uint16_t *)data;
+        return PARITY_OK;
+    }
+    const int master_mapped =
+        src->dtype == PARITY_DTYPE_F32 && src->may_map && ((uintptr_t)data & 3u) == 0;
+    uint16_t *bf16 = out->owned[0] = px_huge_alloc(n * 2, slot->name);
+    float *master = NULL;
+    if (bf16 && src->dtype != PARITY_DTYPE_BF16)
+        master = master_mapped ? (float *)data : (out->owned[1] = px_huge_alloc(n * 4, slot->name));
+    if (!bf16 || (src->dtype != PARITY_DTYPE_BF16 && !master)) {
+        tensor_values_free(out);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    /* the learner's cast: round to nearest even (the fp32 master as it is) */
+    tensor_convert_into(src, n, bf16, master_mapped ? NULL : master);
+    out->bf16 = bf16;
+    out->master = master;
+    return PARITY_OK;
+}
+
+void weight_widen_into(const weight *w, float *wide) {
+    const uint64_t n = (uint64_t)w->rows * w->cols;
+    for (uint64_t i = 0; i < n; i++) wide[i] = bf16_to_f32(w->bf16[i]);
+}
+
+/* The fp16 value of element i of a weight (the master, else the bf16 value), in fp32. */
+static inline float weight_fp16_value(const weight *w, uint64_t i) {
+    return round_fp16(w->master ? w->master[i] : bf16_to_f32(w->bf16[i]));
+}
+
+void weight_fp16_into(const weight *w, float *fp16) {
+    const uint64_t n = (uint64_t)w->rows * w->cols;
+    for (uint64_t i = 0; i < n; i++) fp16[i] = weight_fp16_value(w, i);
+}
+
+int tensor_check_fp16(const tensor_source *src, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        float f;
+        const uint16_t b = source_value(src, i, &f);
+        /* the model holds F16/F32 sources' exact values as masters, BF16 ones as they are */
+        const float v = src->dtype == PARITY_DTYPE_BF16 ? bf16_to_f32(b) : f;
+        if (isinf(round_fp16(v)))
+            return set_error(PARITY_ERR_TENSOR_NONFINITE,
+                             "%s: element %" PRIu64 " (%g) is beyond fp16's range (|x| >= 65520 "
+                             "rounds to infinity), which the fp16 policy cannot hold",
+                             src->where, i, (double)v);
+    }
+    return PARITY_OK;
+}
