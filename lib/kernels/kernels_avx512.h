@@ -1,12 +1,15 @@
 /* What the AVX-512 kernel files share (included only by files compiled with AVX-512 F, BW,
  * VL and DQ): masks for row tails, the bf16 widening load, the dot16 fold of one zmm, the
- * 16 folds of 16 zmm at once, and the store of a block of outputs through them. */
+ * 16 folds of 16 zmm at once, the store of a block of outputs through them, and the entry
+ * point of the GEMM file. */
 #ifndef PARITY_KERNELS_AVX512_H
 #define PARITY_KERNELS_AVX512_H
 
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kernels.h"
 
 /* Lanes 0..n-1 (n <= 16). */
 static inline __mmask16 z_mask(size_t n) { return (__mmask16)((1u << n) - 1); }
@@ -104,4 +107,7 @@ static inline __attribute__((always_inline)) void z_store_block(const int R, con
     z_store_block_as(R, C, acc, y, ldy, 0);
 }
 
-#endif
+/* The GEMM entries (gemm_avx512.c) over the table t. */
+void gemm_avx512_set_entries(kernels *t);
+
+#endif /* PARITY_KERNELS_AVX512_H */
