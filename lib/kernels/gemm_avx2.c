@@ -386,9 +386,7 @@ PAIR32_BODY void gemm_bf16w_body(size_t M, size_t K, const float *xp, const uint
 
 static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
                             float *y, size_t ldy, size_t n0, size_t n1) {
-    const unsigned mxcsr = pair32_flush_begin();
-    gemm_bf16w_body(M, K, xp, w, ldw, y, ldy, n0, n1);
-    pair32_flush_end(mxcsr);
+    PAIR32_FLUSHED(gemm_bf16w_body(M, K, xp, w, ldw, y, ldy, n0, n1));
 }
 
 /* ---- large M: lane tiles (gemm_bf16w_tiles) ----
@@ -414,6 +412,14 @@ static void gemm_bf16w_avx2(size_t M, size_t K, const float *xp, const uint16_t 
 #define LT_NR 6
 #define LT_KB 32
 #define LT_XBLOCK_BYTES (1024u * 1024u)
+
+/* The vector mapping of lane_tiles.h: 8 rows of a tile per ymm. */
+typedef __m256 lv;
+#define LANE_NR LT_NR
+#define lv_fmadd _mm256_fmadd_ps
+#define lv_add _mm256_add_ps
+#define lv_broadcast _mm256_broadcast_ss
+#include "lane_tiles.h"
 
 /* Weight rows w, w + ldw, ... (nr of them) widened into panel rows (`row` floats of each, the
  * rows gemm_panel_stride(K) apart); panel rows nr .. LT_NR-1 and every element past K hold
@@ -457,20 +463,11 @@ ALWAYS_INLINE void lt_lane(const int H, size_t nc, const float *xl, const float 
 #pragma GCC unroll 2
         for (int s = 0; s < 2; s++) {
             const __m256 x0 = _mm256_loadu_ps(xs + 16 * s);
-            const __m256 x1 = H > 1 ? _mm256_loadu_ps(xs + 16 * s + 8) : x0;
-#pragma GCC unroll 6
-            for (int j = 0; j < LT_NR; j++) {
-                const __m256 b = _mm256_broadcast_ss(ws + j * ps + 1 - s);
-                acc[j][0] = _mm256_fmadd_ps(x0, b, acc[j][0]);
-                if (H > 1) acc[j][1] = _mm256_fmadd_ps(x1, b, acc[j][1]);
-            }
+            const __m256 x[2] = {x0, H > 1 ? _mm256_loadu_ps(xs + 16 * s + 8) : x0};
+            lane_step(H, x, ws, ps, 1 - s, acc);
         }
     }
-#pragma GCC unroll 6
-    for (int j = 0; j < LT_NR; j++)
-        for (int h = 0; h < H; h++)
-            if (fold) fold[j][h] = _mm256_add_ps(fold[j][h], acc[j][h]);
-            else acc_io[j][h] = acc[j][h];
+    lane_end(H, acc, acc_io, fold);
 }
 
 /* One tile (`rows` <= 8H valid rows) against the panel's nr weight rows: y[r][j]. K in blocks
@@ -490,12 +487,7 @@ ALWAYS_INLINE void lt_tile(const int H, size_t nc, const float *tile, const floa
                     c0 == 0, last && l >= 8 ? lanes[l - 8] : NULL);
         }
     }
-    /* the rest of the dot16 fold (l += l + 8 was taken as lanes 8-15 ended): l += l + 4, +2, +1 */
-    for (size_t step = 4; step >= 1; step /= 2)
-        for (size_t l = 0; l < step; l++)
-            for (int j = 0; j < LT_NR; j++)
-                for (int h = 0; h < H; h++)
-                    lanes[l][j][h] = _mm256_add_ps(lanes[l][j][h], lanes[l + step][j][h]);
+    lanes_fold(H, lanes);
     /* the 8 x LT_NR block of each row vector transposed (columns 6, 7 unused), one masked
      * store of nr floats per row */
     const __m256i mask = lane_mask(nr);
@@ -584,9 +576,7 @@ PAIR32_BODY void gemm_bf16w_tiles_body(size_t M, size_t K, const float *xt, cons
 static void gemm_bf16w_tiles_avx2(size_t M, size_t K, const float *xt, const uint16_t *w,
                                   size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
                                   float *panel) {
-    const unsigned mxcsr = pair32_flush_begin();
-    gemm_bf16w_tiles_body(M, K, xt, w, ldw, y, ldy, n0, n1, panel);
-    pair32_flush_end(mxcsr);
+    PAIR32_FLUSHED(gemm_bf16w_tiles_body(M, K, xt, w, ldw, y, ldy, n0, n1, panel));
 }
 
 /* dot16 step of 16 elements for one weight row: x0/x1 hold x[i..i+7], x[i+8..i+15]. */

@@ -25,7 +25,7 @@
  * fma(x_even, w_even, fma(x_odd, w_odd, acc)), the odd element first. A block is R x rows
  * against C weight rows (R * C accumulators): 4 x 4 (each weight chunk split once for 4
  * rows), with the rows left over in blocks of 1 to 3; a decode step of one row takes 16
- * weight rows one after another instead (zr_rowwise). Weight rows are read straight from
+ * weight rows one after another instead (z_rowwise). Weight rows are read straight from
  * memory, the next chunks asked for a few steps ahead; the block's rows after the first find
  * them in L1. Past K, x is packed with +0 and the weight chunk is loaded with -0 (0x8000) in
  * the missing elements, so a padded step adds -0 and leaves the lane as it was. */
@@ -64,65 +64,25 @@ ALWAYS_INLINE void zr_block(const int R, const int C, size_t K, const float *xp,
     z_store_block(R, C, acc, y, ldy);
 }
 
-/* One x row against C weight rows (a decode step), row after row: each weight row's chunks
- * in order on one accumulator (the chain of zr_block's acc[j], the same bits), so that the
- * weights are read as one linear stream, which the hardware prefetchers follow better than
- * C streams of K elements each, the line ZR_PF_LINEAR elements ahead asked into L1 across
- * rows; the out-of-order core overlaps the rows' chains (bf_rowwise in kernels_avx512bf16.c
- * is the same loop on vdpbf16ps). Zen 4 VM, 2 threads, gemm-bench --m 1 --thp over the six
+/* A decode step of one x row takes 16 weight rows row after row (z_rowwise in
+ * kernels_avx512.h, on zr_chunk: each weight row's chunks in order on one accumulator, the chain
+ * of zr_block's acc[j], the same bits), the line ZR_PF_LINEAR elements ahead asked into L1
+ * across rows; kernels_avx512bf16.c runs the same loop on vdpbf16ps. Zen 4 VM, 2 threads, gemm-bench --m 1 --thp over the six
  * shapes: 20-32 GB/s with 1 x 8 blocks (20 at K = 1024), 27-38 row after row; a decode step
  * of one row (bench/ab-builds, avx512 path, 12 pairs each way round) took 0.69 and 1/1.43
  * of its time before. */
 #define ZR_PF_LINEAR 3072
-ALWAYS_INLINE void zr_rowwise(const int C, size_t K, const float *xp, const uint16_t *w,
-                              size_t ldw, float *y) {
-    const __m512i high16 = _mm512_set1_epi32((int)0xffff0000u);
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < C; j++) {
-        const uint16_t *wj = w + j * ldw;
-        __m512 a = _mm512_setzero_ps();
-        for (size_t k = 0; k < K; k += 32) {
-            _mm_prefetch((const char *)(wj + k + ZR_PF_LINEAR), _MM_HINT_T0);
-            const __m512i d = zr_load_w(wj, k, K);
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(xp + k + 16),
-                                _mm512_castsi512_ps(_mm512_and_si512(d, high16)), a);
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(xp + k),
-                                _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)), a);
-        }
-        acc[j] = a;
-    }
-    z_store_block(1, C, acc, y, 0);
-}
 
-/* Rows [0, M) against C weight rows: blocks of 4 rows, then the 1 to 3 left. */
-ALWAYS_INLINE void zr_rows(const int C, size_t M, size_t K, const float *xp, size_t row,
-                           const uint16_t *w, size_t ldw, float *y, size_t ldy) {
-    size_t m = 0;
-    for (; m + 4 <= M; m += 4) zr_block(4, C, K, xp + m * row, row, w, ldw, y + m * ldy, ldy);
-    switch (M - m) {
-    case 3: zr_block(3, C, K, xp + m * row, row, w, ldw, y + m * ldy, ldy); break;
-    case 2: zr_block(2, C, K, xp + m * row, row, w, ldw, y + m * ldy, ldy); break;
-    case 1: zr_block(1, C, K, xp + m * row, row, w, ldw, y + m * ldy, ldy); break;
-    default: break;
-    }
-}
-
-PAIR32_BODY void zr_gemm(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
-                         float *y, size_t ldy, size_t n0, size_t n1) {
-    const size_t row = gemm_packed_row(K);
-    size_t n = n0;
-    if (M == 1)
-        for (; n + 16 <= n1; n += 16) zr_rowwise(16, K, xp, w + n * ldw, ldw, y + n);
-    for (; n + 4 <= n1; n += 4) zr_rows(4, M, K, xp, row, w + n * ldw, ldw, y + n, ldy);
-    for (; n < n1; n++) zr_rows(1, M, K, xp, row, w + n * ldw, ldw, y + n, ldy);
-}
-
-static void gemm_bf16w_avx512(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
-                              float *y, size_t ldy, size_t n0, size_t n1) {
-    const unsigned mxcsr = pair32_flush_begin();
-    zr_gemm(M, K, xp, w, ldw, y, ldy, n0, n1);
-    pair32_flush_end(mxcsr);
+/* One chunk of pair32 on widened weights, for z_rowwise: the odd element's product, then the
+ * even one's. */
+static inline __attribute__((always_inline)) __m512 zr_chunk(__m512 a, const void *x,
+                                                             const uint16_t *w, size_t k,
+                                                             size_t K) {
+    const float *xp = x;
+    const __m512i d = zr_load_w(w, k, K);
+    a = _mm512_fmadd_ps(_mm512_loadu_ps(xp + k + 16),
+                        _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u))), a);
+    return _mm512_fmadd_ps(_mm512_loadu_ps(xp + k), _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)), a);
 }
 
 /* ---- fp32 weights (gemm_f32w, PARITY_COMPUTE_FP32) ----
@@ -158,17 +118,47 @@ ALWAYS_INLINE void zf_block(const int R, const int C, size_t K, const float *x, 
     z_store_block(R, C, acc, y, ldy);
 }
 
-ALWAYS_INLINE void zf_rows(const int C, size_t M, size_t K, const float *x, size_t ldx,
-                           const float *w, size_t ldw, float *y, size_t ldy) {
+/* ---- the row GEMMs: blocks of rows, on either weight type ---- */
+
+/* An R x C block (R 1 to 4; R, C and f32w constants after inlining): zr_block on bf16 weights
+ * (f32w 0, x packed, row stride ldx the packed row), zf_block on fp32 ones (f32w 1). */
+ALWAYS_INLINE void z_block(const int f32w, const int R, const int C, size_t K, const float *x,
+                           size_t ldx, const void *w, size_t ldw, float *y, size_t ldy) {
+    if (f32w)
+        zf_block(R, C, K, x, ldx, (const float *)w, ldw, y, ldy);
+    else
+        zr_block(R, C, K, x, ldx, (const uint16_t *)w, ldw, y, ldy);
+}
+
+/* Rows [0, M) against C weight rows: blocks of 4 rows, then the 1 to 3 left. */
+ALWAYS_INLINE void z_rows(const int f32w, const int C, size_t M, size_t K, const float *x,
+                          size_t ldx, const void *w, size_t ldw, float *y, size_t ldy) {
     size_t m = 0;
-    for (; m + 4 <= M; m += 4) zf_block(4, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy);
+    for (; m + 4 <= M; m += 4) z_block(f32w, 4, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy);
     switch (M - m) {
-    case 3: zf_block(3, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
-    case 2: zf_block(2, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
-    case 1: zf_block(1, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
+    case 3: z_block(f32w, 3, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
+    case 2: z_block(f32w, 2, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
+    case 1: z_block(f32w, 1, C, K, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy); break;
     default: break;
     }
 }
+
+PAIR32_BODY void zr_gemm(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                         float *y, size_t ldy, size_t n0, size_t n1) {
+    const size_t row = gemm_packed_row(K);
+    size_t n = n0;
+    if (M == 1)
+        for (; n + 16 <= n1; n += 16)
+            z_rowwise(16, zr_chunk, ZR_PF_LINEAR, K, xp, w + n * ldw, ldw, y + n, 0);
+    for (; n + 4 <= n1; n += 4) z_rows(0, 4, M, K, xp, row, w + n * ldw, ldw, y + n, ldy);
+    for (; n < n1; n++) z_rows(0, 1, M, K, xp, row, w + n * ldw, ldw, y + n, ldy);
+}
+
+static void gemm_bf16w_avx512(size_t M, size_t K, const float *xp, const uint16_t *w, size_t ldw,
+                              float *y, size_t ldy, size_t n0, size_t n1) {
+    PAIR32_FLUSHED(zr_gemm(M, K, xp, w, ldw, y, ldy, n0, n1));
+}
+
 
 static void gemm_f32w_avx512(size_t M, size_t K, const float *x, size_t ldx, const float *w,
                              size_t ldw, float *y, size_t ldy, size_t n0, size_t n1) {
@@ -182,8 +172,8 @@ static void gemm_f32w_avx512(size_t M, size_t K, const float *x, size_t ldx, con
         size_t n = n0;
         if (rows == 1)
             for (; n + 8 <= n1; n += 8) zf_block(1, 8, K, xm, ldx, w + n * ldw, ldw, ym + n, ldy);
-        for (; n + 4 <= n1; n += 4) zf_rows(4, rows, K, xm, ldx, w + n * ldw, ldw, ym + n, ldy);
-        for (; n < n1; n++) zf_rows(1, rows, K, xm, ldx, w + n * ldw, ldw, ym + n, ldy);
+        for (; n + 4 <= n1; n += 4) z_rows(1, 4, rows, K, xm, ldx, w + n * ldw, ldw, ym + n, ldy);
+        for (; n < n1; n++) z_rows(1, 1, rows, K, xm, ldx, w + n * ldw, ldw, ym + n, ldy);
     }
 }
 
@@ -206,6 +196,14 @@ static void gemm_f32w_avx512(size_t M, size_t K, const float *x, size_t ldx, con
  */
 #define Z_NR 8
 #define Z_PF_CHUNKS 6
+
+/* The vector mapping of lane_tiles.h: a tile's 16 rows per zmm. */
+typedef __m512 lv;
+#define LANE_NR Z_NR
+#define lv_fmadd _mm512_fmadd_ps
+#define lv_add _mm512_add_ps
+#define lv_broadcast(p) _mm512_set1_ps(*(p))
+#include "lane_tiles.h"
 
 /* 5/8 of the L2 (measured on a 2 MB L2: 1.25 MB blocks ran faster than 640 KB ones, the
  * panel widened half as often, and no slower than 1.75 MB), 1 MB where the OS does not say. */
@@ -304,20 +302,11 @@ ALWAYS_INLINE void z_lane(const int H, size_t nc, const float *xa, const float *
 #pragma GCC unroll 2
         for (int s = 0; s < 2; s++) {
             const __m512 x0 = _mm512_loadu_ps(xs0 + 16 * s);
-            const __m512 x1 = H > 1 ? _mm512_loadu_ps(xs1 + 16 * s) : x0;
-#pragma GCC unroll 8
-            for (int j = 0; j < Z_NR; j++) {
-                const __m512 b = _mm512_set1_ps(ws[8 * (1 - s) + j]); /* odd element, then even */
-                acc[j][0] = _mm512_fmadd_ps(x0, b, acc[j][0]);
-                if (H > 1) acc[j][1] = _mm512_fmadd_ps(x1, b, acc[j][1]);
-            }
+            const __m512 x[2] = {x0, H > 1 ? _mm512_loadu_ps(xs1 + 16 * s) : x0};
+            lane_step(H, x, ws, 1, 8 * (1 - s), acc); /* odd element, then even */
         }
     }
-#pragma GCC unroll 8
-    for (int j = 0; j < Z_NR; j++)
-        for (int h = 0; h < H; h++)
-            if (fold) fold[j][h] = _mm512_add_ps(fold[j][h], acc[j][h]);
-            else out[j][h] = acc[j][h];
+    lane_end(H, acc, out, fold);
 }
 
 /* One tile pair (H tiles, `rows` <= 16H valid rows) against the panel's nr weight rows:
@@ -331,12 +320,7 @@ ALWAYS_INLINE void z_tile(const int H, size_t nc, const float *tile0, const floa
         z_lane(H, nc, tile0 + l * nc * 32, tile1 + l * nc * 32, panel + l * nc * 16, lanes[l],
                l >= 8 ? lanes[l - 8] : NULL);
     }
-    /* the rest of the dot16 fold (l += l + 8 was taken as lanes 8-15 ended): l += l + 4, +2, +1 */
-    for (size_t step = 4; step >= 1; step /= 2)
-        for (size_t l = 0; l < step; l++)
-            for (int j = 0; j < Z_NR; j++)
-                for (int h = 0; h < H; h++)
-                    lanes[l][j][h] = _mm512_add_ps(lanes[l][j][h], lanes[l + step][j][h]);
+    lanes_fold(H, lanes);
     /* each tile's 16 x 8 block transposed in two 8 x 8 halves, one masked store of nr floats
      * per row */
     const __mmask8 mask = (__mmask8)((1u << nr) - 1);
@@ -400,9 +384,7 @@ PAIR32_BODY void z_gemm_tiles(size_t M, size_t K, const float *xt, const uint16_
 static void gemm_bf16w_tiles_avx512(size_t M, size_t K, const float *xt, const uint16_t *w,
                                     size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
                                     float *panel) {
-    const unsigned mxcsr = pair32_flush_begin();
-    z_gemm_tiles(M, K, xt, w, ldw, y, ldy, n0, n1, panel);
-    pair32_flush_end(mxcsr);
+    PAIR32_FLUSHED(z_gemm_tiles(M, K, xt, w, ldw, y, ldy, n0, n1, panel));
 }
 
 /* The GEMM entries of the avx512 table. */

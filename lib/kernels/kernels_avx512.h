@@ -1,7 +1,7 @@
 /* What the AVX-512 kernel files share (included only by files compiled with AVX-512 F, BW,
  * VL and DQ): masks for row tails, the bf16 widening load, the dot16 fold of one zmm, the
- * 16 folds of 16 zmm at once, the store of a block of outputs through them, and the entry
- * point of the GEMM file. */
+ * 16 folds of 16 zmm at once, the store of a block of outputs through them, the decode loop
+ * of one x row over a table's pair32 chunks, and the entry point of the GEMM file. */
 #ifndef PARITY_KERNELS_AVX512_H
 #define PARITY_KERNELS_AVX512_H
 
@@ -105,6 +105,35 @@ static inline __attribute__((always_inline)) void z_store_block(const int R, con
                                                                 const __m512 *acc, float *y,
                                                                 size_t ldy) {
     z_store_block_as(R, C, acc, y, ldy, 0);
+}
+
+/* One chunk of a table's pair32 (kernels.h), at element k of a row of K, on accumulator a: x is
+ * the packed x row, w the weight row; an always-inline function, so that no call is left in the
+ * loop of z_rowwise. */
+typedef __m512 (*z_pair32_chunk)(__m512 a, const void *x, const uint16_t *w, size_t k, size_t K);
+
+/* One x row against C weight rows (a decode step; C <= 16, a constant after inlining), row
+ * after row: each weight row's chunks in order on one accumulator, so that the weights are
+ * read as one linear stream, which the hardware prefetchers follow better than C streams of K
+ * elements each, the line `ahead` elements on asked into L1 across rows; the out-of-order core
+ * overlaps the rows' chains. The outputs are stored by z_store_block_as (rounded to bf16 where
+ * round_bf16). */
+static inline __attribute__((always_inline)) void z_rowwise(const int C, z_pair32_chunk chunk,
+                                                            size_t ahead, size_t K, const void *x,
+                                                            const uint16_t *w, size_t ldw,
+                                                            float *y, int round_bf16) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < C; j++) {
+        const uint16_t *wj = w + j * ldw;
+        __m512 a = _mm512_setzero_ps();
+        for (size_t k = 0; k < K; k += 32) {
+            _mm_prefetch((const char *)(wj + k + ahead), _MM_HINT_T0);
+            a = chunk(a, x, wj, k, K);
+        }
+        acc[j] = a;
+    }
+    z_store_block_as(1, C, acc, y, 0, round_bf16);
 }
 
 /* The GEMM entries (gemm_avx512.c) over the table t. */

@@ -96,30 +96,22 @@ ALWAYS_INLINE void bf_block(const int MR, const int NR, size_t K, const uint16_t
     z_store_block_as(MR, NR, acc, y, ldy, rnd);
 }
 
-/* One row of x against NR weight rows (a decode step), row after row: each weight row's
- * chunks in order on one accumulator (the chain of bf_block's acc[j], the same bits), so that
- * the weights are read as one linear stream, which the hardware prefetchers follow better
- * than NR streams of K elements each; the out-of-order core overlaps the rows' chains (one
- * chain alone would already read 64 bytes per vdpbf16ps latency, more than memory gives).
- * Each chunk asks the line BF_PF_LINEAR elements (6 KB) ahead of it into L1, across rows: on
- * a Zen 5 VM (gemm-bench --m 1 --thp, interleaved runs, the six shapes) 1 KB ahead gave
- * 34-46 GB/s, 4 KB 39-65, 6 KB 37-68, 8 KB 36-60; the 16-stream order of bf_block 31-49. */
+/* A decode step of one x row takes 16 weight rows row after row (z_rowwise in
+ * kernels_avx512.h, on bf_chunk: each weight row's chunks in order on one accumulator, the
+ * chain of bf_block's acc[j], the same bits; one chain alone would already read 64 bytes per
+ * vdpbf16ps latency, more than memory gives). Each chunk asks the line BF_PF_LINEAR elements
+ * (6 KB) ahead of it into L1, across rows: on a Zen 5 VM (gemm-bench --m 1 --thp, interleaved
+ * runs, the six shapes) 1 KB ahead gave 34-46 GB/s, 4 KB 39-65, 6 KB 37-68, 8 KB 36-60; the
+ * 16-stream order of bf_block 31-49. */
 #define BF_PF_LINEAR 3072
-ALWAYS_INLINE void bf_rowwise(const int NR, size_t K, const uint16_t *xb, const uint16_t *w,
-                              size_t ldw, float *y, int rnd) {
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; j++) {
-        const uint16_t *wj = w + j * ldw;
-        __m512 a = _mm512_setzero_ps();
-        for (size_t k = 0; k < K; k += 32) {
-            _mm_prefetch((const char *)(wj + k + BF_PF_LINEAR), _MM_HINT_T0);
-            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(xb + k)),
-                                 (__m512bh)z_load_w(wj, k, K));
-        }
-        acc[j] = a;
-    }
-    z_store_block_as(1, NR, acc, y, 0, rnd);
+
+/* One chunk of pair32 on bf16 x, for z_rowwise: one vdpbf16ps. */
+static inline __attribute__((always_inline)) __m512 bf_chunk(__m512 a, const void *x,
+                                                             const uint16_t *w, size_t k,
+                                                             size_t K) {
+    const uint16_t *xb = x;
+    return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(xb + k)),
+                            (__m512bh)z_load_w(w, k, K));
 }
 
 /* Rows [0, rows) against NR weight rows: blocks of 4 rows, then the 1 to 3 left. */
@@ -189,7 +181,7 @@ PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t 
             const int nr = rows == 1 ? 16 : rows == 2 ? 8 : 5;
             for (; n + (size_t)nr <= n1; n += (size_t)nr) {
                 const uint16_t *wn = w + n * ldw;
-                if (rows == 1) bf_rowwise(16, K, xm, wn, ldw, ym + n, rnd);
+                if (rows == 1) z_rowwise(16, bf_chunk, BF_PF_LINEAR, K, xm, wn, ldw, ym + n, rnd);
                 else if (rows == 2)
                     bf_block(2, 8, K, xm, ldxb, wn, ldw, ym + n, ldy, BF_PF_AHEAD, NULL, rnd);
                 else
@@ -203,9 +195,7 @@ PAIR32_BODY void bf_gemm(size_t M, size_t K, const uint16_t *xb, const uint16_t 
 static void gemm_bf16xw_avx512bf16(size_t M, size_t K, const uint16_t *xb, const uint16_t *w,
                                    size_t ldw, float *y, size_t ldy, size_t n0, size_t n1,
                                    int round_bf16) {
-    const unsigned mxcsr = pair32_flush_begin();
-    bf_gemm(M, K, xb, w, ldw, y, ldy, n0, n1, round_bf16);
-    pair32_flush_end(mxcsr);
+    PAIR32_FLUSHED(bf_gemm(M, K, xb, w, ldw, y, ldy, n0, n1, round_bf16));
 }
 
 /* ---- attention blocks on vdpbf16ps ---- */

@@ -1,6 +1,6 @@
 /* What the x86 SIMD kernel files share (included only by files compiled with AVX2 or more):
- * the always-inline marker, the 8 x 8 fp32 transpose on ymm and the next-panel prefetch of
- * the large-M GEMMs. */
+ * the always-inline marker, the denormal flushing of the pair32 entries, the 8 x 8 fp32
+ * transpose on ymm and the next-panel prefetch of the large-M GEMMs. */
 #ifndef PARITY_KERNELS_X86_H
 #define PARITY_KERNELS_X86_H
 
@@ -23,6 +23,15 @@ static inline unsigned pair32_flush_begin(void) {
 }
 
 static inline void pair32_flush_end(unsigned saved) { _mm_setcsr(saved); }
+
+/* A pair32 entry's whole body: `call` (of a PAIR32_BODY function) with MXCSR.DAZ|FTZ set, the
+ * caller's MXCSR put back after it. */
+#define PAIR32_FLUSHED(call)                                                                   \
+    do {                                                                                       \
+        const unsigned pair32_saved_mxcsr = pair32_flush_begin();                              \
+        call;                                                                                  \
+        pair32_flush_end(pair32_saved_mxcsr);                                                  \
+    } while (0)
 
 /* 8 x 8 transpose: out[i] lane j = in[j] lane i. */
 ALWAYS_INLINE void transpose8(const __m256 in[8], __m256 out[8]) {
