@@ -67,10 +67,10 @@ ALWAYS_INLINE void zr_block(const int R, const int C, size_t K, const float *xp,
 /* A decode step of one x row takes 16 weight rows row after row (z_rowwise in
  * kernels_avx512.h, on zr_chunk: each weight row's chunks in order on one accumulator, the chain
  * of zr_block's acc[j], the same bits), the line ZR_PF_LINEAR elements ahead asked into L1
- * across rows; kernels_avx512bf16.c runs the same loop on vdpbf16ps. Zen 4 VM, 2 threads, gemm-bench --m 1 --thp over the six
- * shapes: 20-32 GB/s with 1 x 8 blocks (20 at K = 1024), 27-38 row after row; a decode step
- * of one row (bench/ab-builds, avx512 path, 12 pairs each way round) took 0.69 and 1/1.43
- * of its time before. */
+ * across rows; kernels_avx512bf16.c runs the same loop on vdpbf16ps. Zen 4 VM, 2 threads,
+ * gemm-bench --m 1 --thp over the six shapes: 20-32 GB/s with 1 x 8 blocks (20 at K = 1024),
+ * 27-38 row after row; a decode step of one row (bench/ab-builds, avx512 path, 12 pairs each
+ * way round) took 0.69 and 1/1.43 of its time before. */
 #define ZR_PF_LINEAR 3072
 
 /* One chunk of pair32 on widened weights, for z_rowwise: the odd element's product, then the
@@ -80,9 +80,11 @@ static inline __attribute__((always_inline)) __m512 zr_chunk(__m512 a, const voi
                                                              size_t K) {
     const float *xp = x;
     const __m512i d = zr_load_w(w, k, K);
+    const __m512i high16 = _mm512_set1_epi32((int)0xffff0000u);
     a = _mm512_fmadd_ps(_mm512_loadu_ps(xp + k + 16),
-                        _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u))), a);
-    return _mm512_fmadd_ps(_mm512_loadu_ps(xp + k), _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)), a);
+                        _mm512_castsi512_ps(_mm512_and_si512(d, high16)), a);
+    return _mm512_fmadd_ps(_mm512_loadu_ps(xp + k),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)), a);
 }
 
 /* ---- fp32 weights (gemm_f32w, PARITY_COMPUTE_FP32) ----
@@ -179,7 +181,7 @@ static void gemm_f32w_avx512(size_t M, size_t K, const float *x, size_t ldx, con
 
 /* ---- large M: lane tiles (gemm_bf16w_tiles) ----
  *
- * As in kernels_avx2.c, pair32's 16 lanes are 16 independent chains and gemm_pack_xt lays
+ * As in gemm_avx2.c, pair32's 16 lanes are 16 independent chains and gemm_pack_xt lays
  * each lane's sequence out with the 16 rows of a tile side by side: one zmm is one step of
  * one lane for 16 rows. A register block is two tiles (32 rows) x Z_NR = 8 weight rows: per
  * step 2 x loads, 8 broadcasts and 16 fmas into 16 accumulators.

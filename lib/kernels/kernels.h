@@ -1,11 +1,13 @@
 /*
- * Kernels: one table per instruction set, each in its own file in lib/kernels/ (compiled with
+ * Kernels: one table per instruction set, each in its own files in lib/kernels/ (compiled with
  * its own flags). kernels_ref.c (portable C) is the specification; every other table
- * (kernels_avx2.c, kernels_avx512.c, kernels_avx512bf16.c) must return the same bits for
- * every input, tails and odd sizes included (NaN payloads excepted: which NaN an operation
- * on two NaNs returns follows the compiler's choice of operand order, so an fp32 NaN result
- * is only NaN in every table; bf16 has one NaN, 0x7fc0). Kernels take pointers and sizes; they neither
- * allocate nor start threads. The summation orders below are part of the numerics contract.
+ * (kernels_avx2.c with gemm_avx2.c, kernels_avx512.c with gemm_avx512.c, kernels_avx512bf16.c)
+ * must return the same bits for every input, tails and odd sizes included (NaN payloads
+ * excepted: which NaN an operation on two NaNs returns follows the compiler's choice of
+ * operand order, so an fp32 NaN result is only NaN in every table; bf16 has one NaN, 0x7fc0).
+ * Kernels take pointers and sizes; they neither allocate nor start threads. The summation
+ * orders below are part of the numerics contract. This header holds the table's type and
+ * those orders, the packings of x for the GEMMs, and the ways to the tables (cpu.c).
  *
  * Orders
  * ------
@@ -225,10 +227,10 @@ extern const kernels kernels_portable;
  * pack_x_bf16 and gemm_bf16xw, which only tables with bf16 dot products have). cpu.c builds
  * the tables once, at detection. */
 #if defined(PARITY_HAVE_AVX2)
-void kernels_avx2_set_entries(kernels *t);  /* kernels_avx2.c */
+void kernels_avx2_set_entries(kernels *t);  /* kernels_avx2.c, gemm_avx2.c */
 #endif
 #if defined(PARITY_HAVE_AVX512)
-void kernels_avx512_set_entries(kernels *t);  /* kernels_avx512.c, over the AVX2 table */
+void kernels_avx512_set_entries(kernels *t);  /* kernels_avx512.c, gemm_avx512.c, over avx2 */
 #endif
 #if defined(PARITY_HAVE_AVX512BF16)
 void kernels_avx512bf16_set_entries(kernels *t);  /* kernels_avx512bf16.c, over avx512 */

@@ -5,11 +5,11 @@
  * entries.
  *
  * Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq, as gemm_avx512.c; cpu.c selects
- * this table only on a CPU (and OS) that has them. The table is the AVX2 one with the entries of
- * this file over it, so an entry not written here is the AVX2 kernel (equal to the
- * specification like every entry). The rules of kernels_avx2.c hold here too: the orders of
- * the specification exactly, padding terms -0, masked loads and stores at the ends of rows,
- * no fp contraction (every fma below is written as one).
+ * this table only on a CPU (and OS) that has them. The table is the AVX2 one with the entries
+ * of this file and of gemm_avx512.c over it, so an entry not written there is the AVX2 kernel
+ * (equal to the specification like every entry). The rules of kernels_avx2.c hold here too:
+ * the orders of the specification exactly, padding terms -0, masked loads and stores at the
+ * ends of rows, no fp contraction (every fma below is written as one).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -35,7 +35,7 @@ ALWAYS_INLINE __m512 z_load(int elt, const void *p, size_t i, __mmask16 m) {
                              : _mm512_maskz_loadu_ps(m, (const float *)p + i);
 }
 
-/* fp32 -> fp16 on 16 lanes, as f16_from_f32 (see kernels_avx2.c's fp16_bits: vcvtps2ph is
+/* fp32 -> fp16 on 16 lanes, as f16_from_f32 (see kernels_avx2.h's fp16_bits: vcvtps2ph is
  * the specification but for NaN, so NaN lanes become 0x7fc00000 first). */
 static inline __m256i z_fp16_bits(__m512 x) {
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
