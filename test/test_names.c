@@ -50,44 +50,43 @@ static int arch_from(const char *s, int *out) {
  * names (a name is unique within its format only), and the deprecated fp8 pair agreeing with
  * it on the fp8 rules. */
 static void check_quantizer_names(void) {
-    static const char *const names[] = {
-        "deepseek", "sglang", "te", "deepgemm", "te-pow2", /* fp8-block */
-        "ocp", "te",                                       /* MXFP8 */
-        "modelopt", "te", "torchao",                       /* NVFP4 */
-        "ocp", "rceil", "microxcaling",                    /* MXFP4 */
-        "bitnet", "hf-bitlinear", "onebitllms",            /* ternary */
-    };
     static const struct {
         uint32_t gemm;
         parity_quantizer first, last;
+        const char *names[5]; /* first's name, then the next values' */
     } formats[] = {
-        {PARITY_GEMM_FP8_BLOCK, PARITY_FP8Q_DEEPSEEK, PARITY_FP8Q_TE_POW2},
-        {PARITY_GEMM_MXFP8, PARITY_FP8Q_MX_OCP, PARITY_FP8Q_MX_RCEIL},
-        {PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_MODELOPT, PARITY_QUANT_NVFP4_TORCHAO},
-        {PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_OCP, PARITY_QUANT_MXFP4_MICROXCALING},
-        {PARITY_GEMM_TERNARY, PARITY_QUANT_TERNARY_BITNET, PARITY_QUANT_TERNARY_ONEBITLLMS},
+        {PARITY_GEMM_FP8_BLOCK, PARITY_FP8Q_DEEPSEEK, PARITY_FP8Q_TE_POW2,
+         {"deepseek", "sglang", "te", "deepgemm", "te-pow2"}},
+        {PARITY_GEMM_MXFP8, PARITY_FP8Q_MX_OCP, PARITY_FP8Q_MX_RCEIL, {"ocp", "te"}},
+        {PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_MODELOPT, PARITY_QUANT_NVFP4_TORCHAO,
+         {"modelopt", "te", "torchao"}},
+        {PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_OCP, PARITY_QUANT_MXFP4_MICROXCALING,
+         {"ocp", "rceil", "microxcaling"}},
+        {PARITY_GEMM_TERNARY, PARITY_QUANT_TERNARY_BITNET, PARITY_QUANT_TERNARY_ONEBITLLMS,
+         {"bitnet", "hf-bitlinear", "onebitllms"}},
     };
     int next = 0;
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
         for (int q = (int)formats[f].first; q <= (int)formats[f].last; q++) {
             CHECK_INT(q, next++);
+            const char *expected = formats[f].names[q - (int)formats[f].first];
             const char *name = parity_quantizer_name(q);
-            CHECK(name != NULL && strcmp(name, names[q]) == 0);
+            CHECK(name != NULL && strcmp(name, expected) == 0);
             int back = -1;
-            CHECK_OK(parity_quantizer_from_name(formats[f].gemm, names[q], &back));
+            CHECK_OK(parity_quantizer_from_name(formats[f].gemm, expected, &back));
             CHECK_INT(back, q);
             if (formats[f].gemm != PARITY_GEMM_FP8_BLOCK && formats[f].gemm != PARITY_GEMM_MXFP8) {
                 CHECK(parity_fp8_quantizer_name(q) == NULL);
                 continue;
             }
             const char *fp8_name = parity_fp8_quantizer_name(q);
-            CHECK(fp8_name != NULL && strcmp(fp8_name, names[q]) == 0);
+            CHECK(fp8_name != NULL && strcmp(fp8_name, expected) == 0);
             back = -1;
-            CHECK_OK(parity_fp8_quantizer_from_name(formats[f].gemm == PARITY_GEMM_MXFP8, names[q],
+            CHECK_OK(parity_fp8_quantizer_from_name(formats[f].gemm == PARITY_GEMM_MXFP8, expected,
                                                     &back));
             CHECK_INT(back, q);
         }
-    CHECK_INT(next, sizeof names / sizeof names[0]);
+    CHECK_INT(next, 16);
     CHECK(parity_quantizer_name(next) == NULL);
     CHECK(parity_quantizer_name(-1) == NULL);
     int untouched = 12345;
