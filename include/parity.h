@@ -2,8 +2,12 @@
  * libparity — BF16 forward passes of Qwen-family models with every rounding point explicit,
  * and a sampler and a learner that return bitwise-identical log-probabilities.
  *
- * This header is the whole public API: a function or type that is not declared here is not
- * published. Conventions, for every object:
+ * The public API, in three tiers. This header holds the core, in reading order: version,
+ * status, policy, model, scorer, sampler, weight updates (then the policy's switches and
+ * presets in detail). At its end it includes parity_quant.h (element formats, quantizers,
+ * export check) and parity_ops.h (CPU paths, region kernels, forward pieces), so that
+ * including parity.h gives the whole API. A function or type that is not declared in these
+ * three headers is not published. Conventions, for every object:
  *
  *   - Handles are opaque. `parity_X_free(NULL)` is a harmless no-op.
  *   - Every fallible call returns a parity_status (0 = PARITY_OK, errors are negative and
@@ -15,9 +19,10 @@
  *   - Threading: a parity_model may be shared by any number of threads. Its weights change
  *     only through parity_model_update, which runs only while no other call uses the model
  *     (it fails with PARITY_ERR_BUSY otherwise, and calls that find an update running fail
- *     the same way): no call ever sees half-updated weights. Its config never changes. A parity_scorer is used by one thread at a time (it owns scratch
- *     memory and a thread pool); create one per thread that scores. The region kernels are
- *     pure functions of their arguments and may be called from any thread.
+ *     the same way): no call ever sees half-updated weights. Its config never changes. A
+ *     parity_scorer is used by one thread at a time (it owns scratch memory and a thread
+ *     pool); create one per thread that scores. The region kernels are pure functions of
+ *     their arguments and may be called from any thread.
  *     A scorer or sampler must not be used by two threads at once; the library detects it
  *     where cheap (parity_score, parity_sampler_add/fork/step/release) and returns
  *     PARITY_ERR_BUSY to the call that finds the object in use, changing nothing.
@@ -69,75 +74,85 @@ PARITY_API int parity_version_number(void);
 PARITY_API int parity_abi_version(void);
 /* sizeof a public struct by its name ("parity_policy", "parity_config",
  * "parity_scorer_params", "parity_score_options", "parity_sampling",
- * "parity_sampler_params", "parity_tensor_data", "parity_seq_info"); 0 for other names. */
+ * "parity_sampler_params", "parity_tensor_data", "parity_seq_info", "parity_profile"); 0 for
+ * other names. */
 PARITY_API size_t parity_struct_size(const char *name);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Status codes and errors                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-typedef enum parity_status {
-    PARITY_OK = 0,
+/* Every status, X(NAME, VALUE), in one list: the parity_status enum below and the names
+ * parity_status_name gives are both made from it (a host may expand it too). */
+#define PARITY_STATUS_LIST(X)                                                                      \
+    X(PARITY_OK, 0)                                                                                \
+                                                                                                   \
+    /* generic */                                                                                  \
+    X(PARITY_ERR_INVALID_ARGUMENT, -1) /* NULL pointer, zero count, bad option value */            \
+    X(PARITY_ERR_OUT_OF_MEMORY, -2)    /* an allocation failed; nothing was changed */             \
+    X(PARITY_ERR_IO, -3)               /* a file could not be opened, read, mapped or written */   \
+    X(PARITY_ERR_UNSUPPORTED, -4)      /* valid input this build does not handle */                \
+    X(PARITY_ERR_MEMORY_LIMIT, -5)     /* the request needs more memory than max_memory allows */  \
+    X(PARITY_ERR_BUSY, -6)             /* an object (or the model, during a weight update) is      \
+                                          in use by another call */                                \
+                                                                                                   \
+    /* JSON files (config.json, model.safetensors.index.json) */                                   \
+    X(PARITY_ERR_JSON_SYNTAX, -10)     /* not valid JSON (RFC 8259), or nested too deep */         \
+    X(PARITY_ERR_CONFIG, -11)          /* config.json: missing, wrong type or out-of-range         \
+                                          field */                                                 \
+    X(PARITY_ERR_INDEX, -12)           /* index.json: bad weight_map, missing shard, tensor in     \
+                                          a shard the map does not name */                         \
+                                                                                                   \
+    /* safetensors: one status per rule of the format */                                           \
+    X(PARITY_ERR_ST_HEADER_LENGTH, -20) /* file < 8 bytes, header length 0, > 100 MB or past       \
+                                           EOF */                                                  \
+    X(PARITY_ERR_ST_HEADER_UTF8, -21)  /* header is not valid UTF-8 */                             \
+    X(PARITY_ERR_ST_HEADER_JSON, -22)  /* header is not a JSON object of tensor entries            \
+                                          {"dtype","shape","data_offsets"} (+ "__metadata__") */   \
+    X(PARITY_ERR_ST_DTYPE, -23)        /* unknown dtype string */                                  \
+    X(PARITY_ERR_ST_OFFSETS, -24)      /* data_offsets not contiguous from 0: gap, overlap, or     \
+                                          end < begin */                                           \
+    X(PARITY_ERR_ST_OVERFLOW, -25)     /* shape product or byte size overflows 64 bits */          \
+    X(PARITY_ERR_ST_SIZE, -26)         /* shape x dtype size differs from the byte range */        \
+    X(PARITY_ERR_ST_TRUNCATED, -27)    /* the file ends before the last tensor's data */           \
+    X(PARITY_ERR_ST_TRAILING, -28)     /* bytes after the last tensor's data */                    \
+    X(PARITY_ERR_ST_DUPLICATE, -29)    /* a tensor name appears twice (in a file or across         \
+                                          shards) */                                               \
+                                                                                                   \
+    /* model tensors against the config */                                                         \
+    X(PARITY_ERR_TENSOR_MISSING, -30)  /* a tensor the config requires is absent */                \
+    X(PARITY_ERR_TENSOR_SHAPE, -31)    /* a tensor's shape does not match the config */            \
+    X(PARITY_ERR_TENSOR_DTYPE, -32)    /* a weight stored in a dtype other than BF16/F16/F32       \
+                                          (F8_E4M3 where a block-FP8 checkpoint quantizes it),     \
+                                          or a scale in one other than F32/BF16 */                 \
+    X(PARITY_ERR_TENSOR_NONFINITE, -33) /* a weight holds NaN or Inf */                            \
+    X(PARITY_ERR_TENSOR_UNEXPECTED, -34) /* a tensor the architecture does not use */              \
+    /* block-FP8 weights (a checkpoint's or an update's F8_E4M3 codes and their scales) */         \
+    X(PARITY_ERR_SCALE_MISSING, -35)   /* an F8_E4M3 weight without its weight_scale_inv */        \
+    X(PARITY_ERR_SCALE_GRID, -36)      /* a weight_scale_inv whose shape is not the weight's       \
+                                          128 x 128 block grid [ceil(rows/128), ceil(cols/128)] */ \
+    X(PARITY_ERR_SCALE_VALUE, -37)     /* a scale that is NaN, infinite, zero or negative (or      \
+                                          not a power of two under "scale_fmt": "ue8m0") */        \
+                                                                                                   \
+    /* inputs to scoring */                                                                        \
+    X(PARITY_ERR_TOKEN_RANGE, -40)     /* a token id < 0 or >= vocab_size */                       \
+    X(PARITY_ERR_EMPTY_INPUT, -41)     /* a sequence of length 0, or no sequences */               \
+    X(PARITY_ERR_TOO_LONG, -42)        /* a sequence longer than the context or the capacity */    \
+    X(PARITY_ERR_POLICY, -43)          /* unknown preset name or invalid policy switch value */    \
+                                                                                                   \
+    /* the sampler */                                                                              \
+    X(PARITY_ERR_CACHE_FULL, -50)      /* no free KV cache blocks or sequence slots for the        \
+                                          call */                                                  \
+    X(PARITY_ERR_UNKNOWN_SEQUENCE, -51) /* a sequence id that is not live in this sampler */       \
+    X(PARITY_ERR_SEQUENCE_FINISHED, -52) /* a step asked of a sequence that has finished */        \
+    X(PARITY_ERR_STALE, -53)           /* a sequence's KV cache predates a weight update */        \
+                                                                                                   \
+    /* sync checks */                                                                              \
+    X(PARITY_ERR_VERIFY, -60)          /* the model differs from a manifest or a probe */
 
-    /* generic */
-    PARITY_ERR_INVALID_ARGUMENT = -1,  /* NULL pointer, zero count, bad option value */
-    PARITY_ERR_OUT_OF_MEMORY = -2,     /* an allocation failed; nothing was changed */
-    PARITY_ERR_IO = -3,                /* a file could not be opened, read, mapped or written */
-    PARITY_ERR_UNSUPPORTED = -4,       /* valid input this build does not handle */
-    PARITY_ERR_MEMORY_LIMIT = -5,      /* the request needs more memory than max_memory allows */
-    PARITY_ERR_BUSY = -6,              /* an object (or the model, during a weight update) is in
-                                          use by another call */
-
-    /* JSON files (config.json, model.safetensors.index.json) */
-    PARITY_ERR_JSON_SYNTAX = -10,      /* not valid JSON (RFC 8259), or nested too deep */
-    PARITY_ERR_CONFIG = -11,           /* config.json: missing, wrong type or out-of-range field */
-    PARITY_ERR_INDEX = -12,            /* index.json: bad weight_map, missing shard, tensor in
-                                          a shard the map does not name */
-
-    /* safetensors: one status per rule of the format */
-    PARITY_ERR_ST_HEADER_LENGTH = -20, /* file < 8 bytes, header length 0, > 100 MB or past EOF */
-    PARITY_ERR_ST_HEADER_UTF8 = -21,   /* header is not valid UTF-8 */
-    PARITY_ERR_ST_HEADER_JSON = -22,   /* header is not a JSON object of tensor entries
-                                          {"dtype","shape","data_offsets"} (+ "__metadata__") */
-    PARITY_ERR_ST_DTYPE = -23,         /* unknown dtype string */
-    PARITY_ERR_ST_OFFSETS = -24,       /* data_offsets not contiguous from 0: gap, overlap,
-                                          or end < begin */
-    PARITY_ERR_ST_OVERFLOW = -25,      /* shape product or byte size overflows 64 bits */
-    PARITY_ERR_ST_SIZE = -26,          /* shape x dtype size differs from the byte range */
-    PARITY_ERR_ST_TRUNCATED = -27,     /* the file ends before the last tensor's data */
-    PARITY_ERR_ST_TRAILING = -28,      /* bytes after the last tensor's data */
-    PARITY_ERR_ST_DUPLICATE = -29,     /* a tensor name appears twice (in a file or across shards) */
-
-    /* model tensors against the config */
-    PARITY_ERR_TENSOR_MISSING = -30,   /* a tensor the config requires is absent */
-    PARITY_ERR_TENSOR_SHAPE = -31,     /* a tensor's shape does not match the config */
-    PARITY_ERR_TENSOR_DTYPE = -32,     /* a weight stored in a dtype other than BF16/F16/F32
-                                          (F8_E4M3 where a block-FP8 checkpoint quantizes it),
-                                          or a scale in one other than F32/BF16 */
-    PARITY_ERR_TENSOR_NONFINITE = -33, /* a weight holds NaN or Inf */
-    PARITY_ERR_TENSOR_UNEXPECTED = -34,/* a tensor the architecture does not use */
-    /* block-FP8 weights (a checkpoint's or an update's F8_E4M3 codes and their scales) */
-    PARITY_ERR_SCALE_MISSING = -35,    /* an F8_E4M3 weight without its weight_scale_inv */
-    PARITY_ERR_SCALE_GRID = -36,       /* a weight_scale_inv whose shape is not the weight's
-                                          128 x 128 block grid [ceil(rows/128), ceil(cols/128)] */
-    PARITY_ERR_SCALE_VALUE = -37,      /* a scale that is NaN, infinite, zero or negative (or not
-                                          a power of two under "scale_fmt": "ue8m0") */
-
-    /* inputs to scoring */
-    PARITY_ERR_TOKEN_RANGE = -40,      /* a token id < 0 or >= vocab_size */
-    PARITY_ERR_EMPTY_INPUT = -41,      /* a sequence of length 0, or no sequences */
-    PARITY_ERR_TOO_LONG = -42,         /* a sequence longer than the context or the capacity */
-    PARITY_ERR_POLICY = -43,           /* unknown preset name or invalid policy switch value */
-
-    /* the sampler */
-    PARITY_ERR_CACHE_FULL = -50,       /* no free KV cache blocks or sequence slots for the call */
-    PARITY_ERR_UNKNOWN_SEQUENCE = -51, /* a sequence id that is not live in this sampler */
-    PARITY_ERR_SEQUENCE_FINISHED = -52,/* a step asked of a sequence that has finished */
-    PARITY_ERR_STALE = -53,            /* a sequence's KV cache predates a weight update */
-
-    /* sync checks */
-    PARITY_ERR_VERIFY = -60,           /* the model differs from a manifest or a probe */
-} parity_status;
+#define PARITY_STATUS_ENUMERATOR(name, value) name = value,
+typedef enum parity_status { PARITY_STATUS_LIST(PARITY_STATUS_ENUMERATOR) } parity_status;
+#undef PARITY_STATUS_ENUMERATOR
 
 /* Stable name of a status ("PARITY_ERR_ST_OFFSETS"); "PARITY_UNKNOWN_STATUS" for others. */
 PARITY_API const char *parity_status_name(int status);
@@ -158,400 +173,59 @@ typedef void (*parity_log_fn)(parity_log_level level, const char *message, void 
 PARITY_API void parity_set_log_callback(parity_log_fn fn, void *user);
 
 /* ---------------------------------------------------------------------------------------- */
-/* bf16                                                                                     */
-/* ---------------------------------------------------------------------------------------- */
-
-/* fp32 -> bf16, round to nearest even; every NaN -> 0x7fc0 (quiet): as PyTorch's
- * c10::BFloat16. Exactly the rule `(u + 0x7fff + ((u >> 16) & 1)) >> 16` for non-NaN u. */
-PARITY_API uint16_t parity_bf16_from_f32(float x);
-/* bf16 -> fp32, exact. */
-PARITY_API float parity_bf16_to_f32(uint16_t x);
-
-/* ---------------------------------------------------------------------------------------- */
-/* fp16 and fp8 elements                                                                    */
-/* ---------------------------------------------------------------------------------------- */
-
-/* fp32 -> IEEE binary16, round to nearest even: |x| >= 65520 overflows to infinity,
- * subnormals are kept (quantum 2^-24), every NaN -> 0x7e00 (the sign dropped, as bf16's
- * every NaN -> 0x7fc0: a NaN's sign is not the same in every kernel table). */
-PARITY_API uint16_t parity_fp16_from_f32(float x);
-/* fp16 -> fp32, exact (NaN payloads kept). */
-PARITY_API float parity_fp16_to_f32(uint16_t x);
-
-/* The OCP 8-bit floats: E4M3 (torch.float8_e4m3fn: bias 7, max 448 = 0x7e, no infinities,
- * NaN 0x7f / 0xff) and E5M2 (torch.float8_e5m2: bias 15, max 57344 = 0x7b, infinities 0x7c,
- * NaN 0x7f / 0xff as written here). */
-enum { PARITY_FP8_E4M3 = 0, PARITY_FP8_E5M2 = 1 };
-
-/* out[i] = x[i] in fp8, round to nearest even, subnormals kept, NaN -> sign | 0x7f. With
- * `saturate` != 0, values beyond the largest finite one (infinities included) become it,
- * signed: the clamp every production quantizer applies before its cast. With saturate = 0,
- * PyTorch's c10 conversion before 2026: E4M3 gives NaN above 464 (464 itself is a tie that
- * rounds to 448), E5M2 gives infinity from 61440 up. Integer arithmetic: the same codes on
- * every CPU. PARITY_ERR_INVALID_ARGUMENT for another format or NULL buffers with n > 0. */
-PARITY_API int parity_fp8_from_f32(int format, int saturate, size_t n, const float *x,
-                                   uint8_t *out);
-/* out[i] = the value of codes[i], exact (NaN codes -> a quiet NaN of their sign). */
-PARITY_API int parity_fp8_to_f32(int format, size_t n, const uint8_t *codes, float *out);
-
-/* The OCP 4-bit float E2M1 (FP4 of NVFP4 and MXFP4): 1 sign, 2 exponent (bias 1) and 1
- * fraction bit, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; no infinity, no NaN. A code is the low
- * four bits of a byte, the sign bit 0x8 (so -0 is 0x8). Roundings: */
-enum {
-    PARITY_FP4_RNE = 0,       /* to nearest, ties to the even code, saturating at +-6 (infinities
-                                 too): PTX cvt.rn.satfinite.e2m1x2.f32, torchao's
-                                 f32_to_f4_unpacked, ModelOpt's _cast_fp4 (searchsorted on the
-                                 midpoints plus the ties 0.75, 1.75, 3.5 rounding up) */
-    PARITY_FP4_HALF_AWAY = 1, /* to nearest, ties away from zero, saturating: microxcaling's
-                                 round="nearest" (sign(x) floor(|x| + 0.5) on the mantissa) */
-};
-/* codes[i] = x[i] in E2M1 with `rounding`. A NaN is refused (E2M1 has none) with
- * PARITY_ERR_TENSOR_NONFINITE naming the element, before anything is written;
- * PARITY_ERR_INVALID_ARGUMENT for another rounding or NULL buffers with n > 0. */
-PARITY_API int parity_fp4_from_f32(int rounding, size_t n, const float *x, uint8_t *codes);
-/* out[i] = the value of codes[i] (exact); a code above 0xf is PARITY_ERR_INVALID_ARGUMENT,
- * naming it. */
-PARITY_API int parity_fp4_to_f32(size_t n, const uint8_t *codes, float *out);
-/* Two codes a byte, as ModelOpt, torchao and the MXFP4 *_blocks tensors store them: byte j
- * holds code 2j in its low nibble and code 2j + 1 in its high one (0 past an odd n);
- * packed has (n + 1) / 2 bytes. Codes above 0xf are refused as by parity_fp4_to_f32. */
-PARITY_API int parity_fp4_pack(size_t n, const uint8_t *codes, uint8_t *packed);
-PARITY_API int parity_fp4_unpack(size_t n, const uint8_t *packed, uint8_t *codes);
-
-/* ---------------------------------------------------------------------------------------- */
-/* FP8 quantizers: the scale and element rules of the public code, by name                  */
-/* ---------------------------------------------------------------------------------------- */
-/*
- * Each rule is the fp32 arithmetic its source performs, IEEE and round to nearest even, in
- * the order written; amax = max |x| over the block; the element step ends in the E4M3 cast
- * with the clamp to +-448 (parity_fp8_from_f32 saturating). Block rules (fp8-block: 128 x 128
- * weight blocks, 1 x 128 activation groups; "stored" is the fp32 dequantization multiplier a
- * checkpoint's weight_scale_inv holds, value = code * stored):
- *   PARITY_FP8Q_DEEPSEEK  "deepseek": s = max(amax, 1e-10) / 448, stored s, code = e4m3(x / s).
- *       vLLM csrc/quantization/fp8/per_token_group_quant.cu, per_token_group_quant_8bit_kernel
- *       (eps 1e-10, IEEE division); DeepSeek-V3 inference/kernel.py act_quant_kernel and
- *       weight_quant_kernel write the same formula without eps, in Triton, whose fp32 division
- *       is approximate (div.full.f32): their bits are not reproducible on a CPU, the formula is.
- *   PARITY_FP8Q_SGLANG    "sglang": s = max(amax, 1e-10) / 448, stored s, code = e4m3(x * (1 / s)).
- *       SGLang python/sglang/srt/layers/quantization/fp8_kernel.py, _per_token_group_quant_8bit
- *       (row-major Triton; its 1.0 / y_s is Triton's approximate division on the GPU).
- *   PARITY_FP8Q_TE        "te": m = 448 / amax (FLT_MAX if that overflows, 1 if amax = 0, eps 0),
- *       stored 1 / m, code = e4m3(x * m). TransformerEngine common/recipe/recipe_common.cuh,
- *       compute_scale_from_amax (__fdiv_rn), with NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1.
- *   PARITY_FP8Q_DEEPGEMM  "deepgemm": a = max(amax, 1e-4), stored a / 448, code = e4m3(x * (448 / a)).
- *       DeepGEMM's reference per_token_cast_to_fp8 / per_block_cast_to_fp8 (torch, IEEE).
- *   PARITY_FP8Q_TE_POW2   "te-pow2": m as "te", then floored to a power of two (its exponent bits
- *       kept: force_pow_2_scales), stored 1 / m (exact), code = e4m3(x * m). TE's default
- *       Float8BlockScaling recipe (power_2_scale = True).
- * MXFP8 rules (1 x 32 blocks along K, E8M0 scales: byte b means 2^(b - 127)):
- *   PARITY_FP8Q_MX_OCP    "ocp": b = clamp(exponent(amax) - 8, -127, 128) + 127 (floor(log2 amax)
- *       minus E4M3's emax, from the bits), code = e4m3(x * 2^(127 - b)). OCP MX v1.0 /
- *       microsoft/microxcaling _shared_exponents(method="max"); torchao mx_tensor.py to_mx with
- *       ScaleCalculationMode.FLOOR (its default). (microxcaling rounds elements half away from
- *       zero by default; this rule rounds to nearest even, as torchao's cast does.)
- *   PARITY_FP8Q_MX_RCEIL  "te": v = amax * (1 / 448 in fp32), b = exponent(v) rounded up when v is
- *       not a power of two (TE common/util/ptx.cuh float_to_e8m0: NaN -> 0xff, Inf -> 0xfe,
- *       subnormal v up to 2^-127 -> 0), code = e4m3(x * m) with m = 1 for b = 0, else
- *       2^(127 - b) (exp2f_rcp). TransformerEngine's MXFP8 cast (and cuBLAS' RCEIL).
- */
-enum {
-    PARITY_FP8Q_DEEPSEEK = 0,
-    PARITY_FP8Q_SGLANG = 1,
-    PARITY_FP8Q_TE = 2,
-    PARITY_FP8Q_DEEPGEMM = 3,
-    PARITY_FP8Q_TE_POW2 = 4,
-    PARITY_FP8Q_MX_OCP = 5,
-    PARITY_FP8Q_MX_RCEIL = 6,
-};
-
-/* The quantizer of a name: `mx` = 0 for the fp8-block rules ("deepseek", "sglang", "te",
- * "deepgemm", "te-pow2"), 1 for the MXFP8 ones ("ocp", "te"). PARITY_ERR_POLICY for another. */
-PARITY_API int parity_fp8_quantizer_from_name(int mx, const char *name, int *out);
-/* The name of a quantizer ("deepseek", ..., "ocp", "te"), NULL for another value. */
-PARITY_API const char *parity_fp8_quantizer_name(int quantizer);
-
-/* Block quantization of rows x cols fp32 values (row stride x_stride) with a block rule, in
- * blocks of block_rows x block_cols (128 x 128 for weights, 1 x 128 for activations; partial
- * blocks at the edges): codes[r * codes_stride + c] E4M3, scales[ceil(rows / block_rows)]
- * [ceil(cols / block_cols)] the stored fp32 multipliers. A NaN or Inf value is refused
- * (PARITY_ERR_TENSOR_NONFINITE, naming the element), before anything is written. */
-PARITY_API int parity_fp8_quantize_blocks(int quantizer, size_t rows, size_t cols,
-                                          const float *x, size_t x_stride, uint32_t block_rows,
-                                          uint32_t block_cols, uint8_t *codes,
-                                          size_t codes_stride, float *scales);
-/* MXFP8 quantization with an MX rule: 1 x 32 blocks along each row (the last one partial),
- * codes E4M3, scales[rows][ceil(cols / 32)] E8M0 bytes. Errors as above. */
-PARITY_API int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, const float *x,
-                                     size_t x_stride, uint8_t *codes, size_t codes_stride,
-                                     uint8_t *scales);
-
-/* ---------------------------------------------------------------------------------------- */
-/* 4-bit and ternary quantizers                                                             */
-/* ---------------------------------------------------------------------------------------- */
-/*
- * As the FP8 rules: each is the arithmetic its source performs, IEEE fp32 (bf16 where said),
- * round to nearest even, in the order written; amax = max |x| over the block; RN() is one
- * fp32 rounding. Codes are unpacked, one per byte (E2M1 in the low nibble, sign 0x8, as
- * parity_fp4_from_f32 writes them; ternary and int8 as two's complement int8).
- *
- * NVFP4 (E2M1 in 1 x 16 blocks along K, an E4M3 block scale, an fp32 tensor scale s2; value =
- * e2m1 * e4m3 * s2). A weight's s2 is per tensor; an activation's is per token (per row):
- * a scale over a whole batch would make a token's codes depend on its neighbours in the
- * batch, which the parity contract forbids (TE's NVTE_NVFP4_PER_TOKEN mode is this one).
- * A block whose E4M3 scale is 0 decodes to 0 whatever its codes; such blocks get code 0
- * (ModelOpt's x / 0 would write +-6 there, TE's x * FLT_MAX too: the values are the same).
- *   PARITY_QUANT_NVFP4_MODELOPT "modelopt": s2 = amax_tensor / 2688; sf = e4m3(amax16 /
- *       RN(6 * s2)), 1 where amax16 / RN(6 * s2) is 0; code = e2m1(x / RN(sf * s2)). NVIDIA
- *       Model-Optimizer nvfp4_tensor.py, NVFP4QTensor (get_weights_scaling_factor_2,
- *       get_weights_scaling_factor, _cast_fp4): the rule of the NVFP4 checkpoints people
- *       download. An all-zero tensor: s2 = 0, every sf 1 and every code 0 (ModelOpt divides
- *       0 by 0 there).
- *   PARITY_QUANT_NVFP4_TE "te": S = min(2688 / amax_tensor, FLT_MAX), 1 where amax is 0 or
- *       S is 0; s2 = RN(1 / S); sf = e4m3(amax16 * RN(S * RN(1 / 6))); m = min(RN(1 /
- *       RN(sf * RN(1 / S))), FLT_MAX); code = e2m1(x * m). TransformerEngine
- *       cast/nvfp4/core_nvfp4.cuh (compute_global_encode_scaling_factor_FP4,
- *       compute_decoding_scaling_factor, compute_scaling_coefficient<float>): the form its
- *       comment calls an exact emulation. 1 x 16 blocks (TE's weights default to 16 x 16;
- *       NVTE_NVFP4_DISABLE_2D_QUANTIZATION=1 gives these).
- *   PARITY_QUANT_NVFP4_TORCHAO "torchao": s2 = amax_tensor / 2688; sf = e4m3(clamp(RN(amax16 /
- *       6) / s2, 2^-6, 448)); code = e2m1(clamp(x / RN(s2 * sf), -6, 6)). torchao
- *       prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize (no subnormal block scales).
- *       An all-zero tensor as "modelopt".
- *   Not offered: vLLM's, FlashInfer's and TRT-LLM's activation quantizer (nvfp4_utils.cuh,
- *   cvt_warp_fp16_to_fp4) computes its scales with rcp.approx.ftz.f32, whose bits no CPU
- *   reproduces from a formula.
- *
- * MXFP4 (E2M1 in 1 x 32 blocks along K with E8M0 scales, byte b meaning 2^(b - 127); value =
- * e2m1 * 2^(b - 127)); elements are e2m1(x * 2^(127 - b)), saturating at +-6:
- *   PARITY_QUANT_MXFP4_OCP "ocp": b = clamp(exponent(amax) - 2, -127, 128) + 127 (floor(log2
- *       amax) minus E2M1's emax 2, from the bits), elements to nearest even. torchao to_mx
- *       with ScaleCalculationMode.FLOOR (its default), f32_to_f4_unpacked.
- *   PARITY_QUANT_MXFP4_RCEIL "rceil": v = amax * RN(1 / 6), b = exponent(v) rounded up when v
- *       is not a power of two (the subnormal rule of the MXFP8 "te" rule), elements to nearest
- *       even. torchao to_mx with ScaleCalculationMode.RCEIL (cvt.rp.satfinite.ue8m0x2.f32).
- *   PARITY_QUANT_MXFP4_MICROXCALING "microxcaling": b as "ocp", elements rounded half away from
- *       zero: microsoft/microxcaling _quantize_mx with its default round="nearest".
- *
- * Ternary (BitNet b1.58: weights w = code / s_w with code in {-1, 0, 1} and one multiplier
- * s_w per tensor; activations int8 per token, x = code / s_x). mean|W| = RN(S / n) with S the
- * fp64 sum of the |w| in row-major order (numpy.cumsum's last element), then rounded to fp32.
- *   PARITY_QUANT_TERNARY_BITNET "bitnet": s_w = RN(1 / max(mean|W|, 1e-5)); code =
- *       clamp(rne(RN(w * s_w)), -1, 1); s_x = RN(127 / max(amax_row, 1e-5)); code =
- *       clamp(rne(RN(x * s_x)), -128, 127). 1bitLLM utils_quant.py, the lineage llama.cpp and
- *       microsoft/BitNet convert from; transformers' AutoBitLinear online WeightQuant.
- *   PARITY_QUANT_TERNARY_HF_BITLINEAR "hf-bitlinear": transformers integrations/bitnet.py
- *       BitLinear: weights as "bitnet" with s_w stored in bf16 (its weight_scale buffer is in
- *       the model dtype); the activation quantizer in bf16 arithmetic: c = max(amax_row,
- *       bf16(1e-5)), s_x = bf16(RN(127 / c)), code = clamp(rne(bf16(x * s_x)), -128, 127).
- *   PARITY_QUANT_TERNARY_ONEBITLLMS "onebitllms": as "bitnet" with every rounding half up,
- *       floor(RN(RN(v * s) + 0.5)): tiiuae/onebitllms' training kernels (weight_quant.py,
- *       activation_quant.py, tl.floor(x * scale + 0.5), read unfused).
- */
-enum {
-    PARITY_QUANT_NVFP4_MODELOPT = 7,
-    PARITY_QUANT_NVFP4_TE = 8,
-    PARITY_QUANT_NVFP4_TORCHAO = 9,
-    PARITY_QUANT_MXFP4_OCP = 10,
-    PARITY_QUANT_MXFP4_RCEIL = 11,
-    PARITY_QUANT_MXFP4_MICROXCALING = 12,
-    PARITY_QUANT_TERNARY_BITNET = 13,
-    PARITY_QUANT_TERNARY_HF_BITLINEAR = 14,
-    PARITY_QUANT_TERNARY_ONEBITLLMS = 15,
-};
-
-/* The quantizer named `name` for the gemm format `gemm` (PARITY_GEMM_FP8_BLOCK, _MXFP8,
- * _NVFP4, _MXFP4, _TERNARY; the names above), PARITY_ERR_POLICY for another. */
-PARITY_API int parity_quantizer_from_name(uint32_t gemm, const char *name, int *out);
-/* The name of any quantizer (PARITY_FP8Q_* and PARITY_QUANT_*), NULL for another value. */
-PARITY_API const char *parity_quantizer_name(int quantizer);
-
-/* NVFP4 quantization of rows x cols fp32 values with an NVFP4 rule: codes[r * codes_stride
- * + c] E2M1, block_scales[rows][ceil(cols / 16)] E4M3 codes, and the tensor scales s2: one
- * (tensor_scales[0]) when per_row is 0 (a weight), one per row when 1 (activations). A NaN
- * or Inf value is refused (PARITY_ERR_TENSOR_NONFINITE, naming the element), before
- * anything is written. */
-PARITY_API int parity_nvfp4_quantize(int quantizer, int per_row, size_t rows, size_t cols,
-                                     const float *x, size_t x_stride, uint8_t *codes,
-                                     size_t codes_stride, uint8_t *block_scales,
-                                     float *tensor_scales);
-/* MXFP4 quantization with an MXFP4 rule: codes E2M1, scales[rows][ceil(cols / 32)] E8M0
- * bytes. Errors as above. */
-PARITY_API int parity_mxfp4_quantize(int quantizer, size_t rows, size_t cols, const float *x,
-                                     size_t x_stride, uint8_t *codes, size_t codes_stride,
-                                     uint8_t *scales);
-/* Ternary quantization of a weight (per_row 0: codes in {-1, 0, 1}, one multiplier s_w in
- * scales[0], as fp32, rounded to bf16 first under "hf-bitlinear") or of activations (per_row
- * 1: int8 codes, one multiplier s_x per row). Errors as above. */
-PARITY_API int parity_ternary_quantize(int quantizer, int per_row, size_t rows, size_t cols,
-                                       const float *x, size_t x_stride, int8_t *codes,
-                                       size_t codes_stride, float *scales);
-
-/* ---------------------------------------------------------------------------------------- */
-/* Export check (bench/parity-quant-check)                                                   */
-/* ---------------------------------------------------------------------------------------- */
-/*
- * A weight's codes and scales as the model quantizes it with any quantizer (PARITY_FP8Q_*,
- * PARITY_QUANT_*): codes one a byte, row-major; scales the parity_quant_scale_count() block
- * scales as fp32 values (the stored multipliers of fp8-block, E8M0 and E4M3 scales as their
- * values) followed by one tensor scale (NVFP4's s2, ternary's s_w; 0 for the others). A NaN
- * or Inf value is PARITY_ERR_TENSOR_NONFINITE.
- */
-PARITY_API uint64_t parity_quant_scale_count(int quantizer, size_t rows, size_t cols);
-PARITY_API int parity_quantize_weight(int quantizer, size_t rows, size_t cols, const float *x,
-                                      size_t x_stride, uint8_t *codes, float *scales);
-/* The same quantizer as an export script runs it on a bf16 cast of x: the 4-bit and fp8
- * rules in their fp32 arithmetic on the cast values (ModelOpt and torchao exports read bf16
- * models); the ternary rules in bf16 arithmetic, as onebitllms' quantize_to_1bit
- * (_weight_quant on a bfloat16 model): mean|W| rounded to bf16, s = bf16(1 / max(mean,
- * bf16(1e-5))), code = clamp(round(bf16(w * s)), -1, 1) with the rule's rounding. */
-PARITY_API int parity_quantize_bf16_export(int quantizer, size_t rows, size_t cols,
-                                           const float *x, size_t x_stride, uint8_t *codes,
-                                           float *scales);
-/* The second remedy: out[rows * cols] bf16 values, each the nearest bf16 value to its latent
- * x whose export (parity_quantize_bf16_export) gives the training code
- * (parity_quantize_weight of x); *n_adjusted (if not NULL) counts the values that differ from
- * the plain bf16 cast. Ternary rules: iterated until the export's bf16 multiplier is stable
- * (16 rounds at most, else PARITY_ERR_VERIFY); the multiplier itself stays the export's.
- * NVFP4 and MXFP4 rules, block by block: the element with the largest latent first takes the
- * nearest bf16 value that gives its code and the training block scale (the others held at or
- * below it), then each other element the nearest one at or below it that gives its code; the
- * export then has the training codes and block scales (NVFP4's s2, the bf16 amax / 2688,
- * excepted: no bf16 value is the fp32 amax unless it is one already); a block where no bf16
- * value within 1024 steps works is PARITY_ERR_VERIFY. The fp8 rules are
- * PARITY_ERR_UNSUPPORTED. */
-PARITY_API int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const float *x,
-                                        size_t x_stride, uint16_t *out, uint64_t *n_adjusted);
-
-/* ---------------------------------------------------------------------------------------- */
-/* CPU paths                                                                                */
-/* ---------------------------------------------------------------------------------------- */
-
-/* Every kernel has a portable C reference, which is its specification, and SIMD variants
- * that must equal it bit for bit. The path is detected once: the best the CPU has, except
- * that avx512bf16 is the default only on AMD CPUs (on Zen 4 vdpbf16ps ran at twice the fp32
- * FMA rate; on Intel Xeons of the 4th and 5th generation at half of it, so there avx512
- * is faster). The environment variable PARITY_CPU_PATH (portable | avx2 | avx512 |
- * avx512bf16) or parity_set_cpu_path() forces one. */
-typedef enum parity_cpu_path {
-    PARITY_CPU_PORTABLE = 0,
-    PARITY_CPU_AVX2 = 1,        /* AVX2 + FMA + F16C */
-    PARITY_CPU_AVX512 = 2,      /* AVX-512 F, BW, VL, DQ (and AVX2) */
-    PARITY_CPU_AVX512BF16 = 3,  /* AVX512_BF16 (and avx512): the bf16 GEMM on vdpbf16ps */
-} parity_cpu_path;
-
-/* The path in use now. */
-PARITY_API parity_cpu_path parity_get_cpu_path(void);
-/* Name of a path ("portable", "avx2", "avx512", "avx512bf16"). */
-PARITY_API const char *parity_cpu_path_name(parity_cpu_path path);
-/* The path of a name ("portable", "avx2", "avx512", "avx512bf16"); PARITY_ERR_INVALID_ARGUMENT
- * for another name. */
-PARITY_API int parity_cpu_path_from_name(const char *name, parity_cpu_path *out);
-/* Force a path. Fails with PARITY_ERR_UNSUPPORTED if this CPU (or OS) lacks it. Process-wide:
- * call it while no other thread is inside the library. Results never depend on it. */
-PARITY_API int parity_set_cpu_path(parity_cpu_path path);
-
-/* ---------------------------------------------------------------------------------------- */
 /* Precision policy: one switch per rounding point                                          */
 /* ---------------------------------------------------------------------------------------- */
 
 /* Values of the switches. "ROUND" means: the fp32 value is rounded to bf16 at that point
- * (to fp16 under PARITY_COMPUTE_FP16: read every "bf16" below as "fp16" then). */
+ * (to fp16 under PARITY_COMPUTE_FP16: read every "bf16" below as "fp16" then). The longer
+ * stories of compute, exit_dist and the presets follow the weight updates ("The policy in
+ * detail"); the quantized gemm formats' arithmetic is in parity_quant.h. */
 enum {
     /* norm_input: what the RMSNorm after a residual add reads */
     PARITY_NORM_INPUT_ROUNDED = 0,  /* the bf16-rounded residual sum (HF transformers) */
     PARITY_NORM_INPUT_FP32 = 1,     /* the unrounded fp32 sum (vLLM compiled, SGLang) */
-
     /* norm_weight, qk_norm: how the normalised value meets the weight */
     PARITY_NORM_ROUND_TWICE = 0,    /* bf16(w * bf16(x * r)): HF, vLLM */
     PARITY_NORM_ROUND_ONCE = 1,     /* bf16(w * x * r) in fp32 */
-
     /* rope_table: precision of cos/sin */
     PARITY_ROPE_TABLE_BF16 = 0,
     PARITY_ROPE_TABLE_FP32 = 1,
-
     /* rope_apply */
     PARITY_ROPE_PER_OP = 0,         /* bf16(bf16(x*c) +- bf16(x'*s)): 3 roundings (HF) */
     PARITY_ROPE_FUSED = 1,          /* bf16(x*c +- x'*s) in fp32: 1 rounding */
-
     /* swiglu */
     PARITY_SWIGLU_PER_OP = 0,       /* bf16(bf16(silu(g)) * u): 2 roundings (HF, vLLM CUDA) */
     PARITY_SWIGLU_FUSED = 1,        /* bf16(silu(g) * u) in fp32: 1 rounding */
-
     /* attention */
     PARITY_ATTN_EAGER = 0,          /* HF eager: bf16 scores, bf16 scaled, fp32 softmax -> bf16 P,
                                        bf16(P.V) */
     PARITY_ATTN_FLASH = 1,          /* flash: fp32 scores, P = exp(s-m) fp32, l over fp32 P,
                                        O = sum bf16(P) V in fp32, bf16(O / l) */
     PARITY_ATTN_FP32 = 2,           /* fp32 softmax attention, no rounding */
-
     /* logits */
     PARITY_LOGITS_BF16 = 0,         /* lm_head output rounded to bf16 */
     PARITY_LOGITS_FP32 = 1,         /* fp32 lm_head output (an "fp32 head") */
-
     /* temperature */
     PARITY_TEMPERATURE_BF16 = 0,    /* logits / T rounded to bf16 (verl's div_ on bf16 logits) */
     PARITY_TEMPERATURE_FP32 = 1,    /* logits / T in fp32 */
-
     /* compute: the master switch of the fp32 reference */
     PARITY_COMPUTE_BF16 = 0,        /* bf16 weights and activations, rounding where switched */
-    PARITY_COMPUTE_FP32 = 1,        /* fp32 everywhere: no rounding at any point, fp32 weights
-                                       (F32 checkpoints keep their master weights; bf16/f16
-                                       checkpoints are widened exactly). The other switches
-                                       are ignored. */
+    PARITY_COMPUTE_FP32 = 1,        /* fp32 everywhere: no rounding at any point, fp32 weights */
+    PARITY_COMPUTE_FP16 = 2,        /* fp16 weights and activations, rounding where bf16 would
+                                       (the "+fp16" modifier) */
     /* gemm: the format of the decoder layers' linear layers (q, k, v, o, gate, up, down; the
-     * embedding, the norms and lm_head stay bf16). Under both fp8 formats the weights are
-     * quantized once, with the policy's quantizer (FP8 quantizers below), from the
-     * checkpoint's own values (fp32 masters where it has them, never through a bf16 cast),
-     * and each GEMM input is quantized per token with the same rule, dynamically; the output
-     * is fp32 and the forward rounds it to bf16 as every GEMM output. Requires compute bf16.
-     * y[m][n] = sum over K blocks kb, ascending, in fp32: acc = acc + (d * a_s) * w_s, where
-     * d = the block's dot product of the E4M3 codes' values, exact (E4M3 x E4M3 products are
-     * integer multiples of 2^-18: the library sums them exactly, in any order), then rounded
-     * once to fp32; a_s, w_s the activation's and the weight's block scales (DeepSeek-V3
-     * fp8_gemm_kernel's `accumulator += dot * a_s * b_s`, left to right). */
+     * embedding, the norms and lm_head stay bf16) */
     PARITY_GEMM_BF16 = 0,           /* bf16 weights (the native GEMM of the compute switch) */
     PARITY_GEMM_FP8_BLOCK = 1,      /* E4M3 weights in 128 x 128 blocks with fp32 scales,
                                        activations in 1 x 128 groups; "+fp8-block:RULE" */
     PARITY_GEMM_MXFP8 = 2,          /* E4M3 in 1 x 32 blocks along K with E8M0 scales, weights
                                        and activations; "+mxfp8:RULE" */
-    /* The 4-bit and ternary formats (4-bit and ternary quantizers above): codes of both
-     * operands exact integers times a power of two, so every block dot is exact in fp32.
-     * NVFP4: acc = acc + (d * sfa) * sfw over the 1 x 16 blocks, ascending (each term exact:
-     * at most 22 significant bits), y = RN(acc * RN(s2a * s2w)) (the GEMM's alpha, as vLLM's
-     * input_scale * weight_scale_2). MXFP4: as MXFP8 over 1 x 32 blocks. Ternary: D = the
-     * integer dot of the int8 and ternary codes (exact), y = RN(D / RN(s_w * s_x)) (BitLinear's
-     * y / (weight_scale * input_scale)); under "hf-bitlinear" every step of it in bf16:
-     * bf16(bf16(D) / bf16(s_w * s_x)), with the division done in fp32 and rounded. */
     PARITY_GEMM_NVFP4 = 3,          /* "+nvfp4:RULE" */
     PARITY_GEMM_MXFP4 = 4,          /* "+mxfp4:RULE" */
     PARITY_GEMM_TERNARY = 5,        /* "+ternary:RULE" */
-
-    /* exit_dist: a looped model's exit distribution from its gate (Ouro's
-     * OuroForCausalLM.forward): per loop t, lambda = sigmoid(gate(h_t)), p_t = lambda *
-     * remaining and remaining = remaining * (1 - lambda), the last loop p = remaining; the CDF
-     * is the running sum of the p. The threshold rule exits at the first loop whose CDF >= the
-     * threshold. */
-    PARITY_EXIT_DIST_MODEL = 0,     /* in the model's dtype, as HF computes it: the gate's
-                                       output, lambda, 1 - lambda, each product and each CDF
-                                       value rounded to bf16 (fp16 under PARITY_COMPUTE_FP16;
-                                       the CDF summed in fp32 and rounded per loop, as
-                                       torch.cumsum does), and the threshold rounded too (a
-                                       Python float compared with a bf16 tensor). A CDF that
-                                       comes within 2^-9 of 1 rounds to 1: at threshold 1
-                                       this exits before the last loop. Under
-                                       PARITY_COMPUTE_FP32 as FP32 */
+    /* exit_dist: a looped model's exit distribution from its gate */
+    PARITY_EXIT_DIST_MODEL = 0,     /* in the model's dtype, as HF computes it */
     PARITY_EXIT_DIST_FP32 = 1,      /* every step in fp32, the gate's output unrounded */
-
-    PARITY_COMPUTE_FP16 = 2,        /* fp16 weights and activations: every rounding point that
-                                       rounds to bf16 under PARITY_COMPUTE_BF16 rounds to IEEE
-                                       fp16 instead (nearest even, overflow to infinity,
-                                       subnormals kept), the residual stream and the KV cache
-                                       included; the other switches as under bf16. Weights are
-                                       the checkpoint's values in fp16 (F16 as they are, BF16
-                                       and F32 rounded once to nearest even; a value beyond
-                                       fp16's range is refused), multiplied by the fp32-weight
-                                       GEMM (dot16 order: fp16 products are exact in fp32).
-                                       The "+fp16" modifier. */
 };
 
 typedef struct parity_policy {
@@ -565,53 +239,17 @@ typedef struct parity_policy {
     uint8_t attention;    /* PARITY_ATTN_* */
     uint8_t logits;       /* PARITY_LOGITS_* */
     uint8_t temperature;  /* PARITY_TEMPERATURE_* */
-    uint8_t gemm;         /* PARITY_GEMM_*: the decoder layers' linear layers in bf16 or fp8 */
-    uint8_t quantizer;    /* PARITY_FP8Q_* / PARITY_QUANT_* of the gemm's format (0 under
+    uint8_t gemm;         /* PARITY_GEMM_*: the decoder layers' linear layers, bf16 or quantized */
+    uint8_t quantizer;    /* parity_quantizer (parity_quant.h) of the gemm's format (0 under
                              PARITY_GEMM_BF16) */
     uint8_t exit_dist;    /* PARITY_EXIT_DIST_* (looped models: the exit gate's distribution) */
     uint8_t reserved[3];  /* zero */
 } parity_policy;
 
-/*
- * Presets (names are API). Each follows the framework behaviour cited; the line-by-line
- * sources are in notes/framework-numerics.md (copied from ../shared/notes).
- *
- *  "fp32"      Reference: no rounding anywhere, fp32 weights.
- *  "hf-eager"  transformers eager, torch_dtype=bfloat16 (modeling_qwen3.py / qwen2.py):
- *              `hidden_states = residual + hidden_states` rounds and Qwen3RMSNorm reads it;
- *              `hidden_states.to(input_dtype)` then `self.weight * hidden_states` (2 roundings);
- *              RoPE `cos.to(dtype)`, `(q * cos) + (rotate_half(q) * sin)` (3 roundings);
- *              `act_fn(gate_proj(x)) * up_proj(x)` (2 roundings); eager_attention_forward
- *              (bf16 matmul, `* scaling`, `+ causal_mask`, softmax(dtype=float32).to(bf16),
- *              bf16 matmul); bf16 lm_head; verl's `logits.div_(temperature)` on bf16 logits.
- *  "hf-sdpa"   as hf-eager with F.scaled_dot_product_attention's flash recipe (fp32 scores,
- *              bf16 P before P.V, one output rounding).
- *  "vllm"      vLLM default V1 (torch.compile/Inductor, custom_ops "none"): RMSNorm
- *              forward_native `x = x + residual` in fp32, `residual = x.to(orig_dtype)`, the
- *              norm reads the fp32 x, `x.to(orig_dtype)` then `x * self.weight` (2 roundings);
- *              RotaryEmbedding bf16 cos_sin_cache, rotation fused (1 rounding); SiluAndMul
- *              forward_native fused (1 rounding); FlashAttention; bf16 logits; sampler
- *              `logits.to(torch.float32)` then temperature in fp32.
- *  "sglang"    SGLang CUDA (FlashInfer FusedAddRMSNorm): fp32 sum read by the norm,
- *              `x * rms_rcp * weight` rounded once; RoPE cache kept fp32 ("cache needs to be
- *              in FP32"), one rounding; SwiGLU fused (not read from its source); flash
- *              attention; bf16 logits; temperature in fp32.
- *  "aligned"   the remedy: hf-eager with RoPE, SwiGLU and every RMSNorm (residual ones and
- *              q/k-norm) in fp32 from their bf16 inputs, rounded once at the region output;
- *              the norm reads the unrounded fp32 residual sum while the residual stream is
- *              still rounded after each add. Attention, GEMMs, logits as hf-eager.
- *
- * Modifiers, appended to any preset: "+aligned" (the three regions as in "aligned"),
- * "+fp32-head" (fp32 logits, which a temperature then divides in fp32: vLLM's head_dtype
- * float32), "+fp16" (PARITY_COMPUTE_FP16: the preset's rounding points round to fp16, as the
- * framework does when run with torch_dtype=float16 / --dtype float16; not on "fp32"),
- * "+fp8-block:RULE" and "+mxfp8:RULE" (the gemm switch with the quantizer RULE: "deepseek",
- * "sglang", "te", "deepgemm", "te-pow2"; "ocp", "te"; on bf16 presets), "+nvfp4:RULE"
- * ("modelopt", "te", "torchao"), "+mxfp4:RULE" ("ocp", "rceil", "microxcaling") and
- * "+ternary:RULE" ("bitnet", "hf-bitlinear", "onebitllms"), likewise.
- * E.g. "vllm+fp32-head", "hf-eager+aligned", "hf-eager+fp16", "vllm+fp8-block:deepseek",
- * "hf-eager+mxfp8:te", "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp", "hf-eager+ternary:bitnet".
- */
+/* The policy of a preset name ("fp32", "hf-eager", "hf-sdpa", "vllm", "sglang", "aligned"),
+ * followed by any modifiers ("+aligned", "+fp32-head", "+fp16", "+fp8-block:RULE",
+ * "+mxfp8:RULE", "+nvfp4:RULE", "+mxfp4:RULE", "+ternary:RULE"), e.g. "vllm+fp32-head". Each
+ * preset follows a framework, cited in "The policy in detail" below the weight updates. */
 PARITY_API int parity_policy_from_name(const char *name, parity_policy *out);
 /* The preset names, NULL-terminated ("fp32", "hf-eager", ...). */
 PARITY_API const char *const *parity_policy_preset_names(void);
@@ -619,126 +257,12 @@ PARITY_API const char *const *parity_policy_preset_names(void);
 PARITY_API int parity_policy_validate(const parity_policy *policy);
 
 /* ---------------------------------------------------------------------------------------- */
-/* Region kernels on caller-owned bf16 buffers                                              */
-/* ---------------------------------------------------------------------------------------- */
-/*
- * For engines that adopt a policy's rounding points without the rest of libparity. Buffers
- * are bf16 bit patterns (uint16_t) — fp16 bit patterns under PARITY_COMPUTE_FP16, whose
- * rounding points round to fp16 — rows contiguous with the given row strides (in
- * elements). They neither allocate nor start threads. Under PARITY_COMPUTE_FP32 the math
- * is fp32 throughout and only the store to the bf16 output rounds.
- */
-
-/* Residual add + RMSNorm over rows of `dim`:
- *   s = residual + delta (fp32);  residual_out = bf16(s)  (the residual stream);
- *   out = RMSNorm(s or bf16(s), per policy->norm_input) * weight, rounded per
- *   policy->norm_weight. residual_out may alias residual; out may alias delta. */
-PARITY_API int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim,
-                                       const uint16_t *delta, size_t delta_stride,
-                                       const uint16_t *residual, size_t residual_stride,
-                                       const uint16_t *weight, float eps,
-                                       uint16_t *residual_out, size_t residual_out_stride,
-                                       uint16_t *out, size_t out_stride);
-
-/* RMSNorm without a residual (layer 0's input norm, Qwen3 q/k-norm with
- * `is_qk_norm` != 0, which then follows policy->qk_norm instead of norm_weight).
- * out may alias x. */
-PARITY_API int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows,
-                              size_t dim, const uint16_t *x, size_t x_stride,
-                              const uint16_t *weight, float eps, uint16_t *out,
-                              size_t out_stride);
-
-/* SwiGLU: out = silu(gate) * up, rounded per policy->swiglu. out may alias gate or up. */
-PARITY_API int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim,
-                             const uint16_t *gate, size_t gate_stride, const uint16_t *up,
-                             size_t up_stride, uint16_t *out, size_t out_stride);
-
-/* RoPE, rotate-half (NeoX) pairing, in place on `rows` tokens x `n_heads` heads x
- * `head_dim`, head vectors contiguous, a token's heads `head_dim` apart, tokens
- * `row_stride` elements apart. positions[rows] are the token positions. The cos/sin tables
- * are computed from `theta` as DESIGN.md describes (default rope; for scaled rope use the
- * model API) and rounded to bf16 or not per policy->rope_table. */
-PARITY_API int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads,
-                           size_t head_dim, uint16_t *x, size_t row_stride,
-                           const int32_t *positions, double theta);
-
-/* ---------------------------------------------------------------------------------------- */
 /* Models                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
 typedef struct parity_model parity_model;
-
-typedef enum parity_rope_type {
-    PARITY_ROPE_DEFAULT = 0,
-    PARITY_ROPE_LINEAR = 1,
-    PARITY_ROPE_LLAMA3 = 2,
-    PARITY_ROPE_YARN = 3,
-} parity_rope_type;
-
-typedef enum parity_arch {
-    PARITY_ARCH_QWEN2 = 0,   /* Qwen2 / Qwen2.5: q/k/v bias, no q/k-norm */
-    PARITY_ARCH_QWEN3 = 1,   /* Qwen3: q_norm/k_norm before RoPE, no bias */
-    PARITY_ARCH_LLAMA = 2,   /* Llama 3.x: no bias, no q/k-norm */
-    PARITY_ARCH_OURO = 3,    /* Ouro (ByteDance): a looped Qwen2-style stack without biases,
-                                run total_ut_steps times, four RMSNorms a layer (the attention
-                                and MLP outputs normed before each residual add), the final
-                                norm after every loop, an exit gate on each loop's output */
-} parity_arch;
-
-/* An architecture's name, its config.json model_type ("qwen2", "qwen3", "llama", "ouro");
- * NULL for a value that is not an architecture. */
-PARITY_API const char *parity_arch_name(int arch);
-/* The architecture of a model_type; PARITY_ERR_INVALID_ARGUMENT for another name. */
-PARITY_API int parity_arch_from_name(const char *name, parity_arch *out);
-
-/* The blueprint of a model: what config.json says. */
-typedef struct parity_config {
-    uint32_t size;                 /* sizeof(parity_config) */
-    uint32_t arch;                 /* parity_arch */
-    uint32_t vocab_size;
-    uint32_t hidden_size;
-    uint32_t intermediate_size;
-    uint32_t num_hidden_layers;
-    uint32_t num_attention_heads;
-    uint32_t num_key_value_heads;
-    uint32_t head_dim;
-    uint32_t max_position_embeddings;  /* the context length */
-    uint32_t tie_word_embeddings;      /* lm_head shares embed_tokens */
-    uint32_t attention_bias;           /* q/k/v projections have a bias (Qwen2) */
-    uint32_t qk_norm;                  /* q_norm/k_norm present (Qwen3) */
-    float rms_norm_eps;
-    double rope_theta;
-    uint32_t rope_type;                /* parity_rope_type */
-    float rope_factor;                 /* linear, llama3, yarn */
-    float rope_low_freq_factor;        /* llama3 */
-    float rope_high_freq_factor;       /* llama3 */
-    uint32_t rope_original_max_position_embeddings;  /* llama3, yarn */
-    float rope_beta_fast;              /* yarn (default 32) */
-    float rope_beta_slow;              /* yarn (default 1) */
-    float rope_attention_factor;       /* yarn; 0 = derived from factor as transformers does */
-    float rope_mscale;                 /* yarn; 0 = absent */
-    float rope_mscale_all_dim;         /* yarn; 0 = absent */
-    uint32_t rope_truncate;            /* yarn (default 1) */
-    /* Looped models (PARITY_ARCH_OURO; 1, 0 and 0 for every other architecture): */
-    uint32_t total_ut_steps;           /* loops T: the layer stack runs T times per token,
-                                          K/V kept per (loop, layer) (T x num_hidden_layers
-                                          planes); 0 is read as 1 */
-    uint32_t early_exit_gate;          /* model.early_exit_gate (Linear(hidden, 1) with bias)
-                                          is present; 0: a fixed-loop model (config.json
-                                          "use_early_exit_gate": false), every token T loops */
-    float early_exit_threshold;        /* config.json's early_exit_threshold (HF's default
-                                          exit rule; 1 when absent): recorded, not applied */
-} parity_config;
-
-/* Named built-in configs with real hyper-parameters: "tiny", "qwen3-0.6b",
- * "qwen2.5-0.5b", "llama3.2-1b", "ouro-1.4b", "ouro-2.6b" (ByteDance/Ouro-1.4B, -2.6B), and
- * the small looped shapes "ouro-tiny" (4 loops, exit gate) and "ouro-tiny-fixed" (3 loops,
- * no gate). */
-PARITY_API int parity_config_builtin(const char *name, parity_config *out);
-/* Names of the built-in configs, NULL-terminated. */
-PARITY_API const char *const *parity_config_builtin_names(void);
-/* Reads and validates a Hugging Face config.json. */
-PARITY_API int parity_config_load(const char *path, parity_config *out);
+/* What config.json says: defined with the architectures, below parity_model_config. */
+typedef struct parity_config parity_config;
 
 /* Loads a Hugging Face checkpoint directory: config.json plus model.safetensors, or shards
  * listed in model.safetensors.index.json. BF16 tensors are mapped, not copied; F16/F32 are
@@ -849,6 +373,80 @@ PARITY_API int parity_model_save_as(const parity_model *model, const char *dir, 
 PARITY_API void parity_model_free(parity_model *model);
 /* The model's config: valid until the model is freed (weight updates do not change it). */
 PARITY_API const parity_config *parity_model_config(const parity_model *model);
+
+/* ---- The config: architectures and hyper-parameters ------------------------------------- */
+
+typedef enum parity_rope_type {
+    PARITY_ROPE_DEFAULT = 0,
+    PARITY_ROPE_LINEAR = 1,
+    PARITY_ROPE_LLAMA3 = 2,
+    PARITY_ROPE_YARN = 3,
+} parity_rope_type;
+
+typedef enum parity_arch {
+    PARITY_ARCH_QWEN2 = 0,   /* Qwen2 / Qwen2.5: q/k/v bias, no q/k-norm */
+    PARITY_ARCH_QWEN3 = 1,   /* Qwen3: q_norm/k_norm before RoPE, no bias */
+    PARITY_ARCH_LLAMA = 2,   /* Llama 3.x: no bias, no q/k-norm */
+    PARITY_ARCH_OURO = 3,    /* Ouro (ByteDance): a looped Qwen2-style stack without biases,
+                                run total_ut_steps times, four RMSNorms a layer (the attention
+                                and MLP outputs normed before each residual add), the final
+                                norm after every loop, an exit gate on each loop's output */
+} parity_arch;
+
+/* An architecture's name, its config.json model_type ("qwen2", "qwen3", "llama", "ouro");
+ * NULL for a value that is not an architecture. */
+PARITY_API const char *parity_arch_name(int arch);
+/* The architecture of a model_type; PARITY_ERR_INVALID_ARGUMENT for another name. */
+PARITY_API int parity_arch_from_name(const char *name, parity_arch *out);
+
+/* The blueprint of a model: what config.json says. */
+struct parity_config {
+    uint32_t size;                 /* sizeof(parity_config) */
+    uint32_t arch;                 /* parity_arch */
+    uint32_t vocab_size;
+    uint32_t hidden_size;
+    uint32_t intermediate_size;
+    uint32_t num_hidden_layers;
+    uint32_t num_attention_heads;
+    uint32_t num_key_value_heads;
+    uint32_t head_dim;
+    uint32_t max_position_embeddings;  /* the context length */
+    uint32_t tie_word_embeddings;      /* lm_head shares embed_tokens */
+    uint32_t attention_bias;           /* q/k/v projections have a bias (Qwen2) */
+    uint32_t qk_norm;                  /* q_norm/k_norm present (Qwen3) */
+    float rms_norm_eps;
+    double rope_theta;
+    uint32_t rope_type;                /* parity_rope_type */
+    float rope_factor;                 /* linear, llama3, yarn */
+    float rope_low_freq_factor;        /* llama3 */
+    float rope_high_freq_factor;       /* llama3 */
+    uint32_t rope_original_max_position_embeddings;  /* llama3, yarn */
+    float rope_beta_fast;              /* yarn (default 32) */
+    float rope_beta_slow;              /* yarn (default 1) */
+    float rope_attention_factor;       /* yarn; 0 = derived from factor as transformers does */
+    float rope_mscale;                 /* yarn; 0 = absent */
+    float rope_mscale_all_dim;         /* yarn; 0 = absent */
+    uint32_t rope_truncate;            /* yarn (default 1) */
+    /* Looped models (PARITY_ARCH_OURO; 1, 0 and 0 for every other architecture): */
+    uint32_t total_ut_steps;           /* loops T: the layer stack runs T times per token,
+                                          K/V kept per (loop, layer) (T x num_hidden_layers
+                                          planes); 0 is read as 1 */
+    uint32_t early_exit_gate;          /* model.early_exit_gate (Linear(hidden, 1) with bias)
+                                          is present; 0: a fixed-loop model (config.json
+                                          "use_early_exit_gate": false), every token T loops */
+    float early_exit_threshold;        /* config.json's early_exit_threshold (HF's default
+                                          exit rule; 1 when absent): recorded, not applied */
+};
+
+/* Named built-in configs with real hyper-parameters: "tiny", "qwen3-0.6b",
+ * "qwen2.5-0.5b", "llama3.2-1b", "ouro-1.4b", "ouro-2.6b" (ByteDance/Ouro-1.4B, -2.6B), and
+ * the small looped shapes "ouro-tiny" (4 loops, exit gate) and "ouro-tiny-fixed" (3 loops,
+ * no gate). */
+PARITY_API int parity_config_builtin(const char *name, parity_config *out);
+/* Names of the built-in configs, NULL-terminated. */
+PARITY_API const char *const *parity_config_builtin_names(void);
+/* Reads and validates a Hugging Face config.json. */
+PARITY_API int parity_config_load(const char *path, parity_config *out);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Scorer: the learner entry point                                                          */
@@ -1250,7 +848,6 @@ typedef struct parity_profile {
 PARITY_API int parity_sampler_set_profiling(parity_sampler *sampler, int on);
 PARITY_API int parity_sampler_profile(const parity_sampler *sampler, parity_profile *profile);
 
-
 /* ---------------------------------------------------------------------------------------- */
 /* Weight updates and sync checks (an RL step pushes new weights to the sampler)            */
 /* ---------------------------------------------------------------------------------------- */
@@ -1361,8 +958,9 @@ PARITY_API int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_
  * little-endian bytes of the values as bf16, as the model holds them after
  * parity_model_update: BF16 data as it is, F16 and F32 data rounded to bf16 with the same
  * round-to-nearest-even (NaN -> 0x7fc0). A learner computes its manifest with it without
- * copying or casting its weights. F8_E4M3 codes: their bytes as they are. PARITY_ERR_INVALID_ARGUMENT
- * for a NULL pointer (data may be NULL when n is 0) or an unknown dtype. */
+ * copying or casting its weights. F8_E4M3 codes: their bytes as they are.
+ * PARITY_ERR_INVALID_ARGUMENT for a NULL pointer (data may be NULL when n is 0) or an unknown
+ * dtype. */
 PARITY_API int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n,
                                       uint64_t *fnv1a64);
 
@@ -1373,102 +971,84 @@ PARITY_API int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t
 PARITY_API int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens, uint32_t len,
                                    const float *expected);
 
-
 /* ---------------------------------------------------------------------------------------- */
-/* Forward pieces for host learners and engines                                             */
+/* The policy in detail: the longer switches and the presets                                */
 /* ---------------------------------------------------------------------------------------- */
 /*
- * The pieces of the forward pass that the region kernels above do not cover, on caller-owned
- * buffers: the embedding gather, the linear layer, causal GQA attention and the head. The
- * model's forward (parity_score, the sampler) runs these same functions, so a host that
- * composes them with the region kernels, rounding at the policy's points, gets the forward's
- * bits exactly (test_ops composes a whole Qwen3 forward from them and compares it with
- * parity_score bit for bit; python/parity/torch.py's CausalLM is built on them).
+ * compute (the switch values are with parity_policy, above):
+ *   PARITY_COMPUTE_FP32  fp32 everywhere: no rounding at any point, fp32 weights (F32
+ *       checkpoints keep their master weights; bf16/f16 checkpoints are widened exactly). The
+ *       other switches are ignored.
+ *   PARITY_COMPUTE_FP16  fp16 weights and activations: every rounding point that rounds to
+ *       bf16 under PARITY_COMPUTE_BF16 rounds to IEEE fp16 instead (nearest even, overflow to
+ *       infinity, subnormals kept), the residual stream and the KV cache included; the other
+ *       switches as under bf16. Weights are the checkpoint's values in fp16 (F16 as they are,
+ *       BF16 and F32 rounded once to nearest even; a value beyond fp16's range is refused),
+ *       multiplied by the fp32-weight GEMM (dot16 order: fp16 products are exact in fp32).
+ *       The "+fp16" modifier.
  *
- * Activations are fp32 buffers (float); under a bf16 policy the forward holds bf16 values in
- * them, made so at each rounding point (parity_bf16_from_f32 / _to_f32, or the region kernels'
- * bf16 outputs widened; fp16 values and parity_fp16_* under compute "fp16"). Weights are bf16
- * bit patterns (PARITY_DTYPE_BF16) under a policy with compute "bf16", fp16 bit patterns
- * (PARITY_DTYPE_F16, widened exactly into scratch per call) under compute "fp16" and fp32
- * (PARITY_DTYPE_F32, the masters) under compute "fp32"; any other dtype is refused. Rows are
- * `*_stride` elements apart. Outputs must not overlap inputs.
+ * gemm: the quantized formats (PARITY_GEMM_FP8_BLOCK .. PARITY_GEMM_TERNARY) require compute
+ * bf16; how they quantize and sum is in parity_quant.h, "Quantized GEMMs".
  *
- * Threads: `pool` (parity_pool_create) runs a call on its threads, one call at a time
- * (PARITY_ERR_BUSY for a second thread meanwhile); NULL runs it on the calling thread alone.
- * The bits do not depend on the pool's size. Scratch (packed inputs, a KV cache for attention,
- * logits): a pool keeps its calls' scratch for the next calls (grown as needed, freed with the
- * pool); without a pool a call allocates its own and frees it before returning. A call that
- * fails (PARITY_ERR_OUT_OF_MEMORY included) has written no output.
+ * exit_dist: a looped model's exit distribution from its gate (Ouro's
+ * OuroForCausalLM.forward): per loop t, lambda = sigmoid(gate(h_t)), p_t = lambda * remaining
+ * and remaining = remaining * (1 - lambda), the last loop p = remaining; the CDF is the
+ * running sum of the p. The threshold rule exits at the first loop whose CDF >= the threshold.
+ *   PARITY_EXIT_DIST_MODEL  in the model's dtype, as HF computes it: the gate's output,
+ *       lambda, 1 - lambda, each product and each CDF value rounded to bf16 (fp16 under
+ *       PARITY_COMPUTE_FP16; the CDF summed in fp32 and rounded per loop, as torch.cumsum
+ *       does), and the threshold rounded too (a Python float compared with a bf16 tensor). A
+ *       CDF that comes within 2^-9 of 1 rounds to 1: at threshold 1 this exits before the last
+ *       loop. Under PARITY_COMPUTE_FP32 as FP32.
+ *   PARITY_EXIT_DIST_FP32  every step in fp32, the gate's output unrounded.
+ *
+ * Presets (names are API). Each follows the framework behaviour cited; the line-by-line
+ * sources are in notes/framework-numerics.md (copied from ../shared/notes).
+ *
+ *  "fp32"      Reference: no rounding anywhere, fp32 weights.
+ *  "hf-eager"  transformers eager, torch_dtype=bfloat16 (modeling_qwen3.py / qwen2.py):
+ *              `hidden_states = residual + hidden_states` rounds and Qwen3RMSNorm reads it;
+ *              `hidden_states.to(input_dtype)` then `self.weight * hidden_states` (2 roundings);
+ *              RoPE `cos.to(dtype)`, `(q * cos) + (rotate_half(q) * sin)` (3 roundings);
+ *              `act_fn(gate_proj(x)) * up_proj(x)` (2 roundings); eager_attention_forward
+ *              (bf16 matmul, `* scaling`, `+ causal_mask`, softmax(dtype=float32).to(bf16),
+ *              bf16 matmul); bf16 lm_head; verl's `logits.div_(temperature)` on bf16 logits.
+ *  "hf-sdpa"   as hf-eager with F.scaled_dot_product_attention's flash recipe (fp32 scores,
+ *              bf16 P before P.V, one output rounding).
+ *  "vllm"      vLLM default V1 (torch.compile/Inductor, custom_ops "none"): RMSNorm
+ *              forward_native `x = x + residual` in fp32, `residual = x.to(orig_dtype)`, the
+ *              norm reads the fp32 x, `x.to(orig_dtype)` then `x * self.weight` (2 roundings);
+ *              RotaryEmbedding bf16 cos_sin_cache, rotation fused (1 rounding); SiluAndMul
+ *              forward_native fused (1 rounding); FlashAttention; bf16 logits; sampler
+ *              `logits.to(torch.float32)` then temperature in fp32.
+ *  "sglang"    SGLang CUDA (FlashInfer FusedAddRMSNorm): fp32 sum read by the norm,
+ *              `x * rms_rcp * weight` rounded once; RoPE cache kept fp32 ("cache needs to be
+ *              in FP32"), one rounding; SwiGLU fused (not read from its source); flash
+ *              attention; bf16 logits; temperature in fp32.
+ *  "aligned"   the remedy: hf-eager with RoPE, SwiGLU and every RMSNorm (residual ones and
+ *              q/k-norm) in fp32 from their bf16 inputs, rounded once at the region output;
+ *              the norm reads the unrounded fp32 residual sum while the residual stream is
+ *              still rounded after each add. Attention, GEMMs, logits as hf-eager.
+ *
+ * Modifiers, appended to any preset: "+aligned" (the three regions as in "aligned"),
+ * "+fp32-head" (fp32 logits, which a temperature then divides in fp32: vLLM's head_dtype
+ * float32), "+fp16" (PARITY_COMPUTE_FP16: the preset's rounding points round to fp16, as the
+ * framework does when run with torch_dtype=float16 / --dtype float16; not on "fp32"),
+ * "+fp8-block:RULE" and "+mxfp8:RULE" (the gemm switch with the quantizer RULE: "deepseek",
+ * "sglang", "te", "deepgemm", "te-pow2"; "ocp", "te"; on bf16 presets), "+nvfp4:RULE"
+ * ("modelopt", "te", "torchao"), "+mxfp4:RULE" ("ocp", "rceil", "microxcaling") and
+ * "+ternary:RULE" ("bitnet", "hf-bitlinear", "onebitllms"), likewise.
+ * E.g. "vllm+fp32-head", "hf-eager+aligned", "hf-eager+fp16", "vllm+fp8-block:deepseek",
+ * "hf-eager+mxfp8:te", "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp", "hf-eager+ternary:bitnet".
  */
-typedef struct parity_pool parity_pool;
-
-/* A pool of n_threads (1..256) threads, the calling thread included. */
-PARITY_API int parity_pool_create(uint32_t n_threads, parity_pool **out);
-PARITY_API void parity_pool_free(parity_pool *pool);
-/* Its thread count (1 for NULL). */
-PARITY_API uint32_t parity_pool_threads(const parity_pool *pool);
-
-/* out[r][:] = the row tokens[r] of the embedding table [vocab][dim] (rows table_stride apart,
- * dtype PARITY_DTYPE_BF16 or PARITY_DTYPE_F16: widened exactly, or PARITY_DTYPE_F32: copied).
- * PARITY_ERR_TOKEN_RANGE for a token outside [0, vocab). */
-PARITY_API int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab, size_t dim,
-                                uint32_t dtype, const void *table, size_t table_stride,
-                                float *out, size_t out_stride);
-
-/* The linear layer: y[i][j] = sum_t x[i][t] * w[j][t] (+ bias[j]) for i < m, j < n, t < k,
- * in fp32 and unrounded: the caller rounds at the policy's point (the forward rounds every
- * GEMM output once, to bf16). The order of each sum is the backend's (DESIGN.md, "Matmul"):
- * PARITY_BACKEND_BF16 runs pair32 on bf16 weights, dot16 on fp32 weights (compute "fp32")
- * and on fp16 weights widened (compute "fp16");
- * PARITY_BACKEND_OPENBLAS runs one-row cblas_sgemm on fp32 weights (bf16 weights are widened
- * into scratch per call: n * k * 4 bytes). Each y[i][j] depends on row i of x and row j of w
- * alone: not on m, the pool or the CPU path. bias (n fp32 values, or NULL) joins the fp32 sum,
- * as a GEMM epilogue does. Under an fp8 gemm (policy.gemm fp8-block or mxfp8) w is
- * PARITY_DTYPE_F32 (fp32 masters) or PARITY_DTYPE_BF16, quantized per call with the policy's
- * quantizer as the model quantizes its own weights, each row of x quantized as the model's
- * fp8 GEMM does, and the GEMM is the model's (its order and scale products; the backend
- * does not enter): the bits of the model's layer on the same values; bias added after. */
-PARITY_API int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backend,
-                             size_t m, size_t k, size_t n, const float *x, size_t x_stride,
-                             uint32_t w_dtype, const void *w, size_t w_stride, const float *bias,
-                             float *y, size_t y_stride);
-
-/* Causal attention of a batch of sequences, each attending to its own positions 0..t, with
- * n_heads query heads sharing n_kv_heads KV heads (query head h reads KV head
- * h / (n_heads / n_kv_heads)), scale head_dim^-0.5, in the policy's attention mode (eager,
- * flash or fp32; fp32 under compute "fp32") with the forward's per-element order (DESIGN.md,
- * "KV cache and attention"). The sequences' rows are concatenated: T = sum of lengths[0 ..
- * n_seqs-1] rows of q [T][n_heads * head_dim] (after q-norm and RoPE), k [T][n_kv_heads *
- * head_dim] (after k-norm and RoPE) and v [T][n_kv_heads * head_dim]; out [T][n_heads *
- * head_dim]. Under compute
- * "bf16", k and v are held as bf16 (round to nearest even, exact for the bf16 values the forward
- * passes), as its KV cache holds them. */
-PARITY_API int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_seqs,
-                                const uint32_t *lengths, size_t n_heads, size_t n_kv_heads,
-                                size_t head_dim, const float *q, size_t q_stride,
-                                const float *k, size_t k_stride, const float *v,
-                                size_t v_stride, float *out, size_t out_stride);
-
-/* The head, for `rows` positions: s = residual + delta (the last layer's MLP output), the
- * final RMSNorm of s with norm_weight [dim] and eps (the residual + RMSNorm region, per the
- * policy), the lm_head GEMM [vocab][dim] (rows lm_head_stride apart; the logits rounded to bf16
- * unless the policy keeps an fp32 head), then log p(targets[r]) under options' mode
- * (raw, processed, processed-truncated; top_n must be 0) into logprobs[r], as parity_score
- * computes it. Optional (NULL to skip): entropy[r] of the mode's distribution, and logits
- * [rows][vocab] (rows logits_stride apart) as the policy rounds them, before any temperature.
- * norm_weight and lm_head are both of w_dtype. */
-PARITY_API int parity_head_logprobs(parity_pool *pool, const parity_policy *policy,
-                                    uint32_t backend, const parity_score_options *options,
-                                    size_t rows, size_t dim, size_t vocab, const float *residual,
-                                    size_t residual_stride, const float *delta,
-                                    size_t delta_stride, uint32_t w_dtype,
-                                    const void *norm_weight, float eps, const void *lm_head,
-                                    size_t lm_head_stride, const int32_t *targets,
-                                    float *logprobs, float *entropy, float *logits,
-                                    size_t logits_stride);
 
 #ifdef __cplusplus
 }
 #endif
+
+/* The other two tiers. Each includes this header first, which its guard makes a no-op here:
+ * everything above is declared before they are read. */
+#include "parity_quant.h"
+#include "parity_ops.h"
 
 #endif /* PARITY_H */

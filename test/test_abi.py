@@ -17,7 +17,8 @@ src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 build = os.path.abspath(sys.argv[1])
 lib = os.path.join(build, "lib", "libparity.so")
 archive = os.path.join(build, "lib", "libparity.a")
-header = open(os.path.join(src, "include", "parity.h")).read()
+header = "".join(open(os.path.join(src, "include", h)).read()
+                 for h in ("parity.h", "parity_quant.h", "parity_ops.h"))
 
 declared = set(re.findall(r"PARITY_API\s+[^;(]*?\b(parity_\w+)\s*\(", header))
 

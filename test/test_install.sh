@@ -1,9 +1,10 @@
 #!/bin/sh
 # Installs the build into a staging directory and builds examples/embed the way a server
-# would: with `pkg-config --cflags --libs parity` alone, then runs it. Then links
-# test/static_host.c, a host with its own forward(), json_parse(), ... statically against the
-# installed libparity.a (`pkg-config --static`), and runs it: the static library must keep its
-# internal names to itself.
+# would: with `pkg-config --cflags --libs parity` alone, then runs it (and compiles each
+# installed header on its own with those flags). Then links test/static_host.c, a host with
+# its own forward(), json_parse(), ... statically against the installed libparity.a
+# (`pkg-config --static`), and runs it: the static library must keep its internal names to
+# itself.
 #   test/test_install.sh BUILD_DIR
 set -eu
 build=$(cd "$1" && pwd)
@@ -16,8 +17,13 @@ pc=$(find "$stage" -name parity.pc | head -n 1)
 export PKG_CONFIG_PATH="$(dirname "$pc")" PKG_CONFIG_SYSROOT_DIR="$stage"
 flags=$(pkg-config --cflags --libs parity)
 echo "pkg-config --cflags --libs parity: $flags"
-for f in include/parity.h; do
+for f in include/parity.h include/parity_quant.h include/parity_ops.h; do
     [ -n "$(find "$stage" -path "*/$f")" ] || { echo "missing $f"; exit 1; }
+    # each header compiles on its own, with the installed flags alone
+    printf '#include <%s>\nint main(void) { return 0; }\n' "${f#include/}" >"$stage/header.c"
+    # shellcheck disable=SC2086
+    cc -std=c11 -Wall -Wextra -Werror -c "$stage/header.c" $flags -o "$stage/header.o" ||
+        { echo "${f#include/} does not compile on its own"; exit 1; }
 done
 [ -n "$(find "$stage" -name 'libparity.a')" ] || { echo "missing libparity.a"; exit 1; }
 [ -n "$(find "$stage" -name 'libparity.so.0*')" ] || { echo "missing libparity.so.0 (soname)"; exit 1; }

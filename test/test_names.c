@@ -1,6 +1,7 @@
 /* The names of the library's enumerations: every value has one name, every name maps back to
  * its value, and the names a binding or tool accepts are exactly these. Unknown values give
- * NULL, unknown names a status and a message, and the output is left as it was. */
+ * NULL, unknown names a status and a message, and the output is left as it was. Quantizer
+ * names are unique within their gemm format, so their pair takes the format too. */
 #include "check.h"
 
 typedef const char *(*name_fn)(int);
@@ -45,6 +46,61 @@ static int arch_from(const char *s, int *out) {
     return rc;
 }
 
+/* The quantizers: one enum whose values run through the gemm formats in order, one pair of
+ * names (a name is unique within its format only), and the deprecated fp8 pair agreeing with
+ * it on the fp8 rules. */
+static void check_quantizer_names(void) {
+    static const struct {
+        uint32_t gemm;
+        parity_quantizer first, last;
+        const char *names[5]; /* first's name, then the next values' */
+    } formats[] = {
+        {PARITY_GEMM_FP8_BLOCK, PARITY_FP8Q_DEEPSEEK, PARITY_FP8Q_TE_POW2,
+         {"deepseek", "sglang", "te", "deepgemm", "te-pow2"}},
+        {PARITY_GEMM_MXFP8, PARITY_FP8Q_MX_OCP, PARITY_FP8Q_MX_RCEIL, {"ocp", "te"}},
+        {PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_MODELOPT, PARITY_QUANT_NVFP4_TORCHAO,
+         {"modelopt", "te", "torchao"}},
+        {PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_OCP, PARITY_QUANT_MXFP4_MICROXCALING,
+         {"ocp", "rceil", "microxcaling"}},
+        {PARITY_GEMM_TERNARY, PARITY_QUANT_TERNARY_BITNET, PARITY_QUANT_TERNARY_ONEBITLLMS,
+         {"bitnet", "hf-bitlinear", "onebitllms"}},
+    };
+    int next = 0;
+    for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
+        for (int q = (int)formats[f].first; q <= (int)formats[f].last; q++) {
+            CHECK_INT(q, next++);
+            const char *expected = formats[f].names[q - (int)formats[f].first];
+            const char *name = parity_quantizer_name(q);
+            CHECK(name != NULL && strcmp(name, expected) == 0);
+            int back = -1;
+            CHECK_OK(parity_quantizer_from_name(formats[f].gemm, expected, &back));
+            CHECK_INT(back, q);
+            if (formats[f].gemm != PARITY_GEMM_FP8_BLOCK && formats[f].gemm != PARITY_GEMM_MXFP8) {
+                CHECK(parity_fp8_quantizer_name(q) == NULL);
+                continue;
+            }
+            const char *fp8_name = parity_fp8_quantizer_name(q);
+            CHECK(fp8_name != NULL && strcmp(fp8_name, expected) == 0);
+            back = -1;
+            CHECK_OK(parity_fp8_quantizer_from_name(formats[f].gemm == PARITY_GEMM_MXFP8, expected,
+                                                    &back));
+            CHECK_INT(back, q);
+        }
+    CHECK_INT(next, 16);
+    CHECK(parity_quantizer_name(next) == NULL);
+    CHECK(parity_quantizer_name(-1) == NULL);
+    int untouched = 12345;
+    CHECK_STATUS(parity_quantizer_from_name(PARITY_GEMM_NVFP4, "deepseek", &untouched),
+                 PARITY_ERR_POLICY);
+    CHECK_INT(untouched, 12345);
+    CHECK(strstr(parity_last_error(), "modelopt") != NULL); /* the message lists the names */
+    CHECK_STATUS(parity_quantizer_from_name(PARITY_GEMM_BF16, "te", &untouched), PARITY_ERR_POLICY);
+    CHECK_STATUS(parity_quantizer_from_name(PARITY_GEMM_MXFP8, NULL, &untouched),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_INT(untouched, 12345);
+    printf("names: quantizers ok\n");
+}
+
 int main(void) {
     static const char *const backends[] = {"bf16", "openblas", "amx"};
     static const char *const modes[] = {"raw", "processed", "processed-truncated"};
@@ -57,6 +113,7 @@ int main(void) {
     CHECK_STATUS(parity_backend_check(3), PARITY_ERR_INVALID_ARGUMENT);
     check_names("log-prob modes", parity_logprob_mode_name, mode_from, modes, 3);
     check_names("architectures", parity_arch_name, arch_from, archs, 4);
+    check_quantizer_names();
 
     for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX512BF16; p++) {
         parity_cpu_path back = (parity_cpu_path)-1;

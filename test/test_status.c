@@ -1,7 +1,8 @@
 /* Every status code is provoked. The list of codes is read from include/parity.h at run time
- * (the parity_status enum), so a code added without a way to provoke it here fails this
- * test. For each code a few lines call the public API (or an internal reader) so that it
- * returns exactly that status, with a message; parity_status_name names it. */
+ * (PARITY_STATUS_LIST, which makes the parity_status enum), so a code added without a way to
+ * provoke it here fails this test. For each code a few lines call the public API (or an
+ * internal reader) so that it returns exactly that status, with a message;
+ * parity_status_name names it. */
 #include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -341,7 +342,8 @@ static const struct {
 };
 #define N_PROVOKERS (sizeof provokers / sizeof provokers[0])
 
-/* Reads the parity_status enum of include/parity.h: names and values; returns the count. */
+/* Reads the status list of include/parity.h (PARITY_STATUS_LIST, from which the
+ * parity_status enum is made): names and values; returns the count. */
 static size_t read_status_enum(char names[][64], int *values, size_t cap) {
     char path[512];
     snprintf(path, sizeof path, "%s/include/parity.h", source_root());
@@ -350,12 +352,14 @@ static size_t read_status_enum(char names[][64], int *values, size_t cap) {
     CHECK(text != NULL);
     if (!text) return 0;
     text[len] = '\0';
-    char *begin = strstr(text, "typedef enum parity_status {");
-    char *end = begin ? strstr(begin, "} parity_status;") : NULL;
+    char *begin = strstr(text, "#define PARITY_STATUS_LIST(X)");
+    /* the list ends at its first line that does not continue with a backslash */
+    char *end = begin;
+    while (end && (end = strchr(end, '\n')) && end[-1] == '\\') end++;
     CHECK(begin && end);
     for (char *line = begin; line && line < end && n < cap; line = strchr(line, '\n')) {
         line++;
-        if (sscanf(line, " PARITY_%57[A-Z0-9_] = %d", names[n] + 7, &values[n]) == 2) {
+        if (sscanf(line, " X(PARITY_%57[A-Z0-9_], %d)", names[n] + 7, &values[n]) == 2) {
             memcpy(names[n], "PARITY_", 7);
             n++;
         }
@@ -377,6 +381,10 @@ int main(void) {
     static int values[128];
     size_t n = read_status_enum(names, values, 128);
     CHECK(n >= 30);
+    /* the text read holds every entry the compiler sees in the list */
+#define COUNT_STATUS(name, value) +1
+    CHECK_INT(n, 0 PARITY_STATUS_LIST(COUNT_STATUS));
+#undef COUNT_STATUS
     for (size_t i = 0; i < n; i++) {
         CHECK(strcmp(parity_status_name(values[i]), names[i]) == 0);
         size_t k = 0;

@@ -17,49 +17,14 @@ void clear_error(void) { last_message[0] = '\0'; }
 
 const char *parity_last_error(void) { return last_message; }
 
+/* A case per status of parity.h's one list (PARITY_STATUS_LIST), returning its name. */
 const char *parity_status_name(int status) {
     switch (status) {
-#define NAME(s) \
-    case s:     \
-        return #s;
-        NAME(PARITY_OK)
-        NAME(PARITY_ERR_INVALID_ARGUMENT)
-        NAME(PARITY_ERR_OUT_OF_MEMORY)
-        NAME(PARITY_ERR_IO)
-        NAME(PARITY_ERR_UNSUPPORTED)
-        NAME(PARITY_ERR_MEMORY_LIMIT)
-        NAME(PARITY_ERR_BUSY)
-        NAME(PARITY_ERR_JSON_SYNTAX)
-        NAME(PARITY_ERR_CONFIG)
-        NAME(PARITY_ERR_INDEX)
-        NAME(PARITY_ERR_ST_HEADER_LENGTH)
-        NAME(PARITY_ERR_ST_HEADER_UTF8)
-        NAME(PARITY_ERR_ST_HEADER_JSON)
-        NAME(PARITY_ERR_ST_DTYPE)
-        NAME(PARITY_ERR_ST_OFFSETS)
-        NAME(PARITY_ERR_ST_OVERFLOW)
-        NAME(PARITY_ERR_ST_SIZE)
-        NAME(PARITY_ERR_ST_TRUNCATED)
-        NAME(PARITY_ERR_ST_TRAILING)
-        NAME(PARITY_ERR_ST_DUPLICATE)
-        NAME(PARITY_ERR_TENSOR_MISSING)
-        NAME(PARITY_ERR_TENSOR_SHAPE)
-        NAME(PARITY_ERR_TENSOR_DTYPE)
-        NAME(PARITY_ERR_TENSOR_NONFINITE)
-        NAME(PARITY_ERR_TENSOR_UNEXPECTED)
-        NAME(PARITY_ERR_SCALE_MISSING)
-        NAME(PARITY_ERR_SCALE_GRID)
-        NAME(PARITY_ERR_SCALE_VALUE)
-        NAME(PARITY_ERR_TOKEN_RANGE)
-        NAME(PARITY_ERR_EMPTY_INPUT)
-        NAME(PARITY_ERR_TOO_LONG)
-        NAME(PARITY_ERR_POLICY)
-        NAME(PARITY_ERR_CACHE_FULL)
-        NAME(PARITY_ERR_UNKNOWN_SEQUENCE)
-        NAME(PARITY_ERR_SEQUENCE_FINISHED)
-        NAME(PARITY_ERR_STALE)
-        NAME(PARITY_ERR_VERIFY)
-#undef NAME
+#define STATUS_NAME_CASE(name, value) \
+    case name:                        \
+        return #name;
+        PARITY_STATUS_LIST(STATUS_NAME_CASE)
+#undef STATUS_NAME_CASE
     }
     return "PARITY_UNKNOWN_STATUS";
 }

@@ -1,0 +1,189 @@
+/*
+ * libparity's public API, tier "ops": the CPU paths (which SIMD variant of every kernel
+ * runs), the region kernels on caller-owned bf16 buffers, and the forward pieces (embedding,
+ * linear layer, attention, head) that host learners and engines compose. parity.h includes
+ * this header at its end; it includes parity.h for the core (the policy, PARITY_DTYPE_*,
+ * parity_score_options), so either may be included first.
+ */
+#ifndef PARITY_OPS_H
+#define PARITY_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "parity.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* CPU paths                                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Every kernel has a portable C reference, which is its specification, and SIMD variants
+ * that must equal it bit for bit. The path is detected once: the best the CPU has, except
+ * that avx512bf16 is the default only on AMD CPUs (on Zen 4 vdpbf16ps ran at twice the fp32
+ * FMA rate; on Intel Xeons of the 4th and 5th generation at half of it, so there avx512
+ * is faster). The environment variable PARITY_CPU_PATH (portable | avx2 | avx512 |
+ * avx512bf16) or parity_set_cpu_path() forces one. */
+typedef enum parity_cpu_path {
+    PARITY_CPU_PORTABLE = 0,
+    PARITY_CPU_AVX2 = 1,        /* AVX2 + FMA + F16C */
+    PARITY_CPU_AVX512 = 2,      /* AVX-512 F, BW, VL, DQ (and AVX2) */
+    PARITY_CPU_AVX512BF16 = 3,  /* AVX512_BF16 (and avx512): the bf16 GEMM on vdpbf16ps */
+} parity_cpu_path;
+
+/* The path in use now. */
+PARITY_API parity_cpu_path parity_get_cpu_path(void);
+/* Name of a path ("portable", "avx2", "avx512", "avx512bf16"). */
+PARITY_API const char *parity_cpu_path_name(parity_cpu_path path);
+/* The path of a name ("portable", "avx2", "avx512", "avx512bf16"); PARITY_ERR_INVALID_ARGUMENT
+ * for another name. */
+PARITY_API int parity_cpu_path_from_name(const char *name, parity_cpu_path *out);
+/* Force a path. Fails with PARITY_ERR_UNSUPPORTED if this CPU (or OS) lacks it. Process-wide:
+ * call it while no other thread is inside the library. Results never depend on it. */
+PARITY_API int parity_set_cpu_path(parity_cpu_path path);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Region kernels on caller-owned bf16 buffers                                              */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * For engines that adopt a policy's rounding points without the rest of libparity. Buffers
+ * are bf16 bit patterns (uint16_t) — fp16 bit patterns under PARITY_COMPUTE_FP16, whose
+ * rounding points round to fp16 — rows contiguous with the given row strides (in
+ * elements). They neither allocate nor start threads. Under PARITY_COMPUTE_FP32 the math
+ * is fp32 throughout and only the store to the bf16 output rounds.
+ */
+
+/* Residual add + RMSNorm over rows of `dim`:
+ *   s = residual + delta (fp32);  residual_out = bf16(s)  (the residual stream);
+ *   out = RMSNorm(s or bf16(s), per policy->norm_input) * weight, rounded per
+ *   policy->norm_weight. residual_out may alias residual; out may alias delta. */
+PARITY_API int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim,
+                                       const uint16_t *delta, size_t delta_stride,
+                                       const uint16_t *residual, size_t residual_stride,
+                                       const uint16_t *weight, float eps,
+                                       uint16_t *residual_out, size_t residual_out_stride,
+                                       uint16_t *out, size_t out_stride);
+
+/* RMSNorm without a residual (layer 0's input norm, Qwen3 q/k-norm with
+ * `is_qk_norm` != 0, which then follows policy->qk_norm instead of norm_weight).
+ * out may alias x. */
+PARITY_API int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows,
+                              size_t dim, const uint16_t *x, size_t x_stride,
+                              const uint16_t *weight, float eps, uint16_t *out,
+                              size_t out_stride);
+
+/* SwiGLU: out = silu(gate) * up, rounded per policy->swiglu. out may alias gate or up. */
+PARITY_API int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim,
+                             const uint16_t *gate, size_t gate_stride, const uint16_t *up,
+                             size_t up_stride, uint16_t *out, size_t out_stride);
+
+/* RoPE, rotate-half (NeoX) pairing, in place on `rows` tokens x `n_heads` heads x
+ * `head_dim`, head vectors contiguous, a token's heads `head_dim` apart, tokens
+ * `row_stride` elements apart. positions[rows] are the token positions. The cos/sin tables
+ * are computed from `theta` as DESIGN.md describes (default rope; for scaled rope use the
+ * model API) and rounded to bf16 or not per policy->rope_table. */
+PARITY_API int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads,
+                           size_t head_dim, uint16_t *x, size_t row_stride,
+                           const int32_t *positions, double theta);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Forward pieces for host learners and engines                                             */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * The pieces of the forward pass that the region kernels above do not cover, on caller-owned
+ * buffers: the embedding gather, the linear layer, causal GQA attention and the head. The
+ * model's forward (parity_score, the sampler) runs these same functions, so a host that
+ * composes them with the region kernels, rounding at the policy's points, gets the forward's
+ * bits exactly (test_ops composes a whole Qwen3 forward from them and compares it with
+ * parity_score bit for bit; python/parity/torch.py's CausalLM is built on them).
+ *
+ * Activations are fp32 buffers (float); under a bf16 policy the forward holds bf16 values in
+ * them, made so at each rounding point (parity_bf16_from_f32 / _to_f32, or the region kernels'
+ * bf16 outputs widened; fp16 values and parity_fp16_* under compute "fp16"). Weights are bf16
+ * bit patterns (PARITY_DTYPE_BF16) under a policy with compute "bf16", fp16 bit patterns
+ * (PARITY_DTYPE_F16, widened exactly into scratch per call) under compute "fp16" and fp32
+ * (PARITY_DTYPE_F32, the masters) under compute "fp32"; any other dtype is refused. Rows are
+ * `*_stride` elements apart. Outputs must not overlap inputs.
+ *
+ * Threads: `pool` (parity_pool_create) runs a call on its threads, one call at a time
+ * (PARITY_ERR_BUSY for a second thread meanwhile); NULL runs it on the calling thread alone.
+ * The bits do not depend on the pool's size. Scratch (packed inputs, a KV cache for attention,
+ * logits): a pool keeps its calls' scratch for the next calls (grown as needed, freed with the
+ * pool); without a pool a call allocates its own and frees it before returning. A call that
+ * fails (PARITY_ERR_OUT_OF_MEMORY included) has written no output.
+ */
+typedef struct parity_pool parity_pool;
+
+/* A pool of n_threads (1..256) threads, the calling thread included. */
+PARITY_API int parity_pool_create(uint32_t n_threads, parity_pool **out);
+PARITY_API void parity_pool_free(parity_pool *pool);
+/* Its thread count (1 for NULL). */
+PARITY_API uint32_t parity_pool_threads(const parity_pool *pool);
+
+/* out[r][:] = the row tokens[r] of the embedding table [vocab][dim] (rows table_stride apart,
+ * dtype PARITY_DTYPE_BF16 or PARITY_DTYPE_F16: widened exactly, or PARITY_DTYPE_F32: copied).
+ * PARITY_ERR_TOKEN_RANGE for a token outside [0, vocab). */
+PARITY_API int parity_embedding(size_t rows, const int32_t *tokens, size_t vocab, size_t dim,
+                                uint32_t dtype, const void *table, size_t table_stride,
+                                float *out, size_t out_stride);
+
+/* The linear layer: y[i][j] = sum_t x[i][t] * w[j][t] (+ bias[j]) for i < m, j < n, t < k,
+ * in fp32 and unrounded: the caller rounds at the policy's point (the forward rounds every
+ * GEMM output once, to bf16). The order of each sum is the backend's (DESIGN.md, "Matmul"):
+ * PARITY_BACKEND_BF16 runs pair32 on bf16 weights, dot16 on fp32 weights (compute "fp32")
+ * and on fp16 weights widened (compute "fp16");
+ * PARITY_BACKEND_OPENBLAS runs one-row cblas_sgemm on fp32 weights (bf16 weights are widened
+ * into scratch per call: n * k * 4 bytes). Each y[i][j] depends on row i of x and row j of w
+ * alone: not on m, the pool or the CPU path. bias (n fp32 values, or NULL) joins the fp32 sum,
+ * as a GEMM epilogue does. Under an fp8 gemm (policy.gemm fp8-block or mxfp8) w is
+ * PARITY_DTYPE_F32 (fp32 masters) or PARITY_DTYPE_BF16, quantized per call with the policy's
+ * quantizer as the model quantizes its own weights, each row of x quantized as the model's
+ * fp8 GEMM does, and the GEMM is the model's (its order and scale products; the backend
+ * does not enter): the bits of the model's layer on the same values; bias added after. */
+PARITY_API int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backend,
+                             size_t m, size_t k, size_t n, const float *x, size_t x_stride,
+                             uint32_t w_dtype, const void *w, size_t w_stride, const float *bias,
+                             float *y, size_t y_stride);
+
+/* Causal attention of a batch of sequences, each attending to its own positions 0..t, with
+ * n_heads query heads sharing n_kv_heads KV heads (query head h reads KV head
+ * h / (n_heads / n_kv_heads)), scale head_dim^-0.5, in the policy's attention mode (eager,
+ * flash or fp32; fp32 under compute "fp32") with the forward's per-element order (DESIGN.md,
+ * "KV cache and attention"). The sequences' rows are concatenated: T = sum of lengths[0 ..
+ * n_seqs-1] rows of q [T][n_heads * head_dim] (after q-norm and RoPE), k [T][n_kv_heads *
+ * head_dim] (after k-norm and RoPE) and v [T][n_kv_heads * head_dim]; out [T][n_heads *
+ * head_dim]. Under compute
+ * "bf16", k and v are held as bf16 (round to nearest even, exact for the bf16 values the forward
+ * passes), as its KV cache holds them. */
+PARITY_API int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_seqs,
+                                const uint32_t *lengths, size_t n_heads, size_t n_kv_heads,
+                                size_t head_dim, const float *q, size_t q_stride,
+                                const float *k, size_t k_stride, const float *v,
+                                size_t v_stride, float *out, size_t out_stride);
+
+/* The head, for `rows` positions: s = residual + delta (the last layer's MLP output), the
+ * final RMSNorm of s with norm_weight [dim] and eps (the residual + RMSNorm region, per the
+ * policy), the lm_head GEMM [vocab][dim] (rows lm_head_stride apart; the logits rounded to bf16
+ * unless the policy keeps an fp32 head), then log p(targets[r]) under options' mode
+ * (raw, processed, processed-truncated; top_n must be 0) into logprobs[r], as parity_score
+ * computes it. Optional (NULL to skip): entropy[r] of the mode's distribution, and logits
+ * [rows][vocab] (rows logits_stride apart) as the policy rounds them, before any temperature.
+ * norm_weight and lm_head are both of w_dtype. */
+PARITY_API int parity_head_logprobs(parity_pool *pool, const parity_policy *policy,
+                                    uint32_t backend, const parity_score_options *options,
+                                    size_t rows, size_t dim, size_t vocab, const float *residual,
+                                    size_t residual_stride, const float *delta,
+                                    size_t delta_stride, uint32_t w_dtype,
+                                    const void *norm_weight, float eps, const void *lm_head,
+                                    size_t lm_head_stride, const int32_t *targets,
+                                    float *logprobs, float *entropy, float *logits,
+                                    size_t logits_stride);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PARITY_OPS_H */
