@@ -40,12 +40,11 @@ CausalLM.saved_bytes(sequences) measures it for a batch.
 import ctypes
 import json
 import os
-import struct
 import tempfile
 
 import torch as _torch
 
-from . import _lib
+from . import _lib, _safetensors
 from . import torch as _pt
 from ._lib import lib, ParityError
 from .model import Model, score_options, _default_threads
@@ -679,26 +678,15 @@ _ST_DTYPES = {"BF16": _bf16, "F16": _torch.float16, "F32": _f32}
 
 def _read_safetensors(path):
     """{name: fp32 tensor} of a safetensors file (BF16 and F16 widened exactly, F32 as is)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s: not a safetensors file" % path)
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
+    try:
+        tensors = _safetensors.read(path, _safetensors.FLOAT_DTYPES)
+    except _safetensors.FormatError as e:
+        raise ParityError(_lib.ERR_INVALID_ARGUMENT, str(e)) from None
     out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _ST_DTYPES.get(e["dtype"])
-        if dtype is None:
-            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s: tensor %s has dtype %s"
-                              % (path, name, e["dtype"]))
-        lo, hi = e["data_offsets"]
-        raw = bytearray(data[base + lo:base + hi])
-        t = _torch.frombuffer(raw, dtype=_torch.uint8) if raw else \
+    for name, (dtype, shape, raw) in tensors.items():
+        t = _torch.frombuffer(bytearray(raw), dtype=_torch.uint8) if raw.nbytes else \
             _torch.empty(0, dtype=_torch.uint8)
-        out[name] = t.view(dtype).reshape(e["shape"]).to(_f32)
+        out[name] = t.view(_ST_DTYPES[dtype]).reshape(shape).to(_f32)
     return out
 
 

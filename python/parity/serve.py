@@ -28,7 +28,6 @@ import secrets
 import select
 import signal
 import socket
-import struct
 import sys
 import tempfile
 import threading
@@ -36,7 +35,7 @@ import time
 import urllib.parse
 from array import array
 
-from . import _lib
+from . import _lib, _safetensors
 from ._lib import ParityError, lib
 from .model import Model
 from .sampler import FINISH_REASONS, sampling_struct
@@ -642,54 +641,14 @@ class Engine(threading.Thread):
 
 # ---- safetensors and manifests -----------------------------------------------------------
 
-_ST_DTYPES = {"BF16": 2, "F16": 2, "F32": 4}
-
-
 def read_safetensors(data, what):
     """{name: (dtype, shape, memoryview)} of the safetensors bytes `data` (a buffer).
     Raises ApiError 400 for anything that is not a well-formed file of BF16/F16/F32
     tensors."""
-    mv = memoryview(data)
-    if mv.nbytes < 8:
-        raise ApiError(400, "%s: not a safetensors file (%d bytes)" % (what, mv.nbytes))
-    (hlen,) = struct.unpack("<Q", mv[:8])
-    if hlen > mv.nbytes - 8:
-        raise ApiError(400, "%s: header length %d beyond the file's %d bytes"
-                       % (what, hlen, mv.nbytes))
     try:
-        header = json.loads(bytes(mv[8:8 + hlen]).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ApiError(400, "%s: the header is not JSON: %s" % (what, e)) from None
-    if not isinstance(header, dict):
-        raise ApiError(400, "%s: the header is not a JSON object" % what)
-    base = 8 + hlen
-    size = mv.nbytes - base
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(entry, dict):
-            raise ApiError(400, "%s: tensor %s: not an object" % (what, name))
-        dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in _ST_DTYPES:
-            raise ApiError(400, "%s: tensor %s: dtype %s (BF16, F16 or F32 only)"
-                           % (what, name, json.dumps(dtype)))
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise ApiError(400, "%s: tensor %s: bad shape %s" % (what, name, json.dumps(shape)))
-        if not isinstance(offs, list) or len(offs) != 2 or not all(_is_int(o) for o in offs) \
-                or not 0 <= offs[0] <= offs[1] <= size:
-            raise ApiError(400, "%s: tensor %s: data_offsets %s outside the %d data bytes"
-                           % (what, name, json.dumps(offs), size))
-        count = 1
-        for d in shape:
-            count *= d
-        if offs[1] - offs[0] != count * _ST_DTYPES[dtype]:
-            raise ApiError(400, "%s: tensor %s: %d bytes for shape %s of %s"
-                           % (what, name, offs[1] - offs[0], shape, dtype))
-        out[name] = (dtype, tuple(shape), mv[base + offs[0]:base + offs[1]])
-    if not out:
-        raise ApiError(400, "%s: no tensors" % what)
-    return out
+        return _safetensors.parse(data, what, _safetensors.FLOAT_DTYPES)
+    except _safetensors.FormatError as e:
+        raise ApiError(400, str(e)) from None
 
 
 def read_manifest(path):
