@@ -45,7 +45,7 @@ import tempfile
 import torch as _torch
 
 from . import _lib, _safetensors
-from . import torch as _pt
+from . import _torch_regions
 from ._lib import lib, ParityError
 from .model import Model, score_options, _default_threads
 from .policy import policy_struct
@@ -94,7 +94,7 @@ def _backend(backend):
 
 def _pol(policy):
     """(the C struct, the parity.torch Policy) of a preset name or a Policy."""
-    return policy_struct(policy), _pt._policy(policy)
+    return policy_struct(policy), _torch_regions._policy(policy)
 
 
 def _compute_fp32(pol):
@@ -134,7 +134,7 @@ def _weight_values(w, pol, name="a weight"):
     the cast."""
     if _compute_fp32(pol):
         return w
-    v = _pt._round(w, _half(pol))
+    v = _torch_regions._round(w, _half(pol))
     if pol.compute == 2:
         _check_fp16_range(w, v, name)
     return v
@@ -655,19 +655,19 @@ class _SwigluC(_torch.autograd.Function):
 
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol):
     if _compute_fp32(pol):
-        return _pt._rmsnorm_residual_f32(delta, h, w, eps, pol)
+        return _torch_regions._rmsnorm_residual_f32(delta, h, w, eps, pol)
     return _RmsnormResidualC.apply(delta, h, w, eps, pol_c, _half(pol))
 
 
 def _rmsnorm(x, w, eps, pol_c, pol, qk=False):
     if _compute_fp32(pol):
-        return _pt._rmsnorm_f32(x, w, eps, pol, qk)
+        return _torch_regions._rmsnorm_f32(x, w, eps, pol, qk)
     return _RmsnormC.apply(x, w, eps, qk, pol_c, _half(pol))
 
 
 def _swiglu(g, u, pol_c, pol):
     if _compute_fp32(pol):
-        return _pt._swiglu_f32(g, u, pol)
+        return _torch_regions._swiglu_f32(g, u, pol)
     return _SwigluC.apply(g, u, pol_c, _half(pol))
 
 
@@ -866,10 +866,10 @@ class CausalLM(_torch.nn.Module):
         positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
         T, hd = tokens.numel(), c["head_dim"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
-        rd = _pt._round_dtype(pol)
+        rd = _torch_regions._round_dtype(pol)
 
         def rnd(x):
-            return _pt._round(x, rd) if rd is not None else x
+            return _torch_regions._round(x, rd) if rd is not None else x
 
         def lin(x, prefix, bias=False):
             w = self._param(prefix + ".weight")
@@ -884,7 +884,7 @@ class CausalLM(_torch.nn.Module):
         emb = self._param("model.embed_tokens.weight")
         data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
         h = _Embedding.apply(tokens, emb, data, dtype)
-        cos, sin = _pt.rope_cos_sin(positions, hd, c["rope_theta"], pol)
+        cos, sin = _torch_regions.rope_cos_sin(positions, hd, c["rope_theta"], pol)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         delta = None
         for l in range(c["num_hidden_layers"]):
@@ -900,8 +900,8 @@ class CausalLM(_torch.nn.Module):
             if c["qk_norm"]:
                 q = _rmsnorm(q, vec(p + "self_attn.q_norm.weight"), eps, pol_c, pol, True)
                 k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True)
-            q = _pt._rope_f32(q, cos, sin, pol).contiguous()
-            k = _pt._rope_f32(k, cos, sin, pol).contiguous()
+            q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
+            k = _torch_regions._rope_f32(k, cos, sin, pol).contiguous()
             att = _Attention.apply(q, k, v.contiguous(), lengths, pol_c, pool)
             delta = lin(att.view(T, nh * hd), p + "self_attn.o_proj")
             h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"), eps,
@@ -984,10 +984,10 @@ class CausalLM(_torch.nn.Module):
         positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
         hd, N = c["head_dim"], c["num_hidden_layers"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
-        rd = _pt._round_dtype(pol)
+        rd = _torch_regions._round_dtype(pol)
 
         def rnd(x):
-            return _pt._round(x, rd) if rd is not None else x
+            return _torch_regions._round(x, rd) if rd is not None else x
 
         def lin(x, prefix, bias=False):
             w = self._param(prefix + ".weight")
@@ -1001,7 +1001,7 @@ class CausalLM(_torch.nn.Module):
         emb = self._param("model.embed_tokens.weight")
         data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
         x = _Embedding.apply(tokens, emb, data, dtype)
-        cos, sin = _pt.rope_cos_sin(positions, hd, c["rope_theta"], pol)
+        cos, sin = _torch_regions.rope_cos_sin(positions, hd, c["rope_theta"], pol)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         kept_k, kept_v = [None] * N, [None] * N  # each layer's K/V of the previous loop
         read_h = read_delta = None                 # each row's head input at its depth
@@ -1020,8 +1020,8 @@ class CausalLM(_torch.nn.Module):
                 q = lin(xn, p + "self_attn.q_proj", bias=True).view(-1, nh, hd)
                 k = lin(xn, p + "self_attn.k_proj", bias=True).view(-1, nkv, hd)
                 v = lin(xn, p + "self_attn.v_proj", bias=True).view(-1, nkv, hd)
-                q = _pt._rope_f32(q, cos, sin, pol).contiguous()
-                k = _pt._rope_f32(k, cos, sin, pol)
+                q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
+                k = _torch_regions._rope_f32(k, cos, sin, pol)
                 if copies and t > 0:
                     k = _torch.where(exited, kept_k[l], k)
                     v = _torch.where(exited, kept_v[l], v)
