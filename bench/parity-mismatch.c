@@ -107,39 +107,8 @@
 /* Small utilities                                                                          */
 /* ---------------------------------------------------------------------------------------- */
 
-static double start_time;
-static int quiet;
-
-/* One line on stderr, written at once (workers report concurrently). */
-void progress(const char *fmt, ...) {
-    if (quiet) return;
-    char line[512];
-    int n = snprintf(line, sizeof line, "[%6.1f s] ", bench_now() - start_time);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s\n", line);
-}
-
-void die(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(1);
-}
-
 static __attribute__((noreturn)) void die_parity(const char *what, int status) {
     die("%s: %s: %s", what, parity_status_name(status), parity_last_error());
-}
-
-void *xcalloc(size_t n, size_t size) {
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) die("out of memory");
-    return p;
 }
 
 static void *xrealloc(void *p, size_t size) {
@@ -194,15 +163,6 @@ static int parse_f32(const char *s, float *out) {
     if (errno || end == s || *end || !isfinite(v)) return 0;
     *out = (float)v;
     return 1;
-}
-
-/* "same", "split_k=4", "split_kv=64" or "split_k=4,split_kv=64". */
-void describe_order(uint32_t split_k, uint32_t split_kv, char out[ORDER_MAX_LEN]) {
-    if (split_k && split_kv)
-        snprintf(out, ORDER_MAX_LEN, "split_k=%u,split_kv=%u", split_k, split_kv);
-    else if (split_k) snprintf(out, ORDER_MAX_LEN, "split_k=%u", split_k);
-    else if (split_kv) snprintf(out, ORDER_MAX_LEN, "split_kv=%u", split_kv);
-    else snprintf(out, ORDER_MAX_LEN, "same");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -340,7 +300,7 @@ static void parse_options(options *o, int argc, char **argv) {
         }
         if (!strcmp(a, "--prompt-tokens")) { o->prompt_tokens = 1; continue; }
         if (!strcmp(a, "--full-tables")) { o->full_tables = 1; continue; }
-        if (!strcmp(a, "--quiet")) { quiet = 1; continue; }
+        if (!strcmp(a, "--quiet")) { progress_silence(); continue; }
         if (!strcmp(a, "--prompts")) {
             o->prompt_files = &argv[i + 1];
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) i++, o->n_prompt_files++;
@@ -373,10 +333,6 @@ static void parse_options(options *o, int argc, char **argv) {
 /* Policies                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-int same_policy(const parity_policy *a, const parity_policy *b) {
-    return !memcmp(a, b, sizeof *a);
-}
-
 static void spec_from_name(const char *name, spec *out) {
     memset(out, 0, sizeof *out);
     if (strlen(name) >= NAME_MAX_LEN) die("policy name too long: '%s'", name);
@@ -403,12 +359,6 @@ static void parse_spec_list(const char *list, spec_list *out) {
         }
         p = comma ? comma + 1 : p + len;
     }
-}
-
-const spec *find_spec(const spec_list *l, const char *name) {
-    for (size_t i = 0; i < l->n; i++)
-        if (!strcmp(l->v[i].name, name)) return &l->v[i];
-    return NULL;
 }
 
 /* The ablation's regions: the switches each one owns. */
@@ -823,71 +773,6 @@ static float *score_rollouts(const run_env *e, parity_scorer *s, const rollouts 
 /* Metrics                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-static int bitwise_equal(float a, float b) {
-    uint32_t x, y;
-    memcpy(&x, &a, 4);
-    memcpy(&y, &b, 4);
-    return x == y;
-}
-
-/* The metrics over generated positions [lo, hi] (0-based in each completion) of rollouts `r`
- * scored as `learner`. Sequence-level sums run over the same positions. */
-void compute_metrics(const rollouts *r, const float *learner, uint32_t lo, uint32_t hi,
-                            metrics *m) {
-    memset(m, 0, sizeof *m);
-    double *abs_r = xcalloc(r->gen_off[r->n_seqs], sizeof *abs_r);
-    double s_abs = 0, s_r = 0, s_k3 = 0, s_w = 0, s_w2 = 0, s_seq = 0;
-    size_t n = 0, outside = 0;
-    for (size_t c = 0; c < r->n_seqs; c++) {
-        size_t n_gen = r->gen_off[c + 1] - r->gen_off[c];
-        double seq = 0;
-        int any = 0;
-        for (size_t t = lo; t < n_gen && t <= hi; t++) {
-            float ls = r->lp[r->gen_off[c] + t], ll = learner[r->gen_off[c] + t];
-            m->tokens++;
-            any = 1;
-            if (bitwise_equal(ls, ll)) m->equal++;
-            if (!isfinite(ls) || !isfinite(ll)) {
-                m->nonfinite++;
-                continue;
-            }
-            double d = (double)ll - (double)ls, w = exp(d);
-            abs_r[n++] = fabs(d);
-            s_abs += fabs(d);
-            s_r += d;
-            s_k3 += w - d - 1;
-            s_w += w;
-            s_w2 += w * w;
-            outside += w < 0.8 || w > 1.2;
-            if (fabs(d) > m->max_abs) m->max_abs = fabs(d);
-            if (w > m->ratio_max) m->ratio_max = w;
-            seq += d;
-        }
-        if (!any) continue;
-        m->seqs++;
-        s_seq += fabs(seq);
-        if (fabs(seq) > m->seq_max_abs) m->seq_max_abs = fabs(seq);
-    }
-    if (n) {
-        qsort(abs_r, n, sizeof *abs_r, bench_cmp_double);
-        size_t rank = (size_t)ceil(0.99 * (double)n);
-        m->p99_abs = abs_r[rank ? rank - 1 : 0];
-        m->mean_abs = s_abs / (double)n;
-        m->bias = s_r / (double)n;
-        m->k3 = s_k3 / (double)n;
-        m->ratio_mean = s_w / (double)n;
-        double var = s_w2 / (double)n - m->ratio_mean * m->ratio_mean;
-        m->ratio_std = var > 0 ? sqrt(var) : 0;
-        m->ratio_outside = (double)outside / (double)n;
-    } else {
-        m->mean_abs = m->p99_abs = m->bias = m->k3 = m->ratio_mean = m->ratio_std = NAN;
-        m->ratio_outside = NAN;
-    }
-    m->equal_frac = m->tokens ? (double)m->equal / (double)m->tokens : NAN;
-    m->seq_mean_abs = m->seqs ? s_seq / (double)m->seqs : NAN;
-    free(abs_r);
-}
-
 /* First position where two greedy runs of the same prompts pick different tokens. */
 static void compare_greedy(const rollouts *a, const rollouts *b, greedy_cmp *g) {
     memset(g, 0, sizeof *g);
@@ -930,17 +815,6 @@ static job *add_job(job_list *jl, section sec, const spec *sampler, uint32_t spl
     j->sv.backend = VARIANT_RUN_BACKEND;
     j->learner_policy = *learner;
     return j;
-}
-
-/* The kernel orders: "same", then split-K, split-KV and both, leaving out any that a zero
- * --split-k / --split-kv turns off; returns how many. */
-int kernel_orders(const options *o, uint32_t k[4], uint32_t kv[4]) {
-    int n = 0;
-    k[n] = 0, kv[n++] = 0;
-    if (o->split_k) k[n] = o->split_k, kv[n++] = 0;
-    if (o->split_kv) k[n] = 0, kv[n++] = o->split_kv;
-    if (o->split_k && o->split_kv) k[n] = o->split_k, kv[n++] = o->split_kv;
-    return n;
 }
 
 static int in_list(const spec_list *l, const char *name) { return find_spec(l, name) != NULL; }
@@ -1505,7 +1379,7 @@ static void free_bench(bench *b) {
 
 int main(int argc, char **argv) {
     static bench b;
-    start_time = bench_now();
+    progress_start();
     parse_options(&b.o, argc, argv);
     open_model(&b);
     load_prompts(&b);
@@ -1518,7 +1392,7 @@ int main(int argc, char **argv) {
     score_all(&b, &env);
     measure_all(&b);
     run_looped(&b, &env);
-    b.elapsed = bench_now() - start_time;
+    b.elapsed = progress_seconds();
     print_report(&b);
     if (b.o.json_path) write_json(&b, b.o.json_path);
     if (b.o.csv_path) write_csv(&b, b.o.csv_path);
