@@ -822,6 +822,38 @@ class CausalLM(_torch.nn.Module):
             raise ParityError(_lib.ERR_EMPTY_INPUT, "no sequences")
         return seqs
 
+    def _layer_ops(self):
+        """(lin, vec) of the forward passes: lin(x, prefix, bias=False) a decoder layer's linear
+        layer (under an fp8 gemm, quantized from the masters) rounded where the policy rounds
+        it; vec(name) a norm weight's values."""
+        pol, pol_c, be = self._pol, self._pol_c, self._backend
+        pool = self._pool.handle
+        rd = _torch_regions._round_dtype(pol)
+
+        def rnd(x):
+            return _torch_regions._round(x, rd) if rd is not None else x
+
+        def lin(x, prefix, bias=False):
+            w = self._param(prefix + ".weight")
+            b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
+            data, dtype = _weight_data(w, pol, prefix + ".weight")
+            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
+
+        def vec(name):
+            return _weight_values(self._param(name), pol, name)
+
+        return lin, vec
+
+    def _embed(self, tokens, positions):
+        """(the embedded tokens, cos, sin): the embedding rows of `tokens` and the rope tables
+        of `positions`, with a heads axis (unsqueeze(1)) to broadcast over the heads."""
+        pol, c = self._pol, self.config
+        emb = self._param("model.embed_tokens.weight")
+        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
+        x = _Embedding.apply(tokens, emb, data, dtype)
+        cos, sin = _torch_regions.rope_cos_sin(positions, c["head_dim"], c["rope_theta"], pol)
+        return x, cos.unsqueeze(1), sin.unsqueeze(1)
+
     def forward(self, sequences, mode="raw", temperature=1.0, top_k=None, top_p=None,
                 min_p=None, return_logits=False, depths=None, loop_kv=None,
                 loop_logprobs=False):
@@ -866,26 +898,8 @@ class CausalLM(_torch.nn.Module):
         positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
         T, hd = tokens.numel(), c["head_dim"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
-        rd = _torch_regions._round_dtype(pol)
-
-        def rnd(x):
-            return _torch_regions._round(x, rd) if rd is not None else x
-
-        def lin(x, prefix, bias=False):
-            w = self._param(prefix + ".weight")
-            b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
-            data, dtype = _weight_data(w, pol, prefix + ".weight")
-            # the decoder layers' linear layers: under an fp8 gemm, quantized from the masters
-            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
-
-        def vec(name):
-            return _weight_values(self._param(name), pol, name)
-
-        emb = self._param("model.embed_tokens.weight")
-        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
-        h = _Embedding.apply(tokens, emb, data, dtype)
-        cos, sin = _torch_regions.rope_cos_sin(positions, hd, c["rope_theta"], pol)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        lin, vec = self._layer_ops()
+        h, cos, sin = self._embed(tokens, positions)
         delta = None
         for l in range(c["num_hidden_layers"]):
             p = "model.layers.%d." % l
@@ -984,25 +998,8 @@ class CausalLM(_torch.nn.Module):
         positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
         hd, N = c["head_dim"], c["num_hidden_layers"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
-        rd = _torch_regions._round_dtype(pol)
-
-        def rnd(x):
-            return _torch_regions._round(x, rd) if rd is not None else x
-
-        def lin(x, prefix, bias=False):
-            w = self._param(prefix + ".weight")
-            b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
-            data, dtype = _weight_data(w, pol, prefix + ".weight")
-            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
-
-        def vec(name):
-            return _weight_values(self._param(name), pol, name)
-
-        emb = self._param("model.embed_tokens.weight")
-        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
-        x = _Embedding.apply(tokens, emb, data, dtype)
-        cos, sin = _torch_regions.rope_cos_sin(positions, hd, c["rope_theta"], pol)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        lin, vec = self._layer_ops()
+        x, cos, sin = self._embed(tokens, positions)
         kept_k, kept_v = [None] * N, [None] * N  # each layer's K/V of the previous loop
         read_h = read_delta = None                 # each row's head input at its depth
         per_loop = []
