@@ -98,6 +98,7 @@
 
 #include "bench_clock.h"
 #include "mismatch.h"
+#include "options.h"
 
 #ifndef PARITY_SOURCE_DIR
 #define PARITY_SOURCE_DIR "."
@@ -147,23 +148,8 @@ static const char *source_root(void) {
     return env && *env ? env : PARITY_SOURCE_DIR;
 }
 
-static int parse_u32(const char *s, uint32_t *out) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v > UINT32_MAX) return 0;
-    *out = (uint32_t)v;
-    return 1;
-}
-
-static int parse_f32(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return 0;
-    *out = (float)v;
-    return 1;
-}
+/* A finite float option value (parse_float, and no infinity or NaN). */
+static int parse_f32(const char *s, float *out) { return parse_float(s, out) && isfinite(*out); }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Options                                                                                  */
@@ -294,7 +280,7 @@ static void parse_options(options *o, int argc, char **argv) {
     default_options(o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (option_is_help(a)) {
             usage(stdout);
             exit(0);
         }
@@ -307,8 +293,8 @@ static void parse_options(options *o, int argc, char **argv) {
             if (!o->n_prompt_files) die("--prompts needs at least one file");
             continue;
         }
-        if (i + 1 >= argc) die("%s needs a value (see --help)", a);
-        const char *v = argv[++i];
+        const char *v;
+        if (!option_value(argc, argv, &i, &v)) die("%s needs a value (see --help)", a);
         if (parse_numeric_option(o, a, v)) continue;
         if (!strcmp(a, "--model")) o->model_spec = v;
         else if (!strcmp(a, "--policies")) o->policies = v;
@@ -575,21 +561,19 @@ static parity_sampler *make_sampler(const run_env *e, const variant *v, size_t p
     return s;
 }
 
-/* Adds the prompts [first, last) and forks `per` completions of each; the parents are
- * released (their blocks stay with the children). live[k] = sequence id, slot[k] = index of
- * the completion in the rollouts. */
-static size_t start_wave(parity_sampler *s, const run_env *e, rollouts *r, size_t first,
-                         size_t last, uint32_t *live, size_t *slot) {
-    parity_sampling sp;
-    sampling_for(e, r->temperature, r->max_new, &sp);
+/* Adds the prompts [first, last) and forks `per` completions of each, drawn with `sp`; the
+ * parents are released (their blocks stay with the children). live[k] = sequence id,
+ * slot[k] = index of the completion in the rollouts. */
+static size_t start_wave(parity_sampler *s, const parity_sampling *sp, rollouts *r,
+                         size_t first, size_t last, uint32_t *live, size_t *slot) {
     size_t n_live = 0;
     for (size_t p = first; p < last; p++) {
         uint32_t parent;
-        int rc = parity_sampler_add(s, r->prompts->tok[p], r->prompts->len[p], &sp, 0, &parent);
+        int rc = parity_sampler_add(s, r->prompts->tok[p], r->prompts->len[p], sp, 0, &parent);
         if (rc) die_parity("prefilling a prompt", rc);
         for (uint32_t j = 0; j < r->per_prompt; j++) {
             size_t c = p * r->per_prompt + j;
-            if ((rc = parity_sampler_fork(s, parent, &sp, c, &live[n_live])))
+            if ((rc = parity_sampler_fork(s, parent, sp, c, &live[n_live])))
                 die_parity("forking a completion", rc);
             slot[n_live++] = c;
         }
@@ -599,9 +583,12 @@ static size_t start_wave(parity_sampler *s, const run_env *e, rollouts *r, size_
 }
 
 /* Steps the live completions until all have finished, appending tokens and log-probs to
- * gen_tok/gen_lp[c * max_new ...] and counting them in gen_n[c]. */
+ * gen_tok/gen_lp[c * max_new ...] and counting them in gen_n[c]. depth, unless NULL: each
+ * finished completion's depth schedule at depth[c * max_len ...] (a looped model's; the last
+ * position's 1). */
 static void decode_wave(parity_sampler *s, const rollouts *r, uint32_t *live, size_t *slot,
-                        size_t n_live, int32_t *gen_tok, float *gen_lp, uint32_t *gen_n) {
+                        size_t n_live, int32_t *gen_tok, float *gen_lp, uint32_t *gen_n,
+                        uint32_t *depth, uint32_t max_len) {
     int32_t *tok = xcalloc(n_live, sizeof *tok);
     float *lp = xcalloc(n_live, sizeof *lp);
     uint32_t *fin = xcalloc(n_live, sizeof *fin);
@@ -615,6 +602,14 @@ static void decode_wave(parity_sampler *s, const rollouts *r, uint32_t *live, si
             gen_lp[c * r->max_new + gen_n[c]] = lp[k];
             gen_n[c]++;
             if (fin[k] || gen_n[c] == r->max_new) {
+                if (depth) {
+                    const uint32_t *d;
+                    uint32_t n;
+                    if ((rc = parity_sampler_depths(s, live[k], &d, &n)))
+                        die_parity("depths", rc);
+                    memcpy(depth + c * max_len, d, n * sizeof *d);
+                    depth[c * max_len + n] = 1; /* the last position's: not used */
+                }
                 parity_sampler_release(s, live[k]);
             } else {
                 live[kept] = live[k];
@@ -678,10 +673,12 @@ static void generate(const run_env *e, rollouts *r) {
     uint32_t *live = xcalloc(per_wave * r->per_prompt, sizeof *live);
     size_t *slot = xcalloc(per_wave * r->per_prompt, sizeof *slot);
     parity_sampler *s = make_sampler(e, &r->v, per_wave, r->per_prompt, (uint32_t)max_len);
+    parity_sampling sp;
+    sampling_for(e, r->temperature, r->max_new, &sp);
     for (size_t first = 0; first < ps->n; first += per_wave) {
         size_t last = first + per_wave < ps->n ? first + per_wave : ps->n;
-        size_t n_live = start_wave(s, e, r, first, last, live, slot);
-        decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n);
+        size_t n_live = start_wave(s, &sp, r, first, last, live, slot);
+        decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n, NULL, 0);
     }
     parity_sampler_free(s);
     pack_rollouts(r, gen_tok, gen_lp, gen_n);
@@ -1151,45 +1148,9 @@ static uint32_t *generate_looped(const run_env *e, const parity_policy *policy, 
     uint32_t *gen_n = xcalloc(r->n_seqs, sizeof *gen_n);
     uint32_t *depth = xcalloc(r->n_seqs * max_len, sizeof *depth);
     uint32_t *live = xcalloc(r->n_seqs, sizeof *live);
-    size_t *slot = xcalloc(r->n_seqs, sizeof *slot), n_live = 0;
-    for (size_t p = 0; p < ps->n; p++) {
-        uint32_t parent;
-        int rc = parity_sampler_add(s, ps->tok[p], ps->len[p], &sp, 0, &parent);
-        if (rc) die_parity("prefilling a prompt", rc);
-        for (uint32_t j = 0; j < r->per_prompt; j++) {
-            const size_t c = p * r->per_prompt + j;
-            if ((rc = parity_sampler_fork(s, parent, &sp, c, &live[n_live])))
-                die_parity("forking a completion", rc);
-            slot[n_live++] = c;
-        }
-        parity_sampler_release(s, parent);
-    }
-    int32_t *tok = xcalloc(n_live, sizeof *tok);
-    float *lp = xcalloc(n_live, sizeof *lp);
-    uint32_t *fin = xcalloc(n_live, sizeof *fin);
-    while (n_live) {
-        int rc = parity_sampler_step(s, live, n_live, tok, lp, fin, 0, NULL, NULL);
-        if (rc) die_parity("decoding", rc);
-        size_t kept = 0;
-        for (size_t k = 0; k < n_live; k++) {
-            const size_t c = slot[k];
-            gen_tok[c * r->max_new + gen_n[c]] = tok[k];
-            gen_lp[c * r->max_new + gen_n[c]] = lp[k];
-            gen_n[c]++;
-            if (fin[k] || gen_n[c] == r->max_new) {
-                const uint32_t *d;
-                uint32_t n;
-                if ((rc = parity_sampler_depths(s, live[k], &d, &n))) die_parity("depths", rc);
-                memcpy(depth + c * max_len, d, n * sizeof *d);
-                depth[c * max_len + n] = 1; /* the last position's: not used */
-                parity_sampler_release(s, live[k]);
-            } else {
-                live[kept] = live[k];
-                slot[kept++] = c;
-            }
-        }
-        n_live = kept;
-    }
+    size_t *slot = xcalloc(r->n_seqs, sizeof *slot);
+    const size_t n_live = start_wave(s, &sp, r, 0, ps->n, live, slot);
+    decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n, depth, max_len);
     parity_sampler_free(s);
     pack_rollouts(r, gen_tok, gen_lp, gen_n);
     uint32_t *sched = xcalloc(r->tok_off[r->n_seqs], sizeof *sched);
@@ -1202,9 +1163,6 @@ static uint32_t *generate_looped(const run_env *e, const parity_policy *policy, 
     free(depth);
     free(live);
     free(slot);
-    free(tok);
-    free(lp);
-    free(fin);
     return sched;
 }
 

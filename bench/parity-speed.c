@@ -95,6 +95,7 @@
 
 #include "bench_clock.h"
 #include "bench_peak.h"
+#include "options.h"
 #include "parity.h"
 
 #ifndef PARITY_BENCH_DIR
@@ -284,14 +285,6 @@ static int fail(const char *what) {
     return -1;
 }
 
-static void make_prompt(int32_t *p, uint32_t n, uint32_t vocab) {
-    uint64_t x = 12345;
-    for (uint32_t i = 0; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        p[i] = (int32_t)((x >> 33) % vocab);
-    }
-}
-
 /* The parameters the sampler and the scorer share, from the run's configuration. */
 static int run_params(const run_cfg *r, parity_policy *policy, uint32_t *backend,
                       uint32_t *n_threads) {
@@ -350,7 +343,7 @@ static int prompt_open(const run_cfg *r, int score, uint32_t L, prompt_run *x) {
         prompt_close(x);
         return fail("out of memory");
     }
-    make_prompt(x->tokens, L, parity_model_config(r->model)->vocab_size);
+    bench_prompt(x->tokens, L, parity_model_config(r->model)->vocab_size);
     if (score) {
         parity_scorer_params p;
         parity_scorer_default_params(&p);
@@ -429,7 +422,7 @@ static int decode_open(const run_cfg *r, uint32_t B, uint32_t context, uint32_t 
     d->B = B;
     if (make_sampler(r, B + 1, context + max_steps + 2, &d->s)) return -1;
     int32_t *prompt = malloc(context * sizeof *prompt);
-    make_prompt(prompt, context, parity_model_config(r->model)->vocab_size);
+    bench_prompt(prompt, context, parity_model_config(r->model)->vocab_size);
     parity_sampling g;
     parity_sampling_default(&g);
     g.temperature = 0;
@@ -596,7 +589,7 @@ static int run_profile(const run_cfg *r, uint32_t prompt, const uint32_t *batche
         parity_sampler *s;
         if (make_sampler(r, 1, prompt + 1, &s)) return -1;
         int32_t *tokens = malloc(prompt * sizeof *tokens);
-        make_prompt(tokens, prompt, vocab);
+        bench_prompt(tokens, prompt, vocab);
         uint32_t q, fin;
         int32_t tok;
         float lp;
@@ -906,15 +899,9 @@ static const peer_row *peer_match(const peers *P, const char *peer, const char *
 
 /* ---- options and output -------------------------------------------------------------------- */
 
-static int split_list(char *s, const char **out) {
-    int n = 0;
-    for (char *tok = strtok(s, ","); tok && n < MAX_LIST; tok = strtok(NULL, ",")) out[n++] = tok;
-    return n;
-}
-
 static int split_uints(char *s, uint32_t *out) {
     const char *items[MAX_LIST];
-    int n = split_list(s, items);
+    int n = split_list(s, items, MAX_LIST);
     for (int i = 0; i < n; i++) out[i] = (uint32_t)strtoul(items[i], NULL, 10);
     return n;
 }
@@ -1033,7 +1020,7 @@ static int parse_options(int argc, char **argv, options *o) {
                    .contexts_s = "128", .peers_s = "torch,llama",
                    .thresholds_s = "0.5,0.7,0.9,0.99", .reps = 3, .steps = 4};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        const char *a = argv[i], *v;
         if (!strcmp(a, "--quick")) {
             strcpy(o->presets_s, "aligned");
             strcpy(o->prompts_s, "64");
@@ -1056,14 +1043,13 @@ static int parse_options(int argc, char **argv, options *o) {
             o->early_exit = 1;
             continue;
         }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help") || i + 1 >= argc) {
+        if (option_is_help(a) || !option_value(argc, argv, &i, &v)) {
             fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
                             "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
                             "[--steps N] [--reps N] [--paths LIST|all] [--peers LIST|none] [--score-all] "
                             "[--profile] [--json FILE] [--quick] [--early-exit [--thresholds LIST]]\n");
-            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+            return option_is_help(a) ? 0 : 2;
         }
-        i++;
         if (!strcmp(a, "--model")) o->model_spec = v, o->model_given = 1;
         else if (!strcmp(a, "--thresholds")) snprintf(o->thresholds_s, sizeof o->thresholds_s, "%s", v);
         else if (!strcmp(a, "--json")) o->json = v;
@@ -1100,7 +1086,8 @@ static int make_plan(options *o, plan *pl) {
     if (!o->backends_s[0])
         snprintf(o->backends_s, sizeof o->backends_s, "%s",
                  parity_backend_check(PARITY_BACKEND_AMX) == PARITY_OK ? "bf16,amx" : "bf16");
-    pl->np = split_list(o->presets_s, pl->presets), pl->nb = split_list(o->backends_s, pl->backends);
+    pl->np = split_list(o->presets_s, pl->presets, MAX_LIST);
+    pl->nb = split_list(o->backends_s, pl->backends, MAX_LIST);
     pl->nt = split_uints(o->threads_s, pl->threads), pl->nl = split_uints(o->prompts_s, pl->prompts);
     pl->nbatch = split_uints(o->batches_s, pl->batches);
     pl->nc = split_uints(o->contexts_s, pl->contexts);
@@ -1120,7 +1107,7 @@ static int make_plan(options *o, plan *pl) {
         parity_set_cpu_path(pl->chosen);
     } else {
         const char *names[MAX_LIST];
-        const int n = split_list(o->paths_s, names);
+        const int n = split_list(o->paths_s, names, MAX_LIST);
         for (int i = 0; i < n && pl->npath < 8; i++) {
             if (parity_cpu_path_from_name(names[i], &pl->paths[pl->npath]) ||
                 parity_set_cpu_path(pl->paths[pl->npath])) {
@@ -1352,7 +1339,7 @@ static void run_peers(const options *o, const plan *pl, peers *P) {
     char peer_copy[64];
     snprintf(peer_copy, sizeof peer_copy, "%s", o->peers_s);
     const char *which[MAX_LIST];
-    int nw = split_list(peer_copy, which);
+    int nw = split_list(peer_copy, which, MAX_LIST);
     for (int i = 0; i < nw; i++) {
         if (!strcmp(which[i], "torch"))
             run_torch_peer(P, o->model_spec, tmax, lmax, batch_list, pl->contexts[0], o->steps,
