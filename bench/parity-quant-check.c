@@ -189,7 +189,8 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--per-tensor")) per_tensor = 1;
         else if (!strcmp(a, "--eval") && i + 1 < argc) {
-            while (i + 1 < argc && argv[i + 1][0] != '-' && n_eval < MAX_EVAL) evals[n_eval++] = argv[++i];
+            while (i + 1 < argc && argv[i + 1][0] != '-' && n_eval < MAX_EVAL)
+                evals[n_eval++] = argv[++i];
         } else if (!option_value(argc, argv, &i, &v)) {
             fprintf(stderr, "usage: parity-quant-check --latents DIR --quantizer FORMAT:RULE "
                             "[--deployed DIR] [--policy PRESET] [--write-export DIR] "

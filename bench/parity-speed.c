@@ -1051,7 +1051,8 @@ static int parse_options(int argc, char **argv, options *o) {
             return option_is_help(a) ? 0 : 2;
         }
         if (!strcmp(a, "--model")) o->model_spec = v, o->model_given = 1;
-        else if (!strcmp(a, "--thresholds")) snprintf(o->thresholds_s, sizeof o->thresholds_s, "%s", v);
+        else if (!strcmp(a, "--thresholds"))
+            snprintf(o->thresholds_s, sizeof o->thresholds_s, "%s", v);
         else if (!strcmp(a, "--json")) o->json = v;
         else if (!strcmp(a, "--presets")) snprintf(o->presets_s, sizeof o->presets_s, "%s", v);
         else if (!strcmp(a, "--backends")) snprintf(o->backends_s, sizeof o->backends_s, "%s", v);
@@ -1088,7 +1089,8 @@ static int make_plan(options *o, plan *pl) {
                  parity_backend_check(PARITY_BACKEND_AMX) == PARITY_OK ? "bf16,amx" : "bf16");
     pl->np = split_list(o->presets_s, pl->presets, MAX_LIST);
     pl->nb = split_list(o->backends_s, pl->backends, MAX_LIST);
-    pl->nt = split_uints(o->threads_s, pl->threads), pl->nl = split_uints(o->prompts_s, pl->prompts);
+    pl->nt = split_uints(o->threads_s, pl->threads);
+    pl->nl = split_uints(o->prompts_s, pl->prompts);
     pl->nbatch = split_uints(o->batches_s, pl->batches);
     pl->nc = split_uints(o->contexts_s, pl->contexts);
     for (int i = 0; i < pl->nbatch; i++)
@@ -1474,7 +1476,8 @@ static void print_peers(const peers *P, const rows *rs) {
         if (!ph) continue;
         for (int k = 0; k < 2; k++) {
             const char *name = k ? "llama" : "torch";
-            const peer_row *r = peer_match(P, name, ph, x->threads, x->batch, x->tokens, x->context);
+            const peer_row *r = peer_match(P, name, ph, x->threads, x->batch, x->tokens,
+                                           x->context);
             if (r)
                 printf("  %-8s %-9s %-8s %-10s thr %u batch %2u context %5u: %6.2f x %s (%s)\n",
                        x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
@@ -1511,7 +1514,8 @@ static int write_json(const options *o, const plan *pl, const machine *mc, const
         fprintf(f, "}}");
     }
     fprintf(f, "],\n \"machine\": {\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, "
-               "\"cpu_path\": \"%s\"},\n \"results\": [", pl->threads[pl->nt - 1], mc->bandwidth[pl->nt - 1],
+               "\"cpu_path\": \"%s\"},\n \"results\": [", pl->threads[pl->nt - 1],
+            mc->bandwidth[pl->nt - 1],
             mc->peaks[pl->nt - 1][chosen_kind], parity_cpu_path_name(pl->chosen));
     for (int i = 0; i < rs->n; i++) {
         const result *x = &rs->v[i];
@@ -1579,7 +1583,8 @@ static int write_json(const options *o, const plan *pl, const machine *mc, const
         if (!strcmp(x->phase, "score")) continue;
         for (int k = 0; k < 2; k++) {
             const char *name = k ? "llama" : "torch";
-            const peer_row *r = peer_match(P, name, x->phase, x->threads, x->batch, x->tokens, x->context);
+            const peer_row *r = peer_match(P, name, x->phase, x->threads, x->batch, x->tokens,
+                                           x->context);
             if (!r) continue;
             fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
                        "\"cpu_path\": \"%s\", \"threads\": %u, \"batch\": %u, \"context\": %u, "
