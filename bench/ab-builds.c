@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "bench_clock.h"
+#include "options.h"
 #include "parity.h"
 
 #define MAX_PAIRS 200
@@ -75,14 +76,6 @@ static int load(build *b, const char *path) {
 static int fail(const build *b, const char *what) {
     fprintf(stderr, "ab-builds: %s: %s: %s\n", b->path, what, b->last_error());
     return -1;
-}
-
-static void make_prompt(int32_t *p, uint32_t n, uint32_t vocab) {
-    uint64_t x = 12345;
-    for (uint32_t i = 0; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        p[i] = (int32_t)((x >> 33) % vocab);
-    }
 }
 
 static uint32_t n_threads = 2;
@@ -145,7 +138,7 @@ static int open_decode(build *b, const char *preset, uint32_t batch, uint32_t co
         return -1;
     int32_t *prompt = malloc(context * sizeof *prompt);
     if (!prompt) return fail(b, "out of memory");
-    make_prompt(prompt, context, b->model_config(b->model)->vocab_size);
+    bench_prompt(prompt, context, b->model_config(b->model)->vocab_size);
     parity_sampling g;
     b->sampling_default(&g);
     g.temperature = 0;
@@ -191,16 +184,19 @@ int main(int argc, char **argv) {
                         "[--prompt L] [--batch B] [--context C] [--pairs N]\n");
         return 2;
     }
-    for (int i = 3; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--model")) spec = argv[i + 1];
-        else if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
-        else if (!strcmp(argv[i], "--threads")) n_threads = (uint32_t)strtoul(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--prompt")) L = (uint32_t)strtoul(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--batch")) batch = (uint32_t)strtoul(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--context")) context = (uint32_t)strtoul(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--pairs")) pairs = atoi(argv[i + 1]);
+    /* options in pairs after the two builds; a last option without a value is ignored */
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!option_value(argc, argv, &i, &v)) break;
+        if (!strcmp(a, "--model")) spec = v;
+        else if (!strcmp(a, "--preset")) preset = v;
+        else if (!strcmp(a, "--threads")) n_threads = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--prompt")) L = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--batch")) batch = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--context")) context = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--pairs")) pairs = atoi(v);
         else {
-            fprintf(stderr, "ab-builds: unknown option %s\n", argv[i]);
+            fprintf(stderr, "ab-builds: unknown option %s\n", a);
             return 2;
         }
     }
@@ -219,7 +215,7 @@ int main(int argc, char **argv) {
     }
     int32_t *tokens = malloc(L * sizeof *tokens);
     if (!tokens) return 1;
-    make_prompt(tokens, L, b[0].model_config(b[0].model)->vocab_size);
+    bench_prompt(tokens, L, b[0].model_config(b[0].model)->vocab_size);
     printf("ab-builds: A %s, B %s; %s, preset %s, %u thread(s); %d pairs, alternating call by "
            "call\n", argv[1], argv[2], spec, preset, n_threads, pairs);
     double t[2][MAX_PAIRS];

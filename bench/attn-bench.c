@@ -43,6 +43,7 @@
 #include "base/internal.h"
 #include "kernels/kernel_common.h"
 #include "kernels/kernels.h"
+#include "options.h"
 
 #define HEAD_DIM 128
 #define LD_SCORES 4096 /* scores of a query lie this far apart, as max_ctx apart in the forward */
@@ -188,11 +189,12 @@ int main(int argc, char **argv) {
     size_t blocks = 64;
     int reps = 21;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--paths") && v) paths_arg = v, i++;
-        else if (!strcmp(a, "--blocks") && v) blocks = (size_t)strtoul(v, NULL, 10), i++;
-        else if (!strcmp(a, "--reps") && v) reps = atoi(v), i++;
-        else if (!strcmp(a, "--json") && v) json_path = v, i++;
+        const char *a = argv[i], *v;
+        if (!option_value(argc, argv, &i, &v)) return usage();
+        if (!strcmp(a, "--paths")) paths_arg = v;
+        else if (!strcmp(a, "--blocks")) blocks = (size_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--json")) json_path = v;
         else return usage();
     }
     if (blocks < 1 || blocks > MAX_BLOCKS || reps < 1 || reps > MAX_REPS) return usage();

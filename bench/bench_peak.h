@@ -153,21 +153,23 @@ static inline bench_peak_kind bench_peak_active(void) {
     return bench_peak_of_path(parity_get_cpu_path());
 }
 
-/* For tables and JSON: the instruction, and a short key. */
+/* For tables and JSON: each kind's instruction, and a short key. */
+static const struct {
+    const char *instruction, *key;
+} bench_peak_names[BENCH_PEAK_KINDS] = {
+    [BENCH_PEAK_NONE] = {"none (portable path)", "none"},
+    [BENCH_PEAK_FMA_YMM] = {"vfmadd231ps ymm (AVX2 FMA)", "fma_ymm"},
+    [BENCH_PEAK_FMA_ZMM] = {"vfmadd231ps zmm (AVX-512F)", "fma_zmm"},
+    [BENCH_PEAK_DPBF16_ZMM] = {"vdpbf16ps zmm (AVX512_BF16)", "dpbf16_zmm"},
+    [BENCH_PEAK_AMX_BF16] = {"tdpbf16ps (AMX-BF16)", "amx_bf16"},
+};
+
 static inline const char *bench_peak_instruction(bench_peak_kind k) {
-    return k == BENCH_PEAK_FMA_YMM      ? "vfmadd231ps ymm (AVX2 FMA)"
-           : k == BENCH_PEAK_FMA_ZMM    ? "vfmadd231ps zmm (AVX-512F)"
-           : k == BENCH_PEAK_DPBF16_ZMM ? "vdpbf16ps zmm (AVX512_BF16)"
-           : k == BENCH_PEAK_AMX_BF16   ? "tdpbf16ps (AMX-BF16)"
-                                        : "none (portable path)";
+    return bench_peak_names[k < BENCH_PEAK_KINDS ? k : BENCH_PEAK_NONE].instruction;
 }
 
 static inline const char *bench_peak_key(bench_peak_kind k) {
-    return k == BENCH_PEAK_FMA_YMM      ? "fma_ymm"
-           : k == BENCH_PEAK_FMA_ZMM    ? "fma_zmm"
-           : k == BENCH_PEAK_DPBF16_ZMM ? "dpbf16_zmm"
-           : k == BENCH_PEAK_AMX_BF16   ? "amx_bf16"
-                                        : "none";
+    return bench_peak_names[k < BENCH_PEAK_KINDS ? k : BENCH_PEAK_NONE].key;
 }
 
 /* Flops of one iteration of kind k's loop (10 instructions). */

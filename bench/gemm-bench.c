@@ -42,6 +42,7 @@
 #include "base/internal.h"
 #include "kernels/kernels.h"
 #include "base/threadpool.h"
+#include "options.h"
 
 #define MAX_REPS 64
 
@@ -378,8 +379,7 @@ int main(int argc, char **argv) {
     options o = {.reps_max = 15, .min_time = 0.3, .threads = {1, 2}, .n_threads = 2,
                  .ms = {1, 64, 512}, .n_ms = 3};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v;
         size_t list[8];
         if (!strcmp(a, "--json")) {
             o.json = 1;
@@ -393,21 +393,23 @@ int main(int argc, char **argv) {
             o.quick = 1;
         } else if (!strcmp(a, "--groups")) {
             o.groups = 1;
-        } else if (!strcmp(a, "--threads") && v) {
+        } else if (!option_value(argc, argv, &i, &v)) {
+            return usage(), 2;
+        } else if (!strcmp(a, "--threads")) {
             int n = parse_list(v, list, 8);
             if (n <= 0) return usage(), 2;
             for (int k = 0; k < n; k++) o.threads[k] = (unsigned)list[k];
-            o.n_threads = n, i++;
-        } else if (!strcmp(a, "--m") && v) {
+            o.n_threads = n;
+        } else if (!strcmp(a, "--m")) {
             int n = parse_list(v, o.ms, 8);
             if (n <= 0) return usage(), 2;
-            o.n_ms = n, i++;
-        } else if (!strcmp(a, "--shape") && v) {
-            o.only = v, i++;
-        } else if (!strcmp(a, "--min-time") && v) {
-            o.min_time = atof(v), i++;
-        } else if (!strcmp(a, "--reps") && v) {
-            o.reps_max = atoi(v), i++;
+            o.n_ms = n;
+        } else if (!strcmp(a, "--shape")) {
+            o.only = v;
+        } else if (!strcmp(a, "--min-time")) {
+            o.min_time = atof(v);
+        } else if (!strcmp(a, "--reps")) {
+            o.reps_max = atoi(v);
             if (o.reps_max < 1) o.reps_max = 1;
             if (o.reps_max > MAX_REPS) o.reps_max = MAX_REPS;
         } else {

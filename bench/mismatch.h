@@ -1,5 +1,6 @@
-/* Shared by parity-mismatch.c (running the rollouts, scoring, measuring) and mismatch-report.c
- * (the table, JSON, CSV and SVG output). See parity-mismatch.c for what is measured. */
+/* The types and functions of parity-mismatch: parity-mismatch.c runs the rollouts, scores and
+ * measures; mismatch-report.c writes the table, JSON, CSV and SVG output; mismatch.c holds
+ * what both use. See parity-mismatch.c for what is measured. */
 #ifndef PARITY_BENCH_MISMATCH_H
 #define PARITY_BENCH_MISMATCH_H
 
@@ -156,8 +157,11 @@ typedef struct bench {
     double elapsed;
 } bench;
 
-/* parity-mismatch.c */
+/* mismatch.c: shared by both halves */
 #define PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
+void progress_start(void);      /* the time progress lines count from */
+void progress_silence(void);    /* --quiet: no progress lines */
+double progress_seconds(void);  /* since progress_start */
 void progress(const char *fmt, ...) PRINTF_LIKE(1, 2);
 void die(const char *fmt, ...) PRINTF_LIKE(1, 2) __attribute__((noreturn));
 void *xcalloc(size_t n, size_t size);

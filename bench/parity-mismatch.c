@@ -98,6 +98,7 @@
 
 #include "bench_clock.h"
 #include "mismatch.h"
+#include "options.h"
 
 #ifndef PARITY_SOURCE_DIR
 #define PARITY_SOURCE_DIR "."
@@ -107,39 +108,8 @@
 /* Small utilities                                                                          */
 /* ---------------------------------------------------------------------------------------- */
 
-static double start_time;
-static int quiet;
-
-/* One line on stderr, written at once (workers report concurrently). */
-void progress(const char *fmt, ...) {
-    if (quiet) return;
-    char line[512];
-    int n = snprintf(line, sizeof line, "[%6.1f s] ", bench_now() - start_time);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s\n", line);
-}
-
-void die(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(1);
-}
-
 static __attribute__((noreturn)) void die_parity(const char *what, int status) {
     die("%s: %s: %s", what, parity_status_name(status), parity_last_error());
-}
-
-void *xcalloc(size_t n, size_t size) {
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) die("out of memory");
-    return p;
 }
 
 static void *xrealloc(void *p, size_t size) {
@@ -178,32 +148,8 @@ static const char *source_root(void) {
     return env && *env ? env : PARITY_SOURCE_DIR;
 }
 
-static int parse_u32(const char *s, uint32_t *out) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v > UINT32_MAX) return 0;
-    *out = (uint32_t)v;
-    return 1;
-}
-
-static int parse_f32(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return 0;
-    *out = (float)v;
-    return 1;
-}
-
-/* "same", "split_k=4", "split_kv=64" or "split_k=4,split_kv=64". */
-void describe_order(uint32_t split_k, uint32_t split_kv, char out[ORDER_MAX_LEN]) {
-    if (split_k && split_kv)
-        snprintf(out, ORDER_MAX_LEN, "split_k=%u,split_kv=%u", split_k, split_kv);
-    else if (split_k) snprintf(out, ORDER_MAX_LEN, "split_k=%u", split_k);
-    else if (split_kv) snprintf(out, ORDER_MAX_LEN, "split_kv=%u", split_kv);
-    else snprintf(out, ORDER_MAX_LEN, "same");
-}
+/* A finite float option value (parse_float, and no infinity or NaN). */
+static int parse_f32(const char *s, float *out) { return parse_float(s, out) && isfinite(*out); }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Options                                                                                  */
@@ -334,21 +280,21 @@ static void parse_options(options *o, int argc, char **argv) {
     default_options(o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (option_is_help(a)) {
             usage(stdout);
             exit(0);
         }
         if (!strcmp(a, "--prompt-tokens")) { o->prompt_tokens = 1; continue; }
         if (!strcmp(a, "--full-tables")) { o->full_tables = 1; continue; }
-        if (!strcmp(a, "--quiet")) { quiet = 1; continue; }
+        if (!strcmp(a, "--quiet")) { progress_silence(); continue; }
         if (!strcmp(a, "--prompts")) {
             o->prompt_files = &argv[i + 1];
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) i++, o->n_prompt_files++;
             if (!o->n_prompt_files) die("--prompts needs at least one file");
             continue;
         }
-        if (i + 1 >= argc) die("%s needs a value (see --help)", a);
-        const char *v = argv[++i];
+        const char *v;
+        if (!option_value(argc, argv, &i, &v)) die("%s needs a value (see --help)", a);
         if (parse_numeric_option(o, a, v)) continue;
         if (!strcmp(a, "--model")) o->model_spec = v;
         else if (!strcmp(a, "--policies")) o->policies = v;
@@ -372,10 +318,6 @@ static void parse_options(options *o, int argc, char **argv) {
 /* ---------------------------------------------------------------------------------------- */
 /* Policies                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
-
-int same_policy(const parity_policy *a, const parity_policy *b) {
-    return !memcmp(a, b, sizeof *a);
-}
 
 static void spec_from_name(const char *name, spec *out) {
     memset(out, 0, sizeof *out);
@@ -403,12 +345,6 @@ static void parse_spec_list(const char *list, spec_list *out) {
         }
         p = comma ? comma + 1 : p + len;
     }
-}
-
-const spec *find_spec(const spec_list *l, const char *name) {
-    for (size_t i = 0; i < l->n; i++)
-        if (!strcmp(l->v[i].name, name)) return &l->v[i];
-    return NULL;
 }
 
 /* The ablation's regions: the switches each one owns. */
@@ -625,21 +561,19 @@ static parity_sampler *make_sampler(const run_env *e, const variant *v, size_t p
     return s;
 }
 
-/* Adds the prompts [first, last) and forks `per` completions of each; the parents are
- * released (their blocks stay with the children). live[k] = sequence id, slot[k] = index of
- * the completion in the rollouts. */
-static size_t start_wave(parity_sampler *s, const run_env *e, rollouts *r, size_t first,
-                         size_t last, uint32_t *live, size_t *slot) {
-    parity_sampling sp;
-    sampling_for(e, r->temperature, r->max_new, &sp);
+/* Adds the prompts [first, last) and forks `per` completions of each, drawn with `sp`; the
+ * parents are released (their blocks stay with the children). live[k] = sequence id,
+ * slot[k] = index of the completion in the rollouts. */
+static size_t start_wave(parity_sampler *s, const parity_sampling *sp, rollouts *r,
+                         size_t first, size_t last, uint32_t *live, size_t *slot) {
     size_t n_live = 0;
     for (size_t p = first; p < last; p++) {
         uint32_t parent;
-        int rc = parity_sampler_add(s, r->prompts->tok[p], r->prompts->len[p], &sp, 0, &parent);
+        int rc = parity_sampler_add(s, r->prompts->tok[p], r->prompts->len[p], sp, 0, &parent);
         if (rc) die_parity("prefilling a prompt", rc);
         for (uint32_t j = 0; j < r->per_prompt; j++) {
             size_t c = p * r->per_prompt + j;
-            if ((rc = parity_sampler_fork(s, parent, &sp, c, &live[n_live])))
+            if ((rc = parity_sampler_fork(s, parent, sp, c, &live[n_live])))
                 die_parity("forking a completion", rc);
             slot[n_live++] = c;
         }
@@ -649,9 +583,12 @@ static size_t start_wave(parity_sampler *s, const run_env *e, rollouts *r, size_
 }
 
 /* Steps the live completions until all have finished, appending tokens and log-probs to
- * gen_tok/gen_lp[c * max_new ...] and counting them in gen_n[c]. */
+ * gen_tok/gen_lp[c * max_new ...] and counting them in gen_n[c]. depth, unless NULL: each
+ * finished completion's depth schedule at depth[c * max_len ...] (a looped model's; the last
+ * position's 1). */
 static void decode_wave(parity_sampler *s, const rollouts *r, uint32_t *live, size_t *slot,
-                        size_t n_live, int32_t *gen_tok, float *gen_lp, uint32_t *gen_n) {
+                        size_t n_live, int32_t *gen_tok, float *gen_lp, uint32_t *gen_n,
+                        uint32_t *depth, uint32_t max_len) {
     int32_t *tok = xcalloc(n_live, sizeof *tok);
     float *lp = xcalloc(n_live, sizeof *lp);
     uint32_t *fin = xcalloc(n_live, sizeof *fin);
@@ -665,6 +602,14 @@ static void decode_wave(parity_sampler *s, const rollouts *r, uint32_t *live, si
             gen_lp[c * r->max_new + gen_n[c]] = lp[k];
             gen_n[c]++;
             if (fin[k] || gen_n[c] == r->max_new) {
+                if (depth) {
+                    const uint32_t *d;
+                    uint32_t n;
+                    if ((rc = parity_sampler_depths(s, live[k], &d, &n)))
+                        die_parity("depths", rc);
+                    memcpy(depth + c * max_len, d, n * sizeof *d);
+                    depth[c * max_len + n] = 1; /* the last position's: not used */
+                }
                 parity_sampler_release(s, live[k]);
             } else {
                 live[kept] = live[k];
@@ -728,10 +673,12 @@ static void generate(const run_env *e, rollouts *r) {
     uint32_t *live = xcalloc(per_wave * r->per_prompt, sizeof *live);
     size_t *slot = xcalloc(per_wave * r->per_prompt, sizeof *slot);
     parity_sampler *s = make_sampler(e, &r->v, per_wave, r->per_prompt, (uint32_t)max_len);
+    parity_sampling sp;
+    sampling_for(e, r->temperature, r->max_new, &sp);
     for (size_t first = 0; first < ps->n; first += per_wave) {
         size_t last = first + per_wave < ps->n ? first + per_wave : ps->n;
-        size_t n_live = start_wave(s, e, r, first, last, live, slot);
-        decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n);
+        size_t n_live = start_wave(s, &sp, r, first, last, live, slot);
+        decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n, NULL, 0);
     }
     parity_sampler_free(s);
     pack_rollouts(r, gen_tok, gen_lp, gen_n);
@@ -823,71 +770,6 @@ static float *score_rollouts(const run_env *e, parity_scorer *s, const rollouts 
 /* Metrics                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-static int bitwise_equal(float a, float b) {
-    uint32_t x, y;
-    memcpy(&x, &a, 4);
-    memcpy(&y, &b, 4);
-    return x == y;
-}
-
-/* The metrics over generated positions [lo, hi] (0-based in each completion) of rollouts `r`
- * scored as `learner`. Sequence-level sums run over the same positions. */
-void compute_metrics(const rollouts *r, const float *learner, uint32_t lo, uint32_t hi,
-                            metrics *m) {
-    memset(m, 0, sizeof *m);
-    double *abs_r = xcalloc(r->gen_off[r->n_seqs], sizeof *abs_r);
-    double s_abs = 0, s_r = 0, s_k3 = 0, s_w = 0, s_w2 = 0, s_seq = 0;
-    size_t n = 0, outside = 0;
-    for (size_t c = 0; c < r->n_seqs; c++) {
-        size_t n_gen = r->gen_off[c + 1] - r->gen_off[c];
-        double seq = 0;
-        int any = 0;
-        for (size_t t = lo; t < n_gen && t <= hi; t++) {
-            float ls = r->lp[r->gen_off[c] + t], ll = learner[r->gen_off[c] + t];
-            m->tokens++;
-            any = 1;
-            if (bitwise_equal(ls, ll)) m->equal++;
-            if (!isfinite(ls) || !isfinite(ll)) {
-                m->nonfinite++;
-                continue;
-            }
-            double d = (double)ll - (double)ls, w = exp(d);
-            abs_r[n++] = fabs(d);
-            s_abs += fabs(d);
-            s_r += d;
-            s_k3 += w - d - 1;
-            s_w += w;
-            s_w2 += w * w;
-            outside += w < 0.8 || w > 1.2;
-            if (fabs(d) > m->max_abs) m->max_abs = fabs(d);
-            if (w > m->ratio_max) m->ratio_max = w;
-            seq += d;
-        }
-        if (!any) continue;
-        m->seqs++;
-        s_seq += fabs(seq);
-        if (fabs(seq) > m->seq_max_abs) m->seq_max_abs = fabs(seq);
-    }
-    if (n) {
-        qsort(abs_r, n, sizeof *abs_r, bench_cmp_double);
-        size_t rank = (size_t)ceil(0.99 * (double)n);
-        m->p99_abs = abs_r[rank ? rank - 1 : 0];
-        m->mean_abs = s_abs / (double)n;
-        m->bias = s_r / (double)n;
-        m->k3 = s_k3 / (double)n;
-        m->ratio_mean = s_w / (double)n;
-        double var = s_w2 / (double)n - m->ratio_mean * m->ratio_mean;
-        m->ratio_std = var > 0 ? sqrt(var) : 0;
-        m->ratio_outside = (double)outside / (double)n;
-    } else {
-        m->mean_abs = m->p99_abs = m->bias = m->k3 = m->ratio_mean = m->ratio_std = NAN;
-        m->ratio_outside = NAN;
-    }
-    m->equal_frac = m->tokens ? (double)m->equal / (double)m->tokens : NAN;
-    m->seq_mean_abs = m->seqs ? s_seq / (double)m->seqs : NAN;
-    free(abs_r);
-}
-
 /* First position where two greedy runs of the same prompts pick different tokens. */
 static void compare_greedy(const rollouts *a, const rollouts *b, greedy_cmp *g) {
     memset(g, 0, sizeof *g);
@@ -930,17 +812,6 @@ static job *add_job(job_list *jl, section sec, const spec *sampler, uint32_t spl
     j->sv.backend = VARIANT_RUN_BACKEND;
     j->learner_policy = *learner;
     return j;
-}
-
-/* The kernel orders: "same", then split-K, split-KV and both, leaving out any that a zero
- * --split-k / --split-kv turns off; returns how many. */
-int kernel_orders(const options *o, uint32_t k[4], uint32_t kv[4]) {
-    int n = 0;
-    k[n] = 0, kv[n++] = 0;
-    if (o->split_k) k[n] = o->split_k, kv[n++] = 0;
-    if (o->split_kv) k[n] = 0, kv[n++] = o->split_kv;
-    if (o->split_k && o->split_kv) k[n] = o->split_k, kv[n++] = o->split_kv;
-    return n;
 }
 
 static int in_list(const spec_list *l, const char *name) { return find_spec(l, name) != NULL; }
@@ -1277,45 +1148,9 @@ static uint32_t *generate_looped(const run_env *e, const parity_policy *policy, 
     uint32_t *gen_n = xcalloc(r->n_seqs, sizeof *gen_n);
     uint32_t *depth = xcalloc(r->n_seqs * max_len, sizeof *depth);
     uint32_t *live = xcalloc(r->n_seqs, sizeof *live);
-    size_t *slot = xcalloc(r->n_seqs, sizeof *slot), n_live = 0;
-    for (size_t p = 0; p < ps->n; p++) {
-        uint32_t parent;
-        int rc = parity_sampler_add(s, ps->tok[p], ps->len[p], &sp, 0, &parent);
-        if (rc) die_parity("prefilling a prompt", rc);
-        for (uint32_t j = 0; j < r->per_prompt; j++) {
-            const size_t c = p * r->per_prompt + j;
-            if ((rc = parity_sampler_fork(s, parent, &sp, c, &live[n_live])))
-                die_parity("forking a completion", rc);
-            slot[n_live++] = c;
-        }
-        parity_sampler_release(s, parent);
-    }
-    int32_t *tok = xcalloc(n_live, sizeof *tok);
-    float *lp = xcalloc(n_live, sizeof *lp);
-    uint32_t *fin = xcalloc(n_live, sizeof *fin);
-    while (n_live) {
-        int rc = parity_sampler_step(s, live, n_live, tok, lp, fin, 0, NULL, NULL);
-        if (rc) die_parity("decoding", rc);
-        size_t kept = 0;
-        for (size_t k = 0; k < n_live; k++) {
-            const size_t c = slot[k];
-            gen_tok[c * r->max_new + gen_n[c]] = tok[k];
-            gen_lp[c * r->max_new + gen_n[c]] = lp[k];
-            gen_n[c]++;
-            if (fin[k] || gen_n[c] == r->max_new) {
-                const uint32_t *d;
-                uint32_t n;
-                if ((rc = parity_sampler_depths(s, live[k], &d, &n))) die_parity("depths", rc);
-                memcpy(depth + c * max_len, d, n * sizeof *d);
-                depth[c * max_len + n] = 1; /* the last position's: not used */
-                parity_sampler_release(s, live[k]);
-            } else {
-                live[kept] = live[k];
-                slot[kept++] = c;
-            }
-        }
-        n_live = kept;
-    }
+    size_t *slot = xcalloc(r->n_seqs, sizeof *slot);
+    const size_t n_live = start_wave(s, &sp, r, 0, ps->n, live, slot);
+    decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n, depth, max_len);
     parity_sampler_free(s);
     pack_rollouts(r, gen_tok, gen_lp, gen_n);
     uint32_t *sched = xcalloc(r->tok_off[r->n_seqs], sizeof *sched);
@@ -1328,9 +1163,6 @@ static uint32_t *generate_looped(const run_env *e, const parity_policy *policy, 
     free(depth);
     free(live);
     free(slot);
-    free(tok);
-    free(lp);
-    free(fin);
     return sched;
 }
 
@@ -1505,7 +1337,7 @@ static void free_bench(bench *b) {
 
 int main(int argc, char **argv) {
     static bench b;
-    start_time = bench_now();
+    progress_start();
     parse_options(&b.o, argc, argv);
     open_model(&b);
     load_prompts(&b);
@@ -1518,7 +1350,7 @@ int main(int argc, char **argv) {
     score_all(&b, &env);
     measure_all(&b);
     run_looped(&b, &env);
-    b.elapsed = bench_now() - start_time;
+    b.elapsed = progress_seconds();
     print_report(&b);
     if (b.o.json_path) write_json(&b, b.o.json_path);
     if (b.o.csv_path) write_csv(&b, b.o.csv_path);

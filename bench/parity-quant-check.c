@@ -37,6 +37,7 @@
 
 #include "base/internal.h"
 #include "model/model.h"
+#include "options.h"
 #include "parity.h"
 
 #define MAX_EVAL 16
@@ -106,6 +107,27 @@ static float *values_of(const weight *w) {
     return x;
 }
 
+/* A linear weight's latent values and the training quantizer's codes and scales of them. */
+typedef struct trained {
+    size_t n;       /* values (rows x cols) */
+    uint64_t grid;  /* block scales; the scales hold grid + 1, the tensor scale last */
+    float *x, *scales;
+    uint8_t *codes;
+} trained;
+
+static trained train(const weight *w, int quantizer) {
+    trained t = {(size_t)w->rows * w->cols, parity_quant_scale_count(quantizer, w->rows, w->cols),
+                 values_of(w), NULL, NULL};
+    t.scales = xmalloc((t.grid + 1) * 4);
+    t.codes = xmalloc(t.n);
+    const int rc = parity_quantize_weight(quantizer, w->rows, w->cols, t.x, w->cols, t.codes,
+                                          t.scales);
+    if (rc) die("train", rc);
+    return t;
+}
+
+static void trained_free(trained *t) { free(t->x), free(t->scales), free(t->codes); }
+
 /* Replaces what m's policies of `quantizer` read for w with these codes and scales. */
 static void serve_codes(parity_model *m, weight *w, int quantizer, const uint8_t *codes,
                         const float *scales, uint64_t grid) {
@@ -164,23 +186,23 @@ int main(int argc, char **argv) {
     size_t n_eval = 0;
     int per_tensor = 0;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v;
         if (!strcmp(a, "--per-tensor")) per_tensor = 1;
-        else if (!v) {
+        else if (!strcmp(a, "--eval") && i + 1 < argc) {
+            while (i + 1 < argc && argv[i + 1][0] != '-' && n_eval < MAX_EVAL)
+                evals[n_eval++] = argv[++i];
+        } else if (!option_value(argc, argv, &i, &v)) {
             fprintf(stderr, "usage: parity-quant-check --latents DIR --quantizer FORMAT:RULE "
                             "[--deployed DIR] [--policy PRESET] [--write-export DIR] "
                             "[--eval FILE...] [--json FILE] [--per-tensor]\n");
             return 2;
-        } else if (!strcmp(a, "--latents")) latents = argv[++i];
-        else if (!strcmp(a, "--deployed")) deployed = argv[++i];
-        else if (!strcmp(a, "--quantizer")) qname = argv[++i];
-        else if (!strcmp(a, "--policy")) preset = argv[++i];
-        else if (!strcmp(a, "--write-export")) export_dir = argv[++i];
-        else if (!strcmp(a, "--json")) json_path = argv[++i];
-        else if (!strcmp(a, "--eval")) {
-            while (i + 1 < argc && argv[i + 1][0] != '-' && n_eval < MAX_EVAL) evals[n_eval++] = argv[++i];
-        } else {
+        } else if (!strcmp(a, "--latents")) latents = v;
+        else if (!strcmp(a, "--deployed")) deployed = v;
+        else if (!strcmp(a, "--quantizer")) qname = v;
+        else if (!strcmp(a, "--policy")) preset = v;
+        else if (!strcmp(a, "--write-export")) export_dir = v;
+        else if (!strcmp(a, "--json")) json_path = v;
+        else {
             fprintf(stderr, "parity-quant-check: unknown option %s\n", a);
             return 2;
         }
@@ -275,12 +297,13 @@ int main(int argc, char **argv) {
         for (int j = 0; j < 7; j++) {
             weight *w = linear_of(L, l, j), *ws = linear_of(S, l, j);
             if (w->keep_bf16) continue;
-            const size_t n = (size_t)w->rows * w->cols;
-            const uint64_t grid = parity_quant_scale_count(q, w->rows, w->cols);
-            float *x = values_of(w);
-            uint8_t *a = xmalloc(n), *b = xmalloc(n), *d = xmalloc(n);
-            float *as = xmalloc((grid + 1) * 4), *bs = xmalloc((grid + 1) * 4), *ds = xmalloc((grid + 1) * 4);
-            if ((rc = parity_quantize_weight(q, w->rows, w->cols, x, w->cols, a, as))) die("train", rc);
+            trained tr = train(w, q);
+            const size_t n = tr.n;
+            const uint64_t grid = tr.grid;
+            const float *x = tr.x, *as = tr.scales;
+            const uint8_t *a = tr.codes;
+            uint8_t *b = xmalloc(n), *d = xmalloc(n);
+            float *bs = xmalloc((grid + 1) * 4), *ds = xmalloc((grid + 1) * 4);
             if ((rc = parity_quantize_bf16_export(q, w->rows, w->cols, x, w->cols, b, bs)))
                 die("export", rc);
             counts ce = {0}, cd = {0};
@@ -338,7 +361,7 @@ int main(int argc, char **argv) {
                        100 * frac(ce.code_diff, ce.codes), 100 * frac(cd.code_diff, cd.codes),
                        (unsigned long long)ce.scale_diff, (unsigned long long)ce.scales);
             }
-            free(x), free(a), free(b), free(d), free(as), free(bs), free(ds);
+            trained_free(&tr), free(b), free(d), free(bs), free(ds);
         }
 
     /* the effect, on the evaluation sequences: learner = latents with the training quantizer */
@@ -378,18 +401,17 @@ int main(int argc, char **argv) {
             for (int j = 0; j < 7; j++) {
                 weight *w = linear_of(L, l, j), *ww = linear_of(W, l, j);
                 if (w->keep_bf16) continue;
-                const size_t n = (size_t)w->rows * w->cols;
-                const uint64_t grid = parity_quant_scale_count(q, w->rows, w->cols);
-                float *x = values_of(w), *as = xmalloc((grid + 1) * 4), *ws_s = xmalloc((grid + 1) * 4);
-                uint8_t *a = xmalloc(n);
-                if ((rc = parity_quantize_weight(q, w->rows, w->cols, x, w->cols, a, as))) die("train", rc);
+                trained tr = train(w, q);
+                const uint64_t grid = tr.grid;
+                float *ws_s = xmalloc((grid + 1) * 4);
                 /* the shipped scales as parity_quantize_weight lays them out: blocks, tensor */
                 if (!ternary) memcpy(ws_s, ww->shipped->scales, grid * 4);
                 ws_s[grid] = ww->shipped->tensor_scale;
                 uint64_t first;
                 const uint64_t n_scales = scales_of(pol.gemm, grid, &first);
-                compare(a, as + first, ww->shipped->codes, ws_s + first, n, n_scales, &t_written);
-                free(x), free(as), free(ws_s), free(a);
+                compare(tr.codes, tr.scales + first, ww->shipped->codes, ws_s + first, tr.n,
+                        n_scales, &t_written);
+                trained_free(&tr), free(ws_s);
             }
         float *lp_w = score_all(W, &pol, tokens, lens, n_eval, total);
         e_w = effect_of(lp_l, lp_w, n_lp);

@@ -95,6 +95,7 @@
 
 #include "bench_clock.h"
 #include "bench_peak.h"
+#include "options.h"
 #include "parity.h"
 
 #ifndef PARITY_BENCH_DIR
@@ -284,14 +285,6 @@ static int fail(const char *what) {
     return -1;
 }
 
-static void make_prompt(int32_t *p, uint32_t n, uint32_t vocab) {
-    uint64_t x = 12345;
-    for (uint32_t i = 0; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        p[i] = (int32_t)((x >> 33) % vocab);
-    }
-}
-
 /* The parameters the sampler and the scorer share, from the run's configuration. */
 static int run_params(const run_cfg *r, parity_policy *policy, uint32_t *backend,
                       uint32_t *n_threads) {
@@ -350,7 +343,7 @@ static int prompt_open(const run_cfg *r, int score, uint32_t L, prompt_run *x) {
         prompt_close(x);
         return fail("out of memory");
     }
-    make_prompt(x->tokens, L, parity_model_config(r->model)->vocab_size);
+    bench_prompt(x->tokens, L, parity_model_config(r->model)->vocab_size);
     if (score) {
         parity_scorer_params p;
         parity_scorer_default_params(&p);
@@ -429,7 +422,7 @@ static int decode_open(const run_cfg *r, uint32_t B, uint32_t context, uint32_t 
     d->B = B;
     if (make_sampler(r, B + 1, context + max_steps + 2, &d->s)) return -1;
     int32_t *prompt = malloc(context * sizeof *prompt);
-    make_prompt(prompt, context, parity_model_config(r->model)->vocab_size);
+    bench_prompt(prompt, context, parity_model_config(r->model)->vocab_size);
     parity_sampling g;
     parity_sampling_default(&g);
     g.temperature = 0;
@@ -596,7 +589,7 @@ static int run_profile(const run_cfg *r, uint32_t prompt, const uint32_t *batche
         parity_sampler *s;
         if (make_sampler(r, 1, prompt + 1, &s)) return -1;
         int32_t *tokens = malloc(prompt * sizeof *tokens);
-        make_prompt(tokens, prompt, vocab);
+        bench_prompt(tokens, prompt, vocab);
         uint32_t q, fin;
         int32_t tok;
         float lp;
@@ -906,15 +899,9 @@ static const peer_row *peer_match(const peers *P, const char *peer, const char *
 
 /* ---- options and output -------------------------------------------------------------------- */
 
-static int split_list(char *s, const char **out) {
-    int n = 0;
-    for (char *tok = strtok(s, ","); tok && n < MAX_LIST; tok = strtok(NULL, ",")) out[n++] = tok;
-    return n;
-}
-
 static int split_uints(char *s, uint32_t *out) {
     const char *items[MAX_LIST];
-    int n = split_list(s, items);
+    int n = split_list(s, items, MAX_LIST);
     for (int i = 0; i < n; i++) out[i] = (uint32_t)strtoul(items[i], NULL, 10);
     return n;
 }
@@ -1005,312 +992,378 @@ static const result *prefill_of(const result *res, int nres, const result *score
     return NULL;
 }
 
-int main(int argc, char **argv) {
-    const char *model_spec = "synthetic:qwen3-0.6b", *json = NULL;
-    char presets_s[256] = "aligned,hf-eager,vllm", backends_s[64] = "", threads_s[64] = "2";
-    char prompts_s[64] = "512", batches_s[64] = "1,32", contexts_s[64] = "128";
-    char peers_s[64] = "torch,llama", paths_s[64] = "";
-    int reps = 3, score_all = 0, profile = 0, contexts_given = 0, early_exit = 0, model_given = 0;
-    char thresholds_s[128] = "0.5,0.7,0.9,0.99";
-    uint32_t steps = 4;
+/* ---- the command line and the modes ------------------------------------------------------- */
+
+/* The command line, as given (the lists still comma-separated). */
+typedef struct options {
+    const char *model_spec, *json;
+    char presets_s[256], backends_s[64], threads_s[64], prompts_s[64], batches_s[64];
+    char contexts_s[64], peers_s[64], paths_s[64], thresholds_s[128];
+    int reps, score_all, profile, contexts_given, early_exit, model_given;
+    uint32_t steps;
+} options;
+
+/* The lists of the command line, split, and the CPU paths to run (chosen: the library's). */
+typedef struct plan {
+    const char *presets[MAX_LIST], *backends[MAX_LIST];
+    uint32_t threads[MAX_LIST], prompts[MAX_LIST], batches[MAX_LIST], contexts[MAX_LIST];
+    int np, nb, nt, nl, nbatch, nc;
+    parity_cpu_path paths[8], chosen;
+    int npath;
+} plan;
+
+/* Parses the command line into o; returns -1 to go on, or the exit status (usage: 0 for
+ * --help, 2 for an error). */
+static int parse_options(int argc, char **argv, options *o) {
+    *o = (options){.model_spec = "synthetic:qwen3-0.6b", .presets_s = "aligned,hf-eager,vllm",
+                   .threads_s = "2", .prompts_s = "512", .batches_s = "1,32",
+                   .contexts_s = "128", .peers_s = "torch,llama",
+                   .thresholds_s = "0.5,0.7,0.9,0.99", .reps = 3, .steps = 4};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        const char *a = argv[i], *v;
         if (!strcmp(a, "--quick")) {
-            strcpy(presets_s, "aligned");
-            strcpy(prompts_s, "64");
-            strcpy(batches_s, "1,8");
-            strcpy(contexts_s, "128");
-            strcpy(peers_s, "none");
-            reps = 1;
-            steps = 4;
+            strcpy(o->presets_s, "aligned");
+            strcpy(o->prompts_s, "64");
+            strcpy(o->batches_s, "1,8");
+            strcpy(o->contexts_s, "128");
+            strcpy(o->peers_s, "none");
+            o->reps = 1;
+            o->steps = 4;
             continue;
         }
         if (!strcmp(a, "--score-all")) {
-            score_all = 1;
+            o->score_all = 1;
             continue;
         }
         if (!strcmp(a, "--profile")) {
-            profile = 1;
+            o->profile = 1;
             continue;
         }
         if (!strcmp(a, "--early-exit")) {
-            early_exit = 1;
+            o->early_exit = 1;
             continue;
         }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help") || i + 1 >= argc) {
+        if (option_is_help(a) || !option_value(argc, argv, &i, &v)) {
             fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
                             "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
                             "[--steps N] [--reps N] [--paths LIST|all] [--peers LIST|none] [--score-all] "
                             "[--profile] [--json FILE] [--quick] [--early-exit [--thresholds LIST]]\n");
-            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+            return option_is_help(a) ? 0 : 2;
         }
-        i++;
-        if (!strcmp(a, "--model")) model_spec = v, model_given = 1;
-        else if (!strcmp(a, "--thresholds")) snprintf(thresholds_s, sizeof thresholds_s, "%s", v);
-        else if (!strcmp(a, "--json")) json = v;
-        else if (!strcmp(a, "--presets")) snprintf(presets_s, sizeof presets_s, "%s", v);
-        else if (!strcmp(a, "--backends")) snprintf(backends_s, sizeof backends_s, "%s", v);
-        else if (!strcmp(a, "--threads")) snprintf(threads_s, sizeof threads_s, "%s", v);
-        else if (!strcmp(a, "--prompts")) snprintf(prompts_s, sizeof prompts_s, "%s", v);
-        else if (!strcmp(a, "--batches")) snprintf(batches_s, sizeof batches_s, "%s", v);
+        if (!strcmp(a, "--model")) o->model_spec = v, o->model_given = 1;
+        else if (!strcmp(a, "--thresholds"))
+            snprintf(o->thresholds_s, sizeof o->thresholds_s, "%s", v);
+        else if (!strcmp(a, "--json")) o->json = v;
+        else if (!strcmp(a, "--presets")) snprintf(o->presets_s, sizeof o->presets_s, "%s", v);
+        else if (!strcmp(a, "--backends")) snprintf(o->backends_s, sizeof o->backends_s, "%s", v);
+        else if (!strcmp(a, "--threads")) snprintf(o->threads_s, sizeof o->threads_s, "%s", v);
+        else if (!strcmp(a, "--prompts")) snprintf(o->prompts_s, sizeof o->prompts_s, "%s", v);
+        else if (!strcmp(a, "--batches")) snprintf(o->batches_s, sizeof o->batches_s, "%s", v);
         else if (!strcmp(a, "--contexts")) {
-            snprintf(contexts_s, sizeof contexts_s, "%s", v);
-            contexts_given = 1;
+            snprintf(o->contexts_s, sizeof o->contexts_s, "%s", v);
+            o->contexts_given = 1;
         }
-        else if (!strcmp(a, "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--reps")) reps = atoi(v);
-        else if (!strcmp(a, "--peers")) snprintf(peers_s, sizeof peers_s, "%s", v);
-        else if (!strcmp(a, "--paths")) snprintf(paths_s, sizeof paths_s, "%s", v);
+        else if (!strcmp(a, "--steps")) o->steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--reps")) o->reps = atoi(v);
+        else if (!strcmp(a, "--peers")) snprintf(o->peers_s, sizeof o->peers_s, "%s", v);
+        else if (!strcmp(a, "--paths")) snprintf(o->paths_s, sizeof o->paths_s, "%s", v);
         else {
             fprintf(stderr, "parity-speed: unknown option %s\n", a);
             return 2;
         }
     }
-    if (reps < 1 || reps > MAX_REPS || steps < 1) {
+    if (o->reps < 1 || o->reps > MAX_REPS || o->steps < 1) {
         fprintf(stderr, "parity-speed: --reps must be 1..50 and --steps >= 1\n");
         return 2;
     }
-    const char *presets[MAX_LIST], *backends[MAX_LIST];
-    uint32_t threads[MAX_LIST], prompts[MAX_LIST], batches[MAX_LIST], contexts[MAX_LIST];
+    return -1;
+}
+
+/* Splits o's lists into pl (o's list strings are cut up) and picks the CPU paths: the
+ * library's choice, every SIMD one this CPU has, or the listed ones. Returns 0, or the exit
+ * status 2 for a bad list. */
+static int make_plan(options *o, plan *pl) {
     /* every backend this CPU runs, unless --backends names them */
-    if (!backends_s[0])
-        snprintf(backends_s, sizeof backends_s, "%s",
+    if (!o->backends_s[0])
+        snprintf(o->backends_s, sizeof o->backends_s, "%s",
                  parity_backend_check(PARITY_BACKEND_AMX) == PARITY_OK ? "bf16,amx" : "bf16");
-    int np = split_list(presets_s, presets), nb = split_list(backends_s, backends);
-    int nt = split_uints(threads_s, threads), nl = split_uints(prompts_s, prompts);
-    int nbatch = split_uints(batches_s, batches), nc = split_uints(contexts_s, contexts);
-    for (int i = 0; i < nbatch; i++)
-        if (batches[i] < 1 || batches[i] > 64) {
+    pl->np = split_list(o->presets_s, pl->presets, MAX_LIST);
+    pl->nb = split_list(o->backends_s, pl->backends, MAX_LIST);
+    pl->nt = split_uints(o->threads_s, pl->threads);
+    pl->nl = split_uints(o->prompts_s, pl->prompts);
+    pl->nbatch = split_uints(o->batches_s, pl->batches);
+    pl->nc = split_uints(o->contexts_s, pl->contexts);
+    for (int i = 0; i < pl->nbatch; i++)
+        if (pl->batches[i] < 1 || pl->batches[i] > 64) {
             fprintf(stderr, "parity-speed: batches must be 1..64\n");
             return 2;
         }
-
-    /* the CPU paths: the library's choice, every SIMD one this CPU has, or the listed ones */
-    parity_cpu_path paths[8];
-    int npath = 0;
-    const parity_cpu_path chosen = parity_get_cpu_path();
-    if (!paths_s[0]) {
-        paths[npath++] = chosen;
-    } else if (!strcmp(paths_s, "all")) {
+    pl->npath = 0;
+    pl->chosen = parity_get_cpu_path();
+    if (!o->paths_s[0]) {
+        pl->paths[pl->npath++] = pl->chosen;
+    } else if (!strcmp(o->paths_s, "all")) {
         for (int p = PARITY_CPU_AVX2; p <= PARITY_CPU_AVX512BF16; p++)
-            if (parity_set_cpu_path((parity_cpu_path)p) == PARITY_OK) paths[npath++] = (parity_cpu_path)p;
-        parity_set_cpu_path(chosen);
+            if (parity_set_cpu_path((parity_cpu_path)p) == PARITY_OK)
+                pl->paths[pl->npath++] = (parity_cpu_path)p;
+        parity_set_cpu_path(pl->chosen);
     } else {
         const char *names[MAX_LIST];
-        const int n = split_list(paths_s, names);
-        for (int i = 0; i < n && npath < 8; i++) {
-            if (parity_cpu_path_from_name(names[i], &paths[npath]) ||
-                parity_set_cpu_path(paths[npath])) {
+        const int n = split_list(o->paths_s, names, MAX_LIST);
+        for (int i = 0; i < n && pl->npath < 8; i++) {
+            if (parity_cpu_path_from_name(names[i], &pl->paths[pl->npath]) ||
+                parity_set_cpu_path(pl->paths[pl->npath])) {
                 fail("--paths");
                 return 2;
             }
-            npath++;
+            pl->npath++;
         }
-        parity_set_cpu_path(chosen);
+        parity_set_cpu_path(pl->chosen);
     }
+    return 0;
+}
 
-    if (early_exit && !model_given) model_spec = "synthetic:ouro-1.4b";
-    parity_model *model;
-    fprintf(stderr, "parity-speed: loading %s\n", model_spec);
-    if (parity_model_open(model_spec, &model)) return fail(model_spec) ? 1 : 1;
-    const model_size ms = size_of(parity_model_config(model));
+/* --early-exit: the looped model's decode at each threshold (run_early_exit). */
+static int early_exit_mode(options *o, const plan *pl, parity_model *model) {
+    parity_backend backend;
+    if (parity_backend_from_name(pl->backends[0], &backend)) return fail("--backends") ? 2 : 2;
+    float thr[MAX_LIST];
+    int nthr = 0;
+    for (char *t = strtok(o->thresholds_s, ","); t && nthr < MAX_LIST; t = strtok(NULL, ","))
+        thr[nthr++] = strtof(t, NULL);
+    const run_cfg cfg = {model, pl->presets[0], backend, pl->threads[pl->nt - 1]};
+    const int rc = run_early_exit(&cfg, o->model_spec, pl->batches, pl->nbatch,
+                                  o->contexts_given ? pl->contexts[0] : 32, thr, nthr, o->steps,
+                                  o->reps, o->json);
+    return rc ? 1 : 0;
+}
 
-    if (early_exit) {
-        parity_backend backend;
-        if (parity_backend_from_name(backends[0], &backend)) return fail("--backends") ? 2 : 2;
-        float thr[MAX_LIST];
-        int nthr = 0;
-        for (char *t = strtok(thresholds_s, ","); t && nthr < MAX_LIST; t = strtok(NULL, ","))
-            thr[nthr++] = strtof(t, NULL);
-        const run_cfg cfg = {model, presets[0], backend, threads[nt - 1]};
-        const int rc = run_early_exit(&cfg, model_spec, batches, nbatch,
-                                      contexts_given ? contexts[0] : 32, thr, nthr, steps, reps,
-                                      json);
-        parity_model_free(model);
-        return rc ? 1 : 0;
-    }
-    if (profile) {
-        parity_backend backend;
-        if (parity_backend_from_name(backends[0], &backend)) return fail("--backends") ? 2 : 2;
-        if (!contexts_given) nc = 3, contexts[0] = 128, contexts[1] = 1024, contexts[2] = 4096;
-        const run_cfg cfg = {model, presets[0], backend, threads[nt - 1]};
-        const int rc = run_profile(&cfg, prompts[0], batches, nbatch, contexts, nc, steps, json);
-        parity_model_free(model);
-        return rc ? 1 : 0;
-    }
+/* --profile: where the time goes (run_profile). */
+static int profile_mode(const options *o, plan *pl, parity_model *model) {
+    parity_backend backend;
+    if (parity_backend_from_name(pl->backends[0], &backend)) return fail("--backends") ? 2 : 2;
+    if (!o->contexts_given)
+        pl->nc = 3, pl->contexts[0] = 128, pl->contexts[1] = 1024, pl->contexts[2] = 4096;
+    const run_cfg cfg = {model, pl->presets[0], backend, pl->threads[pl->nt - 1]};
+    const int rc = run_profile(&cfg, pl->prompts[0], pl->batches, pl->nbatch, pl->contexts,
+                               pl->nc, o->steps, o->json);
+    return rc ? 1 : 0;
+}
 
-    /* decode is judged against the better of the two bandwidths: the machine's limit */
-    /* peaks[t][kind]: every peak loop this CPU runs; a row is judged against its path's */
+/* The machine's limits per thread count, measured at the start: decode is judged against the
+ * better of the two bandwidths; peaks[t][kind]: every peak loop this CPU runs (a row is
+ * judged against its path's), peak_text[t] their list for the header. */
+typedef struct machine {
     double bandwidth[MAX_LIST], bw_4k[MAX_LIST], bw_huge[MAX_LIST];
-    double peaks[MAX_LIST][BENCH_PEAK_KINDS] = {{0}};
+    double peaks[MAX_LIST][BENCH_PEAK_KINDS];
     char peak_text[MAX_LIST][256];
-    for (int t = 0; t < nt; t++) {
-        bw_4k[t] = measure_bandwidth(threads[t], 0);
-        bw_huge[t] = measure_bandwidth(threads[t], 1);
-        bandwidth[t] = bw_4k[t] > bw_huge[t] ? bw_4k[t] : bw_huge[t];
-        peak_text[t][0] = 0;
+} machine;
+
+static void measure_machine(const plan *pl, machine *mc) {
+    memset(mc, 0, sizeof *mc);
+    for (int t = 0; t < pl->nt; t++) {
+        mc->bw_4k[t] = measure_bandwidth(pl->threads[t], 0);
+        mc->bw_huge[t] = measure_bandwidth(pl->threads[t], 1);
+        mc->bandwidth[t] = mc->bw_4k[t] > mc->bw_huge[t] ? mc->bw_4k[t] : mc->bw_huge[t];
         for (int k = 1; k < BENCH_PEAK_KINDS; k++) {
             if (!bench_peak_available((bench_peak_kind)k)) continue;
-            peaks[t][k] = measure_fma_peak(threads[t], (bench_peak_kind)k);
-            const size_t used = strlen(peak_text[t]);
-            snprintf(peak_text[t] + used, sizeof peak_text[t] - used, "%s%s %.0f", used ? ", " : "",
-                     bench_peak_instruction((bench_peak_kind)k), peaks[t][k]);
+            mc->peaks[t][k] = measure_fma_peak(pl->threads[t], (bench_peak_kind)k);
+            const size_t used = strlen(mc->peak_text[t]);
+            snprintf(mc->peak_text[t] + used, sizeof mc->peak_text[t] - used, "%s%s %.0f",
+                     used ? ", " : "", bench_peak_instruction((bench_peak_kind)k),
+                     mc->peaks[t][k]);
         }
         fprintf(stderr, "parity-speed: %u thread(s): read bandwidth %.1f GB/s (4 KB pages), "
                         "%.1f GB/s (huge pages), peaks (GFLOP/s): %s\n",
-                threads[t], bw_4k[t], bw_huge[t], peak_text[t][0] ? peak_text[t] : "none");
+                pl->threads[t], mc->bw_4k[t], mc->bw_huge[t],
+                mc->peak_text[t][0] ? mc->peak_text[t] : "none");
     }
+}
 
-    result *res = calloc(512, sizeof *res);
-    int nres = 0;
-    /* The presets of a configuration are measured interleaved, repetition by repetition
-     * (preset 1, 2, 3, then 2, 3, 1, then 3, 1, 2: each repetition starts one later, so that no
-     * preset always runs first after the limits' measurement; a prompt group's score rows
-     * after its prefills; decode rows step by step within a repetition), so that a drift of
-     * the machine's speed over the run falls on all of them alike and their spread (printed
-     * below) means something. At the default 3
-     * repetitions the paired spread of identical kernels read 0.3-6% here; --reps 6 or 10
-     * resolves a few percent. */
-    for (int pi = 0; pi < npath; pi++) {
-        parity_set_cpu_path(paths[pi]);
-        for (int b = 0; b < nb; b++) {
+/* The rows of the table, as they are measured. */
+typedef struct rows {
+    result *v;
+    int n;
+} rows;
+
+/* The prefill rows of every preset and the score rows (the first preset's, or every one's
+ * with --score-all) of prompt length L, for one path, backend and thread count, interleaved.
+ * Returns 0, or the exit status 1. */
+static int measure_prompt_group(const options *o, const plan *pl, const run_cfg *cfg,
+                                const model_size *ms, int pi, int b, int t, uint32_t L,
+                                rows *out) {
+    const int np = pl->np, reps = o->reps;
+    const int ns = o->score_all ? np : 1, nrun = np + ns;
+    prompt_run runs[2 * MAX_LIST];
+    for (int q = 0; q < nrun; q++)
+        if (prompt_open(&cfg[q < np ? q : q - np], q >= np, L, &runs[q])) return 1;
+    double lim_gbs[MAX_REPS], lim_gflops[MAX_REPS];
+    double v[2 * MAX_LIST][MAX_REPS];
+    for (int k = 0; k < reps; k++) {
+        group_limits(pl->threads[t], row_peak_kind(cfg[0].backend, pl->paths[pi]), &lim_gbs[k],
+                     &lim_gflops[k]);
+        for (int i = 0; i < nrun; i++) {
+            /* the presets' prefills rotate, each repetition starting one later; the score
+             * rows follow them (a score's 311 MB of logits slowed the call after it, which a
+             * rotation of all four would always give to the same preset) */
+            const int q = i < np ? (k + i) % np : i;
+            const double dt = prompt_time(&runs[q]);
+            if (dt < 0) return 1;
+            v[q][k] = L / dt;
+        }
+    }
+    parity_profile prof[2 * MAX_LIST];
+    double first_s[2 * MAX_LIST];
+    for (int q = 0; q < nrun; q++) {
+        first_s[q] = runs[q].first_s;
+        const int rc = prompt_profile(&runs[q], &prof[q]);
+        prompt_close(&runs[q]);
+        if (rc) return fail("profile");
+    }
+    for (int q = 0; q < nrun; q++) {
+        const int phase = q >= np, p = phase ? q - np : q;
+        result *x = &out->v[out->n++];
+        *x = (result){.phase = phase ? "score" : "prefill", .preset = pl->presets[p],
+                      .backend = pl->backends[b], .path = pl->paths[pi],
+                      .threads = pl->threads[t], .batch = 1, .tokens = L, .context = L,
+                      .tps = summarise(v[q], reps)};
+        const double flops = ms->flops_per_tok * L + ms->attn_flops * L * (L + 1) / 2 +
+                             ms->head_flops * (phase ? L : 1);
+        x->gflops = flops / (L / x->tps.median) / 1e9;
+        judge(x, v[q], lim_gbs, lim_gflops, reps);
+        const parity_profile *pr = &prof[q];
+        const double calls = reps; /* prefill: an add and a step each */
+        x->head_s = pr->phase_seconds[PARITY_PHASE_HEAD] / calls;
+        x->sampling_s = pr->phase_seconds[PARITY_PHASE_SAMPLING] / calls;
+        x->layers_s = pr->call_seconds / calls - x->head_s - x->sampling_s;
+        x->first_s = first_s[q];
+    }
+    return 0;
+}
+
+/* The decode rows of every preset at batch B and context `context`, for one path, backend
+ * and thread count, step by step interleaved. Returns 0, or the exit status 1. */
+static int measure_decode_group(const options *o, const plan *pl, const run_cfg *cfg,
+                                const model_size *ms, int pi, int b, int t, uint32_t B,
+                                uint32_t context, rows *out) {
+    const int np = pl->np, reps = o->reps;
+    const uint32_t steps = o->steps;
+    decode_run d[MAX_LIST];
+    double lim_gbs[MAX_REPS], lim_gflops[MAX_REPS];
+    for (int p = 0; p < np; p++)
+        if (decode_open(&cfg[p], B, context, (steps + 1) * (uint32_t)reps, NULL, &d[p])) return 1;
+    double tps[MAX_LIST][MAX_REPS];
+    for (int k = 0; k < reps; k++) {
+        group_limits(pl->threads[t], row_peak_kind(cfg[0].backend, pl->paths[pi]), &lim_gbs[k],
+                     &lim_gflops[k]);
+        /* an untimed step of each, then the timed steps preset after preset, step by step
+         * (each repetition starting one later): a burst or a lull of the machine, which lasts
+         * a second or two, then falls on every preset's steps alike */
+        double sum[MAX_LIST] = {0};
+        for (uint32_t st = 0; st <= steps; st++)
+            for (int i = 0; i < np; i++) {
+                const int p = (k + i) % np;
+                const double dt = decode_step(&d[p]);
+                if (dt < 0) return 1;
+                if (st) sum[p] += dt;
+            }
+        for (int p = 0; p < np; p++) tps[p][k] = B / (sum[p] / steps);
+    }
+    for (int p = 0; p < np; p++) {
+        parity_sampler_free(d[p].s);
+        result *x = &out->v[out->n++];
+        *x = (result){.phase = "decode", .preset = pl->presets[p], .backend = pl->backends[b],
+                      .path = pl->paths[pi], .threads = pl->threads[t], .batch = B,
+                      .tokens = B, .context = context, .tps = summarise(tps[p], reps)};
+        const double step_s = B / x->tps.median;
+        x->gbs = step_bytes(pl->presets[p], ms) / step_s / 1e9;
+        x->gflops = B * (ms->flops_per_tok + ms->head_flops + ms->attn_flops * (context + 1)) /
+                    step_s / 1e9;
+        judge(x, tps[p], lim_gbs, lim_gflops, reps);
+    }
+    return 0;
+}
+
+/* Every row of the table: per CPU path, backend and thread count, the prompt groups, then
+ * the decode groups. The presets of a configuration are measured interleaved, repetition by
+ * repetition (preset 1, 2, 3, then 2, 3, 1, then 3, 1, 2: each repetition starts one later,
+ * so that no preset always runs first after the limits' measurement; a prompt group's score
+ * rows after its prefills; decode rows step by step within a repetition), so that a drift of
+ * the machine's speed over the run falls on all of them alike and their spread (printed
+ * below) means something. At the default 3 repetitions the paired spread of identical
+ * kernels read 0.3-6% here; --reps 6 or 10 resolves a few percent. Returns 0, or the exit
+ * status. */
+static int measure_rows(const options *o, const plan *pl, parity_model *model,
+                        const model_size *ms, rows *out) {
+    for (int pi = 0; pi < pl->npath; pi++) {
+        parity_set_cpu_path(pl->paths[pi]);
+        for (int b = 0; b < pl->nb; b++) {
             parity_backend backend;
-            if (parity_backend_from_name(backends[b], &backend)) {
+            if (parity_backend_from_name(pl->backends[b], &backend)) {
                 fail("--backends");
                 return 2;
             }
-            for (int t = 0; t < nt; t++) {
+            for (int t = 0; t < pl->nt; t++) {
                 run_cfg cfg[MAX_LIST];
-                for (int p = 0; p < np; p++) cfg[p] = (run_cfg){model, presets[p], backend, threads[t]};
-                fprintf(stderr, "parity-speed: %s / %s / %u thread(s): %s\n", backends[b],
-                        parity_cpu_path_name(paths[pi]), threads[t], presets_s);
+                for (int p = 0; p < pl->np; p++)
+                    cfg[p] = (run_cfg){model, pl->presets[p], backend, pl->threads[t]};
+                fprintf(stderr, "parity-speed: %s / %s / %u thread(s): %s\n", pl->backends[b],
+                        parity_cpu_path_name(pl->paths[pi]), pl->threads[t], o->presets_s);
                 /* prefill and score of a prompt length in one group, interleaved too: the
                  * score is compared with the prefill below */
-                for (int li = 0; li < nl; li++) {
-                    const uint32_t L = prompts[li];
-                    const int ns = score_all ? np : 1, nrun = np + ns;
-                    prompt_run runs[2 * MAX_LIST];
-                    for (int q = 0; q < nrun; q++)
-                        if (prompt_open(&cfg[q < np ? q : q - np], q >= np, L, &runs[q])) return 1;
-                    double lim_gbs[MAX_REPS], lim_gflops[MAX_REPS];
-                    double v[2 * MAX_LIST][MAX_REPS];
-                    for (int k = 0; k < reps; k++) {
-                        group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs[k],
-                                     &lim_gflops[k]);
-                        for (int i = 0; i < nrun; i++) {
-                            /* the presets' prefills rotate, each repetition starting one later;
-                             * the score rows follow them (a score's 311 MB of logits slowed the
-                             * call after it, which a rotation of all four would always give to
-                             * the same preset) */
-                            const int q = i < np ? (k + i) % np : i;
-                            const double dt = prompt_time(&runs[q]);
-                            if (dt < 0) return 1;
-                            v[q][k] = L / dt;
-                        }
-                    }
-                    parity_profile prof[2 * MAX_LIST];
-                    double first_s[2 * MAX_LIST];
-                    for (int q = 0; q < nrun; q++) {
-                        first_s[q] = runs[q].first_s;
-                        const int rc = prompt_profile(&runs[q], &prof[q]);
-                        prompt_close(&runs[q]);
-                        if (rc) return fail("profile");
-                    }
-                    for (int q = 0; q < nrun; q++) {
-                        const int phase = q >= np, p = phase ? q - np : q;
-                        result *x = &res[nres++];
-                        *x = (result){.phase = phase ? "score" : "prefill", .preset = presets[p],
-                                      .backend = backends[b], .path = paths[pi], .threads = threads[t],
-                                      .batch = 1, .tokens = L, .context = L,
-                                      .tps = summarise(v[q], reps)};
-                        const double flops = ms.flops_per_tok * L + ms.attn_flops * L * (L + 1) / 2 +
-                                             ms.head_flops * (phase ? L : 1);
-                        x->gflops = flops / (L / x->tps.median) / 1e9;
-                        judge(x, v[q], lim_gbs, lim_gflops, reps);
-                        const parity_profile *pr = &prof[q];
-                        const double calls = reps; /* prefill: an add and a step each */
-                        x->head_s = pr->phase_seconds[PARITY_PHASE_HEAD] / calls;
-                        x->sampling_s = pr->phase_seconds[PARITY_PHASE_SAMPLING] / calls;
-                        x->layers_s = pr->call_seconds / calls - x->head_s - x->sampling_s;
-                        x->first_s = first_s[q];
-                    }
+                for (int li = 0; li < pl->nl; li++) {
+                    const int rc = measure_prompt_group(o, pl, cfg, ms, pi, b, t, pl->prompts[li],
+                                                        out);
+                    if (rc) return rc;
                 }
-                for (int ci = 0; ci < nc; ci++)
-                    for (int bi = 0; bi < nbatch; bi++) {
-                        const uint32_t B = batches[bi];
-                        decode_run d[MAX_LIST];
-                        double lim_gbs[MAX_REPS], lim_gflops[MAX_REPS];
-                        for (int p = 0; p < np; p++)
-                            if (decode_open(&cfg[p], B, contexts[ci], (steps + 1) * (uint32_t)reps, NULL, &d[p])) return 1;
-                        double tps[MAX_LIST][MAX_REPS];
-                        for (int k = 0; k < reps; k++) {
-                            group_limits(threads[t], row_peak_kind(backend, paths[pi]), &lim_gbs[k],
-                                         &lim_gflops[k]);
-                            /* an untimed step of each, then the timed steps preset after
-                             * preset, step by step (each repetition starting one later): a
-                             * burst or a lull of the machine, which lasts a second or two,
-                             * then falls on every preset's steps alike */
-                            double sum[MAX_LIST] = {0};
-                            for (uint32_t st = 0; st <= steps; st++)
-                                for (int i = 0; i < np; i++) {
-                                    const int p = (k + i) % np;
-                                    const double dt = decode_step(&d[p]);
-                                    if (dt < 0) return 1;
-                                    if (st) sum[p] += dt;
-                                }
-                            for (int p = 0; p < np; p++) tps[p][k] = B / (sum[p] / steps);
-                        }
-                        for (int p = 0; p < np; p++) {
-                            parity_sampler_free(d[p].s);
-                            result *x = &res[nres++];
-                            *x = (result){.phase = "decode", .preset = presets[p], .backend = backends[b],
-                                          .path = paths[pi], .threads = threads[t], .batch = B,
-                                          .tokens = B, .context = contexts[ci],
-                                          .tps = summarise(tps[p], reps)};
-                            const double step_s = B / x->tps.median;
-                            x->gbs = step_bytes(presets[p], &ms) / step_s / 1e9;
-                            x->gflops = B * (ms.flops_per_tok + ms.head_flops +
-                                             ms.attn_flops * (contexts[ci] + 1)) / step_s / 1e9;
-                            judge(x, tps[p], lim_gbs, lim_gflops, reps);
-                        }
-                    }
+                for (int ci = 0; ci < pl->nc; ci++)
+                    for (int bi = 0; bi < pl->nbatch; bi++)
+                        if (measure_decode_group(o, pl, cfg, ms, pi, b, t, pl->batches[bi],
+                                                 pl->contexts[ci], out))
+                            return 1;
             }
         }
     }
-    parity_set_cpu_path(chosen);
+    parity_set_cpu_path(pl->chosen);
+    return 0;
+}
 
-    /* peers, at the largest thread count, on the first preset's shape */
-    peers P = {.n = 0};
-    if (strcmp(peers_s, "none") != 0) {
-        uint32_t tmax = threads[0], lmax = prompts[0];
-        for (int t = 1; t < nt; t++) tmax = threads[t] > tmax ? threads[t] : tmax;
-        for (int l = 1; l < nl; l++) lmax = prompts[l] > lmax ? prompts[l] : lmax;
-        char batch_list[64] = "";
-        for (int i = 0; i < nbatch; i++)
-            snprintf(batch_list + strlen(batch_list), sizeof batch_list - strlen(batch_list),
-                     "%s%u", i ? "," : "", batches[i]);
-        char peer_copy[64];
-        snprintf(peer_copy, sizeof peer_copy, "%s", peers_s);
-        const char *which[MAX_LIST];
-        int nw = split_list(peer_copy, which);
-        for (int i = 0; i < nw; i++) {
-            if (!strcmp(which[i], "torch"))
-                run_torch_peer(&P, model_spec, tmax, lmax, batch_list, contexts[0], steps, reps);
-            else if (!strcmp(which[i], "llama"))
-                run_llama_peer(&P, tmax, lmax, contexts[0], reps);
-            else
-                peer_note(&P, "%s: unknown peer (torch, llama)", which[i]);
-        }
+/* The peers, at the largest thread count, on the first preset's shape. */
+static void run_peers(const options *o, const plan *pl, peers *P) {
+    if (!strcmp(o->peers_s, "none")) return;
+    uint32_t tmax = pl->threads[0], lmax = pl->prompts[0];
+    for (int t = 1; t < pl->nt; t++) tmax = pl->threads[t] > tmax ? pl->threads[t] : tmax;
+    for (int l = 1; l < pl->nl; l++) lmax = pl->prompts[l] > lmax ? pl->prompts[l] : lmax;
+    char batch_list[64] = "";
+    for (int i = 0; i < pl->nbatch; i++)
+        snprintf(batch_list + strlen(batch_list), sizeof batch_list - strlen(batch_list),
+                 "%s%u", i ? "," : "", pl->batches[i]);
+    char peer_copy[64];
+    snprintf(peer_copy, sizeof peer_copy, "%s", o->peers_s);
+    const char *which[MAX_LIST];
+    int nw = split_list(peer_copy, which, MAX_LIST);
+    for (int i = 0; i < nw; i++) {
+        if (!strcmp(which[i], "torch"))
+            run_torch_peer(P, o->model_spec, tmax, lmax, batch_list, pl->contexts[0], o->steps,
+                           o->reps);
+        else if (!strcmp(which[i], "llama"))
+            run_llama_peer(P, tmax, lmax, pl->contexts[0], o->reps);
+        else
+            peer_note(P, "%s: unknown peer (torch, llama)", which[i]);
     }
+}
 
-    /* the table */
-    printf("parity-speed: %s, libparity %s, CPU path %s (its GEMM's peak: %s)\n", model_spec,
-           parity_version(), parity_cpu_path_name(chosen),
-           bench_peak_instruction(bench_peak_of_path(chosen)));
-    for (int t = 0; t < nt; t++)
+/* The table of rows on stdout, with its header. */
+static void print_rows(const options *o, const plan *pl, const machine *mc, const rows *rs) {
+    const result *res = rs->v;
+    const int nres = rs->n;
+    printf("parity-speed: %s, libparity %s, CPU path %s (its GEMM's peak: %s)\n", o->model_spec,
+           parity_version(), parity_cpu_path_name(pl->chosen),
+           bench_peak_instruction(bench_peak_of_path(pl->chosen)));
+    for (int t = 0; t < pl->nt; t++)
         printf("machine, %u thread(s), at the start: read bandwidth %.1f GB/s (4 KB pages), %.1f "
-               "GB/s (huge pages); peaks (GFLOP/s): %s\n", threads[t], bw_4k[t], bw_huge[t],
-               peak_text[t][0] ? peak_text[t] : "none");
+               "GB/s (huge pages); peaks (GFLOP/s): %s\n", pl->threads[t], mc->bw_4k[t],
+               mc->bw_huge[t], mc->peak_text[t][0] ? mc->peak_text[t] : "none");
     printf("(the limits are measured again before every repetition of a group of rows; a row's bound is "
            "the median of its limits and the median over its repetitions of the fraction of them "
            "it reached)\n");
@@ -1334,11 +1387,16 @@ int main(int argc, char **argv) {
                pw, x->preset, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch,
                x->tokens, x->context, x->tps.median, x->tps.min, x->tps.max, bound);
     }
-    /* the presets' spread per row of the other columns: the largest paired speed-up of one
-     * preset over another (paired_speedup: repetition by repetition, the presets having run
-     * interleaved), and, beside it, the fastest median over the slowest */
+}
+
+/* The presets' spread per row of the other columns, printed: the largest paired speed-up of
+ * one preset over another (paired_speedup: repetition by repetition, the presets having run
+ * interleaved), and, beside it, the fastest median over the slowest. spreads[i]: row i's
+ * paired spread when it is the first of its group of at least two, -1 otherwise. */
+static void print_spreads(const rows *rs, double *spreads) {
+    const result *res = rs->v;
+    const int nres = rs->n;
     int spread_header = 0;
-    double spreads[512];
     for (int i = 0; i < nres; i++) {
         const result *x = &res[i];
         double lo = x->tps.median, hi = x->tps.median, paired = 0;
@@ -1368,14 +1426,19 @@ int main(int argc, char **argv) {
                x->phase, x->backend, parity_cpu_path_name(x->path), x->threads, x->batch, x->tokens,
                x->context, 100 * paired, n, 100 * (hi / lo - 1));
     }
-    /* Scoring should cost prefill plus one large GEMM (the head on every row): each score
-     * row's calls split by their profile, beside the prefill row's of the same tokens. */
+}
+
+/* Scoring should cost prefill plus one large GEMM (the head on every row): each score row's
+ * calls split by their profile, beside the prefill row's of the same tokens. */
+static void print_score_against_prefill(const rows *rs, const model_size *ms) {
+    const result *res = rs->v;
+    const int nres = rs->n;
     int score_header = 0;
     for (int i = 0; i < nres; i++) {
         const result *x = &res[i];
         const result *pf = !strcmp(x->phase, "score") ? prefill_of(res, nres, x) : NULL;
         if (!pf) continue;
-        const double head_gflop = ms.head_flops * x->tokens / 1e9;
+        const double head_gflop = ms->head_flops * x->tokens / 1e9;
         const double head_gflops = x->head_s > 0 ? head_gflop / x->head_s : 0;
         if (!score_header)
             printf("\nscore against prefill, per call from the profile of the timed calls (layers: all before the "
@@ -1392,141 +1455,188 @@ int main(int argc, char **argv) {
                x->limit_gflops > 0 ? 100 * head_gflops / x->limit_gflops : 0, x->limit_gflops,
                1e3 * x->first_s, 1e3 * pf->first_s);
     }
-    if (P.n_notes) printf("\npeers\n");
-    for (int i = 0; i < P.n_notes; i++) printf("  %s\n", P.notes[i]);
-    if (P.n) {
-        printf("\n%-8s %-8s %-8s %3s %5s %6s %7s %10s %17s\n", "peer", "weights", "phase", "thr",
-               "batch", "tokens", "context", "tok/s", "(min..max)");
-        for (int i = 0; i < P.n; i++) {
-            const peer_row *r = &P.rows[i];
-            printf("%-8s %-8s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)\n", r->peer, r->weights,
-                   r->phase, r->threads, r->batch, r->tokens, r->context, r->tps, r->lo, r->hi);
-        }
-        printf("\nratios libparity / peer (tok/s)\n");
-        for (int i = 0; i < nres; i++) {
-            const result *x = &res[i];
-            const char *ph = !strcmp(x->phase, "score") ? NULL : x->phase;
-            if (!ph) continue;
-            for (int k = 0; k < 2; k++) {
-                const char *name = k ? "llama" : "torch";
-                const peer_row *r = peer_match(&P, name, ph, x->threads, x->batch, x->tokens, x->context);
-                if (r)
-                    printf("  %-8s %-9s %-8s %-10s thr %u batch %2u context %5u: %6.2f x %s (%s)\n",
-                           x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
-                           x->threads, x->batch, x->context, x->tps.median / r->tps, name,
-                           r->weights);
-            }
+}
+
+/* The peers' notes and rows, and each libparity row's ratio to the peer row it matches. */
+static void print_peers(const peers *P, const rows *rs) {
+    if (P->n_notes) printf("\npeers\n");
+    for (int i = 0; i < P->n_notes; i++) printf("  %s\n", P->notes[i]);
+    if (!P->n) return;
+    printf("\n%-8s %-8s %-8s %3s %5s %6s %7s %10s %17s\n", "peer", "weights", "phase", "thr",
+           "batch", "tokens", "context", "tok/s", "(min..max)");
+    for (int i = 0; i < P->n; i++) {
+        const peer_row *r = &P->rows[i];
+        printf("%-8s %-8s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)\n", r->peer, r->weights,
+               r->phase, r->threads, r->batch, r->tokens, r->context, r->tps, r->lo, r->hi);
+    }
+    printf("\nratios libparity / peer (tok/s)\n");
+    for (int i = 0; i < rs->n; i++) {
+        const result *x = &rs->v[i];
+        const char *ph = !strcmp(x->phase, "score") ? NULL : x->phase;
+        if (!ph) continue;
+        for (int k = 0; k < 2; k++) {
+            const char *name = k ? "llama" : "torch";
+            const peer_row *r = peer_match(P, name, ph, x->threads, x->batch, x->tokens,
+                                           x->context);
+            if (r)
+                printf("  %-8s %-9s %-8s %-10s thr %u batch %2u context %5u: %6.2f x %s (%s)\n",
+                       x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
+                       x->threads, x->batch, x->context, x->tps.median / r->tps, name,
+                       r->weights);
         }
     }
-    if (json) {
-        FILE *f = fopen(json, "w");
-        if (!f) {
-            fprintf(stderr, "parity-speed: cannot write %s\n", json);
-            return 1;
-        }
-        fprintf(f, "{\"config\": {\"model\": \"%s\", \"version\": \"%s\", \"reps\": %d, \"steps\": %u, "
-                   "\"peak_instruction\": \"%s\"},\n \"machines\": [",
-                model_spec, parity_version(), reps, steps,
-                bench_peak_instruction(bench_peak_of_path(chosen)));
-        const bench_peak_kind chosen_kind = bench_peak_of_path(chosen);
-        for (int t = 0; t < nt; t++) {
-            fprintf(f, "%s{\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bandwidth_4k_gbs\": %.2f, "
-                       "\"bandwidth_huge_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, \"cpu_path\": \"%s\", "
-                       "\"peaks_gflops\": {",
-                    t ? ", " : "", threads[t], bandwidth[t], bw_4k[t], bw_huge[t],
-                    peaks[t][chosen_kind], parity_cpu_path_name(chosen));
-            for (int k = 1, n = 0; k < BENCH_PEAK_KINDS; k++)
-                if (bench_peak_available((bench_peak_kind)k))
-                    fprintf(f, "%s\"%s\": %.1f", n++ ? ", " : "", bench_peak_key((bench_peak_kind)k),
-                            peaks[t][k]);
-            fprintf(f, "}}");
-        }
-        fprintf(f, "],\n \"machine\": {\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, "
-                   "\"cpu_path\": \"%s\"},\n \"results\": [", threads[nt - 1], bandwidth[nt - 1],
-                peaks[nt - 1][chosen_kind], parity_cpu_path_name(chosen));
-        for (int i = 0; i < nres; i++) {
-            const result *x = &res[i];
+}
+
+/* --json FILE: the run's configuration, machines, rows, spreads, score splits and peers.
+ * Returns 0, or the exit status 1 when the file cannot be written. */
+static int write_json(const options *o, const plan *pl, const machine *mc, const rows *rs,
+                      const double *spreads, const peers *P, const model_size *ms) {
+    FILE *f = fopen(o->json, "w");
+    if (!f) {
+        fprintf(stderr, "parity-speed: cannot write %s\n", o->json);
+        return 1;
+    }
+    fprintf(f, "{\"config\": {\"model\": \"%s\", \"version\": \"%s\", \"reps\": %d, \"steps\": %u, "
+               "\"peak_instruction\": \"%s\"},\n \"machines\": [",
+            o->model_spec, parity_version(), o->reps, o->steps,
+            bench_peak_instruction(bench_peak_of_path(pl->chosen)));
+    const bench_peak_kind chosen_kind = bench_peak_of_path(pl->chosen);
+    for (int t = 0; t < pl->nt; t++) {
+        fprintf(f, "%s{\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bandwidth_4k_gbs\": %.2f, "
+                   "\"bandwidth_huge_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, \"cpu_path\": \"%s\", "
+                   "\"peaks_gflops\": {",
+                t ? ", " : "", pl->threads[t], mc->bandwidth[t], mc->bw_4k[t], mc->bw_huge[t],
+                mc->peaks[t][chosen_kind], parity_cpu_path_name(pl->chosen));
+        for (int k = 1, n = 0; k < BENCH_PEAK_KINDS; k++)
+            if (bench_peak_available((bench_peak_kind)k))
+                fprintf(f, "%s\"%s\": %.1f", n++ ? ", " : "", bench_peak_key((bench_peak_kind)k),
+                        mc->peaks[t][k]);
+        fprintf(f, "}}");
+    }
+    fprintf(f, "],\n \"machine\": {\"threads\": %u, \"bandwidth_gbs\": %.2f, \"bf16_peak_gflops\": %.1f, "
+               "\"cpu_path\": \"%s\"},\n \"results\": [", pl->threads[pl->nt - 1],
+            mc->bandwidth[pl->nt - 1],
+            mc->peaks[pl->nt - 1][chosen_kind], parity_cpu_path_name(pl->chosen));
+    for (int i = 0; i < rs->n; i++) {
+        const result *x = &rs->v[i];
+        fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
+                   "\"cpu_path\": \"%s\", \"threads\": %u, "
+                   "\"batch\": %u, \"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
+                   "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f, \"achieved_gbs\": %.3f, "
+                   "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.2f, "
+                   "\"fraction_of_bandwidth\": %.4f, \"fraction_of_peak\": %.4f}",
+                i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
+                x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
+                x->tps.max, x->gbs, x->gflops, x->limit_gflops, x->limit_gbs, x->mem_frac,
+                x->fma_frac);
+    }
+    fprintf(f, "\n],\n \"preset_spread\": [");
+    for (int i = 0, n = 0; i < rs->n; i++) {
+        const result *x = &rs->v[i];
+        if (spreads[i] < 0) continue;
+        fprintf(f, "%s\n  {\"phase\": \"%s\", \"backend\": \"%s\", \"cpu_path\": \"%s\", "
+                   "\"threads\": %u, \"batch\": %u, \"tokens\": %u, \"context\": %u, "
+                   "\"paired_spread\": %.4f}",
+                n++ ? "," : "", x->phase, x->backend, parity_cpu_path_name(x->path), x->threads,
+                x->batch, x->tokens, x->context, spreads[i]);
+    }
+    fprintf(f, "\n],\n \"score_over_prefill\": [");
+    for (int i = 0, n = 0; i < rs->n; i++) {
+        const result *x = &rs->v[i];
+        const result *pf = !strcmp(x->phase, "score") ? prefill_of(rs->v, rs->n, x) : NULL;
+        if (!pf) continue;
+        const double head_gflop = ms->head_flops * x->tokens / 1e9;
+        fprintf(f, "%s\n  {\"preset\": \"%s\", \"backend\": \"%s\", \"cpu_path\": \"%s\", "
+                   "\"threads\": %u, \"tokens\": %u, \"score_layers_seconds\": %.6f, "
+                   "\"score_head_seconds\": %.6f, \"score_logprobs_seconds\": %.6f, "
+                   "\"prefill_layers_seconds\": %.6f, \"prefill_head_seconds\": %.6f, "
+                   "\"prefill_draw_seconds\": %.6f, \"head_gflop\": %.3f, "
+                   "\"head_gflops\": %.3f, \"peak_gflops\": %.1f, "
+                   "\"score_first_call_seconds\": %.6f, \"prefill_first_call_seconds\": %.6f}",
+                n++ ? "," : "", x->preset, x->backend, parity_cpu_path_name(x->path), x->threads,
+                x->tokens, x->layers_s, x->head_s, x->sampling_s, pf->layers_s, pf->head_s,
+                pf->sampling_s, head_gflop, x->head_s > 0 ? head_gflop / x->head_s : 0,
+                x->limit_gflops, x->first_s, pf->first_s);
+    }
+    fprintf(f, "\n],\n \"peer_notes\": [");
+    for (int i = 0; i < P->n_notes; i++) {
+        fprintf(f, "%s\"", i ? ", " : "");
+        for (const char *c = P->notes[i]; *c; c++)
+            if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+            else if ((unsigned char)*c >= 0x20) fputc(*c, f);
+        fprintf(f, "\"");
+    }
+    fprintf(f, "],\n \"peers\": [");
+    for (int i = 0; i < P->n; i++) {
+        const peer_row *r = &P->rows[i];
+        fprintf(f, "%s\n  {\"peer\": \"%s\", \"weights\": \"%s\", \"phase\": \"%s\", "
+                   "\"threads\": %u, \"batch\": %u, "
+                   "\"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
+                   "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f}",
+                i ? "," : "", r->peer, r->weights, r->phase, r->threads, r->batch, r->tokens,
+                r->context, r->tps, r->lo, r->hi);
+    }
+    fprintf(f, "],\n \"ratios\": [");
+    int first_ratio = 1;
+    for (int i = 0; i < rs->n; i++) {
+        const result *x = &rs->v[i];
+        if (!strcmp(x->phase, "score")) continue;
+        for (int k = 0; k < 2; k++) {
+            const char *name = k ? "llama" : "torch";
+            const peer_row *r = peer_match(P, name, x->phase, x->threads, x->batch, x->tokens,
+                                           x->context);
+            if (!r) continue;
             fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
-                       "\"cpu_path\": \"%s\", \"threads\": %u, "
-                       "\"batch\": %u, \"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
-                       "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f, \"achieved_gbs\": %.3f, "
-                       "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.2f, "
-                       "\"fraction_of_bandwidth\": %.4f, \"fraction_of_peak\": %.4f}",
-                    i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
-                    x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
-                    x->tps.max, x->gbs, x->gflops, x->limit_gflops, x->limit_gbs, x->mem_frac,
-                    x->fma_frac);
+                       "\"cpu_path\": \"%s\", \"threads\": %u, \"batch\": %u, \"context\": %u, "
+                       "\"peer\": \"%s\", \"peer_weights\": \"%s\", "
+                       "\"libparity_over_peer\": %.4f}",
+                    first_ratio ? "" : ",", x->phase, x->preset, x->backend,
+                    parity_cpu_path_name(x->path), x->threads, x->batch, x->context, name,
+                    r->weights, x->tps.median / r->tps);
+            first_ratio = 0;
         }
-        fprintf(f, "\n],\n \"preset_spread\": [");
-        for (int i = 0, n = 0; i < nres; i++) {
-            const result *x = &res[i];
-            if (spreads[i] < 0) continue;
-            fprintf(f, "%s\n  {\"phase\": \"%s\", \"backend\": \"%s\", \"cpu_path\": \"%s\", "
-                       "\"threads\": %u, \"batch\": %u, \"tokens\": %u, \"context\": %u, "
-                       "\"paired_spread\": %.4f}",
-                    n++ ? "," : "", x->phase, x->backend, parity_cpu_path_name(x->path), x->threads,
-                    x->batch, x->tokens, x->context, spreads[i]);
-        }
-        fprintf(f, "\n],\n \"score_over_prefill\": [");
-        for (int i = 0, n = 0; i < nres; i++) {
-            const result *x = &res[i];
-            const result *pf = !strcmp(x->phase, "score") ? prefill_of(res, nres, x) : NULL;
-            if (!pf) continue;
-            const double head_gflop = ms.head_flops * x->tokens / 1e9;
-            fprintf(f, "%s\n  {\"preset\": \"%s\", \"backend\": \"%s\", \"cpu_path\": \"%s\", "
-                       "\"threads\": %u, \"tokens\": %u, \"score_layers_seconds\": %.6f, "
-                       "\"score_head_seconds\": %.6f, \"score_logprobs_seconds\": %.6f, "
-                       "\"prefill_layers_seconds\": %.6f, \"prefill_head_seconds\": %.6f, "
-                       "\"prefill_draw_seconds\": %.6f, \"head_gflop\": %.3f, "
-                       "\"head_gflops\": %.3f, \"peak_gflops\": %.1f, "
-                       "\"score_first_call_seconds\": %.6f, \"prefill_first_call_seconds\": %.6f}",
-                    n++ ? "," : "", x->preset, x->backend, parity_cpu_path_name(x->path), x->threads,
-                    x->tokens, x->layers_s, x->head_s, x->sampling_s, pf->layers_s, pf->head_s,
-                    pf->sampling_s, head_gflop, x->head_s > 0 ? head_gflop / x->head_s : 0,
-                    x->limit_gflops, x->first_s, pf->first_s);
-        }
-        fprintf(f, "\n],\n \"peer_notes\": [");
-        for (int i = 0; i < P.n_notes; i++) {
-            fprintf(f, "%s\"", i ? ", " : "");
-            for (const char *c = P.notes[i]; *c; c++)
-                if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
-                else if ((unsigned char)*c >= 0x20) fputc(*c, f);
-            fprintf(f, "\"");
-        }
-        fprintf(f, "],\n \"peers\": [");
-        for (int i = 0; i < P.n; i++) {
-            const peer_row *r = &P.rows[i];
-            fprintf(f, "%s\n  {\"peer\": \"%s\", \"weights\": \"%s\", \"phase\": \"%s\", "
-                       "\"threads\": %u, \"batch\": %u, "
-                       "\"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
-                       "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f}",
-                    i ? "," : "", r->peer, r->weights, r->phase, r->threads, r->batch, r->tokens,
-                    r->context, r->tps, r->lo, r->hi);
-        }
-        fprintf(f, "],\n \"ratios\": [");
-        int first_ratio = 1;
-        for (int i = 0; i < nres; i++) {
-            const result *x = &res[i];
-            if (!strcmp(x->phase, "score")) continue;
-            for (int k = 0; k < 2; k++) {
-                const char *name = k ? "llama" : "torch";
-                const peer_row *r = peer_match(&P, name, x->phase, x->threads, x->batch, x->tokens, x->context);
-                if (!r) continue;
-                fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
-                           "\"cpu_path\": \"%s\", \"threads\": %u, \"batch\": %u, \"context\": %u, "
-                           "\"peer\": \"%s\", \"peer_weights\": \"%s\", "
-                           "\"libparity_over_peer\": %.4f}",
-                        first_ratio ? "" : ",", x->phase, x->preset, x->backend,
-                        parity_cpu_path_name(x->path), x->threads, x->batch, x->context, name,
-                        r->weights, x->tps.median / r->tps);
-                first_ratio = 0;
-            }
-        }
-        fprintf(f, "\n]}\n");
-        fclose(f);
     }
-    free(res);
-    bw_free();
+    fprintf(f, "\n]}\n");
+    fclose(f);
+    return 0;
+}
+
+/* The table: the machine's limits, every row, the peers, then the output. */
+static int table_mode(const options *o, const plan *pl, parity_model *model,
+                      const model_size *ms) {
+    machine mc;
+    measure_machine(pl, &mc);
+    rows rs = {calloc(512, sizeof *rs.v), 0};
+    int rc = measure_rows(o, pl, model, ms, &rs);
+    if (rc) return rc;
+    peers P = {.n = 0};
+    run_peers(o, pl, &P);
+    double spreads[512];
+    print_rows(o, pl, &mc, &rs);
+    print_spreads(&rs, spreads);
+    print_score_against_prefill(&rs, ms);
+    print_peers(&P, &rs);
+    if (o->json) rc = write_json(o, pl, &mc, &rs, spreads, &P, ms);
+    free(rs.v);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    plan pl;
+    int rc = parse_options(argc, argv, &o);
+    if (rc >= 0) return rc;
+    if ((rc = make_plan(&o, &pl))) return rc;
+    if (o.early_exit && !o.model_given) o.model_spec = "synthetic:ouro-1.4b";
+    parity_model *model;
+    fprintf(stderr, "parity-speed: loading %s\n", o.model_spec);
+    if (parity_model_open(o.model_spec, &model)) return fail(o.model_spec) ? 1 : 1;
+    const model_size ms = size_of(parity_model_config(model));
+    if (o.early_exit) rc = early_exit_mode(&o, &pl, model);
+    else if (o.profile) rc = profile_mode(&o, &pl, model);
+    else rc = table_mode(&o, &pl, model, &ms);
+    if (rc) return rc;
+    if (!o.early_exit && !o.profile) bw_free();
     parity_model_free(model);
     return 0;
 }

@@ -84,6 +84,22 @@ def nbytes(dims, gtype):
     return n * (2 if gtype == GGML_TYPE_BF16 else 4)
 
 
+#: The shape's metadata (llama.KEY, its GGUF type, the CONFIGS field), in the file's order.
+LLAMA_SHAPE_KEYS = (
+    ("block_count", GGUF_TYPE_UINT32, "layers"),
+    ("context_length", GGUF_TYPE_UINT32, "context"),
+    ("embedding_length", GGUF_TYPE_UINT32, "hidden"),
+    ("feed_forward_length", GGUF_TYPE_UINT32, "intermediate"),
+    ("attention.head_count", GGUF_TYPE_UINT32, "heads"),
+    ("attention.head_count_kv", GGUF_TYPE_UINT32, "kv_heads"),
+    ("attention.key_length", GGUF_TYPE_UINT32, "head_dim"),
+    ("attention.value_length", GGUF_TYPE_UINT32, "head_dim"),
+    ("rope.dimension_count", GGUF_TYPE_UINT32, "head_dim"),
+    ("rope.freq_base", GGUF_TYPE_FLOAT32, "rope_theta"),
+    ("attention.layer_norm_rms_epsilon", GGUF_TYPE_FLOAT32, "eps"),
+    ("vocab_size", GGUF_TYPE_UINT32, "vocab"),
+)
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
@@ -95,20 +111,9 @@ def main():
             kv("general.name", GGUF_TYPE_STRING, "libparity peer shape " + a.config),
             kv("general.alignment", GGUF_TYPE_UINT32, ALIGN),
             # llama.cpp's LLAMA_FTYPE_MOSTLY_BF16, so that llama-bench names the type BF16
-            kv("general.file_type", GGUF_TYPE_UINT32, 32),
-            kv("llama.block_count", GGUF_TYPE_UINT32, c["layers"]),
-            kv("llama.context_length", GGUF_TYPE_UINT32, c["context"]),
-            kv("llama.embedding_length", GGUF_TYPE_UINT32, c["hidden"]),
-            kv("llama.feed_forward_length", GGUF_TYPE_UINT32, c["intermediate"]),
-            kv("llama.attention.head_count", GGUF_TYPE_UINT32, c["heads"]),
-            kv("llama.attention.head_count_kv", GGUF_TYPE_UINT32, c["kv_heads"]),
-            kv("llama.attention.key_length", GGUF_TYPE_UINT32, c["head_dim"]),
-            kv("llama.attention.value_length", GGUF_TYPE_UINT32, c["head_dim"]),
-            kv("llama.rope.dimension_count", GGUF_TYPE_UINT32, c["head_dim"]),
-            kv("llama.rope.freq_base", GGUF_TYPE_FLOAT32, c["rope_theta"]),
-            kv("llama.attention.layer_norm_rms_epsilon", GGUF_TYPE_FLOAT32, c["eps"]),
-            kv("llama.vocab_size", GGUF_TYPE_UINT32, c["vocab"]),
-            kv("tokenizer.ggml.model", GGUF_TYPE_STRING, "none")]
+            kv("general.file_type", GGUF_TYPE_UINT32, 32)]
+    meta += [kv("llama." + key, kind, c[field]) for key, kind, field in LLAMA_SHAPE_KEYS]
+    meta.append(kv("tokenizer.ggml.model", GGUF_TYPE_STRING, "none"))
     tensors = tensors_of(c)
 
     infos, offset = [], 0

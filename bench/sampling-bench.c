@@ -25,6 +25,7 @@
 #include "bench_clock.h"
 #include "base/internal.h"
 #include "engine/sampling.h"
+#include "options.h"
 
 #define MAX_REPS 64
 #define MAX_ROWS 64
@@ -81,11 +82,13 @@ int main(int argc, char **argv) {
     const char *json = NULL;
     size_t rows = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--vocab") && i + 1 < argc) V = strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--step-ms") && i + 1 < argc) step_ms = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        const char *a = argv[i], *v;
+        const int has_value = option_value(argc, argv, &i, &v);
+        if (has_value && !strcmp(a, "--vocab")) V = strtoul(v, NULL, 10);
+        else if (has_value && !strcmp(a, "--reps")) reps = atoi(v);
+        else if (has_value && !strcmp(a, "--step-ms")) step_ms = atof(v);
+        else if (has_value && !strcmp(a, "--rows")) rows = strtoul(v, NULL, 10);
+        else if (has_value && !strcmp(a, "--json")) json = v;
         else {
             fprintf(stderr, "usage: sampling-bench [--vocab V] [--reps N] [--step-ms MS] [--rows N] [--json FILE]\n");
             return 2;

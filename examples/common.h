@@ -1,4 +1,5 @@
-/* Small helpers shared by the command-line tools: reading token files, parsing numbers. */
+/* Small helpers shared by the command-line tools: reading token files, the options every tool
+ * takes (on options.h, the parser the benchmarks share), failures and usage lists. */
 #ifndef PARITY_EXAMPLES_COMMON_H
 #define PARITY_EXAMPLES_COMMON_H
 
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "options.h"
 #include "parity.h"
 
 /* Reads a whole file; returns NULL (and prints why) on failure. */
@@ -73,39 +75,16 @@ static int32_t *read_tokens(const char *path, int as_bytes, uint32_t *count) {
     return tok;
 }
 
-/* A numeric option's value: 1 if `s` is one, 0 otherwise. */
-static int parse_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end) return 0;
-    *out = (float)v;
-    return 1;
-}
-
-static int parse_uint(const char *s, uint32_t *out) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v > UINT32_MAX) return 0;
-    *out = (uint32_t)v;
-    return 1;
-}
-
 /* The option at argv[*i] and its value, *i moved past both. Returns 0, or the exit status to
  * return now after usage(): 0 for -h/--help, 2 for an option without a value. */
 static int next_option(int argc, char **argv, int *i, void (*usage)(void), const char **opt,
                        const char **val) {
     *opt = argv[*i];
-    *val = *i + 1 < argc ? argv[*i + 1] : NULL;
-    int help = !strcmp(*opt, "-h") || !strcmp(*opt, "--help");
-    if (!help && !*val) fprintf(stderr, "error: %s needs a value\n", *opt);
-    if (help || !*val) {
-        usage();
-        return help ? 0 : 2;
-    }
-    (*i)++;
-    return -1;
+    int help = option_is_help(*opt);
+    if (!help && option_value(argc, argv, i, val)) return -1;
+    if (!help) fprintf(stderr, "error: %s needs a value\n", *opt);
+    usage();
+    return help ? 0 : 2;
 }
 
 /* A failed library call: its status and message on stderr; the tools' exit status 1. */

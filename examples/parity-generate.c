@@ -83,11 +83,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-tokens")) ptokens = v;
         else if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--logprob-mode")) mode = v;
-        else if (!strcmp(a, "--n")) ok = parse_uint(v, &n) && n > 0;
-        else if (!strcmp(a, "--max-tokens")) ok = parse_uint(v, &max_tokens) && max_tokens > 0;
-        else if (!strcmp(a, "--batch")) ok = parse_uint(v, &batch) && batch > 0;
-        else if (!strcmp(a, "--threads")) ok = parse_uint(v, &threads) && threads > 0;
-        else if (!strcmp(a, "--top-k")) ok = parse_uint(v, &top_k);
+        else if (!strcmp(a, "--n")) ok = parse_u32(v, &n) && n > 0;
+        else if (!strcmp(a, "--max-tokens")) ok = parse_u32(v, &max_tokens) && max_tokens > 0;
+        else if (!strcmp(a, "--batch")) ok = parse_u32(v, &batch) && batch > 0;
+        else if (!strcmp(a, "--threads")) ok = parse_u32(v, &threads) && threads > 0;
+        else if (!strcmp(a, "--top-k")) ok = parse_u32(v, &top_k);
         else if (!strcmp(a, "--temperature")) ok = parse_float(v, &temperature);
         else if (!strcmp(a, "--top-p")) ok = parse_float(v, &top_p);
         else if (!strcmp(a, "--min-p")) ok = parse_float(v, &min_p);
@@ -96,14 +96,14 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--loop-kv")) {
             if (!parse_name(a, v, loop_kvs, 2, &loop_kv)) return 2;
         } else if (!strcmp(a, "--exit-threshold")) ok = parse_float(v, &sp.exit_threshold);
-        else if (!strcmp(a, "--min-depth")) ok = parse_uint(v, &sp.min_depth);
-        else if (!strcmp(a, "--max-depth")) ok = parse_uint(v, &sp.max_depth);
+        else if (!strcmp(a, "--min-depth")) ok = parse_u32(v, &sp.min_depth);
+        else if (!strcmp(a, "--max-depth")) ok = parse_u32(v, &sp.max_depth);
         else if (!strcmp(a, "--seed")) {
             char *end;
             seed = strtoull(v, &end, 10);
             ok = *v && *v != '-' && !*end;
         } else if (!strcmp(a, "--stop")) {
-            ok = parse_uint(v, &stop) && sp.n_stop < PARITY_MAX_STOP;
+            ok = parse_u32(v, &stop) && sp.n_stop < PARITY_MAX_STOP;
             if (ok) sp.stop[sp.n_stop++] = (int32_t)stop;
         } else {
             fprintf(stderr, "error: unknown option %s\n", a);

@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--logprob-mode")) mode = v;
         else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
                  !strcmp(a, "--top-k")) {
-            int ok = !strcmp(a, "--top-k") ? parse_uint(v, &top_k)
+            int ok = !strcmp(a, "--top-k") ? parse_u32(v, &top_k)
                      : parse_float(v, !strcmp(a, "--temperature") ? &temperature
                                       : !strcmp(a, "--top-p")     ? &top_p
                                                                   : &min_p);
@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--threads")) {
-            if (!parse_uint(v, &threads) || threads == 0) {
+            if (!parse_u32(v, &threads) || threads == 0) {
                 fprintf(stderr, "error: --threads must be a positive integer\n");
                 return 2;
             }
@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
         opt.readout = PARITY_READOUT_EXPECTED_LOGITS;
     } else if (strcmp(readout, "exit")) {
         opt.readout = PARITY_READOUT_LOOP;
-        if (!parse_uint(readout, &opt.readout_loop)) {
+        if (!parse_u32(readout, &opt.readout_loop)) {
             fprintf(stderr, "error: --readout '%s' is not exit, expected-logits or a loop number\n",
                     readout);
             goto done;

@@ -1,7 +1,7 @@
 """The PEP 517 build backend of the `parity` package, in the tree and on the standard library
 alone, so that building and installing it needs no network (pyproject.toml: requires = []).
 
-Hooks: build_wheel (a py3-none-any wheel of parity/*.py with its .dist-info: METADATA, WHEEL,
+Hooks: build_wheel (a py3-none-any wheel of parity/**/*.py with its .dist-info: METADATA, WHEEL,
 RECORD), build_sdist (a .tar.gz of this directory's sources with PKG-INFO), build_editable (a
 wheel holding a .pth file that puts this directory on sys.path), prepare_metadata_for_build_*,
 and get_requires_for_build_* (nothing). The metadata come from pyproject.toml's [project].

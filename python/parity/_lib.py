@@ -861,3 +861,16 @@ def as_float(value, what):
     if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
         raise TypeError("%s must be a number, not %s" % (what, type(value).__name__))
     return float(value)
+
+
+def as_choice(table, value, what):
+    """table[value] for a name `value` of the {name: value} table: TypeError for a non-string,
+    ParityError for a name the table lacks."""
+    if not isinstance(value, str):
+        raise TypeError("%s must be one of %s, not %s" % (what, ", ".join(table),
+                                                          type(value).__name__))
+    try:
+        return table[value]
+    except KeyError:
+        raise ParityError(ERR_INVALID_ARGUMENT, "%s must be one of %s, not %r"
+                          % (what, ", ".join(table), value)) from None

@@ -40,13 +40,12 @@ CausalLM.saved_bytes(sequences) measures it for a batch.
 import ctypes
 import json
 import os
-import struct
 import tempfile
 
 import torch as _torch
 
-from . import _lib
-from . import torch as _pt
+from . import _lib, _safetensors
+from . import _torch_regions
 from ._lib import lib, ParityError
 from .model import Model, score_options, _default_threads
 from .policy import policy_struct
@@ -95,7 +94,7 @@ def _backend(backend):
 
 def _pol(policy):
     """(the C struct, the parity.torch Policy) of a preset name or a Policy."""
-    return policy_struct(policy), _pt._policy(policy)
+    return policy_struct(policy), _torch_regions._policy(policy)
 
 
 def _compute_fp32(pol):
@@ -135,7 +134,7 @@ def _weight_values(w, pol, name="a weight"):
     the cast."""
     if _compute_fp32(pol):
         return w
-    v = _pt._round(w, _half(pol))
+    v = _torch_regions._round(w, _half(pol))
     if pol.compute == 2:
         _check_fp16_range(w, v, name)
     return v
@@ -656,19 +655,19 @@ class _SwigluC(_torch.autograd.Function):
 
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol):
     if _compute_fp32(pol):
-        return _pt._rmsnorm_residual_f32(delta, h, w, eps, pol)
+        return _torch_regions._rmsnorm_residual_f32(delta, h, w, eps, pol)
     return _RmsnormResidualC.apply(delta, h, w, eps, pol_c, _half(pol))
 
 
 def _rmsnorm(x, w, eps, pol_c, pol, qk=False):
     if _compute_fp32(pol):
-        return _pt._rmsnorm_f32(x, w, eps, pol, qk)
+        return _torch_regions._rmsnorm_f32(x, w, eps, pol, qk)
     return _RmsnormC.apply(x, w, eps, qk, pol_c, _half(pol))
 
 
 def _swiglu(g, u, pol_c, pol):
     if _compute_fp32(pol):
-        return _pt._swiglu_f32(g, u, pol)
+        return _torch_regions._swiglu_f32(g, u, pol)
     return _SwigluC.apply(g, u, pol_c, _half(pol))
 
 
@@ -679,26 +678,15 @@ _ST_DTYPES = {"BF16": _bf16, "F16": _torch.float16, "F32": _f32}
 
 def _read_safetensors(path):
     """{name: fp32 tensor} of a safetensors file (BF16 and F16 widened exactly, F32 as is)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s: not a safetensors file" % path)
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
+    try:
+        tensors = _safetensors.read(path, _safetensors.FLOAT_DTYPES)
+    except _safetensors.FormatError as e:
+        raise ParityError(_lib.ERR_INVALID_ARGUMENT, str(e)) from None
     out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _ST_DTYPES.get(e["dtype"])
-        if dtype is None:
-            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s: tensor %s has dtype %s"
-                              % (path, name, e["dtype"]))
-        lo, hi = e["data_offsets"]
-        raw = bytearray(data[base + lo:base + hi])
-        t = _torch.frombuffer(raw, dtype=_torch.uint8) if raw else \
+    for name, (dtype, shape, raw) in tensors.items():
+        t = _torch.frombuffer(bytearray(raw), dtype=_torch.uint8) if raw.nbytes else \
             _torch.empty(0, dtype=_torch.uint8)
-        out[name] = t.view(dtype).reshape(e["shape"]).to(_f32)
+        out[name] = t.view(_ST_DTYPES[dtype]).reshape(shape).to(_f32)
     return out
 
 
@@ -834,6 +822,38 @@ class CausalLM(_torch.nn.Module):
             raise ParityError(_lib.ERR_EMPTY_INPUT, "no sequences")
         return seqs
 
+    def _layer_ops(self):
+        """(lin, vec) of the forward passes: lin(x, prefix, bias=False) a decoder layer's linear
+        layer (under an fp8 gemm, quantized from the masters) rounded where the policy rounds
+        it; vec(name) a norm weight's values."""
+        pol, pol_c, be = self._pol, self._pol_c, self._backend
+        pool = self._pool.handle
+        rd = _torch_regions._round_dtype(pol)
+
+        def rnd(x):
+            return _torch_regions._round(x, rd) if rd is not None else x
+
+        def lin(x, prefix, bias=False):
+            w = self._param(prefix + ".weight")
+            b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
+            data, dtype = _weight_data(w, pol, prefix + ".weight")
+            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
+
+        def vec(name):
+            return _weight_values(self._param(name), pol, name)
+
+        return lin, vec
+
+    def _embed(self, tokens, positions):
+        """(the embedded tokens, cos, sin): the embedding rows of `tokens` and the rope tables
+        of `positions`, with a heads axis (unsqueeze(1)) to broadcast over the heads."""
+        pol, c = self._pol, self.config
+        emb = self._param("model.embed_tokens.weight")
+        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
+        x = _Embedding.apply(tokens, emb, data, dtype)
+        cos, sin = _torch_regions.rope_cos_sin(positions, c["head_dim"], c["rope_theta"], pol)
+        return x, cos.unsqueeze(1), sin.unsqueeze(1)
+
     def forward(self, sequences, mode="raw", temperature=1.0, top_k=None, top_p=None,
                 min_p=None, return_logits=False, depths=None, loop_kv=None,
                 loop_logprobs=False):
@@ -878,26 +898,8 @@ class CausalLM(_torch.nn.Module):
         positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
         T, hd = tokens.numel(), c["head_dim"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
-        rd = _pt._round_dtype(pol)
-
-        def rnd(x):
-            return _pt._round(x, rd) if rd is not None else x
-
-        def lin(x, prefix, bias=False):
-            w = self._param(prefix + ".weight")
-            b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
-            data, dtype = _weight_data(w, pol, prefix + ".weight")
-            # the decoder layers' linear layers: under an fp8 gemm, quantized from the masters
-            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
-
-        def vec(name):
-            return _weight_values(self._param(name), pol, name)
-
-        emb = self._param("model.embed_tokens.weight")
-        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
-        h = _Embedding.apply(tokens, emb, data, dtype)
-        cos, sin = _pt.rope_cos_sin(positions, hd, c["rope_theta"], pol)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        lin, vec = self._layer_ops()
+        h, cos, sin = self._embed(tokens, positions)
         delta = None
         for l in range(c["num_hidden_layers"]):
             p = "model.layers.%d." % l
@@ -912,8 +914,8 @@ class CausalLM(_torch.nn.Module):
             if c["qk_norm"]:
                 q = _rmsnorm(q, vec(p + "self_attn.q_norm.weight"), eps, pol_c, pol, True)
                 k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True)
-            q = _pt._rope_f32(q, cos, sin, pol).contiguous()
-            k = _pt._rope_f32(k, cos, sin, pol).contiguous()
+            q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
+            k = _torch_regions._rope_f32(k, cos, sin, pol).contiguous()
             att = _Attention.apply(q, k, v.contiguous(), lengths, pol_c, pool)
             delta = lin(att.view(T, nh * hd), p + "self_attn.o_proj")
             h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"), eps,
@@ -996,25 +998,8 @@ class CausalLM(_torch.nn.Module):
         positions = _torch.tensor([p for n in lengths for p in range(n)], dtype=_torch.int64)
         hd, N = c["head_dim"], c["num_hidden_layers"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
-        rd = _pt._round_dtype(pol)
-
-        def rnd(x):
-            return _pt._round(x, rd) if rd is not None else x
-
-        def lin(x, prefix, bias=False):
-            w = self._param(prefix + ".weight")
-            b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
-            data, dtype = _weight_data(w, pol, prefix + ".weight")
-            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
-
-        def vec(name):
-            return _weight_values(self._param(name), pol, name)
-
-        emb = self._param("model.embed_tokens.weight")
-        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
-        x = _Embedding.apply(tokens, emb, data, dtype)
-        cos, sin = _pt.rope_cos_sin(positions, hd, c["rope_theta"], pol)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        lin, vec = self._layer_ops()
+        x, cos, sin = self._embed(tokens, positions)
         kept_k, kept_v = [None] * N, [None] * N  # each layer's K/V of the previous loop
         read_h = read_delta = None                 # each row's head input at its depth
         per_loop = []
@@ -1032,8 +1017,8 @@ class CausalLM(_torch.nn.Module):
                 q = lin(xn, p + "self_attn.q_proj", bias=True).view(-1, nh, hd)
                 k = lin(xn, p + "self_attn.k_proj", bias=True).view(-1, nkv, hd)
                 v = lin(xn, p + "self_attn.v_proj", bias=True).view(-1, nkv, hd)
-                q = _pt._rope_f32(q, cos, sin, pol).contiguous()
-                k = _pt._rope_f32(k, cos, sin, pol)
+                q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
+                k = _torch_regions._rope_f32(k, cos, sin, pol)
                 if copies and t > 0:
                     k = _torch.where(exited, kept_k[l], k)
                     v = _torch.where(exited, kept_v[l], v)

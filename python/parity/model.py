@@ -27,15 +27,8 @@ DEFAULT_IDLE_BYTES = 2 << 30
 _Idle = collections.namedtuple("_Idle", "key handle capacity nbytes")
 
 
-def _choice(table, value, what):
-    if not isinstance(value, str):
-        raise TypeError("%s must be one of %s, not %s" % (what, ", ".join(table),
-                                                          type(value).__name__))
-    try:
-        return table[value]
-    except KeyError:
-        raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s must be one of %s, not %r"
-                          % (what, ", ".join(table), value)) from None
+#: A name looked up in a {name: value} table such as MODES or BACKENDS (_lib.as_choice).
+_choice = _lib.as_choice
 
 
 def _default_threads():

@@ -25,12 +25,11 @@ import json
 import math
 import os
 import shutil
-import struct
 import sys
 import tempfile
 from array import array
 
-from . import quant
+from . import _safetensors, quant
 from .model import Model
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -39,36 +38,12 @@ LAYOUTS = {"nvfp4": "nvfp4", "mxfp4": "mxfp4", "ternary": "bitnet"}
 _SIZES = {"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "U8": 1, "I8": 1}
 
 
-# ---- safetensors, read and written ------------------------------------------------------------
+# ---- safetensors, read ------------------------------------------------------------------------
 
 def read_safetensors(path):
     """{name: (dtype, shape, raw bytes)} of a safetensors file."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (hlen,) = struct.unpack_from("<Q", data, 0)
-    header = json.loads(data[8:8 + hlen].decode())
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = t["data_offsets"]
-        out[name] = (t["dtype"], tuple(t["shape"]), data[8 + hlen + b:8 + hlen + e])
-    return out
-
-
-def write_safetensors(path, tensors):
-    """Writes [(name, dtype, shape, raw bytes)] as a safetensors file (data 8-byte aligned)."""
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, dtype, shape, raw in tensors:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for _, _, _, raw in tensors:
-            f.write(raw)
+    return {name: (dtype, shape, bytes(raw))
+            for name, (dtype, shape, raw) in _safetensors.read(path).items()}
 
 
 def _f32(dtype, raw):
@@ -254,7 +229,7 @@ def _write_served(template_dir, st_latents, fmt, served, out_dir):
             tensors += layout_tensors(fmt, name, rows, cols, codes, scales)
         else:
             tensors.append((name, "BF16", shape, _bf16_bits(_f32(dtype, raw)).tobytes()))
-    write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors)
+    _safetensors.write(os.path.join(out_dir, "model.safetensors"), tensors)
 
 
 def check(latents, quantizer, policy="hf-eager", deployed=None, evals=None, write_export=None,

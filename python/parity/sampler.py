@@ -6,8 +6,8 @@ from array import array
 
 from . import _lib
 from ._convert import TokenBatch, pointer
-from ._lib import ParityError, lib
-from .model import BACKENDS, MODES, _choice
+from ._lib import BACKENDS, MODES, ParityError, lib
+from ._lib import as_choice as _choice
 from .policy import policy_struct
 
 #: Why a sequence finished (parity_finish), None while it runs.

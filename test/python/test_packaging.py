@@ -115,8 +115,12 @@ class TestPackaging(unittest.TestCase):
         with zipfile.ZipFile(os.path.join(out, name)) as z:
             names = z.namelist()
             info = "libparity-%s.dist-info/" % self.version
-            modules = sorted(f for f in os.listdir(os.path.join(PYTHON_DIR, "parity"))
-                             if f.endswith(".py"))
+            # every module of the package, its subpackages' (parity.serve) included
+            package = os.path.join(PYTHON_DIR, "parity")
+            modules = sorted(os.path.relpath(os.path.join(root, f), package).replace(os.sep, "/")
+                             for root, dirs, files in os.walk(package)
+                             if "__pycache__" not in root.split(os.sep)
+                             for f in files if f.endswith(".py"))
             self.assertEqual(sorted(n[len("parity/"):] for n in names
                                     if n.startswith("parity/")), modules)
             self.assertEqual({n for n in names if n.startswith(info)},

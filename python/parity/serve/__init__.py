@@ -1,0 +1,29 @@
+"""A rollout server on libparity's sampler: OpenAI-compatible completions with log-probs,
+weight updates and the learner's scoring over HTTP, standard library only.
+
+    python3 -m parity.serve --model DIR|synthetic:NAME [--policy aligned] [--port 8000]
+
+One engine thread owns the sampler and steps every live request together (continuous
+batching: requests join and leave between decode steps); request threads parse, enqueue and
+wait. The sampler is batch-invariant and each completion draws from its own random stream
+(the request's seed, the completion's index), so a request's tokens and log-prob bits do not
+depend on what else the server is doing: they equal the same request served alone, and
+Model.generate() of the same prompts and parameters.
+
+Endpoints: POST /v1/completions, GET /v1/models, GET /health (OpenAI's shapes), and POST
+/parity/score, POST /parity/update_weights, GET /parity/info. The rules (what is accepted,
+which error comes with which status, when a weight update takes effect) are in
+python/README.md, "The rollout server". Prompts are token ids; a string prompt is accepted
+for a byte-level model (vocab 256: the UTF-8 bytes are the tokens). There is no tokenizer.
+"""
+# The package's modules by concern: protocol (limits, errors, request checks, update files),
+# engine (the thread that owns the sampler), handler (the HTTP server and endpoints) and
+# __main__ (the command line). Their names are served from here as when this was one module.
+from .engine import Engine, Gate, Update
+from .handler import Handler, Server
+from .protocol import (BYTE_VOCAB, LOGPROB_MODES, MAX_LOGPROBS, MAX_STOP, ApiError, Completion,
+                       Request, read_manifest, read_safetensors)
+
+__all__ = ["ApiError", "BYTE_VOCAB", "Completion", "Engine", "Gate", "Handler", "LOGPROB_MODES",
+           "MAX_LOGPROBS", "MAX_STOP", "Request", "Server", "Update", "read_manifest",
+           "read_safetensors"]

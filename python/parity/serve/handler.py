@@ -1,0 +1,568 @@
+"""The HTTP side of parity.serve: the server (the model, its sampler and engine, the limits)
+and the request handler of every endpoint, streaming included."""
+import ctypes
+import http.server
+import json
+import os
+import select
+import socket
+import sys
+import tempfile
+import time
+import urllib.parse
+
+from .._lib import ParityError, lib
+from ..model import Model
+from .engine import Engine, Gate, Update
+from .protocol import (BYTE_VOCAB, LOGPROB_MODES, ApiError, Request, _finite, _integer, _is_int,
+                       _number, _parity_error, _utf8, read_manifest, read_safetensors)
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    COMPLETION_FIELDS = frozenset((
+        "model", "prompt", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed",
+        "stop", "stop_token_ids", "logprobs", "stream", "stream_options", "logprob_mode",
+        "return_token_ids", "echo", "user", "frequency_penalty", "presence_penalty",
+        "logit_bias", "best_of", "suffix",
+        # vLLM's extra sampling parameters that RL frameworks send
+        "return_tokens_as_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+        "spaces_between_special_tokens", "ignore_eos", "min_tokens", "repetition_penalty"))
+
+    def __init__(self, args):
+        self.args = args
+        self.name = args.served_model_name or args.model
+        self.policy, self.backend = args.policy, args.backend
+        self.model = Model(args.model, threads=args.threads)
+        self.vocab = self.model.vocab_size
+        self.byte_level = self.vocab == BYTE_VOCAB
+        self.max_batch = args.max_batch
+        # sequence slots: the decoded ones, and prompts between their prefill and their forks
+        self.max_seqs = 2 * self.max_batch
+        self.max_len = args.max_model_len or min(self.model.context, 4096)
+        self.cache_tokens = args.cache_tokens or min((self.max_batch + 1) * self.max_len, 16384)
+        self.max_queue = args.max_queue
+        self.sampler = self.model.sampler(
+            policy=args.policy, max_seqs=self.max_seqs, max_len=self.max_len,
+            threads=args.threads, backend=args.backend, max_batch=self.max_batch,
+            cache_tokens=self.cache_tokens, prefault=getattr(args, "prefault", False))
+        self.gate = Gate(args.max_scoring)
+        self.current_checksums = None
+        self.engine = Engine(self)
+        # connections waiting to be accepted: socketserver's default of 5 resets a burst of
+        # clients connecting at once
+        self.request_queue_size = max(128, args.max_queue)
+        super().__init__((args.host, args.port), Handler)
+
+    # ---- shared by the requests ----
+
+    def check_token(self, t, param):
+        if not 0 <= t < self.vocab:
+            raise ApiError(400, "token id %d is out of range [0, %d)" % (t, self.vocab), param)
+
+    def prompts(self, prompt, param):
+        """A request's prompts as lists of token ids: a string, a list of strings, a list of
+        ids or a list of lists of ids."""
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and
+                                       all(_is_int(t) for t in prompt)):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt:
+            raise ApiError(400, "%s must be a string, a list of strings, a list of token ids or "
+                           "a list of such lists" % param, param)
+        out = []
+        for p in prompt:
+            if isinstance(p, str):
+                if not self.byte_level:
+                    raise ApiError(400, "a string prompt needs a tokenizer, which this server "
+                                   "does not have for a model of %d tokens: send token ids"
+                                   % self.vocab, param)
+                ids = list(_utf8(p, param))
+            elif isinstance(p, list) and all(_is_int(t) for t in p):
+                ids = p
+                for t in ids:
+                    self.check_token(t, param)
+            else:
+                raise ApiError(400, "%s must be a string, a list of strings, a list of token ids "
+                               "or a list of such lists" % param, param)
+            if not ids:
+                raise ApiError(400, "an empty prompt", param)
+            if len(ids) >= self.max_len:
+                raise ApiError(413, "a prompt of %d tokens: this server's maximum context "
+                               "length is %d (at least one token must be generated)"
+                               % (len(ids), self.max_len), param, "context_length_exceeded")
+            out.append(ids)
+        return out
+
+    def cache_need(self, prompts, n, max_tokens):
+        k = len(prompts)
+        lens = (ctypes.c_uint32 * k)(*[len(p) for p in prompts])
+        comps = (ctypes.c_uint32 * k)(*([n] * k))
+        out = ctypes.c_uint64()
+        lib.parity_sampler_cache_tokens(k, lens, comps, max_tokens, ctypes.byref(out))
+        return out.value
+
+    def expected_differences(self, tensors, manifest):
+        """The differences between a manifest and what the model would hold after updating
+        `tensors` (the checksums parity_model_verify would compare), without changing it."""
+        from ..manifest import checksum
+        version, want = manifest
+        if self.current_checksums is None:
+            with tempfile.TemporaryDirectory(prefix="parity-serve-") as d:
+                path = os.path.join(d, "current.json")
+                self.model.write_manifest(path)
+                self.current_checksums = read_manifest(path)[1]
+        have = dict(self.current_checksums)
+        out = []
+        for name, value in tensors.items():
+            if name not in have:
+                out.append("%s: not a tensor of this model" % name)
+                continue
+            shape, h = checksum(value, name)
+            have[name] = (tuple(shape), "BF16", h)
+        if version != self.model.version + 1:
+            out.append("version: the manifest says %s, the model would be at %d"
+                       % (version, self.model.version + 1))
+        for name in sorted(set(have) | set(want)):
+            if name not in want:
+                out.append("%s: in the model, missing from the manifest" % name)
+            elif name not in have:
+                out.append("%s: in the manifest, missing from the model" % name)
+            elif have[name] != want[name]:
+                (hs, hd, hh), (ws, wd, wh) = have[name], want[name]
+                what = "shape %s, manifest %s" % (list(hs), list(ws)) if hs != ws else \
+                    "dtype %s, manifest %s" % (hd, wd) if hd != wd else \
+                    "fnv1a64 %016x, manifest %016x" % (hh, wh)
+                out.append("%s: %s" % (name, what))
+        return out
+
+    def token_text(self, t, as_id=False):
+        if as_id or not self.byte_level:
+            return "token_id:%d" % t
+        return chr(t) if t < 128 else "bytes:\\x%02x" % t
+
+    def info(self):
+        import parity
+        return {"model": self.name, "policy": self.policy, "backend": self.backend,
+                "cpu_path": parity.cpu_path(), "weight_version": self.model.version,
+                "vocab_size": self.vocab, "max_model_len": self.max_len,
+                "max_batch": self.max_batch, "cache_tokens": self.cache_tokens,
+                "byte_level": self.byte_level, "libparity": parity.version(),
+                "requests_running": len(self.engine.active),
+                "requests_waiting": len(self.engine.waiting),
+                "decode_steps": self.engine.steps}
+
+
+def _logprobs_block(srv, req, c, start, end):
+    """OpenAI's logprobs object for tokens [start, end) of a choice."""
+    if req.logprobs is None:
+        return None
+    tokens = c.tokens[start:end]
+    lps = [_finite(v) for v in c.logprobs[start:end]]
+
+    def name(t):
+        return srv.token_text(t, req.token_id_names)
+
+    # byte offsets in the completion's text: a token is a byte (no text without a tokenizer)
+    offsets = list(range(start, start + len(tokens))) if srv.byte_level else [0] * len(tokens)
+    top = None
+    if req.logprobs:
+        top = []
+        for t, lp, (ids, alts) in zip(tokens, lps, c.tops[start:end]):
+            # (the sampler pads with id -1 where the distribution has fewer tokens)
+            d = {name(i): _finite(v) for i, v in zip(ids, alts) if i >= 0}
+            d.setdefault(name(t), lp)
+            top.append(d)
+    return {"tokens": [name(t) for t in tokens], "token_logprobs": lps, "top_logprobs": top,
+            "text_offset": offsets}
+
+
+def _final_text(srv, c):
+    if not srv.byte_level:
+        return ""
+    end = len(c.text) if c.text_end is None else c.text_end
+    return bytes(c.text[:end]).decode("utf-8", "replace")
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "parity.serve"
+    # headers and body are separate writes: without TCP_NODELAY the body waits for the client's
+    # delayed ACK (about 40 ms a response on a kept-alive connection, and on every stream event)
+    disable_nagle_algorithm = True
+
+    def setup(self):
+        self.timeout = self.server.args.client_timeout
+        super().setup()
+
+    def log_message(self, fmt, *args):
+        if self.server.args.log_requests:
+            sys.stderr.write("parity.serve: %s %s\n" % (self.address_string(), fmt % args))
+
+    # ---- plumbing ----
+
+    def _send_json(self, status, obj, headers=()):
+        data = json.dumps(obj, allow_nan=False).encode()
+        if not self.body_read and (self.headers.get("Transfer-Encoding") or
+                                   self.headers.get("Content-Length", "0").strip() != "0"):
+            self.close_connection = True    # the body was not read: the stream is not in step
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers:
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _client_gone(self):
+        """Whether the client closed its connection (it reads as end of file)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _wait(self, req):
+        """The request's next event; a client that goes away meanwhile cancels it (the engine
+        releases its sequences at the next step)."""
+        while True:
+            event = req.next_event(timeout=1.0)
+            if event is not None:
+                return event
+            if self._client_gone():
+                req.cancelled = True
+                self.close_connection = True
+                raise ConnectionResetError("the client went away")
+
+    def _send_error(self, e):
+        self._send_json(e.status, e.body())
+
+    def _body(self, limit, progress=False):
+        """The request body (bytes), read within the client timeout: the whole of it, or with
+        `progress` (weight files) some of it every client timeout."""
+        self.body_read = True
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            raise ApiError(411, "send the body with a Content-Length (chunked bodies are not "
+                           "accepted)")
+        length = self.headers.get("Content-Length")
+        if length is None:
+            if self.command == "POST":
+                self.close_connection = True
+                raise ApiError(411, "a POST needs a Content-Length")
+            return b""
+        try:
+            n = int(length)
+            if n < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            raise ApiError(400, "a bad Content-Length: %r" % length) from None
+        if n > limit:
+            self.close_connection = True
+            raise ApiError(413, "the body is %d bytes; the limit is %d" % (n, limit), None,
+                           "body_too_large")
+        timeout = self.server.args.client_timeout
+        deadline = time.monotonic() + timeout
+        try:
+            data = bytearray(n)
+        except MemoryError:
+            self.close_connection = True
+            raise ApiError(503, "no memory for a body of %d bytes" % n) from None
+        view, got = memoryview(data), 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close_connection = True
+                raise ApiError(408, "the body did not arrive within %g s (%d of %d bytes)"
+                               % (timeout, got, n), None, "request_timeout")
+            self.connection.settimeout(left)
+            try:
+                k = self.rfile.readinto1(view[got:got + (1 << 20)])
+            except (socket.timeout, TimeoutError):
+                continue
+            except OSError:
+                self.close_connection = True
+                raise
+            if not k:
+                self.close_connection = True
+                raise ApiError(400, "the body ended after %d of %d bytes" % (got, n))
+            got += k
+            if progress:
+                deadline = time.monotonic() + timeout
+        self.connection.settimeout(timeout)
+        return data
+
+    def _json_body(self):
+        data = self._body(self.server.args.max_body_bytes)
+        try:
+            body = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise ApiError(400, "the body is not valid JSON: %s" % str(e)[:200]) from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        return body
+
+    ROUTES = {"/v1/completions": ("POST", "completions"), "/v1/models": ("GET", "models"),
+              "/health": ("GET", "health"), "/parity/info": ("GET", "info"),
+              "/parity/score": ("POST", "score"),
+              "/parity/update_weights": ("POST", "update_weights")}
+
+    def _route(self):
+        self.body_read = False
+        url = urllib.parse.urlsplit(self.path)
+        self.query = urllib.parse.parse_qs(url.query)
+        try:
+            route = self.ROUTES.get(url.path.rstrip("/") or url.path)
+            if route is None:
+                raise ApiError(404, "no such endpoint: %s %s" % (self.command, url.path))
+            if route[0] != self.command and not (self.command == "HEAD" and route[0] == "GET"):
+                self.close_connection = True   # its body, if any, was not read
+                raise ApiError(405, "%s takes %s, not %s" % (url.path, route[0], self.command))
+            getattr(self, "_" + route[1])()
+        except ApiError as e:
+            self._send_error(e)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
+            self.close_connection = True
+        except Exception as e:  # a bug: answered, the server goes on
+            self.close_connection = True
+            self._send_error(ApiError(500, "internal error: %s: %s" % (type(e).__name__, e)))
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _route
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (a malformed request line, headers too long, an unknown
+        method) in OpenAI's error shape too."""
+        self.close_connection = True
+        text = message or self.responses.get(code, ("error",))[0]
+        if explain:
+            text = "%s: %s" % (text, explain)
+        self.body_read = True       # whatever it was, the connection closes after this
+        try:
+            self._send_json(code, ApiError(code, text).body())
+        except OSError:
+            pass
+
+    # ---- endpoints ----
+
+    def _health(self):
+        if not self.server.engine.is_alive():
+            raise ApiError(503, "the engine thread has stopped", None, "engine_stopped")
+        self._send_json(200, {"status": "ok"})
+
+    def _models(self):
+        srv = self.server
+        self._send_json(200, {"object": "list", "data": [{
+            "id": srv.name, "object": "model", "created": srv.started, "owned_by": "libparity",
+            "max_model_len": srv.max_len}]})
+
+    def _info(self):
+        self._send_json(200, self.server.info())
+
+    def _completions(self):
+        srv = self.server
+        req = Request(srv, self._json_body())
+        srv.engine.submit(req)
+        if req.stream:
+            self._stream(req)
+            return
+        while True:
+            kind, value = self._wait(req)
+            if kind == "error":
+                raise value
+            if kind == "done":
+                break
+        self._send_json(200, self._response(req))
+
+    def _response(self, req):
+        srv = self.server
+        choices = []
+        for c in req.choices:
+            ch = {"index": c.index, "text": _final_text(srv, c),
+                  "logprobs": _logprobs_block(srv, req, c, 0, len(c.tokens)),
+                  "finish_reason": c.finish_reason}
+            if req.return_token_ids:
+                ch["token_ids"] = list(c.tokens)
+                ch["prompt_token_ids"] = list(req.prompts[c.prompt])
+            choices.append(ch)
+        out = self._head(req)
+        out["seed"] = req.seed
+        out["choices"] = choices
+        out["usage"] = self._usage(req)
+        return out
+
+    def _head(self, req):
+        return {"id": req.id, "object": "text_completion", "created": req.created,
+                "model": self.server.name, "system_fingerprint": "parity-w%d" % req.version,
+                "weight_version": req.version}
+
+    @staticmethod
+    def _usage(req):
+        p = sum(len(x) for x in req.prompts)
+        c = sum(len(ch.tokens) for ch in req.choices)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _stream(self, req):
+        srv = self.server
+        kind, value = self._wait(req)
+        if kind == "error":
+            raise value
+
+        def event(obj):
+            data = b"data: " + (obj if isinstance(obj, bytes) else
+                                json.dumps(obj, allow_nan=False).encode()) + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            while True:
+                kind, value = self._wait(req)
+                if kind == "error":
+                    event({"error": value.body()["error"]})
+                    break
+                if kind in ("delta", "done"):
+                    choices = []
+                    for c in req.choices:
+                        ch = self._stream_delta(srv, req, c)
+                        if ch is not None:
+                            choices.append(ch)
+                    if choices:
+                        head = self._head(req)
+                        head["choices"] = choices
+                        event(head)
+                if kind == "done":
+                    if req.include_usage:
+                        head = self._head(req)
+                        head["choices"] = []
+                        head["usage"] = self._usage(req)
+                        event(head)
+                    break
+            event(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
+            req.cancelled = True
+            self.close_connection = True
+
+    @staticmethod
+    def _stream_delta(srv, req, c):
+        """What a choice drew since its last chunk, or None. Text that could still turn out to
+        be the start of a stop string is held back until it cannot."""
+        with req.wake:          # the engine publishes a step's results under it
+            finished = c.finish_reason is not None
+            n = len(c.tokens)
+            if c.sent_tokens == n and (not finished or c.sent_text < 0):
+                return None
+            text = ""
+            if srv.byte_level:
+                if finished:
+                    end = len(c.text) if c.text_end is None else c.text_end
+                else:
+                    hold = max((len(s) for s in req.stops), default=1) - 1
+                    end = max(c.sent_text, len(c.text) - hold)
+                text = c.decoder.decode(bytes(c.text[max(c.sent_text, 0):end]), finished)
+                c.sent_text = end
+            ch = {"index": c.index, "text": text,
+                  "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
+                  "finish_reason": c.finish_reason if finished else None}
+            if req.return_token_ids:
+                ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
+            c.sent_tokens = n
+            if finished:
+                c.sent_text = -1          # the last chunk of this choice has gone out
+            return ch
+
+    def _score(self):
+        srv = self.server
+        body = self._json_body()
+        known = {"model", "sequences", "mode", "temperature", "top_k", "top_p", "min_p"}
+        for key in body:
+            if key not in known:
+                raise ApiError(400, "Unrecognized request argument supplied: %s" % key, key,
+                               "unknown_parameter")
+        if "model" in body and body["model"] != srv.name:
+            raise ApiError(404, "The model `%s` does not exist" % body["model"], "model",
+                           "model_not_found")
+        seqs = body.get("sequences")
+        if not isinstance(seqs, list) or not seqs:
+            raise ApiError(400, "sequences must be a non-empty list of token-id lists (or of "
+                           "strings for a byte-level model)", "sequences")
+        batch = []
+        for s in seqs:
+            if isinstance(s, str) and srv.byte_level:
+                s = list(_utf8(s, "sequences"))
+            if not isinstance(s, list) or not all(_is_int(t) for t in s) or not s:
+                raise ApiError(400, "each sequence is a non-empty list of token ids",
+                               "sequences")
+            for t in s:
+                srv.check_token(t, "sequences")
+            if len(s) > srv.model.context:
+                raise ApiError(413, "a sequence of %d tokens; the model's context is %d"
+                               % (len(s), srv.model.context), "sequences",
+                               "context_length_exceeded")
+            batch.append(s)
+        mode = body.get("mode", "raw")
+        if mode not in LOGPROB_MODES:
+            raise ApiError(400, "mode must be one of %s" % ", ".join(LOGPROB_MODES), "mode")
+        temperature = _number(body, "temperature", 1.0, 0.0, 1e6)
+        top_k = _integer(body, "top_k", -1, -1, 2 ** 31)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+        min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
+        srv.gate.enter()
+        try:
+            version = srv.model.version
+            lps = srv.model.score(batch, policy=srv.policy, backend=srv.backend, mode=mode,
+                                  temperature=temperature,
+                                  top_k=None if top_k <= 0 else top_k,
+                                  top_p=None if top_p == 1.0 else top_p,
+                                  min_p=None if min_p == 0.0 else min_p)
+        except ParityError as e:
+            raise _parity_error(e, "sequences") from None
+        finally:
+            srv.gate.leave()
+        self._send_json(200, {"logprobs": [[_finite(v) for v in x] for x in lps],
+                              "weight_version": version})
+
+    def _update_weights(self):
+        srv = self.server
+        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        manifest_path = None
+        if ctype == "application/octet-stream":
+            data = self._body(srv.args.max_update_bytes, progress=True)
+            tensors = read_safetensors(data, "the body")
+            manifest_path = (self.query.get("manifest") or [None])[0]
+        else:
+            body = self._json_body()
+            for key in body:
+                if key not in ("path", "manifest"):
+                    raise ApiError(400, "Unrecognized request argument supplied: %s" % key, key,
+                                   "unknown_parameter")
+            path = body.get("path")
+            if not isinstance(path, str):
+                raise ApiError(400, "path (a safetensors file on the server's machine) is "
+                               "required, or send the file as application/octet-stream",
+                               "path")
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise ApiError(400, "%s: %s" % (path, e.strerror), "path") from None
+            tensors = read_safetensors(data, path)
+            manifest_path = body.get("manifest")
+        upd = Update(tensors, None)
+        if manifest_path is not None:
+            if not isinstance(manifest_path, str):
+                raise ApiError(400, "manifest must be a path", "manifest")
+            upd.manifest = read_manifest(manifest_path)
+            upd.manifest_path = manifest_path
+        srv.engine.submit_update(upd)
+        upd.done.wait()
+        if upd.error is not None:
+            raise upd.error
+        self._send_json(200, upd.result)
