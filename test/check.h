@@ -91,6 +91,12 @@ static inline const char *source_root(void) {
     return r ? r : ".";
 }
 
+/* `rel` below the source root, written to buf; returns buf. */
+static inline char *source_path(char *buf, size_t size, const char *rel) {
+    snprintf(buf, size, "%s/%s", source_root(), rel);
+    return buf;
+}
+
 /* Quick mode ($PARITY_TEST_QUICK set and not "0"; scripts/sanitize.sh sets it): the heavy
  * tests shrink their sweeps so that the suite runs under sanitizers in minutes. */
 static inline int quick(void) {

@@ -9,12 +9,6 @@
 /* The trained checkpoint the model-level tests load, relative to the source root. */
 #define TRAINED_MODEL "models/qwen3-bytes-pystdlib-4.9m"
 
-/* `rel` below the source root, written to buf; returns buf. */
-static inline char *source_path(char *buf, size_t size, const char *rel) {
-    snprintf(buf, size, "%s/%s", source_root(), rel);
-    return buf;
-}
-
 /* Loads the model at `rel` below the source root into *m (CHECK_OK). */
 static inline void load_model(const char *rel, parity_model **m) {
     char dir[4096];
