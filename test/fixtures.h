@@ -35,47 +35,33 @@ typedef struct fixture {
     uint64_t max_memory;
 } fixture;
 
-/* The fields the scorer's and the sampler's params share, from f into the params p. */
-#define FIXTURE_COMMON(p, f)                                                \
-    do {                                                                    \
-        if ((f).policy) CHECK_OK(parity_policy_from_name((f).policy, &(p).policy)); \
-        if ((f).backend) (p).backend = (f).backend;                         \
-        if ((f).n_threads) (p).n_threads = (f).n_threads;                   \
-        (p).max_memory = (f).max_memory;                                    \
-    } while (0)
+/* For `kind` (scorer or sampler), with its own two fixture fields own1 and own2, defines
+ *   parity_KIND_params KIND_params(fixture f): the defaults, then f's policy, backend,
+ *     n_threads (each where set), max_memory, own1 and own2;
+ *   parity_KIND *new_KIND(const parity_model *m, fixture f): one on m made with those params
+ *     (CHECK_OK of the creation); NULL when it fails. */
+#define FIXTURE_KIND(kind, own1, own2)                                                     \
+    static inline parity_##kind##_params kind##_params(fixture f) {                        \
+        parity_##kind##_params p;                                                          \
+        parity_##kind##_default_params(&p);                                                \
+        if (f.policy) CHECK_OK(parity_policy_from_name(f.policy, &p.policy));              \
+        if (f.backend) p.backend = f.backend;                                              \
+        if (f.n_threads) p.n_threads = f.n_threads;                                        \
+        p.max_memory = f.max_memory;                                                       \
+        p.own1 = f.own1;                                                                   \
+        p.own2 = f.own2;                                                                   \
+        return p;                                                                          \
+    }                                                                                      \
+    static inline parity_##kind *new_##kind(const parity_model *m, fixture f) {            \
+        parity_##kind##_params p = kind##_params(f);                                       \
+        parity_##kind *s = NULL;                                                           \
+        CHECK_OK(parity_##kind##_create(m, &p, &s));                                       \
+        return s;                                                                          \
+    }
 
-static inline parity_scorer_params scorer_params(fixture f) {
-    parity_scorer_params p;
-    parity_scorer_default_params(&p);
-    FIXTURE_COMMON(p, f);
-    p.max_tokens = f.max_tokens;
-    p.chunk_rows = f.chunk_rows;
-    return p;
-}
-
-static inline parity_sampler_params sampler_params(fixture f) {
-    parity_sampler_params p;
-    parity_sampler_default_params(&p);
-    FIXTURE_COMMON(p, f);
-    p.max_seqs = f.max_seqs;
-    p.max_len = f.max_len;
-    return p;
-}
-
-/* A scorer / sampler on m (CHECK_OK of the creation); NULL when it fails. */
-static inline parity_scorer *new_scorer(const parity_model *m, fixture f) {
-    parity_scorer_params p = scorer_params(f);
-    parity_scorer *s = NULL;
-    CHECK_OK(parity_scorer_create(m, &p, &s));
-    return s;
-}
-
-static inline parity_sampler *new_sampler(const parity_model *m, fixture f) {
-    parity_sampler_params p = sampler_params(f);
-    parity_sampler *s = NULL;
-    CHECK_OK(parity_sampler_create(m, &p, &s));
-    return s;
-}
+/* scorer_params, new_scorer; sampler_params, new_sampler. */
+FIXTURE_KIND(scorer, max_tokens, chunk_rows)
+FIXTURE_KIND(sampler, max_seqs, max_len)
 
 /* Whether `backend` runs on this CPU: the amx backend needs AMX-BF16; on a CPU without it,
  * it must be refused as unsupported, which this checks, saying once that its runs are
