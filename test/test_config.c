@@ -34,6 +34,14 @@ static int parse(const char *text, parity_config *c) {
         }                                                                                \
     } while (0)
 
+/* A config refused: its file in test/data/configs (test_bad_files) or the members added to a
+ * small valid one (test_bad_fields), the status, and a word the message must name. */
+typedef struct refusal {
+    const char *input;
+    int status;
+    const char *mention;
+} refusal;
+
 /* Field-by-field equality, naming the first field that differs. */
 static int same_config(const parity_config *a, const parity_config *b, const char *what) {
 #define SAME(f)                                                                             \
@@ -66,18 +74,13 @@ static void test_builtins(void) {
 
     parity_config c;
     CHECK_OK(parity_config_builtin("tiny", &c));
-    CHECK_INT(c.arch, PARITY_ARCH_QWEN3);
-    CHECK_INT(c.vocab_size, 256);
-    CHECK_INT(c.hidden_size, 64);
-    CHECK_INT(c.intermediate_size, 160);
-    CHECK_INT(c.num_hidden_layers, 2);
-    CHECK_INT(c.num_attention_heads, 4);
-    CHECK_INT(c.num_key_value_heads, 2);
-    CHECK_INT(c.head_dim, 16);
-    CHECK_INT(c.max_position_embeddings, 512);
+    CHECK_FIELDS(FIELD(c, arch, PARITY_ARCH_QWEN3), FIELD(c, vocab_size, 256),
+                 FIELD(c, hidden_size, 64), FIELD(c, intermediate_size, 160),
+                 FIELD(c, num_hidden_layers, 2), FIELD(c, num_attention_heads, 4),
+                 FIELD(c, num_key_value_heads, 2), FIELD(c, head_dim, 16),
+                 FIELD(c, max_position_embeddings, 512), FIELD(c, rope_type, PARITY_ROPE_DEFAULT));
     CHECK(c.rms_norm_eps == 1e-6f && c.rope_theta == 1e4);
     CHECK(c.qk_norm == 1 && c.tie_word_embeddings == 0 && c.attention_bias == 0);
-    CHECK_INT(c.rope_type, PARITY_ROPE_DEFAULT);
 
     CHECK_OK(parity_config_builtin("llama3.2-1b", &c));
     CHECK_INT(c.rope_type, PARITY_ROPE_LLAMA3);
@@ -141,11 +144,7 @@ static void test_rope_configs(void) {
 }
 
 static void test_bad_files(void) {
-    static const struct {
-        const char *file;
-        int status;
-        const char *field; /* the message names it */
-    } cases[] = {
+    static const refusal cases[] = {
         {"bad-missing-hidden-size.json", PARITY_ERR_CONFIG, "hidden_size"},
         {"bad-wrong-type.json", PARITY_ERR_CONFIG, "num_hidden_layers"},
         {"bad-negative.json", PARITY_ERR_CONFIG, "vocab_size"},
@@ -159,9 +158,9 @@ static void test_bad_files(void) {
         parity_config c;
         memset(&c, 0xab, sizeof c);
         parity_config before = c;
-        CHECK_STATUS(load(cases[i].file, &c), cases[i].status);
-        CHECK_MESSAGE(cases[i].file);
-        CHECK_MESSAGE(cases[i].field);
+        CHECK_STATUS(load(cases[i].input, &c), cases[i].status);
+        CHECK_MESSAGE(cases[i].input);
+        CHECK_MESSAGE(cases[i].mention);
         CHECK(memcmp(&c, &before, sizeof c) == 0); /* output untouched on failure */
     }
 
@@ -210,14 +209,11 @@ static void test_defaults(void) {
     parity_config c;
     /* Qwen3Config: head_dim 128 when absent, max_position_embeddings 32768. */
     CHECK_OK(parse_with("qwen3", "", &c));
-    CHECK_INT(c.arch, PARITY_ARCH_QWEN3);
-    CHECK_INT(c.head_dim, 128);
-    CHECK_INT(c.num_key_value_heads, 4);
-    CHECK_INT(c.max_position_embeddings, 32768);
+    CHECK_FIELDS(FIELD(c, arch, PARITY_ARCH_QWEN3), FIELD(c, head_dim, 128),
+                 FIELD(c, num_key_value_heads, 4), FIELD(c, max_position_embeddings, 32768),
+                 FIELD(c, rope_type, PARITY_ROPE_DEFAULT), FIELD(c, size, sizeof(parity_config)));
     CHECK(c.rms_norm_eps == 1e-6f && c.rope_theta == 10000.0);
     CHECK(c.tie_word_embeddings == 0 && c.attention_bias == 0 && c.qk_norm == 1);
-    CHECK_INT(c.rope_type, PARITY_ROPE_DEFAULT);
-    CHECK_INT(c.size, sizeof(parity_config));
     /* null head_dim and null num_key_value_heads: derived. */
     CHECK_OK(parse_with("qwen3", ", \"head_dim\": null, \"num_key_value_heads\": null", &c));
     CHECK_INT(c.head_dim, 16);
@@ -249,11 +245,7 @@ static void test_defaults(void) {
 }
 
 static void test_bad_fields(void) {
-    static const struct {
-        const char *extra;
-        int status;
-        const char *mention;
-    } cases[] = {
+    static const refusal cases[] = {
         {", \"vocab_size\": 1}", PARITY_ERR_JSON_SYNTAX, "mem.json"},
         {", \"head_dim\": 16.0", PARITY_ERR_CONFIG, "head_dim"},
         {", \"head_dim\": 1e2", PARITY_ERR_CONFIG, "head_dim"},
@@ -318,13 +310,13 @@ static void test_bad_fields(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         parity_config c;
-        int rc = parse_with("qwen3", cases[i].extra, &c);
+        int rc = parse_with("qwen3", cases[i].input, &c);
         check_count++;
         if (rc != cases[i].status || !strstr(parity_last_error(), cases[i].mention) ||
             !strstr(parity_last_error(), "mem.json")) {
             check_failures++;
             fprintf(stderr, "case %zu (%s): got %s \"%s\", expected %s mentioning \"%s\"\n", i,
-                    cases[i].extra, parity_status_name(rc), parity_last_error(),
+                    cases[i].input, parity_status_name(rc), parity_last_error(),
                     parity_status_name(cases[i].status), cases[i].mention);
         }
     }
