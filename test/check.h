@@ -80,6 +80,30 @@ static inline void check_bits_f32_(const float *a, const float *b, size_t n, con
     }
 }
 
+/* Fields of a struct against the values they must hold, a check each, in one call:
+ * CHECK_FIELDS(FIELD(c, vocab_size, 256), FIELD(c, rms_norm_eps, 1e-6f)). A field equals its
+ * value as `==` has it (integers, floats and doubles all exactly as doubles). */
+typedef struct check_field {
+    const char *name;
+    double got, want;
+} check_field;
+#define FIELD(s, field, value) {#s "." #field, (double)(s).field, (double)(value)}
+#define CHECK_FIELDS(...)                                                              \
+    check_fields_((const check_field[]){__VA_ARGS__},                                   \
+                  sizeof((const check_field[]){__VA_ARGS__}) / sizeof(check_field),     \
+                  __FILE__, __LINE__)
+static inline void check_fields_(const check_field *fields, size_t n, const char *file,
+                                 int line) {
+    for (size_t i = 0; i < n; i++) {
+        check_count++;
+        if (fields[i].got != fields[i].want) {
+            check_failures++;
+            fprintf(stderr, "%s:%d: %s == %.17g failed: %.17g\n", file, line, fields[i].name,
+                    fields[i].want, fields[i].got);
+        }
+    }
+}
+
 static inline int check_report(const char *name) {
     printf("%s: %d checks, %d failed\n", name, check_count, check_failures);
     return check_failures ? 1 : 0;
@@ -89,6 +113,12 @@ static inline int check_report(const char *name) {
 static inline const char *source_root(void) {
     const char *r = getenv("PARITY_SOURCE_ROOT");
     return r ? r : ".";
+}
+
+/* `rel` below the source root, written to buf; returns buf. */
+static inline char *source_path(char *buf, size_t size, const char *rel) {
+    snprintf(buf, size, "%s/%s", source_root(), rel);
+    return buf;
 }
 
 /* Quick mode ($PARITY_TEST_QUICK set and not "0"; scripts/sanitize.sh sets it): the heavy

@@ -77,17 +77,31 @@ static void write_all(const char *path, const void *data, size_t len) {
     CHECK(fclose(fp) == 0);
 }
 
-/* A new directory root/name holding a copy of the tiny model's config.json. */
-static void variant_dir(const char *name, char *dir) {
+/* The text of dir/file, NUL-terminated (read_all's checks); NULL when it cannot be read. */
+static char *read_in(const char *dir, const char *file) {
+    char path[PATH_LEN];
+    size_t len;
+    join(path, dir, file);
+    return read_all(path, &len);
+}
+
+/* from_dir/file copied to to_dir/file; returns its text (the caller frees it; NULL when it
+ * could not be read, and then nothing is written). */
+static char *copy_file_in(const char *from_dir, const char *to_dir, const char *file) {
     char src[PATH_LEN], dst[PATH_LEN];
-    join(dir, root, name);
-    CHECK(mkdir(dir, 0700) == 0);
-    join(src, tiny_dir, "config.json");
-    join(dst, dir, "config.json");
+    join(src, from_dir, file);
+    join(dst, to_dir, file);
     size_t len;
     char *text = read_all(src, &len);
     if (text) write_all(dst, text, len);
-    free(text);
+    return text;
+}
+
+/* A new directory root/name holding a copy of the tiny model's config.json. */
+static void variant_dir(const char *name, char *dir) {
+    join(dir, root, name);
+    CHECK(mkdir(dir, 0700) == 0);
+    free(copy_file_in(tiny_dir, dir, "config.json"));
 }
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
@@ -158,6 +172,13 @@ static void ckpt_read(ckpt *c, const char *path) {
                  (size_t)(t->end - t->begin));
     }
     st_close(f);
+}
+
+/* The tensors of dir/model.safetensors. */
+static void ckpt_read_in(ckpt *c, const char *dir) {
+    char path[PATH_LEN];
+    join(path, dir, "model.safetensors");
+    ckpt_read(c, path);
 }
 
 static tensor *ckpt_get(ckpt *c, const char *name) {
@@ -241,16 +262,12 @@ static float f16_widened(uint16_t h) {
 
 static uint32_t f16_truncated_bits(uint32_t u, uint32_t unused) {
     (void)unused;
-    float x;
-    memcpy(&x, &u, 4);
-    return f16_truncated(x);
+    return f16_truncated(f32_from_bits(u));
 }
 
 static uint32_t f16_widened_bits(uint32_t h, uint32_t unused) {
     (void)unused;
-    const float x = f16_widened((uint16_t)h);
-    uint32_t u;
-    return memcpy(&u, &x, 4), u;
+    return f32_bits(f16_widened((uint16_t)h));
 }
 
 static void ckpt_f32_to_f16(ckpt *c) { ckpt_convert(c, NULL, 4, "F16", 2, f16_truncated_bits, 0); }
@@ -518,16 +535,12 @@ static void test_float_dtypes(const parity_model *orig, const ckpt *base) {
  * the first fp16 scorer is made, naming the tensor, while bf16 policies still load it. */
 static uint32_t f16_rne_bits(uint32_t u, uint32_t unused) {
     (void)unused;
-    float x;
-    memcpy(&x, &u, 4);
-    return parity_fp16_from_f32(x);
+    return parity_fp16_from_f32(f32_from_bits(u));
 }
 
 static uint32_t f16_via_bf16_bits(uint32_t u, uint32_t unused) {
     (void)unused;
-    float x;
-    memcpy(&x, &u, 4);
-    return parity_fp16_from_f32(parity_bf16_to_f32(parity_bf16_from_f32(x)));
+    return parity_fp16_from_f32(parity_bf16_to_f32(parity_bf16_from_f32(f32_from_bits(u))));
 }
 
 static void test_fp16_weights(const ckpt *base) {
@@ -869,10 +882,50 @@ static void save_as(const parity_model *m, const char *layout, const char *name,
     CHECK_OK(parity_model_save_as(m, dir, layout));
 }
 
-/* Every linear weight of `m` holds shipped codes and scales equal, bitwise, to what the public
- * block quantizer `rule` makes of `values_of`'s fp32 values (its masters, else its bf16). */
-static void check_shipped_equal_quantized(const parity_model *m, const parity_model *values_of,
-                                          int rule, const char *what) {
+/* ---- shipped (quantized) weights -------------------------------------------------------- */
+
+/* m, loaded from dir where orig was saved in a quantized layout, scores bitwise as orig
+ * quantized at load under `presets`, and saved again as `layout` into root/name (again) is
+ * the same files. */
+static void check_scores_and_saved_back(const parity_model *orig, const parity_model *m,
+                                        const char *const *presets, const char *dir,
+                                        const char *layout, const char *name, char *again,
+                                        const char *what) {
+    char label[160];
+    snprintf(label, sizeof label, "%s saved and loaded", what);
+    check_same_scores(orig, m, presets, label);
+    save_as(m, layout, name, again);
+    snprintf(label, sizeof label, "%s saved back", what);
+    check_same_files(dir, again, label);
+}
+
+static float e4m3_of(uint8_t c) {
+    float v;
+    parity_fp8_to_f32(PARITY_FP8_E4M3, 1, &c, &v);
+    return v;
+}
+
+static float e2m1_of(uint8_t c) {
+    float v;
+    parity_fp4_to_f32(1, &c, &v);
+    return v;
+}
+
+/* Whether w's value i differs from the dequantized d as every reader sees it: its master,
+ * and its bf16 (rounded once). */
+static int dequantized_differs(const weight *w, size_t i, float d) {
+    return f32_bits(w->master[i]) != f32_bits(d) || w->bf16[i] != bf16_from_f32(d);
+}
+
+/* How many of shipped weight w's codes, scales and dequantized values differ from what the
+ * public quantizer `rule` of its format makes of x, the fp32 values of weight v. */
+typedef size_t shipped_differences(const weight *w, const weight *v, const float *x, int rule);
+
+/* Every linear weight of `m` holds shipped codes (of `gemm`; -1: any) whose codes, scales and
+ * dequantized values are, bitwise, what `differences` expects of quantizer `rule` on
+ * values_of's fp32 values (its masters, else its bf16). */
+static void check_shipped(const parity_model *m, const parity_model *values_of, int gemm,
+                          int rule, shipped_differences *differences, const char *what) {
     const parity_config *c = parity_model_config(m);
     size_t bad = 0, checked = 0;
     for (uint32_t l = 0; l < c->num_hidden_layers; l++)
@@ -881,31 +934,92 @@ static void check_shipped_equal_quantized(const parity_model *m, const parity_mo
             snprintf(name, sizeof name, "model.layers.%u.%s.weight", l, linear_names[j]);
             const weight *w = model_find_tensor(m, name)->dst;
             const weight *v = model_find_tensor(values_of, name)->dst;
-            CHECK(w->shipped != NULL);
-            if (!w->shipped) return;
-            const size_t n = (size_t)v->rows * v->cols, grid = ((v->rows + 127) / 128) * ((v->cols + 127) / 128);
-            float *x = malloc(n * sizeof *x), *scales = malloc(grid * sizeof *scales);
-            uint8_t *codes = malloc(n);
+            const int shipped = w->shipped && (gemm < 0 || w->shipped_gemm == gemm);
+            CHECK(shipped);
+            if (!shipped) return;
+            const size_t n = (size_t)v->rows * v->cols;
+            float *x = malloc(n * sizeof *x);
             for (size_t i = 0; i < n; i++) x[i] = v->master ? v->master[i] : bf16_to_f32(v->bf16[i]);
-            CHECK_OK(parity_fp8_quantize_blocks(rule, v->rows, v->cols, x, v->cols, 128, 128, codes,
-                                                v->cols, scales));
-            bad += memcmp(codes, w->shipped->codes, n) != 0;
-            bad += memcmp(scales, w->shipped->scales, grid * sizeof *scales) != 0;
-            /* the values every other reader sees: RN_bf16(RN_fp32(e4m3 * scale)) */
-            for (size_t i = 0; i < n; i++) {
-                float e;
-                parity_fp8_to_f32(PARITY_FP8_E4M3, 1, &codes[i], &e);
-                const float d = e * scales[(i / v->cols / 128) * ((v->cols + 127) / 128) + (i % v->cols) / 128];
-                bad += f32_bits(w->master[i]) != f32_bits(d) || w->bf16[i] != bf16_from_f32(d);
-            }
+            bad += differences(w, v, x, rule);
             checked++;
             free(x);
-            free(scales);
-            free(codes);
         }
     CHECK(checked == 7u * c->num_hidden_layers);
     CHECK_INT(bad, 0);
     if (bad) fprintf(stderr, "  %s: %zu differences\n", what, bad);
+}
+
+/* Block-FP8: the codes and 128 x 128 scales of parity_fp8_quantize_blocks, and the values
+ * every other reader sees, RN_bf16(RN_fp32(e4m3 * scale)). */
+static size_t fp8_block_differences(const weight *w, const weight *v, const float *x, int rule) {
+    const size_t n = (size_t)v->rows * v->cols, grid_cols = (v->cols + 127) / 128;
+    const size_t grid = ((v->rows + 127) / 128) * grid_cols;
+    float *scales = malloc(grid * sizeof *scales);
+    uint8_t *codes = malloc(n);
+    size_t bad = 0;
+    CHECK_OK(parity_fp8_quantize_blocks(rule, v->rows, v->cols, x, v->cols, 128, 128, codes,
+                                        v->cols, scales));
+    bad += memcmp(codes, w->shipped->codes, n) != 0;
+    bad += memcmp(scales, w->shipped->scales, grid * sizeof *scales) != 0;
+    for (size_t i = 0; i < n; i++) {
+        const float scale = scales[(i / v->cols / 128) * grid_cols + (i % v->cols) / 128];
+        bad += dequantized_differs(w, i, e4m3_of(codes[i]) * scale);
+    }
+    free(scales);
+    free(codes);
+    return bad;
+}
+
+/* Ternary: the codes and s_w of parity_ternary_quantize, the dequantized values code / s_w. */
+static size_t ternary_differences(const weight *w, const weight *v, const float *x, int rule) {
+    const size_t n = (size_t)v->rows * v->cols;
+    int8_t *codes = malloc(n);
+    float s_w;
+    size_t bad = 0;
+    CHECK_OK(parity_ternary_quantize(rule, 0, v->rows, v->cols, x, v->cols, codes, v->cols, &s_w));
+    bad += memcmp(codes, w->shipped->codes, n) != 0;
+    bad += f32_bits(s_w) != f32_bits(w->shipped->tensor_scale);
+    for (size_t i = 0; i < n; i++) bad += dequantized_differs(w, i, (float)codes[i] / s_w);
+    free(codes);
+    return bad;
+}
+
+/* NVFP4 (nv) or MXFP4: the codes and block scales of the public quantizer, the dequantized
+ * values e2m1 * sf * s2 (NVFP4, one rounding) or e2m1 * 2^(e - 127) (MXFP4, exact). */
+static size_t fp4_differences(const weight *w, const weight *v, const float *x, int rule,
+                              int nv) {
+    const size_t bc = nv ? 16 : 32;
+    const size_t n = (size_t)v->rows * v->cols, g = (v->cols + bc - 1) / bc;
+    float s2 = 0.0f;
+    uint8_t *codes = malloc(n), *sf = malloc(v->rows * g);
+    size_t bad = 0;
+    if (nv)
+        CHECK_OK(parity_nvfp4_quantize(rule, 0, v->rows, v->cols, x, v->cols, codes, v->cols, sf, &s2));
+    else
+        CHECK_OK(parity_mxfp4_quantize(rule, v->rows, v->cols, x, v->cols, codes, v->cols, sf));
+    bad += memcmp(codes, w->shipped->codes, n) != 0;
+    bad += nv && f32_bits(s2) != f32_bits(w->shipped->tensor_scale);
+    for (size_t b = 0; b < v->rows * g; b++) {
+        const float sv = nv ? e4m3_of(sf[b]) : ldexpf(1.0f, (int)sf[b] - 127);
+        bad += f32_bits(sv) != f32_bits(w->shipped->scales[b]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const size_t b = (i / v->cols) * g + (i % v->cols) / bc;
+        float d = e2m1_of(codes[i]) * (nv ? e4m3_of(sf[b]) : ldexpf(1.0f, (int)sf[b] - 127));
+        if (nv) d = d * s2;
+        bad += dequantized_differs(w, i, d);
+    }
+    free(codes);
+    free(sf);
+    return bad;
+}
+
+static size_t nvfp4_differences(const weight *w, const weight *v, const float *x, int rule) {
+    return fp4_differences(w, v, x, rule, 1);
+}
+
+static size_t mxfp4_differences(const weight *w, const weight *v, const float *x, int rule) {
+    return fp4_differences(w, v, x, rule, 0);
 }
 
 /* A copy of the tiny model's config.json with `insert` after the first '{' (NULL: as it is). */
@@ -951,9 +1065,122 @@ static void set_scale(tensor *t, size_t i, float v) { memcpy(t->data + 4 * i, &v
 #define Q0 "model.layers.0.self_attn.q_proj.weight"
 #define QUANT_DEEPSEEK "deepseek"
 
+/* ---- quantized checkpoints: the shared set-up of their cases ----------------------------- */
+
+/* t becomes w's bf16 values: dtype BF16, shape rows x cols (a weight kept in bf16). */
+static void tensor_set_bf16(tensor *t, const weight *w) {
+    const size_t bytes = (size_t)w->rows * w->cols * 2;
+    uint16_t *d = malloc(bytes);
+    memcpy(d, w->bf16, bytes);
+    tensor_set(t, "BF16", d, bytes);
+    t->shape[0] = w->rows;
+    t->shape[1] = w->cols;
+}
+
+/* t, an F32 scale, holds its first value twice (shape[0] = 2). */
+static void set_two_scales(tensor *t) {
+    float two[2] = {scale_at(t, 0), scale_at(t, 0)};
+    void *d = malloc(8);
+    memcpy(d, two, 8);
+    tensor_set(t, "F32", d, 8);
+    t->shape[0] = 2;
+}
+
+/* One way a quantized checkpoint is wrong: its name, the status its load fails with and a
+ * text the message names, and the text inserted in its config.json when not the layout's
+ * quantization_config (NO_QUANT_CONFIG: nothing). */
+typedef struct bad_case {
+    const char *what;
+    int status;
+    const char *needle;
+    const char *cfg;
+} bad_case;
+#define NO_QUANT_CONFIG ""
+
+/* A bad case's checkpoint: its tensors (the good checkpoint's, edited), the text inserted in
+ * its config.json (NULL: none), and a file written beside them (NULL: none). */
+typedef struct bad_variant {
+    ckpt c;
+    const char *cfg;
+    const char *file, *file_text;
+} bad_variant;
+
+/* Makes v the checkpoint of case `what`; orig is the bf16 model the good one was saved from. */
+typedef void bad_edit(bad_variant *v, const char *what, const parity_model *orig);
+
+/* Each of the n cases: `good` with its own or else `cfg` in tiny's config.json, as `edit`
+ * makes it, written to root/LAYOUT-bad-WHAT, fails to load with the case's status and
+ * message. */
+static void check_bad_cases(const char *layout, const ckpt *good, const char *cfg,
+                            const bad_case *cases, size_t n, bad_edit *edit,
+                            const parity_model *orig) {
+    for (size_t i = 0; i < n; i++) {
+        bad_variant v = {.cfg = cases[i].cfg ? cases[i].cfg : cfg};
+        ckpt_copy(&v.c, good);
+        char name[64], dir[PATH_LEN], path[PATH_LEN];
+        snprintf(name, sizeof name, "%s-bad-%s", layout, cases[i].what);
+        edit(&v, cases[i].what, orig);
+        write_fp8_variant(name, &v.c, tiny_dir, v.cfg, dir);
+        if (v.file) {
+            join(path, dir, v.file);
+            write_all(path, v.file_text, strlen(v.file_text));
+        }
+        check_load_fails(dir, cases[i].status, cases[i].needle, NULL);
+        ckpt_free(&v.c);
+    }
+}
+
+/* The odd model (intermediate size 149) saved as `layout` in root/odd_name, with byte `at`
+ * of its tensor `tensor_name` made (byte & keep) | set, which sets padding, and with its
+ * hf_quant_config.json when `hfq`: the load fails as `bad` says, naming down_proj too. */
+static void check_padding_refused(const char *layout, const char *odd_name,
+                                  const char *tensor_name, size_t at, uint8_t keep, uint8_t set,
+                                  int hfq, const bad_case *bad) {
+    char odd_dir[PATH_LEN], name[64], dir[PATH_LEN];
+    ckpt c;
+    join(odd_dir, root, odd_name);
+    ckpt_read_in(&c, odd_dir);
+    tensor *d = ckpt_get(&c, tensor_name);
+    d->data[at] = (uint8_t)((d->data[at] & keep) | set);
+    snprintf(name, sizeof name, "%s-bad-%s", layout, bad->what);
+    write_fp8_variant(name, &c, odd_dir, NULL, dir);
+    if (hfq) free(copy_file_in(odd_dir, dir, "hf_quant_config.json"));
+    check_load_fails(dir, bad->status, bad->needle, "down_proj");
+    ckpt_free(&c);
+}
+
+/* The block-FP8 cases (test_fp8_checkpoints). */
+static void edit_fp8_case(bad_variant *v, const char *w, const parity_model *orig) {
+    tensor *g = ckpt_get(&v->c, GATE0), *gs = ckpt_get(&v->c, GATE0 "_scale_inv");
+    if (!strcmp(w, "grid")) {
+        gs->shape[0] = 1; /* [2, 1] for the 160 x 64 weight */
+        gs->bytes = 4;
+    } else if (!strcmp(w, "nan-scale")) set_scale(gs, 1, NAN);
+    else if (!strcmp(w, "zero-scale")) set_scale(gs, 0, 0.0f);
+    else if (!strcmp(w, "negative-scale")) set_scale(gs, 0, -scale_at(gs, 0));
+    else if (!strcmp(w, "e5m2-codes")) snprintf(g->dtype, sizeof g->dtype, "F8_E5M2");
+    else if (!strcmp(w, "f16-scales")) {
+        uint16_t *h = calloc(gs->bytes / 4, 2);
+        for (size_t k = 0; k < gs->bytes / 4; k++) h[k] = 0x3c00;
+        tensor_set(gs, "F16", h, gs->bytes / 2);
+    } else if (!strcmp(w, "bf16-not-kept")) {
+        tensor_set_bf16(g, model_find_tensor(orig, GATE0)->dst);
+        ckpt_remove(&v->c, GATE0 "_scale_inv");
+    } else if (!strcmp(w, "missing-scale")) ckpt_remove(&v->c, GATE0 "_scale_inv");
+    else if (!strcmp(w, "nan-code")) g->data[17] = 0xff;
+    else if (!strcmp(w, "scale-of-kept")) {
+        /* the kept weight in bf16, its scale left behind */
+        for (uint32_t l = 0; l < 2; l++) {
+            char nm[96];
+            snprintf(nm, sizeof nm, "model.layers.%u.mlp.gate_proj.weight", l);
+            tensor_set_bf16(ckpt_get(&v->c, nm), model_find_tensor(orig, nm)->dst);
+        }
+    }
+}
+
 static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
     (void)base;
-    char fp8_dir[PATH_LEN], dir[PATH_LEN], dir2[PATH_LEN], path[PATH_LEN];
+    char fp8_dir[PATH_LEN], dir[PATH_LEN], dir2[PATH_LEN];
     int rule_deepseek = -1, rule_te = -1;
     CHECK_OK(parity_fp8_quantizer_from_name(0, "deepseek", &rule_deepseek));
     CHECK_OK(parity_fp8_quantizer_from_name(0, "te", &rule_te));
@@ -962,19 +1189,17 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
      * fp8 policy scores bitwise as the bf16 model quantized at load, and the file saves back
      * byte for byte */
     save_as(orig, "fp8-block:deepseek", "fp8-deepseek", fp8_dir);
-    size_t len;
-    join(path, fp8_dir, "config.json");
-    char *text = read_all(path, &len);
+    char *text = read_in(fp8_dir, "config.json");
     CHECK(text && strstr(text, "\"quant_method\": \"fp8\"") && strstr(text, "[128, 128]") &&
           strstr(text, "\"modules_to_not_convert\": [\"lm_head\"]") && !strstr(text, "ue8m0"));
     free(text);
     parity_model *m = load(fp8_dir);
     if (!m) return;
-    check_shipped_equal_quantized(m, orig, rule_deepseek, "fp8-block:deepseek from bf16");
+    check_shipped(m, orig, -1, rule_deepseek, fp8_block_differences,
+                  "fp8-block:deepseek from bf16");
     const char *fp8_presets[] = {"vllm+fp8-block:deepseek", "hf-eager+fp8-block:deepseek", NULL};
-    check_same_scores(orig, m, fp8_presets, "fp8-block:deepseek saved and loaded");
-    save_as(m, "fp8-block", "fp8-resaved", dir);
-    check_same_files(fp8_dir, dir, "fp8-block saved back");
+    check_scores_and_saved_back(orig, m, fp8_presets, fp8_dir, "fp8-block", "fp8-resaved", dir,
+                                "fp8-block:deepseek");
     /* shipped codes are written as they are whatever the rule: never re-quantized */
     save_as(m, "fp8-block:te", "fp8-resaved-te", dir);
     check_same_files(fp8_dir, dir, "fp8-block:te of a shipped model");
@@ -1018,7 +1243,9 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
     if (m32) {
         save_as(m32, "fp8-block:te", "fp8-te-from-f32", dir2);
         parity_model *q = load(dir2);
-        if (q) check_shipped_equal_quantized(q, m32, rule_te, "fp8-block:te from fp32 masters");
+        if (q)
+            check_shipped(q, m32, -1, rule_te, fp8_block_differences,
+                          "fp8-block:te from fp32 masters");
         parity_model_free(q);
         /* fp16 and fp32 layouts load back with the same scores */
         save_as(m32, "fp32", "f32-resaved", dir2);
@@ -1034,8 +1261,7 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
     }
 
     ckpt fp8;
-    join(path, fp8_dir, "model.safetensors");
-    ckpt_read(&fp8, path);
+    ckpt_read_in(&fp8, fp8_dir);
 
     /* BF16 scales (Qwen3-FP8) are read widened, and save back as BF16 */
     {
@@ -1113,8 +1339,7 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
             parity_scorer_free(s);
             parity_scorer_free(s2);
             save_as(mk, "fp8-block", "fp8-kept-resaved", dir2);
-            join(path, dir2, "config.json");
-            text = read_all(path, &len);
+            text = read_in(dir2, "config.json");
             CHECK(text && strstr(text, "\"lm_head\", \"model.layers.0.self_attn.q_proj\", "
                                        "\"model.layers.0.mlp.down_proj\", "
                                        "\"model.layers.1.mlp.down_proj\"]"));
@@ -1129,8 +1354,7 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
 
     /* ue8m0: power-of-two scales written by te-pow2, and required on load */
     save_as(orig, "fp8-block:te-pow2", "fp8-te-pow2", dir);
-    join(path, dir, "config.json");
-    text = read_all(path, &len);
+    text = read_in(dir, "config.json");
     CHECK(text && strstr(text, "\"scale_fmt\": \"ue8m0\""));
     free(text);
     m = load(dir);
@@ -1139,130 +1363,62 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
     printf("block-FP8 failures, as expected:\n");
     const char *qcfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
                        "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128]},";
-    struct {
-        const char *what;
-        int status;
-        const char *needle;
-    } cases[] = {
-        {"grid", PARITY_ERR_SCALE_GRID, GATE0 "_scale_inv"},
-        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv"},
-        {"zero-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv"},
-        {"negative-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv"},
-        {"ue8m0-not-pow2", PARITY_ERR_SCALE_VALUE, "ue8m0"},
-        {"e5m2-codes", PARITY_ERR_TENSOR_DTYPE, GATE0},
-        {"f16-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scale_inv"},
-        {"bf16-not-kept", PARITY_ERR_TENSOR_DTYPE, GATE0},
-        {"missing-scale", PARITY_ERR_SCALE_MISSING, GATE0},
-        {"nan-code", PARITY_ERR_TENSOR_NONFINITE, GATE0},
-        {"no-quant-config", PARITY_ERR_TENSOR_DTYPE, "quantization_config"},
-        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale_inv"},
-        {"method", PARITY_ERR_UNSUPPORTED, "awq"},
-        {"fmt", PARITY_ERR_UNSUPPORTED, "e5m2"},
-        {"block", PARITY_ERR_UNSUPPORTED, "[64, 64]"},
-        {"static", PARITY_ERR_UNSUPPORTED, "static"},
-        {"block-type", PARITY_ERR_CONFIG, "weight_block_size"},
+    static const bad_case cases[] = {
+        {"grid", PARITY_ERR_SCALE_GRID, GATE0 "_scale_inv", NULL},
+        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv", NULL},
+        {"zero-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv", NULL},
+        {"negative-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_inv", NULL},
+        {"ue8m0-not-pow2", PARITY_ERR_SCALE_VALUE, "ue8m0",
+         "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+         "[128, 128], \"scale_fmt\": \"ue8m0\"},"},
+        {"e5m2-codes", PARITY_ERR_TENSOR_DTYPE, GATE0, NULL},
+        {"f16-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scale_inv", NULL},
+        {"bf16-not-kept", PARITY_ERR_TENSOR_DTYPE, GATE0, NULL},
+        {"missing-scale", PARITY_ERR_SCALE_MISSING, GATE0, NULL},
+        {"nan-code", PARITY_ERR_TENSOR_NONFINITE, GATE0, NULL},
+        {"no-quant-config", PARITY_ERR_TENSOR_DTYPE, "quantization_config", NO_QUANT_CONFIG},
+        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale_inv",
+         "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+         "[128, 128], \"modules_to_not_convert\": [\"gate_proj\"]},"},
+        {"method", PARITY_ERR_UNSUPPORTED, "awq", "\"quantization_config\": {\"quant_method\": \"awq\"},"},
+        {"fmt", PARITY_ERR_UNSUPPORTED, "e5m2",
+         "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e5m2\", "
+         "\"weight_block_size\": [128, 128]},"},
+        {"block", PARITY_ERR_UNSUPPORTED, "[64, 64]",
+         "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]},"},
+        {"static", PARITY_ERR_UNSUPPORTED, "static",
+         "\"quantization_config\": {\"quant_method\": \"fp8\", \"activation_scheme\": "
+         "\"static\", \"weight_block_size\": [128, 128]},"},
+        {"block-type", PARITY_ERR_CONFIG, "weight_block_size",
+         "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": \"128\"},"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ckpt c;
-        ckpt_copy(&c, &fp8);
-        const char *cfg = qcfg;
-        const char *w = cases[i].what;
-        tensor *g = ckpt_get(&c, GATE0), *gs = ckpt_get(&c, GATE0 "_scale_inv");
-        char name[64];
-        snprintf(name, sizeof name, "fp8-bad-%s", w);
-        if (!strcmp(w, "grid")) {
-            gs->shape[0] = 1; /* [2, 1] for the 160 x 64 weight */
-            gs->bytes = 4;
-        } else if (!strcmp(w, "nan-scale")) set_scale(gs, 1, NAN);
-        else if (!strcmp(w, "zero-scale")) set_scale(gs, 0, 0.0f);
-        else if (!strcmp(w, "negative-scale")) set_scale(gs, 0, -scale_at(gs, 0));
-        else if (!strcmp(w, "ue8m0-not-pow2"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
-                  "[128, 128], \"scale_fmt\": \"ue8m0\"},";
-        else if (!strcmp(w, "e5m2-codes")) snprintf(g->dtype, sizeof g->dtype, "F8_E5M2");
-        else if (!strcmp(w, "f16-scales")) {
-            uint16_t *h = calloc(gs->bytes / 4, 2);
-            for (size_t k = 0; k < gs->bytes / 4; k++) h[k] = 0x3c00;
-            tensor_set(gs, "F16", h, gs->bytes / 2);
-        } else if (!strcmp(w, "bf16-not-kept")) {
-            const weight *o = model_find_tensor(orig, GATE0)->dst;
-            uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
-            memcpy(d, o->bf16, (size_t)o->rows * o->cols * 2);
-            tensor_set(g, "BF16", d, (size_t)o->rows * o->cols * 2);
-            ckpt_remove(&c, GATE0 "_scale_inv");
-        } else if (!strcmp(w, "missing-scale")) ckpt_remove(&c, GATE0 "_scale_inv");
-        else if (!strcmp(w, "nan-code")) g->data[17] = 0xff;
-        else if (!strcmp(w, "no-quant-config")) cfg = NULL;
-        else if (!strcmp(w, "scale-of-kept"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
-                  "[128, 128], \"modules_to_not_convert\": [\"gate_proj\"]},";
-        else if (!strcmp(w, "method")) cfg = "\"quantization_config\": {\"quant_method\": \"awq\"},";
-        else if (!strcmp(w, "fmt"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e5m2\", "
-                  "\"weight_block_size\": [128, 128]},";
-        else if (!strcmp(w, "block"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]},";
-        else if (!strcmp(w, "static"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"activation_scheme\": "
-                  "\"static\", \"weight_block_size\": [128, 128]},";
-        else if (!strcmp(w, "block-type"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": \"128\"},";
-        if (!strcmp(w, "scale-of-kept")) {
-            /* the kept weight in bf16, its scale left behind */
-            const weight *o = model_find_tensor(orig, GATE0)->dst;
-            for (uint32_t l = 0; l < 2; l++) {
-                char nm[96];
-                snprintf(nm, sizeof nm, "model.layers.%u.mlp.gate_proj.weight", l);
-                uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
-                memcpy(d, model_find_tensor(orig, nm)->dst->bf16, (size_t)o->rows * o->cols * 2);
-                tensor_set(ckpt_get(&c, nm), "BF16", d, (size_t)o->rows * o->cols * 2);
-            }
-        }
-        write_fp8_variant(name, &c, tiny_dir, cfg, dir);
-        check_load_fails(dir, cases[i].status, cases[i].needle, NULL);
-        ckpt_free(&c);
-    }
+    check_bad_cases("fp8", &fp8, qcfg, cases, sizeof cases / sizeof cases[0], edit_fp8_case, orig);
     ckpt_free(&fp8);
 }
 
 /* ---- BitNet (ternary) checkpoints ------------------------------------------------------------ */
 
-/* Every linear weight of m holds shipped ternary codes and s_w equal to what the public
- * quantizer `rule` makes of values_of's values, and the dequantized values code / s_w. */
-static void check_ternary_shipped(const parity_model *m, const parity_model *values_of, int rule,
-                                  const char *what) {
-    const parity_config *c = parity_model_config(m);
-    size_t bad = 0, checked = 0;
-    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
-        for (size_t j = 0; j < 7; j++) {
-            char name[128];
-            snprintf(name, sizeof name, "model.layers.%u.%s.weight", l, linear_names[j]);
-            const weight *w = model_find_tensor(m, name)->dst;
-            const weight *v = model_find_tensor(values_of, name)->dst;
-            CHECK(w->shipped != NULL && w->shipped_gemm == PARITY_GEMM_TERNARY);
-            if (!w->shipped) return;
-            const size_t n = (size_t)v->rows * v->cols;
-            float *x = malloc(n * sizeof *x), s_w;
-            int8_t *codes = malloc(n);
-            for (size_t i = 0; i < n; i++) x[i] = v->master ? v->master[i] : bf16_to_f32(v->bf16[i]);
-            CHECK_OK(parity_ternary_quantize(rule, 0, v->rows, v->cols, x, v->cols, codes, v->cols, &s_w));
-            bad += memcmp(codes, w->shipped->codes, n) != 0;
-            bad += f32_bits(s_w) != f32_bits(w->shipped->tensor_scale);
-            for (size_t i = 0; i < n; i++) {
-                const float d = (float)codes[i] / s_w;
-                bad += f32_bits(w->master[i]) != f32_bits(d) || w->bf16[i] != bf16_from_f32(d);
-            }
-            checked++;
-            free(x);
-            free(codes);
-        }
-    CHECK(checked == 7u * c->num_hidden_layers);
-    CHECK_INT(bad, 0);
-    if (bad) fprintf(stderr, "  %s: %zu differences\n", what, bad);
+/* The BitNet cases (test_bitnet_checkpoints). */
+static void edit_bitnet_case(bad_variant *v, const char *w, const parity_model *orig) {
+    tensor *g = ckpt_get(&v->c, GATE0), *gs = ckpt_get(&v->c, GATE0 "_scale");
+    if (!strcmp(w, "packed-shape")) {
+        g->shape[0] -= 1; /* one packed row short */
+        g->bytes -= g->shape[1];
+    } else if (!strcmp(w, "code-3")) g->data[5] |= 0x30; /* field 2 of a byte: 3 */
+    else if (!strcmp(w, "missing-scale")) ckpt_remove(&v->c, GATE0 "_scale");
+    else if (!strcmp(w, "zero-scale")) set_scale(gs, 0, 0.0f);
+    else if (!strcmp(w, "nan-scale")) set_scale(gs, 0, NAN);
+    else if (!strcmp(w, "negative-scale")) set_scale(gs, 0, -scale_at(gs, 0));
+    else if (!strcmp(w, "two-scales")) set_two_scales(gs);
+    else if (!strcmp(w, "i8-codes")) snprintf(g->dtype, sizeof g->dtype, "I8");
+    else if (!strcmp(w, "bf16-not-kept") || !strcmp(w, "scale-of-kept")) {
+        tensor_set_bf16(g, model_find_tensor(orig, GATE0)->dst);
+        if (!strcmp(w, "bf16-not-kept")) ckpt_remove(&v->c, GATE0 "_scale");
+    }
 }
 
 static void test_bitnet_checkpoints(const parity_model *orig) {
-    char bn_dir[PATH_LEN], dir[PATH_LEN], path[PATH_LEN];
+    char bn_dir[PATH_LEN], dir[PATH_LEN];
     /* transformers' pack_weights by hand: 5 rows, R = ceil(5 / 4) = 2 packed rows; row i*R + r
      * sits in bits 2i of packed row r. Column 0 holds -1..1 codes (1, 0, -1, 1, 0), stored +1:
      * (2, 1, 0, 2, 1): packed[0] = 2 | 0 << 2 | 1 << 4 = 18, packed[1] = 1 | 2 << 2 = 9;
@@ -1284,19 +1440,16 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
      * policy scores bitwise as the bf16 model quantized at load, and it saves back byte for
      * byte (also when a rule is named: shipped codes are never re-quantized) */
     save_as(orig, "bitnet:bitnet", "bitnet", bn_dir);
-    size_t len;
-    join(path, bn_dir, "config.json");
-    char *text = read_all(path, &len);
+    char *text = read_in(bn_dir, "config.json");
     CHECK(text && strstr(text, "\"quant_method\": \"bitnet\"") &&
           strstr(text, "\"linear_class\": \"bitlinear\""));
     free(text);
     parity_model *m = load(bn_dir);
     if (!m) return;
-    check_ternary_shipped(m, orig, bitnet, "bitnet:bitnet from bf16");
+    check_shipped(m, orig, PARITY_GEMM_TERNARY, bitnet, ternary_differences,
+                  "bitnet:bitnet from bf16");
     const char *tern[] = {"hf-eager+ternary:bitnet", "vllm+ternary:onebitllms", NULL};
-    check_same_scores(orig, m, tern, "bitnet saved and loaded");
-    save_as(m, "bitnet", "bitnet-resaved", dir);
-    check_same_files(bn_dir, dir, "bitnet saved back");
+    check_scores_and_saved_back(orig, m, tern, bn_dir, "bitnet", "bitnet-resaved", dir, "bitnet");
     /* hf-bitlinear: its s_w is bf16, and stored so */
     save_as(orig, "bitnet:hf-bitlinear", "bitnet-hf", dir);
     parity_model *mh = load(dir);
@@ -1315,9 +1468,8 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
     check_same_scores(m, mb, bf16_only, "a ternary model saved as bf16");
     parity_model_free(mb);
 
-    join(path, bn_dir, "model.safetensors");
     ckpt bn;
-    ckpt_read(&bn, path);
+    ckpt_read_in(&bn, bn_dir);
     /* autobitlinear: weight_scale is mean|W| = 1 / s_w; the dequantized values code * mean */
     {
         ckpt c;
@@ -1344,132 +1496,34 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
 
     printf("BitNet failures, as expected:\n");
     const char *qcfg = "\"quantization_config\": {\"quant_method\": \"bitnet\"},";
-    struct {
-        const char *what;
-        int status;
-        const char *needle;
-    } cases[] = {
-        {"packed-shape", PARITY_ERR_TENSOR_SHAPE, GATE0},
-        {"code-3", PARITY_ERR_TENSOR_NONFINITE, GATE0},
-        {"missing-scale", PARITY_ERR_SCALE_MISSING, GATE0},
-        {"zero-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
-        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
-        {"negative-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
-        {"two-scales", PARITY_ERR_SCALE_GRID, GATE0 "_scale"},
-        {"i8-codes", PARITY_ERR_TENSOR_DTYPE, GATE0},
-        {"bf16-not-kept", PARITY_ERR_TENSOR_DTYPE, GATE0},
-        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale"},
-        {"linear-class", PARITY_ERR_UNSUPPORTED, "ternarylinear"},
-        {"online", PARITY_ERR_UNSUPPORTED, "online"},
+    static const bad_case cases[] = {
+        {"packed-shape", PARITY_ERR_TENSOR_SHAPE, GATE0, NULL},
+        {"code-3", PARITY_ERR_TENSOR_NONFINITE, GATE0, NULL},
+        {"missing-scale", PARITY_ERR_SCALE_MISSING, GATE0, NULL},
+        {"zero-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale", NULL},
+        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale", NULL},
+        {"negative-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale", NULL},
+        {"two-scales", PARITY_ERR_SCALE_GRID, GATE0 "_scale", NULL},
+        {"i8-codes", PARITY_ERR_TENSOR_DTYPE, GATE0, NULL},
+        {"bf16-not-kept", PARITY_ERR_TENSOR_DTYPE, GATE0, NULL},
+        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale",
+         "\"quantization_config\": {\"quant_method\": \"bitnet\", "
+         "\"modules_to_not_convert\": [\"model.layers.0.mlp.gate_proj\"]},"},
+        {"linear-class", PARITY_ERR_UNSUPPORTED, "ternarylinear",
+         "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
+         "\"ternarylinear\"},"},
+        {"online", PARITY_ERR_UNSUPPORTED, "online",
+         "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
+         "\"autobitlinear\", \"quantization_mode\": \"online\"},"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ckpt c;
-        ckpt_copy(&c, &bn);
-        const char *cfg = qcfg;
-        const char *w = cases[i].what;
-        tensor *g = ckpt_get(&c, GATE0), *gs = ckpt_get(&c, GATE0 "_scale");
-        char name[64];
-        snprintf(name, sizeof name, "bitnet-bad-%s", w);
-        if (!strcmp(w, "packed-shape")) {
-            g->shape[0] -= 1; /* one packed row short */
-            g->bytes -= g->shape[1];
-        } else if (!strcmp(w, "code-3")) g->data[5] |= 0x30; /* field 2 of a byte: 3 */
-        else if (!strcmp(w, "missing-scale")) ckpt_remove(&c, GATE0 "_scale");
-        else if (!strcmp(w, "zero-scale")) set_scale(gs, 0, 0.0f);
-        else if (!strcmp(w, "nan-scale")) set_scale(gs, 0, NAN);
-        else if (!strcmp(w, "negative-scale")) set_scale(gs, 0, -scale_at(gs, 0));
-        else if (!strcmp(w, "two-scales")) {
-            float two[2] = {scale_at(gs, 0), scale_at(gs, 0)};
-            void *d = malloc(8);
-            memcpy(d, two, 8);
-            tensor_set(gs, "F32", d, 8);
-            gs->shape[0] = 2;
-        } else if (!strcmp(w, "i8-codes")) snprintf(g->dtype, sizeof g->dtype, "I8");
-        else if (!strcmp(w, "bf16-not-kept") || !strcmp(w, "scale-of-kept")) {
-            const weight *o = model_find_tensor(orig, GATE0)->dst;
-            uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
-            memcpy(d, o->bf16, (size_t)o->rows * o->cols * 2);
-            tensor_set(g, "BF16", d, (size_t)o->rows * o->cols * 2);
-            g->shape[0] = o->rows;
-            if (!strcmp(w, "bf16-not-kept")) ckpt_remove(&c, GATE0 "_scale");
-            else
-                cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", "
-                      "\"modules_to_not_convert\": [\"model.layers.0.mlp.gate_proj\"]},";
-        } else if (!strcmp(w, "linear-class"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
-                  "\"ternarylinear\"},";
-        else if (!strcmp(w, "online"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
-                  "\"autobitlinear\", \"quantization_mode\": \"online\"},";
-        write_fp8_variant(name, &c, tiny_dir, cfg, dir);
-        check_load_fails(dir, cases[i].status, cases[i].needle, NULL);
-        ckpt_free(&c);
-    }
+    check_bad_cases("bitnet", &bn, qcfg, cases, sizeof cases / sizeof cases[0], edit_bitnet_case,
+                    orig);
     ckpt_free(&bn);
     parity_model_free(m);
 }
 
 
 /* ---- NVFP4 (ModelOpt) and MXFP4 checkpoints ------------------------------------------------- */
-
-static float e4m3_of(uint8_t c) {
-    float v;
-    parity_fp8_to_f32(PARITY_FP8_E4M3, 1, &c, &v);
-    return v;
-}
-
-static float e2m1_of(uint8_t c) {
-    float v;
-    parity_fp4_to_f32(1, &c, &v);
-    return v;
-}
-
-/* Every linear weight of m holds shipped codes and scales of `gemm` (NVFP4 or MXFP4) equal to
- * what the public quantizer `rule` makes of values_of's values, and the dequantized values
- * e2m1 * sf * s2 (NVFP4, one rounding) or e2m1 * 2^(e - 127) (MXFP4, exact). */
-static void check_fp4_shipped(const parity_model *m, const parity_model *values_of, int gemm,
-                              int rule, const char *what) {
-    const parity_config *c = parity_model_config(m);
-    const int nv = gemm == PARITY_GEMM_NVFP4;
-    const size_t bc = nv ? 16 : 32;
-    size_t bad = 0, checked = 0;
-    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
-        for (size_t j = 0; j < 7; j++) {
-            char name[128];
-            snprintf(name, sizeof name, "model.layers.%u.%s.weight", l, linear_names[j]);
-            const weight *w = model_find_tensor(m, name)->dst;
-            const weight *v = model_find_tensor(values_of, name)->dst;
-            CHECK(w->shipped != NULL && w->shipped_gemm == gemm);
-            if (!w->shipped || w->shipped_gemm != gemm) return;
-            const size_t n = (size_t)v->rows * v->cols, g = (v->cols + bc - 1) / bc;
-            float *x = malloc(n * sizeof *x), s2 = 0.0f;
-            uint8_t *codes = malloc(n), *sf = malloc(v->rows * g);
-            for (size_t i = 0; i < n; i++) x[i] = v->master ? v->master[i] : bf16_to_f32(v->bf16[i]);
-            if (nv)
-                CHECK_OK(parity_nvfp4_quantize(rule, 0, v->rows, v->cols, x, v->cols, codes, v->cols, sf, &s2));
-            else
-                CHECK_OK(parity_mxfp4_quantize(rule, v->rows, v->cols, x, v->cols, codes, v->cols, sf));
-            bad += memcmp(codes, w->shipped->codes, n) != 0;
-            bad += nv && f32_bits(s2) != f32_bits(w->shipped->tensor_scale);
-            for (size_t b = 0; b < v->rows * g; b++) {
-                const float sv = nv ? e4m3_of(sf[b]) : ldexpf(1.0f, (int)sf[b] - 127);
-                bad += f32_bits(sv) != f32_bits(w->shipped->scales[b]);
-            }
-            for (size_t i = 0; i < n; i++) {
-                const size_t b = (i / v->cols) * g + (i % v->cols) / bc;
-                float d = e2m1_of(codes[i]) * (nv ? e4m3_of(sf[b]) : ldexpf(1.0f, (int)sf[b] - 127));
-                if (nv) d = d * s2;
-                bad += f32_bits(w->master[i]) != f32_bits(d) || w->bf16[i] != bf16_from_f32(d);
-            }
-            checked++;
-            free(x);
-            free(codes);
-            free(sf);
-        }
-    CHECK(checked == 7u * c->num_hidden_layers);
-    CHECK_INT(bad, 0);
-    if (bad) fprintf(stderr, "  %s: %zu differences\n", what, bad);
-}
 
 static void check_same_file_in(const char *dir_a, const char *dir_b, const char *file) {
     char pa[PATH_LEN], pb[PATH_LEN];
@@ -1500,21 +1554,87 @@ static void fp4_round_trips(const parity_model *orig, const char *tag, const cha
         CHECK(file_present(dir, "hf_quant_config.json") == (gemm == PARITY_GEMM_NVFP4));
         parity_model *m = load(dir);
         if (!m) continue;
-        check_fp4_shipped(m, orig, gemm, rule, layout);
+        check_shipped(m, orig, gemm, rule,
+                      gemm == PARITY_GEMM_NVFP4 ? nvfp4_differences : mxfp4_differences, layout);
         snprintf(policy, sizeof policy, "%s+%s", policy_base, layout);
         const char *pol[] = {policy, NULL};
-        check_same_scores(orig, m, pol, layout);
         /* saved back, with or without the rule named: the shipped codes as they are */
         snprintf(name, sizeof name, "%s-%s-%s-again", tag, format, rules[r]);
-        save_as(m, r % 2 ? format : layout, name, again);
-        check_same_files(dir, again, layout);
+        check_scores_and_saved_back(orig, m, pol, dir, r % 2 ? format : layout, name, again, layout);
         if (gemm == PARITY_GEMM_NVFP4) check_same_file_in(dir, again, "hf_quant_config.json");
         parity_model_free(m);
     }
 }
 
+/* The NVFP4 cases (test_fp4_checkpoints). */
+static void edit_nvfp4_case(bad_variant *v, const char *w, const parity_model *orig) {
+    tensor *g = ckpt_get(&v->c, GATE0), *gs = ckpt_get(&v->c, GATE0 "_scale"),
+           *g2 = ckpt_get(&v->c, GATE0 "_scale_2");
+    if (!strcmp(w, "nibble-count")) { /* one byte short a row: 2 * 31 codes for 64 columns */
+        g->shape[1] -= 1;
+        g->bytes -= g->shape[0];
+    } else if (!strcmp(w, "i8-codes")) snprintf(g->dtype, sizeof g->dtype, "I8");
+    else if (!strcmp(w, "missing-block-scales")) ckpt_remove(&v->c, GATE0 "_scale");
+    else if (!strcmp(w, "missing-scale-2")) ckpt_remove(&v->c, GATE0 "_scale_2");
+    else if (!strcmp(w, "scale-grid")) {
+        gs->shape[1] -= 1;
+        gs->bytes -= gs->shape[0];
+    } else if (!strcmp(w, "f32-block-scales")) {
+        const size_t nb = gs->bytes;
+        float *d = calloc(nb, 4);
+        for (size_t k = 0; k < nb; k++) d[k] = e4m3_of(gs->data[k]);
+        tensor_set(gs, "F32", d, nb * 4);
+    } else if (!strcmp(w, "nan-block-scale")) gs->data[3] = 0x7f;
+    else if (!strcmp(w, "negative-block-scale")) gs->data[3] = 0xb8; /* -1.0 */
+    else if (!strcmp(w, "zero-scale-2")) set_scale(g2, 0, 0.0f);
+    else if (!strcmp(w, "nan-scale-2")) set_scale(g2, 0, NAN);
+    else if (!strcmp(w, "negative-scale-2")) set_scale(g2, 0, -scale_at(g2, 0));
+    else if (!strcmp(w, "two-scale-2")) {
+        set_two_scales(g2);
+        g2->ndim = 1;
+    } else if (!strcmp(w, "huge-scale-2")) set_scale(g2, 0, 1e37f); /* 6 * 448 * 1e37 */
+    else if (!strcmp(w, "nan-input-scale")) {
+        const float in = NAN;
+        const uint64_t none = 0;
+        ckpt_add(&v->c, "model.layers.0.mlp.gate_proj.input_scale", "F32", 0, &none, &in, 4);
+    } else if (!strcmp(w, "scale-of-kept")) {
+        tensor_set_bf16(g, model_find_tensor(orig, GATE0)->dst);
+    } else if (!strcmp(w, "hfq-no-quantization")) {
+        v->file = "hf_quant_config.json";
+        v->file_text = "{\"producer\": {\"name\": \"modelopt\"}}";
+    }
+}
+
+/* The MXFP4 cases (test_fp4_checkpoints). */
+static void edit_mxfp4_case(bad_variant *v, const char *w, const parity_model *orig) {
+    tensor *g = ckpt_get(&v->c, GATE0 "_blocks"), *gs = ckpt_get(&v->c, GATE0 "_scales");
+    if (!strcmp(w, "nibble-count")) { /* blocks of 8 bytes: 16 codes, not 32 */
+        g->shape[2] = 8;
+        g->bytes /= 2;
+    } else if (!strcmp(w, "missing-blocks")) ckpt_remove(&v->c, GATE0 "_blocks");
+    else if (!strcmp(w, "weight-and-blocks")) {
+        const weight *o = model_find_tensor(orig, GATE0)->dst;
+        const uint64_t shape[2] = {o->rows, o->cols};
+        ckpt_add(&v->c, GATE0, "BF16", 2, shape, o->bf16, (size_t)o->rows * o->cols * 2);
+    } else if (!strcmp(w, "missing-scales")) ckpt_remove(&v->c, GATE0 "_scales");
+    else if (!strcmp(w, "scale-grid")) {
+        gs->shape[1] += 1;
+        uint8_t *d = calloc(gs->shape[0] * gs->shape[1], 1);
+        tensor_set(gs, "U8", d, gs->shape[0] * gs->shape[1]);
+    } else if (!strcmp(w, "f32-scales")) {
+        const size_t nb = gs->bytes;
+        float *d = calloc(nb, 4);
+        for (size_t k = 0; k < nb; k++) d[k] = ldexpf(1.0f, (int)gs->data[k] - 127);
+        tensor_set(gs, "F32", d, nb * 4);
+    } else if (!strcmp(w, "nan-scale")) gs->data[2] = 0xff;
+    else if (!strcmp(w, "overflow")) { /* 6 * 2^127 */
+        gs->data[0] = 0xfe;
+        g->data[0] = 0x77;
+    }
+}
+
 static void test_fp4_checkpoints(const parity_model *orig) {
-    char nv_dir[PATH_LEN], mx_dir[PATH_LEN], dir[PATH_LEN], path[PATH_LEN];
+    char nv_dir[PATH_LEN], mx_dir[PATH_LEN], dir[PATH_LEN];
     /* two codes a byte, the low nibble the even column (ModelOpt's q[1::2] << 4 | q[0::2],
      * torchao's pack_uint4): row 0 codes (0x1, 0xA, 0x7) -> bytes 0xA1, 0x07; row 1 (0xF, 0x0,
      * 0x3) -> 0x0F, 0x03 */
@@ -1566,18 +1686,12 @@ static void test_fp4_checkpoints(const parity_model *orig) {
     parity_model *mx = load(mx_dir);
     const char *nv_pol[] = {"vllm+nvfp4:modelopt", NULL};
     /* hf_quant_config.json alone says how the files are quantized, as ModelOpt's exports do */
-    join(path, nv_dir, "model.safetensors");
     ckpt nv;
-    ckpt_read(&nv, path);
+    ckpt_read_in(&nv, nv_dir);
     {
         write_fp8_variant("nvfp4-hfq-only", &nv, tiny_dir, NULL, dir);
-        char src[PATH_LEN], dst[PATH_LEN];
-        size_t len;
-        join(src, nv_dir, "hf_quant_config.json");
-        join(dst, dir, "hf_quant_config.json");
-        char *text = read_all(src, &len);
+        char *text = copy_file_in(nv_dir, dir, "hf_quant_config.json");
         CHECK(text && strstr(text, "\"quant_algo\": \"NVFP4\"") && strstr(text, "\"group_size\": 16"));
-        if (text) write_all(dst, text, len);
         free(text);
         parity_model *mh = load(dir);
         check_same_scores(m, mh, nv_pol, "NVFP4 described by hf_quant_config.json alone");
@@ -1598,9 +1712,8 @@ static void test_fp4_checkpoints(const parity_model *orig) {
             check_same_scores(m, mi, nv_pol, "NVFP4 with an input_scale");
             char again[PATH_LEN];
             save_as(mi, "nvfp4", "nvfp4-input-scale-again", again);
-            join(path, again, "model.safetensors");
             ckpt back;
-            ckpt_read(&back, path);
+            ckpt_read_in(&back, again);
             tensor *t = ckpt_get(&back, "model.layers.0.mlp.gate_proj.input_scale");
             CHECK(t->ndim == 0 && t->bytes == 4 && scale_at(t, 0) == in);
             ckpt_free(&back);
@@ -1612,130 +1725,47 @@ static void test_fp4_checkpoints(const parity_model *orig) {
     printf("NVFP4 failures, as expected:\n");
     const char *nv_cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
                          "\"NVFP4\", \"group_size\": 16},";
-    struct {
-        const char *what;
-        int status;
-        const char *needle;
-    } nv_cases[] = {
-        {"nibble-count", PARITY_ERR_TENSOR_SHAPE, GATE0},
-        {"i8-codes", PARITY_ERR_TENSOR_DTYPE, GATE0},
-        {"missing-block-scales", PARITY_ERR_SCALE_MISSING, GATE0 "_scale"},
-        {"missing-scale-2", PARITY_ERR_SCALE_MISSING, GATE0 "_scale_2"},
-        {"scale-grid", PARITY_ERR_SCALE_GRID, GATE0 "_scale"},
-        {"f32-block-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scale"},
-        {"nan-block-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
-        {"negative-block-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale"},
-        {"zero-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2"},
-        {"nan-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2"},
-        {"negative-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2"},
-        {"two-scale-2", PARITY_ERR_SCALE_GRID, GATE0 "_scale_2"},
-        {"huge-scale-2", PARITY_ERR_TENSOR_NONFINITE, GATE0},
-        {"nan-input-scale", PARITY_ERR_SCALE_VALUE, "gate_proj.input_scale"},
-        {"padding-nibble", PARITY_ERR_TENSOR_SHAPE, "padding"},
-        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale"},
-        {"mixed-precision", PARITY_ERR_UNSUPPORTED, "MIXED_PRECISION"},
-        {"group-32", PARITY_ERR_UNSUPPORTED, "group_size"},
-        {"fp8-kv-cache", PARITY_ERR_UNSUPPORTED, "kv_cache_quant_algo"},
-        {"hfq-no-quantization", PARITY_ERR_CONFIG, "hf_quant_config.json"},
+    static const bad_case nv_cases[] = {
+        {"nibble-count", PARITY_ERR_TENSOR_SHAPE, GATE0, NULL},
+        {"i8-codes", PARITY_ERR_TENSOR_DTYPE, GATE0, NULL},
+        {"missing-block-scales", PARITY_ERR_SCALE_MISSING, GATE0 "_scale", NULL},
+        {"missing-scale-2", PARITY_ERR_SCALE_MISSING, GATE0 "_scale_2", NULL},
+        {"scale-grid", PARITY_ERR_SCALE_GRID, GATE0 "_scale", NULL},
+        {"f32-block-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scale", NULL},
+        {"nan-block-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale", NULL},
+        {"negative-block-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale", NULL},
+        {"zero-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2", NULL},
+        {"nan-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2", NULL},
+        {"negative-scale-2", PARITY_ERR_SCALE_VALUE, GATE0 "_scale_2", NULL},
+        {"two-scale-2", PARITY_ERR_SCALE_GRID, GATE0 "_scale_2", NULL},
+        {"huge-scale-2", PARITY_ERR_TENSOR_NONFINITE, GATE0, NULL},
+        {"nan-input-scale", PARITY_ERR_SCALE_VALUE, "gate_proj.input_scale", NULL},
+        {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale",
+         "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+         "\"NVFP4\", \"exclude_modules\": [\"lm_head\", \"model.layers.0.mlp.gate_*\"]},"},
+        {"mixed-precision", PARITY_ERR_UNSUPPORTED, "MIXED_PRECISION",
+         "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+         "\"MIXED_PRECISION\"},"},
+        {"group-32", PARITY_ERR_UNSUPPORTED, "group_size",
+         "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+         "\"NVFP4\", \"group_size\": 32},"},
+        {"fp8-kv-cache", PARITY_ERR_UNSUPPORTED, "kv_cache_quant_algo",
+         "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
+         "\"NVFP4\", \"kv_cache_quant_algo\": \"FP8\"},"},
+        {"hfq-no-quantization", PARITY_ERR_CONFIG, "hf_quant_config.json", NO_QUANT_CONFIG},
     };
-    for (size_t i = 0; i < sizeof nv_cases / sizeof nv_cases[0]; i++) {
-        ckpt c;
-        ckpt_copy(&c, &nv);
-        const char *cfg = nv_cfg, *w = nv_cases[i].what;
-        tensor *g = ckpt_get(&c, GATE0), *gs = ckpt_get(&c, GATE0 "_scale"),
-               *g2 = ckpt_get(&c, GATE0 "_scale_2");
-        char name[64];
-        snprintf(name, sizeof name, "nvfp4-bad-%s", w);
-        if (!strcmp(w, "nibble-count")) { /* one byte short a row: 2 * 31 codes for 64 columns */
-            g->shape[1] -= 1;
-            g->bytes -= g->shape[0];
-        } else if (!strcmp(w, "i8-codes")) snprintf(g->dtype, sizeof g->dtype, "I8");
-        else if (!strcmp(w, "missing-block-scales")) ckpt_remove(&c, GATE0 "_scale");
-        else if (!strcmp(w, "missing-scale-2")) ckpt_remove(&c, GATE0 "_scale_2");
-        else if (!strcmp(w, "scale-grid")) {
-            gs->shape[1] -= 1;
-            gs->bytes -= gs->shape[0];
-        } else if (!strcmp(w, "f32-block-scales")) {
-            const size_t nb = gs->bytes;
-            float *d = calloc(nb, 4);
-            for (size_t k = 0; k < nb; k++) d[k] = e4m3_of(gs->data[k]);
-            tensor_set(gs, "F32", d, nb * 4);
-        } else if (!strcmp(w, "nan-block-scale")) gs->data[3] = 0x7f;
-        else if (!strcmp(w, "negative-block-scale")) gs->data[3] = 0xb8; /* -1.0 */
-        else if (!strcmp(w, "zero-scale-2")) set_scale(g2, 0, 0.0f);
-        else if (!strcmp(w, "nan-scale-2")) set_scale(g2, 0, NAN);
-        else if (!strcmp(w, "negative-scale-2")) set_scale(g2, 0, -scale_at(g2, 0));
-        else if (!strcmp(w, "two-scale-2")) {
-            float two[2] = {scale_at(g2, 0), scale_at(g2, 0)};
-            void *d = malloc(8);
-            memcpy(d, two, 8);
-            tensor_set(g2, "F32", d, 8);
-            g2->ndim = 1;
-            g2->shape[0] = 2;
-        } else if (!strcmp(w, "huge-scale-2")) set_scale(g2, 0, 1e37f); /* 6 * 448 * 1e37 */
-        else if (!strcmp(w, "nan-input-scale")) {
-            const float in = NAN;
-            const uint64_t none = 0;
-            ckpt_add(&c, "model.layers.0.mlp.gate_proj.input_scale", "F32", 0, &none, &in, 4);
-        } else if (!strcmp(w, "padding-nibble")) {
-            /* the odd model's down_proj: 149 columns, 75 bytes a row, the last high nibble pad */
-            ckpt_free(&c);
-            char odd_dir[PATH_LEN];
-            join(odd_dir, root, "odd-nvfp4-modelopt");
-            join(path, odd_dir, "model.safetensors");
-            ckpt_read(&c, path);
-            tensor *d = ckpt_get(&c, "model.layers.1.mlp.down_proj.weight");
-            d->data[74] |= 0x10;
-            write_fp8_variant(name, &c, odd_dir, NULL, dir);
-            char src[PATH_LEN], dst[PATH_LEN];
-            size_t len;
-            join(src, odd_dir, "hf_quant_config.json");
-            join(dst, dir, "hf_quant_config.json");
-            char *text = read_all(src, &len);
-            if (text) write_all(dst, text, len);
-            free(text);
-            check_load_fails(dir, nv_cases[i].status, nv_cases[i].needle, "down_proj");
-            ckpt_free(&c);
-            continue;
-        } else if (!strcmp(w, "scale-of-kept")) {
-            const weight *o = model_find_tensor(orig, GATE0)->dst;
-            uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
-            memcpy(d, o->bf16, (size_t)o->rows * o->cols * 2);
-            tensor_set(g, "BF16", d, (size_t)o->rows * o->cols * 2);
-            g->shape[1] = o->cols;
-            cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
-                  "\"NVFP4\", \"exclude_modules\": [\"lm_head\", \"model.layers.0.mlp.gate_*\"]},";
-        } else if (!strcmp(w, "mixed-precision"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
-                  "\"MIXED_PRECISION\"},";
-        else if (!strcmp(w, "group-32"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
-                  "\"NVFP4\", \"group_size\": 32},";
-        else if (!strcmp(w, "fp8-kv-cache"))
-            cfg = "\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": "
-                  "\"NVFP4\", \"kv_cache_quant_algo\": \"FP8\"},";
-        if (!strcmp(w, "hfq-no-quantization")) {
-            write_fp8_variant(name, &c, tiny_dir, NULL, dir);
-            join(path, dir, "hf_quant_config.json");
-            const char *doc = "{\"producer\": {\"name\": \"modelopt\"}}";
-            write_all(path, doc, strlen(doc));
-        } else {
-            write_fp8_variant(name, &c, tiny_dir, cfg, dir);
-        }
-        check_load_fails(dir, nv_cases[i].status, nv_cases[i].needle, NULL);
-        ckpt_free(&c);
-    }
+    check_bad_cases("nvfp4", &nv, nv_cfg, nv_cases, sizeof nv_cases / sizeof nv_cases[0],
+                    edit_nvfp4_case, orig);
+    /* the odd model's down_proj: 149 columns, 75 bytes a row, the last high nibble pad */
+    check_padding_refused("nvfp4", "odd-nvfp4-modelopt", "model.layers.1.mlp.down_proj.weight", 74,
+                          0xff, 0x10, 1,
+                          &(bad_case){"padding-nibble", PARITY_ERR_TENSOR_SHAPE, "padding", NULL});
     /* a gate_proj kept in bf16 by an exclude_modules pattern loads (the case above without its
      * stray scales) */
     {
         ckpt c;
         ckpt_copy(&c, &nv);
-        const weight *o = model_find_tensor(orig, GATE0)->dst;
-        tensor *g = ckpt_get(&c, GATE0);
-        uint16_t *d = malloc((size_t)o->rows * o->cols * 2);
-        memcpy(d, o->bf16, (size_t)o->rows * o->cols * 2);
-        tensor_set(g, "BF16", d, (size_t)o->rows * o->cols * 2);
-        g->shape[1] = o->cols;
+        tensor_set_bf16(ckpt_get(&c, GATE0), model_find_tensor(orig, GATE0)->dst);
         ckpt_remove(&c, GATE0 "_scale");
         ckpt_remove(&c, GATE0 "_scale_2");
         write_fp8_variant("nvfp4-kept-gate", &c, tiny_dir,
@@ -1747,9 +1777,7 @@ static void test_fp4_checkpoints(const parity_model *orig) {
             CHECK(model_find_tensor(mk, GATE0)->dst->keep_bf16 && !model_find_tensor(mk, GATE0)->dst->shipped);
             char again[PATH_LEN];
             save_as(mk, "nvfp4", "nvfp4-kept-gate-again", again);
-            join(path, again, "config.json");
-            size_t len;
-            char *text = read_all(path, &len);
+            char *text = read_in(again, "config.json");
             CHECK(text && strstr(text, "\"model.layers.0.mlp.gate_proj\""));
             free(text);
             parity_model_free(mk);
@@ -1759,72 +1787,26 @@ static void test_fp4_checkpoints(const parity_model *orig) {
     ckpt_free(&nv);
 
     printf("MXFP4 failures, as expected:\n");
-    join(path, mx_dir, "model.safetensors");
     ckpt mc;
-    ckpt_read(&mc, path);
+    ckpt_read_in(&mc, mx_dir);
     const char *mx_cfg = "\"quantization_config\": {\"quant_method\": \"mxfp4\"},";
-    struct {
-        const char *what;
-        int status;
-        const char *needle;
-    } mx_cases[] = {
-        {"nibble-count", PARITY_ERR_TENSOR_SHAPE, GATE0 "_blocks"},
-        {"missing-blocks", PARITY_ERR_TENSOR_MISSING, GATE0 "_blocks"},
-        {"weight-and-blocks", PARITY_ERR_TENSOR_UNEXPECTED, GATE0},
-        {"missing-scales", PARITY_ERR_SCALE_MISSING, GATE0 "_scales"},
-        {"scale-grid", PARITY_ERR_SCALE_GRID, GATE0 "_scales"},
-        {"f32-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scales"},
-        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scales"},
-        {"overflow", PARITY_ERR_TENSOR_NONFINITE, GATE0 "_blocks"},
-        {"padding-code", PARITY_ERR_TENSOR_SHAPE, "padding"},
+    static const bad_case mx_cases[] = {
+        {"nibble-count", PARITY_ERR_TENSOR_SHAPE, GATE0 "_blocks", NULL},
+        {"missing-blocks", PARITY_ERR_TENSOR_MISSING, GATE0 "_blocks", NULL},
+        {"weight-and-blocks", PARITY_ERR_TENSOR_UNEXPECTED, GATE0, NULL},
+        {"missing-scales", PARITY_ERR_SCALE_MISSING, GATE0 "_scales", NULL},
+        {"scale-grid", PARITY_ERR_SCALE_GRID, GATE0 "_scales", NULL},
+        {"f32-scales", PARITY_ERR_TENSOR_DTYPE, GATE0 "_scales", NULL},
+        {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scales", NULL},
+        {"overflow", PARITY_ERR_TENSOR_NONFINITE, GATE0 "_blocks", NULL},
     };
-    for (size_t i = 0; i < sizeof mx_cases / sizeof mx_cases[0]; i++) {
-        ckpt c;
-        ckpt_copy(&c, &mc);
-        const char *w = mx_cases[i].what;
-        tensor *g = ckpt_get(&c, GATE0 "_blocks"), *gs = ckpt_get(&c, GATE0 "_scales");
-        char name[64];
-        snprintf(name, sizeof name, "mxfp4-bad-%s", w);
-        if (!strcmp(w, "nibble-count")) { /* blocks of 8 bytes: 16 codes, not 32 */
-            g->shape[2] = 8;
-            g->bytes /= 2;
-        } else if (!strcmp(w, "missing-blocks")) ckpt_remove(&c, GATE0 "_blocks");
-        else if (!strcmp(w, "weight-and-blocks")) {
-            const weight *o = model_find_tensor(orig, GATE0)->dst;
-            const uint64_t shape[2] = {o->rows, o->cols};
-            ckpt_add(&c, GATE0, "BF16", 2, shape, o->bf16, (size_t)o->rows * o->cols * 2);
-        } else if (!strcmp(w, "missing-scales")) ckpt_remove(&c, GATE0 "_scales");
-        else if (!strcmp(w, "scale-grid")) {
-            gs->shape[1] += 1;
-            uint8_t *d = calloc(gs->shape[0] * gs->shape[1], 1);
-            tensor_set(gs, "U8", d, gs->shape[0] * gs->shape[1]);
-        } else if (!strcmp(w, "f32-scales")) {
-            const size_t nb = gs->bytes;
-            float *d = calloc(nb, 4);
-            for (size_t k = 0; k < nb; k++) d[k] = ldexpf(1.0f, (int)gs->data[k] - 127);
-            tensor_set(gs, "F32", d, nb * 4);
-        } else if (!strcmp(w, "nan-scale")) gs->data[2] = 0xff;
-        else if (!strcmp(w, "overflow")) { /* 6 * 2^127 */
-            gs->data[0] = 0xfe;
-            g->data[0] = 0x77;
-        } else if (!strcmp(w, "padding-code")) {
-            /* the odd model's down_proj: 149 columns in 5 blocks, codes 149..159 are padding */
-            ckpt_free(&c);
-            char odd_dir[PATH_LEN];
-            join(odd_dir, root, "odd-mxfp4-ocp");
-            join(path, odd_dir, "model.safetensors");
-            ckpt_read(&c, path);
-            tensor *d = ckpt_get(&c, "model.layers.1.mlp.down_proj.weight_blocks");
-            d->data[79] = 0x20; /* row 0, block 4, byte 15: codes 158 and 159 */
-            write_fp8_variant(name, &c, odd_dir, NULL, dir);
-            check_load_fails(dir, mx_cases[i].status, mx_cases[i].needle, "down_proj");
-            ckpt_free(&c);
-            continue;
-        }
-        write_fp8_variant(name, &c, tiny_dir, mx_cfg, dir);
-        check_load_fails(dir, mx_cases[i].status, mx_cases[i].needle, NULL);
-        ckpt_free(&c);
-    }
+    check_bad_cases("mxfp4", &mc, mx_cfg, mx_cases, sizeof mx_cases / sizeof mx_cases[0],
+                    edit_mxfp4_case, orig);
+    /* the odd model's down_proj: 149 columns in 5 blocks, codes 149..159 are padding; row 0,
+     * block 4, byte 15 holds codes 158 and 159 (zero, as padding is) */
+    check_padding_refused("mxfp4", "odd-mxfp4-ocp", "model.layers.1.mlp.down_proj.weight_blocks",
+                          79, 0x00, 0x20, 0,
+                          &(bad_case){"padding-code", PARITY_ERR_TENSOR_SHAPE, "padding", NULL});
     ckpt_free(&mc);
     parity_model_free(mx);
     parity_model_free(m);

@@ -18,27 +18,48 @@ passed=0
 failed=0
 check() { if [ "$1" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
 
+# parity-generate with the arguments $4.. at --batch 1 into $tmp/$2.jsonl, and at --batch $3
+# with 2 threads: the same lines (else a failure named $1).
+generate_twice() {
+    gen_what=$1 gen_out=$2 gen_batch=$3
+    shift 3
+    "$build/examples/parity-generate" "$@" --batch 1 > "$tmp/$gen_out.jsonl"
+    "$build/examples/parity-generate" "$@" --batch "$gen_batch" --threads 2 > "$tmp/$gen_out.b.jsonl"
+    if cmp -s "$tmp/$gen_out.jsonl" "$tmp/$gen_out.b.jsonl"; then check ok
+    else check no "$gen_what: --batch 1 and --batch $gen_batch differ"; fi
+}
+
+# Each completion I of the parity-generate lines in $2, into $tmp/$1seqI.txt (prompt then
+# completion tokens) and $tmp/$1wantI.txt (its log-probs as printed, one a line); given the
+# model's loops $3, its exit depths too, after those of the prompt (every loop), into
+# $tmp/$1depthI.txt.
+split_completions() {
+    python3 - "$tmp" "$@" <<'PY'
+import json, sys
+tmp, prefix, path = sys.argv[1:4]
+loops = int(sys.argv[4]) if len(sys.argv) > 4 else None
+prompt = list(open(tmp + "/prompt.bin", "rb").read())
+for line in open(path):
+    c = json.loads(line)
+    i = c["index"]
+    with open("%s/%sseq%d.txt" % (tmp, prefix, i), "w") as f:
+        f.write(" ".join(map(str, prompt + c["tokens"])))
+    if loops is not None:
+        with open("%s/%sdepth%d.txt" % (tmp, prefix, i), "w") as f:
+            f.write(" ".join(map(str, [loops] * (len(prompt) - 1) + c["exit_depths"] + [1])))
+    with open("%s/%swant%d.txt" % (tmp, prefix, i), "w") as f:
+        f.write("".join("%s\n" % x for x in line.split('"logprobs": [')[1].split("]")[0].split(", ")))
+PY
+}
+
 for policy in vllm hf-eager aligned; do
     for mode in raw processed processed-truncated; do
         args="--model $model --policy $policy --prompt-bytes $tmp/prompt.bin --n 6 --max-tokens 12
               --temperature 0.8 --top-k 40 --top-p 0.9 --seed 11 --logprob-mode $mode"
         # shellcheck disable=SC2086
-        "$build/examples/parity-generate" $args --batch 1 > "$tmp/b1.jsonl"
-        # shellcheck disable=SC2086
-        "$build/examples/parity-generate" $args --batch 8 --threads 2 > "$tmp/b8.jsonl"
-        if cmp -s "$tmp/b1.jsonl" "$tmp/b8.jsonl"; then check ok; else check no "$policy/$mode: --batch 1 and --batch 8 differ"; fi
+        generate_twice "$policy/$mode" b1 8 $args
         # each completion, rescored by parity-score, as text
-        python3 - "$tmp" "$tmp/b1.jsonl" <<'PY'
-import json, sys
-tmp, path = sys.argv[1], sys.argv[2]
-prompt = list(open(tmp + "/prompt.bin", "rb").read())
-for line in open(path):
-    c = json.loads(line)
-    with open("%s/seq%d.txt" % (tmp, c["index"]), "w") as f:
-        f.write(" ".join(map(str, prompt + c["tokens"])))
-    with open("%s/want%d.txt" % (tmp, c["index"]), "w") as f:
-        f.write("".join("%s\n" % x for x in line.split('"logprobs": [')[1].split("]")[0].split(", ")))
-PY
+        split_completions "" "$tmp/b1.jsonl"
         for i in 0 1 2 3 4 5; do
             n=$(wc -l < "$tmp/want$i.txt")
             "$build/examples/parity-score" --model "$model" --policy "$policy" --tokens "$tmp/seq$i.txt" \
@@ -54,24 +75,8 @@ for kv in last-exited full; do
           --max-tokens 10 --temperature 0.9 --seed 3 --exit-rule threshold --exit-threshold 0.6
           --min-depth 1 --max-depth 4 --loop-kv $kv"
     # shellcheck disable=SC2086
-    "$build/examples/parity-generate" $args --batch 1 > "$tmp/o1.jsonl"
-    # shellcheck disable=SC2086
-    "$build/examples/parity-generate" $args --batch 4 --threads 2 > "$tmp/o4.jsonl"
-    if cmp -s "$tmp/o1.jsonl" "$tmp/o4.jsonl"; then check ok; else check no "ouro/$kv: --batch 1 and 4 differ"; fi
-    python3 - "$tmp" "$tmp/o1.jsonl" <<'PY'
-import json, sys
-tmp, path = sys.argv[1], sys.argv[2]
-prompt = list(open(tmp + "/prompt.bin", "rb").read())
-for line in open(path):
-    c = json.loads(line)
-    i = c["index"]
-    with open("%s/oseq%d.txt" % (tmp, i), "w") as f:
-        f.write(" ".join(map(str, prompt + c["tokens"])))
-    with open("%s/odepth%d.txt" % (tmp, i), "w") as f:
-        f.write(" ".join(map(str, [4] * (len(prompt) - 1) + c["exit_depths"] + [1])))
-    with open("%s/owant%d.txt" % (tmp, i), "w") as f:
-        f.write("".join("%s\n" % x for x in line.split('"logprobs": [')[1].split("]")[0].split(", ")))
-PY
+    generate_twice "ouro/$kv" o1 4 $args
+    split_completions o "$tmp/o1.jsonl" 4
     for i in 0 1 2 3; do
         n=$(wc -l < "$tmp/owant$i.txt")
         "$build/examples/parity-score" --model synthetic:ouro-tiny:5 --policy hf-eager --tokens "$tmp/oseq$i.txt" \

@@ -20,6 +20,17 @@ static json_doc *parse(const char *text) {
     return doc;
 }
 
+/* Parses `text`, CHECKs that it parsed and that its root is of `type`; returns the root, or
+ * NULL when it did not parse. *doc is the doc (NULL when it did not parse), for json_free. */
+static const json_value *parse_root(const char *text, json_type type, json_doc **doc) {
+    *doc = parse(text);
+    CHECK(*doc != NULL);
+    if (!*doc) return NULL;
+    const json_value *v = json_doc_root(*doc);
+    CHECK_INT(v->type, type);
+    return v;
+}
+
 static void test_scalars(void) {
     struct {
         const char *text;
@@ -29,9 +40,8 @@ static void test_scalars(void) {
         {" \t\r\n null \n", JSON_NULL}, {"\"\"", JSON_STRING}, {"0", JSON_NUMBER},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        json_doc *doc = parse(cases[i].text);
-        CHECK(doc != NULL);
-        if (doc) CHECK_INT(json_doc_root(doc)->type, cases[i].type);
+        json_doc *doc;
+        parse_root(cases[i].text, cases[i].type, &doc);
         json_free(doc);
     }
 }
@@ -66,11 +76,9 @@ static void test_numbers(void) {
         {"1e-6", 1e-6, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        json_doc *doc = parse(cases[i].text);
-        CHECK(doc != NULL);
-        if (!doc) continue;
-        const json_value *v = json_doc_root(doc);
-        CHECK_INT(v->type, JSON_NUMBER);
+        json_doc *doc;
+        const json_value *v = parse_root(cases[i].text, JSON_NUMBER, &doc);
+        if (!v) continue;
         CHECK(v->number == cases[i].number);
         CHECK_INT(signbit(v->number) != 0, signbit(cases[i].number) != 0);
         CHECK_INT(v->is_int, cases[i].is_int);
@@ -98,11 +106,9 @@ static void test_strings(void) {
         {"\"\x7f\"", "\x7f", 1},                             /* DEL is not a control char */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        json_doc *doc = parse(cases[i].text);
-        CHECK(doc != NULL);
-        if (!doc) continue;
-        const json_value *v = json_doc_root(doc);
-        CHECK_INT(v->type, JSON_STRING);
+        json_doc *doc;
+        const json_value *v = parse_root(cases[i].text, JSON_STRING, &doc);
+        if (!v) continue;
         CHECK_INT(v->len, cases[i].len);
         CHECK(v->len == cases[i].len && memcmp(v->str, cases[i].value, v->len) == 0);
         CHECK_INT(v->str[v->len], '\0');

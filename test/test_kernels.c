@@ -94,6 +94,9 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
+/* n floats from xmalloc. */
+static float *floats(size_t n) { return xmalloc(n * sizeof(float)); }
+
 /* ---- comparisons -------------------------------------------------------------------------- */
 
 static long nan_payload_diffs;
@@ -207,9 +210,9 @@ static void test_vector_kernels(const kernels *t) {
     const kernels *p = &kernels_portable;
     for (size_t si = 0; si < n_sizes; si++) {
         size_t n = sizes[si];
-        float *a = xmalloc(n * sizeof *a), *b = xmalloc(n * sizeof *b);
+        float *a = floats(n), *b = floats(n);
         uint16_t *bh = xmalloc(n * sizeof *bh);
-        float *o1 = xmalloc(n * sizeof *o1), *o2 = xmalloc(n * sizeof *o2);
+        float *o1 = floats(n), *o2 = floats(n);
         for (int mode = 0; mode < N_MODES; mode++) {
             fill_f32(a, n, mode, 2.0f);
             fill_f32(b, n, mode, 1.0f);
@@ -777,78 +780,76 @@ static void check_gemm_bf16xw(const gemm_case *g, const kernels *k, size_t n0, s
     free(xb), free(xr), free(xrp), free(y1);
 }
 
-static void check_gemm_bf16w(const gemm_case *g, const kernels *const *tables, int n_tables,
-                             size_t n0, size_t n1, float *y1, float *y2, float *y3) {
-    size_t M = g->M, K = g->K, ldy = g->ldy;
-    char what[96];
-    /* portable against the literal pair32 on the unpacked x; columns outside untouched */
-    fill_sentinel(y1, M * ldy);
-    kernels_portable.gemm_bf16w(M, K, g->xp, g->w, g->ldw, y1, ldy, n0, n1);
-    for (size_t m = 0; m < M; m++)
-        for (size_t n = 0; n < g->N; n++) {
-            float want = n >= n0 && n < n1 ? spec_pair32(g->x + m * g->ldx, g->w + n * g->ldw, K)
-                                           : from_bits(SENTINEL);
-            snprintf(what, sizeof what, "gemm_bf16w literal M=%zu [%zu,%zu) m=%zu n=%zu", M, n0,
-                     n1, m, n);
-            check_f32(&want, &y1[m * ldy + n], 1, what, "portable", K, g->mode);
-        }
-    for (int t = 0; t < n_tables; t++) {
-        fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
-        tables[t]->gemm_bf16w(M, K, g->xp, g->w, g->ldw, y2, ldy, n0, n1);
-        snprintf(what, sizeof what, "gemm_bf16w M=%zu [%zu,%zu)", M, n0, n1);
-        check_f32(y1, y2, M * ldy, what, tables[t]->name, K, g->mode);
-        /* each row alone (M = 1) gives the same bits */
-        for (size_t m = 0; m < M; m++)
-            tables[t]->gemm_bf16w(1, K, g->xp + m * g->row, g->w, g->ldw, y3 + m * ldy, ldy, n0,
-                                  n1);
-        snprintf(what, sizeof what, "gemm_bf16w rows alone M=%zu [%zu,%zu)", M, n0, n1);
-        check_f32(y2, y3, M * ldy, what, tables[t]->name, K, g->mode);
-        /* the large-M form: the table's packing is the specification's, float for float, and
-         * its outputs are gemm_bf16w's */
-        const size_t nxt = gemm_xt_floats(M, K), tiles = gemm_xt_tiles(M);
-        float *xt = xmalloc(nxt * sizeof *xt), *xt_ref = xmalloc(nxt * sizeof *xt);
-        float *panel = xmalloc(gemm_panel_floats(K) * sizeof *panel);
-        fill_sentinel(xt, nxt), fill_sentinel(xt_ref, nxt);
-        gemm_pack_xt_tiles(M, K, g->x, g->ldx, xt_ref, 0, tiles);
-        tables[t]->pack_xt_tiles(M, K, g->x, g->ldx, xt, 0, tiles / 2);
-        tables[t]->pack_xt_tiles(M, K, g->x, g->ldx, xt, tiles / 2, tiles);
-        if (memcmp(xt, xt_ref, nxt * sizeof *xt) != 0)
-            fprintf(stderr, "%s: pack_xt_tiles M=%zu K=%zu differs from the specification\n",
-                    tables[t]->name, M, K);
-        CHECK(memcmp(xt, xt_ref, nxt * sizeof *xt) == 0);
-        fill_sentinel(y3, M * ldy), fill_sentinel(panel, gemm_panel_floats(K));
-        tables[t]->gemm_bf16w_tiles(M, K, xt, g->w, g->ldw, y3, ldy, n0, n1, panel);
-        snprintf(what, sizeof what, "gemm_bf16w_tiles M=%zu [%zu,%zu)", M, n0, n1);
-        check_f32(y1, y3, M * ldy, what, tables[t]->name, K, g->mode);
-        free(xt), free(xt_ref), free(panel);
-        if (tables[t]->gemm_bf16xw) check_gemm_bf16xw(g, tables[t], n0, n1, y2, y3);
-    }
+/* Which weights a GEMM check runs on: g's bf16 w (gemm_bf16w, pair32 on the packed x) or its
+ * fp32 wf (gemm_f32w, dot16 on x). */
+enum { BF16_W, F32_W };
+
+/* Table k's GEMM on `which` weights for rows [m0, m0 + M) of g, into y (row stride g->ldy). */
+static void run_gemm_w(const kernels *k, int which, const gemm_case *g, size_t m0, size_t M,
+                       float *y, size_t n0, size_t n1) {
+    if (which == F32_W)
+        k->gemm_f32w(M, g->K, g->x + m0 * g->ldx, g->ldx, g->wf, g->ldw, y, g->ldy, n0, n1);
+    else
+        k->gemm_bf16w(M, g->K, g->xp + m0 * g->row, g->w, g->ldw, y, g->ldy, n0, n1);
 }
 
-static void check_gemm_f32w(const gemm_case *g, const kernels *const *tables, int n_tables,
-                            size_t n0, size_t n1, float *y1, float *y2, float *y3) {
+/* The specification of that GEMM's output at row m, column n: the literal dot16 or pair32. */
+static float spec_gemm_w(int which, const gemm_case *g, size_t m, size_t n) {
+    if (which == F32_W) return spec_dot16(g->x + m * g->ldx, g->wf + n * g->ldw, g->K);
+    return spec_pair32(g->x + m * g->ldx, g->w + n * g->ldw, g->K);
+}
+
+/* gemm_bf16w's large-M form on table k: its packing is the specification's, float for float,
+ * and its outputs are gemm_bf16w's (y1); then gemm_bf16xw where the table has it. */
+static void check_gemm_bf16w_tiles(const gemm_case *g, const kernels *k, size_t n0, size_t n1,
+                                   const float *y1, float *y2, float *y3) {
+    size_t M = g->M, K = g->K, ldy = g->ldy;
+    char what[96];
+    const size_t nxt = gemm_xt_floats(M, K), tiles = gemm_xt_tiles(M);
+    float *xt = xmalloc(nxt * sizeof *xt), *xt_ref = xmalloc(nxt * sizeof *xt);
+    float *panel = xmalloc(gemm_panel_floats(K) * sizeof *panel);
+    fill_sentinel(xt, nxt), fill_sentinel(xt_ref, nxt);
+    gemm_pack_xt_tiles(M, K, g->x, g->ldx, xt_ref, 0, tiles);
+    k->pack_xt_tiles(M, K, g->x, g->ldx, xt, 0, tiles / 2);
+    k->pack_xt_tiles(M, K, g->x, g->ldx, xt, tiles / 2, tiles);
+    if (memcmp(xt, xt_ref, nxt * sizeof *xt) != 0)
+        fprintf(stderr, "%s: pack_xt_tiles M=%zu K=%zu differs from the specification\n",
+                k->name, M, K);
+    CHECK(memcmp(xt, xt_ref, nxt * sizeof *xt) == 0);
+    fill_sentinel(y3, M * ldy), fill_sentinel(panel, gemm_panel_floats(K));
+    k->gemm_bf16w_tiles(M, K, xt, g->w, g->ldw, y3, ldy, n0, n1, panel);
+    snprintf(what, sizeof what, "gemm_bf16w_tiles M=%zu [%zu,%zu)", M, n0, n1);
+    check_f32(y1, y3, M * ldy, what, k->name, K, g->mode);
+    free(xt), free(xt_ref), free(panel);
+    if (k->gemm_bf16xw) check_gemm_bf16xw(g, k, n0, n1, y2, y3);
+}
+
+/* gemm_bf16w or gemm_f32w (`which`) over the columns [n0, n1): the portable kernel against
+ * the literal specification, the columns outside untouched; every table against it, for the
+ * whole batch and for each row alone (M = 1); for gemm_bf16w, the large-M form too. */
+static void check_gemm_w(const gemm_case *g, int which, const kernels *const *tables,
+                         int n_tables, size_t n0, size_t n1, float *y1, float *y2, float *y3) {
+    const char *name = which == F32_W ? "gemm_f32w" : "gemm_bf16w";
     size_t M = g->M, K = g->K, ldy = g->ldy;
     char what[96];
     fill_sentinel(y1, M * ldy);
-    kernels_portable.gemm_f32w(M, K, g->x, g->ldx, g->wf, g->ldw, y1, ldy, n0, n1);
+    run_gemm_w(&kernels_portable, which, g, 0, M, y1, n0, n1);
     for (size_t m = 0; m < M; m++)
         for (size_t n = 0; n < g->N; n++) {
-            float want = n >= n0 && n < n1 ? spec_dot16(g->x + m * g->ldx, g->wf + n * g->ldw, K)
-                                           : from_bits(SENTINEL);
-            snprintf(what, sizeof what, "gemm_f32w literal M=%zu [%zu,%zu) m=%zu n=%zu", M, n0,
+            float want = n >= n0 && n < n1 ? spec_gemm_w(which, g, m, n) : from_bits(SENTINEL);
+            snprintf(what, sizeof what, "%s literal M=%zu [%zu,%zu) m=%zu n=%zu", name, M, n0,
                      n1, m, n);
             check_f32(&want, &y1[m * ldy + n], 1, what, "portable", K, g->mode);
         }
     for (int t = 0; t < n_tables; t++) {
         fill_sentinel(y2, M * ldy), fill_sentinel(y3, M * ldy);
-        tables[t]->gemm_f32w(M, K, g->x, g->ldx, g->wf, g->ldw, y2, ldy, n0, n1);
-        snprintf(what, sizeof what, "gemm_f32w M=%zu [%zu,%zu)", M, n0, n1);
+        run_gemm_w(tables[t], which, g, 0, M, y2, n0, n1);
+        snprintf(what, sizeof what, "%s M=%zu [%zu,%zu)", name, M, n0, n1);
         check_f32(y1, y2, M * ldy, what, tables[t]->name, K, g->mode);
-        for (size_t m = 0; m < M; m++)
-            tables[t]->gemm_f32w(1, K, g->x + m * g->ldx, g->ldx, g->wf, g->ldw, y3 + m * ldy, ldy,
-                                 n0, n1);
-        snprintf(what, sizeof what, "gemm_f32w rows alone M=%zu [%zu,%zu)", M, n0, n1);
+        for (size_t m = 0; m < M; m++) run_gemm_w(tables[t], which, g, m, 1, y3 + m * ldy, n0, n1);
+        snprintf(what, sizeof what, "%s rows alone M=%zu [%zu,%zu)", name, M, n0, n1);
         check_f32(y2, y3, M * ldy, what, tables[t]->name, K, g->mode);
+        if (which == BF16_W) check_gemm_bf16w_tiles(g, tables[t], n0, n1, y1, y2, y3);
     }
 }
 
@@ -994,8 +995,8 @@ static void gemm_shape(const kernels *const *tables, int n_tables, size_t M, siz
     gemm_pack_x(g.M, g.K, g.x, g.ldx, g.xp);
     for (size_t ri = 0; ri < n_ranges; ri++) {
         size_t n0 = ranges[ri][0], n1 = ranges[ri][1];
-        check_gemm_bf16w(&g, tables, n_tables, n0, n1, y1, y2, y3);
-        check_gemm_f32w(&g, tables, n_tables, n0, n1, y1, y2, y3);
+        check_gemm_w(&g, BF16_W, tables, n_tables, n0, n1, y1, y2, y3);
+        check_gemm_w(&g, F32_W, tables, n_tables, n0, n1, y1, y2, y3);
     }
     free(g.x), free(g.xp), free(g.w), free(g.wf), free(y1), free(y2), free(y3);
 }
@@ -1086,11 +1087,8 @@ static void test_regions_f32(const kernels *t) {
     const kernels *p = &kernels_portable;
     for (size_t si = 0; si < n_sizes; si++) {
         size_t n = sizes[si];
-        float *d = xmalloc(n * sizeof *d), *res = xmalloc(n * sizeof *res);
-        float *w = xmalloc(n * sizeof *w);
-        float *r1 = xmalloc(n * sizeof *r1), *r2 = xmalloc(n * sizeof *r2);
-        float *o1 = xmalloc(n * sizeof *o1), *o2 = xmalloc(n * sizeof *o2);
-        float *u = xmalloc(n * sizeof *u);
+        float *d = floats(n), *res = floats(n), *w = floats(n), *u = floats(n);
+        float *r1 = floats(n), *r2 = floats(n), *o1 = floats(n), *o2 = floats(n);
         for (int mode = 0; mode < N_MODES; mode++) {
             /* bf16 values most of the time (what the forward passes), raw fp32 sometimes */
             void (*fill)(float *, size_t, int, float) = si % 3 ? fill_f32_bf16 : fill_f32;

@@ -42,9 +42,7 @@ typedef struct gen_case {
 } gen_case;
 
 typedef struct gen_result {
-    uint32_t n[N_SEQS];
-    int32_t tokens[N_SEQS][MAX_NEW];
-    float logprobs[N_SEQS][MAX_NEW];
+    COMPLETION_MEMBERS(N_SEQS, MAX_NEW);
     uint32_t depths[N_SEQS][MAX_LEN];  /* the schedule: per position of prompt + completion */
 } gen_result;
 
@@ -89,57 +87,15 @@ static void make_case(gen_case *c, const parity_config *cfg, uint64_t seed) {
 
 static int run(const parity_model *m, const char *policy, uint32_t loop_kv, const gen_case *c,
                const run_config *rc, gen_result *out) {
-    parity_sampler_params p;
-    parity_sampler_default_params(&p);
-    CHECK_OK(parity_policy_from_name(policy, &p.policy));
-    p.n_threads = rc->threads;
-    p.prefill_chunk = rc->prefill_chunk;
-    p.max_batch = rc->max_batch;
-    p.max_seqs = N_SEQS + 1;
-    p.max_len = MAX_LEN;
+    parity_sampler_params p = sampler_params((fixture){
+        .policy = policy, .n_threads = rc->threads, .prefill_chunk = rc->prefill_chunk,
+        .max_batch = rc->max_batch, .max_seqs = N_SEQS + 1, .max_len = MAX_LEN});
     p.loop_kv = loop_kv;
-    parity_sampler *s = NULL;
-    CHECK_OK(parity_sampler_create(m, &p, &s));
+    uint32_t ids[N_SEQS];
+    parity_sampler *s = sampler_generate(
+        m, &p, (generation){c->prompt, c->prompt_len, c->sampling, rc->fork, 0 /* in order */, 10 * MAX_NEW,
+                            rc->schedule}, ids, COMPLETIONS_OF(out));
     if (!s) return 0;
-    uint32_t ids[N_SEQS], parent = 0;
-    if (rc->fork) CHECK_OK(parity_sampler_add(s, c->prompt, c->prompt_len, &c->sampling[0], 99, &parent));
-    for (int i = 0; i < N_SEQS; i++) {
-        if (rc->fork)
-            CHECK_OK(parity_sampler_fork(s, parent, &c->sampling[i], (uint64_t)i, &ids[i]));
-        else
-            CHECK_OK(parity_sampler_add(s, c->prompt, c->prompt_len, &c->sampling[i], (uint64_t)i,
-                                        &ids[i]));
-        out->n[i] = 0;
-    }
-    int live[N_SEQS];
-    for (int i = 0; i < N_SEQS; i++) live[i] = 1;
-    uint64_t r = rc->schedule;
-    for (int rounds = 0; rounds < 10 * MAX_NEW; rounds++) {
-        uint32_t step_ids[N_SEQS], which[N_SEQS];
-        size_t n = 0;
-        for (int i = 0; i < N_SEQS; i++)
-            if (live[i] && (!rc->schedule || xorshift64(&r) % 3 != 0)) which[n++] = (uint32_t)i;
-        if (n == 0) {
-            int any = 0;
-            for (int i = 0; i < N_SEQS; i++) any |= live[i];
-            if (!any) break;
-            continue;
-        }
-        for (size_t i = 0; i < n; i++) step_ids[i] = ids[which[i]];
-        int32_t tok[N_SEQS];
-        float lp[N_SEQS];
-        uint32_t fin[N_SEQS];
-        int st = parity_sampler_step(s, step_ids, n, tok, lp, fin, 0, NULL, NULL);
-        CHECK_OK(st);
-        if (st) break;
-        for (size_t i = 0; i < n; i++) {
-            int q = (int)which[i];
-            out->tokens[q][out->n[q]] = tok[i];
-            out->logprobs[q][out->n[q]] = lp[i];
-            out->n[q]++;
-            if (fin[i]) live[q] = 0;
-        }
-    }
     for (int i = 0; i < N_SEQS; i++) {
         const uint32_t *d;
         uint32_t nd;
@@ -152,17 +108,12 @@ static int run(const parity_model *m, const char *policy, uint32_t loop_kv, cons
     return 1;
 }
 
-static void compare(const gen_result *a, const gen_result *b, uint32_t prompt_len, const char *what) {
-    for (int i = 0; i < N_SEQS; i++) {
-        CHECK_INT(a->n[i], b->n[i]);
-        if (a->n[i] != b->n[i]) {
-            fprintf(stderr, "  (%s, sequence %d)\n", what, i);
-            continue;
-        }
-        CHECK(!memcmp(a->tokens[i], b->tokens[i], a->n[i] * sizeof(int32_t)));
-        CHECK(!memcmp(a->depths[i], b->depths[i], (prompt_len + a->n[i]) * sizeof(uint32_t)));
-        CHECK_BITS_F32(a->logprobs[i], b->logprobs[i], a->n[i], what);
-    }
+/* The same completions, and the same depth schedules. */
+static void compare(gen_result *a, gen_result *b, uint32_t prompt_len, const char *what) {
+    check_same_completions(COMPLETIONS_OF(a), COMPLETIONS_OF(b), what);
+    for (int i = 0; i < N_SEQS; i++)
+        if (a->n[i] == b->n[i])
+            CHECK(!memcmp(a->depths[i], b->depths[i], (prompt_len + a->n[i]) * sizeof(uint32_t)));
 }
 
 /* How the scorer runs a looped model's positions. */
@@ -181,15 +132,10 @@ static double score_case(const parity_model *m, const char *policy, uint32_t loo
     size_t count = 0;
     for (int i = 0; i < N_SEQS; i++) {
         int32_t seq[MAX_LEN];
-        memcpy(seq, c->prompt, c->prompt_len * sizeof *seq);
-        memcpy(seq + c->prompt_len, g->tokens[i], g->n[i] * sizeof *seq);
-        uint32_t len = c->prompt_len + g->n[i];
+        uint32_t len = prompt_then(seq, c->prompt, c->prompt_len, g->tokens[i], g->n[i]);
         const parity_sampling *sp = &c->sampling[i];
-        parity_score_options o;
-        parity_score_default_options(&o);
-        o.mode = sp->logprob_mode;
-        o.temperature = sp->temperature;
-        o.top_k = sp->top_k;
+        /* (top_p and min_p: the sampling's defaults, the same as the options') */
+        parity_score_options o = score_options_of(sp);
         o.depths = how == REPLAY ? g->depths[i] : NULL;
         o.loop_kv = loop_kv;
         if (how == RULE) {
@@ -350,6 +296,16 @@ static void check_exit_dist_dtype(void) {
     parity_model_free(m);
 }
 
+/* config_parse of the smallest Ouro config.json with `members` (", "-led, or "") added. */
+static int parse_ouro_json(const char *members, parity_config *c) {
+    char text[512];
+    const int len = snprintf(text, sizeof text,
+                             "{\"model_type\": \"ouro\", \"vocab_size\": 300, "
+                             "\"hidden_size\": 64, \"intermediate_size\": 96, "
+                             "\"num_hidden_layers\": 2, \"num_attention_heads\": 4%s}", members);
+    return config_parse(text, (size_t)len, "ouro.json", c);
+}
+
 static void check_config(void) {
     parity_config c;
     CHECK_OK(parity_config_builtin("ouro-1.4b", &c));
@@ -380,36 +336,22 @@ static void check_config(void) {
     bad.total_ut_steps = 2;
     CHECK_STATUS(parity_model_synthetic(&bad, 1, &(parity_model *){NULL}), PARITY_ERR_CONFIG);
 
-    /* config.json */
-    static const char json[] =
-        "{\"model_type\": \"ouro\", \"vocab_size\": 300, \"hidden_size\": 64, "
-        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-        "\"num_key_value_heads\": 4, \"total_ut_steps\": 3, \"early_exit_threshold\": 0.75, "
-        "\"use_early_exit_gate\": false, \"rope_theta\": 1000000.0}";
-    CHECK_OK(config_parse(json, sizeof json - 1, "ouro.json", &c));
+    /* config.json: the smallest Ouro config, with the members given */
+    CHECK_OK(parse_ouro_json(", \"num_key_value_heads\": 4, \"total_ut_steps\": 3, "
+                             "\"early_exit_threshold\": 0.75, \"use_early_exit_gate\": false, "
+                             "\"rope_theta\": 1000000.0", &c));
     CHECK_INT(c.arch, PARITY_ARCH_OURO);
     CHECK_INT(c.total_ut_steps, 3);
     CHECK_INT(c.early_exit_gate, 0);
     CHECK(c.early_exit_threshold == 0.75f);
     CHECK_INT(c.head_dim, 16);
-    static const char defaults[] =
-        "{\"model_type\": \"ouro\", \"vocab_size\": 300, \"hidden_size\": 64, "
-        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4}";
-    CHECK_OK(config_parse(defaults, sizeof defaults - 1, "ouro.json", &c));
+    CHECK_OK(parse_ouro_json("", &c));
     CHECK_INT(c.total_ut_steps, 4); /* configuration_ouro.py's defaults */
     CHECK_INT(c.early_exit_gate, 1);
     CHECK(c.early_exit_threshold == 1.0f);
-    static const char zero[] =
-        "{\"model_type\": \"ouro\", \"vocab_size\": 300, \"hidden_size\": 64, "
-        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-        "\"total_ut_steps\": 0}";
-    CHECK_STATUS(config_parse(zero, sizeof zero - 1, "ouro.json", &c), PARITY_ERR_CONFIG);
+    CHECK_STATUS(parse_ouro_json(", \"total_ut_steps\": 0", &c), PARITY_ERR_CONFIG);
     CHECK(strstr(parity_last_error(), "total_ut_steps") != NULL);
-    static const char thr[] =
-        "{\"model_type\": \"ouro\", \"vocab_size\": 300, \"hidden_size\": 64, "
-        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-        "\"early_exit_threshold\": 2}";
-    CHECK_STATUS(config_parse(thr, sizeof thr - 1, "ouro.json", &c), PARITY_ERR_CONFIG);
+    CHECK_STATUS(parse_ouro_json(", \"early_exit_threshold\": 2", &c), PARITY_ERR_CONFIG);
     CHECK(strstr(parity_last_error(), "early_exit_threshold") != NULL);
 }
 
@@ -531,11 +473,12 @@ static void edit_file(const char *path, const char *from, const char *to) {
 }
 
 static void remove_dir(const char *dir) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
+    static const char *const files[] = {"config.json", "model.safetensors"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
     rmdir(dir);
 }
 

@@ -164,10 +164,8 @@ static void compare_with_scorer(const parity_model *m, const char *what, const i
 }
 
 static void test_composed_forward(parity_pool *pool2) {
-    parity_model *tiny = NULL, *trained = NULL;
-    CHECK_OK(parity_model_open("synthetic:tiny", &tiny));
-    load_model(TRAINED_MODEL, &trained);
-    if (!tiny || !trained) return;
+    parity_model *tiny, *trained;
+    if (!load_tiny_and_trained("synthetic:tiny", &tiny, &trained)) return;
     /* sequences of different lengths, across KV blocks, one of length 1 */
     static const char text[] = "def parity(x):\n    return x == x  # bit for bit\n";
     const uint32_t lengths[] = {37, 1, 20, 9};

@@ -39,34 +39,30 @@ static const char *const mode_names[N_MODES] = {"hf_bf16", "vllm", "aligned"};
 
 /* The policy switches each mode of the vectors stands for (README of the reference data). */
 static parity_policy mode_policy(int mode) {
+    static const struct {
+        uint8_t norm_input, norm_round, rope_table, rope_apply, swiglu;
+    } modes[N_MODES] = {
+        [HF] = {PARITY_NORM_INPUT_ROUNDED, PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16,
+                PARITY_ROPE_PER_OP, PARITY_SWIGLU_PER_OP},
+        [VLLM] = {PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16,
+                  PARITY_ROPE_FUSED, PARITY_SWIGLU_FUSED},
+        [ALIGNED] = {PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32,
+                     PARITY_ROPE_FUSED, PARITY_SWIGLU_FUSED},
+    };
     parity_policy p;
     memset(&p, 0, sizeof p);
     p.compute = PARITY_COMPUTE_BF16;
-    switch (mode) {
-    case HF:
-        p.norm_input = PARITY_NORM_INPUT_ROUNDED;
-        p.norm_weight = p.qk_norm = PARITY_NORM_ROUND_TWICE;
-        p.rope_table = PARITY_ROPE_TABLE_BF16;
-        p.rope_apply = PARITY_ROPE_PER_OP;
-        p.swiglu = PARITY_SWIGLU_PER_OP;
-        break;
-    case VLLM:
-        p.norm_input = PARITY_NORM_INPUT_FP32;
-        p.norm_weight = p.qk_norm = PARITY_NORM_ROUND_TWICE;
-        p.rope_table = PARITY_ROPE_TABLE_BF16;
-        p.rope_apply = PARITY_ROPE_FUSED;
-        p.swiglu = PARITY_SWIGLU_FUSED;
-        break;
-    default:
-        p.norm_input = PARITY_NORM_INPUT_FP32;
-        p.norm_weight = p.qk_norm = PARITY_NORM_ROUND_ONCE;
-        p.rope_table = PARITY_ROPE_TABLE_FP32;
-        p.rope_apply = PARITY_ROPE_FUSED;
-        p.swiglu = PARITY_SWIGLU_FUSED;
-        break;
-    }
+    p.norm_input = modes[mode].norm_input;
+    p.norm_weight = p.qk_norm = modes[mode].norm_round;
+    p.rope_table = modes[mode].rope_table;
+    p.rope_apply = modes[mode].rope_apply;
+    p.swiglu = modes[mode].swiglu;
     return p;
 }
+
+/* The two modes a policy is run against the other's answers in, and the other of each. */
+static const int hf_and_aligned[2] = {HF, ALIGNED};
+static int other_mode(int mode) { return mode == HF ? ALIGNED : HF; }
 
 /* ---- agreement -------------------------------------------------------------------------- */
 
@@ -118,44 +114,70 @@ static void expect_miss_mode(const char *region, int policy_mode, int ref_mode, 
     expect_miss(region, what, a);
 }
 
+/* ---- the vectors' tensors --------------------------------------------------------------- */
+
+/* Region `name`'s input `field` ("name.field"), n elements of dtype. */
+static void *input(const char *name, const char *field, st_dtype dtype, size_t n) {
+    char key[96];
+    snprintf(key, sizeof key, "%s.%s", name, field);
+    return tensor(key, dtype, n);
+}
+
+/* Region `name`'s answer `field` under `mode` ("name.mode.field"), n bf16 values. */
+static uint16_t *answer(const char *name, int mode, const char *field, size_t n) {
+    char key[96];
+    snprintf(key, sizeof key, "%s.%s.%s", name, mode_names[mode], field);
+    return tensor(key, ST_BF16, n);
+}
+
+/* `got`, computed under `mode`'s policy, against that mode's answer `field`: the bar. */
+static void expect_answer(const char *name, const char *field, int mode, const char *path,
+                          const uint16_t *got, size_t n) {
+    uint16_t *want = answer(name, mode, field, n);
+    expect_match(name, field, mode, path, compare(want, got, n));
+    free(want);
+}
+
+/* `out`, computed under policy_mode's policy, against ref_mode's answer "out": a miss. */
+static void expect_other_answer_missed(const char *name, int policy_mode, int ref_mode,
+                                       const uint16_t *out, size_t n) {
+    uint16_t *other = answer(name, ref_mode, "out", n);
+    expect_miss_mode(name, policy_mode, ref_mode, compare(other, out, n));
+    free(other);
+}
+
+/* n bf16 values of output space. */
+static uint16_t *bf16_out(size_t n) {
+    uint16_t *out = malloc(n * 2);
+    if (!out) exit(2);
+    return out;
+}
+
 /* ---- the regions ------------------------------------------------------------------------ */
 
 static const float EPS = 1e-6f; /* the vectors' metadata: "*.eps": "1e-06" */
 
 static void run_resnorm(const char *name, size_t rows, size_t dim, const char *path) {
-    char key[96];
     size_t n = rows * dim;
-    snprintf(key, sizeof key, "%s.delta", name);
-    uint16_t *delta = tensor(key, ST_BF16, n);
-    snprintf(key, sizeof key, "%s.residual", name);
-    uint16_t *residual = tensor(key, ST_BF16, n);
-    snprintf(key, sizeof key, "%s.weight", name);
-    uint16_t *weight = tensor(key, ST_BF16, dim);
-    uint16_t *res_out = malloc(n * 2), *out = malloc(n * 2);
-    if (!res_out || !out) exit(2);
+    uint16_t *delta = input(name, "delta", ST_BF16, n);
+    uint16_t *residual = input(name, "residual", ST_BF16, n);
+    uint16_t *weight = input(name, "weight", ST_BF16, dim);
+    uint16_t *res_out = bf16_out(n), *out = bf16_out(n);
     for (int mode = 0; mode < N_MODES; mode++) {
         parity_policy pol = mode_policy(mode);
         CHECK_OK(parity_rmsnorm_residual(&pol, rows, dim, delta, dim, residual, dim, weight, EPS,
                                          res_out, dim, out, dim));
-        snprintf(key, sizeof key, "%s.%s.residual_out", name, mode_names[mode]);
-        uint16_t *want_res = tensor(key, ST_BF16, n);
-        snprintf(key, sizeof key, "%s.%s.out", name, mode_names[mode]);
-        uint16_t *want_out = tensor(key, ST_BF16, n);
-        expect_match(name, "residual_out", mode, path, compare(want_res, res_out, n));
-        expect_match(name, "out", mode, path, compare(want_out, out, n));
-        free(want_res), free(want_out);
+        expect_answer(name, "residual_out", mode, path, res_out, n);
+        expect_answer(name, "out", mode, path, out, n);
     }
     if (strcmp(path, "portable") == 0) {
         /* the hf policy against the aligned answers, and the reverse */
         for (int m = 0; m < 2; m++) {
-            int pm = m ? ALIGNED : HF, rm = m ? HF : ALIGNED;
+            int pm = hf_and_aligned[m];
             parity_policy pol = mode_policy(pm);
             CHECK_OK(parity_rmsnorm_residual(&pol, rows, dim, delta, dim, residual, dim, weight,
                                              EPS, res_out, dim, out, dim));
-            snprintf(key, sizeof key, "%s.%s.out", name, mode_names[rm]);
-            uint16_t *want = tensor(key, ST_BF16, n);
-            expect_miss_mode(name, pm, rm, compare(want, out, n));
-            free(want);
+            expect_other_answer_missed(name, pm, other_mode(pm), out, n);
         }
     }
     free(delta), free(residual), free(weight), free(res_out), free(out);
@@ -164,55 +186,41 @@ static void run_resnorm(const char *name, size_t rows, size_t dim, const char *p
 static void run_qknorm(const char *path) {
     const size_t rows = 256, dim = 128, n = rows * dim;
     uint16_t *x = tensor("qknorm.x", ST_BF16, n), *w = tensor("qknorm.weight", ST_BF16, dim);
-    uint16_t *out = malloc(n * 2);
-    if (!out) exit(2);
-    static const int modes[] = {HF, ALIGNED};
+    uint16_t *out = bf16_out(n);
     for (int i = 0; i < 2; i++) {
-        int mode = modes[i];
+        int mode = hf_and_aligned[i];
         parity_policy pol = mode_policy(mode);
         /* only qk_norm must matter: norm_weight set to the other choice */
         pol.norm_weight = pol.qk_norm == PARITY_NORM_ROUND_TWICE ? PARITY_NORM_ROUND_ONCE
                                                                  : PARITY_NORM_ROUND_TWICE;
         CHECK_OK(parity_rmsnorm(&pol, 1, rows, dim, x, dim, w, EPS, out, dim));
-        char key[64];
-        snprintf(key, sizeof key, "qknorm.%s.out", mode_names[mode]);
-        uint16_t *want = tensor(key, ST_BF16, n);
-        expect_match("qknorm", "out", mode, path, compare(want, out, n));
+        expect_answer("qknorm", "out", mode, path, out, n);
         /* the same policy as a plain RMSNorm follows norm_weight: the other mode's answer */
         if (strcmp(path, "portable") == 0) {
             CHECK_OK(parity_rmsnorm(&pol, 0, rows, dim, x, dim, w, EPS, out, dim));
-            snprintf(key, sizeof key, "%s policy as a plain norm (is_qk_norm 0)", mode_names[mode]);
-            expect_miss("qknorm", key, compare(want, out, n));
+            char what[64];
+            snprintf(what, sizeof what, "%s policy as a plain norm (is_qk_norm 0)",
+                     mode_names[mode]);
+            uint16_t *want = answer("qknorm", mode, "out", n);
+            expect_miss("qknorm", what, compare(want, out, n));
+            free(want);
         }
-        free(want);
     }
     free(x), free(w), free(out);
 }
 
 static void run_swiglu(const char *name, size_t rows, size_t dim, const char *path) {
-    char key[96];
     size_t n = rows * dim;
-    snprintf(key, sizeof key, "%s.gate", name);
-    uint16_t *g = tensor(key, ST_BF16, n);
-    snprintf(key, sizeof key, "%s.up", name);
-    uint16_t *u = tensor(key, ST_BF16, n);
-    uint16_t *out = malloc(n * 2);
-    if (!out) exit(2);
-    static const int modes[] = {HF, ALIGNED};
+    uint16_t *g = input(name, "gate", ST_BF16, n);
+    uint16_t *u = input(name, "up", ST_BF16, n);
+    uint16_t *out = bf16_out(n);
     for (int i = 0; i < 2; i++) {
-        int mode = modes[i];
+        int mode = hf_and_aligned[i];
         parity_policy pol = mode_policy(mode);
         CHECK_OK(parity_swiglu(&pol, rows, dim, g, dim, u, dim, out, dim));
-        snprintf(key, sizeof key, "%s.%s.out", name, mode_names[mode]);
-        uint16_t *want = tensor(key, ST_BF16, n);
-        expect_match(name, "out", mode, path, compare(want, out, n));
-        if (strcmp(path, "portable") == 0) {
-            snprintf(key, sizeof key, "%s.%s.out", name, mode_names[modes[1 - i]]);
-            uint16_t *other = tensor(key, ST_BF16, n);
-            expect_miss_mode(name, mode, modes[1 - i], compare(other, out, n));
-            free(other);
-        }
-        free(want);
+        expect_answer(name, "out", mode, path, out, n);
+        if (strcmp(path, "portable") == 0)
+            expect_other_answer_missed(name, mode, other_mode(mode), out, n);
     }
     free(g), free(u), free(out);
 }
@@ -221,11 +229,8 @@ static void run_swiglu(const char *name, size_t rows, size_t dim, const char *pa
  * tables in the file: informative, the outputs are what is checked. */
 static void compare_rope_tables(const char *name, size_t T, size_t hd, double theta,
                                 const int32_t *pos) {
-    char key[96];
-    snprintf(key, sizeof key, "%s.cos_f32", name);
-    float *cs = tensor(key, ST_F32, T * hd);
-    snprintf(key, sizeof key, "%s.sin_f32", name);
-    float *sn = tensor(key, ST_F32, T * hd);
+    float *cs = input(name, "cos_f32", ST_F32, T * hd);
+    float *sn = input(name, "sin_f32", ST_F32, T * hd);
     size_t equal = 0, n = 0;
     for (size_t t = 0; t < T; t++)
         for (size_t i = 0; i < hd / 2; i++) {
@@ -244,30 +249,18 @@ static void compare_rope_tables(const char *name, size_t T, size_t hd, double th
 
 static void run_rope(const char *name, size_t T, size_t H, size_t hd, double theta,
                      const char *path) {
-    char key[96];
     size_t n = T * H * hd;
-    snprintf(key, sizeof key, "%s.x", name);
-    uint16_t *x = tensor(key, ST_BF16, n);
-    snprintf(key, sizeof key, "%s.positions", name);
-    int32_t *pos = tensor(key, ST_I32, T);
-    uint16_t *out = malloc(n * 2);
-    if (!out) exit(2);
+    uint16_t *x = input(name, "x", ST_BF16, n);
+    int32_t *pos = input(name, "positions", ST_I32, T);
+    uint16_t *out = bf16_out(n);
     if (strcmp(path, "portable") == 0) compare_rope_tables(name, T, hd, theta, pos);
     for (int mode = 0; mode < N_MODES; mode++) {
         parity_policy pol = mode_policy(mode);
         memcpy(out, x, n * 2);
         CHECK_OK(parity_rope(&pol, T, H, hd, out, H * hd, pos, theta));
-        snprintf(key, sizeof key, "%s.%s.out", name, mode_names[mode]);
-        uint16_t *want = tensor(key, ST_BF16, n);
-        expect_match(name, "out", mode, path, compare(want, out, n));
-        if (strcmp(path, "portable") == 0) {
-            int other = mode == HF ? ALIGNED : HF;
-            snprintf(key, sizeof key, "%s.%s.out", name, mode_names[other]);
-            uint16_t *o = tensor(key, ST_BF16, n);
-            expect_miss_mode(name, mode, other, compare(o, out, n));
-            free(o);
-        }
-        free(want);
+        expect_answer(name, "out", mode, path, out, n);
+        if (strcmp(path, "portable") == 0)
+            expect_other_answer_missed(name, mode, other_mode(mode), out, n);
     }
     free(x), free(pos), free(out);
 }

@@ -419,9 +419,8 @@ static void test_open_errors(void) {
 
 static void test_regions_file(void) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/test/data/regions.safetensors", source_root());
     st_file *f = NULL;
-    CHECK_OK(st_open(path, &f));
+    CHECK_OK(st_open(source_path(path, sizeof path, "test/data/regions.safetensors"), &f));
     if (!f) return;
     CHECK_INT(f->n_tensors, 44);
     check_valid(f, path);

@@ -27,9 +27,7 @@ typedef struct gen_case {
 } gen_case;
 
 typedef struct gen_result {
-    uint32_t n[N_SEQS];
-    int32_t tokens[N_SEQS][MAX_NEW];
-    float logprobs[N_SEQS][MAX_NEW];
+    COMPLETION_MEMBERS(N_SEQS, MAX_NEW);
 } gen_result;
 
 typedef struct run_config {
@@ -69,65 +67,17 @@ static void make_case(gen_case *c, uint32_t vocab, uint64_t seed) {
 
 static int run(const parity_model *m, const char *policy, uint32_t backend, const gen_case *c,
                const run_config *rc, gen_result *out) {
-    parity_sampler_params p;
-    parity_sampler_default_params(&p);
-    CHECK_OK(parity_policy_from_name(policy, &p.policy));
-    p.backend = backend;
-    p.n_threads = rc->threads;
-    p.prefill_chunk = rc->prefill_chunk;
-    p.max_batch = rc->max_batch;
-    p.max_seqs = N_SEQS + 1;
-    p.max_len = MAX_PROMPT + MAX_NEW;
+    parity_sampler_params p = sampler_params((fixture){
+        .policy = policy, .backend = backend, .n_threads = rc->threads,
+        .prefill_chunk = rc->prefill_chunk, .max_batch = rc->max_batch,
+        .max_seqs = N_SEQS + 1, .max_len = MAX_PROMPT + MAX_NEW});
     p.split_k = rc->split_k;
     p.split_kv = rc->split_kv;
-    parity_sampler *s = NULL;
-    CHECK_OK(parity_sampler_create(m, &p, &s));
+    uint32_t ids[N_SEQS];
+    parity_sampler *s = sampler_generate(
+        m, &p, (generation){c->prompt, c->prompt_len, c->sampling, rc->fork, 1 /* shuffled */, 10 * MAX_NEW,
+                            rc->schedule}, ids, COMPLETIONS_OF(out));
     if (!s) return 0;
-    uint32_t ids[N_SEQS], parent = 0;
-    if (rc->fork) CHECK_OK(parity_sampler_add(s, c->prompt, c->prompt_len, &c->sampling[0], 99, &parent));
-    for (int i = 0; i < N_SEQS; i++) {
-        if (rc->fork)
-            CHECK_OK(parity_sampler_fork(s, parent, &c->sampling[i], (uint64_t)i, &ids[i]));
-        else
-            CHECK_OK(parity_sampler_add(s, c->prompt, c->prompt_len, &c->sampling[i], (uint64_t)i, &ids[i]));
-        out->n[i] = 0;
-    }
-    int live[N_SEQS];
-    for (int i = 0; i < N_SEQS; i++) live[i] = 1;
-    uint64_t r = rc->schedule;
-    for (int rounds = 0; rounds < 10 * MAX_NEW; rounds++) {
-        uint32_t step_ids[N_SEQS], which[N_SEQS];
-        size_t n = 0;
-        for (int i = 0; i < N_SEQS; i++)
-            if (live[i] && (!rc->schedule || xorshift64(&r) % 3 != 0)) which[n++] = (uint32_t)i;
-        if (n == 0) {
-            int any = 0;
-            for (int i = 0; i < N_SEQS; i++) any |= live[i];
-            if (!any) break;
-            continue;
-        }
-        if (rc->schedule)
-            for (size_t i = n - 1; i > 0; i--) {
-                size_t j = xorshift64(&r) % (i + 1);
-                uint32_t t = which[i];
-                which[i] = which[j];
-                which[j] = t;
-            }
-        for (size_t i = 0; i < n; i++) step_ids[i] = ids[which[i]];
-        int32_t tok[N_SEQS];
-        float lp[N_SEQS];
-        uint32_t fin[N_SEQS];
-        int st = parity_sampler_step(s, step_ids, n, tok, lp, fin, 0, NULL, NULL);
-        CHECK_OK(st);
-        if (st) break;
-        for (size_t i = 0; i < n; i++) {
-            int q = (int)which[i];
-            out->tokens[q][out->n[q]] = tok[i];
-            out->logprobs[q][out->n[q]] = lp[i];
-            out->n[q]++;
-            if (fin[i]) live[q] = 0;
-        }
-    }
     /* the sampler's own record of the tokens agrees */
     for (int i = 0; i < N_SEQS; i++) {
         const int32_t *toks;
@@ -140,16 +90,8 @@ static int run(const parity_model *m, const char *policy, uint32_t backend, cons
     return 1;
 }
 
-static void compare(const gen_result *a, const gen_result *b, const char *what) {
-    for (int i = 0; i < N_SEQS; i++) {
-        CHECK_INT(a->n[i], b->n[i]);
-        if (a->n[i] != b->n[i]) {
-            fprintf(stderr, "  (%s, sequence %d)\n", what, i);
-            continue;
-        }
-        CHECK(!memcmp(a->tokens[i], b->tokens[i], a->n[i] * sizeof(int32_t)));
-        CHECK_BITS_F32(a->logprobs[i], b->logprobs[i], a->n[i], what);
-    }
+static void compare(gen_result *a, gen_result *b, const char *what) {
+    check_same_completions(COMPLETIONS_OF(a), COMPLETIONS_OF(b), what);
 }
 
 /* The scorer on prompt + completion, with each sequence's mode and sampling parameters. */
@@ -159,17 +101,9 @@ static void check_against_scorer(const parity_model *m, const char *policy, uint
     if (!s) return;
     for (int i = 0; i < N_SEQS; i++) {
         int32_t seq[MAX_PROMPT + MAX_NEW];
-        memcpy(seq, c->prompt, c->prompt_len * sizeof *seq);
-        memcpy(seq + c->prompt_len, g->tokens[i], g->n[i] * sizeof *seq);
-        uint32_t len = c->prompt_len + g->n[i];
+        uint32_t len = prompt_then(seq, c->prompt, c->prompt_len, g->tokens[i], g->n[i]);
         const parity_sampling *sp = &c->sampling[i];
-        parity_score_options o;
-        parity_score_default_options(&o);
-        o.mode = sp->logprob_mode;
-        o.temperature = sp->temperature;
-        o.top_k = sp->top_k;
-        o.top_p = sp->top_p;
-        o.min_p = sp->min_p;
+        const parity_score_options o = score_options_of(sp);
         float lp[MAX_PROMPT + MAX_NEW];
         CHECK_OK(parity_score(s, &o, seq, &len, 1, lp, NULL, NULL, NULL));
         char what[160];
@@ -494,10 +428,8 @@ done:
 }
 
 int main(void) {
-    parity_model *tiny = NULL, *trained = NULL;
-    CHECK_OK(parity_model_open("synthetic:tiny:11", &tiny));
-    load_model(TRAINED_MODEL, &trained);
-    if (!tiny || !trained) return check_report("sampler");
+    parity_model *tiny, *trained;
+    if (!load_tiny_and_trained("synthetic:tiny:11", &tiny, &trained)) return check_report("sampler");
     every_path_model = tiny;
 
     const char *const *presets = parity_policy_preset_names();

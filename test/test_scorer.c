@@ -307,10 +307,8 @@ static float host_sgemm(void) {
 int main(void) {
     openblas_set_num_threads(1); /* the host's choice */
     CHECK(host_sgemm() == 132.0f);
-    parity_model *tiny = NULL, *trained = NULL;
-    CHECK_OK(parity_model_open("synthetic:tiny:3", &tiny));
-    load_model(TRAINED_MODEL, &trained);
-    if (!tiny || !trained) return check_report("scorer");
+    parity_model *tiny, *trained;
+    if (!load_tiny_and_trained("synthetic:tiny:3", &tiny, &trained)) return check_report("scorer");
     every_path_model = tiny;
 
     const char *const *presets = parity_policy_preset_names();

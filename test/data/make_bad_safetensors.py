@@ -77,6 +77,11 @@ def cases():
     # ---- header JSON structure ----
     J = "ST_HEADER_JSON"
     entry = lambda body: image('{"x":' + body + "}")  # noqa: E731
+
+    def fields(dtype='"F32"', shape="[1]", offsets="[0,4]"):
+        """The entry of these JSON texts of its three fields (the others: a valid F32[1])."""
+        return entry('{"dtype":%s,"shape":%s,"data_offsets":%s}' % (dtype, shape, offsets))
+
     c += [
         ("header_leading_space", J, image(" {}")),
         ("header_not_brace", J, image("null")),
@@ -97,22 +102,20 @@ def cases():
          entry('{"dtype":"F32","shape":[1],"data_offsets":[0,4],"offset":0}')),
         ("entry_key_twice", J,
          entry('{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}')),
-        ("dtype_not_string", J, entry('{"dtype":7,"shape":[1],"data_offsets":[0,4]}')),
-        ("shape_not_array", J, entry('{"dtype":"F32","shape":4,"data_offsets":[0,4]}')),
-        ("shape_negative", J, entry('{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}')),
-        ("shape_float", J, entry('{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}')),
-        ("shape_exponent", J, entry('{"dtype":"F32","shape":[1e0],"data_offsets":[0,4]}')),
-        ("shape_string", J, entry('{"dtype":"F32","shape":["1"],"data_offsets":[0,4]}')),
-        ("shape_null", J, entry('{"dtype":"F32","shape":[null],"data_offsets":[0,4]}')),
-        ("shape_above_i64", J,
-         entry('{"dtype":"U8","shape":[18446744073709551616],"data_offsets":[0,4]}')),
-        ("shape_9_dims", J,
-         entry('{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}')),
-        ("offsets_3_entries", J, entry('{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}')),
-        ("offsets_1_entry", J, entry('{"dtype":"F32","shape":[1],"data_offsets":[4]}')),
-        ("offsets_not_array", J, entry('{"dtype":"F32","shape":[1],"data_offsets":"0-4"}')),
-        ("offsets_negative", J, entry('{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}')),
-        ("offsets_float", J, entry('{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}')),
+        ("dtype_not_string", J, fields(dtype="7")),
+        ("shape_not_array", J, fields(shape="4")),
+        ("shape_negative", J, fields(shape="[-1]")),
+        ("shape_float", J, fields(shape="[1.0]")),
+        ("shape_exponent", J, fields(shape="[1e0]")),
+        ("shape_string", J, fields(shape='["1"]')),
+        ("shape_null", J, fields(shape="[null]")),
+        ("shape_above_i64", J, fields(dtype='"U8"', shape="[18446744073709551616]")),
+        ("shape_9_dims", J, fields(dtype='"U8"', shape="[1,1,1,1,1,1,1,1,1]", offsets="[0,1]")),
+        ("offsets_3_entries", J, fields(offsets="[0,4,8]")),
+        ("offsets_1_entry", J, fields(offsets="[4]")),
+        ("offsets_not_array", J, fields(offsets='"0-4"')),
+        ("offsets_negative", J, fields(offsets="[-4,0]")),
+        ("offsets_float", J, fields(offsets="[0,4.0]")),
         ("metadata_non_string_value", J,
          image({"__metadata__": {"format": "pt", "version": 2}, **one}, f32(1, 2))),
         ("metadata_nested_object", J,

@@ -367,6 +367,16 @@ class TestScore(unittest.TestCase):
                 self.tiny.save(os.path.join(d, "y"), layout="fp8-block")
             self.assertIn("fp8-block:RULE", str(e.exception))
 
+    def _masters_in_sampler(self, d):
+        """The tiny model saved as fp32 in d: its tensors {name: (array, shape)}, the same as
+        float32 masters for Model.update, and a new tiny Model (2 threads) updated with them."""
+        self.tiny.save(os.path.join(d, "f32"), layout="fp32")
+        tensors, _ = load_safetensors(os.path.join(d, "f32", "model.safetensors"))
+        masters = {k: ("F32", tuple(shape), arr) for k, (arr, shape) in tensors.items()}
+        sampler = parity.Model("synthetic:tiny", threads=2)
+        sampler.update(masters)
+        return tensors, masters, sampler
+
     def test_fp8_sync(self):
         """The learner's fp8 manifest written in Python from its float32 masters
         (parity.write_manifest with a policy) is the library's (Model.write_manifest with the
@@ -376,11 +386,7 @@ class TestScore(unittest.TestCase):
         import tempfile
         ds = "vllm+fp8-block:deepseek"
         with tempfile.TemporaryDirectory(prefix="parity-fp8-sync-") as d:
-            self.tiny.save(os.path.join(d, "f32"), layout="fp32")
-            tensors, _ = load_safetensors(os.path.join(d, "f32", "model.safetensors"))
-            masters = {k: ("F32", tuple(shape), arr) for k, (arr, shape) in tensors.items()}
-            sampler = parity.Model("synthetic:tiny", threads=2)
-            sampler.update(masters)
+            tensors, masters, sampler = self._masters_in_sampler(d)
             mine, theirs = os.path.join(d, "learner.json"), os.path.join(d, "library.json")
             parity.write_manifest(mine, masters, version=1, policy=ds)
             sampler.write_manifest(theirs, policy=ds)
@@ -429,11 +435,7 @@ class TestScore(unittest.TestCase):
         cases = (("vllm+nvfp4:modelopt", "vllm+nvfp4:te"), ("vllm+mxfp4:ocp", "vllm+mxfp4:rceil"),
                  ("hf-eager+ternary:bitnet", "hf-eager+ternary:hf-bitlinear"))
         with tempfile.TemporaryDirectory(prefix="parity-lowbit-sync-") as d:
-            self.tiny.save(os.path.join(d, "f32"), layout="fp32")
-            tensors, _ = load_safetensors(os.path.join(d, "f32", "model.safetensors"))
-            masters = {k: ("F32", tuple(shape), arr) for k, (arr, shape) in tensors.items()}
-            sampler = parity.Model("synthetic:tiny", threads=2)
-            sampler.update(masters)
+            _, masters, sampler = self._masters_in_sampler(d)
             mine, theirs = os.path.join(d, "learner.json"), os.path.join(d, "library.json")
             for pol, other in cases:
                 parity.write_manifest(mine, masters, version=1, policy=pol)

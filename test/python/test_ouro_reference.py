@@ -52,10 +52,16 @@ torch, np = harness.require("Ouro reference tests", ["torch", "numpy"],
 import json  # noqa: E402
 import os  # noqa: E402
 import struct  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import unittest  # noqa: E402
 
 import parity  # noqa: E402
+
+# The byte-level reference's tools: its safetensors reader.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                "reference", "tools"))
+import reference  # noqa: E402
 
 SPEC = "synthetic:ouro-tiny:7"
 #: fp32 against the fp32 reference: max |dlogp|, absolute (the log-probs are ~3-6 nats).
@@ -73,27 +79,8 @@ torch.set_num_threads(1)
 
 def read_safetensors(path):
     """{name: float32 torch tensor} from a .safetensors file (BF16, F16 or F32 tensors)."""
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-        data = f.read()
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        raw = data[start:end]
-        if info["dtype"] == "BF16":
-            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-            values = bits.view(np.float32)
-        elif info["dtype"] == "F16":
-            values = np.frombuffer(raw, dtype="<f2").astype(np.float32)
-        elif info["dtype"] == "F32":
-            values = np.frombuffer(raw, dtype="<f4").copy()
-        else:
-            raise ValueError("%s: dtype %s not handled by this reader" % (name, info["dtype"]))
-        out[name] = torch.from_numpy(values.reshape(info["shape"]).copy())
-    return out
+    return {name: torch.from_numpy(values)
+            for name, (_, values) in reference.safetensors_arrays(path).items()}
 
 
 def expected_shapes(cfg):
