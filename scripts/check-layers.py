@@ -25,6 +25,8 @@ import re
 import subprocess
 import sys
 
+from graphs import sccs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIB = os.path.join(REPO, "lib")
 EXEMPT_CYCLES = {"kernels"}
@@ -70,48 +72,6 @@ def includes(path):
                     found.append((n, cand))
                     break
     return found
-
-
-def sccs(nodes, edges):
-    """Strongly connected components (Tarjan, iterative) of the graph nodes -> edges[node]."""
-    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
-    for root in nodes:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges.get(root, ()))))]
-        index[root] = low[root] = counter[0]
-        counter[0] += 1
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            advanced = False
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter[0]
-                    counter[0] += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(edges.get(w, ())))))
-                    advanced = True
-                    break
-                if w in on:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                out.append(sorted(comp))
-    return out
 
 
 def objects(build, files):
@@ -234,9 +194,12 @@ def main():
                         why.setdefault((path, dep), []).append("%s via %s" % (s, h))
         for comp in sccs(sorted(objs), sym_edges):
             if len(comp) > 1 and not all(folder(c) in EXEMPT_CYCLES for c in comp):
-                pairs = ["%s -> %s (%s)" % (a, b, ", ".join(sorted(why[(a, b)])[:3]))
+                pairs = ["%s -> %s (%s)" % (a, b, ", ".join(sorted(why[(a, b)])[:2]))
                          for a in comp for b in comp if (a, b) in why]
-                problems.append("a cycle of files that use each other: " + "; ".join(pairs))
+                problems.append("a cycle of %d files that see or use each other (%s); for "
+                                "example: %s%s" % (len(comp), ", ".join(comp), "; ".join(pairs[:6]),
+                                                   " and %d more" % (len(pairs) - 6)
+                                                   if len(pairs) > 6 else ""))
     for p in problems:
         print("check-layers: " + p)
     print("check-layers: %d folders (%s), %d files, %d include edges, %d use edges: %d problem%s"

@@ -1,6 +1,6 @@
 """Fails (exit 1) when the modules of the `parity` package import each other in a cycle.
 
-    python3 python/check_import_cycles.py [--graph]
+    scripts/check-imports.py [--graph]
 
 Reads every .py file under python/parity with the standard library's ast and follows each
 `import` and `from ... import` that names a module of the package, the ones inside functions
@@ -12,8 +12,10 @@ import ast
 import os
 import sys
 
+from graphs import sccs
+
 PACKAGE = "parity"
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), PACKAGE)
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python", PACKAGE)
 
 
 def module_files():
@@ -66,34 +68,8 @@ def imports_of(name, path, modules):
 
 
 def cycles(graph):
-    """The strongly connected components of more than one module (Tarjan), each sorted."""
-    index, low, stack, on_stack, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                out.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
+    """The strongly connected components of more than one module, each sorted."""
+    return [c for c in sccs(sorted(graph), graph) if len(c) > 1]
 
 
 def main(argv):
