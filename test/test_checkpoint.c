@@ -1068,6 +1068,17 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
         ckpt_free(&c);
     }
 
+    /* scale_fmt "float" (transformers' default spelling) and dequantize (transformers' load-time
+     * choice; the policy chooses the arithmetic here) are read and change nothing */
+    {
+        write_fp8_variant("fp8-scale-float", &fp8, tiny_dir,
+                          "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+                          "[128, 128], \"scale_fmt\": \"float\", \"dequantize\": true},", dir);
+        parity_model *mf = load(dir);
+        if (mf) check_same_scores(orig, mf, fp8_presets, "fp8 with scale_fmt float, dequantize");
+        parity_model_free(mf);
+    }
+
     /* modules_to_not_convert: a layer kept in bf16 (its weight BF16, no scale), by full name
      * and by a suffix naming every layer's down_proj */
     {
@@ -1161,6 +1172,7 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
         {"block", PARITY_ERR_UNSUPPORTED, "[64, 64]"},
         {"static", PARITY_ERR_UNSUPPORTED, "static"},
         {"block-type", PARITY_ERR_CONFIG, "weight_block_size"},
+        {"dequantize-type", PARITY_ERR_CONFIG, "quantization_config.dequantize"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ckpt c;
@@ -1207,6 +1219,9 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
                   "\"static\", \"weight_block_size\": [128, 128]},";
         else if (!strcmp(w, "block-type"))
             cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": \"128\"},";
+        else if (!strcmp(w, "dequantize-type"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+                  "[128, 128], \"dequantize\": \"yes\"},";
         if (!strcmp(w, "scale-of-kept")) {
             /* the kept weight in bf16, its scale left behind */
             const weight *o = model_find_tensor(orig, GATE0)->dst;
@@ -1342,6 +1357,17 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
         ckpt_free(&c);
     }
 
+    /* use_rms_norm false (transformers' default) and its rms_norm_eps are read and change
+     * nothing: the same model as without them */
+    {
+        write_fp8_variant("bitnet-no-rms-norm", &bn, tiny_dir,
+                          "\"quantization_config\": {\"quant_method\": \"bitnet\", \"use_rms_norm\": "
+                          "false, \"rms_norm_eps\": 1e-06},", dir);
+        parity_model *mr = load(dir);
+        if (mr) check_same_scores(m, mr, tern, "bitnet with use_rms_norm false");
+        parity_model_free(mr);
+    }
+
     printf("BitNet failures, as expected:\n");
     const char *qcfg = "\"quantization_config\": {\"quant_method\": \"bitnet\"},";
     struct {
@@ -1361,6 +1387,9 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
         {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale"},
         {"linear-class", PARITY_ERR_UNSUPPORTED, "ternarylinear"},
         {"online", PARITY_ERR_UNSUPPORTED, "online"},
+        {"use-rms-norm", PARITY_ERR_UNSUPPORTED, "quantization_config.use_rms_norm"},
+        {"use-rms-norm-type", PARITY_ERR_CONFIG, "quantization_config.use_rms_norm"},
+        {"rms-norm-eps-type", PARITY_ERR_CONFIG, "quantization_config.rms_norm_eps"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ckpt c;
@@ -1401,6 +1430,14 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
         else if (!strcmp(w, "online"))
             cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
                   "\"autobitlinear\", \"quantization_mode\": \"online\"},";
+        else if (!strcmp(w, "use-rms-norm")) /* transformers: an RMSNorm before each BitLinear */
+            cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", \"use_rms_norm\": true, "
+                  "\"rms_norm_eps\": 1e-06},";
+        else if (!strcmp(w, "use-rms-norm-type"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", \"use_rms_norm\": 1},";
+        else if (!strcmp(w, "rms-norm-eps-type"))
+            cfg = "\"quantization_config\": {\"quant_method\": \"bitnet\", \"rms_norm_eps\": "
+                  "\"1e-6\"},";
         write_fp8_variant(name, &c, tiny_dir, cfg, dir);
         check_load_fails(dir, cases[i].status, cases[i].needle, NULL);
         ckpt_free(&c);

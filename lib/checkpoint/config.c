@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/files.h"
 #include "base/internal.h"
 #include "json.h"
 #include "model/model.h"
@@ -578,35 +579,9 @@ int config_parse(const char *text, size_t len, const char *path, parity_config *
 int parity_config_load(const char *path, parity_config *out) {
     clear_error();
     if (!path || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "path or output is NULL");
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return set_error(PARITY_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 64 * 1024, len = 0;
-    char *text = px_malloc(cap, "config.json text");
-    int rc = text ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
-    while (rc == PARITY_OK) {
-        if (len == cap) {
-            if (cap >= CONFIG_MAX_BYTES) {
-                rc = set_error(PARITY_ERR_CONFIG, "%s: larger than %u bytes, not a config.json",
-                               path, CONFIG_MAX_BYTES);
-                break;
-            }
-            char *grown = px_realloc(text, cap * 2, "config.json text");
-            if (!grown) {
-                rc = PARITY_ERR_OUT_OF_MEMORY;
-                break;
-            }
-            text = grown;
-            cap *= 2;
-        }
-        size_t n = fread(text + len, 1, cap - len, fp);
-        len += n;
-        if (n == 0) {
-            if (ferror(fp))
-                rc = set_error(PARITY_ERR_IO, "%s: read failed: %s", path, strerror(errno));
-            break;
-        }
-    }
-    fclose(fp);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_file_capped(path, CONFIG_MAX_BYTES, PARITY_ERR_CONFIG, &text, &len);
     if (rc == PARITY_OK) rc = config_parse(text, len, path, out);
     px_free(text);
     return rc;

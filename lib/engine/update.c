@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "base/files.h"
 #include "base/internal.h"
 #include "checkpoint/json.h"
 #include "model/model.h"
@@ -563,31 +564,9 @@ static void report_line(report *r, const char *fmt, ...) {
 }
 
 static int read_manifest(const char *path, json_doc **doc) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return set_error(PARITY_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *text = NULL;
-    size_t len = 0, cap = 0;
-    int rc = PARITY_OK;
-    for (;;) {
-        if (len == cap) {
-            if (cap >= (256u << 20)) {
-                rc = set_error(PARITY_ERR_VERIFY, "%s: larger than 256 MB", path);
-                break;
-            }
-            cap = cap ? 2 * cap : 65536;
-            char *grown = px_realloc(text, cap, "manifest");
-            if (!grown) {
-                rc = PARITY_ERR_OUT_OF_MEMORY;
-                break;
-            }
-            text = grown;
-        }
-        size_t got = fread(text + len, 1, cap - len, f);
-        len += got;
-        if (!got) break;
-    }
-    if (!rc && ferror(f)) rc = set_error(PARITY_ERR_IO, "%s: read error", path);
-    fclose(f);
+    size_t len = 0;
+    int rc = read_file_capped(path, 256u << 20, PARITY_ERR_VERIFY, &text, &len);
     char err[256];
     if (!rc) {
         rc = json_parse(text, len, doc, err, sizeof err);

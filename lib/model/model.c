@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/files.h"
 #include "base/internal.h"
 #include "checkpoint/json.h"
 #include "model.h"
@@ -351,42 +352,6 @@ int model_prepare(parity_model *m, int need) {
 
 /* ---- files --------------------------------------------------------------------------- */
 
-static int read_text_file(const char *path, size_t limit, char **out, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return set_error(PARITY_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            if (cap >= limit) {
-                fclose(fp);
-                px_free(buf);
-                return set_error(PARITY_ERR_INDEX, "%s: larger than %zu bytes", path, limit);
-            }
-            cap = cap ? 2 * cap : 4096;
-            char *grown = px_realloc(buf, cap, path);
-            if (!grown) {
-                fclose(fp);
-                px_free(buf);
-                return PARITY_ERR_OUT_OF_MEMORY;
-            }
-            buf = grown;
-        }
-        size_t got = fread(buf + n, 1, cap - n, fp);
-        n += got;
-        if (got == 0) break;
-    }
-    int err = ferror(fp);
-    fclose(fp);
-    if (err) {
-        px_free(buf);
-        return set_error(PARITY_ERR_IO, "%s: read error", path);
-    }
-    *out = buf;
-    *len = n;
-    return PARITY_OK;
-}
-
 static int file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
@@ -415,7 +380,7 @@ static int shard_name_ok(const char *s, size_t len) {
 static int open_sharded(parity_model *m, const char *dir, const char *index_path) {
     char *text = NULL;
     size_t len = 0;
-    int rc = read_text_file(index_path, 64u << 20, &text, &len);
+    int rc = read_file_capped(index_path, 64u << 20, PARITY_ERR_INDEX, &text, &len);
     if (rc) return rc;
     json_doc *doc;
     char err[256];
@@ -740,14 +705,14 @@ int parity_model_load(const char *dir, parity_model **out) {
     quant_checkpoint ckpt = {0};
     char *text = NULL;
     size_t text_len = 0;
-    if (!rc && !(rc = read_text_file(path, 16u << 20, &text, &text_len)))
+    if (!rc && !(rc = read_file_capped(path, 16u << 20, PARITY_ERR_INDEX, &text, &text_len)))
         rc = quant_checkpoint_parse(text, text_len, path, &ckpt);
     px_free(text);
     text = NULL;
     /* a ModelOpt checkpoint may say how it is quantized in hf_quant_config.json alone */
     snprintf(path, plen, "%s/hf_quant_config.json", dir);
     if (!rc && ckpt.method == QUANT_METHOD_NONE && file_exists(path) &&
-        !(rc = read_text_file(path, 16u << 20, &text, &text_len)))
+        !(rc = read_file_capped(path, 16u << 20, PARITY_ERR_INDEX, &text, &text_len)))
         rc = quant_checkpoint_parse_modelopt(text, text_len, path, &ckpt);
     px_free(text);
     if (rc) {
