@@ -25,6 +25,9 @@
 
 #include "fixtures.h"
 #include "base/internal.h"
+#include "checkpoint/fp4_packed.h"
+#include "checkpoint/layout_bitnet.h"
+#include "checkpoint/layout_mxfp4.h"
 #include "model/model.h"
 #include "checkpoint/safetensors.h"
 

@@ -3,12 +3,12 @@
  * checkpoints that carry none there, hf_quant_config.json's "quantization"), read into a
  * quant_checkpoint. Four methods are known, each with its tensor layout in its own file:
  *   "fp8"      block-FP8 (DeepSeek-V3, Qwen3-FP8): fmt e4m3, activation_scheme dynamic,
- *              weight_block_size [128, 128], optional scale_fmt ue8m0 (lib/fp8_checkpoint.c);
+ *              weight_block_size [128, 128], optional scale_fmt ue8m0 (layout_fp8_block.c);
  *   "bitnet"   transformers' BitNet: linear_class bitlinear | autobitlinear, quantization_mode
- *              offline, use_rms_norm false (lib/bitnet_checkpoint.c);
+ *              offline, use_rms_norm false (layout_bitnet.c);
  *   "modelopt" with quant_algo "NVFP4": ModelOpt's NVFP4, group_size 16, kv_cache_quant_algo
- *              null (lib/fp4_checkpoint.c);
- *   "mxfp4"    the *_blocks / *_scales layout of gpt-oss (lib/fp4_checkpoint.c).
+ *              null (layout_nvfp4.c);
+ *   "mxfp4"    the *_blocks / *_scales layout of gpt-oss (layout_mxfp4.c).
  * The layers a checkpoint keeps unquantized are listed in modules_to_not_convert,
  * ignored_layers, or (ModelOpt) exclude_modules / ignore; an entry names a module exactly, by a
  * dotted prefix or suffix, or as a shell pattern when it holds '*' or '?'.
@@ -18,7 +18,7 @@
 
 #include "base/internal.h"
 #include "json.h"
-#include "model/model.h"
+#include "quant_config.h"
 
 /* Where a member is read from, for messages: "PATH: quantization_config.KEY". */
 typedef struct config_place {
@@ -98,7 +98,7 @@ static int read_dequantize(const json_value *q, const config_place *at) {
     return read_bool(q, "dequantize", at, &dequantize);
 }
 
-/* quant_method "bitnet" (transformers integrations/bitnet.py; lib/bitnet_checkpoint.c).
+/* quant_method "bitnet" (transformers integrations/bitnet.py; layout_bitnet.c).
  * use_rms_norm puts an RMSNorm (of rms_norm_eps, weight all ones unless the checkpoint ships
  * one) before every BitLinear: an arithmetic the forward does not have, so it is refused. */
 static int parse_bitnet(const json_value *q, const config_place *at, quant_checkpoint *c) {
