@@ -25,6 +25,9 @@
 
 #include "fixtures.h"
 #include "base/internal.h"
+#include "checkpoint/fp4_packed.h"
+#include "checkpoint/layout_bitnet.h"
+#include "checkpoint/layout_mxfp4.h"
 #include "model/model.h"
 #include "checkpoint/safetensors.h"
 
@@ -1294,6 +1297,17 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
         ckpt_free(&c);
     }
 
+    /* scale_fmt "float" (transformers' default spelling) and dequantize (transformers' load-time
+     * choice; the policy chooses the arithmetic here) are read and change nothing */
+    {
+        write_fp8_variant("fp8-scale-float", &fp8, tiny_dir,
+                          "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+                          "[128, 128], \"scale_fmt\": \"float\", \"dequantize\": true},", dir);
+        parity_model *mf = load(dir);
+        if (mf) check_same_scores(orig, mf, fp8_presets, "fp8 with scale_fmt float, dequantize");
+        parity_model_free(mf);
+    }
+
     /* modules_to_not_convert: a layer kept in bf16 (its weight BF16, no scale), by full name
      * and by a suffix naming every layer's down_proj */
     {
@@ -1391,6 +1405,9 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
          "\"static\", \"weight_block_size\": [128, 128]},"},
         {"block-type", PARITY_ERR_CONFIG, "weight_block_size",
          "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": \"128\"},"},
+        {"dequantize-type", PARITY_ERR_CONFIG, "quantization_config.dequantize",
+         "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+         "[128, 128], \"dequantize\": \"yes\"},"},
     };
     check_bad_cases("fp8", &fp8, qcfg, cases, sizeof cases / sizeof cases[0], edit_fp8_case, orig);
     ckpt_free(&fp8);
@@ -1494,6 +1511,17 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
         ckpt_free(&c);
     }
 
+    /* use_rms_norm false (transformers' default) and its rms_norm_eps are read and change
+     * nothing: the same model as without them */
+    {
+        write_fp8_variant("bitnet-no-rms-norm", &bn, tiny_dir,
+                          "\"quantization_config\": {\"quant_method\": \"bitnet\", \"use_rms_norm\": "
+                          "false, \"rms_norm_eps\": 1e-06},", dir);
+        parity_model *mr = load(dir);
+        if (mr) check_same_scores(m, mr, tern, "bitnet with use_rms_norm false");
+        parity_model_free(mr);
+    }
+
     printf("BitNet failures, as expected:\n");
     const char *qcfg = "\"quantization_config\": {\"quant_method\": \"bitnet\"},";
     static const bad_case cases[] = {
@@ -1515,6 +1543,15 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
         {"online", PARITY_ERR_UNSUPPORTED, "online",
          "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
          "\"autobitlinear\", \"quantization_mode\": \"online\"},"},
+        /* transformers puts an RMSNorm before each BitLinear when use_rms_norm is true */
+        {"use-rms-norm", PARITY_ERR_UNSUPPORTED, "quantization_config.use_rms_norm",
+         "\"quantization_config\": {\"quant_method\": \"bitnet\", \"use_rms_norm\": true, "
+         "\"rms_norm_eps\": 1e-06},"},
+        {"use-rms-norm-type", PARITY_ERR_CONFIG, "quantization_config.use_rms_norm",
+         "\"quantization_config\": {\"quant_method\": \"bitnet\", \"use_rms_norm\": 1},"},
+        {"rms-norm-eps-type", PARITY_ERR_CONFIG, "quantization_config.rms_norm_eps",
+         "\"quantization_config\": {\"quant_method\": \"bitnet\", \"rms_norm_eps\": "
+         "\"1e-6\"},"},
     };
     check_bad_cases("bitnet", &bn, qcfg, cases, sizeof cases / sizeof cases[0], edit_bitnet_case,
                     orig);

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "fixtures.h"
+#include "checkpoint/config_json.h"
 #include "engine/forward.h"
 #include "base/internal.h"
 

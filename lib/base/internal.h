@@ -182,6 +182,16 @@ void name_table_names(const void *table, size_t n, size_t stride, const char **n
 #define NAME_FIND(t, name, len) name_table_find(t, sizeof t / sizeof t[0], sizeof t[0], name, len)
 #define NAME_LIST(t, buf) name_table_list(t, sizeof t / sizeof t[0], sizeof t[0], buf, sizeof buf)
 #define NAME_NAMES(t, names) name_table_names(t, sizeof t / sizeof t[0], sizeof t[0], names)
+/* Defines `const char *const *getter(void)`: the names of table t, NULL-terminated, derived
+ * once (the including file includes <pthread.h>). */
+#define NAME_NAMES_ONCE(t, getter)                                                             \
+    static const char *getter##_list[sizeof t / sizeof t[0] + 1];                              \
+    static pthread_once_t getter##_once = PTHREAD_ONCE_INIT;                                   \
+    static void getter##_fill(void) { NAME_NAMES(t, getter##_list); }                          \
+    const char *const *getter(void) {                                                          \
+        pthread_once(&getter##_once, getter##_fill);                                           \
+        return getter##_list;                                                                  \
+    }
 
 /* ---- checked arithmetic ---------------------------------------------------------------- */
 

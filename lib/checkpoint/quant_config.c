@@ -3,12 +3,12 @@
  * checkpoints that carry none there, hf_quant_config.json's "quantization"), read into a
  * quant_checkpoint. Four methods are known, each with its tensor layout in its own file:
  *   "fp8"      block-FP8 (DeepSeek-V3, Qwen3-FP8): fmt e4m3, activation_scheme dynamic,
- *              weight_block_size [128, 128], optional scale_fmt ue8m0 (lib/fp8_checkpoint.c);
+ *              weight_block_size [128, 128], optional scale_fmt ue8m0 (layout_fp8_block.c);
  *   "bitnet"   transformers' BitNet: linear_class bitlinear | autobitlinear, quantization_mode
- *              offline (lib/bitnet_checkpoint.c);
+ *              offline, use_rms_norm false (layout_bitnet.c);
  *   "modelopt" with quant_algo "NVFP4": ModelOpt's NVFP4, group_size 16, kv_cache_quant_algo
- *              null (lib/fp4_checkpoint.c);
- *   "mxfp4"    the *_blocks / *_scales layout of gpt-oss (lib/fp4_checkpoint.c).
+ *              null (layout_nvfp4.c);
+ *   "mxfp4"    the *_blocks / *_scales layout of gpt-oss (layout_mxfp4.c).
  * The layers a checkpoint keeps unquantized are listed in modules_to_not_convert,
  * ignored_layers, or (ModelOpt) exclude_modules / ignore; an entry names a module exactly, by a
  * dotted prefix or suffix, or as a shell pattern when it holds '*' or '?'.
@@ -18,7 +18,7 @@
 
 #include "base/internal.h"
 #include "json.h"
-#include "model/model.h"
+#include "quant_config.h"
 
 /* Where a member is read from, for messages: "PATH: quantization_config.KEY". */
 typedef struct config_place {
@@ -77,12 +77,46 @@ static int read_str(const json_value *q, const char *key, const config_place *at
     return PARITY_OK;
 }
 
-/* quant_method "bitnet" (transformers integrations/bitnet.py; lib/bitnet_checkpoint.c). */
+/* A boolean member: PARITY_OK with *out 0 when absent or null; PARITY_ERR_CONFIG for another
+ * type. */
+static int read_bool(const json_value *q, const char *key, const config_place *at, int *out) {
+    const json_value *v = json_get(q, key);
+    *out = 0;
+    if (!v || v->type == JSON_NULL) return PARITY_OK;
+    if (v->type != JSON_TRUE && v->type != JSON_FALSE)
+        return set_error(PARITY_ERR_CONFIG, "%s: %s.%s is %s, expected true or false", at->path,
+                         at->object, key, json_type_name(v->type));
+    *out = v->type == JSON_TRUE;
+    return PARITY_OK;
+}
+
+/* "dequantize" (transformers' FineGrainedFP8Config and Mxfp4Config): whether transformers
+ * turns the codes into bf16 weights when it loads them. It is read and either value accepted:
+ * the arithmetic here is the policy's, and a bf16 policy reads the dequantized values. */
+static int read_dequantize(const json_value *q, const config_place *at) {
+    int dequantize;
+    return read_bool(q, "dequantize", at, &dequantize);
+}
+
+/* quant_method "bitnet" (transformers integrations/bitnet.py; layout_bitnet.c).
+ * use_rms_norm puts an RMSNorm (of rms_norm_eps, weight all ones unless the checkpoint ships
+ * one) before every BitLinear: an arithmetic the forward does not have, so it is refused. */
 static int parse_bitnet(const json_value *q, const config_place *at, quant_checkpoint *c) {
     const char *cls, *mode;
-    int rc;
-    if ((rc = read_str(q, "linear_class", at, &cls)) || (rc = read_str(q, "quantization_mode", at, &mode)))
+    int rc, rms_norm;
+    if ((rc = read_str(q, "linear_class", at, &cls)) ||
+        (rc = read_str(q, "quantization_mode", at, &mode)) ||
+        (rc = read_bool(q, "use_rms_norm", at, &rms_norm)))
         return rc;
+    const json_value *eps = json_get(q, "rms_norm_eps");
+    if (eps && eps->type != JSON_NULL && eps->type != JSON_NUMBER)
+        return set_error(PARITY_ERR_CONFIG, "%s: %s.rms_norm_eps is %s, expected a number",
+                         at->path, at->object, json_type_name(eps->type));
+    if (rms_norm)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s.use_rms_norm is true: transformers then "
+                         "puts an RMSNorm before every BitLinear, which this library does not "
+                         "compute (a checkpoint loads with use_rms_norm false or absent)",
+                         at->path, at->object);
     if (cls && strcmp(cls, "bitlinear") && strcmp(cls, "autobitlinear"))
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s.linear_class '%s' is not known "
                          "(\"bitlinear\": weight_scale is 1 / mean|W|; \"autobitlinear\": it is "
@@ -145,9 +179,11 @@ static int parse_fp8(const json_value *q, const config_place *at, quant_checkpoi
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s.activation_scheme '%s' is not supported "
                          "(only dynamic: activations quantized per token, per 1 x 128 group, at "
                          "each GEMM input)", at->path, at->object, scheme);
-    if (scale_fmt && strcmp(scale_fmt, "ue8m0") && strcmp(scale_fmt, "float32"))
-        return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s.scale_fmt '%s' is not supported (ue8m0 "
-                         "or float32)", at->path, at->object, scale_fmt);
+    if (scale_fmt && strcmp(scale_fmt, "ue8m0") && strcmp(scale_fmt, "float32") &&
+        strcmp(scale_fmt, "float"))
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s.scale_fmt '%s' is not supported (ue8m0, "
+                         "float or float32)", at->path, at->object, scale_fmt);
+    if ((rc = read_dequantize(q, at))) return rc;
     const json_value *bs = json_get(q, "weight_block_size");
     if (!bs || bs->type == JSON_NULL)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s has no weight_block_size: per-tensor fp8 "
@@ -179,6 +215,7 @@ static int parse_quant(const json_value *q, const config_place *at, quant_checkp
     if (!strcmp(method, "bitnet")) return parse_bitnet(q, at, c);
     if (!strcmp(method, "modelopt")) return parse_modelopt(q, at, c);
     if (!strcmp(method, "mxfp4")) {
+        if ((rc = read_dequantize(q, at))) return rc;
         c->method = QUANT_METHOD_MXFP4;
         return read_module_list(q, "modules_to_not_convert", at, c);
     }

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
 #include "parity.h"
 
 struct st_file;
@@ -40,8 +41,8 @@ typedef struct weight {
     quant_weight *quant[QUANTIZERS]; /* the decoder layers' linear weights quantized with each
                               quantizer a policy asked for, owned, built on demand */
     quant_weight *shipped;   /* codes and scales as a checkpoint (or, block-FP8, an update)
-                              shipped them, owned: block-FP8 (lib/fp8_checkpoint.c), ternary
-                              (bitnet_checkpoint.c), NVFP4 or MXFP4 (fp4_checkpoint.c); every
+                              shipped them, owned: block-FP8, ternary, NVFP4 or MXFP4 (the
+                              layouts of lib/checkpoint/layout_*.c, and update.c); every
                               policy of that format reads them as they are; NULL if none. bf16
                               and master then hold the dequantized values */
     uint8_t shipped_gemm;  /* the format of the shipped codes: PARITY_GEMM_FP8_BLOCK, _NVFP4,
@@ -52,16 +53,18 @@ typedef struct weight {
                               no fp8 policy quantizes it */
 } weight;
 
-/* How a checkpoint quantizes its decoder linear layers (lib/quant_config.c). */
+/* How a checkpoint quantizes its decoder linear layers (lib/checkpoint/quant_config.c). */
 enum {
     QUANT_METHOD_NONE = 0,  /* not at all: every weight holds values */
-    QUANT_METHOD_FP8_BLOCK, /* "fp8": F8_E4M3 codes, 128 x 128 block scales (fp8_checkpoint.c) */
-    QUANT_METHOD_BITNET,    /* "bitnet": packed ternary codes and weight_scale (bitnet_checkpoint.c) */
-    QUANT_METHOD_NVFP4,     /* "modelopt" NVFP4: packed E2M1, E4M3 block scales, weight_scale_2 */
-    QUANT_METHOD_MXFP4      /* "mxfp4": *_blocks and E8M0 *_scales (fp4_checkpoint.c) */
+    QUANT_METHOD_FP8_BLOCK, /* "fp8": F8_E4M3 codes, 128 x 128 block scales (layout_fp8_block.c) */
+    QUANT_METHOD_BITNET,    /* "bitnet": packed ternary codes and weight_scale (layout_bitnet.c) */
+    QUANT_METHOD_NVFP4,     /* "modelopt" NVFP4: packed E2M1, E4M3 block scales, weight_scale_2
+                               (layout_nvfp4.c) */
+    QUANT_METHOD_MXFP4      /* "mxfp4": *_blocks and E8M0 *_scales (layout_mxfp4.c) */
 };
 
-/* A checkpoint's quantization settings (lib/quant_config.c). */
+/* A checkpoint's quantization settings (lib/checkpoint/quant_config.c), kept with the model:
+ * a save writes them back. */
 typedef struct quant_checkpoint {
     int method;            /* QUANT_METHOD_* */
     int bitnet_scale_is_mean; /* linear_class "autobitlinear": weight_scale = mean|W| (else
@@ -85,17 +88,6 @@ typedef struct layer_weights {
     weight w_down;                 /* [hidden][intermediate] */
 } layer_weights;
 
-/* The loops a token runs through the layer stack: total_ut_steps (Ouro), 1 for the others. */
-static inline uint32_t config_loops(const parity_config *c) {
-    return c->total_ut_steps > 1 ? c->total_ut_steps : 1;
-}
-
-/* The KV cache's planes: one per (loop, layer), loop-major (plane t * layers + l, as HF's
- * UniversalTransformerCache and vLLM's Ouro index them). */
-static inline uint32_t config_kv_planes(const parity_config *c) {
-    return config_loops(c) * c->num_hidden_layers;
-}
-
 /* RoPE tables for positions 0 .. n_positions-1, hd/2 frequencies each. */
 typedef struct rope_tables {
     uint32_t n_positions, half;
@@ -114,8 +106,9 @@ struct parity_model {
     layer_weights *layers;         /* [num_hidden_layers] */
     rope_tables rope;
 
-    struct st_file **files;        /* mapped checkpoint files */
+    struct st_file **files;        /* mapped checkpoint files (lib/checkpoint/load.c) */
     size_t n_files;
+    void (*release_source)(parity_model *m); /* set by the loader: closes the files, frees ckpt */
     void **owned;                  /* owned weight buffers, freed with the model */
     size_t n_owned, cap_owned;
     pthread_mutex_t prepare_lock;  /* guards building the fp32 copies (wide) */
@@ -148,6 +141,13 @@ static inline const expected *model_tensors(const parity_model *m, size_t *n) {
 }
 /* The entry of a checkpoint name, NULL if the architecture has no such tensor. */
 const expected *model_find_tensor(const parity_model *m, const char *name);
+
+/* A model of the config with its blueprint built and no weights (NULL when out of memory). */
+parity_model *model_new(const parity_config *c);
+/* The end of every way a model is made, once its weights are bound (rc == PARITY_OK) or not:
+ * the tied head, the vectors widened to fp32, the RoPE tables; *out on success, everything
+ * freed on failure. */
+int model_finish(parity_model *m, int rc, parity_model **out);
 
 /* ---- the one way in for weight values (weights.c) ----------------------------------------- */
 
@@ -221,78 +221,6 @@ size_t quant_scratch_floats(const weight *w, int quantizer);
  * memory. */
 quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer);
 
-/* ---- BitNet (ternary) checkpoints (bitnet_checkpoint.c) ----------------------------------- */
-struct shipped_values;
-/* A tensor_source's dtype for a U8 tensor (packed codes; parity_dtype has no U8). */
-#define TENSOR_SOURCE_U8 (UINT32_MAX - 1)
-
-/* The checks of packed ternary codes (codes->dtype TENSOR_SOURCE_U8; shape
- * [ceil(rows / 4), cols]; no 2-bit field of 3) and their weight_scale (scale NULL:
- * PARITY_ERR_SCALE_MISSING; BF16/F16/F32; one value; finite, positive). */
-int ternary_shipped_check(const tensor_source *codes, const tensor_source *scale,
-                          const expected *slot);
-/* Checked, unpacked (int8 codes), with s_w and the dequantized values, into new buffers. */
-int ternary_shipped_import(const tensor_source *codes, const tensor_source *scale,
-                           const expected *slot, int scale_is_mean, struct shipped_values *out);
-/* int8 ternary codes [rows][cols] into transformers' pack_weights layout [ceil(rows/4)][cols]. */
-void ternary_pack(const uint8_t *codes, uint32_t rows, uint32_t cols, uint8_t *packed);
-
-/* ---- NVFP4 and MXFP4 checkpoints (fp4_checkpoint.c) --------------------------------------- */
-/* ModelOpt NVFP4: "<w>" U8 [rows, ceil(cols / 2)], "<w>_scale" F8_E4M3 [rows, ceil(cols / 16)],
- * "<w>_scale_2" F32 [] or [1], optional "<module>.input_scale" F32 [] or [1] (input_scale NULL:
- * none); checked, unpacked, with the dequantized values, into new buffers. */
-int nvfp4_shipped_import(const tensor_source *codes, const tensor_source *block_scales,
-                         const tensor_source *scale_2, const tensor_source *input_scale,
-                         const expected *slot, struct shipped_values *out);
-/* MXFP4: "<w>_blocks" U8 [rows, ceil(cols / 32), 16], "<w>_scales" U8 [rows, ceil(cols / 32)]. */
-int mxfp4_shipped_import(const tensor_source *blocks, const tensor_source *scales,
-                         const expected *slot, struct shipped_values *out);
-/* One code a byte [rows][cols] into two a byte, low nibble the even column: [rows][ceil(cols /
- * 2)] (NVFP4), or [rows][ceil(cols / 32)][16] with each 32-block's padding zero (MXFP4). */
-void fp4_pack_rows(const uint8_t *codes, uint32_t rows, uint32_t cols, uint64_t packed_cols,
-                   uint8_t *packed);
-/* The E8M0 byte of an MXFP4 scale held as an fp32 power of two (2^-127 .. 2^127). */
-uint8_t e8m0_of_pow2(float s);
-
-/* ---- block-FP8 checkpoints (fp8_checkpoint.c) --------------------------------------------- */
-
-/* config.json's quantization_config into *out (all zero when there is none); PARITY_ERR_CONFIG
- * for a malformed one, PARITY_ERR_UNSUPPORTED for another method, format or block size. */
-int quant_checkpoint_parse(const char *text, size_t len, const char *path, quant_checkpoint *out);
-/* hf_quant_config.json (ModelOpt's {"quantization": {...}}) into *out, for a checkpoint whose
- * config.json has no quantization_config. */
-int quant_checkpoint_parse_modelopt(const char *text, size_t len, const char *path,
-                                    quant_checkpoint *out);
-void quant_checkpoint_free(quant_checkpoint *c);
-/* Whether the checkpoint keeps the weight NAME ("<module>.weight") unquantized. */
-int quant_checkpoint_keeps(const quant_checkpoint *c, const char *weight_name);
-/* "fp8", "bitnet", "modelopt NVFP4", "mxfp4" or "none", for messages. */
-const char *quant_method_name(int method);
-
-/* A shipped weight's values: codes and fp32 scales, the dequantized master and its bf16. */
-typedef struct shipped_values {
-    uint8_t *codes;
-    float *scales;
-    float *master;
-    uint16_t *bf16;
-    uint8_t scale_dtype;
-    float tensor_scale;    /* ternary: s_w, the GEMM's multiplier; NVFP4: weight_scale_2 */
-    float input_scale;     /* NVFP4: the checkpoint's input_scale, 0 if none */
-} shipped_values;
-/* The checks of shipped codes (F8_E4M3, the slot's shape, no NaN code, dequantized values
- * within bf16's range) and scales (scales NULL: PARITY_ERR_SCALE_MISSING; F32/BF16; the block
- * grid; finite, positive, powers of two if ue8m0), allocating nothing. */
-int shipped_check(const tensor_source *codes, const tensor_source *scales, const expected *slot,
-                  int ue8m0);
-/* The checked values into buffers of the slot's sizes. */
-void shipped_convert_into(const tensor_source *codes, const tensor_source *scales,
-                          const expected *slot, uint8_t *out_codes, float *out_scales,
-                          float *master, uint16_t *bf16);
-/* shipped_check, then the values into new buffers (nothing left allocated on failure). */
-int shipped_import(const tensor_source *codes, const tensor_source *scales, const expected *slot,
-                   int ue8m0, shipped_values *out);
-void shipped_values_free(shipped_values *v);
-
 /* The fp8 weights a policy's GEMM reads for w: the shipped ones under an fp8-block policy
  * where w has them, else the copy of the policy's quantizer (NULL: w runs in bf16). */
 static inline const quant_weight *quant_weight_for(const parity_policy *pol, const weight *w) {
@@ -322,10 +250,5 @@ int rope_inv_freq(const parity_config *c, float *inv_freq, float *attention_fact
  * when 1). */
 int rope_tables_build(const parity_config *c, uint32_t n_positions, rope_tables *t);
 void rope_tables_free(rope_tables *t);
-
-/* Config (config.c): validates field values and shapes; message names the field. */
-int config_validate(const parity_config *c);
-/* Parses config.json text (path for messages). */
-int config_parse(const char *text, size_t len, const char *path, parity_config *out);
 
 #endif

@@ -52,18 +52,8 @@ static const preset presets[] = {
                        PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_FP32)},
 };
 
-#define N_PRESETS (sizeof presets / sizeof presets[0])
-
-/* The names, NULL-terminated, derived from presets[] once. */
-static const char *preset_names[N_PRESETS + 1];
-static pthread_once_t preset_names_once = PTHREAD_ONCE_INIT;
-
-static void fill_preset_names(void) { NAME_NAMES(presets, preset_names); }
-
-const char *const *parity_policy_preset_names(void) {
-    pthread_once(&preset_names_once, fill_preset_names);
-    return preset_names;
-}
+/* parity_policy_preset_names: the names, NULL-terminated, derived from presets[] once. */
+NAME_NAMES_ONCE(presets, parity_policy_preset_names)
 
 /* The modifiers: "PRESET+NAME" (or "PRESET+NAME:ARG") applies `apply` to the preset's
  * switches; an apply that cannot compose with what it finds, or whose argument it does not

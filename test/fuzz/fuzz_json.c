@@ -1,7 +1,9 @@
 /* Fuzz target: the JSON reader (json_parse) and the config.json reader (config_parse) on the
  * input text. An accepted document is walked whole; an accepted config validates. */
 #include "fuzz_common.h"
+#include "checkpoint/config_json.h"
 #include "checkpoint/json.h"
+#include "model/config.h"
 
 /* The earliest index whose key occurs again, or -1: the definition, quadratic. */
 static long first_duplicate(const json_value *obj) {

@@ -1,5 +1,6 @@
 /*
- * Ternary weights as transformers' BitNet integration stores them (integrations/bitnet.py):
+ * The BitNet checkpoint layout (a row of layout.h): ternary weights as transformers' BitNet
+ * integration stores them (integrations/bitnet.py):
  * config.json's
  *   "quantization_config": {"quant_method": "bitnet", "linear_class": "bitlinear" |
  *                           "autobitlinear", "quantization_mode": "offline",
@@ -25,7 +26,8 @@
 #include <stdio.h>
 
 #include "base/internal.h"
-#include "model/model.h"
+#include "layout.h"
+#include "layout_bitnet.h"
 
 static uint64_t packed_rows(uint32_t rows) { return ((uint64_t)rows + 3) / 4; }
 
@@ -41,8 +43,8 @@ static float one_scale(const tensor_source *s) {
     return s->dtype == PARITY_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-int ternary_shipped_check(const tensor_source *codes, const tensor_source *scale,
-                          const expected *slot) {
+static int ternary_shipped_check(const tensor_source *codes, const tensor_source *scale,
+                                 const expected *slot) {
     if (codes->dtype != TENSOR_SOURCE_U8)
         return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s where packed ternary codes are U8 "
                          "(quantization_config quant_method bitnet quantizes this layer; a layer "
@@ -85,8 +87,9 @@ int ternary_shipped_check(const tensor_source *codes, const tensor_source *scale
     return PARITY_OK;
 }
 
-int ternary_shipped_import(const tensor_source *codes, const tensor_source *scale,
-                           const expected *slot, int scale_is_mean, shipped_values *out) {
+static int ternary_shipped_import(const tensor_source *codes, const tensor_source *scale,
+                                  const expected *slot, int scale_is_mean,
+                                  shipped_values *out) {
     *out = (shipped_values){0};
     int rc = ternary_shipped_check(codes, scale, slot);
     if (rc) return rc;
@@ -128,3 +131,76 @@ void ternary_pack(const uint8_t *codes, uint32_t rows, uint32_t cols, uint8_t *p
         }
     }
 }
+
+/* ---- the layout's row --------------------------------------------------------------------- */
+
+static int bitnet_import(const layout_tensors *in, shipped_values *out) {
+    const int scale_is_mean = in->settings->bitnet_scale_is_mean;
+    int rc = ternary_shipped_import(in->codes, in->companion[0], in->slot, scale_is_mean, out);
+    /* autobitlinear's s_w is computed (1 / mean): it saves as F32, exactly */
+    if (!rc && scale_is_mean) out->scale_dtype = PARITY_DTYPE_F32;
+    return rc;
+}
+
+static int bitnet_rule(const char *name, int *rule) {
+    return parity_quantizer_from_name(PARITY_GEMM_TERNARY, name, rule);
+}
+
+/* The packed codes and their weight_scale "<weight>_scale": the shipped ternary codes, or those
+ * of `rule` quantizing w's values. The scale keeps a shipped scale's dtype; a quantized one is
+ * F32 (BF16 under hf-bitlinear, whose s_w is a bf16 value). */
+static int bitnet_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *more) {
+    saved_tensor *sc = &more[0];
+    *sc = (saved_tensor){.w = w, .kind = OUT_SCALES};
+    snprintf(sc->scale_name, sizeof sc->scale_name, "%s_scale", v->name);
+    sc->name = sc->scale_name;
+    snprintf(sc->shape, sizeof sc->shape, "1");
+    v->kind = OUT_CODES;
+    v->dtype = "U8";
+    v->bytes = packed_rows(w->rows) * w->cols;
+    snprintf(v->shape, sizeof v->shape, "%u,%u", (w->rows + 3) / 4, w->cols);
+    if (w->shipped && w->shipped_gemm == PARITY_GEMM_TERNARY) {
+        v->q = sc->q = w->shipped;
+        sc->scales_bf16 = w->shipped_scale_dtype == PARITY_DTYPE_BF16;
+        sc->scales_f16 = w->shipped_scale_dtype == PARITY_DTYPE_F16;
+    } else if (rule < 0) {
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout bitnet: '%s' holds no shipped ternary "
+                         "codes; name the quantizer that makes them (bitnet:RULE)", v->name);
+    } else {
+        int rc = quant_weight_make(w, rule, 1, &v->made, "ternary quantization");
+        if (rc) return rc;
+        v->q = sc->q = &v->made;
+        sc->scales_bf16 = rule == PARITY_QUANT_TERNARY_HF_BITLINEAR;
+    }
+    sc->dtype = sc->scales_bf16 ? "BF16" : sc->scales_f16 ? "F16" : "F32";
+    sc->bytes = sc->scales_bf16 || sc->scales_f16 ? 2 : 4;
+    return 1;
+}
+
+static int bitnet_write(FILE *fp, const saved_tensor *t) {
+    const weight *w = t->w;
+    if (t->kind == OUT_CODES) {
+        uint8_t *packed = px_malloc(t->bytes ? t->bytes : 1, "packed ternary codes");
+        if (!packed) return 0;
+        ternary_pack(t->q->codes, w->rows, w->cols, packed);
+        const int ok = fwrite(packed, 1, t->bytes, fp) == t->bytes;
+        px_free(packed);
+        return ok;
+    }
+    const float s = t->q->tensor_scale;
+    if (t->scales_bf16 || t->scales_f16) {
+        const uint16_t h = t->scales_bf16 ? bf16_from_f32(s) : f16_from_f32(s);
+        return fwrite(&h, 2, 1, fp) == 1;
+    }
+    return fwrite(&s, 4, 1, fp) == 1;
+}
+
+/* weight_scale is s_w = 1 / mean|W|: linear_class bitlinear. */
+static int bitnet_config_head(char *buf, size_t size, const saved_tensor *entries, size_t n,
+                              int rule, const quant_checkpoint *settings, int modelopt_file) {
+    (void)entries, (void)n, (void)rule, (void)settings, (void)modelopt_file;
+    return snprintf(buf, size, "{\"quant_method\": \"bitnet\", \"linear_class\": \"bitlinear\", "
+                    "\"modules_to_not_convert\": ");
+}
+
+QUANTIZED_LAYOUT(bitnet, "bitnet", QUANT_METHOD_BITNET, PARITY_GEMM_TERNARY, 0, "", "_scale");

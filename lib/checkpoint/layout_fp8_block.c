@@ -1,5 +1,6 @@
 /*
- * Block-FP8 weights as Hugging Face checkpoints hold them (DeepSeek-V3's README_WEIGHTS.md,
+ * The block-FP8 checkpoint layout (a row of layout.h): block-FP8 weights as Hugging Face
+ * checkpoints hold them (DeepSeek-V3's README_WEIGHTS.md,
  * Qwen3-*-FP8): config.json's
  *   "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
  *                           "dynamic", "weight_block_size": [128, 128],
@@ -22,18 +23,10 @@
 #include <stdio.h>
 
 #include "base/internal.h"
-#include "json.h"
-#include "model/model.h"
+#include "layout.h"
+#include "layout_fp8_block.h"
 
 /* ---- shipped codes and scales --------------------------------------------------------------- */
-
-void shipped_values_free(shipped_values *v) {
-    px_free(v->codes);
-    px_free(v->scales);
-    px_free(v->master);
-    px_free(v->bf16);
-    *v = (shipped_values){0};
-}
 
 static uint64_t grid_rows(const expected *slot) { return (slot->rows + 127u) / 128u; }
 static uint64_t grid_cols(const expected *slot) { return (slot->cols + 127u) / 128u; }
@@ -53,8 +46,8 @@ static float scale_value(const tensor_source *s, uint64_t i) {
 
 static int is_pow2(float s) { return (f32_bits(s) & 0x007fffffu) == 0 && (f32_bits(s) & 0x7f800000u); }
 
-int shipped_check(const tensor_source *codes, const tensor_source *scales, const expected *slot,
-                  int ue8m0) {
+static int shipped_check(const tensor_source *codes, const tensor_source *scales,
+                         const expected *slot, int ue8m0) {
     if (codes->dtype != PARITY_DTYPE_F8_E4M3)
         return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s where block-FP8 codes are F8_E4M3",
                          codes->where, codes->dtype_name ? codes->dtype_name : "not F8_E4M3");
@@ -107,8 +100,8 @@ int shipped_check(const tensor_source *codes, const tensor_source *scales, const
     return PARITY_OK;
 }
 
-void shipped_convert_into(const tensor_source *codes, const tensor_source *scales,
-                          const expected *slot, uint8_t *out_codes, float *out_scales,
+static void shipped_convert_into(const tensor_source *codes, const tensor_source *scales,
+                                 const expected *slot, uint8_t *out_codes, float *out_scales,
                           float *master, uint16_t *bf16) {
     const uint64_t gc = grid_cols(slot), n = (uint64_t)slot->rows * slot->cols;
     for (uint64_t i = 0; i < grid_rows(slot) * gc; i++) out_scales[i] = scale_value(scales, i);
@@ -139,3 +132,82 @@ int shipped_import(const tensor_source *codes, const tensor_source *scales, cons
     out->scale_dtype = (uint8_t)scales->dtype;
     return PARITY_OK;
 }
+
+/* ---- the layout's row --------------------------------------------------------------------- */
+
+static int fp8_block_import(const layout_tensors *in, shipped_values *out) {
+    const tensor_source *codes = in->codes;
+    if (codes->dtype != PARITY_DTYPE_F8_E4M3)
+        return set_error(PARITY_ERR_TENSOR_DTYPE, "%s: dtype %s, but config.json's "
+                         "quantization_config (quant_method fp8) quantizes this layer: F8_E4M3 "
+                         "codes expected (a layer kept in bf16 is named in "
+                         "modules_to_not_convert)", codes->where, codes->dtype_name);
+    return shipped_import(codes, in->companion[0], in->slot, in->settings->scale_ue8m0, out);
+}
+
+static int fp8_block_rule(const char *name, int *rule) {
+    return parity_fp8_quantizer_from_name(0, name, rule);
+}
+
+/* The codes and their block scales "<weight>_scale_inv": the shipped ones, or those of `rule`. */
+static int fp8_block_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *more) {
+    const uint64_t count = (uint64_t)w->rows * w->cols;
+    const uint64_t grid = (uint64_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128);
+    saved_tensor *sc = &more[0];
+    *sc = (saved_tensor){.w = w, .kind = OUT_SCALES};
+    snprintf(sc->scale_name, sizeof sc->scale_name, "%s_scale_inv", v->name);
+    sc->name = sc->scale_name;
+    snprintf(sc->shape, sizeof sc->shape, "%u,%u", (w->rows + 127) / 128, (w->cols + 127) / 128);
+    v->kind = OUT_CODES;
+    v->dtype = "F8_E4M3";
+    v->bytes = count;
+    if (w->shipped) {
+        v->q = sc->q = w->shipped;
+        sc->scales_bf16 = w->shipped_scale_dtype == PARITY_DTYPE_BF16;
+    } else if (rule < 0) {
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout fp8-block: '%s' holds no shipped fp8 "
+                         "codes; name the quantizer that makes them (fp8-block:RULE)", v->name);
+    } else {
+        int rc = quant_weight_make(w, rule, grid, &v->made, "fp8 quantization");
+        if (rc) return rc;
+        v->q = sc->q = &v->made;
+    }
+    sc->dtype = sc->scales_bf16 ? "BF16" : "F32";
+    sc->bytes = grid * (sc->scales_bf16 ? 2 : 4);
+    return 1;
+}
+
+static int fp8_block_write(FILE *fp, const saved_tensor *t) {
+    if (t->kind == OUT_CODES) {
+        const size_t count = (size_t)t->w->rows * t->w->cols;
+        return fwrite(t->q->codes, 1, count, fp) == count;
+    }
+    const size_t g = (size_t)(t->bytes / (t->scales_bf16 ? 2 : 4));
+    if (!t->scales_bf16) return fwrite(t->q->scales, 4, g, fp) == g;
+    for (size_t i = 0; i < g; i++) {
+        const uint16_t h = bf16_from_f32(t->q->scales[i]); /* exact: they came from bf16 */
+        if (fwrite(&h, 2, 1, fp) != 1) return 0;
+    }
+    return 1;
+}
+
+/* scale_fmt ue8m0 when every scale saved is a power of two and the rule (te-pow2) or the
+ * checkpoint the model came from said so. */
+static int fp8_block_config_head(char *buf, size_t size, const saved_tensor *entries, size_t n,
+                                 int rule, const quant_checkpoint *settings, int modelopt_file) {
+    (void)modelopt_file;
+    int all_pow2 = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (entries[i].kind != OUT_SCALES) continue;
+        const uint64_t g = entries[i].bytes / (entries[i].scales_bf16 ? 2 : 4);
+        for (uint64_t j = 0; j < g; j++)
+            if (f32_bits(entries[i].q->scales[j]) & 0x007fffffu) all_pow2 = 0;
+    }
+    const int ue8m0 = all_pow2 && (rule == PARITY_FP8Q_TE_POW2 || settings->scale_ue8m0);
+    return snprintf(buf, size, "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                    "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128], "
+                    "%s\"modules_to_not_convert\": ", ue8m0 ? "\"scale_fmt\": \"ue8m0\", " : "");
+}
+
+QUANTIZED_LAYOUT(fp8_block, "fp8-block", QUANT_METHOD_FP8_BLOCK, PARITY_GEMM_FP8_BLOCK, 0, "",
+                 "_scale_inv");

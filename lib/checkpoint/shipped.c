@@ -1,0 +1,26 @@
+/* The buffers of the checkpoint layouts (layout.h): a shipped weight's imported values, and the
+ * codes a save or a manifest quantizes for a weight without them. */
+#include "base/internal.h"
+#include "layout.h"
+
+void shipped_values_free(shipped_values *v) {
+    px_free(v->codes);
+    px_free(v->scales);
+    px_free(v->master);
+    px_free(v->bf16);
+    *v = (shipped_values){0};
+}
+
+int quant_weight_make(const weight *w, int rule, uint64_t scale_floats, quant_weight *made,
+                      const char *what) {
+    const size_t f = quant_scratch_floats(w, rule);
+    float *scratch = px_malloc((f ? f : 1) * sizeof(float), what);
+    made->codes = scratch ? px_malloc((size_t)w->rows * w->cols, what) : NULL;
+    made->scales = made->codes ? px_malloc(scale_floats * sizeof(float), what) : NULL;
+    if (made->scales) quant_weight_quantize(w, rule, made, scratch);
+    px_free(scratch);
+    if (made->scales) return PARITY_OK;
+    px_free(made->codes);
+    *made = (quant_weight){0};
+    return PARITY_ERR_OUT_OF_MEMORY;
+}

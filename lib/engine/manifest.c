@@ -1,0 +1,644 @@
+/* Manifests: per-tensor checksums of the weights a policy reads (the values, or the codes and
+ * scales of its quantized format: fp8-block, mxfp8, nvfp4, mxfp4, ternary), written as JSON
+ * (parity_model_write_manifest_for), and their verification against a model, with a report of
+ * every tensor that differs (parity_model_verify_for). */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "base/files.h"
+#include "base/internal.h"
+#include "checkpoint/json.h"
+#include "checkpoint/layout.h"
+#include "model/model.h"
+
+/* ---- manifests -------------------------------------------------------------------------- */
+
+/* FNV-1a 64 of the two little-endian bytes of one bf16 value, continuing from h. */
+#define FNV1A64_OFFSET 0xcbf29ce484222325ull
+#define FNV1A64_PRIME 0x100000001b3ull
+static inline uint64_t fnv1a64_step(uint64_t h, uint16_t v) {
+    h = (h ^ (v & 0xffu)) * FNV1A64_PRIME;
+    return (h ^ (uint16_t)(v >> 8)) * FNV1A64_PRIME;
+}
+
+/* FNV-1a 64 over the little-endian bytes of n bf16 values. */
+static uint64_t fnv1a64_bf16(const uint16_t *x, uint64_t n) {
+    uint64_t h = FNV1A64_OFFSET;
+    for (uint64_t i = 0; i < n; i++) h = fnv1a64_step(h, x[i]);
+    return h;
+}
+
+/* FNV-1a 64 over n bytes. */
+static uint64_t fnv1a64_bytes(const void *data, uint64_t n) {
+    const uint8_t *p = data;
+    uint64_t h = FNV1A64_OFFSET;
+    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * FNV1A64_PRIME;
+    return h;
+}
+
+int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64) {
+    clear_error();
+    if (!fnv1a64 || (!data && n_bytes))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_bytes_checksum: data or output is NULL");
+    *fnv1a64 = fnv1a64_bytes(data, n_bytes);
+    return PARITY_OK;
+}
+
+int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n, uint64_t *fnv1a64) {
+    clear_error();
+    if (!fnv1a64 || (!data && n))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_tensor_checksum: data or output is NULL");
+    if (dtype == PARITY_DTYPE_F8_E4M3) return parity_bytes_checksum(data, n, fnv1a64);
+    if (dtype > PARITY_DTYPE_F32)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "parity_tensor_checksum: dtype %u is not BF16 (0), F16 (1), F32 (2) or "
+                         "F8_E4M3 (3)", dtype);
+    /* The caller's buffer need not be aligned: values are read with memcpy. */
+    const uint8_t *src = data;
+    uint64_t h = FNV1A64_OFFSET;
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t v;
+        float f;
+        if (dtype == PARITY_DTYPE_F32) {
+            memcpy(&f, src + 4 * i, 4);
+            v = bf16_from_f32(f);
+        } else {
+            memcpy(&v, src + 2 * i, 2);
+            if (dtype == PARITY_DTYPE_F16) v = bf16_from_f32(f16_to_f32(v));
+        }
+        h = fnv1a64_step(h, v);
+    }
+    *fnv1a64 = h;
+    return PARITY_OK;
+}
+
+/* ---- quantized weights in manifests -------------------------------------------------------- */
+
+/* The codes a policy's GEMM reads for w: the shipped ones (`shipped`), the copy of `quantizer`
+ * the model built, or (not built yet) a quantization of w's values made for the manifest into
+ * *made, which the view frees. */
+static int view_codes(const weight *w, int shipped, int quantizer, uint64_t scale_floats,
+                      quant_weight *made, const quant_weight **q) {
+    *q = shipped ? w->shipped : w->quant[quantizer];
+    if (*q) return PARITY_OK;
+    *q = made;
+    return quant_weight_make(w, quantizer, scale_floats, made, "codes for a manifest");
+}
+
+/* The fp8 codes and scales a policy's GEMM reads for a weight, as a manifest describes them:
+ * the shipped ones, the copy the model built, or (not built yet) a quantization of the
+ * weight's values made for the manifest. */
+typedef struct fp8_view {
+    int mx;                 /* MXFP8: 1 x 32 blocks, E8M0 scales; else 128 x 128, fp32 */
+    int shipped;            /* the shipped codes (no quantizer of the model's made them) */
+    int quantizer;          /* the PARITY_FP8Q_* that made them (not shipped) */
+    uint64_t grid_rows, grid_cols;
+    const uint8_t *codes;
+    const float *scales;
+    uint8_t scale_dtype;    /* PARITY_DTYPE_F32 / _BF16 (shipped), or SCALE_E8M0 */
+    quant_weight made;        /* owned when the view had to quantize */
+} fp8_view;
+#define SCALE_E8M0 0xe8u
+
+static const char *scale_dtype_name(unsigned d) {
+    return d == PARITY_DTYPE_BF16 ? "BF16" : d == SCALE_E8M0 ? "F8_E8M0" : "F32";
+}
+
+static void fp8_view_free(fp8_view *v) {
+    px_free(v->made.codes);
+    px_free(v->made.scales);
+}
+
+/* The view of w under gemm format `gemm` (PARITY_GEMM_FP8_BLOCK / _MXFP8) and `quantizer`. */
+static int fp8_view_of(const weight *w, int gemm, int quantizer, fp8_view *v) {
+    *v = (fp8_view){0};
+    v->mx = gemm == PARITY_GEMM_MXFP8;
+    v->grid_rows = v->mx ? w->rows : (w->rows + 127u) / 128u;
+    v->grid_cols = v->mx ? (w->cols + 31u) / 32u : (w->cols + 127u) / 128u;
+    v->quantizer = quantizer;
+    v->scale_dtype = v->mx ? SCALE_E8M0 : PARITY_DTYPE_F32;
+    v->shipped = !v->mx && w->shipped && w->shipped_gemm == PARITY_GEMM_FP8_BLOCK;
+    if (v->shipped) v->scale_dtype = w->shipped_scale_dtype;
+    const quant_weight *q;
+    int rc = view_codes(w, v->shipped, quantizer, v->grid_rows * v->grid_cols, &v->made, &q);
+    if (rc) return rc;
+    v->codes = q->codes;
+    v->scales = q->scales;
+    return PARITY_OK;
+}
+
+static uint64_t view_codes_sum(const weight *w, const fp8_view *v) {
+    return fnv1a64_bytes(v->codes, (uint64_t)w->rows * w->cols);
+}
+/* The scales' checksum: FNV-1a 64 over their fp32 values' little-endian bytes (BF16 and E8M0
+ * scales widened exactly). */
+static uint64_t view_scales_sum(const fp8_view *v) {
+    return fnv1a64_bytes(v->scales, v->grid_rows * v->grid_cols * sizeof(float));
+}
+
+/* Whether the policy quantizes slot's weight (an fp8 gemm, a linear weight not kept in bf16). */
+static int policy_quantizes(const parity_policy *pol, const expected *slot) {
+    return pol && pol->gemm != PARITY_GEMM_BF16 && slot->linear && !slot->dst->keep_bf16;
+}
+
+static const char *format_name(int gemm) { return gemm == PARITY_GEMM_MXFP8 ? "mxfp8" : "fp8-block"; }
+
+/* ---- 4-bit and ternary weights in manifests ------------------------------------------------
+ * An entry: "dtype" "E2M1" (nvfp4, mxfp4) or "TERNARY", "format", "block" [1, 16], [1, 32] or
+ * [rows, cols] (ternary: one scale for the tensor), "quantizer" (null: shipped codes),
+ * "fnv1a64" over the codes one a byte as the GEMM reads them (E2M1 in the low nibble, ternary
+ * as int8), "scales" {"shape", "dtype" F8_E4M3 / F8_E8M0 / F32, "fnv1a64" over the fp32 values:
+ * the block scales, ternary's s_w}, and NVFP4's "tensor_scale" s2 as its fp32 bits in hex. */
+
+static int is_lowbit(int gemm) { return gemm >= PARITY_GEMM_NVFP4 && gemm <= PARITY_GEMM_TERNARY; }
+
+typedef struct lowbit_view {
+    int gemm, shipped, quantizer;
+    uint64_t grid_rows, grid_cols, block_rows, block_cols;
+    const uint8_t *codes;
+    const float *scales;   /* grid_rows x grid_cols fp32 values (ternary: &tensor_scale) */
+    float tensor_scale;
+    quant_weight made;
+} lowbit_view;
+
+static const char *lowbit_dtype(int gemm) { return gemm == PARITY_GEMM_TERNARY ? "TERNARY" : "E2M1"; }
+static const char *lowbit_scale_dtype(int gemm) {
+    return gemm == PARITY_GEMM_NVFP4 ? "F8_E4M3" : gemm == PARITY_GEMM_MXFP4 ? "F8_E8M0" : "F32";
+}
+
+static int lowbit_view_of(const weight *w, int gemm, int quantizer, lowbit_view *v) {
+    *v = (lowbit_view){.gemm = gemm, .quantizer = quantizer};
+    const uint64_t bc = gemm == PARITY_GEMM_NVFP4 ? 16 : 32;
+    if (gemm == PARITY_GEMM_TERNARY) {
+        v->grid_rows = v->grid_cols = 1;
+        v->block_rows = w->rows, v->block_cols = w->cols;
+    } else {
+        v->grid_rows = w->rows, v->grid_cols = (w->cols + bc - 1) / bc;
+        v->block_rows = 1, v->block_cols = bc;
+    }
+    v->shipped = w->shipped && w->shipped_gemm == gemm;
+    const quant_weight *q;
+    int rc = view_codes(w, v->shipped, quantizer, v->grid_rows * v->grid_cols, &v->made, &q);
+    if (rc) return rc;
+    v->codes = q->codes;
+    v->tensor_scale = q->tensor_scale;
+    v->scales = gemm == PARITY_GEMM_TERNARY ? &v->tensor_scale : q->scales;
+    return PARITY_OK;
+}
+
+static void lowbit_view_free(lowbit_view *v) {
+    px_free(v->made.codes);
+    px_free(v->made.scales);
+}
+
+/* The view's checksums as the manifest writes them: codes, scales, tensor scale bits. */
+static void lowbit_sums(const weight *w, const lowbit_view *v, char codes[17], char scales[17],
+                        char tensor[9]) {
+    snprintf(codes, 17, "%016" PRIx64, fnv1a64_bytes(v->codes, (uint64_t)w->rows * w->cols));
+    snprintf(scales, 17, "%016" PRIx64, fnv1a64_bytes(v->scales, v->grid_rows * v->grid_cols * 4));
+    snprintf(tensor, 9, "%08" PRIx32, f32_bits(v->tensor_scale));
+}
+
+static void write_lowbit_entry(FILE *f, const weight *w, const lowbit_view *v) {
+    char c[17], sc[17], t[9];
+    lowbit_sums(w, v, c, sc, t);
+    fprintf(f, "], \"dtype\": \"%s\", \"format\": \"%s\", \"block\": [%" PRIu64 ", %" PRIu64 "], ",
+            lowbit_dtype(v->gemm), quant_format_name((uint32_t)v->gemm), v->block_rows, v->block_cols);
+    if (v->shipped) fprintf(f, "\"quantizer\": null, ");
+    else fprintf(f, "\"quantizer\": \"%s\", ", parity_quantizer_name(v->quantizer));
+    fprintf(f, "\"fnv1a64\": \"%s\", \"scales\": {\"shape\": [%" PRIu64 ", %" PRIu64 "], "
+               "\"dtype\": \"%s\", \"fnv1a64\": \"%s\"}", c, v->grid_rows, v->grid_cols,
+            lowbit_scale_dtype(v->gemm), sc);
+    if (v->gemm == PARITY_GEMM_NVFP4) fprintf(f, ", \"tensor_scale\": \"%s\"", t);
+    fprintf(f, "}");
+}
+
+static int manifest_write(const parity_model *m, const parity_policy *pol, const char *path) {
+    size_t n;
+    const expected *slots = model_tensors(m, &n);
+    const int quantized = pol && pol->gemm != PARITY_GEMM_BF16;
+    FILE *f = fopen(path, "w");
+    if (!f) return set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    int rc = PARITY_OK;
+    fprintf(f, "{\"version\": %" PRIu64 ", ", m->version);
+    if (quantized)
+        fprintf(f, "\"quantization\": {\"format\": \"%s\", \"quantizer\": \"%s\"}, ",
+                quant_format_name(pol->gemm), parity_quantizer_name(pol->quantizer));
+    fprintf(f, "\"tensors\": {");
+    for (size_t i = 0; i < n && !rc; i++) {
+        const weight *w = slots[i].dst;
+        fprintf(f, "%s\n  \"%s\": {\"shape\": [", i ? "," : "", slots[i].name);
+        if (slots[i].rows) fprintf(f, "%u, %u", w->rows, w->cols);
+        else fprintf(f, "%u", w->cols);
+        if (!policy_quantizes(pol, &slots[i])) {
+            fprintf(f, "], \"dtype\": \"BF16\", \"fnv1a64\": \"%016" PRIx64 "\"}",
+                    fnv1a64_bf16(w->bf16, (uint64_t)w->rows * w->cols));
+            continue;
+        }
+        if (is_lowbit(pol->gemm)) {
+            lowbit_view lv;
+            if ((rc = lowbit_view_of(w, pol->gemm, pol->quantizer, &lv))) break;
+            write_lowbit_entry(f, w, &lv);
+            lowbit_view_free(&lv);
+            continue;
+        }
+        fp8_view v;
+        if ((rc = fp8_view_of(w, pol->gemm, pol->quantizer, &v))) break;
+        fprintf(f, "], \"dtype\": \"F8_E4M3\", \"format\": \"%s\", \"block\": [%u, %u], ",
+                format_name(pol->gemm), v.mx ? 1u : 128u, v.mx ? 32u : 128u);
+        if (v.shipped) fprintf(f, "\"quantizer\": null, ");
+        else fprintf(f, "\"quantizer\": \"%s\", ", parity_fp8_quantizer_name(v.quantizer));
+        fprintf(f, "\"fnv1a64\": \"%016" PRIx64 "\", \"scales\": {\"shape\": [%" PRIu64 ", %" PRIu64
+                   "], \"dtype\": \"%s\", \"fnv1a64\": \"%016" PRIx64 "\"}}",
+                view_codes_sum(w, &v), v.grid_rows, v.grid_cols, scale_dtype_name(v.scale_dtype),
+                view_scales_sum(&v));
+        fp8_view_free(&v);
+    }
+    fprintf(f, "\n}}\n");
+    if (fclose(f) != 0 && !rc) rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    return rc;
+}
+
+int parity_model_write_manifest_for(const parity_model *m, const parity_policy *pol,
+                                    const char *path) {
+    clear_error();
+    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
+    int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
+    if (rc) return rc;
+    if ((rc = model_enter(m))) return rc;
+    rc = manifest_write(m, pol, path);
+    model_leave(m);
+    return rc;
+}
+
+int parity_model_write_manifest(const parity_model *m, const char *path) {
+    return parity_model_write_manifest_for(m, NULL, path);
+}
+
+/* Appends a line to the report; counts it. */
+typedef struct report {
+    char *buf;
+    size_t size, used;
+    unsigned count;
+} report;
+
+static void report_line(report *r, const char *fmt, ...) PARITY_PRINTF(2, 3);
+static void report_line(report *r, const char *fmt, ...) {
+    r->count++;
+    if (!r->buf || r->used + 1 >= r->size) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(r->buf + r->used, r->size - r->used, fmt, ap);
+    va_end(ap);
+    if (k < 0) return;
+    r->used = r->used + (size_t)k < r->size ? r->used + (size_t)k : r->size - 1;
+    if (r->used + 1 < r->size) {
+        r->buf[r->used++] = '\n';
+        r->buf[r->used] = '\0';
+    }
+}
+
+static int read_manifest(const char *path, json_doc **doc) {
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_file_capped(path, 256u << 20, PARITY_ERR_VERIFY, &text, &len);
+    char err[256];
+    if (!rc) {
+        rc = json_parse(text, len, doc, err, sizeof err);
+        if (rc == PARITY_ERR_JSON_SYNTAX) set_error(rc, "%s: %s", path, err);
+    }
+    px_free(text);
+    return rc;
+}
+
+/* A string member of a manifest entry, NULL if absent or not a string. */
+static const char *entry_str(const json_value *e, const char *key) {
+    const json_value *v = json_get(e, key);
+    return v && v->type == JSON_STRING ? v->str : NULL;
+}
+
+/* Whether `v` is the array [a, b] of integers. */
+static int is_pair(const json_value *v, uint64_t a, uint64_t b) {
+    return v && v->type == JSON_ARRAY && v->count == 2 && v->items[0].type == JSON_NUMBER &&
+           v->items[0].is_int && (uint64_t)v->items[0].integer == a &&
+           v->items[1].type == JSON_NUMBER && v->items[1].is_int && (uint64_t)v->items[1].integer == b;
+}
+
+/* The quantizer identity line: the sampler's rule is not the learner's; `same` whether the
+ * learner's rule on the sampler's values gives the learner's codes (-1: not known). */
+static void report_identity(report *r, const char *name, const char *sampler_rule,
+                            const char *learner_rule, int same) {
+    report_line(r, "%s: quantizer identity: the sampler quantizes its weights with '%s', the "
+                "learner's codes were made with '%s'; %s", name, sampler_rule, learner_rule,
+                same == 1   ? "re-quantized with the learner's rule, the sampler's values give the "
+                              "learner's codes: only the quantizer differs"
+                : same == 0 ? "even the learner's rule does not give its codes from the sampler's "
+                              "values: the values differ too"
+                            : "(out of memory re-quantizing)");
+}
+
+/* The codes and scales lines, for the checksums that differ: want_c / want_s are the
+ * manifest's where they differ (its missing one: ""), NULL where they agree. */
+static void report_differs(report *r, const char *name, const char *want_c, const char *have_c,
+                           int shipped, const char *want_s, const char *have_s) {
+    if (want_c)
+        report_line(r, "%s: codes differ (manifest %s, sampler %s)%s", name,
+                    *want_c ? want_c : "missing", have_c,
+                    shipped ? ": the shipped codes are not the learner's"
+                            : ": the values the sampler quantized differ");
+    if (want_s)
+        report_line(r, "%s: scales differ (manifest %s, sampler %s)", name,
+                    *want_s ? want_s : "missing", have_s);
+}
+
+/* The checks of one F8_E4M3 manifest entry against the codes the sampler's policy (pol; NULL:
+ * the entry's own format and quantizer) reads for the weight. */
+static int verify_fp8_entry(const expected *slot, const json_value *e, const parity_policy *pol,
+                            report *r) {
+    const weight *w = slot->dst;
+    const char *name = slot->name;
+    const char *fmt = entry_str(e, "format"), *qname = entry_str(e, "quantizer");
+    const int learner_mx = fmt && !strcmp(fmt, "mxfp8");
+    int learner_q = -1;
+    if (qname) parity_fp8_quantizer_from_name(learner_mx, qname, &learner_q);
+    clear_error();
+    if (w->keep_bf16 || (pol && pol->gemm == PARITY_GEMM_BF16)) {
+        report_line(r, "%s: kept in bf16: the learner ships it quantized (F8_E4M3, %s), the sampler "
+                    "runs it in bf16 (%s)", name, fmt ? fmt : "?",
+                    w->keep_bf16 ? "the checkpoint's modules_to_not_convert"
+                                 : "its policy has no fp8 gemm");
+        return PARITY_OK;
+    }
+    const int gemm = pol ? pol->gemm : learner_mx ? PARITY_GEMM_MXFP8 : PARITY_GEMM_FP8_BLOCK;
+    const int quantizer = pol ? pol->quantizer : learner_q;
+    if (!pol && learner_q < 0 && !(gemm == PARITY_GEMM_FP8_BLOCK && w->shipped)) {
+        report_line(r, "%s: quantizer %s%s%s is not one of the library's: the sampler cannot make "
+                    "the learner's codes", name, qname ? "'" : "", qname ? qname : "null",
+                    qname ? "'" : "");
+        return PARITY_OK;
+    }
+    /* geometry: the format, the block and the scale grid */
+    const json_value *scales = json_get(e, "scales");
+    const json_value *sshape = scales ? json_get(scales, "shape") : NULL;
+    const uint64_t gr = gemm == PARITY_GEMM_MXFP8 ? w->rows : (w->rows + 127u) / 128u,
+                   gc = gemm == PARITY_GEMM_MXFP8 ? (w->cols + 31u) / 32u : (w->cols + 127u) / 128u;
+    const int mx = gemm == PARITY_GEMM_MXFP8;
+    if (!fmt || strcmp(fmt, format_name(gemm)) || !is_pair(json_get(e, "block"), mx ? 1 : 128, mx ? 32 : 128) ||
+        !is_pair(sshape, gr, gc)) {
+        const json_value *blk = json_get(e, "block");
+        report_line(r, "%s: block geometry differs: the learner's %s blocks %lld x %lld with a "
+                    "scale grid %lld x %lld, the sampler's %s blocks %u x %u with a grid %" PRIu64
+                    " x %" PRIu64, name, fmt ? fmt : "?",
+                    blk && blk->type == JSON_ARRAY && blk->count == 2 ? (long long)blk->items[0].integer : -1,
+                    blk && blk->type == JSON_ARRAY && blk->count == 2 ? (long long)blk->items[1].integer : -1,
+                    sshape && sshape->type == JSON_ARRAY && sshape->count == 2 ? (long long)sshape->items[0].integer : -1,
+                    sshape && sshape->type == JSON_ARRAY && sshape->count == 2 ? (long long)sshape->items[1].integer : -1,
+                    format_name(gemm), mx ? 1u : 128u, mx ? 32u : 128u, gr, gc);
+        return PARITY_OK;
+    }
+    fp8_view v;
+    int rc = fp8_view_of(w, gemm, quantizer < 0 ? 0 : quantizer, &v);
+    if (rc) return rc;
+    /* scale format: storage dtype, powers of two where the learner's rule makes them, finite
+     * and positive */
+    const char *want_dtype = scales ? entry_str(scales, "dtype") : NULL;
+    uint64_t not_pow2 = 0, not_positive = 0;
+    for (uint64_t i = 0; i < v.grid_rows * v.grid_cols; i++) {
+        const float s = v.scales[i];
+        if (!(isfinite(s) && s > 0)) not_positive++;
+        else if (f32_bits(s) & 0x007fffffu) not_pow2++;
+    }
+    const int pow2_rule = learner_mx || learner_q == PARITY_FP8Q_TE_POW2;
+    int format_bad = 0;
+    if (!want_dtype || strcmp(want_dtype, scale_dtype_name(v.scale_dtype))) {
+        report_line(r, "%s: scale format differs: the learner's scales are %s, the sampler's %s%s",
+                    name, want_dtype ? want_dtype : "missing", scale_dtype_name(v.scale_dtype),
+                    v.scale_dtype == PARITY_DTYPE_BF16 ? " (a cast of the scales the codes were "
+                                                         "made with)" : "");
+        format_bad = 1;
+    }
+    if (not_positive) {
+        report_line(r, "%s: scale format: %" PRIu64 " of the sampler's scales are not finite and "
+                    "positive", name, not_positive);
+        format_bad = 1;
+    }
+    if (pow2_rule && not_pow2) {
+        report_line(r, "%s: scale format: the learner's quantizer '%s' makes powers of two, %" PRIu64
+                    " of the sampler's %" PRIu64 " scales are not", name, qname ? qname : "?",
+                    not_pow2, v.grid_rows * v.grid_cols);
+        format_bad = 1;
+    }
+    char have_c[17], have_s[17];
+    snprintf(have_c, sizeof have_c, "%016" PRIx64, view_codes_sum(w, &v));
+    snprintf(have_s, sizeof have_s, "%016" PRIx64, view_scales_sum(&v));
+    const char *want_c = entry_str(e, "fnv1a64"), *want_s = scales ? entry_str(scales, "fnv1a64") : NULL;
+    const int codes_ok = want_c && !strcmp(want_c, have_c), scales_ok = want_s && !strcmp(want_s, have_s);
+    if (!format_bad && !(codes_ok && scales_ok)) {
+        if (!v.shipped && learner_q >= 0 && v.quantizer != learner_q) {
+            /* would the learner's rule on the sampler's values give the learner's codes? */
+            fp8_view again;
+            int same = -1;
+            if (fp8_view_of(w, gemm, learner_q, &again) == PARITY_OK) {
+                char c2[17], s2[17];
+                snprintf(c2, sizeof c2, "%016" PRIx64, view_codes_sum(w, &again));
+                snprintf(s2, sizeof s2, "%016" PRIx64, view_scales_sum(&again));
+                same = !strcmp(c2, want_c) && want_s && !strcmp(s2, want_s);
+                fp8_view_free(&again);
+            }
+            report_identity(r, name, parity_fp8_quantizer_name(v.quantizer), qname, same);
+        } else {
+            report_differs(r, name, codes_ok ? NULL : want_c ? want_c : "", have_c, v.shipped,
+                           scales_ok ? NULL : want_s ? want_s : "", have_s);
+        }
+    }
+    fp8_view_free(&v);
+    return PARITY_OK;
+}
+
+/* The checks of one E2M1 or TERNARY manifest entry against the codes the sampler's policy (pol;
+ * NULL: the entry's own format and quantizer) reads for the weight: geometry (format, block,
+ * scale grid), scale format, then codes, scales and tensor scale, with the quantizer identity
+ * check where the sampler quantizes with another rule. */
+static int verify_lowbit_entry(const expected *slot, const json_value *e, const parity_policy *pol,
+                               report *r) {
+    const weight *w = slot->dst;
+    const char *name = slot->name;
+    const char *fmt = entry_str(e, "format"), *qname = entry_str(e, "quantizer");
+    int learner_gemm = -1, learner_q = -1;
+    for (int g = PARITY_GEMM_NVFP4; fmt && g <= PARITY_GEMM_TERNARY; g++)
+        if (!strcmp(fmt, quant_format_name((uint32_t)g))) learner_gemm = g;
+    if (qname && learner_gemm >= 0) parity_quantizer_from_name((uint32_t)learner_gemm, qname, &learner_q);
+    clear_error();
+    if (w->keep_bf16 || (pol && pol->gemm == PARITY_GEMM_BF16)) {
+        report_line(r, "%s: kept in bf16: the learner ships it quantized (%s), the sampler runs it "
+                    "in bf16 (%s)", name, fmt ? fmt : "?",
+                    w->keep_bf16 ? "the checkpoint's modules_to_not_convert"
+                                 : "its policy has no quantized gemm");
+        return PARITY_OK;
+    }
+    const int gemm = pol ? (int)pol->gemm : learner_gemm;
+    const int quantizer = pol ? pol->quantizer : learner_q;
+    if (gemm < 0 || (!pol && learner_q < 0 && !(w->shipped && w->shipped_gemm == gemm))) {
+        report_line(r, "%s: format %s / quantizer %s is not one of the library's: the sampler "
+                    "cannot make the learner's codes", name, fmt ? fmt : "?", qname ? qname : "null");
+        return PARITY_OK;
+    }
+    lowbit_view v;
+    int rc = lowbit_view_of(w, gemm, quantizer >= 0                  ? quantizer
+                                    : gemm == PARITY_GEMM_NVFP4 ? PARITY_QUANT_NVFP4_MODELOPT
+                                    : gemm == PARITY_GEMM_MXFP4 ? PARITY_QUANT_MXFP4_OCP
+                                                                : PARITY_QUANT_TERNARY_BITNET, &v);
+    if (rc) return rc;
+    const json_value *scales = json_get(e, "scales");
+    const json_value *sshape = scales ? json_get(scales, "shape") : NULL;
+    if (!is_lowbit(gemm) || learner_gemm != gemm || !is_pair(json_get(e, "block"), v.block_rows, v.block_cols) ||
+        !is_pair(sshape, v.grid_rows, v.grid_cols)) {
+        report_line(r, "%s: block geometry differs: the learner's %s, the sampler's %s blocks %"
+                    PRIu64 " x %" PRIu64 " with a scale grid %" PRIu64 " x %" PRIu64, name,
+                    fmt ? fmt : "?", quant_format_name((uint32_t)gemm) ? quant_format_name((uint32_t)gemm) : "?",
+                    v.block_rows, v.block_cols, v.grid_rows, v.grid_cols);
+        lowbit_view_free(&v);
+        return PARITY_OK;
+    }
+    const char *want_dtype = scales ? entry_str(scales, "dtype") : NULL;
+    if (!want_dtype || strcmp(want_dtype, lowbit_scale_dtype(gemm))) {
+        report_line(r, "%s: scale format differs: the learner's scales are %s, the sampler's %s",
+                    name, want_dtype ? want_dtype : "missing", lowbit_scale_dtype(gemm));
+        lowbit_view_free(&v);
+        return PARITY_OK;
+    }
+    char have_c[17], have_s[17], have_t[9];
+    lowbit_sums(w, &v, have_c, have_s, have_t);
+    const char *want_c = entry_str(e, "fnv1a64"), *want_s = scales ? entry_str(scales, "fnv1a64") : NULL;
+    /* NVFP4's s2 is a field of its own; ternary's s_w is its scales entry */
+    const int nv = gemm == PARITY_GEMM_NVFP4;
+    const char *want_t = nv ? entry_str(e, "tensor_scale") : NULL;
+    const int codes_ok = want_c && !strcmp(want_c, have_c), scales_ok = want_s && !strcmp(want_s, have_s),
+              tensor_ok = !nv || (want_t && !strcmp(want_t, have_t));
+    if (!(codes_ok && scales_ok && tensor_ok)) {
+        if (!v.shipped && learner_q >= 0 && v.quantizer != learner_q) {
+            lowbit_view again;
+            int same = -1;
+            if (lowbit_view_of(w, gemm, learner_q, &again) == PARITY_OK) {
+                char c2[17], s2[17], t2[9];
+                lowbit_sums(w, &again, c2, s2, t2);
+                same = want_c && !strcmp(c2, want_c) && want_s && !strcmp(s2, want_s) &&
+                       (!nv || (want_t && !strcmp(t2, want_t)));
+                lowbit_view_free(&again);
+            }
+            report_identity(r, name, parity_quantizer_name(v.quantizer), qname, same);
+        } else {
+            report_differs(r, name, codes_ok ? NULL : want_c ? want_c : "", have_c, v.shipped,
+                           scales_ok ? NULL : want_s ? want_s : "", have_s);
+            if (!tensor_ok)
+                report_line(r, "%s: tensor scale differs (manifest %s, sampler %s)", name,
+                            want_t ? want_t : "missing", have_t);
+        }
+    }
+    lowbit_view_free(&v);
+    return PARITY_OK;
+}
+
+int parity_model_verify_for(const parity_model *m, const parity_policy *pol, const char *path,
+                            char *report_buf, size_t report_size) {
+    clear_error();
+    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
+    int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
+    if (rc) return rc;
+    if (report_buf && report_size) report_buf[0] = '\0';
+    json_doc *doc;
+    rc = read_manifest(path, &doc);
+    if (rc) return rc;
+    const json_value *root = json_doc_root(doc);
+    const json_value *tensors = json_get(root, "tensors"), *version = json_get(root, "version");
+    if (!tensors || tensors->type != JSON_OBJECT || !version || version->type != JSON_NUMBER ||
+        !version->is_int || version->integer < 0) {
+        json_free(doc);
+        return set_error(PARITY_ERR_VERIFY, "%s: not a manifest (wants {\"version\": N, "
+                         "\"tensors\": {...}})", path);
+    }
+    const json_value *quant = json_get(root, "quantization");
+    const int learner_quantizes = quant && quant->type == JSON_OBJECT;
+    if ((rc = model_enter(m))) {
+        json_free(doc);
+        return rc;
+    }
+    size_t n;
+    const expected *slots = model_tensors(m, &n);
+    report r = {report_buf, report_size, 0, 0};
+    if ((uint64_t)version->integer != m->version)
+        report_line(&r, "version: the manifest has %lld, the model %" PRIu64 " (a stale sync, or "
+                    "one applied twice)", (long long)version->integer, m->version);
+    for (size_t i = 0; i < n && !rc; i++) {
+        const weight *w = slots[i].dst;
+        const json_value *e = json_get(tensors, slots[i].name);
+        if (!e || e->type != JSON_OBJECT) {
+            report_line(&r, "%s: in the model, not in the manifest", slots[i].name);
+            continue;
+        }
+        const json_value *shape = json_get(e, "shape"), *dtype = json_get(e, "dtype"),
+                         *sum = json_get(e, "fnv1a64");
+        uint64_t want[2] = {slots[i].rows ? w->rows : w->cols, w->cols};
+        size_t ndim = slots[i].rows ? 2 : 1;
+        int shape_ok = shape && shape->type == JSON_ARRAY && shape->count == ndim;
+        for (size_t d = 0; shape_ok && d < ndim; d++)
+            shape_ok = shape->items[d].type == JSON_NUMBER && shape->items[d].is_int &&
+                       (uint64_t)shape->items[d].integer == want[d];
+        if (!shape_ok) {
+            report_line(&r, "%s: shape differs (the model has %s)", slots[i].name, slots[i].shape_doc);
+            continue;
+        }
+        const int f8 = dtype && dtype->type == JSON_STRING && !strcmp(dtype->str, "F8_E4M3");
+        const int lowbit = dtype && dtype->type == JSON_STRING &&
+                           (!strcmp(dtype->str, "E2M1") || !strcmp(dtype->str, "TERNARY"));
+        if ((f8 || lowbit) && slots[i].linear && pol && (is_lowbit(pol->gemm) != lowbit) &&
+            pol->gemm != PARITY_GEMM_BF16) {
+            report_line(&r, "%s: format differs: the learner ships %s codes (%s), the sampler's "
+                        "policy reads %s", slots[i].name, dtype->str,
+                        entry_str(e, "format") ? entry_str(e, "format") : "?",
+                        quant_format_name(pol->gemm));
+            continue;
+        }
+        if (f8 && slots[i].linear) {
+            rc = verify_fp8_entry(&slots[i], e, pol, &r);
+            continue;
+        }
+        if (lowbit && slots[i].linear) {
+            rc = verify_lowbit_entry(&slots[i], e, pol, &r);
+            continue;
+        }
+        if (!dtype || dtype->type != JSON_STRING || strcmp(dtype->str, "BF16")) {
+            report_line(&r, "%s: dtype is %s in the manifest, BF16 in the model", slots[i].name,
+                        dtype && dtype->type == JSON_STRING ? dtype->str : "missing");
+            continue;
+        }
+        if (learner_quantizes && policy_quantizes(pol, &slots[i])) {
+            report_line(&r, "%s: kept in bf16: the learner keeps it in bf16, the sampler's policy "
+                        "quantizes it (%s:%s)", slots[i].name, quant_format_name(pol->gemm),
+                        parity_quantizer_name(pol->quantizer));
+            continue;
+        }
+        char have[17];
+        snprintf(have, sizeof have, "%016" PRIx64, fnv1a64_bf16(w->bf16, (uint64_t)w->rows * w->cols));
+        if (!sum || sum->type != JSON_STRING || strcmp(sum->str, have))
+            report_line(&r, "%s: checksum differs (manifest %s, model %s): the values differ",
+                        slots[i].name, sum && sum->type == JSON_STRING ? sum->str : "missing", have);
+    }
+    for (size_t k = 0; k < tensors->count && !rc; k++)
+        if (!model_find_tensor(m, tensors->keys[k]))
+            report_line(&r, "%s: in the manifest, not in the model", tensors->keys[k]);
+    model_leave(m);
+    json_free(doc);
+    if (rc) return rc;
+    if (r.count)
+        return set_error(PARITY_ERR_VERIFY, "%u difference%s between the model and %s", r.count,
+                         r.count == 1 ? "" : "s", path);
+    return PARITY_OK;
+}
+
+int parity_model_verify(const parity_model *m, const char *path, char *report_buf,
+                        size_t report_size) {
+    return parity_model_verify_for(m, NULL, path, report_buf, report_size);
+}
