@@ -34,20 +34,7 @@
 
 #include "base/internal.h"
 #include "model/model.h"
-
-static const float e2m1_magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-static float e2m1(uint8_t code) {
-    const float v = e2m1_magnitude[code & 7];
-    return code & 8 ? -v : v;
-}
-
-/* The value of a finite E4M3 code. */
-static float e4m3(uint8_t c) {
-    float v;
-    parity_fp8_to_f32(PARITY_FP8_E4M3, 1, &c, &v);
-    return v;
-}
+#include "quant/codecs.h"
 
 static uint8_t nibble(const uint8_t *row, uint64_t c) { return (uint8_t)((row[c / 2] >> (4 * (c & 1))) & 0xfu); }
 
@@ -58,8 +45,6 @@ void fp4_pack_rows(const uint8_t *codes, uint32_t rows, uint32_t cols, uint64_t 
         for (uint64_t c = 0; c < cols; c++)
             packed[r * packed_cols + c / 2] |= (uint8_t)((codes[r * cols + c] & 0xfu) << (4 * (c & 1)));
 }
-
-uint8_t e8m0_of_pow2(float s) { return (uint8_t)(ilogbf(s) + 127); }
 
 /* A one-value F32 tensor (shape [] or [1]) named `what`, finite and positive. */
 static int check_scalar(const tensor_source *s, const char *what, float *out) {
@@ -141,7 +126,7 @@ static int fill_values(const tensor_source *codes, const expected *slot, uint64_
         for (uint64_t c = 0; c < slot->cols; c++) {
             const uint64_t i = r * slot->cols + c;
             const uint8_t code = nibble(p + r * packed_cols, c);
-            float x = e2m1(code) * v->scales[r * grid_cols + c / block];
+            float x = e2m1_to_f32(code) * v->scales[r * grid_cols + c / block];
             if (tensor_scale) x = x * tensor_scale;
             if ((bf16_from_f32(x) & 0x7f80u) == 0x7f80u)
                 return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element [%" PRIu64 "][%" PRIu64
@@ -191,7 +176,7 @@ int nvfp4_shipped_import(const tensor_source *codes, const tensor_source *block_
                              "or positive", block_scales->where, i / grid_cols, i % grid_cols,
                              sf[i], (sf[i] & 0x7f) == 0x7f ? "NaN" : "negative");
     if ((rc = alloc_values(slot, slot->rows * grid_cols, out))) return rc;
-    for (uint64_t i = 0; i < slot->rows * grid_cols; i++) out->scales[i] = e4m3(sf[i]);
+    for (uint64_t i = 0; i < slot->rows * grid_cols; i++) out->scales[i] = e4m3_to_f32(sf[i]);
     if ((rc = fill_values(codes, slot, packed_cols, 16, s2, out))) {
         shipped_values_free(out);
         return rc;
@@ -227,7 +212,7 @@ int mxfp4_shipped_import(const tensor_source *blocks, const tensor_source *scale
             return set_error(PARITY_ERR_SCALE_VALUE, "%s: block [%" PRIu64 ", %" PRIu64 "] has "
                              "scale 0xFF, E8M0's NaN", scales->where, i / grid_cols, i % grid_cols);
     if ((rc = alloc_values(slot, slot->rows * grid_cols, out))) return rc;
-    for (uint64_t i = 0; i < slot->rows * grid_cols; i++) out->scales[i] = ldexpf(1.0f, (int)e[i] - 127);
+    for (uint64_t i = 0; i < slot->rows * grid_cols; i++) out->scales[i] = e8m0_to_f32(e[i]);
     if ((rc = fill_values(blocks, slot, packed_cols, 32, 0.0f, out))) {
         shipped_values_free(out);
         return rc;

@@ -12,6 +12,7 @@
 #include "checkpoint/json.h"
 #include "model.h"
 #include "checkpoint/safetensors.h"
+#include "quant/codecs.h"
 
 /* ---- ownership ------------------------------------------------------------------------- */
 
@@ -287,6 +288,18 @@ static size_t linear_weights_of(parity_model *m, uint32_t layer, weight **out) {
     weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
     for (size_t j = 0; j < 7; j++) out[j] = ws[j];
     return 7;
+}
+
+quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer) {
+    const uint64_t n = (uint64_t)w->rows * w->cols;
+    const uint64_t scales = quant_scale_count(quant_rule_of(quantizer)->format, w->rows, w->cols);
+    quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "quantized weight"));
+    if (!q) return NULL;
+    q->codes = model_own(m, px_huge_alloc(n, "quantized weight codes"));
+    q->scales = q->codes ? model_own(m, px_huge_alloc(scales * sizeof(float),
+                                                          "quantized weight scales"))
+                         : NULL;
+    return q->scales ? q : NULL;
 }
 
 int model_prepare_quant(parity_model *m, int quantizer) {
@@ -1018,7 +1031,7 @@ static int write_saved(FILE *fp, const saved_tensor *t, int layout) {
     if (t->kind == OUT_SCALES && fp4) {
         for (uint64_t i = 0; i < t->bytes; i++) {
             const float v = t->q->scales[i];
-            const uint8_t b = layout == LAYOUT_NVFP4 ? e4m3_from_f32_saturating(v) : e8m0_of_pow2(v);
+            const uint8_t b = layout == LAYOUT_NVFP4 ? e4m3_from_f32_saturating(v) : e8m0_from_pow2(v);
             if (fputc(b, fp) == EOF) return 0;
         }
         return 1;
@@ -1093,7 +1106,7 @@ static int plan_ternary(const weight *w, saved_tensor *v, saved_tensor *sc, int 
         px_free(scratch);
         if (!v->made.scales) return PARITY_ERR_OUT_OF_MEMORY;
         v->q = sc->q = &v->made;
-        sc->scales_bf16 = rule == PARITY_QUANT_TERNARY_HF_BITLINEAR;
+        sc->scales_bf16 = quant_rule_of(rule)->tensor_scale == QUANT_SCALE_BF16;
     }
     sc->dtype = sc->scales_bf16 ? "BF16" : sc->scales_f16 ? "F16" : "F32";
     sc->bytes = sc->scales_bf16 || sc->scales_f16 ? 2 : 4;
