@@ -12,13 +12,7 @@
 
 #include "base/internal.h"
 #include "fp4_packed.h"
-
-static const float e2m1_magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-static float e2m1(uint8_t code) {
-    const float v = e2m1_magnitude[code & 7];
-    return code & 8 ? -v : v;
-}
+#include "quant/codecs.h"
 
 
 static uint8_t nibble(const uint8_t *row, uint64_t c) { return (uint8_t)((row[c / 2] >> (4 * (c & 1))) & 0xfu); }
@@ -90,7 +84,7 @@ static int fill_values(const tensor_source *codes, const expected *slot, uint64_
         for (uint64_t c = 0; c < slot->cols; c++) {
             const uint64_t i = r * slot->cols + c;
             const uint8_t code = nibble(p + r * packed_cols, c);
-            float x = e2m1(code) * v->scales[r * grid_cols + c / block];
+            float x = e2m1_to_f32(code) * v->scales[r * grid_cols + c / block];
             if (tensor_scale) x = x * tensor_scale;
             if ((bf16_from_f32(x) & 0x7f80u) == 0x7f80u)
                 return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element [%" PRIu64 "][%" PRIu64

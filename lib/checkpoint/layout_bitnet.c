@@ -170,7 +170,7 @@ static int bitnet_plan(const weight *w, int rule, saved_tensor *v, saved_tensor 
         int rc = quant_weight_make(w, rule, 1, &v->made, "ternary quantization");
         if (rc) return rc;
         v->q = sc->q = &v->made;
-        sc->scales_bf16 = rule == PARITY_QUANT_TERNARY_HF_BITLINEAR;
+        sc->scales_bf16 = quant_rule_of(rule)->tensor_scale == QUANT_SCALE_BF16;
     }
     sc->dtype = sc->scales_bf16 ? "BF16" : sc->scales_f16 ? "F16" : "F32";
     sc->bytes = sc->scales_bf16 || sc->scales_f16 ? 2 : 4;

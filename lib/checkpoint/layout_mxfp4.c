@@ -15,12 +15,7 @@
 #include "base/internal.h"
 #include "fp4_packed.h"
 #include "layout.h"
-#include "layout_mxfp4.h"
-
-uint8_t e8m0_of_pow2(float s) { return (uint8_t)(ilogbf(s) + 127); }
-
-/* The scale an E8M0 byte holds, 2^(byte - 127). */
-static float e8m0_value(uint8_t e) { return ldexpf(1.0f, (int)e - 127); }
+#include "quant/codecs.h"
 
 /* The block scales: what they are, for the checks and their messages. */
 static const fp4_scales e8m0_scales = {32, TENSOR_SOURCE_U8, "_scales", "E8M0 as U8",
@@ -40,7 +35,7 @@ static int mxfp4_import(const layout_tensors *in, shipped_values *out) {
         if (e[i] == 0xff)
             return set_error(PARITY_ERR_SCALE_VALUE, "%s: block [%" PRIu64 ", %" PRIu64 "] has "
                              "scale 0xFF, E8M0's NaN", scales->where, i / grid_cols, i % grid_cols);
-    return fp4_values(blocks, slot, packed_cols, 32, 0.0f, e, e8m0_value, out);
+    return fp4_values(blocks, slot, packed_cols, 32, 0.0f, e, e8m0_to_f32, out);
 }
 
 static int mxfp4_rule(const char *name, int *rule) {
@@ -59,7 +54,7 @@ static int mxfp4_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *
     return 1;
 }
 
-static int mxfp4_write(FILE *fp, const saved_tensor *t) { return fp4_write(fp, t, e8m0_of_pow2); }
+static int mxfp4_write(FILE *fp, const saved_tensor *t) { return fp4_write(fp, t, e8m0_from_pow2); }
 
 static int mxfp4_config_head(char *buf, size_t size, const saved_tensor *entries, size_t n,
                              int rule, const quant_checkpoint *settings, int modelopt_file) {

@@ -24,13 +24,7 @@
 #include "base/internal.h"
 #include "fp4_packed.h"
 #include "layout.h"
-
-/* The value of a finite E4M3 code. */
-static float e4m3(uint8_t c) {
-    float v;
-    parity_fp8_to_f32(PARITY_FP8_E4M3, 1, &c, &v);
-    return v;
-}
+#include "quant/codecs.h"
 
 /* A one-value F32 tensor (shape [] or [1]) named `what`, finite and positive. */
 static int check_scalar(const tensor_source *s, const char *what, float *out) {
@@ -77,7 +71,7 @@ static int nvfp4_import(const layout_tensors *in, shipped_values *out) {
                              "scale code 0x%02x (%s): a block scale is a finite E4M3 value, zero "
                              "or positive", block_scales->where, i / grid_cols, i % grid_cols,
                              sf[i], (sf[i] & 0x7f) == 0x7f ? "NaN" : "negative");
-    if ((rc = fp4_values(codes, slot, packed_cols, 16, s2, sf, e4m3, out))) return rc;
+    if ((rc = fp4_values(codes, slot, packed_cols, 16, s2, sf, e4m3_to_f32, out))) return rc;
     out->tensor_scale = s2;
     out->input_scale = input;
     out->scale_dtype = PARITY_DTYPE_F8_E4M3;

@@ -12,6 +12,7 @@
 #include "checkpoint/json.h"
 #include "checkpoint/layout.h"
 #include "model/model.h"
+#include "quant/rules.h"
 
 /* ---- manifests -------------------------------------------------------------------------- */
 
@@ -152,7 +153,10 @@ static const char *format_name(int gemm) { return gemm == PARITY_GEMM_MXFP8 ? "m
  * as int8), "scales" {"shape", "dtype" F8_E4M3 / F8_E8M0 / F32, "fnv1a64" over the fp32 values:
  * the block scales, ternary's s_w}, and NVFP4's "tensor_scale" s2 as its fp32 bits in hex. */
 
-static int is_lowbit(int gemm) { return gemm >= PARITY_GEMM_NVFP4 && gemm <= PARITY_GEMM_TERNARY; }
+static int is_lowbit(int gemm) {
+    const quant_format *f = quant_format_row((uint32_t)gemm);
+    return f && f->element != QUANT_ELEMENT_E4M3;
+}
 
 typedef struct lowbit_view {
     int gemm, shipped, quantizer;

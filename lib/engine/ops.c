@@ -270,40 +270,23 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     if (fp8) {
         /* the weights quantized with the policy's rule, as the model quantizes its own (from
          * the fp32 masters, or from the bf16 values widened), then the model's quantized GEMM */
-        const int q = policy->quantizer, block_rule = q <= PARITY_FP8Q_TE_POW2;
-        const int fp8_rule = q <= PARITY_FP8Q_MX_RCEIL;
-        const size_t bc = quant_block_cols(q);
-        const size_t grid = bc ? (block_rule ? (n + 127) / 128 : n) * ((k + bc - 1) / bc) : 1;
+        const int q = policy->quantizer;
+        const uint64_t grid = quant_scale_count(quant_rule_of(q)->format, n, k);
         /* bf16 values widened: 128 rows at a time for the fp8 rules, all for the others */
-        const size_t wide_rows = w_dtype != PARITY_DTYPE_BF16 ? 0 : fp8_rule ? 128 : n;
+        const int master = w_dtype != PARITY_DTYPE_BF16;
+        const size_t wide = quant_weight_scratch_floats(q, n, k, master);
         quant_weight wq = {.codes = op_alloc(&c, (uint64_t)n * k, 1, "quantized weight codes")};
         wq.scales = wq.codes ? op_alloc(&c, grid, sizeof(float), "quantized weight scales") : NULL;
-        float *rows = wq.scales && wide_rows
-                          ? op_alloc(&c, (uint64_t)wide_rows * k, sizeof(float), "quantized weight rows")
-                          : NULL;
+        float *rows = wq.scales && wide ? op_alloc(&c, wide, sizeof(float), "quantized weight rows")
+                                        : NULL;
         /* the activations' codes and scales (linear_quantized puts them in the GEMM scratch) */
-        s.gemm.xpack = wq.scales && (rows || !wide_rows)
+        s.gemm.xpack = wq.scales && (rows || !wide)
                            ? op_alloc(&c, linear_quantized_scratch(q, m, k), 1, "activation codes")
                            : NULL;
         int rc = s.gemm.xpack ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
         if (!rc) {
-            const size_t step = fp8_rule ? 128 : n;
-            for (size_t r0 = 0; r0 < n; r0 += step) {
-                const size_t nr = n - r0 < step ? n - r0 : step;
-                const float *src = (const float *)w + r0 * w_stride;
-                if (w_dtype == PARITY_DTYPE_BF16) {
-                    for (size_t r = 0; r < nr; r++)
-                        for (size_t t = 0; t < k; t++)
-                            rows[r * k + t] = bf16_to_f32(((const uint16_t *)w)[(r0 + r) * w_stride + t]);
-                    src = rows;
-                }
-                const size_t ld = w_dtype == PARITY_DTYPE_BF16 ? k : w_stride;
-                if (fp8_rule)
-                    fp8_quantize_rows(q, nr, k, src, ld, 128, wq.codes + r0 * k, k,
-                                      wq.scales + (block_rule ? r0 / 128 : r0) * ((k + bc - 1) / bc));
-                else
-                    quant4_weight(q, nr, k, src, ld, wq.codes, k, wq.scales, &wq.tensor_scale);
-            }
+            quant_weight_quantize_values(q, n, k, master ? (const float *)w : NULL,
+                                         master ? NULL : (const uint16_t *)w, w_stride, &wq, rows);
             const weight shape = {.rows = (uint32_t)n, .cols = (uint32_t)k};
             const fwd_ctx ctx = op_ctx(&c, policy, backend, NULL, &s, NULL);
             linear_quantized(&ctx, m, x, x_stride, &shape, &wq, bias, y, y_stride);

@@ -8,24 +8,10 @@
 
 #include "config.h"
 #include "parity.h"
+#include "quant/quant_weight.h"
+#include "quant/rules.h"
 
 struct st_file;
-
-/* A weight quantized with one quantizer of a quantized gemm format (lib/gemm_quant.c). */
-typedef struct quant_weight {
-    uint8_t *codes;        /* [rows][cols], one code a byte: E4M3, E2M1 (low nibble), or
-                              ternary as int8 */
-    float *scales;         /* fp8-block: [ceil(rows / 128)][ceil(cols / 128)] fp32, the stored
-                              dequantization multipliers; MXFP8, MXFP4: [rows][ceil(cols / 32)],
-                              the E8M0 scales as fp32 powers of two; NVFP4: [rows][ceil(cols /
-                              16)], the E4M3 block scales' values; ternary: unused (1 float) */
-    float tensor_scale;    /* NVFP4's s2, ternary's s_w; 0 for the others */
-    float input_scale;     /* shipped NVFP4: the checkpoint's input_scale (ModelOpt's calibrated
-                              activation scale, kept to be saved back; the GEMM scales
-                              activations per token), 0 when it had none */
-} quant_weight;
-
-#define QUANTIZERS (PARITY_QUANT_TERNARY_ONEBITLLMS + 1)
 
 /* One weight tensor: rows x cols (a vector has rows = 1). */
 typedef struct weight {
@@ -213,12 +199,18 @@ int model_prepare(parity_model *m, int need);
  * once). */
 int model_prepare_quant(parity_model *m, int quantizer);
 /* Quantizes w (its master, else its bf16 values widened into `scratch`) with `quantizer` into
- * q (lib/gemm_quant.c); scratch holds quant_scratch_floats(w, quantizer) floats (128 rows of
- * the fp8 rules' blocks, the whole tensor for the per-tensor rules, none for a master). */
-void quant_weight_quantize(const weight *w, int quantizer, quant_weight *q, float *scratch);
-size_t quant_scratch_floats(const weight *w, int quantizer);
-/* A quantized copy for w, allocated (codes and scales) but not filled; NULL when out of
- * memory. */
+ * q (quant/quant_weight.c); scratch holds quant_scratch_floats(w, quantizer) floats (128 rows
+ * of the fp8 rules' blocks, the whole tensor for the per-tensor rules, none for a master). */
+static inline void quant_weight_quantize(const weight *w, int quantizer, quant_weight *q,
+                                         float *scratch) {
+    quant_weight_quantize_values(quantizer, w->rows, w->cols, w->master, w->bf16, w->cols, q,
+                                 scratch);
+}
+static inline size_t quant_scratch_floats(const weight *w, int quantizer) {
+    return quant_weight_scratch_floats(quantizer, w->rows, w->cols, w->master != NULL);
+}
+/* A quantized copy for w, allocated (codes and scales, owned by m) but not filled; NULL when
+ * out of memory (model.c). */
 quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer);
 
 /* The fp8 weights a policy's GEMM reads for w: the shipped ones under an fp8-block policy

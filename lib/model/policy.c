@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 #include "base/internal.h"
+#include "quant/rules.h"
 
 /* The switches of a preset, in the order of the table in DESIGN.md §3. */
 typedef struct preset {

@@ -13,48 +13,28 @@
 #include <math.h>
 
 #include "base/internal.h"
-
-static int is_fp8(int q) { return q >= 0 && q <= PARITY_FP8Q_MX_RCEIL; }
-
-static uint64_t grid_of(int q, size_t rows, size_t cols) {
-    const size_t bc = quant_block_cols(q);
-    if (!bc) return 1;
-    if (q <= PARITY_FP8Q_TE_POW2) return (uint64_t)((rows + 127) / 128) * ((cols + bc - 1) / bc);
-    return (uint64_t)rows * ((cols + bc - 1) / bc);
-}
+#include "nvfp4.h"
+#include "rules.h"
 
 uint64_t parity_quant_scale_count(int quantizer, size_t rows, size_t cols) {
-    return quant_format_of(quantizer) < 0 ? 0 : grid_of(quantizer, rows, cols);
+    const quant_rule *r = quant_rule_of(quantizer);
+    return r ? quant_scale_count(r->format, rows, cols) : 0;
 }
 
 static int check(const char *fn, int quantizer, size_t rows, size_t cols, const float *x,
                  size_t stride, const void *codes, const void *scales) {
-    if (quant_format_of(quantizer) < 0)
+    if (!quant_rule_of(quantizer))
         return set_error(PARITY_ERR_POLICY, "%s: quantizer %d is not defined", fn, quantizer);
-    if (!x || !codes || !scales)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                         !x ? "x" : !codes ? "codes" : "scales");
-    if (!rows || !cols || stride < cols)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu x %zu values, stride %zu", fn, rows,
-                         cols, stride);
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++)
-            if (!isfinite(x[r * stride + c]))
-                return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: x[%zu][%zu] is not finite", fn, r, c);
-    return PARITY_OK;
+    return quant_check_values(fn, rows, cols, x, stride, codes, cols, scales, scales, "scales");
 }
 
 /* The weight quantization the model makes (codes one a byte; scales the grid's fp32 values,
  * then the tensor scale). */
 static void quantize_weight(int q, size_t rows, size_t cols, const float *x, size_t stride,
                             uint8_t *codes, float *scales) {
-    const uint64_t g = grid_of(q, rows, cols);
-    if (is_fp8(q)) {
-        fp8_quantize_rows(q, rows, cols, x, stride, 128, codes, cols, scales);
-        scales[g] = 0.0f;
-    } else {
-        quant4_weight(q, rows, cols, x, stride, codes, cols, scales, &scales[g]);
-    }
+    const quant_rule *r = quant_rule_of(q);
+    const uint64_t g = quant_scale_count(r->format, rows, cols);
+    r->format->quantize_weight(r, rows, cols, x, stride, codes, cols, scales, &scales[g]);
 }
 
 int parity_quantize_weight(int quantizer, size_t rows, size_t cols, const float *x, size_t stride,
@@ -66,6 +46,9 @@ int parity_quantize_weight(int quantizer, size_t rows, size_t cols, const float 
 }
 
 /* ---- the export path ------------------------------------------------------------------------ */
+
+/* Whether q is a ternary rule (the export runs those in bf16 arithmetic). */
+static int is_ternary(int q) { return quant_rule_of(q)->format->element == QUANT_ELEMENT_TERNARY; }
 
 static float ternary_round(int q, float v) {
     return q == PARITY_QUANT_TERNARY_ONEBITLLMS ? floorf(v + 0.5f) : rintf(v);
@@ -87,7 +70,7 @@ static uint8_t ternary_bf16_code(int q, float b, float s) {
 /* The export path on the values b (bf16 values, held in fp32, contiguous). */
 static void export_quantize(int q, size_t rows, size_t cols, const float *b, uint8_t *codes,
                             float *scales) {
-    if (!quant_is_ternary(q)) {
+    if (!is_ternary(q)) {
         quantize_weight(q, rows, cols, b, cols, codes, scales);
         return;
     }
@@ -143,6 +126,17 @@ static float nearest_next(nearest *s, float xi) {
     return take_a ? va : vc;
 }
 
+/* One block of n <= 32 values of a 4-bit rule as its weight quantization quantizes it (NVFP4:
+ * under the s2 of a weight whose amax is tmax): codes written, the block scale's value
+ * returned. */
+static float quantize_block(int q, float tmax, const float *x, size_t n, uint8_t *codes) {
+    const quant_rule *r = quant_rule_of(q);
+    if (r->format->has_tensor_scale) return nvfp4_quantize_block(r, tmax, x, n, codes);
+    float scale, tensor_scale;
+    r->format->quantize_weight(r, 1, n, x, n, codes, n, &scale, &tensor_scale);
+    return scale;
+}
+
 /* One block of a 4-bit rule: bf16 values b[0..n) near the latents xb whose export has the
  * block scale ws and the codes want. The export's block scale follows the block's amax (and,
  * NVFP4, the tensor's amax `tmax`, held fixed: no value may pass it), so first the element
@@ -153,7 +147,7 @@ static int adjust_block(int q, float tmax, const float *xb, float *b, size_t n, 
                         float ws) {
     uint8_t codes[32];
     float t[32];
-    float sf = quant4_block(q, tmax, b, n, codes);
+    float sf = quantize_block(q, tmax, b, n, codes);
     if (f32_bits(sf) == f32_bits(ws) && !memcmp(codes, want, n)) return 0;
     size_t j = 0;
     for (size_t i = 1; i < n; i++)
@@ -162,10 +156,11 @@ static int adjust_block(int q, float tmax, const float *xb, float *b, size_t n, 
     int found = 0;
     for (int tries = 0; tries < 1024 && !found; tries++) {
         const float v = nearest_next(&near, xb[j]);
-        if (quant_is_nvfp4(q) && fabsf(v) > tmax) continue;
-        for (size_t i = 0; i < n; i++) t[i] = fabsf(b[i]) > fabsf(v) ? copysignf(fabsf(v), b[i]) : b[i];
+        if (quant_rule_of(q)->format->has_tensor_scale && fabsf(v) > tmax) continue;
+        for (size_t i = 0; i < n; i++)
+            t[i] = fabsf(b[i]) > fabsf(v) ? copysignf(fabsf(v), b[i]) : b[i];
         t[j] = v;
-        sf = quant4_block(q, tmax, t, n, codes);
+        sf = quantize_block(q, tmax, t, n, codes);
         found = f32_bits(sf) == f32_bits(ws) && codes[j] == want[j];
     }
     if (!found) return 1;
@@ -179,13 +174,13 @@ static int adjust_block(int q, float tmax, const float *xb, float *b, size_t n, 
             if (fabsf(v) > cap) continue;
             const float keep = t[i];
             t[i] = v;
-            sf = quant4_block(q, tmax, t, n, codes);
+            sf = quantize_block(q, tmax, t, n, codes);
             ok = f32_bits(sf) == f32_bits(ws) && codes[i] == want[i];
             if (!ok) t[i] = keep;
         }
         if (!ok) return 1;
     }
-    sf = quant4_block(q, tmax, t, n, codes);
+    sf = quantize_block(q, tmax, t, n, codes);
     if (f32_bits(sf) != f32_bits(ws) || memcmp(codes, want, n)) return 1;
     memcpy(b, t, n * sizeof *b);
     return 0;
@@ -196,7 +191,7 @@ static int adjust_block(int q, float tmax, const float *xb, float *b, size_t n, 
  * (the bf16 amax / 2688) excepted. */
 static int adjust_4bit(int q, size_t rows, size_t cols, const float *x, size_t stride, float *b,
                        const uint8_t *want, const float *want_scales, size_t *failed) {
-    const size_t bc = quant_block_cols(q), gcols = (cols + bc - 1) / bc;
+    const size_t bc = quant_rule_of(q)->format->block_cols, gcols = (cols + bc - 1) / bc;
     float tmax = 0.0f;
     for (size_t i = 0; i < rows * cols; i++) tmax = fmaxf(tmax, fabsf(b[i]));
     *failed = 0;
@@ -214,14 +209,15 @@ int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const floa
     static const char fn[] = "parity_quant_adjust_bf16";
     clear_error();
     TRY(check(fn, quantizer, rows, cols, x, stride, out, out));
-    if (is_fp8(quantizer))
+    if (quant_rule_of(quantizer)->format->element == QUANT_ELEMENT_E4M3)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: the bf16 adjustment is written for the "
                          "4-bit and ternary rules, not the fp8 ones; write the training codes "
                          "instead", fn);
     const size_t n = rows * cols;
     float *b = bf16_copy(rows, cols, x, stride);
     uint8_t *want = px_malloc(n, "training codes");
-    float *scales = px_malloc((grid_of(quantizer, rows, cols) + 1) * sizeof *scales, "scales");
+    const uint64_t n_scales = parity_quant_scale_count(quantizer, rows, cols) + 1;
+    float *scales = px_malloc(n_scales * sizeof *scales, "scales");
     if (!b || !want || !scales) {
         px_free(b), px_free(want), px_free(scales);
         return PARITY_ERR_OUT_OF_MEMORY;
@@ -230,11 +226,12 @@ int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const floa
     uint64_t moved = 0;
     int rc = PARITY_ERR_VERIFY;
     size_t failed = 0;
-    if (!quant_is_ternary(quantizer)) {
+    if (!is_ternary(quantizer)) {
         rc = adjust_4bit(quantizer, rows, cols, x, stride, b, want, scales, &failed);
-        for (size_t i = 0; i < n; i++) moved += f32_bits(b[i]) != f32_bits(round_bf16(x[(i / cols) * stride + i % cols]));
+        for (size_t i = 0; i < n; i++)
+            moved += f32_bits(b[i]) != f32_bits(round_bf16(x[(i / cols) * stride + i % cols]));
     }
-    for (int round = 0; quant_is_ternary(quantizer) && round < 16; round++) {
+    for (int round = 0; is_ternary(quantizer) && round < 16; round++) {
         const float s = ternary_bf16_scale(n, b);
         size_t wrong = 0;
         for (size_t i = 0; i < n; i++) {
@@ -270,7 +267,7 @@ int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const floa
             for (size_t i = 0; i < n; i++)
                 *n_adjusted += out[i] != bf16_from_f32(x[(i / cols) * stride + i % cols]);
         }
-    } else if (quant_is_ternary(quantizer)) {
+    } else if (is_ternary(quantizer)) {
         set_error(PARITY_ERR_VERIFY, "%s: no bf16 inputs found within 16 rounds whose export "
                   "gives the training codes (%llu values moved)", fn, (unsigned long long)moved);
     } else {

@@ -1,0 +1,89 @@
+/*
+ * The quantized GEMM's column kernels (dot.h), which engine/gemm_quant.c runs over the thread
+ * pool. The arithmetic: an E4M3 value is k * 2^-9 with k an integer, |k| <= 448 * 512 < 2^18,
+ * so a product of two is an integer multiple of 2^-18 below 2^36 of them and a block sum (at
+ * most 128 terms) an integer below 2^43: the sums of the integers k_a k_w are exact in double
+ * in any order, and d = RN_fp32(sum * 2^-18). An E2M1 value is k * 2^-1 with |k| <= 12, so a
+ * product is a multiple of 2^-2 below 36 and a block of 16 or 32 sums exactly the same way.
+ * So the order of a block's terms is free; the order of the blocks and of the scale products
+ * is fixed: acc = acc + (d * a_s) * w_s over the blocks, ascending, in fp32 (exact per term
+ * for NVFP4: d has at most 12 significant bits, each E4M3 scale 4), then NVFP4's
+ * y = RN(acc * RN(s2a * s2w)). Ternary: the integer dot of the int8 and ternary codes, exact in
+ * int64; y = RN(D / RN(s_w * s_x)), or its bf16 steps under "hf-bitlinear". This is one C
+ * implementation that every CPU path runs (the codes and scales are integers and powers of
+ * two, not SIMD-specific values). A NaN activation (whose E4M3 code is 0x7f) makes the block's
+ * d NaN.
+ */
+#include <pthread.h>
+
+#include "dot.h"
+
+#include "base/internal.h"
+#include "codecs.h"
+
+/* k of every E4M3 code (value = k * 2^-9) and of every E2M1 code (value = k * 2^-1), as a
+ * double (exact); NaN for the E4M3 NaN codes. */
+static double e4m3_k[256], e2m1_k[16];
+static pthread_once_t k_once = PTHREAD_ONCE_INIT;
+
+static void fill_k(void) {
+    for (int c = 0; c < 256; c++) e4m3_k[c] = (double)e4m3_to_f32((uint8_t)c) * 0x1p9;
+    for (int c = 0; c < 16; c++) e2m1_k[c] = (double)e2m1_to_f32((uint8_t)c) * 2.0;
+}
+
+/* The exact block dot of two code runs with the value table k (E4M3 or E2M1), as a double. */
+static double block_dot(const double *k, const uint8_t *xr, const uint8_t *wr, size_t k0,
+                        size_t k1) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = k0;
+    for (; i + 4 <= k1; i += 4) {
+        s0 += k[xr[i]] * k[wr[i]];
+        s1 += k[xr[i + 1]] * k[wr[i + 1]];
+        s2 += k[xr[i + 2]] * k[wr[i + 2]];
+        s3 += k[xr[i + 3]] * k[wr[i + 3]];
+    }
+    for (; i < k1; i++) s0 += k[xr[i]] * k[wr[i]];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
+    pthread_once(&k_once, fill_k);
+    const quant_format *f = j->rule->format;
+    const int fp4 = f->element == QUANT_ELEMENT_E2M1;
+    const double *k = fp4 ? e2m1_k : e4m3_k;
+    const double unit = fp4 ? 0x1p-2 : 0x1p-18;
+    for (size_t n = n0; n < n1; n++) {
+        const uint8_t *wr = j->wq + n * j->K;
+        const float *ws = j->ws + (n / f->block_rows) * j->w_grid_cols;
+        for (size_t m = 0; m < j->M; m++) {
+            const uint8_t *xr = j->xq + m * j->K;
+            const float *xs = j->xs + m * j->nblocks;
+            float acc = 0.0f;
+            for (size_t kb = 0; kb < j->nblocks; kb++) {
+                const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
+                const float d = (float)(block_dot(k, xr, wr, k0, k1) * unit);
+                acc = acc + (d * xs[kb]) * ws[kb];
+            }
+            if (f->has_tensor_scale) acc = acc * (j->xt[m] * j->w_tensor_scale);
+            j->y[m * j->ldy + n] = acc;
+        }
+    }
+}
+
+void quant_gemm_ternary(const quant_gemm_job *j, size_t n0, size_t n1) {
+    const int bf16_steps = j->rule->tensor_scale == QUANT_SCALE_BF16;
+    for (size_t n = n0; n < n1; n++) {
+        const int8_t *wr = (const int8_t *)(const void *)(j->wq + n * j->K);
+        for (size_t m = 0; m < j->M; m++) {
+            const int8_t *xr = (const int8_t *)(const void *)(j->xq + m * j->K);
+            int64_t d = 0;
+            for (size_t i = 0; i < j->K; i++) d += (int32_t)xr[i] * wr[i];
+            float y;
+            if (bf16_steps)
+                y = round_bf16(round_bf16((float)d) / round_bf16(j->w_tensor_scale * j->xt[m]));
+            else
+                y = (float)d / (j->w_tensor_scale * j->xt[m]);
+            j->y[m * j->ldy + n] = y;
+        }
+    }
+}

@@ -1,0 +1,17 @@
+/*
+ * MXFP4's quantization (mxfp4.c): E2M1 codes, E8M0 scales per 1 x 32 block; the entries of its
+ * format row (format.h) and the form the public call writes.
+ */
+#ifndef PARITY_QUANT_MXFP4_H
+#define PARITY_QUANT_MXFP4_H
+
+#include "format.h"
+
+/* The entries (quant_fn): scales as the fp32 powers of two; no tensor scale (a weight's is
+ * written 0, the rows' are left alone). */
+quant_fn mxfp4_quantize_weight, mxfp4_quantize_activations;
+/* The public call's form: scales [rows][ceil(cols / 32)] as E8M0 bytes. */
+void mxfp4_quantize_bytes(const quant_rule *r, size_t rows, size_t cols, const float *x,
+                          size_t x_stride, uint8_t *codes, size_t codes_stride, uint8_t *scales);
+
+#endif /* PARITY_QUANT_MXFP4_H */

@@ -1,0 +1,151 @@
+/*
+ * NVFP4 (parity.h, "4-bit and ternary quantizers"): E2M1 elements in 1 x 16 blocks, each with an
+ * E4M3 block scale, under an fp32 tensor scale s2 (per row for activations), and its rules
+ * ModelOpt, Transformer Engine and torchao. Each rule is the arithmetic of its source written
+ * as IEEE fp32 operations, one rounding per operation, in the source's order; the header names
+ * file and function per rule and docs/quant-formats.md quotes them.
+ */
+#include <float.h>
+#include <math.h>
+
+#include "nvfp4.h"
+
+#include "base/internal.h"
+#include "codecs.h"
+
+/* The tensor-level numbers of an NVFP4 rule for a tensor (or row) amax: s2, the stored decode
+ * scale, and (TE) the encode scale S. `zero`: the all-zero case of ModelOpt and torchao. */
+typedef struct nvfp4_tensor {
+    float s2;  /* the decode scale a checkpoint stores (weight_scale_2) */
+    float enc; /* TE's encode scale S = 1 / s2 */
+    int zero;  /* s2 = 0 (ModelOpt, torchao): every block's scale 1, every code 0 */
+} nvfp4_tensor;
+
+static nvfp4_tensor nvfp4_tensor_of(int rule, float amax) {
+    nvfp4_tensor t = {0.0f, 0.0f, 0};
+    if (rule == PARITY_QUANT_NVFP4_TE) {
+        float s = 2688.0f / amax; /* 448 * 6; +inf for amax 0 */
+        s = fminf(s, FLT_MAX);
+        if (amax == 0.0f || s == 0.0f) s = 1.0f;
+        t.enc = s;
+        t.s2 = 1.0f / s;
+        return t;
+    }
+    t.s2 = amax / 2688.0f;
+    t.zero = t.s2 == 0.0f;
+    return t;
+}
+
+/* One 1 x 16 block: its E4M3 scale code returned, its E2M1 codes written. */
+static uint8_t nvfp4_block(int rule, const nvfp4_tensor *t, const float *x, size_t n,
+                           uint8_t *codes) {
+    const float amax = quant_amax(x, n);
+    uint8_t sf;
+    float sfv;
+    if (t->zero) { /* s2 = 0: a zero tensor (or row); ModelOpt's 0 / 0 taken as sf 1, codes 0 */
+        sf = e4m3_from_f32_saturating(1.0f);
+        for (size_t i = 0; i < n; i++) codes[i] = 0;
+        return sf;
+    }
+    switch (rule) {
+    case PARITY_QUANT_NVFP4_MODELOPT: {
+        float v = amax / (6.0f * t->s2);
+        if (v == 0.0f) v = 1.0f;
+        sf = e4m3_from_f32_saturating(v);
+        sfv = e4m3_to_f32(sf);
+        const float d = sfv * t->s2;
+        for (size_t i = 0; i < n; i++) codes[i] = sfv == 0.0f ? 0 : e2m1_from_f32(x[i] / d, 0);
+        return sf;
+    }
+    case PARITY_QUANT_NVFP4_TE: {
+        sf = e4m3_from_f32_saturating(amax * (t->enc * (1.0f / 6.0f)));
+        sfv = e4m3_to_f32(sf);
+        const float m = fminf(1.0f / (sfv * (1.0f / t->enc)), FLT_MAX);
+        for (size_t i = 0; i < n; i++) codes[i] = sfv == 0.0f ? 0 : e2m1_from_f32(x[i] * m, 0);
+        return sf;
+    }
+    default: { /* torchao */
+        float v = (amax / 6.0f) / t->s2;
+        v = fminf(fmaxf(v, 0x1p-6f), 448.0f);
+        sf = e4m3_from_f32_saturating(v);
+        sfv = e4m3_to_f32(sf);
+        const float d = t->s2 * sfv;
+        for (size_t i = 0; i < n; i++)
+            codes[i] = e2m1_from_f32(fminf(fmaxf(x[i] / d, -6.0f), 6.0f), 0);
+        return sf;
+    }
+    }
+}
+
+/* The blocks of `rows` rows under one tensor entry (rows = 1 for a per-row call): the block
+ * scales as E4M3 bytes (`sf_bytes`) or as the values they mean (`sf_values`), whichever is not
+ * NULL. */
+static void nvfp4_rows(int rule, const nvfp4_tensor *t, size_t rows, size_t cols, const float *x,
+                       size_t x_stride, uint8_t *codes, size_t codes_stride, uint8_t *sf_bytes,
+                       float *sf_values) {
+    const size_t grid = (cols + 15) / 16;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c0 = 0; c0 < cols; c0 += 16) {
+            const size_t n = cols - c0 < 16 ? cols - c0 : 16;
+            const uint8_t sf = nvfp4_block(rule, t, x + r * x_stride + c0, n,
+                                           codes + r * codes_stride + c0);
+            if (sf_bytes) sf_bytes[r * grid + c0 / 16] = sf;
+            if (sf_values) sf_values[r * grid + c0 / 16] = e4m3_to_f32(sf);
+        }
+}
+
+/* max |x| over a rows x cols tensor. */
+static float tensor_amax(size_t rows, size_t cols, const float *x, size_t stride) {
+    float a = 0.0f;
+    for (size_t r = 0; r < rows; r++) a = fmaxf(a, quant_amax(x + r * stride, cols));
+    return a;
+}
+
+/* Every row under its own s2 (rows_scales[r]): the activations' quantization, and the API's
+ * per_row = 1. */
+static void nvfp4_per_row(int rule, size_t rows, size_t cols, const float *x, size_t x_stride,
+                          uint8_t *codes, size_t codes_stride, uint8_t *sf_bytes,
+                          float *sf_values, float *row_scales) {
+    const size_t grid = (cols + 15) / 16;
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        const nvfp4_tensor t = nvfp4_tensor_of(rule, quant_amax(xr, cols));
+        nvfp4_rows(rule, &t, 1, cols, xr, x_stride, codes + r * codes_stride, codes_stride,
+                   sf_bytes ? sf_bytes + r * grid : NULL, sf_values ? sf_values + r * grid : NULL);
+        row_scales[r] = t.s2;
+    }
+}
+
+void nvfp4_quantize_weight(const quant_rule *r, size_t rows, size_t cols, const float *x,
+                           size_t x_stride, uint8_t *codes, size_t codes_stride,
+                           float *block_scales, float *tensor_scale) {
+    const nvfp4_tensor t = nvfp4_tensor_of(r->id, tensor_amax(rows, cols, x, x_stride));
+    nvfp4_rows(r->id, &t, rows, cols, x, x_stride, codes, codes_stride, NULL, block_scales);
+    *tensor_scale = t.s2;
+}
+
+void nvfp4_quantize_activations(const quant_rule *r, size_t rows, size_t cols, const float *x,
+                                size_t x_stride, uint8_t *codes, size_t codes_stride,
+                                float *block_scales, float *row_scales) {
+    nvfp4_per_row(r->id, rows, cols, x, x_stride, codes, codes_stride, NULL, block_scales,
+                  row_scales);
+}
+
+float nvfp4_quantize_block(const quant_rule *r, float tensor_amax, const float *x, size_t n,
+                           uint8_t *codes) {
+    const nvfp4_tensor t = nvfp4_tensor_of(r->id, tensor_amax);
+    return e4m3_to_f32(nvfp4_block(r->id, &t, x, n, codes));
+}
+
+void nvfp4_quantize_bytes(const quant_rule *r, int per_row, size_t rows, size_t cols,
+                          const float *x, size_t x_stride, uint8_t *codes, size_t codes_stride,
+                          uint8_t *block_scales, float *tensor_scales) {
+    if (per_row) {
+        nvfp4_per_row(r->id, rows, cols, x, x_stride, codes, codes_stride, block_scales, NULL,
+                      tensor_scales);
+    } else {
+        const nvfp4_tensor t = nvfp4_tensor_of(r->id, tensor_amax(rows, cols, x, x_stride));
+        nvfp4_rows(r->id, &t, rows, cols, x, x_stride, codes, codes_stride, block_scales, NULL);
+        tensor_scales[0] = t.s2;
+    }
+}
