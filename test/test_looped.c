@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "engine/forward.h"
+#include "engine/kvcache.h"
 #include "base/internal.h"
 
 #define N_SEQS 24

@@ -6,8 +6,14 @@
  * underflows to +0), and adding +0 changes no accumulator. */
 #include <math.h>
 
-#include "forward.h"
-#include "base/internal.h"
+#include "attention.h"
+
+#include <string.h>
+
+#include "base/floats.h"
+#include "base/threadpool.h"
+#include "kvcache.h"
+#include "profile.h"
 #include "kernels/kernel_common.h"
 #include "kernels/kernels.h"
 

@@ -1,8 +1,13 @@
 /* The engine under the scorer and the sampler (engine.h). */
 #include <stdio.h>
+#include <string.h>
 
 #include "engine.h"
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/in_use.h"
+#include "profile.h"
+#include "scratch.h"
 #include "kernels/kernels.h"
 
 void engine_default_settings(uint32_t *n_threads, uint32_t *backend, parity_policy *policy) {
@@ -247,48 +252,4 @@ void engine_object_free(const engine_kind *k, void *object) {
     if (!object) return;
     engine_free(engine_of(k, object));
     px_free(object);
-}
-
-/* ---- looped models' exit rules ---------------------------------------------------------- */
-
-int exit_rule_check(const parity_config *c, uint32_t rule, float threshold, uint32_t min_depth,
-                    uint32_t max_depth) {
-    const uint32_t T = config_loops(c);
-    if (rule > PARITY_EXIT_FIXED)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "exit_rule %u is not a parity_exit_rule", rule);
-    if (rule == PARITY_EXIT_FULL) return PARITY_OK;
-    if (c->arch != PARITY_ARCH_OURO)
-        return set_error(PARITY_ERR_UNSUPPORTED,
-                         "exit_rule %u: the model (%s) does not loop; only PARITY_EXIT_FULL", rule,
-                         parity_arch_name((int)c->arch));
-    if (min_depth > T || max_depth > T)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "min_depth %u / max_depth %u: the model runs at most %u loops "
-                         "(total_ut_steps)", min_depth, max_depth, T);
-    if (rule == PARITY_EXIT_THRESHOLD) {
-        if (!c->early_exit_gate)
-            return set_error(PARITY_ERR_UNSUPPORTED,
-                             "PARITY_EXIT_THRESHOLD needs the exit gate, and this looped model "
-                             "has none (a fixed-loop model): use PARITY_EXIT_FIXED or FULL");
-        if (!(threshold >= 0.0f && threshold <= 1.0f))
-            return set_error(PARITY_ERR_INVALID_ARGUMENT, "exit_threshold %g is not in [0, 1]",
-                             (double)threshold);
-        const uint32_t lo = min_depth ? min_depth : 1, hi = max_depth ? max_depth : T;
-        if (lo > hi)
-            return set_error(PARITY_ERR_INVALID_ARGUMENT, "min_depth %u is above max_depth %u", lo,
-                             hi);
-    }
-    return PARITY_OK;
-}
-
-fwd_exit exit_rule_resolve(const parity_config *c, float threshold, uint32_t min_depth,
-                           uint32_t max_depth) {
-    return (fwd_exit){threshold, min_depth ? min_depth : 1,
-                      max_depth ? max_depth : config_loops(c)};
-}
-
-fwd_row exit_rule_row(fwd_row row, uint32_t rule, const fwd_exit *e) {
-    if (rule == PARITY_EXIT_THRESHOLD) row.exit = e;
-    if (rule == PARITY_EXIT_FIXED) row.depth = e->max_depth;
-    return row;
 }

@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "forward.h"
+#include "base/threadpool.h"
+#include "forward_types.h"
+#include "kvcache.h"
 #include "sampling.h"
 
 /* What sizes an engine (every field resolved: no zeros meaning "default"). */
@@ -143,18 +145,5 @@ int engine_object_create(const engine_kind *k, const parity_model *m, const void
                          void *out);
 /* Frees an object made by engine_object_create (NULL: nothing). */
 void engine_object_free(const engine_kind *k, void *object);
-
-/* ---- looped models' exit rules (parity_sampling, parity_score_options) ------------------ */
-
-/* The rule is defined, its values in range, and one the model can run (a gate for
- * PARITY_EXIT_THRESHOLD, a looped model for any but PARITY_EXIT_FULL). */
-int exit_rule_check(const parity_config *c, uint32_t rule, float threshold, uint32_t min_depth,
-                    uint32_t max_depth);
-/* The rule in the forward's terms (0 depths resolved: 1 and the model's loops). */
-fwd_exit exit_rule_resolve(const parity_config *c, float threshold, uint32_t min_depth,
-                           uint32_t max_depth);
-/* A row under the rule: PARITY_EXIT_THRESHOLD reads e, PARITY_EXIT_FIXED runs e->max_depth
- * loops, PARITY_EXIT_FULL every loop. */
-fwd_row exit_rule_row(fwd_row row, uint32_t rule, const fwd_exit *e);
 
 #endif

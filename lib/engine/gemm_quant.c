@@ -22,7 +22,7 @@
  */
 #include <math.h>
 
-#include "forward.h"
+#include "gemm_quant.h"
 #include "base/internal.h"
 #include "model/model.h"
 

@@ -12,8 +12,18 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "forward.h"
-#include "base/internal.h"
+#include "args.h"
+#include "attention.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
+#include "base/in_use.h"
+#include "base/internal.h" /* the quantizers' declarations, until lib/quant/ has its headers */
+#include "gemm.h"
+#include "gemm_quant.h"
+#include "kvcache.h"
+#include "layer.h"
+#include "scratch.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "sampling.h"
@@ -469,7 +479,7 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: vocab %zu is not in 1..2^30", fn, vocab);
     const dist_params dp = {options->mode, options->temperature, options->top_k, options->top_p,
                             options->min_p};
-    TRY(arg_prefixed(fn, dist_params_check(&dp, (uint32_t)vocab)));
+    TRY(error_prefixed(fn, dist_params_check(&dp, (uint32_t)vocab)));
     TRY(arg_ptr(fn, residual, "residual"));
     TRY(arg_ptr(fn, delta, "delta"));
     TRY(arg_ptr(fn, norm_weight, "norm_weight"));

@@ -6,7 +6,10 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "base/internal.h"
+#include "args.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "kernels/kernels.h"
 #include "model/rope.h"
 
@@ -16,62 +19,6 @@
 uint16_t parity_bf16_from_f32(float x) { return bf16_from_f32(x); }
 
 float parity_bf16_to_f32(uint16_t x) { return bf16_to_f32(x); }
-
-/* ---- argument checks (internal.h; each sets the message and returns the status) ---------- */
-
-int arg_policy(const char *fn, const parity_policy *policy) {
-    if (!policy) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: policy is NULL", fn);
-    return arg_prefixed(fn, parity_policy_validate(policy));
-}
-
-int arg_prefixed(const char *fn, int status) {
-    if (!status) return PARITY_OK;
-    /* copied first: set_error writes the buffer parity_last_error() returns */
-    char why[512];
-    snprintf(why, sizeof why, "%s", parity_last_error());
-    return set_error(status, "%s: %s", fn, why);
-}
-
-int arg_ptr(const char *fn, const void *p, const char *what) {
-    if (!p) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
-    return PARITY_OK;
-}
-
-/* `rows` rows of `dim` elements, `stride` apart: dim <= stride, and the last element's index
- * (rows - 1) * stride + dim - 1 fits in size_t. */
-int arg_rows(const char *fn, size_t rows, size_t dim, size_t stride, const char *what) {
-    uint64_t span;
-    if (stride < dim)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s stride %zu is less than the row "
-                         "length %zu", fn, what, stride, dim);
-    if (mul_overflows((uint64_t)(rows - 1), (uint64_t)stride, &span) || span > SIZE_MAX - dim)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu rows of stride %zu overflow the "
-                         "address space", fn, rows, stride);
-    return PARITY_OK;
-}
-
-int arg_shape(const char *fn, size_t rows, size_t dim) {
-    if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
-    if (dim == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: dim is 0", fn);
-    return PARITY_OK;
-}
-
-int arg_eps(const char *fn, float eps) {
-    if (!(eps > 0.0f) || !isfinite(eps))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: eps %g must be positive and finite",
-                         fn, (double)eps);
-    return PARITY_OK;
-}
-
-/* An output may alias an input only exactly: the same rows (same pointer, same stride). */
-int arg_alias(const char *fn, const void *out, size_t out_stride, const void *in,
-                       size_t in_stride, const char *out_name, const char *in_name) {
-    if (out == in && out_stride != in_stride)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s aliases %s with another stride "
-                         "(%zu != %zu)", fn, out_name, in_name, out_stride, in_stride);
-    return PARITY_OK;
-}
-
 
 /* ---- regions ------------------------------------------------------------------------------ */
 

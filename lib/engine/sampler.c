@@ -7,9 +7,14 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "engine.h"
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "forward.h"
+#include "looped.h"
+#include "profile.h"
 #include "kernels/kernels.h"
 #include "sampling.h"
 
