@@ -48,3 +48,18 @@ int arg_alias(const char *fn, const void *out, size_t out_stride, const void *in
                          "(%zu != %zu)", fn, out_name, in_name, out_stride, in_stride);
     return PARITY_OK;
 }
+
+int arg_buffers(const char *fn, const parity_policy *policy, size_t n, const arg_buf *bufs) {
+    TRY(arg_policy(fn, policy));
+    for (size_t i = 0; i < n; i++) TRY(arg_ptr(fn, bufs[i].p, bufs[i].name));
+    return PARITY_OK;
+}
+
+int arg_region(const char *fn, const parity_policy *policy, size_t rows, size_t dim, size_t n,
+               const arg_buf *bufs) {
+    TRY(arg_buffers(fn, policy, n, bufs));
+    TRY(arg_shape(fn, rows, dim));
+    for (size_t i = 0; i < n; i++)
+        if (bufs[i].rows) TRY(arg_rows(fn, rows, dim, bufs[i].stride, bufs[i].name));
+    return PARITY_OK;
+}

@@ -61,13 +61,12 @@ typedef struct engine {
     fwd_profile prof;
 } engine;
 
-/* Profiling (parity_sampler_set_profiling, parity_scorer_set_profiling): on or off, the
- * counters zeroed; and the counters as a parity_profile (size checked). A public call that is
- * profiled brackets itself with engine_call_begin / engine_call_end. */
-void engine_set_profiling(engine *e, int on);
-int engine_profile(const engine *e, parity_profile *out);
-double engine_call_begin(const engine *e);
-void engine_call_end(engine *e, double t0);
+/* Profiling, the public calls of both kinds (parity_sampler_set_profiling, ...;
+ * `what`: "sampler", "scorer"; e NULL for a NULL object): on or off, the counters zeroed;
+ * and the counters as a parity_profile (size checked). A public call that is profiled counts
+ * itself through engine_enter / engine_leave. */
+int engine_set_profiling(engine *e, const char *what, int on);
+int engine_profile(const engine *e, const char *what, parity_profile *out);
 
 /* The defaults of the settings every engine takes: one thread, the bf16 backend, the
  * "aligned" policy. */
@@ -96,9 +95,13 @@ void engine_free(engine *e);
 
 /* A public call on an object takes its engine (PARITY_ERR_INVALID_ARGUMENT if the object is
  * NULL: pass `object ? &object->eng : NULL`; PARITY_ERR_BUSY if another call has it) and
- * gives it back when it returns. */
-int engine_enter(engine *e, const char *what);
-void engine_leave(engine *e);
+ * gives it back when it returns, its status passing through engine_leave:
+ *     TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
+ *     return engine_leave(&s->eng, &t0, sampler_step(s, ...));
+ * A profiled call passes t0, which engine_enter sets to its start time and engine_leave reads
+ * to count the call; a call that is not profiled passes NULL to both. */
+int engine_enter(engine *e, const char *what, double *t0);
+int engine_leave(engine *e, const double *t0, int status);
 
 /* Worker `worker`'s share `slot` (< p.works) of the work buffer: what lib/sampling.c needs to
  * build one position's distribution. */

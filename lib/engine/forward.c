@@ -30,7 +30,6 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
     const parity_config *c = &m->config;
     fwd_scratch *s = ctx->s;
     const size_t R = n_rows, dim = c->hidden_size;
-    const float eps = c->rms_norm_eps;
 
     double t = phase_start(ctx);
     if (ctx->prof) ctx->prof->forwards++, ctx->prof->rows += R;
@@ -51,8 +50,7 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
         layer_attention(ctx, w, l, R, rows, 1, c->qk_norm, &t);
 
         /* residual connection + MLP rmsnorm (region: residual + RMSNorm) */
-        rows_rmsnorm_residual(ctx, R, dim, norm_values(ctx, &w->mlp_norm), eps, s->delta, s->h,
-                              s->xn);
+        rows_rmsnorm_residual(ctx, R, &w->mlp_norm, s->delta, s->h, s->xn);
         phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
@@ -73,7 +71,7 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
 
     /* last residual connection + final rmsnorm, then the classifier */
     const gemm_weights head = head_weights(ctx);
-    forward_head(ctx, n_out, s->delta, s->h, norm_values(ctx, &m->final_norm), eps, s->xn,
-                 &head, logits);
+    forward_head(ctx, n_out, s->delta, s->h, weight_values(&ctx->pol, &m->final_norm),
+                 c->rms_norm_eps, s->xn, &head, logits);
     phase_lap(ctx, PARITY_PHASE_HEAD, &t);
 }

@@ -17,8 +17,6 @@
 #include "kvcache.h"
 #include "profile.h"
 
-const float *norm_values(const fwd_ctx *ctx, const weight *w) { return weight_values(&ctx->pol, w); }
-
 /* ---- row-parallel region calls ---------------------------------------------------------- */
 
 typedef struct region_job {
@@ -96,16 +94,19 @@ static void run_rows(const fwd_ctx *ctx, pool_fn fn, region_job j, size_t n_rows
     pool_run(ctx->pool, fn, &j, n_rows);
 }
 
-void rows_rmsnorm(const fwd_ctx *ctx, size_t R, size_t width, const float *norm, float eps,
-                  float *x, float *out) {
-    run_rows(ctx, job_rmsnorm, (region_job){.w = norm, .eps = eps, .a = x, .out = out,
-                                            .width = width}, R);
+void rows_rmsnorm(const fwd_ctx *ctx, size_t R, const weight *norm, float *x, float *out) {
+    const parity_config *c = &ctx->model->config;
+    run_rows(ctx, job_rmsnorm, (region_job){.w = weight_values(&ctx->pol, norm),
+                                            .eps = c->rms_norm_eps, .a = x, .out = out,
+                                            .width = c->hidden_size}, R);
 }
 
-void rows_rmsnorm_residual(const fwd_ctx *ctx, size_t R, size_t width, const float *norm,
-                           float eps, float *delta, float *h, float *out) {
-    run_rows(ctx, job_rmsnorm_residual, (region_job){.w = norm, .eps = eps, .a = delta, .b = h,
-                                                     .out = out, .width = width}, R);
+void rows_rmsnorm_residual(const fwd_ctx *ctx, size_t R, const weight *norm, float *delta,
+                           float *h, float *out) {
+    const parity_config *c = &ctx->model->config;
+    run_rows(ctx, job_rmsnorm_residual, (region_job){.w = weight_values(&ctx->pol, norm),
+                                                     .eps = c->rms_norm_eps, .a = delta, .b = h,
+                                                     .out = out, .width = c->hidden_size}, R);
 }
 
 /* ---- a layer's blocks --------------------------------------------------------------------- */
@@ -113,13 +114,10 @@ void rows_rmsnorm_residual(const fwd_ctx *ctx, size_t R, size_t width, const flo
 void layer_input_norm(const fwd_ctx *ctx, const layer_weights *w, uint32_t layer, size_t R,
                       double *t) {
     fwd_scratch *s = ctx->s;
-    const size_t dim = ctx->model->config.hidden_size;
-    const float eps = ctx->model->config.rms_norm_eps;
     if (layer == 0)
-        rows_rmsnorm(ctx, R, dim, norm_values(ctx, &w->attn_norm), eps, s->h, s->xn);
+        rows_rmsnorm(ctx, R, &w->attn_norm, s->h, s->xn);
     else
-        rows_rmsnorm_residual(ctx, R, dim, norm_values(ctx, &w->attn_norm), eps, s->delta, s->h,
-                              s->xn);
+        rows_rmsnorm_residual(ctx, R, &w->attn_norm, s->delta, s->h, s->xn);
     phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 }
 
@@ -139,8 +137,8 @@ void layer_attention(const fwd_ctx *ctx, const layer_weights *w, uint32_t plane,
     /* Qwen3 q/k-norm over each head (region: RMSNorm, policy->qk_norm), then RoPE on q and k
      * (region: RoPE), row by row */
     run_rows(ctx, job_qk_norm_rope,
-             (region_job){.w = qk_norm ? norm_values(ctx, &w->q_norm) : NULL,
-                          .w_k = qk_norm ? norm_values(ctx, &w->k_norm) : NULL,
+             (region_job){.w = qk_norm ? weight_values(&ctx->pol, &w->q_norm) : NULL,
+                          .w_k = qk_norm ? weight_values(&ctx->pol, &w->k_norm) : NULL,
                           .eps = c->rms_norm_eps, .a = s->q, .b = s->k, .rows = rows}, R);
     phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
@@ -191,8 +189,8 @@ void embed_rows(size_t n, const int32_t *tokens, size_t dim, const uint16_t *tab
 void embed_tokens(const fwd_ctx *ctx, size_t R, const fwd_row *rows, float *h) {
     const parity_model *m = ctx->model;
     const size_t dim = m->config.hidden_size;
-    const float *embed_f32 = ctx->pol.compute == PARITY_COMPUTE_BF16 ? NULL
-                                                                     : norm_values(ctx, &m->embed);
+    const float *embed_f32 =
+        ctx->pol.compute == PARITY_COMPUTE_BF16 ? NULL : weight_values(&ctx->pol, &m->embed);
     for (size_t r = 0; r < R; r++)
         embed_rows(1, &rows[r].token, dim, m->embed.bf16, embed_f32, dim, h + r * dim, dim);
 }
@@ -215,6 +213,7 @@ void head_logits(const fwd_ctx *ctx, size_t n, const float *xn, const gemm_weigh
 void forward_head(const fwd_ctx *ctx, size_t n, float *delta, float *h, const float *norm,
                   float eps, float *xn, const gemm_weights *lm_head, float *logits) {
     /* last residual connection + final rmsnorm (region: residual + RMSNorm) */
-    rows_rmsnorm_residual(ctx, n, lm_head->cols, norm, eps, delta, h, xn);
+    run_rows(ctx, job_rmsnorm_residual, (region_job){.w = norm, .eps = eps, .a = delta, .b = h,
+                                                     .out = xn, .width = lm_head->cols}, n);
     head_logits(ctx, n, xn, lm_head, logits);
 }

@@ -11,17 +11,13 @@
 #include "gemm.h"
 #include "model/model.h"
 
-/* The fp32 values of a small weight (norms): the master under PARITY_COMPUTE_FP32, the fp16
- * values under PARITY_COMPUTE_FP16, else the bf16 values widened. */
-const float *norm_values(const fwd_ctx *ctx, const weight *w);
-
-/* RMSNorm of the R rows of x [R][width] into out (may be x), over the pool (region: RMSNorm). */
-void rows_rmsnorm(const fwd_ctx *ctx, size_t R, size_t width, const float *norm, float eps,
-                  float *x, float *out);
-/* h[r] += delta[r] (h updated to the rounded residual stream), then RMSNorm into out, over
- * the pool (region: residual + RMSNorm). */
-void rows_rmsnorm_residual(const fwd_ctx *ctx, size_t R, size_t width, const float *norm,
-                           float eps, float *delta, float *h, float *out);
+/* The model's RMSNorm with weight `norm` (its values as the policy reads them: weight_values)
+ * of the R rows of x [R][hidden] into out (may be x), over the pool (region: RMSNorm). */
+void rows_rmsnorm(const fwd_ctx *ctx, size_t R, const weight *norm, float *x, float *out);
+/* h[r] += delta[r] (h updated to the rounded residual stream), then the model's RMSNorm with
+ * weight `norm` into out, over the pool (region: residual + RMSNorm). */
+void rows_rmsnorm_residual(const fwd_ctx *ctx, size_t R, const weight *norm, float *delta,
+                           float *h, float *out);
 
 /* A layer's input norm (its weight w->attn_norm) into s->xn: layer 0 reads the residual
  * stream s->h; a later layer first adds the previous layer's output s->delta to it. */

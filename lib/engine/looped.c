@@ -86,8 +86,6 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
     const parity_model *m = ctx->model;
     const parity_config *c = &m->config;
     fwd_scratch *s = ctx->s;
-    const size_t dim = c->hidden_size;
-    const float eps = c->rms_norm_eps;
     for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *w = &m->layers[l];
 
@@ -101,16 +99,15 @@ static void looped_layers(const fwd_ctx *ctx, uint32_t loop, size_t R, const fwd
 
         /* input_layernorm_2 on the attention output (region: RMSNorm, in place), then the
          * residual add and post_attention_layernorm (region: residual + RMSNorm) */
-        rows_rmsnorm(ctx, R, dim, norm_values(ctx, &w->attn_out_norm), eps, s->delta, s->delta);
-        rows_rmsnorm_residual(ctx, R, dim, norm_values(ctx, &w->mlp_norm), eps, s->delta, s->h,
-                              s->xn);
+        rows_rmsnorm(ctx, R, &w->attn_out_norm, s->delta, s->delta);
+        rows_rmsnorm_residual(ctx, R, &w->mlp_norm, s->delta, s->h, s->xn);
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
 
         /* SwiGLU MLP, as in forward() */
         layer_mlp(ctx, w, R, t);
 
         /* post_attention_layernorm_2 on the MLP output (region: RMSNorm, in place) */
-        rows_rmsnorm(ctx, R, dim, norm_values(ctx, &w->mlp_out_norm), eps, s->delta, s->delta);
+        rows_rmsnorm(ctx, R, &w->mlp_out_norm, s->delta, s->delta);
         phase_lap(ctx, PARITY_PHASE_REGIONS, t);
     }
 }
@@ -129,7 +126,6 @@ void forward_looped(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_o
     fwd_scratch *s = ctx->s;
     const size_t dim = c->hidden_size;
     const uint32_t loops = config_loops(c), N = c->num_hidden_layers;
-    const float eps = c->rms_norm_eps;
     const int full_kv = ctx->loop_kv == PARITY_LOOP_KV_FULL;
 
     double t = phase_start(ctx);
@@ -152,8 +148,7 @@ void forward_looped(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_o
 
         /* the loop's final norm (model.norm; region: residual + RMSNorm): its output, in xn,
          * is the loop's output */
-        rows_rmsnorm_residual(ctx, A, dim, norm_values(ctx, &m->final_norm), eps, s->delta, s->h,
-                              s->xn);
+        rows_rmsnorm_residual(ctx, A, &m->final_norm, s->delta, s->h, s->xn);
         phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* every loop's output, for the dense readouts */

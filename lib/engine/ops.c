@@ -82,8 +82,7 @@ typedef struct op_call {
 static int op_begin(op_call *c, parity_pool *pool, const char *fn) {
     memset(c, 0, sizeof *c);
     if (pool) {
-        int rc = object_enter(&pool->in_use, "parity_pool");
-        if (rc) return rc;
+        TRY(object_enter(&pool->in_use, "parity_pool"));
         c->user = pool;
         c->pool = pool->pool;
     } else {
@@ -137,13 +136,7 @@ static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
 }
 
 static int check_backend(const char *fn, uint32_t backend) {
-    const int rc = parity_backend_check((int)backend);
-    if (rc) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", parity_last_error());
-        return set_error(rc, "%s: %s", fn, why);
-    }
-    return PARITY_OK;
+    return error_prefixed(fn, parity_backend_check((int)backend));
 }
 
 /* The weight dtype a policy reads: BF16 under PARITY_COMPUTE_BF16, F16 under _FP16, F32
@@ -341,12 +334,9 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
                      const float *v, size_t v_stride, float *out, size_t out_stride) {
     static const char fn[] = "parity_attention";
     clear_error();
-    TRY(arg_policy(fn, policy));
-    TRY(arg_ptr(fn, lengths, "lengths"));
-    TRY(arg_ptr(fn, q, "q"));
-    TRY(arg_ptr(fn, k, "k"));
-    TRY(arg_ptr(fn, v, "v"));
-    TRY(arg_ptr(fn, out, "out"));
+    const arg_buf bufs[] = {{lengths, "lengths", 0, 0}, {q, "q", 0, 0}, {k, "k", 0, 0},
+                            {v, "v", 0, 0}, {out, "out", 0, 0}};
+    TRY(arg_buffers(fn, policy, sizeof bufs / sizeof bufs[0], bufs));
     if (n_seqs == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s: no sequences", fn);
     if (n_heads == 0 || n_kv_heads == 0 || head_dim == 0 || n_heads % n_kv_heads ||
         n_heads > 4096 || head_dim > 4096)

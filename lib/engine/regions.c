@@ -29,17 +29,12 @@ int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim
                             size_t residual_out_stride, uint16_t *out, size_t out_stride) {
     static const char fn[] = "parity_rmsnorm_residual";
     clear_error();
-    TRY(arg_policy(fn, policy));
-    TRY(arg_ptr(fn, delta, "delta"));
-    TRY(arg_ptr(fn, residual, "residual"));
-    TRY(arg_ptr(fn, weight, "weight"));
-    TRY(arg_ptr(fn, residual_out, "residual_out"));
-    TRY(arg_ptr(fn, out, "out"));
-    TRY(arg_shape(fn, rows, dim));
-    TRY(arg_rows(fn, rows, dim, delta_stride, "delta"));
-    TRY(arg_rows(fn, rows, dim, residual_stride, "residual"));
-    TRY(arg_rows(fn, rows, dim, residual_out_stride, "residual_out"));
-    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    const arg_buf bufs[] = {{delta, "delta", 1, delta_stride},
+                            {residual, "residual", 1, residual_stride},
+                            {weight, "weight", 0, 0},
+                            {residual_out, "residual_out", 1, residual_out_stride},
+                            {out, "out", 1, out_stride}};
+    TRY(arg_region(fn, policy, rows, dim, sizeof bufs / sizeof bufs[0], bufs));
     TRY(arg_alias(fn, residual_out, residual_out_stride, residual, residual_stride,
                     "residual_out", "residual"));
     TRY(arg_alias(fn, out, out_stride, delta, delta_stride, "out", "delta"));
@@ -61,13 +56,9 @@ int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows, siz
                    uint16_t *out, size_t out_stride) {
     static const char fn[] = "parity_rmsnorm";
     clear_error();
-    TRY(arg_policy(fn, policy));
-    TRY(arg_ptr(fn, x, "x"));
-    TRY(arg_ptr(fn, weight, "weight"));
-    TRY(arg_ptr(fn, out, "out"));
-    TRY(arg_shape(fn, rows, dim));
-    TRY(arg_rows(fn, rows, dim, x_stride, "x"));
-    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    const arg_buf bufs[] = {{x, "x", 1, x_stride}, {weight, "weight", 0, 0},
+                            {out, "out", 1, out_stride}};
+    TRY(arg_region(fn, policy, rows, dim, sizeof bufs / sizeof bufs[0], bufs));
     TRY(arg_alias(fn, out, out_stride, x, x_stride, "out", "x"));
     TRY(arg_eps(fn, eps));
 
@@ -83,14 +74,9 @@ int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim, const ui
                   size_t out_stride) {
     static const char fn[] = "parity_swiglu";
     clear_error();
-    TRY(arg_policy(fn, policy));
-    TRY(arg_ptr(fn, gate, "gate"));
-    TRY(arg_ptr(fn, up, "up"));
-    TRY(arg_ptr(fn, out, "out"));
-    TRY(arg_shape(fn, rows, dim));
-    TRY(arg_rows(fn, rows, dim, gate_stride, "gate"));
-    TRY(arg_rows(fn, rows, dim, up_stride, "up"));
-    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    const arg_buf bufs[] = {{gate, "gate", 1, gate_stride}, {up, "up", 1, up_stride},
+                            {out, "out", 1, out_stride}};
+    TRY(arg_region(fn, policy, rows, dim, sizeof bufs / sizeof bufs[0], bufs));
     TRY(arg_alias(fn, out, out_stride, gate, gate_stride, "out", "gate"));
     TRY(arg_alias(fn, out, out_stride, up, up_stride, "out", "up"));
 
