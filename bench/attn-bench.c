@@ -39,7 +39,8 @@
 
 #include "bench_clock.h"
 #include "bench_peak.h"
-#include "engine/forward.h"
+#include "engine/attention.h"
+#include "engine/kvcache.h"
 #include "base/internal.h"
 #include "kernels/kernel_common.h"
 #include "kernels/kernels.h"

@@ -38,7 +38,7 @@
 
 #include "bench_clock.h"
 #include "bench_peak.h"
-#include "engine/forward.h"
+#include "engine/gemm.h"
 #include "base/internal.h"
 #include "kernels/kernels.h"
 #include "base/threadpool.h"

@@ -98,16 +98,30 @@ def objects(build, files):
     return found, missing
 
 
+def strip_bodies(text):
+    """text without what stands between braces (inline functions' bodies, struct members,
+    initialisers): a call inside an inline function is a use, not a declaration."""
+    out, depth = [], 0
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
 def header_declarations(files, defined):
     """{header: the global symbols of the library that it declares}: a name defined by an
-    object file that the header (comments left out) writes as a call or prototype `name(`, or
-    as an `extern` object."""
+    object file that the header (comments and brace-enclosed bodies left out) writes as a
+    prototype `name(`, or as an `extern` object."""
     out = {}
     for h in files:
         if not h.endswith(".h"):
             continue
         with open(os.path.join(LIB, h), encoding="utf-8") as f:
-            text = re.sub(r"/\*.*?\*/|//[^\n]*", "", f.read(), flags=re.S)
+            text = strip_bodies(re.sub(r"/\*.*?\*/|//[^\n]*", "", f.read(), flags=re.S))
         names = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", text))
         names |= set(re.findall(r"\bextern\b[^;(]*?\b(\w+)\s*(?:\[[^\]]*\])?\s*;", text))
         out[h] = {s for s in names if s in defined}

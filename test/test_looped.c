@@ -28,7 +28,7 @@
 
 #include "fixtures.h"
 #include "checkpoint/config_json.h"
-#include "engine/forward.h"
+#include "engine/kvcache.h"
 #include "base/internal.h"
 
 #define N_SEQS 24

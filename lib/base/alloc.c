@@ -2,9 +2,11 @@
  * a hook for tests that counts allocations and fails the Nth one (the SQLite way). */
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
-#include "internal.h"
+#include "alloc.h"
+#include "errors.h"
 
 static atomic_long alloc_count;      /* allocations attempted since the last reset */
 static atomic_long alloc_fail_at;    /* fail the allocation with this count (0 = never) */
@@ -93,23 +95,3 @@ char *px_strdup(const char *s, const char *what) {
 }
 
 void px_free(void *p) { free(p); }
-
-/* IEEE binary16 -> fp32, exact (subnormals, infinities and NaN payloads kept). */
-float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-    if (exp == 0x1f) return f32_from_bits(sign | 0x7f800000u | (mant << 13));
-    if (exp == 0) {
-        if (mant == 0) return f32_from_bits(sign);
-        /* subnormal: normalise */
-        int e = -1;
-        do {
-            mant <<= 1;
-            e++;
-        } while (!(mant & 0x400u));
-        mant &= 0x3ffu;
-        return f32_from_bits(sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13));
-    }
-    return f32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
-}

@@ -1,7 +1,9 @@
-/* Status names, the per-thread error message, the logging hook, the version. */
+/* Status names, the per-thread error message and its prefix, the logging hook, the version. */
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "internal.h"
+#include "errors.h"
 
 static _Thread_local char last_message[1024];
 
@@ -14,6 +16,14 @@ int set_error(int status, const char *fmt, ...) {
 }
 
 void clear_error(void) { last_message[0] = '\0'; }
+
+int error_prefixed(const char *prefix, int status) {
+    if (!status) return PARITY_OK;
+    /* copied first: set_error writes the buffer the message is in */
+    char why[sizeof last_message];
+    snprintf(why, sizeof why, "%s", last_message);
+    return set_error(status, "%s: %s", prefix, why);
+}
 
 const char *parity_last_error(void) { return last_message; }
 

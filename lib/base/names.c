@@ -4,7 +4,10 @@
  * binding use these functions rather than copies of the strings. (Presets: policy.c; built-in configs:
  * config.c; CPU paths: cpu.c; statuses: errors.c.)
  */
-#include "internal.h"
+#include <string.h>
+
+#include "errors.h"
+#include "nametable.h"
 
 typedef struct name_entry {
     const char *name;  /* first: a table of named entries (nametable.c) */

@@ -3,7 +3,9 @@
  * each list of names; lookups and messages derive from it. */
 #include <stdio.h>
 
-#include "internal.h"
+#include <string.h>
+
+#include "nametable.h"
 
 static const char *name_at(const void *table, size_t stride, size_t i) {
     /* a pointer to a struct, converted, points to its first member */

@@ -25,13 +25,15 @@
 #include <sched.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
-#include "internal.h"
+#include "alloc.h"
+#include "errors.h"
 
 #define CACHE_LINE 64
 /* How long an idle worker spins before it sleeps, and how long the caller spins on the

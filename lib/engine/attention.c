@@ -6,8 +6,14 @@
  * underflows to +0), and adding +0 changes no accumulator. */
 #include <math.h>
 
-#include "forward.h"
-#include "base/internal.h"
+#include "attention.h"
+
+#include <string.h>
+
+#include "base/floats.h"
+#include "base/threadpool.h"
+#include "kvcache.h"
+#include "profile.h"
 #include "kernels/kernel_common.h"
 #include "kernels/kernels.h"
 
@@ -259,6 +265,105 @@ static void kv_walk_beside(kv_walk *w, size_t b0, size_t queries, size_t len) {
     kv_walk_ask(w, b0 + KV_FAR_BLOCKS * KV_BLOCK, work > blocks ? work : blocks);
 }
 
+/* What a pass over one KV head's blocks (kv_pass) hands its step: the query heads q0 ..
+ * q0 + nq - 1 of the rows from r on read `len` positions of the block at position b0, at
+ * element offset `off` of the plane, from `src` (block_source). */
+typedef struct kv_chunk {
+    size_t r, q0, nq, b0, len, off;
+    int src;
+} kv_chunk;
+
+/* What a step of attend_run's passes reads: rows r0 .. in scratch slots slot .., `group`
+ * query heads of head_dim hd per row; the queries packed as bf16 in code qcode (< 0: not
+ * packed); whether the P.V accumulators hold only their own sums (pv_bf16_grained). */
+typedef struct attn_pass {
+    const kernels *k;
+    const kv_cache *kv;
+    const attn_scratch *w;
+    size_t r0, slot, group, hd;
+    int qcode, grained;
+} attn_pass;
+
+typedef void (*kv_step)(attn_pass *p, const kv_chunk *c);
+
+/* One pass over the blocks of KV head kvh up to position n_max, rows r0 .. r1-1: block by
+ * block, each run of rows that read the same positions of it (rows_on_block), the block read
+ * as it is or widened into `widen` once for all of them (block_source), its query heads in
+ * chunks the far walk sizes (kv_walk_split); `step` does the arithmetic of each chunk. The
+ * next blocks are asked for (prefetch_rows) and the far ones walked beside each chunk. */
+static inline void kv_pass(const attn_job *j, const void *plane, float *widen, size_t r0,
+                           size_t r1, size_t kvh, size_t n_max, kv_walk *far, kv_step step,
+                           attn_pass *p) {
+    size_t widened = SIZE_MAX;
+    for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
+        const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
+        prefetch_rows(j, plane, r0, r1, b0 + KV_NEAR_BLOCKS * KV_BLOCK, kvh);
+        size_t len, off;
+        for (size_t r = r0, e; r < r1; r = e) {
+            e = rows_on_block(j, r, r1, b0, kvh, &len, &off);
+            if (!len) continue;
+            const size_t queries = (e - r) * p->group;
+            const int src = block_source(j, r, r1, b0, kvh, off, blen, plane, widen, &widened);
+            const size_t chunk = kv_walk_split(far, queries, b0);
+            for (size_t q0 = 0; q0 < queries; q0 += chunk) {
+                const size_t nq = queries - q0 < chunk ? queries - q0 : chunk;
+                kv_walk_beside(far, b0, nq, len);
+                step(p, &(kv_chunk){r, q0, nq, b0, len, off, src});
+            }
+        }
+    }
+}
+
+/* The scratch index of the chunk's first query head: row c->r's query heads follow those of
+ * the rows before it in the pass (ATT_Q and the others below, at c->q0). */
+static inline size_t chunk_query(const attn_pass *p, const kv_chunk *c) {
+    return (p->slot + c->r - p->r0) * p->group + c->q0;
+}
+
+/* Scores: q.k of each position of the chunk, its query heads in one call (queries hd apart,
+ * scores max_ctx apart). */
+static void scores_step(attn_pass *p, const kv_chunk *c) {
+    const attn_scratch *w = p->w;
+    const size_t hd = p->hd, i = chunk_query(p, c), ld = w->max_ctx;
+    const float *qp = w->q + i * hd;
+    float *sp = w->scores + i * ld + c->b0;
+    if (c->src == BLOCK_WIDENED)
+        p->k->dots_f32(qp, hd, c->nq, w->keys, hd, c->len, hd, sp, ld);
+    else if (p->kv->fp32)
+        p->k->dots_f32(qp, hd, c->nq, (const float *)p->kv->k + c->off, hd, c->len, hd, sp, ld);
+    else if (p->qcode >= 0)
+        p->k->dots_packed_bf16(w->qb + i * hd, p->qcode, qp, hd, c->nq,
+                               (const uint16_t *)p->kv->k + c->off, hd, c->len, hd, sp, ld);
+    else
+        p->k->dots_f32_bf16(qp, hd, c->nq, (const uint16_t *)p->kv->k + c->off, hd, c->len, hd,
+                            sp, ld);
+}
+
+/* P.V: the chunk's probabilities times its values into the accumulators, one position after
+ * another in ascending order. */
+static void pv_step(attn_pass *p, const kv_chunk *c) {
+    const attn_scratch *w = p->w;
+    const size_t hd = p->hd, i = chunk_query(p, c), ld = w->max_ctx;
+    float *op = w->acc + i * hd;
+    const float *pp = w->scores + i * ld + c->b0;
+    const uint16_t *v16 = (const uint16_t *)p->kv->v + c->off;
+    if (c->src == BLOCK_WIDENED || p->kv->fp32) {
+        p->k->pv_f32(op, hd, pp, ld, c->nq,
+                     c->src == BLOCK_WIDENED ? w->vals : (const float *)p->kv->v + c->off, hd,
+                     c->len, hd);
+        p->grained = 0;
+    } else if (p->grained) {
+        p->grained = p->k->pv_bf16_grained(op, hd, pp, ld, c->nq, v16, hd, c->len, hd);
+    } else {
+        p->k->pv_bf16(op, hd, pp, ld, c->nq, v16, hd, c->len, hd);
+    }
+}
+
+#define ATT_Q(r, g) (w->q + ((slot + (r) - r0) * group + (g)) * hd)
+#define ATT_S(r, g) (w->scores + ((slot + (r) - r0) * group + (g)) * w->max_ctx)
+#define ATT_ACC(r, g) (w->acc + ((slot + (r) - r0) * group + (g)) * hd)
+#define ATT_QB(r, g) (w->qb + ((slot + (r) - r0) * group + (g)) * hd)
+
 /* Rows r0 .. r1-1, KV head kvh, in scratch slots slot ..: each block of the head's keys and
  * values is read once for every row and query head that reads it, while it is in L1, and
  * widened once when several rows share it (the rows of one sequence, or sequences forked from
@@ -280,10 +385,6 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
     size_t n_max = 0;
     for (size_t r = r0; r < r1; r++)
         if ((size_t)j->rows[r].pos + 1 > n_max) n_max = (size_t)j->rows[r].pos + 1;
-#define ATT_Q(r, g) (w->q + ((slot + (r) - r0) * group + (g)) * hd)
-#define ATT_S(r, g) (w->scores + ((slot + (r) - r0) * group + (g)) * w->max_ctx)
-#define ATT_ACC(r, g) (w->acc + ((slot + (r) - r0) * group + (g)) * hd)
-#define ATT_QB(r, g) (w->qb + ((slot + (r) - r0) * group + (g)) * hd)
 
     for (size_t r = r0; r < r1; r++)  /* the row's query heads of this KV head */
         memcpy(ATT_Q(r, 0), j->q + r * heads * hd + kvh * group * hd, group * hd * sizeof *w->q);
@@ -294,39 +395,10 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
                           : -1;
 
     /* scores: q.k of each position, block by block, every row and query head on the block:
-     * the query heads of the rows that read the same positions of it in one call (queries
-     * hd apart, scores max_ctx apart) */
-    size_t widened = SIZE_MAX;
+     * the query heads of the rows that read the same positions of it in one call */
+    attn_pass pass = {k, kv, w, r0, slot, group, hd, qcode, 0};
     kv_walk far = kv_walk_start(j, kv->k, r0, r1, kvh, n_max);
-    for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
-        const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
-        prefetch_rows(j, kv->k, r0, r1, b0 + KV_NEAR_BLOCKS * KV_BLOCK, kvh);
-        size_t len, off;
-        for (size_t r = r0, e; r < r1; r = e) {
-            e = rows_on_block(j, r, r1, b0, kvh, &len, &off);
-            if (!len) continue;
-            const size_t queries = (e - r) * group;
-            const int src = block_source(j, r, r1, b0, kvh, off, blen, kv->k, w->keys, &widened);
-            const size_t step = kv_walk_split(&far, queries, b0);
-            for (size_t q0 = 0; q0 < queries; q0 += step) {
-                const size_t nq = queries - q0 < step ? queries - q0 : step;
-                const float *qp = ATT_Q(r, 0) + q0 * hd;
-                float *sp = ATT_S(r, 0) + q0 * w->max_ctx + b0;
-                kv_walk_beside(&far, b0, nq, len);
-                if (src == BLOCK_WIDENED)
-                    k->dots_f32(qp, hd, nq, w->keys, hd, len, hd, sp, w->max_ctx);
-                else if (kv->fp32)
-                    k->dots_f32(qp, hd, nq, (const float *)kv->k + off, hd, len, hd, sp,
-                                w->max_ctx);
-                else if (qcode >= 0)
-                    k->dots_packed_bf16(ATT_QB(r, 0) + q0 * hd, qcode, qp, hd, nq,
-                                        (const uint16_t *)kv->k + off, hd, len, hd, sp, w->max_ctx);
-                else
-                    k->dots_f32_bf16(qp, hd, nq, (const uint16_t *)kv->k + off, hd, len, hd, sp,
-                                     w->max_ctx);
-            }
-        }
-    }
+    kv_pass(j, kv->k, w->keys, r0, r1, kvh, n_max, &far, scores_step, &pass);
 
     /* the values' first blocks come in while the probabilities are computed */
     far = kv_walk_start(j, kv->v, r0, r1, kvh, n_max);
@@ -346,37 +418,8 @@ static void attend_run(const attn_job *j, size_t r0, size_t r1, size_t kvh, size
      * dot products take the accumulators while they hold only what they summed themselves
      * (pv_bf16_grained) */
     memset(w->acc + slot * group * hd, 0, (r1 - r0) * group * hd * sizeof *w->acc);
-    int grained = k->pv_bf16_grained != NULL;
-    widened = SIZE_MAX;
-    for (size_t b0 = 0; b0 < n_max; b0 += KV_BLOCK) {
-        const size_t blen = n_max - b0 < KV_BLOCK ? n_max - b0 : KV_BLOCK;
-        prefetch_rows(j, kv->v, r0, r1, b0 + KV_NEAR_BLOCKS * KV_BLOCK, kvh);
-        size_t len, off;
-        for (size_t r = r0, e; r < r1; r = e) {
-            e = rows_on_block(j, r, r1, b0, kvh, &len, &off);
-            if (!len) continue;
-            const size_t queries = (e - r) * group;
-            const int src = block_source(j, r, r1, b0, kvh, off, blen, kv->v, w->vals, &widened);
-            const size_t step = kv_walk_split(&far, queries, b0);
-            for (size_t q0 = 0; q0 < queries; q0 += step) {
-                const size_t nq = queries - q0 < step ? queries - q0 : step;
-                float *op = ATT_ACC(r, 0) + q0 * hd;
-                const float *pp = ATT_S(r, 0) + q0 * w->max_ctx + b0;
-                kv_walk_beside(&far, b0, nq, len);
-                if (src == BLOCK_WIDENED || kv->fp32) {
-                    k->pv_f32(op, hd, pp, w->max_ctx, nq,
-                              src == BLOCK_WIDENED ? w->vals : (const float *)kv->v + off, hd, len, hd);
-                    grained = 0;
-                } else if (grained) {
-                    grained = k->pv_bf16_grained(op, hd, pp, w->max_ctx, nq,
-                                                 (const uint16_t *)kv->v + off, hd, len, hd);
-                } else {
-                    k->pv_bf16(op, hd, pp, w->max_ctx, nq, (const uint16_t *)kv->v + off, hd,
-                               len, hd);
-                }
-            }
-        }
-    }
+    pass.grained = k->pv_bf16_grained != NULL;
+    kv_pass(j, kv->v, w->vals, r0, r1, kvh, n_max, &far, pv_step, &pass);
 
     /* the outputs, each row's query heads side by side: finished in the scratch, then copied
      * to lines asked for at the P.V pass's start (written cold, each waited on its line) */

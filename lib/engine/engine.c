@@ -1,8 +1,13 @@
 /* The engine under the scorer and the sampler (engine.h). */
 #include <stdio.h>
+#include <string.h>
 
 #include "engine.h"
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/in_use.h"
+#include "profile.h"
+#include "scratch.h"
 #include "kernels/kernels.h"
 
 void engine_default_settings(uint32_t *n_threads, uint32_t *backend, parity_policy *policy) {
@@ -12,10 +17,8 @@ void engine_default_settings(uint32_t *n_threads, uint32_t *backend, parity_poli
 }
 
 int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads) {
-    int rc = parity_policy_validate(pol);
-    if (rc) return rc;
-    rc = parity_backend_check((int)backend); /* known, and this CPU runs it */
-    if (rc) return rc;
+    TRY(parity_policy_validate(pol));
+    TRY(parity_backend_check((int)backend)); /* known, and this CPU runs it */
     if (n_threads > 256)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_threads %u is more than 256", n_threads);
     return PARITY_OK;
@@ -30,9 +33,8 @@ int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint
                          : 0;
     const int fp8 = pol->gemm != PARITY_GEMM_BF16;
     if (!need && !fp8) return PARITY_OK;
-    int rc = model_enter(m);
-    if (rc) return rc;
-    rc = model_prepare((parity_model *)m, need);
+    TRY(model_enter(m));
+    int rc = model_prepare((parity_model *)m, need);
     /* the fp8 copies of the decoder layers' linear weights with the policy's quantizer */
     if (!rc && fp8) rc = model_prepare_quant((parity_model *)m, pol->quantizer);
     model_leave(m);
@@ -111,12 +113,21 @@ int engine_init(engine *e, const parity_model *m, const engine_params *p, const 
     return rc;
 }
 
-int engine_enter(engine *e, const char *what) {
+int engine_enter(engine *e, const char *what, double *t0) {
     if (!e) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s is NULL", what);
-    return object_enter(&e->in_use, what);
+    TRY(object_enter(&e->in_use, what));
+    if (t0) *t0 = e->profiling ? profile_now() : 0.0;
+    return PARITY_OK;
 }
 
-void engine_leave(engine *e) { object_leave(&e->in_use); }
+int engine_leave(engine *e, const double *t0, int status) {
+    if (t0 && e->profiling) {
+        e->prof.calls++;
+        e->prof.call_s += profile_now() - *t0;
+    }
+    object_leave(&e->in_use);
+    return status;
+}
 
 fwd_ctx engine_fwd_ctx(engine *e) {
     return (fwd_ctx){e->model, &e->model->config, e->p.policy, e->p.backend, e->pool, &e->kv,
@@ -126,13 +137,18 @@ fwd_ctx engine_fwd_ctx(engine *e) {
 
 /* ---- profiling ----------------------------------------------------------------------------- */
 
-void engine_set_profiling(engine *e, int on) {
+int engine_set_profiling(engine *e, const char *what, int on) {
+    clear_error();
+    TRY(engine_enter(e, what, NULL));
     e->profiling = on != 0;
     memset(&e->prof, 0, sizeof e->prof);
     pool_set_timing(e->pool, on);
+    return engine_leave(e, NULL, PARITY_OK);
 }
 
-int engine_profile(const engine *e, parity_profile *out) {
+int engine_profile(const engine *e, const char *what, parity_profile *out) {
+    clear_error();
+    if (!e || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s or output is NULL", what);
     if (out->size != sizeof *out)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "profile.size is %u, this library expects %zu", out->size, sizeof *out);
@@ -146,14 +162,6 @@ int engine_profile(const engine *e, parity_profile *out) {
     for (int i = 0; i < PARITY_PHASE_COUNT; i++) out->phase_seconds[i] = e->prof.phase_s[i];
     pool_timing(e->pool, &out->dispatch_seconds, &out->loops);
     return PARITY_OK;
-}
-
-double engine_call_begin(const engine *e) { return e->profiling ? profile_now() : 0.0; }
-
-void engine_call_end(engine *e, double t0) {
-    if (!e->profiling) return;
-    e->prof.calls++;
-    e->prof.call_s += profile_now() - t0;
 }
 
 /* ---- objects on an engine ---------------------------------------------------------------- */
@@ -193,8 +201,7 @@ typedef struct sized {
 static int size_object(const engine_kind *k, const parity_model *m, const void *params,
                        const void *out, sized *z) {
     if (!out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "output is NULL");
-    int rc = resolve(k, m, params, &z->resolved, &z->ep);
-    if (rc) return rc;
+    TRY(resolve(k, m, params, &z->resolved, &z->ep));
     engine_buf b[ENGINE_MAX_BUFS];
     size_t n = k->bufs(k->layout, &m->config, &z->resolved, &z->ep, b);
     z->bytes = engine_bytes(&m->config, &z->ep, k->object_size, b, n);
@@ -212,8 +219,7 @@ int engine_object_bytes(const engine_kind *k, const parity_model *m, const void 
 int engine_object_create(const engine_kind *k, const parity_model *m, const void *params,
                          void *out) {
     sized z;
-    int rc = size_object(k, m, params, out, &z);
-    if (rc) return rc;
+    TRY(size_object(k, m, params, out, &z));
     const any_params *resolved = &z.resolved;
     const engine_params *ep = &z.ep;
 
@@ -227,14 +233,15 @@ int engine_object_create(const engine_kind *k, const parity_model *m, const void
                          k->name, (unsigned long long)z.bytes, sizes,
                          (unsigned long long)ep->max_memory);
     }
-    if ((rc = engine_prepare_weights(m, &ep->policy, ep->backend))) return rc;
+    TRY(engine_prepare_weights(m, &ep->policy, ep->backend));
 
     void *object = px_calloc(1, k->object_size, k->name);
     if (!object) return PARITY_ERR_OUT_OF_MEMORY;
     memcpy((char *)object + k->params_offset, resolved, k->params_size);
     engine_buf b[ENGINE_MAX_BUFS];
     size_t n = k->bufs(object, &m->config, resolved, ep, b);
-    if ((rc = engine_init(engine_of(k, object), m, ep, b, n))) {
+    const int rc = engine_init(engine_of(k, object), m, ep, b, n);
+    if (rc) {
         px_free(object);
         return rc;
     }
@@ -247,48 +254,4 @@ void engine_object_free(const engine_kind *k, void *object) {
     if (!object) return;
     engine_free(engine_of(k, object));
     px_free(object);
-}
-
-/* ---- looped models' exit rules ---------------------------------------------------------- */
-
-int exit_rule_check(const parity_config *c, uint32_t rule, float threshold, uint32_t min_depth,
-                    uint32_t max_depth) {
-    const uint32_t T = config_loops(c);
-    if (rule > PARITY_EXIT_FIXED)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "exit_rule %u is not a parity_exit_rule", rule);
-    if (rule == PARITY_EXIT_FULL) return PARITY_OK;
-    if (c->arch != PARITY_ARCH_OURO)
-        return set_error(PARITY_ERR_UNSUPPORTED,
-                         "exit_rule %u: the model (%s) does not loop; only PARITY_EXIT_FULL", rule,
-                         parity_arch_name((int)c->arch));
-    if (min_depth > T || max_depth > T)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "min_depth %u / max_depth %u: the model runs at most %u loops "
-                         "(total_ut_steps)", min_depth, max_depth, T);
-    if (rule == PARITY_EXIT_THRESHOLD) {
-        if (!c->early_exit_gate)
-            return set_error(PARITY_ERR_UNSUPPORTED,
-                             "PARITY_EXIT_THRESHOLD needs the exit gate, and this looped model "
-                             "has none (a fixed-loop model): use PARITY_EXIT_FIXED or FULL");
-        if (!(threshold >= 0.0f && threshold <= 1.0f))
-            return set_error(PARITY_ERR_INVALID_ARGUMENT, "exit_threshold %g is not in [0, 1]",
-                             (double)threshold);
-        const uint32_t lo = min_depth ? min_depth : 1, hi = max_depth ? max_depth : T;
-        if (lo > hi)
-            return set_error(PARITY_ERR_INVALID_ARGUMENT, "min_depth %u is above max_depth %u", lo,
-                             hi);
-    }
-    return PARITY_OK;
-}
-
-fwd_exit exit_rule_resolve(const parity_config *c, float threshold, uint32_t min_depth,
-                           uint32_t max_depth) {
-    return (fwd_exit){threshold, min_depth ? min_depth : 1,
-                      max_depth ? max_depth : config_loops(c)};
-}
-
-fwd_row exit_rule_row(fwd_row row, uint32_t rule, const fwd_exit *e) {
-    if (rule == PARITY_EXIT_THRESHOLD) row.exit = e;
-    if (rule == PARITY_EXIT_FIXED) row.depth = e->max_depth;
-    return row;
 }

@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "forward.h"
+#include "base/threadpool.h"
+#include "forward_types.h"
+#include "kvcache.h"
 #include "sampling.h"
 
 /* What sizes an engine (every field resolved: no zeros meaning "default"). */
@@ -59,13 +61,12 @@ typedef struct engine {
     fwd_profile prof;
 } engine;
 
-/* Profiling (parity_sampler_set_profiling, parity_scorer_set_profiling): on or off, the
- * counters zeroed; and the counters as a parity_profile (size checked). A public call that is
- * profiled brackets itself with engine_call_begin / engine_call_end. */
-void engine_set_profiling(engine *e, int on);
-int engine_profile(const engine *e, parity_profile *out);
-double engine_call_begin(const engine *e);
-void engine_call_end(engine *e, double t0);
+/* Profiling, the public calls of both kinds (parity_sampler_set_profiling, ...;
+ * `what`: "sampler", "scorer"; e NULL for a NULL object): on or off, the counters zeroed;
+ * and the counters as a parity_profile (size checked). A public call that is profiled counts
+ * itself through engine_enter / engine_leave. */
+int engine_set_profiling(engine *e, const char *what, int on);
+int engine_profile(const engine *e, const char *what, parity_profile *out);
 
 /* The defaults of the settings every engine takes: one thread, the bf16 backend, the
  * "aligned" policy. */
@@ -94,9 +95,13 @@ void engine_free(engine *e);
 
 /* A public call on an object takes its engine (PARITY_ERR_INVALID_ARGUMENT if the object is
  * NULL: pass `object ? &object->eng : NULL`; PARITY_ERR_BUSY if another call has it) and
- * gives it back when it returns. */
-int engine_enter(engine *e, const char *what);
-void engine_leave(engine *e);
+ * gives it back when it returns, its status passing through engine_leave:
+ *     TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
+ *     return engine_leave(&s->eng, &t0, sampler_step(s, ...));
+ * A profiled call passes t0, which engine_enter sets to its start time and engine_leave reads
+ * to count the call; a call that is not profiled passes NULL to both. */
+int engine_enter(engine *e, const char *what, double *t0);
+int engine_leave(engine *e, const double *t0, int status);
 
 /* Worker `worker`'s share `slot` (< p.works) of the work buffer: what lib/sampling.c needs to
  * build one position's distribution. */
@@ -143,18 +148,5 @@ int engine_object_create(const engine_kind *k, const parity_model *m, const void
                          void *out);
 /* Frees an object made by engine_object_create (NULL: nothing). */
 void engine_object_free(const engine_kind *k, void *object);
-
-/* ---- looped models' exit rules (parity_sampling, parity_score_options) ------------------ */
-
-/* The rule is defined, its values in range, and one the model can run (a gate for
- * PARITY_EXIT_THRESHOLD, a looped model for any but PARITY_EXIT_FULL). */
-int exit_rule_check(const parity_config *c, uint32_t rule, float threshold, uint32_t min_depth,
-                    uint32_t max_depth);
-/* The rule in the forward's terms (0 depths resolved: 1 and the model's loops). */
-fwd_exit exit_rule_resolve(const parity_config *c, float threshold, uint32_t min_depth,
-                           uint32_t max_depth);
-/* A row under the rule: PARITY_EXIT_THRESHOLD reads e, PARITY_EXIT_FIXED runs e->max_depth
- * loops, PARITY_EXIT_FULL every loop. */
-fwd_row exit_rule_row(fwd_row row, uint32_t rule, const fwd_exit *e);
 
 #endif

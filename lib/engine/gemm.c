@@ -19,8 +19,12 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "forward.h"
-#include "base/internal.h"
+#include "gemm.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
+#include "base/threadpool.h"
+#include "gemm_quant.h"
 #include "kernels/kernel_common.h"
 #include "kernels/kernels.h"
 

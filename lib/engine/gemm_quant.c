@@ -11,7 +11,7 @@
  */
 #include <math.h>
 
-#include "forward.h"
+#include "gemm_quant.h"
 #include "base/internal.h"
 #include "model/model.h"
 #include "quant/dot.h"

@@ -1,9 +1,15 @@
-/* The KV cache's storage and the forward's scratch buffers. */
-#include "forward.h"
-#include "base/internal.h"
-#include "kernels/kernels.h"
+/* The KV cache: its storage, and the store of a batch's keys and values into it. */
+#include "kvcache.h"
 
-/* Whole blocks: a block's cells are laid out head by head (forward.h). */
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
+#include "base/threadpool.h"
+#include "model/model.h"
+
+/* Whole blocks: a block's cells are laid out head by head (kvcache.h). */
 static uint64_t whole_blocks(uint32_t n_cells) {
     return ((uint64_t)n_cells + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
 }
@@ -42,96 +48,44 @@ void kv_cache_free(kv_cache *kv) {
     kv->k = kv->v = NULL;
 }
 
-/* The scratch buffers and their sizes in floats, in one table for allocation and accounting. */
-typedef struct scratch_buf {
-    void **p;
-    uint64_t n;          /* elements */
-    const char *what;
-    size_t size;         /* bytes an element; 0 = a float */
-} scratch_buf;
+/* ---- the store of a batch's keys and values ---------------------------------------------- */
 
-static size_t elem_size(const scratch_buf *b) { return b->size ? b->size : sizeof(float); }
+typedef struct kv_store_job {
+    const fwd_ctx *ctx;
+    uint32_t layer;
+    const fwd_row *rows;
+    const float *k, *v;
+    size_t k_stride, v_stride;
+} kv_store_job;
 
-static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
-                             uint32_t max_ctx, unsigned n_workers, int split_k, scratch_buf *b) {
-    const uint64_t R = max_rows, q = (uint64_t)c->num_attention_heads * c->head_dim,
-                   kvw = (uint64_t)c->num_key_value_heads * c->head_dim,
-                   group = c->num_attention_heads / c->num_key_value_heads; /* query heads per KV head */
-    uint64_t kmax = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
-    if (q > kmax) kmax = q;
-    const uint64_t nmax = kmax > c->vocab_size ? kmax : c->vocab_size; /* widest GEMM output */
-    const int looped = c->arch == PARITY_ARCH_OURO;
-    s->gemm.max_k = (size_t)kmax;
-    const scratch_buf bufs[] = {
-        {(void **)&s->h, R * c->hidden_size, "residual stream", 0},
-        {(void **)&s->delta, R * c->hidden_size, "sublayer output", 0},
-        {(void **)&s->xn, R * c->hidden_size, "norm output", 0},
-        {(void **)&s->q, R * q, "queries", 0},
-        {(void **)&s->k, R * kvw, "keys", 0},
-        {(void **)&s->v, R * kvw, "values", 0},
-        {(void **)&s->att, R * q, "attention output", 0},
-        {(void **)&s->gate, R * c->intermediate_size, "gate projection", 0},
-        {(void **)&s->up, R * c->intermediate_size, "up projection", 0},
-        {(void **)&s->gemm.xpack, gemm_scratch_xpack_floats(R, kmax), "packed GEMM input", 0},
-        {(void **)&s->gemm.panels, (uint64_t)n_workers * gemm_panel_floats(kmax), "GEMM weight panels", 0},
-        {(void **)&s->scores, (uint64_t)n_workers * ATTN_TASK_ROWS * group * max_ctx, "attention scores", 0},
-        {(void **)&s->pv, (uint64_t)n_workers * attn_pv_floats(group, c->head_dim), "attention accumulators", 0},
-        {(void **)&s->attn_fresh, R, "attention rows' first positions", sizeof(uint32_t)},
-        {(void **)&s->partial, split_k ? R * nmax : 0, "split-K partial sums", 0},
-        {(void **)&s->h_exit, looped ? R * c->hidden_size : 0, "exit-loop outputs", 0},
-        {(void **)&s->loop_state, looped ? R : 0, "exit distributions", sizeof(loop_state)},
-        {(void **)&s->loop_rows, looped ? R : 0, "loop rows", sizeof(fwd_row)},
-        {(void **)&s->loop_slot, looped ? R : 0, "loop rows", sizeof(uint32_t)},
-    };
-    memcpy(b, bufs, sizeof bufs);
-    return sizeof bufs / sizeof bufs[0];
-}
-
-#define MAX_SCRATCH_BUFS 20
-
-uint64_t fwd_scratch_bytes(const parity_config *c, uint32_t max_rows, uint32_t max_ctx,
-                           unsigned n_workers, int split_k) {
-    fwd_scratch s;
-    scratch_buf b[MAX_SCRATCH_BUFS] = {{0}};
-    size_t n = scratch_layout(&s, c, max_rows, max_ctx, n_workers, split_k, b);
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) total += b[i].n * elem_size(&b[i]);
-    return total;
-}
-
-int fwd_scratch_init(fwd_scratch *s, const parity_config *c, uint32_t max_rows,
-                     uint32_t max_ctx, unsigned n_workers, int split_k, int prefault) {
-    memset(s, 0, sizeof *s);
-    s->max_rows = max_rows;
-    s->max_ctx = max_ctx;
-    scratch_buf b[MAX_SCRATCH_BUFS] = {{0}};
-    size_t n = scratch_layout(s, c, max_rows, max_ctx, n_workers, split_k, b);
-    for (size_t i = 0; i < n; i++) {
-        if (b[i].n == 0) continue;
-        if (b[i].n > SIZE_MAX / elem_size(&b[i])) {
-            fwd_scratch_free(s);
-            return set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: too large", b[i].what);
+static void kv_store_rows(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const kv_store_job *j = p;
+    const kv_cache *kv = j->ctx->kv;
+    const size_t w = kv->width, hd = kv->head_dim;
+    for (size_t r = begin; r < end; r++)
+        for (size_t h = 0; h < w / hd; h++) {
+            const size_t off = kv_offset(kv, j->layer, j->rows[r].blocks, j->rows[r].pos, h);
+            const float *kh = j->k + r * j->k_stride + h * hd, *vh = j->v + r * j->v_stride + h * hd;
+            if (kv->fp32) {
+                memcpy((float *)kv->k + off, kh, hd * sizeof(float));
+                memcpy((float *)kv->v + off, vh, hd * sizeof(float));
+            } else {
+                /* exact for the forward: its K and V already hold bf16 values */
+                uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
+                for (size_t i = 0; i < hd; i++) kd[i] = bf16_from_f32(kh[i]);
+                for (size_t i = 0; i < hd; i++) vd[i] = bf16_from_f32(vh[i]);
+            }
         }
-        *b[i].p = px_huge_alloc((size_t)b[i].n * elem_size(&b[i]), b[i].what);
-        if (!*b[i].p) {
-            fwd_scratch_free(s);
-            return PARITY_ERR_OUT_OF_MEMORY;
-        }
-        if (prefault) memset(*b[i].p, 0, (size_t)b[i].n * elem_size(&b[i]));
-    }
-    return PARITY_OK;
 }
 
-/* Every buffer of scratch_layout's list (keep the two lists the same). */
-void fwd_scratch_free(fwd_scratch *s) {
-    void **all[] = {(void **)&s->h, (void **)&s->delta, (void **)&s->xn, (void **)&s->q,
-                    (void **)&s->k, (void **)&s->v, (void **)&s->att, (void **)&s->gate,
-                    (void **)&s->up, (void **)&s->gemm.xpack, (void **)&s->gemm.panels,
-                    (void **)&s->scores, (void **)&s->pv, (void **)&s->attn_fresh,
-                    (void **)&s->partial, (void **)&s->h_exit, (void **)&s->loop_state,
-                    (void **)&s->loop_rows, (void **)&s->loop_slot};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        px_free(*all[i]);
-        *all[i] = NULL;
-    }
+/* Each row writes its own position's cells: the rows go over the pool (a decode step's one
+ * row is stored by the caller: a pool round trip costs more). */
+void kv_store(const fwd_ctx *ctx, uint32_t layer, size_t n_rows, const fwd_row *rows,
+              const float *k, size_t k_stride, const float *v, size_t v_stride) {
+    kv_store_job j = {ctx, layer, rows, k, v, k_stride, v_stride};
+    if (n_rows <= 1)
+        kv_store_rows(&j, 0, n_rows, 0);
+    else
+        pool_run(ctx->pool, kv_store_rows, &j, n_rows);
 }

@@ -12,8 +12,18 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "forward.h"
-#include "base/internal.h"
+#include "args.h"
+#include "attention.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
+#include "base/in_use.h"
+#include "base/internal.h" /* the quantizers' declarations, until lib/quant/ has its headers */
+#include "gemm.h"
+#include "gemm_quant.h"
+#include "kvcache.h"
+#include "layer.h"
+#include "scratch.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "sampling.h"
@@ -72,8 +82,7 @@ typedef struct op_call {
 static int op_begin(op_call *c, parity_pool *pool, const char *fn) {
     memset(c, 0, sizeof *c);
     if (pool) {
-        int rc = object_enter(&pool->in_use, "parity_pool");
-        if (rc) return rc;
+        TRY(object_enter(&pool->in_use, "parity_pool"));
         c->user = pool;
         c->pool = pool->pool;
     } else {
@@ -127,13 +136,7 @@ static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
 }
 
 static int check_backend(const char *fn, uint32_t backend) {
-    const int rc = parity_backend_check((int)backend);
-    if (rc) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", parity_last_error());
-        return set_error(rc, "%s: %s", fn, why);
-    }
-    return PARITY_OK;
+    return error_prefixed(fn, parity_backend_check((int)backend));
 }
 
 /* The weight dtype a policy reads: BF16 under PARITY_COMPUTE_BF16, F16 under _FP16, F32
@@ -314,12 +317,9 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
                      const float *v, size_t v_stride, float *out, size_t out_stride) {
     static const char fn[] = "parity_attention";
     clear_error();
-    TRY(arg_policy(fn, policy));
-    TRY(arg_ptr(fn, lengths, "lengths"));
-    TRY(arg_ptr(fn, q, "q"));
-    TRY(arg_ptr(fn, k, "k"));
-    TRY(arg_ptr(fn, v, "v"));
-    TRY(arg_ptr(fn, out, "out"));
+    const arg_buf bufs[] = {{lengths, "lengths", 0, 0}, {q, "q", 0, 0}, {k, "k", 0, 0},
+                            {v, "v", 0, 0}, {out, "out", 0, 0}};
+    TRY(arg_buffers(fn, policy, sizeof bufs / sizeof bufs[0], bufs));
     if (n_seqs == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s: no sequences", fn);
     if (n_heads == 0 || n_kv_heads == 0 || head_dim == 0 || n_heads % n_kv_heads ||
         n_heads > 4096 || head_dim > 4096)
@@ -452,7 +452,7 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: vocab %zu is not in 1..2^30", fn, vocab);
     const dist_params dp = {options->mode, options->temperature, options->top_k, options->top_p,
                             options->min_p};
-    TRY(arg_prefixed(fn, dist_params_check(&dp, (uint32_t)vocab)));
+    TRY(error_prefixed(fn, dist_params_check(&dp, (uint32_t)vocab)));
     TRY(arg_ptr(fn, residual, "residual"));
     TRY(arg_ptr(fn, delta, "delta"));
     TRY(arg_ptr(fn, norm_weight, "norm_weight"));

@@ -6,7 +6,10 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "base/internal.h"
+#include "args.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "kernels/kernels.h"
 #include "model/rope.h"
 
@@ -17,62 +20,6 @@ uint16_t parity_bf16_from_f32(float x) { return bf16_from_f32(x); }
 
 float parity_bf16_to_f32(uint16_t x) { return bf16_to_f32(x); }
 
-/* ---- argument checks (internal.h; each sets the message and returns the status) ---------- */
-
-int arg_policy(const char *fn, const parity_policy *policy) {
-    if (!policy) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: policy is NULL", fn);
-    return arg_prefixed(fn, parity_policy_validate(policy));
-}
-
-int arg_prefixed(const char *fn, int status) {
-    if (!status) return PARITY_OK;
-    /* copied first: set_error writes the buffer parity_last_error() returns */
-    char why[512];
-    snprintf(why, sizeof why, "%s", parity_last_error());
-    return set_error(status, "%s: %s", fn, why);
-}
-
-int arg_ptr(const char *fn, const void *p, const char *what) {
-    if (!p) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
-    return PARITY_OK;
-}
-
-/* `rows` rows of `dim` elements, `stride` apart: dim <= stride, and the last element's index
- * (rows - 1) * stride + dim - 1 fits in size_t. */
-int arg_rows(const char *fn, size_t rows, size_t dim, size_t stride, const char *what) {
-    uint64_t span;
-    if (stride < dim)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s stride %zu is less than the row "
-                         "length %zu", fn, what, stride, dim);
-    if (mul_overflows((uint64_t)(rows - 1), (uint64_t)stride, &span) || span > SIZE_MAX - dim)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu rows of stride %zu overflow the "
-                         "address space", fn, rows, stride);
-    return PARITY_OK;
-}
-
-int arg_shape(const char *fn, size_t rows, size_t dim) {
-    if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
-    if (dim == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: dim is 0", fn);
-    return PARITY_OK;
-}
-
-int arg_eps(const char *fn, float eps) {
-    if (!(eps > 0.0f) || !isfinite(eps))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: eps %g must be positive and finite",
-                         fn, (double)eps);
-    return PARITY_OK;
-}
-
-/* An output may alias an input only exactly: the same rows (same pointer, same stride). */
-int arg_alias(const char *fn, const void *out, size_t out_stride, const void *in,
-                       size_t in_stride, const char *out_name, const char *in_name) {
-    if (out == in && out_stride != in_stride)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s aliases %s with another stride "
-                         "(%zu != %zu)", fn, out_name, in_name, out_stride, in_stride);
-    return PARITY_OK;
-}
-
-
 /* ---- regions ------------------------------------------------------------------------------ */
 
 int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim,
@@ -82,17 +29,12 @@ int parity_rmsnorm_residual(const parity_policy *policy, size_t rows, size_t dim
                             size_t residual_out_stride, uint16_t *out, size_t out_stride) {
     static const char fn[] = "parity_rmsnorm_residual";
     clear_error();
-    TRY(arg_policy(fn, policy));
-    TRY(arg_ptr(fn, delta, "delta"));
-    TRY(arg_ptr(fn, residual, "residual"));
-    TRY(arg_ptr(fn, weight, "weight"));
-    TRY(arg_ptr(fn, residual_out, "residual_out"));
-    TRY(arg_ptr(fn, out, "out"));
-    TRY(arg_shape(fn, rows, dim));
-    TRY(arg_rows(fn, rows, dim, delta_stride, "delta"));
-    TRY(arg_rows(fn, rows, dim, residual_stride, "residual"));
-    TRY(arg_rows(fn, rows, dim, residual_out_stride, "residual_out"));
-    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    const arg_buf bufs[] = {{delta, "delta", 1, delta_stride},
+                            {residual, "residual", 1, residual_stride},
+                            {weight, "weight", 0, 0},
+                            {residual_out, "residual_out", 1, residual_out_stride},
+                            {out, "out", 1, out_stride}};
+    TRY(arg_region(fn, policy, rows, dim, sizeof bufs / sizeof bufs[0], bufs));
     TRY(arg_alias(fn, residual_out, residual_out_stride, residual, residual_stride,
                     "residual_out", "residual"));
     TRY(arg_alias(fn, out, out_stride, delta, delta_stride, "out", "delta"));
@@ -114,13 +56,9 @@ int parity_rmsnorm(const parity_policy *policy, int is_qk_norm, size_t rows, siz
                    uint16_t *out, size_t out_stride) {
     static const char fn[] = "parity_rmsnorm";
     clear_error();
-    TRY(arg_policy(fn, policy));
-    TRY(arg_ptr(fn, x, "x"));
-    TRY(arg_ptr(fn, weight, "weight"));
-    TRY(arg_ptr(fn, out, "out"));
-    TRY(arg_shape(fn, rows, dim));
-    TRY(arg_rows(fn, rows, dim, x_stride, "x"));
-    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    const arg_buf bufs[] = {{x, "x", 1, x_stride}, {weight, "weight", 0, 0},
+                            {out, "out", 1, out_stride}};
+    TRY(arg_region(fn, policy, rows, dim, sizeof bufs / sizeof bufs[0], bufs));
     TRY(arg_alias(fn, out, out_stride, x, x_stride, "out", "x"));
     TRY(arg_eps(fn, eps));
 
@@ -136,14 +74,9 @@ int parity_swiglu(const parity_policy *policy, size_t rows, size_t dim, const ui
                   size_t out_stride) {
     static const char fn[] = "parity_swiglu";
     clear_error();
-    TRY(arg_policy(fn, policy));
-    TRY(arg_ptr(fn, gate, "gate"));
-    TRY(arg_ptr(fn, up, "up"));
-    TRY(arg_ptr(fn, out, "out"));
-    TRY(arg_shape(fn, rows, dim));
-    TRY(arg_rows(fn, rows, dim, gate_stride, "gate"));
-    TRY(arg_rows(fn, rows, dim, up_stride, "up"));
-    TRY(arg_rows(fn, rows, dim, out_stride, "out"));
+    const arg_buf bufs[] = {{gate, "gate", 1, gate_stride}, {up, "up", 1, up_stride},
+                            {out, "out", 1, out_stride}};
+    TRY(arg_region(fn, policy, rows, dim, sizeof bufs / sizeof bufs[0], bufs));
     TRY(arg_alias(fn, out, out_stride, gate, gate_stride, "out", "gate"));
     TRY(arg_alias(fn, out, out_stride, up, up_stride, "out", "up"));
 

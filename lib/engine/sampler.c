@@ -7,9 +7,14 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "engine.h"
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "forward.h"
+#include "looped.h"
+#include "profile.h"
 #include "kernels/kernels.h"
 #include "sampling.h"
 
@@ -269,8 +274,7 @@ static int check_sampling(const parity_sampler *s, const parity_sampling *p) {
                          p->size, sizeof *p);
     const uint32_t V = s->model->config.vocab_size;
     const dist_params dp = {p->logprob_mode, p->temperature, p->top_k, p->top_p, p->min_p};
-    int rc = dist_params_check(&dp, V);
-    if (rc) return rc;
+    TRY(dist_params_check(&dp, V));
     if (p->n_stop > PARITY_MAX_STOP)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "n_stop %u exceeds PARITY_MAX_STOP (%d)",
                          p->n_stop, PARITY_MAX_STOP);
@@ -304,8 +308,7 @@ static int free_slot(const parity_sampler *s, uint32_t *slot) {
 /* The checks of one prompt to add; `which` names it in messages ("the prompt", "prompt 3"). */
 static int check_prompt(const parity_sampler *s, const char *which, const int32_t *prompt,
                         uint32_t len, const parity_sampling *sampling) {
-    int rc = check_sampling(s, sampling);
-    if (rc) return rc;
+    TRY(check_sampling(s, sampling));
     const uint32_t V = s->model->config.vocab_size;
     if (len == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s is empty", which);
     if (!prompt) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s is NULL", which);
@@ -371,15 +374,14 @@ static int sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
                        const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
     if (!s || !prompt || !seq)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler, prompt or output is NULL");
-    int rc = check_prompt(s, "the prompt", prompt, len, sampling);
-    if (rc) return rc;
+    TRY(check_prompt(s, "the prompt", prompt, len, sampling));
     uint32_t slot = 0;
-    if ((rc = free_slot(s, &slot))) return rc;
+    TRY(free_slot(s, &slot));
     const uint32_t need = prompt_blocks(len);
     if (need > s->n_free)
         return set_error(PARITY_ERR_CACHE_FULL,
                          "the prompt needs %u cache blocks, %u are free", need, s->n_free);
-    if ((rc = model_enter(s->model))) return rc;
+    TRY(model_enter(s->model));
     slot = take_seq(s, prompt, len, sampling, stream);
     prefill(s, &slot, 1);
     model_leave(s->model);
@@ -398,8 +400,7 @@ static int sampler_add_batch(parity_sampler *s, size_t n, const int32_t *const *
     for (size_t i = 0; i < n; i++) {
         char which[48];
         snprintf(which, sizeof which, "prompt %zu", i);
-        int rc = check_prompt(s, which, prompts[i], lens[i], &sampling[i]);
-        if (rc) return rc;
+        TRY(check_prompt(s, which, prompts[i], lens[i], &sampling[i]));
         need += prompt_blocks(lens[i]);
     }
     size_t free_slots = 0;
@@ -410,8 +411,7 @@ static int sampler_add_batch(parity_sampler *s, size_t n, const int32_t *const *
     if (need > s->n_free)
         return set_error(PARITY_ERR_CACHE_FULL, "the prompts need %llu cache blocks, %u are free",
                          (unsigned long long)need, s->n_free);
-    int rc = model_enter(s->model);
-    if (rc) return rc;
+    TRY(model_enter(s->model));
     for (size_t i = 0; i < n; i++) seqs[i] = take_seq(s, prompts[i], lens[i], &sampling[i], streams[i]);
     prefill(s, seqs, n);
     model_leave(s->model);
@@ -450,8 +450,7 @@ static int sampler_fork(parity_sampler *s, uint32_t parent, const parity_samplin
 
 static int sampler_release(parity_sampler *s, uint32_t seq) {
     if (!s) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler is NULL");
-    int rc = check_seq(s, seq);
-    if (rc) return rc;
+    TRY(check_seq(s, seq));
     seq_state *q = &s->seqs[seq];
     for (uint32_t b = 0; b < q->n_blocks; b++) block_drop(s, q->blocks[b]);
     q->n_blocks = 0;
@@ -465,8 +464,7 @@ int parity_sampler_seq_info(const parity_sampler *s, uint32_t seq, parity_seq_in
     if (info->size != sizeof *info)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "info.size is %u, this library expects %zu", info->size, sizeof *info);
-    int rc = check_seq(s, seq);
-    if (rc) return rc;
+    TRY(check_seq(s, seq));
     const seq_state *q = &s->seqs[seq];
     *info = (parity_seq_info){sizeof *info, q->len, q->prompt_len, q->finished, q->stream, q->version};
     return PARITY_OK;
@@ -476,8 +474,7 @@ int parity_sampler_depths(const parity_sampler *s, uint32_t seq, const uint32_t 
                           uint32_t *n) {
     clear_error();
     if (!s || !depths || !n) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
-    int rc = check_seq(s, seq);
-    if (rc) return rc;
+    TRY(check_seq(s, seq));
     *depths = s->seqs[seq].depths;
     *n = s->seqs[seq].len - 1;
     return PARITY_OK;
@@ -487,8 +484,7 @@ int parity_sampler_tokens(const parity_sampler *s, uint32_t seq, const int32_t *
                           uint32_t *len, uint32_t *prompt_len) {
     clear_error();
     if (!s || !tokens || !len) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
-    int rc = check_seq(s, seq);
-    if (rc) return rc;
+    TRY(check_seq(s, seq));
     *tokens = s->seqs[seq].tokens;
     *len = s->seqs[seq].len;
     if (prompt_len) *prompt_len = s->seqs[seq].prompt_len;
@@ -560,8 +556,7 @@ static void job_draw(void *p, size_t begin, size_t end, unsigned worker) {
 static int step_check(const parity_sampler *s, const uint32_t *seqs, size_t n, uint64_t *need) {
     *need = 0;
     for (size_t i = 0; i < n; i++) {
-        int rc = check_seq(s, seqs[i]);
-        if (rc) return rc;
+        TRY(check_seq(s, seqs[i]));
         const seq_state *q = &s->seqs[seqs[i]];
         if (q->finished)
             return set_error(PARITY_ERR_SEQUENCE_FINISHED, "sequence %u has finished (%s)", seqs[i],
@@ -598,10 +593,10 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "max_top_n is %u but top_ids or top_logprobs is NULL",
                          max_top_n);
     /* the weights cannot change from here to the end of the step */
-    int rc = model_enter(s->model);
-    if (rc) return rc;
+    TRY(model_enter(s->model));
     uint64_t need;
-    if ((rc = step_check(s, seqs, n, &need))) {
+    const int rc = step_check(s, seqs, n, &need);
+    if (rc) {
         model_leave(s->model);
         return rc;
     }
@@ -658,77 +653,49 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
 int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
                        const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
     clear_error();
-    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
-    if (rc == PARITY_OK) {
-        const double t0 = engine_call_begin(&s->eng);
-        rc = sampler_add(s, prompt, len, sampling, stream, seq);
-        engine_call_end(&s->eng, t0);
-        engine_leave(&s->eng);
-    }
-    return rc;
+    double t0;
+    TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
+    return engine_leave(&s->eng, &t0, sampler_add(s, prompt, len, sampling, stream, seq));
 }
 
 int parity_sampler_add_batch(parity_sampler *s, size_t n, const int32_t *const *prompts,
                              const uint32_t *lens, const parity_sampling *sampling,
                              const uint64_t *streams, uint32_t *seqs) {
     clear_error();
-    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
-    if (rc == PARITY_OK) {
-        const double t0 = engine_call_begin(&s->eng);
-        rc = sampler_add_batch(s, n, prompts, lens, sampling, streams, seqs);
-        engine_call_end(&s->eng, t0);
-        engine_leave(&s->eng);
-    }
-    return rc;
+    double t0;
+    TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
+    return engine_leave(&s->eng, &t0,
+                        sampler_add_batch(s, n, prompts, lens, sampling, streams, seqs));
 }
 
 int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_sampling *sampling,
                         uint64_t stream, uint32_t *child) {
     clear_error();
-    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
-    if (rc == PARITY_OK) {
-        rc = sampler_fork(s, parent, sampling, stream, child);
-        engine_leave(&s->eng);
-    }
-    return rc;
+    TRY(engine_enter(s ? &s->eng : NULL, "sampler", NULL));
+    return engine_leave(&s->eng, NULL, sampler_fork(s, parent, sampling, stream, child));
 }
 
 int parity_sampler_release(parity_sampler *s, uint32_t seq) {
     clear_error();
-    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
-    if (rc == PARITY_OK) {
-        rc = sampler_release(s, seq);
-        engine_leave(&s->eng);
-    }
-    return rc;
+    TRY(engine_enter(s ? &s->eng : NULL, "sampler", NULL));
+    return engine_leave(&s->eng, NULL, sampler_release(s, seq));
 }
 
 int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32_t *tokens,
                         float *logprobs, uint32_t *finished, uint32_t max_top_n, int32_t *top_ids,
                         float *top_logprobs) {
     clear_error();
-    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
-    if (rc == PARITY_OK) {
-        const double t0 = engine_call_begin(&s->eng);
-        rc = sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n, top_ids, top_logprobs);
-        engine_call_end(&s->eng, t0);
-        engine_leave(&s->eng);
-    }
-    return rc;
+    double t0;
+    TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
+    return engine_leave(&s->eng, &t0,
+                        sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n, top_ids,
+                                     top_logprobs));
 }
 
 int parity_sampler_set_profiling(parity_sampler *s, int on) {
-    clear_error();
-    int rc = engine_enter(s ? &s->eng : NULL, "sampler");
-    if (rc == PARITY_OK) {
-        engine_set_profiling(&s->eng, on);
-        engine_leave(&s->eng);
-    }
-    return rc;
+    return engine_set_profiling(s ? &s->eng : NULL, "sampler", on);
 }
 
 int parity_sampler_profile(const parity_sampler *s, parity_profile *profile) {
-    clear_error();
-    if (!s || !profile) return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
-    return engine_profile(&s->eng, profile);
+    return engine_profile(s ? &s->eng : NULL, "sampler", profile);
 }

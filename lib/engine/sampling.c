@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "kernels/kernels.h"
 
 int dist_params_check(const dist_params *p, uint32_t vocab) {

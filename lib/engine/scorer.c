@@ -6,9 +6,14 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "engine.h"
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "forward.h"
+#include "looped.h"
+#include "profile.h"
 #include "kernels/kernels.h"
 #include "sampling.h"
 
@@ -193,8 +198,7 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
                          "with parity_score_default_options()",
                          o->size, sizeof *o);
     const dist_params dp = {o->mode, o->temperature, o->top_k, o->top_p, o->min_p};
-    int rc = dist_params_check(&dp, c->vocab_size);
-    if (rc) return rc;
+    TRY(dist_params_check(&dp, c->vocab_size));
     if (o->top_n > c->vocab_size)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "top_n %u exceeds the vocabulary (%u)",
                          o->top_n, c->vocab_size);
@@ -210,8 +214,7 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "options give both depths and exit_rule %u: a schedule is replayed, a "
                          "rule re-derives one", o->exit_rule);
-    rc = exit_rule_check(c, o->exit_rule, o->exit_threshold, o->min_depth, o->max_depth);
-    if (rc) return rc;
+    TRY(exit_rule_check(c, o->exit_rule, o->exit_threshold, o->min_depth, o->max_depth));
     if (o->readout > PARITY_READOUT_EXPECTED_LOGITS)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "options.readout %u is not a parity_loop_readout", o->readout);
@@ -292,9 +295,8 @@ static void loop_readouts(parity_scorer *s, const fwd_ctx *ctx, const parity_sco
 static int score(parity_scorer *s, const parity_score_options *o, const int32_t *tokens,
                  const uint32_t *lengths, size_t n_seqs, float *logprobs, float *entropy,
                  int32_t *top_ids, float *top_logprobs) {
-    int rc = check_inputs(s, o, tokens, lengths, n_seqs, logprobs, top_ids, top_logprobs);
-    if (rc) return rc;
-    if ((rc = model_enter(s->model))) return rc;
+    TRY(check_inputs(s, o, tokens, lengths, n_seqs, logprobs, top_ids, top_logprobs));
+    TRY(model_enter(s->model));
 
     unsigned fp_saved = fp_env_enter();
     fwd_ctx ctx = engine_fwd_ctx(&s->eng);
@@ -367,26 +369,17 @@ int parity_score(parity_scorer *s, const parity_score_options *o, const int32_t 
                  const uint32_t *lengths, size_t n_seqs, float *logprobs, float *entropy,
                  int32_t *top_ids, float *top_logprobs) {
     clear_error();
-    int rc = engine_enter(s ? &s->eng : NULL, "scorer");
-    if (rc) return rc;
-    const double t0 = engine_call_begin(&s->eng);
-    rc = score(s, o, tokens, lengths, n_seqs, logprobs, entropy, top_ids, top_logprobs);
-    engine_call_end(&s->eng, t0);
-    engine_leave(&s->eng);
-    return rc;
+    double t0;
+    TRY(engine_enter(s ? &s->eng : NULL, "scorer", &t0));
+    return engine_leave(&s->eng, &t0,
+                        score(s, o, tokens, lengths, n_seqs, logprobs, entropy, top_ids,
+                              top_logprobs));
 }
 
 int parity_scorer_set_profiling(parity_scorer *s, int on) {
-    clear_error();
-    int rc = engine_enter(s ? &s->eng : NULL, "scorer");
-    if (rc) return rc;
-    engine_set_profiling(&s->eng, on);
-    engine_leave(&s->eng);
-    return PARITY_OK;
+    return engine_set_profiling(s ? &s->eng : NULL, "scorer", on);
 }
 
 int parity_scorer_profile(const parity_scorer *s, parity_profile *profile) {
-    clear_error();
-    if (!s || !profile) return set_error(PARITY_ERR_INVALID_ARGUMENT, "scorer or output is NULL");
-    return engine_profile(&s->eng, profile);
+    return engine_profile(s ? &s->eng : NULL, "scorer", profile);
 }

@@ -1,0 +1,21 @@
+/* The quantized linear layer (gemm_quant.c): its entry from the forward and its scratch size. */
+#ifndef PARITY_ENGINE_GEMM_QUANT_H
+#define PARITY_ENGINE_GEMM_QUANT_H
+
+#include <stddef.h>
+
+#include "forward_types.h"
+
+/* y = x . w^T (+ bias) under the policy's
+ * quantized gemm and quantizer, with wq the weight's codes and scales (quant_weight_for:
+ * shipped, or the copy model_prepare_quant built); x rows ldx apart, y rows ldy apart; the
+ * activations are quantized into the GEMM scratch (xpack), which holds
+ * linear_quantized_scratch(quantizer, M, K) bytes. */
+struct weight;
+struct quant_weight;
+void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
+                      const struct weight *w, const struct quant_weight *wq, const float *bias,
+                      float *y, size_t ldy);
+size_t linear_quantized_scratch(int quantizer, size_t M, size_t K);
+
+#endif /* PARITY_ENGINE_GEMM_QUANT_H */
