@@ -23,7 +23,7 @@
 #include "parity.h"
 
 #define MAX_PAIRS 200
-#define KV_BLOCK_POSITIONS 16 /* the cache's blocks (lib/forward.h, KV_BLOCK) */
+#define KV_BLOCK_POSITIONS 16 /* the cache's blocks (lib/engine/kvcache.h, KV_BLOCK) */
 #define MAX_BATCH 64
 
 /* The entry points of one build. */

@@ -1,4 +1,4 @@
-/* config.json parsing and validation (lib/config.c): the real configs of the built-in models
+/* config.json parsing and validation (lib/checkpoint/config_json.c, lib/model/config.c): the real configs of the built-in models
  * in the old and new forms, the rope scaling types, transformers' defaults, and every class of
  * bad input with its status and a message naming the file and the field. Files are in
  * test/data/configs/. */

@@ -1,4 +1,4 @@
-/* Tests of the strict JSON parser (lib/json.c): valid documents and their values, a table of
+/* Tests of the strict JSON parser (lib/checkpoint/json.c): valid documents and their values, a table of
  * inputs the grammar rejects, the nesting limit, duplicate keys, json_get. */
 #include <locale.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* RoPE tables and inv_freq (lib/rope.c):
+/* RoPE tables and inv_freq (lib/model/rope.c):
  *   (a) the fp32 cos/sin tables against those PyTorch computed (test/data/regions.safetensors:
  *       rope.* theta 1e6 head_dim 128, rope_small.* theta 1e4 head_dim 64);
  *   (b) llama3 and yarn inv_freq against independent double-precision formulas, and yarn

@@ -1,4 +1,4 @@
-/* Tests of the safetensors reader (lib/safetensors.c). The corpus in
+/* Tests of the safetensors reader (lib/checkpoint/safetensors.c). The corpus in
  * test/data/bad-safetensors/ (written by make_bad_safetensors.py) names the expected status
  * in each file name, "<case>.<STATUS>.safetensors": every file is opened with st_open and
  * parsed from memory with st_parse, and must give that status with a message naming the

@@ -1,5 +1,5 @@
 /* The truncated distribution (top-k, top-p, min-p) against a direct reading of its
- * definition in lib/sampling.h: every token sorted by a comparison sort, e = exp(x - m) in
+ * definition in lib/engine/sampling.h: every token sorted by a comparison sort, e = exp(x - m) in
  * that order, the cuts in that order. dist_build sorts only the tokens the cuts can reach,
  * with a radix sort; its support (ids in order), e and lse must be the reference's bit for
  * bit, on flat and peaked logits, with ties, signed zeros, -inf and NaN among them. */
@@ -103,7 +103,7 @@ static void fill(float *x, size_t V, int kind) {
     if (kind == SPECIAL && V > 3) x[V / 2] = NAN, x[V - 1] = NAN; /* not at 0: m stays a number */
 }
 
-/* The draw as its definition reads (lib/sampling.h): the first i whose running sum of e, in
+/* The draw as its definition reads (lib/engine/sampling.h): the first i whose running sum of e, in
  * double and in order, exceeds u times the whole sum; else the last i with e > 0. */
 static int32_t reference_draw(const float *e, const uint32_t *ids, size_t n, double u) {
     double total = 0, run = 0;

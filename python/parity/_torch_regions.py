@@ -324,7 +324,7 @@ def _f32_list(values):
 
 
 def _rows(head_dim, theta, positions):
-    """fp32 cos/sin rows of the given positions as lib/regions.c computes them (lists of
+    """fp32 cos/sin rows of the given positions as lib/model/rope.c computes them (lists of
     lists), cached per (head_dim, theta, position)."""
     theta32 = array("f", [theta])[0]
     key = (head_dim, theta32)

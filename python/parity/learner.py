@@ -950,7 +950,7 @@ class CausalLM(_torch.nn.Module):
 
     def _forward_looped(self, seqs, mode, temperature, top_k, top_p, min_p, depths, loop_kv,
                         want_loops):
-        """The Ouro forward (lib/forward.c, forward_looped) on every row at once: loop t runs
+        """The Ouro forward (lib/engine/looped.c, forward_looped) on every row at once: loop t runs
         the N layers on every row; under "last-exited" a row whose depth is <= t keeps, in
         every layer, the K/V of its exit loop (a torch.where of the previous loop's K/V:
         the copy, and its gradient); each row's head reads its state at its depth. The rows

@@ -147,7 +147,7 @@ def rope(x, positions, head_dim=None, policy="aligned", theta=10000.0, n_heads=N
             any token stride) or (rows, n_heads * head_dim) with head_dim given; or a flat
             buffer of rows * n_heads * head_dim elements with head_dim given.
         positions: one position per row (ints >= 0).
-        theta: the rope base (default RoPE; tables from it as lib/regions.c computes them,
+        theta: the rope base (default RoPE; tables from it as lib/model/rope.c computes them,
             kept bf16 or fp32 per the policy's rope_table).
     Returns:
         x, rotated."""

@@ -9,7 +9,7 @@ operation by operation —
     acc), lanes folded l += l+8, l+4, l+2, l+1), then mean = sum / dim, r = 1 / sqrtf(ms + eps);
   - silu(g) = g / (1 + parity_expf(-g)) with the library's own exp (a Cody-Waite reduction and a
     degree-7 polynomial in fmaf steps), not torch.exp;
-  - RoPE tables as lib/regions.c computes them: inv_freq = 1 / (float)pow(theta, 2i/hd), angle =
+  - RoPE tables as lib/model/rope.c computes them: inv_freq = 1 / (float)pow(theta, 2i/hd), angle =
     (float)pos * inv_freq in fp32, cos/sin of the angle in double (libm, the same one the library
     calls) rounded to fp32 and, for bf16 tables, to bf16;
   - every other step a single IEEE fp32 operation (torch's CPU kernels for +, -, *, / and sqrt
