@@ -4,6 +4,7 @@
 #include "engine.h"
 #include "base/internal.h"
 #include "kernels/kernels.h"
+#include "model/config.h"
 
 void engine_default_settings(uint32_t *n_threads, uint32_t *backend, parity_policy *policy) {
     *n_threads = 1;

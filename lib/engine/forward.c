@@ -17,6 +17,7 @@
 
 #include "base/internal.h"
 #include "kernels/kernels.h"
+#include "model/config.h"
 
 /* The fp32 values of a small weight (norms): the master under PARITY_COMPUTE_FP32, the fp16
  * values under PARITY_COMPUTE_FP16, else the bf16 values widened. */

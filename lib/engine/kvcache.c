@@ -2,6 +2,7 @@
 #include "forward.h"
 #include "base/internal.h"
 #include "kernels/kernels.h"
+#include "model/config.h"
 
 /* Whole blocks: a block's cells are laid out head by head (forward.h). */
 static uint64_t whole_blocks(uint32_t n_cells) {

@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "base/internal.h"
 #include "kernels/kernels.h"
+#include "model/config.h"
 #include "sampling.h"
 
 typedef struct seq_state {

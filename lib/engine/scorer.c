@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "base/internal.h"
 #include "kernels/kernels.h"
+#include "model/config.h"
 #include "sampling.h"
 
 struct parity_scorer {
