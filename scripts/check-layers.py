@@ -17,6 +17,7 @@ graphs are checked:
       symbol B defines; no two files see or use each other through any chain (a cycle), except
       inside lib/kernels/, where the run-time dispatch (cpu.c picks one of the tables, which
       share cpu.c's helpers) is a cycle by design.
+Every file of lib/ also opens with a comment (what it holds) and has at most 900 lines.
 Prints every violation with the files and symbols behind it, then a summary line; exits 1 on
 any violation, 0 otherwise. Standard library only; needs `nm` (binutils) for the second graph.
 """
@@ -30,6 +31,7 @@ from graphs import sccs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIB = os.path.join(REPO, "lib")
 EXEMPT_CYCLES = {"kernels"}
+MAX_LINES = 900
 
 
 def layers():
@@ -154,6 +156,14 @@ def main():
     problems = []
     for f in stray:
         problems.append("lib/%s: a file outside the layer folders" % f)
+    for path in files:
+        with open(os.path.join(LIB, path), encoding="utf-8") as f:
+            text = f.read()
+        lines = text.count("\n")
+        if lines > MAX_LINES:
+            problems.append("lib/%s: %d lines, over %d" % (path, lines, MAX_LINES))
+        if not text.lstrip().startswith(("/*", "//")):
+            problems.append("lib/%s: does not open with a comment saying what it holds" % path)
     inc_edges = {}
     for path in files:
         for line, h in includes(path):

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "base/internal.h"
 #include "checkpoint/config_json.h"
+#include "model/config.h"
 #include "model/model.h"
 
 static int load(const char *name, parity_config *c) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "model/model.h"
+#include "model/weights.h"
 
 /* A shipped weight's values: codes and fp32 scales, the dequantized master and its bf16. */
 typedef struct shipped_values {

@@ -12,6 +12,7 @@
 #include "base/internal.h"
 #include "json.h"
 #include "layouts.h"
+#include "model/config.h"
 #include "model/model.h"
 #include "quant_config.h"
 #include "safetensors.h"

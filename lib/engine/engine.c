@@ -9,6 +9,7 @@
 #include "profile.h"
 #include "scratch.h"
 #include "kernels/kernels.h"
+#include "model/config.h"
 
 void engine_default_settings(uint32_t *n_threads, uint32_t *backend, parity_policy *policy) {
     *n_threads = 1;

@@ -7,6 +7,7 @@
 #include "base/errors.h"
 #include "base/floats.h"
 #include "base/threadpool.h"
+#include "model/config.h"
 #include "model/model.h"
 
 /* Whole blocks: a block's cells are laid out head by head (kvcache.h). */

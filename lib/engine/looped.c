@@ -29,6 +29,7 @@
 #include "kernels/kernels.h"
 #include "kvcache.h"
 #include "layer.h"
+#include "model/config.h"
 #include "profile.h"
 
 

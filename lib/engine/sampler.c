@@ -16,6 +16,7 @@
 #include "looped.h"
 #include "profile.h"
 #include "kernels/kernels.h"
+#include "model/config.h"
 #include "sampling.h"
 
 typedef struct seq_state {

@@ -15,6 +15,7 @@
 #include "looped.h"
 #include "profile.h"
 #include "kernels/kernels.h"
+#include "model/config.h"
 #include "sampling.h"
 
 struct parity_scorer {

@@ -10,6 +10,7 @@
 #include "checkpoint/json.h"
 #include "checkpoint/layout_fp8_block.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "sampling.h"
 
 uint64_t parity_model_version(const parity_model *m) {

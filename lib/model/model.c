@@ -13,6 +13,8 @@
 #include "base/internal.h"
 #include "config.h"
 #include "model.h"
+#include "rope.h"
+#include "weights.h"
 
 /* ---- ownership ------------------------------------------------------------------------- */
 

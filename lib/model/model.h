@@ -1,4 +1,6 @@
-/* The model in memory: the blueprint (config), the weights, the RoPE tables. */
+/* The model in memory (model.c): struct parity_model with its layers' weights, RoPE tables and
+ * checkpoint quantization settings; making one, its table of tensors, the buffers it owns, its
+ * use lock and the fp32, fp16 and quantized copies built on demand. */
 #ifndef PARITY_MODEL_H
 #define PARITY_MODEL_H
 
@@ -6,38 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
 #include "parity.h"
 #include "quant/quant_weight.h"
 #include "quant/rules.h"
+#include "rope.h"
+#include "weight_types.h"
 
 struct st_file;
-
-/* One weight tensor: rows x cols (a vector has rows = 1). */
-typedef struct weight {
-    uint32_t rows, cols;
-    const uint16_t *bf16;  /* bf16 values [rows][cols]: mapped from a BF16 checkpoint, or owned
-                              (RNE cast of F16/F32, or synthetic) */
-    const float *master;   /* fp32 master values [rows][cols] when the checkpoint is F32
-                              (mapped or owned) or F16 (widened, owned); NULL for BF16 */
-    float *wide;           /* bf16 widened to fp32, owned, built on demand (model_prepare) */
-    float *fp16;           /* the fp16 values PARITY_COMPUTE_FP16 reads (the master, else the
-                              bf16 values, rounded once to nearest even; exact for an F16
-                              checkpoint), held in fp32, owned, built on demand */
-    quant_weight *quant[QUANTIZERS]; /* the decoder layers' linear weights quantized with each
-                              quantizer a policy asked for, owned, built on demand */
-    quant_weight *shipped;   /* codes and scales as a checkpoint (or, block-FP8, an update)
-                              shipped them, owned: block-FP8, ternary, NVFP4 or MXFP4 (the
-                              layouts of lib/checkpoint/layout_*.c, and update.c); every
-                              policy of that format reads them as they are; NULL if none. bf16
-                              and master then hold the dequantized values */
-    uint8_t shipped_gemm;  /* the format of the shipped codes: PARITY_GEMM_FP8_BLOCK, _NVFP4,
-                              _MXFP4 or _TERNARY */
-    uint8_t shipped_scale_dtype; /* PARITY_DTYPE_F32, _BF16 (or _F16, ternary): how the shipped
-                              scales were stored */
-    uint8_t keep_bf16;     /* named by the checkpoint's modules_to_not_convert / ignored_layers:
-                              no fp8 policy quantizes it */
-} weight;
 
 /* How a checkpoint quantizes its decoder linear layers (lib/checkpoint/quant_config.c). */
 enum {
@@ -74,14 +51,6 @@ typedef struct layer_weights {
     weight w_down;                 /* [hidden][intermediate] */
 } layer_weights;
 
-/* RoPE tables for positions 0 .. n_positions-1, hd/2 frequencies each. */
-typedef struct rope_tables {
-    uint32_t n_positions, half;
-    float *cos_f32, *sin_f32;      /* [n_positions][half] fp32 */
-    float *cos_bf16, *sin_bf16;    /* the same rounded to bf16 (held in fp32) */
-    float *cos_fp16, *sin_fp16;    /* the same rounded to fp16 (held in fp32) */
-} rope_tables;
-
 struct parity_model {
     parity_config config;
     weight embed;                  /* [vocab][hidden] */
@@ -108,17 +77,6 @@ struct parity_model {
     quant_checkpoint ckpt;         /* the loaded checkpoint's quantization settings (zero if none) */
 };
 
-/* One tensor of the blueprint: its checkpoint name, where it goes, its shape and how the
- * shape follows from the config (for messages). */
-struct expected {
-    char name[96];
-    weight *dst;
-    uint32_t rows, cols;  /* rows = 0: a vector of cols */
-    char shape_doc[96];
-    int linear;           /* a decoder layer's linear weight: what the fp8 formats quantize */
-};
-typedef struct expected expected;
-
 /* The tensors of m's architecture, in checkpoint order: the table built once when the model
  * is made (m->tensors, m->n_tensors). */
 static inline const expected *model_tensors(const parity_model *m, size_t *n) {
@@ -135,49 +93,6 @@ parity_model *model_new(const parity_config *c);
  * freed on failure. */
 int model_finish(parity_model *m, int rc, parity_model **out);
 
-/* ---- the one way in for weight values (weights.c) ----------------------------------------- */
-
-/* A tensor coming in: from a checkpoint file or from an update. */
-typedef struct tensor_source {
-    const char *where;      /* for messages: "PATH: tensor 'NAME'" or "update of 'NAME'" */
-    uint32_t dtype;         /* parity_dtype (another value is refused) */
-    const char *dtype_name; /* the source's name of its dtype, for messages; NULL: the number */
-    uint32_t ndim;
-    const uint64_t *shape;  /* ndim values */
-    const void *data;       /* row-major, little-endian, any alignment */
-    int may_map;            /* the data outlives the model (a mapped checkpoint): used in place
-                               where it is aligned, not copied */
-} tensor_source;
-
-/* A tensor's values as the model holds them. */
-typedef struct tensor_values {
-    const uint16_t *bf16;   /* the bf16 values: the source's, or the RNE cast of F16/F32 */
-    const float *master;    /* F16/F32 sources: the exact fp32 values; NULL for BF16 */
-    void *owned[2];         /* what tensor_import allocated (NULL where the data is used in
-                               place): the caller takes them over, or tensor_values_free */
-} tensor_values;
-
-/* Checks the source against its table entry (shape, dtype, data), converts it (one
- * round-to-nearest-even to bf16; F16 widened exactly) and rejects NaN, Inf and fp32 values
- * beyond bf16's range (PARITY_ERR_TENSOR_NONFINITE). On failure nothing is left allocated. */
-int tensor_import(const tensor_source *src, const expected *slot, tensor_values *out);
-/* tensor_import's checks alone (shape, dtype, data, finite values once cast), allocating
- * nothing. */
-int tensor_check(const tensor_source *src, const expected *slot);
-/* The n values of a checked source into bf16[n] (the RNE cast, or the BF16 values as they
- * are) and, for F16/F32 sources, master[n] (the exact fp32 values; NULL to skip). */
-void tensor_convert_into(const tensor_source *src, uint64_t n, uint16_t *bf16, float *master);
-void tensor_values_free(tensor_values *v);
-/* wide[i] = the bf16 values of w widened to fp32 (exact): the copy the openblas backend and
- * the fp32 policy read. */
-void weight_widen_into(const weight *w, float *wide);
-/* fp16[i] = the fp16 value of w's element i (its master if it has one, else its bf16 value,
- * rounded once to nearest even), held in fp32. */
-void weight_fp16_into(const weight *w, float *fp16);
-/* Whether every value of a checked source fits fp16 (rounds to a finite fp16 value, from the
- * value the model would hold as master, else as bf16); if not, sets the error (naming the
- * element) and returns PARITY_ERR_TENSOR_NONFINITE. */
-int tensor_check_fp16(const tensor_source *src, uint64_t n);
 /* Registers a buffer the model frees; on failure frees it and returns NULL. */
 void *model_own(parity_model *m, void *p);
 /* Frees a buffer registered with model_own (no-op for others, e.g. mapped data). */
@@ -212,35 +127,5 @@ static inline size_t quant_scratch_floats(const weight *w, int quantizer) {
 /* A quantized copy for w, allocated (codes and scales, owned by m) but not filled; NULL when
  * out of memory (model.c). */
 quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer);
-
-/* The fp8 weights a policy's GEMM reads for w: the shipped ones under an fp8-block policy
- * where w has them, else the copy of the policy's quantizer (NULL: w runs in bf16). */
-static inline const quant_weight *quant_weight_for(const parity_policy *pol, const weight *w) {
-    if (pol->gemm == PARITY_GEMM_BF16 || w->keep_bf16) return NULL;
-    if (w->shipped && pol->gemm == w->shipped_gemm) return w->shipped;
-    return w->quant[pol->quantizer];
-}
-
-/* fp32 values of a weight for PARITY_COMPUTE_FP32: the master if any, else the widened bf16
- * (model_prepare(MODEL_NEED_WIDE) must have run). */
-static inline const float *weight_f32(const weight *w) { return w->master ? w->master : w->wide; }
-
-/* The fp32 values a policy reads for a weight: weight_f32 under PARITY_COMPUTE_FP32, the
- * fp16 values under PARITY_COMPUTE_FP16 (MODEL_NEED_FP16), else the bf16 values widened
- * (MODEL_NEED_WIDE; the region kernels read the vectors so under bf16). */
-static inline const float *weight_values(const parity_policy *pol, const weight *w) {
-    return pol->compute == PARITY_COMPUTE_FP32   ? weight_f32(w)
-           : pol->compute == PARITY_COMPUTE_FP16 ? w->fp16
-                                                 : w->wide;
-}
-
-/* RoPE (rope.c): inv_freq and attention factor for a config (rope_type, scaling), as
- * transformers' modeling_rope_utils computes them, in fp32. inv_freq has head_dim/2 values. */
-int rope_inv_freq(const parity_config *c, float *inv_freq, float *attention_factor);
-/* Fills the tables: angle = (float)pos * inv_freq[i] (fp32), cos/sin evaluated in double
- * on that fp32 angle and rounded to fp32, times attention_factor (fp32 multiply, skipped
- * when 1). */
-int rope_tables_build(const parity_config *c, uint32_t n_positions, rope_tables *t);
-void rope_tables_free(rope_tables *t);
 
 #endif

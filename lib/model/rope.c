@@ -15,7 +15,7 @@
 #include <math.h>
 
 #include "base/internal.h"
-#include "model.h"
+#include "config.h"
 #include "rope.h"
 
 /* math.pi */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 
 #include "base/internal.h"
-#include "model.h"
+#include "weights.h"
 
 void tensor_values_free(tensor_values *v) {
     px_free(v->owned[0]);
