@@ -95,13 +95,25 @@ void engine_free(engine *e);
 
 /* A public call on an object takes its engine (PARITY_ERR_INVALID_ARGUMENT if the object is
  * NULL: pass `object ? &object->eng : NULL`; PARITY_ERR_BUSY if another call has it) and
- * gives it back when it returns, its status passing through engine_leave:
- *     TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
- *     return engine_leave(&s->eng, &t0, sampler_step(s, ...));
- * A profiled call passes t0, which engine_enter sets to its start time and engine_leave reads
- * to count the call; a call that is not profiled passes NULL to both. */
+ * gives it back when it returns, its status passing through engine_leave. A profiled call
+ * passes t0, which engine_enter sets to its start time and engine_leave reads to count the
+ * call; a call that is not profiled passes NULL to both. ENGINE_CALL is that whole body. */
 int engine_enter(engine *e, const char *what, double *t0);
 int engine_leave(engine *e, const double *t0, int status);
+
+/* The body of a public call on `obj` (a scorer or sampler, named `what` in messages): clears
+ * the message, takes obj's engine, returns the status of `call` (an internal function of obj)
+ * through engine_leave; profiled when `timed`, not when 0:
+ *     int parity_sampler_step(parity_sampler *s, ...) {
+ *         ENGINE_CALL(s, "sampler", 1, sampler_step(s, ...));
+ *     } */
+#define ENGINE_CALL(obj, what, timed, call)                                         \
+    do {                                                                            \
+        clear_error();                                                              \
+        double engine_t0_;                                                          \
+        TRY(engine_enter((obj) ? &(obj)->eng : NULL, what, (timed) ? &engine_t0_ : NULL)); \
+        return engine_leave(&(obj)->eng, (timed) ? &engine_t0_ : NULL, call);        \
+    } while (0)
 
 /* Worker `worker`'s share `slot` (< p.works) of the work buffer: what lib/sampling.c needs to
  * build one position's distribution. */

@@ -653,44 +653,29 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
 
 int parity_sampler_add(parity_sampler *s, const int32_t *prompt, uint32_t len,
                        const parity_sampling *sampling, uint64_t stream, uint32_t *seq) {
-    clear_error();
-    double t0;
-    TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
-    return engine_leave(&s->eng, &t0, sampler_add(s, prompt, len, sampling, stream, seq));
+    ENGINE_CALL(s, "sampler", 1, sampler_add(s, prompt, len, sampling, stream, seq));
 }
 
 int parity_sampler_add_batch(parity_sampler *s, size_t n, const int32_t *const *prompts,
                              const uint32_t *lens, const parity_sampling *sampling,
                              const uint64_t *streams, uint32_t *seqs) {
-    clear_error();
-    double t0;
-    TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
-    return engine_leave(&s->eng, &t0,
-                        sampler_add_batch(s, n, prompts, lens, sampling, streams, seqs));
+    ENGINE_CALL(s, "sampler", 1, sampler_add_batch(s, n, prompts, lens, sampling, streams, seqs));
 }
 
 int parity_sampler_fork(parity_sampler *s, uint32_t parent, const parity_sampling *sampling,
                         uint64_t stream, uint32_t *child) {
-    clear_error();
-    TRY(engine_enter(s ? &s->eng : NULL, "sampler", NULL));
-    return engine_leave(&s->eng, NULL, sampler_fork(s, parent, sampling, stream, child));
+    ENGINE_CALL(s, "sampler", 0, sampler_fork(s, parent, sampling, stream, child));
 }
 
 int parity_sampler_release(parity_sampler *s, uint32_t seq) {
-    clear_error();
-    TRY(engine_enter(s ? &s->eng : NULL, "sampler", NULL));
-    return engine_leave(&s->eng, NULL, sampler_release(s, seq));
+    ENGINE_CALL(s, "sampler", 0, sampler_release(s, seq));
 }
 
 int parity_sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32_t *tokens,
                         float *logprobs, uint32_t *finished, uint32_t max_top_n, int32_t *top_ids,
                         float *top_logprobs) {
-    clear_error();
-    double t0;
-    TRY(engine_enter(s ? &s->eng : NULL, "sampler", &t0));
-    return engine_leave(&s->eng, &t0,
-                        sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n, top_ids,
-                                     top_logprobs));
+    ENGINE_CALL(s, "sampler", 1, sampler_step(s, seqs, n, tokens, logprobs, finished, max_top_n,
+                                              top_ids, top_logprobs));
 }
 
 int parity_sampler_set_profiling(parity_sampler *s, int on) {

@@ -369,12 +369,8 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
 int parity_score(parity_scorer *s, const parity_score_options *o, const int32_t *tokens,
                  const uint32_t *lengths, size_t n_seqs, float *logprobs, float *entropy,
                  int32_t *top_ids, float *top_logprobs) {
-    clear_error();
-    double t0;
-    TRY(engine_enter(s ? &s->eng : NULL, "scorer", &t0));
-    return engine_leave(&s->eng, &t0,
-                        score(s, o, tokens, lengths, n_seqs, logprobs, entropy, top_ids,
-                              top_logprobs));
+    ENGINE_CALL(s, "scorer", 1,
+                score(s, o, tokens, lengths, n_seqs, logprobs, entropy, top_ids, top_logprobs));
 }
 
 int parity_scorer_set_profiling(parity_scorer *s, int on) {
