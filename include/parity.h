@@ -483,8 +483,9 @@ typedef enum parity_backend {
 PARITY_API const char *parity_backend_name(int backend);
 /* The backend of a name; PARITY_ERR_INVALID_ARGUMENT for another name. */
 PARITY_API int parity_backend_from_name(const char *name, parity_backend *out);
-/* PARITY_OK when this build, CPU and OS run the backend (bf16 and openblas always; amx where
- * the CPU has AMX-BF16 and the OS grants the tile state), else PARITY_ERR_UNSUPPORTED with
+/* PARITY_OK when this build, CPU and OS run the backend (bf16 always; openblas unless the
+ * library was built without OpenBLAS, meson -Dopenblas=disabled; amx where the CPU has
+ * AMX-BF16 and the OS grants the tile state), else PARITY_ERR_UNSUPPORTED with
  * the reason in parity_last_error(); PARITY_ERR_INVALID_ARGUMENT for a value that is not a
  * backend. */
 PARITY_API int parity_backend_check(int backend);

@@ -83,21 +83,23 @@ typedef struct fixture {
 FIXTURE_KIND(scorer, FIXTURE_SCORER_OWN)
 FIXTURE_KIND(sampler, FIXTURE_SAMPLER_OWN)
 
-/* Whether `backend` runs on this CPU: the amx backend needs AMX-BF16; on a CPU without it,
- * it must be refused as unsupported, which this checks, saying once that its runs are
+/* Whether `backend` runs here: the amx backend needs AMX-BF16, the openblas backend a build
+ * with OpenBLAS (meson -Dopenblas, on by default where it is installed); where one does not
+ * run, it must be refused as unsupported, which this checks, saying once that its runs are
  * skipped. */
 static inline int backend_runs(uint32_t backend) {
-    if (backend != PARITY_BACKEND_AMX) return 1;
-    static int known, runs;
-    if (!known++) {
-        const int rc = parity_backend_check(PARITY_BACKEND_AMX);
-        runs = rc == PARITY_OK;
-        if (!runs) {
+    if (backend != PARITY_BACKEND_AMX && backend != PARITY_BACKEND_OPENBLAS) return 1;
+    static int known[PARITY_BACKEND_AMX + 1], runs[PARITY_BACKEND_AMX + 1];
+    if (!known[backend]++) {
+        const int rc = parity_backend_check((int)backend);
+        runs[backend] = rc == PARITY_OK;
+        if (!runs[backend]) {
             CHECK_INT(rc, PARITY_ERR_UNSUPPORTED);
-            printf("amx backend runs skipped: %s\n", parity_last_error());
+            printf("%s backend runs skipped: %s\n", parity_backend_name((int)backend),
+                   parity_last_error());
         }
     }
-    return runs;
+    return runs[backend];
 }
 
 /* parity_score with the default options (raw log-probs), log-probs only (CHECK_OK). */

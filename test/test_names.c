@@ -107,7 +107,12 @@ int main(void) {
     static const char *const archs[] = {"qwen2", "qwen3", "llama", "ouro"};
     check_names("backends", parity_backend_name, backend_from, backends, 3);
     CHECK_OK(parity_backend_check(PARITY_BACKEND_BF16));
+#if defined(PARITY_HAVE_OPENBLAS)
     CHECK_OK(parity_backend_check(PARITY_BACKEND_OPENBLAS));
+#else /* meson -Dopenblas=disabled: refused, and the message says why */
+    CHECK_STATUS(parity_backend_check(PARITY_BACKEND_OPENBLAS), PARITY_ERR_UNSUPPORTED);
+    CHECK(strstr(parity_last_error(), "without OpenBLAS") != NULL);
+#endif
     const int amx = parity_backend_check(PARITY_BACKEND_AMX);
     CHECK(amx == PARITY_OK || (amx == PARITY_ERR_UNSUPPORTED && strstr(parity_last_error(), "amx")));
     CHECK_STATUS(parity_backend_check(3), PARITY_ERR_INVALID_ARGUMENT);

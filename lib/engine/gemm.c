@@ -15,7 +15,9 @@
  *             so only calls of one fixed shape (M = 1, the whole N and K) agree bitwise.
  *             OpenBLAS's own threading is the host's to set; it splits N, which was
  *             measured to leave M = 1 results unchanged. */
+#if defined(PARITY_HAVE_OPENBLAS)
 #include <cblas.h>
+#endif
 #include <stdatomic.h>
 #include <string.h>
 
@@ -210,6 +212,11 @@ int parity_backend_check(int backend) {
                          "amx = 2)", (unsigned)backend);
     const char *why = backend == PARITY_BACKEND_AMX ? amx_unavailable() : NULL;
     if (why) return set_error(PARITY_ERR_UNSUPPORTED, "the amx backend is not available: %s", why);
+#if !defined(PARITY_HAVE_OPENBLAS)
+    if (backend == PARITY_BACKEND_OPENBLAS)
+        return set_error(PARITY_ERR_UNSUPPORTED, "the openblas backend is not available: this "
+                         "libparity was built without OpenBLAS (meson -Dopenblas=disabled)");
+#endif
     return PARITY_OK;
 }
 
@@ -376,6 +383,7 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
                        const gemm_weights *w, size_t k0, size_t k1, float *y, size_t ldy,
                        const gemm_epilogue *ep) {
     const size_t N = w->rows, Ks = k1 - k0;
+#if defined(PARITY_HAVE_OPENBLAS)
     if (ctx->backend == PARITY_BACKEND_OPENBLAS) {
         const float *w32 = w->f32 + k0;
         for (size_t m = 0; m < M; m++)
@@ -384,6 +392,7 @@ static void gemm_slice(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
                         (blasint)ldy);
         return;
     }
+#endif
     if (ctx->pol.compute != PARITY_COMPUTE_BF16) { /* fp32 or fp16 values, held in fp32 */
         const gemm_job j = {kern(), M, Ks, N, x + k0, ldx, NULL, NULL, w->f32 + k0, w->ld, y, ldy,
                             NULL, 0, ep};

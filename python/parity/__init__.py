@@ -57,9 +57,9 @@ def cpu_paths():
 
 
 def backends():
-    """The GEMM backends this build, CPU and OS run, as the library names them: "bf16" and
-    "openblas" always, "amx" where the CPU has AMX-BF16 and the OS grants the tile state
-    (parity_backend_check)."""
+    """The GEMM backends this build, CPU and OS run, as the library names them: "bf16" always,
+    "openblas" unless the library was built without OpenBLAS, "amx" where the CPU has AMX-BF16
+    and the OS grants the tile state (parity_backend_check)."""
     runs = []
     for name, value in _lib.BACKENDS.items():
         try:

@@ -42,6 +42,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         parity_scorer_default_params(&p);
         FUZZ_REQUIRE(parity_policy_from_name(kinds[i].policy, &p.policy) == PARITY_OK, "policy");
         p.backend = kinds[i].backend;
+        if (parity_backend_check((int)p.backend) != PARITY_OK) /* a build without OpenBLAS */
+            p.backend = PARITY_BACKEND_BF16;
         p.n_threads = kinds[i].threads;
         p.max_tokens = kinds[i].max_tokens;
         p.chunk_rows = kinds[i].chunk;
