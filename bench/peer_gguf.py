@@ -25,7 +25,7 @@ import random
 import struct
 import sys
 
-# built-in shapes (as lib/config.c's; the peer needs only these fields)
+# built-in shapes (as lib/model/config.c's; the peer needs only these fields)
 CONFIGS = {
     "qwen3-0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128,
                        intermediate=3072, vocab=151936, rope_theta=1e6, eps=1e-6,

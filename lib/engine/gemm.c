@@ -462,7 +462,7 @@ static void linear_ep(const fwd_ctx *ctx, size_t M, const float *x, const weight
                       const weight *bias, int round_out, float *y) {
     const quant_weight *wq = quant_weight_for(&ctx->pol, w);
     if (wq) {
-        /* the decoder layers' linear layers under an fp8 gemm (lib/gemm_quant.c) */
+        /* the decoder layers' linear layers under an fp8 gemm (lib/engine/gemm_quant.c) */
         linear_quantized(ctx, M, x, w->cols, w, wq,
                    bias && bias->rows ? weight_values(&ctx->pol, bias) : NULL, y, w->rows);
         if (round_out) round_to_policy(&ctx->pol, y, M * w->rows);

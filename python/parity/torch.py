@@ -2,7 +2,7 @@
 
 A PyTorch learner that computes its residual+RMSNorm, RMSNorm (incl. Qwen3 q/k-norm), SwiGLU and
 RoPE with these functions rounds at exactly the points the sampler's policy rounds, and on CPU
-gets exactly the sampler's bits: the arithmetic follows lib/kernels.h and lib/kernels/kernels_ref.c
+gets exactly the sampler's bits: the arithmetic follows lib/kernels/kernels.h and lib/kernels/kernels_ref.c
 operation by operation —
 
   - sums of squares in the "dot16" order (16 lanes, element i in lane i % 16, acc = fmaf(x, x,
