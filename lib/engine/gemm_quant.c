@@ -17,10 +17,16 @@
 #include "quant/dot.h"
 #include "quant/rules.h"
 
+/* One quantized GEMM over the pool: the job and the column kernel of the current CPU path. */
+typedef struct quant_gemm_run {
+    quant_gemm_job job;
+    quant_gemm_fn *columns;
+} quant_gemm_run;
+
 static void quant_columns(void *p, size_t n0, size_t n1, unsigned worker) {
     (void)worker;
-    const quant_gemm_job *j = p;
-    j->rule->format->gemm_columns(j, n0, n1);
+    const quant_gemm_run *r = p;
+    r->columns(&r->job, n0, n1);
 }
 
 /* The activations' block count along K under format f. */
@@ -37,10 +43,11 @@ void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, 
     uint8_t *xq = (uint8_t *)ctx->s->gemm.xpack;
     float *xs = (float *)(void *)(xq + (M * K + 63) / 64 * 64);
     float *xt = xs + M * nblocks;
-    f->quantize_rows(rule, M, K, x, ldx, xq, K, xs, xt);
-    quant_gemm_job j = {M,  K,          nblocks,  f->block_cols,     rule, xq, xs, xt,
-                       wq->codes, wq->scales, nblocks, wq->tensor_scale, y,    ldy};
-    pool_run(ctx->pool, quant_columns, &j, N);
+    quant_rows_entry(f)(rule, M, K, x, ldx, xq, K, xs, xt);
+    quant_gemm_run run = {{M, K, nblocks, f->block_cols, rule, xq, xs, xt, wq->codes, wq->scales,
+                           nblocks, wq->tensor_scale, y, ldy},
+                          quant_gemm_entry(f)};
+    pool_run(ctx->pool, quant_columns, &run, N);
     if (f->element != QUANT_ELEMENT_E4M3)
         /* E2M1 and int8 have no NaN: a row holding a NaN or an infinity yields NaN, as an
          * E4M3 NaN code does in the fp8 GEMMs, rather than the codes its saturation gives */

@@ -26,7 +26,7 @@
 #endif
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
-static int have_avx2, have_avx512, have_avx512bf16, is_amd;
+static int have_avx2, have_avx512, have_avx512bf16, have_avx512vnni, is_amd;
 /* Read by every kernel call: atomic so that a parity_set_cpu_path() is not a data race,
  * relaxed because the tables do not change after detection. */
 static _Atomic(const kernels *) current;
@@ -95,6 +95,15 @@ static int detect_avx512(void) {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     const unsigned f = 1u << 16, dq = 1u << 17, bw = 1u << 30, vl = 1u << 31;
     return (b & (f | dq | bw | vl)) == (f | dq | bw | vl);
+}
+#endif
+
+#if defined(PARITY_HAVE_AVX512VNNI)
+static int detect_avx512vnni(void) {
+    unsigned a, b, c, d;
+    if (!detect_avx512()) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (c & (1u << 11)) != 0;  /* AVX512_VNNI */
 }
 #endif
 
@@ -184,6 +193,9 @@ static void detect(void) {
     have_avx512 = detect_avx512();
     if (have_avx512) kernels_avx512_set_entries(&avx512_table);
 #endif
+#if defined(PARITY_HAVE_AVX512VNNI)
+    have_avx512vnni = detect_avx512vnni();
+#endif
 #if defined(PARITY_HAVE_AVX512BF16)
     avx512bf16_table = avx512_table;
     have_avx512bf16 = detect_avx512bf16();
@@ -213,6 +225,16 @@ static void detect(void) {
     }
     atomic_store_explicit(&current, table_of(path), memory_order_relaxed);
     log_message(PARITY_LOG_DEBUG, "cpu path: %s", path_names[path]);
+}
+
+int cpu_path_supported(parity_cpu_path path) {
+    pthread_once(&detect_once, detect);
+    return table_of(path) && supported(path);
+}
+
+int cpu_has_avx512_vnni(void) {
+    pthread_once(&detect_once, detect);
+    return have_avx512vnni;
 }
 
 const kernels *kernel_table(parity_cpu_path path) {

@@ -256,6 +256,12 @@ void amx_gemm_columns(size_t M, size_t K, const uint16_t *xt, const uint16_t *w,
  * this CPU can run it is parity_set_cpu_path()'s answer. */
 const kernels *kernel_table(parity_cpu_path path);
 
+/* Whether this build and CPU can run path (cpu.c's detection, as parity_set_cpu_path asks). */
+int cpu_path_supported(parity_cpu_path path);
+/* Whether the CPU and OS have AVX512_VNNI beside the avx512 path's AVX-512 F, BW, VL, DQ, and
+ * this build compiles for it (PARITY_HAVE_AVX512VNNI): the quantized GEMMs' VNNI variants. */
+int cpu_has_avx512_vnni(void);
+
 /* The table of the current CPU path (cpu.c): detected once, PARITY_CPU_PATH or
  * parity_set_cpu_path() force one. Never NULL. */
 const kernels *kern(void);

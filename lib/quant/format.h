@@ -48,6 +48,24 @@ typedef void quant_fn(const struct quant_rule *rule, size_t rows, size_t cols, c
 /* A GEMM entry: the columns [n0, n1) of the job's output (dot.h). */
 typedef void quant_gemm_fn(const struct quant_gemm_job *job, size_t n0, size_t n1);
 
+/* The SIMD variants of a format's activation quantizer and GEMM. Each returns, for every input,
+ * the bits of the format's portable entries (quantize_rows, gemm_columns), which are the
+ * specification. Which runs (quant_rows_entry, quant_gemm_entry in rules.h): on the avx2 CPU
+ * path the avx2 variant; on avx512 and avx512bf16 the avx512vnni one where the CPU has
+ * AVX512_VNNI, else the avx512 one; a variant a format lacks (NULL entries) falls back to the
+ * next narrower one (avx512vnni, avx512, avx2), then to the portable entry. */
+enum {
+    QUANT_SIMD_AVX2,       /* AVX2, FMA, F16C */
+    QUANT_SIMD_AVX512,     /* AVX-512 F, BW, VL, DQ */
+    QUANT_SIMD_AVX512VNNI, /* AVX-512 F, BW, VL, DQ and VNNI */
+    QUANT_SIMD_VARIANTS
+};
+
+typedef struct quant_simd {
+    quant_fn *quantize_rows;      /* activations, as the format's quantize_rows; NULL: none */
+    quant_gemm_fn *gemm_columns;  /* the GEMM, as the format's gemm_columns; NULL: none */
+} quant_simd;
+
 typedef struct quant_format {
     uint32_t gemm;             /* PARITY_GEMM_FP8_BLOCK .. PARITY_GEMM_TERNARY */
     const char *name;          /* "fp8-block", "mxfp8", "nvfp4", "mxfp4", "ternary" */
@@ -62,6 +80,7 @@ typedef struct quant_format {
     quant_fn *quantize_weight; /* a weight: block_rows x block_cols blocks, one tensor scale */
     quant_fn *quantize_rows;   /* activations, per token: 1 x block_cols blocks, row scales */
     quant_gemm_fn *gemm_columns;
+    quant_simd simd[QUANT_SIMD_VARIANTS]; /* the SIMD variants of the two above, by QUANT_SIMD_* */
 } quant_format;
 
 typedef struct quant_rule {

@@ -9,6 +9,7 @@
 #include "rules.h"
 
 #include "base/internal.h"
+#include "kernels/kernels.h"
 #include "dot.h"
 #include "fp8.h"
 #include "mxfp4.h"
@@ -19,15 +20,19 @@
  * weight's scale block (rows, cols) and the block scales' type, whether it has a tensor scale,
  * the rows of bf16 weights widened at once, and the entries: F's quantize_weight and
  * quantize_activations (F.c), the GEMM's quant_gemm_G (dot.c). */
-#define FORMAT(gemm, name, element, rows, cols, scale, tensor, widen, F, G)                       \
+#define FORMAT(gemm, name, element, rows, cols, scale, tensor, widen, F, G, ...)                  \
     {gemm, name, QUANT_ELEMENT_##element, rows, cols, QUANT_SCALE_##scale, tensor, widen,        \
-     F##_quantize_weight, F##_quantize_activations, quant_gemm_##G}
+     F##_quantize_weight, F##_quantize_activations, quant_gemm_##G, {__VA_ARGS__}}
+/* The last arguments of FORMAT: the format's SIMD variants, [QUANT_SIMD_*] = {quantize_rows,
+ * gemm_columns}, as a macro its header defines under the ISAs' PARITY_HAVE_* (an #if cannot
+ * stand among a macro's arguments); NO_SIMD: none. */
+#define NO_SIMD {NULL, NULL}
 static const quant_format formats[] = {
-    FORMAT(PARITY_GEMM_FP8_BLOCK, "fp8-block", E4M3, 128, 128, F32, 0, 128, fp8, blocked),
-    FORMAT(PARITY_GEMM_MXFP8, "mxfp8", E4M3, 1, 32, E8M0, 0, 128, fp8, blocked),
-    FORMAT(PARITY_GEMM_NVFP4, "nvfp4", E2M1, 1, 16, E4M3, 1, 0, nvfp4, blocked),
-    FORMAT(PARITY_GEMM_MXFP4, "mxfp4", E2M1, 1, 32, E8M0, 0, 0, mxfp4, blocked),
-    FORMAT(PARITY_GEMM_TERNARY, "ternary", TERNARY, 0, 0, NONE, 1, 0, ternary, ternary),
+    FORMAT(PARITY_GEMM_FP8_BLOCK, "fp8-block", E4M3, 128, 128, F32, 0, 128, fp8, blocked, NO_SIMD),
+    FORMAT(PARITY_GEMM_MXFP8, "mxfp8", E4M3, 1, 32, E8M0, 0, 128, fp8, blocked, NO_SIMD),
+    FORMAT(PARITY_GEMM_NVFP4, "nvfp4", E2M1, 1, 16, E4M3, 1, 0, nvfp4, blocked, NO_SIMD),
+    FORMAT(PARITY_GEMM_MXFP4, "mxfp4", E2M1, 1, 32, E8M0, 0, 0, mxfp4, blocked, NO_SIMD),
+    FORMAT(PARITY_GEMM_TERNARY, "ternary", TERNARY, 0, 0, NONE, 1, 0, ternary, ternary, NO_SIMD),
 };
 #define N_FORMATS (sizeof formats / sizeof formats[0])
 #define FP8_BLOCK (&formats[0])
@@ -78,6 +83,45 @@ int quant_format_of(int quantizer) {
 const char *quant_format_name(uint32_t gemm) {
     const quant_format *f = quant_format_row(gemm);
     return f ? f->name : NULL;
+}
+
+const quant_simd *quant_simd_variant(const quant_format *f, int v) {
+    switch (v) {
+    case QUANT_SIMD_AVX2:
+        return cpu_path_supported(PARITY_CPU_AVX2) ? &f->simd[v] : NULL;
+    case QUANT_SIMD_AVX512:
+        return cpu_path_supported(PARITY_CPU_AVX512) ? &f->simd[v] : NULL;
+    case QUANT_SIMD_AVX512VNNI:
+        return cpu_path_supported(PARITY_CPU_AVX512) && cpu_has_avx512_vnni() ? &f->simd[v]
+                                                                               : NULL;
+    }
+    return NULL;
+}
+
+/* The widest variant the current CPU path runs, -1 on the portable path. */
+static int current_variant(void) {
+    switch (parity_get_cpu_path()) {
+    case PARITY_CPU_AVX2:
+        return QUANT_SIMD_AVX2;
+    case PARITY_CPU_AVX512:
+    case PARITY_CPU_AVX512BF16:
+        return cpu_has_avx512_vnni() ? QUANT_SIMD_AVX512VNNI : QUANT_SIMD_AVX512;
+    case PARITY_CPU_PORTABLE:
+        break;
+    }
+    return -1;
+}
+
+quant_fn *quant_rows_entry(const quant_format *f) {
+    for (int v = current_variant(); v >= 0; v--)
+        if (f->simd[v].quantize_rows) return f->simd[v].quantize_rows;
+    return f->quantize_rows;
+}
+
+quant_gemm_fn *quant_gemm_entry(const quant_format *f) {
+    for (int v = current_variant(); v >= 0; v--)
+        if (f->simd[v].gemm_columns) return f->simd[v].gemm_columns;
+    return f->gemm_columns;
 }
 
 uint64_t quant_scale_count(const quant_format *f, uint64_t rows, uint64_t cols) {

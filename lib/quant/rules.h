@@ -21,6 +21,14 @@ const quant_format *quant_format_row(uint32_t gemm);
  * ("fp8-block", ..., "ternary"), NULL for none. */
 int quant_format_of(int quantizer);
 const char *quant_format_name(uint32_t gemm);
+/* The entries that run on the current CPU path for format f (format.h says which variant): the
+ * activation quantizer and the GEMM's column kernel. */
+quant_fn *quant_rows_entry(const quant_format *f);
+quant_gemm_fn *quant_gemm_entry(const quant_format *f);
+/* Format f's SIMD variant v (QUANT_SIMD_*) if this build and CPU can run it, NULL otherwise;
+ * its entries may be NULL (the format has no such variant). The tests walk them. */
+const quant_simd *quant_simd_variant(const quant_format *f, int v);
+
 /* The number of block scales of a rows x cols weight: ceil(rows / block_rows) x ceil(cols /
  * block_cols), 1 for a format without blocks. */
 uint64_t quant_scale_count(const quant_format *f, uint64_t rows, uint64_t cols);

@@ -1,0 +1,323 @@
+/*
+ * The quantized formats' SIMD variants (quant/format.h, QUANT_SIMD_*) against their portable
+ * entries, the specification, bit for bit: every rule's activation quantizer on rows holding
+ * zero, tie, NaN, infinite, saturating, tiny and denormal blocks, at odd lengths and partial
+ * blocks; every format's GEMM column kernel over decode (few rows) and prefill (many rows)
+ * shapes, odd K, partial blocks, NaN activations, column ranges that start and end anywhere,
+ * writing nothing outside them. Also which entry each CPU path runs (the fallback from a
+ * variant a format lacks to the next narrower one, then the portable entry).
+ *
+ * Equality is bitwise, with one allowance on fp32 outputs: two NaNs are equal whatever their
+ * payloads, as in test_kernels. Arrays are allocated at their exact size, so that a read or
+ * write past the end shows under AddressSanitizer.
+ */
+#include <math.h>
+
+#include "check.h"
+#include "base/internal.h"
+#include "kernels/kernels.h"
+#include "quant/dot.h"
+#include "quant/rules.h"
+
+/* ---- random inputs ------------------------------------------------------------------------ */
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint64_t rand_u64(void) {
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rand_unit(void) { return (double)(rand_u64() >> 11) * 0x1p-53; }
+
+static float rand_normal(void) {
+    const double u = rand_unit() + 0x1p-60, v = rand_unit();
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* The largest element value of format f (E4M3 448, E2M1 6, ternary activations 127). */
+static float element_max(const quant_format *f) {
+    return f->element == QUANT_ELEMENT_E4M3 ? 448.0f : f->element == QUANT_ELEMENT_E2M1 ? 6.0f
+                                                                                        : 127.0f;
+}
+
+/* A value halfway between two neighbouring elements of format f, at unit scale: a tie for a
+ * block whose scale comes out as 1 (its largest value the element maximum). */
+static float element_tie(const quant_format *f) {
+    static const float e2m1_ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    if (f->element == QUANT_ELEMENT_E2M1) return e2m1_ties[rand_u64() % 7];
+    if (f->element == QUANT_ELEMENT_TERNARY) return (float)(rand_u64() % 127) + 0.5f;
+    /* E4M3: a random code's value plus half its spacing (3 mantissa bits) */
+    const int e = (int)(rand_u64() % 14) - 6;
+    const float m = 8.0f + (float)(rand_u64() % 8);
+    return ldexpf(m + 0.5f, e - 3);
+}
+
+/* The kinds of block written into a row. */
+enum {
+    BLOCK_NORMAL,    /* gaussian, with a random magnitude per block */
+    BLOCK_ZERO,      /* every value +0 or -0 */
+    BLOCK_TIES,      /* midpoints of the element grid, the block's scale a power of two */
+    BLOCK_NAN,       /* gaussian with one NaN */
+    BLOCK_INF,       /* gaussian with one infinity */
+    BLOCK_HUGE,      /* near FLT_MAX: scales saturate */
+    BLOCK_TINY,      /* denormals and values near them */
+    BLOCK_OUTLIER,   /* gaussian and one value 10^4 times larger */
+    BLOCK_KINDS
+};
+
+/* Fills n values of one block of kind `kind` for format f. */
+static void fill_block(const quant_format *f, int kind, float *x, size_t n) {
+    const float mag = ldexpf(1.0f, (int)(rand_u64() % 40) - 20);
+    const float pow2 = ldexpf(1.0f, (int)(rand_u64() % 20) - 10);
+    for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+        case BLOCK_ZERO:
+            x[i] = rand_u64() & 1 ? -0.0f : 0.0f;
+            break;
+        case BLOCK_TIES:
+            x[i] = (rand_u64() & 1 ? -1.0f : 1.0f) * element_tie(f) * pow2;
+            break;
+        case BLOCK_HUGE:
+            x[i] = rand_normal() * 1e38f;
+            break;
+        case BLOCK_TINY:
+            x[i] = rand_normal() * 1e-39f;
+            break;
+        default:
+            x[i] = rand_normal() * mag;
+        }
+    }
+    const size_t at = (size_t)(rand_u64() % n);
+    if (kind == BLOCK_TIES) x[at] = element_max(f) * pow2; /* the block's scale: pow2 */
+    if (kind == BLOCK_NAN) x[at] = NAN;
+    if (kind == BLOCK_INF) x[at] = rand_u64() & 1 ? -INFINITY : INFINITY;
+    if (kind == BLOCK_OUTLIER) x[at] *= 1e4f;
+}
+
+/* Fills rows x cols values (row stride ld): blocks of `block` values (the whole row without
+ * blocks) of random kinds; specials only where `specials`, else normal, zero, ties, tiny and
+ * outlier blocks. */
+static void fill_rows(const quant_format *f, size_t rows, size_t cols, float *x, size_t ld,
+                      int specials) {
+    const size_t block = f->block_cols ? f->block_cols : cols;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c0 = 0; c0 < cols; c0 += block) {
+            const size_t n = cols - c0 < block ? cols - c0 : block;
+            int kind = (int)(rand_u64() % BLOCK_KINDS);
+            if (!specials && (kind == BLOCK_NAN || kind == BLOCK_INF || kind == BLOCK_HUGE))
+                kind = BLOCK_NORMAL;
+            if (rand_u64() % 3 == 0) kind = BLOCK_NORMAL;
+            fill_block(f, kind, x + r * ld + c0, n);
+        }
+}
+
+/* ---- bitwise comparison ------------------------------------------------------------------- */
+
+static int same_f32(float a, float b) {
+    uint32_t ua, ub;
+    memcpy(&ua, &a, 4);
+    memcpy(&ub, &b, 4);
+    return ua == ub || (isnan(a) && isnan(b));
+}
+
+/* Bitwise equality of n floats (NaN equal to NaN), reporting the first difference. */
+static void check_floats(const char *what, const char *where, const float *want,
+                         const float *got, size_t n) {
+    check_count++;
+    for (size_t i = 0; i < n; i++)
+        if (!same_f32(want[i], got[i])) {
+            check_failures++;
+            fprintf(stderr, "%s: %s differs at %zu: %a (portable) != %a\n", where, what, i,
+                    (double)want[i], (double)got[i]);
+            return;
+        }
+}
+
+static void check_bytes(const char *what, const char *where, const uint8_t *want,
+                        const uint8_t *got, size_t n) {
+    check_count++;
+    for (size_t i = 0; i < n; i++)
+        if (want[i] != got[i]) {
+            check_failures++;
+            fprintf(stderr, "%s: %s differs at %zu: 0x%02x (portable) != 0x%02x\n", where, what,
+                    i, want[i], got[i]);
+            return;
+        }
+}
+
+static void *alloc_exact(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static const char *const variant_names[QUANT_SIMD_VARIANTS] = {"avx2", "avx512", "avx512vnni"};
+
+/* ---- activation quantizers ---------------------------------------------------------------- */
+
+/* Rule r's activations of M x K values through its format's portable quantize_rows and
+ * through `rows_fn`, compared bitwise: codes, block scales, row scales. */
+static void compare_rows(const quant_rule *r, quant_fn *rows_fn, const char *variant, size_t M,
+                         size_t K, int specials) {
+    const quant_format *f = r->format;
+    const size_t nb = f->block_cols ? (K + f->block_cols - 1) / f->block_cols : 0;
+    const size_t ld = K + (size_t)(rand_u64() % 3);
+    float *x = alloc_exact(M * ld * sizeof *x);
+    fill_rows(f, M, K, x, ld, specials);
+    uint8_t *q0 = alloc_exact(M * K), *q1 = alloc_exact(M * K);
+    float *s0 = alloc_exact((M * nb + 1) * sizeof(float)), *s1 = alloc_exact((M * nb + 1) * 4);
+    float *t0 = alloc_exact(M * sizeof(float)), *t1 = alloc_exact(M * sizeof(float));
+    memset(q1, 0xa5, M * K);
+    memset(s1, 0xa5, (M * nb + 1) * 4);
+    memset(t1, 0xa5, M * 4);
+    memset(q0, 0x5a, M * K);
+    memset(s0, 0xa5, (M * nb + 1) * 4);
+    memset(t0, 0xa5, M * 4);
+    f->quantize_rows(r, M, K, x, ld, q0, K, s0, t0);
+    rows_fn(r, M, K, x, ld, q1, K, s1, t1);
+    char where[160];
+    snprintf(where, sizeof where, "%s quantize_rows %s M=%zu K=%zu%s", r->api_name, variant, M,
+             K, specials ? " (specials)" : "");
+    check_bytes("codes", where, q0, q1, M * K);
+    check_floats("block scales", where, s0, s1, M * nb);
+    if (f->has_tensor_scale) check_floats("row scales", where, t0, t1, M);
+    free(x);
+    free(q0);
+    free(q1);
+    free(s0);
+    free(s1);
+    free(t0);
+    free(t1);
+}
+
+static const size_t row_lengths[] = {1,  2,  15, 16,  17,  31,  32,  33,  63,  64,
+                                     65, 96, 127, 128, 129, 160, 255, 256, 300, 1031};
+
+static int test_rows(const quant_rule *r, const quant_simd *s, const char *variant) {
+    if (!s->quantize_rows) return 0;
+    for (size_t i = 0; i < sizeof row_lengths / sizeof row_lengths[0]; i++)
+        for (int rep = 0; rep < 6; rep++) {
+            const size_t M = 1 + (size_t)(rand_u64() % 5);
+            compare_rows(r, s->quantize_rows, variant, M, row_lengths[i], rep & 1);
+        }
+    return 1;
+}
+
+/* ---- GEMMs -------------------------------------------------------------------------------- */
+
+/* y = x W^T for rule r, M x K activations against N x K weights, through the portable column
+ * kernel and through `columns` over column ranges that split [0, N) at random points; every
+ * output compared bitwise, and the columns outside [0, N) of y (ldy > N) left untouched. */
+static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char *variant,
+                         size_t M, size_t N, size_t K) {
+    const quant_format *f = r->format;
+    const size_t nb = f->block_cols ? (K + f->block_cols - 1) / f->block_cols : 0;
+    float *w = alloc_exact(N * K * sizeof *w), *x = alloc_exact(M * K * sizeof *x);
+    fill_rows(f, N, K, w, K, 0);
+    fill_rows(f, M, K, x, K, 1);
+    /* the weight through the format's portable quantize_weight, from fp32 values */
+    const size_t wscales = (size_t)quant_scale_count(f, N, K);
+    uint8_t *wq = alloc_exact(N * K);
+    float *ws = alloc_exact(wscales * sizeof(float)), wt = 0.0f;
+    f->quantize_weight(r, N, K, w, K, wq, K, ws, &wt);
+    uint8_t *xq = alloc_exact(M * K);
+    float *xs = alloc_exact((M * nb + 1) * sizeof(float)), *xt = alloc_exact(M * sizeof(float));
+    f->quantize_rows(r, M, K, x, K, xq, K, xs, xt);
+    const size_t ldy = N + 3;
+    float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
+    for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
+    quant_gemm_job j0 = {M, K, nb, f->block_cols, r, xq, xs, xt, wq, ws, nb, wt, y0, ldy};
+    quant_gemm_job j1 = j0;
+    j1.y = y1;
+    f->gemm_columns(&j0, 0, N);
+    for (size_t n0 = 0; n0 < N;) {
+        const size_t n1 = n0 + 1 + (size_t)(rand_u64() % (N - n0));
+        columns(&j1, n0, n1);
+        n0 = n1;
+    }
+    char where[160];
+    snprintf(where, sizeof where, "%s gemm %s M=%zu N=%zu K=%zu", r->api_name, variant, M, N, K);
+    check_floats("y", where, y0, y1, M * ldy);
+    free(w);
+    free(x);
+    free(wq);
+    free(ws);
+    free(xq);
+    free(xs);
+    free(xt);
+    free(y0);
+    free(y1);
+}
+
+static int test_gemm(const quant_rule *r, const quant_simd *s, const char *variant) {
+    if (!s->gemm_columns) return 0;
+    static const size_t Ks[] = {1, 15, 16, 17, 31, 32, 33, 64, 100, 128, 129, 256, 300, 1024};
+    static const size_t Ms[] = {1, 2, 3, 4, 5, 8, 16, 17, 33, 70};
+    static const size_t Ns[] = {1, 3, 16, 37, 130};
+    for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++)
+        for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
+            const size_t N = Ns[rand_u64() % (sizeof Ns / sizeof Ns[0])];
+            compare_gemm(r, s->gemm_columns, variant, Ms[m], N, Ks[k]);
+        }
+    return 1;
+}
+
+/* ---- which entry each path runs ----------------------------------------------------------- */
+
+/* The entry path p should run for format f: its widest variant's at or below the path's, else
+ * the portable one (format.h). */
+static void check_dispatch(const quant_format *f) {
+    const parity_cpu_path saved = parity_get_cpu_path();
+    static const parity_cpu_path paths[] = {PARITY_CPU_PORTABLE, PARITY_CPU_AVX2,
+                                            PARITY_CPU_AVX512, PARITY_CPU_AVX512BF16};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        if (parity_set_cpu_path(paths[i]) != PARITY_OK) continue;
+        int top = -1;
+        if (paths[i] == PARITY_CPU_AVX2) top = QUANT_SIMD_AVX2;
+        if (paths[i] >= PARITY_CPU_AVX512)
+            top = cpu_has_avx512_vnni() ? QUANT_SIMD_AVX512VNNI : QUANT_SIMD_AVX512;
+        quant_fn *rows = f->quantize_rows;
+        quant_gemm_fn *gemm = f->gemm_columns;
+        for (int v = 0; v <= top; v++) {
+            if (f->simd[v].quantize_rows) rows = f->simd[v].quantize_rows;
+            if (f->simd[v].gemm_columns) gemm = f->simd[v].gemm_columns;
+        }
+        CHECK(quant_rows_entry(f) == rows);
+        CHECK(quant_gemm_entry(f) == gemm);
+    }
+    CHECK_OK(parity_set_cpu_path(saved));
+}
+
+int main(void) {
+    static const uint32_t gemms[] = {PARITY_GEMM_FP8_BLOCK, PARITY_GEMM_MXFP8, PARITY_GEMM_NVFP4,
+                                     PARITY_GEMM_MXFP4, PARITY_GEMM_TERNARY};
+    for (size_t g = 0; g < sizeof gemms / sizeof gemms[0]; g++) {
+        const quant_format *f = quant_format_row(gemms[g]);
+        CHECK(f != NULL);
+        if (!f) continue;
+        check_dispatch(f);
+        for (int v = 0; v < QUANT_SIMD_VARIANTS; v++) {
+            const quant_simd *s = quant_simd_variant(f, v);
+            if (!s) {
+                printf("%-9s %-10s: not on this CPU or build\n", f->name, variant_names[v]);
+                continue;
+            }
+            int rows = 0, gemm = 0;
+            for (int q = 0; q < QUANTIZERS; q++) {
+                const quant_rule *r = quant_rule_of(q);
+                if (r->format != f) continue;
+                rows += test_rows(r, s, variant_names[v]);
+                gemm += test_gemm(r, s, variant_names[v]);
+            }
+            printf("%-9s %-10s: activation quantizer compared under %d rule(s), GEMM under %d\n",
+                   f->name, variant_names[v], rows, gemm);
+        }
+    }
+    return check_report("test_quant_kernels");
+}
