@@ -1712,6 +1712,21 @@ static void test_fp4_checkpoints(const parity_model *orig) {
         const char *bf16_only[] = {"hf-eager", NULL};
         check_same_scores(m, mb, bf16_only, "an NVFP4 model saved as bf16");
         parity_model_free(mb);
+        /* an NVFP4 model holds no fp8-block codes: saved as fp8-block it needs a rule, which
+         * quantizes its dequantized values as it does the same values saved as fp32 */
+        char fp8_a[PATH_LEN], fp8_b[PATH_LEN];
+        join(fp8_a, root, "nvfp4-as-fp8-no-rule");
+        CHECK(mkdir(fp8_a, 0700) == 0);
+        CHECK_STATUS(parity_model_save_as(m, fp8_a, "fp8-block"), PARITY_ERR_INVALID_ARGUMENT);
+        check_message("fp8-block:RULE");
+        save_as(m, "fp8-block:deepseek", "nvfp4-as-fp8", fp8_a);
+        save_as(m, "fp32", "nvfp4-as-fp32", dir);
+        parity_model *m32 = load(dir);
+        if (m32) {
+            save_as(m32, "fp8-block:deepseek", "nvfp4-fp32-as-fp8", fp8_b);
+            check_same_files(fp8_a, fp8_b, "an NVFP4 model saved as fp8-block:deepseek");
+        }
+        parity_model_free(m32);
         /* saving another layout over an NVFP4 directory removes its hf_quant_config.json */
         save_as(m, "nvfp4", "nvfp4-then-bf16", dir);
         CHECK_OK(parity_model_save_as(m, dir, "bf16"));

@@ -149,7 +149,8 @@ static int fp8_block_rule(const char *name, int *rule) {
     return parity_fp8_quantizer_from_name(0, name, rule);
 }
 
-/* The codes and their block scales "<weight>_scale_inv": the shipped ones, or those of `rule`. */
+/* The codes and their block scales "<weight>_scale_inv": the shipped ones, or those of `rule`
+ * (codes shipped in another format are not fp8-block's: `rule` quantizes their values). */
 static int fp8_block_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *more) {
     const uint64_t count = (uint64_t)w->rows * w->cols;
     const uint64_t grid = (uint64_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128);
@@ -161,7 +162,7 @@ static int fp8_block_plan(const weight *w, int rule, saved_tensor *v, saved_tens
     v->kind = OUT_CODES;
     v->dtype = "F8_E4M3";
     v->bytes = count;
-    if (w->shipped) {
+    if (w->shipped && w->shipped_gemm == PARITY_GEMM_FP8_BLOCK) {
         v->q = sc->q = w->shipped;
         sc->scales_bf16 = w->shipped_scale_dtype == PARITY_DTYPE_BF16;
     } else if (rule < 0) {
