@@ -178,7 +178,7 @@ def _quantized_entry(name, value, pol, pin):
     hc, hs = ctypes.c_uint64(), ctypes.c_uint64()
     lib.parity_bytes_checksum(codes, n, ctypes.byref(hc))
     lib.parity_bytes_checksum(scales, len(scales), ctypes.byref(hs))
-    rule = lib.parity_fp8_quantizer_name(pol.quantizer).decode()
+    rule = lib.parity_quantizer_name(pol.quantizer).decode()
     return ('  %s: {"shape": [%d, %d], "dtype": "F8_E4M3", "format": "%s", "block": [%s], '
             '"quantizer": "%s", "fnv1a64": "%016x", "scales": {"shape": [%d, %d], "dtype": "%s", '
             '"fnv1a64": "%016x"}}'

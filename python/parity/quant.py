@@ -24,7 +24,7 @@ __all__ = ["BLOCK_RULES", "MX_RULES", "FP4_ROUNDINGS", "fp8_from_f32", "fp8_to_f
            "TERNARY_RULES", "quantize_nvfp4", "quantize_mxfp4", "quantize_ternary",
            "quantize_weight", "quantize_bf16_export", "adjust_bf16"]
 
-#: The names of the block-FP8 and MXFP8 quantizers, as parity_fp8_quantizer_from_name takes them.
+#: The names of the block-FP8 and MXFP8 quantizers, as parity_quantizer_from_name takes them.
 BLOCK_RULES = ("deepseek", "sglang", "te", "deepgemm", "te-pow2")
 MX_RULES = ("ocp", "te")
 #: The names of the 4-bit and ternary quantizers (parity.h, "4-bit and ternary quantizers").
@@ -70,9 +70,14 @@ def _floats(values, what):
     return ctypes.create_string_buffer(data, len(data)), len(data) // 4, None, None
 
 
+#: parity.h's PARITY_GEMM_FP8_BLOCK and PARITY_GEMM_MXFP8.
+_GEMM_FP8_BLOCK, _GEMM_MXFP8 = 1, 2
+
+
 def _rule(mx, name):
     q = ctypes.c_int()
-    lib.parity_fp8_quantizer_from_name(1 if mx else 0, name.encode(), ctypes.byref(q))
+    lib.parity_quantizer_from_name(_GEMM_MXFP8 if mx else _GEMM_FP8_BLOCK, name.encode(),
+                                   ctypes.byref(q))
     return q.value
 
 
