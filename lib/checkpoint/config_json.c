@@ -41,8 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "base/files.h"
-#include "base/internal.h"
 #include "config_json.h"
 #include "json.h"
 #include "model/config.h"

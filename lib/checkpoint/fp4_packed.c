@@ -9,8 +9,11 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "fp4_packed.h"
 #include "quant/codecs.h"
 

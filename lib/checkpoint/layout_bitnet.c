@@ -24,8 +24,11 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "layout.h"
 #include "layout_bitnet.h"
 

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
 #include "fp4_packed.h"
 #include "layout.h"
 #include "quant/codecs.h"

@@ -20,8 +20,9 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
 #include "fp4_packed.h"
 #include "layout.h"
 #include "quant/codecs.h"

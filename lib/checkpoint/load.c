@@ -6,10 +6,12 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "base/files.h"
-#include "base/internal.h"
 #include "json.h"
 #include "layouts.h"
 #include "model/config.h"

@@ -15,8 +15,10 @@
  */
 #include <fnmatch.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "json.h"
 #include "quant_config.h"
 

@@ -7,11 +7,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "json.h"
 
 static const char *const dtype_names[] = {

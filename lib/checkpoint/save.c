@@ -6,8 +6,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "layouts.h"
 #include "model/model.h"
 

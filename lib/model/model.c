@@ -7,10 +7,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "config.h"
 #include "model.h"
 #include "rope.h"

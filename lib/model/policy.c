@@ -3,8 +3,10 @@
  * follows (docs/framework-numerics.md quotes them). */
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
+#include "base/nametable.h"
 #include "quant/rules.h"
 
 /* The switches of a preset, in the order of the table in DESIGN.md §3. */

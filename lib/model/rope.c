@@ -13,8 +13,11 @@
  * Every operation is written as its own statement and the library is built with
  * -ffp-contract=off, so no multiply-add is fused. */
 #include <math.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "config.h"
 #include "rope.h"
 

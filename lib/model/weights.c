@@ -5,8 +5,11 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "weights.h"
 
 void tensor_values_free(tensor_values *v) {

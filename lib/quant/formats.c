@@ -13,7 +13,8 @@
  */
 #include <math.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "codecs.h"
 
 uint16_t parity_fp16_from_f32(float x) { return f16_from_f32(x); }
