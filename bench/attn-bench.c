@@ -41,7 +41,7 @@
 #include "bench_peak.h"
 #include "engine/attention.h"
 #include "engine/kvcache.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "kernels/kernel_common.h"
 #include "kernels/kernels.h"
 #include "options.h"

@@ -39,7 +39,6 @@
 #include "bench_clock.h"
 #include "bench_peak.h"
 #include "engine/gemm.h"
-#include "base/internal.h"
 #include "kernels/kernels.h"
 #include "base/threadpool.h"
 #include "options.h"

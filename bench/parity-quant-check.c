@@ -35,7 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/internal.h"
+#include "base/floats.h"
 #include "model/model.h"
 #include "options.h"
 #include "parity.h"

@@ -23,7 +23,7 @@
 #include <time.h>
 
 #include "bench_clock.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "engine/sampling.h"
 #include "options.h"
 

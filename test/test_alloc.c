@@ -12,10 +12,11 @@
  * The ceilings: a max_memory below what a scorer or sampler needs fails up front with
  * PARITY_ERR_MEMORY_LIMIT before any allocation; exactly what it needs, or more, succeeds. */
 #include <math.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "base/internal.h"
+#include "base/alloc.h"
 #include "model/model.h"
 #include "checkpoint/safetensors.h"
 

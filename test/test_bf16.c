@@ -5,9 +5,10 @@
  * The 2^32 sweeps are split across two threads. */
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "kernels/kernels.h"
 
 typedef struct sweep {

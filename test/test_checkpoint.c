@@ -20,11 +20,12 @@
  *         the masters, not on their bf16 cast). */
 #include <ftw.h>
 #include <math.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "checkpoint/fp4_packed.h"
 #include "checkpoint/layout_bitnet.h"
 #include "model/model.h"

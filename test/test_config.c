@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/errors.h"
 #include "checkpoint/config_json.h"
 #include "model/config.h"
 #include "model/model.h"

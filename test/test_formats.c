@@ -15,9 +15,10 @@
  * two threads, one sign each. */
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "kernels/kernels.h"
 
 /* A target format, by its numbers: fraction bits, smallest normal exponent, largest finite

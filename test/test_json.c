@@ -2,9 +2,9 @@
  * inputs the grammar rejects, the nesting limit, duplicate keys, json_get. */
 #include <locale.h>
 #include <math.h>
+#include <string.h>
 
 #include "check.h"
-#include "base/internal.h"
 #include "checkpoint/json.h"
 
 static char err[256];

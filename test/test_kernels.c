@@ -13,13 +13,14 @@
  * the end shows under AddressSanitizer.
  */
 #include <math.h>
+#include <string.h>
 #if defined(PARITY_HAVE_AVX512BF16)
 #include <immintrin.h>
 #endif
 #include <pthread.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "kernels/kernel_common.h"
 #include "kernels/kernels.h"
 

@@ -23,13 +23,13 @@
  *     exit rule on a model that does not loop, config fields out of range, an Ouro
  *     checkpoint missing its gate or a second norm. */
 #include <math.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "fixtures.h"
 #include "checkpoint/config_json.h"
 #include "engine/kvcache.h"
-#include "base/internal.h"
 
 #define N_SEQS 24
 #define MAX_NEW 14

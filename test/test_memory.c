@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/alloc.h"
 
 static uint64_t xorshift(uint64_t *s) {
     *s ^= *s << 13;

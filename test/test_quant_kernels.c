@@ -14,7 +14,6 @@
 #include <math.h>
 
 #include "check.h"
-#include "base/internal.h"
 #include "kernels/kernels.h"
 #include "quant/dot.h"
 #include "quant/rules.h"

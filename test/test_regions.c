@@ -9,9 +9,10 @@
  * nothing. Then the argument checks.
  */
 #include <math.h>
+#include <string.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "checkpoint/safetensors.h"
 
 static st_file *vectors;

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "model/model.h"
 #include "checkpoint/safetensors.h"
 

@@ -5,9 +5,10 @@
  * file. Then the valid files' contents, images built here, and test/data/regions.safetensors.
  */
 #include <dirent.h>
+#include <string.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/errors.h"
 #include "checkpoint/safetensors.h"
 
 /* "ST_OFFSETS" -> PARITY_ERR_ST_OFFSETS, "OK" -> PARITY_OK; 1 if the name is a status. */

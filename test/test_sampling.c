@@ -4,9 +4,10 @@
  * with a radix sort; its support (ids in order), e and lse must be the reference's bit for
  * bit, on flat and peaked logits, with ties, signed zeros, -inf and NaN among them. */
 #include <math.h>
+#include <string.h>
 
 #include "check.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "kernels/kernels.h"
 #include "engine/sampling.h"
 

@@ -6,11 +6,12 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "base/internal.h"
+#include "base/alloc.h"
 #include "checkpoint/safetensors.h"
 
 static parity_model *tiny;         /* synthetic:tiny:1 (vocab 256, 2 layers, context 512) */

@@ -10,10 +10,10 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "fixtures.h"
-#include "base/internal.h"
 #include "model/model.h"
 
 #define SEQ_LEN 40

@@ -1,9 +1,11 @@
 /* The one capped whole-file reader of the library (files.h). */
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "files.h"
-#include "internal.h"
+#include "alloc.h"
+#include "errors.h"
 
 int read_file_capped(const char *path, size_t limit, int oversize_status, char **out,
                      size_t *len) {

@@ -41,8 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "base/files.h"
-#include "base/internal.h"
 #include "config_json.h"
 #include "json.h"
 #include "model/config.h"
@@ -110,8 +111,7 @@ static int read_positive_float(const reader *r, const json_value *obj, const cha
                                const char *field, int required, float *out) {
     int present;
     double x = 0.0;
-    int rc = read_number(r, obj, key, field, &present, &x);
-    if (rc) return rc;
+    TRY(read_number(r, obj, key, field, &present, &x));
     if (!present) return required ? missing(r, field) : PARITY_OK;
     if (!(x > 0.0) || !isfinite((float)x))
         return set_error(PARITY_ERR_CONFIG, "%s: field '%s' must be > 0 and fit a float, got %.17g",
@@ -149,10 +149,7 @@ static int check_duplicates(const reader *r, const json_value *v) {
                              v->keys[dup]);
     }
     if (v->type == JSON_OBJECT || v->type == JSON_ARRAY)
-        for (size_t i = 0; i < v->count; i++) {
-            int rc = check_duplicates(r, &v->items[i]);
-            if (rc) return rc;
-        }
+        for (size_t i = 0; i < v->count; i++) TRY(check_duplicates(r, &v->items[i]));
     return PARITY_OK;
 }
 
@@ -160,8 +157,7 @@ static int check_duplicates(const reader *r, const json_value *v) {
 static int check_partial_rotary(const reader *r, const json_value *obj, const char *field) {
     int present;
     double x = 1.0;
-    int rc = read_number(r, obj, "partial_rotary_factor", field, &present, &x);
-    if (rc) return rc;
+    TRY(read_number(r, obj, "partial_rotary_factor", field, &present, &x));
     if (present && x != 1.0)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s = %g is not supported (only 1)", r->path,
                          field, x);
@@ -188,22 +184,21 @@ static int read_rope(const reader *r, const json_value *root, parity_config *c) 
     char f[96];
 #define FIELD(key) (snprintf(f, sizeof f, "%s.%s", dname, key), f)
 
-    int present, rc;
+    int present;
     double theta = 10000.0;
-    if ((rc = read_number(r, root, "rope_theta", "rope_theta", &present, &theta))) return rc;
-    if (d && (rc = read_number(r, d, "rope_theta", FIELD("rope_theta"), &present, &theta)))
-        return rc;
+    TRY(read_number(r, root, "rope_theta", "rope_theta", &present, &theta));
+    if (d) TRY(read_number(r, d, "rope_theta", FIELD("rope_theta"), &present, &theta));
     c->rope_theta = theta;
-    if ((rc = check_partial_rotary(r, root, "partial_rotary_factor"))) return rc;
+    TRY(check_partial_rotary(r, root, "partial_rotary_factor"));
     if (!d) {
         c->rope_type = PARITY_ROPE_DEFAULT;
         return PARITY_OK;
     }
-    if ((rc = check_partial_rotary(r, d, FIELD("partial_rotary_factor")))) return rc;
+    TRY(check_partial_rotary(r, d, FIELD("partial_rotary_factor")));
 
     const char *type;
-    if ((rc = read_string(r, d, "rope_type", FIELD("rope_type"), &type))) return rc;
-    if (!type && (rc = read_string(r, d, "type", FIELD("type"), &type))) return rc;
+    TRY(read_string(r, d, "rope_type", FIELD("rope_type"), &type));
+    if (!type) TRY(read_string(r, d, "type", FIELD("type"), &type));
     if (!type || strcmp(type, "default") == 0) {
         c->rope_type = PARITY_ROPE_DEFAULT;
         return PARITY_OK;
@@ -226,22 +221,18 @@ static int read_rope(const reader *r, const json_value *root, parity_config *c) 
     /* standardize_rope_params: the top-level original_max_position_embeddings has priority,
      * then the dict's, then max_position_embeddings. */
     c->rope_original_max_position_embeddings = c->max_position_embeddings;
-    if ((rc = read_uint(r, d, "original_max_position_embeddings",
-                        FIELD("original_max_position_embeddings"), 0,
-                        &c->rope_original_max_position_embeddings)))
-        return rc;
-    if ((rc = read_uint(r, root, "original_max_position_embeddings",
-                        "original_max_position_embeddings", 0,
-                        &c->rope_original_max_position_embeddings)))
-        return rc;
+    TRY(read_uint(r, d, "original_max_position_embeddings",
+                  FIELD("original_max_position_embeddings"), 0,
+                  &c->rope_original_max_position_embeddings));
+    TRY(read_uint(r, root, "original_max_position_embeddings", "original_max_position_embeddings",
+                  0, &c->rope_original_max_position_embeddings));
 
     if (c->rope_type == PARITY_ROPE_LLAMA3) {
-        if ((rc = read_positive_float(r, d, "factor", FIELD("factor"), 1, &c->rope_factor)) ||
-            (rc = read_positive_float(r, d, "low_freq_factor", FIELD("low_freq_factor"), 1,
-                                      &c->rope_low_freq_factor)) ||
-            (rc = read_positive_float(r, d, "high_freq_factor", FIELD("high_freq_factor"), 1,
-                                      &c->rope_high_freq_factor)))
-            return rc;
+        TRY(read_positive_float(r, d, "factor", FIELD("factor"), 1, &c->rope_factor));
+        TRY(read_positive_float(r, d, "low_freq_factor", FIELD("low_freq_factor"), 1,
+                                &c->rope_low_freq_factor));
+        TRY(read_positive_float(r, d, "high_freq_factor", FIELD("high_freq_factor"), 1,
+                                &c->rope_high_freq_factor));
         return PARITY_OK;
     }
 
@@ -251,28 +242,26 @@ static int read_rope(const reader *r, const json_value *root, parity_config *c) 
     if (fv->type == JSON_NULL)
         c->rope_factor = (float)((double)c->max_position_embeddings /
                                  (double)c->rope_original_max_position_embeddings);
-    else if ((rc = read_positive_float(r, d, "factor", FIELD("factor"), 1, &c->rope_factor)))
-        return rc;
+    else
+        TRY(read_positive_float(r, d, "factor", FIELD("factor"), 1, &c->rope_factor));
     /* `get("beta_fast") or 32`: absent, null and 0 all mean the default. */
     double x = 0.0;
-    if ((rc = read_number(r, d, "beta_fast", FIELD("beta_fast"), &present, &x))) return rc;
+    TRY(read_number(r, d, "beta_fast", FIELD("beta_fast"), &present, &x));
     if (present && x != 0.0) c->rope_beta_fast = (float)x;
-    if ((rc = read_number(r, d, "beta_slow", FIELD("beta_slow"), &present, &x))) return rc;
+    TRY(read_number(r, d, "beta_slow", FIELD("beta_slow"), &present, &x));
     if (present && x != 0.0) c->rope_beta_slow = (float)x;
-    if ((rc = read_positive_float(r, d, "attention_factor", FIELD("attention_factor"), 0,
-                                  &c->rope_attention_factor)))
-        return rc;
-    if ((rc = read_number(r, d, "mscale", FIELD("mscale"), &present, &x))) return rc;
+    TRY(read_positive_float(r, d, "attention_factor", FIELD("attention_factor"), 0,
+                            &c->rope_attention_factor));
+    TRY(read_number(r, d, "mscale", FIELD("mscale"), &present, &x));
     if (present) c->rope_mscale = (float)x;
-    if ((rc = read_number(r, d, "mscale_all_dim", FIELD("mscale_all_dim"), &present, &x)))
-        return rc;
+    TRY(read_number(r, d, "mscale_all_dim", FIELD("mscale_all_dim"), &present, &x));
     if (present) c->rope_mscale_all_dim = (float)x;
     /* `rope_parameters.get("truncate", True)`: null is falsy. */
     const json_value *tv = json_get(d, "truncate");
     if (tv && tv->type == JSON_NULL)
         c->rope_truncate = 0;
-    else if ((rc = read_bool(r, d, "truncate", FIELD("truncate"), &c->rope_truncate)))
-        return rc;
+    else
+        TRY(read_bool(r, d, "truncate", FIELD("truncate"), &c->rope_truncate));
     return PARITY_OK;
 #undef FIELD
 }
@@ -293,11 +282,10 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
     if (root->type != JSON_OBJECT)
         return set_error(PARITY_ERR_CONFIG, "%s: the top level is %s, not an object", r->path,
                          type_name(root));
-    int rc = check_duplicates(r, root);
-    if (rc) return rc;
+    TRY(check_duplicates(r, root));
 
     const char *model_type;
-    if ((rc = read_string(r, root, "model_type", "model_type", &model_type))) return rc;
+    TRY(read_string(r, root, "model_type", "model_type", &model_type));
     if (!model_type) return missing(r, "model_type");
     uint32_t head_dim_absent = 0; /* head_dim when the key is absent; 0 = hidden / heads */
     c->max_position_embeddings = 32768;
@@ -343,13 +331,13 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         uint32_t *field = (uint32_t *)((char *)c + ints[i].offset);
-        if ((rc = read_uint(r, root, ints[i].key, ints[i].key, ints[i].required, field))) return rc;
+        TRY(read_uint(r, root, ints[i].key, ints[i].key, ints[i].required, field));
     }
     if (!c->num_key_value_heads) c->num_key_value_heads = c->num_attention_heads;
 
     const json_value *hd = json_get(root, "head_dim");
     if (hd && hd->type != JSON_NULL) {
-        if ((rc = read_uint(r, root, "head_dim", "head_dim", 1, &c->head_dim))) return rc;
+        TRY(read_uint(r, root, "head_dim", "head_dim", 1, &c->head_dim));
     } else if (!hd && head_dim_absent) {
         c->head_dim = head_dim_absent;
     } else {
@@ -362,41 +350,33 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
     }
 
     c->rms_norm_eps = 1e-6f;
-    if ((rc = read_positive_float(r, root, "rms_norm_eps", "rms_norm_eps", 0, &c->rms_norm_eps)))
-        return rc;
-    if ((rc = read_bool(r, root, "tie_word_embeddings", "tie_word_embeddings",
-                        &c->tie_word_embeddings)))
-        return rc;
+    TRY(read_positive_float(r, root, "rms_norm_eps", "rms_norm_eps", 0, &c->rms_norm_eps));
+    TRY(read_bool(r, root, "tie_word_embeddings", "tie_word_embeddings", &c->tie_word_embeddings));
 
     uint32_t flag = 0;
-    if ((rc = read_bool(r, root, "attention_bias", "attention_bias", &flag))) return rc;
+    TRY(read_bool(r, root, "attention_bias", "attention_bias", &flag));
     if (flag && c->arch != PARITY_ARCH_QWEN2)
         return set_error(PARITY_ERR_UNSUPPORTED,
                          "%s: attention_bias true (a bias on q/k/v and o_proj) "
                          "is not supported for model_type '%s'",
                          r->path, model_type);
     flag = 0;
-    if ((rc = read_bool(r, root, "mlp_bias", "mlp_bias", &flag))) return rc;
+    TRY(read_bool(r, root, "mlp_bias", "mlp_bias", &flag));
     if (flag)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: mlp_bias true is not supported", r->path);
     flag = 0;
-    if ((rc = read_bool(r, root, "use_sliding_window", "use_sliding_window", &flag))) return rc;
+    TRY(read_bool(r, root, "use_sliding_window", "use_sliding_window", &flag));
     if (flag)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: use_sliding_window true is not supported",
                          r->path);
 
     if (arch == PARITY_ARCH_OURO) {
-        if ((rc = read_uint(r, root, "total_ut_steps", "total_ut_steps", 0, &c->total_ut_steps)))
-            return rc;
+        TRY(read_uint(r, root, "total_ut_steps", "total_ut_steps", 0, &c->total_ut_steps));
         /* ouro_rl's use_early_exit_gate: false for a fixed-loop model without the gate */
-        if ((rc = read_bool(r, root, "use_early_exit_gate", "use_early_exit_gate",
-                            &c->early_exit_gate)))
-            return rc;
+        TRY(read_bool(r, root, "use_early_exit_gate", "use_early_exit_gate", &c->early_exit_gate));
         int present;
         double thr = 1.0;
-        if ((rc = read_number(r, root, "early_exit_threshold", "early_exit_threshold", &present,
-                              &thr)))
-            return rc;
+        TRY(read_number(r, root, "early_exit_threshold", "early_exit_threshold", &present, &thr));
         if (present && !(thr >= 0.0 && thr <= 1.0))
             return set_error(PARITY_ERR_CONFIG,
                              "%s: field 'early_exit_threshold' must be in 0..1, got %.17g", r->path,
@@ -405,12 +385,12 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
     }
 
     const char *s;
-    if ((rc = read_string(r, root, "hidden_act", "hidden_act", &s))) return rc;
+    TRY(read_string(r, root, "hidden_act", "hidden_act", &s));
     if (s && strcmp(s, "silu") != 0)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)",
                          r->path, s);
-    if ((rc = read_string(r, root, "torch_dtype", "torch_dtype", &s))) return rc;
-    if ((rc = read_string(r, root, "dtype", "dtype", &s))) return rc;
+    TRY(read_string(r, root, "torch_dtype", "torch_dtype", &s));
+    TRY(read_string(r, root, "dtype", "dtype", &s));
 
     return read_rope(r, root, c);
 }
@@ -431,11 +411,7 @@ int config_parse(const char *text, size_t len, const char *path, parity_config *
     rc = parse_tree(&r, json_doc_root(doc), &c);
     json_free(doc);
     if (rc) return rc;
-    if ((rc = config_validate(&c))) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", parity_last_error());
-        return set_error(rc, "%s: %s", r.path, msg);
-    }
+    TRY(error_prefixed(r.path, config_validate(&c)));
     *out = c;
     return PARITY_OK;
 }

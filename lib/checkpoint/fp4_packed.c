@@ -9,8 +9,11 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "fp4_packed.h"
 #include "quant/codecs.h"
 
@@ -121,10 +124,9 @@ int fp4_values(const tensor_source *codes, const expected *slot, uint64_t packed
                uint64_t block, float tensor_scale, const uint8_t *scale_bytes,
                float (*scale_of)(uint8_t), shipped_values *out) {
     const uint64_t grid = slot->rows * ((slot->cols + block - 1) / block);
-    int rc = alloc_values(slot, grid, out);
-    if (rc) return rc;
+    TRY(alloc_values(slot, grid, out));
     for (uint64_t i = 0; i < grid; i++) out->scales[i] = scale_of(scale_bytes[i]);
-    rc = fill_values(codes, slot, packed_cols, block, tensor_scale, out);
+    const int rc = fill_values(codes, slot, packed_cols, block, tensor_scale, out);
     if (rc) shipped_values_free(out);
     return rc;
 }
@@ -142,8 +144,7 @@ int fp4_plan(const weight *w, int gemm, int rule, uint64_t block, const char *la
                          "name the quantizer that makes them (%s:RULE)", layout_name, v->name,
                          gemm == PARITY_GEMM_NVFP4 ? "NVFP4" : "MXFP4", layout_name);
     } else {
-        int rc = quant_weight_make(w, rule, w->rows * grid_cols, &v->made, "fp4 quantization");
-        if (rc) return rc;
+        TRY(quant_weight_make(w, rule, w->rows * grid_cols, &v->made, "fp4 quantization"));
         q = &v->made;
     }
     v->kind = OUT_CODES;

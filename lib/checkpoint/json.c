@@ -16,8 +16,10 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
 
 /* ---- arena ------------------------------------------------------------------------------- */
 

@@ -24,8 +24,11 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "layout.h"
 #include "layout_bitnet.h"
 
@@ -91,8 +94,7 @@ static int ternary_shipped_import(const tensor_source *codes, const tensor_sourc
                                   const expected *slot, int scale_is_mean,
                                   shipped_values *out) {
     *out = (shipped_values){0};
-    int rc = ternary_shipped_check(codes, scale, slot);
-    if (rc) return rc;
+    TRY(ternary_shipped_check(codes, scale, slot));
     const uint64_t n = (uint64_t)slot->rows * slot->cols, pr = packed_rows(slot->rows);
     out->codes = px_huge_alloc(n, slot->name);
     out->scales = px_malloc(sizeof(float), "ternary scale");
@@ -136,10 +138,10 @@ void ternary_pack(const uint8_t *codes, uint32_t rows, uint32_t cols, uint8_t *p
 
 static int bitnet_import(const layout_tensors *in, shipped_values *out) {
     const int scale_is_mean = in->settings->bitnet_scale_is_mean;
-    int rc = ternary_shipped_import(in->codes, in->companion[0], in->slot, scale_is_mean, out);
+    TRY(ternary_shipped_import(in->codes, in->companion[0], in->slot, scale_is_mean, out));
     /* autobitlinear's s_w is computed (1 / mean): it saves as F32, exactly */
-    if (!rc && scale_is_mean) out->scale_dtype = PARITY_DTYPE_F32;
-    return rc;
+    if (scale_is_mean) out->scale_dtype = PARITY_DTYPE_F32;
+    return PARITY_OK;
 }
 
 static int bitnet_rule(const char *name, int *rule) {
@@ -167,8 +169,7 @@ static int bitnet_plan(const weight *w, int rule, saved_tensor *v, saved_tensor 
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout bitnet: '%s' holds no shipped ternary "
                          "codes; name the quantizer that makes them (bitnet:RULE)", v->name);
     } else {
-        int rc = quant_weight_make(w, rule, 1, &v->made, "ternary quantization");
-        if (rc) return rc;
+        TRY(quant_weight_make(w, rule, 1, &v->made, "ternary quantization"));
         v->q = sc->q = &v->made;
         sc->scales_bf16 = quant_rule_of(rule)->tensor_scale == QUANT_SCALE_BF16;
     }

@@ -21,8 +21,11 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "layout.h"
 #include "layout_fp8_block.h"
 
@@ -117,8 +120,7 @@ static void shipped_convert_into(const tensor_source *codes, const tensor_source
 int shipped_import(const tensor_source *codes, const tensor_source *scales, const expected *slot,
                    int ue8m0, shipped_values *out) {
     *out = (shipped_values){0};
-    int rc = shipped_check(codes, scales, slot, ue8m0);
-    if (rc) return rc;
+    TRY(shipped_check(codes, scales, slot, ue8m0));
     const uint64_t n = (uint64_t)slot->rows * slot->cols;
     out->codes = px_huge_alloc(n, slot->name);
     out->scales = px_malloc(grid_rows(slot) * grid_cols(slot) * sizeof(float), "fp8 block scales");
@@ -169,8 +171,7 @@ static int fp8_block_plan(const weight *w, int rule, saved_tensor *v, saved_tens
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "layout fp8-block: '%s' holds no shipped fp8 "
                          "codes; name the quantizer that makes them (fp8-block:RULE)", v->name);
     } else {
-        int rc = quant_weight_make(w, rule, grid, &v->made, "fp8 quantization");
-        if (rc) return rc;
+        TRY(quant_weight_make(w, rule, grid, &v->made, "fp8 quantization"));
         v->q = sc->q = &v->made;
     }
     sc->dtype = sc->scales_bf16 ? "BF16" : "F32";

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
 #include "fp4_packed.h"
 #include "layout.h"
 #include "quant/codecs.h"
@@ -27,9 +27,8 @@ static int mxfp4_import(const layout_tensors *in, shipped_values *out) {
     const expected *slot = in->slot;
     *out = (shipped_values){0};
     const uint64_t grid_cols = ((uint64_t)slot->cols + 31) / 32, packed_cols = grid_cols * 16;
-    int rc = fp4_check_packed(blocks, slot, packed_cols, 1, "MXFP4");
-    if (rc) return rc;
-    if ((rc = fp4_check_scales(blocks, scales, slot, &e8m0_scales))) return rc;
+    TRY(fp4_check_packed(blocks, slot, packed_cols, 1, "MXFP4"));
+    TRY(fp4_check_scales(blocks, scales, slot, &e8m0_scales));
     const uint8_t *e = scales->data;
     for (uint64_t i = 0; i < slot->rows * grid_cols; i++)
         if (e[i] == 0xff)
@@ -45,8 +44,7 @@ static int mxfp4_rule(const char *name, int *rule) {
 /* The codes "<weight>_blocks" and the E8M0 scales "<weight>_scales". */
 static int mxfp4_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *more) {
     const uint64_t grid_cols = (w->cols + 31) / 32;
-    int rc = fp4_plan(w, PARITY_GEMM_MXFP4, rule, 32, "mxfp4", "U8", "_scales", v, &more[0]);
-    if (rc) return rc;
+    TRY(fp4_plan(w, PARITY_GEMM_MXFP4, rule, 32, "mxfp4", "U8", "_scales", v, &more[0]));
     v->bytes = (uint64_t)w->rows * grid_cols * 16;
     snprintf(v->shape, sizeof v->shape, "%u,%llu,16", w->rows, (unsigned long long)grid_cols);
     snprintf(v->scale_name, sizeof v->scale_name, "%s_blocks", v->name);

@@ -20,8 +20,9 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
 #include "fp4_packed.h"
 #include "layout.h"
 #include "quant/codecs.h"
@@ -55,15 +56,14 @@ static int nvfp4_import(const layout_tensors *in, shipped_values *out) {
     const expected *slot = in->slot;
     *out = (shipped_values){0};
     const uint64_t packed_cols = ((uint64_t)slot->cols + 1) / 2, grid_cols = ((uint64_t)slot->cols + 15) / 16;
-    int rc = fp4_check_packed(codes, slot, packed_cols, 0, "NVFP4");
-    if (rc) return rc;
-    if ((rc = fp4_check_scales(codes, block_scales, slot, &e4m3_scales))) return rc;
+    TRY(fp4_check_packed(codes, slot, packed_cols, 0, "NVFP4"));
+    TRY(fp4_check_scales(codes, block_scales, slot, &e4m3_scales));
     if (!scale_2)
         return set_error(PARITY_ERR_SCALE_MISSING, "%s: NVFP4 codes without their tensor scale "
                          "(%s_scale_2, F32)", codes->where, slot->name);
     float s2, input = 0.0f;
-    if ((rc = check_scalar(scale_2, "weight_scale_2", &s2))) return rc;
-    if (input_scale && (rc = check_scalar(input_scale, "input_scale", &input))) return rc;
+    TRY(check_scalar(scale_2, "weight_scale_2", &s2));
+    if (input_scale) TRY(check_scalar(input_scale, "input_scale", &input));
     const uint8_t *sf = block_scales->data;
     for (uint64_t i = 0; i < slot->rows * grid_cols; i++)
         if ((sf[i] & 0x7f) == 0x7f || (sf[i] & 0x80))
@@ -71,7 +71,7 @@ static int nvfp4_import(const layout_tensors *in, shipped_values *out) {
                              "scale code 0x%02x (%s): a block scale is a finite E4M3 value, zero "
                              "or positive", block_scales->where, i / grid_cols, i % grid_cols,
                              sf[i], (sf[i] & 0x7f) == 0x7f ? "NaN" : "negative");
-    if ((rc = fp4_values(codes, slot, packed_cols, 16, s2, sf, e4m3_to_f32, out))) return rc;
+    TRY(fp4_values(codes, slot, packed_cols, 16, s2, sf, e4m3_to_f32, out));
     out->tensor_scale = s2;
     out->input_scale = input;
     out->scale_dtype = PARITY_DTYPE_F8_E4M3;
@@ -86,8 +86,7 @@ static int nvfp4_rule(const char *name, int *rule) {
  * "<module>.input_scale". */
 static int nvfp4_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *more) {
     const char *base = v->name;
-    int rc = fp4_plan(w, PARITY_GEMM_NVFP4, rule, 16, "nvfp4", "F8_E4M3", "_scale", v, &more[0]);
-    if (rc) return rc;
+    TRY(fp4_plan(w, PARITY_GEMM_NVFP4, rule, 16, "nvfp4", "F8_E4M3", "_scale", v, &more[0]));
     const quant_weight *q = v->q;
     v->bytes = (uint64_t)w->rows * ((w->cols + 1) / 2);
     snprintf(v->shape, sizeof v->shape, "%u,%u", w->rows, (w->cols + 1) / 2);

@@ -1,8 +1,9 @@
 /* The list of checkpoint layouts (layouts.h), each row defined in its own file, and what is
  * looked up in it: a layout by its save name or by the quantization method it reads. */
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
 #include "layouts.h"
 
 static const checkpoint_layout *const layouts[] = {

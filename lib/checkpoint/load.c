@@ -6,10 +6,12 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "base/files.h"
-#include "base/internal.h"
 #include "json.h"
 #include "layouts.h"
 #include "model/config.h"
@@ -45,8 +47,7 @@ static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, co
                                                 : UINT32_MAX;
     const tensor_source src = {where, dtype, st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
     tensor_values v;
-    int rc = tensor_import(&src, e, &v);
-    if (rc) return rc;
+    TRY(tensor_import(&src, e, &v));
     /* the model frees what the import allocated (model_own frees it if it cannot) */
     void *owned1 = v.owned[1];
     if (v.owned[0] && !model_own(m, v.owned[0])) {
@@ -92,11 +93,10 @@ static int shard_name_ok(const char *s, size_t len) {
 static int open_sharded(parity_model *m, const char *dir, const char *index_path) {
     char *text = NULL;
     size_t len = 0;
-    int rc = read_file_capped(index_path, 64u << 20, PARITY_ERR_INDEX, &text, &len);
-    if (rc) return rc;
+    TRY(read_file_capped(index_path, 64u << 20, PARITY_ERR_INDEX, &text, &len));
     json_doc *doc;
     char err[256];
-    rc = json_parse(text, len, &doc, err, sizeof err);
+    int rc = json_parse(text, len, &doc, err, sizeof err);
     px_free(text);
     if (rc == PARITY_ERR_OUT_OF_MEMORY) return set_error(rc, "%s: out of memory parsing", index_path);
     if (rc) return set_error(PARITY_ERR_JSON_SYNTAX, "%s: %s", index_path, err);
@@ -273,8 +273,7 @@ static int bind_quantized(parity_model *m, const char *dir, const checkpoint_lay
             in.companion[i] = &found[i];
     }
     shipped_values v;
-    const int rc = layout->import(&in, &v);
-    if (rc) return rc;
+    TRY(layout->import(&in, &v));
     return install_shipped(m, e->dst, e, &v, layout->gemm, v.scale_dtype);
 }
 
@@ -422,7 +421,6 @@ int parity_model_open(const char *spec, parity_model **out) {
         seed = v;
     }
     parity_config c;
-    int rc = parity_config_builtin(name, &c);
-    if (rc) return rc;
+    TRY(parity_config_builtin(name, &c));
     return parity_model_synthetic(&c, seed, out);
 }

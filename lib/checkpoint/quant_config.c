@@ -15,8 +15,10 @@
  */
 #include <fnmatch.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "json.h"
 #include "quant_config.h"
 
@@ -103,11 +105,10 @@ static int read_dequantize(const json_value *q, const config_place *at) {
  * one) before every BitLinear: an arithmetic the forward does not have, so it is refused. */
 static int parse_bitnet(const json_value *q, const config_place *at, quant_checkpoint *c) {
     const char *cls, *mode;
-    int rc, rms_norm;
-    if ((rc = read_str(q, "linear_class", at, &cls)) ||
-        (rc = read_str(q, "quantization_mode", at, &mode)) ||
-        (rc = read_bool(q, "use_rms_norm", at, &rms_norm)))
-        return rc;
+    int rms_norm;
+    TRY(read_str(q, "linear_class", at, &cls));
+    TRY(read_str(q, "quantization_mode", at, &mode));
+    TRY(read_bool(q, "use_rms_norm", at, &rms_norm));
     const json_value *eps = json_get(q, "rms_norm_eps");
     if (eps && eps->type != JSON_NULL && eps->type != JSON_NUMBER)
         return set_error(PARITY_ERR_CONFIG, "%s: %s.rms_norm_eps is %s, expected a number",
@@ -135,8 +136,7 @@ static int parse_bitnet(const json_value *q, const config_place *at, quant_check
  * quant_algo NVFP4 with 16-element groups and no quantized KV cache. */
 static int parse_modelopt(const json_value *q, const config_place *at, quant_checkpoint *c) {
     const char *algo, *kv;
-    int rc;
-    if ((rc = read_str(q, "quant_algo", at, &algo))) return rc;
+    TRY(read_str(q, "quant_algo", at, &algo));
     if (!algo)
         return set_error(PARITY_ERR_CONFIG, "%s: %s has no quant_algo", at->path, at->object);
     if (strcmp(algo, "NVFP4"))
@@ -145,7 +145,7 @@ static int parse_modelopt(const json_value *q, const config_place *at, quant_che
                          "FP8 algorithms do not)", at->path, at->object, algo);
     const json_value *kvv = json_get(q, "kv_cache_quant_algo");
     if (kvv && kvv->type != JSON_NULL) {
-        if ((rc = read_str(q, "kv_cache_quant_algo", at, &kv))) return rc;
+        TRY(read_str(q, "kv_cache_quant_algo", at, &kv));
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s.kv_cache_quant_algo '%s' is not supported "
                          "(the KV cache holds what the policy says; a checkpoint with k/v scales "
                          "does not load)", at->path, at->object, kv);
@@ -161,17 +161,16 @@ static int parse_modelopt(const json_value *q, const config_place *at, quant_che
                              (long long)g->integer);
     }
     c->method = QUANT_METHOD_NVFP4;
-    if ((rc = read_module_list(q, "exclude_modules", at, c))) return rc;
+    TRY(read_module_list(q, "exclude_modules", at, c));
     return read_module_list(q, "ignore", at, c);
 }
 
 /* quant_method "fp8": block-wise FP8. */
 static int parse_fp8(const json_value *q, const config_place *at, quant_checkpoint *c) {
     const char *fmt, *scheme, *scale_fmt;
-    int rc;
-    if ((rc = read_str(q, "fmt", at, &fmt)) || (rc = read_str(q, "activation_scheme", at, &scheme)) ||
-        (rc = read_str(q, "scale_fmt", at, &scale_fmt)))
-        return rc;
+    TRY(read_str(q, "fmt", at, &fmt));
+    TRY(read_str(q, "activation_scheme", at, &scheme));
+    TRY(read_str(q, "scale_fmt", at, &scale_fmt));
     if (fmt && strcmp(fmt, "e4m3"))
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s.fmt '%s' is not supported (only e4m3)",
                          at->path, at->object, fmt);
@@ -183,7 +182,7 @@ static int parse_fp8(const json_value *q, const config_place *at, quant_checkpoi
         strcmp(scale_fmt, "float"))
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s.scale_fmt '%s' is not supported (ue8m0, "
                          "float or float32)", at->path, at->object, scale_fmt);
-    if ((rc = read_dequantize(q, at))) return rc;
+    TRY(read_dequantize(q, at));
     const json_value *bs = json_get(q, "weight_block_size");
     if (!bs || bs->type == JSON_NULL)
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: %s has no weight_block_size: per-tensor fp8 "
@@ -198,7 +197,7 @@ static int parse_fp8(const json_value *q, const config_place *at, quant_checkpoi
                          (long long)bs->items[0].integer, (long long)bs->items[1].integer);
     c->method = QUANT_METHOD_FP8_BLOCK;
     c->scale_ue8m0 = scale_fmt && !strcmp(scale_fmt, "ue8m0");
-    if ((rc = read_module_list(q, "modules_to_not_convert", at, c))) return rc;
+    TRY(read_module_list(q, "modules_to_not_convert", at, c));
     return read_module_list(q, "ignored_layers", at, c);
 }
 
@@ -207,15 +206,14 @@ static int parse_quant(const json_value *q, const config_place *at, quant_checkp
         return set_error(PARITY_ERR_CONFIG, "%s: %s is %s, expected an object", at->path,
                          at->object, json_type_name(q->type));
     const char *method;
-    int rc;
-    if ((rc = read_str(q, "quant_method", at, &method))) return rc;
+    TRY(read_str(q, "quant_method", at, &method));
     if (!method)
         return set_error(PARITY_ERR_CONFIG, "%s: %s has no quant_method", at->path, at->object);
     if (!strcmp(method, "fp8")) return parse_fp8(q, at, c);
     if (!strcmp(method, "bitnet")) return parse_bitnet(q, at, c);
     if (!strcmp(method, "modelopt")) return parse_modelopt(q, at, c);
     if (!strcmp(method, "mxfp4")) {
-        if ((rc = read_dequantize(q, at))) return rc;
+        TRY(read_dequantize(q, at));
         c->method = QUANT_METHOD_MXFP4;
         return read_module_list(q, "modules_to_not_convert", at, c);
     }

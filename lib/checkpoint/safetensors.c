@@ -7,11 +7,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "json.h"
 
 static const char *const dtype_names[] = {
@@ -257,8 +259,7 @@ static int check_layout(const char *path, st_tensor *tensors, size_t n, uint64_t
 static int parse_into(st_file *f, const uint8_t *buf, size_t size) {
     const char *path = f->path;
     uint64_t n = 0;
-    int status = check_header_bytes(buf, size, path, &n);
-    if (status) return status;
+    TRY(check_header_bytes(buf, size, path, &n));
     const char *header = (const char *)buf + 8;
     if (header[0] != '{')
         return set_error(PARITY_ERR_ST_HEADER_JSON,
@@ -267,7 +268,7 @@ static int parse_into(st_file *f, const uint8_t *buf, size_t size) {
 
     json_doc *doc;
     char msg[256];
-    status = json_parse(header, (size_t)n, &doc, msg, sizeof msg);
+    int status = json_parse(header, (size_t)n, &doc, msg, sizeof msg);
     if (status == PARITY_ERR_OUT_OF_MEMORY)
         return set_error(status, "%s: out of memory parsing the header: %s", path, msg);
     if (status)

@@ -6,8 +6,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "layouts.h"
 #include "model/model.h"
 
@@ -232,16 +235,15 @@ int parity_model_save_as(const parity_model *m, const char *dir, const char *lay
     if (!m || !dir) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or directory is NULL");
     const checkpoint_layout *layout;
     int rule;
-    int rc = layout_parse(layout_name, &layout, &rule);
-    if (rc) return rc;
-    if ((rc = model_enter(m))) return rc;
+    TRY(layout_parse(layout_name, &layout, &rule));
+    TRY(model_enter(m));
     size_t plen = strlen(dir) + 64;
     char *path = px_malloc(plen, "path"), *tmp = px_malloc(plen, "path");
     size_t n = 0;
     saved_tensor *s = NULL;
     char *header = NULL, *qtext = NULL;
     FILE *fp = NULL;
-    rc = (path && tmp) ? plan_saved(m, layout, rule, &s, &n) : PARITY_ERR_OUT_OF_MEMORY;
+    int rc = (path && tmp) ? plan_saved(m, layout, rule, &s, &n) : PARITY_ERR_OUT_OF_MEMORY;
     const size_t qsize = 512 + m->n_tensors * 100;
     const int quantized = layout_quantizes(layout);
     if (rc == PARITY_OK && !(qtext = px_malloc(qsize, "config text"))) rc = PARITY_ERR_OUT_OF_MEMORY;

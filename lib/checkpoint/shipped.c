@@ -1,6 +1,6 @@
 /* The buffers of the checkpoint layouts (layout.h): a shipped weight's imported values, and the
  * codes a save or a manifest quantizes for a weight without them. */
-#include "base/internal.h"
+#include "base/alloc.h"
 #include "layout.h"
 
 void shipped_values_free(shipped_values *v) {

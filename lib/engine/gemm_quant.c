@@ -12,7 +12,6 @@
 #include <math.h>
 
 #include "gemm_quant.h"
-#include "base/internal.h"
 #include "model/model.h"
 #include "quant/dot.h"
 #include "quant/rules.h"

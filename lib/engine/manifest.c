@@ -5,10 +5,14 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
+#include "base/alloc.h"
+#include "base/errors.h"
 #include "base/files.h"
-#include "base/internal.h"
+#include "base/floats.h"
 #include "checkpoint/json.h"
 #include "checkpoint/layout.h"
 #include "model/model.h"

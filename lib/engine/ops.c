@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "args.h"
 #include "attention.h"
@@ -18,7 +19,6 @@
 #include "base/errors.h"
 #include "base/floats.h"
 #include "base/in_use.h"
-#include "base/internal.h" /* the quantizers' declarations, until lib/quant/ has its headers */
 #include "gemm.h"
 #include "gemm_quant.h"
 #include "kvcache.h"

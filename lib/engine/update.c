@@ -5,8 +5,11 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "checkpoint/json.h"
 #include "checkpoint/layout_fp8_block.h"
 #include "model/model.h"

@@ -18,7 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
+#include "base/nametable.h"
 #include "kernels.h"
 
 #if defined(PARITY_HAVE_AVX2)

@@ -24,7 +24,6 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "base/internal.h"
 #include "kernels.h"
 
 #define TILE_K 32        /* bf16 elements of K per tile op (16 pairs, 64 bytes a row) */

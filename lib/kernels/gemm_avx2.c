@@ -8,8 +8,8 @@
  * avx2 table.
  */
 #include <immintrin.h>
+#include <string.h>
 
-#include "base/internal.h"
 #include "kernels.h"
 #include "kernels_avx2.h"
 #include "kernels_x86.h"

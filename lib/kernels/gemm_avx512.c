@@ -12,7 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/internal.h"
 #include "kernels.h"
 #include "kernels_avx512.h"
 #include "kernels_x86.h"

@@ -23,7 +23,6 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "base/internal.h"
 #include "kernel_common.h"
 #include "kernels.h"
 #include "kernels_avx2.h"

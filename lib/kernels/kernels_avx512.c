@@ -14,7 +14,6 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "base/internal.h"
 #include "kernel_common.h"
 #include "kernels.h"
 #include "kernels_avx512.h"

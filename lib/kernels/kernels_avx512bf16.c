@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/internal.h"
+#include "base/floats.h"
 #include "kernels.h"
 #include "kernels_avx512.h"
 #include "kernels_x86.h"

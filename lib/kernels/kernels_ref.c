@@ -11,7 +11,7 @@
  */
 #include <math.h>
 
-#include "base/internal.h"
+#include "base/floats.h"
 #include "kernel_common.h"
 #include "kernels.h"
 

@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
+#include "base/nametable.h"
 #include "config.h"
 
 #define CONFIG_MAX_LOOPS 64u

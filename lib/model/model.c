@@ -7,10 +7,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "config.h"
 #include "model.h"
 #include "rope.h"
@@ -389,12 +392,12 @@ static void fill_normal(uint16_t *dst, uint64_t n, uint64_t key, float mean, flo
 int parity_model_synthetic(const parity_config *config, uint64_t seed, parity_model **out) {
     clear_error();
     if (!config || !out) return set_error(PARITY_ERR_INVALID_ARGUMENT, "config or output is NULL");
-    int rc = config_validate(config);
-    if (rc) return rc;
+    TRY(config_validate(config));
     parity_model *m = model_new(config);
     if (!m) return PARITY_ERR_OUT_OF_MEMORY;
     size_t n;
     const expected *e = model_tensors(m, &n);
+    int rc = PARITY_OK;
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         uint64_t rows = e[i].rows ? e[i].rows : 1, count = rows * e[i].cols;
         uint16_t *data = model_own(m, px_huge_alloc(count * 2, e[i].name));

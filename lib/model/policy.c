@@ -3,8 +3,10 @@
  * follows (docs/framework-numerics.md quotes them). */
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
+#include "base/nametable.h"
 #include "quant/rules.h"
 
 /* The switches of a preset, in the order of the table in DESIGN.md §3. */
@@ -221,8 +223,7 @@ int parity_policy_from_name(const char *name, parity_policy *out) {
             return set_error(PARITY_ERR_POLICY,
                              "unknown policy modifier '%.*s' in '%s' (modifiers: %s)", (int)len,
                              mod, name, modifiers_list);
-        int rc = colon ? m->apply(&p, colon + 1, len - name_len - 1, name) : m->apply(&p, "", 0, name);
-        if (rc) return rc;
+        TRY(colon ? m->apply(&p, colon + 1, len - name_len - 1, name) : m->apply(&p, "", 0, name));
     }
     *out = p;
     return PARITY_OK;

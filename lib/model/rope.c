@@ -13,8 +13,11 @@
  * Every operation is written as its own statement and the library is built with
  * -ffp-contract=off, so no multiply-add is fused. */
 #include <math.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "config.h"
 #include "rope.h"
 
@@ -154,8 +157,7 @@ void rope_default_inv_freq(float base, uint32_t dim, float *inv_freq) {
 int rope_inv_freq(const parity_config *c, float *inv_freq, float *attention_factor) {
     if (!c || !inv_freq || !attention_factor)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "rope_inv_freq: NULL argument");
-    int rc = config_validate(c);
-    if (rc) return rc;
+    TRY(config_validate(c));
     uint32_t dim = c->head_dim, half = dim / 2;
     *attention_factor = 1.0f;
     if (c->rope_type == PARITY_ROPE_YARN) {
@@ -212,13 +214,12 @@ int rope_tables_build(const parity_config *c, uint32_t n_positions, rope_tables 
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "rope_tables_build: %u positions, must be in 1..2^24 (exact as fp32)",
                          n_positions);
-    int rc = config_validate(c);
-    if (rc) return rc;
+    TRY(config_validate(c));
     uint32_t half = c->head_dim / 2;
     float *inv_freq = px_malloc((size_t)half * sizeof(float), "RoPE inv_freq");
     if (!inv_freq) return PARITY_ERR_OUT_OF_MEMORY;
     float attention_factor;
-    rc = rope_inv_freq(c, inv_freq, &attention_factor);
+    const int rc = rope_inv_freq(c, inv_freq, &attention_factor);
     if (rc) {
         px_free(inv_freq);
         return rc;

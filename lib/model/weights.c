@@ -5,8 +5,11 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "weights.h"
 
 void tensor_values_free(tensor_values *v) {
@@ -47,8 +50,7 @@ static inline uint16_t source_value(const tensor_source *src, uint64_t i, float 
 }
 
 int tensor_check(const tensor_source *src, const expected *slot) {
-    int rc = check_shape(src, slot);
-    if (rc) return rc;
+    TRY(check_shape(src, slot));
     if (src->dtype != PARITY_DTYPE_BF16 && src->dtype != PARITY_DTYPE_F16 &&
         src->dtype != PARITY_DTYPE_F32)
         return src->dtype_name
@@ -89,8 +91,7 @@ void tensor_convert_into(const tensor_source *src, uint64_t n, uint16_t *bf16, f
 
 int tensor_import(const tensor_source *src, const expected *slot, tensor_values *out) {
     *out = (tensor_values){0};
-    int rc = tensor_check(src, slot);
-    if (rc) return rc;
+    TRY(tensor_check(src, slot));
     const uint64_t n = (uint64_t)(slot->rows ? slot->rows : 1) * slot->cols;
     const uint8_t *data = src->data;
 

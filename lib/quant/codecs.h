@@ -18,7 +18,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "base/internal.h"
+#include "base/floats.h"
 
 /* ---- the 8-bit floats ------------------------------------------------------------------------ */
 

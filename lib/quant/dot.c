@@ -18,7 +18,7 @@
 
 #include "dot.h"
 
-#include "base/internal.h"
+#include "base/floats.h"
 #include "codecs.h"
 
 /* k of every E4M3 code (value = k * 2^-9) and of every E2M1 code (value = k * 2^-1), as a

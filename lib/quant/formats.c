@@ -13,7 +13,8 @@
  */
 #include <math.h>
 
-#include "base/internal.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "codecs.h"
 
 uint16_t parity_fp16_from_f32(float x) { return f16_from_f32(x); }
@@ -85,16 +86,14 @@ static int fp4_check_codes(const char *fn, size_t n, const uint8_t *codes, const
 
 int parity_fp4_to_f32(size_t n, const uint8_t *codes, float *out) {
     clear_error();
-    const int rc = fp4_check_codes("parity_fp4_to_f32", n, codes, out, "out");
-    if (rc) return rc;
+    TRY(fp4_check_codes("parity_fp4_to_f32", n, codes, out, "out"));
     for (size_t i = 0; i < n; i++) out[i] = e2m1_to_f32(codes[i]);
     return PARITY_OK;
 }
 
 int parity_fp4_pack(size_t n, const uint8_t *codes, uint8_t *packed) {
     clear_error();
-    const int rc = fp4_check_codes("parity_fp4_pack", n, codes, packed, "packed");
-    if (rc) return rc;
+    TRY(fp4_check_codes("parity_fp4_pack", n, codes, packed, "packed"));
     for (size_t j = 0; j < n / 2; j++) packed[j] = (uint8_t)(codes[2 * j] | codes[2 * j + 1] << 4);
     if (n & 1) packed[n / 2] = codes[n - 1];
     return PARITY_OK;

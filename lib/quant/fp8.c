@@ -16,7 +16,7 @@
 
 #include "fp8.h"
 
-#include "base/internal.h"
+#include "base/floats.h"
 #include "codecs.h"
 
 static float f32_floor_pow2(float m) { return f32_from_bits(f32_bits(m) & 0xff800000u); }

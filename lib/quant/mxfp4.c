@@ -9,7 +9,6 @@
 
 #include "mxfp4.h"
 
-#include "base/internal.h"
 #include "codecs.h"
 
 /* The E8M0 scale of a block: OCP's (and microxcaling's) floor(log2 amax) - emax(E2M1) = 2, or

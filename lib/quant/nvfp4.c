@@ -10,7 +10,6 @@
 
 #include "nvfp4.h"
 
-#include "base/internal.h"
 #include "codecs.h"
 
 /* The tensor-level numbers of an NVFP4 rule for a tensor (or row) amax: s2, the stored decode

@@ -11,8 +11,11 @@
  * rule's rounding (to even, or half up under onebitllms).
  */
 #include <math.h>
+#include <string.h>
 
-#include "base/internal.h"
+#include "base/alloc.h"
+#include "base/errors.h"
+#include "base/floats.h"
 #include "nvfp4.h"
 #include "rules.h"
 

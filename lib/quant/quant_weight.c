@@ -4,7 +4,7 @@
  */
 #include "quant_weight.h"
 
-#include "base/internal.h"
+#include "base/floats.h"
 #include "rules.h"
 
 /* The rows widened at once: the format's widen_rows, or all of them. */

@@ -3,7 +3,7 @@
  * quantizers"): each checks its arguments against the rule table (rules.c) and hands them to
  * its format's file (fp8.c, nvfp4.c, mxfp4.c, ternary.c) in the form the call returns.
  */
-#include "base/internal.h"
+#include "base/errors.h"
 #include "fp8.h"
 #include "mxfp4.h"
 #include "nvfp4.h"

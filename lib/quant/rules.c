@@ -5,10 +5,11 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "rules.h"
 
-#include "base/internal.h"
+#include "base/errors.h"
 #include "kernels/kernels.h"
 #include "dot.h"
 #include "fp8.h"

@@ -11,7 +11,7 @@
 
 #include "ternary.h"
 
-#include "base/internal.h"
+#include "base/floats.h"
 
 /* The rule's rounding to an integer: half up under onebitllms, to even under the others. */
 static float round_step(int rule, float v) {

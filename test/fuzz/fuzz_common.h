@@ -12,7 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/internal.h"
 #include "model/model.h"
 #include "checkpoint/safetensors.h"
 

@@ -1,6 +1,7 @@
 /* Fuzz target: the JSON reader (json_parse) and the config.json reader (config_parse) on the
  * input text. An accepted document is walked whole; an accepted config validates. */
 #include "fuzz_common.h"
+#include "base/errors.h"
 #include "checkpoint/config_json.h"
 #include "checkpoint/json.h"
 #include "model/config.h"
