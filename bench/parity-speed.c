@@ -1403,8 +1403,11 @@ static int measure_rows(const options *o, const plan *pl, parity_model *model,
                 run_cfg cfg[MAX_LIST];
                 for (int p = 0; p < pl->np; p++)
                     cfg[p] = (run_cfg){model, pl->presets[p], backend, pl->threads[t]};
-                fprintf(stderr, "parity-speed: %s / %s / %u thread(s): %s\n", pl->backends[b],
-                        parity_cpu_path_name(pl->paths[pi]), pl->threads[t], o->presets_s);
+                fprintf(stderr, "parity-speed: %s / %s / %u thread(s):", pl->backends[b],
+                        parity_cpu_path_name(pl->paths[pi]), pl->threads[t]);
+                for (int p = 0; p < pl->np; p++)
+                    fprintf(stderr, "%s%s", p ? ", " : " ", pl->presets[p]);
+                fputc('\n', stderr);
                 /* prefill and score of a prompt length in one group, interleaved too: the
                  * score is compared with the prefill below */
                 for (int li = 0; li < pl->nl; li++) {
@@ -1795,6 +1798,7 @@ static int table_mode(const options *o, const plan *pl, parity_model *model,
     int rc = measure_rows(o, pl, model, ms, &rs);
     if (rc) return rc;
     memory mem;
+    bw_free(); /* the bandwidth's 2 GiB of buffers, out of the resident set measured next */
     if (measure_memory(pl, model, &mem)) return 1;
     peers P = {.n = 0};
     run_peers(o, pl, &P);
