@@ -3,8 +3,8 @@
  *
  *   parity-speed [--model SPEC] [--presets LIST] [--backends LIST] [--threads LIST]
  *                [--prompts LIST] [--batches LIST] [--contexts LIST] [--steps N] [--reps N]
- *                [--paths LIST|all] [--peers LIST] [--score-all] [--profile] [--json FILE]
- *                [--quick] [--early-exit [--thresholds LIST]]
+ *                [--paths LIST|all] [--peers LIST] [--score-all] [--formats] [--ggufs LIST]
+ *                [--profile] [--json FILE] [--quick] [--early-exit [--thresholds LIST]]
  *
  * Defaults (a run of about three minutes on 2 cores with the peers: 1 min 53 s without them on
  * an AVX2 AMD EPYC VM, 3 min 57 s with llama-bench and torch's fp32 fallback, whose generic
@@ -24,11 +24,27 @@
  *           synthetic:NAME models: PyTorch bf16 prefill of the largest prompt and decode at
  *           the listed batches and the first context; it names the oneDNN ISA it ran on.
  *           PARITY_TORCH_PEER names another copy of the script.
- *   llama   llama.cpp's llama-bench when LLAMA_BENCH (the binary) and LLAMA_GGUF (a BF16
- *           GGUF of the same shape) are set: pp<largest prompt> and tg<first context> (tg
- *           is measured from an empty context; its tokens/s sit beside decode at batch 1).
+ *   llama   llama.cpp's llama-bench when LLAMA_BENCH (the binary) is set, on each GGUF of
+ *           --ggufs LIST or LLAMA_GGUF (comma-separated; a BF16 GGUF of the same shape,
+ *           bench/peer_gguf.py's, and the types llama-quantize makes of it: its docstring
+ *           says how): pp<largest prompt> and tg<first context> (tg is measured from an
+ *           empty context; its tokens/s sit beside decode at batch 1), each file's weight
+ *           type read from llama-bench's model_type.
  * Each libparity row with a peer figure of the same phase, batch and tokens is printed with
- * the ratio libparity / peer. --peers none skips them.
+ * the ratio libparity / peer; a llama figure only beside the presets of its nearest
+ * arithmetic (BF16 beside bf16; Q8_0 beside FP8 and MXFP8; NVFP4, MXFP4 and Q4_0 beside
+ * NVFP4 and MXFP4; TQ2_0 and TQ1_0 beside ternary). --peers none skips them.
+ *
+ * --formats adds the presets of each quantized format beside bf16 vllm, those not already
+ * listed: vllm, aligned, vllm+fp8-block:deepseek, vllm+mxfp8:ocp, vllm+nvfp4:modelopt,
+ * vllm+mxfp4:ocp, vllm+ternary:bitnet (at most 8 presets in all), measured interleaved with
+ * the others. Every run then prints, per preset and backend, what the library says a decode
+ * step reads and what a model serving the preset holds (parity_model_bytes, asked once every
+ * row has run, so that each preset's copies are built): the linear layers' bytes (the
+ * quantized codes and scales as the model holds them: one code a byte today, whatever the
+ * format's bits), the head's, the norms', one embedding row, one KV position, and
+ * held_for_policy, the weights a model serving that preset alone holds; beside them the
+ * process's resident set (VmRSS), which holds every preset's copies in one model.
  *
  * Phases
  *   prefill  the sampler's: a prompt of L tokens, up to the logits of its last position (as
@@ -46,8 +62,13 @@
  *            samplers of the decode rows and of --profile are created with prefault set (the
  *            KV cache written at creation, as llama.cpp's is), so that the timed steps, whose
  *            sequences reach new cache blocks, take no first-touch page faults.
- *            Every step reads every weight once (achieved GB/s = weight bytes per step /
- *            step time, against the read bandwidth measured here) and does B tokens' flops
+ *            Every step reads every weight once (achieved GB/s = the bytes a step reads /
+ *            step time, against the read bandwidth measured here: the weights as the
+ *            library counts them under the preset (parity_model_bytes: codes and scales of
+ *            a quantized format's linear layers, else values; the head; the norms), B
+ *            embedding rows, and the KV positions the step attends, on average over the
+ *            timed steps, the prompt's full blocks that the B forks share once) and does B
+ *            tokens' flops
  *            (achieved GFLOP/s against the FMA peak); the bound column shows the limit of
  *            the larger fraction: memory at batch 1, the FMA units at batch 32.
  *   --profile  instead of the table: where the time goes, from the library's profile
