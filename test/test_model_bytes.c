@@ -172,7 +172,8 @@ static void test_arguments(void) {
     memset(&untouched, 0xab, sizeof untouched);
     untouched.size = sizeof untouched;
     b = untouched;
-    CHECK_STATUS(parity_model_bytes(NULL, &p, PARITY_BACKEND_BF16, &b), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_model_bytes(NULL, &p, PARITY_BACKEND_BF16, &b),
+                 PARITY_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(parity_model_bytes(m, NULL, PARITY_BACKEND_BF16, &b), PARITY_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(parity_model_bytes(m, &p, PARITY_BACKEND_BF16, NULL), PARITY_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(parity_model_bytes(m, &p, 7, &b), PARITY_ERR_INVALID_ARGUMENT);
