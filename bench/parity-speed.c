@@ -3,8 +3,8 @@
  *
  *   parity-speed [--model SPEC] [--presets LIST] [--backends LIST] [--threads LIST]
  *                [--prompts LIST] [--batches LIST] [--contexts LIST] [--steps N] [--reps N]
- *                [--paths LIST|all] [--peers LIST] [--score-all] [--profile] [--json FILE]
- *                [--quick] [--early-exit [--thresholds LIST]]
+ *                [--paths LIST|all] [--peers LIST] [--score-all] [--formats] [--ggufs LIST]
+ *                [--profile] [--json FILE] [--quick] [--early-exit [--thresholds LIST]]
  *
  * Defaults (a run of about three minutes on 2 cores with the peers: 1 min 53 s without them on
  * an AVX2 AMD EPYC VM, 3 min 57 s with llama-bench and torch's fp32 fallback, whose generic
@@ -24,11 +24,27 @@
  *           synthetic:NAME models: PyTorch bf16 prefill of the largest prompt and decode at
  *           the listed batches and the first context; it names the oneDNN ISA it ran on.
  *           PARITY_TORCH_PEER names another copy of the script.
- *   llama   llama.cpp's llama-bench when LLAMA_BENCH (the binary) and LLAMA_GGUF (a BF16
- *           GGUF of the same shape) are set: pp<largest prompt> and tg<first context> (tg
- *           is measured from an empty context; its tokens/s sit beside decode at batch 1).
+ *   llama   llama.cpp's llama-bench when LLAMA_BENCH (the binary) is set, on each GGUF of
+ *           --ggufs LIST or LLAMA_GGUF (comma-separated; a BF16 GGUF of the same shape,
+ *           bench/peer_gguf.py's, and the types llama-quantize makes of it: its docstring
+ *           says how): pp<largest prompt> and tg<first context> (tg is measured from an
+ *           empty context; its tokens/s sit beside decode at batch 1), each file's weight
+ *           type read from llama-bench's model_type.
  * Each libparity row with a peer figure of the same phase, batch and tokens is printed with
- * the ratio libparity / peer. --peers none skips them.
+ * the ratio libparity / peer; a llama figure only beside the presets of its nearest
+ * arithmetic (BF16 beside bf16; Q8_0 beside FP8 and MXFP8; NVFP4, MXFP4 and Q4_0 beside
+ * NVFP4 and MXFP4; TQ2_0 and TQ1_0 beside ternary). --peers none skips them.
+ *
+ * --formats adds the presets of each quantized format beside bf16 vllm, those not already
+ * listed: vllm, aligned, vllm+fp8-block:deepseek, vllm+mxfp8:ocp, vllm+nvfp4:modelopt,
+ * vllm+mxfp4:ocp, vllm+ternary:bitnet (at most 8 presets in all), measured interleaved with
+ * the others. Every run then prints, per preset and backend, what the library says a decode
+ * step reads and what a model serving the preset holds (parity_model_bytes, asked once every
+ * row has run, so that each preset's copies are built): the linear layers' bytes (the
+ * quantized codes and scales as the model holds them: one code a byte today, whatever the
+ * format's bits), the head's, the norms', one embedding row, one KV position, and
+ * held_for_policy, the weights a model serving that preset alone holds; beside them the
+ * process's resident set (VmRSS), which holds every preset's copies in one model.
  *
  * Phases
  *   prefill  the sampler's: a prompt of L tokens, up to the logits of its last position (as
@@ -46,8 +62,13 @@
  *            samplers of the decode rows and of --profile are created with prefault set (the
  *            KV cache written at creation, as llama.cpp's is), so that the timed steps, whose
  *            sequences reach new cache blocks, take no first-touch page faults.
- *            Every step reads every weight once (achieved GB/s = weight bytes per step /
- *            step time, against the read bandwidth measured here) and does B tokens' flops
+ *            Every step reads every weight once (achieved GB/s = the bytes a step reads /
+ *            step time, against the read bandwidth measured here: the weights as the
+ *            library counts them under the preset (parity_model_bytes: codes and scales of
+ *            a quantized format's linear layers, else values; the head; the norms), B
+ *            embedding rows, and the KV positions the step attends, on average over the
+ *            timed steps, the prompt's full blocks that the B forks share once) and does B
+ *            tokens' flops
  *            (achieved GFLOP/s against the FMA peak); the bound column shows the limit of
  *            the larger fraction: memory at batch 1, the FMA units at batch 32.
  *   --profile  instead of the table: where the time goes, from the library's profile
@@ -240,9 +261,6 @@ static double measure_fma_peak(unsigned threads, bench_peak_kind kind) {
 /* ---- the model's size -------------------------------------------------------------------- */
 
 typedef struct model_size {
-    double weight_bytes;   /* bf16 bytes a decode step reads: every matrix once */
-    double linear_params;  /* the decoder layers' linear weights (what an fp8 gemm reads as
-                              one byte each) */
     double flops_per_tok;  /* 2 x matrix weights, without the lm_head */
     double head_flops;     /* 2 x lm_head weights */
     double attn_flops;     /* per (query, key) pair: 4 x heads x head_dim x layers */
@@ -255,21 +273,34 @@ static model_size size_of(const parity_config *c) {
     model_size s;
     s.flops_per_tok = 2 * layer * c->num_hidden_layers;
     s.head_flops = 2 * h * c->vocab_size;
-    s.weight_bytes = 2 * (layer * c->num_hidden_layers + h * c->vocab_size);
-    s.linear_params = layer * c->num_hidden_layers;
     s.attn_flops = 4.0 * q * c->num_hidden_layers;
     return s;
 }
 
-/* The bytes of weights a decode step streams under a preset: fp32 cells under compute fp32
- * and fp16 (twice bf16's), one byte per decoder-layer linear weight under an fp8 gemm (its
- * block scales left out: 1/16384 or 1/32 of that), bf16 otherwise. */
-static double step_bytes(const char *preset, const model_size *ms) {
+/* What a preset reads and holds, as the library counts it (parity_model_bytes): the weights
+ * a decode step streams (the linear layers' codes and scales under a quantized gemm, as the
+ * model holds them, else their values; the head; the norms), one embedding row and one KV
+ * position per sequence, and what a model serving the preset alone holds. NULL policy or a
+ * failed query: reported, and -1. */
+static int preset_bytes(const parity_model *model, const char *preset, uint32_t backend,
+                        parity_weight_bytes *out) {
     parity_policy pol;
-    if (parity_policy_from_name(preset, &pol) != PARITY_OK) return ms->weight_bytes;
-    if (pol.compute != PARITY_COMPUTE_BF16) return 2 * ms->weight_bytes;
-    if (pol.gemm != PARITY_GEMM_BF16) return ms->weight_bytes - ms->linear_params;
-    return ms->weight_bytes;
+    memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
+    if (parity_policy_from_name(preset, &pol) || parity_model_bytes(model, &pol, backend, out)) {
+        fprintf(stderr, "parity-speed: bytes of %s: %s\n", preset, parity_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* The bytes one decode step of B sequences reads: every weight once, B embedding rows, and
+ * the KV positions attended: `shared` positions that all B sequences share (a prompt's full
+ * blocks, which their forks keep in common) once, and `own` more per sequence. */
+static double decode_step_bytes(const parity_weight_bytes *b, uint32_t B, double shared,
+                                double own) {
+    return (double)(b->step_linear + b->step_head + b->step_vectors) +
+           B * (double)b->embedding_row + (shared + B * own) * (double)b->kv_position;
 }
 
 /* ---- runs ---------------------------------------------------------------------------------- */
@@ -804,14 +835,23 @@ static void csv_field(const char *line, int col, char *out, size_t size) {
     out[n] = 0;
 }
 
-/* llama.cpp's llama-bench (LLAMA_BENCH) on a GGUF (LLAMA_GGUF): pp<prompt> and tg<context>. */
-static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t context, int reps) {
-    const char *bin = getenv("LLAMA_BENCH"), *gguf = getenv("LLAMA_GGUF");
-    if (!bin || !*bin || !gguf || !*gguf) {
-        peer_note(P, "llama: not run (set LLAMA_BENCH to llama-bench and LLAMA_GGUF to a BF16 "
-                     "GGUF of the model's shape)");
-        return;
-    }
+/* The weights' type in llama-bench's model_type ("llama 0.6B Q8_0", "qwen3 0.6B MXFP4 MoE",
+ * "llama ?B BF16 (guessed)"): what follows the architecture and the size, less a "(guessed)"
+ * (a file without general.file_type). */
+static void llama_weights_type(const char *model_type, char *out, size_t size) {
+    const char *p = model_type;
+    for (int word = 0; word < 2 && strchr(p, ' '); word++) p = strchr(p, ' ') + 1;
+    const char *guessed = strstr(p, " (guessed)");
+    size_t n = guessed ? (size_t)(guessed - p) : strlen(p);
+    if (n >= size) n = size - 1;
+    memcpy(out, p, n);
+    out[n] = 0;
+}
+
+/* llama.cpp's llama-bench (LLAMA_BENCH) on one GGUF: pp<prompt> and tg<context>, its rows
+ * tagged with the GGUF's weight type. */
+static void run_llama_gguf(peers *P, const char *bin, const char *gguf, uint32_t threads,
+                           uint32_t prompt, uint32_t context, int reps) {
     if (!shell_safe(bin) || !shell_safe(gguf)) {
         peer_note(P, "llama: not run (a quote in %s or %s)", bin, gguf);
         return;
@@ -825,7 +865,7 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
         peer_note(P, "llama: not run (cannot start %s: %s)", bin, strerror(errno));
         return;
     }
-    char line[4096], last[4096] = "", about[320] = "";
+    char line[4096], last[4096] = "", about[1024] = "", weights[16] = "?";
     int c_prompt = -1, c_gen = -1, c_ts = -1, c_sd = -1, c_cpu = -1, c_back = -1, c_commit = -1;
     int c_type = -1;
     int got = 0;
@@ -844,32 +884,25 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
             csv_field(line, c_ts, ts, sizeof ts);
             if (c_sd >= 0) csv_field(line, c_sd, sd, sizeof sd);
             const uint32_t np = (uint32_t)strtoul(a, NULL, 10), ng = (uint32_t)strtoul(b, NULL, 10);
-            const double v = strtod(ts, NULL), s = strtod(sd, NULL);
+            const double v = strtod(ts, NULL), sdev = strtod(sd, NULL);
             if (v <= 0 || (np == 0) == (ng == 0)) continue;
-            peer_row *r = &P->rows[P->n++];
-            *r = (peer_row){"llama", np ? "prefill" : "decode", threads, 1, np ? np : 1,
-                            np ? np : ng, v, v - s, v + s, "?"};
-            if (c_type >= 0) { /* "qwen3 0.6B BF16": the last word is the weights' type, but
-                                * for a "(guessed)" after it (a file without general.file_type) */
+            if (c_type >= 0) {
                 char type[128];
                 csv_field(line, c_type, type, sizeof type);
-                char *sp = strrchr(type, ' ');
-                if (sp && sp[1] == '(') {
-                    *sp = 0;
-                    sp = strrchr(type, ' ');
-                }
-                sp = sp ? sp + 1 : type;
-                size_t n = strlen(sp) < sizeof r->weights ? strlen(sp) : sizeof r->weights - 1;
-                memcpy(r->weights, sp, n);
-                r->weights[n] = 0;
+                llama_weights_type(type, weights, sizeof weights);
             }
+            peer_row *r = &P->rows[P->n++];
+            *r = (peer_row){"llama", np ? "prefill" : "decode", threads, 1, np ? np : 1,
+                            np ? np : ng, v, v - sdev, v + sdev, ""};
+            snprintf(r->weights, sizeof r->weights, "%s", weights);
             if (!got) {
                 char cpu[128] = "", back[64] = "", commit[64] = "";
                 if (c_cpu >= 0) csv_field(line, c_cpu, cpu, sizeof cpu);
                 if (c_back >= 0) csv_field(line, c_back, back, sizeof back);
                 if (c_commit >= 0) csv_field(line, c_commit, commit, sizeof commit);
-                snprintf(about, sizeof about, "llama-bench build %s, backend %s, %s (min..max is "
-                         "the mean -/+ its standard deviation)", commit, back, cpu);
+                snprintf(about, sizeof about, "%s (%s): llama-bench build %s, backend %s, %s "
+                         "(min..max is the mean -/+ its standard deviation)", weights, gguf,
+                         commit, back, cpu);
             }
             got++;
         } else if (c_ts < 0) {
@@ -879,22 +912,62 @@ static void run_llama_peer(peers *P, uint32_t threads, uint32_t prompt, uint32_t
     peer_finish(P, "llama", f, got, last, about);
 }
 
-/* The peer figure a libparity row compares with: same peer, threads, phase and batch; the
- * same prompt length for prefill, the same context for a torch decode (llama's tg starts
- * from an empty context). NULL if none. */
-static const peer_row *peer_match(const peers *P, const char *peer, const char *phase,
-                                  uint32_t threads, uint32_t batch, uint32_t tokens,
-                                  uint32_t context) {
-    for (int i = 0; i < P->n; i++) {
-        const peer_row *r = &P->rows[i];
-        if (strcmp(r->peer, peer) || strcmp(r->phase, phase) || r->threads != threads ||
-            r->batch != batch)
-            continue;
-        if (!strcmp(phase, "prefill") ? r->tokens == tokens
-                                      : (!strcmp(peer, "llama") || r->context == context))
-            return r;
+/* llama-bench on each GGUF of `ggufs` (comma-separated: a BF16 one of the model's shape and
+ * the types llama-quantize made of it). */
+static void run_llama_peer(peers *P, const char *ggufs, uint32_t threads, uint32_t prompt,
+                           uint32_t context, int reps) {
+    const char *bin = getenv("LLAMA_BENCH");
+    if (!bin || !*bin || !ggufs || !*ggufs) {
+        peer_note(P, "llama: not run (set LLAMA_BENCH to llama-bench, and LLAMA_GGUF or "
+                     "--ggufs to GGUFs of the model's shape: BF16, and Q8_0, Q4_0, MXFP4, TQ2_0 "
+                     "beside the formats)");
+        return;
     }
-    return NULL;
+    char list[1024];
+    snprintf(list, sizeof list, "%s", ggufs);
+    const char *files[MAX_LIST];
+    const int n = split_list(list, files, MAX_LIST);
+    for (int i = 0; i < n; i++) run_llama_gguf(P, bin, files[i], threads, prompt, context, reps);
+}
+
+/* Whether a llama.cpp weight type is the nearest to a preset's arithmetic: BF16 beside a
+ * bf16 policy (F32, F16 beside fp32, fp16), Q8_0 beside FP8 and MXFP8, NVFP4, MXFP4 and Q4_0
+ * beside NVFP4, MXFP4 and Q4_0 beside MXFP4, TQ2_0 and TQ1_0 beside ternary. */
+static int llama_type_near(const char *preset, const char *type) {
+    parity_policy pol;
+    if (parity_policy_from_name(preset, &pol)) return 0;
+    const char *near = "";
+    switch (pol.gemm) {
+    case PARITY_GEMM_BF16:
+        near = pol.compute == PARITY_COMPUTE_BF16   ? "BF16"
+               : pol.compute == PARITY_COMPUTE_FP16 ? "F16"
+                                                    : "F32";
+        break;
+    case PARITY_GEMM_FP8_BLOCK:
+    case PARITY_GEMM_MXFP8: near = "Q8_0"; break;
+    case PARITY_GEMM_NVFP4: near = "NVFP4,MXFP4,Q4_0"; break;
+    case PARITY_GEMM_MXFP4: near = "MXFP4,Q4_0"; break;
+    case PARITY_GEMM_TERNARY: near = "TQ2_0,TQ1_0"; break;
+    }
+    /* the type's first word ("MXFP4" of "MXFP4 MoE") among the near ones */
+    const size_t len = strcspn(type, " ");
+    for (const char *p = near; *p;) {
+        const size_t n = strcspn(p, ",");
+        if (n == len && !strncmp(p, type, len)) return 1;
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
+/* Whether a peer figure compares with a libparity row: same threads, phase and batch; the
+ * same prompt length for prefill, the same context for a torch decode (llama's tg starts
+ * from an empty context); a llama figure of a weight type near the row's preset. */
+static int peer_fits(const peer_row *r, const char *phase, const char *preset, uint32_t threads,
+                     uint32_t batch, uint32_t tokens, uint32_t context) {
+    const int llama = !strcmp(r->peer, "llama");
+    if (strcmp(r->phase, phase) || r->threads != threads || r->batch != batch) return 0;
+    if (llama && !llama_type_near(preset, r->weights)) return 0;
+    return !strcmp(phase, "prefill") ? r->tokens == tokens : (llama || r->context == context);
 }
 
 /* ---- options and output -------------------------------------------------------------------- */
@@ -912,6 +985,7 @@ typedef struct result {
     uint32_t threads, batch, tokens, context;
     stat3 tps;
     double gbs, gflops;
+    double step_bytes;  /* decode: the bytes a step reads (decode_step_bytes) */
     /* the machine's limits measured just before each repetition of the row's group (a VM's
      * neighbours change them from one second to the next): their medians (read bandwidth,
      * the better of the two page sizes; the row's peak), and the fractions of them the row
@@ -998,8 +1072,8 @@ static const result *prefill_of(const result *res, int nres, const result *score
 typedef struct options {
     const char *model_spec, *json;
     char presets_s[256], backends_s[64], threads_s[64], prompts_s[64], batches_s[64];
-    char contexts_s[64], peers_s[64], paths_s[64], thresholds_s[128];
-    int reps, score_all, profile, contexts_given, early_exit, model_given;
+    char contexts_s[64], peers_s[64], paths_s[64], thresholds_s[128], ggufs_s[1024];
+    int reps, score_all, profile, contexts_given, early_exit, model_given, formats;
     uint32_t steps;
 } options;
 
@@ -1043,11 +1117,16 @@ static int parse_options(int argc, char **argv, options *o) {
             o->early_exit = 1;
             continue;
         }
+        if (!strcmp(a, "--formats")) {
+            o->formats = 1;
+            continue;
+        }
         if (option_is_help(a) || !option_value(argc, argv, &i, &v)) {
             fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
                             "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
                             "[--steps N] [--reps N] [--paths LIST|all] [--peers LIST|none] [--score-all] "
-                            "[--profile] [--json FILE] [--quick] [--early-exit [--thresholds LIST]]\n");
+                            "[--formats] [--ggufs LIST] [--profile] [--json FILE] [--quick] "
+                            "[--early-exit [--thresholds LIST]]\n");
             return option_is_help(a) ? 0 : 2;
         }
         if (!strcmp(a, "--model")) o->model_spec = v, o->model_given = 1;
@@ -1067,16 +1146,43 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--reps")) o->reps = atoi(v);
         else if (!strcmp(a, "--peers")) snprintf(o->peers_s, sizeof o->peers_s, "%s", v);
         else if (!strcmp(a, "--paths")) snprintf(o->paths_s, sizeof o->paths_s, "%s", v);
+        else if (!strcmp(a, "--ggufs")) snprintf(o->ggufs_s, sizeof o->ggufs_s, "%s", v);
         else {
             fprintf(stderr, "parity-speed: unknown option %s\n", a);
             return 2;
         }
     }
+    if (!o->ggufs_s[0] && getenv("LLAMA_GGUF"))
+        snprintf(o->ggufs_s, sizeof o->ggufs_s, "%s", getenv("LLAMA_GGUF"));
     if (o->reps < 1 || o->reps > MAX_REPS || o->steps < 1) {
         fprintf(stderr, "parity-speed: --reps must be 1..50 and --steps >= 1\n");
         return 2;
     }
     return -1;
+}
+
+/* The presets --formats adds, those of them the list lacks: bf16 vllm, aligned, and each
+ * quantized format under vllm's roundings with the quantizer its checkpoints ship. */
+static const char *const format_presets[] = {"vllm", "aligned", "vllm+fp8-block:deepseek",
+                                             "vllm+mxfp8:ocp", "vllm+nvfp4:modelopt",
+                                             "vllm+mxfp4:ocp", "vllm+ternary:bitnet"};
+
+/* Appends the format presets pl lacks; -1 (reported) when the list would be too long. */
+static int add_format_presets(plan *pl) {
+    const int n = (int)(sizeof format_presets / sizeof *format_presets);
+    for (int i = 0; i < n; i++) {
+        int have = 0;
+        for (int j = 0; j < pl->np; j++) have |= !strcmp(pl->presets[j], format_presets[i]);
+        if (have) continue;
+        if (pl->np == MAX_LIST) {
+            fprintf(stderr, "parity-speed: --formats adds %s beside the presets, which makes "
+                            "more than %d: name fewer with --presets\n", format_presets[i],
+                    MAX_LIST);
+            return -1;
+        }
+        pl->presets[pl->np++] = format_presets[i];
+    }
+    return 0;
 }
 
 /* Splits o's lists into pl (o's list strings are cut up) and picks the CPU paths: the
@@ -1088,6 +1194,7 @@ static int make_plan(options *o, plan *pl) {
         snprintf(o->backends_s, sizeof o->backends_s, "%s",
                  parity_backend_check(PARITY_BACKEND_AMX) == PARITY_OK ? "bf16,amx" : "bf16");
     pl->np = split_list(o->presets_s, pl->presets, MAX_LIST);
+    if (o->formats && add_format_presets(pl)) return 2;
     pl->nb = split_list(o->backends_s, pl->backends, MAX_LIST);
     pl->nt = split_uints(o->threads_s, pl->threads);
     pl->nl = split_uints(o->prompts_s, pl->prompts);
@@ -1276,7 +1383,17 @@ static int measure_decode_group(const options *o, const plan *pl, const run_cfg 
                       .path = pl->paths[pi], .threads = pl->threads[t], .batch = B,
                       .tokens = B, .context = context, .tps = summarise(tps[p], reps)};
         const double step_s = B / x->tps.median;
-        x->gbs = step_bytes(pl->presets[p], ms) / step_s / 1e9;
+        /* the KV positions a timed step attends, on average: the prompt's full blocks shared
+         * by the B forks, then each sequence's own (the rest of the prompt, the tokens of the
+         * steps before it, the untimed ones included, and its new one); step j after
+         * decode_open attends context + 1 + j positions */
+        const uint32_t block = parity_kv_block_tokens();
+        const double shared = context / block * block;
+        const double own = context + 1 + 0.5 * (steps + 1) * reps - shared;
+        parity_weight_bytes bytes;
+        if (preset_bytes(cfg[p].model, pl->presets[p], cfg[p].backend, &bytes)) return 1;
+        x->step_bytes = decode_step_bytes(&bytes, B, shared, own);
+        x->gbs = x->step_bytes / step_s / 1e9;
         x->gflops = B * (ms->flops_per_tok + ms->head_flops + ms->attn_flops * (context + 1)) /
                     step_s / 1e9;
         judge(x, tps[p], lim_gbs, lim_gflops, reps);
@@ -1307,8 +1424,11 @@ static int measure_rows(const options *o, const plan *pl, parity_model *model,
                 run_cfg cfg[MAX_LIST];
                 for (int p = 0; p < pl->np; p++)
                     cfg[p] = (run_cfg){model, pl->presets[p], backend, pl->threads[t]};
-                fprintf(stderr, "parity-speed: %s / %s / %u thread(s): %s\n", pl->backends[b],
-                        parity_cpu_path_name(pl->paths[pi]), pl->threads[t], o->presets_s);
+                fprintf(stderr, "parity-speed: %s / %s / %u thread(s):", pl->backends[b],
+                        parity_cpu_path_name(pl->paths[pi]), pl->threads[t]);
+                for (int p = 0; p < pl->np; p++)
+                    fprintf(stderr, "%s%s", p ? ", " : " ", pl->presets[p]);
+                fputc('\n', stderr);
                 /* prefill and score of a prompt length in one group, interleaved too: the
                  * score is compared with the prefill below */
                 for (int li = 0; li < pl->nl; li++) {
@@ -1347,7 +1467,7 @@ static void run_peers(const options *o, const plan *pl, peers *P) {
             run_torch_peer(P, o->model_spec, tmax, lmax, batch_list, pl->contexts[0], o->steps,
                            o->reps);
         else if (!strcmp(which[i], "llama"))
-            run_llama_peer(P, tmax, lmax, pl->contexts[0], o->reps);
+            run_llama_peer(P, o->ggufs_s, tmax, lmax, pl->contexts[0], o->reps);
         else
             peer_note(P, "%s: unknown peer (torch, llama)", which[i]);
     }
@@ -1457,48 +1577,128 @@ static void print_score_against_prefill(const rows *rs, const model_size *ms) {
     }
 }
 
-/* The peers' notes and rows, and each libparity row's ratio to the peer row it matches. */
+/* What each preset reads and holds on each backend, asked of the library once the rows ran
+ * (each preset's copies built by then), and the process's resident set beside it. */
+typedef struct memory {
+    const char *preset[MAX_LIST * MAX_LIST], *backend[MAX_LIST * MAX_LIST];
+    parity_weight_bytes bytes[MAX_LIST * MAX_LIST];
+    int n;
+    double rss;  /* the process's VmRSS (bytes), 0 where /proc does not tell */
+} memory;
+
+/* The process's resident set (VmRSS of /proc/self/status) in bytes, 0 if unknown. */
+static double process_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = strtod(line + 6, NULL);
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* Fills mem for every backend and preset of the plan; -1 when a query fails (reported). */
+static int measure_memory(const plan *pl, const parity_model *model, memory *mem) {
+    mem->n = 0;
+    for (int b = 0; b < pl->nb; b++) {
+        parity_backend backend;
+        if (parity_backend_from_name(pl->backends[b], &backend)) return fail("--backends");
+        for (int p = 0; p < pl->np; p++, mem->n++) {
+            mem->preset[mem->n] = pl->presets[p], mem->backend[mem->n] = pl->backends[b];
+            if (preset_bytes(model, pl->presets[p], backend, &mem->bytes[mem->n])) return -1;
+        }
+    }
+    mem->rss = process_rss();
+    return 0;
+}
+
+static void print_memory(const memory *mem) {
+    printf("\nbytes per preset, as the library counts them (parity_model_bytes; quantized codes as "
+           "the model holds them, one a byte today, and their scales as fp32): a decode step reads "
+           "the linear layers once (codes and scales, or values), the head and the norms once, an "
+           "embedding row and the attended KV positions per sequence (the forks' shared prompt "
+           "blocks once); held: the weights a model serving the preset alone holds "
+           "(parity_model_bytes' held_for_policy: the values as loaded and the copies the preset "
+           "reads); the process's resident set (VmRSS), every preset's copies in one model: "
+           "%.2f GB\n", mem->rss / 1e9);
+    printf("  %-24s %-8s %10s %9s %9s %9s %12s %9s\n", "preset", "backend", "linear MB",
+           "head MB", "norms KB", "embed B", "KV/pos KB", "held MB");
+    for (int i = 0; i < mem->n; i++) {
+        const parity_weight_bytes *b = &mem->bytes[i];
+        printf("  %-24s %-8s %10.1f %9.1f %9.1f %9llu %12.1f %9.1f\n", mem->preset[i],
+               mem->backend[i], b->step_linear / 1e6, b->step_head / 1e6, b->step_vectors / 1e3,
+               (unsigned long long)b->embedding_row, b->kv_position / 1e3,
+               b->held_for_policy / 1e6);
+    }
+}
+
+/* A libparity row and a peer figure it is compared with. */
+typedef struct peer_ratio {
+    const result *x;
+    const peer_row *r;
+} peer_ratio;
+
+/* Every pair of a prefill or decode row and a peer figure that fits it (peer_fits), row by
+ * row, torch's before llama's: *n of them, in an array to free (NULL when none). */
+static peer_ratio *peer_ratios(const peers *P, const rows *rs, int *n) {
+    *n = 0;
+    peer_ratio *out = P->n ? malloc((size_t)rs->n * (size_t)P->n * sizeof *out) : NULL;
+    if (!out) return NULL;
+    for (int i = 0; i < rs->n; i++) {
+        const result *x = &rs->v[i];
+        if (!strcmp(x->phase, "score")) continue;
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < P->n; j++) {
+                const peer_row *r = &P->rows[j];
+                if (!strcmp(r->peer, k ? "llama" : "torch") &&
+                    peer_fits(r, x->phase, x->preset, x->threads, x->batch, x->tokens,
+                              x->context))
+                    out[(*n)++] = (peer_ratio){x, r};
+            }
+    }
+    return out;
+}
+
+/* The peers' notes and rows, and each libparity row's ratio to the peer rows it matches. */
 static void print_peers(const peers *P, const rows *rs) {
     if (P->n_notes) printf("\npeers\n");
     for (int i = 0; i < P->n_notes; i++) printf("  %s\n", P->notes[i]);
     if (!P->n) return;
-    printf("\n%-8s %-8s %-8s %3s %5s %6s %7s %10s %17s\n", "peer", "weights", "phase", "thr",
+    printf("\n%-8s %-10s %-8s %3s %5s %6s %7s %10s %17s\n", "peer", "weights", "phase", "thr",
            "batch", "tokens", "context", "tok/s", "(min..max)");
     for (int i = 0; i < P->n; i++) {
         const peer_row *r = &P->rows[i];
-        printf("%-8s %-8s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)\n", r->peer, r->weights,
+        printf("%-8s %-10s %-8s %3u %5u %6u %7u %10.1f (%6.1f..%6.1f)\n", r->peer, r->weights,
                r->phase, r->threads, r->batch, r->tokens, r->context, r->tps, r->lo, r->hi);
     }
-    printf("\nratios libparity / peer (tok/s)\n");
-    for (int i = 0; i < rs->n; i++) {
-        const result *x = &rs->v[i];
-        const char *ph = !strcmp(x->phase, "score") ? NULL : x->phase;
-        if (!ph) continue;
-        for (int k = 0; k < 2; k++) {
-            const char *name = k ? "llama" : "torch";
-            const peer_row *r = peer_match(P, name, ph, x->threads, x->batch, x->tokens,
-                                           x->context);
-            if (r)
-                printf("  %-8s %-9s %-8s %-10s thr %u batch %2u context %5u: %6.2f x %s (%s)\n",
-                       x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
-                       x->threads, x->batch, x->context, x->tps.median / r->tps, name,
-                       r->weights);
-        }
+    printf("\nratios libparity / peer (tok/s; llama.cpp's figures beside the presets of the "
+           "nearest arithmetic: BF16 beside bf16, Q8_0 beside FP8 and MXFP8, NVFP4, MXFP4 and "
+           "Q4_0 beside the 4-bit formats, TQ2_0 beside ternary)\n");
+    int n = 0;
+    peer_ratio *pr = peer_ratios(P, rs, &n);
+    for (int i = 0; i < n; i++) {
+        const result *x = pr[i].x;
+        const peer_row *r = pr[i].r;
+        printf("  %-8s %-9s %-8s %-10s thr %u batch %2u context %5u: %6.2f x %s (%s)\n",
+               x->phase, x->preset, x->backend, parity_cpu_path_name(x->path), x->threads,
+               x->batch, x->context, x->tps.median / r->tps, r->peer, r->weights);
     }
+    free(pr);
 }
 
 /* --json FILE: the run's configuration, machines, rows, spreads, score splits and peers.
  * Returns 0, or the exit status 1 when the file cannot be written. */
 static int write_json(const options *o, const plan *pl, const machine *mc, const rows *rs,
-                      const double *spreads, const peers *P, const model_size *ms) {
+                      const double *spreads, const peers *P, const model_size *ms,
+                      const memory *mem) {
     FILE *f = fopen(o->json, "w");
     if (!f) {
         fprintf(stderr, "parity-speed: cannot write %s\n", o->json);
         return 1;
     }
     fprintf(f, "{\"config\": {\"model\": \"%s\", \"version\": \"%s\", \"reps\": %d, \"steps\": %u, "
-               "\"peak_instruction\": \"%s\"},\n \"machines\": [",
-            o->model_spec, parity_version(), o->reps, o->steps,
+               "\"formats\": %s, \"peak_instruction\": \"%s\"},\n \"machines\": [",
+            o->model_spec, parity_version(), o->reps, o->steps, o->formats ? "true" : "false",
             bench_peak_instruction(bench_peak_of_path(pl->chosen)));
     const bench_peak_kind chosen_kind = bench_peak_of_path(pl->chosen);
     for (int t = 0; t < pl->nt; t++) {
@@ -1524,13 +1724,28 @@ static int write_json(const options *o, const plan *pl, const machine *mc, const
                    "\"batch\": %u, \"tokens\": %u, \"context\": %u, \"tokens_per_s\": %.3f, "
                    "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f, \"achieved_gbs\": %.3f, "
                    "\"achieved_gflops\": %.3f, \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.2f, "
-                   "\"fraction_of_bandwidth\": %.4f, \"fraction_of_peak\": %.4f}",
+                   "\"fraction_of_bandwidth\": %.4f, \"fraction_of_peak\": %.4f, "
+                   "\"step_bytes\": %.0f}",
                 i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
                 x->threads, x->batch, x->tokens, x->context, x->tps.median, x->tps.min,
                 x->tps.max, x->gbs, x->gflops, x->limit_gflops, x->limit_gbs, x->mem_frac,
-                x->fma_frac);
+                x->fma_frac, x->step_bytes);
     }
-    fprintf(f, "\n],\n \"preset_spread\": [");
+    fprintf(f, "\n],\n \"memory\": {\"source\": \"parity_model_bytes\", "
+               "\"process_rss_bytes\": %.0f, \"presets\": [", mem->rss);
+    for (int i = 0; i < mem->n; i++) {
+        const parity_weight_bytes *b = &mem->bytes[i];
+        fprintf(f, "%s\n  {\"preset\": \"%s\", \"backend\": \"%s\", \"step_linear_bytes\": %llu, "
+                   "\"step_head_bytes\": %llu, \"step_vector_bytes\": %llu, "
+                   "\"embedding_row_bytes\": %llu, \"kv_position_bytes\": %llu, "
+                   "\"held_bytes\": %llu, \"held_for_preset_bytes\": %llu}",
+                i ? "," : "", mem->preset[i], mem->backend[i],
+                (unsigned long long)b->step_linear, (unsigned long long)b->step_head,
+                (unsigned long long)b->step_vectors, (unsigned long long)b->embedding_row,
+                (unsigned long long)b->kv_position, (unsigned long long)b->held,
+                (unsigned long long)b->held_for_policy);
+    }
+    fprintf(f, "\n]},\n \"preset_spread\": [");
     for (int i = 0, n = 0; i < rs->n; i++) {
         const result *x = &rs->v[i];
         if (spreads[i] < 0) continue;
@@ -1577,25 +1792,19 @@ static int write_json(const options *o, const plan *pl, const machine *mc, const
                 r->context, r->tps, r->lo, r->hi);
     }
     fprintf(f, "],\n \"ratios\": [");
-    int first_ratio = 1;
-    for (int i = 0; i < rs->n; i++) {
-        const result *x = &rs->v[i];
-        if (!strcmp(x->phase, "score")) continue;
-        for (int k = 0; k < 2; k++) {
-            const char *name = k ? "llama" : "torch";
-            const peer_row *r = peer_match(P, name, x->phase, x->threads, x->batch, x->tokens,
-                                           x->context);
-            if (!r) continue;
-            fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
-                       "\"cpu_path\": \"%s\", \"threads\": %u, \"batch\": %u, \"context\": %u, "
-                       "\"peer\": \"%s\", \"peer_weights\": \"%s\", "
-                       "\"libparity_over_peer\": %.4f}",
-                    first_ratio ? "" : ",", x->phase, x->preset, x->backend,
-                    parity_cpu_path_name(x->path), x->threads, x->batch, x->context, name,
-                    r->weights, x->tps.median / r->tps);
-            first_ratio = 0;
-        }
+    int n = 0;
+    peer_ratio *pr = peer_ratios(P, rs, &n);
+    for (int i = 0; i < n; i++) {
+        const result *x = pr[i].x;
+        const peer_row *r = pr[i].r;
+        fprintf(f, "%s\n  {\"phase\": \"%s\", \"preset\": \"%s\", \"backend\": \"%s\", "
+                   "\"cpu_path\": \"%s\", \"threads\": %u, \"batch\": %u, \"context\": %u, "
+                   "\"peer\": \"%s\", \"peer_weights\": \"%s\", "
+                   "\"libparity_over_peer\": %.4f}",
+                i ? "," : "", x->phase, x->preset, x->backend, parity_cpu_path_name(x->path),
+                x->threads, x->batch, x->context, r->peer, r->weights, x->tps.median / r->tps);
     }
+    free(pr);
     fprintf(f, "\n]}\n");
     fclose(f);
     return 0;
@@ -1609,14 +1818,18 @@ static int table_mode(const options *o, const plan *pl, parity_model *model,
     rows rs = {calloc(512, sizeof *rs.v), 0};
     int rc = measure_rows(o, pl, model, ms, &rs);
     if (rc) return rc;
+    memory mem;
+    bw_free(); /* the bandwidth's 2 GiB of buffers, out of the resident set measured next */
+    if (measure_memory(pl, model, &mem)) return 1;
     peers P = {.n = 0};
     run_peers(o, pl, &P);
     double spreads[512];
     print_rows(o, pl, &mc, &rs);
+    print_memory(&mem);
     print_spreads(&rs, spreads);
     print_score_against_prefill(&rs, ms);
     print_peers(&P, &rs);
-    if (o->json) rc = write_json(o, pl, &mc, &rs, spreads, &P, ms);
+    if (o->json) rc = write_json(o, pl, &mc, &rs, spreads, &P, ms, &mem);
     free(rs.v);
     return rc;
 }

@@ -16,6 +16,22 @@ leaves out is Qwen3's per-head q/k RMSNorm (two norms of head_dim per head per t
 fraction of a percent of a layer's work), since the llama.cpp versions this was written
 against do not all know the qwen3 architecture.
 
+llama.cpp's nearest types beside libparity's quantized formats (parity-speed --formats) are
+this file quantized by llama.cpp's own tool, one GGUF per type, every layer matrix in the type
+and the tied embedding and head kept bf16 as libparity keeps its head:
+
+    for t in Q8_0 Q4_0 MXFP4_MOE TQ2_0; do
+        llama-quantize --pure --token-embedding-type bf16 --output-tensor-type bf16 \
+            OUT.gguf OUT-$t.gguf $t
+    done
+    LLAMA_BENCH=llama-bench build/bench/parity-speed --formats \
+        --ggufs OUT.gguf,OUT-Q8_0.gguf,OUT-Q4_0.gguf,OUT-MXFP4_MOE.gguf,OUT-TQ2_0.gguf
+
+(--pure matters for MXFP4_MOE: without it llama-quantize gives MXFP4 only to MoE experts and
+Q8_0 to a dense model's matrices. TQ2_0 needs rows of a multiple of 256 values, which
+qwen3-0.6b's are.) parity-speed reads each file's type from llama-bench's model_type and
+compares Q8_0 with FP8 and MXFP8, Q4_0 and MXFP4 with NVFP4 and MXFP4, TQ2_0 with ternary.
+
 The file format is GGUF version 3 as llama.cpp's gguf documentation defines it: the header,
 the metadata key/values, the tensor infos (dimensions innermost first), then the tensor data,
 each tensor aligned to general.alignment (32). Plain python3, no package.

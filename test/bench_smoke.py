@@ -11,6 +11,9 @@ check and report holds: no speed is judged here (speed lives in bench/ itself).
   would otherwise only show as a slower row.
 - sampling-bench and parity-speed --quick (on synthetic:tiny) run to their JSON, with a
   result for every setting or row they say they ran.
+- parity-speed --formats: a row of every format preset, its bytes (a quantized one reads
+  fewer bytes of linear weights than bf16), and, with a stand-in llama-bench on GGUFs of five
+  types, each preset compared with llama.cpp's nearest types and no other.
 """
 import json
 import os
@@ -43,6 +46,80 @@ def run(build, name, *args, path=None, timeout=600, may_fail=False):
 def load(path):
     with open(path) as f:
         return json.load(f)
+
+
+# A stand-in for llama.cpp's llama-bench: its CSV for a GGUF named TYPE.gguf, pp at 1000 and
+# tg at 100 tokens/s whatever the type (the model_type as llama.cpp names the file's type).
+FAKE_LLAMA_BENCH = """#!/usr/bin/env python3
+import os, sys
+a = sys.argv
+gguf, p, n = a[a.index("-m") + 1], a[a.index("-p") + 1], a[a.index("-n") + 1]
+kind = os.path.basename(gguf)[:-len(".gguf")]
+names = {"MXFP4_MOE": "MXFP4 MoE", "BF16": "BF16 (guessed)"}
+print("build_commit,cpu_info,backends,model_type,n_prompt,n_gen,avg_ts,stddev_ts")
+print('"abc","stand-in CPU","CPU","llama ?B %s",%s,0,1000.0,1.0' % (names.get(kind, kind), p))
+print('"abc","stand-in CPU","CPU","llama ?B %s",0,%s,100.0,1.0' % (names.get(kind, kind), n))
+"""
+
+# The llama.cpp types each format preset is compared with (bf16 vllm with BF16).
+NEAREST = {
+    "vllm": {"BF16"},
+    "aligned": {"BF16"},
+    "vllm+fp8-block:deepseek": {"Q8_0"},
+    "vllm+mxfp8:ocp": {"Q8_0"},
+    "vllm+nvfp4:modelopt": {"Q4_0", "MXFP4 MoE"},
+    "vllm+mxfp4:ocp": {"Q4_0", "MXFP4 MoE"},
+    "vllm+ternary:bitnet": {"TQ2_0"},
+}
+
+
+def check_formats(build, tmp, check):
+    bench = os.path.join(tmp, "llama-bench")
+    with open(bench, "w") as f:
+        f.write(FAKE_LLAMA_BENCH)
+    os.chmod(bench, 0o755)
+    ggufs = ",".join(os.path.join(tmp, t + ".gguf")
+                     for t in ("BF16", "Q8_0", "Q4_0", "MXFP4_MOE", "TQ2_0"))
+    path = os.path.join(tmp, "formats.json")
+    os.environ["LLAMA_BENCH"] = bench
+    try:
+        run(build, "parity-speed", "--quick", "--formats", "--model", "synthetic:tiny",
+            "--peers", "llama", "--ggufs", ggufs, "--batches", "1", "--json", path)
+    finally:
+        del os.environ["LLAMA_BENCH"]
+    doc = load(path)
+    decode = {r["preset"]: r for r in doc["results"] if r["phase"] == "decode"}
+    check(set(decode) == set(NEAREST), "parity-speed --formats: decode rows of %s"
+          % sorted(decode))
+    check(doc["config"]["formats"] is True, "parity-speed --formats: config.formats")
+    memory = {m["preset"]: m for m in doc["memory"]["presets"]}
+    check(set(memory) == set(NEAREST) and doc["memory"]["source"] == "parity_model_bytes",
+          "parity-speed --formats: the bytes of every preset")
+    bf16 = memory.get("vllm", {})
+    for preset, m in memory.items():
+        quantized = preset not in ("vllm", "aligned")
+        smaller = m["step_linear_bytes"] < bf16.get("step_linear_bytes", 0)
+        check(smaller == quantized and m["held_for_preset_bytes"] <= m["held_bytes"],
+              "parity-speed --formats: %s reads %d bytes of linear weights a step (bf16: %d), "
+              "holds %d of %d" % (preset, m["step_linear_bytes"], bf16.get("step_linear_bytes", 0),
+                                  m["held_for_preset_bytes"], m["held_bytes"]))
+        row = decode.get(preset)
+        want = (m["step_linear_bytes"] + m["step_head_bytes"] + m["step_vector_bytes"] +
+                m["embedding_row_bytes"])
+        check(row is not None and row["step_bytes"] > want and row["achieved_gbs"] > 0,
+              "parity-speed --formats: %s's decode step counts its weights, embedding row and "
+              "KV positions (%s > %d)" % (preset, row and row["step_bytes"], want))
+    peers = {r["weights"] for r in doc["peers"] if r["peer"] == "llama"}
+    check(peers == {"BF16", "Q8_0", "Q4_0", "MXFP4 MoE", "TQ2_0"},
+          "parity-speed: llama-bench ran on every GGUF (%s)" % sorted(peers))
+    for preset, types in NEAREST.items():
+        ratios = [r for r in doc["ratios"] if r["preset"] == preset and r["peer"] == "llama" and
+                  r["phase"] == "decode"]
+        got = {r["peer_weights"] for r in ratios}
+        right = all(abs(r["libparity_over_peer"] - decode[preset]["tokens_per_s"] / 100.0)
+                    <= 1e-3 * r["libparity_over_peer"] + 1e-4 for r in ratios)
+        check(got == types and right, "parity-speed: %s's decode beside llama.cpp's %s (%s)"
+              % (preset, sorted(types), sorted(got)))
 
 
 def main():
@@ -111,6 +188,10 @@ def main():
     check(all(r["tokens_per_s"] > 0 for r in results),
           "parity-speed: %d rows, each with a speed" % len(results))
     check(bool(doc["machines"]), "parity-speed: the machine's limits")
+
+    # parity-speed --formats, with a stand-in llama-bench on five GGUF types: a row of every
+    # format preset, the bytes each reads and holds, and each compared with its nearest types
+    check_formats(build, tmp, check)
 
     if failures:
         print("bench-smoke: %d failed" % len(failures))
