@@ -374,6 +374,44 @@ PARITY_API void parity_model_free(parity_model *model);
 /* The model's config: valid until the model is freed (weight updates do not change it). */
 PARITY_API const parity_config *parity_model_config(const parity_model *model);
 
+/* What a model's weights take in memory, and what one forward step under a policy reads of
+ * them (parity_model_bytes). The quantized codes and scales are counted as the model holds
+ * them (today one code a byte in every format, scales as fp32 values), so the figures follow
+ * the library's layout rather than a format's nominal bits. */
+typedef struct parity_weight_bytes {
+    uint32_t size;            /* sizeof(parity_weight_bytes): set it before the call */
+    uint64_t held;            /* every weight buffer the model holds now, mapped from its
+                                 checkpoint or owned: the values as loaded (bf16, fp32
+                                 masters), the codes and scales a checkpoint shipped, and
+                                 the copies built so far for the policies served (fp32 and
+                                 fp16 values, each quantizer's codes and scales); a tied
+                                 head once */
+    uint64_t held_for_policy; /* of held, what serving `policy` on `backend` alone keeps:
+                                 the values as loaded, the shipped codes and scales, the fp32
+                                 norms and biases, and the copies this policy and backend
+                                 read that are built (a scorer or sampler of it builds them);
+                                 the copies built for other policies are left out */
+    uint64_t step_linear;     /* the decoder layers' linear weights, each read once: their
+                                 codes and scales under a quantized gemm (whether built yet
+                                 or not), else their values (bf16, or fp32 where the policy
+                                 or backend multiplies fp32 weights) */
+    uint64_t step_head;       /* the lm_head, as the policy reads it (a tied head too) */
+    uint64_t step_vectors;    /* the norm weights and biases (held in fp32), each once */
+    uint64_t embedding_row;   /* one token's embedding row: a step reads one per sequence */
+    uint64_t kv_position;     /* one position's keys and values over every layer (and loop)
+                                 in the policy's cells: a decode step of a sequence at
+                                 context c reads c of them */
+} parity_weight_bytes;
+
+/* Fills *out (out->size set by the caller) for `policy` on `backend`. A looped model runs
+ * its layers several times a step: the step_ fields count each weight once all the same.
+ * PARITY_ERR_INVALID_ARGUMENT for a NULL argument or a wrong out->size, a policy's status
+ * (parity_policy_validate) for an invalid one, PARITY_ERR_INVALID_ARGUMENT for an unknown
+ * backend; *out is left untouched then. Safe to call while other threads use the model;
+ * PARITY_ERR_BUSY during a weight update. */
+PARITY_API int parity_model_bytes(const parity_model *model, const parity_policy *policy,
+                                  uint32_t backend, parity_weight_bytes *out);
+
 /* ---- The config: architectures and hyper-parameters ------------------------------------- */
 
 typedef enum parity_rope_type {

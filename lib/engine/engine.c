@@ -25,13 +25,17 @@ int engine_check(const parity_policy *pol, uint32_t backend, uint32_t n_threads)
     return PARITY_OK;
 }
 
-int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend) {
+int engine_weight_needs(const parity_policy *pol, uint32_t backend) {
     /* fp32 masters (or bf16 widened) under fp32, fp16 values under fp16, and the widened
      * bf16 weights the openblas backend streams under bf16 */
-    const int need = pol->compute == PARITY_COMPUTE_FP16 ? MODEL_NEED_FP16
-                     : pol->compute == PARITY_COMPUTE_FP32 || backend == PARITY_BACKEND_OPENBLAS
-                         ? MODEL_NEED_WIDE
-                         : 0;
+    return pol->compute == PARITY_COMPUTE_FP16 ? MODEL_NEED_FP16
+           : pol->compute == PARITY_COMPUTE_FP32 || backend == PARITY_BACKEND_OPENBLAS
+               ? MODEL_NEED_WIDE
+               : 0;
+}
+
+int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend) {
+    const int need = engine_weight_needs(pol, backend);
     const int fp8 = pol->gemm != PARITY_GEMM_BF16;
     if (!need && !fp8) return PARITY_OK;
     TRY(model_enter(m));

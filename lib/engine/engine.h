@@ -82,6 +82,10 @@ uint64_t engine_bytes(const parity_config *c, const engine_params *p, size_t obj
                       const engine_buf *extra, size_t n_extra);
 
 
+/* The copies of the weights a policy and backend read beside the bf16 values (MODEL_NEED_*):
+ * the fp16 values under fp16, the fp32 ones under fp32 and on the openblas backend. */
+int engine_weight_needs(const parity_policy *pol, uint32_t backend);
+
 /* Builds, once per model, the fp32 weights a policy and backend read (the openblas backend
  * and the fp32 policy multiply fp32 weights). */
 int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend);

@@ -254,13 +254,13 @@ static size_t linear_weights_of(parity_model *m, uint32_t layer, weight **out) {
 }
 
 quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer) {
-    const uint64_t n = (uint64_t)w->rows * w->cols;
-    const uint64_t scales = quant_scale_count(quant_rule_of(quantizer)->format, w->rows, w->cols);
+    const quant_format *f = quant_rule_of(quantizer)->format;
     quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "quantized weight"));
     if (!q) return NULL;
-    q->codes = model_own(m, px_huge_alloc(n, "quantized weight codes"));
-    q->scales = q->codes ? model_own(m, px_huge_alloc(scales * sizeof(float),
-                                                          "quantized weight scales"))
+    q->codes = model_own(m, px_huge_alloc(quant_weight_code_bytes(f, w->rows, w->cols),
+                                          "quantized weight codes"));
+    q->scales = q->codes ? model_own(m, px_huge_alloc(quant_weight_scale_bytes(f, w->rows, w->cols),
+                                                      "quantized weight scales"))
                          : NULL;
     return q->scales ? q : NULL;
 }

@@ -12,6 +12,15 @@ static size_t rows_at_once(const quant_format *f, size_t rows) {
     return f->widen_rows ? f->widen_rows : rows;
 }
 
+uint64_t quant_weight_code_bytes(const quant_format *f, uint64_t rows, uint64_t cols) {
+    (void)f; /* one code a byte in every format */
+    return rows * cols;
+}
+
+uint64_t quant_weight_scale_bytes(const quant_format *f, uint64_t rows, uint64_t cols) {
+    return quant_scale_count(f, rows, cols) * sizeof(float);
+}
+
 size_t quant_weight_scratch_floats(int quantizer, size_t rows, size_t cols, int has_master) {
     if (has_master) return 0;
     return rows_at_once(quant_rule_of(quantizer)->format, rows) * cols;

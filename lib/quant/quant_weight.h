@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "format.h"
+
 /* A weight quantized with one quantizer of a quantized gemm format. */
 typedef struct quant_weight {
     uint8_t *codes;        /* [rows][cols], one code a byte: E4M3, E2M1 (low nibble), or
@@ -21,6 +23,14 @@ typedef struct quant_weight {
                               activation scale, kept to be saved back; the GEMM scales
                               activations per token), 0 when it had none */
 } quant_weight;
+
+/* The bytes of a rows x cols weight's codes as a quant_weight holds them (one code a byte
+ * today, whatever the format's element: E4M3, E2M1 or ternary): every allocation of a
+ * quant_weight's codes takes this many, and parity_model_bytes counts what a step reads in it,
+ * so a packed layout changes both here. */
+uint64_t quant_weight_code_bytes(const quant_format *f, uint64_t rows, uint64_t cols);
+/* The bytes of its scales as held: quant_scale_count of the format, each an fp32 value. */
+uint64_t quant_weight_scale_bytes(const quant_format *f, uint64_t rows, uint64_t cols);
 
 /* Quantizes a rows x cols weight, rows `stride` apart, with `quantizer` into q (codes
  * [rows][cols], scales quant_scale_count of the rule's format, the tensor scale): from its fp32

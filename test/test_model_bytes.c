@@ -1,0 +1,197 @@
+/* parity_model_bytes against the bytes worked out here from the config alone: what a model
+ * holds (its bf16 values, fp32 norms and biases, the copies built for the policies served,
+ * a checkpoint's shipped codes), what serving one policy keeps of it, and what one step under
+ * each kind of policy reads (bf16 or fp32 values, each quantized format's codes and scales as
+ * parity_quant_scale_count grids them); its argument errors leave the output untouched. */
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+
+/* The shape of a one-pass model's tensors, from its config. */
+typedef struct shape {
+    uint64_t linear;   /* the decoder layers' linear weights' elements */
+    uint64_t vectors;  /* norm weights and biases */
+    uint64_t matrices; /* every matrix: linear, embedding, an untied head */
+    uint64_t head;     /* the lm_head's elements */
+} shape;
+
+/* The rows x cols of layer linear j (q, k, v, o, gate, up, down). */
+static void linear_dims(const parity_config *c, int j, uint64_t *rows, uint64_t *cols) {
+    const uint64_t h = c->hidden_size, q = (uint64_t)c->num_attention_heads * c->head_dim,
+                   kv = (uint64_t)c->num_key_value_heads * c->head_dim, f = c->intermediate_size;
+    const uint64_t r[7] = {q, kv, kv, h, f, f, h}, k[7] = {h, h, h, q, h, h, f};
+    *rows = r[j], *cols = k[j];
+}
+
+static shape shape_of(const parity_config *c) {
+    shape s = {0};
+    const uint64_t h = c->hidden_size, q = (uint64_t)c->num_attention_heads * c->head_dim,
+                   kv = (uint64_t)c->num_key_value_heads * c->head_dim;
+    for (int j = 0; j < 7; j++) {
+        uint64_t rows, cols;
+        linear_dims(c, j, &rows, &cols);
+        s.linear += rows * cols;
+    }
+    s.linear *= c->num_hidden_layers;
+    s.vectors = c->num_hidden_layers * (2 * h + (c->qk_norm ? 2ull * c->head_dim : 0) +
+                                        (c->attention_bias ? q + 2 * kv : 0)) + h;
+    s.head = (uint64_t)c->vocab_size * h;
+    s.matrices = s.linear + s.head * (c->tie_word_embeddings ? 1 : 2);
+    return s;
+}
+
+/* The codes (one a byte, as the library holds them) and fp32 scales of every layer linear
+ * under a quantizer. */
+static uint64_t quantized_linear_bytes(const parity_config *c, int quantizer) {
+    uint64_t bytes = 0;
+    for (int j = 0; j < 7; j++) {
+        uint64_t rows, cols;
+        linear_dims(c, j, &rows, &cols);
+        bytes += rows * cols + 4 * parity_quant_scale_count(quantizer, rows, cols);
+    }
+    return bytes * c->num_hidden_layers;
+}
+
+static parity_weight_bytes query(const parity_model *m, const char *preset, uint32_t backend) {
+    parity_policy p;
+    parity_weight_bytes b;
+    memset(&b, 0, sizeof b);
+    b.size = sizeof b;
+    CHECK_OK(parity_policy_from_name(preset, &p));
+    CHECK_OK(parity_model_bytes(m, &p, backend, &b));
+    return b;
+}
+
+/* A sampler of the preset made and freed: the model builds the copies the policy reads. */
+static void serve(const parity_model *m, const char *preset) {
+    parity_sampler_params sp;
+    parity_sampler_default_params(&sp);
+    CHECK_OK(parity_policy_from_name(preset, &sp.policy));
+    sp.max_seqs = 1;
+    sp.max_len = 8;
+    parity_sampler *s = NULL;
+    CHECK_OK(parity_sampler_create(m, &sp, &s));
+    parity_sampler_free(s);
+}
+
+static void test_synthetic(void) {
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny", &m));
+    if (!m) return;
+    const parity_config *c = parity_model_config(m);
+    const shape s = shape_of(c);
+    const uint64_t kv = 2ull * c->num_hidden_layers * c->num_key_value_heads * c->head_dim;
+
+    /* bf16: the values, the fp32 vectors; a step reads bf16 matrices */
+    const parity_weight_bytes bf16 = query(m, "vllm", PARITY_BACKEND_BF16);
+    const uint64_t loaded = 2 * (s.matrices + s.vectors) + 4 * s.vectors;
+    CHECK_INT(bf16.held, loaded);
+    CHECK_INT(bf16.held_for_policy, loaded);
+    CHECK_INT(bf16.step_linear, 2 * s.linear);
+    CHECK_INT(bf16.step_head, 2 * s.head);
+    CHECK_INT(bf16.step_vectors, 4 * s.vectors);
+    CHECK_INT(bf16.embedding_row, 2 * c->hidden_size);
+    CHECK_INT(bf16.kv_position, 2 * kv);
+
+    /* each quantized format: a step reads its codes and scales, built or not; serving it
+     * builds exactly those, which the bf16 policy leaves out */
+    static const char *const quantized[] = {"vllm+fp8-block:deepseek", "vllm+mxfp8:ocp",
+                                            "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp",
+                                            "vllm+ternary:bitnet"};
+    uint64_t held = loaded;
+    for (size_t i = 0; i < sizeof quantized / sizeof *quantized; i++) {
+        parity_policy p;
+        CHECK_OK(parity_policy_from_name(quantized[i], &p));
+        const uint64_t codes = quantized_linear_bytes(c, p.quantizer);
+        const parity_weight_bytes before = query(m, quantized[i], PARITY_BACKEND_BF16);
+        CHECK_INT(before.step_linear, codes);
+        CHECK_INT(before.step_head, 2 * s.head);
+        CHECK_INT(before.held, held);
+        CHECK_INT(before.held_for_policy, loaded);
+        serve(m, quantized[i]);
+        held += codes;
+        const parity_weight_bytes after = query(m, quantized[i], PARITY_BACKEND_BF16);
+        printf("model bytes: %-24s step reads %8llu of linear weights (bf16: %llu), "
+               "held %llu\n", quantized[i], (unsigned long long)after.step_linear,
+               (unsigned long long)bf16.step_linear, (unsigned long long)after.held);
+        CHECK_INT(after.held, held);
+        CHECK_INT(after.held_for_policy, loaded + codes);
+        CHECK_INT(query(m, "vllm", PARITY_BACKEND_BF16).held_for_policy, loaded);
+    }
+
+    /* fp32: fp32 matrices, cells and embedding rows; serving it widens every matrix */
+    const parity_weight_bytes fp32 = query(m, "fp32", PARITY_BACKEND_BF16);
+    CHECK_INT(fp32.step_linear, 4 * s.linear);
+    CHECK_INT(fp32.step_head, 4 * s.head);
+    CHECK_INT(fp32.embedding_row, 4 * c->hidden_size);
+    CHECK_INT(fp32.kv_position, 4 * kv);
+    serve(m, "fp32");
+    CHECK_INT(query(m, "fp32", PARITY_BACKEND_BF16).held, held + 4 * s.matrices);
+    CHECK_INT(query(m, "fp32", PARITY_BACKEND_BF16).held_for_policy, loaded + 4 * s.matrices);
+    CHECK_INT(query(m, "vllm", PARITY_BACKEND_BF16).held_for_policy, loaded);
+    /* the openblas backend multiplies the fp32 copies under a bf16 policy too */
+    const parity_weight_bytes blas = query(m, "vllm", PARITY_BACKEND_OPENBLAS);
+    CHECK_INT(blas.step_linear, 4 * s.linear);
+    CHECK_INT(blas.held_for_policy, loaded + 4 * s.matrices);
+    CHECK_INT(blas.embedding_row, 2 * c->hidden_size);
+    parity_model_free(m);
+}
+
+/* A BitNet checkpoint served under ternary reads its shipped codes: nothing is built. */
+static void test_shipped(void) {
+    char dir[1024];
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_load(source_path(dir, sizeof dir, "models/qwen3-bytes-ternary-4.9m"),
+                               &m));
+    if (!m) return;
+    const parity_config *c = parity_model_config(m);
+    const shape s = shape_of(c);
+    /* the codes one a byte, and one fp32 tensor scale each */
+    const uint64_t codes = s.linear + 4ull * 7 * c->num_hidden_layers;
+    CHECK_INT(quantized_linear_bytes(c, PARITY_QUANT_TERNARY_BITNET), codes);
+    /* the loader keeps the dequantized values beside the codes: bf16, and fp32 masters of the
+     * linear weights (what a model loaded in its format holds beyond its codes today) */
+    const uint64_t loaded = 2 * (s.matrices + s.vectors) + 4 * s.vectors + codes + 4 * s.linear;
+    const parity_weight_bytes before = query(m, "vllm+ternary:bitnet", PARITY_BACKEND_BF16);
+    CHECK_INT(before.held, loaded);
+    CHECK_INT(before.held_for_policy, loaded);
+    CHECK_INT(before.step_linear, codes);
+    serve(m, "vllm+ternary:bitnet");
+    CHECK_INT(query(m, "vllm+ternary:bitnet", PARITY_BACKEND_BF16).held, loaded);
+    CHECK_INT(query(m, "vllm", PARITY_BACKEND_BF16).held_for_policy, loaded);
+    parity_model_free(m);
+}
+
+static void test_arguments(void) {
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny", &m));
+    parity_policy p;
+    CHECK_OK(parity_policy_from_name("vllm", &p));
+    parity_weight_bytes b, untouched;
+    memset(&untouched, 0xab, sizeof untouched);
+    untouched.size = sizeof untouched;
+    b = untouched;
+    CHECK_STATUS(parity_model_bytes(NULL, &p, PARITY_BACKEND_BF16, &b), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_model_bytes(m, NULL, PARITY_BACKEND_BF16, &b), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_model_bytes(m, &p, PARITY_BACKEND_BF16, NULL), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_model_bytes(m, &p, 7, &b), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(parity_last_error(), "unknown backend 7") != NULL);
+    b.size = 8;
+    CHECK_STATUS(parity_model_bytes(m, &p, PARITY_BACKEND_BF16, &b), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(parity_last_error(), "out->size is 8") != NULL);
+    b.size = sizeof b;
+    parity_policy bad = p;
+    bad.gemm = 99;
+    CHECK(parity_model_bytes(m, &bad, PARITY_BACKEND_BF16, &b) != PARITY_OK);
+    CHECK(strstr(parity_last_error(), "parity_model_bytes") != NULL);
+    CHECK(memcmp(&b, &untouched, sizeof b) == 0);
+    parity_model_free(m);
+}
+
+int main(void) {
+    test_synthetic();
+    test_shipped();
+    test_arguments();
+    return check_report("model_bytes");
+}
