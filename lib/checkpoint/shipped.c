@@ -6,8 +6,6 @@
 void shipped_values_free(shipped_values *v) {
     px_free(v->codes);
     px_free(v->scales);
-    px_free(v->master);
-    px_free(v->bf16);
     *v = (shipped_values){0};
 }
 
