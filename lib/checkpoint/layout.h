@@ -19,6 +19,8 @@
  * when a reader asks: shipped_dequantize, model_weight_values). */
 typedef struct shipped_values {
     uint8_t *codes;
+    uint8_t codes_mapped;  /* codes are the mapped checkpoint's (block-FP8): not freed, not
+                              owned by the model */
     float *scales;
     uint8_t scale_dtype;
     float tensor_scale;    /* ternary: s_w, the GEMM's multiplier; NVFP4: weight_scale_2 */

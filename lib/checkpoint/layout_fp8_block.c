@@ -105,7 +105,7 @@ static void shipped_convert_into(const tensor_source *codes, const tensor_source
                                  const expected *slot, uint8_t *out_codes, float *out_scales) {
     const uint64_t gc = grid_cols(slot), n = (uint64_t)slot->rows * slot->cols;
     for (uint64_t i = 0; i < grid_rows(slot) * gc; i++) out_scales[i] = scale_value(scales, i);
-    memcpy(out_codes, codes->data, n);
+    if (out_codes != codes->data) memcpy(out_codes, codes->data, n);
 }
 
 int shipped_import(const tensor_source *codes, const tensor_source *scales, const expected *slot,
@@ -114,7 +114,11 @@ int shipped_import(const tensor_source *codes, const tensor_source *scales, cons
     int rc = shipped_check(codes, scales, slot, ue8m0);
     if (rc) return rc;
     const uint64_t n = (uint64_t)slot->rows * slot->cols;
-    out->codes = px_huge_alloc(n, slot->name);
+    /* the codes of a mapped checkpoint are already as the model holds them, one a byte: used
+     * in place (read-only: nothing writes a weight's shipped codes; an update replaces them) */
+    out->codes_mapped = (uint8_t)(codes->may_map != 0);
+    out->codes = out->codes_mapped ? (uint8_t *)(uintptr_t)codes->data
+                                   : px_huge_alloc(n, slot->name);
     out->scales = px_malloc(grid_rows(slot) * grid_cols(slot) * sizeof(float), "fp8 block scales");
     if (!out->codes || !out->scales) {
         shipped_values_free(out);

@@ -216,7 +216,7 @@ static int install_shipped(parity_model *m, weight *w, const expected *e, shippe
         return PARITY_ERR_OUT_OF_MEMORY;
     }
     /* the model frees what the import allocated (model_own frees a buffer it cannot take) */
-    if (!model_own(m, v->codes)) {
+    if (!v->codes_mapped && !model_own(m, v->codes)) {
         px_free(v->scales);
         return PARITY_ERR_OUT_OF_MEMORY;
     }

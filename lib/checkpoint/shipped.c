@@ -4,7 +4,7 @@
 #include "layout.h"
 
 void shipped_values_free(shipped_values *v) {
-    px_free(v->codes);
+    if (!v->codes_mapped) px_free(v->codes);
     px_free(v->scales);
     *v = (shipped_values){0};
 }
