@@ -65,13 +65,7 @@ static parity_model *load(const char *dir) {
 }
 
 static uint64_t held(const parity_model *m, const char *preset) {
-    parity_policy p;
-    parity_weight_bytes b;
-    memset(&b, 0, sizeof b);
-    b.size = sizeof b;
-    CHECK_OK(parity_policy_from_name(preset, &p));
-    CHECK_OK(parity_model_bytes(m, &p, PARITY_BACKEND_BF16, &b));
-    return b.held;
+    return weight_bytes_of(m, preset, PARITY_BACKEND_BF16).held;
 }
 
 /* The log-probs of TEXT under `preset` (SEQ_LEN - 1 values into lp). */

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "check.h"
+#include "fixtures.h"
 
 /* The shape of a one-pass model's tensors, from its config. */
 typedef struct shape {
@@ -54,13 +54,7 @@ static uint64_t quantized_linear_bytes(const parity_config *c, int quantizer) {
 }
 
 static parity_weight_bytes query(const parity_model *m, const char *preset, uint32_t backend) {
-    parity_policy p;
-    parity_weight_bytes b;
-    memset(&b, 0, sizeof b);
-    b.size = sizeof b;
-    CHECK_OK(parity_policy_from_name(preset, &p));
-    CHECK_OK(parity_model_bytes(m, &p, backend, &b));
-    return b;
+    return weight_bytes_of(m, preset, backend);
 }
 
 /* A sampler of the preset made and freed: the model builds the copies the policy reads. */
