@@ -2,10 +2,11 @@
  * (each saved here from the trained checkpoint) holds its linear weights' codes and scales
  * alone, also after scoring under its own format, and parity_model_bytes counts exactly that
  * (within 1.15 x the checkpoint's file bytes for block-FP8, whose codes are a byte each as in
- * the file); the dequantized values appear, once, when a reader asks (a bf16 scorer, one
- * weight's model_weight_values, a save in another layout, a manifest of bf16 entries), and
- * everything read from them is bitwise what a model that made them first reads: log-probs
- * under bf16 and under the format, the values, the saved files, the manifests, and a
+ * the file); the dequantized values appear, once, when a reader asks (a bf16, fp32 or fp16
+ * scorer, one of another quantized format, one weight's model_weight_values, a save in another
+ * layout, a manifest of bf16 entries), and everything read from them is bitwise what a model
+ * that made them first reads: log-probs under bf16, fp32, fp16, another format and the
+ * checkpoint's, the values, the saved files, the manifests and their verification, and a
  * block-FP8 update taken in with or without values. */
 #include <ftw.h>
 #include <stdio.h>
@@ -203,6 +204,25 @@ static void test_format(const char *root, const format_case *f) {
     CHECK_BITS_F32(lp_bf16_a, lp_bf16_b, SEQ_LEN - 1, "bf16 log-probs: after the format / first");
     CHECK_BITS_F32(lp_fmt_a, lp_fmt_b, SEQ_LEN - 1, "format log-probs: before / after the values");
 
+    /* the other readers of values: fp32 and fp16 compute, a quantizer of another format;
+     * each makes them on a compressed model, and scores as on B, which holds them */
+    const char *const readers[] = {"fp32", "vllm+fp16",
+                                   f->gemm == PARITY_GEMM_FP8_BLOCK ? "vllm+mxfp8:ocp"
+                                                                    : "vllm+fp8-block:deepseek"};
+    for (size_t r = 0; r < sizeof readers / sizeof *readers; r++) {
+        parity_model *g = load(dir);
+        if (!g) continue;
+        float lp_g[SEQ_LEN], lp_b[SEQ_LEN];
+        score(g, readers[r], lp_g);
+        score(b, readers[r], lp_b);
+        count_linear(g, f->gemm, &shipped, &valued);
+        CHECK_INT(valued, shipped);
+        char label[96];
+        snprintf(label, sizeof label, "%s log-probs on a %s model", readers[r], f->layout);
+        CHECK_BITS_F32(lp_g, lp_b, SEQ_LEN - 1, label);
+        parity_model_free(g);
+    }
+
     /* one weight's values on demand are the whole model's, bitwise */
     parity_model *c = load(dir);
     if (c) {
@@ -230,6 +250,18 @@ static void test_format(const char *root, const format_case *f) {
         CHECK_OK(parity_model_write_manifest(b, manifest_b));
         CHECK(same_file(manifest_d, manifest_b));
         parity_model_free(d);
+        /* verifying a compressed model: the format's entries against its codes alone, the
+         * bf16 entries against the values it makes for them */
+        d = load(dir);
+        if (d) {
+            CHECK_OK(parity_model_verify_for(d, &pol, fmt_manifest, NULL, 0));
+            count_linear(d, f->gemm, &shipped, &valued);
+            CHECK_INT(valued, 0);
+            CHECK_OK(parity_model_verify(d, manifest_b, NULL, 0));
+            count_linear(d, f->gemm, &shipped, &valued);
+            CHECK_INT(valued, shipped);
+            parity_model_free(d);
+        }
         d = load(dir);
         if (d) {
             save_into(d, root, "bf16-d", "bf16", saved_d, sizeof saved_d);
