@@ -64,7 +64,8 @@ static inline const quant_weight *quant_weight_for(const parity_policy *pol, con
 }
 
 /* fp32 values of a weight for PARITY_COMPUTE_FP32: the master if any, else the widened bf16
- * (model_prepare(MODEL_NEED_WIDE) must have run). */
+ * (model_prepare(MODEL_NEED_WIDE) must have run; for a weight holding shipped codes,
+ * MODEL_NEED_VALUES too, else both are NULL). */
 static inline const float *weight_f32(const weight *w) { return w->master ? w->master : w->wide; }
 
 /* The fp32 values a policy reads for a weight: weight_f32 under PARITY_COMPUTE_FP32, the
