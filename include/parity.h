@@ -284,7 +284,24 @@ typedef struct parity_config parity_config;
  *   - Weight buffers the library allocates (casts of F16/F32 tensors, fp32 copies, synthetic
  *     weights) of 2 MB or more are 2 MB aligned and advised MADV_HUGEPAGE, so that
  *     transparent huge pages back them where the OS enables them; mapped BF16 tensors stay in
- *     the page cache as they are. */
+ *     the page cache as they are.
+ *   - A quantized checkpoint (block-FP8, NVFP4, MXFP4, BitNet: parity_model_save_as below)
+ *     is held compressed. After the load its quantized linear weights are their codes and
+ *     scales alone: one code a byte (E4M3, E2M1 or ternary; block-FP8's used in place from
+ *     the mapped file, the others unpacked into owned copies) and each block scale an fp32
+ *     value, so block-FP8 holds about its file's bytes and the 4-bit and ternary layouts
+ *     about 2 and 3.5 times theirs (their files pack two and four codes a byte); the
+ *     embedding, norms and lm_head are as for any checkpoint (BF16 mapped). Scorers and samplers of the checkpoint's own format (e.g. "+fp8-block:RULE"
+ *     on a block-FP8 checkpoint) with bf16 compute read the codes as they are and add
+ *     nothing. The dequantized values of those weights (their fp32 master and its bf16
+ *     cast, 6 bytes a parameter, bitwise the values described under parity_model_save_as)
+ *     are made once, when the first reader that needs them asks, and then stay with the
+ *     model: a scorer or sampler with a bf16 GEMM, fp32 or fp16 compute, the openblas
+ *     backend or a quantizer of another format; parity_model_save_as in another layout;
+ *     a manifest's BF16 entry or codes of another quantizer for such a weight
+ *     (parity_model_write_manifest and _verify, and their _for calls under another
+ *     policy). A block-FP8 weight update keeps a weight that holds no values so.
+ *     parity_model_bytes reports what is held. */
 PARITY_API int parity_model_load(const char *dir, parity_model **out);
 
 /* A model with deterministic weights drawn from `seed`: normal(0, 0.02) matrices and
@@ -377,19 +394,24 @@ PARITY_API const parity_config *parity_model_config(const parity_model *model);
 /* What a model's weights take in memory, and what one forward step under a policy reads of
  * them (parity_model_bytes). The quantized codes and scales are counted as the model holds
  * them (today one code a byte in every format, scales as fp32 values), so the figures follow
- * the library's layout rather than a format's nominal bits. */
+ * the library's layout rather than a format's nominal bits. A model loaded from a quantized
+ * checkpoint holds its linear weights' shipped codes and scales alone until a reader asks
+ * for their values (parity_model_load): `held` counts the values from then on, 6 bytes a
+ * parameter (the fp32 master and its bf16 cast), and `held_for_policy` counts them for the
+ * policies that read them (not for a bf16-compute policy of the checkpoint's format). */
 typedef struct parity_weight_bytes {
     uint32_t size;            /* sizeof(parity_weight_bytes): set it before the call */
     uint64_t held;            /* every weight buffer the model holds now, mapped from its
                                  checkpoint or owned: the values as loaded (bf16, fp32
                                  masters), the codes and scales a checkpoint shipped, and
-                                 the copies built so far for the policies served (fp32 and
-                                 fp16 values, each quantizer's codes and scales); a tied
-                                 head once */
+                                 the copies built so far (the shipped codes' values, fp32
+                                 and fp16 values, each quantizer's codes and scales); a
+                                 tied head once */
     uint64_t held_for_policy; /* of held, what serving `policy` on `backend` alone keeps:
                                  the values as loaded, the shipped codes and scales, the fp32
                                  norms and biases, and the copies this policy and backend
-                                 read that are built (a scorer or sampler of it builds them);
+                                 read that are built (a scorer or sampler of it builds them;
+                                 the shipped codes' values unless it reads the codes alone);
                                  the copies built for other policies are left out */
     uint64_t step_linear;     /* the decoder layers' linear weights, each read once: their
                                  codes and scales under a quantized gemm (whether built yet

@@ -102,6 +102,18 @@ static inline int backend_runs(uint32_t backend) {
     return runs[backend];
 }
 
+/* parity_model_bytes of m under the preset on the backend (CHECK_OK of each call). */
+static inline parity_weight_bytes weight_bytes_of(const parity_model *m, const char *preset,
+                                                  uint32_t backend) {
+    parity_policy p;
+    parity_weight_bytes b;
+    memset(&b, 0, sizeof b);
+    b.size = sizeof b;
+    CHECK_OK(parity_policy_from_name(preset, &p));
+    CHECK_OK(parity_model_bytes(m, &p, backend, &b));
+    return b;
+}
+
 /* parity_score with the default options (raw log-probs), log-probs only (CHECK_OK). */
 static inline void score_raw(parity_scorer *s, const int32_t *tokens, const uint32_t *lengths,
                              size_t n_seqs, float *logprobs) {

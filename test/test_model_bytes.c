@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "check.h"
+#include "fixtures.h"
 
 /* The shape of a one-pass model's tensors, from its config. */
 typedef struct shape {
@@ -54,13 +54,7 @@ static uint64_t quantized_linear_bytes(const parity_config *c, int quantizer) {
 }
 
 static parity_weight_bytes query(const parity_model *m, const char *preset, uint32_t backend) {
-    parity_policy p;
-    parity_weight_bytes b;
-    memset(&b, 0, sizeof b);
-    b.size = sizeof b;
-    CHECK_OK(parity_policy_from_name(preset, &p));
-    CHECK_OK(parity_model_bytes(m, &p, backend, &b));
-    return b;
+    return weight_bytes_of(m, preset, backend);
 }
 
 /* A sampler of the preset made and freed: the model builds the copies the policy reads. */
@@ -138,7 +132,8 @@ static void test_synthetic(void) {
     parity_model_free(m);
 }
 
-/* A BitNet checkpoint served under ternary reads its shipped codes: nothing is built. */
+/* A BitNet checkpoint served under ternary reads its shipped codes: nothing is built, and the
+ * linear weights' values are not held until a bf16 policy asks for them. */
 static void test_shipped(void) {
     char dir[1024];
     parity_model *m = NULL;
@@ -150,9 +145,9 @@ static void test_shipped(void) {
     /* the codes one a byte, and one fp32 tensor scale each */
     const uint64_t codes = s.linear + 4ull * 7 * c->num_hidden_layers;
     CHECK_INT(quantized_linear_bytes(c, PARITY_QUANT_TERNARY_BITNET), codes);
-    /* the loader keeps the dequantized values beside the codes: bf16, and fp32 masters of the
-     * linear weights (what a model loaded in its format holds beyond its codes today) */
-    const uint64_t loaded = 2 * (s.matrices + s.vectors) + 4 * s.vectors + codes + 4 * s.linear;
+    /* the loader keeps the codes alone: bf16 values of the other matrices and the vectors,
+     * the vectors widened, the codes */
+    const uint64_t loaded = 2 * (s.matrices - s.linear + s.vectors) + 4 * s.vectors + codes;
     const parity_weight_bytes before = query(m, "vllm+ternary:bitnet", PARITY_BACKEND_BF16);
     CHECK_INT(before.held, loaded);
     CHECK_INT(before.held_for_policy, loaded);
@@ -160,6 +155,11 @@ static void test_shipped(void) {
     serve(m, "vllm+ternary:bitnet");
     CHECK_INT(query(m, "vllm+ternary:bitnet", PARITY_BACKEND_BF16).held, loaded);
     CHECK_INT(query(m, "vllm", PARITY_BACKEND_BF16).held_for_policy, loaded);
+    /* a bf16 policy asks for the values: bf16 and fp32 masters of the linear weights */
+    serve(m, "vllm");
+    CHECK_INT(query(m, "vllm", PARITY_BACKEND_BF16).held, loaded + 6 * s.linear);
+    CHECK_INT(query(m, "vllm", PARITY_BACKEND_BF16).held_for_policy, loaded + 6 * s.linear);
+    CHECK_INT(query(m, "vllm+ternary:bitnet", PARITY_BACKEND_BF16).held_for_policy, loaded);
     parity_model_free(m);
 }
 

@@ -5,7 +5,7 @@
  * the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6). A partial last block's padding codes (an odd
  * column count, cols not a multiple of 32) must be +0, and every dequantized value must be
  * within bf16's range. Here: the packed codes' checks and unpacking, the block scales' grid,
- * the values, and what a save writes of them.
+ * the values' range check, and what a save writes of them.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -72,15 +72,15 @@ static int alloc_values(const expected *slot, uint64_t grid, shipped_values *out
     const uint64_t n = (uint64_t)slot->rows * slot->cols;
     out->codes = px_huge_alloc(n, slot->name);
     out->scales = px_malloc(grid * sizeof(float), "block scales");
-    out->master = px_huge_alloc(n * 4, slot->name);
-    out->bf16 = px_huge_alloc(n * 2, slot->name);
-    if (out->codes && out->scales && out->master && out->bf16) return PARITY_OK;
+    if (out->codes && out->scales) return PARITY_OK;
     shipped_values_free(out);
     return PARITY_ERR_OUT_OF_MEMORY;
 }
 
-static int fill_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
-                       uint64_t block, float tensor_scale, shipped_values *v) {
+/* The codes unpacked into v, each value checked within bf16's range (the values themselves are
+ * shipped_dequantize's, computed the same way when a reader asks for them). */
+static int fill_codes(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
+                      uint64_t block, float tensor_scale, shipped_values *v) {
     const uint8_t *p = codes->data;
     const uint64_t grid_cols = (slot->cols + block - 1) / block;
     for (uint64_t r = 0; r < slot->rows; r++)
@@ -94,8 +94,6 @@ static int fill_values(const tensor_source *codes, const expected *slot, uint64_
                                  "] dequantizes to %g, beyond bf16's range", codes->where, r, c,
                                  (double)x);
             v->codes[i] = code;
-            v->master[i] = x;
-            v->bf16[i] = bf16_from_f32(x);
         }
     return PARITY_OK;
 }
@@ -126,7 +124,7 @@ int fp4_values(const tensor_source *codes, const expected *slot, uint64_t packed
     const uint64_t grid = slot->rows * ((slot->cols + block - 1) / block);
     TRY(alloc_values(slot, grid, out));
     for (uint64_t i = 0; i < grid; i++) out->scales[i] = scale_of(scale_bytes[i]);
-    const int rc = fill_values(codes, slot, packed_cols, block, tensor_scale, out);
+    const int rc = fill_codes(codes, slot, packed_cols, block, tensor_scale, out);
     if (rc) shipped_values_free(out);
     return rc;
 }

@@ -30,9 +30,10 @@ typedef struct fp4_scales {
  * [rows][ceil(cols / block)], data. */
 int fp4_check_scales(const tensor_source *codes, const tensor_source *s, const expected *slot,
                      const fp4_scales *want);
-/* The checked codes' values into new buffers: scales[i] = scale_of(scale_bytes[i]), the codes
- * unpacked, master = e2m1 * scale (times tensor_scale unless 0), bf16 = RN_bf16(master); a
- * value beyond bf16's range fails naming the element, nothing left allocated. */
+/* The checked codes into new buffers: scales[i] = scale_of(scale_bytes[i]), the codes
+ * unpacked; a value e2m1 * scale (times tensor_scale unless 0) beyond bf16's range fails
+ * naming the element, nothing left allocated. The values are not kept: shipped_dequantize
+ * makes them when a reader asks. */
 int fp4_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
                uint64_t block, float tensor_scale, const uint8_t *scale_bytes,
                float (*scale_of)(uint8_t), shipped_values *out);

@@ -15,15 +15,19 @@
 #include "model/model.h"
 #include "model/weights.h"
 
-/* A shipped weight's values: codes and fp32 scales, the dequantized master and its bf16. */
+/* A shipped weight as imported: codes and fp32 scales (its values are dequantized from them
+ * when a reader asks: shipped_dequantize, model_weight_values). */
 typedef struct shipped_values {
     uint8_t *codes;
+    uint8_t codes_mapped;  /* codes are the mapped checkpoint's (block-FP8): not freed, not
+                              owned by the model */
     float *scales;
-    float *master;
-    uint16_t *bf16;
     uint8_t scale_dtype;
     float tensor_scale;    /* ternary: s_w, the GEMM's multiplier; NVFP4: weight_scale_2 */
     float input_scale;     /* NVFP4: the checkpoint's input_scale, 0 if none */
+    float value_scale;     /* ternary: the checkpoint's weight_scale, which the values divide
+                              by (bitlinear) or multiply by (autobitlinear: scale_is_mean) */
+    uint8_t scale_is_mean;
 } shipped_values;
 void shipped_values_free(shipped_values *v);
 

@@ -19,7 +19,8 @@
  * value under bitlinear, RN(1 / weight_scale) under autobitlinear. Every ternary policy reads
  * them as they are (its rule then quantizes the activations only); every other reader sees
  * the dequantized values master = RN_fp32(code / weight_scale) (bitlinear) or RN_fp32(code *
- * weight_scale) (autobitlinear), bf16 = RN_bf16(master).
+ * weight_scale) (autobitlinear), bf16 = RN_bf16(master), made when such a reader first asks
+ * (shipped_dequantize in lib/model/weights.c), not at load.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -98,9 +99,7 @@ static int ternary_shipped_import(const tensor_source *codes, const tensor_sourc
     const uint64_t n = (uint64_t)slot->rows * slot->cols, pr = packed_rows(slot->rows);
     out->codes = px_huge_alloc(n, slot->name);
     out->scales = px_malloc(sizeof(float), "ternary scale");
-    out->master = px_huge_alloc(n * 4, slot->name);
-    out->bf16 = px_huge_alloc(n * 2, slot->name);
-    if (!out->codes || !out->scales || !out->master || !out->bf16) {
+    if (!out->codes || !out->scales) {
         shipped_values_free(out);
         return PARITY_ERR_OUT_OF_MEMORY;
     }
@@ -110,14 +109,13 @@ static int ternary_shipped_import(const tensor_source *codes, const tensor_sourc
         const uint64_t byte_row = r % pr, field = r / pr;
         for (uint32_t c = 0; c < slot->cols; c++) {
             const int code = (int)((p[byte_row * slot->cols + c] >> (2 * field)) & 3u) - 1;
-            const uint64_t i = (uint64_t)r * slot->cols + c;
-            out->codes[i] = (uint8_t)(int8_t)code;
-            out->master[i] = scale_is_mean ? (float)code * s : (float)code / s;
-            out->bf16[i] = bf16_from_f32(out->master[i]);
+            out->codes[(uint64_t)r * slot->cols + c] = (uint8_t)(int8_t)code;
         }
     }
     out->scales[0] = 0.0f;
     out->tensor_scale = scale_is_mean ? 1.0f / s : s;
+    out->value_scale = s;
+    out->scale_is_mean = (uint8_t)scale_is_mean;
     out->scale_dtype = (uint8_t)scale->dtype;
     return PARITY_OK;
 }

@@ -16,7 +16,8 @@
  * sampler serving the checkpoint never re-quantizes it. The weight's values for every other
  * reader (bf16 and fp16 policies, the fp32 policy, an mxfp8 policy's quantizer, the save
  * layouts other than fp8-block) are the dequantized ones, as DeepSeek-V3's weight_dequant
- * computes them: master = RN_fp32(e4m3(code) * scale), bf16 = RN_bf16(master).
+ * computes them: master = RN_fp32(e4m3(code) * scale), bf16 = RN_bf16(master), made when
+ * such a reader first asks (shipped_dequantize in lib/model/weights.c), not at load.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -104,17 +105,10 @@ static int shipped_check(const tensor_source *codes, const tensor_source *scales
 }
 
 static void shipped_convert_into(const tensor_source *codes, const tensor_source *scales,
-                                 const expected *slot, uint8_t *out_codes, float *out_scales,
-                          float *master, uint16_t *bf16) {
+                                 const expected *slot, uint8_t *out_codes, float *out_scales) {
     const uint64_t gc = grid_cols(slot), n = (uint64_t)slot->rows * slot->cols;
     for (uint64_t i = 0; i < grid_rows(slot) * gc; i++) out_scales[i] = scale_value(scales, i);
-    memcpy(out_codes, codes->data, n);
-    parity_fp8_to_f32(PARITY_FP8_E4M3, n, out_codes, master);
-    for (uint64_t i = 0; i < n; i++) {
-        const uint64_t r = i / slot->cols, k = i % slot->cols;
-        master[i] = master[i] * out_scales[(r / 128) * gc + k / 128];
-        bf16[i] = bf16_from_f32(master[i]);
-    }
+    if (out_codes != codes->data) memcpy(out_codes, codes->data, n);
 }
 
 int shipped_import(const tensor_source *codes, const tensor_source *scales, const expected *slot,
@@ -122,15 +116,17 @@ int shipped_import(const tensor_source *codes, const tensor_source *scales, cons
     *out = (shipped_values){0};
     TRY(shipped_check(codes, scales, slot, ue8m0));
     const uint64_t n = (uint64_t)slot->rows * slot->cols;
-    out->codes = px_huge_alloc(n, slot->name);
+    /* the codes of a mapped checkpoint are already as the model holds them, one a byte: used
+     * in place (read-only: nothing writes a weight's shipped codes; an update replaces them) */
+    out->codes_mapped = (uint8_t)(codes->may_map != 0);
+    out->codes = out->codes_mapped ? (uint8_t *)(uintptr_t)codes->data
+                                   : px_huge_alloc(n, slot->name);
     out->scales = px_malloc(grid_rows(slot) * grid_cols(slot) * sizeof(float), "fp8 block scales");
-    out->master = px_huge_alloc(n * 4, slot->name);
-    out->bf16 = px_huge_alloc(n * 2, slot->name);
-    if (!out->codes || !out->scales || !out->master || !out->bf16) {
+    if (!out->codes || !out->scales) {
         shipped_values_free(out);
         return PARITY_ERR_OUT_OF_MEMORY;
     }
-    shipped_convert_into(codes, scales, slot, out->codes, out->scales, out->master, out->bf16);
+    shipped_convert_into(codes, scales, slot, out->codes, out->scales);
     out->scale_dtype = (uint8_t)scales->dtype;
     return PARITY_OK;
 }

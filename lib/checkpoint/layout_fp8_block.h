@@ -7,8 +7,8 @@
 
 /* The checks of shipped codes (F8_E4M3, the slot's shape, no NaN code, dequantized values
  * within bf16's range) and scales (scales NULL: PARITY_ERR_SCALE_MISSING; F32/BF16; the block
- * grid; finite, positive, powers of two if ue8m0), then the values into new buffers (nothing
- * left allocated on failure). */
+ * grid; finite, positive, powers of two if ue8m0), then the codes and fp32 scales into new
+ * buffers (nothing left allocated on failure); no values (shipped_dequantize makes them). */
 int shipped_import(const tensor_source *codes, const tensor_source *scales, const expected *slot,
                    int ue8m0, shipped_values *out);
 

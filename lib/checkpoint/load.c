@@ -205,8 +205,9 @@ static int find_source(const parity_model *m, const char *name, char *where, siz
     return 1;
 }
 
-/* The imported values become w's: the model owns the buffers, w->shipped the codes and scales
- * of format `gemm`. */
+/* The imported codes become w's: the model owns the buffers, w->shipped the codes and scales
+ * of format `gemm`. w holds no values (bf16, master) until a reader asks for them
+ * (model_weight_values): a model served under the checkpoint's format holds the codes alone. */
 static int install_shipped(parity_model *m, weight *w, const expected *e, shipped_values *v,
                            int gemm, int scale_dtype) {
     quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "shipped weight"));
@@ -215,23 +216,24 @@ static int install_shipped(parity_model *m, weight *w, const expected *e, shippe
         return PARITY_ERR_OUT_OF_MEMORY;
     }
     /* the model frees what the import allocated (model_own frees a buffer it cannot take) */
-    void *bufs[4] = {v->codes, v->scales, v->master, v->bf16};
-    for (int i = 0; i < 4; i++)
-        if (!model_own(m, bufs[i])) {
-            for (int j = i + 1; j < 4; j++) px_free(bufs[j]);
-            return PARITY_ERR_OUT_OF_MEMORY;
-        }
+    if (!v->codes_mapped && !model_own(m, v->codes)) {
+        px_free(v->scales);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    if (!model_own(m, v->scales)) return PARITY_ERR_OUT_OF_MEMORY;
     q->codes = v->codes;
     q->scales = v->scales;
     q->tensor_scale = v->tensor_scale;
     q->input_scale = v->input_scale;
     w->rows = e->rows;
     w->cols = e->cols;
-    w->bf16 = v->bf16;
-    w->master = v->master;
+    w->bf16 = NULL;
+    w->master = NULL;
     w->shipped = q;
     w->shipped_gemm = (uint8_t)gemm;
     w->shipped_scale_dtype = (uint8_t)scale_dtype;
+    w->shipped_value_scale = v->value_scale;
+    w->shipped_scale_is_mean = v->scale_is_mean;
     return PARITY_OK;
 }
 

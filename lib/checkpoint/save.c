@@ -143,6 +143,9 @@ static int plan_saved(const parity_model *m, const checkpoint_layout *layout, in
         *v = tmp[i];
         v->kind = OUT_VALUES;
         const int quantize = layout_quantizes(layout) && slot->linear && !w->keep_bf16;
+        /* the values of shipped codes, unless the layout writes those codes as they are */
+        if (!(quantize && w->shipped && w->shipped_gemm == layout->gemm))
+            rc = model_weight_values((parity_model *)m, slot->dst);
         v->dtype = layout->values_dtype;
         v->shape[0] = '\0';
         v->bytes = values * (f32 ? 4 : 2);

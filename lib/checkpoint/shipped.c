@@ -4,10 +4,8 @@
 #include "layout.h"
 
 void shipped_values_free(shipped_values *v) {
-    px_free(v->codes);
+    if (!v->codes_mapped) px_free(v->codes);
     px_free(v->scales);
-    px_free(v->master);
-    px_free(v->bf16);
     *v = (shipped_values){0};
 }
 

@@ -35,8 +35,11 @@ int engine_weight_needs(const parity_policy *pol, uint32_t backend) {
 }
 
 int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend) {
-    const int need = engine_weight_needs(pol, backend);
+    int need = engine_weight_needs(pol, backend);
     const int fp8 = pol->gemm != PARITY_GEMM_BF16;
+    /* the values of shipped codes: for a bf16 GEMM and for fp32 or fp16 weights (a quantizer
+     * of another format asks for them itself, in model_prepare_quant) */
+    if (!fp8 || need) need |= MODEL_NEED_VALUES;
     if (!need && !fp8) return PARITY_OK;
     TRY(model_enter(m));
     int rc = model_prepare((parity_model *)m, need);

@@ -86,8 +86,9 @@ uint64_t engine_bytes(const parity_config *c, const engine_params *p, size_t obj
  * the fp16 values under fp16, the fp32 ones under fp32 and on the openblas backend. */
 int engine_weight_needs(const parity_policy *pol, uint32_t backend);
 
-/* Builds, once per model, the fp32 weights a policy and backend read (the openblas backend
- * and the fp32 policy multiply fp32 weights). */
+/* Builds, once per model, the copies of the weights a policy and backend read: the values of
+ * shipped codes (unless the policy's GEMM reads the codes, bf16 compute), the fp32 weights
+ * (the openblas backend and the fp32 policy multiply them), the fp16 ones, the quantized. */
 int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint32_t backend);
 
 /* Allocates the engine and the extra buffers (all or nothing: on failure everything is freed

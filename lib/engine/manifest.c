@@ -150,6 +150,16 @@ static int policy_quantizes(const parity_policy *pol, const expected *slot) {
 
 static const char *format_name(int gemm) { return gemm == PARITY_GEMM_MXFP8 ? "mxfp8" : "fp8-block"; }
 
+/* The values of a slot's weight where its entry reads them (its bf16 checksum, or codes made
+ * from them): built now if the weight holds shipped codes alone, unless the entry is of those
+ * codes' format `gemm` (PARITY_GEMM_BF16: a bf16 entry). */
+static int entry_values(const parity_model *m, const expected *slot, int gemm) {
+    const weight *w = slot->dst;
+    if (!w->shipped || (gemm != PARITY_GEMM_BF16 && gemm == w->shipped_gemm))
+        return PARITY_OK;
+    return model_weight_values((parity_model *)m, slot->dst);
+}
+
 /* ---- 4-bit and ternary weights in manifests ------------------------------------------------
  * An entry: "dtype" "E2M1" (nvfp4, mxfp4) or "TERNARY", "format", "block" [1, 16], [1, 32] or
  * [rows, cols] (ternary: one scale for the tensor), "quantizer" (null: shipped codes),
@@ -237,6 +247,9 @@ static int manifest_write(const parity_model *m, const parity_policy *pol, const
     fprintf(f, "\"tensors\": {");
     for (size_t i = 0; i < n && !rc; i++) {
         const weight *w = slots[i].dst;
+        if ((rc = entry_values(m, &slots[i], policy_quantizes(pol, &slots[i]) ? pol->gemm
+                                                                               : PARITY_GEMM_BF16)))
+            break;
         fprintf(f, "%s\n  \"%s\": {\"shape\": [", i ? "," : "", slots[i].name);
         if (slots[i].rows) fprintf(f, "%u, %u", w->rows, w->cols);
         else fprintf(f, "%u", w->cols);
@@ -601,6 +614,12 @@ int parity_model_verify_for(const parity_model *m, const parity_policy *pol, con
         const int f8 = dtype && dtype->type == JSON_STRING && !strcmp(dtype->str, "F8_E4M3");
         const int lowbit = dtype && dtype->type == JSON_STRING &&
                            (!strcmp(dtype->str, "E2M1") || !strcmp(dtype->str, "TERNARY"));
+        /* the entry's codes are of the policy's format, else of the format the entry names */
+        const char *entry_fmt = entry_str(e, "format");
+        int gemm = (f8 || lowbit) && pol ? pol->gemm : PARITY_GEMM_BF16;
+        for (int g = PARITY_GEMM_FP8_BLOCK; !pol && (f8 || lowbit) && g <= PARITY_GEMM_TERNARY; g++)
+            if (entry_fmt && !strcmp(entry_fmt, quant_format_name((uint32_t)g))) gemm = g;
+        if ((rc = entry_values(m, &slots[i], gemm))) break;
         if ((f8 || lowbit) && slots[i].linear && pol && (is_lowbit(pol->gemm) != lowbit) &&
             pol->gemm != PARITY_GEMM_BF16) {
             report_line(&r, "%s: format differs: the learner ships %s codes (%s), the sampler's "

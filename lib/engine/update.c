@@ -29,8 +29,10 @@ uint64_t parity_model_version(const parity_model *m) {
 /* A checked tensor waiting to go in: converted into new buffers (v), or, when the model owns
  * the buffers the weight holds (a cast or copy from loading or an earlier update), to be
  * converted into them in place once no call runs (in_place, src). An F8_E4M3 update (ship)
- * brings its codes, scales and dequantized values in new buffers (sv); its weight_scale_inv
- * entry is not a tensor of its own (scale_entry). */
+ * brings its codes and scales (sv) and their dequantized values (master, bf16) in new
+ * buffers: the values go in where the weight holds values when the update commits (a reader
+ * asked for them), else they are dropped and the weight holds the codes alone; its
+ * weight_scale_inv entry is not a tensor of its own (scale_entry). */
 typedef struct staged {
     weight *w;
     tensor_values v;
@@ -39,6 +41,8 @@ typedef struct staged {
     int scale_entry;
     int ship;
     shipped_values sv;
+    float *master;
+    uint16_t *bf16;
     quant_weight *shipped;                /* the struct for w->shipped where w has none yet */
     quant_weight *quant_new[QUANTIZERS]; /* copies a weight leaving its shipped codes needs */
 } staged;
@@ -85,12 +89,19 @@ static int stage_shipped(parity_model *m, const parity_tensor_data *tensors, siz
     if (rc) return rc;
     st->ship = 1;
     const uint64_t count = (uint64_t)slot->rows * slot->cols;
+    st->master = px_huge_alloc(count * 4, "dequantized weights (fp32)");
+    st->bf16 = st->master ? px_huge_alloc(count * 2, "dequantized weights (bf16)") : NULL;
+    if (!st->bf16) return PARITY_ERR_OUT_OF_MEMORY;
+    quant_weight imported = {.codes = st->sv.codes, .scales = st->sv.scales};
+    const weight shipped = {.rows = slot->rows, .cols = slot->cols, .shipped = &imported,
+                            .shipped_gemm = PARITY_GEMM_FP8_BLOCK};
+    shipped_dequantize(&shipped, st->master, st->bf16);
     /* a model an fp16 policy reads must be able to hold the dequantized values in fp16 */
     for (uint64_t j = 0; w->fp16 && j < count; j++)
-        if (isinf(round_fp16(st->sv.master[j])))
+        if (isinf(round_fp16(st->master[j])))
             return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element %" PRIu64 " dequantizes to "
                              "%g, beyond fp16's range, which the fp16 policy cannot hold", where, j,
-                             (double)st->sv.master[j]);
+                             (double)st->master[j]);
     if (!w->shipped && !(st->shipped = px_calloc(1, sizeof *st->shipped, "fp8 weight")))
         return PARITY_ERR_OUT_OF_MEMORY;
     return PARITY_OK;
@@ -99,12 +110,16 @@ static int stage_shipped(parity_model *m, const parity_tensor_data *tensors, siz
 static void staged_free(staged *st) {
     tensor_values_free(&st->v);
     shipped_values_free(&st->sv);
+    px_free(st->master);
+    px_free(st->bf16);
     px_free(st->shipped);
 }
 
-/* Shipped codes into the weight (buffers taken over by the model; room reserved). */
+/* Shipped codes into the weight (buffers taken over by the model; room reserved), with their
+ * values where the weight held values (else it holds the codes alone, as loaded). */
 static void commit_shipped(parity_model *m, staged *st) {
     weight *w = st->w;
+    const int held_values = w->bf16 != NULL;
     model_disown(m, w->bf16);
     model_disown(m, w->master);
     if (w->shipped) {
@@ -116,8 +131,14 @@ static void commit_shipped(parity_model *m, staged *st) {
     }
     w->shipped->codes = model_own(m, st->sv.codes);
     w->shipped->scales = model_own(m, st->sv.scales);
-    w->master = model_own(m, st->sv.master);
-    w->bf16 = model_own(m, st->sv.bf16);
+    w->master = held_values ? model_own(m, st->master) : NULL;
+    w->bf16 = held_values ? model_own(m, st->bf16) : NULL;
+    if (!held_values) {
+        px_free(st->master);
+        px_free(st->bf16);
+    }
+    st->master = NULL;
+    st->bf16 = NULL;
     w->shipped_gemm = PARITY_GEMM_FP8_BLOCK;
     w->shipped_scale_dtype = st->sv.scale_dtype;
     st->sv = (shipped_values){0};

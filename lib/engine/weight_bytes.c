@@ -24,8 +24,11 @@ static void count_held(const weight *w, const parity_policy *pol, int need,
                        parity_weight_bytes *out) {
     const uint64_t n = (uint64_t)w->rows * w->cols;
     uint64_t kept = 0, other = 0;
-    if (w->bf16) kept += 2 * n;
-    if (w->master) kept += 4 * n;
+    /* a shipped weight's values are a copy too: a policy reading its codes as they are (its
+     * format, bf16 compute: no fp32 or fp16 copies) keeps none */
+    const int values_read = !w->shipped || need || pol->gemm != w->shipped_gemm;
+    if (w->bf16) *(values_read ? &kept : &other) += 2 * n;
+    if (w->master) *(values_read ? &kept : &other) += 4 * n;
     if (w->shipped) kept += quant_bytes(w->shipped_gemm, w);
     /* the norms and biases are widened when the model is made: every policy reads them */
     if (w->wide) *(w->rows == 1 || (need & MODEL_NEED_WIDE) ? &kept : &other) += 4 * n;

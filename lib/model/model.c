@@ -1,7 +1,7 @@
 /* The model in memory: its blueprint (the tensors of an architecture, with their shapes), the
- * buffers it owns, its use lock, the fp32, fp16 and quantized copies of its weights built on
- * demand, and synthetic models from a seed. Checkpoints are loaded and saved in
- * lib/checkpoint/ (load.c, save.c), above this folder. */
+ * buffers it owns, its use lock, the copies of its weights built on demand (the values of
+ * shipped codes, fp32, fp16, quantized), and synthetic models from a seed. Checkpoints are
+ * loaded and saved in lib/checkpoint/ (load.c, save.c), above this folder. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -247,6 +247,34 @@ static int fp16_weights(parity_model *m) {
     return rc;
 }
 
+/* ---- the values of shipped codes ------------------------------------------------------ */
+
+/* w's dequantized values, built once (the caller holds the prepare lock). The fp32 and fp16
+ * copies are then no longer ready for every weight: the next ask builds those of w. */
+static int dequantize_shipped(parity_model *m, weight *w) {
+    if (!w->shipped || w->bf16) return PARITY_OK;
+    const uint64_t n = (uint64_t)w->rows * w->cols;
+    float *master = model_own(m, px_huge_alloc(n * 4, "dequantized weights (fp32)"));
+    uint16_t *bf16 = master ? model_own(m, px_huge_alloc(n * 2, "dequantized weights (bf16)"))
+                            : NULL;
+    if (!bf16) {
+        model_disown(m, master);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    shipped_dequantize(w, master, bf16);
+    w->master = master;
+    w->bf16 = bf16;
+    m->wide_ready = m->fp16_ready = 0;
+    return PARITY_OK;
+}
+
+int model_weight_values(parity_model *m, weight *w) {
+    pthread_mutex_lock(&m->prepare_lock);
+    const int rc = dequantize_shipped(m, w);
+    pthread_mutex_unlock(&m->prepare_lock);
+    return rc;
+}
+
 /* The decoder layers' linear weights: what an fp8 gemm quantizes (the embedding, lm_head,
  * norms and biases stay as they are). */
 static size_t linear_weights_of(parity_model *m, uint32_t layer, weight **out) {
@@ -268,6 +296,14 @@ quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer
     return q->scales ? q : NULL;
 }
 
+/* Whether model_prepare_quant makes a copy of w with `quantizer`: not where it has one, where
+ * the checkpoint keeps it in bf16, or where it holds shipped codes the quantizer's format reads
+ * as they are. */
+static int quantizes(const weight *w, int quantizer) {
+    return !w->quant[quantizer] && !w->keep_bf16 &&
+           !(w->shipped && quant_format_of(quantizer) == w->shipped_gemm);
+}
+
 int model_prepare_quant(parity_model *m, int quantizer) {
     if (quantizer < 0 || quantizer >= QUANTIZERS)
         return set_error(PARITY_ERR_POLICY, "quantizer %d is not defined", quantizer);
@@ -276,25 +312,24 @@ int model_prepare_quant(parity_model *m, int quantizer) {
     if (!m->quant_ready[quantizer]) {
         const parity_config *c = &m->config;
         size_t most = 1; /* floats of the widened values a quantization reads */
-        for (uint32_t i = 0; i < c->num_hidden_layers; i++) {
-            weight *ws[7];
-            const size_t n = linear_weights_of(m, i, ws);
-            for (size_t j = 0; j < n; j++) {
-                const size_t f = quant_scratch_floats(ws[j], quantizer);
-                if (f > most) most = f;
-            }
-        }
-        float *scratch = px_malloc(most * sizeof(float), "quantization rows");
-        if (!scratch) rc = PARITY_ERR_OUT_OF_MEMORY;
         /* a failure leaves some copies built: harmless, a retry reuses them */
         for (uint32_t i = 0; !rc && i < c->num_hidden_layers; i++) {
             weight *ws[7];
             const size_t n = linear_weights_of(m, i, ws);
             for (size_t j = 0; !rc && j < n; j++) {
-                /* kept in bf16 by the checkpoint, or shipped codes the policy's format reads */
-                if (ws[j]->quant[quantizer] || ws[j]->keep_bf16 ||
-                    (ws[j]->shipped && quant_format_of(quantizer) == ws[j]->shipped_gemm))
-                    continue;
+                /* shipped codes of another format are quantized from their values */
+                if (quantizes(ws[j], quantizer)) rc = dequantize_shipped(m, ws[j]);
+                const size_t f = quant_scratch_floats(ws[j], quantizer);
+                if (f > most) most = f;
+            }
+        }
+        float *scratch = rc ? NULL : px_malloc(most * sizeof(float), "quantization rows");
+        if (!scratch && !rc) rc = PARITY_ERR_OUT_OF_MEMORY;
+        for (uint32_t i = 0; !rc && i < c->num_hidden_layers; i++) {
+            weight *ws[7];
+            const size_t n = linear_weights_of(m, i, ws);
+            for (size_t j = 0; !rc && j < n; j++) {
+                if (!quantizes(ws[j], quantizer)) continue;
                 quant_weight *q = quant_weight_alloc(m, ws[j], quantizer);
                 if (!q) {
                     rc = PARITY_ERR_OUT_OF_MEMORY;
@@ -312,10 +347,12 @@ int model_prepare_quant(parity_model *m, int quantizer) {
 }
 
 int model_prepare(parity_model *m, int need) {
-    if (!(need & (MODEL_NEED_WIDE | MODEL_NEED_FP16))) return PARITY_OK;
+    if (!(need & (MODEL_NEED_WIDE | MODEL_NEED_FP16 | MODEL_NEED_VALUES))) return PARITY_OK;
     pthread_mutex_lock(&m->prepare_lock);
     int rc = PARITY_OK;
     /* a failure leaves some copies built: harmless, a retry reuses them */
+    for (size_t i = 0; (need & MODEL_NEED_VALUES) && i < m->n_tensors && !rc; i++)
+        rc = dequantize_shipped(m, m->tensors[i].dst);
     if ((need & MODEL_NEED_WIDE) && !m->wide_ready) {
         rc = widen_weights(m, 0);
         if (!rc) m->wide_ready = 1;

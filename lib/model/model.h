@@ -1,6 +1,6 @@
 /* The model in memory (model.c): struct parity_model with its layers' weights, RoPE tables and
  * checkpoint quantization settings; making one, its table of tensors, the buffers it owns, its
- * use lock and the fp32, fp16 and quantized copies built on demand. */
+ * use lock and the copies built on demand (shipped codes' values, fp32, fp16, quantized). */
 #ifndef PARITY_MODEL_H
 #define PARITY_MODEL_H
 
@@ -66,7 +66,8 @@ struct parity_model {
     void (*release_source)(parity_model *m); /* set by the loader: closes the files, frees ckpt */
     void **owned;                  /* owned weight buffers, freed with the model */
     size_t n_owned, cap_owned;
-    pthread_mutex_t prepare_lock;  /* guards building the fp32 copies (wide) */
+    pthread_mutex_t prepare_lock;  /* guards building the copies: shipped codes' values, fp32
+                                      (wide), fp16 and quantized */
     int wide_ready;
     int fp16_ready;                /* every weight's fp16 copy is built (model_prepare) */
     int quant_ready[QUANTIZERS]; /* the fp8 copies of that quantizer are built */
@@ -105,11 +106,19 @@ int model_owns(const parity_model *m, const void *p);
 int model_enter(const parity_model *m);
 void model_leave(const parity_model *m);
 
-/* Which fp32 weights a forward needs, built once per model (thread-safe): the bf16 values
- * widened, and the fp16 values. The fp16 copies fail with PARITY_ERR_TENSOR_NONFINITE when a
- * value is beyond fp16's range (it would round to infinity), naming the tensor. */
-enum { MODEL_NEED_WIDE = 1, MODEL_NEED_FP16 = 2 };
+/* Which copies of the weights a forward needs, built once per model (thread-safe): the bf16
+ * values widened, the fp16 values, and the values of the weights that hold shipped codes
+ * (MODEL_NEED_VALUES: every weight's master and bf16, dequantized with shipped_dequantize;
+ * a model loaded from a quantized checkpoint holds only the codes until something asks). The
+ * fp16 copies fail with PARITY_ERR_TENSOR_NONFINITE when a value is beyond fp16's range (it
+ * would round to infinity), naming the tensor. */
+enum { MODEL_NEED_WIDE = 1, MODEL_NEED_FP16 = 2, MODEL_NEED_VALUES = 4 };
 int model_prepare(parity_model *m, int need);
+/* The values of one weight (w->bf16 and, for shipped codes, w->master), built once under the
+ * prepare lock where w holds shipped codes and no values yet: what every reader of a weight's
+ * values calls first (a save, a manifest, a call returning values). Call it inside
+ * model_enter. PARITY_ERR_OUT_OF_MEMORY if the copies cannot be made. */
+int model_weight_values(parity_model *m, weight *w);
 /* The quantized copies of the decoder layers' linear weights with `quantizer` (thread-safe,
  * once). */
 int model_prepare_quant(parity_model *m, int quantizer);

@@ -15,9 +15,12 @@
 typedef struct weight {
     uint32_t rows, cols;
     const uint16_t *bf16;  /* bf16 values [rows][cols]: mapped from a BF16 checkpoint, or owned
-                              (RNE cast of F16/F32, or synthetic) */
+                              (RNE cast of F16/F32, or synthetic, or a shipped weight's
+                              dequantized values); NULL for a shipped weight until a reader
+                              asks for its values (model_weight_values) */
     const float *master;   /* fp32 master values [rows][cols] when the checkpoint is F32
-                              (mapped or owned) or F16 (widened, owned); NULL for BF16 */
+                              (mapped or owned) or F16 (widened, owned), or a shipped weight's
+                              dequantized values (built with its bf16); NULL for BF16 */
     float *wide;           /* bf16 widened to fp32, owned, built on demand (model_prepare) */
     float *fp16;           /* the fp16 values PARITY_COMPUTE_FP16 reads (the master, else the
                               bf16 values, rounded once to nearest even; exact for an F16
@@ -28,11 +31,15 @@ typedef struct weight {
                               shipped them, owned: block-FP8, ternary, NVFP4 or MXFP4 (the
                               layouts of lib/checkpoint/layout_*.c, and update.c); every
                               policy of that format reads them as they are; NULL if none. bf16
-                              and master then hold the dequantized values */
+                              and master then hold the dequantized values once something reads
+                              values (model_weight_values, MODEL_NEED_VALUES), NULL before */
     uint8_t shipped_gemm;  /* the format of the shipped codes: PARITY_GEMM_FP8_BLOCK, _NVFP4,
                               _MXFP4 or _TERNARY */
     uint8_t shipped_scale_dtype; /* PARITY_DTYPE_F32, _BF16 (or _F16, ternary): how the shipped
                               scales were stored */
+    uint8_t shipped_scale_is_mean; /* ternary: the values are code * shipped_value_scale
+                              (autobitlinear), else code / shipped_value_scale (bitlinear) */
+    float shipped_value_scale; /* ternary: the checkpoint's weight_scale, as fp32 */
     uint8_t keep_bf16;     /* named by the checkpoint's modules_to_not_convert / ignored_layers:
                               no fp8 policy quantizes it */
 } weight;
@@ -57,7 +64,8 @@ static inline const quant_weight *quant_weight_for(const parity_policy *pol, con
 }
 
 /* fp32 values of a weight for PARITY_COMPUTE_FP32: the master if any, else the widened bf16
- * (model_prepare(MODEL_NEED_WIDE) must have run). */
+ * (model_prepare(MODEL_NEED_WIDE) must have run; for a weight holding shipped codes,
+ * MODEL_NEED_VALUES too, else both are NULL). */
 static inline const float *weight_f32(const weight *w) { return w->master ? w->master : w->wide; }
 
 /* The fp32 values a policy reads for a weight: weight_f32 under PARITY_COMPUTE_FP32, the

@@ -1,7 +1,7 @@
 /* The one way in for weight values: a tensor from a checkpoint (parity_model_load) or from a
  * learner (parity_model_update) is checked against the model's table of tensors, converted
  * to bf16 with one round-to-nearest-even, tested for NaN and Inf, and widened to fp32 where a
- * path reads fp32 weights. */
+ * path reads fp32 weights; and the values of a weight's shipped codes (shipped_dequantize). */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +10,7 @@
 #include "base/alloc.h"
 #include "base/errors.h"
 #include "base/floats.h"
+#include "quant/codecs.h"
 #include "weights.h"
 
 void tensor_values_free(tensor_values *v) {
@@ -115,6 +116,34 @@ int tensor_import(const tensor_source *src, const expected *slot, tensor_values 
     out->bf16 = bf16;
     out->master = master;
     return PARITY_OK;
+}
+
+void shipped_dequantize(const weight *w, float *master, uint16_t *bf16) {
+    const quant_weight *q = w->shipped;
+    const uint64_t rows = w->rows, cols = w->cols, n = rows * cols;
+    if (w->shipped_gemm == PARITY_GEMM_FP8_BLOCK) {
+        const uint64_t grid_cols = (cols + 127) / 128;
+        parity_fp8_to_f32(PARITY_FP8_E4M3, n, q->codes, master);
+        for (uint64_t i = 0; i < n; i++)
+            master[i] = master[i] * q->scales[(i / cols / 128) * grid_cols + i % cols / 128];
+    } else if (w->shipped_gemm == PARITY_GEMM_TERNARY) {
+        const float s = w->shipped_value_scale;
+        for (uint64_t i = 0; i < n; i++) {
+            const float code = (float)(int8_t)q->codes[i];
+            master[i] = w->shipped_scale_is_mean ? code * s : code / s;
+        }
+    } else { /* NVFP4 (1 x 16 blocks, then s2) or MXFP4 (1 x 32) */
+        const uint64_t block = w->shipped_gemm == PARITY_GEMM_NVFP4 ? 16 : 32;
+        const uint64_t grid_cols = (cols + block - 1) / block;
+        const float s2 = w->shipped_gemm == PARITY_GEMM_NVFP4 ? q->tensor_scale : 0.0f;
+        for (uint64_t r = 0; r < rows; r++)
+            for (uint64_t c = 0; c < cols; c++) {
+                float x = e2m1_to_f32(q->codes[r * cols + c]) * q->scales[r * grid_cols + c / block];
+                if (s2) x = x * s2;
+                master[r * cols + c] = x;
+            }
+    }
+    for (uint64_t i = 0; i < n; i++) bf16[i] = bf16_from_f32(master[i]);
 }
 
 void weight_widen_into(const weight *w, float *wide) {

@@ -1,6 +1,6 @@
 /* The one way in for weight values (weights.c): a tensor coming in (tensor_source), checked
- * against its table entry and converted to the values the model holds (tensor_values), and
- * the fp32 and fp16 copies of a weight. */
+ * against its table entry and converted to the values the model holds (tensor_values), the
+ * values of shipped codes, and the fp32 and fp16 copies of a weight. */
 #ifndef PARITY_MODEL_WEIGHTS_H
 #define PARITY_MODEL_WEIGHTS_H
 
@@ -39,6 +39,13 @@ int tensor_check(const tensor_source *src, const expected *slot);
  * are) and, for F16/F32 sources, master[n] (the exact fp32 values; NULL to skip). */
 void tensor_convert_into(const tensor_source *src, uint64_t n, uint16_t *bf16, float *master);
 void tensor_values_free(tensor_values *v);
+/* The values of w's shipped codes (w->shipped, of format w->shipped_gemm) into master[rows *
+ * cols] and bf16[rows * cols], as every reader of a shipped weight's values sees them:
+ * block-FP8 master = RN_fp32(e4m3(code) * scale) (DeepSeek-V3's weight_dequant); NVFP4
+ * RN_fp32(e2m1 * sf * s2), the product e2m1 * sf exact; MXFP4 e2m1 * 2^(e - 127); ternary
+ * RN_fp32(code / weight_scale) (bitlinear) or RN_fp32(code * weight_scale) (autobitlinear);
+ * bf16 = RN_bf16(master). */
+void shipped_dequantize(const weight *w, float *master, uint16_t *bf16);
 /* wide[i] = the bf16 values of w widened to fp32 (exact): the copy the openblas backend and
  * the fp32 policy read. */
 void weight_widen_into(const weight *w, float *wide);
