@@ -161,7 +161,7 @@ static int fp8_block_plan(const weight *w, int rule, saved_tensor *v, saved_tens
     v->kind = OUT_CODES;
     v->dtype = "F8_E4M3";
     v->bytes = count;
-    if (w->shipped) {
+    if (w->shipped && w->shipped_gemm == PARITY_GEMM_FP8_BLOCK) {
         v->q = sc->q = w->shipped;
         sc->scales_bf16 = w->shipped_scale_dtype == PARITY_DTYPE_BF16;
     } else if (rule < 0) {
