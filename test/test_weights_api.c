@@ -48,6 +48,19 @@ static float *values_of(const parity_model *m, const char *name) {
     return x;
 }
 
+/* m saved in `layout` to a temporary directory and loaded back (the directory removed: the
+ * loaded model keeps its files mapped); NULL if either failed (CHECK_OK of each). */
+static parity_model *round_trip(const parity_model *m, const char *layout) {
+    char dir[] = "/tmp/parity-test-weights-XXXXXX", cmd[64];
+    parity_model *back = NULL;
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK_OK(parity_model_save_as(m, dir, layout));
+    CHECK_OK(parity_model_load(dir, &back));
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK_INT(system(cmd), 0);
+    return back;
+}
+
 static void test_info_and_errors(const parity_model *m) {
     const parity_config *c = parity_model_config(m);
     parity_weight_info info = {.size = sizeof info};
@@ -373,6 +386,23 @@ static void test_refusals_change_nothing(void) {
     parity_model_free(m);
 }
 
+/* m saved in the block-FP8 layout with the deepseek rule: the weight `name` holds, loaded back,
+ * the rule's codes and scales of m's values (not codes m holds of another format). */
+static void check_saved_as_fp8_block(const parity_model *m, const char *name, const char *what) {
+    const int q = PARITY_FP8Q_DEEPSEEK;
+    parity_model *back = round_trip(m, "fp8-block:deepseek");
+    const shape s = shape_of(m, name, q);
+    float *x = values_of(m, name);
+    uint8_t *want = xcalloc(s.n), *have = xcalloc(s.n);
+    float *want_s = xcalloc(s.n_scales * 4), *have_s = xcalloc(s.n_scales * 4);
+    CHECK_OK(parity_quantize_weight(q, s.rows, s.cols, x, s.cols, want, want_s));
+    if (back) CHECK_OK(parity_model_weight_codes(back, name, q, have, s.n, have_s, s.n_scales));
+    CHECK(!memcmp(want, have, s.n));
+    CHECK_BITS_F32(have_s, want_s, s.n_scales, what);
+    free(x), free(want), free(have), free(want_s), free(have_s);
+    parity_model_free(back);
+}
+
 /* Set codes read back, bit for bit, by another rule of the format; a save in the format's
  * layout writes them (BF16 scales where given so), and another format's layout quantizes the
  * values instead. */
@@ -380,8 +410,6 @@ static void test_round_trips(void) {
     parity_model *m = NULL;
     CHECK_OK(parity_model_open("synthetic:tiny:3", &m));
     if (!m) return;
-    char dir[] = "/tmp/parity-test-weights-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
     float *x = values_of(m, DOWN_PROJ);
     const struct {
         uint32_t gemm;
@@ -420,9 +448,7 @@ static void test_round_trips(void) {
             char layout[64];
             snprintf(layout, sizeof layout, "%s:%s", cases[k].layout,
                      parity_quantizer_name(q));
-            CHECK_OK(parity_model_save_as(m, dir, layout));
-            parity_model *back = NULL;
-            CHECK_OK(parity_model_load(dir, &back));
+            parity_model *back = round_trip(m, layout);
             if (back) {
                 memset(got, 0, s.n);
                 CHECK_OK(parity_model_weight_codes(back, DOWN_PROJ, cases[k].read_by, got, s.n,
@@ -431,29 +457,11 @@ static void test_round_trips(void) {
                 CHECK_BITS_F32(got_s, scales, s.n_scales, layout);
                 parity_model_free(back);
             }
-        } else {
-            /* MXFP8 codes are no block-FP8 checkpoint's: that layout quantizes the values */
-            CHECK_OK(parity_model_save_as(m, dir, "fp8-block:deepseek"));
-            parity_model *back = NULL;
-            CHECK_OK(parity_model_load(dir, &back));
-            const shape sf = shape_of(m, DOWN_PROJ, PARITY_FP8Q_DEEPSEEK);
-            uint8_t *want = xcalloc(sf.n), *have = xcalloc(sf.n);
-            float *want_s = xcalloc(sf.n_scales * 4), *have_s = xcalloc(sf.n_scales * 4);
-            CHECK_OK(parity_quantize_weight(PARITY_FP8Q_DEEPSEEK, sf.rows, sf.cols, x, sf.cols,
-                                            want, want_s));
-            if (back)
-                CHECK_OK(parity_model_weight_codes(back, DOWN_PROJ, PARITY_FP8Q_DEEPSEEK, have,
-                                                   sf.n, have_s, sf.n_scales));
-            CHECK(!memcmp(want, have, sf.n));
-            CHECK_BITS_F32(have_s, want_s, sf.n_scales - 1, "fp8-block save of MXFP8 codes");
-            free(want), free(have), free(want_s), free(have_s);
-            parity_model_free(back);
+        } else { /* MXFP8 codes are no block-FP8 checkpoint's */
+            check_saved_as_fp8_block(m, DOWN_PROJ, "fp8-block save of MXFP8 codes");
         }
         free(codes), free(got), free(scales), free(got_s);
     }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK_INT(system(cmd), 0);
     free(x);
     parity_model_free(m);
 }
@@ -462,27 +470,32 @@ static void test_round_trips(void) {
  * quantizes the values (what the ternary codes dequantize to) with its rule, as it would any
  * weight without block-FP8 codes, and never writes the ternary codes as E4M3 bytes. */
 static void test_bitnet_saved_as_fp8_block(void) {
-    parity_model *m = NULL, *back = NULL;
+    parity_model *m = NULL;
     load_model("models/qwen3-bytes-ternary-4.9m", &m);
     if (!m) return;
-    char dir[] = "/tmp/parity-test-weights-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    CHECK_OK(parity_model_save_as(m, dir, "fp8-block:deepseek"));
-    CHECK_OK(parity_model_load(dir, &back));
-    const int q = PARITY_FP8Q_DEEPSEEK;
-    const shape s = shape_of(m, Q_PROJ, q);
-    float *x = values_of(m, Q_PROJ);
-    uint8_t *want = xcalloc(s.n), *have = xcalloc(s.n);
-    float *want_s = xcalloc(s.n_scales * 4), *have_s = xcalloc(s.n_scales * 4);
-    CHECK_OK(parity_quantize_weight(q, s.rows, s.cols, x, s.cols, want, want_s));
-    if (back) CHECK_OK(parity_model_weight_codes(back, Q_PROJ, q, have, s.n, have_s, s.n_scales));
-    CHECK(!memcmp(want, have, s.n));
-    CHECK_BITS_F32(have_s, want_s, s.n_scales, "fp8-block save of a BitNet checkpoint");
-    free(x), free(want), free(have), free(want_s), free(have_s);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK_INT(system(cmd), 0);
-    parity_model_free(back);
+    check_saved_as_fp8_block(m, Q_PROJ, "fp8-block save of a BitNet checkpoint");
+    parity_model_free(m);
+}
+
+/* Codes of another format set on a BitNet checkpoint whose ternary codes a prepared ternary
+ * policy read: that policy now quantizes the values (what the ternary codes dequantize to,
+ * held in fp32), bit for bit as the same values saved in fp32 and loaded do under it. */
+static void test_shipped_codes_replaced(void) {
+    parity_model *m = NULL;
+    load_model("models/qwen3-bytes-ternary-4.9m", &m);
+    if (!m) return;
+    parity_model *values = round_trip(m, "fp32"); /* the dequantized values, as the model's */
+    float shipped[11], after[11], want[11];
+    score(m, "hf-eager+ternary:bitnet", shipped); /* prepares the rule, skipping shipped codes */
+    set_all(m, PARITY_QUANT_NVFP4_MODELOPT, -1, PARITY_DTYPE_F32);
+    score(m, "hf-eager+ternary:bitnet", after);
+    if (values) score(values, "hf-eager+ternary:bitnet", want);
+    CHECK_BITS_F32(after, want, 11, "the ternary rule on the values once the codes went");
+    /* the shipped codes were what the policy read before: not the requantized values' */
+    size_t same = 0;
+    for (int i = 0; i < 11; i++) same += bits(shipped[i]) == bits(after[i]);
+    CHECK(same < 11);
+    parity_model_free(values);
     parity_model_free(m);
 }
 
@@ -500,6 +513,7 @@ int main(void) {
     test_refusals_change_nothing();
     test_round_trips();
     test_bitnet_saved_as_fp8_block();
+    test_shipped_codes_replaced();
     parity_model_free(trained);
     parity_model_free(tiny);
     return check_report("test_weights_api");

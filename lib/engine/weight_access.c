@@ -211,22 +211,22 @@ int parity_model_set_quantized(parity_model *m, const char *name, uint32_t gemm,
                          fn, name);
     const uint64_t grid = n_scales - 1;
     TRY(check_shipped(fn, name, f, n_codes, codes, grid, scales, scale_dtype));
-    /* everything the swap needs, allocated before it: the new codes, and the copies the
-     * policies of a format whose shipped codes go read from then on */
-    quant_weight *fresh[QUANTIZERS] = {0};
-    float *scratch = NULL;
-    int rc = quant_copies_unshipped(m, w, (int)gemm, fresh, &scratch);
-    quant_weight *q = rc ? NULL : px_calloc(1, sizeof *q, "set codes");
+    /* the new codes; then, under the exclusive lock (so that no scorer or sampler prepares a
+     * quantizer meanwhile), the copies the prepared quantizers of a format whose shipped codes
+     * go read from then on and room in the owned list: everything the swap needs */
+    quant_weight *q = px_calloc(1, sizeof *q, "set codes");
     uint8_t *c = q ? px_huge_alloc(n_codes, "set codes") : NULL;
     float *s = c ? px_huge_alloc(grid * sizeof *s, "set scales") : NULL;
-    if (!rc && !s) rc = PARITY_ERR_OUT_OF_MEMORY;
+    int rc = s ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY, locked = 0;
     if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
         rc = set_error(PARITY_ERR_BUSY, "%s: a scorer or sampler of this model is inside a call: "
                        "codes can only be set while no call runs", fn);
-    if (!rc && !model_reserve_owned(m, 3)) {
-        pthread_rwlock_unlock(&m->use_lock);
-        rc = PARITY_ERR_OUT_OF_MEMORY;
-    }
+    else if (!rc)
+        locked = 1;
+    quant_weight *fresh[QUANTIZERS] = {0};
+    float *scratch = NULL;
+    if (!rc) rc = quant_copies_unshipped(m, w, (int)gemm, fresh, &scratch);
+    if (!rc && !model_reserve_owned(m, 3)) rc = PARITY_ERR_OUT_OF_MEMORY;
     if (rc) {
         for (int k = 0; k < QUANTIZERS; k++)
             if (fresh[k]) { /* unused copies leave the model's list again */
@@ -234,6 +234,7 @@ int parity_model_set_quantized(parity_model *m, const char *name, uint32_t gemm,
                 model_disown(m, fresh[k]->scales);
                 model_disown(m, fresh[k]);
             }
+        if (locked) pthread_rwlock_unlock(&m->use_lock);
         px_free(scratch), px_free(q), px_free(c), px_free(s);
         return rc;
     }
