@@ -35,8 +35,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/floats.h"
-#include "model/model.h"
 #include "options.h"
 #include "parity.h"
 
@@ -57,6 +55,13 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
+/* The bits of an fp32 value: scales and log-probs are compared bit for bit. */
+static uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
 typedef struct counts {
     uint64_t codes, code_diff, scales, scale_diff;
     double scale_rel; /* max relative difference of a scale */
@@ -75,7 +80,7 @@ static void compare(const uint8_t *a, const float *as, const uint8_t *b, const f
     for (uint64_t i = 0; i < n; i++) c->code_diff += a[i] != b[i];
     c->scales += n_scales;
     for (uint64_t i = 0; i < n_scales; i++)
-        if (f32_bits(as[i]) != f32_bits(bs[i])) {
+        if (bits_of(as[i]) != bits_of(bs[i])) {
             c->scale_diff++;
             const double rel = fabs((double)bs[i] - as[i]) / fmax(fabs((double)as[i]), 1e-30);
             if (rel > c->scale_rel) c->scale_rel = rel;
@@ -93,17 +98,29 @@ static const char *const linear_names[7] = {"self_attn.q_proj", "self_attn.k_pro
                                             "self_attn.v_proj", "self_attn.o_proj",
                                             "mlp.gate_proj",    "mlp.up_proj", "mlp.down_proj"};
 
-static weight *linear_of(parity_model *m, uint32_t l, int j) {
+/* A linear weight of layer l, by its checkpoint name, and its shape: what a model says of it. */
+typedef struct linear {
     char name[128];
-    snprintf(name, sizeof name, "model.layers.%u.%s.weight", l, linear_names[j]);
-    const expected *e = model_find_tensor(m, name);
-    return e ? e->dst : NULL;
+    size_t rows, cols;
+    int quantized;  /* 0: the checkpoint keeps it in bf16 */
+} linear;
+
+static linear linear_of(const parity_model *m, uint32_t l, int j) {
+    linear w;
+    snprintf(w.name, sizeof w.name, "model.layers.%u.%s.weight", l, linear_names[j]);
+    parity_weight_info info = {.size = sizeof info};
+    const int rc = parity_model_weight_info(m, w.name, &info);
+    if (rc) die(w.name, rc);
+    w.rows = info.shape[0], w.cols = info.shape[1], w.quantized = (int)info.quantized;
+    return w;
 }
 
-static float *values_of(const weight *w) {
-    const size_t n = (size_t)w->rows * w->cols;
+/* The weight's values in fp32: its fp32 masters where it has them, else its bf16 values. */
+static float *values_of(const parity_model *m, const linear *w) {
+    const size_t n = w->rows * w->cols;
     float *x = xmalloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = w->master ? w->master[i] : bf16_to_f32(w->bf16[i]);
+    const int rc = parity_model_weight_values(m, w->name, x, n);
+    if (rc) die(w->name, rc);
     return x;
 }
 
@@ -115,9 +132,9 @@ typedef struct trained {
     uint8_t *codes;
 } trained;
 
-static trained train(const weight *w, int quantizer) {
-    trained t = {(size_t)w->rows * w->cols, parity_quant_scale_count(quantizer, w->rows, w->cols),
-                 values_of(w), NULL, NULL};
+static trained train(const parity_model *m, const linear *w, int quantizer) {
+    trained t = {w->rows * w->cols, parity_quant_scale_count(quantizer, w->rows, w->cols),
+                 values_of(m, w), NULL, NULL};
     t.scales = xmalloc((t.grid + 1) * 4);
     t.codes = xmalloc(t.n);
     const int rc = parity_quantize_weight(quantizer, w->rows, w->cols, t.x, w->cols, t.codes,
@@ -128,16 +145,22 @@ static trained train(const weight *w, int quantizer) {
 
 static void trained_free(trained *t) { free(t->x), free(t->scales), free(t->codes); }
 
-/* Replaces what m's policies of `quantizer` read for w with these codes and scales. */
-static void serve_codes(parity_model *m, weight *w, int quantizer, const uint8_t *codes,
-                        const float *scales, uint64_t grid) {
-    quant_weight *q = quant_weight_alloc(m, w, quantizer);
-    if (!q) die("allocating codes", PARITY_ERR_OUT_OF_MEMORY);
-    memcpy(q->codes, codes, (size_t)w->rows * w->cols);
-    memcpy(q->scales, scales, grid * sizeof(float));
-    q->tensor_scale = scales[grid];
-    w->quant[quantizer] = q;
-    w->shipped = NULL;
+/* What m's policies of format `gemm` read for w from now on: these codes and scales, as a
+ * checkpoint of the format ships them (the scales stored in scale_dtype where it chooses). */
+static void serve_codes(parity_model *m, const linear *w, int gemm, const uint8_t *codes,
+                        const float *scales, uint64_t grid, int scale_dtype) {
+    const int rc = parity_model_set_quantized(m, w->name, (uint32_t)gemm, codes, w->rows * w->cols,
+                                              scales, grid + 1, (uint32_t)scale_dtype);
+    if (rc) die("serving codes", rc);
+}
+
+/* The codes and scales m's policies of `quantizer` read for w: its shipped codes of the
+ * format, else the quantizer's of its values. */
+static void codes_of(const parity_model *m, const linear *w, int quantizer, uint8_t *codes,
+                     float *scales, uint64_t grid) {
+    const int rc = parity_model_weight_codes(m, w->name, quantizer, codes, w->rows * w->cols,
+                                             scales, grid + 1);
+    if (rc) die(w->name, rc);
 }
 
 /* Log-probs of the evaluation sequences under policy p. */
@@ -171,7 +194,7 @@ static effect effect_of(const float *l, const float *s, size_t n) {
         e.mean_abs += fabs(r);
         if (fabs(r) > e.max_abs) e.max_abs = fabs(r);
         e.k3 += exp(r) - r - 1;
-        e.equal += f32_bits(l[i]) == f32_bits(s[i]);
+        e.equal += bits_of(l[i]) == bits_of(s[i]);
     }
     e.nll /= (double)n, e.mean_abs /= (double)n, e.k3 /= (double)n, e.equal /= (double)n;
     return e;
@@ -295,9 +318,9 @@ int main(int argc, char **argv) {
                "export scales");
     for (uint32_t l = 0; l < c->num_hidden_layers; l++)
         for (int j = 0; j < 7; j++) {
-            weight *w = linear_of(L, l, j), *ws = linear_of(S, l, j);
-            if (w->keep_bf16) continue;
-            trained tr = train(w, q);
+            const linear lw = linear_of(L, l, j), *w = &lw;
+            if (!w->quantized) continue;
+            trained tr = train(L, w, q);
             const size_t n = tr.n;
             const uint64_t grid = tr.grid;
             const float *x = tr.x, *as = tr.scales;
@@ -311,24 +334,10 @@ int main(int argc, char **argv) {
             const uint64_t n_scales = scales_of(pol.gemm, grid, &first);
             compare(a, as + first, b, bs + first, n, n_scales, &ce);
             add(&t_export, &ce);
-            serve_codes(S, ws, q, b, bs, grid);
-            if (export_dir && layout_of) {
-                ws->shipped = ws->quant[q];
-                ws->shipped_gemm = (uint8_t)pol.gemm;
-                ws->shipped_scale_dtype = ternary ? PARITY_DTYPE_BF16 : PARITY_DTYPE_F8_E4M3;
-            }
+            /* the export's ternary multiplier is a bf16 value, which its checkpoint stores */
+            serve_codes(S, w, pol.gemm, b, bs, grid, ternary ? PARITY_DTYPE_BF16 : PARITY_DTYPE_F32);
             if (D) {
-                weight *wd = linear_of(D, l, j);
-                if (wd->shipped && wd->shipped_gemm == pol.gemm) {
-                    memcpy(d, wd->shipped->codes, n);
-                    memcpy(ds, wd->shipped->scales, grid * 4);
-                    ds[grid] = wd->shipped->tensor_scale;
-                } else {
-                    float *xd = values_of(wd);
-                    if ((rc = parity_quantize_weight(q, w->rows, w->cols, xd, w->cols, d, ds)))
-                        die("deployed", rc);
-                    free(xd);
-                }
+                codes_of(D, w, q, d, ds, grid);
                 compare(a, as + first, d, ds + first, n, n_scales, &cd);
                 add(&t_deployed, &cd);
             }
@@ -343,13 +352,13 @@ int main(int argc, char **argv) {
                 } else {
                     moved += k;
                     float *vx = xmalloc(n * 4);
-                    for (size_t i = 0; i < n; i++) vx[i] = bf16_to_f32(v[i]);
+                    for (size_t i = 0; i < n; i++) vx[i] = parity_bf16_to_f32(v[i]);
                     if ((rc = parity_quantize_bf16_export(q, w->rows, w->cols, vx, w->cols, d, ds)))
                         die("export of the adjusted values", rc);
                     counts cr = {0};
                     compare(a, as + first, d, ds + first, n, n_scales, &cr);
                     add(&t_adjusted, &cr);
-                    serve_codes(R, linear_of(R, l, j), q, d, ds, grid);
+                    serve_codes(R, w, pol.gemm, d, ds, grid, PARITY_DTYPE_F32);
                     free(vx);
                 }
                 free(v);
@@ -399,19 +408,18 @@ int main(int argc, char **argv) {
             die("remedy 1 (the training codes written)", rc);
         for (uint32_t l = 0; l < c->num_hidden_layers; l++)
             for (int j = 0; j < 7; j++) {
-                weight *w = linear_of(L, l, j), *ww = linear_of(W, l, j);
-                if (w->keep_bf16) continue;
-                trained tr = train(w, q);
+                const linear lw = linear_of(L, l, j), *w = &lw;
+                if (!w->quantized) continue;
+                trained tr = train(L, w, q);
                 const uint64_t grid = tr.grid;
+                /* the codes W's policy reads: the ones its checkpoint shipped */
+                uint8_t *ww = xmalloc(tr.n);
                 float *ws_s = xmalloc((grid + 1) * 4);
-                /* the shipped scales as parity_quantize_weight lays them out: blocks, tensor */
-                if (!ternary) memcpy(ws_s, ww->shipped->scales, grid * 4);
-                ws_s[grid] = ww->shipped->tensor_scale;
+                codes_of(W, w, q, ww, ws_s, grid);
                 uint64_t first;
                 const uint64_t n_scales = scales_of(pol.gemm, grid, &first);
-                compare(tr.codes, tr.scales + first, ww->shipped->codes, ws_s + first, tr.n,
-                        n_scales, &t_written);
-                trained_free(&tr), free(ws_s);
+                compare(tr.codes, tr.scales + first, ww, ws_s + first, tr.n, n_scales, &t_written);
+                trained_free(&tr), free(ww), free(ws_s);
             }
         float *lp_w = score_all(W, &pol, tokens, lens, n_eval, total);
         e_w = effect_of(lp_l, lp_w, n_lp);

@@ -17,9 +17,10 @@
  *   - The library never prints, never exits and never aborts on bad input; it speaks only
  *     through the logging hook the host installs (parity_set_log_callback).
  *   - Threading: a parity_model may be shared by any number of threads. Its weights change
- *     only through parity_model_update, which runs only while no other call uses the model
- *     (it fails with PARITY_ERR_BUSY otherwise, and calls that find an update running fail
- *     the same way): no call ever sees half-updated weights. Its config never changes. A
+ *     only through parity_model_update (and parity_model_set_quantized, parity_quant.h), which
+ *     runs only while no other call uses the model (it fails with PARITY_ERR_BUSY otherwise,
+ *     and calls that find an update running fail the same way): no call ever sees
+ *     half-updated weights. Its config never changes. A
  *     parity_scorer is used by one thread at a time (it owns scratch memory and a thread
  *     pool); create one per thread that scores. The region kernels are pure functions of
  *     their arguments and may be called from any thread.
@@ -74,8 +75,8 @@ PARITY_API int parity_version_number(void);
 PARITY_API int parity_abi_version(void);
 /* sizeof a public struct by its name ("parity_policy", "parity_config",
  * "parity_scorer_params", "parity_score_options", "parity_sampling",
- * "parity_sampler_params", "parity_tensor_data", "parity_seq_info", "parity_profile"); 0 for
- * other names. */
+ * "parity_sampler_params", "parity_tensor_data", "parity_seq_info", "parity_profile",
+ * "parity_weight_info"); 0 for other names. */
 PARITY_API size_t parity_struct_size(const char *name);
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1031,6 +1032,35 @@ PARITY_API int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t
  * first position and the largest |difference| in the message. */
 PARITY_API int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens, uint32_t len,
                                    const float *expected);
+
+/* ---- Reading a tensor by name ----------------------------------------------------------- */
+/* What the model holds for one tensor, by its checkpoint name ("model.norm.weight", ...):
+ * the size query of parity_model_weight_values (and of parity_model_weight_codes, in
+ * parity_quant.h). Like every call that reads weights, these two fail with PARITY_ERR_BUSY
+ * while a weight update runs; they change nothing and may be called from any thread. */
+typedef struct parity_weight_info {
+    uint32_t size;               /* sizeof(parity_weight_info): set it before the call */
+    uint32_t ndim;               /* 1 or 2, as in the checkpoint */
+    uint64_t shape[2];           /* [rows, cols]; ndim 1: shape[0] values, shape[1] = 1 */
+    uint32_t has_master;         /* 1: the model holds fp32 master values for it (an F32 or F16
+                                    checkpoint, an F32 update), which parity_model_weight_values
+                                    returns; 0: its bf16 values */
+    uint32_t quantized;          /* 1: a decoder layer's linear weight that a policy with a
+                                    quantized gemm runs quantized; 0: it stays bf16 under every
+                                    policy (not such a weight, or one the checkpoint keeps
+                                    unquantized: modules_to_not_convert, ignored_layers) */
+} parity_weight_info;
+
+/* Fills *info for the tensor `name`. PARITY_ERR_INVALID_ARGUMENT for a NULL pointer or an
+ * info->size other than sizeof(parity_weight_info); PARITY_ERR_TENSOR_UNEXPECTED for a name
+ * the model has no tensor of (a tied lm_head is "model.embed_tokens.weight"). */
+PARITY_API int parity_model_weight_info(const parity_model *model, const char *name,
+                                        parity_weight_info *info);
+/* The tensor's values in fp32, row-major, into values[n_values]: its fp32 masters where it
+ * has them, else its bf16 values widened (exact). n_values must be shape[0] x shape[1]
+ * (PARITY_ERR_INVALID_ARGUMENT, saying the count, otherwise); errors as above. */
+PARITY_API int parity_model_weight_values(const parity_model *model, const char *name,
+                                          float *values, uint64_t n_values);
 
 /* ---------------------------------------------------------------------------------------- */
 /* The policy in detail: the longer switches and the presets                                */

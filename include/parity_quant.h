@@ -339,6 +339,52 @@ PARITY_API int parity_quantize_bf16_export(int quantizer, size_t rows, size_t co
 PARITY_API int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const float *x,
                                         size_t x_stride, uint16_t *out, uint64_t *n_adjusted);
 
+/* A model's quantized weights, by checkpoint name: what the check compares and substitutes.
+ * Both take a decoder layer's linear weight (parity_weight_info.quantized, parity.h; the
+ * shape and the sizes come from there), codes and scales laid out as parity_quantize_weight's
+ * for a quantizer of the format: n_codes = rows x cols, n_scales = parity_quant_scale_count()
+ * + 1 (the block scales, then the tensor scale). PARITY_ERR_INVALID_ARGUMENT for a NULL
+ * pointer, another count (the message says the right one) or a tensor that is not such a
+ * weight; PARITY_ERR_TENSOR_UNEXPECTED for a name the model has no tensor of.
+ *
+ * parity_model_weight_codes: the codes and scales a policy with `quantizer`'s gemm format and
+ * rule reads for the weight: the codes it holds of that format (shipped by its checkpoint or a
+ * block-FP8 update, or set by parity_model_set_quantized), else `quantizer` applied to the
+ * values parity_model_weight_values returns, bit for bit parity_quantize_weight's (given also
+ * for a weight the checkpoint keeps in bf16). Ternary codes hold no block scale: that slot is
+ * written 0. PARITY_ERR_POLICY for a value that is not a quantizer. Reads as
+ * parity_model_weight_values (PARITY_ERR_BUSY during an update; any thread).
+ */
+PARITY_API int parity_model_weight_codes(const parity_model *model, const char *name,
+                                         int quantizer, uint8_t *codes, uint64_t n_codes,
+                                         float *scales, uint64_t n_scales);
+/* parity_model_set_quantized: the weight holds these codes and scales of the gemm format
+ * `gemm` (PARITY_GEMM_FP8_BLOCK .. PARITY_GEMM_TERNARY) from now on, as if its checkpoint had
+ * shipped them: every policy of that format reads them (its rule then quantizes the
+ * activations only), parity_model_save_as in the format's layout writes them (MXFP8 has no
+ * layout: the fp8-block layout quantizes the values as ever), a manifest lists
+ * them as shipped codes ("quantizer": null). Codes it held before (shipped of any format, or
+ * set) are replaced; policies of another format quantize its values, which stay as they are
+ * (parity_model_weight_values, the bf16 policies). scale_dtype is how a checkpoint stores the
+ * scales where a format lets it choose: PARITY_DTYPE_F32, or PARITY_DTYPE_BF16 for fp8-block's
+ * block scales and ternary's s_w (each must then be a bf16 value); the other formats' scales
+ * have their own dtype: pass PARITY_DTYPE_F32. Everything is checked before anything changes:
+ * PARITY_ERR_INVALID_ARGUMENT, naming the element, for a code that is none of the format's
+ * (an E4M3 NaN, E2M1 above 0xf, ternary other than -1, 0, 1) and for a gemm or scale_dtype
+ * outside those; PARITY_ERR_SCALE_VALUE, naming it, for a scale the format cannot hold: fp8-
+ * block and ternary scales not finite and positive, NVFP4 block scales not an E4M3 value >= 0
+ * or an s2 not finite and >= 0, MXFP8 and MXFP4 scales not a power of two in E8M0's range
+ * [2^-127, 2^127]; the slots a format does not read (a ternary block scale, the tensor scale
+ * of the fp8 and MXFP4 formats) are not checked. A weight the checkpoint keeps in bf16 is
+ * PARITY_ERR_INVALID_ARGUMENT (no policy reads codes for it). Like parity_model_update it runs
+ * only while no other call uses the model (PARITY_ERR_BUSY otherwise) and bumps the model's
+ * version: a sampler's sequences cached before it are stale.
+ */
+PARITY_API int parity_model_set_quantized(parity_model *model, const char *name, uint32_t gemm,
+                                          const uint8_t *codes, uint64_t n_codes,
+                                          const float *scales, uint64_t n_scales,
+                                          uint32_t scale_dtype);
+
 #ifdef __cplusplus
 }
 #endif

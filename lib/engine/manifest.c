@@ -124,8 +124,8 @@ static int fp8_view_of(const weight *w, int gemm, int quantizer, fp8_view *v) {
     v->grid_cols = v->mx ? (w->cols + 31u) / 32u : (w->cols + 127u) / 128u;
     v->quantizer = quantizer;
     v->scale_dtype = v->mx ? SCALE_E8M0 : PARITY_DTYPE_F32;
-    v->shipped = !v->mx && w->shipped && w->shipped_gemm == PARITY_GEMM_FP8_BLOCK;
-    if (v->shipped) v->scale_dtype = w->shipped_scale_dtype;
+    v->shipped = w->shipped && w->shipped_gemm == gemm;
+    if (v->shipped && !v->mx) v->scale_dtype = w->shipped_scale_dtype;
     const quant_weight *q;
     int rc = view_codes(w, v->shipped, quantizer, v->grid_rows * v->grid_cols, &v->made, &q);
     if (rc) return rc;
@@ -394,7 +394,7 @@ static int verify_fp8_entry(const expected *slot, const json_value *e, const par
     }
     const int gemm = pol ? pol->gemm : learner_mx ? PARITY_GEMM_MXFP8 : PARITY_GEMM_FP8_BLOCK;
     const int quantizer = pol ? pol->quantizer : learner_q;
-    if (!pol && learner_q < 0 && !(gemm == PARITY_GEMM_FP8_BLOCK && w->shipped)) {
+    if (!pol && learner_q < 0 && !(w->shipped && w->shipped_gemm == gemm)) {
         report_line(r, "%s: quantizer %s%s%s is not one of the library's: the sampler cannot make "
                     "the learner's codes", name, qname ? "'" : "", qname ? qname : "null",
                     qname ? "'" : "");

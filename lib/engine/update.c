@@ -202,21 +202,10 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
         if (!rc && w->fp16) rc = tensor_check_fp16(&src, (uint64_t)w->rows * w->cols);
         /* values for a weight that held shipped codes: the policies of their format that read
          * those quantize the new values with their own rules from now on */
-        for (int q = 0; !rc && w->shipped && q < QUANTIZERS; q++)
-            if (quant_format_of(q) == w->shipped_gemm && m->quant_ready[q] && !w->quant[q] &&
-                !(st[i].quant_new[q] = quant_weight_alloc(m, w, q)))
-                rc = PARITY_ERR_OUT_OF_MEMORY;
+        if (!rc) rc = quant_copies_unshipped(m, w, -1, st[i].quant_new, NULL);
     }
     /* room in the owned list, so that the swap below cannot fail */
-    if (!rc && m->n_owned + 5 * n > m->cap_owned) {
-        size_t want = m->n_owned + 5 * n;
-        void **grown = px_realloc(m->owned, want * sizeof *grown, "model buffer list");
-        if (!grown) rc = PARITY_ERR_OUT_OF_MEMORY;
-        else {
-            m->owned = grown;
-            m->cap_owned = want;
-        }
-    }
+    if (!rc && !model_reserve_owned(m, 5 * n)) rc = PARITY_ERR_OUT_OF_MEMORY;
     /* the values a requantization widens bf16 values into, so that it cannot fail (sized for
      * bf16 values: the update may replace a master with them) */
     float *fp8_rows = NULL;

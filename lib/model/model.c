@@ -304,6 +304,42 @@ static int quantizes(const weight *w, int quantizer) {
            !(w->shipped && quant_format_of(quantizer) == w->shipped_gemm);
 }
 
+int quant_copies_unshipped(parity_model *m, const weight *w, int next,
+                           quant_weight *fresh[QUANTIZERS], float **scratch) {
+    size_t most = 0;
+    for (int q = 0; q < QUANTIZERS; q++) {
+        fresh[q] = NULL;
+        const int format = quant_format_of(q);
+        if (!w->shipped || format != w->shipped_gemm || format == next || !m->quant_ready[q] ||
+            w->quant[q])
+            continue;
+        if (!(fresh[q] = quant_weight_alloc(m, w, q))) return PARITY_ERR_OUT_OF_MEMORY;
+        const size_t f = quant_scratch_floats(w, q);
+        if (f > most) most = f;
+    }
+    if (scratch && !(*scratch = px_malloc((most ? most : 1) * sizeof(float), "quantization rows")))
+        return PARITY_ERR_OUT_OF_MEMORY;
+    return PARITY_OK;
+}
+
+void quant_copies_install(weight *w, quant_weight *const fresh[QUANTIZERS], float *scratch) {
+    for (int q = 0; q < QUANTIZERS; q++)
+        if (fresh[q]) {
+            quant_weight_quantize(w, q, fresh[q], scratch);
+            w->quant[q] = fresh[q];
+        }
+}
+
+int model_reserve_owned(parity_model *m, size_t more) {
+    if (m->n_owned + more <= m->cap_owned) return 1;
+    const size_t want = m->n_owned + more;
+    void **grown = px_realloc(m->owned, want * sizeof *grown, "model buffer list");
+    if (!grown) return 0;
+    m->owned = grown;
+    m->cap_owned = want;
+    return 1;
+}
+
 int model_prepare_quant(parity_model *m, int quantizer) {
     if (quantizer < 0 || quantizer >= QUANTIZERS)
         return set_error(PARITY_ERR_POLICY, "quantizer %d is not defined", quantizer);

@@ -136,5 +136,17 @@ static inline size_t quant_scratch_floats(const weight *w, int quantizer) {
 /* A quantized copy for w, allocated (codes and scales, owned by m) but not filled; NULL when
  * out of memory (model.c). */
 quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer);
+/* The quantized copies w needs once its shipped codes go (for codes of the gemm format `next`,
+ * or for values: next = -1): one for each quantizer of the shipped codes' format that the
+ * model has prepared (model_prepare_quant skipped w for it), allocated (owned by m) into
+ * fresh[] but not filled, NULL elsewhere; with `scratch` not NULL, *scratch gets the floats
+ * quant_copies_install needs (px_free it). PARITY_ERR_OUT_OF_MEMORY on failure. */
+int quant_copies_unshipped(parity_model *m, const weight *w, int next,
+                           quant_weight *fresh[QUANTIZERS], float **scratch);
+/* Quantizes w's values into each copy quant_copies_unshipped made and gives it to w. */
+void quant_copies_install(weight *w, quant_weight *const fresh[QUANTIZERS], float *scratch);
+/* Room in m's list of owned buffers for `more` more, so that model_own cannot fail until
+ * they are taken; 0 when out of memory. */
+int model_reserve_owned(parity_model *m, size_t more);
 
 #endif
