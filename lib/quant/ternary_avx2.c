@@ -1,0 +1,206 @@
+/*
+ * The ternary format's AVX2 variant (format.h, QUANT_SIMD_AVX2): the activation quantizer of
+ * every ternary rule and the GEMM's column kernel, bit for bit the portable ones of ternary.c
+ * and dot.c; compiled with -mavx2 -mfma -mf16c. ternary_avx512.c is the same construction on
+ * zmm, and its opening comment says why each step gives the portable bits.
+ *
+ * The GEMM (ternary_simd.h has the loop): a tile of R activation rows x 8 / R weight rows
+ * (4 x 2, 2 x 4, 1 x 8) keeps one ymm of int32 sums per output, 32 codes a step: vpmaddubsw
+ * of the weight codes as w + 1 in {0, 1, 2} (unsigned) and the activation codes (signed),
+ * pairs at most 2 * 2 * 128 in int16, then vpmaddwd by ones into int32; the row's sum of codes
+ * subtracted at the end leaves D, exact in int32. A row's last K mod 32 codes are read through
+ * a zeroed 32-byte copy. The 8 sums of a tile are folded into one ymm for the last steps, as
+ * the portable kernel's fp32 (bf16 under hf-bitlinear) operations on 8 lanes.
+ *
+ * The quantizer: per row, max |x| (of round_bf16(x) under hf-bitlinear, a NaN passed over),
+ * the scale in scalar fp32 as ternary.c writes it, then 8 codes a step: rounded (to even, or
+ * onebitllms' floor(v + 0.5)), clamped with a NaN kept, truncated to int32, low byte kept.
+ */
+#include <immintrin.h>
+
+#include "ternary.h"
+
+#include "kernels/kernels_avx2.h"
+#include "ternary_simd.h"
+
+/* ---- the GEMM ------------------------------------------------------------------------------ */
+
+/* The first n (< 32) bytes at p, the rest zero. */
+static inline __m256i load_bytes_n(const uint8_t *p, size_t n) {
+    uint8_t buf[32] = {0};
+    memcpy(buf, p, n);
+    return _mm256_loadu_si256((const __m256i *)(const void *)buf);
+}
+
+/* 32 bytes at p, or the first n of them (n < 32) and zeros. */
+ALWAYS_INLINE __m256i load_bytes(const uint8_t *p, size_t n) {
+    return n >= 32 ? _mm256_loadu_si256((const __m256i *)(const void *)p) : load_bytes_n(p, n);
+}
+
+/* The 32 weight codes of a row from k (the first n of them where n < 32), as w + 1 in
+ * {0, 1, 2}: the one place that reads the weight's layout (one int8 code a byte, row-major). */
+ALWAYS_INLINE __m256i weight_codes(const uint8_t *row, size_t k, size_t n) {
+    return _mm256_add_epi8(load_bytes(row + k, n), _mm256_set1_epi8(1));
+}
+
+/* acc + the sums of the products u s (u unsigned bytes, s signed) four by four into int32. */
+ALWAYS_INLINE __m256i dot_bytes(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
+}
+
+static int32_t sum_codes(const uint8_t *x, size_t K) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    __m256i acc = _mm256_setzero_si256();
+    for (size_t k = 0; k < K; k += 32) acc = dot_bytes(acc, ones, load_bytes(x + k, K - k));
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
+}
+
+/* Lane k of the result: the sum of the 8 int32 lanes of a[k]. */
+ALWAYS_INLINE __m256i fold8(const __m256i a[8]) {
+    __m256i pair[4];
+    for (int p = 0; p < 4; p++) /* per 128-bit lane: a[2p] 0+2, a[2p+1] 0+2, then 1+3 */
+        pair[p] = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2 * p], a[2 * p + 1]),
+                                   _mm256_unpackhi_epi32(a[2 * p], a[2 * p + 1]));
+    /* per 128-bit lane: a[0] .. a[3], a[4] .. a[7] */
+    const __m256i q0 = _mm256_add_epi32(_mm256_unpacklo_epi64(pair[0], pair[1]),
+                                        _mm256_unpackhi_epi64(pair[0], pair[1]));
+    const __m256i q1 = _mm256_add_epi32(_mm256_unpacklo_epi64(pair[2], pair[3]),
+                                        _mm256_unpackhi_epi64(pair[2], pair[3]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
+                            _mm256_permute2x128_si256(q0, q1, 0x31));
+}
+
+/* The tile's last steps (ternary_avx512.c's tile_store on 8 lanes). */
+ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
+                              const quant_gemm_job *j, const ternary_block *b, size_t m,
+                              size_t n, size_t cols) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i row = _mm256_srli_epi32(lane, C == 8 ? 3 : C == 4 ? 2 : 1);
+    const __m256i sum_x = _mm256_permutevar8x32_epi32(
+        _mm256_loadu_si256((const __m256i *)(const void *)(b->sum_x + m)), row);
+    const __m256 divisor = _mm256_permutevar8x32_ps(_mm256_loadu_ps(b->divisor + m), row);
+    const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(fold8(acc), sum_x));
+    const __m256 y = b->bf16_steps ? round_bf16_8(_mm256_div_ps(round_bf16_8(d), divisor))
+                                   : _mm256_div_ps(d, divisor);
+    for (int i = 0; i < R; i++) {
+        const __m256 yi =
+            _mm256_permutevar8x32_ps(y, _mm256_add_epi32(lane, _mm256_set1_epi32(i * C)));
+        store_f32_n(j->y + (b->m0 + m + i) * j->ldy + n, cols, yi);
+    }
+}
+
+/* The 32 codes from k (the first n of them where n < 32) of the tile's R rows and C weight
+ * rows into its sums. */
+ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4],
+                             const uint8_t *const w[8], size_t k, size_t n, __m256i acc[8]) {
+    __m256i wk[8];
+    for (int c = 0; c < C; c++) wk[c] = weight_codes(w[c], k, n);
+    for (int r = 0; r < R; r++) {
+        const __m256i xk = load_bytes(x[r] + k, n);
+        for (int c = 0; c < C; c++) acc[r * C + c] = dot_bytes(acc[r * C + c], wk[c], xk);
+    }
+}
+
+/* A tile of R rows x C = 8 / R columns (ternary_tile_fn); columns past `cols` read the first
+ * column's weights and are not stored. */
+ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
+                        size_t n, size_t cols) {
+    const int C = 8 / R;
+    const size_t K = j->K;
+    const uint8_t *x[4], *w[8];
+    for (int r = 0; r < R; r++) x[r] = j->xq + (b->m0 + m + (size_t)r) * K;
+    for (int c = 0; c < C; c++) w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * K;
+    __m256i acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
+    size_t k = 0;
+    for (; k + 32 <= K; k += 32) tile_step(R, C, x, w, k, 32, acc);
+    if (k < K) tile_step(R, C, x, w, k, K - k, acc);
+    tile_store(R, C, acc, j, b, m, n, cols);
+}
+
+static void tile4(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
+                  size_t cols) {
+    tile(4, j, b, m, n, cols);
+}
+
+static void tile2(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
+                  size_t cols) {
+    tile(2, j, b, m, n, cols);
+}
+
+static void tile1(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
+                  size_t cols) {
+    tile(1, j, b, m, n, cols);
+}
+
+void ternary_gemm_avx2(const quant_gemm_job *j, size_t n0, size_t n1) {
+    ternary_gemm_loop(j, n0, n1, 8, sum_codes, tile4, tile2, tile1);
+}
+
+/* ---- the activation quantizer -------------------------------------------------------------- */
+
+/* max |x| over a row (|round_bf16(x)| where `bf16`), a NaN passed over. */
+static float row_amax(const float *x, size_t n, int bf16) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 8) {
+        __m256 v = load_f32_n(x + i, n - i < 8 ? n - i : 8);
+        if (bf16) v = round_bf16_8(v);
+        /* vmaxps returns its second operand when either is NaN: the NaN lane is passed over */
+        acc = _mm256_max_ps(_mm256_and_ps(v, magnitude), acc);
+    }
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
+}
+
+/* The codes of 8 values (the first n) at x under scale s, stored at codes; `half_up`:
+ * onebitllms' rounding, floor(v + 0.5). */
+ALWAYS_INLINE void codes8(int half_up, int bf16, const float *x, float s, size_t n,
+                          uint8_t *codes) {
+    const __m256 scale = _mm256_set1_ps(s);
+    __m256 v = load_f32_n(x, n);
+    v = bf16 ? round_bf16_8(_mm256_mul_ps(round_bf16_8(v), scale)) : _mm256_mul_ps(v, scale);
+    if (half_up)
+        v = _mm256_round_ps(_mm256_add_ps(v, _mm256_set1_ps(0.5f)),
+                            _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    else
+        v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* vminps / vmaxps return their second operand, v, when it is NaN */
+    v = _mm256_max_ps(_mm256_set1_ps(-128.0f), _mm256_min_ps(_mm256_set1_ps(127.0f), v));
+    /* the low byte of each int32, lanes 0..3 then 4..7 */
+    const __m256i low = _mm256_shuffle_epi8(_mm256_cvttps_epi32(v), _mm256_set1_epi32(0x0c080400));
+    const __m128i bytes = _mm_unpacklo_epi32(_mm256_castsi256_si128(low),
+                                             _mm256_extracti128_si256(low, 1));
+    if (n == 8) {
+        _mm_storel_epi64((__m128i *)(void *)codes, bytes);
+    } else {
+        uint8_t out[16];
+        _mm_storeu_si128((__m128i *)(void *)out, bytes);
+        memcpy(codes, out, n);
+    }
+}
+
+/* ternary_codes_fn: a row's codes, 8 at a time. */
+static void row_codes(int half_up, int bf16, const float *x, size_t n, float s, uint8_t *codes) {
+    for (size_t c = 0; c < n; c += 8) {
+        const size_t k = n - c < 8 ? n - c : 8;
+        if (bf16)
+            codes8(half_up, 1, x + c, s, k, codes + c);
+        else if (half_up)
+            codes8(1, 0, x + c, s, k, codes + c);
+        else
+            codes8(0, 0, x + c, s, k, codes + c);
+    }
+}
+
+void ternary_quantize_rows_avx2(const quant_rule *r, size_t rows, size_t cols, const float *x,
+                                size_t x_stride, uint8_t *codes, size_t codes_stride,
+                                float *block_scales, float *row_scales) {
+    (void)block_scales;
+    ternary_rows_loop(r, rows, cols, x, x_stride, codes, codes_stride, row_scales, row_amax,
+                      row_codes);
+}
