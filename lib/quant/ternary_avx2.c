@@ -8,8 +8,8 @@
  * (4 x 2, 2 x 4, 1 x 8) keeps one ymm of int32 sums per output, 32 codes a step: vpmaddubsw
  * of the weight codes as w + 1 in {0, 1, 2} (unsigned) and the activation codes (signed),
  * pairs at most 2 * 2 * 128 in int16, then vpmaddwd by ones into int32; the row's sum of codes
- * subtracted at the end leaves D, exact in int32. A row's last K mod 32 codes are read through
- * a zeroed 32-byte copy. The 8 sums of a tile are folded into one ymm for the last steps, as
+ * subtracted at the end leaves D, exact in int32. A row's last K mod 32 codes are summed in
+ * scalar int32. The 8 sums of a tile are folded into one ymm for the last steps, as
  * the portable kernel's fp32 (bf16 under hf-bitlinear) operations on 8 lanes.
  *
  * The quantizer: per row, max |x| (of round_bf16(x) under hf-bitlinear, a NaN passed over),
@@ -25,22 +25,11 @@
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */
 
-/* The first n (< 32) bytes at p, the rest zero. */
-static inline __m256i load_bytes_n(const uint8_t *p, size_t n) {
-    uint8_t buf[32] = {0};
-    memcpy(buf, p, n);
-    return _mm256_loadu_si256((const __m256i *)(const void *)buf);
-}
-
-/* 32 bytes at p, or the first n of them (n < 32) and zeros. */
-ALWAYS_INLINE __m256i load_bytes(const uint8_t *p, size_t n) {
-    return n >= 32 ? _mm256_loadu_si256((const __m256i *)(const void *)p) : load_bytes_n(p, n);
-}
-
-/* The 32 weight codes of a row from k (the first n of them where n < 32), as w + 1 in
- * {0, 1, 2}: the one place that reads the weight's layout (one int8 code a byte, row-major). */
-ALWAYS_INLINE __m256i weight_codes(const uint8_t *row, size_t k, size_t n) {
-    return _mm256_add_epi8(load_bytes(row + k, n), _mm256_set1_epi8(1));
+/* The 32 weight codes of a row from k, as w + 1 in {0, 1, 2}: the one place that reads the
+ * weight's layout (one int8 code a byte, row-major; the tile's scalar tail reads them too). */
+ALWAYS_INLINE __m256i weight_codes(const uint8_t *row, size_t k) {
+    return _mm256_add_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(row + k)),
+                           _mm256_set1_epi8(1));
 }
 
 /* acc + the sums of the products u s (u unsigned bytes, s signed) four by four into int32. */
@@ -52,15 +41,20 @@ ALWAYS_INLINE __m256i dot_bytes(__m256i acc, __m256i u, __m256i s) {
 static int32_t sum_codes(const uint8_t *x, size_t K) {
     const __m256i ones = _mm256_set1_epi8(1);
     __m256i acc = _mm256_setzero_si256();
-    for (size_t k = 0; k < K; k += 32) acc = dot_bytes(acc, ones, load_bytes(x + k, K - k));
+    size_t k = 0;
+    for (; k + 32 <= K; k += 32)
+        acc = dot_bytes(acc, ones, _mm256_loadu_si256((const __m256i *)(const void *)(x + k)));
+    int32_t rest = 0;
+    for (; k < K; k++) rest += (int8_t)x[k];
     const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
     const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1))) + rest;
 }
 
 /* Lane k of the result: the sum of the 8 int32 lanes of a[k]. */
 ALWAYS_INLINE __m256i fold8(const __m256i a[8]) {
     __m256i pair[4];
+#pragma GCC unroll 4
     for (int p = 0; p < 4; p++) /* per 128-bit lane: a[2p] 0+2, a[2p+1] 0+2, then 1+3 */
         pair[p] = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2 * p], a[2 * p + 1]),
                                    _mm256_unpackhi_epi32(a[2 * p], a[2 * p + 1]));
@@ -73,16 +67,19 @@ ALWAYS_INLINE __m256i fold8(const __m256i a[8]) {
                             _mm256_permute2x128_si256(q0, q1, 0x31));
 }
 
-/* The tile's last steps (ternary_avx512.c's tile_store on 8 lanes). */
+/* The tile's last steps (ternary_avx512.c's tile_store on 8 lanes), its sums those of acc
+ * plus rest. */
 ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
-                              const quant_gemm_job *j, const ternary_block *b, size_t m,
+                              const int32_t rest[8], const quant_gemm_job *j, const ternary_block *b, size_t m,
                               size_t n, size_t cols) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i row = _mm256_srli_epi32(lane, C == 8 ? 3 : C == 4 ? 2 : 1);
     const __m256i sum_x = _mm256_permutevar8x32_epi32(
         _mm256_loadu_si256((const __m256i *)(const void *)(b->sum_x + m)), row);
     const __m256 divisor = _mm256_permutevar8x32_ps(_mm256_loadu_ps(b->divisor + m), row);
-    const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(fold8(acc), sum_x));
+    const __m256i sums =
+        _mm256_add_epi32(fold8(acc), _mm256_loadu_si256((const __m256i *)(const void *)rest));
+    const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums, sum_x));
     const __m256 y = b->bf16_steps ? round_bf16_8(_mm256_div_ps(round_bf16_8(d), divisor))
                                    : _mm256_div_ps(d, divisor);
     for (int i = 0; i < R; i++) {
@@ -92,20 +89,8 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
     }
 }
 
-/* The 32 codes from k (the first n of them where n < 32) of the tile's R rows and C weight
- * rows into its sums. */
-ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4],
-                             const uint8_t *const w[8], size_t k, size_t n, __m256i acc[8]) {
-    __m256i wk[8];
-    for (int c = 0; c < C; c++) wk[c] = weight_codes(w[c], k, n);
-    for (int r = 0; r < R; r++) {
-        const __m256i xk = load_bytes(x[r] + k, n);
-        for (int c = 0; c < C; c++) acc[r * C + c] = dot_bytes(acc[r * C + c], wk[c], xk);
-    }
-}
-
-/* A tile of R rows x C = 8 / R columns (ternary_tile_fn); columns past `cols` read the first
- * column's weights and are not stored. */
+/* A tile of R rows x C = 8 / R columns (ternary_tile_fn), 32 codes a step, the last K mod 32
+ * in scalar int32; columns past `cols` read the first column's weights and are not stored. */
 ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
                         size_t n, size_t cols) {
     const int C = 8 / R;
@@ -114,11 +99,26 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
     for (int r = 0; r < R; r++) x[r] = j->xq + (b->m0 + m + (size_t)r) * K;
     for (int c = 0; c < C; c++) w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * K;
     __m256i acc[8];
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
     size_t k = 0;
-    for (; k + 32 <= K; k += 32) tile_step(R, C, x, w, k, 32, acc);
-    if (k < K) tile_step(R, C, x, w, k, K - k, acc);
-    tile_store(R, C, acc, j, b, m, n, cols);
+    for (; k + 32 <= K; k += 32) {
+        __m256i wk[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) wk[c] = weight_codes(w[c], k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m256i xk = _mm256_loadu_si256((const __m256i *)(const void *)(x[r] + k));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) acc[r * C + c] = dot_bytes(acc[r * C + c], wk[c], xk);
+        }
+    }
+    int32_t rest[8] = {0};
+    for (; k < K; k++)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                rest[r * C + c] += (int32_t)(int8_t)x[r][k] * ((int32_t)(int8_t)w[c][k] + 1);
+    tile_store(R, C, acc, rest, j, b, m, n, cols);
 }
 
 static void tile4(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,

@@ -43,7 +43,8 @@ static inline __mmask64 byte_mask(size_t n) { return n >= 64 ? ~0ull : (1ull << 
 /* The 64 weight codes of a row from k (masked: the first `m` of them), as w + 1 in {0, 1, 2}:
  * the one place that reads the weight's layout (one int8 code a byte, row-major). */
 ALWAYS_INLINE __m512i weight_codes(const uint8_t *row, size_t k, __mmask64 m) {
-    return _mm512_add_epi8(_mm512_maskz_loadu_epi8(m, row + k), _mm512_set1_epi8(1));
+    const __m512i w = m == ~0ull ? _mm512_loadu_si512(row + k) : _mm512_maskz_loadu_epi8(m, row + k);
+    return _mm512_add_epi8(w, _mm512_set1_epi8(1));
 }
 
 /* acc + the sums of the products u s (u unsigned bytes, s signed) four by four into int32. */
@@ -67,9 +68,11 @@ static int32_t sum_codes(const uint8_t *x, size_t K) {
 /* Lane k of the result: the sum of the 16 int32 lanes of a[k]. */
 ALWAYS_INLINE __m512i fold16(const __m512i a[16]) {
     __m512i pair[8], quad[4];
+#pragma GCC unroll 8
     for (int p = 0; p < 8; p++) /* per 128-bit lane: a[2p] 0+2, a[2p+1] 0+2, then 1+3 */
         pair[p] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * p], a[2 * p + 1]),
                                    _mm512_unpackhi_epi32(a[2 * p], a[2 * p + 1]));
+#pragma GCC unroll 4
     for (int q = 0; q < 4; q++) /* per 128-bit lane: a[4q] .. a[4q + 3] */
         quad[q] = _mm512_add_epi32(_mm512_unpacklo_epi64(pair[2 * q], pair[2 * q + 1]),
                                    _mm512_unpackhi_epi64(pair[2 * q], pair[2 * q + 1]));
@@ -107,15 +110,19 @@ ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4]
                              const uint8_t *const w[16], size_t k, __mmask64 mask,
                              __m512i acc[16]) {
     __m512i wk[16];
+#pragma GCC unroll 16
     for (int c = 0; c < C; c++) wk[c] = weight_codes(w[c], k, mask);
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        const __m512i xk = _mm512_maskz_loadu_epi8(mask, x[r] + k);
+        const __m512i xk = mask == ~0ull ? _mm512_loadu_si512(x[r] + k)
+                                         : _mm512_maskz_loadu_epi8(mask, x[r] + k);
+#pragma GCC unroll 16
         for (int c = 0; c < C; c++) acc[r * C + c] = dot_bytes(acc[r * C + c], wk[c], xk);
     }
 }
 
-/* A tile of R rows x C = 16 / R columns (ternary_tile_fn); columns past `cols` read the
- * first column's weights and are not stored. */
+/* A tile of R rows x C = 16 / R columns (ternary_tile_fn), 64 codes a step (the last step
+ * masked); columns past `cols` read the first column's weights and are not stored. */
 ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
                         size_t n, size_t cols) {
     const int C = 16 / R;
@@ -124,6 +131,7 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
     for (int r = 0; r < R; r++) x[r] = j->xq + (b->m0 + m + (size_t)r) * K;
     for (int c = 0; c < C; c++) w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * K;
     __m512i acc[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_si512();
     size_t k = 0;
     for (; k + 64 <= K; k += 64) tile_step(R, C, x, w, k, ~0ull, acc);
