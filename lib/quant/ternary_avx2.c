@@ -38,6 +38,14 @@ ALWAYS_INLINE __m256i dot_bytes(__m256i acc, __m256i u, __m256i s) {
                                                    _mm256_set1_epi16(1)));
 }
 
+/* acc + the products of two steps (u0 s0, u1 s1) summed into int32: the two vpmaddubsw added
+ * in int16 (each pair at most 2 * 2 * 128, so the four at most 1024) before one vpmaddwd. */
+ALWAYS_INLINE __m256i dot_bytes2(__m256i acc, __m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0),
+                                           _mm256_maddubs_epi16(u1, s1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
 static int32_t sum_codes(const uint8_t *x, size_t K) {
     const __m256i ones = _mm256_set1_epi8(1);
     __m256i acc = _mm256_setzero_si256();
@@ -70,7 +78,8 @@ ALWAYS_INLINE __m256i fold8(const __m256i a[8]) {
 /* The tile's last steps (ternary_avx512.c's tile_store on 8 lanes), its sums those of acc
  * plus rest. */
 ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
-                              const int32_t rest[8], const quant_gemm_job *j, const ternary_block *b, size_t m,
+                              const int32_t rest[8], const quant_gemm_job *j,
+                              const ternary_block *b, size_t m,
                               size_t n, size_t cols) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i row = _mm256_srli_epi32(lane, C == 8 ? 3 : C == 4 ? 2 : 1);
@@ -89,8 +98,8 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
     }
 }
 
-/* A tile of R rows x C = 8 / R columns (ternary_tile_fn), 32 codes a step, the last K mod 32
- * in scalar int32; columns past `cols` read the first column's weights and are not stored. */
+/* A tile of R rows x C = 8 / R columns (ternary_tile_fn), 64 codes a step, then 32, the last
+ * K mod 32 in scalar int32; columns past `cols` read the first column's weights and are not stored. */
 ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
                         size_t n, size_t cols) {
     const int C = 8 / R;
@@ -102,6 +111,22 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
     size_t k = 0;
+    for (; k + 64 <= K; k += 64) { /* in pairs of steps (dot_bytes2) */
+        __m256i w0[8], w1[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            w0[c] = weight_codes(w[c], k);
+            w1[c] = weight_codes(w[c], k + 32);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x[r] + k));
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x[r] + k + 32));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                acc[r * C + c] = dot_bytes2(acc[r * C + c], w0[c], x0, w1[c], x1);
+        }
+    }
     for (; k + 32 <= K; k += 32) {
         __m256i wk[8];
 #pragma GCC unroll 8

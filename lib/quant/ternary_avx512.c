@@ -43,7 +43,8 @@ static inline __mmask64 byte_mask(size_t n) { return n >= 64 ? ~0ull : (1ull << 
 /* The 64 weight codes of a row from k (masked: the first `m` of them), as w + 1 in {0, 1, 2}:
  * the one place that reads the weight's layout (one int8 code a byte, row-major). */
 ALWAYS_INLINE __m512i weight_codes(const uint8_t *row, size_t k, __mmask64 m) {
-    const __m512i w = m == ~0ull ? _mm512_loadu_si512(row + k) : _mm512_maskz_loadu_epi8(m, row + k);
+    const __m512i w =
+        m == ~0ull ? _mm512_loadu_si512(row + k) : _mm512_maskz_loadu_epi8(m, row + k);
     return _mm512_add_epi8(w, _mm512_set1_epi8(1));
 }
 
@@ -121,8 +122,37 @@ ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4]
     }
 }
 
-/* A tile of R rows x C = 16 / R columns (ternary_tile_fn), 64 codes a step (the last step
- * masked); columns past `cols` read the first column's weights and are not stored. */
+#ifndef TERNARY_VNNI
+/* acc + the products of two steps (u0 s0, u1 s1) summed into int32 (without VNNI): the two
+ * vpmaddubsw added in int16 (each pair at most 2 * 2 * 128, so the four at most 1024) before
+ * one vpmaddwd by ones. */
+ALWAYS_INLINE __m512i dot_bytes2(__m512i acc, __m512i u0, __m512i s0, __m512i u1, __m512i s1) {
+    const __m512i pairs = _mm512_add_epi16(_mm512_maddubs_epi16(u0, s0),
+                                           _mm512_maddubs_epi16(u1, s1));
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+}
+
+/* tile_step over the 128 codes from k, two steps at once (dot_bytes2). */
+ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4],
+                              const uint8_t *const w[16], size_t k, __m512i acc[16]) {
+    __m512i w0[16], w1[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; c++) {
+        w0[c] = weight_codes(w[c], k, ~0ull);
+        w1[c] = weight_codes(w[c], k + 64, ~0ull);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const __m512i x0 = _mm512_loadu_si512(x[r] + k), x1 = _mm512_loadu_si512(x[r] + k + 64);
+#pragma GCC unroll 16
+        for (int c = 0; c < C; c++)
+            acc[r * C + c] = dot_bytes2(acc[r * C + c], w0[c], x0, w1[c], x1);
+    }
+}
+#endif /* TERNARY_VNNI */
+
+/* A tile of R rows x C = 16 / R columns (ternary_tile_fn), 128 codes a step, then 64, the last
+ * step masked; columns past `cols` read the first column's weights and are not stored. */
 ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
                         size_t n, size_t cols) {
     const int C = 16 / R;
@@ -134,6 +164,10 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_si512();
     size_t k = 0;
+#ifndef TERNARY_VNNI
+    /* in pairs of steps (dot_bytes2): one vpmaddwd for two vpmaddubsw */
+    for (; k + 128 <= K; k += 128) tile_step2(R, C, x, w, k, acc);
+#endif
     for (; k + 64 <= K; k += 64) tile_step(R, C, x, w, k, ~0ull, acc);
     if (k < K) tile_step(R, C, x, w, k, byte_mask(K - k), acc);
     tile_store(R, C, acc, j, b, m, n, cols);
