@@ -110,11 +110,15 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
     __m256i acc[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
+    /* the first row tile of a block reads the weight rows from memory: it asks for those of
+     * the column group after next as it goes (the others read them from cache) */
+    const size_t ahead = m == 0 ? 2 * 8 * K : 0;
     size_t k = 0;
     for (; k + 64 <= K; k += 64) { /* in pairs of steps (dot_bytes2) */
         __m256i w0[8], w1[8];
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
+            _mm_prefetch((const char *)(w[c] + k + ahead), _MM_HINT_T0);
             w0[c] = weight_codes(w[c], k);
             w1[c] = weight_codes(w[c], k + 32);
         }

@@ -106,13 +106,16 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m512i acc[16],
 }
 
 /* The 64 codes from k (the first `mask` of them) of the tile's R rows and C weight rows into
- * its sums. */
+ * its sums; the weight rows' line `ahead` bytes on asked into L1. */
 ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4],
-                             const uint8_t *const w[16], size_t k, __mmask64 mask,
+                             const uint8_t *const w[16], size_t k, size_t ahead, __mmask64 mask,
                              __m512i acc[16]) {
     __m512i wk[16];
 #pragma GCC unroll 16
-    for (int c = 0; c < C; c++) wk[c] = weight_codes(w[c], k, mask);
+    for (int c = 0; c < C; c++) {
+        _mm_prefetch((const char *)(w[c] + k + ahead), _MM_HINT_T0);
+        wk[c] = weight_codes(w[c], k, mask);
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         const __m512i xk = mask == ~0ull ? _mm512_loadu_si512(x[r] + k)
@@ -134,10 +137,13 @@ ALWAYS_INLINE __m512i dot_bytes2(__m512i acc, __m512i u0, __m512i s0, __m512i u1
 
 /* tile_step over the 128 codes from k, two steps at once (dot_bytes2). */
 ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4],
-                              const uint8_t *const w[16], size_t k, __m512i acc[16]) {
+                              const uint8_t *const w[16], size_t k, size_t ahead,
+                              __m512i acc[16]) {
     __m512i w0[16], w1[16];
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
+        _mm_prefetch((const char *)(w[c] + k + ahead), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w[c] + k + 64 + ahead), _MM_HINT_T0);
         w0[c] = weight_codes(w[c], k, ~0ull);
         w1[c] = weight_codes(w[c], k + 64, ~0ull);
     }
@@ -163,13 +169,16 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
     __m512i acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_si512();
+    /* the first row tile of a block reads the weight rows from memory: it asks for those of
+     * the column group after next as it goes (the others read them from cache) */
+    const size_t ahead = m == 0 ? 2 * 16 * K : 0;
     size_t k = 0;
 #ifndef TERNARY_VNNI
     /* in pairs of steps (dot_bytes2): one vpmaddwd for two vpmaddubsw */
-    for (; k + 128 <= K; k += 128) tile_step2(R, C, x, w, k, acc);
+    for (; k + 128 <= K; k += 128) tile_step2(R, C, x, w, k, ahead, acc);
 #endif
-    for (; k + 64 <= K; k += 64) tile_step(R, C, x, w, k, ~0ull, acc);
-    if (k < K) tile_step(R, C, x, w, k, byte_mask(K - k), acc);
+    for (; k + 64 <= K; k += 64) tile_step(R, C, x, w, k, ahead, ~0ull, acc);
+    if (k < K) tile_step(R, C, x, w, k, ahead, byte_mask(K - k), acc);
     tile_store(R, C, acc, j, b, m, n, cols);
 }
 
