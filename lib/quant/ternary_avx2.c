@@ -98,21 +98,17 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
     }
 }
 
-/* A tile of R rows x C = 8 / R columns (ternary_tile_fn), 64 codes a step, then 32, the last
- * K mod 32 in scalar int32; columns past `cols` read the first column's weights and are not stored. */
+/* A tile of R rows x C = 8 / R columns, 64 codes a step, then 32, the last K mod 32 in scalar
+ * int32; columns past `cols` read the first column's weights and are not stored. */
 ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
                         size_t n, size_t cols) {
     const int C = 8 / R;
     const size_t K = j->K;
     const uint8_t *x[4], *w[8];
-    for (int r = 0; r < R; r++) x[r] = j->xq + (b->m0 + m + (size_t)r) * K;
-    for (int c = 0; c < C; c++) w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * K;
+    const size_t ahead = ternary_tile_rows(R, C, j, b, m, n, cols, x, w);
     __m256i acc[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
-    /* the first row tile of a block reads the weight rows from memory: it asks for those of
-     * the column group after next as it goes (the others read them from cache) */
-    const size_t ahead = m == 0 ? 2 * 8 * K : 0;
     size_t k = 0;
     for (; k + 64 <= K; k += 64) { /* in pairs of steps (dot_bytes2) */
         __m256i w0[8], w1[8];
@@ -150,23 +146,19 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
     tile_store(R, C, acc, rest, j, b, m, n, cols);
 }
 
-static void tile4(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
-                  size_t cols) {
-    tile(4, j, b, m, n, cols);
-}
-
-static void tile2(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
-                  size_t cols) {
-    tile(2, j, b, m, n, cols);
-}
-
-static void tile1(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
-                  size_t cols) {
-    tile(1, j, b, m, n, cols);
+/* ternary_tile_fn: the tile of `rows` rows. */
+static void tiles(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t rows,
+                  size_t n, size_t cols) {
+    if (rows == 4)
+        tile(4, j, b, m, n, cols);
+    else if (rows == 2)
+        tile(2, j, b, m, n, cols);
+    else
+        tile(1, j, b, m, n, cols);
 }
 
 void ternary_gemm_avx2(const quant_gemm_job *j, size_t n0, size_t n1) {
-    ternary_gemm_loop(j, n0, n1, 8, sum_codes, tile4, tile2, tile1);
+    ternary_gemm_loop(j, n0, n1, 8, sum_codes, tiles);
 }
 
 /* ---- the activation quantizer -------------------------------------------------------------- */
@@ -215,15 +207,8 @@ ALWAYS_INLINE void codes8(int half_up, int bf16, const float *x, float s, size_t
 
 /* ternary_codes_fn: a row's codes, 8 at a time. */
 static void row_codes(int half_up, int bf16, const float *x, size_t n, float s, uint8_t *codes) {
-    for (size_t c = 0; c < n; c += 8) {
-        const size_t k = n - c < 8 ? n - c : 8;
-        if (bf16)
-            codes8(half_up, 1, x + c, s, k, codes + c);
-        else if (half_up)
-            codes8(1, 0, x + c, s, k, codes + c);
-        else
-            codes8(0, 0, x + c, s, k, codes + c);
-    }
+    for (size_t c = 0; c < n; c += 8)
+        codes8(half_up, bf16, x + c, s, n - c < 8 ? n - c : 8, codes + c);
 }
 
 void ternary_quantize_rows_avx2(const quant_rule *r, size_t rows, size_t cols, const float *x,

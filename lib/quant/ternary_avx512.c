@@ -100,7 +100,8 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m512i acc[16],
     const __m512 y = b->bf16_steps ? z_round_bf16(_mm512_div_ps(z_round_bf16(d), divisor))
                                    : _mm512_div_ps(d, divisor);
     for (int i = 0; i < R; i++) {
-        const __m512 yi = _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(i * C)), y);
+        const __m512i shift = _mm512_add_epi32(lane, _mm512_set1_epi32(i * C));
+        const __m512 yi = _mm512_permutexvar_ps(shift, y);
         _mm512_mask_storeu_ps(j->y + (b->m0 + m + i) * j->ldy + n, z_mask(cols), yi);
     }
 }
@@ -157,21 +158,17 @@ ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4
 }
 #endif /* TERNARY_VNNI */
 
-/* A tile of R rows x C = 16 / R columns (ternary_tile_fn), 128 codes a step, then 64, the last
+/* A tile of R rows x C = 16 / R columns, 128 codes a step, then 64, the last
  * step masked; columns past `cols` read the first column's weights and are not stored. */
 ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
                         size_t n, size_t cols) {
     const int C = 16 / R;
     const size_t K = j->K;
     const uint8_t *x[4], *w[16];
-    for (int r = 0; r < R; r++) x[r] = j->xq + (b->m0 + m + (size_t)r) * K;
-    for (int c = 0; c < C; c++) w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * K;
+    const size_t ahead = ternary_tile_rows(R, C, j, b, m, n, cols, x, w);
     __m512i acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_si512();
-    /* the first row tile of a block reads the weight rows from memory: it asks for those of
-     * the column group after next as it goes (the others read them from cache) */
-    const size_t ahead = m == 0 ? 2 * 16 * K : 0;
     size_t k = 0;
 #ifndef TERNARY_VNNI
     /* in pairs of steps (dot_bytes2): one vpmaddwd for two vpmaddubsw */
@@ -182,23 +179,19 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
     tile_store(R, C, acc, j, b, m, n, cols);
 }
 
-static void tile4(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
-                  size_t cols) {
-    tile(4, j, b, m, n, cols);
-}
-
-static void tile2(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
-                  size_t cols) {
-    tile(2, j, b, m, n, cols);
-}
-
-static void tile1(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t n,
-                  size_t cols) {
-    tile(1, j, b, m, n, cols);
+/* ternary_tile_fn: the tile of `rows` rows. */
+static void tiles(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t rows,
+                  size_t n, size_t cols) {
+    if (rows == 4)
+        tile(4, j, b, m, n, cols);
+    else if (rows == 2)
+        tile(2, j, b, m, n, cols);
+    else
+        tile(1, j, b, m, n, cols);
 }
 
 void TERNARY_GEMM(const quant_gemm_job *j, size_t n0, size_t n1) {
-    ternary_gemm_loop(j, n0, n1, 16, sum_codes, tile4, tile2, tile1);
+    ternary_gemm_loop(j, n0, n1, 16, sum_codes, tiles);
 }
 
 /* ---- the activation quantizer (the avx512 build only; the avx512vnni variant uses it) ------ */
@@ -235,15 +228,7 @@ ALWAYS_INLINE void codes16(int half_up, int bf16, const float *x, float s, __mma
 
 /* ternary_codes_fn: a row's codes, 16 at a time. */
 static void row_codes(int half_up, int bf16, const float *x, size_t n, float s, uint8_t *codes) {
-    for (size_t c = 0; c < n; c += 16) {
-        const __mmask16 m = z_mask_at(n, c);
-        if (bf16)
-            codes16(half_up, 1, x + c, s, m, codes + c);
-        else if (half_up)
-            codes16(1, 0, x + c, s, m, codes + c);
-        else
-            codes16(0, 0, x + c, s, m, codes + c);
-    }
+    for (size_t c = 0; c < n; c += 16) codes16(half_up, bf16, x + c, s, z_mask_at(n, c), codes + c);
 }
 
 void ternary_quantize_rows_avx512(const quant_rule *r, size_t rows, size_t cols, const float *x,

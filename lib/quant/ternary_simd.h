@@ -46,17 +46,29 @@ typedef struct ternary_block {
 
 /* An ISA's sum of the K codes of one activation row. */
 typedef int32_t ternary_sum_fn(const uint8_t *x, size_t K);
-/* An ISA's tile: the block's rows m .. m + R - 1 (R fixed by the function: 4, 2 or 1) against
- * the weight rows n .. n + cols - 1 (cols at most lanes / R), stored into the job's y. */
+/* An ISA's tile: the block's rows m .. m + rows - 1 (rows 4, 2 or 1) against the weight rows
+ * n .. n + cols - 1 (cols at most lanes / rows), stored into the job's y. */
 typedef void ternary_tile_fn(const quant_gemm_job *j, const ternary_block *b, size_t m,
-                             size_t n, size_t cols);
+                             size_t rows, size_t n, size_t cols);
+
+/* A tile's code rows: the activation rows m .. m + R - 1 of block b into x, the weight rows
+ * n .. n + C - 1 into w, those past `cols` the first one again (read, not stored). Returns how
+ * far ahead of its weight reads the tile asks for lines: the first row tile of a block reads
+ * the weight rows from memory, so it asks for those of the column group after next (R C rows
+ * a group); the others read them from cache (0: the line being read). */
+ALWAYS_INLINE size_t ternary_tile_rows(const int R, const int C, const quant_gemm_job *j,
+                                       const ternary_block *b, size_t m, size_t n, size_t cols,
+                                       const uint8_t **x, const uint8_t **w) {
+    for (int r = 0; r < R; r++) x[r] = j->xq + (b->m0 + m + (size_t)r) * j->K;
+    for (int c = 0; c < C; c++) w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * j->K;
+    return m == 0 ? 2 * (size_t)(R * C) * j->K : 0;
+}
 
 /* The GEMM's columns [n0, n1) through an ISA's tiles of 4, 2 and 1 rows (`lanes` outputs
  * each). */
 ALWAYS_INLINE void ternary_gemm_loop(const quant_gemm_job *j, size_t n0, size_t n1,
                                      const size_t lanes, ternary_sum_fn *sum_codes,
-                                     ternary_tile_fn *tile4, ternary_tile_fn *tile2,
-                                     ternary_tile_fn *tile1) {
+                                     ternary_tile_fn *tile) {
     if (j->K > TERNARY_MAX_K) {
         quant_gemm_ternary(j, n0, n1);
         return;
@@ -81,10 +93,9 @@ ALWAYS_INLINE void ternary_gemm_loop(const quant_gemm_job *j, size_t n0, size_t 
             const size_t cols = n1 - n < lanes ? n1 - n : lanes;
             for (size_t m = 0; m < b.rows;) {
                 const size_t left = b.rows - m, rows = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-                ternary_tile_fn *tile = rows == 4 ? tile4 : rows == 2 ? tile2 : tile1;
                 const size_t tile_cols = lanes / rows;
                 for (size_t c = 0; c < cols; c += tile_cols)
-                    tile(j, &b, m, n + c, cols - c < tile_cols ? cols - c : tile_cols);
+                    tile(j, &b, m, rows, n + c, cols - c < tile_cols ? cols - c : tile_cols);
                 m += rows;
             }
         }
