@@ -20,7 +20,7 @@
  * fmaxf does), the scale in scalar fp32 as ternary.c writes it, then 16 codes a step: the
  * product (rounded to bf16 under hf-bitlinear), rounded to an integer (to even; onebitllms
  * floor(v + 0.5)), clamped to [-128, 127] with a NaN kept, truncated to int32 and its low
- * byte kept, as the portable conversion does (a NaN becomes 0x80000000, so code 0).
+ * byte kept: a NaN becomes 0x80000000, so code 0, as ternary.c's clamp_code writes it.
  */
 #include <immintrin.h>
 
