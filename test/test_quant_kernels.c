@@ -4,8 +4,10 @@
  * zero, tie, NaN, infinite, saturating, tiny and denormal blocks, at odd lengths and partial
  * blocks; every format's GEMM column kernel over decode (few rows) and prefill (many rows)
  * shapes, odd K, partial blocks, NaN activations, column ranges that start and end anywhere,
- * writing nothing outside them. Also which entry each CPU path runs (the fallback from a
- * variant a format lacks to the next narrower one, then the portable entry).
+ * writing nothing outside them; ternary's GEMM also past one row block of its SIMD kernels and
+ * on extreme codes up to and past the longest rows they sum in int32. Also which entry each
+ * CPU path runs (the fallback from a variant a format lacks to the next narrower one, then the
+ * portable entry).
  *
  * Equality is bitwise, with one allowance on fp32 outputs: two NaNs are equal whatever their
  * payloads, as in test_kernels. Arrays are allocated at their exact size, so that a read or
@@ -267,6 +269,54 @@ static int test_gemm(const quant_rule *r, const quant_simd *s, const char *varia
     return 1;
 }
 
+/* Ternary's GEMM on codes written directly, at the ends of their ranges: activation codes
+ * all -128 or all 127 (or random), weight codes all 1 or all -1 (or random), so that every
+ * partial sum of a tile is as large as it can be; through the portable kernel and `columns`,
+ * compared bitwise. */
+static void compare_ternary_codes(const quant_rule *r, quant_gemm_fn *columns,
+                                  const char *variant, size_t M, size_t N, size_t K) {
+    uint8_t *xq = alloc_exact(M * K), *wq = alloc_exact(N * K);
+    float *xt = alloc_exact(M * sizeof(float));
+    const int xkind = (int)(rand_u64() % 3), wkind = (int)(rand_u64() % 3);
+    for (size_t i = 0; i < M * K; i++)
+        xq[i] = xkind == 0 ? 0x80 : xkind == 1 ? 0x7f : (uint8_t)rand_u64();
+    for (size_t i = 0; i < N * K; i++)
+        wq[i] = wkind == 0 ? 0x01 : wkind == 1 ? 0xff : (uint8_t)(int8_t)(rand_u64() % 3 - 1);
+    for (size_t m = 0; m < M; m++) xt[m] = 127.0f / (float)(1 + rand_u64() % 1000);
+    const size_t ldy = N + 1;
+    float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
+    for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
+    quant_gemm_job j0 = {M, K, 0, 0, r, xq, NULL, xt, wq, NULL, 0, 0.37f, y0, ldy};
+    quant_gemm_job j1 = j0;
+    j1.y = y1;
+    r->format->gemm_columns(&j0, 0, N);
+    columns(&j1, 0, N);
+    char where[160];
+    snprintf(where, sizeof where, "%s gemm %s codes (x kind %d, w kind %d) M=%zu N=%zu K=%zu",
+             r->api_name, variant, xkind, wkind, M, N, K);
+    check_floats("y", where, y0, y1, M * ldy);
+    free(xq);
+    free(wq);
+    free(xt);
+    free(y0);
+    free(y1);
+}
+
+/* Ternary's GEMM where the small shapes do not reach: activation rows past one row block of
+ * the SIMD kernels (ternary_simd.h: at most 256 rows, fewer for long K), and extreme codes
+ * up to and past TERNARY_MAX_K (2^22, where the SIMD kernels give the rows to the portable
+ * kernel). */
+static void test_ternary_extra(const quant_rule *r, const quant_simd *s, const char *variant) {
+    if (!s->gemm_columns) return;
+    compare_gemm(r, s->gemm_columns, variant, 300, 21, 64);
+    compare_gemm(r, s->gemm_columns, variant, 263, 5, 2048 + 17);
+    for (int rep = 0; rep < 6; rep++)
+        compare_ternary_codes(r, s->gemm_columns, variant, 1 + (size_t)(rand_u64() % 6),
+                              1 + (size_t)(rand_u64() % 20), 4096 + (size_t)(rand_u64() % 200));
+    compare_ternary_codes(r, s->gemm_columns, variant, 2, 3, ((size_t)1 << 22) + 1);
+    compare_ternary_codes(r, s->gemm_columns, variant, 1, 2, (size_t)1 << 22);
+}
+
 /* ---- which entry each path runs ----------------------------------------------------------- */
 
 /* The entry path p should run for format f: its widest variant's at or below the path's, else
@@ -313,6 +363,7 @@ int main(void) {
                 if (r->format != f) continue;
                 rows += test_rows(r, s, variant_names[v]);
                 gemm += test_gemm(r, s, variant_names[v]);
+                if (f->element == QUANT_ELEMENT_TERNARY) test_ternary_extra(r, s, variant_names[v]);
             }
             printf("%-9s %-10s: activation quantizer compared under %d rule(s), GEMM under %d\n",
                    f->name, variant_names[v], rows, gemm);

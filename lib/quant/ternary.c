@@ -18,7 +18,11 @@ static float round_step(int rule, float v) {
     return rule == PARITY_QUANT_TERNARY_ONEBITLLMS ? floorf(v + 0.5f) : rintf(v);
 }
 
+/* v clamped to [lo, hi] as a two's complement code. A NaN (the product of a NaN or infinite
+ * input) is code 0: C leaves the conversion of a NaN undefined, and gcc's x86 code gave 0 (the
+ * low byte of cvttss2si's 0x80000000) where clang's gave 0x80; the SIMD variants give 0. */
 static uint8_t clamp_code(float v, float lo, float hi) {
+    if (isnan(v)) return 0;
     return (uint8_t)(int8_t)(v < lo ? lo : v > hi ? hi : v);
 }
 
