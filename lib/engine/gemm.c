@@ -477,6 +477,22 @@ static void linear_ep(const fwd_ctx *ctx, size_t M, const float *x, const weight
 void linear_group_round_point(const fwd_ctx *ctx, size_t M, const float *x, size_t n,
                               const weight *const *w, const weight *const *bias, float *const *y) {
     const size_t K = w[0]->cols;
+    /* quantized layers: the activations quantized once, one pool call (gemm_quant.c) */
+    const quant_weight *wq[GEMM_GROUP_MAX] = {0};
+    int quantized = n <= GEMM_GROUP_MAX && n <= QUANT_GROUP_MAX;
+    for (size_t i = 0; i < n && quantized; i++)
+        quantized = w[i]->cols == K && (wq[i] = quant_weight_for(&ctx->pol, w[i])) != NULL;
+    if (quantized) {
+        const float *b[GEMM_GROUP_MAX] = {0};
+        size_t ldy[GEMM_GROUP_MAX] = {0};
+        for (size_t i = 0; i < n; i++) {
+            b[i] = bias[i] && bias[i]->rows ? weight_values(&ctx->pol, bias[i]) : NULL;
+            ldy[i] = w[i]->rows;
+        }
+        linear_quantized_group(ctx, M, x, K, n, w, wq, b, y, ldy);
+        for (size_t i = 0; i < n; i++) round_to_policy(&ctx->pol, y[i], M * w[i]->rows);
+        return;
+    }
     /* the bf16 backend's one-pass GEMMs (not K split, not quantized, bf16 weights) */
     int grouped = n <= GEMM_GROUP_MAX && ctx->backend == PARITY_BACKEND_BF16 &&
                   ctx->split_k <= 1 && ctx->pol.compute == PARITY_COMPUTE_BF16;

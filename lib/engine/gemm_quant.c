@@ -16,16 +16,26 @@
 #include "quant/dot.h"
 #include "quant/rules.h"
 
-/* One quantized GEMM over the pool: the job and the column kernel of the current CPU path. */
-typedef struct quant_gemm_run {
-    quant_gemm_job job;
-    quant_gemm_fn *columns;
-} quant_gemm_run;
+/* Up to QUANT_GROUP_MAX quantized GEMMs on the same activations over the pool, one pool call:
+ * the columns of the group are the layers' columns one layer after the other, part i's being
+ * [first[i], first[i + 1]); each column is computed by its layer's job alone, so that grouping
+ * moves no bit. */
 
-static void quant_columns(void *p, size_t n0, size_t n1, unsigned worker) {
+typedef struct quant_group_run {
+    size_t n;
+    quant_gemm_job job[QUANT_GROUP_MAX];
+    size_t first[QUANT_GROUP_MAX + 1];
+    quant_gemm_fn *columns; /* the column kernel of the current CPU path */
+} quant_group_run;
+
+static void group_columns(void *p, size_t c0, size_t c1, unsigned worker) {
     (void)worker;
-    const quant_gemm_run *r = p;
-    r->columns(&r->job, n0, n1);
+    const quant_group_run *r = p;
+    for (size_t i = 0; i < r->n; i++) {
+        const size_t a = c0 > r->first[i] ? c0 : r->first[i];
+        const size_t b = c1 < r->first[i + 1] ? c1 : r->first[i + 1];
+        if (a < b) r->columns(&r->job[i], a - r->first[i], b - r->first[i]);
+    }
 }
 
 /* The activations' block count along K under format f. */
@@ -33,32 +43,47 @@ static size_t activation_blocks(const quant_format *f, size_t K) {
     return f->block_cols ? (K + f->block_cols - 1) / f->block_cols : 0;
 }
 
-void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, const weight *w,
-                      const quant_weight *wq, const float *bias, float *y, size_t ldy) {
+void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, size_t n,
+                            const weight *const *w, const quant_weight *const *wq,
+                            const float *const *bias, float *const *y, const size_t *ldy) {
     const quant_rule *rule = quant_rule_of(ctx->pol.quantizer);
     const quant_format *f = rule->format;
-    const size_t K = w->cols, N = w->rows, nblocks = activation_blocks(f, K);
-    /* the activations' codes and scales in the GEMM scratch (linear_quantized_scratch bytes) */
+    const size_t K = w[0]->cols, nblocks = activation_blocks(f, K);
+    /* the activations' codes and scales in the GEMM scratch (linear_quantized_scratch bytes),
+     * quantized once for every layer of the group */
     uint8_t *xq = (uint8_t *)ctx->s->gemm.xpack;
     float *xs = (float *)(void *)(xq + (M * K + 63) / 64 * 64);
     float *xt = xs + M * nblocks;
     quant_rows_entry(f)(rule, M, K, x, ldx, xq, K, xs, xt);
-    quant_gemm_run run = {{M, K, nblocks, f->block_cols, rule, xq, xs, xt, wq->codes, wq->scales,
-                           nblocks, wq->tensor_scale, y, ldy},
-                          quant_gemm_entry(f)};
-    pool_run(ctx->pool, quant_columns, &run, N);
-    if (f->element != QUANT_ELEMENT_E4M3)
-        /* E2M1 and int8 have no NaN: a row holding a NaN or an infinity yields NaN, as an
-         * E4M3 NaN code does in the fp8 GEMMs, rather than the codes its saturation gives */
-        for (size_t m = 0; m < M; m++)
-            for (size_t i = 0; i < K; i++)
-                if (!isfinite(x[m * ldx + i])) {
-                    for (size_t c = 0; c < N; c++) y[m * ldy + c] = NAN;
-                    break;
-                }
-    if (bias)
-        for (size_t m = 0; m < M; m++)
-            for (size_t n = 0; n < N; n++) y[m * ldy + n] += bias[n];
+    quant_group_run run = {.n = n, .columns = quant_gemm_entry(f)};
+    for (size_t i = 0; i < n; i++) {
+        run.job[i] = (quant_gemm_job){M,         K,           nblocks, f->block_cols,
+                                      rule,      xq,          xs,      xt,
+                                      wq[i]->codes, wq[i]->scales, nblocks, wq[i]->tensor_scale,
+                                      y[i],      ldy[i]};
+        run.first[i + 1] = run.first[i] + w[i]->rows;
+    }
+    pool_run(ctx->pool, group_columns, &run, run.first[n]);
+    for (size_t i = 0; i < n; i++) {
+        const size_t N = w[i]->rows;
+        if (f->element != QUANT_ELEMENT_E4M3)
+            /* E2M1 and int8 have no NaN: a row holding a NaN or an infinity yields NaN, as an
+             * E4M3 NaN code does in the fp8 GEMMs, rather than the codes its saturation gives */
+            for (size_t m = 0; m < M; m++)
+                for (size_t k = 0; k < K; k++)
+                    if (!isfinite(x[m * ldx + k])) {
+                        for (size_t c = 0; c < N; c++) y[i][m * ldy[i] + c] = NAN;
+                        break;
+                    }
+        if (bias[i])
+            for (size_t m = 0; m < M; m++)
+                for (size_t c = 0; c < N; c++) y[i][m * ldy[i] + c] += bias[i][c];
+    }
+}
+
+void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, const weight *w,
+                      const quant_weight *wq, const float *bias, float *y, size_t ldy) {
+    linear_quantized_group(ctx, M, x, ldx, 1, &w, &wq, &bias, &y, &ldy);
 }
 
 size_t linear_quantized_scratch(int quantizer, size_t M, size_t K) {

@@ -16,6 +16,13 @@ struct quant_weight;
 void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
                       const struct weight *w, const struct quant_weight *wq, const float *bias,
                       float *y, size_t ldy);
+/* linear_quantized of n <= QUANT_GROUP_MAX layers that read the same x (q, k and v; gate and up), each with
+ * its bias (NULL: none) and output: x quantized once, one pool call over their columns; every
+ * output the bits linear_quantized gives it alone. */
+#define QUANT_GROUP_MAX 3
+void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, size_t n,
+                            const struct weight *const *w, const struct quant_weight *const *wq,
+                            const float *const *bias, float *const *y, const size_t *ldy);
 size_t linear_quantized_scratch(int quantizer, size_t M, size_t K);
 
 #endif /* PARITY_ENGINE_GEMM_QUANT_H */
