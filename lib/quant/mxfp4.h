@@ -5,6 +5,7 @@
 #ifndef PARITY_QUANT_MXFP4_H
 #define PARITY_QUANT_MXFP4_H
 
+#include "e2m1_simd.h"
 #include "format.h"
 
 /* The entries (quant_fn): scales as the fp32 powers of two; no tensor scale (a weight's is
@@ -13,5 +14,8 @@ quant_fn mxfp4_quantize_weight, mxfp4_quantize_activations;
 /* The public call's form: scales [rows][ceil(cols / 32)] as E8M0 bytes. */
 void mxfp4_quantize_bytes(const quant_rule *r, size_t rows, size_t cols, const float *x,
                           size_t x_stride, uint8_t *codes, size_t codes_stride, uint8_t *scales);
+
+/* The SIMD variants of the format row (rules.c): e2m1_simd.h's. */
+#define MXFP4_SIMD E2M1_SIMD(NULL, NULL)
 
 #endif /* PARITY_QUANT_MXFP4_H */

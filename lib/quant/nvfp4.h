@@ -5,6 +5,7 @@
 #ifndef PARITY_QUANT_NVFP4_H
 #define PARITY_QUANT_NVFP4_H
 
+#include "e2m1_simd.h"
 #include "format.h"
 
 /* The entries (quant_fn): block scales as the E4M3 values they mean; a weight's s2 from the
@@ -18,5 +19,8 @@ float nvfp4_quantize_block(const quant_rule *r, float tensor_amax, const float *
 void nvfp4_quantize_bytes(const quant_rule *r, int per_row, size_t rows, size_t cols,
                           const float *x, size_t x_stride, uint8_t *codes, size_t codes_stride,
                           uint8_t *block_scales, float *tensor_scales);
+
+/* The SIMD variants of the format row (rules.c): e2m1_simd.h's. */
+#define NVFP4_SIMD E2M1_SIMD(NULL, NULL)
 
 #endif /* PARITY_QUANT_NVFP4_H */
