@@ -26,6 +26,6 @@ static inline uint8_t mxfp4_scale_byte(int rule, float amax) {
 }
 
 /* The SIMD variants of the format row (rules.c): e2m1_simd.h's. */
-#define MXFP4_SIMD E2M1_SIMD(NULL, NULL)
+#define MXFP4_SIMD E2M1_SIMD(mxfp4_quantize_rows_avx2, mxfp4_quantize_rows_avx512)
 
 #endif /* PARITY_QUANT_MXFP4_H */

@@ -109,6 +109,6 @@ static inline uint8_t nvfp4_element(const nvfp4_step *step, float x) {
 }
 
 /* The SIMD variants of the format row (rules.c): e2m1_simd.h's. */
-#define NVFP4_SIMD E2M1_SIMD(NULL, NULL)
+#define NVFP4_SIMD E2M1_SIMD(nvfp4_quantize_rows_avx2, nvfp4_quantize_rows_avx512)
 
 #endif /* PARITY_QUANT_NVFP4_H */
