@@ -1,9 +1,9 @@
 /*
- * The SIMD variants of the E2M1 formats (NVFP4 and MXFP4): one GEMM column kernel per ISA for
- * both formats (e2m1_gemm_avx2.c, e2m1_gemm_avx512.c, the latter compiled twice: without and
- * with VNNI), each bitwise dot.c's quant_gemm_blocked, and the activation quantizers per ISA
- * (e2m1_quant_avx2.c, e2m1_quant_avx512.c), each bitwise its format's quantize_rows. The
- * formats' headers (nvfp4.h, mxfp4.h) put them in their rows.
+ * The SIMD variants of the E2M1 formats (NVFP4 and MXFP4), written once in e2m1_lanes.h and
+ * compiled per ISA (e2m1_avx2.c, e2m1_avx512.c, the latter a second time with VNNI for the
+ * GEMM alone): one GEMM column kernel for both formats, bitwise dot.c's quant_gemm_blocked, and
+ * each format's activation quantizer, bitwise its quantize_rows. The formats' headers (nvfp4.h,
+ * mxfp4.h) put them in their rows.
  */
 #ifndef PARITY_QUANT_E2M1_SIMD_H
 #define PARITY_QUANT_E2M1_SIMD_H

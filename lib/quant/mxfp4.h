@@ -16,7 +16,7 @@ quant_fn mxfp4_quantize_weight, mxfp4_quantize_activations;
 void mxfp4_quantize_bytes(const quant_rule *r, size_t rows, size_t cols, const float *x,
                           size_t x_stride, uint8_t *codes, size_t codes_stride, uint8_t *scales);
 
-/* ---- the rules' arithmetic, inline for mxfp4.c and the SIMD variants (e2m1_quant_*.c) ---- */
+/* ---- the rules' arithmetic, inline for mxfp4.c and the SIMD variants (e2m1_lanes.h) ----- */
 
 /* The E8M0 scale of a block: OCP's (and microxcaling's) floor(log2 amax) - emax(E2M1) = 2, or
  * RCEIL's amax / 6 rounded up to a power of two. */

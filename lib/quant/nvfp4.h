@@ -24,7 +24,7 @@ void nvfp4_quantize_bytes(const quant_rule *r, int per_row, size_t rows, size_t 
                           const float *x, size_t x_stride, uint8_t *codes, size_t codes_stride,
                           uint8_t *block_scales, float *tensor_scales);
 
-/* ---- the rules' arithmetic, inline for nvfp4.c and the SIMD variants (e2m1_quant_*.c) ---- */
+/* ---- the rules' arithmetic, inline for nvfp4.c and the SIMD variants (e2m1_lanes.h) ----- */
 
 /* The tensor-level numbers of an NVFP4 rule for a tensor (or row) amax: s2, the stored decode
  * scale, and (TE) the encode scale S. `zero`: the all-zero case of ModelOpt and torchao. */
