@@ -11,6 +11,8 @@
 #include "e2m1_simd.h"
 
 #define EV_NAME(f) f##_avx2
+/* the next tile (8 rows) fits L1: the faster on Zen 4 */
+#define EV_PREFETCH _MM_HINT_T0
 #define EV_LANES 8
 typedef __m256 ev;
 typedef __m256i ei;

@@ -17,6 +17,8 @@
 #else
 #define EV_NAME(f) f##_avx512
 #endif
+/* the next tile (16 rows) goes to L2: the faster on Zen 4 */
+#define EV_PREFETCH _MM_HINT_T1
 #define EV_LANES 16
 typedef __m512 ev;
 typedef __m512i ei;
