@@ -11,13 +11,6 @@
 
 #include "codecs.h"
 
-/* The E8M0 scale of a block: OCP's (and microxcaling's) floor(log2 amax) - emax(E2M1) = 2, or
- * RCEIL's amax / 6 rounded up to a power of two. */
-static uint8_t mxfp4_scale(int rule, float amax) {
-    if (rule != PARITY_QUANT_MXFP4_RCEIL) return e8m0_floor_scale(amax, 2);
-    return e8m0_ceil_scale(amax * (1.0f / 6.0f));
-}
-
 /* Every 1 x 32 block: codes, and the scales as E8M0 bytes (`bytes`) or as the fp32 powers of
  * two they mean (`pow2`), whichever is not NULL. */
 static void mxfp4_rows(int rule, size_t rows, size_t cols, const float *x, size_t x_stride,
@@ -28,7 +21,7 @@ static void mxfp4_rows(int rule, size_t rows, size_t cols, const float *x, size_
         for (size_t c0 = 0; c0 < cols; c0 += 32) {
             const size_t n = cols - c0 < 32 ? cols - c0 : 32;
             const float *xr = x + r * x_stride + c0;
-            const uint8_t b = mxfp4_scale(rule, quant_amax(xr, n));
+            const uint8_t b = mxfp4_scale_byte(rule, quant_amax(xr, n));
             const float mult = e8m0_reciprocal(b);
             if (bytes) bytes[r * grid + c0 / 32] = b;
             if (pow2) pow2[r * grid + c0 / 32] = e8m0_to_f32(b);

@@ -5,75 +5,18 @@
  * as IEEE fp32 operations, one rounding per operation, in the source's order; the header names
  * file and function per rule and docs/quant-formats.md quotes them.
  */
-#include <float.h>
 #include <math.h>
 
 #include "nvfp4.h"
 
 #include "codecs.h"
 
-/* The tensor-level numbers of an NVFP4 rule for a tensor (or row) amax: s2, the stored decode
- * scale, and (TE) the encode scale S. `zero`: the all-zero case of ModelOpt and torchao. */
-typedef struct nvfp4_tensor {
-    float s2;  /* the decode scale a checkpoint stores (weight_scale_2) */
-    float enc; /* TE's encode scale S = 1 / s2 */
-    int zero;  /* s2 = 0 (ModelOpt, torchao): every block's scale 1, every code 0 */
-} nvfp4_tensor;
-
-static nvfp4_tensor nvfp4_tensor_of(int rule, float amax) {
-    nvfp4_tensor t = {0.0f, 0.0f, 0};
-    if (rule == PARITY_QUANT_NVFP4_TE) {
-        float s = 2688.0f / amax; /* 448 * 6; +inf for amax 0 */
-        s = fminf(s, FLT_MAX);
-        if (amax == 0.0f || s == 0.0f) s = 1.0f;
-        t.enc = s;
-        t.s2 = 1.0f / s;
-        return t;
-    }
-    t.s2 = amax / 2688.0f;
-    t.zero = t.s2 == 0.0f;
-    return t;
-}
-
 /* One 1 x 16 block: its E4M3 scale code returned, its E2M1 codes written. */
 static uint8_t nvfp4_block(int rule, const nvfp4_tensor *t, const float *x, size_t n,
                            uint8_t *codes) {
-    const float amax = quant_amax(x, n);
-    uint8_t sf;
-    float sfv;
-    if (t->zero) { /* s2 = 0: a zero tensor (or row); ModelOpt's 0 / 0 taken as sf 1, codes 0 */
-        sf = e4m3_from_f32_saturating(1.0f);
-        for (size_t i = 0; i < n; i++) codes[i] = 0;
-        return sf;
-    }
-    switch (rule) {
-    case PARITY_QUANT_NVFP4_MODELOPT: {
-        float v = amax / (6.0f * t->s2);
-        if (v == 0.0f) v = 1.0f;
-        sf = e4m3_from_f32_saturating(v);
-        sfv = e4m3_to_f32(sf);
-        const float d = sfv * t->s2;
-        for (size_t i = 0; i < n; i++) codes[i] = sfv == 0.0f ? 0 : e2m1_from_f32(x[i] / d, 0);
-        return sf;
-    }
-    case PARITY_QUANT_NVFP4_TE: {
-        sf = e4m3_from_f32_saturating(amax * (t->enc * (1.0f / 6.0f)));
-        sfv = e4m3_to_f32(sf);
-        const float m = fminf(1.0f / (sfv * (1.0f / t->enc)), FLT_MAX);
-        for (size_t i = 0; i < n; i++) codes[i] = sfv == 0.0f ? 0 : e2m1_from_f32(x[i] * m, 0);
-        return sf;
-    }
-    default: { /* torchao */
-        float v = (amax / 6.0f) / t->s2;
-        v = fminf(fmaxf(v, 0x1p-6f), 448.0f);
-        sf = e4m3_from_f32_saturating(v);
-        sfv = e4m3_to_f32(sf);
-        const float d = t->s2 * sfv;
-        for (size_t i = 0; i < n; i++)
-            codes[i] = e2m1_from_f32(fminf(fmaxf(x[i] / d, -6.0f), 6.0f), 0);
-        return sf;
-    }
-    }
+    const nvfp4_step step = nvfp4_block_step(rule, t, quant_amax(x, n));
+    for (size_t i = 0; i < n; i++) codes[i] = nvfp4_element(&step, x[i]);
+    return step.sf;
 }
 
 /* The blocks of `rows` rows under one tensor entry (rows = 1 for a per-row call): the block

@@ -1,0 +1,115 @@
+/*
+ * The E2M1 formats' AVX-512 variants (e2m1_lanes.h over 16 fp32 lanes): e2m1_gemm_avx512,
+ * nvfp4_quantize_rows_avx512 and mxfp4_quantize_rows_avx512 under -mavx512f -mavx512bw
+ * -mavx512vl -mavx512dq; compiled a second time with E2M1_VNNI defined and -mavx512vnni for
+ * e2m1_gemm_avx512vnni alone, whose block dots are vpdpbusd where the first sums the bytes by
+ * vpmaddubsw, vpaddw and vpmaddwd. A chunk of a weight row is 64 codes (4 NVFP4 blocks, 2
+ * MXFP4 ones), loaded under a byte mask at the row's end; a row's last block of values is
+ * loaded and its codes stored under masks.
+ */
+#include <immintrin.h>
+
+#include "e2m1_simd.h"
+
+#if defined(E2M1_VNNI)
+#define EV_NAME(f) f##_avx512vnni
+#define E2M1_GEMM_ONLY
+#else
+#define EV_NAME(f) f##_avx512
+#endif
+/* the next tile (16 rows) goes to L2: the faster on Zen 4 */
+#define EV_PREFETCH _MM_HINT_T1
+#define EV_LANES 16
+typedef __m512 ev;
+typedef __m512i ei;
+
+/* The codes [0, len) of a row from p (len <= 64; 0 in the bytes past len, which are not
+ * read). The one place code rows are read: a packed layout changes this function alone. */
+static inline ei ei_codes(const uint8_t *p, size_t len) {
+    if (len >= 64) return _mm512_loadu_si512((const void *)p);
+    return _mm512_maskz_loadu_epi8((__mmask64)((1ull << len) - 1), p);
+}
+
+#define ei_table(...) _mm512_broadcast_i32x4(_mm_setr_epi8(__VA_ARGS__))
+#define ei_store(p, v) _mm512_storeu_si512((void *)(p), v)
+#define ei_shuffle_bytes _mm512_shuffle_epi8
+#define ei_set1 _mm512_set1_epi32
+#define ei_sub _mm512_sub_epi32
+#define ei_min _mm512_min_epi32
+#define ei_mullo _mm512_mullo_epi32
+#define ei_or _mm512_or_si512
+#define ei_and _mm512_and_si512
+#define ei_srli _mm512_srli_epi32
+#define ei_lane_index() _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+#define ev_set1 _mm512_set1_ps
+#define ev_zero _mm512_setzero_ps
+#define ev_add _mm512_add_ps
+#define ev_mul _mm512_mul_ps
+#define ev_div _mm512_div_ps
+#define ev_min _mm512_min_ps
+#define ev_max _mm512_max_ps
+#define ev_abs _mm512_abs_ps
+#define ev_from_int _mm512_cvtepi32_ps
+#define ev_bits _mm512_castps_si512
+#define ev_reduce_max _mm512_reduce_max_ps
+#define ev_gather(base, index) _mm512_i32gather_ps(index, base, 4)
+#define ei_count_if(code, a, c, pred)                                                             \
+    _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(a, c, pred), code, _mm512_set1_epi32(1))
+
+/* The lanes under a count n (all of them from 16). */
+static inline __mmask16 lanes_of(size_t n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+static inline void ev_store(float *p, ev v, size_t n) { _mm512_mask_storeu_ps(p, lanes_of(n), v); }
+#if !defined(E2M1_GEMM_ONLY)
+static inline ev ev_load(const float *p, size_t n) { return _mm512_maskz_loadu_ps(lanes_of(n), p); }
+static inline void e2m1_store(uint8_t *p, ei code, size_t n) {
+    _mm_mask_storeu_epi8(p, lanes_of(n), _mm512_cvtepi32_epi8(code));
+}
+#endif
+
+/* Transposes 16 rows of 16 dwords: r[i] becomes dword i of every row, row l in lane l. */
+static inline void ei_transpose(ei r[16]) {
+    ei t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* u[4g + p], 128-bit lane L: dword 4L + p of rows 4g .. 4g + 3 */
+    for (int g = 0; g < 4; g++) {
+        u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    /* then the 128-bit lanes transposed 4 x 4 across u[p], u[4 + p], u[8 + p], u[12 + p] */
+    for (int p = 0; p < 4; p++) {
+        const ei v0 = _mm512_shuffle_i32x4(u[p], u[4 + p], 0x44);
+        const ei v1 = _mm512_shuffle_i32x4(u[p], u[4 + p], 0xee);
+        const ei v2 = _mm512_shuffle_i32x4(u[8 + p], u[12 + p], 0x44);
+        const ei v3 = _mm512_shuffle_i32x4(u[8 + p], u[12 + p], 0xee);
+        r[p] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        r[4 + p] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+        r[8 + p] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        r[12 + p] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+    }
+}
+
+/* Per lane, start + the sum over n dwords of u[q] (unsigned bytes, broadcast) times w[q]
+ * (signed bytes), 4 products a dword. */
+static inline ei ei_dot(ei start, const ei *w, const int32_t *u, int n) {
+#if defined(E2M1_VNNI)
+#pragma GCC unroll 8
+    for (int q = 0; q < n; q++) start = _mm512_dpbusd_epi32(start, _mm512_set1_epi32(u[q]), w[q]);
+    return start;
+#else
+    /* pairs of products in int16 (at most 2 x 24 x 12), n <= 8 of them summed (at most 4608) */
+    ei pairs = _mm512_maddubs_epi16(_mm512_set1_epi32(u[0]), w[0]);
+#pragma GCC unroll 8
+    for (int q = 1; q < n; q++)
+        pairs = _mm512_add_epi16(pairs, _mm512_maddubs_epi16(_mm512_set1_epi32(u[q]), w[q]));
+    return _mm512_add_epi32(start, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+#endif
+}
+
+#include "e2m1_lanes.h"

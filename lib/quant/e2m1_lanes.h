@@ -1,0 +1,242 @@
+/*
+ * The E2M1 formats' SIMD variants (NVFP4 and MXFP4), written once over each instruction set's
+ * vector mapping, as kernels/simd_shared.h is: the GEMM column kernel (bitwise dot.c's
+ * quant_gemm_blocked on E2M1 codes) and the activation quantizers (bitwise nvfp4.c's and
+ * mxfp4.c's quantize_activations). e2m1_avx2.c and e2m1_avx512.c each include this header
+ * once, after their mapping, so every function here is compiled with that file's instruction
+ * set and under its own name (EV_NAME).
+ *
+ * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK =
+ * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). Per tile and chunk the weight
+ * rows' codes become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle
+ * and are transposed in dwords, so that register i holds codes 4i .. 4i+3 of every column; a
+ * block's correction -12 sum(k_w) per column comes from the same registers. Then each row of
+ * activations (up to PASS_ROWS a pass, each reusing the transposed chunk from registers) has
+ * its codes mapped to k_a + 12 (unsigned bytes, 0 .. 24), and each dword of them, broadcast,
+ * is multiplied with register i, 4 products summed per lane (vpdpbusd, or vpmaddubsw pairs
+ * summed in int16 then vpmaddwd); a block's lanes start at its correction, so they end at
+ * S = sum k_a k_w, the block's exact dot in units of 1/4 (at most 32 x 144 in magnitude: no
+ * lane overflows). Then dot.c's fp32 chain in the lanes, the blocks ascending:
+ * acc = acc + (S * (a_s / 4)) * w_s, which is acc + (d * a_s) * w_s: d = S / 4 exactly, and
+ * a_s / 4 is exact (an E4M3 value is at least 2^-9, an E8M0 one at least 2^-127: powers of two
+ * down to 2^-149 divide exactly), so S * (a_s / 4) and d * a_s are one real number rounded
+ * once. Last, NVFP4's acc * (s2a * s2w). Past K the codes read as 0 (k_w = 0: nothing added).
+ *
+ * The quantizers. Per block, amax is the lanes' max of |x| (a NaN passed over as fmaxf does:
+ * vmaxps returns its second operand, the running max, when the first is NaN; a max is exact in
+ * any order); the scale and the step from values to codes come from the scalar code every path
+ * shares (nvfp4.h, mxfp4.h); the step runs in lanes: vdivps and vmulps are the scalar IEEE
+ * operations, the clamp fminf(fmaxf(q, -6), 6) is vmaxps(q, -6) (-6 for a NaN q, as fmaxf)
+ * then vminps, and E2M1 is codecs.h's e2m1_from_f32: the count of the midpoints |q| is above
+ * (or at, for the odd ones and under round-away; ordered compares, false for NaN), the sign
+ * from bit 31. Past a row's end the lanes read +0, which no amax sees, and nothing is written.
+ *
+ * The mapping, macros or always-inline functions of the including file:
+ *   EV_LANES, EV_NAME(f)       the lanes (16, 8), f's name in this variant (f ## _avx2, ...)
+ *   EV_PREFETCH                the cache the next tile is prefetched into (_MM_HINT_T*)
+ *   ev, ei                     the fp32 and the int32 (or byte) vector
+ *   ei_codes(p, len)           a chunk of EV_CHUNK code bytes from p, 0 past len (not read)
+ *   ei_store(p, v), ei_shuffle_bytes(table, v), ei_table(bytes...)
+ *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
+ *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
+ *                              broadcast) times w[q] (signed bytes)
+ *   ei_set1, ei_sub, ei_min, ei_mullo, ei_lane_index(), ei_or, ei_and, ei_srli
+ *   ev_set1, ev_zero(), ev_add, ev_mul, ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
+ *   conversion), ev_bits (the bits as an ei), ev_reduce_max, ev_gather(base, index)
+ *   ev_load(p, n), ev_store(p, v, n)       lanes [0, n) of p (n may exceed EV_LANES), +0 past n
+ *   ei_count_if(code, a, c, pred)          code + 1 in the lanes where a pred c
+ *   e2m1_store(p, code, n)                 the low bytes of the lanes' codes, n of them
+ */
+#ifndef PARITY_QUANT_E2M1_LANES_H
+#define PARITY_QUANT_E2M1_LANES_H
+
+#include "dot.h"
+#include "mxfp4.h"
+#include "nvfp4.h"
+
+#define EV_CHUNK (4 * EV_LANES)
+enum { PASS_ROWS = 32 };
+
+/* ---- the GEMM ----------------------------------------------------------------------------- */
+
+/* E2M1_K_BIAS in each byte of 8 dwords: the bias the activations' bytes carry, whose product
+ * with a block's k_w is its correction. */
+static const int32_t e2m1_biases[8] = {
+    E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101,
+    E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101,
+    E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101};
+
+/* The columns [n0, n1) of the job under blocks of `dwords` dwords (4: NVFP4's 16 codes, 8:
+ * MXFP4's 32), a tile's columns a lane each. */
+static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_job *j,
+                                                               size_t n0, size_t n1,
+                                                               const int dwords) {
+    const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols;
+    const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
+    const ei signed_k = ei_table(E2M1_K_SIGNED), unsigned_k = ei_table(E2M1_K_UNSIGNED);
+    for (size_t nt = n0; nt < n1; nt += EV_LANES) {
+        const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
+        /* lanes past the tile's columns repeat its last column (read, never stored) */
+        const ei col = ei_min(ei_lane_index(), ei_set1((int)cols - 1));
+        const ei ws_index = ei_mullo(col, ei_set1((int)grid));
+        const float *ws = j->ws + nt * grid;
+        const uint8_t *wrow[EV_LANES];
+        for (size_t l = 0; l < EV_LANES; l++)
+            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * K;
+        for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
+            const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
+            ev acc[PASS_ROWS];
+            for (size_t m = m0; m < m1; m++) acc[m - m0] = ev_zero();
+            for (size_t k0 = 0, kb0 = 0; k0 < K; k0 += EV_CHUNK, kb0 += (size_t)blocks_per_chunk) {
+                const size_t len = K - k0 < EV_CHUNK ? K - k0 : EV_CHUNK;
+                const size_t left = nb - kb0;
+                const int nbc = left < (size_t)blocks_per_chunk ? (int)left : blocks_per_chunk;
+                /* the next tile's codes and scales (each contiguous), a share a chunk: the
+                 * hardware's prefetchers lose EV_LANES streams of short rows (2-3x the read
+                 * rate of a cold 3072 x 1024 decode GEMM on Zen 4) */
+                if (m0 == 0 && nt + EV_LANES < n1) {
+                    const uint8_t *next = j->wq + (nt + EV_LANES) * K + k0 * EV_LANES;
+                    for (int l = 0; l < EV_LANES * EV_CHUNK; l += 64)
+                        _mm_prefetch((const char *)(next + l), EV_PREFETCH);
+                    const float *next_ws = ws + EV_LANES * grid + kb0 * EV_LANES;
+                    for (int l = 0; l < EV_LANES * blocks_per_chunk; l += 16)
+                        _mm_prefetch((const char *)(next_ws + l), EV_PREFETCH);
+                }
+                ei w[EV_LANES];
+                for (int l = 0; l < EV_LANES; l++)
+                    w[l] = ei_shuffle_bytes(signed_k, ei_codes(wrow[l] + k0, len));
+                ei_transpose(w);
+                /* per block: -12 sum(k_w) in each lane, and w_s */
+                ei correction[EV_CHUNK / 16];
+                ev w_scale[EV_CHUNK / 16];
+                for (int b = 0; b < EV_CHUNK / 16; b++) {
+                    correction[b] = ei_set1(0);
+                    w_scale[b] = ev_zero();
+                }
+                for (int b = 0; b < blocks_per_chunk; b++) {
+                    if (b >= nbc) break;
+                    correction[b] = ei_sub(ei_set1(0), ei_dot(ei_set1(0), w + b * dwords,
+                                                              e2m1_biases, dwords));
+                    w_scale[b] = ev_gather(ws + kb0 + (size_t)b, ws_index);
+                }
+                for (size_t m = m0; m < m1; m++) {
+                    /* the row's codes as k_a + 12, then read back a dword at a time */
+                    int32_t u[EV_CHUNK / 4];
+                    ei_store(u, ei_shuffle_bytes(unsigned_k, ei_codes(j->xq + m * K + k0, len)));
+                    const float *xs = j->xs + m * nb + kb0;
+                    ev a = acc[m - m0];
+#pragma GCC unroll 4
+                    for (int b = 0; b < blocks_per_chunk; b++) {
+                        if (b >= nbc) break;
+                        const ei s = ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                        const ev t = ev_mul(ev_from_int(s), ev_set1(xs[b] * 0.25f));
+                        a = ev_add(a, ev_mul(t, w_scale[b]));
+                    }
+                    acc[m - m0] = a;
+                }
+            }
+            for (size_t m = m0; m < m1; m++) {
+                ev a = acc[m - m0];
+                if (j->rule->format->has_tensor_scale)
+                    a = ev_mul(a, ev_set1(j->xt[m] * j->w_tensor_scale));
+                ev_store(j->y + m * j->ldy + nt, a, cols);
+            }
+        }
+    }
+}
+
+void EV_NAME(e2m1_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
+    if (j->bc == 16)
+        e2m1_columns(j, n0, n1, 4);
+    else
+        e2m1_columns(j, n0, n1, 8);
+}
+
+/* ---- the activation quantizers ------------------------------------------------------------ */
+
+#if !defined(E2M1_GEMM_ONLY)
+
+/* max |x| over the n values of a block of `size` from p (n < size: a row's last block). */
+static inline float block_amax(const float *p, size_t n, size_t size) {
+    ev m = ev_zero();
+    for (size_t i = 0; i < size && i < n; i += EV_LANES)
+        m = ev_max(ev_abs(ev_load(p + i, n - i)), m);
+    return ev_reduce_max(m);
+}
+
+/* Writes e2m1_from_f32(q, away) of the lanes, n of them (n may exceed EV_LANES). */
+static inline void store_e2m1(uint8_t *p, ev q, int away, size_t n) {
+    /* the midpoints of E2M1_MAGNITUDE's neighbours; at the odd ones' a tie goes up */
+    static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    const ev a = ev_abs(q);
+    ei code = ei_set1(0);
+    for (int i = 0; i < 7; i++)
+        code = away || (i & 1) ? ei_count_if(code, a, ev_set1(mid[i]), _CMP_GE_OQ)
+                               : ei_count_if(code, a, ev_set1(mid[i]), _CMP_GT_OQ);
+    e2m1_store(p, ei_or(code, ei_and(ei_srli(ev_bits(q), 28), ei_set1(8))), n);
+}
+
+/* The codes of values x under an NVFP4 step, n of them written. */
+static inline void store_nvfp4(uint8_t *p, const nvfp4_step *step, ev x, size_t n) {
+    const ev f = ev_set1(step->factor);
+    switch (step->codes) {
+    case NVFP4_CODES_DIVIDE:
+        store_e2m1(p, ev_div(x, f), 0, n);
+        return;
+    case NVFP4_CODES_MULTIPLY:
+        store_e2m1(p, ev_mul(x, f), 0, n);
+        return;
+    case NVFP4_CODES_DIVIDE_CLAMPED:
+        store_e2m1(p, ev_min(ev_max(ev_div(x, f), ev_set1(-6.0f)), ev_set1(6.0f)), 0, n);
+        return;
+    }
+    store_e2m1(p, ev_zero(), 0, n);
+}
+
+void EV_NAME(nvfp4_quantize_rows)(const quant_rule *r, size_t rows, size_t cols, const float *x,
+                                  size_t x_stride, uint8_t *codes, size_t codes_stride,
+                                  float *block_scales, float *row_scales) {
+    const size_t grid = (cols + 15) / 16;
+    for (size_t row = 0; row < rows; row++) {
+        const float *xr = x + row * x_stride;
+        uint8_t *cr = codes + row * codes_stride;
+        float row_amax = 0.0f;
+        for (size_t c0 = 0; c0 < cols; c0 += 16) {
+            const float amax = block_amax(xr + c0, cols - c0, 16);
+            row_amax = amax > row_amax ? amax : row_amax;
+        }
+        const nvfp4_tensor t = nvfp4_tensor_of(r->id, row_amax);
+        for (size_t c0 = 0; c0 < cols; c0 += 16) {
+            const size_t n = cols - c0;
+            const nvfp4_step step = nvfp4_block_step(r->id, &t, block_amax(xr + c0, n, 16));
+            for (size_t i = 0; i < 16 && i < n; i += EV_LANES)
+                store_nvfp4(cr + c0 + i, &step, ev_load(xr + c0 + i, n - i), n - i);
+            block_scales[row * grid + c0 / 16] = e4m3_to_f32(step.sf);
+        }
+        row_scales[row] = t.s2;
+    }
+}
+
+void EV_NAME(mxfp4_quantize_rows)(const quant_rule *r, size_t rows, size_t cols, const float *x,
+                                  size_t x_stride, uint8_t *codes, size_t codes_stride,
+                                  float *scales, float *row_scales) {
+    (void)row_scales;
+    const size_t grid = (cols + 31) / 32;
+    const int away = r->id == PARITY_QUANT_MXFP4_MICROXCALING;
+    for (size_t row = 0; row < rows; row++) {
+        const float *xr = x + row * x_stride;
+        uint8_t *cr = codes + row * codes_stride;
+        for (size_t c0 = 0; c0 < cols; c0 += 32) {
+            const size_t n = cols - c0;
+            const uint8_t e = mxfp4_scale_byte(r->id, block_amax(xr + c0, n, 32));
+            const ev mult = ev_set1(e8m0_reciprocal(e));
+            scales[row * grid + c0 / 32] = e8m0_to_f32(e);
+            for (size_t i = 0; i < 32 && i < n; i += EV_LANES)
+                store_e2m1(cr + c0 + i, ev_mul(ev_load(xr + c0 + i, n - i), mult), away, n - i);
+        }
+    }
+}
+
+#endif /* !E2M1_GEMM_ONLY */
+
+#endif /* PARITY_QUANT_E2M1_LANES_H */
