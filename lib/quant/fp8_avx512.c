@@ -1,0 +1,298 @@
+/*
+ * The FP8 (E4M3) formats' AVX-512 kernels (fp8-block and MXFP8): the activation quantizer of
+ * every rule (fp8.c's fp8_quantize_activations) and the blocked GEMM (dot.c's
+ * quant_gemm_blocked on E4M3 codes), bit for bit. Compiled twice: with AVX-512 F/BW/VL/DQ
+ * (the _avx512 entries, vpmaddwd + vpaddd) and with VNNI too (-DFP8_VNNI, the _avx512vnni
+ * entries, vpdpwssd); the products and sums are the same integers either way.
+ *
+ * The GEMM's arithmetic (fp8_simd.h): each code's k (value k * 2^-9) as one nonzero int16
+ * digit, low (k) or high (k / 2^7), so that a block's dot is three exact int32 dots (LL, HH
+ * and the dot P of the digits regardless of kind), S = LL + 2^7 (P - LL - HH) + 2^14 HH, an
+ * integer below 2^43, exact in double; d = RN_fp32(S * 2^-18), as the specification's exact
+ * double sum rounded once. Then acc = acc + (d * a_s) * w_s over the blocks in order, in fp32.
+ *
+ * The kernel's shape: output columns in tiles of 16, one int32 lane per column. Per tile and K
+ * block the weight codes are read once (16 column rows of the [N][K] codes), transposed to
+ * pairs of K (two codes of one column a dword) and decoded to the three digit planes of the
+ * tile (int16 pairs, 12 KB for a block of 128, L1); the activations were decoded once per call
+ * into three planes a row (digit pairs as dwords). Then 8 rows at a time take, per pair of K,
+ * the three weight vectors against three broadcast activation dwords: 24 accumulators, no
+ * horizontal sum; each block's d is computed for 16 columns at once. A NaN code (0x7f, 0xff)
+ * in a weight column's block or an activation row's block makes that d NaN, as in dot.c.
+ * Decode (M small) streams each weight byte once per call against all rows; prefill reuses
+ * the decoded tile from L1 for every row.
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp8.h"
+
+#include "codecs.h"
+#include "dot.h"
+#include "fp8_simd.h"
+
+#ifdef FP8_VNNI
+#define FP8_ENTRY(name) name##_avx512vnni
+/* acc + the dword dot products of the int16 pairs of a and b (no overflow: fp8_simd.h). */
+static inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
+    return _mm512_dpwssd_epi32(acc, a, b);
+}
+#else
+#define FP8_ENTRY(name) name##_avx512
+static inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+}
+#endif
+
+/* The rows a GEMM step takes at once (3 accumulators each, and 3 weight vectors: 27 zmm). */
+#define STEP_ROWS 8
+/* The columns of a tile: one int32 lane each. */
+#define TILE 16
+
+/* ---- decoding E4M3 codes into digits ------------------------------------------------------ */
+
+/* The three digit vectors of 32 codes: lo (k where the exponent field is below 8, else 0), hi
+ * (k / 2^7 where it is 8 or above, else 0) and v = lo + hi. */
+typedef struct digits32 {
+    __m512i lo, hi, v;
+} digits32;
+
+/* Decodes 32 codes, zero-extended to words: k = s * 2^sh with s = m or 8 + m (the implicit
+ * bit of a normal exponent), and the signed power of two by (sign, exponent) from a word
+ * table (vpermw on the code's bits 3..7); the exponent's top bit (code bit 6) says the kind. */
+static inline digits32 decode32(__m512i x) {
+    const __m512i idx = _mm512_srli_epi16(x, 3);
+    const __m512i implicit = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(fp8_implicit_bit));
+    const __m512i s = _mm512_ternarylogic_epi32(x, _mm512_set1_epi16(7), implicit, 0xea);
+    const __m512i v = _mm512_mullo_epi16(s, _mm512_permutexvar_epi16(
+                                                idx, _mm512_loadu_si512(fp8_signed_power)));
+    const __mmask32 big = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40));
+    digits32 d = {_mm512_maskz_mov_epi16((__mmask32)~big, v), _mm512_maskz_mov_epi16(big, v), v};
+    return d;
+}
+
+/* Whether n codes at p hold an E4M3 NaN (0x7f or 0xff). */
+static inline int has_nan(const uint8_t *p, size_t n) {
+    const __m512i low7 = _mm512_set1_epi8(0x7f);
+    __mmask64 any = 0;
+    for (size_t i = 0; i < n; i += 64) {
+        const __mmask64 in = n - i >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (n - i)) - 1;
+        const __m512i c = _mm512_maskz_loadu_epi8(in, p + i);
+        any |= _mm512_mask_cmpeq_epi8_mask(in, _mm512_and_si512(c, low7), low7);
+    }
+    return any != 0;
+}
+
+/* ---- the GEMM ------------------------------------------------------------------------------ */
+
+/* Decodes the activations' rows into the scratch's planes (fp8_simd.h) and NaN flags. */
+static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
+    for (size_t m = 0; m < j->M; m++) {
+        const uint8_t *xr = j->xq + m * j->K;
+        int16_t *lo = (int16_t *)(void *)(s->act + m * s->act_stride);
+        int16_t *hi = lo + 2 * s->plane, *v = hi + 2 * s->plane;
+        for (size_t k = 0; k < 2 * s->plane; k += 32) {
+            const __mmask32 in =
+                k + 32 <= j->K ? ~(__mmask32)0 : k < j->K ? ((__mmask32)1 << (j->K - k)) - 1 : 0;
+            const digits32 d = decode32(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(in, xr + k)));
+            _mm512_storeu_si512(lo + k, d.lo);
+            _mm512_storeu_si512(hi + k, d.hi);
+            _mm512_storeu_si512(v + k, d.v);
+        }
+        for (size_t kb = 0; kb < j->nblocks; kb++) {
+            const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
+            s->act_nan[m * j->nblocks + kb] = (uint8_t)has_nan(xr + k0, k1 - k0);
+        }
+    }
+}
+
+/* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three zmm per pair
+ * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code. */
+static __mmask16 pack_tile(const uint8_t *const *w, size_t cols, size_t k0, size_t k1,
+                           __m512i *tile) {
+    __mmask16 nan = 0;
+    for (size_t c = 0; c < cols; c++)
+        if (has_nan(w[c] + k0, k1 - k0)) nan |= (__mmask16)(1u << c);
+    for (size_t k = k0; k < k1; k += 32) {
+        const __mmask32 in = k + 32 <= k1 ? ~(__mmask32)0 : ((__mmask32)1 << (k1 - k)) - 1;
+        __m256i r[TILE];
+        for (size_t c = 0; c < TILE; c++)
+            r[c] = c < cols ? _mm256_maskz_loadu_epi8(in, w[c] + k) : _mm256_setzero_si256();
+        fp8_transpose16x16_epi16(r);
+        const size_t pairs = (k1 - k + 1) / 2 < 16 ? (k1 - k + 1) / 2 : 16;
+        for (size_t p = 0; p < pairs; p++) {
+            const digits32 d = decode32(_mm512_cvtepu8_epi16(r[p]));
+            __m512i *t = tile + 3 * ((k - k0) / 2 + p);
+            t[0] = d.lo;
+            t[1] = d.hi;
+            t[2] = d.v;
+        }
+    }
+    return nan;
+}
+
+/* S * 2^-18 of 8 columns from the halves of the three dots, in double: LL 2^-18 + cross
+ * 2^-11 + HH 2^-4, each step exact (fp8_simd.h); then rounded once to fp32. */
+static inline __m256 half_d(__m256i ll, __m256i cross, __m256i hh) {
+    __m512d s = _mm512_mul_pd(_mm512_cvtepi32_pd(ll), _mm512_set1_pd(0x1p-18));
+    s = _mm512_fmadd_pd(_mm512_cvtepi32_pd(cross), _mm512_set1_pd(0x1p-11), s);
+    s = _mm512_fmadd_pd(_mm512_cvtepi32_pd(hh), _mm512_set1_pd(0x1p-4), s);
+    return _mm512_cvtpd_ps(s);
+}
+
+/* d of 16 columns from the three dots, cross = P - LL - HH exact in int32. */
+static inline __m512 block_d(__m512i ll, __m512i hh, __m512i pp) {
+    const __m512i cross = _mm512_sub_epi32(_mm512_sub_epi32(pp, ll), hh);
+    const __m256 low = half_d(_mm512_castsi512_si256(ll), _mm512_castsi512_si256(cross),
+                              _mm512_castsi512_si256(hh));
+    const __m256 high = half_d(_mm512_extracti64x4_epi64(ll, 1),
+                               _mm512_extracti64x4_epi64(cross, 1),
+                               _mm512_extracti64x4_epi64(hh, 1));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(low), high, 1);
+}
+
+/* Rows [m, m + R) against the packed tile of `pairs` pairs of K from pair p0: their block's d
+ * folded into their tile accumulators (acc, TILE floats a row). */
+static inline __attribute__((always_inline)) void step_rows(
+    const quant_gemm_job *j, const fp8_scratch *s, const __m512i *tile, size_t pairs, size_t p0,
+    size_t kb, size_t m, int R, __mmask16 w_nan, __m512 w_scale, float *acc) {
+    __m512i ll[STEP_ROWS], hh[STEP_ROWS], pp[STEP_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) ll[r] = hh[r] = pp[r] = _mm512_setzero_si512();
+    const int32_t *a = s->act + m * s->act_stride + p0;
+    const size_t plane = s->plane, stride = s->act_stride;
+    for (size_t p = 0; p < pairs; p++) {
+        const __m512i wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const int32_t *ar = a + r * stride + p;
+            ll[r] = dot_pairs(ll[r], _mm512_set1_epi32(ar[0]), wl);
+            hh[r] = dot_pairs(hh[r], _mm512_set1_epi32(ar[plane]), wh);
+            pp[r] = dot_pairs(pp[r], _mm512_set1_epi32(ar[2 * plane]), wv);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        __m512 d = block_d(ll[r], hh[r], pp[r]);
+        const __mmask16 nan = s->act_nan[(m + r) * j->nblocks + kb] ? (__mmask16)0xffff : w_nan;
+        d = _mm512_mask_mov_ps(d, nan, _mm512_set1_ps(NAN));
+        const __m512 x_scale = _mm512_set1_ps(j->xs[(m + r) * j->nblocks + kb]);
+        float *ar = acc + (m + r) * TILE;
+        const __m512 prod = _mm512_mul_ps(_mm512_mul_ps(d, x_scale), w_scale);
+        _mm512_storeu_ps(ar, _mm512_add_ps(_mm512_loadu_ps(ar), prod));
+    }
+}
+
+/* The columns [n, n + cols) of the output, cols <= TILE. */
+static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, size_t cols) {
+    const uint8_t *w[TILE];
+    for (size_t c = 0; c < cols; c++) w[c] = j->wq + (n + c) * j->K;
+    memset(s->acc, 0, j->M * TILE * sizeof(float));
+    const size_t block_rows = j->rule->format->block_rows;
+    for (size_t kb = 0; kb < j->nblocks; kb++) {
+        const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
+        const __mmask16 w_nan = pack_tile(w, cols, k0, k1, (__m512i *)(void *)s->tile);
+        float ws[TILE] = {0};
+        for (size_t c = 0; c < cols; c++)
+            ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
+        const __m512 w_scale = _mm512_loadu_ps(ws);
+        const size_t pairs = (k1 - k0 + 1) / 2, p0 = k0 / 2;
+        const __m512i *tile = (const __m512i *)(const void *)s->tile;
+        size_t m = 0;
+        for (; m + 8 <= j->M; m += 8)
+            step_rows(j, s, tile, pairs, p0, kb, m, 8, w_nan, w_scale, s->acc);
+        if (m + 4 <= j->M) {
+            step_rows(j, s, tile, pairs, p0, kb, m, 4, w_nan, w_scale, s->acc);
+            m += 4;
+        }
+        if (m + 2 <= j->M) {
+            step_rows(j, s, tile, pairs, p0, kb, m, 2, w_nan, w_scale, s->acc);
+            m += 2;
+        }
+        if (m < j->M) step_rows(j, s, tile, pairs, p0, kb, m, 1, w_nan, w_scale, s->acc);
+    }
+    const __mmask16 out = (__mmask16)((1u << cols) - 1);
+    for (size_t m = 0; m < j->M; m++)
+        _mm512_mask_storeu_ps(j->y + m * j->ldy + n, out, _mm512_loadu_ps(s->acc + m * TILE));
+}
+
+void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
+    fp8_scratch s;
+    if (!fp8_scratch_alloc(&s, j, TILE)) {
+        /* no memory for the decoded planes: the specification computes the same bits */
+        quant_gemm_blocked(j, n0, n1);
+        return;
+    }
+    decode_activations(j, &s);
+    for (size_t n = n0; n < n1; n += TILE) gemm_tile(j, &s, n, n1 - n < TILE ? n1 - n : TILE);
+    fp8_scratch_free(&s);
+}
+
+/* ---- the activation quantizer -------------------------------------------------------------- */
+
+/* e4m3_from_f32_saturating of 16 values, as dwords: a normal result rounds on the fp32 bits
+ * (RNE at bit 20, rebias, clamp to 0x7e, which infinities reach too), a subnormal one is
+ * RNE(|x| * 2^9) (exact scaling, the conversion's round to nearest even), NaN is 0x7f; then
+ * the sign. */
+static inline __m512i e4m3_encode16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+    const __m512i rounded = _mm512_add_epi32(
+        _mm512_add_epi32(a, _mm512_set1_epi32(0x7ffff)),
+        _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1)));
+    const __m512i normal = _mm512_min_epi32(
+        _mm512_sub_epi32(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(960)),
+        _mm512_set1_epi32(0x7e));
+    const __m512i subnormal = _mm512_cvtps_epi32(
+        _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)));
+    __m512i code = _mm512_mask_blend_epi32(
+        _mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(121 << 23)), subnormal, normal);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f800000)),
+                                 _mm512_set1_epi32(0x7f));
+    return _mm512_or_si512(code, sign);
+}
+
+/* One row's block of n <= 128 values: the amax (NaN passed over, as fmaxf), the rule's scale,
+ * the codes; returns the scale as the portable quantizer stores it. */
+static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8_t *codes) {
+    __m512 amax = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 in = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        /* max(|x|, amax): a NaN |x| yields amax (the second operand) */
+        amax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(in, x + i)), amax);
+    }
+    const float block_amax = _mm512_reduce_max_ps(amax);
+    fp8_block_scale b;
+    float stored;
+    if (r->format->block_scale == QUANT_SCALE_E8M0) {
+        const uint8_t biased = fp8_mx_scale_of(r->id, block_amax);
+        b.mult = fp8_mx_mult_of(r->id, biased);
+        b.divide = 0;
+        stored = e8m0_to_f32(biased);
+    } else {
+        b = fp8_block_scale_of(r->id, block_amax);
+        stored = b.stored;
+    }
+    const __m512 by = _mm512_set1_ps(b.divide ? b.stored : b.mult);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 in = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(in, x + i);
+        const __m512 scaled = b.divide ? _mm512_div_ps(v, by) : _mm512_mul_ps(v, by);
+        _mm512_mask_cvtepi32_storeu_epi8(codes + i, in, e4m3_encode16(scaled));
+    }
+    return stored;
+}
+
+void FP8_ENTRY(fp8_quantize_activations)(const quant_rule *r, size_t rows, size_t cols,
+                                         const float *x, size_t x_stride, uint8_t *codes,
+                                         size_t codes_stride, float *scales, float *row_scales) {
+    (void)row_scales;
+    const size_t bc = r->format->block_cols, grid = (cols + bc - 1) / bc;
+    for (size_t m = 0; m < rows; m++)
+        for (size_t c0 = 0; c0 < cols; c0 += bc)
+            scales[m * grid + c0 / bc] =
+                quantize_block(r, x + m * x_stride + c0, cols - c0 < bc ? cols - c0 : bc,
+                               codes + m * codes_stride + c0);
+}
