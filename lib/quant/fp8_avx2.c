@@ -88,9 +88,7 @@ static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
     const __m256i power_table = byte_table(fp8_signed_power);
     for (size_t m = 0; m < j->M; m++) {
         const uint8_t *xr = j->xq + m * j->K;
-        int16_t *lo = (int16_t *)(void *)(s->act + m * s->act_stride);
-        int16_t *hi = lo + 2 * s->plane, *v = hi + 2 * s->plane;
-        for (size_t k = 0; k < 2 * s->plane; k += 16) {
+        for (size_t k = 0; k < 2 * s->pairs; k += 16) {
             __m128i codes;
             if (k + 16 <= j->K) {
                 codes = _mm_loadu_si128((const __m128i *)(const void *)(xr + k));
@@ -100,9 +98,11 @@ static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
                 codes = _mm_loadu_si128((const __m128i *)(const void *)buffer);
             }
             const digits16 d = decode16(_mm256_cvtepu8_epi16(codes), implicit_table, power_table);
-            _mm256_storeu_si256((__m256i *)(void *)(lo + k), d.lo);
-            _mm256_storeu_si256((__m256i *)(void *)(hi + k), d.hi);
-            _mm256_storeu_si256((__m256i *)(void *)(v + k), d.v);
+            int32_t lo[8], hi[8], v[8];
+            _mm256_storeu_si256((__m256i *)(void *)lo, d.lo);
+            _mm256_storeu_si256((__m256i *)(void *)hi, d.hi);
+            _mm256_storeu_si256((__m256i *)(void *)v, d.v);
+            fp8_store_act(s, m, k / 2, lo, hi, v, 8);
         }
         for (size_t kb = 0; kb < j->nblocks; kb++) {
             const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
@@ -174,17 +174,17 @@ static inline __attribute__((always_inline)) void step_rows(
     __m256i ll[STEP_ROWS], hh[STEP_ROWS], pp[STEP_ROWS];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) ll[r] = hh[r] = pp[r] = _mm256_setzero_si256();
-    const int32_t *a = s->act + m * s->act_stride + p0;
-    const size_t plane = s->plane, stride = s->act_stride;
-    for (size_t p = 0; p < pairs; p++) {
+    /* the rows m .. m + R - 1, all of one group */
+    const int32_t *a =
+        s->act + (m / STEP_ROWS) * s->group_stride + p0 * 3 * STEP_ROWS + m % STEP_ROWS;
+    for (size_t p = 0; p < pairs; p++, a += 3 * STEP_ROWS) {
         const __m256i wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            const int32_t *ar = a + r * stride + p;
-            ll[r] = _mm256_add_epi32(ll[r], _mm256_madd_epi16(_mm256_set1_epi32(ar[0]), wl));
-            hh[r] = _mm256_add_epi32(hh[r], _mm256_madd_epi16(_mm256_set1_epi32(ar[plane]), wh));
+            ll[r] = _mm256_add_epi32(ll[r], _mm256_madd_epi16(_mm256_set1_epi32(a[r]), wl));
+            hh[r] = _mm256_add_epi32(hh[r], _mm256_madd_epi16(_mm256_set1_epi32(a[STEP_ROWS + r]), wh));
             pp[r] = _mm256_add_epi32(pp[r],
-                                     _mm256_madd_epi16(_mm256_set1_epi32(ar[2 * plane]), wv));
+                                     _mm256_madd_epi16(_mm256_set1_epi32(a[2 * STEP_ROWS + r]), wv));
         }
     }
 #pragma GCC unroll 4
@@ -231,7 +231,7 @@ static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, s
 
 void fp8_gemm_avx2(const quant_gemm_job *j, size_t n0, size_t n1) {
     fp8_scratch s;
-    if (!fp8_scratch_alloc(&s, j, TILE)) {
+    if (!fp8_scratch_alloc(&s, j, TILE, STEP_ROWS)) {
         /* no memory for the decoded planes: the specification computes the same bits */
         quant_gemm_blocked(j, n0, n1);
         return;

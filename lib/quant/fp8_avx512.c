@@ -34,14 +34,17 @@
 
 #ifdef FP8_VNNI
 #define FP8_ENTRY(name) name##_avx512vnni
-/* acc + the dword dot products of the int16 pairs of a and b (no overflow: fp8_simd.h). */
-static inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
-    return _mm512_dpwssd_epi32(acc, a, b);
+/* acc + the dword dot products of the int16 pairs of the dword at a, broadcast, and of w (no
+ * overflow: fp8_simd.h). vpdpwssd with the broadcast as its memory operand, written out: GCC's
+ * intrinsic copies the accumulators between registers at every step. */
+static inline __m512i dot_pairs(__m512i acc, const int32_t *a, __m512i w) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*a));
+    return acc;
 }
 #else
 #define FP8_ENTRY(name) name##_avx512
-static inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+static inline __m512i dot_pairs(__m512i acc, const int32_t *a, __m512i w) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_set1_epi32(*a), w));
 }
 #endif
 
@@ -90,15 +93,15 @@ static inline int has_nan(const uint8_t *p, size_t n) {
 static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
     for (size_t m = 0; m < j->M; m++) {
         const uint8_t *xr = j->xq + m * j->K;
-        int16_t *lo = (int16_t *)(void *)(s->act + m * s->act_stride);
-        int16_t *hi = lo + 2 * s->plane, *v = hi + 2 * s->plane;
-        for (size_t k = 0; k < 2 * s->plane; k += 32) {
+        for (size_t k = 0; k < 2 * s->pairs; k += 32) {
             const __mmask32 in =
                 k + 32 <= j->K ? ~(__mmask32)0 : k < j->K ? ((__mmask32)1 << (j->K - k)) - 1 : 0;
             const digits32 d = decode32(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(in, xr + k)));
-            _mm512_storeu_si512(lo + k, d.lo);
-            _mm512_storeu_si512(hi + k, d.hi);
-            _mm512_storeu_si512(v + k, d.v);
+            int32_t lo[16], hi[16], v[16];
+            _mm512_storeu_si512(lo, d.lo);
+            _mm512_storeu_si512(hi, d.hi);
+            _mm512_storeu_si512(v, d.v);
+            fp8_store_act(s, m, k / 2, lo, hi, v, 16);
         }
         for (size_t kb = 0; kb < j->nblocks; kb++) {
             const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
@@ -160,16 +163,16 @@ static inline __attribute__((always_inline)) void step_rows(
     __m512i ll[STEP_ROWS], hh[STEP_ROWS], pp[STEP_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) ll[r] = hh[r] = pp[r] = _mm512_setzero_si512();
-    const int32_t *a = s->act + m * s->act_stride + p0;
-    const size_t plane = s->plane, stride = s->act_stride;
-    for (size_t p = 0; p < pairs; p++) {
+    /* the rows m .. m + R - 1, all of one group */
+    const int32_t *a =
+        s->act + (m / STEP_ROWS) * s->group_stride + p0 * 3 * STEP_ROWS + m % STEP_ROWS;
+    for (size_t p = 0; p < pairs; p++, a += 3 * STEP_ROWS) {
         const __m512i wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            const int32_t *ar = a + r * stride + p;
-            ll[r] = dot_pairs(ll[r], _mm512_set1_epi32(ar[0]), wl);
-            hh[r] = dot_pairs(hh[r], _mm512_set1_epi32(ar[plane]), wh);
-            pp[r] = dot_pairs(pp[r], _mm512_set1_epi32(ar[2 * plane]), wv);
+            ll[r] = dot_pairs(ll[r], a + r, wl);
+            hh[r] = dot_pairs(hh[r], a + STEP_ROWS + r, wh);
+            pp[r] = dot_pairs(pp[r], a + 2 * STEP_ROWS + r, wv);
         }
     }
 #pragma GCC unroll 8
@@ -219,7 +222,7 @@ static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, s
 
 void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
     fp8_scratch s;
-    if (!fp8_scratch_alloc(&s, j, TILE)) {
+    if (!fp8_scratch_alloc(&s, j, TILE, STEP_ROWS)) {
         /* no memory for the decoded planes: the specification computes the same bits */
         quant_gemm_blocked(j, n0, n1);
         return;

@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dot.h"
 
@@ -58,26 +59,33 @@ static inline void fp8_transpose16x16_epi16(__m256i r[16]) {
     }
 }
 
-/* The GEMM's scratch, one a call (a thread's columns): the activations' digit planes (per row
- * three planes lo, hi, v of `plane` dwords, each a pair of K as two int16 digits, zero past
- * K), their blocks' NaN flags, the tile's accumulators (M x tile_cols floats) and the decoded
- * weight tile (three vectors of tile_cols dwords per pair of K of a block). */
+/* The GEMM's scratch, one a call (a thread's columns): the activations' digits, their blocks'
+ * NaN flags, the tile's accumulators (M x tile_cols floats) and the decoded weight tile (three
+ * vectors of tile_cols dwords per pair of K of a block). The digits are in groups of `group`
+ * rows (the rows a GEMM step takes), per group and pair of K three runs of `group` dwords (lo,
+ * hi, v; each dword a pair of K as two int16 digits, zero past K and past M), so that a step
+ * finds every row's broadcast dword at a constant offset from one pointer. */
 typedef struct fp8_scratch {
     void *memory;
     int32_t *act;
-    size_t plane, act_stride; /* in dwords: a row's planes are act_stride = 3 * plane apart */
-    uint8_t *act_nan;         /* [M][nblocks] */
+    size_t pairs, group, group_stride; /* pairs of K (K rounded up to 32), rows a group, and
+                                          the dwords from a group to the next */
+    uint8_t *act_nan;                  /* [M][nblocks] */
     float *acc;
     void *tile;
 } fp8_scratch;
 
 static inline size_t fp8_align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-/* Allocates s for job j with tiles of tile_cols columns; 0 when out of memory. */
-static inline int fp8_scratch_alloc(fp8_scratch *s, const quant_gemm_job *j, size_t tile_cols) {
-    s->plane = (j->K + 31) / 32 * 16;
-    s->act_stride = 3 * s->plane;
-    const size_t act = fp8_align64(j->M * s->act_stride * sizeof(int32_t));
+/* Allocates s for job j with tiles of tile_cols columns and steps of `group` rows; 0 when out
+ * of memory. */
+static inline int fp8_scratch_alloc(fp8_scratch *s, const quant_gemm_job *j, size_t tile_cols,
+                                    size_t group) {
+    s->pairs = (j->K + 31) / 32 * 16;
+    s->group = group;
+    s->group_stride = s->pairs * 3 * group;
+    const size_t groups = (j->M + group - 1) / group;
+    const size_t act = fp8_align64(groups * s->group_stride * sizeof(int32_t));
     const size_t nan = fp8_align64(j->M * j->nblocks);
     const size_t acc = fp8_align64(j->M * tile_cols * sizeof(float));
     const size_t tile = fp8_align64((j->bc + 31) / 32 * 16 * 3 * tile_cols * sizeof(int32_t));
@@ -85,10 +93,25 @@ static inline int fp8_scratch_alloc(fp8_scratch *s, const quant_gemm_job *j, siz
     if (!p) return 0;
     s->memory = p;
     s->act = (int32_t *)(void *)p;
+    /* the rows past M of the last group: zero digits */
+    memset(p + (act - fp8_align64(s->group_stride * sizeof(int32_t))), 0,
+           fp8_align64(s->group_stride * sizeof(int32_t)));
     s->act_nan = p + act;
     s->acc = (float *)(void *)(p + act + nan);
     s->tile = p + act + nan + acc;
     return 1;
+}
+
+/* Stores the digit pairs [pair0, pair0 + n) of row m (lo, hi, v: n dwords each) into s. */
+static inline void fp8_store_act(const fp8_scratch *s, size_t m, size_t pair0, const int32_t *lo,
+                                 const int32_t *hi, const int32_t *v, size_t n) {
+    const size_t g = s->group;
+    int32_t *a = s->act + (m / g) * s->group_stride + pair0 * 3 * g + m % g;
+    for (size_t i = 0; i < n; i++, a += 3 * g) {
+        a[0] = lo[i];
+        a[g] = hi[i];
+        a[2 * g] = v[i];
+    }
 }
 
 static inline void fp8_scratch_free(fp8_scratch *s) { free(s->memory); }
