@@ -111,9 +111,12 @@ static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
 }
 
 /* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three zmm per pair
- * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code. */
-static __mmask16 pack_tile(const uint8_t *const *w, size_t cols, size_t k0, size_t k1,
-                           __m512i *tile) {
+ * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code.
+ * With `row` (a single row of activations: its group's digits at the block's first pair),
+ * takes that row's three dots into dots[3] instead, the decoded pairs never stored. */
+static inline __attribute__((always_inline)) __mmask16 pack_tile(
+    const uint8_t *const *w, size_t cols, size_t k0, size_t k1, __m512i *tile,
+    const int32_t *row, __m512i *dots) {
     __mmask16 nan = 0;
     for (size_t c = 0; c < cols; c++)
         if (has_nan(w[c] + k0, k1 - k0)) nan |= (__mmask16)(1u << c);
@@ -126,10 +129,18 @@ static __mmask16 pack_tile(const uint8_t *const *w, size_t cols, size_t k0, size
         const size_t pairs = (k1 - k + 1) / 2 < 16 ? (k1 - k + 1) / 2 : 16;
         for (size_t p = 0; p < pairs; p++) {
             const digits32 d = decode32(_mm512_cvtepu8_epi16(r[p]));
-            __m512i *t = tile + 3 * ((k - k0) / 2 + p);
-            t[0] = d.lo;
-            t[1] = d.hi;
-            t[2] = d.v;
+            const size_t pair = (k - k0) / 2 + p;
+            if (row) {
+                const int32_t *a = row + pair * 3 * STEP_ROWS;
+                dots[0] = dot_pairs(dots[0], a, d.lo);
+                dots[1] = dot_pairs(dots[1], a + STEP_ROWS, d.hi);
+                dots[2] = dot_pairs(dots[2], a + 2 * STEP_ROWS, d.v);
+            } else {
+                __m512i *t = tile + 3 * pair;
+                t[0] = d.lo;
+                t[1] = d.hi;
+                t[2] = d.v;
+            }
         }
     }
     return nan;
@@ -155,6 +166,20 @@ static inline __m512 block_d(__m512i ll, __m512i hh, __m512i pp) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(low), high, 1);
 }
 
+/* Row m's block kb from its three dots folded into its tile accumulators (acc, TILE floats a
+ * row): acc = acc + (d * a_s) * w_s, d NaN where the row's or a column's block holds a NaN. */
+static inline void fold_block(const quant_gemm_job *j, const fp8_scratch *s, size_t kb, size_t m,
+                              __m512i ll, __m512i hh, __m512i pp, __mmask16 w_nan, __m512 w_scale,
+                              float *acc) {
+    __m512 d = block_d(ll, hh, pp);
+    const __mmask16 nan = s->act_nan[m * j->nblocks + kb] ? (__mmask16)0xffff : w_nan;
+    d = _mm512_mask_mov_ps(d, nan, _mm512_set1_ps(NAN));
+    const __m512 x_scale = _mm512_set1_ps(j->xs[m * j->nblocks + kb]);
+    float *ar = acc + m * TILE;
+    const __m512 prod = _mm512_mul_ps(_mm512_mul_ps(d, x_scale), w_scale);
+    _mm512_storeu_ps(ar, _mm512_add_ps(_mm512_loadu_ps(ar), prod));
+}
+
 /* Rows [m, m + R) against the packed tile of `pairs` pairs of K from pair p0: their block's d
  * folded into their tile accumulators (acc, TILE floats a row). */
 static inline __attribute__((always_inline)) void step_rows(
@@ -176,15 +201,8 @@ static inline __attribute__((always_inline)) void step_rows(
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        __m512 d = block_d(ll[r], hh[r], pp[r]);
-        const __mmask16 nan = s->act_nan[(m + r) * j->nblocks + kb] ? (__mmask16)0xffff : w_nan;
-        d = _mm512_mask_mov_ps(d, nan, _mm512_set1_ps(NAN));
-        const __m512 x_scale = _mm512_set1_ps(j->xs[(m + r) * j->nblocks + kb]);
-        float *ar = acc + (m + r) * TILE;
-        const __m512 prod = _mm512_mul_ps(_mm512_mul_ps(d, x_scale), w_scale);
-        _mm512_storeu_ps(ar, _mm512_add_ps(_mm512_loadu_ps(ar), prod));
-    }
+    for (int r = 0; r < R; r++)
+        fold_block(j, s, kb, m + r, ll[r], hh[r], pp[r], w_nan, w_scale, acc);
 }
 
 /* The columns [n, n + cols) of the output, cols <= TILE. */
@@ -195,12 +213,22 @@ static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, s
     const size_t block_rows = j->rule->format->block_rows;
     for (size_t kb = 0; kb < j->nblocks; kb++) {
         const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-        const __mmask16 w_nan = pack_tile(w, cols, k0, k1, (__m512i *)(void *)s->tile);
+        const size_t pairs = (k1 - k0 + 1) / 2, p0 = k0 / 2;
         float ws[TILE] = {0};
         for (size_t c = 0; c < cols; c++)
             ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
         const __m512 w_scale = _mm512_loadu_ps(ws);
-        const size_t pairs = (k1 - k0 + 1) / 2, p0 = k0 / 2;
+        if (j->M == 1) {
+            /* a decode step of one row: each decoded pair straight into its dots */
+            __m512i dots[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+                               _mm512_setzero_si512()};
+            const __mmask16 w_nan = pack_tile(w, cols, k0, k1, NULL, s->act + p0 * 3 * STEP_ROWS,
+                                              dots);
+            fold_block(j, s, kb, 0, dots[0], dots[1], dots[2], w_nan, w_scale, s->acc);
+            continue;
+        }
+        const __mmask16 w_nan =
+            pack_tile(w, cols, k0, k1, (__m512i *)(void *)s->tile, NULL, NULL);
         const __m512i *tile = (const __m512i *)(const void *)s->tile;
         size_t m = 0;
         for (; m + 8 <= j->M; m += 8)
