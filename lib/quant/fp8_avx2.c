@@ -174,17 +174,17 @@ static inline __attribute__((always_inline)) void step_rows(
     __m256i ll[STEP_ROWS], hh[STEP_ROWS], pp[STEP_ROWS];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) ll[r] = hh[r] = pp[r] = _mm256_setzero_si256();
-    /* the rows m .. m + R - 1, all of one group */
-    const int32_t *a =
-        s->act + (m / STEP_ROWS) * s->group_stride + p0 * 3 * STEP_ROWS + m % STEP_ROWS;
-    for (size_t p = 0; p < pairs; p++, a += 3 * STEP_ROWS) {
+    /* the rows m .. m + R - 1, all of one group (of STEP_ROWS rows, or M when fewer) */
+    const size_t g = s->group;
+    const int32_t *a = s->act + (m / g) * s->group_stride + p0 * 3 * g + m % g;
+    for (size_t p = 0; p < pairs; p++, a += 3 * g) {
         const __m256i wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             ll[r] = _mm256_add_epi32(ll[r], _mm256_madd_epi16(_mm256_set1_epi32(a[r]), wl));
-            hh[r] = _mm256_add_epi32(hh[r], _mm256_madd_epi16(_mm256_set1_epi32(a[STEP_ROWS + r]), wh));
+            hh[r] = _mm256_add_epi32(hh[r], _mm256_madd_epi16(_mm256_set1_epi32(a[g + r]), wh));
             pp[r] = _mm256_add_epi32(pp[r],
-                                     _mm256_madd_epi16(_mm256_set1_epi32(a[2 * STEP_ROWS + r]), wv));
+                                     _mm256_madd_epi16(_mm256_set1_epi32(a[2 * g + r]), wv));
         }
     }
 #pragma GCC unroll 4

@@ -131,10 +131,10 @@ static inline __attribute__((always_inline)) __mmask16 pack_tile(
             const digits32 d = decode32(_mm512_cvtepu8_epi16(r[p]));
             const size_t pair = (k - k0) / 2 + p;
             if (row) {
-                const int32_t *a = row + pair * 3 * STEP_ROWS;
+                const int32_t *a = row + pair * 3;
                 dots[0] = dot_pairs(dots[0], a, d.lo);
-                dots[1] = dot_pairs(dots[1], a + STEP_ROWS, d.hi);
-                dots[2] = dot_pairs(dots[2], a + 2 * STEP_ROWS, d.v);
+                dots[1] = dot_pairs(dots[1], a + 1, d.hi);
+                dots[2] = dot_pairs(dots[2], a + 2, d.v);
             } else {
                 __m512i *t = tile + 3 * pair;
                 t[0] = d.lo;
@@ -188,16 +188,16 @@ static inline __attribute__((always_inline)) void step_rows(
     __m512i ll[STEP_ROWS], hh[STEP_ROWS], pp[STEP_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) ll[r] = hh[r] = pp[r] = _mm512_setzero_si512();
-    /* the rows m .. m + R - 1, all of one group */
-    const int32_t *a =
-        s->act + (m / STEP_ROWS) * s->group_stride + p0 * 3 * STEP_ROWS + m % STEP_ROWS;
-    for (size_t p = 0; p < pairs; p++, a += 3 * STEP_ROWS) {
+    /* the rows m .. m + R - 1, all of one group (of STEP_ROWS rows, or M when fewer) */
+    const size_t g = s->group;
+    const int32_t *a = s->act + (m / g) * s->group_stride + p0 * 3 * g + m % g;
+    for (size_t p = 0; p < pairs; p++, a += 3 * g) {
         const __m512i wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             ll[r] = dot_pairs(ll[r], a + r, wl);
-            hh[r] = dot_pairs(hh[r], a + STEP_ROWS + r, wh);
-            pp[r] = dot_pairs(pp[r], a + 2 * STEP_ROWS + r, wv);
+            hh[r] = dot_pairs(hh[r], a + g + r, wh);
+            pp[r] = dot_pairs(pp[r], a + 2 * g + r, wv);
         }
     }
 #pragma GCC unroll 8
@@ -222,8 +222,7 @@ static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, s
             /* a decode step of one row: each decoded pair straight into its dots */
             __m512i dots[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
                                _mm512_setzero_si512()};
-            const __mmask16 w_nan = pack_tile(w, cols, k0, k1, NULL, s->act + p0 * 3 * STEP_ROWS,
-                                              dots);
+            const __mmask16 w_nan = pack_tile(w, cols, k0, k1, NULL, s->act + p0 * 3, dots);
             fold_block(j, s, kb, 0, dots[0], dots[1], dots[2], w_nan, w_scale, s->acc);
             continue;
         }

@@ -64,7 +64,7 @@ static inline void fp8_transpose16x16_epi16(__m256i r[16]) {
  * vectors of tile_cols dwords per pair of K of a block). The digits are in groups of `group`
  * rows (the rows a GEMM step takes), per group and pair of K three runs of `group` dwords (lo,
  * hi, v; each dword a pair of K as two int16 digits, zero past K and past M), so that a step
- * finds every row's broadcast dword at a constant offset from one pointer. */
+ * finds every row's broadcast dword at a fixed offset from one pointer. */
 typedef struct fp8_scratch {
     void *memory;
     int32_t *act;
@@ -77,10 +77,11 @@ typedef struct fp8_scratch {
 
 static inline size_t fp8_align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-/* Allocates s for job j with tiles of tile_cols columns and steps of `group` rows; 0 when out
- * of memory. */
+/* Allocates s for job j with tiles of tile_cols columns and steps of up to step_rows rows (a
+ * group: step_rows rows, or M when fewer); 0 when out of memory. */
 static inline int fp8_scratch_alloc(fp8_scratch *s, const quant_gemm_job *j, size_t tile_cols,
-                                    size_t group) {
+                                    size_t step_rows) {
+    const size_t group = j->M < step_rows ? j->M : step_rows;
     s->pairs = (j->K + 31) / 32 * 16;
     s->group = group;
     s->group_stride = s->pairs * 3 * group;
