@@ -111,11 +111,18 @@ static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
     }
 }
 
+/* acc + the dword dot products of the int16 pairs of the dword at a, broadcast, and of w. */
+static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(*a), w));
+}
+
 /* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three ymm per pair
  * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code as
- * bits. */
-static unsigned pack_tile(const uint8_t *const *w, size_t cols, size_t k0, size_t k1,
-                          __m256i *tile) {
+ * bits. With `row` (a single row of activations: its digits at the block's first pair), takes
+ * that row's three dots into dots[3] instead, the decoded pairs never stored. */
+static inline __attribute__((always_inline)) unsigned pack_tile(
+    const uint8_t *const *w, size_t cols, size_t k0, size_t k1, __m256i *tile,
+    const int32_t *row, __m256i *dots) {
     const __m256i implicit_table = byte_table(fp8_implicit_bit);
     const __m256i power_table = byte_table(fp8_signed_power);
     unsigned nan = 0;
@@ -131,10 +138,18 @@ static unsigned pack_tile(const uint8_t *const *w, size_t cols, size_t k0, size_
         for (size_t p = 0; p < pairs; p++) {
             const digits16 d = decode16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(r[p])),
                                         implicit_table, power_table);
-            __m256i *t = tile + 3 * ((k - k0) / 2 + p);
-            t[0] = d.lo;
-            t[1] = d.hi;
-            t[2] = d.v;
+            const size_t pair = (k - k0) / 2 + p;
+            if (row) {
+                const int32_t *a = row + pair * 3;
+                dots[0] = dot_pairs(dots[0], a, d.lo);
+                dots[1] = dot_pairs(dots[1], a + 1, d.hi);
+                dots[2] = dot_pairs(dots[2], a + 2, d.v);
+            } else {
+                __m256i *t = tile + 3 * pair;
+                t[0] = d.lo;
+                t[1] = d.hi;
+                t[2] = d.v;
+            }
         }
     }
     return nan;
@@ -166,6 +181,20 @@ static inline __m256 block_d(__m256i ll, __m256i hh, __m256i pp) {
     return _mm256_set_m128(half[1], half[0]);
 }
 
+/* Row m's block kb from its three dots folded into its tile accumulators (acc, TILE floats a
+ * row): acc = acc + (d * a_s) * w_s, d NaN where the row's or a column's block holds a NaN. */
+static inline void fold_block(const quant_gemm_job *j, const fp8_scratch *s, size_t kb, size_t m,
+                              __m256i ll, __m256i hh, __m256i pp, __m256i w_nan, __m256 w_scale,
+                              float *acc) {
+    __m256 d = block_d(ll, hh, pp);
+    const __m256i nan = s->act_nan[m * j->nblocks + kb] ? _mm256_set1_epi32(-1) : w_nan;
+    d = _mm256_blendv_ps(d, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
+    const __m256 x_scale = _mm256_set1_ps(j->xs[m * j->nblocks + kb]);
+    float *ar = acc + m * TILE;
+    const __m256 prod = _mm256_mul_ps(_mm256_mul_ps(d, x_scale), w_scale);
+    _mm256_storeu_ps(ar, _mm256_add_ps(_mm256_loadu_ps(ar), prod));
+}
+
 /* Rows [m, m + R) against the packed tile of `pairs` pairs of K from pair p0: their block's d
  * folded into their tile accumulators (acc, TILE floats a row). */
 static inline __attribute__((always_inline)) void step_rows(
@@ -181,23 +210,14 @@ static inline __attribute__((always_inline)) void step_rows(
         const __m256i wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            ll[r] = _mm256_add_epi32(ll[r], _mm256_madd_epi16(_mm256_set1_epi32(a[r]), wl));
-            hh[r] = _mm256_add_epi32(hh[r], _mm256_madd_epi16(_mm256_set1_epi32(a[g + r]), wh));
-            pp[r] = _mm256_add_epi32(pp[r],
-                                     _mm256_madd_epi16(_mm256_set1_epi32(a[2 * g + r]), wv));
+            ll[r] = dot_pairs(ll[r], a + r, wl);
+            hh[r] = dot_pairs(hh[r], a + g + r, wh);
+            pp[r] = dot_pairs(pp[r], a + 2 * g + r, wv);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        __m256 d = block_d(ll[r], hh[r], pp[r]);
-        const __m256i nan =
-            s->act_nan[(m + r) * j->nblocks + kb] ? _mm256_set1_epi32(-1) : w_nan;
-        d = _mm256_blendv_ps(d, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
-        const __m256 x_scale = _mm256_set1_ps(j->xs[(m + r) * j->nblocks + kb]);
-        float *ar = acc + (m + r) * TILE;
-        const __m256 prod = _mm256_mul_ps(_mm256_mul_ps(d, x_scale), w_scale);
-        _mm256_storeu_ps(ar, _mm256_add_ps(_mm256_loadu_ps(ar), prod));
-    }
+    for (int r = 0; r < R; r++)
+        fold_block(j, s, kb, m + r, ll[r], hh[r], pp[r], w_nan, w_scale, acc);
 }
 
 /* The columns [n, n + cols) of the output, cols <= TILE. */
@@ -209,12 +229,21 @@ static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, s
     __m256i *tile = (__m256i *)s->tile;
     for (size_t kb = 0; kb < j->nblocks; kb++) {
         const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-        const __m256i w_nan = lane_mask(pack_tile(w, cols, k0, k1, tile));
+        const size_t pairs = (k1 - k0 + 1) / 2, p0 = k0 / 2;
         float ws[TILE] = {0};
         for (size_t c = 0; c < cols; c++)
             ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
         const __m256 w_scale = _mm256_loadu_ps(ws);
-        const size_t pairs = (k1 - k0 + 1) / 2, p0 = k0 / 2;
+        if (j->M == 1) {
+            /* a decode step of one row: each decoded pair straight into its dots */
+            __m256i dots[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                               _mm256_setzero_si256()};
+            const __m256i w_nan =
+                lane_mask(pack_tile(w, cols, k0, k1, NULL, s->act + p0 * 3, dots));
+            fold_block(j, s, kb, 0, dots[0], dots[1], dots[2], w_nan, w_scale, s->acc);
+            continue;
+        }
+        const __m256i w_nan = lane_mask(pack_tile(w, cols, k0, k1, tile, NULL, NULL));
         size_t m = 0;
         for (; m + 4 <= j->M; m += 4)
             step_rows(j, s, tile, pairs, p0, kb, m, 4, w_nan, w_scale, s->acc);
