@@ -9,8 +9,10 @@
  * fp8_avx512.c's on 8 int32 lanes: output columns in tiles of 8 (one lane each), each tile's
  * weight block read once, transposed to pairs of K and decoded (vpshufb tables, vpmullw, vpsignw)
  * into a tile of digit vectors in L1; the activations decoded once per call; 4 rows at a time
- * against the tile with broadcast activation pairs (12 accumulators). A NaN code (0x7f, 0xff)
- * in a weight column's block or an activation row's block makes that d NaN, as in dot.c.
+ * against the tile with broadcast activation pairs (12 accumulators); a one-row decode step
+ * takes each decoded pair straight into its dots. A NaN code (0x7f, 0xff) in a weight column's
+ * block or an activation row's block makes that d NaN, as in dot.c. The ISA-free drivers (the
+ * tile loop, the fold into the fp32 chain, the entries) are fp8_driver.h's.
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -82,6 +84,25 @@ static inline __m256i load_partial(const uint8_t *p, size_t bytes) {
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */
 
+#define FP8_ENTRY(name) name##_avx2
+
+/* The vector types and operations of fp8_driver.h. */
+typedef __m256i vint;
+typedef __m256 vfloat;
+typedef __m256i vlanes; /* all-ones dword lanes */
+
+static inline vint v_zero(void) { return _mm256_setzero_si256(); }
+static inline vfloat vf_set1(float x) { return _mm256_set1_ps(x); }
+static inline vfloat vf_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vf_store(float *p, vfloat v) { _mm256_storeu_ps(p, v); }
+static inline vfloat vf_mul(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }
+static inline vfloat vf_add(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
+
+static inline vfloat nan_lanes(vfloat d, vlanes nan, int all) {
+    const __m256i lanes = all ? _mm256_set1_epi32(-1) : nan;
+    return _mm256_blendv_ps(d, _mm256_set1_ps(NAN), _mm256_castsi256_ps(lanes));
+}
+
 /* Decodes the activations' rows into the scratch's planes (fp8_simd.h) and NaN flags. */
 static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
     const __m256i implicit_table = byte_table(fp8_implicit_bit);
@@ -111,6 +132,16 @@ static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
     }
 }
 
+/* The dword lanes whose bit is set in `bits`, as all-ones lanes. */
+static inline __m256i lane_mask(unsigned bits) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), bit), bit);
+}
+
+static inline void store_columns(float *y, const float *acc, size_t cols) {
+    _mm256_maskstore_ps(y, lane_mask((1u << cols) - 1), _mm256_loadu_ps(acc));
+}
+
 /* acc + the dword dot products of the int16 pairs of the dword at a, broadcast, and of w. */
 static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(*a), w));
@@ -118,9 +149,9 @@ static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
 
 /* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three ymm per pair
  * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code as
- * bits. With `row` (a single row of activations: its digits at the block's first pair), takes
- * that row's three dots into dots[3] instead, the decoded pairs never stored. */
-static inline __attribute__((always_inline)) unsigned pack_tile(
+ * all-ones lanes. With `row` (a single row of activations: its digits at the block's first
+ * pair), takes that row's three dots into dots[3] instead, the decoded pairs never stored. */
+static inline __attribute__((always_inline)) vlanes pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, __m256i *tile,
     const int32_t *row, __m256i *dots) {
     const __m256i implicit_table = byte_table(fp8_implicit_bit);
@@ -152,14 +183,9 @@ static inline __attribute__((always_inline)) unsigned pack_tile(
             }
         }
     }
-    return nan;
+    return lane_mask(nan);
 }
 
-/* The dword lanes whose bit is set in `bits`, as all-ones lanes. */
-static inline __m256i lane_mask(unsigned bits) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), bit), bit);
-}
 
 /* d of 8 columns from the three dots (fp8_simd.h), each step exact in double, then rounded
  * once to fp32. */
@@ -179,95 +205,6 @@ static inline __m256 block_d(__m256i ll, __m256i hh, __m256i pp) {
         half[h] = _mm256_cvtpd_ps(s);
     }
     return _mm256_set_m128(half[1], half[0]);
-}
-
-/* Row m's block kb from its three dots folded into its tile accumulators (acc, TILE floats a
- * row): acc = acc + (d * a_s) * w_s, d NaN where the row's or a column's block holds a NaN. */
-static inline void fold_block(const quant_gemm_job *j, const fp8_scratch *s, size_t kb, size_t m,
-                              __m256i ll, __m256i hh, __m256i pp, __m256i w_nan, __m256 w_scale,
-                              float *acc) {
-    __m256 d = block_d(ll, hh, pp);
-    const __m256i nan = s->act_nan[m * j->nblocks + kb] ? _mm256_set1_epi32(-1) : w_nan;
-    d = _mm256_blendv_ps(d, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
-    const __m256 x_scale = _mm256_set1_ps(j->xs[m * j->nblocks + kb]);
-    float *ar = acc + m * TILE;
-    const __m256 prod = _mm256_mul_ps(_mm256_mul_ps(d, x_scale), w_scale);
-    _mm256_storeu_ps(ar, _mm256_add_ps(_mm256_loadu_ps(ar), prod));
-}
-
-/* Rows [m, m + R) against the packed tile of `pairs` pairs of K from pair p0: their block's d
- * folded into their tile accumulators (acc, TILE floats a row). */
-static inline __attribute__((always_inline)) void step_rows(
-    const quant_gemm_job *j, const fp8_scratch *s, const __m256i *tile, size_t pairs, size_t p0,
-    size_t kb, size_t m, int R, __m256i w_nan, __m256 w_scale, float *acc) {
-    __m256i ll[STEP_ROWS], hh[STEP_ROWS], pp[STEP_ROWS];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) ll[r] = hh[r] = pp[r] = _mm256_setzero_si256();
-    /* the rows m .. m + R - 1, all of one group (of STEP_ROWS rows, or M when fewer) */
-    const size_t g = s->group;
-    const int32_t *a = s->act + (m / g) * s->group_stride + p0 * 3 * g + m % g;
-    for (size_t p = 0; p < pairs; p++, a += 3 * g) {
-        const __m256i wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            ll[r] = dot_pairs(ll[r], a + r, wl);
-            hh[r] = dot_pairs(hh[r], a + g + r, wh);
-            pp[r] = dot_pairs(pp[r], a + 2 * g + r, wv);
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-        fold_block(j, s, kb, m + r, ll[r], hh[r], pp[r], w_nan, w_scale, acc);
-}
-
-/* The columns [n, n + cols) of the output, cols <= TILE. */
-static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, size_t cols) {
-    const uint8_t *w[TILE];
-    for (size_t c = 0; c < cols; c++) w[c] = j->wq + (n + c) * j->K;
-    memset(s->acc, 0, j->M * TILE * sizeof(float));
-    const size_t block_rows = j->rule->format->block_rows;
-    __m256i *tile = (__m256i *)s->tile;
-    for (size_t kb = 0; kb < j->nblocks; kb++) {
-        const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-        const size_t pairs = (k1 - k0 + 1) / 2, p0 = k0 / 2;
-        float ws[TILE] = {0};
-        for (size_t c = 0; c < cols; c++)
-            ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
-        const __m256 w_scale = _mm256_loadu_ps(ws);
-        if (j->M == 1) {
-            /* a decode step of one row: each decoded pair straight into its dots */
-            __m256i dots[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
-                               _mm256_setzero_si256()};
-            const __m256i w_nan =
-                lane_mask(pack_tile(w, cols, k0, k1, NULL, s->act + p0 * 3, dots));
-            fold_block(j, s, kb, 0, dots[0], dots[1], dots[2], w_nan, w_scale, s->acc);
-            continue;
-        }
-        const __m256i w_nan = lane_mask(pack_tile(w, cols, k0, k1, tile, NULL, NULL));
-        size_t m = 0;
-        for (; m + 4 <= j->M; m += 4)
-            step_rows(j, s, tile, pairs, p0, kb, m, 4, w_nan, w_scale, s->acc);
-        if (m + 2 <= j->M) {
-            step_rows(j, s, tile, pairs, p0, kb, m, 2, w_nan, w_scale, s->acc);
-            m += 2;
-        }
-        if (m < j->M) step_rows(j, s, tile, pairs, p0, kb, m, 1, w_nan, w_scale, s->acc);
-    }
-    const __m256i out = lane_mask((1u << cols) - 1);
-    for (size_t m = 0; m < j->M; m++)
-        _mm256_maskstore_ps(j->y + m * j->ldy + n, out, _mm256_loadu_ps(s->acc + m * TILE));
-}
-
-void fp8_gemm_avx2(const quant_gemm_job *j, size_t n0, size_t n1) {
-    fp8_scratch s;
-    if (!fp8_scratch_alloc(&s, j, TILE, STEP_ROWS)) {
-        /* no memory for the decoded planes: the specification computes the same bits */
-        quant_gemm_blocked(j, n0, n1);
-        return;
-    }
-    decode_activations(j, &s);
-    for (size_t n = n0; n < n1; n += TILE) gemm_tile(j, &s, n, n1 - n < TILE ? n1 - n : TILE);
-    fp8_scratch_free(&s);
 }
 
 /* ---- the activation quantizer -------------------------------------------------------------- */
@@ -310,18 +247,8 @@ static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float block_amax = _mm_cvtss_f32(m4);
-    fp8_block_scale b;
     float stored;
-    if (r->format->block_scale == QUANT_SCALE_E8M0) {
-        const uint8_t biased = fp8_mx_scale_of(r->id, block_amax);
-        b.mult = fp8_mx_mult_of(r->id, biased);
-        b.divide = 0;
-        stored = e8m0_to_f32(biased);
-    } else {
-        b = fp8_block_scale_of(r->id, block_amax);
-        stored = b.stored;
-    }
+    const fp8_block_scale b = fp8_rule_scale(r, _mm_cvtss_f32(m4), &stored);
     const __m256 by = _mm256_set1_ps(b.divide ? b.stored : b.mult);
     /* the low byte of each dword, lanes 0..3 then 4..7, into the low 8 bytes */
     const __m256i low_bytes = _mm256_setr_epi8(
@@ -340,14 +267,4 @@ static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8
     return stored;
 }
 
-void fp8_quantize_activations_avx2(const quant_rule *r, size_t rows, size_t cols,
-                                   const float *x, size_t x_stride, uint8_t *codes,
-                                   size_t codes_stride, float *scales, float *row_scales) {
-    (void)row_scales;
-    const size_t bc = r->format->block_cols, grid = (cols + bc - 1) / bc;
-    for (size_t m = 0; m < rows; m++)
-        for (size_t c0 = 0; c0 < cols; c0 += bc)
-            scales[m * grid + c0 / bc] =
-                quantize_block(r, x + m * x_stride + c0, cols - c0 < bc ? cols - c0 : bc,
-                               codes + m * codes_stride + c0);
-}
+#include "fp8_driver.h"

@@ -15,12 +15,14 @@
  * block the weight codes are read once (16 column rows of the [N][K] codes), transposed to
  * pairs of K (two codes of one column a dword) and decoded to the three digit planes of the
  * tile (int16 pairs, 12 KB for a block of 128, L1); the activations were decoded once per call
- * into three planes a row (digit pairs as dwords). Then 8 rows at a time take, per pair of K,
- * the three weight vectors against three broadcast activation dwords: 24 accumulators, no
- * horizontal sum; each block's d is computed for 16 columns at once. A NaN code (0x7f, 0xff)
- * in a weight column's block or an activation row's block makes that d NaN, as in dot.c.
- * Decode (M small) streams each weight byte once per call against all rows; prefill reuses
- * the decoded tile from L1 for every row.
+ * (digit pairs as dwords, in groups of 8 rows: fp8_simd.h). Then 8 rows at a time take, per
+ * pair of K, the three weight vectors against three broadcast activation dwords: 24
+ * accumulators, no horizontal sum; each block's d is computed for 16 columns at once. A
+ * one-row decode step takes each decoded pair straight into its dots instead. A NaN code
+ * (0x7f, 0xff) in a weight column's block or an activation row's block makes that d NaN, as in
+ * dot.c. Each weight byte is read once per call against all rows; prefill reuses the decoded
+ * tile from L1 for every row. The ISA-free drivers (the tile loop, the fold into the fp32
+ * chain, the entries) are fp8_driver.h's.
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -88,6 +90,26 @@ static inline int has_nan(const uint8_t *p, size_t n) {
 }
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */
+
+/* The vector types and operations of fp8_driver.h. */
+typedef __m512i vint;
+typedef __m512 vfloat;
+typedef __mmask16 vlanes;
+
+static inline vint v_zero(void) { return _mm512_setzero_si512(); }
+static inline vfloat vf_set1(float x) { return _mm512_set1_ps(x); }
+static inline vfloat vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vf_store(float *p, vfloat v) { _mm512_storeu_ps(p, v); }
+static inline vfloat vf_mul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
+static inline vfloat vf_add(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
+
+static inline vfloat nan_lanes(vfloat d, vlanes nan, int all) {
+    return _mm512_mask_mov_ps(d, all ? (__mmask16)0xffff : nan, _mm512_set1_ps(NAN));
+}
+
+static inline void store_columns(float *y, const float *acc, size_t cols) {
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1), _mm512_loadu_ps(acc));
+}
 
 /* Decodes the activations' rows into the scratch's planes (fp8_simd.h) and NaN flags. */
 static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
@@ -166,99 +188,6 @@ static inline __m512 block_d(__m512i ll, __m512i hh, __m512i pp) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(low), high, 1);
 }
 
-/* Row m's block kb from its three dots folded into its tile accumulators (acc, TILE floats a
- * row): acc = acc + (d * a_s) * w_s, d NaN where the row's or a column's block holds a NaN. */
-static inline void fold_block(const quant_gemm_job *j, const fp8_scratch *s, size_t kb, size_t m,
-                              __m512i ll, __m512i hh, __m512i pp, __mmask16 w_nan, __m512 w_scale,
-                              float *acc) {
-    __m512 d = block_d(ll, hh, pp);
-    const __mmask16 nan = s->act_nan[m * j->nblocks + kb] ? (__mmask16)0xffff : w_nan;
-    d = _mm512_mask_mov_ps(d, nan, _mm512_set1_ps(NAN));
-    const __m512 x_scale = _mm512_set1_ps(j->xs[m * j->nblocks + kb]);
-    float *ar = acc + m * TILE;
-    const __m512 prod = _mm512_mul_ps(_mm512_mul_ps(d, x_scale), w_scale);
-    _mm512_storeu_ps(ar, _mm512_add_ps(_mm512_loadu_ps(ar), prod));
-}
-
-/* Rows [m, m + R) against the packed tile of `pairs` pairs of K from pair p0: their block's d
- * folded into their tile accumulators (acc, TILE floats a row). */
-static inline __attribute__((always_inline)) void step_rows(
-    const quant_gemm_job *j, const fp8_scratch *s, const __m512i *tile, size_t pairs, size_t p0,
-    size_t kb, size_t m, int R, __mmask16 w_nan, __m512 w_scale, float *acc) {
-    __m512i ll[STEP_ROWS], hh[STEP_ROWS], pp[STEP_ROWS];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) ll[r] = hh[r] = pp[r] = _mm512_setzero_si512();
-    /* the rows m .. m + R - 1, all of one group (of STEP_ROWS rows, or M when fewer) */
-    const size_t g = s->group;
-    const int32_t *a = s->act + (m / g) * s->group_stride + p0 * 3 * g + m % g;
-    for (size_t p = 0; p < pairs; p++, a += 3 * g) {
-        const __m512i wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            ll[r] = dot_pairs(ll[r], a + r, wl);
-            hh[r] = dot_pairs(hh[r], a + g + r, wh);
-            pp[r] = dot_pairs(pp[r], a + 2 * g + r, wv);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-        fold_block(j, s, kb, m + r, ll[r], hh[r], pp[r], w_nan, w_scale, acc);
-}
-
-/* The columns [n, n + cols) of the output, cols <= TILE. */
-static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, size_t cols) {
-    const uint8_t *w[TILE];
-    for (size_t c = 0; c < cols; c++) w[c] = j->wq + (n + c) * j->K;
-    memset(s->acc, 0, j->M * TILE * sizeof(float));
-    const size_t block_rows = j->rule->format->block_rows;
-    for (size_t kb = 0; kb < j->nblocks; kb++) {
-        const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-        const size_t pairs = (k1 - k0 + 1) / 2, p0 = k0 / 2;
-        float ws[TILE] = {0};
-        for (size_t c = 0; c < cols; c++)
-            ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
-        const __m512 w_scale = _mm512_loadu_ps(ws);
-        if (j->M == 1) {
-            /* a decode step of one row: each decoded pair straight into its dots */
-            __m512i dots[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
-                               _mm512_setzero_si512()};
-            const __mmask16 w_nan = pack_tile(w, cols, k0, k1, NULL, s->act + p0 * 3, dots);
-            fold_block(j, s, kb, 0, dots[0], dots[1], dots[2], w_nan, w_scale, s->acc);
-            continue;
-        }
-        const __mmask16 w_nan =
-            pack_tile(w, cols, k0, k1, (__m512i *)(void *)s->tile, NULL, NULL);
-        const __m512i *tile = (const __m512i *)(const void *)s->tile;
-        size_t m = 0;
-        for (; m + 8 <= j->M; m += 8)
-            step_rows(j, s, tile, pairs, p0, kb, m, 8, w_nan, w_scale, s->acc);
-        if (m + 4 <= j->M) {
-            step_rows(j, s, tile, pairs, p0, kb, m, 4, w_nan, w_scale, s->acc);
-            m += 4;
-        }
-        if (m + 2 <= j->M) {
-            step_rows(j, s, tile, pairs, p0, kb, m, 2, w_nan, w_scale, s->acc);
-            m += 2;
-        }
-        if (m < j->M) step_rows(j, s, tile, pairs, p0, kb, m, 1, w_nan, w_scale, s->acc);
-    }
-    const __mmask16 out = (__mmask16)((1u << cols) - 1);
-    for (size_t m = 0; m < j->M; m++)
-        _mm512_mask_storeu_ps(j->y + m * j->ldy + n, out, _mm512_loadu_ps(s->acc + m * TILE));
-}
-
-void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
-    fp8_scratch s;
-    if (!fp8_scratch_alloc(&s, j, TILE, STEP_ROWS)) {
-        /* no memory for the decoded planes: the specification computes the same bits */
-        quant_gemm_blocked(j, n0, n1);
-        return;
-    }
-    decode_activations(j, &s);
-    for (size_t n = n0; n < n1; n += TILE) gemm_tile(j, &s, n, n1 - n < TILE ? n1 - n : TILE);
-    fp8_scratch_free(&s);
-}
-
 /* ---- the activation quantizer -------------------------------------------------------------- */
 
 /* e4m3_from_f32_saturating of 16 values, as dwords: a normal result rounds on the fp32 bits
@@ -293,18 +222,8 @@ static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8
         /* max(|x|, amax): a NaN |x| yields amax (the second operand) */
         amax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(in, x + i)), amax);
     }
-    const float block_amax = _mm512_reduce_max_ps(amax);
-    fp8_block_scale b;
     float stored;
-    if (r->format->block_scale == QUANT_SCALE_E8M0) {
-        const uint8_t biased = fp8_mx_scale_of(r->id, block_amax);
-        b.mult = fp8_mx_mult_of(r->id, biased);
-        b.divide = 0;
-        stored = e8m0_to_f32(biased);
-    } else {
-        b = fp8_block_scale_of(r->id, block_amax);
-        stored = b.stored;
-    }
+    const fp8_block_scale b = fp8_rule_scale(r, _mm512_reduce_max_ps(amax), &stored);
     const __m512 by = _mm512_set1_ps(b.divide ? b.stored : b.mult);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 in = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
@@ -315,14 +234,4 @@ static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8
     return stored;
 }
 
-void FP8_ENTRY(fp8_quantize_activations)(const quant_rule *r, size_t rows, size_t cols,
-                                         const float *x, size_t x_stride, uint8_t *codes,
-                                         size_t codes_stride, float *scales, float *row_scales) {
-    (void)row_scales;
-    const size_t bc = r->format->block_cols, grid = (cols + bc - 1) / bc;
-    for (size_t m = 0; m < rows; m++)
-        for (size_t c0 = 0; c0 < cols; c0 += bc)
-            scales[m * grid + c0 / bc] =
-                quantize_block(r, x + m * x_stride + c0, cols - c0 < bc ? cols - c0 : bc,
-                               codes + m * codes_stride + c0);
-}
+#include "fp8_driver.h"

@@ -20,7 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs.h"
 #include "dot.h"
+#include "fp8.h"
 
 /* By a code's bits 3..7 (its exponent field e and sign): 8 where e >= 1 (the implicit bit of
  * s), and the signed power of two that multiplies s into the code's digit (2^(e-1) for e in
@@ -116,5 +118,19 @@ static inline void fp8_store_act(const fp8_scratch *s, size_t m, size_t pair0, c
 }
 
 static inline void fp8_scratch_free(fp8_scratch *s) { free(s->memory); }
+
+/* The element step's parameters of rule r for a block of largest magnitude amax, and in
+ * *stored the block's scale as the portable quantizer stores it (MX: the E8M0 power of two). */
+static inline fp8_block_scale fp8_rule_scale(const quant_rule *r, float amax, float *stored) {
+    if (r->format->block_scale == QUANT_SCALE_E8M0) {
+        const uint8_t biased = fp8_mx_scale_of(r->id, amax);
+        *stored = e8m0_to_f32(biased);
+        const fp8_block_scale b = {*stored, fp8_mx_mult_of(r->id, biased), 0};
+        return b;
+    }
+    const fp8_block_scale b = fp8_block_scale_of(r->id, amax);
+    *stored = b.stored;
+    return b;
+}
 
 #endif /* PARITY_QUANT_FP8_SIMD_H */
