@@ -147,6 +147,12 @@ static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(*a), w));
 }
 
+/* The weight row's codes [k, min(k + 32, k1)), zero past k1: the one place the GEMM reads
+ * weight codes (a packed layout of the codes changes this function alone). */
+static inline __m256i weight_codes32(const uint8_t *row, size_t k, size_t k1) {
+    return load_partial(row + k, k1 - k);
+}
+
 /* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three ymm per pair
  * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code as
  * all-ones lanes. With `row` (a single row of activations: its digits at the block's first
@@ -156,19 +162,19 @@ static inline __attribute__((always_inline)) vlanes pack_tile(
     const int32_t *row, __m256i *dots) {
     const __m256i implicit_table = byte_table(fp8_implicit_bit);
     const __m256i power_table = byte_table(fp8_signed_power);
-    unsigned nan = 0;
-    for (size_t c = 0; c < cols; c++)
-        if (has_nan(w[c] + k0, k1 - k0)) nan |= 1u << c;
+    const __m128i sign = _mm_set1_epi8((char)0x80), ones = _mm_set1_epi8(-1);
+    __m128i nan_bytes = _mm_setzero_si128(); /* bytes 2c, 2c + 1: column c (code | 0x80 = 0xff) */
     for (size_t k = k0; k < k1; k += 32) {
         __m256i r[16];
         for (size_t c = 0; c < 16; c++)
-            r[c] = c < cols ? load_partial(w[c] + k, k1 - k) : _mm256_setzero_si256();
+            r[c] = c < cols ? weight_codes32(w[c], k, k1) : _mm256_setzero_si256();
         /* rows 8..15 zero: r[p]'s low half is pair p of the 8 columns */
         fp8_transpose16x16_epi16(r);
         const size_t pairs = (k1 - k + 1) / 2 < 16 ? (k1 - k + 1) / 2 : 16;
         for (size_t p = 0; p < pairs; p++) {
-            const digits16 d = decode16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(r[p])),
-                                        implicit_table, power_table);
+            const __m128i codes = _mm256_castsi256_si128(r[p]);
+            nan_bytes = _mm_or_si128(nan_bytes, _mm_cmpeq_epi8(_mm_or_si128(codes, sign), ones));
+            const digits16 d = decode16(_mm256_cvtepu8_epi16(codes), implicit_table, power_table);
             const size_t pair = (k - k0) / 2 + p;
             if (row) {
                 const int32_t *a = row + pair * 3;
@@ -183,7 +189,9 @@ static inline __attribute__((always_inline)) vlanes pack_tile(
             }
         }
     }
-    return lane_mask(nan);
+    const __m256i column_nan = _mm256_cvtepi16_epi32(nan_bytes);
+    return _mm256_xor_si256(_mm256_cmpeq_epi32(column_nan, _mm256_setzero_si256()),
+                            _mm256_set1_epi32(-1));
 }
 
 

@@ -132,6 +132,13 @@ static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
     }
 }
 
+/* The weight row's codes [k, min(k + 32, k1)), zero past k1: the one place the GEMM reads
+ * weight codes (a packed layout of the codes changes this function alone). */
+static inline __m256i weight_codes32(const uint8_t *row, size_t k, size_t k1) {
+    const __mmask32 in = k + 32 <= k1 ? ~(__mmask32)0 : ((__mmask32)1 << (k1 - k)) - 1;
+    return _mm256_maskz_loadu_epi8(in, row + k);
+}
+
 /* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three zmm per pair
  * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code.
  * With `row` (a single row of activations: its group's digits at the block's first pair),
@@ -139,17 +146,16 @@ static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
 static inline __attribute__((always_inline)) __mmask16 pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, __m512i *tile,
     const int32_t *row, __m512i *dots) {
-    __mmask16 nan = 0;
-    for (size_t c = 0; c < cols; c++)
-        if (has_nan(w[c] + k0, k1 - k0)) nan |= (__mmask16)(1u << c);
+    const __m256i sign = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(-1);
+    __mmask32 nan_bytes = 0; /* bytes 2c, 2c + 1: column c (a code | 0x80 is 0xff: NaN) */
     for (size_t k = k0; k < k1; k += 32) {
-        const __mmask32 in = k + 32 <= k1 ? ~(__mmask32)0 : ((__mmask32)1 << (k1 - k)) - 1;
         __m256i r[TILE];
         for (size_t c = 0; c < TILE; c++)
-            r[c] = c < cols ? _mm256_maskz_loadu_epi8(in, w[c] + k) : _mm256_setzero_si256();
+            r[c] = c < cols ? weight_codes32(w[c], k, k1) : _mm256_setzero_si256();
         fp8_transpose16x16_epi16(r);
         const size_t pairs = (k1 - k + 1) / 2 < 16 ? (k1 - k + 1) / 2 : 16;
         for (size_t p = 0; p < pairs; p++) {
+            nan_bytes |= _mm256_cmpeq_epi8_mask(_mm256_or_si256(r[p], sign), ones);
             const digits32 d = decode32(_mm512_cvtepu8_epi16(r[p]));
             const size_t pair = (k - k0) / 2 + p;
             if (row) {
@@ -165,7 +171,8 @@ static inline __attribute__((always_inline)) __mmask16 pack_tile(
             }
         }
     }
-    return nan;
+    const __m512i nan_words = _mm512_movm_epi16(nan_bytes);
+    return _mm512_test_epi32_mask(nan_words, nan_words);
 }
 
 /* S * 2^-18 of 8 columns from the halves of the three dots, in double: LL 2^-18 + cross

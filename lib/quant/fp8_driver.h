@@ -93,6 +93,7 @@ static void gemm_tile(const quant_gemm_job *j, const fp8_scratch *s, size_t n, s
 }
 
 void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
+    if (j->M == 0 || n0 >= n1) return; /* no output */
     fp8_scratch s;
     if (!fp8_scratch_alloc(&s, j, TILE, STEP_ROWS)) {
         /* no memory for the decoded planes: the specification computes the same bits */
