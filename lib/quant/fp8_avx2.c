@@ -8,7 +8,7 @@
  * 2^-18); then acc = acc + (d * a_s) * w_s over the blocks in order, in fp32. The shape is
  * fp8_avx512.c's on 8 int32 lanes: output columns in tiles of 8 (one lane each), each tile's
  * weight block read once, transposed to pairs of K and decoded (vpshufb tables, vpmullw, vpsignw)
- * into a tile of digit vectors in L1; the activations decoded once per call; 4 rows at a time
+ * into a tile of digit vectors in L1; the activations decoded once (fp8_simd.h); 4 rows at a time
  * against the tile with broadcast activation pairs (12 accumulators); a one-row decode step
  * takes each decoded pair straight into its dots. A NaN code (0x7f, 0xff) in a weight column's
  * block or an activation row's block makes that d NaN, as in dot.c. The ISA-free drivers (the
@@ -93,8 +93,6 @@ typedef __m256i vlanes; /* all-ones dword lanes */
 
 static inline vint v_zero(void) { return _mm256_setzero_si256(); }
 static inline vfloat vf_set1(float x) { return _mm256_set1_ps(x); }
-static inline vfloat vf_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline void vf_store(float *p, vfloat v) { _mm256_storeu_ps(p, v); }
 static inline vfloat vf_mul(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }
 static inline vfloat vf_add(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
 
@@ -103,19 +101,40 @@ static inline vfloat nan_lanes(vfloat d, vlanes nan, int all) {
     return _mm256_blendv_ps(d, _mm256_set1_ps(NAN), _mm256_castsi256_ps(lanes));
 }
 
-/* Decodes the activations' rows into the scratch's planes (fp8_simd.h) and NaN flags. */
-static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
+/* The lanes [0, n) of 8, as a maskload mask. */
+static inline __m256i first_lanes(size_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* The first cols (<= 8) floats at y, zero in the other lanes; stores v's first cols lanes. */
+static inline vfloat load_columns(const float *y, size_t cols) {
+    return _mm256_maskload_ps(y, first_lanes(cols));
+}
+
+static inline void store_columns(float *y, vfloat v, size_t cols) {
+    _mm256_maskstore_ps(y, first_lanes(cols), v);
+}
+
+/* acc + the dword dot products of the int16 pairs of the dword at a, broadcast, and of w. */
+static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(*a), w));
+}
+
+/* Decodes block kb ([k0, k1)) of the activation rows [m0, m0 + rows) into b (fp8_simd.h). */
+static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t kb, size_t k0,
+                        size_t k1, fp8_rows *b) {
+    const size_t pair0 = (kb - b->kb0) * FP8_BLOCK_PAIRS;
     const __m256i implicit_table = byte_table(fp8_implicit_bit);
     const __m256i power_table = byte_table(fp8_signed_power);
-    for (size_t m = 0; m < j->M; m++) {
-        const uint8_t *xr = j->xq + m * j->K;
-        for (size_t k = 0; k < 2 * s->pairs; k += 16) {
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *xr = j->xq + (m0 + r) * j->K;
+        for (size_t k = k0; k < k1; k += 16) {
             __m128i codes;
-            if (k + 16 <= j->K) {
+            if (k + 16 <= k1) {
                 codes = _mm_loadu_si128((const __m128i *)(const void *)(xr + k));
             } else {
                 uint8_t buffer[16] = {0};
-                if (k < j->K) memcpy(buffer, xr + k, j->K - k);
+                memcpy(buffer, xr + k, k1 - k);
                 codes = _mm_loadu_si128((const __m128i *)(const void *)buffer);
             }
             const digits16 d = decode16(_mm256_cvtepu8_epi16(codes), implicit_table, power_table);
@@ -123,28 +142,10 @@ static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
             _mm256_storeu_si256((__m256i *)(void *)lo, d.lo);
             _mm256_storeu_si256((__m256i *)(void *)hi, d.hi);
             _mm256_storeu_si256((__m256i *)(void *)v, d.v);
-            fp8_store_act(s, m, k / 2, lo, hi, v, 8);
+            fp8_store_pairs(b, r, pair0 + (k - k0) / 2, lo, hi, v, 8);
         }
-        for (size_t kb = 0; kb < j->nblocks; kb++) {
-            const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-            s->act_nan[m * j->nblocks + kb] = (uint8_t)has_nan(xr + k0, k1 - k0);
-        }
+        b->nan[r * b->blocks + kb - b->kb0] = (uint8_t)has_nan(xr + k0, k1 - k0);
     }
-}
-
-/* The dword lanes whose bit is set in `bits`, as all-ones lanes. */
-static inline __m256i lane_mask(unsigned bits) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), bit), bit);
-}
-
-static inline void store_columns(float *y, const float *acc, size_t cols) {
-    _mm256_maskstore_ps(y, lane_mask((1u << cols) - 1), _mm256_loadu_ps(acc));
-}
-
-/* acc + the dword dot products of the int16 pairs of the dword at a, broadcast, and of w. */
-static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(*a), w));
 }
 
 /* The weight row's codes [k, min(k + 32, k1)), zero past k1: the one place the GEMM reads
@@ -237,10 +238,6 @@ static inline __m256i e4m3_encode8(__m256 x) {
     return _mm256_or_si256(code, sign);
 }
 
-/* The lanes [0, n) of 8, as a maskload mask. */
-static inline __m256i first_lanes(size_t n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 /* One row's block of n <= 128 values: the amax (NaN passed over, as fmaxf), the rule's scale,
  * the codes; returns the scale as the portable quantizer stores it. */

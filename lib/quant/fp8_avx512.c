@@ -14,15 +14,15 @@
  * The kernel's shape: output columns in tiles of 16, one int32 lane per column. Per tile and K
  * block the weight codes are read once (16 column rows of the [N][K] codes), transposed to
  * pairs of K (two codes of one column a dword) and decoded to the three digit planes of the
- * tile (int16 pairs, 12 KB for a block of 128, L1); the activations were decoded once per call
- * (digit pairs as dwords, in groups of 8 rows: fp8_simd.h). Then 8 rows at a time take, per
- * pair of K, the three weight vectors against three broadcast activation dwords: 24
- * accumulators, no horizontal sum; each block's d is computed for 16 columns at once. A
- * one-row decode step takes each decoded pair straight into its dots instead. A NaN code
- * (0x7f, 0xff) in a weight column's block or an activation row's block makes that d NaN, as in
- * dot.c. Each weight byte is read once per call against all rows; prefill reuses the decoded
- * tile from L1 for every row. The ISA-free drivers (the tile loop, the fold into the fp32
- * chain, the entries) are fp8_driver.h's.
+ * tile (int16 pairs, 12 KB for a block of 128, L1); the activations were decoded once (digit
+ * pairs as dwords, in groups of 8 rows, chunks of 64 rows on the stack: fp8_simd.h). Then 8
+ * rows at a time take, per pair of K, the three weight vectors against three broadcast
+ * activation dwords: 24 accumulators, no horizontal sum; each block's d is computed for 16
+ * columns at once. A one-row decode step takes each decoded pair straight into its dots
+ * instead. A NaN code (0x7f, 0xff) in a weight column's block or an activation row's block
+ * makes that d NaN, as in dot.c. Each weight byte is read once per chunk of 64 rows; prefill
+ * reuses the decoded tile from L1 for every row of the chunk. The ISA-free drivers (the loops,
+ * the fold into the fp32 chain, the entries) are fp8_driver.h's.
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -98,8 +98,6 @@ typedef __mmask16 vlanes;
 
 static inline vint v_zero(void) { return _mm512_setzero_si512(); }
 static inline vfloat vf_set1(float x) { return _mm512_set1_ps(x); }
-static inline vfloat vf_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline void vf_store(float *p, vfloat v) { _mm512_storeu_ps(p, v); }
 static inline vfloat vf_mul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
 static inline vfloat vf_add(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
 
@@ -107,28 +105,31 @@ static inline vfloat nan_lanes(vfloat d, vlanes nan, int all) {
     return _mm512_mask_mov_ps(d, all ? (__mmask16)0xffff : nan, _mm512_set1_ps(NAN));
 }
 
-static inline void store_columns(float *y, const float *acc, size_t cols) {
-    _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1), _mm512_loadu_ps(acc));
+/* The first cols (<= 16) floats at y, zero in the other lanes; stores v's first cols lanes. */
+static inline vfloat load_columns(const float *y, size_t cols) {
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << cols) - 1), y);
 }
 
-/* Decodes the activations' rows into the scratch's planes (fp8_simd.h) and NaN flags. */
-static void decode_activations(const quant_gemm_job *j, const fp8_scratch *s) {
-    for (size_t m = 0; m < j->M; m++) {
-        const uint8_t *xr = j->xq + m * j->K;
-        for (size_t k = 0; k < 2 * s->pairs; k += 32) {
-            const __mmask32 in =
-                k + 32 <= j->K ? ~(__mmask32)0 : k < j->K ? ((__mmask32)1 << (j->K - k)) - 1 : 0;
+static inline void store_columns(float *y, vfloat v, size_t cols) {
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1), v);
+}
+
+/* Decodes block kb ([k0, k1)) of the activation rows [m0, m0 + rows) into b (fp8_simd.h). */
+static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t kb, size_t k0,
+                        size_t k1, fp8_rows *b) {
+    const size_t pair0 = (kb - b->kb0) * FP8_BLOCK_PAIRS;
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *xr = j->xq + (m0 + r) * j->K;
+        for (size_t k = k0; k < k1; k += 32) {
+            const __mmask32 in = k + 32 <= k1 ? ~(__mmask32)0 : ((__mmask32)1 << (k1 - k)) - 1;
             const digits32 d = decode32(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(in, xr + k)));
             int32_t lo[16], hi[16], v[16];
             _mm512_storeu_si512(lo, d.lo);
             _mm512_storeu_si512(hi, d.hi);
             _mm512_storeu_si512(v, d.v);
-            fp8_store_act(s, m, k / 2, lo, hi, v, 16);
+            fp8_store_pairs(b, r, pair0 + (k - k0) / 2, lo, hi, v, 16);
         }
-        for (size_t kb = 0; kb < j->nblocks; kb++) {
-            const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-            s->act_nan[m * j->nblocks + kb] = (uint8_t)has_nan(xr + k0, k1 - k0);
-        }
+        b->nan[r * b->blocks + kb - b->kb0] = (uint8_t)has_nan(xr + k0, k1 - k0);
     }
 }
 

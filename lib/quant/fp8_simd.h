@@ -1,7 +1,8 @@
 /*
  * What the FP8 (E4M3) SIMD kernels of every ISA share (fp8_avx2.c, fp8_avx512.c; included only
  * by files compiled with AVX2 or wider): the digit decoding's tables, the 16 x 16 transpose of
- * 16-bit units that turns 16 weight rows into pairs of K a column, and the GEMM's scratch.
+ * 16-bit units that turns 16 weight rows into pairs of K a column, the decoded activations'
+ * layout (fp8_rows, on the GEMM's stack) and a block's scale step.
  *
  * The digits: an E4M3 code's value is k * 2^-9 with k = s * 2^sh, s = m (exponent field e = 0)
  * or 8 + m (e >= 1, sh = e - 1). Where e < 8, k itself (|k| <= 15 * 2^6 = 960) is the code's
@@ -17,8 +18,6 @@
 
 #include <immintrin.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "codecs.h"
 #include "dot.h"
@@ -61,63 +60,57 @@ static inline void fp8_transpose16x16_epi16(__m256i r[16]) {
     }
 }
 
-/* The GEMM's scratch, one a call (a thread's columns): the activations' digits, their blocks'
- * NaN flags, the tile's accumulators (M x tile_cols floats) and the decoded weight tile (three
- * vectors of tile_cols dwords per pair of K of a block). The digits are in groups of `group`
- * rows (the rows a GEMM step takes), per group and pair of K three runs of `group` dwords (lo,
- * hi, v; each dword a pair of K as two int16 digits, zero past K and past M), so that a step
- * finds every row's broadcast dword at a fixed offset from one pointer. */
-typedef struct fp8_scratch {
-    void *memory;
-    int32_t *act;
-    size_t pairs, group, group_stride; /* pairs of K (K rounded up to 32), rows a group, and
-                                          the dwords from a group to the next */
-    uint8_t *act_nan;                  /* [M][nblocks] */
-    float *acc;
-    void *tile;
-} fp8_scratch;
+/* The pairs of K of a block at most (blocks of 128 or 32 codes). */
+#define FP8_BLOCK_PAIRS 64
+/* The rows of activations decoded at once: each weight tile is decoded once per chunk. */
+#define FP8_CHUNK_ROWS 64
+/* The dwords of decoded activations the GEMM holds (on its stack, 48 KB): a chunk of 64 rows
+ * one K block at a time, fewer rows more blocks at a time (a decode step's row: K up to 8192
+ * at once, so that its weight rows are read in one stream). */
+#define FP8_ROWS_DWORDS (FP8_CHUNK_ROWS * FP8_BLOCK_PAIRS * 3)
 
-static inline size_t fp8_align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+/* A run of K blocks [kb0, kb0 + blocks) of a chunk of activation rows, decoded: the digits in
+ * groups of `group` rows (the rows a GEMM step takes, or fewer when the chunk has fewer), per
+ * group and pair of K three runs of `group` dwords (lo, hi, v; each dword a pair of K as two
+ * int16 digits, zero past a block's end; a block's pairs FP8_BLOCK_PAIRS apart), so that a step
+ * finds every row's broadcast dword at a fixed offset from one pointer; and the NaN flag of
+ * each row's block ([row][block]). */
+typedef struct fp8_rows {
+    int32_t digits[FP8_ROWS_DWORDS];
+    uint8_t nan[FP8_CHUNK_ROWS];
+    size_t group, pairs, kb0, blocks; /* pairs: a row's pairs (blocks x FP8_BLOCK_PAIRS) */
+} fp8_rows;
 
-/* Allocates s for job j with tiles of tile_cols columns and steps of up to step_rows rows (a
- * group: step_rows rows, or M when fewer); 0 when out of memory. */
-static inline int fp8_scratch_alloc(fp8_scratch *s, const quant_gemm_job *j, size_t tile_cols,
-                                    size_t step_rows) {
-    const size_t group = j->M < step_rows ? j->M : step_rows;
-    s->pairs = (j->K + 31) / 32 * 16;
-    s->group = group;
-    s->group_stride = s->pairs * 3 * group;
-    const size_t groups = (j->M + group - 1) / group;
-    const size_t act = fp8_align64(groups * s->group_stride * sizeof(int32_t));
-    const size_t nan = fp8_align64(j->M * j->nblocks);
-    const size_t acc = fp8_align64(j->M * tile_cols * sizeof(float));
-    const size_t tile = fp8_align64((j->bc + 31) / 32 * 16 * 3 * tile_cols * sizeof(int32_t));
-    uint8_t *p = aligned_alloc(64, act + nan + acc + tile);
-    if (!p) return 0;
-    s->memory = p;
-    s->act = (int32_t *)(void *)p;
-    /* the rows past M of the last group: zero digits */
-    memset(p + (act - fp8_align64(s->group_stride * sizeof(int32_t))), 0,
-           fp8_align64(s->group_stride * sizeof(int32_t)));
-    s->act_nan = p + act;
-    s->acc = (float *)(void *)(p + act + nan);
-    s->tile = p + act + nan + acc;
-    return 1;
+/* Sets b up for `rows` rows (at most FP8_CHUNK_ROWS) and steps of step_rows rows, from K block
+ * kb0 with as many of the job's nblocks blocks as fit. */
+static inline void fp8_rows_begin(fp8_rows *b, size_t rows, size_t step_rows, size_t kb0,
+                                  size_t nblocks) {
+    b->group = rows < step_rows ? rows : step_rows;
+    const size_t held = (rows + b->group - 1) / b->group * b->group;
+    size_t blocks = FP8_ROWS_DWORDS / (held * 3 * FP8_BLOCK_PAIRS);
+    if (blocks > FP8_CHUNK_ROWS / held) blocks = FP8_CHUNK_ROWS / held; /* the NaN flags */
+    b->blocks = blocks < nblocks - kb0 ? blocks : nblocks - kb0;
+    b->kb0 = kb0;
+    b->pairs = b->blocks * FP8_BLOCK_PAIRS;
 }
 
-/* Stores the digit pairs [pair0, pair0 + n) of row m (lo, hi, v: n dwords each) into s. */
-static inline void fp8_store_act(const fp8_scratch *s, size_t m, size_t pair0, const int32_t *lo,
-                                 const int32_t *hi, const int32_t *v, size_t n) {
-    const size_t g = s->group;
-    int32_t *a = s->act + (m / g) * s->group_stride + pair0 * 3 * g + m % g;
+/* The digits of pair p of the chunk's row r (lo; hi and v are group and 2 group dwords on). */
+static inline int32_t *fp8_row_pair(fp8_rows *b, size_t r, size_t p) {
+    const size_t g = b->group;
+    return b->digits + (r / g) * (b->pairs * 3 * g) + p * 3 * g + r % g;
+}
+
+/* Stores the digit pairs [p0, p0 + n) of the chunk's row r (lo, hi, v: n dwords each). */
+static inline void fp8_store_pairs(fp8_rows *b, size_t r, size_t p0, const int32_t *lo,
+                                   const int32_t *hi, const int32_t *v, size_t n) {
+    const size_t g = b->group;
+    int32_t *a = fp8_row_pair(b, r, p0);
     for (size_t i = 0; i < n; i++, a += 3 * g) {
         a[0] = lo[i];
         a[g] = hi[i];
         a[2 * g] = v[i];
     }
 }
-
-static inline void fp8_scratch_free(fp8_scratch *s) { free(s->memory); }
 
 /* The element step's parameters of rule r for a block of largest magnitude amax, and in
  * *stored the block's scale as the portable quantizer stores it (MX: the E8M0 power of two). */
