@@ -274,6 +274,9 @@ static int test_gemm(const quant_rule *r, const quant_simd *s, const char *varia
     /* a prefill shape: many rows, K past 1031 with a partial last block, columns past one
      * fp8-block weight block row */
     compare_gemm(r, s->gemm_columns, variant, 97, 133, 1100);
+    /* a decode row and two rows along a K longer than the kernel's stack holds at once */
+    compare_gemm(r, s->gemm_columns, variant, 1, 21, 8300);
+    compare_gemm(r, s->gemm_columns, variant, 2, 19, 4200);
     return 1;
 }
 
