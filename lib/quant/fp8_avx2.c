@@ -120,7 +120,9 @@ static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(*a), w));
 }
 
-/* Decodes block kb ([k0, k1)) of the activation rows [m0, m0 + rows) into b (fp8_simd.h). */
+#include "fp8_driver.h"
+
+/* decode_rows (fp8_driver.h). */
 static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t kb, size_t k0,
                         size_t k1, fp8_rows *b) {
     const size_t pair0 = (kb - b->kb0) * FP8_BLOCK_PAIRS;
@@ -154,10 +156,7 @@ static inline __m256i weight_codes32(const uint8_t *row, size_t k, size_t k1) {
     return load_partial(row + k, k1 - k);
 }
 
-/* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three ymm per pair
- * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code as
- * all-ones lanes. With `row` (a single row of activations: its digits at the block's first
- * pair), takes that row's three dots into dots[3] instead, the decoded pairs never stored. */
+/* pack_tile (fp8_driver.h). */
 static inline __attribute__((always_inline)) vlanes pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, __m256i *tile,
     const int32_t *row, __m256i *dots) {
@@ -176,18 +175,7 @@ static inline __attribute__((always_inline)) vlanes pack_tile(
             const __m128i codes = _mm256_castsi256_si128(r[p]);
             nan_bytes = _mm_or_si128(nan_bytes, _mm_cmpeq_epi8(_mm_or_si128(codes, sign), ones));
             const digits16 d = decode16(_mm256_cvtepu8_epi16(codes), implicit_table, power_table);
-            const size_t pair = (k - k0) / 2 + p;
-            if (row) {
-                const int32_t *a = row + pair * 3;
-                dots[0] = dot_pairs(dots[0], a, d.lo);
-                dots[1] = dot_pairs(dots[1], a + 1, d.hi);
-                dots[2] = dot_pairs(dots[2], a + 2, d.v);
-            } else {
-                __m256i *t = tile + 3 * pair;
-                t[0] = d.lo;
-                t[1] = d.hi;
-                t[2] = d.v;
-            }
+            take_pair(row, dots, tile, (k - k0) / 2 + p, d.lo, d.hi, d.v);
         }
     }
     const __m256i column_nan = _mm256_cvtepi16_epi32(nan_bytes);
@@ -239,8 +227,7 @@ static inline __m256i e4m3_encode8(__m256 x) {
 }
 
 
-/* One row's block of n <= 128 values: the amax (NaN passed over, as fmaxf), the rule's scale,
- * the codes; returns the scale as the portable quantizer stores it. */
+/* quantize_block (fp8_driver.h). */
 static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8_t *codes) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 amax = _mm256_setzero_ps();
@@ -271,5 +258,3 @@ static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8
     }
     return stored;
 }
-
-#include "fp8_driver.h"

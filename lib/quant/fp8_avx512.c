@@ -114,7 +114,9 @@ static inline void store_columns(float *y, vfloat v, size_t cols) {
     _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1), v);
 }
 
-/* Decodes block kb ([k0, k1)) of the activation rows [m0, m0 + rows) into b (fp8_simd.h). */
+#include "fp8_driver.h"
+
+/* decode_rows (fp8_driver.h). */
 static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t kb, size_t k0,
                         size_t k1, fp8_rows *b) {
     const size_t pair0 = (kb - b->kb0) * FP8_BLOCK_PAIRS;
@@ -140,10 +142,7 @@ static inline __m256i weight_codes32(const uint8_t *row, size_t k, size_t k1) {
     return _mm256_maskz_loadu_epi8(in, row + k);
 }
 
-/* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three zmm per pair
- * of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code.
- * With `row` (a single row of activations: its group's digits at the block's first pair),
- * takes that row's three dots into dots[3] instead, the decoded pairs never stored. */
+/* pack_tile (fp8_driver.h). */
 static inline __attribute__((always_inline)) __mmask16 pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, __m512i *tile,
     const int32_t *row, __m512i *dots) {
@@ -158,18 +157,7 @@ static inline __attribute__((always_inline)) __mmask16 pack_tile(
         for (size_t p = 0; p < pairs; p++) {
             nan_bytes |= _mm256_cmpeq_epi8_mask(_mm256_or_si256(r[p], sign), ones);
             const digits32 d = decode32(_mm512_cvtepu8_epi16(r[p]));
-            const size_t pair = (k - k0) / 2 + p;
-            if (row) {
-                const int32_t *a = row + pair * 3;
-                dots[0] = dot_pairs(dots[0], a, d.lo);
-                dots[1] = dot_pairs(dots[1], a + 1, d.hi);
-                dots[2] = dot_pairs(dots[2], a + 2, d.v);
-            } else {
-                __m512i *t = tile + 3 * pair;
-                t[0] = d.lo;
-                t[1] = d.hi;
-                t[2] = d.v;
-            }
+            take_pair(row, dots, tile, (k - k0) / 2 + p, d.lo, d.hi, d.v);
         }
     }
     const __m512i nan_words = _mm512_movm_epi16(nan_bytes);
@@ -221,8 +209,7 @@ static inline __m512i e4m3_encode16(__m512 x) {
     return _mm512_or_si512(code, sign);
 }
 
-/* One row's block of n <= 128 values: the amax (NaN passed over, as fmaxf), the rule's scale,
- * the codes; returns the scale as the portable quantizer stores it. */
+/* quantize_block (fp8_driver.h). */
 static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8_t *codes) {
     __m512 amax = _mm512_setzero_ps();
     for (size_t i = 0; i < n; i += 16) {
@@ -241,5 +228,3 @@ static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8
     }
     return stored;
 }
-
-#include "fp8_driver.h"

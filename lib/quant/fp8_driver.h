@@ -8,11 +8,11 @@
  *   vint, vfloat, vlanes: TILE int32 and fp32 lanes, a set of lanes (columns);
  *   vint v_zero(void); vint dot_pairs(vint acc, const int32_t *pair, vint w): acc plus the
  *     dword dots of the broadcast int16 pair at `pair` and w;
- *   vfloat block_d(vint ll, vint hh, vint pp): d from the three dots (fp8_simd.h);
  *   vfloat nan_lanes(vfloat d, vlanes nan, int all): d NaN in the lanes `nan`, or all;
  *   vfloat vf_set1(float), vf_mul, vf_add, load_columns(const float *, size_t cols);
  *     void store_columns(float *, vfloat, size_t cols);
- *   pack_tile, decode_rows, quantize_block: as in those files.
+ *   and, before or after the include, pack_tile, decode_rows, block_d and quantize_block (the
+ *   declarations below), which take their decoded pairs through take_pair.
  *
  * The GEMM allocates nothing: a chunk of up to FP8_CHUNK_ROWS activation rows is decoded onto
  * the stack a run of K blocks at a time (fp8_rows, 48 KB: one block for 64 rows, all of K up to
@@ -21,6 +21,40 @@
  */
 #ifndef PARITY_QUANT_FP8_DRIVER_H
 #define PARITY_QUANT_FP8_DRIVER_H
+
+/* Decodes block kb ([k0, k1)) of the activation rows [m0, m0 + rows) into b (fp8_simd.h). */
+static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t kb, size_t k0,
+                        size_t k1, fp8_rows *b);
+/* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three vectors per
+ * pair of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code.
+ * With `row` (a single row of activations: its digits at the block's first pair), takes that
+ * row's three dots into dots[3] instead, the decoded pairs never stored. */
+static inline __attribute__((always_inline)) vlanes pack_tile(
+    const uint8_t *const *w, size_t cols, size_t k0, size_t k1, vint *tile, const int32_t *row,
+    vint *dots);
+/* d of TILE columns from the three dots (fp8_simd.h), rounded once to fp32. */
+static inline vfloat block_d(vint ll, vint hh, vint pp);
+/* One row's block of n <= 128 values: the amax (NaN passed over, as fmaxf), the rule's scale,
+ * the codes; returns the scale as the portable quantizer stores it. */
+static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8_t *codes);
+
+/* pack_tile's use of the decoded pair `pair` of its block (lo, hi, v): the one-row dots, or
+ * the tile's stored pair. */
+static inline __attribute__((always_inline)) void take_pair(const int32_t *row, vint *dots,
+                                                            vint *tile, size_t pair, vint lo,
+                                                            vint hi, vint v) {
+    if (row) {
+        const int32_t *a = row + pair * 3;
+        dots[0] = dot_pairs(dots[0], a, lo);
+        dots[1] = dot_pairs(dots[1], a + 1, hi);
+        dots[2] = dot_pairs(dots[2], a + 2, v);
+    } else {
+        vint *t = tile + 3 * pair;
+        t[0] = lo;
+        t[1] = hi;
+        t[2] = v;
+    }
+}
 
 /* Row m's (the chunk's row r) block kb from its three dots folded into its output columns:
  * acc = acc + (d * a_s) * w_s, acc +0 at the first block, d NaN where the row's or a column's
