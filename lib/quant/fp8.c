@@ -21,16 +21,9 @@
 
 static float f32_floor_pow2(float m) { return f32_from_bits(f32_bits(m) & 0xff800000u); }
 
-/* The per-block parameters of a block rule: `stored`, the fp32 dequantization multiplier a
- * checkpoint holds (weight_scale_inv, the activation scale); `mult`, what the element step
- * applies; `divide`: the element step is x / stored instead of x * mult. */
-typedef struct block_scale {
-    float stored, mult;
-    int divide;
-} block_scale;
-
-static block_scale block_scale_of(int rule, float amax) {
-    block_scale b = {0, 0, 0};
+/* The parameters of a block rule's block of largest magnitude amax (fp8.h). */
+fp8_block_scale fp8_block_scale_of(int rule, float amax) {
+    fp8_block_scale b = {0, 0, 0};
     switch (rule) {
     case PARITY_FP8Q_DEEPSEEK: /* s = max(amax, 1e-10) / 448; q = x / s */
         b.stored = fmaxf(amax, 1e-10f) / 448.0f;
@@ -61,14 +54,14 @@ static block_scale block_scale_of(int rule, float amax) {
 
 /* E8M0 of a 1x32 block's amax: OCP's floor(log2 amax) - emax(E4M3) = 8, or RCEIL (TE's
  * float_to_e8m0 of amax * (1 / 448), rounded up to a power of two). */
-static uint8_t mx_scale_of(int rule, float amax) {
+uint8_t fp8_mx_scale_of(int rule, float amax) {
     if (rule == PARITY_FP8Q_MX_OCP) return e8m0_floor_scale(amax, 8);
     return e8m0_ceil_scale(amax * (1.0f / 448.0f));
 }
 
 /* The multiplier the element step applies for an E8M0 scale: 2^(127 - biased) for the OCP
  * rule (torchao's reciprocal from the bits), TE's exp2f_rcp for RCEIL (1 for byte 0). */
-static float mx_mult_of(int rule, uint8_t biased) {
+float fp8_mx_mult_of(int rule, uint8_t biased) {
     if (rule == PARITY_FP8Q_MX_RCEIL)
         return biased == 0 ? 1.0f : f32_from_bits((uint32_t)(254 - biased) << 23);
     return e8m0_reciprocal(biased);
@@ -79,7 +72,7 @@ static float quantize_block(int quantizer, const float *x, size_t x_stride, size
                             size_t c0, size_t c1, uint8_t *codes, size_t codes_stride) {
     float amax = 0.0f;
     for (size_t r = r0; r < r1; r++) amax = fmaxf(amax, quant_amax(x + r * x_stride + c0, c1 - c0));
-    const block_scale b = block_scale_of(quantizer, amax);
+    const fp8_block_scale b = fp8_block_scale_of(quantizer, amax);
     for (size_t r = r0; r < r1; r++)
         for (size_t c = c0; c < c1; c++) {
             const float v = x[r * x_stride + c];
@@ -112,8 +105,8 @@ static void quantize_mx(int quantizer, size_t rows, size_t cols, const float *x,
         for (size_t c0 = 0; c0 < cols; c0 += 32) {
             const size_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
             const float *xr = x + r * x_stride;
-            const uint8_t biased = mx_scale_of(quantizer, quant_amax(xr + c0, c1 - c0));
-            const float mult = mx_mult_of(quantizer, biased);
+            const uint8_t biased = fp8_mx_scale_of(quantizer, quant_amax(xr + c0, c1 - c0));
+            const float mult = fp8_mx_mult_of(quantizer, biased);
             if (bytes) bytes[r * grid_cols + c0 / 32] = biased;
             if (pow2) pow2[r * grid_cols + c0 / 32] = e8m0_to_f32(biased);
             for (size_t c = c0; c < c1; c++)

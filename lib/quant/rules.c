@@ -29,8 +29,9 @@
  * stand among a macro's arguments); NO_SIMD: none. */
 #define NO_SIMD {NULL, NULL}
 static const quant_format formats[] = {
-    FORMAT(PARITY_GEMM_FP8_BLOCK, "fp8-block", E4M3, 128, 128, F32, 0, 128, fp8, blocked, NO_SIMD),
-    FORMAT(PARITY_GEMM_MXFP8, "mxfp8", E4M3, 1, 32, E8M0, 0, 128, fp8, blocked, NO_SIMD),
+    FORMAT(PARITY_GEMM_FP8_BLOCK, "fp8-block", E4M3, 128, 128, F32, 0, 128, fp8, blocked,
+           FP8_SIMD),
+    FORMAT(PARITY_GEMM_MXFP8, "mxfp8", E4M3, 1, 32, E8M0, 0, 128, fp8, blocked, FP8_SIMD),
     FORMAT(PARITY_GEMM_NVFP4, "nvfp4", E2M1, 1, 16, E4M3, 1, 0, nvfp4, blocked, NVFP4_SIMD),
     FORMAT(PARITY_GEMM_MXFP4, "mxfp4", E2M1, 1, 32, E8M0, 0, 0, mxfp4, blocked, MXFP4_SIMD),
     FORMAT(PARITY_GEMM_TERNARY, "ternary", TERNARY, 0, 0, NONE, 1, 0, ternary, ternary,

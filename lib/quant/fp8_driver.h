@@ -1,0 +1,173 @@
+/*
+ * The FP8 (E4M3) SIMD GEMM's and activation quantizer's drivers, written once for every ISA:
+ * the loops over row chunks, K blocks and column tiles (one-row decode steps and row steps),
+ * the fold of a block's d into the fp32 chain, the entries. fp8_avx2.c and fp8_avx512.c include
+ * it after defining:
+ *   TILE, STEP_ROWS, FP8_ENTRY(name): the tile's columns (int32 lanes), a step's rows, the
+ *     entries' names;
+ *   vint, vfloat, vlanes: TILE int32 and fp32 lanes, a set of lanes (columns);
+ *   vint v_zero(void); vint dot_pairs(vint acc, const int32_t *pair, vint w): acc plus the
+ *     dword dots of the broadcast int16 pair at `pair` and w;
+ *   vfloat nan_lanes(vfloat d, vlanes nan, int all): d NaN in the lanes `nan`, or all;
+ *   vfloat vf_set1(float), vf_mul, vf_add, load_columns(const float *, size_t cols);
+ *     void store_columns(float *, vfloat, size_t cols);
+ *   and, before or after the include, pack_tile, decode_rows, block_d and quantize_block (the
+ *   declarations below), which take their decoded pairs through take_pair.
+ *
+ * The GEMM allocates nothing: a chunk of up to FP8_CHUNK_ROWS activation rows is decoded onto
+ * the stack a run of K blocks at a time (fp8_rows, 48 KB: one block for 64 rows, all of K up to
+ * 8192 for one row), the weight tile of a block too (12 KB at the most), and the fp32 chain
+ * accumulates in y itself (only the job's columns are written).
+ */
+#ifndef PARITY_QUANT_FP8_DRIVER_H
+#define PARITY_QUANT_FP8_DRIVER_H
+
+/* Decodes block kb ([k0, k1)) of the activation rows [m0, m0 + rows) into b (fp8_simd.h). */
+static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t kb, size_t k0,
+                        size_t k1, fp8_rows *b);
+/* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three vectors per
+ * pair of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code.
+ * With `row` (a single row of activations: its digits at the block's first pair), takes that
+ * row's three dots into dots[3] instead, the decoded pairs never stored. */
+static inline __attribute__((always_inline)) vlanes pack_tile(
+    const uint8_t *const *w, size_t cols, size_t k0, size_t k1, vint *tile, const int32_t *row,
+    vint *dots);
+/* d of TILE columns from the three dots (fp8_simd.h), rounded once to fp32. */
+static inline vfloat block_d(vint ll, vint hh, vint pp);
+/* One row's block of n <= 128 values: the amax (NaN passed over, as fmaxf), the rule's scale,
+ * the codes; returns the scale as the portable quantizer stores it. */
+static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8_t *codes);
+
+/* pack_tile's use of the decoded pair `pair` of its block (lo, hi, v): the one-row dots, or
+ * the tile's stored pair. */
+static inline __attribute__((always_inline)) void take_pair(const int32_t *row, vint *dots,
+                                                            vint *tile, size_t pair, vint lo,
+                                                            vint hi, vint v) {
+    if (row) {
+        const int32_t *a = row + pair * 3;
+        dots[0] = dot_pairs(dots[0], a, lo);
+        dots[1] = dot_pairs(dots[1], a + 1, hi);
+        dots[2] = dot_pairs(dots[2], a + 2, v);
+    } else {
+        vint *t = tile + 3 * pair;
+        t[0] = lo;
+        t[1] = hi;
+        t[2] = v;
+    }
+}
+
+/* Row m's (the chunk's row r) block kb from its three dots folded into its output columns:
+ * acc = acc + (d * a_s) * w_s, acc +0 at the first block, d NaN where the row's or a column's
+ * block holds a NaN. */
+static inline void fold_block(const quant_gemm_job *j, const fp8_rows *b, size_t kb, size_t m,
+                              size_t r, vint ll, vint hh, vint pp, vlanes w_nan, vfloat w_scale,
+                              float *y, size_t cols) {
+    const vfloat d = nan_lanes(block_d(ll, hh, pp), w_nan, b->nan[r * b->blocks + kb - b->kb0]);
+    const vfloat x_scale = vf_set1(j->xs[m * j->nblocks + kb]);
+    const vfloat acc = kb ? load_columns(y, cols) : vf_set1(0.0f);
+    store_columns(y, vf_add(acc, vf_mul(vf_mul(d, x_scale), w_scale)), cols);
+}
+
+/* The chunk's rows [r, r + R) (rows m0 + r .. of the job) against the packed tile of `pairs`
+ * pairs of K: their block's d folded into their output columns [n, n + cols). */
+static inline __attribute__((always_inline)) void step_rows(
+    const quant_gemm_job *j, fp8_rows *b, const vint *tile, size_t pairs, size_t kb, size_t m0,
+    size_t r, int R, vlanes w_nan, vfloat w_scale, size_t n, size_t cols) {
+    vint ll[STEP_ROWS], hh[STEP_ROWS], pp[STEP_ROWS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) ll[i] = hh[i] = pp[i] = v_zero();
+    /* the rows r .. r + R - 1, all of one group */
+    const size_t g = b->group;
+    const int32_t *a = fp8_row_pair(b, r, (kb - b->kb0) * FP8_BLOCK_PAIRS);
+    for (size_t p = 0; p < pairs; p++, a += 3 * g) {
+        const vint wl = tile[3 * p], wh = tile[3 * p + 1], wv = tile[3 * p + 2];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            ll[i] = dot_pairs(ll[i], a + i, wl);
+            hh[i] = dot_pairs(hh[i], a + g + i, wh);
+            pp[i] = dot_pairs(pp[i], a + 2 * g + i, wv);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        fold_block(j, b, kb, m0 + r + i, r + i, ll[i], hh[i], pp[i], w_nan, w_scale,
+                   j->y + (m0 + r + i) * j->ldy + n, cols);
+}
+
+/* Block kb ([k0, k1)) of the columns [n, n + cols), cols <= TILE, for the `rows` rows of the
+ * chunk from m0 (decoded in b). */
+static void block_tile(const quant_gemm_job *j, fp8_rows *b, vint *tile, size_t m0, size_t rows,
+                       size_t kb, size_t k0, size_t k1, size_t n, size_t cols) {
+    const uint8_t *w[TILE];
+    for (size_t c = 0; c < cols; c++) w[c] = j->wq + (n + c) * j->K;
+    const size_t block_rows = j->rule->format->block_rows, pairs = (k1 - k0 + 1) / 2;
+    float ws[TILE] = {0};
+    for (size_t c = 0; c < cols; c++) ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
+    const vfloat w_scale = load_columns(ws, TILE);
+    if (rows == 1) {
+        /* a decode step of one row: each decoded pair straight into its dots */
+        vint dots[3] = {v_zero(), v_zero(), v_zero()};
+        const vlanes w_nan =
+            pack_tile(w, cols, k0, k1, NULL, fp8_row_pair(b, 0, (kb - b->kb0) * FP8_BLOCK_PAIRS),
+                      dots);
+        fold_block(j, b, kb, m0, 0, dots[0], dots[1], dots[2], w_nan, w_scale,
+                   j->y + m0 * j->ldy + n, cols);
+        return;
+    }
+    const vlanes w_nan = pack_tile(w, cols, k0, k1, tile, NULL, NULL);
+    size_t r = 0;
+    for (; r + STEP_ROWS <= rows; r += STEP_ROWS)
+        step_rows(j, b, tile, pairs, kb, m0, r, STEP_ROWS, w_nan, w_scale, n, cols);
+#if STEP_ROWS > 4
+    if (r + 4 <= rows) {
+        step_rows(j, b, tile, pairs, kb, m0, r, 4, w_nan, w_scale, n, cols);
+        r += 4;
+    }
+#endif
+    if (r + 2 <= rows) {
+        step_rows(j, b, tile, pairs, kb, m0, r, 2, w_nan, w_scale, n, cols);
+        r += 2;
+    }
+    if (r < rows) step_rows(j, b, tile, pairs, kb, m0, r, 1, w_nan, w_scale, n, cols);
+}
+
+void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
+    if (j->nblocks == 0) { /* K = 0: every output the empty sum */
+        for (size_t m = 0; m < j->M; m++)
+            for (size_t n = n0; n < n1; n++) j->y[m * j->ldy + n] = 0.0f;
+        return;
+    }
+    fp8_rows b;
+    vint tile[FP8_BLOCK_PAIRS * 3];
+    for (size_t m0 = 0; m0 < j->M; m0 += FP8_CHUNK_ROWS) {
+        const size_t rows = j->M - m0 < FP8_CHUNK_ROWS ? j->M - m0 : FP8_CHUNK_ROWS;
+        for (size_t kb0 = 0; kb0 < j->nblocks; kb0 += b.blocks) {
+            fp8_rows_begin(&b, rows, STEP_ROWS, kb0, j->nblocks);
+            for (size_t kb = kb0; kb < kb0 + b.blocks; kb++) {
+                const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
+                decode_rows(j, m0, rows, kb, k0, k1, &b);
+            }
+            /* each tile's blocks in order: a weight row's codes read in one stream */
+            for (size_t n = n0; n < n1; n += TILE)
+                for (size_t kb = kb0; kb < kb0 + b.blocks; kb++) {
+                    const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
+                    block_tile(j, &b, tile, m0, rows, kb, k0, k1, n,
+                               n1 - n < TILE ? n1 - n : TILE);
+                }
+        }
+    }
+}
+
+void FP8_ENTRY(fp8_quantize_activations)(const quant_rule *r, size_t rows, size_t cols,
+                                         const float *x, size_t x_stride, uint8_t *codes,
+                                         size_t codes_stride, float *scales, float *row_scales) {
+    (void)row_scales;
+    const size_t bc = r->format->block_cols, grid = (cols + bc - 1) / bc;
+    for (size_t m = 0; m < rows; m++)
+        for (size_t c0 = 0; c0 < cols; c0 += bc)
+            scales[m * grid + c0 / bc] =
+                quantize_block(r, x + m * x_stride + c0, cols - c0 < bc ? cols - c0 : bc,
+                               codes + m * codes_stride + c0);
+}
+
+#endif /* PARITY_QUANT_FP8_DRIVER_H */
