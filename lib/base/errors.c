@@ -81,6 +81,7 @@ size_t parity_struct_size(const char *name) {
         {"parity_seq_info", sizeof(parity_seq_info)},
         {"parity_profile", sizeof(parity_profile)},
         {"parity_weight_info", sizeof(parity_weight_info)},
+        {"parity_weight_bytes", sizeof(parity_weight_bytes)},
     };
     for (size_t i = 0; name && i < sizeof structs / sizeof structs[0]; i++)
         if (!strcmp(structs[i].name, name)) return structs[i].size;

@@ -266,6 +266,19 @@ class parity_tensor_data(Structure):
     ]
 
 
+class parity_weight_bytes(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("held", c_uint64),
+        ("held_for_policy", c_uint64),
+        ("step_linear", c_uint64),
+        ("step_head", c_uint64),
+        ("step_vectors", c_uint64),
+        ("embedding_row", c_uint64),
+        ("kv_position", c_uint64),
+    ]
+
+
 MIRRORED_STRUCTS = {
     "parity_policy": parity_policy,
     "parity_config": parity_config,
@@ -274,6 +287,7 @@ MIRRORED_STRUCTS = {
     "parity_sampling": parity_sampling,
     "parity_sampler_params": parity_sampler_params,
     "parity_tensor_data": parity_tensor_data,
+    "parity_weight_bytes": parity_weight_bytes,
     "parity_seq_info": parity_seq_info,
     "parity_profile": parity_profile,
 }
@@ -543,6 +557,10 @@ _PROTOTYPES = [
     # int parity_scorer_probe(parity_scorer *scorer, const int32_t *tokens, uint32_t len,
     #                         const float *expected);
     ("parity_scorer_probe", c_int, [scorer_p, _i32p, c_uint32, _f32p], True),
+    # int parity_model_bytes(const parity_model *model, const parity_policy *policy,
+    #                        uint32_t backend, parity_weight_bytes *out);
+    ("parity_model_bytes", c_int, [model_p, POINTER(parity_policy), c_uint32,
+                                   POINTER(parity_weight_bytes)], True),
     # int parity_scorer_bytes(const parity_model *model, const parity_scorer_params *params,
     #                         uint64_t *bytes);
     ("parity_scorer_bytes", c_int, [model_p, POINTER(parity_scorer_params), POINTER(c_uint64)],

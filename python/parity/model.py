@@ -494,6 +494,23 @@ class Model(_lib.Closing):
         finally:
             self._release()
 
+    def weight_bytes(self, policy="aligned", backend="bf16"):
+        """What the model's weights hold and what one forward step reads under `policy` on
+        `backend` (parity_model_bytes), as a dict of byte counts: held (every weight buffer
+        held now), held_for_policy (of that, what serving this policy alone keeps),
+        step_linear, step_head, step_vectors (the decoder layers' linear weights, the head,
+        the norms and biases, each read once a step), embedding_row and kv_position (read
+        once per sequence, and per attended position)."""
+        pol = policy_struct(policy)
+        be = _choice(BACKENDS, backend, "backend")
+        out = _lib.parity_weight_bytes(size=ctypes.sizeof(_lib.parity_weight_bytes))
+        h = self._acquire()
+        try:
+            lib.parity_model_bytes(h, ctypes.byref(pol), be, ctypes.byref(out))
+        finally:
+            self._release()
+        return {name: getattr(out, name) for name, _ in out._fields_ if name != "size"}
+
     # ---- weight updates and sync checks ------------------------------------------------------
 
     @property
