@@ -191,6 +191,54 @@ static void test_composed_forward(parity_pool *pool2) {
 
 /* ---- each piece alone: rows beside it, the pool and fp32 compute --------------------------- */
 
+/* A quantized linear layer's rows holding a NaN or an infinity give NaN outputs in every
+ * column, bias or not, in the formats whose elements have no NaN (E2M1, int8), and the other
+ * rows are bitwise what they give alone. */
+static void test_quantized_nonfinite_rows(parity_pool *pool2) {
+    parity_model *m = NULL;
+    load_model(TRAINED_MODEL, &m);
+    if (!m) return;
+    const weight *w = &m->layers[1].w_up;
+    const size_t M = 5, K = w->cols, N = w->rows;
+    float *x = calloc(M * K, 4), *y = calloc(M * N, 4), *y1 = calloc(N, 4), *bias = calloc(N, 4);
+    uint64_t st = 5;
+    for (size_t i = 0; i < M * K; i++)
+        x[i] = (float)((int64_t)(xorshift64(&st) % 2001) - 1000) / 512.0f;
+    for (size_t j = 0; j < N; j++) bias[j] = (float)((int64_t)(xorshift64(&st) % 201) - 100) / 64.0f;
+    x[2 * K + 7] = NAN;
+    x[3 * K + K - 1] = -INFINITY;
+    static const char *const pols[] = {"vllm+nvfp4:modelopt", "vllm+mxfp4:ocp",
+                                       "vllm+ternary:bitnet", "hf-eager+ternary:hf-bitlinear"};
+    for (size_t p = 0; p < sizeof pols / sizeof pols[0]; p++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            parity_policy pol;
+            CHECK_OK(parity_policy_from_name(pols[p], &pol));
+            const float *b = with_bias ? bias : NULL;
+            CHECK_OK(parity_linear(pool2, &pol, 0, M, K, N, x, K, PARITY_DTYPE_BF16, w->bf16, K, b,
+                                   y, N));
+            size_t nan_rows = 0, finite_rows = 0;
+            for (size_t r = 0; r < M; r++) {
+                size_t nans = 0;
+                for (size_t c = 0; c < N; c++) nans += isnan(y[r * N + c]) != 0;
+                if (r == 2 || r == 3) {
+                    nan_rows += nans == N;
+                    continue;
+                }
+                CHECK_OK(parity_linear(NULL, &pol, 0, 1, K, N, x + r * K, K, PARITY_DTYPE_BF16,
+                                       w->bf16, K, b, y1, N));
+                finite_rows += nans == 0;
+                char label[128];
+                snprintf(label, sizeof label, "%s, bias %d: row %zu beside non-finite rows", pols[p],
+                         with_bias, r);
+                CHECK_BITS_F32(y1, y + r * N, N, label);
+            }
+            CHECK_INT(nan_rows, 2);
+            CHECK_INT(finite_rows, 3);
+        }
+    free(x), free(y), free(y1), free(bias);
+    parity_model_free(m);
+}
+
 static void test_invariance(parity_pool *pool2) {
     parity_model *m = NULL;
     load_model(TRAINED_MODEL, &m);
@@ -397,6 +445,7 @@ int main(void) {
     CHECK_INT(parity_pool_threads(pool2), 2);
     test_bad_arguments();
     test_invariance(pool2);
+    test_quantized_nonfinite_rows(pool2);
     test_composed_forward(pool2);
     parity_pool_free(pool2);
     return check_report("ops");

@@ -64,21 +64,21 @@ void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t
         run.first[i + 1] = run.first[i] + w[i]->rows;
     }
     pool_run(ctx->pool, group_columns, &run, run.first[n]);
-    for (size_t i = 0; i < n; i++) {
-        const size_t N = w[i]->rows;
-        if (f->element != QUANT_ELEMENT_E4M3)
-            /* E2M1 and int8 have no NaN: a row holding a NaN or an infinity yields NaN, as an
-             * E4M3 NaN code does in the fp8 GEMMs, rather than the codes its saturation gives */
-            for (size_t m = 0; m < M; m++)
-                for (size_t k = 0; k < K; k++)
-                    if (!isfinite(x[m * ldx + k])) {
-                        for (size_t c = 0; c < N; c++) y[i][m * ldy[i] + c] = NAN;
-                        break;
-                    }
+    if (f->element != QUANT_ELEMENT_E4M3)
+        /* E2M1 and int8 have no NaN: a row holding a NaN or an infinity yields NaN in every
+         * layer of the group, as an E4M3 NaN code does in the fp8 GEMMs, rather than the codes
+         * its saturation gives (each row scanned once for the group) */
+        for (size_t m = 0; m < M; m++) {
+            size_t k = 0;
+            while (k < K && isfinite(x[m * ldx + k])) k++;
+            if (k < K)
+                for (size_t i = 0; i < n; i++)
+                    for (size_t c = 0; c < w[i]->rows; c++) y[i][m * ldy[i] + c] = NAN;
+        }
+    for (size_t i = 0; i < n; i++)
         if (bias[i])
             for (size_t m = 0; m < M; m++)
-                for (size_t c = 0; c < N; c++) y[i][m * ldy[i] + c] += bias[i][c];
-    }
+                for (size_t c = 0; c < w[i]->rows; c++) y[i][m * ldy[i] + c] += bias[i][c];
 }
 
 void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, const weight *w,
