@@ -13,7 +13,10 @@ int quant_weight_make(const weight *w, int rule, uint64_t scale_floats, quant_we
                       const char *what) {
     const size_t f = quant_scratch_floats(w, rule);
     float *scratch = px_malloc((f ? f : 1) * sizeof(float), what);
-    made->codes = scratch ? px_malloc((size_t)w->rows * w->cols, what) : NULL;
+    made->codes = scratch ? px_malloc(quant_weight_code_bytes(quant_rule_of(rule)->format,
+                                                              w->rows, w->cols),
+                                      what)
+                          : NULL;
     made->scales = made->codes ? px_malloc(scale_floats * sizeof(float), what) : NULL;
     if (made->scales) quant_weight_quantize(w, rule, made, scratch);
     px_free(scratch);

@@ -43,6 +43,17 @@ static uint64_t fnv1a64_bytes(const void *data, uint64_t n) {
     return h;
 }
 
+/* FNV-1a 64 over a weight's held codes (quant_weight.h) one a byte, as the quantizers write them:
+ * the checksum does not depend on how they are packed. */
+static uint64_t fnv1a64_codes(const quant_format *f, const weight *w, const uint8_t *held) {
+    const size_t row_bytes = quant_weight_row_bytes(f, w->cols);
+    uint64_t h = FNV1A64_OFFSET;
+    for (uint32_t r = 0; r < w->rows; r++)
+        for (uint32_t c = 0; c < w->cols; c++)
+            h = (h ^ quant_code_at(f, held + r * row_bytes, c)) * FNV1A64_PRIME;
+    return h;
+}
+
 int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64) {
     clear_error();
     if (!fnv1a64 || (!data && n_bytes))
@@ -214,7 +225,7 @@ static void lowbit_view_free(lowbit_view *v) {
 /* The view's checksums as the manifest writes them: codes, scales, tensor scale bits. */
 static void lowbit_sums(const weight *w, const lowbit_view *v, char codes[17], char scales[17],
                         char tensor[9]) {
-    snprintf(codes, 17, "%016" PRIx64, fnv1a64_bytes(v->codes, (uint64_t)w->rows * w->cols));
+    snprintf(codes, 17, "%016" PRIx64, fnv1a64_codes(quant_format_row((uint32_t)v->gemm), w, v->codes));
     snprintf(scales, 17, "%016" PRIx64, fnv1a64_bytes(v->scales, v->grid_rows * v->grid_cols * 4));
     snprintf(tensor, 9, "%08" PRIx32, f32_bits(v->tensor_scale));
 }

@@ -278,7 +278,9 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
         /* bf16 values widened: 128 rows at a time for the fp8 rules, all for the others */
         const int master = w_dtype != PARITY_DTYPE_BF16;
         const size_t wide = quant_weight_scratch_floats(q, n, k, master);
-        quant_weight wq = {.codes = op_alloc(&c, (uint64_t)n * k, 1, "quantized weight codes")};
+        quant_weight wq = {.codes = op_alloc(&c, quant_weight_code_bytes(quant_rule_of(q)->format,
+                                                                          n, k),
+                                             1, "quantized weight codes")};
         wq.scales = wq.codes ? op_alloc(&c, grid, sizeof(float), "quantized weight scales") : NULL;
         float *rows = wq.scales && wide ? op_alloc(&c, wide, sizeof(float), "quantized weight rows")
                                         : NULL;

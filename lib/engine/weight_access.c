@@ -88,6 +88,14 @@ static int check_codes(const char *fn, const char *name, const expected *e, cons
                        quant_scale_count(f, w->rows, w->cols) + 1);
 }
 
+/* A weight's held codes (quant_weight.h) into `codes`, one a byte, row by row. */
+static void codes_unpack(const quant_format *f, const weight *w, const uint8_t *held,
+                         uint8_t *codes) {
+    const size_t row_bytes = quant_weight_row_bytes(f, w->cols);
+    for (uint32_t r = 0; r < w->rows; r++)
+        quant_codes_unpack_row(f, held + r * row_bytes, w->cols, codes + (uint64_t)r * w->cols);
+}
+
 int parity_model_weight_codes(const parity_model *m, const char *name, int quantizer,
                               uint8_t *codes, uint64_t n_codes, float *scales,
                               uint64_t n_scales) {
@@ -103,7 +111,7 @@ int parity_model_weight_codes(const parity_model *m, const char *name, int quant
     TRY(model_enter(m));
     int rc = PARITY_OK;
     if (w->shipped && w->shipped_gemm == rule->format->gemm) {
-        memcpy(codes, w->shipped->codes, n_codes);
+        codes_unpack(rule->format, w, w->shipped->codes, codes);
         memcpy(scales, w->shipped->scales, grid * sizeof *scales);
         scales[grid] = w->shipped->tensor_scale;
     } else if (!(rc = model_weight_values((parity_model *)m, (weight *)w))) {
@@ -112,7 +120,7 @@ int parity_model_weight_codes(const parity_model *m, const char *name, int quant
         quant_weight made;
         rc = quant_weight_make(w, quantizer, grid, &made, "a weight's codes");
         if (!rc) {
-            memcpy(codes, made.codes, n_codes);
+            codes_unpack(rule->format, w, made.codes, codes);
             memcpy(scales, made.scales, grid * sizeof *scales);
             scales[grid] = made.tensor_scale;
             px_free(made.codes);
@@ -221,7 +229,7 @@ int parity_model_set_quantized(parity_model *m, const char *name, uint32_t gemm,
      * quantizer meanwhile), the copies the prepared quantizers of a format whose shipped codes
      * go read from then on and room in the owned list: everything the swap needs */
     quant_weight *q = px_calloc(1, sizeof *q, "set codes");
-    uint8_t *c = q ? px_huge_alloc(n_codes, "set codes") : NULL;
+    uint8_t *c = q ? px_huge_alloc(quant_weight_code_bytes(f, w->rows, w->cols), "set codes") : NULL;
     float *s = c ? px_huge_alloc(grid * sizeof *s, "set scales") : NULL;
     int rc = s ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY, locked = 0;
     if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
@@ -247,7 +255,9 @@ int parity_model_set_quantized(parity_model *m, const char *name, uint32_t gemm,
         px_free(scratch), px_free(q), px_free(c), px_free(s);
         return rc;
     }
-    memcpy(c, codes, n_codes);
+    const size_t row_bytes = quant_weight_row_bytes(f, w->cols);
+    for (uint32_t r = 0; r < w->rows; r++)
+        quant_codes_pack_row(f, codes + (uint64_t)r * w->cols, w->cols, c + r * row_bytes);
     memcpy(s, scales, grid * sizeof *s);
     q->codes = model_own(m, c);
     q->scales = model_own(m, s);

@@ -11,6 +11,7 @@
 #include "base/errors.h"
 #include "base/floats.h"
 #include "quant/codecs.h"
+#include "quant/rules.h"
 #include "weights.h"
 
 void tensor_values_free(tensor_values *v) {
@@ -127,18 +128,24 @@ void shipped_dequantize(const weight *w, float *master, uint16_t *bf16) {
         for (uint64_t i = 0; i < n; i++)
             master[i] = master[i] * q->scales[(i / cols / 128) * grid_cols + i % cols / 128];
     } else if (w->shipped_gemm == PARITY_GEMM_TERNARY) {
+        const quant_format *f = quant_format_row(PARITY_GEMM_TERNARY);
+        const size_t row_bytes = quant_weight_row_bytes(f, cols);
         const float s = w->shipped_value_scale;
-        for (uint64_t i = 0; i < n; i++) {
-            const float code = (float)(int8_t)q->codes[i];
-            master[i] = w->shipped_scale_is_mean ? code * s : code / s;
-        }
+        for (uint64_t r = 0; r < rows; r++)
+            for (uint64_t c = 0; c < cols; c++) {
+                const float code = (float)(int8_t)quant_code_at(f, q->codes + r * row_bytes, c);
+                master[r * cols + c] = w->shipped_scale_is_mean ? code * s : code / s;
+            }
     } else { /* NVFP4 (1 x 16 blocks, then s2) or MXFP4 (1 x 32) */
+        const quant_format *f = quant_format_row(w->shipped_gemm);
+        const size_t row_bytes = quant_weight_row_bytes(f, cols);
         const uint64_t block = w->shipped_gemm == PARITY_GEMM_NVFP4 ? 16 : 32;
         const uint64_t grid_cols = (cols + block - 1) / block;
         const float s2 = w->shipped_gemm == PARITY_GEMM_NVFP4 ? q->tensor_scale : 0.0f;
         for (uint64_t r = 0; r < rows; r++)
             for (uint64_t c = 0; c < cols; c++) {
-                float x = e2m1_to_f32(q->codes[r * cols + c]) * q->scales[r * grid_cols + c / block];
+                const uint8_t code = quant_code_at(f, q->codes + r * row_bytes, c);
+                float x = e2m1_to_f32(code) * q->scales[r * grid_cols + c / block];
                 if (s2) x = x * s2;
                 master[r * cols + c] = x;
             }

@@ -4,6 +4,8 @@
  */
 #include "quant_weight.h"
 
+#include <string.h>
+
 #include "base/floats.h"
 #include "rules.h"
 
@@ -12,18 +14,67 @@ static size_t rows_at_once(const quant_format *f, size_t rows) {
     return f->widen_rows ? f->widen_rows : rows;
 }
 
+size_t quant_weight_row_bytes(const quant_format *f, size_t cols) {
+    switch (f->code_bits) {
+    case 4:
+        return (cols + 1) / 2;
+    case 2:
+        return (cols + 63) / 64 * 16;
+    default:
+        return cols;
+    }
+}
+
 uint64_t quant_weight_code_bytes(const quant_format *f, uint64_t rows, uint64_t cols) {
-    (void)f; /* one code a byte in every format */
-    return rows * cols;
+    return rows * quant_weight_row_bytes(f, (size_t)cols);
+}
+
+void quant_codes_pack_row(const quant_format *f, const uint8_t *codes, size_t cols,
+                          uint8_t *held) {
+    switch (f->code_bits) {
+    case 4:
+        for (size_t i = 0; i < cols / 2; i++)
+            held[i] = (uint8_t)((codes[2 * i] & 0xfu) | (codes[2 * i + 1] & 0xfu) << 4);
+        if (cols % 2) held[cols / 2] = codes[cols - 1] & 0xfu;
+        return;
+    case 2: {
+        const size_t bytes = quant_weight_row_bytes(f, cols);
+        memset(held, 0x55, bytes); /* every field 1: the code 0 */
+        for (size_t c = 0; c < cols; c++) {
+            const size_t g = c / 64, q = c % 64 / 16, i = c % 16;
+            const unsigned field = (unsigned)((int)(int8_t)codes[c] + 1) & 3u;
+            uint8_t *b = held + g * 16 + i;
+            *b = (uint8_t)((*b & ~(3u << (2 * q))) | field << (2 * q));
+        }
+        return;
+    }
+    default:
+        memcpy(held, codes, cols);
+    }
+}
+
+void quant_codes_unpack_row(const quant_format *f, const uint8_t *held, size_t cols,
+                            uint8_t *codes) {
+    if (f->code_bits == 8) {
+        memcpy(codes, held, cols);
+        return;
+    }
+    for (size_t c = 0; c < cols; c++) codes[c] = quant_code_at(f, held, c);
 }
 
 uint64_t quant_weight_scale_bytes(const quant_format *f, uint64_t rows, uint64_t cols) {
     return quant_scale_count(f, rows, cols) * sizeof(float);
 }
 
+/* The floats of scratch that stage a step's codes one a byte for a packed format (0: the format
+ * holds one code a byte, quantize_weight writes them in place). */
+static size_t staged_code_floats(const quant_format *f, size_t rows, size_t cols) {
+    return f->code_bits == 8 ? 0 : (rows_at_once(f, rows) * cols + sizeof(float) - 1) / sizeof(float);
+}
+
 size_t quant_weight_scratch_floats(int quantizer, size_t rows, size_t cols, int has_master) {
-    if (has_master) return 0;
-    return rows_at_once(quant_rule_of(quantizer)->format, rows) * cols;
+    const quant_format *f = quant_rule_of(quantizer)->format;
+    return (has_master ? 0 : rows_at_once(f, rows) * cols) + staged_code_floats(f, rows, cols);
 }
 
 void quant_weight_quantize_values(int quantizer, size_t rows, size_t cols, const float *master,
@@ -31,21 +82,26 @@ void quant_weight_quantize_values(int quantizer, size_t rows, size_t cols, const
                                   float *scratch) {
     const quant_rule *rule = quant_rule_of(quantizer);
     const quant_format *f = rule->format;
-    if (master) {
-        f->quantize_weight(rule, rows, cols, master, stride, q->codes, cols, q->scales,
-                           &q->tensor_scale);
-        return;
-    }
-    /* a block row at a time: its scales start at row r0 / block_rows of the scale grid */
-    const size_t step = rows_at_once(f, rows);
+    /* a block row at a time (all rows when the format's scales read them all): its scales start
+     * at row r0 / block_rows of the scale grid; its codes one a byte in place, or staged after
+     * the widened values and packed */
+    const size_t step = rows_at_once(f, rows), row_bytes = quant_weight_row_bytes(f, cols);
     const size_t grid_cols = f->block_cols ? (cols + f->block_cols - 1) / f->block_cols : 0;
+    float *wide = master ? NULL : scratch;
+    uint8_t *staged = f->code_bits == 8 ? NULL
+                                        : (uint8_t *)(void *)(scratch + (master ? 0 : step * cols));
     for (size_t r0 = 0; r0 < rows; r0 += step) {
         const size_t n = rows - r0 < step ? rows - r0 : step;
-        for (size_t r = 0; r < n; r++)
-            for (size_t c = 0; c < cols; c++)
-                scratch[r * cols + c] = bf16_to_f32(bf16[(r0 + r) * stride + c]);
+        const float *x = master ? master + r0 * stride : wide;
+        if (!master)
+            for (size_t r = 0; r < n; r++)
+                for (size_t c = 0; c < cols; c++)
+                    wide[r * cols + c] = bf16_to_f32(bf16[(r0 + r) * stride + c]);
         const size_t grid_row = f->block_rows ? r0 / f->block_rows : 0;
-        f->quantize_weight(rule, n, cols, scratch, cols, q->codes + r0 * cols, cols,
+        uint8_t *held = q->codes + r0 * row_bytes;
+        f->quantize_weight(rule, n, cols, x, master ? stride : cols, staged ? staged : held, cols,
                            q->scales + grid_row * grid_cols, &q->tensor_scale);
+        for (size_t r = 0; staged && r < n; r++)
+            quant_codes_pack_row(f, staged + r * cols, cols, held + r * row_bytes);
     }
 }
