@@ -1176,6 +1176,7 @@ static void edit_fp8_case(bad_variant *v, const char *w, const parity_model *ori
         ckpt_remove(&v->c, GATE0 "_scale_inv");
     } else if (!strcmp(w, "missing-scale")) ckpt_remove(&v->c, GATE0 "_scale_inv");
     else if (!strcmp(w, "nan-code")) g->data[17] = 0xff;
+    else if (!strcmp(w, "huge-scale")) set_scale(gs, 1, 1e37f); /* its block's 448 * 1e37 */
     else if (!strcmp(w, "scale-of-kept")) {
         /* the kept weight in bf16, its scale left behind */
         for (uint32_t l = 0; l < 2; l++) {
@@ -1395,6 +1396,7 @@ static void test_fp8_checkpoints(const parity_model *orig, const ckpt *base) {
         {"bf16-not-kept", PARITY_ERR_TENSOR_DTYPE, GATE0, NULL},
         {"missing-scale", PARITY_ERR_SCALE_MISSING, GATE0, NULL},
         {"nan-code", PARITY_ERR_TENSOR_NONFINITE, GATE0, NULL},
+        {"huge-scale", PARITY_ERR_TENSOR_NONFINITE, GATE0, NULL},
         {"no-quant-config", PARITY_ERR_TENSOR_DTYPE, "quantization_config", NO_QUANT_CONFIG},
         {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale_inv",
          "\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
