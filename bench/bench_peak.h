@@ -1,4 +1,5 @@
-/* The peaks of the instructions the CPU paths' bf16 GEMMs run: register-only loops of 10
+/* The peaks of the instructions the CPU paths' bf16 GEMMs run (and the integer dots of the
+ * quantized GEMMs, below): register-only loops of 10
  * independent chains (latency 4 x 2 units needs 8) of vfmadd231ps ymm (the avx2 path),
  * vfmadd231ps zmm (avx512) and vdpbf16ps zmm (avx512bf16). A bf16 pair is two fp32 fmas
  * (4 flops) on every path, so each loop's GFLOP/s is its path's GEMM peak: an fp32 fma
@@ -21,6 +22,8 @@ typedef enum bench_peak_kind {
     BENCH_PEAK_FMA_ZMM,
     BENCH_PEAK_DPBF16_ZMM,
     BENCH_PEAK_AMX_BF16,     /* the amx backend's tdpbf16ps (needs the OS's tile permission) */
+    BENCH_PEAK_DPWSSD_ZMM,   /* vpdpwssd zmm (AVX512_VNNI): the FP8 GEMM's int16 digit dots */
+    BENCH_PEAK_DPBUSD_ZMM,   /* vpdpbusd zmm (AVX512_VNNI): the 4-bit and ternary GEMMs' */
     BENCH_PEAK_KINDS
 } bench_peak_kind;
 
@@ -63,6 +66,28 @@ __attribute__((target("avx512f,avx512bf16"))) static double bench_peak_loop_dpbf
 #define DPBF16_STEP(a) _mm512_dpbf16_ps(a, x, w)
     BENCH_PEAK_LOOP(__m512, _mm512_set1_ps, DPBF16_STEP, _mm512_storeu_ps, 16)
 #undef DPBF16_STEP
+}
+
+/* The integer dots the quantized GEMMs run (lib/quant: FP8 three vpdpwssd a pair of K, E2M1 and
+ * ternary one vpdpbusd four codes), counted as the flops are: 2 a product (its multiply and its
+ * add), so that their rates compare with the bf16 loops': a vpdpwssd is 64 (16 lanes x 2
+ * products), a vpdpbusd 128 (16 x 4). Operands small enough that no lane overflows. */
+__attribute__((target("avx512f,avx512vnni"))) static double bench_peak_loop_dpwssd_zmm(long iters) {
+    const __m512i x = _mm512_set1_epi16(1), w = _mm512_set1_epi16(1);
+#define DPWSSD_STEP(a) _mm512_dpwssd_epi32(a, x, w)
+#define DPI_INIT(v) _mm512_set1_epi32((int)(v))
+#define DPI_STORE(out, a) _mm512_storeu_ps(out, _mm512_cvtepi32_ps(a))
+    BENCH_PEAK_LOOP(__m512i, DPI_INIT, DPWSSD_STEP, DPI_STORE, 16)
+#undef DPWSSD_STEP
+}
+
+__attribute__((target("avx512f,avx512vnni"))) static double bench_peak_loop_dpbusd_zmm(long iters) {
+    const __m512i x = _mm512_set1_epi8(1), w = _mm512_set1_epi8(1);
+#define DPBUSD_STEP(a) _mm512_dpbusd_epi32(a, x, w)
+    BENCH_PEAK_LOOP(__m512i, DPI_INIT, DPBUSD_STEP, DPI_STORE, 16)
+#undef DPBUSD_STEP
+#undef DPI_INIT
+#undef DPI_STORE
 }
 
 /* A tile op takes 16 cycles where an fma takes half of one: the AMX loop runs iters / 16 of
@@ -127,6 +152,9 @@ static inline int bench_peak_available(bench_peak_kind k) {
         return __builtin_cpu_supports("avx512f");
     case BENCH_PEAK_DPBF16_ZMM:
         return __builtin_cpu_supports("avx512bf16");
+    case BENCH_PEAK_DPWSSD_ZMM:
+    case BENCH_PEAK_DPBUSD_ZMM:
+        return __builtin_cpu_supports("avx512vnni");
     case BENCH_PEAK_AMX_BF16:
         /* the library asks the OS for the tile state on the backend's first check */
         return parity_backend_check(PARITY_BACKEND_AMX) == PARITY_OK;
@@ -162,6 +190,8 @@ static const struct {
     [BENCH_PEAK_FMA_ZMM] = {"vfmadd231ps zmm (AVX-512F)", "fma_zmm"},
     [BENCH_PEAK_DPBF16_ZMM] = {"vdpbf16ps zmm (AVX512_BF16)", "dpbf16_zmm"},
     [BENCH_PEAK_AMX_BF16] = {"tdpbf16ps (AMX-BF16)", "amx_bf16"},
+    [BENCH_PEAK_DPWSSD_ZMM] = {"vpdpwssd zmm (AVX512_VNNI)", "dpwssd_zmm"},
+    [BENCH_PEAK_DPBUSD_ZMM] = {"vpdpbusd zmm (AVX512_VNNI)", "dpbusd_zmm"},
 };
 
 static inline const char *bench_peak_instruction(bench_peak_kind k) {
@@ -178,6 +208,8 @@ static inline double bench_peak_flops_per_iter(bench_peak_kind k) {
            : k == BENCH_PEAK_FMA_ZMM    ? 10.0 * 2 * 16
            : k == BENCH_PEAK_DPBF16_ZMM ? 10.0 * 4 * 16
            : k == BENCH_PEAK_AMX_BF16   ? 10.0 * 16 * 16 * 32 * 2 / BENCH_PEAK_AMX_SCALE
+           : k == BENCH_PEAK_DPWSSD_ZMM ? 10.0 * 2 * 2 * 16
+           : k == BENCH_PEAK_DPBUSD_ZMM ? 10.0 * 2 * 4 * 16
                                         : 0.0;
 }
 
@@ -188,6 +220,8 @@ static inline double bench_peak_loop(long iters, bench_peak_kind k) {
     if (k == BENCH_PEAK_FMA_ZMM) return bench_peak_loop_fma_zmm(iters);
     if (k == BENCH_PEAK_DPBF16_ZMM) return bench_peak_loop_dpbf16_zmm(iters);
     if (k == BENCH_PEAK_AMX_BF16) return bench_peak_loop_amx_bf16(iters / BENCH_PEAK_AMX_SCALE);
+    if (k == BENCH_PEAK_DPWSSD_ZMM) return bench_peak_loop_dpwssd_zmm(iters);
+    if (k == BENCH_PEAK_DPBUSD_ZMM) return bench_peak_loop_dpbusd_zmm(iters);
 #endif
     return (double)iters;
 }
