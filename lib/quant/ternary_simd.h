@@ -7,7 +7,8 @@
  * The loop: activation rows in blocks whose codes stay in L2 (TERNARY_BLOCK_BYTES); per block,
  * each row's sum of codes and its divisor (s_w s_x, rounded to bf16 under hf-bitlinear); then
  * the columns in groups of one vector's lanes (16 on AVX-512, 8 on AVX2), each group's weight
- * rows streamed once per tile of rows against 4, 2 or 1 activation rows: a tile of R rows x
+ * rows (their codes held four a byte, quant_weight.h: a group of 64 in 16 bytes, each field
+ * w + 1) streamed once per tile of rows against 4, 2 or 1 activation rows: a tile of R rows x
  * lanes / R columns ends in one vector of outputs, lane i C + j the output of row i, column j.
  * A tile's integer sums are exact in int32 (TERNARY_MAX_K below says why), so the
  * order of their terms is free; the last steps are the portable kernel's fp32 (or bf16)
@@ -51,7 +52,7 @@ typedef int32_t ternary_sum_fn(const uint8_t *x, size_t K);
 typedef void ternary_tile_fn(const quant_gemm_job *j, const ternary_block *b, size_t m,
                              size_t rows, size_t n, size_t cols);
 
-/* A tile's code rows: the activation rows m .. m + R - 1 of block b into x, the weight rows
+/* A tile's code rows: the activation rows m .. m + R - 1 of block b into x, the held weight rows
  * n .. n + C - 1 into w, those past `cols` the first one again (read, not stored). Returns how
  * far ahead of its weight reads the tile asks for lines: the first row tile of a block reads
  * the weight rows from memory, so it asks for those of the column group after next (R C rows
@@ -60,8 +61,9 @@ ALWAYS_INLINE size_t ternary_tile_rows(const int R, const int C, const quant_gem
                                        const ternary_block *b, size_t m, size_t n, size_t cols,
                                        const uint8_t **x, const uint8_t **w) {
     for (int r = 0; r < R; r++) x[r] = j->xq + (b->m0 + m + (size_t)r) * j->K;
-    for (int c = 0; c < C; c++) w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * j->K;
-    return m == 0 ? 2 * (size_t)(R * C) * j->K : 0;
+    for (int c = 0; c < C; c++)
+        w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * j->w_row_bytes;
+    return m == 0 ? 2 * (size_t)(R * C) * j->w_row_bytes : 0;
 }
 
 /* The GEMM's columns [n0, n1) through an ISA's tiles of 4, 2 and 1 rows (`lanes` outputs
