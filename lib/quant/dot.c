@@ -71,17 +71,25 @@ void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
     }
 }
 
-/* The portable ternary kernel unpacks a weight row's held codes this many at a time into int8
- * on its stack, and runs them against this many activation rows at once, each row's integer
- * sum kept in int64. */
+/* The portable ternary kernel unpacks a weight row's held codes this many at a time (whole
+ * groups of 64) into int8 on its stack, and runs them against this many activation rows at
+ * once, each row's integer sum kept in int64. */
 #define TERNARY_UNPACK_CODES 2048
 #define TERNARY_UNPACK_ROWS 64
 
-/* Ternary code c of a held weight row, as int8: the layout of quant_weight.h (code bits 2),
- * four codes a byte as w + 1 in groups of 64 codes in 16 bytes, code 64 g + 16 q + i in bits
- * 2 q, 2 q + 1 of byte 16 g + i. */
-static inline int8_t ternary_code_at(const uint8_t *held, size_t c) {
-    return (int8_t)((int)((held[c / 64 * 16 + c % 16] >> (c % 64 / 16 * 2)) & 3u) - 1);
+/* The int8 codes of `groups` groups of a held ternary weight row into w: the layout of
+ * quant_weight.h (code bits 2), four codes a byte as w + 1 in groups of 64 codes in 16 bytes,
+ * code 64 g + 16 q + i in bits 2 q, 2 q + 1 of byte 16 g + i (a row's last group padded, so
+ * whole groups are there to read). */
+static void ternary_unpack(const uint8_t *held, size_t groups, int8_t *w) {
+    for (size_t g = 0; g < groups; g++, held += 16, w += 64)
+        for (int i = 0; i < 16; i++) {
+            const uint8_t b = held[i];
+            w[i] = (int8_t)((b & 3) - 1);
+            w[16 + i] = (int8_t)((b >> 2 & 3) - 1);
+            w[32 + i] = (int8_t)((b >> 4 & 3) - 1);
+            w[48 + i] = (int8_t)((b >> 6) - 1);
+        }
 }
 
 void quant_gemm_ternary(const quant_gemm_job *j, size_t n0, size_t n1) {
@@ -96,7 +104,7 @@ void quant_gemm_ternary(const quant_gemm_job *j, size_t n0, size_t n1) {
             for (size_t k0 = 0; k0 < j->K; k0 += TERNARY_UNPACK_CODES) {
                 const size_t len =
                     j->K - k0 < TERNARY_UNPACK_CODES ? j->K - k0 : TERNARY_UNPACK_CODES;
-                for (size_t i = 0; i < len; i++) w[i] = ternary_code_at(held, k0 + i);
+                ternary_unpack(held + k0 / 4, (len + 63) / 64, w);
                 for (size_t r = 0; r < rows; r++) {
                     const int8_t *xr =
                         (const int8_t *)(const void *)(j->xq + (m0 + r) * j->K + k0);

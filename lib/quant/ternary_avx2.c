@@ -103,13 +103,15 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
 }
 
 /* The 64 codes from k of the tile's R activation rows (at x[r] + xk) and C weight rows into
- * its sums; the weight rows' lines `ahead` bytes past the codes read asked into L1. */
+ * its sums; once a line of weight codes (256 codes), where `ahead`, the weight rows' lines
+ * `ahead` bytes past the codes read asked into L1. */
 ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4], size_t xk,
                              const uint8_t *const w[8], size_t k, size_t ahead, __m256i acc[8]) {
     __m256i w0[8], w1[8];
+    const int fetch = ahead && k % 256 == 0;
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++) {
-        _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
+        if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
         weight_codes(w[c], k, &w0[c], &w1[c]);
     }
 #pragma GCC unroll 4

@@ -112,15 +112,16 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m512i acc[16],
 }
 
 /* The 64 codes from k of the tile's R rows (the first `mask` of them, the others read as 0)
- * and C weight rows into its sums; the weight rows' lines `ahead` bytes past the codes read
- * asked into L1. */
+ * and C weight rows into its sums; once a line of weight codes (256 codes), where `ahead`,
+ * the weight rows' lines `ahead` bytes past the codes read asked into L1. */
 ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4],
                              const uint8_t *const w[16], size_t k, size_t ahead, __mmask64 mask,
                              __m512i acc[16]) {
     __m512i wk[16];
+    const int fetch = ahead && k % 256 == 0;
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
-        _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
+        if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
         wk[c] = weight_codes(w[c], k);
     }
 #pragma GCC unroll 4
@@ -147,9 +148,10 @@ ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4
                               const uint8_t *const w[16], size_t k, size_t ahead,
                               __m512i acc[16]) {
     __m512i w0[16], w1[16];
+    const int fetch = ahead && k % 256 == 0;
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
-        _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
+        if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
         w0[c] = weight_codes(w[c], k);
         w1[c] = weight_codes(w[c], k + 64);
     }
