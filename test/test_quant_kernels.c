@@ -354,13 +354,16 @@ static void compare_ternary_codes(const quant_rule *r, quant_gemm_fn *columns,
 }
 
 /* Ternary's GEMM where the small shapes do not reach: activation rows past one row block of
- * the SIMD kernels (ternary_simd.h: at most 256 rows, fewer for long K), and extreme codes
- * up to and past TERNARY_MAX_K (2^22, where the SIMD kernels give the rows to the portable
- * kernel). */
+ * the SIMD kernels (ternary_simd.h: at most 256 rows, fewer for long K), weight rows that the
+ * row tiles of 4 read unpacked a column group at a time, a tile's columns at a time (2065
+ * codes on AVX-512) or held (8300 codes on AVX-512; a tile's columns on AVX2), and extreme
+ * codes up to and past TERNARY_MAX_K (2^22, where the SIMD kernels give the rows to the
+ * portable kernel). */
 static void test_ternary_extra(const quant_rule *r, const quant_simd *s, const char *variant) {
     if (!s->gemm_columns) return;
     compare_gemm(r, s->gemm_columns, variant, 300, 21, 64);
     compare_gemm(r, s->gemm_columns, variant, 263, 5, 2048 + 17);
+    compare_gemm(r, s->gemm_columns, variant, 10, 19, 8300);
     for (int rep = 0; rep < 6; rep++)
         compare_ternary_codes(r, s->gemm_columns, variant, 1 + (size_t)(rand_u64() % 6),
                               1 + (size_t)(rand_u64() % 20), 4096 + (size_t)(rand_u64() % 200));

@@ -36,8 +36,33 @@ ALWAYS_INLINE void weight_codes(const uint8_t *row, size_t k, __m256i *lo, __m25
     const __m256i group = _mm256_broadcastsi128_si256(
         _mm_loadu_si128((const __m128i *)(const void *)(row + k / 4)));
     const __m256i low_bits = _mm256_set1_epi8(3);
-    *lo = _mm256_and_si256(_mm256_srlv_epi64(group, _mm256_setr_epi64x(0, 0, 2, 2)), low_bits);
-    *hi = _mm256_and_si256(_mm256_srlv_epi64(group, _mm256_setr_epi64x(4, 4, 6, 6)), low_bits);
+    /* shifted by 0 and 2, then by 4 more (one shift count vector: the tiles are short of
+     * registers) */
+    const __m256i first = _mm256_srlv_epi64(group, _mm256_setr_epi64x(0, 0, 2, 2));
+    *lo = _mm256_and_si256(first, low_bits);
+    *hi = _mm256_and_si256(_mm256_srli_epi64(first, 4), low_bits);
+}
+
+/* The 64 weight codes k .. k + 63 of a weight row as w + 1 into lo and hi: held
+ * (weight_codes) or, where `unpacked`, one a byte. */
+ALWAYS_INLINE void weight_at(const int unpacked, const uint8_t *row, size_t k, __m256i *lo,
+                             __m256i *hi) {
+    if (unpacked) {
+        *lo = _mm256_loadu_si256((const __m256i *)(const void *)(row + k));
+        *hi = _mm256_loadu_si256((const __m256i *)(const void *)(row + k + 32));
+    } else {
+        weight_codes(row, k, lo, hi);
+    }
+}
+
+/* ternary_unpack_fn: a held row's codes one a byte as w + 1, 64 at a time. */
+static void unpack_row(const uint8_t *held, size_t K, uint8_t *bytes) {
+    for (size_t k = 0; k < K; k += 64) {
+        __m256i lo, hi;
+        weight_codes(held, k, &lo, &hi);
+        _mm256_storeu_si256((__m256i *)(void *)(bytes + k), lo);
+        _mm256_storeu_si256((__m256i *)(void *)(bytes + k + 32), hi);
+    }
 }
 
 /* acc + the sums of the products u s (u unsigned bytes, s signed) four by four into int32. */
@@ -102,17 +127,18 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
     }
 }
 
-/* The 64 codes from k of the tile's R activation rows (at x[r] + xk) and C weight rows into
- * its sums; once a line of weight codes (256 codes), where `ahead`, the weight rows' lines
- * `ahead` bytes past the codes read asked into L1. */
-ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4], size_t xk,
+/* The 64 codes from k of the tile's R activation rows (at x[r] + xk) and C weight rows (U:
+ * unpacked) into its sums; once a line of held weight codes (256 codes), where `ahead`, the
+ * weight rows' lines `ahead` bytes past the codes read asked into L1. */
+ALWAYS_INLINE void tile_step(const int R, const int C, const int U, const uint8_t *const x[4],
+                             size_t xk,
                              const uint8_t *const w[8], size_t k, size_t ahead, __m256i acc[8]) {
     __m256i w0[8], w1[8];
     const int fetch = ahead && k % 256 == 0;
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++) {
         if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
-        weight_codes(w[c], k, &w0[c], &w1[c]);
+        weight_at(U, w[c], k, &w0[c], &w1[c]);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
@@ -124,20 +150,20 @@ ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4]
     }
 }
 
-/* A tile of R rows x C = 8 / R columns, 64 codes a step; the last K mod 64 codes one more
- * step, the activation rows' codes copied into zeros; columns past `cols` read the first
- * column's weights and are not stored. */
-ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
-                        size_t n, size_t cols) {
+/* A tile of R rows x C = 8 / R columns (U: its weight rows from the block's unpacked ones),
+ * 64 codes a step; the last K mod 64 codes one more step, the activation rows' codes copied
+ * into zeros; columns past `cols` read the first column's weights and are not stored. */
+ALWAYS_INLINE void tile(const int R, const int U, const quant_gemm_job *j, const ternary_block *b,
+                        size_t m, size_t n, size_t cols) {
     const int C = 8 / R;
     const size_t K = j->K;
     const uint8_t *x[4], *w[8];
-    const size_t ahead = ternary_tile_rows(R, C, j, b, m, n, cols, x, w);
+    const size_t ahead = ternary_tile_rows(R, C, U, j, b, m, n, cols, x, w);
     __m256i acc[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
     size_t k = 0;
-    for (; k + 64 <= K; k += 64) tile_step(R, C, x, k, w, k, ahead, acc);
+    for (; k + 64 <= K; k += 64) tile_step(R, C, U, x, k, w, k, ahead, acc);
     if (k < K) {
         uint8_t tail[4][64];
         const uint8_t *tails[4];
@@ -146,7 +172,7 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
             memcpy(tail[r], x[r] + k, K - k);
             tails[r] = tail[r];
         }
-        tile_step(R, C, tails, 0, w, k, ahead, acc);
+        tile_step(R, C, U, tails, 0, w, k, ahead, acc);
     }
     tile_store(R, C, acc, j, b, m, n, cols);
 }
@@ -154,16 +180,18 @@ ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_bloc
 /* ternary_tile_fn: the tile of `rows` rows. */
 static void tiles(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t rows,
                   size_t n, size_t cols) {
-    if (rows == 4)
-        tile(4, j, b, m, n, cols);
+    if (rows == 4 && b->unpacked)
+        tile(4, 1, j, b, m, n, cols);
+    else if (rows == 4)
+        tile(4, 0, j, b, m, n, cols);
     else if (rows == 2)
-        tile(2, j, b, m, n, cols);
+        tile(2, 0, j, b, m, n, cols);
     else
-        tile(1, j, b, m, n, cols);
+        tile(1, 0, j, b, m, n, cols);
 }
 
 void ternary_gemm_avx2(const quant_gemm_job *j, size_t n0, size_t n1) {
-    ternary_gemm_loop(j, n0, n1, 8, sum_codes, tiles);
+    ternary_gemm_loop(j, n0, n1, 8, sum_codes, tiles, unpack_row);
 }
 
 /* ---- the activation quantizer -------------------------------------------------------------- */

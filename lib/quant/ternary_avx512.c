@@ -53,6 +53,17 @@ ALWAYS_INLINE __m512i weight_codes(const uint8_t *row, size_t k) {
     return _mm512_and_si512(quarters, _mm512_set1_epi8(3));
 }
 
+/* The 64 weight codes k .. k + 63 of a weight row as w + 1: held (weight_codes) or, where
+ * `unpacked`, one a byte. */
+ALWAYS_INLINE __m512i weight_at(const int unpacked, const uint8_t *row, size_t k) {
+    return unpacked ? _mm512_loadu_si512(row + k) : weight_codes(row, k);
+}
+
+/* ternary_unpack_fn: a held row's codes one a byte as w + 1, 64 at a time. */
+static void unpack_row(const uint8_t *held, size_t K, uint8_t *bytes) {
+    for (size_t k = 0; k < K; k += 64) _mm512_storeu_si512(bytes + k, weight_codes(held, k));
+}
+
 /* acc + the sums of the products u s (u unsigned bytes, s signed) four by four into int32. */
 ALWAYS_INLINE __m512i dot_bytes(__m512i acc, __m512i u, __m512i s) {
 #ifdef TERNARY_VNNI
@@ -112,9 +123,10 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m512i acc[16],
 }
 
 /* The 64 codes from k of the tile's R rows (the first `mask` of them, the others read as 0)
- * and C weight rows into its sums; once a line of weight codes (256 codes), where `ahead`,
- * the weight rows' lines `ahead` bytes past the codes read asked into L1. */
-ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4],
+ * and C weight rows (U: unpacked) into its sums; once a line of held weight codes (256
+ * codes), where `ahead`, the weight rows' lines `ahead` bytes past the codes read asked into
+ * L1. */
+ALWAYS_INLINE void tile_step(const int R, const int C, const int U, const uint8_t *const x[4],
                              const uint8_t *const w[16], size_t k, size_t ahead, __mmask64 mask,
                              __m512i acc[16]) {
     __m512i wk[16];
@@ -122,7 +134,7 @@ ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4]
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
         if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
-        wk[c] = weight_codes(w[c], k);
+        wk[c] = weight_at(U, w[c], k);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
@@ -144,7 +156,7 @@ ALWAYS_INLINE __m512i dot_bytes2(__m512i acc, __m512i u0, __m512i s0, __m512i u1
 }
 
 /* tile_step over the 128 codes from k, two steps at once (dot_bytes2). */
-ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4],
+ALWAYS_INLINE void tile_step2(const int R, const int C, const int U, const uint8_t *const x[4],
                               const uint8_t *const w[16], size_t k, size_t ahead,
                               __m512i acc[16]) {
     __m512i w0[16], w1[16];
@@ -152,8 +164,8 @@ ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
         if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
-        w0[c] = weight_codes(w[c], k);
-        w1[c] = weight_codes(w[c], k + 64);
+        w0[c] = weight_at(U, w[c], k);
+        w1[c] = weight_at(U, w[c], k + 64);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
@@ -165,40 +177,43 @@ ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4
 }
 #endif /* TERNARY_VNNI */
 
-/* A tile of R rows x C = 16 / R columns, 128 codes a step, then 64, the last
- * step masked; columns past `cols` read the first column's weights and are not stored. */
-ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
-                        size_t n, size_t cols) {
+/* A tile of R rows x C = 16 / R columns (U: its weight rows from the block's unpacked ones),
+ * 128 codes a step, then 64, the last step masked; columns past `cols` read the first
+ * column's weights and are not stored. */
+ALWAYS_INLINE void tile(const int R, const int U, const quant_gemm_job *j, const ternary_block *b,
+                        size_t m, size_t n, size_t cols) {
     const int C = 16 / R;
     const size_t K = j->K;
     const uint8_t *x[4], *w[16];
-    const size_t ahead = ternary_tile_rows(R, C, j, b, m, n, cols, x, w);
+    const size_t ahead = ternary_tile_rows(R, C, U, j, b, m, n, cols, x, w);
     __m512i acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_si512();
     size_t k = 0;
 #ifndef TERNARY_VNNI
     /* in pairs of steps (dot_bytes2): one vpmaddwd for two vpmaddubsw */
-    for (; k + 128 <= K; k += 128) tile_step2(R, C, x, w, k, ahead, acc);
+    for (; k + 128 <= K; k += 128) tile_step2(R, C, U, x, w, k, ahead, acc);
 #endif
-    for (; k + 64 <= K; k += 64) tile_step(R, C, x, w, k, ahead, ~0ull, acc);
-    if (k < K) tile_step(R, C, x, w, k, ahead, byte_mask(K - k), acc);
+    for (; k + 64 <= K; k += 64) tile_step(R, C, U, x, w, k, ahead, ~0ull, acc);
+    if (k < K) tile_step(R, C, U, x, w, k, ahead, byte_mask(K - k), acc);
     tile_store(R, C, acc, j, b, m, n, cols);
 }
 
 /* ternary_tile_fn: the tile of `rows` rows. */
 static void tiles(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t rows,
                   size_t n, size_t cols) {
-    if (rows == 4)
-        tile(4, j, b, m, n, cols);
+    if (rows == 4 && b->unpacked)
+        tile(4, 1, j, b, m, n, cols);
+    else if (rows == 4)
+        tile(4, 0, j, b, m, n, cols);
     else if (rows == 2)
-        tile(2, j, b, m, n, cols);
+        tile(2, 0, j, b, m, n, cols);
     else
-        tile(1, j, b, m, n, cols);
+        tile(1, 0, j, b, m, n, cols);
 }
 
 void TERNARY_GEMM(const quant_gemm_job *j, size_t n0, size_t n1) {
-    ternary_gemm_loop(j, n0, n1, 16, sum_codes, tiles);
+    ternary_gemm_loop(j, n0, n1, 16, sum_codes, tiles, unpack_row);
 }
 
 /* ---- the activation quantizer (the avx512 build only; the avx512vnni variant uses it) ------ */
