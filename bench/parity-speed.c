@@ -1614,7 +1614,8 @@ static int measure_memory(const plan *pl, const parity_model *model, memory *mem
 
 static void print_memory(const memory *mem) {
     printf("\nbytes per preset, as the library counts them (parity_model_bytes; quantized codes as "
-           "the model holds them, one a byte today, and their scales as fp32): a decode step reads "
+           "the model holds them, one a byte for E4M3 and E2M1, four a byte for ternary, and their "
+           "scales as fp32): a decode step reads "
            "the linear layers once (codes and scales, or values), the head and the norms once, an "
            "embedding row and the attended KV positions per sequence (the forks' shared prompt "
            "blocks once); held: the weights a model serving the preset alone holds "

@@ -31,6 +31,7 @@
 #include "model/model.h"
 #include "checkpoint/safetensors.h"
 #include "quant/codecs.h"
+#include "quant/quant_weight.h"
 
 #define PATH_LEN 4096
 #define TINY_LEN 48
@@ -978,17 +979,24 @@ static size_t fp8_block_differences(const weight *w, const weight *v, const floa
     return bad;
 }
 
-/* Ternary: the codes and s_w of parity_ternary_quantize, the dequantized values code / s_w. */
+/* Ternary: the codes and s_w of parity_ternary_quantize (held four a byte, quant_weight.h),
+ * the dequantized values code / s_w. */
 static size_t ternary_differences(const weight *w, const weight *v, const float *x, int rule) {
-    const size_t n = (size_t)v->rows * v->cols;
+    const quant_format *f = quant_format_row(PARITY_GEMM_TERNARY);
+    const size_t n = (size_t)v->rows * v->cols, row_bytes = quant_weight_row_bytes(f, v->cols);
     int8_t *codes = malloc(n);
+    uint8_t *held = malloc(v->rows * row_bytes);
     float s_w;
     size_t bad = 0;
     CHECK_OK(parity_ternary_quantize(rule, 0, v->rows, v->cols, x, v->cols, codes, v->cols, &s_w));
-    bad += memcmp(codes, w->shipped->codes, n) != 0;
+    for (size_t r = 0; r < v->rows; r++)
+        quant_codes_pack_row(f, (const uint8_t *)codes + r * v->cols, v->cols,
+                             held + r * row_bytes);
+    bad += memcmp(held, w->shipped->codes, v->rows * row_bytes) != 0;
     bad += f32_bits(s_w) != f32_bits(w->shipped->tensor_scale);
     for (size_t i = 0; i < n; i++) bad += dequantized_differs(w, i, (float)codes[i] / s_w);
     free(codes);
+    free(held);
     return bad;
 }
 
@@ -1450,8 +1458,12 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
      * packed[1] = 0 | 1 << 2 = 4. */
     {
         const int8_t codes[10] = {1, -1, 0, -1, -1, 1, 1, 0, 0, 1};
-        uint8_t packed[4];
-        ternary_pack((const uint8_t *)codes, 5, 2, packed);
+        const quant_format *f = quant_format_row(PARITY_GEMM_TERNARY);
+        uint8_t held[5 * 16], packed[4]; /* five rows of one group, as the model holds them */
+        CHECK(quant_weight_row_bytes(f, 2) == 16);
+        for (int r = 0; r < 5; r++)
+            quant_codes_pack_row(f, (const uint8_t *)codes + 2 * r, 2, held + 16 * r);
+        ternary_pack(held, 5, 2, packed);
         CHECK_INT(packed[0], 18);
         CHECK_INT(packed[2], 9);
         CHECK_INT(packed[1], 40);
@@ -1510,9 +1522,14 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
             const weight *g0 = model_find_tensor(m, GATE0)->dst;
             CHECK_OK(model_weight_values(ma, model_find_tensor(ma, GATE0)->dst));
             CHECK(f32_bits(g->shipped->tensor_scale) == f32_bits(1.0f / mean));
+            const quant_format *f = quant_format_row(PARITY_GEMM_TERNARY);
+            const size_t row_bytes = quant_weight_row_bytes(f, g->cols);
             size_t bad = 0;
-            for (size_t i = 0; i < (size_t)g->rows * g->cols; i++)
-                bad += f32_bits(g->master[i]) != f32_bits((float)(int8_t)g0->shipped->codes[i] * mean);
+            for (size_t i = 0; i < (size_t)g->rows * g->cols; i++) {
+                const uint8_t *held = g0->shipped->codes + i / g->cols * row_bytes;
+                const float code = (float)(int8_t)quant_code_at(f, held, i % g->cols);
+                bad += f32_bits(g->master[i]) != f32_bits(code * mean);
+            }
             CHECK_INT(bad, 0);
             parity_model_free(ma);
         }

@@ -2,7 +2,7 @@
  * (each saved here from the trained checkpoint) holds its linear weights' codes and scales
  * alone, also after scoring under its own format, and parity_model_bytes counts exactly that
  * (within 1.15 x the checkpoint's file bytes for block-FP8, whose codes are a byte each as in
- * the file); the dequantized values appear, once, when a reader asks (a bf16, fp32 or fp16
+ * the file, and for BitNet, whose codes are four a byte as in the file); the dequantized values appear, once, when a reader asks (a bf16, fp32 or fp16
  * scorer, one of another quantized format, one weight's model_weight_values, a save in another
  * layout, a manifest of bf16 entries), and everything read from them is bitwise what a model
  * that made them first reads: log-probs under bf16, fp32, fp16, another format and the
@@ -17,6 +17,8 @@
 
 #include "fixtures.h"
 #include "model/model.h"
+#include "quant/quant_weight.h"
+#include "quant/rules.h"
 
 static const char TEXT[] = "Weights held compressed: codes and scales, the values on demand.";
 #define SEQ_LEN (sizeof TEXT - 1)
@@ -94,9 +96,11 @@ static void count_linear(const parity_model *m, int gemm, size_t *shipped, size_
     }
 }
 
-/* What m holds with its linear weights as codes and scales alone (one code a byte, fp32
- * scales as parity_quant_scale_count grids them under `quantizer`), the other tensors' bf16
- * values as loaded, the vectors also widened; and the elements of the linear weights. */
+/* What m holds with its linear weights as codes and scales alone (the codes as the format
+ * holds them, quant_weight_code_bytes: a byte each for E4M3, four a byte in groups of 64 for
+ * ternary; fp32 scales as parity_quant_scale_count grids them under `quantizer`), the other
+ * tensors' bf16 values as loaded, the vectors also widened; and the elements of the linear
+ * weights. */
 static uint64_t compressed_bytes(const parity_model *m, int quantizer, uint64_t *linear) {
     size_t n;
     const expected *t = model_tensors(m, &n);
@@ -108,7 +112,8 @@ static uint64_t compressed_bytes(const parity_model *m, int quantizer, uint64_t 
         if (!w->rows) continue;
         if (t[i].linear) {
             *linear += count;
-            total += count + 4 * parity_quant_scale_count(quantizer, w->rows, w->cols);
+            total += quant_weight_code_bytes(quant_rule_of(quantizer)->format, w->rows, w->cols) +
+                     4 * parity_quant_scale_count(quantizer, w->rows, w->cols);
         } else {
             total += 2 * count + (w->rows == 1 ? 4 * count : 0);
         }
@@ -193,6 +198,8 @@ static void test_format(const char *root, const format_case *f) {
            (double)served / (double)ckpt);
     /* block-FP8 codes are a byte each, as in the file */
     if (f->gemm == PARITY_GEMM_FP8_BLOCK) CHECK(served <= ckpt * 115 / 100);
+    /* ternary codes four a byte, as in the file (there four rows' codes a byte) */
+    if (f->gemm == PARITY_GEMM_TERNARY) CHECK(served <= ckpt * 115 / 100);
 
     /* then bf16: the values appear, bf16 and fp32 masters; B made them first */
     score(a, "vllm", lp_bf16_a);

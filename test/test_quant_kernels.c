@@ -16,8 +16,10 @@
 #include <math.h>
 
 #include "check.h"
+#include "base/floats.h"
 #include "kernels/kernels.h"
 #include "quant/dot.h"
+#include "quant/quant_weight.h"
 #include "quant/rules.h"
 
 /* ---- random inputs ------------------------------------------------------------------------ */
@@ -158,6 +160,15 @@ static void *alloc_exact(size_t bytes) {
     return p;
 }
 
+/* A weight's N x K codes one a byte (as quantize_weight writes them) packed as format f holds
+ * them (quant_weight.h), in an array of their exact size. */
+static uint8_t *held_codes(const quant_format *f, const uint8_t *codes, size_t N, size_t K) {
+    const size_t row_bytes = quant_weight_row_bytes(f, K);
+    uint8_t *held = alloc_exact(N * row_bytes);
+    for (size_t n = 0; n < N; n++) quant_codes_pack_row(f, codes + n * K, K, held + n * row_bytes);
+    return held;
+}
+
 static const char *const variant_names[QUANT_SIMD_VARIANTS] = {"avx2", "avx512", "avx512vnni"};
 
 /* ---- activation quantizers ---------------------------------------------------------------- */
@@ -224,22 +235,27 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
     fill_rows(f, M, K, x, K, 1);
     /* the weight through the format's portable quantize_weight, from fp32 values */
     const size_t wscales = (size_t)quant_scale_count(f, N, K);
-    uint8_t *wq = alloc_exact(N * K);
+    uint8_t *codes = alloc_exact(N * K);
     float *ws = alloc_exact(wscales * sizeof(float)), wt = 0.0f;
-    f->quantize_weight(r, N, K, w, K, wq, K, ws, &wt);
+    f->quantize_weight(r, N, K, w, K, codes, K, ws, &wt);
     /* E4M3 weights from a checkpoint may hold NaN codes (0x7f, 0xff), which no quantizer of
      * finite values writes: a few, in a third of the GEMMs, so that a weight column's NaN
      * block is compared too */
     if (f->element == QUANT_ELEMENT_E4M3 && rand_u64() % 3 == 0)
         for (size_t i = 0; i < 1 + N * K / 512; i++)
-            wq[rand_u64() % (N * K)] = rand_u64() & 1 ? 0x7f : 0xff;
+            codes[rand_u64() % (N * K)] = rand_u64() & 1 ? 0x7f : 0xff;
+    /* then held as the format holds them (quant_weight.h: E2M1 two a byte, ...) */
+    const size_t row_bytes = quant_weight_row_bytes(f, K);
+    uint8_t *wq = alloc_exact(N * row_bytes);
+    for (size_t n = 0; n < N; n++) quant_codes_pack_row(f, codes + n * K, K, wq + n * row_bytes);
     uint8_t *xq = alloc_exact(M * K);
     float *xs = alloc_exact((M * nb + 1) * sizeof(float)), *xt = alloc_exact(M * sizeof(float));
     f->quantize_rows(r, M, K, x, K, xq, K, xs, xt);
     const size_t ldy = N + 3;
     float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
     for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
-    quant_gemm_job j0 = {M, K, nb, f->block_cols, r, xq, xs, xt, wq, ws, nb, wt, y0, ldy};
+    quant_gemm_job j0 = {M, K, nb, f->block_cols, r, xq, xs, xt, wq, row_bytes, ws, nb, wt,
+                         y0, ldy};
     quant_gemm_job j1 = j0;
     j1.y = y1;
     f->gemm_columns(&j0, 0, N);
@@ -251,8 +267,29 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
     char where[160];
     snprintf(where, sizeof where, "%s gemm %s M=%zu N=%zu K=%zu", r->api_name, variant, M, N, K);
     check_floats("y", where, y0, y1, M * ldy);
+    /* the portable blocked kernel reads packed codes as it reads them one a byte: the same
+     * job on the codes one a byte, under the format as if it held 8 bits a code */
+    if (f->code_bits != 8 && f->gemm_columns == quant_gemm_blocked) {
+        quant_format bytewise = *f;
+        bytewise.code_bits = 8;
+        quant_rule bytewise_rule = *r;
+        bytewise_rule.format = &bytewise;
+        float *y2 = alloc_exact(M * ldy * sizeof(float));
+        for (size_t i = 0; i < M * ldy; i++) y2[i] = -1234.5f;
+        quant_gemm_job j2 = j0;
+        j2.rule = &bytewise_rule;
+        j2.wq = codes;
+        j2.w_row_bytes = K;
+        j2.y = y2;
+        quant_gemm_blocked(&j2, 0, N);
+        snprintf(where, sizeof where, "%s gemm portable packed/bytes M=%zu N=%zu K=%zu",
+                 r->api_name, M, N, K);
+        check_floats("y", where, y2, y0, M * ldy);
+        free(y2);
+    }
     free(w);
     free(x);
+    free(codes);
     free(wq);
     free(ws);
     free(xq);
@@ -264,7 +301,8 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
 
 static int test_gemm(const quant_rule *r, const quant_simd *s, const char *variant) {
     if (!s->gemm_columns) return 0;
-    static const size_t Ks[] = {1, 15, 16, 17, 31, 32, 33, 64, 100, 128, 129, 256, 300, 1024};
+    static const size_t Ks[] = {1,  15,  16,  17,  31,  32,  33,  63,   64,  65,
+                                100, 128, 129, 256, 300, 1024, 1025, 1057};
     static const size_t Ms[] = {1, 2, 3, 4, 5, 8, 16, 17, 33, 70};
     static const size_t Ns[] = {1, 3, 16, 37, 130};
     for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++)
@@ -283,10 +321,13 @@ static int test_gemm(const quant_rule *r, const quant_simd *s, const char *varia
 
 /* Ternary's GEMM on codes written directly, at the ends of their ranges: activation codes
  * all -128 or all 127 (or random), weight codes all 1 or all -1 (or random), so that every
- * partial sum of a tile is as large as it can be; through the portable kernel and `columns`,
- * compared bitwise. */
+ * partial sum of a tile is as large as it can be; the weight codes held four a byte
+ * (quant_weight.h) with random fields in their last group's padding, which no kernel may read
+ * as codes. The portable kernel gives y from D = sum x w of the codes one a byte, summed here
+ * in int64; `columns` gives its bits. */
 static void compare_ternary_codes(const quant_rule *r, quant_gemm_fn *columns,
                                   const char *variant, size_t M, size_t N, size_t K) {
+    const quant_format *f = r->format;
     uint8_t *xq = alloc_exact(M * K), *wq = alloc_exact(N * K);
     float *xt = alloc_exact(M * sizeof(float));
     const int xkind = (int)(rand_u64() % 3), wkind = (int)(rand_u64() % 3);
@@ -295,33 +336,58 @@ static void compare_ternary_codes(const quant_rule *r, quant_gemm_fn *columns,
     for (size_t i = 0; i < N * K; i++)
         wq[i] = wkind == 0 ? 0x01 : wkind == 1 ? 0xff : (uint8_t)(int8_t)(rand_u64() % 3 - 1);
     for (size_t m = 0; m < M; m++) xt[m] = 127.0f / (float)(1 + rand_u64() % 1000);
+    uint8_t *held = held_codes(f, wq, N, K);
+    const size_t row_bytes = quant_weight_row_bytes(f, K);
+    for (size_t n = 0; n < N; n++)
+        for (size_t c = K; c < row_bytes * 4; c++) { /* codes K .. of the last group */
+            uint8_t *b = held + n * row_bytes + c / 64 * 16 + c % 16;
+            const unsigned shift = (unsigned)(c % 64 / 16 * 2);
+            *b = (uint8_t)((*b & ~(3u << shift)) | (unsigned)(rand_u64() & 3) << shift);
+        }
     const size_t ldy = N + 1;
     float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
-    for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
-    quant_gemm_job j0 = {M, K, 0, 0, r, xq, NULL, xt, wq, NULL, 0, 0.37f, y0, ldy};
+    float *want = alloc_exact(M * ldy * sizeof(float));
+    for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = want[i] = -1234.5f;
+    const float s_w = 0.37f;
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < N; n++) {
+            int64_t d = 0;
+            for (size_t k = 0; k < K; k++) d += (int8_t)xq[m * K + k] * (int8_t)wq[n * K + k];
+            want[m * ldy + n] =
+                r->tensor_scale == QUANT_SCALE_BF16
+                    ? round_bf16(round_bf16((float)d) / round_bf16(s_w * xt[m]))
+                    : (float)d / (s_w * xt[m]);
+        }
+    quant_gemm_job j0 = {M, K, 0, 0, r, xq, NULL, xt, held, row_bytes, NULL, 0, s_w, y0, ldy};
     quant_gemm_job j1 = j0;
     j1.y = y1;
-    r->format->gemm_columns(&j0, 0, N);
+    f->gemm_columns(&j0, 0, N);
     columns(&j1, 0, N);
     char where[160];
     snprintf(where, sizeof where, "%s gemm %s codes (x kind %d, w kind %d) M=%zu N=%zu K=%zu",
              r->api_name, variant, xkind, wkind, M, N, K);
+    check_floats("y of the codes one a byte", where, want, y0, M * ldy);
     check_floats("y", where, y0, y1, M * ldy);
     free(xq);
     free(wq);
+    free(held);
     free(xt);
     free(y0);
     free(y1);
+    free(want);
 }
 
 /* Ternary's GEMM where the small shapes do not reach: activation rows past one row block of
- * the SIMD kernels (ternary_simd.h: at most 256 rows, fewer for long K), and extreme codes
- * up to and past TERNARY_MAX_K (2^22, where the SIMD kernels give the rows to the portable
- * kernel). */
+ * the SIMD kernels (ternary_simd.h: at most 256 rows, fewer for long K), weight rows that the
+ * row tiles of 4 read unpacked a column group at a time, a tile's columns at a time (2065
+ * codes on AVX-512) or held (8300 codes on AVX-512; a tile's columns on AVX2), and extreme
+ * codes up to and past TERNARY_MAX_K (2^22, where the SIMD kernels give the rows to the
+ * portable kernel). */
 static void test_ternary_extra(const quant_rule *r, const quant_simd *s, const char *variant) {
     if (!s->gemm_columns) return;
     compare_gemm(r, s->gemm_columns, variant, 300, 21, 64);
     compare_gemm(r, s->gemm_columns, variant, 263, 5, 2048 + 17);
+    compare_gemm(r, s->gemm_columns, variant, 10, 19, 8300);
     for (int rep = 0; rep < 6; rep++)
         compare_ternary_codes(r, s->gemm_columns, variant, 1 + (size_t)(rand_u64() % 6),
                               1 + (size_t)(rand_u64() % 20), 4096 + (size_t)(rand_u64() % 200));

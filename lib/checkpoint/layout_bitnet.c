@@ -15,7 +15,9 @@
  * GEMM output by it, so it is s_w = 1 / mean|W| and W = code / weight_scale; "autobitlinear"
  * (offline AutoBitLinear) multiplies by it, so it is mean|W| and W = code * weight_scale.
  *
- * The model keeps the codes ("shipped") with s_w as the ternary GEMM's multiplier: the stored
+ * The model keeps the codes ("shipped"), repacked at load from four rows' codes a byte into the
+ * layout the ternary GEMM holds (quant_weight.h: four codes of a row a byte, in groups of 64),
+ * with s_w as the ternary GEMM's multiplier: the stored
  * value under bitlinear, RN(1 / weight_scale) under autobitlinear. Every ternary policy reads
  * them as they are (its rule then quantizes the activations only); every other reader sees
  * the dequantized values master = RN_fp32(code / weight_scale) (bitlinear) or RN_fp32(code *
@@ -32,6 +34,8 @@
 #include "base/floats.h"
 #include "layout.h"
 #include "layout_bitnet.h"
+#include "quant/quant_weight.h"
+#include "quant/rules.h"
 
 static uint64_t packed_rows(uint32_t rows) { return ((uint64_t)rows + 3) / 4; }
 
@@ -96,10 +100,15 @@ static int ternary_shipped_import(const tensor_source *codes, const tensor_sourc
                                   shipped_values *out) {
     *out = (shipped_values){0};
     TRY(ternary_shipped_check(codes, scale, slot));
-    const uint64_t n = (uint64_t)slot->rows * slot->cols, pr = packed_rows(slot->rows);
-    out->codes = px_huge_alloc(n, slot->name);
+    const quant_format *f = quant_format_row(PARITY_GEMM_TERNARY);
+    const uint64_t pr = packed_rows(slot->rows);
+    const size_t row_bytes = quant_weight_row_bytes(f, slot->cols);
+    out->codes = px_huge_alloc(quant_weight_code_bytes(f, slot->rows, slot->cols), slot->name);
     out->scales = px_malloc(sizeof(float), "ternary scale");
-    if (!out->codes || !out->scales) {
+    /* a row's codes one a byte, then packed as held */
+    uint8_t *row = px_malloc(slot->cols, "a row of ternary codes");
+    if (!out->codes || !out->scales || !row) {
+        px_free(row);
         shipped_values_free(out);
         return PARITY_ERR_OUT_OF_MEMORY;
     }
@@ -109,9 +118,11 @@ static int ternary_shipped_import(const tensor_source *codes, const tensor_sourc
         const uint64_t byte_row = r % pr, field = r / pr;
         for (uint32_t c = 0; c < slot->cols; c++) {
             const int code = (int)((p[byte_row * slot->cols + c] >> (2 * field)) & 3u) - 1;
-            out->codes[(uint64_t)r * slot->cols + c] = (uint8_t)(int8_t)code;
+            row[c] = (uint8_t)(int8_t)code;
         }
+        quant_codes_pack_row(f, row, slot->cols, out->codes + r * row_bytes);
     }
+    px_free(row);
     out->scales[0] = 0.0f;
     out->tensor_scale = scale_is_mean ? 1.0f / s : s;
     out->value_scale = s;
@@ -120,13 +131,16 @@ static int ternary_shipped_import(const tensor_source *codes, const tensor_sourc
     return PARITY_OK;
 }
 
-void ternary_pack(const uint8_t *codes, uint32_t rows, uint32_t cols, uint8_t *packed) {
+void ternary_pack(const uint8_t *held, uint32_t rows, uint32_t cols, uint8_t *packed) {
+    const quant_format *f = quant_format_row(PARITY_GEMM_TERNARY);
     const uint64_t pr = packed_rows(rows);
+    const size_t row_bytes = quant_weight_row_bytes(f, cols);
     memset(packed, 0, pr * cols);
     for (uint32_t r = 0; r < rows; r++) {
         const uint64_t byte_row = r % pr, field = r / pr;
+        const uint8_t *codes = held + (uint64_t)r * row_bytes;
         for (uint32_t c = 0; c < cols; c++) {
-            const unsigned v = (unsigned)((int8_t)codes[(uint64_t)r * cols + c] + 1);
+            const unsigned v = (unsigned)((int8_t)quant_code_at(f, codes, c) + 1);
             packed[byte_row * cols + c] |= (uint8_t)(v << (2 * field));
         }
     }

@@ -5,7 +5,8 @@
 
 #include <stdint.h>
 
-/* int8 ternary codes [rows][cols] into transformers' pack_weights layout [ceil(rows/4)][cols]. */
-void ternary_pack(const uint8_t *codes, uint32_t rows, uint32_t cols, uint8_t *packed);
+/* A ternary weight's codes as the model holds them ([rows] rows of quant_weight_row_bytes,
+ * quant_weight.h) into transformers' pack_weights layout [ceil(rows/4)][cols]. */
+void ternary_pack(const uint8_t *held, uint32_t rows, uint32_t cols, uint8_t *packed);
 
 #endif

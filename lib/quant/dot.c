@@ -9,7 +9,8 @@
  * is fixed: acc = acc + (d * a_s) * w_s over the blocks, ascending, in fp32 (exact per term
  * for NVFP4: d has at most 12 significant bits, each E4M3 scale 4), then NVFP4's
  * y = RN(acc * RN(s2a * s2w)). Ternary: the integer dot of the int8 and ternary codes, exact in
- * int64; y = RN(D / RN(s_w * s_x)), or its bf16 steps under "hf-bitlinear". This is one C
+ * int64 (its weight codes held four a byte, quant_weight.h, unpacked a block at a time);
+ * y = RN(D / RN(s_w * s_x)), or its bf16 steps under "hf-bitlinear". This is one C
  * implementation that every CPU path runs (the codes and scales are integers and powers of
  * two, not SIMD-specific values). A NaN activation (whose E4M3 code is 0x7f) makes the block's
  * d NaN.
@@ -70,20 +71,59 @@ void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
     }
 }
 
+/* The portable ternary kernel unpacks a weight row's held codes this many at a time (whole
+ * groups of 64) into int8 on its stack, and runs them against this many activation rows at
+ * once, each row's integer sum kept in int64. */
+#define TERNARY_UNPACK_CODES 2048
+#define TERNARY_UNPACK_ROWS 64
+
+/* The int8 codes of `groups` groups of a held ternary weight row into w: the layout of
+ * quant_weight.h (code bits 2), four codes a byte as w + 1 in groups of 64 codes in 16 bytes,
+ * code 64 g + 16 q + i in bits 2 q, 2 q + 1 of byte 16 g + i (a row's last group padded, so
+ * whole groups are there to read). */
+static void ternary_unpack(const uint8_t *held, size_t groups, int8_t *w) {
+    for (size_t g = 0; g < groups; g++, held += 16, w += 64)
+        for (int i = 0; i < 16; i++) {
+            const uint8_t b = held[i];
+            w[i] = (int8_t)((b & 3) - 1);
+            w[16 + i] = (int8_t)((b >> 2 & 3) - 1);
+            w[32 + i] = (int8_t)((b >> 4 & 3) - 1);
+            w[48 + i] = (int8_t)((b >> 6) - 1);
+        }
+}
+
 void quant_gemm_ternary(const quant_gemm_job *j, size_t n0, size_t n1) {
     const int bf16_steps = j->rule->tensor_scale == QUANT_SCALE_BF16;
+    int8_t w[TERNARY_UNPACK_CODES];
+    int64_t d[TERNARY_UNPACK_ROWS];
     for (size_t n = n0; n < n1; n++) {
-        const int8_t *wr = (const int8_t *)(const void *)(j->wq + n * j->K);
-        for (size_t m = 0; m < j->M; m++) {
-            const int8_t *xr = (const int8_t *)(const void *)(j->xq + m * j->K);
-            int64_t d = 0;
-            for (size_t i = 0; i < j->K; i++) d += (int32_t)xr[i] * wr[i];
-            float y;
-            if (bf16_steps)
-                y = round_bf16(round_bf16((float)d) / round_bf16(j->w_tensor_scale * j->xt[m]));
-            else
-                y = (float)d / (j->w_tensor_scale * j->xt[m]);
-            j->y[m * j->ldy + n] = y;
+        const uint8_t *held = j->wq + n * j->w_row_bytes;
+        for (size_t m0 = 0; m0 < j->M; m0 += TERNARY_UNPACK_ROWS) {
+            const size_t rows = j->M - m0 < TERNARY_UNPACK_ROWS ? j->M - m0 : TERNARY_UNPACK_ROWS;
+            for (size_t r = 0; r < rows; r++) d[r] = 0;
+            for (size_t k0 = 0; k0 < j->K; k0 += TERNARY_UNPACK_CODES) {
+                const size_t len =
+                    j->K - k0 < TERNARY_UNPACK_CODES ? j->K - k0 : TERNARY_UNPACK_CODES;
+                ternary_unpack(held + k0 / 4, (len + 63) / 64, w);
+                for (size_t r = 0; r < rows; r++) {
+                    const int8_t *xr =
+                        (const int8_t *)(const void *)(j->xq + (m0 + r) * j->K + k0);
+                    /* at most 2048 products of magnitude at most 128: exact in int32 */
+                    int32_t s = 0;
+                    for (size_t i = 0; i < len; i++) s += (int32_t)xr[i] * w[i];
+                    d[r] += s;
+                }
+            }
+            for (size_t r = 0; r < rows; r++) {
+                const size_t m = m0 + r;
+                float y;
+                if (bf16_steps)
+                    y = round_bf16(round_bf16((float)d[r]) /
+                                   round_bf16(j->w_tensor_scale * j->xt[m]));
+                else
+                    y = (float)d[r] / (j->w_tensor_scale * j->xt[m]);
+                j->y[m * j->ldy + n] = y;
+            }
         }
     }
 }

@@ -34,7 +34,7 @@ static const quant_format formats[] = {
     FORMAT(PARITY_GEMM_MXFP8, "mxfp8", E4M3, 8, 1, 32, E8M0, 0, 128, fp8, blocked, FP8_SIMD),
     FORMAT(PARITY_GEMM_NVFP4, "nvfp4", E2M1, 8, 1, 16, E4M3, 1, 0, nvfp4, blocked, NVFP4_SIMD),
     FORMAT(PARITY_GEMM_MXFP4, "mxfp4", E2M1, 8, 1, 32, E8M0, 0, 0, mxfp4, blocked, MXFP4_SIMD),
-    FORMAT(PARITY_GEMM_TERNARY, "ternary", TERNARY, 8, 0, 0, NONE, 1, 0, ternary, ternary,
+    FORMAT(PARITY_GEMM_TERNARY, "ternary", TERNARY, 2, 0, 0, NONE, 1, 0, ternary, ternary,
            TERNARY_SIMD),
 };
 #define N_FORMATS (sizeof formats / sizeof formats[0])

@@ -5,12 +5,15 @@
  * zmm, and its opening comment says why each step gives the portable bits.
  *
  * The GEMM (ternary_simd.h has the loop): a tile of R activation rows x 8 / R weight rows
- * (4 x 2, 2 x 4, 1 x 8) keeps one ymm of int32 sums per output, 32 codes a step: vpmaddubsw
- * of the weight codes as w + 1 in {0, 1, 2} (unsigned) and the activation codes (signed),
+ * (4 x 2, 2 x 4, 1 x 8) keeps one ymm of int32 sums per output, 64 codes a step in two halves:
+ * vpmaddubsw of the weight codes as held, w + 1 in {0, 1, 2} (unsigned; a group's 16 bytes
+ * broadcast to both 128-bit lanes, shifted right by 0 and 2 bits for the first half, 4 and 6
+ * for the second, masked to their bytes' low two bits), and the activation codes (signed),
  * pairs at most 2 * 2 * 128 in int16, then vpmaddwd by ones into int32; the row's sum of codes
- * subtracted at the end leaves D, exact in int32. A row's last K mod 32 codes are summed in
- * scalar int32. The 8 sums of a tile are folded into one ymm for the last steps, as
- * the portable kernel's fp32 (bf16 under hf-bitlinear) operations on 8 lanes.
+ * subtracted at the end leaves D, exact in int32. A row's last K mod 64 codes are one more
+ * step, their activation codes copied into zeros. The 8 sums of a tile are folded into one
+ * ymm for the last steps, as the portable kernel's fp32 (bf16 under hf-bitlinear) operations
+ * on 8 lanes.
  *
  * The quantizer: per row, max |x| (of round_bf16(x) under hf-bitlinear, a NaN passed over),
  * the scale in scalar fp32 as ternary.c writes it, then 8 codes a step: rounded (to even, or
@@ -25,11 +28,41 @@
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */
 
-/* The 32 weight codes of a row from k, as w + 1 in {0, 1, 2}: the one place that reads the
- * weight's layout (one int8 code a byte, row-major; the tile's scalar tail reads them too). */
-ALWAYS_INLINE __m256i weight_codes(const uint8_t *row, size_t k) {
-    return _mm256_add_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(row + k)),
-                           _mm256_set1_epi8(1));
+/* The 64 weight codes k .. k + 63 of a held row (k a multiple of 64) as w + 1 in {0, 1, 2},
+ * the first 32 into lo, the others into hi: the one place that reads the weight's layout
+ * (quant_weight.h: group k / 64 in 16 bytes, code 16 q + i in bits 2 q, 2 q + 1 of byte i). In
+ * a row's last group the fields past K are read too; the activation codes there are 0. */
+ALWAYS_INLINE void weight_codes(const uint8_t *row, size_t k, __m256i *lo, __m256i *hi) {
+    const __m256i group = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(const void *)(row + k / 4)));
+    const __m256i low_bits = _mm256_set1_epi8(3);
+    /* shifted by 0 and 2, then by 4 more (one shift count vector: the tiles are short of
+     * registers) */
+    const __m256i first = _mm256_srlv_epi64(group, _mm256_setr_epi64x(0, 0, 2, 2));
+    *lo = _mm256_and_si256(first, low_bits);
+    *hi = _mm256_and_si256(_mm256_srli_epi64(first, 4), low_bits);
+}
+
+/* The 64 weight codes k .. k + 63 of a weight row as w + 1 into lo and hi: held
+ * (weight_codes) or, where `unpacked`, one a byte. */
+ALWAYS_INLINE void weight_at(const int unpacked, const uint8_t *row, size_t k, __m256i *lo,
+                             __m256i *hi) {
+    if (unpacked) {
+        *lo = _mm256_loadu_si256((const __m256i *)(const void *)(row + k));
+        *hi = _mm256_loadu_si256((const __m256i *)(const void *)(row + k + 32));
+    } else {
+        weight_codes(row, k, lo, hi);
+    }
+}
+
+/* ternary_unpack_fn: a held row's codes one a byte as w + 1, 64 at a time. */
+static void unpack_row(const uint8_t *held, size_t K, uint8_t *bytes) {
+    for (size_t k = 0; k < K; k += 64) {
+        __m256i lo, hi;
+        weight_codes(held, k, &lo, &hi);
+        _mm256_storeu_si256((__m256i *)(void *)(bytes + k), lo);
+        _mm256_storeu_si256((__m256i *)(void *)(bytes + k + 32), hi);
+    }
 }
 
 /* acc + the sums of the products u s (u unsigned bytes, s signed) four by four into int32. */
@@ -75,20 +108,16 @@ ALWAYS_INLINE __m256i fold8(const __m256i a[8]) {
                             _mm256_permute2x128_si256(q0, q1, 0x31));
 }
 
-/* The tile's last steps (ternary_avx512.c's tile_store on 8 lanes), its sums those of acc
- * plus rest. */
+/* The tile's last steps (ternary_avx512.c's tile_store on 8 lanes). */
 ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
-                              const int32_t rest[8], const quant_gemm_job *j,
-                              const ternary_block *b, size_t m,
+                              const quant_gemm_job *j, const ternary_block *b, size_t m,
                               size_t n, size_t cols) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i row = _mm256_srli_epi32(lane, C == 8 ? 3 : C == 4 ? 2 : 1);
     const __m256i sum_x = _mm256_permutevar8x32_epi32(
         _mm256_loadu_si256((const __m256i *)(const void *)(b->sum_x + m)), row);
     const __m256 divisor = _mm256_permutevar8x32_ps(_mm256_loadu_ps(b->divisor + m), row);
-    const __m256i sums =
-        _mm256_add_epi32(fold8(acc), _mm256_loadu_si256((const __m256i *)(const void *)rest));
-    const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums, sum_x));
+    const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(fold8(acc), sum_x));
     const __m256 y = b->bf16_steps ? round_bf16_8(_mm256_div_ps(round_bf16_8(d), divisor))
                                    : _mm256_div_ps(d, divisor);
     for (int i = 0; i < R; i++) {
@@ -98,67 +127,71 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m256i acc[8],
     }
 }
 
-/* A tile of R rows x C = 8 / R columns, 64 codes a step, then 32, the last K mod 32 in scalar
- * int32; columns past `cols` read the first column's weights and are not stored. */
-ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
-                        size_t n, size_t cols) {
+/* The 64 codes from k of the tile's R activation rows (at x[r] + xk) and C weight rows (U:
+ * unpacked) into its sums; once a line of held weight codes (256 codes), where `ahead`, the
+ * weight rows' lines `ahead` bytes past the codes read asked into L1. */
+ALWAYS_INLINE void tile_step(const int R, const int C, const int U, const uint8_t *const x[4],
+                             size_t xk,
+                             const uint8_t *const w[8], size_t k, size_t ahead, __m256i acc[8]) {
+    __m256i w0[8], w1[8];
+    const int fetch = ahead && k % 256 == 0;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
+        weight_at(U, w[c], k, &w0[c], &w1[c]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x[r] + xk));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x[r] + xk + 32));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            acc[r * C + c] = dot_bytes2(acc[r * C + c], w0[c], x0, w1[c], x1);
+    }
+}
+
+/* A tile of R rows x C = 8 / R columns (U: its weight rows from the block's unpacked ones),
+ * 64 codes a step; the last K mod 64 codes one more step, the activation rows' codes copied
+ * into zeros; columns past `cols` read the first column's weights and are not stored. */
+ALWAYS_INLINE void tile(const int R, const int U, const quant_gemm_job *j, const ternary_block *b,
+                        size_t m, size_t n, size_t cols) {
     const int C = 8 / R;
     const size_t K = j->K;
     const uint8_t *x[4], *w[8];
-    const size_t ahead = ternary_tile_rows(R, C, j, b, m, n, cols, x, w);
+    const size_t ahead = ternary_tile_rows(R, C, U, j, b, m, n, cols, x, w);
     __m256i acc[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
     size_t k = 0;
-    for (; k + 64 <= K; k += 64) { /* in pairs of steps (dot_bytes2) */
-        __m256i w0[8], w1[8];
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            _mm_prefetch((const char *)(w[c] + k + ahead), _MM_HINT_T0);
-            w0[c] = weight_codes(w[c], k);
-            w1[c] = weight_codes(w[c], k + 32);
-        }
-#pragma GCC unroll 4
+    for (; k + 64 <= K; k += 64) tile_step(R, C, U, x, k, w, k, ahead, acc);
+    if (k < K) {
+        uint8_t tail[4][64];
+        const uint8_t *tails[4];
         for (int r = 0; r < R; r++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x[r] + k));
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x[r] + k + 32));
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++)
-                acc[r * C + c] = dot_bytes2(acc[r * C + c], w0[c], x0, w1[c], x1);
+            memset(tail[r], 0, sizeof tail[r]);
+            memcpy(tail[r], x[r] + k, K - k);
+            tails[r] = tail[r];
         }
+        tile_step(R, C, U, tails, 0, w, k, ahead, acc);
     }
-    for (; k + 32 <= K; k += 32) {
-        __m256i wk[8];
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) wk[c] = weight_codes(w[c], k);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const __m256i xk = _mm256_loadu_si256((const __m256i *)(const void *)(x[r] + k));
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++) acc[r * C + c] = dot_bytes(acc[r * C + c], wk[c], xk);
-        }
-    }
-    int32_t rest[8] = {0};
-    for (; k < K; k++)
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++)
-                rest[r * C + c] += (int32_t)(int8_t)x[r][k] * ((int32_t)(int8_t)w[c][k] + 1);
-    tile_store(R, C, acc, rest, j, b, m, n, cols);
+    tile_store(R, C, acc, j, b, m, n, cols);
 }
 
 /* ternary_tile_fn: the tile of `rows` rows. */
 static void tiles(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t rows,
                   size_t n, size_t cols) {
-    if (rows == 4)
-        tile(4, j, b, m, n, cols);
+    if (rows == 4 && b->unpacked)
+        tile(4, 1, j, b, m, n, cols);
+    else if (rows == 4)
+        tile(4, 0, j, b, m, n, cols);
     else if (rows == 2)
-        tile(2, j, b, m, n, cols);
+        tile(2, 0, j, b, m, n, cols);
     else
-        tile(1, j, b, m, n, cols);
+        tile(1, 0, j, b, m, n, cols);
 }
 
 void ternary_gemm_avx2(const quant_gemm_job *j, size_t n0, size_t n1) {
-    ternary_gemm_loop(j, n0, n1, 8, sum_codes, tiles);
+    ternary_gemm_loop(j, n0, n1, 8, sum_codes, tiles, unpack_row);
 }
 
 /* ---- the activation quantizer -------------------------------------------------------------- */

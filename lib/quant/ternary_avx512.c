@@ -7,7 +7,9 @@
  *
  * The GEMM (ternary_simd.h has the loop): a tile of R activation rows x 16 / R weight rows
  * (4 x 4, 2 x 8, 1 x 16) keeps one zmm of int32 sums per output, 64 codes a step: the weight
- * codes w as w + 1 in {0, 1, 2} (unsigned), the activation codes x as they are (signed), so
+ * codes w as held, w + 1 in {0, 1, 2} (unsigned; a group's 16 bytes broadcast to the four
+ * 128-bit lanes, lane q shifted right by 2 q bits and masked to its bytes' low two bits gives
+ * codes 16 q .. 16 q + 15), the activation codes x as they are (signed), so
  * one vpdpbusd (VNNI), or vpmaddubsw (pairs: at most 2 * 2 * 128, far inside int16) then
  * vpmaddwd by ones, adds four or two products (w + 1) x to each int32 lane; the sum of the
  * row's x, subtracted at the end, leaves D = sum w x. Every sum is of integers and exact in
@@ -40,12 +42,26 @@
 /* The mask of the first n of 64 bytes (n <= 64). */
 static inline __mmask64 byte_mask(size_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
 
-/* The 64 weight codes of a row from k (masked: the first `m` of them), as w + 1 in {0, 1, 2}:
- * the one place that reads the weight's layout (one int8 code a byte, row-major). */
-ALWAYS_INLINE __m512i weight_codes(const uint8_t *row, size_t k, __mmask64 m) {
-    const __m512i w =
-        m == ~0ull ? _mm512_loadu_si512(row + k) : _mm512_maskz_loadu_epi8(m, row + k);
-    return _mm512_add_epi8(w, _mm512_set1_epi8(1));
+/* The 64 weight codes k .. k + 63 of a held row (k a multiple of 64), as w + 1 in {0, 1, 2}:
+ * the one place that reads the weight's layout (quant_weight.h: group k / 64 in 16 bytes, code
+ * 16 q + i in bits 2 q, 2 q + 1 of byte i). In a row's last group the fields past K are read
+ * too; the activation codes there are 0. */
+ALWAYS_INLINE __m512i weight_codes(const uint8_t *row, size_t k) {
+    const __m128i group = _mm_loadu_si128((const __m128i *)(const void *)(row + k / 4));
+    const __m512i quarters =
+        _mm512_srlv_epi64(_mm512_broadcast_i32x4(group), _mm512_setr_epi64(0, 0, 2, 2, 4, 4, 6, 6));
+    return _mm512_and_si512(quarters, _mm512_set1_epi8(3));
+}
+
+/* The 64 weight codes k .. k + 63 of a weight row as w + 1: held (weight_codes) or, where
+ * `unpacked`, one a byte. */
+ALWAYS_INLINE __m512i weight_at(const int unpacked, const uint8_t *row, size_t k) {
+    return unpacked ? _mm512_loadu_si512(row + k) : weight_codes(row, k);
+}
+
+/* ternary_unpack_fn: a held row's codes one a byte as w + 1, 64 at a time. */
+static void unpack_row(const uint8_t *held, size_t K, uint8_t *bytes) {
+    for (size_t k = 0; k < K; k += 64) _mm512_storeu_si512(bytes + k, weight_codes(held, k));
 }
 
 /* acc + the sums of the products u s (u unsigned bytes, s signed) four by four into int32. */
@@ -106,16 +122,19 @@ ALWAYS_INLINE void tile_store(const int R, const int C, const __m512i acc[16],
     }
 }
 
-/* The 64 codes from k (the first `mask` of them) of the tile's R rows and C weight rows into
- * its sums; the weight rows' line `ahead` bytes on asked into L1. */
-ALWAYS_INLINE void tile_step(const int R, const int C, const uint8_t *const x[4],
+/* The 64 codes from k of the tile's R rows (the first `mask` of them, the others read as 0)
+ * and C weight rows (U: unpacked) into its sums; once a line of held weight codes (256
+ * codes), where `ahead`, the weight rows' lines `ahead` bytes past the codes read asked into
+ * L1. */
+ALWAYS_INLINE void tile_step(const int R, const int C, const int U, const uint8_t *const x[4],
                              const uint8_t *const w[16], size_t k, size_t ahead, __mmask64 mask,
                              __m512i acc[16]) {
     __m512i wk[16];
+    const int fetch = ahead && k % 256 == 0;
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
-        _mm_prefetch((const char *)(w[c] + k + ahead), _MM_HINT_T0);
-        wk[c] = weight_codes(w[c], k, mask);
+        if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
+        wk[c] = weight_at(U, w[c], k);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
@@ -137,16 +156,16 @@ ALWAYS_INLINE __m512i dot_bytes2(__m512i acc, __m512i u0, __m512i s0, __m512i u1
 }
 
 /* tile_step over the 128 codes from k, two steps at once (dot_bytes2). */
-ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4],
+ALWAYS_INLINE void tile_step2(const int R, const int C, const int U, const uint8_t *const x[4],
                               const uint8_t *const w[16], size_t k, size_t ahead,
                               __m512i acc[16]) {
     __m512i w0[16], w1[16];
+    const int fetch = ahead && k % 256 == 0;
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
-        _mm_prefetch((const char *)(w[c] + k + ahead), _MM_HINT_T0);
-        _mm_prefetch((const char *)(w[c] + k + 64 + ahead), _MM_HINT_T0);
-        w0[c] = weight_codes(w[c], k, ~0ull);
-        w1[c] = weight_codes(w[c], k + 64, ~0ull);
+        if (fetch) _mm_prefetch((const char *)(w[c] + k / 4 + ahead), _MM_HINT_T0);
+        w0[c] = weight_at(U, w[c], k);
+        w1[c] = weight_at(U, w[c], k + 64);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
@@ -158,40 +177,43 @@ ALWAYS_INLINE void tile_step2(const int R, const int C, const uint8_t *const x[4
 }
 #endif /* TERNARY_VNNI */
 
-/* A tile of R rows x C = 16 / R columns, 128 codes a step, then 64, the last
- * step masked; columns past `cols` read the first column's weights and are not stored. */
-ALWAYS_INLINE void tile(const int R, const quant_gemm_job *j, const ternary_block *b, size_t m,
-                        size_t n, size_t cols) {
+/* A tile of R rows x C = 16 / R columns (U: its weight rows from the block's unpacked ones),
+ * 128 codes a step, then 64, the last step masked; columns past `cols` read the first
+ * column's weights and are not stored. */
+ALWAYS_INLINE void tile(const int R, const int U, const quant_gemm_job *j, const ternary_block *b,
+                        size_t m, size_t n, size_t cols) {
     const int C = 16 / R;
     const size_t K = j->K;
     const uint8_t *x[4], *w[16];
-    const size_t ahead = ternary_tile_rows(R, C, j, b, m, n, cols, x, w);
+    const size_t ahead = ternary_tile_rows(R, C, U, j, b, m, n, cols, x, w);
     __m512i acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_si512();
     size_t k = 0;
 #ifndef TERNARY_VNNI
     /* in pairs of steps (dot_bytes2): one vpmaddwd for two vpmaddubsw */
-    for (; k + 128 <= K; k += 128) tile_step2(R, C, x, w, k, ahead, acc);
+    for (; k + 128 <= K; k += 128) tile_step2(R, C, U, x, w, k, ahead, acc);
 #endif
-    for (; k + 64 <= K; k += 64) tile_step(R, C, x, w, k, ahead, ~0ull, acc);
-    if (k < K) tile_step(R, C, x, w, k, ahead, byte_mask(K - k), acc);
+    for (; k + 64 <= K; k += 64) tile_step(R, C, U, x, w, k, ahead, ~0ull, acc);
+    if (k < K) tile_step(R, C, U, x, w, k, ahead, byte_mask(K - k), acc);
     tile_store(R, C, acc, j, b, m, n, cols);
 }
 
 /* ternary_tile_fn: the tile of `rows` rows. */
 static void tiles(const quant_gemm_job *j, const ternary_block *b, size_t m, size_t rows,
                   size_t n, size_t cols) {
-    if (rows == 4)
-        tile(4, j, b, m, n, cols);
+    if (rows == 4 && b->unpacked)
+        tile(4, 1, j, b, m, n, cols);
+    else if (rows == 4)
+        tile(4, 0, j, b, m, n, cols);
     else if (rows == 2)
-        tile(2, j, b, m, n, cols);
+        tile(2, 0, j, b, m, n, cols);
     else
-        tile(1, j, b, m, n, cols);
+        tile(1, 0, j, b, m, n, cols);
 }
 
 void TERNARY_GEMM(const quant_gemm_job *j, size_t n0, size_t n1) {
-    ternary_gemm_loop(j, n0, n1, 16, sum_codes, tiles);
+    ternary_gemm_loop(j, n0, n1, 16, sum_codes, tiles, unpack_row);
 }
 
 /* ---- the activation quantizer (the avx512 build only; the avx512vnni variant uses it) ------ */

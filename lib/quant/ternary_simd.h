@@ -7,8 +7,14 @@
  * The loop: activation rows in blocks whose codes stay in L2 (TERNARY_BLOCK_BYTES); per block,
  * each row's sum of codes and its divisor (s_w s_x, rounded to bf16 under hf-bitlinear); then
  * the columns in groups of one vector's lanes (16 on AVX-512, 8 on AVX2), each group's weight
- * rows streamed once per tile of rows against 4, 2 or 1 activation rows: a tile of R rows x
+ * rows (their codes held four a byte, quant_weight.h: a group of 64 in 16 bytes, each field
+ * w + 1) streamed once per tile of rows against 4, 2 or 1 activation rows: a tile of R rows x
  * lanes / R columns ends in one vector of outputs, lane i C + j the output of row i, column j.
+ * Where a block has two row tiles of 4 or more (prefill), the weight rows of its tiles of 4
+ * are unpacked once, one code a byte, into a buffer on the stack that those tiles read, rather
+ * than each unpacking them again (TERNARY_UNPACKED_BYTES): a column group's rows at once
+ * where they fit, else a tile's columns at a time, with every row tile of 4 of the block run
+ * on them before the next columns.
  * A tile's integer sums are exact in int32 (TERNARY_MAX_K below says why), so the
  * order of their terms is free; the last steps are the portable kernel's fp32 (or bf16)
  * operations, lane for lane.
@@ -30,6 +36,8 @@
  * magnitude, and subtract the row's sum of x: exact in int32 while K <= 2^22. Longer rows go
  * to the portable kernel, which sums in int64. */
 #define TERNARY_MAX_K ((size_t)1 << 22)
+/* The bytes on the stack for the unpacked weight rows of the row tiles of 4. */
+#define TERNARY_UNPACKED_BYTES ((size_t)32 * 1024)
 /* At most this many activation rows per block, and about this many bytes of their codes. */
 #define TERNARY_BLOCK_ROWS 256
 #define TERNARY_BLOCK_BYTES ((size_t)256 * 1024)
@@ -40,6 +48,10 @@
 typedef struct ternary_block {
     size_t m0, rows;
     int bf16_steps;
+    /* NULL, or the weight rows from column unpacked_n on for the tiles of 4 rows, unpacked one
+     * code a byte as w + 1, unpacked_stride bytes apart (K rounded up to 64) */
+    const uint8_t *unpacked;
+    size_t unpacked_n, unpacked_stride;
     int32_t sum_x[TERNARY_BLOCK_ROWS + 16];
     float divisor[TERNARY_BLOCK_ROWS + 16];
 } ternary_block;
@@ -47,28 +59,39 @@ typedef struct ternary_block {
 /* An ISA's sum of the K codes of one activation row. */
 typedef int32_t ternary_sum_fn(const uint8_t *x, size_t K);
 /* An ISA's tile: the block's rows m .. m + rows - 1 (rows 4, 2 or 1) against the weight rows
- * n .. n + cols - 1 (cols at most lanes / rows), stored into the job's y. */
+ * n .. n + cols - 1 (cols at most lanes / rows; from b->unpacked where it is set), stored into
+ * the job's y. */
 typedef void ternary_tile_fn(const quant_gemm_job *j, const ternary_block *b, size_t m,
                              size_t rows, size_t n, size_t cols);
+/* An ISA's unpacking of a held weight row's codes (quant_weight.h), whole groups of 64, into
+ * bytes w + 1 (K rounded up to 64 of them). */
+typedef void ternary_unpack_fn(const uint8_t *held, size_t K, uint8_t *bytes);
 
 /* A tile's code rows: the activation rows m .. m + R - 1 of block b into x, the weight rows
- * n .. n + C - 1 into w, those past `cols` the first one again (read, not stored). Returns how
- * far ahead of its weight reads the tile asks for lines: the first row tile of a block reads
- * the weight rows from memory, so it asks for those of the column group after next (R C rows
- * a group); the others read them from cache (0: the line being read). */
-ALWAYS_INLINE size_t ternary_tile_rows(const int R, const int C, const quant_gemm_job *j,
-                                       const ternary_block *b, size_t m, size_t n, size_t cols,
-                                       const uint8_t **x, const uint8_t **w) {
+ * n .. n + C - 1 into w (held, or where U the block's unpacked ones), those past `cols` the
+ * first one again (read, not stored). Returns how far ahead of its weight reads the tile asks
+ * for lines: the first row tile of a block reads the held weight rows from memory, so it asks
+ * for those of the column group after next (R C rows a group); the others read them from
+ * cache (0: none asked for). */
+ALWAYS_INLINE size_t ternary_tile_rows(const int R, const int C, const int U,
+                                       const quant_gemm_job *j, const ternary_block *b, size_t m,
+                                       size_t n, size_t cols, const uint8_t **x,
+                                       const uint8_t **w) {
     for (int r = 0; r < R; r++) x[r] = j->xq + (b->m0 + m + (size_t)r) * j->K;
-    for (int c = 0; c < C; c++) w[c] = j->wq + (n + ((size_t)c < cols ? (size_t)c : 0)) * j->K;
-    return m == 0 ? 2 * (size_t)(R * C) * j->K : 0;
+    for (int c = 0; c < C; c++) {
+        const size_t at = n + ((size_t)c < cols ? (size_t)c : 0);
+        w[c] = U ? b->unpacked + (at - b->unpacked_n) * b->unpacked_stride
+                 : j->wq + at * j->w_row_bytes;
+    }
+    return m == 0 && !U ? 2 * (size_t)(R * C) * j->w_row_bytes : 0;
 }
 
 /* The GEMM's columns [n0, n1) through an ISA's tiles of 4, 2 and 1 rows (`lanes` outputs
- * each). */
+ * each), the weight rows of the tiles of 4 unpacked first where two tiles or more share
+ * them. */
 ALWAYS_INLINE void ternary_gemm_loop(const quant_gemm_job *j, size_t n0, size_t n1,
                                      const size_t lanes, ternary_sum_fn *sum_codes,
-                                     ternary_tile_fn *tile) {
+                                     ternary_tile_fn *tile, ternary_unpack_fn *unpack) {
     if (j->K > TERNARY_MAX_K) {
         quant_gemm_ternary(j, n0, n1);
         return;
@@ -76,8 +99,11 @@ ALWAYS_INLINE void ternary_gemm_loop(const quant_gemm_job *j, size_t n0, size_t 
     size_t block_rows = TERNARY_BLOCK_BYTES / j->K / 4 * 4;
     if (block_rows < 4) block_rows = 4;
     if (block_rows > TERNARY_BLOCK_ROWS) block_rows = TERNARY_BLOCK_ROWS;
+    _Alignas(64) uint8_t unpacked[TERNARY_UNPACKED_BYTES];
     ternary_block b;
     b.bf16_steps = j->rule->tensor_scale == QUANT_SCALE_BF16;
+    b.unpacked_stride = (j->K + 63) / 64 * 64;
+    const size_t tile_cols4 = lanes / 4; /* a tile of 4 rows' columns */
     for (b.m0 = 0; b.m0 < j->M; b.m0 += block_rows) {
         b.rows = j->M - b.m0 < block_rows ? j->M - b.m0 : block_rows;
         memset(b.sum_x + b.rows, 0, 16 * sizeof b.sum_x[0]);
@@ -89,11 +115,31 @@ ALWAYS_INLINE void ternary_gemm_loop(const quant_gemm_job *j, size_t n0, size_t 
             const float divisor = j->w_tensor_scale * j->xt[m];
             b.divisor[i] = b.bf16_steps ? round_bf16(divisor) : divisor;
         }
+        const size_t rows4 = b.rows / 4 * 4; /* the rows in tiles of 4 */
         for (size_t n = n0; n < n1; n += lanes) {
             const size_t cols = n1 - n < lanes ? n1 - n : lanes;
-            for (size_t m = 0; m < b.rows;) {
-                const size_t left = b.rows - m, rows = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-                const size_t tile_cols = lanes / rows;
+            /* the columns unpacked at once: the group's, a tile's, or none (0) */
+            const size_t fit = rows4 < 8 ? 0
+                               : cols * b.unpacked_stride <= sizeof unpacked       ? cols
+                               : tile_cols4 * b.unpacked_stride <= sizeof unpacked ? tile_cols4
+                                                                                   : 0;
+            for (size_t c0 = 0; c0 < cols; c0 += fit ? fit : cols) {
+                const size_t c1 = fit && c0 + fit < cols ? c0 + fit : cols;
+                b.unpacked = NULL;
+                if (fit) {
+                    for (size_t c = c0; c < c1; c++)
+                        unpack(j->wq + (n + c) * j->w_row_bytes, j->K,
+                               unpacked + (c - c0) * b.unpacked_stride);
+                    b.unpacked = unpacked;
+                    b.unpacked_n = n + c0;
+                }
+                for (size_t m = 0; m < rows4; m += 4)
+                    for (size_t c = c0; c < c1; c += tile_cols4)
+                        tile(j, &b, m, 4, n + c, c1 - c < tile_cols4 ? c1 - c : tile_cols4);
+            }
+            b.unpacked = NULL;
+            for (size_t m = rows4; m < b.rows;) {
+                const size_t rows = b.rows - m >= 2 ? 2 : 1, tile_cols = lanes / rows;
                 for (size_t c = 0; c < cols; c += tile_cols)
                     tile(j, &b, m, rows, n + c, cols - c < tile_cols ? cols - c : tile_cols);
                 m += rows;
