@@ -41,14 +41,23 @@ static shape shape_of(const parity_config *c) {
     return s;
 }
 
-/* The codes (one a byte, as the library holds them) and fp32 scales of every layer linear
- * under a quantizer. */
-static uint64_t quantized_linear_bytes(const parity_config *c, int quantizer) {
+/* The bytes of a rows x cols weight's codes under gemm format `gemm` as the library holds
+ * them (parity_weight_bytes): E2M1 (NVFP4, MXFP4) two a byte, a row's odd last code in a byte
+ * of its own; the others one a byte. */
+static uint64_t held_code_bytes(uint32_t gemm, uint64_t rows, uint64_t cols) {
+    if (gemm == PARITY_GEMM_NVFP4 || gemm == PARITY_GEMM_MXFP4) return rows * ((cols + 1) / 2);
+    return rows * cols;
+}
+
+/* The codes as the library holds them and the fp32 scales of every layer linear under a
+ * quantizer of gemm format `gemm`. */
+static uint64_t quantized_linear_bytes(const parity_config *c, uint32_t gemm, int quantizer) {
     uint64_t bytes = 0;
     for (int j = 0; j < 7; j++) {
         uint64_t rows, cols;
         linear_dims(c, j, &rows, &cols);
-        bytes += rows * cols + 4 * parity_quant_scale_count(quantizer, rows, cols);
+        bytes += held_code_bytes(gemm, rows, cols) +
+                 4 * parity_quant_scale_count(quantizer, rows, cols);
     }
     return bytes * c->num_hidden_layers;
 }
@@ -97,7 +106,7 @@ static void test_synthetic(void) {
     for (size_t i = 0; i < sizeof quantized / sizeof *quantized; i++) {
         parity_policy p;
         CHECK_OK(parity_policy_from_name(quantized[i], &p));
-        const uint64_t codes = quantized_linear_bytes(c, p.quantizer);
+        const uint64_t codes = quantized_linear_bytes(c, p.gemm, p.quantizer);
         const parity_weight_bytes before = query(m, quantized[i], PARITY_BACKEND_BF16);
         CHECK_INT(before.step_linear, codes);
         CHECK_INT(before.step_head, 2 * s.head);
@@ -144,7 +153,7 @@ static void test_shipped(void) {
     const shape s = shape_of(c);
     /* the codes one a byte, and one fp32 tensor scale each */
     const uint64_t codes = s.linear + 4ull * 7 * c->num_hidden_layers;
-    CHECK_INT(quantized_linear_bytes(c, PARITY_QUANT_TERNARY_BITNET), codes);
+    CHECK_INT(quantized_linear_bytes(c, PARITY_GEMM_TERNARY, PARITY_QUANT_TERNARY_BITNET), codes);
     /* the loader keeps the codes alone: bf16 values of the other matrices and the vectors,
      * the vectors widened, the codes */
     const uint64_t loaded = 2 * (s.matrices - s.linear + s.vectors) + 4 * s.vectors + codes;

@@ -18,6 +18,7 @@
 #include "check.h"
 #include "kernels/kernels.h"
 #include "quant/dot.h"
+#include "quant/quant_weight.h"
 #include "quant/rules.h"
 
 /* ---- random inputs ------------------------------------------------------------------------ */
@@ -224,22 +225,27 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
     fill_rows(f, M, K, x, K, 1);
     /* the weight through the format's portable quantize_weight, from fp32 values */
     const size_t wscales = (size_t)quant_scale_count(f, N, K);
-    uint8_t *wq = alloc_exact(N * K);
+    uint8_t *codes = alloc_exact(N * K);
     float *ws = alloc_exact(wscales * sizeof(float)), wt = 0.0f;
-    f->quantize_weight(r, N, K, w, K, wq, K, ws, &wt);
+    f->quantize_weight(r, N, K, w, K, codes, K, ws, &wt);
     /* E4M3 weights from a checkpoint may hold NaN codes (0x7f, 0xff), which no quantizer of
      * finite values writes: a few, in a third of the GEMMs, so that a weight column's NaN
      * block is compared too */
     if (f->element == QUANT_ELEMENT_E4M3 && rand_u64() % 3 == 0)
         for (size_t i = 0; i < 1 + N * K / 512; i++)
-            wq[rand_u64() % (N * K)] = rand_u64() & 1 ? 0x7f : 0xff;
+            codes[rand_u64() % (N * K)] = rand_u64() & 1 ? 0x7f : 0xff;
+    /* then held as the format holds them (quant_weight.h: E2M1 two a byte, ...) */
+    const size_t row_bytes = quant_weight_row_bytes(f, K);
+    uint8_t *wq = alloc_exact(N * row_bytes);
+    for (size_t n = 0; n < N; n++) quant_codes_pack_row(f, codes + n * K, K, wq + n * row_bytes);
     uint8_t *xq = alloc_exact(M * K);
     float *xs = alloc_exact((M * nb + 1) * sizeof(float)), *xt = alloc_exact(M * sizeof(float));
     f->quantize_rows(r, M, K, x, K, xq, K, xs, xt);
     const size_t ldy = N + 3;
     float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
     for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
-    quant_gemm_job j0 = {M, K, nb, f->block_cols, r, xq, xs, xt, wq, ws, nb, wt, y0, ldy};
+    quant_gemm_job j0 = {M, K, nb, f->block_cols, r, xq, xs, xt, wq, row_bytes, ws, nb, wt,
+                         y0, ldy};
     quant_gemm_job j1 = j0;
     j1.y = y1;
     f->gemm_columns(&j0, 0, N);
@@ -251,8 +257,29 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
     char where[160];
     snprintf(where, sizeof where, "%s gemm %s M=%zu N=%zu K=%zu", r->api_name, variant, M, N, K);
     check_floats("y", where, y0, y1, M * ldy);
+    /* the portable blocked kernel reads packed codes as it reads them one a byte: the same
+     * job on the codes one a byte, under the format as if it held 8 bits a code */
+    if (f->code_bits != 8 && f->gemm_columns == quant_gemm_blocked) {
+        quant_format bytewise = *f;
+        bytewise.code_bits = 8;
+        quant_rule bytewise_rule = *r;
+        bytewise_rule.format = &bytewise;
+        float *y2 = alloc_exact(M * ldy * sizeof(float));
+        for (size_t i = 0; i < M * ldy; i++) y2[i] = -1234.5f;
+        quant_gemm_job j2 = j0;
+        j2.rule = &bytewise_rule;
+        j2.wq = codes;
+        j2.w_row_bytes = K;
+        j2.y = y2;
+        quant_gemm_blocked(&j2, 0, N);
+        snprintf(where, sizeof where, "%s gemm portable packed/bytes M=%zu N=%zu K=%zu",
+                 r->api_name, M, N, K);
+        check_floats("y", where, y2, y0, M * ldy);
+        free(y2);
+    }
     free(w);
     free(x);
+    free(codes);
     free(wq);
     free(ws);
     free(xq);
@@ -264,7 +291,8 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
 
 static int test_gemm(const quant_rule *r, const quant_simd *s, const char *variant) {
     if (!s->gemm_columns) return 0;
-    static const size_t Ks[] = {1, 15, 16, 17, 31, 32, 33, 64, 100, 128, 129, 256, 300, 1024};
+    static const size_t Ks[] = {1,  15,  16,  17,  31,  32,  33,  63,   64,  65,
+                                100, 128, 129, 256, 300, 1024, 1025, 1057};
     static const size_t Ms[] = {1, 2, 3, 4, 5, 8, 16, 17, 33, 70};
     static const size_t Ns[] = {1, 3, 16, 37, 130};
     for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++)
@@ -298,7 +326,7 @@ static void compare_ternary_codes(const quant_rule *r, quant_gemm_fn *columns,
     const size_t ldy = N + 1;
     float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
     for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
-    quant_gemm_job j0 = {M, K, 0, 0, r, xq, NULL, xt, wq, NULL, 0, 0.37f, y0, ldy};
+    quant_gemm_job j0 = {M, K, 0, 0, r, xq, NULL, xt, wq, K, NULL, 0, 0.37f, y0, ldy};
     quant_gemm_job j1 = j0;
     j1.y = y1;
     r->format->gemm_columns(&j0, 0, N);

@@ -14,6 +14,7 @@
 #include "gemm_quant.h"
 #include "model/model.h"
 #include "quant/dot.h"
+#include "quant/quant_weight.h"
 #include "quant/rules.h"
 
 /* Up to QUANT_GROUP_MAX quantized GEMMs on the same activations over the pool, one pool call:
@@ -57,10 +58,9 @@ void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t
     quant_rows_entry(f)(rule, M, K, x, ldx, xq, K, xs, xt);
     quant_group_run run = {.n = n, .columns = quant_gemm_entry(f)};
     for (size_t i = 0; i < n; i++) {
-        run.job[i] = (quant_gemm_job){M,         K,           nblocks, f->block_cols,
-                                      rule,      xq,          xs,      xt,
-                                      wq[i]->codes, wq[i]->scales, nblocks, wq[i]->tensor_scale,
-                                      y[i],      ldy[i]};
+        run.job[i] = (quant_gemm_job){M, K, nblocks, f->block_cols, rule, xq, xs, xt,
+                                      wq[i]->codes, quant_weight_row_bytes(f, K), wq[i]->scales,
+                                      nblocks, wq[i]->tensor_scale, y[i], ldy[i]};
         run.first[i + 1] = run.first[i] + w[i]->rows;
     }
     pool_run(ctx->pool, group_columns, &run, run.first[n]);

@@ -17,7 +17,8 @@ typedef struct quant_gemm_job {
     const uint8_t *xq;        /* [M][K] activation codes */
     const float *xs;          /* [M][nblocks] activation block scales */
     const float *xt;          /* [M] activation row scales (NVFP4 s2, ternary s_x) */
-    const uint8_t *wq;        /* [N][K] weight codes */
+    const uint8_t *wq;        /* [N][w_row_bytes] weight codes as held (quant_weight.h) */
+    size_t w_row_bytes;       /* quant_weight_row_bytes(format, K) */
     const float *ws;          /* the weight's block scales, w_grid_cols per row of the grid */
     size_t w_grid_cols;
     float w_tensor_scale;     /* NVFP4's s2, ternary's s_w */

@@ -3,7 +3,8 @@
  * nvfp4_quantize_rows_avx2 and mxfp4_quantize_rows_avx2, under -mavx2 -mfma -mf16c. A chunk of
  * a weight row is 32 codes (2 NVFP4 blocks, 1 MXFP4 block); block dots by vpmaddubsw, vpaddw
  * and vpmaddwd. At a row's end codes and values are read from a copy padded with 0, and codes
- * and outputs are written through one: nothing past a row is read or written.
+ * and outputs are written through one: nothing past a row is read or written. A chunk's weight
+ * codes are 16 bytes of a row held two codes a byte, widened to one a byte.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -17,13 +18,31 @@
 typedef __m256 ev;
 typedef __m256i ei;
 
-/* The codes [0, len) of a row from p (len <= 32; 0 in the bytes past len, which are not
- * read). The one place code rows are read: a packed layout changes this function alone. */
+/* The codes [0, len) of an activation row from p, one a byte (len <= 32; 0 in the bytes past
+ * len, which are not read). */
 static inline ei ei_codes(const uint8_t *p, size_t len) {
     if (len >= 32) return _mm256_loadu_si256((const __m256i *)(const void *)p);
     uint8_t tail[32] = {0};
     memcpy(tail, p, len);
     return _mm256_loadu_si256((const __m256i *)(const void *)tail);
+}
+
+/* The codes [0, len) of a weight row held two a byte from p (len <= 32: (len + 1) / 2 bytes
+ * read), one a byte in their order, 0 past len: each byte widened to a word, then its high
+ * nibble shifted into the word's high byte, code 2i into byte 2i and 2i + 1 into byte 2i + 1. */
+static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
+    __m128i bytes;
+    if (len >= 32) {
+        bytes = _mm_loadu_si128((const __m128i *)(const void *)p);
+    } else {
+        uint8_t tail[16] = {0};
+        memcpy(tail, p, (len + 1) / 2);
+        if (len % 2) tail[len / 2] &= 0xfu;
+        bytes = _mm_loadu_si128((const __m128i *)(const void *)tail);
+    }
+    const __m256i words = _mm256_cvtepu8_epi16(bytes);
+    return _mm256_and_si256(_mm256_or_si256(words, _mm256_slli_epi16(words, 4)),
+                            _mm256_set1_epi16(0x0f0f));
 }
 
 #define ei_table(...) _mm256_setr_epi8(__VA_ARGS__, __VA_ARGS__)

@@ -4,8 +4,9 @@
  * -mavx512vl -mavx512dq; compiled a second time with E2M1_VNNI defined and -mavx512vnni for
  * e2m1_gemm_avx512vnni alone, whose block dots are vpdpbusd where the first sums the bytes by
  * vpmaddubsw, vpaddw and vpmaddwd. A chunk of a weight row is 64 codes (4 NVFP4 blocks, 2
- * MXFP4 ones), loaded under a byte mask at the row's end; a row's last block of values is
- * loaded and its codes stored under masks.
+ * MXFP4 ones), 32 bytes of a row held two codes a byte widened to one a byte, loaded under a
+ * byte mask at the row's end; a row's last block of values is loaded and its codes stored under
+ * masks.
  */
 #include <immintrin.h>
 
@@ -23,11 +24,23 @@
 typedef __m512 ev;
 typedef __m512i ei;
 
-/* The codes [0, len) of a row from p (len <= 64; 0 in the bytes past len, which are not
- * read). The one place code rows are read: a packed layout changes this function alone. */
+/* The codes [0, len) of an activation row from p, one a byte (len <= 64; 0 in the bytes past
+ * len, which are not read). */
 static inline ei ei_codes(const uint8_t *p, size_t len) {
     if (len >= 64) return _mm512_loadu_si512((const void *)p);
     return _mm512_maskz_loadu_epi8((__mmask64)((1ull << len) - 1), p);
+}
+
+/* The codes [0, len) of a weight row held two a byte from p (len <= 64: (len + 1) / 2 bytes
+ * read), one a byte in their order, 0 past len: each byte widened to a word, then its high
+ * nibble shifted into the word's high byte, code 2i into byte 2i and 2i + 1 into byte 2i + 1. */
+static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
+    const __m512i words = _mm512_cvtepu8_epi16(
+        len >= 64 ? _mm256_loadu_si256((const __m256i *)(const void *)p)
+                  : _mm256_maskz_loadu_epi8((__mmask32)((1ull << ((len + 1) / 2)) - 1), p));
+    const ei codes = _mm512_and_si512(_mm512_or_si512(words, _mm512_slli_epi16(words, 4)),
+                                      _mm512_set1_epi16(0x0f0f));
+    return len >= 64 ? codes : _mm512_maskz_mov_epi8((__mmask64)((1ull << len) - 1), codes);
 }
 
 #define ei_table(...) _mm512_broadcast_i32x4(_mm_setr_epi8(__VA_ARGS__))

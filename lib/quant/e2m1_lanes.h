@@ -7,8 +7,10 @@
  * set and under its own name (EV_NAME).
  *
  * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK =
- * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). Per tile and chunk the weight
- * rows' codes become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle
+ * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). The weight rows are held two
+ * codes a byte (quant_weight.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2
+ * bytes, expanded to a code a byte in their order. Per tile and chunk the weight rows' codes
+ * become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle
  * and are transposed in dwords, so that register i holds codes 4i .. 4i+3 of every column; a
  * block's correction -12 sum(k_w) per column comes from the same registers. Then each row of
  * activations (up to PASS_ROWS a pass, each reusing the transposed chunk from registers) has
@@ -36,6 +38,8 @@
  *   EV_PREFETCH                the cache the next tile is prefetched into (_MM_HINT_T*)
  *   ev, ei                     the fp32 and the int32 (or byte) vector
  *   ei_codes(p, len)           a chunk of EV_CHUNK code bytes from p, 0 past len (not read)
+ *   ei_weight_codes(p, len)    the same from a packed row's (len + 1) / 2 bytes at p, two
+ *                              codes a byte, the low nibble first, 0 past len (not read)
  *   ei_store(p, v), ei_shuffle_bytes(table, v), ei_table(bytes...)
  *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
  *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
@@ -72,6 +76,7 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                                                                size_t n0, size_t n1,
                                                                const int dwords) {
     const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols;
+    const size_t row_bytes = j->w_row_bytes; /* (K + 1) / 2 */
     const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
     const ei signed_k = ei_table(E2M1_K_SIGNED), unsigned_k = ei_table(E2M1_K_UNSIGNED);
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
@@ -82,7 +87,7 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
         const float *ws = j->ws + nt * grid;
         const uint8_t *wrow[EV_LANES];
         for (size_t l = 0; l < EV_LANES; l++)
-            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * K;
+            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
         for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
             const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
             ev acc[PASS_ROWS];
@@ -95,8 +100,8 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                  * hardware's prefetchers lose EV_LANES streams of short rows (2-3x the read
                  * rate of a cold 3072 x 1024 decode GEMM on Zen 4) */
                 if (m0 == 0 && nt + EV_LANES < n1) {
-                    const uint8_t *next = j->wq + (nt + EV_LANES) * K + k0 * EV_LANES;
-                    for (int l = 0; l < EV_LANES * EV_CHUNK; l += 64)
+                    const uint8_t *next = j->wq + (nt + EV_LANES) * row_bytes + k0 / 2 * EV_LANES;
+                    for (int l = 0; l < EV_LANES * EV_CHUNK / 2; l += 64)
                         _mm_prefetch((const char *)(next + l), EV_PREFETCH);
                     const float *next_ws = ws + EV_LANES * grid + kb0 * EV_LANES;
                     for (int l = 0; l < EV_LANES * blocks_per_chunk; l += 16)
@@ -104,7 +109,7 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                 }
                 ei w[EV_LANES];
                 for (int l = 0; l < EV_LANES; l++)
-                    w[l] = ei_shuffle_bytes(signed_k, ei_codes(wrow[l] + k0, len));
+                    w[l] = ei_shuffle_bytes(signed_k, ei_weight_codes(wrow[l] + k0 / 2, len));
                 ei_transpose(w);
                 /* per block: -12 sum(k_w) in each lane, and w_s */
                 ei correction[EV_CHUNK / 16];
