@@ -133,6 +133,14 @@ static inline void ei_transpose(ei r[8]) {
     }
 }
 
+/* The chunk of 8 weight rows from byte byte0 of each, a row a lane: each row's codes widened,
+ * then transposed in dwords. */
+static inline void ei_weight_chunk(ei w[8], const uint8_t *const rows[8], size_t byte0,
+                                   size_t len) {
+    for (int l = 0; l < 8; l++) w[l] = ei_weight_codes(rows[l] + byte0, len);
+    ei_transpose(w);
+}
+
 /* Per lane, start + the sum over n dwords of u[q] (unsigned bytes, broadcast) times w[q]
  * (signed bytes), 4 products a dword: pairs in int16 (at most 2 x 24 x 12), n <= 8 of them
  * summed (at most 4608), then int32. */

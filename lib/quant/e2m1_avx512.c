@@ -4,9 +4,9 @@
  * -mavx512vl -mavx512dq; compiled a second time with E2M1_VNNI defined and -mavx512vnni for
  * e2m1_gemm_avx512vnni alone, whose block dots are vpdpbusd where the first sums the bytes by
  * vpmaddubsw, vpaddw and vpmaddwd. A chunk of a weight row is 64 codes (4 NVFP4 blocks, 2
- * MXFP4 ones), 32 bytes of a row held two codes a byte widened to one a byte, loaded under a
- * byte mask at the row's end; a row's last block of values is loaded and its codes stored under
- * masks.
+ * MXFP4 ones), 32 bytes of a row held two codes a byte, loaded under a byte mask at the row's
+ * end, transposed packed and then widened to one a byte; a row's last block of values is loaded
+ * and its codes stored under masks.
  */
 #include <immintrin.h>
 
@@ -29,18 +29,6 @@ typedef __m512i ei;
 static inline ei ei_codes(const uint8_t *p, size_t len) {
     if (len >= 64) return _mm512_loadu_si512((const void *)p);
     return _mm512_maskz_loadu_epi8((__mmask64)((1ull << len) - 1), p);
-}
-
-/* The codes [0, len) of a weight row held two a byte from p (len <= 64: (len + 1) / 2 bytes
- * read), one a byte in their order, 0 past len: each byte widened to a word, then its high
- * nibble shifted into the word's high byte, code 2i into byte 2i and 2i + 1 into byte 2i + 1. */
-static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
-    const __m512i words = _mm512_cvtepu8_epi16(
-        len >= 64 ? _mm256_loadu_si256((const __m256i *)(const void *)p)
-                  : _mm256_maskz_loadu_epi8((__mmask32)((1ull << ((len + 1) / 2)) - 1), p));
-    const ei codes = _mm512_and_si512(_mm512_or_si512(words, _mm512_slli_epi16(words, 4)),
-                                      _mm512_set1_epi16(0x0f0f));
-    return len >= 64 ? codes : _mm512_maskz_mov_epi8((__mmask64)((1ull << len) - 1), codes);
 }
 
 #define ei_table(...) _mm512_broadcast_i32x4(_mm_setr_epi8(__VA_ARGS__))
@@ -81,30 +69,54 @@ static inline void e2m1_store(uint8_t *p, ei code, size_t n) {
 }
 #endif
 
-/* Transposes 16 rows of 16 dwords: r[i] becomes dword i of every row, row l in lane l. */
-static inline void ei_transpose(ei r[16]) {
-    ei t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+/* The chunk of 16 weight rows from byte byte0 of each (32 bytes, 64 codes; (len + 1) / 2 bytes
+ * where len < 64, the codes past len 0), a row a lane. The packed rows are transposed in words
+ * (4 codes) as 256-bit vectors, pairs of rows, then quads, octets and the two halves, so that
+ * p[q] holds word q of rows 0 .. 15; each p[q] is then widened, its bytes to words and each
+ * high nibble shifted into its word's high byte: dword l of w[q] is codes 4q .. 4q+3 of row l
+ * in their order. */
+static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size_t byte0,
+                                   size_t len) {
+    __m256i r[16], a[16], b[16];
+    if (len >= 64) {
+        for (int l = 0; l < 16; l++)
+            r[l] = _mm256_loadu_si256((const __m256i *)(const void *)(rows[l] + byte0));
+    } else {
+        /* the row's last (len + 1) / 2 bytes, an odd row's last high nibble cleared */
+        const size_t bytes = (len + 1) / 2;
+        uint8_t keep[32] = {0};
+        for (size_t i = 0; i < bytes; i++) keep[i] = i == len / 2 ? 0x0f : 0xff;
+        const __m256i keep_v = _mm256_loadu_si256((const __m256i *)(const void *)keep);
+        for (int l = 0; l < 16; l++)
+            r[l] = _mm256_and_si256(
+                _mm256_maskz_loadu_epi8((__mmask32)((1ull << bytes) - 1), rows[l] + byte0),
+                keep_v);
     }
-    /* u[4g + p], 128-bit lane L: dword 4L + p of rows 4g .. 4g + 3 */
-    for (int g = 0; g < 4; g++) {
-        u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    /* a[2p + h]: rows 2p, 2p + 1 interleaved by word, words 4h .. 4h + 3 (8 + in lane 1) */
+    for (int p = 0; p < 8; p++) {
+        a[2 * p] = _mm256_unpacklo_epi16(r[2 * p], r[2 * p + 1]);
+        a[2 * p + 1] = _mm256_unpackhi_epi16(r[2 * p], r[2 * p + 1]);
     }
-    /* then the 128-bit lanes transposed 4 x 4 across u[p], u[4 + p], u[8 + p], u[12 + p] */
-    for (int p = 0; p < 4; p++) {
-        const ei v0 = _mm512_shuffle_i32x4(u[p], u[4 + p], 0x44);
-        const ei v1 = _mm512_shuffle_i32x4(u[p], u[4 + p], 0xee);
-        const ei v2 = _mm512_shuffle_i32x4(u[8 + p], u[12 + p], 0x44);
-        const ei v3 = _mm512_shuffle_i32x4(u[8 + p], u[12 + p], 0xee);
-        r[p] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-        r[4 + p] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
-        r[8 + p] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-        r[12 + p] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+    /* b[4g + j]: words 2j, 2j + 1 (+ 8 in lane 1) of rows 4g .. 4g + 3, a 64-bit half each */
+    for (int g = 0; g < 4; g++)
+        for (int h = 0; h < 2; h++) {
+            b[4 * g + 2 * h] = _mm256_unpacklo_epi32(a[4 * g + h], a[4 * g + 2 + h]);
+            b[4 * g + 2 * h + 1] = _mm256_unpackhi_epi32(a[4 * g + h], a[4 * g + 2 + h]);
+        }
+    /* a[8o + q]: word q (q + 8 in lane 1) of rows 8o .. 8o + 7 */
+    for (int o = 0; o < 2; o++)
+        for (int j = 0; j < 4; j++) {
+            a[8 * o + 2 * j] = _mm256_unpacklo_epi64(b[8 * o + j], b[8 * o + 4 + j]);
+            a[8 * o + 2 * j + 1] = _mm256_unpackhi_epi64(b[8 * o + j], b[8 * o + 4 + j]);
+        }
+    for (int q = 0; q < 8; q++) {
+        const __m256i p_low = _mm256_permute2x128_si256(a[q], a[8 + q], 0x20);
+        const __m256i p_high = _mm256_permute2x128_si256(a[q], a[8 + q], 0x31);
+        const __m512i low = _mm512_cvtepu8_epi16(p_low), high = _mm512_cvtepu8_epi16(p_high);
+        w[q] = _mm512_and_si512(_mm512_or_si512(low, _mm512_slli_epi16(low, 4)),
+                                _mm512_set1_epi16(0x0f0f));
+        w[q + 8] = _mm512_and_si512(_mm512_or_si512(high, _mm512_slli_epi16(high, 4)),
+                                    _mm512_set1_epi16(0x0f0f));
     }
 }
 

@@ -9,9 +9,9 @@
  * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK =
  * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). The weight rows are held two
  * codes a byte (quant_weight.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2
- * bytes, expanded to a code a byte in their order. Per tile and chunk the weight rows' codes
- * become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle
- * and are transposed in dwords, so that register i holds codes 4i .. 4i+3 of every column; a
+ * bytes. Per tile and chunk the weight rows' codes are transposed and expanded to a code a
+ * byte (ei_weight_chunk), so that register i holds codes 4i .. 4i+3 of every column, and
+ * become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle; a
  * block's correction -12 sum(k_w) per column comes from the same registers. Then each row of
  * activations (up to PASS_ROWS a pass, each reusing the transposed chunk from registers) has
  * its codes mapped to k_a + 12 (unsigned bytes, 0 .. 24), and each dword of them, broadcast,
@@ -38,8 +38,10 @@
  *   EV_PREFETCH                the cache the next tile is prefetched into (_MM_HINT_T*)
  *   ev, ei                     the fp32 and the int32 (or byte) vector
  *   ei_codes(p, len)           a chunk of EV_CHUNK code bytes from p, 0 past len (not read)
- *   ei_weight_codes(p, len)    the same from a packed row's (len + 1) / 2 bytes at p, two
- *                              codes a byte, the low nibble first, 0 past len (not read)
+ *   ei_weight_chunk(w, rows, byte0, len)   the chunk of EV_LANES weight rows held two codes
+ *                              a byte, from byte byte0 of each, transposed: w[i] holds codes
+ *                              4i .. 4i+3 of every row, a row a lane, one a byte; 0 past len
+ *                              ((len + 1) / 2 bytes read)
  *   ei_store(p, v), ei_shuffle_bytes(table, v), ei_table(bytes...)
  *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
  *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
@@ -108,9 +110,8 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                         _mm_prefetch((const char *)(next_ws + l), EV_PREFETCH);
                 }
                 ei w[EV_LANES];
-                for (int l = 0; l < EV_LANES; l++)
-                    w[l] = ei_shuffle_bytes(signed_k, ei_weight_codes(wrow[l] + k0 / 2, len));
-                ei_transpose(w);
+                ei_weight_chunk(w, wrow, k0 / 2, len);
+                for (int i = 0; i < EV_LANES; i++) w[i] = ei_shuffle_bytes(signed_k, w[i]);
                 /* per block: -12 sum(k_w) in each lane, and w_s */
                 ei correction[EV_CHUNK / 16];
                 ev w_scale[EV_CHUNK / 16];
