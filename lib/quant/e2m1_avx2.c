@@ -65,7 +65,6 @@ static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
 #define ev_max _mm256_max_ps
 #define ev_from_int _mm256_cvtepi32_ps
 #define ev_bits _mm256_castps_si256
-#define ev_gather(base, index) _mm256_i32gather_ps(base, index, 4)
 /* the compare is -1 in the lanes where it holds */
 #define ei_count_if(code, a, c, pred)                                                             \
     _mm256_sub_epi32(code, _mm256_castps_si256(_mm256_cmp_ps(a, c, pred)))
@@ -131,6 +130,12 @@ static inline void ei_transpose(ei r[8]) {
         r[p] = _mm256_permute2x128_si256(u[p], u[4 + p], 0x20);
         r[4 + p] = _mm256_permute2x128_si256(u[p], u[4 + p], 0x31);
     }
+}
+
+/* The scales kb0 .. kb0 + n - 1 of 8 weight rows, gathered: rows[0] + index[l] is row l's. */
+static inline void ev_block_scales(ev *out, const float *const rows[8], ei index, size_t kb0,
+                                   int n) {
+    for (int b = 0; b < n; b++) out[b] = _mm256_i32gather_ps(rows[0] + kb0 + b, index, 4);
 }
 
 /* The chunk of 8 weight rows from byte byte0 of each, a row a lane: each row's codes widened,

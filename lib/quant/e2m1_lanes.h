@@ -48,7 +48,10 @@
  *                              broadcast) times w[q] (signed bytes)
  *   ei_set1, ei_sub, ei_min, ei_mullo, ei_lane_index(), ei_or, ei_and, ei_srli
  *   ev_set1, ev_zero(), ev_add, ev_mul, ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
- *   conversion), ev_bits (the bits as an ei), ev_reduce_max, ev_gather(base, index)
+ *   conversion), ev_bits (the bits as an ei), ev_reduce_max
+ *   ev_block_scales(out, rows, index, kb0, n)  out[b], b < n: the scales kb0 + b of the
+ *                              EV_LANES weight rows whose scales start at rows[l] (the same
+ *                              as rows[0] + index[l])
  *   ev_load(p, n), ev_store(p, v, n)       lanes [0, n) of p (n may exceed EV_LANES), +0 past n
  *   ei_count_if(code, a, c, pred)          code + 1 in the lanes where a pred c
  *   e2m1_store(p, code, n)                 the low bytes of the lanes' codes, n of them
@@ -88,8 +91,11 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
         const ei ws_index = ei_mullo(col, ei_set1((int)grid));
         const float *ws = j->ws + nt * grid;
         const uint8_t *wrow[EV_LANES];
-        for (size_t l = 0; l < EV_LANES; l++)
+        const float *srow[EV_LANES];
+        for (size_t l = 0; l < EV_LANES; l++) {
             wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
+            srow[l] = ws + (l < cols ? l : cols - 1) * grid;
+        }
         for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
             const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
             ev acc[PASS_ROWS];
@@ -123,8 +129,8 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                     if (b >= nbc) break;
                     correction[b] = ei_sub(ei_set1(0), ei_dot(ei_set1(0), w + b * dwords,
                                                               e2m1_biases, dwords));
-                    w_scale[b] = ev_gather(ws + kb0 + (size_t)b, ws_index);
                 }
+                ev_block_scales(w_scale, srow, ws_index, kb0, nbc);
                 for (size_t m = m0; m < m1; m++) {
                     /* the row's codes as k_a + 12, then read back a dword at a time */
                     int32_t u[EV_CHUNK / 4];
