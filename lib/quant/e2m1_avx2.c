@@ -132,10 +132,26 @@ static inline void ei_transpose(ei r[8]) {
     }
 }
 
-/* The scales kb0 .. kb0 + n - 1 of 8 weight rows, gathered: rows[0] + index[l] is row l's. */
+/* The scales kb0 .. kb0 + n - 1 (n <= 2) of 8 weight rows: each row's n loaded into a 128-bit
+ * half, rows l and l + 4 in the halves of a[l], then interleaved, so that lane l of out[b] is
+ * row l's scale kb0 + b (out holds 2; out[1] is 0 for n = 1). Gathers cost more on Zen 4. */
 static inline void ev_block_scales(ev *out, const float *const rows[8], ei index, size_t kb0,
                                    int n) {
-    for (int b = 0; b < n; b++) out[b] = _mm256_i32gather_ps(rows[0] + kb0 + b, index, 4);
+    (void)index;
+    __m128 x[8];
+    if (n == 2)
+        for (int l = 0; l < 8; l++)
+            x[l] = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(rows[l] + kb0)));
+    else
+        for (int l = 0; l < 8; l++) x[l] = _mm_load_ss(rows[l] + kb0);
+    __m256 a[4];
+    for (int l = 0; l < 4; l++)
+        a[l] = _mm256_insertf128_ps(_mm256_castps128_ps256(x[l]), x[l + 4], 1);
+    /* t0: rows 0, 1 (4, 5 in the high half) interleaved, t1: rows 2, 3 (6, 7) */
+    const __m256d t0 = _mm256_castps_pd(_mm256_unpacklo_ps(a[0], a[1]));
+    const __m256d t1 = _mm256_castps_pd(_mm256_unpacklo_ps(a[2], a[3]));
+    out[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t1));
+    out[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t1));
 }
 
 /* The chunk of 8 weight rows from byte byte0 of each, a row a lane: each row's codes widened,
