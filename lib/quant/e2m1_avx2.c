@@ -50,12 +50,9 @@ static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
 #define ei_shuffle_bytes _mm256_shuffle_epi8
 #define ei_set1 _mm256_set1_epi32
 #define ei_sub _mm256_sub_epi32
-#define ei_min _mm256_min_epi32
-#define ei_mullo _mm256_mullo_epi32
 #define ei_or _mm256_or_si256
 #define ei_and _mm256_and_si256
 #define ei_srli _mm256_srli_epi32
-#define ei_lane_index() _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
 #define ev_set1 _mm256_set1_ps
 #define ev_zero _mm256_setzero_ps
 #define ev_add _mm256_add_ps
@@ -135,9 +132,7 @@ static inline void ei_transpose(ei r[8]) {
 /* The scales kb0 .. kb0 + n - 1 (n <= 2) of 8 weight rows: each row's n loaded into a 128-bit
  * half, rows l and l + 4 in the halves of a[l], then interleaved, so that lane l of out[b] is
  * row l's scale kb0 + b (out holds 2; out[1] is 0 for n = 1). Gathers cost more on Zen 4. */
-static inline void ev_block_scales(ev *out, const float *const rows[8], ei index, size_t kb0,
-                                   int n) {
-    (void)index;
+static inline void ev_block_scales(ev *out, const float *const rows[8], size_t kb0, int n) {
     __m128 x[8];
     if (n == 2)
         for (int l = 0; l < 8; l++)

@@ -36,12 +36,9 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ei_shuffle_bytes _mm512_shuffle_epi8
 #define ei_set1 _mm512_set1_epi32
 #define ei_sub _mm512_sub_epi32
-#define ei_min _mm512_min_epi32
-#define ei_mullo _mm512_mullo_epi32
 #define ei_or _mm512_or_si512
 #define ei_and _mm512_and_si512
 #define ei_srli _mm512_srli_epi32
-#define ei_lane_index() _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 #define ev_set1 _mm512_set1_ps
 #define ev_zero _mm512_setzero_ps
 #define ev_add _mm512_add_ps
@@ -123,9 +120,7 @@ static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size
  * mask) into a 128-bit lane, rows g, g + 4, g + 8, g + 12 in the lanes of z[g], then each lane
  * transposed 4 x 4 across z[0 .. 3], so that lane element 4l + g of out[b], row 4l + g, is its
  * scale kb0 + b (out holds 4; those past n are 0). A gather per block costs more on Zen 4. */
-static inline void ev_block_scales(ev *out, const float *const rows[16], ei index, size_t kb0,
-                                   int n) {
-    (void)index;
+static inline void ev_block_scales(ev *out, const float *const rows[16], size_t kb0, int n) {
     const __mmask8 m = (__mmask8)((1u << n) - 1);
     __m512 z[4];
     for (int g = 0; g < 4; g++) {

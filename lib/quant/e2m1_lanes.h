@@ -46,12 +46,11 @@
  *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
  *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
  *                              broadcast) times w[q] (signed bytes)
- *   ei_set1, ei_sub, ei_min, ei_mullo, ei_lane_index(), ei_or, ei_and, ei_srli
+ *   ei_set1, ei_sub, ei_or, ei_and, ei_srli
  *   ev_set1, ev_zero(), ev_add, ev_mul, ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
  *   conversion), ev_bits (the bits as an ei), ev_reduce_max
- *   ev_block_scales(out, rows, index, kb0, n)  out[b], b < n: the scales kb0 + b of the
- *                              EV_LANES weight rows whose scales start at rows[l] (the same
- *                              as rows[0] + index[l])
+ *   ev_block_scales(out, rows, kb0, n)  out[b], b < n: the scales kb0 + b of the EV_LANES
+ *                              weight rows whose scales start at rows[l], row l in lane l
  *   ev_load(p, n), ev_store(p, v, n)       lanes [0, n) of p (n may exceed EV_LANES), +0 past n
  *   ei_count_if(code, a, c, pred)          code + 1 in the lanes where a pred c
  *   e2m1_store(p, code, n)                 the low bytes of the lanes' codes, n of them
@@ -87,8 +86,6 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
         /* lanes past the tile's columns repeat its last column (read, never stored) */
-        const ei col = ei_min(ei_lane_index(), ei_set1((int)cols - 1));
-        const ei ws_index = ei_mullo(col, ei_set1((int)grid));
         const float *ws = j->ws + nt * grid;
         const uint8_t *wrow[EV_LANES];
         const float *srow[EV_LANES];
@@ -130,7 +127,7 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                     correction[b] = ei_sub(ei_set1(0), ei_dot(ei_set1(0), w + b * dwords,
                                                               e2m1_biases, dwords));
                 }
-                ev_block_scales(w_scale, srow, ws_index, kb0, nbc);
+                ev_block_scales(w_scale, srow, kb0, nbc);
                 for (size_t m = m0; m < m1; m++) {
                     /* the row's codes as k_a + 12, then read back a dword at a time */
                     int32_t u[EV_CHUNK / 4];
