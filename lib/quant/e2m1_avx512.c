@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include "e2m1_simd.h"
+#include "fp8_simd.h"
 
 #if defined(E2M1_VNNI)
 #define EV_NAME(f) f##_avx512vnni
@@ -67,13 +68,12 @@ static inline void e2m1_store(uint8_t *p, ei code, size_t n) {
 
 /* The chunk of 16 weight rows from byte byte0 of each (32 bytes, 64 codes; (len + 1) / 2 bytes
  * where len < 64, the codes past len 0), a row a lane. The packed rows are transposed in words
- * (4 codes) as 256-bit vectors, pairs of rows, then quads, octets and the two halves, so that
- * p[q] holds word q of rows 0 .. 15; each p[q] is then widened, its bytes to words and each
- * high nibble shifted into its word's high byte: dword l of w[q] is codes 4q .. 4q+3 of row l
- * in their order. */
+ * (4 codes; fp8_simd.h's 16 x 16 transpose of 16-bit units), so that r[q] holds word q of rows
+ * 0 .. 15; each r[q] is then widened, its bytes to words and each high nibble shifted into its
+ * word's high byte: dword l of w[q] is codes 4q .. 4q+3 of row l in their order. */
 static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size_t byte0,
                                    size_t len) {
-    __m256i r[16], a[16], b[16];
+    __m256i r[16];
     if (len >= 64) {
         for (int l = 0; l < 16; l++)
             r[l] = _mm256_loadu_si256((const __m256i *)(const void *)(rows[l] + byte0));
@@ -88,31 +88,11 @@ static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size
                 _mm256_maskz_loadu_epi8((__mmask32)((1ull << bytes) - 1), rows[l] + byte0),
                 keep_v);
     }
-    /* a[2p + h]: rows 2p, 2p + 1 interleaved by word, words 4h .. 4h + 3 (8 + in lane 1) */
-    for (int p = 0; p < 8; p++) {
-        a[2 * p] = _mm256_unpacklo_epi16(r[2 * p], r[2 * p + 1]);
-        a[2 * p + 1] = _mm256_unpackhi_epi16(r[2 * p], r[2 * p + 1]);
-    }
-    /* b[4g + j]: words 2j, 2j + 1 (+ 8 in lane 1) of rows 4g .. 4g + 3, a 64-bit half each */
-    for (int g = 0; g < 4; g++)
-        for (int h = 0; h < 2; h++) {
-            b[4 * g + 2 * h] = _mm256_unpacklo_epi32(a[4 * g + h], a[4 * g + 2 + h]);
-            b[4 * g + 2 * h + 1] = _mm256_unpackhi_epi32(a[4 * g + h], a[4 * g + 2 + h]);
-        }
-    /* a[8o + q]: word q (q + 8 in lane 1) of rows 8o .. 8o + 7 */
-    for (int o = 0; o < 2; o++)
-        for (int j = 0; j < 4; j++) {
-            a[8 * o + 2 * j] = _mm256_unpacklo_epi64(b[8 * o + j], b[8 * o + 4 + j]);
-            a[8 * o + 2 * j + 1] = _mm256_unpackhi_epi64(b[8 * o + j], b[8 * o + 4 + j]);
-        }
-    for (int q = 0; q < 8; q++) {
-        const __m256i p_low = _mm256_permute2x128_si256(a[q], a[8 + q], 0x20);
-        const __m256i p_high = _mm256_permute2x128_si256(a[q], a[8 + q], 0x31);
-        const __m512i low = _mm512_cvtepu8_epi16(p_low), high = _mm512_cvtepu8_epi16(p_high);
-        w[q] = _mm512_and_si512(_mm512_or_si512(low, _mm512_slli_epi16(low, 4)),
+    fp8_transpose16x16_epi16(r);
+    for (int q = 0; q < 16; q++) {
+        const __m512i words = _mm512_cvtepu8_epi16(r[q]);
+        w[q] = _mm512_and_si512(_mm512_or_si512(words, _mm512_slli_epi16(words, 4)),
                                 _mm512_set1_epi16(0x0f0f));
-        w[q + 8] = _mm512_and_si512(_mm512_or_si512(high, _mm512_slli_epi16(high, 4)),
-                                    _mm512_set1_epi16(0x0f0f));
     }
 }
 
