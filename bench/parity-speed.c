@@ -41,8 +41,8 @@
  * the others. Every run then prints, per preset and backend, what the library says a decode
  * step reads and what a model serving the preset holds (parity_model_bytes, asked once every
  * row has run, so that each preset's copies are built): the linear layers' bytes (the
- * quantized codes and scales as the model holds them: one code a byte today, whatever the
- * format's bits), the head's, the norms', one embedding row, one KV position, and
+ * quantized codes and scales as the model holds them: E4M3 and ternary codes one a byte, E2M1
+ * two a byte), the head's, the norms', one embedding row, one KV position, and
  * held_for_policy, the weights a model serving that preset alone holds; beside them the
  * process's resident set (VmRSS), which holds every preset's copies in one model.
  *
@@ -1614,8 +1614,8 @@ static int measure_memory(const plan *pl, const parity_model *model, memory *mem
 
 static void print_memory(const memory *mem) {
     printf("\nbytes per preset, as the library counts them (parity_model_bytes; quantized codes as "
-           "the model holds them, one a byte for E4M3 and E2M1, four a byte for ternary, and their "
-           "scales as fp32): a decode step reads "
+           "the model holds them, E4M3 one a byte, E2M1 two a byte, ternary four a byte (a row's "
+           "in groups of 64 codes in 16 bytes), and their scales as fp32): a decode step reads "
            "the linear layers once (codes and scales, or values), the head and the norms once, an "
            "embedding row and the attended KV positions per sequence (the forks' shared prompt "
            "blocks once); held: the weights a model serving the preset alone holds "

@@ -288,11 +288,12 @@ typedef struct parity_config parity_config;
  *     the page cache as they are.
  *   - A quantized checkpoint (block-FP8, NVFP4, MXFP4, BitNet: parity_model_save_as below)
  *     is held compressed. After the load its quantized linear weights are their codes and
- *     scales alone: one code a byte for E4M3 and E2M1 (block-FP8's used in place from the
- *     mapped file, E2M1 unpacked into owned copies), four a byte for ternary (repacked from
+ *     scales alone: E4M3 codes one a byte, E2M1 two a byte as the files pack them (block-FP8's
+ *     and NVFP4's used in place from the mapped file, MXFP4's too where its rows carry no
+ *     block padding, else copied a row at a time), ternary four a byte (repacked from
  *     BitNet's four rows a byte into four codes of a row a byte, in groups of 64), and each
  *     block scale an fp32 value, so block-FP8 and BitNet hold about their files' bytes and
- *     the 4-bit layouts about 2 times theirs (their files pack two codes a byte); the
+ *     the 4-bit layouts about 1.2 to 1.3 times theirs (their byte scales held as fp32); the
  *     embedding, norms and lm_head are as for any checkpoint (BF16 mapped). Scorers and samplers of the checkpoint's own format (e.g. "+fp8-block:RULE"
  *     on a block-FP8 checkpoint) with bf16 compute read the codes as they are and add
  *     nothing. The dequantized values of those weights (their fp32 master and its bf16
@@ -395,8 +396,8 @@ PARITY_API const parity_config *parity_model_config(const parity_model *model);
 
 /* What a model's weights take in memory, and what one forward step under a policy reads of
  * them (parity_model_bytes). The quantized codes and scales are counted as the model holds
- * them (one code a byte for E4M3 and E2M1, four a byte for ternary, a row's codes in groups of
- * 64 in 16 bytes; scales as fp32 values), so the figures follow the library's layout rather
+ * them (E4M3 codes one a byte, E2M1 two a byte, ternary four a byte, a row's codes in groups
+ * of 64 in 16 bytes; scales as fp32 values), so the figures follow the library's layout rather
  * than a format's nominal bits. A model loaded from a quantized
  * checkpoint holds its linear weights' shipped codes and scales alone until a reader asks
  * for their values (parity_model_load): `held` counts the values from then on, 6 bytes a

@@ -32,6 +32,7 @@
 #include "checkpoint/safetensors.h"
 #include "quant/codecs.h"
 #include "quant/quant_weight.h"
+#include "quant/rules.h"
 
 #define PATH_LEN 4096
 #define TINY_LEN 48
@@ -1013,7 +1014,14 @@ static size_t fp4_differences(const weight *w, const weight *v, const float *x, 
         CHECK_OK(parity_nvfp4_quantize(rule, 0, v->rows, v->cols, x, v->cols, codes, v->cols, sf, &s2));
     else
         CHECK_OK(parity_mxfp4_quantize(rule, v->rows, v->cols, x, v->cols, codes, v->cols, sf));
-    bad += memcmp(codes, w->shipped->codes, n) != 0;
+    /* held two a byte, the low nibble the even column, an odd row's last high nibble 0 */
+    const size_t row_bytes = (v->cols + 1) / 2;
+    uint8_t *held = calloc(v->rows * row_bytes, 1);
+    for (size_t i = 0; i < n; i++)
+        held[i / v->cols * row_bytes + i % v->cols / 2] |=
+            (uint8_t)(codes[i] << (4 * (i % v->cols % 2)));
+    bad += memcmp(held, w->shipped->codes, v->rows * row_bytes) != 0;
+    free(held);
     bad += nv && f32_bits(s2) != f32_bits(w->shipped->tensor_scale);
     for (size_t b = 0; b < v->rows * g; b++) {
         const float sv = nv ? e4m3_of(sf[b]) : ldexpf(1.0f, (int)sf[b] - 127);
@@ -1698,16 +1706,25 @@ static void edit_mxfp4_case(bad_variant *v, const char *w, const parity_model *o
 static void test_fp4_checkpoints(const parity_model *orig) {
     char nv_dir[PATH_LEN], mx_dir[PATH_LEN], dir[PATH_LEN];
     /* two codes a byte, the low nibble the even column (ModelOpt's q[1::2] << 4 | q[0::2],
-     * torchao's pack_uint4): row 0 codes (0x1, 0xA, 0x7) -> bytes 0xA1, 0x07; row 1 (0xF, 0x0,
-     * 0x3) -> 0x0F, 0x03 */
+     * torchao's pack_uint4), as a model holds them: row 0 codes (0x1, 0xA, 0x7) -> bytes 0xA1,
+     * 0x07; row 1 (0xF, 0x0, 0x3) -> 0x0F, 0x03; padded to MXFP4's 16 bytes a 32-block, zero */
     {
         const uint8_t codes[6] = {0x1, 0xA, 0x7, 0xF, 0x0, 0x3};
-        uint8_t packed[4];
-        fp4_pack_rows(codes, 2, 3, 2, packed);
+        const quant_format *nv = quant_format_row(PARITY_GEMM_NVFP4);
+        uint8_t packed[4], blocks[32];
+        CHECK_INT(quant_weight_row_bytes(nv, 3), 2);
+        quant_codes_pack_row(nv, codes, 3, packed);
+        quant_codes_pack_row(nv, codes + 3, 3, packed + 2);
         CHECK_INT(packed[0], 0xA1);
         CHECK_INT(packed[1], 0x07);
         CHECK_INT(packed[2], 0x0F);
         CHECK_INT(packed[3], 0x03);
+        memset(blocks, 0xee, sizeof blocks);
+        fp4_pad_rows(packed, 2, 3, 16, blocks);
+        size_t padding = 0;
+        for (size_t i = 0; i < 32; i++) padding += i % 16 >= 2 && blocks[i] == 0;
+        CHECK_INT(padding, 28);
+        CHECK(!memcmp(blocks, packed, 2) && !memcmp(blocks + 16, packed + 2, 2));
         CHECK_INT(e8m0_from_pow2(ldexpf(1.0f, -127)), 0);
         CHECK_INT(e8m0_from_pow2(1.0f), 127);
         CHECK_INT(e8m0_from_pow2(ldexpf(1.0f, 127)), 254);

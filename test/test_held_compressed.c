@@ -96,11 +96,11 @@ static void count_linear(const parity_model *m, int gemm, size_t *shipped, size_
     }
 }
 
-/* What m holds with its linear weights as codes and scales alone (the codes as the format
- * holds them, quant_weight_code_bytes: a byte each for E4M3, four a byte in groups of 64 for
- * ternary; fp32 scales as parity_quant_scale_count grids them under `quantizer`), the other
- * tensors' bf16 values as loaded, the vectors also widened; and the elements of the linear
- * weights. */
+/* What m holds with its linear weights as codes and scales alone (the codes packed as the
+ * format holds them, quant_weight_code_bytes: a byte each for E4M3, two a byte for E2M1, four a
+ * byte in groups of 64 for ternary; fp32 scales as parity_quant_scale_count grids them under
+ * `quantizer`), the other tensors' bf16 values as loaded, the vectors also widened; and the
+ * elements of the linear weights. */
 static uint64_t compressed_bytes(const parity_model *m, int quantizer, uint64_t *linear) {
     size_t n;
     const expected *t = model_tensors(m, &n);
@@ -118,6 +118,17 @@ static uint64_t compressed_bytes(const parity_model *m, int quantizer, uint64_t 
             total += 2 * count + (w->rows == 1 ? 4 * count : 0);
         }
     }
+    return total;
+}
+
+/* The block scales of m's linear weights under `quantizer`. */
+static uint64_t linear_scales(const parity_model *m, int quantizer) {
+    size_t n;
+    const expected *t = model_tensors(m, &n);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (t[i].linear && t[i].dst->rows)
+            total += parity_quant_scale_count(quantizer, t[i].dst->rows, t[i].dst->cols);
     return total;
 }
 
@@ -196,10 +207,13 @@ static void test_format(const char *root, const format_case *f) {
     printf("%-18s checkpoint %9llu bytes, held after scoring under %s %9llu (%.3f x)\n",
            f->layout, (unsigned long long)ckpt, f->preset, (unsigned long long)served,
            (double)served / (double)ckpt);
-    /* block-FP8 codes are a byte each, as in the file */
+    /* block-FP8 codes are a byte each, as in the file; NVFP4 and MXFP4 codes two a byte, as
+     * in the file, their byte scales (E4M3, E8M0) held as fp32: 3 bytes more each */
     if (f->gemm == PARITY_GEMM_FP8_BLOCK) CHECK(served <= ckpt * 115 / 100);
     /* ternary codes four a byte, as in the file (there four rows' codes a byte) */
     if (f->gemm == PARITY_GEMM_TERNARY) CHECK(served <= ckpt * 115 / 100);
+    if (f->gemm == PARITY_GEMM_NVFP4 || f->gemm == PARITY_GEMM_MXFP4)
+        CHECK(served - 3 * linear_scales(a, pol.quantizer) <= ckpt * 115 / 100);
 
     /* then bf16: the values appear, bf16 and fp32 masters; B made them first */
     score(a, "vllm", lp_bf16_a);

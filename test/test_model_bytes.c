@@ -42,9 +42,11 @@ static shape shape_of(const parity_config *c) {
 }
 
 /* The bytes of a rows x cols weight's codes under gemm format `gemm` as the library holds
- * them (parity_weight_bytes): ternary four a byte, a row in groups of 64 codes in 16 bytes (its
- * last group padded); the others one a byte. */
+ * them (parity_weight_bytes): E2M1 (NVFP4, MXFP4) two a byte, a row's odd last code in a byte
+ * of its own; ternary four a byte, a row in groups of 64 codes in 16 bytes (its last group
+ * padded); the others one a byte. */
 static uint64_t held_code_bytes(uint32_t gemm, uint64_t rows, uint64_t cols) {
+    if (gemm == PARITY_GEMM_NVFP4 || gemm == PARITY_GEMM_MXFP4) return rows * ((cols + 1) / 2);
     if (gemm == PARITY_GEMM_TERNARY) return rows * ((cols + 63) / 64 * 16);
     return rows * cols;
 }

@@ -4,8 +4,11 @@
  * ModelOpt's q[..., 1::2] << 4 | q[..., 0::2]), each code S E E M (code & 8 the sign, code & 7
  * the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6). A partial last block's padding codes (an odd
  * column count, cols not a multiple of 32) must be +0, and every dequantized value must be
- * within bf16's range. Here: the packed codes' checks and unpacking, the block scales' grid,
- * the values' range check, and what a save writes of them.
+ * within bf16's range. A model holds these codes as they are (quant_weight.h's 4-bit layout,
+ * (cols + 1) / 2 bytes a row): an import copies the rows, or uses them in place from a mapped
+ * file whose rows are as long (NVFP4's always, MXFP4's when cols % 32 is 0 or 31), and a save
+ * writes them, each row padded to its 32-blocks for MXFP4. Here: the packed codes' checks and
+ * copy, the block scales' grid, the values' range check, and what a save writes of them.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,12 +23,15 @@
 
 static uint8_t nibble(const uint8_t *row, uint64_t c) { return (uint8_t)((row[c / 2] >> (4 * (c & 1))) & 0xfu); }
 
-void fp4_pack_rows(const uint8_t *codes, uint32_t rows, uint32_t cols, uint64_t packed_cols,
-                   uint8_t *packed) {
+/* The bytes of a row of `cols` codes as a model holds them. */
+static uint64_t held_row_bytes(uint64_t cols) { return (cols + 1) / 2; }
+
+void fp4_pad_rows(const uint8_t *held, uint32_t rows, uint32_t cols, uint64_t packed_cols,
+                  uint8_t *packed) {
+    const uint64_t row_bytes = held_row_bytes(cols);
     memset(packed, 0, (size_t)rows * packed_cols);
     for (uint64_t r = 0; r < rows; r++)
-        for (uint64_t c = 0; c < cols; c++)
-            packed[r * packed_cols + c / 2] |= (uint8_t)((codes[r * cols + c] & 0xfu) << (4 * (c & 1)));
+        memcpy(packed + r * packed_cols, held + r * row_bytes, row_bytes);
 }
 
 int fp4_check_packed(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
@@ -68,24 +74,31 @@ int fp4_check_packed(const tensor_source *codes, const expected *slot, uint64_t 
     return PARITY_OK;
 }
 
-static int alloc_values(const expected *slot, uint64_t grid, shipped_values *out) {
-    const uint64_t n = (uint64_t)slot->rows * slot->cols;
-    out->codes = px_huge_alloc(n, slot->name);
+/* The held codes: the mapped file's rows in place where they are as long as the held ones (read
+ * only: nothing writes a weight's shipped codes, an update or a set replaces them), else a new
+ * buffer; and the scales' buffer. */
+static int alloc_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
+                        uint64_t grid, shipped_values *out) {
+    const uint64_t row_bytes = held_row_bytes(slot->cols);
+    out->codes_mapped = (uint8_t)(codes->may_map && packed_cols == row_bytes);
+    out->codes = out->codes_mapped ? (uint8_t *)(uintptr_t)codes->data
+                                   : px_huge_alloc(slot->rows * row_bytes, slot->name);
     out->scales = px_malloc(grid * sizeof(float), "block scales");
     if (out->codes && out->scales) return PARITY_OK;
     shipped_values_free(out);
     return PARITY_ERR_OUT_OF_MEMORY;
 }
 
-/* The codes unpacked into v, each value checked within bf16's range (the values themselves are
- * shipped_dequantize's, computed the same way when a reader asks for them). */
+/* Each value checked within bf16's range (the values themselves are shipped_dequantize's,
+ * computed the same way when a reader asks for them), and the rows copied into v's codes
+ * unless v uses them in place. */
 static int fill_codes(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
                       uint64_t block, float tensor_scale, shipped_values *v) {
     const uint8_t *p = codes->data;
     const uint64_t grid_cols = (slot->cols + block - 1) / block;
-    for (uint64_t r = 0; r < slot->rows; r++)
+    const uint64_t row_bytes = held_row_bytes(slot->cols);
+    for (uint64_t r = 0; r < slot->rows; r++) {
         for (uint64_t c = 0; c < slot->cols; c++) {
-            const uint64_t i = r * slot->cols + c;
             const uint8_t code = nibble(p + r * packed_cols, c);
             float x = e2m1_to_f32(code) * v->scales[r * grid_cols + c / block];
             if (tensor_scale) x = x * tensor_scale;
@@ -93,8 +106,9 @@ static int fill_codes(const tensor_source *codes, const expected *slot, uint64_t
                 return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element [%" PRIu64 "][%" PRIu64
                                  "] dequantizes to %g, beyond bf16's range", codes->where, r, c,
                                  (double)x);
-            v->codes[i] = code;
         }
+        if (!v->codes_mapped) memcpy(v->codes + r * row_bytes, p + r * packed_cols, row_bytes);
+    }
     return PARITY_OK;
 }
 
@@ -122,7 +136,7 @@ int fp4_values(const tensor_source *codes, const expected *slot, uint64_t packed
                uint64_t block, float tensor_scale, const uint8_t *scale_bytes,
                float (*scale_of)(uint8_t), shipped_values *out) {
     const uint64_t grid = slot->rows * ((slot->cols + block - 1) / block);
-    TRY(alloc_values(slot, grid, out));
+    TRY(alloc_values(codes, slot, packed_cols, grid, out));
     for (uint64_t i = 0; i < grid; i++) out->scales[i] = scale_of(scale_bytes[i]);
     const int rc = fill_codes(codes, slot, packed_cols, block, tensor_scale, out);
     if (rc) shipped_values_free(out);
@@ -163,9 +177,13 @@ int fp4_write(FILE *fp, const saved_tensor *t, uint8_t (*scale_byte)(float)) {
             if (fputc(scale_byte(t->q->scales[i]), fp) == EOF) return 0;
         return 1;
     }
+    /* the held rows are the file's (NVFP4's, and MXFP4's when cols % 32 is 0 or 31) or are
+     * padded to it */
+    if (t->bytes == w->rows * held_row_bytes(w->cols))
+        return fwrite(t->q->codes, 1, t->bytes, fp) == t->bytes;
     uint8_t *packed = px_malloc(t->bytes ? t->bytes : 1, "packed fp4 codes");
     if (!packed) return 0;
-    fp4_pack_rows(t->q->codes, w->rows, w->cols, t->bytes / w->rows, packed);
+    fp4_pad_rows(t->q->codes, w->rows, w->cols, t->bytes / w->rows, packed);
     const int ok = fwrite(packed, 1, t->bytes, fp) == t->bytes;
     px_free(packed);
     return ok;

@@ -8,10 +8,11 @@
 
 #include "layout.h"
 
-/* One code a byte [rows][cols] into two a byte, low nibble the even column: [rows][ceil(cols /
- * 2)] (NVFP4), or [rows][ceil(cols / 32)][16] with each 32-block's padding zero (MXFP4). */
-void fp4_pack_rows(const uint8_t *codes, uint32_t rows, uint32_t cols, uint64_t packed_cols,
-                   uint8_t *packed);
+/* A model's held codes, two a byte (quant_weight.h: [rows][ceil(cols / 2)], low nibble the
+ * even column, as NVFP4 files hold them), into rows of packed_cols bytes, zero past each held
+ * row: MXFP4's [rows][ceil(cols / 32)][16] with each 32-block's padding zero. */
+void fp4_pad_rows(const uint8_t *held, uint32_t rows, uint32_t cols, uint64_t packed_cols,
+                  uint8_t *packed);
 
 /* Packed codes [rows][packed_cols] of a slot ([rows][packed_cols / 16][16] with blocks_3d):
  * U8, the shape, zero padding; `layout` for messages. */
@@ -30,10 +31,11 @@ typedef struct fp4_scales {
  * [rows][ceil(cols / block)], data. */
 int fp4_check_scales(const tensor_source *codes, const tensor_source *s, const expected *slot,
                      const fp4_scales *want);
-/* The checked codes into new buffers: scales[i] = scale_of(scale_bytes[i]), the codes
- * unpacked; a value e2m1 * scale (times tensor_scale unless 0) beyond bf16's range fails
- * naming the element, nothing left allocated. The values are not kept: shipped_dequantize
- * makes them when a reader asks. */
+/* The checked codes as the model holds them (two a byte, the rows copied into a new buffer,
+ * or the mapped file's in place, codes_mapped, where its rows are as long) and the scales in a
+ * new buffer, scales[i] = scale_of(scale_bytes[i]); a value e2m1 * scale (times tensor_scale
+ * unless 0) beyond bf16's range fails naming the element, nothing left allocated. The values
+ * are not kept: shipped_dequantize makes them when a reader asks. */
 int fp4_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
                uint64_t block, float tensor_scale, const uint8_t *scale_bytes,
                float (*scale_of)(uint8_t), shipped_values *out);

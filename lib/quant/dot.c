@@ -32,19 +32,30 @@ static void fill_k(void) {
     for (int c = 0; c < 16; c++) e2m1_k[c] = (double)e2m1_to_f32((uint8_t)c) * 2.0;
 }
 
-/* The exact block dot of two code runs with the value table k (E4M3 or E2M1), as a double. */
-static double block_dot(const double *k, const uint8_t *xr, const uint8_t *wr, size_t k0,
-                        size_t k1) {
+/* The exact dot of n codes of x and of w with the value table k (E4M3 or E2M1), as a double. */
+static double block_dot(const double *k, const uint8_t *x, const uint8_t *w, size_t n) {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    size_t i = k0;
-    for (; i + 4 <= k1; i += 4) {
-        s0 += k[xr[i]] * k[wr[i]];
-        s1 += k[xr[i + 1]] * k[wr[i + 1]];
-        s2 += k[xr[i + 2]] * k[wr[i + 2]];
-        s3 += k[xr[i + 3]] * k[wr[i + 3]];
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += k[x[i]] * k[w[i]];
+        s1 += k[x[i + 1]] * k[w[i + 1]];
+        s2 += k[x[i + 2]] * k[w[i + 2]];
+        s3 += k[x[i + 3]] * k[w[i + 3]];
     }
-    for (; i < k1; i++) s0 += k[xr[i]] * k[wr[i]];
+    for (; i < n; i++) s0 += k[x[i]] * k[w[i]];
     return (s0 + s1) + (s2 + s3);
+}
+
+/* The codes a packed weight row is unpacked by at once (a whole number of every format's
+ * blocks: 16, 32 and 128 divide it). */
+enum { UNPACKED_CODES = 1024 };
+
+/* Codes [c0, c1) of a weight row held two a byte (quant_weight.h's 4-bit layout: code 2i in the
+ * low nibble of byte i, 2i + 1 in the high one), one a byte into out. quant_code_at says the
+ * same; it is not called from here, where the format rows (rules.c) that quant_weight.c reads
+ * are defined on these kernels. */
+static void unpack_nibbles(const uint8_t *held, size_t c0, size_t c1, uint8_t *out) {
+    for (size_t c = c0; c < c1; c++) out[c - c0] = (uint8_t)(held[c / 2] >> (c % 2 * 4) & 0xfu);
 }
 
 void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
@@ -53,21 +64,38 @@ void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
     const int fp4 = f->element == QUANT_ELEMENT_E2M1;
     const double *k = fp4 ? e2m1_k : e4m3_k;
     const double unit = fp4 ? 0x1p-2 : 0x1p-18;
+    /* codes held one a byte (E4M3) are read in place, a whole row at once; packed ones (E2M1,
+     * two a byte) are unpacked UNPACKED_CODES at a time, each output's fp32 chain kept in y
+     * between the spans */
+    const int packed = f->code_bits == 4;
+    const size_t span = packed ? UNPACKED_CODES : j->K;
+    uint8_t unpacked[UNPACKED_CODES];
     for (size_t n = n0; n < n1; n++) {
-        const uint8_t *wr = j->wq + n * j->K;
+        const uint8_t *held = j->wq + n * j->w_row_bytes;
         const float *ws = j->ws + (n / f->block_rows) * j->w_grid_cols;
-        for (size_t m = 0; m < j->M; m++) {
-            const uint8_t *xr = j->xq + m * j->K;
-            const float *xs = j->xs + m * j->nblocks;
-            float acc = 0.0f;
-            for (size_t kb = 0; kb < j->nblocks; kb++) {
-                const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-                const float d = (float)(block_dot(k, xr, wr, k0, k1) * unit);
-                acc = acc + (d * xs[kb]) * ws[kb];
+        size_t c0 = 0;
+        do {
+            const size_t c1 = j->K - c0 < span ? j->K : c0 + span;
+            const uint8_t *wr = held + c0;
+            if (packed) {
+                unpack_nibbles(held, c0, c1, unpacked);
+                wr = unpacked;
             }
-            if (f->has_tensor_scale) acc = acc * (j->xt[m] * j->w_tensor_scale);
-            j->y[m * j->ldy + n] = acc;
-        }
+            for (size_t m = 0; m < j->M; m++) {
+                const uint8_t *xr = j->xq + m * j->K;
+                const float *xs = j->xs + m * j->nblocks;
+                float *y = &j->y[m * j->ldy + n];
+                float acc = c0 == 0 ? 0.0f : *y;
+                for (size_t kb = c0 / j->bc; kb < j->nblocks && kb * j->bc < c1; kb++) {
+                    const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
+                    const float d = (float)(block_dot(k, xr + k0, wr + (k0 - c0), k1 - k0) * unit);
+                    acc = acc + (d * xs[kb]) * ws[kb];
+                }
+                if (c1 == j->K && f->has_tensor_scale) acc = acc * (j->xt[m] * j->w_tensor_scale);
+                *y = acc;
+            }
+            c0 = c1;
+        } while (c0 < j->K);
     }
 }
 

@@ -3,7 +3,8 @@
  * nvfp4_quantize_rows_avx2 and mxfp4_quantize_rows_avx2, under -mavx2 -mfma -mf16c. A chunk of
  * a weight row is 32 codes (2 NVFP4 blocks, 1 MXFP4 block); block dots by vpmaddubsw, vpaddw
  * and vpmaddwd. At a row's end codes and values are read from a copy padded with 0, and codes
- * and outputs are written through one: nothing past a row is read or written.
+ * and outputs are written through one: nothing past a row is read or written. A chunk's weight
+ * codes are 16 bytes of a row held two codes a byte, widened to one a byte.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -17,8 +18,8 @@
 typedef __m256 ev;
 typedef __m256i ei;
 
-/* The codes [0, len) of a row from p (len <= 32; 0 in the bytes past len, which are not
- * read). The one place code rows are read: a packed layout changes this function alone. */
+/* The codes [0, len) of an activation row from p, one a byte (len <= 32; 0 in the bytes past
+ * len, which are not read). */
 static inline ei ei_codes(const uint8_t *p, size_t len) {
     if (len >= 32) return _mm256_loadu_si256((const __m256i *)(const void *)p);
     uint8_t tail[32] = {0};
@@ -26,17 +27,32 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
     return _mm256_loadu_si256((const __m256i *)(const void *)tail);
 }
 
+/* The codes [0, len) of a weight row held two a byte from p (len <= 32: (len + 1) / 2 bytes
+ * read), one a byte in their order, 0 past len: each byte widened to a word, then its high
+ * nibble shifted into the word's high byte, code 2i into byte 2i and 2i + 1 into byte 2i + 1. */
+static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
+    __m128i bytes;
+    if (len >= 32) {
+        bytes = _mm_loadu_si128((const __m128i *)(const void *)p);
+    } else {
+        uint8_t tail[16] = {0};
+        memcpy(tail, p, (len + 1) / 2);
+        if (len % 2) tail[len / 2] &= 0xfu;
+        bytes = _mm_loadu_si128((const __m128i *)(const void *)tail);
+    }
+    const __m256i words = _mm256_cvtepu8_epi16(bytes);
+    return _mm256_and_si256(_mm256_or_si256(words, _mm256_slli_epi16(words, 4)),
+                            _mm256_set1_epi16(0x0f0f));
+}
+
 #define ei_table(...) _mm256_setr_epi8(__VA_ARGS__, __VA_ARGS__)
 #define ei_store(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), v)
 #define ei_shuffle_bytes _mm256_shuffle_epi8
 #define ei_set1 _mm256_set1_epi32
 #define ei_sub _mm256_sub_epi32
-#define ei_min _mm256_min_epi32
-#define ei_mullo _mm256_mullo_epi32
 #define ei_or _mm256_or_si256
 #define ei_and _mm256_and_si256
 #define ei_srli _mm256_srli_epi32
-#define ei_lane_index() _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
 #define ev_set1 _mm256_set1_ps
 #define ev_zero _mm256_setzero_ps
 #define ev_add _mm256_add_ps
@@ -46,7 +62,6 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ev_max _mm256_max_ps
 #define ev_from_int _mm256_cvtepi32_ps
 #define ev_bits _mm256_castps_si256
-#define ev_gather(base, index) _mm256_i32gather_ps(base, index, 4)
 /* the compare is -1 in the lanes where it holds */
 #define ei_count_if(code, a, c, pred)                                                             \
     _mm256_sub_epi32(code, _mm256_castps_si256(_mm256_cmp_ps(a, c, pred)))
@@ -112,6 +127,34 @@ static inline void ei_transpose(ei r[8]) {
         r[p] = _mm256_permute2x128_si256(u[p], u[4 + p], 0x20);
         r[4 + p] = _mm256_permute2x128_si256(u[p], u[4 + p], 0x31);
     }
+}
+
+/* The scales kb0 .. kb0 + n - 1 (n <= 2) of 8 weight rows: each row's n loaded into a 128-bit
+ * half, rows l and l + 4 in the halves of a[l], then interleaved, so that lane l of out[b] is
+ * row l's scale kb0 + b (out holds 2; out[1] is 0 for n = 1). Gathers cost more on Zen 4. */
+static inline void ev_block_scales(ev *out, const float *const rows[8], size_t kb0, int n) {
+    __m128 x[8];
+    if (n == 2)
+        for (int l = 0; l < 8; l++)
+            x[l] = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(rows[l] + kb0)));
+    else
+        for (int l = 0; l < 8; l++) x[l] = _mm_load_ss(rows[l] + kb0);
+    __m256 a[4];
+    for (int l = 0; l < 4; l++)
+        a[l] = _mm256_insertf128_ps(_mm256_castps128_ps256(x[l]), x[l + 4], 1);
+    /* t0: rows 0, 1 (4, 5 in the high half) interleaved, t1: rows 2, 3 (6, 7) */
+    const __m256d t0 = _mm256_castps_pd(_mm256_unpacklo_ps(a[0], a[1]));
+    const __m256d t1 = _mm256_castps_pd(_mm256_unpacklo_ps(a[2], a[3]));
+    out[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t1));
+    out[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t1));
+}
+
+/* The chunk of 8 weight rows from byte byte0 of each, a row a lane: each row's codes widened,
+ * then transposed in dwords. */
+static inline void ei_weight_chunk(ei w[8], const uint8_t *const rows[8], size_t byte0,
+                                   size_t len) {
+    for (int l = 0; l < 8; l++) w[l] = ei_weight_codes(rows[l] + byte0, len);
+    ei_transpose(w);
 }
 
 /* Per lane, start + the sum over n dwords of u[q] (unsigned bytes, broadcast) times w[q]

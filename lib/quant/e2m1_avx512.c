@@ -4,12 +4,14 @@
  * -mavx512vl -mavx512dq; compiled a second time with E2M1_VNNI defined and -mavx512vnni for
  * e2m1_gemm_avx512vnni alone, whose block dots are vpdpbusd where the first sums the bytes by
  * vpmaddubsw, vpaddw and vpmaddwd. A chunk of a weight row is 64 codes (4 NVFP4 blocks, 2
- * MXFP4 ones), loaded under a byte mask at the row's end; a row's last block of values is
- * loaded and its codes stored under masks.
+ * MXFP4 ones), 32 bytes of a row held two codes a byte, loaded under a byte mask at the row's
+ * end, transposed packed and then widened to one a byte; a row's last block of values is loaded
+ * and its codes stored under masks.
  */
 #include <immintrin.h>
 
 #include "e2m1_simd.h"
+#include "fp8_simd.h"
 
 #if defined(E2M1_VNNI)
 #define EV_NAME(f) f##_avx512vnni
@@ -23,8 +25,8 @@
 typedef __m512 ev;
 typedef __m512i ei;
 
-/* The codes [0, len) of a row from p (len <= 64; 0 in the bytes past len, which are not
- * read). The one place code rows are read: a packed layout changes this function alone. */
+/* The codes [0, len) of an activation row from p, one a byte (len <= 64; 0 in the bytes past
+ * len, which are not read). */
 static inline ei ei_codes(const uint8_t *p, size_t len) {
     if (len >= 64) return _mm512_loadu_si512((const void *)p);
     return _mm512_maskz_loadu_epi8((__mmask64)((1ull << len) - 1), p);
@@ -35,12 +37,9 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ei_shuffle_bytes _mm512_shuffle_epi8
 #define ei_set1 _mm512_set1_epi32
 #define ei_sub _mm512_sub_epi32
-#define ei_min _mm512_min_epi32
-#define ei_mullo _mm512_mullo_epi32
 #define ei_or _mm512_or_si512
 #define ei_and _mm512_and_si512
 #define ei_srli _mm512_srli_epi32
-#define ei_lane_index() _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 #define ev_set1 _mm512_set1_ps
 #define ev_zero _mm512_setzero_ps
 #define ev_add _mm512_add_ps
@@ -52,7 +51,6 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ev_from_int _mm512_cvtepi32_ps
 #define ev_bits _mm512_castps_si512
 #define ev_reduce_max _mm512_reduce_max_ps
-#define ev_gather(base, index) _mm512_i32gather_ps(index, base, 4)
 #define ei_count_if(code, a, c, pred)                                                             \
     _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(a, c, pred), code, _mm512_set1_epi32(1))
 
@@ -68,31 +66,57 @@ static inline void e2m1_store(uint8_t *p, ei code, size_t n) {
 }
 #endif
 
-/* Transposes 16 rows of 16 dwords: r[i] becomes dword i of every row, row l in lane l. */
-static inline void ei_transpose(ei r[16]) {
-    ei t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+/* The chunk of 16 weight rows from byte byte0 of each (32 bytes, 64 codes; (len + 1) / 2 bytes
+ * where len < 64, the codes past len 0), a row a lane. The packed rows are transposed in words
+ * (4 codes; fp8_simd.h's 16 x 16 transpose of 16-bit units), so that r[q] holds word q of rows
+ * 0 .. 15; each r[q] is then widened, its bytes to words and each high nibble shifted into its
+ * word's high byte: dword l of w[q] is codes 4q .. 4q+3 of row l in their order. */
+static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size_t byte0,
+                                   size_t len) {
+    __m256i r[16];
+    if (len >= 64) {
+        for (int l = 0; l < 16; l++)
+            r[l] = _mm256_loadu_si256((const __m256i *)(const void *)(rows[l] + byte0));
+    } else {
+        /* the row's last (len + 1) / 2 bytes, an odd row's last high nibble cleared */
+        const size_t bytes = (len + 1) / 2;
+        uint8_t keep[32] = {0};
+        for (size_t i = 0; i < bytes; i++) keep[i] = i == len / 2 ? 0x0f : 0xff;
+        const __m256i keep_v = _mm256_loadu_si256((const __m256i *)(const void *)keep);
+        for (int l = 0; l < 16; l++)
+            r[l] = _mm256_and_si256(
+                _mm256_maskz_loadu_epi8((__mmask32)((1ull << bytes) - 1), rows[l] + byte0),
+                keep_v);
     }
-    /* u[4g + p], 128-bit lane L: dword 4L + p of rows 4g .. 4g + 3 */
+    fp8_transpose16x16_epi16(r);
+    for (int q = 0; q < 16; q++) {
+        const __m512i words = _mm512_cvtepu8_epi16(r[q]);
+        w[q] = _mm512_and_si512(_mm512_or_si512(words, _mm512_slli_epi16(words, 4)),
+                                _mm512_set1_epi16(0x0f0f));
+    }
+}
+
+/* The scales kb0 .. kb0 + n - 1 (n <= 4) of 16 weight rows: each row's n loaded (under a
+ * mask) into a 128-bit lane, rows g, g + 4, g + 8, g + 12 in the lanes of z[g], then each lane
+ * transposed 4 x 4 across z[0 .. 3], so that lane element 4l + g of out[b], row 4l + g, is its
+ * scale kb0 + b (out holds 4; those past n are 0). A gather per block costs more on Zen 4. */
+static inline void ev_block_scales(ev *out, const float *const rows[16], size_t kb0, int n) {
+    const __mmask8 m = (__mmask8)((1u << n) - 1);
+    __m512 z[4];
     for (int g = 0; g < 4; g++) {
-        u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+        z[g] = _mm512_castps128_ps512(_mm_maskz_loadu_ps(m, rows[g] + kb0));
+        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 4] + kb0), 1);
+        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 8] + kb0), 2);
+        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 12] + kb0), 3);
     }
-    /* then the 128-bit lanes transposed 4 x 4 across u[p], u[4 + p], u[8 + p], u[12 + p] */
-    for (int p = 0; p < 4; p++) {
-        const ei v0 = _mm512_shuffle_i32x4(u[p], u[4 + p], 0x44);
-        const ei v1 = _mm512_shuffle_i32x4(u[p], u[4 + p], 0xee);
-        const ei v2 = _mm512_shuffle_i32x4(u[8 + p], u[12 + p], 0x44);
-        const ei v3 = _mm512_shuffle_i32x4(u[8 + p], u[12 + p], 0xee);
-        r[p] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-        r[4 + p] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
-        r[8 + p] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-        r[12 + p] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
-    }
+    /* t0: (z0 b0, z1 b0, z0 b1, z1 b1), t1: (.. b2, .. b3), t2, t3 the same of z2, z3 */
+    const __m512 t0 = _mm512_unpacklo_ps(z[0], z[1]), t1 = _mm512_unpackhi_ps(z[0], z[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(z[2], z[3]), t3 = _mm512_unpackhi_ps(z[2], z[3]);
+    /* all four written (out holds EV_CHUNK / 16), those past n 0 */
+    out[0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+    out[1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+    out[2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    out[3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
 }
 
 /* Per lane, start + the sum over n dwords of u[q] (unsigned bytes, broadcast) times w[q]

@@ -7,9 +7,11 @@
  * set and under its own name (EV_NAME).
  *
  * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK =
- * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). Per tile and chunk the weight
- * rows' codes become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle
- * and are transposed in dwords, so that register i holds codes 4i .. 4i+3 of every column; a
+ * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). The weight rows are held two
+ * codes a byte (quant_weight.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2
+ * bytes. Per tile and chunk the weight rows' codes are transposed and expanded to a code a
+ * byte (ei_weight_chunk), so that register i holds codes 4i .. 4i+3 of every column, and
+ * become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle; a
  * block's correction -12 sum(k_w) per column comes from the same registers. Then each row of
  * activations (up to PASS_ROWS a pass, each reusing the transposed chunk from registers) has
  * its codes mapped to k_a + 12 (unsigned bytes, 0 .. 24), and each dword of them, broadcast,
@@ -36,13 +38,19 @@
  *   EV_PREFETCH                the cache the next tile is prefetched into (_MM_HINT_T*)
  *   ev, ei                     the fp32 and the int32 (or byte) vector
  *   ei_codes(p, len)           a chunk of EV_CHUNK code bytes from p, 0 past len (not read)
+ *   ei_weight_chunk(w, rows, byte0, len)   the chunk of EV_LANES weight rows held two codes
+ *                              a byte, from byte byte0 of each, transposed: w[i] holds codes
+ *                              4i .. 4i+3 of every row, a row a lane, one a byte; 0 past len
+ *                              ((len + 1) / 2 bytes read)
  *   ei_store(p, v), ei_shuffle_bytes(table, v), ei_table(bytes...)
  *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
  *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
  *                              broadcast) times w[q] (signed bytes)
- *   ei_set1, ei_sub, ei_min, ei_mullo, ei_lane_index(), ei_or, ei_and, ei_srli
+ *   ei_set1, ei_sub, ei_or, ei_and, ei_srli
  *   ev_set1, ev_zero(), ev_add, ev_mul, ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
- *   conversion), ev_bits (the bits as an ei), ev_reduce_max, ev_gather(base, index)
+ *   conversion), ev_bits (the bits as an ei), ev_reduce_max
+ *   ev_block_scales(out, rows, kb0, n)  out[b], b < n: the scales kb0 + b of the EV_LANES
+ *                              weight rows whose scales start at rows[l], row l in lane l
  *   ev_load(p, n), ev_store(p, v, n)       lanes [0, n) of p (n may exceed EV_LANES), +0 past n
  *   ei_count_if(code, a, c, pred)          code + 1 in the lanes where a pred c
  *   e2m1_store(p, code, n)                 the low bytes of the lanes' codes, n of them
@@ -72,17 +80,19 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                                                                size_t n0, size_t n1,
                                                                const int dwords) {
     const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols;
+    const size_t row_bytes = j->w_row_bytes; /* (K + 1) / 2 */
     const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
     const ei signed_k = ei_table(E2M1_K_SIGNED), unsigned_k = ei_table(E2M1_K_UNSIGNED);
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
         /* lanes past the tile's columns repeat its last column (read, never stored) */
-        const ei col = ei_min(ei_lane_index(), ei_set1((int)cols - 1));
-        const ei ws_index = ei_mullo(col, ei_set1((int)grid));
         const float *ws = j->ws + nt * grid;
         const uint8_t *wrow[EV_LANES];
-        for (size_t l = 0; l < EV_LANES; l++)
-            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * K;
+        const float *srow[EV_LANES];
+        for (size_t l = 0; l < EV_LANES; l++) {
+            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
+            srow[l] = ws + (l < cols ? l : cols - 1) * grid;
+        }
         for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
             const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
             ev acc[PASS_ROWS];
@@ -95,17 +105,16 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                  * hardware's prefetchers lose EV_LANES streams of short rows (2-3x the read
                  * rate of a cold 3072 x 1024 decode GEMM on Zen 4) */
                 if (m0 == 0 && nt + EV_LANES < n1) {
-                    const uint8_t *next = j->wq + (nt + EV_LANES) * K + k0 * EV_LANES;
-                    for (int l = 0; l < EV_LANES * EV_CHUNK; l += 64)
+                    const uint8_t *next = j->wq + (nt + EV_LANES) * row_bytes + k0 / 2 * EV_LANES;
+                    for (int l = 0; l < EV_LANES * EV_CHUNK / 2; l += 64)
                         _mm_prefetch((const char *)(next + l), EV_PREFETCH);
                     const float *next_ws = ws + EV_LANES * grid + kb0 * EV_LANES;
                     for (int l = 0; l < EV_LANES * blocks_per_chunk; l += 16)
                         _mm_prefetch((const char *)(next_ws + l), EV_PREFETCH);
                 }
                 ei w[EV_LANES];
-                for (int l = 0; l < EV_LANES; l++)
-                    w[l] = ei_shuffle_bytes(signed_k, ei_codes(wrow[l] + k0, len));
-                ei_transpose(w);
+                ei_weight_chunk(w, wrow, k0 / 2, len);
+                for (int i = 0; i < EV_LANES; i++) w[i] = ei_shuffle_bytes(signed_k, w[i]);
                 /* per block: -12 sum(k_w) in each lane, and w_s */
                 ei correction[EV_CHUNK / 16];
                 ev w_scale[EV_CHUNK / 16];
@@ -117,8 +126,8 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                     if (b >= nbc) break;
                     correction[b] = ei_sub(ei_set1(0), ei_dot(ei_set1(0), w + b * dwords,
                                                               e2m1_biases, dwords));
-                    w_scale[b] = ev_gather(ws + kb0 + (size_t)b, ws_index);
                 }
+                ev_block_scales(w_scale, srow, kb0, nbc);
                 for (size_t m = m0; m < m1; m++) {
                     /* the row's codes as k_a + 12, then read back a dword at a time */
                     int32_t u[EV_CHUNK / 4];

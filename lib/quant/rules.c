@@ -32,8 +32,8 @@ static const quant_format formats[] = {
     FORMAT(PARITY_GEMM_FP8_BLOCK, "fp8-block", E4M3, 8, 128, 128, F32, 0, 128, fp8, blocked,
            FP8_SIMD),
     FORMAT(PARITY_GEMM_MXFP8, "mxfp8", E4M3, 8, 1, 32, E8M0, 0, 128, fp8, blocked, FP8_SIMD),
-    FORMAT(PARITY_GEMM_NVFP4, "nvfp4", E2M1, 8, 1, 16, E4M3, 1, 0, nvfp4, blocked, NVFP4_SIMD),
-    FORMAT(PARITY_GEMM_MXFP4, "mxfp4", E2M1, 8, 1, 32, E8M0, 0, 0, mxfp4, blocked, MXFP4_SIMD),
+    FORMAT(PARITY_GEMM_NVFP4, "nvfp4", E2M1, 4, 1, 16, E4M3, 1, 0, nvfp4, blocked, NVFP4_SIMD),
+    FORMAT(PARITY_GEMM_MXFP4, "mxfp4", E2M1, 4, 1, 32, E8M0, 0, 0, mxfp4, blocked, MXFP4_SIMD),
     FORMAT(PARITY_GEMM_TERNARY, "ternary", TERNARY, 2, 0, 0, NONE, 1, 0, ternary, ternary,
            TERNARY_SIMD),
 };

@@ -295,9 +295,10 @@ class TestScore(unittest.TestCase):
     def test_weight_bytes(self):
         """Model.weight_bytes mirrors parity_model_bytes: the decoder's linear weights read once
         a step, 2 bytes a parameter in bf16, 1 a code and 4 a 128 x 128 block's scale under
-        fp8-block, ternary codes four a byte (a row's in groups of 64 in 16 bytes) and 4 for
-        each weight's scale; the head the same under all; what a policy keeps within what is
-        held."""
+        fp8-block, two E2M1 codes a byte (a row's odd last code a byte of its own) and 4 a 1 x 16
+        block's scale under nvfp4, ternary codes four a byte (a row's in groups of 64 in 16
+        bytes) and 4 for each weight's scale; the head the same under all; what a policy keeps
+        within what is held."""
         c = self.tiny.config
         hd, h, inter = c["head_dim"], c["hidden_size"], c["intermediate_size"]
         q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
@@ -305,16 +306,20 @@ class TestScore(unittest.TestCase):
         params = c["num_hidden_layers"] * sum(r * k for r, k in shapes)
         grid = c["num_hidden_layers"] * sum(-(-r // 128) * -(-k // 128) for r, k in shapes)
         ternary_codes = c["num_hidden_layers"] * sum(r * -(-k // 64) * 16 for r, k in shapes)
+        nv_codes = c["num_hidden_layers"] * sum(r * -(-k // 2) for r, k in shapes)
+        nv_grid = c["num_hidden_layers"] * sum(r * -(-k // 16) for r, k in shapes)
         bf16 = self.tiny.weight_bytes("vllm")
         fp8 = self.tiny.weight_bytes("vllm+fp8-block:deepseek")
+        nvfp4 = self.tiny.weight_bytes("vllm+nvfp4:modelopt")
         ternary = self.tiny.weight_bytes("vllm+ternary:bitnet")
         self.assertEqual(bf16["step_linear"], 2 * params)
         self.assertEqual(fp8["step_linear"], params + 4 * grid)
+        self.assertEqual(nvfp4["step_linear"], nv_codes + 4 * nv_grid)
         self.assertEqual(ternary["step_linear"], ternary_codes + 4 * 7 * c["num_hidden_layers"])
-        self.assertEqual(bf16["step_head"], fp8["step_head"])
-        self.assertEqual(bf16["step_head"], ternary["step_head"])
+        for b in (fp8, nvfp4, ternary):
+            self.assertEqual(bf16["step_head"], b["step_head"])
         self.assertEqual(bf16["embedding_row"], 2 * h)
-        for b in (bf16, fp8, ternary):
+        for b in (bf16, fp8, nvfp4, ternary):
             self.assertTrue(0 < b["held_for_policy"] <= b["held"], b)
         with self.assertRaises((ValueError, ParityError)):
             self.tiny.weight_bytes("vllm", backend="no-such-backend")
