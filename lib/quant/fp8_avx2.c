@@ -28,6 +28,8 @@
 #define STEP_ROWS 4
 /* The columns of a tile: one int32 lane each. */
 #define TILE 8
+/* The pairs of K of a block of n codes (pack_tile's pairs are consecutive codes). */
+#define FP8_PAIRS(n) (((n) + 1) / 2)
 
 /* ---- decoding E4M3 codes into digits ------------------------------------------------------ */
 
@@ -91,6 +93,7 @@ typedef __m256i vint;
 typedef __m256 vfloat;
 typedef __m256i vlanes; /* all-ones dword lanes */
 
+static inline vint v_add(vint a, vint b) { return _mm256_add_epi32(a, b); }
 static inline vint v_zero(void) { return _mm256_setzero_si256(); }
 static inline vfloat vf_set1(float x) { return _mm256_set1_ps(x); }
 static inline vfloat vf_mul(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }

@@ -3,10 +3,10 @@
  * the loops over row chunks, K blocks and column tiles (one-row decode steps and row steps),
  * the fold of a block's d into the fp32 chain, the entries. fp8_avx2.c and fp8_avx512.c include
  * it after defining:
- *   TILE, STEP_ROWS, FP8_ENTRY(name): the tile's columns (int32 lanes), a step's rows, the
- *     entries' names;
+ *   TILE, STEP_ROWS, FP8_ENTRY(name), FP8_PAIRS(n): the tile's columns (int32 lanes), a step's
+ *     rows, the entries' names, the pairs of K pack_tile makes of a block of n codes;
  *   vint, vfloat, vlanes: TILE int32 and fp32 lanes, a set of lanes (columns);
- *   vint v_zero(void); vint dot_pairs(vint acc, const int32_t *pair, vint w): acc plus the
+ *   vint v_zero(void), v_add(vint, vint); vint dot_pairs(vint acc, const int32_t *pair, vint w): acc plus the
  *     dword dots of the broadcast int16 pair at `pair` and w;
  *   vfloat nan_lanes(vfloat d, vlanes nan, int all): d NaN in the lanes `nan`, or all;
  *   vfloat vf_set1(float), vf_mul, vf_add, load_columns(const float *, size_t cols);
@@ -28,7 +28,8 @@ static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t 
 /* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three vectors per
  * pair of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code.
  * With `row` (a single row of activations: its digits at the block's first pair), takes that
- * row's three dots into dots[3] instead, the decoded pairs never stored. */
+ * row's three dots into dots[6] instead (even pairs in 0..2, odd ones in 3..5: two chains), the
+ * decoded pairs never stored. */
 static inline __attribute__((always_inline)) vlanes pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, vint *tile, const int32_t *row,
     vint *dots);
@@ -45,9 +46,10 @@ static inline __attribute__((always_inline)) void take_pair(const int32_t *row, 
                                                             vint hi, vint v) {
     if (row) {
         const int32_t *a = row + pair * 3;
-        dots[0] = dot_pairs(dots[0], a, lo);
-        dots[1] = dot_pairs(dots[1], a + 1, hi);
-        dots[2] = dot_pairs(dots[2], a + 2, v);
+        vint *d = dots + 3 * (pair & 1);
+        d[0] = dot_pairs(d[0], a, lo);
+        d[1] = dot_pairs(d[1], a + 1, hi);
+        d[2] = dot_pairs(d[2], a + 2, v);
     } else {
         vint *t = tile + 3 * pair;
         t[0] = lo;
@@ -95,23 +97,28 @@ static inline __attribute__((always_inline)) void step_rows(
 }
 
 /* Block kb ([k0, k1)) of the columns [n, n + cols), cols <= TILE, for the `rows` rows of the
- * chunk from m0 (decoded in b). */
+ * chunk from m0 (decoded in b); the job's columns end at n_end. */
 static void block_tile(const quant_gemm_job *j, fp8_rows *b, vint *tile, size_t m0, size_t rows,
-                       size_t kb, size_t k0, size_t k1, size_t n, size_t cols) {
+                       size_t kb, size_t k0, size_t k1, size_t n, size_t cols, size_t n_end) {
     const uint8_t *w[TILE];
     for (size_t c = 0; c < cols; c++) w[c] = j->wq + (n + c) * j->K;
-    const size_t block_rows = j->rule->format->block_rows, pairs = (k1 - k0 + 1) / 2;
+    const size_t block_rows = j->rule->format->block_rows, pairs = FP8_PAIRS(k1 - k0);
+    /* the next tile's rows of this block, into L2 (the hardware's prefetchers lose TILE short
+     * streams) */
+    for (size_t c = n + TILE; c < n + 2 * TILE && c < n_end; c++)
+        for (size_t k = k0; k < k1; k += 64)
+            _mm_prefetch((const char *)(j->wq + c * j->K + k), _MM_HINT_T1);
     float ws[TILE] = {0};
     for (size_t c = 0; c < cols; c++) ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
     const vfloat w_scale = load_columns(ws, TILE);
     if (rows == 1) {
         /* a decode step of one row: each decoded pair straight into its dots */
-        vint dots[3] = {v_zero(), v_zero(), v_zero()};
+        vint dots[6] = {v_zero(), v_zero(), v_zero(), v_zero(), v_zero(), v_zero()};
         const vlanes w_nan =
             pack_tile(w, cols, k0, k1, NULL, fp8_row_pair(b, 0, (kb - b->kb0) * FP8_BLOCK_PAIRS),
                       dots);
-        fold_block(j, b, kb, m0, 0, dots[0], dots[1], dots[2], w_nan, w_scale,
-                   j->y + m0 * j->ldy + n, cols);
+        fold_block(j, b, kb, m0, 0, v_add(dots[0], dots[3]), v_add(dots[1], dots[4]),
+                   v_add(dots[2], dots[5]), w_nan, w_scale, j->y + m0 * j->ldy + n, cols);
         return;
     }
     const vlanes w_nan = pack_tile(w, cols, k0, k1, tile, NULL, NULL);
@@ -152,7 +159,7 @@ void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
                 for (size_t kb = kb0; kb < kb0 + b.blocks; kb++) {
                     const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
                     block_tile(j, &b, tile, m0, rows, kb, k0, k1, n,
-                               n1 - n < TILE ? n1 - n : TILE);
+                               n1 - n < TILE ? n1 - n : TILE, n1);
                 }
         }
     }
