@@ -243,7 +243,7 @@ static inline __attribute__((always_inline)) __mmask16 pack_tile(
                 _mm512_movepi16_mask(x), &t);
             const size_t pair = (k - k0) / 2 + 2 * q;
             take_pair(row, dots, tile, pair, even.lo, even.hi, even.v);
-            take_pair(row, dots, tile, pair + 1, odd.lo, odd.hi, odd.v);
+            take_pair(row, row ? dots + 3 : NULL, tile, pair + 1, odd.lo, odd.hi, odd.v);
         }
     }
     /* bytes 4c .. 4c + 3: column c */

@@ -28,7 +28,7 @@ static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t 
 /* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three vectors per
  * pair of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code.
  * With `row` (a single row of activations: its digits at the block's first pair), takes that
- * row's three dots into dots[6] instead (even pairs in 0..2, odd ones in 3..5: two chains), the
+ * row's three dots into dots[6] instead (pack_tile may keep two chains: 0..2 and 3..5), the
  * decoded pairs never stored. */
 static inline __attribute__((always_inline)) vlanes pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, vint *tile, const int32_t *row,
@@ -39,17 +39,16 @@ static inline vfloat block_d(vint ll, vint hh, vint pp);
  * the codes; returns the scale as the portable quantizer stores it. */
 static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8_t *codes);
 
-/* pack_tile's use of the decoded pair `pair` of its block (lo, hi, v): the one-row dots, or
- * the tile's stored pair. */
+/* pack_tile's use of the decoded pair `pair` of its block (lo, hi, v): the one-row dots (three
+ * at `dots`), or the tile's stored pair. */
 static inline __attribute__((always_inline)) void take_pair(const int32_t *row, vint *dots,
                                                             vint *tile, size_t pair, vint lo,
                                                             vint hi, vint v) {
     if (row) {
         const int32_t *a = row + pair * 3;
-        vint *d = dots + 3 * (pair & 1);
-        d[0] = dot_pairs(d[0], a, lo);
-        d[1] = dot_pairs(d[1], a + 1, hi);
-        d[2] = dot_pairs(d[2], a + 2, v);
+        dots[0] = dot_pairs(dots[0], a, lo);
+        dots[1] = dot_pairs(dots[1], a + 1, hi);
+        dots[2] = dot_pairs(dots[2], a + 2, v);
     } else {
         vint *t = tile + 3 * pair;
         t[0] = lo;
@@ -96,32 +95,71 @@ static inline __attribute__((always_inline)) void step_rows(
                    j->y + (m0 + r + i) * j->ldy + n, cols);
 }
 
-/* Block kb ([k0, k1)) of the columns [n, n + cols), cols <= TILE, for the `rows` rows of the
- * chunk from m0 (decoded in b); the job's columns end at n_end. */
-static void block_tile(const quant_gemm_job *j, fp8_rows *b, vint *tile, size_t m0, size_t rows,
-                       size_t kb, size_t k0, size_t k1, size_t n, size_t cols, size_t n_end) {
+/* A tile's columns [n, n + cols), cols <= TILE: their weight rows and their rows of block
+ * scales (the lanes past cols repeat the last column's, whose results are never stored). */
+typedef struct fp8_tile {
     const uint8_t *w[TILE];
-    for (size_t c = 0; c < cols; c++) w[c] = j->wq + (n + c) * j->K;
-    const size_t block_rows = j->rule->format->block_rows, pairs = FP8_PAIRS(k1 - k0);
-    /* the next tile's rows of this block, into L2 (the hardware's prefetchers lose TILE short
-     * streams) */
-    for (size_t c = n + TILE; c < n + 2 * TILE && c < n_end; c++)
+    const float *ws[TILE];
+    size_t n, cols;
+} fp8_tile;
+
+static inline void fp8_tile_begin(const quant_gemm_job *j, fp8_tile *t, size_t n, size_t cols) {
+    const size_t block_rows = j->rule->format->block_rows;
+    t->n = n;
+    t->cols = cols;
+    for (size_t c = 0; c < TILE; c++) {
+        const size_t column = n + (c < cols ? c : cols - 1);
+        t->w[c] = j->wq + column * j->K;
+        t->ws[c] = j->ws + (column / block_rows) * j->w_grid_cols;
+    }
+}
+
+/* The tile's weight block scales of block kb. */
+static inline vfloat tile_scales(const fp8_tile *t, size_t kb) {
+    float ws[TILE];
+    for (size_t c = 0; c < TILE; c++) ws[c] = t->ws[c][kb];
+    return load_columns(ws, TILE);
+}
+
+/* The next tile's weight rows [k0, k1) into L2 (the hardware's prefetchers lose TILE short
+ * streams); the job's columns end at n_end. */
+static inline void prefetch_next_tile(const quant_gemm_job *j, const fp8_tile *t, size_t k0,
+                                      size_t k1, size_t n_end) {
+    for (size_t c = t->n + TILE; c < t->n + 2 * TILE && c < n_end; c++)
         for (size_t k = k0; k < k1; k += 64)
             _mm_prefetch((const char *)(j->wq + c * j->K + k), _MM_HINT_T1);
-    float ws[TILE] = {0};
-    for (size_t c = 0; c < cols; c++) ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
-    const vfloat w_scale = load_columns(ws, TILE);
-    if (rows == 1) {
-        /* a decode step of one row: each decoded pair straight into its dots */
+}
+
+/* A decode step of one row (the job's row m0, the chunk's only one) against the tile over the
+ * chunk's run of blocks: each decoded pair straight into its dots, the fp32 chain
+ * acc = acc + (d * a_s) * w_s in registers from y (+0 before the first block) back to y. */
+static void row_tile(const quant_gemm_job *j, fp8_rows *b, const fp8_tile *t, size_t m0,
+                     size_t n_end) {
+    float *y = j->y + m0 * j->ldy + t->n;
+    vfloat acc = b->kb0 ? load_columns(y, t->cols) : vf_set1(0.0f);
+    for (size_t kb = b->kb0; kb < b->kb0 + b->blocks; kb++) {
+        const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
+        prefetch_next_tile(j, t, k0, k1, n_end);
         vint dots[6] = {v_zero(), v_zero(), v_zero(), v_zero(), v_zero(), v_zero()};
-        const vlanes w_nan =
-            pack_tile(w, cols, k0, k1, NULL, fp8_row_pair(b, 0, (kb - b->kb0) * FP8_BLOCK_PAIRS),
-                      dots);
-        fold_block(j, b, kb, m0, 0, v_add(dots[0], dots[3]), v_add(dots[1], dots[4]),
-                   v_add(dots[2], dots[5]), w_nan, w_scale, j->y + m0 * j->ldy + n, cols);
-        return;
+        const vlanes w_nan = pack_tile(t->w, t->cols, k0, k1, NULL,
+                                       fp8_row_pair(b, 0, (kb - b->kb0) * FP8_BLOCK_PAIRS), dots);
+        const vfloat d = nan_lanes(block_d(v_add(dots[0], dots[3]), v_add(dots[1], dots[4]),
+                                           v_add(dots[2], dots[5])),
+                                   w_nan, b->nan[kb - b->kb0]);
+        const vfloat x_scale = vf_set1(j->xs[m0 * j->nblocks + kb]);
+        acc = vf_add(acc, vf_mul(vf_mul(d, x_scale), tile_scales(t, kb)));
     }
-    const vlanes w_nan = pack_tile(w, cols, k0, k1, tile, NULL, NULL);
+    store_columns(y, acc, t->cols);
+}
+
+/* Block kb ([k0, k1)) of the tile's columns for the `rows` rows of the chunk from m0 (decoded
+ * in b); the job's columns end at n_end. */
+static void block_tile(const quant_gemm_job *j, fp8_rows *b, vint *tile, const fp8_tile *t,
+                       size_t m0, size_t rows, size_t kb, size_t k0, size_t k1, size_t n_end) {
+    const size_t pairs = FP8_PAIRS(k1 - k0), n = t->n, cols = t->cols;
+    prefetch_next_tile(j, t, k0, k1, n_end);
+    const vfloat w_scale = tile_scales(t, kb);
+    const vlanes w_nan = pack_tile(t->w, cols, k0, k1, tile, NULL, NULL);
     size_t r = 0;
     for (; r + STEP_ROWS <= rows; r += STEP_ROWS)
         step_rows(j, b, tile, pairs, kb, m0, r, STEP_ROWS, w_nan, w_scale, n, cols);
@@ -155,12 +193,18 @@ void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
                 decode_rows(j, m0, rows, kb, k0, k1, &b);
             }
             /* each tile's blocks in order: a weight row's codes read in one stream */
-            for (size_t n = n0; n < n1; n += TILE)
+            for (size_t n = n0; n < n1; n += TILE) {
+                fp8_tile t;
+                fp8_tile_begin(j, &t, n, n1 - n < TILE ? n1 - n : TILE);
+                if (rows == 1) {
+                    row_tile(j, &b, &t, m0, n1);
+                    continue;
+                }
                 for (size_t kb = kb0; kb < kb0 + b.blocks; kb++) {
                     const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-                    block_tile(j, &b, tile, m0, rows, kb, k0, k1, n,
-                               n1 - n < TILE ? n1 - n : TILE, n1);
+                    block_tile(j, &b, tile, &t, m0, rows, kb, k0, k1, n1);
                 }
+            }
         }
     }
 }
