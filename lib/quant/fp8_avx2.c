@@ -123,6 +123,14 @@ static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(*a), w));
 }
 
+/* TILE int32s from p; the floats at base + offsets, a lane each. */
+static inline vint load_ints(const int32_t *p) {
+    return _mm256_loadu_si256((const __m256i *)(const void *)p);
+}
+static inline vfloat gather_columns(const float *base, vint offsets) {
+    return _mm256_i32gather_ps(base, offsets, 4);
+}
+
 #include "fp8_driver.h"
 
 /* decode_rows (fp8_driver.h). */

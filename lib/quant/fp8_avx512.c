@@ -156,6 +156,12 @@ static inline void store_columns(float *y, vfloat v, size_t cols) {
     _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1), v);
 }
 
+/* TILE int32s from p; the floats at base + offsets, a lane each. */
+static inline vint load_ints(const int32_t *p) { return _mm512_loadu_si512(p); }
+static inline vfloat gather_columns(const float *base, vint offsets) {
+    return _mm512_i32gather_ps(offsets, base, 4);
+}
+
 #include "fp8_driver.h"
 
 /* decode_rows (fp8_driver.h): the pairs in pack_tile's order, (4q, 4q + 2) then

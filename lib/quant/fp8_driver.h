@@ -10,6 +10,7 @@
  *     dword dots of the broadcast int16 pair at `pair` and w;
  *   vfloat nan_lanes(vfloat d, vlanes nan, int all): d NaN in the lanes `nan`, or all;
  *   vfloat vf_set1(float), vf_mul, vf_add, load_columns(const float *, size_t cols);
+ *     vint load_ints(const int32_t *); vfloat gather_columns(const float *base, vint offsets);
  *     void store_columns(float *, vfloat, size_t cols);
  *   and, before or after the include, pack_tile, decode_rows, block_d and quantize_block (the
  *   declarations below), which take their decoded pairs through take_pair.
@@ -96,28 +97,38 @@ static inline __attribute__((always_inline)) void step_rows(
 }
 
 /* A tile's columns [n, n + cols), cols <= TILE: their weight rows and their rows of block
- * scales (the lanes past cols repeat the last column's, whose results are never stored). */
+ * scales, as offsets in j->ws and as int32 offsets from the first column's row for a gather
+ * (the lanes past cols repeat the last column's, whose results are never stored; a tile whose
+ * rows of scales lie 2^31 or more apart, which takes K beyond 2^32, reads them one by one). */
 typedef struct fp8_tile {
     const uint8_t *w[TILE];
-    const float *ws[TILE];
+    size_t ws[TILE];
+    vint ws_offsets;
+    int gather;
     size_t n, cols;
 } fp8_tile;
 
 static inline void fp8_tile_begin(const quant_gemm_job *j, fp8_tile *t, size_t n, size_t cols) {
     const size_t block_rows = j->rule->format->block_rows;
+    int32_t offsets[TILE];
     t->n = n;
     t->cols = cols;
+    t->gather = 1;
     for (size_t c = 0; c < TILE; c++) {
         const size_t column = n + (c < cols ? c : cols - 1);
         t->w[c] = j->wq + column * j->K;
-        t->ws[c] = j->ws + (column / block_rows) * j->w_grid_cols;
+        t->ws[c] = (column / block_rows) * j->w_grid_cols;
+        if (t->ws[c] - t->ws[0] > (size_t)INT32_MAX) t->gather = 0;
+        offsets[c] = (int32_t)(t->ws[c] - t->ws[0]);
     }
+    t->ws_offsets = load_ints(offsets);
 }
 
 /* The tile's weight block scales of block kb. */
-static inline vfloat tile_scales(const fp8_tile *t, size_t kb) {
+static inline vfloat tile_scales(const quant_gemm_job *j, const fp8_tile *t, size_t kb) {
+    if (t->gather) return gather_columns(j->ws + t->ws[0] + kb, t->ws_offsets);
     float ws[TILE];
-    for (size_t c = 0; c < TILE; c++) ws[c] = t->ws[c][kb];
+    for (size_t c = 0; c < TILE; c++) ws[c] = j->ws[t->ws[c] + kb];
     return load_columns(ws, TILE);
 }
 
@@ -147,7 +158,7 @@ static void row_tile(const quant_gemm_job *j, fp8_rows *b, const fp8_tile *t, si
                                            v_add(dots[2], dots[5])),
                                    w_nan, b->nan[kb - b->kb0]);
         const vfloat x_scale = vf_set1(j->xs[m0 * j->nblocks + kb]);
-        acc = vf_add(acc, vf_mul(vf_mul(d, x_scale), tile_scales(t, kb)));
+        acc = vf_add(acc, vf_mul(vf_mul(d, x_scale), tile_scales(j, t, kb)));
     }
     store_columns(y, acc, t->cols);
 }
@@ -158,7 +169,7 @@ static void block_tile(const quant_gemm_job *j, fp8_rows *b, vint *tile, const f
                        size_t m0, size_t rows, size_t kb, size_t k0, size_t k1, size_t n_end) {
     const size_t pairs = FP8_PAIRS(k1 - k0), n = t->n, cols = t->cols;
     prefetch_next_tile(j, t, k0, k1, n_end);
-    const vfloat w_scale = tile_scales(t, kb);
+    const vfloat w_scale = tile_scales(j, t, kb);
     const vlanes w_nan = pack_tile(t->w, cols, k0, k1, tile, NULL, NULL);
     size_t r = 0;
     for (; r + STEP_ROWS <= rows; r += STEP_ROWS)
