@@ -241,7 +241,8 @@ static inline __attribute__((always_inline)) vlanes pack_tile(
         for (size_t q = 0; q < quads; q++) {
             const __m256i x = r[q];
             /* a code | 0x80 is 0xff: NaN */
-            nan_bytes = _mm256_or_si256(nan_bytes, _mm256_cmpeq_epi8(_mm256_or_si256(x, sign), ones));
+            nan_bytes =
+                _mm256_or_si256(nan_bytes, _mm256_cmpeq_epi8(_mm256_or_si256(x, sign), ones));
             digits16 even, odd;
             decode_bytes(x, implicit_table, power_table, &even, &odd);
             const size_t pair = (k - k0) / 2 + 2 * q;

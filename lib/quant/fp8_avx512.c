@@ -92,8 +92,9 @@ typedef struct digit_tables {
 } digit_tables;
 
 static inline digit_tables load_digit_tables(void) {
-    const digit_tables t = {_mm512_loadu_si512(fp8_lo_digit), _mm512_loadu_si512(fp8_lo_digit + 32),
-                            _mm512_loadu_si512(fp8_hi_digit), _mm512_loadu_si512(fp8_hi_digit + 32)};
+    const digit_tables t = {
+        _mm512_loadu_si512(fp8_lo_digit), _mm512_loadu_si512(fp8_lo_digit + 32),
+        _mm512_loadu_si512(fp8_hi_digit), _mm512_loadu_si512(fp8_hi_digit + 32)};
     return t;
 }
 
@@ -171,13 +172,15 @@ static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t 
     const size_t pair0 = (kb - b->kb0) * FP8_BLOCK_PAIRS;
     const digit_tables t = load_digit_tables();
     /* codes 4q, 4q + 2, 4q + 1, 4q + 3 */
-    const __m256i quad_order = _mm256_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15,
-                                                0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+    const __m256i quad_order =
+        _mm256_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0, 2, 1, 3, 4, 6, 5,
+                         7, 8, 10, 9, 11, 12, 14, 13, 15);
     for (size_t r = 0; r < rows; r++) {
         const uint8_t *xr = j->xq + (m0 + r) * j->K;
         for (size_t k = k0; k < k1; k += 32) {
             const __mmask32 in = k + 32 <= k1 ? ~(__mmask32)0 : ((__mmask32)1 << (k1 - k)) - 1;
-            const __m256i codes = _mm256_shuffle_epi8(_mm256_maskz_loadu_epi8(in, xr + k), quad_order);
+            const __m256i codes =
+                _mm256_shuffle_epi8(_mm256_maskz_loadu_epi8(in, xr + k), quad_order);
             const digits32 d = decode32(_mm512_cvtepu8_epi16(codes), &t);
             int32_t lo[16], hi[16], v[16];
             _mm512_storeu_si512(lo, d.lo);
@@ -253,7 +256,8 @@ static inline __attribute__((always_inline)) __mmask16 pack_tile(
         }
     }
     /* bytes 4c .. 4c + 3: column c */
-    const __m512i nan_bytes = _mm512_movm_epi8(_mm512_cmpeq_epi8_mask(nan_max, _mm512_set1_epi8(-1)));
+    const __m512i nan_bytes =
+        _mm512_movm_epi8(_mm512_cmpeq_epi8_mask(nan_max, _mm512_set1_epi8(-1)));
     return _mm512_test_epi32_mask(nan_bytes, nan_bytes);
 }
 

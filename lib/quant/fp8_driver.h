@@ -6,8 +6,8 @@
  *   TILE, STEP_ROWS, FP8_ENTRY(name), FP8_PAIRS(n): the tile's columns (int32 lanes), a step's
  *     rows, the entries' names, the pairs of K pack_tile makes of a block of n codes;
  *   vint, vfloat, vlanes: TILE int32 and fp32 lanes, a set of lanes (columns);
- *   vint v_zero(void), v_add(vint, vint); vint dot_pairs(vint acc, const int32_t *pair, vint w): acc plus the
- *     dword dots of the broadcast int16 pair at `pair` and w;
+ *   vint v_zero(void), v_add(vint, vint); vint dot_pairs(vint acc, const int32_t *pair,
+ *     vint w): acc plus the dword dots of the broadcast int16 pair at `pair` and w;
  *   vfloat nan_lanes(vfloat d, vlanes nan, int all): d NaN in the lanes `nan`, or all;
  *   vfloat vf_set1(float), vf_mul, vf_add, load_columns(const float *, size_t cols);
  *     vint load_ints(const int32_t *); vfloat gather_columns(const float *base, vint offsets);
@@ -18,7 +18,8 @@
  * The GEMM allocates nothing: a chunk of up to FP8_CHUNK_ROWS activation rows is decoded onto
  * the stack a run of K blocks at a time (fp8_rows, 48 KB: one block for 64 rows, all of K up to
  * 8192 for one row), the weight tile of a block too (12 KB at the most), and the fp32 chain
- * accumulates in y itself (only the job's columns are written).
+ * accumulates in y itself (a one-row step's in registers over a run of blocks; only the job's
+ * columns are written).
  */
 #ifndef PARITY_QUANT_FP8_DRIVER_H
 #define PARITY_QUANT_FP8_DRIVER_H
