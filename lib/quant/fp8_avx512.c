@@ -195,8 +195,8 @@ static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t 
 /* The weight row's codes [k, min(k + 32, k1)), zero past k1: the one place the GEMM reads
  * weight codes (a packed layout of the codes changes this function alone). */
 static inline __m256i weight_codes32(const uint8_t *row, size_t k, size_t k1) {
-    const __mmask32 in = k + 32 <= k1 ? ~(__mmask32)0 : ((__mmask32)1 << (k1 - k)) - 1;
-    return _mm256_maskz_loadu_epi8(in, row + k);
+    if (k + 32 <= k1) return _mm256_loadu_si256((const __m256i *)(const void *)(row + k));
+    return _mm256_maskz_loadu_epi8(((__mmask32)1 << (k1 - k)) - 1, row + k);
 }
 
 /* Transposes the dwords of two 8 x 8 matrices, one in each 256-bit half of r[0..7] (r[c]

@@ -134,11 +134,12 @@ static inline vfloat tile_scales(const quant_gemm_job *j, const fp8_tile *t, siz
 }
 
 /* The next tile's weight rows [k0, k1) into L2 (the hardware's prefetchers lose TILE short
- * streams); the job's columns end at n_end. */
+ * streams), a prefetch at each multiple of 64 codes (a block of 32 starting between two has its
+ * codes fetched with the block before); the job's columns end at n_end. */
 static inline void prefetch_next_tile(const quant_gemm_job *j, const fp8_tile *t, size_t k0,
                                       size_t k1, size_t n_end) {
     for (size_t c = t->n + TILE; c < t->n + 2 * TILE && c < n_end; c++)
-        for (size_t k = k0; k < k1; k += 64)
+        for (size_t k = (k0 + 63) / 64 * 64; k < k1; k += 64)
             _mm_prefetch((const char *)(j->wq + c * j->K + k), _MM_HINT_T1);
 }
 
