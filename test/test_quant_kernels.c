@@ -316,6 +316,13 @@ static int test_gemm(const quant_rule *r, const quant_simd *s, const char *varia
     /* a decode row and two rows along a K longer than the kernel's stack holds at once */
     compare_gemm(r, s->gemm_columns, variant, 1, 21, 8300);
     compare_gemm(r, s->gemm_columns, variant, 2, 19, 4200);
+    /* last blocks ending 2 or 3 codes into a quad of K (the AVX-512 tile's pairs are codes 4q,
+     * 4q + 2 and 4q + 1, 4q + 3): 130 = 128 + 2, 98 = 3 x 32 + 2, 163 = 5 x 32 + 3 */
+    for (size_t m = 1; m <= 9; m += 8) {
+        compare_gemm(r, s->gemm_columns, variant, m, 37, 130);
+        compare_gemm(r, s->gemm_columns, variant, m, 37, 98);
+        compare_gemm(r, s->gemm_columns, variant, m, 37, 163);
+    }
     return 1;
 }
 

@@ -7,12 +7,15 @@
  * (vpmaddwd + vpaddd), S = LL + 2^7 (P - LL - HH) + 2^14 HH exact in double, d = RN_fp32(S *
  * 2^-18); then acc = acc + (d * a_s) * w_s over the blocks in order, in fp32. The shape is
  * fp8_avx512.c's on 8 int32 lanes: output columns in tiles of 8 (one lane each), each tile's
- * weight block read once, transposed to pairs of K and decoded (vpshufb tables, vpmullw, vpsignw)
- * into a tile of digit vectors in L1; the activations decoded once (fp8_simd.h); 4 rows at a time
- * against the tile with broadcast activation pairs (12 accumulators); a one-row decode step
- * takes each decoded pair straight into its dots. A NaN code (0x7f, 0xff) in a weight column's
- * block or an activation row's block makes that d NaN, as in dot.c. The ISA-free drivers (the
- * tile loop, the fold into the fp32 chain, the entries) are fp8_driver.h's.
+ * weight block read once, 32 codes of each column at a time, their dwords transposed 8 x 8 (a
+ * vector a quad of K of every column, its even and odd bytes two pairs of K) and decoded 32 codes
+ * at once in bytes (vpshufb tables, vpsignb, then vpmaddubsw of the power and s of each word's
+ * even or odd byte) into a tile of digit vectors in L1; the activations decoded once (fp8_simd.h;
+ * their pairs in the tile's order); 4 rows at a time against the tile with broadcast activation
+ * pairs (12 accumulators); a one-row decode step takes each decoded pair straight into its dots. A
+ * NaN code (0x7f, 0xff) in a weight column's block or an activation row's block makes that d NaN,
+ * as in dot.c. The ISA-free drivers (the tile loop, the fold into the fp32 chain, the entries) are
+ * fp8_driver.h's.
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -28,6 +31,8 @@
 #define STEP_ROWS 4
 /* The columns of a tile: one int32 lane each. */
 #define TILE 8
+/* The pairs of K of a block of n codes: pack_tile's two a quad of codes. */
+#define FP8_PAIRS(n) (2 * (((n) + 3) / 4))
 
 /* ---- decoding E4M3 codes into digits ------------------------------------------------------ */
 
@@ -91,6 +96,7 @@ typedef __m256i vint;
 typedef __m256 vfloat;
 typedef __m256i vlanes; /* all-ones dword lanes */
 
+static inline vint v_add(vint a, vint b) { return _mm256_add_epi32(a, b); }
 static inline vint v_zero(void) { return _mm256_setzero_si256(); }
 static inline vfloat vf_set1(float x) { return _mm256_set1_ps(x); }
 static inline vfloat vf_mul(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }
@@ -120,14 +126,25 @@ static inline __m256i dot_pairs(__m256i acc, const int32_t *a, __m256i w) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(*a), w));
 }
 
+/* TILE int32s from p; the floats at base + offsets, a lane each. */
+static inline vint load_ints(const int32_t *p) {
+    return _mm256_loadu_si256((const __m256i *)(const void *)p);
+}
+static inline vfloat gather_columns(const float *base, vint offsets) {
+    return _mm256_i32gather_ps(base, offsets, 4);
+}
+
 #include "fp8_driver.h"
 
-/* decode_rows (fp8_driver.h). */
+/* decode_rows (fp8_driver.h): the pairs in pack_tile's order, (4q, 4q + 2) then
+ * (4q + 1, 4q + 3) for each 4 codes from the block's start. */
 static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t kb, size_t k0,
                         size_t k1, fp8_rows *b) {
     const size_t pair0 = (kb - b->kb0) * FP8_BLOCK_PAIRS;
     const __m256i implicit_table = byte_table(fp8_implicit_bit);
     const __m256i power_table = byte_table(fp8_signed_power);
+    /* codes 4q, 4q + 2, 4q + 1, 4q + 3 */
+    const __m128i quad_order = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
     for (size_t r = 0; r < rows; r++) {
         const uint8_t *xr = j->xq + (m0 + r) * j->K;
         for (size_t k = k0; k < k1; k += 16) {
@@ -139,7 +156,8 @@ static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t 
                 memcpy(buffer, xr + k, k1 - k);
                 codes = _mm_loadu_si128((const __m128i *)(const void *)buffer);
             }
-            const digits16 d = decode16(_mm256_cvtepu8_epi16(codes), implicit_table, power_table);
+            const digits16 d = decode16(_mm256_cvtepu8_epi16(_mm_shuffle_epi8(codes, quad_order)),
+                                        implicit_table, power_table);
             int32_t lo[8], hi[8], v[8];
             _mm256_storeu_si256((__m256i *)(void *)lo, d.lo);
             _mm256_storeu_si256((__m256i *)(void *)hi, d.hi);
@@ -156,33 +174,84 @@ static inline __m256i weight_codes32(const uint8_t *row, size_t k, size_t k1) {
     return load_partial(row + k, k1 - k);
 }
 
-/* pack_tile (fp8_driver.h). */
+/* Transposes the dwords of the 8 x 8 matrix r[0..7] (r[c] dword q into r[q] dword c): unpacks
+ * of 32 and 64 bits within 128-bit lanes, then the lanes crossed. */
+static inline void transpose8x8_epi32(__m256i r[8]) {
+    __m256i a[8], b[8];
+    /* a[2i + h]: lane L is rows 2i, 2i + 1 at dwords 4L + 2h, 4L + 2h + 1 */
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* b[4g + t]: lane L is rows 4g .. 4g + 3 at dword 4L + t */
+    for (int g = 0; g < 2; g++)
+        for (int h = 0; h < 2; h++) {
+            b[4 * g + 2 * h] = _mm256_unpacklo_epi64(a[4 * g + h], a[4 * g + 2 + h]);
+            b[4 * g + 2 * h + 1] = _mm256_unpackhi_epi64(a[4 * g + h], a[4 * g + 2 + h]);
+        }
+    for (int t = 0; t < 4; t++) {
+        r[t] = _mm256_permute2x128_si256(b[t], b[4 + t], 0x20);
+        r[4 + t] = _mm256_permute2x128_si256(b[t], b[4 + t], 0x31);
+    }
+}
+
+/* The digits of the 32 codes of x as two sets of 16 words: of its even bytes and of its odd
+ * ones. Per byte: the exponent field indexes the byte tables (vpshufb), s = m | the implicit
+ * bit, signed by the code's sign (vpsignb), split by kind (code bit 6); then each word's
+ * digit is power * s of its even (or odd) byte alone (vpmaddubsw with the other byte's power
+ * zeroed: |power * s| <= 1920, no saturation). */
+static inline void decode_bytes(__m256i x, __m256i implicit_table, __m256i power_table,
+                                digits16 *even, digits16 *odd) {
+    const __m256i e = _mm256_and_si256(_mm256_srli_epi16(x, 3), _mm256_set1_epi8(0x0f));
+    const __m256i s = _mm256_sign_epi8(
+        _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi8(7)),
+                        _mm256_shuffle_epi8(implicit_table, e)),
+        x);
+    const __m256i bit6 = _mm256_set1_epi8(0x40);
+    const __m256i big = _mm256_cmpeq_epi8(_mm256_and_si256(x, bit6), bit6);
+    const __m256i s_lo = _mm256_andnot_si256(big, s), s_hi = _mm256_and_si256(big, s);
+    const __m256i power = _mm256_shuffle_epi8(power_table, e), low = _mm256_set1_epi16(0xff);
+    const __m256i power_even = _mm256_and_si256(power, low);
+    const __m256i power_odd = _mm256_andnot_si256(low, power);
+    even->lo = _mm256_maddubs_epi16(power_even, s_lo);
+    even->hi = _mm256_maddubs_epi16(power_even, s_hi);
+    even->v = _mm256_maddubs_epi16(power_even, s);
+    odd->lo = _mm256_maddubs_epi16(power_odd, s_lo);
+    odd->hi = _mm256_maddubs_epi16(power_odd, s_hi);
+    odd->v = _mm256_maddubs_epi16(power_odd, s);
+}
+
+/* pack_tile (fp8_driver.h). Per 32 codes of K, the 8 columns' rows with their dwords
+ * transposed: vector q holds codes 4q .. 4q + 3 of every column, a column a dword; its even
+ * bytes (codes 4q, 4q + 2) and odd ones (4q + 1, 4q + 3) are the pairs 2q and 2q + 1 of the
+ * tile (the activations' pairs are ordered so: decode_rows). */
 static inline __attribute__((always_inline)) vlanes pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, __m256i *tile,
     const int32_t *row, __m256i *dots) {
     const __m256i implicit_table = byte_table(fp8_implicit_bit);
     const __m256i power_table = byte_table(fp8_signed_power);
-    const __m128i sign = _mm_set1_epi8((char)0x80), ones = _mm_set1_epi8(-1);
-    __m128i nan_bytes = _mm_setzero_si128(); /* bytes 2c, 2c + 1: column c (code | 0x80 = 0xff) */
+    const __m256i sign = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(-1);
+    __m256i nan_bytes = _mm256_setzero_si256(); /* bytes 4c .. 4c + 3: column c */
     for (size_t k = k0; k < k1; k += 32) {
-        __m256i r[16];
-        for (size_t c = 0; c < 16; c++)
+        __m256i r[8];
+        for (size_t c = 0; c < 8; c++)
             r[c] = c < cols ? weight_codes32(w[c], k, k1) : _mm256_setzero_si256();
-        /* rows 8..15 zero: r[p]'s low half is pair p of the 8 columns */
-        fp8_transpose16x16_epi16(r);
-        const size_t pairs = (k1 - k + 1) / 2 < 16 ? (k1 - k + 1) / 2 : 16;
-        for (size_t p = 0; p < pairs; p++) {
-            const __m128i codes = _mm256_castsi256_si128(r[p]);
-            nan_bytes = _mm_or_si128(nan_bytes, _mm_cmpeq_epi8(_mm_or_si128(codes, sign), ones));
-            const digits16 d = decode16(_mm256_cvtepu8_epi16(codes), implicit_table, power_table);
-            take_pair(row, dots, tile, (k - k0) / 2 + p, d.lo, d.hi, d.v);
+        transpose8x8_epi32(r);
+        const size_t quads = (k1 - k + 3) / 4 < 8 ? (k1 - k + 3) / 4 : 8;
+        for (size_t q = 0; q < quads; q++) {
+            const __m256i x = r[q];
+            /* a code | 0x80 is 0xff: NaN */
+            nan_bytes =
+                _mm256_or_si256(nan_bytes, _mm256_cmpeq_epi8(_mm256_or_si256(x, sign), ones));
+            digits16 even, odd;
+            decode_bytes(x, implicit_table, power_table, &even, &odd);
+            const size_t pair = (k - k0) / 2 + 2 * q;
+            take_pair(row, dots, tile, pair, even.lo, even.hi, even.v);
+            take_pair(row, row ? dots + 3 : NULL, tile, pair + 1, odd.lo, odd.hi, odd.v);
         }
     }
-    const __m256i column_nan = _mm256_cvtepi16_epi32(nan_bytes);
-    return _mm256_xor_si256(_mm256_cmpeq_epi32(column_nan, _mm256_setzero_si256()),
-                            _mm256_set1_epi32(-1));
+    return _mm256_xor_si256(_mm256_cmpeq_epi32(nan_bytes, _mm256_setzero_si256()), ones);
 }
-
 
 /* d of 8 columns from the three dots (fp8_simd.h), each step exact in double, then rounded
  * once to fp32. */

@@ -12,14 +12,20 @@
  * double sum rounded once. Then acc = acc + (d * a_s) * w_s over the blocks in order, in fp32.
  *
  * The kernel's shape: output columns in tiles of 16, one int32 lane per column. Per tile and K
- * block the weight codes are read once (16 column rows of the [N][K] codes), transposed to
- * pairs of K (two codes of one column a dword) and decoded to the three digit planes of the
- * tile (int16 pairs, 12 KB for a block of 128, L1); the activations were decoded once (digit
- * pairs as dwords, in groups of 8 rows, chunks of 64 rows on the stack: fp8_simd.h). Then 8
- * rows at a time take, per pair of K, the three weight vectors against three broadcast
+ * block the weight codes are read once (16 column rows of the [N][K] codes, 32 codes of each
+ * at a time, columns c and c + 8 in one vector), their dwords transposed (8 x 8 in each
+ * 256-bit half: 24 shuffles for 512 codes), so that a vector holds a quad of K of every column;
+ * its even bytes and its odd ones, as words, are two pairs of K of the tile (codes 4q, 4q + 2
+ * and 4q + 1, 4q + 3; the activations' pairs are decoded in that order). A pair's digits come
+ * from two 64-entry word tables by the code's low 6 bits (vpermt2w, zeroing the lanes of the
+ * other kind), negated by the code's sign: seven operations for 32 codes. The three digit
+ * planes of the tile (12 KB for a block of 128) stay in L1; the activations were decoded once
+ * (digit pairs as dwords, in groups of 8 rows, chunks of 64 rows on the stack: fp8_simd.h).
+ * Then 8 rows at a time take, per pair of K, the three weight vectors against three broadcast
  * activation dwords: 24 accumulators, no horizontal sum; each block's d is computed for 16
  * columns at once. A one-row decode step takes each decoded pair straight into its dots
- * instead. A NaN code (0x7f, 0xff) in a weight column's block or an activation row's block
+ * instead (two chains of three, by the pair's parity), and the next tile's rows are prefetched
+ * into L2. A NaN code (0x7f, 0xff) in a weight column's block or an activation row's block
  * makes that d NaN, as in dot.c. Each weight byte is read once per chunk of 64 rows; prefill
  * reuses the decoded tile from L1 for every row of the chunk. The ISA-free drivers (the loops,
  * the fold into the fp32 chain, the entries) are fp8_driver.h's.
@@ -54,6 +60,8 @@ static inline __m512i dot_pairs(__m512i acc, const int32_t *a, __m512i w) {
 #define STEP_ROWS 8
 /* The columns of a tile: one int32 lane each. */
 #define TILE 16
+/* The pairs of K of a block of n codes: pack_tile's two a quad of codes. */
+#define FP8_PAIRS(n) (2 * (((n) + 3) / 4))
 
 /* ---- decoding E4M3 codes into digits ------------------------------------------------------ */
 
@@ -63,18 +71,52 @@ typedef struct digits32 {
     __m512i lo, hi, v;
 } digits32;
 
-/* Decodes 32 codes, zero-extended to words: k = s * 2^sh with s = m or 8 + m (the implicit
- * bit of a normal exponent), and the signed power of two by (sign, exponent) from a word
- * table (vpermw on the code's bits 3..7); the exponent's top bit (code bit 6) says the kind. */
-static inline digits32 decode32(__m512i x) {
-    const __m512i idx = _mm512_srli_epi16(x, 3);
-    const __m512i implicit = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(fp8_implicit_bit));
-    const __m512i s = _mm512_ternarylogic_epi32(x, _mm512_set1_epi16(7), implicit, 0xea);
-    const __m512i v = _mm512_mullo_epi16(s, _mm512_permutexvar_epi16(
-                                                idx, _mm512_loadu_si512(fp8_signed_power)));
-    const __mmask32 big = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40));
-    digits32 d = {_mm512_maskz_mov_epi16((__mmask32)~big, v), _mm512_maskz_mov_epi16(big, v), v};
+/* The magnitudes of the digits by a code's low 6 bits (mantissa m, the exponent field's low 3
+ * bits e'): of the codes whose exponent field is e' (lo: m for e' = 0, (8 + m) << (e' - 1)
+ * above) and of those whose field is 8 + e' (hi: (8 + m) << e'; 1920 for the NaN code 0x7f,
+ * whose block's d is NaN whatever its digit). */
+static const int16_t fp8_lo_digit[64] = {
+    0,   1,   2,   3,   4,   5,   6,   7,   8,   9,   10,  11,  12,  13,  14,  15,
+    16,  18,  20,  22,  24,  26,  28,  30,  32,  36,  40,  44,  48,  52,  56,  60,
+    64,  72,  80,  88,  96,  104, 112, 120, 128, 144, 160, 176, 192, 208, 224, 240,
+    256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 832, 896, 960};
+static const int16_t fp8_hi_digit[64] = {
+    8,   9,   10,  11,  12,  13,  14,  15,  16,   18,   20,   22,   24,   26,   28,   30,
+    32,  36,  40,  44,  48,  52,  56,  60,  64,   72,   80,   88,   96,   104,  112,  120,
+    128, 144, 160, 176, 192, 208, 224, 240, 256,  288,  320,  352,  384,  416,  448,  480,
+    512, 576, 640, 704, 768, 832, 896, 960, 1024, 1152, 1280, 1408, 1536, 1664, 1792, 1920};
+
+/* The two tables in vectors of 32 words (vpermt2w takes an index's low 6 bits). */
+typedef struct digit_tables {
+    __m512i lo0, lo1, hi0, hi1;
+} digit_tables;
+
+static inline digit_tables load_digit_tables(void) {
+    const digit_tables t = {
+        _mm512_loadu_si512(fp8_lo_digit), _mm512_loadu_si512(fp8_lo_digit + 32),
+        _mm512_loadu_si512(fp8_hi_digit), _mm512_loadu_si512(fp8_hi_digit + 32)};
+    return t;
+}
+
+/* The digits of the 32 codes in the low bytes of idx's words (the high bytes ignored), whose
+ * kind (code bit 6: the exponent field's top bit) and sign (bit 7) are big and neg: each
+ * table's magnitude in the lanes of its kind (zero in the others), negated where neg; then
+ * v = lo | hi (one of them zero). */
+static inline digits32 decode_words(__m512i idx, __mmask32 big, __mmask32 neg,
+                                    const digit_tables *t) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i lo = _mm512_maskz_permutex2var_epi16((__mmask32)~big, t->lo0, idx, t->lo1);
+    __m512i hi = _mm512_maskz_permutex2var_epi16(big, t->hi0, idx, t->hi1);
+    lo = _mm512_mask_sub_epi16(lo, neg, zero, lo);
+    hi = _mm512_mask_sub_epi16(hi, neg, zero, hi);
+    const digits32 d = {lo, hi, _mm512_or_si512(lo, hi)};
     return d;
+}
+
+/* The digits of 32 codes zero-extended to words. */
+static inline digits32 decode32(__m512i x, const digit_tables *t) {
+    return decode_words(x, _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)),
+                        _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x80)), t);
 }
 
 /* Whether n codes at p hold an E4M3 NaN (0x7f or 0xff). */
@@ -96,6 +138,7 @@ typedef __m512i vint;
 typedef __m512 vfloat;
 typedef __mmask16 vlanes;
 
+static inline vint v_add(vint a, vint b) { return _mm512_add_epi32(a, b); }
 static inline vint v_zero(void) { return _mm512_setzero_si512(); }
 static inline vfloat vf_set1(float x) { return _mm512_set1_ps(x); }
 static inline vfloat vf_mul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
@@ -114,17 +157,31 @@ static inline void store_columns(float *y, vfloat v, size_t cols) {
     _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1), v);
 }
 
+/* TILE int32s from p; the floats at base + offsets, a lane each. */
+static inline vint load_ints(const int32_t *p) { return _mm512_loadu_si512(p); }
+static inline vfloat gather_columns(const float *base, vint offsets) {
+    return _mm512_i32gather_ps(offsets, base, 4);
+}
+
 #include "fp8_driver.h"
 
-/* decode_rows (fp8_driver.h). */
+/* decode_rows (fp8_driver.h): the pairs in pack_tile's order, (4q, 4q + 2) then
+ * (4q + 1, 4q + 3) for each 4 codes from the block's start. */
 static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t kb, size_t k0,
                         size_t k1, fp8_rows *b) {
     const size_t pair0 = (kb - b->kb0) * FP8_BLOCK_PAIRS;
+    const digit_tables t = load_digit_tables();
+    /* codes 4q, 4q + 2, 4q + 1, 4q + 3 */
+    const __m256i quad_order =
+        _mm256_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0, 2, 1, 3, 4, 6, 5,
+                         7, 8, 10, 9, 11, 12, 14, 13, 15);
     for (size_t r = 0; r < rows; r++) {
         const uint8_t *xr = j->xq + (m0 + r) * j->K;
         for (size_t k = k0; k < k1; k += 32) {
             const __mmask32 in = k + 32 <= k1 ? ~(__mmask32)0 : ((__mmask32)1 << (k1 - k)) - 1;
-            const digits32 d = decode32(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(in, xr + k)));
+            const __m256i codes =
+                _mm256_shuffle_epi8(_mm256_maskz_loadu_epi8(in, xr + k), quad_order);
+            const digits32 d = decode32(_mm512_cvtepu8_epi16(codes), &t);
             int32_t lo[16], hi[16], v[16];
             _mm512_storeu_si512(lo, d.lo);
             _mm512_storeu_si512(hi, d.hi);
@@ -138,30 +195,70 @@ static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t 
 /* The weight row's codes [k, min(k + 32, k1)), zero past k1: the one place the GEMM reads
  * weight codes (a packed layout of the codes changes this function alone). */
 static inline __m256i weight_codes32(const uint8_t *row, size_t k, size_t k1) {
-    const __mmask32 in = k + 32 <= k1 ? ~(__mmask32)0 : ((__mmask32)1 << (k1 - k)) - 1;
-    return _mm256_maskz_loadu_epi8(in, row + k);
+    if (k + 32 <= k1) return _mm256_loadu_si256((const __m256i *)(const void *)(row + k));
+    return _mm256_maskz_loadu_epi8(((__mmask32)1 << (k1 - k)) - 1, row + k);
 }
 
-/* pack_tile (fp8_driver.h). */
+/* Transposes the dwords of two 8 x 8 matrices, one in each 256-bit half of r[0..7] (r[c]
+ * dword q of the half into r[q] dword c): unpacks of 32 and 64 bits within 128-bit lanes, then
+ * the lanes crossed within each half by masked lane shuffles. */
+static inline void transpose8x8_halves_epi32(__m512i r[8]) {
+    __m512i a[8], b[8];
+    /* a[2i + h]: lane L is rows 2i, 2i + 1 at dwords 4L' + 2h, 4L' + 2h + 1 (L' = L % 2) */
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* b[4g + t]: lane L is rows 4g .. 4g + 3 at dword 4L' + t */
+    for (int g = 0; g < 2; g++)
+        for (int h = 0; h < 2; h++) {
+            b[4 * g + 2 * h] = _mm512_unpacklo_epi64(a[4 * g + h], a[4 * g + 2 + h]);
+            b[4 * g + 2 * h + 1] = _mm512_unpackhi_epi64(a[4 * g + h], a[4 * g + 2 + h]);
+        }
+    /* r[t]: lanes 0 and 2 of b[t], 0 and 2 of b[4 + t] interleaved; r[4 + t]: lanes 1 and 3 */
+    for (int t = 0; t < 4; t++) {
+        r[t] = _mm512_mask_shuffle_i32x4(b[t], 0xf0f0, b[4 + t], b[4 + t], 0xa0);
+        r[4 + t] = _mm512_mask_shuffle_i32x4(b[4 + t], 0x0f0f, b[t], b[t], 0xf5);
+    }
+}
+
+/* pack_tile (fp8_driver.h). Per 32 codes of K, the 16 columns' rows in 8 vectors (columns c and
+ * c + 8 in the halves), their dwords transposed: vector q holds codes 4q .. 4q + 3 of every
+ * column, a column a dword. Its even bytes (codes 4q, 4q + 2) and odd ones (4q + 1, 4q + 3),
+ * each as words, are the pairs 2q and 2q + 1 of the tile (the activations' pairs are ordered
+ * so: decode_rows). */
 static inline __attribute__((always_inline)) __mmask16 pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, __m512i *tile,
     const int32_t *row, __m512i *dots) {
-    const __m256i sign = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(-1);
-    __mmask32 nan_bytes = 0; /* bytes 2c, 2c + 1: column c (a code | 0x80 is 0xff: NaN) */
+    const digit_tables t = load_digit_tables();
+    const __m512i sign = _mm512_set1_epi8((char)0x80);
+    __m512i nan_max = _mm512_setzero_si512(); /* per byte the max of code | 0x80: 0xff: NaN */
     for (size_t k = k0; k < k1; k += 32) {
-        __m256i r[TILE];
-        for (size_t c = 0; c < TILE; c++)
-            r[c] = c < cols ? weight_codes32(w[c], k, k1) : _mm256_setzero_si256();
-        fp8_transpose16x16_epi16(r);
-        const size_t pairs = (k1 - k + 1) / 2 < 16 ? (k1 - k + 1) / 2 : 16;
-        for (size_t p = 0; p < pairs; p++) {
-            nan_bytes |= _mm256_cmpeq_epi8_mask(_mm256_or_si256(r[p], sign), ones);
-            const digits32 d = decode32(_mm512_cvtepu8_epi16(r[p]));
-            take_pair(row, dots, tile, (k - k0) / 2 + p, d.lo, d.hi, d.v);
+        __m512i r[8];
+        for (size_t c = 0; c < 8; c++) {
+            const __m256i low = c < cols ? weight_codes32(w[c], k, k1) : _mm256_setzero_si256();
+            const __m256i high =
+                c + 8 < cols ? weight_codes32(w[c + 8], k, k1) : _mm256_setzero_si256();
+            r[c] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+        }
+        transpose8x8_halves_epi32(r);
+        const size_t quads = (k1 - k + 3) / 4 < 8 ? (k1 - k + 3) / 4 : 8;
+        for (size_t q = 0; q < quads; q++) {
+            const __m512i x = r[q];
+            nan_max = _mm512_max_epu8(nan_max, _mm512_or_si512(x, sign));
+            const digits32 even = decode32(x, &t);
+            const digits32 odd = decode_words(
+                _mm512_srli_epi16(x, 8), _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x4000)),
+                _mm512_movepi16_mask(x), &t);
+            const size_t pair = (k - k0) / 2 + 2 * q;
+            take_pair(row, dots, tile, pair, even.lo, even.hi, even.v);
+            take_pair(row, row ? dots + 3 : NULL, tile, pair + 1, odd.lo, odd.hi, odd.v);
         }
     }
-    const __m512i nan_words = _mm512_movm_epi16(nan_bytes);
-    return _mm512_test_epi32_mask(nan_words, nan_words);
+    /* bytes 4c .. 4c + 3: column c */
+    const __m512i nan_bytes =
+        _mm512_movm_epi8(_mm512_cmpeq_epi8_mask(nan_max, _mm512_set1_epi8(-1)));
+    return _mm512_test_epi32_mask(nan_bytes, nan_bytes);
 }
 
 /* S * 2^-18 of 8 columns from the halves of the three dots, in double: LL 2^-18 + cross

@@ -3,13 +3,14 @@
  * the loops over row chunks, K blocks and column tiles (one-row decode steps and row steps),
  * the fold of a block's d into the fp32 chain, the entries. fp8_avx2.c and fp8_avx512.c include
  * it after defining:
- *   TILE, STEP_ROWS, FP8_ENTRY(name): the tile's columns (int32 lanes), a step's rows, the
- *     entries' names;
+ *   TILE, STEP_ROWS, FP8_ENTRY(name), FP8_PAIRS(n): the tile's columns (int32 lanes), a step's
+ *     rows, the entries' names, the pairs of K pack_tile makes of a block of n codes;
  *   vint, vfloat, vlanes: TILE int32 and fp32 lanes, a set of lanes (columns);
- *   vint v_zero(void); vint dot_pairs(vint acc, const int32_t *pair, vint w): acc plus the
- *     dword dots of the broadcast int16 pair at `pair` and w;
+ *   vint v_zero(void), v_add(vint, vint); vint dot_pairs(vint acc, const int32_t *pair,
+ *     vint w): acc plus the dword dots of the broadcast int16 pair at `pair` and w;
  *   vfloat nan_lanes(vfloat d, vlanes nan, int all): d NaN in the lanes `nan`, or all;
  *   vfloat vf_set1(float), vf_mul, vf_add, load_columns(const float *, size_t cols);
+ *     vint load_ints(const int32_t *); vfloat gather_columns(const float *base, vint offsets);
  *     void store_columns(float *, vfloat, size_t cols);
  *   and, before or after the include, pack_tile, decode_rows, block_d and quantize_block (the
  *   declarations below), which take their decoded pairs through take_pair.
@@ -17,7 +18,8 @@
  * The GEMM allocates nothing: a chunk of up to FP8_CHUNK_ROWS activation rows is decoded onto
  * the stack a run of K blocks at a time (fp8_rows, 48 KB: one block for 64 rows, all of K up to
  * 8192 for one row), the weight tile of a block too (12 KB at the most), and the fp32 chain
- * accumulates in y itself (only the job's columns are written).
+ * accumulates in y itself (a one-row step's in registers over a run of blocks; only the job's
+ * columns are written).
  */
 #ifndef PARITY_QUANT_FP8_DRIVER_H
 #define PARITY_QUANT_FP8_DRIVER_H
@@ -28,7 +30,8 @@ static void decode_rows(const quant_gemm_job *j, size_t m0, size_t rows, size_t 
 /* Decodes block [k0, k1) of the tile's `cols` weight rows `w` into `tile` (three vectors per
  * pair of K: lo, hi, v, a column's pair a dword lane); returns the columns holding a NaN code.
  * With `row` (a single row of activations: its digits at the block's first pair), takes that
- * row's three dots into dots[3] instead, the decoded pairs never stored. */
+ * row's three dots into dots[6] instead (pack_tile may keep two chains: 0..2 and 3..5), the
+ * decoded pairs never stored. */
 static inline __attribute__((always_inline)) vlanes pack_tile(
     const uint8_t *const *w, size_t cols, size_t k0, size_t k1, vint *tile, const int32_t *row,
     vint *dots);
@@ -38,8 +41,8 @@ static inline vfloat block_d(vint ll, vint hh, vint pp);
  * the codes; returns the scale as the portable quantizer stores it. */
 static float quantize_block(const quant_rule *r, const float *x, size_t n, uint8_t *codes);
 
-/* pack_tile's use of the decoded pair `pair` of its block (lo, hi, v): the one-row dots, or
- * the tile's stored pair. */
+/* pack_tile's use of the decoded pair `pair` of its block (lo, hi, v): the one-row dots (three
+ * at `dots`), or the tile's stored pair. */
 static inline __attribute__((always_inline)) void take_pair(const int32_t *row, vint *dots,
                                                             vint *tile, size_t pair, vint lo,
                                                             vint hi, vint v) {
@@ -94,27 +97,82 @@ static inline __attribute__((always_inline)) void step_rows(
                    j->y + (m0 + r + i) * j->ldy + n, cols);
 }
 
-/* Block kb ([k0, k1)) of the columns [n, n + cols), cols <= TILE, for the `rows` rows of the
- * chunk from m0 (decoded in b). */
-static void block_tile(const quant_gemm_job *j, fp8_rows *b, vint *tile, size_t m0, size_t rows,
-                       size_t kb, size_t k0, size_t k1, size_t n, size_t cols) {
+/* A tile's columns [n, n + cols), cols <= TILE: their weight rows and their rows of block
+ * scales, as offsets in j->ws and as int32 offsets from the first column's row for a gather
+ * (the lanes past cols repeat the last column's, whose results are never stored; a tile whose
+ * rows of scales lie 2^31 or more apart, which takes K beyond 2^32, reads them one by one). */
+typedef struct fp8_tile {
     const uint8_t *w[TILE];
-    for (size_t c = 0; c < cols; c++) w[c] = j->wq + (n + c) * j->K;
-    const size_t block_rows = j->rule->format->block_rows, pairs = (k1 - k0 + 1) / 2;
-    float ws[TILE] = {0};
-    for (size_t c = 0; c < cols; c++) ws[c] = j->ws[((n + c) / block_rows) * j->w_grid_cols + kb];
-    const vfloat w_scale = load_columns(ws, TILE);
-    if (rows == 1) {
-        /* a decode step of one row: each decoded pair straight into its dots */
-        vint dots[3] = {v_zero(), v_zero(), v_zero()};
-        const vlanes w_nan =
-            pack_tile(w, cols, k0, k1, NULL, fp8_row_pair(b, 0, (kb - b->kb0) * FP8_BLOCK_PAIRS),
-                      dots);
-        fold_block(j, b, kb, m0, 0, dots[0], dots[1], dots[2], w_nan, w_scale,
-                   j->y + m0 * j->ldy + n, cols);
-        return;
+    size_t ws[TILE];
+    vint ws_offsets;
+    int gather;
+    size_t n, cols;
+} fp8_tile;
+
+static inline void fp8_tile_begin(const quant_gemm_job *j, fp8_tile *t, size_t n, size_t cols) {
+    const size_t block_rows = j->rule->format->block_rows;
+    int32_t offsets[TILE];
+    t->n = n;
+    t->cols = cols;
+    t->gather = 1;
+    for (size_t c = 0; c < TILE; c++) {
+        const size_t column = n + (c < cols ? c : cols - 1);
+        t->w[c] = j->wq + column * j->K;
+        t->ws[c] = (column / block_rows) * j->w_grid_cols;
+        if (t->ws[c] - t->ws[0] > (size_t)INT32_MAX) t->gather = 0;
+        offsets[c] = (int32_t)(t->ws[c] - t->ws[0]);
     }
-    const vlanes w_nan = pack_tile(w, cols, k0, k1, tile, NULL, NULL);
+    t->ws_offsets = load_ints(offsets);
+}
+
+/* The tile's weight block scales of block kb. */
+static inline vfloat tile_scales(const quant_gemm_job *j, const fp8_tile *t, size_t kb) {
+    if (t->gather) return gather_columns(j->ws + t->ws[0] + kb, t->ws_offsets);
+    float ws[TILE];
+    for (size_t c = 0; c < TILE; c++) ws[c] = j->ws[t->ws[c] + kb];
+    return load_columns(ws, TILE);
+}
+
+/* The next tile's weight rows [k0, k1) into L2 (the hardware's prefetchers lose TILE short
+ * streams), a prefetch at each multiple of 64 codes (a block of 32 starting between two has its
+ * codes fetched with the block before); the job's columns end at n_end. */
+static inline void prefetch_next_tile(const quant_gemm_job *j, const fp8_tile *t, size_t k0,
+                                      size_t k1, size_t n_end) {
+    for (size_t c = t->n + TILE; c < t->n + 2 * TILE && c < n_end; c++)
+        for (size_t k = (k0 + 63) / 64 * 64; k < k1; k += 64)
+            _mm_prefetch((const char *)(j->wq + c * j->K + k), _MM_HINT_T1);
+}
+
+/* A decode step of one row (the job's row m0, the chunk's only one) against the tile over the
+ * chunk's run of blocks: each decoded pair straight into its dots, the fp32 chain
+ * acc = acc + (d * a_s) * w_s in registers from y (+0 before the first block) back to y. */
+static void row_tile(const quant_gemm_job *j, fp8_rows *b, const fp8_tile *t, size_t m0,
+                     size_t n_end) {
+    float *y = j->y + m0 * j->ldy + t->n;
+    vfloat acc = b->kb0 ? load_columns(y, t->cols) : vf_set1(0.0f);
+    for (size_t kb = b->kb0; kb < b->kb0 + b->blocks; kb++) {
+        const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
+        prefetch_next_tile(j, t, k0, k1, n_end);
+        vint dots[6] = {v_zero(), v_zero(), v_zero(), v_zero(), v_zero(), v_zero()};
+        const vlanes w_nan = pack_tile(t->w, t->cols, k0, k1, NULL,
+                                       fp8_row_pair(b, 0, (kb - b->kb0) * FP8_BLOCK_PAIRS), dots);
+        const vfloat d = nan_lanes(block_d(v_add(dots[0], dots[3]), v_add(dots[1], dots[4]),
+                                           v_add(dots[2], dots[5])),
+                                   w_nan, b->nan[kb - b->kb0]);
+        const vfloat x_scale = vf_set1(j->xs[m0 * j->nblocks + kb]);
+        acc = vf_add(acc, vf_mul(vf_mul(d, x_scale), tile_scales(j, t, kb)));
+    }
+    store_columns(y, acc, t->cols);
+}
+
+/* Block kb ([k0, k1)) of the tile's columns for the `rows` rows of the chunk from m0 (decoded
+ * in b); the job's columns end at n_end. */
+static void block_tile(const quant_gemm_job *j, fp8_rows *b, vint *tile, const fp8_tile *t,
+                       size_t m0, size_t rows, size_t kb, size_t k0, size_t k1, size_t n_end) {
+    const size_t pairs = FP8_PAIRS(k1 - k0), n = t->n, cols = t->cols;
+    prefetch_next_tile(j, t, k0, k1, n_end);
+    const vfloat w_scale = tile_scales(j, t, kb);
+    const vlanes w_nan = pack_tile(t->w, cols, k0, k1, tile, NULL, NULL);
     size_t r = 0;
     for (; r + STEP_ROWS <= rows; r += STEP_ROWS)
         step_rows(j, b, tile, pairs, kb, m0, r, STEP_ROWS, w_nan, w_scale, n, cols);
@@ -148,12 +206,18 @@ void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
                 decode_rows(j, m0, rows, kb, k0, k1, &b);
             }
             /* each tile's blocks in order: a weight row's codes read in one stream */
-            for (size_t n = n0; n < n1; n += TILE)
+            for (size_t n = n0; n < n1; n += TILE) {
+                fp8_tile t;
+                fp8_tile_begin(j, &t, n, n1 - n < TILE ? n1 - n : TILE);
+                if (rows == 1) {
+                    row_tile(j, &b, &t, m0, n1);
+                    continue;
+                }
                 for (size_t kb = kb0; kb < kb0 + b.blocks; kb++) {
                     const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
-                    block_tile(j, &b, tile, m0, rows, kb, k0, k1, n,
-                               n1 - n < TILE ? n1 - n : TILE);
+                    block_tile(j, &b, tile, &t, m0, rows, kb, k0, k1, n1);
                 }
+            }
         }
     }
 }

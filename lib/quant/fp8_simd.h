@@ -1,7 +1,6 @@
 /*
  * What the FP8 (E4M3) SIMD kernels of every ISA share (fp8_avx2.c, fp8_avx512.c; included only
- * by files compiled with AVX2 or wider): the digit decoding's tables, the 16 x 16 transpose of
- * 16-bit units that turns 16 weight rows into pairs of K a column, the decoded activations'
+ * by files compiled with AVX2 or wider): the digit decoding's tables, the decoded activations'
  * layout (fp8_rows, on the GEMM's stack) and a block's scale step.
  *
  * The digits: an E4M3 code's value is k * 2^-9 with k = s * 2^sh, s = m (exponent field e = 0)
@@ -31,34 +30,6 @@ static const int16_t fp8_implicit_bit[32] = {0, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8,
 static const int16_t fp8_signed_power[32] = {
     1,  1,  2,  4,  8,  16,  32,  64,  1,  2,  4,  8,  16,  32,  64,  128,
     -1, -1, -2, -4, -8, -16, -32, -64, -1, -2, -4, -8, -16, -32, -64, -128};
-
-/* Transposes 16 rows of 16 16-bit units (r[c] unit p, p < 8 in the low 128-bit lane) into
- * r[p] unit c: four rounds of unpacks within 128-bit lanes (16, 32, 64 bits), then the lanes
- * crossed; with rows 8..15 zero, the same rounds give rows 0..7 transposed in the low halves. */
-static inline void fp8_transpose16x16_epi16(__m256i r[16]) {
-    __m256i a[16], b[16], c[16];
-    /* a[2i + h]: unit j of lane L is the column pair (2i, 2i + 1) at p = 8L + 4h + j */
-    for (int i = 0; i < 8; i++) {
-        a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
-        a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
-    }
-    /* b[4q + 2h + g]: 64-bit unit j of lane L is the column quad q at p = 8L + 4h + 2g + j */
-    for (int q = 0; q < 4; q++)
-        for (int h = 0; h < 2; h++) {
-            b[4 * q + 2 * h] = _mm256_unpacklo_epi32(a[4 * q + h], a[4 * q + 2 + h]);
-            b[4 * q + 2 * h + 1] = _mm256_unpackhi_epi32(a[4 * q + h], a[4 * q + 2 + h]);
-        }
-    /* c[8o + t]: lane L is the column octet o at p = 8L + t (t = 4h + 2g + the unpack half) */
-    for (int o = 0; o < 2; o++)
-        for (int hg = 0; hg < 4; hg++) {
-            c[8 * o + 2 * hg] = _mm256_unpacklo_epi64(b[8 * o + hg], b[8 * o + 4 + hg]);
-            c[8 * o + 2 * hg + 1] = _mm256_unpackhi_epi64(b[8 * o + hg], b[8 * o + 4 + hg]);
-        }
-    for (int t = 0; t < 8; t++) {
-        r[t] = _mm256_permute2x128_si256(c[t], c[8 + t], 0x20);
-        r[8 + t] = _mm256_permute2x128_si256(c[t], c[8 + t], 0x31);
-    }
-}
 
 /* The pairs of K of a block at most (blocks of 128 or 32 codes). */
 #define FP8_BLOCK_PAIRS 64
