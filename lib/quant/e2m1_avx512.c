@@ -11,7 +11,6 @@
 #include <immintrin.h>
 
 #include "e2m1_simd.h"
-#include "fp8_simd.h"
 
 #if defined(E2M1_VNNI)
 #define EV_NAME(f) f##_avx512vnni
@@ -66,9 +65,37 @@ static inline void e2m1_store(uint8_t *p, ei code, size_t n) {
 }
 #endif
 
+/* Transposes 16 rows of 16 16-bit units (r[c] unit p, p < 8 in the low 128-bit lane) into
+ * r[p] unit c: four rounds of unpacks within 128-bit lanes (16, 32, 64 bits), then the lanes
+ * crossed; with rows 8..15 zero, the same rounds give rows 0..7 transposed in the low halves. */
+static inline void e2m1_transpose16x16_epi16(__m256i r[16]) {
+    __m256i a[16], b[16], c[16];
+    /* a[2i + h]: unit j of lane L is the column pair (2i, 2i + 1) at p = 8L + 4h + j */
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+    }
+    /* b[4q + 2h + g]: 64-bit unit j of lane L is the column quad q at p = 8L + 4h + 2g + j */
+    for (int q = 0; q < 4; q++)
+        for (int h = 0; h < 2; h++) {
+            b[4 * q + 2 * h] = _mm256_unpacklo_epi32(a[4 * q + h], a[4 * q + 2 + h]);
+            b[4 * q + 2 * h + 1] = _mm256_unpackhi_epi32(a[4 * q + h], a[4 * q + 2 + h]);
+        }
+    /* c[8o + t]: lane L is the column octet o at p = 8L + t (t = 4h + 2g + the unpack half) */
+    for (int o = 0; o < 2; o++)
+        for (int hg = 0; hg < 4; hg++) {
+            c[8 * o + 2 * hg] = _mm256_unpacklo_epi64(b[8 * o + hg], b[8 * o + 4 + hg]);
+            c[8 * o + 2 * hg + 1] = _mm256_unpackhi_epi64(b[8 * o + hg], b[8 * o + 4 + hg]);
+        }
+    for (int t = 0; t < 8; t++) {
+        r[t] = _mm256_permute2x128_si256(c[t], c[8 + t], 0x20);
+        r[8 + t] = _mm256_permute2x128_si256(c[t], c[8 + t], 0x31);
+    }
+}
+
 /* The chunk of 16 weight rows from byte byte0 of each (32 bytes, 64 codes; (len + 1) / 2 bytes
  * where len < 64, the codes past len 0), a row a lane. The packed rows are transposed in words
- * (4 codes; fp8_simd.h's 16 x 16 transpose of 16-bit units), so that r[q] holds word q of rows
+ * (4 codes; e2m1_transpose16x16_epi16 above), so that r[q] holds word q of rows
  * 0 .. 15; each r[q] is then widened, its bytes to words and each high nibble shifted into its
  * word's high byte: dword l of w[q] is codes 4q .. 4q+3 of row l in their order. */
 static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size_t byte0,
@@ -88,7 +115,7 @@ static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size
                 _mm256_maskz_loadu_epi8((__mmask32)((1ull << bytes) - 1), rows[l] + byte0),
                 keep_v);
     }
-    fp8_transpose16x16_epi16(r);
+    e2m1_transpose16x16_epi16(r);
     for (int q = 0; q < 16; q++) {
         const __m512i words = _mm512_cvtepu8_epi16(r[q]);
         w[q] = _mm512_and_si512(_mm512_or_si512(words, _mm512_slli_epi16(words, 4)),
