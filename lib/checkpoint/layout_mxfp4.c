@@ -52,7 +52,7 @@ static int mxfp4_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *
     return 1;
 }
 
-static int mxfp4_write(FILE *fp, const saved_tensor *t) { return fp4_write(fp, t, e8m0_from_pow2); }
+static int mxfp4_write(FILE *fp, const saved_tensor *t) { return fp4_write(fp, t); }
 
 static int mxfp4_config_head(char *buf, size_t size, const saved_tensor *entries, size_t n,
                              int rule, const quant_checkpoint *settings, int modelopt_file) {

@@ -106,7 +106,7 @@ static int nvfp4_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *
 }
 
 static int nvfp4_write(FILE *fp, const saved_tensor *t) {
-    return fp4_write(fp, t, e4m3_from_f32_saturating);
+    return fp4_write(fp, t);
 }
 
 static int nvfp4_config_head(char *buf, size_t size, const saved_tensor *entries, size_t n,

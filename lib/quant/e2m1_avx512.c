@@ -40,6 +40,8 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ei_or _mm512_or_si512
 #define ei_and _mm512_and_si512
 #define ei_srli _mm512_srli_epi32
+#define ei_slli _mm512_slli_epi32
+#define ei_load(p) _mm512_loadu_si512((const void *)(p))
 #define ev_set1 _mm512_set1_ps
 #define ev_zero _mm512_setzero_ps
 #define ev_add _mm512_add_ps
@@ -50,6 +52,7 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ev_abs _mm512_abs_ps
 #define ev_from_int _mm512_cvtepi32_ps
 #define ev_bits _mm512_castps_si512
+#define ev_from_bits _mm512_castsi512_ps
 #define ev_reduce_max _mm512_reduce_max_ps
 #define ei_count_if(code, a, c, pred)                                                             \
     _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(a, c, pred), code, _mm512_set1_epi32(1))
@@ -94,29 +97,6 @@ static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size
         w[q] = _mm512_and_si512(_mm512_or_si512(words, _mm512_slli_epi16(words, 4)),
                                 _mm512_set1_epi16(0x0f0f));
     }
-}
-
-/* The scales kb0 .. kb0 + n - 1 (n <= 4) of 16 weight rows: each row's n loaded (under a
- * mask) into a 128-bit lane, rows g, g + 4, g + 8, g + 12 in the lanes of z[g], then each lane
- * transposed 4 x 4 across z[0 .. 3], so that lane element 4l + g of out[b], row 4l + g, is its
- * scale kb0 + b (out holds 4; those past n are 0). A gather per block costs more on Zen 4. */
-static inline void ev_block_scales(ev *out, const float *const rows[16], size_t kb0, int n) {
-    const __mmask8 m = (__mmask8)((1u << n) - 1);
-    __m512 z[4];
-    for (int g = 0; g < 4; g++) {
-        z[g] = _mm512_castps128_ps512(_mm_maskz_loadu_ps(m, rows[g] + kb0));
-        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 4] + kb0), 1);
-        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 8] + kb0), 2);
-        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 12] + kb0), 3);
-    }
-    /* t0: (z0 b0, z1 b0, z0 b1, z1 b1), t1: (.. b2, .. b3), t2, t3 the same of z2, z3 */
-    const __m512 t0 = _mm512_unpacklo_ps(z[0], z[1]), t1 = _mm512_unpackhi_ps(z[0], z[1]);
-    const __m512 t2 = _mm512_unpacklo_ps(z[2], z[3]), t3 = _mm512_unpackhi_ps(z[2], z[3]);
-    /* all four written (out holds EV_CHUNK / 16), those past n 0 */
-    out[0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
-    out[1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
-    out[2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
-    out[3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
 }
 
 /* Per lane, start + the sum over n dwords of u[q] (unsigned bytes, broadcast) times w[q]
