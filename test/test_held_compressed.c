@@ -96,10 +96,23 @@ static void count_linear(const parity_model *m, int gemm, size_t *shipped, size_
     }
 }
 
+/* The linear weights of m whose shipped codes of format `gemm` have their block scales used in
+ * place from the mapped checkpoint (not buffers of the model's own). */
+static size_t mapped_scales(const parity_model *m, int gemm) {
+    size_t n, mapped = 0;
+    const expected *t = model_tensors(m, &n);
+    for (size_t i = 0; i < n; i++) {
+        const weight *w = t[i].dst;
+        if (t[i].linear && w->shipped && w->shipped_gemm == gemm)
+            mapped += !model_owns(m, w->shipped->scales);
+    }
+    return mapped;
+}
+
 /* What m holds with its linear weights as codes and scales alone (the codes packed as the
  * format holds them, quant_weight_code_bytes: a byte each for E4M3, two a byte for E2M1, four a
- * byte in groups of 64 for ternary; fp32 scales as parity_quant_scale_count grids them under
- * `quantizer`), the other tensors' bf16 values as loaded, the vectors also widened; and the
+ * byte in groups of 64 for ternary; the scales as parity_quant_scale_count grids them under
+ * `quantizer`, a byte each for NVFP4 and MXFP4, else fp32), the other tensors' bf16 values as loaded, the vectors also widened; and the
  * elements of the linear weights. */
 static uint64_t compressed_bytes(const parity_model *m, int quantizer, uint64_t *linear) {
     size_t n;
@@ -189,6 +202,9 @@ static void test_format(const char *root, const format_case *f) {
     count_linear(a, f->gemm, &shipped, &valued);
     CHECK_INT(shipped, 7u * parity_model_config(a)->num_hidden_layers);
     CHECK_INT(valued, 0);
+    /* NVFP4's and MXFP4's scale bytes are the mapped file's, used in place */
+    if (f->gemm == PARITY_GEMM_NVFP4 || f->gemm == PARITY_GEMM_MXFP4)
+        CHECK_INT(mapped_scales(a, f->gemm), shipped);
     uint64_t linear;
     const uint64_t want = compressed_bytes(a, pol.quantizer, &linear);
     CHECK_INT(held(a, f->preset), want);

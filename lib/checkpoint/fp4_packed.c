@@ -78,14 +78,18 @@ int fp4_check_packed(const tensor_source *codes, const expected *slot, uint64_t 
 
 /* The held codes: the mapped file's rows in place where they are as long as the held ones (read
  * only: nothing writes a weight's shipped codes, an update or a set replaces them), else a new
- * buffer; and the scale bytes' buffer. */
-static int alloc_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
-                        uint64_t grid, shipped_values *out) {
+ * buffer; and the scale bytes: the mapped file's in place (the file's grid is the held one),
+ * else a new buffer. */
+static int alloc_values(const tensor_source *codes, const tensor_source *scales,
+                        const expected *slot, uint64_t packed_cols, uint64_t grid,
+                        shipped_values *out) {
     const uint64_t row_bytes = held_row_bytes(slot->cols);
     out->codes_mapped = (uint8_t)(codes->may_map && packed_cols == row_bytes);
     out->codes = out->codes_mapped ? (uint8_t *)(uintptr_t)codes->data
                                    : px_huge_alloc(slot->rows * row_bytes, slot->name);
-    out->scale_codes = px_malloc(grid ? grid : 1, "block scales");
+    out->scales_mapped = (uint8_t)scales->may_map;
+    out->scale_codes = out->scales_mapped ? (uint8_t *)(uintptr_t)scales->data
+                                          : px_malloc(grid ? grid : 1, "block scales");
     if (out->codes && out->scales) return PARITY_OK;
     shipped_values_free(out);
     return PARITY_ERR_OUT_OF_MEMORY;
@@ -136,11 +140,11 @@ int fp4_check_scales(const tensor_source *codes, const tensor_source *s, const e
 }
 
 int fp4_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
-               uint64_t block, float tensor_scale, const uint8_t *scale_bytes,
+               uint64_t block, float tensor_scale, const tensor_source *scales,
                float (*scale_of)(uint8_t), shipped_values *out) {
     const uint64_t grid = slot->rows * ((slot->cols + block - 1) / block);
-    TRY(alloc_values(codes, slot, packed_cols, grid, out));
-    memcpy(out->scale_codes, scale_bytes, grid);
+    TRY(alloc_values(codes, scales, slot, packed_cols, grid, out));
+    if (!out->scales_mapped) memcpy(out->scale_codes, scales->data, grid);
     const int rc = fill_codes(codes, slot, packed_cols, block, tensor_scale, scale_of, out);
     if (rc) shipped_values_free(out);
     return rc;

@@ -21,6 +21,8 @@ typedef struct shipped_values {
     uint8_t *codes;
     uint8_t codes_mapped;  /* codes are the mapped checkpoint's (block-FP8): not freed, not
                               owned by the model */
+    uint8_t scales_mapped; /* the scale bytes are the mapped checkpoint's (NVFP4, MXFP4): the
+                              same */
     union {                /* the block scales, as quant_weight's: fp32 values (block-FP8), */
         float *scales;
         uint8_t *scale_codes; /* or the format's scale bytes (NVFP4's E4M3, MXFP4's E8M0) */

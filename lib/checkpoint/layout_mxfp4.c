@@ -34,7 +34,7 @@ static int mxfp4_import(const layout_tensors *in, shipped_values *out) {
         if (e[i] == 0xff)
             return set_error(PARITY_ERR_SCALE_VALUE, "%s: block [%" PRIu64 ", %" PRIu64 "] has "
                              "scale 0xFF, E8M0's NaN", scales->where, i / grid_cols, i % grid_cols);
-    return fp4_values(blocks, slot, packed_cols, 32, 0.0f, e, e8m0_to_f32, out);
+    return fp4_values(blocks, slot, packed_cols, 32, 0.0f, scales, e8m0_to_f32, out);
 }
 
 static int mxfp4_rule(const char *name, int *rule) {

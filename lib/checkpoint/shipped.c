@@ -5,7 +5,7 @@
 
 void shipped_values_free(shipped_values *v) {
     if (!v->codes_mapped) px_free(v->codes);
-    px_free(v->scales);
+    if (!v->scales_mapped) px_free(v->scales);
     *v = (shipped_values){0};
 }
 
