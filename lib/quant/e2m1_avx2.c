@@ -54,7 +54,7 @@ static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
 #define ei_and _mm256_and_si256
 #define ei_srli _mm256_srli_epi32
 #define ei_slli _mm256_slli_epi32
-#define ei_load(p) _mm256_loadu_si256((const void *)(p))
+#define ei_of_dwords(d) _mm256_setr_epi32(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7])
 #define ev_set1 _mm256_set1_ps
 #define ev_zero _mm256_setzero_ps
 #define ev_add _mm256_add_ps

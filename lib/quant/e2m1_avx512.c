@@ -41,7 +41,9 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ei_and _mm512_and_si512
 #define ei_srli _mm512_srli_epi32
 #define ei_slli _mm512_slli_epi32
-#define ei_load(p) _mm512_loadu_si512((const void *)(p))
+#define ei_of_dwords(d)                                                                          \
+    _mm512_setr_epi32(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],        \
+                     d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15])
 #define ev_set1 _mm512_set1_ps
 #define ev_zero _mm512_setzero_ps
 #define ev_add _mm512_add_ps

@@ -46,7 +46,8 @@
  *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
  *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
  *                              broadcast) times w[q] (signed bytes)
- *   ei_set1, ei_sub, ei_or, ei_and, ei_srli, ei_slli, ei_load (EV_LANES dwords, unaligned)
+ *   ei_set1, ei_sub, ei_or, ei_and, ei_srli, ei_slli, ei_of_dwords (EV_LANES dwords of an
+ *   array, lane l the l-th)
  *   ev_set1, ev_zero(), ev_add, ev_mul, ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
  *   conversion), ev_bits (the bits as an ei), ev_from_bits (an ei's bits as an ev),
  *   ev_reduce_max
@@ -75,13 +76,18 @@ static const int32_t e2m1_biases[8] = {
     E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101,
     E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101};
 
-/* The n <= 4 scale bytes of a weight row from p, byte b in bits 8b .. 8b + 7 (0 past n; no
- * byte past n read). */
+/* The n <= EV_CHUNK / 16 scale bytes of a weight row from p, byte b in bits 8b .. 8b + 7 (0
+ * past n; no byte past n read): a chunk's, one load where the chunk is whole. */
 static inline int32_t scale_bytes_of_row(const uint8_t *p, int n) {
-    if (n == 4) {
+    if (n == EV_CHUNK / 16 && n == 4) {
         uint32_t v;
         memcpy(&v, p, 4);
         return (int32_t)v;
+    }
+    if (n == EV_CHUNK / 16 && n == 2) {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return v;
     }
     uint32_t v = 0;
     for (int b = 0; b < n; b++) v |= (uint32_t)p[b] << (8 * b);
@@ -112,14 +118,17 @@ static inline ev ev_scale_values(ei b, int e4m3) {
 
 /* out[b], b < n (n <= EV_CHUNK / 16): the values of the scale bytes kb0 + b of the EV_LANES
  * weight rows whose scales start at rows[l], row l in lane l; E4M3 bytes (NVFP4) or E8M0 ones.
- * A row's n bytes are one dword; the rows' dwords one vector, each byte shifted down in turn.
- * A gather per block costs more on Zen 4. */
+ * A row's n bytes are one dword, the rows' dwords one vector (ei_of_dwords: built in
+ * registers), each byte shifted down in turn (those past n give values never read). A gather
+ * per block costs more on Zen 4. */
 static inline void ev_block_scales(ev *out, const uint8_t *const rows[EV_LANES], size_t kb0,
                                    int n, int e4m3) {
     int32_t row_bytes[EV_LANES];
+#pragma GCC unroll 16
     for (int l = 0; l < EV_LANES; l++) row_bytes[l] = scale_bytes_of_row(rows[l] + kb0, n);
-    const ei v = ei_load(row_bytes);
-    for (int b = 0; b < n; b++)
+    const ei v = ei_of_dwords(row_bytes);
+#pragma GCC unroll 4
+    for (int b = 0; b < EV_CHUNK / 16; b++)
         out[b] = ev_scale_values(ei_and(ei_srli(v, 8 * b), ei_set1(0xff)), e4m3);
 }
 
