@@ -118,4 +118,39 @@ static inline ei ei_dot(ei start, const ei *w, const int32_t *u, int n) {
 #endif
 }
 
+/* A chunk's 4 E4M3 block scales of 16 rows (lane l of v: row l's bytes, block b in byte b) as
+ * fp32, all four at once through fp16: the bytes widened to words (row-major, 4l + b), each
+ * made the fp16 of the same value times 2^-8 (the sign to bit 15, exponent and mantissa to bits
+ * 7 .. 13: E4M3's bias 7 is fp16's 15 less 8, a subnormal m 2^-9 is the fp16 subnormal m
+ * 2^-17), the NaN codes fp16's quiet NaN of their sign; the words regrouped by block
+ * (vpermt2w), widened exactly (vcvtph2ps) and times 2^8: bit for bit e4m3_to_f32, and for the
+ * NaN codes its sign | 0x7fc00000. */
+static inline void ev_e4m3_chunk(ev out[4], __m512i v) {
+    /* the words of blocks (0, 1) and (2, 3), row r of block b at 16 b + r: row r < 8 is word
+     * 4r + b of the low half, row r >= 8 word 4(r - 8) + b of the high one (index 32 + that) */
+    static const uint16_t by_block[2][32] = {
+        {0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60,
+         1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61},
+        {2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62,
+         3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63}};
+    __m512i half[2] = {_mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)),
+                       _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1))};
+    for (int h = 0; h < 2; h++) {
+        const __m512i magnitude = _mm512_and_si512(half[h], _mm512_set1_epi16(0x7f));
+        const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(half[h], _mm512_set1_epi16(0x80)), 8);
+        const __mmask32 nan = _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7f));
+        half[h] = _mm512_mask_mov_epi16(_mm512_or_si512(_mm512_slli_epi16(magnitude, 7), sign), nan,
+                                        _mm512_or_si512(sign, _mm512_set1_epi16(0x7e00)));
+    }
+    for (int p = 0; p < 2; p++) {
+        const __m512i words = _mm512_permutex2var_epi16(
+            half[0], _mm512_loadu_si512((const void *)by_block[p]), half[1]);
+        out[2 * p] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(words)),
+                                   _mm512_set1_ps(0x1p8f));
+        out[2 * p + 1] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(words, 1)),
+                                       _mm512_set1_ps(0x1p8f));
+    }
+}
+#define EV_E4M3_CHUNK ev_e4m3_chunk
+
 #include "e2m1_lanes.h"

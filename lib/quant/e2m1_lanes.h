@@ -48,6 +48,8 @@
  *                              broadcast) times w[q] (signed bytes)
  *   ei_set1, ei_sub, ei_or, ei_and, ei_srli, ei_slli, ei_of_dwords (EV_LANES dwords of an
  *   array, lane l the l-th)
+ *   EV_E4M3_CHUNK(out, v)      optional: out[b] = ev_scale_values of byte b of v's lanes, E4M3,
+ *                              for all EV_CHUNK / 16 blocks at once
  *   ev_set1, ev_zero(), ev_add, ev_mul, ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
  *   conversion), ev_bits (the bits as an ei), ev_from_bits (an ei's bits as an ev),
  *   ev_reduce_max
@@ -127,6 +129,12 @@ static inline void ev_block_scales(ev *out, const uint8_t *const rows[EV_LANES],
 #pragma GCC unroll 16
     for (int l = 0; l < EV_LANES; l++) row_bytes[l] = scale_bytes_of_row(rows[l] + kb0, n);
     const ei v = ei_of_dwords(row_bytes);
+#if defined(EV_E4M3_CHUNK)
+    if (e4m3) {
+        EV_E4M3_CHUNK(out, v);
+        return;
+    }
+#endif
 #pragma GCC unroll 4
     for (int b = 0; b < EV_CHUNK / 16; b++)
         out[b] = ev_scale_values(ei_and(ei_srli(v, 8 * b), ei_set1(0xff)), e4m3);
