@@ -112,8 +112,8 @@ static size_t mapped_scales(const parity_model *m, int gemm) {
 /* What m holds with its linear weights as codes and scales alone (the codes packed as the
  * format holds them, quant_weight_code_bytes: a byte each for E4M3, two a byte for E2M1, four a
  * byte in groups of 64 for ternary; the scales as parity_quant_scale_count grids them under
- * `quantizer`, a byte each for NVFP4 and MXFP4, else fp32), the other tensors' bf16 values as loaded, the vectors also widened; and the
- * elements of the linear weights. */
+ * `quantizer`, a byte each for NVFP4 and MXFP4, else fp32), the other tensors' bf16 values
+ * as loaded, the vectors also widened; and the elements of the linear weights. */
 static uint64_t compressed_bytes(const parity_model *m, int quantizer, uint64_t *linear) {
     size_t n;
     const expected *t = model_tensors(m, &n);

@@ -137,7 +137,8 @@ static inline void ev_e4m3_chunk(ev out[4], __m512i v) {
                        _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1))};
     for (int h = 0; h < 2; h++) {
         const __m512i magnitude = _mm512_and_si512(half[h], _mm512_set1_epi16(0x7f));
-        const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(half[h], _mm512_set1_epi16(0x80)), 8);
+        const __m512i sign =
+            _mm512_slli_epi16(_mm512_and_si512(half[h], _mm512_set1_epi16(0x80)), 8);
         const __mmask32 nan = _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7f));
         half[h] = _mm512_mask_mov_epi16(_mm512_or_si512(_mm512_slli_epi16(magnitude, 7), sign), nan,
                                         _mm512_or_si512(sign, _mm512_set1_epi16(0x7e00)));
