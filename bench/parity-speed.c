@@ -1615,7 +1615,8 @@ static int measure_memory(const plan *pl, const parity_model *model, memory *mem
 static void print_memory(const memory *mem) {
     printf("\nbytes per preset, as the library counts them (parity_model_bytes; quantized codes as "
            "the model holds them, E4M3 one a byte, E2M1 two a byte, ternary four a byte (a row's "
-           "in groups of 64 codes in 16 bytes), and their scales as fp32): a decode step reads "
+           "in groups of 64 codes in 16 bytes), and their scales as fp32, NVFP4's and MXFP4's a "
+           "byte each as their checkpoints ship them): a decode step reads "
            "the linear layers once (codes and scales, or values), the head and the norms once, an "
            "embedding row and the attended KV positions per sequence (the forks' shared prompt "
            "blocks once); held: the weights a model serving the preset alone holds "

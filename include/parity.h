@@ -291,9 +291,10 @@ typedef struct parity_config parity_config;
  *     scales alone: E4M3 codes one a byte, E2M1 two a byte as the files pack them (block-FP8's
  *     and NVFP4's used in place from the mapped file, MXFP4's too where its rows carry no
  *     block padding, else copied a row at a time), ternary four a byte (repacked from
- *     BitNet's four rows a byte into four codes of a row a byte, in groups of 64), and each
- *     block scale an fp32 value, so block-FP8 and BitNet hold about their files' bytes and
- *     the 4-bit layouts about 1.2 to 1.3 times theirs (their byte scales held as fp32); the
+ *     BitNet's four rows a byte into four codes of a row a byte, in groups of 64), block-FP8's
+ *     block scales as fp32 values and NVFP4's and MXFP4's as the bytes the files ship (E4M3,
+ *     E8M0; used in place from the mapped file), so every such checkpoint is held at about its
+ *     file's bytes; the
  *     embedding, norms and lm_head are as for any checkpoint (BF16 mapped). Scorers and samplers of the checkpoint's own format (e.g. "+fp8-block:RULE"
  *     on a block-FP8 checkpoint) with bf16 compute read the codes as they are and add
  *     nothing. The dequantized values of those weights (their fp32 master and its bf16
@@ -397,7 +398,8 @@ PARITY_API const parity_config *parity_model_config(const parity_model *model);
 /* What a model's weights take in memory, and what one forward step under a policy reads of
  * them (parity_model_bytes). The quantized codes and scales are counted as the model holds
  * them (E4M3 codes one a byte, E2M1 two a byte, ternary four a byte, a row's codes in groups
- * of 64 in 16 bytes; scales as fp32 values), so the figures follow the library's layout rather
+ * of 64 in 16 bytes; NVFP4's and MXFP4's block scales a byte each, the others' as fp32
+ * values), so the figures follow the library's layout rather
  * than a format's nominal bits. A model loaded from a quantized
  * checkpoint holds its linear weights' shipped codes and scales alone until a reader asks
  * for their values (parity_model_load): `held` counts the values from then on, 6 bytes a

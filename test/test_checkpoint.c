@@ -1025,7 +1025,9 @@ static size_t fp4_differences(const weight *w, const weight *v, const float *x, 
     bad += nv && f32_bits(s2) != f32_bits(w->shipped->tensor_scale);
     for (size_t b = 0; b < v->rows * g; b++) {
         const float sv = nv ? e4m3_of(sf[b]) : ldexpf(1.0f, (int)sf[b] - 127);
-        bad += f32_bits(sv) != f32_bits(w->shipped->scales[b]);
+        const quant_format *f = quant_format_row(nv ? PARITY_GEMM_NVFP4 : PARITY_GEMM_MXFP4);
+        bad += sf[b] != w->shipped->scale_codes[b]; /* held as the file's bytes */
+        bad += f32_bits(sv) != f32_bits(quant_weight_scale(f, w->shipped, b));
     }
     for (size_t i = 0; i < n; i++) {
         const size_t b = (i / v->cols) * g + (i % v->cols) / bc;

@@ -51,15 +51,21 @@ static uint64_t held_code_bytes(uint32_t gemm, uint64_t rows, uint64_t cols) {
     return rows * cols;
 }
 
-/* The codes as the library holds them and the fp32 scales of every layer linear under a
- * quantizer of gemm format `gemm`. */
+/* The bytes a block scale of gemm format `gemm` takes as the library holds it: NVFP4's E4M3
+ * and MXFP4's E8M0 a byte, as their checkpoints ship them; the others' fp32. */
+static uint64_t held_scale_bytes(uint32_t gemm) {
+    return gemm == PARITY_GEMM_NVFP4 || gemm == PARITY_GEMM_MXFP4 ? 1 : 4;
+}
+
+/* The codes and the scales as the library holds them of every layer linear under a quantizer
+ * of gemm format `gemm`. */
 static uint64_t quantized_linear_bytes(const parity_config *c, uint32_t gemm, int quantizer) {
     uint64_t bytes = 0;
     for (int j = 0; j < 7; j++) {
         uint64_t rows, cols;
         linear_dims(c, j, &rows, &cols);
         bytes += held_code_bytes(gemm, rows, cols) +
-                 4 * parity_quant_scale_count(quantizer, rows, cols);
+                 held_scale_bytes(gemm) * parity_quant_scale_count(quantizer, rows, cols);
     }
     return bytes * c->num_hidden_layers;
 }

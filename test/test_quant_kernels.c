@@ -248,14 +248,22 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
     const size_t row_bytes = quant_weight_row_bytes(f, K);
     uint8_t *wq = alloc_exact(N * row_bytes);
     for (size_t n = 0; n < N; n++) quant_codes_pack_row(f, codes + n * K, K, wq + n * row_bytes);
+    /* and the scales as held: fp32, or the format's bytes (quant_weight.h); in a third of the
+     * E2M1 GEMMs random bytes, every value a byte can hold (E4M3 subnormals, the NaN codes,
+     * E8M0's 2^-127 and infinity), so that the kernels' conversions meet each */
+    uint8_t *scale_bytes = f->scale_bytes == 1 ? alloc_exact(wscales) : NULL;
+    const int any_bytes = rand_u64() % 3 == 0;
+    for (size_t i = 0; scale_bytes && i < wscales; i++)
+        scale_bytes[i] = any_bytes ? (uint8_t)rand_u64() : quant_scale_byte(f, ws[i]);
     uint8_t *xq = alloc_exact(M * K);
     float *xs = alloc_exact((M * nb + 1) * sizeof(float)), *xt = alloc_exact(M * sizeof(float));
     f->quantize_rows(r, M, K, x, K, xq, K, xs, xt);
     const size_t ldy = N + 3;
     float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
     for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
-    quant_gemm_job j0 = {M, K, nb, f->block_cols, r, xq, xs, xt, wq, row_bytes, ws, nb, wt,
-                         y0, ldy};
+    quant_gemm_job j0 = {M, K, nb, f->block_cols, r, xq, xs, xt, wq, row_bytes, {ws}, nb, wt, y0,
+                         ldy};
+    if (scale_bytes) j0.ws_codes = scale_bytes;
     quant_gemm_job j1 = j0;
     j1.y = y1;
     f->gemm_columns(&j0, 0, N);
@@ -292,6 +300,7 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
     free(codes);
     free(wq);
     free(ws);
+    free(scale_bytes);
     free(xq);
     free(xs);
     free(xt);
@@ -365,7 +374,7 @@ static void compare_ternary_codes(const quant_rule *r, quant_gemm_fn *columns,
                     ? round_bf16(round_bf16((float)d) / round_bf16(s_w * xt[m]))
                     : (float)d / (s_w * xt[m]);
         }
-    quant_gemm_job j0 = {M, K, 0, 0, r, xq, NULL, xt, held, row_bytes, NULL, 0, s_w, y0, ldy};
+    quant_gemm_job j0 = {M, K, 0, 0, r, xq, NULL, xt, held, row_bytes, {NULL}, 0, s_w, y0, ldy};
     quant_gemm_job j1 = j0;
     j1.y = y1;
     f->gemm_columns(&j0, 0, N);

@@ -7,8 +7,10 @@
  * within bf16's range. A model holds these codes as they are (quant_weight.h's 4-bit layout,
  * (cols + 1) / 2 bytes a row): an import copies the rows, or uses them in place from a mapped
  * file whose rows are as long (NVFP4's always, MXFP4's when cols % 32 is 0 or 31), and a save
- * writes them, each row padded to its 32-blocks for MXFP4. Here: the packed codes' checks and
- * copy, the block scales' grid, the values' range check, and what a save writes of them.
+ * writes them, each row padded to its 32-blocks for MXFP4. The block scales are held as the
+ * bytes they are (NVFP4's E4M3, MXFP4's E8M0: quant_weight.h), copied from the file and written
+ * back as they are. Here: the packed codes' checks and copy, the block scales' grid, the values'
+ * range check, and what a save writes of them.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -76,14 +78,18 @@ int fp4_check_packed(const tensor_source *codes, const expected *slot, uint64_t 
 
 /* The held codes: the mapped file's rows in place where they are as long as the held ones (read
  * only: nothing writes a weight's shipped codes, an update or a set replaces them), else a new
- * buffer; and the scales' buffer. */
-static int alloc_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
-                        uint64_t grid, shipped_values *out) {
+ * buffer; and the scale bytes: the mapped file's in place (the file's grid is the held one),
+ * else a new buffer. */
+static int alloc_values(const tensor_source *codes, const tensor_source *scales,
+                        const expected *slot, uint64_t packed_cols, uint64_t grid,
+                        shipped_values *out) {
     const uint64_t row_bytes = held_row_bytes(slot->cols);
     out->codes_mapped = (uint8_t)(codes->may_map && packed_cols == row_bytes);
     out->codes = out->codes_mapped ? (uint8_t *)(uintptr_t)codes->data
                                    : px_huge_alloc(slot->rows * row_bytes, slot->name);
-    out->scales = px_malloc(grid * sizeof(float), "block scales");
+    out->scales_mapped = (uint8_t)scales->may_map;
+    out->scale_codes = out->scales_mapped ? (uint8_t *)(uintptr_t)scales->data
+                                          : px_malloc(grid ? grid : 1, "block scales");
     if (out->codes && out->scales) return PARITY_OK;
     shipped_values_free(out);
     return PARITY_ERR_OUT_OF_MEMORY;
@@ -93,14 +99,15 @@ static int alloc_values(const tensor_source *codes, const expected *slot, uint64
  * computed the same way when a reader asks for them), and the rows copied into v's codes
  * unless v uses them in place. */
 static int fill_codes(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
-                      uint64_t block, float tensor_scale, shipped_values *v) {
+                      uint64_t block, float tensor_scale, float (*scale_of)(uint8_t),
+                      shipped_values *v) {
     const uint8_t *p = codes->data;
     const uint64_t grid_cols = (slot->cols + block - 1) / block;
     const uint64_t row_bytes = held_row_bytes(slot->cols);
     for (uint64_t r = 0; r < slot->rows; r++) {
         for (uint64_t c = 0; c < slot->cols; c++) {
             const uint8_t code = nibble(p + r * packed_cols, c);
-            float x = e2m1_to_f32(code) * v->scales[r * grid_cols + c / block];
+            float x = e2m1_to_f32(code) * scale_of(v->scale_codes[r * grid_cols + c / block]);
             if (tensor_scale) x = x * tensor_scale;
             if ((bf16_from_f32(x) & 0x7f80u) == 0x7f80u)
                 return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: element [%" PRIu64 "][%" PRIu64
@@ -133,12 +140,12 @@ int fp4_check_scales(const tensor_source *codes, const tensor_source *s, const e
 }
 
 int fp4_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
-               uint64_t block, float tensor_scale, const uint8_t *scale_bytes,
+               uint64_t block, float tensor_scale, const tensor_source *scales,
                float (*scale_of)(uint8_t), shipped_values *out) {
     const uint64_t grid = slot->rows * ((slot->cols + block - 1) / block);
-    TRY(alloc_values(codes, slot, packed_cols, grid, out));
-    for (uint64_t i = 0; i < grid; i++) out->scales[i] = scale_of(scale_bytes[i]);
-    const int rc = fill_codes(codes, slot, packed_cols, block, tensor_scale, out);
+    TRY(alloc_values(codes, scales, slot, packed_cols, grid, out));
+    if (!out->scales_mapped) memcpy(out->scale_codes, scales->data, grid);
+    const int rc = fill_codes(codes, slot, packed_cols, block, tensor_scale, scale_of, out);
     if (rc) shipped_values_free(out);
     return rc;
 }
@@ -170,13 +177,10 @@ int fp4_plan(const weight *w, int gemm, int rule, uint64_t block, const char *la
     return PARITY_OK;
 }
 
-int fp4_write(FILE *fp, const saved_tensor *t, uint8_t (*scale_byte)(float)) {
+int fp4_write(FILE *fp, const saved_tensor *t) {
     const weight *w = t->w;
-    if (t->kind == OUT_SCALES) {
-        for (uint64_t i = 0; i < t->bytes; i++)
-            if (fputc(scale_byte(t->q->scales[i]), fp) == EOF) return 0;
-        return 1;
-    }
+    if (t->kind == OUT_SCALES) /* held as the file's bytes */
+        return fwrite(t->q->scale_codes, 1, t->bytes, fp) == t->bytes;
     /* the held rows are the file's (NVFP4's, and MXFP4's when cols % 32 is 0 or 31) or are
      * padded to it */
     if (t->bytes == w->rows * held_row_bytes(w->cols))

@@ -32,18 +32,19 @@ typedef struct fp4_scales {
 int fp4_check_scales(const tensor_source *codes, const tensor_source *s, const expected *slot,
                      const fp4_scales *want);
 /* The checked codes as the model holds them (two a byte, the rows copied into a new buffer,
- * or the mapped file's in place, codes_mapped, where its rows are as long) and the scales in a
- * new buffer, scales[i] = scale_of(scale_bytes[i]); a value e2m1 * scale (times tensor_scale
+ * or the mapped file's in place, codes_mapped, where its rows are as long) and the bytes of
+ * `scales` (checked by fp4_check_scales) as scale_codes, the mapped file's in place
+ * (scales_mapped) or copied; a value e2m1 * scale_of(byte) (times tensor_scale
  * unless 0) beyond bf16's range fails naming the element, nothing left allocated. The values
  * are not kept: shipped_dequantize makes them when a reader asks. */
 int fp4_values(const tensor_source *codes, const expected *slot, uint64_t packed_cols,
-               uint64_t block, float tensor_scale, const uint8_t *scale_bytes,
+               uint64_t block, float tensor_scale, const tensor_source *scales,
                float (*scale_of)(uint8_t), shipped_values *out);
 /* A save's codes entry v of w and its block scales' entry sc (dtype scale_dtype, named
  * "<weight><scale_suffix>"): the shipped codes of format `gemm`, or those `rule` makes. */
 int fp4_plan(const weight *w, int gemm, int rule, uint64_t block, const char *layout_name,
              const char *scale_dtype, const char *scale_suffix, saved_tensor *v, saved_tensor *sc);
-/* The bytes of a codes entry (packed) or a scales entry (scale_byte of each scale). */
-int fp4_write(FILE *fp, const saved_tensor *t, uint8_t (*scale_byte)(float));
+/* The bytes of a codes entry (packed) or a scales entry (the held scale bytes). */
+int fp4_write(FILE *fp, const saved_tensor *t);
 
 #endif

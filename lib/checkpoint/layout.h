@@ -15,13 +15,18 @@
 #include "model/model.h"
 #include "model/weights.h"
 
-/* A shipped weight as imported: codes and fp32 scales (its values are dequantized from them
- * when a reader asks: shipped_dequantize, model_weight_values). */
+/* A shipped weight as imported: codes and scales as quant_weight holds them (its values are
+ * dequantized from them when a reader asks: shipped_dequantize, model_weight_values). */
 typedef struct shipped_values {
     uint8_t *codes;
     uint8_t codes_mapped;  /* codes are the mapped checkpoint's (block-FP8): not freed, not
                               owned by the model */
-    float *scales;
+    uint8_t scales_mapped; /* the scale bytes are the mapped checkpoint's (NVFP4, MXFP4): the
+                              same */
+    union {                /* the block scales, as quant_weight's: fp32 values (block-FP8), */
+        float *scales;
+        uint8_t *scale_codes; /* or the format's scale bytes (NVFP4's E4M3, MXFP4's E8M0) */
+    };
     uint8_t scale_dtype;
     float tensor_scale;    /* ternary: s_w, the GEMM's multiplier; NVFP4: weight_scale_2 */
     float input_scale;     /* NVFP4: the checkpoint's input_scale, 0 if none */
@@ -103,10 +108,10 @@ typedef struct checkpoint_layout {
         .rule_from_name = id##_rule, .plan = id##_plan, .write = id##_write,                    \
         .config_head = id##_config_head, .writes_modelopt_file = modelopt_file}
 
-/* Codes and scale_floats scales of w quantized with `rule` into new buffers *made (px_free
- * them): what a save (or a manifest) makes of a weight without the codes it needs. On failure
- * PARITY_ERR_OUT_OF_MEMORY, nothing left allocated. */
-int quant_weight_make(const weight *w, int rule, uint64_t scale_floats, quant_weight *made,
+/* Codes and n_scales scales (held as the rule's format holds them) of w quantized with `rule`
+ * into new buffers *made (px_free them): what a save (or a manifest) makes of a weight without
+ * the codes it needs. On failure PARITY_ERR_OUT_OF_MEMORY, nothing left allocated. */
+int quant_weight_make(const weight *w, int rule, uint64_t n_scales, quant_weight *made,
                       const char *what);
 
 #endif

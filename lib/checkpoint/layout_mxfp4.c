@@ -34,7 +34,7 @@ static int mxfp4_import(const layout_tensors *in, shipped_values *out) {
         if (e[i] == 0xff)
             return set_error(PARITY_ERR_SCALE_VALUE, "%s: block [%" PRIu64 ", %" PRIu64 "] has "
                              "scale 0xFF, E8M0's NaN", scales->where, i / grid_cols, i % grid_cols);
-    return fp4_values(blocks, slot, packed_cols, 32, 0.0f, e, e8m0_to_f32, out);
+    return fp4_values(blocks, slot, packed_cols, 32, 0.0f, scales, e8m0_to_f32, out);
 }
 
 static int mxfp4_rule(const char *name, int *rule) {
@@ -52,7 +52,7 @@ static int mxfp4_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *
     return 1;
 }
 
-static int mxfp4_write(FILE *fp, const saved_tensor *t) { return fp4_write(fp, t, e8m0_from_pow2); }
+static int mxfp4_write(FILE *fp, const saved_tensor *t) { return fp4_write(fp, t); }
 
 static int mxfp4_config_head(char *buf, size_t size, const saved_tensor *entries, size_t n,
                              int rule, const quant_checkpoint *settings, int modelopt_file) {

@@ -71,7 +71,7 @@ static int nvfp4_import(const layout_tensors *in, shipped_values *out) {
                              "scale code 0x%02x (%s): a block scale is a finite E4M3 value, zero "
                              "or positive", block_scales->where, i / grid_cols, i % grid_cols,
                              sf[i], (sf[i] & 0x7f) == 0x7f ? "NaN" : "negative");
-    TRY(fp4_values(codes, slot, packed_cols, 16, s2, sf, e4m3_to_f32, out));
+    TRY(fp4_values(codes, slot, packed_cols, 16, s2, block_scales, e4m3_to_f32, out));
     out->tensor_scale = s2;
     out->input_scale = input;
     out->scale_dtype = PARITY_DTYPE_F8_E4M3;
@@ -106,7 +106,7 @@ static int nvfp4_plan(const weight *w, int rule, saved_tensor *v, saved_tensor *
 }
 
 static int nvfp4_write(FILE *fp, const saved_tensor *t) {
-    return fp4_write(fp, t, e4m3_from_f32_saturating);
+    return fp4_write(fp, t);
 }
 
 static int nvfp4_config_head(char *buf, size_t size, const saved_tensor *entries, size_t n,

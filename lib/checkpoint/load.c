@@ -217,10 +217,10 @@ static int install_shipped(parity_model *m, weight *w, const expected *e, shippe
     }
     /* the model frees what the import allocated (model_own frees a buffer it cannot take) */
     if (!v->codes_mapped && !model_own(m, v->codes)) {
-        px_free(v->scales);
+        if (!v->scales_mapped) px_free(v->scales);
         return PARITY_ERR_OUT_OF_MEMORY;
     }
-    if (!model_own(m, v->scales)) return PARITY_ERR_OUT_OF_MEMORY;
+    if (!v->scales_mapped && !model_own(m, v->scales)) return PARITY_ERR_OUT_OF_MEMORY;
     q->codes = v->codes;
     q->scales = v->scales;
     q->tensor_scale = v->tensor_scale;

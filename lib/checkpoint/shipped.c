@@ -5,19 +5,18 @@
 
 void shipped_values_free(shipped_values *v) {
     if (!v->codes_mapped) px_free(v->codes);
-    px_free(v->scales);
+    if (!v->scales_mapped) px_free(v->scales);
     *v = (shipped_values){0};
 }
 
-int quant_weight_make(const weight *w, int rule, uint64_t scale_floats, quant_weight *made,
+int quant_weight_make(const weight *w, int rule, uint64_t n_scales, quant_weight *made,
                       const char *what) {
     const size_t f = quant_scratch_floats(w, rule);
     float *scratch = px_malloc((f ? f : 1) * sizeof(float), what);
-    made->codes = scratch ? px_malloc(quant_weight_code_bytes(quant_rule_of(rule)->format,
-                                                              w->rows, w->cols),
-                                      what)
+    const quant_format *format = quant_rule_of(rule)->format;
+    made->codes = scratch ? px_malloc(quant_weight_code_bytes(format, w->rows, w->cols), what)
                           : NULL;
-    made->scales = made->codes ? px_malloc(scale_floats * sizeof(float), what) : NULL;
+    made->scales = made->codes ? px_malloc(n_scales * format->scale_bytes, what) : NULL;
     if (made->scales) quant_weight_quantize(w, rule, made, scratch);
     px_free(scratch);
     if (made->scales) return PARITY_OK;

@@ -59,7 +59,7 @@ void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t
     quant_group_run run = {.n = n, .columns = quant_gemm_entry(f)};
     for (size_t i = 0; i < n; i++) {
         run.job[i] = (quant_gemm_job){M, K, nblocks, f->block_cols, rule, xq, xs, xt,
-                                      wq[i]->codes, quant_weight_row_bytes(f, K), wq[i]->scales,
+                                      wq[i]->codes, quant_weight_row_bytes(f, K), {wq[i]->scales},
                                       nblocks, wq[i]->tensor_scale, y[i], ldy[i]};
         run.first[i + 1] = run.first[i] + w[i]->rows;
     }

@@ -190,6 +190,8 @@ typedef struct lowbit_view {
     const float *scales;   /* grid_rows x grid_cols fp32 values (ternary: &tensor_scale) */
     float tensor_scale;
     quant_weight made;
+    float *scale_values;   /* owned: the values of the held scale bytes (NVFP4, MXFP4), which
+                              the manifest hashes, as it did when they were held as fp32 */
 } lowbit_view;
 
 static const char *lowbit_dtype(int gemm) { return gemm == PARITY_GEMM_TERNARY ? "TERNARY" : "E2M1"; }
@@ -213,13 +215,27 @@ static int lowbit_view_of(const weight *w, int gemm, int quantizer, lowbit_view 
     if (rc) return rc;
     v->codes = q->codes;
     v->tensor_scale = q->tensor_scale;
-    v->scales = gemm == PARITY_GEMM_TERNARY ? &v->tensor_scale : q->scales;
+    if (gemm == PARITY_GEMM_TERNARY) {
+        v->scales = &v->tensor_scale;
+        return PARITY_OK;
+    }
+    const quant_format *f = quant_format_row((uint32_t)gemm);
+    const uint64_t grid = v->grid_rows * v->grid_cols;
+    v->scale_values = px_malloc((grid ? grid : 1) * sizeof(float), "manifest scales");
+    if (!v->scale_values) {
+        px_free(v->made.codes);
+        px_free(v->made.scales);
+        return PARITY_ERR_OUT_OF_MEMORY;
+    }
+    for (uint64_t i = 0; i < grid; i++) v->scale_values[i] = quant_weight_scale(f, q, i);
+    v->scales = v->scale_values;
     return PARITY_OK;
 }
 
 static void lowbit_view_free(lowbit_view *v) {
     px_free(v->made.codes);
     px_free(v->made.scales);
+    px_free(v->scale_values);
 }
 
 /* The view's checksums as the manifest writes them: codes, scales, tensor scale bits. */

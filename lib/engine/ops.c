@@ -274,14 +274,16 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
         /* the weights quantized with the policy's rule, as the model quantizes its own (from
          * the fp32 masters, or from the bf16 values widened), then the model's quantized GEMM */
         const int q = policy->quantizer;
-        const uint64_t grid = quant_scale_count(quant_rule_of(q)->format, n, k);
         /* bf16 values widened: 128 rows at a time for the fp8 rules, all for the others */
         const int master = w_dtype != PARITY_DTYPE_BF16;
         const size_t wide = quant_weight_scratch_floats(q, n, k, master);
         quant_weight wq = {.codes = op_alloc(&c, quant_weight_code_bytes(quant_rule_of(q)->format,
                                                                           n, k),
                                              1, "quantized weight codes")};
-        wq.scales = wq.codes ? op_alloc(&c, grid, sizeof(float), "quantized weight scales") : NULL;
+        wq.scales = wq.codes ? op_alloc(&c, quant_weight_scale_bytes(quant_rule_of(q)->format, n,
+                                                                     k),
+                                        1, "quantized weight scales")
+                             : NULL;
         float *rows = wq.scales && wide ? op_alloc(&c, wide, sizeof(float), "quantized weight rows")
                                         : NULL;
         /* the activations' codes and scales (linear_quantized puts them in the GEMM scratch) */

@@ -96,6 +96,12 @@ static void codes_unpack(const quant_format *f, const weight *w, const uint8_t *
         quant_codes_unpack_row(f, held + r * row_bytes, w->cols, codes + (uint64_t)r * w->cols);
 }
 
+/* The grid block scales of q as the fp32 values they mean (the API's form). */
+static void scale_values(const quant_format *f, const quant_weight *q, uint64_t grid,
+                         float *scales) {
+    for (uint64_t i = 0; i < grid; i++) scales[i] = quant_weight_scale(f, q, i);
+}
+
 int parity_model_weight_codes(const parity_model *m, const char *name, int quantizer,
                               uint8_t *codes, uint64_t n_codes, float *scales,
                               uint64_t n_scales) {
@@ -112,7 +118,7 @@ int parity_model_weight_codes(const parity_model *m, const char *name, int quant
     int rc = PARITY_OK;
     if (w->shipped && w->shipped_gemm == rule->format->gemm) {
         codes_unpack(rule->format, w, w->shipped->codes, codes);
-        memcpy(scales, w->shipped->scales, grid * sizeof *scales);
+        scale_values(rule->format, w->shipped, grid, scales);
         scales[grid] = w->shipped->tensor_scale;
     } else if (!(rc = model_weight_values((parity_model *)m, (weight *)w))) {
         /* the rule quantizes the weight's values (dequantized first from codes of another
@@ -121,7 +127,7 @@ int parity_model_weight_codes(const parity_model *m, const char *name, int quant
         rc = quant_weight_make(w, quantizer, grid, &made, "a weight's codes");
         if (!rc) {
             codes_unpack(rule->format, w, made.codes, codes);
-            memcpy(scales, made.scales, grid * sizeof *scales);
+            scale_values(rule->format, &made, grid, scales);
             scales[grid] = made.tensor_scale;
             px_free(made.codes);
             px_free(made.scales);
@@ -230,7 +236,10 @@ int parity_model_set_quantized(parity_model *m, const char *name, uint32_t gemm,
      * go read from then on and room in the owned list: everything the swap needs */
     quant_weight *q = px_calloc(1, sizeof *q, "set codes");
     uint8_t *c = q ? px_huge_alloc(quant_weight_code_bytes(f, w->rows, w->cols), "set codes") : NULL;
-    float *s = c ? px_huge_alloc(grid * sizeof *s, "set scales") : NULL;
+    /* the scales as f holds them: fp32, or bytes (check_shipped found each an exact value of
+     * the format's scale type, which quant_scale_byte holds) */
+    void *s = c ? px_huge_alloc(quant_weight_scale_bytes(f, w->rows, w->cols), "set scales")
+                : NULL;
     int rc = s ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY, locked = 0;
     if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
         rc = set_error(PARITY_ERR_BUSY, "%s: a scorer or sampler of this model is inside a call: "
@@ -258,9 +267,12 @@ int parity_model_set_quantized(parity_model *m, const char *name, uint32_t gemm,
     const size_t row_bytes = quant_weight_row_bytes(f, w->cols);
     for (uint32_t r = 0; r < w->rows; r++)
         quant_codes_pack_row(f, codes + (uint64_t)r * w->cols, w->cols, c + r * row_bytes);
-    memcpy(s, scales, grid * sizeof *s);
     q->codes = model_own(m, c);
     q->scales = model_own(m, s);
+    if (f->scale_bytes == 1)
+        for (uint64_t i = 0; i < grid; i++) q->scale_codes[i] = quant_scale_byte(f, scales[i]);
+    else
+        memcpy(q->scales, scales, grid * sizeof *scales);
     q->tensor_scale = f->has_tensor_scale ? scales[grid] : 0.0f;
     if (w->shipped) {
         model_disown(m, w->shipped->codes);

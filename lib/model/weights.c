@@ -145,7 +145,7 @@ void shipped_dequantize(const weight *w, float *master, uint16_t *bf16) {
         for (uint64_t r = 0; r < rows; r++)
             for (uint64_t c = 0; c < cols; c++) {
                 const uint8_t code = quant_code_at(f, q->codes + r * row_bytes, c);
-                float x = e2m1_to_f32(code) * q->scales[r * grid_cols + c / block];
+                float x = e2m1_to_f32(code) * quant_weight_scale(f, q, r * grid_cols + c / block);
                 if (s2) x = x * s2;
                 master[r * cols + c] = x;
             }

@@ -72,7 +72,7 @@ void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
     uint8_t unpacked[UNPACKED_CODES];
     for (size_t n = n0; n < n1; n++) {
         const uint8_t *held = j->wq + n * j->w_row_bytes;
-        const float *ws = j->ws + (n / f->block_rows) * j->w_grid_cols;
+        const size_t ws0 = (n / f->block_rows) * j->w_grid_cols;
         size_t c0 = 0;
         do {
             const size_t c1 = j->K - c0 < span ? j->K : c0 + span;
@@ -89,7 +89,10 @@ void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
                 for (size_t kb = c0 / j->bc; kb < j->nblocks && kb * j->bc < c1; kb++) {
                     const size_t k0 = kb * j->bc, k1 = k0 + j->bc < j->K ? k0 + j->bc : j->K;
                     const float d = (float)(block_dot(k, xr + k0, wr + (k0 - c0), k1 - k0) * unit);
-                    acc = acc + (d * xs[kb]) * ws[kb];
+                    const float w_s = f->scale_bytes == 1
+                                          ? quant_scale_value(f, j->ws_codes[ws0 + kb])
+                                          : j->ws[ws0 + kb];
+                    acc = acc + (d * xs[kb]) * w_s;
                 }
                 if (c1 == j->K && f->has_tensor_scale) acc = acc * (j->xt[m] * j->w_tensor_scale);
                 *y = acc;

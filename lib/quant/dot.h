@@ -19,7 +19,10 @@ typedef struct quant_gemm_job {
     const float *xt;          /* [M] activation row scales (NVFP4 s2, ternary s_x) */
     const uint8_t *wq;        /* [N][w_row_bytes] weight codes as held (quant_weight.h) */
     size_t w_row_bytes;       /* quant_weight_row_bytes(format, K) */
-    const float *ws;          /* the weight's block scales, w_grid_cols per row of the grid */
+    union {                   /* the weight's block scales as held (quant_weight.h), */
+        const float *ws;      /* w_grid_cols per row of the grid: fp32 values (scale_bytes 4), */
+        const uint8_t *ws_codes; /* or the format's scale bytes (scale_bytes 1: E2M1) */
+    };
     size_t w_grid_cols;
     float w_tensor_scale;     /* NVFP4's s2, ternary's s_w */
     float *y;

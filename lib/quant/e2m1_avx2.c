@@ -53,6 +53,8 @@ static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
 #define ei_or _mm256_or_si256
 #define ei_and _mm256_and_si256
 #define ei_srli _mm256_srli_epi32
+#define ei_slli _mm256_slli_epi32
+#define ei_of_dwords(d) _mm256_setr_epi32(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7])
 #define ev_set1 _mm256_set1_ps
 #define ev_zero _mm256_setzero_ps
 #define ev_add _mm256_add_ps
@@ -62,6 +64,7 @@ static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
 #define ev_max _mm256_max_ps
 #define ev_from_int _mm256_cvtepi32_ps
 #define ev_bits _mm256_castps_si256
+#define ev_from_bits _mm256_castsi256_ps
 /* the compare is -1 in the lanes where it holds */
 #define ei_count_if(code, a, c, pred)                                                             \
     _mm256_sub_epi32(code, _mm256_castps_si256(_mm256_cmp_ps(a, c, pred)))
@@ -127,26 +130,6 @@ static inline void ei_transpose(ei r[8]) {
         r[p] = _mm256_permute2x128_si256(u[p], u[4 + p], 0x20);
         r[4 + p] = _mm256_permute2x128_si256(u[p], u[4 + p], 0x31);
     }
-}
-
-/* The scales kb0 .. kb0 + n - 1 (n <= 2) of 8 weight rows: each row's n loaded into a 128-bit
- * half, rows l and l + 4 in the halves of a[l], then interleaved, so that lane l of out[b] is
- * row l's scale kb0 + b (out holds 2; out[1] is 0 for n = 1). Gathers cost more on Zen 4. */
-static inline void ev_block_scales(ev *out, const float *const rows[8], size_t kb0, int n) {
-    __m128 x[8];
-    if (n == 2)
-        for (int l = 0; l < 8; l++)
-            x[l] = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(rows[l] + kb0)));
-    else
-        for (int l = 0; l < 8; l++) x[l] = _mm_load_ss(rows[l] + kb0);
-    __m256 a[4];
-    for (int l = 0; l < 4; l++)
-        a[l] = _mm256_insertf128_ps(_mm256_castps128_ps256(x[l]), x[l + 4], 1);
-    /* t0: rows 0, 1 (4, 5 in the high half) interleaved, t1: rows 2, 3 (6, 7) */
-    const __m256d t0 = _mm256_castps_pd(_mm256_unpacklo_ps(a[0], a[1]));
-    const __m256d t1 = _mm256_castps_pd(_mm256_unpacklo_ps(a[2], a[3]));
-    out[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t1));
-    out[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t1));
 }
 
 /* The chunk of 8 weight rows from byte byte0 of each, a row a lane: each row's codes widened,

@@ -39,6 +39,10 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ei_or _mm512_or_si512
 #define ei_and _mm512_and_si512
 #define ei_srli _mm512_srli_epi32
+#define ei_slli _mm512_slli_epi32
+#define ei_of_dwords(d)                                                                          \
+    _mm512_setr_epi32(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],        \
+                     d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15])
 #define ev_set1 _mm512_set1_ps
 #define ev_zero _mm512_setzero_ps
 #define ev_add _mm512_add_ps
@@ -49,6 +53,7 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ev_abs _mm512_abs_ps
 #define ev_from_int _mm512_cvtepi32_ps
 #define ev_bits _mm512_castps_si512
+#define ev_from_bits _mm512_castsi512_ps
 #define ev_reduce_max _mm512_reduce_max_ps
 #define ei_count_if(code, a, c, pred)                                                             \
     _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(a, c, pred), code, _mm512_set1_epi32(1))
@@ -123,29 +128,6 @@ static inline void ei_weight_chunk(ei w[16], const uint8_t *const rows[16], size
     }
 }
 
-/* The scales kb0 .. kb0 + n - 1 (n <= 4) of 16 weight rows: each row's n loaded (under a
- * mask) into a 128-bit lane, rows g, g + 4, g + 8, g + 12 in the lanes of z[g], then each lane
- * transposed 4 x 4 across z[0 .. 3], so that lane element 4l + g of out[b], row 4l + g, is its
- * scale kb0 + b (out holds 4; those past n are 0). A gather per block costs more on Zen 4. */
-static inline void ev_block_scales(ev *out, const float *const rows[16], size_t kb0, int n) {
-    const __mmask8 m = (__mmask8)((1u << n) - 1);
-    __m512 z[4];
-    for (int g = 0; g < 4; g++) {
-        z[g] = _mm512_castps128_ps512(_mm_maskz_loadu_ps(m, rows[g] + kb0));
-        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 4] + kb0), 1);
-        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 8] + kb0), 2);
-        z[g] = _mm512_insertf32x4(z[g], _mm_maskz_loadu_ps(m, rows[g + 12] + kb0), 3);
-    }
-    /* t0: (z0 b0, z1 b0, z0 b1, z1 b1), t1: (.. b2, .. b3), t2, t3 the same of z2, z3 */
-    const __m512 t0 = _mm512_unpacklo_ps(z[0], z[1]), t1 = _mm512_unpackhi_ps(z[0], z[1]);
-    const __m512 t2 = _mm512_unpacklo_ps(z[2], z[3]), t3 = _mm512_unpackhi_ps(z[2], z[3]);
-    /* all four written (out holds EV_CHUNK / 16), those past n 0 */
-    out[0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
-    out[1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
-    out[2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
-    out[3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
-}
-
 /* Per lane, start + the sum over n dwords of u[q] (unsigned bytes, broadcast) times w[q]
  * (signed bytes), 4 products a dword. */
 static inline ei ei_dot(ei start, const ei *w, const int32_t *u, int n) {
@@ -162,5 +144,41 @@ static inline ei ei_dot(ei start, const ei *w, const int32_t *u, int n) {
     return _mm512_add_epi32(start, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
 }
+
+/* A chunk's 4 E4M3 block scales of 16 rows (lane l of v: row l's bytes, block b in byte b) as
+ * fp32, all four at once through fp16: the bytes widened to words (row-major, 4l + b), each
+ * made the fp16 of the same value times 2^-8 (the sign to bit 15, exponent and mantissa to bits
+ * 7 .. 13: E4M3's bias 7 is fp16's 15 less 8, a subnormal m 2^-9 is the fp16 subnormal m
+ * 2^-17), the NaN codes fp16's quiet NaN of their sign; the words regrouped by block
+ * (vpermt2w), widened exactly (vcvtph2ps) and times 2^8: bit for bit e4m3_to_f32, and for the
+ * NaN codes its sign | 0x7fc00000. */
+static inline void ev_e4m3_chunk(ev out[4], __m512i v) {
+    /* the words of blocks (0, 1) and (2, 3), row r of block b at 16 b + r: row r < 8 is word
+     * 4r + b of the low half, row r >= 8 word 4(r - 8) + b of the high one (index 32 + that) */
+    static const uint16_t by_block[2][32] = {
+        {0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60,
+         1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61},
+        {2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62,
+         3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63}};
+    __m512i half[2] = {_mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)),
+                       _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1))};
+    for (int h = 0; h < 2; h++) {
+        const __m512i magnitude = _mm512_and_si512(half[h], _mm512_set1_epi16(0x7f));
+        const __m512i sign =
+            _mm512_slli_epi16(_mm512_and_si512(half[h], _mm512_set1_epi16(0x80)), 8);
+        const __mmask32 nan = _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7f));
+        half[h] = _mm512_mask_mov_epi16(_mm512_or_si512(_mm512_slli_epi16(magnitude, 7), sign), nan,
+                                        _mm512_or_si512(sign, _mm512_set1_epi16(0x7e00)));
+    }
+    for (int p = 0; p < 2; p++) {
+        const __m512i words = _mm512_permutex2var_epi16(
+            half[0], _mm512_loadu_si512((const void *)by_block[p]), half[1]);
+        out[2 * p] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(words)),
+                                   _mm512_set1_ps(0x1p8f));
+        out[2 * p + 1] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(words, 1)),
+                                       _mm512_set1_ps(0x1p8f));
+    }
+}
+#define EV_E4M3_CHUNK ev_e4m3_chunk
 
 #include "e2m1_lanes.h"

@@ -46,17 +46,21 @@
  *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
  *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
  *                              broadcast) times w[q] (signed bytes)
- *   ei_set1, ei_sub, ei_or, ei_and, ei_srli
+ *   ei_set1, ei_sub, ei_or, ei_and, ei_srli, ei_slli, ei_of_dwords (EV_LANES dwords of an
+ *   array, lane l the l-th)
+ *   EV_E4M3_CHUNK(out, v)      optional: out[b] = ev_scale_values of byte b of v's lanes, E4M3,
+ *                              for all EV_CHUNK / 16 blocks at once
  *   ev_set1, ev_zero(), ev_add, ev_mul, ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
- *   conversion), ev_bits (the bits as an ei), ev_reduce_max
- *   ev_block_scales(out, rows, kb0, n)  out[b], b < n: the scales kb0 + b of the EV_LANES
- *                              weight rows whose scales start at rows[l], row l in lane l
+ *   conversion), ev_bits (the bits as an ei), ev_from_bits (an ei's bits as an ev),
+ *   ev_reduce_max
  *   ev_load(p, n), ev_store(p, v, n)       lanes [0, n) of p (n may exceed EV_LANES), +0 past n
  *   ei_count_if(code, a, c, pred)          code + 1 in the lanes where a pred c
  *   e2m1_store(p, code, n)                 the low bytes of the lanes' codes, n of them
  */
 #ifndef PARITY_QUANT_E2M1_LANES_H
 #define PARITY_QUANT_E2M1_LANES_H
+
+#include <string.h>
 
 #include "dot.h"
 #include "mxfp4.h"
@@ -74,6 +78,68 @@ static const int32_t e2m1_biases[8] = {
     E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101,
     E2M1_K_BIAS * 0x01010101, E2M1_K_BIAS * 0x01010101};
 
+/* The n <= EV_CHUNK / 16 scale bytes of a weight row from p, byte b in bits 8b .. 8b + 7 (0
+ * past n; no byte past n read): a chunk's, one load where the chunk is whole. */
+static inline int32_t scale_bytes_of_row(const uint8_t *p, int n) {
+    if (n == EV_CHUNK / 16 && n == 4) {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return (int32_t)v;
+    }
+    if (n == EV_CHUNK / 16 && n == 2) {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
+    uint32_t v = 0;
+    for (int b = 0; b < n; b++) v |= (uint32_t)p[b] << (8 * b);
+    return (int32_t)v;
+}
+
+/* The fp32 values of scale bytes (one a lane, 0 .. 255), bit for bit codecs.h's e4m3_to_f32 and
+ * e8m0_to_f32 of them. E8M0: 2^(b - 127) is the exponent field b, or for b = 0 the subnormal
+ * 2^-127, the bit 0x400000 ((b - 1) >> 31 is 1 only for b = 0); 255 is the infinity. E4M3: the
+ * sign moved to bit 31 and the 7 bits of exponent and mantissa to bits 20 .. 26 are the fp32
+ * whose value is the E4M3 one times 2^-120 (an E4M3 subnormal m 2^-9 becomes the fp32 subnormal
+ * m 2^-129), so a multiply by 2^120 gives it exactly (denormals are not flushed here: MXCSR's
+ * DAZ and FTZ are off outside the pair32 kernels); the NaN codes 0x7f, 0xff (which no loader
+ * accepts as a scale) become e4m3_to_f32's quiet NaN of their sign, sign | 0x7fc00000
+ * ((m + 1) >> 7 is 1 only for m = 0x7f). */
+static inline ev ev_scale_values(ei b, int e4m3) {
+    if (!e4m3) {
+        const ei zero_bit = ei_slli(ei_srli(ei_sub(b, ei_set1(1)), 31), 22);
+        return ev_from_bits(ei_or(ei_slli(b, 23), zero_bit));
+    }
+    const ei magnitude = ei_and(b, ei_set1(0x7f));
+    const ei bits = ei_or(ei_slli(magnitude, 20), ei_slli(ei_and(b, ei_set1(0x80)), 24));
+    const ev v = ev_mul(ev_from_bits(bits), ev_set1(0x1p120f));
+    const ei nan = ei_sub(ei_set1(0), ei_srli(ei_sub(magnitude, ei_set1(-1)), 7));
+    const ei kept = ei_or(ei_sub(ei_set1(-1), nan), ei_set1((int32_t)0x80000000u));
+    return ev_from_bits(ei_or(ei_and(ev_bits(v), kept), ei_and(nan, ei_set1(0x7fc00000))));
+}
+
+/* out[b], b < n (n <= EV_CHUNK / 16): the values of the scale bytes kb0 + b of the EV_LANES
+ * weight rows whose scales start at rows[l], row l in lane l; E4M3 bytes (NVFP4) or E8M0 ones.
+ * A row's n bytes are one dword, the rows' dwords one vector (ei_of_dwords: built in
+ * registers), each byte shifted down in turn (those past n give values never read). A gather
+ * per block costs more on Zen 4. */
+static inline void ev_block_scales(ev *out, const uint8_t *const rows[EV_LANES], size_t kb0,
+                                   int n, int e4m3) {
+    int32_t row_bytes[EV_LANES];
+#pragma GCC unroll 16
+    for (int l = 0; l < EV_LANES; l++) row_bytes[l] = scale_bytes_of_row(rows[l] + kb0, n);
+    const ei v = ei_of_dwords(row_bytes);
+#if defined(EV_E4M3_CHUNK)
+    if (e4m3) {
+        EV_E4M3_CHUNK(out, v);
+        return;
+    }
+#endif
+#pragma GCC unroll 4
+    for (int b = 0; b < EV_CHUNK / 16; b++)
+        out[b] = ev_scale_values(ei_and(ei_srli(v, 8 * b), ei_set1(0xff)), e4m3);
+}
+
 /* The columns [n0, n1) of the job under blocks of `dwords` dwords (4: NVFP4's 16 codes, 8:
  * MXFP4's 32), a tile's columns a lane each. */
 static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_job *j,
@@ -86,9 +152,9 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
         /* lanes past the tile's columns repeat its last column (read, never stored) */
-        const float *ws = j->ws + nt * grid;
+        const uint8_t *ws = j->ws_codes + nt * grid;
         const uint8_t *wrow[EV_LANES];
-        const float *srow[EV_LANES];
+        const uint8_t *srow[EV_LANES];
         for (size_t l = 0; l < EV_LANES; l++) {
             wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
             srow[l] = ws + (l < cols ? l : cols - 1) * grid;
@@ -108,8 +174,8 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                     const uint8_t *next = j->wq + (nt + EV_LANES) * row_bytes + k0 / 2 * EV_LANES;
                     for (int l = 0; l < EV_LANES * EV_CHUNK / 2; l += 64)
                         _mm_prefetch((const char *)(next + l), EV_PREFETCH);
-                    const float *next_ws = ws + EV_LANES * grid + kb0 * EV_LANES;
-                    for (int l = 0; l < EV_LANES * blocks_per_chunk; l += 16)
+                    const uint8_t *next_ws = ws + EV_LANES * grid + kb0 * EV_LANES;
+                    for (int l = 0; l < EV_LANES * blocks_per_chunk; l += 64)
                         _mm_prefetch((const char *)(next_ws + l), EV_PREFETCH);
                 }
                 ei w[EV_LANES];
@@ -127,7 +193,7 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                     correction[b] = ei_sub(ei_set1(0), ei_dot(ei_set1(0), w + b * dwords,
                                                               e2m1_biases, dwords));
                 }
-                ev_block_scales(w_scale, srow, kb0, nbc);
+                ev_block_scales(w_scale, srow, kb0, nbc, dwords == 4); /* NVFP4: E4M3 */
                 for (size_t m = m0; m < m1; m++) {
                     /* the row's codes as k_a + 12, then read back a dword at a time */
                     int32_t u[EV_CHUNK / 4];

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codecs.h"
 #include "parity.h"
 
 /* The number of quantizer rules: PARITY_FP8Q_* and PARITY_QUANT_* are 0 .. QUANTIZERS - 1. */
@@ -26,8 +27,9 @@ enum {
     QUANT_ELEMENT_TERNARY  /* weights -1, 0, 1 and activations int8, as two's complement int8 */
 };
 
-/* How a scale is stored: in a checkpoint, a manifest, an API buffer (in memory the quantizers
- * hold every scale as the fp32 value it means). */
+/* How a scale is stored: in a checkpoint, a manifest, an API buffer. In memory the quantizers
+ * and the activations hold every scale as the fp32 value it means; a weight's block scales are
+ * held as the format's scale_bytes say (quant_weight.h). */
 enum {
     QUANT_SCALE_NONE,
     QUANT_SCALE_F32,
@@ -76,6 +78,9 @@ typedef struct quant_format {
     uint32_t block_rows;       /* a weight's scale block: block_rows x block_cols (activations */
     uint32_t block_cols;       /* 1 x block_cols); 0 x 0: no blocks, one tensor scale */
     uint8_t block_scale;       /* QUANT_SCALE_*: how a block scale is stored (F32, E8M0, E4M3) */
+    uint8_t scale_bytes;       /* the bytes a weight's block scale takes as held: 4, its fp32
+                                  value; 1, its block_scale byte (E4M3 bits, E8M0's biased
+                                  exponent), as the format's checkpoints ship it */
     uint8_t has_tensor_scale;  /* a second, tensor-wide scale: NVFP4's s2, ternary's s_w (per
                                   row for activations: s2, s_x) */
     uint32_t widen_rows;       /* bf16 weights are widened to fp32 this many rows at a time for
@@ -101,6 +106,18 @@ static inline float quant_amax(const float *x, size_t n) {
     float a = 0.0f;
     for (size_t i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
     return a;
+}
+
+/* The fp32 value of a held scale byte of a format whose scale_bytes is 1: E4M3 (NVFP4) or E8M0
+ * (MXFP4). */
+static inline float quant_scale_value(const quant_format *f, uint8_t byte) {
+    return f->block_scale == QUANT_SCALE_E4M3 ? e4m3_to_f32(byte) : e8m0_to_f32(byte);
+}
+/* The held byte of a scale value s of such a format, which must be a value of its byte type (an
+ * E4M3 value; a power of two in [2^-127, 2^127]): the quantizers' scales are, and
+ * parity_model_set_quantized refuses others. */
+static inline uint8_t quant_scale_byte(const quant_format *f, float s) {
+    return f->block_scale == QUANT_SCALE_E4M3 ? e4m3_from_f32_saturating(s) : e8m0_from_pow2(s);
 }
 
 #endif /* PARITY_QUANT_FORMAT_H */

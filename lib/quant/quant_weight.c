@@ -63,7 +63,7 @@ void quant_codes_unpack_row(const quant_format *f, const uint8_t *held, size_t c
 }
 
 uint64_t quant_weight_scale_bytes(const quant_format *f, uint64_t rows, uint64_t cols) {
-    return quant_scale_count(f, rows, cols) * sizeof(float);
+    return quant_scale_count(f, rows, cols) * f->scale_bytes;
 }
 
 /* The floats of scratch that stage a step's codes one a byte for a packed format (0: the format
@@ -72,9 +72,17 @@ static size_t staged_code_floats(const quant_format *f, size_t rows, size_t cols
     return f->code_bits == 8 ? 0 : (rows_at_once(f, rows) * cols + sizeof(float) - 1) / sizeof(float);
 }
 
+/* The floats of scratch that stage the fp32 scales of a format that holds them as bytes (0: it
+ * holds them as fp32, quantize_weight writes them in place). Such formats quantize the whole
+ * tensor at once (widen_rows 0), so these are all of its scales. */
+static size_t staged_scale_floats(const quant_format *f, size_t rows, size_t cols) {
+    return f->scale_bytes == 4 ? 0 : (size_t)quant_scale_count(f, rows, cols);
+}
+
 size_t quant_weight_scratch_floats(int quantizer, size_t rows, size_t cols, int has_master) {
     const quant_format *f = quant_rule_of(quantizer)->format;
-    return (has_master ? 0 : rows_at_once(f, rows) * cols) + staged_code_floats(f, rows, cols);
+    return (has_master ? 0 : rows_at_once(f, rows) * cols) + staged_code_floats(f, rows, cols) +
+           staged_scale_floats(f, rows, cols);
 }
 
 void quant_weight_quantize_values(int quantizer, size_t rows, size_t cols, const float *master,
@@ -88,8 +96,10 @@ void quant_weight_quantize_values(int quantizer, size_t rows, size_t cols, const
     const size_t step = rows_at_once(f, rows), row_bytes = quant_weight_row_bytes(f, cols);
     const size_t grid_cols = f->block_cols ? (cols + f->block_cols - 1) / f->block_cols : 0;
     float *wide = master ? NULL : scratch;
-    uint8_t *staged = f->code_bits == 8 ? NULL
-                                        : (uint8_t *)(void *)(scratch + (master ? 0 : step * cols));
+    float *after_wide = scratch + (master ? 0 : step * cols);
+    uint8_t *staged = f->code_bits == 8 ? NULL : (uint8_t *)(void *)after_wide;
+    float *staged_scales = f->scale_bytes == 4 ? NULL
+                                               : after_wide + staged_code_floats(f, rows, cols);
     for (size_t r0 = 0; r0 < rows; r0 += step) {
         const size_t n = rows - r0 < step ? rows - r0 : step;
         const float *x = master ? master + r0 * stride : wide;
@@ -99,9 +109,13 @@ void quant_weight_quantize_values(int quantizer, size_t rows, size_t cols, const
                     wide[r * cols + c] = bf16_to_f32(bf16[(r0 + r) * stride + c]);
         const size_t grid_row = f->block_rows ? r0 / f->block_rows : 0;
         uint8_t *held = q->codes + r0 * row_bytes;
+        float *scales = staged_scales ? staged_scales : q->scales + grid_row * grid_cols;
         f->quantize_weight(rule, n, cols, x, master ? stride : cols, staged ? staged : held, cols,
-                           q->scales + grid_row * grid_cols, &q->tensor_scale);
+                           scales, &q->tensor_scale);
         for (size_t r = 0; staged && r < n; r++)
             quant_codes_pack_row(f, staged + r * cols, cols, held + r * row_bytes);
     }
+    /* the staged scales (the whole grid: such formats quantize all rows at once) as bytes */
+    const size_t grid = staged_scales ? staged_scale_floats(f, rows, cols) : 0;
+    for (size_t i = 0; i < grid; i++) q->scale_codes[i] = quant_scale_byte(f, staged_scales[i]);
 }

@@ -14,10 +14,18 @@
 typedef struct quant_weight {
     uint8_t *codes;        /* [rows][quant_weight_row_bytes], packed as the format's code_bits
                               say (below) */
-    float *scales;         /* fp8-block: [ceil(rows / 128)][ceil(cols / 128)] fp32, the stored
-                              dequantization multipliers; MXFP8, MXFP4: [rows][ceil(cols / 32)],
-                              the E8M0 scales as fp32 powers of two; NVFP4: [rows][ceil(cols /
-                              16)], the E4M3 block scales' values; ternary: unused (1 float) */
+    /* The block scales as the format's scale_bytes hold them: one buffer, named by its type.
+     * scale_bytes 4: `scales`, fp32 values (fp8-block: [ceil(rows / 128)][ceil(cols / 128)], the
+     * stored dequantization multipliers; MXFP8: [rows][ceil(cols / 32)], the E8M0 scales as fp32
+     * powers of two; ternary: unused, 1 float). scale_bytes 1: `scale_codes`, the bytes the
+     * checkpoints ship (NVFP4: [rows][ceil(cols / 16)] E4M3 bits; MXFP4: [rows][ceil(cols / 32)]
+     * E8M0 biased exponents); quant_scale_value gives the fp32 value of one. A union rather than
+     * two fields: code that only allocates, frees, copies or owns the buffer (by
+     * quant_weight_scale_bytes) reads the same for every format. */
+    union {
+        float *scales;
+        uint8_t *scale_codes;
+    };
     float tensor_scale;    /* NVFP4's s2, ternary's s_w; 0 for the others */
     float input_scale;     /* shipped NVFP4: the checkpoint's input_scale (ModelOpt's calibrated
                               activation scale, kept to be saved back; the GEMM scales
@@ -58,14 +66,22 @@ static inline uint8_t quant_code_at(const quant_format *f, const uint8_t *held, 
         return held[c];
     }
 }
-/* The bytes of its scales as held: quant_scale_count of the format, each an fp32 value. */
+/* The bytes of its scales as held: quant_scale_count of the format, each scale_bytes long. */
 uint64_t quant_weight_scale_bytes(const quant_format *f, uint64_t rows, uint64_t cols);
 
+/* Block scale i of q (its grid in row order) as the fp32 value it means. */
+static inline float quant_weight_scale(const quant_format *f, const quant_weight *q, uint64_t i) {
+    return f->scale_bytes == 1 ? quant_scale_value(f, q->scale_codes[i]) : q->scales[i];
+}
+
 /* Quantizes a rows x cols weight, rows `stride` apart, with `quantizer` into q (codes
- * [rows][cols], scales quant_scale_count of the rule's format, the tensor scale): from its fp32
+ * [rows][cols], scales quant_scale_count of the rule's format as held, the tensor scale): from
+ * its fp32
  * values `master` if not NULL, else from its bf16 values widened (exactly) into `scratch`, which
- * holds quant_weight_scratch_floats(quantizer, rows, cols, 0) floats: a block row of 128 rows
- * at a time for the fp8 formats, the whole tensor for the others (whose scales read it all). */
+ * holds quant_weight_scratch_floats(quantizer, rows, cols, master != NULL) floats: a block row
+ * of 128 rows at a time for the fp8 formats, the whole tensor for the others (whose scales read
+ * it all); packed codes and byte scales are staged there too (as the quantizers write them: a
+ * code a byte, fp32 scales), then converted into q. */
 void quant_weight_quantize_values(int quantizer, size_t rows, size_t cols, const float *master,
                                   const uint16_t *bf16, size_t stride, quant_weight *q,
                                   float *scratch);

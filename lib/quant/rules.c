@@ -18,23 +18,26 @@
 #include "ternary.h"
 
 /* The formats in PARITY_GEMM_* order, from PARITY_GEMM_FP8_BLOCK: gemm, name, element, the
- * bits a weight's code takes as held, a weight's scale block (rows, cols) and the block scales' type, whether it has a tensor scale,
- * the rows of bf16 weights widened at once, and the entries: F's quantize_weight and
- * quantize_activations (F.c), the GEMM's quant_gemm_G (dot.c). */
-#define FORMAT(gemm, name, element, bits, rows, cols, scale, tensor, widen, F, G, ...)            \
-    {gemm, name, QUANT_ELEMENT_##element, bits, rows, cols, QUANT_SCALE_##scale, tensor, widen,  \
-     F##_quantize_weight, F##_quantize_activations, quant_gemm_##G, {__VA_ARGS__}}
+ * bits a weight's code takes as held, a weight's scale block (rows, cols), the block scales'
+ * type and the bytes one takes as held, whether it has a tensor scale, the rows of bf16 weights
+ * widened at once, and the entries: F's quantize_weight and quantize_activations (F.c), the
+ * GEMM's quant_gemm_G (dot.c). */
+#define FORMAT(gemm, name, element, bits, rows, cols, scale, sbytes, tensor, widen, F, G, ...)   \
+    {gemm, name, QUANT_ELEMENT_##element, bits, rows, cols, QUANT_SCALE_##scale, sbytes, tensor, \
+     widen, F##_quantize_weight, F##_quantize_activations, quant_gemm_##G, {__VA_ARGS__}}
 /* The last arguments of FORMAT: the format's SIMD variants, [QUANT_SIMD_*] = {quantize_rows,
  * gemm_columns}, as a macro its header defines under the ISAs' PARITY_HAVE_* (an #if cannot
  * stand among a macro's arguments); NO_SIMD: none. */
 #define NO_SIMD {NULL, NULL}
 static const quant_format formats[] = {
-    FORMAT(PARITY_GEMM_FP8_BLOCK, "fp8-block", E4M3, 8, 128, 128, F32, 0, 128, fp8, blocked,
+    FORMAT(PARITY_GEMM_FP8_BLOCK, "fp8-block", E4M3, 8, 128, 128, F32, 4, 0, 128, fp8, blocked,
            FP8_SIMD),
-    FORMAT(PARITY_GEMM_MXFP8, "mxfp8", E4M3, 8, 1, 32, E8M0, 0, 128, fp8, blocked, FP8_SIMD),
-    FORMAT(PARITY_GEMM_NVFP4, "nvfp4", E2M1, 4, 1, 16, E4M3, 1, 0, nvfp4, blocked, NVFP4_SIMD),
-    FORMAT(PARITY_GEMM_MXFP4, "mxfp4", E2M1, 4, 1, 32, E8M0, 0, 0, mxfp4, blocked, MXFP4_SIMD),
-    FORMAT(PARITY_GEMM_TERNARY, "ternary", TERNARY, 2, 0, 0, NONE, 1, 0, ternary, ternary,
+    FORMAT(PARITY_GEMM_MXFP8, "mxfp8", E4M3, 8, 1, 32, E8M0, 4, 0, 128, fp8, blocked, FP8_SIMD),
+    FORMAT(PARITY_GEMM_NVFP4, "nvfp4", E2M1, 4, 1, 16, E4M3, 1, 1, 0, nvfp4, blocked,
+           NVFP4_SIMD),
+    FORMAT(PARITY_GEMM_MXFP4, "mxfp4", E2M1, 4, 1, 32, E8M0, 1, 0, 0, mxfp4, blocked,
+           MXFP4_SIMD),
+    FORMAT(PARITY_GEMM_TERNARY, "ternary", TERNARY, 2, 0, 0, NONE, 4, 1, 0, ternary, ternary,
            TERNARY_SIMD),
 };
 #define N_FORMATS (sizeof formats / sizeof formats[0])

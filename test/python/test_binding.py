@@ -295,8 +295,8 @@ class TestScore(unittest.TestCase):
     def test_weight_bytes(self):
         """Model.weight_bytes mirrors parity_model_bytes: the decoder's linear weights read once
         a step, 2 bytes a parameter in bf16, 1 a code and 4 a 128 x 128 block's scale under
-        fp8-block, two E2M1 codes a byte (a row's odd last code a byte of its own) and 4 a 1 x 16
-        block's scale under nvfp4, ternary codes four a byte (a row's in groups of 64 in 16
+        fp8-block, two E2M1 codes a byte (a row's odd last code a byte of its own) and 1 a 1 x 16
+        block's E4M3 scale under nvfp4, ternary codes four a byte (a row's in groups of 64 in 16
         bytes) and 4 for each weight's scale; the head the same under all; what a policy keeps
         within what is held."""
         c = self.tiny.config
@@ -314,7 +314,7 @@ class TestScore(unittest.TestCase):
         ternary = self.tiny.weight_bytes("vllm+ternary:bitnet")
         self.assertEqual(bf16["step_linear"], 2 * params)
         self.assertEqual(fp8["step_linear"], params + 4 * grid)
-        self.assertEqual(nvfp4["step_linear"], nv_codes + 4 * nv_grid)
+        self.assertEqual(nvfp4["step_linear"], nv_codes + nv_grid)
         self.assertEqual(ternary["step_linear"], ternary_codes + 4 * 7 * c["num_hidden_layers"])
         for b in (fp8, nvfp4, ternary):
             self.assertEqual(bf16["step_head"], b["step_head"])
