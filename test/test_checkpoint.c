@@ -1449,6 +1449,8 @@ static void edit_bitnet_case(bad_variant *v, const char *w, const parity_model *
     } else if (!strcmp(w, "code-3")) g->data[5] |= 0x30; /* field 2 of a byte: 3 */
     else if (!strcmp(w, "missing-scale")) ckpt_remove(&v->c, GATE0 "_scale");
     else if (!strcmp(w, "zero-scale")) set_scale(gs, 0, 0.0f);
+    else if (!strcmp(w, "tiny-scale")) set_scale(gs, 0, 1e-39f); /* s_w: 1 / s_w beyond fp32 */
+    else if (!strcmp(w, "huge-mean")) set_scale(gs, 0, 3.4e38f); /* code * mean beyond bf16 */
     else if (!strcmp(w, "nan-scale")) set_scale(gs, 0, NAN);
     else if (!strcmp(w, "negative-scale")) set_scale(gs, 0, -scale_at(gs, 0));
     else if (!strcmp(w, "two-scales")) set_two_scales(gs);
@@ -1567,6 +1569,10 @@ static void test_bitnet_checkpoints(const parity_model *orig) {
         {"nan-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale", NULL},
         {"negative-scale", PARITY_ERR_SCALE_VALUE, GATE0 "_scale", NULL},
         {"two-scales", PARITY_ERR_SCALE_GRID, GATE0 "_scale", NULL},
+        {"tiny-scale", PARITY_ERR_TENSOR_NONFINITE, GATE0 "_scale", NULL},
+        {"huge-mean", PARITY_ERR_TENSOR_NONFINITE, GATE0 "_scale",
+         "\"quantization_config\": {\"quant_method\": \"bitnet\", \"linear_class\": "
+         "\"autobitlinear\", \"quantization_mode\": \"offline\"},"},
         {"i8-codes", PARITY_ERR_TENSOR_DTYPE, GATE0, NULL},
         {"bf16-not-kept", PARITY_ERR_TENSOR_DTYPE, GATE0, NULL},
         {"scale-of-kept", PARITY_ERR_TENSOR_UNEXPECTED, GATE0 "_scale",

@@ -114,17 +114,30 @@ static int ternary_shipped_import(const tensor_source *codes, const tensor_sourc
     }
     const float s = one_scale(scale);
     const uint8_t *p = codes->data;
+    int nonzero = 0;
     for (uint32_t r = 0; r < slot->rows; r++) {
         const uint64_t byte_row = r % pr, field = r / pr;
         for (uint32_t c = 0; c < slot->cols; c++) {
             const int code = (int)((p[byte_row * slot->cols + c] >> (2 * field)) & 3u) - 1;
             row[c] = (uint8_t)(int8_t)code;
+            nonzero |= code != 0;
         }
         quant_codes_pack_row(f, row, slot->cols, out->codes + r * row_bytes);
     }
     px_free(row);
+    /* what the codes mean must be representable: the GEMM's s_w finite, and the value of a
+     * nonzero code (shipped_dequantize: code * mean, or code / s_w) within bf16's range */
+    const float s_w = scale_is_mean ? 1.0f / s : s, one = scale_is_mean ? 1.0f * s : 1.0f / s;
+    if (!isfinite(s_w) || (nonzero && (bf16_from_f32(one) & 0x7f80u) == 0x7f80u)) {
+        shipped_values_free(out);
+        return set_error(PARITY_ERR_TENSOR_NONFINITE, "%s: weight_scale %g %s: a code of 1 "
+                         "dequantizes to %g and the GEMM's s_w is %g; both must be finite, the "
+                         "value within bf16's range", scale->where, (double)s,
+                         scale_is_mean ? "(mean |W|, autobitlinear)" : "(s_w, bitlinear)",
+                         (double)one, (double)s_w);
+    }
     out->scales[0] = 0.0f;
-    out->tensor_scale = scale_is_mean ? 1.0f / s : s;
+    out->tensor_scale = s_w;
     out->value_scale = s;
     out->scale_is_mean = (uint8_t)scale_is_mean;
     out->scale_dtype = (uint8_t)scale->dtype;
