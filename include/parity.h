@@ -982,11 +982,11 @@ PARITY_API uint64_t parity_model_version(const parity_model *model);
  * or, for the 4-bit and ternary formats,
  *   "NAME": {"shape": [rows, cols], "dtype": "E2M1" | "TERNARY", "format": "nvfp4" | "mxfp4" |
  *            "ternary", "block": [1, 16] | [1, 32] | [rows, cols], "quantizer": RULE | null,
- *            "fnv1a64": of the codes one a byte as the GEMM reads them (E2M1 in the low nibble,
- *            ternary as int8), "scales": {"shape": [rows, ceil(cols / block)] | [1, 1],
- *            "dtype": "F8_E4M3" | "F8_E8M0" | "F32", "fnv1a64": of the block scales' fp32
- *            values (ternary: of s_w)}, "tensor_scale": NVFP4's s2 as 8 hex digits of its
- *            fp32 bits}
+ *            "fnv1a64": of the codes one a byte, whatever their packing in memory (E2M1
+ *            in the low nibble, ternary as int8),
+ *            "scales": {"shape": [rows, ceil(cols / block)] | [1, 1], "dtype": "F8_E4M3" |
+ *            "F8_E8M0" | "F32", "fnv1a64": of the block scales' fp32 values (ternary: of
+ *            s_w)}, "tensor_scale": NVFP4's s2 as 8 hex digits of its fp32 bits}
  * with a top-level "quantization": {"format": .., "quantizer": ..}; its BF16 entries of linear
  * weights are then layers it keeps in bf16. parity_model_write_manifest_for writes this for a
  * policy (NULL: parity_model_write_manifest). parity_model_verify_for checks the codes that
