@@ -9,7 +9,7 @@
  * is fixed: acc = acc + (d * a_s) * w_s over the blocks, ascending, in fp32 (exact per term
  * for NVFP4: d has at most 12 significant bits, each E4M3 scale 4), then NVFP4's
  * y = RN(acc * RN(s2a * s2w)). Ternary: the integer dot of the int8 and ternary codes, exact in
- * int64 (its weight codes held four a byte, quant_weight.h, unpacked a block at a time);
+ * int64 (its weight codes held four a byte, code_layout.h, unpacked a block at a time);
  * y = RN(D / RN(s_w * s_x)), or its bf16 steps under "hf-bitlinear". This is one C
  * implementation that every CPU path runs (the codes and scales are integers and powers of
  * two, not SIMD-specific values). A NaN activation (whose E4M3 code is 0x7f) makes the block's
@@ -20,6 +20,7 @@
 #include "dot.h"
 
 #include "base/floats.h"
+#include "code_layout.h"
 #include "codecs.h"
 
 /* k of every E4M3 code (value = k * 2^-9) and of every E2M1 code (value = k * 2^-1), as a
@@ -50,14 +51,6 @@ static double block_dot(const double *k, const uint8_t *x, const uint8_t *w, siz
  * blocks: 16, 32 and 128 divide it). */
 enum { UNPACKED_CODES = 1024 };
 
-/* Codes [c0, c1) of a weight row held two a byte (quant_weight.h's 4-bit layout: code 2i in the
- * low nibble of byte i, 2i + 1 in the high one), one a byte into out. quant_code_at says the
- * same; it is not called from here, where the format rows (rules.c) that quant_weight.c reads
- * are defined on these kernels. */
-static void unpack_nibbles(const uint8_t *held, size_t c0, size_t c1, uint8_t *out) {
-    for (size_t c = c0; c < c1; c++) out[c - c0] = (uint8_t)(held[c / 2] >> (c % 2 * 4) & 0xfu);
-}
-
 void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
     pthread_once(&k_once, fill_k);
     const quant_format *f = j->rule->format;
@@ -78,7 +71,7 @@ void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
             const size_t c1 = j->K - c0 < span ? j->K : c0 + span;
             const uint8_t *wr = held + c0;
             if (packed) {
-                unpack_nibbles(held, c0, c1, unpacked);
+                quant_nibbles_unpack(held, c0, c1, unpacked);
                 wr = unpacked;
             }
             for (size_t m = 0; m < j->M; m++) {
@@ -108,21 +101,6 @@ void quant_gemm_blocked(const quant_gemm_job *j, size_t n0, size_t n1) {
 #define TERNARY_UNPACK_CODES 2048
 #define TERNARY_UNPACK_ROWS 64
 
-/* The int8 codes of `groups` groups of a held ternary weight row into w: the layout of
- * quant_weight.h (code bits 2), four codes a byte as w + 1 in groups of 64 codes in 16 bytes,
- * code 64 g + 16 q + i in bits 2 q, 2 q + 1 of byte 16 g + i (a row's last group padded, so
- * whole groups are there to read). */
-static void ternary_unpack(const uint8_t *held, size_t groups, int8_t *w) {
-    for (size_t g = 0; g < groups; g++, held += 16, w += 64)
-        for (int i = 0; i < 16; i++) {
-            const uint8_t b = held[i];
-            w[i] = (int8_t)((b & 3) - 1);
-            w[16 + i] = (int8_t)((b >> 2 & 3) - 1);
-            w[32 + i] = (int8_t)((b >> 4 & 3) - 1);
-            w[48 + i] = (int8_t)((b >> 6) - 1);
-        }
-}
-
 void quant_gemm_ternary(const quant_gemm_job *j, size_t n0, size_t n1) {
     const int bf16_steps = j->rule->tensor_scale == QUANT_SCALE_BF16;
     int8_t w[TERNARY_UNPACK_CODES];
@@ -135,7 +113,7 @@ void quant_gemm_ternary(const quant_gemm_job *j, size_t n0, size_t n1) {
             for (size_t k0 = 0; k0 < j->K; k0 += TERNARY_UNPACK_CODES) {
                 const size_t len =
                     j->K - k0 < TERNARY_UNPACK_CODES ? j->K - k0 : TERNARY_UNPACK_CODES;
-                ternary_unpack(held + k0 / 4, (len + 63) / 64, w);
+                quant_ternary_groups_unpack(held + k0 / 4, (len + 63) / 64, w);
                 for (size_t r = 0; r < rows; r++) {
                     const int8_t *xr =
                         (const int8_t *)(const void *)(j->xq + (m0 + r) * j->K + k0);

@@ -17,7 +17,7 @@ typedef struct quant_gemm_job {
     const uint8_t *xq;        /* [M][K] activation codes */
     const float *xs;          /* [M][nblocks] activation block scales */
     const float *xt;          /* [M] activation row scales (NVFP4 s2, ternary s_x) */
-    const uint8_t *wq;        /* [N][w_row_bytes] weight codes as held (quant_weight.h) */
+    const uint8_t *wq;        /* [N][w_row_bytes] weight codes as held (code_layout.h) */
     size_t w_row_bytes;       /* quant_weight_row_bytes(format, K) */
     union {                   /* the weight's block scales as held (quant_weight.h), */
         const float *ws;      /* w_grid_cols per row of the grid: fp32 values (scale_bytes 4), */

@@ -8,7 +8,7 @@
  *
  * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK =
  * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). The weight rows are held two
- * codes a byte (quant_weight.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2
+ * codes a byte (code_layout.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2
  * bytes. Per tile and chunk the weight rows' codes are transposed and expanded to a code a
  * byte (ei_weight_chunk), so that register i holds codes 4i .. 4i+3 of every column, and
  * become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle; a

@@ -20,7 +20,7 @@
 #define QUANTIZERS (PARITY_QUANT_TERNARY_ONEBITLLMS + 1)
 
 /* A format's element codes (codecs.h). The quantizers and the activations' codes take one a
- * byte; a weight's codes are held as code_bits says (quant_weight.h). */
+ * byte; a weight's codes are held as code_bits says (code_layout.h). */
 enum {
     QUANT_ELEMENT_E4M3,    /* E4M3 (weights and activations) */
     QUANT_ELEMENT_E2M1,    /* E2M1 in the low nibble, its sign at 0x8 */
@@ -74,7 +74,7 @@ typedef struct quant_format {
     const char *name;          /* "fp8-block", "mxfp8", "nvfp4", "mxfp4", "ternary" */
     uint8_t element;           /* QUANT_ELEMENT_* */
     uint8_t code_bits;         /* the bits a weight's code takes as held: 8, 4 or 2
-                                  (quant_weight.h: the packed layouts) */
+                                  (code_layout.h: the packed layouts) */
     uint32_t block_rows;       /* a weight's scale block: block_rows x block_cols (activations */
     uint32_t block_cols;       /* 1 x block_cols); 0 x 0: no blocks, one tensor scale */
     uint8_t block_scale;       /* QUANT_SCALE_*: how a block scale is stored (F32, E8M0, E4M3) */

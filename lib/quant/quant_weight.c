@@ -69,7 +69,8 @@ uint64_t quant_weight_scale_bytes(const quant_format *f, uint64_t rows, uint64_t
 /* The floats of scratch that stage a step's codes one a byte for a packed format (0: the format
  * holds one code a byte, quantize_weight writes them in place). */
 static size_t staged_code_floats(const quant_format *f, size_t rows, size_t cols) {
-    return f->code_bits == 8 ? 0 : (rows_at_once(f, rows) * cols + sizeof(float) - 1) / sizeof(float);
+    if (f->code_bits == 8) return 0;
+    return (rows_at_once(f, rows) * cols + sizeof(float) - 1) / sizeof(float);
 }
 
 /* The floats of scratch that stage the fp32 scales of a format that holds them as bytes (0: it

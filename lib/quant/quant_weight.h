@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "code_layout.h"
 #include "format.h"
 
 /* A weight quantized with one quantizer of a quantized gemm format. */
@@ -32,17 +33,7 @@ typedef struct quant_weight {
                               activations per token), 0 when it had none */
 } quant_weight;
 
-/* A weight's codes as held, a row at a time, each row quant_weight_row_bytes long, by the
- * format's code_bits:
- *   8  one code a byte (E4M3);
- *   4  two codes a byte, code 2i in the low nibble of byte i and code 2i + 1 in the high one
- *      (E2M1 with its sign at 0x8: the layout NVFP4 and MXFP4 checkpoints ship); an odd row's
- *      last high nibble is 0;
- *   2  ternary, four codes a byte as w + 1 (0, 1, 2) in groups of 64 codes in 16 bytes: code
- *      64 g + 16 q + i at bits 2q, 2q + 1 of byte 16 g + i, so that a shift by 2q and a mask
- *      give 16 consecutive codes; a row's last group is padded with 1 (the code 0).
- * The quantizers, the activations and the public calls take one code a byte (E4M3, E2M1 in the
- * low nibble, ternary as int8); quant_codes_pack_row and _unpack_row convert. */
+/* The bytes of a row of `cols` codes as held (code_layout.h says the layouts). */
 size_t quant_weight_row_bytes(const quant_format *f, size_t cols);
 /* The bytes of a rows x cols weight's codes as held: every allocation of a quant_weight's codes
  * takes this many, and parity_model_bytes counts what a step reads in it. */
@@ -53,19 +44,6 @@ void quant_codes_pack_row(const quant_format *f, const uint8_t *codes, size_t co
 /* A held row back into `cols` codes one a byte. */
 void quant_codes_unpack_row(const quant_format *f, const uint8_t *held, size_t cols,
                             uint8_t *codes);
-/* Code c of a held row, one a byte. */
-static inline uint8_t quant_code_at(const quant_format *f, const uint8_t *held, size_t c) {
-    switch (f->code_bits) {
-    case 4:
-        return (uint8_t)((held[c / 2] >> (c % 2 * 4)) & 0xfu);
-    case 2: {
-        const size_t g = c / 64, q = c % 64 / 16, i = c % 16;
-        return (uint8_t)((int)((held[g * 16 + i] >> (2 * q)) & 3u) - 1);
-    }
-    default:
-        return held[c];
-    }
-}
 /* The bytes of its scales as held: quant_scale_count of the format, each scale_bytes long. */
 uint64_t quant_weight_scale_bytes(const quant_format *f, uint64_t rows, uint64_t cols);
 

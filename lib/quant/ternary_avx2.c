@@ -30,7 +30,7 @@
 
 /* The 64 weight codes k .. k + 63 of a held row (k a multiple of 64) as w + 1 in {0, 1, 2},
  * the first 32 into lo, the others into hi: the one place that reads the weight's layout
- * (quant_weight.h: group k / 64 in 16 bytes, code 16 q + i in bits 2 q, 2 q + 1 of byte i). In
+ * (code_layout.h: group k / 64 in 16 bytes, code 16 q + i in bits 2 q, 2 q + 1 of byte i). In
  * a row's last group the fields past K are read too; the activation codes there are 0. */
 ALWAYS_INLINE void weight_codes(const uint8_t *row, size_t k, __m256i *lo, __m256i *hi) {
     const __m256i group = _mm256_broadcastsi128_si256(

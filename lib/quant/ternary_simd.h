@@ -7,7 +7,7 @@
  * The loop: activation rows in blocks whose codes stay in L2 (TERNARY_BLOCK_BYTES); per block,
  * each row's sum of codes and its divisor (s_w s_x, rounded to bf16 under hf-bitlinear); then
  * the columns in groups of one vector's lanes (16 on AVX-512, 8 on AVX2), each group's weight
- * rows (their codes held four a byte, quant_weight.h: a group of 64 in 16 bytes, each field
+ * rows (their codes held four a byte, code_layout.h: a group of 64 in 16 bytes, each field
  * w + 1) streamed once per tile of rows against 4, 2 or 1 activation rows: a tile of R rows x
  * lanes / R columns ends in one vector of outputs, lane i C + j the output of row i, column j.
  * Where a block has two row tiles of 4 or more (prefill), the weight rows of its tiles of 4
