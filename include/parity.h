@@ -71,7 +71,7 @@ PARITY_API int parity_version_number(void);
 
 /* The ABI: bumped whenever a public struct or a function's signature changes, so that a
  * binding (python/parity) can check that it mirrors this library. */
-#define PARITY_ABI_VERSION 2
+#define PARITY_ABI_VERSION 3
 PARITY_API int parity_abi_version(void);
 /* sizeof a public struct by its name ("parity_policy", "parity_config",
  * "parity_scorer_params", "parity_score_options", "parity_sampling",
@@ -457,9 +457,16 @@ typedef enum parity_arch {
                                 run total_ut_steps times, four RMSNorms a layer (the attention
                                 and MLP outputs normed before each residual add), the final
                                 norm after every loop, an exit gate on each loop's output */
+    PARITY_ARCH_QWEN3_MOE = 4, /* Qwen3-MoE (Qwen3-30B-A3B): Qwen3's attention, and in each sparse
+                                layer a router and num_experts SwiGLU experts of which each
+                                token runs num_experts_per_tok */
+    PARITY_ARCH_QWEN2_MOE = 5, /* Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention
+                                (q/k/v bias), routed experts as Qwen3-MoE's plus a shared expert
+                                every token runs, weighted by a sigmoid gate */
 } parity_arch;
 
-/* An architecture's name, its config.json model_type ("qwen2", "qwen3", "llama", "ouro");
+/* An architecture's name, its config.json model_type ("qwen2", "qwen3", "llama", "ouro",
+ * "qwen3_moe", "qwen2_moe");
  * NULL for a value that is not an architecture. */
 PARITY_API const char *parity_arch_name(int arch);
 /* The architecture of a model_type; PARITY_ERR_INVALID_ARGUMENT for another name. */
@@ -502,12 +509,29 @@ struct parity_config {
                                           "use_early_exit_gate": false), every token T loops */
     float early_exit_threshold;        /* config.json's early_exit_threshold (HF's default
                                           exit rule; 1 when absent): recorded, not applied */
+    /* Mixture of experts (PARITY_ARCH_QWEN3_MOE, _QWEN2_MOE; all 0 for the other architectures).
+     * Layer i is sparse (a router and experts instead of the dense MLP) when
+     * (i + 1) % decoder_sparse_step == 0 and bit i of mlp_only_layers is clear, as
+     * transformers' and vLLM's Qwen2-MoE / Qwen3-MoE decoder layers decide; a dense layer
+     * keeps the MLP of intermediate_size. */
+    uint32_t num_experts;              /* routed experts per sparse layer, 1..4096 */
+    uint32_t num_experts_per_tok;      /* experts each token runs per sparse layer, 1..min(64, E) */
+    uint32_t moe_intermediate_size;    /* each routed expert's intermediate width */
+    uint32_t shared_expert_intermediate_size; /* Qwen2-MoE's shared expert (0 for Qwen3-MoE) */
+    uint32_t norm_topk_prob;           /* the chosen experts' weights renormalised to sum to 1
+                                          (config.json's norm_topk_prob; false when absent, as
+                                          transformers' configs default) */
+    uint32_t decoder_sparse_step;      /* see above; 1 when absent */
+    uint64_t mlp_only_layers[16];      /* bit i % 64 of word i / 64: layer i keeps a dense MLP
+                                          (config.json's mlp_only_layers list) */
 };
 
 /* Named built-in configs with real hyper-parameters: "tiny", "qwen3-0.6b",
  * "qwen2.5-0.5b", "llama3.2-1b", "ouro-1.4b", "ouro-2.6b" (ByteDance/Ouro-1.4B, -2.6B), and
  * the small looped shapes "ouro-tiny" (4 loops, exit gate) and "ouro-tiny-fixed" (3 loops,
- * no gate). */
+ * no gate); mixture of experts: "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "qwen2-57b-a14b" and the
+ * small "qwen3-moe-tiny" (8 experts, 2 a token, layer 1 dense) and "qwen2-moe-tiny" (8 experts,
+ * 4 a token, a shared expert). */
 PARITY_API int parity_config_builtin(const char *name, parity_config *out);
 /* Names of the built-in configs, NULL-terminated. */
 PARITY_API const char *const *parity_config_builtin_names(void);

@@ -32,6 +32,8 @@ static const name_entry archs[] = {
     {"qwen3", PARITY_ARCH_QWEN3},
     {"llama", PARITY_ARCH_LLAMA},
     {"ouro", PARITY_ARCH_OURO},
+    {"qwen3_moe", PARITY_ARCH_QWEN3_MOE},
+    {"qwen2_moe", PARITY_ARCH_QWEN2_MOE},
 };
 
 static const name_entry phases[] = {

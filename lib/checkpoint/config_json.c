@@ -278,6 +278,53 @@ static void config_init(parity_config *c) {
     c->total_ut_steps = 1;
 }
 
+/* The mixture-of-experts fields of a qwen3_moe or qwen2_moe config.json, with the defaults of
+ * transformers' Qwen3MoeConfig / Qwen2MoeConfig where a field may be absent (norm_topk_prob
+ * false, decoder_sparse_step 1, mlp_only_layers []); num_experts is also read under the name
+ * newer transformers writes, num_local_experts. */
+static int read_moe(const reader *r, const json_value *root, parity_config *c) {
+    uint32_t experts = 0, local = 0;
+    TRY(read_uint(r, root, "num_experts", "num_experts", 0, &experts));
+    TRY(read_uint(r, root, "num_local_experts", "num_local_experts", 0, &local));
+    if (experts && local && experts != local)
+        return set_error(PARITY_ERR_CONFIG,
+                         "%s: num_experts (%u) and num_local_experts (%u) disagree", r->path,
+                         experts, local);
+    c->num_experts = experts ? experts : local;
+    if (!c->num_experts) return missing(r, "num_experts");
+    TRY(read_uint(r, root, "num_experts_per_tok", "num_experts_per_tok", 1,
+                  &c->num_experts_per_tok));
+    TRY(read_uint(r, root, "moe_intermediate_size", "moe_intermediate_size", 1,
+                  &c->moe_intermediate_size));
+    if (c->arch == PARITY_ARCH_QWEN2_MOE) {
+        TRY(read_uint(r, root, "shared_expert_intermediate_size",
+                      "shared_expert_intermediate_size", 1, &c->shared_expert_intermediate_size));
+        uint32_t qkv_bias = 1;
+        TRY(read_bool(r, root, "qkv_bias", "qkv_bias", &qkv_bias));
+        if (!qkv_bias)
+            return set_error(PARITY_ERR_UNSUPPORTED,
+                             "%s: qkv_bias false is not supported for qwen2_moe", r->path);
+    }
+    TRY(read_bool(r, root, "norm_topk_prob", "norm_topk_prob", &c->norm_topk_prob));
+    c->decoder_sparse_step = 1;
+    TRY(read_uint(r, root, "decoder_sparse_step", "decoder_sparse_step", 0,
+                  &c->decoder_sparse_step));
+    const json_value *only = member(root, "mlp_only_layers");
+    if (!only) return PARITY_OK;
+    if (only->type != JSON_ARRAY) return wrong_type(r, "mlp_only_layers", only, "an array");
+    for (size_t i = 0; i < only->count; i++) {
+        const json_value *v = &only->items[i];
+        if (v->type != JSON_NUMBER || !v->is_int || v->integer < 0 ||
+            v->integer >= (int64_t)c->num_hidden_layers)
+            return set_error(PARITY_ERR_CONFIG,
+                             "%s: mlp_only_layers[%zu] must be a layer index in 0..%u", r->path, i,
+                             c->num_hidden_layers - 1);
+        const uint32_t l = (uint32_t)v->integer;
+        c->mlp_only_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    }
+    return PARITY_OK;
+}
+
 static int parse_tree(const reader *r, const json_value *root, parity_config *c) {
     if (root->type != JSON_OBJECT)
         return set_error(PARITY_ERR_CONFIG, "%s: the top level is %s, not an object", r->path,
@@ -307,6 +354,13 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
         break;
     case PARITY_ARCH_LLAMA:
         c->max_position_embeddings = 2048;
+        break;
+    case PARITY_ARCH_QWEN2_MOE:
+        c->attention_bias = 1; /* Qwen2MoeConfig's qkv_bias, true by default */
+        break;
+    case PARITY_ARCH_QWEN3_MOE:
+        c->qk_norm = 1;
+        head_dim_absent = 128;
         break;
     case PARITY_ARCH_OURO:
         /* configuration_ouro.py's defaults */
@@ -355,7 +409,7 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
 
     uint32_t flag = 0;
     TRY(read_bool(r, root, "attention_bias", "attention_bias", &flag));
-    if (flag && c->arch != PARITY_ARCH_QWEN2)
+    if (flag && c->arch != PARITY_ARCH_QWEN2 && c->arch != PARITY_ARCH_QWEN2_MOE)
         return set_error(PARITY_ERR_UNSUPPORTED,
                          "%s: attention_bias true (a bias on q/k/v and o_proj) "
                          "is not supported for model_type '%s'",
@@ -383,6 +437,8 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
                              thr);
         c->early_exit_threshold = (float)thr;
     }
+
+    if (arch == PARITY_ARCH_QWEN2_MOE || arch == PARITY_ARCH_QWEN3_MOE) TRY(read_moe(r, root, c));
 
     const char *s;
     TRY(read_string(r, root, "hidden_act", "hidden_act", &s));

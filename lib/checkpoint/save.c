@@ -22,6 +22,8 @@ static int write_config(const parity_config *c, const char *path, const char *to
     const char *archname = c->arch == PARITY_ARCH_QWEN2   ? "Qwen2ForCausalLM"
                            : c->arch == PARITY_ARCH_QWEN3 ? "Qwen3ForCausalLM"
                            : c->arch == PARITY_ARCH_OURO  ? "OuroForCausalLM"
+                           : c->arch == PARITY_ARCH_QWEN3_MOE ? "Qwen3MoeForCausalLM"
+                           : c->arch == PARITY_ARCH_QWEN2_MOE ? "Qwen2MoeForCausalLM"
                                                           : "LlamaForCausalLM";
     fprintf(fp,
             "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
@@ -42,6 +44,23 @@ static int write_config(const parity_config *c, const char *path, const char *to
                 "  \"use_early_exit_gate\": %s,\n",
                 c->total_ut_steps, (double)c->early_exit_threshold,
                 c->early_exit_gate ? "true" : "false");
+    if (c->arch == PARITY_ARCH_QWEN3_MOE || c->arch == PARITY_ARCH_QWEN2_MOE) {
+        fprintf(fp,
+                "  \"num_experts\": %u,\n  \"num_experts_per_tok\": %u,\n"
+                "  \"moe_intermediate_size\": %u,\n  \"norm_topk_prob\": %s,\n"
+                "  \"decoder_sparse_step\": %u,\n  \"mlp_only_layers\": [",
+                c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size,
+                c->norm_topk_prob ? "true" : "false", c->decoder_sparse_step);
+        for (uint32_t l = 0, first = 1; l < c->num_hidden_layers; l++)
+            if ((c->mlp_only_layers[l / 64] >> (l % 64)) & 1u) {
+                fprintf(fp, "%s%u", first ? "" : ", ", l);
+                first = 0;
+            }
+        fprintf(fp, "],\n");
+        if (c->arch == PARITY_ARCH_QWEN2_MOE)
+            fprintf(fp, "  \"shared_expert_intermediate_size\": %u,\n  \"qkv_bias\": true,\n",
+                    c->shared_expert_intermediate_size);
+    }
     if (quantization_config) fprintf(fp, "  \"quantization_config\": %s,\n", quantization_config);
     switch (c->rope_type) {
     case PARITY_ROPE_LINEAR:

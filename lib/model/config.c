@@ -1,6 +1,6 @@
 /* A config's values, whatever made it: their validation (config_validate, which names the
  * field at fault) and the built-in configs parity_config_builtin names (the shapes of Qwen,
- * Llama and Ouro models and the small ones of the tests). config.json is read in
+ * Llama, Ouro and Qwen mixture-of-experts models and the small ones of the tests). config.json is read in
  * lib/checkpoint/config_json.c. */
 #include <math.h>
 #include <pthread.h>
@@ -17,13 +17,72 @@
 
 static int finite_positive(float x) { return isfinite(x) && x > 0.0f; }
 
+#define CONFIG_MAX_EXPERTS 4096u  /* a routing record holds an expert as 16 bits */
+#define CONFIG_MAX_EXPERTS_PER_TOK 64u
+
+/* The mixture-of-experts fields: all zero for a dense architecture; for Qwen3-MoE and
+ * Qwen2-MoE in range, with the shared expert Qwen2-MoE always has (transformers builds it
+ * unconditionally) and Qwen3-MoE never, and no mlp_only_layers bit past the last layer. */
+static int validate_moe(const parity_config *c) {
+    int any_bit = 0;
+    for (size_t i = 0; i < 16; i++) any_bit |= c->mlp_only_layers[i] != 0;
+    if (!config_is_moe(c)) {
+        if (c->num_experts || c->num_experts_per_tok || c->moe_intermediate_size ||
+            c->shared_expert_intermediate_size || c->norm_topk_prob || c->decoder_sparse_step ||
+            any_bit)
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: num_experts, num_experts_per_tok, moe_intermediate_size, "
+                             "shared_expert_intermediate_size, norm_topk_prob, "
+                             "decoder_sparse_step and mlp_only_layers are for qwen3_moe and "
+                             "qwen2_moe only (all 0 for %s)",
+                             parity_arch_name((int)c->arch));
+        return PARITY_OK;
+    }
+    if (c->num_experts < 1 || c->num_experts > CONFIG_MAX_EXPERTS)
+        return set_error(PARITY_ERR_CONFIG, "config: num_experts is %u, must be in 1..%u",
+                         c->num_experts, CONFIG_MAX_EXPERTS);
+    if (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
+        c->num_experts_per_tok > CONFIG_MAX_EXPERTS_PER_TOK)
+        return set_error(PARITY_ERR_CONFIG,
+                         "config: num_experts_per_tok is %u, must be in 1..min(num_experts = %u, "
+                         "%u)",
+                         c->num_experts_per_tok, c->num_experts, CONFIG_MAX_EXPERTS_PER_TOK);
+    if (c->moe_intermediate_size < 1 || c->moe_intermediate_size > (1u << 20) - 1)
+        return set_error(PARITY_ERR_CONFIG, "config: moe_intermediate_size is %u, must be in 1..%u",
+                         c->moe_intermediate_size, (1u << 20) - 1);
+    if (c->arch == PARITY_ARCH_QWEN2_MOE &&
+        (c->shared_expert_intermediate_size < 1 ||
+         c->shared_expert_intermediate_size > (1u << 20) - 1))
+        return set_error(PARITY_ERR_CONFIG,
+                         "config: shared_expert_intermediate_size is %u, must be in 1..%u for "
+                         "qwen2_moe (its shared expert)",
+                         c->shared_expert_intermediate_size, (1u << 20) - 1);
+    if (c->arch == PARITY_ARCH_QWEN3_MOE && c->shared_expert_intermediate_size)
+        return set_error(PARITY_ERR_CONFIG,
+                         "config: shared_expert_intermediate_size is %u: qwen3_moe has no shared "
+                         "expert (0)",
+                         c->shared_expert_intermediate_size);
+    if (c->norm_topk_prob > 1)
+        return set_error(PARITY_ERR_CONFIG, "config: norm_topk_prob must be 0 or 1 (got %u)",
+                         c->norm_topk_prob);
+    if (c->decoder_sparse_step < 1)
+        return set_error(PARITY_ERR_CONFIG, "config: decoder_sparse_step is 0, must be >= 1");
+    for (uint32_t l = c->num_hidden_layers; l < 1024; l++)
+        if ((c->mlp_only_layers[l / 64] >> (l % 64)) & 1u)
+            return set_error(PARITY_ERR_CONFIG,
+                             "config: mlp_only_layers names layer %u, past the last layer "
+                             "(num_hidden_layers = %u)",
+                             l, c->num_hidden_layers);
+    return PARITY_OK;
+}
+
 int config_validate(const parity_config *c) {
     if (!c) return set_error(PARITY_ERR_INVALID_ARGUMENT, "config is NULL");
     if (c->size != sizeof(parity_config))
         return set_error(PARITY_ERR_CONFIG,
                          "config: size is %u, expected sizeof(parity_config) = %zu", c->size,
                          sizeof(parity_config));
-    if (c->arch > PARITY_ARCH_OURO)
+    if (c->arch > PARITY_ARCH_QWEN2_MOE)
         return set_error(PARITY_ERR_CONFIG, "config: arch %u is not a parity_arch", c->arch);
     if (c->arch != PARITY_ARCH_OURO && (c->total_ut_steps > 1 || c->early_exit_gate))
         return set_error(PARITY_ERR_CONFIG,
@@ -46,6 +105,8 @@ int config_validate(const parity_config *c) {
                              "(attention_bias %u, qk_norm %u)",
                              c->attention_bias, c->qk_norm);
     }
+
+    TRY(validate_moe(c));
 
     struct {
         const char *name;
@@ -166,6 +227,12 @@ int config_validate(const parity_config *c) {
 /* Qwen and Llama: tied head, q/k/v biases, q/k norms; one pass through the layers. */
 #define ONE_PASS(tied, bias, qk) .tie_word_embeddings = tied, .attention_bias = bias,            \
                                  .qk_norm = qk, .total_ut_steps = 1
+/* Mixture of experts: experts, experts a token, their width, the shared expert's width, the
+ * renormalisation of the chosen weights; every layer sparse unless mlp_only_layers says. */
+#define MOE(experts, per_tok, width, shared, norm_topk)                                          \
+    .num_experts = experts, .num_experts_per_tok = per_tok, .moe_intermediate_size = width,      \
+    .shared_expert_intermediate_size = shared, .norm_topk_prob = norm_topk,                      \
+    .decoder_sparse_step = 1
 /* Ouro: the layers run `loops` times, with or without the early-exit gate. */
 #define LOOPED(loops, gate) .total_ut_steps = loops, .early_exit_gate = gate,                     \
                             .early_exit_threshold = 1.0f
@@ -205,6 +272,26 @@ static const struct builtin {
                    DEFAULT_ROPE, LOOPED(4, 1)}},
     {"ouro-tiny-fixed", {SHAPE(PARITY_ARCH_OURO, 256, 64, 160, 2, 4, 2, 16, 512, 1e-6f, 10000.0),
                          DEFAULT_ROPE, LOOPED(3, 0)}},
+    /* Mixture of experts (model_type qwen3_moe, qwen2_moe). Small shapes for tests, the same as
+     * test/data/moe's checkpoints made with transformers: Qwen3-MoE with 8 experts of which 2
+     * run, layer 1 dense (mlp_only_layers); Qwen2-MoE with top-4 of 8 and the shared expert. */
+    {"qwen3-moe-tiny", {SHAPE(PARITY_ARCH_QWEN3_MOE, 256, 64, 96, 3, 4, 2, 16, 512, 1e-6f, 10000.0),
+                        ONE_PASS(0, 0, 1), DEFAULT_ROPE,
+                        MOE(8, 2, 32, 0, 1), .mlp_only_layers = {1u << 1}}},
+    {"qwen2-moe-tiny", {SHAPE(PARITY_ARCH_QWEN2_MOE, 256, 64, 96, 3, 4, 2, 16, 512, 1e-6f, 10000.0),
+                        ONE_PASS(0, 1, 0), DEFAULT_ROPE, MOE(8, 4, 32, 48, 0)}},
+    /* Qwen/Qwen3-30B-A3B config.json: 48 sparse layers of 128 experts, 8 a token */
+    {"qwen3-30b-a3b", {SHAPE(PARITY_ARCH_QWEN3_MOE, 151936, 2048, 6144, 48, 32, 4, 128, 40960,
+                             1e-6f, 1000000.0), ONE_PASS(0, 0, 1), DEFAULT_ROPE,
+                       MOE(128, 8, 768, 0, 1)}},
+    /* Qwen/Qwen1.5-MoE-A2.7B config.json: 60 experts, 4 a token, a shared expert */
+    {"qwen1.5-moe-a2.7b", {SHAPE(PARITY_ARCH_QWEN2_MOE, 151936, 2048, 5632, 24, 16, 16, 128, 8192,
+                                 1e-6f, 1000000.0), ONE_PASS(0, 1, 0), DEFAULT_ROPE,
+                           MOE(60, 4, 1408, 5632, 0)}},
+    /* Qwen/Qwen2-57B-A14B config.json: 64 experts, 8 a token, a shared expert */
+    {"qwen2-57b-a14b", {SHAPE(PARITY_ARCH_QWEN2_MOE, 151936, 3584, 18944, 28, 28, 4, 128, 131072,
+                              1e-6f, 1000000.0), ONE_PASS(0, 1, 0), DEFAULT_ROPE,
+                        MOE(64, 8, 2560, 20480, 0)}},
 };
 
 /* parity_config_builtin_names: the names, NULL-terminated, derived from builtins[] once. */

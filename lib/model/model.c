@@ -40,15 +40,75 @@ void *model_own(parity_model *m, void *p) {
 
 /* ---- the tensors of an architecture ---------------------------------------------------- */
 
-static void expect(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t cols,
-                   const char *shape_doc, const char *fmt, int layer) {
+/* The next entry: a tensor of rows x cols (rows = 0: a vector) going to dst; its name is the
+ * caller's to write. */
+static expected *expect_entry(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t cols,
+                              const char *shape_doc) {
     expected *x = &e[(*n)++];
-    snprintf(x->name, sizeof x->name, fmt, layer);
     x->dst = dst;
     x->rows = rows;
     x->cols = cols;
     snprintf(x->shape_doc, sizeof x->shape_doc, "%s", shape_doc);
     x->linear = 0;
+    return x;
+}
+
+/* The entry of the tensor named fmt % layer. */
+static void expect(expected *e, size_t *n, weight *dst, uint32_t rows, uint32_t cols,
+                   const char *shape_doc, const char *fmt, int layer) {
+    expected *x = expect_entry(e, n, dst, rows, cols, shape_doc);
+    snprintf(x->name, sizeof x->name, fmt, layer);
+}
+
+/* The last `count` entries are decoder linear weights: what the quantized formats quantize. */
+static void mark_linear(expected *e, size_t n, size_t count) {
+    for (size_t i = n - count; i < n; i++) e[i].linear = 1;
+}
+
+/* The tensors of sparse layer `layer`'s MLP: the router, each routed expert's three linear
+ * weights (expert by expert, as the checkpoints' per-expert names come) and Qwen2-MoE's shared
+ * expert and its gate. */
+static void expect_moe(expected *e, size_t *n, parity_model *m, uint32_t layer) {
+    const parity_config *c = &m->config;
+    layer_weights *l = &m->layers[layer];
+    const int li = (int)layer;
+    char d_router[96], d_up[96], d_down[96], d_gate1[64];
+    snprintf(d_router, sizeof d_router, "[num_experts=%u, hidden_size=%u]", c->num_experts,
+             c->hidden_size);
+    snprintf(d_up, sizeof d_up, "[moe_intermediate_size=%u, hidden_size=%u]",
+             c->moe_intermediate_size, c->hidden_size);
+    snprintf(d_down, sizeof d_down, "[hidden_size=%u, moe_intermediate_size=%u]", c->hidden_size,
+             c->moe_intermediate_size);
+    expect(e, n, &l->router, c->num_experts, c->hidden_size, d_router,
+           "model.layers.%d.mlp.gate.weight", li);
+    for (uint32_t x = 0; x < c->num_experts; x++) {
+        const char *proj[] = {"gate_proj", "up_proj", "down_proj"};
+        weight *dst[] = {&l->expert_gate[x], &l->expert_up[x], &l->expert_down[x]};
+        for (int j = 0; j < 3; j++) {
+            expected *t = expect_entry(e, n, dst[j], j == 2 ? c->hidden_size : c->moe_intermediate_size,
+                                       j == 2 ? c->moe_intermediate_size : c->hidden_size,
+                                       j == 2 ? d_down : d_up);
+            snprintf(t->name, sizeof t->name, "model.layers.%d.mlp.experts.%u.%s.weight", li, x,
+                     proj[j]);
+        }
+        mark_linear(e, *n, 3);
+    }
+    if (c->arch != PARITY_ARCH_QWEN2_MOE) return;
+    const uint32_t si = c->shared_expert_intermediate_size;
+    snprintf(d_up, sizeof d_up, "[shared_expert_intermediate_size=%u, hidden_size=%u]", si,
+             c->hidden_size);
+    snprintf(d_down, sizeof d_down, "[hidden_size=%u, shared_expert_intermediate_size=%u]",
+             c->hidden_size, si);
+    snprintf(d_gate1, sizeof d_gate1, "[1, hidden_size=%u]", c->hidden_size);
+    expect(e, n, &l->shared_gate, si, c->hidden_size, d_up,
+           "model.layers.%d.mlp.shared_expert.gate_proj.weight", li);
+    expect(e, n, &l->shared_up, si, c->hidden_size, d_up,
+           "model.layers.%d.mlp.shared_expert.up_proj.weight", li);
+    expect(e, n, &l->shared_down, c->hidden_size, si, d_down,
+           "model.layers.%d.mlp.shared_expert.down_proj.weight", li);
+    mark_linear(e, *n, 3);
+    expect(e, n, &l->shared_expert_gate, 1, c->hidden_size, d_gate1,
+           "model.layers.%d.mlp.shared_expert_gate.weight", li);
 }
 
 /* Fills e (model_max_tensors entries) with the tensors of m's architecture; returns the count. */
@@ -81,6 +141,7 @@ static size_t build_tensor_table(parity_model *m, expected *e) {
         expect(e, &n, &l->wk, kv, c->hidden_size, d_kv, "model.layers.%d.self_attn.k_proj.weight", li);
         expect(e, &n, &l->wv, kv, c->hidden_size, d_kv, "model.layers.%d.self_attn.v_proj.weight", li);
         expect(e, &n, &l->wo, c->hidden_size, q, d_o, "model.layers.%d.self_attn.o_proj.weight", li);
+        mark_linear(e, n, 4);
         if (c->attention_bias) {
             expect(e, &n, &l->bq, 0, q, d_bq, "model.layers.%d.self_attn.q_proj.bias", li);
             expect(e, &n, &l->bk, 0, kv, d_bkv, "model.layers.%d.self_attn.k_proj.bias", li);
@@ -98,12 +159,17 @@ static size_t build_tensor_table(parity_model *m, expected *e) {
         if (c->arch == PARITY_ARCH_OURO)
             expect(e, &n, &l->mlp_out_norm, 0, c->hidden_size, d_h,
                    "model.layers.%d.post_attention_layernorm_2.weight", li);
-        expect(e, &n, &l->w_gate, c->intermediate_size, c->hidden_size, d_up,
-               "model.layers.%d.mlp.gate_proj.weight", li);
-        expect(e, &n, &l->w_up, c->intermediate_size, c->hidden_size, d_up,
-               "model.layers.%d.mlp.up_proj.weight", li);
-        expect(e, &n, &l->w_down, c->hidden_size, c->intermediate_size, d_down,
-               "model.layers.%d.mlp.down_proj.weight", li);
+        if (!config_layer_is_sparse(c, i)) {
+            expect(e, &n, &l->w_gate, c->intermediate_size, c->hidden_size, d_up,
+                   "model.layers.%d.mlp.gate_proj.weight", li);
+            expect(e, &n, &l->w_up, c->intermediate_size, c->hidden_size, d_up,
+                   "model.layers.%d.mlp.up_proj.weight", li);
+            expect(e, &n, &l->w_down, c->hidden_size, c->intermediate_size, d_down,
+                   "model.layers.%d.mlp.down_proj.weight", li);
+            mark_linear(e, n, 3);
+        } else {
+            expect_moe(e, &n, m, i);
+        }
     }
     expect(e, &n, &m->final_norm, 0, c->hidden_size, d_h, "model.norm.weight", 0);
     if (c->early_exit_gate) {
@@ -114,21 +180,14 @@ static size_t build_tensor_table(parity_model *m, expected *e) {
     }
     if (!c->tie_word_embeddings)
         expect(e, &n, &m->lm_head, c->vocab_size, c->hidden_size, d_emb, "lm_head.weight", 0);
-    /* the decoder layers' linear weights: what the fp8 formats quantize */
-    for (size_t i = 0; i < n; i++) {
-        const weight *d = e[i].dst;
-        for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
-            const layer_weights *lw = &m->layers[l];
-            if (d == &lw->wq || d == &lw->wk || d == &lw->wv || d == &lw->wo || d == &lw->w_gate ||
-                d == &lw->w_up || d == &lw->w_down)
-                e[i].linear = 1;
-        }
-    }
     return n;
 }
 
-/* At most 15 tensors a layer (and 5 more per model): room to spare. */
-static size_t model_max_tensors(const parity_config *c) { return 16 * (size_t)c->num_hidden_layers + 6; }
+/* At most 15 tensors a layer (and 5 more per model), and a sparse layer's experts (3 each)
+ * with its router and shared expert (5): room to spare. */
+static size_t model_max_tensors(const parity_config *c) {
+    return (16 + 3 * (size_t)c->num_experts + 5) * c->num_hidden_layers + 6;
+}
 
 const expected *model_find_tensor(const parity_model *m, const char *name) {
     for (size_t i = 0; i < m->n_tensors; i++)
@@ -143,8 +202,23 @@ parity_model *model_new(const parity_config *c) {
     pthread_mutex_init(&m->prepare_lock, NULL);
     pthread_rwlock_init(&m->use_lock, NULL);
     m->layers = px_calloc(c->num_hidden_layers, sizeof *m->layers, "model layers");
-    m->tensors = m->layers ? px_calloc(model_max_tensors(c), sizeof *m->tensors, "tensor table") : NULL;
+    const size_t n_sparse = config_sparse_layers(c);
+    if (m->layers && n_sparse) {
+        m->experts = px_calloc(3 * (size_t)c->num_experts * n_sparse, sizeof *m->experts,
+                               "expert weights");
+        for (uint32_t l = 0, s = 0; m->experts && l < c->num_hidden_layers; l++)
+            if (config_layer_is_sparse(c, l)) {
+                weight *x = m->experts + 3 * (size_t)c->num_experts * s++;
+                m->layers[l].expert_gate = x;
+                m->layers[l].expert_up = x + c->num_experts;
+                m->layers[l].expert_down = x + 2 * (size_t)c->num_experts;
+            }
+    }
+    m->tensors = m->layers && (m->experts || !n_sparse)
+                     ? px_calloc(model_max_tensors(c), sizeof *m->tensors, "tensor table")
+                     : NULL;
     if (!m->tensors) {
+        px_free(m->experts);
         px_free(m->layers);
         pthread_mutex_destroy(&m->prepare_lock);
         pthread_rwlock_destroy(&m->use_lock);
@@ -162,6 +236,7 @@ void parity_model_free(parity_model *m) {
     if (m->release_source) m->release_source(m);
     rope_tables_free(&m->rope);
     px_free(m->tensors);
+    px_free(m->experts);
     px_free(m->layers);
     pthread_mutex_destroy(&m->prepare_lock);
     pthread_rwlock_destroy(&m->use_lock);
@@ -275,15 +350,6 @@ int model_weight_values(parity_model *m, weight *w) {
     return rc;
 }
 
-/* The decoder layers' linear weights: what an fp8 gemm quantizes (the embedding, lm_head,
- * norms and biases stay as they are). */
-static size_t linear_weights_of(parity_model *m, uint32_t layer, weight **out) {
-    layer_weights *l = &m->layers[layer];
-    weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
-    for (size_t j = 0; j < 7; j++) out[j] = ws[j];
-    return 7;
-}
-
 quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer) {
     const quant_format *f = quant_rule_of(quantizer)->format;
     quant_weight *q = model_own(m, px_calloc(1, sizeof *q, "quantized weight"));
@@ -346,34 +412,29 @@ int model_prepare_quant(parity_model *m, int quantizer) {
     pthread_mutex_lock(&m->prepare_lock);
     int rc = PARITY_OK;
     if (!m->quant_ready[quantizer]) {
-        const parity_config *c = &m->config;
         size_t most = 1; /* floats of the widened values a quantization reads */
-        /* a failure leaves some copies built: harmless, a retry reuses them */
-        for (uint32_t i = 0; !rc && i < c->num_hidden_layers; i++) {
-            weight *ws[7];
-            const size_t n = linear_weights_of(m, i, ws);
-            for (size_t j = 0; !rc && j < n; j++) {
-                /* shipped codes of another format are quantized from their values */
-                if (quantizes(ws[j], quantizer)) rc = dequantize_shipped(m, ws[j]);
-                const size_t f = quant_scratch_floats(ws[j], quantizer);
-                if (f > most) most = f;
-            }
+        /* the decoder layers' linear weights (the table's `linear` entries); a failure leaves
+         * some copies built: harmless, a retry reuses them */
+        for (size_t i = 0; !rc && i < m->n_tensors; i++) {
+            weight *w = m->tensors[i].dst;
+            if (!m->tensors[i].linear) continue;
+            /* shipped codes of another format are quantized from their values */
+            if (quantizes(w, quantizer)) rc = dequantize_shipped(m, w);
+            const size_t f = quant_scratch_floats(w, quantizer);
+            if (f > most) most = f;
         }
         float *scratch = rc ? NULL : px_malloc(most * sizeof(float), "quantization rows");
         if (!scratch && !rc) rc = PARITY_ERR_OUT_OF_MEMORY;
-        for (uint32_t i = 0; !rc && i < c->num_hidden_layers; i++) {
-            weight *ws[7];
-            const size_t n = linear_weights_of(m, i, ws);
-            for (size_t j = 0; !rc && j < n; j++) {
-                if (!quantizes(ws[j], quantizer)) continue;
-                quant_weight *q = quant_weight_alloc(m, ws[j], quantizer);
-                if (!q) {
-                    rc = PARITY_ERR_OUT_OF_MEMORY;
-                    break;
-                }
-                quant_weight_quantize(ws[j], quantizer, q, scratch);
-                ws[j]->quant[quantizer] = q;
+        for (size_t i = 0; !rc && i < m->n_tensors; i++) {
+            weight *w = m->tensors[i].dst;
+            if (!m->tensors[i].linear || !quantizes(w, quantizer)) continue;
+            quant_weight *q = quant_weight_alloc(m, w, quantizer);
+            if (!q) {
+                rc = PARITY_ERR_OUT_OF_MEMORY;
+                break;
             }
+            quant_weight_quantize(w, quantizer, q, scratch);
+            w->quant[quantizer] = q;
         }
         px_free(scratch);
         if (!rc) m->quant_ready[quantizer] = 1;

@@ -49,6 +49,18 @@ typedef struct layer_weights {
     weight mlp_out_norm;           /* Ouro: post_attention_layernorm_2 on the MLP output */
     weight w_gate, w_up;           /* [intermediate][hidden] */
     weight w_down;                 /* [hidden][intermediate] */
+    /* Mixture of experts, a sparse layer (config_layer_is_sparse: w_gate, w_up and w_down are
+     * then absent, rows = 0); NULL / rows = 0 elsewhere: */
+    weight router;                 /* mlp.gate [num_experts][hidden]: the router, never
+                                      quantized (vLLM's and SGLang's gate has no quant_config) */
+    weight *expert_gate, *expert_up; /* [num_experts]: mlp.experts.N.gate_proj, up_proj
+                                      [moe_intermediate][hidden] */
+    weight *expert_down;           /* [num_experts]: mlp.experts.N.down_proj
+                                      [hidden][moe_intermediate] */
+    weight shared_gate, shared_up; /* Qwen2-MoE mlp.shared_expert.gate_proj, up_proj
+                                      [shared_expert_intermediate][hidden] */
+    weight shared_down;            /* Qwen2-MoE mlp.shared_expert.down_proj [hidden][shared_I] */
+    weight shared_expert_gate;     /* Qwen2-MoE mlp.shared_expert_gate [1][hidden], not quantized */
 } layer_weights;
 
 struct parity_model {
@@ -59,6 +71,8 @@ struct parity_model {
     weight exit_gate, exit_gate_bias; /* Ouro: model.early_exit_gate [1][hidden] and its bias
                                       [1] (rows = 0 without the gate) */
     layer_weights *layers;         /* [num_hidden_layers] */
+    weight *experts;               /* mixture of experts: the routed experts' weights, 3 x
+                                      num_experts for each sparse layer (the layers point in) */
     rope_tables rope;
 
     struct st_file **files;        /* mapped checkpoint files (lib/checkpoint/load.c) */

@@ -32,7 +32,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, 
                     c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
 
 #: The ABI this binding mirrors (PARITY_ABI_VERSION in include/parity.h).
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 #: PARITY_MAX_STOP: stop tokens per sequence.
 MAX_STOP = 16
@@ -152,6 +152,13 @@ class parity_config(Structure):
         ("total_ut_steps", c_uint32),
         ("early_exit_gate", c_uint32),
         ("early_exit_threshold", c_float),
+        ("num_experts", c_uint32),
+        ("num_experts_per_tok", c_uint32),
+        ("moe_intermediate_size", c_uint32),
+        ("shared_expert_intermediate_size", c_uint32),
+        ("norm_topk_prob", c_uint32),
+        ("decoder_sparse_step", c_uint32),
+        ("mlp_only_layers", c_uint64 * 16),
     ]
 
 
