@@ -227,6 +227,32 @@ enum {
     /* exit_dist: a looped model's exit distribution from its gate */
     PARITY_EXIT_DIST_MODEL = 0,     /* in the model's dtype, as HF computes it */
     PARITY_EXIT_DIST_FP32 = 1,      /* every step in fp32, the gate's output unrounded */
+    /* moe_router: how a mixture-of-experts router turns its logits (the gate GEMM's output,
+     * rounded as every GEMM output is) into k experts and their weights; "The policy in
+     * detail" below says each step */
+    PARITY_MOE_ROUTER_HF = 0,       /* fp32 softmax dividing by the sum, top-k of the
+                                       probabilities, renormalised by dividing (transformers) */
+    PARITY_MOE_ROUTER_VLLM = 1,     /* softmax as exp times 1/sum, top-k, renormalised by
+                                       dividing by a sum > 0 (vLLM topk_softmax) */
+    PARITY_MOE_ROUTER_SGLANG = 2,   /* softmax as exp times 1/sum, top-k, renormalised by
+                                       multiplying by 1/sum (SGLang topk_softmax) */
+    PARITY_MOE_ROUTER_TOPK_SOFTMAX = 3, /* top-k of the logits, then an fp32 softmax over the
+                                       k chosen (mistral-inference's MoeLayer); only for models
+                                       with norm_topk_prob */
+    /* moe_weights: the routing weights the combine multiplies by */
+    PARITY_MOE_WEIGHTS_ROUNDED = 0, /* rounded to bf16 (fp16) once routed (transformers v4's
+                                       routing_weights.to(hidden_states.dtype)) */
+    PARITY_MOE_WEIGHTS_FP32 = 1,    /* kept fp32 (vLLM, SGLang) */
+    /* moe_combine: how the k experts' outputs are weighted and summed */
+    PARITY_MOE_COMBINE_HF = 0,      /* round(round(y) * w) per expert, a bf16 running sum in
+                                       ascending expert index (transformers' eager loop) */
+    PARITY_MOE_COMBINE_VLLM = 1,    /* round(y * w) per expert (fp32 y), then for k <= 4 a bf16
+                                       running sum in slot order, else an fp32 sum rounded once
+                                       (vLLM fused_moe and moe_sum) */
+    PARITY_MOE_COMBINE_SGLANG = 2,  /* round(y * w) per expert, then for k <= 2 a bf16 add, else
+                                       an fp32 sum in slot order rounded once (SGLang) */
+    PARITY_MOE_COMBINE_FP32 = 3,    /* the region in fp32: sum of y * w in slot order (and the
+                                       gated shared expert), one rounding at the output */
 };
 
 typedef struct parity_policy {
@@ -244,7 +270,9 @@ typedef struct parity_policy {
     uint8_t quantizer;    /* parity_quantizer (parity_quant.h) of the gemm's format (0 under
                              PARITY_GEMM_BF16) */
     uint8_t exit_dist;    /* PARITY_EXIT_DIST_* (looped models: the exit gate's distribution) */
-    uint8_t reserved[3];  /* zero */
+    uint8_t moe_router;   /* PARITY_MOE_ROUTER_* (mixture-of-experts models) */
+    uint8_t moe_weights;  /* PARITY_MOE_WEIGHTS_* */
+    uint8_t moe_combine;  /* PARITY_MOE_COMBINE_* */
 } parity_policy;
 
 /* The policy of a preset name ("fp32", "hf-eager", "hf-sdpa", "vllm", "sglang", "aligned"),
@@ -1122,6 +1150,42 @@ PARITY_API int parity_model_weight_values(const parity_model *model, const char 
  *       loop. Under PARITY_COMPUTE_FP32 as FP32.
  *   PARITY_EXIT_DIST_FP32  every step in fp32, the gate's output unrounded.
  *
+ * moe_router, moe_weights, moe_combine: a sparse layer of a mixture-of-experts model
+ * (Qwen3-MoE, Qwen2-MoE). The router's logits are the gate GEMM's output (bf16 weights, never
+ * quantized, rounded where every GEMM output is). From them, per token:
+ *   - probabilities p_e, e < E: m = max logit, z_e = parity_expf(l_e - m), S = the sum of the
+ *     z_e in ascending e (fp32); HF: p_e = z_e / S (torch softmax's division); VLLM, SGLANG:
+ *     p_e = z_e * (1 / S) (topk_softmax's reciprocal_row_sum).
+ *   - the k experts: the k largest p_e, ties to the lower expert index (vLLM's and SGLang's
+ *     rule; torch.topk promises none), in slot order: descending p, then ascending index.
+ *     TOPK_SOFTMAX: the k largest logits (same tie rule), then p over the k chosen alone
+ *     (m and S over them, in slot order, z / S), which renormalises by construction.
+ *   - with norm_topk_prob: s = the k chosen p summed in slot order (fp32); HF: w = p / s; VLLM:
+ *     w = p / (s > 0 ? s : 1); SGLANG: w = p * (1 / s). Without: w = p.
+ *   - moe_weights ROUNDED rounds each w to bf16 (fp16 under PARITY_COMPUTE_FP16).
+ * Each chosen expert runs its SwiGLU MLP (gate and up GEMMs rounded, the swiglu switch, the
+ * down GEMM's fp32 output y). moe_combine then gives the layer's output (round(): the policy's
+ * rounding point; a "bf16 running sum" is a = 0, a = round(a + t) per term):
+ *   HF      t_e = round(round(y_e) * w_e), a bf16 running sum in ascending expert index
+ *           (modeling_qwen3_moe.py v4: `expert_layer(current_state) * routing_weights[...]`,
+ *           `final_hidden_states.index_add_` per expert in `expert_hit` order).
+ *   VLLM    t = round(y * w) (the fused_moe kernel's MUL_ROUTED_WEIGHT epilogue on the fp32
+ *           accumulator), then k <= 4: a bf16 running sum in slot order (moe_sum_kernel's
+ *           scalar_t accumulator), k > 4: the fp32 sum in slot order, rounded once
+ *           (`at::sum_out`; its order on the GPU is torch's).
+ *   SGLANG  t = round(y * w), then k = 1: t; k = 2: round(t_0 + t_1) (`torch.add`); k > 2: the
+ *           fp32 sum in slot order, rounded once (_moe_sum_reduce_kernel).
+ *   FP32    round(sum over slots of y * w in fp32 [+ the shared expert's term]): the region
+ *           kept in fp32 until one rounding at its output, as "aligned" keeps the others.
+ * Qwen2-MoE's shared expert (every token, its own SwiGLU MLP of output y_sh) and its gate
+ * g = round(x . w_gate) (one output): under HF, VLLM and SGLANG (the three agree:
+ * `F.sigmoid(self.shared_expert_gate(x)) * shared_expert_output`, then `+` after the routed
+ * sum) out = round(routed + round(round(sigmoid(g)) * round(y_sh))); under FP32
+ * out = round(routed_fp32 + sigmoid(g) * y_sh), sigmoid(g) = 1 / (1 + parity_expf(-g)).
+ * A token's route and output depend on that token alone: no capacity, no dropping, nothing
+ * computed across the batch; the experts' GEMMs run over the tokens that chose each expert,
+ * and every GEMM gives a row the bits of that row alone.
+ *
  * Presets (names are API). Each follows the framework behaviour cited; the line-by-line
  * sources are in notes/framework-numerics.md (copied from ../shared/notes).
  *
@@ -1149,6 +1213,10 @@ PARITY_API int parity_model_weight_values(const parity_model *model, const char 
  *              q/k-norm) in fp32 from their bf16 inputs, rounded once at the region output;
  *              the norm reads the unrounded fp32 residual sum while the residual stream is
  *              still rounded after each add. Attention, GEMMs, logits as hf-eager.
+ *  Mixture of experts (moe_router, moe_weights, moe_combine): "hf-eager", "hf-sdpa" HF,
+ *  ROUNDED, HF (transformers v4's eager expert loop); "vllm" VLLM, FP32, VLLM; "sglang"
+ *  SGLANG, FP32, SGLANG; "aligned" and "fp32" HF, FP32, FP32 ("+aligned" sets FP32 weights
+ *  and the FP32 combine on any preset).
  *
  * Modifiers, appended to any preset: "+aligned" (the three regions as in "aligned"),
  * "+fp32-head" (fp32 logits, which a temperature then divides in fp32: vLLM's head_dtype

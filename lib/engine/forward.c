@@ -18,6 +18,8 @@
 
 #include "layer.h"
 #include "looped.h"
+#include "model/config.h"
+#include "moe_layer.h"
 #include "profile.h"
 
 void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
@@ -38,6 +40,7 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
     embed_tokens(ctx, R, rows, s->h);
     phase_lap(ctx, PARITY_PHASE_EMBED, &t);
 
+    uint32_t sparse = 0; /* the sparse layers so far: a row's route record indexes them */
     for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *w = &m->layers[l];
 
@@ -54,8 +57,12 @@ void forward(const fwd_ctx *ctx, size_t n_rows, fwd_row *rows, size_t n_out,
         phase_lap(ctx, PARITY_PHASE_REGIONS, &t);
 
         /* SwiGLU MLP: gate and up projections rounded, silu(gate) * up (region: SwiGLU),
-         * down projection rounded */
-        layer_mlp(ctx, w, R, &t);
+         * down projection rounded; or, in a sparse layer of a mixture-of-experts model, the
+         * router, the experts that each row chose and their combine (moe_layer.c) */
+        if (config_layer_is_sparse(c, l))
+            layer_moe(ctx, w, sparse++, R, rows, &t);
+        else
+            layer_mlp(ctx, w, R, &t);
     }
 
     if (n_out == 0) return;

@@ -41,6 +41,12 @@ typedef struct fwd_row {
      * exit depth). */
     uint32_t depth;
     const fwd_exit *exit;
+    /* Mixture-of-experts models, ignored by the others: NULL, or the row's experts in each
+     * sparse layer, [sparse layers][num_experts_per_tok] in slot order. route_replay: taken
+     * instead of the router's top-k (the weights still come from the router); route_record:
+     * written with the experts the row ran. */
+    const uint16_t *route_replay;
+    uint16_t *route_record;
 } fwd_row;
 
 /* The bf16-weight GEMM's scratch: x packed in either layout (gemm_scratch_xpack_floats of the
@@ -72,6 +78,18 @@ typedef struct fwd_scratch {
     struct loop_state *loop_state; /* [max_rows] per row: its target and exit distribution */
     fwd_row *loop_rows; /* [max_rows]           the rows still running a loop, packed */
     uint32_t *loop_slot; /* [max_rows]          the batch row of each of them */
+    /* mixture-of-experts models only (NULL otherwise): */
+    float *moe_logits;  /* [max_rows][experts]  router logits */
+    uint16_t *moe_ids;  /* [max_rows][k]        each row's experts, slot order */
+    float *moe_weights; /* [max_rows][k]        and their weights */
+    uint32_t *moe_order; /* [max_rows * k]      (row, slot) pairs grouped by expert */
+    uint32_t *moe_count; /* [experts + 1]       where each expert's pairs start in moe_order */
+    float *moe_x;       /* [max_rows][hidden]   the rows of one expert, gathered */
+    float *moe_out;     /* [max_rows][hidden]   one expert's down projection of them */
+    float *moe_y;       /* [max_rows][k][hidden] each slot's down projection, fp32 */
+    float *moe_shared;  /* [max_rows][hidden]   the shared expert's down projection, fp32 */
+    float *moe_gate;    /* [max_rows]           the shared expert's gate logit */
+    float *moe_route;   /* moe_route_scratch_floats(experts) */
 } fwd_scratch;
 
 /* A profile's counters (parity_profile), kept by an engine while profiling is on. */

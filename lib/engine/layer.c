@@ -152,20 +152,27 @@ void layer_attention(const fwd_ctx *ctx, const layer_weights *w, uint32_t plane,
     phase_lap(ctx, PARITY_PHASE_GEMM, t);
 }
 
-/* The MLP's gate and up projections, each rounded, and silu(gate) * up (region: SwiGLU)
- * into s->gate: in the GEMM's tasks where linear_swiglu_fused can (its time then the GEMM
- * phase's), else the two GEMMs and a pass over the rows; then the down projection. */
+/* silu(x . w_gate^T) * (x . w_up^T), the two projections rounded (region: SwiGLU), into
+ * s->gate [M][w_gate->rows]: in the GEMM's tasks where linear_swiglu_fused can (its time then
+ * the GEMM phase's), else the two GEMMs and a pass over the rows. */
+void mlp_swiglu(const fwd_ctx *ctx, size_t M, const float *x, const weight *w_gate,
+                const weight *w_up, double *t) {
+    fwd_scratch *s = ctx->s;
+    if (linear_swiglu_fused(ctx, M, x, w_gate, w_up, s->gate, s->up, s->gate)) return;
+    const weight *gate_up[] = {w_gate, w_up}, *no_bias[] = {NULL, NULL};
+    float *const gate_up_out[] = {s->gate, s->up};
+    linear_group_round_point(ctx, M, x, 2, gate_up, no_bias, gate_up_out);
+    phase_lap(ctx, PARITY_PHASE_GEMM, t);
+    run_rows(ctx, job_swiglu,
+             (region_job){.a = s->gate, .b = s->up, .out = s->gate, .width = w_gate->rows}, M);
+    phase_lap(ctx, PARITY_PHASE_REGIONS, t);
+}
+
+/* The MLP's gate and up projections with silu(gate) * up (mlp_swiglu), then the down
+ * projection. */
 void layer_mlp(const fwd_ctx *ctx, const layer_weights *w, size_t R, double *t) {
     fwd_scratch *s = ctx->s;
-    if (!linear_swiglu_fused(ctx, R, s->xn, &w->w_gate, &w->w_up, s->gate, s->up, s->gate)) {
-        const weight *gate_up[] = {&w->w_gate, &w->w_up}, *no_bias[] = {NULL, NULL};
-        float *const gate_up_out[] = {s->gate, s->up};
-        linear_group_round_point(ctx, R, s->xn, 2, gate_up, no_bias, gate_up_out);
-        phase_lap(ctx, PARITY_PHASE_GEMM, t);
-        run_rows(ctx, job_swiglu, (region_job){.a = s->gate, .b = s->up, .out = s->gate,
-                                               .width = ctx->config->intermediate_size}, R);
-        phase_lap(ctx, PARITY_PHASE_REGIONS, t);
-    }
+    mlp_swiglu(ctx, R, s->xn, &w->w_gate, &w->w_up, t);
     linear_round_point(ctx, R, s->gate, &w->w_down, NULL, s->delta);
     phase_lap(ctx, PARITY_PHASE_GEMM, t);
 }

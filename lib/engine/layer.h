@@ -29,6 +29,11 @@ void layer_input_norm(const fwd_ctx *ctx, const layer_weights *w, uint32_t layer
  * cache there, and the output projection, rounded, into s->delta. */
 void layer_attention(const fwd_ctx *ctx, const layer_weights *w, uint32_t plane, size_t R,
                      const fwd_row *rows, int bias, int qk_norm, double *t);
+/* silu(x . w_gate^T) * (x . w_up^T) for the M rows of x (its own rows: s->xn, or an
+ * expert's gathered rows), the two projections rounded, the product by the policy's swiglu
+ * (region: SwiGLU), into s->gate [M][w_gate->rows]. */
+void mlp_swiglu(const fwd_ctx *ctx, size_t M, const float *x, const weight *w_gate,
+                const weight *w_up, double *t);
 /* A layer's SwiGLU MLP on s->xn: gate and up projections rounded, silu(gate) * up (region:
  * SwiGLU), the down projection rounded, into s->delta. */
 void layer_mlp(const fwd_ctx *ctx, const layer_weights *w, size_t R, double *t);

@@ -262,7 +262,7 @@ static void resolve_exit(const parity_config *c, seq_state *q) {
  * step feeds the prompt's last one) runs every loop, as the prefill does: the published
  * replay's alignment, where the rollout's first exit depth is the prefill's, full. */
 static fwd_row decode_row(const seq_state *q, uint32_t pos) {
-    const fwd_row row = {q->tokens[pos], pos, q->blocks, 0, NULL};
+    const fwd_row row = {q->tokens[pos], pos, q->blocks, 0, NULL, NULL, NULL};
     return pos < q->prompt_len ? row : exit_rule_row(row, q->sampling.exit_rule, &q->exit);
 }
 
@@ -360,7 +360,7 @@ static void prefill(parity_sampler *s, const uint32_t *seqs, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const seq_state *q = &s->seqs[seqs[i]];
         for (uint32_t at = 0; at + 1 < q->prompt_len; at++) {
-            s->eng.rows[rows++] = (fwd_row){q->tokens[at], at, q->blocks, 0, NULL};
+            s->eng.rows[rows++] = (fwd_row){q->tokens[at], at, q->blocks, 0, NULL, NULL, NULL};
             if (rows == s->params.prefill_chunk) {
                 forward(&ctx, rows, s->eng.rows, 0, NULL, NULL);
                 rows = 0;

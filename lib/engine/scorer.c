@@ -334,7 +334,7 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
             const uint32_t len = lengths[i];
             for (uint32_t t = 0; t < len; t++) {
                 const fwd_row row = {tokens[token_at + t], t, s->blocks + block,
-                                     o->depths ? o->depths[token_at + t] : fixed_depth, NULL};
+                                     o->depths ? o->depths[token_at + t] : fixed_depth, NULL, NULL, NULL};
                 s->eng.rows[n_rows] = t < o->prompt_len || o->depths
                                           ? row
                                           : exit_rule_row(row, o->exit_rule, &rule);

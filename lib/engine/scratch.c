@@ -9,6 +9,7 @@
 #include "base/errors.h"
 #include "gemm.h"
 #include "kernels/kernels.h"
+#include "kernels/moe.h"
 #include "model/model.h"
 
 /* The scratch buffers and their sizes in floats, in one table for allocation and accounting. */
@@ -26,10 +27,16 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
     const uint64_t R = max_rows, q = (uint64_t)c->num_attention_heads * c->head_dim,
                    kvw = (uint64_t)c->num_key_value_heads * c->head_dim,
                    group = c->num_attention_heads / c->num_key_value_heads; /* query heads per KV head */
-    uint64_t kmax = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
+    /* the widest MLP: the dense one, a routed expert, the shared expert */
+    uint64_t inter = c->intermediate_size;
+    if (c->moe_intermediate_size > inter) inter = c->moe_intermediate_size;
+    if (c->shared_expert_intermediate_size > inter) inter = c->shared_expert_intermediate_size;
+    uint64_t kmax = c->hidden_size > inter ? c->hidden_size : inter;
     if (q > kmax) kmax = q;
     const uint64_t nmax = kmax > c->vocab_size ? kmax : c->vocab_size; /* widest GEMM output */
     const int looped = c->arch == PARITY_ARCH_OURO;
+    const uint64_t E = c->num_experts, k = c->num_experts_per_tok, /* 0 for dense models */
+        shared = c->shared_expert_intermediate_size;
     s->gemm.max_k = (size_t)kmax;
     const scratch_buf bufs[] = {
         {(void **)&s->h, R * c->hidden_size, "residual stream", 0},
@@ -39,8 +46,8 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
         {(void **)&s->k, R * kvw, "keys", 0},
         {(void **)&s->v, R * kvw, "values", 0},
         {(void **)&s->att, R * q, "attention output", 0},
-        {(void **)&s->gate, R * c->intermediate_size, "gate projection", 0},
-        {(void **)&s->up, R * c->intermediate_size, "up projection", 0},
+        {(void **)&s->gate, R * inter, "gate projection", 0},
+        {(void **)&s->up, R * inter, "up projection", 0},
         {(void **)&s->gemm.xpack, gemm_scratch_xpack_floats(R, kmax), "packed GEMM input", 0},
         {(void **)&s->gemm.panels, (uint64_t)n_workers * gemm_panel_floats(kmax), "GEMM weight panels", 0},
         {(void **)&s->scores, (uint64_t)n_workers * ATTN_TASK_ROWS * group * max_ctx, "attention scores", 0},
@@ -51,12 +58,23 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
         {(void **)&s->loop_state, looped ? R : 0, "exit distributions", sizeof(loop_state)},
         {(void **)&s->loop_rows, looped ? R : 0, "loop rows", sizeof(fwd_row)},
         {(void **)&s->loop_slot, looped ? R : 0, "loop rows", sizeof(uint32_t)},
+        {(void **)&s->moe_logits, R * E, "router logits", 0},
+        {(void **)&s->moe_ids, R * k, "routed experts", sizeof(uint16_t)},
+        {(void **)&s->moe_weights, R * k, "routing weights", 0},
+        {(void **)&s->moe_order, R * k, "rows by expert", sizeof(uint32_t)},
+        {(void **)&s->moe_count, E ? E + 1 : 0, "rows per expert", sizeof(uint32_t)},
+        {(void **)&s->moe_x, E ? R * c->hidden_size : 0, "an expert's rows", 0},
+        {(void **)&s->moe_out, E ? R * c->hidden_size : 0, "an expert's output", 0},
+        {(void **)&s->moe_y, R * k * c->hidden_size, "experts' outputs", 0},
+        {(void **)&s->moe_shared, shared ? R * c->hidden_size : 0, "shared expert's output", 0},
+        {(void **)&s->moe_gate, shared ? R : 0, "shared expert's gate", 0},
+        {(void **)&s->moe_route, E ? moe_route_scratch_floats((uint32_t)E) : 0, "router", 0},
     };
     memcpy(b, bufs, sizeof bufs);
     return sizeof bufs / sizeof bufs[0];
 }
 
-#define MAX_SCRATCH_BUFS 20
+#define MAX_SCRATCH_BUFS 32
 
 uint64_t fwd_scratch_bytes(const parity_config *c, uint32_t max_rows, uint32_t max_ctx,
                            unsigned n_workers, int split_k) {
@@ -98,7 +116,11 @@ void fwd_scratch_free(fwd_scratch *s) {
                     (void **)&s->up, (void **)&s->gemm.xpack, (void **)&s->gemm.panels,
                     (void **)&s->scores, (void **)&s->pv, (void **)&s->attn_fresh,
                     (void **)&s->partial, (void **)&s->h_exit, (void **)&s->loop_state,
-                    (void **)&s->loop_rows, (void **)&s->loop_slot};
+                    (void **)&s->loop_rows, (void **)&s->loop_slot, (void **)&s->moe_logits,
+                    (void **)&s->moe_ids, (void **)&s->moe_weights, (void **)&s->moe_order,
+                    (void **)&s->moe_count, (void **)&s->moe_x, (void **)&s->moe_out,
+                    (void **)&s->moe_y, (void **)&s->moe_shared, (void **)&s->moe_gate,
+                    (void **)&s->moe_route};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         px_free(*all[i]);
         *all[i] = NULL;

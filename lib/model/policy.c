@@ -15,44 +15,51 @@ typedef struct preset {
     parity_policy policy;
 } preset;
 
-#define POLICY(compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp, exit) \
+#define POLICY(compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp, exit, \
+               moe)                                                                              \
     { compute, ninput, nweight, qk, rtable, rapply, swiglu, attn, logits, temp,                   \
-      PARITY_GEMM_BF16, 0, exit, {0} }
+      PARITY_GEMM_BF16, 0, exit, moe }
+/* The mixture-of-experts switches of a preset: router, weights, combine (parity.h, "The policy
+ * in detail"). */
+#define MOE_HF PARITY_MOE_ROUTER_HF, PARITY_MOE_WEIGHTS_ROUNDED, PARITY_MOE_COMBINE_HF
+#define MOE_VLLM PARITY_MOE_ROUTER_VLLM, PARITY_MOE_WEIGHTS_FP32, PARITY_MOE_COMBINE_VLLM
+#define MOE_SGLANG PARITY_MOE_ROUTER_SGLANG, PARITY_MOE_WEIGHTS_FP32, PARITY_MOE_COMBINE_SGLANG
+#define MOE_FP32 PARITY_MOE_ROUTER_HF, PARITY_MOE_WEIGHTS_FP32, PARITY_MOE_COMBINE_FP32
 
 static const preset presets[] = {
     /* fp32: the reference; no rounding anywhere (the other switches are ignored) */
     {"fp32", POLICY(PARITY_COMPUTE_FP32, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
                     PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
                     PARITY_SWIGLU_FUSED, PARITY_ATTN_FP32, PARITY_LOGITS_FP32,
-                    PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32)},
+                    PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32, MOE_FP32)},
     /* transformers eager, bf16 (framework-numerics.md §1, §3-§6) */
     {"hf-eager", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_ROUNDED, PARITY_NORM_ROUND_TWICE,
                         PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_PER_OP,
                         PARITY_SWIGLU_PER_OP, PARITY_ATTN_EAGER, PARITY_LOGITS_BF16,
-                        PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_MODEL)},
+                        PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_MODEL, MOE_HF)},
     /* transformers with sdpa attention (flash recipe), otherwise eager's rounding points */
     {"hf-sdpa", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_ROUNDED, PARITY_NORM_ROUND_TWICE,
                        PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_PER_OP,
                        PARITY_SWIGLU_PER_OP, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
-                       PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_MODEL)},
+                       PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_MODEL, MOE_HF)},
     /* vLLM V1 default (Inductor, custom_ops none): forward_native RMSNorm reads the fp32 sum,
      * casts before x weight; bf16 cos_sin_cache, fused rotation; fused SiluAndMul; flash
      * attention; temperature in fp32 after logits.to(float32) */
     {"vllm", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_TWICE,
                     PARITY_NORM_ROUND_TWICE, PARITY_ROPE_TABLE_BF16, PARITY_ROPE_FUSED,
                     PARITY_SWIGLU_FUSED, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
-                    PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32)},
+                    PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32, MOE_VLLM)},
     /* SGLang CUDA: FlashInfer fused add-RMSNorm (fp32 sum, one rounding), fp32 RoPE cache,
      * one rounding; SwiGLU fused (its source was not read); flash attention */
     {"sglang", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
                       PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
                       PARITY_SWIGLU_FUSED, PARITY_ATTN_FLASH, PARITY_LOGITS_BF16,
-                      PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32)},
+                      PARITY_TEMPERATURE_FP32, PARITY_EXIT_DIST_FP32, MOE_SGLANG)},
     /* the remedy: hf-eager with the three regions in fp32, one rounding at each output */
     {"aligned", POLICY(PARITY_COMPUTE_BF16, PARITY_NORM_INPUT_FP32, PARITY_NORM_ROUND_ONCE,
                        PARITY_NORM_ROUND_ONCE, PARITY_ROPE_TABLE_FP32, PARITY_ROPE_FUSED,
                        PARITY_SWIGLU_FUSED, PARITY_ATTN_EAGER, PARITY_LOGITS_BF16,
-                       PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_FP32)},
+                       PARITY_TEMPERATURE_BF16, PARITY_EXIT_DIST_FP32, MOE_FP32)},
 };
 
 /* parity_policy_preset_names: the names, NULL-terminated, derived from presets[] once. */
@@ -78,6 +85,9 @@ static int apply_aligned(parity_policy *p, const char *arg, size_t arg_len, cons
     p->rope_table = PARITY_ROPE_TABLE_FP32;
     p->rope_apply = PARITY_ROPE_FUSED;
     p->swiglu = PARITY_SWIGLU_FUSED;
+    /* and the experts' combine: fp32 weights, the weighted sum in fp32, one rounding */
+    p->moe_weights = PARITY_MOE_WEIGHTS_FP32;
+    p->moe_combine = PARITY_MOE_COMBINE_FP32;
     return PARITY_OK;
 }
 
@@ -170,6 +180,9 @@ int parity_policy_validate(const parity_policy *p) {
         {"gemm", p->gemm, PARITY_GEMM_TERNARY},
         {"quantizer", p->quantizer, PARITY_QUANT_TERNARY_ONEBITLLMS},
         {"exit_dist", p->exit_dist, PARITY_EXIT_DIST_FP32},
+        {"moe_router", p->moe_router, PARITY_MOE_ROUTER_TOPK_SOFTMAX},
+        {"moe_weights", p->moe_weights, PARITY_MOE_WEIGHTS_FP32},
+        {"moe_combine", p->moe_combine, PARITY_MOE_COMBINE_FP32},
     };
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
         if (sw[i].value > sw[i].max)
@@ -187,10 +200,6 @@ int parity_policy_validate(const parity_policy *p) {
     if (p->gemm != PARITY_GEMM_BF16 && p->compute != PARITY_COMPUTE_BF16)
         return set_error(PARITY_ERR_POLICY, "policy gemm = %u (%s) needs compute bf16, not %u",
                          p->gemm, quant_format_name(p->gemm), p->compute);
-    for (size_t i = 0; i < sizeof p->reserved; i++)
-        if (p->reserved[i])
-            return set_error(PARITY_ERR_POLICY, "policy reserved byte %zu is %u, must be 0", i,
-                             p->reserved[i]);
     return PARITY_OK;
 }
 

@@ -114,11 +114,12 @@ def _errcheck(handle):
 # ---- structs (field for field as in parity.h) ------------------------------------------------
 
 POLICY_FIELDS = ("compute", "norm_input", "norm_weight", "qk_norm", "rope_table", "rope_apply",
-                 "swiglu", "attention", "logits", "temperature", "gemm", "quantizer", "exit_dist")
+                 "swiglu", "attention", "logits", "temperature", "gemm", "quantizer", "exit_dist",
+                 "moe_router", "moe_weights", "moe_combine")
 
 
 class parity_policy(Structure):
-    _fields_ = [(name, c_uint8) for name in POLICY_FIELDS] + [("reserved", c_uint8 * 3)]
+    _fields_ = [(name, c_uint8) for name in POLICY_FIELDS]
 
 
 class parity_config(Structure):

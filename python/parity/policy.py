@@ -24,6 +24,9 @@ CHOICES = {
     "gemm": ("bf16", "fp8-block", "mxfp8"),
     "quantizer": ("deepseek", "sglang", "te", "deepgemm", "te-pow2", "ocp", "te-rceil"),
     "exit_dist": ("model", "fp32"),
+    "moe_router": ("hf", "vllm", "sglang", "topk-softmax"),
+    "moe_weights": ("rounded", "fp32"),
+    "moe_combine": ("hf", "vllm", "sglang", "fp32"),
 }
 
 

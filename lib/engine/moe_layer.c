@@ -1,0 +1,102 @@
+/*
+ * A sparse layer's MLP block: the router, the routed experts, the shared expert, the combine.
+ *
+ * Batch invariance: a row's route is moe_route of its own logits; the experts run grouped,
+ * expert by expert in ascending index, each over the rows that chose it (gathered in row
+ * order), and every GEMM of the library gives a row the bits of that row alone whatever the
+ * other rows (M, tiles and threads never enter a row's sums); the combine reads the row's own
+ * outputs. No capacity, no dropped token, no quantity computed across rows: the quantized
+ * formats quantize activations per row (their blocks lie along K).
+ */
+#include "moe_layer.h"
+
+#include <string.h>
+
+#include "gemm.h"
+#include "kernels/moe.h"
+#include "layer.h"
+#include "model/config.h"
+#include "profile.h"
+
+typedef struct combine_job {
+    const fwd_ctx *ctx;
+    uint32_t k;
+    int shared;
+} combine_job;
+
+/* moe_combine of rows [begin, end) into s->delta. */
+static void job_combine(void *p, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const combine_job *j = p;
+    const fwd_scratch *s = j->ctx->s;
+    const size_t H = j->ctx->config->hidden_size, k = j->k;
+    for (size_t r = begin; r < end; r++)
+        moe_combine(&j->ctx->pol, H, j->k, s->moe_ids + r * k, s->moe_weights + r * k,
+                    s->moe_y + r * k * H, j->shared ? s->moe_shared + r * H : NULL,
+                    j->shared ? s->moe_gate[r] : 0.0f, s->delta + r * H);
+}
+
+/* Each row's k experts and weights, recorded or replayed where the row says; then the (row,
+ * slot) pairs grouped by expert (a counting sort, rows ascending within an expert). */
+static void route_rows(const fwd_ctx *ctx, uint32_t sparse, size_t R, const fwd_row *rows) {
+    const parity_config *c = ctx->config;
+    fwd_scratch *s = ctx->s;
+    const uint32_t E = c->num_experts, k = c->num_experts_per_tok;
+    for (size_t r = 0; r < R; r++) {
+        const uint16_t *replay = rows[r].route_replay ? rows[r].route_replay + (size_t)sparse * k
+                                                      : NULL;
+        uint16_t *ids = s->moe_ids + r * k;
+        moe_route(&ctx->pol, E, k, (int)c->norm_topk_prob, s->moe_logits + r * E, replay, ids,
+                  s->moe_weights + r * k, s->moe_route);
+        if (rows[r].route_record)
+            memcpy(rows[r].route_record + (size_t)sparse * k, ids, k * sizeof *ids);
+    }
+    uint32_t *count = s->moe_count;
+    memset(count, 0, (E + 1) * sizeof *count);
+    for (size_t i = 0; i < R * k; i++) count[s->moe_ids[i] + 1]++;
+    for (uint32_t e = 0; e < E; e++) count[e + 1] += count[e];
+    /* count[e] is now where expert e's pairs start; fill, then shift back */
+    for (size_t i = 0; i < R * k; i++) s->moe_order[count[s->moe_ids[i]]++] = (uint32_t)i;
+    for (uint32_t e = E; e > 0; e--) count[e] = count[e - 1];
+    count[0] = 0;
+}
+
+void layer_moe(const fwd_ctx *ctx, const layer_weights *w, uint32_t sparse, size_t R,
+               const fwd_row *rows, double *t) {
+    const parity_config *c = ctx->config;
+    fwd_scratch *s = ctx->s;
+    const size_t H = c->hidden_size, k = c->num_experts_per_tok;
+
+    /* the router's logits: a GEMM output, rounded as every one is */
+    linear_round_point(ctx, R, s->xn, &w->router, NULL, s->moe_logits);
+    phase_lap(ctx, PARITY_PHASE_GEMM, t);
+    route_rows(ctx, sparse, R, rows);
+    phase_lap(ctx, PARITY_PHASE_REGIONS, t);
+
+    /* each expert over the rows that chose it: gathered, SwiGLU, the down projection's fp32
+     * output scattered to each (row, slot) */
+    for (uint32_t e = 0; e < c->num_experts; e++) {
+        const uint32_t first = s->moe_count[e], n = s->moe_count[e + 1] - first;
+        if (!n) continue;
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(s->moe_x + i * H, s->xn + (s->moe_order[first + i] / k) * H, H * sizeof(float));
+        mlp_swiglu(ctx, n, s->moe_x, &w->expert_gate[e], &w->expert_up[e], t);
+        linear(ctx, n, s->gate, &w->expert_down[e], NULL, s->moe_out);
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(s->moe_y + (size_t)s->moe_order[first + i] * H, s->moe_out + i * H,
+                   H * sizeof(float));
+        phase_lap(ctx, PARITY_PHASE_GEMM, t);
+    }
+
+    /* Qwen2-MoE's shared expert on every row, and its gate's logit (rounded) */
+    const int shared = w->shared_gate.rows > 0;
+    if (shared) {
+        mlp_swiglu(ctx, R, s->xn, &w->shared_gate, &w->shared_up, t);
+        linear(ctx, R, s->gate, &w->shared_down, NULL, s->moe_shared);
+        linear_round_point(ctx, R, s->xn, &w->shared_expert_gate, NULL, s->moe_gate);
+        phase_lap(ctx, PARITY_PHASE_GEMM, t);
+    }
+
+    pool_run(ctx->pool, job_combine, &(combine_job){ctx, (uint32_t)k, shared}, R);
+    phase_lap(ctx, PARITY_PHASE_REGIONS, t);
+}
