@@ -8,7 +8,7 @@ Run with the PyPI virtual environment (torch, transformers, safetensors), never 
 DIR defaults to test/data/moe (the folder above this script). For each model it writes
   MODEL/                the checkpoint as save_pretrained wrote it (config.json, model.safetensors,
                         generation_config.json),
-  MODEL-fused/          the same weights in the other expert layout (see EXPERT LAYOUT below),
+  MODEL-fused/          the same weights in the other expert layout (see write_other_expert_layout),
   ref/MODEL.seqN.*      the token ids and the reference outputs of four fixed sequences,
 and summary.txt with the figures it printed (versions, expert use, ties, file sizes, sha256).
 
@@ -16,7 +16,6 @@ Everything is seeded and runs on one CPU thread, so two runs give the same bytes
 """
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -24,8 +23,8 @@ import sys
 import torch
 import transformers
 from safetensors import safe_open
-from transformers.integrations import moe as moe_integration
 from safetensors.torch import save_file
+from transformers.integrations import moe as moe_integration
 
 SEED = 20261207
 SEQUENCE_LENGTHS = (7, 33, 64, 100)
@@ -115,8 +114,10 @@ def build_model(name, generator, lines):
         model.model.embed_tokens.weight += EMBEDDING_COMMON_SHIFT * shift / shift.norm()
         if getattr(config, "qkv_bias", False):
             for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.copy_(QKV_BIAS_STD * torch.randn(proj.bias.shape, generator=generator))
+                attention = layer.self_attn
+                for proj in (attention.q_proj, attention.k_proj, attention.v_proj):
+                    proj.bias.copy_(QKV_BIAS_STD * torch.randn(proj.bias.shape,
+                                                               generator=generator))
     calibration = torch.randint(0, config.vocab_size, CALIBRATION_SHAPE, generator=generator)
     for index in sparse_layer_indices(model):
         block = model.model.layers[index].mlp
@@ -349,7 +350,8 @@ def make(name, out_dir, lines):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser.add_argument("--out", default=os.path.dirname(here))
     args = parser.parse_args()
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
