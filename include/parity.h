@@ -687,6 +687,19 @@ typedef struct parity_score_options {
                                    mode defines it), for learners that weight per-loop
                                    log-probs; entry total_ut_steps - 1 equals logprobs' under
                                    PARITY_READOUT_EXIT */
+    /* Mixture-of-experts models (routing replay): NULL, or the experts each position runs in
+     * each sparse layer, indexed like tokens times S = sparse layers x num_experts_per_tok
+     * (routes[j * S + l * k + slot], l counting the sparse layers in layer order): what
+     * parity_sampler_routes returns for a sampled sequence. Position j's k experts (distinct,
+     * < num_experts) replace the router's top-k; their weights are still computed from this
+     * scorer's router logits under its policy (as the frameworks' routing replay does), so
+     * replay under the sampler's policy returns the sampler's log-probs bit for bit. The last
+     * position of each sequence is not read (its logits are not scored). NULL: every position
+     * routes itself (recomputation, the default). */
+    const uint16_t *routes;
+    /* NULL, or an output indexed as `routes`: the experts each position ran (replayed or
+     * routed), the last position of each sequence included */
+    uint16_t *routes_out;
 } parity_score_options;
 
 /* What a looped model's scorer reads out of a position's loops. */
@@ -823,6 +836,12 @@ typedef struct parity_sampler_params {
                                     new cache blocks (as a server wants; the memory is
                                     committed at once: size cache_tokens first). 0 (the
                                     default): pages are touched as the sequences grow */
+    uint32_t record_routes;      /* mixture-of-experts models: 1 keeps, for every sequence,
+                                    the experts each of its positions ran in each sparse layer
+                                    (parity_sampler_routes), for a learner to replay; 2 bytes
+                                    per position, sparse layer and expert a token
+                                    (max_seqs x max_len of them, counted in the sampler's
+                                    bytes). 0 (the default): not kept */
 } parity_sampler_params;
 
 PARITY_API void parity_sampler_default_params(parity_sampler_params *params);
@@ -918,6 +937,16 @@ PARITY_API int parity_sampler_tokens(const parity_sampler *sampler, uint32_t seq
  * does not loop gives 1 for every position. */
 PARITY_API int parity_sampler_depths(const parity_sampler *sampler, uint32_t seq,
                                      const uint32_t **depths, uint32_t *n);
+
+/* A mixture-of-experts model's routing record of a sequence (the sampler made with
+ * record_routes): routes[j * S + l * k + slot] = the expert in slot `slot` (descending weight,
+ * ties to the lower index) of position j in sparse layer l, for j < *n = len - 1 (the
+ * positions the sampler has run), S = sparse layers x num_experts_per_tok (*stride), valid
+ * until the next call that changes the sampler. Pass it as parity_score_options.routes (any
+ * values for the last position) to replay it. PARITY_ERR_INVALID_ARGUMENT for a sampler
+ * without record_routes or a model without experts. */
+PARITY_API int parity_sampler_routes(const parity_sampler *sampler, uint32_t seq,
+                                     const uint16_t **routes, uint32_t *n, uint32_t *stride);
 
 /* ---- Where the time goes ---------------------------------------------------------------- */
 

@@ -129,7 +129,7 @@ typedef struct score_mode {
 
 #define SCORE_OPTIONS(mode, t, k, p, minp) \
     {sizeof(parity_score_options), mode, t, k, p, minp, TOP_N, NULL, PARITY_LOOP_KV_LAST_EXITED, \
-     PARITY_EXIT_FULL, 0.0f, 0, 0, 0, PARITY_READOUT_EXIT, 0, NULL}
+     PARITY_EXIT_FULL, 0.0f, 0, 0, 0, PARITY_READOUT_EXIT, 0, NULL, NULL, NULL}
 static const score_mode score_modes[] = {
     {"raw", SCORE_OPTIONS(PARITY_LOGPROB_RAW, 1.0f, 0, 1.0f, 0.0f)},
     {"processed", SCORE_OPTIONS(PARITY_LOGPROB_PROCESSED, 0.7f, 0, 1.0f, 0.0f)},

@@ -195,7 +195,15 @@ static int resolve(const engine_kind *k, const parity_model *m, const void *para
                          "with parity_%s_default_params()",
                          size, k->params_size, k->name);
     int rc = k->resolve(m, params, resolved, ep);
-    return rc ? rc : engine_check(&ep->policy, ep->backend, ep->n_threads);
+    if (!rc) rc = engine_check(&ep->policy, ep->backend, ep->n_threads);
+    /* top-k-then-softmax renormalises the chosen weights: not the meaning of a model whose
+     * norm_topk_prob is false */
+    if (!rc && config_is_moe(&m->config) && !m->config.norm_topk_prob &&
+        ep->policy.moe_router == PARITY_MOE_ROUTER_TOPK_SOFTMAX)
+        rc = set_error(PARITY_ERR_POLICY,
+                       "policy moe_router topk-softmax renormalises the chosen experts' "
+                       "weights, and this model's norm_topk_prob is false");
+    return rc;
 }
 
 /* An object's params resolved, its engine's params, and the bytes it would take. */

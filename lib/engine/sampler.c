@@ -29,6 +29,8 @@ typedef struct seq_state {
     int32_t *tokens;        /* [max_len] */
     uint32_t *depths;       /* [max_len] loops each cached position ran (a looped model's
                                schedule; 1 for the others) */
+    uint16_t *routes;       /* [max_len][sparse layers][k] the experts each cached position ran
+                               (record_routes), else NULL */
     fwd_exit exit;          /* its exit rule, resolved (PARITY_EXIT_THRESHOLD) */
     uint32_t *blocks;       /* [max_len / KV_BLOCK, rounded up] */
     uint32_t n_blocks;      /* blocks held: positions 0 .. n_blocks * KV_BLOCK - 1 */
@@ -49,6 +51,8 @@ struct parity_sampler {
     int32_t *seq_tokens;    /* [max_seqs][max_len]: seqs[i].tokens */
     uint32_t *seq_blocks;   /* [max_seqs][block table]: seqs[i].blocks */
     uint32_t *seq_depths;   /* [max_seqs][max_len]: seqs[i].depths */
+    uint16_t *seq_routes;   /* [max_seqs][max_len][route_stride]: seqs[i].routes (record_routes) */
+    uint32_t route_stride;  /* sparse layers x experts a token (record_routes), else 0 */
     uint32_t *batch_seq;    /* [max_rows] the sequence of each decode row */
 };
 
@@ -96,6 +100,13 @@ static int sampler_resolve(const parity_model *model, const void *params, void *
                          p.loop_kv);
     if (p.prefault > 1)
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "prefault %u is not 0 or 1", p.prefault);
+    if (p.record_routes > 1)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "record_routes %u is not 0 or 1",
+                         p.record_routes);
+    if (p.record_routes && !config_sparse_layers(c))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "record_routes: the model (%s) has no sparse layers to route",
+                         parity_arch_name((int)c->arch));
     if (p.max_seqs > 65536 || p.prefill_chunk > 65536 || p.max_batch > 65536)
         return set_error(PARITY_ERR_INVALID_ARGUMENT,
                          "max_seqs, prefill_chunk and max_batch must be at most 65536");
@@ -116,9 +127,13 @@ static int sampler_resolve(const parity_model *model, const void *params, void *
 }
 
 /* The sampler's own tables, beside the engine's. */
+/* The entries of a position's routing record: sparse layers x experts a token. */
+static uint32_t route_stride(const parity_config *c, const parity_sampler_params *p) {
+    return p->record_routes ? config_sparse_layers(c) * c->num_experts_per_tok : 0;
+}
+
 static size_t sampler_bufs(void *object, const parity_config *c, const void *resolved,
                            const engine_params *ep, engine_buf *b) {
-    (void)c;
     parity_sampler *s = object;
     const parity_sampler_params *p = resolved;
     const uint64_t n_blocks = p->cache_tokens / KV_BLOCK;
@@ -132,6 +147,8 @@ static size_t sampler_bufs(void *object, const parity_config *c, const void *res
          "sequence block tables"},
         {(void **)&s->seq_depths, (uint64_t)p->max_seqs * p->max_len, sizeof *s->seq_depths, 0,
          "sequence depth schedules"},
+        {(void **)&s->seq_routes, (uint64_t)p->max_seqs * p->max_len * route_stride(c, p),
+         sizeof *s->seq_routes, 0, "sequence routing records"},
         {(void **)&s->batch_seq, ep->max_rows, sizeof *s->batch_seq, 0, "batch rows"},
     };
     memcpy(b, bufs, sizeof bufs);
@@ -150,10 +167,14 @@ static void sampler_start(void *object, const parity_model *m) {
     s->model = m;
     s->n_blocks = p->cache_tokens / KV_BLOCK;
     const uint32_t table = table_len(p);
+    s->route_stride = route_stride(&m->config, p);
     for (uint32_t i = 0; i < p->max_seqs; i++) {
         s->seqs[i].tokens = s->seq_tokens + (size_t)i * p->max_len;
         s->seqs[i].blocks = s->seq_blocks + (size_t)i * table;
         s->seqs[i].depths = s->seq_depths + (size_t)i * p->max_len;
+        s->seqs[i].routes = s->route_stride
+                                ? s->seq_routes + (size_t)i * p->max_len * s->route_stride
+                                : NULL;
     }
     /* the free stack pops the lowest block ids first */
     for (uint32_t k = 0; k < s->n_blocks; k++) s->free_blocks[k] = s->n_blocks - 1 - k;
@@ -258,11 +279,16 @@ static void resolve_exit(const parity_config *c, seq_state *q) {
     q->exit = exit_rule_resolve(c, p->exit_threshold, p->min_depth, p->max_depth);
 }
 
+/* Where the experts position pos of the sequence runs are recorded (record_routes), else NULL. */
+static uint16_t *route_record(const parity_sampler *s, const seq_state *q, uint32_t pos) {
+    return q->routes ? q->routes + (size_t)pos * s->route_stride : NULL;
+}
+
 /* A decode row of the sequence at pos: its depth or its rule. A prompt token (the first
  * step feeds the prompt's last one) runs every loop, as the prefill does: the published
  * replay's alignment, where the rollout's first exit depth is the prefill's, full. */
-static fwd_row decode_row(const seq_state *q, uint32_t pos) {
-    const fwd_row row = {q->tokens[pos], pos, q->blocks, 0, NULL, NULL, NULL};
+static fwd_row decode_row(const parity_sampler *s, const seq_state *q, uint32_t pos) {
+    const fwd_row row = {q->tokens[pos], pos, q->blocks, 0, NULL, NULL, route_record(s, q, pos)};
     return pos < q->prompt_len ? row : exit_rule_row(row, q->sampling.exit_rule, &q->exit);
 }
 
@@ -360,7 +386,8 @@ static void prefill(parity_sampler *s, const uint32_t *seqs, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const seq_state *q = &s->seqs[seqs[i]];
         for (uint32_t at = 0; at + 1 < q->prompt_len; at++) {
-            s->eng.rows[rows++] = (fwd_row){q->tokens[at], at, q->blocks, 0, NULL, NULL, NULL};
+            s->eng.rows[rows++] =
+                (fwd_row){q->tokens[at], at, q->blocks, 0, NULL, NULL, route_record(s, q, at)};
             if (rows == s->params.prefill_chunk) {
                 forward(&ctx, rows, s->eng.rows, 0, NULL, NULL);
                 rows = 0;
@@ -440,6 +467,8 @@ static int sampler_fork(parity_sampler *s, uint32_t parent, const parity_samplin
     q->version = p->version;
     memcpy(q->tokens, p->tokens, p->len * sizeof *q->tokens);
     memcpy(q->depths, p->depths, p->len * sizeof *q->depths);
+    if (q->routes) /* the positions the parent ran */
+        memcpy(q->routes, p->routes, (size_t)(p->len - 1) * s->route_stride * sizeof *q->routes);
     q->n_blocks = p->n_blocks;
     for (uint32_t b = 0; b < p->n_blocks; b++) {
         q->blocks[b] = p->blocks[b];
@@ -478,6 +507,22 @@ int parity_sampler_depths(const parity_sampler *s, uint32_t seq, const uint32_t 
     TRY(check_seq(s, seq));
     *depths = s->seqs[seq].depths;
     *n = s->seqs[seq].len - 1;
+    return PARITY_OK;
+}
+
+int parity_sampler_routes(const parity_sampler *s, uint32_t seq, const uint16_t **routes,
+                          uint32_t *n, uint32_t *stride) {
+    clear_error();
+    if (!s || !routes || !n || !stride)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "sampler or output is NULL");
+    if (!s->route_stride)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "the sampler keeps no routing record (record_routes 0, or a model "
+                         "without experts)");
+    TRY(check_seq(s, seq));
+    *routes = s->seqs[seq].routes;
+    *n = s->seqs[seq].len - 1;
+    *stride = s->route_stride;
     return PARITY_OK;
 }
 
@@ -615,7 +660,7 @@ static int sampler_step(parity_sampler *s, const uint32_t *seqs, size_t n, int32
             seq_state *q = &s->seqs[seqs[first + r]];
             const uint32_t pos = q->len - 1;
             make_writable(s, q, pos);
-            s->eng.rows[r] = decode_row(q, pos);
+            s->eng.rows[r] = decode_row(s, q, pos);
             s->eng.out_rows[r] = (uint32_t)r;
             s->batch_seq[r] = seqs[first + r];
         }

@@ -239,6 +239,12 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
                              "the expected-logits readout weights the loops by the exit "
                              "distribution, and this model has no exit gate");
     }
+    const uint32_t k = c->num_experts_per_tok, route_stride = config_sparse_layers(c) * k;
+    if ((o->routes || o->routes_out) && !route_stride)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "options give %s, but this model (%s) has no sparse layers to route",
+                         o->routes ? "routes to replay" : "routes_out",
+                         parity_arch_name((int)c->arch));
     size_t at = 0;
     for (size_t i = 0; i < n_seqs; i++) {
         uint32_t len = lengths[i];
@@ -266,6 +272,23 @@ static int check_inputs(const parity_scorer *s, const parity_score_options *o,
                                  "model's loops, total_ut_steps)",
                                  i, t, o->depths[at + t], loops);
         }
+        /* a replayed route: k distinct experts in range per sparse layer (the last position
+         * is not read) */
+        for (uint32_t t = 0; o->routes && t + 1 < len; t++)
+            for (uint32_t l = 0; l < route_stride; l += k) {
+                const uint16_t *ids = o->routes + (at + t) * route_stride + l;
+                for (uint32_t a = 0; a < k; a++) {
+                    int dup = ids[a] >= c->num_experts;
+                    for (uint32_t b = 0; b < a && !dup; b++) dup = ids[b] == ids[a];
+                    if (dup)
+                        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                                         "sequence %zu, position %u, sparse layer %u: routed "
+                                         "expert %u in slot %u is %s",
+                                         i, t, l / k, ids[a], a,
+                                         ids[a] >= c->num_experts ? "not below num_experts"
+                                                                  : "repeated");
+                }
+            }
         at += len;
     }
     return PARITY_OK;
@@ -309,6 +332,9 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
     const int mixture = o->readout == PARITY_READOUT_EXPECTED_LOGITS;
     const uint32_t fixed_depth = o->readout == PARITY_READOUT_LOOP ? o->readout_loop : 0;
     if (fixed_depth) ctx.loop_kv = PARITY_LOOP_KV_FULL;
+    /* the entries of a position's routing record (mixture-of-experts models) */
+    const size_t route_stride =
+        (size_t)config_sparse_layers(&s->model->config) * s->model->config.num_experts_per_tok;
     if (mixture || o->loop_logprobs) ctx.loop_out = s->loop_out;
     if (mixture) ctx.loop_pdf = s->loop_pdf;
     const uint32_t loops = config_loops(&s->model->config);
@@ -333,8 +359,11 @@ static int score(parity_scorer *s, const parity_score_options *o, const int32_t 
         for (size_t i = first; i < last; i++) {
             const uint32_t len = lengths[i];
             for (uint32_t t = 0; t < len; t++) {
+                const size_t route_at = (token_at + t) * route_stride;
                 const fwd_row row = {tokens[token_at + t], t, s->blocks + block,
-                                     o->depths ? o->depths[token_at + t] : fixed_depth, NULL, NULL, NULL};
+                                     o->depths ? o->depths[token_at + t] : fixed_depth, NULL,
+                                     o->routes && t + 1 < len ? o->routes + route_at : NULL,
+                                     o->routes_out ? o->routes_out + route_at : NULL};
                 s->eng.rows[n_rows] = t < o->prompt_len || o->depths
                                           ? row
                                           : exit_rule_row(row, o->exit_rule, &rule);

@@ -194,6 +194,8 @@ class parity_score_options(Structure):
         ("readout", c_uint32),
         ("readout_loop", c_uint32),
         ("loop_logprobs", POINTER(c_float)),
+        ("routes", POINTER(c_uint16)),
+        ("routes_out", POINTER(c_uint16)),
     ]
 
 
@@ -233,6 +235,7 @@ class parity_sampler_params(Structure):
         ("max_memory", c_uint64),
         ("loop_kv", c_uint32),
         ("prefault", c_uint32),
+        ("record_routes", c_uint32),
     ]
 
 
@@ -467,6 +470,10 @@ _PROTOTYPES = [
     # int parity_sampler_depths(const parity_sampler *sampler, uint32_t seq,
     #                           const uint32_t **depths, uint32_t *n);
     ("parity_sampler_depths", c_int, [sampler_p, c_uint32, POINTER(_u32p), _u32p], True),
+    # int parity_sampler_routes(const parity_sampler *sampler, uint32_t seq,
+    #                           const uint16_t **routes, uint32_t *n, uint32_t *stride);
+    ("parity_sampler_routes", c_int,
+     [sampler_p, c_uint32, POINTER(POINTER(c_uint16)), _u32p, _u32p], True),
     # const char *parity_phase_name(uint32_t phase);
     ("parity_phase_name", c_char_p, [c_uint32], False),
     # int parity_sampler_set_profiling(parity_sampler *sampler, int on);

@@ -353,7 +353,8 @@ class Model(_lib.Closing):
 
     def score(self, sequences, policy="aligned", temperature=1.0, mode="raw", top_k=None,
               top_p=None, min_p=None, backend="bf16", entropy=False, top_n=0, threads=None,
-              depths=None, loop_kv=None, readout="exit", loop_logprobs=False):
+              depths=None, loop_kv=None, readout="exit", loop_logprobs=False, routes=None,
+              return_routes=False):
         """Log-probabilities of token sequences under a policy (the learner's numbers).
 
         Args:
@@ -409,7 +410,9 @@ class Model(_lib.Closing):
         opts = score_options(mode, temperature, top_k, top_p, min_p, top_n)
         loop_kv = _schedule_loop_kv(depths, loop_kv)
         loops = 0
-        if depths is not None or loop_kv != "last-exited" or readout != "exit" or loop_logprobs:
+        # options of this call alone (score_options' are shared) where it sets more
+        if depths is not None or loop_kv != "last-exited" or readout != "exit" or loop_logprobs \
+                or routes is not None or return_routes:
             from .sampler import LOOP_KV
             opts = _make_options(mode, temperature, top_k, top_p, min_p, top_n)
             opts.loop_kv = _choice(LOOP_KV, loop_kv, "loop_kv")
@@ -453,6 +456,23 @@ class Model(_lib.Closing):
                                   "depths has %d values, the sequences %d tokens: one depth per "
                                   "token" % (len(dbuf), sum(lengths)))
             opts.depths = ctypes.cast(dbuf.buffer_info()[0], ctypes.POINTER(ctypes.c_uint32))
+        stride = self.route_stride
+        if (routes is not None or return_routes) and not stride:
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                              "routes: this model (%s) has no sparse layers to route"
+                              % self.config["arch"])
+        if routes is not None:
+            flat = routes if batch.single else [x for seq in routes for x in seq]
+            rbuf = array("H", [_lib.as_int(x, "routed expert", 0, 2 ** 16 - 1) for x in flat])
+            if len(rbuf) != sum(lengths) * stride:
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                                  "routes has %d values, the sequences need %d: %d per token "
+                                  "(sparse layers x experts a token)"
+                                  % (len(rbuf), sum(lengths) * stride, stride))
+            opts.routes = ctypes.cast(rbuf.buffer_info()[0], ctypes.POINTER(ctypes.c_uint16))
+        if return_routes:
+            rout = array("H", bytes(2 * sum(lengths) * stride))
+            opts.routes_out = ctypes.cast(rout.buffer_info()[0], ctypes.POINTER(ctypes.c_uint16))
         entry = self._checkout(pol, be, n_threads, max(lengths) if n else 1)
         try:
             lib.parity_score(entry.handle, ctypes.byref(opts), tokens_p, lengths_p, n,
@@ -464,12 +484,34 @@ class Model(_lib.Closing):
 
         total = sum(lengths) - n
         lp = _split(lp, batch, total, 1, False)
+        if return_routes:
+            ran, at = [], 0
+            for length in lengths:
+                ran.append(rout[at * stride:(at + length) * stride].tolist())
+                at += length
+            lp = (lp, ran[0] if batch.single else ran)
         if not entropy and not k and not loops:
             return lp
         return Scores(lp, _split(ent, batch, total, 1, False) if entropy else None,
                       _split(tid, batch, total, k, True) if k else None,
                       _split(tlp, batch, total, k, True) if k else None,
                       _split(llp, batch, total, loops, True) if loops else None)
+
+    @property
+    def route_stride(self):
+        """Mixture-of-experts models: the entries of one position's routing record (sparse
+        layers x num_experts_per_tok); 0 for a model without experts."""
+        c = self.config
+        if not c.get("num_experts"):
+            return 0
+        step = c["decoder_sparse_step"]
+        only = c["mlp_only_layers"]
+        if not isinstance(only, list):  # the bitset's words
+            only = [i for i in range(64 * len(only)) if (only[i // 64] >> (i % 64)) & 1]
+        only = set(only)
+        sparse = sum(1 for i in range(c["num_hidden_layers"])
+                     if (i + 1) % step == 0 and i not in only)
+        return sparse * c["num_experts_per_tok"]
 
     def save(self, directory, layout="bf16"):
         """Writes the model as a Hugging Face checkpoint into `directory` (created if missing):
