@@ -146,7 +146,7 @@ static void test_builtins(void) {
         CHECK_INT(c.size, sizeof(parity_config));
         CHECK_OK(config_validate(&c));
     }
-    CHECK_INT(n, 8);
+    CHECK_INT(n, 13);
 
     parity_config c;
     CHECK_OK(parity_config_builtin("tiny", &c));

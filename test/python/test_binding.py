@@ -89,7 +89,7 @@ class Models:
 
 class TestLoading(unittest.TestCase):
     def test_abi(self):
-        self.assertEqual(parity.ABI_VERSION, 2)
+        self.assertEqual(parity.ABI_VERSION, 3)
         self.assertEqual(parity.lib.parity_abi_version(), parity.ABI_VERSION)
         import ctypes
         from parity import _lib
@@ -114,11 +114,11 @@ class TestLoading(unittest.TestCase):
                 s = ctypes.sizeof(_lib.MIRRORED_STRUCTS[name.decode()])
                 return s + self.delta if name == b"parity_sampling" else s
 
-        with self.assertRaisesRegex(ImportError, "ABI version 3.*mirrors ABI 2.*[Rr]ebuild"):
-            _lib._check_abi(Fake(3, 0), "/x/libparity.so")
+        with self.assertRaisesRegex(ImportError, "ABI version 4.*mirrors ABI 3.*[Rr]ebuild"):
+            _lib._check_abi(Fake(4, 0), "/x/libparity.so")
         with self.assertRaisesRegex(ImportError,
                                     "parity_sampling is 136 bytes in the library, 128 in"):
-            _lib._check_abi(Fake(2, 8), "/x/libparity.so")
+            _lib._check_abi(Fake(3, 8), "/x/libparity.so")
 
     def _import_with(self, env_update, cwd=None):
         env = dict(os.environ)
