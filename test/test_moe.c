@@ -22,12 +22,17 @@
  *   - Against transformers 5.25 (test/data/moe/ref): the hf-eager preset is the nearest of the
  *     presets to transformers' eager log-probs, equal in most values; replaying transformers'
  *     own routing brings it closer; the fp32 preset is within 1e-5 of transformers' fp32.
+ *   - Weight sync: manifests (bf16 and a quantized policy's codes) name the experts, the router,
+ *     the shared expert and its gate and verify; an expert's update fails the old manifest's
+ *     verify, naming it; NaN router weights are refused (PARITY_ERR_TENSOR_NONFINITE), the
+ *     model unchanged.
  *   - Bad input gets a status: routes with an expert out of range or repeated, routes or
  *     record_routes on a dense model, a top-k-then-softmax router on a model without
  *     norm_topk_prob. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fixtures.h"
 #include "base/floats.h"
@@ -520,6 +525,68 @@ static void check_bad_input(const parity_model *moe, const parity_model *dense,
     CHECK_STATUS(parity_scorer_create(moe, &p, &bad), PARITY_ERR_POLICY);
 }
 
+/* ---- weight sync: manifests and updates cover the experts and the router ------------------- */
+
+static int file_has(const char *path, const char *text) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    static char buf[1 << 20];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strstr(buf, text) != NULL;
+}
+
+static void check_sync(void) {
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_open("synthetic:qwen2-moe-tiny:9", &m));
+    if (!m) return;
+    char path[] = "/tmp/parity-moe-manifest-XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    const char *names[] = {"\"model.layers.2.mlp.experts.7.down_proj.weight\"",
+                           "\"model.layers.0.mlp.gate.weight\"",
+                           "\"model.layers.1.mlp.shared_expert.up_proj.weight\"",
+                           "\"model.layers.1.mlp.shared_expert_gate.weight\""};
+    char report[512];
+    /* the bf16 manifest, and the codes one under a quantized policy */
+    for (int quantized = 0; quantized <= 1; quantized++) {
+        const parity_policy pol = policy_of(quantized ? "vllm+nvfp4:modelopt" : "vllm");
+        CHECK_OK(parity_model_write_manifest_for(m, &pol, path));
+        for (size_t i = 0; i < 4; i++) CHECK(file_has(path, names[i]));
+        CHECK_OK(parity_model_verify_for(m, &pol, path, report, sizeof report));
+    }
+    /* an expert's update is seen by a manifest verify, and changes the scores */
+    const parity_policy pol = policy_of("vllm");
+    CHECK_OK(parity_model_write_manifest_for(m, &pol, path));
+    const parity_config *c = parity_model_config(m);
+    const size_t n = (size_t)c->hidden_size * c->moe_intermediate_size;
+    float *w = malloc(n * sizeof *w);
+    if (!w) exit(2);
+    for (size_t i = 0; i < n; i++) w[i] = (float)((i * 7919) % 101) / 1000.0f - 0.05f;
+    parity_tensor_data t = {"model.layers.2.mlp.experts.3.down_proj.weight", PARITY_DTYPE_F32, 2,
+                            {c->hidden_size, c->moe_intermediate_size}, w};
+    CHECK_OK(parity_model_update(m, &t, 1));
+    CHECK_STATUS(parity_model_verify_for(m, &pol, path, report, sizeof report), PARITY_ERR_VERIFY);
+    CHECK(strstr(report, "experts.3.down_proj") != NULL);
+    /* NaN in the router: refused, the tensor named, nothing changed */
+    const size_t nr = (size_t)c->num_experts * c->hidden_size;
+    float *router = calloc(nr, sizeof *router);
+    if (!router) exit(2);
+    router[5] = NAN;
+    parity_tensor_data r = {"model.layers.0.mlp.gate.weight", PARITY_DTYPE_F32, 2,
+                            {c->num_experts, c->hidden_size}, router};
+    const uint64_t version = parity_model_version(m);
+    CHECK_STATUS(parity_model_update(m, &r, 1), PARITY_ERR_TENSOR_NONFINITE);
+    CHECK(strstr(parity_last_error(), "mlp.gate.weight") != NULL);
+    CHECK_INT(parity_model_version(m), version);
+    free(w);
+    free(router);
+    unlink(path);
+    parity_model_free(m);
+}
+
 int main(void) {
     check_router();
     check_combine();
@@ -566,6 +633,7 @@ int main(void) {
     check_transformers(q3_hf, "qwen3-moe-tiny");
     check_transformers(q2_hf, "qwen2-moe-tiny");
     check_bad_input(q3, dense, q2);
+    check_sync();
 
     parity_model_free(q3);
     parity_model_free(q2);
