@@ -16,7 +16,7 @@
  *     quantized experts (+fp8-block, +mxfp8, +nvfp4, +mxfp4, +ternary): a sequence's log-probs
  *     are bitwise the same scored alone or with others, in chunks of 5 rows or 256, on 1 or 2
  *     threads and on every CPU path; the sampler (record_routes, sequences stepped together
- *     and in prefill chunks of 3) reports log-probs the scorer recomputes bitwise, its routing
+ *     and in prefill chunks of 3, fresh or forked from one prefilled prompt) reports log-probs the scorer recomputes bitwise, its routing
  *     record equals the experts the scorer ran, and the scorer replaying the record returns
  *     the same bits; replayed under another preset, the record is what runs.
  *   - Against transformers 5.25 (test/data/moe/ref): the hf-eager preset is the nearest of the
@@ -269,7 +269,8 @@ static int score(parity_scorer *sc, const int32_t *tokens, const uint32_t *lengt
  * sparse layer) compared and how many differed between sampler and a replay-free learner of
  * `learner` (another preset) in *decisions, *differ. */
 static void check_model(const char *what, const parity_model *m, const char *preset,
-                        const char *learner, uint64_t seed, int *decisions, int *differ) {
+                        const char *learner, uint64_t seed, int fork, int *decisions,
+                        int *differ) {
     const parity_config *c = parity_model_config(m);
     uint64_t r = seed;
     /* prompts of random lengths, each followed by the sampled completion */
@@ -290,9 +291,19 @@ static void check_model(const char *what, const parity_model *m, const char *pre
     parity_sampling_default(&sampling);
     sampling.seed = seed;
     sampling.max_new_tokens = NEW_TOKENS;
-    uint32_t ids[N_SEQS];
-    for (int i = 0; i < N_SEQS; i++)
-        CHECK_OK(parity_sampler_add(s, prompts[i], prompt_len[i], &sampling, (uint64_t)i, &ids[i]));
+    uint32_t ids[N_SEQS], parent = 0;
+    if (fork) { /* every sequence forked from one prefilled prompt: its record is theirs */
+        CHECK_OK(parity_sampler_add(s, prompts[0], prompt_len[0], &sampling, 99, &parent));
+        for (int i = 0; i < N_SEQS; i++) {
+            memcpy(prompts[i], prompts[0], prompt_len[0] * sizeof prompts[0][0]);
+            prompt_len[i] = prompt_len[0];
+            CHECK_OK(parity_sampler_fork(s, parent, &sampling, (uint64_t)i, &ids[i]));
+        }
+    } else {
+        for (int i = 0; i < N_SEQS; i++)
+            CHECK_OK(parity_sampler_add(s, prompts[i], prompt_len[i], &sampling, (uint64_t)i,
+                                        &ids[i]));
+    }
     struct {
         COMPLETION_MEMBERS(N_SEQS, NEW_TOKENS);
     } gen;
@@ -623,7 +634,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
         if (!quick() || i % 3 == 0)
             check_model(runs[i].what, runs[i].m, runs[i].preset, runs[i].learner, 100 + i,
-                        &decisions, &differ);
+                        (int)(i % 2), &decisions, &differ);
     printf("routing decisions of the sampler that another preset's learner routes otherwise: "
            "%d of %d\n", differ, decisions);
     CHECK(differ > 0);
