@@ -5,8 +5,9 @@
 #                              UndefinedBehaviorSanitizer, LeakSanitizer on (build-asan)
 #   scripts/sanitize.sh tsan   the tests that run threads — concurrency, the scorer and
 #                              sampler thread-count tests, the forward pieces on a pool, the
-#                              profile (its pool timing) and the looped models' sampler —
-#                              under ThreadSanitizer (build-tsan)
+#                              profile (its pool timing), the looped models' sampler and the
+#                              MoE block (its experts and combine on the pool) — under
+#                              ThreadSanitizer (build-tsan)
 # Any sanitizer report fails the tier.
 set -eu
 cd "$(dirname "$0")/.."
@@ -42,8 +43,8 @@ if [ $tier = asan ]; then
     tests=$(meson test -C $build --list 2>/dev/null | grep -vE '^(python-.*|serve-.*|abi|install)$')
 else
     ninja -C $build test/test_concurrency test/test_scorer test/test_sampler test/test_ops \
-        test/test_profile test/test_looped
-    tests="concurrency scorer sampler ops profile looped"
+        test/test_profile test/test_looped test/test_moe
+    tests="concurrency scorer sampler ops profile looped moe"
 fi
 # shellcheck disable=SC2086
 meson test -C $build --no-rebuild --print-errorlogs --num-processes 2 $tests
