@@ -7,7 +7,7 @@ detail") describe them. Shares no code with libparity: torch + numpy only, confi
 safetensors files read here (reference.py's reader), per-expert or fused 3-D expert tensors.
 
   /usr/bin/python3 reference_moe.py --model-dir DIR --mode MODE --tokens FILE.i32 --out OUT.f32
-      [--routes-out R.i16] [--replay R.i16] [--gemm {blas,reversed}]
+      [--routes-out R.i16] [--replay R.i16] [--order ORDER]
 
 Output: log p(x_t | x_<t), t = 1..T-1, float32; --routes-out the experts each position ran,
 int16 [T][sparse layers][k] in slot order; --replay runs those experts instead of the router's.
@@ -16,8 +16,10 @@ Every value lives in an fp32 tensor; a "bf16" value is an fp32 value on the bf16
 rn(x) = x.to(bfloat16).to(float32) is one round-to-nearest-even. Every GEMM is torch's fp32
 matmul (OpenBLAS sgemm) of such values: bf16 products are exact in fp32, so a bf16 GEMM with fp32
 accumulation and one output rounding is rn(x @ w.T) (+ bias in fp32 before the rounding where
-the linear has one). Its summation order is BLAS's, not libparity's: that difference is the
-floor the modes are compared against (--gemm reversed sums K in the other direction).
+the linear has one). Its summation order is BLAS's, not libparity's, and its exp, rsqrt, cos
+are torch's: such differences in the last fp32 bit flip a rare bf16 rounding, which the bf16
+forward then carries on. That is the floor a preset is compared within; --order computes the
+same forward with one of them changed (ORDERS below) to measure it.
 
 Modes (the dense rounding points are reference.py's for fp32, hf_bf16 and aligned_bf16):
   fp32          the bf16 weights widened, every operation fp32, no rounding anywhere.
@@ -145,18 +147,31 @@ class Checkpoint:
 
 
 # ----------------------------------------------------------------------------- the forward
-class Forward:
-    """One sequence's forward under a mode. gemm "blas" is torch's fp32 matmul; "reversed" the
-    same product with K summed in the other direction (the floor's measurement)."""
+#: The reference as it is ("blas"), and the perturbations that measure the floor: the same
+#: rounding points with the fp32 values before each rounding computed another way, as another
+#: implementation (libparity's) computes them. "reversed-k": every GEMM sums K in the other
+#: direction; "reversed-sums": the RMSNorm mean and every softmax's sum over the reversed row;
+#: "f64-math": exp, silu, sigmoid, rsqrt and RoPE's cos/sin evaluated in double and rounded to
+#: fp32 (correctly rounded, where torch's vectorised float functions may be an ulp off).
+ORDERS = ("blas", "reversed-k", "reversed-sums", "f64-math")
 
-    def __init__(self, ckpt, mode, gemm="blas"):
+
+class Forward:
+    """One sequence's forward under a mode; `order` one of ORDERS; `switches` replace some of
+    a bf16 mode's RECIPES entries (e.g. combine="fp32"), for tests that one switch matters."""
+
+    def __init__(self, ckpt, mode, order="blas", **switches):
         if mode not in MODES:
             raise ValueError("mode %r is not one of %s" % (mode, ", ".join(MODES)))
-        if gemm not in ("blas", "reversed"):
-            raise ValueError("gemm %r is neither blas nor reversed" % gemm)
-        self.c, self.mode, self.gemm = ckpt, mode, gemm
+        if order not in ORDERS:
+            raise ValueError("order %r is not one of %s" % (order, ", ".join(ORDERS)))
+        self.c, self.mode, self.order = ckpt, mode, order
         self.fp32 = mode == "fp32"
-        self.r = RECIPES.get(mode, {})
+        self.r = dict(RECIPES.get(mode, {}))
+        unknown = set(switches) - set(self.r)
+        if unknown or (switches and self.fp32):
+            raise ValueError("switches %s do not apply to mode %s" % (sorted(switches), mode))
+        self.r.update(switches)
 
     # -- rounding and products
     def round(self, x):
@@ -164,9 +179,37 @@ class Forward:
 
     def matmul(self, a, b):
         """a [.., K] @ b [K, N] in fp32."""
-        if self.gemm == "reversed":
+        if self.order == "reversed-k":
             return a.flip(-1) @ b.flip(-2)
         return a @ b
+
+    def row_sum(self, x):
+        """The sum over the last dimension (keepdim)."""
+        if self.order == "reversed-sums":
+            x = x.flip(-1)
+        return x.sum(dim=-1, keepdim=True)
+
+    def exp(self, x):
+        return x.double().exp().float() if self.order == "f64-math" else torch.exp(x)
+
+    def softmax(self, x):
+        """Softmax over the last dimension in fp32: torch's, or written out (exp(x - max) /
+        sum) under the perturbations."""
+        if self.order == "blas":
+            return torch.softmax(x, dim=-1)
+        e = self.exp(x - x.max(dim=-1, keepdim=True).values)
+        return e / self.row_sum(e)
+
+    def silu(self, x):
+        if self.order == "f64-math":
+            x = x.double()
+            return (x / (1 + torch.exp(-x))).float()
+        return torch.nn.functional.silu(x)
+
+    def sigmoid(self, x):
+        if self.order == "f64-math":
+            return (1 / (1 + torch.exp(-x.double()))).float()
+        return torch.sigmoid(x)
 
     def linear(self, x, name, bias=None, rounded=True):
         """nn.Linear: x @ W.T (+ b) in fp32, one rounding to bf16 unless `rounded` is False."""
@@ -179,7 +222,14 @@ class Forward:
     def rmsnorm(self, x, weight, kind):
         """Qwen3MoeRMSNorm / Qwen2MoeRMSNorm of x (fp32 values) under `kind` ("twice", "once")."""
         w = self.c.w[weight]
-        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c.eps)
+        if self.order == "blas":
+            var = x.pow(2).mean(-1, keepdim=True)
+        else:
+            var = self.row_sum(x.pow(2)) / x.shape[-1]
+        if self.order == "f64-math":
+            r = (1 / torch.sqrt(var.double() + self.c.eps)).float()
+        else:
+            r = torch.rsqrt(var + self.c.eps)
         if self.fp32:
             return w * (x * r)
         if kind == "twice":
@@ -202,6 +252,8 @@ class Forward:
         inv_freq = 1.0 / (self.c.theta ** (torch.arange(0, hd, 2, dtype=torch.int64).to(F32) / hd))
         angles = torch.arange(n, dtype=torch.int64).to(F32)[:, None] * inv_freq[None, :]
         emb = torch.cat((angles, angles), dim=-1)
+        if self.order == "f64-math":
+            return emb.double().cos().float(), emb.double().sin().float()
         return emb.cos(), emb.sin()
 
     @staticmethod
@@ -220,7 +272,7 @@ class Forward:
         return rn(x * cos + self.rotate_half(x) * sin)
 
     def swiglu(self, g, u):
-        act = torch.nn.functional.silu(g)
+        act = self.silu(g)
         if self.fp32:
             return act * u
         if self.r["swiglu"] == "per_op":
@@ -250,20 +302,21 @@ class Forward:
         if kind == "eager":  # eager_attention_forward in bf16
             s = rn(rn(self.matmul(q, k.transpose(1, 2))) * scaling)
             s = s.masked_fill(causal, torch.finfo(torch.bfloat16).min)  # + causal_mask
-            o = rn(self.matmul(rn(torch.softmax(s, dim=-1)), v))
+            o = rn(self.matmul(rn(self.softmax(s)), v))
         elif kind == "flash":  # one block over the whole row
             s = (self.matmul(q, k.transpose(1, 2)) * scaling).masked_fill(causal, float("-inf"))
-            e = torch.exp(s - s.max(dim=-1, keepdim=True).values)
-            o = rn(self.matmul(rn(e), v) / e.sum(dim=-1, keepdim=True))
+            e = self.exp(s - s.max(dim=-1, keepdim=True).values)
+            o = rn(self.matmul(rn(e), v) / self.row_sum(e))
         else:
             s = (self.matmul(q, k.transpose(1, 2)) * scaling).masked_fill(causal, float("-inf"))
-            o = self.matmul(torch.softmax(s, dim=-1), v)
+            o = self.matmul(self.softmax(s), v)
         o = o.transpose(0, 1).reshape(n, c.heads * hd)
         return self.linear(o, p + "o_proj.weight")
 
     def mlp(self, x, p, down_rounded=True):
         """Qwen3MoeMLP / Qwen2MoeMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))."""
-        act = self.swiglu(self.linear(x, p + "gate_proj.weight"), self.linear(x, p + "up_proj.weight"))
+        gate, up = self.linear(x, p + "gate_proj.weight"), self.linear(x, p + "up_proj.weight")
+        act = self.swiglu(gate, up)
         return self.linear(act, p + "down_proj.weight", rounded=down_rounded)
 
     # -- the sparse block
@@ -272,10 +325,10 @@ class Forward:
         [n, k] (or None) gives the ids, whose weights are computed all the same."""
         kind = "hf" if self.fp32 else self.r["router"]
         if kind == "hf":
-            probs = torch.softmax(logits, dim=-1)  # F.softmax(router_logits, dtype=float)
+            probs = self.softmax(logits)  # F.softmax(router_logits, dtype=float)
         else:  # topk_softmax: exp(l - max), times the reciprocal of the row's sum
-            z = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
-            probs = z * (1.0 / z.sum(dim=-1, keepdim=True))
+            z = self.exp(logits - logits.max(dim=-1, keepdim=True).values)
+            probs = z * (1.0 / self.row_sum(z))
         n, k = logits.shape[0], self.c.top_k
         if replay is None:
             p = probs.numpy()
@@ -337,10 +390,10 @@ class Forward:
             gate = self.linear(x, p + "shared_expert_gate.weight")  # [n, 1]
             if combine == "fp32":
                 y_shared = self.mlp(x, p + "shared_expert.", down_rounded=False)
-                out = out + torch.sigmoid(gate) * y_shared
+                out = out + self.sigmoid(gate) * y_shared
             else:
                 y_shared = self.mlp(x, p + "shared_expert.")
-                out = rn(out + rn(rn(torch.sigmoid(gate)) * y_shared))
+                out = rn(out + rn(rn(self.sigmoid(gate)) * y_shared))
         if combine == "fp32":
             out = self.round(out)
         return out, ids
@@ -382,10 +435,12 @@ def main():
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--mode", choices=MODES, required=True)
     ap.add_argument("--tokens", required=True, help="int32 little-endian token ids")
-    ap.add_argument("--out", required=True, help="float32 little-endian, one value a token but the first")
+    ap.add_argument("--out", required=True,
+                    help="float32 little-endian, one value a token but the first")
     ap.add_argument("--routes-out", help="int16 [tokens][sparse layers][k]: the experts run")
     ap.add_argument("--replay", help="int16 [tokens][sparse layers][k]: the experts to run")
-    ap.add_argument("--gemm", choices=("blas", "reversed"), default="blas")
+    ap.add_argument("--order", choices=ORDERS, default="blas",
+                    help="the reference, or one of the perturbations that measure the floor")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tokens = np.fromfile(args.tokens, dtype="<i4").astype(np.int64)
@@ -393,7 +448,7 @@ def main():
         raise SystemExit("need at least 2 tokens")
     ckpt = Checkpoint(args.model_dir)
     replay = np.fromfile(args.replay, dtype="<i2").astype(np.int64) if args.replay else None
-    lp, ran = Forward(ckpt, args.mode, args.gemm).logprobs(tokens, replay)
+    lp, ran = Forward(ckpt, args.mode, args.order).logprobs(tokens, replay)
     lp.numpy().astype("<f4").tofile(args.out)
     if args.routes_out:
         ran.numpy().astype("<i2").tofile(args.routes_out)
