@@ -18,7 +18,7 @@ aligned - aligned_bf16. It prints every figure and asserts:
     summing K in the other direction, its norm and softmax sums over the reversed row, or exp,
     silu, rsqrt, cos in double: reference_moe.ORDERS), as libparity's own kernels do. Such a
     change flips a rare bf16 rounding, which the forward carries on, or none: the figure per
-    mode and perturbation is 0 or about 0.0005-0.0014 by chance, so the floor is the model's;
+    mode and perturbation is anywhere from 0 to 0.0014 by chance, so the floor is the model's;
   - the modes differ from each other by more than DISCRIMINATE times that floor, and so do the
     MoE points alone: a mode with its combine or its routing weights' dtype switched to
     another framework's moves by more than that (where the two rules differ at all: vLLM's
