@@ -104,7 +104,7 @@ static void check_quantizer_names(void) {
 int main(void) {
     static const char *const backends[] = {"bf16", "openblas", "amx"};
     static const char *const modes[] = {"raw", "processed", "processed-truncated"};
-    static const char *const archs[] = {"qwen2", "qwen3", "llama", "ouro"};
+    static const char *const archs[] = {"qwen2", "qwen3", "llama", "ouro", "qwen3_moe", "qwen2_moe"};
     check_names("backends", parity_backend_name, backend_from, backends, 3);
     CHECK_OK(parity_backend_check(PARITY_BACKEND_BF16));
 #if defined(PARITY_HAVE_OPENBLAS)
