@@ -956,7 +956,8 @@ static void plot_heatmap(const bench *b, const char *dir) {
              b->o.max_tokens, b->o.temperature, b->o.top_p);
     svg_heatmap_spec sp = {"Sampler/learner mismatch: mean k3 KL per token", subtitle,
                            "sampler policy [kernel order]", "learner policy", "mean k3 KL",
-                           (const char *const *)row_labels, col_labels, rows, cols, values};
+                           (const char *const *)row_labels, col_labels, rows, cols, values,
+                           NULL};
     svg_path(dir, "heatmap_k3.svg", path, sizeof path);
     check_svg(svg_heatmap(path, &sp), path);
     for (size_t r = 0; r < rows; r++) free(row_labels[r]);
@@ -1056,10 +1057,89 @@ static void plot_growth(const bench *b, const char *dir) {
                      n);
 }
 
+/* The MoE job of model m for the pair of recompute job `pair` (any model), replayed or not. */
+static const job *find_moe_job(const bench *b, const job *pair, size_t m, int replay) {
+    for (size_t i = 0; i < b->jobs.n; i++) {
+        const job *j = &b->jobs.v[i];
+        if (j->sec == SEC_MOE && j->moe.model == m && j->moe.replay == replay &&
+            !strcmp(j->sampler, pair->sampler) &&
+            same_policy(&j->learner_policy, &pair->learner_policy))
+            return j;
+    }
+    return NULL;
+}
+
+/* Two heatmaps of the MoE section, a row per pair: the fraction of routing decisions that
+ * differ (a column per model), and mean |d logp| recomputed and replayed (two per model). */
+static void plot_moe(const bench *b, const char *dir) {
+    enum { MAX_COLS = 2 * MAX_MOE_MODELS };
+    const job **pairs = xcalloc(b->jobs.n, sizeof *pairs);
+    size_t rows = 0;
+    for (size_t i = 0; i < b->jobs.n; i++) {
+        const job *j = &b->jobs.v[i];
+        if (j->sec != SEC_MOE || j->moe.replay || j->moe.model) continue;
+        pairs[rows++] = j;
+    }
+    if (!rows) {
+        free(pairs);
+        return;
+    }
+    char (*row_text)[2 * NAME_MAX_LEN + 8] = xcalloc(rows, sizeof *row_text);
+    const char **row_labels = xcalloc(rows, sizeof *row_labels);
+    for (size_t r = 0; r < rows; r++) {
+        snprintf(row_text[r], sizeof row_text[r], "%s -> %s", pairs[r]->sampler,
+                 pairs[r]->learner);
+        row_labels[r] = row_text[r];
+    }
+    char col_text[MAX_COLS][NAME_MAX_LEN + 16];
+    const char *col_labels[MAX_COLS];
+    double *routes = xcalloc(rows * b->n_moe, sizeof *routes);
+    double *logp = xcalloc(rows * 2 * b->n_moe, sizeof *logp);
+    for (size_t m = 0; m < b->n_moe; m++) {
+        snprintf(col_text[2 * m], sizeof col_text[0], "%s recompute", b->moe[m].name);
+        snprintf(col_text[2 * m + 1], sizeof col_text[0], "%s replay", b->moe[m].name);
+        for (size_t r = 0; r < rows; r++) {
+            const job *re = find_moe_job(b, pairs[r], m, 0), *rp = find_moe_job(b, pairs[r], m, 1);
+            routes[r * b->n_moe + m] =
+                re ? share((double)re->moe.differing, (double)re->moe.decisions) : NAN;
+            logp[r * 2 * b->n_moe + 2 * m] = re ? re->m.mean_abs : NAN;
+            logp[r * 2 * b->n_moe + 2 * m + 1] = rp ? rp->m.mean_abs : NAN;
+        }
+    }
+    for (size_t c = 0; c < 2 * b->n_moe; c++) col_labels[c] = col_text[c];
+    const char *model_labels[MAX_MOE_MODELS];
+    for (size_t m = 0; m < b->n_moe; m++) model_labels[m] = b->moe[m].name;
+    char subtitle[256], path[1200];
+    snprintf(subtitle, sizeof subtitle, "%zu prompts x %u completions x %u tokens, T=%g; the "
+             "learner routing every position itself", b->prompts.n, b->o.n, b->o.max_tokens,
+             b->o.temperature);
+    svg_heatmap_spec routes_spec = {"MoE: routing decisions whose expert set differs from the "
+                                    "sampler's", subtitle, "sampler -> learner", "model",
+                                    "fraction of decisions", row_labels, model_labels, rows,
+                                    b->n_moe, routes, "0 (the sampler's routes)"};
+    svg_path(dir, "moe_routes.svg", path, sizeof path);
+    check_svg(svg_heatmap(path, &routes_spec), path);
+    snprintf(subtitle, sizeof subtitle, "%zu prompts x %u completions x %u tokens, T=%g; "
+             "replay: the learner runs the sampler's recorded experts", b->prompts.n, b->o.n,
+             b->o.max_tokens, b->o.temperature);
+    svg_heatmap_spec logp_spec = {"MoE: mean |d logp|, routing recomputed and replayed",
+                                  subtitle, "sampler -> learner", "model, learner's routing",
+                                  "mean |d logp|", row_labels, col_labels, rows, 2 * b->n_moe,
+                                  logp, NULL};
+    svg_path(dir, "moe_logprob.svg", path, sizeof path);
+    check_svg(svg_heatmap(path, &logp_spec), path);
+    free(routes);
+    free(logp);
+    free(row_labels);
+    free(row_text);
+    free(pairs);
+}
+
 void write_svgs(const bench *b, const char *dir) {
     if (mkdir(dir, 0777) && errno != EEXIST) die("%s: %s", dir, strerror(errno));
     if (b->samplers.n && b->learners.n) plot_heatmap(b, dir);
     plot_histograms(b, dir);
     plot_growth(b, dir);
+    plot_moe(b, dir);
 }
 

@@ -81,7 +81,8 @@
  * Outputs: a table on stdout with a legend; --json FILE (every figure and the configuration:
  * model, policies and their switches, prompts, seeds, build, CPU path, threads); --csv FILE (one
  * row per pair, growth bucket and prefix length); --svg DIR (heatmap_k3.svg, hist_logratio.svg,
- * growth_position.svg, growth_length.svg). Progress on stderr (--quiet: none). The "Checks"
+ * growth_position.svg, growth_length.svg; moe_routes.svg and moe_logprob.svg, the MoE section's
+ * routing and log-prob mismatch per pair and model). Progress on stderr (--quiet: none). The "Checks"
  * line ends the table; the run exits with status 1 (after writing every output) when one that
  * must hold fails: equal policies not bitwise equal, or an MoE row of equal policies or a replay
  * that did not follow the record.

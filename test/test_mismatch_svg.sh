@@ -8,7 +8,8 @@
 #   - every pair with equal policies on both sides and kernel_order "same" has
 #     mean_abs_dlogp == 0 and bitwise_equal_fraction == 1, for every sampler preset;
 #   - the kernel-order rows and the ablation rows are there;
-#   - each SVG parses as XML and holds its axis labels and legend text;
+#   - each SVG parses as XML and holds its axis labels and legend text (the MoE section's two
+#     heatmaps too);
 #   - a split-KV segment longer than every sequence leaves the log-probs bitwise unchanged;
 #   - on a looped model (synthetic:ouro-tiny) the looped rows: replaying learners bitwise,
 #     the dense learner not;
@@ -86,6 +87,10 @@ expect = {
     "hist_logratio.svg": ["log importance ratio", "fraction of tokens", "legend"],
     "growth_position.svg": ["position in the completion", "mean |logp_learner", "legend"],
     "growth_length.svg": ["completion length", "sequence log-ratio", "legend"],
+    "moe_routes.svg": ["sampler -> learner", "qwen3-moe-tiny", "qwen2-moe-tiny", "legend",
+                       "fraction of decisions", "vllm+nvfp4:modelopt -> vllm"],
+    "moe_logprob.svg": ["sampler -> learner", "qwen3-moe-tiny replay", "legend",
+                        "qwen2-moe-tiny recompute", "mean |d logp|"],
 }
 ns = "{http://www.w3.org/2000/svg}"
 for name, wanted in expect.items():
