@@ -106,7 +106,7 @@ static parity_model *open_moe_model(bench *b, const char *model_spec, moe_model 
     return model;
 }
 
-/* The sampler's rollouts of `policy` on the model's prompts, with its routing record laid out
+/* The rollouts of `sampler` on the model's prompts, with its routing record laid out
  * like the tokens (r->routes); kept in the run's rollout list, freed with it. */
 static rollouts *moe_rollouts(bench *b, const run_env *env, moe_model *mm, const spec *sampler) {
     rollouts *r = xcalloc(1, sizeof *r);

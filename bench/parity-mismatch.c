@@ -82,10 +82,10 @@
  * model, policies and their switches, prompts, seeds, build, CPU path, threads); --csv FILE (one
  * row per pair, growth bucket and prefix length); --svg DIR (heatmap_k3.svg, hist_logratio.svg,
  * growth_position.svg, growth_length.svg; moe_routes.svg and moe_logprob.svg, the MoE section's
- * routing and log-prob mismatch per pair and model). Progress on stderr (--quiet: none). The "Checks"
- * line ends the table; the run exits with status 1 (after writing every output) when one that
- * must hold fails: equal policies not bitwise equal, or an MoE row of equal policies or a replay
- * that did not follow the record.
+ * routing and log-prob mismatch per pair and model). Progress on stderr (--quiet: none). The
+ * "Checks" line ends the table; the run exits with status 1 (after writing every output) when
+ * one that must hold fails: equal policies not bitwise equal, or an MoE row of equal policies
+ * or a replay that did not follow the record.
  *
  * Threads: --threads workers take independent tasks (a rollout set to generate, a learner's
  * scorings), each with its own single-threaded sampler or scorer (--lib-threads for more). The
@@ -630,7 +630,8 @@ static void keep_record(const parity_sampler *s, uint32_t seq, size_t c,
         if ((rc = parity_sampler_routes(s, seq, &routes, &n, &stride))) die_parity("routes", rc);
         if (stride != rec->route_stride) die("routing record stride %u, not %u", stride,
                                              rec->route_stride);
-        memcpy(rec->routes + c * rec->max_len * stride, routes, (size_t)n * stride * sizeof *routes);
+        memcpy(rec->routes + c * rec->max_len * stride, routes,
+               (size_t)n * stride * sizeof *routes);
     }
 }
 
