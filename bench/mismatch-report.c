@@ -1,6 +1,7 @@
-/* The output of parity-mismatch: the text report on stdout, --json, --csv and --svg. Every
- * figure comes from the jobs' metrics (parity-mismatch.c); growth figures are computed here from
- * the long run's log-probs, per position bucket and prefix length. */
+/* The output of parity-mismatch: the text report on stdout, --json, --csv and --svg, and the
+ * checks that fail the run. Every figure comes from the jobs' metrics (parity-mismatch.c,
+ * mismatch-moe.c); growth figures are computed here from the long run's log-probs, per
+ * position bucket and prefix length. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -106,6 +107,8 @@ static void print_section_table(const bench *b, section sec) {
         if (j->sec != sec) continue;
         char extra[96] = "";
         if (sec == SEC_HEADLINE) snprintf(extra, sizeof extra, "   (%s)", j->note);
+        if (sec == SEC_MOE)
+            snprintf(extra, sizeof extra, "   (%s)", b->moe[j->moe.model].name);
         print_job_row(j, w, extra);
     }
 }
@@ -289,17 +292,31 @@ static void print_growth(const bench *b) {
 }
 
 /* Acceptance checks: equal policies with one kernel order agree bitwise; the mismatched pair
- * does not. */
+ * does not. Mixture of experts: a learner of the sampler's policy routes every position as the
+ * sampler did and returns its log-probs bitwise, recomputing or replaying; every replaying
+ * learner ran the sampler's experts. */
 typedef struct acceptance {
     int equal_pairs_exact, equal_pairs_seen, mismatched_nonzero;
     int kernel_order_seen, kernel_order_effective;
+    int moe_equal_exact, moe_equal_seen, moe_replay_followed, moe_replay_seen;
 } acceptance;
 
 static acceptance check_acceptance(const bench *b) {
-    acceptance a = {1, 0, 0, 0, 0};
+    acceptance a = {1, 0, 0, 0, 0, 1, 0, 1, 0};
     for (size_t i = 0; i < b->jobs.n; i++) {
         const job *j = &b->jobs.v[i];
         if (j->sec == SEC_LOOPED) continue; /* its learners differ in depth, not in policy */
+        if (j->sec == SEC_MOE) {
+            if (j->moe.replay) {
+                a.moe_replay_seen++;
+                if (j->moe.differing) a.moe_replay_followed = 0;
+            }
+            if (!same_policy(&j->sv.policy, &j->learner_policy)) continue;
+            a.moe_equal_seen++;
+            if (j->moe.differing || j->m.mean_abs != 0 || j->m.equal != j->m.tokens)
+                a.moe_equal_exact = 0;
+            continue;
+        }
         int same = same_policy(&j->sv.policy, &j->learner_policy);
         if (same && !strcmp(j->order, "same")) {
             a.equal_pairs_seen++;
@@ -316,7 +333,90 @@ static acceptance check_acceptance(const bench *b) {
     return a;
 }
 
-void print_report(const bench *b) {
+/* "1.2%", or "-" for no value. */
+static void fmt_share(char *out, size_t size, size_t part, size_t whole) {
+    if (whole) snprintf(out, size, "%.1f%%", 100.0 * (double)part / (double)whole);
+    else snprintf(out, size, "-");
+}
+
+/* A mixture-of-experts job's pair with the other way of routing (replay or not), or NULL. */
+static const job *moe_partner(const bench *b, const job *j) {
+    for (size_t i = 0; i < b->jobs.n; i++) {
+        const job *o = &b->jobs.v[i];
+        if (o->sec == SEC_MOE && o->moe.model == j->moe.model && o->moe.replay != j->moe.replay &&
+            !strcmp(o->sampler, j->sampler) && same_policy(&o->learner_policy, &j->learner_policy))
+            return o;
+    }
+    return NULL;
+}
+
+/* The learner's policy name without the " replay" a replaying job's learner carries. */
+static void moe_learner_name(const job *j, char *out, size_t size) {
+    size_t n = strlen(j->learner);
+    if (j->moe.replay && n > 7 && !strcmp(j->learner + n - 7, " replay")) n -= 7;
+    snprintf(out, size, "%.*s", (int)n, j->learner);
+}
+
+static void print_moe_metrics(const metrics *m) {
+    char v[3][24];
+    fmt_num(v[0], sizeof v[0], m->mean_abs);
+    fmt_num(v[1], sizeof v[1], m->max_abs);
+    fmt_num(v[2], sizeof v[2], m->k3);
+    printf("  %8s %8s %8s %6.1f%%", v[0], v[1], v[2], 100 * m->equal_frac);
+}
+
+/* One table per MoE model: a row per pair, routing and log-prob mismatch recomputed, then the
+ * log-prob mismatch with the sampler's routes replayed. */
+static void print_moe(const bench *b) {
+    if (!b->n_moe) return;
+    printf("== Mixture of experts: a sampler recording its routes; the learner routing every "
+           "position itself (recompute) or replaying the record ==\n");
+    int w = 10;
+    for (size_t i = 0; i < b->jobs.n; i++) {
+        const job *j = &b->jobs.v[i];
+        char learner[NAME_MAX_LEN], label[2 * NAME_MAX_LEN + 8];
+        if (j->sec != SEC_MOE || j->moe.replay) continue;
+        moe_learner_name(j, learner, sizeof learner);
+        snprintf(label, sizeof label, "%s -> %s", j->sampler, learner);
+        if ((int)strlen(label) > w) w = (int)strlen(label);
+    }
+    for (size_t m = 0; m < b->n_moe; m++) {
+        const moe_model *mm = &b->moe[m];
+        printf("  %s (%s): %u experts, top-%u, %u sparse layers; %zu prompts x %u completions x "
+               "%u tokens\n  expert load in %s's routes: %.1f%% .. %.1f%% of a layer's choices "
+               "(uniform %.1f%%)\n", mm->name, mm->arch, mm->experts, mm->top_k,
+               mm->sparse_layers, mm->prompts.n, b->o.n, b->o.max_tokens, mm->load_sampler,
+               100 * mm->load_min, 100 * mm->load_max, 100.0 / mm->experts);
+        printf("  %-*s  %-19s  %-40s  %s\n", w, "", "routes differ", "recompute", "replay");
+        printf("  %-*s %9s %9s  %8s %8s %8s %7s  %8s %8s %8s %7s\n", w, "pair", "decisions",
+               "positions", "mean|d|", "max|d|", "k3 KL", "equal", "mean|d|", "max|d|", "k3 KL",
+               "equal");
+        for (size_t i = 0; i < b->jobs.n; i++) {
+            const job *j = &b->jobs.v[i];
+            if (j->sec != SEC_MOE || j->moe.model != m || j->moe.replay) continue;
+            const job *r = moe_partner(b, j);
+            char label[2 * NAME_MAX_LEN + 8], dec[16], pos[16];
+            snprintf(label, sizeof label, "%s -> %s", j->sampler, j->learner);
+            fmt_share(dec, sizeof dec, j->moe.differing, j->moe.decisions);
+            fmt_share(pos, sizeof pos, j->moe.positions_differing, j->moe.positions);
+            printf("  %-*s %9s %9s", w, label, dec, pos);
+            print_moe_metrics(&j->m);
+            if (r) print_moe_metrics(&r->m);
+            printf("\n");
+        }
+    }
+    printf("   routes differ: of the (position, sparse layer) routing decisions, and of the "
+           "positions, those where\n   the learner's own routing chose another expert set "
+           "than the sampler's record; positions = those\n   whose outputs give the generated "
+           "tokens' log-probs. replay: the learner runs the sampler's experts,\n   weighting "
+           "them from its own router logits under its policy\n");
+    if (b->o.full_tables) {
+        print_section_table(b, SEC_MOE);
+    }
+    printf("\n");
+}
+
+int print_report(const bench *b) {
     const parity_config *c = parity_model_config(b->model);
     printf("parity-mismatch: libparity %s, CPU path %s, %u threads, backend %s\n",
            parity_version(), parity_cpu_path_name(parity_get_cpu_path()), b->o.threads,
@@ -372,6 +472,7 @@ void print_report(const bench *b) {
             printf("\n");
         }
     }
+    print_moe(b);
     acceptance a = check_acceptance(b);
     printf("Checks: equal policies, same kernels -> bitwise equal: %s (%d pairs)",
            a.equal_pairs_exact ? "yes" : "NO", a.equal_pairs_seen);
@@ -381,8 +482,16 @@ void print_report(const bench *b) {
     if (a.kernel_order_seen)
         printf("; kernel-order switches change log-probs: %s",
                a.kernel_order_effective ? "yes" : "no (does the library ignore them?)");
+    if (a.moe_equal_seen || a.moe_replay_seen)
+        printf("; MoE, equal policies -> same routes and bitwise equal, recomputed and "
+               "replayed: %s (%d rows); replays ran the sampler's experts: %s (%d rows)",
+               a.moe_equal_exact ? "yes" : "NO", a.moe_equal_seen,
+               a.moe_replay_followed ? "yes" : "NO", a.moe_replay_seen);
     printf("\n");
     printf("Wall time %.1f s\n", b->elapsed);
+    const int failed = !a.equal_pairs_exact || !a.moe_equal_exact || !a.moe_replay_followed;
+    if (failed) printf("A check that must hold failed: the run exits with status 1.\n");
+    return failed;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -449,7 +558,7 @@ static void json_job_fields(FILE *f, const job *j) {
         fputs(", \"aligned_regions\": ", f);
         json_str(f, j->regions);
     }
-    if (j->sec == SEC_HEADLINE || j->sec == SEC_LOOPED) {
+    if (j->sec == SEC_HEADLINE || j->sec == SEC_LOOPED || j->sec == SEC_MOE) {
         fputs(", \"note\": ", f);
         json_str(f, j->note);
     }
@@ -467,6 +576,40 @@ static void json_job_fields(FILE *f, const job *j) {
     }
 }
 
+/* A mixture-of-experts row's model and routing figures. */
+static void json_moe_fields(FILE *f, const bench *b, const job *j) {
+    fputs(", \"model\": ", f);
+    json_str(f, b->moe[j->moe.model].spec);
+    fprintf(f, ", \"routing_replayed\": %s, \"route_decisions\": %zu, "
+               "\"route_decisions_differing\": %zu, \"route_positions\": %zu, "
+               "\"route_positions_differing\": %zu", j->moe.replay ? "true" : "false",
+            j->moe.decisions, j->moe.differing, j->moe.positions, j->moe.positions_differing);
+    json_key_num(f, "route_decisions_differing_fraction",
+                 share((double)j->moe.differing, (double)j->moe.decisions));
+    json_key_num(f, "route_positions_differing_fraction",
+                 share((double)j->moe.positions_differing, (double)j->moe.positions));
+}
+
+/* The MoE section's models. */
+static void json_moe_models(FILE *f, const bench *b) {
+    fputs(",\n\"moe_models\": [", f);
+    for (size_t m = 0; m < b->n_moe; m++) {
+        const moe_model *mm = &b->moe[m];
+        fputs(m ? ",\n  {\"model\": " : "\n  {\"model\": ", f);
+        json_str(f, mm->spec);
+        fputs(", \"arch\": ", f);
+        json_str(f, mm->arch);
+        fprintf(f, ", \"experts\": %u, \"top_k\": %u, \"sparse_layers\": %u, \"prompts\": %zu",
+                mm->experts, mm->top_k, mm->sparse_layers, mm->prompts.n);
+        fputs(", \"expert_load_sampler\": ", f);
+        json_str(f, mm->load_sampler);
+        json_key_num(f, "expert_load_min_share", mm->load_min);
+        json_key_num(f, "expert_load_max_share", mm->load_max);
+        fputs("}", f);
+    }
+    fputs("]", f);
+}
+
 static void json_jobs(FILE *f, const bench *b, const char *key, section sec) {
     fprintf(f, ",\n\"%s\": [", key);
     int first = 1;
@@ -475,6 +618,7 @@ static void json_jobs(FILE *f, const bench *b, const char *key, section sec) {
         if (j->sec != sec) continue;
         fputs(first ? "\n  " : ",\n  ", f);
         json_job_fields(f, j);
+        if (sec == SEC_MOE) json_moe_fields(f, b, j);
         if (sec == SEC_ABLATION) {
             const job *base = ablation_base(b);
             json_key_num(f, "share_of_baseline_mean_abs", share(j->m.mean_abs, base->m.mean_abs));
@@ -662,12 +806,18 @@ void write_json(const bench *b, const char *path) {
     json_jobs(f, b, "ablation", SEC_ABLATION);
     json_growth(f, b);
     json_jobs(f, b, "looped", SEC_LOOPED);
+    json_moe_models(f, b);
+    json_jobs(f, b, "moe", SEC_MOE);
     acceptance a = check_acceptance(b);
     fprintf(f, ",\n\"checks\": {\"equal_policy_pairs_bitwise_equal\": %s, \"equal_policy_pairs\": "
-               "%d, \"mismatched_pair_nonzero\": %s, \"kernel_order_changes_logprobs\": %s}",
+               "%d, \"mismatched_pair_nonzero\": %s, \"kernel_order_changes_logprobs\": %s, "
+               "\"moe_equal_policy_rows_exact\": %s, \"moe_equal_policy_rows\": %d, "
+               "\"moe_replays_ran_sampler_routes\": %s, \"moe_replay_rows\": %d}",
             a.equal_pairs_exact ? "true" : "false", a.equal_pairs_seen,
             !b->has_ablation ? "null" : a.mismatched_nonzero ? "true" : "false",
-            !a.kernel_order_seen ? "null" : a.kernel_order_effective ? "true" : "false");
+            !a.kernel_order_seen ? "null" : a.kernel_order_effective ? "true" : "false",
+            a.moe_equal_exact ? "true" : "false", a.moe_equal_seen,
+            a.moe_replay_followed ? "true" : "false", a.moe_replay_seen);
     fprintf(f, ",\n\"elapsed_seconds\": %.3f\n}\n", b->elapsed);
     if (ferror(f) | fclose(f)) die("%s: write error", path);
 }
@@ -677,14 +827,15 @@ void write_json(const bench *b, const char *path) {
 /* ---------------------------------------------------------------------------------------- */
 
 static const char *const section_names[N_SECTIONS] = {"headline", "pair", "ablation", "growth",
-                                                      "looped"};
+                                                      "looped", "moe"};
 
 static void csv_num(FILE *f, double v) {
     if (isfinite(v)) fprintf(f, ",%.9g", v);
     else fputs(",", f);
 }
 
-static void csv_row(FILE *f, const char *sec, const job *j, const metrics *m, long lo, long hi) {
+static void csv_row(FILE *f, const bench *b, const char *sec, const job *j, const metrics *m,
+                    long lo, long hi) {
     fprintf(f, "%s,%s,%s,\"%s\",%s,", sec, j->sampler, j->learner, j->order, j->regions);
     if (lo >= 0) fprintf(f, "%ld", lo);
     fputc(',', f);
@@ -703,6 +854,11 @@ static void csv_row(FILE *f, const char *sec, const job *j, const metrics *m, lo
     } else {
         fputs(",,,,", f);
     }
+    if (j->sec == SEC_MOE)
+        fprintf(f, ",%s,%d,%zu,%zu,%zu,%zu", b->moe[j->moe.model].spec, j->moe.replay,
+                j->moe.decisions, j->moe.differing, j->moe.positions, j->moe.positions_differing);
+    else
+        fputs(",,,,,,", f);
     fputc('\n', f);
 }
 
@@ -715,23 +871,25 @@ void write_csv(const bench *b, const char *path) {
           "nonfinite_tokens,mean_abs_dlogp,p99_abs_dlogp,max_abs_dlogp,mean_dlogp,k3_kl_mean,"
           "ratio_mean,ratio_std,ratio_outside_0.8_1.2,ratio_max,bitwise_equal_fraction,"
           "completions,seq_logratio_mean_abs,seq_logratio_max_abs,greedy_prompts,"
-          "greedy_prompts_differing,greedy_first_diff_mean,greedy_first_diff_min\n", f);
+          "greedy_prompts_differing,greedy_first_diff_mean,greedy_first_diff_min,moe_model,"
+          "routing_replayed,route_decisions,route_decisions_differing,route_positions,"
+          "route_positions_differing\n", f);
     for (size_t i = 0; i < b->jobs.n; i++) {
         const job *j = &b->jobs.v[i];
         if (j->sec != SEC_GROWTH) {
-            csv_row(f, section_names[j->sec], j, &j->m, -1, -1);
+            csv_row(f, b, section_names[j->sec], j, &j->m, -1, -1);
             continue;
         }
         for (int k = 0; k < N_BUCKETS && bucket_lo[k] < b->growth_tokens; k++) {
             metrics m;
             compute_metrics(j->ro, j->learner_lp, bucket_lo[k], bucket_hi[k], &m);
-            csv_row(f, "growth_position", j, &m, bucket_lo[k],
+            csv_row(f, b, "growth_position", j, &m, bucket_lo[k],
                     bucket_hi[k] == UINT32_MAX ? -1 : (long)bucket_hi[k]);
         }
         for (int k = 0; k < n_lengths; k++) {
             metrics m;
             compute_metrics(j->ro, j->learner_lp, 0, lengths[k] - 1, &m);
-            csv_row(f, "growth_length", j, &m, 0, (long)lengths[k] - 1);
+            csv_row(f, b, "growth_length", j, &m, 0, (long)lengths[k] - 1);
         }
     }
     if (ferror(f) | fclose(f)) die("%s: write error", path);
@@ -798,7 +956,8 @@ static void plot_heatmap(const bench *b, const char *dir) {
              b->o.max_tokens, b->o.temperature, b->o.top_p);
     svg_heatmap_spec sp = {"Sampler/learner mismatch: mean k3 KL per token", subtitle,
                            "sampler policy [kernel order]", "learner policy", "mean k3 KL",
-                           (const char *const *)row_labels, col_labels, rows, cols, values};
+                           (const char *const *)row_labels, col_labels, rows, cols, values,
+                           NULL};
     svg_path(dir, "heatmap_k3.svg", path, sizeof path);
     check_svg(svg_heatmap(path, &sp), path);
     for (size_t r = 0; r < rows; r++) free(row_labels[r]);
@@ -898,10 +1057,89 @@ static void plot_growth(const bench *b, const char *dir) {
                      n);
 }
 
+/* The MoE job of model m for the pair of recompute job `pair` (any model), replayed or not. */
+static const job *find_moe_job(const bench *b, const job *pair, size_t m, int replay) {
+    for (size_t i = 0; i < b->jobs.n; i++) {
+        const job *j = &b->jobs.v[i];
+        if (j->sec == SEC_MOE && j->moe.model == m && j->moe.replay == replay &&
+            !strcmp(j->sampler, pair->sampler) &&
+            same_policy(&j->learner_policy, &pair->learner_policy))
+            return j;
+    }
+    return NULL;
+}
+
+/* Two heatmaps of the MoE section, a row per pair: the fraction of routing decisions that
+ * differ (a column per model), and mean |d logp| recomputed and replayed (two per model). */
+static void plot_moe(const bench *b, const char *dir) {
+    enum { MAX_COLS = 2 * MAX_MOE_MODELS };
+    const job **pairs = xcalloc(b->jobs.n, sizeof *pairs);
+    size_t rows = 0;
+    for (size_t i = 0; i < b->jobs.n; i++) {
+        const job *j = &b->jobs.v[i];
+        if (j->sec != SEC_MOE || j->moe.replay || j->moe.model) continue;
+        pairs[rows++] = j;
+    }
+    if (!rows) {
+        free(pairs);
+        return;
+    }
+    char (*row_text)[2 * NAME_MAX_LEN + 8] = xcalloc(rows, sizeof *row_text);
+    const char **row_labels = xcalloc(rows, sizeof *row_labels);
+    for (size_t r = 0; r < rows; r++) {
+        snprintf(row_text[r], sizeof row_text[r], "%s -> %s", pairs[r]->sampler,
+                 pairs[r]->learner);
+        row_labels[r] = row_text[r];
+    }
+    char col_text[MAX_COLS][NAME_MAX_LEN + 16];
+    const char *col_labels[MAX_COLS];
+    double *routes = xcalloc(rows * b->n_moe, sizeof *routes);
+    double *logp = xcalloc(rows * 2 * b->n_moe, sizeof *logp);
+    for (size_t m = 0; m < b->n_moe; m++) {
+        snprintf(col_text[2 * m], sizeof col_text[0], "%s recompute", b->moe[m].name);
+        snprintf(col_text[2 * m + 1], sizeof col_text[0], "%s replay", b->moe[m].name);
+        for (size_t r = 0; r < rows; r++) {
+            const job *re = find_moe_job(b, pairs[r], m, 0), *rp = find_moe_job(b, pairs[r], m, 1);
+            routes[r * b->n_moe + m] =
+                re ? share((double)re->moe.differing, (double)re->moe.decisions) : NAN;
+            logp[r * 2 * b->n_moe + 2 * m] = re ? re->m.mean_abs : NAN;
+            logp[r * 2 * b->n_moe + 2 * m + 1] = rp ? rp->m.mean_abs : NAN;
+        }
+    }
+    for (size_t c = 0; c < 2 * b->n_moe; c++) col_labels[c] = col_text[c];
+    const char *model_labels[MAX_MOE_MODELS];
+    for (size_t m = 0; m < b->n_moe; m++) model_labels[m] = b->moe[m].name;
+    char subtitle[256], path[1200];
+    snprintf(subtitle, sizeof subtitle, "%zu prompts x %u completions x %u tokens, T=%g; the "
+             "learner routing every position itself", b->prompts.n, b->o.n, b->o.max_tokens,
+             b->o.temperature);
+    svg_heatmap_spec routes_spec = {"MoE: routing decisions whose expert set differs from the "
+                                    "sampler's", subtitle, "sampler -> learner", "model",
+                                    "fraction of decisions", row_labels, model_labels, rows,
+                                    b->n_moe, routes, "0 (the sampler's routes)"};
+    svg_path(dir, "moe_routes.svg", path, sizeof path);
+    check_svg(svg_heatmap(path, &routes_spec), path);
+    snprintf(subtitle, sizeof subtitle, "%zu prompts x %u completions x %u tokens, T=%g; "
+             "replay: the learner runs the sampler's recorded experts", b->prompts.n, b->o.n,
+             b->o.max_tokens, b->o.temperature);
+    svg_heatmap_spec logp_spec = {"MoE: mean |d logp|, routing recomputed and replayed",
+                                  subtitle, "sampler -> learner", "model, learner's routing",
+                                  "mean |d logp|", row_labels, col_labels, rows, 2 * b->n_moe,
+                                  logp, NULL};
+    svg_path(dir, "moe_logprob.svg", path, sizeof path);
+    check_svg(svg_heatmap(path, &logp_spec), path);
+    free(routes);
+    free(logp);
+    free(row_labels);
+    free(row_text);
+    free(pairs);
+}
+
 void write_svgs(const bench *b, const char *dir) {
     if (mkdir(dir, 0777) && errno != EEXIST) die("%s: %s", dir, strerror(errno));
     if (b->samplers.n && b->learners.n) plot_heatmap(b, dir);
     plot_histograms(b, dir);
     plot_growth(b, dir);
+    plot_moe(b, dir);
 }
 

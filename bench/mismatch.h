@@ -1,6 +1,7 @@
 /* The types and functions of parity-mismatch: parity-mismatch.c runs the rollouts, scores and
- * measures; mismatch-report.c writes the table, JSON, CSV and SVG output; mismatch.c holds
- * what both use. See parity-mismatch.c for what is measured. */
+ * measures; mismatch-moe.c runs the mixture-of-experts section on its own models;
+ * mismatch-report.c writes the table, JSON, CSV and SVG output; mismatch.c holds what both
+ * halves use. See parity-mismatch.c for what is measured. */
 #ifndef PARITY_BENCH_MISMATCH_H
 #define PARITY_BENCH_MISMATCH_H
 
@@ -14,6 +15,7 @@
 #define ORDER_MAX_LEN 48
 #define LABEL_MAX_LEN (2 * NAME_MAX_LEN + ORDER_MAX_LEN + 16)
 #define MAX_SPECS 64
+#define MAX_MOE_MODELS 4
 
 typedef struct options {
     const char *model_spec;
@@ -32,6 +34,8 @@ typedef struct options {
     unsigned long long seed;
     uint32_t mode, backend;
     const char *policies, *learners, *kernel_policies, *ablation;
+    const char *moe_models;     /* the MoE section's models, comma-separated; NULL: default */
+    const char *moe_pairs;      /* its SAMPLER/LEARNER pairs, comma-separated */
     const char *json_path, *csv_path, *svg_dir;
     int full_tables;
 } options;
@@ -59,6 +63,7 @@ typedef struct variant {
     parity_policy policy;
     uint32_t split_k, split_kv;
     uint32_t backend;   /* the sampler's GEMM backend; VARIANT_RUN_BACKEND: --backend's */
+    uint32_t record_routes; /* a mixture-of-experts sampler keeps its routing record */
 } variant;
 #define VARIANT_RUN_BACKEND UINT32_MAX
 
@@ -79,6 +84,10 @@ typedef struct rollouts {
     size_t *gen_off;          /* [n_seqs + 1] offsets of the generated tokens' values in lp */
     int32_t *tokens;          /* full sequences, concatenated */
     float *lp;                /* the sampler's log-probs of the generated tokens */
+    /* v.record_routes: the sampler's routing record, laid out like tokens times route_stride
+     * (parity_score_options.routes; each sequence's last position unused) */
+    uint16_t *routes;
+    uint32_t route_stride;
 } rollouts;
 
 typedef struct rollout_cache {
@@ -105,6 +114,16 @@ typedef struct metrics {
     double seq_mean_abs, seq_max_abs;
 } metrics;
 
+/* A mixture-of-experts pair's routing figures, over the positions whose outputs give the
+ * generated tokens' log-probs: the learner's routes (routes_out) against the sampler's record,
+ * the expert sets compared per (position, sparse layer). */
+typedef struct moe_routing {
+    size_t model;                   /* index in bench.moe */
+    int replay;                     /* the learner replayed the sampler's record */
+    size_t decisions, differing;    /* (position, sparse layer) pairs; with another expert set */
+    size_t positions, positions_differing;  /* positions; with at least one differing layer */
+} moe_routing;
+
 typedef struct greedy_cmp {
     int measured;
     size_t prompts, differing;
@@ -118,6 +137,7 @@ typedef enum section {
     SEC_ABLATION,
     SEC_GROWTH,
     SEC_LOOPED,    /* a looped model: early exit against dense and replaying learners */
+    SEC_MOE,       /* mixture-of-experts models: routing recomputed and replayed */
     N_SECTIONS
 } section;
 
@@ -135,12 +155,26 @@ typedef struct job {
     const float *learner_lp;
     metrics m;
     greedy_cmp g;
+    moe_routing moe;        /* SEC_MOE */
 } job;
 
 typedef struct job_list {
     job *v;
     size_t n;
 } job_list;
+
+/* A model of the mixture-of-experts section, and the prompts fitted to it. */
+typedef struct moe_model {
+    char spec[1024];
+    char name[NAME_MAX_LEN];    /* the spec's last path component, for the table */
+    char arch[32];
+    uint32_t experts, top_k, sparse_layers;
+    prompt_set prompts;
+    /* expert load from the first sampler's record over the scored positions: the least and
+     * the most chosen expert's share of a sparse layer's choices, over the layers */
+    char load_sampler[NAME_MAX_LEN];
+    double load_min, load_max;
+} moe_model;
 
 typedef struct bench {
     options o;
@@ -154,6 +188,8 @@ typedef struct bench {
     rollout_cache rollouts;   /* sampled and greedy */
     score_list scores;
     job_list jobs;
+    moe_model moe[MAX_MOE_MODELS];
+    size_t n_moe;
     double elapsed;
 } bench;
 
@@ -172,8 +208,44 @@ int kernel_orders(const options *o, uint32_t k[4], uint32_t kv[4]);
 void compute_metrics(const rollouts *r, const float *learner, uint32_t lo, uint32_t hi,
                      metrics *m);
 
+/* parity-mismatch.c: what the mixture-of-experts section shares with the other sections */
+typedef struct run_env {
+    const options *o;
+    const parity_model *model;
+} run_env;
+
+/* What generate_recorded keeps of each finished completion c besides its tokens (NULL
+ * members: nothing): a looped model's depth schedule at depth[c * max_len ...] (the last
+ * position's 1) and a mixture-of-experts model's routing record at
+ * routes[c * max_len * route_stride ...], positions 0 .. len - 2. */
+typedef struct completion_record {
+    uint32_t *depth;
+    uint16_t *routes;
+    uint32_t route_stride, max_len;
+} completion_record;
+
+void die_parity(const char *what, int status) __attribute__((noreturn));
+void spec_from_name(const char *name, spec *out);
+void prompt_push(prompt_set *ps, const int32_t *tok, uint32_t len, const char *source);
+void fit_prompts(prompt_set *ps, const parity_config *c, uint32_t room);
+void free_prompts(prompt_set *ps);
+uint32_t max_prompt_len(const prompt_set *ps);
+void sampling_for(const run_env *e, float temperature, uint32_t max_new, parity_sampling *sp);
+void generate_recorded(const run_env *e, const parity_sampling *sp, rollouts *r,
+                       const completion_record *rec);
+parity_scorer *make_scorer(const run_env *e, const parity_policy *policy, uint32_t longest);
+float *score_rollouts(const run_env *e, parity_scorer *s, const rollouts *r,
+                      const uint16_t *routes, uint16_t *routes_out);
+job *add_job(job_list *jl, section sec, const spec *sampler, uint32_t split_k,
+             uint32_t split_kv, const char *learner_name, const parity_policy *learner);
+const char *source_root(void);
+
+/* mismatch-moe.c */
+void run_moe(bench *b);
+void free_moe(bench *b);
+
 /* mismatch-report.c */
-void print_report(const bench *b);
+int print_report(const bench *b);  /* 1 if a check that must hold failed */
 void write_json(const bench *b, const char *path);
 void write_csv(const bench *b, const char *path);
 void write_svgs(const bench *b, const char *dir);

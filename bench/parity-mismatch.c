@@ -5,7 +5,8 @@
  *                   [--learners LIST] [--kernel-policies LIST|all|none] [--split-k N]
  *                   [--split-kv N] [--ablation SAMPLER,LEARNER|none] [--growth-tokens N]
  *                   [--growth-n N] [--growth-prompts N] [--threads N] [--lib-threads N]
- *                   [--temperature T] [--top-p P] [--seed S]
+ *                   [--temperature T] [--top-p P] [--seed S] [--exit-threshold T]
+ *                   [--moe-models LIST|none] [--moe-pairs S/L,...]
  *                   [--logprob-mode raw|processed|processed-truncated] [--backend bf16|openblas]
  *                   [--json FILE] [--csv FILE] [--svg DIR] [--full-tables] [--quiet]
  *
@@ -47,6 +48,15 @@
  *             (bitwise), the replay with every plane computed instead (FULL K/V), and the same
  *             for hf-eager, whose exit CDF is bf16, against a learner that re-derives the
  *             depths with an fp32 CDF.
+ *   moe       mixture-of-experts models (mismatch-moe.c; --moe-models: by default --model if it
+ *             has experts, else the transformers-made checkpoints test/data/moe/qwen3-moe-tiny
+ *             and qwen2-moe-tiny, whose routers are not near-flat, the prompts fitted to each):
+ *             per sampler/learner pair (--moe-pairs), the sampler's rollouts with its routing
+ *             record, scored by the learner routing every position itself and replaying the
+ *             record; the fraction of (position, sparse layer) routing decisions whose expert
+ *             set differs from the sampler's, the fraction of positions with one such layer at
+ *             least, and the metrics below, each way. Equal policies must give the same routes
+ *             and bitwise log-probs both ways, and every replay must have run the record.
  *
  * Metrics, per (sampler, learner) pair, over generated tokens, with
  *   r = logp_learner - logp_sampler   (the log importance ratio of a token):
@@ -71,7 +81,11 @@
  * Outputs: a table on stdout with a legend; --json FILE (every figure and the configuration:
  * model, policies and their switches, prompts, seeds, build, CPU path, threads); --csv FILE (one
  * row per pair, growth bucket and prefix length); --svg DIR (heatmap_k3.svg, hist_logratio.svg,
- * growth_position.svg, growth_length.svg). Progress on stderr (--quiet: none).
+ * growth_position.svg, growth_length.svg; moe_routes.svg and moe_logprob.svg, the MoE section's
+ * routing and log-prob mismatch per pair and model). Progress on stderr (--quiet: none). The
+ * "Checks" line ends the table; the run exits with status 1 (after writing every output) when
+ * one that must hold fails: equal policies not bitwise equal, or an MoE row of equal policies
+ * or a replay that did not follow the record.
  *
  * Threads: --threads workers take independent tasks (a rollout set to generate, a learner's
  * scorings), each with its own single-threaded sampler or scorer (--lib-threads for more). The
@@ -82,7 +96,8 @@
  * held-out text test/data/reference/eval_0{0..3}.bin at offsets 0 and 256 (bytes are tokens);
  * n 2, 64 tokens, temperature 1, top-p 1, seed 0; greedy runs of 128 tokens; kernel-order rows
  * for vllm with split_k 4 and split_kv 64; growth 320 tokens on 4 prompts x 2 (--growth-tokens
- * 1024 for the full length).
+ * 1024 for the full length); the MoE section on the same prompts, n and length (a second or
+ * two: its models are tiny).
  * The source tree is $PARITY_SOURCE_ROOT, else the directory this was built from. */
 #include <errno.h>
 #include <math.h>
@@ -108,7 +123,7 @@
 /* Small utilities                                                                          */
 /* ---------------------------------------------------------------------------------------- */
 
-static __attribute__((noreturn)) void die_parity(const char *what, int status) {
+void die_parity(const char *what, int status) {
     die("%s: %s: %s", what, parity_status_name(status), parity_last_error());
 }
 
@@ -143,7 +158,7 @@ static int file_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
-static const char *source_root(void) {
+const char *source_root(void) {
     const char *env = getenv("PARITY_SOURCE_ROOT");
     return env && *env ? env : PARITY_SOURCE_DIR;
 }
@@ -158,6 +173,12 @@ static int parse_f32(const char *s, float *out) { return parse_float(s, out) && 
 static const char *const DEFAULT_POLICIES =
     "fp32,hf-eager,hf-sdpa,vllm,sglang,aligned,vllm+aligned,hf-eager+aligned";
 
+static const char *const DEFAULT_MOE_PAIRS =
+    "vllm/hf-eager,sglang/hf-eager,vllm/sglang,vllm/fp32,hf-eager/hf-eager,vllm/vllm,"
+    "sglang/sglang,aligned/aligned,vllm+fp8-block:deepseek/vllm,"
+    "vllm+fp8-block:deepseek/vllm+fp8-block:deepseek,vllm+nvfp4:modelopt/vllm,"
+    "vllm+nvfp4:modelopt/vllm+nvfp4:modelopt";
+
 static void default_options(options *o) {
     /* rollouts; threads; kernel orders; growth run; sampling; policies */
     *o = (options){.prompt_len = 32, .n = 2, .max_tokens = 64, .greedy_tokens = 128,
@@ -168,7 +189,7 @@ static void default_options(options *o) {
                    .exit_threshold = 0.7f,
                    .backend = PARITY_BACKEND_BF16,
                    .policies = DEFAULT_POLICIES, .kernel_policies = "vllm",
-                   .ablation = "vllm,hf-eager"};
+                   .ablation = "vllm,hf-eager", .moe_pairs = DEFAULT_MOE_PAIRS};
 }
 
 static void usage(FILE *f) {
@@ -202,6 +223,11 @@ static void usage(FILE *f) {
         "  --top-p P               nucleus sampling mass (1 = off)\n"
         "  --seed S                sampling seed (0)\n"
         "  --exit-threshold T      looped models: the early-exit sampler's threshold (0.7)\n"
+        "  --moe-models LIST       mixture-of-experts models of the MoE section, comma-separated,\n"
+        "                          or none (default: --model if it has experts, else\n"
+        "                          test/data/moe/qwen3-moe-tiny and qwen2-moe-tiny)\n"
+        "  --moe-pairs LIST        the MoE section's SAMPLER/LEARNER policy pairs,\n"
+        "                          comma-separated (default: below)\n"
         "  --logprob-mode M        a log-prob mode, below (raw)\n"
         "  --backend B             a backend, below (bf16)\n"
         "  --json FILE  --csv FILE  --svg DIR   machine-readable outputs and plots\n"
@@ -215,6 +241,14 @@ static void usage(FILE *f) {
     for (int k = 0; parity_backend_name(k); k++) fprintf(f, " %s", parity_backend_name(k));
     fprintf(f, "\npresets:");
     for (const char *const *p = parity_policy_preset_names(); *p; p++) fprintf(f, " %s", *p);
+    /* the default pairs, a line of at most 96 columns each */
+    int column = fprintf(f, "\ndefault MoE pairs:") - 1;
+    for (const char *p = DEFAULT_MOE_PAIRS, *comma; *p; p = comma ? comma + 1 : p + strlen(p)) {
+        comma = strchr(p, ',');
+        const int len = comma ? (int)(comma - p) : (int)strlen(p);
+        if (column + 1 + len > 96) column = fprintf(f, "\n ") - 1;
+        column += fprintf(f, " %.*s", len, p);
+    }
     fprintf(f, "\n");
 }
 
@@ -301,6 +335,8 @@ static void parse_options(options *o, int argc, char **argv) {
         else if (!strcmp(a, "--learners")) o->learners = v;
         else if (!strcmp(a, "--kernel-policies")) o->kernel_policies = v;
         else if (!strcmp(a, "--ablation")) o->ablation = v;
+        else if (!strcmp(a, "--moe-models")) o->moe_models = v;
+        else if (!strcmp(a, "--moe-pairs")) o->moe_pairs = v;
         else if (!strcmp(a, "--logprob-mode")) o->mode = parse_mode(v);
         else if (!strcmp(a, "--json")) o->json_path = v;
         else if (!strcmp(a, "--csv")) o->csv_path = v;
@@ -319,7 +355,7 @@ static void parse_options(options *o, int argc, char **argv) {
 /* Policies                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-static void spec_from_name(const char *name, spec *out) {
+void spec_from_name(const char *name, spec *out) {
     memset(out, 0, sizeof *out);
     if (strlen(name) >= NAME_MAX_LEN) die("policy name too long: '%s'", name);
     snprintf(out->name, sizeof out->name, "%s", name);
@@ -395,7 +431,7 @@ static void describe_regions(unsigned regions, char *out, size_t size) {
 /* Prompts                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-static void prompt_push(prompt_set *ps, const int32_t *tok, uint32_t len, const char *source) {
+void prompt_push(prompt_set *ps, const int32_t *tok, uint32_t len, const char *source) {
     ps->tok = xrealloc(ps->tok, (ps->n + 1) * sizeof *ps->tok);
     ps->len = xrealloc(ps->len, (ps->n + 1) * sizeof *ps->len);
     ps->source = xrealloc(ps->source, (ps->n + 1) * sizeof *ps->source);
@@ -490,7 +526,7 @@ static void load_default_prompts(prompt_set *ps, uint32_t plen) {
 }
 
 /* Checks every prompt against the model; bytes beyond a small vocabulary wrap around. */
-static void fit_prompts(prompt_set *ps, const parity_config *c, uint32_t room) {
+void fit_prompts(prompt_set *ps, const parity_config *c, uint32_t room) {
     for (size_t i = 0; i < ps->n; i++) {
         if (ps->len[i] + room > c->max_position_embeddings) {
             if (room >= c->max_position_embeddings) die("the model's context is too short");
@@ -502,7 +538,7 @@ static void fit_prompts(prompt_set *ps, const parity_config *c, uint32_t room) {
     }
 }
 
-static void free_prompts(prompt_set *ps) {
+void free_prompts(prompt_set *ps) {
     for (size_t i = 0; i < ps->n; i++) {
         free(ps->tok[i]);
         free(ps->source[i]);
@@ -516,14 +552,7 @@ static void free_prompts(prompt_set *ps) {
 /* Rollouts: the sampler's completions and the log-probs it reported                        */
 /* ---------------------------------------------------------------------------------------- */
 
-/* What generation and scoring need from the run. */
-typedef struct run_env {
-    const options *o;
-    const parity_model *model;
-} run_env;
-
-static void sampling_for(const run_env *e, float temperature, uint32_t max_new,
-                         parity_sampling *sp) {
+void sampling_for(const run_env *e, float temperature, uint32_t max_new, parity_sampling *sp) {
     parity_sampling_default(sp);
     sp->temperature = temperature;
     sp->top_p = e->o->top_p;
@@ -532,7 +561,7 @@ static void sampling_for(const run_env *e, float temperature, uint32_t max_new,
     sp->logprob_mode = e->o->mode;
 }
 
-static uint32_t max_prompt_len(const prompt_set *ps) {
+uint32_t max_prompt_len(const prompt_set *ps) {
     uint32_t m = 0;
     for (size_t i = 0; i < ps->n; i++)
         if (ps->len[i] > m) m = ps->len[i];
@@ -549,6 +578,7 @@ static parity_sampler *make_sampler(const run_env *e, const variant *v, size_t p
     p.policy = v->policy;
     p.split_k = v->split_k;
     p.split_kv = v->split_kv;
+    p.record_routes = v->record_routes;
     p.max_seqs = (uint32_t)(prompts * (per + 1));
     p.max_len = max_len;
     const uint64_t block = parity_kv_block_tokens(), seq_blocks = (max_len + block - 1) / block;
@@ -582,13 +612,35 @@ static size_t start_wave(parity_sampler *s, const parity_sampling *sp, rollouts 
     return n_live;
 }
 
+/* Copies sequence `seq`'s depth schedule and routing record, as `rec` asks, to completion c's
+ * place. */
+static void keep_record(const parity_sampler *s, uint32_t seq, size_t c,
+                        const completion_record *rec) {
+    uint32_t n;
+    int rc;
+    if (rec->depth) {
+        const uint32_t *d;
+        if ((rc = parity_sampler_depths(s, seq, &d, &n))) die_parity("depths", rc);
+        memcpy(rec->depth + c * rec->max_len, d, n * sizeof *d);
+        rec->depth[c * rec->max_len + n] = 1; /* the last position's: not used */
+    }
+    if (rec->routes) {
+        const uint16_t *routes;
+        uint32_t stride;
+        if ((rc = parity_sampler_routes(s, seq, &routes, &n, &stride))) die_parity("routes", rc);
+        if (stride != rec->route_stride) die("routing record stride %u, not %u", stride,
+                                             rec->route_stride);
+        memcpy(rec->routes + c * rec->max_len * stride, routes,
+               (size_t)n * stride * sizeof *routes);
+    }
+}
+
 /* Steps the live completions until all have finished, appending tokens and log-probs to
- * gen_tok/gen_lp[c * max_new ...] and counting them in gen_n[c]. depth, unless NULL: each
- * finished completion's depth schedule at depth[c * max_len ...] (a looped model's; the last
- * position's 1). */
+ * gen_tok/gen_lp[c * max_new ...] and counting them in gen_n[c], and keeping what `rec` asks
+ * for (NULL: nothing). */
 static void decode_wave(parity_sampler *s, const rollouts *r, uint32_t *live, size_t *slot,
                         size_t n_live, int32_t *gen_tok, float *gen_lp, uint32_t *gen_n,
-                        uint32_t *depth, uint32_t max_len) {
+                        const completion_record *rec) {
     int32_t *tok = xcalloc(n_live, sizeof *tok);
     float *lp = xcalloc(n_live, sizeof *lp);
     uint32_t *fin = xcalloc(n_live, sizeof *fin);
@@ -602,14 +654,7 @@ static void decode_wave(parity_sampler *s, const rollouts *r, uint32_t *live, si
             gen_lp[c * r->max_new + gen_n[c]] = lp[k];
             gen_n[c]++;
             if (fin[k] || gen_n[c] == r->max_new) {
-                if (depth) {
-                    const uint32_t *d;
-                    uint32_t n;
-                    if ((rc = parity_sampler_depths(s, live[k], &d, &n)))
-                        die_parity("depths", rc);
-                    memcpy(depth + c * max_len, d, n * sizeof *d);
-                    depth[c * max_len + n] = 1; /* the last position's: not used */
-                }
+                if (rec) keep_record(s, live[k], c, rec);
                 parity_sampler_release(s, live[k]);
             } else {
                 live[kept] = live[k];
@@ -678,10 +723,36 @@ static void generate(const run_env *e, rollouts *r) {
     for (size_t first = 0; first < ps->n; first += per_wave) {
         size_t last = first + per_wave < ps->n ? first + per_wave : ps->n;
         size_t n_live = start_wave(s, &sp, r, first, last, live, slot);
-        decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n, NULL, 0);
+        decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n, NULL);
     }
     parity_sampler_free(s);
     pack_rollouts(r, gen_tok, gen_lp, gen_n);
+    free(gen_tok);
+    free(gen_lp);
+    free(gen_n);
+    free(live);
+    free(slot);
+}
+
+/* Generates every completion of `r` (its configuration filled in: r->v's sampler) in one wave
+ * drawn with `sp`, keeping what `rec` asks for (its max_len at least the longest prompt plus
+ * r->max_new). */
+void generate_recorded(const run_env *e, const parity_sampling *sp, rollouts *r,
+                       const completion_record *rec) {
+    const prompt_set *ps = r->prompts;
+    r->n_seqs = ps->n * r->per_prompt;
+    const uint32_t max_len = max_prompt_len(ps) + r->max_new;
+    parity_sampler *s = make_sampler(e, &r->v, ps->n, r->per_prompt, max_len);
+    int32_t *gen_tok = xcalloc(r->n_seqs * r->max_new, sizeof *gen_tok);
+    float *gen_lp = xcalloc(r->n_seqs * r->max_new, sizeof *gen_lp);
+    uint32_t *gen_n = xcalloc(r->n_seqs, sizeof *gen_n);
+    uint32_t *live = xcalloc(r->n_seqs, sizeof *live);
+    size_t *slot = xcalloc(r->n_seqs, sizeof *slot);
+    const size_t n_live = start_wave(s, sp, r, 0, ps->n, live, slot);
+    decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n, rec);
+    parity_sampler_free(s);
+    pack_rollouts(r, gen_tok, gen_lp, gen_n);
+    r->generated = 1;
     free(gen_tok);
     free(gen_lp);
     free(gen_n);
@@ -693,6 +764,7 @@ static void free_rollouts(rollouts *r) {
     free(r->tok_off);  /* and the other per-sequence arrays (pack_rollouts) */
     free(r->tokens);
     free(r->lp);
+    free(r->routes);
 }
 
 static int same_variant(const variant *a, const variant *b) {
@@ -727,8 +799,7 @@ static rollouts *plan_rollouts(rollout_cache *cache, const variant *v, const cha
 /* Scoring                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-static parity_scorer *make_scorer(const run_env *e, const parity_policy *policy,
-                                  uint32_t longest) {
+parity_scorer *make_scorer(const run_env *e, const parity_policy *policy, uint32_t longest) {
     parity_scorer_params p;
     parity_scorer_default_params(&p);
     p.n_threads = e->o->lib_threads;
@@ -743,13 +814,18 @@ static parity_scorer *make_scorer(const run_env *e, const parity_policy *policy,
     return s;
 }
 
-/* The learner's log-probs of the generated tokens of `r`, indexed like r->lp. */
-static float *score_rollouts(const run_env *e, parity_scorer *s, const rollouts *r) {
+/* The learner's log-probs of the generated tokens of `r`, indexed like r->lp; a
+ * mixture-of-experts model's routes to replay and routes_out as parity_score_options' (NULL:
+ * none). */
+float *score_rollouts(const run_env *e, parity_scorer *s, const rollouts *r,
+                      const uint16_t *routes, uint16_t *routes_out) {
     parity_score_options so;
     parity_score_default_options(&so);
     so.mode = e->o->mode;
     so.temperature = r->temperature;
     so.top_p = e->o->top_p;
+    so.routes = routes;
+    so.routes_out = routes_out;
     size_t all = r->tok_off[r->n_seqs] - r->n_seqs;
     float *lp = xcalloc(all, sizeof *lp);
     int rc = parity_score(s, &so, r->tokens, r->length, r->n_seqs, lp, NULL, NULL, NULL);
@@ -797,8 +873,8 @@ static void compare_greedy(const rollouts *a, const rollouts *b, greedy_cmp *g) 
 /* Jobs: one (sampler configuration, learner policy) pair each                              */
 /* ---------------------------------------------------------------------------------------- */
 
-static job *add_job(job_list *jl, section sec, const spec *sampler, uint32_t split_k,
-                    uint32_t split_kv, const char *learner_name, const parity_policy *learner) {
+job *add_job(job_list *jl, section sec, const spec *sampler, uint32_t split_k,
+             uint32_t split_kv, const char *learner_name, const parity_policy *learner) {
     jl->v = xrealloc(jl->v, (jl->n + 1) * sizeof *jl->v);
     job *j = &jl->v[jl->n++];
     memset(j, 0, sizeof *j);
@@ -969,7 +1045,7 @@ static void plan_work(bench *b) {
                                   b->o.max_tokens, b->o.temperature);
         }
         if (j->sec != SEC_GROWTH && j->sec != SEC_ABLATION && b->o.greedy_tokens) {
-            variant lv = {j->learner_policy, 0, 0, VARIANT_RUN_BACKEND};
+            variant lv = {j->learner_policy, 0, 0, VARIANT_RUN_BACKEND, 0};
             j->greedy_sampler = plan_rollouts(&b->rollouts, &j->sv, label, &b->prompts, 1,
                                               b->o.greedy_tokens, 0.0f);
             j->greedy_learner = plan_rollouts(&b->rollouts, &lv, j->learner, &b->prompts, 1,
@@ -1075,7 +1151,7 @@ static void run_scoring(void *ctx, size_t i) {
     parity_scorer *s = make_scorer(st->env, &st->scores->v[t->entries[0]].learner, st->longest);
     for (size_t k = 0; k < t->n; k++) {
         score_entry *e = &st->scores->v[t->entries[k]];
-        e->lp = score_rollouts(st->env, s, e->ro);
+        e->lp = score_rollouts(st->env, s, e->ro, NULL, NULL);
     }
     parity_scorer_free(s);
     progress("scored  %s: %zu rollout sets, %zu tokens (%.1f s)", t->name, t->n, t->tokens,
@@ -1134,35 +1210,20 @@ static void measure_all(bench *b) {
  * r->tokens (the last position's: 1). */
 static uint32_t *generate_looped(const run_env *e, const parity_policy *policy, float threshold,
                                  rollouts *r) {
-    const prompt_set *ps = r->prompts;
-    r->n_seqs = ps->n * r->per_prompt;
-    const uint32_t max_len = max_prompt_len(ps) + r->max_new;
-    const variant v = {*policy, 0, 0, VARIANT_RUN_BACKEND};
-    parity_sampler *s = make_sampler(e, &v, ps->n, r->per_prompt, max_len);
+    r->v = (variant){*policy, 0, 0, VARIANT_RUN_BACKEND, 0};
+    const uint32_t max_len = max_prompt_len(r->prompts) + r->max_new;
     parity_sampling sp;
     sampling_for(e, r->temperature, r->max_new, &sp);
     sp.exit_rule = PARITY_EXIT_THRESHOLD;
     sp.exit_threshold = threshold;
-    int32_t *gen_tok = xcalloc(r->n_seqs * r->max_new, sizeof *gen_tok);
-    float *gen_lp = xcalloc(r->n_seqs * r->max_new, sizeof *gen_lp);
-    uint32_t *gen_n = xcalloc(r->n_seqs, sizeof *gen_n);
-    uint32_t *depth = xcalloc(r->n_seqs * max_len, sizeof *depth);
-    uint32_t *live = xcalloc(r->n_seqs, sizeof *live);
-    size_t *slot = xcalloc(r->n_seqs, sizeof *slot);
-    const size_t n_live = start_wave(s, &sp, r, 0, ps->n, live, slot);
-    decode_wave(s, r, live, slot, n_live, gen_tok, gen_lp, gen_n, depth, max_len);
-    parity_sampler_free(s);
-    pack_rollouts(r, gen_tok, gen_lp, gen_n);
+    completion_record rec = {0};
+    rec.max_len = max_len;
+    rec.depth = xcalloc(r->prompts->n * r->per_prompt * max_len, sizeof *rec.depth);
+    generate_recorded(e, &sp, r, &rec);
     uint32_t *sched = xcalloc(r->tok_off[r->n_seqs], sizeof *sched);
     for (size_t c = 0; c < r->n_seqs; c++)
-        memcpy(sched + r->tok_off[c], depth + c * max_len, r->length[c] * sizeof *sched);
-    r->generated = 1;
-    free(gen_tok);
-    free(gen_lp);
-    free(gen_n);
-    free(depth);
-    free(live);
-    free(slot);
+        memcpy(sched + r->tok_off[c], rec.depth + c * max_len, r->length[c] * sizeof *sched);
+    free(rec.depth);
     return sched;
 }
 
@@ -1230,7 +1291,6 @@ static void run_looped(bench *b, const run_env *env) {
         spec S;
         spec_from_name(samplers[k], &S);
         rollouts *r = xcalloc(1, sizeof *r);
-        r->v = (variant){S.policy, 0, 0, VARIANT_RUN_BACKEND};
         r->prompts = &b->prompts;
         r->per_prompt = b->o.n;
         r->max_new = b->o.max_tokens;
@@ -1332,6 +1392,7 @@ static void free_bench(bench *b) {
     free(b->jobs.v);
     free_prompts(&b->prompts);
     free_prompts(&b->growth_prompts);
+    free_moe(b);
     parity_model_free(b->model);
 }
 
@@ -1350,11 +1411,12 @@ int main(int argc, char **argv) {
     score_all(&b, &env);
     measure_all(&b);
     run_looped(&b, &env);
+    run_moe(&b);
     b.elapsed = progress_seconds();
-    print_report(&b);
+    const int failed = print_report(&b);
     if (b.o.json_path) write_json(&b, b.o.json_path);
     if (b.o.csv_path) write_csv(&b, b.o.csv_path);
     if (b.o.svg_dir) write_svgs(&b, b.o.svg_dir);
     free_bench(&b);
-    return 0;
+    return failed ? 1 : 0;
 }

@@ -338,7 +338,8 @@ static void draw_colour_bar(FILE *f, double x, double y, double h, double lo, do
     double sy = y + h + 20;
     if (has_zero) {
         rect_at(f, x, sy, 22, 16, "#f2f2f2", "black");
-        text_at(f, x + 30, sy + 12, "start", 11, 0, NULL, "0 (bitwise-equal log-probs)");
+        text_at(f, x + 30, sy + 12, "start", 11, 0, NULL, "%s",
+                sp->zero_label ? sp->zero_label : "0 (bitwise-equal log-probs)");
         sy += 24;
     }
     if (has_nan) {
@@ -369,9 +370,15 @@ static void draw_cell(FILE *f, double x, double y, double w, double h, double v,
 }
 
 int svg_heatmap(const char *path, const svg_heatmap_spec *sp) {
-    const double cw = 78, ch = 30, left = 230, top = 80;
+    /* room for the longest row label (11 px text, about 6.2 px a character) and the legend's
+     * title (12 px bold, about 7.2) */
+    size_t longest = 0;
+    for (size_t r = 0; r < sp->rows; r++)
+        if (strlen(sp->row_labels[r]) > longest) longest = strlen(sp->row_labels[r]);
+    const double cw = 78, ch = 30, top = 80, left = fmax(230, 48 + 6.2 * (double)longest);
+    const double legend_w = fmax(290, 60 + 7.2 * (double)(strlen(sp->scale_label) + 21));
     double grid_w = cw * (double)sp->cols, grid_h = ch * (double)sp->rows;
-    double W = left + grid_w + 290, H = top + grid_h + 130;
+    double W = left + grid_w + legend_w, H = top + grid_h + 130;
     if (H < 420) H = 420;
     FILE *f = open_document(path, W, H, sp->title);
     if (!f) return -1;

@@ -37,6 +37,7 @@ typedef struct svg_heatmap_spec {
     const char *const *row_labels, *const *col_labels;
     size_t rows, cols;
     const double *values;                 /* rows x cols, row-major; NaN = no value */
+    const char *zero_label;               /* the legend of a zero; NULL: bitwise-equal log-probs */
 } svg_heatmap_spec;
 
 int svg_heatmap(const char *path, const svg_heatmap_spec *spec);

@@ -8,10 +8,16 @@
 #   - every pair with equal policies on both sides and kernel_order "same" has
 #     mean_abs_dlogp == 0 and bitwise_equal_fraction == 1, for every sampler preset;
 #   - the kernel-order rows and the ablation rows are there;
-#   - each SVG parses as XML and holds its axis labels and legend text;
+#   - each SVG parses as XML and holds its axis labels and legend text (the MoE section's two
+#     heatmaps too);
 #   - a split-KV segment longer than every sequence leaves the log-probs bitwise unchanged;
 #   - on a looped model (synthetic:ouro-tiny) the looped rows: replaying learners bitwise,
-#     the dense learner not.
+#     the dense learner not;
+#   - the mixture-of-experts rows (on test/data/moe's two checkpoints, the default): every pair
+#     recomputed and replayed, equal policies with the same routes and bitwise log-probs both
+#     ways, every replay running the sampler's experts, routes and log-probs that differ
+#     between other presets, the CSV's rows; an MoE --model is the section's model; a model
+#     without experts in --moe-models is refused with a message.
 # If /usr/bin/chromium exists, each SVG is also screenshotted headless and the PNG must be a
 # non-empty PNG; if rsvg-convert exists, each SVG must render with it too.
 # Prints one line per check and a closing "N passed, N failed"; exits 1 if any failed.
@@ -81,6 +87,10 @@ expect = {
     "hist_logratio.svg": ["log importance ratio", "fraction of tokens", "legend"],
     "growth_position.svg": ["position in the completion", "mean |logp_learner", "legend"],
     "growth_length.svg": ["completion length", "sequence log-ratio", "legend"],
+    "moe_routes.svg": ["sampler -> learner", "qwen3-moe-tiny", "qwen2-moe-tiny", "legend",
+                       "fraction of decisions", "vllm+nvfp4:modelopt -> vllm"],
+    "moe_logprob.svg": ["sampler -> learner", "qwen3-moe-tiny replay", "legend",
+                        "qwen2-moe-tiny recompute", "mean |d logp|"],
 }
 ns = "{http://www.w3.org/2000/svg}"
 for name, wanted in expect.items():
@@ -109,7 +119,7 @@ check_one_segment() {
     "$exe" --model synthetic:tiny --n 2 --max-tokens 8 \
         --policies vllm,sglang --learners vllm,sglang \
         --kernel-policies all --split-k 0 --split-kv 4096 --ablation none --growth-tokens 0 \
-        --json "$tmp/one.json" --quiet >/dev/null || return 1
+        --moe-models none --json "$tmp/one.json" --quiet >/dev/null || return 1
     python3 - "$tmp/one.json" <<'EOF2'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -133,7 +143,8 @@ check "split-KV in one segment equals no split" check_one_segment
 # A looped model: the looped rows, the replaying learners bitwise, the dense one not.
 check_looped() {
     "$exe" --model synthetic:ouro-tiny --policies aligned --ablation none --growth-tokens 0 \
-        --greedy-tokens 0 --n 2 --max-tokens 12 --json "$tmp/looped.json" --quiet >/dev/null &&
+        --greedy-tokens 0 --n 2 --max-tokens 12 --moe-models none --json "$tmp/looped.json" \
+        --quiet >/dev/null &&
     python3 - "$tmp/looped.json" <<'EOF'
 import json, sys
 rows = {r["learner"]: r for r in json.load(open(sys.argv[1]))["looped"]}
@@ -145,6 +156,73 @@ print("looped rows:", {k: v["mean_abs_dlogp"] for k, v in rows.items()})
 EOF
 }
 check "looped model: replay bitwise, dense learner not" check_looped
+
+# The MoE section of the first run: its two default models, each pair recomputed and replayed.
+check_moe() {
+    python3 - "$tmp/out.json" "$tmp/out.csv" <<'EOF'
+import csv, json, sys
+d = json.load(open(sys.argv[1]))
+models = {m["model"]: m for m in d["moe_models"]}
+assert sorted(m["arch"] for m in models.values()) == ["qwen2_moe", "qwen3_moe"], models
+for m in models.values():
+    assert m["sparse_layers"] > 0 and 0 <= m["expert_load_min_share"] < m["expert_load_max_share"]
+rows = d["moe"]
+pairs = {(r["model"], r["sampler"], r["learner"]): r for r in rows}
+assert len(pairs) == len(rows), "duplicate rows"
+for r in rows:
+    m = models[r["model"]]
+    assert r["tokens"] > 0 and r["route_positions"] == r["tokens"], r
+    assert r["route_decisions"] == r["route_positions"] * m["sparse_layers"], r
+    if r["routing_replayed"]:
+        assert r["route_decisions_differing"] == 0, ("replay did not run the record", r)
+    else:
+        assert (r["model"], r["sampler"], r["learner"] + " replay") in pairs, r
+    if r["same_policy"]:
+        assert r["route_decisions_differing"] == 0 and r["route_positions_differing"] == 0, r
+        assert r["mean_abs_dlogp"] == 0 and r["bitwise_equal_fraction"] == 1, r
+equal = [r for r in rows if r["same_policy"]]
+assert len(equal) >= 2 * 2 * 4, "%d equal-policy rows" % len(equal)
+for model in models:
+    for learner in ("hf-eager", "hf-eager replay"):
+        r = pairs[(model, "vllm", learner)]
+        assert r["mean_abs_dlogp"] > 0, ("no mismatch", r)
+    r = pairs[(model, "vllm+nvfp4:modelopt", "vllm")]
+    assert r["route_decisions_differing"] > 0, ("nvfp4 against bf16 routes alike", r)
+c = d["checks"]
+assert c["moe_equal_policy_rows_exact"] and c["moe_replays_ran_sampler_routes"], c
+assert c["moe_equal_policy_rows"] == len(equal), c
+moe_csv = [r for r in csv.DictReader(open(sys.argv[2])) if r["section"] == "moe"]
+assert len(moe_csv) == len(rows), (len(moe_csv), len(rows))
+assert all(r["route_decisions"] for r in moe_csv), moe_csv[0]
+print("%d MoE rows on %d models, %d with equal policies exact" % (len(rows), len(models),
+                                                                  len(equal)))
+EOF
+}
+check "MoE rows: equal policies exact both ways, replays follow the record" check_moe
+
+# An MoE --model is the section's model; a model without experts is refused.
+check_moe_model() {
+    local model
+    model="$(cd "$(dirname "$0")" && pwd)/data/moe/qwen2-moe-tiny"
+    "$exe" --model "$model" --policies vllm --ablation none --growth-tokens 0 --greedy-tokens 0 \
+        --n 1 --max-tokens 6 --moe-pairs vllm/vllm,vllm/sglang --json "$tmp/moe.json" --quiet \
+        >/dev/null || return 1
+    python3 - "$tmp/moe.json" "$model" <<'EOF' || return 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert [m["model"] for m in d["moe_models"]] == [sys.argv[2]], d["moe_models"]
+assert len(d["moe"]) == 4 and d["checks"]["moe_equal_policy_rows_exact"], d["moe"]
+print("MoE --model: the section's model")
+EOF
+    if "$exe" --model synthetic:tiny --moe-models synthetic:tiny --policies vllm --ablation none \
+        --growth-tokens 0 --greedy-tokens 0 --n 1 --max-tokens 4 --quiet >/dev/null \
+        2>"$tmp/err.txt"; then
+        echo "a model without experts was accepted"
+        return 1
+    fi
+    grep -q "has no experts" "$tmp/err.txt" || { cat "$tmp/err.txt"; return 1; }
+}
+check "MoE model from --model; a dense --moe-models refused" check_moe_model
 for svg in "$tmp"/svg/*.svg; do
     if [ -x /usr/bin/chromium ]; then
         check "chromium screenshot of $(basename "$svg")" screenshot "$svg"
