@@ -632,9 +632,15 @@ int main(void) {
     };
     int decisions = 0, differ = 0;
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
-        if (!quick() || i % 3 == 0)
+        if (!quick() || i % 3 == 0) {
+            int d = 0, x = 0;
             check_model(runs[i].what, runs[i].m, runs[i].preset, runs[i].learner, 100 + i,
-                        (int)(i % 2), &decisions, &differ);
+                        (int)(i % 2), &d, &x);
+            printf("%s: %s sampler, %s learner: %d of %d routing decisions differ\n",
+                   runs[i].what, runs[i].preset, runs[i].learner, x, d);
+            decisions += d;
+            differ += x;
+        }
     printf("routing decisions of the sampler that another preset's learner routes otherwise: "
            "%d of %d\n", differ, decisions);
     CHECK(differ > 0);
