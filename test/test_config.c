@@ -522,9 +522,10 @@ static void test_moe_fields(void) {
     CHECK_INT(sparse_mask(&c), 0x3);
     /* Qwen2MoeConfig: qkv_bias true, head_dim hidden / heads */
     CHECK_OK(parse_with("qwen2_moe", MOE_FIELDS SHARED, &c));
-    CHECK_FIELDS(FIELD(c, arch, PARITY_ARCH_QWEN2_MOE), FIELD(c, shared_expert_intermediate_size, 48),
-                 FIELD(c, norm_topk_prob, 0), FIELD(c, decoder_sparse_step, 1),
-                 FIELD(c, head_dim, 16), FIELD(c, qk_norm, 0), FIELD(c, attention_bias, 1));
+    CHECK_FIELDS(FIELD(c, arch, PARITY_ARCH_QWEN2_MOE),
+                 FIELD(c, shared_expert_intermediate_size, 48), FIELD(c, norm_topk_prob, 0),
+                 FIELD(c, decoder_sparse_step, 1), FIELD(c, head_dim, 16), FIELD(c, qk_norm, 0),
+                 FIELD(c, attention_bias, 1));
     CHECK_OK(parse_with("qwen2_moe", MOE_FIELDS SHARED ", \"qkv_bias\": true", &c));
     CHECK_INT(c.attention_bias, 1);
     /* given values; null mlp_only_layers is [] (transformers: None -> []) */
