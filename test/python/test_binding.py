@@ -89,7 +89,7 @@ class Models:
 
 class TestLoading(unittest.TestCase):
     def test_abi(self):
-        self.assertEqual(parity.ABI_VERSION, 2)
+        self.assertEqual(parity.ABI_VERSION, 3)
         self.assertEqual(parity.lib.parity_abi_version(), parity.ABI_VERSION)
         import ctypes
         from parity import _lib
@@ -114,11 +114,11 @@ class TestLoading(unittest.TestCase):
                 s = ctypes.sizeof(_lib.MIRRORED_STRUCTS[name.decode()])
                 return s + self.delta if name == b"parity_sampling" else s
 
-        with self.assertRaisesRegex(ImportError, "ABI version 3.*mirrors ABI 2.*[Rr]ebuild"):
-            _lib._check_abi(Fake(3, 0), "/x/libparity.so")
+        with self.assertRaisesRegex(ImportError, "ABI version 4.*mirrors ABI 3.*[Rr]ebuild"):
+            _lib._check_abi(Fake(4, 0), "/x/libparity.so")
         with self.assertRaisesRegex(ImportError,
                                     "parity_sampling is 136 bytes in the library, 128 in"):
-            _lib._check_abi(Fake(2, 8), "/x/libparity.so")
+            _lib._check_abi(Fake(3, 8), "/x/libparity.so")
 
     def _import_with(self, env_update, cwd=None):
         env = dict(os.environ)
@@ -331,6 +331,15 @@ class TestScore(unittest.TestCase):
         self.assertEqual((c["arch"], c["vocab_size"], c["hidden_size"], c["qk_norm"]),
                          ("qwen3", 256, 64, True))
         self.assertEqual(self.real.config["num_hidden_layers"], 6)
+        self.assertEqual(c["mlp_only_layers"], [])
+        with parity.Model("synthetic:qwen3-moe-tiny") as moe:
+            m = moe.config
+            self.assertEqual((m["arch"], m["num_experts"], m["num_experts_per_tok"],
+                              m["moe_intermediate_size"], m["norm_topk_prob"],
+                              m["decoder_sparse_step"], m["mlp_only_layers"]),
+                             ("qwen3_moe", 8, 2, 32, 1, 1, [1]))
+            m["mlp_only_layers"].append(2)
+            self.assertEqual(moe.config["mlp_only_layers"], [1])
         self.assertEqual(parity.policies(),
                          ["fp32", "hf-eager", "hf-sdpa", "vllm", "sglang", "aligned"])
         p = parity.Policy.from_name("hf-eager+aligned")
