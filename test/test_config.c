@@ -417,16 +417,19 @@ static void test_rope_forms(void) {
     CHECK_INT(c.rope_original_max_position_embeddings, 32768);
 }
 
-static void test_validate(void) {
-    parity_config base, c;
-    CHECK_OK(parity_config_builtin("qwen3-0.6b", &base));
-#define BAD(stmt, what)                                          \
+/* c, a copy of base changed by stmt, fails validation with PARITY_ERR_CONFIG naming what. */
+#define CHECK_INVALID(base, stmt, what)                          \
     do {                                                         \
-        c = base;                                                \
+        c = (base);                                              \
         stmt;                                                    \
         CHECK_STATUS(config_validate(&c), PARITY_ERR_CONFIG);    \
         CHECK_MESSAGE(what);                                     \
     } while (0)
+
+static void test_validate(void) {
+    parity_config base, c;
+    CHECK_OK(parity_config_builtin("qwen3-0.6b", &base));
+#define BAD(stmt, what) CHECK_INVALID(base, stmt, what)
     BAD(c.size = 4, "size");
     BAD(c.arch = 7, "arch");
     BAD(c.vocab_size = 0, "vocab_size");
@@ -617,13 +620,7 @@ static void test_moe_validate(void) {
     CHECK_OK(parity_config_builtin("tiny", &dense));
     CHECK_OK(parity_config_builtin("qwen3-moe-tiny", &moe3));
     CHECK_OK(parity_config_builtin("qwen2-moe-tiny", &moe2));
-#define BAD(base, stmt, what)                                    \
-    do {                                                         \
-        c = base;                                                \
-        stmt;                                                    \
-        CHECK_STATUS(config_validate(&c), PARITY_ERR_CONFIG);    \
-        CHECK_MESSAGE(what);                                     \
-    } while (0)
+#define BAD CHECK_INVALID
     /* MoE fields on a dense architecture */
     BAD(dense, c.num_experts = 8, "qwen3_moe and qwen2_moe only");
     BAD(dense, c.num_experts_per_tok = 2, "qwen3_moe and qwen2_moe only");

@@ -333,27 +333,37 @@ static void test_fused_bad(const parity_model *orig, const char *per_expert_dir)
     ckpt_read_in(&fused, per_expert_dir);
     fuse_all(&fused, parity_model_config(orig));
     char dir[PATH_LEN];
+    static const struct {
+        const char *name;
+        ckpt_change change;
+        int status;
+        const char *needle, *needle2;
+    } cases[] = {
+        {"both-layouts", add_per_expert, PARITY_ERR_TENSOR_UNEXPECTED,
+         "model.layers.0.mlp.experts.3.up_proj.weight", "gate_up_proj"},
+        {"half-gate-up", halve_gate_up, PARITY_ERR_TENSOR_SHAPE,
+         "model.layers.2.mlp.experts.gate_up_proj", "[8, 32, 64]"},
+        {"transposed-down", transpose_down, PARITY_ERR_TENSOR_SHAPE,
+         "model.layers.0.mlp.experts.down_proj", "hidden_size=64, moe_intermediate_size=32"},
+        {"flat-down", flatten_down, PARITY_ERR_TENSOR_SHAPE, "model.layers.0.mlp.experts.down_proj",
+         "not 3"},
+        {"int-down", int_down, PARITY_ERR_TENSOR_DTYPE, "model.layers.2.mlp.experts.down_proj",
+         "I16"},
+        {"gate-up-alone", drop_down, PARITY_ERR_TENSOR_MISSING,
+         "'model.layers.2.mlp.experts.down_proj' is missing", "gate_up_proj"},
+        {"down-alone", drop_gate_up, PARITY_ERR_TENSOR_MISSING,
+         "'model.layers.0.mlp.experts.gate_up_proj' is missing", NULL},
+        {"no-experts", drop_both, PARITY_ERR_TENSOR_MISSING,
+         "model.layers.2.mlp.experts.0.gate_proj.weight", NULL},
+        {"fused-dense-layer", fuse_dense_layer, PARITY_ERR_TENSOR_UNEXPECTED,
+         "model.layers.1.mlp.experts.down_proj", NULL},
+        {"nan-up", nan_in_up, PARITY_ERR_TENSOR_NONFINITE, "gate_up_proj' (expert 5's up_proj)",
+         "element 66"},
+    };
     printf("failures, as expected:\n");
-    check_bad("both-layouts", &fused, per_expert_dir, add_per_expert, PARITY_ERR_TENSOR_UNEXPECTED,
-              "model.layers.0.mlp.experts.3.up_proj.weight", "gate_up_proj");
-    check_bad("half-gate-up", &fused, per_expert_dir, halve_gate_up, PARITY_ERR_TENSOR_SHAPE,
-              "model.layers.2.mlp.experts.gate_up_proj", "[8, 32, 64]");
-    check_bad("transposed-down", &fused, per_expert_dir, transpose_down, PARITY_ERR_TENSOR_SHAPE,
-              "model.layers.0.mlp.experts.down_proj", "hidden_size=64, moe_intermediate_size=32");
-    check_bad("flat-down", &fused, per_expert_dir, flatten_down, PARITY_ERR_TENSOR_SHAPE,
-              "model.layers.0.mlp.experts.down_proj", "not 3");
-    check_bad("int-down", &fused, per_expert_dir, int_down, PARITY_ERR_TENSOR_DTYPE,
-              "model.layers.2.mlp.experts.down_proj", "I16");
-    check_bad("gate-up-alone", &fused, per_expert_dir, drop_down, PARITY_ERR_TENSOR_MISSING,
-              "'model.layers.2.mlp.experts.down_proj' is missing", "gate_up_proj");
-    check_bad("down-alone", &fused, per_expert_dir, drop_gate_up, PARITY_ERR_TENSOR_MISSING,
-              "'model.layers.0.mlp.experts.gate_up_proj' is missing", NULL);
-    check_bad("no-experts", &fused, per_expert_dir, drop_both, PARITY_ERR_TENSOR_MISSING,
-              "model.layers.2.mlp.experts.0.gate_proj.weight", NULL);
-    check_bad("fused-dense-layer", &fused, per_expert_dir, fuse_dense_layer,
-              PARITY_ERR_TENSOR_UNEXPECTED, "model.layers.1.mlp.experts.down_proj", NULL);
-    check_bad("nan-up", &fused, per_expert_dir, nan_in_up, PARITY_ERR_TENSOR_NONFINITE,
-              "gate_up_proj' (expert 5's up_proj)", "element 66");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_bad(cases[i].name, &fused, per_expert_dir, cases[i].change, cases[i].status,
+                  cases[i].needle, cases[i].needle2);
     /* a quantized checkpoint's config.json over fused BF16 experts */
     char fp8_dir[PATH_LEN];
     new_dir("fp8-config", fp8_dir);
