@@ -104,7 +104,7 @@ static void check_quantizer_names(void) {
 int main(void) {
     static const char *const backends[] = {"bf16", "openblas", "amx"};
     static const char *const modes[] = {"raw", "processed", "processed-truncated"};
-    static const char *const archs[] = {"qwen2", "qwen3", "llama", "ouro"};
+    static const char *const archs[] = {"qwen2", "qwen3", "llama", "ouro", "qwen3_moe", "qwen2_moe"};
     check_names("backends", parity_backend_name, backend_from, backends, 3);
     CHECK_OK(parity_backend_check(PARITY_BACKEND_BF16));
 #if defined(PARITY_HAVE_OPENBLAS)
@@ -117,7 +117,7 @@ int main(void) {
     CHECK(amx == PARITY_OK || (amx == PARITY_ERR_UNSUPPORTED && strstr(parity_last_error(), "amx")));
     CHECK_STATUS(parity_backend_check(3), PARITY_ERR_INVALID_ARGUMENT);
     check_names("log-prob modes", parity_logprob_mode_name, mode_from, modes, 3);
-    check_names("architectures", parity_arch_name, arch_from, archs, 4);
+    check_names("architectures", parity_arch_name, arch_from, archs, 6);
     check_quantizer_names();
 
     for (int p = PARITY_CPU_PORTABLE; p <= PARITY_CPU_AVX512BF16; p++) {
