@@ -299,6 +299,17 @@ typedef struct parity_config parity_config;
  * policy; F16 ones are widened into owned fp32 copies, 4 bytes a parameter). Every tensor
  * is validated (format, shape against the config, finite values).
  *
+ * A mixture of experts (qwen3_moe, qwen2_moe) reads each sparse layer's routed experts as the
+ * hub checkpoints ship them, model.layers.L.mlp.experts.N.{gate,up,down}_proj.weight, or as
+ * newer transformers (v5) writes them, fused: model.layers.L.mlp.experts.gate_up_proj
+ * [num_experts, 2 x moe_intermediate_size, hidden_size] (each expert's gate_proj rows, then
+ * its up_proj rows) and model.layers.L.mlp.experts.down_proj [num_experts, hidden_size,
+ * moe_intermediate_size], each expert's weights then views into them (BF16 mapped, F16/F32
+ * cast as above); a save writes the per-expert names. Refused with the tensor named: a layer
+ * holding both forms (PARITY_ERR_TENSOR_UNEXPECTED), a fused tensor of another shape
+ * (_TENSOR_SHAPE) or dtype (_TENSOR_DTYPE) or without its partner (_TENSOR_MISSING), fused
+ * experts in a quantized checkpoint (PARITY_ERR_UNSUPPORTED).
+ *
  * Lifetimes and memory:
  *   - The checkpoint files stay mapped while the model lives: they must not be truncated or
  *     rewritten in place meanwhile (reading a truncated mapping kills the process with

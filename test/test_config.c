@@ -1,7 +1,8 @@
 /* config.json parsing and validation (lib/checkpoint/config_json.c, lib/model/config.c): the real configs of the built-in models
  * in the old and new forms, the rope scaling types, transformers' defaults, and every class of
- * bad input with its status and a message naming the file and the field. Files are in
- * test/data/configs/. */
+ * bad input with its status and a message naming the file and the field; the mixture-of-experts
+ * fields of qwen3_moe and qwen2_moe (defaults, the num_local_experts alias, the sparse-layer
+ * rule, refusals, validation). Files are in test/data/configs/. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,7 +134,13 @@ static int same_config(const parity_config *a, const parity_config *b, const cha
     SAME(rope_low_freq_factor) SAME(rope_high_freq_factor)
     SAME(rope_original_max_position_embeddings) SAME(rope_beta_fast) SAME(rope_beta_slow)
     SAME(rope_attention_factor) SAME(rope_mscale) SAME(rope_mscale_all_dim) SAME(rope_truncate)
+    SAME(num_experts) SAME(num_experts_per_tok) SAME(moe_intermediate_size)
+    SAME(shared_expert_intermediate_size) SAME(norm_topk_prob) SAME(decoder_sparse_step)
 #undef SAME
+    if (memcmp(a->mlp_only_layers, b->mlp_only_layers, sizeof a->mlp_only_layers)) {
+        fprintf(stderr, "%s: field mlp_only_layers differs\n", what);
+        return 0;
+    }
     return 1;
 }
 
@@ -179,6 +186,8 @@ static void test_real_configs(void) {
         {"qwen3-0.6b-v5.json", "qwen3-0.6b"},
         {"qwen2.5-0.5b.json", "qwen2.5-0.5b"},
         {"llama3.2-1b.json", "llama3.2-1b"},
+        {"qwen3-30b-a3b.json", "qwen3-30b-a3b"},
+        {"qwen2-57b-a14b.json", "qwen2-57b-a14b"},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         parity_config got, want;
@@ -408,16 +417,19 @@ static void test_rope_forms(void) {
     CHECK_INT(c.rope_original_max_position_embeddings, 32768);
 }
 
-static void test_validate(void) {
-    parity_config base, c;
-    CHECK_OK(parity_config_builtin("qwen3-0.6b", &base));
-#define BAD(stmt, what)                                          \
+/* c, a copy of base changed by stmt, fails validation with PARITY_ERR_CONFIG naming what. */
+#define CHECK_INVALID(base, stmt, what)                          \
     do {                                                         \
-        c = base;                                                \
+        c = (base);                                              \
         stmt;                                                    \
         CHECK_STATUS(config_validate(&c), PARITY_ERR_CONFIG);    \
         CHECK_MESSAGE(what);                                     \
     } while (0)
+
+static void test_validate(void) {
+    parity_config base, c;
+    CHECK_OK(parity_config_builtin("qwen3-0.6b", &base));
+#define BAD(stmt, what) CHECK_INVALID(base, stmt, what)
     BAD(c.size = 4, "size");
     BAD(c.arch = 7, "arch");
     BAD(c.vocab_size = 0, "vocab_size");
@@ -455,8 +467,194 @@ static void test_validate(void) {
     CHECK_STATUS(config_validate(NULL), PARITY_ERR_INVALID_ARGUMENT);
 }
 
+/* ---- mixture of experts ---------------------------------------------------------------- */
+
+/* The layers of c that are sparse, as a bit mask (layer l: bit l). */
+static unsigned sparse_mask(const parity_config *c) {
+    unsigned mask = 0;
+    for (uint32_t l = 0; l < c->num_hidden_layers && l < 32; l++)
+        mask |= (unsigned)config_layer_is_sparse(c, l) << l;
+    return mask;
+}
+
+/* The MoE built-ins: their fields and which layers are sparse. */
+static void test_moe_builtins(void) {
+    parity_config c;
+    CHECK_OK(parity_config_builtin("qwen3-moe-tiny", &c));
+    CHECK_FIELDS(FIELD(c, arch, PARITY_ARCH_QWEN3_MOE), FIELD(c, num_experts, 8),
+                 FIELD(c, num_experts_per_tok, 2), FIELD(c, moe_intermediate_size, 32),
+                 FIELD(c, shared_expert_intermediate_size, 0), FIELD(c, norm_topk_prob, 1),
+                 FIELD(c, decoder_sparse_step, 1), FIELD(c, mlp_only_layers[0], 2),
+                 FIELD(c, num_hidden_layers, 3), FIELD(c, qk_norm, 1),
+                 FIELD(c, attention_bias, 0));
+    CHECK_INT(sparse_mask(&c), 0x5); /* layers 0 and 2 sparse, 1 dense */
+    CHECK_INT(config_sparse_layers(&c), 2);
+    CHECK_OK(parity_config_builtin("qwen2-moe-tiny", &c));
+    CHECK_FIELDS(FIELD(c, arch, PARITY_ARCH_QWEN2_MOE), FIELD(c, num_experts, 8),
+                 FIELD(c, num_experts_per_tok, 4), FIELD(c, moe_intermediate_size, 32),
+                 FIELD(c, shared_expert_intermediate_size, 48), FIELD(c, norm_topk_prob, 0),
+                 FIELD(c, decoder_sparse_step, 1), FIELD(c, mlp_only_layers[0], 0),
+                 FIELD(c, attention_bias, 1), FIELD(c, qk_norm, 0));
+    CHECK_INT(sparse_mask(&c), 0x7);
+    CHECK_OK(parity_config_builtin("qwen3-30b-a3b", &c));
+    CHECK_INT(config_sparse_layers(&c), 48);
+    CHECK_OK(parity_config_builtin("qwen1.5-moe-a2.7b", &c));
+    CHECK_FIELDS(FIELD(c, num_experts, 60), FIELD(c, num_experts_per_tok, 4),
+                 FIELD(c, shared_expert_intermediate_size, 5632), FIELD(c, norm_topk_prob, 0));
+    CHECK_INT(config_sparse_layers(&c), 24);
+    /* the dense architectures have no sparse layer */
+    CHECK_OK(parity_config_builtin("tiny", &c));
+    CHECK_INT(config_sparse_layers(&c), 0);
+}
+
+/* The MoE members every qwen3_moe / qwen2_moe parse_with below starts from. */
+#define MOE_FIELDS ", \"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32"
+#define SHARED ", \"shared_expert_intermediate_size\": 48"
+
+/* config.json of qwen3_moe and qwen2_moe: transformers' defaults, the alias, the layer rule. */
+static void test_moe_fields(void) {
+    parity_config c;
+    /* Qwen3MoeConfig: norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers [], and no
+     * head_dim field, so hidden / heads (16) rather than Qwen3Config's 128 */
+    CHECK_OK(parse_with("qwen3_moe", MOE_FIELDS, &c));
+    CHECK_FIELDS(FIELD(c, arch, PARITY_ARCH_QWEN3_MOE), FIELD(c, num_experts, 8),
+                 FIELD(c, num_experts_per_tok, 2), FIELD(c, moe_intermediate_size, 32),
+                 FIELD(c, shared_expert_intermediate_size, 0), FIELD(c, norm_topk_prob, 0),
+                 FIELD(c, decoder_sparse_step, 1), FIELD(c, mlp_only_layers[0], 0),
+                 FIELD(c, head_dim, 16), FIELD(c, qk_norm, 1), FIELD(c, attention_bias, 0));
+    CHECK_INT(sparse_mask(&c), 0x3);
+    /* Qwen2MoeConfig: qkv_bias true, head_dim hidden / heads */
+    CHECK_OK(parse_with("qwen2_moe", MOE_FIELDS SHARED, &c));
+    CHECK_FIELDS(FIELD(c, arch, PARITY_ARCH_QWEN2_MOE),
+                 FIELD(c, shared_expert_intermediate_size, 48), FIELD(c, norm_topk_prob, 0),
+                 FIELD(c, decoder_sparse_step, 1), FIELD(c, head_dim, 16), FIELD(c, qk_norm, 0),
+                 FIELD(c, attention_bias, 1));
+    CHECK_OK(parse_with("qwen2_moe", MOE_FIELDS SHARED ", \"qkv_bias\": true", &c));
+    CHECK_INT(c.attention_bias, 1);
+    /* given values; null mlp_only_layers is [] (transformers: None -> []) */
+    CHECK_OK(parse_with("qwen3_moe", MOE_FIELDS ", \"norm_topk_prob\": true, "
+                        "\"decoder_sparse_step\": 2, \"mlp_only_layers\": null, \"head_dim\": 32",
+                        &c));
+    CHECK_FIELDS(FIELD(c, norm_topk_prob, 1), FIELD(c, decoder_sparse_step, 2),
+                 FIELD(c, mlp_only_layers[0], 0), FIELD(c, head_dim, 32));
+    CHECK_INT(sparse_mask(&c), 0x2); /* (l + 1) % 2 == 0: layer 1 */
+    CHECK_OK(parse_with("qwen3_moe", MOE_FIELDS ", \"mlp_only_layers\": [1, 0, 1]", &c));
+    CHECK_INT(c.mlp_only_layers[0], 3);
+    CHECK_INT(sparse_mask(&c), 0);
+    CHECK_OK(parse_with("qwen3_moe", MOE_FIELDS ", \"mlp_only_layers\": [0]", &c));
+    CHECK_INT(sparse_mask(&c), 0x2);
+    /* num_local_experts: newer transformers' name, alone or agreeing */
+    CHECK_OK(parse_with("qwen3_moe", ", \"num_local_experts\": 6, \"num_experts_per_tok\": 2, "
+                        "\"moe_intermediate_size\": 32", &c));
+    CHECK_INT(c.num_experts, 6);
+    CHECK_OK(parse_with("qwen3_moe", MOE_FIELDS ", \"num_local_experts\": 8", &c));
+    CHECK_INT(c.num_experts, 8);
+    /* a stray shared width of 0 on qwen3_moe is no shared expert */
+    CHECK_OK(parse_with("qwen3_moe", MOE_FIELDS ", \"shared_expert_intermediate_size\": 0", &c));
+    CHECK_INT(c.shared_expert_intermediate_size, 0);
+    /* a dense model_type ignores MoE members, as transformers' dense configs do */
+    CHECK_OK(parse_with("qwen3", MOE_FIELDS, &c));
+    CHECK_INT(c.num_experts, 0);
+}
+
+/* Each refused MoE config.json: status and a word of the message. */
+static void test_moe_refusals(void) {
+    static const struct {
+        const char *model_type, *members;
+        int status;
+        const char *mention;
+    } cases[] = {
+        {"qwen3_moe", ", \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32",
+         PARITY_ERR_CONFIG, "num_experts"},
+        {"qwen3_moe", ", \"num_experts\": 8, \"moe_intermediate_size\": 32", PARITY_ERR_CONFIG,
+         "num_experts_per_tok"},
+        {"qwen3_moe", ", \"num_experts\": 8, \"num_experts_per_tok\": 2", PARITY_ERR_CONFIG,
+         "moe_intermediate_size"},
+        {"qwen3_moe", ", \"num_experts\": 8, \"num_experts_per_tok\": 9, "
+                      "\"moe_intermediate_size\": 32", PARITY_ERR_CONFIG, "num_experts_per_tok"},
+        {"qwen3_moe", ", \"num_experts\": 0, \"num_experts_per_tok\": 1, "
+                      "\"moe_intermediate_size\": 32", PARITY_ERR_CONFIG, "num_experts"},
+        {"qwen3_moe", ", \"num_experts\": 8.5, \"num_experts_per_tok\": 1, "
+                      "\"moe_intermediate_size\": 32", PARITY_ERR_CONFIG, "num_experts"},
+        {"qwen3_moe", MOE_FIELDS ", \"num_local_experts\": 16", PARITY_ERR_CONFIG,
+         "num_local_experts"},
+        {"qwen3_moe", MOE_FIELDS ", \"mlp_only_layers\": [2]", PARITY_ERR_CONFIG,
+         "mlp_only_layers[0]"},
+        {"qwen3_moe", MOE_FIELDS ", \"mlp_only_layers\": [0, -1]", PARITY_ERR_CONFIG,
+         "mlp_only_layers[1]"},
+        {"qwen3_moe", MOE_FIELDS ", \"mlp_only_layers\": [0.5]", PARITY_ERR_CONFIG,
+         "mlp_only_layers[0]"},
+        {"qwen3_moe", MOE_FIELDS ", \"mlp_only_layers\": [\"1\"]", PARITY_ERR_CONFIG,
+         "mlp_only_layers[0]"},
+        {"qwen3_moe", MOE_FIELDS ", \"mlp_only_layers\": 1", PARITY_ERR_CONFIG, "mlp_only_layers"},
+        {"qwen3_moe", MOE_FIELDS ", \"mlp_only_layers\": {}", PARITY_ERR_CONFIG, "an array"},
+        {"qwen3_moe", MOE_FIELDS ", \"decoder_sparse_step\": 0", PARITY_ERR_CONFIG,
+         "decoder_sparse_step"},
+        {"qwen3_moe", MOE_FIELDS ", \"norm_topk_prob\": 1", PARITY_ERR_CONFIG, "norm_topk_prob"},
+        {"qwen3_moe", MOE_FIELDS SHARED, PARITY_ERR_CONFIG, "shared_expert_intermediate_size"},
+        {"qwen3_moe", MOE_FIELDS ", \"shared_expert_intermediate_size\": \"48\"",
+         PARITY_ERR_CONFIG, "shared_expert_intermediate_size"},
+        {"qwen2_moe", MOE_FIELDS, PARITY_ERR_CONFIG, "shared_expert_intermediate_size"},
+        {"qwen2_moe", MOE_FIELDS SHARED ", \"qkv_bias\": false", PARITY_ERR_UNSUPPORTED,
+         "qkv_bias"},
+        {"qwen3_moe", MOE_FIELDS ", \"attention_bias\": true", PARITY_ERR_UNSUPPORTED,
+         "attention_bias"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        parity_config c;
+        const int rc = parse_with(cases[i].model_type, cases[i].members, &c);
+        check_count++;
+        if (rc != cases[i].status || !strstr(parity_last_error(), cases[i].mention) ||
+            !strstr(parity_last_error(), "mem.json")) {
+            check_failures++;
+            fprintf(stderr, "MoE case %zu (%s%s): got %s \"%s\", expected %s mentioning \"%s\"\n",
+                    i, cases[i].model_type, cases[i].members, parity_status_name(rc),
+                    parity_last_error(), parity_status_name(cases[i].status), cases[i].mention);
+        }
+    }
+}
+
+/* parity_config validation of the MoE fields, on built-ins changed one field at a time. */
+static void test_moe_validate(void) {
+    parity_config dense, moe3, moe2, c;
+    CHECK_OK(parity_config_builtin("tiny", &dense));
+    CHECK_OK(parity_config_builtin("qwen3-moe-tiny", &moe3));
+    CHECK_OK(parity_config_builtin("qwen2-moe-tiny", &moe2));
+#define BAD CHECK_INVALID
+    /* MoE fields on a dense architecture */
+    BAD(dense, c.num_experts = 8, "qwen3_moe and qwen2_moe only");
+    BAD(dense, c.num_experts_per_tok = 2, "qwen3_moe and qwen2_moe only");
+    BAD(dense, c.moe_intermediate_size = 32, "qwen3_moe and qwen2_moe only");
+    BAD(dense, c.shared_expert_intermediate_size = 32, "qwen3_moe and qwen2_moe only");
+    BAD(dense, c.norm_topk_prob = 1, "qwen3_moe and qwen2_moe only");
+    BAD(dense, c.decoder_sparse_step = 1, "qwen3_moe and qwen2_moe only");
+    BAD(dense, c.mlp_only_layers[15] = 1, "qwen3_moe and qwen2_moe only");
+    /* out of range */
+    BAD(moe3, c.num_experts = 0, "num_experts");
+    BAD(moe3, c.num_experts = 4097, "num_experts");
+    BAD(moe3, c.num_experts_per_tok = 0, "num_experts_per_tok");
+    BAD(moe3, c.num_experts_per_tok = 9, "num_experts_per_tok");
+    BAD(moe3, (c.num_experts = 128, c.num_experts_per_tok = 65), "num_experts_per_tok");
+    BAD(moe3, c.moe_intermediate_size = 0, "moe_intermediate_size");
+    BAD(moe3, c.shared_expert_intermediate_size = 48, "no shared expert");
+    BAD(moe2, c.shared_expert_intermediate_size = 0, "shared_expert_intermediate_size");
+    BAD(moe3, c.norm_topk_prob = 2, "norm_topk_prob");
+    BAD(moe3, c.decoder_sparse_step = 0, "decoder_sparse_step");
+    BAD(moe3, c.mlp_only_layers[0] |= 1u << 3, "mlp_only_layers");
+    BAD(moe2, c.mlp_only_layers[15] = 1ull << 63, "layer 1023");
+#undef BAD
+    c = moe3;
+    c.num_experts = 4096;
+    c.num_experts_per_tok = 64;
+    CHECK_OK(config_validate(&c));
+}
+
 int main(void) {
     test_builtins();
+    test_moe_builtins();
+    test_moe_fields();
+    test_moe_refusals();
+    test_moe_validate();
     test_real_configs();
     test_rope_configs();
     test_bad_files();

@@ -1,8 +1,9 @@
 /* config.json -> parity_config. (lib/model/config.c validates the values and holds the built-in
  * configs.)
  *
- * Reads Hugging Face configs of model_type "qwen2" (Qwen2, Qwen2.5), "qwen3" and "llama"
- * (Llama 3.x) in both forms transformers writes: the old one (`torch_dtype`, top-level
+ * Reads Hugging Face configs of model_type "qwen2" (Qwen2, Qwen2.5), "qwen3", "llama"
+ * (Llama 3.x), "ouro" and the mixtures of experts "qwen3_moe" and "qwen2_moe" (read_moe) in
+ * both forms transformers writes: the old one (`torch_dtype`, top-level
  * `rope_theta`, `rope_scaling`) and the new one (`dtype`, `rope_parameters` holding
  * `rope_theta` and the scaling parameters). A field that is absent takes the default of the
  * transformers config class (Qwen2Config, Qwen3Config, LlamaConfig); JSON null counts as
@@ -11,8 +12,9 @@
  *   required                 vocab_size, hidden_size, intermediate_size, num_hidden_layers,
  *                            num_attention_heads (integers in 1..2^32-1), model_type
  *   num_key_value_heads      num_attention_heads
- *   head_dim                 absent: 128 for qwen3 (Qwen3Config), hidden/heads otherwise;
- *                            null: hidden/heads
+ *   head_dim                 absent: 128 for qwen3 (Qwen3Config), hidden/heads otherwise
+ *                            (qwen3_moe too: Qwen3MoeConfig has no head_dim); null:
+ *                            hidden/heads
  *   max_position_embeddings  32768 (qwen2, qwen3), 2048 (llama)
  *   rms_norm_eps             1e-6
  *   rope_theta               10000 (rope_parameters.rope_theta wins over the top level)
@@ -304,6 +306,14 @@ static int read_moe(const reader *r, const json_value *root, parity_config *c) {
         if (!qkv_bias)
             return set_error(PARITY_ERR_UNSUPPORTED,
                              "%s: qkv_bias false is not supported for qwen2_moe", r->path);
+    } else {
+        /* Qwen3-MoE has no shared expert: a stray 0 is accepted, a width is refused by
+         * config_validate rather than dropped along with the expert it describes */
+        const json_value *v = member(root, "shared_expert_intermediate_size");
+        if (!v || v->type != JSON_NUMBER || !v->is_int || v->integer != 0)
+            TRY(read_uint(r, root, "shared_expert_intermediate_size",
+                          "shared_expert_intermediate_size", 0,
+                          &c->shared_expert_intermediate_size));
     }
     TRY(read_bool(r, root, "norm_topk_prob", "norm_topk_prob", &c->norm_topk_prob));
     c->decoder_sparse_step = 1;
@@ -359,8 +369,11 @@ static int parse_tree(const reader *r, const json_value *root, parity_config *c)
         c->attention_bias = 1; /* Qwen2MoeConfig's qkv_bias, true by default */
         break;
     case PARITY_ARCH_QWEN3_MOE:
+        /* No head_dim default of 128 as Qwen3's: transformers' Qwen3MoeConfig has no head_dim
+         * field (configuration_qwen3_moe.py @008e5743) and Qwen3MoeAttention takes
+         * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+         * (modeling_qwen3_moe.py @00d4b3d2), so an absent head_dim is hidden / heads. */
         c->qk_norm = 1;
-        head_dim_absent = 128;
         break;
     case PARITY_ARCH_OURO:
         /* configuration_ouro.py's defaults */

@@ -1,8 +1,9 @@
 /* Loading a checkpoint directory into a model: config.json (and its quantization_config, or
  * hf_quant_config.json), model.safetensors or the shards of model.safetensors.index.json, and
  * every tensor bound to its slot of the architecture's blueprint (lib/model/model.c): the
- * values of plain tensors, and each quantized linear weight through its checkpoint layout
- * (layout.h). parity_model_open also makes synthetic models by name. */
+ * values of plain tensors (a mixture of experts' routed experts also from transformers v5's
+ * fused tensors, fused_experts.h), and each quantized linear weight through its checkpoint
+ * layout (layout.h). parity_model_open also makes synthetic models by name. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "base/alloc.h"
 #include "base/errors.h"
 #include "base/files.h"
+#include "fused_experts.h"
 #include "json.h"
 #include "layouts.h"
 #include "model/config.h"
@@ -38,16 +40,25 @@ static int ignorable(const parity_model *m, const char *name) {
 
 /* ---- binding a checkpoint tensor ------------------------------------------------------- */
 
-static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, const expected *e) {
-    char where[512];
-    snprintf(where, sizeof where, "%s: tensor '%s'", f->path, t->name);
-    const uint32_t dtype = t->dtype == ST_BF16  ? PARITY_DTYPE_BF16
-                           : t->dtype == ST_F16 ? PARITY_DTYPE_F16
-                           : t->dtype == ST_F32 ? PARITY_DTYPE_F32
-                                                : UINT32_MAX;
-    const tensor_source src = {where, dtype, st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
+/* Tensor t of file f as a tensor_source, `where` its buffer for messages ("PATH: tensor
+ * 'NAME'"). A dtype other than BF16, F16, F32, F8_E4M3 and U8 (packed codes) is UINT32_MAX,
+ * which tensor_import refuses naming it. */
+static tensor_source source_of(const st_file *f, const st_tensor *t, char *where,
+                               size_t where_size) {
+    snprintf(where, where_size, "%s: tensor '%s'", f->path, t->name);
+    const uint32_t dtype = t->dtype == ST_F32       ? PARITY_DTYPE_F32
+                           : t->dtype == ST_BF16    ? PARITY_DTYPE_BF16
+                           : t->dtype == ST_F16     ? PARITY_DTYPE_F16
+                           : t->dtype == ST_F8_E4M3 ? PARITY_DTYPE_F8_E4M3
+                           : t->dtype == ST_U8      ? TENSOR_SOURCE_U8
+                                                    : UINT32_MAX;
+    return (tensor_source){where, dtype, st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
+}
+
+/* A weight's values from src, bound to its slot e->dst. */
+static int bind_source(parity_model *m, const tensor_source *src, const expected *e) {
     tensor_values v;
-    TRY(tensor_import(&src, e, &v));
+    TRY(tensor_import(src, e, &v));
     /* the model frees what the import allocated (model_own frees it if it cannot) */
     void *owned1 = v.owned[1];
     if (v.owned[0] && !model_own(m, v.owned[0])) {
@@ -61,6 +72,25 @@ static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, co
     w->bf16 = v.bf16;
     w->master = v.master;
     return PARITY_OK;
+}
+
+static int bind_tensor(parity_model *m, const st_file *f, const st_tensor *t, const expected *e) {
+    char where[512];
+    const tensor_source src = source_of(f, t, where, sizeof where);
+    return bind_source(m, &src, e);
+}
+
+/* A routed expert's weight from its rows of a fused tensor (fused_experts.h): BF16 used in
+ * place as a per-expert tensor's is, F16 and F32 converted. */
+static int bind_fused(parity_model *m, const fused_view *view, const expected *e) {
+    char where[600];
+    tensor_source src = source_of(view->file, view->tensor, where, sizeof where);
+    const size_t n = strlen(where);
+    snprintf(where + n, sizeof where - n, " (expert %u's %s)", view->expert, view->part);
+    src.ndim = 2;
+    src.shape = view->shape;
+    src.data = (const uint8_t *)src.data + view->offset * st_dtype_size(view->tensor->dtype);
+    return bind_source(m, &src, e);
 }
 
 /* ---- files --------------------------------------------------------------------------- */
@@ -177,14 +207,7 @@ static int open_sharded(parity_model *m, const char *dir, const char *index_path
 }
 
 static const st_tensor *find_tensor(const parity_model *m, const char *name, const st_file **file) {
-    for (size_t i = 0; i < m->n_files; i++) {
-        const st_tensor *t = st_find(m->files[i], name);
-        if (t) {
-            *file = m->files[i];
-            return t;
-        }
-    }
-    return NULL;
+    return st_find_in(m->files, m->n_files, name, file);
 }
 
 /* A tensor of the checkpoint as a tensor_source (`where` its buffer for messages), or 0 when
@@ -194,14 +217,7 @@ static int find_source(const parity_model *m, const char *name, char *where, siz
     const st_file *f;
     const st_tensor *t = find_tensor(m, name, &f);
     if (!t) return 0;
-    snprintf(where, where_size, "%s: tensor '%s'", f->path, name);
-    const uint32_t dtype = t->dtype == ST_F32       ? PARITY_DTYPE_F32
-                           : t->dtype == ST_BF16    ? PARITY_DTYPE_BF16
-                           : t->dtype == ST_F16     ? PARITY_DTYPE_F16
-                           : t->dtype == ST_F8_E4M3 ? PARITY_DTYPE_F8_E4M3
-                           : t->dtype == ST_U8      ? TENSOR_SOURCE_U8
-                                                    : UINT32_MAX;
-    *out = (tensor_source){where, dtype, st_dtype_name(t->dtype), t->ndim, t->shape, t->data, 1};
+    *out = source_of(f, t, where, where_size);
     return 1;
 }
 
@@ -311,8 +327,15 @@ static int bind_all(parity_model *m, const char *dir) {
     const int quantized = layout != NULL;
     for (size_t i = 0; i < n; i++)
         e[i].dst->keep_bf16 = quantized && e[i].linear && quant_checkpoint_keeps(&m->ckpt, e[i].name);
+    fused_layer *fused = NULL; /* the layers whose experts are fused tensors (NULL: none) */
+    rc = fused_experts_find(m, quantized, &fused);
     for (size_t i = 0; i < n && rc == PARITY_OK; i++) {
         const st_file *f;
+        fused_view view;
+        if (fused_expert_view(m, fused, &e[i], &view)) {
+            rc = bind_fused(m, &view, &e[i]);
+            continue;
+        }
         if (quantized && e[i].linear && !e[i].dst->keep_bf16) {
             rc = bind_quantized(m, dir, layout, &e[i]);
             continue;
@@ -338,7 +361,8 @@ static int bind_all(parity_model *m, const char *dir) {
         const st_file *f = m->files[fi];
         for (size_t t = 0; t < f->n_tensors && rc == PARITY_OK; t++) {
             const char *name = f->tensors[t].name;
-            int known = ignorable(m, name) || is_shipped_companion(m, layout, name);
+            int known = ignorable(m, name) || is_shipped_companion(m, layout, name) ||
+                        fused_experts_hold(m, fused, name);
             for (size_t i = 0; i < n && !known; i++) known = !strcmp(e[i].name, name);
             if (!known)
                 rc = set_error(PARITY_ERR_TENSOR_UNEXPECTED,
@@ -348,6 +372,7 @@ static int bind_all(parity_model *m, const char *dir) {
                                                             "does not quantize)" : "");
         }
     }
+    px_free(fused);
     return rc;
 }
 

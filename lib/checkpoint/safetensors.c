@@ -444,3 +444,15 @@ const st_tensor *st_find(const st_file *f, const char *name) {
         if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
     return NULL;
 }
+
+const st_tensor *st_find_in(st_file *const *files, size_t n, const char *name,
+                            const st_file **file) {
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = st_find(files[i], name);
+        if (t) {
+            *file = files[i];
+            return t;
+        }
+    }
+    return NULL;
+}

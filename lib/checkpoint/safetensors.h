@@ -62,5 +62,9 @@ int st_parse(const uint8_t *buf, size_t size, const char *path, st_file **out);
 void st_close(st_file *f);
 /* The tensor of that name, or NULL. */
 const st_tensor *st_find(const st_file *f, const char *name);
+/* The tensor of that name in the first of files[0 .. n) that holds it (*file set to that
+ * file), or NULL. */
+const st_tensor *st_find_in(st_file *const *files, size_t n, const char *name,
+                            const st_file **file);
 
 #endif

@@ -179,14 +179,23 @@ class Model(_lib.Closing):
             else cfg["rope_type"]
         for f in _FLAGS:
             cfg[f] = bool(cfg[f])
+        # the bitset of 16 words as the layers it names, ascending (a copy, not a view of the
+        # library's struct)
+        words = list(cfg["mlp_only_layers"])
+        cfg["mlp_only_layers"] = [64 * w + b for w in range(len(words)) for b in range(64)
+                                  if (words[w] >> b) & 1]
         self._config = cfg
 
     @property
     def config(self):
         """The model's config (parity_config) as a dict: field names as in parity.h; arch
-        ("qwen2", "qwen3", "llama") and rope_type ("default", "linear", "llama3", "yarn") by
-        name, the flags as bools. A copy: changing it changes nothing."""
-        return dict(self._config)
+        ("qwen2", "qwen3", "llama", "ouro", "qwen3_moe", "qwen2_moe") and rope_type
+        ("default", "linear", "llama3", "yarn") by name, the flags as bools, mlp_only_layers
+        as the list of layer indices it names (config.json's list, [] for most models). A
+        copy: changing it changes nothing."""
+        config = dict(self._config)
+        config["mlp_only_layers"] = list(config["mlp_only_layers"])
+        return config
 
     @property
     def vocab_size(self):

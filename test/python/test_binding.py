@@ -331,6 +331,15 @@ class TestScore(unittest.TestCase):
         self.assertEqual((c["arch"], c["vocab_size"], c["hidden_size"], c["qk_norm"]),
                          ("qwen3", 256, 64, True))
         self.assertEqual(self.real.config["num_hidden_layers"], 6)
+        self.assertEqual(c["mlp_only_layers"], [])
+        with parity.Model("synthetic:qwen3-moe-tiny") as moe:
+            m = moe.config
+            self.assertEqual((m["arch"], m["num_experts"], m["num_experts_per_tok"],
+                              m["moe_intermediate_size"], m["norm_topk_prob"],
+                              m["decoder_sparse_step"], m["mlp_only_layers"]),
+                             ("qwen3_moe", 8, 2, 32, 1, 1, [1]))
+            m["mlp_only_layers"].append(2)
+            self.assertEqual(moe.config["mlp_only_layers"], [1])
         self.assertEqual(parity.policies(),
                          ["fp32", "hf-eager", "hf-sdpa", "vllm", "sglang", "aligned"])
         p = parity.Policy.from_name("hf-eager+aligned")
