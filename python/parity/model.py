@@ -7,7 +7,7 @@ import threading
 from array import array
 
 from . import _lib
-from ._convert import Pinned, TokenBatch, pointer
+from ._convert import Pinned, TokenBatch, numpy_array, pointer
 from ._lib import ParityError, lib
 from .policy import policy_struct
 
@@ -121,6 +121,117 @@ class Scores:
                    self.loop_logprobs))
 
 
+class Routes:
+    """A mixture-of-experts routing record: the experts each position ran in each sparse layer,
+    shape (positions, sparse layers, k), the k in slot order (descending weight, ties to the
+    lower index). Sampler.routes(), Completion.routes and Model.score(return_routes=True) give
+    one per sequence, covering the positions whose next token is scored (a sequence's length
+    - 1, as vLLM's routed_experts: int16 [seq_len - 1, num_moe_layers, top_k]); Model.score
+    (routes=...) and CausalLM.forward(routes=...) replay it.
+
+    Attributes: data, the ids flat in (position, layer, slot) order (array('H')); layers; k.
+    len() is the positions; r[j] is position j's [layers][k] lists; tolist() nests them all;
+    numpy() is the (positions, layers, k) numpy array (int16 by default, as vLLM returns it).
+    Two records are equal when their shapes and ids are."""
+
+    __slots__ = ("data", "layers", "k")
+
+    def __init__(self, data, layers, k):
+        self.data = data if isinstance(data, array) and data.typecode == "H" else array("H", data)
+        self.layers, self.k = layers, k
+        if layers * k == 0 or len(self.data) % (layers * k):
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "a routing record of %d ids is not a "
+                              "whole number of positions of %d layers x %d experts"
+                              % (len(self.data), layers, k))
+
+    @property
+    def stride(self):
+        """The ids of one position: layers x k."""
+        return self.layers * self.k
+
+    @property
+    def shape(self):
+        return (len(self), self.layers, self.k)
+
+    def __len__(self):
+        return len(self.data) // self.stride
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            lo, hi, step = j.indices(len(self))
+            if step != 1:
+                raise ValueError("a routing record slices with step 1")
+            return Routes(self.data[lo * self.stride:hi * self.stride], self.layers, self.k)
+        n = len(self)
+        if not -n <= j < n:
+            raise IndexError("position %d of a record of %d positions" % (j, n))
+        at = (j % n) * self.stride
+        row = self.data[at:at + self.stride].tolist()
+        return [row[i:i + self.k] for i in range(0, self.stride, self.k)]
+
+    def tolist(self):
+        """[positions][layers][k] nested lists of ints."""
+        return [self[j] for j in range(len(self))]
+
+    def numpy(self, dtype="int16"):
+        """A numpy array of shape (positions, layers, k) (needs numpy)."""
+        import numpy as np
+        return np.frombuffer(self.data, dtype=np.uint16).reshape(self.shape).astype(dtype)
+
+    def __eq__(self, other):
+        return isinstance(other, Routes) and self.shape == other.shape and self.data == other.data
+
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "Routes(positions=%d, layers=%d, k=%d)" % self.shape
+
+
+def _route_ids(record, length, layers, k, what):
+    """One sequence's routing record to replay as array('H') of length x layers x k ids (the
+    last position padded with zeros, which the scorer does not read): a Routes, a numpy
+    integer array or nested lists of shape (positions, layers, k) or (positions, layers x k),
+    or a flat sequence of ints, with positions = length - 1 or length."""
+    stride = layers * k
+    if isinstance(record, Routes):
+        if record.stride != stride:
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s: a record of %d layers x %d experts; "
+                              "this model routes %d x %d" % (what, record.layers, record.k,
+                                                              layers, k))
+        ids = array("H", record.data)
+    else:
+        a = numpy_array(record)
+        if a is not None:
+            if a.dtype.kind not in "iu":
+                raise TypeError("%s must hold integer expert ids, not %s" % (what, a.dtype))
+            flat = a.reshape(-1)
+            if flat.size and (int(flat.min()) < 0 or int(flat.max()) > 2 ** 16 - 1):
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT, "%s: an expert id is outside "
+                                  "[0, 65535]" % what)
+            ids = array("H")
+            ids.frombytes(flat.astype("uint16").tobytes())
+        else:
+            flat, stack = [], [record]
+            while stack:  # nested lists flattened in order
+                x = stack.pop()
+                if isinstance(x, (list, tuple)):
+                    stack.extend(reversed(x))
+                else:
+                    flat.append(_lib.as_int(x, "%s: an expert id" % what, 0, 2 ** 16 - 1))
+            ids = array("H", flat)
+    if len(ids) == (length - 1) * stride:
+        ids.extend(array("H", bytes(2 * stride)))
+    if len(ids) != length * stride:
+        raise ParityError(_lib.ERR_INVALID_ARGUMENT,
+                          "%s holds %d expert ids; a sequence of %d tokens needs %d positions "
+                          "(or %d, the last not read) of %d sparse layers x %d experts"
+                          % (what, len(ids), length, length - 1, length, layers, k))
+    return ids
+
+
 class Model(_lib.Closing):
     """A model loaded into libparity.
 
@@ -179,13 +290,18 @@ class Model(_lib.Closing):
             else cfg["rope_type"]
         for f in _FLAGS:
             cfg[f] = bool(cfg[f])
+        # the bitset's words (a view of the library's struct) as the layers' indices
+        words = list(cfg["mlp_only_layers"])
+        cfg["mlp_only_layers"] = [i for i in range(64 * len(words))
+                                  if (words[i // 64] >> (i % 64)) & 1]
         self._config = cfg
 
     @property
     def config(self):
         """The model's config (parity_config) as a dict: field names as in parity.h; arch
-        ("qwen2", "qwen3", "llama") and rope_type ("default", "linear", "llama3", "yarn") by
-        name, the flags as bools. A copy: changing it changes nothing."""
+        ("qwen2", "qwen3", "llama", "ouro", "qwen3_moe", "qwen2_moe") and rope_type ("default",
+        "linear", "llama3", "yarn") by name, the flags as bools, mlp_only_layers as the list of
+        the layers' indices (as config.json). A copy: changing it changes nothing."""
         return dict(self._config)
 
     @property
@@ -388,6 +504,19 @@ class Model(_lib.Closing):
             loop_logprobs: looped models, the dense learner: also return every loop's
                 log-prob of each position (Scores.loop_logprobs: total_ut_steps values per
                 position, loop 1 first), for learners that weight per-loop log-probs.
+            routes: mixture-of-experts models: a routing record to replay, shaped like
+                sequences (one per sequence when several): a Routes (Completion.routes,
+                Sampler.routes()), a numpy integer array or nested lists of shape (positions,
+                sparse layers, k) or (positions, sparse layers x k), or a flat list of ints,
+                with positions = the sequence's length - 1 (or its length: the last is not
+                read). Each position then runs the experts recorded, their weights computed
+                from this call's router logits under this policy (the frameworks' routing
+                replay): under the sampler's policy, the sampler's log-probs bit for bit.
+                None: every position routes itself (recomputation). A record of the wrong
+                size, an id >= num_experts or one repeated within a layer raises ParityError
+                (PARITY_ERR_INVALID_ARGUMENT).
+            return_routes: mixture-of-experts models: also return the experts each position
+                ran (replayed or routed), a Routes per sequence of its length - 1 positions.
 
         Returns:
             For each sequence of n tokens, the n - 1 values log p(x_t | x_<t), t = 1..n-1
@@ -395,7 +524,8 @@ class Model(_lib.Closing):
             lists for many; numpy float32 arrays where the sequences were numpy arrays (a 2-D
             array of shape (rows, n - 1) for a 2-D input). With entropy or top_n, a Scores
             object holding logprobs, entropy, top_ids and top_logprobs shaped alike.
-            Each value is bitwise what parity-score prints for that sequence alone.
+            Each value is bitwise what parity-score prints for that sequence alone. With
+            return_routes, a pair (that result, the Routes: one, or a list of them).
 
         Raises:
             ParityError: PARITY_ERR_TOKEN_RANGE (an id outside [0, vocab)), _EMPTY_INPUT (no
@@ -461,17 +591,21 @@ class Model(_lib.Closing):
             raise ParityError(_lib.ERR_INVALID_ARGUMENT,
                               "routes: this model (%s) has no sparse layers to route"
                               % self.config["arch"])
+        layers = stride // self.config["num_experts_per_tok"] if stride else 0
         if routes is not None:
-            flat = routes if batch.single else [x for seq in routes for x in seq]
-            rbuf = array("H", [_lib.as_int(x, "routed expert", 0, 2 ** 16 - 1) for x in flat])
-            if len(rbuf) != sum(lengths) * stride:
+            records = [routes] if batch.single else routes
+            if isinstance(records, Routes) or len(records) != n:
                 raise ParityError(_lib.ERR_INVALID_ARGUMENT,
-                                  "routes has %d values, the sequences need %d: %d per token "
-                                  "(sparse layers x experts a token)"
-                                  % (len(rbuf), sum(lengths) * stride, stride))
+                                  "routes: %s for %d sequences: one routing record per sequence"
+                                  % ("one record" if isinstance(records, Routes)
+                                     else "%d records" % len(records), n))
+            rbuf = array("H")
+            for i, (record, length) in enumerate(zip(records, lengths)):
+                rbuf.extend(_route_ids(record, length, layers, stride // max(layers, 1),
+                                       "routes of sequence %d" % i))
             opts.routes = ctypes.cast(rbuf.buffer_info()[0], ctypes.POINTER(ctypes.c_uint16))
         if return_routes:
-            rout = array("H", bytes(2 * sum(lengths) * stride))
+            rout = array("H", bytes(2 * max(sum(lengths), 1) * stride))
             opts.routes_out = ctypes.cast(rout.buffer_info()[0], ctypes.POINTER(ctypes.c_uint16))
         entry = self._checkout(pol, be, n_threads, max(lengths) if n else 1)
         try:
@@ -484,34 +618,37 @@ class Model(_lib.Closing):
 
         total = sum(lengths) - n
         lp = _split(lp, batch, total, 1, False)
-        if return_routes:
-            ran, at = [], 0
-            for length in lengths:
-                ran.append(rout[at * stride:(at + length) * stride].tolist())
-                at += length
-            lp = (lp, ran[0] if batch.single else ran)
-        if not entropy and not k and not loops:
+        if entropy or k or loops:
+            lp = Scores(lp, _split(ent, batch, total, 1, False) if entropy else None,
+                        _split(tid, batch, total, k, True) if k else None,
+                        _split(tlp, batch, total, k, True) if k else None,
+                        _split(llp, batch, total, loops, True) if loops else None)
+        if not return_routes:
             return lp
-        return Scores(lp, _split(ent, batch, total, 1, False) if entropy else None,
-                      _split(tid, batch, total, k, True) if k else None,
-                      _split(tlp, batch, total, k, True) if k else None,
-                      _split(llp, batch, total, loops, True) if loops else None)
+        ran, at = [], 0
+        for length in lengths:  # the positions whose next token is scored
+            ran.append(Routes(rout[at * stride:(at + length - 1) * stride], layers,
+                              stride // layers))
+            at += length
+        return lp, (ran[0] if batch.single else ran)
+
+    @property
+    def sparse_layers(self):
+        """Mixture-of-experts models: the indices of the sparse layers (a router and experts
+        instead of the dense MLP: (i + 1) % decoder_sparse_step == 0 and i not in
+        mlp_only_layers), in order; [] for a model without experts."""
+        c = self._config
+        if not c.get("num_experts"):
+            return []
+        only = set(c["mlp_only_layers"])
+        return [i for i in range(c["num_hidden_layers"])
+                if (i + 1) % c["decoder_sparse_step"] == 0 and i not in only]
 
     @property
     def route_stride(self):
         """Mixture-of-experts models: the entries of one position's routing record (sparse
         layers x num_experts_per_tok); 0 for a model without experts."""
-        c = self.config
-        if not c.get("num_experts"):
-            return 0
-        step = c["decoder_sparse_step"]
-        only = c["mlp_only_layers"]
-        if not isinstance(only, list):  # the bitset's words
-            only = [i for i in range(64 * len(only)) if (only[i // 64] >> (i % 64)) & 1]
-        only = set(only)
-        sparse = sum(1 for i in range(c["num_hidden_layers"])
-                     if (i + 1) % step == 0 and i not in only)
-        return sparse * c["num_experts_per_tok"]
+        return len(self.sparse_layers) * self._config["num_experts_per_tok"]
 
     def save(self, directory, layout="bf16"):
         """Writes the model as a Hugging Face checkpoint into `directory` (created if missing):
@@ -672,18 +809,20 @@ class Model(_lib.Closing):
 
     def sampler(self, policy="aligned", max_seqs=None, max_len=None, threads=None,
                 backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None,
-                loop_kv="last-exited", prefault=False):
+                loop_kv="last-exited", prefault=False, record_routes=False):
         """A Sampler (KV-cached batched generation) on this model; see parity.Sampler."""
         from .sampler import Sampler
         return Sampler(self, policy=policy, max_seqs=max_seqs, max_len=max_len, threads=threads,
                        backend=backend, max_batch=max_batch, cache_tokens=cache_tokens,
-                       prefill_chunk=prefill_chunk, loop_kv=loop_kv, prefault=prefault)
+                       prefill_chunk=prefill_chunk, loop_kv=loop_kv, prefault=prefault,
+                       record_routes=record_routes)
 
     def generate(self, prompts, n=1, max_tokens=64, policy="aligned", batch=None, threads=None,
-                 backend="bf16", loop_kv="last-exited", **sampling):
+                 backend="bf16", loop_kv="last-exited", record_routes=False, **sampling):
         """Samples n completions of each prompt with a sampler sized as parity-generate sizes
         its own (max_len = min(longest prompt + max_tokens, context), batch + 1 sequences),
-        then frees it. Other keyword arguments are Sampler.generate's. Returns what
+        then frees it; record_routes=True (mixture-of-experts models) gives each Completion
+        its routes. Other keyword arguments are Sampler.generate's. Returns what
         Sampler.generate returns."""
         from .sampler import Sampler, _prompt_list
         plist, _ = _prompt_list(prompts)
@@ -698,7 +837,8 @@ class Model(_lib.Closing):
         block = lib.parity_kv_block_tokens()
         cache = (b + 1) * ((max_len + block - 1) // block + 1) * block
         with Sampler(self, policy=policy, max_seqs=b + 1, max_batch=b, threads=threads,
-                     backend=backend, max_len=max_len, cache_tokens=cache, loop_kv=loop_kv) as s:
+                     backend=backend, max_len=max_len, cache_tokens=cache, loop_kv=loop_kv,
+                     record_routes=record_routes) as s:
             return s.generate(prompts, n=n, max_tokens=max_tokens, batch=b, **sampling)
 
 
