@@ -18,7 +18,8 @@ its ABI, structs and enumerations are checked at import.
 from . import _lib, quant, regions
 from ._lib import ABI_VERSION, LIBRARY_PATH, MAX_STOP, ParityError, lib, status_name
 from .manifest import write_manifest
-from .model import Model, Routes, Scores
+from ._routes import Routes
+from .model import Model, Scores
 from .policy import CHOICES, Policy, policies
 from .sampler import Completion, DepthSchedule, Sampler, Step
 

@@ -7,6 +7,7 @@ from array import array
 from . import _lib
 from ._convert import TokenBatch, pointer
 from ._lib import BACKENDS, MODES, ParityError, lib
+from ._routes import Routes
 from ._lib import as_choice as _choice
 from .policy import policy_struct
 
@@ -322,7 +323,6 @@ class Sampler(_lib.Closing):
         Model.score(tokens, routes=...) replays it: under this sampler's policy, its
         log-probs bit for bit. Raises ParityError (PARITY_ERR_INVALID_ARGUMENT) for a sampler
         without record_routes."""
-        from .model import Routes
         ptr = ctypes.POINTER(ctypes.c_uint16)()
         n, stride = ctypes.c_uint32(), ctypes.c_uint32()
         with self._lock:
