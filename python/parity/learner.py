@@ -22,6 +22,16 @@ an fp8 gemm ("+fp8-block:RULE", "+mxfp8:RULE") the decoder layers' linear layers
 fp32 masters and their inputs with the rule, as the model's fp8 GEMM does (so a model synced
 with the masters scores the same bits), with gradients straight through both quantizers.
 
+Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE): a sparse layer runs the forward's steps
+(lib/engine/moe_layer.c) on the same entry points: the router's logits (parity_linear on the
+bf16 router, never quantized, rounded), the route (parity_moe_route: the policy's moe_router
+and moe_weights; or a routing record replayed, forward(routes=...)), each expert over the rows
+that chose it (gate and up rounded, SwiGLU, the down projection's fp32 output), Qwen2-MoE's
+shared expert and its gate, and the combine (parity_moe_combine). Backward: the router's
+weights are differentiated in fp32 (softmax over the experts, the chosen ones, renormalised;
+a topk-softmax router's softmax over the chosen) with respect to its logits, the choice itself
+a constant; the combine as sum_s w_s y_s + sigmoid(g) y_shared.
+
 The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
 fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
 of the targets), evaluated at the saved inputs, and every rounding point passes its gradient
@@ -725,7 +735,10 @@ class CausalLM(_torch.nn.Module):
     exactly. The forward reads their round-to-nearest-even bf16 cast (compute "bf16"), the
     cast parity_model_update makes, or the masters themselves (compute "fp32"); so after
     sync_to(model) the module and the model's sampler and scorer agree bit for bit.
-    Architectures: those of libparity with default RoPE (rope_type "default").
+    Architectures: those of libparity with default RoPE (rope_type "default"), the
+    mixture-of-experts ones included (parameters "model.layers.L.mlp.gate.weight",
+    "model.layers.L.mlp.experts.N.gate_proj.weight", "...mlp.shared_expert.up_proj.weight",
+    "...mlp.shared_expert_gate.weight", ...; a directory must hold the per-expert names).
     """
 
     def __init__(self, source, policy="aligned", backend="bf16", threads=None):
