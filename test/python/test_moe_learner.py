@@ -16,35 +16,21 @@ import harness
 BUILD = harness.setup()
 (torch,) = harness.require("parity.torch MoE learner tests", ["torch"], "python3-torch")
 
-import os  # noqa: E402
-import struct  # noqa: E402
 import unittest  # noqa: E402
 
 import parity  # noqa: E402
 from parity import ParityError, Policy  # noqa: E402
 from parity.torch import CausalLM, moe_combine, moe_route  # noqa: E402
+from test_moe import MODELS, PROMPTS, model  # noqa: E402
+from test_moe import bits as float_bits  # noqa: E402
 
-DATA = os.path.join(harness.REPO, "test", "data", "moe")
-MODELS = ["synthetic:qwen3-moe-tiny", "synthetic:qwen2-moe-tiny",
-          os.path.join(DATA, "qwen3-moe-tiny"), os.path.join(DATA, "qwen2-moe-tiny")]
 POLICIES = ["hf-eager", "vllm", "sglang", "aligned", "fp32", "hf-eager+fp16",
             "vllm+fp8-block:deepseek"]
-PROMPTS = [[3, 141, 59, 26, 5, 35, 89], [79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84]]
 
 
 def bits(values):
-    if isinstance(values, torch.Tensor):
-        values = values.detach().tolist()
-    return [struct.unpack("<I", struct.pack("<f", v))[0] for v in values]
-
-
-_models = {}
-
-
-def model(spec):
-    if spec not in _models:
-        _models[spec] = parity.Model(spec, threads=2)
-    return _models[spec]
+    """float32 bit patterns of a sequence of floats or a tensor."""
+    return float_bits(values.detach().tolist() if isinstance(values, torch.Tensor) else values)
 
 
 def sample(m, policy):
