@@ -97,8 +97,9 @@ PARITY_API int parity_rope(const parity_policy *policy, size_t rows, size_t n_he
  * buffers: the embedding gather, the linear layer, causal GQA attention, the head, and a
  * mixture-of-experts layer's router and combine. The model's forward (parity_score, the
  * sampler) runs these same functions, so a host that composes them with the region kernels,
- * rounding at the policy's points, gets the forward's bits exactly (test_ops composes a whole Qwen3 forward from them and compares it with
- * parity_score bit for bit; python/parity/torch.py's CausalLM is built on them).
+ * rounding at the policy's points, gets the forward's bits exactly (test_ops composes whole
+ * Qwen3, Qwen3-MoE and Qwen2-MoE forwards from them and compares them with parity_score bit
+ * for bit; python/parity/torch.py's CausalLM is built on them).
  *
  * Activations are fp32 buffers (float); under a bf16 policy the forward holds bf16 values in
  * them, made so at each rounding point (parity_bf16_from_f32 / _to_f32, or the region kernels'

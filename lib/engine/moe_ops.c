@@ -5,8 +5,6 @@
  * functions a sparse layer of the forward runs (lib/engine/moe_layer.c), so a host learner
  * that composes them with parity_linear and the region kernels gets the forward's bits.
  */
-#include <stdio.h>
-#include <string.h>
 
 #include "args.h"
 #include "base/alloc.h"
@@ -37,7 +35,8 @@ static int check_ids(const char *fn, size_t r, uint32_t n_experts, uint32_t k,
     for (uint32_t a = 0; a < k; a++) {
         if (ids[a] >= n_experts)
             return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                             "%s: row %zu: replayed expert %u in slot %u is not below n_experts = %u",
+                             "%s: row %zu: replayed expert %u in slot %u is not below "
+                             "n_experts = %u",
                              fn, r, ids[a], a, n_experts);
         for (uint32_t b = 0; b < a; b++)
             if (ids[b] == ids[a])

@@ -1,5 +1,6 @@
-"""A mixture-of-experts routing record (Routes) and the reading of one to replay (route_ids),
-shared by the scorer (model.py), the sampler and the torch learner."""
+"""A mixture-of-experts routing record (Routes), the reading of one to replay (route_ids) and
+the sparse layers of a config (sparse_layers), shared by the scorer (model.py), the sampler and
+the torch learner."""
 from array import array
 
 from . import _lib
@@ -74,6 +75,16 @@ class Routes:
 
     def __repr__(self):
         return "Routes(positions=%d, layers=%d, k=%d)" % self.shape
+
+
+def sparse_layers(config):
+    """The indices of a config's sparse layers ((i + 1) % decoder_sparse_step == 0 and i not in
+    mlp_only_layers, a list of indices), in order; [] for a model without experts."""
+    if not config.get("num_experts"):
+        return []
+    only = set(config["mlp_only_layers"])
+    return [i for i in range(config["num_hidden_layers"])
+            if (i + 1) % config["decoder_sparse_step"] == 0 and i not in only]
 
 
 def route_ids(record, length, layers, k, what):

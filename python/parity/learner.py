@@ -57,7 +57,7 @@ import torch as _torch
 from . import _lib, _safetensors
 from . import _torch_moe, _torch_regions
 from ._lib import lib, ParityError
-from ._routes import route_ids
+from ._routes import route_ids, sparse_layers
 from .model import Model, score_options, _default_threads
 from .policy import policy_struct
 
@@ -867,13 +867,7 @@ class CausalLM(_torch.nn.Module):
     def _sparse_layers(self):
         """{layer index: its index among the sparse layers} of a mixture-of-experts model
         ({} for the others), as Model.sparse_layers decides."""
-        c = self.config
-        if not c.get("num_experts"):
-            return {}
-        only = set(c["mlp_only_layers"])
-        layers = [i for i in range(c["num_hidden_layers"])
-                  if (i + 1) % c["decoder_sparse_step"] == 0 and i not in only]
-        return {layer: i for i, layer in enumerate(layers)}
+        return {layer: i for i, layer in enumerate(sparse_layers(self.config))}
 
     def _replay(self, routes, lengths):
         """The routing records to replay as an int64 tensor [tokens, sparse layers, k], and a

@@ -9,7 +9,7 @@ from array import array
 from . import _lib
 from ._convert import Pinned, TokenBatch, pointer
 from ._lib import ParityError, lib
-from ._routes import Routes, route_ids
+from ._routes import Routes, route_ids, sparse_layers
 from .policy import policy_struct
 
 #: {name: value} of the log-prob modes and backends, as the library names them.
@@ -192,7 +192,7 @@ class Model(_lib.Closing):
         ("qwen2", "qwen3", "llama", "ouro", "qwen3_moe", "qwen2_moe") and rope_type ("default",
         "linear", "llama3", "yarn") by name, the flags as bools, mlp_only_layers as the list of
         the layers' indices (as config.json). A copy: changing it changes nothing."""
-        return dict(self._config)
+        return {k: list(v) if isinstance(v, list) else v for k, v in self._config.items()}
 
     @property
     def vocab_size(self):
@@ -527,12 +527,7 @@ class Model(_lib.Closing):
         """Mixture-of-experts models: the indices of the sparse layers (a router and experts
         instead of the dense MLP: (i + 1) % decoder_sparse_step == 0 and i not in
         mlp_only_layers), in order; [] for a model without experts."""
-        c = self._config
-        if not c.get("num_experts"):
-            return []
-        only = set(c["mlp_only_layers"])
-        return [i for i in range(c["num_hidden_layers"])
-                if (i + 1) % c["decoder_sparse_step"] == 0 and i not in only]
+        return sparse_layers(self._config)
 
     @property
     def route_stride(self):

@@ -268,10 +268,9 @@ def moe_route(logits, k, norm_topk_prob=True, policy="aligned", n_experts=None, 
             _lib.fail(_lib.ERR_INVALID_ARGUMENT, "replay holds %d ids, %d rows of k = %d need %d"
                       % (len(rep), rows, k, rows * k))
     ids, weights = array("H", bytes(2 * rows * k)), array("f", bytes(4 * rows * k))
-    lib.parity_moe_route(pol, rows, n_experts, k, 1 if norm_topk_prob else 0,
-                         _buf(values), n_experts,
-                         _buf(rep) if rep is not None else None,
-                         _buf(ids), _buf(weights))
+    lib.parity_moe_route(pol, rows, n_experts, k, 1 if norm_topk_prob else 0, _buf(values),
+                         n_experts, _buf(rep) if rep is not None else None, _buf(ids),
+                         _buf(weights))
     if np_in is None:
         return ids, weights
     np = sys.modules["numpy"]
@@ -315,11 +314,9 @@ def moe_combine(y, ids, weights, k, policy="aligned", y_shared=None, shared_gate
                       "%d rows of width %d need %d and %d"
                       % (len(ys), len(gate), rows, width, rows * width, rows))
     out = array("f", bytes(4 * rows * width))
-    lib.parity_moe_combine(pol, rows, width, k, _buf(idv),
-                           _buf(wv), _buf(yv),
+    lib.parity_moe_combine(pol, rows, width, k, _buf(idv), _buf(wv), _buf(yv),
                            _buf(ys) if ys is not None else None,
-                           _buf(gate) if gate is not None else None,
-                           _buf(out))
+                           _buf(gate) if gate is not None else None, _buf(out))
     if np_in is None:
         return out
     np = sys.modules["numpy"]

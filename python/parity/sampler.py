@@ -163,9 +163,9 @@ class Sampler(_lib.Closing):
 
     Made by Model.sampler(policy="aligned", max_seqs=None, max_len=None, threads=None,
     backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None, loop_kv="last-exited",
-    prefault=False, record_routes=False); None takes the library's defaults (max_seqs 64, max_len min(context, 4096),
-    max_batch 64 rows per decode forward, cache_tokens max_seqs * max_len, prefill_chunk 256),
-    threads None the model's. prefault=True writes every page of the cache at creation, so
+    prefault=False, record_routes=False); None takes the library's defaults (max_seqs 64,
+    max_len min(context, 4096), max_batch 64 rows per decode forward, cache_tokens max_seqs *
+    max_len, prefill_chunk 256), threads None the model's. prefault=True writes every page of the cache at creation, so
     that no step takes a first-touch page fault (the memory is committed at once: size
     cache_tokens first). Results never depend on threads, max_batch, prefill_chunk,
     cache_tokens or prefault. record_routes=True (mixture-of-experts models) keeps the experts
