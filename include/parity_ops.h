@@ -94,11 +94,12 @@ PARITY_API int parity_rope(const parity_policy *policy, size_t rows, size_t n_he
 /* ---------------------------------------------------------------------------------------- */
 /*
  * The pieces of the forward pass that the region kernels above do not cover, on caller-owned
- * buffers: the embedding gather, the linear layer, causal GQA attention and the head. The
- * model's forward (parity_score, the sampler) runs these same functions, so a host that
- * composes them with the region kernels, rounding at the policy's points, gets the forward's
- * bits exactly (test_ops composes a whole Qwen3 forward from them and compares it with
- * parity_score bit for bit; python/parity/torch.py's CausalLM is built on them).
+ * buffers: the embedding gather, the linear layer, causal GQA attention, the head, and a
+ * mixture-of-experts layer's router and combine. The model's forward (parity_score, the
+ * sampler) runs these same functions, so a host that composes them with the region kernels,
+ * rounding at the policy's points, gets the forward's bits exactly (test_ops composes whole
+ * Qwen3, Qwen3-MoE and Qwen2-MoE forwards from them and compares them with parity_score bit
+ * for bit; python/parity/torch.py's CausalLM is built on them).
  *
  * Activations are fp32 buffers (float); under a bf16 policy the forward holds bf16 values in
  * them, made so at each rounding point (parity_bf16_from_f32 / _to_f32, or the region kernels'
@@ -181,6 +182,36 @@ PARITY_API int parity_head_logprobs(parity_pool *pool, const parity_policy *poli
                                     size_t lm_head_stride, const int32_t *targets,
                                     float *logprobs, float *entropy, float *logits,
                                     size_t logits_stride);
+
+/* Mixture-of-experts routing, as a sparse layer of the forward routes each token (parity.h,
+ * "The policy in detail": moe_router, moe_weights): from `rows` rows of n_experts router logits
+ * (rows logits_stride apart; the router GEMM's output, rounded where the policy rounds every
+ * GEMM output: parity_linear on the bf16 router weight, never quantized, then the rounding
+ * point), each row's k experts in slot order (descending probability, ties to the lower
+ * index) into ids[r * k + slot] and their weights into weights[r * k + slot] (fp32; bf16
+ * values under moe_weights ROUNDED). norm_topk_prob: the config's (nonzero renormalises the k
+ * chosen weights). replay: NULL, or rows x k expert ids to take instead of the top-k (each
+ * row's distinct and below n_experts, else PARITY_ERR_INVALID_ARGUMENT), whose weights are
+ * then computed from these logits under this policy: a routing record's replay. n_experts in
+ * 1..4096, k in 1..min(n_experts, 64); a topk-softmax router with norm_topk_prob 0 is
+ * PARITY_ERR_POLICY. Allocates 8 bytes an expert of scratch for the call. */
+PARITY_API int parity_moe_route(const parity_policy *policy, size_t rows, uint32_t n_experts,
+                                uint32_t k, int norm_topk_prob, const float *logits,
+                                size_t logits_stride, const uint16_t *replay, uint16_t *ids,
+                                float *weights);
+
+/* The mixture-of-experts combine, as a sparse layer of the forward sums its experts (moe_combine
+ * of the policy): out[r][h] (h < width, rows width apart) from the k chosen experts' fp32
+ * down-projection outputs y[r][slot][h] (unrounded, as parity_linear returns them; contiguous,
+ * rows k * width apart), their ids and weights (parity_moe_route's, slot order) and, for a
+ * Qwen2-MoE shared expert, its unrounded down-projection output y_shared[r][h] (rows width
+ * apart) and its gate's logit shared_gate[r] (the gate GEMM's output, rounded); y_shared and
+ * shared_gate both NULL for a model without one. k in 1..64; out must not overlap the inputs.
+ * out holds bf16 values (fp16 under compute "fp16"; fp32 under compute "fp32"). */
+PARITY_API int parity_moe_combine(const parity_policy *policy, size_t rows, size_t width,
+                                  uint32_t k, const uint16_t *ids, const float *weights,
+                                  const float *y, const float *y_shared,
+                                  const float *shared_gate, float *out);
 
 #ifdef __cplusplus
 }

@@ -1,12 +1,15 @@
-/* The forward pieces (parity_embedding, parity_linear, parity_attention, parity_head_logprobs):
- * a whole Qwen3 forward composed from them and the public region kernels, rounding at the
- * policy's points as a host would, gives parity_score's log-probs bit for bit — every preset
- * with bf16 compute (and +fp32-head), both backends, the three log-prob modes, one thread or
- * a pool of two, on every CPU path; each piece on its own is invariant to the rows beside it
+/* The forward pieces (parity_embedding, parity_linear, parity_attention, parity_head_logprobs,
+ * parity_moe_route, parity_moe_combine): a whole Qwen3 forward composed from them and the
+ * public region kernels, rounding at the policy's points as a host would, gives parity_score's
+ * log-probs bit for bit — every preset with bf16 compute (and +fp32-head), both backends, the
+ * three log-prob modes, one thread or a pool of two, on every CPU path; so do Qwen3-MoE and
+ * Qwen2-MoE forwards under each preset's router and combine, routing the experts parity_score
+ * records, and replaying a record; each piece on its own is invariant to the rows beside it
  * and the pool; and bad arguments get a status and a message, with no output written. */
 #include <math.h>
 
 #include "fixtures.h"
+#include "model/config.h"
 #include "model/model.h"
 
 /* ---- bf16 buffers for the region kernels ------------------------------------------------- */
@@ -28,13 +31,82 @@ typedef struct host {
     parity_policy pol;
     uint32_t backend;
     parity_pool *pool;
+    const uint16_t *replay;  /* mixture of experts: NULL, or the routes to replay */
+    uint16_t *routes;        /* mixture of experts: NULL, or where the routes run are written */
 } host;
 
-static int host_linear(const host *h, size_t rows, const float *x, const weight *w, float *y) {
-    int rc = parity_linear(h->pool, &h->pol, h->backend, rows, w->cols, w->rows, x, w->cols,
-                           PARITY_DTYPE_BF16, w->bf16, w->cols, NULL, y, w->rows);
+/* x W^T (+ the bias b, a bf16 weight, when it has rows), unrounded. */
+static int host_linear_fp32(const host *h, size_t rows, const float *x, const weight *w,
+                            const weight *b, float *y) {
+    float *bias = b && b->rows ? calloc(w->rows, 4) : NULL;
+    if (bias) from_bf16(b->bf16, bias, w->rows);
+    const int rc = parity_linear(h->pool, &h->pol, h->backend, rows, w->cols, w->rows, x, w->cols,
+                                 PARITY_DTYPE_BF16, w->bf16, w->cols, bias, y, w->rows);
+    free(bias);
+    return rc;
+}
+
+static int host_linear_bias(const host *h, size_t rows, const float *x, const weight *w,
+                            const weight *b, float *y) {
+    int rc = host_linear_fp32(h, rows, x, w, b, y);
     round_all(y, rows * w->rows);  /* every GEMM output rounded once */
     return rc;
+}
+
+static int host_linear(const host *h, size_t rows, const float *x, const weight *w, float *y) {
+    return host_linear_bias(h, rows, x, w, NULL, y);
+}
+
+/* One SwiGLU expert on `rows` rows of x: gate and up rounded, the SwiGLU region, the down
+ * projection's output unrounded, into y [rows][hidden]. */
+static void host_expert(const host *h, size_t rows, const float *x, const weight *w_gate,
+                        const weight *w_up, const weight *w_down, float *y) {
+    const size_t inter = w_gate->rows;
+    float *gate = calloc(rows * inter, 4), *up = calloc(rows * inter, 4);
+    uint16_t *g16 = calloc(rows * inter, 2), *u16 = calloc(rows * inter, 2);
+    CHECK_OK(host_linear(h, rows, x, w_gate, gate));
+    CHECK_OK(host_linear(h, rows, x, w_up, up));
+    to_bf16(gate, g16, rows * inter);
+    to_bf16(up, u16, rows * inter);
+    CHECK_OK(parity_swiglu(&h->pol, rows, inter, g16, inter, u16, inter, g16, inter));
+    from_bf16(g16, gate, rows * inter);
+    CHECK_OK(host_linear_fp32(h, rows, gate, w_down, NULL, y));
+    free(gate), free(up), free(g16), free(u16);
+}
+
+/* A sparse layer's MLP block on T rows of xn into delta: the router's logits (rounded), each
+ * row's route (parity_moe_route, replayed from h->replay where given), each (row, slot)'s
+ * expert run on that row alone, the shared expert and its gate, parity_moe_combine. `sparse`
+ * counts the sparse layers before this one (the routes' index). */
+static void host_moe(const host *h, const layer_weights *w, uint32_t sparse, size_t T,
+                     const float *xn, float *delta) {
+    const parity_config *c = &h->m->config;
+    const size_t dim = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
+    const size_t stride = config_sparse_layers(c) * k;
+    float *logits = calloc(T * E, 4), *weights = calloc(T * k, 4), *y = calloc(T * k * dim, 4);
+    uint16_t *ids = calloc(T * k, 2), *replay = NULL;
+    CHECK_OK(host_linear(h, T, xn, &w->router, logits));
+    if (h->replay) {
+        replay = calloc(T * k, 2);
+        for (size_t r = 0; r < T; r++)
+            memcpy(replay + r * k, h->replay + r * stride + sparse * k, k * 2);
+    }
+    CHECK_OK(parity_moe_route(&h->pol, T, (uint32_t)E, (uint32_t)k, (int)c->norm_topk_prob,
+                              logits, E, replay, ids, weights));
+    for (size_t r = 0; h->routes && r < T; r++)
+        memcpy(h->routes + r * stride + sparse * k, ids + r * k, k * 2);
+    for (size_t i = 0; i < T * k; i++)
+        host_expert(h, 1, xn + i / k * dim, &w->expert_gate[ids[i]], &w->expert_up[ids[i]],
+                    &w->expert_down[ids[i]], y + i * dim);
+    float *y_shared = NULL, *gate = NULL;
+    if (w->shared_gate.rows) {
+        y_shared = calloc(T * dim, 4), gate = calloc(T, 4);
+        host_expert(h, T, xn, &w->shared_gate, &w->shared_up, &w->shared_down, y_shared);
+        CHECK_OK(host_linear(h, T, xn, &w->shared_expert_gate, gate));
+    }
+    CHECK_OK(parity_moe_combine(&h->pol, T, dim, (uint32_t)k, ids, weights, y, y_shared, gate,
+                                delta));
+    free(logits), free(weights), free(y), free(ids), free(replay), free(y_shared), free(gate);
 }
 
 static void host_score(const host *h, const parity_score_options *o, const int32_t *tokens,
@@ -58,7 +130,7 @@ static void host_score(const host *h, const parity_score_options *o, const int32
 
     CHECK_OK(parity_embedding(T, tokens, c->vocab_size, dim, PARITY_DTYPE_BF16, m->embed.bf16,
                               dim, hs, dim));
-    for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
+    for (uint32_t l = 0, sparse = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *w = &m->layers[l];
         if (l == 0) {
             to_bf16(hs, b1, T * dim);
@@ -71,9 +143,9 @@ static void host_score(const host *h, const parity_score_options *o, const int32
             from_bf16(b3, hs, T * dim);
         }
         from_bf16(b2, xn, T * dim);
-        CHECK_OK(host_linear(h, T, xn, &w->wq, q));
-        CHECK_OK(host_linear(h, T, xn, &w->wk, k));
-        CHECK_OK(host_linear(h, T, xn, &w->wv, v));
+        CHECK_OK(host_linear_bias(h, T, xn, &w->wq, &w->bq, q));
+        CHECK_OK(host_linear_bias(h, T, xn, &w->wk, &w->bk, k));
+        CHECK_OK(host_linear_bias(h, T, xn, &w->wv, &w->bv, v));
         to_bf16(q, b1, T * nh * hd);
         to_bf16(k, b2, T * nkv * hd);
         if (c->qk_norm) {
@@ -93,6 +165,10 @@ static void host_score(const host *h, const parity_score_options *o, const int32
                                          dim, b2, dim));
         from_bf16(b3, hs, T * dim);
         from_bf16(b2, xn, T * dim);
+        if (config_layer_is_sparse(c, l)) {
+            host_moe(h, w, sparse++, T, xn, delta);
+            continue;
+        }
         CHECK_OK(host_linear(h, T, xn, &w->w_gate, gate));
         CHECK_OK(host_linear(h, T, xn, &w->w_up, up));
         to_bf16(gate, b1, T * inter);
@@ -149,7 +225,7 @@ static void compare_with_scorer(const parity_model *m, const char *what, const i
                 parity_scorer *s = new_scorer(m, f);
                 CHECK_OK(parity_score(s, &o, tokens, lengths, n_seqs, want, NULL, NULL, NULL));
                 parity_scorer_free(s);
-                host h = {m, {0}, backend, (p + mode) % 2 ? pool2 : NULL};
+                host h = {m, {0}, backend, (p + mode) % 2 ? pool2 : NULL, NULL, NULL};
                 CHECK_OK(parity_policy_from_name(presets[p], &h.pol));
                 memset(got, 0xff, n_lp * 4);
                 host_score(&h, &o, tokens, lengths, n_seqs, got);
@@ -187,6 +263,137 @@ static void test_composed_forward(parity_pool *pool2) {
     parity_set_cpu_path(saved);
     parity_model_free(tiny);
     parity_model_free(trained);
+}
+
+/* A Qwen3-MoE and a Qwen2-MoE model composed from the pieces under each preset's router and
+ * combine: the log-probs and the experts each position ran equal parity_score's; then a
+ * routing record another policy ran, replayed by both, gives the same log-probs again. */
+static void test_composed_moe(parity_pool *pool2) {
+    static const char *const models[] = {"synthetic:qwen3-moe-tiny", "synthetic:qwen2-moe-tiny"};
+    static const char *const presets[] = {"hf-eager", "vllm", "sglang", "aligned",
+                                          "vllm+aligned"};
+    const uint32_t lengths[] = {21, 1, 14};
+    const size_t n_seqs = 3, T = 36, n_lp = 33;
+    for (size_t mi = 0; mi < 2; mi++) {
+        parity_model *m = NULL;
+        CHECK_OK(parity_model_open(models[mi], &m));
+        if (!m) continue;
+        const parity_config *c = &m->config;
+        const size_t stride = config_sparse_layers(c) * c->num_experts_per_tok;
+        int32_t tokens[36];
+        uint64_t st = 11 + mi;
+        for (size_t i = 0; i < T; i++) tokens[i] = (int32_t)(xorshift64(&st) % c->vocab_size);
+        float want[33], got[33];
+        uint16_t *want_routes = calloc(T * stride, 2), *got_routes = calloc(T * stride, 2);
+        uint16_t *other = calloc(T * stride, 2);
+        parity_score_options o;
+        parity_score_default_options(&o);
+        for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
+            char label[160];
+            snprintf(label, sizeof label, "%s, %s", models[mi], presets[p]);
+            parity_scorer *s = new_scorer(m, (fixture){.policy = presets[p]});
+            o.routes = NULL, o.routes_out = want_routes;
+            CHECK_OK(parity_score(s, &o, tokens, lengths, n_seqs, want, NULL, NULL, NULL));
+            host h = {m, {0}, PARITY_BACKEND_BF16, p % 2 ? pool2 : NULL, NULL, got_routes};
+            CHECK_OK(parity_policy_from_name(presets[p], &h.pol));
+            memset(got, 0xff, sizeof got);
+            host_score(&h, &o, tokens, lengths, n_seqs, got);
+            CHECK_BITS_F32(got, want, n_lp, label);
+            CHECK(memcmp(got_routes, want_routes, T * stride * 2) == 0);
+            /* replay the previous preset's routes (the first replays the last's) */
+            if (p == 0) {
+                parity_scorer *last = new_scorer(m, (fixture){.policy = "sglang"});
+                o.routes_out = other;
+                CHECK_OK(parity_score(last, &o, tokens, lengths, n_seqs, got, NULL, NULL, NULL));
+                parity_scorer_free(last);
+            }
+            o.routes = other, o.routes_out = NULL;
+            CHECK_OK(parity_score(s, &o, tokens, lengths, n_seqs, want, NULL, NULL, NULL));
+            h.replay = other, h.routes = NULL;
+            memset(got, 0xff, sizeof got);
+            host_score(&h, &o, tokens, lengths, n_seqs, got);
+            snprintf(label, sizeof label, "%s, %s, replayed", models[mi], presets[p]);
+            CHECK_BITS_F32(got, want, n_lp, label);
+            memcpy(other, want_routes, T * stride * 2);
+            parity_scorer_free(s);
+        }
+        free(want_routes), free(got_routes), free(other);
+        parity_model_free(m);
+    }
+}
+
+/* The router and the combine on values worked by hand: the top-k with a tie (to the lower
+ * index), the HF weights (softmax, renormalised, rounded to bf16), a replayed route, the FP32
+ * combine with a shared expert; and their bad arguments, each with its status and no output
+ * written. */
+static void test_moe_pieces(void) {
+    parity_policy hf, fp32c;
+    CHECK_OK(parity_policy_from_name("hf-eager", &hf));
+    CHECK_OK(parity_policy_from_name("aligned", &fp32c));
+    /* logits 0, ln 3, ln 3, 0: p = (1, 3, 3, 1) / 8; the top 2 are experts 1 and 2 (the tie
+     * to the lower index), each weighted 0.5 once renormalised */
+    const float logits[4] = {0.0f, logf(3.0f), logf(3.0f), 0.0f};
+    uint16_t ids[2] = {99, 99};
+    float w[2] = {-1, -1};
+    CHECK_OK(parity_moe_route(&hf, 1, 4, 2, 1, logits, 4, NULL, ids, w));
+    CHECK_INT(ids[0], 1);
+    CHECK_INT(ids[1], 2);
+    CHECK(w[0] == 0.5f && w[1] == 0.5f);
+    /* without renormalisation: p itself, 3/8 (to the float rounding of the softmax) */
+    CHECK_OK(parity_moe_route(&hf, 1, 4, 2, 0, logits, 4, NULL, ids, w));
+    CHECK(fabsf(w[0] - 0.375f) < 1e-6f && w[0] == w[1]);
+    /* replaying experts 3 and 0: their weights, renormalised, in the order given */
+    const uint16_t replay[2] = {3, 0};
+    CHECK_OK(parity_moe_route(&hf, 1, 4, 2, 1, logits, 4, replay, ids, w));
+    CHECK_INT(ids[0], 3);
+    CHECK_INT(ids[1], 0);
+    CHECK(w[0] == 0.5f && w[1] == 0.5f);
+    /* FP32 combine: 0.25 * y0 + 0.75 * y1 + sigmoid(0) * y_shared, rounded once */
+    const uint16_t cid[2] = {5, 2};
+    const float cw[2] = {0.25f, 0.75f}, y[4] = {4.0f, 8.0f, 8.0f, -4.0f};
+    const float ysh[2] = {2.0f, 6.0f}, gate[1] = {0.0f};
+    float out[2] = {0, 0};
+    CHECK_OK(parity_moe_combine(&fp32c, 1, 2, 2, cid, cw, y, ysh, gate, out));
+    CHECK(out[0] == 8.0f && out[1] == 2.0f);
+
+    /* bad arguments: the status, a message, and no output written */
+    static const uint16_t repeated[2] = {1, 1}, beyond[2] = {0, 4};
+    ids[0] = ids[1] = 77;
+    CHECK_STATUS(parity_moe_route(&hf, 1, 4, 2, 1, logits, 4, repeated, ids, w),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(parity_last_error(), "repeated") != NULL);
+    CHECK_STATUS(parity_moe_route(&hf, 1, 4, 2, 1, logits, 4, beyond, ids, w),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(parity_last_error(), "not below n_experts") != NULL);
+    CHECK_STATUS(parity_moe_route(&hf, 1, 4, 5, 1, logits, 4, NULL, ids, w),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_moe_route(&hf, 1, 0, 1, 1, logits, 4, NULL, ids, w),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_moe_route(&hf, 1, 4, 2, 1, logits, 3, NULL, ids, w),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_moe_route(&hf, 1, 4, 2, 1, NULL, 4, NULL, ids, w),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_moe_route(NULL, 1, 4, 2, 1, logits, 4, NULL, ids, w),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    parity_policy topk = hf;
+    topk.moe_router = PARITY_MOE_ROUTER_TOPK_SOFTMAX;
+    CHECK_STATUS(parity_moe_route(&topk, 1, 4, 2, 0, logits, 4, NULL, ids, w), PARITY_ERR_POLICY);
+    parity_policy bad = hf;
+    bad.moe_combine = 9;
+    CHECK_STATUS(parity_moe_route(&bad, 1, 4, 2, 1, logits, 4, NULL, ids, w), PARITY_ERR_POLICY);
+    CHECK(ids[0] == 77 && ids[1] == 77);
+    out[0] = out[1] = -3.0f;
+    CHECK_STATUS(parity_moe_combine(&fp32c, 1, 2, 2, cid, cw, y, ysh, NULL, out),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_moe_combine(&fp32c, 1, 2, 0, cid, cw, y, NULL, NULL, out),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_moe_combine(&fp32c, 0, 2, 2, cid, cw, y, NULL, NULL, out),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_moe_combine(&fp32c, 1, 2, 2, cid, NULL, y, NULL, NULL, out),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_moe_combine(&fp32c, 1, 2, 2, cid, cw, y, NULL, NULL, (float *)y),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(out[0] == -3.0f && out[1] == -3.0f);
 }
 
 /* ---- each piece alone: rows beside it, the pool and fp32 compute --------------------------- */
@@ -444,9 +651,11 @@ int main(void) {
     CHECK_OK(parity_pool_create(2, &pool2));
     CHECK_INT(parity_pool_threads(pool2), 2);
     test_bad_arguments();
+    test_moe_pieces();
     test_invariance(pool2);
     test_quantized_nonfinite_rows(pool2);
     test_composed_forward(pool2);
+    test_composed_moe(pool2);
     parity_pool_free(pool2);
     return check_report("ops");
 }

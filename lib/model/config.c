@@ -17,9 +17,6 @@
 
 static int finite_positive(float x) { return isfinite(x) && x > 0.0f; }
 
-#define CONFIG_MAX_EXPERTS 4096u  /* a routing record holds an expert as 16 bits */
-#define CONFIG_MAX_EXPERTS_PER_TOK 64u
-
 /* The mixture-of-experts fields: all zero for a dense architecture; for Qwen3-MoE and
  * Qwen2-MoE in range, with the shared expert Qwen2-MoE always has (transformers builds it
  * unconditionally) and Qwen3-MoE never, and no mlp_only_layers bit past the last layer. */

@@ -6,6 +6,11 @@
 
 #include "parity.h"
 
+/* The most routed experts a mixture-of-experts model has (a routing record holds an expert as
+ * 16 bits) and runs a token (moe_combine orders at most this many slots). */
+#define CONFIG_MAX_EXPERTS 4096u
+#define CONFIG_MAX_EXPERTS_PER_TOK 64u
+
 /* Validates field values and shapes; the message names the field. */
 int config_validate(const parity_config *c);
 

@@ -633,6 +633,20 @@ _PROTOTYPES = [
      [pool_p, POINTER(parity_policy), c_uint32, POINTER(parity_score_options), c_size_t,
       c_size_t, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t, c_uint32, c_void_p, c_float,
       c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t], True),
+    # int parity_moe_route(const parity_policy *policy, size_t rows, uint32_t n_experts,
+    #                      uint32_t k, int norm_topk_prob, const float *logits,
+    #                      size_t logits_stride, const uint16_t *replay, uint16_t *ids,
+    #                      float *weights);
+    ("parity_moe_route", c_int,
+     [POINTER(parity_policy), c_size_t, c_uint32, c_uint32, c_int, c_void_p, c_size_t, c_void_p,
+      c_void_p, c_void_p], True),
+    # int parity_moe_combine(const parity_policy *policy, size_t rows, size_t width,
+    #                        uint32_t k, const uint16_t *ids, const float *weights,
+    #                        const float *y, const float *y_shared,
+    #                        const float *shared_gate, float *out);
+    ("parity_moe_combine", c_int,
+     [POINTER(parity_policy), c_size_t, c_size_t, c_uint32, c_void_p, c_void_p, c_void_p,
+      c_void_p, c_void_p, c_void_p], True),
 ]
 
 _IN_TREE = os.path.isfile(os.path.join(_REPO_ROOT, "include", "parity.h"))

@@ -22,6 +22,16 @@ an fp8 gemm ("+fp8-block:RULE", "+mxfp8:RULE") the decoder layers' linear layers
 fp32 masters and their inputs with the rule, as the model's fp8 GEMM does (so a model synced
 with the masters scores the same bits), with gradients straight through both quantizers.
 
+Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE): a sparse layer runs the forward's steps
+(lib/engine/moe_layer.c) on the same entry points: the router's logits (parity_linear on the
+bf16 router, never quantized, rounded), the route (parity_moe_route: the policy's moe_router
+and moe_weights; or a routing record replayed, forward(routes=...)), each expert over the rows
+that chose it (gate and up rounded, SwiGLU, the down projection's fp32 output), Qwen2-MoE's
+shared expert and its gate, and the combine (parity_moe_combine). Backward: the router's
+weights are differentiated in fp32 (softmax over the experts, the chosen ones, renormalised;
+a topk-softmax router's softmax over the chosen) with respect to its logits, the choice itself
+a constant; the combine as sum_s w_s y_s + sigmoid(g) y_shared.
+
 The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
 fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
 of the targets), evaluated at the saved inputs, and every rounding point passes its gradient
@@ -45,8 +55,9 @@ import tempfile
 import torch as _torch
 
 from . import _lib, _safetensors
-from . import _torch_regions
+from . import _torch_moe, _torch_regions
 from ._lib import lib, ParityError
+from ._routes import route_ids, sparse_layers
 from .model import Model, score_options, _default_threads
 from .policy import policy_struct
 
@@ -724,7 +735,10 @@ class CausalLM(_torch.nn.Module):
     exactly. The forward reads their round-to-nearest-even bf16 cast (compute "bf16"), the
     cast parity_model_update makes, or the masters themselves (compute "fp32"); so after
     sync_to(model) the module and the model's sampler and scorer agree bit for bit.
-    Architectures: those of libparity with default RoPE (rope_type "default").
+    Architectures: those of libparity with default RoPE (rope_type "default"), the
+    mixture-of-experts ones included (parameters "model.layers.L.mlp.gate.weight",
+    "model.layers.L.mlp.experts.N.gate_proj.weight", "...mlp.shared_expert.up_proj.weight",
+    "...mlp.shared_expert_gate.weight", ...; a directory must hold the per-expert names).
     """
 
     def __init__(self, source, policy="aligned", backend="bf16", threads=None):
@@ -823,26 +837,96 @@ class CausalLM(_torch.nn.Module):
         return seqs
 
     def _layer_ops(self):
-        """(lin, vec) of the forward passes: lin(x, prefix, bias=False) a decoder layer's linear
-        layer (under an fp8 gemm, quantized from the masters) rounded where the policy rounds
-        it; vec(name) a norm weight's values."""
+        """(lin, vec) of the forward passes: lin(x, prefix, bias=False, rounded=True,
+        quantized=True) a decoder layer's linear layer (under a quantized gemm, quantized from
+        the masters unless quantized=False: a router, a shared expert's gate) rounded where the
+        policy rounds GEMM outputs (rounded=False: an expert's down projection, whose fp32
+        output the combine reads); vec(name) a norm weight's values."""
         pol, pol_c, be = self._pol, self._pol_c, self._backend
         pool = self._pool.handle
         rd = _torch_regions._round_dtype(pol)
+        plain_c = _lib.parity_policy.from_buffer_copy(pol_c)  # the GEMM unquantized
+        plain_c.gemm = plain_c.quantizer = 0
 
         def rnd(x):
             return _torch_regions._round(x, rd) if rd is not None else x
 
-        def lin(x, prefix, bias=False):
+        def lin(x, prefix, bias=False, rounded=True, quantized=True):
             w = self._param(prefix + ".weight")
             b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
             data, dtype = _weight_data(w, pol, prefix + ".weight")
-            return rnd(_linear(x, w, b, data, dtype, pol_c, pol, be, pool, fp8=True))
+            y = _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
+                        fp8=quantized)
+            return rnd(y) if rounded else y
 
         def vec(name):
             return _weight_values(self._param(name), pol, name)
 
         return lin, vec
+
+    def _sparse_layers(self):
+        """{layer index: its index among the sparse layers} of a mixture-of-experts model
+        ({} for the others), as Model.sparse_layers decides."""
+        return {layer: i for i, layer in enumerate(sparse_layers(self.config))}
+
+    def _replay(self, routes, lengths):
+        """The routing records to replay as an int64 tensor [tokens, sparse layers, k], and a
+        bool tensor [tokens] of the rows that replay (every position but each sequence's
+        last, which the scorer does not replay either); (None, None) without routes."""
+        if routes is None:
+            return None, None
+        c, n_sparse = self.config, len(self._sparse_layers())
+        if not n_sparse:
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "routes: this model (%s) has no sparse "
+                              "layers to route" % c["arch"])
+        if len(routes) != len(lengths):
+            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "routes has %d records for %d sequences: "
+                              "one per sequence" % (len(routes), len(lengths)))
+        k = c["num_experts_per_tok"]
+        flat = []
+        for i, (record, n) in enumerate(zip(routes, lengths)):
+            flat.extend(route_ids(record, n, n_sparse, k, "routes of sequence %d" % i))
+        ids = _torch.tensor(flat, dtype=_torch.int64).view(-1, n_sparse, k)
+        last = _torch.zeros(ids.shape[0], dtype=_torch.bool)
+        last[_torch.tensor(lengths).cumsum(0) - 1] = True
+        return ids, ~last
+
+    def _moe_block(self, xn, prefix, lin, replay, replaying):
+        """A sparse layer's MLP block on the rows xn [T, hidden] (lib/engine/moe_layer.c): the
+        router's logits (rounded, unquantized), each row's route (replaying `replay` [T, k]
+        on the rows `replaying` marks), each expert over the rows that chose it (SwiGLU, the
+        down projection unrounded), the shared expert and its gate, the combine."""
+        c = self.config
+        k, E = c["num_experts_per_tok"], c["num_experts"]
+        norm, pol_c = c["norm_topk_prob"], self._pol_c
+        logits = lin(xn, prefix + "mlp.gate", quantized=False).contiguous()
+        if replay is not None:
+            # the rows that do not replay (each sequence's last) replay their own top-k
+            _, own = _torch_moe.route(logits.detach(), k, norm, pol_c)
+            replay = _torch.where(replaying.unsqueeze(1), replay, own)
+        weights, ids = _torch_moe.route(logits, k, norm, pol_c, replay)
+        pairs = ids.reshape(-1)                       # (row, slot) pairs, row-major
+        order = _torch.argsort(pairs, stable=True)    # grouped by expert, rows ascending
+        counts = _torch.bincount(pairs, minlength=E).tolist()
+        outs, at = [], 0
+        for e, n in enumerate(counts):
+            if not n:
+                continue
+            chosen = order[at:at + n]
+            at += n
+            x = xn.index_select(0, _torch.div(chosen, k, rounding_mode="floor")).contiguous()
+            ep = prefix + "mlp.experts.%d." % e
+            a = _swiglu(lin(x, ep + "gate_proj"), lin(x, ep + "up_proj"), pol_c, self._pol)
+            outs.append(lin(a, ep + "down_proj", rounded=False))
+        y = _torch.cat(outs).index_select(0, _torch.argsort(order))
+        y = y.view(xn.shape[0], k, -1)
+        y_shared = gate = None
+        if self._has(prefix + "mlp.shared_expert_gate.weight"):
+            sp = prefix + "mlp.shared_expert."
+            a = _swiglu(lin(xn, sp + "gate_proj"), lin(xn, sp + "up_proj"), pol_c, self._pol)
+            y_shared = lin(a, sp + "down_proj", rounded=False)
+            gate = lin(xn, prefix + "mlp.shared_expert_gate", quantized=False).view(-1)
+        return _torch_moe.combine(y, weights, ids, pol_c, y_shared, gate)
 
     def _embed(self, tokens, positions):
         """(the embedded tokens, cos, sin): the embedding rows of `tokens` and the rope tables
@@ -856,7 +940,7 @@ class CausalLM(_torch.nn.Module):
 
     def forward(self, sequences, mode="raw", temperature=1.0, top_k=None, top_p=None,
                 min_p=None, return_logits=False, depths=None, loop_kv=None,
-                loop_logprobs=False):
+                loop_logprobs=False, routes=None):
         """Per-token log-probs of a batch of sequences of any lengths.
 
         Args:
@@ -874,6 +958,16 @@ class CausalLM(_torch.nn.Module):
                 position is read at, never through the choice of depth.
             loop_logprobs: a looped model, dense: also return every loop's log-probs, a
                 [len - 1, total_ut_steps] tensor per sequence (loop 1 first), differentiable.
+            routes: a mixture-of-experts model's routing records to replay, one per sequence
+                (Completion.routes, Sampler.routes(), or any form parity.Model.score takes:
+                len - 1 or len positions x sparse layers x k). Each position runs the experts
+                recorded, their weights recomputed from this module's router under its policy,
+                so the log-probs equal parity.Model.score's with the same routes (under the
+                sampler's policy, the sampler's). None: every position routes itself. The
+                gradient reaches each router through the chosen experts' weights (softmax,
+                renormalisation), never through the choice. A record of the wrong size, an
+                id >= num_experts or one repeated within a layer raises ParityError
+                (PARITY_ERR_INVALID_ARGUMENT).
         Returns:
             A list of fp32 tensors, entry i holding log p(x_t | x_<t) for t = 1 .. len_i - 1,
             bitwise equal to parity.Model.score under this policy and backend (and the same
@@ -884,12 +978,16 @@ class CausalLM(_torch.nn.Module):
         if self.config.get("arch") == "ouro":
             if return_logits:
                 raise ValueError("return_logits is not available for a looped model")
+            if routes is not None:
+                raise ParityError(_lib.ERR_INVALID_ARGUMENT, "routes: this model (ouro) has no "
+                                  "sparse layers to route")
             return self._forward_looped(seqs, mode, temperature, top_k, top_p, min_p, depths,
                                         loop_kv, loop_logprobs)
         if depths is not None or loop_kv is not None or loop_logprobs:
             raise ParityError(_lib.ERR_INVALID_ARGUMENT,
                               "depths, loop_kv and loop_logprobs are a looped model's; this "
                               "model does not loop")
+        sparse = self._sparse_layers()
         c, pol, pol_c, be = self.config, self._pol, self._pol_c, self._backend
         pool = self._pool.handle
         options = _options(mode, temperature, top_k, top_p, min_p)
@@ -899,6 +997,7 @@ class CausalLM(_torch.nn.Module):
         T, hd = tokens.numel(), c["head_dim"]
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
         lin, vec = self._layer_ops()
+        replay, replaying = self._replay(routes, lengths)
         h, cos, sin = self._embed(tokens, positions)
         delta = None
         for l in range(c["num_hidden_layers"]):
@@ -920,6 +1019,10 @@ class CausalLM(_torch.nn.Module):
             delta = lin(att.view(T, nh * hd), p + "self_attn.o_proj")
             h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"), eps,
                                       pol_c, pol)
+            if l in sparse:
+                delta = self._moe_block(xn, p, lin, None if replay is None else
+                                        replay[:, sparse[l]], replaying)
+                continue
             g = lin(xn, p + "mlp.gate_proj")
             u = lin(xn, p + "mlp.up_proj")
             delta = lin(_swiglu(g, u, pol_c, pol), p + "mlp.down_proj")

@@ -9,6 +9,7 @@ from array import array
 from . import _lib
 from ._convert import Pinned, TokenBatch, pointer
 from ._lib import ParityError, lib
+from ._routes import Routes, route_ids, sparse_layers
 from .policy import policy_struct
 
 #: {name: value} of the log-prob modes and backends, as the library names them.
@@ -397,6 +398,19 @@ class Model(_lib.Closing):
             loop_logprobs: looped models, the dense learner: also return every loop's
                 log-prob of each position (Scores.loop_logprobs: total_ut_steps values per
                 position, loop 1 first), for learners that weight per-loop log-probs.
+            routes: mixture-of-experts models: a routing record to replay, shaped like
+                sequences (one per sequence when several): a Routes (Completion.routes,
+                Sampler.routes()), a numpy integer array or nested lists of shape (positions,
+                sparse layers, k) or (positions, sparse layers x k), or a flat list of ints,
+                with positions = the sequence's length - 1 (or its length: the last is not
+                read). Each position then runs the experts recorded, their weights computed
+                from this call's router logits under this policy (the frameworks' routing
+                replay): under the sampler's policy, the sampler's log-probs bit for bit.
+                None: every position routes itself (recomputation). A record of the wrong
+                size, an id >= num_experts or one repeated within a layer raises ParityError
+                (PARITY_ERR_INVALID_ARGUMENT).
+            return_routes: mixture-of-experts models: also return the experts each position
+                ran (replayed or routed), a Routes per sequence of its length - 1 positions.
 
         Returns:
             For each sequence of n tokens, the n - 1 values log p(x_t | x_<t), t = 1..n-1
@@ -404,7 +418,8 @@ class Model(_lib.Closing):
             lists for many; numpy float32 arrays where the sequences were numpy arrays (a 2-D
             array of shape (rows, n - 1) for a 2-D input). With entropy or top_n, a Scores
             object holding logprobs, entropy, top_ids and top_logprobs shaped alike.
-            Each value is bitwise what parity-score prints for that sequence alone.
+            Each value is bitwise what parity-score prints for that sequence alone. With
+            return_routes, a pair (that result, the Routes: one, or a list of them).
 
         Raises:
             ParityError: PARITY_ERR_TOKEN_RANGE (an id outside [0, vocab)), _EMPTY_INPUT (no
@@ -470,17 +485,21 @@ class Model(_lib.Closing):
             raise ParityError(_lib.ERR_INVALID_ARGUMENT,
                               "routes: this model (%s) has no sparse layers to route"
                               % self.config["arch"])
+        layers = stride // self.config["num_experts_per_tok"] if stride else 0
         if routes is not None:
-            flat = routes if batch.single else [x for seq in routes for x in seq]
-            rbuf = array("H", [_lib.as_int(x, "routed expert", 0, 2 ** 16 - 1) for x in flat])
-            if len(rbuf) != sum(lengths) * stride:
+            records = [routes] if batch.single else routes
+            if isinstance(records, Routes) or len(records) != n:
                 raise ParityError(_lib.ERR_INVALID_ARGUMENT,
-                                  "routes has %d values, the sequences need %d: %d per token "
-                                  "(sparse layers x experts a token)"
-                                  % (len(rbuf), sum(lengths) * stride, stride))
+                                  "routes: %s for %d sequences: one routing record per sequence"
+                                  % ("one record" if isinstance(records, Routes)
+                                     else "%d records" % len(records), n))
+            rbuf = array("H")
+            for i, (record, length) in enumerate(zip(records, lengths)):
+                rbuf.extend(route_ids(record, length, layers, stride // max(layers, 1),
+                                       "routes of sequence %d" % i))
             opts.routes = ctypes.cast(rbuf.buffer_info()[0], ctypes.POINTER(ctypes.c_uint16))
         if return_routes:
-            rout = array("H", bytes(2 * sum(lengths) * stride))
+            rout = array("H", bytes(2 * max(sum(lengths), 1) * stride))
             opts.routes_out = ctypes.cast(rout.buffer_info()[0], ctypes.POINTER(ctypes.c_uint16))
         entry = self._checkout(pol, be, n_threads, max(lengths) if n else 1)
         try:
@@ -493,34 +512,32 @@ class Model(_lib.Closing):
 
         total = sum(lengths) - n
         lp = _split(lp, batch, total, 1, False)
-        if return_routes:
-            ran, at = [], 0
-            for length in lengths:
-                ran.append(rout[at * stride:(at + length) * stride].tolist())
-                at += length
-            lp = (lp, ran[0] if batch.single else ran)
-        if not entropy and not k and not loops:
+        if entropy or k or loops:
+            lp = Scores(lp, _split(ent, batch, total, 1, False) if entropy else None,
+                        _split(tid, batch, total, k, True) if k else None,
+                        _split(tlp, batch, total, k, True) if k else None,
+                        _split(llp, batch, total, loops, True) if loops else None)
+        if not return_routes:
             return lp
-        return Scores(lp, _split(ent, batch, total, 1, False) if entropy else None,
-                      _split(tid, batch, total, k, True) if k else None,
-                      _split(tlp, batch, total, k, True) if k else None,
-                      _split(llp, batch, total, loops, True) if loops else None)
+        ran, at = [], 0
+        for length in lengths:  # the positions whose next token is scored
+            ran.append(Routes(rout[at * stride:(at + length - 1) * stride], layers,
+                              stride // layers))
+            at += length
+        return lp, (ran[0] if batch.single else ran)
+
+    @property
+    def sparse_layers(self):
+        """Mixture-of-experts models: the indices of the sparse layers (a router and experts
+        instead of the dense MLP: (i + 1) % decoder_sparse_step == 0 and i not in
+        mlp_only_layers), in order; [] for a model without experts."""
+        return sparse_layers(self._config)
 
     @property
     def route_stride(self):
         """Mixture-of-experts models: the entries of one position's routing record (sparse
         layers x num_experts_per_tok); 0 for a model without experts."""
-        c = self.config
-        if not c.get("num_experts"):
-            return 0
-        step = c["decoder_sparse_step"]
-        only = c["mlp_only_layers"]
-        if not isinstance(only, list):  # the bitset's words
-            only = [i for i in range(64 * len(only)) if (only[i // 64] >> (i % 64)) & 1]
-        only = set(only)
-        sparse = sum(1 for i in range(c["num_hidden_layers"])
-                     if (i + 1) % step == 0 and i not in only)
-        return sparse * c["num_experts_per_tok"]
+        return len(self.sparse_layers) * self._config["num_experts_per_tok"]
 
     def save(self, directory, layout="bf16"):
         """Writes the model as a Hugging Face checkpoint into `directory` (created if missing):
@@ -681,18 +698,20 @@ class Model(_lib.Closing):
 
     def sampler(self, policy="aligned", max_seqs=None, max_len=None, threads=None,
                 backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None,
-                loop_kv="last-exited", prefault=False):
+                loop_kv="last-exited", prefault=False, record_routes=False):
         """A Sampler (KV-cached batched generation) on this model; see parity.Sampler."""
         from .sampler import Sampler
         return Sampler(self, policy=policy, max_seqs=max_seqs, max_len=max_len, threads=threads,
                        backend=backend, max_batch=max_batch, cache_tokens=cache_tokens,
-                       prefill_chunk=prefill_chunk, loop_kv=loop_kv, prefault=prefault)
+                       prefill_chunk=prefill_chunk, loop_kv=loop_kv, prefault=prefault,
+                       record_routes=record_routes)
 
     def generate(self, prompts, n=1, max_tokens=64, policy="aligned", batch=None, threads=None,
-                 backend="bf16", loop_kv="last-exited", **sampling):
+                 backend="bf16", loop_kv="last-exited", record_routes=False, **sampling):
         """Samples n completions of each prompt with a sampler sized as parity-generate sizes
         its own (max_len = min(longest prompt + max_tokens, context), batch + 1 sequences),
-        then frees it. Other keyword arguments are Sampler.generate's. Returns what
+        then frees it; record_routes=True (mixture-of-experts models) gives each Completion
+        its routes. Other keyword arguments are Sampler.generate's. Returns what
         Sampler.generate returns."""
         from .sampler import Sampler, _prompt_list
         plist, _ = _prompt_list(prompts)
@@ -707,7 +726,8 @@ class Model(_lib.Closing):
         block = lib.parity_kv_block_tokens()
         cache = (b + 1) * ((max_len + block - 1) // block + 1) * block
         with Sampler(self, policy=policy, max_seqs=b + 1, max_batch=b, threads=threads,
-                     backend=backend, max_len=max_len, cache_tokens=cache, loop_kv=loop_kv) as s:
+                     backend=backend, max_len=max_len, cache_tokens=cache, loop_kv=loop_kv,
+                     record_routes=record_routes) as s:
             return s.generate(prompts, n=n, max_tokens=max_tokens, batch=b, **sampling)
 
 

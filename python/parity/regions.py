@@ -1,4 +1,5 @@
-"""The region kernels on caller-owned bf16 buffers (parity.h, "Region kernels").
+"""The region kernels on caller-owned bf16 buffers (parity.h, "Region kernels"), and a
+mixture-of-experts layer's router and combine on fp32 values (moe_route, moe_combine).
 
 Buffers hold bf16 bit patterns (uint16): numpy uint16 arrays, array('H'), bytearray (2 bytes an
 element, native byte order), or memoryviews of those; read-only buffers (bytes) may be inputs.
@@ -25,7 +26,8 @@ from ._convert import Bf16, numpy_array
 from ._lib import lib
 from .policy import policy_struct
 
-__all__ = ["rmsnorm_residual", "rmsnorm", "swiglu", "rope", "to_bf16", "from_bf16"]
+__all__ = ["rmsnorm_residual", "rmsnorm", "swiglu", "rope", "moe_route", "moe_combine",
+           "to_bf16", "from_bf16"]
 
 
 def _rows(buf, rows, dim):
@@ -194,6 +196,131 @@ def rope(x, positions, head_dim=None, policy="aligned", theta=10000.0, n_heads=N
     lib.parity_rope(pol, rows, heads, head_dim, xb.ptr, stride, pos_ptr,
                     _lib.as_float(theta, "theta"))
     return x
+
+
+# ---- mixture of experts: the router and the combine on fp32 values ------------------------------
+
+def _floats(values, name):
+    """(array('f') of the values, the numpy array given or None): a numpy array of any float
+    dtype (converted to float32) or any sequence of numbers."""
+    a = numpy_array(values)
+    if a is not None:
+        if a.dtype.kind != "f":
+            raise TypeError("%s must hold floats, not %s" % (name, a.dtype))
+        out = array("f")
+        out.frombytes(a.astype("float32").tobytes())
+        return out, a
+    try:
+        return array("f", values), None
+    except TypeError as e:
+        raise TypeError("%s must be a sequence of floats (%s)" % (name, e)) from None
+
+
+def _ids(values, name):
+    """array('H') of expert ids (ints in 0..65535, else ParityError INVALID_ARGUMENT)."""
+    a = numpy_array(values)
+    flat = a.reshape(-1).tolist() if a is not None else values
+    return array("H", [_lib.as_int(x, name, 0, 2 ** 16 - 1) for x in flat])
+
+
+def _buf(a):
+    """The address of an array's first element (None for an empty one)."""
+    return ctypes.cast(a.buffer_info()[0], ctypes.c_void_p) if len(a) else None
+
+
+def moe_route(logits, k, norm_topk_prob=True, policy="aligned", n_experts=None, replay=None):
+    """A mixture-of-experts router, as parity_moe_route (a sparse layer of the forward routes
+    each token so): each row of router logits (the router GEMM's output, rounded where the
+    policy rounds GEMM outputs) gives its k experts in slot order (descending probability,
+    ties to the lower index) and their weights, per the policy's moe_router and moe_weights.
+
+    Args:
+        logits: rows x n_experts floats: a 2-D numpy array, or a flat sequence with n_experts
+            given.
+        k: experts a token (1..min(n_experts, 64)); norm_topk_prob: the model config's.
+        replay: None, or rows x k expert ids (each row's distinct and below n_experts) taken
+            instead of the top-k, their weights computed from these logits (a routing
+            record's replay).
+    Returns:
+        (ids, weights), rows x k each: numpy uint16 and float32 arrays of shape (rows, k) for
+        numpy logits, else array('H') and array('f').
+    Raises ParityError (PARITY_ERR_INVALID_ARGUMENT: sizes, a replayed id out of range or
+    repeated; PARITY_ERR_POLICY: a topk-softmax router without norm_topk_prob)."""
+    pol = policy_struct(policy)
+    values, np_in = _floats(logits, "logits")
+    if np_in is not None and np_in.ndim == 2:
+        if n_experts is not None and n_experts != np_in.shape[1]:
+            _lib.fail(_lib.ERR_INVALID_ARGUMENT, "logits has %d columns, n_experts=%d was given"
+                      % (np_in.shape[1], n_experts))
+        n_experts = np_in.shape[1]
+    if n_experts is None:
+        raise TypeError("moe_route() needs n_experts for logits that are not a 2-D array")
+    n_experts = _lib.as_int(n_experts, "n_experts", 1, 2 ** 32 - 1)
+    k = _lib.as_int(k, "k", 1, 2 ** 32 - 1)
+    if len(values) % n_experts:
+        _lib.fail(_lib.ERR_INVALID_ARGUMENT, "logits holds %d values, not a whole number of rows "
+                  "of n_experts = %d" % (len(values), n_experts))
+    rows = len(values) // n_experts
+    rep = None
+    if replay is not None:
+        rep = _ids(replay, "replayed expert")
+        if len(rep) != rows * k:
+            _lib.fail(_lib.ERR_INVALID_ARGUMENT, "replay holds %d ids, %d rows of k = %d need %d"
+                      % (len(rep), rows, k, rows * k))
+    ids, weights = array("H", bytes(2 * rows * k)), array("f", bytes(4 * rows * k))
+    lib.parity_moe_route(pol, rows, n_experts, k, 1 if norm_topk_prob else 0, _buf(values),
+                         n_experts, _buf(rep) if rep is not None else None, _buf(ids),
+                         _buf(weights))
+    if np_in is None:
+        return ids, weights
+    np = sys.modules["numpy"]
+    return (np.frombuffer(ids, dtype=np.uint16).reshape(rows, k).copy(),
+            np.frombuffer(weights, dtype=np.float32).reshape(rows, k).copy())
+
+
+def moe_combine(y, ids, weights, k, policy="aligned", y_shared=None, shared_gate=None):
+    """A mixture-of-experts combine, as parity_moe_combine (a sparse layer of the forward sums
+    its experts so, per the policy's moe_combine): each row's output from its k experts' fp32
+    down-projection outputs y (unrounded), their ids and weights (moe_route's, slot order)
+    and, for a Qwen2-MoE shared expert, its unrounded output y_shared and gate logit
+    shared_gate (one per row, the gate GEMM's output rounded).
+
+    Args:
+        y: rows x k x width floats (numpy (rows, k, width), or flat); ids, weights: rows x k.
+        y_shared: None, or rows x width floats; shared_gate: None, or rows floats (both or
+            neither).
+    Returns:
+        rows x width floats: a numpy float32 array (rows, width) for numpy y, else array('f').
+    """
+    pol = policy_struct(policy)
+    k = _lib.as_int(k, "k", 1, 2 ** 32 - 1)
+    yv, np_in = _floats(y, "y")
+    idv = _ids(ids, "expert id")
+    wv, _ = _floats(weights, "weights")
+    rows = len(idv) // k
+    if rows == 0 or len(idv) != rows * k or len(wv) != rows * k or len(yv) % (rows * k):
+        _lib.fail(_lib.ERR_INVALID_ARGUMENT, "ids (%d), weights (%d) and y (%d values) must hold "
+                  "rows x k = %d ids and weights and rows x k x width values"
+                  % (len(idv), len(wv), len(yv), k))
+    width = len(yv) // (rows * k)
+    ys = gate = None
+    if (y_shared is None) != (shared_gate is None):
+        _lib.fail(_lib.ERR_INVALID_ARGUMENT, "y_shared and shared_gate go together")
+    if y_shared is not None:
+        ys, _ = _floats(y_shared, "y_shared")
+        gate, _ = _floats(shared_gate, "shared_gate")
+        if len(ys) != rows * width or len(gate) != rows:
+            _lib.fail(_lib.ERR_INVALID_ARGUMENT, "y_shared holds %d values and shared_gate %d; "
+                      "%d rows of width %d need %d and %d"
+                      % (len(ys), len(gate), rows, width, rows * width, rows))
+    out = array("f", bytes(4 * rows * width))
+    lib.parity_moe_combine(pol, rows, width, k, _buf(idv), _buf(wv), _buf(yv),
+                           _buf(ys) if ys is not None else None,
+                           _buf(gate) if gate is not None else None, _buf(out))
+    if np_in is None:
+        return out
+    np = sys.modules["numpy"]
+    return np.frombuffer(out, dtype=np.float32).reshape(rows, width).copy()
 
 
 # ---- bf16 conversions ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from array import array
 from . import _lib
 from ._convert import TokenBatch, pointer
 from ._lib import BACKENDS, MODES, ParityError, lib
+from ._routes import Routes
 from ._lib import as_choice as _choice
 from .policy import policy_struct
 
@@ -106,15 +107,21 @@ class Completion:
             of the step whose logits it was drawn from; the first is the prompt's, all loops);
             None for a model that does not loop.
         loop_kv: the sampler's KV rule ("last-exited" or "full"), which a replay must use.
+        routes: mixture-of-experts models sampled with record_routes: the experts each
+            position of prompt + tokens ran in each sparse layer, but the last (a
+            parity.Routes of prompt_len + len(tokens) - 1 positions: vLLM's routed_experts),
+            for Model.score(prompt + tokens, routes=completion.routes) or CausalLM.forward
+            to replay; None otherwise.
     """
 
     __slots__ = ("index", "prompt_index", "prompt_len", "tokens", "logprobs", "finish_reason",
-                 "exit_depths", "loop_kv")
+                 "exit_depths", "loop_kv", "routes")
 
     def __init__(self, index, prompt_index, prompt_len, loop_kv="last-exited", looped=False):
         self.index, self.prompt_index, self.prompt_len = index, prompt_index, prompt_len
         self.tokens, self.logprobs, self.finish_reason = [], [], None
         self.exit_depths, self.loop_kv = ([] if looped else None), loop_kv
+        self.routes = None
 
     def schedule(self, total_ut_steps):
         """The depth schedule of prompt + tokens for Model.score(depths=...): every prompt
@@ -156,12 +163,14 @@ class Sampler(_lib.Closing):
 
     Made by Model.sampler(policy="aligned", max_seqs=None, max_len=None, threads=None,
     backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None, loop_kv="last-exited",
-    prefault=False); None takes the library's defaults (max_seqs 64, max_len min(context, 4096),
-    max_batch 64 rows per decode forward, cache_tokens max_seqs * max_len, prefill_chunk 256),
-    threads None the model's. prefault=True writes every page of the cache at creation, so
+    prefault=False, record_routes=False); None takes the library's defaults (max_seqs 64,
+    max_len min(context, 4096), max_batch 64 rows per decode forward, cache_tokens max_seqs *
+    max_len, prefill_chunk 256), threads None the model's. prefault=True writes every page of the cache at creation, so
     that no step takes a first-touch page fault (the memory is committed at once: size
     cache_tokens first). Results never depend on threads, max_batch, prefill_chunk,
-    cache_tokens or prefault.
+    cache_tokens or prefault. record_routes=True (mixture-of-experts models) keeps the experts
+    each position runs in each sparse layer (2 bytes an expert, counted in the sampler's
+    memory): routes(seq), and generate()'s Completion.routes, for a learner to replay.
 
     High level: generate(). Low level: add(), add_batch(), fork(), step(), release(),
     tokens(), with sequence ids (ints) that the library hands out. A sampler is used by one thread at a time
@@ -171,7 +180,7 @@ class Sampler(_lib.Closing):
 
     def __init__(self, model, policy="aligned", max_seqs=None, max_len=None, threads=None,
                  backend="bf16", max_batch=None, cache_tokens=None, prefill_chunk=None,
-                 loop_kv="last-exited", prefault=False):
+                 loop_kv="last-exited", prefault=False, record_routes=False):
         self._handle = None
         self._model = model
         self._lock = threading.RLock()
@@ -191,6 +200,8 @@ class Sampler(_lib.Closing):
             _lib.as_int(prefill_chunk, "prefill_chunk", 1, u32)
         p.loop_kv = _choice(LOOP_KV, loop_kv, "loop_kv")
         p.prefault = 1 if prefault else 0
+        p.record_routes = 1 if record_routes else 0
+        self.record_routes = bool(record_routes)
         self.loop_kv = loop_kv
         self.policy = policy
         self.max_seqs, self.max_len = p.max_seqs, p.max_len
@@ -304,6 +315,25 @@ class Sampler(_lib.Closing):
                                       ctypes.byref(ptr), ctypes.byref(n))
             return ptr[:n.value]
 
+    def routes(self, seq):
+        """Mixture-of-experts models, a sampler made with record_routes=True: the experts each
+        position of the sequence ran in each sparse layer (parity_sampler_routes), for the
+        len - 1 positions run so far (prompt and generated; a fork's include its parent's), a
+        parity.Routes of shape (len - 1, sparse layers, k), each position's k in slot order.
+        Model.score(tokens, routes=...) replays it: under this sampler's policy, its
+        log-probs bit for bit. Raises ParityError (PARITY_ERR_INVALID_ARGUMENT) for a sampler
+        without record_routes."""
+        ptr = ctypes.POINTER(ctypes.c_uint16)()
+        n, stride = ctypes.c_uint32(), ctypes.c_uint32()
+        with self._lock:
+            lib.parity_sampler_routes(self._h(), _lib.as_int(seq, "seq", 0, 2 ** 32 - 1),
+                                      ctypes.byref(ptr), ctypes.byref(n), ctypes.byref(stride))
+            ids = array("H")
+            if n.value:
+                ids.frombytes(ctypes.string_at(ptr, 2 * n.value * stride.value))
+        k = self._model.config["num_experts_per_tok"]
+        return Routes(ids, stride.value // k, k)
+
     def _last_depth(self, seq):
         ptr = ctypes.POINTER(ctypes.c_uint32)()
         n = ctypes.c_uint32()
@@ -405,7 +435,8 @@ class Sampler(_lib.Closing):
                 min_depth, max_depth: see sampling_struct().
 
         Returns:
-            A list of Completion ordered by (prompt_index, index): n per prompt.
+            A list of Completion ordered by (prompt_index, index): n per prompt (each with its
+            routes when the sampler records them).
 
         Raises:
             ParityError: as add(), fork() and step(); PARITY_ERR_INVALID_ARGUMENT if batch
@@ -445,6 +476,8 @@ class Sampler(_lib.Closing):
                     c = results[nxt]
                     nxt += 1
                     if len(plist[p]) >= self.max_len:  # a prompt that fills max_len
+                        if self.record_routes:
+                            c.routes = self.routes(child)
                         self.release(child)
                         c.finish_reason = "capacity"
                         continue
@@ -460,6 +493,8 @@ class Sampler(_lib.Closing):
                     if c.exit_depths is not None:
                         c.exit_depths.append(self._last_depth(a[0]))
                     if fin[k]:
+                        if self.record_routes:
+                            c.routes = self.routes(a[0])
                         self.release(a[0])
                         c.finish_reason = FINISH_REASONS[fin[k]]
                     else:

@@ -33,6 +33,7 @@ guarantee is for CPU.
 """
 from ._torch_regions import (expf, fmaf, rmsnorm, rmsnorm_residual, rope, rope_cos_sin,
                              round_point, silu, sum_squares, swiglu)
+from ._torch_moe import moe_combine, moe_route
 from .learner import (CausalLM, Pool, attention, embedding, head_logprobs, linear,
                       read_checkpoint)
 
@@ -40,4 +41,4 @@ __all__ = ["rmsnorm_residual", "rmsnorm", "swiglu", "rope", "rope_cos_sin", "rou
            "expf", "fmaf", "sum_squares",
            # the learner (parity/learner.py), built on the functions above
            "CausalLM", "Pool", "attention", "embedding", "head_logprobs", "linear",
-           "read_checkpoint"]
+           "moe_route", "moe_combine", "read_checkpoint"]

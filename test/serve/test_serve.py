@@ -1,6 +1,8 @@
 """parity.serve against the binding in-process: concurrent requests equal Model.generate() of
 the same prompts and parameters bit for bit, /parity/score reproduces served log-probs, a
-weight update during load, stop strings, and bad input while other requests are served.
+weight update during load, stop strings, and bad input while other requests are served; on a
+mixture-of-experts model, return_routed_experts gives the sampler's routing record, which
+Model.score replays to the served log-probs.
 
 Run as `python3 test/serve/test_serve.py BUILD_DIR` (meson: serve-binding)."""
 import http.client
@@ -209,6 +211,8 @@ class TestServe(unittest.TestCase):
             ("huge max_tokens", {"model": MODEL, "prompt": "x", "max_tokens": 10 ** 9}, 400),
             ("token out of range", {"model": MODEL, "prompt": [1, 256]}, 400),
             ("wrong model", {"model": "other", "prompt": "x"}, 404),
+            ("routed experts without the server's record",
+             {"model": MODEL, "prompt": "x", "return_routed_experts": True}, 400),
             ("prompt beyond the context", {"model": MODEL, "prompt": "x" * 5000}, 413),
             ("body over the limit", {"model": MODEL, "prompt": "x" * 70000}, 413),
         ]
@@ -376,6 +380,46 @@ class TestServe(unittest.TestCase):
             self.assertEqual(resp["weight_version"], before + 2)
         status, resp = self.srv.complete(**dict(request_params(3), stream=False))
         self.check_equal(resp, reference(self.model, request_params(3)), "after the updates")
+
+
+MOE_MODEL = "synthetic:qwen3-moe-tiny"
+
+
+class TestRoutedExperts(unittest.TestCase):
+    """--enable-return-routed-experts on an MoE model: each choice's routed_experts (streamed
+    in its last chunk) is what Model.score routes for prompt + completion (len - 1 positions x
+    sparse layers x k), and scoring with it replays the served log-probs bit for bit."""
+
+    def test_routed_experts(self):
+        srv = Served("--enable-return-routed-experts", "--policy", "vllm", model=MOE_MODEL)
+        model = parity.Model(MOE_MODEL, threads=2)
+        try:
+            for stream in (False, True):
+                params = {"model": MOE_MODEL, "prompt": [[5, 9, 200, 31], [77, 3]], "n": 2,
+                          "max_tokens": 7, "seed": 4, "return_token_ids": True, "logprobs": 0,
+                          "return_routed_experts": True, "stream": stream}
+                status, raw = srv.request("POST", "/v1/completions", params)
+                self.assertEqual(status, 200, raw)
+                if stream:
+                    events = [json.loads(e[6:]) for e in raw.decode().split("\n\n")
+                              if e.startswith("data: {")]
+                    routed = {ch["index"]: ch["routed_experts"] for e in events
+                              for ch in e["choices"] if "routed_experts" in ch}
+                    resp = merge_stream(raw)
+                else:
+                    resp = json.loads(raw)
+                    routed = {ch["index"]: ch["routed_experts"] for ch in resp["choices"]}
+                self.assertEqual(sorted(routed), [0, 1, 2, 3])
+                for ch in resp["choices"]:
+                    seq = params["prompt"][ch["index"] // 2] + ch["token_ids"]
+                    lps, ran = model.score(seq, policy="vllm", return_routes=True)
+                    self.assertEqual(routed[ch["index"]], ran.tolist())
+                    replayed = model.score(seq, policy="vllm", routes=routed[ch["index"]])
+                    served = ch["logprobs"]["token_logprobs"]
+                    self.assertEqual(bits(replayed[-len(served):]), bits(served))
+        finally:
+            srv.close()
+            model.close()
 
 
 if __name__ == "__main__":

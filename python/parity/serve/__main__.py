@@ -33,6 +33,11 @@ def main(argv=None):
     ap.add_argument("--prefault", action="store_true",
                     help="write every page of the KV cache at start-up, so that no decode step "
                     "takes a first-touch page fault (the cache's memory is committed at once)")
+    ap.add_argument("--enable-return-routed-experts", action="store_true",
+                    help="mixture-of-experts models: keep every sequence's routing record (2 "
+                    "bytes per position, sparse layer and expert a token), so that a request "
+                    "with return_routed_experts gets each choice's routed_experts (vLLM's "
+                    "engine argument)")
     ap.add_argument("--served-model-name", help="the name requests give as model (default: "
                     "the --model argument)")
     ap.add_argument("--max-queue", type=int, default=256,

@@ -298,6 +298,8 @@ class Engine(threading.Thread):
                             reason = "stop"
                             break
                 if reason is not None:
+                    if req.return_routed_experts:
+                        c.routes = self.sampler.routes(c.seq)
                     c.finish_reason = "length" if reason == "capacity" else reason
             if reason is not None:
                 self._release(c.seq)

@@ -27,7 +27,8 @@ class Server(http.server.ThreadingHTTPServer):
         "logit_bias", "best_of", "suffix",
         # vLLM's extra sampling parameters that RL frameworks send
         "return_tokens_as_token_ids", "include_stop_str_in_output", "skip_special_tokens",
-        "spaces_between_special_tokens", "ignore_eos", "min_tokens", "repetition_penalty"))
+        "spaces_between_special_tokens", "ignore_eos", "min_tokens", "repetition_penalty",
+        "return_routed_experts"))
 
     def __init__(self, args):
         self.args = args
@@ -42,10 +43,12 @@ class Server(http.server.ThreadingHTTPServer):
         self.max_len = args.max_model_len or min(self.model.context, 4096)
         self.cache_tokens = args.cache_tokens or min((self.max_batch + 1) * self.max_len, 16384)
         self.max_queue = args.max_queue
+        self.record_routes = getattr(args, "enable_return_routed_experts", False)
         self.sampler = self.model.sampler(
             policy=args.policy, max_seqs=self.max_seqs, max_len=self.max_len,
             threads=args.threads, backend=args.backend, max_batch=self.max_batch,
-            cache_tokens=self.cache_tokens, prefault=getattr(args, "prefault", False))
+            cache_tokens=self.cache_tokens, prefault=getattr(args, "prefault", False),
+            record_routes=self.record_routes)
         self.gate = Gate(args.max_scoring)
         self.current_checksums = None
         self.engine = Engine(self)
@@ -386,6 +389,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if req.return_token_ids:
                 ch["token_ids"] = list(c.tokens)
                 ch["prompt_token_ids"] = list(req.prompts[c.prompt])
+            if req.return_routed_experts:
+                ch["routed_experts"] = c.routes.tolist()
             choices.append(ch)
         out = self._head(req)
         out["seed"] = req.seed
@@ -473,6 +478,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                   "finish_reason": c.finish_reason if finished else None}
             if req.return_token_ids:
                 ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
+            if req.return_routed_experts and finished:
+                ch["routed_experts"] = c.routes.tolist()   # in the choice's last chunk
             c.sent_tokens = n
             if finished:
                 c.sent_text = -1          # the last chunk of this choice has gone out

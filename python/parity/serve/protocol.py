@@ -106,7 +106,7 @@ class Completion:
     """One choice of a completions request: a sequence of the sampler and what it drew."""
 
     __slots__ = ("index", "prompt", "seq", "tokens", "logprobs", "tops", "finish_reason",
-                 "text", "text_end", "sent_tokens", "sent_text", "decoder")
+                 "text", "text_end", "sent_tokens", "sent_text", "decoder", "routes")
 
     def __init__(self, index, prompt):
         self.index, self.prompt, self.seq = index, prompt, None
@@ -117,6 +117,7 @@ class Completion:
         self.sent_tokens = 0        # streaming: tokens and text bytes already sent
         self.sent_text = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.routes = None          # return_routed_experts: the sampler's record, once finished
 
 
 class Request:
@@ -162,6 +163,12 @@ class Request:
         self.return_token_ids = _boolean(body, "return_token_ids")
         self.token_id_names = _boolean(body, "return_tokens_as_token_ids")
         self.include_stop = _boolean(body, "include_stop_str_in_output")
+        # vLLM's routed_experts: [prompt + completion - 1 positions][sparse layers][k]
+        self.return_routed_experts = _boolean(body, "return_routed_experts")
+        if self.return_routed_experts and not server.record_routes:
+            raise ApiError(400, "return_routed_experts needs a server started with "
+                           "--enable-return-routed-experts (a mixture-of-experts model)",
+                           "return_routed_experts")
         mode = body.get("logprob_mode", "raw")
         if mode not in LOGPROB_MODES:
             raise ApiError(400, "logprob_mode must be one of %s, not %s"
