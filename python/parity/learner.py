@@ -719,6 +719,27 @@ def read_checkpoint(directory):
 
 # ---- the module ---------------------------------------------------------------------------------
 
+def _per_expert(tensors):
+    """A checkpoint's tensors with the fused 3-D expert layout newer transformers writes
+    (`mlp.experts.gate_up_proj` [E, 2I, H], each expert's gate rows then its up rows, and
+    `mlp.experts.down_proj` [E, H, I]) split under the per-expert names the parameters take
+    (`mlp.experts.N.gate_proj.weight`, ...), as the library's loader splits them."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            prefix, half = name[:-len("gate_up_proj")], t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out["%s%d.gate_proj.weight" % (prefix, e)] = t[e, :half].clone()
+                out["%s%d.up_proj.weight" % (prefix, e)] = t[e, half:].clone()
+        elif name.endswith(".mlp.experts.down_proj"):
+            prefix = name[:-len("down_proj")]
+            for e in range(t.shape[0]):
+                out["%s%d.down_proj.weight" % (prefix, e)] = t[e].clone()
+        else:
+            out[name] = t
+    return out
+
+
 class CausalLM(_torch.nn.Module):
     """A Qwen-family causal LM as a torch module whose forward is libparity's.
 
@@ -755,7 +776,7 @@ class CausalLM(_torch.nn.Module):
             with Model(spec, threads=1) as m:
                 config = m.config
                 if os.path.isdir(spec):
-                    tensors = read_checkpoint(spec)
+                    tensors = _per_expert(read_checkpoint(spec))
                 else:
                     tensors, _ = self._from_model(m)
         else:

@@ -1,7 +1,8 @@
 """parity.torch.CausalLM on mixture-of-experts models (Qwen3-MoE, Qwen2-MoE; synthetic and the
 transformers checkpoints of test/data/moe): its log-probs equal parity_score's bitwise under
 hf-eager, vllm, sglang, aligned, fp32, +fp16 and +fp8-block, routing itself and replaying a
-sampler's routing record (under the sampler's policy, the sampler's log-probs); the router's
+sampler's routing record (under the sampler's policy, the sampler's log-probs), built from a
+checkpoint in either expert layout; the router's
 gradient against central finite differences of the C router, and the whole model's against
 finite differences of its own forward with the routes held fixed; the weight sync of the
 experts and the router; bad routing records.
@@ -51,6 +52,27 @@ class Forward(unittest.TestCase):
                     for got, w in zip(lm(seqs), want):
                         self.assertEqual(bits(got), bits(w))
                     lm.close()
+
+    def test_fused_checkpoint_directory(self):
+        # built from a directory in transformers 5's fused 3-D expert layout: the same
+        # parameters and bits as from the per-expert checkpoint
+        import os
+        from test_moe import DATA
+        seqs = PROMPTS + [[200, 1, 2]]
+        for name in ("qwen3-moe-tiny", "qwen2-moe-tiny"):
+            with self.subTest(model=name):
+                per = CausalLM(os.path.join(DATA, name), policy="hf-eager", threads=2)
+                fused = CausalLM(os.path.join(DATA, name + "-fused"), policy="hf-eager",
+                                 threads=2)
+                p, f = dict(per.named_parameters()), dict(fused.named_parameters())
+                self.assertEqual(sorted(p), sorted(f))
+                for k in p:
+                    self.assertTrue(torch.equal(p[k], f[k]), k)
+                want = model(os.path.join(DATA, name)).score(seqs, policy="hf-eager")
+                for got, w in zip(fused(seqs), want):
+                    self.assertEqual(bits(got), bits(w))
+                per.close()
+                fused.close()
 
     def test_replay_equals_sampler_and_score(self):
         for spec in MODELS:
