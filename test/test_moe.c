@@ -562,8 +562,9 @@ int main(void) {
             check_model(runs[i].what, runs[i].m, runs[i].preset, runs[i].learner, 3, 4, 100 + i,
                         &decisions, &differ);
     /* 64 experts, 32 a token, a sampler of 128 rows: a decode step's 3 sequences run their
-     * (mostly more than GEMM_EXPERTS_MAX) experts a few pool dispatches for all, which the
-     * sampler's prefill and the scorer's chunks of 256 and of 5 rows run one by one */
+     * (mostly more than GEMM_EXPERTS_MAX) experts a few pool dispatches for all, bf16 or
+     * quantized, which the sampler's prefill and the scorer's chunks of 256 and of 5 rows run
+     * one by one */
     parity_config wide;
     CHECK_OK(parity_config_builtin("qwen3-moe-tiny", &wide));
     wide.num_experts = 64;
@@ -575,6 +576,10 @@ int main(void) {
                     &decisions, &differ);
         check_model("qwen3-moe-tiny, 64 experts", q3_wide, "hf-eager", "vllm", 128, 4, 201,
                     &decisions, &differ);
+        check_model("qwen3-moe-tiny, 64 experts", q3_wide, "vllm+nvfp4:modelopt", "vllm", 128, 4,
+                    202, &decisions, &differ);
+        check_model("qwen3-moe-tiny, 64 experts", q3_wide, "vllm+fp8-block:deepseek", "vllm",
+                    128, 4, 203, &decisions, &differ);
     }
     parity_model_free(q3_wide);
     printf("routing decisions of the sampler that another preset's learner routes otherwise: "
