@@ -113,7 +113,10 @@ void linear_quantized_experts(const fwd_ctx *ctx, size_t n, const uint32_t *firs
             run.first[i + 1] = run.first[i] + N;
         }
     }
-    pool_run(ctx->pool, group_columns, &run, run.first[run.n]);
+    /* the columns in chunks of about an eighth of a worker's share, to whichever worker is
+     * free, as the bf16 GEMMs of a small M go (a column's sums do not depend on its chunk) */
+    const size_t columns = run.first[run.n], shares = 8 * (size_t)pool_size(ctx->pool);
+    pool_run_dynamic(ctx->pool, group_columns, &run, columns, (columns + shares - 1) / shares);
     if (f->element != QUANT_ELEMENT_E4M3) /* a non-finite row: NaN, as linear_quantized_group */
         for (size_t p = 0; p < n; p++)
             for (size_t m = first[p]; m < first[p + 1]; m++)
