@@ -117,14 +117,27 @@ typedef struct gemm_group_job {
     size_t first[GEMM_GROUP_MAX + 1];  /* the parts' first tasks, then the count of all */
 } gemm_group_job;
 
-static void gemm_group_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
-    const gemm_group_job *g = ctx;
-    for (size_t p = 0; p < g->n && begin < end; p++) {
-        if (begin >= g->first[p + 1]) continue;
-        const size_t stop = end < g->first[p + 1] ? end : g->first[p + 1];
-        gemm_columns((void *)&g->part[p], begin - g->first[p], stop - g->first[p], worker);
+/* Tasks begin .. end-1 of parts laid one after the other (part p's tasks first[p] ..
+ * first[p+1]-1, n parts): run(job, p, b, e, worker) on each part's share, b and e counted
+ * from its first task. */
+static void over_parts(const void *job, size_t n, const size_t *first, size_t begin, size_t end,
+                       unsigned worker,
+                       void (*run)(const void *, size_t, size_t, size_t, unsigned)) {
+    for (size_t p = 0; p < n && begin < end; p++) {
+        if (begin >= first[p + 1]) continue;
+        const size_t stop = end < first[p + 1] ? end : first[p + 1];
+        run(job, p, begin - first[p], stop - first[p], worker);
         begin = stop;
     }
+}
+
+static void group_part(const void *job, size_t p, size_t b, size_t e, unsigned worker) {
+    gemm_columns((void *)&((const gemm_group_job *)job)->part[p], b, e, worker);
+}
+
+static void gemm_group_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
+    const gemm_group_job *g = ctx;
+    over_parts(g, g->n, g->first, begin, end, worker, group_part);
 }
 
 /* The large-M path splits columns statically: each worker's range passes its x blocks once.
@@ -596,19 +609,17 @@ typedef struct experts_job {
     size_t first[GEMM_EXPERTS_MAX + 1];
 } experts_job;
 
+static void expert_part_columns(const void *job, size_t p, size_t b, size_t e, unsigned worker) {
+    const experts_job *g = job;
+    if (g->swiglu)
+        gemm_swiglu_columns((void *)&g->part[p], b, e, worker);
+    else
+        gemm_columns((void *)&g->part[p].gate, b, e, worker);
+}
+
 static void experts_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
     const experts_job *g = ctx;
-    for (size_t p = 0; p < g->n && begin < end; p++) {
-        if (begin >= g->first[p + 1]) continue;
-        const size_t stop = end < g->first[p + 1] ? end : g->first[p + 1];
-        if (g->swiglu)
-            gemm_swiglu_columns((void *)&g->part[p], begin - g->first[p], stop - g->first[p],
-                                worker);
-        else
-            gemm_columns((void *)&g->part[p].gate, begin - g->first[p], stop - g->first[p],
-                         worker);
-        begin = stop;
-    }
+    over_parts(g, g->n, g->first, begin, end, worker, expert_part_columns);
 }
 
 /* The column blocks of every part handed out in chunks to whichever worker is free, as
