@@ -561,6 +561,11 @@ int main(void) {
         if (!quick() || i % 3 == 0)
             check_model(runs[i].what, runs[i].m, runs[i].preset, runs[i].learner, 3, 4, 100 + i,
                         &decisions, &differ);
+
+    printf("routing decisions of the sampler that another preset's learner routes otherwise: "
+           "%d of %d\n", differ, decisions);
+    CHECK(differ > 0);
+
     /* 64 experts, 32 a token, a sampler of 128 rows: a decode step's 3 sequences run their
      * (mostly more than GEMM_EXPERTS_MAX) experts a few pool dispatches for all, bf16 or
      * quantized, which the sampler's prefill and the scorer's chunks of 256 and of 5 rows run
@@ -570,21 +575,20 @@ int main(void) {
     wide.num_experts = 64;
     wide.num_experts_per_tok = 32;
     parity_model *q3_wide = NULL;
+    int wide_decisions = 0, wide_differ = 0;
     CHECK_OK(parity_model_synthetic(&wide, 6, &q3_wide));
     if (q3_wide) {
         check_model("qwen3-moe-tiny, 64 experts", q3_wide, "vllm", "hf-eager", 128, 4, 200,
-                    &decisions, &differ);
+                    &wide_decisions, &wide_differ);
         check_model("qwen3-moe-tiny, 64 experts", q3_wide, "hf-eager", "vllm", 128, 4, 201,
-                    &decisions, &differ);
+                    &wide_decisions, &wide_differ);
         check_model("qwen3-moe-tiny, 64 experts", q3_wide, "vllm+nvfp4:modelopt", "vllm", 128, 4,
-                    202, &decisions, &differ);
+                    202, &wide_decisions, &wide_differ);
         check_model("qwen3-moe-tiny, 64 experts", q3_wide, "vllm+fp8-block:deepseek", "vllm",
-                    128, 4, 203, &decisions, &differ);
+                    128, 4, 203, &wide_decisions, &wide_differ);
     }
+    printf("on the 64-expert shape (32 a token): %d of %d\n", wide_differ, wide_decisions);
     parity_model_free(q3_wide);
-    printf("routing decisions of the sampler that another preset's learner routes otherwise: "
-           "%d of %d\n", differ, decisions);
-    CHECK(differ > 0);
 
     check_cpu_paths(q3_hf, "hf-eager");
     check_cpu_paths(q2_hf, "vllm+nvfp4:modelopt");
