@@ -1,7 +1,7 @@
 /* ab-builds: two builds of libparity in one process, timed call by call in alternation.
  *
  *   ab-builds LIB_A LIB_B [--model SPEC] [--preset NAME] [--threads T] [--prompt L]
- *             [--batch B] [--context C] [--pairs N]
+ *             [--batch B] [--context C] [--pairs N] [--layers N]
  *
  * On a shared VM the speed of one binary moves 10-30% from one run to the next, more than
  * most changes to a kernel; runs of two builds one after the other then compare phases of
@@ -12,6 +12,8 @@
  * build's median and the median of the per-pair ratios B / A of the times, which a slow
  * phase of the machine moves much less than either median. The libraries must not share
  * a path (dlopen would return the first one twice): copy one build's libparity.so.0 aside.
+ * --layers N cuts a synthetic:NAME shape to its first N layers (bench_layers.h): two models
+ * of a mixture of experts' real shape do not fit in memory whole.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #include "bench_clock.h"
+#include "bench_layers.h"
 #include "options.h"
 #include "parity.h"
 
@@ -31,6 +34,8 @@ typedef struct build {
     const char *path;
     void *so;
     __typeof__(parity_model_open) *model_open;
+    __typeof__(parity_config_builtin) *config_builtin;
+    __typeof__(parity_model_synthetic) *model_synthetic;
     __typeof__(parity_model_config) *model_config;
     __typeof__(parity_policy_from_name) *policy_from_name;
     __typeof__(parity_sampler_default_params) *sampler_default_params;
@@ -59,6 +64,8 @@ static int load(build *b, const char *path) {
         return -1;                                                                 \
     }
     SYM(model_open, "parity_model_open")
+    SYM(config_builtin, "parity_config_builtin")
+    SYM(model_synthetic, "parity_model_synthetic")
     SYM(model_config, "parity_model_config")
     SYM(policy_from_name, "parity_policy_from_name")
     SYM(sampler_default_params, "parity_sampler_default_params")
@@ -177,11 +184,11 @@ static void report(const char *what, const double *ta, const double *tb, int n, 
 
 int main(int argc, char **argv) {
     const char *spec = "synthetic:qwen3-0.6b", *preset = "aligned";
-    uint32_t L = 512, batch = 0, context = 128;
+    uint32_t L = 512, batch = 0, context = 128, layers = 0;
     int pairs = 8;
     if (argc < 3) {
         fprintf(stderr, "usage: ab-builds LIB_A LIB_B [--model SPEC] [--preset NAME] [--threads T] "
-                        "[--prompt L] [--batch B] [--context C] [--pairs N]\n");
+                        "[--prompt L] [--batch B] [--context C] [--pairs N] [--layers N]\n");
         return 2;
     }
     /* options in pairs after the two builds; a last option without a value is ignored */
@@ -195,6 +202,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) batch = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--context")) context = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--pairs")) pairs = atoi(v);
+        else if (!strcmp(a, "--layers")) {
+            if (bench_layers_option("ab-builds", v, &layers)) return 2;
+        }
         else {
             fprintf(stderr, "ab-builds: unknown option %s\n", a);
             return 2;
@@ -209,15 +219,26 @@ int main(int argc, char **argv) {
     memset(b, 0, sizeof b);
     for (int v = 0; v < 2; v++) {
         if (load(&b[v], argv[1 + v])) return 1;
-        if (b[v].model_open(spec, &b[v].model)) return fail(&b[v], spec), 1;
+        if (layers) {
+            parity_config c;
+            uint64_t seed;
+            uint32_t whole;
+            if (bench_cut_shape("ab-builds", spec, layers, b[v].config_builtin, &c, &seed, &whole))
+                return 1;
+            if (b[v].model_synthetic(&c, seed, &b[v].model)) return fail(&b[v], spec), 1;
+        } else if (b[v].model_open(spec, &b[v].model)) {
+            return fail(&b[v], spec), 1;
+        }
         if (make_sampler(&b[v], preset, 1, L + 1, 0, &b[v].prefill)) return 1;
         if (batch && open_decode(&b[v], preset, batch, context, 4 * (uint32_t)pairs + 8)) return 1;
     }
     int32_t *tokens = malloc(L * sizeof *tokens);
     if (!tokens) return 1;
     bench_prompt(tokens, L, b[0].model_config(b[0].model)->vocab_size);
-    printf("ab-builds: A %s, B %s; %s, preset %s, %u thread(s); %d pairs, alternating call by "
-           "call\n", argv[1], argv[2], spec, preset, n_threads, pairs);
+    printf("ab-builds: A %s, B %s; %s", argv[1], argv[2], spec);
+    if (layers) printf(" cut to %u layers (--layers)", layers);
+    printf(", preset %s, %u thread(s); %d pairs, alternating call by call\n", preset, n_threads,
+           pairs);
     double t[2][MAX_PAIRS];
     for (int v = 0; v < 2; v++)
         if (prefill_time(&b[v], tokens, L) < 0) return 1;  /* untimed: first touches */

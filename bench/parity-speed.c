@@ -5,6 +5,7 @@
  *                [--prompts LIST] [--batches LIST] [--contexts LIST] [--steps N] [--reps N]
  *                [--paths LIST|all] [--peers LIST] [--score-all] [--formats] [--ggufs LIST]
  *                [--profile] [--json FILE] [--quick] [--early-exit [--thresholds LIST]]
+ *                [--layers N]
  *
  * Defaults (a run of about three minutes on 2 cores with the peers: 1 min 53 s without them on
  * an AVX2 AMD EPYC VM, 3 min 57 s with llama-bench and torch's fp32 fallback, whose generic
@@ -18,6 +19,12 @@
  * SIMD path this CPU has, one after the other, the same rows for each; the portable path,
  * the specification, runs only when named, being some 500 times slower); peers torch,llama
  * where available.
+ *
+ * --layers N runs a synthetic:NAME shape cut to its first N layers (bench_layers.h), for the
+ * shapes that do not fit the machine's memory whole (a mixture of experts'; bench/model-memory
+ * says what each holds): a layer reads and runs the same whatever the depth, so its decode
+ * bandwidth and speed per layer are the whole shape's, while the head and the embedding
+ * weigh more in a step of fewer layers. The torch peer does not run on a cut shape.
  *
  * Peers, measured in the same run at the largest thread count, for the first preset's shape:
  *   torch   bench/torch_peer.py under /usr/bin/python3 (Debian's python3-torch), for
@@ -62,7 +69,10 @@
  *            samplers of the decode rows and of --profile are created with prefault set (the
  *            KV cache written at creation, as llama.cpp's is), so that the timed steps, whose
  *            sequences reach new cache blocks, take no first-touch page faults.
- *            Every step reads every weight once (achieved GB/s = the bytes a step reads /
+ *            Every step reads every weight once (a mixture of experts': the experts its
+ *            tokens run; parity_model_bytes counts one token's num_experts_per_tok a sparse
+ *            layer, which a step of B > 1 sequences may exceed: its GB/s is a floor)
+ *            (achieved GB/s = the bytes a step reads /
  *            step time, against the read bandwidth measured here: the weights as the
  *            library counts them under the preset (parity_model_bytes: codes and scales of
  *            a quantized format's linear layers, else values; the head; the norms), B
@@ -115,6 +125,7 @@
 #endif
 
 #include "bench_clock.h"
+#include "bench_layers.h"
 #include "bench_peak.h"
 #include "options.h"
 #include "parity.h"
@@ -261,17 +272,32 @@ static double measure_fma_peak(unsigned threads, bench_peak_kind kind) {
 /* ---- the model's size -------------------------------------------------------------------- */
 
 typedef struct model_size {
-    double flops_per_tok;  /* 2 x matrix weights, without the lm_head */
+    double flops_per_tok;  /* 2 x matrix weights one token runs (a mixture of experts: the
+                              router, num_experts_per_tok experts, the shared expert and its
+                              gate), without the lm_head */
     double head_flops;     /* 2 x lm_head weights */
     double attn_flops;     /* per (query, key) pair: 4 x heads x head_dim x layers */
 } model_size;
 
+/* Whether layer l is sparse (parity.h, parity_config: every decoder_sparse_step-th layer that
+ * mlp_only_layers does not name, in a model with experts). */
+static int layer_is_sparse(const parity_config *c, uint32_t l) {
+    return c->num_experts && c->decoder_sparse_step && (l + 1) % c->decoder_sparse_step == 0 &&
+           !((c->mlp_only_layers[l / 64] >> (l % 64)) & 1u);
+}
+
 static model_size size_of(const parity_config *c) {
     const double h = c->hidden_size, q = (double)c->num_attention_heads * c->head_dim,
                  kv = (double)c->num_key_value_heads * c->head_dim, f = c->intermediate_size;
-    const double layer = h * q * 2 + h * kv * 2 + 3 * h * f;
-    model_size s;
-    s.flops_per_tok = 2 * layer * c->num_hidden_layers;
+    const double attention = h * q * 2 + h * kv * 2;
+    const double experts = (double)c->num_experts * h +
+                           3.0 * h * c->moe_intermediate_size * c->num_experts_per_tok +
+                           (c->shared_expert_intermediate_size
+                                ? 3.0 * h * c->shared_expert_intermediate_size + h
+                                : 0);
+    model_size s = {0};
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++)
+        s.flops_per_tok += 2 * (attention + (layer_is_sparse(c, l) ? experts : 3 * h * f));
     s.head_flops = 2 * h * c->vocab_size;
     s.attn_flops = 4.0 * q * c->num_hidden_layers;
     return s;
@@ -1075,6 +1101,8 @@ typedef struct options {
     char contexts_s[64], peers_s[64], paths_s[64], thresholds_s[128], ggufs_s[1024];
     int reps, score_all, profile, contexts_given, early_exit, model_given, formats;
     uint32_t steps;
+    uint32_t layers;       /* --layers: a synthetic shape cut to this many layers; 0: all */
+    char model_label[256]; /* the model as the output names it: the spec, and the cut */
 } options;
 
 /* The lists of the command line, split, and the CPU paths to run (chosen: the library's). */
@@ -1124,7 +1152,7 @@ static int parse_options(int argc, char **argv, options *o) {
         if (option_is_help(a) || !option_value(argc, argv, &i, &v)) {
             fprintf(stderr, "usage: parity-speed [--model SPEC] [--presets LIST] [--backends LIST] "
                             "[--threads LIST] [--prompts LIST] [--batches LIST] [--contexts LIST] "
-                            "[--steps N] [--reps N] [--paths LIST|all] [--peers LIST|none] [--score-all] "
+                            "[--steps N] [--reps N] [--layers N] [--paths LIST|all] [--peers LIST|none] [--score-all] "
                             "[--formats] [--ggufs LIST] [--profile] [--json FILE] [--quick] "
                             "[--early-exit [--thresholds LIST]]\n");
             return option_is_help(a) ? 0 : 2;
@@ -1143,6 +1171,9 @@ static int parse_options(int argc, char **argv, options *o) {
             o->contexts_given = 1;
         }
         else if (!strcmp(a, "--steps")) o->steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--layers")) {
+            if (bench_layers_option("parity-speed", v, &o->layers)) return 2;
+        }
         else if (!strcmp(a, "--reps")) o->reps = atoi(v);
         else if (!strcmp(a, "--peers")) snprintf(o->peers_s, sizeof o->peers_s, "%s", v);
         else if (!strcmp(a, "--paths")) snprintf(o->paths_s, sizeof o->paths_s, "%s", v);
@@ -1158,6 +1189,7 @@ static int parse_options(int argc, char **argv, options *o) {
         fprintf(stderr, "parity-speed: --reps must be 1..50 and --steps >= 1\n");
         return 2;
     }
+
     return -1;
 }
 
@@ -1463,7 +1495,10 @@ static void run_peers(const options *o, const plan *pl, peers *P) {
     const char *which[MAX_LIST];
     int nw = split_list(peer_copy, which, MAX_LIST);
     for (int i = 0; i < nw; i++) {
-        if (!strcmp(which[i], "torch"))
+        if (!strcmp(which[i], "torch") && o->layers)
+            peer_note(P, "torch: not run (torch_peer.py runs a built-in shape whole, not cut "
+                         "by --layers)");
+        else if (!strcmp(which[i], "torch"))
             run_torch_peer(P, o->model_spec, tmax, lmax, batch_list, pl->contexts[0], o->steps,
                            o->reps);
         else if (!strcmp(which[i], "llama"))
@@ -1477,7 +1512,7 @@ static void run_peers(const options *o, const plan *pl, peers *P) {
 static void print_rows(const options *o, const plan *pl, const machine *mc, const rows *rs) {
     const result *res = rs->v;
     const int nres = rs->n;
-    printf("parity-speed: %s, libparity %s, CPU path %s (its GEMM's peak: %s)\n", o->model_spec,
+    printf("parity-speed: %s, libparity %s, CPU path %s (its GEMM's peak: %s)\n", o->model_label,
            parity_version(), parity_cpu_path_name(pl->chosen),
            bench_peak_instruction(bench_peak_of_path(pl->chosen)));
     for (int t = 0; t < pl->nt; t++)
@@ -1690,6 +1725,7 @@ static void print_peers(const peers *P, const rows *rs) {
 
 /* --json FILE: the run's configuration, machines, rows, spreads, score splits and peers.
  * Returns 0, or the exit status 1 when the file cannot be written. */
+/* The JSON's config.layers is --layers, 0 when the shape runs whole. */
 static int write_json(const options *o, const plan *pl, const machine *mc, const rows *rs,
                       const double *spreads, const peers *P, const model_size *ms,
                       const memory *mem) {
@@ -1698,9 +1734,11 @@ static int write_json(const options *o, const plan *pl, const machine *mc, const
         fprintf(stderr, "parity-speed: cannot write %s\n", o->json);
         return 1;
     }
-    fprintf(f, "{\"config\": {\"model\": \"%s\", \"version\": \"%s\", \"reps\": %d, \"steps\": %u, "
+    fprintf(f, "{\"config\": {\"model\": \"%s\", \"layers\": %u, \"version\": \"%s\", "
+               "\"reps\": %d, \"steps\": %u, "
                "\"formats\": %s, \"peak_instruction\": \"%s\"},\n \"machines\": [",
-            o->model_spec, parity_version(), o->reps, o->steps, o->formats ? "true" : "false",
+            o->model_spec, o->layers, parity_version(),
+            o->reps, o->steps, o->formats ? "true" : "false",
             bench_peak_instruction(bench_peak_of_path(pl->chosen)));
     const bench_peak_kind chosen_kind = bench_peak_of_path(pl->chosen);
     for (int t = 0; t < pl->nt; t++) {
@@ -1836,6 +1874,24 @@ static int table_mode(const options *o, const plan *pl, parity_model *model,
     return rc;
 }
 
+/* The model of o's spec; with --layers, its shape cut to that many layers (bench_layers.h).
+ * Sets o->model_label: the spec, and the cut with what it means. */
+static int open_model(options *o, parity_model **model) {
+    snprintf(o->model_label, sizeof o->model_label, "%s", o->model_spec);
+    if (!o->layers) return parity_model_open(o->model_spec, model) ? fail(o->model_spec) : 0;
+    parity_config c;
+    uint64_t seed;
+    uint32_t whole;
+    if (bench_cut_shape("parity-speed", o->model_spec, o->layers, parity_config_builtin, &c,
+                        &seed, &whole))
+        return -1;
+    snprintf(o->model_label, sizeof o->model_label,
+             "%s cut to %u of its %u layers (--layers; a layer's speed and bandwidth do not "
+             "depend on the depth: a step of the whole shape runs %u/%u as much in its layers)",
+             o->model_spec, o->layers, whole, whole, o->layers);
+    return parity_model_synthetic(&c, seed, model) ? fail(o->model_spec) : 0;
+}
+
 int main(int argc, char **argv) {
     options o;
     plan pl;
@@ -1845,7 +1901,7 @@ int main(int argc, char **argv) {
     if (o.early_exit && !o.model_given) o.model_spec = "synthetic:ouro-1.4b";
     parity_model *model;
     fprintf(stderr, "parity-speed: loading %s\n", o.model_spec);
-    if (parity_model_open(o.model_spec, &model)) return fail(o.model_spec) ? 1 : 1;
+    if (open_model(&o, &model)) return 1;
     const model_size ms = size_of(parity_model_config(model));
     if (o.early_exit) rc = early_exit_mode(&o, &pl, model);
     else if (o.profile) rc = profile_mode(&o, &pl, model);

@@ -461,7 +461,12 @@ typedef struct parity_weight_bytes {
     uint64_t step_linear;     /* the decoder layers' linear weights, each read once: their
                                  codes and scales under a quantized gemm (whether built yet
                                  or not), else their values (bf16, or fp32 where the policy
-                                 or backend multiplies fp32 weights) */
+                                 or backend multiplies fp32 weights). A mixture of experts:
+                                 what a step of one sequence reads, the attention, each
+                                 sparse layer's router, num_experts_per_tok of its experts
+                                 (of one token: a batch's tokens may pick more) and the
+                                 shared expert with its one-row gate (router and gate
+                                 values, never quantized) */
     uint64_t step_head;       /* the lm_head, as the policy reads it (a tied head too) */
     uint64_t step_vectors;    /* the norm weights and biases (held in fp32), each once */
     uint64_t embedding_row;   /* one token's embedding row: a step reads one per sequence */

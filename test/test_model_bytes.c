@@ -2,7 +2,8 @@
  * holds (its bf16 values, fp32 norms and biases, the copies built for the policies served,
  * a checkpoint's shipped codes), what serving one policy keeps of it, and what one step under
  * each kind of policy reads (bf16 or fp32 values, each quantized format's codes and scales as
- * parity_quant_scale_count grids them); its argument errors leave the output untouched. */
+ * parity_quant_scale_count grids them; a mixture of experts' step, its active experts); its
+ * argument errors leave the output untouched. */
 #include <stdio.h>
 #include <string.h>
 
@@ -187,6 +188,96 @@ static void test_shipped(void) {
     parity_model_free(m);
 }
 
+/* Whether layer l of a mixture of experts is sparse: every decoder_sparse_step-th layer
+ * (counted from 1) that mlp_only_layers does not name. */
+static int layer_sparse(const parity_config *c, uint32_t l) {
+    return c->decoder_sparse_step && (l + 1) % c->decoder_sparse_step == 0 &&
+           !((c->mlp_only_layers[l / 64] >> (l % 64)) & 1u);
+}
+
+/* The bytes of a rows x cols linear weight under gemm format `gemm` of `quantizer` (bf16:
+ * its values). */
+static uint64_t linear_bytes(uint32_t gemm, int quantizer, uint64_t rows, uint64_t cols) {
+    if (gemm == PARITY_GEMM_BF16) return 2 * rows * cols;
+    return held_code_bytes(gemm, rows, cols) +
+           held_scale_bytes(gemm) * parity_quant_scale_count(quantizer, rows, cols);
+}
+
+/* What a decode step of one sequence reads of a mixture of experts' decoder layers under a
+ * bf16-compute policy of gemm format `gemm`: the attention's four linear weights, a dense
+ * layer's MLP; a sparse layer's router (bf16 values), num_experts_per_tok experts' three
+ * weights, and the shared expert's three and its one-row gate (bf16 values). `experts` is
+ * the count of experts a layer reads (num_experts: what the model holds). */
+static uint64_t moe_linear_bytes(const parity_config *c, uint32_t gemm, int quantizer,
+                                 uint64_t experts) {
+    const uint64_t h = c->hidden_size, q = (uint64_t)c->num_attention_heads * c->head_dim,
+                   kv = (uint64_t)c->num_key_value_heads * c->head_dim,
+                   f = c->intermediate_size, fe = c->moe_intermediate_size,
+                   fs = c->shared_expert_intermediate_size;
+    uint64_t bytes = 0;
+    for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
+        bytes += linear_bytes(gemm, quantizer, q, h) + 2 * linear_bytes(gemm, quantizer, kv, h) +
+                 linear_bytes(gemm, quantizer, h, q);
+        if (!layer_sparse(c, l)) {
+            bytes += 2 * linear_bytes(gemm, quantizer, f, h) + linear_bytes(gemm, quantizer, h, f);
+            continue;
+        }
+        bytes += 2 * (uint64_t)c->num_experts * h;
+        bytes += experts * (2 * linear_bytes(gemm, quantizer, fe, h) +
+                            linear_bytes(gemm, quantizer, h, fe));
+        if (fs)
+            bytes += 2 * linear_bytes(gemm, quantizer, fs, h) +
+                     linear_bytes(gemm, quantizer, h, fs) + 2 * h;
+    }
+    return bytes;
+}
+
+/* A mixture of experts' step reads the active experts alone (the model holds them all), and
+ * the shared expert with its gate; the head and the norms as a dense model's. */
+static void test_moe(void) {
+    static const char *const models[] = {"synthetic:qwen3-moe-tiny", "synthetic:qwen2-moe-tiny"};
+    static const char *const quantized[] = {"vllm+fp8-block:deepseek", "vllm+nvfp4:modelopt",
+                                            "vllm+mxfp4:ocp"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        parity_model *m = NULL;
+        CHECK_OK(parity_model_open(models[i], &m));
+        if (!m) continue;
+        const parity_config *c = parity_model_config(m);
+        CHECK(c->num_experts_per_tok < c->num_experts);
+        const uint64_t h = c->hidden_size, k = c->num_experts_per_tok;
+        uint64_t vectors = h, sparse = 0;
+        for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
+            vectors += 2 * h + (c->qk_norm ? 2ull * c->head_dim : 0) +
+                       (c->attention_bias ? (uint64_t)(c->num_attention_heads +
+                                                       2 * c->num_key_value_heads) * c->head_dim
+                                          : 0);
+            sparse += (uint64_t)layer_sparse(c, l);
+        }
+        CHECK(sparse > 0);
+        const parity_weight_bytes bf16 = query(m, "vllm", PARITY_BACKEND_BF16);
+        const uint64_t step = moe_linear_bytes(c, PARITY_GEMM_BF16, 0, k);
+        const uint64_t all = moe_linear_bytes(c, PARITY_GEMM_BF16, 0, c->num_experts);
+        printf("model bytes: %-26s step reads %llu of linear weights, the model holds %llu\n",
+               models[i], (unsigned long long)bf16.step_linear, (unsigned long long)all);
+        CHECK_INT(bf16.step_linear, step);
+        CHECK_INT(bf16.step_head, 2ull * c->vocab_size * h);
+        CHECK_INT(bf16.step_vectors, 4 * vectors);
+        /* held: every expert, the vectors (and the shared expert's one-row gate) widened too */
+        const uint64_t gates = c->shared_expert_intermediate_size ? sparse * h : 0;
+        const uint64_t head = (c->tie_word_embeddings ? 1u : 2u) * (uint64_t)c->vocab_size * h;
+        CHECK_INT(bf16.held, all + 2 * head + 6 * vectors + 4 * gates);
+        for (size_t j = 0; j < sizeof quantized / sizeof *quantized; j++) {
+            parity_policy p;
+            CHECK_OK(parity_policy_from_name(quantized[j], &p));
+            CHECK_INT(query(m, quantized[j], PARITY_BACKEND_BF16).step_linear,
+                      moe_linear_bytes(c, p.gemm, p.quantizer, k));
+        }
+        /* fp32 compute reads fp32 values: twice the bf16 bytes */
+        CHECK_INT(query(m, "fp32", PARITY_BACKEND_BF16).step_linear, 2 * step);
+        parity_model_free(m);
+    }
+}
+
 static void test_arguments(void) {
     parity_model *m = NULL;
     CHECK_OK(parity_model_open("synthetic:tiny", &m));
@@ -217,6 +308,7 @@ static void test_arguments(void) {
 int main(void) {
     test_synthetic();
     test_shipped();
+    test_moe();
     test_arguments();
     return check_report("model_bytes");
 }

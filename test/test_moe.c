@@ -16,7 +16,9 @@
  *     quantized experts (+fp8-block, +mxfp8, +nvfp4, +mxfp4, +ternary): a sequence's log-probs
  *     are bitwise the same scored alone or with others, in chunks of 5 rows or 256, on 1 or 2
  *     threads and on every CPU path; the sampler (record_routes, sequences stepped together
- *     and in prefill chunks of 3, fresh or forked from one prefilled prompt) reports log-probs the scorer recomputes bitwise, its routing
+ *     and in prefill chunks of 3, fresh or forked from one prefilled prompt; and on a shape of
+ *     64 experts, 32 a token, whose decode steps run many experts a pool dispatch) reports
+ *     log-probs the scorer recomputes bitwise, its routing
  *     record equals the experts the scorer ran, and the scorer replaying the record returns
  *     the same bits; replayed under another preset, the record is what runs.
  *   - Against transformers 5.25 (test/data/moe/ref): the hf-eager preset is the nearest of the
@@ -265,12 +267,13 @@ static int score(parity_scorer *sc, const int32_t *tokens, const uint32_t *lengt
     return parity_score(sc, &o, tokens, lengths, n, lp, NULL, NULL, NULL);
 }
 
-/* The parity contract on model m under `preset`: returns the routing decisions (position x
- * sparse layer) compared and how many differed between sampler and a replay-free learner of
- * `learner` (another preset) in *decisions, *differ. */
+/* The parity contract on model m under `preset`, the sampler stepping up to max_batch
+ * sequences together and prefilling in chunks of prefill_chunk rows: returns the routing
+ * decisions (position x sparse layer) compared and how many differed between sampler and a
+ * replay-free learner of `learner` (another preset) in *decisions, *differ. */
 static void check_model(const char *what, const parity_model *m, const char *preset,
-                        const char *learner, uint64_t seed, int fork, int *decisions,
-                        int *differ) {
+                        const char *learner, uint32_t prefill_chunk, uint32_t max_batch,
+                        uint64_t seed, int fork, int *decisions, int *differ) {
     const parity_config *c = parity_model_config(m);
     uint64_t r = seed;
     /* prompts of random lengths, each followed by the sampled completion */
@@ -283,7 +286,8 @@ static void check_model(const char *what, const parity_model *m, const char *pre
     }
     parity_sampler_params sp = sampler_params((fixture){.policy = preset, .n_threads = 2,
                                                          .max_seqs = 8, .max_len = MAX_LEN,
-                                                         .prefill_chunk = 3, .max_batch = 4});
+                                                         .prefill_chunk = prefill_chunk,
+                                                         .max_batch = max_batch});
     sp.record_routes = 1;
     parity_sampler *s = sampler_with(m, &sp);
     if (!s) return;
@@ -634,7 +638,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
         if (!quick() || i % 3 == 0) {
             int d = 0, x = 0;
-            check_model(runs[i].what, runs[i].m, runs[i].preset, runs[i].learner, 100 + i,
+            check_model(runs[i].what, runs[i].m, runs[i].preset, runs[i].learner, 3, 4, 100 + i,
                         (int)(i % 2), &d, &x);
             printf("%s: %s sampler, %s learner: %d of %d routing decisions differ\n",
                    runs[i].what, runs[i].preset, runs[i].learner, x, d);
@@ -644,6 +648,30 @@ int main(void) {
     printf("routing decisions of the sampler that another preset's learner routes otherwise: "
            "%d of %d\n", differ, decisions);
     CHECK(differ > 0);
+
+    /* 64 experts, 32 a token, a sampler of 128 rows: a decode step's 3 sequences run their
+     * (mostly more than GEMM_EXPERTS_MAX) experts a few pool dispatches for all, bf16 or
+     * quantized, which the sampler's prefill and the scorer's chunks of 256 and of 5 rows run
+     * one by one */
+    parity_config wide;
+    CHECK_OK(parity_config_builtin("qwen3-moe-tiny", &wide));
+    wide.num_experts = 64;
+    wide.num_experts_per_tok = 32;
+    parity_model *q3_wide = NULL;
+    int wide_decisions = 0, wide_differ = 0;
+    CHECK_OK(parity_model_synthetic(&wide, 6, &q3_wide));
+    if (q3_wide) {
+        check_model("qwen3-moe-tiny, 64 experts", q3_wide, "vllm", "hf-eager", 128, 4, 200, 0,
+                    &wide_decisions, &wide_differ);
+        check_model("qwen3-moe-tiny, 64 experts", q3_wide, "hf-eager", "vllm", 128, 4, 201, 1,
+                    &wide_decisions, &wide_differ);
+        check_model("qwen3-moe-tiny, 64 experts", q3_wide, "vllm+nvfp4:modelopt", "vllm", 128, 4,
+                    202, 0, &wide_decisions, &wide_differ);
+        check_model("qwen3-moe-tiny, 64 experts", q3_wide, "vllm+fp8-block:deepseek", "vllm",
+                    128, 4, 203, 1, &wide_decisions, &wide_differ);
+    }
+    printf("on the 64-expert shape (32 a token): %d of %d\n", wide_differ, wide_decisions);
+    parity_model_free(q3_wide);
 
     check_cpu_paths(q3_hf, "hf-eager");
     check_cpu_paths(q2_hf, "vllm+nvfp4:modelopt");

@@ -117,14 +117,27 @@ typedef struct gemm_group_job {
     size_t first[GEMM_GROUP_MAX + 1];  /* the parts' first tasks, then the count of all */
 } gemm_group_job;
 
-static void gemm_group_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
-    const gemm_group_job *g = ctx;
-    for (size_t p = 0; p < g->n && begin < end; p++) {
-        if (begin >= g->first[p + 1]) continue;
-        const size_t stop = end < g->first[p + 1] ? end : g->first[p + 1];
-        gemm_columns((void *)&g->part[p], begin - g->first[p], stop - g->first[p], worker);
+/* Tasks begin .. end-1 of parts laid one after the other (part p's tasks first[p] ..
+ * first[p+1]-1, n parts): run(job, p, b, e, worker) on each part's share, b and e counted
+ * from its first task. */
+static void over_parts(const void *job, size_t n, const size_t *first, size_t begin, size_t end,
+                       unsigned worker,
+                       void (*run)(const void *, size_t, size_t, size_t, unsigned)) {
+    for (size_t p = 0; p < n && begin < end; p++) {
+        if (begin >= first[p + 1]) continue;
+        const size_t stop = end < first[p + 1] ? end : first[p + 1];
+        run(job, p, begin - first[p], stop - first[p], worker);
         begin = stop;
     }
+}
+
+static void group_part(const void *job, size_t p, size_t b, size_t e, unsigned worker) {
+    gemm_columns((void *)&((const gemm_group_job *)job)->part[p], b, e, worker);
+}
+
+static void gemm_group_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
+    const gemm_group_job *g = ctx;
+    over_parts(g, g->n, g->first, begin, end, worker, group_part);
 }
 
 /* The large-M path splits columns statically: each worker's range passes its x blocks once.
@@ -537,6 +550,117 @@ int linear_swiglu_fused(const fwd_ctx *ctx, size_t M, const float *x, const weig
         pool_run_dynamic(ctx->pool, gemm_swiglu_columns, &sj, tasks, (tasks + shares - 1) / shares);
     }
     return 1;
+}
+
+/* ---- a mixture of experts' GEMMs, each expert on its own rows, in one dispatch ----------- */
+
+/* x's rows (ldx apart) packed once for every expert's GEMM, into a job template whose x or xb
+ * points at row 0: as bf16 rows for gemm_bf16xw where the table has it and every value is
+ * bf16, else as fp32 rows for gemm_bf16w (the two give the same bits, and gemm_bf16w the same
+ * as the tiles kernel a large M would run: kernels.h). A few rows are packed by the caller
+ * (a pool round trip costs more than packing them). */
+static gemm_job experts_packed(const fwd_ctx *ctx, size_t rows, size_t K, const float *x,
+                               size_t ldx) {
+    const kernels *k = kern();
+    const gemm_scratch *s = &ctx->s->gemm;
+    gemm_job j = {k, 0, K, 0, NULL, 0, NULL, NULL, NULL, 0, NULL, 0, NULL, 0, NULL};
+    const int inline_pack = rows * K <= 32768;
+    if (k->gemm_bf16xw) {
+        pack_bf16_job pb = {K, ldx, x, (uint16_t *)s->xpack, 0};
+        if (inline_pack)
+            pack_bf16_rows(&pb, 0, rows, 0);
+        else
+            pool_run(ctx->pool, pack_bf16_rows, &pb, rows);
+        if (!atomic_load_explicit(&pb.not_bf16, memory_order_relaxed)) {
+            j.xb = pb.xb;
+            return j;
+        }
+    }
+    pack_job p = {rows, K, ldx, x, s->xpack};
+    if (inline_pack)
+        pack_rows(&p, 0, rows, 0);
+    else
+        pool_run(ctx->pool, pack_rows, &p, rows);
+    j.x = s->xpack;
+    return j;
+}
+
+/* Expert p's part of a template packed from x's row first[0] on: its rows first[p] ..
+ * first[p+1]-1, its weights w (N x K) and its output rows of y (N apart). */
+static gemm_job expert_part(const gemm_job *t, const uint32_t *first, size_t p, const weight *w,
+                            float *y, const gemm_epilogue *ep) {
+    gemm_job j = *t;
+    const size_t packed = (first[p] - first[0]) * gemm_packed_row(t->K);
+    j.M = first[p + 1] - first[p];
+    if (j.xb) j.xb += packed;
+    else j.x += packed;
+    j.N = w->rows, j.w16 = w->bf16, j.ldw = t->K;
+    j.y = y + first[p] * w->rows, j.ldy = w->rows;
+    j.ep = ep;
+    return j;
+}
+
+/* The experts' GEMMs of one dispatch: task t is column block t - first[p] of expert p, a
+ * SwiGLU pair (gate and up, then swiglu) or one GEMM (part[p].gate). */
+typedef struct experts_job {
+    size_t n;
+    int swiglu;
+    gemm_swiglu_job part[GEMM_EXPERTS_MAX];
+    size_t first[GEMM_EXPERTS_MAX + 1];
+} experts_job;
+
+static void expert_part_columns(const void *job, size_t p, size_t b, size_t e, unsigned worker) {
+    const experts_job *g = job;
+    if (g->swiglu)
+        gemm_swiglu_columns((void *)&g->part[p], b, e, worker);
+    else
+        gemm_columns((void *)&g->part[p].gate, b, e, worker);
+}
+
+static void experts_columns(void *ctx, size_t begin, size_t end, unsigned worker) {
+    const experts_job *g = ctx;
+    over_parts(g, g->n, g->first, begin, end, worker, expert_part_columns);
+}
+
+/* The column blocks of every part handed out in chunks to whichever worker is free, as
+ * gemm_group_on_pool hands out a small M's. */
+static void experts_on_pool(threadpool *pool, experts_job *g) {
+    g->first[0] = 0;
+    for (size_t p = 0; p < g->n; p++)
+        g->first[p + 1] = g->first[p] + (g->part[p].gate.N + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+    const size_t tasks = g->first[g->n], shares = 8 * (size_t)pool_size(pool);
+    pool_run_dynamic(pool, experts_columns, g, tasks, (tasks + shares - 1) / shares);
+}
+
+int linear_experts_runs(const fwd_ctx *ctx, const weight *w) {
+    return ctx->backend == PARITY_BACKEND_BF16 && ctx->split_k <= 1 &&
+           ctx->pol.compute == PARITY_COMPUTE_BF16 && !quant_weight_for(&ctx->pol, w);
+}
+
+void linear_experts_swiglu(const fwd_ctx *ctx, size_t n, const uint32_t *first, const float *x,
+                           const weight *const *w_gate, const weight *const *w_up, float *gate,
+                           float *up) {
+    const size_t K = w_gate[0]->cols;
+    const gemm_job t = experts_packed(ctx, first[n] - first[0], K, x + first[0] * K, K);
+    const gemm_epilogue ep = {NULL, &ctx->pol};
+    experts_job g = {.n = n, .swiglu = 1};
+    for (size_t p = 0; p < n; p++) {
+        g.part[p].gate = expert_part(&t, first, p, w_gate[p], gate, &ep);
+        g.part[p].up = expert_part(&t, first, p, w_up[p], up, &ep);
+        g.part[p].pol = &ctx->pol;
+        g.part[p].out = g.part[p].gate.y;
+        g.part[p].ldo = w_gate[p]->rows;
+    }
+    experts_on_pool(ctx->pool, &g);
+}
+
+void linear_experts(const fwd_ctx *ctx, size_t n, const uint32_t *first, const float *x,
+                    const weight *const *w, float *y) {
+    const size_t K = w[0]->cols;
+    const gemm_job t = experts_packed(ctx, first[n] - first[0], K, x + first[0] * K, K);
+    experts_job g = {.n = n, .swiglu = 0};
+    for (size_t p = 0; p < n; p++) g.part[p].gate = expert_part(&t, first, p, w[p], y, NULL);
+    experts_on_pool(ctx->pool, &g);
 }
 
 void linear(const fwd_ctx *ctx, size_t M, const float *x, const weight *w, const weight *bias,

@@ -91,4 +91,24 @@ int linear_swiglu_fused(const fwd_ctx *ctx, size_t M, const float *x, const weig
 void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
                            size_t n, const gemm_part *parts, const gemm_scratch *s);
 
+/* A mixture of experts' experts, each over its own rows of one x, in one pool dispatch per
+ * call (a decode step's few rows would otherwise pay a dispatch per expert and GEMM). Expert p
+ * (p < n <= GEMM_EXPERTS_MAX) reads x's rows first[p] .. first[p+1]-1 (x rows w->cols apart,
+ * first ascending, first[n] <= the scratch's rows) and writes the same rows of the outputs
+ * (rows N apart, N its weight's rows). x is packed once for all of them. Each output has the
+ * bits linear_swiglu_fused or linear would give the expert's rows alone (an output depends
+ * only on its row and column). Only where linear_experts_runs says so for every weight. */
+#define GEMM_EXPERTS_MAX 32
+/* Whether the experts' GEMMs below run w: the bf16 backend, bf16 compute, K not split, and w
+ * read as bf16 values (not a quantized format's codes). */
+int linear_experts_runs(const fwd_ctx *ctx, const weight *w);
+/* gate = round(x . w_gate[p]^T), up = round(x . w_up[p]^T) on expert p's rows, then gate =
+ * the policy's swiglu(gate, up) (mlp_swiglu's bits). */
+void linear_experts_swiglu(const fwd_ctx *ctx, size_t n, const uint32_t *first, const float *x,
+                           const weight *const *w_gate, const weight *const *w_up, float *gate,
+                           float *up);
+/* y = x . w[p]^T on expert p's rows, fp32, unrounded (linear's bits). */
+void linear_experts(const fwd_ctx *ctx, size_t n, const uint32_t *first, const float *x,
+                    const weight *const *w, float *y);
+
 #endif /* PARITY_ENGINE_GEMM_H */

@@ -24,8 +24,8 @@
 
 typedef struct quant_group_run {
     size_t n;
-    quant_gemm_job job[QUANT_GROUP_MAX];
-    size_t first[QUANT_GROUP_MAX + 1];
+    quant_gemm_job job[QUANT_EXPERT_PARTS_MAX];
+    size_t first[QUANT_EXPERT_PARTS_MAX + 1];
     quant_gemm_fn *columns; /* the column kernel of the current CPU path */
 } quant_group_run;
 
@@ -37,6 +37,13 @@ static void group_columns(void *p, size_t c0, size_t c1, unsigned worker) {
         const size_t b = c1 < r->first[i + 1] ? c1 : r->first[i + 1];
         if (a < b) r->columns(&r->job[i], a - r->first[i], b - r->first[i]);
     }
+}
+
+/* Whether row x of K values holds a NaN or an infinity. */
+static int row_not_finite(const float *x, size_t K) {
+    size_t k = 0;
+    while (k < K && isfinite(x[k])) k++;
+    return k < K;
 }
 
 /* The activations' block count along K under format f. */
@@ -68,13 +75,10 @@ void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t
         /* E2M1 and int8 have no NaN: a row holding a NaN or an infinity yields NaN in every
          * layer of the group, as an E4M3 NaN code does in the fp8 GEMMs, rather than the codes
          * its saturation gives (each row scanned once for the group) */
-        for (size_t m = 0; m < M; m++) {
-            size_t k = 0;
-            while (k < K && isfinite(x[m * ldx + k])) k++;
-            if (k < K)
+        for (size_t m = 0; m < M; m++)
+            if (row_not_finite(x + m * ldx, K))
                 for (size_t i = 0; i < n; i++)
                     for (size_t c = 0; c < w[i]->rows; c++) y[i][m * ldy[i] + c] = NAN;
-        }
     for (size_t i = 0; i < n; i++)
         if (bias[i])
             for (size_t m = 0; m < M; m++)
@@ -84,6 +88,43 @@ void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t
 void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, const weight *w,
                       const quant_weight *wq, const float *bias, float *y, size_t ldy) {
     linear_quantized_group(ctx, M, x, ldx, 1, &w, &wq, &bias, &y, &ldy);
+}
+
+void linear_quantized_experts(const fwd_ctx *ctx, size_t n, const uint32_t *first,
+                              const float *x, size_t per, const weight *const *w,
+                              const quant_weight *const *wq, float *const *y) {
+    const quant_rule *rule = quant_rule_of(ctx->pol.quantizer);
+    const quant_format *f = rule->format;
+    const size_t K = w[0]->cols, nblocks = activation_blocks(f, K), M = first[n] - first[0];
+    /* the rows of every expert quantized at once, each row on its own (per-token scales) */
+    uint8_t *xq = (uint8_t *)ctx->s->gemm.xpack;
+    float *xs = (float *)(void *)(xq + (M * K + 63) / 64 * 64);
+    float *xt = xs + M * nblocks;
+    quant_rows_entry(f)(rule, M, K, x + first[0] * K, K, xq, K, xs, xt);
+    quant_group_run run = {.n = n * per, .columns = quant_gemm_entry(f)};
+    for (size_t p = 0; p < n; p++) {
+        const size_t r = first[p] - first[0], rows = first[p + 1] - first[p];
+        for (size_t j = 0; j < per; j++) {
+            const size_t i = p * per + j, N = w[i]->rows;
+            run.job[i] = (quant_gemm_job){rows, K, nblocks, f->block_cols, rule, xq + r * K,
+                                          xs + r * nblocks, xt + r, wq[i]->codes,
+                                          quant_weight_row_bytes(f, K), {wq[i]->scales}, nblocks,
+                                          wq[i]->tensor_scale, y[j] + first[p] * N, N};
+            run.first[i + 1] = run.first[i] + N;
+        }
+    }
+    /* the columns in chunks of about an eighth of a worker's share, to whichever worker is
+     * free, as the bf16 GEMMs of a small M go (a column's sums do not depend on its chunk) */
+    const size_t columns = run.first[run.n], shares = 8 * (size_t)pool_size(ctx->pool);
+    pool_run_dynamic(ctx->pool, group_columns, &run, columns, (columns + shares - 1) / shares);
+    if (f->element != QUANT_ELEMENT_E4M3) /* a non-finite row: NaN, as linear_quantized_group */
+        for (size_t p = 0; p < n; p++)
+            for (size_t m = first[p]; m < first[p + 1]; m++)
+                if (row_not_finite(x + m * K, K))
+                    for (size_t j = 0; j < per; j++) {
+                        const size_t N = w[p * per + j]->rows;
+                        for (size_t c = 0; c < N; c++) y[j][m * N + c] = NAN;
+                    }
 }
 
 size_t linear_quantized_scratch(int quantizer, size_t M, size_t K) {

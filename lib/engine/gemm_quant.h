@@ -3,6 +3,7 @@
 #define PARITY_ENGINE_GEMM_QUANT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "forward_types.h"
 
@@ -23,6 +24,17 @@ void linear_quantized(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx,
 void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, size_t n,
                             const struct weight *const *w, const struct quant_weight *const *wq,
                             const float *const *bias, float *const *y, const size_t *ldy);
+/* A mixture of experts' quantized GEMMs, each expert over its own rows of one x, in one pool
+ * call: expert p (p < n) reads x's rows first[p] .. first[p+1]-1 (x rows w->cols apart,
+ * first ascending) and runs its `per` weights w[p * per + j] (j < per, each with codes wq[..]
+ * and the same K), output j into the same rows of y[j] (rows N apart). The rows are quantized
+ * once; each output has the bits linear_quantized gives the expert's rows alone (a row's
+ * codes and scales are its own, a column's sums its own). n * per <= QUANT_EXPERT_PARTS_MAX;
+ * first[n] - first[0] rows fit the GEMM scratch. No bias, no rounding. */
+#define QUANT_EXPERT_PARTS_MAX 64
+void linear_quantized_experts(const fwd_ctx *ctx, size_t n, const uint32_t *first,
+                              const float *x, size_t per, const struct weight *const *w,
+                              const struct quant_weight *const *wq, float *const *y);
 size_t linear_quantized_scratch(int quantizer, size_t M, size_t K);
 
 #endif /* PARITY_ENGINE_GEMM_QUANT_H */

@@ -163,9 +163,12 @@ void mlp_swiglu(const fwd_ctx *ctx, size_t M, const float *x, const weight *w_ga
     float *const gate_up_out[] = {s->gate, s->up};
     linear_group_round_point(ctx, M, x, 2, gate_up, no_bias, gate_up_out);
     phase_lap(ctx, PARITY_PHASE_GEMM, t);
-    run_rows(ctx, job_swiglu,
-             (region_job){.a = s->gate, .b = s->up, .out = s->gate, .width = w_gate->rows}, M);
+    rows_swiglu(ctx, M, s->gate, s->up, w_gate->rows);
     phase_lap(ctx, PARITY_PHASE_REGIONS, t);
+}
+
+void rows_swiglu(const fwd_ctx *ctx, size_t M, float *gate, float *up, size_t width) {
+    run_rows(ctx, job_swiglu, (region_job){.a = gate, .b = up, .out = gate, .width = width}, M);
 }
 
 /* The MLP's gate and up projections with silu(gate) * up (mlp_swiglu), then the down

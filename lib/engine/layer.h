@@ -34,6 +34,8 @@ void layer_attention(const fwd_ctx *ctx, const layer_weights *w, uint32_t plane,
  * (region: SwiGLU), into s->gate [M][w_gate->rows]. */
 void mlp_swiglu(const fwd_ctx *ctx, size_t M, const float *x, const weight *w_gate,
                 const weight *w_up, double *t);
+/* gate = the policy's swiglu(gate, up) on M rows of `width`, over the pool (region: SwiGLU). */
+void rows_swiglu(const fwd_ctx *ctx, size_t M, float *gate, float *up, size_t width);
 /* A layer's SwiGLU MLP on s->xn: gate and up projections rounded, silu(gate) * up (region:
  * SwiGLU), the down projection rounded, into s->delta. */
 void layer_mlp(const fwd_ctx *ctx, const layer_weights *w, size_t R, double *t);

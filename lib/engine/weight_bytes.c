@@ -2,6 +2,7 @@
  * and what one forward step under a policy reads of them, counted from the tensors the model
  * holds and the layout of the quantized copies (quant_weight_code_bytes). */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/errors.h"
@@ -42,6 +43,16 @@ static void count_held(const weight *w, const parity_policy *pol, int need,
     out->held_for_policy += kept;
 }
 
+/* Whether one token's step leaves the entry out: a routed expert past the first
+ * num_experts_per_tok of its layer. A token runs that many of a sparse layer's experts, and
+ * every expert of a layer has one shape and one format, so the first ones stand for whichever
+ * the router picks. */
+static int expert_not_run(const parity_config *c, const expected *e) {
+    unsigned layer, expert;
+    return sscanf(e->name, "model.layers.%u.mlp.experts.%u.", &layer, &expert) == 2 &&
+           expert >= c->num_experts_per_tok;
+}
+
 /* Adds what one step under pol reads of w (an entry of the model's table) to out. */
 static void count_step(const parity_model *m, const expected *e, const parity_policy *pol,
                        int need, parity_weight_bytes *out) {
@@ -49,7 +60,11 @@ static void count_step(const parity_model *m, const expected *e, const parity_po
     const uint64_t n = (uint64_t)w->rows * w->cols;
     /* matrices: bf16 values, or fp32 (the fp16 values are held in fp32 too) */
     const uint64_t matrix = need ? 4 : 2;
-    if (w->rows == 1) {
+    if (expert_not_run(&m->config, e)) return;
+    /* Qwen2-MoE's shared expert gate, one row, is a GEMM's weight as the router is */
+    if (w->rows == 1 && strstr(e->name, ".mlp.shared_expert_gate.")) {
+        out->step_linear += matrix * n;
+    } else if (w->rows == 1) {
         out->step_vectors += 4 * n;
     } else if (w == &m->embed) {
         out->embedding_row = (uint64_t)w->cols * (pol->compute == PARITY_COMPUTE_BF16 ? 2 : 4);

@@ -567,8 +567,9 @@ class Model(_lib.Closing):
         `backend` (parity_model_bytes), as a dict of byte counts: held (every weight buffer
         held now), held_for_policy (of that, what serving this policy alone keeps),
         step_linear, step_head, step_vectors (the decoder layers' linear weights, the head,
-        the norms and biases, each read once a step), embedding_row and kv_position (read
-        once per sequence, and per attended position)."""
+        the norms and biases, each read once a step; of a mixture of experts, the router,
+        num_experts_per_tok experts a sparse layer and the shared expert: one token's step),
+        embedding_row and kv_position (read once per sequence, and per attended position)."""
         pol = policy_struct(policy)
         be = _choice(BACKENDS, backend, "backend")
         out = _lib.parity_weight_bytes(size=ctypes.sizeof(_lib.parity_weight_bytes))
