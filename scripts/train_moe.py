@@ -46,11 +46,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402 (after the OpenMP setting, which is read when torch loads)
 import torch.nn.functional as F
 
-from train_ternary import (REPO, SEQ, batch, corpus, eval_nll, forward,  # noqa: E402
-                           held_out_loss, learning_rate, read_f32, write_safetensors)
+from train_ternary import (DENSE_DIR, REPO, SEQ, batch, corpus, eval_nll,  # noqa: E402
+                           forward, held_out_loss, learning_rate, load_dense, print_corpus,
+                           write_safetensors)
 
 
-def moe_config(dense, experts, top_k, expert_size):
+def moe_config(dense, experts, top_k, expert_size, aux_coef=0.001):
     """The dense model's config.json turned into Qwen3MoeConfig's, as transformers 4.51 writes
     it (the version of the dense model's config and of Qwen3-30B-A3B's on the hub)."""
     keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -63,7 +64,7 @@ def moe_config(dense, experts, top_k, expert_size):
     cfg.update({"decoder_sparse_step": 1, "mlp_only_layers": [], "num_experts": experts,
                 "num_experts_per_tok": top_k, "moe_intermediate_size": expert_size,
                 "norm_topk_prob": True, "output_router_logits": False,
-                "router_aux_loss_coef": 0.001, "torch_dtype": "bfloat16",
+                "router_aux_loss_coef": aux_coef, "torch_dtype": "bfloat16",
                 "transformers_version": "4.51.0"})
     return cfg
 
@@ -173,8 +174,7 @@ def count_params(cfg, p):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("src", nargs="?", default=os.path.join(os.path.dirname(REPO), "shared",
-                                                          "models", "qwen3-bytes-pystdlib-4.9m"))
+    ap.add_argument("src", nargs="?", default=DENSE_DIR)
     ap.add_argument("--out", default=os.path.join(REPO, "models", "qwen3-moe-bytes-8.4m"))
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
@@ -184,6 +184,8 @@ def main():
     ap.add_argument("--expert-size", type=int, default=192)
     ap.add_argument("--upcycle-scale", type=float, default=3.0)
     ap.add_argument("--slices-per-expert", type=int, default=1)
+    ap.add_argument("--aux-coef", type=float, default=0.001,
+                    help="router_aux_loss_coef (Qwen3MoeConfig's default 0.001)")
     ap.add_argument("--router-lr-scale", type=float, default=1.0,
                     help="the router's learning rate over the experts'")
     ap.add_argument("--train-all", action="store_true",
@@ -191,11 +193,8 @@ def main():
     ap.add_argument("--fp32", help="also write the fp32 weights to this safetensors file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    with open(os.path.join(args.src, "config.json")) as f:
-        dense_cfg = json.load(f)
-    dense = read_f32(os.path.join(args.src, "model-fp32.safetensors"))
-    cfg = moe_config(dense_cfg, args.experts, args.top_k, args.expert_size)
+    dense_cfg, dense = load_dense(args.src)
+    cfg = moe_config(dense_cfg, args.experts, args.top_k, args.expert_size, args.aux_coef)
     p = upcycle(dense, cfg, args.upcycle_scale, args.slices_per_expert,
                 torch.Generator().manual_seed(2))
     total, active = count_params(cfg, p)
@@ -203,8 +202,7 @@ def main():
           % (cfg["num_hidden_layers"], cfg["num_experts"], cfg["moe_intermediate_size"],
              cfg["num_experts_per_tok"], total, active), flush=True)
     train, held, nfiles, evals = corpus()
-    print("corpus: %d files, %d train bytes, %d held-out bytes" % (nfiles, len(train), len(held)),
-          flush=True)
+    print_corpus(nfiles, train, held)
     dense_eval = eval_nll(dense, dense_cfg, evals, False)
     dense_held = held_out_loss(dense, dense_cfg, held, False)
     print("dense model (fp32 masters): evaluation sequences %.4f, held-out files %.4f nats/byte"

@@ -40,6 +40,8 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SEQ = 256
+#: The trained dense model's directory with its fp32 masters (outside the repository).
+DENSE_DIR = os.path.join(os.path.dirname(REPO), "shared", "models", "qwen3-bytes-pystdlib-4.9m")
 
 
 def read_f32(path):
@@ -207,23 +209,31 @@ def batch(data, generator):
     return x, y
 
 
+def load_dense(src):
+    """The trained dense model's config.json and fp32 masters; seeds torch's generator."""
+    torch.manual_seed(0)
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    return cfg, read_f32(os.path.join(src, "model-fp32.safetensors"))
+
+
+def print_corpus(nfiles, train, held):
+    print("corpus: %d files, %d train bytes, %d held-out bytes" % (nfiles, len(train), len(held)),
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("src", nargs="?", default=os.path.join(os.path.dirname(REPO), "shared",
-                                                          "models", "qwen3-bytes-pystdlib-4.9m"))
+    ap.add_argument("src", nargs="?", default=DENSE_DIR)
     ap.add_argument("--out", default=os.path.join(REPO, "models", "qwen3-bytes-ternary-4.9m"))
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    with open(os.path.join(args.src, "config.json")) as f:
-        cfg = json.load(f)
-    p = read_f32(os.path.join(args.src, "model-fp32.safetensors"))
+    cfg, p = load_dense(args.src)
     train, held, nfiles, evals = corpus()
-    print("corpus: %d files, %d train bytes, %d held-out bytes" % (nfiles, len(train), len(held)),
-          flush=True)
+    print_corpus(nfiles, train, held)
     base = held_out_loss(p, cfg, held, False)
     start_t = held_out_loss(p, cfg, held, True)
     print("held-out loss before: bf16 model's fp32 masters %.4f, ternary at step 0 %.4f nats/byte"
