@@ -1,27 +1,34 @@
 """Upcycles the trained byte-level Qwen3 into a mixture of experts (Qwen3-MoE) and trains it:
 writes models/qwen3-moe-bytes-8.4m, so that routing figures come from a trained router.
 
-    /usr/bin/python3 scripts/train_moe.py [--steps N] [--threads T] [--out DIR] [SHARED_MODEL_DIR]
+    /usr/bin/python3 scripts/train_moe.py [--steps N] [--threads T] [--out DIR] [--fp32 FILE]
+        [SHARED_MODEL_DIR]
 
 Starts from the fp32 masters of qwen3-bytes-pystdlib-4.9m (../shared/models by default): its
 embedding, attention, norms and lm_head as they are; each layer's MLP (intermediate 768) cut
-into 4 slices of 192 neurons (rows of gate_proj and up_proj, columns of down_proj), expert e
-taking slice e mod 4 with down_proj multiplied by --upcycle-scale (3: the upcycled model's
-NLL on the evaluation sequences before training was 2.100, 1.491, 1.368, 1.411 for scales 1, 2,
-3, 4), so 8 experts, 2 active per token; and a fresh router (mlp.gate.weight, N(0, 0.02^2),
-seeded). Every layer is sparse
-(decoder_sparse_step 1, no mlp_only_layers), norm_topk_prob true, as Qwen3-30B-A3B.
+into 8 slices of 96 neurons (rows of gate_proj and up_proj, columns of down_proj), expert e
+made of slices e and (e + 3) mod 8 (--slices-per-expert 2; with 1, expert e is slice e mod 4 of
+192 and experts e and e + 4 start equal), down_proj times --upcycle-scale 3 (before training,
+the upcycled model's NLL on the evaluation sequences was 1.425 at scale 4 and 1.398 at 3; with
+one slice an expert 2.100, 1.491, 1.368, 1.411 at scales 1-4); so 8 distinct experts of 192, 2
+active per token; and a fresh router (mlp.gate.weight, N(0, 0.02^2), seeded). Every layer is
+sparse (decoder_sparse_step 1, no mlp_only_layers), norm_topk_prob true, as Qwen3-30B-A3B.
 
 The forward is Qwen3-MoE as transformers defines it (models/qwen3_moe/modeling_qwen3_moe.py,
 Qwen3MoeTopKRouter and Qwen3MoeExperts): router logits = the gate linear; softmax in fp32;
 torch.topk; the top-k weights divided by their sum; each expert applied to the tokens that chose
 it, scaled by the token's weight and index-added into the output. Everything is fp32 here.
-Only the router and the experts train (--train-all: everything), so every other tensor stays
-bitwise the dense model's. The loss is the cross-entropy plus router_aux_loss_coef (0.001,
-Qwen3MoeConfig's default) times transformers' load_balancing_loss_func (Switch Transformer eqs. 4-6 over every layer's tokens:
-E * sum_e (share of top-k choices going to e) * (mean router probability of e); 2.0 = k when
-balanced). AdamW (0.9/0.95, weight decay 0.01 on matrices), warm-up then cosine to a tenth,
-batches of 16 x 256 bytes of the corpus, with the held-out split, of scripts/train_ternary.py.
+Only the routers and the experts train (--train-all: everything), so every other tensor stays
+bitwise the dense model's. The loss is the cross-entropy plus --aux-coef (0.01, the Switch
+Transformer's alpha) times the load-balancing loss E * sum_e (share of the top-k choices going
+to e) * (mean router probability of e), k when balanced (transformers' load_balancing_loss_func),
+taken per layer and averaged (--balance per-layer, as the Switch Transformer and Megatron do).
+transformers pools every layer's rows into one such loss (--balance pooled), so expert e of one
+layer can balance expert e of another: with it (coefficient 0.001 or 0.01) the pooled loss stayed
+near 2.0-2.09 while experts of single layers took 0.0% of the choices. AdamW (0.9/0.95, weight
+decay 0.01 on matrices; the routers' learning rate --router-lr-scale 5 times the experts', so a
+fresh router leaves its near-uniform start in 200 steps), warm-up then cosine to a tenth, batches
+of 16 x 256 bytes of the corpus, with the held-out split, of scripts/train_ternary.py.
 
 It prints the losses, the mean NLL over the four evaluation sequences
 (test/data/reference/eval_0{0..3}.bin) of the dense model, the upcycled model before training,
@@ -29,7 +36,7 @@ the trained model (fp32 weights and after the bf16 cast), and the routing on tho
 each layer's share of choices per expert and the router's mean entropy. README.md of the
 output directory quotes this output. Writes config.json (transformers' Qwen3MoeConfig fields,
 per-expert tensor names as save_pretrained writes them), model.safetensors (BF16, one
-round-to-nearest-even cast of the fp32 weights) and, with --fp32 PATH, the fp32 weights (33.6 MB,
+round-to-nearest-even cast of the fp32 weights) and, with --fp32 FILE, the fp32 weights (33.6 MB,
 too large to ship in the repository).
 """
 import argparse
@@ -51,7 +58,7 @@ from train_ternary import (DENSE_DIR, REPO, SEQ, batch, corpus, eval_nll,  # noq
                            write_safetensors)
 
 
-def moe_config(dense, experts, top_k, expert_size, aux_coef=0.001):
+def moe_config(dense, experts, top_k, expert_size, aux_coef):
     """The dense model's config.json turned into Qwen3MoeConfig's, as transformers 4.51 writes
     it (the version of the dense model's config and of Qwen3-30B-A3B's on the hub)."""
     keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -121,9 +128,13 @@ def moe_mlp(p, cfg, record=None):
     return mlp
 
 
-def load_balancing_loss(record, E):
+def load_balancing_loss(record, E, per_layer=False):
     """transformers' load_balancing_loss_func without an attention mask: every layer's rows
-    pooled; E * sum_e (top-k choices of e / rows) * (mean probability of e)."""
+    pooled; E * sum_e (top-k choices of e / rows) * (mean probability of e). per_layer: the
+    mean over the layers of that loss taken on each layer alone (the Switch Transformer's and
+    Megatron's form; pooled, expert e of one layer can balance expert e of another)."""
+    if per_layer:
+        return sum(load_balancing_loss([r], E) for r in record) / len(record)
     chosen = torch.zeros(E)
     prob = torch.zeros(E)
     rows = 0
@@ -183,10 +194,13 @@ def main():
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--expert-size", type=int, default=192)
     ap.add_argument("--upcycle-scale", type=float, default=3.0)
-    ap.add_argument("--slices-per-expert", type=int, default=1)
-    ap.add_argument("--aux-coef", type=float, default=0.001,
-                    help="router_aux_loss_coef (Qwen3MoeConfig's default 0.001)")
-    ap.add_argument("--router-lr-scale", type=float, default=1.0,
+    ap.add_argument("--slices-per-expert", type=int, default=2)
+    ap.add_argument("--aux-coef", type=float, default=0.01,
+                    help="router_aux_loss_coef (Qwen3MoeConfig's default is 0.001)")
+    ap.add_argument("--balance", choices=("pooled", "per-layer"), default="per-layer",
+                    help="the load-balancing loss per layer, or over all layers' rows "
+                         "(transformers)")
+    ap.add_argument("--router-lr-scale", type=float, default=5.0,
                     help="the router's learning rate over the experts'")
     ap.add_argument("--train-all", action="store_true",
                     help="train every tensor, not only the router and the experts")
@@ -235,7 +249,7 @@ def main():
         record = []
         logits = forward(p, x, cfg, False, moe_mlp(p, cfg, record))
         ce = F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1))
-        aux = load_balancing_loss(record, cfg["num_experts"])
+        aux = load_balancing_loss(record, cfg["num_experts"], args.balance == "per-layer")
         loss = ce + coef * aux
         opt.zero_grad()
         loss.backward()
