@@ -40,7 +40,6 @@ round-to-nearest-even cast of the fp32 weights) and, with --fp32 FILE, the fp32 
 too large to ship in the repository).
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -55,7 +54,7 @@ import torch.nn.functional as F
 
 from train_ternary import (DENSE_DIR, REPO, SEQ, batch, corpus, eval_nll,  # noqa: E402
                            forward, held_out_loss, learning_rate, load_dense, print_corpus,
-                           write_safetensors)
+                           write_config, write_safetensors)
 
 
 def moe_config(dense, experts, top_k, expert_size, aux_coef):
@@ -274,10 +273,7 @@ def main():
     write_safetensors(os.path.join(args.out, "model.safetensors"), p, "BF16")
     if args.fp32:
         write_safetensors(args.fp32, p, "F32")
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    print("wrote", args.out)
+    write_config(args.out, cfg)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,13 @@ def write_safetensors(path, tensors, dtype="F32"):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(chunks))
 
 
+def write_config(out, cfg):
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    print("wrote", out)
+
+
 def write_f32(path, tensors):
     write_safetensors(path, tensors, "F32")
 
@@ -273,10 +280,7 @@ def main():
           % (eval_nll(p, cfg, evals, True), base_eval))
     os.makedirs(args.out, exist_ok=True)
     write_f32(os.path.join(args.out, "model-fp32.safetensors"), p)
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    print("wrote", args.out)
+    write_config(args.out, cfg)
 
 
 if __name__ == "__main__":
