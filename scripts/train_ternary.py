@@ -40,6 +40,8 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SEQ = 256
+#: The trained dense model's directory with its fp32 masters (outside the repository).
+DENSE_DIR = os.path.join(os.path.dirname(REPO), "shared", "models", "qwen3-bytes-pystdlib-4.9m")
 
 
 def read_f32(path):
@@ -58,11 +60,15 @@ def read_f32(path):
     return out
 
 
-def write_f32(path, tensors):
+def write_safetensors(path, tensors, dtype="F32"):
+    """Writes every tensor as F32, or as BF16 (one round-to-nearest-even cast of fp32)."""
     header, chunks, off = {}, [], 0
     for name in sorted(tensors):
-        b = tensors[name].detach().contiguous().to(torch.float32).numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
+        t = tensors[name].detach().contiguous().to(torch.float32)
+        if dtype == "BF16":
+            t = t.to(torch.bfloat16).view(torch.int16)
+        b = t.numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(tensors[name].shape),
                         "data_offsets": [off, off + len(b)]}
         chunks.append(b)
         off += len(b)
@@ -70,6 +76,17 @@ def write_f32(path, tensors):
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(chunks))
+
+
+def write_config(out, cfg):
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    print("wrote", out)
+
+
+def write_f32(path, tensors):
+    write_safetensors(path, tensors, "F32")
 
 
 def corpus():
@@ -117,7 +134,9 @@ def rmsnorm(x, w, eps=1e-6):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def forward(p, tokens, cfg, ternary):
+def forward(p, tokens, cfg, ternary, mlp=None):
+    """Logits [B, T, 256]. mlp(x, layer_prefix), if given, replaces each layer's dense MLP
+    (scripts/train_moe.py passes its mixture of experts)."""
     B, T = tokens.shape
     H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
@@ -150,12 +169,15 @@ def forward(p, tokens, cfg, ternary):
         a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, -1) @ v
         h = h + lin(a.transpose(1, 2).reshape(B, T, H * D), pre + "self_attn.o_proj.weight")
         x = rmsnorm(h, p[pre + "post_attention_layernorm.weight"])
+        if mlp is not None:
+            h = h + mlp(x, pre)
+            continue
         m = F.silu(lin(x, pre + "mlp.gate_proj.weight")) * lin(x, pre + "mlp.up_proj.weight")
         h = h + lin(m, pre + "mlp.down_proj.weight")
     return F.linear(rmsnorm(h, p["model.norm.weight"]), p["lm_head.weight"])
 
 
-def held_out_loss(p, cfg, held, ternary, windows=256):
+def held_out_loss(p, cfg, held, ternary, windows=256, mlp=None):
     data = torch.frombuffer(bytearray(held), dtype=torch.uint8).long()
     n = min(windows, (len(data) - 1) // SEQ)
     total = 0.0
@@ -164,37 +186,61 @@ def held_out_loss(p, cfg, held, ternary, windows=256):
             idx = torch.arange(b0, min(n, b0 + 16))
             x = torch.stack([data[i * SEQ:(i + 1) * SEQ] for i in idx])
             y = torch.stack([data[i * SEQ + 1:(i + 1) * SEQ + 1] for i in idx])
-            logits = forward(p, x, cfg, ternary)
+            logits = forward(p, x, cfg, ternary, mlp)
             total += F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1), reduction="sum").item()
     return total / (n * SEQ)
 
 
-def eval_nll(p, cfg, evals, ternary):
+def eval_nll(p, cfg, evals, ternary, mlp=None):
     """Mean NLL over the 4 x 511 predictions of the 512-byte evaluation sequences (held out of
     the bf16 model's training, by its README, and of this one's)."""
     with torch.no_grad():
         x = torch.stack([torch.frombuffer(bytearray(e), dtype=torch.uint8).long() for e in evals])
-        logits = forward(p, x[:, :-1], cfg, ternary)
+        logits = forward(p, x[:, :-1], cfg, ternary, mlp)
         return F.cross_entropy(logits.reshape(-1, 256), x[:, 1:].reshape(-1)).item()
+
+
+def learning_rate(step, steps, peak):
+    """Linear warm-up over the first 5% of the steps, then cosine from peak to peak / 10."""
+    warm = max(1, steps // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / (steps - warm))))
+
+
+def batch(data, generator):
+    """16 windows of SEQ bytes at random offsets of data, and the bytes that follow each."""
+    starts = torch.randint(0, len(data) - SEQ - 1, (16,), generator=generator)
+    x = torch.stack([data[s:s + SEQ] for s in starts])
+    y = torch.stack([data[s + 1:s + SEQ + 1] for s in starts])
+    return x, y
+
+
+def load_dense(src):
+    """The trained dense model's config.json and fp32 masters; seeds torch's generator."""
+    torch.manual_seed(0)
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    return cfg, read_f32(os.path.join(src, "model-fp32.safetensors"))
+
+
+def print_corpus(nfiles, train, held):
+    print("corpus: %d files, %d train bytes, %d held-out bytes" % (nfiles, len(train), len(held)),
+          flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("src", nargs="?", default=os.path.join(os.path.dirname(REPO), "shared",
-                                                          "models", "qwen3-bytes-pystdlib-4.9m"))
+    ap.add_argument("src", nargs="?", default=DENSE_DIR)
     ap.add_argument("--out", default=os.path.join(REPO, "models", "qwen3-bytes-ternary-4.9m"))
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    with open(os.path.join(args.src, "config.json")) as f:
-        cfg = json.load(f)
-    p = read_f32(os.path.join(args.src, "model-fp32.safetensors"))
+    cfg, p = load_dense(args.src)
     train, held, nfiles, evals = corpus()
-    print("corpus: %d files, %d train bytes, %d held-out bytes" % (nfiles, len(train), len(held)),
-          flush=True)
+    print_corpus(nfiles, train, held)
     base = held_out_loss(p, cfg, held, False)
     start_t = held_out_loss(p, cfg, held, True)
     print("held-out loss before: bf16 model's fp32 masters %.4f, ternary at step 0 %.4f nats/byte"
@@ -212,15 +258,11 @@ def main():
     data = torch.frombuffer(bytearray(train), dtype=torch.uint8).long()
     g = torch.Generator().manual_seed(1)
     t0 = time.time()
-    warm = max(1, args.steps // 20)
     for step in range(args.steps):
-        lr = args.lr * (step + 1) / warm if step < warm else \
-            args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / (args.steps - warm))))
+        lr = learning_rate(step, args.steps, args.lr)
         for grp in opt.param_groups:
             grp["lr"] = lr
-        starts = torch.randint(0, len(data) - SEQ - 1, (16,), generator=g)
-        x = torch.stack([data[s:s + SEQ] for s in starts])
-        y = torch.stack([data[s + 1:s + SEQ + 1] for s in starts])
+        x, y = batch(data, g)
         loss = F.cross_entropy(forward(p, x, cfg, True).reshape(-1, 256), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
@@ -238,10 +280,7 @@ def main():
           % (eval_nll(p, cfg, evals, True), base_eval))
     os.makedirs(args.out, exist_ok=True)
     write_f32(os.path.join(args.out, "model-fp32.safetensors"), p)
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    print("wrote", args.out)
+    write_config(args.out, cfg)
 
 
 if __name__ == "__main__":
