@@ -46,7 +46,8 @@ def main():
         nll = -sum(flat) / len(flat)
         dlp = sum(abs(a - b) for a, b in zip(flat, ref_flat)) / len(flat)
         decisions = differ = order = 0
-        for seq, ref in zip(routes, ref_routes):
+        for record, ref_record in zip(routes, ref_routes):  # parity.Routes, ids flat in .data
+            seq, ref = record.data.tolist(), ref_record.data.tolist()
             for at in range(0, len(seq), k):
                 mine, theirs = seq[at:at + k], ref[at:at + k]
                 decisions += 1

@@ -80,8 +80,9 @@ class TrainedMoe(unittest.TestCase):
         self.assertEqual(len(flat), 4 * 511)
         self.assertAlmostEqual(-sum(flat) / len(flat), NLL_HF_EAGER, delta=1e-7)
         counts = [[0] * 8 for _ in range(6)]
-        for seq in routes:
-            self.assertEqual(len(seq), 512 * 12)
+        for record in routes:  # parity.Routes: (positions, sparse layers, k) of the scored ones
+            self.assertEqual(record.shape, (511, 6, 2))
+            seq = record.data
             for at in range(0, len(seq), 2):
                 layer = (at // 2) % 6
                 self.assertNotEqual(seq[at], seq[at + 1])
