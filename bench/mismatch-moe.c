@@ -51,8 +51,10 @@ static int is_moe(const parity_config *c) {
 }
 
 /* The section's model specs: --moe-models, else the run's model if it has experts, else the
- * transformers-made tiny checkpoints of test/data/moe (their routers give each position a
- * logit spread of about 2.4, see test/data/moe/README.md), else a synthetic tiny MoE. */
+ * trained byte-level Qwen3-MoE of models/ (a trained router: scripts/train_moe.py) and the
+ * transformers-made Qwen2-MoE of test/data/moe (a shared expert and top-4; its router is
+ * random but not near-flat, a logit spread of about 2.4: test/data/moe/README.md), those of
+ * them present, else a synthetic tiny MoE. */
 static size_t moe_model_specs(const bench *b, char specs[MAX_MOE_MODELS][1024]) {
     size_t n = 0;
     if (b->o.moe_models) {
@@ -73,11 +75,11 @@ static size_t moe_model_specs(const bench *b, char specs[MAX_MOE_MODELS][1024]) 
         snprintf(specs[0], sizeof specs[0], "%s", b->model_spec);
         return 1;
     }
-    static const char *const tiny[] = {"qwen3-moe-tiny", "qwen2-moe-tiny"};
+    static const char *const dirs[] = {"models/qwen3-moe-bytes-8.4m", "test/data/moe/qwen2-moe-tiny"};
     for (size_t i = 0; i < 2; i++) {
         char cfg[1200];
         struct stat st;
-        snprintf(specs[n], sizeof specs[0], "%s/test/data/moe/%s", source_root(), tiny[i]);
+        snprintf(specs[n], sizeof specs[0], "%s/%s", source_root(), dirs[i]);
         snprintf(cfg, sizeof cfg, "%s/config.json", specs[n]);
         if (stat(cfg, &st) == 0) n++;
     }

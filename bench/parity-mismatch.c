@@ -49,8 +49,8 @@
  *             for hf-eager, whose exit CDF is bf16, against a learner that re-derives the
  *             depths with an fp32 CDF.
  *   moe       mixture-of-experts models (mismatch-moe.c; --moe-models: by default --model if it
- *             has experts, else the transformers-made checkpoints test/data/moe/qwen3-moe-tiny
- *             and qwen2-moe-tiny, whose routers are not near-flat, the prompts fitted to each):
+ *             has experts, else the trained models/qwen3-moe-bytes-8.4m and the
+ *             transformers-made test/data/moe/qwen2-moe-tiny, the prompts fitted to each):
  *             per sampler/learner pair (--moe-pairs), the sampler's rollouts with its routing
  *             record, scored by the learner routing every position itself and replaying the
  *             record; the fraction of (position, sparse layer) routing decisions whose expert
@@ -225,7 +225,7 @@ static void usage(FILE *f) {
         "  --exit-threshold T      looped models: the early-exit sampler's threshold (0.7)\n"
         "  --moe-models LIST       mixture-of-experts models of the MoE section, comma-separated,\n"
         "                          or none (default: --model if it has experts, else\n"
-        "                          test/data/moe/qwen3-moe-tiny and qwen2-moe-tiny)\n"
+        "                          models/qwen3-moe-bytes-8.4m and test/data/moe/qwen2-moe-tiny)\n"
         "  --moe-pairs LIST        the MoE section's SAMPLER/LEARNER policy pairs,\n"
         "                          comma-separated (default: below)\n"
         "  --logprob-mode M        a log-prob mode, below (raw)\n"

@@ -87,9 +87,9 @@ expect = {
     "hist_logratio.svg": ["log importance ratio", "fraction of tokens", "legend"],
     "growth_position.svg": ["position in the completion", "mean |logp_learner", "legend"],
     "growth_length.svg": ["completion length", "sequence log-ratio", "legend"],
-    "moe_routes.svg": ["sampler -> learner", "qwen3-moe-tiny", "qwen2-moe-tiny", "legend",
+    "moe_routes.svg": ["sampler -> learner", "qwen3-moe-bytes-8.4m", "qwen2-moe-tiny", "legend",
                        "fraction of decisions", "vllm+nvfp4:modelopt -> vllm"],
-    "moe_logprob.svg": ["sampler -> learner", "qwen3-moe-tiny replay", "legend",
+    "moe_logprob.svg": ["sampler -> learner", "qwen3-moe-bytes-8.4m replay", "legend",
                         "qwen2-moe-tiny recompute", "mean |d logp|"],
 }
 ns = "{http://www.w3.org/2000/svg}"
