@@ -12,8 +12,8 @@
  *     and k, with and without a shared expert: bitwise; transformers' expert-index order and
  *     vLLM's slot order differ in some bits, as FP32 and the rounded rules do.
  *   - Models: synthetic qwen3-moe-tiny and qwen2-moe-tiny, and the checkpoints transformers
- *     made (test/data/moe), under hf-eager, vllm, sglang, aligned, fp32, hf-eager+fp16 and
- *     quantized experts (+fp8-block, +mxfp8, +nvfp4, +mxfp4, +ternary): a sequence's log-probs
+ *     made (test/data/moe), under every preset, hf-eager+fp16 and quantized experts
+ *     (+fp8-block, +mxfp8, +nvfp4, +mxfp4, +ternary): a sequence's log-probs
  *     are bitwise the same scored alone or with others, in chunks of 5 rows or 256, on 1 or 2
  *     threads and on every CPU path; the sampler (record_routes, sequences stepped together
  *     and in prefill chunks of 3, fresh or forked from one prefilled prompt; and on a shape of
@@ -627,6 +627,7 @@ int main(void) {
         {q2_hf, "qwen2-moe-tiny (transformers)", "sglang", "hf-eager"},
         {q2_hf, "qwen2-moe-tiny (transformers)", "aligned", "vllm"},
         {q3, "qwen3-moe-tiny", "fp32", "aligned"},
+        {q3, "qwen3-moe-tiny", "hf-sdpa", "hf-eager"},
         {q3, "qwen3-moe-tiny", "hf-eager+fp16", "hf-eager"},
         {q3, "qwen3-moe-tiny", "vllm+fp8-block:deepseek", "vllm"},
         {q3, "qwen3-moe-tiny", "vllm+mxfp8:ocp", "vllm"},
