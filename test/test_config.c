@@ -612,6 +612,17 @@ static void test_moe_refusals(void) {
                     parity_last_error(), parity_status_name(cases[i].status), cases[i].mention);
         }
     }
+    /* a layer past the set's 1024, num_hidden_layers saying there are that many: refused before
+     * the bit is set (config_validate's layer limit comes after; the set would be written past
+     * its end, as ASan saw) */
+    parity_config c;
+    CHECK_STATUS(parse("{\"model_type\": \"qwen3_moe\", \"vocab_size\": 256, \"hidden_size\": 64, "
+                       "\"intermediate_size\": 160, \"num_hidden_layers\": 2000000001, "
+                       "\"num_attention_heads\": 4, \"num_experts\": 8, \"num_experts_per_tok\": 2, "
+                       "\"moe_intermediate_size\": 32, \"mlp_only_layers\": [1100, 2000000000]}",
+                       &c),
+                 PARITY_ERR_CONFIG);
+    CHECK(strstr(parity_last_error(), "mlp_only_layers[0]") != NULL);
 }
 
 /* parity_config validation of the MoE fields, on built-ins changed one field at a time. */

@@ -674,6 +674,37 @@ int main(void) {
     printf("on the 64-expert shape (32 a token): %d of %d\n", wide_differ, wide_decisions);
     parity_model_free(q3_wide);
 
+    /* more experts than vocabulary and hidden width: the split-K experiment's partial sums
+     * hold the router's logits too (its buffer was sized without them: ASan saw the write) */
+    parity_config many;
+    CHECK_OK(parity_config_builtin("qwen3-moe-tiny", &many));
+    many.vocab_size = 32;
+    many.num_experts = 512;
+    parity_model *q3_many = NULL;
+    CHECK_OK(parity_model_synthetic(&many, 7, &q3_many));
+    if (q3_many) {
+        parity_sampler_params sp = sampler_params((fixture){.policy = "vllm", .max_seqs = 8,
+                                                             .max_len = 64, .prefill_chunk = 8,
+                                                             .max_batch = 8});
+        sp.split_k = 2;
+        parity_sampler *s = sampler_with(q3_many, &sp);
+        if (s) {
+            parity_sampling sampling;
+            parity_sampling_default(&sampling);
+            uint32_t ids[8];
+            int32_t tok[8];
+            float lp[8];
+            uint32_t fin[8];
+            const int32_t prompt[3] = {1, 2, 3};
+            for (uint32_t i = 0; i < 8; i++)
+                CHECK_OK(parity_sampler_add(s, prompt, 3, &sampling, i, &ids[i]));
+            CHECK_OK(parity_sampler_step(s, ids, 8, tok, lp, fin, 0, NULL, NULL));
+            for (int i = 0; i < 8; i++) CHECK(tok[i] >= 0 && tok[i] < 32 && isfinite(lp[i]));
+        }
+        parity_sampler_free(s);
+    }
+    parity_model_free(q3_many);
+
     check_cpu_paths(q3_hf, "hf-eager");
     check_cpu_paths(q2_hf, "vllm+nvfp4:modelopt");
     check_transformers(q3_hf, "qwen3-moe-tiny");

@@ -358,6 +358,15 @@ static void test_moe_pieces(void) {
 
     /* bad arguments: the status, a message, and no output written */
     static const uint16_t repeated[2] = {1, 1}, beyond[2] = {0, 4};
+    float in_place[4] = {2.0f, 3.0f, 0.5f, -1.0f};
+    parity_policy topk_first = hf;
+    topk_first.moe_router = PARITY_MOE_ROUTER_TOPK_SOFTMAX;
+    /* weights over the logits they are computed from: refused, the logits untouched */
+    CHECK_STATUS(parity_moe_route(&topk_first, 1, 4, 2, 1, in_place, 4, NULL, ids, in_place),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(parity_last_error(), "overlap") != NULL && in_place[0] == 2.0f);
+    CHECK_STATUS(parity_moe_combine(&fp32c, 1, 2, 2, cid, cw, y, ysh, gate, (float *)y + 1),
+                 PARITY_ERR_INVALID_ARGUMENT);
     ids[0] = ids[1] = 77;
     CHECK_STATUS(parity_moe_route(&hf, 1, 4, 2, 1, logits, 4, repeated, ids, w),
                  PARITY_ERR_INVALID_ARGUMENT);

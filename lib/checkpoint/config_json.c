@@ -322,13 +322,15 @@ static int read_moe(const reader *r, const json_value *root, parity_config *c) {
     const json_value *only = member(root, "mlp_only_layers");
     if (!only) return PARITY_OK;
     if (only->type != JSON_ARRAY) return wrong_type(r, "mlp_only_layers", only, "an array");
+    /* the set holds layers 0..1023 (config_validate refuses more layers, after this) */
+    const uint32_t layers = c->num_hidden_layers < 1024 ? c->num_hidden_layers : 1024;
     for (size_t i = 0; i < only->count; i++) {
         const json_value *v = &only->items[i];
         if (v->type != JSON_NUMBER || !v->is_int || v->integer < 0 ||
-            v->integer >= (int64_t)c->num_hidden_layers)
+            v->integer >= (int64_t)layers)
             return set_error(PARITY_ERR_CONFIG,
                              "%s: mlp_only_layers[%zu] must be a layer index in 0..%u", r->path, i,
-                             c->num_hidden_layers - 1);
+                             layers - 1);
         const uint32_t l = (uint32_t)v->integer;
         c->mlp_only_layers[l / 64] |= (uint64_t)1 << (l % 64);
     }

@@ -29,6 +29,14 @@ static int check_experts(const char *fn, const parity_policy *policy, uint32_t n
     return PARITY_OK;
 }
 
+/* Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte (an output over
+ * an input would be read after it was written). */
+static int overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    if (!a || !b || !a_bytes || !b_bytes) return 0;
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
 /* Row r's k expert ids: each below n_experts, none repeated. */
 static int check_ids(const char *fn, size_t r, uint32_t n_experts, uint32_t k,
                      const uint16_t *ids) {
@@ -58,6 +66,16 @@ int parity_moe_route(const parity_policy *policy, size_t rows, uint32_t n_expert
     TRY(check_experts(fn, policy, n_experts, k, norm_topk_prob));
     TRY(arg_shape(fn, rows, n_experts));
     TRY(arg_rows(fn, rows, n_experts, logits_stride, "logits"));
+    const size_t logits_bytes = ((rows - 1) * logits_stride + n_experts) * sizeof(float),
+                 ids_bytes = rows * k * sizeof(uint16_t), weights_bytes = rows * k * sizeof(float);
+    if (overlap(weights, weights_bytes, logits, logits_bytes) ||
+        overlap(ids, ids_bytes, logits, logits_bytes) ||
+        overlap(ids, ids_bytes, weights, weights_bytes) ||
+        overlap(weights, weights_bytes, replay, ids_bytes))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: ids, weights, logits and replay must not overlap (the outputs "
+                         "would overwrite what the routing still reads)",
+                         fn);
     if (replay)
         for (size_t r = 0; r < rows; r++)
             TRY(check_ids(fn, r, n_experts, k, replay + r * k));
@@ -88,9 +106,15 @@ int parity_moe_combine(const parity_policy *policy, size_t rows, size_t width, u
                          "%s: y_shared and shared_gate go together (a shared expert has both)",
                          fn);
     TRY(arg_rows(fn, rows, k * width, k * width, "y"));
-    if (out == y || (y_shared && out == y_shared))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: out aliases %s", fn,
-                         out == y ? "y" : "y_shared");
+    const size_t out_bytes = rows * width * sizeof(float);
+    if (overlap(out, out_bytes, y, rows * k * width * sizeof(float)) ||
+        overlap(out, out_bytes, y_shared, out_bytes) ||
+        overlap(out, out_bytes, weights, rows * k * sizeof(float)) ||
+        overlap(out, out_bytes, ids, rows * k * sizeof(uint16_t)) ||
+        overlap(out, out_bytes, shared_gate, rows * sizeof(float)))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: out overlaps an input (y, y_shared, weights, ids or shared_gate)",
+                         fn);
     for (size_t r = 0; r < rows; r++)
         moe_combine(policy, width, k, ids + r * k, weights + r * k, y + r * k * width,
                     y_shared ? y_shared + r * width : NULL, y_shared ? shared_gate[r] : 0.0f,

@@ -33,7 +33,8 @@ static size_t scratch_layout(fwd_scratch *s, const parity_config *c, uint32_t ma
     if (c->shared_expert_intermediate_size > inter) inter = c->shared_expert_intermediate_size;
     uint64_t kmax = c->hidden_size > inter ? c->hidden_size : inter;
     if (q > kmax) kmax = q;
-    const uint64_t nmax = kmax > c->vocab_size ? kmax : c->vocab_size; /* widest GEMM output */
+    uint64_t nmax = kmax > c->vocab_size ? kmax : c->vocab_size; /* widest GEMM output */
+    if (c->num_experts > nmax) nmax = c->num_experts;            /* a router's logits */
     const int looped = c->arch == PARITY_ARCH_OURO;
     const uint64_t E = c->num_experts, k = c->num_experts_per_tok, /* 0 for dense models */
         shared = c->shared_expert_intermediate_size;
