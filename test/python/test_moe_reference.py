@@ -104,8 +104,10 @@ class Case:
         for preset in PRESETS:
             got = [self.model.score(seq.tolist(), policy=preset, return_routes=True)
                    for seq in self.seqs]
+            # the library's record covers the scored positions, len - 1 (parity.Routes)
             self.lib[preset] = [(np.array(lp, dtype=np.float64),
-                                 np.array(r, dtype=np.int64).reshape(len(seq), self.S, self.k))
+                                 np.array(r.tolist(), dtype=np.int64).reshape(len(seq) - 1,
+                                                                              self.S, self.k))
                                 for (lp, r), seq in zip(got, self.seqs)]
             for mode in reference_moe.MODES:  # each mode's routes replayed
                 self.replayed[preset, mode] = [
@@ -133,8 +135,10 @@ def max_abs(got, want):
 
 
 def route_fraction(a, b):
-    """The fraction of (position, sparse layer) whose expert sets differ, and how many."""
-    differ = sum(int((np.sort(x, -1) != np.sort(y, -1)).any(-1).sum()) for x, y in zip(a, b))
+    """The fraction of (position, sparse layer) whose expert sets differ, and how many, over the
+    positions of a (the library's records cover the scored positions, the reference's every one)."""
+    differ = sum(int((np.sort(x, -1) != np.sort(y[:x.shape[0]], -1)).any(-1).sum())
+                 for x, y in zip(a, b))
     total = sum(x.shape[0] * x.shape[1] for x in a)
     return differ / total, differ, total
 
