@@ -84,6 +84,34 @@ static void seed_score(const char *name, const uint8_t *head, size_t n_head, siz
     seed("score", name, buf, n_head + n_tokens);
 }
 
+/* A synthetic model of config c saved in `layout` (parity_model_save_as) as a fuzz_load seed
+ * `name`, and its config.json and model.safetensors as json and safetensors seeds. */
+static void seed_saved(const parity_config *c, const char *layout, const char *name) {
+    char dir[1024], file[96];
+    snprintf(dir, sizeof dir, "%s/parity-seeds-saved-XXXXXX",
+             getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    FUZZ_REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s", dir);
+    parity_model *m = NULL;
+    FUZZ_REQUIRE(parity_model_synthetic(c, 7, &m) == PARITY_OK, "%s", parity_last_error());
+    FUZZ_REQUIRE(parity_model_save_as(m, dir, layout) == PARITY_OK, "%s", parity_last_error());
+    parity_model_free(m);
+    size_t config_len, st_len;
+    char *config = slurp(dir, fuzz_files[0], &config_len), *st = slurp(dir, fuzz_files[2], &st_len);
+    const char *parts[FUZZ_N_FILES] = {config, NULL, st, NULL, NULL};
+    size_t lens[FUZZ_N_FILES] = {config_len, 0, st_len, 0, 0};
+    fuzz_remove(dir, fuzz_files[0]);
+    fuzz_remove(dir, fuzz_files[2]);
+    fuzz_remove(dir, "hf_quant_config.json");
+    rmdir(dir);
+    seed_load(name, parts, lens);
+    snprintf(file, sizeof file, "%s-config.json", name);
+    seed("json", file, config, config_len);
+    snprintf(file, sizeof file, "%s.safetensors", name);
+    seed("safetensors", file, st, st_len);
+    free(config);
+    free(st);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s SOURCE_ROOT OUT_DIR\n", argv[0]);
@@ -154,31 +182,24 @@ int main(int argc, char **argv) {
                      {"nvfp4:modelopt", "nvfp4"},
                      {"mxfp4:ocp", "mxfp4"}};
     for (size_t k = 0; k < sizeof quantized / sizeof quantized[0]; k++) {
-        char q_dir[1024], name[64];
-        snprintf(q_dir, sizeof q_dir, "%s/parity-seeds-quant-XXXXXX",
-                 getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-        FUZZ_REQUIRE(mkdtemp(q_dir) != NULL, "mkdtemp %s", q_dir);
         parity_config c = fuzz_micro_config();
-        parity_model *m = NULL;
-        FUZZ_REQUIRE(parity_model_synthetic(&c, 7, &m) == PARITY_OK, "%s", parity_last_error());
-        FUZZ_REQUIRE(parity_model_save_as(m, q_dir, quantized[k].layout) == PARITY_OK, "%s",
-                     parity_last_error());
-        parity_model_free(m);
-        size_t cq_len, stq_len;
-        char *cq = slurp(q_dir, fuzz_files[0], &cq_len), *stq = slurp(q_dir, fuzz_files[2], &stq_len);
-        const char *partsq[FUZZ_N_FILES] = {cq, NULL, stq, NULL, NULL};
-        size_t lensq[FUZZ_N_FILES] = {cq_len, 0, stq_len, 0, 0};
-        fuzz_remove(q_dir, fuzz_files[0]);
-        fuzz_remove(q_dir, fuzz_files[2]);
-        fuzz_remove(q_dir, "hf_quant_config.json");
-        rmdir(q_dir);
-        seed_load(quantized[k].name, partsq, lensq);
-        snprintf(name, sizeof name, "%s-config.json", quantized[k].name);
-        seed("json", name, cq, cq_len);
-        snprintf(name, sizeof name, "%s.safetensors", quantized[k].name);
-        seed("safetensors", name, stq, stq_len);
-        free(cq);
-        free(stq);
+        seed_saved(&c, quantized[k].layout, quantized[k].name);
+    }
+    /* mixture of experts, as parity_model_save writes them: a micro Qwen3-MoE (2 of 4 experts,
+     * norm_topk_prob), the same in NVFP4, and a micro Qwen2-MoE (a shared expert, q/k/v bias) */
+    for (int qwen2 = 0; qwen2 <= 1; qwen2++) {
+        parity_config c = fuzz_micro_config();
+        c.arch = qwen2 ? PARITY_ARCH_QWEN2_MOE : PARITY_ARCH_QWEN3_MOE;
+        c.qk_norm = !qwen2;
+        c.attention_bias = qwen2;
+        c.num_experts = 4;
+        c.num_experts_per_tok = 2;
+        c.moe_intermediate_size = 4;
+        c.shared_expert_intermediate_size = qwen2 ? 8 : 0;
+        c.norm_topk_prob = !qwen2;
+        c.decoder_sparse_step = 1;
+        seed_saved(&c, "bf16", qwen2 ? "qwen2-moe" : "qwen3-moe");
+        if (!qwen2) seed_saved(&c, "nvfp4:modelopt", "qwen3-moe-nvfp4");
     }
 
     /* score: valid calls on each scorer, and a few invalid ones (see fuzz_score.c) */
