@@ -175,8 +175,8 @@ static int entry_values(const parity_model *m, const expected *slot, int gemm) {
  * An entry: "dtype" "E2M1" (nvfp4, mxfp4) or "TERNARY", "format", "block" [1, 16], [1, 32] or
  * [rows, cols] (ternary: one scale for the tensor), "quantizer" (null: shipped codes),
  * "fnv1a64" over the codes one a byte, not as the model packs them (E2M1 in the low nibble,
- * ternary as int8), "scales" {"shape", "dtype" F8_E4M3 / F8_E8M0 / F32, "fnv1a64" over the fp32 values:
- * the block scales, ternary's s_w}, and NVFP4's "tensor_scale" s2 as its fp32 bits in hex. */
+ * ternary as int8), "scales" {"shape", "dtype" F8_E4M3 / F8_E8M0 / F32, "fnv1a64" over the
+ * fp32 values: the block scales, ternary's s_w}, and NVFP4's "tensor_scale" s2 as its fp32 bits in hex. */
 
 static int is_lowbit(int gemm) {
     const quant_format *f = quant_format_row((uint32_t)gemm);

@@ -6,8 +6,9 @@
  * index or, where the pairs fit the scratch on the bf16 backend, many experts in one pool
  * dispatch (gemm.h: linear_experts); every GEMM of the library gives a row the bits of that
  * row alone whatever the other rows (M, tiles, threads and the GEMMs run beside it never
- * enter a row's sums); the combine reads the row's own outputs. No capacity, no dropped token, no quantity computed across rows: the quantized
- * formats quantize activations per row (their blocks lie along K).
+ * enter a row's sums); the combine reads the row's own outputs. No capacity, no dropped
+ * token, no quantity computed across rows: the quantized formats quantize activations per row
+ * (their blocks lie along K).
  */
 #include "moe_layer.h"
 

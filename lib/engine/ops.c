@@ -395,7 +395,8 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
         for (size_t b = 0; b < cells / KV_BLOCK; b++) blocks[b] = (uint32_t)b;
         size_t at = 0, block = 0;
         for (size_t i = 0; i < n_seqs; i++) {
-            for (uint32_t t = 0; t < lengths[i]; t++) rows[at++] = (fwd_row){0, t, blocks + block, 0, NULL, NULL, NULL};
+            for (uint32_t t = 0; t < lengths[i]; t++)
+                rows[at++] = (fwd_row){0, t, blocks + block, 0, NULL, NULL, NULL};
             block += (lengths[i] + KV_BLOCK - 1) / KV_BLOCK;
         }
         const fwd_ctx ctx = op_ctx(&c, policy, PARITY_BACKEND_BF16, &shape, &s, &kv);

@@ -1,7 +1,7 @@
 /* A config's values, whatever made it: their validation (config_validate, which names the
  * field at fault) and the built-in configs parity_config_builtin names (the shapes of Qwen,
- * Llama, Ouro and Qwen mixture-of-experts models and the small ones of the tests). config.json is read in
- * lib/checkpoint/config_json.c. */
+ * Llama, Ouro and Qwen mixture-of-experts models and the small ones of the tests).
+ * config.json is read in lib/checkpoint/config_json.c. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>

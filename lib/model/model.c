@@ -84,10 +84,11 @@ static void expect_moe(expected *e, size_t *n, parity_model *m, uint32_t layer) 
     for (uint32_t x = 0; x < c->num_experts; x++) {
         const char *proj[] = {"gate_proj", "up_proj", "down_proj"};
         weight *dst[] = {&l->expert_gate[x], &l->expert_up[x], &l->expert_down[x]};
+        const uint32_t I = c->moe_intermediate_size, H = c->hidden_size;
+        const uint32_t rows[] = {I, I, H}, cols[] = {H, H, I};
+        const char *const docs[] = {d_up, d_up, d_down};
         for (int j = 0; j < 3; j++) {
-            expected *t = expect_entry(e, n, dst[j], j == 2 ? c->hidden_size : c->moe_intermediate_size,
-                                       j == 2 ? c->moe_intermediate_size : c->hidden_size,
-                                       j == 2 ? d_down : d_up);
+            expected *t = expect_entry(e, n, dst[j], rows[j], cols[j], docs[j]);
             snprintf(t->name, sizeof t->name, "model.layers.%d.mlp.experts.%u.%s.weight", li, x,
                      proj[j]);
         }
