@@ -85,9 +85,10 @@ def read(path, dtypes=None):
     return parse(data, path, dtypes)
 
 
-def write(path, tensors):
-    """Writes [(name, dtype, shape, raw bytes)] as a safetensors file (data 8-byte aligned)."""
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
+def write(path, tensors, metadata=None):
+    """Writes [(name, dtype, shape, raw bytes)] as a safetensors file (data 8-byte aligned);
+    metadata: {str: str} put in "__metadata__" after {"format": "pt"}."""
+    header, offset = {"__metadata__": dict({"format": "pt"}, **(metadata or {}))}, 0
     for name, dtype, shape, raw in tensors:
         header[name] = {"dtype": dtype, "shape": list(shape),
                         "data_offsets": [offset, offset + len(raw)]}
