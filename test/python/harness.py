@@ -66,11 +66,23 @@ def run(name):
     sys.exit(0 if failed == 0 and result.testsRun > 0 else 1)
 
 
+def pip_downloads(output):
+    """(files, megabytes) that pip's install output says it downloaded ("Downloading
+    NAME.whl (12.3 MB)" lines; the wheels' .metadata fetched first are left out)."""
+    import re
+    units = {"kB": 1e-3, "MB": 1.0, "GB": 1e3}
+    found = re.findall(r"Downloading (\S+) \(([0-9.]+) (kB|MB|GB)\)", output)
+    found = [(size, unit) for file, size, unit in found if not file.endswith(".metadata")]
+    return len(found), sum(float(size) * units[unit] for size, unit in found)
+
+
 def venv(build, name, requirements, timeout=900):
     """The Python of a virtual environment BUILD/venv-NAME holding the PyPI `requirements` (pip
     requirement strings), created and installed on the first call and reused after: a file
     BUILD/venv-NAME/parity-requirements.txt records what was installed, and a different list
-    installs again. Prints what the install took. Exits SKIP only where this Python has no venv
+    installs again. Prints what the install took (downloads from PyPI, not pip's cache: pip
+    runs with --no-cache-dir, so the figures are what a fresh machine fetches). Exits SKIP only
+    where this Python has no venv
     module or no ensurepip (Debian: apt-get install python3-venv); where it has them, a failed
     install (PyPI unreachable, say) is a failure, exit 1. Returns the venv's python path."""
     import shutil
@@ -97,7 +109,8 @@ def venv(build, name, requirements, timeout=900):
     t0 = time.monotonic()
     steps = [[sys.executable, "-m", "venv", d],
              [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-              "--progress-bar", "off"] + list(requirements)]
+              "--no-cache-dir", "--progress-bar", "off"] + list(requirements)]
+    out = ""
     for cmd in steps:
         left = timeout - (time.monotonic() - t0)
         try:
@@ -119,6 +132,8 @@ def venv(build, name, requirements, timeout=900):
                 pass
     with open(stamp, "w") as f:
         f.write(want)
-    print("%s: installed %s into %s in %.1f s (%.0f MB on disk)"
-          % (name, " ".join(requirements), d, time.monotonic() - t0, size / 1e6))
+    wheels, megabytes = pip_downloads(out)
+    print("%s: installed %s into %s in %.1f s (download and install; %d files, %.0f MB "
+          "downloaded; %.0f MB on disk)" % (name, " ".join(requirements), d,
+                                           time.monotonic() - t0, wheels, megabytes, size / 1e6))
     return py

@@ -1,0 +1,149 @@
+"""The facts about transformers' source that the hf-eager and hf-sdpa presets rely on, checked
+against the installed transformers: each names the region (the bisect's point kind) it sets, the
+function that holds it and the statements that must be there; check() prints each with pass/fail,
+the source file and a hash of the function's source, so that a transformers release that moves
+a rounding point fails here, naming the region, before any number is compared.
+
+Run by conformance.py with the tier's virtual environment (torch and transformers installed).
+"""
+import hashlib
+import inspect
+import os
+import re
+
+import torch
+import transformers
+from transformers import activations, masking_utils
+from transformers.integrations import sdpa_attention
+from transformers.models.llama import modeling_llama
+from transformers.models.qwen2 import modeling_qwen2
+from transformers.models.qwen2_moe import modeling_qwen2_moe
+from transformers.models.qwen3 import modeling_qwen3
+from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+#: The modeling modules of the five architectures the tier builds, by model_type.
+MODELING = {"qwen2": modeling_qwen2, "qwen3": modeling_qwen3, "llama": modeling_llama,
+            "qwen3_moe": modeling_qwen3_moe, "qwen2_moe": modeling_qwen2_moe}
+_PREFIX = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama", "qwen3_moe": "Qwen3Moe",
+           "qwen2_moe": "Qwen2Moe"}
+
+
+def _facts():
+    """[(kind, presets, what, function, [statement])] over the five architectures; a statement
+    is a string, or a tuple of the forms transformers releases have written it in (any one)."""
+    both, eager, sdpa = ("hf-eager", "hf-sdpa"), ("hf-eager",), ("hf-sdpa",)
+    facts = []
+    for model_type, module in MODELING.items():
+        prefix = _PREFIX[model_type]
+        norm = getattr(module, prefix + "RMSNorm").forward
+        facts.append(("norm", both, "%sRMSNorm widens to fp32, then rounds x*rsqrt(mean(x^2)+eps) "
+                      "to the input dtype before the weight multiply (2 roundings)" % prefix, norm,
+                      ["hidden_states = hidden_states.to(torch.float32)",
+                       "variance = hidden_states.pow(2).mean(-1, keepdim=True)",
+                       "hidden_states * torch.rsqrt(variance + self.variance_epsilon)",
+                       "return self.weight * hidden_states.to(input_dtype)"]))
+        layer = getattr(module, prefix + "DecoderLayer").forward
+        facts.append(("residual", both, "%sDecoderLayer adds the residual in the model dtype (the "
+                      "norm reads the rounded sum)" % prefix, layer,
+                      ["hidden_states = residual + hidden_states",
+                       "hidden_states = self.post_attention_layernorm(hidden_states)"]))
+        rotary = getattr(module, prefix + "RotaryEmbedding")
+        facts.append(("rope", both, "%sRotaryEmbedding: fp32 inv_freq = 1/base^(2i/d), fp32 "
+                      "angles, cos/sin cast to the input dtype (bf16 table)" % prefix,
+                      rotary.compute_default_rope_parameters,
+                      [("inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) "
+                        "/ dim))",
+                        "inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64)"
+                        ".to(device=device, dtype=torch.float) / dim))")]))
+        facts.append(("rope", both, "%sRotaryEmbedding.forward rounds cos and sin to x's dtype"
+                      % prefix, rotary.forward,
+                      ["emb = torch.cat((freqs, freqs), dim=-1)",
+                       "return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)"]))
+        facts.append(("rope", both, "apply_rotary_pos_emb: (q*cos) + (rotate_half(q)*sin) in the "
+                      "model dtype (3 roundings), half-split pairs", module.apply_rotary_pos_emb,
+                      ["q_embed = (q * cos) + (rotate_half(q) * sin)",
+                       "k_embed = (k * cos) + (rotate_half(k) * sin)"]))
+        facts.append(("rope", both, "rotate_half pairs element i with i + d/2", module.rotate_half,
+                      ["return torch.cat((-x2, x1), dim=-1)"]))
+        mlp = getattr(module, prefix + "MLP").forward
+        facts.append(("swiglu", both, "%sMLP: down(act(gate(x)) * up(x)), silu and the product "
+                      "each rounded to the model dtype (2 roundings)" % prefix, mlp,
+                      ["self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"]))
+        facts.append(("attention", eager, "eager_attention_forward: scores = matmul(q, k^T) * "
+                      "scaling + mask in the model dtype, softmax in fp32 then to the query "
+                      "dtype, P @ V", module.eager_attention_forward,
+                      ["attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling",
+                       "attn_weights = attn_weights + attention_mask",
+                       "nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32)"
+                       ".to(query.dtype)",
+                       "attn_output = torch.matmul(attn_weights, value_states)"]))
+        if model_type.endswith("_moe"):
+            router = getattr(module, prefix + "TopKRouter").forward
+            facts.append(("moe_route", both, "%sTopKRouter: logits in the model dtype, softmax in "
+                          "fp32, top-k, optional renormalisation, weights cast to the logits' "
+                          "dtype" % prefix, router,
+                          ["router_logits = F.linear(hidden_states, self.weight)",
+                           "torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)",
+                           "torch.topk(router_probs, self.top_k, dim=-1)",
+                           "router_top_value = router_top_value.to(router_logits.dtype)"]))
+        causal_lm = getattr(module, prefix + "ForCausalLM").forward
+        facts.append(("logits", both, "%sForCausalLM: logits = lm_head(h) in the model dtype "
+                      "(bf16 logits)" % prefix, causal_lm,
+                      ["logits = self.lm_head(hidden_states"]))
+    facts.append(("swiglu", both, "ACT2FN['silu'] is SiLUActivation = torch.nn.functional.silu",
+                  activations.SiLUActivation.forward, ["return nn.functional.silu(input)"]))
+    facts.append(("attention", eager, "eager_mask: the causal mask's masked entries are the "
+                  "dtype's most negative finite value", masking_utils.eager_mask,
+                  ["min_dtype = torch.finfo(dtype).min"]))
+    facts.append(("attention", sdpa, "sdpa_attention_forward calls torch's "
+                  "scaled_dot_product_attention (is_causal without a mask in a prefill)",
+                  sdpa_attention.sdpa_attention_forward,
+                  ["is_causal = q_length > 1 and attention_mask is None and is_causal",
+                   "torch.nn.functional.scaled_dot_product_attention("]))
+    return facts
+
+
+def unwrapped(function):
+    """The Python function behind `function`: transformers wraps some (apply_rotary_pos_emb) in a
+    module made by the `kernels` package's use_kernel_forward_from_hub, whose forward calls the
+    original, held in its closure as `func` (used as is unless the model is kernelized)."""
+    if inspect.isfunction(function) or inspect.ismethod(function):
+        return function
+    forward = type(function).forward
+    cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or ()))
+    if "func" not in cells:
+        raise TypeError("%r: not a function, nor a kernels hub wrapper of one" % (function,))
+    return cells["func"].cell_contents
+
+
+def _normalized(text):
+    return re.sub(r"\s+", " ", text)
+
+
+def source_hash(function):
+    """The first 12 hex digits of the sha256 of the function's source."""
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:12]
+
+
+def check(log):
+    """Prints (through log) every fact with PASS/FAIL, its file, function and source hash;
+    returns the failed facts' [(kind, what)]."""
+    root = os.path.dirname(transformers.__file__)
+    failed = []
+    log("transformers %s, torch %s" % (transformers.__version__, torch.__version__))
+    log("facts the presets rely on, in the installed transformers (%s):" % root)
+    for kind, presets, what, function, statements in _facts():
+        function = unwrapped(function)
+        source = _normalized(inspect.getsource(function))
+        missing = [s for s in statements
+                   if not any(_normalized(form) in source
+                              for form in (s if isinstance(s, tuple) else (s,)))]
+        path = os.path.relpath(inspect.getsourcefile(function), root)
+        log("  %s  %-9s %-17s %s" % ("PASS" if not missing else "FAIL", kind, "/".join(presets),
+                                     what))
+        log("        %s %s sha256:%s" % (path, function.__qualname__, source_hash(function)))
+        for s in missing:
+            log("        missing: %s" % s)
+        if missing:
+            failed.append((kind, what))
+    return failed
