@@ -183,6 +183,22 @@ PARITY_API int parity_head_logprobs(parity_pool *pool, const parity_policy *poli
                                     float *logprobs, float *entropy, float *logits,
                                     size_t logits_stride);
 
+/* The head's second half: log p(targets[r]) under options' mode (raw, processed,
+ * processed-truncated; top_n must be 0) into logprobs[r] from `rows` rows of `vocab` logits
+ * (rows logits_stride apart) holding the values as the head holds them after its rounding
+ * point (the policy's logits switch: bf16 values, fp16 ones under compute "fp16", or fp32
+ * under an fp32 head; the logits parity_head_logprobs returns), exactly as
+ * parity_head_logprobs and parity_score compute them from those logits: the same code,
+ * the temperature rounded or not per the policy. Optional (NULL to skip): entropy[r] of the
+ * mode's distribution. An engine's own logits (e.g. an intermediates dump's) get the
+ * log-probs libparity's head would give them. Allocates the log-softmax's work rows (5 floats
+ * a vocabulary entry per thread; the logits packed once more unless logits_stride is vocab). */
+PARITY_API int parity_logprobs_from_logits(parity_pool *pool, const parity_policy *policy,
+                                           const parity_score_options *options, size_t rows,
+                                           size_t vocab, const float *logits,
+                                           size_t logits_stride, const int32_t *targets,
+                                           float *logprobs, float *entropy);
+
 /* Mixture-of-experts routing, as a sparse layer of the forward routes each token (parity.h,
  * "The policy in detail": moe_router, moe_weights): from `rows` rows of n_experts router logits
  * (rows logits_stride apart; the router GEMM's output, rounded where the policy rounds every

@@ -1,11 +1,13 @@
 /* The forward pieces (parity_embedding, parity_linear, parity_attention, parity_head_logprobs,
- * parity_moe_route, parity_moe_combine): a whole Qwen3 forward composed from them and the
- * public region kernels, rounding at the policy's points as a host would, gives parity_score's
- * log-probs bit for bit — every preset with bf16 compute (and +fp32-head), both backends, the
- * three log-prob modes, one thread or a pool of two, on every CPU path; so do Qwen3-MoE and
- * Qwen2-MoE forwards under each preset's router and combine, routing the experts parity_score
- * records, and replaying a record; each piece on its own is invariant to the rows beside it
- * and the pool; and bad arguments get a status and a message, with no output written. */
+ * parity_logprobs_from_logits, parity_moe_route, parity_moe_combine): a whole Qwen3 forward
+ * composed from them and the public region kernels, rounding at the policy's points as a host
+ * would, gives parity_score's log-probs bit for bit — every preset with bf16 compute (and
+ * +fp32-head), both backends, the three log-prob modes, one thread or a pool of two, on every
+ * CPU path — and the head's second half on the head's own logits its log-probs and entropies;
+ * so do Qwen3-MoE and Qwen2-MoE forwards under each preset's router and combine, routing the
+ * experts parity_score records, and replaying a record; each piece on its own is invariant to
+ * the rows beside it and the pool; and bad arguments get a status and a message, with no
+ * output written. */
 #include <math.h>
 
 #include "fixtures.h"
@@ -186,9 +188,19 @@ static void host_score(const host *h, const parity_score_options *o, const int32
             memmove(delta + n_out * dim, delta + (at + t) * dim, dim * 4);
             targets[n_out++] = tokens[at + t + 1];
         }
-    CHECK_OK(parity_head_logprobs(h->pool, pol, h->backend, o, n_out, dim, c->vocab_size, hs, dim,
-                                  delta, dim, PARITY_DTYPE_BF16, m->final_norm.bf16, eps,
-                                  m->lm_head.bf16, dim, targets, logprobs, NULL, NULL, 0));
+    const size_t V = c->vocab_size;
+    float *logits = calloc(n_out * (V + 3), 4), *entropy = calloc(n_out, 4);
+    float *again = calloc(n_out, 4), *entropy_again = calloc(n_out, 4);
+    CHECK_OK(parity_head_logprobs(h->pool, pol, h->backend, o, n_out, dim, V, hs, dim, delta, dim,
+                                  PARITY_DTYPE_BF16, m->final_norm.bf16, eps, m->lm_head.bf16,
+                                  dim, targets, logprobs, entropy, logits, V + 3));
+    /* the head's second half on the logits it returned: its log-probs and entropies bit for
+     * bit (the rows V + 3 apart, so that the call packs them) */
+    CHECK_OK(parity_logprobs_from_logits(h->pool, pol, o, n_out, V, logits, V + 3, targets, again,
+                                         entropy_again));
+    CHECK_BITS_F32(again, logprobs, n_out, "parity_logprobs_from_logits: log-probs");
+    CHECK_BITS_F32(entropy_again, entropy, n_out, "parity_logprobs_from_logits: entropies");
+    free(logits), free(entropy), free(again), free(entropy_again);
     free(targets);
     free(hs), free(delta), free(xn), free(q), free(k), free(v), free(att), free(gate), free(up);
     free(b1), free(b2), free(b3), free(pos);
@@ -646,6 +658,40 @@ static void test_bad_arguments(void) {
     CHECK(strstr(parity_last_error(), "parity_head_logprobs: top_p") != NULL);
     CHECK(untouched(lp, 3));
 #undef HEAD
+
+    /* the head's second half: the same checks of its options, targets and buffers */
+    const float lg[3 * 8] = {0};
+    parity_score_default_options(&opt);
+#define FROM_LOGITS(pol_, opt_, rows_, lg_, stride_, tg_, lp_) \
+    parity_logprobs_from_logits(NULL, pol_, opt_, rows_, 8, lg_, stride_, tg_, lp_, NULL)
+    CHECK_OK(FROM_LOGITS(&pol, &opt, 3, lg, 8, tg, lp));
+    CHECK(lp[0] == lp[1] && fabsf(lp[0] + logf(8.0f)) < 1e-6f); /* uniform over 8 tokens */
+    memset(lp, 0xff, sizeof lp);
+    tg[2] = -1;
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 3, lg, 8, tg, lp), PARITY_ERR_TOKEN_RANGE);
+    CHECK(strstr(parity_last_error(), "parity_logprobs_from_logits: row 2") != NULL);
+    tg[2] = 3;
+    CHECK_STATUS(FROM_LOGITS(&bad, &opt, 3, lg, 8, tg, lp), PARITY_ERR_POLICY);
+    CHECK_STATUS(FROM_LOGITS(&pol, NULL, 3, lg, 8, tg, lp), E);
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 0, lg, 8, tg, lp), E);
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 3, NULL, 8, tg, lp), E);
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 3, lg, 7, tg, lp), E);
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 3, lg, 8, NULL, lp), E);
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 3, lg, 8, tg, NULL), E);
+    CHECK_STATUS(parity_logprobs_from_logits(NULL, &pol, &opt, 3, 0, lg, 8, tg, lp, NULL), E);
+    opt.top_n = 1;
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 3, lg, 8, tg, lp), E);
+    CHECK(strstr(parity_last_error(), "top_n") != NULL);
+    opt.top_n = 0;
+    opt.size = 3;
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 3, lg, 8, tg, lp), E);
+    parity_score_default_options(&opt);
+    opt.mode = PARITY_LOGPROB_PROCESSED_TRUNCATED;
+    opt.min_p = 1.5f;
+    CHECK_STATUS(FROM_LOGITS(&pol, &opt, 3, lg, 8, tg, lp), E);
+    CHECK(strstr(parity_last_error(), "parity_logprobs_from_logits: min_p") != NULL);
+    CHECK(untouched(lp, 3));
+#undef FROM_LOGITS
 
     parity_pool *p = NULL;
     CHECK_STATUS(parity_pool_create(0, &p), E);

@@ -432,6 +432,36 @@ static void job_head_logprobs(void *p, size_t begin, size_t end, unsigned worker
     }
 }
 
+/* The options of a head call (parity_head_logprobs, parity_logprobs_from_logits): their size,
+ * no alternatives asked for, the mode's parameters valid for the vocabulary; *dp the
+ * distribution's parameters. */
+static int check_head_options(const char *fn, const parity_score_options *options, size_t vocab,
+                              dist_params *dp) {
+    TRY(arg_ptr(fn, options, "options"));
+    if (options->size != sizeof *options)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: options.size is %u, this library expects %zu: initialise the "
+                         "options with parity_score_default_options()",
+                         fn, options->size, sizeof *options);
+    if (options->top_n)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: options.top_n must be 0 (this call "
+                         "reports no alternatives; parity_score does)", fn);
+    if (vocab == 0 || vocab > (1u << 30))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: vocab %zu is not in 1..2^30", fn, vocab);
+    *dp = (dist_params){options->mode, options->temperature, options->top_k, options->top_p,
+                        options->min_p};
+    return error_prefixed(fn, dist_params_check(dp, (uint32_t)vocab));
+}
+
+/* Every target in [0, vocab). */
+static int check_targets(const char *fn, size_t rows, const int32_t *targets, size_t vocab) {
+    for (size_t r = 0; r < rows; r++)
+        if (targets[r] < 0 || (uint64_t)targets[r] >= vocab)
+            return set_error(PARITY_ERR_TOKEN_RANGE, "%s: row %zu: target token id %d is outside "
+                             "the vocabulary [0, %zu)", fn, r, targets[r], vocab);
+    return PARITY_OK;
+}
+
 int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_t backend,
                          const parity_score_options *options, size_t rows, size_t dim,
                          size_t vocab, const float *residual, size_t residual_stride,
@@ -443,21 +473,9 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
     clear_error();
     TRY(arg_policy(fn, policy));
     TRY(check_backend(fn, backend));
-    TRY(arg_ptr(fn, options, "options"));
-    if (options->size != sizeof *options)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "%s: options.size is %u, this library expects %zu: initialise the "
-                         "options with parity_score_default_options()",
-                         fn, options->size, sizeof *options);
-    if (options->top_n)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: options.top_n must be 0 (this call "
-                         "reports no alternatives; parity_score does)", fn);
+    dist_params dp;
+    TRY(check_head_options(fn, options, vocab, &dp));
     TRY(arg_shape(fn, rows, dim));
-    if (vocab == 0 || vocab > (1u << 30))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: vocab %zu is not in 1..2^30", fn, vocab);
-    const dist_params dp = {options->mode, options->temperature, options->top_k, options->top_p,
-                            options->min_p};
-    TRY(error_prefixed(fn, dist_params_check(&dp, (uint32_t)vocab)));
     TRY(arg_ptr(fn, residual, "residual"));
     TRY(arg_ptr(fn, delta, "delta"));
     TRY(arg_ptr(fn, norm_weight, "norm_weight"));
@@ -470,10 +488,7 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
     TRY(arg_rows(fn, rows, dim, delta_stride, "delta"));
     TRY(arg_rows(fn, vocab, dim, lm_head_stride, "lm_head"));
     if (logits) TRY(arg_rows(fn, rows, vocab, logits_stride, "logits"));
-    for (size_t r = 0; r < rows; r++)
-        if (targets[r] < 0 || (uint64_t)targets[r] >= vocab)
-            return set_error(PARITY_ERR_TOKEN_RANGE, "%s: row %zu: target token id %d is outside "
-                             "the vocabulary [0, %zu)", fn, r, targets[r], vocab);
+    TRY(check_targets(fn, rows, targets, vocab));
 
     op_call c;
     TRY(op_begin(&c, pool, fn));
@@ -506,6 +521,47 @@ int parity_head_logprobs(parity_pool *pool, const parity_policy *policy, uint32_
         if (logits)
             for (size_t r = 0; r < rows; r++)
                 memcpy(logits + r * logits_stride, lg + r * vocab, vocab * sizeof *lg);
+    }
+    op_end(&c);
+    return rc;
+}
+
+/* The head's second half on the caller's logits, as parity_head_logprobs runs it on its own. */
+int parity_logprobs_from_logits(parity_pool *pool, const parity_policy *policy,
+                                const parity_score_options *options, size_t rows, size_t vocab,
+                                const float *logits, size_t logits_stride,
+                                const int32_t *targets, float *logprobs, float *entropy) {
+    static const char fn[] = "parity_logprobs_from_logits";
+    clear_error();
+    TRY(arg_policy(fn, policy));
+    dist_params dp;
+    TRY(check_head_options(fn, options, vocab, &dp));
+    if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
+    TRY(arg_ptr(fn, logits, "logits"));
+    TRY(arg_ptr(fn, targets, "targets"));
+    TRY(arg_ptr(fn, logprobs, "logprobs"));
+    TRY(arg_rows(fn, rows, vocab, logits_stride, "logits"));
+    TRY(check_targets(fn, rows, targets, vocab));
+
+    op_call c;
+    TRY(op_begin(&c, pool, fn));
+    const size_t workers = pool_size(c.pool);
+    /* the rows packed vocab apart, as the head's logits are, unless they are already */
+    float *packed = logits_stride == vocab ? NULL
+                                           : op_alloc(&c, (uint64_t)rows * vocab, sizeof(float),
+                                                      "logits");
+    float *work = packed || logits_stride == vocab
+                      ? op_alloc(&c, (uint64_t)workers * dist_work_floats(vocab), sizeof(float),
+                                 "log-prob work")
+                      : NULL;
+    const int rc = work ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    if (!rc) {
+        if (packed)
+            for (size_t r = 0; r < rows; r++)
+                memcpy(packed + r * vocab, logits + r * logits_stride, vocab * sizeof *packed);
+        const float *lg = packed ? packed : logits;
+        head_lp_job j = {policy, dp, lg, vocab, targets, work, logprobs, entropy};
+        pool_run(c.pool, job_head_logprobs, &j, rows);
     }
     op_end(&c);
     return rc;

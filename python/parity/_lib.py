@@ -633,6 +633,17 @@ _PROTOTYPES = [
      [pool_p, POINTER(parity_policy), c_uint32, POINTER(parity_score_options), c_size_t,
       c_size_t, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t, c_uint32, c_void_p, c_float,
       c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t], True),
+    # int parity_logprobs_from_logits(parity_pool *pool, const parity_policy *policy,
+    #                                 const parity_score_options *options, size_t rows,
+    #                                 size_t vocab, const float *logits,
+    #                                 size_t logits_stride, const int32_t *targets,
+    #                                 float *logprobs, float *entropy);
+    ("parity_logprobs_from_logits", c_int,
+     [pool_p, POINTER(parity_policy), POINTER(parity_score_options), c_size_t, c_size_t,
+      c_void_p, c_size_t, c_void_p, c_void_p, c_void_p], True),
+    # int parity_model_weight_values(const parity_model *model, const char *name,
+    #                                float *values, uint64_t n_values);
+    ("parity_model_weight_values", c_int, [model_p, c_char_p, c_void_p, c_uint64], True),
     # int parity_moe_route(const parity_policy *policy, size_t rows, uint32_t n_experts,
     #                      uint32_t k, int norm_topk_prob, const float *logits,
     #                      size_t logits_stride, const uint16_t *replay, uint16_t *ids,

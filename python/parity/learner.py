@@ -62,7 +62,7 @@ from .model import Model, score_options, _default_threads
 from .policy import policy_struct
 
 __all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprobs",
-           "read_checkpoint"]
+           "logprobs_from_logits", "read_checkpoint"]
 
 _f32 = _torch.float32
 _bf16 = _torch.bfloat16
@@ -576,6 +576,27 @@ def head_logprobs(residual, delta, norm_weight, lm_head, targets, eps=1e-6, poli
     return _Head.apply(residual, delta, norm_weight, lm_head, nd, ld, dtype, targets,
                        _options(mode, temperature, top_k, top_p, min_p), float(eps), pol_c,
                        _backend(backend), _pool_handle(pool))
+
+
+def logprobs_from_logits(logits, targets, policy="aligned", mode="raw", temperature=1.0,
+                         top_k=None, top_p=None, min_p=None, pool=None):
+    """The head's second half as parity_logprobs_from_logits: log p(targets) under `mode` from
+    logits fp32 [n, vocab] holding the values as the head holds them after its rounding point
+    (head_logprobs' logits output, or an engine's own, e.g. bf16 logits widened), bit for bit
+    as head_logprobs and parity_score compute them; targets int32 [n]. Returns (logprobs [n],
+    entropy [n]) of the mode's distribution, without gradient (head_logprobs is the
+    differentiable head)."""
+    _tensor(logits, "logits", _f32, 2)
+    _tensor(targets, "targets", _torch.int32, 1)
+    _shape(targets, "targets", (logits.shape[0],))
+    pol_c, _ = _pol(policy)
+    n, vocab = logits.shape
+    lp, ent = _torch.empty(n, dtype=_f32), _torch.empty(n, dtype=_f32)
+    options = _options(mode, temperature, top_k, top_p, min_p)
+    lib.parity_logprobs_from_logits(_pool_handle(pool), ctypes.byref(pol_c), ctypes.byref(options),
+                                    n, vocab, _addr(logits.detach()), vocab, _addr(targets),
+                                    _addr(lp), _addr(ent))
+    return lp, ent
 
 
 # ---- the regions under compute "bf16": the C region kernels, fp32 formulas backward ---------

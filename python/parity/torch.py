@@ -35,10 +35,10 @@ from ._torch_regions import (expf, fmaf, rmsnorm, rmsnorm_residual, rope, rope_c
                              round_point, silu, sum_squares, swiglu)
 from ._torch_moe import moe_combine, moe_route
 from .learner import (CausalLM, Pool, attention, embedding, head_logprobs, linear,
-                      read_checkpoint)
+                      logprobs_from_logits, read_checkpoint)
 
 __all__ = ["rmsnorm_residual", "rmsnorm", "swiglu", "rope", "rope_cos_sin", "round_point", "silu",
            "expf", "fmaf", "sum_squares",
            # the learner (parity/learner.py), built on the functions above
            "CausalLM", "Pool", "attention", "embedding", "head_logprobs", "linear",
-           "moe_route", "moe_combine", "read_checkpoint"]
+           "logprobs_from_logits", "moe_route", "moe_combine", "read_checkpoint"]

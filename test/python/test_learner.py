@@ -23,7 +23,8 @@ from array import array  # noqa: E402
 
 import parity  # noqa: E402
 from parity import ParityError  # noqa: E402
-from parity.torch import CausalLM, attention, head_logprobs, linear, round_point  # noqa: E402
+from parity.torch import (CausalLM, attention, head_logprobs, linear, logprobs_from_logits,  # noqa: E402
+                          round_point)
 
 TRAINED = os.path.join(harness.REPO, "models", "qwen3-bytes-pystdlib-4.9m")
 BF16_PRESETS = [p for p in parity.policies() if p != "fp32"]
@@ -399,6 +400,29 @@ class BadInput(unittest.TestCase):
             head_logprobs(torch.randn(2, 8), torch.randn(2, 8), torch.ones(8), w,
                           torch.tensor([1, 6], dtype=torch.int32))
         self.assertEqual(e.exception.status, "PARITY_ERR_TOKEN_RANGE")
+
+    def test_logprobs_from_logits(self):
+        # the head's second half on head_logprobs' own logits: its log-probs bit for bit, in
+        # every mode and under an fp32 head
+        h, d = torch.randn(5, 16), torch.randn(5, 16)
+        nw, w = torch.ones(16) + 0.01 * torch.randn(16), 0.2 * torch.randn(40, 16)
+        targets = torch.tensor([1, 39, 0, 7, 7], dtype=torch.int32)
+        for policy in ("hf-eager", "vllm+fp32-head", "aligned+fp16"):
+            for mode, extra in (("raw", {}), ("processed", {"temperature": 0.7}),
+                                ("processed-truncated", {"temperature": 0.7, "top_k": 9,
+                                                         "top_p": 0.9})):
+                lp, logits = head_logprobs(h, d, nw, w, targets, policy=policy, mode=mode,
+                                           **extra)
+                again, entropy = logprobs_from_logits(logits, targets, policy=policy, mode=mode,
+                                                      **extra)
+                self.assertTrue(torch.equal(lp.detach().view(torch.int32),
+                                            again.view(torch.int32)), (policy, mode))
+                self.assertEqual(entropy.shape, (5,))
+        with self.assertRaises(ParityError) as e:
+            logprobs_from_logits(logits.detach(), torch.tensor([1, 2, 3, 4, 40], dtype=torch.int32))
+        self.assertEqual(e.exception.status, "PARITY_ERR_TOKEN_RANGE")
+        with self.assertRaisesRegex(ValueError, "shape"):
+            logprobs_from_logits(logits.detach(), targets[:4])
 
     def test_module_input_and_closed_objects(self):
         model = parity.Model("synthetic:tiny", threads=1)
