@@ -86,9 +86,9 @@ def read(path, dtypes=None):
 
 
 def write(path, tensors, metadata=None):
-    """Writes [(name, dtype, shape, raw bytes)] as a safetensors file (data 8-byte aligned);
-    metadata: {str: str} put in "__metadata__" after {"format": "pt"}."""
-    header, offset = {"__metadata__": dict({"format": "pt"}, **(metadata or {}))}, 0
+    """Writes [(name, dtype, shape, raw bytes)] as a safetensors file (data 8-byte aligned),
+    with the __metadata__ {str: str} given (default {"format": "pt"})."""
+    header, offset = {"__metadata__": dict(metadata or {"format": "pt"})}, 0
     for name, dtype, shape, raw in tensors:
         header[name] = {"dtype": dtype, "shape": list(shape),
                         "data_offsets": [offset, offset + len(raw)]}
