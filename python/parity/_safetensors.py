@@ -30,12 +30,8 @@ def _one_of(names):
     return names[0] if len(names) == 1 else "%s or %s" % (", ".join(names[:-1]), names[-1])
 
 
-def parse(data, what, dtypes=None):
-    """{name: (dtype, shape tuple, memoryview)} of the safetensors bytes `data` (a buffer),
-    `what` naming it in errors. dtypes: the dtypes accepted (None: any). Every tensor's offsets
-    lie inside the data and, for a dtype of known element size, span exactly its shape.
-    Raises FormatError for anything else, and for a file without tensors."""
-    mv = memoryview(data)
+def _header(mv, what):
+    """(the header as a dict, its length) of the safetensors bytes in the memoryview mv."""
     if mv.nbytes < 8:
         raise FormatError("%s: not a safetensors file (%d bytes)" % (what, mv.nbytes))
     (hlen,) = struct.unpack("<Q", mv[:8])
@@ -48,6 +44,25 @@ def parse(data, what, dtypes=None):
         raise FormatError("%s: the header is not JSON: %s" % (what, e)) from None
     if not isinstance(header, dict):
         raise FormatError("%s: the header is not a JSON object" % what)
+    return header, hlen
+
+
+def metadata(data, what):
+    """The "__metadata__" object of the safetensors bytes `data` ({} when absent): a dict of
+    strings, else FormatError."""
+    meta = _header(memoryview(data), what)[0].get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise FormatError("%s: \"__metadata__\" is not an object of strings" % what)
+    return meta
+
+
+def parse(data, what, dtypes=None):
+    """{name: (dtype, shape tuple, memoryview)} of the safetensors bytes `data` (a buffer),
+    `what` naming it in errors. dtypes: the dtypes accepted (None: any). Every tensor's offsets
+    lie inside the data and, for a dtype of known element size, span exactly its shape.
+    Raises FormatError for anything else, and for a file without tensors."""
+    mv = memoryview(data)
+    header, hlen = _header(mv, what)
     base = 8 + hlen
     size = mv.nbytes - base
     out = {}
