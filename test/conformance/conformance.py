@@ -42,17 +42,52 @@ import parity  # noqa: E402
 import parity.bisect  # noqa: E402
 from parity.hf.dump import dump  # noqa: E402
 
-TOKENS = 32
+TOKENS = 128
 IMPLEMENTATIONS = ("eager", "sdpa")
 #: The preset each attn_implementation claims.
 CLAIMS = {"eager": "hf-eager", "sdpa": "hf-sdpa"}
 #: The summation-order floor's multiple the claimed preset's whole-model mean |d logp| stays
-#: within (the floor is measured from two other GEMM orders of transformers itself; floor()).
+#: within where its claim held at every point of the dump (the floor is measured from two other
+#: GEMM orders of transformers itself: floor()).
 FLOOR_FACTOR = 2.0
 FLOOR_ABSOLUTE = 1e-6
+FLOOR_TWINS = 4
+#: Where the claimed preset departs somewhere, one moved bit grows through these random models
+#: about as far as another preset's rounding does; the whole model is then held to this
+#: multiple of the other presets' median mean |d logp| (a wrong formula lands far beyond it).
+DEPARTED_FACTOR = 2.0
+#: Claims whose every region bound is at least this are asserted nearest on the whole model.
+NEAREST_MIN_FRACTION = 0.99
+
+_SUM_OF_SQUARES = ("torch's pow(2).mean(-1) sums the fp32 squares in its vectorized order, "
+                   "libparity in its own: a last-bit difference in the variance moves an "
+                   "output's rounding now and then")
+_SOFTMAX_EXP = ("torch's fp32 softmax takes exp with its vectorized exp and sums in its order; "
+                "a last-bit difference in P moves its rounding to the model dtype now and then "
+                "(more often in fp16's 11 bits)")
+_FLASH_EXP = ("torch's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, "
+              "_exp_reduce_sum_fusion_kernel) takes exp with the approximation exp_u20 before "
+              "rounding P; libparity's flash takes its own exp (max 1 ulp)")
+_LOG_SOFTMAX = ("the log-probs are fp32: torch's log_softmax (its exp, log and sum order) and "
+                "libparity's head differ in the last bits of a few")
+_TOPK_TIES = ("torch.topk breaks ties between equal 16-bit router logits its own way, libparity "
+              "toward the lower expert index (docs/DESIGN.md, Ties)")
 #: (attn_implementation, dtype, kind): (the lower bound of the claimed preset's fraction
-#: bitwise, why it is not exact). Found by running this tier; printed with the table.
+#: bitwise per model, why it is not exact). Found by running this tier at 128 tokens (the
+#: smallest fractions seen: norm 0.99993, qk_norm 0.99996, logits 0.976, moe_route 0.996,
+#: attention eager 0.99994 / fp16 0.99927, sdpa 0.936 / fp16 0.761); every other kind
+#: (residual, rope, swiglu) is asserted 100%. Printed with the table.
 NOT_EXACT = {}
+for _implementation in IMPLEMENTATIONS:
+    for _dtype in ("bf16", "f16"):
+        NOT_EXACT[_implementation, _dtype, "norm"] = (0.999, _SUM_OF_SQUARES)
+        NOT_EXACT[_implementation, _dtype, "qk_norm"] = (0.999, _SUM_OF_SQUARES)
+        NOT_EXACT[_implementation, _dtype, "logits"] = (0.95, _LOG_SOFTMAX)
+        NOT_EXACT[_implementation, _dtype, "moe_route"] = (0.99, _TOPK_TIES)
+NOT_EXACT["eager", "bf16", "attention"] = (0.999, _SOFTMAX_EXP)
+NOT_EXACT["eager", "f16", "attention"] = (0.995, _SOFTMAX_EXP)
+NOT_EXACT["sdpa", "bf16", "attention"] = (0.90, _FLASH_EXP)
+NOT_EXACT["sdpa", "f16", "attention"] = (0.70, _FLASH_EXP)
 
 
 def preset_name(preset, dtype):
@@ -91,7 +126,7 @@ def logprobs_of(model, token_ids):
 def floor(model, token_ids, reference):
     """The summation-order floor of the whole model's log-probs: the larger mean |d logp|
     between transformers' own log-probs (reference) and those of the same model with another
-    GEMM summation order: (1) every nn.Linear's output the exact (float64) sum rounded once to
+    summation order: (1) every nn.Linear's output the exact (float64) sum rounded once to
     the model's dtype, (2) the hidden-permuted twin (models.permuted_twin: every GEMM over the
     hidden size and every norm's sum of squares in another order)."""
     def exact_linear(module, args, out):
@@ -105,8 +140,25 @@ def floor(model, token_ids, reference):
     finally:
         for h in handles:
             h.remove()
-    twin = logprobs_of(models.permuted_twin(model), token_ids)
-    return max(float((exact - reference).abs().mean()), float((twin - reference).abs().mean()))
+    deltas = [float((exact - reference).abs().mean())]
+    for seed in range(FLOOR_TWINS):
+        twin = logprobs_of(models.permuted_twin(model, models.SEED + seed), token_ids)
+        deltas.append(float((twin - reference).abs().mean()))
+    return max(deltas)
+
+
+def transformers_routes(written):
+    """The experts transformers chose (the dump's router_ids of every sparse layer) as a
+    parity.Routes for Model.score to replay, or None for a dense model. The whole model is
+    scored on transformers' routes because torch.topk breaks ties its own way: one tie decided
+    otherwise sends a token through other experts and moves every later log-prob far more
+    than any rounding does (docs/DESIGN.md, Ties)."""
+    layers = sorted((int(name.split(".")[1]), tensor) for name, tensor in written.items()
+                    if name.endswith(".router_ids"))
+    if not layers:
+        return None
+    ids = torch.stack([tensor[:-1] for _, tensor in layers], dim=1)   # [T-1, layers, k]
+    return parity.Routes(ids.flatten().tolist(), len(layers), ids.shape[2])
 
 
 def run_one(work, model_type, dtype, implementation, model_dir, token_ids):
@@ -119,9 +171,11 @@ def run_one(work, model_type, dtype, implementation, model_dir, token_ids):
     report = parity.bisect.bisect(model_dir, path, presets=None)
     bisect_seconds = time.monotonic() - t0
     mean_delta = {}
+    routes = transformers_routes(written)
     with parity.Model(model_dir) as scorer:
         for preset in presets(dtype):
-            scored = torch.tensor(scorer.score([token_ids.tolist()], policy=preset)[0])
+            scored = torch.tensor(scorer.score([token_ids.tolist()], policy=preset,
+                                               routes=routes and [routes])[0])
             mean_delta[preset] = float((scored - reference).abs().mean())
     return {"model_type": model_type, "dtype": dtype, "attn_implementation": implementation,
             "engine": "transformers %s, torch %s" % (transformers.__version__, torch.__version__),
@@ -190,7 +244,9 @@ def table_markdown(results):
         names = presets(dtype)
         lines.append("")
         lines.append("Whole model, %s: mean |d logp| of parity_score against transformers' "
-                     "log-probs (%d tokens; floor = summation order alone):" % (dtype, TOKENS - 1))
+                     "log-probs (%d tokens; floor = summation order alone):"
+                     % (dtype, len(results[0]["bisect"]["presets"][0]["points"][-1:]) and
+                        results[0]["bisect"]["dump"]["tokens"] - 1))
         lines.append("")
         lines.append("| model | attn | floor | " + " | ".join(names) + " |")
         lines.append("|---|---|---|" + "---|" * len(names))
@@ -203,29 +259,40 @@ def table_markdown(results):
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def claimed_entry(result):
+    """The bisect report's entry of the preset the result's attn_implementation claims."""
+    claimed = preset_name(CLAIMS[result["attn_implementation"]], result["dtype"])
+    return next(e for e in result["bisect"]["presets"] if e["preset"] == claimed)
+
+
 def check_regions(results, checks):
-    """The region assertions of the module docstring, per attn_implementation and dtype."""
+    """The region assertions of the module docstring, per attn_implementation and dtype: the
+    claimed preset 100% bitwise on each model for the kinds where its claim is exact, at least
+    the NOT_EXACT bound elsewhere (printed once per kind with the smallest fraction and why);
+    every other preset lower than the claimed one on some kind."""
     for implementation in IMPLEMENTATIONS:
         for dtype in ("bf16", "f16"):
             claimed = preset_name(CLAIMS[implementation], dtype)
             group = [r for r in results if r["attn_implementation"] == implementation
                      and r["dtype"] == dtype]
+            smallest = {}
             for r in group:
-                kinds = kind_fractions(r)[claimed]
-                for kind, (equal, elements) in kinds.items():
-                    if kind == "gemm":
+                for kind, (equal, elements) in kind_fractions(r)[claimed].items():
+                    if kind == "gemm" or not elements:
                         continue
-                    bound, reason = NOT_EXACT.get((implementation, dtype, kind), (1.0, None))
-                    fraction = equal / elements if elements else 1.0
-                    if reason:
-                        log("  not exact: %s %s %s, %s: %.4f bitwise (bound %.4f): %s"
-                            % (r["model_type"], dtype, implementation, kind, fraction, bound,
-                               reason))
-                    checks.check(fraction >= bound, "%s %s %s: %s under %s is %.4f bitwise, "
+                    bound = NOT_EXACT.get((implementation, dtype, kind), (1.0, None))[0]
+                    fraction = equal / elements
+                    smallest[kind] = min(smallest.get(kind, 1.0), fraction)
+                    checks.check(fraction >= bound, "%s %s %s: %s under %s is %.5f bitwise, "
                                  "below %s" % (r["model_type"], dtype, implementation, kind,
-                                               claimed, fraction,
-                                               "100%" if bound == 1.0 else "its bound %.4f"
-                                               % bound))
+                                               claimed, fraction, "100%" if bound == 1.0 else
+                                               "its bound %.4f" % bound))
+            for kind in kind_order({claimed: smallest}):
+                bound, reason = NOT_EXACT.get((implementation, dtype, kind), (1.0, None))
+                if reason:
+                    log("  %s on %s %s, %s: not exact, at least %.5f bitwise per model (bound "
+                        "%.4f): %s" % (claimed, implementation, dtype, kind, smallest[kind],
+                                       bound, reason))
             total = aggregate(group, implementation, dtype)
             mine = total[claimed]
             for preset in presets(dtype):
@@ -237,33 +304,51 @@ def check_regions(results, checks):
                              "region kind" % (implementation, dtype, preset, claimed))
 
 
-def exact_everywhere(result):
-    """Whether the claimed preset's claim is exact on every kind of this result (no NOT_EXACT
-    entry for its implementation, dtype and kinds)."""
-    kinds = kind_fractions(result)[preset_name(CLAIMS[result["attn_implementation"]],
-                                               result["dtype"])]
-    return not any((result["attn_implementation"], result["dtype"], k) in NOT_EXACT
-                   for k in kinds)
+def near_exact(implementation, dtype):
+    """Whether the claim of that attn_implementation and dtype holds at every region kind to at
+    least NEAREST_MIN_FRACTION (the fp32 log-probs' last bits aside): eager's does, sdpa's
+    attention does not (NOT_EXACT)."""
+    return all(bound >= NEAREST_MIN_FRACTION for (i, d, kind), (bound, _) in NOT_EXACT.items()
+               if (i, d) == (implementation, dtype) and kind != "logits")
 
 
 def check_whole_model(results, checks):
+    """The whole model's assertions. Where the claim is near exact (eager): the claimed preset
+    is the nearest to transformers' log-probs and within FLOOR_FACTOR x the summation-order
+    floor. Where it is not (sdpa's attention), one moved bit grows through these random models
+    about as far as another preset's rounding: within DEPARTED_FACTOR x the other presets'
+    median, the nearest and the floor printed. MoE models are scored on transformers' routes."""
     for r in results:
-        claimed = preset_name(CLAIMS[r["attn_implementation"]], r["dtype"])
+        implementation, dtype = r["attn_implementation"], r["dtype"]
+        claimed = preset_name(CLAIMS[implementation], dtype)
         deltas = r["mean_abs_delta_logp"]
-        what = "%s %s %s" % (r["model_type"], r["dtype"], r["attn_implementation"])
-        if not exact_everywhere(r):
-            log("  whole model, %s: %s's claim is not exact at every point (above), so neither "
-                "nearest nor the floor is asserted: %.1e (floor %.1e)"
-                % (what, claimed, deltas[claimed], r["floor"]))
-            continue
-        others = [p for p in deltas if p != claimed and deltas[p] <= deltas[claimed]]
-        checks.check(not others, "%s: %s (mean |d logp| %.2e) is not nearer transformers than %s"
-                     % (what, claimed, deltas[claimed],
-                        ", ".join("%s (%.2e)" % (p, deltas[p]) for p in others)))
-        bound = max(FLOOR_FACTOR * r["floor"], FLOOR_ABSOLUTE)
-        checks.check(deltas[claimed] <= bound, "%s: %s's mean |d logp| %.2e is beyond the "
-                     "summation-order floor's bound %.2e (%.0f x %.2e)"
-                     % (what, claimed, deltas[claimed], bound, FLOOR_FACTOR, r["floor"]))
+        mine = deltas[claimed]
+        what = "%s %s %s" % (r["model_type"], dtype, implementation)
+        others = sorted(v for p, v in deltas.items() if p != claimed)
+        nearer = [p for p in deltas if p != claimed and deltas[p] <= mine]
+        departed = [p["name"] for p in claimed_entry(r)["points"]
+                    if p["kind"] not in ("gemm", "logits") and p["differing"]]
+        if near_exact(implementation, dtype):
+            checks.check(not nearer, "%s: %s (mean |d logp| %.2e) is not nearer transformers "
+                         "than %s" % (what, claimed, mine, ", ".join(
+                             "%s (%.2e)" % (p, deltas[p]) for p in nearer)))
+            bound = max(FLOOR_FACTOR * r["floor"], FLOOR_ABSOLUTE)
+            checks.check(mine <= bound, "%s: %s's mean |d logp| %.2e is beyond %.0f x the "
+                         "summation-order floor %.2e" % (what, claimed, mine, FLOOR_FACTOR,
+                                                         r["floor"]))
+            asserted = "asserted: nearest, within %.0f x the floor" % FLOOR_FACTOR
+        else:
+            median = others[len(others) // 2]
+            checks.check(mine <= DEPARTED_FACTOR * median, "%s: %s's mean |d logp| %.2e is "
+                         "beyond %.0f x the other presets' median %.2e"
+                         % (what, claimed, mine, DEPARTED_FACTOR, median))
+            asserted = "asserted: within %.0f x the others' median (attention not exact)" \
+                % DEPARTED_FACTOR
+        log("  whole model, %s: %s %.2e, floor %.2e, the others %.2e..%.2e, %s; %s; %s"
+            % (what, claimed, mine, r["floor"], others[0], others[-1],
+               "the nearest" if not nearer else "NOT the nearest",
+               "departs at %d points (first %s)" % (len(departed), departed[0]) if departed
+               else "departs nowhere", asserted))
 
 
 def write_example(directory, checks):
@@ -290,6 +375,8 @@ def main():
     parser.add_argument("--write-example", metavar="DIR",
                         help="also write the small Qwen3 bf16 model and its eager dump into DIR")
     parser.add_argument("--keep", metavar="DIR", help="keep the models and dumps in DIR")
+    parser.add_argument("--tokens", type=int, default=TOKENS,
+                        help="the sequence's length (default %d)" % TOKENS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     t0 = time.monotonic()
@@ -307,7 +394,7 @@ def main():
             for model_type in models.ARCHITECTURES:
                 model_dir = models.build(model_type, dtype, os.path.join(
                     work, "%s-%s" % (model_type, dtype)))
-                token_ids = models.tokens(TOKENS, models.COMMON["vocab_size"])
+                token_ids = models.tokens(args.tokens, models.COMMON["vocab_size"])
                 for implementation in IMPLEMENTATIONS:
                     results.append(run_one(work, model_type, dtype, implementation, model_dir,
                                            token_ids))

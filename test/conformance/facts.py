@@ -86,6 +86,24 @@ def _facts():
                            "torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)",
                            "torch.topk(router_probs, self.top_k, dim=-1)",
                            "router_top_value = router_top_value.to(router_logits.dtype)"]))
+        if model_type.endswith("_moe"):
+            experts = getattr(module, prefix + "Experts").forward
+            facts.append(("moe_combine", both, "%sExperts (experts_implementation 'eager'): "
+                          "round(round(y) x w) added into the model-dtype output expert by "
+                          "expert, in ascending expert index" % prefix, experts,
+                          ["for expert_idx in expert_hit:",
+                           "current_hidden_states = current_hidden_states * "
+                           "top_k_weights[token_idx, top_k_pos, None]",
+                           "final_hidden_states.index_add_(0, token_idx, "
+                           "current_hidden_states.to(final_hidden_states.dtype))"]))
+        if model_type == "qwen2_moe":
+            block = module.Qwen2MoeSparseMoeBlock.forward
+            facts.append(("moe_combine", both, "Qwen2MoeSparseMoeBlock: sigmoid(gate logit) x "
+                          "shared expert output, then added to the experts' sum, each in the "
+                          "model dtype", block,
+                          ["shared_expert_output = F.sigmoid(self.shared_expert_gate("
+                           "hidden_states_reshaped)) * shared_expert_output",
+                           "expert_output = expert_output + shared_expert_output"]))
         causal_lm = getattr(module, prefix + "ForCausalLM").forward
         facts.append(("logits", both, "%sForCausalLM: logits = lm_head(h) in the model dtype "
                       "(bf16 logits)" % prefix, causal_lm,

@@ -75,10 +75,16 @@ def build(model_type, dtype, directory, shape=None):
 
 
 def load(model_type, directory, dtype, attn_implementation):
-    """The saved model, loaded by transformers with that attn_implementation."""
+    """The saved model, loaded by transformers with that attn_implementation; a mixture of
+    experts with experts_implementation "eager" (the loop over the experts that hf-eager's and
+    hf-sdpa's moe_combine follow: each expert's weighted output added into the model-dtype
+    output in ascending expert index). transformers 5 defaults to "grouped_mm", whose
+    weighted outputs are summed in fp32 and rounded once: the same bits for k <= 2 experts per
+    token, not for more (facts.py prints it)."""
     model_class = ARCHITECTURES[model_type][1]
+    extra = {"experts_implementation": "eager"} if model_type.endswith("_moe") else {}
     return model_class.from_pretrained(directory, dtype=DTYPES[dtype],
-                                       attn_implementation=attn_implementation).eval()
+                                       attn_implementation=attn_implementation, **extra).eval()
 
 
 def tokens(count, vocab_size, seed=SEED):
