@@ -375,6 +375,26 @@ def write_example(directory, checks):
     checks.check(departure is None, "the example's hf-eager bisect departs at %s" % departure)
 
 
+def check_dump_errors(model, checks):
+    """parity.hf.dump's refusals: each bad input raises ValueError naming what is wrong."""
+    cases = [("a batch of two sequences", model, torch.zeros(2, 4, dtype=torch.long), "batch"),
+             ("one token", model, [1], "at least 2"),
+             ("a token past the vocabulary", model, [1, 10 ** 6], "outside the vocabulary"),
+             ("float ids", model, torch.ones(4), "integers"),
+             ("a module that is no causal LM", torch.nn.Linear(2, 2), [1, 2], "not supported"),
+             ("an fp32 model", models.permuted_twin(model).float(), [1, 2], "dtype")]
+    for what, target, ids, expect in cases:
+        try:
+            dump(target, ids, os.devnull)
+            message = None
+        except ValueError as e:
+            message = str(e)
+        checks.check(message is not None and expect in message, "parity.hf.dump on %s: %s"
+                     % (what, "no ValueError" if message is None else "the message %r does "
+                        "not say %r" % (message, expect)))
+    log("  parity.hf.dump refused %d kinds of bad input, each naming it" % len(cases))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("build", nargs="?", help="the meson build directory")
@@ -401,6 +421,9 @@ def main():
                 model_dir = models.build(model_type, dtype, os.path.join(
                     work, "%s-%s" % (model_type, dtype)))
                 token_ids = models.tokens(args.tokens, models.COMMON["vocab_size"])
+                if not results:
+                    check_dump_errors(models.load(model_type, model_dir, dtype, "eager"),
+                                      checks)
                 for implementation in IMPLEMENTATIONS:
                     results.append(run_one(work, model_type, dtype, implementation, model_dir,
                                            token_ids))
