@@ -43,7 +43,7 @@ import facts  # noqa: E402
 import models  # noqa: E402
 import parity  # noqa: E402
 import parity.bisect  # noqa: E402
-from parity.hf.dump import dump  # noqa: E402
+import parity.hf  # noqa: E402
 
 TOKENS = 128
 IMPLEMENTATIONS = ("eager", "sdpa")
@@ -121,7 +121,7 @@ class Checks:
 
 
 def logprobs_of(model, token_ids):
-    """transformers' log-probs of token_ids[1:] (a [T] tensor), as dump() computes them."""
+    """transformers' log-probs of token_ids[1:] (a [T] tensor), as parity.hf.dump computes them."""
     with torch.no_grad():
         logits = model(input_ids=token_ids[None], use_cache=False).logits[0]
     return torch.log_softmax(logits.float(), -1)[torch.arange(len(token_ids) - 1), token_ids[1:]]
@@ -169,7 +169,7 @@ def run_one(work, model_type, dtype, implementation, model_dir, token_ids):
     """Dump, bisect, score for one model and attn_implementation: a result dict."""
     model = models.load(model_type, model_dir, dtype, implementation)
     path = os.path.join(work, "%s-%s-%s.safetensors" % (model_type, dtype, implementation))
-    written = dump(model, token_ids, path)
+    written = parity.hf.dump(model, token_ids, path)
     reference = written["logprobs"]
     t0 = time.monotonic()
     report = parity.bisect.bisect(model_dir, path, presets=None)
@@ -365,7 +365,7 @@ def write_example(directory, checks):
     models.build("qwen3", "bf16", model_dir, shape=models.EXAMPLE)
     model = models.load("qwen3", model_dir, "bf16", "eager")
     path = os.path.join(directory, "qwen3-tiny.eager.safetensors")
-    dump(model, models.tokens(16, models.EXAMPLE["vocab_size"]), path)
+    parity.hf.dump(model, models.tokens(16, models.EXAMPLE["vocab_size"]), path)
     for root, _, files in os.walk(directory):
         for f in sorted(files):
             full = os.path.join(root, f)
@@ -385,7 +385,7 @@ def check_dump_errors(model, checks):
              ("an fp32 model", models.permuted_twin(model).float(), [1, 2], "dtype")]
     for what, target, ids, expect in cases:
         try:
-            dump(target, ids, os.devnull)
+            parity.hf.dump(target, ids, os.devnull)
             message = None
         except ValueError as e:
             message = str(e)

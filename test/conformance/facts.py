@@ -86,7 +86,6 @@ def _facts():
                            "torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)",
                            "torch.topk(router_probs, self.top_k, dim=-1)",
                            "router_top_value = router_top_value.to(router_logits.dtype)"]))
-        if model_type.endswith("_moe"):
             experts = getattr(module, prefix + "Experts").forward
             facts.append(("moe_combine", both, "%sExperts (experts_implementation 'eager'): "
                           "round(round(y) x w) added into the model-dtype output expert by "
