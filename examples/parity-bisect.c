@@ -49,9 +49,7 @@ static void usage(void) {
 static int bad(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    print_error(fmt, ap);
     va_end(ap);
     return 2;
 }
@@ -116,7 +114,7 @@ static void json_number(FILE *out, double x) {
     else fputs("null", out);
 }
 
-/* ---- the dump ---------------------------------------------------------------------------------- */
+/* ---- the dump ------------------------------------------------------------------------------ */
 
 typedef struct dump {
     const char *path;
@@ -134,7 +132,8 @@ static const char *meta_get(const dump *d, const char *key) {
 }
 
 static int sparse_layer(const parity_config *c, uint32_t i) {
-    return c->num_experts > 0 && (i + 1) % (c->decoder_sparse_step ? c->decoder_sparse_step : 1) == 0 &&
+    const uint32_t step = c->decoder_sparse_step ? c->decoder_sparse_step : 1;
+    return c->num_experts > 0 && (i + 1) % step == 0 &&
            !((c->mlp_only_layers[i / 64] >> (i % 64)) & 1);
 }
 
@@ -247,7 +246,8 @@ static int dump_open(dump *d, const char *path, const parity_config *c) {
     d->meta = json_get(json_doc_root(d->header), "__metadata__");
     char q[512];
     const char *version = meta_get(d, "parity_dump");
-    if (!version) return bad("%s: __metadata__ has no parity_dump (not an intermediates dump)", path);
+    if (!version)
+        return bad("%s: __metadata__ has no parity_dump (not an intermediates dump)", path);
     if (strcmp(version, "1"))
         return bad("%s: __metadata__ parity_dump is %s: this bisect reads format 1", path,
                    quoted(q, sizeof q, version));
@@ -289,7 +289,8 @@ static int dump_open(dump *d, const char *path, const parity_config *c) {
         } else if (t->dtype != w[i].dtype) {
             rc = bad("%s: tensor %s has dtype %s, the model needs %s", path, w[i].name,
                      st_dtype_name(t->dtype), st_dtype_name(w[i].dtype));
-        } else if (t->ndim != ndim || t->shape[0] != shape[0] || (ndim == 2 && t->shape[1] != shape[1])) {
+        } else if (t->ndim != ndim || t->shape[0] != shape[0] ||
+                   (ndim == 2 && t->shape[1] != shape[1])) {
             rc = bad("%s: tensor %s has shape %s, the model needs %s", path, w[i].name,
                      shape_text(s1, sizeof s1, t->shape, t->ndim),
                      shape_text(s2, sizeof s2, shape, ndim));
@@ -343,10 +344,15 @@ static void print_dump_summary(FILE *out, const dump *d) {
     free(order);
 }
 
-/* ---- 16-bit values ------------------------------------------------------------------------------ */
+/* ---- 16-bit values ------------------------------------------------------------------------- */
 
-static float widen1(uint16_t h, int f16) { return f16 ? parity_fp16_to_f32(h) : parity_bf16_to_f32(h); }
-static uint16_t round1(float x, int f16) { return f16 ? parity_fp16_from_f32(x) : parity_bf16_from_f32(x); }
+static float widen1(uint16_t h, int f16) {
+    return f16 ? parity_fp16_to_f32(h) : parity_bf16_to_f32(h);
+}
+
+static uint16_t round1(float x, int f16) {
+    return f16 ? parity_fp16_from_f32(x) : parity_bf16_from_f32(x);
+}
 
 /* A copy of a 16-bit tensor of the dump (aligned, whatever the file's offsets). */
 static uint16_t *dump_u16(const dump *d, const char *name, size_t *n) {

@@ -182,7 +182,7 @@ class Dump:
         return out
 
 
-# ---- 16-bit values ---------------------------------------------------------------------------------
+# ---- 16-bit values ------------------------------------------------------------------------------
 
 def _widen(raw, half):
     """array('f') of the 16-bit values (bytes, little-endian) of the dtype `half`, exact."""
