@@ -219,6 +219,30 @@ class Bisect(unittest.TestCase):
         same = B.attribute(m, self.dumps["hf"], "vllm", "vllm")["between"]
         self.assertEqual((same["switches"], same["total"]), ([], {"k3": 0.0, "bias": 0.0}))
 
+    def test_transformers_dump(self):
+        # the committed dumps transformers 5.25 wrote (test/data/conformance/tools/
+        # make_bisect_example.py): under eager attention hf-eager is bitwise at every rounding
+        # point; the presets one switch away depart where the switch first meets a value
+        conf = os.path.join(harness.REPO, "test", "data", "conformance")
+        model = os.path.join(conf, "qwen3-tiny")
+        eager = os.path.join(conf, "qwen3-tiny.eager.safetensors")
+        r = B.bisect(model, eager)
+        self.assertTrue(r["dump"]["engine"].startswith("transformers "))
+        first = {p["preset"]: p["first_departure"] for p in r["presets"]}
+        self.assertIsNone(first["hf-eager"])
+        self.assertEqual(first["hf-sdpa"]["name"], "layers.0.attn")
+        self.assertEqual(first["vllm"]["name"], "layers.0.q_rope")
+        self.assertEqual(first["aligned"]["name"], "layers.0.attn_norm")
+        rc, out, err = run_c("--model", model, "--dump", eager, "--json")
+        self.assertEqual((rc, err, out), (0, "", B.to_json(r)))
+        sdpa = B.bisect(model, os.path.join(conf, "qwen3-tiny.sdpa.safetensors"),
+                        ["hf-eager", "hf-sdpa"])
+        hf, flash = sdpa["presets"]
+        self.assertEqual(hf["first_departure"]["name"], "layers.0.attn")
+        self.assertEqual(flash["first_departure"]["kind"], "attention")
+        self.assertLess(flash["kinds"]["attention"]["differing"],
+                        hf["kinds"]["attention"]["differing"])
+
     # ---- bad input -----------------------------------------------------------------------
 
     def _variant(self, name, change_tensors=None, change_meta=None, key="hf"):
