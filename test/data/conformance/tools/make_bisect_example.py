@@ -12,7 +12,8 @@ DIR defaults to test/data/conformance (the folder above this script); it writes
   qwen3-tiny/                        the checkpoint as save_pretrained wrote it,
   qwen3-tiny.eager.safetensors       the dump under attn_implementation="eager",
   qwen3-tiny.sdpa.safetensors        the dump under attn_implementation="sdpa".
-Seeded, one CPU thread: two runs give the same bytes.
+Seeded, one CPU thread: two runs give the same model bytes and the same tensors and metadata
+in the dumps (the safetensors writer orders the metadata keys as its hash map does).
 """
 import argparse
 import os
