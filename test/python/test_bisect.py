@@ -191,6 +191,29 @@ class Bisect(unittest.TestCase):
                                  "hf-eager", "vllm")
             self.assertEqual(table, B.table(B.attribute(m, self.dumps[key], "hf-eager", "vllm")))
 
+    def test_standard_library_path(self):
+        # without numpy (the module's own conversions and counts) the same report, NaN and
+        # infinite values in the dump included
+        m = self.models["hf"][0]
+        nan_dump = self._variant("nan", lambda ts: [
+            [n, dt, shape, (b"\xc1\x7f\x80\x7f\x80\xff" + raw[6:]) if n == "layers.0.attn"
+             else raw] for n, dt, shape, raw in ts])
+        for dump, f16 in ((self.dumps["hf"], False), (nan_dump, False),
+                          (self.dumps["f16"], True)):
+            model = self.models["f16"][0] if f16 else m
+            want = B.to_json(B.bisect(model, dump))
+            saved = B._NUMPY[0]
+            B._NUMPY[0] = None
+            try:
+                got = B.to_json(B.bisect(model, dump))
+            finally:
+                B._NUMPY[0] = saved
+            self.assertEqual(got, want, dump)
+        r = B.bisect(m, nan_dump, ["hf-eager"])
+        self.assertEqual(r["presets"][0]["first_departure"]["name"], "layers.0.attn")
+        rc, out, _ = run_c("--model", "synthetic:tiny", "--dump", nan_dump, "--json")
+        self.assertEqual(out, B.to_json(B.bisect(m, nan_dump)))
+
     def test_between(self):
         m, _, _, toks = self.models["hf"]
         r = B.attribute(m, self.dumps["hf"], "hf-eager", "vllm")["between"]
