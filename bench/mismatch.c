@@ -11,6 +11,7 @@
 
 #include "bench_clock.h"
 #include "mismatch.h"
+#include "options.h"
 
 static double start_time;
 static int quiet;
@@ -36,9 +37,7 @@ void progress(const char *fmt, ...) {
 void die(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    print_error(fmt, ap);
     va_end(ap);
     exit(1);
 }

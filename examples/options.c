@@ -2,6 +2,7 @@
 #include "options.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,4 +41,10 @@ int split_list(char *s, const char **out, int max) {
          tok = strtok_r(NULL, ",", &save))
         out[n++] = tok;
     return n;
+}
+
+void print_error(const char *fmt, va_list ap) {
+    fputs("error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
 }

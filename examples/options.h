@@ -4,6 +4,7 @@
 #ifndef PARITY_OPTIONS_H
 #define PARITY_OPTIONS_H
 
+#include <stdarg.h>
 #include <stdint.h>
 
 /* 1 if `arg` asks for help: -h or --help. */
@@ -23,5 +24,9 @@ int parse_float(const char *s, float *out);
 /* Splits the comma-separated list `s` in place into at most `max` non-empty items; returns
  * how many. */
 int split_list(char *s, const char **out, int max);
+
+/* "error: " and the message of fmt and ap on stderr, with a newline: how every tool reports
+ * a failure before returning or exiting with its status. */
+void print_error(const char *fmt, va_list ap);
 
 #endif

@@ -7,7 +7,8 @@
  * must succeed with bitwise the same results. Calls: loading the trained model, loading a
  * sharded F32 checkpoint, a synthetic model, scorer and sampler creation, a parity_score
  * call, a sampler add + fork + step, and the forward pieces (a pool, parity_linear,
- * parity_attention, parity_head_logprobs, with and without a pool, on both backends).
+ * parity_attention, parity_head_logprobs, parity_logprobs_from_logits, with and without a
+ * pool, on both backends).
  *
  * The ceilings: a max_memory below what a scorer or sampler needs fails up front with
  * PARITY_ERR_MEMORY_LIMIT before any allocation; exactly what it needs, or more, succeeds. */
@@ -218,7 +219,7 @@ static void use_ok(void *ctx) {
     c->have_ref = 1;
 }
 
-/* ---- the forward pieces (parity_linear, parity_attention, parity_head_logprobs) ------------ */
+/* ---- the forward pieces (parity_linear, parity_attention, the head and its second half) ---- */
 
 #define OPS_ROWS 20
 #define OPS_OUT (OPS_ROWS * 256)
@@ -226,7 +227,7 @@ typedef struct ops_case {
     const parity_model *m;
     parity_pool *pool;      /* NULL: the call makes its own one-thread pool */
     uint32_t backend;
-    int which;              /* 0 linear, 1 attention, 2 head */
+    int which;              /* 0 linear, 1 attention, 2 head, 3 log-probs from logits */
     float x[OPS_ROWS * 256], out[OPS_OUT], ref[OPS_OUT];
     int have_ref;
 } ops_case;
@@ -263,6 +264,9 @@ static int ops_call(void *ctx) {
     parity_score_default_options(&o);
     o.mode = PARITY_LOGPROB_PROCESSED_TRUNCATED;
     o.top_k = 5;
+    if (c->which == 3) /* rows of 250 logits 256 apart: the call packs them in its scratch */
+        return parity_logprobs_from_logits(c->pool, &pol, &o, OPS_ROWS, 250, c->x, 256, tokens,
+                                           c->out, c->out + OPS_ROWS);
     const size_t dim = cf->hidden_size;
     return parity_head_logprobs(c->pool, &pol, c->backend, &o, OPS_ROWS, dim, cf->vocab_size, c->x,
                                 dim, c->x + 1, dim, PARITY_DTYPE_BF16, c->m->final_norm.bf16,
@@ -301,17 +305,18 @@ static void pool_ok(void *ctx) {
 }
 
 static void test_ops(const parity_model *tiny) {
-    static const char *const names[3][2] = {
+    static const char *const names[4][2] = {
         {"parity_linear (bf16)", "parity_linear (openblas)"},
         {"parity_attention", "parity_attention"},
-        {"parity_head_logprobs (bf16)", "parity_head_logprobs (openblas)"}};
+        {"parity_head_logprobs (bf16)", "parity_head_logprobs (openblas)"},
+        {"parity_logprobs_from_logits", "parity_logprobs_from_logits"}};
     parity_pool *pool = NULL;
     sweep(&(sweep_case){"parity_pool_create", NULL, pool_call, pool_failed, pool_ok, &pool});
     static ops_case c;
     /* the openblas backend's sweeps where this build has it (not with -Dopenblas=disabled) */
     const uint32_t backends = parity_backend_check(PARITY_BACKEND_OPENBLAS) == PARITY_OK ? 2u : 1u;
-    for (int which = 0; which < 3; which++)
-        for (uint32_t backend = 0; backend < (which == 1 ? 1u : backends); backend++)
+    for (int which = 0; which < 4; which++) /* attention and log-probs have no backend */
+        for (uint32_t backend = 0; backend < (which % 2 ? 1u : backends); backend++)
             for (int with_pool = 0; with_pool < 2; with_pool++) {
                 memset(&c, 0, sizeof c);
                 c.m = tiny, c.backend = backend, c.which = which;

@@ -27,7 +27,7 @@ for f in include/parity.h include/parity_quant.h include/parity_ops.h; do
 done
 [ -n "$(find "$stage" -name 'libparity.a')" ] || { echo "missing libparity.a"; exit 1; }
 [ -n "$(find "$stage" -name 'libparity.so.0*')" ] || { echo "missing libparity.so.0 (soname)"; exit 1; }
-for tool in parity-score parity-generate; do
+for tool in parity-score parity-generate parity-bisect; do
     [ -n "$(find "$stage" -name "$tool" -type f)" ] || { echo "missing $tool"; exit 1; }
 done
 # shellcheck disable=SC2086

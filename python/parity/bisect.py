@@ -182,25 +182,66 @@ class Dump:
         return out
 
 
-# ---- 16-bit values ---------------------------------------------------------------------------------
+# ---- 16-bit values ------------------------------------------------------------------------------
+
+def _numpy():
+    """numpy if it is installed (the conversions and counts run faster on it), else None."""
+    if _NUMPY[0] is False:
+        try:
+            import numpy
+        except ImportError:
+            numpy = None
+        _NUMPY[0] = numpy
+    return _NUMPY[0]
+
+
+_NUMPY = [False]   # not looked for yet; tests set it to None to run the standard-library path
+
 
 def _widen(raw, half):
     """array('f') of the 16-bit values (bytes, little-endian) of the dtype `half`, exact."""
     n = len(raw) // 2
+    out = array("f")
     if half == "f16":
+        np = _numpy()
+        if np is not None:
+            out.frombytes(np.frombuffer(raw, dtype="<f2").astype(np.float32).tobytes())
+            return out
         return array("f", struct.unpack("<%de" % n, raw))
     wide = bytearray(4 * n)
     wide[2::4] = raw[0::2]
     wide[3::4] = raw[1::2]
-    out = array("f")
     out.frombytes(bytes(wide))
     return out
 
 
-def _round(values, half):
-    """array('H') of fp32 values rounded to the dtype `half` (nearest even, as the library)."""
+def _round(values, half, finite=False):
+    """array('H') of fp32 values rounded to the dtype `half` (nearest even, as the library:
+    every NaN to 0x7fc0 in bf16, 0x7e00 in fp16; overflow to infinity). finite: the values
+    are known finite (a model's weights), so bf16 values already are taken as they are."""
+    out = array("H")
+    np = _numpy()
+    if np is not None:
+        x = np.frombuffer(values, dtype=np.float32)
+        nan = np.isnan(x)
+        if half == "f16":
+            with np.errstate(over="ignore"):
+                h = x.astype(np.float16).view(np.uint16)
+            h = np.where(nan, np.uint16(0x7E00), h)
+        else:
+            u = x.view(np.uint32).astype(np.uint64)
+            h = np.where(nan, 0x7FC0, (u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        out.frombytes(h.astype("<u2").tobytes())
+        return out
     if half == "f16":
         return array("H", map(lib.parity_fp16_from_f32, values))
+    raw = values.tobytes()
+    if finite and raw[0::4].count(0) + raw[1::4].count(0) == len(raw) // 2:  # bf16 already
+        narrow = bytearray(len(raw) // 2)
+        narrow[0::2] = raw[2::4]
+        narrow[1::2] = raw[3::4]
+        out.frombytes(bytes(narrow))
+        return out
     return to_bf16(values)
 
 
@@ -208,6 +249,10 @@ def _differing(got, want):
     """How many elements of two equal-length arrays differ (bitwise for the arrays given)."""
     if got == want:
         return 0
+    np = _numpy()
+    if np is not None and got.itemsize == want.itemsize:
+        return int(np.count_nonzero(np.frombuffer(got, dtype="u%d" % got.itemsize)
+                                    != np.frombuffer(want, dtype="u%d" % want.itemsize)))
     return sum(1 for a, b in zip(got, want) if a != b)
 
 
@@ -261,7 +306,7 @@ class _Weights:
         key = (name, half)
         a = self.rounded.get(key)
         if a is None:
-            a = self.rounded[key] = _round(self.f32(name, n), half)
+            a = self.rounded[key] = _round(self.f32(name, n), half, finite=True)
         return a
 
 
@@ -286,9 +331,9 @@ class _Run:
         self.points = []
 
     def add(self, name, kind, got, want):
+        differing = _differing(got, want)
         self.points.append({"name": name, "kind": kind, "elements": len(want),
-                            "differing": _differing(got, want),
-                            "fraction": _differing(got, want) / len(want)})
+                            "differing": differing, "fraction": differing / len(want)})
 
     def u16(self, name):
         return _u16(self.dump.raw(name))
