@@ -1,7 +1,7 @@
 """The conformance tier's driver: libparity checked against transformers itself.
 
     BUILD/venv-conformance/bin/python test/conformance/conformance.py BUILD [--tokens N]
-        [--keep DIR] [--write-example DIR]
+        [--keep DIR]
 
 (scripts/conformance.sh makes the virtual environment and runs this; PYTHONPATH=python.) For
 Qwen2, Qwen3, Llama, Qwen3-MoE and Qwen2-MoE (models.py), in bf16 and fp16, with
@@ -46,6 +46,8 @@ import parity.bisect  # noqa: E402
 import parity.hf  # noqa: E402
 
 TOKENS = 128
+#: The bisect's committed example (a Qwen3 bf16 model and its dumps).
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "test", "data", "conformance")
 IMPLEMENTATIONS = ("eager", "sdpa")
 #: The preset each attn_implementation claims.
 CLAIMS = {"eager": "hf-eager", "sdpa": "hf-sdpa"}
@@ -357,22 +359,31 @@ def check_whole_model(results, checks):
                else "departs nowhere", asserted))
 
 
-def write_example(directory, checks):
-    """The committed example: a Qwen3 bf16 model of the small shape and its eager dump of 16
-    tokens (directory/qwen3-tiny/ and directory/qwen3-tiny.eager.safetensors)."""
-    model_dir = os.path.join(directory, "qwen3-tiny")
-    shutil.rmtree(model_dir, ignore_errors=True)
-    models.build("qwen3", "bf16", model_dir, shape=models.EXAMPLE)
-    model = models.load("qwen3", model_dir, "bf16", "eager")
-    path = os.path.join(directory, "qwen3-tiny.eager.safetensors")
-    parity.hf.dump(model, models.tokens(16, models.EXAMPLE["vocab_size"]), path)
-    for root, _, files in os.walk(directory):
-        for f in sorted(files):
-            full = os.path.join(root, f)
-            log("  wrote %s (%d bytes)" % (os.path.relpath(full, directory), os.path.getsize(full)))
-    report = parity.bisect.bisect(model_dir, path, presets=["hf-eager"])
-    departure = report["presets"][0]["first_departure"]
-    checks.check(departure is None, "the example's hf-eager bisect departs at %s" % departure)
+def check_example(work, checks):
+    """The bisect's committed example (test/data/conformance: a Qwen3 bf16 and its eager and sdpa
+    dumps, made by tools/make_bisect_example.py) against parity.hf.dump run here on the same
+    model and tokens: the same tensors, bit for bit, and the same metadata, so the example is
+    what this transformers gives."""
+    from parity import _safetensors
+    model_dir = os.path.join(EXAMPLE, "qwen3-tiny")
+    for implementation in IMPLEMENTATIONS:
+        committed = os.path.join(EXAMPLE, "qwen3-tiny.%s.safetensors" % implementation)
+        with open(committed, "rb") as f:
+            data = f.read()
+        want = {n: (d, s, bytes(v)) for n, (d, s, v) in _safetensors.parse(data, committed).items()}
+        token_ids = torch.frombuffer(bytearray(want["tokens"][2]), dtype=torch.int32).long()
+        path = os.path.join(work, "example.%s.safetensors" % implementation)
+        parity.hf.dump(models.load("qwen3", model_dir, "bf16", implementation), token_ids, path)
+        with open(path, "rb") as f:
+            mine = f.read()
+        got = {n: (d, s, bytes(v)) for n, (d, s, v) in _safetensors.parse(mine, path).items()}
+        differ = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
+        checks.check(not differ, "%s: parity.hf.dump here gives other %s" % (committed,
+                                                                            ", ".join(differ[:4])))
+        checks.check(_safetensors.metadata(data, committed) == _safetensors.metadata(mine, path),
+                     "%s: other metadata than parity.hf.dump's here" % committed)
+    log("  the committed example (%s) is what parity.hf.dump writes here, tensor for tensor"
+        % os.path.relpath(EXAMPLE, os.path.dirname(os.path.dirname(HERE))))
 
 
 def check_dump_errors(model, checks):
@@ -398,8 +409,6 @@ def check_dump_errors(model, checks):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("build", nargs="?", help="the meson build directory")
-    parser.add_argument("--write-example", metavar="DIR",
-                        help="also write the small Qwen3 bf16 model and its eager dump into DIR")
     parser.add_argument("--keep", metavar="DIR", help="keep the models and dumps in DIR")
     parser.add_argument("--tokens", type=int, default=TOKENS,
                         help="the sequence's length (default %d)" % TOKENS)
@@ -449,8 +458,7 @@ def main():
                        "results": results, "failed": checks.failed}, f, indent=1)
         log("wrote %s and %s" % (os.path.join(BUILD, "conformance.md"),
                                  os.path.join(BUILD, "conformance.json")))
-        if args.write_example:
-            write_example(args.write_example, checks)
+        check_example(work, checks)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -22,8 +22,6 @@ SEED = 20261207
 COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
               rms_norm_eps=1e-6, tie_word_embeddings=False)
-#: The committed example's smaller shape (tens of KB): conformance.py --write-example.
-EXAMPLE = dict(COMMON, vocab_size=128, hidden_size=32, intermediate_size=64, head_dim=8)
 _MOE = dict(num_experts=8, moe_intermediate_size=32, decoder_sparse_step=1)
 #: model_type: (config class, model class, the fields beyond the shape).
 ARCHITECTURES = {
@@ -58,15 +56,12 @@ def _init(model, generator):
                 p.copy_(noise / math.sqrt(p.shape[-1]))
 
 
-def build(model_type, dtype, directory, shape=None):
-    """Builds the model_type's model (seeded; shape: COMMON unless given), casts it to dtype
-    ("bf16" or "f16") and saves it with save_pretrained into directory. Returns directory."""
+def build(model_type, dtype, directory):
+    """Builds the model_type's model of the COMMON shape (seeded), casts it to dtype ("bf16" or
+    "f16") and saves it with save_pretrained into directory. Returns directory."""
     config_class, model_class, fields = ARCHITECTURES[model_type]
-    shape = dict(shape or COMMON)
-    if "head_dim" in shape and "head_dim" not in fields and model_type in ("qwen2", "llama"):
-        shape["head_dim"] = shape["hidden_size"] // shape["num_attention_heads"]
     transformers.set_seed(SEED)
-    config = config_class(**dict(shape, **fields))
+    config = config_class(**dict(COMMON, **fields))
     model = model_class(config).eval()
     generator = torch.Generator().manual_seed(SEED + sorted(ARCHITECTURES).index(model_type))
     _init(model, generator)
