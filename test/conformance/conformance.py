@@ -101,7 +101,8 @@ def preset_name(preset, dtype):
 
 def presets(dtype):
     """The presets run on a model of that dtype: every preset, +fp16 for fp16 (not fp32)."""
-    return [preset_name(p, dtype) for p in parity.policies() if not (dtype == "f16" and p == "fp32")]
+    return [preset_name(p, dtype) for p in parity.policies()
+            if not (dtype == "f16" and p == "fp32")]
 
 
 def log(text=""):
