@@ -70,9 +70,11 @@ _SUM_OF_SQUARES = ("torch's pow(2).mean(-1) sums the fp32 squares in its vectori
 _SOFTMAX_EXP = ("torch's fp32 softmax takes exp with its vectorized exp and sums in its order; "
                 "a last-bit difference in P moves its rounding to the model dtype now and then "
                 "(more often in fp16's 11 bits)")
-_FLASH_EXP = ("torch's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, "
-              "_exp_reduce_sum_fusion_kernel) takes exp with the approximation exp_u20 before "
-              "rounding P; libparity's flash takes its own exp (max 1 ulp)")
+_FLASH_EXP = ("torch's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: "
+              "exp_u20, 16-lane sums, O x (1/l)) departs from the single-block flash hf-sdpa "
+              "follows, which a plain torch emulation (P rounded before P.V, l over the "
+              "unrounded P, O / l) reproduces bit for bit; the kernel step that moves the "
+              "bits was not isolated")
 _LOG_SOFTMAX = ("the log-probs are fp32: torch's log_softmax (its exp, log and sum order) and "
                 "libparity's head differ in the last bits of a few")
 _TOPK_TIES = ("torch.topk breaks ties between equal 16-bit router logits its own way, libparity "
