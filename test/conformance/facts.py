@@ -164,3 +164,69 @@ def check(log):
         if missing:
             failed.append((kind, what))
     return failed
+
+
+# The fast exponential torch's CPU flash-attention kernel takes (fexp_u20 in ATen's vectorized
+# float, after Malossi et al., "Fast Exponential Computation on SIMD Architectures"): 2^(x log2 e)
+# with the fraction's 2^f corrected by a cubic and the sum placed in the exponent field by a
+# truncating conversion. Its constants, as ATen defines them:
+_FEXP_CUBIC = (0.00010703434948458272, 0.30354260500649682, -0.22433836478672356,
+               -0.079204240219773236)
+_LOG2E = 0x3FB8AA3B          # log2(e) as fp32 bits
+_LN_FLT_MIN = 0xC2AEAC50     # ln(FLT_MIN): below it the result is 0
+
+
+def _fp32_bits(bits):
+    return torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32)[0]
+
+
+def _fma(a, b, c):
+    """fp32 fused multiply-add (the product exact in float64, one rounding)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def fast_exp(x):
+    """torch's CPU flash kernel's exp (fexp_u20) on an fp32 tensor, operation for operation."""
+    c0, c1, c2, c3 = (torch.tensor(c, dtype=torch.float32) for c in _FEXP_CUBIC)
+    finite = torch.where(torch.isinf(x), torch.full_like(x, -100.0), x)
+    scaled = finite * _fp32_bits(_LOG2E)
+    fraction = scaled - torch.floor(scaled)
+    poly = _fma(fraction, _fma(fraction, _fma(fraction, c3, c2), c1), c0)
+    field = _fma(torch.tensor(2.0 ** 23), scaled - poly, torch.tensor(2.0 ** 23 * 127))
+    bits = torch.trunc(field.double()).to(torch.int64).to(torch.int32)
+    return torch.where(finite < _fp32_bits(_LN_FLT_MIN), torch.zeros_like(x),
+                       bits.view(torch.float32))
+
+
+def _flash(q, k, v, exp, dtype):
+    """The flash point hf-sdpa takes, in torch: fp32 scores x scale, causal, P = exp(s - max)
+    rounded to dtype for P.V (fp32 sums), l over the unrounded P, out = O / l rounded."""
+    length, head_dim = q.shape[-2], q.shape[-1]
+    causal = torch.triu(torch.ones(length, length, dtype=torch.bool), 1)
+    scores = (q.float() @ k.float().transpose(-1, -2) * head_dim ** -0.5).masked_fill(
+        causal, float("-inf"))
+    p = exp(scores - scores.max(-1, keepdim=True).values)
+    return ((p.to(dtype).float() @ v.float()) / p.sum(-1, keepdim=True)).to(dtype)
+
+
+def check_flash_exp(log, tokens=128):
+    """The sdpa claim's reason, measured: torch's scaled_dot_product_attention on random q, k, v
+    (4 heads of 16, causal) against the flash point with an accurate exp and with fast_exp, in
+    bf16 and fp16. Returns the failures (fast_exp not giving the kernel's bits)."""
+    failed = []
+    generator = torch.Generator().manual_seed(20261207)
+    for dtype, bound in ((torch.bfloat16, 1.0), (torch.float16, 0.999)):
+        q, k, v = (torch.randn(1, 4, tokens, 16, generator=generator).to(dtype)
+                   for _ in range(3))
+        kernel = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        accurate = float((_flash(q, k, v, torch.exp, dtype) == kernel).float().mean())
+        fast = float((_flash(q, k, v, fast_exp, dtype) == kernel).float().mean())
+        ok = fast >= bound
+        log("  %s  attention hf-sdpa          torch's CPU sdpa kernel, %s: the flash point with "
+            "an accurate exp gives %.2f%% of its bits, with fexp_u20 %.2f%%"
+            % ("PASS" if ok else "FAIL", str(dtype).replace("torch.", ""), 100 * accurate,
+               100 * fast))
+        if not ok:
+            failed.append(("attention", "torch's CPU flash kernel no longer takes fexp_u20 "
+                           "(%s: %.2f%%)" % (dtype, 100 * fast)))
+    return failed
