@@ -83,8 +83,8 @@ static void *xcalloc(size_t n, size_t size) {
 
 /* ---- JSON text: as python/parity/bisect.py's _json writes it ------------------------------- */
 
-/* A string as Python's json.dumps writes it (ASCII only: \uXXXX, surrogate pairs beyond the
- * BMP). s is valid UTF-8 (the safetensors reader checked the header). */
+/* A string as Python's json.dumps writes it (' ' to '~' as they are, the rest \uXXXX, surrogate
+ * pairs beyond the BMP). s is valid UTF-8 (the safetensors reader checked the header). */
 static void json_string(FILE *out, const char *s) {
     fputc('"', out);
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
@@ -100,10 +100,10 @@ static void json_string(FILE *out, const char *s) {
         else if (c == '\t') fputs("\\t", out);
         else if (c == '\b') fputs("\\b", out);
         else if (c == '\f') fputs("\\f", out);
-        else if (c < 0x20 || (c >= 0x80 && c < 0x10000)) fprintf(out, "\\u%04x", c);
         else if (c >= 0x10000)
             fprintf(out, "\\u%04x\\u%04x", 0xd800 + ((c - 0x10000) >> 10),
                     0xdc00 + ((c - 0x10000) & 0x3ff));
+        else if (c < 0x20 || c >= 0x7f) fprintf(out, "\\u%04x", c);  /* beyond ' '..'~' */
         else fputc((int)c, out);
     }
     fputc('"', out);
@@ -236,7 +236,10 @@ static int dump_open(dump *d, const char *path, const parity_config *c) {
     memset(d, 0, sizeof *d);
     d->path = path;
     int rc = st_open(path, &d->file);
-    if (rc) return lib_failed(rc);
+    if (rc) { /* a file missing or not safetensors: bad input, as bisect.py's OSError */
+        lib_failed(rc);
+        return 2;
+    }
     const uint8_t *base = d->file->base;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | base[i];
@@ -332,15 +335,20 @@ static void print_dump_summary(FILE *out, const dump *d) {
             size_t t = order[j];
             order[j] = order[j - 1], order[j - 1] = t;
         }
+    /* a "tokens" field of the metadata keeps its place and takes the count, as a dict's
+     * update does */
+    int tokens_done = 0;
     fputs("{", out);
     for (size_t i = 0; i < n; i++) {
-        if (!strcmp(m->keys[order[i]], "tokens")) continue;
-        json_string(out, m->keys[order[i]]);
+        const char *key = m->keys[order[i]];
+        json_string(out, key);
         fputs(": ", out);
-        json_string(out, m->items[order[i]].str);
-        fputs(", ", out);
+        if (!strcmp(key, "tokens")) fprintf(out, "%u", d->T), tokens_done = 1;
+        else json_string(out, m->items[order[i]].str);
+        if (i + 1 < n) fputs(", ", out);
     }
-    fprintf(out, "\"tokens\": %u}", d->T);
+    if (!tokens_done) fprintf(out, "%s\"tokens\": %u", n ? ", " : "", d->T);
+    fputs("}", out);
     free(order);
 }
 

@@ -181,6 +181,17 @@ class Bisect(unittest.TestCase):
         self.assertEqual(out, out2)
         self.assertEqual([p["preset"] for p in json.loads(out)["presets"]],
                          ["vllm", "hf-eager+fp32-head"])
+        # metadata as JSON strings (escapes, characters beyond ASCII and the BMP) and a
+        # "tokens" field of its own, which the count replaces in its place
+        odd = self._variant("odd-metadata", change_meta=lambda meta: meta.update(
+            engine='transformers "5" \\ \u00fc \u65e5\U0001f600\n\t\x01\x7f', tokens="x",
+            a_first="1"))
+        rc, out, err = run_c("--model", spec, "--dump", odd, "--json", "--policy", "hf-eager")
+        self.assertEqual((rc, err), (0, ""))
+        want = B.bisect(self.models["hf"][0], odd, ["hf-eager"])
+        self.assertEqual(list(want["dump"]), ["a_first", "dtype", "engine", "model_type",
+                                              "parity_dump", "tokens"])
+        self.assertEqual(out, B.to_json(want))
         for key in ("hf", "qwen2moe"):
             m, spec, _, _ = self.models[key]
             rc, out, err = run_c("--model", spec, "--dump", self.dumps[key], "--json",
@@ -376,6 +387,10 @@ class Bisect(unittest.TestCase):
             json.dump(cfg, f)
         self._refused(scaled, self.dumps["f16"], "the model's rope scaling (linear) is not "
                       "supported: the bisect recomputes default RoPE only")
+        # no such file: both exit 2
+        missing = os.path.join(self.tmp, "no-such-dump.safetensors")
+        self.assertEqual(run_c("--model", spec, "--dump", missing)[0], 2)
+        self.assertEqual(run_module("--model", spec, "--dump", missing)[0], 2)
         # not a safetensors file at all: refused by both (their own readers' words)
         junk = os.path.join(self.tmp, "junk.safetensors")
         with open(junk, "wb") as f:
