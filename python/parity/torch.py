@@ -17,8 +17,8 @@ operation by operation —
   - every other step a single IEEE fp32 operation (torch's CPU kernels for +, -, * and / are
     correctly rounded; constants are full tensors, never 0-dim scalars, so that no kernel
     takes a scalar fast path), and every rounding point x.to(bfloat16) (round to nearest
-    even). The bf16 outputs map every NaN to 0x7fc0 as the library does (PyTorch 1.13's
-    vectorised CPU conversion writes 0xffff for a NaN).
+    even). The bf16 outputs map every NaN to 0x7fc0 as the library does (the CPU conversion
+    of PyTorch 1.13 and 2.15 writes 0xffff for a NaN).
 
 fmaf(a, b, c) is emulated exactly: a*b of two fp32 values is exact in float64 (48 bits); the sum
 with c is computed in float64 and rounded to odd (TwoSum gives the exact error; an inexact sum
