@@ -375,7 +375,10 @@ class DaskRollouts:
                                                                   "" if threads == 1 else "s")))
         plugin = _make_plugin_class()(PYTHON_DIR, parity.LIBRARY_PATH, args.model, args.policy,
                                       args.backend, threads, max_len, args.n)
-        self.client.register_worker_plugin(plugin, name=PLUGIN)
+        # Client.register_plugin since distributed 2023.9 (PyPI's 2026.8 has only it); Debian's
+        # 2022.12 has only register_worker_plugin
+        register = getattr(self.client, "register_plugin", None)
+        (register or self.client.register_worker_plugin)(plugin, name=PLUGIN)
         self.session = os.urandom(8).hex()  # tells this run's models from another's
         self.run = None
         self.payload = None

@@ -734,8 +734,9 @@ def _open(path):
 def load(places):
     """Tries each (where, path) of `places` in turn; returns (handle, path, name tables) of
     the first that loads and matches this binding. Raises ImportError naming every place tried
-    and why it failed when none does; warns about the places that failed before the one used."""
-    failures, tried = [], set()
+    and why it failed when none does (a place that resolves to one tried before is named as the
+    same place, not opened again); warns about the places that failed before the one used."""
+    failures, tried = [], {}  # tried: the real path of each place tried -> the place's path
     # worth a warning when another place is used: the one the user named, or a library that
     # is there but does not load or match (an absent file at a usual place is not news)
     notable = []
@@ -746,9 +747,11 @@ def load(places):
                                          else "nothing found"))
             continue
         key = os.path.realpath(path) if os.sep in path else path
-        if key in tried:
+        if key in tried:  # e.g. a venv's lib64, a symbolic link to its lib: named, not reopened
+            failures.append("%s: %s: the same place as %s (tried above)"
+                            % (where, path, tried[key]))
             continue
-        tried.add(key)
+        tried[key] = path
         try:
             handle, tables = _open(path)
         except (OSError, ImportError) as e:

@@ -296,7 +296,8 @@ def check(latents, quantizer, policy="hf-eager", deployed=None, evals=None, writ
             m.save(written, layout="%s:%s" % (LAYOUTS[fmt], quantizer.partition(":")[2]))
         finally:
             m.close()
-        wcfg = json.load(open(os.path.join(written, "config.json")))
+        with open(os.path.join(written, "config.json")) as f:
+            wcfg = json.load(f)
         wst = read_safetensors(os.path.join(written, "model.safetensors"))
         for name, (a, a_s, grid) in trained.items():
             rows, cols = served_export[name][:2]

@@ -61,7 +61,10 @@ def run(name):
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
     skipped = len(result.skipped)
-    passed = result.testsRun - failed - skipped
+    # an error in setUpClass (reported on no TestCase) is a failure but not a test run
+    failed_runs = sum(isinstance(test, unittest.TestCase)
+                      for test, _ in result.failures + result.errors)
+    passed = result.testsRun - failed_runs - len(result.unexpectedSuccesses) - skipped
     print("%s: %d passed, %d failed, %d skipped" % (name, passed, failed, skipped))
     sys.exit(0 if failed == 0 and result.testsRun > 0 else 1)
 

@@ -228,6 +228,24 @@ class TestLoading(unittest.TestCase):
         self.assertEqual(path, parity.LIBRARY_PATH)
         self.assertEqual(caught, [])
 
+    def test_load_names_a_place_reached_twice(self):
+        """A place that resolves to one tried before (a venv's lib64, a symbolic link to its
+        lib) is named in the error with the place it repeats, and not opened again."""
+        from parity import _lib
+        lib_dir = tempfile.mkdtemp(prefix="lib-", dir=TMP)
+        lib64 = os.path.join(TMP, "lib64-of-" + os.path.basename(lib_dir))
+        os.symlink(lib_dir, lib64)
+        junk = os.path.join(lib_dir, "libparity.so")
+        with open(junk, "wb") as f:
+            f.write(b"not a library")
+        twice = os.path.join(lib64, "libparity.so")
+        with self.assertRaises(ImportError) as e:
+            _lib.load([("installed", junk), ("installed", twice)])
+        lines = str(e.exception).splitlines()[1:3]
+        self.assertTrue(lines[0].strip().startswith("installed: %s: " % junk), lines)
+        self.assertEqual(lines[1].strip(), "installed: %s: the same place as %s (tried above)"
+                         % (twice, junk))
+
     def test_enum_mirrors(self):
         from parity import _lib
         lib = parity.lib
