@@ -6,14 +6,16 @@ gets exactly the sampler's bits: the arithmetic follows lib/kernels/kernels.h an
 operation by operation —
 
   - sums of squares in the "dot16" order (16 lanes, element i in lane i % 16, acc = fmaf(x, x,
-    acc), lanes folded l += l+8, l+4, l+2, l+1), then mean = sum / dim, r = 1 / sqrtf(ms + eps);
+    acc), lanes folded l += l+8, l+4, l+2, l+1), then mean = sum / dim, r = 1 / sqrtf(ms + eps)
+    with sqrtf the float64 root rounded to fp32 (correctly rounded; torch.sqrt on float32 is not
+    on PyTorch 2.15's CPU);
   - silu(g) = g / (1 + parity_expf(-g)) with the library's own exp (a Cody-Waite reduction and a
     degree-7 polynomial in fmaf steps), not torch.exp;
   - RoPE tables as lib/model/rope.c computes them: inv_freq = 1 / (float)pow(theta, 2i/hd), angle =
     (float)pos * inv_freq in fp32, cos/sin of the angle in double (libm, the same one the library
     calls) rounded to fp32 and, for bf16 tables, to bf16;
-  - every other step a single IEEE fp32 operation (torch's CPU kernels for +, -, *, / and sqrt
-    are correctly rounded; constants are full tensors, never 0-dim scalars, so that no kernel
+  - every other step a single IEEE fp32 operation (torch's CPU kernels for +, -, * and / are
+    correctly rounded; constants are full tensors, never 0-dim scalars, so that no kernel
     takes a scalar fast path), and every rounding point x.to(bfloat16) (round to nearest
     even). The bf16 outputs map every NaN to 0x7fc0 as the library does (PyTorch 1.13's
     vectorised CPU conversion writes 0xffff for a NaN).
