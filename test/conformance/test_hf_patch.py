@@ -307,6 +307,263 @@ class RegionsBitwise(unittest.TestCase):
         self.run_regions("llama", "fp16")
 
 
+class LogprobsAgainstScore(unittest.TestCase):
+    """The patched model's log-probs against parity.Model(dir).score under the same preset."""
+
+    def test_every_model_and_preset(self):
+        tokens = sequences()
+        print("\n  mean |d logp| against parity.Model.score under the same preset, "
+              "%d sequences of %d tokens (patched / transformers unpatched, eager)"
+              % (BATCH, LENGTH))
+        for kind in KINDS:
+            for dtype in DTYPES:
+                model = load(kind, dtype)
+                unpatched = logprobs(model, tokens)
+                with parity.Model(checkpoint(kind, dtype)) as pm:
+                    for preset in MODEL_PRESETS:
+                        policy = policy_for(preset, dtype)
+                        theirs = torch.tensor(pm.score(tokens.tolist(), policy=policy))
+                        parity.hf.patch(model, policy)
+                        mine = logprobs(model, tokens)
+                        parity.hf.unpatch(model)
+                        near = float((mine - theirs).abs().mean())
+                        far = float((unpatched - theirs).abs().mean())
+                        print("  %-6s %-5s %-24s %.2e / %.2e  (%.1fx nearer)"
+                              % (kind, dtype, policy, near, far, far / near))
+                        self.assertLess(near, 1e-2 if dtype == "bf16" else 2e-3,
+                                        "%s %s %s: mean |d logp| %.2e beyond the GEMM floor"
+                                        % (kind, dtype, policy, near))
+                        if preset in FAR_PRESETS:
+                            # fp16's rounding points keep 3 more bits: the regions move the
+                            # log-probs less, and the GEMMs' floor is most of what is left
+                            self.assertGreater(far / near, 3.0 if dtype == "bf16" else 1.25,
+                                               "%s %s %s: the patch (%.2e) is not much nearer "
+                                               "libparity than transformers (%.2e)"
+                                               % (kind, dtype, policy, near, far))
+
+    def test_fp32_compute_on_an_fp32_model(self):
+        tokens = sequences()
+        model = load("qwen3", "fp32")
+        with parity.Model(checkpoint("qwen3", "fp32")) as pm:
+            theirs = torch.tensor(pm.score(tokens.tolist(), policy="fp32"))
+        parity.hf.patch(model, "fp32")
+        mine = logprobs(model, tokens)
+        parity.hf.unpatch(model)
+        near = float((mine - theirs).abs().mean())
+        print("  qwen3 fp32 fp32: mean |d logp| %.2e" % near)
+        self.assertLess(near, 1e-5)
+
+
+class SameAsTransformers(unittest.TestCase):
+    """hf-eager is what transformers' eager forward does: the patch changes no bit of it; and the
+    patch gives the same bits whatever attention implementation the model was loaded with."""
+
+    def test_hf_eager_patched_is_transformers_eager(self):
+        """Under hf-eager the patch is transformers' eager forward but for the RMSNorms'
+        inverse rms: transformers' rsqrt(mean(x^2) + eps) sums in torch's order and takes
+        torch's rsqrt (not correctly rounded in torch 2.15), libparity's 1 / sqrtf(dot16 sum /
+        dim + eps) is exact; one ulp of r moves a 16-bit output now and then. With
+        transformers' own RMSNorm forwards put back, the patched model gives transformers'
+        bits, every other region included; fully patched, the differing logits are printed."""
+        tokens = sequences()
+        for kind in KINDS:
+            for dtype in DTYPES:
+                model = load(kind, dtype)
+                with torch.no_grad():
+                    before = model(tokens).logits
+                    parity.hf.patch(model, policy_for("hf-eager", dtype))
+                    patched = model(tokens).logits
+                    norms = [m for n, m in model.named_modules() if n.endswith("norm")]
+                    for m in norms:
+                        del m.forward
+                    own_norms = model(tokens).logits
+                self.assertTrue(same_bits(before, own_norms), "%s %s: hf-eager patched with "
+                                "transformers' RMSNorm differs from transformers' eager in %d "
+                                "of %d logits" % (kind, dtype, int((before != own_norms).sum()),
+                                                  before.numel()))
+                # the norms alone, on transformers' inputs: rare one-ulp moves
+                seen = {}
+                parity.hf.unpatch(model)
+                hooks = [m.register_forward_hook(
+                    lambda m, a, o: seen.setdefault(id(m), []).append((a[0], o)))
+                    for m in norms]
+                with torch.no_grad():
+                    model(tokens)
+                for h in hooks:
+                    h.remove()
+                moved = total = 0
+                pol = parity.Policy.from_name(policy_for("hf-eager", dtype))
+                for name, m in model.named_modules():
+                    for x, y in seen.get(id(m), []):
+                        mine = patch_module._regions._rmsnorm_f32(
+                            x.float(), m.weight.float(), m.variance_epsilon, pol,
+                            name.endswith(("q_norm", "k_norm"))).to(y.dtype)
+                        moved += int((mine != y).sum())
+                        total += y.numel()
+                print("  %-6s %-5s hf-eager patched vs transformers eager: %d of %d logits "
+                      "differ; RMSNorm outputs on transformers' inputs: %d of %d differ; with "
+                      "transformers' RMSNorm: bitwise" % (kind, dtype, int((before != patched).sum()),
+                                                          before.numel(), moved, total))
+                self.assertLess(moved, 1e-3 * total)
+
+    def test_sdpa_and_eager_models_patched_alike(self):
+        tokens = sequences()
+        for preset in ("hf-eager", "vllm", "aligned"):
+            out = {}
+            for attn in ("eager", "sdpa"):
+                model = load("qwen3", "bf16", attn)
+                parity.hf.patch(model, preset)
+                with torch.no_grad():
+                    out[attn] = model(tokens).logits
+            self.assertTrue(same_bits(out["eager"], out["sdpa"]), preset)
+
+    def test_padding_mask(self):
+        """A batch with a left-padded row gives that row the bits it has alone."""
+        tokens = sequences()
+        model = load("qwen2", "bf16")
+        parity.hf.patch(model, "vllm")
+        pad = 5
+        batch = tokens.clone()
+        batch[1, :pad] = 0
+        mask = torch.ones_like(batch)
+        mask[1, :pad] = 0
+        with torch.no_grad():
+            both = model(batch, attention_mask=mask,
+                         position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+            alone = model(tokens[1:, pad:]).logits
+        self.assertTrue(same_bits(both[1, pad:], alone[0]))
+
+
+class Gradients(unittest.TestCase):
+    def test_backward(self):
+        tokens = sequences()
+        for kind, preset in (("qwen3", "vllm+aligned"), ("qwen2", "hf-eager"),
+                             ("llama", "sglang+fp32-head")):
+            grads = {}
+            for patched in (False, True):
+                model = load(kind, "bf16")
+                if patched:
+                    parity.hf.patch(model, preset)
+                logits = model(tokens).logits
+                lp = torch.log_softmax(logits.float(), -1)[:, :-1].gather(
+                    -1, tokens[:, 1:, None])
+                (-lp.mean()).backward()
+                grads[patched] = {n: p.grad.float() for n, p in model.named_parameters()}
+            for name, g in grads[True].items():
+                self.assertTrue(bool(torch.isfinite(g).all()), "%s %s: %s" % (kind, preset, name))
+                self.assertGreater(float(g.norm()), 0.0, "%s %s: %s" % (kind, preset, name))
+                ref = grads[False][name]
+                cos = float((g * ref).sum() / (g.norm() * ref.norm()))
+                self.assertGreater(cos, 0.99, "%s %s: %s's gradient has cosine %.4f to the "
+                                   "unpatched model's" % (kind, preset, name, cos))
+
+
+class PatchAndUnpatch(unittest.TestCase):
+    def test_unpatch_restores_the_bits(self):
+        tokens = sequences()
+        for kind in KINDS:
+            model = load(kind, "bf16")
+            with torch.no_grad():
+                before = model(tokens).logits
+                parity.hf.patch(model, "vllm+fp32-head")
+                self.assertEqual(patch_module.patched_policy(model), "vllm+fp32-head")
+                patched = model(tokens).logits
+                self.assertFalse(same_bits(before, patched))
+                self.assertIs(parity.hf.unpatch(model), model)
+                after = model(tokens).logits
+            self.assertTrue(same_bits(before, after), kind)
+            self.assertIsNone(patch_module.patched_policy(model))
+            left = [n for n, m in model.named_modules() if "forward" in m.__dict__]
+            self.assertEqual(left, [], "modules still patched: %s" % left)
+
+    def test_patching_twice_repatches(self):
+        tokens = sequences()
+        model = load("qwen3", "bf16")
+        fresh = load("qwen3", "bf16")
+        parity.hf.patch(model, "aligned")
+        self.assertIs(parity.hf.patch(model, "vllm"), model)
+        parity.hf.patch(fresh, "vllm")
+        with torch.no_grad():
+            self.assertTrue(same_bits(model(tokens).logits, fresh(tokens).logits))
+        self.assertEqual(patch_module.patched_policy(model), "vllm")
+        parity.hf.unpatch(model)
+        self.assertEqual([n for n, m in model.named_modules() if "forward" in m.__dict__], [])
+
+    def test_the_module_is_callable_too(self):
+        model = load("llama", "bf16")
+        patch_module(model, parity.Policy.from_name("aligned"))
+        self.assertIsNotNone(patch_module.patched_policy(model))
+        parity.hf.unpatch(model)
+
+
+class BadInput(unittest.TestCase):
+    def assert_refused(self, error, words, fn, *args):
+        with self.assertRaises(error) as cm:
+            fn(*args)
+        for w in words:
+            self.assertIn(w, str(cm.exception))
+        print("  refused: %s: %s" % (type(cm.exception).__name__, cm.exception))
+
+    def test_not_a_model(self):
+        self.assert_refused(TypeError, ["str"], parity.hf.patch, "Qwen/Qwen3-0.6B", "aligned")
+        self.assert_refused(TypeError, ["NoneType"], parity.hf.unpatch, None)
+
+    def test_unsupported_class(self):
+        config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+        model = transformers.GPT2LMHeadModel(config)
+        self.assert_refused(ValueError, ["GPT2LMHeadModel", "Qwen3ForCausalLM"],
+                            parity.hf.patch, model, "aligned")
+        self.assert_refused(ValueError, ["Linear"], parity.hf.patch,
+                            torch.nn.Linear(2, 2), "aligned")
+
+    def test_unsupported_policies(self):
+        model = load("qwen3", "bf16")
+        self.assert_refused(ValueError, ["gemm", "fp8-block"], parity.hf.patch, model,
+                            "vllm+fp8-block:deepseek")
+        self.assert_refused(ValueError, ["gemm", "nvfp4"], parity.hf.patch, model,
+                            "aligned+nvfp4:modelopt")
+        self.assert_refused(ValueError, ["gemm", "ternary"], parity.hf.patch, model,
+                            "hf-eager+ternary:bitnet")
+        self.assert_refused(ValueError, ["compute", "fp32", "bfloat16"], parity.hf.patch, model,
+                            "fp32")
+        self.assert_refused(ValueError, ["compute", "fp16"], parity.hf.patch, model,
+                            "aligned+fp16")
+        self.assert_refused(parity.ParityError, ["no-such-preset"], parity.hf.patch, model,
+                            "no-such-preset")
+        self.assert_refused(TypeError, ["int"], parity.hf.patch, model, 3)
+        half = load("llama", "fp16")
+        self.assert_refused(ValueError, ["compute", "bf16", "float16"], parity.hf.patch, half,
+                            "vllm")
+        # nothing was patched by a refused call
+        self.assertIsNone(patch_module.patched_policy(model))
+        self.assertEqual([n for n, m in model.named_modules() if "forward" in m.__dict__], [])
+
+    def test_float32_model_under_a_bf16_policy_fails_when_run(self):
+        model = load("qwen3", "fp32")
+        parity.hf.patch(model, "aligned")   # FSDP's mixed precision would cast it when run
+        with self.assertRaises(ValueError) as cm, torch.no_grad():
+            model(sequences())
+        self.assertIn("compute", str(cm.exception))
+        parity.hf.unpatch(model)
+
+    def test_unpatch_of_a_model_not_patched(self):
+        self.assert_refused(ValueError, ["not patched"], parity.hf.unpatch,
+                            load("qwen2", "bf16"))
+
+    def test_unsupported_configuration(self):
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2,
+                                          num_key_value_heads=1, hidden_act="gelu")
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+        self.assert_refused(ValueError, ["hidden_act", "gelu"], parity.hf.patch, model, "vllm")
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2,
+                                          num_key_value_heads=1,
+                                          rope_scaling={"rope_type": "linear", "factor": 2.0})
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+        self.assert_refused(ValueError, ["rope_type", "linear"], parity.hf.patch, model, "vllm")
+
+
 def main():
     try:
         harness.run("test_hf_patch")

@@ -65,6 +65,8 @@ _ATTR = "_parity_hf_patch"
 _NO_FORWARD = object()   # a module had no forward of its own in its __dict__
 _DTYPE_OF_COMPUTE = {0: _torch.bfloat16, 1: _torch.float32, 2: _torch.float16}
 _ATTN_EAGER, _ATTN_FLASH, _ATTN_FP32 = 0, 1, 2
+# parity_policy.gemm's values by name (parity.h's PARITY_GEMM_*)
+_GEMM_NAMES = ("bf16", "fp8-block", "mxfp8", "nvfp4", "mxfp4", "ternary")
 
 
 class _Patch:
@@ -116,9 +118,10 @@ def _policy(policy):
 def _check_policy(pol, model_dtype):
     names = pol.names()
     if pol.gemm != 0:
+        gemm = _GEMM_NAMES[pol.gemm] if pol.gemm < len(_GEMM_NAMES) else pol.gemm
         raise ValueError("policy switch gemm = %r: the patch keeps the model's own linear layers, "
                          "which cannot quantize (fp8, fp4 and ternary policies run on "
-                         "parity.torch.CausalLM)" % names["gemm"])
+                         "parity.torch.CausalLM)" % gemm)
     want = _DTYPE_OF_COMPUTE.get(pol.compute)
     if want is None:
         raise ValueError("policy switch compute = %r is not one the patch knows" % names["compute"])
