@@ -402,8 +402,9 @@ class SameAsTransformers(unittest.TestCase):
                         total += y.numel()
                 print("  %-6s %-5s hf-eager patched vs transformers eager: %d of %d logits "
                       "differ; RMSNorm outputs on transformers' inputs: %d of %d differ; with "
-                      "transformers' RMSNorm: bitwise" % (kind, dtype, int((before != patched).sum()),
-                                                          before.numel(), moved, total))
+                      "transformers' RMSNorm: bitwise"
+                      % (kind, dtype, int((before != patched).sum()), before.numel(), moved,
+                         total))
                 self.assertLess(moved, 1e-3 * total)
 
     def test_sdpa_and_eager_models_patched_alike(self):

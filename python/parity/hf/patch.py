@@ -91,7 +91,7 @@ class _Patch:
         return residual, (s if self.pol.norm_input == 1 else residual)
 
 
-# ---- checks --------------------------------------------------------------------------------------
+# ---- checks -------------------------------------------------------------------------------------
 
 def _class_name(model):
     for cls in type(model).__mro__:
@@ -165,7 +165,7 @@ def _check_config(config):
     return _rope_theta(config)
 
 
-# ---- the regions ---------------------------------------------------------------------------------
+# ---- the regions --------------------------------------------------------------------------------
 
 def _rope_heads(q, k, cos, sin, state):
     """RoPE of q [B, T, heads, hd] and k [B, T, kv_heads, hd] with the tables [B, T, hd/2]:
@@ -233,7 +233,7 @@ def _attend(q, k, v, mask, module, state):
     return _regions._round(o / l, state.round_to).to(state.dtype)
 
 
-# ---- the replaced forwards -------------------------------------------------------------------------
+# ---- the replaced forwards ---------------------------------------------------------------------
 
 def _rotary_forward(state, head_dim, theta):
     def forward(self, x, position_ids):
@@ -311,7 +311,7 @@ def _head_forward(self, h):
     return _F.linear(h.float(), self.weight.float(), None if bias is None else bias.float())
 
 
-# ---- patch and unpatch ---------------------------------------------------------------------------
+# ---- patch and unpatch --------------------------------------------------------------------------
 
 def patch(model, policy):
     """Gives a transformers Qwen2/Qwen3/Llama model (a *ForCausalLM or its *Model) the rounding
