@@ -565,6 +565,119 @@ class BadInput(unittest.TestCase):
         self.assert_refused(ValueError, ["rope_type", "linear"], parity.hf.patch, model, "vllm")
 
 
+MOE_CHECKPOINTS = {name: os.path.join(harness.REPO, "test", "data", "moe", name)
+                   for name in ("qwen3-moe-tiny", "qwen2-moe-tiny")}   # transformers 5.25 wrote them
+MOE_PRESETS = ("hf-eager", "vllm", "sglang", "aligned", "vllm+aligned")
+
+
+def moe_policies():
+    """The MoE presets and a topk-softmax router (every moe_router, moe_weights, moe_combine)."""
+    return list(MOE_PRESETS) + [parity.Policy.from_name("vllm").replace(
+        moe_router="topk-softmax", moe_weights="rounded", moe_combine="fp32")]
+
+
+def load_moe(name):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        MOE_CHECKPOINTS[name], dtype=torch.bfloat16, attn_implementation="eager").eval()
+
+
+def moe_tokens(model):
+    return sequences() % model.config.vocab_size
+
+
+class MixtureOfExperts(unittest.TestCase):
+    """Qwen3-MoE and Qwen2-MoE (test/data/moe): the route and the combine on the patched model's
+    own router logits and expert outputs bitwise as parity_moe_route / parity_moe_combine; the
+    log-probs against Model.score; gradients."""
+
+    def test_route_and_combine_bitwise(self):
+        for name in MOE_CHECKPOINTS:
+            model = load_moe(name)
+            tokens = moe_tokens(model)
+            for policy in moe_policies():
+                if isinstance(policy, parity.Policy) and not model.config.norm_topk_prob:
+                    continue   # a topk-softmax router needs norm_topk_prob
+                routes, combines = [], []
+                route, combine = patch_module._moe_route, patch_module._moe_combine
+
+                def spy_route(logits, k, norm, state):
+                    w, ids = route(logits, k, norm, state)
+                    routes.append((logits.detach(), k, norm, w.detach(), ids))
+                    return w, ids
+
+                def spy_combine(y, w, ids, state, ys=None, gate=None):
+                    out = combine(y, w, ids, state, ys, gate)
+                    combines.append((y.detach(), w.detach(), ids, None if ys is None else
+                                     ys.detach(), None if gate is None else gate.detach(),
+                                     out.detach()))
+                    return out
+                patch_module._moe_route, patch_module._moe_combine = spy_route, spy_combine
+                try:
+                    parity.hf.patch(model, policy)
+                    with torch.no_grad():
+                        model(tokens)
+                    parity.hf.unpatch(model)
+                finally:
+                    patch_module._moe_route, patch_module._moe_combine = route, combine
+                self.assertTrue(routes and len(routes) == len(combines))
+                for (logits, k, norm, w, ids), (y, w2, ids2, ys, gate, out) in zip(routes,
+                                                                                 combines):
+                    c_ids, c_w = regions.moe_route(logits.numpy(), k, norm_topk_prob=norm,
+                                                   policy=policy)
+                    self.assertTrue(np.array_equal(c_ids.astype(np.int64), ids.numpy()),
+                                    "%s %s: the experts chosen differ" % (name, policy))
+                    self.assertTrue(np.array_equal(c_w.view(np.uint32),
+                                                   w.numpy().view(np.uint32)),
+                                    "%s %s: the routing weights differ" % (name, policy))
+                    c_out = regions.moe_combine(
+                        y.numpy(), ids.numpy(), w.numpy(), k, policy=policy,
+                        y_shared=None if ys is None else ys.numpy(),
+                        shared_gate=None if gate is None else gate.numpy())
+                    self.assertTrue(np.array_equal(c_out.view(np.uint32),
+                                                   out.numpy().view(np.uint32)),
+                                    "%s %s: the combine differs in %d of %d" % (
+                                        name, policy, int((c_out != out.numpy()).sum()),
+                                        c_out.size))
+                print("  %s %s: %d sparse layers' routes and combines bitwise"
+                      % (name, policy if isinstance(policy, str) else "vllm+topk-softmax",
+                         len(routes)))
+
+    def test_logprobs_against_score(self):
+        for name in MOE_CHECKPOINTS:
+            model = load_moe(name)
+            tokens = moe_tokens(model)
+            unpatched = logprobs(model, tokens)
+            with parity.Model(MOE_CHECKPOINTS[name]) as pm:
+                for preset in MOE_PRESETS:
+                    theirs = torch.tensor(pm.score(tokens.tolist(), policy=preset))
+                    parity.hf.patch(model, preset)
+                    mine = logprobs(model, tokens)
+                    parity.hf.unpatch(model)
+                    near = float((mine - theirs).abs().mean())
+                    far = float((unpatched - theirs).abs().mean())
+                    print("  %-15s %-13s mean |d logp| %.2e patched / %.2e transformers"
+                          % (name, preset, near, far))
+                    self.assertLess(near, 2e-3, "%s %s" % (name, preset))
+                    if preset != "hf-eager":
+                        self.assertLess(near * 5, far, "%s %s" % (name, preset))
+
+    def test_gradients(self):
+        for name in MOE_CHECKPOINTS:
+            model = load_moe(name)
+            tokens = moe_tokens(model)
+            parity.hf.patch(model, "vllm")
+            logits = model(tokens).logits
+            lp = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, tokens[:, 1:, None])
+            (-lp.mean()).backward()
+            for n, p in model.named_parameters():
+                self.assertTrue(bool(torch.isfinite(p.grad).all()), "%s: %s" % (name, n))
+                if "experts" not in n:   # an expert no token chose has no gradient
+                    self.assertGreater(float(p.grad.float().norm()), 0.0, "%s: %s" % (name, n))
+            router = [p.grad for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+            self.assertTrue(router and all(float(g.float().norm()) > 0 for g in router))
+            parity.hf.unpatch(model)
+
+
 def main():
     try:
         harness.run("test_hf_patch")

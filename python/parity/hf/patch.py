@@ -1,5 +1,5 @@
-"""parity.hf.patch(model, policy) and parity.hf.unpatch(model): a transformers Qwen2, Qwen3 or
-Llama causal LM given a libparity policy's rounding points, in plain torch operations that run
+"""parity.hf.patch(model, policy) and parity.hf.unpatch(model): a transformers Qwen2, Qwen3,
+Llama, Qwen3-MoE or Qwen2-MoE causal LM given a libparity policy's rounding points, in plain torch operations that run
 on the model's own device and dtype (no call into the C library while it runs), so that a
 learner trained with transformers (FSDP, DDP, a single GPU) rounds where its sampler rounds:
 
@@ -26,7 +26,13 @@ What the patch replaces (each module's forward, on the instance; the classes are
     in fp32, bf16(O / l)); "fp32" (or compute "fp32") fp32 softmax attention unrounded, o_proj
     then an fp32 GEMM over the bf16 weights, rounded;
   - the logits: transformers' bf16 lm_head, or an fp32 head (logits "fp32": lm_head on the
-    normed state in fp32, unrounded).
+    normed state in fp32, unrounded);
+  - a mixture-of-experts block (transformers v5's fused experts): the router GEMM (rounded),
+    the route as parity_moe_route (moe_router, moe_weights: fp32 softmax with the library's
+    exp, its sum in expert order, top-k with ties to the lower index, the renormalisation),
+    each chosen expert's gate/up GEMMs and SwiGLU, its down projection's unrounded fp32 output
+    (an fp32 GEMM over the bf16 weights), Qwen2-MoE's shared expert and gate, and the combine
+    as parity_moe_combine (moe_combine).
 The linear layers, the embedding and the attention's dot products stay the model's own torch
 GEMMs: they sum in the device's order, so a patched model's log-probs meet libparity's within
 the GEMMs' summation floor, while every region above gives libparity's bits on its inputs.
@@ -40,7 +46,7 @@ the model's dtype (compute "fp32" needs a float32 model; "bf16" a bfloat16 one, 
 FSDP's mixed precision, and then checked at run time); a model class other than the ones in
 SUPPORTED; a non-SiLU activation, rope scaling other than "default", partial rotary, sliding
 window attention. The policy's temperature switch is not part of the model's forward (divide
-the logits as it says); its mixture-of-experts switches have no dense layer to act on.
+the logits as it says).
 
 Patching a patched model re-patches it (unpatch, then patch with the new policy).
 """
@@ -58,13 +64,17 @@ __all__ = ["patch", "unpatch", "patched_policy", "SUPPORTED"]
 
 #: The transformers classes patch() takes (and their subclasses).
 SUPPORTED = ("Qwen2ForCausalLM", "Qwen2Model", "Qwen3ForCausalLM", "Qwen3Model",
-             "LlamaForCausalLM", "LlamaModel")
+             "LlamaForCausalLM", "LlamaModel", "Qwen3MoeForCausalLM", "Qwen3MoeModel",
+             "Qwen2MoeForCausalLM", "Qwen2MoeModel")
 
 _f32 = _torch.float32
 _ATTR = "_parity_hf_patch"
 _NO_FORWARD = object()   # a module had no forward of its own in its __dict__
 _DTYPE_OF_COMPUTE = {0: _torch.bfloat16, 1: _torch.float32, 2: _torch.float16}
 _ATTN_EAGER, _ATTN_FLASH, _ATTN_FP32 = 0, 1, 2
+_ROUTER_HF, _ROUTER_VLLM, _ROUTER_SGLANG, _ROUTER_TOPK_SOFTMAX = 0, 1, 2, 3
+_WEIGHTS_ROUNDED = 0
+_COMBINE_HF, _COMBINE_VLLM, _COMBINE_SGLANG, _COMBINE_FP32 = 0, 1, 2, 3
 # parity_policy.gemm's values by name (parity.h's PARITY_GEMM_*)
 _GEMM_NAMES = ("bf16", "fp8-block", "mxfp8", "nvfp4", "mxfp4", "ternary")
 
@@ -131,6 +141,17 @@ def _check_policy(pol, model_dtype):
                                           "cast it with model.float() first" if want == _f32
                                           else "load it in %s (or use the policy for its dtype: "
                                           "\"+fp16\" for float16)" % want))
+
+
+def _is_dense(mlp):
+    return all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))
+
+
+def _is_sparse(mlp):
+    experts, router = getattr(mlp, "experts", None), getattr(mlp, "gate", None)
+    return (all(getattr(getattr(experts, n, None), "dim", lambda: 0)() == 3
+                for n in ("gate_up_proj", "down_proj"))
+            and all(hasattr(router, n) for n in ("weight", "top_k", "norm_topk_prob")))
 
 
 def _rope_theta(config):
@@ -233,6 +254,141 @@ def _attend(q, k, v, mask, module, state):
     return _regions._round(o / l, state.round_to).to(state.dtype)
 
 
+# ---- mixture of experts ----------------------------------------------------------------------------
+
+def _serial_sum(columns):
+    """The fp32 sum of a list of tensors, one add after another from 0 (a C loop's order)."""
+    total = _torch.zeros_like(columns[0])
+    for c in columns:
+        total = total + c
+    return total
+
+
+def _top_k(values, k):
+    """The k largest of each row in slot order: descending, ties to the lower index."""
+    return _torch.sort(values, dim=1, descending=True, stable=True).indices[:, :k]
+
+
+def _sigmoid(g):
+    """1 / (1 + exp(-g)) with the library's exp, fp32 (the gradient of torch.sigmoid)."""
+    with _torch.no_grad():
+        value = _regions._const(1.0, g) / (_regions._const(1.0, g) + _regions.expf(-g.detach()))
+    return _regions._exact(value, _torch.sigmoid(g)) if g.requires_grad else value
+
+
+def _moe_route(logits, k, norm_topk_prob, state):
+    """The router as parity_moe_route (lib/kernels/moe.c): fp32 logits [rows, E] (the router
+    GEMM's output, rounded) to (weights fp32 [rows, k], ids int64 [rows, k]) per the policy's
+    moe_router and moe_weights. The weights carry the gradient of the fp32 formula (softmax,
+    the chosen, renormalised; a topk-softmax router's softmax over the chosen); the choice is
+    a constant."""
+    pol = state.pol
+    x = logits.detach()
+    with _torch.no_grad():
+        if pol.moe_router == _ROUTER_TOPK_SOFTMAX:
+            ids = _top_k(x, k)
+            chosen = x.gather(1, ids)
+            e = _regions.expf(chosen - chosen.amax(dim=1, keepdim=True))
+            w = e / _serial_sum(list(e.unbind(1))).unsqueeze(1)
+        else:
+            p = _regions.expf(x - x.amax(dim=1, keepdim=True))
+            total = _serial_sum(list(p.unbind(1))).unsqueeze(1)
+            if pol.moe_router == _ROUTER_HF:
+                p = p / total
+            else:
+                p = p * (_regions._const(1.0, total) / total)
+            ids = _top_k(p, k)
+            w = p.gather(1, ids)
+            if norm_topk_prob:
+                chosen = _serial_sum(list(w.unbind(1))).unsqueeze(1)
+                if pol.moe_router == _ROUTER_HF:
+                    w = w / chosen
+                elif pol.moe_router == _ROUTER_VLLM:
+                    w = w / _torch.where(chosen > 0, chosen, _regions._const(1.0, chosen))
+                else:
+                    w = w * (_regions._const(1.0, chosen) / chosen)
+    if logits.requires_grad:
+        if pol.moe_router == _ROUTER_TOPK_SOFTMAX:
+            approx = _torch.softmax(logits.gather(1, ids), dim=1)
+        else:
+            approx = _torch.softmax(logits, dim=1).gather(1, ids)
+            if norm_topk_prob:
+                approx = approx / approx.sum(1, keepdim=True)
+        w = _regions._exact(w, approx)
+    if pol.moe_weights == _WEIGHTS_ROUNDED:
+        w = _regions._round_if(state.round_to, w)
+    return w, ids
+
+
+def _moe_combine(y, weights, ids, state, y_shared=None, shared_gate=None):
+    """The combine as parity_moe_combine: the experts' unrounded fp32 outputs y [rows, k, H]
+    (slot order), weights [rows, k], ids [rows, k], and a shared expert's unrounded output
+    [rows, H] and gate logit [rows] (rounded) or None; fp32 [rows, H] rounded per moe_combine."""
+    pol, k = state.pol, y.shape[1]
+
+    def rnd(t):
+        return _regions._round_if(state.round_to, t)
+
+    def term(s):
+        return y[:, s] * weights[:, s, None]
+    if pol.moe_combine == _COMBINE_FP32:
+        f = _serial_sum([term(s) for s in range(k)])
+        if y_shared is not None:
+            f = f + _sigmoid(shared_gate)[:, None] * y_shared
+        return rnd(f)
+    if pol.moe_combine == _COMBINE_HF:   # transformers' loop over the experts hit, ascending
+        order = ids.argsort(dim=1, stable=True)
+        yo = y.gather(1, order[:, :, None].expand(-1, -1, y.shape[2]))
+        wo = weights.gather(1, order)
+        a = _torch.zeros_like(y[:, 0])
+        for s in range(k):
+            a = rnd(a + rnd(rnd(yo[:, s]) * wo[:, s, None]))
+    elif pol.moe_combine == _COMBINE_SGLANG and k == 1:
+        a = rnd(term(0))
+    elif k <= (4 if pol.moe_combine == _COMBINE_VLLM else 2):   # a 16-bit running sum
+        a = _torch.zeros_like(y[:, 0])
+        for s in range(k):
+            a = rnd(a + rnd(term(s)))
+    else:                                          # an fp32 sum of rounded terms, rounded once
+        a = rnd(_serial_sum([rnd(term(s)) for s in range(k)]))
+    if y_shared is not None:
+        gate = rnd(_sigmoid(shared_gate))
+        a = rnd(a + rnd(gate[:, None] * rnd(y_shared)))
+    return a
+
+
+def _swiglu_down_f32(gate, up, down_weight, state):
+    """SwiGLU of 16-bit gate and up, then the down projection's unrounded fp32 output."""
+    h = _regions._swiglu_f32(gate.float(), up.float(), state.pol)   # rounded where it rounds
+    return _F.linear(h, down_weight.float())
+
+
+def _moe_forward(state):
+    def forward(self, hidden_states):
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        router = self.gate
+        logits = _F.linear(x, router.weight)   # the router GEMM, rounded as the model holds it
+        weights, ids = _moe_route(logits.float(), router.top_k, router.norm_topk_prob, state)
+        experts = self.experts
+        y = x.new_zeros(x.shape[0], ids.shape[1], shape[-1], dtype=_f32)
+        for e in _torch.unique(ids).tolist():
+            rows, slots = (ids == e).nonzero(as_tuple=True)
+            gate, up = _F.linear(x[rows], experts.gate_up_proj[e]).chunk(2, dim=-1)
+            y = y.index_put((rows, slots), _swiglu_down_f32(gate, up, experts.down_proj[e],
+                                                            state))
+        y_shared = shared_gate = None
+        shared = getattr(self, "shared_expert", None)
+        if shared is not None:
+            y_shared = _swiglu_down_f32(shared.gate_proj(x), shared.up_proj(x),
+                                        shared.down_proj.weight, state)
+            shared_gate = self.shared_expert_gate(x).float()[:, 0]
+        out = _moe_combine(y, weights, ids, state, y_shared, shared_gate)
+        out = out if state.round_to is None else out.to(state.dtype)
+        return out.reshape(shape)
+    return forward
+
+
 # ---- the replaced forwards ---------------------------------------------------------------------
 
 def _rotary_forward(state, head_dim, theta):
@@ -327,9 +483,11 @@ def patch(model, policy):
     _check_policy(pol, model_dtype)
     theta = _check_config(model.config)
     for i, layer in enumerate(base.layers):
-        if not all(hasattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
-            raise ValueError("layer %d's MLP is a %s, not a dense SwiGLU MLP: parity.hf.patch "
-                             "does not patch it" % (i, type(layer.mlp).__name__))
+        if not (_is_dense(layer.mlp) or _is_sparse(layer.mlp)):
+            raise ValueError("layer %d's MLP is a %s, neither a SwiGLU MLP nor a mixture of "
+                             "experts with fused gate_up_proj/down_proj experts (transformers "
+                             "v5): parity.hf.patch does not patch it"
+                             % (i, type(layer.mlp).__name__))
     if getattr(model, _ATTR, None) is not None:
         unpatch(model)
     state = _Patch(policy, pol)
@@ -345,7 +503,8 @@ def patch(model, policy):
             qk = _norm_forward(state, True)
             state.replace(layer.self_attn.q_norm, qk)
             state.replace(layer.self_attn.k_norm, qk)
-        state.replace(layer.mlp, _mlp_forward(state))
+        state.replace(layer.mlp, _mlp_forward(state) if _is_dense(layer.mlp)
+                      else _moe_forward(state))
     state.replace(base.norm, norm)
     head = getattr(model, "lm_head", None)
     if head is not None and pol.logits == 1 and state.round_to is not None:
