@@ -578,7 +578,8 @@ def moe_policies():
 
 def load_moe(name):
     return transformers.AutoModelForCausalLM.from_pretrained(
-        MOE_CHECKPOINTS[name], dtype=torch.bfloat16, attn_implementation="eager").eval()
+        MOE_CHECKPOINTS[name], dtype=torch.bfloat16, attn_implementation="eager",
+        experts_implementation="eager").eval()   # the modelling file's loop, not grouped_mm
 
 
 def moe_tokens(model):
