@@ -341,6 +341,25 @@ class LogprobsAgainstScore(unittest.TestCase):
                                                "libparity than transformers (%.2e)"
                                                % (kind, dtype, policy, near, far))
 
+    def test_fp32_attention_under_bf16(self):
+        """attention "fp32" under compute "bf16" (a Policy, no preset has it): the attention's
+        output unrounded, o_proj an fp32 GEMM over the bf16 weights, rounded."""
+        tokens = sequences()
+        policy = parity.Policy.from_name("aligned").replace(attention="fp32")
+        for kind in ("qwen3", "qwen2"):
+            model = load(kind, "bf16")
+            with parity.Model(checkpoint(kind, "bf16")) as pm:
+                theirs = torch.tensor(pm.score(tokens.tolist(), policy=policy))
+                aligned = torch.tensor(pm.score(tokens.tolist(), policy="aligned"))
+            parity.hf.patch(model, policy)
+            mine = logprobs(model, tokens)
+            parity.hf.unpatch(model)
+            near = float((mine - theirs).abs().mean())
+            apart = float((aligned - theirs).abs().mean())
+            print("  %s bf16 aligned with fp32 attention: mean |d logp| %.2e (aligned's eager "
+                  "attention is %.2e away)" % (kind, near, apart))
+            self.assertLess(near * 3, apart)
+
     def test_fp32_compute_on_an_fp32_model(self):
         tokens = sequences()
         model = load("qwen3", "fp32")
