@@ -584,8 +584,9 @@ class BadInput(unittest.TestCase):
         self.assert_refused(ValueError, ["rope_type", "linear"], parity.hf.patch, model, "vllm")
 
 
+# the checkpoints transformers 5.25 wrote (test/data/moe/tools/make_moe_reference.py)
 MOE_CHECKPOINTS = {name: os.path.join(harness.REPO, "test", "data", "moe", name)
-                   for name in ("qwen3-moe-tiny", "qwen2-moe-tiny")}   # transformers 5.25 wrote them
+                   for name in ("qwen3-moe-tiny", "qwen2-moe-tiny")}
 MOE_PRESETS = ("hf-eager", "vllm", "sglang", "aligned", "vllm+aligned")
 
 
@@ -696,6 +697,14 @@ class MixtureOfExperts(unittest.TestCase):
             router = [p.grad for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
             self.assertTrue(router and all(float(g.float().norm()) > 0 for g in router))
             parity.hf.unpatch(model)
+
+    def test_topk_softmax_needs_norm_topk_prob(self):
+        model = load_moe("qwen2-moe-tiny")   # norm_topk_prob false
+        with self.assertRaises(ValueError) as cm:
+            parity.hf.patch(model, parity.Policy.from_name("vllm").replace(
+                moe_router="topk-softmax"))
+        self.assertIn("moe_router", str(cm.exception))
+        self.assertIsNone(patch_module.patched_policy(model))
 
 
 def main():
