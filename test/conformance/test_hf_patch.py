@@ -300,6 +300,9 @@ class RegionsBitwise(unittest.TestCase):
     def test_qwen2_bf16(self):
         self.run_regions("qwen2", "bf16")
 
+    def test_qwen2_fp16(self):
+        self.run_regions("qwen2", "fp16")
+
     def test_llama_bf16(self):
         self.run_regions("llama", "bf16")
 
