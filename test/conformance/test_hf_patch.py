@@ -12,8 +12,10 @@ saved with save_pretrained and loaded back as a user would (from_pretrained(dtyp
     aligned, sglang) far nearer than the unpatched model's (the figures are printed);
   - "hf-eager" patched is transformers' eager forward bit for bit; "sdpa" and "eager" loaded
     models patched alike give the same bits;
-  - gradients flow (finite, nonzero, near the unpatched model's); unpatch restores the bits;
-    re-patching; bad input (an unsupported class or policy switch, something not a model).
+  - Qwen3-MoE and Qwen2-MoE (test/data/moe): routes and combines bitwise, log-probs, gradients;
+  - gradients flow (finite, nonzero, near the unpatched model's); generate with a KV cache and
+    activation checkpointing work; unpatch restores the bits; re-patching; bad input (an
+    unsupported class, configuration or policy switch, something not a model).
 
 Run with a Python that has PyTorch 2.x and transformers (the conformance tier's venv):
     /work/venv-hf/bin/python test/conformance/test_hf_patch.py [BUILD_DIR]
@@ -42,6 +44,9 @@ except ImportError as e:
 if int(torch.__version__.split(".")[0]) < 2:
     print("SKIP: the parity.hf.patch tests need torch 2.x, this is %s" % torch.__version__)
     sys.exit(harness.SKIP)
+
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_error()
 
 import parity  # noqa: E402
 import parity.hf  # noqa: E402
@@ -479,6 +484,38 @@ class Gradients(unittest.TestCase):
                 cos = float((g * ref).sum() / (g.norm() * ref.norm()))
                 self.assertGreater(cos, 0.99, "%s %s: %s's gradient has cosine %.4f to the "
                                    "unpatched model's" % (kind, preset, name, cos))
+
+
+class UsedAsTransformers(unittest.TestCase):
+    """The patched model in transformers' own machinery: generate with a KV cache, activation
+    checkpointing."""
+
+    def test_generate_with_a_cache(self):
+        tokens = sequences()[:1, :10]
+        model = load("qwen3", "bf16")
+        for preset in ("vllm", "aligned"):
+            parity.hf.patch(model, preset)
+            with torch.no_grad():
+                out = model.generate(tokens, max_new_tokens=8, do_sample=False)
+                full = model(out).logits[0, 9:-1].argmax(-1)
+            parity.hf.unpatch(model)
+            self.assertEqual(full.tolist(), out[0, 10:].tolist(), preset)
+
+    def test_activation_checkpointing(self):
+        tokens = sequences()
+        grads = []
+        for checkpointing in (False, True):
+            model = load("llama", "bf16")
+            if checkpointing:
+                model.gradient_checkpointing_enable()
+                model.train()
+            parity.hf.patch(model, "vllm+aligned")
+            logits = model(tokens, use_cache=False).logits
+            lp = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, tokens[:, 1:, None])
+            (-lp.mean()).backward()
+            grads.append([p.grad for p in model.parameters()])
+        for a, b in zip(*grads):
+            self.assertTrue(same_bits(a, b))
 
 
 class PatchAndUnpatch(unittest.TestCase):
