@@ -49,7 +49,9 @@ SUPPORTED; a non-SiLU activation, rope scaling other than "default", partial rot
 window attention. The policy's temperature switch is not part of the model's forward (divide
 the logits as it says).
 
-Patching a patched model re-patches it (unpatch, then patch with the new policy).
+Patching a patched model re-patches it (unpatch, then patch with the new policy). Patch before
+wrapping the model (FSDP, DDP, torch.compile): the wrappers keep the modules, and so their
+patched forwards; generate() with a KV cache and activation checkpointing work as unpatched.
 
 The exact regions cost time (a 4-layer, 1024-wide Qwen3 forward of 512 tokens: 2.1 s
 unpatched, 12.5 to 26 s patched on a 2-core CPU), mostly the exact fmaf of SiLU's exp and of
