@@ -154,6 +154,16 @@ def logprobs(model, tokens):
     return torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]
 
 
+def distances(model, scorer, tokens, policy, unpatched):
+    """Mean |d logp| against scorer.score(tokens) under the policy of the model patched with it,
+    and of the unpatched model's log-probs `unpatched`."""
+    theirs = torch.tensor(scorer.score(tokens.tolist(), policy=policy))
+    parity.hf.patch(model, policy)
+    mine = logprobs(model, tokens)
+    parity.hf.unpatch(model)
+    return float((mine - theirs).abs().mean()), float((unpatched - theirs).abs().mean())
+
+
 class Capture:
     """Forward hooks on a model's modules (inputs and outputs, detached) and on the patch's RoPE
     step; removed on exit."""
@@ -290,29 +300,17 @@ class RegionsBitwise(unittest.TestCase):
                 other = "hf-sdpa" if own == "hf-eager" else "hf-eager"
                 self.assertGreater(near[own], near[other], "%s %s layer %d attention is not "
                                    "nearer its own mode: %s" % (kind, policy, i, near))
+            shares = ["%.4f/%.4f" % (n[o], n["hf-sdpa" if o == "hf-eager" else "hf-eager"])
+                      for pp, _, o, n in stats if pp == policy]
             print("  %s %s %-10s %d regions bitwise; attention equal to the C kernel's own "
-                  "mode / other mode: %s" % (kind, dtype, policy, checked,
-                                             ", ".join("%.4f/%.4f" % (n[o], n["hf-sdpa" if o ==
-                                                       "hf-eager" else "hf-eager"])
-                                                       for pp, _, o, n in stats if pp == policy)))
+                  "mode / other mode, by layer: %s" % (kind, dtype, policy, checked,
+                                                       ", ".join(shares)))
 
-    def test_qwen3_bf16(self):
-        self.run_regions("qwen3", "bf16")
-
-    def test_qwen3_fp16(self):
-        self.run_regions("qwen3", "fp16")
-
-    def test_qwen2_bf16(self):
-        self.run_regions("qwen2", "bf16")
-
-    def test_qwen2_fp16(self):
-        self.run_regions("qwen2", "fp16")
-
-    def test_llama_bf16(self):
-        self.run_regions("llama", "bf16")
-
-    def test_llama_fp16(self):
-        self.run_regions("llama", "fp16")
+    def test_every_model(self):
+        for kind in KINDS:
+            for dtype in DTYPES:
+                with self.subTest(model=kind, dtype=dtype):
+                    self.run_regions(kind, dtype)
 
 
 class LogprobsAgainstScore(unittest.TestCase):
@@ -330,12 +328,7 @@ class LogprobsAgainstScore(unittest.TestCase):
                 with parity.Model(checkpoint(kind, dtype)) as pm:
                     for preset in MODEL_PRESETS:
                         policy = policy_for(preset, dtype)
-                        theirs = torch.tensor(pm.score(tokens.tolist(), policy=policy))
-                        parity.hf.patch(model, policy)
-                        mine = logprobs(model, tokens)
-                        parity.hf.unpatch(model)
-                        near = float((mine - theirs).abs().mean())
-                        far = float((unpatched - theirs).abs().mean())
+                        near, far = distances(model, pm, tokens, policy, unpatched)
                         print("  %-6s %-5s %-24s %.2e / %.2e  (%.1fx nearer)"
                               % (kind, dtype, policy, near, far, far / near))
                         self.assertLess(near, 1e-2 if dtype == "bf16" else 2e-3,
@@ -710,12 +703,7 @@ class MixtureOfExperts(unittest.TestCase):
             unpatched = logprobs(model, tokens)
             with parity.Model(MOE_CHECKPOINTS[name]) as pm:
                 for preset in MOE_PRESETS:
-                    theirs = torch.tensor(pm.score(tokens.tolist(), policy=preset))
-                    parity.hf.patch(model, preset)
-                    mine = logprobs(model, tokens)
-                    parity.hf.unpatch(model)
-                    near = float((mine - theirs).abs().mean())
-                    far = float((unpatched - theirs).abs().mean())
+                    near, far = distances(model, pm, tokens, preset, unpatched)
                     print("  %-15s %-13s mean |d logp| %.2e patched / %.2e transformers"
                           % (name, preset, near, far))
                     self.assertLess(near, 2e-3, "%s %s" % (name, preset))
