@@ -54,9 +54,9 @@ wrapping the model (FSDP, DDP, torch.compile): the wrappers keep the modules, an
 patched forwards; generate() with a KV cache and activation checkpointing work as unpatched.
 
 The exact regions cost time (a 4-layer, 1024-wide Qwen3 forward of 512 tokens on one CPU
-thread: 0.5 s unpatched, 1.4 to 1.75 s patched: bench/hf_patch_speed.py), mostly the exact fmaf of SiLU's exp and of
-the sums of squares, which parity.torch computes in float64: a device without float64 (Apple's
-MPS) cannot run them.
+thread: 0.5 s unpatched, 1.4 to 1.75 s patched: bench/hf_patch_speed.py), mostly the exact fmaf
+of SiLU's exp and of the sums of squares, which parity.torch computes in float64: a device
+without float64 (Apple's MPS) cannot run them.
 """
 import math
 import sys
