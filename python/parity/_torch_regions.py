@@ -117,20 +117,38 @@ def _const(value, like):
 
 # ---- fmaf -------------------------------------------------------------------------------------
 
+_F32_MIN_NORMAL = 2.0 ** -126
+_BELOW_F32_MIDPOINT = (1 << 29) - 1   # a double's fraction bits below an fp32 ulp
+_F32_MIDPOINT = 1 << 28               # those bits of an fp32 midpoint (normal range)
+
+
+def _round_sum_f32(p, c):
+    """round_fp32(p + c) exactly, for float64 tensors p and c holding exact values (a product
+    of two fp32 values, an fp32 value). The float64 sum s rounds to fp32 as the exact sum does
+    unless s is itself an fp32 midpoint (a midpoint strictly between s and the exact sum would
+    be a double nearer the sum than s): only there, and below fp32's normal range (whose
+    midpoints are coarser), is the sum rounded to odd instead (TwoSum gives the exact error; an
+    inexact sum with an even last bit moves one ulp toward the error), which rounds to fp32 as
+    the exact sum (float64 has more than 24 + 2 bits: Boldo & Melquiond)."""
+    p, c = _torch.broadcast_tensors(p, c)
+    s = p + c
+    suspect = ((s.view(_torch.int64) & _BELOW_F32_MIDPOINT) == _F32_MIDPOINT) | \
+        ((s.abs() < _F32_MIN_NORMAL) & (s != 0))   # a sum of 0 is exact
+    if bool(suspect.any()):
+        at = suspect.nonzero(as_tuple=True)
+        ps, cs, ss = p[at], c[at], s[at]
+        bb = ss - ps                           # TwoSum: ss + err == ps + cs exactly
+        err = (ps - (ss - bb)) + (cs - bb)
+        fix = (err != 0) & ((ss.view(_torch.int64) & 1) == 0)
+        toward = _torch.where(err > 0, _torch.full_like(ss, math.inf),
+                              _torch.full_like(ss, -math.inf))
+        s = s.index_put(at, _torch.where(fix, _torch.nextafter(ss, toward), ss))
+    return s.to(_f32)
+
+
 def fmaf(a, b, c):
     """fmaf(a, b, c) on fp32 tensors (broadcasting): round_fp32(a * b + c) computed exactly."""
-    p = a.to(_f64) * b.to(_f64)           # exact
-    cd = c.to(_f64)
-    s = p + cd
-    bb = s - p                             # TwoSum: s + err == p + cd exactly
-    err = (p - (s - bb)) + (cd - bb)
-    even = (s.view(_torch.int64) & 1) == 0
-    fix = (err != 0) & even
-    if bool(fix.any()):
-        toward = _torch.where(err > 0, _torch.full_like(s, math.inf),
-                              _torch.full_like(s, -math.inf))
-        s = _torch.where(fix, _torch.nextafter(s, toward), s)
-    return s.to(_f32)
+    return _round_sum_f32(a.to(_f64) * b.to(_f64), c.to(_f64))   # the product is exact
 
 
 # ---- exp and silu -----------------------------------------------------------------------------
@@ -206,17 +224,7 @@ def sum_squares(x):
     acc = _torch.zeros(rows.shape[0], 16, dtype=_f32, device=x.device)
     for c in range(chunks):
         v = lanes[:, c, :]
-        p = v * v                              # exact in float64
-        cd = acc.to(_f64)
-        s = p + cd
-        bb = s - p
-        err = (p - (s - bb)) + (cd - bb)
-        fix = (err != 0) & ((s.view(_torch.int64) & 1) == 0)
-        if bool(fix.any()):
-            toward = _torch.where(err > 0, _torch.full_like(s, math.inf),
-                                  _torch.full_like(s, -math.inf))
-            s = _torch.where(fix, _torch.nextafter(s, toward), s)
-        acc = s.to(_f32)
+        acc = _round_sum_f32(v * v, acc.to(_f64))   # fmaf(v, v, acc); v * v exact in float64
     for half in (8, 4, 2, 1):
         acc = acc[:, :half] + acc[:, half:2 * half]
     return acc.reshape(x.shape[:-1])

@@ -21,10 +21,13 @@ operation by operation —
     of PyTorch 1.13 and 2.15 writes 0xffff for a NaN).
 
 fmaf(a, b, c) is emulated exactly: a*b of two fp32 values is exact in float64 (48 bits); the sum
-with c is computed in float64 and rounded to odd (TwoSum gives the exact error; an inexact sum
-with an even last bit moves one ulp toward the error), and rounding that to fp32 is the correctly
-rounded fp32 result, since float64 has more than 24 + 2 bits (Boldo & Melquiond's round-to-odd
-theorem). No double rounding can slip through, whatever the values (subnormals included).
+with c computed in float64 rounds to fp32 as the exact sum does unless it lands on an fp32
+midpoint itself (any other midpoint between it and the exact sum would be a double nearer the
+sum), so there, and below fp32's normal range, the sum is rounded to odd instead (TwoSum gives
+the exact error; an inexact sum with an even last bit moves one ulp toward the error), and
+rounding that to fp32 is the correctly rounded fp32 result, since float64 has more than 24 + 2
+bits (Boldo & Melquiond's round-to-odd theorem). No double rounding can slip through, whatever
+the values (subnormals included).
 
 Gradients: the outputs carry the gradient of the ordinary fp32 formula (rsqrt of the mean of
 squares, g * sigmoid(g)) through the same rounding points; only the forward values are exact.

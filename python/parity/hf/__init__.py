@@ -1,35 +1,34 @@
-"""libparity meets transformers: patch(model, policy) / unpatch(model) give a transformers model
-a libparity policy's rounding points (parity.hf.patch), and dump(model, input_ids, path) writes
-the intermediates of its forward for parity.bisect (parity.hf.dump). Both need PyTorch and
-transformers, imported only when called, so `import parity.hf` works without them."""
-import importlib
+"""libparity's policies on transformers models: patch(model, policy) gives a transformers
+Qwen2/Qwen3/Llama (or Qwen3-MoE/Qwen2-MoE) model a policy's rounding points in plain torch
+operations, unpatch(model) takes them away (_patch.py); dump(model, input_ids, path) writes the
+intermediates of its forward for parity.bisect (_dump.py).
 
+The private submodules import torch and transformers; `import parity.hf` does not: each function
+imports its module when it is first called.
+"""
 
-def _function(name):
-    """The function NAME of the submodule parity.hf.NAME, imported on first use. Importing a
-    submodule binds the package's attribute NAME to the module; it is bound back to the
-    function of this file, so that parity.hf.NAME(...) keeps working."""
-    function = getattr(importlib.import_module("." + name, __name__), name)
-    globals()[name] = _WRAPPERS[name]
-    return function
+__all__ = ["patch", "unpatch", "patched_policy", "dump"]
 
 
 def patch(model, policy):
-    """parity.hf.patch.patch: see there."""
-    return _function("patch")(model, policy)
+    """See parity.hf._patch.patch."""
+    from ._patch import patch as function
+    return function(model, policy)
 
 
 def unpatch(model):
-    """parity.hf.patch.unpatch: see there."""
-    from .patch import unpatch as function
-    globals()["patch"] = _WRAPPERS["patch"]
+    """See parity.hf._patch.unpatch."""
+    from ._patch import unpatch as function
+    return function(model)
+
+
+def patched_policy(model):
+    """See parity.hf._patch.patched_policy."""
+    from ._patch import patched_policy as function
     return function(model)
 
 
 def dump(model, input_ids, path, *, engine=None):
-    """parity.hf.dump.dump: see there."""
-    return _function("dump")(model, input_ids, path, engine=engine)
-
-
-_WRAPPERS = {"patch": patch, "dump": dump}
-__all__ = ["patch", "unpatch", "dump"]
+    """See parity.hf._dump.dump."""
+    from ._dump import dump as function
+    return function(model, input_ids, path, engine=engine)
