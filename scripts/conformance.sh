@@ -16,6 +16,8 @@ start=$(date +%s)
 venv_python=build/venv-conformance/bin/python
 failed=0
 PYTHONPATH=python "$venv_python" test/conformance/conformance.py build "$@" || failed=1
+# parity.hf.patch: its regions against the C kernels, its log-probs against parity_score.
+PYTHONPATH=python OMP_NUM_THREADS=1 "$venv_python" test/conformance/test_hf_patch.py build || failed=1
 # The suite's Python tests (parity.torch, CausalLM, GRPO, the binding, MoE, bisect) under the
 # venv's PyTorch 2 and numpy 2, none allowed to skip.
 "$venv_python" scripts/python-tests.py --no-skips build || failed=1

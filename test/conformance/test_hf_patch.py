@@ -542,11 +542,18 @@ class PatchAndUnpatch(unittest.TestCase):
         parity.hf.unpatch(model)
         self.assertEqual([n for n, m in model.named_modules() if "forward" in m.__dict__], [])
 
-    def test_the_module_is_callable_too(self):
+    def test_package_names_stay_functions(self):
+        # The submodules are imported (patch_module above; dump by its first call): the
+        # package's names are still its functions, called again after those imports.
+        import parity.hf._dump  # noqa: F401
+        for name in ("patch", "unpatch", "patched_policy", "dump"):
+            self.assertTrue(callable(getattr(parity.hf, name)), name)
         model = load("llama", "bf16")
-        patch_module(model, parity.Policy.from_name("aligned"))
-        self.assertIsNotNone(patch_module.patched_policy(model))
+        parity.hf.patch(model, parity.Policy.from_name("aligned"))
+        parity.hf.patch(model, "aligned")
+        self.assertEqual(parity.hf.patched_policy(model), "aligned")
         parity.hf.unpatch(model)
+        self.assertIsNone(parity.hf.patched_policy(model))
 
 
 class BadInput(unittest.TestCase):
