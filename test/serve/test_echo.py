@@ -230,5 +230,31 @@ class TestNoTokenizer(Base):
             srv.close()
 
 
+class TestWithoutJinja(unittest.TestCase):
+    def test_chat_without_jinja2(self):
+        """A chat template where the server's Python cannot import jinja2: a 400 naming the
+        package, not a 500."""
+        import builtins
+        from parity.serve import text
+        real_import = builtins.__import__
+
+        def no_jinja(name, *args, **kwargs):
+            if name == "jinja2" or name.startswith("jinja2."):
+                raise ImportError("No module named 'jinja2' (hidden by the test)")
+            return real_import(name, *args, **kwargs)
+
+        tok = object.__new__(text.Tokenizer)     # the chat part alone: no tokenizers needed
+        tok.chat_template, tok._compiled, tok.special = "{{ messages }}", None, {}
+        builtins.__import__ = no_jinja
+        try:
+            with self.assertRaises(text.ApiError) as caught:
+                tok.render_chat([{"role": "user", "content": "hi"}], True, {})
+        finally:
+            builtins.__import__ = real_import
+        err = caught.exception
+        self.assertEqual((err.status, err.param, err.code), (400, "messages", "no_jinja2"))
+        self.assertIn("pip install jinja2", err.message)
+
+
 if __name__ == "__main__":
     harness.run("serve-echo")
