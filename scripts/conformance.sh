@@ -18,6 +18,9 @@ failed=0
 PYTHONPATH=python "$venv_python" test/conformance/conformance.py build "$@" || failed=1
 # parity.hf.patch: its regions against the C kernels, its log-probs against parity_score.
 PYTHONPATH=python OMP_NUM_THREADS=1 "$venv_python" test/conformance/test_hf_patch.py build || failed=1
+# The server with a checkpoint's tokenizer: text prompts, stop strings, chat templates rendered
+# as transformers renders them, chat completions against parity.Model.
+"$venv_python" test/serve/test_text.py build || failed=1
 # The suite's Python tests (parity.torch, CausalLM, GRPO, the binding, MoE, bisect) under the
 # venv's PyTorch 2 and numpy 2, none allowed to skip.
 "$venv_python" scripts/python-tests.py --no-skips build || failed=1

@@ -17,9 +17,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import harness  # noqa: E402
 
 # distributed (dask's scheduler) only for the GRPO example's --workers test, which the tier runs
-# under PyTorch 2 with the rest of the suite's Python tests (scripts/python-tests.py).
+# under PyTorch 2 with the rest of the suite's Python tests (scripts/python-tests.py); jinja2
+# (which torch brings too) for the server's chat templates (test/serve/test_text.py).
 REQUIREMENTS = ["torch==2.15.0", "transformers==5.25.0", "safetensors==0.8.0",
-                "tokenizers==0.23.3", "numpy==2.4.6", "distributed==2026.8.0"]
+                "tokenizers==0.23.3", "numpy==2.4.6", "distributed==2026.8.0", "jinja2==3.1.6"]
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
