@@ -23,6 +23,7 @@ Exit status: 0 passed, 1 failed, 77 skipped (lm_eval, tokenizers or transformers
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,7 @@ SEED = 1234               # lm_eval's default request seed (greedy: it changes n
 BATCH = 3                 # prompts per lm_eval request
 CHOICE_CONTEXT = "Question: {question}\nAnswer:"   # parity_choice.yaml's doc_to_text
 CHOICE_DELIMITER = " "                              # its target_delimiter
-UNTIL = ["\n"]                                      # parity_generate.yaml's generation_kwargs
+UNTIL = ["\n", "er"]                              # parity_generate.yaml's generation_kwargs
 MAX_GEN_TOKS = 12
 
 
@@ -57,9 +58,8 @@ class LmEvalRun:
             "--model_args", ",".join([
                 "base_url=%s/v1/completions" % server.base, "model=" + SERVED_NAME,
                 "tokenizer_backend=huggingface", "tokenizer=" + model_dir,
-                "tokenized_requests=True", "batch_size=%d" % BATCH, "max_retries=1",
-                "timeout=120"]),
-            "--tasks", "parity_choice,parity_generate", "--include_path", TASKS,
+                "tokenized_requests=True", "max_retries=1", "timeout=120"]),
+            "--batch_size", str(BATCH), "--tasks", "parity_choice,parity_generate", "--include_path", TASKS,
             "--output_path", out, "--log_samples"]
         env = dict(os.environ)
         # Nothing from the network: the tokenizer is a directory, the documents a file.
@@ -133,14 +133,14 @@ class Direct:
         return sum(lps), all(lp == top for lp, top in zip(lps, tops))
 
     def generate(self, prompt, until, max_tokens):
-        """The greedy completion's text: Model.generate with temperature 0, stopping at the
-        end-of-sequence ids; special tokens left out of the text; cut before the first stop
-        string."""
+        """(The greedy completion's text, whether a stop string ended it): Model.generate with
+        temperature 0, stopping at the end-of-sequence ids; special tokens left out of the
+        text; cut before the first stop string."""
         c = self.model.generate(self.encode(prompt), max_tokens=max_tokens, temperature=0.0,
                                 seed=SEED, stop=self.eos_ids)[0]
         text = self.tok.decode(c.tokens, skip_special_tokens=True)
         cuts = [text.find(s) for s in until if s and s in text]
-        return text[:min(cuts)] if cuts else text
+        return (text[:min(cuts)], True) if cuts else (text, False)
 
 
 class TestLmEval(unittest.TestCase):
@@ -156,6 +156,7 @@ class TestLmEval(unittest.TestCase):
         finally:
             cls.server_rc = server.stop()
             cls.server_output = server.stderr()
+            shutil.rmtree(out, ignore_errors=True)
         print("\n" + " ".join(cls.run_.args))
         print(cls.run_.table())
         cls.direct = Direct(MODEL)
@@ -174,7 +175,7 @@ class TestLmEval(unittest.TestCase):
     def test_choice_loglikelihoods(self):
         samples = self.run_.samples["parity_choice"]
         self.assertEqual([s["doc_id"] for s in samples], list(range(len(self.docs))))
-        correct = 0
+        correct, greedy = 0, 0
         for doc, s in zip(self.docs, samples):
             context = CHOICE_CONTEXT.format(question=doc["question"])
             want = []
@@ -188,20 +189,26 @@ class TestLmEval(unittest.TestCase):
                    for ll, greedy in s["filtered_resps"]]
             self.assertEqual(got, want, "document %d: lm_eval's (log-likelihood, is_greedy) "
                              "per choice != parity.Model's" % doc["id"])
+            greedy += sum(g for _, g in want)
             lls = [ll for ll, _ in want]
             acc = float(lls.index(max(lls)) == doc["answer"])
             self.assertEqual(s["acc"], acc, "document %d: acc" % doc["id"])
             correct += acc
         self.assertEqual(self.run_.results["parity_choice"]["acc,none"],
                          correct / len(self.docs), "acc over the documents")
+        # the documents reach both sides of is_greedy and of acc (docs.jsonl's last choice
+        # "are" is the model's greedy continuation)
+        self.assertTrue(0 < greedy < 3 * len(self.docs), "%d greedy choices" % greedy)
+        self.assertTrue(0 < correct < len(self.docs), "%d right answers" % correct)
 
     def test_generate_until(self):
         samples = self.run_.samples["parity_generate"]
         self.assertEqual([s["doc_id"] for s in samples], list(range(len(self.docs))))
-        matches = 0
+        matches, stopped = 0, 0
         for doc, s in zip(self.docs, samples):
             self.assertEqual(s["arguments"]["gen_args_0"]["arg_0"], doc["prompt"])
-            want = self.direct.generate(doc["prompt"], UNTIL, MAX_GEN_TOKS)
+            want, cut = self.direct.generate(doc["prompt"], UNTIL, MAX_GEN_TOKS)
+            stopped += cut
             self.assertEqual(s["filtered_resps"], [want], "document %d: lm_eval's generated "
                              "text != parity.Model's" % doc["id"])
             match = float(want == doc["target"])
@@ -209,6 +216,8 @@ class TestLmEval(unittest.TestCase):
             matches += match
         self.assertEqual(self.run_.results["parity_generate"]["exact_match,none"],
                          matches / len(self.docs), "exact_match over the documents")
+        # some completions end at a stop string, some at max_gen_toks
+        self.assertTrue(0 < stopped < len(self.docs), "%d stopped by a stop string" % stopped)
 
 
 def main():
