@@ -8,8 +8,9 @@ and transformers (the conformance tier's venv). Starts `PYTHON -m parity.serve` 
 (default test/data/tokenizer-model: a synthetic Qwen3 with a trained byte-level BPE tokenizer
 of 512 tokens), runs `PYTHON -m lm_eval --model local-completions` with the two tasks of
 test/clients/tasks/ (parity_choice: loglikelihood, multiple choice; parity_generate:
-generate_until, greedy), token-id requests (tokenizer_backend=huggingface) in batches of 3
-prompts, and then computes the same through parity.Model in this process:
+generate_until, greedy), token-id requests (tokenizer_backend=huggingface) of 3 prompts each,
+3 in flight at once (so each is served among others), and then computes the same through
+parity.Model in this process:
 - parity_choice: each (question, choice) pair tokenized as lm_eval tokenizes it (the whole
   string, split where the context's tokens end), scored with Model.score; the log-likelihood
   (the sum of the choice's token log-probs, float32 values added in order) and is_greedy of
@@ -42,6 +43,7 @@ MODEL = os.path.join(REPO, "test", "data", "tokenizer-model")
 SERVED_NAME = "parity-tokenizer-model"
 SEED = 1234               # lm_eval's default request seed (greedy: it changes nothing)
 BATCH = 3                 # prompts per lm_eval request
+CONCURRENT = 3            # lm_eval requests in flight at once
 CHOICE_CONTEXT = "Question: {question}\nAnswer:"   # parity_choice.yaml's doc_to_text
 CHOICE_DELIMITER = " "                              # its target_delimiter
 UNTIL = ["\n", "er"]                              # parity_generate.yaml's generation_kwargs
@@ -58,7 +60,8 @@ class LmEvalRun:
             "--model_args", ",".join([
                 "base_url=%s/v1/completions" % server.base, "model=" + SERVED_NAME,
                 "tokenizer_backend=huggingface", "tokenizer=" + model_dir,
-                "tokenized_requests=True", "max_retries=1", "timeout=120"]),
+                "tokenized_requests=True", "num_concurrent=%d" % CONCURRENT, "max_retries=1",
+                "timeout=120"]),
             "--batch_size", str(BATCH), "--tasks", "parity_choice,parity_generate", "--include_path", TASKS,
             "--output_path", out, "--log_samples"]
         env = dict(os.environ)
