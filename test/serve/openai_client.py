@@ -199,17 +199,17 @@ def _():
              "texts without return_token_ids")
 
 
-@check("streaming equals non-streaming for the same seed")
-def _():
-    ref = state["ref"]
-    stream = client.completions.create(**BASE, stream=True,
-                                       stream_options={"include_usage": True})
-    acc = [{"text": "", "lp": [], "tokens": [], "finish": None} for _ in range(2)]
+def collect_completion_stream(stream, model, n):
+    """A streamed completions response put back together: per choice {"text", "lp" (the
+    token_logprobs), "tokens", "finish"}, the usage chunk's usage (or None) and the number of
+    chunks. Checks each chunk's object, model and id, and that no chunk of a choice follows its
+    finish_reason nor any choice chunk the usage chunk."""
+    acc = [{"text": "", "lp": [], "tokens": [], "finish": None} for _ in range(n)]
     usage, count, sid = None, 0, None
     for chunk in stream:
         count += 1
         assert chunk.object == "text_completion", "chunk object %r" % chunk.object
-        assert chunk.model == MODEL, "chunk model %r" % chunk.model
+        assert chunk.model == model, "chunk model %r" % chunk.model
         sid = sid or chunk.id
         assert chunk.id == sid and sid.startswith("cmpl-"), "chunk id %r" % chunk.id
         if not chunk.choices:
@@ -218,7 +218,7 @@ def _():
             continue
         assert usage is None, "a choice chunk after the usage chunk"
         for c in chunk.choices:
-            assert 0 <= c.index < 2, "chunk for choice %d" % c.index
+            assert 0 <= c.index < n, "chunk for choice %d" % c.index
             a = acc[c.index]
             assert a["finish"] is None, "choice %d: a chunk after its finish_reason" % c.index
             a["text"] += c.text
@@ -226,11 +226,13 @@ def _():
                 a["lp"] += c.logprobs.token_logprobs
                 a["tokens"] += c.logprobs.tokens
             a["finish"] = c.finish_reason
-    # At least one chunk of text and the usage chunk; how many carry the text depends on how the
-    # engine's steps fall against the handler's wake-ups (a chunk carries all drawn since the last).
-    assert count >= 2 and usage is not None, "%d chunks, usage %r" % (count, usage)
-    for i in range(2):
-        r, a = ref.choices[i], acc[i]
+    return acc, usage, count
+
+
+def check_stream_equals(acc, usage, ref):
+    """What collect_completion_stream put together equals the non-streamed response ref."""
+    check_eq(len(acc), len(ref.choices), "streamed choices")
+    for i, (r, a) in enumerate(zip(ref.choices, acc)):
         check_eq(a["text"], r.text, "choice %d streamed text" % i)
         assert a["finish"] == r.finish_reason, "choice %d last finish_reason %r != %r" % (
             i, a["finish"], r.finish_reason)
@@ -238,6 +240,18 @@ def _():
         f32eq(a["lp"], r.logprobs.token_logprobs, "choice %d streamed token_logprobs" % i)
     check_eq(usage.model_dump(exclude_none=True), ref.usage.model_dump(exclude_none=True),
              "streamed usage")
+
+
+@check("streaming equals non-streaming for the same seed")
+def _():
+    ref = state["ref"]
+    stream = client.completions.create(**BASE, stream=True,
+                                       stream_options={"include_usage": True})
+    acc, usage, count = collect_completion_stream(stream, MODEL, 2)
+    # At least one chunk of text and the usage chunk; how many carry the text depends on how the
+    # engine's steps fall against the handler's wake-ups (a chunk carries all drawn since the last).
+    assert count >= 2 and usage is not None, "%d chunks, usage %r" % (count, usage)
+    check_stream_equals(acc, usage, ref)
 
 
 @check("streaming without logprobs or usage")
@@ -420,30 +434,11 @@ if TEXT_BASE_URL is not None:
     @check("text model: streamed completions equal the non-streamed ones")
     def _():
         ref = state["text_ref"]
-        acc = [{"text": "", "lp": [], "tokens": [], "finish": None} for _ in range(2)]
-        usage = None
-        for chunk in tclient.completions.create(**TEXT_BASE, stream=True,
-                                                stream_options={"include_usage": True}):
-            if not chunk.choices:
-                usage = chunk.usage
-                continue
-            for c in chunk.choices:
-                a = acc[c.index]
-                assert a["finish"] is None, "choice %d: a chunk after its finish" % c.index
-                a["text"] += c.text
-                if c.logprobs is not None:
-                    a["lp"] += c.logprobs.token_logprobs
-                    a["tokens"] += c.logprobs.tokens
-                a["finish"] = c.finish_reason
+        stream = tclient.completions.create(**TEXT_BASE, stream=True,
+                                            stream_options={"include_usage": True})
+        acc, usage, _ = collect_completion_stream(stream, TEXT_NAME, 2)
         assert usage is not None, "no usage chunk"
-        check_eq(usage.model_dump(exclude_none=True), ref.usage.model_dump(exclude_none=True),
-                 "streamed usage")
-        for i in range(2):
-            r, a = ref.choices[i], acc[i]
-            check_eq(a["text"], r.text, "choice %d streamed text" % i)
-            check_eq(a["tokens"], r.logprobs.tokens, "choice %d streamed tokens" % i)
-            f32eq(a["lp"], r.logprobs.token_logprobs, "choice %d streamed log-probs" % i)
-            check_eq(a["finish"], r.finish_reason, "choice %d finish_reason" % i)
+        check_stream_equals(acc, usage, ref)
 
     @check("text model: chat.completions.create equals parity.Model")
     def _():
