@@ -62,8 +62,8 @@ class LmEvalRun:
                 "tokenizer_backend=huggingface", "tokenizer=" + model_dir,
                 "tokenized_requests=True", "num_concurrent=%d" % CONCURRENT, "max_retries=1",
                 "timeout=120"]),
-            "--batch_size", str(BATCH), "--tasks", "parity_choice,parity_generate", "--include_path", TASKS,
-            "--output_path", out, "--log_samples"]
+            "--batch_size", str(BATCH), "--tasks", "parity_choice,parity_generate",
+            "--include_path", TASKS, "--output_path", out, "--log_samples"]
         env = dict(os.environ)
         # Nothing from the network: the tokenizer is a directory, the documents a file.
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",

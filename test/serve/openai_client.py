@@ -5,10 +5,11 @@ Python of the virtual environment that holds the client:
 
 (BASE_URL like http://127.0.0.1:PORT/v1) for the byte-level model MODEL. With TEXT_BASE_URL, a
 second server on TEXT_MODEL_DIR, a model with a tokenizer (tokenizer.json, a chat template) that
-it serves under the name "text-model": completions with a text prompt, chat completions, and
-streaming of both, each response checked against parity.Model on that directory in this process
-(the same tokens, log-prob bits and finish reasons; the text the tokenizer decodes), which needs
-PARITY_LIBRARY, the repository's python/ on PYTHONPATH and `tokenizers`.
+it serves under the name "text-model": completions with a text prompt, echo (the prompt's
+log-probs, as lm-evaluation-harness asks for them), chat completions, and streaming of both,
+each response checked against parity.Model on that directory in this process (the same tokens,
+log-prob bits and finish reasons; the text the tokenizer decodes), which needs PARITY_LIBRARY,
+the repository's python/ on PYTHONPATH and `tokenizers`.
 Prints the client's version, one line per check, "ok NAME" or "FAIL NAME: why", then
 "openai-client: N passed, N failed"; exits 1 on a failure. Only the `openai` package, the
 standard library (and for the text model, parity and `tokenizers`) are used.
@@ -439,6 +440,29 @@ if TEXT_BASE_URL is not None:
         acc, usage, _ = collect_completion_stream(stream, TEXT_NAME, 2)
         assert usage is not None, "no usage chunk"
         check_stream_equals(acc, usage, ref)
+
+    @check("text model: echo gives Model.score's prompt log-probs")
+    def _():
+        # lm-evaluation-harness's loglikelihood request: echo, logprobs 1, one greedy token
+        r = tclient.completions.create(model=TEXT_NAME, prompt=TEXT_PROMPT, echo=True,
+                                       logprobs=1, max_tokens=1, temperature=0)
+        ids = direct.encode(TEXT_PROMPT)
+        (c,) = r.choices
+        assert c.text.startswith(TEXT_PROMPT), "echoed text %r" % c.text
+        lp = c.logprobs
+        check_eq(len(lp.token_logprobs), len(ids) + 1, "prompt and completion log-probs")
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, \
+            "the first prompt token has a log-prob: %r" % lp.token_logprobs[0]
+        check_eq(lp.text_offset[:len(ids)], sorted(lp.text_offset[:len(ids)]),
+                 "prompt text offsets in order")
+        check_eq(lp.text_offset[0], 0, "the first prompt token's offset")
+        scores = direct.model.score(ids, top_n=1)
+        f32eq(lp.token_logprobs[1:len(ids)], scores.logprobs, "prompt log-probs")
+        for k, top in enumerate(lp.top_logprobs[1:len(ids)]):
+            f32eq([max(top.values())], scores.top_logprobs[k], "position %d: the most likely" % k)
+        # the completion's token: the greedy one after the prompt
+        (got,) = direct.model.generate(ids, max_tokens=1, temperature=0.0, stop=direct.eos)
+        f32eq(lp.token_logprobs[len(ids):], got.logprobs, "the completion's log-prob")
 
     @check("text model: chat.completions.create equals parity.Model")
     def _():

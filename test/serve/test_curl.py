@@ -52,8 +52,9 @@ class Server:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.join(REPO, "python") + (
             os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.args = [python or sys.executable, "-m", "parity.serve", "--model", model, "--port", "0",
-                     "--port-file", self.port_file, "--threads", "2", "--max-batch", "8"]
+        self.args = [python or sys.executable, "-m", "parity.serve", "--model", model,
+                     "--port", "0", "--port-file", self.port_file, "--threads", "2",
+                     "--max-batch", "8"]
         self.args += list(extra)
         self.err = open(self.err_path, "wb")
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL,

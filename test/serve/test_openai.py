@@ -10,7 +10,7 @@ test/serve/openai_client.py with the environment's Python against both: on the b
 completions.create (string and token-id prompts, n, seed, logprobs), the same request twice bit
 for bit, streaming equal to non-streaming, models.list, and the errors as openai.APIStatusError
 with their statuses (400, 404, 413); on the tokenizer model, completions with a text prompt,
-chat completions and the streaming of both, each equal to parity.Model's (tokens, log-prob
+echo, chat completions and the streaming of both, each equal to parity.Model's (tokens, log-prob
 bits, text). Exit status: 0 passed, 1 failed, 77 skipped (this Python has no venv/ensurepip); a
 failed pip install (PyPI unreachable, say) fails the test.
 """
