@@ -433,7 +433,7 @@ def chat_request(server, body):
     with the model's chat template (transformers' way) and tokenized without adding special
     tokens (the template writes them), the chat fields translated (logprobs + top_logprobs,
     max_completion_tokens). The prompt's text is kept as request.chat_prompt."""
-    known = server.CHAT_FIELDS | CHAT_ONLY_FIELDS
+    known = (server.CHAT_FIELDS - {"prompt"}) | CHAT_ONLY_FIELDS
     for key in body:
         if key not in known:
             raise ApiError(400, "Unrecognized request argument supplied: %s" % key, key,

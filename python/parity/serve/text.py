@@ -144,8 +144,13 @@ class Tokenizer:
             raise ApiError(400, "this model has no chat template (its tokenizer_config.json has "
                            "no chat_template): use /v1/completions", "messages",
                            "no_chat_template")
+        try:
+            import jinja2
+        except ImportError:
+            raise ApiError(400, "chat templates need the PyPI package jinja2, which the server's "
+                           "Python does not have (pip install jinja2)", "messages",
+                           "no_jinja2") from None
         template = self._template()
-        import jinja2
         values = dict(self.special)
         values.update(extra)
         try:
