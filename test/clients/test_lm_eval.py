@@ -8,9 +8,10 @@ and transformers (the conformance tier's venv). Starts `PYTHON -m parity.serve` 
 (default test/data/tokenizer-model: a synthetic Qwen3 with a trained byte-level BPE tokenizer
 of 512 tokens), runs `PYTHON -m lm_eval --model local-completions` with the two tasks of
 test/clients/tasks/ (parity_choice: loglikelihood, multiple choice; parity_generate:
-generate_until, greedy), token-id requests (tokenizer_backend=huggingface) of 3 prompts each,
-3 in flight at once (so each is served among others), and then computes the same through
-parity.Model in this process:
+generate_until, greedy) twice, with token-id requests and with text requests (lm_eval's
+tokenized_requests True and False; tokenizer_backend=huggingface either way, for its context
+lengths), of 3 prompts each, 3 in flight at once (so each is served among others), and computes
+the same through parity.Model in this process:
 - parity_choice: each (question, choice) pair tokenized as lm_eval tokenizes it (the whole
   string, split where the context's tokens end), scored with Model.score; the log-likelihood
   (the sum of the choice's token log-probs, float32 values added in order) and is_greedy of
@@ -54,13 +55,14 @@ class LmEvalRun:
     """One `lm_eval --model local-completions` run against a server; its per-task samples
     (docs in order) and aggregated results."""
 
-    def __init__(self, server, model_dir, out):
+    def __init__(self, server, model_dir, out, tokenized):
         self.args = [
             sys.executable, "-m", "lm_eval", "--model", "local-completions",
             "--model_args", ",".join([
                 "base_url=%s/v1/completions" % server.base, "model=" + SERVED_NAME,
                 "tokenizer_backend=huggingface", "tokenizer=" + model_dir,
-                "tokenized_requests=True", "num_concurrent=%d" % CONCURRENT, "max_retries=1",
+                "tokenized_requests=%s" % tokenized, "num_concurrent=%d" % CONCURRENT,
+                "max_retries=1",
                 "timeout=120"]),
             "--batch_size", str(BATCH), "--tasks", "parity_choice,parity_generate",
             "--include_path", TASKS, "--output_path", out, "--log_samples"]
@@ -146,7 +148,10 @@ class Direct:
         return (text[:min(cuts)], True) if cuts else (text, False)
 
 
-class TestLmEval(unittest.TestCase):
+class LmEvalChecks:
+    """The checks of one lm_eval run; `tokenized` is lm_eval's tokenized_requests (prompts sent
+    as token ids, or as text that the server tokenizes)."""
+    tokenized = None
     run_ = None
     direct = None
 
@@ -155,7 +160,7 @@ class TestLmEval(unittest.TestCase):
         server = Server("--served-model-name", SERVED_NAME, model=MODEL)
         out = tempfile.mkdtemp(prefix="parity-lm-eval-")
         try:
-            cls.run_ = LmEvalRun(server, MODEL, out)
+            cls.run_ = LmEvalRun(server, MODEL, out, cls.tokenized)
         finally:
             cls.server_rc = server.stop()
             cls.server_output = server.stderr()
@@ -221,6 +226,17 @@ class TestLmEval(unittest.TestCase):
                          matches / len(self.docs), "exact_match over the documents")
         # some completions end at a stop string, some at max_gen_toks
         self.assertTrue(0 < stopped < len(self.docs), "%d stopped by a stop string" % stopped)
+
+
+
+class TestTokenIdRequests(LmEvalChecks, unittest.TestCase):
+    tokenized = True
+
+
+class TestTextRequests(LmEvalChecks, unittest.TestCase):
+    # lm_eval decodes its tokens to text (loglikelihood) or sends the context as it is
+    # (generate_until); its context lengths are still its own tokenizer's
+    tokenized = False
 
 
 def main():
