@@ -47,7 +47,7 @@ BATCH = 3                 # prompts per lm_eval request
 CONCURRENT = 3            # lm_eval requests in flight at once
 CHOICE_CONTEXT = "Question: {question}\nAnswer:"   # parity_choice.yaml's doc_to_text
 CHOICE_DELIMITER = " "                              # its target_delimiter
-UNTIL = ["\n", "er"]                              # parity_generate.yaml's generation_kwargs
+UNTIL = ["\n", "er"]                                # parity_generate.yaml's until
 MAX_GEN_TOKS = 12
 
 
