@@ -1,22 +1,31 @@
 """parity.serve driven by PyPI's official `openai` Python client. Run by test_openai.py with the
 Python of the virtual environment that holds the client:
 
-    VENV/bin/python openai_client.py BASE_URL MODEL
+    VENV/bin/python openai_client.py BASE_URL MODEL [TEXT_BASE_URL TEXT_MODEL_DIR]
 
-(BASE_URL like http://127.0.0.1:PORT/v1). Prints the client's version, one line per check,
-"ok NAME" or "FAIL NAME: why", then "openai-client: N passed, N failed"; exits 1 on a failure.
-Only the `openai` package and the standard library are used.
+(BASE_URL like http://127.0.0.1:PORT/v1) for the byte-level model MODEL. With TEXT_BASE_URL, a
+second server on TEXT_MODEL_DIR, a model with a tokenizer (tokenizer.json, a chat template) that
+it serves under the name "text-model": completions with a text prompt, echo (the prompt's
+log-probs, as lm-evaluation-harness asks for them), chat completions, and streaming of both,
+each response checked against parity.Model on that directory in this process (the same tokens,
+log-prob bits and finish reasons; the text the tokenizer decodes), which needs PARITY_LIBRARY,
+the repository's python/ on PYTHONPATH and `tokenizers`.
+Prints the client's version, one line per check, "ok NAME" or "FAIL NAME: why", then
+"openai-client: N passed, N failed"; exits 1 on a failure. Only the `openai` package, the
+standard library (and for the text model, parity and `tokenizers`) are used.
 """
 import json
+import os
 import struct
 import sys
 import traceback
 
 import openai
 
-if len(sys.argv) != 3:
-    sys.exit("usage: python openai_client.py BASE_URL MODEL")
+if len(sys.argv) not in (3, 5):
+    sys.exit("usage: python openai_client.py BASE_URL MODEL [TEXT_BASE_URL TEXT_MODEL_DIR]")
 BASE_URL, MODEL = sys.argv[1], sys.argv[2]
+TEXT_BASE_URL, TEXT_MODEL_DIR = sys.argv[3:5] if len(sys.argv) == 5 else (None, None)
 
 # Every request body the client sends, to see what it forwards (an httpx event hook on the
 # client's own default HTTP client class, so the client's settings are otherwise its own).
@@ -191,17 +200,17 @@ def _():
              "texts without return_token_ids")
 
 
-@check("streaming equals non-streaming for the same seed")
-def _():
-    ref = state["ref"]
-    stream = client.completions.create(**BASE, stream=True,
-                                       stream_options={"include_usage": True})
-    acc = [{"text": "", "lp": [], "tokens": [], "finish": None} for _ in range(2)]
+def collect_completion_stream(stream, model, n):
+    """A streamed completions response put back together: per choice {"text", "lp" (the
+    token_logprobs), "tokens", "finish"}, the usage chunk's usage (or None) and the number of
+    chunks. Checks each chunk's object, model and id, and that no chunk of a choice follows its
+    finish_reason nor any choice chunk the usage chunk."""
+    acc = [{"text": "", "lp": [], "tokens": [], "finish": None} for _ in range(n)]
     usage, count, sid = None, 0, None
     for chunk in stream:
         count += 1
         assert chunk.object == "text_completion", "chunk object %r" % chunk.object
-        assert chunk.model == MODEL, "chunk model %r" % chunk.model
+        assert chunk.model == model, "chunk model %r" % chunk.model
         sid = sid or chunk.id
         assert chunk.id == sid and sid.startswith("cmpl-"), "chunk id %r" % chunk.id
         if not chunk.choices:
@@ -210,7 +219,7 @@ def _():
             continue
         assert usage is None, "a choice chunk after the usage chunk"
         for c in chunk.choices:
-            assert 0 <= c.index < 2, "chunk for choice %d" % c.index
+            assert 0 <= c.index < n, "chunk for choice %d" % c.index
             a = acc[c.index]
             assert a["finish"] is None, "choice %d: a chunk after its finish_reason" % c.index
             a["text"] += c.text
@@ -218,11 +227,13 @@ def _():
                 a["lp"] += c.logprobs.token_logprobs
                 a["tokens"] += c.logprobs.tokens
             a["finish"] = c.finish_reason
-    # At least one chunk of text and the usage chunk; how many carry the text depends on how the
-    # engine's steps fall against the handler's wake-ups (a chunk carries all drawn since the last).
-    assert count >= 2 and usage is not None, "%d chunks, usage %r" % (count, usage)
-    for i in range(2):
-        r, a = ref.choices[i], acc[i]
+    return acc, usage, count
+
+
+def check_stream_equals(acc, usage, ref):
+    """What collect_completion_stream put together equals the non-streamed response ref."""
+    check_eq(len(acc), len(ref.choices), "streamed choices")
+    for i, (r, a) in enumerate(zip(ref.choices, acc)):
         check_eq(a["text"], r.text, "choice %d streamed text" % i)
         assert a["finish"] == r.finish_reason, "choice %d last finish_reason %r != %r" % (
             i, a["finish"], r.finish_reason)
@@ -230,6 +241,18 @@ def _():
         f32eq(a["lp"], r.logprobs.token_logprobs, "choice %d streamed token_logprobs" % i)
     check_eq(usage.model_dump(exclude_none=True), ref.usage.model_dump(exclude_none=True),
              "streamed usage")
+
+
+@check("streaming equals non-streaming for the same seed")
+def _():
+    ref = state["ref"]
+    stream = client.completions.create(**BASE, stream=True,
+                                       stream_options={"include_usage": True})
+    acc, usage, count = collect_completion_stream(stream, MODEL, 2)
+    # At least one chunk of text and the usage chunk; how many carry the text depends on how the
+    # engine's steps fall against the handler's wake-ups (a chunk carries all drawn since the last).
+    assert count >= 2 and usage is not None, "%d chunks, usage %r" % (count, usage)
+    check_stream_equals(acc, usage, ref)
 
 
 @check("streaming without logprobs or usage")
@@ -327,6 +350,175 @@ def _():
     check_eq([extra(c, "token_ids") for c in r.choices],
              [extra(c, "token_ids") for c in state["ref"].choices], "token_ids")
 
+
+# ---- the text model (TEXT_BASE_URL): a tokenizer and a chat template ---------------------
+
+TEXT_NAME = "text-model"
+TEXT_PROMPT = "The rollout server answers"
+CHAT_USER = "What does the sampler return?"
+# What the model's chat template (test/data/tokenizer-model/make.py) makes of one user message
+# with the generation prompt: its default system message first, each message in
+# <|im_start|>ROLE ... <|im_end|>, then the assistant's turn opened.
+CHAT_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+               + CHAT_USER + "<|im_end|>\n<|im_start|>assistant\n")
+
+
+class Direct:
+    """The text model through parity.Model and its tokenizer, without the server."""
+
+    def __init__(self, directory):
+        import parity
+        from tokenizers import Tokenizer
+        self.model = parity.Model(directory)
+        self.tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+        with open(os.path.join(directory, "generation_config.json"), encoding="utf-8") as f:
+            eos = json.load(f)["eos_token_id"]
+        self.eos = [eos] if isinstance(eos, int) else list(eos)   # generation ends at these
+
+    def encode(self, text):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def generate(self, ids, n, max_tokens, seed):
+        """Model.generate as the server samples by default: temperature 1, raw log-probs,
+        completion i on random stream i, stopping at the end-of-sequence ids."""
+        return self.model.generate(ids, n=n, max_tokens=max_tokens, seed=seed, stop=self.eos)
+
+    def text(self, tokens):
+        return self.tok.decode(tokens, skip_special_tokens=True)
+
+    def top2(self, ids, tokens):
+        """Model.score's two most likely log-probs at each completion position."""
+        scores = self.model.score(ids + tokens, top_n=2)
+        return scores.logprobs[len(ids) - 1:], scores.top_logprobs[len(ids) - 1:]
+
+
+def check_against_model(direct, ids, tokens, logprobs, top_values, finish, text, got):
+    """One choice (token ids, log-probs, each position's alternatives' values, finish reason,
+    text) against the completion parity.Model drew for the same prompt ids, stream and
+    parameters, and against Model.score of prompt + completion (the learner's log-probs)."""
+    check_eq(tokens, got.tokens, "token_ids")
+    f32eq(logprobs, got.logprobs, "log-probs against Model.generate")
+    learner, tops = direct.top2(ids, got.tokens)
+    f32eq(logprobs, learner, "log-probs against Model.score")
+    for k, values in enumerate(top_values):
+        f32eq(sorted(values, reverse=True)[:2], tops[k], "position %d: the two most likely" % k)
+    check_eq(finish, "length" if got.finish_reason == "capacity" else got.finish_reason,
+             "finish_reason")
+    check_eq(text, direct.text(got.tokens), "text decoded from the tokens")
+
+
+if TEXT_BASE_URL is not None:
+    tclient = openai.OpenAI(base_url=TEXT_BASE_URL, api_key="parity-test", max_retries=0,
+                            timeout=60.0)
+    direct = Direct(TEXT_MODEL_DIR)
+    TEXT_BASE = dict(model=TEXT_NAME, prompt=TEXT_PROMPT, max_tokens=16, n=2, seed=4321,
+                     logprobs=2)
+    CHAT_BASE = dict(model=TEXT_NAME, messages=[{"role": "user", "content": CHAT_USER}],
+                     max_tokens=16, n=2, seed=777, logprobs=True, top_logprobs=2)
+
+    @check("text model: completions.create with a text prompt equals parity.Model")
+    def _():
+        r = tclient.completions.create(**TEXT_BASE, extra_body=IDS)
+        state["text_ref"] = r
+        ids = direct.encode(TEXT_PROMPT)
+        assert len(ids) < len(TEXT_PROMPT.encode()), "the prompt is not tokenized: %r" % ids
+        check_eq(r.usage.prompt_tokens, len(ids), "usage.prompt_tokens")
+        check_eq([c.index for c in r.choices], [0, 1], "choice indices")
+        for c, got in zip(r.choices, direct.generate(ids, 2, 16, 4321)):
+            check_eq(extra(c, "prompt_token_ids"), ids, "prompt_token_ids")
+            lp = c.logprobs
+            check_eq(len(lp.tokens), len(lp.token_logprobs), "logprobs.tokens")
+            check_against_model(direct, ids, extra(c, "token_ids"), lp.token_logprobs,
+                                [list(top.values()) for top in lp.top_logprobs],
+                                c.finish_reason, c.text, got)
+
+    @check("text model: streamed completions equal the non-streamed ones")
+    def _():
+        ref = state["text_ref"]
+        stream = tclient.completions.create(**TEXT_BASE, stream=True,
+                                            stream_options={"include_usage": True})
+        acc, usage, _ = collect_completion_stream(stream, TEXT_NAME, 2)
+        assert usage is not None, "no usage chunk"
+        check_stream_equals(acc, usage, ref)
+
+    @check("text model: echo gives Model.score's prompt log-probs")
+    def _():
+        # lm-evaluation-harness's loglikelihood request: echo, logprobs 1, one greedy token
+        r = tclient.completions.create(model=TEXT_NAME, prompt=TEXT_PROMPT, echo=True,
+                                       logprobs=1, max_tokens=1, temperature=0)
+        ids = direct.encode(TEXT_PROMPT)
+        (c,) = r.choices
+        assert c.text.startswith(TEXT_PROMPT), "echoed text %r" % c.text
+        lp = c.logprobs
+        check_eq(len(lp.token_logprobs), len(ids) + 1, "prompt and completion log-probs")
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, \
+            "the first prompt token has a log-prob: %r" % lp.token_logprobs[0]
+        check_eq(lp.text_offset[:len(ids)], sorted(lp.text_offset[:len(ids)]),
+                 "prompt text offsets in order")
+        check_eq(lp.text_offset[0], 0, "the first prompt token's offset")
+        scores = direct.model.score(ids, top_n=1)
+        f32eq(lp.token_logprobs[1:len(ids)], scores.logprobs, "prompt log-probs")
+        for k, top in enumerate(lp.top_logprobs[1:len(ids)]):
+            f32eq([max(top.values())], scores.top_logprobs[k], "position %d: the most likely" % k)
+        # the completion's token: the greedy one after the prompt
+        (got,) = direct.model.generate(ids, max_tokens=1, temperature=0.0, stop=direct.eos)
+        f32eq(lp.token_logprobs[len(ids):], got.logprobs, "the completion's log-prob")
+
+    @check("text model: chat.completions.create equals parity.Model")
+    def _():
+        r = tclient.chat.completions.create(**CHAT_BASE, extra_body=IDS)
+        state["chat_ref"] = r
+        assert r.object == "chat.completion" and r.id.startswith("chatcmpl-"), \
+            "object %r, id %r" % (r.object, r.id)
+        ids = direct.encode(CHAT_PROMPT)
+        check_eq(r.usage.prompt_tokens, len(ids), "usage.prompt_tokens")
+        check_eq([c.index for c in r.choices], [0, 1], "choice indices")
+        for c, got in zip(r.choices, direct.generate(ids, 2, 16, 777)):
+            check_eq(extra(c, "prompt_token_ids"), ids, "prompt_token_ids (the template's)")
+            assert c.message.role == "assistant", "role %r" % c.message.role
+            content = c.logprobs.content
+            for e in content:
+                assert len(e.top_logprobs) == 2, "%d top_logprobs" % len(e.top_logprobs)
+                assert isinstance(e.bytes, list), "bytes %r" % e.bytes
+            check_against_model(direct, ids, extra(c, "token_ids"), [e.logprob for e in content],
+                                [[t.logprob for t in e.top_logprobs] for e in content],
+                                c.finish_reason, c.message.content, got)
+
+    @check("text model: streamed chat equals the non-streamed chat")
+    def _():
+        ref = state["chat_ref"]
+        acc = [{"text": "", "lp": [], "tokens": [], "finish": None, "role": None}
+               for _ in range(2)]
+        usage = None
+        for chunk in tclient.chat.completions.create(**CHAT_BASE, stream=True,
+                                                     stream_options={"include_usage": True}):
+            assert chunk.object == "chat.completion.chunk", "object %r" % chunk.object
+            if not chunk.choices:
+                usage = chunk.usage
+                continue
+            for c in chunk.choices:
+                a = acc[c.index]
+                assert a["finish"] is None, "choice %d: a chunk after its finish" % c.index
+                if c.delta.role is not None:
+                    assert a["role"] is None and not a["tokens"], "role not in the first delta"
+                    a["role"] = c.delta.role
+                a["text"] += c.delta.content or ""
+                if c.logprobs is not None:
+                    a["lp"] += [e.logprob for e in c.logprobs.content]
+                    a["tokens"] += [e.token for e in c.logprobs.content]
+                a["finish"] = c.finish_reason
+        assert usage is not None, "no usage chunk"
+        check_eq(usage.model_dump(exclude_none=True), ref.usage.model_dump(exclude_none=True),
+                 "streamed usage")
+        for i in range(2):
+            r, a = ref.choices[i], acc[i]
+            check_eq(a["role"], "assistant", "choice %d role" % i)
+            check_eq(a["text"], r.message.content, "choice %d streamed content" % i)
+            check_eq(a["tokens"], [e.token for e in r.logprobs.content],
+                     "choice %d streamed tokens" % i)
+            f32eq(a["lp"], [e.logprob for e in r.logprobs.content],
+                  "choice %d streamed log-probs" % i)
+            check_eq(a["finish"], r.finish_reason, "choice %d finish_reason" % i)
 
 print("openai-client: %d passed, %d failed" % (results["passed"], results["failed"]), flush=True)
 sys.exit(1 if results["failed"] else 0)

@@ -40,10 +40,11 @@ PROMPT = "import os\nimport sys\n\n\ndef main(argv=None):\n"
 
 
 class Server:
-    """`python3 -m parity.serve` in a subprocess on a free port of 127.0.0.1. Its stderr goes to a
+    """`python3 -m parity.serve` in a subprocess on a free port of 127.0.0.1 (`python`: another
+    Python's, as a virtual environment's with the tokenizer's packages). Its stderr goes to a
     file, shown when it fails to start."""
 
-    def __init__(self, *extra, model=MODEL, timeout=60.0):
+    def __init__(self, *extra, model=MODEL, timeout=60.0, python=None):
         self.tmp = tempfile.mkdtemp(prefix="parity-serve-test-")
         self.port_file = os.path.join(self.tmp, "port")
         self.err_path = os.path.join(self.tmp, "stderr.txt")
@@ -51,8 +52,9 @@ class Server:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.join(REPO, "python") + (
             os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.args = [sys.executable, "-m", "parity.serve", "--model", model, "--port", "0",
-                     "--port-file", self.port_file, "--threads", "2", "--max-batch", "8"]
+        self.args = [python or sys.executable, "-m", "parity.serve", "--model", model,
+                     "--port", "0", "--port-file", self.port_file, "--threads", "2",
+                     "--max-batch", "8"]
         self.args += list(extra)
         self.err = open(self.err_path, "wb")
         self.proc = subprocess.Popen(self.args, env=env, stdin=subprocess.DEVNULL,
