@@ -21,6 +21,9 @@ PYTHONPATH=python OMP_NUM_THREADS=1 "$venv_python" test/conformance/test_hf_patc
 # The server with a checkpoint's tokenizer: text prompts, stop strings, chat templates rendered
 # as transformers renders them, chat completions against parity.Model.
 "$venv_python" test/serve/test_text.py build || failed=1
+# lm-evaluation-harness's local-completions model against the server, its numbers against
+# parity.Model's.
+"$venv_python" test/clients/test_lm_eval.py build || failed=1
 # The suite's Python tests (parity.torch, CausalLM, GRPO, the binding, MoE, bisect) under the
 # venv's PyTorch 2 and numpy 2, none allowed to skip.
 "$venv_python" scripts/python-tests.py --no-skips build || failed=1
