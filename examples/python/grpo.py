@@ -363,7 +363,25 @@ def _make_plugin_class():
     return RolloutPlugin
 
 
-class DaskRollouts:
+class ClusterRollouts:
+    """What sampling on a cluster's workers (dask or Ray) shares: each learner's trajectory is a
+    run of its own, named so that one run's models are never another's, and a weight sync is a
+    push of the version's payload (which the workers apply when they next sample)."""
+
+    def __init__(self):
+        self.session = os.urandom(8).hex()  # tells this run's models from another's
+        self.run = None
+
+    def run_name(self, run):
+        return "%s-%d" % (self.session, run)
+
+    def sync(self, version, learner):
+        t0 = time.perf_counter()
+        self.push(version, learner.named_masters())
+        return time.perf_counter() - t0
+
+
+class DaskRollouts(ClusterRollouts):
     """Sampling on dask workers: groups are tasks; weights travel as a scattered payload."""
 
     def __init__(self, args, max_len):
@@ -374,6 +392,7 @@ class DaskRollouts:
                              "(%s) cannot import (%s); on Debian: apt-get install "
                              "python3-distributed" % (sys.executable, e)) from None
         import logging
+        super().__init__()
         self.args = args
         self.cluster = None
         # the workers load the same library and, on this machine, the same binding
@@ -405,20 +424,13 @@ class DaskRollouts:
         # 2022.12 has only register_worker_plugin
         register = getattr(self.client, "register_plugin", None)
         (register or self.client.register_worker_plugin)(plugin, name=PLUGIN)
-        self.session = os.urandom(8).hex()  # tells this run's models from another's
-        self.run = None
         self.payload = None
 
     def start(self, run, masters):
         """A learner's trajectory begins: the workers open a fresh model for it, which must hold
         the learner's initial weights (version 0)."""
-        self.run = "%s-%d" % (self.session, run)
+        self.run = self.run_name(run)
         self.push(0, masters)
-
-    def sync(self, version, learner):
-        t0 = time.perf_counter()
-        self.push(version, learner.named_masters())
-        return time.perf_counter() - t0
 
     def push(self, version, masters):
         """Scatters the version's weights to every worker."""
@@ -516,7 +528,7 @@ def _probe_ray_address(address, seconds=10):
                          "listens on port 6379 unless `ray start --head --port` said another"
                          % (address, e)) from None
 
-class RayRollouts:
+class RayRollouts(ClusterRollouts):
     """Sampling on Ray actors placed by a placement group of spread bundles; weights travel
     through the object store once per version."""
 
@@ -530,6 +542,7 @@ class RayRollouts:
                              "it is on PyPI (pip install ray; tested with 2.60.0), not in "
                              "Debian" % (sys.executable, e)) from None
         import logging
+        super().__init__()
         self.ray, self.args = ray, args
         self.actors, self.group, self.started = [], None, False
         if __name__ != "__main__":  # imported as a module: ship its code to the actors
@@ -604,8 +617,7 @@ class RayRollouts:
                                "joined %s" % args.ray_address if args.ray_address
                                else "local Ray instance", threads, "" if threads == 1 else "s",
                                len(nodes), "" if len(nodes) == 1 else "s", where[0][2])
-        self.session = os.urandom(8).hex()  # tells this run's models from another's
-        self.run, self.version, self.payload = None, None, None
+        self.version, self.payload = None, None
 
     def _call(self, refs, what):
         """ray.get of the actors' calls; an actor's failure becomes a RuntimeError naming it."""
@@ -620,14 +632,9 @@ class RayRollouts:
     def start(self, run, masters):
         """A learner's trajectory begins: every actor opens a fresh model, which must hold the
         learner's initial weights (version 0)."""
-        self.run = "%s-%d" % (self.session, run)
+        self.run = self.run_name(run)
         self._call([a.open.remote(self.run) for a in self.actors], "opening the models")
         self.push(0, masters)
-
-    def sync(self, version, learner):
-        t0 = time.perf_counter()
-        self.push(version, learner.named_masters())
-        return time.perf_counter() - t0
 
     def push(self, version, masters):
         """Puts the version's weights into the object store, once for every actor."""

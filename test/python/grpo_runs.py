@@ -1,7 +1,7 @@
 """What the tests of examples/python/grpo.py share (test_grpo.py: dask workers; test_grpo_ray.py:
 Ray actors): the small run they make, running the example with a step log, the step records
-with their floats as exact text and without the timings (to compare runs bit for bit), and the
-check of a usage error."""
+with their floats as exact text and without the timings (to compare runs bit for bit), the
+bitwise learner's checks and the check of a usage error."""
 
 import json
 import os
@@ -57,3 +57,16 @@ def usage_error(test, args, needle, prelude=None, env=None):
     test.assertIn(needle, p.stderr)
     test.assertNotIn("Traceback", p.stderr)
     return p
+
+
+def assert_exact(test, records, what):
+    """The bitwise learner's records: k3 0, probability differences 0, NeMo-RL's multiplicative
+    error exactly 1, no token whose log-prob differs in any bit, tokens at every step."""
+    for r in records:
+        at = "%s step %d" % (what, r["step"])
+        test.assertEqual(r["rollout_corr/k3_kl"], 0.0, at)
+        test.assertEqual(r["training/rollout_probs_diff_max"], 0.0, at)
+        test.assertEqual(r["training/rollout_probs_diff_mean"], 0.0, at)
+        test.assertEqual(r["token_mult_prob_error"], 1.0, at)
+        test.assertEqual(r["lp_not_bitwise"], 0, at)
+        test.assertGreater(r["tokens"], 0, at)

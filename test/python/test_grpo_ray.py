@@ -43,7 +43,7 @@ except ImportError as e:
           "in the conformance tier's virtual environment" % e)
     sys.exit(harness.SKIP)
 
-from grpo_runs import SMALL, run, untimed, usage_error  # noqa: E402
+from grpo_runs import SMALL, assert_exact, run, untimed, usage_error  # noqa: E402
 
 
 
@@ -150,17 +150,11 @@ class GrpoRay(unittest.TestCase):
 
     def test_parity_learner_exact(self):
         """The bitwise learner on Ray-sampled rollouts: every mismatch metric at its perfect
-        value, at every step."""
+        value (grpo_runs.assert_exact), at every step."""
         for name in ("local-1", "local-2", "joined-2"):
             recs = [r for r in self.runs[name][1] if r["learner"] == "parity"]
             self.assertEqual(len(recs), 2)
-            for r in recs:
-                what = "%s step %d" % (name, r["step"])
-                self.assertEqual(r["rollout_corr/k3_kl"], 0.0, what)
-                self.assertEqual(r["training/rollout_probs_diff_max"], 0.0, what)
-                self.assertEqual(r["token_mult_prob_error"], 1.0, what)
-                self.assertEqual(r["lp_not_bitwise"], 0, what)
-                self.assertGreater(r["tokens"], 0, what)
+            assert_exact(self, recs, name)
 
     def test_placement_reported(self):
         """The run names its actors, their bundles, the strategy and where the cluster is."""
