@@ -103,8 +103,10 @@ kind: dask (the default) or ray.
         as many nodes as the cluster has room on; packed on one node where there is only one).
         Without --ray-address the example starts a local Ray instance of that many CPUs (no
         dashboard, a 256 MiB object store, usage statistics off) and shuts it down at exit; with
-        --ray-address ADDRESS ("auto", or HOST:6379 of `ray start --head`) it joins that cluster
-        and leaves it running, removing only its actors and placement group. The driver puts
+        --ray-address ADDRESS ("auto", or HOST:6379 of `ray start --head`; with Ray's default
+        token authentication, RAY_AUTH_MODE=token and the cluster's token in ~/.ray/auth_token
+        or RAY_AUTH_TOKEN) it joins that cluster and leaves it running, removing only its
+        actors and placement group. The driver puts
         each version's payload into the object store once (ray.put); an actor fetches it only
         when the version it is asked to sample is newer than the one it holds. Group g goes to
         actor g mod N.
@@ -528,6 +530,7 @@ def _probe_ray_address(address, seconds=10):
                          "listens on port 6379 unless `ray start --head --port` said another"
                          % (address, e)) from None
 
+
 class RayRollouts(ClusterRollouts):
     """Sampling on Ray actors placed by a placement group of spread bundles; weights travel
     through the object store once per version."""
@@ -664,6 +667,7 @@ class RayRollouts(ClusterRollouts):
         finally:
             self.actors, self.group = [], None
             ray.shutdown()  # stops a local instance; disconnects from a joined cluster
+
 
 # ---- the learners ------------------------------------------------------------------------------
 
@@ -1091,16 +1095,18 @@ def parse_args(argv):
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     ap.add_argument("--clip", type=float, default=0.2, help="PPO clip epsilon")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, help="threads (default: the CPUs this process may use)")
-    ap.add_argument("--workers", type=int,
+    ap.add_argument("--threads", type=int,
+                    help="threads of the driver and, split among --workers (at least 1 each), "
+                         "of the workers' samplers (default: the CPUs this process may use)")
+    ap.add_argument("--workers", type=int, metavar="N",
                     help="sample on N workers of a cluster (--cluster) instead of in-process: "
                          "dask worker processes of a LocalCluster, or Ray actors")
     ap.add_argument("--cluster", choices=["dask", "ray"],
                     help="where --workers run: dask.distributed (the default) or Ray; "
                          "--scheduler implies dask, --ray-address ray")
-    ap.add_argument("--scheduler", help="sample on the running dask cluster at this address "
+    ap.add_argument("--scheduler", metavar="ADDRESS", help="sample on the running dask cluster at this address "
                                         "(its workers, all of them)")
-    ap.add_argument("--ray-address",
+    ap.add_argument("--ray-address", metavar="ADDRESS",
                     help="join the running Ray cluster at this address ('auto', or HOST:6379) "
                          "and place the --workers actors (default 1) there; default: a local "
                          "Ray instance started for the run and shut down at exit")
