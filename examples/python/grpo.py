@@ -1104,8 +1104,9 @@ def parse_args(argv):
     ap.add_argument("--cluster", choices=["dask", "ray"],
                     help="where --workers run: dask.distributed (the default) or Ray; "
                          "--scheduler implies dask, --ray-address ray")
-    ap.add_argument("--scheduler", metavar="ADDRESS", help="sample on the running dask cluster at this address "
-                                        "(its workers, all of them)")
+    ap.add_argument("--scheduler", metavar="ADDRESS",
+                    help="sample on the running dask cluster at this address (its workers, all "
+                         "of them)")
     ap.add_argument("--ray-address", metavar="ADDRESS",
                     help="join the running Ray cluster at this address ('auto', or HOST:6379) "
                          "and place the --workers actors (default 1) there; default: a local "
