@@ -4,11 +4,12 @@ learner mismatch an RL framework would log, step by step.
 
     /usr/bin/python3 examples/python/grpo.py [--learner parity|parity:PRESET|torch[,...]]
         [--steps 20] [--groups 4] [--n 8] [--line-bytes 32] [--lr 1e-4] [--seed 0]
-        [--workers N | --scheduler ADDRESS] [--log FILE] [--svg FILE]
+        [--workers N] [--cluster dask|ray] [--scheduler ADDRESS | --ray-address ADDRESS]
+        [--log FILE] [--svg FILE]
 
-Needs PyTorch (Debian: python3-torch); --workers and --scheduler need dask.distributed
-(Debian: python3-distributed). Prompts come from examples/python/data/grpo_prompts.json; nothing
-outside the repository is read.
+Needs PyTorch (Debian: python3-torch); rollouts on a dask cluster need dask.distributed (Debian:
+python3-distributed), on Ray ray (PyPI: ray; tested with 2.60.0). Prompts come from
+examples/python/data/grpo_prompts.json; nothing outside the repository is read.
 
 The run
 -------
@@ -90,18 +91,38 @@ current directory, "" for none), and a summary comparing the learners run.
 
 More than one machine
 ---------------------
---workers N runs the rollouts on a dask.distributed LocalCluster of N worker processes;
---scheduler ADDRESS connects to a running cluster instead (its workers need this repository at
-the same path, or parity importable, and the checkpoint). Each worker loads the model once (a
-worker plugin) and receives weight updates by version: every step the driver scatters the fp32
-masters with their version number and the checksums of their bf16 cast; a worker whose weights
-are older applies them with parity.Model.update and checks its model against that manifest
-(parity.Model.verify) before it samples. Groups are tasks, spread over the workers as the
-scheduler likes; the learner stays in the driver. A sequence's tokens and log-probs depend only
-on (seed, stream, position) and the weights, and each group's seed only on (--seed, step, group
-index), so rollouts, rewards, losses and weights are bitwise the same for any number of workers
-and without --workers, for a given --threads (which sets the driver's torch threads, on which
-the plain torch learner's arithmetic may depend; test/python/test_grpo.py checks N = 1 and 2).
+--workers N samples on N workers of a cluster instead of in this process; --cluster says which
+kind: dask (the default) or ray.
+
+  dask  A dask.distributed LocalCluster of N worker processes, or, with --scheduler ADDRESS, the
+        workers of a running cluster. Each worker loads the model once (a worker plugin); every
+        step the driver scatters the weights payload to all of them, and groups are tasks,
+        spread over the workers as the scheduler likes.
+  ray   N Ray actors, each holding a parity.Model and its sampler, placed by a placement group
+        of N bundles of one worker's CPUs (--threads / N, at least 1) with strategy SPREAD (on
+        as many nodes as the cluster has room on; packed on one node where there is only one).
+        Without --ray-address the example starts a local Ray instance of that many CPUs (no
+        dashboard, a 256 MiB object store, usage statistics off) and shuts it down at exit; with
+        --ray-address ADDRESS ("auto", or HOST:6379 of `ray start --head`; with Ray's default
+        token authentication, RAY_AUTH_MODE=token and the cluster's token in ~/.ray/auth_token
+        or RAY_AUTH_TOKEN) it joins that cluster and leaves it running, removing only its
+        actors and placement group. The driver puts
+        each version's payload into the object store once (ray.put); an actor fetches it only
+        when the version it is asked to sample is newer than the one it holds. Group g goes to
+        actor g mod N.
+
+Either way a worker (dask worker or Ray actor; on another machine it needs this repository at
+the same path, or parity importable, and the checkpoint) holds the learner's weights by
+version: the payload is the fp32 masters with their version number and the checksums of their
+bf16 cast (parity's manifest values); a worker whose weights are older applies them with
+parity.Model.update and checks its model against that manifest (parity.Model.verify) before it
+samples, so a worker never samples on weights other than the driver's. The learner stays in
+the driver. A sequence's tokens and log-probs depend only on (seed, stream, position) and the
+weights, and each group's seed only on (--seed, step, group index), so rollouts, rewards,
+losses and weights are bitwise the same for any number of workers, on dask or Ray, and
+without --workers, for a given --threads (which sets the driver's torch threads, on which the
+plain torch learner's arithmetic may depend; test/python/test_grpo.py checks 1 and 2 dask
+workers, test/python/test_grpo_ray.py 1 and 2 Ray actors).
 """
 import argparse
 import hashlib
@@ -168,13 +189,14 @@ def line_reward(tokens, line_bytes):
                    and bytes(tokens).strip() != b"") else 0.0
 
 
-# ---- the sampler side (in-process or on a dask worker) ------------------------------------------
+# ---- the sampler side (in-process, on a dask worker or in a Ray actor) ---------------------------
 
 class RolloutEngine:
     """A libparity model and sampler, and the version of the learner's weights they hold.
 
-    Runs in the driver (no --workers) or inside each dask worker. It imports nothing from the
-    driver's module namespace that a remote worker could not unpickle: parity is passed in."""
+    Runs in the driver (no --workers), inside each dask worker or in each Ray actor. It imports
+    nothing from the driver's module namespace that a remote worker could not unpickle: parity
+    is passed in."""
 
     def __init__(self, parity_module, model_path, policy, backend, threads, max_len, n):
         self.model = parity_module.Model(model_path, threads=threads)
@@ -282,6 +304,17 @@ class LocalRollouts:
         self.engine.close()
 
 
+def _import_parity(python_dir, library):
+    """In a worker process: the binding of this repository (or the one installed there) and the
+    library the driver uses, where that path exists on the worker's machine."""
+    if os.path.isdir(python_dir) and python_dir not in sys.path:
+        sys.path.insert(0, python_dir)
+    if library and os.path.isfile(library):
+        os.environ.setdefault("PARITY_LIBRARY", library)
+    import parity as parity_module
+    return parity_module
+
+
 def _worker_state():
     from distributed import get_worker
     return get_worker().plugins[PLUGIN]
@@ -313,12 +346,7 @@ def _make_plugin_class():
 
         def setup(self, worker):
             import threading
-            if os.path.isdir(self.python_dir) and self.python_dir not in sys.path:
-                sys.path.insert(0, self.python_dir)
-            if self.library and os.path.isfile(self.library):
-                os.environ.setdefault("PARITY_LIBRARY", self.library)
-            import parity as parity_module
-            self.parity = parity_module
+            self.parity = _import_parity(self.python_dir, self.library)
             self.lock = threading.Lock()
 
         def engine(self, run):
@@ -337,7 +365,25 @@ def _make_plugin_class():
     return RolloutPlugin
 
 
-class DaskRollouts:
+class ClusterRollouts:
+    """What sampling on a cluster's workers (dask or Ray) shares: each learner's trajectory is a
+    run of its own, named so that one run's models are never another's, and a weight sync is a
+    push of the version's payload (which the workers apply when they next sample)."""
+
+    def __init__(self):
+        self.session = os.urandom(8).hex()  # tells this run's models from another's
+        self.run = None
+
+    def run_name(self, run):
+        return "%s-%d" % (self.session, run)
+
+    def sync(self, version, learner):
+        t0 = time.perf_counter()
+        self.push(version, learner.named_masters())
+        return time.perf_counter() - t0
+
+
+class DaskRollouts(ClusterRollouts):
     """Sampling on dask workers: groups are tasks; weights travel as a scattered payload."""
 
     def __init__(self, args, max_len):
@@ -348,6 +394,7 @@ class DaskRollouts:
                              "(%s) cannot import (%s); on Debian: apt-get install "
                              "python3-distributed" % (sys.executable, e)) from None
         import logging
+        super().__init__()
         self.args = args
         self.cluster = None
         # the workers load the same library and, on this machine, the same binding
@@ -379,20 +426,13 @@ class DaskRollouts:
         # 2022.12 has only register_worker_plugin
         register = getattr(self.client, "register_plugin", None)
         (register or self.client.register_worker_plugin)(plugin, name=PLUGIN)
-        self.session = os.urandom(8).hex()  # tells this run's models from another's
-        self.run = None
         self.payload = None
 
     def start(self, run, masters):
         """A learner's trajectory begins: the workers open a fresh model for it, which must hold
         the learner's initial weights (version 0)."""
-        self.run = "%s-%d" % (self.session, run)
+        self.run = self.run_name(run)
         self.push(0, masters)
-
-    def sync(self, version, learner):
-        t0 = time.perf_counter()
-        self.push(version, learner.named_masters())
-        return time.perf_counter() - t0
 
     def push(self, version, masters):
         """Scatters the version's weights to every worker."""
@@ -422,6 +462,211 @@ class DaskRollouts:
             self.client.close()
             if self.cluster is not None:
                 self.cluster.close()
+
+
+
+def _make_actor_class(ray):
+    """The Ray actor class (made once ray is imported: the module imports without it)."""
+
+    @ray.remote
+    class RolloutActor:
+        """One rollout worker: a RolloutEngine per run (a learner's trajectory), brought to the
+        driver's weights by version before it samples."""
+
+        def __init__(self, python_dir, library, config):
+            self.parity = _import_parity(python_dir, library)
+            self.config = config
+            self.run, self.engine = None, None
+
+        def where(self):
+            """(node address, process id, the library's version): where the actor runs."""
+            return ray.util.get_node_ip_address(), os.getpid(), self.parity.version()
+
+        def open(self, run):
+            """A fresh model and sampler for a run (the previous run's closed)."""
+            self.close()
+            self.engine = RolloutEngine(self.parity, *self.config)
+            self.run = run
+
+        def sample(self, run, version, payload_box, jobs, n, line_bytes, temperature, mode):
+            """Samples jobs on the weights of `version`. payload_box is [ObjectRef] of that
+            version's payload (in a list, so that Ray passes the reference and not the value):
+            fetched only when this actor holds an older version."""
+            if run != self.run or self.engine is None:
+                raise RuntimeError("actor asked to sample run %r, it holds run %r"
+                                   % (run, self.run))
+            if self.engine.version != version or not self.engine.verified:
+                self.engine.apply(ray.get(payload_box[0]))
+            if self.engine.version != version:
+                raise RuntimeError("actor at version %d asked to sample version %d"
+                                   % (self.engine.version, version))
+            return self.engine.sample(jobs, n, line_bytes, temperature, mode)
+
+        def close(self):
+            if self.engine is not None:
+                self.engine.close()
+            self.engine, self.run = None, None
+
+    return RolloutActor
+
+
+RAY_OBJECT_STORE_BYTES = 256 << 20  # a local instance's object store: a few versions' weights
+RAY_PLACEMENT_SECONDS = 120  # how long the placement group may wait for room
+
+
+def _probe_ray_address(address, seconds=10):
+    """Raises UsageError unless something accepts a TCP connection at a HOST:PORT address
+    (ray://HOST:PORT too): Ray itself retries an address where nothing listens for minutes.
+    "auto" and other forms are left to ray.init."""
+    import socket
+    hostport = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
+    except OSError as e:
+        raise UsageError("--ray-address %s: nothing answers there (%s); a Ray cluster's head "
+                         "listens on port 6379 unless `ray start --head --port` said another"
+                         % (address, e)) from None
+
+
+class RayRollouts(ClusterRollouts):
+    """Sampling on Ray actors placed by a placement group of spread bundles; weights travel
+    through the object store once per version."""
+
+    def __init__(self, args, max_len):
+        try:
+            import ray
+            from ray.util.placement_group import placement_group, placement_group_table
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        except ImportError as e:
+            raise UsageError("--cluster ray needs ray, which this Python (%s) cannot import (%s); "
+                             "it is on PyPI (pip install ray; tested with 2.60.0), not in "
+                             "Debian" % (sys.executable, e)) from None
+        import logging
+        super().__init__()
+        self.ray, self.args = ray, args
+        self.actors, self.group, self.started = [], None, False
+        if __name__ != "__main__":  # imported as a module: ship its code to the actors
+            ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        # no usage statistics sent anywhere (a local instance would report them by default)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        workers = args.workers
+        threads = max(1, args.threads // workers)
+        if args.ray_address:
+            _probe_ray_address(args.ray_address)
+        try:
+            if args.ray_address:
+                ray.init(address=args.ray_address, logging_level=logging.ERROR,
+                         log_to_driver=False)
+            else:
+                # "local": a new instance even where `ray start` left one running on this machine
+                # (which address=None would join)
+                ray.init(address="local", num_cpus=workers * threads, include_dashboard=False,
+                         object_store_memory=RAY_OBJECT_STORE_BYTES,
+                         logging_level=logging.ERROR, log_to_driver=False)
+                self.started = True
+        except Exception as e:  # ConnectionError, RuntimeError, ValueError: Ray's own choice
+            where = ("join the Ray cluster at %s" % args.ray_address if args.ray_address
+                     else "start a local Ray instance (%d CPUs, %d MiB object store)"
+                     % (workers * threads, RAY_OBJECT_STORE_BYTES >> 20))
+            ray.shutdown()  # whatever part of it did start
+            hint = ""
+            if args.ray_address and "RAY_AUTH_MODE" not in os.environ:
+                hint = ("; a cluster with token authentication (what `ray start` sets up by "
+                        "default) needs RAY_AUTH_MODE=token here, and its token in "
+                        "~/.ray/auth_token or RAY_AUTH_TOKEN")
+            raise UsageError("cannot %s: %s: %s%s" % (where, type(e).__name__, e, hint)) from None
+        try:
+            self._place(workers, threads, max_len, placement_group, placement_group_table,
+                        PlacementGroupSchedulingStrategy)
+        except BaseException:
+            self.close()
+            raise
+
+    def _place(self, workers, threads, max_len, placement_group, placement_group_table,
+               strategy_class):
+        """The placement group (one bundle of `threads` CPUs per worker, SPREAD) and an actor
+        in each bundle; raises UsageError when the cluster has no room or an actor fails."""
+        ray, args = self.ray, self.args
+        bundle = {"CPU": threads}
+        self.group = placement_group([dict(bundle) for _ in range(workers)], strategy="SPREAD")
+        try:
+            ray.get(self.group.ready(), timeout=RAY_PLACEMENT_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            raise UsageError("the Ray cluster has no room for %d bundle%s of %s (strategy SPREAD) "
+                             "after %d s; it has %s, of which %s free (--workers and --threads "
+                             "set the bundles)"
+                             % (workers, "" if workers == 1 else "s", bundle,
+                                RAY_PLACEMENT_SECONDS, ray.cluster_resources(),
+                                ray.available_resources())) from None
+        actor_class = _make_actor_class(ray)
+        config = (args.model, args.policy, args.backend, threads, max_len, args.n)
+        self.actors = [actor_class.options(
+            num_cpus=threads, scheduling_strategy=strategy_class(
+                placement_group=self.group, placement_group_bundle_index=i))
+            .remote(PYTHON_DIR, parity.LIBRARY_PATH, config) for i in range(workers)]
+        try:
+            where = ray.get([a.where.remote() for a in self.actors])
+        except ray.exceptions.RayError as e:
+            raise UsageError("the Ray actors could not start (each needs parity importable and "
+                             "libparity at %s or its own PARITY_LIBRARY): %s"
+                             % (parity.LIBRARY_PATH, e)) from None
+        nodes = set(placement_group_table(self.group)["bundles_to_node_id"].values())
+        self.description = "%d Ray actor%s (%s; one bundle of %d CPU%s each, SPREAD over %d " \
+                           "node%s; library %s)" % (
+                               workers, "" if workers == 1 else "s",
+                               "joined %s" % args.ray_address if args.ray_address
+                               else "local Ray instance", threads, "" if threads == 1 else "s",
+                               len(nodes), "" if len(nodes) == 1 else "s", where[0][2])
+        self.version, self.payload = None, None
+
+    def _call(self, refs, what):
+        """ray.get of the actors' calls; an actor's failure becomes a RuntimeError naming it."""
+        try:
+            return self.ray.get(refs)
+        except self.ray.exceptions.RayError as e:
+            cause = getattr(e, "cause", None)
+            raise RuntimeError("%s on the Ray actors failed: %s" % (
+                what, "%s: %s" % (type(cause).__name__, cause) if cause is not None
+                else "%s: %s" % (type(e).__name__, e))) from None
+
+    def start(self, run, masters):
+        """A learner's trajectory begins: every actor opens a fresh model, which must hold the
+        learner's initial weights (version 0)."""
+        self.run = self.run_name(run)
+        self._call([a.open.remote(self.run) for a in self.actors], "opening the models")
+        self.push(0, masters)
+
+    def push(self, version, masters):
+        """Puts the version's weights into the object store, once for every actor."""
+        self.payload = self.ray.put(weights_payload(version, masters))
+        self.version = version
+
+    def sample(self, version, jobs):
+        if version != self.version:
+            raise RuntimeError("the driver pushed version %s, the learner is at %d"
+                               % (self.version, version))
+        a = self.args
+        n = len(self.actors)
+        refs = [actor.sample.remote(self.run, version, [self.payload], jobs[i::n], a.n,
+                                    a.line_bytes, a.temperature, a.mode)
+                for i, actor in enumerate(self.actors) if jobs[i::n]]
+        res = [r for part in self._call(refs, "sampling") for r in part]
+        return [r[1] for r in sorted(res, key=lambda r: r[0])]
+
+    def close(self):
+        ray = self.ray
+        try:
+            if not self.started:  # a cluster that outlives the run: free what this run took
+                for actor in self.actors:
+                    ray.kill(actor)
+                if self.group is not None:
+                    ray.util.remove_placement_group(self.group)
+        finally:
+            self.actors, self.group = [], None
+            ray.shutdown()  # stops a local instance; disconnects from a joined cluster
 
 
 # ---- the learners ------------------------------------------------------------------------------
@@ -850,9 +1095,22 @@ def parse_args(argv):
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     ap.add_argument("--clip", type=float, default=0.2, help="PPO clip epsilon")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, help="threads (default: the CPUs this process may use)")
-    ap.add_argument("--workers", type=int, help="sample on a dask LocalCluster of N processes")
-    ap.add_argument("--scheduler", help="sample on the dask cluster at this address")
+    ap.add_argument("--threads", type=int,
+                    help="threads of the driver and, split among --workers (at least 1 each), "
+                         "of the workers' samplers (default: the CPUs this process may use)")
+    ap.add_argument("--workers", type=int, metavar="N",
+                    help="sample on N workers of a cluster (--cluster) instead of in-process: "
+                         "dask worker processes of a LocalCluster, or Ray actors")
+    ap.add_argument("--cluster", choices=["dask", "ray"],
+                    help="where --workers run: dask.distributed (the default) or Ray; "
+                         "--scheduler implies dask, --ray-address ray")
+    ap.add_argument("--scheduler", metavar="ADDRESS",
+                    help="sample on the running dask cluster at this address (its workers, all "
+                         "of them)")
+    ap.add_argument("--ray-address", metavar="ADDRESS",
+                    help="join the running Ray cluster at this address ('auto', or HOST:6379) "
+                         "and place the --workers actors (default 1) there; default: a local "
+                         "Ray instance started for the run and shut down at exit")
     ap.add_argument("--log", help="write a JSON object per step to this file")
     ap.add_argument("--svg", default="grpo-mismatch.svg",
                     help="the plot of the metrics per step (default grpo-mismatch.svg; '' for "
@@ -881,6 +1139,18 @@ def parse_args(argv):
         args.mode = "raw" if args.temperature == 1.0 else "processed"
     if args.workers and args.scheduler:
         ap.error("--workers and --scheduler exclude each other")
+    if args.scheduler and args.ray_address:
+        ap.error("--scheduler (a dask cluster) and --ray-address (a Ray cluster) exclude each "
+                 "other")
+    implied = "dask" if args.scheduler else "ray" if args.ray_address else None
+    if args.cluster and implied and args.cluster != implied:
+        ap.error("--cluster %s and --%s (a %s cluster) exclude each other"
+                 % (args.cluster, "scheduler" if implied == "dask" else "ray-address", implied))
+    args.cluster = args.cluster or implied or ("dask" if args.workers else None)
+    if args.cluster == "ray":
+        args.workers = args.workers or 1
+    elif args.cluster == "dask" and not (args.workers or args.scheduler):
+        args.workers = 1
     if args.threads is None:
         args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else (os.cpu_count() or 1)
@@ -945,8 +1215,8 @@ def main(argv=None):
     remote = None
     results = []
     try:
-        if args.workers or args.scheduler:
-            remote = DaskRollouts(args, max_len)
+        if args.cluster:
+            remote = (RayRollouts if args.cluster == "ray" else DaskRollouts)(args, max_len)
             where = remote.description
         else:
             where = "in-process, %d thread%s" % (args.threads, "" if args.threads == 1 else "s")

@@ -1,8 +1,9 @@
 """examples/python/grpo.py end to end, on a few small steps: the step logs (everything but the
 timings) are bitwise identical whether the rollouts run on 1 or 2 dask workers or in-process;
 with the bitwise learner (parity.torch.CausalLM) every mismatch metric is exactly at its
-perfect value at every step, with the plain PyTorch learner it is not; bad arguments and a
-missing dask get a clear message and exit status 2, never a traceback.
+perfect value at every step, with the plain PyTorch learner it is not; bad arguments (the
+cluster switches' among them) and a missing dask or ray get a clear message and exit status 2,
+never a traceback. (Ray actors: test_grpo_ray.py.)
 
     /usr/bin/python3 test/python/test_grpo.py BUILD_DIR
 
@@ -15,7 +16,6 @@ import harness
 BUILD = harness.setup()
 harness.require("grpo.py tests", ["torch", "distributed"], "python3-torch python3-distributed")
 
-import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -23,38 +23,8 @@ import tempfile  # noqa: E402
 import unittest  # noqa: E402
 import xml.etree.ElementTree as ET  # noqa: E402
 
-GRPO = os.path.join(harness.REPO, "examples", "python", "grpo.py")
-SMALL = ["--steps", "2", "--groups", "2", "--n", "4", "--line-bytes", "24", "--threads", "1",
-         "--quiet", "--svg", ""]
-MISMATCH = ["rollout_corr/k3_kl", "training/rollout_probs_diff_max",
-            "training/rollout_probs_diff_mean", "token_mult_prob_error", "lp_not_bitwise"]
-
-
-def exact(value):
-    """A value as text that tells every bit: floats by float.hex, containers element-wise."""
-    if isinstance(value, float):
-        return value.hex()
-    if isinstance(value, dict):
-        return {k: exact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [exact(v) for v in value]
-    return value
-
-
-def run(args, tmp, name):
-    """Runs grpo.py with args and --log; returns (completed process, step records)."""
-    log = os.path.join(tmp, name + ".jsonl")
-    p = subprocess.run([sys.executable, GRPO] + args + ["--log", log], capture_output=True,
-                       text=True, timeout=600)
-    if p.returncode != 0:
-        raise AssertionError("grpo.py %s exited %d:\n%s%s" % (" ".join(args), p.returncode,
-                                                              p.stdout, p.stderr))
-    with open(log) as f:
-        return p, [json.loads(line) for line in f]
-
-
-def untimed(records):
-    return [exact({k: v for k, v in r.items() if not k.startswith("time_")}) for r in records]
+from grpo_runs import (GRPO, MISMATCH, SMALL, assert_exact, run, untimed,  # noqa: E402
+                       usage_error)
 
 
 class Grpo(unittest.TestCase):
@@ -99,14 +69,7 @@ class Grpo(unittest.TestCase):
         for workers, (_, recs) in self.runs.items():
             recs = [r for r in recs if r["learner"] == "parity"]
             self.assertEqual(len(recs), 2)
-            for r in recs:
-                what = "workers %s step %d" % (workers, r["step"])
-                self.assertEqual(r["rollout_corr/k3_kl"], 0.0, what)
-                self.assertEqual(r["training/rollout_probs_diff_max"], 0.0, what)
-                self.assertEqual(r["training/rollout_probs_diff_mean"], 0.0, what)
-                self.assertEqual(r["token_mult_prob_error"], 1.0, what)
-                self.assertEqual(r["lp_not_bitwise"], 0, what)
-                self.assertGreater(r["tokens"], 0, what)
+            assert_exact(self, recs, "workers %s" % workers)
 
     def test_formats_bitwise(self):
         """--format puts a 4-bit or ternary format on both sides (straight-through gradients in
@@ -144,15 +107,7 @@ class Grpo(unittest.TestCase):
             self.assertIn(label, text)
 
     def assert_usage_error(self, args, needle, prelude=None):
-        if prelude:
-            cmd = [sys.executable, "-c", "import runpy, sys; %s; sys.argv = %r; "
-                   "runpy.run_path(%r, run_name='__main__')" % (prelude, [GRPO] + args, GRPO)]
-        else:
-            cmd = [sys.executable, GRPO] + args
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
-        self.assertIn(needle, p.stderr)
-        self.assertNotIn("Traceback", p.stderr)
+        usage_error(self, args, needle, prelude)
 
     def test_bad_arguments(self):
         self.assert_usage_error(["--workers", "0"], "--workers must be at least 1")
@@ -164,12 +119,27 @@ class Grpo(unittest.TestCase):
         self.assert_usage_error(["--format", "nvfp4", "--learner", "torch"], "no quantized formats")
         self.assert_usage_error(["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"],
                                 "exclude each other")
+        self.assert_usage_error(["--scheduler", "tcp://127.0.0.1:1", "--ray-address",
+                                 "127.0.0.1:1"], "exclude each other")
+        self.assert_usage_error(["--cluster", "dask", "--ray-address", "127.0.0.1:1"],
+                                "--cluster dask and --ray-address")
+        self.assert_usage_error(["--cluster", "ray", "--scheduler", "tcp://127.0.0.1:1"],
+                                "--cluster ray and --scheduler")
+        self.assert_usage_error(["--cluster", "ray", "--workers", "0"],
+                                "--workers must be at least 1")
+        self.assert_usage_error(["--cluster", "spark"], "invalid choice")
 
     def test_missing_dask(self):
         """Where dask.distributed cannot be imported, --workers says so and exits 2."""
         self.assert_usage_error(SMALL + ["--learner", "torch", "--workers", "2"],
                                 "need dask.distributed",
                                 prelude="sys.modules['distributed'] = None")
+
+    def test_missing_ray(self):
+        """Where ray cannot be imported, --cluster ray (and --ray-address) says so and exits 2."""
+        for switch in (["--cluster", "ray"], ["--ray-address", "auto"]):
+            self.assert_usage_error(SMALL + ["--learner", "torch"] + switch, "needs ray",
+                                    prelude="sys.modules['ray'] = None")
 
 
 if __name__ == "__main__":
