@@ -2,9 +2,10 @@
 # The conformance tier: libparity against transformers itself. Builds libparity
 # (scripts/build.sh, which installs what is missing, python3-venv included), makes the virtual
 # environment build/venv-conformance with PyTorch, transformers, safetensors, tokenizers, numpy,
-# distributed, ray, jinja2 and lm_eval from PyPI (once; it prints what it downloaded and how long that took), then
-# runs the tier's driver test/conformance/conformance.py (facts, the region table, whole-model
-# log-probs: README "Conformance against transformers"; arguments go to the driver), the
+# distributed, ray, jinja2 and lm_eval from PyPI (once; it prints what it downloaded and how long
+# that took), then runs the tier's driver test/conformance/conformance.py (facts, the region
+# table, whole-model log-probs: README "Conformance against transformers"; arguments go to the
+# driver), the
 # parity.hf.patch tests, the server's tokenizer and chat tests, lm-evaluation-harness against the
 # server, and the suite's Python tests under the venv's PyTorch 2.
 # `scripts/conformance.sh` from the repository root. Exit 0 passed, 1 on any failed check, 77
