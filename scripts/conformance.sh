@@ -5,11 +5,10 @@
 # distributed, ray, jinja2 and lm_eval from PyPI (once; it prints what it downloaded and how long
 # that took), then runs the tier's driver test/conformance/conformance.py (facts, the region
 # table, whole-model log-probs: README "Conformance against transformers"; arguments go to the
-# driver), the
-# parity.hf.patch tests, the server's tokenizer and chat tests, lm-evaluation-harness against the
-# server, and the suite's Python tests under the venv's PyTorch 2.
-# `scripts/conformance.sh` from the repository root. Exit 0 passed, 1 on any failed check, 77
-# where this Python has no venv or ensurepip.
+# driver), the parity.hf.patch tests, the server's tokenizer and chat tests,
+# lm-evaluation-harness against the server, and the suite's Python tests under the venv's
+# PyTorch 2. `scripts/conformance.sh` from the repository root. Exit 0 passed, 1 on any failed
+# check, 77 where this Python has no venv or ensurepip.
 set -eu
 cd "$(dirname "$0")/.."
 scripts/build.sh >&2
