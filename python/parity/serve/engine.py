@@ -1,6 +1,7 @@
 """The engine loop of parity.serve: one thread owns the sampler and steps every live request
-together (continuous batching), applying weight updates once no request is in flight; the gate
-between scoring calls and updates."""
+together (continuous batching), applying weight updates once no request is in flight and the
+control jobs (pause, resume, abort, flush) between two steps; the gate between scoring calls
+and updates."""
 import collections
 import sys
 import threading
@@ -53,10 +54,33 @@ class Update:
     def __init__(self, tensors, manifest):
         self.tensors, self.manifest = tensors, manifest
         self.manifest_path = None
+        self.expect_version = None  # the version the update must make (SGLang's weight_version)
         self.queued = time.perf_counter()
         self.result = None
         self.error = None
         self.done = threading.Event()
+
+
+class Control:
+    """A control job for the engine thread (pause, resume, abort, flush): run between two
+    decode steps, so that it sees and changes a consistent state; `result` or `error` once
+    `done` is set."""
+
+    def __init__(self, kind, **args):
+        self.kind, self.args = kind, args
+        self.result = None
+        self.error = None
+        self.done = threading.Event()
+
+    def answer(self, result=None, error=None):
+        self.result, self.error = result, error
+        self.done.set()
+
+
+# Pause modes: "abort" answers every request in flight or waiting with what it drew so far
+# (finish_reason "abort"); "wait" lets the requests in flight finish; "keep" freezes them where
+# they are (their sequences and KV cache kept) until resume. Nothing is admitted while paused.
+PAUSE_MODES = ("abort", "wait", "keep")
 
 
 class Engine(threading.Thread):
@@ -77,6 +101,10 @@ class Engine(threading.Thread):
         self.reserved_seqs = 0
         self.stopping = False
         self.steps = 0
+        self.paused = None          # None or one of PAUSE_MODES
+        self.controls = collections.deque()
+        self.pause_waiters = []     # "wait" pauses answered once no request is in flight
+        self.by_id = {}             # the requests waiting or in flight, by response id
 
     def submit(self, req):
         with self.cv:
@@ -85,8 +113,24 @@ class Engine(threading.Thread):
             if len(self.waiting) >= self.server.max_queue:
                 raise ApiError(503, "the server is full: %d requests are waiting (--max-queue)"
                                % len(self.waiting), None, "queue_full")
+            if req.id in self.by_id:
+                raise ApiError(409, "a request with id %s is already waiting or in flight"
+                               % req.id, "request_id", "duplicate_request_id")
+            self.by_id[req.id] = req
             self.waiting.append(req)
             self.cv.notify()
+
+    def control(self, ctl):
+        """Runs a control job in the engine thread; its result, or raises its ApiError."""
+        with self.cv:
+            if self.stopping or not self.is_alive():
+                raise ApiError(503, "the server is shutting down", None, "shutting_down")
+            self.controls.append(ctl)
+            self.cv.notify()
+        ctl.done.wait()
+        if ctl.error is not None:
+            raise ctl.error
+        return ctl.result
 
     def submit_update(self, upd):
         with self.cv:
@@ -123,6 +167,9 @@ class Engine(threading.Thread):
                 self.stopping = True
                 waiting, self.waiting = list(self.waiting), collections.deque()
                 updates, self.updates = list(self.updates), collections.deque()
+                controls, self.controls = list(self.controls), collections.deque()
+            for ctl in controls + self.pause_waiters:
+                ctl.answer(error=ApiError(503, "the server is shutting down"))
             for req in list(self.active):
                 self._finish(req, ApiError(503, "the server is shutting down"))
             for req in waiting:
@@ -133,26 +180,50 @@ class Engine(threading.Thread):
                 self.server.gate.release()
                 upd.done.set()
 
+    def _runnable(self):
+        """Whether the engine thread has work (called with self.cv held)."""
+        return (self.controls or self.updates or self.stopping or
+                (self.active and self.paused != "keep") or
+                (self.waiting and self.paused is None))
+
     def _loop(self):
         while True:
-            admitted, update = [], None
+            admitted, update, refused, controls = [], None, None, ()
             with self.cv:
-                while not (self.waiting or self.active or self.updates or self.stopping):
+                while not self._runnable():
                     self.cv.wait()
                 if self.stopping:
                     break
-                if self.updates:
+                if self.controls:
+                    controls, self.controls = list(self.controls), collections.deque()
+                elif self.updates:
                     if not self.active:
                         update = self.updates.popleft()
-                else:
+                    elif self.paused == "keep":
+                        refused = self.updates.popleft()
+                elif self.paused is None:
                     while self.waiting and self._fits(self.waiting[0]):
                         req = self.waiting.popleft()
                         if req.cancelled:
+                            self.by_id.pop(req.id, None)
                             continue
                         self.reserved_cache += req.cache_need
                         self.reserved_slots += req.slots
                         self.reserved_seqs += req.seqs
                         admitted.append(req)
+            if controls:
+                for ctl in controls:
+                    self._control(ctl)
+                continue
+            if refused is not None:
+                refused.error = ApiError(
+                    409, "generation is paused with its requests kept in flight (mode keep): "
+                    "an update waits for them to finish, which they cannot while paused; "
+                    "resume, or abort them (POST /abort_requests), first; nothing was changed",
+                    None, "requests_in_flight")
+                self.server.gate.release()
+                refused.done.set()
+                continue
             if update is not None:
                 self._apply(update)
                 continue
@@ -164,13 +235,117 @@ class Engine(threading.Thread):
                         if not req.done and req not in self.active:
                             self._finish(req, ApiError(500, "internal error: %s: %s"
                                                        % (type(e).__name__, e)))
-            if self.active:
+            if self.active and self.paused != "keep":
                 try:
                     self._step()
                 except Exception as e:  # a bug in the step: every request in it is answered
                     error = ApiError(500, "internal error: %s: %s" % (type(e).__name__, e))
                     for req in list(self.active):
                         self._finish(req, error)
+            if self.pause_waiters and not self.active:
+                for ctl in self.pause_waiters:
+                    ctl.answer(self._pause_result(ctl.args["mode"], [], []))
+                self.pause_waiters = []
+
+    # ---- control jobs (engine thread) ----------------------------------------------------
+
+    def _control(self, ctl):
+        try:
+            getattr(self, "_control_" + ctl.kind)(ctl)
+        except ApiError as e:
+            ctl.answer(error=e)
+        except Exception as e:  # a bug: answered, the server goes on
+            ctl.answer(error=ApiError(500, "internal error: %s: %s" % (type(e).__name__, e)))
+
+    def _pause_result(self, mode, aborted, kept):
+        with self.cv:
+            waiting = len(self.waiting)
+        return {"status": "paused", "mode": mode, "aborted": aborted, "kept": kept,
+                "waiting": waiting, "weight_version": self.server.model.version}
+
+    def _control_pause(self, ctl):
+        mode = ctl.args["mode"]
+        if self.paused is not None:
+            raise ApiError(409, "generation is already paused (mode %s): resume first"
+                           % self.paused, None, "already_paused")
+        self.paused = mode
+        aborted, kept = [], []
+        if mode == "abort":
+            aborted = self._abort_all()
+        elif mode == "keep":
+            kept = [req.id for req in self.active]
+        elif self.active:               # "wait": answered once the last one has finished
+            self.pause_waiters.append(ctl)
+            return
+        ctl.answer(self._pause_result(mode, aborted, kept))
+
+    def _control_resume(self, ctl):
+        if self.paused is None:
+            raise ApiError(409, "generation is not paused", None, "not_paused")
+        for waiter in self.pause_waiters:
+            waiter.answer(error=ApiError(409, "generation was resumed before the requests in "
+                                         "flight finished", None, "resumed"))
+        self.pause_waiters = []
+        self.paused = None
+        ctl.answer({"status": "resumed", "weight_version": self.server.model.version})
+
+    def _control_abort(self, ctl):
+        """Aborts the requests named (all of them, or none if one is unknown), or every
+        request waiting or in flight when `ids` is None."""
+        ids = ctl.args["ids"]
+        if ids is None:
+            ctl.answer({"aborted": self._abort_all(),
+                        "weight_version": self.server.model.version})
+            return
+        with self.cv:
+            unknown = [i for i in ids if i not in self.by_id]
+            reqs = [self.by_id[i] for i in dict.fromkeys(ids) if i in self.by_id]
+        if unknown:
+            raise ApiError(404, "no request waiting or in flight has the id %s (finished "
+                           "already, or never sent); nothing was aborted"
+                           % ", ".join(unknown[:10]), ctl.args["param"], "request_not_found")
+        for req in reqs:
+            self._abort(req)
+        ctl.answer({"aborted": [req.id for req in reqs],
+                    "weight_version": self.server.model.version})
+
+    def _control_flush(self, ctl):
+        with self.cv:
+            busy = len(self.active) + len(self.waiting)
+        if busy:
+            raise ApiError(409, "%d request(s) are waiting or in flight: the cache is flushed "
+                           "only when none is (pause with mode abort or wait first)" % busy,
+                           None, "requests_in_flight")
+        # No cache outlives its requests (a prompt's blocks are released with its last
+        # completion); what the server keeps between requests is the checksums of the weights
+        # it compares manifests with, read again at the next manifest check.
+        self.server.current_checksums = None
+        ctl.answer({"status": "flushed", "weight_version": self.server.model.version})
+
+    def _abort_all(self):
+        with self.cv:
+            reqs = list(self.active) + list(self.waiting)
+        for req in reqs:
+            self._abort(req)
+        return [req.id for req in reqs]
+
+    def _abort(self, req):
+        """Answers a request waiting or in flight with what it drew so far: its unfinished
+        choices end with finish_reason "abort"."""
+        with self.cv:
+            if req in self.waiting:
+                self.waiting.remove(req)
+                req.cache_need = req.slots = req.seqs = 0   # nothing was reserved for it
+                req.version = self.server.model.version
+                req.push(("started", req.version))
+        for c in req.choices:
+            if c.finish_reason is not None:
+                continue
+            if c.seq is not None and req.return_routed_experts:
+                c.routes = self.sampler.routes(c.seq)
+            with req.wake:
+                c.finish_reason = "abort"
+        self._finish(req)
 
     def _write_profile(self, profile):
         """--profile: where the engine thread's time went, by function (cProfile), most first."""
@@ -254,6 +429,7 @@ class Engine(threading.Thread):
             self.reserved_slots -= req.slots
             self.reserved_seqs -= req.seqs
             req.cache_need = req.slots = req.seqs = 0
+            self.by_id.pop(req.id, None)
         req.done = True
         if error is not None:
             req.error = error
@@ -316,6 +492,11 @@ class Engine(threading.Thread):
         drained = time.perf_counter()
         srv.gate.wait_idle()
         try:
+            if upd.expect_version is not None and upd.expect_version != srv.model.version + 1:
+                raise ApiError(409, "weight_version %d: this update would make version %d; "
+                               "nothing was changed" % (upd.expect_version,
+                                                        srv.model.version + 1),
+                               "weight_version", "weight_version_mismatch")
             if upd.manifest is not None:
                 differences = srv.expected_differences(upd.tensors, upd.manifest)
                 if differences:

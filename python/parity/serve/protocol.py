@@ -213,7 +213,13 @@ class Request:
                         for i in range(self.n)]
         for c in self.choices:
             c.index = c.prompt * self.n + c.index
-        self.id = "cmpl-" + secrets.token_hex(12)
+        # vLLM's and SGLang's request_id (SGLang: rid): the response's id, which
+        # /abort_request and /abort_requests name; by default a fresh one
+        rid = body.get("request_id")
+        if rid is not None and (not isinstance(rid, str) or not 0 < len(rid) <= 256):
+            raise ApiError(400, "request_id must be a string of 1 to 256 characters",
+                           "request_id")
+        self.id = rid if rid is not None else "cmpl-" + secrets.token_hex(12)
         self.created = int(time.time())
         self.version = None
         self.events = collections.deque()
