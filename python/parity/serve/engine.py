@@ -101,6 +101,12 @@ class Engine(threading.Thread):
         self.reserved_seqs = 0
         self.stopping = False
         self.steps = 0
+        # where the engine thread's time went (seconds of wall time, /parity/info): in the
+        # sampler's decode steps and prefills (forks included; each from the call to its return,
+        # the wait for the interpreter lock after it included), idle (nothing to do), the rest
+        self.started = time.perf_counter()
+        self.seconds = {"decode": 0.0, "prefill": 0.0, "idle": 0.0}
+        self.prefills = 0           # prefill calls: parity_sampler_add or _add_batch
         self.paused = None          # None or one of PAUSE_MODES
         self.controls = collections.deque()
         self.pause_waiters = []     # "wait" pauses answered once no request is in flight
@@ -151,6 +157,7 @@ class Engine(threading.Thread):
                 self.reserved_slots + req.slots <= self.server.max_seqs)
 
     def run(self):
+        self.started = time.perf_counter()
         profile = None
         if self.server.args.profile:
             import cProfile
@@ -190,8 +197,11 @@ class Engine(threading.Thread):
         while True:
             admitted, update, refused, controls = [], None, None, ()
             with self.cv:
-                while not self._runnable():
-                    self.cv.wait()
+                if not self._runnable():
+                    t0 = time.perf_counter()
+                    while not self._runnable():
+                        self.cv.wait()
+                    self.seconds["idle"] += time.perf_counter() - t0
                 if self.stopping:
                     break
                 if self.controls:
@@ -347,12 +357,21 @@ class Engine(threading.Thread):
                 c.finish_reason = "abort"
         self._finish(req)
 
+    def time_split(self):
+        """Seconds of the engine thread's wall time since it started: decode, prefill, idle
+        and other (its own Python, control jobs, weight updates, the locks it takes)."""
+        out = dict(self.seconds)
+        out["other"] = max(0.0, time.perf_counter() - self.started - sum(out.values()))
+        return {k: round(v, 6) for k, v in out.items()}
+
     def _write_profile(self, profile):
         """--profile: where the engine thread's time went, by function (cProfile), most first."""
         import io
         import pstats
         out = io.StringIO()
-        out.write("parity.serve engine thread: %d decode steps\n" % self.steps)
+        out.write("parity.serve engine thread: %d decode steps, %d prefill calls; %s\n"
+                  % (self.steps, self.prefills, ", ".join(
+                      "%s %.3f s" % kv for kv in sorted(self.time_split().items()))))
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(15)
         try:
             with open(self.server.args.profile, "w") as f:
@@ -377,12 +396,15 @@ class Engine(threading.Thread):
             return
         prompts = [array("i", p) for req in reqs for p in req.prompts]
         sps = [req.sampling for req in reqs for _ in req.prompts]
+        t0 = time.perf_counter()
         try:
+            self.prefills += 1
             parents = self.sampler._add_batch(prompts, sps, [0] * len(prompts))
         except ParityError:
             for req in reqs:
                 self._start_one(req)
             return
+        self.seconds["prefill"] += time.perf_counter() - t0
         at = 0
         for req in reqs:
             mine = parents[at:at + len(req.prompts)]
@@ -398,9 +420,11 @@ class Engine(threading.Thread):
         s = self.sampler
         req.version = self.server.model.version
         parents = list(parents) if parents is not None else []
+        t0 = time.perf_counter()
         try:
             for p, prompt in enumerate(req.prompts):
                 if p == len(parents):
+                    self.prefills += 1
                     parents.append(s._add(array("i", prompt), req.sampling, 0))
                 for c in req.choices[p * req.n:(p + 1) * req.n]:
                     c.seq = s._fork(parents[p], req.sampling, c.index - p * req.n)
@@ -410,6 +434,7 @@ class Engine(threading.Thread):
         finally:
             for parent in parents:
                 self._release(parent)
+            self.seconds["prefill"] += time.perf_counter() - t0
         with self.cv:
             freed = len(req.prompts)     # the prompts' slots are free again
             self.reserved_slots -= freed
@@ -444,12 +469,15 @@ class Engine(threading.Thread):
         if not live:
             return
         k = max((req.logprobs or 0) for req, _ in live)
+        t0 = time.perf_counter()
         try:
             tok, lp, fin, tid, tlp = self.sampler._step([c.seq for _, c in live], k)
         except ParityError as e:
             for req in list(self.active):
                 self._finish(req, _parity_error(e))
             return
+        finally:
+            self.seconds["decode"] += time.perf_counter() - t0
         self.steps += 1
         byte_level = self.server.byte_level
         for i, (req, c) in enumerate(live):

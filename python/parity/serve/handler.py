@@ -153,7 +153,8 @@ class Server(http.server.ThreadingHTTPServer):
                 "paused": self.engine.paused,
                 "requests_running": len(self.engine.active),
                 "requests_waiting": len(self.engine.waiting),
-                "decode_steps": self.engine.steps}
+                "decode_steps": self.engine.steps, "prefill_calls": self.engine.prefills,
+                "engine_seconds": self.engine.time_split()}
 
 
 def _logprobs_block(srv, req, c, start, end):
@@ -479,30 +480,35 @@ class Handler(http.server.BaseHTTPRequestHandler):
         """What a choice drew since its last chunk, or None. Text that could still turn out to
         be the start of a stop string is held back until it cannot."""
         with req.wake:          # the engine publishes a step's results under it
-            finished = c.finish_reason is not None
+            reason = c.finish_reason
             n = len(c.tokens)
-            if c.sent_tokens == n and (not finished or c.sent_text < 0):
-                return None
-            text = ""
-            if srv.byte_level:
-                if finished:
-                    end = len(c.text) if c.text_end is None else c.text_end
-                else:
-                    hold = max((len(s) for s in req.stops), default=1) - 1
-                    end = max(c.sent_text, len(c.text) - hold)
-                text = c.decoder.decode(bytes(c.text[max(c.sent_text, 0):end]), finished)
-                c.sent_text = end
-            ch = {"index": c.index, "text": text,
-                  "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
-                  "finish_reason": c.finish_reason if finished else None}
-            if req.return_token_ids:
-                ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
-            if req.return_routed_experts and finished:
-                ch["routed_experts"] = _routes_list(c)   # in the choice's last chunk
-            c.sent_tokens = n
+            text_len = len(c.text)
+            text_end = c.text_end
+        # The rest without the lock, so that the engine never waits for this thread's JSON work:
+        # the engine only appends to a choice's lists, whose first n entries stay as read.
+        finished = reason is not None
+        if c.sent_tokens == n and (not finished or c.sent_text < 0):
+            return None
+        text = ""
+        if srv.byte_level:
             if finished:
-                c.sent_text = -1          # the last chunk of this choice has gone out
-            return ch
+                end = text_len if text_end is None else text_end
+            else:
+                hold = max((len(s) for s in req.stops), default=1) - 1
+                end = max(c.sent_text, text_len - hold)
+            text = c.decoder.decode(bytes(c.text[max(c.sent_text, 0):end]), finished)
+            c.sent_text = end
+        ch = {"index": c.index, "text": text,
+              "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
+              "finish_reason": reason}
+        if req.return_token_ids:
+            ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
+        if req.return_routed_experts and finished:
+            ch["routed_experts"] = _routes_list(c)   # in the choice's last chunk
+        c.sent_tokens = n
+        if finished:
+            c.sent_text = -1          # the last chunk of this choice has gone out
+        return ch
 
     def _score(self):
         srv = self.server
