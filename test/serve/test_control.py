@@ -149,7 +149,10 @@ class TestControl(unittest.TestCase):
         self.check_error(*self.srv.post("/pause", {"mode": "abort"}), 409, "already_paused")
         self.check_error(*self.srv.post("/update_weights_from_disk", {"model_path": MODEL}),
                          409, "requests_in_flight")
-        self.check_error(*self.srv.post("/flush_cache", {}), 409, "requests_in_flight")
+        # flushing the prompt cache leaves the requests forked from it as they were
+        status, body = self.srv.post("/flush_cache", {})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.info()["prompt_cache"]["entries"], 0)
         info = self.info()
         self.assertEqual((info["paused"], info["weight_version"], info["requests_running"],
                           info["requests_waiting"]), ("keep", self.model.version, 4, 1))
@@ -283,6 +286,35 @@ class TestControl(unittest.TestCase):
         self.assertEqual(status, 200, resp)
         self.assertEqual(resp["weight_version"], version + 2)
         self.check_solo(resp, queued, "request queued through an update of the same weights")
+
+    def test_prompt_cache(self):
+        """A prompt sent again forks its cached prefill: the same bits as a fresh one; a
+        weight update and /flush_cache empty the cache."""
+        self.assertEqual(self.srv.post("/flush_cache", {})[0], 200)
+        first = self.info()["prompt_cache"]
+        self.assertEqual(first["entries"], 0)
+        p = params(9, max_tokens=24)
+        for rnd in range(2):
+            status, resp = self.srv.complete(**p)
+            self.assertEqual(status, 200, resp)
+            self.check_solo(resp, p, "round %d" % rnd)
+            cache = self.info()["prompt_cache"]
+            self.assertEqual((cache["entries"], cache["hits"] - first["hits"],
+                              cache["misses"] - first["misses"]), (1, rnd, 1))
+        # another prompt is prefilled and kept beside the first
+        other = dict(params(10, max_tokens=24), prompt="Once upon a time")
+        status, resp = self.srv.complete(**other)
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(self.info()["prompt_cache"]["entries"], 2)
+        status, body = self.srv.post("/update_weights_from_disk", {"model_path": MODEL})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.info()["prompt_cache"]["entries"], 0)
+        status, resp = self.srv.complete(**p)
+        self.assertEqual(status, 200, resp)
+        self.check_solo(resp, p, "after an update of the same weights")
+        status, body = self.srv.request("GET", "/flush_cache")
+        self.assertEqual(status, 200, body)
+        self.assertIn(b'"prompts_flushed": 1', body)
 
     def test_flush_and_bad_control_input(self):
         for method, path in (("POST", "/flush_cache"), ("GET", "/flush_cache"),

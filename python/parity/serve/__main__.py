@@ -38,6 +38,10 @@ def main(argv=None):
                     "bytes per position, sparse layer and expert a token), so that a request "
                     "with return_routed_experts gets each choice's routed_experts (vLLM's "
                     "engine argument)")
+    ap.add_argument("--prompt-cache", type=int, default=32, metavar="N",
+                    help="prompts kept prefilled for the requests that send them again, least "
+                    "recently used out first (default 32; 0 = off); each holds a sequence slot "
+                    "and its KV cache positions; a weight update and /flush_cache empty it")
     ap.add_argument("--served-model-name", help="the name requests give as model (default: "
                     "the --model argument)")
     ap.add_argument("--max-queue", type=int, default=256,
@@ -63,6 +67,8 @@ def main(argv=None):
     for name in ("max_batch", "max_queue", "max_scoring", "max_body_bytes", "max_update_bytes"):
         if getattr(args, name) < 1:
             ap.error("--%s must be at least 1" % name.replace("_", "-"))
+    if args.prompt_cache < 0:
+        ap.error("--prompt-cache must be at least 0")
     if args.client_timeout <= 0:
         ap.error("--client-timeout must be positive")
     if not 0 < args.switch_interval <= 1:

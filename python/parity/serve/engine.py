@@ -111,6 +111,17 @@ class Engine(threading.Thread):
         self.controls = collections.deque()
         self.pause_waiters = []     # "wait" pauses answered once no request is in flight
         self.by_id = {}             # the requests waiting or in flight, by response id
+        # The prompt cache: prompts prefilled already, each a sequence of the sampler that is
+        # never stepped (its KV cache holds the prompt but its last token, which the first
+        # step of each fork feeds), least recently used first. A request whose prompt is here
+        # forks it instead of prefilling again: the same bits, since a prompt's KV depends only
+        # on its tokens and the weights (the sampler is batch-invariant). Emptied by a weight
+        # update and by /flush_cache; its sequences' slots and KV are reserved like a request's.
+        self.prompt_cache = collections.OrderedDict()   # tuple(prompt) -> (seq, cache tokens)
+        self.prompt_cache_limit = server.prompt_cache_entries
+        self.cached_cache = 0       # KV positions and slots the cached prompts hold
+        self.cached_slots = 0
+        self.prompt_hits = self.prompt_misses = 0
 
     def submit(self, req):
         with self.cv:
@@ -151,10 +162,55 @@ class Engine(threading.Thread):
             self.stopping = True
             self.cv.notify()
 
-    def _fits(self, req):
-        return (self.reserved_cache + req.cache_need <= self.server.cache_tokens and
+    def _fits(self, req, cached=True):
+        """Whether the request fits beside the running ones (and, with `cached`, the prompt
+        cache's sequences). Called with self.cv held."""
+        cache = self.reserved_cache - (0 if cached else self.cached_cache)
+        slots = self.reserved_slots - (0 if cached else self.cached_slots)
+        return (cache + req.cache_need <= self.server.cache_tokens and
                 self.reserved_seqs + req.seqs <= self.server.max_batch and
-                self.reserved_slots + req.slots <= self.server.max_seqs)
+                slots + req.slots <= self.server.max_seqs)
+
+    def _admissible(self, req):
+        """Whether the request fits, evicting cached prompts (least recently used first) if
+        they are what stands in its way. Called with self.cv held."""
+        if not self._fits(req, cached=False):
+            return False
+        while not self._fits(req):
+            self._evict_prompt()
+        return True
+
+    def _evict_prompt(self):
+        """Releases the least recently used cached prompt. Called with self.cv held."""
+        _, (seq, tokens) = self.prompt_cache.popitem(last=False)
+        self._release(seq)
+        self.reserved_cache -= tokens
+        self.reserved_slots -= 1
+        self.cached_cache -= tokens
+        self.cached_slots -= 1
+
+    def flush_prompts(self):
+        """Empties the prompt cache (engine thread)."""
+        with self.cv:
+            flushed = len(self.prompt_cache)
+            while self.prompt_cache:
+                self._evict_prompt()
+        return flushed
+
+    def _keep_prompt(self, key, seq):
+        """Keeps a prefilled prompt in the cache (or releases it if the cache is off)."""
+        if self.prompt_cache_limit == 0 or key in self.prompt_cache:
+            self._release(seq)
+            return
+        tokens = self.server.cache_need([key], 1, 1)
+        with self.cv:
+            if len(self.prompt_cache) >= self.prompt_cache_limit:
+                self._evict_prompt()
+            self.prompt_cache[key] = (seq, tokens)
+            self.reserved_cache += tokens
+            self.reserved_slots += 1
+            self.cached_cache += tokens
+            self.cached_slots += 1
 
     def run(self):
         self.started = time.perf_counter()
@@ -212,7 +268,7 @@ class Engine(threading.Thread):
                     elif self.paused == "keep":
                         refused = self.updates.popleft()
                 elif self.paused is None:
-                    while self.waiting and self._fits(self.waiting[0]):
+                    while self.waiting and self._admissible(self.waiting[0]):
                         req = self.waiting.popleft()
                         if req.cancelled:
                             self.by_id.pop(req.id, None)
@@ -320,17 +376,11 @@ class Engine(threading.Thread):
                     "weight_version": self.server.model.version})
 
     def _control_flush(self, ctl):
-        with self.cv:
-            busy = len(self.active) + len(self.waiting)
-        if busy:
-            raise ApiError(409, "%d request(s) are waiting or in flight: the cache is flushed "
-                           "only when none is (pause with mode abort or wait first)" % busy,
-                           None, "requests_in_flight")
-        # No cache outlives its requests (a prompt's blocks are released with its last
-        # completion); what the server keeps between requests is the checksums of the weights
-        # it compares manifests with, read again at the next manifest check.
+        """Empties the prompt cache; the requests in flight keep what they forked from it."""
+        flushed = self.flush_prompts()
         self.server.current_checksums = None
-        ctl.answer({"status": "flushed", "weight_version": self.server.model.version})
+        ctl.answer({"status": "flushed", "prompts_flushed": flushed,
+                    "weight_version": self.server.model.version})
 
     def _abort_all(self):
         with self.cv:
@@ -387,52 +437,74 @@ class Engine(threading.Thread):
             pass
 
     def _start_all(self, reqs):
-        """Prefills the prompts of the requests admitted together in one
-        parity_sampler_add_batch (a few forwards instead of one per prompt; the same bits),
-        then starts each request. If the batch is refused, each request is started alone and
-        gets its own answer."""
-        if len(reqs) == 1 and len(reqs[0].prompts) == 1:
-            self._start_one(reqs[0])
-            return
-        prompts = [array("i", p) for req in reqs for p in req.prompts]
-        sps = [req.sampling for req in reqs for _ in req.prompts]
-        t0 = time.perf_counter()
-        try:
-            self.prefills += 1
-            parents = self.sampler._add_batch(prompts, sps, [0] * len(prompts))
-        except ParityError:
-            for req in reqs:
-                self._start_one(req)
-            return
-        self.seconds["prefill"] += time.perf_counter() - t0
-        at = 0
+        """Starts the requests admitted together: their distinct prompts that are not in the
+        prompt cache are prefilled in one parity_sampler_add_batch (a few forwards instead of
+        one per prompt; the same bits) and kept in the cache, then each request forks its
+        completions. If the batch is refused, each request prefills its own prompts and gets
+        its own answer."""
+        fresh, missing = {}, []
         for req in reqs:
-            mine = parents[at:at + len(req.prompts)]
-            at += len(req.prompts)
+            for p in req.prompts:
+                key = tuple(p)
+                if key not in self.prompt_cache and key not in fresh:
+                    fresh[key] = None
+                    missing.append(key)
+        if missing:
+            t0 = time.perf_counter()
             try:
-                self._start_one(req, mine)
-            except Exception as e:  # a bug: this request is answered, the others go on
-                self._finish(req, ApiError(500, "internal error: %s: %s" % (type(e).__name__, e)))
+                self.prefills += 1
+                if len(missing) == 1:
+                    ids = [self.sampler._add(array("i", missing[0]), reqs[0].sampling, 0)]
+                else:
+                    ids = self.sampler._add_batch([array("i", k) for k in missing],
+                                                  [reqs[0].sampling] * len(missing),
+                                                  [0] * len(missing))
+                fresh = dict(zip(missing, ids))
+            except ParityError:
+                fresh = {}
+            finally:
+                self.seconds["prefill"] += time.perf_counter() - t0
+        try:
+            for req in reqs:
+                try:
+                    self._start_one(req, fresh)
+                except Exception as e:  # a bug: this request is answered, the others go on
+                    self._finish(req, ApiError(500, "internal error: %s: %s"
+                                               % (type(e).__name__, e)))
+        finally:
+            for key, seq in fresh.items():
+                if seq is not None:
+                    self._keep_prompt(key, seq)
 
-    def _start_one(self, req, parents=None):
-        """Prefills each prompt once (unless `parents` holds them, prefilled already) and forks
-        its n completions (stream i for the i-th), as Sampler.generate() does."""
+    def _start_one(self, req, fresh):
+        """Forks each prompt's n completions (stream i for the i-th), as Sampler.generate()
+        does, from the prompt cache, from `fresh` (prompts prefilled for this admission), or
+        from a prefill of its own (released afterwards)."""
         s = self.sampler
         req.version = self.server.model.version
-        parents = list(parents) if parents is not None else []
+        own = []
         t0 = time.perf_counter()
         try:
             for p, prompt in enumerate(req.prompts):
-                if p == len(parents):
-                    self.prefills += 1
-                    parents.append(s._add(array("i", prompt), req.sampling, 0))
+                key = tuple(prompt)
+                parent = fresh.get(key)
+                if parent is None and key in self.prompt_cache:
+                    self.prompt_hits += 1
+                    self.prompt_cache.move_to_end(key)
+                    parent = self.prompt_cache[key][0]
+                else:
+                    self.prompt_misses += 1
+                    if parent is None:      # the batch was refused: a prefill of its own
+                        self.prefills += 1
+                        parent = s._add(array("i", prompt), req.sampling, 0)
+                        own.append(parent)
                 for c in req.choices[p * req.n:(p + 1) * req.n]:
-                    c.seq = s._fork(parents[p], req.sampling, c.index - p * req.n)
+                    c.seq = s._fork(parent, req.sampling, c.index - p * req.n)
         except ParityError as e:
             self._finish(req, _parity_error(e))
             return
         finally:
-            for parent in parents:
+            for parent in own:
                 self._release(parent)
             self.seconds["prefill"] += time.perf_counter() - t0
         with self.cv:
@@ -535,6 +607,7 @@ class Engine(threading.Thread):
             t0 = time.perf_counter()
             try:
                 srv.model.update(upd.tensors)
+                self.flush_prompts()    # their KV came from the weights before
             except ParityError as e:
                 raise ApiError(400, "update refused, nothing was changed: %s" % e, None,
                                _lib.status_name(e.status).lower()) from None

@@ -39,7 +39,9 @@ class Server(http.server.ThreadingHTTPServer):
         self.byte_level = self.vocab == BYTE_VOCAB
         self.max_batch = args.max_batch
         # sequence slots: the decoded ones, and prompts between their prefill and their forks
-        self.max_seqs = 2 * self.max_batch
+        # and the prompt cache's prompts, each a sequence that is never stepped
+        self.prompt_cache_entries = getattr(args, "prompt_cache", 0)
+        self.max_seqs = 2 * self.max_batch + self.prompt_cache_entries
         self.max_len = args.max_model_len or min(self.model.context, 4096)
         self.cache_tokens = args.cache_tokens or min((self.max_batch + 1) * self.max_len, 16384)
         self.max_queue = args.max_queue
@@ -154,7 +156,11 @@ class Server(http.server.ThreadingHTTPServer):
                 "requests_running": len(self.engine.active),
                 "requests_waiting": len(self.engine.waiting),
                 "decode_steps": self.engine.steps, "prefill_calls": self.engine.prefills,
-                "engine_seconds": self.engine.time_split()}
+                "engine_seconds": self.engine.time_split(),
+                "prompt_cache": {"entries": len(self.engine.prompt_cache),
+                                 "limit": self.prompt_cache_entries,
+                                 "hits": self.engine.prompt_hits,
+                                 "misses": self.engine.prompt_misses}}
 
 
 def _logprobs_block(srv, req, c, start, end):
