@@ -10,8 +10,11 @@ wait. The sampler is batch-invariant and each completion draws from its own rand
 depend on what else the server is doing: they equal the same request served alone, and
 Model.generate() of the same prompts and parameters.
 
-Endpoints: POST /v1/completions, GET /v1/models, GET /health (OpenAI's shapes), and POST
-/parity/score, POST /parity/update_weights, GET /parity/info. The rules (what is accepted,
+Endpoints: POST /v1/completions, GET /v1/models, GET /health (OpenAI's shapes), POST
+/parity/score, POST /parity/update_weights, GET /parity/info, and the control around weight
+updates by SGLang's and vLLM's names: /pause_generation, /continue_generation, /pause, /resume,
+/is_paused, /abort_request, /abort_requests, /update_weights_from_disk, /flush_cache,
+/reset_prefix_cache. The rules (what is accepted,
 which error comes with which status, when a weight update takes effect) are in
 python/README.md, "The rollout server". Prompts are token ids; a string prompt is accepted
 for a byte-level model (vocab 256: the UTF-8 bytes are the tokens). There is no tokenizer.
@@ -19,11 +22,11 @@ for a byte-level model (vocab 256: the UTF-8 bytes are the tokens). There is no 
 # The package's modules by concern: protocol (limits, errors, request checks, update files),
 # engine (the thread that owns the sampler), handler (the HTTP server and endpoints) and
 # __main__ (the command line). Their names are served from here as when this was one module.
-from .engine import Engine, Gate, Update
+from .engine import PAUSE_MODES, Control, Engine, Gate, Update
 from .handler import Handler, Server
 from .protocol import (BYTE_VOCAB, LOGPROB_MODES, MAX_LOGPROBS, MAX_STOP, ApiError, Completion,
                        Request, read_manifest, read_safetensors)
 
-__all__ = ["ApiError", "BYTE_VOCAB", "Completion", "Engine", "Gate", "Handler", "LOGPROB_MODES",
-           "MAX_LOGPROBS", "MAX_STOP", "Request", "Server", "Update", "read_manifest",
-           "read_safetensors"]
+__all__ = ["ApiError", "BYTE_VOCAB", "Completion", "Control", "Engine", "Gate", "Handler",
+           "LOGPROB_MODES", "MAX_LOGPROBS", "MAX_STOP", "PAUSE_MODES", "Request", "Server",
+           "Update", "read_manifest", "read_safetensors"]

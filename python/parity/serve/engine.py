@@ -219,6 +219,7 @@ class Engine(threading.Thread):
             import cProfile
             profile = cProfile.Profile()
             profile.enable()
+            self.sampler.set_profiling(True)    # the sampler's own time in its calls
         try:
             self._loop()
         finally:
@@ -422,6 +423,12 @@ class Engine(threading.Thread):
         out.write("parity.serve engine thread: %d decode steps, %d prefill calls; %s\n"
                   % (self.steps, self.prefills, ", ".join(
                       "%s %.3f s" % kv for kv in sorted(self.time_split().items()))))
+        own = self.sampler.profile()
+        inside = self.seconds["decode"] + self.seconds["prefill"]
+        out.write("the sampler's calls: %.3f s inside the library (%d calls, %d forwards); the "
+                  "engine thread's decode and prefill wall time around them: %.3f s (the rest: "
+                  "ctypes, and waiting for the interpreter lock after each call)\n"
+                  % (own["call_seconds"], own["calls"], own["forwards"], inside))
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(15)
         try:
             with open(self.server.args.profile, "w") as f:

@@ -311,8 +311,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.connection.settimeout(timeout)
         return data
 
-    def _json_body(self):
+    def _json_body(self, empty_ok=False):
+        """The body, a JSON object; with `empty_ok` (control calls), none or an empty body is
+        {} too."""
+        if empty_ok and self.headers.get("Content-Length") is None and \
+                not self.headers.get("Transfer-Encoding"):
+            self.body_read = True
+            return {}
         data = self._body(self.server.args.max_body_bytes)
+        if empty_ok and not data.strip():
+            return {}
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -620,21 +628,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # ---- control around weight updates (SGLang's and vLLM's names) ----
 
     def _control_body(self):
-        """A control call's JSON body: none, empty or an object."""
-        if self.headers.get("Content-Length") is None and \
-                not self.headers.get("Transfer-Encoding"):
-            self.body_read = True
-            return {}
-        data = self._body(self.server.args.max_body_bytes)
-        if not data.strip():
-            return {}
-        try:
-            body = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise ApiError(400, "the body is not valid JSON: %s" % str(e)[:200]) from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body must be a JSON object")
-        return body
+        return self._json_body(empty_ok=True)
 
     def _query_flag(self, params, name, default):
         v = params.get(name, default)
