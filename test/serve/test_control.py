@@ -343,5 +343,68 @@ class TestControl(unittest.TestCase):
         self.assertEqual(self.srv.post("/resume", {})[0], 200)
 
 
+class TestPromptCacheEviction(unittest.TestCase):
+    """A server whose KV cache holds one long request: the cached prompts that stand in its
+    way are released (least recently used first) and the request runs; a prompt evicted and
+    sent again is prefilled again; every answer equals Model.generate."""
+
+    CACHE = 256
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Served("--max-batch", "4", "--cache-tokens", str(cls.CACHE), "--prompt-cache",
+                         "3")
+        cls.model = parity.Model(MODEL, threads=2)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.close()
+        cls.model.close()
+
+    def cache(self):
+        import json
+        status, raw = self.srv.request("GET", "/parity/info")
+        self.assertEqual(status, 200)
+        return json.loads(raw)["prompt_cache"]
+
+    def run_one(self, prompt, max_tokens):
+        p = dict(params(0, max_tokens=max_tokens), prompt=prompt, n=1)
+        status, resp = self.srv.complete(**p)
+        self.assertEqual(status, 200, resp)
+        ref = self.model.generate(prompt.encode(), n=1, max_tokens=max_tokens, seed=p["seed"],
+                                  temperature=p["temperature"])[0]
+        ch = resp["choices"][0]
+        self.assertEqual(ch["token_ids"], ref.tokens, prompt)
+        self.assertEqual(bits(ch["logprobs"]["token_logprobs"]), bits(ref.logprobs), prompt)
+
+    def test_eviction(self):
+        import ctypes
+        from parity._lib import lib
+
+        def need(prompt, max_tokens):
+            lens, comps, out = (ctypes.c_uint32 * 1)(len(prompt)), (ctypes.c_uint32 * 1)(1), \
+                ctypes.c_uint64()
+            lib.parity_sampler_cache_tokens(1, lens, comps, max_tokens, ctypes.byref(out))
+            return out.value
+
+        self.run_one("def main(", 8)
+        self.run_one("import os\n", 8)
+        self.run_one("# Copyright", 8)
+        self.assertEqual(self.cache()["entries"], 3)
+        self.run_one("def main(", 8)        # a hit: "def main(" is now the most recent
+        self.assertEqual(self.cache()["hits"], 1)
+        # a request that fits only once two cached prompts (16 positions each) are gone
+        long_prompt = "The quick brown fox"
+        max_tokens = max(t for t in range(1, 400) if need(long_prompt, t) <= self.CACHE - 16)
+        self.assertGreater(need(long_prompt, max_tokens) + 3 * 16, self.CACHE)
+        self.run_one(long_prompt, max_tokens)
+        cache = self.cache()
+        self.assertLessEqual(cache["entries"], 2)
+        # "import os\n" went first (least recently used), and is prefilled again
+        misses = cache["misses"]
+        self.run_one("import os\n", 8)
+        self.assertEqual(self.cache()["misses"], misses + 1)
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=2)

@@ -8,7 +8,6 @@ import threading
 import time
 from array import array
 
-from .. import _lib
 from .._lib import ParityError
 from ..sampler import FINISH_REASONS
 from .protocol import ApiError, _parity_error
@@ -617,7 +616,7 @@ class Engine(threading.Thread):
                 self.flush_prompts()    # their KV came from the weights before
             except ParityError as e:
                 raise ApiError(400, "update refused, nothing was changed: %s" % e, None,
-                               _lib.status_name(e.status).lower()) from None
+                               e.status.lower()) from None
             srv.current_checksums = None
             t1 = time.perf_counter()
             verified = False

@@ -106,6 +106,15 @@ class Server(http.server.ThreadingHTTPServer):
         lib.parity_sampler_cache_tokens(k, lens, comps, max_tokens, ctypes.byref(out))
         return out.value
 
+    def request_cache_need(self, prompts, n, max_tokens):
+        """The KV positions a request reserves: parity_sampler_cache_tokens, and with the
+        prompt cache one more block a prompt, since its completions then share the prompt's
+        last, partly filled block with the kept prefill and each writes its own copy of it."""
+        need = self.cache_need(prompts, n, max_tokens)
+        if self.prompt_cache_entries:
+            need += len(prompts) * self.cache_need([[0]], 1, 1)    # one block
+        return need
+
     def expected_differences(self, tensors, manifest):
         """The differences between a manifest and what the model would hold after updating
         `tensors` (the checksums parity_model_verify would compare), without changing it."""

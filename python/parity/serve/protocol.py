@@ -41,8 +41,8 @@ class ApiError(Exception):
 def _parity_error(e, param=None):
     """The HTTP status and message of a library error met while serving a request."""
     status = {_lib.ERR_TOKEN_RANGE: 400, _lib.ERR_EMPTY_INPUT: 400, _lib.ERR_TOO_LONG: 413,
-              _lib.ERR_INVALID_ARGUMENT: 400, _lib.ERR_CACHE_FULL: 503}.get(e.status, 500)
-    return ApiError(status, str(e), param, _lib.status_name(e.status).lower())
+              _lib.ERR_INVALID_ARGUMENT: 400, _lib.ERR_CACHE_FULL: 503}.get(e.code, 500)
+    return ApiError(status, str(e), param, e.status.lower())
 
 
 # ---- request parsing ---------------------------------------------------------------------
@@ -198,7 +198,7 @@ class Request:
                            "you requested %d tokens (%d in the prompt, %d in the completion)."
                            % (server.max_len, longest + self.max_tokens, longest,
                               self.max_tokens), "max_tokens", "context_length_exceeded")
-        self.cache_need = server.cache_need(self.prompts, self.n, self.max_tokens)
+        self.cache_need = server.request_cache_need(self.prompts, self.n, self.max_tokens)
         if self.cache_need > server.cache_tokens:
             raise ApiError(503, "the request needs %d KV cache positions; the server has %d "
                            "(--cache-tokens)" % (self.cache_need, server.cache_tokens),
