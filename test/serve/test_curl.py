@@ -496,7 +496,7 @@ class TestServe(Base):
         base = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4}
         for bad in ({"bogus_field": 1}, {"temperature": -0.5}, {"n": 0}, {"n": 9},
                     {"max_tokens": 0}, {"logprobs": 21}, {"prompt": [256]},
-                    {"echo": True}, {"max_tokens": "4"}):
+                    {"echo": True, "stream": True}, {"max_tokens": "4"}):
             with self.subTest(bad=bad):
                 self.assertError(*c("POST", "/v1/completions", dict(base, **bad)), 400,
                                  etype="invalid_request_error")

@@ -247,7 +247,7 @@ class TestServe(unittest.TestCase):
         body; JSON a strict parser reads; odd values are 400s, not 500s."""
         conn = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=60)
         try:
-            conn.request("POST", "/v1/chat/completions", body=b'{"model": "x"}')
+            conn.request("POST", "/v1/embeddings", body=b'{"model": "x"}')
             r = conn.getresponse()
             r.read()
             self.assertEqual(r.status, 404)

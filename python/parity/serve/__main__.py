@@ -15,6 +15,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m parity.serve", description=serve.__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="checkpoint directory or synthetic:NAME")
+    ap.add_argument("--tokenizer", metavar="DIR", help="the directory of the model's "
+                    "tokenizer.json and tokenizer_config.json (default: the model's directory; "
+                    "needs the PyPI package tokenizers, and jinja2 for chat)")
     ap.add_argument("--policy", default="aligned", help="precision policy (default aligned)")
     ap.add_argument("--backend", default="bf16", choices=tuple(_lib.BACKENDS))
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
@@ -83,6 +86,9 @@ def main(argv=None):
         print("parity.serve: cannot listen on %s:%d: %s" % (args.host, args.port, e.strerror),
               file=sys.stderr)
         return 1
+    if srv.text_missing:
+        print("parity.serve: %s: string prompts, stop strings, text and chat are refused"
+              % srv.text_missing, file=sys.stderr)
     srv.started = int(time.time())
     srv.engine.start()
     host, port = srv.server_address[:2]

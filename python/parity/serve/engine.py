@@ -557,7 +557,6 @@ class Engine(threading.Thread):
         finally:
             self.seconds["decode"] += time.perf_counter() - t0
         self.steps += 1
-        byte_level = self.server.byte_level
         for i, (req, c) in enumerate(live):
             t = tok[i]
             top = (tid[i * k:i * k + req.logprobs].tolist(),
@@ -570,15 +569,7 @@ class Engine(threading.Thread):
                 c.logprobs.append(lp[i])
                 if top is not None:
                     c.tops.append(top)
-                if reason == "stop" and t in req.stop_token_ids:
-                    c.text_end = len(c.text)      # the stop token is not part of the text
-                elif byte_level:
-                    c.text.append(t)
-                    for s in req.stops:
-                        if c.text.endswith(s):
-                            c.text_end = len(c.text) - (0 if req.include_stop else len(s))
-                            reason = "stop"
-                            break
+                reason = req.take(c, t, reason)     # its text; stop strings
                 if reason is not None:
                     if req.return_routed_experts:
                         c.routes = self.sampler.routes(c.seq)

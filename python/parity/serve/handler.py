@@ -1,5 +1,5 @@
-"""The HTTP side of parity.serve: the server (the model, its sampler and engine, the limits)
-and the request handler of every endpoint, streaming included."""
+"""The HTTP side of parity.serve: the server (the model, its tokenizer, its sampler and engine,
+the limits) and the request handler of every endpoint, streaming included."""
 import ctypes
 import http.server
 import json
@@ -11,11 +11,13 @@ import tempfile
 import time
 import urllib.parse
 
-from .._lib import ParityError, lib
+from .._lib import ERR_INVALID_ARGUMENT, ParityError, lib
 from ..model import Model
+from . import text as _text
 from .engine import PAUSE_MODES, Control, Engine, Gate, Update
 from .protocol import (BYTE_VOCAB, LOGPROB_MODES, ApiError, Request, _finite, _integer, _is_int,
-                       _number, _parity_error, _utf8, read_manifest, read_safetensors)
+                       _number, _parity_error, _utf8, chat_request, read_manifest,
+                       read_safetensors)
 
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
@@ -28,7 +30,9 @@ class Server(http.server.ThreadingHTTPServer):
         # vLLM's extra sampling parameters that RL frameworks send
         "return_tokens_as_token_ids", "include_stop_str_in_output", "skip_special_tokens",
         "spaces_between_special_tokens", "ignore_eos", "min_tokens", "repetition_penalty",
-        "return_routed_experts", "request_id"))
+        "return_routed_experts", "prompt_logprobs", "request_id"))
+    # a chat request as it reaches Request: its own fields translated (chat_request)
+    CHAT_FIELDS = COMPLETION_FIELDS - {"echo", "suffix", "best_of", "prompt_logprobs"}
 
     def __init__(self, args):
         self.args = args
@@ -37,6 +41,15 @@ class Server(http.server.ThreadingHTTPServer):
         self.model = Model(args.model, threads=args.threads)
         self.vocab = self.model.vocab_size
         self.byte_level = self.vocab == BYTE_VOCAB
+        # the checkpoint's tokenizer (--tokenizer DIR, else the model's directory); none for a
+        # byte-level model, whose tokens are the UTF-8 bytes
+        tokenizer_dir = getattr(args, "tokenizer", None) or (
+            args.model if os.path.isdir(args.model) else None)
+        self.text, self.text_missing = (None, None) if self.byte_level else \
+            _text.load(tokenizer_dir)
+        if self.text is not None and self.text.hf.get_vocab_size() > self.vocab:
+            raise ParityError(ERR_INVALID_ARGUMENT, "the tokenizer has %d tokens, the model %d"
+                              % (self.text.hf.get_vocab_size(), self.vocab))
         self.max_batch = args.max_batch
         # sequence slots: the decoded ones, and prompts between their prefill and their forks
         # and the prompt cache's prompts, each a sequence that is never stepped
@@ -77,11 +90,14 @@ class Server(http.server.ThreadingHTTPServer):
         out = []
         for p in prompt:
             if isinstance(p, str):
-                if not self.byte_level:
-                    raise ApiError(400, "a string prompt needs a tokenizer, which this server "
-                                   "does not have for a model of %d tokens: send token ids"
-                                   % self.vocab, param)
-                ids = list(_utf8(p, param))
+                if self.byte_level:
+                    ids = list(_utf8(p, param))
+                elif self.text is not None:
+                    _utf8(p, param)     # (lone surrogates: refused as for a byte-level model)
+                    ids = self.text.encode(p)
+                else:
+                    raise ApiError(400, "a string prompt needs a tokenizer: %s; send token ids"
+                                   % self.no_text_reason(), param, "no_tokenizer")
             elif isinstance(p, list) and all(_is_int(t) for t in p):
                 ids = p
                 for t in ids:
@@ -97,6 +113,36 @@ class Server(http.server.ThreadingHTTPServer):
                                % (len(ids), self.max_len), param, "context_length_exceeded")
             out.append(ids)
         return out
+
+    def token_bytes(self, t):
+        """The bytes of token t as a list of ints (the chat schema's logprobs "bytes")."""
+        if self.byte_level:
+            return [t]
+        if self.text is not None:
+            return list(self.text.token_bytes(t))
+        return None
+
+    def no_text_reason(self):
+        """Why this server has no tokenizer (a model other than byte-level)."""
+        return self.text_missing or ("the model (%d tokens) has no tokenizer.json; start the "
+                                     "server with --tokenizer DIR" % self.vocab)
+
+    def text_detokenizer(self, skip_special_tokens=True):
+        return _text.Detokenizer(self.text, skip_special_tokens)
+
+    def prompt_text(self, ids):
+        """The text of a prompt's tokens and each token's offset in it (echo): bytes as text
+        for a byte-level model, the tokenizer's decoding (special tokens kept) otherwise, ""
+        without a tokenizer."""
+        if self.byte_level:
+            return bytes(ids).decode("utf-8", "replace"), list(range(len(ids)))
+        if self.text is None:
+            return "", [0] * len(ids)
+        d = self.text_detokenizer(skip_special_tokens=False)
+        for t in ids:
+            d.add(t)
+        d.finish()
+        return d.text, d.offsets
 
     def cache_need(self, prompts, n, max_tokens):
         k = len(prompts)
@@ -150,8 +196,10 @@ class Server(http.server.ThreadingHTTPServer):
         return out
 
     def token_text(self, t, as_id=False):
-        if as_id or not self.byte_level:
+        if as_id or (not self.byte_level and self.text is None):
             return "token_id:%d" % t
+        if self.text is not None:
+            return self.text.token_name(t)
         return chr(t) if t < 128 else "bytes:\\x%02x" % t
 
     def info(self):
@@ -162,6 +210,8 @@ class Server(http.server.ThreadingHTTPServer):
                 "max_batch": self.max_batch, "cache_tokens": self.cache_tokens,
                 "byte_level": self.byte_level, "libparity": parity.version(),
                 "paused": self.engine.paused,
+                "tokenizer": None if self.text is None else self.text.directory,
+                "chat_template": self.text is not None and self.text.chat_template is not None,
                 "requests_running": len(self.engine.active),
                 "requests_waiting": len(self.engine.waiting),
                 "decode_steps": self.engine.steps, "prefill_calls": self.engine.prefills,
@@ -172,8 +222,20 @@ class Server(http.server.ThreadingHTTPServer):
                                  "misses": self.engine.prompt_misses}}
 
 
-def _logprobs_block(srv, req, c, start, end):
-    """OpenAI's logprobs object for tokens [start, end) of a choice."""
+def _offsets(srv, c, start, end, shift):
+    """Each token's offset in the choice's text (shifted by `shift`, the echoed prompt's
+    length): bytes of a byte-level model (a token is a byte), characters with a tokenizer, 0
+    without one."""
+    if srv.byte_level:
+        return list(range(shift + start, shift + end))
+    if c.detok is not None:
+        return [shift + o for o in c.detok.offsets[start:end]]
+    return [0] * (end - start)
+
+
+def _logprobs_block(srv, req, c, start, end, echo=None):
+    """OpenAI's logprobs object for tokens [start, end) of a choice; with `echo` (the prompt's
+    block, _prompt_block) the prompt's tokens first."""
     if req.logprobs is None:
         return None
     tokens = c.tokens[start:end]
@@ -182,8 +244,6 @@ def _logprobs_block(srv, req, c, start, end):
     def name(t):
         return srv.token_text(t, req.token_id_names)
 
-    # byte offsets in the completion's text: a token is a byte (no text without a tokenizer)
-    offsets = list(range(start, start + len(tokens))) if srv.byte_level else [0] * len(tokens)
     top = None
     if req.logprobs:
         top = []
@@ -192,8 +252,80 @@ def _logprobs_block(srv, req, c, start, end):
             d = {name(i): _finite(v) for i, v in zip(ids, alts) if i >= 0}
             d.setdefault(name(t), lp)
             top.append(d)
-    return {"tokens": [name(t) for t in tokens], "token_logprobs": lps, "top_logprobs": top,
-            "text_offset": offsets}
+    block = {"tokens": [name(t) for t in tokens], "token_logprobs": lps, "top_logprobs": top,
+             "text_offset": _offsets(srv, c, start, end, 0 if echo is None else echo[1])}
+    if echo is not None:
+        head = echo[0]
+        for key in block:
+            block[key] = None if head[key] is None or block[key] is None else \
+                head[key] + block[key]
+    return block
+
+
+def _prompt_block(srv, req, p):
+    """(OpenAI's logprobs object of prompt p's tokens, the length of its text): the first
+    token's log-prob null, the others Model.score's of the prompt."""
+    ids = req.prompts[p]
+    text, offsets = srv.prompt_text(ids)
+    scores = req.prompt_scores
+
+    def name(t):
+        return srv.token_text(t, req.token_id_names)
+
+    lps = [None] + [_finite(v) for v in scores.logprobs[p]]
+    top = None
+    if req.logprobs:
+        top = [None]
+        for t, lp, ids_k, alts in zip(ids[1:], lps[1:], scores.top_ids[p], scores.top_logprobs[p]):
+            d = {name(i): _finite(v) for i, v in zip(ids_k[:req.logprobs], alts) if i >= 0}
+            d.setdefault(name(t), lp)
+            top.append(d)
+    return {"tokens": [name(t) for t in ids], "token_logprobs": lps, "top_logprobs": top,
+            "text_offset": offsets}, len(ids) if srv.byte_level else len(text)
+
+
+def _vllm_prompt_logprobs(srv, req, p):
+    """vLLM's prompt_logprobs of prompt p: null for the first token, then for each token a
+    dict {token id: {"logprob", "rank", "decoded_token"}} of the token itself and the
+    prompt_logprobs most likely ones (rank: 1 for the most likely; null for a prompt token
+    outside those, whose rank is not computed)."""
+    ids = req.prompts[p]
+    scores = req.prompt_scores
+    k = req.prompt_logprobs
+    out = [None]
+    for i, t in enumerate(ids[1:]):
+        top_ids, top_lps = scores.top_ids[p][i], scores.top_logprobs[p][i]
+        entry = {}
+        for rank, (j, v) in enumerate(zip(top_ids[:k], top_lps[:k])):
+            if j >= 0:
+                entry[str(j)] = {"logprob": _finite(v), "rank": rank + 1,
+                                 "decoded_token": srv.token_text(j)}
+        if str(t) not in entry:
+            have = [j for j in top_ids if j >= 0]
+            entry[str(t)] = {"logprob": _finite(scores.logprobs[p][i]),
+                             "rank": have.index(t) + 1 if t in have else None,
+                             "decoded_token": srv.token_text(t)}
+        out.append(entry)
+    return out
+
+
+def _chat_logprobs(srv, req, c, start, end):
+    """The chat schema's logprobs of tokens [start, end) of a choice: {"content": [{"token",
+    "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}]}."""
+    if req.logprobs is None:
+        return None
+
+    def entry(t, lp):
+        name = srv.token_text(t, req.token_id_names)
+        return {"token": name, "logprob": _finite(lp), "bytes": srv.token_bytes(t)}
+
+    content = []
+    for i in range(start, end):
+        e = entry(c.tokens[i], c.logprobs[i])
+        e["top_logprobs"] = [] if not req.logprobs else \
+            [entry(j, v) for j, v in zip(*c.tops[i]) if j >= 0]
+        content.append(e)
+    return {"content": content}
 
 
 def _routes_list(c):
@@ -202,10 +334,12 @@ def _routes_list(c):
 
 
 def _final_text(srv, c):
-    if not srv.byte_level:
-        return ""
-    end = len(c.text) if c.text_end is None else c.text_end
-    return bytes(c.text[:end]).decode("utf-8", "replace")
+    if srv.byte_level:
+        end = len(c.text) if c.text_end is None else c.text_end
+        return bytes(c.text[:end]).decode("utf-8", "replace")
+    if c.detok is not None:
+        return c.detok.text if c.text_end is None else c.detok.text[:c.text_end]
+    return ""
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -338,7 +472,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             raise ApiError(400, "the body must be a JSON object")
         return body
 
-    ROUTES = {"/v1/completions": ("POST", "completions"), "/v1/models": ("GET", "models"),
+    ROUTES = {"/v1/completions": ("POST", "completions"),
+              "/v1/chat/completions": ("POST", "chat_completions"),
+              "/v1/models": ("GET", "models"),
               "/health": ("GET", "health"), "/parity/info": ("GET", "info"),
               "/parity/score": ("POST", "score"),
               "/parity/update_weights": ("POST", "update_weights"),
@@ -408,8 +544,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._send_json(200, self.server.info())
 
     def _completions(self):
+        self._serve(Request(self.server, self._json_body()))
+
+    def _chat_completions(self):
+        self._serve(chat_request(self.server, self._json_body()))
+
+    def _serve(self, req):
+        """Runs a completions or chat request: the prompts scored first where echo or
+        prompt_logprobs asks (and again if a weight update came before the generation
+        started), the generation by the engine (none for max_tokens 0), the answer."""
         srv = self.server
-        req = Request(srv, self._json_body())
+        scored = None
+        if (req.echo and req.logprobs is not None) or req.prompt_logprobs is not None:
+            scored = self._score_prompts(req)
+        if req.max_tokens == 0:
+            req.version = srv.model.version if scored is None else scored
+            self._send_json(200, self._response(req))
+            return
         srv.engine.submit(req)
         if req.stream:
             self._stream(req)
@@ -420,15 +571,53 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 raise value
             if kind == "done":
                 break
+        if scored is not None and scored != req.version and \
+                self._score_prompts(req) != req.version:
+            raise ApiError(503, "the weights were updated twice while the request ran, so its "
+                           "prompt log-probs and its completion are not of the same weights: "
+                           "send it again", None, "weights_changed")
         self._send_json(200, self._response(req))
+
+    def _score_prompts(self, req):
+        """Model.score of the request's prompts (the sampler's mode and parameters, the top
+        alternatives asked for), held against weight updates as /parity/score is; stores them
+        in req.prompt_scores and returns the weight version they are of."""
+        srv = self.server
+        k = max(req.logprobs or 0, req.prompt_logprobs or 0)
+        srv.gate.enter()
+        try:
+            version = srv.model.version
+            scores = srv.model.score(
+                req.prompts, policy=srv.policy, backend=srv.backend, mode=req.mode,
+                temperature=req.temperature, top_k=req.top_k,
+                top_p=None if req.top_p == 1.0 else req.top_p,
+                min_p=None if req.min_p == 0.0 else req.min_p, top_n=max(k, 1))
+        except ParityError as e:
+            raise _parity_error(e, "prompt") from None
+        finally:
+            srv.gate.leave()
+        req.prompt_scores = scores
+        return version
 
     def _response(self, req):
         srv = self.server
         choices = []
         for c in req.choices:
-            ch = {"index": c.index, "text": _final_text(srv, c),
-                  "logprobs": _logprobs_block(srv, req, c, 0, len(c.tokens)),
-                  "finish_reason": c.finish_reason}
+            echo = _prompt_block(srv, req, c.prompt) if req.echo and \
+                req.logprobs is not None else None
+            text = _final_text(srv, c)
+            if req.echo:
+                text = srv.prompt_text(req.prompts[c.prompt])[0] + text
+            if req.chat:
+                ch = {"index": c.index, "message": {"role": "assistant", "content": text},
+                      "logprobs": _chat_logprobs(srv, req, c, 0, len(c.tokens)),
+                      "finish_reason": c.finish_reason}
+            else:
+                ch = {"index": c.index, "text": text,
+                      "logprobs": _logprobs_block(srv, req, c, 0, len(c.tokens), echo),
+                      "finish_reason": c.finish_reason if req.max_tokens else "length"}
+            if req.prompt_logprobs is not None:
+                ch["prompt_logprobs"] = _vllm_prompt_logprobs(srv, req, c.prompt)
             if req.return_token_ids:
                 ch["token_ids"] = list(c.tokens)
                 ch["prompt_token_ids"] = list(req.prompts[c.prompt])
@@ -441,8 +630,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         out["usage"] = self._usage(req)
         return out
 
-    def _head(self, req):
-        return {"id": req.id, "object": "text_completion", "created": req.created,
+    def _head(self, req, chunk=False):
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if req.chat else \
+            "text_completion"
+        return {"id": req.id, "object": kind, "created": req.created,
                 "model": self.server.name, "system_fingerprint": "parity-w%d" % req.version,
                 "weight_version": req.version}
 
@@ -481,12 +672,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         if ch is not None:
                             choices.append(ch)
                     if choices:
-                        head = self._head(req)
+                        head = self._head(req, chunk=True)
                         head["choices"] = choices
                         event(head)
                 if kind == "done":
                     if req.include_usage:
-                        head = self._head(req)
+                        head = self._head(req, chunk=True)
                         head["choices"] = []
                         head["usage"] = self._usage(req)
                         event(head)
@@ -505,25 +696,37 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with req.wake:          # the engine publishes a step's results under it
             reason = c.finish_reason
             n = len(c.tokens)
-            text_len = len(c.text)
+            whole = c.text_so_far() if srv.byte_level or c.detok is not None else None
+            text_len = 0 if whole is None else len(whole)
             text_end = c.text_end
         # The rest without the lock, so that the engine never waits for this thread's JSON work:
-        # the engine only appends to a choice's lists, whose first n entries stay as read.
+        # the engine only appends to a choice's lists and to a byte-level text, whose first
+        # entries stay as read; a tokenizer's text is a new str each step, and `whole` is the
+        # one read.
         finished = reason is not None
         if c.sent_tokens == n and (not finished or c.sent_text < 0):
             return None
         text = ""
-        if srv.byte_level:
+        if whole is not None:
             if finished:
                 end = text_len if text_end is None else text_end
             else:
                 hold = max((len(s) for s in req.stops), default=1) - 1
                 end = max(c.sent_text, text_len - hold)
-            text = c.decoder.decode(bytes(c.text[max(c.sent_text, 0):end]), finished)
+            part = whole[max(c.sent_text, 0):end]
+            text = c.decoder.decode(bytes(part), finished) if srv.byte_level else part
             c.sent_text = end
-        ch = {"index": c.index, "text": text,
-              "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
-              "finish_reason": reason}
+        if req.chat:
+            delta = {"content": text}
+            if c.sent_tokens == 0:
+                delta = {"role": "assistant", "content": text}
+            ch = {"index": c.index, "delta": delta,
+                  "logprobs": _chat_logprobs(srv, req, c, c.sent_tokens, n),
+                  "finish_reason": reason}
+        else:
+            ch = {"index": c.index, "text": text,
+                  "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
+                  "finish_reason": reason}
         if req.return_token_ids:
             ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
         if req.return_routed_experts and finished:
