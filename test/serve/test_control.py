@@ -217,7 +217,7 @@ class TestControl(unittest.TestCase):
 
     def test_abort_by_id_while_serving(self):
         victim = params(0, request_id="victim")
-        other = params(1, max_tokens=200)
+        other = params(1)
         calls = [Call(self.srv, victim), Call(self.srv, other)]
         self.wait_for(lambda info: info["requests_running"] == 2)
         # one unknown id among known ones: 404, nothing aborted
@@ -248,7 +248,7 @@ class TestControl(unittest.TestCase):
         self.check_aborted(call.response()[1], p, "abort_all")
 
     def test_wait_pause_update_resume(self):
-        p = params(3, max_tokens=300)
+        p = params(3)
         call = Call(self.srv, p)
         self.wait_for(lambda info: info["requests_running"] == 1)
         status, body = self.srv.post("/pause?mode=wait", b"")
