@@ -577,6 +577,56 @@ def row(label, s):
         s["errors"], s["mismatches"])
 
 
+def engine_state(run, proc):
+    """/parity/info's engine counters, this process's CPU seconds and, for a server this
+    process started, the server's (Linux /proc), now."""
+    state = {"wall": time.perf_counter(), "client_cpu": sum(os.times()[:2])}
+    if proc is not None:
+        try:
+            with open("/proc/%d/stat" % proc.pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            state["server_cpu"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    try:
+        cl = run.client()
+        st, _, info, _, _, _ = cl.request("GET", "/parity/info")
+        cl.close()
+        if st == 200 and isinstance(info, dict):
+            state.update({k: info.get(k) for k in ("decode_steps", "prefill_calls",
+                                                   "engine_seconds")})
+    except Exception:  # an old server, or none: the engine's figures are left out
+        pass
+    return state
+
+
+def engine_use(a, b):
+    """Where a phase's time went: the engine thread's wall time split (fractions), its decode
+    steps and prefill calls, and the CPU seconds of the server and of this load generator."""
+    out = {"wall_s": round(b["wall"] - a["wall"], 3),
+           "client_cpu_s": round(b["client_cpu"] - a["client_cpu"], 3)}
+    if "server_cpu" in a and "server_cpu" in b:
+        out["server_cpu_s"] = round(b["server_cpu"] - a["server_cpu"], 3)
+    if a.get("engine_seconds") and b.get("engine_seconds"):
+        d = {k: b["engine_seconds"][k] - a["engine_seconds"].get(k, 0.0)
+             for k in b["engine_seconds"]}
+        total = sum(d.values()) or 1.0
+        out["engine_split"] = {k: round(v / total, 3) for k, v in d.items()}
+        out["decode_steps"] = b["decode_steps"] - a["decode_steps"]
+        out["prefill_calls"] = b["prefill_calls"] - a["prefill_calls"]
+    return out
+
+
+def print_engine(e):
+    parts = ["CPU s: server %s, load generator %s" % (e.get("server_cpu_s", "-"),
+                                                      e["client_cpu_s"])]
+    if "engine_split" in e:
+        parts.append("engine thread: %s; %d decode steps, %d prefill calls" % (
+            ", ".join("%s %.0f%%" % (k, 100 * v) for k, v in sorted(e["engine_split"].items())),
+            e["decode_steps"], e["prefill_calls"]))
+    print("           " + "; ".join(parts))
+
+
 def print_samples(s):
     for e in s["error_samples"][:5]:
         print("    error: %s" % e)
@@ -988,14 +1038,17 @@ def main(argv=None):
             v0 = info.get("weight_version")
             print(HEAD)
             for k in ks if not run.stopped() else []:
+                before = engine_state(run, server["proc"])
                 try:
                     recs, t0, t1 = run.load(k, args.requests)
                 except TimeUp:
                     break
                 s = summarize(recs, t0, t1, {v0: refs0}, k * args.requests)
                 s["clients"] = k
+                s["engine"] = engine_use(before, engine_state(run, server["proc"]))
                 phases.append(s)
                 print(row("K = %d" % k, s), flush=True)
+                print_engine(s["engine"])
                 print_samples(s)
                 if s["errors"] or s["mismatches"] or s["error_samples"]:
                     ok = False

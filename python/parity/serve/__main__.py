@@ -41,6 +41,10 @@ def main(argv=None):
                     "bytes per position, sparse layer and expert a token), so that a request "
                     "with return_routed_experts gets each choice's routed_experts (vLLM's "
                     "engine argument)")
+    ap.add_argument("--prompt-cache", type=int, default=32, metavar="N",
+                    help="prompts kept prefilled for the requests that send them again, least "
+                    "recently used out first (default 32; 0 = off); each holds a sequence slot "
+                    "and its KV cache positions; a weight update and /flush_cache empty it")
     ap.add_argument("--served-model-name", help="the name requests give as model (default: "
                     "the --model argument)")
     ap.add_argument("--max-queue", type=int, default=256,
@@ -57,12 +61,22 @@ def main(argv=None):
     ap.add_argument("--log-requests", action="store_true", help="one line per request")
     ap.add_argument("--profile", metavar="FILE", help="at exit, write where the engine "
                     "thread's time went (cProfile, by function) to FILE")
+    ap.add_argument("--switch-interval", type=float, default=0.0005, metavar="SECONDS",
+                    help="Python's thread switch interval (sys.setswitchinterval) in the server: "
+                    "how long the engine thread, back from a decode step, waits at most for a "
+                    "request thread to hand over the interpreter (default 0.0005; Python's own "
+                    "is 0.005, longer than a decode step)")
     args = ap.parse_args(argv)
     for name in ("max_batch", "max_queue", "max_scoring", "max_body_bytes", "max_update_bytes"):
         if getattr(args, name) < 1:
             ap.error("--%s must be at least 1" % name.replace("_", "-"))
+    if args.prompt_cache < 0:
+        ap.error("--prompt-cache must be at least 0")
     if args.client_timeout <= 0:
         ap.error("--client-timeout must be positive")
+    if not 0 < args.switch_interval <= 1:
+        ap.error("--switch-interval must be in (0, 1] seconds")
+    sys.setswitchinterval(args.switch_interval)
     try:
         srv = Server(args)
     except ParityError as e:

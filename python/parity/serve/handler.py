@@ -14,7 +14,7 @@ import urllib.parse
 from .._lib import ERR_INVALID_ARGUMENT, ParityError, lib
 from ..model import Model
 from . import text as _text
-from .engine import Engine, Gate, Update
+from .engine import PAUSE_MODES, Control, Engine, Gate, Update
 from .protocol import (BYTE_VOCAB, LOGPROB_MODES, ApiError, Request, _finite, _integer, _is_int,
                        _number, _parity_error, _utf8, chat_request, read_manifest,
                        read_safetensors)
@@ -30,7 +30,7 @@ class Server(http.server.ThreadingHTTPServer):
         # vLLM's extra sampling parameters that RL frameworks send
         "return_tokens_as_token_ids", "include_stop_str_in_output", "skip_special_tokens",
         "spaces_between_special_tokens", "ignore_eos", "min_tokens", "repetition_penalty",
-        "return_routed_experts", "prompt_logprobs"))
+        "return_routed_experts", "prompt_logprobs", "request_id"))
     # a chat request as it reaches Request: its own fields translated (chat_request)
     CHAT_FIELDS = COMPLETION_FIELDS - {"echo", "suffix", "best_of", "prompt_logprobs"}
 
@@ -52,7 +52,9 @@ class Server(http.server.ThreadingHTTPServer):
                               % (self.text.hf.get_vocab_size(), self.vocab))
         self.max_batch = args.max_batch
         # sequence slots: the decoded ones, and prompts between their prefill and their forks
-        self.max_seqs = 2 * self.max_batch
+        # and the prompt cache's prompts, each a sequence that is never stepped
+        self.prompt_cache_entries = getattr(args, "prompt_cache", 0)
+        self.max_seqs = 2 * self.max_batch + self.prompt_cache_entries
         self.max_len = args.max_model_len or min(self.model.context, 4096)
         self.cache_tokens = args.cache_tokens or min((self.max_batch + 1) * self.max_len, 16384)
         self.max_queue = args.max_queue
@@ -150,6 +152,15 @@ class Server(http.server.ThreadingHTTPServer):
         lib.parity_sampler_cache_tokens(k, lens, comps, max_tokens, ctypes.byref(out))
         return out.value
 
+    def request_cache_need(self, prompts, n, max_tokens):
+        """The KV positions a request reserves: parity_sampler_cache_tokens, and with the
+        prompt cache one more block a prompt, since its completions then share the prompt's
+        last, partly filled block with the kept prefill and each writes its own copy of it."""
+        need = self.cache_need(prompts, n, max_tokens)
+        if self.prompt_cache_entries:
+            need += len(prompts) * self.cache_need([[0]], 1, 1)    # one block
+        return need
+
     def expected_differences(self, tensors, manifest):
         """The differences between a manifest and what the model would hold after updating
         `tensors` (the checksums parity_model_verify would compare), without changing it."""
@@ -198,11 +209,17 @@ class Server(http.server.ThreadingHTTPServer):
                 "vocab_size": self.vocab, "max_model_len": self.max_len,
                 "max_batch": self.max_batch, "cache_tokens": self.cache_tokens,
                 "byte_level": self.byte_level, "libparity": parity.version(),
+                "paused": self.engine.paused,
                 "tokenizer": None if self.text is None else self.text.directory,
                 "chat_template": self.text is not None and self.text.chat_template is not None,
                 "requests_running": len(self.engine.active),
                 "requests_waiting": len(self.engine.waiting),
-                "decode_steps": self.engine.steps}
+                "decode_steps": self.engine.steps, "prefill_calls": self.engine.prefills,
+                "engine_seconds": self.engine.time_split(),
+                "prompt_cache": {"entries": len(self.engine.prompt_cache),
+                                 "limit": self.prompt_cache_entries,
+                                 "hits": self.engine.prompt_hits,
+                                 "misses": self.engine.prompt_misses}}
 
 
 def _offsets(srv, c, start, end, shift):
@@ -309,6 +326,11 @@ def _chat_logprobs(srv, req, c, start, end):
             [entry(j, v) for j, v in zip(*c.tops[i]) if j >= 0]
         content.append(e)
     return {"content": content}
+
+
+def _routes_list(c):
+    """A choice's routed_experts (none for a request aborted before it started)."""
+    return c.routes.tolist() if c.routes is not None else []
 
 
 def _final_text(srv, c):
@@ -432,8 +454,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.connection.settimeout(timeout)
         return data
 
-    def _json_body(self):
+    def _json_body(self, empty_ok=False):
+        """The body, a JSON object; with `empty_ok` (control calls), none or an empty body is
+        {} too."""
+        if empty_ok and self.headers.get("Content-Length") is None and \
+                not self.headers.get("Transfer-Encoding"):
+            self.body_read = True
+            return {}
         data = self._body(self.server.args.max_body_bytes)
+        if empty_ok and not data.strip():
+            return {}
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -447,7 +477,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
               "/v1/models": ("GET", "models"),
               "/health": ("GET", "health"), "/parity/info": ("GET", "info"),
               "/parity/score": ("POST", "score"),
-              "/parity/update_weights": ("POST", "update_weights")}
+              "/parity/update_weights": ("POST", "update_weights"),
+              # control around weight updates, by the names SGLang's and vLLM's servers use
+              "/pause_generation": ("POST", "pause_generation"),     # SGLang
+              "/continue_generation": ("POST", "resume"),            # SGLang
+              "/pause": ("POST", "pause"),                           # vLLM
+              "/resume": ("POST", "resume"),                         # vLLM
+              "/is_paused": ("GET", "is_paused"),                    # vLLM
+              "/abort_request": ("POST", "abort_request"),           # SGLang
+              "/abort_requests": ("POST", "abort_requests"),         # vLLM
+              "/update_weights_from_disk": ("POST", "update_weights_from_disk"),  # SGLang
+              "/flush_cache": ("POST", "flush_cache"),               # SGLang (GET too)
+              "/reset_prefix_cache": ("POST", "flush_cache")}        # vLLM
+    GET_TOO = frozenset(("/flush_cache",))
 
     def _route(self):
         self.body_read = False
@@ -457,7 +499,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             route = self.ROUTES.get(url.path.rstrip("/") or url.path)
             if route is None:
                 raise ApiError(404, "no such endpoint: %s %s" % (self.command, url.path))
-            if route[0] != self.command and not (self.command == "HEAD" and route[0] == "GET"):
+            if route[0] != self.command and not (self.command == "HEAD" and route[0] == "GET") \
+                    and not (self.command == "GET" and url.path.rstrip("/") in self.GET_TOO):
                 self.close_connection = True   # its body, if any, was not read
                 raise ApiError(405, "%s takes %s, not %s" % (url.path, route[0], self.command))
             getattr(self, "_" + route[1])()
@@ -579,7 +622,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 ch["token_ids"] = list(c.tokens)
                 ch["prompt_token_ids"] = list(req.prompts[c.prompt])
             if req.return_routed_experts:
-                ch["routed_experts"] = c.routes.tolist()
+                ch["routed_experts"] = _routes_list(c)
             choices.append(ch)
         out = self._head(req)
         out["seed"] = req.seed
@@ -651,40 +694,47 @@ class Handler(http.server.BaseHTTPRequestHandler):
         """What a choice drew since its last chunk, or None. Text that could still turn out to
         be the start of a stop string is held back until it cannot."""
         with req.wake:          # the engine publishes a step's results under it
-            finished = c.finish_reason is not None
+            reason = c.finish_reason
             n = len(c.tokens)
-            if c.sent_tokens == n and (not finished or c.sent_text < 0):
-                return None
-            text = ""
-            if srv.byte_level or c.detok is not None:
-                whole = c.text_so_far()
-                if finished:
-                    end = len(whole) if c.text_end is None else c.text_end
-                else:
-                    hold = max((len(s) for s in req.stops), default=1) - 1
-                    end = max(c.sent_text, len(whole) - hold)
-                part = whole[max(c.sent_text, 0):end]
-                text = c.decoder.decode(bytes(part), finished) if srv.byte_level else part
-                c.sent_text = end
-            if req.chat:
-                delta = {"content": text}
-                if c.sent_tokens == 0:
-                    delta = {"role": "assistant", "content": text}
-                ch = {"index": c.index, "delta": delta,
-                      "logprobs": _chat_logprobs(srv, req, c, c.sent_tokens, n),
-                      "finish_reason": c.finish_reason if finished else None}
-            else:
-                ch = {"index": c.index, "text": text,
-                      "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
-                      "finish_reason": c.finish_reason if finished else None}
-            if req.return_token_ids:
-                ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
-            if req.return_routed_experts and finished:
-                ch["routed_experts"] = c.routes.tolist()   # in the choice's last chunk
-            c.sent_tokens = n
+            whole = c.text_so_far() if srv.byte_level or c.detok is not None else None
+            text_len = 0 if whole is None else len(whole)
+            text_end = c.text_end
+        # The rest without the lock, so that the engine never waits for this thread's JSON work:
+        # the engine only appends to a choice's lists and to a byte-level text, whose first
+        # entries stay as read; a tokenizer's text is a new str each step, and `whole` is the
+        # one read.
+        finished = reason is not None
+        if c.sent_tokens == n and (not finished or c.sent_text < 0):
+            return None
+        text = ""
+        if whole is not None:
             if finished:
-                c.sent_text = -1          # the last chunk of this choice has gone out
-            return ch
+                end = text_len if text_end is None else text_end
+            else:
+                hold = max((len(s) for s in req.stops), default=1) - 1
+                end = max(c.sent_text, text_len - hold)
+            part = whole[max(c.sent_text, 0):end]
+            text = c.decoder.decode(bytes(part), finished) if srv.byte_level else part
+            c.sent_text = end
+        if req.chat:
+            delta = {"content": text}
+            if c.sent_tokens == 0:
+                delta = {"role": "assistant", "content": text}
+            ch = {"index": c.index, "delta": delta,
+                  "logprobs": _chat_logprobs(srv, req, c, c.sent_tokens, n),
+                  "finish_reason": reason}
+        else:
+            ch = {"index": c.index, "text": text,
+                  "logprobs": _logprobs_block(srv, req, c, c.sent_tokens, n),
+                  "finish_reason": reason}
+        if req.return_token_ids:
+            ch["token_ids"] = list(c.tokens[c.sent_tokens:n])
+        if req.return_routed_experts and finished:
+            ch["routed_experts"] = _routes_list(c)   # in the choice's last chunk
+        c.sent_tokens = n
+        if finished:
+            c.sent_text = -1          # the last chunk of this choice has gone out
+        return ch
 
     def _score(self):
         srv = self.server
@@ -740,37 +790,195 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _update_weights(self):
         srv = self.server
         ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        manifest_path = None
         if ctype == "application/octet-stream":
             data = self._body(srv.args.max_update_bytes, progress=True)
             tensors = read_safetensors(data, "the body")
             manifest_path = (self.query.get("manifest") or [None])[0]
         else:
             body = self._json_body()
-            for key in body:
-                if key not in ("path", "manifest"):
-                    raise ApiError(400, "Unrecognized request argument supplied: %s" % key, key,
-                                   "unknown_parameter")
+            self._known_fields(body, ("path", "manifest"))
             path = body.get("path")
             if not isinstance(path, str):
                 raise ApiError(400, "path (a safetensors file on the server's machine) is "
                                "required, or send the file as application/octet-stream",
                                "path")
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                raise ApiError(400, "%s: %s" % (path, e.strerror), "path") from None
-            tensors = read_safetensors(data, path)
+            tensors = self._read_weights_file(path, "path")
             manifest_path = body.get("manifest")
+        self._send_json(200, self._submit_update(tensors, manifest_path))
+
+    @staticmethod
+    def _known_fields(body, known):
+        for key in body:
+            if key not in known:
+                raise ApiError(400, "Unrecognized request argument supplied: %s" % key, key,
+                               "unknown_parameter")
+
+    @staticmethod
+    def _read_weights_file(path, param):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ApiError(400, "%s: %s" % (path, e.strerror), param) from None
+        return read_safetensors(data, path)
+
+    def _submit_update(self, tensors, manifest_path, expect_version=None):
+        """Hands an update to the engine and waits for it: its result, or raises its error."""
         upd = Update(tensors, None)
+        upd.expect_version = expect_version
         if manifest_path is not None:
             if not isinstance(manifest_path, str):
                 raise ApiError(400, "manifest must be a path", "manifest")
             upd.manifest = read_manifest(manifest_path)
             upd.manifest_path = manifest_path
-        srv.engine.submit_update(upd)
+        self.server.engine.submit_update(upd)
         upd.done.wait()
         if upd.error is not None:
             raise upd.error
-        self._send_json(200, upd.result)
+        return upd.result
+
+    # ---- control around weight updates (SGLang's and vLLM's names) ----
+
+    def _control_body(self):
+        return self._json_body(empty_ok=True)
+
+    def _query_flag(self, params, name, default):
+        v = params.get(name, default)
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.lower() in ("true", "false", "1", "0"):
+            return v.lower() in ("true", "1")
+        raise ApiError(400, "%s must be true or false, not %s" % (name, json.dumps(v)[:100]),
+                       name)
+
+    def _pause_generation(self):
+        """SGLang's POST /pause_generation {"mode": "abort" | "in_place" | "retract"}:
+        in_place and retract both keep the requests in flight (here their sequences stay in
+        the sampler, so resuming them needs no second prefill)."""
+        body = self._control_body()
+        self._known_fields(body, ("mode",))
+        mode = body.get("mode", "abort")
+        modes = {"abort": "abort", "in_place": "keep", "retract": "keep"}
+        if mode not in modes:
+            raise ApiError(400, "mode must be one of abort, in_place, retract, not %s"
+                           % json.dumps(mode)[:100], "mode")
+        out = self.server.engine.control(Control("pause", mode=modes[mode]))
+        out["message"] = "Generation paused successfully."
+        self._send_json(200, out)
+
+    def _pause(self):
+        """vLLM's POST /pause?mode=abort|wait|keep (wait_for_inflight_requests=true, its older
+        form, is mode wait; clear_cache is accepted: no cache outlives its requests)."""
+        params = {k: v[-1] for k, v in self.query.items()}
+        params.update(self._control_body())
+        self._known_fields(params, ("mode", "wait_for_inflight_requests", "clear_cache"))
+        wait = self._query_flag(params, "wait_for_inflight_requests", False)
+        self._query_flag(params, "clear_cache", True)
+        mode = params.get("mode", "wait" if wait else "abort")
+        if mode not in PAUSE_MODES:
+            raise ApiError(400, "mode must be one of %s, not %s"
+                           % (", ".join(PAUSE_MODES), json.dumps(mode)[:100]), "mode")
+        self._send_json(200, self.server.engine.control(Control("pause", mode=mode)))
+
+    def _resume(self):
+        """vLLM's POST /resume and SGLang's POST /continue_generation."""
+        self._known_fields(self._control_body(), ())
+        out = self.server.engine.control(Control("resume"))
+        out["message"] = "Generation continued successfully."
+        self._send_json(200, out)
+
+    def _is_paused(self):
+        srv = self.server
+        self._send_json(200, {"is_paused": srv.engine.paused is not None,
+                              "mode": srv.engine.paused, "weight_version": srv.model.version})
+
+    def _abort_request(self):
+        """SGLang's POST /abort_request {"rid": ID} or {"abort_all": true}."""
+        body = self._control_body()
+        self._known_fields(body, ("rid", "abort_all"))
+        rid = body.get("rid", "")
+        if not isinstance(rid, str):
+            raise ApiError(400, "rid must be a request id (a string)", "rid")
+        if self._query_flag(body, "abort_all", False):
+            ids = None
+        elif rid:
+            ids = [rid]
+        else:
+            raise ApiError(400, "rid (the id of a request waiting or in flight) is required, "
+                           "or abort_all: true", "rid")
+        self._send_json(200, self.server.engine.control(Control("abort", ids=ids,
+                                                                param="rid")))
+
+    def _abort_requests(self):
+        """vLLM's POST /abort_requests {"request_ids": [ID, ...]}; none or an empty list
+        aborts every request waiting or in flight."""
+        body = self._control_body()
+        self._known_fields(body, ("request_ids",))
+        ids = body.get("request_ids")
+        if ids is not None and (not isinstance(ids, list) or
+                                not all(isinstance(i, str) for i in ids)):
+            raise ApiError(400, "request_ids must be a list of request ids (strings)",
+                           "request_ids")
+        self._send_json(200, self.server.engine.control(Control("abort", ids=ids or None,
+                                                                param="request_ids")))
+
+    def _update_weights_from_disk(self):
+        """SGLang's POST /update_weights_from_disk {"model_path": a checkpoint directory
+        (model.safetensors, or the shards its index names) or a safetensors file}: the same
+        update as /parity/update_weights. abort_all_requests: true aborts the requests waiting
+        and in flight first; weight_version, if given, must be the version the update makes."""
+        srv = self.server
+        body = self._json_body()
+        self._known_fields(body, ("model_path", "load_format", "abort_all_requests",
+                                  "weight_version", "flush_cache"))
+        path = body.get("model_path")
+        if not isinstance(path, str):
+            raise ApiError(400, "model_path (a checkpoint directory or a safetensors file on "
+                           "the server's machine) is required", "model_path")
+        if body.get("load_format") not in (None, "auto", "safetensors"):
+            raise ApiError(400, "load_format: only safetensors", "load_format")
+        abort_all = self._query_flag(body, "abort_all_requests", False)
+        self._query_flag(body, "flush_cache", True)
+        version = body.get("weight_version")
+        if version is not None and (isinstance(version, bool) or
+                                    not isinstance(version, (int, str)) or
+                                    not str(version).isdigit()):
+            raise ApiError(400, "weight_version: this server numbers its versions 0, 1, 2, ...: "
+                           "give the number the update makes, or leave it out",
+                           "weight_version")
+        tensors = self._read_checkpoint(path)
+        aborted = []
+        if abort_all:
+            aborted = srv.engine.control(Control("abort", ids=None, param=None))["aborted"]
+        out = self._submit_update(tensors, None, None if version is None else int(version))
+        out.update({"success": True, "message": "Succeeded to update model weights.",
+                    "num_paused_requests": 0, "aborted": aborted})
+        self._send_json(200, out)
+
+    def _read_checkpoint(self, path):
+        """The tensors of a safetensors file, or of a checkpoint directory's model.safetensors
+        or its shards (model.safetensors.index.json's weight_map)."""
+        if not os.path.isdir(path):
+            return self._read_weights_file(path, "model_path")
+        single = os.path.join(path, "model.safetensors")
+        if os.path.exists(single):
+            return self._read_weights_file(single, "model_path")
+        index = os.path.join(path, "model.safetensors.index.json")
+        try:
+            with open(index, "rb") as f:
+                shards = sorted(set(json.loads(f.read().decode("utf-8"))["weight_map"].values()))
+        except OSError:
+            raise ApiError(400, "%s: neither model.safetensors nor "
+                           "model.safetensors.index.json" % path, "model_path") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ApiError(400, "%s: not a safetensors index (%s)" % (index, e),
+                           "model_path") from None
+        tensors = {}
+        for shard in shards:
+            tensors.update(self._read_weights_file(os.path.join(path, shard), "model_path"))
+        return tensors
+
+    def _flush_cache(self):
+        """SGLang's /flush_cache and vLLM's POST /reset_prefix_cache."""
+        self._control_body()
+        self._send_json(200, self.server.engine.control(Control("flush")))

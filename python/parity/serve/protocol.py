@@ -42,8 +42,8 @@ class ApiError(Exception):
 def _parity_error(e, param=None):
     """The HTTP status and message of a library error met while serving a request."""
     status = {_lib.ERR_TOKEN_RANGE: 400, _lib.ERR_EMPTY_INPUT: 400, _lib.ERR_TOO_LONG: 413,
-              _lib.ERR_INVALID_ARGUMENT: 400, _lib.ERR_CACHE_FULL: 503}.get(e.status, 500)
-    return ApiError(status, str(e), param, _lib.status_name(e.status).lower())
+              _lib.ERR_INVALID_ARGUMENT: 400, _lib.ERR_CACHE_FULL: 503}.get(e.code, 500)
+    return ApiError(status, str(e), param, e.status.lower())
 
 
 # ---- request parsing ---------------------------------------------------------------------
@@ -221,7 +221,7 @@ class Request:
                            % (server.max_len, longest + self.max_tokens, longest,
                               self.max_tokens), "max_tokens", "context_length_exceeded")
         # (max_tokens 0: the prompts are scored, not generated from: no cache)
-        self.cache_need = server.cache_need(self.prompts, self.n, self.max_tokens) \
+        self.cache_need = server.request_cache_need(self.prompts, self.n, self.max_tokens) \
             if self.max_tokens else 0
         if self.cache_need > server.cache_tokens:
             raise ApiError(503, "the request needs %d KV cache positions; the server has %d "
@@ -241,7 +241,13 @@ class Request:
                 c.detok = server.text_detokenizer(self.skip_special)
         self.prompt_scores = None   # echo / prompt_logprobs: Model.score's of each prompt
         self.chat_prompt = None     # a chat request: the template's rendering
-        self.id = "cmpl-" + secrets.token_hex(12)
+        # vLLM's and SGLang's request_id (SGLang: rid): the response's id, which
+        # /abort_request and /abort_requests name; by default a fresh one
+        rid = body.get("request_id")
+        if rid is not None and (not isinstance(rid, str) or not 0 < len(rid) <= 256):
+            raise ApiError(400, "request_id must be a string of 1 to 256 characters",
+                           "request_id")
+        self.id = rid if rid is not None else "cmpl-" + secrets.token_hex(12)
         self.created = int(time.time())
         self.version = None
         self.events = collections.deque()
@@ -487,6 +493,7 @@ def chat_request(server, body):
     # without a limit: up to the context's end, as vLLM
     completion["max_tokens"] = limit if limit is not None else max(server.max_len - len(ids), 1)
     req = Request(server, completion, chat=True)
-    req.id = "chatcmpl-" + req.id[len("cmpl-"):]
+    if completion.get("request_id") is None:     # (a request_id given is the id as it is)
+        req.id = "chatcmpl-" + req.id[len("cmpl-"):]
     req.chat_prompt = text
     return req
