@@ -211,7 +211,7 @@ int parity_policy_from_name(const char *name, parity_policy *out) {
     const char *plus = strchr(name, '+');
     size_t base_len = plus ? (size_t)(plus - name) : strlen(name);
     const preset *base = NAME_FIND(presets, name, base_len);
-    char presets_list[128], modifiers_list[64];
+    char presets_list[128], modifiers_list[128];
     NAME_LIST(modifiers, modifiers_list);
     if (!base) {
         NAME_LIST(presets, presets_list);

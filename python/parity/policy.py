@@ -21,8 +21,14 @@ CHOICES = {
     "attention": ("eager", "flash", "fp32"),
     "logits": ("bf16", "fp32"),
     "temperature": ("bf16", "fp32"),
-    "gemm": ("bf16", "fp8-block", "mxfp8"),
-    "quantizer": ("deepseek", "sglang", "te", "deepgemm", "te-pow2", "ocp", "te-rceil"),
+    "gemm": ("bf16", "fp8-block", "mxfp8", "nvfp4", "mxfp4", "ternary"),
+    # The quantizers of every format in one list, so a name picks one value whatever the gemm
+    # switch: the library's names where they are unique, qualified where two formats share one
+    # (the library's "te" of MXFP8 is "te-rceil" here, NVFP4's "te" is "te-nvfp4", MXFP4's "ocp"
+    # is "ocp-mxfp4"); parity_quantizer_name gives the library's.
+    "quantizer": ("deepseek", "sglang", "te", "deepgemm", "te-pow2", "ocp", "te-rceil",
+                  "modelopt", "te-nvfp4", "torchao", "ocp-mxfp4", "rceil", "microxcaling",
+                  "bitnet", "hf-bitlinear", "onebitllms"),
     "exit_dist": ("model", "fp32"),
     "moe_router": ("hf", "vllm", "sglang", "topk-softmax"),
     "moe_weights": ("rounded", "fp32"),

@@ -371,6 +371,25 @@ class TestScore(unittest.TestCase):
             parity.Policy.from_name("fp32+fp16")
         self.assertEqual(parity.Policy.from_name("vllm+fp8-block:te-pow2").names()["quantizer"],
                          "te-pow2")
+        # Every format and rule the library names: the switches by name (no int left), and the
+        # names set back give the same policy.
+        rules = {"fp8-block": ["deepseek", "sglang", "te", "deepgemm", "te-pow2"],
+                 "mxfp8": ["ocp", "te"], "nvfp4": ["modelopt", "te", "torchao"],
+                 "mxfp4": ["ocp", "rceil", "microxcaling"],
+                 "ternary": ["bitnet", "hf-bitlinear", "onebitllms"]}
+        seen = set()
+        for fmt, names in rules.items():
+            for rule in names:
+                pol = parity.Policy.from_name("hf-eager+%s:%s" % (fmt, rule))
+                named = pol.names()
+                self.assertEqual(named["gemm"], fmt)
+                self.assertIsInstance(named["quantizer"], str)
+                self.assertEqual(parity.Policy(**named), pol)
+                seen.add(named["quantizer"])
+        self.assertEqual(len(seen), 16)
+        with self.assertRaises(parity.ParityError) as cm:
+            parity.Policy.from_name("nonsense")
+        self.assertIn("fp8-block, mxfp8, nvfp4, mxfp4, ternary)", str(cm.exception))
         self.assertIn("tiny", parity.builtin_configs())
 
     def test_quantizers_without_numpy(self):
