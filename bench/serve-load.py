@@ -938,6 +938,55 @@ def stop_server(proc):
 
 # ---- main --------------------------------------------------------------------------------------
 
+def sampler_peer(args, info, k):
+    """The sampler's own decode tokens/s at batch k on the server's model, policy and threads
+    (build/bench/parity-speed, contexts = --max-tokens), or None when it cannot run (it says
+    why on stderr)."""
+    exe = os.path.join(REPO, "build", "bench", "parity-speed")
+    out = tempfile.NamedTemporaryFile(prefix="serve-load-peer-", suffix=".json", delete=False)
+    out.close()
+    cmd = [exe, "--model", args.model, "--presets", str(info.get("policy", "aligned")),
+           "--backends", str(info.get("backend", "bf16")),
+           "--threads", str(args.server_threads), "--batches", str(k),
+           "--contexts", str(args.max_tokens), "--peers", "none", "--json", out.name]
+    try:
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=300)
+        if done.returncode != 0:
+            print("serve-load: the sampler peer failed (%s): %s"
+                  % (" ".join(cmd), done.stderr.decode(errors="replace").strip()[-300:]),
+                  file=sys.stderr)
+            return None
+        with open(out.name) as f:
+            rows = [r for r in json.load(f)["results"] if r.get("phase") == "decode"]
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+        print("serve-load: the sampler peer could not run (%s): %s" % (exe, e), file=sys.stderr)
+        return None
+    finally:
+        os.unlink(out.name)
+    return rows[0]["tokens_per_s"] if rows else None
+
+
+def peer_summary(phase, before, after):
+    """The server's tokens/s against the sampler peers measured before and after the phase."""
+    known = [x for x in (before, after) if x]
+    out = {"sampler_tokens_per_s_before": before, "sampler_tokens_per_s_after": after,
+           "fraction_of_sampler": None}
+    if known and phase.get("tokens_per_s"):
+        out["fraction_of_sampler"] = round(phase["tokens_per_s"] / (sum(known) / len(known)), 3)
+    return out
+
+
+def print_peer(k, peer):
+    if peer["fraction_of_sampler"] is None:
+        print("  sampler peer at batch %d: not measured" % k)
+        return
+    print("  sampler peer at batch %d: %s tokens/s before, %s after; the server delivered %.0f%% "
+          "of their mean" % (k, peer["sampler_tokens_per_s_before"],
+                             peer["sampler_tokens_per_s_after"],
+                             100 * peer["fraction_of_sampler"]))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", default="1,8,32",
@@ -966,6 +1015,12 @@ def main(argv=None):
     ap.add_argument("--request-timeout", type=float, default=120.0)
     ap.add_argument("--start-timeout", type=float, default=60.0)
     ap.add_argument("--json", help="also write the JSON object to FILE")
+    ap.add_argument("--sampler-peer", action="store_true",
+                    help="before and after each K phase, run the sampler alone on the same "
+                         "model, policy, threads and batch K (build/bench/parity-speed's decode "
+                         "row) and print the server's tokens/s as a fraction of the mean of the "
+                         "two: on a VM whose speed moves between minutes, the peer measured "
+                         "next to the phase is the only fair denominator")
     args = ap.parse_args(argv)
     ks = [int(x) for x in args.clients.split(",") if x.strip()]
     if any(k < 1 or k > 256 for k in ks) or not 1 <= args.requests <= 10000:
@@ -1038,6 +1093,7 @@ def main(argv=None):
             v0 = info.get("weight_version")
             print(HEAD)
             for k in ks if not run.stopped() else []:
+                peer_before = sampler_peer(args, info, k) if args.sampler_peer else None
                 before = engine_state(run, server["proc"])
                 try:
                     recs, t0, t1 = run.load(k, args.requests)
@@ -1048,6 +1104,10 @@ def main(argv=None):
                 s["engine"] = engine_use(before, engine_state(run, server["proc"]))
                 phases.append(s)
                 print(row("K = %d" % k, s), flush=True)
+                if args.sampler_peer:
+                    peer_after = sampler_peer(args, info, k)
+                    s["sampler_peer"] = peer_summary(s, peer_before, peer_after)
+                    print_peer(k, s["sampler_peer"])
                 print_engine(s["engine"])
                 print_samples(s)
                 if s["errors"] or s["mismatches"] or s["error_samples"]:
