@@ -4,7 +4,7 @@ bitwise against the same request served alone (issue 18 item 5).
 
     python3 bench/serve-load.py [--clients 1,8,32] [--requests 16] [--max-tokens 32]
                                 [--url http://127.0.0.1:PORT | --model DIR] [--update] [--wrk]
-                                [--time-limit 600] [--json FILE]
+                                [--sampler-peer] [--rounds R] [--time-limit 600] [--json FILE]
 
 By default it starts its own server (`python3 -m parity.serve --model DIR --port 0 --port-file
 F --threads 2 --max-batch 32`, PARITY_LIBRARY = build/lib/libparity.so unless set) and stops it
@@ -23,6 +23,13 @@ is the same request in every phase, so one solo reference serves them all.
             strings, usage, float32-exact log-probs) and compared with its solo run: choice
             token_ids, text, finish_reason, the float32 bits of token_logprobs and of the
             top_logprobs values (parsed as Python floats, then struct.pack('<f', x))
+            The load generator only sends, reads and parses while a phase is timed; each
+            response is checked after the phase's last one arrived (on a 2-core machine its
+            checks would otherwise take CPU from the server it measures).
+            --sampler-peer: before and after each phase, the sampler alone (parity-speed's
+            decode row on the server's model, policy, threads and batch K); the server's
+            tokens/s is printed as a share of the two peers' mean. --rounds R: each K phase R
+            times, each with its own peers, and the median share over the rounds.
   update    (--update) K = the largest K again; when half of the requests have completed,
             POST /parity/update_weights with a copy of the model whose one MLP weight has the
             lowest mantissa bit of every bf16 value flipped. Then: no request failed; every
@@ -398,8 +405,9 @@ class Run:
         return Client(self.host, self.port, timeout=max(5.0, min(self.args.request_timeout,
                                                                  self.left() + 5)))
 
-    def one(self, cl, body, stream):
-        """Sends one request; returns a record (never raises, except TimeUp)."""
+    def one(self, cl, body, stream, defer=False):
+        """Sends one request; returns a record (never raises, except TimeUp). With `defer`
+        the response is kept whole in the record and checked later by check_deferred()."""
         if self.left() <= 0:
             self.timed_out = True
             raise TimeUp()
@@ -422,11 +430,10 @@ class Run:
                     pass
             return rec
         rec.update(t_done=done, latency=done - t0, ttfb=first - t0 if first else None)
-        try:
-            rec["norm"], rec["version"], rec["tokens"] = validate(status, headers, parsed, raw,
-                                                                  body, stream)
-        except Bad as e:
-            rec["error"] = str(e)
+        if defer:
+            rec["response"] = (status, headers, parsed, raw, body, stream)
+        else:
+            check_deferred(rec, (status, headers, parsed, raw, body, stream))
         return rec
 
     def solo(self, todo, refs, label, cross=False):
@@ -477,9 +484,12 @@ class Run:
             out.update(stream_vs_plain=crossed, stream_vs_plain_differ=len(cross_bad))
         return out
 
-    def load(self, k, m, on_progress=None):
-        """K threads x M requests; returns the records."""
+    def load(self, k, m, on_progress=None, at_end=None):
+        """K threads x M requests; returns the records. Without on_progress, the responses
+        are checked after the last one arrived: during the timed phase the load generator only
+        sends, reads and parses (on a 2-core machine its checks would take the server's CPU)."""
         recs = [[] for _ in range(k)]
+        defer = on_progress is None
         start = threading.Barrier(k + 1)
 
         def work(c):
@@ -488,7 +498,7 @@ class Run:
                 start.wait()
                 for r in range(m):
                     body, stream = make_request(c, r, self.args.max_tokens, self.model)
-                    rec = self.one(cl, body, stream)
+                    rec = self.one(cl, body, stream, defer)
                     rec["client"], rec["request"] = c, r
                     recs[c].append(rec)
                     if on_progress:
@@ -505,7 +515,23 @@ class Run:
         t0 = time.perf_counter()
         for t in threads:
             t.join()
-        return [x for rs in recs for x in rs], t0, time.perf_counter()
+        t1 = time.perf_counter()
+        if at_end is not None:
+            at_end()        # e.g. the engine's counters, before the deferred checks' CPU
+        out = [x for rs in recs for x in rs]
+        for rec in out:
+            if "response" in rec:
+                check_deferred(rec, rec.pop("response"))
+        return out, t0, t1
+
+
+def check_deferred(rec, response):
+    """Validates a response against the spec and fills the record's norm, version and tokens
+    (or its error)."""
+    try:
+        rec["norm"], rec["version"], rec["tokens"] = validate(*response)
+    except Bad as e:
+        rec["error"] = str(e)
 
 
 def pct(xs, p):
@@ -1021,7 +1047,12 @@ def main(argv=None):
                          "row) and print the server's tokens/s as a fraction of the mean of the "
                          "two: on a VM whose speed moves between minutes, the peer measured "
                          "next to the phase is the only fair denominator")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run each K phase this many times (with --sampler-peer, the peers of "
+                         "each round beside it) and print the median share of the sampler")
     args = ap.parse_args(argv)
+    if not 1 <= args.rounds <= 100:
+        ap.error("--rounds must be 1..100")
     ks = [int(x) for x in args.clients.split(",") if x.strip()]
     if any(k < 1 or k > 256 for k in ks) or not 1 <= args.requests <= 10000:
         ap.error("K must be 1..256 and --requests 1..10000")
@@ -1092,28 +1123,46 @@ def main(argv=None):
                 ok = False
             v0 = info.get("weight_version")
             print(HEAD)
-            for k in ks if not run.stopped() else []:
+            shares = {}
+            for k, rnd in [(k, i) for k in ks for i in range(args.rounds)] \
+                    if not run.stopped() else []:
                 peer_before = sampler_peer(args, info, k) if args.sampler_peer else None
                 before = engine_state(run, server["proc"])
+                after = {}
                 try:
-                    recs, t0, t1 = run.load(k, args.requests)
+                    recs, t0, t1 = run.load(k, args.requests, at_end=lambda: after.update(
+                        engine_state(run, server["proc"])))
                 except TimeUp:
                     break
                 s = summarize(recs, t0, t1, {v0: refs0}, k * args.requests)
                 s["clients"] = k
-                s["engine"] = engine_use(before, engine_state(run, server["proc"]))
+                if args.rounds > 1:
+                    s["round"] = rnd + 1
+                s["engine"] = engine_use(before, after)
                 phases.append(s)
-                print(row("K = %d" % k, s), flush=True)
+                print(row("K = %d" % k if args.rounds == 1 else "K=%d r%d" % (k, rnd + 1), s),
+                      flush=True)
                 if args.sampler_peer:
                     peer_after = sampler_peer(args, info, k)
                     s["sampler_peer"] = peer_summary(s, peer_before, peer_after)
                     print_peer(k, s["sampler_peer"])
+                    if s["sampler_peer"]["fraction_of_sampler"] is not None:
+                        shares.setdefault(k, []).append(s["sampler_peer"]["fraction_of_sampler"])
                 print_engine(s["engine"])
                 print_samples(s)
                 if s["errors"] or s["mismatches"] or s["error_samples"]:
                     ok = False
                 if run.stopped():
                     break
+            if args.rounds > 1 and shares:
+                result["sampler_share_median"] = {}
+                for k, xs in sorted(shares.items()):
+                    med = sorted(xs)[(len(xs) - 1) // 2] if len(xs) % 2 else \
+                        (sorted(xs)[len(xs) // 2 - 1] + sorted(xs)[len(xs) // 2]) / 2
+                    result["sampler_share_median"][str(k)] = round(med, 3)
+                    print("K = %d: the server's share of the sampler peer over %d rounds: median "
+                          "%.0f%% (%s)" % (k, len(xs), 100 * med,
+                                           ", ".join("%.0f%%" % (100 * x) for x in xs)))
         result["phases"] = phases
 
         if args.update and not run.stopped():

@@ -215,6 +215,7 @@ class Sampler(_lib.Closing):
         self._handle = handle
         self._cap = 0
         self._bufs = None
+        self._step_ptrs = None     # (buffers, their ctypes pointers) for _step
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -382,17 +383,21 @@ class Sampler(_lib.Closing):
         """One decode step; returns the (tokens, logprobs, finished[, top ids, top lps])
         arrays, valid for len(seqs) entries until the next step."""
         n = len(seqs)
-        s, tok, lp, fin, tid, tlp = self._buffers(n, top_n)
-        for i, q in enumerate(seqs):
-            s[i] = q
-        c_i32, c_f32 = ctypes.c_int32, ctypes.c_float
+        bufs = self._buffers(n, top_n)
+        s = bufs[0]
+        s[:n] = array("I", seqs)
+        if self._step_ptrs is None or self._step_ptrs[0] is not bufs:
+            # the pointers of the buffers, made once per set of buffers (a decode loop calls
+            # this thousands of times a second)
+            types = (ctypes.c_uint32, ctypes.c_int32, ctypes.c_float, ctypes.c_uint32,
+                     ctypes.c_int32, ctypes.c_float)
+            self._step_ptrs = (bufs, [None if b is None else pointer(b, t)
+                                      for b, t in zip(bufs, types)])
+        ps, ptok, plp, pfin, ptid, ptlp = self._step_ptrs[1]
         with self._lock:
-            lib.parity_sampler_step(self._h(), pointer(s, ctypes.c_uint32), n,
-                                    pointer(tok, c_i32), pointer(lp, c_f32),
-                                    pointer(fin, ctypes.c_uint32), top_n,
-                                    pointer(tid, c_i32) if top_n else None,
-                                    pointer(tlp, c_f32) if top_n else None)
-        return tok, lp, fin, tid, tlp
+            lib.parity_sampler_step(self._h(), ps, n, ptok, plp, pfin, top_n,
+                                    ptid if top_n else None, ptlp if top_n else None)
+        return bufs[1:]
 
     def step(self, seqs, max_top_n=0):
         """One decode step for live, unfinished sequences (a list of ids): draws one token

@@ -105,6 +105,7 @@ class Engine(threading.Thread):
         # the wait for the interpreter lock after it included), idle (nothing to do), the rest
         self.started = time.perf_counter()
         self.seconds = {"decode": 0.0, "prefill": 0.0, "idle": 0.0}
+        self.idle_since = None      # when the wait in progress began (None: not waiting)
         self.prefills = 0           # prefill calls: parity_sampler_add or _add_batch
         self.paused = None          # None or one of PAUSE_MODES
         self.controls = collections.deque()
@@ -254,10 +255,11 @@ class Engine(threading.Thread):
             admitted, update, refused, controls = [], None, None, ()
             with self.cv:
                 if not self._runnable():
-                    t0 = time.perf_counter()
+                    self.idle_since = time.perf_counter()
                     while not self._runnable():
                         self.cv.wait()
-                    self.seconds["idle"] += time.perf_counter() - t0
+                    self.seconds["idle"] += time.perf_counter() - self.idle_since
+                    self.idle_since = None
                 if self.stopping:
                     break
                 if self.controls:
@@ -410,8 +412,12 @@ class Engine(threading.Thread):
     def time_split(self):
         """Seconds of the engine thread's wall time since it started: decode, prefill, idle
         and other (its own Python, control jobs, weight updates, the locks it takes)."""
-        out = dict(self.seconds)
-        out["other"] = max(0.0, time.perf_counter() - self.started - sum(out.values()))
+        with self.cv:       # the idle time so far of a wait in progress counts too
+            now = time.perf_counter()
+            out = dict(self.seconds)
+            if self.idle_since is not None:
+                out["idle"] += now - self.idle_since
+        out["other"] = max(0.0, now - self.started - sum(out.values()))
         return {k: round(v, 6) for k, v in out.items()}
 
     def _write_profile(self, profile):
@@ -470,10 +476,11 @@ class Engine(threading.Thread):
                 fresh = {}
             finally:
                 self.seconds["prefill"] += time.perf_counter() - t0
+        version = self.server.model.version     # only this thread changes it
         try:
             for req in reqs:
                 try:
-                    self._start_one(req, fresh)
+                    self._start_one(req, fresh, version)
                 except Exception as e:  # a bug: this request is answered, the others go on
                     self._finish(req, ApiError(500, "internal error: %s: %s"
                                                % (type(e).__name__, e)))
@@ -482,12 +489,12 @@ class Engine(threading.Thread):
                 if seq is not None:
                     self._keep_prompt(key, seq)
 
-    def _start_one(self, req, fresh):
+    def _start_one(self, req, fresh, version):
         """Forks each prompt's n completions (stream i for the i-th), as Sampler.generate()
         does, from the prompt cache, from `fresh` (prompts prefilled for this admission), or
         from a prefill of its own (released afterwards)."""
         s = self.sampler
-        req.version = self.server.model.version
+        req.version = version
         own = []
         t0 = time.perf_counter()
         try:
