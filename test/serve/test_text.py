@@ -171,6 +171,13 @@ class TestText(unittest.TestCase):
                     if not name.startswith("bytes:") and "\ufffd" not in \
                             ch["text"][at:at + len(name)] and t not in EOS:
                         self.assertEqual(ch["text"][at:at + len(name)], name, (toks, t))
+            # streamed, the text comes a chunk at a time (made by the request's thread)
+            streamed = merge_stream(self.post("/v1/completions", dict(
+                prompt=PROMPTS[0], max_tokens=24, seed=seed, logprobs=1, return_token_ids=True,
+                n=2, stream=True)))
+            for got, ch in zip(streamed["choices"], body["choices"]):
+                self.assertEqual((got["text"], got["token_ids"], got["finish_reason"]),
+                                 (ch["text"], ch["token_ids"], ch["finish_reason"]))
 
     def test_stop_strings(self):
         """A stop string ends the choice where it first appears in the text (not after it

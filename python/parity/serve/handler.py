@@ -603,6 +603,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         srv = self.server
         choices = []
         for c in req.choices:
+            c.catch_up(len(c.tokens), c.finish_reason, c.eos_end)  # the engine is done with it
             echo = _prompt_block(srv, req, c.prompt) if req.echo and \
                 req.logprobs is not None else None
             text = _final_text(srv, c)
@@ -696,9 +697,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with req.wake:          # the engine publishes a step's results under it
             reason = c.finish_reason
             n = len(c.tokens)
-            whole = c.text_so_far() if srv.byte_level or c.detok is not None else None
-            text_len = 0 if whole is None else len(whole)
-            text_end = c.text_end
+            eos_end = c.eos_end
+            if not c.lazy:
+                whole = c.text_so_far() if srv.byte_level or c.detok is not None else None
+                text_end = c.text_end
+        if c.lazy:              # this thread makes the text (the tokens up to n are as read)
+            c.catch_up(n, reason, eos_end)
+            whole, text_end = c.detok.text, c.text_end
+        text_len = 0 if whole is None else len(whole)
         # The rest without the lock, so that the engine never waits for this thread's JSON work:
         # the engine only appends to a choice's lists and to a byte-level text, whose first
         # entries stay as read; a tokenizer's text is a new str each step, and `whole` is the

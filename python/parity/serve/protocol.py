@@ -107,7 +107,8 @@ class Completion:
     """One choice of a completions request: a sequence of the sampler and what it drew."""
 
     __slots__ = ("index", "prompt", "seq", "tokens", "logprobs", "tops", "finish_reason",
-                 "text", "text_end", "sent_tokens", "sent_text", "decoder", "routes", "detok")
+                 "text", "text_end", "sent_tokens", "sent_text", "decoder", "routes", "detok",
+                 "lazy", "eos_end", "settled")
 
     def __init__(self, index, prompt):
         self.index, self.prompt, self.seq = index, prompt, None
@@ -120,6 +121,31 @@ class Completion:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.routes = None          # return_routed_experts: the sampler's record, once finished
         self.detok = None           # models with a tokenizer: the text (a text.Detokenizer)
+        # A tokenizer's text without stop strings is made by the request's own thread, not the
+        # engine's (catch_up): the engine only appends tokens, and marks with eos_end that the
+        # last one is an end token the text leaves out; settled once the text is final.
+        self.lazy = False
+        self.eos_end = False
+        self.settled = False
+
+    def catch_up(self, n, reason, eos_end):
+        """A lazy choice: detokenizes its tokens up to the n-th (n, reason and eos_end read
+        together under the request's wake; the engine only appends to the token list, so
+        its first n entries are as read), and at the end its last bytes, as the engine's
+        take() does for a choice that is not lazy. Only the request's thread calls it."""
+        if not self.lazy or self.settled:
+            return
+        d = self.detok
+        for t in self.tokens[len(d.ids):n - 1 if eos_end else n]:
+            d.add(t)
+        if reason is not None:
+            if eos_end:
+                d.finish()
+                d.offsets.append(len(d.text))
+                self.text_end = len(d.text)
+            elif reason != "abort":
+                d.finish()
+            self.settled = True
 
     def text_so_far(self):
         """The choice's text: bytes of a byte-level model, str with a tokenizer."""
@@ -239,6 +265,7 @@ class Request:
             c.index = c.prompt * self.n + c.index
             if server.text is not None:
                 c.detok = server.text_detokenizer(self.skip_special)
+                c.lazy = not self.stops     # stop strings need the text in the engine
         self.prompt_scores = None   # echo / prompt_logprobs: Model.score's of each prompt
         self.chat_prompt = None     # a chat request: the template's rendering
         # vLLM's and SGLang's request_id (SGLang: rid): the response's id, which
@@ -315,6 +342,10 @@ class Request:
             return reason
         d = c.detok
         if d is None:
+            return reason
+        if c.lazy:                                # the text is the request thread's work
+            if reason == "stop" and t in self.end_ids:
+                c.eos_end = True
             return reason
         if reason == "stop" and t in self.end_ids:
             d.finish()
