@@ -173,13 +173,19 @@ def reference_logprobs(P, cfg, seqs):
 class Gradients(unittest.TestCase):
     def test_against_fp32_reference(self):
         """Every parameter's gradient: cosine >= 0.999 and the norm within 2% of the fp32
-        reference's, for every preset with a bf16 forward; hf-eager within 4%: its eager
-        attention rounds the scores, the scaled scores and the probabilities to bf16 in the
-        forward, and the q/k-norm weights' gradients, which reach the loss through the scores
-        alone, move most (3.2% measured on layer 2's q_norm; the cosine stays >= 0.999)."""
+        reference's, for every preset with a bf16 forward, but for hf-eager's q_norm/k_norm
+        weights, within 4%. Their gradient is a sum over every token and head whose terms
+        cancel 14 to 41 times over (bench/hf_eager_gradient.py), so hf-eager's forward
+        roundings on the q/k path (the q/k-norm rounded twice, RoPE thrice, the bf16 eager
+        scores) move it by a few percent (3.24% on layer 2's q_norm here) in the forward itself:
+        transformers' own bf16 eager autograd departs as much (2.54% here, up to 5.4% on other
+        batches), in the same direction; with the q/k-norm rounded once the learner is within
+        1.5% (README "How close the learner's gradient is to fp32's"): that policy is checked
+        at 2% too."""
         seqs = byte_sequences([160, 120, 200, 90], start=500)
-        for pol in BF16_PRESETS:
-            bound = 0.04 if pol == "hf-eager" else 0.02
+        qk_once = parity.Policy.from_name("hf-eager").replace(qk_norm="round-once")
+        for pol, label in [(preset, preset) for preset in BF16_PRESETS] + \
+                [(qk_once, "hf-eager, qk_norm round-once")]:
             lm = CausalLM(TRAINED, policy=pol, threads=2)
             sum(lp.sum() for lp in lm(seqs)).backward()
             P = {n: p.detach().clone().requires_grad_() for n, p in lm.named_parameters()}
@@ -191,10 +197,12 @@ class Gradients(unittest.TestCase):
                 cos = (g @ r / (g.norm() * r.norm())).item()
                 rel = abs(g.norm() - r.norm()).item() / r.norm().item()
                 worst_cos, worst_rel = min(worst_cos, (cos, name)), max(worst_rel, (rel, name))
-                self.assertGreaterEqual(cos, 0.999, "%s: %s cosine %.6f" % (pol, name, cos))
-                self.assertLessEqual(rel, bound, "%s: %s norm error %.4f" % (pol, name, rel))
+                self.assertGreaterEqual(cos, 0.999, "%s: %s cosine %.6f" % (label, name, cos))
+                qk_norm = name.endswith(("q_norm.weight", "k_norm.weight"))
+                bound = 0.04 if pol == "hf-eager" and qk_norm else 0.02
+                self.assertLessEqual(rel, bound, "%s: %s norm error %.4f" % (label, name, rel))
             print("gradients against the fp32 reference, %s: lowest cosine %.6f (%s), largest "
-                  "norm error %.2f%% (%s)" % (pol, worst_cos[0], worst_cos[1],
+                  "norm error %.2f%% (%s)" % (label, worst_cos[0], worst_cos[1],
                                              100 * worst_rel[0], worst_rel[1]))
 
     def test_fp32_policy_is_the_reference(self):
