@@ -542,6 +542,21 @@ _PROTOTYPES = [
     #                           size_t codes_stride, uint8_t *block_scales, float *tensor_scales);
     ("parity_nvfp4_quantize", c_int, [c_int, c_int, c_size_t, c_size_t, c_void_p, c_size_t,
                                       c_void_p, c_size_t, c_void_p, c_void_p], True),
+    # int parity_nvfp4_quantize_2d(int quantizer, size_t rows, size_t cols, const float *x,
+    #                              size_t ldx, uint8_t *codes, size_t ldc, uint8_t *sf,
+    #                              float *s2);
+    ("parity_nvfp4_quantize_2d", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                         c_void_p, c_size_t, c_void_p, c_void_p], True),
+    # int parity_nvfp4_quantize_sr(int quantizer, int per_row, size_t rows, size_t cols,
+    #                              const float *x, size_t ldx, uint64_t seed, uint64_t stream,
+    #                              uint8_t *codes, size_t ldc, uint8_t *sf, float *s2);
+    ("parity_nvfp4_quantize_sr", c_int, [c_int, c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                         c_uint64, c_uint64, c_void_p, c_size_t, c_void_p,
+                                         c_void_p], True),
+    # int parity_rht16(size_t rows, size_t cols, const float *x, size_t ldx, uint64_t sign_seed,
+    #                  float *out, size_t ldo);
+    ("parity_rht16", c_int, [c_size_t, c_size_t, c_void_p, c_size_t, c_uint64, c_void_p,
+                             c_size_t], True),
     # int parity_mxfp4_quantize(int quantizer, size_t rows, size_t cols, const float *x,
     #                           size_t x_stride, uint8_t *codes, size_t codes_stride,
     #                           uint8_t *scales);
