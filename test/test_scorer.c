@@ -252,6 +252,7 @@ static void check_bad_input(const parity_model *m) {
     } fmt4[] = {{"vllm+nvfp4:modelopt", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_MODELOPT},
                 {"vllm+nvfp4:te", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TE},
                 {"aligned+nvfp4:torchao", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TORCHAO},
+                {"vllm+nvfp4:te-2d", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TE_2D},
                 {"vllm+mxfp4:ocp", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_OCP},
                 {"vllm+mxfp4:rceil", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_RCEIL},
                 {"sglang+mxfp4:microxcaling", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_MICROXCALING},
