@@ -193,6 +193,21 @@ PARITY_API int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, co
                                      size_t x_stride, uint8_t *codes, size_t codes_stride,
                                      uint8_t *scales);
 
+/* parity_mxfp8_quantize with the element format chosen (the training recipes quantize
+ * gradients to E5M2): PARITY_FP8_E4M3 gives parity_mxfp8_quantize's codes and scales;
+ * PARITY_FP8_E5M2 runs the same rule with E5M2's emax 15 and max 57344: "ocp" b =
+ * clamp(exponent(amax) - 15, -127, 128) + 127; "te" v = amax * RN(1 / 57344) (TE
+ * common/utils.cuh, Quantized_Limits<fp8e5m2>::max_norm_rcp = 1.0 / max_norm, which
+ * cast/mxfp8/quantize_mxfp8.cuh passes to float_to_e8m0), rounded up as for E4M3; then
+ * code = e5m2(x * m), saturating at +-57344 (TE's static_cast<OType>: __nv_fp8_e5m2 converts
+ * with __NV_SATFINITE). Codes one a byte, scales[rows][ceil(cols / 32)] E8M0 bytes; errors as
+ * parity_mxfp8_quantize, and PARITY_ERR_INVALID_ARGUMENT for another element. A column-wise
+ * quantization (1 x 32 blocks down the columns, as a GEMM that reduces over the rows reads
+ * the tensor) is this call on the transpose: transposing values is exact. */
+PARITY_API int parity_mxfp8_quantize_as(int quantizer, int element, size_t rows, size_t cols,
+                                        const float *x, size_t x_stride, uint8_t *codes,
+                                        size_t codes_stride, uint8_t *scales);
+
 /* ---------------------------------------------------------------------------------------- */
 /* 4-bit and ternary quantizers                                                             */
 /* ---------------------------------------------------------------------------------------- */
