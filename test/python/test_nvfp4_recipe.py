@@ -10,7 +10,11 @@ against references written here in numpy from TE's definitions, not from the C c
   (same seed/stream/tensor: the same codes on every CPU path; another seed or stream: other
   codes); unbiased: the mean of many draws within its bound.
 - parity_rht16: H16 by Sylvester's construction and TE's sign vector, exact where the sums are
-  (integers times a power of two), within the stated bound elsewhere.
+  (integers times a power of two), within the stated bound elsewhere, bitwise the header's
+  butterfly order.
+- the te-nvfp4 recipe (parity.torch.linear(recipe="te-nvfp4"), needs torch): dx and dW bitwise
+  the recipe's GEMMs written from its table on these references (SR, 16 x 16 tiles
+  transposed, RHT of both wgrad inputs), the forward the policy's GEMM.
 
     /usr/bin/python3 test/python/test_nvfp4_recipe.py BUILD_DIR
 
@@ -91,8 +95,10 @@ def ref_sr(x, seed, stream, per_row):
     grid = -(-cols // 16)
     sf = scales[:rows * grid].reshape(rows, grid)
     s2 = scales[rows * grid:].view(F32)
-    S = (F32(1.0) / s2).astype(F32)  # s2 = RN(1 / S) and S = RN(1 / s2) for these scales
-    S = np.repeat(S, rows) if not per_row else S
+    amax = np.abs(x).max(axis=1) if per_row else np.full(rows, np.abs(x).max(), F32)
+    with np.errstate(divide="ignore"):
+        S = np.minimum(F32(2688.0) / amax.astype(F32), np.finfo(F32).max).astype(F32)
+    S = np.where((amax == 0) | (S == 0), F32(1.0), S).astype(F32)  # TE's S_enc
     sfv = e4m3_value(sf)
     dec = (sfv * (F32(1.0) / S)[:, None]).astype(F32)
     with np.errstate(divide="ignore"):
@@ -119,6 +125,41 @@ def hadamard16():
     while h.shape[0] < 16:
         h = np.block([[h, h], [h, -h]])
     return h
+
+
+def rht_fp32(x, signs=TE_SIGNS):
+    """The header's order of the transform in float32: signs, then for h = 1, 2, 4, 8 each pair
+    (j, j + h) of a 16-block -> (a + b, a - b), each rounded once, then times 0.25."""
+    rows, cols = x.shape
+    v = (x * signs.astype(F32)[None, :].repeat(cols // 16, 0).ravel()).astype(F32)
+    v = v.reshape(rows, cols // 16, 16)
+    for h in (1, 2, 4, 8):
+        pairs = v.reshape(rows, cols // 16, 16 // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        v = np.stack([a + b, a - b], axis=-2).reshape(rows, cols // 16, 16)
+    return (v * F32(0.25)).reshape(rows, cols).astype(F32)
+
+
+def nvfp4_gemm(a, b):
+    """y = a b^T for NVFP4 operands (codes [m, k], E4M3 scale codes [rows / scale_rows][k / 16],
+    fp32 globals (one, or one a row), scale_rows): per 1 x 16 block of k, ascending, acc = acc
+    + (d * sa) * sb with d the exact dot of the E2M1 values (float64 sums of at most 16 products
+    k/4 with |k| <= 144, exact), each product and sum rounded to fp32; y = RN(acc * RN(ga
+    gb))."""
+    (ac, asf, ag, ar), (bc, bsf, bg, br) = a, b
+    m, k = ac.shape
+    n = bc.shape[0]
+    grid = -(-k // 16)
+    av, bv = np.zeros((m, grid * 16)), np.zeros((n, grid * 16))
+    av[:, :k], bv[:, :k] = E2M1[ac], E2M1[bc]
+    sa = e4m3_value(np.repeat(asf, ar, axis=0)[:m])
+    sb = e4m3_value(np.repeat(bsf, br, axis=0)[:n])
+    acc = np.zeros((m, n), dtype=F32)
+    for blk in range(grid):
+        d = (av[:, 16 * blk:16 * blk + 16] @ bv[:, 16 * blk:16 * blk + 16].T).astype(F32)
+        acc = (acc + ((d * sa[:, blk:blk + 1]).astype(F32) * sb[None, :, blk])).astype(F32)
+    alpha = (np.broadcast_to(ag, (m,))[:, None] * np.broadcast_to(bg, (n,))[None, :]).astype(F32)
+    return (acc * alpha).astype(F32)
 
 
 def random_matrix(rs, rows, cols):
@@ -185,23 +226,10 @@ class TwoD(unittest.TestCase):
         for m, k, n in ((1, 16, 1), (3, 50, 37), (9, 128, 40), (20, 300, 17)):
             x = random_matrix(rs, m, k)
             w = random_matrix(rs, n, k)
-            wc, wsf, ws2 = ref_2d(w)
             xc, xscales = ref_nvfp4(x, "te", True)
             grid = -(-k // 16)
-            xsf = e4m3_value(xscales[:m * grid].reshape(m, grid))
-            xs2 = xscales[m * grid:].view(F32)
-            wsf = e4m3_value(np.repeat(wsf, 16, axis=0)[:n])
-            xv = np.zeros((m, grid * 16))
-            wv = np.zeros((n, grid * 16))
-            xv[:, :k], wv[:, :k] = E2M1[xc], E2M1[wc]
-            want = np.zeros((m, n), dtype=F32)
-            for i in range(m):
-                for j in range(n):
-                    acc = F32(0.0)
-                    for b in range(grid):
-                        d = F32(np.dot(xv[i, 16 * b:16 * b + 16], wv[j, 16 * b:16 * b + 16]))
-                        acc = F32(acc + F32(F32(d * xsf[i, b]) * wsf[j, b]))
-                    want[i, j] = F32(acc * F32(xs2[i] * ws2[0]))
+            xsf, xs2 = xscales[:m * grid].reshape(m, grid), xscales[m * grid:].view(F32)
+            want = nvfp4_gemm((xc, xsf, xs2, 1), ref_2d(w) + (16,))
             for path in PATHS:
                 parity.set_cpu_path(path)
                 for threads in (1, 2):
@@ -392,6 +420,7 @@ class Hadamard(unittest.TestCase):
         want = self.transform(x)
         bound = np.repeat(np.abs(x.astype(np.float64)).reshape(64, 16, 16).sum(axis=2), 16,
                           axis=1) / 4 * 2.0 ** -22
+        self.assertTrue(np.array_equal(got.astype(F32), rht_fp32(x)))  # the stated order
         err = np.abs(got - want)
         print("rht16: largest error / bound %.3g" % (err / bound).max())
         self.assertTrue((err <= bound).all())
@@ -426,6 +455,106 @@ class Hadamard(unittest.TestCase):
         self.assertEqual(cm.exception.status, "PARITY_ERR_TENSOR_NONFINITE")
         self.assertIn("x[1][31] is NaN", cm.exception.message)
         self.assertTrue((out == 5.0).all())
+
+
+def te_rn(x):
+    """test_quant's "te" reference, per tensor: (codes, block scale codes, s2, scale_rows 1)."""
+    rows, cols = x.shape
+    codes, scales = ref_nvfp4(x, "te", False)
+    grid = -(-cols // 16)
+    return codes, scales[:rows * grid].reshape(rows, grid), scales[rows * grid:].view(F32), 1
+
+
+def transposed_padded(t):
+    """tᵀ with its columns (the tokens) padded with zeros to a multiple of 16, float32."""
+    cols = -(-t.shape[0] // 16) * 16
+    out = np.zeros((t.shape[1], cols), dtype=F32)
+    out[:, :t.shape[0]] = t.T
+    return out
+
+
+def te_nvfp4_gradients(x, w, dy, seed, stream):
+    """dx and dW of the te-nvfp4 recipe (parity.Recipe("te-nvfp4").table()) from its
+    definition: dgrad dx = dy W with dy row-wise 1 x 16, stochastically rounded (stream slot
+    0 of the layer's stream * 8), and W's 16 x 16 tiles transposed; wgrad dW = dyᵀ x with dyᵀ
+    and xᵀ (tokens padded with zeros to a multiple of 16) through the RHT, dyᵀ stochastically
+    rounded (slot 1), xᵀ to nearest; per-tensor globals."""
+    dy_q = ref_sr(dy, seed, stream * 8, False) + (1,)
+    wc, wsf, ws2 = ref_2d(w)
+    dx = nvfp4_gemm(dy_q, (wc.T, wsf.T, ws2, 16))
+    dyt_q = ref_sr(rht_fp32(transposed_padded(dy)), seed, stream * 8 + 1, False) + (1,)
+    dw = nvfp4_gemm(dyt_q, te_rn(rht_fp32(transposed_padded(x))))
+    return dx, dw
+
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+@unittest.skipUnless(torch is not None, "needs torch (Debian: python3-torch)")
+class RecipeGradients(unittest.TestCase):
+    """parity.torch.linear under aligned+nvfp4:te-2d with recipe te-nvfp4: the forward is
+    parity_linear's (the sampler's), dx and dW equal te_nvfp4_gradients bit for bit."""
+
+    def run_linear(self, x, w, dy, seed, stream, recipe="te-nvfp4"):
+        from parity.torch import linear
+        xt = torch.tensor(x, requires_grad=True)
+        wt = torch.tensor(w, requires_grad=True)
+        y = linear(xt, wt, policy="aligned+nvfp4:te-2d", recipe=recipe, seed=seed,
+                   stream=stream)
+        y.backward(torch.tensor(dy))
+        return y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy()
+
+    def test_against_reference(self):
+        rs = np.random.RandomState(10)
+        for tokens, k, n, seed, stream in ((37, 70, 45, 3, 11), (32, 64, 48, 2 ** 63 + 5, 0),
+                                           (5, 16, 20, 0, 2 ** 31)):
+            x = random_matrix(rs, tokens, k)
+            w = (rs.standard_normal((n, k)) * 0.05).astype(F32)
+            dy = random_matrix(rs, tokens, n)
+            y, dx, dw = self.run_linear(x, w, dy, seed, stream)
+            want_dx, want_dw = te_nvfp4_gradients(x, w, dy, seed, stream)
+            where = "%dx%dx%d seed %d stream %d" % (tokens, k, n, seed, stream)
+            self.assertTrue(np.array_equal(dx.view(np.uint32), want_dx.view(np.uint32)),
+                            "dx " + where)
+            self.assertTrue(np.array_equal(dw.view(np.uint32), want_dw.view(np.uint32)),
+                            "dW " + where)
+            xc, xs = ref_nvfp4(x, "te", True)
+            grid = -(-k // 16)
+            want_y = nvfp4_gemm((xc, xs[:tokens * grid].reshape(tokens, grid),
+                                 xs[tokens * grid:].view(F32), 1), ref_2d(w) + (16,))
+            self.assertTrue(np.array_equal(y.view(np.uint32), want_y.view(np.uint32)),
+                            "y " + where)
+
+    def test_error_on_plain_data(self):
+        """Informative: on N(0, 1) activations and gradients (no rows 10^6 apart, where a
+        per-tensor scale leaves the small rows to the stochastic rounding's variance), the
+        recipe's gradients against fp64 products of the unquantized values."""
+        rs = np.random.RandomState(12)
+        x, w = rs.standard_normal((256, 128)).astype(F32), rs.standard_normal((96, 128))
+        w, dy = (w * 0.05).astype(F32), rs.standard_normal((256, 96)).astype(F32)
+        _, dx, dw = self.run_linear(x, w, dy, 4, 4)
+        exact_dx, exact_dw = dy.astype(np.float64) @ w, dy.T.astype(np.float64) @ x
+        err_dx = np.linalg.norm(dx - exact_dx) / np.linalg.norm(exact_dx)
+        err_dw = np.linalg.norm(dw - exact_dw) / np.linalg.norm(exact_dw)
+        print("256x128x96: |dx - fp64| / |fp64| %.3f, |dW - fp64| / |fp64| %.3f"
+              % (err_dx, err_dw))
+        self.assertLess(max(err_dx, err_dw), 0.5)  # 4-bit operands: a coarse sanity bound
+
+    def test_seed_keys_the_rounding(self):
+        """Another seed or stream changes the stochastically rounded gradients; the same ones
+        give the same bits again."""
+        rs = np.random.RandomState(11)
+        x, w, dy = random_matrix(rs, 32, 48), random_matrix(rs, 40, 48), random_matrix(rs, 32, 40)
+        _, dx0, dw0 = self.run_linear(x, w, dy, 1, 1)
+        _, dx1, dw1 = self.run_linear(x, w, dy, 1, 1)
+        self.assertTrue(np.array_equal(dx0, dx1) and np.array_equal(dw0, dw1))
+        for seed, stream in ((2, 1), (1, 2)):
+            _, dx2, dw2 = self.run_linear(x, w, dy, seed, stream)
+            self.assertFalse(np.array_equal(dx0, dx2))
+            self.assertFalse(np.array_equal(dw0, dw2))
 
 
 if __name__ == "__main__":
