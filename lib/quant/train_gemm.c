@@ -11,7 +11,9 @@
  * conversion), and the power of two is exact (a nonzero |S u_a u_b| lies in [2^-32, 2^70)).
  * The order of a block's terms is therefore free; the blocks' is fixed: acc = acc + (d * sa)
  * * sb, ascending, in fp32, as the forward's quantized GEMM (dot.c); then NVFP4's globals,
- * y = RN(acc * RN(ga * gb)), as the forward applies its alpha.
+ * y = RN(acc * RN(ga * gb)), as the forward applies its alpha. The operands are decoded once
+ * per call (each code's k as int64, each block's scale value and non-finite flag), so that
+ * the inner loop is integer multiply-adds over contiguous rows, in cache-sized output tiles.
  */
 #include <math.h>
 #include <pthread.h>
@@ -85,15 +87,21 @@ static uint64_t u128_shift(u128 s, unsigned i) {
     return (s.lo >> i) | (s.hi << (64 - i));
 }
 
+/* The number of significant bits of v (0 for 0), by halving. */
+static unsigned bit_length(uint64_t v) {
+    unsigned n = 0;
+    for (unsigned step = 32; step; step /= 2)
+        if (v >> step) {
+            v >>= step;
+            n += step;
+        }
+    return n + (unsigned)(v != 0);
+}
+
 /* (-1)^negative * s * 2^e rounded once to fp32, to nearest even (s * 2^e within fp32's normal
  * range once rounded, as the block dots' are). */
 static float round_to_f32(int negative, u128 s, int e) {
-    unsigned bits = 0;
-    for (unsigned i = 128; i-- > 0;)
-        if (u128_bit(s, i)) {
-            bits = i + 1;
-            break;
-        }
+    const unsigned bits = s.hi ? 64 + bit_length(s.hi) : bit_length(s.lo);
     float r;
     if (bits <= 24) {
         r = ldexpf((float)s.lo, e); /* exact: at most 24 significant bits */
@@ -107,56 +115,93 @@ static float round_to_f32(int negative, u128 s, int e) {
     return negative ? -r : r;
 }
 
-/* The exact dot of n codes of a (table ta) and b (table tb), rounded once to fp32; NaN if a
- * code is not finite. */
-static float block_dot(const element_table *ta, const uint8_t *a, const element_table *tb,
-                       const uint8_t *b, size_t n) {
-    unsigned bad = 0;
-    for (size_t i = 0; i < n; i++) bad |= ta->bad[a[i]] | tb->bad[b[i]];
-    if (bad) return NAN;
-    const int e = ta->unit_exp + tb->unit_exp;
-    if (ta != &tables[TRAIN_E5M2] || tb != &tables[TRAIN_E5M2]) {
-        int64_t s = 0; /* below 2^55 (the header's bounds) */
-        for (size_t i = 0; i < n; i++) s += ta->k[a[i]] * tb->k[b[i]];
+size_t train_decoded_bytes(size_t rows, size_t K, size_t block) {
+    const size_t nblocks = (K + block - 1) / block;
+    return rows * K * sizeof(int64_t) + rows * nblocks * (sizeof(float) + 1);
+}
+
+void train_gemm_decode(const train_operand *o, size_t rows, size_t K, size_t block, void *bytes,
+                       train_decoded *d) {
+    pthread_once(&tables_once, fill_tables);
+    const element_table *t = &tables[o->element];
+    const size_t nblocks = (K + block - 1) / block;
+    d->k = bytes;
+    d->scale = (float *)(void *)(d->k + rows * K);
+    d->bad = (uint8_t *)(d->scale + rows * nblocks);
+    d->unit_exp = t->unit_exp;
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *codes = o->codes + r * o->codes_stride;
+        const uint8_t *scales = o->scales + (r / o->scale_rows) * o->scales_stride;
+        for (size_t kb = 0; kb < nblocks; kb++) {
+            const size_t k0 = kb * block, k1 = k0 + block < K ? k0 + block : K;
+            unsigned bad = 0;
+            for (size_t i = k0; i < k1; i++) {
+                d->k[r * K + i] = t->k[codes[i]];
+                bad |= t->bad[codes[i]];
+            }
+            d->bad[r * nblocks + kb] = (uint8_t)bad;
+            d->scale[r * nblocks + kb] =
+                o->element == TRAIN_E2M1 ? e4m3_value[scales[kb]] : e8m0_value[scales[kb]];
+        }
+    }
+}
+
+/* The exact dot of n decoded codes a and b (units 2^ea, 2^eb) rounded once to fp32; `wide`:
+ * both E5M2, whose products need the 128-bit sum. */
+static float block_dot(const int64_t *a, const int64_t *b, size_t n, int e, int wide) {
+    if (!wide) {
+        int64_t s0 = 0, s1 = 0; /* each below 2^55 (the header's bounds) */
+        size_t i = 0;
+        for (; i + 2 <= n; i += 2) {
+            s0 += a[i] * b[i];
+            s1 += a[i + 1] * b[i + 1];
+        }
+        if (i < n) s0 += a[i] * b[i];
+        const int64_t s = s0 + s1;
         const u128 m = {0, s < 0 ? 0u - (uint64_t)s : (uint64_t)s};
         return round_to_f32(s < 0, m, e);
     }
     u128 pos = {0, 0}, neg = {0, 0};
     for (size_t i = 0; i < n; i++) {
-        const int64_t ka = ta->k[a[i]], kb = tb->k[b[i]];
-        const uint64_t p = (uint64_t)(ka < 0 ? -ka : ka) * (uint64_t)(kb < 0 ? -kb : kb);
-        u128_add((ka < 0) != (kb < 0) ? &neg : &pos, p);
+        const uint64_t p = (uint64_t)(a[i] < 0 ? -a[i] : a[i]) * (uint64_t)(b[i] < 0 ? -b[i] : b[i]);
+        u128_add((a[i] < 0) != (b[i] < 0) ? &neg : &pos, p);
     }
     return u128_less(pos, neg) ? round_to_f32(1, u128_sub(neg, pos), e)
                                : round_to_f32(0, u128_sub(pos, neg), e);
 }
 
-/* The value of block scale kb of an operand's row r. */
-static float scale_of(const train_operand *o, size_t r, size_t kb) {
-    const uint8_t byte = o->scales[(r / o->scale_rows) * o->scales_stride + kb];
-    return o->element == TRAIN_E2M1 ? e4m3_value[byte] : e8m0_value[byte];
-}
+/* Output tiles: TILE_N columns against TILE_M rows at a time, so that both tiles' decoded
+ * rows stay in cache (each output's chain is its own: tiling moves no bit). */
+enum { TILE_N = 8, TILE_M = 32 };
 
 void train_gemm_columns(const train_gemm_job *j, size_t n0, size_t n1) {
-    pthread_once(&tables_once, fill_tables);
-    const element_table *ta = &tables[j->a.element], *tb = &tables[j->b.element];
-    const size_t nblocks = (j->K + j->block - 1) / j->block;
-    for (size_t n = n0; n < n1; n++) {
-        const uint8_t *br = j->b.codes + n * j->b.codes_stride;
-        for (size_t m = 0; m < j->M; m++) {
-            const uint8_t *ar = j->a.codes + m * j->a.codes_stride;
-            float acc = 0.0f;
-            for (size_t kb = 0; kb < nblocks; kb++) {
-                const size_t k0 = kb * j->block, k1 = k0 + j->block < j->K ? k0 + j->block : j->K;
-                const float d = block_dot(ta, ar + k0, tb, br + k0, k1 - k0);
-                acc = acc + (d * scale_of(&j->a, m, kb)) * scale_of(&j->b, n, kb);
+    const size_t K = j->K, nblocks = (K + j->block - 1) / j->block;
+    const int e = j->da.unit_exp + j->db.unit_exp;
+    const int wide = j->a.element == TRAIN_E5M2 && j->b.element == TRAIN_E5M2;
+    for (size_t nt = n0; nt < n1; nt += TILE_N)
+        for (size_t mt = 0; mt < j->M; mt += TILE_M)
+            for (size_t n = nt; n < n1 && n < nt + TILE_N; n++) {
+                const int64_t *br = j->db.k + n * K;
+                const float *sb = j->db.scale + n * nblocks;
+                const uint8_t *bb = j->db.bad + n * nblocks;
+                for (size_t m = mt; m < j->M && m < mt + TILE_M; m++) {
+                    const int64_t *ar = j->da.k + m * K;
+                    const float *sa = j->da.scale + m * nblocks;
+                    const uint8_t *ba = j->da.bad + m * nblocks;
+                    float acc = 0.0f;
+                    for (size_t kb = 0; kb < nblocks; kb++) {
+                        const size_t k0 = kb * j->block;
+                        const size_t len = k0 + j->block < K ? j->block : K - k0;
+                        const float d = ba[kb] | bb[kb] ? NAN
+                                                        : block_dot(ar + k0, br + k0, len, e, wide);
+                        acc = acc + (d * sa[kb]) * sb[kb];
+                    }
+                    if (j->a.globals) {
+                        const float ga = j->a.globals[j->a.per_row_globals ? m : 0];
+                        const float gb = j->b.globals[j->b.per_row_globals ? n : 0];
+                        acc = acc * (ga * gb);
+                    }
+                    j->y[m * j->ldy + n] = acc;
+                }
             }
-            if (j->a.globals) {
-                const float ga = j->a.globals[j->a.per_row_globals ? m : 0];
-                const float gb = j->b.globals[j->b.per_row_globals ? n : 0];
-                acc = acc * (ga * gb);
-            }
-            j->y[m * j->ldy + n] = acc;
-        }
-    }
 }

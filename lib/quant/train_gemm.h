@@ -25,17 +25,33 @@ typedef struct train_operand {
     int per_row_globals;      /* 1: globals[row], 0: globals[0] */
 } train_operand;
 
+/* An operand decoded for the kernel (train_gemm_decode): each code's integer k (value = k *
+ * 2^unit_exp), each block's scale value, and whether the block holds a non-finite code. */
+typedef struct train_decoded {
+    int64_t *k;               /* [rows][K] */
+    float *scale;             /* [rows][nblocks] */
+    uint8_t *bad;             /* [rows][nblocks] */
+    int unit_exp;
+} train_decoded;
+
 /* y[m][n] for m < M and the columns n of [n0, n1) of the job. */
 typedef struct train_gemm_job {
-    size_t M, K;
+    size_t M, N, K;
     size_t block;             /* 32 (MX) or 16 (NVFP4) */
     train_operand a, b;       /* a: M rows, b: N rows, both K long */
+    train_decoded da, db;     /* their decoded forms (train_gemm_decode) */
     float *y;
     size_t ldy;
 } train_gemm_job;
 
-/* The columns [n0, n1): per K block kb, ascending, d = the exact dot of the codes' values
- * rounded once to fp32; acc = acc + (d * sa) * sb in fp32; then, with globals,
+/* The bytes of one operand's decoded form, rows x K with `block`-long blocks; and the decoding
+ * of operand o's rows into d, whose k, scale and bad point into `bytes` of that size. */
+size_t train_decoded_bytes(size_t rows, size_t K, size_t block);
+void train_gemm_decode(const train_operand *o, size_t rows, size_t K, size_t block, void *bytes,
+                       train_decoded *d);
+
+/* The columns [n0, n1) (a and b decoded): per K block kb, ascending, d = the exact dot of the
+ * codes' values rounded once to fp32; acc = acc + (d * sa) * sb in fp32; then, with globals,
  * y = RN(acc * RN(ga * gb)). A block holding a non-finite code (E4M3 NaN, E5M2 infinity or
  * NaN) in either operand gives d = NaN. */
 void train_gemm_columns(const train_gemm_job *job, size_t n0, size_t n1);
