@@ -361,9 +361,16 @@ static int quant_operand_of(const char *fn, const char *name, const parity_quant
     return PARITY_OK;
 }
 
-static void train_columns(void *job, size_t n0, size_t n1, unsigned worker) {
+/* The columns [n0, n1) with the current CPU path's kernel (train_gemm_columns_entry). */
+typedef struct train_run {
+    const train_gemm_job *job;
+    train_columns_fn *columns;
+} train_run;
+
+static void train_columns(void *p, size_t n0, size_t n1, unsigned worker) {
     (void)worker;
-    train_gemm_columns(job, n0, n1);
+    const train_run *r = p;
+    r->columns(r->job, n0, n1);
 }
 
 int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
@@ -396,7 +403,8 @@ int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
     if (db) {
         train_gemm_decode(&job.a, m, k, job.block, da, &job.da);
         train_gemm_decode(&job.b, n, k, job.block, db, &job.db);
-        pool_run(c.pool, train_columns, &job, n);
+        train_run run = {&job, train_gemm_columns_entry()};
+        pool_run(c.pool, train_columns, &run, n);
     }
     op_end(&c);
     return db ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;

@@ -54,6 +54,12 @@ void train_gemm_decode(const train_operand *o, size_t rows, size_t K, size_t blo
  * codes' values rounded once to fp32; acc = acc + (d * sa) * sb in fp32; then, with globals,
  * y = RN(acc * RN(ga * gb)). A block holding a non-finite code (E4M3 NaN, E5M2 infinity or
  * NaN) in either operand gives d = NaN. */
-void train_gemm_columns(const train_gemm_job *job, size_t n0, size_t n1);
+typedef void train_columns_fn(const train_gemm_job *job, size_t n0, size_t n1);
+train_columns_fn train_gemm_columns;
+/* The same columns compiled for AVX-512 (F, DQ: the int64 block sums vectorized), the same
+ * bits (exact integer sums); and the entry the current CPU path runs: that variant on the
+ * avx512 and avx512bf16 paths, train_gemm_columns on the others. */
+train_columns_fn train_gemm_columns_avx512;
+train_columns_fn *train_gemm_columns_entry(void);
 
 #endif /* PARITY_QUANT_TRAIN_GEMM_H */
