@@ -1,8 +1,8 @@
 /*
- * The training GEMM's column loop (train_gemm.h), inline, so that train_gemm.c (the portable
- * entry) and train_gemm_avx512.c (the same source compiled with AVX-512 F/DQ, where the
- * compiler vectorizes the int64 block sums with vpmullq) run one text: every block sum is an
- * exact integer, so the bits cannot depend on the path.
+ * The training GEMM's column loop (train_gemm.h has its entries), inline, so that
+ * train_gemm.c (the portable entry) and train_gemm_avx512.c (the same source compiled with
+ * AVX-512 F/DQ, where the compiler vectorizes the int64 block sums with vpmullq) run one text:
+ * every block sum is an exact integer, so the bits cannot depend on the path.
  */
 #ifndef PARITY_QUANT_TRAIN_GEMM_KERNEL_H
 #define PARITY_QUANT_TRAIN_GEMM_KERNEL_H
@@ -10,7 +10,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "train_gemm.h"
+#include "train_gemm_types.h"
 
 /* A 128-bit unsigned integer as two halves. */
 typedef struct u128 {
