@@ -218,7 +218,7 @@ _HYBRID_CITE = (
 
 # The NVFP4 recipe's 16 x 16 weight rule in the policy (the forward the sampler runs): NVQ's
 # rule, by its policy name.
-NVFP4_WEIGHT_2D_QUANTIZER = "te-nvfp4-2d"
+NVFP4_WEIGHT_2D_QUANTIZER = "te-2d"
 
 _NVFP4_CITE = (
     _TE + ": common/recipe/__init__.py NVFP4BlockScaling.__post_init__: fp4_quant_fwd_inp = "
