@@ -394,6 +394,10 @@ PARITY_API int parity_ternary_quantize(int quantizer, int per_row, size_t rows, 
  * int8 and ternary codes (exact), y = RN(D / RN(s_w * s_x)) (BitLinear's y / (weight_scale *
  * input_scale)); under "hf-bitlinear" every step of it in bf16: bf16(bf16(D) / bf16(s_w *
  * s_x)), with the division done in fp32 and rounded.
+ *
+ * The training GEMM (parity_quant_gemm, parity_ops.h) computes this arithmetic on operands the
+ * caller quantized (a training recipe's backward: MXFP8 with E4M3 or E5M2 elements, NVFP4 with
+ * 1 x 16 or 16 x 16 scale grids), every element pair's block dot exact.
  */
 
 /* ---------------------------------------------------------------------------------------- */

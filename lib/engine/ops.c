@@ -361,9 +361,16 @@ static int quant_operand_of(const char *fn, const char *name, const parity_quant
     return PARITY_OK;
 }
 
-static void train_columns(void *job, size_t n0, size_t n1, unsigned worker) {
+/* The columns [n0, n1) with the current CPU path's kernel (train_gemm_columns_entry). */
+typedef struct train_run {
+    const train_gemm_job *job;
+    train_columns_fn *columns;
+} train_run;
+
+static void train_columns(void *p, size_t n0, size_t n1, unsigned worker) {
     (void)worker;
-    train_gemm_columns(job, n0, n1);
+    const train_run *r = p;
+    r->columns(r->job, n0, n1);
 }
 
 int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
@@ -377,7 +384,7 @@ int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
     if (k > (1u << 24) || n > (1u << 30) || m > (1u << 30))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: m %zu, n %zu or k %zu is too large",
                          fn, m, n, k);
-    train_gemm_job job = {.M = m, .K = k, .y = y, .ldy = y_stride};
+    train_gemm_job job = {.M = m, .N = n, .K = k, .y = y, .ldy = y_stride};
     TRY(quant_operand_of(fn, "a", a, m, k, &job.a));
     TRY(quant_operand_of(fn, "b", b, n, k, &job.b));
     if (a->format != b->format)
@@ -389,9 +396,18 @@ int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
     job.block = a->format == PARITY_GEMM_NVFP4 ? 16 : 32;
     op_call c;
     TRY(op_begin(&c, pool, fn));
-    pool_run(c.pool, train_columns, &job, n);
+    /* both operands decoded once (each code's integer, each block's scale), then the columns */
+    void *da = op_alloc(&c, train_decoded_bytes(m, k, job.block), 1, "decoded operand a");
+    void *db = da ? op_alloc(&c, train_decoded_bytes(n, k, job.block), 1, "decoded operand b")
+                  : NULL;
+    if (db) {
+        train_gemm_decode(&job.a, m, k, job.block, da, &job.da);
+        train_gemm_decode(&job.b, n, k, job.block, db, &job.db);
+        train_run run = {&job, train_gemm_columns_entry()};
+        pool_run(c.pool, train_columns, &run, n);
+    }
     op_end(&c);
-    return PARITY_OK;
+    return db ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
 }
 
 /* ---- causal GQA attention -------------------------------------------------------------------- */

@@ -32,6 +32,10 @@ weights are differentiated in fp32 (softmax over the experts, the chosen ones, r
 a topk-softmax router's softmax over the chosen) with respect to its logits, the choice itself
 a constant; the combine as sum_s w_s y_s + sigmoid(g) y_shared.
 
+With a training recipe (CausalLM(recipe=...), linear(recipe=...); parity.recipes) the decoder
+layers' linear layers keep this forward and run the recipe's dgrad and wgrad GEMMs on quantized
+operands instead (python/parity/_recipe_linear.py); everything else is as below.
+
 The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
 fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
 of the targets), evaluated at the saved inputs, and every rounding point passes its gradient

@@ -234,34 +234,32 @@ _NVFP4_CITE = (
     "fp4_quant_bwd_grad, weight -> fp4_quant_fwd_weight, else fp4_quant_fwd_inp")
 
 
+def _mx_recipe(summary, gradient, cite):
+    """A row of an MXFP8 recipe: E4M3 x and W in every GEMM, the gradient dy in `gradient`."""
+    return (summary, "mxfp8", "te-rceil", ("parity_mxfp8_quantize_as", "parity_quant_gemm"),
+            (Gemm("fprop", _mx("x", "row-wise", "e4m3"), _mx("w", "row-wise", "e4m3"),
+                  _MX_FPROP),
+             Gemm("dgrad", _mx("dy", "row-wise", gradient), _mx("w", "column-wise", "e4m3"),
+                  _MX_DGRAD),
+             Gemm("wgrad", _mx("dy", "column-wise", gradient), _mx("x", "column-wise", "e4m3"),
+                  _MX_WGRAD)),
+            cite)
+
+
 def _nv(tensor, orientation, block, quantizer="te-nvfp4", rounding="nearest",
         globals="per-tensor", transform=None):
     return Operand(tensor, orientation, "e2m1", block, quantizer, rounding, globals, transform)
 
 
 _TABLE = {
-    "te-mxfp8": (
+    "te-mxfp8": _mx_recipe(
         "TE MXFP8BlockScaling(fp8_format=Format.E4M3): E4M3 in 1x32 blocks along each GEMM's "
         "reduction dimension in all three GEMMs, RCEIL E8M0 scales, round to nearest",
-        "mxfp8", "te-rceil",
-        ("parity_mxfp8_quantize_as", "parity_quant_gemm"),
-        (Gemm("fprop", _mx("x", "row-wise", "e4m3"), _mx("w", "row-wise", "e4m3"), _MX_FPROP),
-         Gemm("dgrad", _mx("dy", "row-wise", "e4m3"), _mx("w", "column-wise", "e4m3"),
-              _MX_DGRAD),
-         Gemm("wgrad", _mx("dy", "column-wise", "e4m3"), _mx("x", "column-wise", "e4m3"),
-              _MX_WGRAD)),
-        _MXFP8_CITE),
-    "te-mxfp8-hybrid": (
+        "e4m3", _MXFP8_CITE),
+    "te-mxfp8-hybrid": _mx_recipe(
         "TE MXFP8BlockScaling(fp8_format=Format.HYBRID): as te-mxfp8 with the gradient dy in "
         "E5M2 (both backward GEMMs), x and W in E4M3",
-        "mxfp8", "te-rceil",
-        ("parity_mxfp8_quantize_as", "parity_quant_gemm"),
-        (Gemm("fprop", _mx("x", "row-wise", "e4m3"), _mx("w", "row-wise", "e4m3"), _MX_FPROP),
-         Gemm("dgrad", _mx("dy", "row-wise", "e5m2"), _mx("w", "column-wise", "e4m3"),
-              _MX_DGRAD),
-         Gemm("wgrad", _mx("dy", "column-wise", "e5m2"), _mx("x", "column-wise", "e4m3"),
-              _MX_WGRAD)),
-        _MXFP8_CITE + "; " + _HYBRID_CITE),
+        "e5m2", _MXFP8_CITE + "; " + _HYBRID_CITE),
     "te-nvfp4": (
         "TE NVFP4BlockScaling(): E2M1 with E4M3 block scales and fp32 globals; weights in 16x16 "
         "blocks (W and W^T share codes), activations and gradients in 1x16 blocks; gradients "
