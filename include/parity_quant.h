@@ -328,7 +328,8 @@ PARITY_API int parity_nvfp4_quantize_2d(int quantizer, size_t rows, size_t cols,
  * cast/nvfp4/core_nvfp4.cuh uses the words in order). TE's own subsequence is its CUDA
  * thread's index (quantize_transpose_nvfp4.cuh, rng_sequence), which no CPU layout has; the
  * element index replaces it, so the bits follow the element, not the schedule. E[q] is v up
- * to the 8 bits' resolution: |E[q] - v| < step / 256. */
+ * to the 8 bits' resolution, |E[q] - v| < step / 256, for |v| <= 6 (beyond, where a block
+ * scale rounded down, q saturates at 6 as the round-to-nearest cast does). */
 PARITY_API int parity_nvfp4_quantize_sr(int quantizer, int per_row, size_t rows, size_t cols,
                                         const float *x, size_t ldx, uint64_t seed,
                                         uint64_t stream, uint8_t *codes, size_t ldc,
