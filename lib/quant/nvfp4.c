@@ -1,9 +1,10 @@
 /*
  * NVFP4 (parity.h, "4-bit and ternary quantizers"): E2M1 elements in 1 x 16 blocks, each with an
  * E4M3 block scale, under an fp32 tensor scale s2 (per row for activations), and its rules
- * ModelOpt, Transformer Engine and torchao; TE's 16 x 16 weight tiles ("te-2d"). Each rule is the arithmetic of its source written
- * as IEEE fp32 operations, one rounding per operation, in the source's order; the header names
- * file and function per rule and docs/quant-formats.md quotes them.
+ * ModelOpt, Transformer Engine and torchao, and TE's 16 x 16 weight tiles ("te-2d"). Each rule
+ * is the arithmetic of its source written as IEEE fp32 operations, one rounding per operation,
+ * in the source's order; the header names file and function per rule and docs/quant-formats.md
+ * quotes them.
  */
 #include <math.h>
 

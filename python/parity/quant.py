@@ -240,7 +240,8 @@ def quantize_nvfp4_2d(values, rows, cols, rule="te"):
     rows, cols = _shape(n, rows, cols)
     q = _rule_of("nvfp4", rule)
     grid_rows = -(-rows // 16)
-    codes, sf = ctypes.create_string_buffer(n), ctypes.create_string_buffer(grid_rows * -(-cols // 16))
+    codes = ctypes.create_string_buffer(n)
+    sf = ctypes.create_string_buffer(grid_rows * -(-cols // 16))
     s2 = array("f", bytes(4))
     lib.parity_nvfp4_quantize_2d(q, rows, cols, buf, cols, codes, cols, sf,
                                  (ctypes.c_char * 4).from_buffer(s2))
