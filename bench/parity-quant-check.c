@@ -310,8 +310,9 @@ int main(int argc, char **argv) {
     if (deployed) printf("deployed %s\n", deployed);
     counts t_export = {0}, t_deployed = {0}, t_adjusted = {0};
     uint64_t moved = 0;
-    /* remedy 2 is written for the 4-bit and ternary rules */
-    const int adjustable = layout_of != NULL;
+    /* remedy 2 is written for the 4-bit and ternary rules of 1 x 16 (or 1 x 32) blocks, not
+     * for "te-2d"'s 16 x 16 tiles (parity_quant_adjust_bf16 refuses it) */
+    const int adjustable = layout_of != NULL && q != PARITY_QUANT_NVFP4_TE_2D;
     int adjust_ok = adjustable;
     if (per_tensor)
         printf("\n%-40s %10s %12s %12s %14s\n", "tensor", "codes", "export diff", "deployed diff",
@@ -460,7 +461,9 @@ int main(int argc, char **argv) {
                (unsigned long long)t_adjusted.scales, t_adjusted.scale_rel);
     if (!layout_of)
         printf("  remedy 1: no checkpoint layout for %s here\n", qname);
-    if (!adjustable) printf("  remedy 2: written for the 4-bit and ternary rules only\n");
+    if (!adjustable)
+        printf("  remedy 2: written for the 4-bit (1 x 16 and 1 x 32 blocks) and ternary rules "
+               "only\n");
     printf("\neffect on %zu evaluation sequences (%zu log-probs), policy %s; learner = the "
            "latents with the training quantizer:\n", n_eval, n_lp, polname);
     printf("  %-34s %9s %10s %10s %10s %8s\n", "sampler serves", "NLL", "mean|d|", "max|d|", "k3 KL",

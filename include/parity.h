@@ -76,7 +76,7 @@ PARITY_API int parity_abi_version(void);
 /* sizeof a public struct by its name ("parity_policy", "parity_config",
  * "parity_scorer_params", "parity_score_options", "parity_sampling",
  * "parity_sampler_params", "parity_tensor_data", "parity_seq_info", "parity_profile",
- * "parity_weight_info", "parity_weight_bytes"); 0 for other names. */
+ * "parity_weight_info", "parity_weight_bytes", "parity_quant_operand"); 0 for other names. */
 PARITY_API size_t parity_struct_size(const char *name);
 
 /* ---------------------------------------------------------------------------------------- */

@@ -149,6 +149,41 @@ PARITY_API int parity_linear(parity_pool *pool, const parity_policy *policy, uin
                              uint32_t w_dtype, const void *w, size_t w_stride, const float *bias,
                              float *y, size_t y_stride);
 
+/* The training GEMM on pre-quantized operands (parity_quant.h, "Quantized GEMMs", and the
+ * training recipes of python/parity/recipes.py, whose backward GEMMs it runs): y[i][j] for
+ * i < m, j < n from a [m][k] and b [n][k], each quantized along k. Both operands of one format:
+ *   PARITY_GEMM_MXFP8: element PARITY_FP8_E4M3 or PARITY_FP8_E5M2 per operand (codes one a
+ *       byte), E8M0 scale bytes in 1 x 32 blocks along k (parity_mxfp8_quantize_as);
+ *   PARITY_GEMM_NVFP4: E2M1 codes one a byte (low nibble, sign 0x8), E4M3 scale codes in
+ *       1 x 16 blocks along k, fp32 globals, one per tensor or one per row
+ *       (parity_nvfp4_quantize and its 16 x 16 and stochastic forms).
+ * Row r's scale of block kb is scales[(r / scale_rows) * scales_stride + kb]: scale_rows 1, or
+ * 16 for NVFP4's 16 x 16 weight blocks (one scale row per 16 rows), the last block partial.
+ * The arithmetic is the forward's quantized GEMM's: per block, ascending, d = the exact dot
+ * of the codes' values rounded once to fp32 (every pair exact: E4M3 x E4M3, E5M2 x E4M3 and
+ * E2M1 x E2M1 integer sums fit int64, E5M2 x E5M2 ones are summed in 128 bits), acc = acc +
+ * (d * sa) * sb in fp32; NVFP4 then y = RN(acc * RN(ga * gb)). A block with a code that is not
+ * finite (E4M3 NaN, E5M2 infinity or NaN) in either operand gives NaN. Threads split the
+ * output columns; the bits depend on neither the pool nor the CPU path.
+ * PARITY_ERR_INVALID_ARGUMENT (naming it) for a NULL pointer, a zero or too large size, a
+ * stride below its row, another format or element, formats that differ, scale_rows other
+ * than 1 (or 16 under NVFP4), NVFP4 without globals or with per_row_globals not 0 or 1,
+ * MXFP8 with globals, or an E2M1 code above 0xf. */
+typedef struct parity_quant_operand {
+    uint32_t format;          /* PARITY_GEMM_MXFP8 or PARITY_GEMM_NVFP4 */
+    uint32_t element;         /* MXFP8: PARITY_FP8_E4M3 or PARITY_FP8_E5M2; NVFP4: 0 */
+    const uint8_t *codes;     /* rows of k codes, codes_stride apart */
+    size_t codes_stride;
+    const uint8_t *scales;    /* E8M0 bytes (MXFP8) or E4M3 codes (NVFP4) */
+    size_t scales_stride;     /* bytes between rows of the scale grid, >= the blocks along k */
+    uint32_t scale_rows;      /* operand rows per scale row: 1, or 16 (NVFP4 16 x 16) */
+    uint32_t per_row_globals; /* NVFP4: 1, globals[row]; 0, globals[0] */
+    const float *globals;     /* NVFP4's fp32 global scales; NULL under MXFP8 */
+} parity_quant_operand;
+PARITY_API int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
+                                 const parity_quant_operand *a, const parity_quant_operand *b,
+                                 float *y, size_t y_stride);
+
 /* Causal attention of a batch of sequences, each attending to its own positions 0..t, with
  * n_heads query heads sharing n_kv_heads KV heads (query head h reads KV head
  * h / (n_heads / n_kv_heads)), scale head_dim^-0.5, in the policy's attention mode (eager,

@@ -119,6 +119,8 @@ typedef enum parity_quantizer {
     PARITY_QUANT_TERNARY_BITNET = 13,       /* "bitnet" */
     PARITY_QUANT_TERNARY_HF_BITLINEAR = 14, /* "hf-bitlinear" */
     PARITY_QUANT_TERNARY_ONEBITLLMS = 15,   /* "onebitllms" */
+    /* NVFP4, appended after the others (their values never move) */
+    PARITY_QUANT_NVFP4_TE_2D = 16,          /* "te-2d" */
 } parity_quantizer;
 
 /* The name of any quantizer (a parity_quantizer value), NULL for another value. */
@@ -191,6 +193,21 @@ PARITY_API int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, co
                                      size_t x_stride, uint8_t *codes, size_t codes_stride,
                                      uint8_t *scales);
 
+/* parity_mxfp8_quantize with the element format chosen (the training recipes quantize
+ * gradients to E5M2): PARITY_FP8_E4M3 gives parity_mxfp8_quantize's codes and scales;
+ * PARITY_FP8_E5M2 runs the same rule with E5M2's emax 15 and max 57344: "ocp" b =
+ * clamp(exponent(amax) - 15, -127, 128) + 127; "te" v = amax * RN(1 / 57344) (TE
+ * common/utils.cuh, Quantized_Limits<fp8e5m2>::max_norm_rcp = 1.0 / max_norm, which
+ * cast/mxfp8/quantize_mxfp8.cuh passes to float_to_e8m0), rounded up as for E4M3; then
+ * code = e5m2(x * m), saturating at +-57344 (TE's static_cast<OType>: __nv_fp8_e5m2 converts
+ * with __NV_SATFINITE). Codes one a byte, scales[rows][ceil(cols / 32)] E8M0 bytes; errors as
+ * parity_mxfp8_quantize, and PARITY_ERR_INVALID_ARGUMENT for another element. A column-wise
+ * quantization (1 x 32 blocks down the columns, as a GEMM that reduces over the rows reads
+ * the tensor) is this call on the transpose: transposing values is exact. */
+PARITY_API int parity_mxfp8_quantize_as(int quantizer, int element, size_t rows, size_t cols,
+                                        const float *x, size_t x_stride, uint8_t *codes,
+                                        size_t codes_stride, uint8_t *scales);
+
 /* ---------------------------------------------------------------------------------------- */
 /* 4-bit and ternary quantizers                                                             */
 /* ---------------------------------------------------------------------------------------- */
@@ -219,6 +236,17 @@ PARITY_API int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, co
  *       compute_decoding_scaling_factor, compute_scaling_coefficient<float>): the form its
  *       comment calls an exact emulation. 1 x 16 blocks (TE's weights default to 16 x 16;
  *       NVTE_NVFP4_DISABLE_2D_QUANTIZATION=1 gives these).
+ *   PARITY_QUANT_NVFP4_TE_2D "te-2d": TE's default weight quantization (NVFP4BlockScaling,
+ *       common/recipe/__init__.py: fp4_2d_quantization for weights): a weight's amax16 is the
+ *       max |x| over its 16 x 16 tile (rows 16i..16i+15, columns 16j..16j+15; partial tiles at
+ *       the edges), then "te"'s arithmetic to the letter (cast/nvfp4/quantize_transpose_nvfp4.cuh,
+ *       quantize_transpose_nvfp4_2D_kernel: block_amax_matrix, compute_decoding_scaling_factor,
+ *       S_enc_rowwise = S_enc_colwise from the one tensor amax; pytorch/custom_recipes/
+ *       reference_nvfp4.py, _quantize_blockwise_reference with quant_tile_shape (16, 16)). The
+ *       scale grid stays [rows][ceil(cols / 16)], each tile's scale in its 16 rows (as TE's
+ *       reference repeats it), so the GEMM is NVFP4's; W and its transpose get the same codes
+ *       and scales, transposed. Activations as "te" (1 x 16, s2 per row). The bf16 adjustment
+ *       (parity_quant_adjust_bf16) is written for 1 x 16 blocks: PARITY_ERR_UNSUPPORTED here.
  *   PARITY_QUANT_NVFP4_TORCHAO "torchao": s2 = amax_tensor / 2688; sf = e4m3(clamp(RN(amax16 /
  *       6) / s2, 2^-6, 448)); code = e2m1(clamp(x / RN(s2 * sf), -6, 6)). torchao
  *       prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize (no subnormal block scales).
@@ -256,13 +284,79 @@ PARITY_API int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, co
 
 /* NVFP4 quantization of rows x cols fp32 values with an NVFP4 rule: codes[r * codes_stride
  * + c] E2M1, block_scales[rows][ceil(cols / 16)] E4M3 codes, and the tensor scales s2: one
- * (tensor_scales[0]) when per_row is 0 (a weight), one per row when 1 (activations). A NaN
- * or Inf value is refused (PARITY_ERR_TENSOR_NONFINITE, naming the element), before
+ * (tensor_scales[0]) when per_row is 0 (a weight), one per row when 1 (activations); a
+ * "te-2d" weight (per_row 0) in its 16 x 16 tiles, each tile's scale in each of its rows. A
+ * NaN or Inf value is refused (PARITY_ERR_TENSOR_NONFINITE, naming the element), before
  * anything is written. */
 PARITY_API int parity_nvfp4_quantize(int quantizer, int per_row, size_t rows, size_t cols,
                                      const float *x, size_t x_stride, uint8_t *codes,
                                      size_t codes_stride, uint8_t *block_scales,
                                      float *tensor_scales);
+
+/* ---- NVFP4 training (TransformerEngine's NVFP4BlockScaling recipe) -------------------------
+ * The quantizers of TE's NVFP4 training recipe beyond the forward's: weights in 16 x 16 tiles,
+ * gradients rounded stochastically, the random Hadamard transform on the weight gradient's
+ * inputs. Each checks as parity_nvfp4_quantize (a NaN or Inf value is
+ * PARITY_ERR_TENSOR_NONFINITE naming it; NULL buffers, an empty shape or a stride below cols
+ * PARITY_ERR_INVALID_ARGUMENT; a quantizer not of NVFP4 PARITY_ERR_POLICY), before anything is
+ * written. The quantizer gives the scale arithmetic: TE's is "te" (or "te-2d", the same). */
+
+/* NVFP4 with 16x16 blocks (TE's weight quantization): one E4M3 scale per 16x16 tile and one
+ * fp32 global per tensor; Wᵀ quantized this way has exactly the transposed codes and scale
+ * grid. amax16 is the tile's max |x| (partial tiles at the edges), then the rule's block
+ * arithmetic (under "te": "te-2d" above); sf[ceil(rows / 16)][ceil(cols / 16)] E4M3 bytes,
+ * row-major; s2[0] the tensor scale. */
+PARITY_API int parity_nvfp4_quantize_2d(int quantizer, size_t rows, size_t cols, const float *x,
+                                        size_t ldx, uint8_t *codes, size_t ldc, uint8_t *sf,
+                                        float *s2);
+/* parity_nvfp4_quantize's layout and scale arithmetic, with the E2M1 rounding stochastic: the
+ * random bits of element (r, c) from a counter-based generator keyed by (seed, stream) and
+ * counter i = r * cols + c, so the same (seed, stream, tensor) give the same codes on every CPU
+ * path and thread count.
+ * The rounding is TE's (common/util/ptx.cuh, stochastic_round_fp4_e2m1, the form of its
+ * cvt.rs.satfinite.e2m1x4.f32, which takes 8 random bits an element): v the value the rule's
+ * round-to-nearest step would cast (under "te" x * m), a = |v|, u = bits / 256 (8 bits), step
+ * = 2 if a >= 4, 1 if a >= 2, else 0.5; t = a + u * step (the product exact, one rounding);
+ * q = min(floor(t / step_t) * step_t, 6) with step_t the step of t; the code is q with v's
+ * sign. Blocks whose E4M3 scale is 0 get code 0 as in parity_nvfp4_quantize.
+ * The generator is TE's: Philox4x32-10 (common/util/curanddx.hpp, philox4x32_native_state with
+ * NVTE_BUILD_NUM_PHILOX_ROUNDS' default 10, common/CMakeLists.txt), key (seed low 32 bits,
+ * seed high 32 bits), counter words (i / 16 low, i / 16 high, stream low, stream high): TE's
+ * init(seed, subsequence = stream, offset = i / 16) then generate4(); element i takes byte
+ * i % 4 (bits 8k..8k+7 for k = i % 4, as TE's software path passes rbits >> 8k to the k-th of
+ * four elements: util/ptx_arch_spec.cuh) of output word (i % 16) / 4 (TE's get_rbits in
+ * cast/nvfp4/core_nvfp4.cuh uses the words in order). TE's own subsequence is its CUDA
+ * thread's index (quantize_transpose_nvfp4.cuh, rng_sequence), which no CPU layout has; the
+ * element index replaces it, so the bits follow the element, not the schedule. E[q] is v up
+ * to the 8 bits' resolution, |E[q] - v| < step / 256, for |v| <= 6 (beyond, where a block
+ * scale rounded down, q saturates at 6 as the round-to-nearest cast does). */
+PARITY_API int parity_nvfp4_quantize_sr(int quantizer, int per_row, size_t rows, size_t cols,
+                                        const float *x, size_t ldx, uint64_t seed,
+                                        uint64_t stream, uint8_t *codes, size_t ldc,
+                                        uint8_t *sf, float *s2);
+/* The random Hadamard transform along each row, in blocks of 16 columns: each 16-block v times
+ * H16 diag(signs) / 4, out_j = sum_i H16[j][i] s_i v_i / 4, cols a multiple of 16. H16 is the
+ * Sylvester Hadamard matrix (TE pytorch/tensor/nvfp4_tensor.py get_hadamard_matrix, scaled by
+ * 1 / sqrt(16) there); TE applies it, signs first, to the columnwise (transposed) operands of
+ * the weight-gradient GEMM, along its reduction dimension (get_rht_matrix = diag(signs) @ H,
+ * used as x @ rht_matrix: reference_nvfp4.py _apply_rht), so pass Xᵀ and dYᵀ.
+ * The signs: sign_seed 0 gives TE's, which it hard-codes rather than derives (nvfp4_tensor.py
+ * get_wgrad_sign_vector: 1 1 1 -1 1 -1 -1 -1 -1 -1 -1 1 -1 1 -1 -1); another sign_seed gives
+ * s_i = -1 where bit i of Philox4x32-10's first output word for key sign_seed and counter 0
+ * is set (this library's choice: TE has no seeded signs).
+ * Arithmetic: s_i v_i (exact), then the fast Walsh-Hadamard butterflies in fp32, pairs (j, j +
+ * h) for h = 1, 2, 4, 8 becoming (a + b, a - b), each rounded once, then times 0.25 (exact
+ * unless the result is subnormal). The output is exact whenever the partial sums are (e.g.
+ * values that are integers times one power of two, each below 2^20 of it); otherwise four
+ * roundings of partial sums bounded by sum |v_i| give |out_j - exact_j| <= 2^-22 sum_i |v_i|
+ * / 4 (to first order). TE computes it on tensor cores from bf16 (hadamard_transform.cu,
+ * mma_m16_n16_k16_b16_b16_b16_noacc: an accumulation order the hardware fixes and a bf16
+ * output); round the output to bf16 for that dtype. out may be x (then ldo = ldx).
+ * PARITY_ERR_INVALID_ARGUMENT for cols not a multiple of 16, NULL buffers, an empty shape or
+ * a stride below cols; PARITY_ERR_TENSOR_NONFINITE for a NaN or Inf. */
+PARITY_API int parity_rht16(size_t rows, size_t cols, const float *x, size_t ldx,
+                            uint64_t sign_seed, float *out, size_t ldo);
+
 /* MXFP4 quantization with an MXFP4 rule: codes E2M1, scales[rows][ceil(cols / 32)] E8M0
  * bytes. Errors as above. */
 PARITY_API int parity_mxfp4_quantize(int quantizer, size_t rows, size_t cols, const float *x,
@@ -301,6 +395,10 @@ PARITY_API int parity_ternary_quantize(int quantizer, int per_row, size_t rows, 
  * int8 and ternary codes (exact), y = RN(D / RN(s_w * s_x)) (BitLinear's y / (weight_scale *
  * input_scale)); under "hf-bitlinear" every step of it in bf16: bf16(bf16(D) / bf16(s_w *
  * s_x)), with the division done in fp32 and rounded.
+ *
+ * The training GEMM (parity_quant_gemm, parity_ops.h) computes this arithmetic on operands the
+ * caller quantized (a training recipe's backward: MXFP8 with E4M3 or E5M2 elements, NVFP4 with
+ * 1 x 16 or 16 x 16 scale grids), every element pair's block dot exact.
  */
 
 /* ---------------------------------------------------------------------------------------- */

@@ -46,9 +46,9 @@ static int arch_from(const char *s, int *out) {
     return rc;
 }
 
-/* The quantizers: one enum whose values run through the gemm formats in order, one pair of
- * names (a name is unique within its format only), and the deprecated fp8 pair agreeing with
- * it on the fp8 rules. */
+/* The quantizers: one enum whose values run through the gemm formats in order (rules appended
+ * later follow them), one pair of names (a name is unique within its format only), and the
+ * deprecated fp8 pair agreeing with it on the fp8 rules. */
 static void check_quantizer_names(void) {
     static const struct {
         uint32_t gemm;
@@ -64,6 +64,8 @@ static void check_quantizer_names(void) {
          {"ocp", "rceil", "microxcaling"}},
         {PARITY_GEMM_TERNARY, PARITY_QUANT_TERNARY_BITNET, PARITY_QUANT_TERNARY_ONEBITLLMS,
          {"bitnet", "hf-bitlinear", "onebitllms"}},
+        /* appended later, after every format's first rules */
+        {PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TE_2D, PARITY_QUANT_NVFP4_TE_2D, {"te-2d"}},
     };
     int next = 0;
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
@@ -86,7 +88,7 @@ static void check_quantizer_names(void) {
                                                     &back));
             CHECK_INT(back, q);
         }
-    CHECK_INT(next, 16);
+    CHECK_INT(next, 17);
     CHECK(parity_quantizer_name(next) == NULL);
     CHECK(parity_quantizer_name(-1) == NULL);
     int untouched = 12345;

@@ -460,6 +460,7 @@ int main(void) {
         check_policy(tiny, "hf-eager+mxfp8:ocp", PARITY_BACKEND_BF16, seed++);
         /* the 4-bit and ternary formats, each with a rule the scorer tests do not run */
         check_policy(tiny, "vllm+nvfp4:torchao", PARITY_BACKEND_BF16, seed++);
+        check_policy(trained, "vllm+nvfp4:te-2d", PARITY_BACKEND_BF16, seed++);
         check_policy(tiny, "vllm+mxfp4:rceil", PARITY_BACKEND_BF16, seed++);
         check_policy(tiny, "hf-eager+mxfp4:microxcaling", PARITY_BACKEND_OPENBLAS, seed++);
         check_policy(trained, "hf-eager+ternary:hf-bitlinear", PARITY_BACKEND_BF16, seed++);

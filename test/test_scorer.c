@@ -252,6 +252,7 @@ static void check_bad_input(const parity_model *m) {
     } fmt4[] = {{"vllm+nvfp4:modelopt", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_MODELOPT},
                 {"vllm+nvfp4:te", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TE},
                 {"aligned+nvfp4:torchao", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TORCHAO},
+                {"vllm+nvfp4:te-2d", PARITY_GEMM_NVFP4, PARITY_QUANT_NVFP4_TE_2D},
                 {"vllm+mxfp4:ocp", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_OCP},
                 {"vllm+mxfp4:rceil", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_RCEIL},
                 {"sglang+mxfp4:microxcaling", PARITY_GEMM_MXFP4, PARITY_QUANT_MXFP4_MICROXCALING},
@@ -276,7 +277,7 @@ static void check_bad_input(const parity_model *m) {
     pol.gemm = PARITY_GEMM_NVFP4;
     pol.quantizer = PARITY_QUANT_MXFP4_OCP; /* a rule of another format */
     CHECK_STATUS(parity_policy_validate(&pol), PARITY_ERR_POLICY);
-    pol.quantizer = PARITY_QUANT_TERNARY_ONEBITLLMS + 1;
+    pol.quantizer = PARITY_QUANT_NVFP4_TE_2D + 1; /* past the last rule */
     CHECK_STATUS(parity_policy_validate(&pol), PARITY_ERR_POLICY);
     pol.gemm = PARITY_GEMM_TERNARY + 1;
     pol.quantizer = 0;
@@ -285,7 +286,7 @@ static void check_bad_input(const parity_model *m) {
     CHECK_STATUS(parity_quantizer_from_name(PARITY_GEMM_BF16, "te", &q), PARITY_ERR_POLICY);
     CHECK_OK(parity_quantizer_from_name(PARITY_GEMM_MXFP4, "rceil", &q));
     CHECK_INT(q, PARITY_QUANT_MXFP4_RCEIL);
-    CHECK(parity_quantizer_name(PARITY_QUANT_TERNARY_ONEBITLLMS + 1) == NULL);
+    CHECK(parity_quantizer_name(PARITY_QUANT_NVFP4_TE_2D + 1) == NULL);
     /* the switches checked: a quantizer of the other family, fp8 on fp16, a stray quantizer */
     parity_policy sw;
     CHECK_OK(parity_policy_from_name("vllm", &sw));

@@ -160,14 +160,15 @@ static void test_values_after_updates(parity_model *m) {
 /* Without codes of its own, a weight's codes are the quantizer's of its values, every rule. */
 static void test_codes_are_the_rules(const parity_model *m) {
     float *x = values_of(m, DOWN_PROJ);
-    for (int q = PARITY_FP8Q_DEEPSEEK; q <= PARITY_QUANT_TERNARY_ONEBITLLMS; q++) {
+    for (int q = PARITY_FP8Q_DEEPSEEK; q <= PARITY_QUANT_NVFP4_TE_2D; q++) {
         const shape s = shape_of(m, DOWN_PROJ, q);
         uint8_t *want = xcalloc(s.n), *got = xcalloc(s.n);
         float *want_s = xcalloc(s.n_scales * 4), *got_s = xcalloc(s.n_scales * 4);
         CHECK_OK(parity_quantize_weight(q, s.rows, s.cols, x, s.cols, want, want_s));
         CHECK_OK(parity_model_weight_codes(m, DOWN_PROJ, q, got, s.n, got_s, s.n_scales));
         CHECK(!memcmp(want, got, s.n));
-        if (q >= PARITY_QUANT_TERNARY_BITNET) { /* no block scale: its slot reads 0 */
+        if (q >= PARITY_QUANT_TERNARY_BITNET && q <= PARITY_QUANT_TERNARY_ONEBITLLMS) {
+            /* no block scale: its slot reads 0 */
             CHECK_INT(bits(got_s[0]), 0);
             want_s[0] = 0.0f;
         }

@@ -3,7 +3,7 @@
 learner mismatch an RL framework would log, step by step.
 
     /usr/bin/python3 examples/python/grpo.py [--learner parity|parity:PRESET|torch[,...]]
-        [--steps 20] [--groups 4] [--n 8] [--line-bytes 32] [--lr 1e-4] [--seed 0]
+        [--format FORMAT[:RULE]] [--recipe NAME] [--steps 20] [--groups 4] [--n 8] [--line-bytes 32] [--lr 1e-4] [--seed 0]
         [--workers N] [--cluster dask|ray] [--scheduler ADDRESS | --ray-address ADDRESS]
         [--log FILE] [--svg FILE]
 
@@ -57,6 +57,11 @@ trajectory from the checkpoint: own masters, optimizer and sampler weights)
                   Its log-probs are the sampler's bit for bit: every mismatch metric is exactly
                   at its perfect value at every step.
   parity:PRESET   the same module under another policy (e.g. parity:hf-eager, parity:vllm).
+                  With --recipe NAME (parity.recipes(): te-mxfp8, te-mxfp8-hybrid, te-nvfp4) a
+                  parity learner's backward runs the recipe's dgrad and wgrad GEMMs on
+                  quantized operands (README, "Training in low precision"); the recipe's fprop
+                  must be the policy's (--format mxfp8:te for the MXFP8 recipes), so the
+                  log-probs, and every mismatch metric, stay exact.
   torch           a plain PyTorch bf16 Qwen3 written with torch.nn.functional as a user would
                   (HF modeling_qwen3's eager path: RMSNorm with the fp32 variance, q/k-norm,
                   rotate_half RoPE with theta from config.json, GQA causal softmax attention,
@@ -781,11 +786,20 @@ class TorchLearner:
 class ParityLearner:
     """parity.torch.CausalLM: libparity's forward as a torch module, gradients by autograd."""
 
-    def __init__(self, model_path, policy, backend, threads):
+    def __init__(self, model_path, policy, backend, threads, recipe=None, seed=0):
         from parity.torch import CausalLM
-        self.lm = CausalLM(model_path, policy=policy, backend=backend, threads=threads)
+        self.lm = CausalLM(model_path, policy=policy, backend=backend, threads=threads,
+                           recipe=recipe)
         self.policy = policy
+        self.seed = seed
         self.description = "parity.torch.CausalLM, policy %s" % policy
+        if recipe:
+            self.description += ", recipe %s" % recipe
+
+    def begin_step(self, step):
+        """The recipe's stochastic rounding is keyed by (run seed, step) and a stream per
+        layer: the same run gives the same gradients."""
+        self.lm.recipe_seed = self.seed * 1000003 + step
 
     def named_masters(self):
         return dict(self.lm.named_parameters())
@@ -803,7 +817,7 @@ def make_learner(spec, args, torch):
     if spec == "torch":
         return TorchLearner(args.model, torch)
     policy = args.policy if spec == "parity" else spec.split(":", 1)[1]
-    return ParityLearner(args.model, policy, args.backend, args.threads)
+    return ParityLearner(args.model, policy, args.backend, args.threads, args.recipe, args.seed)
 
 
 # ---- one step ----------------------------------------------------------------------------------
@@ -877,6 +891,8 @@ def run_learner(spec, run, args, prompts, rollouts, torch, emit):
                 seqs.append((len(prompt), prompt + tokens))
                 sampler_lp.append(torch.tensor(lps, dtype=torch.float32))
                 adv_tok.append(a_i.expand(len(tokens)))
+        if hasattr(learner, "begin_step"):
+            learner.begin_step(step)
         out = learner([s for _, s in seqs], args.mode, args.temperature)
         learner_lp = torch.cat([lp[plen - 1:] for (plen, _), lp in zip(seqs, out)])
         sampler_lp = torch.cat(sampler_lp)
@@ -1081,6 +1097,10 @@ def parse_args(argv):
                                      "(nvfp4, mxfp4, ternary, fp8-block, mxfp8; default rules "
                                      "modelopt, ocp, bitnet, deepseek, ocp): appended to --policy "
                                      "and to every parity learner's preset")
+    ap.add_argument("--recipe", help="a training recipe for the parity learners' backward "
+                                     "(parity.recipes(): te-mxfp8, te-mxfp8-hybrid, te-nvfp4): "
+                                     "dgrad and wgrad on quantized operands; its fprop must be "
+                                     "the policy's (te-mxfp8*: --format mxfp8:te)")
     ap.add_argument("--backend", default="bf16", choices=["bf16", "openblas"],
                     help="the sampler's (and parity learner's) GEMM backend")
     ap.add_argument("--mode", choices=["raw", "processed"],
@@ -1183,6 +1203,15 @@ def parse_args(argv):
         policy_struct(args.policy)
     except (parity.ParityError, TypeError, ValueError) as e:
         ap.error("--policy: %s" % e)
+    if args.recipe:
+        if "torch" in specs:
+            ap.error("--recipe: the torch learner has no recipes (use parity learners)")
+        try:
+            recipe = parity.Recipe(args.recipe)
+            for s in specs:
+                recipe.check_policy(args.policy if s == "parity" else s[7:])
+        except ValueError as e:
+            ap.error("--recipe: %s" % e)
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         ap.error("--model %s: no config.json there" % args.model)
     return args

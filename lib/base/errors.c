@@ -82,6 +82,7 @@ size_t parity_struct_size(const char *name) {
         {"parity_profile", sizeof(parity_profile)},
         {"parity_weight_info", sizeof(parity_weight_info)},
         {"parity_weight_bytes", sizeof(parity_weight_bytes)},
+        {"parity_quant_operand", sizeof(parity_quant_operand)},
     };
     for (size_t i = 0; name && i < sizeof structs / sizeof structs[0]; i++)
         if (!strcmp(structs[i].name, name)) return structs[i].size;

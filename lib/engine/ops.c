@@ -26,6 +26,7 @@
 #include "scratch.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "quant/train_gemm.h"
 #include "sampling.h"
 
 /* Room for the buffers of one call (a head on the bf16 backend takes 8, attention 8). */
@@ -311,6 +312,102 @@ int parity_linear(parity_pool *pool, const parity_policy *policy, uint32_t backe
     }
     op_end(&c);
     return rc;
+}
+
+/* ---- the training GEMM on pre-quantized operands ------------------------------------------ */
+
+/* The checks of one operand of rows x k codes (name "a" or "b"), and its kernel form. */
+static int quant_operand_of(const char *fn, const char *name, const parity_quant_operand *o,
+                            size_t rows, size_t k, train_operand *out) {
+    if (!o) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, name);
+    const int nvfp4 = o->format == PARITY_GEMM_NVFP4;
+    if (!nvfp4 && o->format != PARITY_GEMM_MXFP8)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s's format %u is neither "
+                         "PARITY_GEMM_MXFP8 nor PARITY_GEMM_NVFP4", fn, name, o->format);
+    if (!nvfp4 && o->element != PARITY_FP8_E4M3 && o->element != PARITY_FP8_E5M2)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s's element %u is neither "
+                         "PARITY_FP8_E4M3 nor PARITY_FP8_E5M2", fn, name, o->element);
+    if (nvfp4 && o->element != 0)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s's element %u: NVFP4 codes are "
+                         "E2M1 (element 0)", fn, name, o->element);
+    if (!o->codes || !o->scales)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s's %s is NULL", fn, name,
+                         o->codes ? "scales" : "codes");
+    const size_t block = nvfp4 ? 16 : 32, nblocks = (k + block - 1) / block;
+    if (o->codes_stride < k || o->scales_stride < nblocks)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s's codes_stride %zu or "
+                         "scales_stride %zu is below its row (%zu codes, %zu scales)", fn, name,
+                         o->codes_stride, o->scales_stride, k, nblocks);
+    if (o->scale_rows != 1 && !(nvfp4 && o->scale_rows == 16))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s's scale_rows %u is not 1%s", fn,
+                         name, o->scale_rows, nvfp4 ? " or 16" : "");
+    if (nvfp4 && (!o->globals || o->per_row_globals > 1))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s: NVFP4 needs globals (NULL here) "
+                         "and per_row_globals 0 or 1 (%u)", fn, name, o->per_row_globals);
+    if (!nvfp4 && o->globals)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s: MXFP8 has no global scales "
+                         "(globals must be NULL)", fn, name);
+    if (nvfp4)
+        for (size_t r = 0; r < rows; r++)
+            for (size_t c = 0; c < k; c++)
+                if (o->codes[r * o->codes_stride + c] > 0xf)
+                    return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s's code [%zu][%zu] is "
+                                     "0x%02x, not an E2M1 code (0x0 .. 0xf)", fn, name, r, c,
+                                     o->codes[r * o->codes_stride + c]);
+    *out = (train_operand){nvfp4 ? TRAIN_E2M1
+                                 : o->element == PARITY_FP8_E5M2 ? TRAIN_E5M2 : TRAIN_E4M3,
+                           o->codes, o->codes_stride, o->scales, o->scales_stride,
+                           o->scale_rows, nvfp4 ? o->globals : NULL, (int)o->per_row_globals};
+    return PARITY_OK;
+}
+
+/* The columns [n0, n1) with the current CPU path's kernel (train_gemm_columns_entry). */
+typedef struct train_run {
+    const train_gemm_job *job;
+    train_columns_fn *columns;
+} train_run;
+
+static void train_columns(void *p, size_t n0, size_t n1, unsigned worker) {
+    (void)worker;
+    const train_run *r = p;
+    r->columns(r->job, n0, n1);
+}
+
+int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
+                      const parity_quant_operand *a, const parity_quant_operand *b, float *y,
+                      size_t y_stride) {
+    static const char fn[] = "parity_quant_gemm";
+    clear_error();
+    if (m == 0 || n == 0 || k == 0)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: m %zu, n %zu, k %zu (each at least "
+                         "1)", fn, m, n, k);
+    if (k > (1u << 24) || n > (1u << 30) || m > (1u << 30))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: m %zu, n %zu or k %zu is too large",
+                         fn, m, n, k);
+    train_gemm_job job = {.M = m, .N = n, .K = k, .y = y, .ldy = y_stride};
+    TRY(quant_operand_of(fn, "a", a, m, k, &job.a));
+    TRY(quant_operand_of(fn, "b", b, n, k, &job.b));
+    if (a->format != b->format)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: a is %s, b %s: both operands must "
+                         "be of one format", fn, a->format == PARITY_GEMM_NVFP4 ? "NVFP4" : "MXFP8",
+                         b->format == PARITY_GEMM_NVFP4 ? "NVFP4" : "MXFP8");
+    TRY(arg_ptr(fn, y, "y"));
+    TRY(arg_rows(fn, m, n, y_stride, "y"));
+    job.block = a->format == PARITY_GEMM_NVFP4 ? 16 : 32;
+    op_call c;
+    TRY(op_begin(&c, pool, fn));
+    /* both operands decoded once (each code's integer, each block's scale), then the columns */
+    void *da = op_alloc(&c, train_decoded_bytes(m, k, job.block), 1, "decoded operand a");
+    void *db = da ? op_alloc(&c, train_decoded_bytes(n, k, job.block), 1, "decoded operand b")
+                  : NULL;
+    if (db) {
+        train_gemm_decode(&job.a, m, k, job.block, da, &job.da);
+        train_gemm_decode(&job.b, n, k, job.block, db, &job.db);
+        train_run run = {&job, train_gemm_columns_entry()};
+        pool_run(c.pool, train_columns, &run, n);
+    }
+    op_end(&c);
+    return db ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
 }
 
 /* ---- causal GQA attention -------------------------------------------------------------------- */

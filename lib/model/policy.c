@@ -178,7 +178,7 @@ int parity_policy_validate(const parity_policy *p) {
         {"logits", p->logits, PARITY_LOGITS_FP32},
         {"temperature", p->temperature, PARITY_TEMPERATURE_FP32},
         {"gemm", p->gemm, PARITY_GEMM_TERNARY},
-        {"quantizer", p->quantizer, PARITY_QUANT_TERNARY_ONEBITLLMS},
+        {"quantizer", p->quantizer, PARITY_QUANT_NVFP4_TE_2D},
         {"exit_dist", p->exit_dist, PARITY_EXIT_DIST_FP32},
         {"moe_router", p->moe_router, PARITY_MOE_ROUTER_TOPK_SOFTMAX},
         {"moe_weights", p->moe_weights, PARITY_MOE_WEIGHTS_FP32},

@@ -17,7 +17,7 @@
 #include "parity.h"
 
 /* The number of quantizer rules: PARITY_FP8Q_* and PARITY_QUANT_* are 0 .. QUANTIZERS - 1. */
-#define QUANTIZERS (PARITY_QUANT_TERNARY_ONEBITLLMS + 1)
+#define QUANTIZERS (PARITY_QUANT_NVFP4_TE_2D + 1)
 
 /* A format's element codes (codecs.h). The quantizers and the activations' codes take one a
  * byte; a weight's codes are held as code_bits says (code_layout.h). */

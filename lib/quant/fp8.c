@@ -9,7 +9,8 @@
  *
  * A block's amax is max |x| over its elements (the padding of a partial block is zero, which
  * changes no maximum). Element codes are E4M3 with the clamp to +-448 every rule applies
- * before its cast (e4m3_from_f32_saturating).
+ * before its cast (e4m3_from_f32_saturating); the MX rules also quantize to E5M2 (the
+ * training recipes' gradients), with E5M2's emax and max and its saturating cast.
  */
 #include <float.h>
 #include <math.h>
@@ -52,12 +53,16 @@ fp8_block_scale fp8_block_scale_of(int rule, float amax) {
     return b;
 }
 
-/* E8M0 of a 1x32 block's amax: OCP's floor(log2 amax) - emax(E4M3) = 8, or RCEIL (TE's
- * float_to_e8m0 of amax * (1 / 448), rounded up to a power of two). */
-uint8_t fp8_mx_scale_of(int rule, float amax) {
-    if (rule == PARITY_FP8Q_MX_OCP) return e8m0_floor_scale(amax, 8);
-    return e8m0_ceil_scale(amax * (1.0f / 448.0f));
+/* E8M0 of a 1x32 block's amax for elements of `element` (PARITY_FP8_E4M3 or _E5M2): OCP's
+ * floor(log2 amax) - emax (8 for E4M3, 15 for E5M2), or RCEIL (TE's float_to_e8m0 of amax *
+ * max_norm_rcp, RN(1 / 448) or RN(1 / 57344), rounded up to a power of two). */
+static uint8_t mx_scale_for(int rule, int element, float amax) {
+    const int e5m2 = element == PARITY_FP8_E5M2;
+    if (rule == PARITY_FP8Q_MX_OCP) return e8m0_floor_scale(amax, e5m2 ? 15 : 8);
+    return e8m0_ceil_scale(amax * (e5m2 ? 1.0f / 57344.0f : 1.0f / 448.0f));
 }
+
+uint8_t fp8_mx_scale_of(int rule, float amax) { return mx_scale_for(rule, PARITY_FP8_E4M3, amax); }
 
 /* The multiplier the element step applies for an E8M0 scale: 2^(127 - biased) for the OCP
  * rule (torchao's reciprocal from the bits), TE's exp2f_rcp for RCEIL (1 for byte 0). */
@@ -96,21 +101,24 @@ static void quantize_grid(int quantizer, size_t rows, size_t cols, const float *
         }
 }
 
-/* Every 1 x 32 block of an MX rule: codes, and the E8M0 scales as bytes (`bytes`) or as the
- * fp32 powers of two they mean (`pow2`), whichever is not NULL. */
-static void quantize_mx(int quantizer, size_t rows, size_t cols, const float *x, size_t x_stride,
-                        uint8_t *codes, size_t codes_stride, uint8_t *bytes, float *pow2) {
+/* Every 1 x 32 block of an MX rule with elements of `element` (PARITY_FP8_E4M3 or _E5M2,
+ * saturating): codes, and the E8M0 scales as bytes (`bytes`) or as the fp32 powers of two they
+ * mean (`pow2`), whichever is not NULL. */
+static void quantize_mx(int quantizer, int element, size_t rows, size_t cols, const float *x,
+                        size_t x_stride, uint8_t *codes, size_t codes_stride, uint8_t *bytes,
+                        float *pow2) {
+    const minifloat *f = element == PARITY_FP8_E5M2 ? &MINIFLOAT_E5M2 : &MINIFLOAT_E4M3;
     const size_t grid_cols = (cols + 31) / 32;
     for (size_t r = 0; r < rows; r++)
         for (size_t c0 = 0; c0 < cols; c0 += 32) {
             const size_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
             const float *xr = x + r * x_stride;
-            const uint8_t biased = fp8_mx_scale_of(quantizer, quant_amax(xr + c0, c1 - c0));
+            const uint8_t biased = mx_scale_for(quantizer, element, quant_amax(xr + c0, c1 - c0));
             const float mult = fp8_mx_mult_of(quantizer, biased);
             if (bytes) bytes[r * grid_cols + c0 / 32] = biased;
             if (pow2) pow2[r * grid_cols + c0 / 32] = e8m0_to_f32(biased);
             for (size_t c = c0; c < c1; c++)
-                codes[r * codes_stride + c] = e4m3_from_f32_saturating(xr[c] * mult);
+                codes[r * codes_stride + c] = minifloat_from_f32(f, xr[c] * mult, 1);
         }
 }
 
@@ -120,7 +128,8 @@ static void fp8_quantize_rows(const quant_rule *r, size_t rows, size_t cols, con
                               size_t x_stride, size_t block_rows, uint8_t *codes,
                               size_t codes_stride, float *scales) {
     if (r->format->block_scale == QUANT_SCALE_E8M0)
-        quantize_mx(r->id, rows, cols, x, x_stride, codes, codes_stride, NULL, scales);
+        quantize_mx(r->id, PARITY_FP8_E4M3, rows, cols, x, x_stride, codes, codes_stride, NULL,
+                    scales);
     else
         quantize_grid(r->id, rows, cols, x, x_stride, block_rows, r->format->block_cols, codes,
                       codes_stride, scales);
@@ -150,5 +159,12 @@ void fp8_quantize_blocks(const quant_rule *r, size_t rows, size_t cols, const fl
 
 void mxfp8_quantize_bytes(const quant_rule *r, size_t rows, size_t cols, const float *x,
                           size_t x_stride, uint8_t *codes, size_t codes_stride, uint8_t *scales) {
-    quantize_mx(r->id, rows, cols, x, x_stride, codes, codes_stride, scales, NULL);
+    quantize_mx(r->id, PARITY_FP8_E4M3, rows, cols, x, x_stride, codes, codes_stride, scales,
+                NULL);
+}
+
+void mxfp8_quantize_element(const quant_rule *r, int element, size_t rows, size_t cols,
+                            const float *x, size_t x_stride, uint8_t *codes, size_t codes_stride,
+                            uint8_t *scales) {
+    quantize_mx(r->id, element, rows, cols, x, x_stride, codes, codes_stride, scales, NULL);
 }

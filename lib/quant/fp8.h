@@ -35,6 +35,11 @@ void fp8_quantize_blocks(const quant_rule *r, size_t rows, size_t cols, const fl
 /* An MX rule: scales [rows][ceil(cols / 32)] as E8M0 bytes. */
 void mxfp8_quantize_bytes(const quant_rule *r, size_t rows, size_t cols, const float *x,
                           size_t x_stride, uint8_t *codes, size_t codes_stride, uint8_t *scales);
+/* An MX rule with elements of `element` (PARITY_FP8_E4M3: mxfp8_quantize_bytes; PARITY_FP8_E5M2:
+ * the rule's arithmetic with E5M2's emax 15 and max 57344, its cast saturating). */
+void mxfp8_quantize_element(const quant_rule *r, int element, size_t rows, size_t cols,
+                            const float *x, size_t x_stride, uint8_t *codes, size_t codes_stride,
+                            uint8_t *scales);
 
 /* The SIMD variants of the activation quantizer and of the GEMM (dot.h's quant_gemm_blocked on
  * E4M3 codes): fp8_avx2.c, and fp8_avx512.c built twice, without and with VNNI; each gives the

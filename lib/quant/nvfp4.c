@@ -1,9 +1,10 @@
 /*
  * NVFP4 (parity.h, "4-bit and ternary quantizers"): E2M1 elements in 1 x 16 blocks, each with an
  * E4M3 block scale, under an fp32 tensor scale s2 (per row for activations), and its rules
- * ModelOpt, Transformer Engine and torchao. Each rule is the arithmetic of its source written
- * as IEEE fp32 operations, one rounding per operation, in the source's order; the header names
- * file and function per rule and docs/quant-formats.md quotes them.
+ * ModelOpt, Transformer Engine and torchao, and TE's 16 x 16 weight tiles ("te-2d"). Each rule
+ * is the arithmetic of its source written as IEEE fp32 operations, one rounding per operation,
+ * in the source's order; the header names file and function per rule and docs/quant-formats.md
+ * quotes them.
  */
 #include <math.h>
 
@@ -58,9 +59,37 @@ static void nvfp4_per_row(int rule, size_t rows, size_t cols, const float *x, si
     }
 }
 
+void nvfp4_quantize_tiles(int rule, size_t rows, size_t cols, const float *x, size_t x_stride,
+                          uint8_t *codes, size_t codes_stride, uint8_t *tile_bytes,
+                          uint8_t *row_bytes, float *row_values, float *tensor_scale) {
+    const nvfp4_tensor t = nvfp4_tensor_of(rule, tensor_amax(rows, cols, x, x_stride));
+    const size_t grid = (cols + 15) / 16;
+    for (size_t r0 = 0; r0 < rows; r0 += 16)
+        for (size_t c0 = 0; c0 < cols; c0 += 16) {
+            const size_t nr = rows - r0 < 16 ? rows - r0 : 16, nc = cols - c0 < 16 ? cols - c0 : 16;
+            float amax = 0.0f;
+            for (size_t r = r0; r < r0 + nr; r++)
+                amax = fmaxf(amax, quant_amax(x + r * x_stride + c0, nc));
+            const nvfp4_step step = nvfp4_block_step(rule, &t, amax);
+            for (size_t r = r0; r < r0 + nr; r++) {
+                for (size_t c = c0; c < c0 + nc; c++)
+                    codes[r * codes_stride + c] = nvfp4_element(&step, x[r * x_stride + c]);
+                if (row_bytes) row_bytes[r * grid + c0 / 16] = step.sf;
+                if (row_values) row_values[r * grid + c0 / 16] = e4m3_to_f32(step.sf);
+            }
+            if (tile_bytes) tile_bytes[r0 / 16 * grid + c0 / 16] = step.sf;
+        }
+    *tensor_scale = t.s2;
+}
+
 void nvfp4_quantize_weight(const quant_rule *r, size_t rows, size_t cols, const float *x,
                            size_t x_stride, uint8_t *codes, size_t codes_stride,
                            float *block_scales, float *tensor_scale) {
+    if (r->id == PARITY_QUANT_NVFP4_TE_2D) {
+        nvfp4_quantize_tiles(r->id, rows, cols, x, x_stride, codes, codes_stride, NULL, NULL,
+                             block_scales, tensor_scale);
+        return;
+    }
     const nvfp4_tensor t = nvfp4_tensor_of(r->id, tensor_amax(rows, cols, x, x_stride));
     nvfp4_rows(r->id, &t, rows, cols, x, x_stride, codes, codes_stride, NULL, block_scales);
     *tensor_scale = t.s2;
@@ -85,6 +114,9 @@ void nvfp4_quantize_bytes(const quant_rule *r, int per_row, size_t rows, size_t 
     if (per_row) {
         nvfp4_per_row(r->id, rows, cols, x, x_stride, codes, codes_stride, block_scales, NULL,
                       tensor_scales);
+    } else if (r->id == PARITY_QUANT_NVFP4_TE_2D) {
+        nvfp4_quantize_tiles(r->id, rows, cols, x, x_stride, codes, codes_stride, NULL,
+                             block_scales, NULL, tensor_scales);
     } else {
         const nvfp4_tensor t = nvfp4_tensor_of(r->id, tensor_amax(rows, cols, x, x_stride));
         nvfp4_rows(r->id, &t, rows, cols, x, x_stride, codes, codes_stride, block_scales, NULL);

@@ -19,6 +19,14 @@ quant_fn nvfp4_quantize_weight, nvfp4_quantize_activations;
  * tensor_amax: codes written, the block scale's value returned. */
 float nvfp4_quantize_block(const quant_rule *r, float tensor_amax, const float *x, size_t n,
                            uint8_t *codes);
+/* A weight in 16 x 16 tiles (partial at the edges), each tile's scale from its amax under the
+ * rule's arithmetic: the tile scales as E4M3 bytes tile_bytes[ceil(rows / 16)][ceil(cols /
+ * 16)], and repeated in each row of the tile as bytes row_bytes[rows][ceil(cols / 16)] or as
+ * values row_values (each may be NULL); the tensor's s2 in *tensor_scale. "te-2d"'s weights and
+ * parity_nvfp4_quantize_2d. */
+void nvfp4_quantize_tiles(int rule, size_t rows, size_t cols, const float *x, size_t x_stride,
+                          uint8_t *codes, size_t codes_stride, uint8_t *tile_bytes,
+                          uint8_t *row_bytes, float *row_values, float *tensor_scale);
 /* The public call's form: block scales as E4M3 bytes, one s2 (per_row 0) or one per row. */
 void nvfp4_quantize_bytes(const quant_rule *r, int per_row, size_t rows, size_t cols,
                           const float *x, size_t x_stride, uint8_t *codes, size_t codes_stride,
@@ -34,9 +42,15 @@ typedef struct nvfp4_tensor {
     int zero;  /* s2 = 0 (ModelOpt, torchao): every block's scale 1, every code 0 */
 } nvfp4_tensor;
 
+/* The rule whose scale and element arithmetic `rule` uses: "te-2d" is "te" on 16 x 16 tiles of a
+ * weight (its activations are "te"'s 1 x 16 blocks). */
+static inline int nvfp4_arithmetic(int rule) {
+    return rule == PARITY_QUANT_NVFP4_TE_2D ? PARITY_QUANT_NVFP4_TE : rule;
+}
+
 static inline nvfp4_tensor nvfp4_tensor_of(int rule, float amax) {
     nvfp4_tensor t = {0.0f, 0.0f, 0};
-    if (rule == PARITY_QUANT_NVFP4_TE) {
+    if (nvfp4_arithmetic(rule) == PARITY_QUANT_NVFP4_TE) {
         float s = 2688.0f / amax; /* 448 * 6; +inf for amax 0 */
         s = fminf(s, FLT_MAX);
         if (amax == 0.0f || s == 0.0f) s = 1.0f;
@@ -60,14 +74,15 @@ typedef struct nvfp4_step {
     float factor;   /* f of the step */
 } nvfp4_step;
 
-/* The step of a 1 x 16 block whose amax is `amax` under rule `rule` and tensor entry t. */
+/* The step of a 1 x 16 block (or, "te-2d" and parity_nvfp4_quantize_2d, a 16 x 16 tile) whose
+ * amax is `amax` under rule `rule` and tensor entry t. */
 static inline nvfp4_step nvfp4_block_step(int rule, const nvfp4_tensor *t, float amax) {
     nvfp4_step step = {0, NVFP4_CODES_ZERO, 0.0f};
     if (t->zero) { /* s2 = 0: a zero tensor (or row); ModelOpt's 0 / 0 taken as sf 1, codes 0 */
         step.sf = e4m3_from_f32_saturating(1.0f);
         return step;
     }
-    switch (rule) {
+    switch (nvfp4_arithmetic(rule)) {
     case PARITY_QUANT_NVFP4_MODELOPT: {
         float v = amax / (6.0f * t->s2);
         if (v == 0.0f) v = 1.0f;

@@ -216,6 +216,9 @@ int parity_quant_adjust_bf16(int quantizer, size_t rows, size_t cols, const floa
         return set_error(PARITY_ERR_UNSUPPORTED, "%s: the bf16 adjustment is written for the "
                          "4-bit and ternary rules, not the fp8 ones; write the training codes "
                          "instead", fn);
+    if (quantizer == PARITY_QUANT_NVFP4_TE_2D)
+        return set_error(PARITY_ERR_UNSUPPORTED, "%s: the bf16 adjustment works on 1 x 16 blocks; "
+                         "\"te-2d\" scales 16 x 16 tiles: write the training codes instead", fn);
     const size_t n = rows * cols;
     float *b = bf16_copy(rows, cols, x, stride);
     uint8_t *want = px_malloc(n, "training codes");

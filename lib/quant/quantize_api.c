@@ -44,6 +44,21 @@ int parity_mxfp8_quantize(int quantizer, size_t rows, size_t cols, const float *
                        rows, cols, x, x_stride, codes, codes_stride, scales, "scales");
 }
 
+int parity_mxfp8_quantize_as(int quantizer, int element, size_t rows, size_t cols,
+                             const float *x, size_t x_stride, uint8_t *codes, size_t codes_stride,
+                             uint8_t *scales) {
+    static const char fn[] = "parity_mxfp8_quantize_as";
+    clear_error();
+    if (element != PARITY_FP8_E4M3 && element != PARITY_FP8_E5M2)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: element %d is neither PARITY_FP8_E4M3 "
+                         "nor PARITY_FP8_E5M2", fn, element);
+    TRY(quant_check_call(fn, quantizer, PARITY_GEMM_MXFP8, -1, rows, cols, x, x_stride, codes,
+                         codes_stride, scales, scales, "scales"));
+    mxfp8_quantize_element(quant_rule_of(quantizer), element, rows, cols, x, x_stride, codes,
+                           codes_stride, scales);
+    return PARITY_OK;
+}
+
 int parity_nvfp4_quantize(int quantizer, int per_row, size_t rows, size_t cols, const float *x,
                           size_t x_stride, uint8_t *codes, size_t codes_stride,
                           uint8_t *block_scales, float *tensor_scales) {

@@ -69,6 +69,7 @@ static const quant_rule rules[QUANTIZERS] = {
     RULE(PARITY_QUANT_TERNARY_BITNET, "bitnet", TERNARY, QUANT_SCALE_F32, 0),
     RULE(PARITY_QUANT_TERNARY_HF_BITLINEAR, "hf-bitlinear", TERNARY, QUANT_SCALE_BF16, 0),
     RULE(PARITY_QUANT_TERNARY_ONEBITLLMS, "onebitllms", TERNARY, QUANT_SCALE_F32, 0),
+    RULE(PARITY_QUANT_NVFP4_TE_2D, "te-2d", NVFP4, QUANT_SCALE_F32, 0),
 };
 
 const quant_rule *quant_rule_of(int quantizer) {
@@ -181,14 +182,17 @@ int parity_fp8_quantizer_from_name(int mx, const char *name, int *out) {
 int quant_check_rule(const char *fn, int quantizer, uint32_t gemm) {
     const quant_rule *r = quant_rule_of(quantizer);
     if (r && r->format->gemm == gemm) return PARITY_OK;
-    const char *first = NULL, *last = NULL;
+    char names[160];
+    size_t len = 0;
+    names[0] = '\0';
     for (int q = 0; q < QUANTIZERS; q++)
         if (rules[q].format->gemm == gemm) {
-            if (!first) first = rules[q].api_name;
-            last = rules[q].api_name;
+            const int k = snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "",
+                                   rules[q].api_name);
+            if (k > 0 && (size_t)k < sizeof names - len) len += (size_t)k;
         }
-    return set_error(PARITY_ERR_POLICY, "%s: %d is not a quantizer of %s (%s .. %s)", fn,
-                     quantizer, quant_format_name(gemm), first, last);
+    return set_error(PARITY_ERR_POLICY, "%s: %d is not a quantizer of %s (%s)", fn, quantizer,
+                     quant_format_name(gemm), names);
 }
 
 static int check_per_row(const char *fn, int per_row) {

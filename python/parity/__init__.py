@@ -21,10 +21,11 @@ from .manifest import write_manifest
 from ._routes import Routes
 from .model import Model, Scores
 from .policy import CHOICES, Policy, policies
+from .recipes import Recipe, recipes
 from .sampler import Completion, DepthSchedule, Sampler, Step
 
 __all__ = ["Model", "Sampler", "Completion", "DepthSchedule", "Step", "Scores", "Routes", "Policy", "ParityError",
-           "policies", "quant", "regions", "version", "backends", "cpu_path", "cpu_paths", "set_cpu_path",
+           "policies", "Recipe", "recipes", "quant", "regions", "version", "backends", "cpu_path", "cpu_paths", "set_cpu_path",
            "set_log_callback", "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION",
            "LIBRARY_PATH", "CHOICES", "MAX_STOP", "status_name", "write_manifest"]
 

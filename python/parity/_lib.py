@@ -290,6 +290,20 @@ class parity_weight_bytes(Structure):
     ]
 
 
+class parity_quant_operand(Structure):
+    _fields_ = [
+        ("format", c_uint32),
+        ("element", c_uint32),
+        ("codes", c_void_p),
+        ("codes_stride", c_size_t),
+        ("scales", c_void_p),
+        ("scales_stride", c_size_t),
+        ("scale_rows", c_uint32),
+        ("per_row_globals", c_uint32),
+        ("globals", c_void_p),
+    ]
+
+
 MIRRORED_STRUCTS = {
     "parity_policy": parity_policy,
     "parity_config": parity_config,
@@ -301,6 +315,7 @@ MIRRORED_STRUCTS = {
     "parity_weight_bytes": parity_weight_bytes,
     "parity_seq_info": parity_seq_info,
     "parity_profile": parity_profile,
+    "parity_quant_operand": parity_quant_operand,
 }
 
 # Opaque handles are plain void pointers.
@@ -533,6 +548,11 @@ _PROTOTYPES = [
     #                           uint8_t *scales);
     ("parity_mxfp8_quantize", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
                                       c_size_t, c_void_p], True),
+    # int parity_mxfp8_quantize_as(int quantizer, int element, size_t rows, size_t cols,
+    #                              const float *x, size_t x_stride, uint8_t *codes,
+    #                              size_t codes_stride, uint8_t *scales);
+    ("parity_mxfp8_quantize_as", c_int, [c_int, c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                         c_void_p, c_size_t, c_void_p], True),
     # int parity_quantizer_from_name(uint32_t gemm, const char *name, int *out);
     ("parity_quantizer_from_name", c_int, [c_uint32, c_char_p, POINTER(c_int)], True),
     # const char *parity_quantizer_name(int quantizer);
@@ -542,6 +562,21 @@ _PROTOTYPES = [
     #                           size_t codes_stride, uint8_t *block_scales, float *tensor_scales);
     ("parity_nvfp4_quantize", c_int, [c_int, c_int, c_size_t, c_size_t, c_void_p, c_size_t,
                                       c_void_p, c_size_t, c_void_p, c_void_p], True),
+    # int parity_nvfp4_quantize_2d(int quantizer, size_t rows, size_t cols, const float *x,
+    #                              size_t ldx, uint8_t *codes, size_t ldc, uint8_t *sf,
+    #                              float *s2);
+    ("parity_nvfp4_quantize_2d", c_int, [c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                         c_void_p, c_size_t, c_void_p, c_void_p], True),
+    # int parity_nvfp4_quantize_sr(int quantizer, int per_row, size_t rows, size_t cols,
+    #                              const float *x, size_t ldx, uint64_t seed, uint64_t stream,
+    #                              uint8_t *codes, size_t ldc, uint8_t *sf, float *s2);
+    ("parity_nvfp4_quantize_sr", c_int, [c_int, c_int, c_size_t, c_size_t, c_void_p, c_size_t,
+                                         c_uint64, c_uint64, c_void_p, c_size_t, c_void_p,
+                                         c_void_p], True),
+    # int parity_rht16(size_t rows, size_t cols, const float *x, size_t ldx, uint64_t sign_seed,
+    #                  float *out, size_t ldo);
+    ("parity_rht16", c_int, [c_size_t, c_size_t, c_void_p, c_size_t, c_uint64, c_void_p,
+                             c_size_t], True),
     # int parity_mxfp4_quantize(int quantizer, size_t rows, size_t cols, const float *x,
     #                           size_t x_stride, uint8_t *codes, size_t codes_stride,
     #                           uint8_t *scales);
@@ -612,6 +647,12 @@ _PROTOTYPES = [
     ("parity_linear", c_int,
      [pool_p, POINTER(parity_policy), c_uint32, c_size_t, c_size_t, c_size_t, c_void_p, c_size_t,
       c_uint32, c_void_p, c_size_t, c_void_p, c_void_p, c_size_t], True),
+    # int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
+    #                       const parity_quant_operand *a, const parity_quant_operand *b,
+    #                       float *y, size_t y_stride);
+    ("parity_quant_gemm", c_int, [pool_p, c_size_t, c_size_t, c_size_t,
+                                  POINTER(parity_quant_operand), POINTER(parity_quant_operand),
+                                  c_void_p, c_size_t], True),
     # int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_seqs,
     #                      const uint32_t *lengths, size_t n_heads, size_t n_kv_heads,
     #                      size_t head_dim, const float *q, size_t q_stride,

@@ -32,6 +32,10 @@ weights are differentiated in fp32 (softmax over the experts, the chosen ones, r
 a topk-softmax router's softmax over the chosen) with respect to its logits, the choice itself
 a constant; the combine as sum_s w_s y_s + sigmoid(g) y_shared.
 
+With a training recipe (CausalLM(recipe=...), linear(recipe=...); parity.recipes) the decoder
+layers' linear layers keep this forward and run the recipe's dgrad and wgrad GEMMs on quantized
+operands instead (python/parity/_recipe_linear.py); everything else is as below.
+
 The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
 fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
 of the targets), evaluated at the saved inputs, and every rounding point passes its gradient
@@ -51,15 +55,17 @@ import ctypes
 import json
 import os
 import tempfile
+import zlib
 
 import torch as _torch
 
 from . import _lib, _safetensors
-from . import _torch_moe, _torch_regions
+from . import _recipe_linear, _torch_moe, _torch_regions
 from ._lib import lib, ParityError
 from ._routes import route_ids, sparse_layers
 from .model import Model, score_options, _default_threads
 from .policy import policy_struct
+from .recipes import Recipe
 
 __all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprobs",
            "logprobs_from_logits", "read_checkpoint"]
@@ -368,17 +374,22 @@ class _LinearFP8(_torch.autograd.Function):
         return gx, gw, gb, None, None, None, None
 
 
-def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False):
+def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False, recipe=None,
+            seed=0, stream=0):
     bias_values = None
     if bias is not None:
         bias_values = bias.detach().contiguous() if _compute_fp32(pol) else \
             bias.detach().to(_half(pol)).to(_f32)
+    if fp8 and pol_c.gemm != 0 and recipe is not None:
+        return _recipe_linear.RecipeLinear.apply(x, weight, bias, bias_values, pol_c, backend,
+                                                 pool, recipe, seed, stream)
     if fp8 and pol_c.gemm != 0:
         return _LinearFP8.apply(x, weight, bias, bias_values, pol_c, backend, pool)
     return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool)
 
 
-def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
+def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None, recipe=None,
+           seed=0, stream=0):
     """x W^T (+ bias) as parity_linear, fp32 and unrounded (round with round_point where the
     policy rounds): x fp32 [m, k]; weight the fp32 master [n, k] (the forward reads bf16(W)
     under compute "bf16"); bias fp32 [n] or None. Each output depends on its row of x and of W
@@ -386,7 +397,10 @@ def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
     cast to bf16. Under a quantized gemm policy ("+fp8-block:RULE", "+mxfp8:RULE",
     "+nvfp4:RULE", "+mxfp4:RULE", "+ternary:RULE") the master W and each row of x are
     quantized with the rule, as the model's quantized GEMM does; the gradients are gy deq(Wq)
-    and gy^T deq(xq), straight through both quantizers."""
+    and gy^T deq(xq), straight through both quantizers. With a training recipe (a name of
+    parity.recipes() or a parity.Recipe; its fprop must be the policy's, else ValueError) the
+    forward is the same and the gradients are the recipe's dgrad and wgrad GEMMs on quantized
+    operands (parity_quant_gemm); seed and stream key its stochastic rounding."""
     _tensor(x, "x", _f32, 2)
     _tensor(weight, "weight", _f32, 2)
     if x.shape[1] != weight.shape[1]:
@@ -396,9 +410,19 @@ def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
         _tensor(bias, "bias", _f32, 1)
         _shape(bias, "bias", (weight.shape[0],))
     pol_c, pol = _pol(policy)
+    recipe = _recipe_of(recipe, policy)
     data, dtype = _weight_data(weight, pol)
     return _linear(x, weight, bias, data, dtype, pol_c, pol, _backend(backend),
-                   _pool_handle(pool), fp8=True)
+                   _pool_handle(pool), fp8=True, recipe=recipe, seed=seed, stream=stream)
+
+
+def _recipe_of(recipe, policy):
+    """None, or the parity.Recipe of a name or a Recipe, checked against the policy."""
+    if recipe is None:
+        return None
+    r = recipe if isinstance(recipe, Recipe) else Recipe(recipe)
+    r.check_policy(policy)
+    return r
 
 
 class _Attention(_torch.autograd.Function):
@@ -771,6 +795,12 @@ class CausalLM(_torch.nn.Module):
         backend: "bf16", "openblas" or "amx" (where parity.backends() has it), as the sampler's.
         threads: threads of the module's kernel pool (None = the CPUs this process may use);
             the bits never depend on it.
+        recipe: None (the backward straight through the quantizers), or a training recipe
+            (a name of parity.recipes() or a parity.Recipe) whose fprop is the policy's (else
+            ValueError): the decoder layers' linear layers then run its dgrad and wgrad GEMMs
+            on quantized operands; the forward, and so the log-probs, do not change. Its
+            stochastic rounding is keyed by the attribute recipe_seed (set it per step) and
+            a stream per layer.
 
     Parameters are fp32 tensors named as in the checkpoint ("model.layers.0.mlp.up_proj.weight",
     ...): the checkpoint's F32 masters where it has them, else its bf16 values widened
@@ -783,9 +813,11 @@ class CausalLM(_torch.nn.Module):
     "...mlp.shared_expert_gate.weight", ...; a directory must hold the per-expert names).
     """
 
-    def __init__(self, source, policy="aligned", backend="bf16", threads=None):
+    def __init__(self, source, policy="aligned", backend="bf16", threads=None, recipe=None):
         super().__init__()
         self._pol_c, self._pol = _pol(policy)
+        self.recipe = _recipe_of(recipe, policy)
+        self.recipe_seed = 0
         self.policy = policy
         self.backend_name = backend
         self._backend = _backend(backend)
@@ -898,7 +930,8 @@ class CausalLM(_torch.nn.Module):
             b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
             data, dtype = _weight_data(w, pol, prefix + ".weight")
             y = _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
-                        fp8=quantized)
+                        fp8=quantized, recipe=self.recipe, seed=self.recipe_seed,
+                        stream=zlib.crc32(prefix.encode()))
             return rnd(y) if rounded else y
 
         def vec(name):

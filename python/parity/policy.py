@@ -28,7 +28,7 @@ CHOICES = {
     # is "ocp-mxfp4"); parity_quantizer_name gives the library's.
     "quantizer": ("deepseek", "sglang", "te", "deepgemm", "te-pow2", "ocp", "te-rceil",
                   "modelopt", "te-nvfp4", "torchao", "ocp-mxfp4", "rceil", "microxcaling",
-                  "bitnet", "hf-bitlinear", "onebitllms"),
+                  "bitnet", "hf-bitlinear", "onebitllms", "te-2d"),
     "exit_dist": ("model", "fp32"),
     "moe_router": ("hf", "vllm", "sglang", "topk-softmax"),
     "moe_weights": ("rounded", "fp32"),

@@ -22,13 +22,14 @@ __all__ = ["BLOCK_RULES", "MX_RULES", "FP4_ROUNDINGS", "fp8_from_f32", "fp8_to_f
            "fp4_pack", "fp4_unpack", "quantize_fp8_blocks",
            "quantize_mxfp8", "fp16_from_f32", "fp16_to_f32", "NVFP4_RULES", "MXFP4_RULES",
            "TERNARY_RULES", "quantize_nvfp4", "quantize_mxfp4", "quantize_ternary",
-           "quantize_weight", "quantize_bf16_export", "adjust_bf16"]
+           "quantize_weight", "quantize_bf16_export", "adjust_bf16", "quantize_nvfp4_2d",
+           "quantize_nvfp4_sr", "rht16"]
 
 #: The names of the block-FP8 and MXFP8 quantizers, as parity_quantizer_from_name takes them.
 BLOCK_RULES = ("deepseek", "sglang", "te", "deepgemm", "te-pow2")
 MX_RULES = ("ocp", "te")
 #: The names of the 4-bit and ternary quantizers (parity.h, "4-bit and ternary quantizers").
-NVFP4_RULES = ("modelopt", "te", "torchao")
+NVFP4_RULES = ("modelopt", "te", "torchao", "te-2d")
 MXFP4_RULES = ("ocp", "rceil", "microxcaling")
 TERNARY_RULES = ("bitnet", "hf-bitlinear", "onebitllms")
 _GEMM = {"nvfp4": 3, "mxfp4": 4, "ternary": 5}
@@ -221,6 +222,61 @@ def quantize_nvfp4(values, rows, cols, rule="modelopt", per_row=False):
                 np.frombuffer(sf.raw, dtype=np.uint8).reshape(rows, -(-cols // 16)).copy(),
                 np.frombuffer(s2.tobytes(), dtype=np.float32).copy())
     return codes.raw, sf.raw, s2
+
+
+def _nvfp4_out(np, codes, sf, s2, rows, cols, grid_rows):
+    if np:
+        return (np.frombuffer(codes.raw, dtype=np.uint8).reshape(rows, cols).copy(),
+                np.frombuffer(sf.raw, dtype=np.uint8).reshape(grid_rows, -(-cols // 16)).copy(),
+                np.frombuffer(s2.tobytes(), dtype=np.float32).copy())
+    return codes.raw, sf.raw, s2
+
+
+def quantize_nvfp4_2d(values, rows, cols, rule="te"):
+    """NVFP4 in 16 x 16 tiles (TransformerEngine's weight quantization; parity_nvfp4_quantize_2d):
+    (codes, tile_scales, s2): rows * cols E2M1 codes, ceil(rows / 16) * ceil(cols / 16) E4M3
+    tile scales, one fp32 s2. The transpose quantized so gives the transposed codes and grid."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    q = _rule_of("nvfp4", rule)
+    grid_rows = -(-rows // 16)
+    codes = ctypes.create_string_buffer(n)
+    sf = ctypes.create_string_buffer(grid_rows * -(-cols // 16))
+    s2 = array("f", bytes(4))
+    lib.parity_nvfp4_quantize_2d(q, rows, cols, buf, cols, codes, cols, sf,
+                                 (ctypes.c_char * 4).from_buffer(s2))
+    return _nvfp4_out(np, codes, sf, s2, rows, cols, grid_rows)
+
+
+def quantize_nvfp4_sr(values, rows, cols, seed, stream=0, rule="te", per_row=False):
+    """quantize_nvfp4 with the E2M1 rounding stochastic (parity_nvfp4_quantize_sr, TE's
+    stochastic_round_fp4_e2m1): element (r, c) takes 8 bits of Philox4x32-10 keyed by seed and
+    stream, counter r * cols + c; the same (seed, stream, values) give the same codes."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    q, pr = _rule_of("nvfp4", rule), _per_row(per_row)
+    seed = _lib.as_int(seed, "seed", 0, 2 ** 64 - 1)
+    stream = _lib.as_int(stream, "stream", 0, 2 ** 64 - 1)
+    codes, sf = ctypes.create_string_buffer(n), ctypes.create_string_buffer(rows * -(-cols // 16))
+    s2 = array("f", bytes(4 * (rows if pr else 1)))
+    lib.parity_nvfp4_quantize_sr(q, pr, rows, cols, buf, cols, seed, stream, codes, cols, sf,
+                                 (ctypes.c_char * (4 * len(s2))).from_buffer(s2))
+    return _nvfp4_out(np, codes, sf, s2, rows, cols, rows)
+
+
+def rht16(values, rows, cols, sign_seed=0):
+    """The random Hadamard transform along each row in blocks of 16 (parity_rht16): each block
+    times H16 diag(signs) / 4; sign_seed 0 gives TransformerEngine's fixed signs. float32 out,
+    numpy (rows, cols) when the input was numpy, else array('f')."""
+    buf, n, np, _ = _floats(values, "values")
+    rows, cols = _shape(n, rows, cols)
+    sign_seed = _lib.as_int(sign_seed, "sign_seed", 0, 2 ** 64 - 1)
+    out = array("f", bytes(4 * n))
+    lib.parity_rht16(rows, cols, buf, cols, sign_seed, (ctypes.c_char * (4 * n)).from_buffer(out),
+                     cols)
+    if np:
+        return np.frombuffer(out.tobytes(), dtype=np.float32).reshape(rows, cols).copy()
+    return out
 
 
 def quantize_mxfp4(values, rows, cols, rule="ocp"):

@@ -238,6 +238,9 @@ def check(latents, quantizer, policy="hf-eager", deployed=None, evals=None, writ
     fmt = quantizer.partition(":")[0]
     if fmt not in LAYOUTS:
         raise ValueError("FORMAT must be nvfp4, mxfp4 or ternary, not %r" % fmt)
+    if quantizer == "nvfp4:te-2d":
+        raise ValueError("nvfp4:te-2d: the second remedy (quant.adjust_bf16) is written for "
+                         "1 x 16 blocks, not 16 x 16 tiles; check a 1 x 16 rule")
     full_policy = "%s+%s" % (policy, quantizer)
     if os.path.isdir(latents):
         ldir, lfile = latents, os.path.join(latents, "model.safetensors")

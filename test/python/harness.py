@@ -54,6 +54,21 @@ def tool(build, name):
     return os.path.join(build, "examples", name)
 
 
+def runnable_paths():
+    """Every kernel path this CPU runs (set_cpu_path refuses the others); the path in force
+    before is restored."""
+    import parity
+    default, paths = parity.cpu_path(), []
+    for name in parity.cpu_paths():
+        try:
+            parity.set_cpu_path(name)
+            paths.append(name)
+        except parity.ParityError:
+            pass
+    parity.set_cpu_path(default)
+    return paths
+
+
 def run(name):
     """Runs the unittest cases of the calling script's __main__; prints the closing line
     "NAME: N passed, N failed, N skipped" and exits 0 or 1."""

@@ -374,7 +374,7 @@ class TestScore(unittest.TestCase):
         # Every format and rule the library names: the switches by name (no int left), and the
         # names set back give the same policy.
         rules = {"fp8-block": ["deepseek", "sglang", "te", "deepgemm", "te-pow2"],
-                 "mxfp8": ["ocp", "te"], "nvfp4": ["modelopt", "te", "torchao"],
+                 "mxfp8": ["ocp", "te"], "nvfp4": ["modelopt", "te", "torchao", "te-2d"],
                  "mxfp4": ["ocp", "rceil", "microxcaling"],
                  "ternary": ["bitnet", "hf-bitlinear", "onebitllms"]}
         seen = set()
@@ -386,7 +386,7 @@ class TestScore(unittest.TestCase):
                 self.assertIsInstance(named["quantizer"], str)
                 self.assertEqual(parity.Policy(**named), pol)
                 seen.add(named["quantizer"])
-        self.assertEqual(len(seen), 16)
+        self.assertEqual(len(seen), 17)
         with self.assertRaises(parity.ParityError) as cm:
             parity.Policy.from_name("nonsense")
         self.assertIn("fp8-block, mxfp8, nvfp4, mxfp4, ternary)", str(cm.exception))

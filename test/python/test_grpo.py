@@ -83,6 +83,22 @@ class Grpo(unittest.TestCase):
                 self.assertEqual(r["rollout_corr/k3_kl"], 0.0, fmt)
                 self.assertGreater(r["tokens"], 0, fmt)
 
+    def test_nvfp4_recipe_bitwise(self):
+        """TE's NVFP4 recipe on both sides (issue 54): the sampler runs nvfp4:te-2d (16 x 16
+        weight tiles), the parity learner the same forward with te-nvfp4's backward (stochastic
+        rounding, RHT, W^T's tiles): every mismatch metric exactly at its perfect value at every
+        step. The recipe's gradients are not the straight-through ones: the same run without
+        it syncs other weights after step 0."""
+        fmt = ["--learner", "parity", "--format", "nvfp4:te-2d"]
+        _, recs = run(SMALL + fmt + ["--recipe", "te-nvfp4"], self.tmp.name, "recipe-te-nvfp4")
+        self.assertEqual(len(recs), 2)
+        assert_exact(self, recs, "te-nvfp4")
+        _, plain = run(SMALL + fmt, self.tmp.name, "format-nvfp4-te-2d")
+        assert_exact(self, plain, "nvfp4:te-2d straight through")
+        self.assertEqual(recs[0]["rollouts_sha"], plain[0]["rollouts_sha"])
+        self.assertNotEqual(recs[0]["grad_norm"], plain[0]["grad_norm"])
+        self.assertNotEqual(recs[1]["weights_sha"], plain[1]["weights_sha"])
+
     def test_learners_share_step_zero(self):
         """Every learner starts from the checkpoint: step 0's rollouts are the same for all."""
         recs = self.runs[None][1]

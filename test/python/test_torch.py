@@ -25,22 +25,7 @@ POLICIES = parity.policies() + ["hf-eager+aligned", "vllm+fp32-head", "sglang+al
 MIXED = parity.Policy(norm_input="fp32", norm_weight="round-twice", qk_norm="round-once",
                       rope_table="fp32", rope_apply="per-op", swiglu="per-op")
 ALL = POLICIES + [MIXED]
-
-
-def _runnable_paths():
-    """Every kernel path this CPU runs (set_cpu_path refuses the others)."""
-    default, paths = parity.cpu_path(), []
-    for name in parity.cpu_paths():
-        try:
-            parity.set_cpu_path(name)
-            paths.append(name)
-        except parity.ParityError:
-            pass
-    parity.set_cpu_path(default)
-    return paths
-
-
-PATHS = _runnable_paths()
+PATHS = harness.runnable_paths()
 torch.manual_seed(1234)
 GEN = np.random.default_rng(1234)
 
