@@ -83,15 +83,6 @@ class Grpo(unittest.TestCase):
                 self.assertEqual(r["rollout_corr/k3_kl"], 0.0, fmt)
                 self.assertGreater(r["tokens"], 0, fmt)
 
-    def test_recipe_bitwise(self):
-        """--recipe te-mxfp8-hybrid (the backward on MXFP8 operands, E5M2 gradients) keeps the
-        parity learner bitwise at every step: the recipe changes the gradients, not the
-        forward."""
-        _, recs = run(SMALL + ["--learner", "parity", "--format", "mxfp8:te", "--recipe",
-                               "te-mxfp8-hybrid"], self.tmp.name, "recipe-hybrid")
-        self.assertEqual(len(recs), 2)
-        assert_exact(self, recs, "te-mxfp8-hybrid")
-
     def test_learners_share_step_zero(self):
         """Every learner starts from the checkpoint: step 0's rollouts are the same for all."""
         recs = self.runs[None][1]
@@ -114,6 +105,20 @@ class Grpo(unittest.TestCase):
         text = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
         for label in MISMATCH:
             self.assertIn(label, text)
+
+    def test_recipe_bitwise(self):
+        """--recipe te-mxfp8-hybrid (the backward on MXFP8 operands, E5M2 gradients) keeps the
+        parity learner bitwise at every step: the recipe changes the gradients (step 0's
+        gradient norm is not the straight-through run's), not the forward."""
+        fmt = ["--learner", "parity", "--format", "mxfp8:te"]
+        _, recs = run(SMALL + fmt + ["--recipe", "te-mxfp8-hybrid"], self.tmp.name,
+                      "recipe-hybrid")
+        self.assertEqual(len(recs), 2)
+        assert_exact(self, recs, "te-mxfp8-hybrid")
+        _, plain = run(SMALL + fmt, self.tmp.name, "format-mxfp8-te")
+        assert_exact(self, plain, "mxfp8:te straight through")
+        self.assertEqual(recs[0]["rollouts_sha"], plain[0]["rollouts_sha"])
+        self.assertNotEqual(recs[0]["grad_norm"], plain[0]["grad_norm"])
 
     def assert_usage_error(self, args, needle, prelude=None):
         usage_error(self, args, needle, prelude)
