@@ -34,12 +34,15 @@ except ImportError as e:
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# (row label, policy, recipe)
-ROWS = [("bf16 (aligned), straight-through", "aligned", None),
-        ("mxfp8 fwd, straight-through bwd", "aligned+mxfp8:te", None),
-        ("te-mxfp8", "aligned+mxfp8:te", "te-mxfp8"),
-        ("te-mxfp8-hybrid", "aligned+mxfp8:te", "te-mxfp8-hybrid"),
-        ("te-nvfp4", None, "te-nvfp4")]
+# (row label, policy, recipe, whether the learner runs the recipe's backward): a policy of None
+# is the recipe's fprop ("aligned" + its gemm and forward rule); a recipe not run names the
+# policy only (the straight-through backward under the recipe's forward)
+ROWS = [("bf16 (aligned), straight-through", "aligned", None, False),
+        ("mxfp8 fwd, straight-through bwd", "aligned+mxfp8:te", None, False),
+        ("te-mxfp8", "aligned+mxfp8:te", "te-mxfp8", True),
+        ("te-mxfp8-hybrid", "aligned+mxfp8:te", "te-mxfp8-hybrid", True),
+        ("nvfp4 (te-2d) fwd, straight-through bwd", None, "te-nvfp4", False),
+        ("te-nvfp4", None, "te-nvfp4", True)]
 
 
 def batch():
@@ -76,23 +79,24 @@ def main(argv=None):
         print("reference: policy fp32, |g_fp32| = %.6g over %d decoder-linear weights, "
               "%d tokens, %.2f s" % (ref.norm().item(), ref.numel(), sum(map(len, seqs)),
                                      ref_s))
-        print("%-34s %-18s %10s %10s %10s %8s" % ("learner", "policy", "cosine", "rel. err",
-                                                  "norm ratio", "time_s"))
-        for label, policy, recipe in ROWS:
-            if recipe is not None and policy is None:
+        print("%-40s %-20s %9s %9s %10s %7s" % ("learner", "policy", "cosine", "rel. err",
+                                                "norm ratio", "time_s"))
+        for label, policy, recipe, backward in ROWS:
+            if policy is None:
                 r = parity.Recipe(recipe)
                 missing = r.missing()
                 if missing:
-                    print("%-34s not run: this libparity lacks %s" % (label, ", ".join(missing)))
+                    print("%-40s not run: this libparity lacks %s" % (label, ", ".join(missing)))
                     rows.append({"learner": label, "recipe": recipe, "missing": missing})
                     continue
-                policy = "aligned+nvfp4:" + r.policy_quantizer
+                policy = "aligned+%s:%s" % (r.policy_gemm, r.policy_quantizer)
+            recipe = recipe if backward else None
             lm = CausalLM(model, policy=policy, threads=args.threads, recipe=recipe)
             g, s = gradient(lm, seqs)
             cos = (torch.dot(g, ref) / (g.norm() * ref.norm())).item()
             rel = ((g - ref).norm() / ref.norm()).item()
             ratio = (g.norm() / ref.norm()).item()
-            print("%-34s %-18s %10.6f %10.6f %10.6f %8.2f" % (label, policy, cos, rel, ratio, s))
+            print("%-40s %-20s %9.6f %9.6f %10.6f %7.2f" % (label, policy, cos, rel, ratio, s))
             rows.append({"learner": label, "policy": policy, "recipe": recipe, "cosine": cos,
                          "relative_error": rel, "norm_ratio": ratio, "seconds": s})
     if args.json:

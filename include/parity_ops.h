@@ -164,7 +164,8 @@ PARITY_API int parity_linear(parity_pool *pool, const parity_policy *policy, uin
  * E2M1 x E2M1 integer sums fit int64, E5M2 x E5M2 ones are summed in 128 bits), acc = acc +
  * (d * sa) * sb in fp32; NVFP4 then y = RN(acc * RN(ga * gb)). A block with a code that is not
  * finite (E4M3 NaN, E5M2 infinity or NaN) in either operand gives NaN. Threads split the
- * output columns; the bits depend on neither the pool nor the CPU path.
+ * output columns; the bits depend on neither the pool nor the CPU path. (E4M3 x E4M3 and NVFP4
+ * with one global on b run on the forward's quantized GEMM kernels, which compute the same.)
  * PARITY_ERR_INVALID_ARGUMENT (naming it) for a NULL pointer, a zero or too large size, a
  * stride below its row, another format or element, formats that differ, scale_rows other
  * than 1 (or 16 under NVFP4), NVFP4 without globals or with per_row_globals not 0 or 1,

@@ -3,8 +3,9 @@
  * in __int128 units of 2^-32 (every product of the formats' values is a multiple of it),
  * converted to fp32 by the compiler, then the fp32 chain of the scale products; for every
  * element pair, partial blocks, 16 x 16 NVFP4 scale grids, per-row and per-tensor globals,
- * non-finite codes, on every CPU path and two pool sizes; its refusals; and the MX E5M2
- * quantizer (parity_mxfp8_quantize_as). */
+ * non-finite codes, on every CPU path and two pool sizes (E4M3 x E4M3 runs the forward's
+ * MXFP8 GEMM and its SIMD variants, the others the training GEMM's own loop); its refusals;
+ * and the MX E5M2 quantizer (parity_mxfp8_quantize_as). */
 #include <math.h>
 #include <stdint.h>
 
@@ -103,16 +104,20 @@ static void check_all_paths(size_t m, size_t n, size_t k, const parity_quant_ope
     free(got);
 }
 
-static void test_mx(uint32_t ea, uint32_t eb, const char *what) {
-    const size_t m = 5, n = 7, k = 70, nb = 3;
-    uint8_t ac[5 * 70], bc[7 * 70], as[5 * 3], bs[7 * 3];
+static void test_mx(uint32_t ea, uint32_t eb, size_t m, size_t n, size_t k, const char *what) {
+    const size_t nb = (k + 31) / 32;
+    uint8_t *ac = malloc(m * k), *bc = malloc(n * k), *as = malloc(m * nb), *bs = malloc(n * nb);
     parity_quant_operand a = {PARITY_GEMM_MXFP8, ea, NULL, 0, as, nb, 1, 0, NULL};
     parity_quant_operand b = {PARITY_GEMM_MXFP8, eb, NULL, 0, bs, nb, 1, 0, NULL};
     fill_codes(&a, ac, m, k);
     fill_codes(&b, bc, n, k);
-    for (size_t i = 0; i < sizeof as; i++) as[i] = (uint8_t)(110 + rnd() % 30);
-    for (size_t i = 0; i < sizeof bs; i++) bs[i] = (uint8_t)(110 + rnd() % 30);
+    for (size_t i = 0; i < m * nb; i++) as[i] = (uint8_t)(110 + rnd() % 30);
+    for (size_t i = 0; i < n * nb; i++) bs[i] = (uint8_t)(110 + rnd() % 30);
     check_all_paths(m, n, k, &a, &b, what);
+    free(ac);
+    free(bc);
+    free(as);
+    free(bs);
 }
 
 /* A block whose exact sum needs more than a double's 53 bits: the largest E5M2 products and
@@ -197,6 +202,11 @@ static void test_nonfinite(void) {
     float y = 0;
     CHECK_OK(parity_quant_gemm(NULL, 1, 1, 64, &a, &b, &y, 1));
     CHECK(isnan(y));
+    b.element = PARITY_FP8_E4M3; /* E4M3 x E4M3 runs the forward's MXFP8 GEMM: NaN there too */
+    CHECK_OK(parity_quant_gemm(NULL, 1, 1, 64, &a, &b, &y, 1));
+    CHECK(isnan(y));
+    check_all_paths(1, 1, 64, &a, &b, "E4M3 NaN block");
+    b.element = PARITY_FP8_E5M2;
     ac[40] = 0x38;
     bc[3] = 0x7c; /* E5M2 infinity */
     CHECK_OK(parity_quant_gemm(NULL, 1, 1, 64, &a, &b, &y, 1));
@@ -285,10 +295,12 @@ static void test_quantize_e5m2(void) {
 }
 
 int main(void) {
-    test_mx(PARITY_FP8_E4M3, PARITY_FP8_E4M3, "MX E4M3 x E4M3");
-    test_mx(PARITY_FP8_E5M2, PARITY_FP8_E4M3, "MX E5M2 x E4M3");
-    test_mx(PARITY_FP8_E4M3, PARITY_FP8_E5M2, "MX E4M3 x E5M2");
-    test_mx(PARITY_FP8_E5M2, PARITY_FP8_E5M2, "MX E5M2 x E5M2");
+    test_mx(PARITY_FP8_E4M3, PARITY_FP8_E4M3, 5, 7, 70, "MX E4M3 x E4M3");
+    test_mx(PARITY_FP8_E4M3, PARITY_FP8_E4M3, 70, 40, 100, "MX E4M3 x E4M3, whole tiles");
+    test_mx(PARITY_FP8_E5M2, PARITY_FP8_E4M3, 5, 7, 70, "MX E5M2 x E4M3");
+    test_mx(PARITY_FP8_E4M3, PARITY_FP8_E5M2, 5, 7, 70, "MX E4M3 x E5M2");
+    test_mx(PARITY_FP8_E5M2, PARITY_FP8_E5M2, 5, 7, 70, "MX E5M2 x E5M2");
+    test_mx(PARITY_FP8_E5M2, PARITY_FP8_E4M3, 33, 20, 96, "MX E5M2 x E4M3, larger");
     test_wide_sums();
     test_ties();
     test_nvfp4(1, 1, 0);

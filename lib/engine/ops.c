@@ -26,6 +26,10 @@
 #include "scratch.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "quant/codecs.h"
+#include "quant/dot.h"
+#include "quant/quant_weight.h"
+#include "quant/rules.h"
 #include "quant/train_gemm.h"
 #include "sampling.h"
 
@@ -373,6 +377,86 @@ static void train_columns(void *p, size_t n0, size_t n1, unsigned worker) {
     r->columns(r->job, n0, n1);
 }
 
+/* An operand's codes as rows exactly k apart: its own buffer when they are, else a copy into
+ * the call's scratch (NULL, with the status set, when that cannot be allocated). */
+static const uint8_t *codes_packed(op_call *c, const train_operand *o, size_t rows, size_t k) {
+    if (o->codes_stride == k) return o->codes;
+    uint8_t *p = op_alloc(c, (uint64_t)rows * k, 1, "operand codes");
+    if (p)
+        for (size_t r = 0; r < rows; r++) memcpy(p + r * k, o->codes + r * o->codes_stride, k);
+    return p;
+}
+
+/* An operand's block scales as the fp32 values the forward's GEMM reads (E8M0 powers of two,
+ * or NVFP4's E4M3 values), one row of the grid per operand row. */
+static float *scale_values(op_call *c, const train_operand *o, size_t rows, size_t nblocks) {
+    float *s = op_alloc(c, (uint64_t)rows * nblocks, sizeof(float), "operand scales");
+    if (s)
+        for (size_t r = 0; r < rows; r++) {
+            const uint8_t *row = o->scales + (r / o->scale_rows) * o->scales_stride;
+            for (size_t kb = 0; kb < nblocks; kb++)
+                s[r * nblocks + kb] =
+                    o->element == TRAIN_E2M1 ? e4m3_to_f32(row[kb]) : e8m0_to_f32(row[kb]);
+        }
+    return s;
+}
+
+static void forward_columns(void *p, size_t n0, size_t n1, unsigned worker) {
+    (void)worker;
+    const quant_gemm_job *j = p;
+    quant_gemm_entry(j->rule->format)(j, n0, n1);
+}
+
+/* The operand pairs the forward's quantized GEMM takes as they are: E4M3 x E4M3 MX operands
+ * (the MXFP8 format's row), and NVFP4 ones whose b has one global. */
+static int forward_gemm_fits(const train_gemm_job *t) {
+    if (t->a.element == TRAIN_E2M1) return !t->b.per_row_globals;
+    return t->a.element == TRAIN_E4M3 && t->b.element == TRAIN_E4M3;
+}
+
+/* Such a pair on the forward's GEMM (dot.c and its SIMD variants, the current CPU path's),
+ * a as the activations (codes one a byte, fp32 block scales, NVFP4's globals per row) and b as
+ * the weight (codes as the format holds them, block scales as it holds them, one global): its
+ * arithmetic is the training GEMM's (exact block dots rounded once, the fp32 chain of the
+ * scale products, then RN(acc * RN(ga * gb))), so the bits are train_gemm_columns'
+ * (test_train_gemm checks both against one reference), at the forward's speed. */
+static int quant_gemm_forward(op_call *c, const train_gemm_job *t) {
+    const int nvfp4 = t->a.element == TRAIN_E2M1;
+    const quant_rule *rule = quant_rule_of(nvfp4 ? PARITY_QUANT_NVFP4_TE : PARITY_FP8Q_MX_RCEIL);
+    const quant_format *f = rule->format; /* the rule's format row is all the GEMM reads */
+    const size_t nblocks = (t->K + t->block - 1) / t->block;
+    const size_t row_bytes = quant_weight_row_bytes(f, t->K);
+    const uint8_t *xq = codes_packed(c, &t->a, t->M, t->K);
+    const float *xs = xq ? scale_values(c, &t->a, t->M, nblocks) : NULL;
+    const uint8_t *wq = NULL;
+    if (xs && nvfp4) {
+        uint8_t *packed = op_alloc(c, (uint64_t)t->N * row_bytes, 1, "packed operand codes");
+        for (size_t r = 0; packed && r < t->N; r++)
+            quant_codes_pack_row(f, t->b.codes + r * t->b.codes_stride, t->K,
+                                 packed + r * row_bytes);
+        wq = packed;
+    } else if (xs) {
+        wq = codes_packed(c, &t->b, t->N, t->K);
+    }
+    /* b's scales: fp32 values (MXFP8), or E4M3 bytes one grid row per operand row (NVFP4) */
+    const float *ws = wq && !nvfp4 ? scale_values(c, &t->b, t->N, nblocks) : NULL;
+    uint8_t *ws_codes = wq && nvfp4 ? op_alloc(c, (uint64_t)t->N * nblocks, 1, "operand scales")
+                                    : NULL;
+    float *xt = ws_codes ? op_alloc(c, t->M, sizeof(float), "operand globals") : NULL;
+    if (nvfp4 ? !xt : !ws) return PARITY_ERR_OUT_OF_MEMORY;
+    if (nvfp4) {
+        for (size_t r = 0; r < t->N; r++)
+            memcpy(ws_codes + r * nblocks,
+                   t->b.scales + (r / t->b.scale_rows) * t->b.scales_stride, nblocks);
+        for (size_t m = 0; m < t->M; m++) xt[m] = t->a.globals[t->a.per_row_globals ? m : 0];
+    }
+    quant_gemm_job j = {t->M, t->K, nblocks, t->block, rule, xq, xs, xt, wq, row_bytes, {ws},
+                        nblocks, nvfp4 ? t->b.globals[0] : 0.0f, t->y, t->ldy};
+    if (nvfp4) j.ws_codes = ws_codes;
+    pool_run(c->pool, forward_columns, &j, t->N);
+    return PARITY_OK;
+}
+
 int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
                       const parity_quant_operand *a, const parity_quant_operand *b, float *y,
                       size_t y_stride) {
@@ -396,6 +480,11 @@ int parity_quant_gemm(parity_pool *pool, size_t m, size_t n, size_t k,
     job.block = a->format == PARITY_GEMM_NVFP4 ? 16 : 32;
     op_call c;
     TRY(op_begin(&c, pool, fn));
+    if (forward_gemm_fits(&job)) {
+        const int rc = quant_gemm_forward(&c, &job);
+        op_end(&c);
+        return rc;
+    }
     /* both operands decoded once (each code's integer, each block's scale), then the columns */
     void *da = op_alloc(&c, train_decoded_bytes(m, k, job.block), 1, "decoded operand a");
     void *db = da ? op_alloc(&c, train_decoded_bytes(n, k, job.block), 1, "decoded operand b")

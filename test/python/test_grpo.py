@@ -1,9 +1,9 @@
 """examples/python/grpo.py end to end, on a few small steps: the step logs (everything but the
 timings) are bitwise identical whether the rollouts run on 1 or 2 dask workers or in-process;
 with the bitwise learner (parity.torch.CausalLM) every mismatch metric is exactly at its
-perfect value at every step, with the plain PyTorch learner it is not; bad arguments (the
-cluster switches' among them) and a missing dask or ray get a clear message and exit status 2,
-never a traceback. (Ray actors: test_grpo_ray.py.)
+perfect value at every step (with a training recipe too), with the plain PyTorch learner it is
+not; bad arguments (the cluster switches' and --recipe's among them) and a missing dask or ray
+get a clear message and exit status 2, never a traceback. (Ray actors: test_grpo_ray.py.)
 
     /usr/bin/python3 test/python/test_grpo.py BUILD_DIR
 
@@ -122,6 +122,20 @@ class Grpo(unittest.TestCase):
         for label in MISMATCH:
             self.assertIn(label, text)
 
+    def test_recipe_bitwise(self):
+        """--recipe te-mxfp8-hybrid (the backward on MXFP8 operands, E5M2 gradients) keeps the
+        parity learner bitwise at every step: the recipe changes the gradients (step 0's
+        gradient norm is not the straight-through run's), not the forward."""
+        fmt = ["--learner", "parity", "--format", "mxfp8:te"]
+        _, recs = run(SMALL + fmt + ["--recipe", "te-mxfp8-hybrid"], self.tmp.name,
+                      "recipe-hybrid")
+        self.assertEqual(len(recs), 2)
+        assert_exact(self, recs, "te-mxfp8-hybrid")
+        _, plain = run(SMALL + fmt, self.tmp.name, "format-mxfp8-te")
+        assert_exact(self, plain, "mxfp8:te straight through")
+        self.assertEqual(recs[0]["rollouts_sha"], plain[0]["rollouts_sha"])
+        self.assertNotEqual(recs[0]["grad_norm"], plain[0]["grad_norm"])
+
     def assert_usage_error(self, args, needle, prelude=None):
         usage_error(self, args, needle, prelude)
 
@@ -144,6 +158,11 @@ class Grpo(unittest.TestCase):
         self.assert_usage_error(["--cluster", "ray", "--workers", "0"],
                                 "--workers must be at least 1")
         self.assert_usage_error(["--cluster", "spark"], "invalid choice")
+        self.assert_usage_error(["--recipe", "te-mxfp8"], "fprop is mxfp8 with quantizer te-rceil")
+        self.assert_usage_error(["--recipe", "te-fp8", "--format", "mxfp8:te"], "unknown recipe")
+        self.assert_usage_error(["--recipe", "te-mxfp8", "--format", "mxfp8:te", "--learner",
+                                 "parity,torch"], "no quantized formats")
+        self.assert_usage_error(["--recipe", "te-mxfp8", "--learner", "torch"], "no recipes")
 
     def test_missing_dask(self):
         """Where dask.distributed cannot be imported, --workers says so and exits 2."""
