@@ -238,8 +238,8 @@ class RolloutEngine:
         fd, path = tempfile.mkstemp(prefix="grpo-manifest-", suffix=".json")
         try:
             with os.fdopen(fd, "w") as f:
-                f.write('{"version": %d, "tensors": {%s}}\n'
-                        % (self.model.version, ", ".join(entries)))
+                f.write('{"version": %d, "manifest_version": %d, "tensors": {%s}}\n'
+                        % (self.model.version, parity.MANIFEST_VERSION, ", ".join(entries)))
             return self.model.verify(path)
         finally:
             os.unlink(path)

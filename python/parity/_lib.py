@@ -80,6 +80,8 @@ STATUSES = {
 
 #: parity_dtype values by name (checked at import through parity_tensor_checksum).
 DTYPES = {"BF16": 0, "F16": 1, "F32": 2, "F8_E4M3": 3}
+#: The manifest format version the library writes (PARITY_MANIFEST_VERSION; it reads 1 and 2).
+MANIFEST_VERSION = 2
 
 #: The names the binding uses as defaults; each must be one the library knows.
 DEFAULT_NAMES = {"backends": "bf16", "modes": "raw", "cpu_paths": "portable"}
@@ -500,6 +502,21 @@ _PROTOTYPES = [
     #                             const char *manifest_path, char *report, size_t report_size);
     ("parity_model_verify_for", c_int,
      [model_p, POINTER(parity_policy), c_char_p, c_char_p, c_size_t], False),
+    # int parity_model_write_manifest_on(parity_pool *pool, const parity_model *model,
+    #                                    const parity_policy *policy, uint32_t manifest_version,
+    #                                    const char *path);
+    ("parity_model_write_manifest_on", c_int,
+     [pool_p, model_p, POINTER(parity_policy), c_uint32, c_char_p], True),
+    # int parity_model_verify_on(parity_pool *pool, const parity_model *model,
+    #                            const parity_policy *policy, const char *manifest_path,
+    #                            char *report, size_t report_size);
+    ("parity_model_verify_on", c_int,
+     [pool_p, model_p, POINTER(parity_policy), c_char_p, c_char_p, c_size_t], False),
+    # int parity_tensor_checksums(parity_pool *pool, uint32_t manifest_version,
+    #                             const parity_tensor_data *tensors, size_t n,
+    #                             uint64_t *checksums);
+    ("parity_tensor_checksums", c_int,
+     [pool_p, c_uint32, POINTER(parity_tensor_data), c_size_t, POINTER(c_uint64)], True),
     # int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64);
     ("parity_bytes_checksum", c_int, [c_void_p, c_uint64, POINTER(c_uint64)], True),
     # uint16_t parity_fp16_from_f32(float x);

@@ -58,7 +58,7 @@ from . import _lib, _safetensors
 from . import _torch_moe, _torch_regions
 from ._lib import lib, ParityError
 from ._routes import route_ids, sparse_layers
-from .model import Model, score_options, _default_threads
+from .model import Model, Pool, score_options
 from .policy import policy_struct
 
 __all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprobs",
@@ -153,30 +153,6 @@ def _weight_values(w, pol, name="a weight"):
 
 def _addr(t):
     return ctypes.c_void_p(t.data_ptr()) if t is not None else None
-
-
-class Pool(_lib.Closing):
-    """A libparity thread pool (parity_pool) for the kernel calls; threads 1..256, the calling
-    thread included. The bits never depend on it."""
-
-    def __init__(self, threads=None):
-        self.threads = _default_threads() if threads is None else \
-            _lib.as_int(threads, "threads", 1, 256)
-        self._handle = None
-        h = _lib.pool_p()
-        lib.parity_pool_create(self.threads, ctypes.byref(h))
-        self._handle = h
-
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "the pool is closed")
-        return self._handle
-
-    def close(self):
-        h, self._handle = self._handle, None
-        if h:
-            lib.parity_pool_free(h)
 
 
 def _pool_handle(pool):

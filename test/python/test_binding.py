@@ -1328,22 +1328,39 @@ class TestUpdates(unittest.TestCase):
             self.assertEqual(e.exception.status, "PARITY_ERR_IO")
 
 
-def ref_checksum(f32_bits_list=None, bf16_list=None):
-    """FNV-1a 64 over the little-endian bf16 of values, in plain Python (the reference the
-    library's parity_tensor_checksum is held to): fp32 bit patterns rounded to nearest even,
+def ref_fnv1a64(data):
+    """FNV-1a 64 over bytes, in plain Python."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & ((1 << 64) - 1)
+    return h
+
+
+def ref_stream_checksum(data, manifest_version):
+    """The checksum of a manifest of `manifest_version` over a byte stream, written from
+    parity.h's definition: version 1 FNV-1a 64 over the bytes; version 2 the FNV-1a 64 of each
+    65536-byte chunk, those hashed in order as 8 little-endian bytes each."""
+    if manifest_version == 1:
+        return ref_fnv1a64(data)
+    chunks = b"".join(ref_fnv1a64(data[c:c + 65536]).to_bytes(8, "little")
+                      for c in range(0, len(data), 65536))
+    return ref_fnv1a64(chunks)
+
+
+def ref_checksum(f32_bits_list=None, bf16_list=None, manifest_version=2):
+    """The checksum of the little-endian bf16 of values, in plain Python (the reference the
+    library's parity_tensor_checksums is held to): fp32 bit patterns rounded to nearest even,
     NaN -> 0x7fc0."""
     if bf16_list is None:
         bf16_list = [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else (u + 0x7FFF + ((u >> 16) & 1))
                      >> 16 for u in f32_bits_list]
-    h = 0xCBF29CE484222325
-    for v in bf16_list:
-        for b in (v & 0xFF, v >> 8):
-            h = ((h ^ b) * 0x100000001B3) & ((1 << 64) - 1)
-    return h
+    return ref_stream_checksum(b"".join(v.to_bytes(2, "little") for v in bf16_list),
+                               manifest_version)
 
 
 class TestManifest(unittest.TestCase):
-    """parity.write_manifest: the library's checksum on every input form, zero-copy."""
+    """parity.write_manifest: the library's checksum on every input form, zero-copy; both
+    manifest versions."""
 
     # fp32 bit patterns: ties to even both ways, NaNs (quiet, signalling, negative), infinities,
     # subnormals, the largest finite (rounds to inf), zeros
@@ -1353,11 +1370,21 @@ class TestManifest(unittest.TestCase):
 
     def test_forms_and_reference(self):
         from parity.manifest import checksum
+        self.assertEqual(ref_fnv1a64(b"a"), 0xAF63DC4C8601EC8C)  # FNV-1a 64's published vector
+        for mv in (1, 2):
+            with self.subTest(manifest_version=mv):
+                self.check_forms(mv, lambda value, mv=mv: checksum(value, manifest_version=mv))
+        # the library's version by default
+        self.assertEqual(parity.MANIFEST_VERSION, 2)
+        self.assertEqual(checksum(("F32", (16,), array("I", self.BITS))),
+                         ((16,), ref_checksum(self.BITS, manifest_version=2)))
+
+    def check_forms(self, mv, checksum):
         f32 = array("I", self.BITS)
-        want = ref_checksum(self.BITS)
+        want = ref_checksum(self.BITS, manifest_version=mv)
         bf = array("H", [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else
                          (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u in self.BITS])
-        self.assertEqual(ref_checksum(bf16_list=list(bf)), want)
+        self.assertEqual(ref_checksum(bf16_list=list(bf), manifest_version=mv), want)
         raw32, raw16 = f32.tobytes(), bf.tobytes()
         n = len(self.BITS)
         for kind in (raw32, bytearray(raw32), memoryview(raw32), array("f", raw32),
@@ -1378,8 +1405,40 @@ class TestManifest(unittest.TestCase):
         halves = [1.0, -2.5, 65504.0, 6.103515625e-05, 1.0 + 2 ** -8 + 2 ** -10, 0.0]
         f16 = struct.pack("<%de" % len(halves), *halves) + b"\x01\x7e"  # + a NaN
         as32 = list(array("I", array("f", halves).tobytes())) + [0x7FC00000]
-        self.assertEqual(checksum(("F16", (7,), f16)), ((7,), ref_checksum(as32)))
-        self.assertEqual(checksum(("BF16", (0,), b"")), ((0,), ref_checksum([])))
+        self.assertEqual(checksum(("F16", (7,), f16)), ((7,), ref_checksum(as32, manifest_version=mv)))
+        self.assertEqual(checksum(("BF16", (0,), b"")), ((0,), ref_checksum([], manifest_version=mv)))
+
+    def test_chunks(self):
+        """Tensors of many chunks (the library hashes four at a time, on a pool's threads):
+        the plain-Python reference for a stream of 5 chunks and a tail, one of exactly 4, one
+        of a single short chunk; F32 (rounded), BF16 and F16 inputs; on 1, 2 and 3 threads."""
+        from parity._convert import Pinned
+        from parity.manifest import _checksums, checksum
+        for count in (5 * 32768 + 777, 4 * 32768, 3):
+            bits = array("I", [(i * 2654435761 + 12345) & 0xFFFFFFFF for i in range(count)])
+            bf = [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else (u + 0x7FFF + ((u >> 16) & 1))
+                  >> 16 for u in bits]
+            for mv in (1, 2):
+                want = ref_checksum(bf16_list=bf, manifest_version=mv)
+                self.assertEqual(checksum(("F32", (count,), bits), manifest_version=mv)[1], want)
+                self.assertEqual(checksum(("BF16", (count,), array("H", bf)),
+                                          manifest_version=mv)[1], want)
+                with Pinned() as pin:
+                    views = [("F32", count, pin.address(bits)), ("BF16", 3, pin.address(bits))]
+                    alone = [_checksums(views[:1], mv)[0], _checksums(views[1:], mv)[0]]
+                    for threads in (1, 2, 3):
+                        with parity.Pool(threads) as pool:
+                            self.assertEqual(_checksums(views, mv, pool), alone, threads)
+            # F16 values exact in bf16 (1 + 8k/1024: 3 of fp16's 10 mantissa bits): widened
+            f16 = array("H", [0x3C00 + 8 * (i % 128) for i in range(count)])
+            self.assertEqual(checksum(("F16", (count,), f16))[1],
+                             ref_checksum(bf16_list=[0x3F80 + i % 128 for i in range(count)]))
+        # any bytes (fp8 codes, scales): their stream as it is
+        data = bytes((i * 7 + 3) & 0xFF for i in range(5 * 65536 + 9))
+        with Pinned() as pin:
+            for mv in (1, 2):
+                self.assertEqual(_checksums([("F8_E4M3", len(data), pin.address(data))], mv),
+                                 [ref_stream_checksum(data, mv)])
 
     def test_bad_input(self):
         from parity.manifest import checksum
