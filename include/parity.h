@@ -1186,6 +1186,10 @@ typedef struct parity_weight_info {
                                     unquantized: modules_to_not_convert, ignored_layers) */
 } parity_weight_info;
 
+/* The checkpoint name of the model's tensor `index`: 0, 1, ... up to the number of tensors it
+ * holds (those parity_model_save writes, a tied lm_head not among them), in the model's
+ * order; NULL past the last or for a NULL model. The string lives as long as the model. */
+PARITY_API const char *parity_model_tensor_name(const parity_model *model, size_t index);
 /* Fills *info for the tensor `name`. PARITY_ERR_INVALID_ARGUMENT for a NULL pointer or an
  * info->size other than sizeof(parity_weight_info); PARITY_ERR_TENSOR_UNEXPECTED for a name
  * the model has no tensor of (a tied lm_head is "model.embed_tokens.weight"). */

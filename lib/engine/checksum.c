@@ -11,6 +11,7 @@
  * does not leave the other threads idle. Which worker hashes a chunk never changes its value,
  * and the chunks' checksums are combined in order by one thread: the result does not depend
  * on the pool's size. */
+#include <stdint.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -68,37 +69,76 @@ static uint64_t hash_values(const checksum_job *j, uint64_t begin, uint64_t end,
     return h;
 }
 
+/* Four FNV-1a 64 chains h[0..3] continued over n bf16 values of four streams (two bytes
+ * each, low byte first): the chains in locals, so that the four multiplies of a step are in
+ * flight together. */
+static void hash4_u16(const uint16_t *s0, const uint16_t *s1, const uint16_t *s2,
+                      const uint16_t *s3, size_t n, uint64_t h[4]) {
+    uint64_t h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3];
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t v0 = s0[i], v1 = s1[i], v2 = s2[i], v3 = s3[i];
+        h0 = fnv1a64_byte(h0, (uint8_t)v0);
+        h1 = fnv1a64_byte(h1, (uint8_t)v1);
+        h2 = fnv1a64_byte(h2, (uint8_t)v2);
+        h3 = fnv1a64_byte(h3, (uint8_t)v3);
+        h0 = fnv1a64_byte(h0, (uint8_t)(v0 >> 8));
+        h1 = fnv1a64_byte(h1, (uint8_t)(v1 >> 8));
+        h2 = fnv1a64_byte(h2, (uint8_t)(v2 >> 8));
+        h3 = fnv1a64_byte(h3, (uint8_t)(v3 >> 8));
+    }
+    h[0] = h0, h[1] = h1, h[2] = h2, h[3] = h3;
+}
+
+/* The same over n bytes of four streams. */
+static void hash4_u8(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2, const uint8_t *s3,
+                     size_t n, uint64_t h[4]) {
+    uint64_t h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3];
+    for (size_t i = 0; i < n; i++) {
+        h0 = fnv1a64_byte(h0, s0[i]);
+        h1 = fnv1a64_byte(h1, s1[i]);
+        h2 = fnv1a64_byte(h2, s2[i]);
+        h3 = fnv1a64_byte(h3, s3[i]);
+    }
+    h[0] = h0, h[1] = h1, h[2] = h2, h[3] = h3;
+}
+
+/* Values converted to bf16 per step of the four-chunk path (F16 and F32 sources, and bf16
+ * ones the caller did not align). */
+#define CONVERT_BLOCK 1024
+
 /* The checksums of four consecutive full chunks of a buffer, `chunk` values each, the first
  * starting at value `first`: four independent chains, a value of each chunk in turn. */
 static void hash_four_chunks(const checksum_job *j, uint64_t first, uint64_t chunk, uint64_t out[4]) {
     const uint8_t *src = j->data;
-    const uint32_t dtype = j->dtype;
-    uint64_t h0 = FNV1A64_OFFSET, h1 = FNV1A64_OFFSET, h2 = FNV1A64_OFFSET, h3 = FNV1A64_OFFSET;
-    if (dtype == PARITY_DTYPE_F8_E4M3) {
-        const uint8_t *b0 = src + first, *b1 = b0 + chunk, *b2 = b1 + chunk, *b3 = b2 + chunk;
-        for (uint64_t i = 0; i < chunk; i++) {
-            h0 = fnv1a64_byte(h0, b0[i]);
-            h1 = fnv1a64_byte(h1, b1[i]);
-            h2 = fnv1a64_byte(h2, b2[i]);
-            h3 = fnv1a64_byte(h3, b3[i]);
-        }
-    } else {
-        for (uint64_t i = first; i < first + chunk; i++) {
-            const uint16_t v0 = bf16_value_at(dtype, src, i),
-                           v1 = bf16_value_at(dtype, src, i + chunk),
-                           v2 = bf16_value_at(dtype, src, i + 2 * chunk),
-                           v3 = bf16_value_at(dtype, src, i + 3 * chunk);
-            h0 = fnv1a64_byte(h0, (uint8_t)v0);
-            h1 = fnv1a64_byte(h1, (uint8_t)v1);
-            h2 = fnv1a64_byte(h2, (uint8_t)v2);
-            h3 = fnv1a64_byte(h3, (uint8_t)v3);
-            h0 = fnv1a64_byte(h0, (uint8_t)(v0 >> 8));
-            h1 = fnv1a64_byte(h1, (uint8_t)(v1 >> 8));
-            h2 = fnv1a64_byte(h2, (uint8_t)(v2 >> 8));
-            h3 = fnv1a64_byte(h3, (uint8_t)(v3 >> 8));
-        }
+    out[0] = out[1] = out[2] = out[3] = FNV1A64_OFFSET;
+    if (j->dtype == PARITY_DTYPE_F8_E4M3) {
+        const uint8_t *b = src + first;
+        hash4_u8(b, b + chunk, b + 2 * chunk, b + 3 * chunk, chunk, out);
+        return;
     }
-    out[0] = h0, out[1] = h1, out[2] = h2, out[3] = h3;
+    if (j->dtype == PARITY_DTYPE_BF16 && ((uintptr_t)src & 1u) == 0) {
+        const uint16_t *v = (const uint16_t *)(const void *)src + first;
+        hash4_u16(v, v + chunk, v + 2 * chunk, v + 3 * chunk, chunk, out);
+        return;
+    }
+    /* a block of each chunk converted, then hashed (the conversion loops vectorize) */
+    uint16_t bf[4][CONVERT_BLOCK];
+    for (uint64_t b = 0; b < chunk; b += CONVERT_BLOCK) {
+        const size_t n = chunk - b < CONVERT_BLOCK ? (size_t)(chunk - b) : CONVERT_BLOCK;
+        for (int k = 0; k < 4; k++) {
+            const uint64_t at = first + (uint64_t)k * chunk + b;
+            if (j->dtype == PARITY_DTYPE_F32) {
+                const float *f = (const float *)(const void *)src;
+                if (((uintptr_t)src & 3u) == 0)
+                    for (size_t i = 0; i < n; i++) bf[k][i] = bf16_from_f32(f[at + i]);
+                else
+                    for (size_t i = 0; i < n; i++) bf[k][i] = bf16_value_at(j->dtype, src, at + i);
+            } else {
+                for (size_t i = 0; i < n; i++) bf[k][i] = bf16_value_at(j->dtype, src, at + i);
+            }
+        }
+        hash4_u16(bf[0], bf[1], bf[2], bf[3], n, out);
+    }
 }
 
 /* A task of the bulk path: up to four consecutive chunks of one buffer. */

@@ -279,6 +279,16 @@ class parity_tensor_data(Structure):
     ]
 
 
+class parity_weight_info(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("ndim", c_uint32),
+        ("shape", c_uint64 * 2),
+        ("has_master", c_uint32),
+        ("quantized", c_uint32),
+    ]
+
+
 class parity_weight_bytes(Structure):
     _fields_ = [
         ("size", c_uint32),
@@ -301,6 +311,7 @@ MIRRORED_STRUCTS = {
     "parity_sampler_params": parity_sampler_params,
     "parity_tensor_data": parity_tensor_data,
     "parity_weight_bytes": parity_weight_bytes,
+    "parity_weight_info": parity_weight_info,
     "parity_seq_info": parity_seq_info,
     "parity_profile": parity_profile,
 }
@@ -658,6 +669,11 @@ _PROTOTYPES = [
     ("parity_logprobs_from_logits", c_int,
      [pool_p, POINTER(parity_policy), POINTER(parity_score_options), c_size_t, c_size_t,
       c_void_p, c_size_t, c_void_p, c_void_p, c_void_p], True),
+    # const char *parity_model_tensor_name(const parity_model *model, size_t index);
+    ("parity_model_tensor_name", c_char_p, [model_p, c_size_t], False),
+    # int parity_model_weight_info(const parity_model *model, const char *name,
+    #                              parity_weight_info *info);
+    ("parity_model_weight_info", c_int, [model_p, c_char_p, POINTER(parity_weight_info)], True),
     # int parity_model_weight_values(const parity_model *model, const char *name,
     #                                float *values, uint64_t n_values);
     ("parity_model_weight_values", c_int, [model_p, c_char_p, c_void_p, c_uint64], True),

@@ -50,7 +50,6 @@ CausalLM.saved_bytes(sequences) measures it for a batch.
 import ctypes
 import json
 import os
-import tempfile
 
 import torch as _torch
 
@@ -741,16 +740,17 @@ class CausalLM(_torch.nn.Module):
     """A Qwen-family causal LM as a torch module whose forward is libparity's.
 
     Args:
-        source: a checkpoint directory, "synthetic:NAME[:SEED]", or an open parity.Model (its
-            weights are copied: the module does not use the model afterwards).
+        source: a checkpoint directory (read with read_checkpoint), "synthetic:NAME[:SEED]",
+            or an open parity.Model (its weights copied straight from its memory: the module
+            does not use the model afterwards).
         policy: the precision policy (a preset name or a parity.Policy), as the sampler's.
         backend: "bf16", "openblas" or "amx" (where parity.backends() has it), as the sampler's.
         threads: threads of the module's kernel pool (None = the CPUs this process may use);
             the bits never depend on it.
 
     Parameters are fp32 tensors named as in the checkpoint ("model.layers.0.mlp.up_proj.weight",
-    ...): the checkpoint's F32 masters where it has them, else its bf16 values widened
-    exactly. The forward reads their round-to-nearest-even bf16 cast (compute "bf16"), the
+    ...): the checkpoint's (or the model's) F32 masters where it has them, else its bf16 values
+    widened exactly. The forward reads their round-to-nearest-even bf16 cast (compute "bf16"), the
     cast parity_model_update makes, or the masters themselves (compute "fp32"); so after
     sync_to(model) the module and the model's sampler and scorer agree bit for bit.
     Architectures: those of libparity with default RoPE (rope_type "default"), the
@@ -789,11 +789,25 @@ class CausalLM(_torch.nn.Module):
 
     @staticmethod
     def _from_model(model):
+        """({name: fp32 tensor}, config) of every weight a parity.Model holds, read straight
+        from it into the tensors' memory (parity_model_weight_values: its fp32 masters where it
+        has them, else its bf16 values widened exactly), names sorted as a saved checkpoint
+        lists them."""
         h = model._acquire()
         try:
-            with tempfile.TemporaryDirectory(prefix="parity-learner-") as d:
-                lib.parity_model_save(h, d.encode())
-                tensors = read_checkpoint(d)
+            names = []
+            while True:
+                name = lib.parity_model_tensor_name(h, len(names))
+                if name is None:
+                    break
+                names.append(name)
+            tensors = {}
+            for name in sorted(names):
+                info = _lib.parity_weight_info(size=ctypes.sizeof(_lib.parity_weight_info))
+                lib.parity_model_weight_info(h, name, ctypes.byref(info))
+                t = _torch.empty(tuple(info.shape[:info.ndim]), dtype=_f32)
+                lib.parity_model_weight_values(h, name, ctypes.c_void_p(t.data_ptr()), t.numel())
+                tensors[name.decode()] = t
         finally:
             model._release()
         return tensors, model.config

@@ -1483,6 +1483,72 @@ class TestManifest(unittest.TestCase):
             self.assertEqual(len(diffs), 1, diffs)
             self.assertIn(name, diffs[0])
 
+    def test_versions_and_threads(self):
+        """Manifests of both versions: the library's (version 2) and version 1 (no
+        "manifest_version", the single-chain FNV-1a) written alike by the model and by the
+        learner's side, byte for byte; each verifies, and a changed value is found in both;
+        files and reports the same on 1, 2 and 3 threads; a version the library does not know
+        refused."""
+        weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
+        with parity.Model(REAL, threads=2) as m:
+            texts = {}
+            for mv in (1, 2):
+                for threads in (1, 2, 3):
+                    theirs = os.path.join(TMP, "c%d-%d.json" % (mv, threads))
+                    m.write_manifest(theirs, threads=threads, manifest_version=mv)
+                    with open(theirs, "rb") as f:
+                        texts.setdefault(mv, set()).add(f.read())
+                self.assertEqual(len(texts[mv]), 1, "manifest version %d differs by threads" % mv)
+                doc = json.loads(next(iter(texts[mv])).decode())
+                self.assertEqual(doc.get("manifest_version", 1), mv)
+                self.assertEqual(mv == 1, b'"manifest_version"' not in next(iter(texts[mv])))
+                order = list(doc["tensors"])
+                # every entry is the plain-Python reference of its version
+                for name in order[:4]:
+                    raw, shape = weights[name]
+                    self.assertEqual(int(doc["tensors"][name]["fnv1a64"], 16),
+                                     ref_stream_checksum(bytes(raw), mv), name)
+                mine = os.path.join(TMP, "py%d.json" % mv)
+                for threads in (1, 2, 3):
+                    parity.write_manifest(mine, {n: ("BF16", weights[n][1], weights[n][0])
+                                                 for n in order}, threads=threads,
+                                          manifest_version=mv)
+                    with open(mine, "rb") as f:
+                        self.assertEqual({f.read()}, texts[mv], threads)
+                    self.assertEqual(m.verify(mine, threads=threads), [])
+                name = order[5]
+                arr = array("H", weights[name][0])
+                arr[len(arr) - 1] ^= 1
+                parity.write_manifest(mine, {n: ("BF16", weights[n][1], arr if n == name
+                                                 else weights[n][0]) for n in order},
+                                      manifest_version=mv)
+                reports = [m.verify(mine, threads=t) for t in (1, 2, 3)]
+                self.assertEqual(reports[0], reports[1])
+                self.assertEqual(reports[0], reports[2])
+                self.assertEqual(len(reports[0]), 1, reports[0])
+                self.assertIn(name + ": checksum differs", reports[0][0])
+            self.assertNotEqual(texts[1], texts[2])
+            # a version 2 checksum under a version 1 header (or the reverse) is a difference
+            v2 = json.loads(next(iter(texts[2])).decode())
+            del v2["manifest_version"]
+            relabelled = os.path.join(TMP, "relabelled.json")
+            with open(relabelled, "w") as f:
+                json.dump(v2, f)
+            self.assertEqual(len(m.verify(relabelled)), len(v2["tensors"]))
+            for bad in (3, 0, "2", 2.5):
+                v2["manifest_version"] = bad
+                with open(relabelled, "w") as f:
+                    json.dump(v2, f)
+                with self.assertRaises(ParityError) as e:
+                    m.verify(relabelled)
+                self.assertEqual(e.exception.status, "PARITY_ERR_VERIFY")
+                self.assertIn("manifest_version", e.exception.message)
+            for bad in (0, 3):
+                with self.assertRaises(ParityError):
+                    m.write_manifest(relabelled, manifest_version=bad)
+                with self.assertRaises(ParityError):
+                    parity.write_manifest(relabelled, {}, manifest_version=bad)
+
 
 class TestExamples(unittest.TestCase):
     EXAMPLES = os.path.join(harness.REPO, "examples", "python")
