@@ -1052,6 +1052,14 @@ typedef struct parity_tensor_data {
  */
 PARITY_API int parity_model_update(parity_model *model, const parity_tensor_data *tensors,
                                    size_t n);
+/* A thread pool (parity_ops.h: parity_pool_create). */
+typedef struct parity_pool parity_pool;
+/* parity_model_update with the values' checks and casts run on `pool`'s threads, a tensor a
+ * task (NULL: the calling thread alone; PARITY_ERR_BUSY if another call is using the pool):
+ * the same weights, and the same status and message for bad input, on any number of
+ * threads. */
+PARITY_API int parity_model_update_on(parity_pool *pool, parity_model *model,
+                                      const parity_tensor_data *tensors, size_t n);
 /* The model's version: 0 when loaded, +1 per successful parity_model_update. */
 PARITY_API uint64_t parity_model_version(const parity_model *model);
 
@@ -1127,8 +1135,6 @@ PARITY_API int parity_model_verify_for(const parity_model *model, const parity_p
                                        size_t report_size);
 /* The manifest format version the library writes (it reads 1 and 2). */
 #define PARITY_MANIFEST_VERSION 2
-/* A thread pool (parity_ops.h: parity_pool_create). */
-typedef struct parity_pool parity_pool;
 /* parity_model_write_manifest_for (writing a manifest of version `manifest_version`, 1 or 2:
  * PARITY_MANIFEST_VERSION unless an older reader needs 1) and parity_model_verify_for (of
  * either version, as the manifest says) with the checksums computed on `pool`'s threads

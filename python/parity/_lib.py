@@ -499,6 +499,10 @@ _PROTOTYPES = [
     ("parity_scorer_profile", c_int, [scorer_p, POINTER(parity_profile)], True),
     # int parity_model_update(parity_model *model, const parity_tensor_data *tensors, size_t n);
     ("parity_model_update", c_int, [model_p, POINTER(parity_tensor_data), c_size_t], True),
+    # int parity_model_update_on(parity_pool *pool, parity_model *model,
+    #                            const parity_tensor_data *tensors, size_t n);
+    ("parity_model_update_on", c_int, [pool_p, model_p, POINTER(parity_tensor_data), c_size_t],
+     True),
     # uint64_t parity_model_version(const parity_model *model);
     ("parity_model_version", c_uint64, [model_p], False),
     # int parity_model_write_manifest(const parity_model *model, const char *path);

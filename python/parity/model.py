@@ -616,7 +616,7 @@ class Model(_lib.Closing):
         finally:
             self._release()
 
-    def update(self, tensors):
+    def update(self, tensors, threads=None):
         """Replaces the values of some weights in place, all or nothing (parity_model_update).
 
         Args:
@@ -626,15 +626,16 @@ class Model(_lib.Closing):
         Raises ParityError: PARITY_ERR_INVALID_ARGUMENT (unknown name, shape, dtype),
         PARITY_ERR_TENSOR_NONFINITE, PARITY_ERR_BUSY (a scorer or sampler of this model is
         inside a call). Samplers' sequences prefilled before it then fail to step with
-        PARITY_ERR_STALE: release them and add them again."""
+        PARITY_ERR_STALE: release them and add them again. The checks and casts run on
+        `threads` threads (None: the model's; parity_model_update_on)."""
         from .manifest import c_tensors
         if not isinstance(tensors, dict):
             raise TypeError("tensors must be a dict of name -> values")
-        with Pinned() as pin:
+        with Pinned() as pin, Pool(self.threads if threads is None else threads) as pool:
             arr = c_tensors(tensors, pin)
             h = self._acquire()
             try:
-                lib.parity_model_update(h, arr, len(tensors))
+                lib.parity_model_update_on(pool.handle, h, arr, len(tensors))
             finally:
                 self._release()
 
@@ -651,7 +652,7 @@ class Model(_lib.Closing):
         from .manifest import write_manifest
         threads = self.threads if threads is None else threads
         t0 = time.perf_counter()
-        self.update(tensors)
+        self.update(tensors, threads=threads)
         t1 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="parity-sync-") as d:
             path = os.path.join(d, "manifest.json")

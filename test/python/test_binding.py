@@ -1275,6 +1275,44 @@ class TestThreads(unittest.TestCase):
 class TestUpdates(unittest.TestCase):
     """Weight updates, manifests (the Python writer against the library's) and the probe."""
 
+    def test_update_threads(self):
+        """Model.update on 1, 2 and 3 threads (parity_model_update_on): the same weights (the
+        same manifest afterwards), and for bad input the same status and message, the first
+        failure in the order given (a NaN in one tensor before a shape error in a later one:
+        the NaN; the shape error alone, then the NaN after it: the shape error)."""
+        weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
+        names = sorted(weights)
+        masters = {n: ("F32", weights[n][1], array("f", array("I", [(h << 16) + 0x9000 + i % 7
+                                                                   for i, h in enumerate(
+                                                                       weights[n][0])]).tobytes()))
+                   for n in names}
+        nan = array("f", masters[names[2]][2])
+        nan[len(nan) // 2] = float("nan")
+        bad_nan = dict(masters, **{names[2]: ("F32", masters[names[2]][1], nan)})
+        bad_both = dict(bad_nan, **{names[4]: ("F32", (1,), array("f", [1.0]))})
+        shape_first = {n: bad_both[n] for n in names[3:]}
+        shape_first[names[2]] = bad_both[names[2]]  # after the bad shape in the order given
+        texts, messages = set(), []
+        for threads in (1, 2, 3):
+            with parity.Model(REAL, threads=2) as m:
+                for bad in (bad_both, shape_first):
+                    with self.assertRaises(ParityError) as e:
+                        m.update(bad, threads=threads)
+                    messages.append((e.exception.status, e.exception.message))
+                m.update(masters, threads=threads)
+                path = os.path.join(TMP, "after-%d.json" % threads)
+                m.write_manifest(path)
+                with open(path, "rb") as f:
+                    texts.add(f.read())
+        self.assertEqual(len(texts), 1)
+        self.assertEqual(messages[0::2], [messages[0]] * 3)
+        self.assertEqual(messages[1::2], [messages[1]] * 3)
+        self.assertEqual(messages[0][0], "PARITY_ERR_TENSOR_NONFINITE")
+        self.assertIn(names[2], messages[0][1])
+        self.assertIn("NaN", messages[0][1])
+        self.assertEqual(messages[1][0], "PARITY_ERR_TENSOR_SHAPE")
+        self.assertIn(names[4], messages[1][1])
+
     def test_manifest_update_verify_probe(self):
         weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
         tensors = {name: ("BF16", shape, arr) for name, (arr, shape) in weights.items()}
