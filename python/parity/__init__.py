@@ -20,7 +20,8 @@ from ._lib import (ABI_VERSION, LIBRARY_PATH, MANIFEST_VERSION, MAX_STOP, Parity
                    status_name)
 from .manifest import write_manifest
 from ._routes import Routes
-from .model import Model, Pool, Scores
+from .model import Model, Scores
+from .pool import Pool
 from .policy import CHOICES, Policy, policies
 from .sampler import Completion, DepthSchedule, Sampler, Step
 

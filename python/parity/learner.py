@@ -57,7 +57,8 @@ from . import _lib, _safetensors
 from . import _torch_moe, _torch_regions
 from ._lib import lib, ParityError
 from ._routes import route_ids, sparse_layers
-from .model import Model, Pool, score_options
+from .model import Model, score_options
+from .pool import Pool
 from .policy import policy_struct
 
 __all__ = ["CausalLM", "Pool", "embedding", "linear", "attention", "head_logprobs",

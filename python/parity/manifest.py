@@ -226,7 +226,7 @@ def write_manifest(path, tensors, version=0, policy=None, kept=(), threads=None,
     read: quantized with the policy's rule from their float32 values (the masters; another
     dtype raises TypeError), as parity_model_write_manifest_for writes them; Model.verify(path,
     policy=...) checks a sampler against it."""
-    from .model import Pool
+    from .pool import Pool
     from .policy import policy_struct
     if not isinstance(tensors, dict):
         raise TypeError("tensors must be a dict of name -> values, not %s"

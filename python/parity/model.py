@@ -11,6 +11,7 @@ from ._convert import Pinned, TokenBatch, pointer
 from ._lib import ParityError, lib
 from ._routes import Routes, route_ids, sparse_layers
 from .policy import policy_struct
+from .pool import Pool, _default_threads
 
 #: {name: value} of the log-prob modes and backends, as the library names them.
 MODES = _lib.MODES
@@ -30,38 +31,6 @@ _Idle = collections.namedtuple("_Idle", "key handle capacity nbytes")
 
 #: A name looked up in a {name: value} table such as MODES or BACKENDS (_lib.as_choice).
 _choice = _lib.as_choice
-
-
-def _default_threads():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-class Pool(_lib.Closing):
-    """A libparity thread pool (parity_pool) for the kernel calls (parity.torch) and the
-    manifests' checksums; threads 1..256, the calling thread included (None = the CPUs this
-    process may use). The bits never depend on it."""
-
-    def __init__(self, threads=None):
-        self.threads = _default_threads() if threads is None else \
-            _lib.as_int(threads, "threads", 1, 256)
-        self._handle = None
-        h = _lib.pool_p()
-        lib.parity_pool_create(self.threads, ctypes.byref(h))
-        self._handle = h
-
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "the pool is closed")
-        return self._handle
-
-    def close(self):
-        h, self._handle = self._handle, None
-        if h:
-            lib.parity_pool_free(h)
 
 
 _options_cache = {}
