@@ -40,7 +40,9 @@ uint64_t checksum_end(checksum_stream *s) {
 /* ---- buffers ----------------------------------------------------------------------------- */
 
 /* Bytes of the stream per value: 1 for F8_E4M3 (the bytes as they are), else 2 (bf16). */
-static uint64_t stream_bytes_per_value(uint32_t dtype) { return dtype == PARITY_DTYPE_F8_E4M3 ? 1 : 2; }
+static uint64_t stream_bytes_per_value(uint32_t dtype) {
+    return dtype == PARITY_DTYPE_F8_E4M3 ? 1 : 2;
+}
 
 /* Value i of a buffer as the bf16 bits the stream holds (the caller's memory need not be
  * aligned: values are read with memcpy). */
@@ -108,7 +110,8 @@ static void hash4_u8(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2, co
 
 /* The checksums of four consecutive full chunks of a buffer, `chunk` values each, the first
  * starting at value `first`: four independent chains, a value of each chunk in turn. */
-static void hash_four_chunks(const checksum_job *j, uint64_t first, uint64_t chunk, uint64_t out[4]) {
+static void hash_four_chunks(const checksum_job *j, uint64_t first, uint64_t chunk,
+                             uint64_t out[4]) {
     const uint8_t *src = j->data;
     out[0] = out[1] = out[2] = out[3] = FNV1A64_OFFSET;
     if (j->dtype == PARITY_DTYPE_F8_E4M3) {
@@ -145,8 +148,12 @@ static void hash_four_chunks(const checksum_job *j, uint64_t first, uint64_t chu
 #define CHUNKS_PER_TASK 4
 
 /* Values per chunk and the number of chunks of a buffer (version 2). */
-static uint64_t chunk_values(const checksum_job *j) { return CHECKSUM_CHUNK_BYTES / stream_bytes_per_value(j->dtype); }
-static uint64_t chunk_count(const checksum_job *j) { return (j->count + chunk_values(j) - 1) / chunk_values(j); }
+static uint64_t chunk_values(const checksum_job *j) {
+    return CHECKSUM_CHUNK_BYTES / stream_bytes_per_value(j->dtype);
+}
+static uint64_t chunk_count(const checksum_job *j) {
+    return (j->count + chunk_values(j) - 1) / chunk_values(j);
+}
 
 /* The chunk checksums of chunks [first, first + n) of a buffer (n <= CHUNKS_PER_TASK) into
  * out[0 .. n). */
@@ -256,7 +263,8 @@ int checksum_buffers(threadpool *pool, uint32_t version, const checksum_job *job
 int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64) {
     clear_error();
     if (!fnv1a64 || (!data && n_bytes))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_bytes_checksum: data or output is NULL");
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "parity_bytes_checksum: data or output is NULL");
     const checksum_job job = {PARITY_DTYPE_F8_E4M3, data, n_bytes};
     *fnv1a64 = checksum_buffer(1, &job);
     return PARITY_OK;
@@ -272,7 +280,8 @@ static int check_dtype(const char *fn, uint32_t dtype) {
 int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n, uint64_t *fnv1a64) {
     clear_error();
     if (!fnv1a64 || (!data && n))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_tensor_checksum: data or output is NULL");
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "parity_tensor_checksum: data or output is NULL");
     TRY(check_dtype("parity_tensor_checksum", dtype));
     const checksum_job job = {dtype, data, n};
     *fnv1a64 = checksum_buffer(1, &job);

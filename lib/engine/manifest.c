@@ -30,7 +30,8 @@ static uint64_t codes_checksum(uint32_t mv, const quant_format *f, const weight 
     checksum_stream s;
     checksum_begin(&s, mv);
     for (uint32_t r = 0; r < w->rows; r++)
-        for (uint32_t c = 0; c < w->cols; c++) checksum_byte(&s, quant_code_at(f, held + r * row_bytes, c));
+        for (uint32_t c = 0; c < w->cols; c++)
+            checksum_byte(&s, quant_code_at(f, held + r * row_bytes, c));
     return checksum_end(&s);
 }
 
@@ -193,7 +194,8 @@ static void lowbit_sums(uint32_t mv, const weight *w, const lowbit_view *v, char
                         char scales[17], char tensor[9]) {
     snprintf(codes, 17, "%016" PRIx64,
              codes_checksum(mv, quant_format_row((uint32_t)v->gemm), w, v->codes));
-    snprintf(scales, 17, "%016" PRIx64, bytes_checksum(mv, v->scales, v->grid_rows * v->grid_cols * 4));
+    snprintf(scales, 17, "%016" PRIx64,
+             bytes_checksum(mv, v->scales, v->grid_rows * v->grid_cols * 4));
     snprintf(tensor, 9, "%08" PRIx32, f32_bits(v->tensor_scale));
 }
 
@@ -284,8 +286,8 @@ static int manifest_write(threadpool *pool, const parity_model *m, const parity_
         else fprintf(f, "\"quantizer\": \"%s\", ", parity_fp8_quantizer_name(v.quantizer));
         fprintf(f, "\"fnv1a64\": \"%016" PRIx64 "\", \"scales\": {\"shape\": [%" PRIu64 ", %" PRIu64
                    "], \"dtype\": \"%s\", \"fnv1a64\": \"%016" PRIx64 "\"}}",
-                view_codes_sum(mv, w, &v), v.grid_rows, v.grid_cols, scale_dtype_name(v.scale_dtype),
-                view_scales_sum(mv, &v));
+                view_codes_sum(mv, w, &v), v.grid_rows, v.grid_cols,
+                scale_dtype_name(v.scale_dtype), view_scales_sum(mv, &v));
         fp8_view_free(&v);
     }
     fprintf(f, "\n}}\n");
@@ -646,7 +648,8 @@ static int verify_manifest(threadpool *pool, const parity_model *m, const parity
         }
         const json_value *dtype = json_get(e, "dtype"), *sum = json_get(e, "fnv1a64");
         if (!entry_shape_ok(&slots[i], e)) {
-            report_line(r, "%s: shape differs (the model has %s)", slots[i].name, slots[i].shape_doc);
+            report_line(r, "%s: shape differs (the model has %s)", slots[i].name,
+                        slots[i].shape_doc);
             continue;
         }
         const int f8 = dtype && dtype->type == JSON_STRING && !strcmp(dtype->str, "F8_E4M3");
@@ -701,7 +704,8 @@ static int verify_manifest(threadpool *pool, const parity_model *m, const parity
 int parity_model_verify_on(parity_pool *pool, const parity_model *m, const parity_policy *pol,
                            const char *path, char *report_buf, size_t report_size) {
     clear_error();
-    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
+    if (!m || !path)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
     int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
     if (rc) return rc;
     if (report_buf && report_size) report_buf[0] = '\0';

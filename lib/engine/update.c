@@ -159,7 +159,8 @@ static void scan_staged(void *ctx, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const staged_run *r = ctx;
     for (size_t i = begin; i < end; i++)
-        r->finite[i] = !r->st[i].scan || tensor_values_finite(&r->st[i].src, staged_count(&r->st[i]));
+        r->finite[i] =
+            !r->st[i].scan || tensor_values_finite(&r->st[i].src, staged_count(&r->st[i]));
 }
 
 static void convert_staged(void *ctx, size_t begin, size_t end, unsigned worker) {
