@@ -26,6 +26,9 @@ from ._convert import Pinned, numpy_array
 from ._lib import DTYPES, MANIFEST_VERSION, lib
 
 _ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1}
+#: write_manifest hashes the bf16 entries in batches of this many bytes of input (so that the
+#: copies of tensors that are not contiguous CPU memory do not all exist at once).
+_BATCH_BYTES = 1 << 30
 _NUMPY_DTYPES = {"uint16": "BF16", "float16": "F16", "float32": "F32"}
 _TORCH_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float32": "F32"}
 
@@ -236,25 +239,38 @@ def write_manifest(path, tensors, version=0, policy=None, kept=(), threads=None,
     pol = policy_struct(policy) if policy is not None else None
     quantized = pol is not None and pol.gemm != 0
     kept = set(kept)
-    entries, views, shapes = [], [], []
-    with Pinned() as pin:
-        for name, value in tensors.items():
-            _name(name)
-            if quantized and _LINEAR.match(name) and name not in kept and _module(name) not in kept:
-                entries.append(_quantized_entry(name, value, pol, pin, mv))
-                continue
-            dtype, shape, address, n = tensor_view(value, name, pin)
-            entries.append(len(views))   # the place of a bf16 entry, filled below
-            views.append((dtype, n, address))
-            shapes.append((name, shape))
-        # the bf16 entries' checksums in one call, every tensor's chunks spread over the pool
-        with Pool(threads) as pool:
-            sums = _checksums(views, mv, pool)
-    for i, e in enumerate(entries):
-        if isinstance(e, int):
-            name, shape = shapes[e]
+    entries, batch = [], []   # batch: (entry index, name, shape, view) of bf16 entries
+
+    def flush(pool):
+        """The batch's checksums in one call, every tensor's chunks spread over the pool."""
+        sums = _checksums([view for _, _, _, view in batch], mv, pool)
+        for (i, name, shape, _), h in zip(batch, sums):
             entries[i] = ('  %s: {"shape": [%s], "dtype": "BF16", "fnv1a64": "%016x"}'
-                          % (json.dumps(name), ", ".join(str(s) for s in shape), sums[e]))
+                          % (json.dumps(name), ", ".join(str(s) for s in shape), h))
+        del batch[:]
+
+    with Pool(threads) as pool:
+        pin, pinned_bytes = Pinned(), 0
+        try:
+            for name, value in tensors.items():
+                _name(name)
+                if quantized and _LINEAR.match(name) and name not in kept and \
+                        _module(name) not in kept:
+                    entries.append(_quantized_entry(name, value, pol, pin, mv))
+                    continue
+                dtype, shape, address, n = tensor_view(value, name, pin)
+                entries.append(None)
+                batch.append((len(entries) - 1, name, shape, (dtype, n, address)))
+                # the memory pinned (a copy where the tensor was not contiguous CPU memory)
+                # stays bounded: a batch is hashed and released every _BATCH_BYTES
+                pinned_bytes += n * _ITEMSIZE[dtype]
+                if pinned_bytes >= _BATCH_BYTES:
+                    flush(pool)
+                    pin.close()
+                    pin, pinned_bytes = Pinned(), 0
+            flush(pool)
+        finally:
+            pin.close()
     head = '{"version": %d, ' % version
     if mv >= 2:
         head += '"manifest_version": %d, ' % mv

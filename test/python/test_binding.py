@@ -1554,6 +1554,16 @@ class TestManifest(unittest.TestCase):
                     with open(mine, "rb") as f:
                         self.assertEqual({f.read()}, texts[mv], threads)
                     self.assertEqual(m.verify(mine, threads=threads), [])
+                # hashed in batches of a few tensors (the pinned memory bounded): the same file
+                import parity.manifest as manifest_module
+                saved, manifest_module._BATCH_BYTES = manifest_module._BATCH_BYTES, 5000
+                try:
+                    parity.write_manifest(mine, {n: ("BF16", weights[n][1], weights[n][0])
+                                                 for n in order}, manifest_version=mv)
+                finally:
+                    manifest_module._BATCH_BYTES = saved
+                with open(mine, "rb") as f:
+                    self.assertEqual({f.read()}, texts[mv], "batches")
                 name = order[5]
                 arr = array("H", weights[name][0])
                 arr[len(arr) - 1] ^= 1
