@@ -6,16 +6,20 @@ sync_to(model) takes after an optimizer step (the RL loop pays it every step).
                                            [--threads N] [--json FILE]
 
 Builds the module from the model (fp32 masters: 4 bytes a parameter, beside the model's bf16
-weights), moves every master off the bf16 grid (a stand-in for optimizer.step(): each value
-times (1 + 2^-10), so that every tensor changes and the cast has real rounding to do), then
+weights, read straight from the model; the time is printed), moves every master off the bf16
+grid (a stand-in for optimizer.step(): each value times (1 + 2^-10), so that every tensor
+changes and the cast has real rounding to do), then
 times sync_to: parity_model_update straight from the masters' memory (no copy on the Python
 side; the library casts with round-to-nearest-even, checks finiteness and keeps the fp32
-masters), and the check (the module's manifest written with parity_tensor_checksum, then
-parity_model_verify). Prints a table of the best of --repeat runs and a JSON object. Needs
-torch (Debian's /usr/bin/python3 with python3-torch).
+masters), and the check (the module's manifest written with parity_tensor_checksums, then
+parity_model_verify_on, both on --threads threads: the model's). Prints a table of the best of
+--repeat runs, its CPU seconds (all threads: on a shared machine the wall clock also counts
+other processes' time) and a JSON object. Needs torch (Debian's /usr/bin/python3 with
+python3-torch).
 """
 import argparse
 import json
+import resource
 import sys
 import time
 
@@ -29,6 +33,12 @@ except ImportError as e:
     sys.exit("learner_sync: needs torch (%s): run it with /usr/bin/python3 and python3-torch" % e)
 
 
+def _cpu_seconds():
+    """User + system CPU seconds of this process so far, all its threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="synthetic:qwen3-0.6b")
@@ -38,32 +48,35 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     with parity.Model(args.model, threads=args.threads) as model:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_seconds()
         lm = CausalLM(model, threads=args.threads)
-        build = time.perf_counter() - t0
+        build, build_cpu = time.perf_counter() - t0, _cpu_seconds() - c0
         n_params = sum(p.numel() for p in lm.parameters())
-        updates, verifies = [], []
+        runs = []
         for r in range(args.repeat):
             with torch.no_grad():
                 for p in lm.parameters():
                     p.mul_(1 + 2.0 ** -10)
+            c0 = _cpu_seconds()
             up, ver = lm.sync_to(model)
-            updates.append(up)
-            verifies.append(ver)
+            runs.append((up, ver, _cpu_seconds() - c0))
         version = model.version
-    best = min(range(args.repeat), key=lambda i: updates[i] + verifies[i])
-    up, ver = updates[best], verifies[best]
+    up, ver, cpu = min(runs, key=lambda run: run[0] + run[1])
     gb = n_params * 4 / 1e9
-    print("model %s: %d parameters, module built in %.1f s, %d syncs" % (args.model, n_params,
-                                                                        build, args.repeat))
+    print("model %s: %d parameters, %d threads, %d syncs" % (args.model, n_params, model.threads,
+                                                             args.repeat))
+    print("CausalLM(model) built in %.2f s (%.2f s of CPU)" % (build, build_cpu))
     print("%-28s %10s %10s" % ("step", "seconds", "GB/s fp32"))
     print("%-28s %10.3f %10.2f" % ("parity_model_update", up, gb / up))
     print("%-28s %10.3f %10.2f" % ("manifest write + verify", ver, gb / ver))
     print("%-28s %10.3f %10.2f" % ("sync_to total", up + ver, gb / (up + ver)))
-    out = {"model": args.model, "parameters": n_params, "module_build_s": round(build, 3),
+    print("%-28s %10.3f" % ("sync_to CPU (all threads)", cpu))
+    out = {"model": args.model, "parameters": n_params, "threads": model.threads,
+           "module_build_s": round(build, 3), "module_build_cpu_s": round(build_cpu, 3),
            "repeat": args.repeat, "update_s": round(up, 4), "verify_s": round(ver, 4),
-           "sync_s": round(up + ver, 4), "all_update_s": [round(x, 4) for x in updates],
-           "all_verify_s": [round(x, 4) for x in verifies], "model_version": version,
+           "sync_s": round(up + ver, 4), "sync_cpu_s": round(cpu, 4),
+           "all_update_s": [round(run[0], 4) for run in runs],
+           "all_verify_s": [round(run[1], 4) for run in runs], "model_version": version,
            "cpu_path": parity.cpu_path()}
     text = json.dumps(out)
     print(text)

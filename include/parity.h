@@ -1052,15 +1052,33 @@ typedef struct parity_tensor_data {
  */
 PARITY_API int parity_model_update(parity_model *model, const parity_tensor_data *tensors,
                                    size_t n);
+/* A thread pool (parity_ops.h: parity_pool_create). */
+typedef struct parity_pool parity_pool;
+/* parity_model_update with the values' checks and casts run on `pool`'s threads, a tensor a
+ * task (NULL: the calling thread alone; PARITY_ERR_BUSY if another call is using the pool):
+ * the same weights, and the same status and message for bad input, on any number of
+ * threads. */
+PARITY_API int parity_model_update_on(parity_pool *pool, parity_model *model,
+                                      const parity_tensor_data *tensors, size_t n);
 /* The model's version: 0 when loaded, +1 per successful parity_model_update. */
 PARITY_API uint64_t parity_model_version(const parity_model *model);
 
 /*
  * Sync checks. A manifest lists, for each tensor, its name, shape, dtype ("BF16") and a
- * checksum of its bf16 bytes as the model holds them (FNV-1a 64 over the little-endian
- * bf16 values), plus a version:
- *   {"version": N, "tensors": {"NAME": {"shape": [..], "dtype": "BF16",
- *                                       "fnv1a64": "16 hex digits"}, ...}}
+ * checksum of its bf16 bytes as the model holds them (the little-endian bf16 values), plus
+ * the model's version and the manifest's own format version:
+ *   {"version": N, "manifest_version": 2,
+ *    "tensors": {"NAME": {"shape": [..], "dtype": "BF16", "fnv1a64": "16 hex digits"}, ...}}
+ * The checksums ("fnv1a64" everywhere below) depend on manifest_version:
+ *   1 (a manifest without "manifest_version"): FNV-1a 64 over the bytes, in one chain;
+ *   2 (what the library writes): the bytes cut into chunks of 65536 bytes (the last one
+ *     shorter; none for no bytes), the FNV-1a 64 of each chunk, and the checksum the FNV-1a 64
+ *     over those chunk checksums' 8 little-endian bytes each, in order (no bytes: the FNV-1a
+ *     offset basis, as in version 1). FNV-1a is one multiply per byte in one chain; chunks
+ *     are independent, so the library hashes them four at a time on each of a pool's threads
+ *     (parity_model_write_manifest_on, parity_model_verify_on, parity_tensor_checksums): the
+ *     same value on any number of threads.
+ * The library reads both versions and writes version 2 (or, asked to, version 1).
  * The learner writes one from the weights it sent (python/parity has a writer; so does
  * parity_model_write_manifest). parity_model_verify compares the model against it and
  * reports every difference — a tensor missing on either side, a shape, dtype or checksum
@@ -1115,16 +1133,37 @@ PARITY_API int parity_model_write_manifest_for(const parity_model *model,
 PARITY_API int parity_model_verify_for(const parity_model *model, const parity_policy *policy,
                                        const char *manifest_path, char *report,
                                        size_t report_size);
-/* FNV-1a 64 over n_bytes bytes: the manifest checksum of fp8 codes (their bytes) and of
- * scales (the little-endian bytes of their fp32 values). */
+/* The manifest format version the library writes (it reads 1 and 2). */
+#define PARITY_MANIFEST_VERSION 2
+/* parity_model_write_manifest_for (writing a manifest of version `manifest_version`, 1 or 2:
+ * PARITY_MANIFEST_VERSION unless an older reader needs 1) and parity_model_verify_for (of
+ * either version, as the manifest says) with the checksums computed on `pool`'s threads
+ * (NULL: the calling thread alone; PARITY_ERR_BUSY if another call is using the pool): the
+ * same file and the same report on any number of threads. */
+PARITY_API int parity_model_write_manifest_on(parity_pool *pool, const parity_model *model,
+                                              const parity_policy *policy,
+                                              uint32_t manifest_version, const char *path);
+PARITY_API int parity_model_verify_on(parity_pool *pool, const parity_model *model,
+                                      const parity_policy *policy, const char *manifest_path,
+                                      char *report, size_t report_size);
+/* The checksums a manifest of version `manifest_version` (1 or 2) holds for n tensors held
+ * by the caller, into checksums[n], on `pool`'s threads (NULL: the calling thread alone): of
+ * each tensor's values as bf16, as the model holds them after parity_model_update (BF16 data
+ * as it is, F16 and F32 data rounded to bf16 with the same round-to-nearest-even, NaN ->
+ * 0x7fc0), or of F8_E4M3 data's bytes as they are (fp8 codes; and any bytes, such as the
+ * little-endian bytes of scales' fp32 values, as shape [n_bytes]). Each tensor is its dtype,
+ * ndim (1 or 2), shape and data (read in place, need not be aligned); its name is not read.
+ * A learner computes its manifest with it without copying or casting its weights; the
+ * values do not depend on the pool's size. PARITY_ERR_INVALID_ARGUMENT for a NULL pointer
+ * (data may be NULL for no values), an unknown dtype or version, ndim not 1 or 2. */
+PARITY_API int parity_tensor_checksums(parity_pool *pool, uint32_t manifest_version,
+                                       const parity_tensor_data *tensors, size_t n,
+                                       uint64_t *checksums);
+/* Version 1's checksums of one buffer (FNV-1a 64 in one chain, on the calling thread), for
+ * manifests of that version: of n_bytes bytes (fp8 codes; scales' fp32 bytes), and of n
+ * values of `dtype` as parity_tensor_checksums reads them. PARITY_ERR_INVALID_ARGUMENT for a
+ * NULL pointer (data may be NULL when n is 0) or an unknown dtype. */
 PARITY_API int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64);
-/* The manifest checksum of one tensor of n values held by the caller: FNV-1a 64 over the
- * little-endian bytes of the values as bf16, as the model holds them after
- * parity_model_update: BF16 data as it is, F16 and F32 data rounded to bf16 with the same
- * round-to-nearest-even (NaN -> 0x7fc0). A learner computes its manifest with it without
- * copying or casting its weights. F8_E4M3 codes: their bytes as they are.
- * PARITY_ERR_INVALID_ARGUMENT for a NULL pointer (data may be NULL when n is 0) or an unknown
- * dtype. */
 PARITY_API int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n,
                                       uint64_t *fnv1a64);
 
@@ -1153,6 +1192,10 @@ typedef struct parity_weight_info {
                                     unquantized: modules_to_not_convert, ignored_layers) */
 } parity_weight_info;
 
+/* The checkpoint name of the model's tensor `index`: 0, 1, ... up to the number of tensors it
+ * holds (those parity_model_save writes, a tied lm_head not among them), in the model's
+ * order; NULL past the last or for a NULL model. The string lives as long as the model. */
+PARITY_API const char *parity_model_tensor_name(const parity_model *model, size_t index);
 /* Fills *info for the tensor `name`. PARITY_ERR_INVALID_ARGUMENT for a NULL pointer or an
  * info->size other than sizeof(parity_weight_info); PARITY_ERR_TENSOR_UNEXPECTED for a name
  * the model has no tensor of (a tied lm_head is "model.embed_tokens.weight"). */

@@ -257,8 +257,14 @@ int main(void) {
     {
         shipment s = quantize(L, GATE0, deepseek);
         uint64_t c = 0, sc = 0;
-        CHECK_OK(parity_tensor_checksum(PARITY_DTYPE_F8_E4M3, s.codes, (uint64_t)s.rows * s.cols, &c));
-        CHECK_OK(parity_bytes_checksum(s.scales, (uint64_t)s.grid_rows * s.grid_cols * 4, &sc));
+        /* (the checksums of the manifest version the library writes) */
+        const parity_tensor_data sums[2] = {
+            {NULL, PARITY_DTYPE_F8_E4M3, 1, {(uint64_t)s.rows * s.cols, 1}, s.codes},
+            {NULL, PARITY_DTYPE_F8_E4M3, 1, {(uint64_t)s.grid_rows * s.grid_cols * 4, 1}, s.scales}};
+        uint64_t both[2];
+        CHECK_OK(parity_tensor_checksums(NULL, PARITY_MANIFEST_VERSION, sums, 2, both));
+        c = both[0];
+        sc = both[1];
         char entry[512];
         snprintf(entry, sizeof entry, "\"" GATE0 "\": {\"shape\": [%u, %u], \"dtype\": \"F8_E4M3\", "
                  "\"format\": \"fp8-block\", \"block\": [128, 128], \"quantizer\": \"deepseek\", "

@@ -50,6 +50,26 @@ static uint64_t learner_fnv(const uint16_t *x, size_t n) {
     return h;
 }
 
+/* Manifest version 2's checksum (parity.h, "Sync checks"): FNV-1a 64 of each 65536-byte
+ * chunk of the bf16 bytes, those checksums' little-endian bytes hashed in order. */
+static uint64_t learner_fnv_chunked(const uint16_t *x, size_t n) {
+    uint64_t outer = 0xcbf29ce484222325ull;
+    for (size_t c = 0; c < n; c += 32768) {
+        const uint64_t h = learner_fnv(x + c, n - c < 32768 ? n - c : 32768);
+        for (int k = 0; k < 8; k++) outer = (outer ^ ((h >> (8 * k)) & 0xffu)) * 0x100000001b3ull;
+    }
+    return outer;
+}
+
+/* The whole text of a file (NULL if it cannot be read), NUL-terminated. */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *text = f ? calloc(1, 1 << 20) : NULL;
+    if (text && fread(text, 1, (1 << 20) - 1, f) == 0) text[0] = '\0';
+    if (f) fclose(f);
+    return text;
+}
+
 typedef struct learner {
     size_t n;
     expected slots[128];
@@ -188,6 +208,48 @@ int main(void) {
     CHECK_STATUS(parity_tensor_checksum(PARITY_DTYPE_F32, L.master[0], 1, NULL),
                  PARITY_ERR_INVALID_ARGUMENT);
 
+    /* version 2 (parity_tensor_checksums): the learner's chunked FNV-1a, on no pool and on
+     * pools of 1, 2 and 3 threads alike; a buffer of 5 chunks and a tail (four chunks hashed
+     * at once, the rest one by one) and every weight, from fp32 masters and from bf16 */
+    {
+        const size_t big_n = 5 * 32768 + 777;
+        float *big = malloc(big_n * 4);
+        uint16_t *big_bf16 = malloc(big_n * 2);
+        for (size_t k = 0; k < big_n; k++) big_bf16[k] = learner_rne(big[k] = noise());
+        parity_tensor_data t[2 * 128 + 2];
+        uint64_t want[2 * 128 + 2], got[2 * 128 + 2];
+        size_t k = 0;
+        t[k] = (parity_tensor_data){NULL, PARITY_DTYPE_F32, 1, {big_n, 1}, big};
+        want[k++] = learner_fnv_chunked(big_bf16, big_n);
+        t[k] = (parity_tensor_data){NULL, PARITY_DTYPE_BF16, 2, {5, big_n / 5}, big_bf16};
+        want[k++] = learner_fnv_chunked(big_bf16, big_n / 5 * 5);
+        for (size_t i = 0; i < L.n; i++) {
+            const weight *w = L.slots[i].dst;
+            t[k] = (parity_tensor_data){NULL, PARITY_DTYPE_F32, 2, {w->rows, w->cols}, L.master[i]};
+            want[k++] = learner_fnv_chunked(L.sent[i], (size_t)w->rows * w->cols);
+            t[k] = (parity_tensor_data){NULL, PARITY_DTYPE_BF16, 1, {(uint64_t)w->rows * w->cols, 1},
+                                        L.sent[i]};
+            want[k++] = learner_fnv_chunked(L.sent[i], (size_t)w->rows * w->cols);
+        }
+        for (uint32_t threads = 0; threads <= 3; threads++) {
+            parity_pool *pool = NULL;
+            if (threads) CHECK_OK(parity_pool_create(threads, &pool));
+            memset(got, 0, sizeof got);
+            CHECK_OK(parity_tensor_checksums(pool, 2, t, k, got));
+            for (size_t i = 0; i < k; i++) CHECK(got[i] == want[i]);
+            /* and version 1 on the pool: parity_tensor_checksum's */
+            CHECK_OK(parity_tensor_checksums(pool, 1, t, 1, got));
+            CHECK(got[0] == learner_fnv(big_bf16, big_n));
+            parity_pool_free(pool);
+        }
+        CHECK_STATUS(parity_tensor_checksums(NULL, 3, t, 1, got), PARITY_ERR_INVALID_ARGUMENT);
+        CHECK_STATUS(parity_tensor_checksums(NULL, 0, t, 1, got), PARITY_ERR_INVALID_ARGUMENT);
+        t[0].ndim = 3;
+        CHECK_STATUS(parity_tensor_checksums(NULL, 2, t, 1, got), PARITY_ERR_INVALID_ARGUMENT);
+        free(big);
+        free(big_bf16);
+    }
+
     /* the correct path: every tensor from fp32 masters, then verify: no difference */
     push_all(m, &L);
     CHECK_INT(parity_model_version(m), 1);
@@ -199,6 +261,26 @@ int main(void) {
     snprintf(own, sizeof own, "%s/own.json", tmp);
     CHECK_OK(parity_model_write_manifest(m, own));
     CHECK_OK(verify(m, own, report, sizeof report));
+    /* ... the same file written on pools of 1 and 3 threads, verified on them */
+    {
+        char *text = slurp(own);
+        CHECK(text && strstr(text, "{\"version\": 1, \"manifest_version\": 2, ") == text);
+        for (uint32_t threads = 1; threads <= 3; threads += 2) {
+            parity_pool *pool = NULL;
+            CHECK_OK(parity_pool_create(threads, &pool));
+            CHECK_OK(parity_model_write_manifest_on(pool, m, NULL, 2, own));
+            char *again = slurp(own);
+            CHECK(text && again && !strcmp(text, again));
+            free(again);
+            CHECK_OK(parity_model_verify_on(pool, m, NULL, manifest, report, sizeof report));
+            CHECK_OK(parity_model_verify_on(pool, m, NULL, own, report, sizeof report));
+            parity_pool_free(pool);
+        }
+        CHECK_STATUS(parity_model_write_manifest_on(NULL, m, NULL, 3, own),
+                     PARITY_ERR_INVALID_ARGUMENT);
+        free(text);
+        CHECK_OK(parity_model_write_manifest(m, own));
+    }
 
     /* the fp32 masters are the fp32 policy's weights; bf16 policies read RNE(master) */
     int32_t probe_tokens[48];

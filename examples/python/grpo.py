@@ -226,7 +226,7 @@ class RolloutEngine:
             if self.model.version != before + 1:
                 raise RuntimeError("parity.Model.update did not count the update (version %d "
                                    "-> %d)" % (before, self.model.version))
-        problems = self.verify(payload["checksums"])
+        problems = self.verify(payload["checksums"], payload["manifest_version"])
         if problems:
             raise RuntimeError("after the update to version %d the worker's weights differ "
                                "from the learner's: %s" % (payload["version"],
@@ -234,17 +234,18 @@ class RolloutEngine:
         self.version = payload["version"]
         self.verified = True
 
-    def verify(self, checksums):
-        """parity.Model.verify against a manifest of the given bf16 checksums and this model's
-        own update count; returns the differences (empty when it holds exactly those weights)."""
+    def verify(self, checksums, manifest_version):
+        """parity.Model.verify against a manifest of the given bf16 checksums (of that manifest
+        version) and this model's own update count; returns the differences (empty when it
+        holds exactly those weights)."""
         entries = ['%s: {"shape": %s, "dtype": "BF16", "fnv1a64": "%016x"}'
                    % (json.dumps(name), json.dumps(list(shape)), h)
                    for name, (shape, h) in checksums.items()]
         fd, path = tempfile.mkstemp(prefix="grpo-manifest-", suffix=".json")
         try:
             with os.fdopen(fd, "w") as f:
-                f.write('{"version": %d, "tensors": {%s}}\n'
-                        % (self.model.version, ", ".join(entries)))
+                f.write('{"version": %d, "manifest_version": %d, "tensors": {%s}}\n'
+                        % (self.model.version, manifest_version, ", ".join(entries)))
             return self.model.verify(path)
         finally:
             os.unlink(path)
@@ -267,7 +268,8 @@ class RolloutEngine:
 def weights_payload(version, masters):
     """What a sampler needs to reach a version: the fp32 masters as (dtype, shape, bytes) for
     parity.Model.update (none for version 0, the checkpoint every sampler loads) and the
-    checksums of their bf16 cast (parity.manifest.checksum: the manifest's values)."""
+    checksums of their bf16 cast (parity.manifest.checksum: the manifest's values) with the
+    manifest version they are of."""
     tensors = None
     if version > 0:
         tensors = {}
@@ -275,7 +277,8 @@ def weights_payload(version, masters):
             t = t.detach().contiguous()
             tensors[name] = ("F32", tuple(t.shape), t.numpy().tobytes())
     checksums = {name: parity.manifest.checksum(t.detach(), name) for name, t in masters.items()}
-    return {"version": version, "tensors": tensors, "checksums": checksums}
+    return {"version": version, "tensors": tensors, "checksums": checksums,
+            "manifest_version": parity.MANIFEST_VERSION}
 
 
 class LocalRollouts:

@@ -13,81 +13,32 @@
 #include "base/errors.h"
 #include "base/files.h"
 #include "base/floats.h"
+#include "checksum.h"
 #include "checkpoint/json.h"
 #include "checkpoint/layout.h"
 #include "model/model.h"
 #include "quant/rules.h"
+#include "user_pool.h"
 
 /* ---- manifests -------------------------------------------------------------------------- */
 
-/* FNV-1a 64 of the two little-endian bytes of one bf16 value, continuing from h. */
-#define FNV1A64_OFFSET 0xcbf29ce484222325ull
-#define FNV1A64_PRIME 0x100000001b3ull
-static inline uint64_t fnv1a64_step(uint64_t h, uint16_t v) {
-    h = (h ^ (v & 0xffu)) * FNV1A64_PRIME;
-    return (h ^ (uint16_t)(v >> 8)) * FNV1A64_PRIME;
-}
-
-/* FNV-1a 64 over the little-endian bytes of n bf16 values. */
-static uint64_t fnv1a64_bf16(const uint16_t *x, uint64_t n) {
-    uint64_t h = FNV1A64_OFFSET;
-    for (uint64_t i = 0; i < n; i++) h = fnv1a64_step(h, x[i]);
-    return h;
-}
-
-/* FNV-1a 64 over n bytes. */
-static uint64_t fnv1a64_bytes(const void *data, uint64_t n) {
-    const uint8_t *p = data;
-    uint64_t h = FNV1A64_OFFSET;
-    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * FNV1A64_PRIME;
-    return h;
-}
-
-/* FNV-1a 64 over a weight's held codes (quant_weight.h) one a byte, as the quantizers write them:
- * the checksum does not depend on how they are packed. */
-static uint64_t fnv1a64_codes(const quant_format *f, const weight *w, const uint8_t *held) {
+/* The checksum (manifest version `mv`) of a weight's held codes (quant_weight.h) one a byte,
+ * as the quantizers write them: it does not depend on how they are packed. */
+static uint64_t codes_checksum(uint32_t mv, const quant_format *f, const weight *w,
+                               const uint8_t *held) {
     const size_t row_bytes = quant_weight_row_bytes(f, w->cols);
-    uint64_t h = FNV1A64_OFFSET;
+    checksum_stream s;
+    checksum_begin(&s, mv);
     for (uint32_t r = 0; r < w->rows; r++)
         for (uint32_t c = 0; c < w->cols; c++)
-            h = (h ^ quant_code_at(f, held + r * row_bytes, c)) * FNV1A64_PRIME;
-    return h;
+            checksum_byte(&s, quant_code_at(f, held + r * row_bytes, c));
+    return checksum_end(&s);
 }
 
-int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64) {
-    clear_error();
-    if (!fnv1a64 || (!data && n_bytes))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_bytes_checksum: data or output is NULL");
-    *fnv1a64 = fnv1a64_bytes(data, n_bytes);
-    return PARITY_OK;
-}
-
-int parity_tensor_checksum(uint32_t dtype, const void *data, uint64_t n, uint64_t *fnv1a64) {
-    clear_error();
-    if (!fnv1a64 || (!data && n))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_tensor_checksum: data or output is NULL");
-    if (dtype == PARITY_DTYPE_F8_E4M3) return parity_bytes_checksum(data, n, fnv1a64);
-    if (dtype > PARITY_DTYPE_F32)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "parity_tensor_checksum: dtype %u is not BF16 (0), F16 (1), F32 (2) or "
-                         "F8_E4M3 (3)", dtype);
-    /* The caller's buffer need not be aligned: values are read with memcpy. */
-    const uint8_t *src = data;
-    uint64_t h = FNV1A64_OFFSET;
-    for (uint64_t i = 0; i < n; i++) {
-        uint16_t v;
-        float f;
-        if (dtype == PARITY_DTYPE_F32) {
-            memcpy(&f, src + 4 * i, 4);
-            v = bf16_from_f32(f);
-        } else {
-            memcpy(&v, src + 2 * i, 2);
-            if (dtype == PARITY_DTYPE_F16) v = bf16_from_f32(f16_to_f32(v));
-        }
-        h = fnv1a64_step(h, v);
-    }
-    *fnv1a64 = h;
-    return PARITY_OK;
+/* The checksum (manifest version `mv`) of n bytes. */
+static uint64_t bytes_checksum(uint32_t mv, const void *data, uint64_t n) {
+    const checksum_job job = {PARITY_DTYPE_F8_E4M3, data, n};
+    return checksum_buffer(mv, &job);
 }
 
 /* ---- quantized weights in manifests -------------------------------------------------------- */
@@ -145,13 +96,13 @@ static int fp8_view_of(const weight *w, int gemm, int quantizer, fp8_view *v) {
     return PARITY_OK;
 }
 
-static uint64_t view_codes_sum(const weight *w, const fp8_view *v) {
-    return fnv1a64_bytes(v->codes, (uint64_t)w->rows * w->cols);
+static uint64_t view_codes_sum(uint32_t mv, const weight *w, const fp8_view *v) {
+    return bytes_checksum(mv, v->codes, (uint64_t)w->rows * w->cols);
 }
-/* The scales' checksum: FNV-1a 64 over their fp32 values' little-endian bytes (BF16 and E8M0
- * scales widened exactly). */
-static uint64_t view_scales_sum(const fp8_view *v) {
-    return fnv1a64_bytes(v->scales, v->grid_rows * v->grid_cols * sizeof(float));
+/* The scales' checksum: over their fp32 values' little-endian bytes (BF16 and E8M0 scales
+ * widened exactly). */
+static uint64_t view_scales_sum(uint32_t mv, const fp8_view *v) {
+    return bytes_checksum(mv, v->scales, v->grid_rows * v->grid_cols * sizeof(float));
 }
 
 /* Whether the policy quantizes slot's weight (an fp8 gemm, a linear weight not kept in bf16). */
@@ -239,16 +190,18 @@ static void lowbit_view_free(lowbit_view *v) {
 }
 
 /* The view's checksums as the manifest writes them: codes, scales, tensor scale bits. */
-static void lowbit_sums(const weight *w, const lowbit_view *v, char codes[17], char scales[17],
-                        char tensor[9]) {
-    snprintf(codes, 17, "%016" PRIx64, fnv1a64_codes(quant_format_row((uint32_t)v->gemm), w, v->codes));
-    snprintf(scales, 17, "%016" PRIx64, fnv1a64_bytes(v->scales, v->grid_rows * v->grid_cols * 4));
+static void lowbit_sums(uint32_t mv, const weight *w, const lowbit_view *v, char codes[17],
+                        char scales[17], char tensor[9]) {
+    snprintf(codes, 17, "%016" PRIx64,
+             codes_checksum(mv, quant_format_row((uint32_t)v->gemm), w, v->codes));
+    snprintf(scales, 17, "%016" PRIx64,
+             bytes_checksum(mv, v->scales, v->grid_rows * v->grid_cols * 4));
     snprintf(tensor, 9, "%08" PRIx32, f32_bits(v->tensor_scale));
 }
 
-static void write_lowbit_entry(FILE *f, const weight *w, const lowbit_view *v) {
+static void write_lowbit_entry(uint32_t mv, FILE *f, const weight *w, const lowbit_view *v) {
     char c[17], sc[17], t[9];
-    lowbit_sums(w, v, c, sc, t);
+    lowbit_sums(mv, w, v, c, sc, t);
     fprintf(f, "], \"dtype\": \"%s\", \"format\": \"%s\", \"block\": [%" PRIu64 ", %" PRIu64 "], ",
             lowbit_dtype(v->gemm), quant_format_name((uint32_t)v->gemm), v->block_rows, v->block_cols);
     if (v->shipped) fprintf(f, "\"quantizer\": null, ");
@@ -260,14 +213,48 @@ static void write_lowbit_entry(FILE *f, const weight *w, const lowbit_view *v) {
     fprintf(f, "}");
 }
 
-static int manifest_write(const parity_model *m, const parity_policy *pol, const char *path) {
+/* The checksums (manifest version mv) of the bf16 values of the slots `want` marks into
+ * sums[i], on the pool's threads; each slot's values made first where its weight holds shipped
+ * codes alone. */
+static int bf16_checksums(threadpool *pool, uint32_t mv, const parity_model *m,
+                          const unsigned char *want, uint64_t *sums) {
+    size_t n, k = 0;
+    const expected *slots = model_tensors(m, &n);
+    checksum_job *jobs = px_malloc((n ? n : 1) * (sizeof *jobs + sizeof(size_t) + 8), "checksums");
+    if (!jobs) return PARITY_ERR_OUT_OF_MEMORY;
+    size_t *slot_of = (size_t *)(jobs + (n ? n : 1));
+    uint64_t *out = (uint64_t *)(slot_of + (n ? n : 1));
+    int rc = PARITY_OK;
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (!want[i] || (rc = entry_values(m, &slots[i], PARITY_GEMM_BF16))) continue;
+        const weight *w = slots[i].dst;
+        jobs[k] = (checksum_job){PARITY_DTYPE_BF16, w->bf16, (uint64_t)w->rows * w->cols};
+        slot_of[k++] = i;
+    }
+    if (!rc) rc = checksum_buffers(pool, mv, jobs, k, out);
+    for (size_t j = 0; j < k && !rc; j++) sums[slot_of[j]] = out[j];
+    px_free(jobs);
+    return rc;
+}
+
+static int manifest_write(threadpool *pool, const parity_model *m, const parity_policy *pol,
+                          uint32_t mv, const char *path) {
     size_t n;
     const expected *slots = model_tensors(m, &n);
     const int quantized = pol && pol->gemm != PARITY_GEMM_BF16;
-    FILE *f = fopen(path, "w");
-    if (!f) return set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    int rc = PARITY_OK;
+    /* the bf16 entries' checksums first, all on the pool */
+    uint64_t *sums = px_malloc((n ? n : 1) * (sizeof *sums + 1), "manifest checksums");
+    if (!sums) return PARITY_ERR_OUT_OF_MEMORY;
+    unsigned char *want = (unsigned char *)(sums + (n ? n : 1));
+    for (size_t i = 0; i < n; i++) want[i] = !policy_quantizes(pol, &slots[i]);
+    int rc = bf16_checksums(pool, mv, m, want, sums);
+    FILE *f = rc ? NULL : fopen(path, "w");
+    if (!f) {
+        px_free(sums);
+        return rc ? rc : set_error(PARITY_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    }
     fprintf(f, "{\"version\": %" PRIu64 ", ", m->version);
+    if (mv >= 2) fprintf(f, "\"manifest_version\": %u, ", mv);
     if (quantized)
         fprintf(f, "\"quantization\": {\"format\": \"%s\", \"quantizer\": \"%s\"}, ",
                 quant_format_name(pol->gemm), parity_quantizer_name(pol->quantizer));
@@ -281,14 +268,13 @@ static int manifest_write(const parity_model *m, const parity_policy *pol, const
         if (slots[i].rows) fprintf(f, "%u, %u", w->rows, w->cols);
         else fprintf(f, "%u", w->cols);
         if (!policy_quantizes(pol, &slots[i])) {
-            fprintf(f, "], \"dtype\": \"BF16\", \"fnv1a64\": \"%016" PRIx64 "\"}",
-                    fnv1a64_bf16(w->bf16, (uint64_t)w->rows * w->cols));
+            fprintf(f, "], \"dtype\": \"BF16\", \"fnv1a64\": \"%016" PRIx64 "\"}", sums[i]);
             continue;
         }
         if (is_lowbit(pol->gemm)) {
             lowbit_view lv;
             if ((rc = lowbit_view_of(w, pol->gemm, pol->quantizer, &lv))) break;
-            write_lowbit_entry(f, w, &lv);
+            write_lowbit_entry(mv, f, w, &lv);
             lowbit_view_free(&lv);
             continue;
         }
@@ -300,25 +286,39 @@ static int manifest_write(const parity_model *m, const parity_policy *pol, const
         else fprintf(f, "\"quantizer\": \"%s\", ", parity_fp8_quantizer_name(v.quantizer));
         fprintf(f, "\"fnv1a64\": \"%016" PRIx64 "\", \"scales\": {\"shape\": [%" PRIu64 ", %" PRIu64
                    "], \"dtype\": \"%s\", \"fnv1a64\": \"%016" PRIx64 "\"}}",
-                view_codes_sum(w, &v), v.grid_rows, v.grid_cols, scale_dtype_name(v.scale_dtype),
-                view_scales_sum(&v));
+                view_codes_sum(mv, w, &v), v.grid_rows, v.grid_cols,
+                scale_dtype_name(v.scale_dtype), view_scales_sum(mv, &v));
         fp8_view_free(&v);
     }
     fprintf(f, "\n}}\n");
     if (fclose(f) != 0 && !rc) rc = set_error(PARITY_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    px_free(sums);
+    return rc;
+}
+
+int parity_model_write_manifest_on(parity_pool *pool, const parity_model *m,
+                                   const parity_policy *pol, uint32_t manifest_version,
+                                   const char *path) {
+    clear_error();
+    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
+    if (!checksum_version_known(manifest_version))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "parity_model_write_manifest_on: manifest "
+                         "version %u; the library writes 1 and 2", manifest_version);
+    int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
+    if (rc) return rc;
+    threadpool *threads;
+    TRY(user_pool_enter(pool, &threads, "parity_model_write_manifest_on"));
+    if (!(rc = model_enter(m))) {
+        rc = manifest_write(threads, m, pol, manifest_version, path);
+        model_leave(m);
+    }
+    user_pool_leave(pool, threads);
     return rc;
 }
 
 int parity_model_write_manifest_for(const parity_model *m, const parity_policy *pol,
                                     const char *path) {
-    clear_error();
-    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or path is NULL");
-    int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
-    if (rc) return rc;
-    if ((rc = model_enter(m))) return rc;
-    rc = manifest_write(m, pol, path);
-    model_leave(m);
-    return rc;
+    return parity_model_write_manifest_on(NULL, m, pol, PARITY_MANIFEST_VERSION, path);
 }
 
 int parity_model_write_manifest(const parity_model *m, const char *path) {
@@ -403,8 +403,8 @@ static void report_differs(report *r, const char *name, const char *want_c, cons
 
 /* The checks of one F8_E4M3 manifest entry against the codes the sampler's policy (pol; NULL:
  * the entry's own format and quantizer) reads for the weight. */
-static int verify_fp8_entry(const expected *slot, const json_value *e, const parity_policy *pol,
-                            report *r) {
+static int verify_fp8_entry(uint32_t mv, const expected *slot, const json_value *e,
+                            const parity_policy *pol, report *r) {
     const weight *w = slot->dst;
     const char *name = slot->name;
     const char *fmt = entry_str(e, "format"), *qname = entry_str(e, "quantizer");
@@ -479,8 +479,8 @@ static int verify_fp8_entry(const expected *slot, const json_value *e, const par
         format_bad = 1;
     }
     char have_c[17], have_s[17];
-    snprintf(have_c, sizeof have_c, "%016" PRIx64, view_codes_sum(w, &v));
-    snprintf(have_s, sizeof have_s, "%016" PRIx64, view_scales_sum(&v));
+    snprintf(have_c, sizeof have_c, "%016" PRIx64, view_codes_sum(mv, w, &v));
+    snprintf(have_s, sizeof have_s, "%016" PRIx64, view_scales_sum(mv, &v));
     const char *want_c = entry_str(e, "fnv1a64"), *want_s = scales ? entry_str(scales, "fnv1a64") : NULL;
     const int codes_ok = want_c && !strcmp(want_c, have_c), scales_ok = want_s && !strcmp(want_s, have_s);
     if (!format_bad && !(codes_ok && scales_ok)) {
@@ -490,8 +490,8 @@ static int verify_fp8_entry(const expected *slot, const json_value *e, const par
             int same = -1;
             if (fp8_view_of(w, gemm, learner_q, &again) == PARITY_OK) {
                 char c2[17], s2[17];
-                snprintf(c2, sizeof c2, "%016" PRIx64, view_codes_sum(w, &again));
-                snprintf(s2, sizeof s2, "%016" PRIx64, view_scales_sum(&again));
+                snprintf(c2, sizeof c2, "%016" PRIx64, view_codes_sum(mv, w, &again));
+                snprintf(s2, sizeof s2, "%016" PRIx64, view_scales_sum(mv, &again));
                 same = !strcmp(c2, want_c) && want_s && !strcmp(s2, want_s);
                 fp8_view_free(&again);
             }
@@ -509,8 +509,8 @@ static int verify_fp8_entry(const expected *slot, const json_value *e, const par
  * NULL: the entry's own format and quantizer) reads for the weight: geometry (format, block,
  * scale grid), scale format, then codes, scales and tensor scale, with the quantizer identity
  * check where the sampler quantizes with another rule. */
-static int verify_lowbit_entry(const expected *slot, const json_value *e, const parity_policy *pol,
-                               report *r) {
+static int verify_lowbit_entry(uint32_t mv, const expected *slot, const json_value *e,
+                               const parity_policy *pol, report *r) {
     const weight *w = slot->dst;
     const char *name = slot->name;
     const char *fmt = entry_str(e, "format"), *qname = entry_str(e, "quantizer");
@@ -558,7 +558,7 @@ static int verify_lowbit_entry(const expected *slot, const json_value *e, const 
         return PARITY_OK;
     }
     char have_c[17], have_s[17], have_t[9];
-    lowbit_sums(w, &v, have_c, have_s, have_t);
+    lowbit_sums(mv, w, &v, have_c, have_s, have_t);
     const char *want_c = entry_str(e, "fnv1a64"), *want_s = scales ? entry_str(scales, "fnv1a64") : NULL;
     /* NVFP4's s2 is a field of its own; ternary's s_w is its scales entry */
     const int nv = gemm == PARITY_GEMM_NVFP4;
@@ -571,7 +571,7 @@ static int verify_lowbit_entry(const expected *slot, const json_value *e, const 
             int same = -1;
             if (lowbit_view_of(w, gemm, learner_q, &again) == PARITY_OK) {
                 char c2[17], s2[17], t2[9];
-                lowbit_sums(w, &again, c2, s2, t2);
+                lowbit_sums(mv, w, &again, c2, s2, t2);
                 same = want_c && !strcmp(c2, want_c) && want_s && !strcmp(s2, want_s) &&
                        (!nv || (want_t && !strcmp(t2, want_t)));
                 lowbit_view_free(&again);
@@ -589,53 +589,67 @@ static int verify_lowbit_entry(const expected *slot, const json_value *e, const 
     return PARITY_OK;
 }
 
-int parity_model_verify_for(const parity_model *m, const parity_policy *pol, const char *path,
-                            char *report_buf, size_t report_size) {
-    clear_error();
-    if (!m || !path) return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
-    int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
-    if (rc) return rc;
-    if (report_buf && report_size) report_buf[0] = '\0';
-    json_doc *doc;
-    rc = read_manifest(path, &doc);
-    if (rc) return rc;
-    const json_value *root = json_doc_root(doc);
+/* Whether entry e's "shape" is the slot's. */
+static int entry_shape_ok(const expected *slot, const json_value *e) {
+    const json_value *shape = json_get(e, "shape");
+    const uint64_t want[2] = {slot->rows ? slot->dst->rows : slot->dst->cols, slot->dst->cols};
+    const size_t ndim = slot->rows ? 2 : 1;
+    int ok = shape && shape->type == JSON_ARRAY && shape->count == ndim;
+    for (size_t d = 0; ok && d < ndim; d++)
+        ok = shape->items[d].type == JSON_NUMBER && shape->items[d].is_int &&
+             (uint64_t)shape->items[d].integer == want[d];
+    return ok;
+}
+
+/* The manifest's own version (1 when it names none), 0 for one this library cannot read. */
+static uint32_t manifest_version_of(const json_value *root) {
+    const json_value *v = json_get(root, "manifest_version");
+    if (!v) return 1;
+    return v->type == JSON_NUMBER && v->is_int && checksum_version_known((uint64_t)v->integer)
+               ? (uint32_t)v->integer
+               : 0;
+}
+
+/* The checks of a manifest against a model (entered), on the pool's threads. */
+static int verify_manifest(threadpool *pool, const parity_model *m, const parity_policy *pol,
+                           const char *path, const json_value *root, report *r) {
     const json_value *tensors = json_get(root, "tensors"), *version = json_get(root, "version");
     if (!tensors || tensors->type != JSON_OBJECT || !version || version->type != JSON_NUMBER ||
-        !version->is_int || version->integer < 0) {
-        json_free(doc);
+        !version->is_int || version->integer < 0)
         return set_error(PARITY_ERR_VERIFY, "%s: not a manifest (wants {\"version\": N, "
                          "\"tensors\": {...}})", path);
-    }
+    const uint32_t mv = manifest_version_of(root);
+    if (!mv)
+        return set_error(PARITY_ERR_VERIFY, "%s: \"manifest_version\" is not one this library "
+                         "reads (1 or 2)", path);
     const json_value *quant = json_get(root, "quantization");
     const int learner_quantizes = quant && quant->type == JSON_OBJECT;
-    if ((rc = model_enter(m))) {
-        json_free(doc);
-        return rc;
-    }
     size_t n;
     const expected *slots = model_tensors(m, &n);
-    report r = {report_buf, report_size, 0, 0};
+    /* the checksums of the model's bf16 values that BF16 entries are compared with, first,
+     * all on the pool */
+    uint64_t *sums = px_malloc((n ? n : 1) * (sizeof *sums + 1), "manifest checksums");
+    if (!sums) return PARITY_ERR_OUT_OF_MEMORY;
+    unsigned char *want = (unsigned char *)(sums + (n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        const json_value *e = json_get(tensors, slots[i].name);
+        const char *dtype = e && e->type == JSON_OBJECT ? entry_str(e, "dtype") : NULL;
+        want[i] = dtype && !strcmp(dtype, "BF16") && entry_shape_ok(&slots[i], e);
+    }
+    int rc = bf16_checksums(pool, mv, m, want, sums);
     if ((uint64_t)version->integer != m->version)
-        report_line(&r, "version: the manifest has %lld, the model %" PRIu64 " (a stale sync, or "
+        report_line(r, "version: the manifest has %lld, the model %" PRIu64 " (a stale sync, or "
                     "one applied twice)", (long long)version->integer, m->version);
     for (size_t i = 0; i < n && !rc; i++) {
-        const weight *w = slots[i].dst;
         const json_value *e = json_get(tensors, slots[i].name);
         if (!e || e->type != JSON_OBJECT) {
-            report_line(&r, "%s: in the model, not in the manifest", slots[i].name);
+            report_line(r, "%s: in the model, not in the manifest", slots[i].name);
             continue;
         }
-        const json_value *shape = json_get(e, "shape"), *dtype = json_get(e, "dtype"),
-                         *sum = json_get(e, "fnv1a64");
-        uint64_t want[2] = {slots[i].rows ? w->rows : w->cols, w->cols};
-        size_t ndim = slots[i].rows ? 2 : 1;
-        int shape_ok = shape && shape->type == JSON_ARRAY && shape->count == ndim;
-        for (size_t d = 0; shape_ok && d < ndim; d++)
-            shape_ok = shape->items[d].type == JSON_NUMBER && shape->items[d].is_int &&
-                       (uint64_t)shape->items[d].integer == want[d];
-        if (!shape_ok) {
-            report_line(&r, "%s: shape differs (the model has %s)", slots[i].name, slots[i].shape_doc);
+        const json_value *dtype = json_get(e, "dtype"), *sum = json_get(e, "fnv1a64");
+        if (!entry_shape_ok(&slots[i], e)) {
+            report_line(r, "%s: shape differs (the model has %s)", slots[i].name,
+                        slots[i].shape_doc);
             continue;
         }
         const int f8 = dtype && dtype->type == JSON_STRING && !strcmp(dtype->str, "F8_E4M3");
@@ -649,47 +663,74 @@ int parity_model_verify_for(const parity_model *m, const parity_policy *pol, con
         if ((rc = entry_values(m, &slots[i], gemm))) break;
         if ((f8 || lowbit) && slots[i].linear && pol && (is_lowbit(pol->gemm) != lowbit) &&
             pol->gemm != PARITY_GEMM_BF16) {
-            report_line(&r, "%s: format differs: the learner ships %s codes (%s), the sampler's "
+            report_line(r, "%s: format differs: the learner ships %s codes (%s), the sampler's "
                         "policy reads %s", slots[i].name, dtype->str,
                         entry_str(e, "format") ? entry_str(e, "format") : "?",
                         quant_format_name(pol->gemm));
             continue;
         }
         if (f8 && slots[i].linear) {
-            rc = verify_fp8_entry(&slots[i], e, pol, &r);
+            rc = verify_fp8_entry(mv, &slots[i], e, pol, r);
             continue;
         }
         if (lowbit && slots[i].linear) {
-            rc = verify_lowbit_entry(&slots[i], e, pol, &r);
+            rc = verify_lowbit_entry(mv, &slots[i], e, pol, r);
             continue;
         }
         if (!dtype || dtype->type != JSON_STRING || strcmp(dtype->str, "BF16")) {
-            report_line(&r, "%s: dtype is %s in the manifest, BF16 in the model", slots[i].name,
+            report_line(r, "%s: dtype is %s in the manifest, BF16 in the model", slots[i].name,
                         dtype && dtype->type == JSON_STRING ? dtype->str : "missing");
             continue;
         }
         if (learner_quantizes && policy_quantizes(pol, &slots[i])) {
-            report_line(&r, "%s: kept in bf16: the learner keeps it in bf16, the sampler's policy "
+            report_line(r, "%s: kept in bf16: the learner keeps it in bf16, the sampler's policy "
                         "quantizes it (%s:%s)", slots[i].name, quant_format_name(pol->gemm),
                         parity_quantizer_name(pol->quantizer));
             continue;
         }
         char have[17];
-        snprintf(have, sizeof have, "%016" PRIx64, fnv1a64_bf16(w->bf16, (uint64_t)w->rows * w->cols));
+        snprintf(have, sizeof have, "%016" PRIx64, sums[i]);
         if (!sum || sum->type != JSON_STRING || strcmp(sum->str, have))
-            report_line(&r, "%s: checksum differs (manifest %s, model %s): the values differ",
+            report_line(r, "%s: checksum differs (manifest %s, model %s): the values differ",
                         slots[i].name, sum && sum->type == JSON_STRING ? sum->str : "missing", have);
     }
     for (size_t k = 0; k < tensors->count && !rc; k++)
         if (!model_find_tensor(m, tensors->keys[k]))
-            report_line(&r, "%s: in the manifest, not in the model", tensors->keys[k]);
-    model_leave(m);
+            report_line(r, "%s: in the manifest, not in the model", tensors->keys[k]);
+    px_free(sums);
+    return rc;
+}
+
+int parity_model_verify_on(parity_pool *pool, const parity_model *m, const parity_policy *pol,
+                           const char *path, char *report_buf, size_t report_size) {
+    clear_error();
+    if (!m || !path)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or manifest path is NULL");
+    int rc = pol ? parity_policy_validate(pol) : PARITY_OK;
+    if (rc) return rc;
+    if (report_buf && report_size) report_buf[0] = '\0';
+    json_doc *doc;
+    TRY(read_manifest(path, &doc));
+    threadpool *threads = NULL;
+    report r = {report_buf, report_size, 0, 0};
+    if (!(rc = user_pool_enter(pool, &threads, "parity_model_verify_on"))) {
+        if (!(rc = model_enter(m))) {
+            rc = verify_manifest(threads, m, pol, path, json_doc_root(doc), &r);
+            model_leave(m);
+        }
+        user_pool_leave(pool, threads);
+    }
     json_free(doc);
     if (rc) return rc;
     if (r.count)
         return set_error(PARITY_ERR_VERIFY, "%u difference%s between the model and %s", r.count,
                          r.count == 1 ? "" : "s", path);
     return PARITY_OK;
+}
+
+int parity_model_verify_for(const parity_model *m, const parity_policy *pol, const char *path,
+                            char *report_buf, size_t report_size) {
+    return parity_model_verify_on(NULL, m, pol, path, report_buf, report_size);
 }
 
 int parity_model_verify(const parity_model *m, const char *path, char *report_buf,

@@ -32,6 +32,7 @@
 #include "quant/rules.h"
 #include "quant/train_gemm.h"
 #include "sampling.h"
+#include "user_pool.h"
 
 /* Room for the buffers of one call (a head on the bf16 backend takes 8, attention 8). */
 #define OPS_MAX_SCRATCH 16
@@ -73,6 +74,21 @@ void parity_pool_free(parity_pool *p) {
 }
 
 uint32_t parity_pool_threads(const parity_pool *p) { return p ? pool_size(p->pool) : 1; }
+
+int user_pool_enter(parity_pool *pool, threadpool **out, const char *fn) {
+    if (pool) {
+        TRY(object_enter(&pool->in_use, "parity_pool"));
+        *out = pool->pool;
+        return PARITY_OK;
+    }
+    const int rc = pool_create(1, out);
+    return rc ? set_error(rc, "%s: cannot create a one-thread pool", fn) : PARITY_OK;
+}
+
+void user_pool_leave(parity_pool *pool, threadpool *taken) {
+    if (pool) object_leave(&pool->in_use);
+    else pool_free(taken);
+}
 
 /* ---- one call: the pool (the caller's, or a one-thread one), scratch, the FP environment -- */
 

@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "sampling.h"
+#include "user_pool.h"
 
 uint64_t parity_model_version(const parity_model *m) {
     if (!m) return 0;
@@ -37,6 +38,7 @@ typedef struct staged {
     weight *w;
     tensor_values v;
     int in_place;
+    int scan;                             /* in place, its format checked: its values not yet */
     tensor_source src;
     int scale_entry;
     int ship;
@@ -144,12 +146,48 @@ static void commit_shipped(parity_model *m, staged *st) {
     st->sv = (shipped_values){0};
 }
 
+/* The staged tensors' values scanned for finiteness (in place ones: the others were checked
+ * whole when imported), or converted into the weights' buffers, one tensor a task. */
+typedef struct staged_run {
+    staged *st;
+    unsigned char *finite;  /* scan: 1 where all the tensor's values are finite */
+} staged_run;
+
+static uint64_t staged_count(const staged *st) { return (uint64_t)st->w->rows * st->w->cols; }
+
+static void scan_staged(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const staged_run *r = ctx;
+    for (size_t i = begin; i < end; i++)
+        r->finite[i] =
+            !r->st[i].scan || tensor_values_finite(&r->st[i].src, staged_count(&r->st[i]));
+}
+
+static void convert_staged(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const staged_run *r = ctx;
+    for (size_t i = begin; i < end; i++) {
+        staged *st = &r->st[i];
+        if (!st->in_place || st->scale_entry || st->ship) continue;
+        const int bf16_source = st->src.dtype == PARITY_DTYPE_BF16;
+        tensor_convert_into(&st->src, staged_count(st), (uint16_t *)st->w->bf16,
+                            bf16_source ? NULL : (float *)st->w->master);
+    }
+}
+
 int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size_t n) {
+    return parity_model_update_on(NULL, m, tensors, n);
+}
+
+int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tensor_data *tensors,
+                           size_t n) {
     clear_error();
     if (!m || (!tensors && n))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or tensors is NULL");
     if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no tensors to update");
-    staged *st = px_calloc(n, sizeof *st, "staged tensors");
+    threadpool *threads;
+    TRY(user_pool_enter(pool, &threads, "parity_model_update_on"));
+    staged *st = px_calloc(n, sizeof *st + 1, "staged tensors");
     int rc = st ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     /* everything is checked and converted before anything changes */
     for (size_t i = 0; i < n && !rc; i++) {
@@ -197,12 +235,29 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
                          (t->dtype == PARITY_DTYPE_BF16 || model_owns(m, w->master));
         st[i].src = src;
         st[i].src.where = NULL;  /* `where` is this loop's buffer: only the checks print it */
-        rc = st[i].in_place ? tensor_check(&src, slot) : tensor_import(&src, slot, &st[i].v);
+        rc = st[i].in_place ? tensor_check_format(&src, slot) : tensor_import(&src, slot, &st[i].v);
+        st[i].scan = st[i].in_place && !rc; /* its values scanned below, all at once */
         /* a model an fp16 policy reads must be able to hold the new values in fp16 */
         if (!rc && w->fp16) rc = tensor_check_fp16(&src, (uint64_t)w->rows * w->cols);
         /* values for a weight that held shipped codes: the policies of their format that read
          * those quantize the new values with their own rules from now on */
         if (!rc) rc = quant_copies_unshipped(m, w, -1, st[i].quant_new, NULL);
+    }
+    /* the in-place tensors' values, scanned on the pool; a tensor that is not finite fails
+     * with tensor_check's message, as the first failure in the order given (the loop above
+     * stopped at any other, after the format checks that come first) */
+    if (st) {
+        staged_run run = {st, (unsigned char *)(st + n)};
+        pool_run_dynamic(threads, scan_staged, &run, n, 1);
+        for (size_t i = 0; i < n; i++)
+            if (!run.finite[i]) {
+                char where[160];
+                snprintf(where, sizeof where, "update of '%s'", tensors[i].name);
+                tensor_source src = st[i].src;
+                src.where = where;
+                rc = tensor_check(&src, model_find_tensor(m, tensors[i].name));
+                break;
+            }
     }
     /* room in the owned list, so that the swap below cannot fail */
     if (!rc && !model_reserve_owned(m, 5 * n)) rc = PARITY_ERR_OUT_OF_MEMORY;
@@ -226,19 +281,20 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
         for (size_t i = 0; st && i < n; i++) staged_free(&st[i]);
         px_free(st);
         px_free(fp8_rows);
+        user_pool_leave(pool, threads);
         return rc;
     }
+    /* the in-place conversions, one tensor a task on the pool */
+    staged_run run = {st, NULL};
+    pool_run_dynamic(threads, convert_staged, &run, n, 1);
     for (size_t i = 0; i < n; i++) {
         weight *w = st[i].w;
         if (st[i].scale_entry) continue;
         if (st[i].ship) {
             commit_shipped(m, &st[i]);
         } else if (st[i].in_place) {
-            const uint64_t count = (uint64_t)w->rows * w->cols;
-            const int bf16_source = st[i].src.dtype == PARITY_DTYPE_BF16;
-            tensor_convert_into(&st[i].src, count, (uint16_t *)w->bf16,
-                                bf16_source ? NULL : (float *)w->master);
-            if (bf16_source) {
+            /* (converted above) */
+            if (st[i].src.dtype == PARITY_DTYPE_BF16) {
                 model_disown(m, w->master);  /* BF16 values have no fp32 master */
                 w->master = NULL;
             }
@@ -268,6 +324,7 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
     pthread_rwlock_unlock(&m->use_lock);
     px_free(st);
     px_free(fp8_rows);
+    user_pool_leave(pool, threads);
     return PARITY_OK;
 }
 

@@ -1,7 +1,8 @@
-/* The public calls that read a model's tensors by checkpoint name (parity_model_weight_info,
- * parity_model_weight_values, parity_model_weight_codes) and the one that gives a quantized
- * weight codes as a checkpoint would ship them (parity_model_set_quantized): what
- * bench/parity-quant-check compares and substitutes. */
+/* The public calls that list a model's tensors (parity_model_tensor_name) and read them by
+ * checkpoint name (parity_model_weight_info, parity_model_weight_values,
+ * parity_model_weight_codes), and the one that gives a quantized weight codes as a checkpoint
+ * would ship them (parity_model_set_quantized): what bench/parity-quant-check compares and
+ * substitutes, and what parity.torch.CausalLM reads its parameters from. */
 #include <inttypes.h>
 #include <math.h>
 
@@ -32,6 +33,13 @@ static int check_count(const char *fn, const char *name, const char *what, const
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: '%s' has %" PRIu64 " %s, not %" PRIu64,
                          fn, name, want, what, have);
     return PARITY_OK;
+}
+
+const char *parity_model_tensor_name(const parity_model *m, size_t index) {
+    if (!m) return NULL;
+    size_t n;
+    const expected *e = model_tensors(m, &n);
+    return index < n ? e[index].name : NULL;
 }
 
 int parity_model_weight_info(const parity_model *m, const char *name, parity_weight_info *info) {

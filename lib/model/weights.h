@@ -35,6 +35,12 @@ int tensor_import(const tensor_source *src, const expected *slot, tensor_values 
 /* tensor_import's checks alone (shape, dtype, data, finite values once cast), allocating
  * nothing. */
 int tensor_check(const tensor_source *src, const expected *slot);
+/* tensor_check's checks but the values' (shape, dtype, data). */
+int tensor_check_format(const tensor_source *src, const expected *slot);
+/* Whether the n values of a source that passed tensor_check_format are all finite once cast
+ * to bf16 (what tensor_check refuses: NaN, Inf, fp32 values beyond bf16's range), without a
+ * message: a fast scan, for a caller that runs tensor_check where it says no. */
+int tensor_values_finite(const tensor_source *src, uint64_t n);
 /* The n values of a checked source into bf16[n] (the RNE cast, or the BF16 values as they
  * are) and, for F16/F32 sources, master[n] (the exact fp32 values; NULL to skip). */
 void tensor_convert_into(const tensor_source *src, uint64_t n, uint16_t *bf16, float *master);

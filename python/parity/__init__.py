@@ -16,10 +16,12 @@ repository's build tree, then installed locations and the system's search (see p
 its ABI, structs and enumerations are checked at import.
 """
 from . import _lib, quant, regions
-from ._lib import ABI_VERSION, LIBRARY_PATH, MAX_STOP, ParityError, lib, status_name
+from ._lib import (ABI_VERSION, LIBRARY_PATH, MANIFEST_VERSION, MAX_STOP, ParityError, lib,
+                   status_name)
 from .manifest import write_manifest
 from ._routes import Routes
 from .model import Model, Scores
+from .pool import Pool
 from .policy import CHOICES, Policy, policies
 from .recipes import Recipe, recipes
 from .sampler import Completion, DepthSchedule, Sampler, Step
@@ -27,7 +29,8 @@ from .sampler import Completion, DepthSchedule, Sampler, Step
 __all__ = ["Model", "Sampler", "Completion", "DepthSchedule", "Step", "Scores", "Routes", "Policy", "ParityError",
            "policies", "Recipe", "recipes", "quant", "regions", "version", "backends", "cpu_path", "cpu_paths", "set_cpu_path",
            "set_log_callback", "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION",
-           "LIBRARY_PATH", "CHOICES", "MAX_STOP", "status_name", "write_manifest"]
+           "LIBRARY_PATH", "CHOICES", "MAX_STOP", "status_name", "write_manifest",
+           "MANIFEST_VERSION", "Pool"]
 
 __version__ = lib.parity_version().decode()
 

@@ -80,6 +80,8 @@ STATUSES = {
 
 #: parity_dtype values by name (checked at import through parity_tensor_checksum).
 DTYPES = {"BF16": 0, "F16": 1, "F32": 2, "F8_E4M3": 3}
+#: The manifest format version the library writes (PARITY_MANIFEST_VERSION; it reads 1 and 2).
+MANIFEST_VERSION = 2
 
 #: The names the binding uses as defaults; each must be one the library knows.
 DEFAULT_NAMES = {"backends": "bf16", "modes": "raw", "cpu_paths": "portable"}
@@ -277,6 +279,16 @@ class parity_tensor_data(Structure):
     ]
 
 
+class parity_weight_info(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("ndim", c_uint32),
+        ("shape", c_uint64 * 2),
+        ("has_master", c_uint32),
+        ("quantized", c_uint32),
+    ]
+
+
 class parity_weight_bytes(Structure):
     _fields_ = [
         ("size", c_uint32),
@@ -313,6 +325,7 @@ MIRRORED_STRUCTS = {
     "parity_sampler_params": parity_sampler_params,
     "parity_tensor_data": parity_tensor_data,
     "parity_weight_bytes": parity_weight_bytes,
+    "parity_weight_info": parity_weight_info,
     "parity_seq_info": parity_seq_info,
     "parity_profile": parity_profile,
     "parity_quant_operand": parity_quant_operand,
@@ -501,6 +514,10 @@ _PROTOTYPES = [
     ("parity_scorer_profile", c_int, [scorer_p, POINTER(parity_profile)], True),
     # int parity_model_update(parity_model *model, const parity_tensor_data *tensors, size_t n);
     ("parity_model_update", c_int, [model_p, POINTER(parity_tensor_data), c_size_t], True),
+    # int parity_model_update_on(parity_pool *pool, parity_model *model,
+    #                            const parity_tensor_data *tensors, size_t n);
+    ("parity_model_update_on", c_int, [pool_p, model_p, POINTER(parity_tensor_data), c_size_t],
+     True),
     # uint64_t parity_model_version(const parity_model *model);
     ("parity_model_version", c_uint64, [model_p], False),
     # int parity_model_write_manifest(const parity_model *model, const char *path);
@@ -515,6 +532,21 @@ _PROTOTYPES = [
     #                             const char *manifest_path, char *report, size_t report_size);
     ("parity_model_verify_for", c_int,
      [model_p, POINTER(parity_policy), c_char_p, c_char_p, c_size_t], False),
+    # int parity_model_write_manifest_on(parity_pool *pool, const parity_model *model,
+    #                                    const parity_policy *policy, uint32_t manifest_version,
+    #                                    const char *path);
+    ("parity_model_write_manifest_on", c_int,
+     [pool_p, model_p, POINTER(parity_policy), c_uint32, c_char_p], True),
+    # int parity_model_verify_on(parity_pool *pool, const parity_model *model,
+    #                            const parity_policy *policy, const char *manifest_path,
+    #                            char *report, size_t report_size);
+    ("parity_model_verify_on", c_int,
+     [pool_p, model_p, POINTER(parity_policy), c_char_p, c_char_p, c_size_t], False),
+    # int parity_tensor_checksums(parity_pool *pool, uint32_t manifest_version,
+    #                             const parity_tensor_data *tensors, size_t n,
+    #                             uint64_t *checksums);
+    ("parity_tensor_checksums", c_int,
+     [pool_p, c_uint32, POINTER(parity_tensor_data), c_size_t, POINTER(c_uint64)], True),
     # int parity_bytes_checksum(const void *data, uint64_t n_bytes, uint64_t *fnv1a64);
     ("parity_bytes_checksum", c_int, [c_void_p, c_uint64, POINTER(c_uint64)], True),
     # uint16_t parity_fp16_from_f32(float x);
@@ -682,6 +714,11 @@ _PROTOTYPES = [
     ("parity_logprobs_from_logits", c_int,
      [pool_p, POINTER(parity_policy), POINTER(parity_score_options), c_size_t, c_size_t,
       c_void_p, c_size_t, c_void_p, c_void_p, c_void_p], True),
+    # const char *parity_model_tensor_name(const parity_model *model, size_t index);
+    ("parity_model_tensor_name", c_char_p, [model_p, c_size_t], False),
+    # int parity_model_weight_info(const parity_model *model, const char *name,
+    #                              parity_weight_info *info);
+    ("parity_model_weight_info", c_int, [model_p, c_char_p, POINTER(parity_weight_info)], True),
     # int parity_model_weight_values(const parity_model *model, const char *name,
     #                                float *values, uint64_t n_values);
     ("parity_model_weight_values", c_int, [model_p, c_char_p, c_void_p, c_uint64], True),

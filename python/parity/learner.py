@@ -54,7 +54,6 @@ CausalLM.saved_bytes(sequences) measures it for a batch.
 import ctypes
 import json
 import os
-import tempfile
 import zlib
 
 import torch as _torch
@@ -63,7 +62,8 @@ from . import _lib, _safetensors
 from . import _recipe_linear, _torch_moe, _torch_regions
 from ._lib import lib, ParityError
 from ._routes import route_ids, sparse_layers
-from .model import Model, score_options, _default_threads
+from .model import Model, score_options
+from .pool import Pool
 from .policy import policy_struct
 from .recipes import Recipe
 
@@ -159,30 +159,6 @@ def _weight_values(w, pol, name="a weight"):
 
 def _addr(t):
     return ctypes.c_void_p(t.data_ptr()) if t is not None else None
-
-
-class Pool(_lib.Closing):
-    """A libparity thread pool (parity_pool) for the kernel calls; threads 1..256, the calling
-    thread included. The bits never depend on it."""
-
-    def __init__(self, threads=None):
-        self.threads = _default_threads() if threads is None else \
-            _lib.as_int(threads, "threads", 1, 256)
-        self._handle = None
-        h = _lib.pool_p()
-        lib.parity_pool_create(self.threads, ctypes.byref(h))
-        self._handle = h
-
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise ParityError(_lib.ERR_INVALID_ARGUMENT, "the pool is closed")
-        return self._handle
-
-    def close(self):
-        h, self._handle = self._handle, None
-        if h:
-            lib.parity_pool_free(h)
 
 
 def _pool_handle(pool):
@@ -789,8 +765,9 @@ class CausalLM(_torch.nn.Module):
     """A Qwen-family causal LM as a torch module whose forward is libparity's.
 
     Args:
-        source: a checkpoint directory, "synthetic:NAME[:SEED]", or an open parity.Model (its
-            weights are copied: the module does not use the model afterwards).
+        source: a checkpoint directory (read with read_checkpoint), "synthetic:NAME[:SEED]",
+            or an open parity.Model (its weights copied straight from its memory: the module
+            does not use the model afterwards).
         policy: the precision policy (a preset name or a parity.Policy), as the sampler's.
         backend: "bf16", "openblas" or "amx" (where parity.backends() has it), as the sampler's.
         threads: threads of the module's kernel pool (None = the CPUs this process may use);
@@ -803,8 +780,8 @@ class CausalLM(_torch.nn.Module):
             a stream per layer.
 
     Parameters are fp32 tensors named as in the checkpoint ("model.layers.0.mlp.up_proj.weight",
-    ...): the checkpoint's F32 masters where it has them, else its bf16 values widened
-    exactly. The forward reads their round-to-nearest-even bf16 cast (compute "bf16"), the
+    ...): the checkpoint's (or the model's) F32 masters where it has them, else its bf16 values
+    widened exactly. The forward reads their round-to-nearest-even bf16 cast (compute "bf16"), the
     cast parity_model_update makes, or the masters themselves (compute "fp32"); so after
     sync_to(model) the module and the model's sampler and scorer agree bit for bit.
     Architectures: those of libparity with default RoPE (rope_type "default"), the
@@ -845,11 +822,25 @@ class CausalLM(_torch.nn.Module):
 
     @staticmethod
     def _from_model(model):
+        """({name: fp32 tensor}, config) of every weight a parity.Model holds, read straight
+        from it into the tensors' memory (parity_model_weight_values: its fp32 masters where it
+        has them, else its bf16 values widened exactly), names sorted as a saved checkpoint
+        lists them."""
         h = model._acquire()
         try:
-            with tempfile.TemporaryDirectory(prefix="parity-learner-") as d:
-                lib.parity_model_save(h, d.encode())
-                tensors = read_checkpoint(d)
+            names = []
+            while True:
+                name = lib.parity_model_tensor_name(h, len(names))
+                if name is None:
+                    break
+                names.append(name)
+            tensors = {}
+            for name in sorted(names):
+                info = _lib.parity_weight_info(size=ctypes.sizeof(_lib.parity_weight_info))
+                lib.parity_model_weight_info(h, name, ctypes.byref(info))
+                t = _torch.empty(tuple(info.shape[:info.ndim]), dtype=_f32)
+                lib.parity_model_weight_values(h, name, ctypes.c_void_p(t.data_ptr()), t.numel())
+                tensors[name.decode()] = t
         finally:
             model._release()
         return tensors, model.config

@@ -2,14 +2,18 @@
 the learner's side of the sync check — a manifest of the weights it sent, in the format
 parity_model_write_manifest writes and parity_model_verify (Model.verify) reads:
 
-    {"version": N, "tensors": {"NAME": {"shape": [..], "dtype": "BF16",
-                                        "fnv1a64": "16 hex digits"}, ...}}
+    {"version": N, "manifest_version": 2,
+     "tensors": {"NAME": {"shape": [..], "dtype": "BF16", "fnv1a64": "16 hex digits"}, ...}}
 
-The checksum is FNV-1a 64 over the little-endian bytes of the bf16 values the sampler should
-hold: bf16 tensors as they are, f16 and f32 ones cast with round-to-nearest-even (the cast the
-library applies to them in Model.update). The library computes it (parity_tensor_checksum)
-on the caller's memory, without a copy where that memory is contiguous: a qwen3-0.6b-sized set
-of weights takes a few seconds (bench/manifest_speed.py).
+The checksum is over the little-endian bytes of the bf16 values the sampler should hold: bf16
+tensors as they are, f16 and f32 ones cast with round-to-nearest-even (the cast the library
+applies to them in Model.update). Under manifest_version 2 (what the library and this module
+write) it is the FNV-1a 64 of each 64 KiB chunk of those bytes, the chunks' checksums hashed
+in order with FNV-1a 64; under version 1 (a manifest without "manifest_version", which the
+library still reads and writes on request) FNV-1a 64 over the bytes in one chain (parity.h,
+"Sync checks"). The library computes it (parity_tensor_checksums) on the caller's memory,
+without a copy where that memory is contiguous, the chunks spread over a thread pool: the
+value does not depend on the number of threads (bench/manifest_speed.py times it).
 """
 import ctypes
 import json
@@ -19,9 +23,12 @@ import sys
 
 from . import _lib
 from ._convert import Pinned, numpy_array
-from ._lib import DTYPES, lib
+from ._lib import DTYPES, MANIFEST_VERSION, lib
 
 _ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1}
+#: write_manifest hashes the bf16 entries in batches of this many bytes of input (so that the
+#: copies of tensors that are not contiguous CPU memory do not all exist at once).
+_BATCH_BYTES = 1 << 30
 _NUMPY_DTYPES = {"uint16": "BF16", "float16": "F16", "float32": "F32"}
 _TORCH_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float32": "F32"}
 
@@ -102,14 +109,39 @@ def _name(name):
     return name
 
 
-def checksum(value, name="tensor"):
-    """(shape, FNV-1a 64 as an int) of one tensor as tensor_view() takes it: the checksum the
-    manifest holds for it (parity_tensor_checksum)."""
-    h = ctypes.c_uint64()
+def _checksums(views, version, pool=None):
+    """The checksums (ints) of a manifest of `version` for views (dtype name, element count,
+    address), on `pool` (a parity.Pool; None: the calling thread), by parity_tensor_checksums."""
+    arr = (_lib.parity_tensor_data * max(len(views), 1))()
+    for i, (dtype, n, address) in enumerate(views):
+        arr[i].dtype = DTYPES[dtype]
+        arr[i].ndim = 1
+        arr[i].shape[0] = n
+        arr[i].data = address
+    out = (ctypes.c_uint64 * max(len(views), 1))()
+    lib.parity_tensor_checksums(pool.handle if pool is not None else None, version, arr,
+                                len(views), out)
+    return list(out)[:len(views)]
+
+
+def _bytes_checksum(buf, n, version):
+    """The checksum of a manifest of `version` of n bytes of a ctypes buffer or bytes."""
+    with Pinned() as pin:
+        return _checksums([("F8_E4M3", n, pin.address(buf))], version)[0]
+
+
+def _version(manifest_version):
+    return _lib.as_int(manifest_version, "manifest_version", 1, 2)
+
+
+def checksum(value, name="tensor", manifest_version=MANIFEST_VERSION):
+    """(shape, checksum as an int) of one tensor as tensor_view() takes it: the checksum a
+    manifest of `manifest_version` (the library's by default) holds for it
+    (parity_tensor_checksums)."""
+    version = _version(manifest_version)
     with Pinned() as pin:
         dtype, shape, address, n = tensor_view(value, name, pin)
-        lib.parity_tensor_checksum(DTYPES[dtype], address, n, ctypes.byref(h))
-    return shape, h.value
+        return shape, _checksums([(dtype, n, address)], version)[0]
 
 
 #: The decoder layers' linear weights: what an fp8 policy quantizes.
@@ -123,7 +155,7 @@ def _module(name):
 _FORMAT_NAMES = {1: "fp8-block", 2: "mxfp8", 3: "nvfp4", 4: "mxfp4", 5: "ternary"}
 
 
-def _lowbit_entry(name, rows, cols, address, n, pol):
+def _lowbit_entry(name, rows, cols, address, n, pol, version):
     """The entry of a weight a 4-bit or ternary policy quantizes (parity_model_write_manifest_for's
     form): the codes one a byte, the block scales' fp32 values (ternary: s_w), NVFP4's s2."""
     g = lib.parity_quant_scale_count(pol.quantizer, rows, cols)
@@ -138,9 +170,7 @@ def _lowbit_entry(name, rows, cols, address, n, pol):
         bc = 16 if pol.gemm == 3 else 32
         block, grid, sraw = (1, bc), (rows, -(-cols // bc)), raw[:4 * g]
         sdtype = "F8_E4M3" if pol.gemm == 3 else "F8_E8M0"
-    hc, hs = ctypes.c_uint64(), ctypes.c_uint64()
-    lib.parity_bytes_checksum(codes, n, ctypes.byref(hc))
-    lib.parity_bytes_checksum(sraw, len(sraw), ctypes.byref(hs))
+    hc, hs = _bytes_checksum(codes, n, version), _bytes_checksum(sraw, len(sraw), version)
     rule = lib.parity_quantizer_name(pol.quantizer).decode()
     tail = (', "tensor_scale": "%08x"' % struct.unpack("<I", raw[4 * g:4 * g + 4])[0]
             if pol.gemm == 3 else "")
@@ -148,10 +178,10 @@ def _lowbit_entry(name, rows, cols, address, n, pol):
             '"quantizer": "%s", "fnv1a64": "%016x", "scales": {"shape": [%d, %d], "dtype": "%s", '
             '"fnv1a64": "%016x"}%s}'
             % (json.dumps(name), rows, cols, "TERNARY" if pol.gemm == 5 else "E2M1", fmt,
-               block[0], block[1], rule, hc.value, grid[0], grid[1], sdtype, hs.value, tail))
+               block[0], block[1], rule, hc, grid[0], grid[1], sdtype, hs, tail))
 
 
-def _quantized_entry(name, value, pol, pin):
+def _quantized_entry(name, value, pol, pin, version):
     """The manifest entry of a weight a quantized policy quantizes: its codes and scales made
     with the policy's quantizer from its float32 values (the learner's masters)."""
     dtype, shape, address, n = tensor_view(value, name, pin)
@@ -160,7 +190,7 @@ def _quantized_entry(name, value, pol, pin):
                         "is a %s tensor of %d dimensions" % (name, dtype, len(shape)))
     rows, cols = shape
     if pol.gemm >= 3:
-        return _lowbit_entry(name, rows, cols, address, n, pol)
+        return _lowbit_entry(name, rows, cols, address, n, pol, version)
     mx = pol.gemm == 2
     grid = (rows, -(-cols // 32)) if mx else (-(-rows // 128), -(-cols // 128))
     codes = ctypes.create_string_buffer(max(n, 1))
@@ -175,21 +205,23 @@ def _quantized_entry(name, value, pol, pin):
         lib.parity_fp8_quantize_blocks(pol.quantizer, rows, cols, address, cols, 128, 128, codes,
                                        cols, buf)
         scales = bytes(buf)[:4 * grid[0] * grid[1]]
-    hc, hs = ctypes.c_uint64(), ctypes.c_uint64()
-    lib.parity_bytes_checksum(codes, n, ctypes.byref(hc))
-    lib.parity_bytes_checksum(scales, len(scales), ctypes.byref(hs))
+    hc, hs = _bytes_checksum(codes, n, version), _bytes_checksum(scales, len(scales), version)
     rule = lib.parity_quantizer_name(pol.quantizer).decode()
     return ('  %s: {"shape": [%d, %d], "dtype": "F8_E4M3", "format": "%s", "block": [%s], '
             '"quantizer": "%s", "fnv1a64": "%016x", "scales": {"shape": [%d, %d], "dtype": "%s", '
             '"fnv1a64": "%016x"}}'
             % (json.dumps(name), rows, cols, "mxfp8" if mx else "fp8-block",
-               "1, 32" if mx else "128, 128", rule, hc.value, grid[0], grid[1],
-               "F8_E8M0" if mx else "F32", hs.value))
+               "1, 32" if mx else "128, 128", rule, hc, grid[0], grid[1],
+               "F8_E8M0" if mx else "F32", hs))
 
 
-def write_manifest(path, tensors, version=0, policy=None, kept=()):
+def write_manifest(path, tensors, version=0, policy=None, kept=(), threads=None,
+                   manifest_version=MANIFEST_VERSION):
     """Writes the manifest of `tensors` (a dict name -> value as tensor_view() takes) with
-    `version` (the model's version once these weights are in: the number of updates).
+    `version` (the model's version once these weights are in: the number of updates), in the
+    format of `manifest_version` (the library's, 2, by default; 1 for a reader that knows only
+    that one), the checksums computed on a pool of `threads` threads (None = the CPUs this
+    process may use; the file is the same on any number).
 
     With `policy` (a name or parity.Policy) whose gemm is quantized ("vllm+fp8-block:deepseek",
     "hf-eager+mxfp8:te", "vllm+nvfp4:modelopt", "vllm+mxfp4:ocp", "hf-eager+ternary:bitnet"), the decoder linear weights — except the modules or weight names
@@ -197,25 +229,51 @@ def write_manifest(path, tensors, version=0, policy=None, kept=()):
     read: quantized with the policy's rule from their float32 values (the masters; another
     dtype raises TypeError), as parity_model_write_manifest_for writes them; Model.verify(path,
     policy=...) checks a sampler against it."""
+    from .pool import Pool
     from .policy import policy_struct
     if not isinstance(tensors, dict):
         raise TypeError("tensors must be a dict of name -> values, not %s"
                         % type(tensors).__name__)
     version = _lib.as_int(version, "version", 0, 2 ** 64 - 1)
+    mv = _version(manifest_version)
     pol = policy_struct(policy) if policy is not None else None
     quantized = pol is not None and pol.gemm != 0
     kept = set(kept)
-    entries = []
-    with Pinned() as pin:
-        for name, value in tensors.items():
-            _name(name)
-            if quantized and _LINEAR.match(name) and name not in kept and _module(name) not in kept:
-                entries.append(_quantized_entry(name, value, pol, pin))
-                continue
-            shape, h = checksum(value, name)
-            entries.append('  %s: {"shape": [%s], "dtype": "BF16", "fnv1a64": "%016x"}'
-                           % (json.dumps(name), ", ".join(str(s) for s in shape), h))
+    entries, batch = [], []   # batch: (entry index, name, shape, view) of bf16 entries
+
+    def flush(pool):
+        """The batch's checksums in one call, every tensor's chunks spread over the pool."""
+        sums = _checksums([view for _, _, _, view in batch], mv, pool)
+        for (i, name, shape, _), h in zip(batch, sums):
+            entries[i] = ('  %s: {"shape": [%s], "dtype": "BF16", "fnv1a64": "%016x"}'
+                          % (json.dumps(name), ", ".join(str(s) for s in shape), h))
+        del batch[:]
+
+    with Pool(threads) as pool:
+        pin, pinned_bytes = Pinned(), 0
+        try:
+            for name, value in tensors.items():
+                _name(name)
+                if quantized and _LINEAR.match(name) and name not in kept and \
+                        _module(name) not in kept:
+                    entries.append(_quantized_entry(name, value, pol, pin, mv))
+                    continue
+                dtype, shape, address, n = tensor_view(value, name, pin)
+                entries.append(None)
+                batch.append((len(entries) - 1, name, shape, (dtype, n, address)))
+                # the memory pinned (a copy where the tensor was not contiguous CPU memory)
+                # stays bounded: a batch is hashed and released every _BATCH_BYTES
+                pinned_bytes += n * _ITEMSIZE[dtype]
+                if pinned_bytes >= _BATCH_BYTES:
+                    flush(pool)
+                    pin.close()
+                    pin, pinned_bytes = Pinned(), 0
+            flush(pool)
+        finally:
+            pin.close()
     head = '{"version": %d, ' % version
+    if mv >= 2:
+        head += '"manifest_version": %d, ' % mv
     if quantized:
         head += '"quantization": {"format": "%s", "quantizer": "%s"}, ' % (
             _FORMAT_NAMES[pol.gemm], lib.parity_quantizer_name(pol.quantizer).decode())

@@ -11,6 +11,7 @@ from ._convert import Pinned, TokenBatch, pointer
 from ._lib import ParityError, lib
 from ._routes import Routes, route_ids, sparse_layers
 from .policy import policy_struct
+from .pool import Pool, _default_threads
 
 #: {name: value} of the log-prob modes and backends, as the library names them.
 MODES = _lib.MODES
@@ -30,13 +31,6 @@ _Idle = collections.namedtuple("_Idle", "key handle capacity nbytes")
 
 #: A name looked up in a {name: value} table such as MODES or BACKENDS (_lib.as_choice).
 _choice = _lib.as_choice
-
-
-def _default_threads():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 _options_cache = {}
@@ -591,7 +585,7 @@ class Model(_lib.Closing):
         finally:
             self._release()
 
-    def update(self, tensors):
+    def update(self, tensors, threads=None):
         """Replaces the values of some weights in place, all or nothing (parity_model_update).
 
         Args:
@@ -601,72 +595,82 @@ class Model(_lib.Closing):
         Raises ParityError: PARITY_ERR_INVALID_ARGUMENT (unknown name, shape, dtype),
         PARITY_ERR_TENSOR_NONFINITE, PARITY_ERR_BUSY (a scorer or sampler of this model is
         inside a call). Samplers' sequences prefilled before it then fail to step with
-        PARITY_ERR_STALE: release them and add them again."""
+        PARITY_ERR_STALE: release them and add them again. The checks and casts run on
+        `threads` threads (None: the model's; parity_model_update_on)."""
         from .manifest import c_tensors
         if not isinstance(tensors, dict):
             raise TypeError("tensors must be a dict of name -> values")
-        with Pinned() as pin:
+        with Pinned() as pin, Pool(self.threads if threads is None else threads) as pool:
             arr = c_tensors(tensors, pin)
             h = self._acquire()
             try:
-                lib.parity_model_update(h, arr, len(tensors))
+                lib.parity_model_update_on(pool.handle, h, arr, len(tensors))
             finally:
                 self._release()
 
-    def sync(self, tensors):
+    def sync(self, tensors, threads=None):
         """A learner's weight sync: update(tensors), then a manifest of `tensors` written as the
         learner's side (parity.write_manifest: their bf16 cast, this model's new version) and
-        verify() against it. Returns (update seconds, manifest + verify seconds).
+        verify() against it, both with their checksums on `threads` threads (None: the
+        model's). Returns (update seconds, manifest + verify seconds).
 
         Raises ParityError as update() does, and PARITY_ERR_VERIFY, naming the first
         differences, if the model does not hold exactly the bf16 cast of `tensors` afterwards."""
         import tempfile
         import time
         from .manifest import write_manifest
+        threads = self.threads if threads is None else threads
         t0 = time.perf_counter()
-        self.update(tensors)
+        self.update(tensors, threads=threads)
         t1 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="parity-sync-") as d:
             path = os.path.join(d, "manifest.json")
-            write_manifest(path, tensors, version=self.version)
-            differences = self.verify(path)
+            write_manifest(path, tensors, version=self.version, threads=threads)
+            differences = self.verify(path, threads=threads)
         if differences:
             raise ParityError(_lib.ERR_VERIFY, "after the sync the model differs from the "
                               "weights sent: %s" % "; ".join(differences[:5]))
         return t1 - t0, time.perf_counter() - t1
 
-    def write_manifest(self, path, policy=None):
-        """Writes the manifest of the weights the model holds (parity_model_write_manifest); with
-        an fp8 policy, the codes and scales its GEMMs read for the weights it quantizes
-        (parity_model_write_manifest_for)."""
+    def write_manifest(self, path, policy=None, threads=None,
+                       manifest_version=_lib.MANIFEST_VERSION):
+        """Writes the manifest of the weights the model holds (parity_model_write_manifest_on);
+        with a quantized policy, the codes and scales its GEMMs read for the weights it
+        quantizes. Its checksums are computed on `threads` threads (None: the model's; the file
+        is the same on any number), in the format of `manifest_version` (the library's, 2; 1
+        for a reader that knows only that one)."""
         pol = policy_struct(policy) if policy is not None else None
-        h = self._acquire()
-        try:
-            if pol is None:
-                lib.parity_model_write_manifest(h, os.fspath(path).encode())
-            else:
-                lib.parity_model_write_manifest_for(h, ctypes.byref(pol), os.fspath(path).encode())
-        finally:
-            self._release()
+        mv = _lib.as_int(manifest_version, "manifest_version", 1, 2)
+        with Pool(self.threads if threads is None else threads) as pool:
+            h = self._acquire()
+            try:
+                lib.parity_model_write_manifest_on(pool.handle, h,
+                                                   ctypes.byref(pol) if pol is not None else None,
+                                                   mv, os.fspath(path).encode())
+            finally:
+                self._release()
 
-    def verify(self, manifest_path, policy=None):
+    def verify(self, manifest_path, policy=None, threads=None):
         """Compares the model with a manifest (one the learner wrote with
-        parity.write_manifest, or Model.write_manifest). Returns the differences, one string
-        each (a tensor missing on either side, a shape, dtype or checksum that differs, the
-        version; for quantized weights, checked as `policy` — the sampler's — reads them: codes,
-        scales, scale format, block geometry, quantizer identity, layers kept in bf16): an
-        empty list when the model holds exactly the manifest's weights.
-        Raises ParityError for a manifest that cannot be read or is not one."""
+        parity.write_manifest, or Model.write_manifest; of either manifest version). Returns the
+        differences, one string each (a tensor missing on either side, a shape, dtype or
+        checksum that differs, the version; for quantized weights, checked as `policy` — the
+        sampler's — reads them: codes, scales, scale format, block geometry, quantizer
+        identity, layers kept in bf16): an empty list when the model holds exactly the
+        manifest's weights. The checksums are computed on `threads` threads (None: the
+        model's). Raises ParityError for a manifest that cannot be read or is not one."""
         pol = policy_struct(policy) if policy is not None else None
         report = ctypes.create_string_buffer(1 << 16)
-        h = self._acquire()
-        try:
-            rc = lib.parity_model_verify_for(h, ctypes.byref(pol) if pol is not None else None,
-                                             os.fspath(manifest_path).encode(), report,
-                                             len(report))
-            message = lib.parity_last_error().decode("utf-8", "replace")
-        finally:
-            self._release()
+        with Pool(self.threads if threads is None else threads) as pool:
+            h = self._acquire()
+            try:
+                rc = lib.parity_model_verify_on(pool.handle, h,
+                                                ctypes.byref(pol) if pol is not None else None,
+                                                os.fspath(manifest_path).encode(), report,
+                                                len(report))
+                message = lib.parity_last_error().decode("utf-8", "replace")
+            finally:
+                self._release()
         lines = report.value.decode("utf-8", "replace").splitlines()
         if rc == 0:
             return []

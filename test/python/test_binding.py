@@ -1275,6 +1275,44 @@ class TestThreads(unittest.TestCase):
 class TestUpdates(unittest.TestCase):
     """Weight updates, manifests (the Python writer against the library's) and the probe."""
 
+    def test_update_threads(self):
+        """Model.update on 1, 2 and 3 threads (parity_model_update_on): the same weights (the
+        same manifest afterwards), and for bad input the same status and message, the first
+        failure in the order given (a NaN in one tensor before a shape error in a later one:
+        the NaN; the shape error alone, then the NaN after it: the shape error)."""
+        weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
+        names = sorted(weights)
+        masters = {n: ("F32", weights[n][1], array("f", array("I", [(h << 16) + 0x9000 + i % 7
+                                                                   for i, h in enumerate(
+                                                                       weights[n][0])]).tobytes()))
+                   for n in names}
+        nan = array("f", masters[names[2]][2])
+        nan[len(nan) // 2] = float("nan")
+        bad_nan = dict(masters, **{names[2]: ("F32", masters[names[2]][1], nan)})
+        bad_both = dict(bad_nan, **{names[4]: ("F32", (1,), array("f", [1.0]))})
+        shape_first = {n: bad_both[n] for n in names[3:]}
+        shape_first[names[2]] = bad_both[names[2]]  # after the bad shape in the order given
+        texts, messages = set(), []
+        for threads in (1, 2, 3):
+            with parity.Model(REAL, threads=2) as m:
+                for bad in (bad_both, shape_first):
+                    with self.assertRaises(ParityError) as e:
+                        m.update(bad, threads=threads)
+                    messages.append((e.exception.status, e.exception.message))
+                m.update(masters, threads=threads)
+                path = os.path.join(TMP, "after-%d.json" % threads)
+                m.write_manifest(path)
+                with open(path, "rb") as f:
+                    texts.add(f.read())
+        self.assertEqual(len(texts), 1)
+        self.assertEqual(messages[0::2], [messages[0]] * 3)
+        self.assertEqual(messages[1::2], [messages[1]] * 3)
+        self.assertEqual(messages[0][0], "PARITY_ERR_TENSOR_NONFINITE")
+        self.assertIn(names[2], messages[0][1])
+        self.assertIn("NaN", messages[0][1])
+        self.assertEqual(messages[1][0], "PARITY_ERR_TENSOR_SHAPE")
+        self.assertIn(names[4], messages[1][1])
+
     def test_manifest_update_verify_probe(self):
         weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
         tensors = {name: ("BF16", shape, arr) for name, (arr, shape) in weights.items()}
@@ -1328,22 +1366,39 @@ class TestUpdates(unittest.TestCase):
             self.assertEqual(e.exception.status, "PARITY_ERR_IO")
 
 
-def ref_checksum(f32_bits_list=None, bf16_list=None):
-    """FNV-1a 64 over the little-endian bf16 of values, in plain Python (the reference the
-    library's parity_tensor_checksum is held to): fp32 bit patterns rounded to nearest even,
+def ref_fnv1a64(data):
+    """FNV-1a 64 over bytes, in plain Python."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & ((1 << 64) - 1)
+    return h
+
+
+def ref_stream_checksum(data, manifest_version):
+    """The checksum of a manifest of `manifest_version` over a byte stream, written from
+    parity.h's definition: version 1 FNV-1a 64 over the bytes; version 2 the FNV-1a 64 of each
+    65536-byte chunk, those hashed in order as 8 little-endian bytes each."""
+    if manifest_version == 1:
+        return ref_fnv1a64(data)
+    chunks = b"".join(ref_fnv1a64(data[c:c + 65536]).to_bytes(8, "little")
+                      for c in range(0, len(data), 65536))
+    return ref_fnv1a64(chunks)
+
+
+def ref_checksum(f32_bits_list=None, bf16_list=None, manifest_version=2):
+    """The checksum of the little-endian bf16 of values, in plain Python (the reference the
+    library's parity_tensor_checksums is held to): fp32 bit patterns rounded to nearest even,
     NaN -> 0x7fc0."""
     if bf16_list is None:
         bf16_list = [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else (u + 0x7FFF + ((u >> 16) & 1))
                      >> 16 for u in f32_bits_list]
-    h = 0xCBF29CE484222325
-    for v in bf16_list:
-        for b in (v & 0xFF, v >> 8):
-            h = ((h ^ b) * 0x100000001B3) & ((1 << 64) - 1)
-    return h
+    return ref_stream_checksum(b"".join(v.to_bytes(2, "little") for v in bf16_list),
+                               manifest_version)
 
 
 class TestManifest(unittest.TestCase):
-    """parity.write_manifest: the library's checksum on every input form, zero-copy."""
+    """parity.write_manifest: the library's checksum on every input form, zero-copy; both
+    manifest versions."""
 
     # fp32 bit patterns: ties to even both ways, NaNs (quiet, signalling, negative), infinities,
     # subnormals, the largest finite (rounds to inf), zeros
@@ -1353,11 +1408,21 @@ class TestManifest(unittest.TestCase):
 
     def test_forms_and_reference(self):
         from parity.manifest import checksum
+        self.assertEqual(ref_fnv1a64(b"a"), 0xAF63DC4C8601EC8C)  # FNV-1a 64's published vector
+        for mv in (1, 2):
+            with self.subTest(manifest_version=mv):
+                self.check_forms(mv, lambda value, mv=mv: checksum(value, manifest_version=mv))
+        # the library's version by default
+        self.assertEqual(parity.MANIFEST_VERSION, 2)
+        self.assertEqual(checksum(("F32", (16,), array("I", self.BITS))),
+                         ((16,), ref_checksum(self.BITS, manifest_version=2)))
+
+    def check_forms(self, mv, checksum):
         f32 = array("I", self.BITS)
-        want = ref_checksum(self.BITS)
+        want = ref_checksum(self.BITS, manifest_version=mv)
         bf = array("H", [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else
                          (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u in self.BITS])
-        self.assertEqual(ref_checksum(bf16_list=list(bf)), want)
+        self.assertEqual(ref_checksum(bf16_list=list(bf), manifest_version=mv), want)
         raw32, raw16 = f32.tobytes(), bf.tobytes()
         n = len(self.BITS)
         for kind in (raw32, bytearray(raw32), memoryview(raw32), array("f", raw32),
@@ -1378,8 +1443,40 @@ class TestManifest(unittest.TestCase):
         halves = [1.0, -2.5, 65504.0, 6.103515625e-05, 1.0 + 2 ** -8 + 2 ** -10, 0.0]
         f16 = struct.pack("<%de" % len(halves), *halves) + b"\x01\x7e"  # + a NaN
         as32 = list(array("I", array("f", halves).tobytes())) + [0x7FC00000]
-        self.assertEqual(checksum(("F16", (7,), f16)), ((7,), ref_checksum(as32)))
-        self.assertEqual(checksum(("BF16", (0,), b"")), ((0,), ref_checksum([])))
+        self.assertEqual(checksum(("F16", (7,), f16)), ((7,), ref_checksum(as32, manifest_version=mv)))
+        self.assertEqual(checksum(("BF16", (0,), b"")), ((0,), ref_checksum([], manifest_version=mv)))
+
+    def test_chunks(self):
+        """Tensors of many chunks (the library hashes four at a time, on a pool's threads):
+        the plain-Python reference for a stream of 5 chunks and a tail, one of exactly 4, one
+        of a single short chunk; F32 (rounded), BF16 and F16 inputs; on 1, 2 and 3 threads."""
+        from parity._convert import Pinned
+        from parity.manifest import _checksums, checksum
+        for count in (5 * 32768 + 777, 4 * 32768, 3):
+            bits = array("I", [(i * 2654435761 + 12345) & 0xFFFFFFFF for i in range(count)])
+            bf = [0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else (u + 0x7FFF + ((u >> 16) & 1))
+                  >> 16 for u in bits]
+            for mv in (1, 2):
+                want = ref_checksum(bf16_list=bf, manifest_version=mv)
+                self.assertEqual(checksum(("F32", (count,), bits), manifest_version=mv)[1], want)
+                self.assertEqual(checksum(("BF16", (count,), array("H", bf)),
+                                          manifest_version=mv)[1], want)
+                with Pinned() as pin:
+                    views = [("F32", count, pin.address(bits)), ("BF16", 3, pin.address(bits))]
+                    alone = [_checksums(views[:1], mv)[0], _checksums(views[1:], mv)[0]]
+                    for threads in (1, 2, 3):
+                        with parity.Pool(threads) as pool:
+                            self.assertEqual(_checksums(views, mv, pool), alone, threads)
+            # F16 values exact in bf16 (1 + 8k/1024: 3 of fp16's 10 mantissa bits): widened
+            f16 = array("H", [0x3C00 + 8 * (i % 128) for i in range(count)])
+            self.assertEqual(checksum(("F16", (count,), f16))[1],
+                             ref_checksum(bf16_list=[0x3F80 + i % 128 for i in range(count)]))
+        # any bytes (fp8 codes, scales): their stream as it is
+        data = bytes((i * 7 + 3) & 0xFF for i in range(5 * 65536 + 9))
+        with Pinned() as pin:
+            for mv in (1, 2):
+                self.assertEqual(_checksums([("F8_E4M3", len(data), pin.address(data))], mv),
+                                 [ref_stream_checksum(data, mv)])
 
     def test_bad_input(self):
         from parity.manifest import checksum
@@ -1423,6 +1520,82 @@ class TestManifest(unittest.TestCase):
             diffs = m.verify(mine)
             self.assertEqual(len(diffs), 1, diffs)
             self.assertIn(name, diffs[0])
+
+    def test_versions_and_threads(self):
+        """Manifests of both versions: the library's (version 2) and version 1 (no
+        "manifest_version", the single-chain FNV-1a) written alike by the model and by the
+        learner's side, byte for byte; each verifies, and a changed value is found in both;
+        files and reports the same on 1, 2 and 3 threads; a version the library does not know
+        refused."""
+        weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
+        with parity.Model(REAL, threads=2) as m:
+            texts = {}
+            for mv in (1, 2):
+                for threads in (1, 2, 3):
+                    theirs = os.path.join(TMP, "c%d-%d.json" % (mv, threads))
+                    m.write_manifest(theirs, threads=threads, manifest_version=mv)
+                    with open(theirs, "rb") as f:
+                        texts.setdefault(mv, set()).add(f.read())
+                self.assertEqual(len(texts[mv]), 1, "manifest version %d differs by threads" % mv)
+                doc = json.loads(next(iter(texts[mv])).decode())
+                self.assertEqual(doc.get("manifest_version", 1), mv)
+                self.assertEqual(mv == 1, b'"manifest_version"' not in next(iter(texts[mv])))
+                order = list(doc["tensors"])
+                # every entry is the plain-Python reference of its version
+                for name in order[:4]:
+                    raw, shape = weights[name]
+                    self.assertEqual(int(doc["tensors"][name]["fnv1a64"], 16),
+                                     ref_stream_checksum(bytes(raw), mv), name)
+                mine = os.path.join(TMP, "py%d.json" % mv)
+                for threads in (1, 2, 3):
+                    parity.write_manifest(mine, {n: ("BF16", weights[n][1], weights[n][0])
+                                                 for n in order}, threads=threads,
+                                          manifest_version=mv)
+                    with open(mine, "rb") as f:
+                        self.assertEqual({f.read()}, texts[mv], threads)
+                    self.assertEqual(m.verify(mine, threads=threads), [])
+                # hashed in batches of a few tensors (the pinned memory bounded): the same file
+                import parity.manifest as manifest_module
+                saved, manifest_module._BATCH_BYTES = manifest_module._BATCH_BYTES, 5000
+                try:
+                    parity.write_manifest(mine, {n: ("BF16", weights[n][1], weights[n][0])
+                                                 for n in order}, manifest_version=mv)
+                finally:
+                    manifest_module._BATCH_BYTES = saved
+                with open(mine, "rb") as f:
+                    self.assertEqual({f.read()}, texts[mv], "batches")
+                name = order[5]
+                arr = array("H", weights[name][0])
+                arr[len(arr) - 1] ^= 1
+                parity.write_manifest(mine, {n: ("BF16", weights[n][1], arr if n == name
+                                                 else weights[n][0]) for n in order},
+                                      manifest_version=mv)
+                reports = [m.verify(mine, threads=t) for t in (1, 2, 3)]
+                self.assertEqual(reports[0], reports[1])
+                self.assertEqual(reports[0], reports[2])
+                self.assertEqual(len(reports[0]), 1, reports[0])
+                self.assertIn(name + ": checksum differs", reports[0][0])
+            self.assertNotEqual(texts[1], texts[2])
+            # a version 2 checksum under a version 1 header (or the reverse) is a difference
+            v2 = json.loads(next(iter(texts[2])).decode())
+            del v2["manifest_version"]
+            relabelled = os.path.join(TMP, "relabelled.json")
+            with open(relabelled, "w") as f:
+                json.dump(v2, f)
+            self.assertEqual(len(m.verify(relabelled)), len(v2["tensors"]))
+            for bad in (3, 0, "2", 2.5):
+                v2["manifest_version"] = bad
+                with open(relabelled, "w") as f:
+                    json.dump(v2, f)
+                with self.assertRaises(ParityError) as e:
+                    m.verify(relabelled)
+                self.assertEqual(e.exception.status, "PARITY_ERR_VERIFY")
+                self.assertIn("manifest_version", e.exception.message)
+            for bad in (0, 3):
+                with self.assertRaises(ParityError):
+                    m.write_manifest(relabelled, manifest_version=bad)
+                with self.assertRaises(ParityError):
+                    parity.write_manifest(relabelled, {}, manifest_version=bad)
 
 
 class TestExamples(unittest.TestCase):

@@ -373,6 +373,41 @@ class Sync(unittest.TestCase):
             self.assertIn("model.layers.3.mlp.down_proj.weight", diff[0])
 
 
+class FromModel(unittest.TestCase):
+    """CausalLM(model) reads the weights straight from the model (no checkpoint written and
+    read back): the parameters of CausalLM(directory), bit for bit, and the same forward."""
+
+    def same(self, a, b, seqs, what):
+        pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+        self.assertEqual(list(pa), list(pb), what)
+        for name in pa:
+            self.assertEqual(pa[name].shape, pb[name].shape, (what, name))
+            self.assertTrue(torch.equal(pa[name].detach().view(torch.int32),
+                                        pb[name].detach().view(torch.int32)), (what, name))
+        for g, w in zip(a(seqs), b(seqs)):
+            self.assertEqual(bits(g), bits(w), what)
+
+    def test_equals_from_directory(self):
+        seqs = byte_sequences([30, 9], start=300)
+        with parity.Model(TRAINED, threads=2) as model:
+            self.same(CausalLM(model, threads=2), CausalLM(TRAINED, threads=2), seqs, "trained")
+        # fp32 masters off the bf16 grid (an update of F32 values): the model's masters, as
+        # the directory it saves them to ("fp32" layout) holds them; not their bf16 cast
+        with parity.Model("synthetic:tiny", threads=2) as model, \
+                tempfile.TemporaryDirectory() as d:
+            lm = CausalLM(model, threads=2)
+            with torch.no_grad():
+                for p in lm.parameters():
+                    p.mul_(1 + 2.0 ** -10)
+            lm.sync_to(model)
+            model.save(d, layout="fp32")
+            again = CausalLM(model, threads=2)
+            self.same(again, CausalLM(d, threads=2), seqs, "fp32 masters")
+            self.same(again, lm, seqs, "the module synced")
+            w = again.checkpoint_tensors()["model.layers.0.mlp.up_proj.weight"]
+            self.assertFalse(torch.equal(w, w.to(torch.bfloat16).float()))
+
+
 # ---- bad input -----------------------------------------------------------------------------------
 
 class BadInput(unittest.TestCase):

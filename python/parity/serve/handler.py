@@ -165,19 +165,22 @@ class Server(http.server.ThreadingHTTPServer):
         """The differences between a manifest and what the model would hold after updating
         `tensors` (the checksums parity_model_verify would compare), without changing it."""
         from ..manifest import checksum
-        version, want = manifest
+        version, want, manifest_version = manifest
+        # the model's own checksums, in the manifest's version, kept until the next update
         if self.current_checksums is None:
+            self.current_checksums = {}
+        if manifest_version not in self.current_checksums:
             with tempfile.TemporaryDirectory(prefix="parity-serve-") as d:
                 path = os.path.join(d, "current.json")
-                self.model.write_manifest(path)
-                self.current_checksums = read_manifest(path)[1]
-        have = dict(self.current_checksums)
+                self.model.write_manifest(path, manifest_version=manifest_version)
+                self.current_checksums[manifest_version] = read_manifest(path)[1]
+        have = dict(self.current_checksums[manifest_version])
         out = []
         for name, value in tensors.items():
             if name not in have:
                 out.append("%s: not a tensor of this model" % name)
                 continue
-            shape, h = checksum(value, name)
+            shape, h = checksum(value, name, manifest_version)
             have[name] = (tuple(shape), "BF16", h)
         if version != self.model.version + 1:
             out.append("version: the manifest says %s, the model would be at %d"

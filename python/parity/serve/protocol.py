@@ -395,14 +395,18 @@ def read_safetensors(data, what):
 
 
 def read_manifest(path):
-    """(version, {name: (shape tuple, dtype, checksum int)}) of a manifest file."""
+    """(version, {name: (shape tuple, dtype, checksum int)}, manifest_version) of a manifest
+    file (manifest_version 1 where it names none: its checksums are version 1's)."""
     try:
         with open(path, "rb") as f:
             doc = json.loads(f.read().decode("utf-8"))
         tensors = {}
         for name, e in doc["tensors"].items():
             tensors[name] = (tuple(e["shape"]), e["dtype"], int(e["fnv1a64"], 16))
-        return doc["version"], tensors
+        manifest_version = doc.get("manifest_version", 1)
+        if manifest_version not in (1, 2):
+            raise ValueError("manifest_version %r: the library reads 1 and 2" % (manifest_version,))
+        return doc["version"], tensors, manifest_version
     except OSError as e:
         raise ApiError(400, "manifest %s: %s" % (path, e.strerror), "manifest") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
