@@ -23,13 +23,11 @@
 #include "gemm_quant.h"
 #include "kvcache.h"
 #include "layer.h"
+#include "ops_call.h"
 #include "scratch.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "sampling.h"
-
-/* Room for the buffers of one call (a head on the bf16 backend takes 8, attention 8). */
-#define OPS_MAX_SCRATCH 16
 
 /* A pool keeps the scratch of its calls for the next ones: the k-th buffer a call asks for is
  * the pool's k-th, grown when too small (a learner calls the same pieces with the same
@@ -71,15 +69,7 @@ uint32_t parity_pool_threads(const parity_pool *p) { return p ? pool_size(p->poo
 
 /* ---- one call: the pool (the caller's, or a one-thread one), scratch, the FP environment -- */
 
-typedef struct op_call {
-    parity_pool *user;      /* the caller's pool, entered; NULL if the call made its own */
-    threadpool *pool;
-    unsigned fp_saved;
-    void *scratch[OPS_MAX_SCRATCH];  /* without a pool: the call's own buffers */
-    size_t n_scratch;
-} op_call;
-
-static int op_begin(op_call *c, parity_pool *pool, const char *fn) {
+int op_begin(op_call *c, parity_pool *pool, const char *fn) {
     memset(c, 0, sizeof *c);
     if (pool) {
         TRY(object_enter(&pool->in_use, "parity_pool"));
@@ -93,7 +83,7 @@ static int op_begin(op_call *c, parity_pool *pool, const char *fn) {
     return PARITY_OK;
 }
 
-static void op_end(op_call *c) {
+void op_end(op_call *c) {
     fp_env_restore(c->fp_saved);
     if (c->user) {
         object_leave(&c->user->in_use);
@@ -103,10 +93,8 @@ static void op_end(op_call *c) {
     }
 }
 
-/* n elements of `size` bytes, 64-byte aligned: the pool's next buffer (grown if too small) or
- * the call's own, freed by op_end; NULL (with the status set) if the size overflows or memory
- * is exhausted. */
-static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
+/* ops_call.h says what it returns. */
+void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
     uint64_t bytes;
     if (c->n_scratch == OPS_MAX_SCRATCH) {
         set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: more scratch buffers than a call holds", what);
@@ -191,7 +179,7 @@ static int gemm_weights_of(op_call *c, const parity_policy *pol, uint32_t backen
 }
 
 /* The GEMM scratch of M rows of K columns over `workers` workers. */
-static int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
+int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
     g->max_k = K;
     g->xpack = op_alloc(c, gemm_scratch_xpack_floats(M, K), sizeof(float), "packed GEMM input");
     g->panels = g->xpack ? op_alloc(c, (uint64_t)pool_size(c->pool) * gemm_panel_floats(K),
@@ -200,7 +188,7 @@ static int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
     return g->panels ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
 }
 
-static fwd_ctx op_ctx(const op_call *c, const parity_policy *pol, uint32_t backend,
+fwd_ctx op_ctx(const op_call *c, const parity_policy *pol, uint32_t backend,
                       const parity_config *shape, fwd_scratch *s, kv_cache *kv) {
     return (fwd_ctx){NULL, shape, *pol, backend, c->pool, kv, s, 0, 0, NULL,
                      PARITY_LOOP_KV_LAST_EXITED, NULL, NULL};

@@ -234,38 +234,28 @@ class _Linear(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, data = ctx.saved_tensors
-        gy = gy.contiguous()
-        w_t = data.t().contiguous()   # the values the forward multiplied by, transposed
-        gx = _matmul_t(gy, w_t, ctx.pool) if ctx.needs_input_grad[0] else None
-        gw = _matmul_t(gy.t().contiguous(), x.t().contiguous(), ctx.pool) \
-            if ctx.needs_input_grad[1] else None
+        # data.t() and the transposes of gy and x are views: parity_matmul reads them in place
+        gx = _matmul_t(gy, data.t(), ctx.pool) if ctx.needs_input_grad[0] else None
+        gw = _matmul_t(gy.t(), x.t(), ctx.pool) if ctx.needs_input_grad[1] else None
         gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None, None, None, None
 
 
-_MATMUL_BF16 = policy_struct("aligned")   # only its compute switch matters to parity_linear
-_MATMUL_FP32 = policy_struct("fp32")
-
-
 def _matmul_t(a, b, pool):
-    """a b^T in fp32 for the backward (a [m, k], b [n, k], contiguous), on libparity's GEMM:
-    Debian's torch multiplies fp32 matrices with a generic BLAS (about 10 GFLOP/s on the
-    machines here). b of bf16 values (the weights, and the activations under compute "bf16")
-    runs the bf16-weight GEMM, exact products of fp32 by bf16 summed in pair32 order with the
-    bf16 backend's denormal flush; other b the fp32 GEMM (dot16 order)."""
+    """a b^T in fp32 for the backward (a [m, k] fp32, b [n, k] bf16 or fp32 (fp16 widened), any
+    strides: transposed views are read in place) on libparity's GEMM, parity_matmul: Debian's
+    torch multiplies fp32 matrices with a generic BLAS (about 10 GFLOP/s on the machines here).
+    b of bf16 values (the weights, and the activations under compute "bf16") runs the
+    bf16-weight GEMM, exact products of fp32 by bf16 summed in pair32 order with the bf16
+    backend's denormal flush; other b the fp32 GEMM (dot16 order)."""
     m, k = a.shape
     n = b.shape[0]
+    if b.dtype == _f16:
+        b = b.to(_f32)
     y = _torch.empty(m, n, dtype=_f32)
-    if b.dtype == _bf16:
-        bits, dtype, pol = b, _BF16, _MATMUL_BF16
-    else:
-        b16 = b.to(_bf16)
-        if _torch.equal(b16.to(_f32), b):
-            bits, dtype, pol = b16, _BF16, _MATMUL_BF16
-        else:
-            bits, dtype, pol = b, _F32, _MATMUL_FP32
-    lib.parity_linear(pool, ctypes.byref(pol), 0, m, k, n, _addr(a), k, dtype, _addr(bits), k,
-                      None, _addr(y), n)
+    lib.parity_matmul(pool, m, n, k, _addr(a), a.stride(0), a.stride(1),
+                      _BF16 if b.dtype == _bf16 else _F32, _addr(b), b.stride(0), b.stride(1),
+                      _addr(y), n)
     return y
 
 
@@ -359,11 +349,10 @@ class _LinearFP8(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
-        gy = gy.contiguous()
-        gx = _matmul_t(gy, _fp8_dequantized(w, ctx.pol_c, True).t().contiguous(), ctx.pool) \
+        gx = _matmul_t(gy, _fp8_dequantized(w, ctx.pol_c, True).t(), ctx.pool) \
             if ctx.needs_input_grad[0] else None
-        gw = _matmul_t(gy.t().contiguous(), _fp8_dequantized(x, ctx.pol_c, False).t().contiguous(),
-                       ctx.pool) if ctx.needs_input_grad[1] else None
+        gw = _matmul_t(gy.t(), _fp8_dequantized(x, ctx.pol_c, False).t(), ctx.pool) \
+            if ctx.needs_input_grad[1] else None
         gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None, None
 
@@ -423,32 +412,18 @@ class _Attention(_torch.autograd.Function):
 
 
 def _attention_backward(q, k, v, grad, lengths, pool):
-    """The gradients of causal fp32 softmax attention at q, k, v, written out: per sequence and
-    KV head, with the group's query heads as one block of rows, P = softmax(Q K^T s)
-    recomputed, O = P V, dP = dO V^T, dS = P (dP - rowsum(dO O)) s, dQ = dS K, dK = dS^T Q,
-    dV = P^T dO; the products on libparity's GEMM (_matmul_t)."""
+    """The gradients of causal fp32 softmax attention at q, k, v (parity_attention_backward):
+    per sequence and KV head, with the group's query heads as one block of rows,
+    P = softmax(Q K^T s) recomputed, dP = dO V^T, dS = P (dP - rowsum(P dP)) s, dQ = dS K,
+    dK = dS^T Q, dV = P^T dO, on libparity's fp32 GEMM, all sequences and heads in one call."""
     T, nh, hd = q.shape
     nkv = k.shape[1]
-    group, scale = nh // nkv, hd ** -0.5
+    grad = grad.contiguous()
     gq, gk, gv = _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
-    at = 0
-    for n in lengths:
-        future = _torch.ones(n, n, dtype=_torch.bool).triu(1)
-        for j in range(nkv):
-            heads = slice(j * group, (j + 1) * group)
-            Q = q[at:at + n, heads].transpose(0, 1).reshape(group * n, hd).contiguous()
-            dO = grad[at:at + n, heads].transpose(0, 1).reshape(group * n, hd).contiguous()
-            K, V = k[at:at + n, j].contiguous(), v[at:at + n, j].contiguous()
-            S = _matmul_t(Q, K, pool).mul_(scale).view(group, n, n)
-            P = _torch.softmax(S.masked_fill_(future, float("-inf")), dim=-1).view(group * n, n)
-            O = _matmul_t(P, V.t().contiguous(), pool)
-            dP = _matmul_t(dO, V, pool)
-            dS = P * (dP - (dO * O).sum(-1, keepdim=True)) * scale
-            gq[at:at + n, heads] = _matmul_t(dS, K.t().contiguous(), pool) \
-                .view(group, n, hd).transpose(0, 1)
-            gk[at:at + n, j] = _matmul_t(dS.t().contiguous(), Q.t().contiguous(), pool)
-            gv[at:at + n, j] = _matmul_t(P.t().contiguous(), dO.t().contiguous(), pool)
-        at += n
+    c_lengths = (ctypes.c_uint32 * len(lengths))(*lengths)
+    lib.parity_attention_backward(pool, len(lengths), c_lengths, nh, nkv, hd, _addr(q), nh * hd,
+                                  _addr(k), nkv * hd, _addr(v), nkv * hd, _addr(grad), nh * hd,
+                                  _addr(gq), nh * hd, _addr(gk), nkv * hd, _addr(gv), nkv * hd)
     return gq, gk, gv
 
 
