@@ -89,6 +89,13 @@ PARITY_API int parity_rope(const parity_policy *policy, size_t rows, size_t n_he
                            size_t head_dim, uint16_t *x, size_t row_stride,
                            const int32_t *positions, double theta);
 
+/* A rounding point on fp32 buffers: out[i] = x[i] rounded to nearest even to `dtype`
+ * (PARITY_DTYPE_BF16: every NaN -> the quiet NaN of 0x7fc0, as parity_bf16_from_f32;
+ * PARITY_DTYPE_F16: beyond fp16's range -> infinity) and widened back to fp32, the kernels'
+ * own rounding (the forward's at every rounding point), in one pass. out may be x (in place);
+ * otherwise the two must not overlap. */
+PARITY_API int parity_round_f32(uint32_t dtype, size_t n, const float *x, float *out);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Forward pieces for host learners and engines                                             */
 /* ---------------------------------------------------------------------------------------- */
@@ -203,6 +210,29 @@ PARITY_API int parity_attention_backward(parity_pool *pool, size_t n_seqs,
                                          size_t d_out_stride, float *d_q, size_t d_q_stride,
                                          float *d_k, size_t d_k_stride, float *d_v,
                                          size_t d_v_stride);
+
+/* RMSNorm's gradient in fp32 (the learner's straight-through backward of the norm regions):
+ * for y = x r weight, r = 1 / sqrtf(mean(x x) + eps) per row, the steps of autograd's graph
+ * of that formula, in its order of operations: gw = d_out weight, d_x = gw r + (a x + a x)
+ * with a = (-0.5 sum(gw x) r^3) / dim, plus d_add[r] (NULL: none; the residual stream's own
+ * gradient where s = residual + delta feeds the norm); d_weight[c] (NULL: skipped) = the sum
+ * over the rows, in their order, of d_out (x r). Each row's sums run in its order; the bits
+ * do not depend on the pool. Outputs must not overlap an input or each other. */
+PARITY_API int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t dim,
+                                       const float *x, size_t x_stride, const float *weight,
+                                       float eps, const float *d_out, size_t d_out_stride,
+                                       const float *d_add, size_t d_add_stride, float *d_x,
+                                       size_t d_x_stride, float *d_weight);
+
+/* SwiGLU's gradient in fp32, y = (gate s) up with s = 1 / (1 + exp(-gate)) (the library's
+ * exp): d_up = d_out (gate s), d_gate = gy s + (gy gate) (1 - s) s with gy = d_out up, the
+ * steps of autograd's graph of the formula. Elementwise; outputs must not overlap an input
+ * or each other. */
+PARITY_API int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim,
+                                      const float *gate, size_t gate_stride, const float *up,
+                                      size_t up_stride, const float *d_out, size_t d_out_stride,
+                                      float *d_gate, size_t d_gate_stride, float *d_up,
+                                      size_t d_up_stride);
 
 /* The head, for `rows` positions: s = residual + delta (the last layer's MLP output), the
  * final RMSNorm of s with norm_weight [dim] and eps (the residual + RMSNorm region, per the

@@ -1,11 +1,14 @@
-/* The backward pieces (parity_matmul, parity_attention_backward): parity_matmul gives
+/* The backward pieces (parity_matmul, parity_attention_backward, parity_rmsnorm_backward,
+ * parity_swiglu_backward) and the rounding point parity_round_f32: parity_matmul gives
  * parity_linear's bits (the bf16-weight GEMM for b of bf16 values, given as bf16 or as fp32;
  * the fp32 GEMM for other b) for operands read through any strides (transposed, padded rows,
  * a broadcast column), and is near a double-precision product; parity_attention_backward is
  * near the double-precision softmax-attention gradients, a sequence's gradients the same bits
  * alone or in a batch, with padded rows or not, on one thread or a pool of two; both give the
- * same bits on every CPU path; bad arguments get a status and a message, with no output
- * written. */
+ * same bits on every CPU path; the norm's and SwiGLU's gradients are near their double
+ * formulas, the same bits with a pool, padded rows and on every CPU path; parity_round_f32 is
+ * parity_bf16_from_f32 / parity_fp16_from_f32 widened, in place or not, on every CPU path;
+ * bad arguments get a status and a message, with no output written. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +310,144 @@ static void test_attention_backward(parity_pool *pool2) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attention_case(pool2, &cases[i]);
 }
 
+static int untouched(const float *y, size_t n);
+
+/* ---- the rounding point ------------------------------------------------------------------ */
+
+static void test_round(void) {
+    enum { N = 1000 };
+    float x[N], out[N], in_place[N];
+    for (size_t i = 0; i < N; i++) x[i] = uniform() * powf(2.0f, (float)(i % 60) - 30.0f);
+    const uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffc00000u, 0x00000001u,
+                                 0x80000003u, 0x3f808000u, 0x3f818000u, 0x477fe000u, 0x47800000u,
+                                 0x387fc000u, 0x33000000u, 0x7f7fffffu};
+    for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++)
+        memcpy(x + i, specials + i, 4);
+    x[20] = 65520.0f, x[21] = -65519.0f, x[22] = 1e-7f;
+    parity_cpu_path paths[4];
+    const size_t n_paths = cpu_paths(paths);
+    const parity_cpu_path saved = parity_get_cpu_path();
+    for (size_t p = 0; p < n_paths; p++) {
+        CHECK_OK(parity_set_cpu_path(paths[p]));
+        for (uint32_t dtype = PARITY_DTYPE_BF16; dtype <= PARITY_DTYPE_F16; dtype++) {
+            float want[N];
+            for (size_t i = 0; i < N; i++)
+                want[i] = dtype == PARITY_DTYPE_BF16
+                              ? parity_bf16_to_f32(parity_bf16_from_f32(x[i]))
+                              : parity_fp16_to_f32(parity_fp16_from_f32(x[i]));
+            CHECK_OK(parity_round_f32(dtype, N, x, out));
+            CHECK_BITS_F32(out, want, N, dtype ? "fp16 rounding" : "bf16 rounding");
+            memcpy(in_place, x, sizeof x);
+            CHECK_OK(parity_round_f32(dtype, N, in_place, in_place));
+            CHECK_BITS_F32(in_place, want, N, "in place");
+        }
+    }
+    parity_set_cpu_path(saved);
+    CHECK_OK(parity_round_f32(PARITY_DTYPE_BF16, 0, x, out));
+    memset(out, 0xab, sizeof out);
+    CHECK_STATUS(parity_round_f32(PARITY_DTYPE_F32, N, x, out), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_round_f32(PARITY_DTYPE_BF16, N, NULL, out), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_round_f32(PARITY_DTYPE_BF16, N, x, NULL), PARITY_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(parity_round_f32(PARITY_DTYPE_BF16, N - 1, x, x + 1),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(parity_last_error(), "overlaps") != NULL);
+    CHECK_STATUS(parity_round_f32(PARITY_DTYPE_BF16, SIZE_MAX / 2, x, out),
+                 PARITY_ERR_INVALID_ARGUMENT);
+    CHECK(untouched(out, N));
+}
+
+/* ---- the norm's and SwiGLU's gradients ------------------------------------------------------ */
+
+enum { RG_ROWS = 37, RG_DIM = 70, RG_PAD = 5 };
+
+/* The case's outputs with rows `stride` >= RG_DIM apart (inputs copied into such rows). */
+static void region_grads(parity_pool *pool, size_t stride, const float *x, const float *w,
+                         const float *g, const float *add, float *dx, float *dw, float *dg,
+                         float *du) {
+    const size_t n = RG_ROWS * stride;
+    float *xs = calloc(n, 4), *gs = calloc(n, 4), *as = calloc(n, 4), *ws = calloc(n, 4);
+    float *o1 = malloc(n * 4), *o2 = malloc(n * 4);
+    memset(o1, 0x5a, n * 4), memset(o2, 0x5a, n * 4);
+    for (size_t r = 0; r < RG_ROWS; r++) {
+        memcpy(xs + r * stride, x + r * RG_DIM, RG_DIM * 4);
+        memcpy(gs + r * stride, g + r * RG_DIM, RG_DIM * 4);
+        memcpy(as + r * stride, add + r * RG_DIM, RG_DIM * 4);
+        memcpy(ws + r * stride, w + r * RG_DIM, RG_DIM * 4);  /* SwiGLU's up */
+    }
+    CHECK_OK(parity_rmsnorm_backward(pool, RG_ROWS, RG_DIM, xs, stride, w, 1e-6f, gs, stride, as,
+                                     stride, o1, stride, dw));
+    for (size_t r = 0; r < RG_ROWS; r++) memcpy(dx + r * RG_DIM, o1 + r * stride, RG_DIM * 4);
+    CHECK_OK(parity_swiglu_backward(pool, RG_ROWS, RG_DIM, xs, stride, ws, stride, gs, stride,
+                                    o1, stride, o2, stride));
+    for (size_t r = 0; r < RG_ROWS; r++) {
+        memcpy(dg + r * RG_DIM, o1 + r * stride, RG_DIM * 4);
+        memcpy(du + r * RG_DIM, o2 + r * stride, RG_DIM * 4);
+        for (size_t c = RG_DIM; c < stride; c++) {
+            uint32_t bits;
+            memcpy(&bits, o2 + r * stride + c, 4);
+            CHECK_INT(bits, 0x5a5a5a5au);  /* past the row: untouched */
+        }
+    }
+    free(xs), free(gs), free(as), free(ws), free(o1), free(o2);
+}
+
+static void test_region_grads(parity_pool *pool2) {
+    const size_t n = RG_ROWS * RG_DIM;
+    float *x = random_floats(n), *w = random_floats(n), *g = random_floats(n);
+    float *add = random_floats(n);
+    for (size_t i = 0; i < n; i++) x[i] *= 3.0f;
+    /* the double formulas */
+    double *rx = malloc(n * 8), rw[RG_DIM] = {0}, *rg = malloc(n * 8), *ru = malloc(n * 8);
+    for (size_t r = 0; r < RG_ROWS; r++) {
+        const float *xr = x + r * RG_DIM, *gr = g + r * RG_DIM;
+        double ss = 0, t = 0;
+        for (size_t c = 0; c < RG_DIM; c++) ss += (double)xr[c] * xr[c];
+        const double inv = 1.0 / sqrt(ss / RG_DIM + (double)1e-6f);
+        for (size_t c = 0; c < RG_DIM; c++) t += (double)gr[c] * w[c] * xr[c];
+        for (size_t c = 0; c < RG_DIM; c++) {
+            rx[r * RG_DIM + c] = gr[c] * (double)w[c] * inv -
+                                 xr[c] * inv * inv * inv * t / RG_DIM + add[r * RG_DIM + c];
+            rw[c] += (double)gr[c] * xr[c] * inv;
+            const double s = 1.0 / (1.0 + exp(-(double)xr[c])), u = w[r * RG_DIM + c];
+            ru[r * RG_DIM + c] = gr[c] * xr[c] * s;
+            rg[r * RG_DIM + c] = gr[c] * u * s * (1.0 + xr[c] * (1.0 - s));
+        }
+    }
+    float *dx[2], dw[2][RG_DIM], *dg[2], *du[2];
+    for (int i = 0; i < 2; i++) dx[i] = malloc(n * 4), dg[i] = malloc(n * 4), du[i] = malloc(n * 4);
+    parity_cpu_path paths[4];
+    const size_t n_paths = cpu_paths(paths);
+    const parity_cpu_path saved = parity_get_cpu_path();
+    for (size_t p = 0; p < n_paths; p++) {
+        CHECK_OK(parity_set_cpu_path(paths[p]));
+        const int o = p > 0;
+        region_grads(NULL, RG_DIM, x, w, g, add, dx[o], dw[o], dg[o], du[o]);
+        CHECK(rel_error(dx[o], rx, n) < 1e-5);
+        CHECK(rel_error(dw[o], rw, RG_DIM) < 1e-5);
+        CHECK(rel_error(dg[o], rg, n) < 1e-5);
+        CHECK(rel_error(du[o], ru, n) < 1e-5);
+        if (o) {
+            CHECK_BITS_F32(dx[1], dx[0], n, "norm d_x, CPU path");
+            CHECK_BITS_F32(dw[1], dw[0], RG_DIM, "norm d_weight, CPU path");
+            CHECK_BITS_F32(dg[1], dg[0], n, "swiglu d_gate, CPU path");
+            CHECK_BITS_F32(du[1], du[0], n, "swiglu d_up, CPU path");
+        }
+        region_grads(pool2, RG_DIM + RG_PAD, x, w, g, add, dx[1], dw[1], dg[1], du[1]);
+        CHECK_BITS_F32(dx[1], dx[0], n, "norm d_x, pool and padded rows");
+        CHECK_BITS_F32(dw[1], dw[0], RG_DIM, "norm d_weight, pool and padded rows");
+        CHECK_BITS_F32(dg[1], dg[0], n, "swiglu d_gate, pool and padded rows");
+        CHECK_BITS_F32(du[1], du[0], n, "swiglu d_up, pool and padded rows");
+    }
+    parity_set_cpu_path(saved);
+    /* without d_add: d_add's values less; without d_weight: d_x the same */
+    CHECK_OK(parity_rmsnorm_backward(pool2, RG_ROWS, RG_DIM, x, RG_DIM, w, 1e-6f, g, RG_DIM, NULL,
+                                     0, dx[1], RG_DIM, NULL));
+    for (size_t i = 0; i < n; i++) rx[i] -= add[i];
+    CHECK(rel_error(dx[1], rx, n) < 1e-5);
+    free(x), free(w), free(g), free(add), free(rx), free(rg), free(ru);
+    for (int i = 0; i < 2; i++) free(dx[i]), free(dg[i]), free(du[i]);
+}
+
 /* ---- bad arguments ----------------------------------------------------------------------------- */
 
 static int untouched(const float *y, size_t n) {
@@ -382,12 +523,43 @@ static void test_bad_arguments(void) {
     CHECK_OK(parity_attention_backward(NULL, 2, lens, 2, 1, 2, q, 4, kv, 2, kv, 2, q, 4, dq, 4,
                                        dk, 2, dv, 2));
     for (size_t i = 0; i < 20; i++) CHECK(isfinite(dq[i]));
+
+    /* the norm's and SwiGLU's gradients: 2 rows of 4 */
+    float x[8], w[4] = {1, 2, 3, 4}, g[8], o[8], o2[8], dw[4];
+    for (size_t i = 0; i < 8; i++) x[i] = (float)i - 3.5f, g[i] = 0.5f * (float)i;
+    memset(o, 0xab, sizeof o), memset(o2, 0xab, sizeof o2), memset(dw, 0xab, sizeof dw);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 0, 4, x, 4, w, 1e-6f, g, 4, NULL, 0, o, 4, dw), E);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 2, 4, NULL, 4, w, 1e-6f, g, 4, NULL, 0, o, 4, dw),
+                 E);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 2, 4, x, 4, NULL, 1e-6f, g, 4, NULL, 0, o, 4, dw),
+                 E);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 2, 4, x, 4, w, -1.0f, g, 4, NULL, 0, o, 4, dw), E);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 2, 4, x, 3, w, 1e-6f, g, 4, NULL, 0, o, 4, dw), E);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 2, 4, x, 4, w, 1e-6f, g, 4, g, 2, o, 4, dw), E);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 2, 4, x, 4, w, 1e-6f, g, 4, NULL, 0, g, 4, dw), E);
+    CHECK(strstr(parity_last_error(), "d_x overlaps d_out") != NULL);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 2, 4, x, 4, w, 1e-6f, g, 4, NULL, 0, o, 4, o + 4),
+                 E);
+    CHECK(strstr(parity_last_error(), "d_weight overlaps d_x") != NULL);
+    CHECK_STATUS(parity_rmsnorm_backward(NULL, 2, 4, x, 4, w, 1e-6f, g, 4, NULL, 0, o, 4, w), E);
+    CHECK(strstr(parity_last_error(), "d_weight overlaps weight") != NULL);
+    CHECK(untouched(o, 8) && untouched(dw, 4));
+    CHECK_STATUS(parity_swiglu_backward(NULL, 2, 0, x, 4, g, 4, g, 4, o, 4, o2, 4), E);
+    CHECK_STATUS(parity_swiglu_backward(NULL, 2, 4, x, 4, NULL, 4, g, 4, o, 4, o2, 4), E);
+    CHECK_STATUS(parity_swiglu_backward(NULL, 2, 4, x, 4, g, 4, g, 3, o, 4, o2, 4), E);
+    CHECK_STATUS(parity_swiglu_backward(NULL, 2, 4, x, 4, g, 4, g, 4, o, 4, o, 4), E);
+    CHECK(strstr(parity_last_error(), "d_up overlaps d_gate") != NULL);
+    CHECK_STATUS(parity_swiglu_backward(NULL, 2, 4, x, 4, g, 4, g, 4, x, 4, o2, 4), E);
+    CHECK(strstr(parity_last_error(), "d_gate overlaps gate") != NULL);
+    CHECK(untouched(o, 8) && untouched(o2, 8));
 }
 
 int main(void) {
     parity_pool *pool2 = NULL;
     CHECK_OK(parity_pool_create(2, &pool2));
     test_bad_arguments();
+    test_round();
+    test_region_grads(pool2);
     test_matmul(pool2);
     test_attention_backward(pool2);
     parity_pool_free(pool2);

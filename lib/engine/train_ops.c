@@ -345,3 +345,151 @@ int parity_attention_backward(parity_pool *pool, size_t n_seqs, const uint32_t *
     op_end(&call);
     return rc;
 }
+
+/* ---- the regions' backward ------------------------------------------------------------------ */
+
+typedef struct region_grad_job {
+    const kernels *kt;
+    size_t rows, dim;
+    const float *x, *w, *g, *add;   /* rmsnorm: x, weight, d_out, d_add; swiglu: gate, up, d_out */
+    size_t xs, gs, as, ws;          /* swiglu: ws is up's row stride */
+    float eps;
+    float *dx, *dw, *inv;           /* swiglu: dx = d_gate, dw = d_up (rows dws apart) */
+    size_t dxs, dws;
+    float *work;                    /* swiglu: dim floats a worker */
+} region_grad_job;
+
+#define REGION_GRAD_ROWS 16
+
+/* RMSNorm rows: autograd's steps of y = x r w, r = rsqrt(mean(x x) + eps), in its order of
+ * operations (sums in the row's order): gxw = g w; gx = gxw r + (a x + a x) with
+ * a = (-0.5 sum(gxw x) r^3) / dim; plus d_add; each row's r kept for the weight's gradient. */
+static void rmsnorm_grad_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const region_grad_job *j = ctx;
+    const size_t r1 = end * REGION_GRAD_ROWS < j->rows ? end * REGION_GRAD_ROWS : j->rows;
+    for (size_t r = begin * REGION_GRAD_ROWS; r < r1; r++) {
+        const float *x = j->x + r * j->xs, *g = j->g + r * j->gs;
+        float *dx = j->dx + r * j->dxs;
+        float ss = 0.0f, t = 0.0f;
+        for (size_t d = 0; d < j->dim; d++) ss += x[d] * x[d];
+        const float inv = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
+        for (size_t d = 0; d < j->dim; d++) t += (g[d] * j->w[d]) * x[d];
+        const float a = -0.5f * t * (inv * inv * inv) / (float)j->dim;
+        for (size_t d = 0; d < j->dim; d++) dx[d] = (g[d] * j->w[d]) * inv + (a * x[d] + a * x[d]);
+        if (j->add) {
+            const float *ad = j->add + r * j->as;
+            for (size_t d = 0; d < j->dim; d++) dx[d] += ad[d];
+        }
+        j->inv[r] = inv;
+    }
+}
+
+/* The weight's gradient, columns [begin, end) x 16: sum over the rows, in their order, of
+ * g (x r) (autograd's y1 = x r, then g y1 summed over the rows). */
+static void rmsnorm_grad_weight(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const region_grad_job *j = ctx;
+    const size_t c0 = begin * 16, c1 = end * 16 < j->dim ? end * 16 : j->dim;
+    for (size_t c = c0; c < c1; c++) j->dw[c] = 0.0f;
+    for (size_t r = 0; r < j->rows; r++) {
+        const float *x = j->x + r * j->xs, *g = j->g + r * j->gs;
+        for (size_t c = c0; c < c1; c++) j->dw[c] += g[c] * (x[c] * j->inv[r]);
+    }
+}
+
+int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t dim, const float *x,
+                            size_t x_stride, const float *weight, float eps, const float *d_out,
+                            size_t d_out_stride, const float *d_add, size_t d_add_stride,
+                            float *d_x, size_t d_x_stride, float *d_weight) {
+    static const char fn[] = "parity_rmsnorm_backward";
+    clear_error();
+    TRY(arg_shape(fn, rows, dim));
+    TRY(arg_ptr(fn, x, "x"));
+    TRY(arg_ptr(fn, weight, "weight"));
+    TRY(arg_ptr(fn, d_out, "d_out"));
+    TRY(arg_ptr(fn, d_x, "d_x"));
+    TRY(arg_eps(fn, eps));
+    TRY(arg_rows(fn, rows, dim, x_stride, "x"));
+    TRY(arg_rows(fn, rows, dim, d_out_stride, "d_out"));
+    if (d_add) TRY(arg_rows(fn, rows, dim, d_add_stride, "d_add"));
+    TRY(arg_rows(fn, rows, dim, d_x_stride, "d_x"));
+    uintptr_t lo[5], hi[5];
+    const void *bufs[5] = {x, d_out, d_add ? (const void *)d_add : (const void *)x, weight, d_x};
+    const size_t strides[5] = {x_stride, d_out_stride, d_add ? d_add_stride : x_stride, 0,
+                               d_x_stride};
+    static const char *const names[5] = {"x", "d_out", "d_add", "weight", "d_x"};
+    for (size_t i = 0; i < 5; i++)
+        span_of(bufs[i], i == 3 ? 1 : rows, dim, strides[i], 1, 4, &lo[i], &hi[i]);
+    for (size_t i = 0; i < 4; i++)
+        if (overlaps(lo[4], hi[4], lo[i], hi[i]) ||
+            (d_weight && overlaps((uintptr_t)d_weight, (uintptr_t)(d_weight + dim), lo[i], hi[i])))
+            return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s overlaps %s", fn,
+                             overlaps(lo[4], hi[4], lo[i], hi[i]) ? "d_x" : "d_weight", names[i]);
+    if (d_weight && overlaps((uintptr_t)d_weight, (uintptr_t)(d_weight + dim), lo[4], hi[4]))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: d_weight overlaps d_x", fn);
+    op_call call;
+    TRY(op_begin(&call, pool, fn));
+    region_grad_job j = {kern(), rows, dim, x, weight, d_out, d_add, x_stride, d_out_stride,
+                         d_add_stride, 0, eps, d_x, d_weight, NULL, d_x_stride, 0, NULL};
+    j.inv = op_alloc(&call, rows, sizeof(float), "rows' inverse RMS");
+    const int rc = j.inv ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    if (!rc) {
+        pool_run(call.pool, rmsnorm_grad_rows, &j, (rows + REGION_GRAD_ROWS - 1) / REGION_GRAD_ROWS);
+        if (d_weight) pool_run(call.pool, rmsnorm_grad_weight, &j, (dim + 15) / 16);
+    }
+    op_end(&call);
+    return rc;
+}
+
+/* SwiGLU rows: autograd's steps of y = (g s) u, s = sigmoid(g) = 1 / (1 + exp(-g)) (the
+ * library's exp): d_up = go (g s); gy1 = go u; d_gate = gy1 s + (gy1 g) (1 - s) s. */
+static void swiglu_grad_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
+    const region_grad_job *j = ctx;
+    float *s = j->work + worker * j->dim;
+    const size_t r1 = end * REGION_GRAD_ROWS < j->rows ? end * REGION_GRAD_ROWS : j->rows;
+    for (size_t r = begin * REGION_GRAD_ROWS; r < r1; r++) {
+        const float *g = j->x + r * j->xs, *u = j->w + r * j->ws, *go = j->g + r * j->gs;
+        float *dg = j->dx + r * j->dxs, *du = j->dw + r * j->dws;
+        for (size_t d = 0; d < j->dim; d++) s[d] = -g[d];
+        j->kt->exp_f32(s, j->dim);
+        for (size_t d = 0; d < j->dim; d++) {
+            const float sg = 1.0f / (1.0f + s[d]), gy1 = go[d] * u[d];
+            du[d] = go[d] * (g[d] * sg);
+            dg[d] = gy1 * sg + (gy1 * g[d]) * (1.0f - sg) * sg;
+        }
+    }
+}
+
+int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim, const float *gate,
+                           size_t gate_stride, const float *up, size_t up_stride,
+                           const float *d_out, size_t d_out_stride, float *d_gate,
+                           size_t d_gate_stride, float *d_up, size_t d_up_stride) {
+    static const char fn[] = "parity_swiglu_backward";
+    clear_error();
+    TRY(arg_shape(fn, rows, dim));
+    const void *ptrs[5] = {gate, up, d_out, d_gate, d_up};
+    const size_t strides[5] = {gate_stride, up_stride, d_out_stride, d_gate_stride, d_up_stride};
+    static const char *const names[5] = {"gate", "up", "d_out", "d_gate", "d_up"};
+    uintptr_t lo[5], hi[5];
+    for (size_t i = 0; i < 5; i++) {
+        TRY(arg_ptr(fn, ptrs[i], names[i]));
+        TRY(arg_rows(fn, rows, dim, strides[i], names[i]));
+        span_of(ptrs[i], rows, dim, strides[i], 1, 4, &lo[i], &hi[i]);
+    }
+    for (size_t o = 3; o < 5; o++)
+        for (size_t i = 0; i < o; i++)
+            if (overlaps(lo[o], hi[o], lo[i], hi[i]))
+                return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s overlaps %s", fn, names[o],
+                                 names[i]);
+    op_call call;
+    TRY(op_begin(&call, pool, fn));
+    region_grad_job j = {kern(), rows, dim, gate, up, d_out, NULL, gate_stride, d_out_stride, 0,
+                         up_stride, 0.0f, d_gate, d_up, NULL, d_gate_stride, d_up_stride, NULL};
+    j.work = op_alloc(&call, (uint64_t)pool_size(call.pool) * dim, sizeof(float), "sigmoids");
+    const int rc = j.work ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    if (!rc)
+        pool_run(call.pool, swiglu_grad_rows, &j, (rows + REGION_GRAD_ROWS - 1) / REGION_GRAD_ROWS);
+    op_end(&call);
+    return rc;
+}

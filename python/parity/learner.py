@@ -219,13 +219,24 @@ def embedding(tokens, table, policy="aligned"):
     return _Embedding.apply(tokens, table, data, dtype)
 
 
+def _round_in_place(y, rounding):
+    """The rounding point of a GEMM output, in place (parity_round_f32; rounding a parity
+    dtype, or None for none). Inside the linear Function its gradient, the identity, is the
+    linear's own: d round(y) / dy = 1 (straight through)."""
+    if rounding is not None and y.numel():
+        lib.parity_round_f32(rounding, y.numel(), _addr(y), _addr(y))
+    return y
+
+
 class _Linear(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, data, dtype, bias_values, pol_c, backend, pool):
+    def forward(ctx, x, weight, bias, data, dtype, bias_values, pol_c, backend, pool,
+                rounding=None):
         (m, k), n = x.shape, data.shape[0]
         y = _torch.empty(m, n, dtype=_f32)
         lib.parity_linear(pool, ctypes.byref(pol_c), backend, m, k, n, _addr(x), k, dtype,
                           _addr(data), k, _addr(bias_values), _addr(y), n)
+        _round_in_place(y, rounding)
         ctx.save_for_backward(x, data)
         ctx.has_bias = bias is not None
         ctx.pool = pool
@@ -238,7 +249,7 @@ class _Linear(_torch.autograd.Function):
         gx = _matmul_t(gy, data.t(), ctx.pool) if ctx.needs_input_grad[0] else None
         gw = _matmul_t(gy.t(), x.t(), ctx.pool) if ctx.needs_input_grad[1] else None
         gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None, None, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None, None, None
 
 
 def _matmul_t(a, b, pool):
@@ -336,12 +347,13 @@ class _LinearFP8(_torch.autograd.Function):
     quantized inputs, straight through both quantizers: gx = gy deq(Wq), gW = gy^T deq(xq)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, bias_values, pol_c, backend, pool):
+    def forward(ctx, x, weight, bias, bias_values, pol_c, backend, pool, rounding=None):
         (m, k), n = x.shape, weight.shape[0]
         w = weight.detach().contiguous()
         y = _torch.empty(m, n, dtype=_f32)
         lib.parity_linear(pool, ctypes.byref(pol_c), backend, m, k, n, _addr(x), k, _F32, _addr(w),
                           k, _addr(bias_values), _addr(y), n)
+        _round_in_place(y, rounding)
         ctx.save_for_backward(x, w)
         ctx.has_bias, ctx.pool, ctx.pol_c = bias is not None, pool, pol_c
         return y
@@ -354,17 +366,20 @@ class _LinearFP8(_torch.autograd.Function):
         gw = _matmul_t(gy.t(), _fp8_dequantized(x, ctx.pol_c, False).t(), ctx.pool) \
             if ctx.needs_input_grad[1] else None
         gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 
-def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False):
+def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False, rounding=None):
+    """x W^T (+ bias) on the library's GEMM, then the rounding point `rounding` (a parity
+    dtype, or None) on the output, the straight-through gradient."""
     bias_values = None
     if bias is not None:
         bias_values = bias.detach().contiguous() if _compute_fp32(pol) else \
             bias.detach().to(_half(pol)).to(_f32)
     if fp8 and pol_c.gemm != 0:
-        return _LinearFP8.apply(x, weight, bias, bias_values, pol_c, backend, pool)
-    return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool)
+        return _LinearFP8.apply(x, weight, bias, bias_values, pol_c, backend, pool, rounding)
+    return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool,
+                         rounding)
 
 
 def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None):
@@ -585,8 +600,19 @@ def _bits(x, dtype):
     return x.detach().to(dtype).contiguous()
 
 
-def _rms_formula(x, w, eps):
-    return x * _torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+def _rms_backward(x, w, eps, g, g_add, pool):
+    """The gradients (x's, plus g_add where given; w's) of the fp32 formula
+    x rsqrt(mean(x x) + eps) w over x's last dimension, autograd's steps in C
+    (parity_rmsnorm_backward)."""
+    dim = x.shape[-1]
+    rows = x.numel() // dim
+    x, g = x.contiguous(), g.contiguous()
+    g_add = g_add.contiguous() if g_add is not None else None
+    gx, gw = _torch.empty_like(x), _torch.empty(dim, dtype=_f32)
+    lib.parity_rmsnorm_backward(pool, rows, dim, _addr(x), dim, _addr(w.detach().contiguous()),
+                                eps, _addr(g), dim, _addr(g_add), dim, _addr(gx), dim,
+                                _addr(gw))
+    return gx, gw
 
 
 class _RmsnormResidualC(_torch.autograd.Function):
@@ -594,7 +620,7 @@ class _RmsnormResidualC(_torch.autograd.Function):
     straight through, the norm's fp32 formula."""
 
     @staticmethod
-    def forward(ctx, delta, h, w, eps, pol_c, dtype):
+    def forward(ctx, delta, h, w, eps, pol_c, dtype, pool):
         dim = h.shape[-1]
         rows = h.numel() // dim
         d16, h16, w16 = _bits(delta, dtype), _bits(h, dtype), _bits(w, dtype)
@@ -602,24 +628,21 @@ class _RmsnormResidualC(_torch.autograd.Function):
         lib.parity_rmsnorm_residual(ctypes.byref(pol_c), rows, dim, _u16(d16), dim, _u16(h16),
                                     dim, _u16(w16), eps, _u16(res), dim, _u16(out), dim)
         ctx.save_for_backward(delta, h, w)
-        ctx.eps = eps
+        ctx.eps, ctx.pool = eps, pool
         return res.to(_f32), out.to(_f32)
 
     @staticmethod
     def backward(ctx, g_res, g_out):
-        delta, h, w = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with _torch.enable_grad():
-            s = h + delta
-            out = _rms_formula(s, w, ctx.eps)
-            gd, gh, gw = _torch.autograd.grad([s, out], (delta, h, w), [g_res, g_out])
-        return gd, gh, gw, None, None, None
+        delta, h, w = ctx.saved_tensors
+        gs, gw = _rms_backward(h + delta, w, ctx.eps, g_out, g_res, ctx.pool)
+        return gs, gs, gw, None, None, None, None
 
 
 class _RmsnormC(_torch.autograd.Function):
     """parity_rmsnorm (qk: Qwen3's q/k-norm switch); backward: the fp32 formula."""
 
     @staticmethod
-    def forward(ctx, x, w, eps, qk, pol_c, dtype):
+    def forward(ctx, x, w, eps, qk, pol_c, dtype, pool):
         dim = x.shape[-1]
         rows = x.numel() // dim
         x16, w16 = _bits(x, dtype), _bits(w, dtype)
@@ -627,22 +650,21 @@ class _RmsnormC(_torch.autograd.Function):
         lib.parity_rmsnorm(ctypes.byref(pol_c), int(qk), rows, dim, _u16(x16), dim, _u16(w16),
                            eps, _u16(out), dim)
         ctx.save_for_backward(x, w)
-        ctx.eps = eps
+        ctx.eps, ctx.pool = eps, pool
         return out.to(_f32)
 
     @staticmethod
     def backward(ctx, g):
-        x, w = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with _torch.enable_grad():
-            gx, gw = _torch.autograd.grad(_rms_formula(x, w, ctx.eps), (x, w), g)
-        return gx, gw, None, None, None, None
+        x, w = ctx.saved_tensors
+        gx, gw = _rms_backward(x, w, ctx.eps, g, None, ctx.pool)
+        return gx, gw, None, None, None, None, None
 
 
 class _SwigluC(_torch.autograd.Function):
     """parity_swiglu; backward: the fp32 formula g sigmoid(g) u."""
 
     @staticmethod
-    def forward(ctx, g, u, pol_c, dtype):
+    def forward(ctx, g, u, pol_c, dtype, pool):
         dim = g.shape[-1]
         rows = g.numel() // dim
         g16, u16 = _bits(g, dtype), _bits(u, dtype)
@@ -650,32 +672,37 @@ class _SwigluC(_torch.autograd.Function):
         lib.parity_swiglu(ctypes.byref(pol_c), rows, dim, _u16(g16), dim, _u16(u16), dim,
                           _u16(out), dim)
         ctx.save_for_backward(g, u)
+        ctx.pool = pool
         return out.to(_f32)
 
     @staticmethod
     def backward(ctx, grad):
-        g, u = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with _torch.enable_grad():
-            gg, gu = _torch.autograd.grad(g * _torch.sigmoid(g) * u, (g, u), grad)
-        return gg, gu, None, None
+        g, u = ctx.saved_tensors
+        dim = g.shape[-1]
+        rows = g.numel() // dim
+        grad = grad.contiguous()
+        gg, gu = _torch.empty_like(g), _torch.empty_like(u)
+        lib.parity_swiglu_backward(ctx.pool, rows, dim, _addr(g), dim, _addr(u), dim,
+                                   _addr(grad), dim, _addr(gg), dim, _addr(gu), dim)
+        return gg, gu, None, None, None
 
 
-def _rmsnorm_residual(delta, h, w, eps, pol_c, pol):
+def _rmsnorm_residual(delta, h, w, eps, pol_c, pol, pool=None):
     if _compute_fp32(pol):
         return _torch_regions._rmsnorm_residual_f32(delta, h, w, eps, pol)
-    return _RmsnormResidualC.apply(delta, h, w, eps, pol_c, _half(pol))
+    return _RmsnormResidualC.apply(delta, h, w, eps, pol_c, _half(pol), pool)
 
 
-def _rmsnorm(x, w, eps, pol_c, pol, qk=False):
+def _rmsnorm(x, w, eps, pol_c, pol, qk=False, pool=None):
     if _compute_fp32(pol):
         return _torch_regions._rmsnorm_f32(x, w, eps, pol, qk)
-    return _RmsnormC.apply(x, w, eps, qk, pol_c, _half(pol))
+    return _RmsnormC.apply(x, w, eps, qk, pol_c, _half(pol), pool)
 
 
-def _swiglu(g, u, pol_c, pol):
+def _swiglu(g, u, pol_c, pol, pool=None):
     if _compute_fp32(pol):
         return _torch_regions._swiglu_f32(g, u, pol)
-    return _SwigluC.apply(g, u, pol_c, _half(pol))
+    return _SwigluC.apply(g, u, pol_c, _half(pol), pool)
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
@@ -861,20 +888,16 @@ class CausalLM(_torch.nn.Module):
         output the combine reads); vec(name) a norm weight's values."""
         pol, pol_c, be = self._pol, self._pol_c, self._backend
         pool = self._pool.handle
-        rd = _torch_regions._round_dtype(pol)
+        rd = {_bf16: _BF16, _f16: _F16}.get(_torch_regions._round_dtype(pol))
         plain_c = _lib.parity_policy.from_buffer_copy(pol_c)  # the GEMM unquantized
         plain_c.gemm = plain_c.quantizer = 0
-
-        def rnd(x):
-            return _torch_regions._round(x, rd) if rd is not None else x
 
         def lin(x, prefix, bias=False, rounded=True, quantized=True):
             w = self._param(prefix + ".weight")
             b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
             data, dtype = _weight_data(w, pol, prefix + ".weight")
-            y = _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
-                        fp8=quantized)
-            return rnd(y) if rounded else y
+            return _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
+                           fp8=quantized, rounding=rd if rounded else None)
 
         def vec(name):
             return _weight_values(self._param(name), pol, name)
@@ -915,7 +938,7 @@ class CausalLM(_torch.nn.Module):
         down projection unrounded), the shared expert and its gate, the combine."""
         c = self.config
         k, E = c["num_experts_per_tok"], c["num_experts"]
-        norm, pol_c = c["norm_topk_prob"], self._pol_c
+        norm, pol_c, pool = c["norm_topk_prob"], self._pol_c, self._pool.handle
         logits = lin(xn, prefix + "mlp.gate", quantized=False).contiguous()
         if replay is not None:
             # the rows that do not replay (each sequence's last) replay their own top-k
@@ -933,14 +956,16 @@ class CausalLM(_torch.nn.Module):
             at += n
             x = xn.index_select(0, _torch.div(chosen, k, rounding_mode="floor")).contiguous()
             ep = prefix + "mlp.experts.%d." % e
-            a = _swiglu(lin(x, ep + "gate_proj"), lin(x, ep + "up_proj"), pol_c, self._pol)
+            a = _swiglu(lin(x, ep + "gate_proj"), lin(x, ep + "up_proj"), pol_c, self._pol,
+                        pool=pool)
             outs.append(lin(a, ep + "down_proj", rounded=False))
         y = _torch.cat(outs).index_select(0, _torch.argsort(order))
         y = y.view(xn.shape[0], k, -1)
         y_shared = gate = None
         if self._has(prefix + "mlp.shared_expert_gate.weight"):
             sp = prefix + "mlp.shared_expert."
-            a = _swiglu(lin(xn, sp + "gate_proj"), lin(xn, sp + "up_proj"), pol_c, self._pol)
+            a = _swiglu(lin(xn, sp + "gate_proj"), lin(xn, sp + "up_proj"), pol_c, self._pol,
+                        pool=pool)
             y_shared = lin(a, sp + "down_proj", rounded=False)
             gate = lin(xn, prefix + "mlp.shared_expert_gate", quantized=False).view(-1)
         return _torch_moe.combine(y, weights, ids, pol_c, y_shared, gate)
@@ -1020,29 +1045,31 @@ class CausalLM(_torch.nn.Module):
         for l in range(c["num_hidden_layers"]):
             p = "model.layers.%d." % l
             if delta is None:
-                xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol)
+                xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol, pool=pool)
             else:
                 h, xn = _rmsnorm_residual(delta, h, vec(p + "input_layernorm.weight"), eps, pol_c,
-                                          pol)
+                                          pol, pool=pool)
             q = lin(xn, p + "self_attn.q_proj", bias=True).view(T, nh, hd)
             k = lin(xn, p + "self_attn.k_proj", bias=True).view(T, nkv, hd)
             v = lin(xn, p + "self_attn.v_proj", bias=True).view(T, nkv, hd)
             if c["qk_norm"]:
-                q = _rmsnorm(q, vec(p + "self_attn.q_norm.weight"), eps, pol_c, pol, True)
-                k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True)
+                q = _rmsnorm(q, vec(p + "self_attn.q_norm.weight"), eps, pol_c, pol, True,
+                             pool=pool)
+                k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True,
+                             pool=pool)
             q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
             k = _torch_regions._rope_f32(k, cos, sin, pol).contiguous()
             att = _Attention.apply(q, k, v.contiguous(), lengths, pol_c, pool)
             delta = lin(att.view(T, nh * hd), p + "self_attn.o_proj")
             h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"), eps,
-                                      pol_c, pol)
+                                      pol_c, pol, pool=pool)
             if l in sparse:
                 delta = self._moe_block(xn, p, lin, None if replay is None else
                                         replay[:, sparse[l]], replaying)
                 continue
             g = lin(xn, p + "mlp.gate_proj")
             u = lin(xn, p + "mlp.up_proj")
-            delta = lin(_swiglu(g, u, pol_c, pol), p + "mlp.down_proj")
+            delta = lin(_swiglu(g, u, pol_c, pol, pool=pool), p + "mlp.down_proj")
 
         # the head on every position but each sequence's last, predicting the next token
         rows, at = [], 0
@@ -1130,10 +1157,10 @@ class CausalLM(_torch.nn.Module):
             for l in range(N):
                 p = "model.layers.%d." % l
                 if delta is None:
-                    xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol)
+                    xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol, pool=pool)
                 else:
                     h, xn = _rmsnorm_residual(delta, h, vec(p + "input_layernorm.weight"), eps,
-                                              pol_c, pol)
+                                              pol_c, pol, pool=pool)
                 q = lin(xn, p + "self_attn.q_proj", bias=True).view(-1, nh, hd)
                 k = lin(xn, p + "self_attn.k_proj", bias=True).view(-1, nkv, hd)
                 v = lin(xn, p + "self_attn.v_proj", bias=True).view(-1, nkv, hd)
@@ -1145,16 +1172,17 @@ class CausalLM(_torch.nn.Module):
                 kept_k[l], kept_v[l] = k, v
                 att = _Attention.apply(q, k.contiguous(), v.contiguous(), lengths, pol_c, pool)
                 delta = lin(att.view(-1, nh * hd), p + "self_attn.o_proj")
-                delta = _rmsnorm(delta, vec(p + "input_layernorm_2.weight"), eps, pol_c, pol)
+                delta = _rmsnorm(delta, vec(p + "input_layernorm_2.weight"), eps, pol_c, pol,
+                                 pool=pool)
                 h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"),
-                                          eps, pol_c, pol)
+                                          eps, pol_c, pol, pool=pool)
                 g = lin(xn, p + "mlp.gate_proj")
                 u = lin(xn, p + "mlp.up_proj")
-                delta = lin(_swiglu(g, u, pol_c, pol), p + "mlp.down_proj")
+                delta = lin(_swiglu(g, u, pol_c, pol, pool=pool), p + "mlp.down_proj")
                 delta = _rmsnorm(delta, vec(p + "post_attention_layernorm_2.weight"), eps, pol_c,
-                                 pol)
+                                 pol, pool=pool)
             # the loop's final norm: its output is the next loop's input and the head's
-            _, x = _rmsnorm_residual(delta, h, vec("model.norm.weight"), eps, pol_c, pol)
+            _, x = _rmsnorm_residual(delta, h, vec("model.norm.weight"), eps, pol_c, pol, pool=pool)
             here = (depth == t + 1)[:, None]
             read_h = h if read_h is None else _torch.where(here, h, read_h)
             read_delta = delta if read_delta is None else _torch.where(here, delta, read_delta)
