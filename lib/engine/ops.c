@@ -312,22 +312,11 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
     const arg_buf bufs[] = {{lengths, "lengths", 0, 0}, {q, "q", 0, 0}, {k, "k", 0, 0},
                             {v, "v", 0, 0}, {out, "out", 0, 0}};
     TRY(arg_buffers(fn, policy, sizeof bufs / sizeof bufs[0], bufs));
-    if (n_seqs == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s: no sequences", fn);
-    if (n_heads == 0 || n_kv_heads == 0 || head_dim == 0 || n_heads % n_kv_heads ||
-        n_heads > 4096 || head_dim > 4096)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "%s: %zu query heads, %zu KV heads of dimension %zu: each must be in "
-                         "1..4096 and the query heads a multiple of the KV heads",
-                         fn, n_heads, n_kv_heads, head_dim);
-    uint64_t total = 0, cells = 0;
-    uint32_t longest = 0;
-    for (size_t i = 0; i < n_seqs; i++) {
-        if (lengths[i] == 0)
-            return set_error(PARITY_ERR_EMPTY_INPUT, "%s: sequence %zu is empty", fn, i);
-        total += lengths[i];
+    uint64_t total, cells = 0;
+    uint32_t longest;
+    TRY(arg_attention(fn, n_seqs, lengths, n_heads, n_kv_heads, head_dim, &total, &longest));
+    for (size_t i = 0; i < n_seqs; i++)
         cells += (lengths[i] + (uint64_t)KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
-        if (lengths[i] > longest) longest = lengths[i];
-    }
     if (cells > (1u << 28))
         return set_error(PARITY_ERR_TOO_LONG, "%s: %llu positions in all is too many", fn,
                          (unsigned long long)total);

@@ -281,21 +281,9 @@ int parity_attention_backward(parity_pool *pool, size_t n_seqs, const uint32_t *
     const void *ptrs[] = {lengths, q, k, v, d_out, d_q, d_k, d_v};
     static const char *const names[] = {"lengths", "q", "k", "v", "d_out", "d_q", "d_k", "d_v"};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) TRY(arg_ptr(fn, ptrs[i], names[i]));
-    if (n_seqs == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s: no sequences", fn);
-    if (n_heads == 0 || n_kv_heads == 0 || head_dim == 0 || n_heads % n_kv_heads ||
-        n_heads > 4096 || head_dim > 4096)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "%s: %zu query heads, %zu KV heads of dimension %zu: each must be in "
-                         "1..4096 and the query heads a multiple of the KV heads",
-                         fn, n_heads, n_kv_heads, head_dim);
-    uint64_t total = 0;
-    uint32_t longest = 0;
-    for (size_t i = 0; i < n_seqs; i++) {
-        if (lengths[i] == 0)
-            return set_error(PARITY_ERR_EMPTY_INPUT, "%s: sequence %zu is empty", fn, i);
-        total += lengths[i];
-        if (lengths[i] > longest) longest = lengths[i];
-    }
+    uint64_t total;
+    uint32_t longest;
+    TRY(arg_attention(fn, n_seqs, lengths, n_heads, n_kv_heads, head_dim, &total, &longest));
     if (total > (1u << 28) || n_seqs > (1u << 28))
         return set_error(PARITY_ERR_TOO_LONG, "%s: %llu positions in all is too many", fn,
                          (unsigned long long)total);

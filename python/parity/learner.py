@@ -687,6 +687,32 @@ class _SwigluC(_torch.autograd.Function):
         return gg, gu, None, None, None
 
 
+class _Rope(_torch.autograd.Function):
+    """RoPE on fp32 values (parity.torch's exact version: the C kernel's bits); backward: the
+    rotation's transpose, straight through its rounding points: g_a = g_lo cos + g_hi sin,
+    g_b = g_hi cos - g_lo sin (the sums autograd forms through the formula, the same bits)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, pol):
+        ctx.save_for_backward(cos, sin)
+        return _torch_regions._rope_f32(x, cos, sin, pol)
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin = ctx.saved_tensors
+        half = g.shape[-1] // 2
+        g_lo, g_hi = g[..., :half], g[..., half:]
+        return (_torch.cat([g_lo * cos + g_hi * sin, g_hi * cos - g_lo * sin], dim=-1), None,
+                None, None)
+
+
+def _rope(x, cos, sin, pol):
+    """RoPE of q or k in the forward (its rounding points per the policy), differentiable."""
+    if x.requires_grad:
+        return _Rope.apply(x, cos, sin, pol)
+    return _torch_regions._rope_f32(x, cos, sin, pol)
+
+
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol, pool=None):
     if _compute_fp32(pol):
         return _torch_regions._rmsnorm_residual_f32(delta, h, w, eps, pol)
@@ -1057,8 +1083,8 @@ class CausalLM(_torch.nn.Module):
                              pool=pool)
                 k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True,
                              pool=pool)
-            q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
-            k = _torch_regions._rope_f32(k, cos, sin, pol).contiguous()
+            q = _rope(q, cos, sin, pol).contiguous()
+            k = _rope(k, cos, sin, pol).contiguous()
             att = _Attention.apply(q, k, v.contiguous(), lengths, pol_c, pool)
             delta = lin(att.view(T, nh * hd), p + "self_attn.o_proj")
             h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"), eps,
@@ -1164,8 +1190,8 @@ class CausalLM(_torch.nn.Module):
                 q = lin(xn, p + "self_attn.q_proj", bias=True).view(-1, nh, hd)
                 k = lin(xn, p + "self_attn.k_proj", bias=True).view(-1, nkv, hd)
                 v = lin(xn, p + "self_attn.v_proj", bias=True).view(-1, nkv, hd)
-                q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
-                k = _torch_regions._rope_f32(k, cos, sin, pol)
+                q = _rope(q, cos, sin, pol).contiguous()
+                k = _rope(k, cos, sin, pol)
                 if copies and t > 0:
                     k = _torch.where(exited, kept_k[l], k)
                     v = _torch.where(exited, kept_v[l], v)
