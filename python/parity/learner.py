@@ -11,8 +11,8 @@ The forward runs the pieces of libparity's own forward, on CPU tensors:
   - residual + RMSNorm, q/k-norm and SwiGLU through the C region kernels
     (parity_rmsnorm_residual, parity_rmsnorm, parity_swiglu) under compute "bf16", and through
     parity.torch's exact torch versions under compute "fp32" (whose unrounded outputs the bf16
-    buffers of the C region kernels cannot hold); RoPE through parity.torch (torch operations
-    that reproduce the C kernel bit for bit);
+    buffers of the C region kernels cannot hold); RoPE through the C kernel (parity_rope)
+    under compute "bf16" and "fp16", through parity.torch's exact version under "fp32";
   - every rounding point as parity.torch.round_point: bf16 values held in fp32 tensors.
 So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head, +fp16),
 both backends and the three log-prob modes. Under compute "fp16" the same holds with fp16 in
@@ -32,11 +32,15 @@ weights are differentiated in fp32 (softmax over the experts, the chosen ones, r
 a topk-softmax router's softmax over the chosen) with respect to its logits, the choice itself
 a constant; the combine as sum_s w_s y_s + sigmoid(g) y_shared.
 
-The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
-fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
-of the targets), evaluated at the saved inputs, and every rounding point passes its gradient
-straight through (d round(x)/dx = 1), as parity.torch documents. The weights' gradients reach
-the fp32 masters straight through the bf16 cast.
+The backward is in fp32: each kernel call is an autograd Function whose backward is the fp32
+formula of what it computes (x W^T; softmax attention; RMSNorm, SwiGLU, RoPE's rotation,
+lm_head and log_softmax of the targets), evaluated at the saved inputs, and every rounding
+point passes its gradient straight through (d round(x)/dx = 1), as parity.torch documents. The
+weights' gradients reach the fp32 masters straight through the bf16 cast. The backward runs on
+the library's kernels, each piece one call over the batch: the linear layers' products on
+parity_matmul (transposed operands read in place), attention's on parity_attention_backward,
+the norms' and SwiGLU's on parity_rmsnorm_backward and parity_swiglu_backward (autograd's steps
+of the formula, in C); the head's through torch autograd.
 
 What the backward keeps (fp32, 4 bytes a value; H = hidden size, Q = heads x head_dim,
 KV = kv_heads x head_dim, I = intermediate size), per token and layer under compute "bf16":
@@ -688,14 +692,24 @@ class _SwigluC(_torch.autograd.Function):
 
 
 class _Rope(_torch.autograd.Function):
-    """RoPE on fp32 values (parity.torch's exact version: the C kernel's bits); backward: the
-    rotation's transpose, straight through its rounding points: g_a = g_lo cos + g_hi sin,
-    g_b = g_hi cos - g_lo sin (the sums autograd forms through the formula, the same bits)."""
+    """RoPE of x [rows, heads, head_dim]: under compute "bf16" ("fp16") the C kernel,
+    parity_rope, on x's 16-bit values (exact: the q/k-norm's rounded outputs) at `positions`
+    (int32, one a row); under compute "fp32" parity.torch's exact fp32 version. Backward: the
+    rotation's transpose by the same tables, straight through its rounding points:
+    g_a = g_lo cos + g_hi sin, g_b = g_hi cos - g_lo sin (the sums autograd forms through the
+    formula, the same bits)."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, pol):
+    def forward(ctx, x, cos, sin, pol, pol_c, positions, theta):
         ctx.save_for_backward(cos, sin)
-        return _torch_regions._rope_f32(x, cos, sin, pol)
+        if _compute_fp32(pol):
+            return _torch_regions._rope_f32(x, cos, sin, pol)
+        rows, heads, hd = x.shape
+        x16 = _bits(x, _half(pol))
+        lib.parity_rope(ctypes.byref(pol_c), rows, heads, hd, _u16(x16), heads * hd,
+                        ctypes.cast(positions.data_ptr(), ctypes.POINTER(ctypes.c_int32)),
+                        float(theta))
+        return x16.to(_f32)
 
     @staticmethod
     def backward(ctx, g):
@@ -703,14 +717,7 @@ class _Rope(_torch.autograd.Function):
         half = g.shape[-1] // 2
         g_lo, g_hi = g[..., :half], g[..., half:]
         return (_torch.cat([g_lo * cos + g_hi * sin, g_hi * cos - g_lo * sin], dim=-1), None,
-                None, None)
-
-
-def _rope(x, cos, sin, pol):
-    """RoPE of q or k in the forward (its rounding points per the policy), differentiable."""
-    if x.requires_grad:
-        return _Rope.apply(x, cos, sin, pol)
-    return _torch_regions._rope_f32(x, cos, sin, pol)
+                None, None, None, None, None)
 
 
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol, pool=None):
@@ -1006,6 +1013,17 @@ class CausalLM(_torch.nn.Module):
         cos, sin = _torch_regions.rope_cos_sin(positions, c["head_dim"], c["rope_theta"], pol)
         return x, cos.unsqueeze(1), sin.unsqueeze(1)
 
+    def _rope_op(self, positions, cos, sin):
+        """rope(x): RoPE of q or k [rows, heads, head_dim] at `positions` (one a row), the
+        policy's rounding points, differentiable (_Rope)."""
+        pos32 = positions.to(_torch.int32).contiguous()
+        theta = self.config["rope_theta"]
+
+        def rope(x):
+            return _Rope.apply(x.contiguous(), cos, sin, self._pol, self._pol_c, pos32, theta)
+
+        return rope
+
     def forward(self, sequences, mode="raw", temperature=1.0, top_k=None, top_p=None,
                 min_p=None, return_logits=False, depths=None, loop_kv=None,
                 loop_logprobs=False, routes=None):
@@ -1067,6 +1085,7 @@ class CausalLM(_torch.nn.Module):
         lin, vec = self._layer_ops()
         replay, replaying = self._replay(routes, lengths)
         h, cos, sin = self._embed(tokens, positions)
+        rope = self._rope_op(positions, cos, sin)
         delta = None
         for l in range(c["num_hidden_layers"]):
             p = "model.layers.%d." % l
@@ -1083,8 +1102,8 @@ class CausalLM(_torch.nn.Module):
                              pool=pool)
                 k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True,
                              pool=pool)
-            q = _rope(q, cos, sin, pol).contiguous()
-            k = _rope(k, cos, sin, pol).contiguous()
+            q = rope(q).contiguous()
+            k = rope(k).contiguous()
             att = _Attention.apply(q, k, v.contiguous(), lengths, pol_c, pool)
             delta = lin(att.view(T, nh * hd), p + "self_attn.o_proj")
             h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"), eps,
@@ -1173,6 +1192,7 @@ class CausalLM(_torch.nn.Module):
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
         lin, vec = self._layer_ops()
         x, cos, sin = self._embed(tokens, positions)
+        rope = self._rope_op(positions, cos, sin)
         kept_k, kept_v = [None] * N, [None] * N  # each layer's K/V of the previous loop
         read_h = read_delta = None                 # each row's head input at its depth
         per_loop = []
@@ -1190,8 +1210,8 @@ class CausalLM(_torch.nn.Module):
                 q = lin(xn, p + "self_attn.q_proj", bias=True).view(-1, nh, hd)
                 k = lin(xn, p + "self_attn.k_proj", bias=True).view(-1, nkv, hd)
                 v = lin(xn, p + "self_attn.v_proj", bias=True).view(-1, nkv, hd)
-                q = _rope(q, cos, sin, pol).contiguous()
-                k = _rope(k, cos, sin, pol)
+                q = rope(q).contiguous()
+                k = rope(k)
                 if copies and t > 0:
                     k = _torch.where(exited, kept_k[l], k)
                     v = _torch.where(exited, kept_v[l], v)
