@@ -448,7 +448,7 @@ static void test_region_grads(parity_pool *pool2) {
     for (int i = 0; i < 2; i++) free(dx[i]), free(dg[i]), free(du[i]);
 }
 
-/* ---- bad arguments ----------------------------------------------------------------------------- */
+/* ---- bad arguments ------------------------------------------------------------------------ */
 
 static int untouched(const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) {

@@ -1,7 +1,8 @@
 /*
- * The public region kernels on caller-owned bf16 buffers (parity.h), and the public bf16
- * conversions and the rounding point on fp32 buffers (parity_round_f32). Each function validates its arguments, then runs the current CPU path's
- * kernel row by row. No allocation: RoPE's cos/sin for one position live on the stack.
+ * The public region kernels on caller-owned bf16 buffers (parity.h), the public bf16
+ * conversions and the rounding point on fp32 buffers (parity_round_f32). Each function
+ * validates its arguments, then runs the current CPU path's kernel row by row. No
+ * allocation: RoPE's cos/sin for one position live on the stack.
  */
 #include <math.h>
 #include <stdint.h>

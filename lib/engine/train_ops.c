@@ -54,37 +54,52 @@ typedef struct gather_job {
 
 #define GATHER_TILE 64
 
+/* One tile (rows r0 .. r1-1, columns c0 .. c1-1), each loop free of the dtype tests; the inner
+ * loop runs along whichever of the source's dimensions is the closer together. Returns nonzero
+ * if an fp32 value written as bf16 was not a bf16 value. */
+static int gather_tile(const gather_job *j, size_t r0, size_t r1, size_t c0, size_t c1) {
+    const size_t rs = j->row_stride, cs = j->col_stride, cols = j->cols;
+    const int along_rows = rs < cs;
+    uint32_t odd = 0;
+#define GATHER_LOOPS(BODY)                                                                 \
+    if (along_rows) {                                                                      \
+        for (size_t c = c0; c < c1; c++)                                                   \
+            for (size_t r = r0; r < r1; r++) BODY                                          \
+    } else {                                                                               \
+        for (size_t r = r0; r < r1; r++)                                                   \
+            for (size_t c = c0; c < c1; c++) BODY                                          \
+    }
+    if (j->src_dtype == PARITY_DTYPE_BF16) {
+        const uint16_t *src = j->src;
+        if (j->bf16) {
+            GATHER_LOOPS({ j->bf16[r * cols + c] = src[r * rs + c * cs]; })
+        }
+        if (j->f32) {
+            GATHER_LOOPS({ j->f32[r * cols + c] = bf16_to_f32(src[r * rs + c * cs]); })
+        }
+    } else if (j->bf16) {
+        const uint32_t *src = j->src;
+        GATHER_LOOPS({
+            const uint32_t u = src[r * rs + c * cs];
+            odd |= u & 0xffffu;
+            j->bf16[r * cols + c] = (uint16_t)(u >> 16);
+        })
+    } else {
+        const float *src = j->src;
+        GATHER_LOOPS({ j->f32[r * cols + c] = src[r * rs + c * cs]; })
+    }
+#undef GATHER_LOOPS
+    return odd != 0;
+}
+
 static void gather_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     gather_job *j = ctx;
     const size_t r0 = begin * GATHER_TILE, r1 = end * GATHER_TILE < j->rows ? end * GATHER_TILE
                                                                             : j->rows;
     int odd = 0;
-    /* tiles of GATHER_TILE x GATHER_TILE, the inner loop along whichever of the source's
-     * dimensions is the closer together */
-    const int along_rows = j->row_stride < j->col_stride;
-    for (size_t c0 = 0; c0 < j->cols; c0 += GATHER_TILE) {
-        const size_t c1 = c0 + GATHER_TILE < j->cols ? c0 + GATHER_TILE : j->cols;
-        for (size_t a = along_rows ? c0 : r0; a < (along_rows ? c1 : r1); a++)
-            for (size_t b = along_rows ? r0 : c0; b < (along_rows ? r1 : c1); b++) {
-                const size_t r = along_rows ? b : a, c = along_rows ? a : b;
-                const size_t at = r * j->row_stride + c * j->col_stride;
-                if (j->src_dtype == PARITY_DTYPE_BF16) {
-                    const uint16_t h = ((const uint16_t *)j->src)[at];
-                    if (j->bf16) j->bf16[r * j->cols + c] = h;
-                    if (j->f32) j->f32[r * j->cols + c] = bf16_to_f32(h);
-                    continue;
-                }
-                const float x = ((const float *)j->src)[at];
-                if (j->f32) j->f32[r * j->cols + c] = x;
-                if (j->bf16) {
-                    uint32_t u;
-                    memcpy(&u, &x, 4);
-                    odd |= (u & 0xffffu) != 0;
-                    j->bf16[r * j->cols + c] = (uint16_t)(u >> 16);
-                }
-            }
-    }
+    for (size_t c0 = 0; c0 < j->cols; c0 += GATHER_TILE)
+        odd |= gather_tile(j, r0, r1, c0, c0 + GATHER_TILE < j->cols ? c0 + GATHER_TILE : j->cols);
     if (odd) atomic_store_explicit(&j->not_bf16, 1, memory_order_relaxed);
 }
 
@@ -423,7 +438,8 @@ int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t dim, const fl
     j.inv = op_alloc(&call, rows, sizeof(float), "rows' inverse RMS");
     const int rc = j.inv ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     if (!rc) {
-        pool_run(call.pool, rmsnorm_grad_rows, &j, (rows + REGION_GRAD_ROWS - 1) / REGION_GRAD_ROWS);
+        const size_t tasks = (rows + REGION_GRAD_ROWS - 1) / REGION_GRAD_ROWS;
+        pool_run(call.pool, rmsnorm_grad_rows, &j, tasks);
         if (d_weight) pool_run(call.pool, rmsnorm_grad_weight, &j, (dim + 15) / 16);
     }
     op_end(&call);
