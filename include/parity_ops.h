@@ -89,6 +89,13 @@ PARITY_API int parity_rope(const parity_policy *policy, size_t rows, size_t n_he
                            size_t head_dim, uint16_t *x, size_t row_stride,
                            const int32_t *positions, double theta);
 
+/* A rounding point on fp32 buffers: out[i] = x[i] rounded to nearest even to `dtype`
+ * (PARITY_DTYPE_BF16: every NaN -> the quiet NaN of 0x7fc0, as parity_bf16_from_f32;
+ * PARITY_DTYPE_F16: beyond fp16's range -> infinity) and widened back to fp32, the kernels'
+ * own rounding (the forward's at every rounding point), in one pass. out may be x (in place);
+ * otherwise the two must not overlap. */
+PARITY_API int parity_round_f32(uint32_t dtype, size_t n, const float *x, float *out);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Forward pieces for host learners and engines                                             */
 /* ---------------------------------------------------------------------------------------- */
@@ -200,6 +207,68 @@ PARITY_API int parity_attention(parity_pool *pool, const parity_policy *policy, 
                                 size_t head_dim, const float *q, size_t q_stride,
                                 const float *k, size_t k_stride, const float *v,
                                 size_t v_stride, float *out, size_t out_stride);
+
+/* ---- Backward pieces (a learner's gradients on the library's GEMMs) ----
+ *
+ * c[i][j] = sum_t a(i, t) * b(j, t) for i < m, j < n, t < k, fp32 and unrounded, where
+ * a(i, t) = a[i * a_row_stride + t * a_col_stride] (fp32) and b(j, t) = b[j * b_row_stride +
+ * t * b_col_stride] (b_dtype PARITY_DTYPE_BF16: bf16 bit patterns, or PARITY_DTYPE_F32); c's
+ * rows c_stride apart. So x W^T is (k_stride, 1, ..., w_stride, 1), and a transposed operand
+ * is its strides swapped: a backward's gy^T x is a = gy with strides (1, n_out), b = x with
+ * strides (1, n_in), read in place (the library gathers what its kernels need into scratch).
+ * The order of each sum: a b of bf16 values (PARITY_DTYPE_BF16, or F32 whose every value is a
+ * bf16 value) runs parity_linear's bf16-weight GEMM (pair32 on the bf16 backend, under compute
+ * "bf16"), any other b its fp32 GEMM (dot16, compute "fp32"); which one depends on all of b,
+ * and otherwise c[i][j] depends on row i of a and row j of b alone (not on m, n, the pool or
+ * the CPU path). c must not overlap a or b; m, n <= 2^30, k <= 2^24. */
+PARITY_API int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *a,
+                             size_t a_row_stride, size_t a_col_stride, uint32_t b_dtype,
+                             const void *b, size_t b_row_stride, size_t b_col_stride, float *c,
+                             size_t c_stride);
+
+/* The gradients of causal GQA softmax attention, in fp32, at q, k, v (the layout of
+ * parity_attention: the sequences' rows concatenated, query head h reading KV head
+ * h / (n_heads / n_kv_heads)) for the output's gradient d_out [T][n_heads * head_dim]:
+ * P = softmax(q k^T s) over positions 0..t of the row's sequence (s = head_dim^-0.5, rounded
+ * to fp32; the library's exp), dP = d_out v^T, dS = P (dP - rowsum(P dP)) s, and
+ * d_q = dS k, d_k = sum over the group's heads of dS^T q, d_v = sum of P^T d_out, each
+ * written whole (not accumulated). Whatever attention mode the forward ran, this is the fp32
+ * formula's gradient (a learner's straight-through backward). One task per (sequence, KV
+ * head) on the pool; within it the group's query heads' rows go together, in blocks of up to
+ * 64 positions, through the fp32 GEMM (dot16 products; d_k and d_v summed block after block).
+ * The bits do not depend on the pool or on the other sequences. Outputs must not overlap
+ * each other or an input. */
+PARITY_API int parity_attention_backward(parity_pool *pool, size_t n_seqs,
+                                         const uint32_t *lengths, size_t n_heads,
+                                         size_t n_kv_heads, size_t head_dim, const float *q,
+                                         size_t q_stride, const float *k, size_t k_stride,
+                                         const float *v, size_t v_stride, const float *d_out,
+                                         size_t d_out_stride, float *d_q, size_t d_q_stride,
+                                         float *d_k, size_t d_k_stride, float *d_v,
+                                         size_t d_v_stride);
+
+/* RMSNorm's gradient in fp32 (the learner's straight-through backward of the norm regions):
+ * for y = x r weight, r = 1 / sqrtf(mean(x x) + eps) per row, the steps of autograd's graph
+ * of that formula, in its order of operations: gw = d_out weight, d_x = gw r + (a x + a x)
+ * with a = (-0.5 sum(gw x) r^3) / dim, plus d_add[r] (NULL: none; the residual stream's own
+ * gradient where s = residual + delta feeds the norm); d_weight[c] (NULL: skipped) = the sum
+ * over the rows, in their order, of d_out (x r). Each row's sums run in its order; the bits
+ * do not depend on the pool. Outputs must not overlap an input or each other. */
+PARITY_API int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t dim,
+                                       const float *x, size_t x_stride, const float *weight,
+                                       float eps, const float *d_out, size_t d_out_stride,
+                                       const float *d_add, size_t d_add_stride, float *d_x,
+                                       size_t d_x_stride, float *d_weight);
+
+/* SwiGLU's gradient in fp32, y = (gate s) up with s = 1 / (1 + exp(-gate)) (the library's
+ * exp): d_up = d_out (gate s), d_gate = gy s + (gy gate) (1 - s) s with gy = d_out up, the
+ * steps of autograd's graph of the formula. Elementwise; outputs must not overlap an input
+ * or each other. */
+PARITY_API int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim,
+                                      const float *gate, size_t gate_stride, const float *up,
+                                      size_t up_stride, const float *d_out, size_t d_out_stride,
+                                      float *d_gate, size_t d_gate_stride, float *d_up,
+                                      size_t d_up_stride);
 
 /* The head, for `rows` positions: s = residual + delta (the last layer's MLP output), the
  * final RMSNorm of s with norm_weight [dim] and eps (the residual + RMSNorm region, per the

@@ -63,3 +63,23 @@ int arg_region(const char *fn, const parity_policy *policy, size_t rows, size_t 
         if (bufs[i].rows) TRY(arg_rows(fn, rows, dim, bufs[i].stride, bufs[i].name));
     return PARITY_OK;
 }
+
+int arg_attention(const char *fn, size_t n_seqs, const uint32_t *lengths, size_t n_heads,
+                  size_t n_kv_heads, size_t head_dim, uint64_t *total, uint32_t *longest) {
+    if (n_seqs == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s: no sequences", fn);
+    if (n_heads == 0 || n_kv_heads == 0 || head_dim == 0 || n_heads % n_kv_heads ||
+        n_heads > 4096 || head_dim > 4096)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: %zu query heads, %zu KV heads of dimension %zu: each must be in "
+                         "1..4096 and the query heads a multiple of the KV heads",
+                         fn, n_heads, n_kv_heads, head_dim);
+    *total = 0;
+    *longest = 0;
+    for (size_t i = 0; i < n_seqs; i++) {
+        if (lengths[i] == 0)
+            return set_error(PARITY_ERR_EMPTY_INPUT, "%s: sequence %zu is empty", fn, i);
+        *total += lengths[i];
+        if (lengths[i] > *longest) *longest = lengths[i];
+    }
+    return PARITY_OK;
+}

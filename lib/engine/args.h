@@ -4,6 +4,7 @@
 #define PARITY_ENGINE_ARGS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "parity.h"
 
@@ -33,5 +34,10 @@ int arg_region(const char *fn, const parity_policy *policy, size_t rows, size_t 
 /* An output may alias an input only exactly: the same rows (same pointer, same stride). */
 int arg_alias(const char *fn, const void *out, size_t out_stride, const void *in,
               size_t in_stride, const char *out_name, const char *in_name);
+
+/* An attention call's shapes: at least one sequence, none empty; heads and head_dim in
+ * 1..4096, the query heads a multiple of the KV heads; *total and *longest of the lengths. */
+int arg_attention(const char *fn, size_t n_seqs, const uint32_t *lengths, size_t n_heads,
+                  size_t n_kv_heads, size_t head_dim, uint64_t *total, uint32_t *longest);
 
 #endif /* PARITY_ENGINE_ARGS_H */

@@ -23,6 +23,7 @@
 #include "gemm_quant.h"
 #include "kvcache.h"
 #include "layer.h"
+#include "ops_call.h"
 #include "scratch.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -33,9 +34,6 @@
 #include "quant/train_gemm.h"
 #include "sampling.h"
 #include "user_pool.h"
-
-/* Room for the buffers of one call (a head on the bf16 backend takes 8, attention 8). */
-#define OPS_MAX_SCRATCH 16
 
 /* A pool keeps the scratch of its calls for the next ones: the k-th buffer a call asks for is
  * the pool's k-th, grown when too small (a learner calls the same pieces with the same
@@ -92,15 +90,7 @@ void user_pool_leave(parity_pool *pool, threadpool *taken) {
 
 /* ---- one call: the pool (the caller's, or a one-thread one), scratch, the FP environment -- */
 
-typedef struct op_call {
-    parity_pool *user;      /* the caller's pool, entered; NULL if the call made its own */
-    threadpool *pool;
-    unsigned fp_saved;
-    void *scratch[OPS_MAX_SCRATCH];  /* without a pool: the call's own buffers */
-    size_t n_scratch;
-} op_call;
-
-static int op_begin(op_call *c, parity_pool *pool, const char *fn) {
+int op_begin(op_call *c, parity_pool *pool, const char *fn) {
     memset(c, 0, sizeof *c);
     if (pool) {
         TRY(object_enter(&pool->in_use, "parity_pool"));
@@ -114,7 +104,7 @@ static int op_begin(op_call *c, parity_pool *pool, const char *fn) {
     return PARITY_OK;
 }
 
-static void op_end(op_call *c) {
+void op_end(op_call *c) {
     fp_env_restore(c->fp_saved);
     if (c->user) {
         object_leave(&c->user->in_use);
@@ -124,10 +114,8 @@ static void op_end(op_call *c) {
     }
 }
 
-/* n elements of `size` bytes, 64-byte aligned: the pool's next buffer (grown if too small) or
- * the call's own, freed by op_end; NULL (with the status set) if the size overflows or memory
- * is exhausted. */
-static void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
+/* ops_call.h says what it returns. */
+void *op_alloc(op_call *c, uint64_t n, size_t size, const char *what) {
     uint64_t bytes;
     if (c->n_scratch == OPS_MAX_SCRATCH) {
         set_error(PARITY_ERR_OUT_OF_MEMORY, "%s: more scratch buffers than a call holds", what);
@@ -212,7 +200,7 @@ static int gemm_weights_of(op_call *c, const parity_policy *pol, uint32_t backen
 }
 
 /* The GEMM scratch of M rows of K columns over `workers` workers. */
-static int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
+int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
     g->max_k = K;
     g->xpack = op_alloc(c, gemm_scratch_xpack_floats(M, K), sizeof(float), "packed GEMM input");
     g->panels = g->xpack ? op_alloc(c, (uint64_t)pool_size(c->pool) * gemm_panel_floats(K),
@@ -221,7 +209,7 @@ static int gemm_scratch_of(op_call *c, size_t M, size_t K, gemm_scratch *g) {
     return g->panels ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
 }
 
-static fwd_ctx op_ctx(const op_call *c, const parity_policy *pol, uint32_t backend,
+fwd_ctx op_ctx(const op_call *c, const parity_policy *pol, uint32_t backend,
                       const parity_config *shape, fwd_scratch *s, kv_cache *kv) {
     return (fwd_ctx){NULL, shape, *pol, backend, c->pool, kv, s, 0, 0, NULL,
                      PARITY_LOOP_KV_LAST_EXITED, NULL, NULL};
@@ -526,22 +514,11 @@ int parity_attention(parity_pool *pool, const parity_policy *policy, size_t n_se
     const arg_buf bufs[] = {{lengths, "lengths", 0, 0}, {q, "q", 0, 0}, {k, "k", 0, 0},
                             {v, "v", 0, 0}, {out, "out", 0, 0}};
     TRY(arg_buffers(fn, policy, sizeof bufs / sizeof bufs[0], bufs));
-    if (n_seqs == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "%s: no sequences", fn);
-    if (n_heads == 0 || n_kv_heads == 0 || head_dim == 0 || n_heads % n_kv_heads ||
-        n_heads > 4096 || head_dim > 4096)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "%s: %zu query heads, %zu KV heads of dimension %zu: each must be in "
-                         "1..4096 and the query heads a multiple of the KV heads",
-                         fn, n_heads, n_kv_heads, head_dim);
-    uint64_t total = 0, cells = 0;
-    uint32_t longest = 0;
-    for (size_t i = 0; i < n_seqs; i++) {
-        if (lengths[i] == 0)
-            return set_error(PARITY_ERR_EMPTY_INPUT, "%s: sequence %zu is empty", fn, i);
-        total += lengths[i];
+    uint64_t total, cells = 0;
+    uint32_t longest;
+    TRY(arg_attention(fn, n_seqs, lengths, n_heads, n_kv_heads, head_dim, &total, &longest));
+    for (size_t i = 0; i < n_seqs; i++)
         cells += (lengths[i] + (uint64_t)KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
-        if (lengths[i] > longest) longest = lengths[i];
-    }
     if (cells > (1u << 28))
         return set_error(PARITY_ERR_TOO_LONG, "%s: %llu positions in all is too many", fn,
                          (unsigned long long)total);

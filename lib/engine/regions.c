@@ -1,10 +1,13 @@
 /*
- * The public region kernels on caller-owned bf16 buffers (parity.h), and the public bf16
- * conversions. Each function validates its arguments, then runs the current CPU path's
- * kernel row by row. No allocation: RoPE's cos/sin for one position live on the stack.
+ * The public region kernels on caller-owned bf16 buffers (parity.h), the public bf16
+ * conversions and the rounding point on fp32 buffers (parity_round_f32). Each function
+ * validates its arguments, then runs the current CPU path's kernel row by row. No
+ * allocation: RoPE's cos/sin for one position live on the stack.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "args.h"
 #include "base/alloc.h"
@@ -19,6 +22,34 @@
 uint16_t parity_bf16_from_f32(float x) { return bf16_from_f32(x); }
 
 float parity_bf16_to_f32(uint16_t x) { return bf16_to_f32(x); }
+
+int parity_round_f32(uint32_t dtype, size_t n, const float *x, float *out) {
+    static const char fn[] = "parity_round_f32";
+    clear_error();
+    TRY(arg_ptr(fn, x, "x"));
+    TRY(arg_ptr(fn, out, "out"));
+    if (dtype != PARITY_DTYPE_BF16 && dtype != PARITY_DTYPE_F16)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: dtype %u; it must be "
+                         "PARITY_DTYPE_BF16 or PARITY_DTYPE_F16", fn, dtype);
+    if (n > SIZE_MAX / sizeof(float) ||
+        (uintptr_t)x > UINTPTR_MAX - n * sizeof(float) ||
+        (uintptr_t)out > UINTPTR_MAX - n * sizeof(float))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu values reach past the address "
+                         "space", fn, n);
+    if (out != x && (const float *)out < x + n && x < (const float *)out + n)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: out overlaps x without being x", fn);
+    const kernels *k = kern();
+    /* in blocks that stay in the L1 between the copy and the rounding */
+    for (size_t i = 0; i < n; i += 4096) {
+        const size_t len = n - i < 4096 ? n - i : 4096;
+        if (out != x) memcpy(out + i, x + i, len * sizeof(float));
+        if (dtype == PARITY_DTYPE_BF16)
+            k->round_bf16(out + i, len);
+        else
+            k->round_fp16(out + i, len);
+    }
+    return PARITY_OK;
+}
 
 /* ---- regions ------------------------------------------------------------------------------ */
 

@@ -12,6 +12,7 @@ except ImportError as _e:  # pragma: no cover - exercised where torch is missing
     raise ImportError("parity.torch needs PyTorch (import torch failed: %s); the rest of parity "
                       "works without it" % _e) from None
 
+from . import _lib
 from .policy import Policy
 
 __all__ = ["rmsnorm_residual", "rmsnorm", "swiglu", "rope", "rope_cos_sin", "round_point", "silu",
@@ -38,6 +39,18 @@ _policies = {}
 
 
 _f16 = _torch.float16
+_DTYPES = {_bf16: 0, _f16: 1}   # parity_dtype
+
+
+def _rounded(x, dtype):
+    """x rounded to bf16 (or fp16; nearest even) and held in fp32, a new tensor: one pass of
+    the library's rounding (parity_round_f32) for a contiguous CPU fp32 tensor, else torch's
+    two conversions (the same values: both round to nearest even)."""
+    if x.dtype == _f32 and x.device.type == "cpu" and x.is_contiguous() and x.numel():
+        out = _torch.empty_like(x)
+        _lib.lib.parity_round_f32(_DTYPES[dtype], x.numel(), x.data_ptr(), out.data_ptr())
+        return out
+    return x.to(dtype).to(_f32)
 
 
 class _RoundPoint(_torch.autograd.Function):
@@ -46,7 +59,7 @@ class _RoundPoint(_torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dtype):
-        return x.to(dtype).to(_f32)
+        return _rounded(x, dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -59,7 +72,7 @@ def _round(x, dtype=_bf16):
     when x needs one."""
     if x.requires_grad:
         return _RoundPoint.apply(x, dtype)
-    return x.to(dtype).to(_f32)
+    return _rounded(x, dtype)
 
 
 def _round_dtype(pol):

@@ -11,8 +11,8 @@ The forward runs the pieces of libparity's own forward, on CPU tensors:
   - residual + RMSNorm, q/k-norm and SwiGLU through the C region kernels
     (parity_rmsnorm_residual, parity_rmsnorm, parity_swiglu) under compute "bf16", and through
     parity.torch's exact torch versions under compute "fp32" (whose unrounded outputs the bf16
-    buffers of the C region kernels cannot hold); RoPE through parity.torch (torch operations
-    that reproduce the C kernel bit for bit);
+    buffers of the C region kernels cannot hold); RoPE through the C kernel (parity_rope)
+    under compute "bf16" and "fp16", through parity.torch's exact version under "fp32";
   - every rounding point as parity.torch.round_point: bf16 values held in fp32 tensors.
 So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head, +fp16),
 both backends and the three log-prob modes. Under compute "fp16" the same holds with fp16 in
@@ -36,11 +36,15 @@ With a training recipe (CausalLM(recipe=...), linear(recipe=...); parity.recipes
 layers' linear layers keep this forward and run the recipe's dgrad and wgrad GEMMs on quantized
 operands instead (python/parity/_recipe_linear.py); everything else is as below.
 
-The backward is torch's, in fp32: each kernel call is an autograd Function whose backward is the
-fp32 formula of what it computes (x W^T; softmax attention; RMSNorm, lm_head and log_softmax
-of the targets), evaluated at the saved inputs, and every rounding point passes its gradient
-straight through (d round(x)/dx = 1), as parity.torch documents. The weights' gradients reach
-the fp32 masters straight through the bf16 cast.
+The backward is in fp32: each kernel call is an autograd Function whose backward is the fp32
+formula of what it computes (x W^T; softmax attention; RMSNorm, SwiGLU, RoPE's rotation,
+lm_head and log_softmax of the targets), evaluated at the saved inputs, and every rounding
+point passes its gradient straight through (d round(x)/dx = 1), as parity.torch documents. The
+weights' gradients reach the fp32 masters straight through the bf16 cast. The backward runs on
+the library's kernels, each piece one call over the batch: the linear layers' products on
+parity_matmul (transposed operands read in place), attention's on parity_attention_backward,
+the norms' and SwiGLU's on parity_rmsnorm_backward and parity_swiglu_backward (autograd's steps
+of the formula, in C); the head's through torch autograd.
 
 What the backward keeps (fp32, 4 bytes a value; H = hidden size, Q = heads x head_dim,
 KV = kv_heads x head_dim, I = intermediate size), per token and layer under compute "bf16":
@@ -201,13 +205,24 @@ def embedding(tokens, table, policy="aligned"):
     return _Embedding.apply(tokens, table, data, dtype)
 
 
+def _round_in_place(y, rounding):
+    """The rounding point of a GEMM output, in place (parity_round_f32; rounding a parity
+    dtype, or None for none). Inside the linear Function its gradient, the identity, is the
+    linear's own: d round(y) / dy = 1 (straight through)."""
+    if rounding is not None and y.numel():
+        lib.parity_round_f32(rounding, y.numel(), _addr(y), _addr(y))
+    return y
+
+
 class _Linear(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, data, dtype, bias_values, pol_c, backend, pool):
+    def forward(ctx, x, weight, bias, data, dtype, bias_values, pol_c, backend, pool,
+                rounding=None):
         (m, k), n = x.shape, data.shape[0]
         y = _torch.empty(m, n, dtype=_f32)
         lib.parity_linear(pool, ctypes.byref(pol_c), backend, m, k, n, _addr(x), k, dtype,
                           _addr(data), k, _addr(bias_values), _addr(y), n)
+        _round_in_place(y, rounding)
         ctx.save_for_backward(x, data)
         ctx.has_bias = bias is not None
         ctx.pool = pool
@@ -216,38 +231,28 @@ class _Linear(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, data = ctx.saved_tensors
-        gy = gy.contiguous()
-        w_t = data.t().contiguous()   # the values the forward multiplied by, transposed
-        gx = _matmul_t(gy, w_t, ctx.pool) if ctx.needs_input_grad[0] else None
-        gw = _matmul_t(gy.t().contiguous(), x.t().contiguous(), ctx.pool) \
-            if ctx.needs_input_grad[1] else None
+        # data.t() and the transposes of gy and x are views: parity_matmul reads them in place
+        gx = _matmul_t(gy, data.t(), ctx.pool) if ctx.needs_input_grad[0] else None
+        gw = _matmul_t(gy.t(), x.t(), ctx.pool) if ctx.needs_input_grad[1] else None
         gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None, None, None, None, None, None
-
-
-_MATMUL_BF16 = policy_struct("aligned")   # only its compute switch matters to parity_linear
-_MATMUL_FP32 = policy_struct("fp32")
+        return gx, gw, gb, None, None, None, None, None, None, None
 
 
 def _matmul_t(a, b, pool):
-    """a b^T in fp32 for the backward (a [m, k], b [n, k], contiguous), on libparity's GEMM:
-    Debian's torch multiplies fp32 matrices with a generic BLAS (about 10 GFLOP/s on the
-    machines here). b of bf16 values (the weights, and the activations under compute "bf16")
-    runs the bf16-weight GEMM, exact products of fp32 by bf16 summed in pair32 order with the
-    bf16 backend's denormal flush; other b the fp32 GEMM (dot16 order)."""
+    """a b^T in fp32 for the backward (a [m, k] fp32, b [n, k] bf16 or fp32 (fp16 widened), any
+    strides: transposed views are read in place) on libparity's GEMM, parity_matmul: Debian's
+    torch multiplies fp32 matrices with a generic BLAS (about 10 GFLOP/s on the machines here).
+    b of bf16 values (the weights, and the activations under compute "bf16") runs the
+    bf16-weight GEMM, exact products of fp32 by bf16 summed in pair32 order with the bf16
+    backend's denormal flush; other b the fp32 GEMM (dot16 order)."""
     m, k = a.shape
     n = b.shape[0]
+    if b.dtype == _f16:
+        b = b.to(_f32)
     y = _torch.empty(m, n, dtype=_f32)
-    if b.dtype == _bf16:
-        bits, dtype, pol = b, _BF16, _MATMUL_BF16
-    else:
-        b16 = b.to(_bf16)
-        if _torch.equal(b16.to(_f32), b):
-            bits, dtype, pol = b16, _BF16, _MATMUL_BF16
-        else:
-            bits, dtype, pol = b, _F32, _MATMUL_FP32
-    lib.parity_linear(pool, ctypes.byref(pol), 0, m, k, n, _addr(a), k, dtype, _addr(bits), k,
-                      None, _addr(y), n)
+    lib.parity_matmul(pool, m, n, k, _addr(a), a.stride(0), a.stride(1),
+                      _BF16 if b.dtype == _bf16 else _F32, _addr(b), b.stride(0), b.stride(1),
+                      _addr(y), n)
     return y
 
 
@@ -328,12 +333,13 @@ class _LinearFP8(_torch.autograd.Function):
     quantized inputs, straight through both quantizers: gx = gy deq(Wq), gW = gy^T deq(xq)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, bias_values, pol_c, backend, pool):
+    def forward(ctx, x, weight, bias, bias_values, pol_c, backend, pool, rounding=None):
         (m, k), n = x.shape, weight.shape[0]
         w = weight.detach().contiguous()
         y = _torch.empty(m, n, dtype=_f32)
         lib.parity_linear(pool, ctypes.byref(pol_c), backend, m, k, n, _addr(x), k, _F32, _addr(w),
                           k, _addr(bias_values), _addr(y), n)
+        _round_in_place(y, rounding)
         ctx.save_for_backward(x, w)
         ctx.has_bias, ctx.pool, ctx.pol_c = bias is not None, pool, pol_c
         return y
@@ -341,27 +347,32 @@ class _LinearFP8(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
-        gy = gy.contiguous()
-        gx = _matmul_t(gy, _fp8_dequantized(w, ctx.pol_c, True).t().contiguous(), ctx.pool) \
+        gx = _matmul_t(gy, _fp8_dequantized(w, ctx.pol_c, True).t(), ctx.pool) \
             if ctx.needs_input_grad[0] else None
-        gw = _matmul_t(gy.t().contiguous(), _fp8_dequantized(x, ctx.pol_c, False).t().contiguous(),
-                       ctx.pool) if ctx.needs_input_grad[1] else None
+        gw = _matmul_t(gy.t(), _fp8_dequantized(x, ctx.pol_c, False).t(), ctx.pool) \
+            if ctx.needs_input_grad[1] else None
         gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 
-def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False, recipe=None,
-            seed=0, stream=0):
+def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False, rounding=None,
+            recipe=None, seed=0, stream=0):
+    """x W^T (+ bias) on the library's GEMM, then the rounding point `rounding` (a parity
+    dtype, or None) on the output, the straight-through gradient; under a quantized gemm with
+    a training recipe, the recipe's backward (python/parity/_recipe_linear.py)."""
     bias_values = None
     if bias is not None:
         bias_values = bias.detach().contiguous() if _compute_fp32(pol) else \
             bias.detach().to(_half(pol)).to(_f32)
     if fp8 and pol_c.gemm != 0 and recipe is not None:
-        return _recipe_linear.RecipeLinear.apply(x, weight, bias, bias_values, pol_c, backend,
-                                                 pool, recipe, seed, stream)
+        y = _recipe_linear.RecipeLinear.apply(x, weight, bias, bias_values, pol_c, backend,
+                                              pool, recipe, seed, stream)
+        return y if rounding is None else \
+            _torch_regions._round(y, {_BF16: _bf16, _F16: _f16}[rounding])
     if fp8 and pol_c.gemm != 0:
-        return _LinearFP8.apply(x, weight, bias, bias_values, pol_c, backend, pool)
-    return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool)
+        return _LinearFP8.apply(x, weight, bias, bias_values, pol_c, backend, pool, rounding)
+    return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool,
+                         rounding)
 
 
 def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None, recipe=None,
@@ -423,32 +434,18 @@ class _Attention(_torch.autograd.Function):
 
 
 def _attention_backward(q, k, v, grad, lengths, pool):
-    """The gradients of causal fp32 softmax attention at q, k, v, written out: per sequence and
-    KV head, with the group's query heads as one block of rows, P = softmax(Q K^T s)
-    recomputed, O = P V, dP = dO V^T, dS = P (dP - rowsum(dO O)) s, dQ = dS K, dK = dS^T Q,
-    dV = P^T dO; the products on libparity's GEMM (_matmul_t)."""
+    """The gradients of causal fp32 softmax attention at q, k, v (parity_attention_backward):
+    per sequence and KV head, with the group's query heads as one block of rows,
+    P = softmax(Q K^T s) recomputed, dP = dO V^T, dS = P (dP - rowsum(P dP)) s, dQ = dS K,
+    dK = dS^T Q, dV = P^T dO, on libparity's fp32 GEMM, all sequences and heads in one call."""
     T, nh, hd = q.shape
     nkv = k.shape[1]
-    group, scale = nh // nkv, hd ** -0.5
+    grad = grad.contiguous()
     gq, gk, gv = _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
-    at = 0
-    for n in lengths:
-        future = _torch.ones(n, n, dtype=_torch.bool).triu(1)
-        for j in range(nkv):
-            heads = slice(j * group, (j + 1) * group)
-            Q = q[at:at + n, heads].transpose(0, 1).reshape(group * n, hd).contiguous()
-            dO = grad[at:at + n, heads].transpose(0, 1).reshape(group * n, hd).contiguous()
-            K, V = k[at:at + n, j].contiguous(), v[at:at + n, j].contiguous()
-            S = _matmul_t(Q, K, pool).mul_(scale).view(group, n, n)
-            P = _torch.softmax(S.masked_fill_(future, float("-inf")), dim=-1).view(group * n, n)
-            O = _matmul_t(P, V.t().contiguous(), pool)
-            dP = _matmul_t(dO, V, pool)
-            dS = P * (dP - (dO * O).sum(-1, keepdim=True)) * scale
-            gq[at:at + n, heads] = _matmul_t(dS, K.t().contiguous(), pool) \
-                .view(group, n, hd).transpose(0, 1)
-            gk[at:at + n, j] = _matmul_t(dS.t().contiguous(), Q.t().contiguous(), pool)
-            gv[at:at + n, j] = _matmul_t(P.t().contiguous(), dO.t().contiguous(), pool)
-        at += n
+    c_lengths = (ctypes.c_uint32 * len(lengths))(*lengths)
+    lib.parity_attention_backward(pool, len(lengths), c_lengths, nh, nkv, hd, _addr(q), nh * hd,
+                                  _addr(k), nkv * hd, _addr(v), nkv * hd, _addr(grad), nh * hd,
+                                  _addr(gq), nh * hd, _addr(gk), nkv * hd, _addr(gv), nkv * hd)
     return gq, gk, gv
 
 
@@ -610,8 +607,19 @@ def _bits(x, dtype):
     return x.detach().to(dtype).contiguous()
 
 
-def _rms_formula(x, w, eps):
-    return x * _torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+def _rms_backward(x, w, eps, g, g_add, pool):
+    """The gradients (x's, plus g_add where given; w's) of the fp32 formula
+    x rsqrt(mean(x x) + eps) w over x's last dimension, autograd's steps in C
+    (parity_rmsnorm_backward)."""
+    dim = x.shape[-1]
+    rows = x.numel() // dim
+    x, g = x.contiguous(), g.contiguous()
+    g_add = g_add.contiguous() if g_add is not None else None
+    gx, gw = _torch.empty_like(x), _torch.empty(dim, dtype=_f32)
+    lib.parity_rmsnorm_backward(pool, rows, dim, _addr(x), dim, _addr(w.detach().contiguous()),
+                                eps, _addr(g), dim, _addr(g_add), dim, _addr(gx), dim,
+                                _addr(gw))
+    return gx, gw
 
 
 class _RmsnormResidualC(_torch.autograd.Function):
@@ -619,7 +627,7 @@ class _RmsnormResidualC(_torch.autograd.Function):
     straight through, the norm's fp32 formula."""
 
     @staticmethod
-    def forward(ctx, delta, h, w, eps, pol_c, dtype):
+    def forward(ctx, delta, h, w, eps, pol_c, dtype, pool):
         dim = h.shape[-1]
         rows = h.numel() // dim
         d16, h16, w16 = _bits(delta, dtype), _bits(h, dtype), _bits(w, dtype)
@@ -627,24 +635,21 @@ class _RmsnormResidualC(_torch.autograd.Function):
         lib.parity_rmsnorm_residual(ctypes.byref(pol_c), rows, dim, _u16(d16), dim, _u16(h16),
                                     dim, _u16(w16), eps, _u16(res), dim, _u16(out), dim)
         ctx.save_for_backward(delta, h, w)
-        ctx.eps = eps
+        ctx.eps, ctx.pool = eps, pool
         return res.to(_f32), out.to(_f32)
 
     @staticmethod
     def backward(ctx, g_res, g_out):
-        delta, h, w = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with _torch.enable_grad():
-            s = h + delta
-            out = _rms_formula(s, w, ctx.eps)
-            gd, gh, gw = _torch.autograd.grad([s, out], (delta, h, w), [g_res, g_out])
-        return gd, gh, gw, None, None, None
+        delta, h, w = ctx.saved_tensors
+        gs, gw = _rms_backward(h + delta, w, ctx.eps, g_out, g_res, ctx.pool)
+        return gs, gs, gw, None, None, None, None
 
 
 class _RmsnormC(_torch.autograd.Function):
     """parity_rmsnorm (qk: Qwen3's q/k-norm switch); backward: the fp32 formula."""
 
     @staticmethod
-    def forward(ctx, x, w, eps, qk, pol_c, dtype):
+    def forward(ctx, x, w, eps, qk, pol_c, dtype, pool):
         dim = x.shape[-1]
         rows = x.numel() // dim
         x16, w16 = _bits(x, dtype), _bits(w, dtype)
@@ -652,22 +657,21 @@ class _RmsnormC(_torch.autograd.Function):
         lib.parity_rmsnorm(ctypes.byref(pol_c), int(qk), rows, dim, _u16(x16), dim, _u16(w16),
                            eps, _u16(out), dim)
         ctx.save_for_backward(x, w)
-        ctx.eps = eps
+        ctx.eps, ctx.pool = eps, pool
         return out.to(_f32)
 
     @staticmethod
     def backward(ctx, g):
-        x, w = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with _torch.enable_grad():
-            gx, gw = _torch.autograd.grad(_rms_formula(x, w, ctx.eps), (x, w), g)
-        return gx, gw, None, None, None, None
+        x, w = ctx.saved_tensors
+        gx, gw = _rms_backward(x, w, ctx.eps, g, None, ctx.pool)
+        return gx, gw, None, None, None, None, None
 
 
 class _SwigluC(_torch.autograd.Function):
     """parity_swiglu; backward: the fp32 formula g sigmoid(g) u."""
 
     @staticmethod
-    def forward(ctx, g, u, pol_c, dtype):
+    def forward(ctx, g, u, pol_c, dtype, pool):
         dim = g.shape[-1]
         rows = g.numel() // dim
         g16, u16 = _bits(g, dtype), _bits(u, dtype)
@@ -675,32 +679,66 @@ class _SwigluC(_torch.autograd.Function):
         lib.parity_swiglu(ctypes.byref(pol_c), rows, dim, _u16(g16), dim, _u16(u16), dim,
                           _u16(out), dim)
         ctx.save_for_backward(g, u)
+        ctx.pool = pool
         return out.to(_f32)
 
     @staticmethod
     def backward(ctx, grad):
-        g, u = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-        with _torch.enable_grad():
-            gg, gu = _torch.autograd.grad(g * _torch.sigmoid(g) * u, (g, u), grad)
-        return gg, gu, None, None
+        g, u = ctx.saved_tensors
+        dim = g.shape[-1]
+        rows = g.numel() // dim
+        grad = grad.contiguous()
+        gg, gu = _torch.empty_like(g), _torch.empty_like(u)
+        lib.parity_swiglu_backward(ctx.pool, rows, dim, _addr(g), dim, _addr(u), dim,
+                                   _addr(grad), dim, _addr(gg), dim, _addr(gu), dim)
+        return gg, gu, None, None, None
 
 
-def _rmsnorm_residual(delta, h, w, eps, pol_c, pol):
+class _Rope(_torch.autograd.Function):
+    """RoPE of x [rows, heads, head_dim]: under compute "bf16" ("fp16") the C kernel,
+    parity_rope, on x's 16-bit values (exact: the q/k-norm's rounded outputs) at `positions`
+    (int32, one a row); under compute "fp32" parity.torch's exact fp32 version. Backward: the
+    rotation's transpose by the same tables, straight through its rounding points:
+    g_a = g_lo cos + g_hi sin, g_b = g_hi cos - g_lo sin (the sums autograd forms through the
+    formula, the same bits)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, pol, pol_c, positions, theta):
+        ctx.save_for_backward(cos, sin)
+        if _compute_fp32(pol):
+            return _torch_regions._rope_f32(x, cos, sin, pol)
+        rows, heads, hd = x.shape
+        x16 = _bits(x, _half(pol))
+        lib.parity_rope(ctypes.byref(pol_c), rows, heads, hd, _u16(x16), heads * hd,
+                        ctypes.cast(positions.data_ptr(), ctypes.POINTER(ctypes.c_int32)),
+                        float(theta))
+        return x16.to(_f32)
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin = ctx.saved_tensors
+        half = g.shape[-1] // 2
+        g_lo, g_hi = g[..., :half], g[..., half:]
+        return (_torch.cat([g_lo * cos + g_hi * sin, g_hi * cos - g_lo * sin], dim=-1), None,
+                None, None, None, None, None)
+
+
+def _rmsnorm_residual(delta, h, w, eps, pol_c, pol, pool=None):
     if _compute_fp32(pol):
         return _torch_regions._rmsnorm_residual_f32(delta, h, w, eps, pol)
-    return _RmsnormResidualC.apply(delta, h, w, eps, pol_c, _half(pol))
+    return _RmsnormResidualC.apply(delta, h, w, eps, pol_c, _half(pol), pool)
 
 
-def _rmsnorm(x, w, eps, pol_c, pol, qk=False):
+def _rmsnorm(x, w, eps, pol_c, pol, qk=False, pool=None):
     if _compute_fp32(pol):
         return _torch_regions._rmsnorm_f32(x, w, eps, pol, qk)
-    return _RmsnormC.apply(x, w, eps, qk, pol_c, _half(pol))
+    return _RmsnormC.apply(x, w, eps, qk, pol_c, _half(pol), pool)
 
 
-def _swiglu(g, u, pol_c, pol):
+def _swiglu(g, u, pol_c, pol, pool=None):
     if _compute_fp32(pol):
         return _torch_regions._swiglu_f32(g, u, pol)
-    return _SwigluC.apply(g, u, pol_c, _half(pol))
+    return _SwigluC.apply(g, u, pol_c, _half(pol), pool)
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
@@ -909,21 +947,17 @@ class CausalLM(_torch.nn.Module):
         output the combine reads); vec(name) a norm weight's values."""
         pol, pol_c, be = self._pol, self._pol_c, self._backend
         pool = self._pool.handle
-        rd = _torch_regions._round_dtype(pol)
+        rd = {_bf16: _BF16, _f16: _F16}.get(_torch_regions._round_dtype(pol))
         plain_c = _lib.parity_policy.from_buffer_copy(pol_c)  # the GEMM unquantized
         plain_c.gemm = plain_c.quantizer = 0
-
-        def rnd(x):
-            return _torch_regions._round(x, rd) if rd is not None else x
 
         def lin(x, prefix, bias=False, rounded=True, quantized=True):
             w = self._param(prefix + ".weight")
             b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
             data, dtype = _weight_data(w, pol, prefix + ".weight")
-            y = _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
-                        fp8=quantized, recipe=self.recipe, seed=self.recipe_seed,
-                        stream=zlib.crc32(prefix.encode()))
-            return rnd(y) if rounded else y
+            return _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
+                           fp8=quantized, rounding=rd if rounded else None, recipe=self.recipe,
+                           seed=self.recipe_seed, stream=zlib.crc32(prefix.encode()))
 
         def vec(name):
             return _weight_values(self._param(name), pol, name)
@@ -964,7 +998,7 @@ class CausalLM(_torch.nn.Module):
         down projection unrounded), the shared expert and its gate, the combine."""
         c = self.config
         k, E = c["num_experts_per_tok"], c["num_experts"]
-        norm, pol_c = c["norm_topk_prob"], self._pol_c
+        norm, pol_c, pool = c["norm_topk_prob"], self._pol_c, self._pool.handle
         logits = lin(xn, prefix + "mlp.gate", quantized=False).contiguous()
         if replay is not None:
             # the rows that do not replay (each sequence's last) replay their own top-k
@@ -982,14 +1016,16 @@ class CausalLM(_torch.nn.Module):
             at += n
             x = xn.index_select(0, _torch.div(chosen, k, rounding_mode="floor")).contiguous()
             ep = prefix + "mlp.experts.%d." % e
-            a = _swiglu(lin(x, ep + "gate_proj"), lin(x, ep + "up_proj"), pol_c, self._pol)
+            a = _swiglu(lin(x, ep + "gate_proj"), lin(x, ep + "up_proj"), pol_c, self._pol,
+                        pool=pool)
             outs.append(lin(a, ep + "down_proj", rounded=False))
         y = _torch.cat(outs).index_select(0, _torch.argsort(order))
         y = y.view(xn.shape[0], k, -1)
         y_shared = gate = None
         if self._has(prefix + "mlp.shared_expert_gate.weight"):
             sp = prefix + "mlp.shared_expert."
-            a = _swiglu(lin(xn, sp + "gate_proj"), lin(xn, sp + "up_proj"), pol_c, self._pol)
+            a = _swiglu(lin(xn, sp + "gate_proj"), lin(xn, sp + "up_proj"), pol_c, self._pol,
+                        pool=pool)
             y_shared = lin(a, sp + "down_proj", rounded=False)
             gate = lin(xn, prefix + "mlp.shared_expert_gate", quantized=False).view(-1)
         return _torch_moe.combine(y, weights, ids, pol_c, y_shared, gate)
@@ -1003,6 +1039,17 @@ class CausalLM(_torch.nn.Module):
         x = _Embedding.apply(tokens, emb, data, dtype)
         cos, sin = _torch_regions.rope_cos_sin(positions, c["head_dim"], c["rope_theta"], pol)
         return x, cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def _rope_op(self, positions, cos, sin):
+        """rope(x): RoPE of q or k [rows, heads, head_dim] at `positions` (one a row), the
+        policy's rounding points, differentiable (_Rope)."""
+        pos32 = positions.to(_torch.int32).contiguous()
+        theta = self.config["rope_theta"]
+
+        def rope(x):
+            return _Rope.apply(x.contiguous(), cos, sin, self._pol, self._pol_c, pos32, theta)
+
+        return rope
 
     def forward(self, sequences, mode="raw", temperature=1.0, top_k=None, top_p=None,
                 min_p=None, return_logits=False, depths=None, loop_kv=None,
@@ -1065,33 +1112,36 @@ class CausalLM(_torch.nn.Module):
         lin, vec = self._layer_ops()
         replay, replaying = self._replay(routes, lengths)
         h, cos, sin = self._embed(tokens, positions)
+        rope = self._rope_op(positions, cos, sin)
         delta = None
         for l in range(c["num_hidden_layers"]):
             p = "model.layers.%d." % l
             if delta is None:
-                xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol)
+                xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol, pool=pool)
             else:
                 h, xn = _rmsnorm_residual(delta, h, vec(p + "input_layernorm.weight"), eps, pol_c,
-                                          pol)
+                                          pol, pool=pool)
             q = lin(xn, p + "self_attn.q_proj", bias=True).view(T, nh, hd)
             k = lin(xn, p + "self_attn.k_proj", bias=True).view(T, nkv, hd)
             v = lin(xn, p + "self_attn.v_proj", bias=True).view(T, nkv, hd)
             if c["qk_norm"]:
-                q = _rmsnorm(q, vec(p + "self_attn.q_norm.weight"), eps, pol_c, pol, True)
-                k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True)
-            q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
-            k = _torch_regions._rope_f32(k, cos, sin, pol).contiguous()
+                q = _rmsnorm(q, vec(p + "self_attn.q_norm.weight"), eps, pol_c, pol, True,
+                             pool=pool)
+                k = _rmsnorm(k, vec(p + "self_attn.k_norm.weight"), eps, pol_c, pol, True,
+                             pool=pool)
+            q = rope(q).contiguous()
+            k = rope(k).contiguous()
             att = _Attention.apply(q, k, v.contiguous(), lengths, pol_c, pool)
             delta = lin(att.view(T, nh * hd), p + "self_attn.o_proj")
             h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"), eps,
-                                      pol_c, pol)
+                                      pol_c, pol, pool=pool)
             if l in sparse:
                 delta = self._moe_block(xn, p, lin, None if replay is None else
                                         replay[:, sparse[l]], replaying)
                 continue
             g = lin(xn, p + "mlp.gate_proj")
             u = lin(xn, p + "mlp.up_proj")
-            delta = lin(_swiglu(g, u, pol_c, pol), p + "mlp.down_proj")
+            delta = lin(_swiglu(g, u, pol_c, pol, pool=pool), p + "mlp.down_proj")
 
         # the head on every position but each sequence's last, predicting the next token
         rows, at = [], 0
@@ -1169,6 +1219,7 @@ class CausalLM(_torch.nn.Module):
         nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
         lin, vec = self._layer_ops()
         x, cos, sin = self._embed(tokens, positions)
+        rope = self._rope_op(positions, cos, sin)
         kept_k, kept_v = [None] * N, [None] * N  # each layer's K/V of the previous loop
         read_h = read_delta = None                 # each row's head input at its depth
         per_loop = []
@@ -1179,31 +1230,32 @@ class CausalLM(_torch.nn.Module):
             for l in range(N):
                 p = "model.layers.%d." % l
                 if delta is None:
-                    xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol)
+                    xn = _rmsnorm(h, vec(p + "input_layernorm.weight"), eps, pol_c, pol, pool=pool)
                 else:
                     h, xn = _rmsnorm_residual(delta, h, vec(p + "input_layernorm.weight"), eps,
-                                              pol_c, pol)
+                                              pol_c, pol, pool=pool)
                 q = lin(xn, p + "self_attn.q_proj", bias=True).view(-1, nh, hd)
                 k = lin(xn, p + "self_attn.k_proj", bias=True).view(-1, nkv, hd)
                 v = lin(xn, p + "self_attn.v_proj", bias=True).view(-1, nkv, hd)
-                q = _torch_regions._rope_f32(q, cos, sin, pol).contiguous()
-                k = _torch_regions._rope_f32(k, cos, sin, pol)
+                q = rope(q).contiguous()
+                k = rope(k)
                 if copies and t > 0:
                     k = _torch.where(exited, kept_k[l], k)
                     v = _torch.where(exited, kept_v[l], v)
                 kept_k[l], kept_v[l] = k, v
                 att = _Attention.apply(q, k.contiguous(), v.contiguous(), lengths, pol_c, pool)
                 delta = lin(att.view(-1, nh * hd), p + "self_attn.o_proj")
-                delta = _rmsnorm(delta, vec(p + "input_layernorm_2.weight"), eps, pol_c, pol)
+                delta = _rmsnorm(delta, vec(p + "input_layernorm_2.weight"), eps, pol_c, pol,
+                                 pool=pool)
                 h, xn = _rmsnorm_residual(delta, h, vec(p + "post_attention_layernorm.weight"),
-                                          eps, pol_c, pol)
+                                          eps, pol_c, pol, pool=pool)
                 g = lin(xn, p + "mlp.gate_proj")
                 u = lin(xn, p + "mlp.up_proj")
-                delta = lin(_swiglu(g, u, pol_c, pol), p + "mlp.down_proj")
+                delta = lin(_swiglu(g, u, pol_c, pol, pool=pool), p + "mlp.down_proj")
                 delta = _rmsnorm(delta, vec(p + "post_attention_layernorm_2.weight"), eps, pol_c,
-                                 pol)
+                                 pol, pool=pool)
             # the loop's final norm: its output is the next loop's input and the head's
-            _, x = _rmsnorm_residual(delta, h, vec("model.norm.weight"), eps, pol_c, pol)
+            _, x = _rmsnorm_residual(delta, h, vec("model.norm.weight"), eps, pol_c, pol, pool=pool)
             here = (depth == t + 1)[:, None]
             read_h = h if read_h is None else _torch.where(here, h, read_h)
             read_delta = delta if read_delta is None else _torch.where(here, delta, read_delta)
