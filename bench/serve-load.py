@@ -966,15 +966,17 @@ def stop_server(proc):
 
 def sampler_peer(args, info, k):
     """The sampler's own decode tokens/s at batch k on the server's model, policy and threads
-    (build/bench/parity-speed, contexts = --max-tokens), or None when it cannot run (it says
-    why on stderr)."""
+    (build/bench/parity-speed, contexts = --max-tokens: the median of 15 repetitions of its 32
+    steps, about 0.1 s each, since this VM's speed jumps 2.5x for a second at a time), or None
+    when it cannot run (it says why on stderr)."""
     exe = os.path.join(REPO, "build", "bench", "parity-speed")
     out = tempfile.NamedTemporaryFile(prefix="serve-load-peer-", suffix=".json", delete=False)
     out.close()
     cmd = [exe, "--model", args.model, "--presets", str(info.get("policy", "aligned")),
            "--backends", str(info.get("backend", "bf16")),
            "--threads", str(args.server_threads), "--batches", str(k),
-           "--contexts", str(args.max_tokens), "--peers", "none", "--json", out.name]
+           "--contexts", str(args.max_tokens), "--reps", "15", "--peers", "none",
+           "--json", out.name]
     try:
         done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               timeout=300)
