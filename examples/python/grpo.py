@@ -42,11 +42,11 @@ with 8 completions each: about a third of the completions earn it, and about 10%
 line break, which "non-blank" keeps from being the shortcut); and it depends mostly on how much
 probability the model puts on the line break and on short constructs, which a few dozen Adam
 steps on a 5M-parameter model can shift. Measured: in the default run (the bitwise learner)
-the reward mean goes from 0.34 at step 0 to 0.81 by step 7 and 0.875-1.0 from step 9 on (mean of
-the first five steps 0.47, of the last five 0.99) in under 3 minutes on 2 cores (about 7 s a
-step, nearly all of it the learner's forward and backward); the torch learner's run climbs
-alike (0.45 -> 0.99, about 2.5 s a step). Once all of a group's completions earn the reward,
-its advantages are 0. What the model learns is to write short lines: "    return",
+the reward mean goes from 0.34 at step 0 to 0.84 by step 7 and 0.69-1.0 from step 9 on (mean of
+the first five steps 0.44, of the last five 0.98) in under 3 minutes on 2 cores (7.9 s a step
+beside a CI run at load 5, 7.0 s of it the learner's forward and backward); the torch
+learner's run climbs alike (0.45 -> 0.99, about 2.5 s a step). Once all of a group's
+completions earn the reward, its advantages are 0. What the model learns is to write short lines: "    return",
 "    else:", "    if x:".
 
 The learners (--learner; several, comma-separated, run one after another, each its own RL
