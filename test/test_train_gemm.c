@@ -214,10 +214,10 @@ static void test_nonfinite(void) {
 }
 
 static void test_refusals(void) {
-    uint8_t c[32] = {0}, s = 127;
+    uint8_t c[32] = {0}, s[2] = {127, 127}; /* one MX block of 32, two NVFP4 blocks of 16 */
     float g = 1.0f, y;
-    parity_quant_operand mx = {PARITY_GEMM_MXFP8, PARITY_FP8_E4M3, c, 32, &s, 1, 1, 0, NULL};
-    parity_quant_operand nv = {PARITY_GEMM_NVFP4, 0, c, 32, &s, 2, 1, 0, &g};
+    parity_quant_operand mx = {PARITY_GEMM_MXFP8, PARITY_FP8_E4M3, c, 32, s, 1, 1, 0, NULL};
+    parity_quant_operand nv = {PARITY_GEMM_NVFP4, 0, c, 32, s, 2, 1, 0, &g};
     CHECK_STATUS(parity_quant_gemm(NULL, 1, 1, 32, &mx, &nv, &y, 1), PARITY_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(parity_quant_gemm(NULL, 1, 1, 32, NULL, &mx, &y, 1), PARITY_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(parity_quant_gemm(NULL, 1, 1, 32, &mx, &mx, NULL, 1),
