@@ -52,6 +52,14 @@ def bits(values):
     return array("I", array("f", values).tobytes()).tolist()
 
 
+def scale_all(lm, factor):
+    """Every parameter of lm times factor (an optimizer step's stand-in: 1 + 2^-10 moves the
+    masters off the bf16 grid)."""
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.mul_(factor)
+
+
 def byte_sequences(lengths, start=0):
     out, at = [], start
     for n in lengths:
@@ -350,9 +358,7 @@ class Sync(unittest.TestCase):
         with parity.Model("synthetic:tiny", threads=2) as model, \
                 tempfile.TemporaryDirectory() as d:
             lm = CausalLM(model, threads=2)
-            with torch.no_grad():
-                for p in lm.parameters():
-                    p.mul_(1 + 2.0 ** -10)
+            scale_all(lm, 1 + 2.0 ** -10)
             held = model.weight_bytes()["held"]
 
             def manifest(name):
@@ -383,9 +389,7 @@ class Sync(unittest.TestCase):
                 self.assertEqual(e.exception.status, "PARITY_ERR_STALE")
             parameters = sum(p.numel() for p in lm.parameters())
             self.assertEqual(model.weight_bytes()["held"], held + 4 * parameters)
-            with torch.no_grad():
-                for p in lm.parameters():
-                    p.mul_(1 - 2.0 ** -9)
+            scale_all(lm, 1 - 2.0 ** -9)
             lm.sync_to(model)
             self.assertEqual(model.version, 2)
             self.assertEqual(model.weight_bytes()["held"], held + 4 * parameters)
@@ -449,9 +453,7 @@ class FromModel(unittest.TestCase):
         with parity.Model("synthetic:tiny", threads=2) as model, \
                 tempfile.TemporaryDirectory() as d:
             lm = CausalLM(model, threads=2)
-            with torch.no_grad():
-                for p in lm.parameters():
-                    p.mul_(1 + 2.0 ** -10)
+            scale_all(lm, 1 + 2.0 ** -10)
             lm.sync_to(model)
             model.save(d, layout="fp32")
             again = CausalLM(model, threads=2)
