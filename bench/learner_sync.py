@@ -14,7 +14,9 @@ side; the library casts with round-to-nearest-even, checks finiteness and keeps 
 masters), and the check (the module's manifest written with parity_tensor_checksums, then
 parity_model_verify_on, both on --threads threads: the model's). Prints a table of the best of
 --repeat runs, its CPU seconds (all threads: on a shared machine the wall clock also counts
-other processes' time) and a JSON object. Needs torch (Debian's /usr/bin/python3 with
+other processes' time), then each sync in order with its CPU and system seconds (the first of
+a run is the one that finds the model without fp32 masters: it is quoted on its own), and a
+JSON object. Needs torch (Debian's /usr/bin/python3 with
 python3-torch).
 """
 import argparse
@@ -34,9 +36,15 @@ except ImportError as e:
 
 
 def _cpu_seconds():
-    """User + system CPU seconds of this process so far, all its threads."""
+    """(User, system) CPU seconds of this process so far, all its threads."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return r.ru_utime, r.ru_stime
+
+
+def _since(c0):
+    """(User, system) CPU seconds since c0 = _cpu_seconds()."""
+    c1 = _cpu_seconds()
+    return c1[0] - c0[0], c1[1] - c0[1]
 
 
 def main(argv=None):
@@ -50,7 +58,7 @@ def main(argv=None):
     with parity.Model(args.model, threads=args.threads) as model:
         t0, c0 = time.perf_counter(), _cpu_seconds()
         lm = CausalLM(model, threads=args.threads)
-        build, build_cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+        build, build_cpu = time.perf_counter() - t0, sum(_since(c0))
         n_params = sum(p.numel() for p in lm.parameters())
         runs = []
         for r in range(args.repeat):
@@ -59,9 +67,10 @@ def main(argv=None):
                     p.mul_(1 + 2.0 ** -10)
             c0 = _cpu_seconds()
             up, ver = lm.sync_to(model)
-            runs.append((up, ver, _cpu_seconds() - c0))
+            user, system = _since(c0)
+            runs.append((up, ver, user + system, system))
         version = model.version
-    up, ver, cpu = min(runs, key=lambda run: run[0] + run[1])
+    up, ver, cpu, _ = min(runs, key=lambda run: run[0] + run[1])
     gb = n_params * 4 / 1e9
     print("model %s: %d parameters, %d threads, %d syncs" % (args.model, n_params, model.threads,
                                                              args.repeat))
@@ -71,12 +80,19 @@ def main(argv=None):
     print("%-28s %10.3f %10.2f" % ("manifest write + verify", ver, gb / ver))
     print("%-28s %10.3f %10.2f" % ("sync_to total", up + ver, gb / (up + ver)))
     print("%-28s %10.3f" % ("sync_to CPU (all threads)", cpu))
+    print("each sync, in order (the first allocates what the model did not hold yet):")
+    print("%-6s %10s %10s %10s %10s %10s" % ("sync", "update", "verify", "total", "CPU", "of it sys"))
+    for r, (u, v, c, s) in enumerate(runs):
+        print("%-6d %10.3f %10.3f %10.3f %10.3f %10.3f" % (r + 1, u, v, u + v, c, s))
     out = {"model": args.model, "parameters": n_params, "threads": model.threads,
            "module_build_s": round(build, 3), "module_build_cpu_s": round(build_cpu, 3),
            "repeat": args.repeat, "update_s": round(up, 4), "verify_s": round(ver, 4),
            "sync_s": round(up + ver, 4), "sync_cpu_s": round(cpu, 4),
            "all_update_s": [round(run[0], 4) for run in runs],
-           "all_verify_s": [round(run[1], 4) for run in runs], "model_version": version,
+           "all_verify_s": [round(run[1], 4) for run in runs],
+           "all_cpu_s": [round(run[2], 4) for run in runs],
+           "all_sys_s": [round(run[3], 4) for run in runs],
+           "first_sync_s": round(runs[0][0] + runs[0][1], 4), "model_version": version,
            "cpu_path": parity.cpu_path()}
     text = json.dumps(out)
     print(text)

@@ -1040,9 +1040,12 @@ typedef struct parity_tensor_data {
  * bf16 with round-to-nearest-even — the cast a learner makes — and kept as the fp32 master
  * for the fp32 policy. Each successful call bumps the model's version. Memory: the new values
  * are written into the buffers the model already holds where it owns them (a cast or copy
- * made at loading or by an earlier update), after every tensor passed its checks; a tensor
- * still read from a mapped checkpoint, or F32 data for a tensor without an fp32 master yet,
- * gets new buffers (2 bytes a value, and 4 more for a master).
+ * made at loading, a synthetic model's, or an earlier update's), after every tensor passed
+ * its checks and while no call runs; a tensor still read from a mapped checkpoint gets a new
+ * bf16 buffer (2 bytes a value; the mapping is never written), and F16/F32 data for a tensor
+ * without a master of the model's own a new master (4 bytes a value), which later F16/F32
+ * updates write in place (BF16 data drops it). Every new buffer is allocated before anything
+ * changes: out of memory, like any other failure, leaves the model as it was.
  *
  * No other call may use the model while it runs: the call is refused with PARITY_ERR_BUSY if
  * a scorer or sampler of this model is inside a call (and such calls are refused while an

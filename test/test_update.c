@@ -4,12 +4,15 @@
  * that happens in practice is provoked and must be reported: a wrong dtype cast, a skipped
  * tensor, a stale shard, a transposed view, truncation instead of rounding, a version that
  * differs; the probe of log-probs; KV caches computed under old weights are refused; an
- * update while a call runs is refused. */
+ * update while a call runs is refused; the first update of fp32 masters casts into the bf16
+ * buffers the model owns and keeps the new masters, and when it fails (a NaN, out of memory
+ * at any of its allocations, a call in flight) the model is as it was. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
 #include "fixtures.h"
 #include "model/model.h"
 
@@ -149,6 +152,117 @@ static int verify(parity_model *m, const char *manifest, char *report, size_t si
     return rc;
 }
 
+/* What the model holds for each of a learner's tensors: the buffers and the bf16 values. */
+typedef struct held {
+    const uint16_t *bf16[128];
+    const float *master[128];
+    uint16_t *values[128];
+} held;
+
+static void hold(const learner *L, held *h) {
+    for (size_t i = 0; i < L->n; i++) {
+        const weight *w = L->slots[i].dst;
+        const size_t count = (size_t)w->rows * w->cols;
+        h->bf16[i] = w->bf16;
+        h->master[i] = w->master;
+        h->values[i] = malloc(count * 2);
+        memcpy(h->values[i], w->bf16, count * 2);
+    }
+}
+
+/* Whether the model holds what h recorded: the same buffers, the same values. */
+static int still_held(const learner *L, const held *h) {
+    int same = 1;
+    for (size_t i = 0; i < L->n; i++) {
+        const weight *w = L->slots[i].dst;
+        same &= w->bf16 == h->bf16[i] && w->master == h->master[i] &&
+                !memcmp(w->bf16, h->values[i], (size_t)w->rows * w->cols * 2);
+    }
+    return same;
+}
+
+static void held_free(const learner *L, held *h) {
+    for (size_t i = 0; i < L->n; i++) free(h->values[i]);
+}
+
+/* The first update of fp32 masters on a model that owns its bf16 values (a synthetic one, or
+ * one an earlier update copied): the RNE cast goes into the bf16 buffers the model holds and
+ * the masters into new buffers, which later updates write in place; an update that fails
+ * leaves the model as it was, buffers and values: a NaN in its last tensor, a call in flight
+ * (it would overwrite the values a reader reads), out of memory at each of its allocations
+ * in turn. */
+static void test_first_update(void) {
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny", &m));
+    if (!m) return;
+    learner L, L2;
+    learner_step(&L, m);
+    learner_step(&L2, m);
+    CHECK(L.n > 2 && L.n <= 128);
+    held before;
+    hold(&L, &before);
+    for (size_t i = 0; i < L.n; i++) CHECK(model_owns(m, before.bf16[i]) && !before.master[i]);
+    parity_tensor_data t[128];
+    for (size_t i = 0; i < L.n; i++) t[i] = as_f32(&L, i);
+
+    const weight *last = L.slots[L.n - 1].dst;
+    float *nan_last = malloc((size_t)last->rows * last->cols * 4);
+    memcpy(nan_last, L.master[L.n - 1], (size_t)last->rows * last->cols * 4);
+    nan_last[0] = NAN;
+    t[L.n - 1].data = nan_last;
+    CHECK_STATUS(parity_model_update(m, t, L.n), PARITY_ERR_TENSOR_NONFINITE);
+    CHECK(still_held(&L, &before));
+    t[L.n - 1].data = L.master[L.n - 1];
+
+    CHECK_OK(model_enter(m));
+    CHECK_STATUS(parity_model_update(m, t, L.n), PARITY_ERR_BUSY);
+    model_leave(m);
+    CHECK(still_held(&L, &before));
+
+    /* allocation k of the update fails, for k = 1, 2, ... until the update succeeds */
+    long failed = 0;
+    for (long k = 1; k < 10000; k++) {
+        parity_pool *pool = NULL;
+        CHECK_OK(parity_pool_create(2, &pool));
+        px_alloc_test_reset(k);
+        const int rc = parity_model_update_on(pool, m, t, L.n);
+        px_alloc_test_reset(0);
+        parity_pool_free(pool);
+        if (rc == PARITY_OK) break;
+        failed++;
+        CHECK_INT(rc, PARITY_ERR_OUT_OF_MEMORY);
+        CHECK(parity_last_error()[0] != '\0');
+        CHECK_INT(parity_model_version(m), 0);
+        CHECK(still_held(&L, &before));
+    }
+    CHECK(failed >= 3); /* the staging, its ranges, a master at least */
+    CHECK_INT(parity_model_version(m), 1);
+    for (size_t i = 0; i < L.n; i++) {
+        const weight *w = L.slots[i].dst;
+        const size_t count = (size_t)w->rows * w->cols;
+        CHECK(w->bf16 == before.bf16[i] && !memcmp(w->bf16, L.sent[i], count * 2));
+        CHECK(w->master && model_owns(m, w->master) && !memcmp(w->master, L.master[i], count * 4));
+    }
+
+    /* the masters are kept: the next update writes both buffers in place */
+    held first;
+    hold(&L, &first);
+    for (size_t i = 0; i < L2.n; i++) t[i] = as_f32(&L2, i);
+    CHECK_OK(parity_model_update(m, t, L2.n));
+    for (size_t i = 0; i < L2.n; i++) {
+        const weight *w = L2.slots[i].dst;
+        const size_t count = (size_t)w->rows * w->cols;
+        CHECK(w->bf16 == first.bf16[i] && w->master == first.master[i]);
+        CHECK(!memcmp(w->bf16, L2.sent[i], count * 2) && !memcmp(w->master, L2.master[i], count * 4));
+    }
+    held_free(&L, &first);
+    held_free(&L, &before);
+    free(nan_last);
+    learner_free(&L);
+    learner_free(&L2);
+    parity_model_free(m);
+}
+
 static const char *model_dir(void) {
     static char dir[4096];
     return source_path(dir, sizeof dir, TRAINED_MODEL);
@@ -250,8 +364,20 @@ int main(void) {
         free(big_bf16);
     }
 
-    /* the correct path: every tensor from fp32 masters, then verify: no difference */
+    /* the correct path: every tensor from fp32 masters, then verify: no difference; the
+     * checkpoint's mapped bf16 values are never written: the first update gives the weights
+     * new buffers */
+    const weight *mapped_w = L.slots[0].dst;
+    const uint16_t *mapped = mapped_w->bf16;
+    const size_t mapped_count = (size_t)mapped_w->rows * mapped_w->cols;
+    uint16_t *mapped_values = malloc(mapped_count * 2);
+    memcpy(mapped_values, mapped, mapped_count * 2);
+    CHECK(!model_owns(m, mapped));
     push_all(m, &L);
+    CHECK(mapped_w->bf16 != mapped && model_owns(m, mapped_w->bf16));
+    CHECK(!memcmp(mapped, mapped_values, mapped_count * 2));
+    CHECK(!memcmp(mapped_w->bf16, L.sent[0], mapped_count * 2));
+    free(mapped_values);
     CHECK_INT(parity_model_version(m), 1);
     write_manifest(&L, 1, manifest);
     CHECK_OK(verify(m, manifest, report, sizeof report));
@@ -522,6 +648,7 @@ int main(void) {
     parity_model_free(m);
     learner_free(&L);
     learner_free(&L2);
+    test_first_update();
     free(buf16);
     free(tr);
     free(bad);

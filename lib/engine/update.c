@@ -27,19 +27,21 @@ uint64_t parity_model_version(const parity_model *m) {
 
 /* ---- updates -------------------------------------------------------------------------------- */
 
-/* A checked tensor waiting to go in: converted into new buffers (v), or, when the model owns
- * the buffers the weight holds (a cast or copy from loading or an earlier update), to be
- * converted into them in place once no call runs (in_place, src). An F8_E4M3 update (ship)
- * brings its codes and scales (sv) and their dequantized values (master, bf16) in new
+/* A checked tensor waiting to go in. Values (BF16, F16 or F32) are cast into the buffers the
+ * weight holds where the model owns them (a cast or copy from loading, a synthetic model's, an
+ * earlier update's), else into new ones allocated before anything changes (bf16_new for a
+ * weight read from a mapped checkpoint or held as codes alone, master_new for F16/F32 values
+ * where the model owns no master yet); the casts run once no call runs. An F8_E4M3 update
+ * (ship) brings its codes and scales (sv) and their dequantized values (master, bf16) in new
  * buffers: the values go in where the weight holds values when the update commits (a reader
  * asked for them), else they are dropped and the weight holds the codes alone; its
  * weight_scale_inv entry is not a tensor of its own (scale_entry). */
 typedef struct staged {
     weight *w;
-    tensor_values v;
-    int in_place;
-    int scan;                             /* in place, its format checked: its values not yet */
+    int scan;                             /* values, their format checked: scanned and cast */
     tensor_source src;
+    uint16_t *bf16_new;
+    float *master_new;
     int scale_entry;
     int ship;
     shipped_values sv;
@@ -109,12 +111,21 @@ static int stage_shipped(parity_model *m, const parity_tensor_data *tensors, siz
     return PARITY_OK;
 }
 
-static void staged_free(staged *st) {
-    tensor_values_free(&st->v);
+/* Frees what an update that failed staged for st; the quantized copies it made (owned by the
+ * model, never installed) go too. */
+static void staged_free(parity_model *m, staged *st) {
     shipped_values_free(&st->sv);
     px_free(st->master);
     px_free(st->bf16);
     px_free(st->shipped);
+    px_free(st->bf16_new);
+    px_free(st->master_new);
+    for (int q = 0; q < QUANTIZERS; q++)
+        if (st->quant_new[q]) {
+            model_disown(m, st->quant_new[q]->codes);
+            model_disown(m, st->quant_new[q]->scales);
+            model_disown(m, st->quant_new[q]);
+        }
 }
 
 /* Shipped codes into the weight (buffers taken over by the model; room reserved), with their
@@ -146,33 +157,91 @@ static void commit_shipped(parity_model *m, staged *st) {
     st->sv = (shipped_values){0};
 }
 
-/* The staged tensors' values scanned for finiteness (in place ones: the others were checked
- * whole when imported), or converted into the weights' buffers, one tensor a task. */
+/* The staged tensors' values cut into ranges of at most RANGE_VALUES, the tasks of the scan
+ * for finiteness and of the casts on the pool: a tensor's ranges spread over every worker (the
+ * embedding is a quarter of a 0.6B model's values), and the first write of a new buffer's
+ * pages, where the cost of a first update lies, is shared by the workers too. */
+enum { RANGE_VALUES = 1 << 20 };
+
+typedef struct value_range {
+    size_t tensor;
+    uint64_t begin, count;
+} value_range;
+
 typedef struct staged_run {
     staged *st;
-    unsigned char *finite;  /* scan: 1 where all the tensor's values are finite */
+    const value_range *ranges;
+    unsigned char *finite;  /* the scan: 1 where all the range's values are finite */
 } staged_run;
 
 static uint64_t staged_count(const staged *st) { return (uint64_t)st->w->rows * st->w->cols; }
 
-static void scan_staged(void *ctx, size_t begin, size_t end, unsigned worker) {
-    (void)worker;
-    const staged_run *r = ctx;
-    for (size_t i = begin; i < end; i++)
-        r->finite[i] =
-            !r->st[i].scan || tensor_values_finite(&r->st[i].src, staged_count(&r->st[i]));
+/* The source's values from value `begin` on. */
+static tensor_source source_from(const tensor_source *src, uint64_t begin) {
+    tensor_source at = *src;
+    at.data = (const uint8_t *)src->data + begin * (src->dtype == PARITY_DTYPE_F32 ? 4 : 2);
+    return at;
 }
 
-static void convert_staged(void *ctx, size_t begin, size_t end, unsigned worker) {
+static void scan_ranges(void *ctx, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const staged_run *r = ctx;
     for (size_t i = begin; i < end; i++) {
-        staged *st = &r->st[i];
-        if (!st->in_place || st->scale_entry || st->ship) continue;
-        const int bf16_source = st->src.dtype == PARITY_DTYPE_BF16;
-        tensor_convert_into(&st->src, staged_count(st), (uint16_t *)st->w->bf16,
-                            bf16_source ? NULL : (float *)st->w->master);
+        const value_range *v = &r->ranges[i];
+        const tensor_source at = source_from(&r->st[v->tensor].src, v->begin);
+        r->finite[i] = (unsigned char)tensor_values_finite(&at, v->count);
     }
+}
+
+/* Casts each range into the buffers its weight will hold: the new ones, else its own. */
+static void convert_ranges(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    const staged_run *r = ctx;
+    for (size_t i = begin; i < end; i++) {
+        const value_range *v = &r->ranges[i];
+        const staged *st = &r->st[v->tensor];
+        uint16_t *bf16 = st->bf16_new ? st->bf16_new : (uint16_t *)st->w->bf16;
+        float *master = st->src.dtype == PARITY_DTYPE_BF16 ? NULL
+                        : st->master_new                   ? st->master_new
+                                                           : (float *)st->w->master;
+        const tensor_source at = source_from(&st->src, v->begin);
+        tensor_convert_into(&at, v->count, bf16 + v->begin, master ? master + v->begin : NULL);
+    }
+}
+
+/* The ranges of the staged tensors whose values are to be scanned (scan), in order; NULL when
+ * out of memory. */
+static value_range *staged_ranges(const staged *st, size_t n, size_t *n_ranges) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (st[i].scan) k += (size_t)((staged_count(&st[i]) + RANGE_VALUES - 1) / RANGE_VALUES);
+    value_range *ranges = px_malloc((k ? k : 1) * (sizeof *ranges + 1), "update ranges");
+    if (!ranges) return NULL;
+    k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (uint64_t b = 0; st[i].scan && b < staged_count(&st[i]); b += RANGE_VALUES) {
+            const uint64_t left = staged_count(&st[i]) - b;
+            ranges[k++] = (value_range){i, b, left < RANGE_VALUES ? left : RANGE_VALUES};
+        }
+    *n_ranges = k;
+    return ranges;
+}
+
+/* New buffers for the values whose weight has none the model owns, in ordinary pages, not
+ * huge ones (px_huge_alloc): their first write, by the casts on the pool, is most of what a
+ * first update costs, and on a VM whose host takes back the guest's free memory (free page
+ * reporting) new 2 MB pages cost about five times the system time of 4 KB ones (DESIGN.md,
+ * "Weight updates"), while reading the weights from huge pages did not measurably speed the
+ * calls after a scorer's first ("Large buffers"). */
+static int staged_alloc(parity_model *m, staged *st) {
+    const uint64_t count = staged_count(st);
+    if (!model_owns(m, st->w->bf16) &&
+        !(st->bf16_new = px_aligned_alloc(count * 2, "updated weights (bf16)")))
+        return PARITY_ERR_OUT_OF_MEMORY;
+    if (st->src.dtype != PARITY_DTYPE_BF16 && !model_owns(m, st->w->master) &&
+        !(st->master_new = px_aligned_alloc(count * 4, "updated weights (fp32 masters)")))
+        return PARITY_ERR_OUT_OF_MEMORY;
+    return PARITY_OK;
 }
 
 int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size_t n) {
@@ -187,9 +256,9 @@ int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tens
     if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no tensors to update");
     threadpool *threads;
     TRY(user_pool_enter(pool, &threads, "parity_model_update_on"));
-    staged *st = px_calloc(n, sizeof *st + 1, "staged tensors");
+    staged *st = px_calloc(n, sizeof *st, "staged tensors");
     int rc = st ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
-    /* everything is checked and converted before anything changes */
+    /* everything is checked, and every new buffer allocated, before anything changes */
     for (size_t i = 0; i < n && !rc; i++) {
         const parity_tensor_data *t = &tensors[i];
         if (!t->name) {
@@ -229,28 +298,28 @@ int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tens
             continue;
         }
         const tensor_source src = {where, t->dtype, NULL, t->ndim, t->shape, t->data, 0};
-        /* the old values are overwritten only after every tensor passed its checks; a buffer
-         * the model does not own (a mapped checkpoint's) is never written */
-        st[i].in_place = model_owns(m, w->bf16) &&
-                         (t->dtype == PARITY_DTYPE_BF16 || model_owns(m, w->master));
         st[i].src = src;
         st[i].src.where = NULL;  /* `where` is this loop's buffer: only the checks print it */
-        rc = st[i].in_place ? tensor_check_format(&src, slot) : tensor_import(&src, slot, &st[i].v);
-        st[i].scan = st[i].in_place && !rc; /* its values scanned below, all at once */
+        rc = tensor_check_format(&src, slot);
+        st[i].scan = !rc; /* its values scanned below, all at once */
         /* a model an fp16 policy reads must be able to hold the new values in fp16 */
         if (!rc && w->fp16) rc = tensor_check_fp16(&src, (uint64_t)w->rows * w->cols);
         /* values for a weight that held shipped codes: the policies of their format that read
          * those quantize the new values with their own rules from now on */
         if (!rc) rc = quant_copies_unshipped(m, w, -1, st[i].quant_new, NULL);
     }
-    /* the in-place tensors' values, scanned on the pool; a tensor that is not finite fails
-     * with tensor_check's message, as the first failure in the order given (the loop above
-     * stopped at any other, after the format checks that come first) */
-    if (st) {
-        staged_run run = {st, (unsigned char *)(st + n)};
-        pool_run_dynamic(threads, scan_staged, &run, n, 1);
-        for (size_t i = 0; i < n; i++)
-            if (!run.finite[i]) {
+    /* the values, scanned on the pool in ranges; a tensor that is not finite fails with
+     * tensor_check's message, as the first failure in the order given (the loop above stopped
+     * at any other, after the format checks that come first) */
+    size_t n_ranges = 0;
+    value_range *ranges = st ? staged_ranges(st, n, &n_ranges) : NULL;
+    if (!ranges && !rc) rc = PARITY_ERR_OUT_OF_MEMORY;
+    staged_run run = {st, ranges, ranges ? (unsigned char *)(ranges + n_ranges) : NULL};
+    if (ranges) {
+        pool_run_dynamic(threads, scan_ranges, &run, n_ranges, 1);
+        for (size_t r = 0; r < n_ranges; r++)
+            if (!run.finite[r]) {
+                const size_t i = ranges[r].tensor;
                 char where[160];
                 snprintf(where, sizeof where, "update of '%s'", tensors[i].name);
                 tensor_source src = st[i].src;
@@ -259,6 +328,9 @@ int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tens
                 break;
             }
     }
+    /* the new buffers: out of memory here changes nothing either */
+    for (size_t i = 0; !rc && i < n; i++)
+        if (st[i].scan) rc = staged_alloc(m, &st[i]);
     /* room in the owned list, so that the swap below cannot fail */
     if (!rc && !model_reserve_owned(m, 5 * n)) rc = PARITY_ERR_OUT_OF_MEMORY;
     /* the values a requantization widens bf16 values into, so that it cannot fail (sized for
@@ -278,32 +350,33 @@ int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tens
         rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
                        "weights can only be updated while no call runs");
     if (rc) {
-        for (size_t i = 0; st && i < n; i++) staged_free(&st[i]);
+        for (size_t i = 0; st && i < n; i++) staged_free(m, &st[i]);
         px_free(st);
+        px_free(ranges);
         px_free(fp8_rows);
         user_pool_leave(pool, threads);
         return rc;
     }
-    /* the in-place conversions, one tensor a task on the pool */
-    staged_run run = {st, NULL};
-    pool_run_dynamic(threads, convert_staged, &run, n, 1);
+    /* the casts, in ranges on the pool: into the buffers the weights own, overwriting their
+     * old values now that nothing can fail, and into the new ones */
+    pool_run_dynamic(threads, convert_ranges, &run, n_ranges, 1);
     for (size_t i = 0; i < n; i++) {
         weight *w = st[i].w;
         if (st[i].scale_entry) continue;
         if (st[i].ship) {
             commit_shipped(m, &st[i]);
-        } else if (st[i].in_place) {
-            /* (converted above) */
+        } else {
+            if (st[i].bf16_new) { /* the old values were not the model's to write (mapped) */
+                model_disown(m, w->bf16);
+                w->bf16 = model_own(m, st[i].bf16_new);
+            }
             if (st[i].src.dtype == PARITY_DTYPE_BF16) {
                 model_disown(m, w->master);  /* BF16 values have no fp32 master */
                 w->master = NULL;
+            } else if (st[i].master_new) {   /* kept, and written in place, from now on */
+                model_disown(m, w->master);
+                w->master = model_own(m, st[i].master_new);
             }
-        } else {
-            model_disown(m, w->bf16);
-            model_disown(m, w->master);
-            /* an update's values are copies (owned[0] the bf16, owned[1] an fp32 master) */
-            w->bf16 = model_own(m, st[i].v.owned[0]);
-            w->master = st[i].v.owned[1] ? model_own(m, st[i].v.owned[1]) : NULL;
         }
         if (!st[i].ship && w->shipped) { /* values replace the shipped codes */
             model_disown(m, w->shipped->codes);
@@ -323,6 +396,7 @@ int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tens
     m->version++;
     pthread_rwlock_unlock(&m->use_lock);
     px_free(st);
+    px_free(ranges);
     px_free(fp8_rows);
     user_pool_leave(pool, threads);
     return PARITY_OK;

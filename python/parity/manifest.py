@@ -20,6 +20,7 @@ import json
 import re
 import struct
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from . import _lib
 from ._convert import Pinned, numpy_array
@@ -124,10 +125,11 @@ def _checksums(views, version, pool=None):
     return list(out)[:len(views)]
 
 
-def _bytes_checksum(buf, n, version):
-    """The checksum of a manifest of `version` of n bytes of a ctypes buffer or bytes."""
+def _bytes_checksums(buffers, version, pool=None):
+    """The checksums of a manifest of `version` of (ctypes buffer or bytes, n bytes) pairs (a
+    weight's codes and scales) in one call, on `pool` (None: the calling thread)."""
     with Pinned() as pin:
-        return _checksums([("F8_E4M3", n, pin.address(buf))], version)[0]
+        return _checksums([("F8_E4M3", n, pin.address(buf)) for buf, n in buffers], version, pool)
 
 
 def _version(manifest_version):
@@ -155,7 +157,7 @@ def _module(name):
 _FORMAT_NAMES = {1: "fp8-block", 2: "mxfp8", 3: "nvfp4", 4: "mxfp4", 5: "ternary"}
 
 
-def _lowbit_entry(name, rows, cols, address, n, pol, version):
+def _lowbit_entry(name, rows, cols, address, n, pol, version, pool=None):
     """The entry of a weight a 4-bit or ternary policy quantizes (parity_model_write_manifest_for's
     form): the codes one a byte, the block scales' fp32 values (ternary: s_w), NVFP4's s2."""
     g = lib.parity_quant_scale_count(pol.quantizer, rows, cols)
@@ -170,7 +172,7 @@ def _lowbit_entry(name, rows, cols, address, n, pol, version):
         bc = 16 if pol.gemm == 3 else 32
         block, grid, sraw = (1, bc), (rows, -(-cols // bc)), raw[:4 * g]
         sdtype = "F8_E4M3" if pol.gemm == 3 else "F8_E8M0"
-    hc, hs = _bytes_checksum(codes, n, version), _bytes_checksum(sraw, len(sraw), version)
+    hc, hs = _bytes_checksums([(codes, n), (sraw, len(sraw))], version, pool)
     rule = lib.parity_quantizer_name(pol.quantizer).decode()
     tail = (', "tensor_scale": "%08x"' % struct.unpack("<I", raw[4 * g:4 * g + 4])[0]
             if pol.gemm == 3 else "")
@@ -181,16 +183,23 @@ def _lowbit_entry(name, rows, cols, address, n, pol, version):
                block[0], block[1], rule, hc, grid[0], grid[1], sdtype, hs, tail))
 
 
-def _quantized_entry(name, value, pol, pin, version):
-    """The manifest entry of a weight a quantized policy quantizes: its codes and scales made
-    with the policy's quantizer from its float32 values (the learner's masters)."""
+def _quantized_view(name, value, pin):
+    """(rows, cols, address, element count) of a weight a quantized policy quantizes, its memory
+    held by `pin`; TypeError unless it is a matrix of float32 values (the learner's masters)."""
     dtype, shape, address, n = tensor_view(value, name, pin)
     if dtype != "F32" or len(shape) != 2:
         raise TypeError("%s: a quantized manifest quantizes the learner's float32 masters; this "
                         "is a %s tensor of %d dimensions" % (name, dtype, len(shape)))
-    rows, cols = shape
+    return shape[0], shape[1], address, n
+
+
+def _quantized_entry(name, view, pol, version, pool=None):
+    """The manifest entry of a weight a quantized policy quantizes: its codes and scales made
+    with the policy's quantizer from its float32 values (_quantized_view), their checksums on
+    `pool` (None: the calling thread)."""
+    rows, cols, address, n = view
     if pol.gemm >= 3:
-        return _lowbit_entry(name, rows, cols, address, n, pol, version)
+        return _lowbit_entry(name, rows, cols, address, n, pol, version, pool)
     mx = pol.gemm == 2
     grid = (rows, -(-cols // 32)) if mx else (-(-rows // 128), -(-cols // 128))
     codes = ctypes.create_string_buffer(max(n, 1))
@@ -205,7 +214,7 @@ def _quantized_entry(name, value, pol, pin, version):
         lib.parity_fp8_quantize_blocks(pol.quantizer, rows, cols, address, cols, 128, 128, codes,
                                        cols, buf)
         scales = bytes(buf)[:4 * grid[0] * grid[1]]
-    hc, hs = _bytes_checksum(codes, n, version), _bytes_checksum(scales, len(scales), version)
+    hc, hs = _bytes_checksums([(codes, n), (scales, len(scales))], version, pool)
     rule = lib.parity_quantizer_name(pol.quantizer).decode()
     return ('  %s: {"shape": [%d, %d], "dtype": "F8_E4M3", "format": "%s", "block": [%s], '
             '"quantizer": "%s", "fnv1a64": "%016x", "scales": {"shape": [%d, %d], "dtype": "%s", '
@@ -228,7 +237,8 @@ def write_manifest(path, tensors, version=0, policy=None, kept=(), threads=None,
     in `kept`, which the learner keeps in bf16 — are listed as the codes and scales its GEMMs
     read: quantized with the policy's rule from their float32 values (the masters; another
     dtype raises TypeError), as parity_model_write_manifest_for writes them; Model.verify(path,
-    policy=...) checks a sampler against it."""
+    policy=...) checks a sampler against it. Those weights are quantized and hashed on `threads`
+    worker threads, a weight each (the file does not depend on their number)."""
     from .pool import Pool
     from .policy import policy_struct
     if not isinstance(tensors, dict):
@@ -249,28 +259,55 @@ def write_manifest(path, tensors, version=0, policy=None, kept=(), threads=None,
                           % (json.dumps(name), ", ".join(str(s) for s in shape), h))
         del batch[:]
 
-    with Pool(threads) as pool:
-        pin, pinned_bytes = Pinned(), 0
-        try:
-            for name, value in tensors.items():
-                _name(name)
-                if quantized and _LINEAR.match(name) and name not in kept and \
-                        _module(name) not in kept:
-                    entries.append(_quantized_entry(name, value, pol, pin, mv))
-                    continue
-                dtype, shape, address, n = tensor_view(value, name, pin)
-                entries.append(None)
-                batch.append((len(entries) - 1, name, shape, (dtype, n, address)))
-                # the memory pinned (a copy where the tensor was not contiguous CPU memory)
-                # stays bounded: a batch is hashed and released every _BATCH_BYTES
-                pinned_bytes += n * _ITEMSIZE[dtype]
-                if pinned_bytes >= _BATCH_BYTES:
-                    flush(pool)
-                    pin.close()
-                    pin, pinned_bytes = Pinned(), 0
-            flush(pool)
-        finally:
-            pin.close()
+    pending = []  # (entry index, future) of the quantized entries being made
+
+    def settle():
+        """The quantized entries made so far into `entries`, in order (the first failure in
+        the order given raised)."""
+        for i, made in pending:
+            entries[i] = made.result()
+        del pending[:]
+
+    pin, pinned_bytes, qpin, qpinned_bytes = Pinned(), 0, Pinned(), 0
+    try:
+        # the quantized entries (their quantization is the most of their cost) made on worker
+        # threads, a weight each: ctypes lets go of the GIL in the library's calls, so the
+        # weights are quantized and hashed in parallel while the bf16 entries' chunks are
+        # hashed on the pool; the executor waits for its workers before the memory is released
+        with Pool(threads) as pool, ThreadPoolExecutor(pool.threads) as workers:
+            try:
+                for name, value in tensors.items():
+                    _name(name)
+                    if quantized and _LINEAR.match(name) and name not in kept and \
+                            _module(name) not in kept:
+                        view = _quantized_view(name, value, qpin)
+                        entries.append(None)
+                        pending.append((len(entries) - 1,
+                                        workers.submit(_quantized_entry, name, view, pol, mv)))
+                        qpinned_bytes += 4 * view[3]
+                        if qpinned_bytes >= _BATCH_BYTES:
+                            settle()
+                            qpin.close()
+                            qpin, qpinned_bytes = Pinned(), 0
+                        continue
+                    dtype, shape, address, n = tensor_view(value, name, pin)
+                    entries.append(None)
+                    batch.append((len(entries) - 1, name, shape, (dtype, n, address)))
+                    # the memory pinned (a copy where the tensor was not contiguous CPU memory)
+                    # stays bounded: a batch is hashed and released every _BATCH_BYTES
+                    pinned_bytes += n * _ITEMSIZE[dtype]
+                    if pinned_bytes >= _BATCH_BYTES:
+                        flush(pool)
+                        pin.close()
+                        pin, pinned_bytes = Pinned(), 0
+                flush(pool)
+            except BaseException:
+                settle()  # an earlier weight's failure first
+                raise
+            settle()
+    finally:
+        pin.close()
+        qpin.close()
     head = '{"version": %d, ' % version
     if mv >= 2:
         head += '"manifest_version": %d, ' % mv

@@ -1313,6 +1313,54 @@ class TestUpdates(unittest.TestCase):
         self.assertEqual(messages[1][0], "PARITY_ERR_TENSOR_SHAPE")
         self.assertIn(names[4], messages[1][1])
 
+    def test_first_update_keeps_masters(self):
+        """A model that owns its bf16 values (synthetic:tiny): its first update of F32 values
+        adds their fp32 masters (4 bytes a value; the bf16 cast goes into the buffers it
+        holds), the next one writes them in place (it holds no more), an update that fails
+        changes nothing, held memory included (a value beyond bf16's range in its last
+        tensor), and BF16 values drop the masters."""
+        d = os.path.join(TMP, "tiny-bf16")
+        with parity.Model("synthetic:tiny") as m:
+            m.save(d)
+        weights, _ = load_safetensors(os.path.join(d, "model.safetensors"))
+        names = sorted(weights)
+        count = sum(len(weights[n][0]) for n in names)
+
+        def masters(offset):
+            return {n: ("F32", weights[n][1],
+                        array("f", array("I", [(h << 16) + offset + i % 7
+                                               for i, h in enumerate(weights[n][0])]).tobytes()))
+                    for n in names}
+
+        def manifest(m):
+            path = os.path.join(TMP, "tiny-manifest.json")
+            m.write_manifest(path)
+            with open(path, "rb") as f:
+                return f.read()
+
+        with parity.Model("synthetic:tiny", threads=2) as m:
+            held, before = m.weight_bytes()["held"], manifest(m)
+            bad = masters(0x9000)
+            big = array("f", bad[names[-1]][2])
+            big[-1] = 3.4e38
+            bad[names[-1]] = ("F32", bad[names[-1]][1], big)
+            with self.assertRaises(ParityError) as e:
+                m.update(bad)
+            self.assertEqual(e.exception.status, "PARITY_ERR_TENSOR_NONFINITE")
+            self.assertIn(names[-1], e.exception.message)
+            self.assertEqual((m.version, m.weight_bytes()["held"], manifest(m)),
+                             (0, held, before))
+            body = before.split(b",", 1)[1]  # the manifest after its version
+            m.update(masters(0x9000))  # above half an ulp: rounds up
+            self.assertEqual(m.weight_bytes()["held"], held + 4 * count)
+            self.assertNotEqual(manifest(m).split(b",", 1)[1], body)
+            m.update(masters(0x5000))  # below: the bf16 values loaded
+            self.assertEqual(m.weight_bytes()["held"], held + 4 * count)
+            self.assertEqual(manifest(m).split(b",", 1)[1], body)
+            m.update({n: ("BF16", weights[n][1], weights[n][0]) for n in names})
+            self.assertEqual((m.version, m.weight_bytes()["held"]), (3, held))
+            self.assertEqual(manifest(m).split(b",", 1)[1], body)
+
     def test_manifest_update_verify_probe(self):
         weights, _ = load_safetensors(os.path.join(REAL, "model.safetensors"))
         tensors = {name: ("BF16", shape, arr) for name, (arr, shape) in weights.items()}

@@ -52,6 +52,14 @@ def bits(values):
     return array("I", array("f", values).tobytes()).tolist()
 
 
+def scale_all(lm, factor):
+    """Every parameter of lm times factor (an optimizer step's stand-in: 1 + 2^-10 moves the
+    masters off the bf16 grid)."""
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.mul_(factor)
+
+
 def byte_sequences(lengths, start=0):
     out, at = [], start
     for n in lengths:
@@ -339,6 +347,55 @@ class Sync(unittest.TestCase):
                 self.assertEqual(len(model.verify(path, policy="vllm+fp8-block:te-pow2")),
                                  7 * lm.config["num_hidden_layers"])
 
+    def test_first_sync_all_or_nothing(self):
+        """The first sync of fp32 masters on a model that owns its bf16 values (a synthetic
+        one) casts into those buffers and keeps the masters it adds (4 bytes a parameter), which
+        later syncs write in place (the model holds no more); a sync that fails (a NaN in the
+        last parameter) leaves the model as it was: its version, its weights (the same
+        manifest, byte for byte) and what it holds; a sequence sampled before a sync is stale
+        after it, and the model then scores bitwise as the module."""
+        seqs = byte_sequences([30, 12], start=700)
+        with parity.Model("synthetic:tiny", threads=2) as model, \
+                tempfile.TemporaryDirectory() as d:
+            lm = CausalLM(model, threads=2)
+            scale_all(lm, 1 + 2.0 ** -10)
+            held = model.weight_bytes()["held"]
+
+            def manifest(name):
+                path = os.path.join(d, name)
+                model.write_manifest(path)
+                with open(path, "rb") as f:
+                    return f.read()
+
+            before = manifest("before.json")
+            last = list(lm.checkpoint_tensors())[-1]
+            with torch.no_grad():
+                value = lm._param(last).view(-1)[-1].item()
+                lm._param(last).view(-1)[-1] = float("nan")
+            with self.assertRaises(ParityError) as e:
+                lm.sync_to(model)
+            self.assertEqual(e.exception.status, "PARITY_ERR_TENSOR_NONFINITE")
+            self.assertIn(last, e.exception.message)
+            self.assertEqual(model.version, 0)
+            self.assertEqual(manifest("after.json"), before)
+            self.assertEqual(model.weight_bytes()["held"], held)
+            with torch.no_grad():
+                lm._param(last).view(-1)[-1] = value
+            with model.sampler(max_seqs=2, max_len=64) as s:
+                seq = s.add(list(TEXT[:20]))
+                lm.sync_to(model)
+                with self.assertRaises(ParityError) as e:
+                    s.step([seq])
+                self.assertEqual(e.exception.status, "PARITY_ERR_STALE")
+            parameters = sum(p.numel() for p in lm.parameters())
+            self.assertEqual(model.weight_bytes()["held"], held + 4 * parameters)
+            scale_all(lm, 1 - 2.0 ** -9)
+            lm.sync_to(model)
+            self.assertEqual(model.version, 2)
+            self.assertEqual(model.weight_bytes()["held"], held + 4 * parameters)
+            for g, w in zip(lm(seqs), model.score(seqs)):
+                self.assertEqual(bits(g), bits(w))
+
     def test_step_sync_still_bitwise(self):
         seqs = byte_sequences([50, 30], start=900)
         prompt = list(TEXT[100:130])
@@ -396,9 +453,7 @@ class FromModel(unittest.TestCase):
         with parity.Model("synthetic:tiny", threads=2) as model, \
                 tempfile.TemporaryDirectory() as d:
             lm = CausalLM(model, threads=2)
-            with torch.no_grad():
-                for p in lm.parameters():
-                    p.mul_(1 + 2.0 ** -10)
+            scale_all(lm, 1 + 2.0 ** -10)
             lm.sync_to(model)
             model.save(d, layout="fp32")
             again = CausalLM(model, threads=2)
