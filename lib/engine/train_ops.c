@@ -111,6 +111,147 @@ static int gather(threadpool *pool, gather_job *j) {
     return !atomic_load(&j->not_bf16);
 }
 
+/* ---- packing a for the bf16-weight GEMM straight from its strides ---------------------------- */
+
+/* a (m x k fp32 values read through strides) packed for gemm_bf16w_pool_packed in one pass:
+ * as bf16 rows (xb, pack_x_bf16's layout: row i at xb + i * gemm_packed_row(k), -0 past k),
+ * valid only if every value is a bf16 value; or as tiles (xt, gemm_pack_xt_tiles' layout,
+ * +0 past k and m). a with rows 1 apart and columns farther (a transposed tensor, as gy^T
+ * is) is packed by columns: a task takes PACK_A_COLS columns of every row, each column a
+ * contiguous run of a, read in order (a pass by rows would read a line of each of a's rows
+ * and wait on memory for every one); otherwise by rows, PACK_A_ROWS (whole tiles) a task,
+ * contiguous rows through the table's own packs. */
+#define PACK_A_ROWS (4 * GEMM_XT_ROWS)
+#define PACK_A_COLS 64
+
+typedef struct pack_a_job {
+    const kernels *kt;
+    size_t m, k, rs, cs;
+    const float *a;
+    uint16_t *xb;
+    float *xt;
+    atomic_int not_bf16;    /* set where a value is not a bf16 value: the other tasks stop */
+} pack_a_job;
+
+/* Whether a is packed by columns (see above). */
+static int by_columns(const pack_a_job *j) { return j->rs < j->cs; }
+
+/* Where element c of a row goes in a tile: lane (c % 32) / 2 of chunk c / 32, step 0 for
+ * the odd element (taken first), 1 for the even one; in floats, of a tile's 16 rows. */
+static size_t tile_offset(size_t c, size_t chunks) {
+    return ((((c % 32) / 2) * chunks + c / 32) * 2 + 1 - c % 2) * GEMM_XT_ROWS;
+}
+
+/* Tasks [begin, end): column blocks (by columns) or row blocks of the bf16 rows. */
+static void pack_a_bf16(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    pack_a_job *j = ctx;
+    const size_t P = gemm_packed_row(j->k), rs = j->rs, cs = j->cs, m = j->m, k = j->k;
+    const uint32_t *src = (const uint32_t *)j->a;
+    uint16_t *xb = j->xb;
+    for (size_t t = begin; t < end; t++) {
+        if (atomic_load_explicit(&j->not_bf16, memory_order_relaxed)) return;
+        uint32_t odd = 0;
+        if (by_columns(j)) {
+            const size_t c0 = t * PACK_A_COLS, c1 = c0 + PACK_A_COLS < P ? c0 + PACK_A_COLS : P;
+            /* two columns at a time (c0 and P are even): a row's two are side by side */
+            for (size_t c = c0; c < c1; c += 2) {
+                const uint32_t *lo = c < k ? src + c * cs : NULL, *hi = c + 1 < k ? lo + cs : NULL;
+                uint16_t *out = xb + c;
+                if (hi) {
+                    for (size_t i = 0; i < m; i++) {
+                        const uint32_t u = lo[i * rs], v = hi[i * rs];
+                        odd |= (u | v) & 0xffffu;
+                        out[i * P] = (uint16_t)(u >> 16);
+                        out[i * P + 1] = (uint16_t)(v >> 16);
+                    }
+                } else {
+                    for (size_t i = 0; i < m; i++) {
+                        const uint32_t u = lo ? lo[i * rs] : 0x80000000u;
+                        odd |= u & 0xffffu;
+                        out[i * P] = (uint16_t)(u >> 16);
+                        out[i * P + 1] = 0x8000u;
+                    }
+                }
+            }
+        } else {
+            const size_t i0 = t * PACK_A_ROWS, i1 = i0 + PACK_A_ROWS < m ? i0 + PACK_A_ROWS : m;
+            if (cs == 1 && j->kt->pack_x_bf16) {
+                odd = !j->kt->pack_x_bf16(k, j->a, rs, xb, i0, i1);
+            } else {
+                for (size_t i = i0; i < i1; i++) {
+                    for (size_t c = 0; c < k; c++) {
+                        const uint32_t u = src[i * rs + c * cs];
+                        odd |= u & 0xffffu;
+                        xb[i * P + c] = (uint16_t)(u >> 16);
+                    }
+                    for (size_t c = k; c < P; c++) xb[i * P + c] = 0x8000u;
+                }
+            }
+        }
+        if (odd) {
+            atomic_store_explicit(&j->not_bf16, 1, memory_order_relaxed);
+            return;
+        }
+    }
+}
+
+/* Tasks [begin, end): column blocks (by columns) or row blocks of the tiles. */
+static void pack_a_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    pack_a_job *j = ctx;
+    const size_t P = gemm_packed_row(j->k), chunks = P / 32, rs = j->rs, cs = j->cs;
+    const size_t m = j->m, k = j->k, tiles = gemm_xt_tiles(m), tile = GEMM_XT_ROWS * P;
+    if (!by_columns(j)) {
+        const size_t per = PACK_A_ROWS / GEMM_XT_ROWS;
+        const size_t t0 = begin * per, t1 = end * per < tiles ? end * per : tiles;
+        if (cs == 1) {
+            j->kt->pack_xt_tiles(m, k, j->a, rs, j->xt, t0, t1);
+            return;
+        }
+        for (size_t t = t0; t < t1; t++)
+            for (size_t c = 0; c < P; c++) {
+                float *dst = j->xt + t * tile + tile_offset(c, chunks);
+                for (size_t r = 0; r < GEMM_XT_ROWS; r++) {
+                    const size_t i = t * GEMM_XT_ROWS + r;
+                    dst[r] = i < m && c < k ? j->a[i * rs + c * cs] : 0.0f;
+                }
+            }
+        return;
+    }
+    for (size_t c = begin * PACK_A_COLS; c < end * PACK_A_COLS && c < P; c++) {
+        float *dst = j->xt + tile_offset(c, chunks);
+        size_t i = 0;
+        if (c < k)
+            for (const float *col = j->a + c * cs; i < m; i++)
+                dst[i / GEMM_XT_ROWS * tile + i % GEMM_XT_ROWS] = col[i * rs];
+        for (; i < tiles * GEMM_XT_ROWS; i++) dst[i / GEMM_XT_ROWS * tile + i % GEMM_XT_ROWS] = 0.0f;
+    }
+}
+
+/* a packed for the bf16-weight GEMM into s's xpack: as bf16 rows (returned in *xb) where the
+ * table has bf16 dot products and every value is a bf16 value, else as tiles (*xt) where m
+ * is large enough for them; neither (both NULL): the caller gathers a itself. */
+static void pack_a(threadpool *pool, size_t m, size_t k, const float *a, size_t rs, size_t cs,
+                   const gemm_scratch *s, const uint16_t **xb, const float **xt) {
+    pack_a_job j = {kern(), m, k, rs, cs, a, (uint16_t *)s->xpack, s->xpack, 0};
+    const size_t tasks = by_columns(&j) ? (gemm_packed_row(k) + PACK_A_COLS - 1) / PACK_A_COLS
+                                        : (m + PACK_A_ROWS - 1) / PACK_A_ROWS;
+    *xb = NULL, *xt = NULL;
+    if (j.kt->gemm_bf16xw) {
+        atomic_init(&j.not_bf16, 0);
+        pool_run(pool, pack_a_bf16, &j, tasks);
+        if (!atomic_load(&j.not_bf16)) {
+            *xb = j.xb;
+            return;
+        }
+    }
+    if (m >= j.kt->tiles_min_m) {
+        pool_run(pool, pack_a_tiles, &j, tasks);
+        *xt = j.xt;
+    }
+}
+
 /* ---- the GEMM ----------------------------------------------------------------------------- */
 
 int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *a,
@@ -171,7 +312,20 @@ int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *
         }
         if (!gw.bf16 && !gw.f32) rc = PARITY_ERR_OUT_OF_MEMORY;
     }
-    /* a: its rows as they are, else gathered */
+    /* a: packed straight from its strides where the bf16-weight GEMM can take it so */
+    const uint16_t *xb = NULL;
+    const float *xt = NULL;
+    if (!rc && gw.bf16) {
+        rc = gemm_scratch_of(&call, m, k, &s.gemm);
+        if (!rc) pack_a(call.pool, m, k, a, a_row_stride, a_col_stride, &s.gemm, &xb, &xt);
+        if (xb || xt) {
+            gemm_bf16w_pool_packed(call.pool, m, k, xb, xt, gw.bf16, gw.ld, c, c_stride, n,
+                                   &s.gemm);
+            op_end(&call);
+            return PARITY_OK;
+        }
+    }
+    /* else: its rows as they are, or gathered */
     const float *x = a;
     size_t ldx = a_row_stride;
     if (!rc && a_col_stride != 1) {
@@ -183,7 +337,6 @@ int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *
         if (!x) rc = PARITY_ERR_OUT_OF_MEMORY;
     }
     const parity_policy *pol = gw.bf16 ? &bf16_pol : &f32_pol;
-    if (!rc && gw.bf16) rc = gemm_scratch_of(&call, m, k, &s.gemm);
     if (!rc) {
         const fwd_ctx ctx = op_ctx(&call, pol, PARITY_BACKEND_BF16, NULL, &s, NULL);
         linear_weights(&ctx, m, x, ldx, &gw, NULL, c, c_stride);
