@@ -205,13 +205,7 @@ def embedding(tokens, table, policy="aligned"):
     return _Embedding.apply(tokens, table, data, dtype)
 
 
-def _round_in_place(y, rounding):
-    """The rounding point of a GEMM output, in place (parity_round_f32; rounding a parity
-    dtype, or None for none). Inside the linear Function its gradient, the identity, is the
-    linear's own: d round(y) / dy = 1 (straight through)."""
-    if rounding is not None and y.numel():
-        lib.parity_round_f32(rounding, y.numel(), _addr(y), _addr(y))
-    return y
+_round_in_place = _torch_regions._round_in_place
 
 
 class _Linear(_torch.autograd.Function):
@@ -365,10 +359,8 @@ def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False, 
         bias_values = bias.detach().contiguous() if _compute_fp32(pol) else \
             bias.detach().to(_half(pol)).to(_f32)
     if fp8 and pol_c.gemm != 0 and recipe is not None:
-        y = _recipe_linear.RecipeLinear.apply(x, weight, bias, bias_values, pol_c, backend,
-                                              pool, recipe, seed, stream)
-        return y if rounding is None else \
-            _torch_regions._round(y, {_BF16: _bf16, _F16: _f16}[rounding])
+        return _recipe_linear.RecipeLinear.apply(x, weight, bias, bias_values, pol_c, backend,
+                                                 pool, recipe, seed, stream, rounding)
     if fp8 and pol_c.gemm != 0:
         return _LinearFP8.apply(x, weight, bias, bias_values, pol_c, backend, pool, rounding)
     return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool,
