@@ -40,27 +40,23 @@ static int overlaps(uintptr_t lo0, uintptr_t hi0, uintptr_t lo1, uintptr_t hi1) 
 /* ---- gathering an operand into rows ------------------------------------------------------- */
 
 /* Rows of an operand read through strides, written contiguous (row stride `cols`): as fp32,
- * or as bf16 bit patterns from bf16 ones or from fp32 values that are bf16 values (a task
- * that meets an fp32 value that is not one sets not_bf16: the bf16 rows are then not to be
- * used). */
+ * or as bf16 bit patterns from bf16 ones (fp32 sources of bf16 values are packed instead,
+ * pack_bf16 below). */
 typedef struct gather_job {
     size_t rows, cols, row_stride, col_stride;
     const void *src;
     uint32_t src_dtype;     /* PARITY_DTYPE_BF16 or PARITY_DTYPE_F32 */
     float *f32;             /* or NULL */
-    uint16_t *bf16;         /* or NULL */
-    atomic_int not_bf16;
+    uint16_t *bf16;         /* or NULL (an fp32 source: NULL) */
 } gather_job;
 
 #define GATHER_TILE 64
 
 /* One tile (rows r0 .. r1-1, columns c0 .. c1-1), each loop free of the dtype tests; the inner
- * loop runs along whichever of the source's dimensions is the closer together. Returns nonzero
- * if an fp32 value written as bf16 was not a bf16 value. */
-static int gather_tile(const gather_job *j, size_t r0, size_t r1, size_t c0, size_t c1) {
+ * loop runs along whichever of the source's dimensions is the closer together. */
+static void gather_tile(const gather_job *j, size_t r0, size_t r1, size_t c0, size_t c1) {
     const size_t rs = j->row_stride, cs = j->col_stride, cols = j->cols;
     const int along_rows = rs < cs;
-    uint32_t odd = 0;
 #define GATHER_LOOPS(BODY)                                                                 \
     if (along_rows) {                                                                      \
         for (size_t c = c0; c < c1; c++)                                                   \
@@ -77,38 +73,25 @@ static int gather_tile(const gather_job *j, size_t r0, size_t r1, size_t c0, siz
         if (j->f32) {
             GATHER_LOOPS({ j->f32[r * cols + c] = bf16_to_f32(src[r * rs + c * cs]); })
         }
-    } else if (j->bf16) {
-        const uint32_t *src = j->src;
-        GATHER_LOOPS({
-            const uint32_t u = src[r * rs + c * cs];
-            odd |= u & 0xffffu;
-            j->bf16[r * cols + c] = (uint16_t)(u >> 16);
-        })
     } else {
         const float *src = j->src;
         GATHER_LOOPS({ j->f32[r * cols + c] = src[r * rs + c * cs]; })
     }
 #undef GATHER_LOOPS
-    return odd != 0;
 }
 
 static void gather_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
     (void)worker;
-    gather_job *j = ctx;
+    const gather_job *j = ctx;
     const size_t r0 = begin * GATHER_TILE, r1 = end * GATHER_TILE < j->rows ? end * GATHER_TILE
                                                                             : j->rows;
-    int odd = 0;
     for (size_t c0 = 0; c0 < j->cols; c0 += GATHER_TILE)
-        odd |= gather_tile(j, r0, r1, c0, c0 + GATHER_TILE < j->cols ? c0 + GATHER_TILE : j->cols);
-    if (odd) atomic_store_explicit(&j->not_bf16, 1, memory_order_relaxed);
+        gather_tile(j, r0, r1, c0, c0 + GATHER_TILE < j->cols ? c0 + GATHER_TILE : j->cols);
 }
 
-/* Gathers on the pool; returns 1 if the bf16 rows hold the operand (fp32 sources: every value
- * a bf16 value). */
-static int gather(threadpool *pool, gather_job *j) {
-    atomic_init(&j->not_bf16, 0);
+/* Gathers on the pool. */
+static void gather(threadpool *pool, gather_job *j) {
     pool_run(pool, gather_rows, j, (j->rows + GATHER_TILE - 1) / GATHER_TILE);
-    return !atomic_load(&j->not_bf16);
 }
 
 /* ---- packing a for the bf16-weight GEMM straight from its strides ---------------------------- */
@@ -229,25 +212,35 @@ static void pack_a_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
     }
 }
 
+static size_t pack_tasks(const pack_a_job *j) {
+    return by_columns(j) ? (gemm_packed_row(j->k) + PACK_A_COLS - 1) / PACK_A_COLS
+                         : (j->m + PACK_A_ROWS - 1) / PACK_A_ROWS;
+}
+
+/* m rows of k values read through strides, packed over the pool as bf16 rows
+ * gemm_packed_row(k) apart into out; 1 if every value was a bf16 value, else 0 (out is then
+ * not to be used). */
+static int pack_bf16(threadpool *pool, size_t m, size_t k, const float *src, size_t rs,
+                     size_t cs, uint16_t *out) {
+    pack_a_job j = {kern(), m, k, rs, cs, src, out, NULL, 0};
+    atomic_init(&j.not_bf16, 0);
+    pool_run(pool, pack_a_bf16, &j, pack_tasks(&j));
+    return !atomic_load(&j.not_bf16);
+}
+
 /* a packed for the bf16-weight GEMM into s's xpack: as bf16 rows (returned in *xb) where the
  * table has bf16 dot products and every value is a bf16 value, else as tiles (*xt) where m
  * is large enough for them; neither (both NULL): the caller gathers a itself. */
 static void pack_a(threadpool *pool, size_t m, size_t k, const float *a, size_t rs, size_t cs,
                    const gemm_scratch *s, const uint16_t **xb, const float **xt) {
-    pack_a_job j = {kern(), m, k, rs, cs, a, (uint16_t *)s->xpack, s->xpack, 0};
-    const size_t tasks = by_columns(&j) ? (gemm_packed_row(k) + PACK_A_COLS - 1) / PACK_A_COLS
-                                        : (m + PACK_A_ROWS - 1) / PACK_A_ROWS;
+    pack_a_job j = {kern(), m, k, rs, cs, a, NULL, s->xpack, 0};
     *xb = NULL, *xt = NULL;
-    if (j.kt->gemm_bf16xw) {
-        atomic_init(&j.not_bf16, 0);
-        pool_run(pool, pack_a_bf16, &j, tasks);
-        if (!atomic_load(&j.not_bf16)) {
-            *xb = j.xb;
-            return;
-        }
+    if (j.kt->gemm_bf16xw && pack_bf16(pool, m, k, a, rs, cs, (uint16_t *)s->xpack)) {
+        *xb = (const uint16_t *)s->xpack;
+        return;
     }
     if (m >= j.kt->tiles_min_m) {
-        pool_run(pool, pack_a_tiles, &j, tasks);
+        pool_run(pool, pack_a_tiles, &j, pack_tasks(&j));
         *xt = j.xt;
     }
 }
@@ -292,13 +285,20 @@ int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *
     int rc = PARITY_OK;
     fwd_scratch s = {0};
     gemm_weights gw = {n, k, b_row_stride, NULL, NULL};
-    /* b: its bf16 rows as they are, else gathered (as bf16 where every value is one) */
+    /* b: its bf16 rows as they are, else packed or gathered (as bf16 where every value is
+     * one: fp32 b straight from its strides, as a is below) */
     if (b_dtype == PARITY_DTYPE_BF16 && b_col_stride == 1) {
         gw.bf16 = b;
     } else {
-        gather_job g = {n, k, b_row_stride, b_col_stride, b, b_dtype, NULL, NULL, 0};
-        g.bf16 = op_alloc(&call, (uint64_t)n * k, 2, "b as bf16 rows");
-        if (g.bf16 && gather(call.pool, &g)) {
+        gather_job g = {n, k, b_row_stride, b_col_stride, b, b_dtype, NULL, NULL};
+        const size_t P = gemm_packed_row(k);
+        g.bf16 = op_alloc(&call, (uint64_t)n * P, 2, "b as bf16 rows");
+        if (g.bf16 && b_dtype == PARITY_DTYPE_F32 &&
+            pack_bf16(call.pool, n, k, b, b_row_stride, b_col_stride, g.bf16)) {
+            gw.bf16 = g.bf16;
+            gw.ld = P;
+        } else if (g.bf16 && b_dtype == PARITY_DTYPE_BF16) {
+            gather(call.pool, &g);
             gw.bf16 = g.bf16;
             gw.ld = k;
         } else if (g.bf16 && b_col_stride == 1) {
@@ -329,7 +329,7 @@ int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *
     const float *x = a;
     size_t ldx = a_row_stride;
     if (!rc && a_col_stride != 1) {
-        gather_job g = {m, k, a_row_stride, a_col_stride, a, PARITY_DTYPE_F32, NULL, NULL, 0};
+        gather_job g = {m, k, a_row_stride, a_col_stride, a, PARITY_DTYPE_F32, NULL, NULL};
         g.f32 = op_alloc(&call, (uint64_t)m * k, 4, "a as rows");
         if (g.f32) gather(call.pool, &g);
         x = g.f32;
@@ -519,25 +519,43 @@ typedef struct region_grad_job {
 
 /* RMSNorm rows: autograd's steps of y = x r w, r = rsqrt(mean(x x) + eps), in its order of
  * operations (sums in the row's order): gxw = g w; gx = gxw r + (a x + a x) with
- * a = (-0.5 sum(gxw x) r^3) / dim; plus d_add; each row's r kept for the weight's gradient. */
+ * a = (-0.5 sum(gxw x) r^3) / dim; plus d_add; each row's r kept for the weight's gradient.
+ * Rows go RMS_ROWS at a time, their sums side by side (each still in its own row's order),
+ * so that the chains of additions overlap instead of waiting on each other. */
+#define RMS_ROWS 4
+
 static void rmsnorm_grad_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const region_grad_job *j = ctx;
     const size_t r1 = end * REGION_GRAD_ROWS < j->rows ? end * REGION_GRAD_ROWS : j->rows;
-    for (size_t r = begin * REGION_GRAD_ROWS; r < r1; r++) {
-        const float *x = j->x + r * j->xs, *g = j->g + r * j->gs;
-        float *dx = j->dx + r * j->dxs;
-        float ss = 0.0f, t = 0.0f;
-        for (size_t d = 0; d < j->dim; d++) ss += x[d] * x[d];
-        const float inv = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
-        for (size_t d = 0; d < j->dim; d++) t += (g[d] * j->w[d]) * x[d];
-        const float a = -0.5f * t * (inv * inv * inv) / (float)j->dim;
-        for (size_t d = 0; d < j->dim; d++) dx[d] = (g[d] * j->w[d]) * inv + (a * x[d] + a * x[d]);
-        if (j->add) {
-            const float *ad = j->add + r * j->as;
-            for (size_t d = 0; d < j->dim; d++) dx[d] += ad[d];
+    const size_t dim = j->dim;
+    const float *restrict w = j->w;
+    for (size_t r0 = begin * REGION_GRAD_ROWS; r0 < r1; r0 += RMS_ROWS) {
+        const size_t n = r1 - r0 < RMS_ROWS ? r1 - r0 : RMS_ROWS;
+        const float *x[RMS_ROWS], *g[RMS_ROWS];
+        float ss[RMS_ROWS] = {0}, t[RMS_ROWS] = {0}, inv[RMS_ROWS];
+        /* a group short of rows repeats its last one, whose sums are then not used */
+        for (size_t i = 0; i < RMS_ROWS; i++) {
+            const size_t r = r0 + (i < n ? i : n - 1);
+            x[i] = j->x + r * j->xs, g[i] = j->g + r * j->gs;
         }
-        j->inv[r] = inv;
+        for (size_t d = 0; d < dim; d++)
+            for (size_t i = 0; i < RMS_ROWS; i++) ss[i] += x[i][d] * x[i][d];
+        for (size_t i = 0; i < RMS_ROWS; i++) inv[i] = 1.0f / sqrtf(ss[i] / (float)dim + j->eps);
+        for (size_t d = 0; d < dim; d++)
+            for (size_t i = 0; i < RMS_ROWS; i++) t[i] += (g[i][d] * w[d]) * x[i][d];
+        for (size_t i = 0; i < n; i++) {
+            const float a = -0.5f * t[i] * (inv[i] * inv[i] * inv[i]) / (float)dim;
+            const float *restrict xi = x[i], *restrict gi = g[i];
+            float *restrict dx = j->dx + (r0 + i) * j->dxs;
+            for (size_t d = 0; d < dim; d++)
+                dx[d] = (gi[d] * w[d]) * inv[i] + (a * xi[d] + a * xi[d]);
+            if (j->add) {
+                const float *restrict ad = j->add + (r0 + i) * j->as;
+                for (size_t d = 0; d < dim; d++) dx[d] += ad[d];
+            }
+            j->inv[r0 + i] = inv[i];
+        }
     }
 }
 
@@ -547,10 +565,12 @@ static void rmsnorm_grad_weight(void *ctx, size_t begin, size_t end, unsigned wo
     (void)worker;
     const region_grad_job *j = ctx;
     const size_t c0 = begin * 16, c1 = end * 16 < j->dim ? end * 16 : j->dim;
-    for (size_t c = c0; c < c1; c++) j->dw[c] = 0.0f;
+    float *restrict dw = j->dw;
+    for (size_t c = c0; c < c1; c++) dw[c] = 0.0f;
     for (size_t r = 0; r < j->rows; r++) {
-        const float *x = j->x + r * j->xs, *g = j->g + r * j->gs;
-        for (size_t c = c0; c < c1; c++) j->dw[c] += g[c] * (x[c] * j->inv[r]);
+        const float *restrict x = j->x + r * j->xs, *restrict g = j->g + r * j->gs;
+        const float inv = j->inv[r];
+        for (size_t c = c0; c < c1; c++) dw[c] += g[c] * (x[c] * inv);
     }
 }
 
@@ -606,8 +626,9 @@ static void swiglu_grad_rows(void *ctx, size_t begin, size_t end, unsigned worke
     float *s = j->work + worker * j->dim;
     const size_t r1 = end * REGION_GRAD_ROWS < j->rows ? end * REGION_GRAD_ROWS : j->rows;
     for (size_t r = begin * REGION_GRAD_ROWS; r < r1; r++) {
-        const float *g = j->x + r * j->xs, *u = j->w + r * j->ws, *go = j->g + r * j->gs;
-        float *dg = j->dx + r * j->dxs, *du = j->dw + r * j->dws;
+        const float *restrict g = j->x + r * j->xs, *restrict u = j->w + r * j->ws;
+        const float *restrict go = j->g + r * j->gs;
+        float *restrict dg = j->dx + r * j->dxs, *restrict du = j->dw + r * j->dws;
         for (size_t d = 0; d < j->dim; d++) s[d] = -g[d];
         j->kt->exp_f32(s, j->dim);
         for (size_t d = 0; d < j->dim; d++) {
