@@ -66,6 +66,29 @@ static double matmul_error(size_t m, size_t n, size_t k, const float *a, const f
     return worst / scale;
 }
 
+/* A way of passing parity_matmul its operands: (a, its strides), (b, its dtype and strides),
+ * the bits expected. */
+typedef struct matmul_way {
+    const float *a;
+    size_t ars, acs;
+    uint32_t dtype;
+    const void *b;
+    size_t brs, bcs;
+    const float *want;
+    const char *what;
+} matmul_way;
+
+/* Each way's output against its expected bits (c: m x n scratch). */
+static void check_ways(parity_pool *pool, size_t m, size_t n, size_t k, const matmul_way *ways,
+                       size_t count, float *c) {
+    for (size_t w = 0; w < count; w++) {
+        memset(c, 0xab, m * n * 4);
+        CHECK_OK(parity_matmul(pool, m, n, k, ways[w].a, ways[w].ars, ways[w].acs, ways[w].dtype,
+                               ways[w].b, ways[w].brs, ways[w].bcs, c, n));
+        CHECK_BITS_F32(c, ways[w].want, m * n, ways[w].what);
+    }
+}
+
 /* One GEMM shape: every way of passing the operands against parity_linear's bits. */
 static void matmul_case(parity_pool *pool, size_t m, size_t n, size_t k) {
     parity_policy aligned, fp32;
@@ -98,16 +121,7 @@ static void matmul_case(parity_pool *pool, size_t m, size_t n, size_t k) {
                            k, NULL, ref32, n));
     CHECK(matmul_error(m, n, k, a, bv, ref16) < 1e-5);
     CHECK(matmul_error(m, n, k, a, bf, ref32) < 1e-5);
-    /* (a, its strides), (b, its dtype and strides), the bits expected */
-    const struct {
-        const float *a;
-        size_t ars, acs;
-        uint32_t dtype;
-        const void *b;
-        size_t brs, bcs;
-        const float *want;
-        const char *what;
-    } ways[] = {
+    const matmul_way ways[] = {
         {a, k, 1, PARITY_DTYPE_BF16, b16, k, 1, ref16, "bf16 b, rows"},
         {at, 1, m, PARITY_DTYPE_BF16, b16, k, 1, ref16, "a transposed"},
         {a, k, 1, PARITY_DTYPE_BF16, b16t, 1, n, ref16, "bf16 b transposed"},
@@ -118,12 +132,7 @@ static void matmul_case(parity_pool *pool, size_t m, size_t n, size_t k) {
         {a, k, 1, PARITY_DTYPE_F32, bf, k, 1, ref32, "fp32 b"},
         {at, 1, m, PARITY_DTYPE_F32, bft, 1, n, ref32, "fp32 b, both transposed"},
     };
-    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
-        memset(c, 0xab, m * n * 4);
-        CHECK_OK(parity_matmul(pool, m, n, k, ways[w].a, ways[w].ars, ways[w].acs, ways[w].dtype,
-                               ways[w].b, ways[w].brs, ways[w].bcs, c, n));
-        CHECK_BITS_F32(c, ways[w].want, m * n, ways[w].what);
-    }
+    check_ways(pool, m, n, k, ways, sizeof ways / sizeof ways[0], c);
     /* a broadcast column (column stride 0): a(i, t) = a[i][0] */
     for (size_t i = 0; i < m; i++)
         for (size_t t = 0; t < k; t++) at[i * k + t] = a[i * k];
@@ -182,25 +191,14 @@ static void matmul_bf16_case(parity_pool *pool, size_t m, size_t n, size_t k) {
     }
     for (size_t i = 0; i < m; i++)
         for (size_t j = 0; j < n; j++) want[i * n + j] = pair32_ref(a + i * k, b + j * k, k);
-    const struct {
-        const float *a;
-        size_t ars, acs;
-        uint32_t dtype;
-        const void *b;
-        size_t brs, bcs;
-        const char *what;
-    } ways[] = {
-        {a, k, 1, PARITY_DTYPE_BF16, b16, k, 1, "bf16 a, rows"},
-        {at, 1, m, PARITY_DTYPE_BF16, b16, k, 1, "bf16 a transposed"},
-        {a, k, 1, PARITY_DTYPE_BF16, b16t, 1, n, "bf16 a, bf16 b transposed"},
-        {at, 1, m, PARITY_DTYPE_F32, bt, 1, n, "bf16 a, fp32 b of bf16 values, both transposed"},
+    const matmul_way ways[] = {
+        {a, k, 1, PARITY_DTYPE_BF16, b16, k, 1, want, "bf16 a, rows"},
+        {at, 1, m, PARITY_DTYPE_BF16, b16, k, 1, want, "bf16 a transposed"},
+        {a, k, 1, PARITY_DTYPE_BF16, b16t, 1, n, want, "bf16 a, bf16 b transposed"},
+        {at, 1, m, PARITY_DTYPE_F32, bt, 1, n, want,
+         "bf16 a, fp32 b of bf16 values, both transposed"},
     };
-    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
-        memset(c, 0xab, m * n * 4);
-        CHECK_OK(parity_matmul(pool, m, n, k, ways[w].a, ways[w].ars, ways[w].acs, ways[w].dtype,
-                               ways[w].b, ways[w].brs, ways[w].bcs, c, n));
-        CHECK_BITS_F32(c, want, m * n, ways[w].what);
-    }
+    check_ways(pool, m, n, k, ways, sizeof ways / sizeof ways[0], c);
     free(a), free(b), free(at), free(bt), free(want), free(c), free(b16), free(b16t);
 }
 
