@@ -4,14 +4,16 @@ bitwise learner (parity.torch.CausalLM) and the plain PyTorch bf16 learner of
 examples/python/grpo.py, on the very sequences a GRPO step scores.
 
     /usr/bin/python3 bench/learner_step.py [--learners parity,torch] [--repeat 5]
-                                           [--step 0] [--threads N] [--json FILE]
+                                           [--step 0] [--threads N] [--gradients fp32|bf16]
+                                           [--json FILE]
 
 Samples step --step's rollouts once (grpo.py's prompts, seeds and sampler), then runs each
 learner's forward (the log-probs of every sequence) and backward (of their sum) --repeat times,
 the learners taking turns so that both see the same load on a shared machine; the first round
 is a warm-up and is not counted. Prints the median of each phase and the ratio of the steps,
 wall-clock and CPU (the process's user + system time, which other jobs on the machine move
-less), then a JSON object. Needs torch (Debian's /usr/bin/python3 with python3-torch).
+less), then a JSON object. --gradients bf16 runs the parity learner with
+CausalLM(gradients="bf16") (grpo.py --learner-gradients bf16). Needs torch (Debian's /usr/bin/python3 with python3-torch).
 """
 import argparse
 import os
@@ -32,7 +34,8 @@ except ImportError as e:
 
 def rollouts(args):
     """The sequences (prompt + completion) of one GRPO step, sampled as grpo.py samples them."""
-    gargs = grpo.parse_args(["--steps", "1", "--svg", "", "--threads", str(args.threads)])
+    gargs = grpo.parse_args(["--steps", "1", "--svg", "", "--threads", str(args.threads),
+                             "--learner-gradients", args.gradients])
     prompts = grpo.load_prompts()
     max_len = max(len(p) for p in prompts) + gargs.line_bytes
     sampler = grpo.LocalRollouts(gargs, max_len, gargs.threads)
@@ -62,6 +65,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int,
                     default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count() or 1)
+    ap.add_argument("--gradients", default="fp32", choices=["fp32", "bf16"],
+                    help="the parity learner's linear backward GEMMs (CausalLM(gradients=...))")
     ap.add_argument("--json", help="also write the JSON object to FILE")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -85,8 +90,9 @@ def main(argv=None):
                 t["step"].append(fw + bw)
                 t["step_cpu"].append(fc + bc)
     med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
-    print("%d sequences, %d tokens (GRPO step %d's rollouts); %d threads; median of %d rounds"
-          % (len(seqs), sum(map(len, seqs)), args.step, args.threads, args.repeat))
+    print("%d sequences, %d tokens (GRPO step %d's rollouts); %d threads; median of %d rounds; "
+          "parity gradients %s" % (len(seqs), sum(map(len, seqs)), args.step, args.threads,
+                                   args.repeat, args.gradients))
     print("%-8s %10s %10s %10s %12s" % ("learner", "forward s", "backward s", "step s",
                                         "step CPU s"))
     for name in names:
@@ -94,7 +100,7 @@ def main(argv=None):
         print("%-8s %10.3f %10.3f %10.3f %12.3f" % (name, m["forward"], m["backward"], m["step"],
                                                      m["step_cpu"]))
     result = {"bench": "learner_step", "sequences": len(seqs), "tokens": sum(map(len, seqs)),
-              "threads": args.threads, "repeat": args.repeat, "median": med, "runs": times,
+              "threads": args.threads, "gradients": args.gradients, "repeat": args.repeat, "median": med, "runs": times,
               "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     if "parity" in med and "torch" in med:
         ratio = med["parity"]["step"] / med["torch"]["step"]

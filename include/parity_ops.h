@@ -215,10 +215,12 @@ PARITY_API int parity_attention(parity_pool *pool, const parity_policy *policy, 
  * t * b_col_stride] (b_dtype PARITY_DTYPE_BF16: bf16 bit patterns, or PARITY_DTYPE_F32); c's
  * rows c_stride apart. So x W^T is (k_stride, 1, ..., w_stride, 1), and a transposed operand
  * is its strides swapped: a backward's gy^T x is a = gy with strides (1, n_out), b = x with
- * strides (1, n_in), read in place (the library gathers what its kernels need into scratch).
+ * strides (1, n_in), read in place (the library packs what its kernels need into scratch).
  * The order of each sum: a b of bf16 values (PARITY_DTYPE_BF16, or F32 whose every value is a
  * bf16 value) runs parity_linear's bf16-weight GEMM (pair32 on the bf16 backend, under compute
- * "bf16"), any other b its fp32 GEMM (dot16, compute "fp32"); which one depends on all of b,
+ * "bf16"; where every a is a bf16 value too, as a learner's gradient rounded to bf16, on the
+ * CPU's bf16 dot products where it has them, the same bits), any other b its fp32 GEMM (dot16,
+ * compute "fp32"); which one depends on all of b,
  * and otherwise c[i][j] depends on row i of a and row j of b alone (not on m, n, the pool or
  * the CPU path). c must not overlap a or b; m, n <= 2^30, k <= 2^24. */
 PARITY_API int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *a,

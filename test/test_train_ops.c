@@ -2,7 +2,8 @@
  * parity_swiglu_backward) and the rounding point parity_round_f32: parity_matmul gives
  * parity_linear's bits (the bf16-weight GEMM for b of bf16 values, given as bf16 or as fp32;
  * the fp32 GEMM for other b) for operands read through any strides (transposed, padded rows,
- * a broadcast column), and is near a double-precision product; parity_attention_backward is
+ * a broadcast column), and is near a double-precision product; with a of bf16 values too
+ * (the learner's bf16 gradients) it is pair32 written out here, bit for bit; parity_attention_backward is
  * near the double-precision softmax-attention gradients, a sequence's gradients the same bits
  * alone or in a batch, with padded rows or not, on one thread or a pool of two; both give the
  * same bits on every CPU path; the norm's and SwiGLU's gradients are near their double
@@ -65,6 +66,29 @@ static double matmul_error(size_t m, size_t n, size_t k, const float *a, const f
     return worst / scale;
 }
 
+/* A way of passing parity_matmul its operands: (a, its strides), (b, its dtype and strides),
+ * the bits expected. */
+typedef struct matmul_way {
+    const float *a;
+    size_t ars, acs;
+    uint32_t dtype;
+    const void *b;
+    size_t brs, bcs;
+    const float *want;
+    const char *what;
+} matmul_way;
+
+/* Each way's output against its expected bits (c: m x n scratch). */
+static void check_ways(parity_pool *pool, size_t m, size_t n, size_t k, const matmul_way *ways,
+                       size_t count, float *c) {
+    for (size_t w = 0; w < count; w++) {
+        memset(c, 0xab, m * n * 4);
+        CHECK_OK(parity_matmul(pool, m, n, k, ways[w].a, ways[w].ars, ways[w].acs, ways[w].dtype,
+                               ways[w].b, ways[w].brs, ways[w].bcs, c, n));
+        CHECK_BITS_F32(c, ways[w].want, m * n, ways[w].what);
+    }
+}
+
 /* One GEMM shape: every way of passing the operands against parity_linear's bits. */
 static void matmul_case(parity_pool *pool, size_t m, size_t n, size_t k) {
     parity_policy aligned, fp32;
@@ -97,16 +121,7 @@ static void matmul_case(parity_pool *pool, size_t m, size_t n, size_t k) {
                            k, NULL, ref32, n));
     CHECK(matmul_error(m, n, k, a, bv, ref16) < 1e-5);
     CHECK(matmul_error(m, n, k, a, bf, ref32) < 1e-5);
-    /* (a, its strides), (b, its dtype and strides), the bits expected */
-    const struct {
-        const float *a;
-        size_t ars, acs;
-        uint32_t dtype;
-        const void *b;
-        size_t brs, bcs;
-        const float *want;
-        const char *what;
-    } ways[] = {
+    const matmul_way ways[] = {
         {a, k, 1, PARITY_DTYPE_BF16, b16, k, 1, ref16, "bf16 b, rows"},
         {at, 1, m, PARITY_DTYPE_BF16, b16, k, 1, ref16, "a transposed"},
         {a, k, 1, PARITY_DTYPE_BF16, b16t, 1, n, ref16, "bf16 b transposed"},
@@ -117,12 +132,7 @@ static void matmul_case(parity_pool *pool, size_t m, size_t n, size_t k) {
         {a, k, 1, PARITY_DTYPE_F32, bf, k, 1, ref32, "fp32 b"},
         {at, 1, m, PARITY_DTYPE_F32, bft, 1, n, ref32, "fp32 b, both transposed"},
     };
-    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
-        memset(c, 0xab, m * n * 4);
-        CHECK_OK(parity_matmul(pool, m, n, k, ways[w].a, ways[w].ars, ways[w].acs, ways[w].dtype,
-                               ways[w].b, ways[w].brs, ways[w].bcs, c, n));
-        CHECK_BITS_F32(c, ways[w].want, m * n, ways[w].what);
-    }
+    check_ways(pool, m, n, k, ways, sizeof ways / sizeof ways[0], c);
     /* a broadcast column (column stride 0): a(i, t) = a[i][0] */
     for (size_t i = 0; i < m; i++)
         for (size_t t = 0; t < k; t++) at[i * k + t] = a[i * k];
@@ -132,6 +142,64 @@ static void matmul_case(parity_pool *pool, size_t m, size_t n, size_t k) {
     CHECK_BITS_F32(c, ref16, m * n, "a column broadcast");
     free(a), free(bf), free(bv), free(b16), free(b16t), free(at), free(bvt), free(bft);
     free(ref16), free(ref32), free(c), free(apad);
+}
+
+/* pair32 (kernels.h) of a and b, rows of k values, written out: 16 lanes from +0, lane l
+ * taking the pair (32c + 2l, 32c + 2l + 1) of chunk c as fmaf(a0, b0, fmaf(a1, b1, acc)) (an
+ * element past k skipped), then the dot16 fold. Denormals, which pair32 flushes, do not arise
+ * from the operands used here (bf16 values of magnitude 2^-40 or more, products and sums far
+ * from 2^-126). */
+static float pair32_ref(const float *a, const float *b, size_t k) {
+    float lane[16] = {0};
+    for (size_t c = 0; c < k; c += 32)
+        for (size_t l = 0; l < 16; l++) {
+            const size_t k0 = c + 2 * l, k1 = k0 + 1;
+            float acc = lane[l];
+            if (k1 < k) acc = fmaf(a[k1], b[k1], acc);
+            if (k0 < k) acc = fmaf(a[k0], b[k0], acc);
+            lane[l] = acc;
+        }
+    for (size_t half = 8; half; half /= 2)
+        for (size_t l = 0; l < half; l++) lane[l] += lane[l + half];
+    return lane[0];
+}
+
+/* bf16(x), kept away from the denormals pair32 flushes (|x| >= 2^-40, else 2^-40 of its sign). */
+static float bf16_normal(float x) {
+    const float floor = 0x1p-40f;
+    return bf16_value(fabsf(x) >= floor ? x : copysignf(floor, x));
+}
+
+/* The learner's bf16-gradient GEMMs (CausalLM(gradients="bf16")): a of bf16 values (the
+ * gradient rounded) against bf16 b, a read as rows (gy W) or transposed (gy^T x), b as bf16
+ * or fp32 of bf16 values, in rows or transposed: every way gives pair32_ref's bits. */
+static void matmul_bf16_case(parity_pool *pool, size_t m, size_t n, size_t k) {
+    float *a = random_floats(m * k), *b = random_floats(n * k), *at = malloc(m * k * 4);
+    float *bt = malloc(n * k * 4), *want = malloc(m * n * 4), *c = malloc(m * n * 4);
+    uint16_t *b16 = malloc(n * k * 2), *b16t = malloc(n * k * 2);
+    for (size_t i = 0; i < m * k; i++) a[i] = bf16_normal(a[i]);
+    for (size_t i = 0; i < n * k; i++) {
+        b[i] = bf16_normal(b[i]);
+        b16[i] = parity_bf16_from_f32(b[i]);
+    }
+    for (size_t t = 0; t < k; t++) {
+        for (size_t i = 0; i < m; i++) at[t * m + i] = a[i * k + t];
+        for (size_t j = 0; j < n; j++) {
+            bt[t * n + j] = b[j * k + t];
+            b16t[t * n + j] = b16[j * k + t];
+        }
+    }
+    for (size_t i = 0; i < m; i++)
+        for (size_t j = 0; j < n; j++) want[i * n + j] = pair32_ref(a + i * k, b + j * k, k);
+    const matmul_way ways[] = {
+        {a, k, 1, PARITY_DTYPE_BF16, b16, k, 1, want, "bf16 a, rows"},
+        {at, 1, m, PARITY_DTYPE_BF16, b16, k, 1, want, "bf16 a transposed"},
+        {a, k, 1, PARITY_DTYPE_BF16, b16t, 1, n, want, "bf16 a, bf16 b transposed"},
+        {at, 1, m, PARITY_DTYPE_F32, bt, 1, n, want,
+         "bf16 a, fp32 b of bf16 values, both transposed"},
+    };
+    check_ways(pool, m, n, k, ways, sizeof ways / sizeof ways[0], c);
+    free(a), free(b), free(at), free(bt), free(want), free(c), free(b16), free(b16t);
 }
 
 static void test_matmul(parity_pool *pool2) {
@@ -144,6 +212,10 @@ static void test_matmul(parity_pool *pool2) {
         matmul_case(pool2, MM_M, MM_N, MM_K);
         matmul_case(pool2, MM_BIG_M, MM_N, MM_K);  /* the large-M GEMM */
         matmul_case(NULL, 1, 3, 1);
+        matmul_bf16_case(NULL, MM_M, MM_N, MM_K);
+        matmul_bf16_case(pool2, MM_BIG_M, MM_N, MM_K + 1);  /* an odd k, a padded pair */
+        matmul_bf16_case(pool2, MM_N, MM_M, 3 * MM_K);
+        matmul_bf16_case(NULL, 1, 3, 1);
     }
     parity_set_cpu_path(saved);
 }

@@ -3,7 +3,7 @@
 learner mismatch an RL framework would log, step by step.
 
     /usr/bin/python3 examples/python/grpo.py [--learner parity|parity:PRESET|torch[,...]]
-        [--format FORMAT[:RULE]] [--recipe NAME] [--steps 20] [--groups 4] [--n 8] [--line-bytes 32] [--lr 1e-4] [--seed 0]
+        [--format FORMAT[:RULE]] [--recipe NAME] [--learner-gradients fp32|bf16] [--steps 20] [--groups 4] [--n 8] [--line-bytes 32] [--lr 1e-4] [--seed 0]
         [--workers N] [--cluster dask|ray] [--scheduler ADDRESS | --ray-address ADDRESS]
         [--log FILE] [--svg FILE]
 
@@ -61,7 +61,10 @@ trajectory from the checkpoint: own masters, optimizer and sampler weights)
                   parity learner's backward runs the recipe's dgrad and wgrad GEMMs on
                   quantized operands (README, "Training in low precision"); the recipe's fprop
                   must be the policy's (--format mxfp8:te for the MXFP8 recipes), so the
-                  log-probs, and every mismatch metric, stay exact.
+                  log-probs, and every mismatch metric, stay exact. With --learner-gradients
+                  bf16 the linear layers' backward GEMMs take the incoming gradient rounded to
+                  bf16 and run on bf16 dot products (CausalLM(gradients="bf16"), bf16
+                  policies only): a change of the gradient's arithmetic, not of the log-probs.
   torch           a plain PyTorch bf16 Qwen3 written with torch.nn.functional as a user would
                   (HF modeling_qwen3's eager path: RMSNorm with the fp32 variance, q/k-norm,
                   rotate_half RoPE with theta from config.json, GQA causal softmax attention,
@@ -789,15 +792,18 @@ class TorchLearner:
 class ParityLearner:
     """parity.torch.CausalLM: libparity's forward as a torch module, gradients by autograd."""
 
-    def __init__(self, model_path, policy, backend, threads, recipe=None, seed=0):
+    def __init__(self, model_path, policy, backend, threads, recipe=None, seed=0,
+                 gradients="fp32"):
         from parity.torch import CausalLM
         self.lm = CausalLM(model_path, policy=policy, backend=backend, threads=threads,
-                           recipe=recipe)
+                           recipe=recipe, gradients=gradients)
         self.policy = policy
         self.seed = seed
         self.description = "parity.torch.CausalLM, policy %s" % policy
         if recipe:
             self.description += ", recipe %s" % recipe
+        if gradients != "fp32":
+            self.description += ", %s gradients" % gradients
 
     def begin_step(self, step):
         """The recipe's stochastic rounding is keyed by (run seed, step) and a stream per
@@ -820,7 +826,8 @@ def make_learner(spec, args, torch):
     if spec == "torch":
         return TorchLearner(args.model, torch)
     policy = args.policy if spec == "parity" else spec.split(":", 1)[1]
-    return ParityLearner(args.model, policy, args.backend, args.threads, args.recipe, args.seed)
+    return ParityLearner(args.model, policy, args.backend, args.threads, args.recipe, args.seed,
+                         getattr(args, "learner_gradients", "fp32"))
 
 
 # ---- one step ----------------------------------------------------------------------------------
@@ -1104,6 +1111,10 @@ def parse_args(argv):
                                      "(parity.recipes(): te-mxfp8, te-mxfp8-hybrid, te-nvfp4): "
                                      "dgrad and wgrad on quantized operands; its fprop must be "
                                      "the policy's (te-mxfp8*: --format mxfp8:te)")
+    ap.add_argument("--learner-gradients", default="fp32", choices=["fp32", "bf16"],
+                    help="the parity learners' linear backward GEMMs: fp32 (default) or bf16 "
+                         "(the incoming gradient rounded to bf16, the GEMMs on bf16 dot "
+                         "products; bf16 policies only)")
     ap.add_argument("--backend", default="bf16", choices=["bf16", "openblas"],
                     help="the sampler's (and parity learner's) GEMM backend")
     ap.add_argument("--mode", choices=["raw", "processed"],
@@ -1215,6 +1226,22 @@ def parse_args(argv):
                 recipe.check_policy(args.policy if s == "parity" else s[7:])
         except ValueError as e:
             ap.error("--recipe: %s" % e)
+    if args.learner_gradients != "fp32":
+        if all(s == "torch" for s in specs):
+            ap.error("--learner-gradients: it is the parity learners' (the torch learner's "
+                     "backward is its own); --learner has none")
+        from parity.learner import _check_gradients
+        from parity.policy import Policy
+        for s in specs:
+            if s == "torch":
+                continue
+            name = args.policy if s == "parity" else s[7:]
+            try:
+                _check_gradients(args.learner_gradients, Policy.from_name(name),
+                                 policy_struct(name), parity.Recipe(args.recipe)
+                                 if args.recipe else None)
+            except ValueError as e:
+                ap.error("--learner-gradients with --learner %s: %s" % (s, e))
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         ap.error("--model %s: no config.json there" % args.model)
     return args

@@ -348,6 +348,19 @@ void gemm_bf16w_group_pool(threadpool *pool, size_t M, size_t K, const float *x,
     gemm_group_on_pool(pool, &g);
 }
 
+void gemm_bf16w_pool_packed(threadpool *pool, size_t M, size_t K, const uint16_t *xb,
+                            const float *xt, const uint16_t *w, size_t ldw, float *y, size_t ldy,
+                            size_t N, const gemm_scratch *s) {
+    gemm_job j = {kern(), M, K, N, NULL, 0, NULL, w, NULL, ldw, y, ldy, NULL, 0, NULL};
+    if (xb && j.k->gemm_bf16xw) {
+        j.xb = xb;
+    } else {
+        j.x = xt;
+        j.panels = s->panels, j.panel_floats = gemm_panel_floats(s->max_k);
+    }
+    gemm_on_pool(pool, &j);
+}
+
 /* The gate and up GEMMs of a SwiGLU MLP and the region after them, task by task: a task's
  * gate columns, then the same up columns (each rounded by its epilogue), then out = swiglu
  * of the two on those columns of every row, while they are in the task's cache. */

@@ -59,6 +59,13 @@ void linear_group_round_point(const fwd_ctx *ctx, size_t M, const float *x, size
 void gemm_bf16w_pool(threadpool *pool, size_t M, size_t K, const float *x, size_t ldx,
                      const uint16_t *w, size_t ldw, float *y, size_t ldy, size_t N,
                      const gemm_scratch *s);
+/* gemm_bf16w_pool on an x its caller packed (the learner's backward packs straight from
+ * strided operands, parity_matmul): xb, M bf16 rows in pack_x_bf16's layout, for a table
+ * with gemm_bf16xw (then xt is ignored), else xt, gemm_pack_xt_tiles' tiles of M >= the
+ * table's tiles_min_m rows, with s's panels; the same bits as gemm_bf16w_pool on that x. */
+void gemm_bf16w_pool_packed(threadpool *pool, size_t M, size_t K, const uint16_t *xb,
+                            const float *xt, const uint16_t *w, size_t ldw, float *y, size_t ldy,
+                            size_t N, const gemm_scratch *s);
 /* What a GEMM task does to the output columns it computed, before anyone else reads them: the
  * bias added to the fp32 sums, then the policy's output rounding. The same additions and the
  * same rounding as passes over y after the GEMM, so the same bits; done by every worker on

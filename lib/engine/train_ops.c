@@ -40,27 +40,23 @@ static int overlaps(uintptr_t lo0, uintptr_t hi0, uintptr_t lo1, uintptr_t hi1) 
 /* ---- gathering an operand into rows ------------------------------------------------------- */
 
 /* Rows of an operand read through strides, written contiguous (row stride `cols`): as fp32,
- * or as bf16 bit patterns from bf16 ones or from fp32 values that are bf16 values (a task
- * that meets an fp32 value that is not one sets not_bf16: the bf16 rows are then not to be
- * used). */
+ * or as bf16 bit patterns from bf16 ones (fp32 sources of bf16 values are packed instead,
+ * pack_bf16 below). */
 typedef struct gather_job {
     size_t rows, cols, row_stride, col_stride;
     const void *src;
     uint32_t src_dtype;     /* PARITY_DTYPE_BF16 or PARITY_DTYPE_F32 */
     float *f32;             /* or NULL */
-    uint16_t *bf16;         /* or NULL */
-    atomic_int not_bf16;
+    uint16_t *bf16;         /* or NULL (an fp32 source: NULL) */
 } gather_job;
 
 #define GATHER_TILE 64
 
 /* One tile (rows r0 .. r1-1, columns c0 .. c1-1), each loop free of the dtype tests; the inner
- * loop runs along whichever of the source's dimensions is the closer together. Returns nonzero
- * if an fp32 value written as bf16 was not a bf16 value. */
-static int gather_tile(const gather_job *j, size_t r0, size_t r1, size_t c0, size_t c1) {
+ * loop runs along whichever of the source's dimensions is the closer together. */
+static void gather_tile(const gather_job *j, size_t r0, size_t r1, size_t c0, size_t c1) {
     const size_t rs = j->row_stride, cs = j->col_stride, cols = j->cols;
     const int along_rows = rs < cs;
-    uint32_t odd = 0;
 #define GATHER_LOOPS(BODY)                                                                 \
     if (along_rows) {                                                                      \
         for (size_t c = c0; c < c1; c++)                                                   \
@@ -77,38 +73,176 @@ static int gather_tile(const gather_job *j, size_t r0, size_t r1, size_t c0, siz
         if (j->f32) {
             GATHER_LOOPS({ j->f32[r * cols + c] = bf16_to_f32(src[r * rs + c * cs]); })
         }
-    } else if (j->bf16) {
-        const uint32_t *src = j->src;
-        GATHER_LOOPS({
-            const uint32_t u = src[r * rs + c * cs];
-            odd |= u & 0xffffu;
-            j->bf16[r * cols + c] = (uint16_t)(u >> 16);
-        })
     } else {
         const float *src = j->src;
         GATHER_LOOPS({ j->f32[r * cols + c] = src[r * rs + c * cs]; })
     }
 #undef GATHER_LOOPS
-    return odd != 0;
 }
 
 static void gather_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
     (void)worker;
-    gather_job *j = ctx;
+    const gather_job *j = ctx;
     const size_t r0 = begin * GATHER_TILE, r1 = end * GATHER_TILE < j->rows ? end * GATHER_TILE
                                                                             : j->rows;
-    int odd = 0;
     for (size_t c0 = 0; c0 < j->cols; c0 += GATHER_TILE)
-        odd |= gather_tile(j, r0, r1, c0, c0 + GATHER_TILE < j->cols ? c0 + GATHER_TILE : j->cols);
-    if (odd) atomic_store_explicit(&j->not_bf16, 1, memory_order_relaxed);
+        gather_tile(j, r0, r1, c0, c0 + GATHER_TILE < j->cols ? c0 + GATHER_TILE : j->cols);
 }
 
-/* Gathers on the pool; returns 1 if the bf16 rows hold the operand (fp32 sources: every value
- * a bf16 value). */
-static int gather(threadpool *pool, gather_job *j) {
-    atomic_init(&j->not_bf16, 0);
+/* Gathers on the pool. */
+static void gather(threadpool *pool, gather_job *j) {
     pool_run(pool, gather_rows, j, (j->rows + GATHER_TILE - 1) / GATHER_TILE);
-    return !atomic_load(&j->not_bf16);
+}
+
+/* ---- packing a for the bf16-weight GEMM straight from its strides ---------------------------- */
+
+/* a (m x k fp32 values read through strides) packed for gemm_bf16w_pool_packed in one pass:
+ * as bf16 rows (xb, pack_x_bf16's layout: row i at xb + i * gemm_packed_row(k), -0 past k),
+ * valid only if every value is a bf16 value; or as tiles (xt, gemm_pack_xt_tiles' layout,
+ * +0 past k and m). a with rows 1 apart and columns farther (a transposed tensor, as gy^T
+ * is) is packed by columns: a task takes PACK_A_COLS columns of every row, each column a
+ * contiguous run of a, read in order (a pass by rows would read a line of each of a's rows
+ * and wait on memory for every one); otherwise by rows, PACK_A_ROWS (whole tiles) a task,
+ * contiguous rows through the table's own packs. */
+#define PACK_A_ROWS (4 * GEMM_XT_ROWS)
+#define PACK_A_COLS 64
+
+typedef struct pack_a_job {
+    const kernels *kt;
+    size_t m, k, rs, cs;
+    const float *a;
+    uint16_t *xb;
+    float *xt;
+    atomic_int not_bf16;    /* set where a value is not a bf16 value: the other tasks stop */
+} pack_a_job;
+
+/* Whether a is packed by columns (see above). */
+static int by_columns(const pack_a_job *j) { return j->rs < j->cs; }
+
+/* Where element c of a row goes in a tile: lane (c % 32) / 2 of chunk c / 32, step 0 for
+ * the odd element (taken first), 1 for the even one; in floats, of a tile's 16 rows. */
+static size_t tile_offset(size_t c, size_t chunks) {
+    return ((((c % 32) / 2) * chunks + c / 32) * 2 + 1 - c % 2) * GEMM_XT_ROWS;
+}
+
+/* Tasks [begin, end): column blocks (by columns) or row blocks of the bf16 rows. */
+static void pack_a_bf16(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    pack_a_job *j = ctx;
+    const size_t P = gemm_packed_row(j->k), rs = j->rs, cs = j->cs, m = j->m, k = j->k;
+    const uint32_t *src = (const uint32_t *)j->a;
+    uint16_t *xb = j->xb;
+    for (size_t t = begin; t < end; t++) {
+        if (atomic_load_explicit(&j->not_bf16, memory_order_relaxed)) return;
+        uint32_t odd = 0;
+        if (by_columns(j)) {
+            const size_t c0 = t * PACK_A_COLS, c1 = c0 + PACK_A_COLS < P ? c0 + PACK_A_COLS : P;
+            /* two columns at a time (c0 and P are even): a row's two are side by side */
+            for (size_t c = c0; c < c1; c += 2) {
+                const uint32_t *lo = c < k ? src + c * cs : NULL, *hi = c + 1 < k ? lo + cs : NULL;
+                uint16_t *out = xb + c;
+                if (hi) {
+                    for (size_t i = 0; i < m; i++) {
+                        const uint32_t u = lo[i * rs], v = hi[i * rs];
+                        odd |= (u | v) & 0xffffu;
+                        out[i * P] = (uint16_t)(u >> 16);
+                        out[i * P + 1] = (uint16_t)(v >> 16);
+                    }
+                } else {
+                    for (size_t i = 0; i < m; i++) {
+                        const uint32_t u = lo ? lo[i * rs] : 0x80000000u;
+                        odd |= u & 0xffffu;
+                        out[i * P] = (uint16_t)(u >> 16);
+                        out[i * P + 1] = 0x8000u;
+                    }
+                }
+            }
+        } else {
+            const size_t i0 = t * PACK_A_ROWS, i1 = i0 + PACK_A_ROWS < m ? i0 + PACK_A_ROWS : m;
+            if (cs == 1 && j->kt->pack_x_bf16) {
+                odd = !j->kt->pack_x_bf16(k, j->a, rs, xb, i0, i1);
+            } else {
+                for (size_t i = i0; i < i1; i++) {
+                    for (size_t c = 0; c < k; c++) {
+                        const uint32_t u = src[i * rs + c * cs];
+                        odd |= u & 0xffffu;
+                        xb[i * P + c] = (uint16_t)(u >> 16);
+                    }
+                    for (size_t c = k; c < P; c++) xb[i * P + c] = 0x8000u;
+                }
+            }
+        }
+        if (odd) {
+            atomic_store_explicit(&j->not_bf16, 1, memory_order_relaxed);
+            return;
+        }
+    }
+}
+
+/* Tasks [begin, end): column blocks (by columns) or row blocks of the tiles. */
+static void pack_a_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
+    (void)worker;
+    pack_a_job *j = ctx;
+    const size_t P = gemm_packed_row(j->k), chunks = P / 32, rs = j->rs, cs = j->cs;
+    const size_t m = j->m, k = j->k, tiles = gemm_xt_tiles(m), tile = GEMM_XT_ROWS * P;
+    if (!by_columns(j)) {
+        const size_t per = PACK_A_ROWS / GEMM_XT_ROWS;
+        const size_t t0 = begin * per, t1 = end * per < tiles ? end * per : tiles;
+        if (cs == 1) {
+            j->kt->pack_xt_tiles(m, k, j->a, rs, j->xt, t0, t1);
+            return;
+        }
+        for (size_t t = t0; t < t1; t++)
+            for (size_t c = 0; c < P; c++) {
+                float *dst = j->xt + t * tile + tile_offset(c, chunks);
+                for (size_t r = 0; r < GEMM_XT_ROWS; r++) {
+                    const size_t i = t * GEMM_XT_ROWS + r;
+                    dst[r] = i < m && c < k ? j->a[i * rs + c * cs] : 0.0f;
+                }
+            }
+        return;
+    }
+    for (size_t c = begin * PACK_A_COLS; c < end * PACK_A_COLS && c < P; c++) {
+        float *dst = j->xt + tile_offset(c, chunks);
+        size_t i = 0;
+        if (c < k)
+            for (const float *col = j->a + c * cs; i < m; i++)
+                dst[i / GEMM_XT_ROWS * tile + i % GEMM_XT_ROWS] = col[i * rs];
+        for (; i < tiles * GEMM_XT_ROWS; i++) dst[i / GEMM_XT_ROWS * tile + i % GEMM_XT_ROWS] = 0.0f;
+    }
+}
+
+static size_t pack_tasks(const pack_a_job *j) {
+    return by_columns(j) ? (gemm_packed_row(j->k) + PACK_A_COLS - 1) / PACK_A_COLS
+                         : (j->m + PACK_A_ROWS - 1) / PACK_A_ROWS;
+}
+
+/* m rows of k values read through strides, packed over the pool as bf16 rows
+ * gemm_packed_row(k) apart into out; 1 if every value was a bf16 value, else 0 (out is then
+ * not to be used). */
+static int pack_bf16(threadpool *pool, size_t m, size_t k, const float *src, size_t rs,
+                     size_t cs, uint16_t *out) {
+    pack_a_job j = {kern(), m, k, rs, cs, src, out, NULL, 0};
+    atomic_init(&j.not_bf16, 0);
+    pool_run(pool, pack_a_bf16, &j, pack_tasks(&j));
+    return !atomic_load(&j.not_bf16);
+}
+
+/* a packed for the bf16-weight GEMM into s's xpack: as bf16 rows (returned in *xb) where the
+ * table has bf16 dot products and every value is a bf16 value, else as tiles (*xt) where m
+ * is large enough for them; neither (both NULL): the caller gathers a itself. */
+static void pack_a(threadpool *pool, size_t m, size_t k, const float *a, size_t rs, size_t cs,
+                   const gemm_scratch *s, const uint16_t **xb, const float **xt) {
+    pack_a_job j = {kern(), m, k, rs, cs, a, NULL, s->xpack, 0};
+    *xb = NULL, *xt = NULL;
+    if (j.kt->gemm_bf16xw && pack_bf16(pool, m, k, a, rs, cs, (uint16_t *)s->xpack)) {
+        *xb = (const uint16_t *)s->xpack;
+        return;
+    }
+    if (m >= j.kt->tiles_min_m) {
+        pool_run(pool, pack_a_tiles, &j, pack_tasks(&j));
+        *xt = j.xt;
+    }
 }
 
 /* ---- the GEMM ----------------------------------------------------------------------------- */
@@ -151,13 +285,20 @@ int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *
     int rc = PARITY_OK;
     fwd_scratch s = {0};
     gemm_weights gw = {n, k, b_row_stride, NULL, NULL};
-    /* b: its bf16 rows as they are, else gathered (as bf16 where every value is one) */
+    /* b: its bf16 rows as they are, else packed or gathered (as bf16 where every value is
+     * one: fp32 b straight from its strides, as a is below) */
     if (b_dtype == PARITY_DTYPE_BF16 && b_col_stride == 1) {
         gw.bf16 = b;
     } else {
-        gather_job g = {n, k, b_row_stride, b_col_stride, b, b_dtype, NULL, NULL, 0};
-        g.bf16 = op_alloc(&call, (uint64_t)n * k, 2, "b as bf16 rows");
-        if (g.bf16 && gather(call.pool, &g)) {
+        gather_job g = {n, k, b_row_stride, b_col_stride, b, b_dtype, NULL, NULL};
+        const size_t P = gemm_packed_row(k);
+        g.bf16 = op_alloc(&call, (uint64_t)n * P, 2, "b as bf16 rows");
+        if (g.bf16 && b_dtype == PARITY_DTYPE_F32 &&
+            pack_bf16(call.pool, n, k, b, b_row_stride, b_col_stride, g.bf16)) {
+            gw.bf16 = g.bf16;
+            gw.ld = P;
+        } else if (g.bf16 && b_dtype == PARITY_DTYPE_BF16) {
+            gather(call.pool, &g);
             gw.bf16 = g.bf16;
             gw.ld = k;
         } else if (g.bf16 && b_col_stride == 1) {
@@ -171,11 +312,24 @@ int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *
         }
         if (!gw.bf16 && !gw.f32) rc = PARITY_ERR_OUT_OF_MEMORY;
     }
-    /* a: its rows as they are, else gathered */
+    /* a: packed straight from its strides where the bf16-weight GEMM can take it so */
+    const uint16_t *xb = NULL;
+    const float *xt = NULL;
+    if (!rc && gw.bf16) {
+        rc = gemm_scratch_of(&call, m, k, &s.gemm);
+        if (!rc) pack_a(call.pool, m, k, a, a_row_stride, a_col_stride, &s.gemm, &xb, &xt);
+        if (xb || xt) {
+            gemm_bf16w_pool_packed(call.pool, m, k, xb, xt, gw.bf16, gw.ld, c, c_stride, n,
+                                   &s.gemm);
+            op_end(&call);
+            return PARITY_OK;
+        }
+    }
+    /* else: its rows as they are, or gathered */
     const float *x = a;
     size_t ldx = a_row_stride;
     if (!rc && a_col_stride != 1) {
-        gather_job g = {m, k, a_row_stride, a_col_stride, a, PARITY_DTYPE_F32, NULL, NULL, 0};
+        gather_job g = {m, k, a_row_stride, a_col_stride, a, PARITY_DTYPE_F32, NULL, NULL};
         g.f32 = op_alloc(&call, (uint64_t)m * k, 4, "a as rows");
         if (g.f32) gather(call.pool, &g);
         x = g.f32;
@@ -183,7 +337,6 @@ int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *
         if (!x) rc = PARITY_ERR_OUT_OF_MEMORY;
     }
     const parity_policy *pol = gw.bf16 ? &bf16_pol : &f32_pol;
-    if (!rc && gw.bf16) rc = gemm_scratch_of(&call, m, k, &s.gemm);
     if (!rc) {
         const fwd_ctx ctx = op_ctx(&call, pol, PARITY_BACKEND_BF16, NULL, &s, NULL);
         linear_weights(&ctx, m, x, ldx, &gw, NULL, c, c_stride);
@@ -366,25 +519,43 @@ typedef struct region_grad_job {
 
 /* RMSNorm rows: autograd's steps of y = x r w, r = rsqrt(mean(x x) + eps), in its order of
  * operations (sums in the row's order): gxw = g w; gx = gxw r + (a x + a x) with
- * a = (-0.5 sum(gxw x) r^3) / dim; plus d_add; each row's r kept for the weight's gradient. */
+ * a = (-0.5 sum(gxw x) r^3) / dim; plus d_add; each row's r kept for the weight's gradient.
+ * Rows go RMS_ROWS at a time, their sums side by side (each still in its own row's order),
+ * so that the chains of additions overlap instead of waiting on each other. */
+#define RMS_ROWS 4
+
 static void rmsnorm_grad_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
     (void)worker;
     const region_grad_job *j = ctx;
     const size_t r1 = end * REGION_GRAD_ROWS < j->rows ? end * REGION_GRAD_ROWS : j->rows;
-    for (size_t r = begin * REGION_GRAD_ROWS; r < r1; r++) {
-        const float *x = j->x + r * j->xs, *g = j->g + r * j->gs;
-        float *dx = j->dx + r * j->dxs;
-        float ss = 0.0f, t = 0.0f;
-        for (size_t d = 0; d < j->dim; d++) ss += x[d] * x[d];
-        const float inv = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
-        for (size_t d = 0; d < j->dim; d++) t += (g[d] * j->w[d]) * x[d];
-        const float a = -0.5f * t * (inv * inv * inv) / (float)j->dim;
-        for (size_t d = 0; d < j->dim; d++) dx[d] = (g[d] * j->w[d]) * inv + (a * x[d] + a * x[d]);
-        if (j->add) {
-            const float *ad = j->add + r * j->as;
-            for (size_t d = 0; d < j->dim; d++) dx[d] += ad[d];
+    const size_t dim = j->dim;
+    const float *restrict w = j->w;
+    for (size_t r0 = begin * REGION_GRAD_ROWS; r0 < r1; r0 += RMS_ROWS) {
+        const size_t n = r1 - r0 < RMS_ROWS ? r1 - r0 : RMS_ROWS;
+        const float *x[RMS_ROWS], *g[RMS_ROWS];
+        float ss[RMS_ROWS] = {0}, t[RMS_ROWS] = {0}, inv[RMS_ROWS];
+        /* a group short of rows repeats its last one, whose sums are then not used */
+        for (size_t i = 0; i < RMS_ROWS; i++) {
+            const size_t r = r0 + (i < n ? i : n - 1);
+            x[i] = j->x + r * j->xs, g[i] = j->g + r * j->gs;
         }
-        j->inv[r] = inv;
+        for (size_t d = 0; d < dim; d++)
+            for (size_t i = 0; i < RMS_ROWS; i++) ss[i] += x[i][d] * x[i][d];
+        for (size_t i = 0; i < RMS_ROWS; i++) inv[i] = 1.0f / sqrtf(ss[i] / (float)dim + j->eps);
+        for (size_t d = 0; d < dim; d++)
+            for (size_t i = 0; i < RMS_ROWS; i++) t[i] += (g[i][d] * w[d]) * x[i][d];
+        for (size_t i = 0; i < n; i++) {
+            const float a = -0.5f * t[i] * (inv[i] * inv[i] * inv[i]) / (float)dim;
+            const float *restrict xi = x[i], *restrict gi = g[i];
+            float *restrict dx = j->dx + (r0 + i) * j->dxs;
+            for (size_t d = 0; d < dim; d++)
+                dx[d] = (gi[d] * w[d]) * inv[i] + (a * xi[d] + a * xi[d]);
+            if (j->add) {
+                const float *restrict ad = j->add + (r0 + i) * j->as;
+                for (size_t d = 0; d < dim; d++) dx[d] += ad[d];
+            }
+            j->inv[r0 + i] = inv[i];
+        }
     }
 }
 
@@ -394,10 +565,12 @@ static void rmsnorm_grad_weight(void *ctx, size_t begin, size_t end, unsigned wo
     (void)worker;
     const region_grad_job *j = ctx;
     const size_t c0 = begin * 16, c1 = end * 16 < j->dim ? end * 16 : j->dim;
-    for (size_t c = c0; c < c1; c++) j->dw[c] = 0.0f;
+    float *restrict dw = j->dw;
+    for (size_t c = c0; c < c1; c++) dw[c] = 0.0f;
     for (size_t r = 0; r < j->rows; r++) {
-        const float *x = j->x + r * j->xs, *g = j->g + r * j->gs;
-        for (size_t c = c0; c < c1; c++) j->dw[c] += g[c] * (x[c] * j->inv[r]);
+        const float *restrict x = j->x + r * j->xs, *restrict g = j->g + r * j->gs;
+        const float inv = j->inv[r];
+        for (size_t c = c0; c < c1; c++) dw[c] += g[c] * (x[c] * inv);
     }
 }
 
@@ -453,8 +626,9 @@ static void swiglu_grad_rows(void *ctx, size_t begin, size_t end, unsigned worke
     float *s = j->work + worker * j->dim;
     const size_t r1 = end * REGION_GRAD_ROWS < j->rows ? end * REGION_GRAD_ROWS : j->rows;
     for (size_t r = begin * REGION_GRAD_ROWS; r < r1; r++) {
-        const float *g = j->x + r * j->xs, *u = j->w + r * j->ws, *go = j->g + r * j->gs;
-        float *dg = j->dx + r * j->dxs, *du = j->dw + r * j->dws;
+        const float *restrict g = j->x + r * j->xs, *restrict u = j->w + r * j->ws;
+        const float *restrict go = j->g + r * j->gs;
+        float *restrict dg = j->dx + r * j->dxs, *restrict du = j->dw + r * j->dws;
         for (size_t d = 0; d < j->dim; d++) s[d] = -g[d];
         j->kt->exp_f32(s, j->dim);
         for (size_t d = 0; d < j->dim; d++) {

@@ -17,6 +17,7 @@ import torch as _torch
 
 from . import _lib
 from ._lib import lib
+from ._torch_regions import _round_in_place
 from .policy import CHOICES
 
 _f32 = _torch.float32
@@ -118,17 +119,20 @@ def run_gemm(gemm, tensors, pool=None, seed=0, stream=0):
 
 class RecipeLinear(_torch.autograd.Function):
     """x W^T under a quantized-gemm policy with a training recipe: the forward is
-    parity_linear on the fp32 master (the sampler's bits); the backward runs the recipe's
+    parity_linear on the fp32 master (the sampler's bits), then the rounding point `rounding`
+    (a parity dtype, or None) in place, as learner._Linear rounds; the backward runs the recipe's
     dgrad (dx = dy W) and wgrad (dW = dy^T x) on quantized operands; the bias' gradient is the
     fp32 column sum of dy."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, bias_values, pol_c, backend, pool, recipe, seed, stream):
+    def forward(ctx, x, weight, bias, bias_values, pol_c, backend, pool, recipe, seed, stream,
+                rounding=None):
         (m, k), n = x.shape, weight.shape[0]
         w = weight.detach().contiguous()
         y = _torch.empty(m, n, dtype=_f32)
         lib.parity_linear(pool, ctypes.byref(pol_c), backend, m, k, n, _addr(x), k, 2, _addr(w),
                           k, _addr(bias_values) if bias_values is not None else None, _addr(y), n)
+        _round_in_place(y, rounding)
         ctx.save_for_backward(x, w)
         ctx.has_bias, ctx.pool, ctx.recipe = bias is not None, pool, recipe
         ctx.seed, ctx.stream = seed, stream
@@ -144,4 +148,4 @@ class RecipeLinear(_torch.autograd.Function):
         gw = run_gemm(r.wgrad, tensors, ctx.pool, ctx.seed, ctx.stream) \
             if ctx.needs_input_grad[1] else None
         gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None, None, None, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None, None, None, None

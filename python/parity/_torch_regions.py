@@ -53,6 +53,16 @@ def _rounded(x, dtype):
     return x.to(dtype).to(_f32)
 
 
+def _round_in_place(y, rounding):
+    """The rounding point of a GEMM output, in place (parity_round_f32; `rounding` a parity
+    dtype, 0 bf16 or 1 fp16, or None for none): the linear autograd Functions (learner.py,
+    _recipe_linear.py) call it inside their forward, so that its gradient, the identity, is
+    the linear's own (d round(y) / dy = 1, straight through)."""
+    if rounding is not None and y.numel():
+        _lib.lib.parity_round_f32(rounding, y.numel(), y.data_ptr(), y.data_ptr())
+    return y
+
+
 class _RoundPoint(_torch.autograd.Function):
     """A rounding point: fp32 -> bf16 (or fp16; nearest even) -> fp32 forward; the gradient
     passes straight through, unchanged and in fp32 (d round(x) / dx = 1)."""

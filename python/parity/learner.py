@@ -44,7 +44,9 @@ weights' gradients reach the fp32 masters straight through the bf16 cast. The ba
 the library's kernels, each piece one call over the batch: the linear layers' products on
 parity_matmul (transposed operands read in place), attention's on parity_attention_backward,
 the norms' and SwiGLU's on parity_rmsnorm_backward and parity_swiglu_backward (autograd's steps
-of the formula, in C); the head's through torch autograd.
+of the formula, in C); the head's through torch autograd. With CausalLM(gradients="bf16") the
+linear layers' backward GEMMs take the incoming gradient rounded to bf16, everything else as
+above (_LinearBf16Gradients).
 
 What the backward keeps (fp32, 4 bytes a value; H = hidden size, Q = heads x head_dim,
 KV = kv_heads x head_dim, I = intermediate size), per token and layer under compute "bf16":
@@ -205,13 +207,7 @@ def embedding(tokens, table, policy="aligned"):
     return _Embedding.apply(tokens, table, data, dtype)
 
 
-def _round_in_place(y, rounding):
-    """The rounding point of a GEMM output, in place (parity_round_f32; rounding a parity
-    dtype, or None for none). Inside the linear Function its gradient, the identity, is the
-    linear's own: d round(y) / dy = 1 (straight through)."""
-    if rounding is not None and y.numel():
-        lib.parity_round_f32(rounding, y.numel(), _addr(y), _addr(y))
-    return y
+_round_in_place = _torch_regions._round_in_place
 
 
 class _Linear(_torch.autograd.Function):
@@ -236,6 +232,49 @@ class _Linear(_torch.autograd.Function):
         gw = _matmul_t(gy.t(), x.t(), ctx.pool) if ctx.needs_input_grad[1] else None
         gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None, None, None, None, None
+
+
+class _LinearBf16Gradients(_Linear):
+    """_Linear with the backward of CausalLM(gradients="bf16"): the same forward; the two
+    GEMMs of the backward take the incoming gradient rounded to bf16 (nearest even, a new
+    tensor: gy itself is untouched), so that both operands are bf16 values (the weights are,
+    and the saved input is under a bf16 policy) and the GEMMs run on the CPU's bf16 dot
+    products: gx = bf16(gy) W, gW = bf16(gy)^T x, exact products summed in fp32 in pair32
+    order, fp32 results. The bias' gradient is the fp32 column sum of gy itself."""
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, data = ctx.saved_tensors
+        g16 = _torch_regions._rounded(gy, _bf16)
+        gx = _matmul_t(g16, data.t(), ctx.pool) if ctx.needs_input_grad[0] else None
+        gw = _matmul_t(g16.t(), x.t(), ctx.pool) if ctx.needs_input_grad[1] else None
+        gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None, None, None, None, None
+
+
+#: The gradient arithmetic of the linear layers' backward GEMMs (CausalLM(gradients=...)).
+GRADIENTS = ("fp32", "bf16")
+
+
+def _check_gradients(gradients, pol, pol_c, recipe):
+    """gradients ("fp32" or "bf16") where the policy allows it, else ValueError saying why."""
+    if gradients not in GRADIENTS:
+        raise ValueError("gradients must be one of %s, not %r" % (", ".join(GRADIENTS),
+                                                                 gradients))
+    if gradients == "bf16":
+        why = None
+        if pol.compute != 0:
+            fmt = "fp32" if _compute_fp32(pol) else "fp16"
+            why = "its compute is %s: the weights the forward reads are %s values" % (fmt, fmt)
+        elif pol_c.gemm != 0:
+            why = ("its quantized GEMM multiplies by dequantized weights, which are not bf16 "
+                   "values (and a training recipe runs its own backward GEMMs)"
+                   if recipe is None else "a training recipe runs its own backward GEMMs")
+        if why:
+            raise ValueError("gradients='bf16' runs the linear layers' backward GEMMs on bf16 "
+                             "values, the weights' included, which this policy does not give: "
+                             "%s (use gradients='fp32')" % why)
+    return gradients
 
 
 def _matmul_t(a, b, pool):
@@ -356,27 +395,27 @@ class _LinearFP8(_torch.autograd.Function):
 
 
 def _linear(x, weight, bias, data, dtype, pol_c, pol, backend, pool, fp8=False, rounding=None,
-            recipe=None, seed=0, stream=0):
+            recipe=None, seed=0, stream=0, gradients="fp32"):
     """x W^T (+ bias) on the library's GEMM, then the rounding point `rounding` (a parity
     dtype, or None) on the output, the straight-through gradient; under a quantized gemm with
-    a training recipe, the recipe's backward (python/parity/_recipe_linear.py)."""
+    a training recipe, the recipe's backward (python/parity/_recipe_linear.py); gradients
+    "bf16" (checked by _check_gradients): the backward GEMMs on the gradient rounded to bf16."""
     bias_values = None
     if bias is not None:
         bias_values = bias.detach().contiguous() if _compute_fp32(pol) else \
             bias.detach().to(_half(pol)).to(_f32)
     if fp8 and pol_c.gemm != 0 and recipe is not None:
-        y = _recipe_linear.RecipeLinear.apply(x, weight, bias, bias_values, pol_c, backend,
-                                              pool, recipe, seed, stream)
-        return y if rounding is None else \
-            _torch_regions._round(y, {_BF16: _bf16, _F16: _f16}[rounding])
+        return _recipe_linear.RecipeLinear.apply(x, weight, bias, bias_values, pol_c, backend,
+                                                 pool, recipe, seed, stream, rounding)
     if fp8 and pol_c.gemm != 0:
         return _LinearFP8.apply(x, weight, bias, bias_values, pol_c, backend, pool, rounding)
-    return _Linear.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool,
-                         rounding)
+    function = _LinearBf16Gradients if gradients == "bf16" else _Linear
+    return function.apply(x, weight, bias, data, dtype, bias_values, pol_c, backend, pool,
+                          rounding)
 
 
 def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None, recipe=None,
-           seed=0, stream=0):
+           seed=0, stream=0, gradients="fp32"):
     """x W^T (+ bias) as parity_linear, fp32 and unrounded (round with round_point where the
     policy rounds): x fp32 [m, k]; weight the fp32 master [n, k] (the forward reads bf16(W)
     under compute "bf16"); bias fp32 [n] or None. Each output depends on its row of x and of W
@@ -387,7 +426,8 @@ def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None, re
     and gy^T deq(xq), straight through both quantizers. With a training recipe (a name of
     parity.recipes() or a parity.Recipe; its fprop must be the policy's, else ValueError) the
     forward is the same and the gradients are the recipe's dgrad and wgrad GEMMs on quantized
-    operands (parity_quant_gemm); seed and stream key its stochastic rounding."""
+    operands (parity_quant_gemm); seed and stream key its stochastic rounding. gradients
+    "bf16" (a bf16 policy only, as CausalLM's): the gradients' GEMMs take gy rounded to bf16."""
     _tensor(x, "x", _f32, 2)
     _tensor(weight, "weight", _f32, 2)
     if x.shape[1] != weight.shape[1]:
@@ -398,9 +438,11 @@ def linear(x, weight, bias=None, policy="aligned", backend="bf16", pool=None, re
         _shape(bias, "bias", (weight.shape[0],))
     pol_c, pol = _pol(policy)
     recipe = _recipe_of(recipe, policy)
+    _check_gradients(gradients, pol, pol_c, recipe)
     data, dtype = _weight_data(weight, pol)
     return _linear(x, weight, bias, data, dtype, pol_c, pol, _backend(backend),
-                   _pool_handle(pool), fp8=True, recipe=recipe, seed=seed, stream=stream)
+                   _pool_handle(pool), fp8=True, recipe=recipe, seed=seed, stream=stream,
+                   gradients=gradients)
 
 
 def _recipe_of(recipe, policy):
@@ -816,6 +858,14 @@ class CausalLM(_torch.nn.Module):
             on quantized operands; the forward, and so the log-probs, do not change. Its
             stochastic rounding is keyed by the attribute recipe_seed (set it per step) and
             a stream per layer.
+        gradients: "fp32" (the default: every linear layer's backward GEMMs in fp32 on the
+            fp32 incoming gradient), or "bf16": they take the incoming gradient rounded to
+            bf16 (nearest even), so that both operands are bf16 values and the GEMMs run on
+            the CPU's bf16 dot products (exact products, fp32 sums in pair32 order, fp32
+            results), as a bf16 PyTorch learner's backward does (roughly twice as fast). A
+            change of the gradient's arithmetic, not of the forward: the log-probs are the
+            same bits. Only under a bf16 policy without a quantized GEMM or recipe (the
+            weights must be bf16 values); elsewhere ValueError.
 
     Parameters are fp32 tensors named as in the checkpoint ("model.layers.0.mlp.up_proj.weight",
     ...): the checkpoint's (or the model's) F32 masters where it has them, else its bf16 values
@@ -828,10 +878,12 @@ class CausalLM(_torch.nn.Module):
     "...mlp.shared_expert_gate.weight", ...; a directory must hold the per-expert names).
     """
 
-    def __init__(self, source, policy="aligned", backend="bf16", threads=None, recipe=None):
+    def __init__(self, source, policy="aligned", backend="bf16", threads=None, recipe=None,
+                 gradients="fp32"):
         super().__init__()
         self._pol_c, self._pol = _pol(policy)
         self.recipe = _recipe_of(recipe, policy)
+        self.gradients = _check_gradients(gradients, self._pol, self._pol_c, self.recipe)
         self.recipe_seed = 0
         self.policy = policy
         self.backend_name = backend
@@ -957,7 +1009,8 @@ class CausalLM(_torch.nn.Module):
             data, dtype = _weight_data(w, pol, prefix + ".weight")
             return _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
                            fp8=quantized, rounding=rd if rounded else None, recipe=self.recipe,
-                           seed=self.recipe_seed, stream=zlib.crc32(prefix.encode()))
+                           seed=self.recipe_seed, stream=zlib.crc32(prefix.encode()),
+                           gradients=self.gradients)
 
         def vec(name):
             return _weight_values(self._param(name), pol, name)

@@ -163,6 +163,13 @@ class Grpo(unittest.TestCase):
         self.assert_usage_error(["--recipe", "te-mxfp8", "--format", "mxfp8:te", "--learner",
                                  "parity,torch"], "no quantized formats")
         self.assert_usage_error(["--recipe", "te-mxfp8", "--learner", "torch"], "no recipes")
+        self.assert_usage_error(["--learner-gradients", "bf16", "--learner", "torch"],
+                                "--learner has none")
+        self.assert_usage_error(["--learner-gradients", "bf16", "--learner", "parity:fp32"],
+                                "compute is fp32")
+        self.assert_usage_error(["--learner-gradients", "bf16", "--format", "nvfp4"],
+                                "quantized GEMM")
+        self.assert_usage_error(["--learner-gradients", "fp16"], "invalid choice")
 
     def test_missing_dask(self):
         """Where dask.distributed cannot be imported, --workers says so and exits 2."""
