@@ -134,9 +134,11 @@ def _check_fp16_range(w, h, name):
                          "infinity), which an fp16 policy cannot hold" % name)
 
 
-def _weight_data(w, pol, name="a weight"):
+def _weight_data(w, pol, name="a weight", pool=None):
     """What the kernels read of a weight (an fp32 master tensor): its bf16 round-to-nearest-
-    even bits (compute "bf16"), its fp16 ones (compute "fp16"; a master beyond fp16's range
+    even bits (compute "bf16"; cast by the library on `pool`, a pool handle or None,
+    parity_bf16_from_f32_array: torch's cast, the same bits, would wake torch's own threads
+    between the library's calls), its fp16 ones (compute "fp16"; a master beyond fp16's range
     raises ValueError, as the library refuses it) or the master itself (compute "fp32");
     (tensor, dtype)."""
     w = w.detach()
@@ -146,7 +148,10 @@ def _weight_data(w, pol, name="a weight"):
         h = w.to(_f16).contiguous()
         _check_fp16_range(w, h, name)
         return h, _F16
-    return w.to(_bf16).contiguous(), _BF16
+    w = w.contiguous()
+    data = _torch.empty(w.shape, dtype=_bf16)
+    lib.parity_bf16_from_f32_array(pool, w.numel(), _addr(w), _addr(data))
+    return data, _BF16
 
 
 def _weight_values(w, pol, name="a weight"):
@@ -598,15 +603,6 @@ def logprobs_from_logits(logits, targets, policy="aligned", mode="raw", temperat
 
 # ---- the regions under compute "bf16": the C region kernels, fp32 formulas backward ---------
 
-def _u16(t):
-    return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_uint16))
-
-
-def _bits(x, dtype):
-    """A contiguous bf16 (or fp16) copy of an fp32 tensor of bf16 (fp16) values (exact)."""
-    return x.detach().to(dtype).contiguous()
-
-
 def _rms_backward(x, w, eps, g, g_add, pool):
     """The gradients (x's, plus g_add where given; w's) of the fp32 formula
     x rsqrt(mean(x x) + eps) w over x's last dimension, autograd's steps in C
@@ -622,21 +618,29 @@ def _rms_backward(x, w, eps, g, g_add, pool):
     return gx, gw
 
 
+def _f32_rows(t):
+    """(t as contiguous fp32, its rows, its last dimension) for a region call on fp32 rows."""
+    t = t.detach().contiguous()
+    dim = t.shape[-1]
+    return t, t.numel() // dim, dim
+
+
 class _RmsnormResidualC(_torch.autograd.Function):
-    """parity_rmsnorm_residual: (residual stream, norm output); backward: s = h + delta
+    """parity_rmsnorm_residual on the 16-bit casts, fp32 in and out on the pool
+    (parity_rmsnorm_residual_f32): (residual stream, norm output); backward: s = h + delta
     straight through, the norm's fp32 formula."""
 
     @staticmethod
     def forward(ctx, delta, h, w, eps, pol_c, dtype, pool):
-        dim = h.shape[-1]
-        rows = h.numel() // dim
-        d16, h16, w16 = _bits(delta, dtype), _bits(h, dtype), _bits(w, dtype)
-        res, out = _torch.empty_like(h16), _torch.empty_like(h16)
-        lib.parity_rmsnorm_residual(ctypes.byref(pol_c), rows, dim, _u16(d16), dim, _u16(h16),
-                                    dim, _u16(w16), eps, _u16(res), dim, _u16(out), dim)
+        (d, rows, dim), (hc, _, _) = _f32_rows(delta), _f32_rows(h)
+        wc = w.detach().contiguous()
+        res, out = _torch.empty_like(hc), _torch.empty_like(hc)
+        lib.parity_rmsnorm_residual_f32(pool, ctypes.byref(pol_c), rows, dim, _addr(d), dim,
+                                        _addr(hc), dim, _addr(wc), eps, _addr(res), dim,
+                                        _addr(out), dim)
         ctx.save_for_backward(delta, h, w)
         ctx.eps, ctx.pool = eps, pool
-        return res.to(_f32), out.to(_f32)
+        return res, out
 
     @staticmethod
     def backward(ctx, g_res, g_out):
@@ -646,19 +650,19 @@ class _RmsnormResidualC(_torch.autograd.Function):
 
 
 class _RmsnormC(_torch.autograd.Function):
-    """parity_rmsnorm (qk: Qwen3's q/k-norm switch); backward: the fp32 formula."""
+    """parity_rmsnorm (qk: Qwen3's q/k-norm switch) on the 16-bit casts, fp32 in and out on
+    the pool (parity_rmsnorm_f32); backward: the fp32 formula."""
 
     @staticmethod
     def forward(ctx, x, w, eps, qk, pol_c, dtype, pool):
-        dim = x.shape[-1]
-        rows = x.numel() // dim
-        x16, w16 = _bits(x, dtype), _bits(w, dtype)
-        out = _torch.empty_like(x16)
-        lib.parity_rmsnorm(ctypes.byref(pol_c), int(qk), rows, dim, _u16(x16), dim, _u16(w16),
-                           eps, _u16(out), dim)
+        xc, rows, dim = _f32_rows(x)
+        wc = w.detach().contiguous()
+        out = _torch.empty_like(xc)
+        lib.parity_rmsnorm_f32(pool, ctypes.byref(pol_c), int(qk), rows, dim, _addr(xc), dim,
+                               _addr(wc), eps, _addr(out), dim)
         ctx.save_for_backward(x, w)
         ctx.eps, ctx.pool = eps, pool
-        return out.to(_f32)
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -668,19 +672,18 @@ class _RmsnormC(_torch.autograd.Function):
 
 
 class _SwigluC(_torch.autograd.Function):
-    """parity_swiglu; backward: the fp32 formula g sigmoid(g) u."""
+    """parity_swiglu on the 16-bit casts, fp32 in and out on the pool (parity_swiglu_f32);
+    backward: the fp32 formula g sigmoid(g) u."""
 
     @staticmethod
     def forward(ctx, g, u, pol_c, dtype, pool):
-        dim = g.shape[-1]
-        rows = g.numel() // dim
-        g16, u16 = _bits(g, dtype), _bits(u, dtype)
-        out = _torch.empty_like(g16)
-        lib.parity_swiglu(ctypes.byref(pol_c), rows, dim, _u16(g16), dim, _u16(u16), dim,
-                          _u16(out), dim)
+        (gc, rows, dim), (uc, _, _) = _f32_rows(g), _f32_rows(u)
+        out = _torch.empty_like(gc)
+        lib.parity_swiglu_f32(pool, ctypes.byref(pol_c), rows, dim, _addr(gc), dim, _addr(uc),
+                              dim, _addr(out), dim)
         ctx.save_for_backward(g, u)
         ctx.pool = pool
-        return out.to(_f32)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -697,22 +700,23 @@ class _SwigluC(_torch.autograd.Function):
 class _Rope(_torch.autograd.Function):
     """RoPE of x [rows, heads, head_dim]: under compute "bf16" ("fp16") the C kernel,
     parity_rope, on x's 16-bit values (exact: the q/k-norm's rounded outputs) at `positions`
-    (int32, one a row); under compute "fp32" parity.torch's exact fp32 version. Backward: the
+    (int32, one a row), fp32 in and out on the pool (parity_rope_f32); under compute "fp32"
+    parity.torch's exact fp32 version. Backward: the
     rotation's transpose by the same tables, straight through its rounding points:
     g_a = g_lo cos + g_hi sin, g_b = g_hi cos - g_lo sin (the sums autograd forms through the
     formula, the same bits)."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, pol, pol_c, positions, theta):
+    def forward(ctx, x, cos, sin, pol, pol_c, positions, theta, pool=None):
         ctx.save_for_backward(cos, sin)
         if _compute_fp32(pol):
             return _torch_regions._rope_f32(x, cos, sin, pol)
         rows, heads, hd = x.shape
-        x16 = _bits(x, _half(pol))
-        lib.parity_rope(ctypes.byref(pol_c), rows, heads, hd, _u16(x16), heads * hd,
-                        ctypes.cast(positions.data_ptr(), ctypes.POINTER(ctypes.c_int32)),
-                        float(theta))
-        return x16.to(_f32)
+        xc = x.detach().contiguous()
+        out = _torch.empty_like(xc)
+        lib.parity_rope_f32(pool, ctypes.byref(pol_c), rows, heads, hd, _addr(xc), heads * hd,
+                            _addr(out), heads * hd, _addr(positions), float(theta))
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -720,7 +724,7 @@ class _Rope(_torch.autograd.Function):
         half = g.shape[-1] // 2
         g_lo, g_hi = g[..., :half], g[..., half:]
         return (_torch.cat([g_lo * cos + g_hi * sin, g_hi * cos - g_lo * sin], dim=-1), None,
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol, pool=None):
@@ -954,7 +958,7 @@ class CausalLM(_torch.nn.Module):
         def lin(x, prefix, bias=False, rounded=True, quantized=True):
             w = self._param(prefix + ".weight")
             b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
-            data, dtype = _weight_data(w, pol, prefix + ".weight")
+            data, dtype = _weight_data(w, pol, prefix + ".weight", pool)
             return _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
                            fp8=quantized, rounding=rd if rounded else None, recipe=self.recipe,
                            seed=self.recipe_seed, stream=zlib.crc32(prefix.encode()))
@@ -1035,7 +1039,8 @@ class CausalLM(_torch.nn.Module):
         of `positions`, with a heads axis (unsqueeze(1)) to broadcast over the heads."""
         pol, c = self._pol, self.config
         emb = self._param("model.embed_tokens.weight")
-        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
+        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight",
+                                   self._pool.handle)
         x = _Embedding.apply(tokens, emb, data, dtype)
         cos, sin = _torch_regions.rope_cos_sin(positions, c["head_dim"], c["rope_theta"], pol)
         return x, cos.unsqueeze(1), sin.unsqueeze(1)
@@ -1047,7 +1052,8 @@ class CausalLM(_torch.nn.Module):
         theta = self.config["rope_theta"]
 
         def rope(x):
-            return _Rope.apply(x.contiguous(), cos, sin, self._pol, self._pol_c, pos32, theta)
+            return _Rope.apply(x.contiguous(), cos, sin, self._pol, self._pol_c, pos32, theta,
+                               self._pool.handle)
 
         return rope
 
@@ -1151,8 +1157,8 @@ class CausalLM(_torch.nn.Module):
         idx = _torch.tensor(rows, dtype=_torch.int64)
         head_name = "model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"
         norm_w, lm_w = self._param("model.norm.weight"), self._param(head_name)
-        nd, dtype = _weight_data(norm_w, pol, "model.norm.weight")
-        ld, _ = _weight_data(lm_w, pol, head_name)
+        nd, dtype = _weight_data(norm_w, pol, "model.norm.weight", pool)
+        ld, _ = _weight_data(lm_w, pol, head_name, pool)
         if idx.numel():
             lp, logits = _Head.apply(h.index_select(0, idx).contiguous(),
                                      delta.index_select(0, idx).contiguous(), norm_w, lm_w, nd,
@@ -1273,8 +1279,8 @@ class CausalLM(_torch.nn.Module):
 
         def head(hh, dd):
             norm_w, lm_w = self._param("model.norm.weight"), self._param(head_name)
-            nd, dtype = _weight_data(norm_w, pol, "model.norm.weight")
-            ld, _ = _weight_data(lm_w, pol, head_name)
+            nd, dtype = _weight_data(norm_w, pol, "model.norm.weight", pool)
+            ld, _ = _weight_data(lm_w, pol, head_name, pool)
             if not idx.numel():
                 return _torch.zeros(0, dtype=_f32)
             lp, _ = _Head.apply(hh.index_select(0, idx).contiguous(),
