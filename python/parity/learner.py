@@ -210,6 +210,35 @@ def embedding(tokens, table, policy="aligned"):
     return _Embedding.apply(tokens, table, data, dtype)
 
 
+def _gather_rows(table, rows):
+    """table[rows] of a 2-D fp32 tensor (rows an int32 tensor of row indices, at least one),
+    copied by the library (parity_embedding on an F32 table) rather than by torch, whose
+    threads would wake between the library's calls."""
+    t = table.detach().contiguous()
+    n, dim = t.shape
+    out = _torch.empty(rows.numel(), dim, dtype=_f32)
+    lib.parity_embedding(rows.numel(), _addr(rows), n, dim, _F32, _addr(t), dim, _addr(out), dim)
+    return out
+
+
+class _Rows(_torch.autograd.Function):
+    """x.index_select(0, rows) by _gather_rows (rows32 int32, rows the same as int64);
+    backward as torch's index_select's: zeros with the gradient's rows added at `rows`."""
+
+    @staticmethod
+    def forward(ctx, x, rows32, rows):
+        ctx.save_for_backward(rows)
+        ctx.n = x.shape[0]
+        return _gather_rows(x, rows32)
+
+    @staticmethod
+    def backward(ctx, g):
+        (rows,) = ctx.saved_tensors
+        gx = _torch.zeros(ctx.n, g.shape[1], dtype=g.dtype)
+        gx.index_add_(0, rows, g)
+        return gx, None, None
+
+
 def _round_in_place(y, rounding):
     """The rounding point of a GEMM output, in place (parity_round_f32; rounding a parity
     dtype, or None for none). Inside the linear Function its gradient, the identity, is the
@@ -1042,7 +1071,12 @@ class CausalLM(_torch.nn.Module):
         data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight",
                                    self._pool.handle)
         x = _Embedding.apply(tokens, emb, data, dtype)
-        cos, sin = _torch_regions.rope_cos_sin(positions, c["head_dim"], c["rope_theta"], pol)
+        # rope_cos_sin(positions): each position's row depends on that position alone, so the
+        # rows of 0 .. the last position, then each token's by _gather_rows
+        cos, sin = _torch_regions._table_rows(range(int(positions.max()) + 1), c["head_dim"],
+                                              c["rope_theta"], pol)
+        pos32 = positions.to(_torch.int32)
+        cos, sin = _gather_rows(cos, pos32), _gather_rows(sin, pos32)
         return x, cos.unsqueeze(1), sin.unsqueeze(1)
 
     def _rope_op(self, positions, cos, sin):
@@ -1155,15 +1189,15 @@ class CausalLM(_torch.nn.Module):
             rows.extend(range(at, at + n - 1))
             at += n
         idx = _torch.tensor(rows, dtype=_torch.int64)
+        idx32 = idx.to(_torch.int32)
         head_name = "model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"
         norm_w, lm_w = self._param("model.norm.weight"), self._param(head_name)
         nd, dtype = _weight_data(norm_w, pol, "model.norm.weight", pool)
         ld, _ = _weight_data(lm_w, pol, head_name, pool)
         if idx.numel():
-            lp, logits = _Head.apply(h.index_select(0, idx).contiguous(),
-                                     delta.index_select(0, idx).contiguous(), norm_w, lm_w, nd,
-                                     ld, dtype, tokens[idx + 1].contiguous(), options, float(eps),
-                                     pol_c, be, pool)
+            lp, logits = _Head.apply(_Rows.apply(h, idx32, idx), _Rows.apply(delta, idx32, idx),
+                                     norm_w, lm_w, nd, ld, dtype, tokens[idx + 1].contiguous(),
+                                     options, float(eps), pol_c, be, pool)
         else:
             lp = _torch.zeros(0, dtype=_f32)
             logits = _torch.zeros(0, c["vocab_size"], dtype=_f32)
