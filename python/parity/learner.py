@@ -9,10 +9,15 @@ The forward runs the pieces of libparity's own forward, on CPU tensors:
     points (parity_embedding, parity_linear, parity_attention, parity_head_logprobs: the very
     functions parity_score runs);
   - residual + RMSNorm, q/k-norm and SwiGLU through the C region kernels
-    (parity_rmsnorm_residual, parity_rmsnorm, parity_swiglu) under compute "bf16", and through
-    parity.torch's exact torch versions under compute "fp32" (whose unrounded outputs the bf16
-    buffers of the C region kernels cannot hold); RoPE through the C kernel (parity_rope)
+    (parity_rmsnorm_residual, parity_rmsnorm, parity_swiglu, on the fp32 tensors through their
+    _f32 entries, on the module's pool) under compute "bf16", and through parity.torch's exact
+    torch versions under compute "fp32" (whose unrounded outputs the bf16 buffers of the C
+    region kernels cannot hold); RoPE through the C kernel (parity_rope, parity_rope_f32)
     under compute "bf16" and "fp16", through parity.torch's exact version under "fp32";
+  - no torch operation over a whole activation or weight in between (the masters' bf16 casts
+    by parity_bf16_from_f32_array, the head's rows gathered by parity_embedding): each would
+    wake torch's threads between the library's calls, which on a machine of few cores then
+    contend with the library's pool;
   - every rounding point as parity.torch.round_point: bf16 values held in fp32 tensors.
 So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head, +fp16),
 both backends and the three log-prob modes. Under compute "fp16" the same holds with fp16 in
