@@ -133,6 +133,37 @@ static void position_cos_sin(const parity_policy *policy, const float *inv, uint
     }
 }
 
+/* RoPE's shape: rows and heads at least 1, head_dim even in 2..ROPE_MAX_HEAD_DIM, and
+ * *width = n_heads * head_dim without overflow. */
+static int arg_rope_shape(const char *fn, size_t rows, size_t n_heads, size_t head_dim,
+                          size_t *width) {
+    if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
+    if (n_heads == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n_heads is 0", fn);
+    if (head_dim == 0 || head_dim % 2 != 0 || head_dim > ROPE_MAX_HEAD_DIM)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: head_dim %zu must be even, positive and at most %d", fn, head_dim,
+                         ROPE_MAX_HEAD_DIM);
+    uint64_t w;
+    if (mul_overflows((uint64_t)n_heads, (uint64_t)head_dim, &w) || w > SIZE_MAX)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu heads of %zu overflow", fn,
+                         n_heads, head_dim);
+    *width = (size_t)w;
+    return PARITY_OK;
+}
+
+/* RoPE's theta (positive and finite in fp32) and every position (>= 0). */
+static int arg_rope_positions(const char *fn, size_t rows, const int32_t *positions,
+                              double theta) {
+    if (!((float)theta > 0.0f) || !isfinite((float)theta))
+        return set_error(PARITY_ERR_INVALID_ARGUMENT,
+                         "%s: theta %g must be positive and finite in fp32", fn, theta);
+    for (size_t r = 0; r < rows; r++)
+        if (positions[r] < 0)
+            return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: positions[%zu] = %d is negative",
+                             fn, r, (int)positions[r]);
+    return PARITY_OK;
+}
+
 int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t head_dim,
                 uint16_t *x, size_t row_stride, const int32_t *positions, double theta) {
     static const char fn[] = "parity_rope";
@@ -140,25 +171,11 @@ int parity_rope(const parity_policy *policy, size_t rows, size_t n_heads, size_t
     TRY(arg_policy(fn, policy));
     TRY(arg_ptr(fn, x, "x"));
     TRY(arg_ptr(fn, positions, "positions"));
-    if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
-    if (n_heads == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n_heads is 0", fn);
-    if (head_dim == 0 || head_dim % 2 != 0 || head_dim > ROPE_MAX_HEAD_DIM)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "%s: head_dim %zu must be even, positive and at most %d", fn, head_dim,
-                         ROPE_MAX_HEAD_DIM);
-    uint64_t width;
-    if (mul_overflows((uint64_t)n_heads, (uint64_t)head_dim, &width) || width > SIZE_MAX)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu heads of %zu overflow", fn,
-                         n_heads, head_dim);
-    TRY(arg_rows(fn, rows, (size_t)width, row_stride, "x"));
-    if (!((float)theta > 0.0f) || !isfinite((float)theta))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "%s: theta %g must be positive and finite in fp32", fn, theta);
+    size_t width;
+    TRY(arg_rope_shape(fn, rows, n_heads, head_dim, &width));
+    TRY(arg_rows(fn, rows, width, row_stride, "x"));
     /* Every position is checked before any row is rotated: a failed call leaves x as it was. */
-    for (size_t r = 0; r < rows; r++)
-        if (positions[r] < 0)
-            return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: positions[%zu] = %d is negative",
-                             fn, r, (int)positions[r]);
+    TRY(arg_rope_positions(fn, rows, positions, theta));
 
     float inv[ROPE_MAX_HEAD_DIM / 2], cos_t[ROPE_MAX_HEAD_DIM / 2], sin_t[ROPE_MAX_HEAD_DIM / 2];
     const uint32_t half = (uint32_t)(head_dim / 2);
@@ -403,30 +420,16 @@ int parity_rope_f32(parity_pool *pool, const parity_policy *policy, size_t rows,
     TRY(arg_ptr(fn, x, "x"));
     TRY(arg_ptr(fn, out, "out"));
     TRY(arg_ptr(fn, positions, "positions"));
-    if (rows == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: rows is 0", fn);
-    if (n_heads == 0) return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: n_heads is 0", fn);
-    if (head_dim == 0 || head_dim % 2 != 0 || head_dim > ROPE_MAX_HEAD_DIM)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "%s: head_dim %zu must be even, positive and at most %d", fn, head_dim,
-                         ROPE_MAX_HEAD_DIM);
-    uint64_t width;
-    if (mul_overflows((uint64_t)n_heads, (uint64_t)head_dim, &width) || width > SIZE_MAX)
-        return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %zu heads of %zu overflow", fn,
-                         n_heads, head_dim);
+    size_t width;
+    TRY(arg_rope_shape(fn, rows, n_heads, head_dim, &width));
     const arg_buf bufs[] = {{x, "x", 1, x_stride}, {out, "out", 1, out_stride}};
-    TRY(arg_rows(fn, rows, (size_t)width, x_stride, "x"));
-    TRY(arg_rows(fn, rows, (size_t)width, out_stride, "out"));
-    TRY(arg_f32_overlaps(fn, rows, (size_t)width, 1, bufs, 1, bufs + 1));
-    if (!((float)theta > 0.0f) || !isfinite((float)theta))
-        return set_error(PARITY_ERR_INVALID_ARGUMENT,
-                         "%s: theta %g must be positive and finite in fp32", fn, theta);
-    for (size_t r = 0; r < rows; r++)
-        if (positions[r] < 0)
-            return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: positions[%zu] = %d is negative",
-                             fn, r, (int)positions[r]);
+    TRY(arg_rows(fn, rows, width, x_stride, "x"));
+    TRY(arg_rows(fn, rows, width, out_stride, "out"));
+    TRY(arg_f32_overlaps(fn, rows, width, 1, bufs, 1, bufs + 1));
+    TRY(arg_rope_positions(fn, rows, positions, theta));
     float inv[ROPE_MAX_HEAD_DIM / 2];
     rope_default_inv_freq((float)theta, (uint32_t)head_dim, inv);
-    region_f32_job j = {.pol = policy, .kind = REGION_ROPE, .dim = (size_t)width, .in = {x},
+    region_f32_job j = {.pol = policy, .kind = REGION_ROPE, .dim = width, .in = {x},
                         .in_stride = {x_stride}, .out = {out}, .out_stride = {out_stride},
                         .n_heads = n_heads, .head_dim = head_dim, .positions = positions,
                         .inv = inv};
