@@ -955,12 +955,17 @@ class CausalLM(_torch.nn.Module):
         if isinstance(sequences, _torch.Tensor) or not hasattr(sequences, "__len__"):
             raise TypeError("sequences must be a list of token-id sequences")
         seqs, vocab = [], self.config["vocab_size"]
+        context = self.config["max_position_embeddings"]
         for i, s in enumerate(sequences):
             if isinstance(s, _torch.Tensor):
                 if s.dim() != 1 or s.dtype.is_floating_point or s.dtype == _torch.bool:
                     raise TypeError("sequence %d: a 1-D integer tensor, not %s of shape %s"
                                     % (i, s.dtype, tuple(s.shape)))
                 s = s.tolist()
+            if 0 < len(s) <= context and all(type(t) is int for t in s) and \
+                    0 <= min(s) and max(s) < vocab:
+                seqs.append(list(s))  # the common case, checked without a call per token
+                continue
             s = [_lib.as_int(t, "sequence %d token" % i, -2 ** 63, 2 ** 63) for t in s]
             bad = [t for t in s if not 0 <= t < vocab]
             if bad:
@@ -968,10 +973,9 @@ class CausalLM(_torch.nn.Module):
                                   "vocabulary [0, %d)" % (i, bad[0], vocab))
             if not s:
                 raise ParityError(_lib.ERR_EMPTY_INPUT, "sequence %d is empty" % i)
-            if len(s) > self.config["max_position_embeddings"]:
+            if len(s) > context:
                 raise ParityError(_lib.ERR_TOO_LONG, "sequence %d has %d tokens, more than the "
-                                  "model's context (%d)" % (i, len(s),
-                                                            self.config["max_position_embeddings"]))
+                                  "model's context (%d)" % (i, len(s), context))
             seqs.append(s)
         if not seqs:
             raise ParityError(_lib.ERR_EMPTY_INPUT, "no sequences")
