@@ -131,6 +131,44 @@ PARITY_API void parity_pool_free(parity_pool *pool);
 /* Its thread count (1 for NULL). */
 PARITY_API uint32_t parity_pool_threads(const parity_pool *pool);
 
+/* out[i] = parity_bf16_from_f32(x[i]) for i < n (round to nearest even, every NaN 0x7fc0),
+ * in blocks split over `pool` (NULL: the calling thread): a learner's bf16 weights from its
+ * fp32 masters. x and out must not overlap. */
+PARITY_API int parity_bf16_from_f32_array(parity_pool *pool, size_t n, const float *x,
+                                          uint16_t *out);
+
+/* The four region kernels above on fp32 buffers, for a learner that holds its activations in
+ * fp32 (16-bit values where the policy rounds): each gives, bit for bit, what its 16-bit
+ * call gives on the 16-bit casts of its fp32 inputs (the buffer format: fp16 under
+ * PARITY_COMPUTE_FP16, else bf16; round to nearest even, every NaN to the format's one quiet
+ * NaN, fp16 overflow to infinity), its outputs widened exactly to fp32. The weight is fp32
+ * too (cast once per call). Rows are split over `pool` (NULL: the calling thread); the bits
+ * depend neither on the pool nor on the CPU path beyond the 16-bit calls' own. An output may
+ * be an input exactly (the same pointer and stride; RoPE in place is out == x) and must
+ * otherwise overlap no input and no other output. Scratch: two rows of 16-bit values per
+ * thread, the pool's (kept between calls), or the call's own without a pool. */
+PARITY_API int parity_rmsnorm_residual_f32(parity_pool *pool, const parity_policy *policy,
+                                           size_t rows, size_t dim, const float *delta,
+                                           size_t delta_stride, const float *residual,
+                                           size_t residual_stride, const float *weight,
+                                           float eps, float *residual_out,
+                                           size_t residual_out_stride, float *out,
+                                           size_t out_stride);
+PARITY_API int parity_rmsnorm_f32(parity_pool *pool, const parity_policy *policy,
+                                  int is_qk_norm, size_t rows, size_t dim, const float *x,
+                                  size_t x_stride, const float *weight, float eps, float *out,
+                                  size_t out_stride);
+PARITY_API int parity_swiglu_f32(parity_pool *pool, const parity_policy *policy, size_t rows,
+                                 size_t dim, const float *gate, size_t gate_stride,
+                                 const float *up, size_t up_stride, float *out,
+                                 size_t out_stride);
+/* RoPE from x into out (rows of n_heads x head_dim, x_stride / out_stride apart; out == x
+ * with the same stride rotates in place) at positions[rows], as parity_rope. */
+PARITY_API int parity_rope_f32(parity_pool *pool, const parity_policy *policy, size_t rows,
+                               size_t n_heads, size_t head_dim, const float *x,
+                               size_t x_stride, float *out, size_t out_stride,
+                               const int32_t *positions, double theta);
+
 /* out[r][:] = the row tokens[r] of the embedding table [vocab][dim] (rows table_stride apart,
  * dtype PARITY_DTYPE_BF16 or PARITY_DTYPE_F16: widened exactly, or PARITY_DTYPE_F32: copied).
  * PARITY_ERR_TOKEN_RANGE for a token outside [0, vocab). */

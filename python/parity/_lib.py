@@ -695,6 +695,37 @@ _PROTOTYPES = [
       c_size_t, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t], True),
     # int parity_round_f32(uint32_t dtype, size_t n, const float *x, float *out);
     ("parity_round_f32", c_int, [c_uint32, c_size_t, c_void_p, c_void_p], True),
+    # int parity_bf16_from_f32_array(parity_pool *pool, size_t n, const float *x,
+    #                                uint16_t *out);
+    ("parity_bf16_from_f32_array", c_int, [pool_p, c_size_t, c_void_p, c_void_p], True),
+    # int parity_rmsnorm_residual_f32(parity_pool *pool, const parity_policy *policy,
+    #                                 size_t rows, size_t dim, const float *delta,
+    #                                 size_t delta_stride, const float *residual,
+    #                                 size_t residual_stride, const float *weight, float eps,
+    #                                 float *residual_out, size_t residual_out_stride,
+    #                                 float *out, size_t out_stride);
+    ("parity_rmsnorm_residual_f32", c_int,
+     [pool_p, POINTER(parity_policy), c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
+      c_size_t, c_void_p, c_float, c_void_p, c_size_t, c_void_p, c_size_t], True),
+    # int parity_rmsnorm_f32(parity_pool *pool, const parity_policy *policy, int is_qk_norm,
+    #                        size_t rows, size_t dim, const float *x, size_t x_stride,
+    #                        const float *weight, float eps, float *out, size_t out_stride);
+    ("parity_rmsnorm_f32", c_int,
+     [pool_p, POINTER(parity_policy), c_int, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
+      c_float, c_void_p, c_size_t], True),
+    # int parity_swiglu_f32(parity_pool *pool, const parity_policy *policy, size_t rows,
+    #                       size_t dim, const float *gate, size_t gate_stride, const float *up,
+    #                       size_t up_stride, float *out, size_t out_stride);
+    ("parity_swiglu_f32", c_int,
+     [pool_p, POINTER(parity_policy), c_size_t, c_size_t, c_void_p, c_size_t, c_void_p,
+      c_size_t, c_void_p, c_size_t], True),
+    # int parity_rope_f32(parity_pool *pool, const parity_policy *policy, size_t rows,
+    #                     size_t n_heads, size_t head_dim, const float *x, size_t x_stride,
+    #                     float *out, size_t out_stride, const int32_t *positions,
+    #                     double theta);
+    ("parity_rope_f32", c_int,
+     [pool_p, POINTER(parity_policy), c_size_t, c_size_t, c_size_t, c_void_p, c_size_t,
+      c_void_p, c_size_t, c_void_p, c_double], True),
     # int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *a,
     #                   size_t a_row_stride, size_t a_col_stride, uint32_t b_dtype,
     #                   const void *b, size_t b_row_stride, size_t b_col_stride, float *c,

@@ -387,6 +387,20 @@ def _rows(head_dim, theta, positions):
     return out_c, out_s
 
 
+def _table_rows(positions, head_dim, theta, pol):
+    """rope_cos_sin's rows for a list of positions (ints >= 0; head_dim checked), one row a
+    position: (cos, sin) fp32 [len(positions), head_dim // 2], rounded as the policy keeps
+    its table. Each row depends on its position alone."""
+    cos_rows, sin_rows = _rows(head_dim, float(theta), positions)
+    half = head_dim // 2
+    cos = _torch.tensor(cos_rows, dtype=_f32).reshape(-1, half)
+    sin = _torch.tensor(sin_rows, dtype=_f32).reshape(-1, half)
+    rd = _round_dtype(pol)
+    if rd is not None and pol.rope_table == 0:
+        cos, sin = _round(cos, rd), _round(sin, rd)
+    return cos, sin
+
+
 def rope_cos_sin(positions, head_dim, theta=10000.0, policy="aligned"):
     """The cos/sin tables parity_rope uses (default RoPE) for integer `positions`.
 
@@ -402,14 +416,8 @@ def rope_cos_sin(positions, head_dim, theta=10000.0, policy="aligned"):
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError("positions must be >= 0")
     uniq, inverse = _torch.unique(positions.reshape(-1).cpu(), return_inverse=True)
-    cos_rows, sin_rows = _rows(head_dim, float(theta), uniq.tolist())
-    half = head_dim // 2
-    cos = _torch.tensor(cos_rows, dtype=_f32).reshape(-1, half)
-    sin = _torch.tensor(sin_rows, dtype=_f32).reshape(-1, half)
-    rd = _round_dtype(pol)
-    if rd is not None and pol.rope_table == 0:
-        cos, sin = _round(cos, rd), _round(sin, rd)
-    shape = tuple(positions.shape) + (half,)
+    cos, sin = _table_rows(uniq.tolist(), head_dim, theta, pol)
+    shape = tuple(positions.shape) + (head_dim // 2,)
     return (cos[inverse].reshape(shape).to(positions.device),
             sin[inverse].reshape(shape).to(positions.device))
 

@@ -9,10 +9,15 @@ The forward runs the pieces of libparity's own forward, on CPU tensors:
     points (parity_embedding, parity_linear, parity_attention, parity_head_logprobs: the very
     functions parity_score runs);
   - residual + RMSNorm, q/k-norm and SwiGLU through the C region kernels
-    (parity_rmsnorm_residual, parity_rmsnorm, parity_swiglu) under compute "bf16", and through
-    parity.torch's exact torch versions under compute "fp32" (whose unrounded outputs the bf16
-    buffers of the C region kernels cannot hold); RoPE through the C kernel (parity_rope)
+    (parity_rmsnorm_residual, parity_rmsnorm, parity_swiglu, on the fp32 tensors through their
+    _f32 entries, on the module's pool) under compute "bf16", and through parity.torch's exact
+    torch versions under compute "fp32" (whose unrounded outputs the bf16 buffers of the C
+    region kernels cannot hold); RoPE through the C kernel (parity_rope, parity_rope_f32)
     under compute "bf16" and "fp16", through parity.torch's exact version under "fp32";
+  - no torch operation over a whole activation or weight in between (the masters' bf16 casts
+    by parity_bf16_from_f32_array, the head's rows gathered by parity_embedding): each would
+    wake torch's threads between the library's calls, which on a machine of few cores then
+    contend with the library's pool;
   - every rounding point as parity.torch.round_point: bf16 values held in fp32 tensors.
 So the log-probs equal parity_score's bit for bit, for every preset (and +fp32-head, +fp16),
 both backends and the three log-prob modes. Under compute "fp16" the same holds with fp16 in
@@ -136,9 +141,11 @@ def _check_fp16_range(w, h, name):
                          "infinity), which an fp16 policy cannot hold" % name)
 
 
-def _weight_data(w, pol, name="a weight"):
+def _weight_data(w, pol, name="a weight", pool=None):
     """What the kernels read of a weight (an fp32 master tensor): its bf16 round-to-nearest-
-    even bits (compute "bf16"), its fp16 ones (compute "fp16"; a master beyond fp16's range
+    even bits (compute "bf16"; cast by the library on `pool`, a pool handle or None,
+    parity_bf16_from_f32_array: torch's cast, the same bits, would wake torch's own threads
+    between the library's calls), its fp16 ones (compute "fp16"; a master beyond fp16's range
     raises ValueError, as the library refuses it) or the master itself (compute "fp32");
     (tensor, dtype)."""
     w = w.detach()
@@ -148,7 +155,10 @@ def _weight_data(w, pol, name="a weight"):
         h = w.to(_f16).contiguous()
         _check_fp16_range(w, h, name)
         return h, _F16
-    return w.to(_bf16).contiguous(), _BF16
+    w = w.contiguous()
+    data = _torch.empty(w.shape, dtype=_bf16)
+    lib.parity_bf16_from_f32_array(pool, w.numel(), _addr(w), _addr(data))
+    return data, _BF16
 
 
 def _weight_values(w, pol, name="a weight"):
@@ -205,6 +215,35 @@ def embedding(tokens, table, policy="aligned"):
     _, pol = _pol(policy)
     data, dtype = _weight_data(table, pol)
     return _Embedding.apply(tokens, table, data, dtype)
+
+
+def _gather_rows(table, rows):
+    """table[rows] of a 2-D fp32 tensor (rows an int32 tensor of row indices, at least one),
+    copied by the library (parity_embedding on an F32 table) rather than by torch, whose
+    threads would wake between the library's calls."""
+    t = table.detach().contiguous()
+    n, dim = t.shape
+    out = _torch.empty(rows.numel(), dim, dtype=_f32)
+    lib.parity_embedding(rows.numel(), _addr(rows), n, dim, _F32, _addr(t), dim, _addr(out), dim)
+    return out
+
+
+class _Rows(_torch.autograd.Function):
+    """x.index_select(0, rows) by _gather_rows (rows32 int32, rows the same as int64);
+    backward as torch's index_select's: zeros with the gradient's rows added at `rows`."""
+
+    @staticmethod
+    def forward(ctx, x, rows32, rows):
+        ctx.save_for_backward(rows)
+        ctx.n = x.shape[0]
+        return _gather_rows(x, rows32)
+
+    @staticmethod
+    def backward(ctx, g):
+        (rows,) = ctx.saved_tensors
+        gx = _torch.zeros(ctx.n, g.shape[1], dtype=g.dtype)
+        gx.index_add_(0, rows, g)
+        return gx, None, None
 
 
 _round_in_place = _torch_regions._round_in_place
@@ -640,15 +679,6 @@ def logprobs_from_logits(logits, targets, policy="aligned", mode="raw", temperat
 
 # ---- the regions under compute "bf16": the C region kernels, fp32 formulas backward ---------
 
-def _u16(t):
-    return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_uint16))
-
-
-def _bits(x, dtype):
-    """A contiguous bf16 (or fp16) copy of an fp32 tensor of bf16 (fp16) values (exact)."""
-    return x.detach().to(dtype).contiguous()
-
-
 def _rms_backward(x, w, eps, g, g_add, pool):
     """The gradients (x's, plus g_add where given; w's) of the fp32 formula
     x rsqrt(mean(x x) + eps) w over x's last dimension, autograd's steps in C
@@ -664,21 +694,29 @@ def _rms_backward(x, w, eps, g, g_add, pool):
     return gx, gw
 
 
+def _f32_rows(t):
+    """(t as contiguous fp32, its rows, its last dimension) for a region call on fp32 rows."""
+    t = t.detach().contiguous()
+    dim = t.shape[-1]
+    return t, t.numel() // dim, dim
+
+
 class _RmsnormResidualC(_torch.autograd.Function):
-    """parity_rmsnorm_residual: (residual stream, norm output); backward: s = h + delta
+    """parity_rmsnorm_residual on the 16-bit casts, fp32 in and out on the pool
+    (parity_rmsnorm_residual_f32): (residual stream, norm output); backward: s = h + delta
     straight through, the norm's fp32 formula."""
 
     @staticmethod
     def forward(ctx, delta, h, w, eps, pol_c, dtype, pool):
-        dim = h.shape[-1]
-        rows = h.numel() // dim
-        d16, h16, w16 = _bits(delta, dtype), _bits(h, dtype), _bits(w, dtype)
-        res, out = _torch.empty_like(h16), _torch.empty_like(h16)
-        lib.parity_rmsnorm_residual(ctypes.byref(pol_c), rows, dim, _u16(d16), dim, _u16(h16),
-                                    dim, _u16(w16), eps, _u16(res), dim, _u16(out), dim)
+        (d, rows, dim), (hc, _, _) = _f32_rows(delta), _f32_rows(h)
+        wc = w.detach().contiguous()
+        res, out = _torch.empty_like(hc), _torch.empty_like(hc)
+        lib.parity_rmsnorm_residual_f32(pool, ctypes.byref(pol_c), rows, dim, _addr(d), dim,
+                                        _addr(hc), dim, _addr(wc), eps, _addr(res), dim,
+                                        _addr(out), dim)
         ctx.save_for_backward(delta, h, w)
         ctx.eps, ctx.pool = eps, pool
-        return res.to(_f32), out.to(_f32)
+        return res, out
 
     @staticmethod
     def backward(ctx, g_res, g_out):
@@ -688,19 +726,19 @@ class _RmsnormResidualC(_torch.autograd.Function):
 
 
 class _RmsnormC(_torch.autograd.Function):
-    """parity_rmsnorm (qk: Qwen3's q/k-norm switch); backward: the fp32 formula."""
+    """parity_rmsnorm (qk: Qwen3's q/k-norm switch) on the 16-bit casts, fp32 in and out on
+    the pool (parity_rmsnorm_f32); backward: the fp32 formula."""
 
     @staticmethod
     def forward(ctx, x, w, eps, qk, pol_c, dtype, pool):
-        dim = x.shape[-1]
-        rows = x.numel() // dim
-        x16, w16 = _bits(x, dtype), _bits(w, dtype)
-        out = _torch.empty_like(x16)
-        lib.parity_rmsnorm(ctypes.byref(pol_c), int(qk), rows, dim, _u16(x16), dim, _u16(w16),
-                           eps, _u16(out), dim)
+        xc, rows, dim = _f32_rows(x)
+        wc = w.detach().contiguous()
+        out = _torch.empty_like(xc)
+        lib.parity_rmsnorm_f32(pool, ctypes.byref(pol_c), int(qk), rows, dim, _addr(xc), dim,
+                               _addr(wc), eps, _addr(out), dim)
         ctx.save_for_backward(x, w)
         ctx.eps, ctx.pool = eps, pool
-        return out.to(_f32)
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -710,19 +748,18 @@ class _RmsnormC(_torch.autograd.Function):
 
 
 class _SwigluC(_torch.autograd.Function):
-    """parity_swiglu; backward: the fp32 formula g sigmoid(g) u."""
+    """parity_swiglu on the 16-bit casts, fp32 in and out on the pool (parity_swiglu_f32);
+    backward: the fp32 formula g sigmoid(g) u."""
 
     @staticmethod
     def forward(ctx, g, u, pol_c, dtype, pool):
-        dim = g.shape[-1]
-        rows = g.numel() // dim
-        g16, u16 = _bits(g, dtype), _bits(u, dtype)
-        out = _torch.empty_like(g16)
-        lib.parity_swiglu(ctypes.byref(pol_c), rows, dim, _u16(g16), dim, _u16(u16), dim,
-                          _u16(out), dim)
+        (gc, rows, dim), (uc, _, _) = _f32_rows(g), _f32_rows(u)
+        out = _torch.empty_like(gc)
+        lib.parity_swiglu_f32(pool, ctypes.byref(pol_c), rows, dim, _addr(gc), dim, _addr(uc),
+                              dim, _addr(out), dim)
         ctx.save_for_backward(g, u)
         ctx.pool = pool
-        return out.to(_f32)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -739,22 +776,23 @@ class _SwigluC(_torch.autograd.Function):
 class _Rope(_torch.autograd.Function):
     """RoPE of x [rows, heads, head_dim]: under compute "bf16" ("fp16") the C kernel,
     parity_rope, on x's 16-bit values (exact: the q/k-norm's rounded outputs) at `positions`
-    (int32, one a row); under compute "fp32" parity.torch's exact fp32 version. Backward: the
+    (int32, one a row), fp32 in and out on the pool (parity_rope_f32); under compute "fp32"
+    parity.torch's exact fp32 version. Backward: the
     rotation's transpose by the same tables, straight through its rounding points:
     g_a = g_lo cos + g_hi sin, g_b = g_hi cos - g_lo sin (the sums autograd forms through the
     formula, the same bits)."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, pol, pol_c, positions, theta):
+    def forward(ctx, x, cos, sin, pol, pol_c, positions, theta, pool=None):
         ctx.save_for_backward(cos, sin)
         if _compute_fp32(pol):
             return _torch_regions._rope_f32(x, cos, sin, pol)
         rows, heads, hd = x.shape
-        x16 = _bits(x, _half(pol))
-        lib.parity_rope(ctypes.byref(pol_c), rows, heads, hd, _u16(x16), heads * hd,
-                        ctypes.cast(positions.data_ptr(), ctypes.POINTER(ctypes.c_int32)),
-                        float(theta))
-        return x16.to(_f32)
+        xc = x.detach().contiguous()
+        out = _torch.empty_like(xc)
+        lib.parity_rope_f32(pool, ctypes.byref(pol_c), rows, heads, hd, _addr(xc), heads * hd,
+                            _addr(out), heads * hd, _addr(positions), float(theta))
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -762,7 +800,7 @@ class _Rope(_torch.autograd.Function):
         half = g.shape[-1] // 2
         g_lo, g_hi = g[..., :half], g[..., half:]
         return (_torch.cat([g_lo * cos + g_hi * sin, g_hi * cos - g_lo * sin], dim=-1), None,
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol, pool=None):
@@ -969,12 +1007,17 @@ class CausalLM(_torch.nn.Module):
         if isinstance(sequences, _torch.Tensor) or not hasattr(sequences, "__len__"):
             raise TypeError("sequences must be a list of token-id sequences")
         seqs, vocab = [], self.config["vocab_size"]
+        context = self.config["max_position_embeddings"]
         for i, s in enumerate(sequences):
             if isinstance(s, _torch.Tensor):
                 if s.dim() != 1 or s.dtype.is_floating_point or s.dtype == _torch.bool:
                     raise TypeError("sequence %d: a 1-D integer tensor, not %s of shape %s"
                                     % (i, s.dtype, tuple(s.shape)))
                 s = s.tolist()
+            if 0 < len(s) <= context and all(type(t) is int for t in s) and \
+                    0 <= min(s) and max(s) < vocab:
+                seqs.append(list(s))  # the common case, checked without a call per token
+                continue
             s = [_lib.as_int(t, "sequence %d token" % i, -2 ** 63, 2 ** 63) for t in s]
             bad = [t for t in s if not 0 <= t < vocab]
             if bad:
@@ -982,10 +1025,9 @@ class CausalLM(_torch.nn.Module):
                                   "vocabulary [0, %d)" % (i, bad[0], vocab))
             if not s:
                 raise ParityError(_lib.ERR_EMPTY_INPUT, "sequence %d is empty" % i)
-            if len(s) > self.config["max_position_embeddings"]:
+            if len(s) > context:
                 raise ParityError(_lib.ERR_TOO_LONG, "sequence %d has %d tokens, more than the "
-                                  "model's context (%d)" % (i, len(s),
-                                                            self.config["max_position_embeddings"]))
+                                  "model's context (%d)" % (i, len(s), context))
             seqs.append(s)
         if not seqs:
             raise ParityError(_lib.ERR_EMPTY_INPUT, "no sequences")
@@ -1006,7 +1048,7 @@ class CausalLM(_torch.nn.Module):
         def lin(x, prefix, bias=False, rounded=True, quantized=True):
             w = self._param(prefix + ".weight")
             b = self._param(prefix + ".bias") if bias and self._has(prefix + ".bias") else None
-            data, dtype = _weight_data(w, pol, prefix + ".weight")
+            data, dtype = _weight_data(w, pol, prefix + ".weight", pool)
             return _linear(x, w, b, data, dtype, pol_c if quantized else plain_c, pol, be, pool,
                            fp8=quantized, rounding=rd if rounded else None, recipe=self.recipe,
                            seed=self.recipe_seed, stream=zlib.crc32(prefix.encode()),
@@ -1088,9 +1130,15 @@ class CausalLM(_torch.nn.Module):
         of `positions`, with a heads axis (unsqueeze(1)) to broadcast over the heads."""
         pol, c = self._pol, self.config
         emb = self._param("model.embed_tokens.weight")
-        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight")
+        data, dtype = _weight_data(emb, pol, "model.embed_tokens.weight",
+                                   self._pool.handle)
         x = _Embedding.apply(tokens, emb, data, dtype)
-        cos, sin = _torch_regions.rope_cos_sin(positions, c["head_dim"], c["rope_theta"], pol)
+        # rope_cos_sin(positions): each position's row depends on that position alone, so the
+        # rows of 0 .. the last position, then each token's by _gather_rows
+        cos, sin = _torch_regions._table_rows(range(int(positions.max()) + 1), c["head_dim"],
+                                              c["rope_theta"], pol)
+        pos32 = positions.to(_torch.int32)
+        cos, sin = _gather_rows(cos, pos32), _gather_rows(sin, pos32)
         return x, cos.unsqueeze(1), sin.unsqueeze(1)
 
     def _rope_op(self, positions, cos, sin):
@@ -1100,7 +1148,8 @@ class CausalLM(_torch.nn.Module):
         theta = self.config["rope_theta"]
 
         def rope(x):
-            return _Rope.apply(x.contiguous(), cos, sin, self._pol, self._pol_c, pos32, theta)
+            return _Rope.apply(x.contiguous(), cos, sin, self._pol, self._pol_c, pos32, theta,
+                               self._pool.handle)
 
         return rope
 
@@ -1202,15 +1251,15 @@ class CausalLM(_torch.nn.Module):
             rows.extend(range(at, at + n - 1))
             at += n
         idx = _torch.tensor(rows, dtype=_torch.int64)
+        idx32 = idx.to(_torch.int32)
         head_name = "model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"
         norm_w, lm_w = self._param("model.norm.weight"), self._param(head_name)
-        nd, dtype = _weight_data(norm_w, pol, "model.norm.weight")
-        ld, _ = _weight_data(lm_w, pol, head_name)
+        nd, dtype = _weight_data(norm_w, pol, "model.norm.weight", pool)
+        ld, _ = _weight_data(lm_w, pol, head_name, pool)
         if idx.numel():
-            lp, logits = _Head.apply(h.index_select(0, idx).contiguous(),
-                                     delta.index_select(0, idx).contiguous(), norm_w, lm_w, nd,
-                                     ld, dtype, tokens[idx + 1].contiguous(), options, float(eps),
-                                     pol_c, be, pool)
+            lp, logits = _Head.apply(_Rows.apply(h, idx32, idx), _Rows.apply(delta, idx32, idx),
+                                     norm_w, lm_w, nd, ld, dtype, tokens[idx + 1].contiguous(),
+                                     options, float(eps), pol_c, be, pool)
         else:
             lp = _torch.zeros(0, dtype=_f32)
             logits = _torch.zeros(0, c["vocab_size"], dtype=_f32)
@@ -1326,8 +1375,8 @@ class CausalLM(_torch.nn.Module):
 
         def head(hh, dd):
             norm_w, lm_w = self._param("model.norm.weight"), self._param(head_name)
-            nd, dtype = _weight_data(norm_w, pol, "model.norm.weight")
-            ld, _ = _weight_data(lm_w, pol, head_name)
+            nd, dtype = _weight_data(norm_w, pol, "model.norm.weight", pool)
+            ld, _ = _weight_data(lm_w, pol, head_name, pool)
             if not idx.numel():
                 return _torch.zeros(0, dtype=_f32)
             lp, _ = _Head.apply(hh.index_select(0, idx).contiguous(),
