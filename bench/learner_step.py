@@ -77,6 +77,8 @@ def main(argv=None):
     for r in range(args.repeat + 1):
         for name in names:
             learner = learners[name]
+            # grpo.py's run_learner gives torch one thread while the parity learner runs
+            torch.set_num_threads(getattr(learner, "torch_threads", None) or args.threads)
             params = list(learner.named_masters().values())
             for p in params:
                 p.grad = None

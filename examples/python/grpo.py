@@ -800,6 +800,12 @@ class ParityLearner:
         self.policy = policy
         self.seed = seed
         self.description = "parity.torch.CausalLM, policy %s" % policy
+        # Its forward and backward compute on the library's pool; torch runs only glue ops
+        # between the library's calls, elementwise (their bits do not depend on torch's thread
+        # count). With torch's own threads those wake between the library's calls and, on
+        # OpenMP's default active wait, spin on the cores the pool needs: run_learner gives
+        # torch one thread from the forward to the end of the backward.
+        self.torch_threads = 1
         if recipe:
             self.description += ", recipe %s" % recipe
         if gradients != "fp32":
@@ -903,6 +909,9 @@ def run_learner(spec, run, args, prompts, rollouts, torch, emit):
                 adv_tok.append(a_i.expand(len(tokens)))
         if hasattr(learner, "begin_step"):
             learner.begin_step(step)
+        glue_threads = getattr(learner, "torch_threads", None)
+        if glue_threads:
+            torch.set_num_threads(glue_threads)
         out = learner([s for _, s in seqs], args.mode, args.temperature)
         learner_lp = torch.cat([lp[plen - 1:] for (plen, _), lp in zip(seqs, out)])
         sampler_lp = torch.cat(sampler_lp)
@@ -914,6 +923,8 @@ def run_learner(spec, run, args, prompts, rollouts, torch, emit):
         loss = torch.max(-adv * ratio, -adv * clipped).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if glue_threads:
+            torch.set_num_threads(args.threads)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         version += 1
