@@ -59,6 +59,7 @@ static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
 #define ev_zero _mm256_setzero_ps
 #define ev_add _mm256_add_ps
 #define ev_mul _mm256_mul_ps
+#define ev_fma _mm256_fmadd_ps
 #define ev_div _mm256_div_ps
 #define ev_min _mm256_min_ps
 #define ev_max _mm256_max_ps

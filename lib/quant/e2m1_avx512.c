@@ -47,6 +47,7 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ev_zero _mm512_setzero_ps
 #define ev_add _mm512_add_ps
 #define ev_mul _mm512_mul_ps
+#define ev_fma _mm512_fmadd_ps
 #define ev_div _mm512_div_ps
 #define ev_min _mm512_min_ps
 #define ev_max _mm512_max_ps
