@@ -53,9 +53,9 @@
  *   array, lane l the l-th)
  *   EV_E4M3_CHUNK(out, v)      optional: out[b] = ev_scale_values of byte b of v's lanes, E4M3,
  *                              for all EV_CHUNK / 16 blocks at once
- *   ev_set1, ev_zero(), ev_add, ev_mul, ev_fma (a b + c, rounded once), ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
- *   conversion), ev_bits (the bits as an ei), ev_from_bits (an ei's bits as an ev),
- *   ev_reduce_max
+ *   ev_set1, ev_zero(), ev_add, ev_mul, ev_fma (a b + c, rounded once), ev_div, ev_min,
+ *   ev_max, ev_abs, ev_from_int (a conversion), ev_bits (the bits as an ei), ev_from_bits (an
+ *   ei's bits as an ev), ev_reduce_max
  *   ev_load(p, n), ev_store(p, v, n)       lanes [0, n) of p (n may exceed EV_LANES), +0 past n
  *   ei_count_if(code, a, c, pred)          code + 1 in the lanes where a pred c
  *   e2m1_store(p, code, n)                 the low bytes of the lanes' codes, n of them
@@ -152,9 +152,10 @@ static inline void ev_block_scales(ev *out, const uint8_t *const rows[EV_LANES],
  *     E4M3 and E8M0 activation scales have 4 and 1); so S a_s (20 bits), S a_s w_s (24) and
  *     a_s w_s (11) each fit fp32's 24;
  *   - every value is finite and normal or zero: nonzero |a_s| in [2^-124, 2^116], nonzero
- *     |w_s| at least 2^-124 and |a_s| |w_s| in [2^-124, 2^116], so a_s / 4, w_s / 4 and a_s w_s / 4 are at least
- *     2^-126 (and multiples of a power of two, so exact), S a_s / 4 below 2^13 2^114 = 2^127,
- *     and S a_s w_s / 4 within [2^-126, 2^127) (no infinity, no denormal, no NaN code);
+ *     |w_s| at least 2^-124 and |a_s| |w_s| in [2^-124, 2^116], so a_s / 4, w_s / 4 and
+ *     a_s w_s / 4 are normal (a quarter of a normal value at least 2^-124 keeps its
+ *     significand: exact), S a_s / 4 below 2^13 2^114 = 2^127, and S a_s w_s / 4 within
+ *     [2^-126, 2^127) (no infinity, no denormal, no NaN code);
  *   - zeros: S, a_s or w_s zero gives a zero product of sign sign(S) ^ sign(a_s) ^ sign(w_s)
  *     (the conversion of S = 0 is +0) in both forms, and the same add of it to acc.
  * e2m1_chain_fusable checks these bounds for a span of activation scales against the range of
@@ -242,7 +243,8 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
      * FUSE_MIN_ROWS rows the scans cost more than the fused chain saves */
     const int fuse_rows = j->M >= FUSE_MIN_ROWS;
     e2m1_weight_scales wr = {0};
-    if (fuse_rows) wr = e2m1_weight_scales_of(j->ws_codes + n0 * grid, (n1 - n0) * grid, dwords == 4);
+    if (fuse_rows)
+        wr = e2m1_weight_scales_of(j->ws_codes + n0 * grid, (n1 - n0) * grid, dwords == 4);
     const int fuse_all = fuse_rows && e2m1_chain_fusable(j->xs, j->M * nb, &wr);
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
