@@ -433,15 +433,17 @@ static float scale_of_bits(int bits, int exact, int e) {
 
 /* The E2M1 GEMM of rule r on codes and scales written directly, at the bounds of the SIMD
  * kernels' fused chain step (e2m1_lanes.h: it runs where every nonzero scale and product of
- * scales is within [2^-124, 2^116] and the activation scales have at most 7 significant bits):
+ * scales is within [2^-124, 2^116] and the activation scales have at most 7 significant bits;
+ * by an exponent add where they are nonzero powers of two and no weight scale is zero):
  * weight scale bytes over a narrow random range (E8M0 down to 2^-127 and up to 2^127; in a
- * sixth of the GEMMs one NaN or infinity code), then per pass of 32 rows activation scales that
- * put the largest product of scales about 2^115, 2^116 or 2^117 or the least about 2^-123,
- * 2^-124, 2^-125 or 2^-146 (so the fused and the spec's steps meet on both sides of each
- * bound), or of 8 to 12 or 24 significant bits, zero, E8M0's 2^-127, infinite, ordinary;
- * codes saturated (|S| at its largest, so that sums reach infinity) or random. Compared
- * bitwise with the portable kernel. The activation scales stay where a_s / 4 is exact (at least 2^-124, or 2^-127), as every
- * quantizer's are: the SIMD kernels' spec steps compute d a_s as S (a_s / 4) (e2m1_lanes.h). */
+ * sixth of the GEMMs one NaN or infinity code, in another an E4M3 zero), then per pass of 32
+ * rows activation scales that put the largest product of scales about 2^115, 2^116 or 2^117
+ * or the least about 2^-123, 2^-124, 2^-125 or 2^-146 (so the fused and the spec's steps meet
+ * on both sides of each bound), or of 8 to 12 or 24 significant bits, powers of two, zero,
+ * E8M0's 2^-127, infinite, ordinary; codes saturated (|S| at its largest, so that sums reach
+ * infinity) or random. Compared bitwise with the portable kernel. The activation scales stay
+ * where a_s / 4 is exact (at least 2^-124, or 2^-127), as every quantizer's are: the SIMD
+ * kernels' spec steps compute d a_s as S (a_s / 4) (e2m1_lanes.h). */
 static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, const char *variant) {
     const quant_format *f = r->format;
     const int e4m3 = f->block_cols == 16;
@@ -468,11 +470,14 @@ static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, cons
         if (v > most) most = v;
     }
     if (rand_u64() % 6 == 0) bytes[rand_u64() % (N * nb)] = e4m3 && rand_u64() % 2 ? 0x7f : 0xff;
+    /* E4M3's zero scales (an all-zero weight block's) beside power-of-two activation scales */
+    if (e4m3 && rand_u64() % 6 == 0) bytes[rand_u64() % (N * nb)] = rand_u64() % 2 ? 0x00 : 0x80;
     float *xs = alloc_exact(M * nb * sizeof(float)), *xt = alloc_exact(M * sizeof(float));
     for (size_t m0 = 0; m0 < M; m0 += 32) {
         /* delta -22 puts the least product in the denormals (where E8M0 reaches) */
         const int kind = (int)(rand_u64() % 8);
         const int delta = rand_u64() % 4 ? (int)(rand_u64() % 3) - 1 : -22;
+        const int bits = rand_u64() % 2 ? 7 : 1; /* of the ordinary scales: 1, powers of two */
         for (size_t i = m0 * nb; i < (m0 + 32 < M ? m0 + 32 : M) * nb; i++) {
             int e_w;
             switch (kind) {
@@ -498,7 +503,7 @@ static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, cons
                 xs[i] = i % 11 ? scale_of_bits(4, 0, 2) : INFINITY;
                 break;
             default:
-                xs[i] = scale_of_bits(rand_u64() % 2 ? 7 : 1, 0, (int)(rand_u64() % 40) - 20);
+                xs[i] = scale_of_bits(bits, 0, (int)(rand_u64() % 40) - 20);
             }
         }
     }

@@ -49,7 +49,7 @@
  *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
  *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
  *                              broadcast) times w[q] (signed bytes)
- *   ei_set1, ei_sub, ei_or, ei_and, ei_srli, ei_slli, ei_of_dwords (EV_LANES dwords of an
+ *   ei_set1, ei_add, ei_sub, ei_or, ei_and, ei_srli, ei_slli, ei_of_dwords (EV_LANES dwords of an
  *   array, lane l the l-th)
  *   EV_E4M3_CHUNK(out, v)      optional: out[b] = ev_scale_values of byte b of v's lanes, E4M3,
  *                              for all EV_CHUNK / 16 blocks at once
@@ -165,10 +165,10 @@ static inline void ev_block_scales(ev *out, const uint8_t *const rows[EV_LANES],
 /* Rows from which a GEMM looks for the fused step (below, the scans cost more than it saves). */
 enum { FUSE_MIN_ROWS = 4 };
 
-/* The magnitudes of a span of weight scale bytes: `ok` if none is a NaN or infinity code, the
- * least nonzero and the largest value (0 for none). */
+/* The magnitudes of a span of weight scale bytes: `ok` if none is a NaN or infinity code,
+ * `zero` if one is a zero, the least nonzero and the largest value (0 for none). */
 typedef struct e2m1_weight_scales {
-    int ok;
+    int ok, zero;
     double least, most;
 } e2m1_weight_scales;
 
@@ -178,13 +178,14 @@ static inline e2m1_weight_scales e2m1_weight_scales_of(const uint8_t *p, size_t 
      * (0 wraps past all of them). */
     const uint8_t keep = e4m3 ? 0x7f : 0xff, bad = e4m3 ? 0x7f : 0xff;
     const uint8_t shift = e4m3 ? 1 : 0;
-    uint8_t least_less1 = 0xff, most = 0;
+    uint8_t least_less1 = 0xff, most = 0, zero = 0;
     for (size_t i = 0; i < n; i++) {
         const uint8_t v = (uint8_t)(p[i] & keep), key = (uint8_t)(v - shift);
         least_less1 = key < least_less1 ? key : least_less1;
         most = v > most ? v : most;
+        zero |= v == 0;
     }
-    e2m1_weight_scales r = {most != bad, 0.0, 0.0};
+    e2m1_weight_scales r = {most != bad, e4m3 && zero, 0.0, 0.0};
     if (e4m3 && most > 0) {
         r.least = e4m3_to_f32((uint8_t)(least_less1 + 1));
         r.most = e4m3_to_f32(most);
@@ -195,29 +196,42 @@ static inline e2m1_weight_scales e2m1_weight_scales_of(const uint8_t *p, size_t 
     return r;
 }
 
-/* Whether the fused step is exact for n activation scales xs against the weight scales w (the
- * bounds above). */
+/* How the fused step may run for n activation scales xs against the weight scales w (the
+ * bounds above): 0 not at all, FUSED_MULTIPLY (a_s * (w_s / 4) by vmulps), FUSED_EXPONENT_ADD
+ * where every a_s is moreover a nonzero power of two (MXFP4's E8M0 activation scales) and no
+ * w_s is zero (an E8M0 one never is): then
+ * a_s (w_s / 4) is the integer sum of the bits of w_s / 4 and of a_s, less those of 1.0 (the
+ * exponent fields add and the sign bits xor; the bounds keep the sum of the exponents a
+ * normal one, so nothing carries into the sign), an integer add that the vector integer
+ * units take off the multiply pipes. */
+enum { FUSED_MULTIPLY = 1, FUSED_EXPONENT_ADD = 2 };
 static inline int e2m1_chain_fusable(const float *xs, size_t n, const e2m1_weight_scales *w) {
     if (!w->ok || (w->most > 0 && w->least < 0x1p-124)) return 0;
-    /* the scales' bits: any of the low 17 set, the least nonzero magnitude less 1 (0 wraps
-     * past all), the largest (an infinity or NaN above every finite value) */
-    uint32_t low = 0, least_less1 = 0xffffffffu, most = 0;
+    /* the scales' bits: any of the low 17 set, any of the 23 of the significand, a zero, the
+     * least nonzero magnitude less 1 (0 wraps past all), the largest (an infinity or NaN above
+     * every finite value) */
+    uint32_t low = 0, fraction = 0, zero = 0, least_less1 = 0xffffffffu, most = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t bits;
         memcpy(&bits, xs + i, 4);
         const uint32_t magnitude = bits & 0x7fffffffu;
         low |= bits & 0x1ffffu;
+        fraction |= bits & 0x7fffffu;
+        zero |= magnitude == 0;
         least_less1 = magnitude - 1 < least_less1 ? magnitude - 1 : least_less1;
         most = magnitude > most ? magnitude : most;
     }
     if (low || most >= 0x7f800000u) return 0;
-    if (most == 0 || w->most == 0) return 1; /* every product is a zero */
+    const int level = fraction || zero || w->zero ? FUSED_MULTIPLY : FUSED_EXPONENT_ADD;
+    if (most == 0 || w->most == 0) return FUSED_MULTIPLY; /* every product is a zero */
     float least_a, most_a;
     const uint32_t least_bits = least_less1 + 1;
     memcpy(&least_a, &least_bits, 4);
     memcpy(&most_a, &most, 4);
     return least_a >= 0x1p-124f && most_a <= 0x1p116f && (double)least_a * w->least >= 0x1p-124 &&
-           (double)most_a * w->most <= 0x1p116;
+                   (double)most_a * w->most <= 0x1p116
+               ? level
+               : 0;
 }
 
 /* u: a row's codes [k0, k0 + len) as k_a + 12 (0 past len), a dword of 4 at a time, kept in
@@ -245,7 +259,7 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
     e2m1_weight_scales wr = {0};
     if (fuse_rows)
         wr = e2m1_weight_scales_of(j->ws_codes + n0 * grid, (n1 - n0) * grid, dwords == 4);
-    const int fuse_all = fuse_rows && e2m1_chain_fusable(j->xs, j->M * nb, &wr);
+    const int fuse_all = fuse_rows ? e2m1_chain_fusable(j->xs, j->M * nb, &wr) : 0;
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
         /* lanes past the tile's columns repeat its last column (read, never stored) */
@@ -259,9 +273,10 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
         for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
             const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
             /* the fused chain where it is exact for every row of the pass (all of the job's
-             * rows at once, else the pass's own) */
-            const int fused = fuse_rows && (fuse_all || e2m1_chain_fusable(
-                                                            j->xs + m0 * nb, (m1 - m0) * nb, &wr));
+             * rows at once, else the pass's own): 0 or FUSED_* */
+            const int fused = fuse_all || !fuse_rows ? fuse_all
+                                                     : e2m1_chain_fusable(j->xs + m0 * nb,
+                                                                          (m1 - m0) * nb, &wr);
             ev acc[PASS_ROWS];
             for (size_t m = m0; m < m1; m++) acc[m - m0] = ev_zero();
             for (size_t k0 = 0, kb0 = 0; k0 < K; k0 += EV_CHUNK, kb0 += (size_t)blocks_per_chunk) {
@@ -296,20 +311,38 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                 }
                 ev_block_scales(w_scale, srow, kb0, nbc, dwords == 4); /* NVFP4: E4M3 */
                 if (fused) {
-                    /* w_s / 4 (exact: e2m1_chain_fusable), the fused chain's factor */
-                    for (int b = 0; b < EV_CHUNK / 16; b++)
+                    /* w_s / 4 (exact: e2m1_chain_fusable), the fused chain's factor; for the
+                     * exponent add, its bits less those of 1.0 */
+                    for (int b = 0; b < EV_CHUNK / 16; b++) {
                         w_scale[b] = ev_mul(w_scale[b], ev_set1(0.25f));
+                        if (fused == FUSED_EXPONENT_ADD)
+                            w_scale[b] = ev_from_bits(ei_sub(ev_bits(w_scale[b]),
+                                                             ei_set1(0x3f800000)));
+                    }
                     for (size_t m = m0; m < m1; m++) {
                         int32_t u[EV_CHUNK / 4];
                         activation_dwords(u, unsigned_k, j->xq + m * K + k0, len);
                         const float *xs = j->xs + m * nb + kb0;
                         ev a = acc[m - m0];
+                        if (fused == FUSED_EXPONENT_ADD) {
+                            const int32_t *xs_bits = (const int32_t *)(const void *)xs;
 #pragma GCC unroll 4
-                        for (int b = 0; b < blocks_per_chunk; b++) {
-                            if (b >= nbc) break;
-                            const ei s =
-                                ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
-                            a = ev_fma(ev_from_int(s), ev_mul(w_scale[b], ev_set1(xs[b])), a);
+                            for (int b = 0; b < blocks_per_chunk; b++) {
+                                if (b >= nbc) break;
+                                const ei s =
+                                    ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                                const ev p = ev_from_bits(
+                                    ei_add(ev_bits(w_scale[b]), ei_set1(xs_bits[b])));
+                                a = ev_fma(ev_from_int(s), p, a);
+                            }
+                        } else {
+#pragma GCC unroll 4
+                            for (int b = 0; b < blocks_per_chunk; b++) {
+                                if (b >= nbc) break;
+                                const ei s =
+                                    ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                                a = ev_fma(ev_from_int(s), ev_mul(w_scale[b], ev_set1(xs[b])), a);
+                            }
                         }
                         acc[m - m0] = a;
                     }
