@@ -158,9 +158,10 @@ static inline void ev_block_scales(ev *out, const uint8_t *const rows[EV_LANES],
  *     [2^-126, 2^127) (no infinity, no denormal, no NaN code);
  *   - zeros: S, a_s or w_s zero gives a zero product of sign sign(S) ^ sign(a_s) ^ sign(w_s)
  *     (the conversion of S = 0 is +0) in both forms, and the same add of it to acc.
- * e2m1_chain_fusable checks these bounds for a span of activation scales against the range of
- * a job's weight scale bytes; outside them (NaN or infinite scale codes, E8M0 exponents past
- * the bounds, activation scales that are not short) the rows run the spec's steps. */
+ * e2m1_chain_fusable checks these bounds for the range of a job's activation scales (else a
+ * pass's) against that of a tile's weight scale bytes; outside them (NaN or infinite scale
+ * codes, E8M0 exponents past the bounds, activation scales that are not short) the rows run
+ * the spec's steps. */
 
 /* Rows from which a GEMM looks for the fused step (below, the scans cost more than it saves). */
 enum { FUSE_MIN_ROWS = 4 };
@@ -196,17 +197,15 @@ static inline e2m1_weight_scales e2m1_weight_scales_of(const uint8_t *p, size_t 
     return r;
 }
 
-/* How the fused step may run for n activation scales xs against the weight scales w (the
- * bounds above): 0 not at all, FUSED_MULTIPLY (a_s * (w_s / 4) by vmulps), FUSED_EXPONENT_ADD
- * where every a_s is moreover a nonzero power of two (MXFP4's E8M0 activation scales) and no
- * w_s is zero (an E8M0 one never is): then
- * a_s (w_s / 4) is the integer sum of the bits of w_s / 4 and of a_s, less those of 1.0 (the
- * exponent fields add and the sign bits xor; the bounds keep the sum of the exponents a
- * normal one, so nothing carries into the sign), an integer add that the vector integer
- * units take off the multiply pipes. */
-enum { FUSED_MULTIPLY = 1, FUSED_EXPONENT_ADD = 2 };
-static inline int e2m1_chain_fusable(const float *xs, size_t n, const e2m1_weight_scales *w) {
-    if (!w->ok || (w->most > 0 && w->least < 0x1p-124)) return 0;
+/* A span of activation scales: `short_finite` if each is finite with at most 7 significant
+ * bits (its low 17 bits 0), `powers` if each is moreover a nonzero power of two, the least
+ * nonzero and the largest magnitude (0 for none). */
+typedef struct e2m1_activation_scales {
+    int short_finite, powers;
+    float least, most;
+} e2m1_activation_scales;
+
+static inline e2m1_activation_scales e2m1_activation_scales_of(const float *xs, size_t n) {
     /* the scales' bits: any of the low 17 set, any of the 23 of the significand, a zero, the
      * least nonzero magnitude less 1 (0 wraps past all), the largest (an infinity or NaN above
      * every finite value) */
@@ -221,15 +220,31 @@ static inline int e2m1_chain_fusable(const float *xs, size_t n, const e2m1_weigh
         least_less1 = magnitude - 1 < least_less1 ? magnitude - 1 : least_less1;
         most = magnitude > most ? magnitude : most;
     }
-    if (low || most >= 0x7f800000u) return 0;
-    const int level = fraction || zero || w->zero ? FUSED_MULTIPLY : FUSED_EXPONENT_ADD;
-    if (most == 0 || w->most == 0) return FUSED_MULTIPLY; /* every product is a zero */
-    float least_a, most_a;
-    const uint32_t least_bits = least_less1 + 1;
-    memcpy(&least_a, &least_bits, 4);
-    memcpy(&most_a, &most, 4);
-    return least_a >= 0x1p-124f && most_a <= 0x1p116f && (double)least_a * w->least >= 0x1p-124 &&
-                   (double)most_a * w->most <= 0x1p116
+    e2m1_activation_scales r = {!low && most < 0x7f800000u, !fraction && !zero, 0.0f, 0.0f};
+    if (most > 0) {
+        const uint32_t least_bits = least_less1 + 1;
+        memcpy(&r.least, &least_bits, 4);
+        memcpy(&r.most, &most, 4);
+    }
+    return r;
+}
+
+/* How the fused step may run for activation scales a against weight scales w (the bounds
+ * above): 0 not at all, FUSED_MULTIPLY (a_s * (w_s / 4) by vmulps), FUSED_EXPONENT_ADD where
+ * every a_s is moreover a nonzero power of two (MXFP4's E8M0 activation scales) and no w_s is
+ * zero (an E8M0 one never is): then a_s (w_s / 4) is the integer sum of the bits of w_s / 4
+ * and of a_s, less those of 1.0 (the exponent fields add and the sign bits xor; the bounds
+ * keep the sum of the exponents a normal one, so nothing carries into the sign), an integer
+ * add that the vector integer units take off the multiply pipes. */
+enum { FUSED_MULTIPLY = 1, FUSED_EXPONENT_ADD = 2 };
+static inline int e2m1_chain_fusable(const e2m1_activation_scales *a,
+                                     const e2m1_weight_scales *w) {
+    if (!w->ok || (w->most > 0 && w->least < 0x1p-124) || !a->short_finite) return 0;
+    if (a->most == 0 || w->most == 0) return FUSED_MULTIPLY; /* every product is a zero */
+    const int level = a->powers && !w->zero ? FUSED_EXPONENT_ADD : FUSED_MULTIPLY;
+    return a->least >= 0x1p-124f && a->most <= 0x1p116f &&
+                   (double)a->least * w->least >= 0x1p-124 &&
+                   (double)a->most * w->most <= 0x1p116
                ? level
                : 0;
 }
@@ -253,13 +268,11 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
     const size_t row_bytes = j->w_row_bytes; /* (K + 1) / 2 */
     const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
     const ei signed_k = ei_table(E2M1_K_SIGNED), unsigned_k = ei_table(E2M1_K_UNSIGNED);
-    /* the weight scales of the columns [n0, n1) (rows of `grid` bytes, one span), once; below
-     * FUSE_MIN_ROWS rows the scans cost more than the fused chain saves */
+    /* the activation scales of all rows, once (below FUSE_MIN_ROWS rows the scans cost more
+     * than the fused chain saves) */
     const int fuse_rows = j->M >= FUSE_MIN_ROWS;
-    e2m1_weight_scales wr = {0};
-    if (fuse_rows)
-        wr = e2m1_weight_scales_of(j->ws_codes + n0 * grid, (n1 - n0) * grid, dwords == 4);
-    const int fuse_all = fuse_rows ? e2m1_chain_fusable(j->xs, j->M * nb, &wr) : 0;
+    e2m1_activation_scales all_rows = {0, 0, 0.0f, 0.0f};
+    if (fuse_rows) all_rows = e2m1_activation_scales_of(j->xs, j->M * nb);
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
         /* lanes past the tile's columns repeat its last column (read, never stored) */
@@ -270,13 +283,20 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
             wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
             srow[l] = ws + (l < cols ? l : cols - 1) * grid;
         }
+        /* the tile's weight scales (its rows of `grid` bytes, one span) against all rows */
+        e2m1_weight_scales tile_scales = {0, 0, 0.0, 0.0};
+        if (fuse_rows) tile_scales = e2m1_weight_scales_of(ws, cols * grid, dwords == 4);
+        const int fuse_tile = fuse_rows ? e2m1_chain_fusable(&all_rows, &tile_scales) : 0;
         for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
             const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
-            /* the fused chain where it is exact for every row of the pass (all of the job's
-             * rows at once, else the pass's own): 0 or FUSED_* */
-            const int fused = fuse_all || !fuse_rows ? fuse_all
-                                                     : e2m1_chain_fusable(j->xs + m0 * nb,
-                                                                          (m1 - m0) * nb, &wr);
+            /* the fused chain where it is exact for every row of the pass and the tile's
+             * columns (all of the job's rows at once, else the pass's own): 0 or FUSED_* */
+            int fused = fuse_tile;
+            if (!fused && fuse_rows) {
+                const e2m1_activation_scales pass_rows =
+                    e2m1_activation_scales_of(j->xs + m0 * nb, (m1 - m0) * nb);
+                fused = e2m1_chain_fusable(&pass_rows, &tile_scales);
+            }
             ev acc[PASS_ROWS];
             for (size_t m = m0; m < m1; m++) acc[m - m0] = ev_zero();
             for (size_t k0 = 0, kb0 = 0; k0 < K; k0 += EV_CHUNK, kb0 += (size_t)blocks_per_chunk) {
