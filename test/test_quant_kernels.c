@@ -224,6 +224,19 @@ static int test_rows(const quant_rule *r, const quant_simd *s, const char *varia
 
 /* ---- GEMMs -------------------------------------------------------------------------------- */
 
+/* Job j0 through format f's portable column kernel over [0, N), and j1 (the same but its y)
+ * through `columns` over column ranges that split [0, N) at random points. */
+static void run_portable_and_split(const quant_format *f, quant_gemm_fn *columns,
+                                   const quant_gemm_job *j0, const quant_gemm_job *j1,
+                                   size_t N) {
+    f->gemm_columns(j0, 0, N);
+    for (size_t n0 = 0; n0 < N;) {
+        const size_t n1 = n0 + 1 + (size_t)(rand_u64() % (N - n0));
+        columns(j1, n0, n1);
+        n0 = n1;
+    }
+}
+
 /* y = x W^T for rule r, M x K activations against N x K weights, through the portable column
  * kernel and through `columns` over column ranges that split [0, N) at random points; every
  * output compared bitwise, and the columns outside [0, N) of y (ldy > N) left untouched. */
@@ -267,12 +280,7 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
     if (scale_bytes) j0.ws_codes = scale_bytes;
     quant_gemm_job j1 = j0;
     j1.y = y1;
-    f->gemm_columns(&j0, 0, N);
-    for (size_t n0 = 0; n0 < N;) {
-        const size_t n1 = n0 + 1 + (size_t)(rand_u64() % (N - n0));
-        columns(&j1, n0, n1);
-        n0 = n1;
-    }
+    run_portable_and_split(f, columns, &j0, &j1, N);
     char where[160];
     snprintf(where, sizeof where, "%s gemm %s M=%zu N=%zu K=%zu", r->api_name, variant, M, N, K);
     check_floats("y", where, y0, y1, M * ldy);
@@ -516,12 +524,7 @@ static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, cons
     j0.ws_codes = bytes;
     quant_gemm_job j1 = j0;
     j1.y = y1;
-    f->gemm_columns(&j0, 0, N);
-    for (size_t n0 = 0; n0 < N;) {
-        const size_t n1 = n0 + 1 + (size_t)(rand_u64() % (N - n0));
-        columns(&j1, n0, n1);
-        n0 = n1;
-    }
+    run_portable_and_split(f, columns, &j0, &j1, N);
     char where[160];
     snprintf(where, sizeof where, "%s gemm %s scale edges (base 0x%02x) M=%zu N=%zu K=%zu",
              r->api_name, variant, base, M, N, K);
