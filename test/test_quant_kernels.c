@@ -18,6 +18,7 @@
 #include "check.h"
 #include "base/floats.h"
 #include "kernels/kernels.h"
+#include "quant/codecs.h"
 #include "quant/dot.h"
 #include "quant/quant_weight.h"
 #include "quant/rules.h"
@@ -223,6 +224,19 @@ static int test_rows(const quant_rule *r, const quant_simd *s, const char *varia
 
 /* ---- GEMMs -------------------------------------------------------------------------------- */
 
+/* Job j0 through format f's portable column kernel over [0, N), and j1 (the same but its y)
+ * through `columns` over column ranges that split [0, N) at random points. */
+static void run_portable_and_split(const quant_format *f, quant_gemm_fn *columns,
+                                   const quant_gemm_job *j0, const quant_gemm_job *j1,
+                                   size_t N) {
+    f->gemm_columns(j0, 0, N);
+    for (size_t n0 = 0; n0 < N;) {
+        const size_t n1 = n0 + 1 + (size_t)(rand_u64() % (N - n0));
+        columns(j1, n0, n1);
+        n0 = n1;
+    }
+}
+
 /* y = x W^T for rule r, M x K activations against N x K weights, through the portable column
  * kernel and through `columns` over column ranges that split [0, N) at random points; every
  * output compared bitwise, and the columns outside [0, N) of y (ldy > N) left untouched. */
@@ -266,12 +280,7 @@ static void compare_gemm(const quant_rule *r, quant_gemm_fn *columns, const char
     if (scale_bytes) j0.ws_codes = scale_bytes;
     quant_gemm_job j1 = j0;
     j1.y = y1;
-    f->gemm_columns(&j0, 0, N);
-    for (size_t n0 = 0; n0 < N;) {
-        const size_t n1 = n0 + 1 + (size_t)(rand_u64() % (N - n0));
-        columns(&j1, n0, n1);
-        n0 = n1;
-    }
+    run_portable_and_split(f, columns, &j0, &j1, N);
     char where[160];
     snprintf(where, sizeof where, "%s gemm %s M=%zu N=%zu K=%zu", r->api_name, variant, M, N, K);
     check_floats("y", where, y0, y1, M * ldy);
@@ -411,6 +420,125 @@ static void test_ternary_extra(const quant_rule *r, const quant_simd *s, const c
     compare_ternary_codes(r, s->gemm_columns, variant, 1, 2, (size_t)1 << 22);
 }
 
+/* ---- the E2M1 GEMMs' fused chain step ---------------------------------------------------- */
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* The magnitude of E2M1 weight scale byte b (E4M3 for NVFP4's blocks of 16, else E8M0). */
+static double weight_scale_value(int e4m3, uint8_t b) {
+    return fabs((double)(e4m3 ? e4m3_to_f32(b) : e8m0_to_f32(b)));
+}
+
+/* An activation scale of at most `bits` significant bits (exactly that many where `exact`)
+ * times 2^e, of random sign in a quarter of them. */
+static float scale_of_bits(int bits, int exact, int e) {
+    const uint64_t half = (uint64_t)1 << (bits - 1);
+    const uint64_t m = half + (exact && bits > 1 ? (rand_u64() % (half / 2)) * 2 + 1
+                                                 : rand_u64() % half);
+    const float v = (float)ldexp((double)m / (double)half, e);
+    return rand_u64() % 4 ? v : -v;
+}
+
+/* The E2M1 GEMM of rule r on codes and scales written directly, at the bounds of the SIMD
+ * kernels' fused chain step (e2m1_lanes.h: it runs where every nonzero scale and product of
+ * scales is within [2^-124, 2^116] and the activation scales have at most 7 significant bits;
+ * by an exponent add where they are nonzero powers of two and no weight scale is zero):
+ * weight scale bytes over a narrow random range (E8M0 down to 2^-127 and up to 2^127; in a
+ * sixth of the GEMMs one NaN or infinity code, in another an E4M3 zero), then per pass of 32
+ * rows activation scales that put the largest product of scales about 2^115, 2^116 or 2^117
+ * or the least about 2^-123, 2^-124, 2^-125 or 2^-146 (so the fused and the spec's steps meet
+ * on both sides of each bound), or of 8 to 12 or 24 significant bits, powers of two, zero,
+ * E8M0's 2^-127, infinite, ordinary; codes saturated (|S| at its largest, so that sums reach
+ * infinity) or random. Compared bitwise with the portable kernel. The activation scales stay
+ * where a_s / 4 is exact (at least 2^-124, or 2^-127), as every quantizer's are: the SIMD
+ * kernels' spec steps compute d a_s as S (a_s / 4) (e2m1_lanes.h). */
+static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, const char *variant) {
+    const quant_format *f = r->format;
+    const int e4m3 = f->block_cols == 16;
+    static const size_t Ks[] = {67, 300, 1057};
+    const size_t M = 70, N = 37, K = Ks[rand_u64() % 3], bc = f->block_cols;
+    const size_t nb = (K + bc - 1) / bc;
+    uint8_t *xq = alloc_exact(M * K), *codes = alloc_exact(N * K), *bytes = alloc_exact(N * nb);
+    const uint8_t *rows_of[2] = {xq, codes};
+    for (int side = 0; side < 2; side++)
+        for (size_t row = 0; row < (side ? N : M); row++) {
+            const int kind = (int)(rand_u64() % 3); /* all +6, all -6, random */
+            for (size_t k = 0; k < K; k++)
+                ((uint8_t *)rows_of[side])[row * K + k] =
+                    kind == 0 ? 0x7 : kind == 1 ? 0xf : (uint8_t)(rand_u64() & 0xf);
+        }
+    const unsigned base = e4m3 ? (unsigned)(rand_u64() % 0x7f) : (unsigned)(rand_u64() % 255);
+    const unsigned top = e4m3 ? 0x7e : 0xfe;
+    double least = INFINITY, most = 0;
+    for (size_t i = 0; i < N * nb; i++) {
+        const unsigned b = base + (unsigned)(rand_u64() % 4);
+        bytes[i] = (uint8_t)((b > top ? top : b) | (e4m3 && rand_u64() % 4 == 0 ? 0x80 : 0));
+        const double v = weight_scale_value(e4m3, bytes[i]);
+        if (v > 0 && v < least) least = v;
+        if (v > most) most = v;
+    }
+    if (rand_u64() % 6 == 0) bytes[rand_u64() % (N * nb)] = e4m3 && rand_u64() % 2 ? 0x7f : 0xff;
+    /* E4M3's zero scales (an all-zero weight block's) beside power-of-two activation scales */
+    if (e4m3 && rand_u64() % 6 == 0) bytes[rand_u64() % (N * nb)] = rand_u64() % 2 ? 0x00 : 0x80;
+    float *xs = alloc_exact(M * nb * sizeof(float)), *xt = alloc_exact(M * sizeof(float));
+    for (size_t m0 = 0; m0 < M; m0 += 32) {
+        /* delta -22 puts the least product in the denormals (where E8M0 reaches) */
+        const int kind = (int)(rand_u64() % 8);
+        const int delta = rand_u64() % 4 ? (int)(rand_u64() % 3) - 1 : -22;
+        const int bits = rand_u64() % 2 ? 7 : 1; /* of the ordinary scales: 1, powers of two */
+        for (size_t i = m0 * nb; i < (m0 + 32 < M ? m0 + 32 : M) * nb; i++) {
+            int e_w;
+            switch (kind) {
+            case 0: /* the largest product of scales in [2^(115 + delta), 2^(117 + delta)) */
+                frexp(most > 0 ? most : 1.0, &e_w);
+                xs[i] = scale_of_bits(7, 0, 116 - e_w + delta);
+                break;
+            case 1: /* the least in [2^(-124 + delta), 2^(-122 + delta)) */
+                frexp(least < INFINITY ? least : 1.0, &e_w);
+                xs[i] = scale_of_bits(7, 0, imax(-124, -124 - (e_w - 1) + delta));
+                break;
+            case 2: /* 8 .. 12 or 24 significant bits: NVFP4's products need 12 + 4 + 8 */
+                xs[i] = scale_of_bits(rand_u64() % 6 ? 8 + (int)(rand_u64() % 5) : 24, 1,
+                                      (int)(rand_u64() % 20) - 10);
+                break;
+            case 3:
+                xs[i] = rand_u64() % 3 ? 0.0f : rand_u64() % 2 ? -0.0f : scale_of_bits(4, 0, -3);
+                break;
+            case 4:
+                xs[i] = i % 7 ? scale_of_bits(4, 0, 0) : 0x1p-127f; /* E8M0's least */
+                break;
+            case 5:
+                xs[i] = i % 11 ? scale_of_bits(4, 0, 2) : INFINITY;
+                break;
+            default:
+                xs[i] = scale_of_bits(bits, 0, (int)(rand_u64() % 40) - 20);
+            }
+        }
+    }
+    for (size_t m = 0; m < M; m++) xt[m] = 1.0f;
+    const size_t row_bytes = quant_weight_row_bytes(f, K), ldy = N + 2;
+    uint8_t *wq = held_codes(f, codes, N, K);
+    float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
+    for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
+    quant_gemm_job j0 = {M, K, nb, bc, r, xq, xs, xt, wq, row_bytes, {NULL}, nb, 1.0f, y0, ldy};
+    j0.ws_codes = bytes;
+    quant_gemm_job j1 = j0;
+    j1.y = y1;
+    run_portable_and_split(f, columns, &j0, &j1, N);
+    char where[160];
+    snprintf(where, sizeof where, "%s gemm %s scale edges (base 0x%02x) M=%zu N=%zu K=%zu",
+             r->api_name, variant, base, M, N, K);
+    check_floats("y", where, y0, y1, M * ldy);
+    free(xq);
+    free(codes);
+    free(bytes);
+    free(xs);
+    free(xt);
+    free(wq);
+    free(y0);
+    free(y1);
+}
+
 /* ---- which entry each path runs ----------------------------------------------------------- */
 
 /* The entry path p should run for format f: its widest variant's at or below the path's, else
@@ -458,6 +586,9 @@ int main(void) {
                 rows += test_rows(r, s, variant_names[v]);
                 gemm += test_gemm(r, s, variant_names[v]);
                 if (f->element == QUANT_ELEMENT_TERNARY) test_ternary_extra(r, s, variant_names[v]);
+                if (f->element == QUANT_ELEMENT_E2M1 && s->gemm_columns)
+                    for (int rep = 0; rep < 40; rep++)
+                        compare_e2m1_edges(r, s->gemm_columns, variant_names[v]);
             }
             printf("%-9s %-10s: activation quantizer compared under %d rule(s), GEMM under %d\n",
                    f->name, variant_names[v], rows, gemm);

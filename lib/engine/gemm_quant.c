@@ -39,16 +39,47 @@ static void group_columns(void *p, size_t c0, size_t c1, unsigned worker) {
     }
 }
 
+/* The activations' block count along K under format f. */
+static size_t activation_blocks(const quant_format *f, size_t K) {
+    return f->block_cols ? (K + f->block_cols - 1) / f->block_cols : 0;
+}
+
+/* The activations of M rows quantized by rule r: each row alone (every rule's activations are
+ * per token), so from QUANTIZE_SPLIT_ROWS rows the rows are split between the pool's workers
+ * (below, one call: the pool's round trip costs more than the rows). */
+enum { QUANTIZE_SPLIT_ROWS = 16 };
+
+typedef struct quantize_run {
+    const quant_rule *rule;
+    quant_fn *rows;
+    size_t K, ldx, nblocks;
+    const float *x;
+    uint8_t *xq;
+    float *xs, *xt;
+} quantize_run;
+
+static void quantize_part(void *p, size_t r0, size_t r1, unsigned worker) {
+    (void)worker;
+    const quantize_run *q = p;
+    q->rows(q->rule, r1 - r0, q->K, q->x + r0 * q->ldx, q->ldx, q->xq + r0 * q->K, q->K,
+            q->xs + r0 * q->nblocks, q->xt + r0);
+}
+
+static void quantize_activations(const fwd_ctx *ctx, const quant_rule *r, size_t M, size_t K,
+                                 const float *x, size_t ldx, uint8_t *xq, float *xs, float *xt) {
+    quantize_run q = {r, quant_rows_entry(r->format), K, ldx, activation_blocks(r->format, K),
+                      x, xq, xs, xt};
+    if (M < QUANTIZE_SPLIT_ROWS)
+        quantize_part(&q, 0, M, 0);
+    else
+        pool_run(ctx->pool, quantize_part, &q, M);
+}
+
 /* Whether row x of K values holds a NaN or an infinity. */
 static int row_not_finite(const float *x, size_t K) {
     size_t k = 0;
     while (k < K && isfinite(x[k])) k++;
     return k < K;
-}
-
-/* The activations' block count along K under format f. */
-static size_t activation_blocks(const quant_format *f, size_t K) {
-    return f->block_cols ? (K + f->block_cols - 1) / f->block_cols : 0;
 }
 
 void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t ldx, size_t n,
@@ -62,7 +93,7 @@ void linear_quantized_group(const fwd_ctx *ctx, size_t M, const float *x, size_t
     uint8_t *xq = (uint8_t *)ctx->s->gemm.xpack;
     float *xs = (float *)(void *)(xq + (M * K + 63) / 64 * 64);
     float *xt = xs + M * nblocks;
-    quant_rows_entry(f)(rule, M, K, x, ldx, xq, K, xs, xt);
+    quantize_activations(ctx, rule, M, K, x, ldx, xq, xs, xt);
     quant_group_run run = {.n = n, .columns = quant_gemm_entry(f)};
     for (size_t i = 0; i < n; i++) {
         run.job[i] = (quant_gemm_job){M, K, nblocks, f->block_cols, rule, xq, xs, xt,
@@ -100,7 +131,7 @@ void linear_quantized_experts(const fwd_ctx *ctx, size_t n, const uint32_t *firs
     uint8_t *xq = (uint8_t *)ctx->s->gemm.xpack;
     float *xs = (float *)(void *)(xq + (M * K + 63) / 64 * 64);
     float *xt = xs + M * nblocks;
-    quant_rows_entry(f)(rule, M, K, x + first[0] * K, K, xq, K, xs, xt);
+    quantize_activations(ctx, rule, M, K, x + first[0] * K, K, xq, xs, xt);
     quant_group_run run = {.n = n * per, .columns = quant_gemm_entry(f)};
     for (size_t p = 0; p < n; p++) {
         const size_t r = first[p] - first[0], rows = first[p + 1] - first[p];

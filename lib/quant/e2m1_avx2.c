@@ -49,6 +49,7 @@ static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
 #define ei_store(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), v)
 #define ei_shuffle_bytes _mm256_shuffle_epi8
 #define ei_set1 _mm256_set1_epi32
+#define ei_add _mm256_add_epi32
 #define ei_sub _mm256_sub_epi32
 #define ei_or _mm256_or_si256
 #define ei_and _mm256_and_si256
@@ -59,6 +60,7 @@ static inline ei ei_weight_codes(const uint8_t *p, size_t len) {
 #define ev_zero _mm256_setzero_ps
 #define ev_add _mm256_add_ps
 #define ev_mul _mm256_mul_ps
+#define ev_fma _mm256_fmadd_ps
 #define ev_div _mm256_div_ps
 #define ev_min _mm256_min_ps
 #define ev_max _mm256_max_ps

@@ -35,6 +35,7 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ei_store(p, v) _mm512_storeu_si512((void *)(p), v)
 #define ei_shuffle_bytes _mm512_shuffle_epi8
 #define ei_set1 _mm512_set1_epi32
+#define ei_add _mm512_add_epi32
 #define ei_sub _mm512_sub_epi32
 #define ei_or _mm512_or_si512
 #define ei_and _mm512_and_si512
@@ -47,6 +48,7 @@ static inline ei ei_codes(const uint8_t *p, size_t len) {
 #define ev_zero _mm512_setzero_ps
 #define ev_add _mm512_add_ps
 #define ev_mul _mm512_mul_ps
+#define ev_fma _mm512_fmadd_ps
 #define ev_div _mm512_div_ps
 #define ev_min _mm512_min_ps
 #define ev_max _mm512_max_ps

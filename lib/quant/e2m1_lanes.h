@@ -22,7 +22,10 @@
  * acc = acc + (S * (a_s / 4)) * w_s, which is acc + (d * a_s) * w_s: d = S / 4 exactly, and
  * a_s / 4 is exact (an E4M3 value is at least 2^-9, an E8M0 one at least 2^-127: powers of two
  * down to 2^-149 divide exactly), so S * (a_s / 4) and d * a_s are one real number rounded
- * once. Last, NVFP4's acc * (s2a * s2w). Past K the codes read as 0 (k_w = 0: nothing added).
+ * once. Where every scale of a pass's rows and of the job's columns is within the bounds
+ * that make each product exact (below, "the fused chain step"), the step is the one fma
+ * acc = fma(S, a_s * (w_s / 4), acc), the same bits. Last, NVFP4's acc * (s2a * s2w). Past K
+ * the codes read as 0 (k_w = 0: nothing added).
  *
  * The quantizers. Per block, amax is the lanes' max of |x| (a NaN passed over as fmaxf does:
  * vmaxps returns its second operand, the running max, when the first is NaN; a max is exact in
@@ -46,13 +49,13 @@
  *   ei_transpose(r)            EV_LANES vectors of EV_LANES dwords transposed
  *   ei_dot(start, w, u, n)     per lane, start + sum over n dwords of u[q] (unsigned bytes,
  *                              broadcast) times w[q] (signed bytes)
- *   ei_set1, ei_sub, ei_or, ei_and, ei_srli, ei_slli, ei_of_dwords (EV_LANES dwords of an
+ *   ei_set1, ei_add, ei_sub, ei_or, ei_and, ei_srli, ei_slli, ei_of_dwords (EV_LANES dwords of an
  *   array, lane l the l-th)
  *   EV_E4M3_CHUNK(out, v)      optional: out[b] = ev_scale_values of byte b of v's lanes, E4M3,
  *                              for all EV_CHUNK / 16 blocks at once
- *   ev_set1, ev_zero(), ev_add, ev_mul, ev_div, ev_min, ev_max, ev_abs, ev_from_int (a
- *   conversion), ev_bits (the bits as an ei), ev_from_bits (an ei's bits as an ev),
- *   ev_reduce_max
+ *   ev_set1, ev_zero(), ev_add, ev_mul, ev_fma (a b + c, rounded once), ev_div, ev_min,
+ *   ev_max, ev_abs, ev_from_int (a conversion), ev_bits (the bits as an ei), ev_from_bits (an
+ *   ei's bits as an ev), ev_reduce_max
  *   ev_load(p, n), ev_store(p, v, n)       lanes [0, n) of p (n may exceed EV_LANES), +0 past n
  *   ei_count_if(code, a, c, pred)          code + 1 in the lanes where a pred c
  *   e2m1_store(p, code, n)                 the low bytes of the lanes' codes, n of them
@@ -140,6 +143,122 @@ static inline void ev_block_scales(ev *out, const uint8_t *const rows[EV_LANES],
         out[b] = ev_scale_values(ei_and(ei_srli(v, 8 * b), ei_set1(0xff)), e4m3);
 }
 
+/* ---- the fused chain step ---------------------------------------------------------------
+ * Where every product is exact the chain step acc + (S * (a_s / 4)) * w_s is one fma:
+ * fma(S, a_s * (w_s / 4), acc), bit for bit. Both round the same real acc + S a_s w_s / 4 once
+ * (the fma's product is exact by definition; the spec's add gets that product exactly) when:
+ *   - every significand is short: |S| <= 32 x 144 < 2^13 (13 bits), w_s an E4M3 (4 bits) or
+ *     E8M0 (1 bit) value, a_s with at most 7 significant bits (its low 17 mantissa bits 0:
+ *     E4M3 and E8M0 activation scales have 4 and 1); so S a_s (20 bits), S a_s w_s (24) and
+ *     a_s w_s (11) each fit fp32's 24;
+ *   - every value is finite and normal or zero: nonzero |a_s| in [2^-124, 2^116], nonzero
+ *     |w_s| at least 2^-124 and |a_s| |w_s| in [2^-124, 2^116], so a_s / 4, w_s / 4 and
+ *     a_s w_s / 4 are normal (a quarter of a normal value at least 2^-124 keeps its
+ *     significand: exact), S a_s / 4 below 2^13 2^114 = 2^127, and S a_s w_s / 4 within
+ *     [2^-126, 2^127) (no infinity, no denormal, no NaN code);
+ *   - zeros: S, a_s or w_s zero gives a zero product of sign sign(S) ^ sign(a_s) ^ sign(w_s)
+ *     (the conversion of S = 0 is +0) in both forms, and the same add of it to acc.
+ * e2m1_chain_fusable checks these bounds for the range of a job's activation scales (else a
+ * pass's) against that of a tile's weight scale bytes; outside them (NaN or infinite scale
+ * codes, E8M0 exponents past the bounds, activation scales that are not short) the rows run
+ * the spec's steps. */
+
+/* Rows from which a GEMM looks for the fused step (below, the scans cost more than it saves). */
+enum { FUSE_MIN_ROWS = 4 };
+
+/* The magnitudes of a span of weight scale bytes: `ok` if none is a NaN or infinity code,
+ * `zero` if one is a zero, the least nonzero and the largest value (0 for none). */
+typedef struct e2m1_weight_scales {
+    int ok, zero;
+    double least, most;
+} e2m1_weight_scales;
+
+static inline e2m1_weight_scales e2m1_weight_scales_of(const uint8_t *p, size_t n, int e4m3) {
+    /* E4M3: the magnitude's 7 bits order the values, 0x7f the NaN; E8M0: the byte orders
+     * them (0 is 2^-127, no zero), 0xff the infinity. least_less1: the least nonzero less 1
+     * (0 wraps past all of them). */
+    const uint8_t keep = e4m3 ? 0x7f : 0xff, bad = e4m3 ? 0x7f : 0xff;
+    const uint8_t shift = e4m3 ? 1 : 0;
+    uint8_t least_less1 = 0xff, most = 0, zero = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t v = (uint8_t)(p[i] & keep), key = (uint8_t)(v - shift);
+        least_less1 = key < least_less1 ? key : least_less1;
+        most = v > most ? v : most;
+        zero |= v == 0;
+    }
+    e2m1_weight_scales r = {most != bad, e4m3 && zero, 0.0, 0.0};
+    if (e4m3 && most > 0) {
+        r.least = e4m3_to_f32((uint8_t)(least_less1 + 1));
+        r.most = e4m3_to_f32(most);
+    } else if (!e4m3 && n > 0) {
+        r.least = e8m0_to_f32(least_less1);
+        r.most = e8m0_to_f32(most);
+    }
+    return r;
+}
+
+/* A span of activation scales: `short_finite` if each is finite with at most 7 significant
+ * bits (its low 17 bits 0), `powers` if each is moreover a nonzero power of two, the least
+ * nonzero and the largest magnitude (0 for none). */
+typedef struct e2m1_activation_scales {
+    int short_finite, powers;
+    float least, most;
+} e2m1_activation_scales;
+
+static inline e2m1_activation_scales e2m1_activation_scales_of(const float *xs, size_t n) {
+    /* the scales' bits: any of the low 17 set, any of the 23 of the significand, a zero, the
+     * least nonzero magnitude less 1 (0 wraps past all), the largest (an infinity or NaN above
+     * every finite value) */
+    uint32_t low = 0, fraction = 0, zero = 0, least_less1 = 0xffffffffu, most = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, xs + i, 4);
+        const uint32_t magnitude = bits & 0x7fffffffu;
+        low |= bits & 0x1ffffu;
+        fraction |= bits & 0x7fffffu;
+        zero |= magnitude == 0;
+        least_less1 = magnitude - 1 < least_less1 ? magnitude - 1 : least_less1;
+        most = magnitude > most ? magnitude : most;
+    }
+    e2m1_activation_scales r = {!low && most < 0x7f800000u, !fraction && !zero, 0.0f, 0.0f};
+    if (most > 0) {
+        const uint32_t least_bits = least_less1 + 1;
+        memcpy(&r.least, &least_bits, 4);
+        memcpy(&r.most, &most, 4);
+    }
+    return r;
+}
+
+/* How the fused step may run for activation scales a against weight scales w (the bounds
+ * above): 0 not at all, FUSED_MULTIPLY (a_s * (w_s / 4) by vmulps), FUSED_EXPONENT_ADD where
+ * every a_s is moreover a nonzero power of two (MXFP4's E8M0 activation scales) and no w_s is
+ * zero (an E8M0 one never is): then a_s (w_s / 4) is the integer sum of the bits of w_s / 4
+ * and of a_s, less those of 1.0 (the exponent fields add and the sign bits xor; the bounds
+ * keep the sum of the exponents a normal one, so nothing carries into the sign), an integer
+ * add that the vector integer units take off the multiply pipes. */
+enum { FUSED_MULTIPLY = 1, FUSED_EXPONENT_ADD = 2 };
+static inline int e2m1_chain_fusable(const e2m1_activation_scales *a,
+                                     const e2m1_weight_scales *w) {
+    if (!w->ok || (w->most > 0 && w->least < 0x1p-124) || !a->short_finite) return 0;
+    if (a->most == 0 || w->most == 0) return FUSED_MULTIPLY; /* every product is a zero */
+    const int level = a->powers && !w->zero ? FUSED_EXPONENT_ADD : FUSED_MULTIPLY;
+    return a->least >= 0x1p-124f && a->most <= 0x1p116f &&
+                   (double)a->least * w->least >= 0x1p-124 &&
+                   (double)a->most * w->most <= 0x1p116
+               ? level
+               : 0;
+}
+
+/* u: a row's codes [k0, k0 + len) as k_a + 12 (0 past len), a dword of 4 at a time, kept in
+ * memory (the empty asm says it may have changed), so that each ei_dot broadcast is a load
+ * (vpbroadcastd from memory, no shuffle unit) rather than the lane shifts and register
+ * broadcasts the compiler otherwise picks. */
+static inline void activation_dwords(int32_t u[EV_CHUNK / 4], ei unsigned_k, const uint8_t *p,
+                                     size_t len) {
+    ei_store(u, ei_shuffle_bytes(unsigned_k, ei_codes(p, len)));
+    __asm__ volatile("" : "+m"(*(int32_t(*)[EV_CHUNK / 4])u));
+}
+
 /* The columns [n0, n1) of the job under blocks of `dwords` dwords (4: NVFP4's 16 codes, 8:
  * MXFP4's 32), a tile's columns a lane each. */
 static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_job *j,
@@ -149,6 +268,11 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
     const size_t row_bytes = j->w_row_bytes; /* (K + 1) / 2 */
     const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
     const ei signed_k = ei_table(E2M1_K_SIGNED), unsigned_k = ei_table(E2M1_K_UNSIGNED);
+    /* the activation scales of all rows, once (below FUSE_MIN_ROWS rows the scans cost more
+     * than the fused chain saves) */
+    const int fuse_rows = j->M >= FUSE_MIN_ROWS;
+    e2m1_activation_scales all_rows = {0, 0, 0.0f, 0.0f};
+    if (fuse_rows) all_rows = e2m1_activation_scales_of(j->xs, j->M * nb);
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
         /* lanes past the tile's columns repeat its last column (read, never stored) */
@@ -159,8 +283,20 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
             wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
             srow[l] = ws + (l < cols ? l : cols - 1) * grid;
         }
+        /* the tile's weight scales (its rows of `grid` bytes, one span) against all rows */
+        e2m1_weight_scales tile_scales = {0, 0, 0.0, 0.0};
+        if (fuse_rows) tile_scales = e2m1_weight_scales_of(ws, cols * grid, dwords == 4);
+        const int fuse_tile = fuse_rows ? e2m1_chain_fusable(&all_rows, &tile_scales) : 0;
         for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
             const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
+            /* the fused chain where it is exact for every row of the pass and the tile's
+             * columns (all of the job's rows at once, else the pass's own): 0 or FUSED_* */
+            int fused = fuse_tile;
+            if (!fused && fuse_rows) {
+                const e2m1_activation_scales pass_rows =
+                    e2m1_activation_scales_of(j->xs + m0 * nb, (m1 - m0) * nb);
+                fused = e2m1_chain_fusable(&pass_rows, &tile_scales);
+            }
             ev acc[PASS_ROWS];
             for (size_t m = m0; m < m1; m++) acc[m - m0] = ev_zero();
             for (size_t k0 = 0, kb0 = 0; k0 < K; k0 += EV_CHUNK, kb0 += (size_t)blocks_per_chunk) {
@@ -194,20 +330,58 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                                                               e2m1_biases, dwords));
                 }
                 ev_block_scales(w_scale, srow, kb0, nbc, dwords == 4); /* NVFP4: E4M3 */
-                for (size_t m = m0; m < m1; m++) {
-                    /* the row's codes as k_a + 12, then read back a dword at a time */
-                    int32_t u[EV_CHUNK / 4];
-                    ei_store(u, ei_shuffle_bytes(unsigned_k, ei_codes(j->xq + m * K + k0, len)));
-                    const float *xs = j->xs + m * nb + kb0;
-                    ev a = acc[m - m0];
-#pragma GCC unroll 4
-                    for (int b = 0; b < blocks_per_chunk; b++) {
-                        if (b >= nbc) break;
-                        const ei s = ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
-                        const ev t = ev_mul(ev_from_int(s), ev_set1(xs[b] * 0.25f));
-                        a = ev_add(a, ev_mul(t, w_scale[b]));
+                if (fused) {
+                    /* w_s / 4 (exact: e2m1_chain_fusable), the fused chain's factor; for the
+                     * exponent add, its bits less those of 1.0 */
+                    for (int b = 0; b < EV_CHUNK / 16; b++) {
+                        w_scale[b] = ev_mul(w_scale[b], ev_set1(0.25f));
+                        if (fused == FUSED_EXPONENT_ADD)
+                            w_scale[b] = ev_from_bits(ei_sub(ev_bits(w_scale[b]),
+                                                             ei_set1(0x3f800000)));
                     }
-                    acc[m - m0] = a;
+                    for (size_t m = m0; m < m1; m++) {
+                        int32_t u[EV_CHUNK / 4];
+                        activation_dwords(u, unsigned_k, j->xq + m * K + k0, len);
+                        const float *xs = j->xs + m * nb + kb0;
+                        ev a = acc[m - m0];
+                        if (fused == FUSED_EXPONENT_ADD) {
+                            const int32_t *xs_bits = (const int32_t *)(const void *)xs;
+#pragma GCC unroll 4
+                            for (int b = 0; b < blocks_per_chunk; b++) {
+                                if (b >= nbc) break;
+                                const ei s =
+                                    ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                                const ev p = ev_from_bits(
+                                    ei_add(ev_bits(w_scale[b]), ei_set1(xs_bits[b])));
+                                a = ev_fma(ev_from_int(s), p, a);
+                            }
+                        } else {
+#pragma GCC unroll 4
+                            for (int b = 0; b < blocks_per_chunk; b++) {
+                                if (b >= nbc) break;
+                                const ei s =
+                                    ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                                a = ev_fma(ev_from_int(s), ev_mul(w_scale[b], ev_set1(xs[b])), a);
+                            }
+                        }
+                        acc[m - m0] = a;
+                    }
+                } else {
+                    for (size_t m = m0; m < m1; m++) {
+                        int32_t u[EV_CHUNK / 4];
+                        activation_dwords(u, unsigned_k, j->xq + m * K + k0, len);
+                        const float *xs = j->xs + m * nb + kb0;
+                        ev a = acc[m - m0];
+#pragma GCC unroll 4
+                        for (int b = 0; b < blocks_per_chunk; b++) {
+                            if (b >= nbc) break;
+                            const ei s =
+                                ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                            const ev t = ev_mul(ev_from_int(s), ev_set1(xs[b] * 0.25f));
+                            a = ev_add(a, ev_mul(t, w_scale[b]));
+                        }
+                        acc[m - m0] = a;
+                    }
                 }
             }
             for (size_t m = m0; m < m1; m++) {
