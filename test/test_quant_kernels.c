@@ -407,6 +407,13 @@ static void test_ternary_extra(const quant_rule *r, const quant_simd *s, const c
     for (int rep = 0; rep < 6; rep++)
         compare_ternary_codes(r, s->gemm_columns, variant, 1 + (size_t)(rand_u64() % 6),
                               1 + (size_t)(rand_u64() % 20), 4096 + (size_t)(rand_u64() % 200));
+    /* one activation row (the AVX-512 kernels' decode loop up to 16384 codes, the tiles past
+     * it): extreme codes over rows ending anywhere in a held line of 64 bytes */
+    for (int rep = 0; rep < 6; rep++)
+        compare_ternary_codes(r, s->gemm_columns, variant, 1, 1 + (size_t)(rand_u64() % 40),
+                              1 + (size_t)(rand_u64() % 4200));
+    compare_ternary_codes(r, s->gemm_columns, variant, 1, 17, 16384);
+    compare_ternary_codes(r, s->gemm_columns, variant, 1, 17, 16385);
     compare_ternary_codes(r, s->gemm_columns, variant, 2, 3, ((size_t)1 << 22) + 1);
     compare_ternary_codes(r, s->gemm_columns, variant, 1, 2, (size_t)1 << 22);
 }
