@@ -50,7 +50,10 @@
 
 /* The chunks of 128 codes whose block dots are kept at once (16 columns of each: 24 KB), and
  * how far ahead of its reads the kernel asks for the weight's lines, in rows. */
-enum { SEGMENT_CHUNKS = 24, ROW_AHEAD = 16 };
+enum { SEGMENT_CHUNKS = 24 };
+#ifndef ROW_AHEAD
+#define ROW_AHEAD 32
+#endif
 
 /* The mask of the first n of 64 bytes (n <= 64). */
 static inline __mmask64 byte_mask(size_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
@@ -241,10 +244,12 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
             const size_t s1 = chunks - s0 < SEGMENT_CHUNKS ? chunks : s0 + SEGMENT_CHUNKS;
             for (size_t c = 0; c < cols; c++) {
                 const uint8_t *row = j->wq + (n + c) * row_bytes;
-                /* the column's scales of the segment, asked for now: read once the 16
-                 * columns' block dots are there */
-                for (size_t at = s0 * (size_t)per; at < s1 * (size_t)per; at += 64)
+                /* the column's scales of the segment, and those of the column 16 on, asked
+                 * for now: read once the 16 columns' block dots are there */
+                for (size_t at = s0 * (size_t)per; at < s1 * (size_t)per; at += 64) {
                     _mm_prefetch((const char *)(srow[c] + at), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(srow[c] + 16 * grid + at), _MM_HINT_T0);
+                }
                 for (size_t k = s0; k < s1; k++) {
                     const size_t at = 64 * k;
                     _mm_prefetch((const char *)(row + at + ahead), _MM_HINT_T0);
