@@ -250,15 +250,7 @@ static void gemm_row(const quant_gemm_job *j, size_t n0, size_t n1) {
     _Alignas(32) uint8_t arranged[ROW_MAX_K];
     arrange_row(j->xq, K, arranged);
     ternary_block b;
-    b.m0 = 0;
-    b.rows = 1;
-    b.bf16_steps = j->rule->tensor_scale == QUANT_SCALE_BF16;
-    b.unpacked = NULL;
-    memset(b.sum_x, 0, 17 * sizeof b.sum_x[0]);
-    memset(b.divisor, 0, 17 * sizeof b.divisor[0]);
-    b.sum_x[0] = sum_codes(j->xq, K);
-    const float divisor = j->w_tensor_scale * j->xt[0];
-    b.divisor[0] = b.bf16_steps ? round_bf16(divisor) : divisor;
+    ternary_row_block(j, sum_codes, &b);
     const size_t ahead = ROW_AHEAD * row_bytes;
     for (size_t n = n0; n < n1; n += 8) {
         const size_t cols = n1 - n < 8 ? n1 - n : 8;

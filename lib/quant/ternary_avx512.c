@@ -270,8 +270,8 @@ ALWAYS_INLINE __m512i row_sum(const uint8_t *row, size_t row_bytes, size_t ahead
 }
 
 /* The columns [n0, n1) of a job of one activation row (M = 1, K <= ROW_MAX_K): the weight rows
- * read one after the other, four at a time, in address order (the hardware's prefetchers
- * follow one stream, where the tiles' 16 rows of a few lines each lose them), each row's sum
+ * read one after the other in address order (the hardware's prefetchers follow one stream,
+ * where the tiles' 16 rows of a few lines each lose them), each row's sum
  * kept in a vector until 16 rows are there, folded (fold16) and finished as the tiles finish
  * theirs (tile_store, one row of 16 columns). The integer sums are exact in any order
  * (TERNARY_MAX_K), so D is the tiles' and the portable kernel's. */
@@ -280,16 +280,8 @@ static void gemm_row(const quant_gemm_job *j, size_t n0, size_t n1) {
     _Alignas(64) uint8_t arranged[ROW_MAX_K];
     arrange_row(j->xq, K, arranged);
     ternary_block b;
-    b.m0 = 0;
-    b.rows = 1;
-    b.bf16_steps = j->rule->tensor_scale == QUANT_SCALE_BF16;
-    b.unpacked = NULL;
-    memset(b.sum_x, 0, 17 * sizeof b.sum_x[0]);
-    memset(b.divisor, 0, 17 * sizeof b.divisor[0]);
-    b.sum_x[0] = sum_codes(j->xq, K);
+    ternary_row_block(j, sum_codes, &b);
     const size_t ahead = ROW_AHEAD * row_bytes;
-    const float divisor = j->w_tensor_scale * j->xt[0];
-    b.divisor[0] = b.bf16_steps ? round_bf16(divisor) : divisor;
     for (size_t n = n0; n < n1; n += 16) {
         const size_t cols = n1 - n < 16 ? n1 - n : 16;
         __m512i sums[16];
