@@ -14,7 +14,8 @@
  * Once per call, the activation row's codes become their k_a (k = 2 x value, |k| <= 12, signed
  * bytes) arranged per chunk of 128 codes as the chunk's 64 held weight bytes pair with them:
  * 64 bytes of the even codes (byte i: code 2 i, the low nibble of weight byte i), then 64 of the
- * odd ones (the high nibbles); 0 past K. With them each block's correction 12 sum(k_a).
+ * odd ones (the high nibbles); 0 past K. With them, per chunk, the vector its dots start from:
+ * each block's correction -12 sum(k_a) in the block's first lane.
  *
  * Per weight row and chunk: the 64 bytes loaded once (masked at the row's end; a byte past it
  * is code 0, whose k_a partner is 0), the nibbles mapped to k_w + 12 (unsigned bytes, 0 .. 24,
@@ -22,15 +23,18 @@
  * then vpmaddwd) against the even and odd k_a: dword lane i sums codes 8 i .. 8 i + 7, so a
  * block of 16 codes is two lanes and one of 32 four. Those vectors of 16 columns are kept, then
  * per chunk their lanes are summed by block and transposed (block_dots) so that a vector holds
- * one block of the 16 columns, a column a lane: sum (k_w + 12) k_a, less the block's correction,
- * is S = sum k_w k_a, the block's exact dot in units of 1/4 (at most 32 x 144 in magnitude: no
- * sum overflows, and every sum of integers is exact in any order). Then dot.c's fp32 chain in
+ * one block of the 16 columns, a column a lane: the correction plus sum (k_w + 12) k_a is
+ * S = sum k_w k_a, the block's exact dot in units of 1/4 (at most 32 x 144 in magnitude, every
+ * partial sum at most 32 x 24 x 12 + 12 x 32 x 12: no sum overflows, and every sum of integers
+ * is exact in any order). Then dot.c's fp32 chain in
  * the lanes, the blocks ascending, as e2m1_lanes.h writes it (its header says why it is
  * acc + (d * a_s) * w_s): acc = acc + (S * (a_s / 4)) * w_s; last, NVFP4's acc * (s2a * s2w).
  * The weight's scale bytes become their fp32 values as codecs.h's e4m3_to_f32 and
  * e8m0_to_f32 give them (scale_values: an E4M3 byte's 7 bits moved to bits 20 .. 26 are the
  * fp32 of its value times 2^-120, exact through subnormals, which MXCSR does not flush here;
- * its NaN codes the quiet NaN of their sign; E8M0's exponent field, 2^-127 for byte 0).
+ * its NaN codes the quiet NaN of their sign; E8M0's exponent field, 2^-127 for byte 0; where
+ * no byte of a chunk is an E4M3 NaN code, scale_values_at moves each byte's bits into place
+ * straight from the dword holding it).
  */
 #include <immintrin.h>
 #include <string.h>
