@@ -334,6 +334,14 @@ static int test_gemm(const quant_rule *r, const quant_simd *s, const char *varia
     /* a decode row and two rows along a K longer than the kernel's stack holds at once */
     compare_gemm(r, s->gemm_columns, variant, 1, 21, 8300);
     compare_gemm(r, s->gemm_columns, variant, 2, 19, 4200);
+    /* one activation row (the AVX-512 E2M1 and the ternary kernels' decode loops up to 16384
+     * codes, the tiles past it): rows ending anywhere in a chunk, columns past a group of 16,
+     * a third of them on random scale bytes (E2M1: subnormal, NaN and extreme scales) */
+    for (int rep = 0; rep < 8; rep++)
+        compare_gemm(r, s->gemm_columns, variant, 1, 1 + (size_t)(rand_u64() % 40),
+                     1 + (size_t)(rand_u64() % 4200));
+    compare_gemm(r, s->gemm_columns, variant, 1, 33, 16384);
+    compare_gemm(r, s->gemm_columns, variant, 1, 33, 16385);
     /* last blocks ending 2 or 3 codes into a quad of K (the AVX-512 tile's pairs are codes 4q,
      * 4q + 2 and 4q + 1, 4q + 3): 130 = 128 + 2, 98 = 3 x 32 + 2, 163 = 5 x 32 + 3 */
     for (size_t m = 1; m <= 9; m += 8) {
@@ -416,6 +424,13 @@ static void test_ternary_extra(const quant_rule *r, const quant_simd *s, const c
     for (int rep = 0; rep < 6; rep++)
         compare_ternary_codes(r, s->gemm_columns, variant, 1 + (size_t)(rand_u64() % 6),
                               1 + (size_t)(rand_u64() % 20), 4096 + (size_t)(rand_u64() % 200));
+    /* one activation row (the AVX-512 kernels' decode loop up to 16384 codes, the tiles past
+     * it): extreme codes over rows ending anywhere in a held line of 64 bytes */
+    for (int rep = 0; rep < 6; rep++)
+        compare_ternary_codes(r, s->gemm_columns, variant, 1, 1 + (size_t)(rand_u64() % 40),
+                              1 + (size_t)(rand_u64() % 4200));
+    compare_ternary_codes(r, s->gemm_columns, variant, 1, 17, 16384);
+    compare_ternary_codes(r, s->gemm_columns, variant, 1, 17, 16385);
     compare_ternary_codes(r, s->gemm_columns, variant, 2, 3, ((size_t)1 << 22) + 1);
     compare_ternary_codes(r, s->gemm_columns, variant, 1, 2, (size_t)1 << 22);
 }

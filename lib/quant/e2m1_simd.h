@@ -21,11 +21,13 @@ quant_gemm_fn e2m1_gemm_avx2;
 quant_fn nvfp4_quantize_rows_avx2, mxfp4_quantize_rows_avx2;
 #endif
 #if defined(PARITY_HAVE_AVX512)
-quant_gemm_fn e2m1_gemm_avx512;
+/* e2m1_row_avx512.c: a job of one activation row, others to e2m1_gemm_avx512 (the VNNI
+ * variant's likewise) */
+quant_gemm_fn e2m1_gemm_avx512, e2m1_row_gemm_avx512;
 quant_fn nvfp4_quantize_rows_avx512, mxfp4_quantize_rows_avx512;
 #endif
 #if defined(PARITY_HAVE_AVX512VNNI)
-quant_gemm_fn e2m1_gemm_avx512vnni;
+quant_gemm_fn e2m1_gemm_avx512vnni, e2m1_row_gemm_avx512vnni;
 #endif
 
 /* The SIMD variants of a format row (rules.c's FORMAT), as its designated initializers: the
@@ -33,8 +35,8 @@ quant_gemm_fn e2m1_gemm_avx512vnni;
  * its own: it falls back to the AVX-512 one) and the GEMM, for the ISAs this build has (each
  * implies the ones before it: lib/kernels/meson.build). */
 #define E2M1_SIMD_AVX2(rows_avx2) [QUANT_SIMD_AVX2] = {rows_avx2, e2m1_gemm_avx2}
-#define E2M1_SIMD_AVX512(rows_avx512) [QUANT_SIMD_AVX512] = {rows_avx512, e2m1_gemm_avx512}
-#define E2M1_SIMD_AVX512VNNI [QUANT_SIMD_AVX512VNNI] = {NULL, e2m1_gemm_avx512vnni}
+#define E2M1_SIMD_AVX512(rows_avx512) [QUANT_SIMD_AVX512] = {rows_avx512, e2m1_row_gemm_avx512}
+#define E2M1_SIMD_AVX512VNNI [QUANT_SIMD_AVX512VNNI] = {NULL, e2m1_row_gemm_avx512vnni}
 #if defined(PARITY_HAVE_AVX512VNNI)
 #define E2M1_SIMD(rows_avx2, rows_avx512)                                                        \
     E2M1_SIMD_AVX2(rows_avx2), E2M1_SIMD_AVX512(rows_avx512), E2M1_SIMD_AVX512VNNI

@@ -190,8 +190,83 @@ static void tiles(const quant_gemm_job *j, const ternary_block *b, size_t m, siz
         tile(1, 0, j, b, m, n, cols);
 }
 
+/* ---- the GEMM of one activation row (decoding at batch 1) -------------------------------- */
+
+/* The longest row the one-row kernel takes (its arranged activation codes are on the stack);
+ * longer ones go to the tiles. How far ahead of its reads it asks for the weight's lines, in
+ * rows. */
+#define ROW_MAX_K ((size_t)16384)
+#define ROW_AHEAD 16
+
+/* The activation codes of a row arranged as the held weight's 32-byte pieces read them (as
+ * ternary_avx512.c's arrange_row, on two 128-bit lanes): per 128 codes (a piece: groups
+ * g = 0, 1 of 64 codes in its lanes), four vectors X_q, q = 0 .. 3, whose lane g holds codes
+ * 64 g + 16 q .. 64 g + 16 q + 15; 0 past K. `arranged` takes K rounded up to 128. */
+static void arrange_row(const uint8_t *x, size_t K, uint8_t *arranged) {
+    for (size_t s = 0; s < K; s += 128)
+        for (size_t q = 0; q < 4; q++)
+            for (size_t g = 0; g < 2; g++) {
+                const size_t from = s + 64 * g + 16 * q;
+                uint8_t *to = arranged + s + 32 * q + 16 * g;
+                const size_t n = from < K ? (K - from < 16 ? K - from : 16) : 0;
+                memcpy(to, x + from, n);
+                memset(to + n, 0, 16 - n);
+            }
+}
+
+/* The integer sum sum (w + 1) x of a weight row against the arranged activations, in a vector
+ * (its 8 lanes summed later): each held piece of 32 bytes loaded once (a row's last 16 bytes
+ * alone where its length is an odd number of groups: the high lane then 0, codes w + 1 = 0),
+ * its field q (a shift by 2 q and a mask) the codes of X_q, fields 0, 1 and 2, 3 each into a
+ * sum of its own (dot_bytes2); the line `ahead` bytes on asked for once a line. */
+ALWAYS_INLINE __m256i row_sum(const uint8_t *row, size_t row_bytes, size_t ahead,
+                              const uint8_t *arranged) {
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (size_t b = 0; b < row_bytes; b += 32) {
+        const __m256i *x = (const __m256i *)(const void *)(arranged + 4 * b);
+        if (b % 64 == 0) _mm_prefetch((const char *)(row + b + ahead), _MM_HINT_T0);
+        const __m256i w =
+            b + 32 <= row_bytes
+                ? _mm256_loadu_si256((const __m256i *)(const void *)(row + b))
+                : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(row + b)));
+        const __m256i w2 = _mm256_srli_epi64(w, 2);
+        acc[0] = dot_bytes2(acc[0], _mm256_and_si256(w, three), _mm256_loadu_si256(x),
+                            _mm256_and_si256(w2, three), _mm256_loadu_si256(x + 1));
+        acc[1] = dot_bytes2(acc[1], _mm256_and_si256(_mm256_srli_epi64(w, 4), three),
+                            _mm256_loadu_si256(x + 2),
+                            _mm256_and_si256(_mm256_srli_epi64(w2, 4), three),
+                            _mm256_loadu_si256(x + 3));
+    }
+    return _mm256_add_epi32(acc[0], acc[1]);
+}
+
+/* The columns [n0, n1) of a job of one activation row (M = 1, K <= ROW_MAX_K): the weight rows
+ * read one after the other in address order, each row's sum kept in a vector until 8 rows are
+ * there, folded (fold8) and finished as the tiles finish theirs (tile_store, one row of 8
+ * columns); ternary_avx512.c's gemm_row on 8 lanes. */
+static void gemm_row(const quant_gemm_job *j, size_t n0, size_t n1) {
+    const size_t K = j->K, row_bytes = j->w_row_bytes;
+    _Alignas(32) uint8_t arranged[ROW_MAX_K];
+    arrange_row(j->xq, K, arranged);
+    ternary_block b;
+    ternary_row_block(j, sum_codes, &b);
+    const size_t ahead = ROW_AHEAD * row_bytes;
+    for (size_t n = n0; n < n1; n += 8) {
+        const size_t cols = n1 - n < 8 ? n1 - n : 8;
+        __m256i sums[8];
+        for (size_t c = 0; c < 8; c++) /* past the last column: the last again, not stored */
+            sums[c] = row_sum(j->wq + (n + (c < cols ? c : cols - 1)) * row_bytes, row_bytes,
+                              ahead, arranged);
+        tile_store(1, 8, sums, j, &b, 0, n, cols);
+    }
+}
+
 void ternary_gemm_avx2(const quant_gemm_job *j, size_t n0, size_t n1) {
-    ternary_gemm_loop(j, n0, n1, 8, sum_codes, tiles, unpack_row);
+    if (j->M == 1 && j->K <= ROW_MAX_K)
+        gemm_row(j, n0, n1);
+    else
+        ternary_gemm_loop(j, n0, n1, 8, sum_codes, tiles, unpack_row);
 }
 
 /* ---- the activation quantizer -------------------------------------------------------------- */

@@ -212,8 +212,91 @@ static void tiles(const quant_gemm_job *j, const ternary_block *b, size_t m, siz
         tile(1, 0, j, b, m, n, cols);
 }
 
+/* ---- the GEMM of one activation row (decoding at batch 1) -------------------------------- */
+
+/* The longest row the one-row kernel takes (its arranged activation codes are on the stack);
+ * longer ones go to the tiles. */
+#define ROW_MAX_K ((size_t)16384)
+/* How far ahead of its reads the one-row kernel asks for the weight's lines, in rows. */
+#ifndef ROW_AHEAD
+#define ROW_AHEAD 16
+#endif
+
+/* The activation codes of a row arranged as the held weight lines read them: per line of 256
+ * codes (64 bytes of a held row, groups g = 0 .. 3 of 64 codes in its 128-bit lanes), four
+ * vectors X_q, q = 0 .. 3, whose lane g holds codes 64 g + 16 q .. 64 g + 16 q + 15 (field q
+ * of the line's bytes, code_layout.h); 0 past K. `arranged` takes K rounded up to 256. */
+static void arrange_row(const uint8_t *x, size_t K, uint8_t *arranged) {
+    for (size_t s = 0; s < K; s += 256) {
+        __m512i g[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const size_t at = s + 64 * (size_t)i;
+            g[i] = _mm512_maskz_loadu_epi8(at < K ? byte_mask(K - at) : 0, x + at);
+        }
+        /* the 4 x 4 transpose of 128-bit lanes: X_q lane g is g[g] lane q */
+        const __m512i a0 = _mm512_shuffle_i64x2(g[0], g[1], 0x44);
+        const __m512i a1 = _mm512_shuffle_i64x2(g[0], g[1], 0xee);
+        const __m512i b0 = _mm512_shuffle_i64x2(g[2], g[3], 0x44);
+        const __m512i b1 = _mm512_shuffle_i64x2(g[2], g[3], 0xee);
+        _mm512_storeu_si512(arranged + s, _mm512_shuffle_i64x2(a0, b0, 0x88));
+        _mm512_storeu_si512(arranged + s + 64, _mm512_shuffle_i64x2(a0, b0, 0xdd));
+        _mm512_storeu_si512(arranged + s + 128, _mm512_shuffle_i64x2(a1, b1, 0x88));
+        _mm512_storeu_si512(arranged + s + 192, _mm512_shuffle_i64x2(a1, b1, 0xdd));
+    }
+}
+
+/* The integer sum sum (w + 1) x of a weight row against the arranged activations, in a vector
+ * (its 16 lanes summed later): each held line of 64 bytes loaded once (masked at the row's end:
+ * bytes past it read as 0, codes w + 1 = 0), its field q (a shift by 2 q and a mask) the codes
+ * of X_q, into a sum of its own (four chains of products); the line `ahead` bytes on asked
+ * for. */
+ALWAYS_INLINE __m512i row_sum(const uint8_t *row, size_t row_bytes, size_t ahead,
+                              const uint8_t *arranged) {
+    const __m512i three = _mm512_set1_epi8(3);
+    __m512i acc[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) acc[q] = _mm512_setzero_si512();
+    for (size_t b = 0; b < row_bytes; b += 64) {
+        const __m512i *x = (const __m512i *)(const void *)(arranged + 4 * b);
+        _mm_prefetch((const char *)(row + b + ahead), _MM_HINT_T0);
+        const __m512i w = _mm512_maskz_loadu_epi8(byte_mask(row_bytes - b), row + b);
+        acc[0] = dot_bytes(acc[0], _mm512_and_si512(w, three), x[0]);
+        acc[1] = dot_bytes(acc[1], _mm512_and_si512(_mm512_srli_epi64(w, 2), three), x[1]);
+        acc[2] = dot_bytes(acc[2], _mm512_and_si512(_mm512_srli_epi64(w, 4), three), x[2]);
+        acc[3] = dot_bytes(acc[3], _mm512_and_si512(_mm512_srli_epi64(w, 6), three), x[3]);
+    }
+    return _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3]));
+}
+
+/* The columns [n0, n1) of a job of one activation row (M = 1, K <= ROW_MAX_K): the weight rows
+ * read one after the other in address order (the hardware's prefetchers follow one stream,
+ * where the tiles' 16 rows of a few lines each lose them), each row's sum
+ * kept in a vector until 16 rows are there, folded (fold16) and finished as the tiles finish
+ * theirs (tile_store, one row of 16 columns). The integer sums are exact in any order
+ * (TERNARY_MAX_K), so D is the tiles' and the portable kernel's. */
+static void gemm_row(const quant_gemm_job *j, size_t n0, size_t n1) {
+    const size_t K = j->K, row_bytes = j->w_row_bytes;
+    _Alignas(64) uint8_t arranged[ROW_MAX_K];
+    arrange_row(j->xq, K, arranged);
+    ternary_block b;
+    ternary_row_block(j, sum_codes, &b);
+    const size_t ahead = ROW_AHEAD * row_bytes;
+    for (size_t n = n0; n < n1; n += 16) {
+        const size_t cols = n1 - n < 16 ? n1 - n : 16;
+        __m512i sums[16];
+        for (size_t c = 0; c < 16; c++) /* past the last column: the last again, not stored */
+            sums[c] = row_sum(j->wq + (n + (c < cols ? c : cols - 1)) * row_bytes, row_bytes,
+                              ahead, arranged);
+        tile_store(1, 16, sums, j, &b, 0, n, cols);
+    }
+}
+
 void TERNARY_GEMM(const quant_gemm_job *j, size_t n0, size_t n1) {
-    ternary_gemm_loop(j, n0, n1, 16, sum_codes, tiles, unpack_row);
+    if (j->M == 1 && j->K <= ROW_MAX_K)
+        gemm_row(j, n0, n1);
+    else
+        ternary_gemm_loop(j, n0, n1, 16, sum_codes, tiles, unpack_row);
 }
 
 /* ---- the activation quantizer (the avx512 build only; the avx512vnni variant uses it) ------ */

@@ -15,6 +15,9 @@
  * than each unpacking them again (TERNARY_UNPACKED_BYTES): a column group's rows at once
  * where they fit, else a tile's columns at a time, with every row tile of 4 of the block run
  * on them before the next columns.
+ * At M = 1 each ISA file has a kernel of its own (gemm_row: the weight rows streamed in
+ * address order against the activation row), which finishes 16 or 8 columns at a time through
+ * its tiles' last steps on ternary_row_block's block.
  * A tile's integer sums are exact in int32 (TERNARY_MAX_K below says why), so the
  * order of their terms is free; the last steps are the portable kernel's fp32 (or bf16)
  * operations, lane for lane.
@@ -84,6 +87,22 @@ ALWAYS_INLINE size_t ternary_tile_rows(const int R, const int C, const int U,
                  : j->wq + at * j->w_row_bytes;
     }
     return m == 0 && !U ? 2 * (size_t)(R * C) * j->w_row_bytes : 0;
+}
+
+/* The block of a job of one activation row (M = 1) as the ISAs' one-row kernels give it to
+ * their tiles' last steps: row 0's sum of codes and divisor (as ternary_gemm_loop computes
+ * them), zeros past it; no unpacked rows. */
+ALWAYS_INLINE void ternary_row_block(const quant_gemm_job *j, ternary_sum_fn *sum_codes,
+                                     ternary_block *b) {
+    b->m0 = 0;
+    b->rows = 1;
+    b->bf16_steps = j->rule->tensor_scale == QUANT_SCALE_BF16;
+    b->unpacked = NULL;
+    memset(b->sum_x, 0, 17 * sizeof b->sum_x[0]);
+    memset(b->divisor, 0, 17 * sizeof b->divisor[0]);
+    b->sum_x[0] = sum_codes(j->xq, j->K);
+    const float divisor = j->w_tensor_scale * j->xt[0];
+    b->divisor[0] = b->bf16_steps ? round_bf16(divisor) : divisor;
 }
 
 /* The GEMM's columns [n0, n1) through an ISA's tiles of 4, 2 and 1 rows (`lanes` outputs

@@ -1,0 +1,312 @@
+/*
+ * The E2M1 formats' GEMM of one activation row (M = 1, decoding at batch 1) on AVX-512, bit for
+ * bit dot.c's quant_gemm_blocked on E2M1 codes (NVFP4 blocks of 16, MXFP4 blocks of 32): the
+ * entries e2m1_row_gemm_avx512 and (compiled a second time with E2M1_VNNI defined and
+ * -mavx512vnni) e2m1_row_gemm_avx512vnni, which take a job of one row whose K fits their stack
+ * (E2M1_ROW_MAX_K) and give any other to e2m1_gemm_avx512 / _avx512vnni (e2m1_lanes.h).
+ *
+ * The tiles of e2m1_lanes.h transpose 16 weight rows a chunk at a time, which at M = 1 costs
+ * more instructions than the row's bytes take to arrive, and read 16 rows of a few lines each
+ * at once, which the hardware's prefetchers lose. Here the weight rows are read whole, one
+ * after the other, in address order (a software prefetch ROW_AHEAD rows ahead), and the
+ * transposition is of the block dots, after the integer work:
+ *
+ * Once per call, the activation row's codes become their k_a (k = 2 x value, |k| <= 12, signed
+ * bytes) arranged per chunk of 128 codes as the chunk's 64 held weight bytes pair with them:
+ * 64 bytes of the even codes (byte i: code 2 i, the low nibble of weight byte i), then 64 of the
+ * odd ones (the high nibbles); 0 past K. With them, per chunk, the vector its dots start from:
+ * each block's correction -12 sum(k_a) in the block's first lane.
+ *
+ * Per weight row and chunk: the 64 bytes loaded once (masked at the row's end; a byte past it
+ * is code 0, whose k_a partner is 0), the nibbles mapped to k_w + 12 (unsigned bytes, 0 .. 24,
+ * vpshufb), then two vpdpbusd (or vpmaddubsw pairs summed in int16, at most 2 x 2 x 24 x 12,
+ * then vpmaddwd) against the even and odd k_a: dword lane i sums codes 8 i .. 8 i + 7, so a
+ * block of 16 codes is two lanes and one of 32 four. Those vectors of 16 columns are kept, then
+ * per chunk their lanes are summed by block and transposed (block_dots) so that a vector holds
+ * one block of the 16 columns, a column a lane: the correction plus sum (k_w + 12) k_a is
+ * S = sum k_w k_a, the block's exact dot in units of 1/4 (at most 32 x 144 in magnitude, every
+ * partial sum at most 32 x 24 x 12 + 12 x 32 x 12: no sum overflows, and every sum of integers
+ * is exact in any order). Then dot.c's fp32 chain in
+ * the lanes, the blocks ascending, as e2m1_lanes.h writes it (its header says why it is
+ * acc + (d * a_s) * w_s): acc = acc + (S * (a_s / 4)) * w_s; last, NVFP4's acc * (s2a * s2w).
+ * The weight's scale bytes become their fp32 values as codecs.h's e4m3_to_f32 and
+ * e8m0_to_f32 give them (scale_values: an E4M3 byte's 7 bits moved to bits 20 .. 26 are the
+ * fp32 of its value times 2^-120, exact through subnormals, which MXCSR does not flush here;
+ * its NaN codes the quiet NaN of their sign; E8M0's exponent field, 2^-127 for byte 0; where
+ * no byte of a chunk is an E4M3 NaN code, scale_values_at moves each byte's bits into place
+ * straight from the dword holding it).
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "dot.h"
+#include "e2m1_simd.h"
+
+#include "kernels/kernels_x86.h"
+
+#if defined(E2M1_VNNI)
+#define E2M1_ROW_GEMM e2m1_row_gemm_avx512vnni
+#define E2M1_TILES_GEMM e2m1_gemm_avx512vnni
+#else
+#define E2M1_ROW_GEMM e2m1_row_gemm_avx512
+#define E2M1_TILES_GEMM e2m1_gemm_avx512
+#endif
+
+/* The chunks of 128 codes whose block dots are kept at once (16 columns of each: 24 KB), and
+ * how far ahead of its reads the kernel asks for the weight's lines, in rows. */
+enum { SEGMENT_CHUNKS = 24 };
+#ifndef ROW_AHEAD
+#define ROW_AHEAD 32
+#endif
+
+/* The mask of the first n of 64 bytes (n <= 64). */
+static inline __mmask64 byte_mask(size_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+/* The activation row's k_a arranged per chunk (the header), K rounded up to 128 bytes of them
+ * into `arranged`; per chunk, the vector its block dots start from (16 dwords into `start`):
+ * -12 sum(k_a) of each block of bc codes in the block's first lane (lane 2 h for the block of
+ * codes 16 h .. 16 h + 15, lane 4 h for that of 32 h .. 32 h + 31), 0 elsewhere. */
+static void arrange_row(const uint8_t *x, size_t K, size_t bc, int8_t *arranged,
+                        int32_t *start) {
+    const __m512i k_of = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_K_SIGNED));
+    /* per 128-bit lane: the even bytes to its low half, the odd ones to its high half */
+    const __m512i deal = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+    for (size_t s = 0; s < K; s += 128) {
+        const __m512i v0 = _mm512_maskz_loadu_epi8(byte_mask(K - s), x + s);
+        const __m512i v1 =
+            _mm512_maskz_loadu_epi8(s + 64 < K ? byte_mask(K - s - 64) : 0, x + s + 64);
+        const __m512i d0 = _mm512_shuffle_epi8(_mm512_shuffle_epi8(k_of, v0), deal);
+        const __m512i d1 = _mm512_shuffle_epi8(_mm512_shuffle_epi8(k_of, v1), deal);
+        _mm512_storeu_si512(arranged + s, _mm512_permutex2var_epi64(d0, even, d1));
+        _mm512_storeu_si512(arranged + s + 64, _mm512_permutex2var_epi64(d0, odd, d1));
+    }
+    static const int8_t k_values[16] = {E2M1_K_SIGNED};
+    memset(start, 0, (K + 127) / 128 * 16 * sizeof *start);
+    for (size_t k0 = 0; k0 < K; k0 += bc) {
+        int32_t sum = 0;
+        for (size_t k = k0; k < K && k < k0 + bc; k++) sum += k_values[x[k] & 0xf];
+        start[k0 / 8] = -E2M1_K_BIAS * sum; /* chunk k0 / 128, lane k0 % 128 / 8 */
+    }
+}
+
+/* Per dword lane i, start + sum (k_w + 12) k_a over codes 8 i .. 8 i + 7 of a chunk: u0, u1
+ * the unsigned k_w + 12 of the low and high nibbles, s0, s1 the even and odd k_a. */
+static inline __m512i chunk_dot(__m512i start, __m512i u0, __m512i s0, __m512i u1, __m512i s1) {
+#if defined(E2M1_VNNI)
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, u0, s0), u1, s1);
+#else
+    const __m512i pairs =
+        _mm512_add_epi16(_mm512_maddubs_epi16(u0, s0), _mm512_maddubs_epi16(u1, s1));
+    return _mm512_add_epi32(start, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+#endif
+}
+
+/* The 4 x 4 transpose of the 128-bit lanes of q: t[L] holds lane L of q[0], q[1], q[2], q[3]
+ * in its lanes 0 .. 3. */
+static inline void transpose_lanes(const __m512i q[4], __m512i t[4]) {
+    const __m512i a0 = _mm512_shuffle_i64x2(q[0], q[1], 0x44);
+    const __m512i a1 = _mm512_shuffle_i64x2(q[0], q[1], 0xee);
+    const __m512i b0 = _mm512_shuffle_i64x2(q[2], q[3], 0x44);
+    const __m512i b1 = _mm512_shuffle_i64x2(q[2], q[3], 0xee);
+    t[0] = _mm512_shuffle_i64x2(a0, b0, 0x88);
+    t[1] = _mm512_shuffle_i64x2(a0, b0, 0xdd);
+    t[2] = _mm512_shuffle_i64x2(a1, b1, 0x88);
+    t[3] = _mm512_shuffle_i64x2(a1, b1, 0xdd);
+}
+
+/* From the chunk vectors of 16 columns (v[c]: column c, lane i codes 8 i .. 8 i + 7), the
+ * chunk's block sums a vector a block, lane c column c: 8 blocks of 16 codes (quads = 0) or 4
+ * of 32 (quads = 1). First each pair of columns' lanes summed in pairs (lane 2 h + e: column
+ * 2 p + e, codes 16 h .. 16 h + 15), then pairs of those (blocks of 16: the two halves of each
+ * 128-bit lane apart; of 32: summed), then the 128-bit lanes transposed. */
+static inline void block_dots(const __m512i v[16], const int quads, __m512i out[8]) {
+    __m512i pair[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++) {
+        const __m512i a = v[2 * p], b = v[2 * p + 1];
+        /* a's even lanes and b's even lanes swapped into the odd ones, plus the odd lanes */
+        const __m512i evens = _mm512_mask_shuffle_epi32(a, 0xaaaa, b, _MM_PERM_CDAB);
+        const __m512i odds = _mm512_mask_shuffle_epi32(b, 0x5555, a, _MM_PERM_CDAB);
+        pair[p] = _mm512_add_epi32(evens, odds);
+    }
+    __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) { /* lane L: codes 32 L .. (lo: the first 16, hi: the next) */
+        lo[r] = _mm512_unpacklo_epi64(pair[2 * r], pair[2 * r + 1]);
+        hi[r] = _mm512_unpackhi_epi64(pair[2 * r], pair[2 * r + 1]);
+    }
+    if (quads) {
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) lo[r] = _mm512_add_epi32(lo[r], hi[r]);
+        transpose_lanes(lo, out);
+        return;
+    }
+    __m512i t[4];
+    transpose_lanes(lo, t);
+#pragma GCC unroll 4
+    for (int L = 0; L < 4; L++) out[2 * L] = t[L];
+    transpose_lanes(hi, t);
+#pragma GCC unroll 4
+    for (int L = 0; L < 4; L++) out[2 * L + 1] = t[L];
+}
+
+/* The fp32 values of scale bytes (one a dword lane), bit for bit e4m3_to_f32 (e4m3) or
+ * e8m0_to_f32 of them (the header says how). */
+static inline __m512 scale_values(__m512i b, int e4m3) {
+    if (!e4m3) {
+        const __m512i bits = _mm512_slli_epi32(b, 23);
+        const __mmask16 zero = _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512());
+        return _mm512_castsi512_ps(
+            _mm512_mask_or_epi32(bits, zero, bits, _mm512_set1_epi32(0x400000)));
+    }
+    const __m512i magnitude = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
+    const __m512i sign = _mm512_slli_epi32(b, 24); /* bit 31: the byte's sign */
+    const __m512 value = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(magnitude, 20)),
+                                       _mm512_set1_ps(0x1p120f));
+    const __m512i top = _mm512_set1_epi32((int32_t)0x80000000u);
+    /* value | (sign & top), and for the NaN codes (sign & top) | 0x7fc00000 */
+    const __m512i bits = _mm512_ternarylogic_epi32(_mm512_castps_si512(value), sign, top, 0xf8);
+    const __m512i nan = _mm512_ternarylogic_epi32(sign, top, _mm512_set1_epi32(0x7fc00000), 0xea);
+    const __mmask16 is_nan = _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7f));
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(bits, is_nan, nan));
+}
+
+/* scale_values of byte i (0 .. 3) of each dword lane of v, where no E4M3 byte of v is a NaN
+ * code: the byte's bits moved straight to their places (E4M3: magnitude to bits 20 .. 26 and
+ * sign to bit 31; E8M0: to bits 23 .. 30), the rest as scale_values. */
+static inline __m512 scale_values_at(__m512i v, const int i, int e4m3) {
+    if (!e4m3) {
+        const __m512i field = i == 3 ? _mm512_srli_epi32(v, 1) : _mm512_slli_epi32(v, 23 - 8 * i);
+        const __m512i bits = _mm512_and_si512(field, _mm512_set1_epi32(0x7f800000));
+        const __mmask16 zero = _mm512_cmpeq_epi32_mask(bits, _mm512_setzero_si512());
+        return _mm512_castsi512_ps(
+            _mm512_mask_or_epi32(bits, zero, bits, _mm512_set1_epi32(0x400000)));
+    }
+    const __m512i field = i == 3 ? _mm512_srli_epi32(v, 4) : _mm512_slli_epi32(v, 20 - 8 * i);
+    const __m512i sign = i == 3 ? v : _mm512_slli_epi32(v, 24 - 8 * i); /* bit 31: its sign */
+    const __m512 value =
+        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(field, _mm512_set1_epi32(0x07f00000))),
+                      _mm512_set1_ps(0x1p120f));
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(value), sign, _mm512_set1_epi32((int32_t)0x80000000u), 0xf8));
+}
+
+/* The scale bytes of blocks kb0 .. kb0 + n - 1 (n <= per, the blocks of a chunk: 8 or 4) of
+ * the 16 columns whose scale rows start at rows[c], as per / 4 vectors of dwords (lane c:
+ * column c, block kb0 + 4 v + i in byte i of vector v); bytes past n are 0, not read. */
+static inline void chunk_scale_bytes(const uint8_t *const rows[16], size_t kb0, int n, int per,
+                                     __m512i out[2]) {
+    uint32_t bytes[32];
+    memset(bytes, 0, sizeof bytes);
+    for (int c = 0; c < 16; c++) {
+        if (n == per)
+            memcpy(bytes + c * per / 4, rows[c] + kb0, (size_t)per);
+        else
+            memcpy(bytes + c * per / 4, rows[c] + kb0, (size_t)n);
+    }
+    if (per == 4) {
+        out[0] = _mm512_loadu_si512(bytes);
+        return;
+    }
+    /* a column's 8 bytes are two dwords: the first four blocks, then the next four */
+    const __m512i first = _mm512_loadu_si512(bytes), second = _mm512_loadu_si512(bytes + 16);
+    out[0] = _mm512_permutex2var_epi32(
+        first, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+        second);
+    out[1] = _mm512_permutex2var_epi32(
+        first, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31),
+        second);
+}
+
+/* The longest row this kernel takes: its arranged activations are on the stack. */
+#define E2M1_ROW_MAX_K ((size_t)16384)
+
+/* The columns [n0, n1) of a job of one row under blocks of bc = 16 (NVFP4) or 32 (MXFP4). */
+ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, const int bc) {
+    const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols, row_bytes = j->w_row_bytes;
+    const size_t chunks = (K + 127) / 128, ahead = ROW_AHEAD * row_bytes;
+    const int per = 128 / bc; /* blocks a chunk */
+    const int e4m3 = bc == 16;
+    _Alignas(64) int8_t arranged[E2M1_ROW_MAX_K];
+    _Alignas(64) int32_t start[E2M1_ROW_MAX_K / 8];
+    float a_quarter[E2M1_ROW_MAX_K / 16];
+    arrange_row(j->xq, K, (size_t)bc, arranged, start);
+    for (size_t b = 0; b < nb; b++) a_quarter[b] = j->xs[b] * 0.25f;
+    const __m512i k_unsigned = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_K_UNSIGNED));
+    const __m512i nibble = _mm512_set1_epi8(0x0f), seven_bits = _mm512_set1_epi8(0x7f);
+    __m512i kept[SEGMENT_CHUNKS * 16];
+    for (size_t n = n0; n < n1; n += 16) {
+        const size_t cols = n1 - n < 16 ? n1 - n : 16;
+        const uint8_t *srow[16];
+        for (size_t c = 0; c < 16; c++) /* past the last column: the last again, not stored */
+            srow[c] = j->ws_codes + (n + (c < cols ? c : cols - 1)) * grid;
+        __m512 acc = _mm512_setzero_ps();
+        for (size_t s0 = 0; s0 < chunks; s0 += SEGMENT_CHUNKS) {
+            const size_t s1 = chunks - s0 < SEGMENT_CHUNKS ? chunks : s0 + SEGMENT_CHUNKS;
+            for (size_t c = 0; c < cols; c++) {
+                const uint8_t *row = j->wq + (n + c) * row_bytes;
+                /* the column's scales of the segment, and those of the column 16 on, asked
+                 * for now: read once the 16 columns' block dots are there */
+                for (size_t at = s0 * (size_t)per; at < s1 * (size_t)per; at += 64) {
+                    _mm_prefetch((const char *)(srow[c] + at), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(srow[c] + 16 * grid + at), _MM_HINT_T0);
+                }
+                for (size_t k = s0; k < s1; k++) {
+                    const size_t at = 64 * k;
+                    _mm_prefetch((const char *)(row + at + ahead), _MM_HINT_T0);
+                    const __m512i w = _mm512_maskz_loadu_epi8(byte_mask(row_bytes - at), row + at);
+                    const __m512i low = _mm512_and_si512(w, nibble);
+                    const __m512i high = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
+                    const __m512i *x = (const __m512i *)(const void *)(arranged + 2 * at);
+                    kept[(k - s0) * 16 + c] =
+                        chunk_dot(_mm512_load_si512(start + 16 * k),
+                                  _mm512_shuffle_epi8(k_unsigned, low), x[0],
+                                  _mm512_shuffle_epi8(k_unsigned, high), x[1]);
+                }
+            }
+            for (size_t k = s0; k < s1; k++) {
+                __m512i *v = kept + (k - s0) * 16;
+                for (size_t c = cols; c < 16; c++) v[c] = v[0];
+                __m512i dots[8], scale_bytes[2];
+                block_dots(v, bc == 32, dots);
+                const size_t kb0 = k * (size_t)per;
+                const int n_blocks = nb - kb0 < (size_t)per ? (int)(nb - kb0) : per;
+                chunk_scale_bytes(srow, kb0, n_blocks, per, scale_bytes);
+                /* NVFP4: the fast conversion unless a byte is a NaN code (0x7f, 0xff) */
+                const int any_nan =
+                    e4m3 && (_mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[0], seven_bits),
+                                                    seven_bits) |
+                             _mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[1], seven_bits),
+                                                    seven_bits));
+#pragma GCC unroll 8
+                for (int b = 0; b < per; b++) {
+                    if (b >= n_blocks) break;
+                    const __m512 w_scale =
+                        any_nan ? scale_values(_mm512_and_si512(
+                                                   _mm512_srli_epi32(scale_bytes[b / 4], 8 * (b % 4)),
+                                                   _mm512_set1_epi32(0xff)),
+                                               1)
+                                : scale_values_at(scale_bytes[b / 4], b % 4, e4m3);
+                    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dots[b]),
+                                                   _mm512_set1_ps(a_quarter[kb0 + b]));
+                    acc = _mm512_add_ps(acc, _mm512_mul_ps(t, w_scale));
+                }
+            }
+        }
+        if (j->rule->format->has_tensor_scale)
+            acc = _mm512_mul_ps(acc, _mm512_set1_ps(j->xt[0] * j->w_tensor_scale));
+        _mm512_mask_storeu_ps(j->y + n, (__mmask16)((1u << cols) - 1), acc);
+    }
+}
+
+void E2M1_ROW_GEMM(const quant_gemm_job *j, size_t n0, size_t n1) {
+    if (j->M != 1 || j->K > E2M1_ROW_MAX_K)
+        E2M1_TILES_GEMM(j, n0, n1);
+    else if (j->bc == 16)
+        row_columns(j, n0, n1, 16);
+    else
+        row_columns(j, n0, n1, 32);
+}
