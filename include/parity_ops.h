@@ -310,6 +310,21 @@ PARITY_API int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim
                                       float *d_gate, size_t d_gate_stride, float *d_up,
                                       size_t d_up_stride);
 
+/* RoPE's gradient in fp32 (the learner's straight-through backward of parity_rope and
+ * parity_rope_f32): for each row r, head and i < head_dim / 2, with lo = d_out[i] and
+ * hi = d_out[i + head_dim / 2] of that head, c = cos[r][i] and s = sin[r][i] (the forward's
+ * tables, one row of head_dim / 2 values a row of d_out, table_stride apart, as
+ * parity.torch.rope_cos_sin gives them): d_x[i] = lo c + hi s and
+ * d_x[i + head_dim / 2] = hi c - lo s, each product rounded to fp32 before the sum (the steps
+ * of autograd's graph of the rotation's transpose). Rows are n_heads x head_dim floats,
+ * d_out_stride / d_x_stride apart; d_x may be d_out itself (the same pointer and stride) and
+ * must not overlap it otherwise, nor the tables. Elementwise: the bits do not depend on the
+ * pool. */
+PARITY_API int parity_rope_backward(parity_pool *pool, size_t rows, size_t n_heads,
+                                    size_t head_dim, const float *d_out, size_t d_out_stride,
+                                    const float *cos, const float *sin, size_t table_stride,
+                                    float *d_x, size_t d_x_stride);
+
 /* The head, for `rows` positions: s = residual + delta (the last layer's MLP output), the
  * final RMSNorm of s with norm_weight [dim] and eps (the residual + RMSNorm region, per the
  * policy), the lm_head GEMM [vocab][dim] (rows lm_head_stride apart; the logits rounded to bf16

@@ -759,6 +759,13 @@ _PROTOTYPES = [
     ("parity_swiglu_backward", c_int,
      [pool_p, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t,
       c_void_p, c_size_t, c_void_p, c_size_t], True),
+    # int parity_rope_backward(parity_pool *pool, size_t rows, size_t n_heads,
+    #                          size_t head_dim, const float *d_out, size_t d_out_stride,
+    #                          const float *cos, const float *sin, size_t table_stride,
+    #                          float *d_x, size_t d_x_stride);
+    ("parity_rope_backward", c_int,
+     [pool_p, c_size_t, c_size_t, c_size_t, c_void_p, c_size_t, c_void_p, c_void_p, c_size_t,
+      c_void_p, c_size_t], True),
     # int parity_head_logprobs(parity_pool *pool, const parity_policy *policy,
     #                          uint32_t backend, const parity_score_options *options,
     #                          size_t rows, size_t dim, size_t vocab, const float *residual,

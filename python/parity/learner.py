@@ -780,11 +780,12 @@ class _Rope(_torch.autograd.Function):
     parity.torch's exact fp32 version. Backward: the
     rotation's transpose by the same tables, straight through its rounding points:
     g_a = g_lo cos + g_hi sin, g_b = g_hi cos - g_lo sin (the sums autograd forms through the
-    formula, the same bits)."""
+    formula, the same bits), in C on the pool (parity_rope_backward)."""
 
     @staticmethod
     def forward(ctx, x, cos, sin, pol, pol_c, positions, theta, pool=None):
         ctx.save_for_backward(cos, sin)
+        ctx.pool = pool
         if _compute_fp32(pol):
             return _torch_regions._rope_f32(x, cos, sin, pol)
         rows, heads, hd = x.shape
@@ -797,10 +798,21 @@ class _Rope(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         cos, sin = ctx.saved_tensors
-        half = g.shape[-1] // 2
-        g_lo, g_hi = g[..., :half], g[..., half:]
-        return (_torch.cat([g_lo * cos + g_hi * sin, g_hi * cos - g_lo * sin], dim=-1), None,
-                None, None, None, None, None, None)
+        return (_rope_backward(g, cos, sin, ctx.pool), None, None, None, None, None, None, None)
+
+
+def _rope_backward(g, cos, sin, pool):
+    """RoPE's gradient at g [rows, heads, head_dim] by the forward's tables cos, sin (one row of
+    head_dim // 2 values a row of g, any leading shape that has `rows` rows), as
+    parity_rope_backward computes it on the pool: g_a = g_lo cos + g_hi sin,
+    g_b = g_hi cos - g_lo sin, each product rounded to fp32 before the sum."""
+    rows, heads, hd = g.shape
+    g = g.contiguous()
+    cos, sin = cos.reshape(rows, hd // 2).contiguous(), sin.reshape(rows, hd // 2).contiguous()
+    out = _torch.empty_like(g)
+    lib.parity_rope_backward(pool, rows, heads, hd, _addr(g), heads * hd, _addr(cos),
+                             _addr(sin), hd // 2, _addr(out), heads * hd)
+    return out
 
 
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol, pool=None):
