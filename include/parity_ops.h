@@ -300,6 +300,18 @@ PARITY_API int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t di
                                        const float *d_add, size_t d_add_stride, float *d_x,
                                        size_t d_x_stride, float *d_weight);
 
+/* parity_rmsnorm_backward at x = residual + delta (the fp32 sum, formed row by row in a
+ * worker's scratch: the bits of the call on that sum), for the residual + RMSNorm region
+ * whose sum s feeds the norm: d_x is the gradient of s (that of residual and of delta alike).
+ * delta, like residual, must not overlap an output. */
+PARITY_API int parity_rmsnorm_residual_backward(parity_pool *pool, size_t rows, size_t dim,
+                                                const float *residual, size_t residual_stride,
+                                                const float *delta, size_t delta_stride,
+                                                const float *weight, float eps,
+                                                const float *d_out, size_t d_out_stride,
+                                                const float *d_add, size_t d_add_stride,
+                                                float *d_x, size_t d_x_stride, float *d_weight);
+
 /* SwiGLU's gradient in fp32, y = (gate s) up with s = 1 / (1 + exp(-gate)) (the library's
  * exp): d_up = d_out (gate s), d_gate = gy s + (gy gate) (1 - s) s with gy = d_out up, the
  * steps of autograd's graph of the formula. Elementwise; outputs must not overlap an input

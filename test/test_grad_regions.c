@@ -1,9 +1,12 @@
-/* The backward pieces of grad_regions.c: parity_rope_backward gives, bit for bit, the rotation's
+/* The learner's backward pieces parity_rope_backward (grad_regions.c) and
+ * parity_rmsnorm_residual_backward (train_ops.c): parity_rope_backward gives, bit for bit, the rotation's
  * transpose written out here (each product rounded to fp32, then the sum), as autograd forms
  * it from the forward's formula, on padded rows and in place, with infinities, NaNs, signed
  * zeros and subnormals, on one thread or a pool of two and on every CPU path; a version that
- * fuses the multiply and add does not match it; bad arguments get a status and a message,
- * with no output written. */
+ * fuses the multiply and add does not match it; parity_rmsnorm_residual_backward gives
+ * parity_rmsnorm_backward's bits on the sum residual + delta, with or without d_add and
+ * d_weight, padded rows, a pool and on every CPU path; bad arguments of both get a status and
+ * a message, with no output written. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,11 +191,101 @@ static void test_rope_bad_arguments(void) {
     CHECK_OK(parity_rope_backward(NULL, 2, 2, 4, g, 8, o + 16, o + 20, 2, o, 8));
 }
 
+/* ---- parity_rmsnorm_residual_backward ---------------------------------------------------- */
+
+/* parity_rmsnorm_residual_backward(residual, delta) against parity_rmsnorm_backward on the
+ * sum residual + delta formed here: the same bits for d_x and d_weight. */
+static void rmsnorm_residual_case(parity_pool *pool2, size_t rows, size_t dim, size_t pad,
+                                  int with_add) {
+    const size_t stride = dim + pad, n = rows * stride;
+    float *h = malloc(n * 4), *d = malloc(n * 4), *s = malloc(n * 4), *g = malloc(n * 4);
+    float *add = malloc(n * 4), *w = malloc(dim * 4), *ref = malloc(n * 4), *out = malloc(n * 4);
+    float *ref_w = malloc(dim * 4), *out_w = malloc(dim * 4);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = uniform() * 3.0f, d[i] = uniform() * 0.5f, g[i] = uniform(), add[i] = uniform();
+        s[i] = h[i] + d[i];
+    }
+    for (size_t i = 0; i < dim; i++) w[i] = uniform() + 1.0f;
+    CHECK_OK(parity_rmsnorm_backward(NULL, rows, dim, s, stride, w, 1e-6f, g, stride,
+                                     with_add ? add : NULL, stride, ref, stride, ref_w));
+    parity_cpu_path paths[4];
+    const size_t n_paths = cpu_paths(paths), saved = parity_get_cpu_path();
+    for (size_t p = 0; p < n_paths; p++) {
+        parity_set_cpu_path(paths[p]);
+        for (int use_pool = 0; use_pool < 2; use_pool++)
+            for (int weight = 0; weight < 2; weight++) {
+                memset(out, 0x5a, n * 4);
+                memset(out_w, 0x5a, dim * 4);
+                CHECK_OK(parity_rmsnorm_residual_backward(
+                    use_pool ? pool2 : NULL, rows, dim, h, stride, d, stride, w, 1e-6f, g,
+                    stride, with_add ? add : NULL, stride, out, stride, weight ? out_w : NULL));
+                for (size_t r = 0; r < rows; r++) {
+                    CHECK_BITS_F32(out + r * stride, ref + r * stride, dim, "d_x");
+                    for (size_t c = dim; c < stride; c++) {
+                        uint32_t bits;
+                        memcpy(&bits, out + r * stride + c, 4);
+                        CHECK_INT(bits, 0x5a5a5a5au);  /* past the row: untouched */
+                    }
+                }
+                if (weight) CHECK_BITS_F32(out_w, ref_w, dim, "d_weight");
+                else for (size_t c = 0; c < dim; c++) CHECK(!memcmp(out_w + c, "ZZZZ", 4));
+            }
+    }
+    parity_set_cpu_path((parity_cpu_path)saved);
+    free(h), free(d), free(s), free(g), free(add), free(w), free(ref), free(out), free(ref_w);
+    free(out_w);
+}
+
+static void test_rmsnorm_residual_backward(parity_pool *pool2) {
+    static const size_t shapes[][3] = {{1, 1, 0}, {3, 7, 2}, {37, 64, 0}, {70, 256, 5},
+                                       {129, 33, 1}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int with_add = 0; with_add < 2; with_add++)
+            rmsnorm_residual_case(pool2, shapes[i][0], shapes[i][1], shapes[i][2], with_add);
+}
+
+static void test_rmsnorm_residual_bad_arguments(void) {
+    const parity_status E = PARITY_ERR_INVALID_ARGUMENT;
+    float h[8] = {1, 2, 3, 4, 5, 6, 7, 8}, d[8] = {0}, w[4] = {1, 1, 1, 1}, g[8] = {0};
+    float o[16], dw[4];
+    memset(o, 0x7f, sizeof o);
+    memset(dw, 0x7f, sizeof dw);
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 2, 4, NULL, 4, d, 4, w, 1e-6f, g, 4,
+                                                  NULL, 0, o, 4, dw), E);
+    CHECK(strstr(parity_last_error(), "parity_rmsnorm_residual_backward: residual is NULL"));
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 2, 4, h, 4, NULL, 4, w, 1e-6f, g, 4,
+                                                  NULL, 0, o, 4, dw), E);
+    CHECK(strstr(parity_last_error(), "delta is NULL") != NULL);
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 2, 4, h, 4, d, 3, w, 1e-6f, g, 4,
+                                                  NULL, 0, o, 4, dw), E);
+    CHECK(strstr(parity_last_error(), "delta stride 3") != NULL);
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 2, 4, h, 2, d, 4, w, 1e-6f, g, 4,
+                                                  NULL, 0, o, 4, dw), E);
+    CHECK(strstr(parity_last_error(), "residual stride 2") != NULL);
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 0, 4, h, 4, d, 4, w, 1e-6f, g, 4,
+                                                  NULL, 0, o, 4, dw), E);
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 2, 4, h, 4, d, 4, w, 0.0f, g, 4,
+                                                  NULL, 0, o, 4, dw), E);
+    CHECK(strstr(parity_last_error(), "eps") != NULL);
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 2, 4, h, 4, o + 2, 4, w, 1e-6f, g, 4,
+                                                  NULL, 0, o + 8, 4, dw), E);
+    CHECK(strstr(parity_last_error(), "d_x overlaps delta") != NULL);
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 2, 4, h, 4, o, 4, w, 1e-6f, g, 4,
+                                                  NULL, 0, o + 8, 4, o + 6), E);
+    CHECK(strstr(parity_last_error(), "d_weight overlaps delta") != NULL);
+    CHECK_STATUS(parity_rmsnorm_residual_backward(NULL, 2, 4, o, 4, d, 4, w, 1e-6f, g, 4,
+                                                  NULL, 0, o + 4, 4, dw), E);
+    CHECK(strstr(parity_last_error(), "d_x overlaps residual") != NULL);
+    CHECK(untouched(o, 16) && untouched(dw, 4));
+}
+
 int main(void) {
     parity_pool *pool2 = NULL;
     CHECK_OK(parity_pool_create(2, &pool2));
     test_rope_bad_arguments();
     test_rope_backward(pool2);
+    test_rmsnorm_residual_bad_arguments();
+    test_rmsnorm_residual_backward(pool2);
     parity_pool_free(pool2);
     return check_report("grad_regions");
 }

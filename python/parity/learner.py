@@ -679,18 +679,25 @@ def logprobs_from_logits(logits, targets, policy="aligned", mode="raw", temperat
 
 # ---- the regions under compute "bf16": the C region kernels, fp32 formulas backward ---------
 
-def _rms_backward(x, w, eps, g, g_add, pool):
+def _rms_backward(x, w, eps, g, g_add, pool, delta=None):
     """The gradients (x's, plus g_add where given; w's) of the fp32 formula
     x rsqrt(mean(x x) + eps) w over x's last dimension, autograd's steps in C
-    (parity_rmsnorm_backward)."""
+    (parity_rmsnorm_backward); with delta, at x + delta, the sum formed in C
+    (parity_rmsnorm_residual_backward)."""
     dim = x.shape[-1]
     rows = x.numel() // dim
     x, g = x.contiguous(), g.contiguous()
     g_add = g_add.contiguous() if g_add is not None else None
     gx, gw = _torch.empty_like(x), _torch.empty(dim, dtype=_f32)
-    lib.parity_rmsnorm_backward(pool, rows, dim, _addr(x), dim, _addr(w.detach().contiguous()),
-                                eps, _addr(g), dim, _addr(g_add), dim, _addr(gx), dim,
-                                _addr(gw))
+    wc = w.detach().contiguous()
+    if delta is None:
+        lib.parity_rmsnorm_backward(pool, rows, dim, _addr(x), dim, _addr(wc), eps, _addr(g),
+                                    dim, _addr(g_add), dim, _addr(gx), dim, _addr(gw))
+    else:
+        d = delta.contiguous()
+        lib.parity_rmsnorm_residual_backward(pool, rows, dim, _addr(x), dim, _addr(d), dim,
+                                             _addr(wc), eps, _addr(g), dim, _addr(g_add), dim,
+                                             _addr(gx), dim, _addr(gw))
     return gx, gw
 
 
@@ -721,7 +728,7 @@ class _RmsnormResidualC(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_res, g_out):
         delta, h, w = ctx.saved_tensors
-        gs, gw = _rms_backward(h + delta, w, ctx.eps, g_out, g_res, ctx.pool)
+        gs, gw = _rms_backward(h, w, ctx.eps, g_out, g_res, ctx.pool, delta)
         return gs, gs, gw, None, None, None, None
 
 
