@@ -426,10 +426,15 @@ static void attn_grad_task(const attn_grad_job *j, size_t seq, size_t kvh, float
             for (size_t c = 0; c < live; c++) ds[c] = p[c] * (ds[c] - dot) * j->scale;
             for (size_t c = live; c < r1; c++) p[c] = ds[c] = 0.0f;
         }
-        /* dQ = dS K, head after head (KT holds K^T) */
+        /* dQ = dS K, head after head (KT holds K^T), ATTN_SCORE_ROWS rows at a time over the
+         * keys up to their last: the keys left out hold dS = +0, whose products add nothing
+         * to dot16's lanes (each starts at +0, so none is -0), for finite K */
         for (size_t h = 0; h < G; h++)
-            kt->gemm_f32w(rb, r1, dP + h * rb * L, L, KT, L,
-                          j->gq + (row0 + r0) * j->gqs + (kvh * G + h) * D, j->gqs, 0, D);
+            for (size_t s0 = r0; s0 < r1; s0 += ATTN_SCORE_ROWS) {
+                const size_t s1 = s0 + ATTN_SCORE_ROWS < r1 ? s0 + ATTN_SCORE_ROWS : r1;
+                kt->gemm_f32w(s1 - s0, s1, dP + h * rb * L + (s0 - r0) * L, L, KT, L,
+                              j->gq + (row0 + s0) * j->gqs + (kvh * G + h) * D, j->gqs, 0, D);
+            }
         /* dK += dS^T Q and dV += P^T dO over the block's rows of every head of the group */
         for (int pass = 0; pass < 2; pass++) {
             const float *by = pass ? S : dP, *with = pass ? j->go : j->q;
