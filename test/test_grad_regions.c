@@ -15,27 +15,7 @@
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
-/* A uniform value in [-1, 1) (xorshift64). */
-static float uniform(void) {
-    uint64_t x = rng_state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    rng_state = x;
-    return (float)((double)(x >> 11) / 4503599627370496.0 - 1.0);
-}
-
-/* The CPU paths this machine runs, portable first. */
-static size_t cpu_paths(parity_cpu_path *out) {
-    static const parity_cpu_path all[] = {PARITY_CPU_PORTABLE, PARITY_CPU_AVX2, PARITY_CPU_AVX512,
-                                          PARITY_CPU_AVX512BF16};
-    const parity_cpu_path saved = parity_get_cpu_path();
-    size_t n = 0;
-    for (size_t i = 0; i < 4; i++)
-        if (parity_set_cpu_path(all[i]) == PARITY_OK) out[n++] = all[i];
-    parity_set_cpu_path(saved);
-    return n;
-}
+static float uniform(void) { return xorshift_uniform(&rng_state); }
 
 /* ---- parity_rope_backward --------------------------------------------------------------- */
 
@@ -101,7 +81,7 @@ static void rope_case(parity_pool *pool2, size_t rows, size_t heads, size_t hd, 
     rope_grad_ref(rows, heads, hd, g, stride, c, s, ref, 0);
     rope_grad_ref(rows, heads, hd, g, stride, c, s, fused, 1);
     parity_cpu_path paths[4];
-    const size_t n_paths = cpu_paths(paths), saved = parity_get_cpu_path();
+    const size_t n_paths = runnable_cpu_paths(paths), saved = parity_get_cpu_path();
     for (size_t p = 0; p < n_paths; p++) {
         parity_set_cpu_path(paths[p]);
         for (int in_place = 0; in_place < 2; in_place++)
@@ -139,14 +119,7 @@ static void test_rope_backward(parity_pool *pool2) {
 }
 
 /* 1 if none of the n floats was written (they hold 0x7f bytes). */
-static int untouched(const float *y, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, y + i, 4);
-        if (bits != 0x7f7f7f7fu) return 0;
-    }
-    return 1;
-}
+static int untouched(const float *y, size_t n) { return floats_hold_byte(y, n, 0x7f); }
 
 static void test_rope_bad_arguments(void) {
     const parity_status E = PARITY_ERR_INVALID_ARGUMENT;
@@ -209,7 +182,7 @@ static void rmsnorm_residual_case(parity_pool *pool2, size_t rows, size_t dim, s
     CHECK_OK(parity_rmsnorm_backward(NULL, rows, dim, s, stride, w, 1e-6f, g, stride,
                                      with_add ? add : NULL, stride, ref, stride, ref_w));
     parity_cpu_path paths[4];
-    const size_t n_paths = cpu_paths(paths), saved = parity_get_cpu_path();
+    const size_t n_paths = runnable_cpu_paths(paths), saved = parity_get_cpu_path();
     for (size_t p = 0; p < n_paths; p++) {
         parity_set_cpu_path(paths[p]);
         for (int use_pool = 0; use_pool < 2; use_pool++)
