@@ -300,6 +300,18 @@ PARITY_API int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t di
                                        const float *d_add, size_t d_add_stride, float *d_x,
                                        size_t d_x_stride, float *d_weight);
 
+/* parity_rmsnorm_backward at x = residual + delta (the fp32 sum, formed row by row in a
+ * worker's scratch: the bits of the call on that sum), for the residual + RMSNorm region
+ * whose sum s feeds the norm: d_x is the gradient of s (that of residual and of delta alike).
+ * delta, like residual, must not overlap an output. */
+PARITY_API int parity_rmsnorm_residual_backward(parity_pool *pool, size_t rows, size_t dim,
+                                                const float *residual, size_t residual_stride,
+                                                const float *delta, size_t delta_stride,
+                                                const float *weight, float eps,
+                                                const float *d_out, size_t d_out_stride,
+                                                const float *d_add, size_t d_add_stride,
+                                                float *d_x, size_t d_x_stride, float *d_weight);
+
 /* SwiGLU's gradient in fp32, y = (gate s) up with s = 1 / (1 + exp(-gate)) (the library's
  * exp): d_up = d_out (gate s), d_gate = gy s + (gy gate) (1 - s) s with gy = d_out up, the
  * steps of autograd's graph of the formula. Elementwise; outputs must not overlap an input
@@ -309,6 +321,21 @@ PARITY_API int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim
                                       size_t up_stride, const float *d_out, size_t d_out_stride,
                                       float *d_gate, size_t d_gate_stride, float *d_up,
                                       size_t d_up_stride);
+
+/* RoPE's gradient in fp32 (the learner's straight-through backward of parity_rope and
+ * parity_rope_f32): for each row r, head and i < head_dim / 2, with lo = d_out[i] and
+ * hi = d_out[i + head_dim / 2] of that head, c = cos[r][i] and s = sin[r][i] (the forward's
+ * tables, one row of head_dim / 2 values a row of d_out, table_stride apart, as
+ * parity.torch.rope_cos_sin gives them): d_x[i] = lo c + hi s and
+ * d_x[i + head_dim / 2] = hi c - lo s, each product rounded to fp32 before the sum (the steps
+ * of autograd's graph of the rotation's transpose). Rows are n_heads x head_dim floats,
+ * d_out_stride / d_x_stride apart; d_x may be d_out itself (the same pointer and stride) and
+ * must not overlap it otherwise, nor the tables. Elementwise: the bits do not depend on the
+ * pool. */
+PARITY_API int parity_rope_backward(parity_pool *pool, size_t rows, size_t n_heads,
+                                    size_t head_dim, const float *d_out, size_t d_out_stride,
+                                    const float *cos, const float *sin, size_t table_stride,
+                                    float *d_x, size_t d_x_stride);
 
 /* The head, for `rows` positions: s = residual + delta (the last layer's MLP output), the
  * final RMSNorm of s with norm_weight [dim] and eps (the residual + RMSNorm region, per the

@@ -128,4 +128,38 @@ static inline int quick(void) {
     return q && *q && strcmp(q, "0") != 0;
 }
 
+/* A uniform value in [-1, 1) from a xorshift64 state (nonzero), which it advances. */
+static inline float xorshift_uniform(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (float)((double)(x >> 11) / 4503599627370496.0 - 1.0);
+}
+
+/* The CPU paths this machine runs, portable first (at most 4, into out); the current path is
+ * left as it was. */
+static inline size_t runnable_cpu_paths(parity_cpu_path *out) {
+    static const parity_cpu_path all[] = {PARITY_CPU_PORTABLE, PARITY_CPU_AVX2, PARITY_CPU_AVX512,
+                                          PARITY_CPU_AVX512BF16};
+    const parity_cpu_path saved = parity_get_cpu_path();
+    size_t n = 0;
+    for (size_t i = 0; i < 4; i++)
+        if (parity_set_cpu_path(all[i]) == PARITY_OK) out[n++] = all[i];
+    parity_set_cpu_path(saved);
+    return n;
+}
+
+/* 1 if each of the n floats at y still holds four bytes `byte` (nothing wrote them). */
+static inline int floats_hold_byte(const float *y, size_t n, unsigned char byte) {
+    const uint32_t want = byte * 0x01010101u;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, y + i, 4);
+        if (bits != want) return 0;
+    }
+    return 1;
+}
+
 #endif

@@ -37,16 +37,7 @@ static float *random_floats(size_t n) {
 static float bf16_value(float x) { return parity_bf16_to_f32(parity_bf16_from_f32(x)); }
 
 /* The CPU paths this machine runs, portable first. */
-static size_t cpu_paths(parity_cpu_path *out) {
-    static const parity_cpu_path all[] = {PARITY_CPU_PORTABLE, PARITY_CPU_AVX2, PARITY_CPU_AVX512,
-                                          PARITY_CPU_AVX512BF16};
-    const parity_cpu_path saved = parity_get_cpu_path();
-    size_t n = 0;
-    for (size_t i = 0; i < 4; i++)
-        if (parity_set_cpu_path(all[i]) == PARITY_OK) out[n++] = all[i];
-    parity_set_cpu_path(saved);
-    return n;
-}
+static size_t cpu_paths(parity_cpu_path *out) { return runnable_cpu_paths(out); }
 
 /* ---- parity_matmul ---------------------------------------------------------------------- */
 

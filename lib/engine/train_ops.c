@@ -351,6 +351,9 @@ int parity_matmul(parity_pool *pool, size_t m, size_t n, size_t k, const float *
  * the group (3 x group x rows x longest floats a worker) stay within ATTN_GRAD_FLOATS; and at
  * most ATTN_GRAD_ROWS, so that the causal mask skips the keys past each block. */
 #define ATTN_GRAD_ROWS 64
+/* Query rows per GEMM of the scores and their gradient, each over the keys up to its last row's
+ * (fewer masked-out products than the whole block's). */
+#define ATTN_SCORE_ROWS 16
 #define ATTN_GRAD_FLOATS (1u << 22)
 
 typedef struct attn_grad_job {
@@ -367,11 +370,18 @@ typedef struct attn_grad_job {
     size_t work_floats;     /* a worker's */
 } attn_grad_job;
 
-/* dst[c * ldd + i] = src[i * lds + c] for i < rows, c < cols. */
+/* dst[c * ldd + i] = src[i * lds + c] for i < rows, c < cols: TRANSPOSE_ROWS source rows at
+ * a time, so that the reads stay within that many cache lines and each column's writes are
+ * contiguous. */
+#define TRANSPOSE_ROWS 8
+
 static void transpose(const float *src, size_t lds, size_t rows, size_t cols, float *dst,
                       size_t ldd) {
-    for (size_t i = 0; i < rows; i++)
-        for (size_t c = 0; c < cols; c++) dst[c * ldd + i] = src[i * lds + c];
+    for (size_t i0 = 0; i0 < rows; i0 += TRANSPOSE_ROWS) {
+        const size_t i1 = i0 + TRANSPOSE_ROWS < rows ? i0 + TRANSPOSE_ROWS : rows;
+        for (size_t c = 0; c < cols; c++)
+            for (size_t i = i0; i < i1; i++) dst[c * ldd + i] = src[i * lds + c];
+    }
 }
 
 /* One (sequence, KV head): its group's query heads' rows in blocks of j->block positions. */
@@ -390,13 +400,19 @@ static void attn_grad_task(const attn_grad_job *j, size_t seq, size_t kvh, float
     }
     for (size_t r0 = 0; r0 < n; r0 += R) {
         const size_t r1 = r0 + R < n ? r0 + R : n, rb = r1 - r0, M = G * rb;
-        /* S = Q K^T and dP = dO V^T over the keys 0 .. r1-1, head after head */
+        /* S = Q K^T and dP = dO V^T, head after head, ATTN_SCORE_ROWS rows at a time over
+         * the keys up to their last (each score a D-long sum: the same bits however the rows
+         * are split; the keys past a row's own are zeroed below) */
         for (size_t h = 0; h < G; h++) {
             const size_t head = kvh * G + h;
-            kt->gemm_f32w(rb, D, j->q + (row0 + r0) * j->qs + head * D, j->qs, K, j->ks,
-                          S + h * rb * L, L, 0, r1);
-            kt->gemm_f32w(rb, D, j->go + (row0 + r0) * j->gos + head * D, j->gos, V, j->vs,
-                          dP + h * rb * L, L, 0, r1);
+            for (size_t s0 = r0; s0 < r1; s0 += ATTN_SCORE_ROWS) {
+                const size_t s1 = s0 + ATTN_SCORE_ROWS < r1 ? s0 + ATTN_SCORE_ROWS : r1;
+                const size_t at = h * rb * L + (s0 - r0) * L;
+                kt->gemm_f32w(s1 - s0, D, j->q + (row0 + s0) * j->qs + head * D, j->qs, K,
+                              j->ks, S + at, L, 0, s1);
+                kt->gemm_f32w(s1 - s0, D, j->go + (row0 + s0) * j->gos + head * D, j->gos, V,
+                              j->vs, dP + at, L, 0, s1);
+            }
         }
         /* P = softmax(S scale) over the keys 0 .. r; dS = P (dP - rowsum(P dP)) scale */
         for (size_t row = 0; row < M; row++) {
@@ -410,10 +426,15 @@ static void attn_grad_task(const attn_grad_job *j, size_t seq, size_t kvh, float
             for (size_t c = 0; c < live; c++) ds[c] = p[c] * (ds[c] - dot) * j->scale;
             for (size_t c = live; c < r1; c++) p[c] = ds[c] = 0.0f;
         }
-        /* dQ = dS K, head after head (KT holds K^T) */
+        /* dQ = dS K, head after head (KT holds K^T), ATTN_SCORE_ROWS rows at a time over the
+         * keys up to their last: the keys left out hold dS = +0, whose products add nothing
+         * to dot16's lanes (each starts at +0, so none is -0), for finite K */
         for (size_t h = 0; h < G; h++)
-            kt->gemm_f32w(rb, r1, dP + h * rb * L, L, KT, L,
-                          j->gq + (row0 + r0) * j->gqs + (kvh * G + h) * D, j->gqs, 0, D);
+            for (size_t s0 = r0; s0 < r1; s0 += ATTN_SCORE_ROWS) {
+                const size_t s1 = s0 + ATTN_SCORE_ROWS < r1 ? s0 + ATTN_SCORE_ROWS : r1;
+                kt->gemm_f32w(s1 - s0, s1, dP + h * rb * L + (s0 - r0) * L, L, KT, L,
+                              j->gq + (row0 + s0) * j->gqs + (kvh * G + h) * D, j->gqs, 0, D);
+            }
         /* dK += dS^T Q and dV += P^T dO over the block's rows of every head of the group */
         for (int pass = 0; pass < 2; pass++) {
             const float *by = pass ? S : dP, *with = pass ? j->go : j->q;
@@ -512,7 +533,10 @@ typedef struct region_grad_job {
     float eps;
     float *dx, *dw, *inv;           /* swiglu: dx = d_gate, dw = d_up (rows dws apart) */
     size_t dxs, dws;
-    float *work;                    /* swiglu: dim floats a worker */
+    float *work;                    /* swiglu: dim floats a worker; rmsnorm with x2: RMS_ROWS
+                                     * rows of dim floats a worker, x + x2 */
+    const float *x2;                /* rmsnorm: NULL, or the second addend of x (x + x2) */
+    size_t x2s;
 } region_grad_job;
 
 #define REGION_GRAD_ROWS 16
@@ -525,11 +549,11 @@ typedef struct region_grad_job {
 #define RMS_ROWS 4
 
 static void rmsnorm_grad_rows(void *ctx, size_t begin, size_t end, unsigned worker) {
-    (void)worker;
     const region_grad_job *j = ctx;
     const size_t r1 = end * REGION_GRAD_ROWS < j->rows ? end * REGION_GRAD_ROWS : j->rows;
     const size_t dim = j->dim;
     const float *restrict w = j->w;
+    float *sums = j->x2 ? j->work + (size_t)worker * RMS_ROWS * dim : NULL;
     for (size_t r0 = begin * REGION_GRAD_ROWS; r0 < r1; r0 += RMS_ROWS) {
         const size_t n = r1 - r0 < RMS_ROWS ? r1 - r0 : RMS_ROWS;
         const float *x[RMS_ROWS], *g[RMS_ROWS];
@@ -538,6 +562,12 @@ static void rmsnorm_grad_rows(void *ctx, size_t begin, size_t end, unsigned work
         for (size_t i = 0; i < RMS_ROWS; i++) {
             const size_t r = r0 + (i < n ? i : n - 1);
             x[i] = j->x + r * j->xs, g[i] = j->g + r * j->gs;
+            if (sums) {  /* x + x2, the fp32 sum, in the worker's rows */
+                const float *restrict a = x[i], *restrict b = j->x2 + r * j->x2s;
+                float *restrict row = sums + i * dim;
+                for (size_t d = 0; d < dim; d++) row[d] = a[d] + b[d];
+                x[i] = row;
+            }
         }
         for (size_t d = 0; d < dim; d++)
             for (size_t i = 0; i < RMS_ROWS; i++) ss[i] += x[i][d] * x[i][d];
@@ -570,46 +600,61 @@ static void rmsnorm_grad_weight(void *ctx, size_t begin, size_t end, unsigned wo
     for (size_t r = 0; r < j->rows; r++) {
         const float *restrict x = j->x + r * j->xs, *restrict g = j->g + r * j->gs;
         const float inv = j->inv[r];
-        for (size_t c = c0; c < c1; c++) dw[c] += g[c] * (x[c] * inv);
+        if (j->x2) {
+            const float *restrict x2 = j->x2 + r * j->x2s;
+            for (size_t c = c0; c < c1; c++) dw[c] += g[c] * ((x[c] + x2[c]) * inv);
+        } else {
+            for (size_t c = c0; c < c1; c++) dw[c] += g[c] * (x[c] * inv);
+        }
     }
 }
 
-int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t dim, const float *x,
-                            size_t x_stride, const float *weight, float eps, const float *d_out,
+/* parity_rmsnorm_backward of x, or with x2 of x + x2 (parity_rmsnorm_residual_backward, whose
+ * names fn and x_name give the messages). */
+static int rmsnorm_backward(const char *fn, parity_pool *pool, size_t rows, size_t dim,
+                            const float *x, size_t x_stride, const char *x_name, const float *x2,
+                            size_t x2_stride, const float *weight, float eps, const float *d_out,
                             size_t d_out_stride, const float *d_add, size_t d_add_stride,
                             float *d_x, size_t d_x_stride, float *d_weight) {
-    static const char fn[] = "parity_rmsnorm_backward";
     clear_error();
     TRY(arg_shape(fn, rows, dim));
-    TRY(arg_ptr(fn, x, "x"));
+    TRY(arg_ptr(fn, x, x_name));
     TRY(arg_ptr(fn, weight, "weight"));
     TRY(arg_ptr(fn, d_out, "d_out"));
     TRY(arg_ptr(fn, d_x, "d_x"));
     TRY(arg_eps(fn, eps));
-    TRY(arg_rows(fn, rows, dim, x_stride, "x"));
+    TRY(arg_rows(fn, rows, dim, x_stride, x_name));
+    if (x2) TRY(arg_rows(fn, rows, dim, x2_stride, "delta"));
     TRY(arg_rows(fn, rows, dim, d_out_stride, "d_out"));
     if (d_add) TRY(arg_rows(fn, rows, dim, d_add_stride, "d_add"));
     TRY(arg_rows(fn, rows, dim, d_x_stride, "d_x"));
-    uintptr_t lo[5], hi[5];
-    const void *bufs[5] = {x, d_out, d_add ? (const void *)d_add : (const void *)x, weight, d_x};
-    const size_t strides[5] = {x_stride, d_out_stride, d_add ? d_add_stride : x_stride, 0,
-                               d_x_stride};
-    static const char *const names[5] = {"x", "d_out", "d_add", "weight", "d_x"};
-    for (size_t i = 0; i < 5; i++)
+    enum { N_BUFS = 6, D_X = 5 };
+    uintptr_t lo[N_BUFS], hi[N_BUFS];
+    const void *bufs[N_BUFS] = {x, d_out, d_add ? (const void *)d_add : (const void *)x, weight,
+                                x2 ? (const void *)x2 : (const void *)x, d_x};
+    const size_t strides[N_BUFS] = {x_stride, d_out_stride, d_add ? d_add_stride : x_stride, 0,
+                                    x2 ? x2_stride : x_stride, d_x_stride};
+    const char *const names[N_BUFS] = {x_name, "d_out", "d_add", "weight", "delta", "d_x"};
+    for (size_t i = 0; i < N_BUFS; i++)
         span_of(bufs[i], i == 3 ? 1 : rows, dim, strides[i], 1, 4, &lo[i], &hi[i]);
-    for (size_t i = 0; i < 4; i++)
-        if (overlaps(lo[4], hi[4], lo[i], hi[i]) ||
+    for (size_t i = 0; i < D_X; i++)
+        if (overlaps(lo[D_X], hi[D_X], lo[i], hi[i]) ||
             (d_weight && overlaps((uintptr_t)d_weight, (uintptr_t)(d_weight + dim), lo[i], hi[i])))
             return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s overlaps %s", fn,
-                             overlaps(lo[4], hi[4], lo[i], hi[i]) ? "d_x" : "d_weight", names[i]);
-    if (d_weight && overlaps((uintptr_t)d_weight, (uintptr_t)(d_weight + dim), lo[4], hi[4]))
+                             overlaps(lo[D_X], hi[D_X], lo[i], hi[i]) ? "d_x" : "d_weight",
+                             names[i]);
+    if (d_weight && overlaps((uintptr_t)d_weight, (uintptr_t)(d_weight + dim), lo[D_X], hi[D_X]))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: d_weight overlaps d_x", fn);
     op_call call;
     TRY(op_begin(&call, pool, fn));
     region_grad_job j = {kern(), rows, dim, x, weight, d_out, d_add, x_stride, d_out_stride,
-                         d_add_stride, 0, eps, d_x, d_weight, NULL, d_x_stride, 0, NULL};
+                         d_add_stride, 0, eps, d_x, d_weight, NULL, d_x_stride, 0, NULL,
+                         x2, x2_stride};
     j.inv = op_alloc(&call, rows, sizeof(float), "rows' inverse RMS");
-    const int rc = j.inv ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+    if (j.inv && x2)
+        j.work = op_alloc(&call, (uint64_t)pool_size(call.pool) * RMS_ROWS * dim, sizeof(float),
+                          "rows of residual + delta");
+    const int rc = j.inv && (!x2 || j.work) ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     if (!rc) {
         const size_t tasks = (rows + REGION_GRAD_ROWS - 1) / REGION_GRAD_ROWS;
         pool_run(call.pool, rmsnorm_grad_rows, &j, tasks);
@@ -617,6 +662,31 @@ int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t dim, const fl
     }
     op_end(&call);
     return rc;
+}
+
+int parity_rmsnorm_backward(parity_pool *pool, size_t rows, size_t dim, const float *x,
+                            size_t x_stride, const float *weight, float eps, const float *d_out,
+                            size_t d_out_stride, const float *d_add, size_t d_add_stride,
+                            float *d_x, size_t d_x_stride, float *d_weight) {
+    return rmsnorm_backward("parity_rmsnorm_backward", pool, rows, dim, x, x_stride, "x", NULL,
+                            0, weight, eps, d_out, d_out_stride, d_add, d_add_stride, d_x,
+                            d_x_stride, d_weight);
+}
+
+int parity_rmsnorm_residual_backward(parity_pool *pool, size_t rows, size_t dim,
+                                     const float *residual, size_t residual_stride,
+                                     const float *delta, size_t delta_stride,
+                                     const float *weight, float eps, const float *d_out,
+                                     size_t d_out_stride, const float *d_add,
+                                     size_t d_add_stride, float *d_x, size_t d_x_stride,
+                                     float *d_weight) {
+    static const char fn[] = "parity_rmsnorm_residual_backward";
+    clear_error();
+    TRY(arg_ptr(fn, residual, "residual"));
+    TRY(arg_ptr(fn, delta, "delta"));  /* NULL would be parity_rmsnorm_backward's call */
+    return rmsnorm_backward(fn, pool, rows, dim, residual,
+                            residual_stride, "residual", delta, delta_stride, weight, eps, d_out,
+                            d_out_stride, d_add, d_add_stride, d_x, d_x_stride, d_weight);
 }
 
 /* SwiGLU rows: autograd's steps of y = (g s) u, s = sigmoid(g) = 1 / (1 + exp(-g)) (the
@@ -663,7 +733,8 @@ int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim, const flo
     op_call call;
     TRY(op_begin(&call, pool, fn));
     region_grad_job j = {kern(), rows, dim, gate, up, d_out, NULL, gate_stride, d_out_stride, 0,
-                         up_stride, 0.0f, d_gate, d_up, NULL, d_gate_stride, d_up_stride, NULL};
+                         up_stride, 0.0f, d_gate, d_up, NULL, d_gate_stride, d_up_stride, NULL,
+                         NULL, 0};
     j.work = op_alloc(&call, (uint64_t)pool_size(call.pool) * dim, sizeof(float), "sigmoids");
     const int rc = j.work ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
     if (!rc)

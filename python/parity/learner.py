@@ -679,18 +679,25 @@ def logprobs_from_logits(logits, targets, policy="aligned", mode="raw", temperat
 
 # ---- the regions under compute "bf16": the C region kernels, fp32 formulas backward ---------
 
-def _rms_backward(x, w, eps, g, g_add, pool):
+def _rms_backward(x, w, eps, g, g_add, pool, delta=None):
     """The gradients (x's, plus g_add where given; w's) of the fp32 formula
     x rsqrt(mean(x x) + eps) w over x's last dimension, autograd's steps in C
-    (parity_rmsnorm_backward)."""
+    (parity_rmsnorm_backward); with delta, at x + delta, the sum formed in C
+    (parity_rmsnorm_residual_backward)."""
     dim = x.shape[-1]
     rows = x.numel() // dim
     x, g = x.contiguous(), g.contiguous()
     g_add = g_add.contiguous() if g_add is not None else None
     gx, gw = _torch.empty_like(x), _torch.empty(dim, dtype=_f32)
-    lib.parity_rmsnorm_backward(pool, rows, dim, _addr(x), dim, _addr(w.detach().contiguous()),
-                                eps, _addr(g), dim, _addr(g_add), dim, _addr(gx), dim,
-                                _addr(gw))
+    wc = w.detach().contiguous()
+    if delta is None:
+        lib.parity_rmsnorm_backward(pool, rows, dim, _addr(x), dim, _addr(wc), eps, _addr(g),
+                                    dim, _addr(g_add), dim, _addr(gx), dim, _addr(gw))
+    else:
+        d = delta.contiguous()
+        lib.parity_rmsnorm_residual_backward(pool, rows, dim, _addr(x), dim, _addr(d), dim,
+                                             _addr(wc), eps, _addr(g), dim, _addr(g_add), dim,
+                                             _addr(gx), dim, _addr(gw))
     return gx, gw
 
 
@@ -721,7 +728,7 @@ class _RmsnormResidualC(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_res, g_out):
         delta, h, w = ctx.saved_tensors
-        gs, gw = _rms_backward(h + delta, w, ctx.eps, g_out, g_res, ctx.pool)
+        gs, gw = _rms_backward(h, w, ctx.eps, g_out, g_res, ctx.pool, delta)
         return gs, gs, gw, None, None, None, None
 
 
@@ -780,11 +787,12 @@ class _Rope(_torch.autograd.Function):
     parity.torch's exact fp32 version. Backward: the
     rotation's transpose by the same tables, straight through its rounding points:
     g_a = g_lo cos + g_hi sin, g_b = g_hi cos - g_lo sin (the sums autograd forms through the
-    formula, the same bits)."""
+    formula, the same bits), in C on the pool (parity_rope_backward)."""
 
     @staticmethod
     def forward(ctx, x, cos, sin, pol, pol_c, positions, theta, pool=None):
         ctx.save_for_backward(cos, sin)
+        ctx.pool = pool
         if _compute_fp32(pol):
             return _torch_regions._rope_f32(x, cos, sin, pol)
         rows, heads, hd = x.shape
@@ -797,10 +805,21 @@ class _Rope(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         cos, sin = ctx.saved_tensors
-        half = g.shape[-1] // 2
-        g_lo, g_hi = g[..., :half], g[..., half:]
-        return (_torch.cat([g_lo * cos + g_hi * sin, g_hi * cos - g_lo * sin], dim=-1), None,
-                None, None, None, None, None, None)
+        return (_rope_backward(g, cos, sin, ctx.pool), None, None, None, None, None, None, None)
+
+
+def _rope_backward(g, cos, sin, pool):
+    """RoPE's gradient at g [rows, heads, head_dim] by the forward's tables cos, sin (one row of
+    head_dim // 2 values a row of g, any leading shape that has `rows` rows), as
+    parity_rope_backward computes it on the pool: g_a = g_lo cos + g_hi sin,
+    g_b = g_hi cos - g_lo sin, each product rounded to fp32 before the sum."""
+    rows, heads, hd = g.shape
+    g = g.contiguous()
+    cos, sin = cos.reshape(rows, hd // 2).contiguous(), sin.reshape(rows, hd // 2).contiguous()
+    out = _torch.empty_like(g)
+    lib.parity_rope_backward(pool, rows, heads, hd, _addr(g), heads * hd, _addr(cos),
+                             _addr(sin), hd // 2, _addr(out), heads * hd)
+    return out
 
 
 def _rmsnorm_residual(delta, h, w, eps, pol_c, pol, pool=None):
