@@ -185,6 +185,59 @@ static void held_free(const learner *L, held *h) {
     for (size_t i = 0; i < L->n; i++) free(h->values[i]);
 }
 
+/* An update of n tensors under `masters`: PARITY_MASTERS_KEEP through parity_model_update (no
+ * pool) and parity_model_update_on, the calls without a masters argument; the others through
+ * parity_model_update_with. */
+static int update_as(parity_pool *pool, parity_model *m, const parity_tensor_data *t, size_t n,
+                     uint32_t masters) {
+    if (masters != PARITY_MASTERS_KEEP) return parity_model_update_with(pool, m, t, n, masters);
+    return pool ? parity_model_update_on(pool, m, t, n) : parity_model_update(m, t, n);
+}
+
+/* The update of L's tensors t (fp32 masters) under `masters`, after the ways it fails, each
+ * leaving the model as `before` recorded (buffers and values, version 0, its values as loaded
+ * still given): a NaN in its last tensor, a call in flight (it would overwrite the values a
+ * reader reads), out of memory at each of its allocations in turn, on a pool of 2 threads.
+ * Returns the number of allocations that failed before it succeeded. */
+static long update_after_failures(parity_model *m, const learner *L, parity_tensor_data *t,
+                                  const held *before, uint32_t masters) {
+    const weight *last = L->slots[L->n - 1].dst;
+    const size_t last_count = (size_t)last->rows * last->cols;
+    float *nan_last = malloc(last_count * 4), *values = malloc(last_count * 4);
+    memcpy(nan_last, L->master[L->n - 1], last_count * 4);
+    nan_last[0] = NAN;
+    t[L->n - 1].data = nan_last;
+    CHECK_STATUS(update_as(NULL, m, t, L->n, masters), PARITY_ERR_TENSOR_NONFINITE);
+    CHECK(still_held(L, before));
+    t[L->n - 1].data = L->master[L->n - 1];
+
+    CHECK_OK(model_enter(m));
+    CHECK_STATUS(update_as(NULL, m, t, L->n, masters), PARITY_ERR_BUSY);
+    model_leave(m);
+    CHECK(still_held(L, before));
+
+    /* allocation k of the update fails, for k = 1, 2, ... until the update succeeds */
+    long failed = 0;
+    for (long k = 1; k < 10000; k++) {
+        parity_pool *pool = NULL;
+        CHECK_OK(parity_pool_create(2, &pool));
+        px_alloc_test_reset(k);
+        const int rc = update_as(pool, m, t, L->n, masters);
+        px_alloc_test_reset(0);
+        parity_pool_free(pool);
+        if (rc == PARITY_OK) break;
+        failed++;
+        CHECK_INT(rc, PARITY_ERR_OUT_OF_MEMORY);
+        CHECK(parity_last_error()[0] != '\0');
+        CHECK_INT(parity_model_version(m), 0);
+        CHECK(still_held(L, before));
+        CHECK_OK(parity_model_weight_values(m, L->slots[L->n - 1].name, values, last_count));
+    }
+    free(values);
+    free(nan_last);
+    return failed;
+}
+
 /* The first update of fp32 masters on a model that owns its bf16 values (a synthetic one, or
  * one an earlier update copied): the RNE cast goes into the bf16 buffers the model holds and
  * the masters into new buffers, which later updates write in place; an update that fails
@@ -205,36 +258,7 @@ static void test_first_update(void) {
     parity_tensor_data t[128];
     for (size_t i = 0; i < L.n; i++) t[i] = as_f32(&L, i);
 
-    const weight *last = L.slots[L.n - 1].dst;
-    float *nan_last = malloc((size_t)last->rows * last->cols * 4);
-    memcpy(nan_last, L.master[L.n - 1], (size_t)last->rows * last->cols * 4);
-    nan_last[0] = NAN;
-    t[L.n - 1].data = nan_last;
-    CHECK_STATUS(parity_model_update(m, t, L.n), PARITY_ERR_TENSOR_NONFINITE);
-    CHECK(still_held(&L, &before));
-    t[L.n - 1].data = L.master[L.n - 1];
-
-    CHECK_OK(model_enter(m));
-    CHECK_STATUS(parity_model_update(m, t, L.n), PARITY_ERR_BUSY);
-    model_leave(m);
-    CHECK(still_held(&L, &before));
-
-    /* allocation k of the update fails, for k = 1, 2, ... until the update succeeds */
-    long failed = 0;
-    for (long k = 1; k < 10000; k++) {
-        parity_pool *pool = NULL;
-        CHECK_OK(parity_pool_create(2, &pool));
-        px_alloc_test_reset(k);
-        const int rc = parity_model_update_on(pool, m, t, L.n);
-        px_alloc_test_reset(0);
-        parity_pool_free(pool);
-        if (rc == PARITY_OK) break;
-        failed++;
-        CHECK_INT(rc, PARITY_ERR_OUT_OF_MEMORY);
-        CHECK(parity_last_error()[0] != '\0');
-        CHECK_INT(parity_model_version(m), 0);
-        CHECK(still_held(&L, &before));
-    }
+    const long failed = update_after_failures(m, &L, t, &before, PARITY_MASTERS_KEEP);
     CHECK(failed >= 3); /* the staging, its ranges, a master at least */
     CHECK_INT(parity_model_version(m), 1);
     for (size_t i = 0; i < L.n; i++) {
@@ -257,7 +281,6 @@ static void test_first_update(void) {
     }
     held_free(&L, &first);
     held_free(&L, &before);
-    free(nan_last);
     learner_free(&L);
     learner_free(&L2);
     parity_model_free(m);
@@ -327,39 +350,7 @@ static void test_masters_where_read(void) {
     for (size_t i = 0; i < L.n; i++) t[i] = as_f32(&L, i);
 
     CHECK_STATUS(parity_model_update_with(NULL, m, t, L.n, 2), PARITY_ERR_INVALID_ARGUMENT);
-    const weight *last = L.slots[L.n - 1].dst;
-    float *nan_last = malloc((size_t)last->rows * last->cols * 4);
-    memcpy(nan_last, L.master[L.n - 1], (size_t)last->rows * last->cols * 4);
-    nan_last[(size_t)last->rows * last->cols - 1] = NAN;
-    t[L.n - 1].data = nan_last;
-    CHECK_STATUS(parity_model_update_with(NULL, m, t, L.n, PARITY_MASTERS_WHERE_READ),
-                 PARITY_ERR_TENSOR_NONFINITE);
-    CHECK(still_held(&L, &before));
-    t[L.n - 1].data = L.master[L.n - 1];
-    CHECK_OK(model_enter(m));
-    CHECK_STATUS(parity_model_update_with(NULL, m, t, L.n, PARITY_MASTERS_WHERE_READ),
-                 PARITY_ERR_BUSY);
-    model_leave(m);
-    CHECK(still_held(&L, &before));
-    long failed = 0;
-    for (long k = 1; k < 10000; k++) {
-        parity_pool *pool = NULL;
-        CHECK_OK(parity_pool_create(2, &pool));
-        px_alloc_test_reset(k);
-        const int rc = parity_model_update_with(pool, m, t, L.n, PARITY_MASTERS_WHERE_READ);
-        px_alloc_test_reset(0);
-        parity_pool_free(pool);
-        if (rc == PARITY_OK) break;
-        failed++;
-        CHECK_INT(rc, PARITY_ERR_OUT_OF_MEMORY);
-        CHECK_INT(parity_model_version(m), 0);
-        CHECK(still_held(&L, &before));
-        /* nothing dropped yet: the values as loaded are still what the model gives */
-        float *values = malloc((size_t)last->rows * last->cols * 4);
-        CHECK_OK(parity_model_weight_values(m, L.slots[L.n - 1].name, values,
-                                            (uint64_t)last->rows * last->cols));
-        free(values);
-    }
+    const long failed = update_after_failures(m, &L, t, &before, PARITY_MASTERS_WHERE_READ);
     CHECK(failed >= 2); /* the staging and its ranges */
     CHECK_INT(parity_model_version(m), 1);
     const parity_weight_bytes bytes_after = weight_bytes_of(m, "aligned", PARITY_BACKEND_BF16);
@@ -464,7 +455,6 @@ static void test_masters_where_read(void) {
     free(codes_keep);
     free(scales);
     free(scales_keep);
-    free(nan_last);
     held_free(&L, &before);
     learner_free(&L);
     parity_model_free(keep);
