@@ -241,6 +241,12 @@ static int keeps_master(const parity_model *m, const staged *st, uint32_t master
     return 0;
 }
 
+/* A new fp32 master for st's values (ordinary pages, as below). */
+static int staged_master_alloc(staged *st) {
+    st->master_new = px_aligned_alloc(staged_count(st) * 4, "updated weights (fp32 masters)");
+    return st->master_new ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+}
+
 /* New buffers for the values whose weight has none the model owns, in ordinary pages, not
  * huge ones (px_huge_alloc): their first write, by the casts on the pool, is most of what a
  * first update costs, and on a VM whose host takes back the guest's free memory (free page
@@ -258,9 +264,7 @@ static int staged_alloc(parity_model *m, staged *st, uint32_t masters) {
         st->drop_master = 1;
         return PARITY_OK;
     }
-    if (!(st->master_new = px_aligned_alloc(count * 4, "updated weights (fp32 masters)")))
-        return PARITY_ERR_OUT_OF_MEMORY;
-    return PARITY_OK;
+    return staged_master_alloc(st);
 }
 
 int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size_t n) {
@@ -360,8 +364,23 @@ int parity_model_update_with(parity_pool *pool, parity_model *m, const parity_te
         if (st[i].scan) rc = staged_alloc(m, &st[i], masters);
     /* room in the owned list, so that the swap below cannot fail */
     if (!rc && !model_reserve_owned(m, 5 * n)) rc = PARITY_ERR_OUT_OF_MEMORY;
+    int locked = 0;
+    if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
+        rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
+                       "weights can only be updated while no call runs");
+    else if (!rc)
+        locked = 1;
+    /* under the lock, still before anything changes: a scorer or sampler made while the
+     * update staged (its copies are built under the shared lock) reads the masters it reads
+     * from now on, so none of those is dropped after all */
+    for (size_t i = 0; !rc && i < n; i++)
+        if (st[i].drop_master && keeps_master(m, &st[i], masters)) {
+            st[i].drop_master = 0;
+            rc = staged_master_alloc(&st[i]);
+        }
     /* the values a requantization widens bf16 values into, so that it cannot fail (sized for
-     * bf16 values: the update may replace a master with them) */
+     * bf16 values: the update may replace a master with them; under the lock, so that the
+     * copies of a quantizer prepared while the update staged count too) */
     float *fp8_rows = NULL;
     size_t most = 0;
     for (size_t i = 0; !rc && i < n; i++)
@@ -373,10 +392,8 @@ int parity_model_update_with(parity_pool *pool, parity_model *m, const parity_te
             }
     if (!rc && most && !(fp8_rows = px_malloc(most * sizeof(float), "quantization rows")))
         rc = PARITY_ERR_OUT_OF_MEMORY;
-    if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
-        rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
-                       "weights can only be updated while no call runs");
     if (rc) {
+        if (locked) pthread_rwlock_unlock(&m->use_lock);
         for (size_t i = 0; st && i < n; i++) staged_free(m, &st[i]);
         px_free(st);
         px_free(ranges);
