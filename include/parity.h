@@ -1157,6 +1157,9 @@ PARITY_API uint64_t parity_model_version(const parity_model *model);
  *                             but other bytes;
  *   "format differs"          the learner ships codes of another format than the sampler's
  *                             policy reads (fp8 against 4-bit or ternary);
+ *   "fp32 masters"            the sampler holds only the bf16 cast of the weight's last fp32
+ *                             values (an update with PARITY_MASTERS_WHERE_READ dropped its
+ *                             master): no codes are made from the cast or compared;
  *   "version"                 a stale sync, or one applied twice.
  * The log-prob probe (parity_scorer_probe) checks the rest end to end.
  */
@@ -1220,7 +1223,9 @@ typedef struct parity_weight_info {
     uint64_t shape[2];           /* [rows, cols]; ndim 1: shape[0] values, shape[1] = 1 */
     uint32_t has_master;         /* 1: the model holds fp32 master values for it (an F32 or F16
                                     checkpoint, an F32 update), which parity_model_weight_values
-                                    returns; 0: its bf16 values */
+                                    returns; 0: its bf16 values, which it returns unless they
+                                    are the cast of fp32 values an update did not keep
+                                    (PARITY_MASTERS_WHERE_READ): PARITY_ERR_NO_MASTERS */
     uint32_t quantized;          /* 1: a decoder layer's linear weight that a policy with a
                                     quantized gemm runs quantized; 0: it stays bf16 under every
                                     policy (not such a weight, or one the checkpoint keeps
