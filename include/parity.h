@@ -149,7 +149,10 @@ PARITY_API size_t parity_struct_size(const char *name);
     X(PARITY_ERR_STALE, -53)           /* a sequence's KV cache predates a weight update */        \
                                                                                                    \
     /* sync checks */                                                                              \
-    X(PARITY_ERR_VERIFY, -60)          /* the model differs from a manifest or a probe */
+    X(PARITY_ERR_VERIFY, -60)          /* the model differs from a manifest or a probe */          \
+    X(PARITY_ERR_NO_MASTERS, -61)      /* a reader of fp32 masters asked for a weight whose        \
+                                          masters an update did not keep                           \
+                                          (PARITY_MASTERS_WHERE_READ) */
 
 #define PARITY_STATUS_ENUMERATOR(name, value) name = value,
 typedef enum parity_status { PARITY_STATUS_LIST(PARITY_STATUS_ENUMERATOR) } parity_status;
@@ -1063,6 +1066,35 @@ typedef struct parity_pool parity_pool;
  * threads. */
 PARITY_API int parity_model_update_on(parity_pool *pool, parity_model *model,
                                       const parity_tensor_data *tensors, size_t n);
+/* What an update does with F16/F32 data's exact values (parity_model_update_with). */
+typedef enum parity_masters {
+    /* Kept as the weight's fp32 master (4 bytes a value beside the bf16 cast) for every
+     * reader: parity_model_update's and parity_model_update_on's behaviour. */
+    PARITY_MASTERS_KEEP = 0,
+    /* Kept only where the weight holds a master already (an F32/F16 checkpoint's, an earlier
+     * update's: written in place) or where a copy the model has built reads it: the fp32
+     * values of an fp32-compute scorer or sampler, the fp16 values of an fp16 one, the codes
+     * of a quantized policy's quantizer (decoder linear weights); elsewhere the weight holds
+     * the bf16 cast alone, which is all a bf16-compute, bf16-GEMM policy reads. A learner
+     * keeping its own fp32 masters syncs a bf16 sampler so without writing 4 bytes a
+     * parameter of new memory. Until an update brings such a weight bf16 values, F16/F32 data
+     * with PARITY_MASTERS_KEEP, or codes, every reader of its fp32 masters is refused with
+     * PARITY_ERR_NO_MASTERS, naming it, rather than read the bf16 cast in their place:
+     * scorers and samplers of fp32-compute, fp16-compute or quantized-GEMM policies (made
+     * after the update), parity_model_weight_values, parity_model_weight_codes (when it
+     * quantizes), parity_model_save_as in the fp32, fp16 and quantized layouts,
+     * parity_model_write_manifest_for under a quantized policy; parity_model_verify_for
+     * reports such a weight's codes on a line of its own ("fp32 masters") and compares no
+     * codes it would have to quantize from the bf16 cast. parity_weight_info.has_master is 0
+     * for it. */
+    PARITY_MASTERS_WHERE_READ = 1,
+} parity_masters;
+/* parity_model_update_on with `masters` (parity_masters) saying which fp32 masters F16/F32
+ * data leaves in the model; PARITY_ERR_INVALID_ARGUMENT for another value. BF16 and F8_E4M3
+ * updates are the same under both. */
+PARITY_API int parity_model_update_with(parity_pool *pool, parity_model *model,
+                                        const parity_tensor_data *tensors, size_t n,
+                                        uint32_t masters);
 /* The model's version: 0 when loaded, +1 per successful parity_model_update. */
 PARITY_API uint64_t parity_model_version(const parity_model *model);
 
@@ -1125,6 +1157,9 @@ PARITY_API uint64_t parity_model_version(const parity_model *model);
  *                             but other bytes;
  *   "format differs"          the learner ships codes of another format than the sampler's
  *                             policy reads (fp8 against 4-bit or ternary);
+ *   "fp32 masters"            the sampler holds only the bf16 cast of the weight's last fp32
+ *                             values (an update with PARITY_MASTERS_WHERE_READ dropped its
+ *                             master): no codes are made from the cast or compared;
  *   "version"                 a stale sync, or one applied twice.
  * The log-prob probe (parity_scorer_probe) checks the rest end to end.
  */
@@ -1188,7 +1223,9 @@ typedef struct parity_weight_info {
     uint64_t shape[2];           /* [rows, cols]; ndim 1: shape[0] values, shape[1] = 1 */
     uint32_t has_master;         /* 1: the model holds fp32 master values for it (an F32 or F16
                                     checkpoint, an F32 update), which parity_model_weight_values
-                                    returns; 0: its bf16 values */
+                                    returns; 0: its bf16 values, which it returns unless they
+                                    are the cast of fp32 values an update did not keep
+                                    (PARITY_MASTERS_WHERE_READ): PARITY_ERR_NO_MASTERS */
     uint32_t quantized;          /* 1: a decoder layer's linear weight that a policy with a
                                     quantized gemm runs quantized; 0: it stays bf16 under every
                                     policy (not such a weight, or one the checkpoint keeps

@@ -293,6 +293,18 @@ static int p_stale(void) {
     parity_model_free(m);
     return rc;
 }
+static int p_no_masters(void) {
+    parity_model *m = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny:2", &m));
+    if (!m) return -1000;
+    float ones[64], back[64];
+    for (int i = 0; i < 64; i++) ones[i] = 1.0f + 0x1p-12f;
+    parity_tensor_data t = {"model.norm.weight", PARITY_DTYPE_F32, 1, {64, 0}, ones};
+    CHECK_OK(parity_model_update_with(NULL, m, &t, 1, PARITY_MASTERS_WHERE_READ));
+    int rc = parity_model_weight_values(m, "model.norm.weight", back, 64);
+    parity_model_free(m);
+    return rc;
+}
 static int p_verify(void) {
     int32_t t[4] = {1, 2, 3, 4};
     const float wrong[3] = {0, 0, 0};
@@ -340,6 +352,7 @@ static const struct {
     {"PARITY_ERR_SEQUENCE_FINISHED", p_sequence_finished},
     {"PARITY_ERR_STALE", p_stale},
     {"PARITY_ERR_VERIFY", p_verify},
+    {"PARITY_ERR_NO_MASTERS", p_no_masters},
 };
 #define N_PROVOKERS (sizeof provokers / sizeof provokers[0])
 

@@ -185,6 +185,59 @@ static void held_free(const learner *L, held *h) {
     for (size_t i = 0; i < L->n; i++) free(h->values[i]);
 }
 
+/* An update of n tensors under `masters`: PARITY_MASTERS_KEEP through parity_model_update (no
+ * pool) and parity_model_update_on, the calls without a masters argument; the others through
+ * parity_model_update_with. */
+static int update_as(parity_pool *pool, parity_model *m, const parity_tensor_data *t, size_t n,
+                     uint32_t masters) {
+    if (masters != PARITY_MASTERS_KEEP) return parity_model_update_with(pool, m, t, n, masters);
+    return pool ? parity_model_update_on(pool, m, t, n) : parity_model_update(m, t, n);
+}
+
+/* The update of L's tensors t (fp32 masters) under `masters`, after the ways it fails, each
+ * leaving the model as `before` recorded (buffers and values, version 0, its values as loaded
+ * still given): a NaN in its last tensor, a call in flight (it would overwrite the values a
+ * reader reads), out of memory at each of its allocations in turn, on a pool of 2 threads.
+ * Returns the number of allocations that failed before it succeeded. */
+static long update_after_failures(parity_model *m, const learner *L, parity_tensor_data *t,
+                                  const held *before, uint32_t masters) {
+    const weight *last = L->slots[L->n - 1].dst;
+    const size_t last_count = (size_t)last->rows * last->cols;
+    float *nan_last = malloc(last_count * 4), *values = malloc(last_count * 4);
+    memcpy(nan_last, L->master[L->n - 1], last_count * 4);
+    nan_last[0] = NAN;
+    t[L->n - 1].data = nan_last;
+    CHECK_STATUS(update_as(NULL, m, t, L->n, masters), PARITY_ERR_TENSOR_NONFINITE);
+    CHECK(still_held(L, before));
+    t[L->n - 1].data = L->master[L->n - 1];
+
+    CHECK_OK(model_enter(m));
+    CHECK_STATUS(update_as(NULL, m, t, L->n, masters), PARITY_ERR_BUSY);
+    model_leave(m);
+    CHECK(still_held(L, before));
+
+    /* allocation k of the update fails, for k = 1, 2, ... until the update succeeds */
+    long failed = 0;
+    for (long k = 1; k < 10000; k++) {
+        parity_pool *pool = NULL;
+        CHECK_OK(parity_pool_create(2, &pool));
+        px_alloc_test_reset(k);
+        const int rc = update_as(pool, m, t, L->n, masters);
+        px_alloc_test_reset(0);
+        parity_pool_free(pool);
+        if (rc == PARITY_OK) break;
+        failed++;
+        CHECK_INT(rc, PARITY_ERR_OUT_OF_MEMORY);
+        CHECK(parity_last_error()[0] != '\0');
+        CHECK_INT(parity_model_version(m), 0);
+        CHECK(still_held(L, before));
+        CHECK_OK(parity_model_weight_values(m, L->slots[L->n - 1].name, values, last_count));
+    }
+    free(values);
+    free(nan_last);
+    return failed;
+}
+
 /* The first update of fp32 masters on a model that owns its bf16 values (a synthetic one, or
  * one an earlier update copied): the RNE cast goes into the bf16 buffers the model holds and
  * the masters into new buffers, which later updates write in place; an update that fails
@@ -205,36 +258,7 @@ static void test_first_update(void) {
     parity_tensor_data t[128];
     for (size_t i = 0; i < L.n; i++) t[i] = as_f32(&L, i);
 
-    const weight *last = L.slots[L.n - 1].dst;
-    float *nan_last = malloc((size_t)last->rows * last->cols * 4);
-    memcpy(nan_last, L.master[L.n - 1], (size_t)last->rows * last->cols * 4);
-    nan_last[0] = NAN;
-    t[L.n - 1].data = nan_last;
-    CHECK_STATUS(parity_model_update(m, t, L.n), PARITY_ERR_TENSOR_NONFINITE);
-    CHECK(still_held(&L, &before));
-    t[L.n - 1].data = L.master[L.n - 1];
-
-    CHECK_OK(model_enter(m));
-    CHECK_STATUS(parity_model_update(m, t, L.n), PARITY_ERR_BUSY);
-    model_leave(m);
-    CHECK(still_held(&L, &before));
-
-    /* allocation k of the update fails, for k = 1, 2, ... until the update succeeds */
-    long failed = 0;
-    for (long k = 1; k < 10000; k++) {
-        parity_pool *pool = NULL;
-        CHECK_OK(parity_pool_create(2, &pool));
-        px_alloc_test_reset(k);
-        const int rc = parity_model_update_on(pool, m, t, L.n);
-        px_alloc_test_reset(0);
-        parity_pool_free(pool);
-        if (rc == PARITY_OK) break;
-        failed++;
-        CHECK_INT(rc, PARITY_ERR_OUT_OF_MEMORY);
-        CHECK(parity_last_error()[0] != '\0');
-        CHECK_INT(parity_model_version(m), 0);
-        CHECK(still_held(&L, &before));
-    }
+    const long failed = update_after_failures(m, &L, t, &before, PARITY_MASTERS_KEEP);
     CHECK(failed >= 3); /* the staging, its ranges, a master at least */
     CHECK_INT(parity_model_version(m), 1);
     for (size_t i = 0; i < L.n; i++) {
@@ -257,10 +281,183 @@ static void test_first_update(void) {
     }
     held_free(&L, &first);
     held_free(&L, &before);
-    free(nan_last);
     learner_free(&L);
     learner_free(&L2);
     parity_model_free(m);
+}
+
+/* parity_model_update_with under `masters` of every tensor of L as fp32 (CHECK_OK). */
+static void push_all_with(parity_model *m, const learner *L, uint32_t masters) {
+    parity_tensor_data t[128];
+    for (size_t i = 0; i < L->n; i++) t[i] = as_f32(L, i);
+    CHECK_OK(parity_model_update_with(NULL, m, t, L->n, masters));
+}
+
+/* Whether the model holds master i of L: parity_weight_info says so and
+ * parity_model_weight_values returns exactly L's fp32 values; else that it refuses them with
+ * PARITY_ERR_NO_MASTERS rather than return the bf16 cast (want_master 0). */
+static void check_master(parity_model *m, const learner *L, size_t i, int want_master) {
+    const weight *w = L->slots[i].dst;
+    const size_t count = (size_t)w->rows * w->cols;
+    parity_weight_info info = {.size = sizeof info};
+    CHECK_OK(parity_model_weight_info(m, L->slots[i].name, &info));
+    CHECK_INT(info.has_master, want_master);
+    float *values = malloc(count * 4);
+    const int rc = parity_model_weight_values(m, L->slots[i].name, values, count);
+    if (want_master) {
+        CHECK_OK(rc);
+        CHECK(!memcmp(values, L->master[i], count * 4));
+    } else {
+        CHECK_INT(rc, PARITY_ERR_NO_MASTERS);
+        CHECK(strstr(parity_last_error(), L->slots[i].name) != NULL);
+    }
+    free(values);
+}
+
+/* Raw log-probs of a fixed sequence under `preset` on m (a scorer made for the call). */
+static void score_preset(const parity_model *m, const char *preset, float lp[15]) {
+    const int32_t tokens[16] = {1, 5, 9, 2, 7, 3, 8, 4, 6, 11, 13, 10, 12, 14, 15, 16};
+    uint32_t len = 16;
+    parity_scorer *s = new_scorer(m, (fixture){.policy = preset});
+    if (s) score_raw(s, tokens, &len, 1, lp);
+    parity_scorer_free(s);
+}
+
+/* PARITY_MASTERS_WHERE_READ: a learner's first sync of fp32 masters into a bf16 model whose
+ * only reader is bf16 allocates no masters (parity_model_bytes' held unchanged: nothing new
+ * but the casts into the bf16 buffers the model owns), fails all or nothing as a KEEP update
+ * does (a NaN in its last tensor, a call in flight, out of memory at each of its allocations),
+ * and every reader of the masters it dropped is then refused with PARITY_ERR_NO_MASTERS (fp32,
+ * fp16 and quantized scorers, weight values and codes, save_as fp32 and fp8-block, a quantized
+ * manifest) or reported by verify ("fp32 masters"), never served the bf16 cast; the bf16
+ * policy, a bf16 manifest and save keep working. Where a reader was built before (a quantized
+ * scorer: the linear weights; an fp32 scorer: every weight) the update keeps the masters, and
+ * the readers give what a KEEP model gives bit for bit. A KEEP update brings the masters back. */
+static void test_masters_where_read(void) {
+    parity_model *m = NULL, *keep = NULL;
+    CHECK_OK(parity_model_open("synthetic:tiny", &m));
+    CHECK_OK(parity_model_open("synthetic:tiny", &keep));
+    if (!m || !keep) return;
+    learner L, K;
+    learner_step(&L, m);
+    memcpy(K.slots, model_tensors(keep, &K.n), L.n * sizeof *L.slots);
+    for (size_t i = 0; i < L.n; i++) K.master[i] = L.master[i], K.sent[i] = L.sent[i];
+    push_all_with(keep, &K, PARITY_MASTERS_KEEP); /* the reference: masters kept */
+    held before;
+    hold(&L, &before);
+    const parity_weight_bytes bytes_before = weight_bytes_of(m, "aligned", PARITY_BACKEND_BF16);
+    parity_tensor_data t[128];
+    for (size_t i = 0; i < L.n; i++) t[i] = as_f32(&L, i);
+
+    CHECK_STATUS(parity_model_update_with(NULL, m, t, L.n, 2), PARITY_ERR_INVALID_ARGUMENT);
+    const long failed = update_after_failures(m, &L, t, &before, PARITY_MASTERS_WHERE_READ);
+    CHECK(failed >= 2); /* the staging and its ranges */
+    CHECK_INT(parity_model_version(m), 1);
+    const parity_weight_bytes bytes_after = weight_bytes_of(m, "aligned", PARITY_BACKEND_BF16);
+    CHECK(bytes_after.held == bytes_before.held); /* no master allocated */
+    for (size_t i = 0; i < L.n; i++) {
+        const weight *w = L.slots[i].dst;
+        CHECK(w->bf16 == before.bf16[i] && !w->master &&
+              !memcmp(w->bf16, L.sent[i], (size_t)w->rows * w->cols * 2));
+        check_master(m, &L, i, 0);
+    }
+
+    /* the bf16 policy reads what it read under KEEP; the readers of masters are refused */
+    float lp[15], lp_keep[15];
+    score_preset(m, "aligned", lp);
+    score_preset(keep, "aligned", lp_keep);
+    CHECK_BITS_F32(lp, lp_keep, 15, "bf16 scores after a WHERE_READ update vs KEEP");
+    const char *refused[] = {"fp32", "hf-eager+fp16", "vllm+fp8-block:deepseek", "vllm+nvfp4:modelopt"};
+    for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
+        parity_scorer_params p = scorer_params((fixture){.policy = refused[k]});
+        parity_scorer *s = NULL;
+        CHECK_STATUS(parity_scorer_create(m, &p, &s), PARITY_ERR_NO_MASTERS);
+        CHECK(!s);
+    }
+    const size_t lin = slot_index(&L, "model.layers.0.mlp.up_proj.weight");
+    const weight *wl = L.slots[lin].dst;
+    const uint64_t n_codes = (uint64_t)wl->rows * wl->cols;
+    const uint64_t n_scales = parity_quant_scale_count(PARITY_FP8Q_DEEPSEEK, wl->rows, wl->cols) + 1;
+    uint8_t *codes = malloc(n_codes), *codes_keep = malloc(n_codes);
+    float *scales = malloc(n_scales * 4), *scales_keep = malloc(n_scales * 4);
+    CHECK_STATUS(parity_model_weight_codes(m, L.slots[lin].name, PARITY_FP8Q_DEEPSEEK, codes,
+                                           n_codes, scales, n_scales),
+                 PARITY_ERR_NO_MASTERS);
+    char tmp[] = "/tmp/parity-masters-XXXXXX";
+    CHECK(mkdtemp(tmp) != NULL);
+    char qpath[sizeof tmp + 32], bpath[sizeof tmp + 32];
+    snprintf(qpath, sizeof qpath, "%s/fp8.json", tmp);
+    snprintf(bpath, sizeof bpath, "%s/bf16.json", tmp);
+    CHECK_STATUS(parity_model_save_as(m, tmp, "fp32"), PARITY_ERR_NO_MASTERS);
+    CHECK_STATUS(parity_model_save_as(m, tmp, "fp8-block:deepseek"), PARITY_ERR_NO_MASTERS);
+    CHECK_OK(parity_model_save_as(m, tmp, "bf16"));
+    parity_policy fp8;
+    CHECK_OK(parity_policy_from_name("vllm+fp8-block:deepseek", &fp8));
+    CHECK_STATUS(parity_model_write_manifest_for(m, &fp8, qpath), PARITY_ERR_NO_MASTERS);
+    write_manifest(&L, 1, bpath); /* the learner's bf16 manifest verifies */
+    char report[8192];
+    CHECK_OK(verify(m, bpath, report, sizeof report));
+    /* a quantized learner's manifest: the codes the sampler would have to make from the bf16
+     * cast are not compared, each on an "fp32 masters" line */
+    CHECK_OK(parity_model_write_manifest_for(keep, &fp8, qpath));
+    CHECK_OK(parity_model_verify_for(keep, &fp8, qpath, report, sizeof report));
+    CHECK_STATUS(parity_model_verify_for(m, &fp8, qpath, report, sizeof report), PARITY_ERR_VERIFY);
+    CHECK(strstr(report, "model.layers.0.mlp.up_proj.weight: fp32 masters") != NULL);
+    CHECK(!strstr(report, "codes differ") && !strstr(report, "quantizer identity"));
+
+    /* a KEEP update brings the masters back, and with them every reader */
+    push_all_with(m, &L, PARITY_MASTERS_KEEP);
+    for (size_t i = 0; i < L.n; i++) check_master(m, &L, i, 1);
+    score_preset(m, "fp32", lp);
+    score_preset(keep, "fp32", lp_keep);
+    CHECK_BITS_F32(lp, lp_keep, 15, "fp32 scores after a KEEP update restores the masters");
+    parity_model_free(m);
+
+    /* readers built before the update keep the masters they read: a quantized scorer the
+     * linear weights' (the rest dropped), an fp32 one every weight's */
+    const char *first[] = {"vllm+fp8-block:deepseek", "fp32"};
+    for (int k = 0; k < 2; k++) {
+        m = NULL;
+        CHECK_OK(parity_model_open("synthetic:tiny", &m));
+        if (!m) break;
+        learner R;
+        memcpy(R.slots, model_tensors(m, &R.n), L.n * sizeof *L.slots);
+        for (size_t i = 0; i < L.n; i++) R.master[i] = L.master[i], R.sent[i] = L.sent[i];
+        parity_scorer *s = new_scorer(m, (fixture){.policy = first[k]});
+        push_all_with(m, &R, PARITY_MASTERS_WHERE_READ);
+        for (size_t i = 0; i < R.n; i++) check_master(m, &R, i, k == 1 || R.slots[i].linear);
+        const int32_t tokens[16] = {1, 5, 9, 2, 7, 3, 8, 4, 6, 11, 13, 10, 12, 14, 15, 16};
+        uint32_t len = 16;
+        if (s) score_raw(s, tokens, &len, 1, lp);
+        score_preset(keep, first[k], lp_keep);
+        CHECK_BITS_F32(lp, lp_keep, 15, "a reader built before a WHERE_READ update vs KEEP");
+        parity_scorer_free(s);
+        if (k == 0) {
+            CHECK_OK(parity_model_weight_codes(m, R.slots[lin].name, PARITY_FP8Q_DEEPSEEK, codes,
+                                               n_codes, scales, n_scales));
+            CHECK_OK(parity_model_weight_codes(keep, K.slots[lin].name, PARITY_FP8Q_DEEPSEEK,
+                                               codes_keep, n_codes, scales_keep, n_scales));
+            CHECK(!memcmp(codes, codes_keep, n_codes) &&
+                  !memcmp(scales, scales_keep, n_scales * 4));
+            CHECK_OK(parity_model_write_manifest_for(m, &fp8, qpath));
+            CHECK_OK(parity_model_verify_for(keep, &fp8, qpath, report, sizeof report));
+        }
+        parity_model_free(m);
+    }
+    char path[sizeof tmp + 64];
+    const char *files[] = {"fp8.json", "bf16.json", "config.json", "model.safetensors"};
+    for (size_t k = 0; k < 4; k++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, files[k]);
+        remove(path);
+    }
+    rmdir(tmp);
+    free(codes);
+    free(codes_keep);
+    free(scales);
+    free(scales_keep);
+    held_free(&L, &before);
+    learner_free(&L);
+    parity_model_free(keep);
 }
 
 static const char *model_dir(void) {
@@ -649,6 +846,7 @@ int main(void) {
     learner_free(&L);
     learner_free(&L2);
     test_first_update();
+    test_masters_where_read();
     free(buf16);
     free(tr);
     free(bad);

@@ -216,8 +216,8 @@ class RolloutEngine:
 
     def apply(self, payload):
         """Brings the weights to payload["version"] if they are older: parity.Model.update with
-        the fp32 masters (the library rounds to nearest even), then a manifest check (also of
-        version 0, the checkpoint as loaded, against the learner's masters)."""
+        the fp32 masters (the library rounds to nearest even; SAMPLER_MASTERS), then a manifest
+        check (also of version 0, the checkpoint as loaded, against the learner's masters)."""
         if payload["version"] == self.version and self.verified:
             return
         if payload["version"] < self.version:
@@ -225,7 +225,7 @@ class RolloutEngine:
                                % (payload["version"], self.version))
         before = self.model.version
         if payload["tensors"] is not None:
-            self.model.update(payload["tensors"])
+            self.model.update(payload["tensors"], masters=SAMPLER_MASTERS)
             if self.model.version != before + 1:
                 raise RuntimeError("parity.Model.update did not count the update (version %d "
                                    "-> %d)" % (before, self.model.version))
@@ -266,6 +266,15 @@ class RolloutEngine:
     def close(self):
         self.sampler.close()
         self.model.close()
+
+
+# What a sync leaves of the learner's fp32 masters in the sampler's model (Model.update's
+# `masters`): "where-read" keeps them only where a copy the model built reads them. The
+# sampler, made before any sync, is the model's only reader: under a bf16 policy nothing reads
+# masters and the first sync writes no 4 bytes a parameter of new memory (bench/learner_sync.py);
+# under an fp32-, fp16-compute or quantized policy the library keeps what the sampler reads,
+# so its log-probs are those of a model that kept every master.
+SAMPLER_MASTERS = "where-read"
 
 
 def weights_payload(version, masters):
@@ -785,8 +794,8 @@ class TorchLearner:
 
     def sync(self, model):
         """Pushes RNE(masters) into the sampler's model and checks it against their manifest
-        (parity.Model.sync); returns the seconds."""
-        return sum(model.sync(self.masters))
+        (parity.Model.sync, SAMPLER_MASTERS); returns the seconds."""
+        return sum(model.sync(self.masters, masters=SAMPLER_MASTERS))
 
 
 class ParityLearner:
@@ -823,9 +832,9 @@ class ParityLearner:
         return self.lm(sequences, mode=mode, temperature=temperature)
 
     def sync(self, model):
-        """CausalLM.sync_to: parity_model_update with the masters, then the manifest check;
-        returns the seconds (it reports update and check separately)."""
-        return sum(self.lm.sync_to(model))
+        """CausalLM.sync_to: parity_model_update with the masters (SAMPLER_MASTERS), then the
+        manifest check; returns the seconds (it reports update and check separately)."""
+        return sum(self.lm.sync_to(model, masters=SAMPLER_MASTERS))
 
 
 def make_learner(spec, args, torch):

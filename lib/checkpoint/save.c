@@ -162,6 +162,11 @@ static int plan_saved(const parity_model *m, const checkpoint_layout *layout, in
         *v = tmp[i];
         v->kind = OUT_VALUES;
         const int quantize = layout_quantizes(layout) && slot->linear && !w->keep_bf16;
+        /* fp16 and fp32 values and quantized codes are made from the masters */
+        char reader[64];
+        snprintf(reader, sizeof reader, "parity_model_save_as's layout %s", layout->name);
+        if (f32 || f16 || quantize) rc = weight_master_check(w, v->name, reader);
+        if (rc) continue;
         /* the values of shipped codes, unless the layout writes those codes as they are */
         if (!(quantize && w->shipped && w->shipped_gemm == layout->gemm))
             rc = model_weight_values((parity_model *)m, slot->dst);

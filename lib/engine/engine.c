@@ -40,6 +40,8 @@ int engine_prepare_weights(const parity_model *m, const parity_policy *pol, uint
     /* the values of shipped codes: for a bf16 GEMM and for fp32 or fp16 weights (a quantizer
      * of another format asks for them itself, in model_prepare_quant) */
     if (!fp8 || need) need |= MODEL_NEED_VALUES;
+    /* fp32 compute reads every weight's master where it has one: none may be dropped */
+    if (pol->compute == PARITY_COMPUTE_FP32) need |= MODEL_NEED_MASTERS;
     if (!need && !fp8) return PARITY_OK;
     TRY(model_enter(m));
     int rc = model_prepare((parity_model *)m, need);

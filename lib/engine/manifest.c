@@ -271,6 +271,8 @@ static int manifest_write(threadpool *pool, const parity_model *m, const parity_
             fprintf(f, "], \"dtype\": \"BF16\", \"fnv1a64\": \"%016" PRIx64 "\"}", sums[i]);
             continue;
         }
+        /* codes the model has not built are made from the masters, never their bf16 cast */
+        if ((rc = weight_master_check(w, slots[i].name, "a quantized policy's manifest"))) break;
         if (is_lowbit(pol->gemm)) {
             lowbit_view lv;
             if ((rc = lowbit_view_of(w, pol->gemm, pol->quantizer, &lv))) break;
@@ -667,6 +669,16 @@ static int verify_manifest(threadpool *pool, const parity_model *m, const parity
                         "policy reads %s", slots[i].name, dtype->str,
                         entry_str(e, "format") ? entry_str(e, "format") : "?",
                         quant_format_name(pol->gemm));
+            continue;
+        }
+        if ((f8 || lowbit) && slots[i].linear && slots[i].dst->master_dropped &&
+            !slots[i].dst->keep_bf16 && !(pol && pol->gemm == PARITY_GEMM_BF16)) {
+            /* the codes would be quantized from the bf16 cast standing for dropped masters */
+            report_line(r, "%s: fp32 masters: the learner ships %s codes (%s) quantized from "
+                        "fp32 masters, and the sampler holds only their bf16 cast (the update "
+                        "kept no master: PARITY_MASTERS_WHERE_READ): it cannot make the "
+                        "learner's codes, none compared", slots[i].name, dtype->str,
+                        entry_fmt ? entry_fmt : "?");
             continue;
         }
         if (f8 && slots[i].linear) {

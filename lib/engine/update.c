@@ -31,7 +31,8 @@ uint64_t parity_model_version(const parity_model *m) {
  * weight holds where the model owns them (a cast or copy from loading, a synthetic model's, an
  * earlier update's), else into new ones allocated before anything changes (bf16_new for a
  * weight read from a mapped checkpoint or held as codes alone, master_new for F16/F32 values
- * where the model owns no master yet); the casts run once no call runs. An F8_E4M3 update
+ * where the model owns no master yet, unless PARITY_MASTERS_WHERE_READ drops it: drop_master);
+ * the casts run once no call runs. An F8_E4M3 update
  * (ship) brings its codes and scales (sv) and their dequantized values (master, bf16) in new
  * buffers: the values go in where the weight holds values when the update commits (a reader
  * asked for them), else they are dropped and the weight holds the codes alone; its
@@ -42,6 +43,7 @@ typedef struct staged {
     tensor_source src;
     uint16_t *bf16_new;
     float *master_new;
+    int drop_master;                      /* F16/F32 values cast to bf16, no master kept */
     int scale_entry;
     int ship;
     shipped_values sv;
@@ -154,6 +156,7 @@ static void commit_shipped(parity_model *m, staged *st) {
     st->bf16 = NULL;
     w->shipped_gemm = PARITY_GEMM_FP8_BLOCK;
     w->shipped_scale_dtype = st->sv.scale_dtype;
+    w->master_dropped = 0; /* its values are the codes' from now on */
     st->sv = (shipped_values){0};
 }
 
@@ -201,9 +204,9 @@ static void convert_ranges(void *ctx, size_t begin, size_t end, unsigned worker)
         const value_range *v = &r->ranges[i];
         const staged *st = &r->st[v->tensor];
         uint16_t *bf16 = st->bf16_new ? st->bf16_new : (uint16_t *)st->w->bf16;
-        float *master = st->src.dtype == PARITY_DTYPE_BF16 ? NULL
-                        : st->master_new                   ? st->master_new
-                                                           : (float *)st->w->master;
+        float *master = st->src.dtype == PARITY_DTYPE_BF16 || st->drop_master ? NULL
+                        : st->master_new ? st->master_new
+                                         : (float *)st->w->master;
         const tensor_source at = source_from(&st->src, v->begin);
         tensor_convert_into(&at, v->count, bf16 + v->begin, master ? master + v->begin : NULL);
     }
@@ -227,21 +230,41 @@ static value_range *staged_ranges(const staged *st, size_t n, size_t *n_ranges) 
     return ranges;
 }
 
+/* Whether F16/F32 values for st's weight leave a master in the model under `masters`: always
+ * under PARITY_MASTERS_KEEP; under PARITY_MASTERS_WHERE_READ where the weight holds one (an
+ * F32/F16 checkpoint's, an earlier update's) or a copy the model has built, or this update
+ * builds (quant_new), is made from it. */
+static int keeps_master(const parity_model *m, const staged *st, uint32_t masters) {
+    if (masters == PARITY_MASTERS_KEEP || st->w->master || model_reads_master(m, st->w)) return 1;
+    for (int q = 0; q < QUANTIZERS; q++)
+        if (st->quant_new[q]) return 1;
+    return 0;
+}
+
+/* A new fp32 master for st's values (ordinary pages, as below). */
+static int staged_master_alloc(staged *st) {
+    st->master_new = px_aligned_alloc(staged_count(st) * 4, "updated weights (fp32 masters)");
+    return st->master_new ? PARITY_OK : PARITY_ERR_OUT_OF_MEMORY;
+}
+
 /* New buffers for the values whose weight has none the model owns, in ordinary pages, not
  * huge ones (px_huge_alloc): their first write, by the casts on the pool, is most of what a
  * first update costs, and on a VM whose host takes back the guest's free memory (free page
  * reporting) new 2 MB pages cost about five times the system time of 4 KB ones (DESIGN.md,
  * "Weight updates"), while reading the weights from huge pages did not measurably speed the
- * calls after a scorer's first ("Large buffers"). */
-static int staged_alloc(parity_model *m, staged *st) {
+ * calls after a scorer's first ("Large buffers"). No master where `masters` drops it: the
+ * 4 bytes a value that a learner's first sync of a bf16 model would otherwise write. */
+static int staged_alloc(parity_model *m, staged *st, uint32_t masters) {
     const uint64_t count = staged_count(st);
     if (!model_owns(m, st->w->bf16) &&
         !(st->bf16_new = px_aligned_alloc(count * 2, "updated weights (bf16)")))
         return PARITY_ERR_OUT_OF_MEMORY;
-    if (st->src.dtype != PARITY_DTYPE_BF16 && !model_owns(m, st->w->master) &&
-        !(st->master_new = px_aligned_alloc(count * 4, "updated weights (fp32 masters)")))
-        return PARITY_ERR_OUT_OF_MEMORY;
-    return PARITY_OK;
+    if (st->src.dtype == PARITY_DTYPE_BF16 || model_owns(m, st->w->master)) return PARITY_OK;
+    if (!keeps_master(m, st, masters)) {
+        st->drop_master = 1;
+        return PARITY_OK;
+    }
+    return staged_master_alloc(st);
 }
 
 int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size_t n) {
@@ -250,9 +273,17 @@ int parity_model_update(parity_model *m, const parity_tensor_data *tensors, size
 
 int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tensor_data *tensors,
                            size_t n) {
+    return parity_model_update_with(pool, m, tensors, n, PARITY_MASTERS_KEEP);
+}
+
+int parity_model_update_with(parity_pool *pool, parity_model *m, const parity_tensor_data *tensors,
+                             size_t n, uint32_t masters) {
     clear_error();
     if (!m || (!tensors && n))
         return set_error(PARITY_ERR_INVALID_ARGUMENT, "model or tensors is NULL");
+    if (masters != PARITY_MASTERS_KEEP && masters != PARITY_MASTERS_WHERE_READ)
+        return set_error(PARITY_ERR_INVALID_ARGUMENT, "masters is %u: PARITY_MASTERS_KEEP (0) or "
+                         "PARITY_MASTERS_WHERE_READ (1)", masters);
     if (n == 0) return set_error(PARITY_ERR_EMPTY_INPUT, "no tensors to update");
     threadpool *threads;
     TRY(user_pool_enter(pool, &threads, "parity_model_update_on"));
@@ -330,11 +361,26 @@ int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tens
     }
     /* the new buffers: out of memory here changes nothing either */
     for (size_t i = 0; !rc && i < n; i++)
-        if (st[i].scan) rc = staged_alloc(m, &st[i]);
+        if (st[i].scan) rc = staged_alloc(m, &st[i], masters);
     /* room in the owned list, so that the swap below cannot fail */
     if (!rc && !model_reserve_owned(m, 5 * n)) rc = PARITY_ERR_OUT_OF_MEMORY;
+    int locked = 0;
+    if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
+        rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
+                       "weights can only be updated while no call runs");
+    else if (!rc)
+        locked = 1;
+    /* under the lock, still before anything changes: a scorer or sampler made while the
+     * update staged (its copies are built under the shared lock) reads the masters it reads
+     * from now on, so none of those is dropped after all */
+    for (size_t i = 0; !rc && i < n; i++)
+        if (st[i].drop_master && keeps_master(m, &st[i], masters)) {
+            st[i].drop_master = 0;
+            rc = staged_master_alloc(&st[i]);
+        }
     /* the values a requantization widens bf16 values into, so that it cannot fail (sized for
-     * bf16 values: the update may replace a master with them) */
+     * bf16 values: the update may replace a master with them; under the lock, so that the
+     * copies of a quantizer prepared while the update staged count too) */
     float *fp8_rows = NULL;
     size_t most = 0;
     for (size_t i = 0; !rc && i < n; i++)
@@ -346,10 +392,8 @@ int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tens
             }
     if (!rc && most && !(fp8_rows = px_malloc(most * sizeof(float), "quantization rows")))
         rc = PARITY_ERR_OUT_OF_MEMORY;
-    if (!rc && pthread_rwlock_trywrlock(&m->use_lock) != 0)
-        rc = set_error(PARITY_ERR_BUSY, "a scorer or sampler of this model is inside a call: "
-                       "weights can only be updated while no call runs");
     if (rc) {
+        if (locked) pthread_rwlock_unlock(&m->use_lock);
         for (size_t i = 0; st && i < n; i++) staged_free(m, &st[i]);
         px_free(st);
         px_free(ranges);
@@ -377,6 +421,8 @@ int parity_model_update_on(parity_pool *pool, parity_model *m, const parity_tens
                 model_disown(m, w->master);
                 w->master = model_own(m, st[i].master_new);
             }
+            /* the bf16 cast alone stands for F16/F32 values whose master was dropped */
+            w->master_dropped = (uint8_t)st[i].drop_master;
         }
         if (!st[i].ship && w->shipped) { /* values replace the shipped codes */
             model_disown(m, w->shipped->codes);

@@ -74,8 +74,10 @@ int parity_model_weight_values(const parity_model *m, const char *name, float *v
     const uint64_t n = (uint64_t)w->rows * w->cols;
     TRY(check_count(fn, name, "values", values, n_values, n));
     TRY(model_enter(m));
-    /* a weight holding shipped codes alone makes its dequantized values first */
-    const int rc = model_weight_values((parity_model *)m, (weight *)w);
+    /* the masters, never the bf16 cast standing for masters an update dropped; a weight
+     * holding shipped codes alone makes its dequantized values first */
+    int rc = weight_master_check(w, name, fn);
+    if (!rc) rc = model_weight_values((parity_model *)m, (weight *)w);
     if (!rc && w->master) memcpy(values, w->master, n * sizeof *values);
     else if (!rc) weight_widen_into(w, values);
     model_leave(m);
@@ -128,7 +130,8 @@ int parity_model_weight_codes(const parity_model *m, const char *name, int quant
         codes_unpack(rule->format, w, w->shipped->codes, codes);
         scale_values(rule->format, w->shipped, grid, scales);
         scales[grid] = w->shipped->tensor_scale;
-    } else if (!(rc = model_weight_values((parity_model *)m, (weight *)w))) {
+    } else if (!(rc = weight_master_check(w, name, fn)) &&
+               !(rc = model_weight_values((parity_model *)m, (weight *)w))) {
         /* the rule quantizes the weight's values (dequantized first from codes of another
          * format) */
         quant_weight made;

@@ -296,6 +296,7 @@ static int widen_weights(parity_model *m, int vectors_only) {
 /* The fp16 copy of one weight; a value beyond fp16's range fails, naming the tensor. */
 static int to_fp16(parity_model *m, weight *w, const char *name) {
     if (w->fp16 || !w->bf16) return PARITY_OK;
+    TRY(weight_master_check(w, name, "an fp16-compute policy (the masters rounded to fp16)"));
     const uint64_t n = (uint64_t)w->rows * w->cols;
     float *fp16 = px_huge_alloc(n * 4, "fp16 weights (held in fp32)");
     if (!fp16) return PARITY_ERR_OUT_OF_MEMORY;
@@ -397,6 +398,12 @@ void quant_copies_install(weight *w, quant_weight *const fresh[QUANTIZERS], floa
         }
 }
 
+int model_reads_master(const parity_model *m, const weight *w) {
+    int quantized = 0;
+    for (int q = 0; q < QUANTIZERS; q++) quantized |= w->quant[q] != NULL;
+    return m->masters_read || w->fp16 || quantized;
+}
+
 int model_reserve_owned(parity_model *m, size_t more) {
     if (m->n_owned + more <= m->cap_owned) return 1;
     const size_t want = m->n_owned + more;
@@ -419,8 +426,10 @@ int model_prepare_quant(parity_model *m, int quantizer) {
         for (size_t i = 0; !rc && i < m->n_tensors; i++) {
             weight *w = m->tensors[i].dst;
             if (!m->tensors[i].linear) continue;
+            if (quantizes(w, quantizer))
+                rc = weight_master_check(w, m->tensors[i].name, "a quantized policy's quantizer");
             /* shipped codes of another format are quantized from their values */
-            if (quantizes(w, quantizer)) rc = dequantize_shipped(m, w);
+            if (!rc && quantizes(w, quantizer)) rc = dequantize_shipped(m, w);
             const size_t f = quant_scratch_floats(w, quantizer);
             if (f > most) most = f;
         }
@@ -445,13 +454,20 @@ int model_prepare_quant(parity_model *m, int quantizer) {
 }
 
 int model_prepare(parity_model *m, int need) {
-    if (!(need & (MODEL_NEED_WIDE | MODEL_NEED_FP16 | MODEL_NEED_VALUES))) return PARITY_OK;
+    if (!need) return PARITY_OK;
     pthread_mutex_lock(&m->prepare_lock);
     int rc = PARITY_OK;
+    /* an fp32-compute policy reads every master: none may have been dropped, and updates keep
+     * them from now on */
+    for (size_t i = 0; (need & MODEL_NEED_MASTERS) && !m->masters_read && i < m->n_tensors && !rc;
+         i++)
+        rc = weight_master_check(m->tensors[i].dst, m->tensors[i].name,
+                                 "an fp32-compute policy");
+    if (!rc && (need & MODEL_NEED_MASTERS)) m->masters_read = 1;
     /* a failure leaves some copies built: harmless, a retry reuses them */
     for (size_t i = 0; (need & MODEL_NEED_VALUES) && i < m->n_tensors && !rc; i++)
         rc = dequantize_shipped(m, m->tensors[i].dst);
-    if ((need & MODEL_NEED_WIDE) && !m->wide_ready) {
+    if (!rc && (need & MODEL_NEED_WIDE) && !m->wide_ready) {
         rc = widen_weights(m, 0);
         if (!rc) m->wide_ready = 1;
     }

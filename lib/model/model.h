@@ -85,6 +85,8 @@ struct parity_model {
     int wide_ready;
     int fp16_ready;                /* every weight's fp16 copy is built (model_prepare) */
     int quant_ready[QUANTIZERS]; /* the fp8 copies of that quantizer are built */
+    int masters_read;              /* an fp32-compute scorer or sampler was made: it reads
+                                      every weight's master (weight_f32), so updates keep them */
     pthread_rwlock_t use_lock;     /* shared by calls that read weights, exclusive for updates */
     uint64_t version;              /* +1 per weight update (read under use_lock) */
     struct expected *tensors;      /* the architecture's tensors, in checkpoint order */
@@ -121,12 +123,15 @@ int model_enter(const parity_model *m);
 void model_leave(const parity_model *m);
 
 /* Which copies of the weights a forward needs, built once per model (thread-safe): the bf16
- * values widened, the fp16 values, and the values of the weights that hold shipped codes
+ * values widened, the fp16 values, every weight's fp32 master where it has one
+ * (MODEL_NEED_MASTERS: an fp32-compute policy; fails with PARITY_ERR_NO_MASTERS for a weight
+ * whose master an update dropped, else marks the model's masters read, masters_read), and the
+ * values of the weights that hold shipped codes
  * (MODEL_NEED_VALUES: every weight's master and bf16, dequantized with shipped_dequantize;
  * a model loaded from a quantized checkpoint holds only the codes until something asks). The
  * fp16 copies fail with PARITY_ERR_TENSOR_NONFINITE when a value is beyond fp16's range (it
  * would round to infinity), naming the tensor. */
-enum { MODEL_NEED_WIDE = 1, MODEL_NEED_FP16 = 2, MODEL_NEED_VALUES = 4 };
+enum { MODEL_NEED_WIDE = 1, MODEL_NEED_FP16 = 2, MODEL_NEED_VALUES = 4, MODEL_NEED_MASTERS = 8 };
 int model_prepare(parity_model *m, int need);
 /* The values of one weight (w->bf16 and, for shipped codes, w->master), built once under the
  * prepare lock where w holds shipped codes and no values yet: what every reader of a weight's
@@ -157,6 +162,9 @@ quant_weight *quant_weight_alloc(parity_model *m, const weight *w, int quantizer
  * quant_copies_install needs (px_free it). PARITY_ERR_OUT_OF_MEMORY on failure. */
 int quant_copies_unshipped(parity_model *m, const weight *w, int next,
                            quant_weight *fresh[QUANTIZERS], float **scratch);
+/* Whether a copy the model has built reads w's fp32 master: the fp32 values of an
+ * fp32-compute policy (masters_read), w's fp16 values, a quantizer's codes of w. */
+int model_reads_master(const parity_model *m, const weight *w);
 /* Quantizes w's values into each copy quant_copies_unshipped made and gives it to w. */
 void quant_copies_install(weight *w, quant_weight *const fresh[QUANTIZERS], float *scratch);
 /* Room in m's list of owned buffers for `more` more, so that model_own cannot fail until

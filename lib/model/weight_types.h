@@ -42,6 +42,9 @@ typedef struct weight {
     float shipped_value_scale; /* ternary: the checkpoint's weight_scale, as fp32 */
     uint8_t keep_bf16;     /* named by the checkpoint's modules_to_not_convert / ignored_layers:
                               no fp8 policy quantizes it */
+    uint8_t master_dropped; /* its bf16 values are the cast of F16/F32 values an update did not
+                              keep as a master (PARITY_MASTERS_WHERE_READ; master NULL): every
+                              reader of fp32 masters refuses it (weight_master_check) */
 } weight;
 
 /* One tensor of the blueprint: its checkpoint name, where it goes, its shape and how the

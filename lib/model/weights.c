@@ -228,3 +228,13 @@ int tensor_check_fp16(const tensor_source *src, uint64_t n) {
     }
     return PARITY_OK;
 }
+
+int weight_master_check(const weight *w, const char *name, const char *reader) {
+    if (!w->master_dropped) return PARITY_OK;
+    return set_error(PARITY_ERR_NO_MASTERS,
+                     "tensor '%s': %s reads its fp32 masters, and the model holds only their "
+                     "bf16 cast: the update that sent them kept none (PARITY_MASTERS_WHERE_READ, "
+                     "no reader of masters built then); send the fp32 values again with "
+                     "PARITY_MASTERS_KEEP (or make the reader before such an update)",
+                     name, reader);
+}

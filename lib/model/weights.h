@@ -62,5 +62,10 @@ void weight_fp16_into(const weight *w, float *fp16);
  * value the model would hold as master, else as bf16); if not, sets the error (naming the
  * element) and returns PARITY_ERR_TENSOR_NONFINITE. */
 int tensor_check_fp16(const tensor_source *src, uint64_t n);
+/* PARITY_OK unless an update dropped w's master (w->master_dropped); then sets the error,
+ * naming the tensor `name` and `reader` (what reads fp32 masters: "the fp32 policy", ...),
+ * and returns PARITY_ERR_NO_MASTERS: no reader of masters reads the bf16 cast in their
+ * place. */
+int weight_master_check(const weight *w, const char *name, const char *reader);
 
 #endif

@@ -16,8 +16,8 @@ repository's build tree, then installed locations and the system's search (see p
 its ABI, structs and enumerations are checked at import.
 """
 from . import _lib, quant, regions
-from ._lib import (ABI_VERSION, LIBRARY_PATH, MANIFEST_VERSION, MAX_STOP, ParityError, lib,
-                   status_name)
+from ._lib import (ABI_VERSION, LIBRARY_PATH, MANIFEST_VERSION, MASTERS, MAX_STOP, ParityError,
+                   lib, status_name)
 from .manifest import write_manifest
 from ._routes import Routes
 from .model import Model, Scores
@@ -30,7 +30,7 @@ __all__ = ["Model", "Sampler", "Completion", "DepthSchedule", "Step", "Scores", 
            "policies", "Recipe", "recipes", "quant", "regions", "version", "backends", "cpu_path", "cpu_paths", "set_cpu_path",
            "set_log_callback", "builtin_configs", "bf16_from_f32", "bf16_to_f32", "ABI_VERSION",
            "LIBRARY_PATH", "CHOICES", "MAX_STOP", "status_name", "write_manifest",
-           "MANIFEST_VERSION", "Pool"]
+           "MANIFEST_VERSION", "MASTERS", "Pool"]
 
 __version__ = lib.parity_version().decode()
 

@@ -78,6 +78,10 @@ STATUSES = {
     "PARITY_ERR_VERIFY": ERR_VERIFY,
 }
 
+#: parity_masters values by the names Model.update takes (include/parity.h): what an update
+#: does with F16/F32 data's exact values.
+MASTERS = {"keep": 0, "where-read": 1}
+
 #: parity_dtype values by name (checked at import through parity_tensor_checksum).
 DTYPES = {"BF16": 0, "F16": 1, "F32": 2, "F8_E4M3": 3}
 #: The manifest format version the library writes (PARITY_MANIFEST_VERSION; it reads 1 and 2).
@@ -518,6 +522,11 @@ _PROTOTYPES = [
     #                            const parity_tensor_data *tensors, size_t n);
     ("parity_model_update_on", c_int, [pool_p, model_p, POINTER(parity_tensor_data), c_size_t],
      True),
+    # int parity_model_update_with(parity_pool *pool, parity_model *model,
+    #                              const parity_tensor_data *tensors, size_t n,
+    #                              uint32_t masters);
+    ("parity_model_update_with", c_int,
+     [pool_p, model_p, POINTER(parity_tensor_data), c_size_t, c_uint32], True),
     # uint64_t parity_model_version(const parity_model *model);
     ("parity_model_version", c_uint64, [model_p], False),
     # int parity_model_write_manifest(const parity_model *model, const char *path);

@@ -1416,15 +1416,19 @@ class CausalLM(_torch.nn.Module):
         """{checkpoint name: fp32 master} of every weight (the parameters, detached)."""
         return {name: self._param(name).detach() for name in self._names}
 
-    def sync_to(self, model):
+    def sync_to(self, model, masters="keep"):
         """Pushes the weights into a parity.Model: Model.sync with the fp32 masters as they are
-        (no copy), which parity_model_update casts to bf16 with round-to-nearest-even (keeping
-        them as the fp32 policy's masters), then checks the model against their manifest. The
-        model's samplers' sequences become STALE. Returns (update, verify) seconds; raises
-        ParityError on any difference."""
+        (no copy), which parity_model_update casts to bf16 with round-to-nearest-even, then
+        checks the model against their manifest. `masters` is Model.update's: "keep" (the
+        default) keeps the fp32 masters in the model for its fp32 policy and every other
+        reader; "where-read" only where the model holds them already or a scorer or sampler
+        made before reads them (an fp32- or fp16-compute or quantized policy): what a learner
+        that keeps its own masters needs for a bf16 sampler, without the model's 4 bytes a
+        parameter of new memory on the first sync. The model's samplers' sequences become
+        STALE. Returns (update, verify) seconds; raises ParityError on any difference."""
         if not isinstance(model, Model):
             raise TypeError("model must be a parity.Model, not %s" % type(model).__name__)
-        return model.sync(self.checkpoint_tensors())
+        return model.sync(self.checkpoint_tensors(), masters=masters)
 
     def saved_bytes(self, sequences):
         """The bytes the forward of `sequences` keeps for the backward (measured with

@@ -585,34 +585,49 @@ class Model(_lib.Closing):
         finally:
             self._release()
 
-    def update(self, tensors, threads=None):
+    def update(self, tensors, threads=None, masters="keep"):
         """Replaces the values of some weights in place, all or nothing (parity_model_update).
 
         Args:
             tensors: {checkpoint name: values}, values a numpy array (uint16 = bf16 bits,
                 float16, float32: cast to bf16 with round-to-nearest-even, the f32 kept as the
                 fp32 policy's master), a torch tensor, or a (dtype, shape, buffer) tuple.
+            masters: what float16/float32 values leave beside their bf16 cast
+                (parity_model_update_with): "keep" (the default) keeps them as the weights'
+                fp32 masters for every reader; "where-read" keeps them only where a weight
+                holds a master already or a copy the model has built reads it (a scorer or
+                sampler of an fp32- or fp16-compute or quantized policy made before), so a
+                learner syncing a bf16 sampler writes no 4 bytes a parameter of new memory;
+                a reader of the masters it dropped (weight_values, CausalLM(model), such a
+                scorer made later, save_as "fp32", a quantized write_manifest) then raises
+                ParityError PARITY_ERR_NO_MASTERS naming the weight, and verify() reports its
+                quantized codes on an "fp32 masters" line.
         Raises ParityError: PARITY_ERR_INVALID_ARGUMENT (unknown name, shape, dtype),
         PARITY_ERR_TENSOR_NONFINITE, PARITY_ERR_BUSY (a scorer or sampler of this model is
         inside a call). Samplers' sequences prefilled before it then fail to step with
         PARITY_ERR_STALE: release them and add them again. The checks and casts run on
-        `threads` threads (None: the model's; parity_model_update_on)."""
+        `threads` threads (None: the model's; parity_model_update_on). ValueError for another
+        `masters`."""
         from .manifest import c_tensors
         if not isinstance(tensors, dict):
             raise TypeError("tensors must be a dict of name -> values")
+        if masters not in _lib.MASTERS:
+            raise ValueError("masters must be one of %s, not %r"
+                             % (", ".join(sorted(_lib.MASTERS)), masters))
         with Pinned() as pin, Pool(self.threads if threads is None else threads) as pool:
             arr = c_tensors(tensors, pin)
             h = self._acquire()
             try:
-                lib.parity_model_update_on(pool.handle, h, arr, len(tensors))
+                lib.parity_model_update_with(pool.handle, h, arr, len(tensors),
+                                             _lib.MASTERS[masters])
             finally:
                 self._release()
 
-    def sync(self, tensors, threads=None):
-        """A learner's weight sync: update(tensors), then a manifest of `tensors` written as the
-        learner's side (parity.write_manifest: their bf16 cast, this model's new version) and
-        verify() against it, both with their checksums on `threads` threads (None: the
-        model's). Returns (update seconds, manifest + verify seconds).
+    def sync(self, tensors, threads=None, masters="keep"):
+        """A learner's weight sync: update(tensors, masters=masters), then a manifest of
+        `tensors` written as the learner's side (parity.write_manifest: their bf16 cast, this
+        model's new version) and verify() against it, both with their checksums on `threads`
+        threads (None: the model's). Returns (update seconds, manifest + verify seconds).
 
         Raises ParityError as update() does, and PARITY_ERR_VERIFY, naming the first
         differences, if the model does not hold exactly the bf16 cast of `tensors` afterwards."""
@@ -621,7 +636,7 @@ class Model(_lib.Closing):
         from .manifest import write_manifest
         threads = self.threads if threads is None else threads
         t0 = time.perf_counter()
-        self.update(tensors, threads=threads)
+        self.update(tensors, threads=threads, masters=masters)
         t1 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="parity-sync-") as d:
             path = os.path.join(d, "manifest.json")

@@ -475,6 +475,58 @@ class Sync(unittest.TestCase):
             for g, w in zip(lm(seqs), model.score(seqs)):
                 self.assertEqual(bits(g), bits(w))
 
+    def test_first_sync_where_read(self):
+        """sync_to(model, masters="where-read"), as grpo.py's learner syncs its bf16 sampler:
+        the model holds no more than before (no fp32 masters: nothing built reads them) and
+        scores bitwise as the module; every reader of the masters it dropped raises
+        PARITY_ERR_NO_MASTERS naming a weight (CausalLM(model), an fp32 scorer, save_as fp32)
+        instead of reading the bf16 cast; a quantized sampler made before the sync keeps the
+        linear weights' masters (4 bytes a parameter of those alone), its scores and the
+        learner's quantized manifest bitwise the learner's."""
+        seqs = byte_sequences([30, 12], start=300)
+        with parity.Model("synthetic:tiny", threads=2) as model, \
+                tempfile.TemporaryDirectory() as d:
+            with model.sampler(max_seqs=2, max_len=64):
+                lm = CausalLM(model, threads=2)
+                scale_all(lm, 1 + 2.0 ** -10)
+                held = model.weight_bytes()["held"]
+                with self.assertRaises(ValueError):
+                    lm.sync_to(model, masters="drop")
+                lm.sync_to(model, masters="where-read")
+                self.assertEqual(model.version, 1)
+                self.assertEqual(model.weight_bytes()["held"], held)
+                for g, w in zip(lm(seqs), model.score(seqs)):
+                    self.assertEqual(bits(g), bits(w))
+            for read in (lambda: CausalLM(model, threads=2),
+                         lambda: model.score(seqs, policy="fp32"),
+                         lambda: model.save(d, layout="fp32")):
+                with self.assertRaises(ParityError) as e:
+                    read()
+                self.assertEqual(e.exception.status, "PARITY_ERR_NO_MASTERS")
+                self.assertIn(".weight': ", e.exception.message)
+            lm.sync_to(model)  # "keep": the masters are back
+            again = CausalLM(model, threads=2)
+            for (name, p), (name2, q) in zip(lm.named_parameters(), again.named_parameters()):
+                self.assertEqual(name, name2)
+                self.assertTrue(torch.equal(p, q), name)
+        pol = "vllm+fp8-block:deepseek"
+        with parity.Model("synthetic:tiny", threads=2) as model, \
+                tempfile.TemporaryDirectory() as d:
+            lm = CausalLM(model, policy=pol, threads=2)
+            scale_all(lm, 1 + 2.0 ** -10)
+            with model.sampler(policy=pol, max_seqs=2, max_len=64):
+                held = model.weight_bytes()["held"]
+                lm.sync_to(model, masters="where-read")
+            linear = sum(p.numel() for name, p in lm.named_parameters()
+                         if name.startswith("model.layers.") and name.endswith("proj.weight"))
+            self.assertEqual(model.weight_bytes()["held"], held + 4 * linear)
+            for g, w in zip(lm(seqs), model.score(seqs, policy=pol)):
+                self.assertEqual(bits(g), bits(w), "fp8 sampler after a where-read sync")
+            path = os.path.join(d, "m.json")
+            parity.write_manifest(path, lm.checkpoint_tensors(), version=model.version,
+                                  policy=pol)
+            self.assertEqual(model.verify(path, policy=pol), [])
+
     def test_step_sync_still_bitwise(self):
         seqs = byte_sequences([50, 30], start=900)
         prompt = list(TEXT[100:130])
