@@ -30,10 +30,10 @@
  * of its own, as do saturated codes (0x7e: k = 448 * 2^9) and zero blocks (S = 0, d = +0).
  *
  * The layout. Per chunk of 64 codes (one load of a weight row; masked at the row's end, the
- * codes past it 0), 8 vectors of 8 doubles: lane i of vector q is code 8 i + q (a byte permute
- * of the 64 codes' two table bytes each), so that lanes 0 .. 3 hold codes 0 .. 31 of the chunk
- * and lanes 4 .. 7 codes 32 .. 63: an MXFP8 block is half of each vector's lanes, an fp8-block
- * block two chunks. The activation row is arranged so once per call (its doubles, 0 past K).
+ * codes past it 0), 8 vectors of 8 doubles (decode64: the two table bytes of the 64 codes as
+ * words, then a byte shuffle within 128-bit lanes each), 128-bit lane l of each holding codes
+ * of 16 l .. 16 l + 15, so that lanes 0, 1 hold codes 0 .. 31 of the chunk and lanes 2, 3
+ * codes 32 .. 63: an MXFP8 block is half of each vector, an fp8-block block two chunks. The activation row is arranged so once per call (its doubles, 0 past K).
  * Per chunk, two columns a and b: their 8 products each summed into a vector, then the two
  * vectors' lanes summed in pairs into one, whose 128-bit lane l holds (a, b) over lanes 2 l,
  * 2 l + 1 (codes 16 l .. 16 l + 15 of the chunk), kept for the group of 8 columns; then per
@@ -62,9 +62,9 @@ enum { SEGMENT_CHUNKS = 64 };
 #endif
 
 /* Bytes 6 and 7 (without the sign) of the double k of each code's low 7 bits (the header), and
- * the byte permutes that place them: spread[q] puts byte 8 i + q of the 64 codes' bytes 6
- * (first table) and of their bytes 7 (second) at bytes 6 and 7 of qword i. */
-static uint8_t k_byte6[128], k_byte7[128], spread_index[8][64];
+ * the byte shuffles that place them: within each 64-bit lane, spread[i] puts word i (1 or 2)
+ * of the codes' (byte 6, byte 7) words at bytes 6 and 7, 0 elsewhere. */
+static uint8_t k_byte6[128], k_byte7[128], spread_index[2][16];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void fill_tables(void) {
@@ -75,15 +75,14 @@ static void fill_tables(void) {
         k_byte6[c] = (uint8_t)(bits >> 48);
         k_byte7[c] = (uint8_t)(bits >> 56);
     }
-    for (int q = 0; q < 8; q++)
-        for (int i = 0; i < 8; i++) {
-            spread_index[q][8 * i + 6] = (uint8_t)(8 * i + q);
-            spread_index[q][8 * i + 7] = (uint8_t)(64 + 8 * i + q);
-        }
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 2; h++)
+            for (int b = 0; b < 8; b++)
+                spread_index[i][8 * h + b] = b < 6 ? 0x80 : (uint8_t)(8 * h + 2 * (i + 1) + b - 6);
 }
 
 typedef struct decode_tables {
-    __m512i byte6[2], byte7[2], spread[8];
+    __m512i byte6[2], byte7[2], spread[2];
 } decode_tables;
 
 static void load_tables(decode_tables *t) {
@@ -91,21 +90,31 @@ static void load_tables(decode_tables *t) {
     for (int h = 0; h < 2; h++) {
         t->byte6[h] = _mm512_loadu_si512(k_byte6 + 64 * h);
         t->byte7[h] = _mm512_loadu_si512(k_byte7 + 64 * h);
+        t->spread[h] = _mm512_broadcast_i32x4(
+            _mm_loadu_si128((const __m128i *)(const void *)spread_index[h]));
     }
-    for (int q = 0; q < 8; q++) t->spread[q] = _mm512_loadu_si512(spread_index[q]);
 }
 
-/* The doubles k of 64 codes, vector q lane i code 8 i + q. */
+/* The doubles of the 4 words (byte 6, byte 7) of each 64-bit lane of w, each at the top of its
+ * lane: word 3 in k[0], 0 in k[1], 1 and 2 in k[2], k[3]. */
+ALWAYS_INLINE void spread_words(__m512i w, const decode_tables *t, __m512d k[4]) {
+    k[0] = _mm512_castsi512_pd(_mm512_and_si512(w, _mm512_set1_epi64((int64_t)0xffff000000000000ull)));
+    k[1] = _mm512_castsi512_pd(_mm512_slli_epi64(w, 48));
+    k[2] = _mm512_castsi512_pd(_mm512_shuffle_epi8(w, t->spread[0]));
+    k[3] = _mm512_castsi512_pd(_mm512_shuffle_epi8(w, t->spread[1]));
+}
+
+/* The doubles k of 64 codes, each vector's 128-bit lane l holding 2 of codes 16 l .. 16 l + 15:
+ * k[0 .. 3] of 16 l .. 16 l + 7, k[4 .. 7] of the next 8. */
 ALWAYS_INLINE void decode64(__m512i codes, const decode_tables *t, __m512d k[8]) {
     const __m512i b6 = _mm512_permutex2var_epi8(t->byte6[0], codes, t->byte6[1]);
     /* byte 7 | the code's sign (bit 7) */
     const __m512i b7 =
         _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t->byte7[0], codes, t->byte7[1]),
                                   codes, _mm512_set1_epi8((char)0x80), 0xf8);
-#pragma GCC unroll 8
-    for (int q = 0; q < 8; q++)
-        k[q] = _mm512_castsi512_pd(
-            _mm512_maskz_permutex2var_epi8(0xc0c0c0c0c0c0c0c0ull, b6, t->spread[q], b7));
+    /* the (byte 6, byte 7) words of codes 16 l .. 16 l + 7 of each lane l, then of the next 8 */
+    spread_words(_mm512_unpacklo_epi8(b6, b7), t, k);
+    spread_words(_mm512_unpackhi_epi8(b6, b7), t, k + 4);
 }
 
 /* Codes [at, at + 64) of a row of `len` codes, 0 past its end. */
