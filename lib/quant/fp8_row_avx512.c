@@ -69,7 +69,7 @@ static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void fill_tables(void) {
     for (int c = 0; c < 128; c++) {
-        const double k = (double)e4m3_to_f32((uint8_t)c) * 0x1p9; /* NaN for 0x7f */
+        const double k = (double)e4m3_to_f32((uint8_t)c) * 0x1p8; /* k / 2; NaN for 0x7f */
         uint64_t bits;
         memcpy(&bits, &k, sizeof bits);
         k_byte6[c] = (uint8_t)(bits >> 48);
@@ -104,17 +104,42 @@ ALWAYS_INLINE void spread_words(__m512i w, const decode_tables *t, __m512d k[4])
     k[3] = _mm512_castsi512_pd(_mm512_shuffle_epi8(w, t->spread[1]));
 }
 
-/* The doubles k of 64 codes, each vector's 128-bit lane l holding 2 of codes 16 l .. 16 l + 15:
- * k[0 .. 3] of 16 l .. 16 l + 7, k[4 .. 7] of the next 8. */
+/* The doubles of 64 codes from their bytes 6 and 7, each vector's 128-bit lane l holding 2 of
+ * codes 16 l .. 16 l + 15: k[0 .. 3] of 16 l .. 16 l + 7, k[4 .. 7] of the next 8. */
+ALWAYS_INLINE void spread64(__m512i b6, __m512i b7, const decode_tables *t, __m512d k[8]) {
+    /* the (byte 6, byte 7) words of codes 16 l .. 16 l + 7 of each lane l, then of the next 8 */
+    spread_words(_mm512_unpacklo_epi8(b6, b7), t, k);
+    spread_words(_mm512_unpackhi_epi8(b6, b7), t, k + 4);
+}
+
+/* The doubles k / 2 of 64 codes (spread64's lanes) by the tables. */
 ALWAYS_INLINE void decode64(__m512i codes, const decode_tables *t, __m512d k[8]) {
     const __m512i b6 = _mm512_permutex2var_epi8(t->byte6[0], codes, t->byte6[1]);
     /* byte 7 | the code's sign (bit 7) */
     const __m512i b7 =
         _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t->byte7[0], codes, t->byte7[1]),
                                   codes, _mm512_set1_epi8((char)0x80), 0xf8);
-    /* the (byte 6, byte 7) words of codes 16 l .. 16 l + 7 of each lane l, then of the next 8 */
-    spread_words(_mm512_unpacklo_epi8(b6, b7), t, k);
-    spread_words(_mm512_unpackhi_epi8(b6, b7), t, k + 4);
+    spread64(b6, b7, t, k);
+}
+
+/* The same of 64 codes none of which has exponent field 0 or is a NaN code, without the
+ * tables: k / 2 = (1 + m / 8) 2^(e + 1), the double whose exponent field is 0x400 + e and whose
+ * fraction's top bits are m, so byte 7 is the sign | 0x40 and byte 6 (e << 4) | (m << 1), the
+ * code's low 7 bits doubled: `twice`, each code plus itself. */
+ALWAYS_INLINE void decode64_normal(__m512i codes, __m512i twice, const decode_tables *t,
+                                   __m512d k[8]) {
+    const __m512i b7 = _mm512_ternarylogic_epi32(codes, _mm512_set1_epi8((char)0x80),
+                                                 _mm512_set1_epi8(0x40), 0xea);
+    spread64(twice, b7, t, k);
+}
+
+/* Whether any of two vectors of codes, given as each code plus itself (u, bytes), has exponent
+ * field 0 (u < 0x10) or is a NaN code (u = 0xfe): u - 0x10 >= 0xee, unsigned, in either. */
+ALWAYS_INLINE int any_not_normal(__m512i twice_a, __m512i twice_b) {
+    const __m512i less = _mm512_set1_epi8((char)0xf0);
+    const __m512i most = _mm512_max_epu8(_mm512_add_epi8(twice_a, less),
+                                         _mm512_add_epi8(twice_b, less));
+    return _mm512_cmpge_epu8_mask(most, _mm512_set1_epi8((char)0xee)) != 0;
 }
 
 /* Codes [at, at + 64) of a row of `len` codes, 0 past its end. */
@@ -128,8 +153,15 @@ ALWAYS_INLINE __m512i row_codes(const uint8_t *row, size_t at, size_t len) {
 ALWAYS_INLINE __m512d pair_chunk(__m512i codes_a, __m512i codes_b, const double *x,
                                  const decode_tables *t) {
     __m512d wa[8], wb[8];
-    decode64(codes_a, t, wa);
-    decode64(codes_b, t, wb);
+    const __m512i twice_a = _mm512_add_epi8(codes_a, codes_a);
+    const __m512i twice_b = _mm512_add_epi8(codes_b, codes_b);
+    if (any_not_normal(twice_a, twice_b)) {
+        decode64(codes_a, t, wa);
+        decode64(codes_b, t, wb);
+    } else {
+        decode64_normal(codes_a, twice_a, t, wa);
+        decode64_normal(codes_b, twice_b, t, wb);
+    }
     const __m512d x0 = _mm512_load_pd(x), x1 = _mm512_load_pd(x + 8);
     __m512d a0 = _mm512_mul_pd(wa[0], x0), a1 = _mm512_mul_pd(wa[1], x1);
     __m512d b0 = _mm512_mul_pd(wb[0], x0), b1 = _mm512_mul_pd(wb[1], x1);
@@ -155,7 +187,7 @@ ALWAYS_INLINE __m512d lanes_pairwise(__m512d p, __m512d r) {
 /* One block of the 8 columns' fp32 chain from their block sums S (a column a lane): d, NaN
  * where S is, then acc + (d * a_s) * w_s. */
 ALWAYS_INLINE __m256 chain_step(__m256 acc, __m512d S, float a_s, __m256 w_s) {
-    __m256 d = _mm512_cvtpd_ps(_mm512_mul_pd(S, _mm512_set1_pd(0x1p-18)));
+    __m256 d = _mm512_cvtpd_ps(_mm512_mul_pd(S, _mm512_set1_pd(0x1p-16)));
     d = _mm256_mask_mov_ps(d, _mm512_cmp_pd_mask(S, S, _CMP_UNORD_Q), _mm256_set1_ps(NAN));
     return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_set1_ps(a_s)), w_s));
 }
