@@ -8,38 +8,44 @@
  * The tiles transpose 16 weight rows and split each code into three int16 digits, about 30
  * vector instructions per 64 codes of a column: at M = 1 the codes arrive faster than they are
  * decoded. Here the weight rows are read whole, two at a time, in address order; each code
- * becomes its value as a double in two byte permutes, and a block's dot is a sum of doubles.
+ * becomes its value as a double (a byte add and a bitwise select, or two byte permutes, then a
+ * byte shuffle for 8 codes), and a block's dot is a sum of doubles.
  *
  * The arithmetic. An E4M3 code's value is k 2^-9 with k an integer of at most 4 significant
- * bits, |k| <= 448 * 2^9 < 2^18 (dot.c). As the double k, bytes 0 .. 5 are zero (its fraction
- * has at most 3 bits, bits 49 .. 51), byte 7 is the code's sign and the top 7 bits of the
- * exponent, byte 6 the exponent's low 4 bits and the fraction: two tables of the code's low 7
- * bits (the subnormal codes 1 .. 7 normalized there: k = 1 .. 7) and the code's sign bit give
- * them. The NaN codes (0x7f, 0xff) get a NaN. A product k_a k_w is an integer of at most 8
- * significant bits below 2^36, exact in double (in an FMA too); a block's sum of at most 128 of
- * them, in any order and grouping, has every partial sum an integer below 128 * 2^36 = 2^43 <
- * 2^53: exact. So the block's S = sum k_a k_w is exactly the portable kernel's (its block_dot
- * sums the same integers, exactly), S 2^-18 is exact (S is 0 or at least 1 in magnitude), and
- * one conversion to fp32 (round to nearest even, as C's cast) is its d. A block holding a NaN
- * code (weight or activation) sums to NaN, and d is then the quiet NaN the tiles write (the
- * portable kernel's NaN may differ in sign and payload: a NaN, as the spec and its tests ask).
- * No double here is subnormal: the speed does not depend on the codes. Then dot.c's fp32
- * chain, the blocks ascending, acc = acc + (d * a_s) * w_s from acc = 0, the same fp32
- * operations in the same order: every block scale the formats hold (fp8-block's fp32 scales
- * of any value, MXFP8's powers of two 2^-127 .. 2^127) gives the portable bits without a case
- * of its own, as do saturated codes (0x7e: k = 448 * 2^9) and zero blocks (S = 0, d = +0).
+ * bits, |k| <= 448 * 2^9 < 2^18 (dot.c). Held as the double k / 2, bytes 0 .. 5 are zero (its
+ * fraction has at most 3 bits, bits 49 .. 51), byte 7 is the code's sign and the top 7 bits of
+ * the exponent, byte 6 the exponent's low 4 bits and the fraction. Where the code's exponent
+ * field e is 1 .. 15 and the code is no NaN, k / 2 = (1 + m / 8) 2^(e + 1) has exponent field
+ * 0x400 + e: byte 7 is the sign | 0x40, byte 6 the code's low 7 bits shifted left once. The
+ * other codes (e = 0: zero, the subnormals k = 1 .. 7; the NaN codes 0x7f, 0xff, a NaN) take
+ * two tables of the low 7 bits (the subnormals normalized there) and the sign bit; a chunk of
+ * two columns holding any of them takes the tables whole. A product (k_a / 2)(k_w / 2) is a
+ * multiple of 1/4 of at most 8 significant bits below 2^34, exact in double (in an FMA too); a
+ * block's sum of at most 128 of them, in any order and grouping, has every partial sum a
+ * multiple of 1/4 below 128 * 2^34 = 2^41, 43 bits: exact. So the block's sum is exactly S / 4
+ * with S = sum k_a k_w the portable kernel's (its block_dot sums the same integers, exactly),
+ * (S / 4) 2^-16 = S 2^-18 exactly (S is 0 or at least 1 in magnitude), and one conversion to
+ * fp32 (round to nearest even, as C's cast) is its d. A block holding a NaN code (weight or
+ * activation) sums to NaN, and d is then the quiet NaN the tiles write (the portable kernel's
+ * NaN may differ in sign and payload: a NaN, as the spec and its tests ask). No double here is
+ * subnormal. Then dot.c's fp32 chain, the blocks ascending, acc = acc + (d * a_s) * w_s from
+ * acc = 0, the same fp32 operations in the same order: every block scale the formats hold
+ * (fp8-block's fp32 scales of any value, MXFP8's powers of two 2^-127 .. 2^127) gives the
+ * portable bits without a case of its own, as do saturated codes (0x7e: k = 448 * 2^9) and
+ * zero blocks (S = 0, d = +0).
  *
  * The layout. Per chunk of 64 codes (one load of a weight row; masked at the row's end, the
- * codes past it 0), 8 vectors of 8 doubles (decode64: the two table bytes of the 64 codes as
- * words, then a byte shuffle within 128-bit lanes each), 128-bit lane l of each holding codes
- * of 16 l .. 16 l + 15, so that lanes 0, 1 hold codes 0 .. 31 of the chunk and lanes 2, 3
- * codes 32 .. 63: an MXFP8 block is half of each vector, an fp8-block block two chunks. The activation row is arranged so once per call (its doubles, 0 past K).
- * Per chunk, two columns a and b: their 8 products each summed into a vector, then the two
- * vectors' lanes summed in pairs into one, whose 128-bit lane l holds (a, b) over lanes 2 l,
- * 2 l + 1 (codes 16 l .. 16 l + 15 of the chunk), kept for the group of 8 columns; then per
- * block the group's 4 kept vectors summed across their 128-bit lanes (an MXFP8 block: lanes 0,
- * 1 or 2, 3; an fp8-block block: all four, of both chunks) into one vector of S, a column a
- * lane, and the fp32 chain of the 8 columns in a vector.
+ * codes past it 0), 8 vectors of 8 doubles (the codes' bytes 6 and 7 as words, then each
+ * vector's words by a byte shuffle within 128-bit lanes, a shift or a mask), 128-bit lane l of
+ * each holding codes of 16 l .. 16 l + 15, so that lanes 0, 1 hold codes 0 .. 31 of the chunk
+ * and lanes 2, 3 codes 32 .. 63: an MXFP8 block is half of each vector, an fp8-block block two
+ * chunks. The activation row is arranged so once per call (its doubles, 0 past K). Per chunk,
+ * two columns a and b: their 8 products each summed into a vector, then the two vectors' lanes
+ * summed in pairs into one, whose 128-bit lane l holds (a, b) over codes 16 l .. 16 l + 15 of
+ * the chunk, kept for the group of 8 columns; then per block the group's 4 kept vectors summed
+ * across their 128-bit lanes (an MXFP8 block: lanes 0, 1 or 2, 3; an fp8-block block: all four,
+ * of both chunks) into one vector of sums, a column a lane, and the fp32 chain of the 8 columns
+ * in a vector.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -61,7 +67,7 @@ enum { SEGMENT_CHUNKS = 64 };
 #define ROW_AHEAD_BYTES 4096
 #endif
 
-/* Bytes 6 and 7 (without the sign) of the double k of each code's low 7 bits (the header), and
+/* Bytes 6 and 7 (without the sign) of the double k / 2 of each code's low 7 bits (the header), and
  * the byte shuffles that place them: within each 64-bit lane, spread[i] puts word i (1 or 2)
  * of the codes' (byte 6, byte 7) words at bytes 6 and 7, 0 elsewhere. */
 static uint8_t k_byte6[128], k_byte7[128], spread_index[2][16];
@@ -98,7 +104,8 @@ static void load_tables(decode_tables *t) {
 /* The doubles of the 4 words (byte 6, byte 7) of each 64-bit lane of w, each at the top of its
  * lane: word 3 in k[0], 0 in k[1], 1 and 2 in k[2], k[3]. */
 ALWAYS_INLINE void spread_words(__m512i w, const decode_tables *t, __m512d k[4]) {
-    k[0] = _mm512_castsi512_pd(_mm512_and_si512(w, _mm512_set1_epi64((int64_t)0xffff000000000000ull)));
+    const __m512i top = _mm512_set1_epi64((int64_t)0xffff000000000000ull);
+    k[0] = _mm512_castsi512_pd(_mm512_and_si512(w, top));
     k[1] = _mm512_castsi512_pd(_mm512_slli_epi64(w, 48));
     k[2] = _mm512_castsi512_pd(_mm512_shuffle_epi8(w, t->spread[0]));
     k[3] = _mm512_castsi512_pd(_mm512_shuffle_epi8(w, t->spread[1]));
@@ -247,8 +254,9 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
                     const __m512d q01 = lanes_pairwise(P[0], P[1]),
                                   q23 = lanes_pairwise(P[2], P[3]);
                     const size_t kb = c / 2;
-                    const __m256 w_s = one_scale_row ? _mm256_set1_ps(ws[kb])
-                                                     : _mm256_i32gather_ps(ws + kb, scale_offsets, 4);
+                    const __m256 w_s = one_scale_row
+                                           ? _mm256_set1_ps(ws[kb])
+                                           : _mm256_i32gather_ps(ws + kb, scale_offsets, 4);
                     acc = chain_step(acc, lanes_pairwise(q01, q23), j->xs[kb], w_s);
                 } else {
                     const __m512d q01 = lanes_pairwise(v[0], v[1]),
