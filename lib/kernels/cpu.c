@@ -99,21 +99,14 @@ static int detect_avx512(void) {
 }
 #endif
 
-#if defined(PARITY_HAVE_AVX512VNNI)
-static int detect_avx512vnni(void) {
+#if defined(PARITY_HAVE_AVX512VNNI) || defined(PARITY_HAVE_AVX512VBMI)
+/* Whether the avx512 path's AVX-512 is there and CPUID leaf 7's ECX has bit `bit`
+ * (AVX512_VNNI: 11, AVX512_VBMI: 1). */
+static int detect_avx512_ecx7(unsigned bit) {
     unsigned a, b, c, d;
     if (!detect_avx512()) return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return (c & (1u << 11)) != 0;  /* AVX512_VNNI */
-}
-#endif
-
-#if defined(PARITY_HAVE_AVX512VBMI)
-static int detect_avx512vbmi(void) {
-    unsigned a, b, c, d;
-    if (!detect_avx512()) return 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return (c & (1u << 1)) != 0;  /* AVX512_VBMI */
+    return (c & (1u << bit)) != 0;
 }
 #endif
 
@@ -204,10 +197,10 @@ static void detect(void) {
     if (have_avx512) kernels_avx512_set_entries(&avx512_table);
 #endif
 #if defined(PARITY_HAVE_AVX512VNNI)
-    have_avx512vnni = detect_avx512vnni();
+    have_avx512vnni = detect_avx512_ecx7(11);
 #endif
 #if defined(PARITY_HAVE_AVX512VBMI)
-    have_avx512vbmi = detect_avx512vbmi();
+    have_avx512vbmi = detect_avx512_ecx7(1);
 #endif
 #if defined(PARITY_HAVE_AVX512BF16)
     avx512bf16_table = avx512_table;
