@@ -5,7 +5,9 @@
  * blocks; every format's GEMM column kernel over decode (few rows) and prefill (many rows)
  * shapes, odd K, partial blocks, NaN activations, column ranges that start and end anywhere,
  * writing nothing outside them; ternary's GEMM also past one row block of its SIMD kernels and
- * on extreme codes up to and past the longest rows they sum in int32. Also which entry each
+ * on extreme codes up to and past the longest rows they sum in int32; the FP8 GEMMs on codes and
+ * scales written directly (every code, zero, NaN, saturated and subnormal blocks, extreme block
+ * scales) at one row and a few. Also which entry each
  * CPU path runs (the fallback from a variant a format lacks to the next narrower one, then the
  * portable entry).
  *
@@ -435,6 +437,98 @@ static void test_ternary_extra(const quant_rule *r, const quant_simd *s, const c
     compare_ternary_codes(r, s->gemm_columns, variant, 1, 2, (size_t)1 << 22);
 }
 
+/* ---- the FP8 GEMMs on codes written directly -------------------------------------------- */
+
+/* A block of n E4M3 codes of one kind: random bytes (every code: subnormals, the NaN codes
+ * 0x7f and 0xff, the saturated 0x7e and 0xfe), zeros (either sign), saturated codes, subnormal
+ * codes only, or random bytes with one NaN code. */
+static void fp8_block_codes(uint8_t *c, size_t n, int kind) {
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t sign = (uint8_t)(rand_u64() & 0x80);
+        c[i] = kind == 1   ? sign
+               : kind == 2 ? (uint8_t)(sign | 0x7e)
+               : kind == 3 ? (uint8_t)(sign | (rand_u64() & 7))
+                           : (uint8_t)rand_u64();
+    }
+    if (kind == 4) c[rand_u64() % n] = rand_u64() & 1 ? 0x7f : 0xff;
+}
+
+/* A block scale: for MX rules a power of two 2^-127 .. 2^127 (E8M0's values, 2^-127 an fp32
+ * subnormal); otherwise a random fp32 of a random exponent, or one of the edges: the least
+ * normal and a subnormal fp32, the largest finite, zero, a negative scale. */
+static float fp8_block_scale(int mx) {
+    if (mx) return ldexpf(1.0f, (int)(rand_u64() % 255) - 127);
+    switch (rand_u64() % 8) {
+    case 0: return 0x1p-126f;
+    case 1: return 1e-40f;
+    case 2: return 3.4e38f;
+    case 3: return 0.0f;
+    case 4: return -(float)ldexp(1.0 + (double)(rand_u64() % 1000) / 1000.0, -20);
+    default:
+        return (float)ldexp(1.0 + (double)(rand_u64() % 1000000) / 1000000.0,
+                            (int)(rand_u64() % 60) - 30);
+    }
+}
+
+/* The FP8 GEMM of rule r on codes and scales written directly, M rows against N columns of K
+ * codes, each activation and weight block (1 x bc) of a random kind (fp8_block_codes): the
+ * portable kernel and `columns` (over column ranges that split [0, N) at random points) give
+ * the same bits. The one-row kernel's edges (fp8_row_avx512.c): every code's double, products
+ * and sums as large and as small as the codes make them, NaN and zero blocks, extreme scales,
+ * rows ending anywhere in a chunk of 64 codes. */
+static void compare_fp8_codes(const quant_rule *r, quant_gemm_fn *columns, const char *variant,
+                              size_t M, size_t N, size_t K) {
+    const quant_format *f = r->format;
+    const size_t bc = f->block_cols, nb = (K + bc - 1) / bc;
+    const int mx = f->gemm == PARITY_GEMM_MXFP8;
+    uint8_t *xq = alloc_exact(M * K), *wq = alloc_exact(N * K);
+    for (size_t m = 0; m < M; m++)
+        for (size_t k0 = 0; k0 < K; k0 += bc)
+            fp8_block_codes(xq + m * K + k0, K - k0 < bc ? K - k0 : bc, (int)(rand_u64() % 6));
+    for (size_t n = 0; n < N; n++)
+        for (size_t k0 = 0; k0 < K; k0 += bc)
+            fp8_block_codes(wq + n * K + k0, K - k0 < bc ? K - k0 : bc, (int)(rand_u64() % 6));
+    const size_t wscales = (size_t)quant_scale_count(f, N, K);
+    float *xs = alloc_exact(M * nb * sizeof(float)), *ws = alloc_exact(wscales * sizeof(float));
+    float *xt = alloc_exact(M * sizeof(float));
+    for (size_t i = 0; i < M * nb; i++) xs[i] = fp8_block_scale(mx);
+    for (size_t i = 0; i < wscales; i++) ws[i] = fp8_block_scale(mx);
+    for (size_t m = 0; m < M; m++) xt[m] = 1.0f;
+    const size_t ldy = N + 2;
+    float *y0 = alloc_exact(M * ldy * sizeof(float)), *y1 = alloc_exact(M * ldy * sizeof(float));
+    for (size_t i = 0; i < M * ldy; i++) y0[i] = y1[i] = -1234.5f;
+    quant_gemm_job j0 = {M, K, nb, bc, r, xq, xs, xt, wq, K, {ws}, nb, 0.0f, y0, ldy};
+    quant_gemm_job j1 = j0;
+    j1.y = y1;
+    run_portable_and_split(f, columns, &j0, &j1, N);
+    char where[160];
+    snprintf(where, sizeof where, "%s gemm %s codes M=%zu N=%zu K=%zu", r->api_name, variant, M,
+             N, K);
+    check_floats("y", where, y0, y1, M * ldy);
+    free(xq);
+    free(wq);
+    free(xs);
+    free(ws);
+    free(xt);
+    free(y0);
+    free(y1);
+}
+
+static void test_fp8_codes(const quant_rule *r, const quant_simd *s, const char *variant) {
+    if (!s->gemm_columns) return;
+    static const size_t Ks[] = {1, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 257, 1000, 3072};
+    for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++)
+        for (int rep = 0; rep < 3; rep++)
+            compare_fp8_codes(r, s->gemm_columns, variant, 1, 1 + (size_t)(rand_u64() % 40),
+                              Ks[k]);
+    for (int rep = 0; rep < 12; rep++)
+        compare_fp8_codes(r, s->gemm_columns, variant, 1 + (size_t)(rand_u64() % 2) * 2,
+                          1 + (size_t)(rand_u64() % 140), 1 + (size_t)(rand_u64() % 4200));
+    /* the one-row kernel's longest row (8192 codes) and one past it (the tiles) */
+    compare_fp8_codes(r, s->gemm_columns, variant, 1, 9, 8192);
+    compare_fp8_codes(r, s->gemm_columns, variant, 1, 9, 8193);
+}
+
 /* ---- the E2M1 GEMMs' fused chain step ---------------------------------------------------- */
 
 static int imax(int a, int b) { return a > b ? a : b; }
@@ -601,6 +695,7 @@ int main(void) {
                 rows += test_rows(r, s, variant_names[v]);
                 gemm += test_gemm(r, s, variant_names[v]);
                 if (f->element == QUANT_ELEMENT_TERNARY) test_ternary_extra(r, s, variant_names[v]);
+                if (f->element == QUANT_ELEMENT_E4M3) test_fp8_codes(r, s, variant_names[v]);
                 if (f->element == QUANT_ELEMENT_E2M1 && s->gemm_columns)
                     for (int rep = 0; rep < 40; rep++)
                         compare_e2m1_edges(r, s->gemm_columns, variant_names[v]);

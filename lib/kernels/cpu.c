@@ -27,7 +27,7 @@
 #endif
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
-static int have_avx2, have_avx512, have_avx512bf16, have_avx512vnni, is_amd;
+static int have_avx2, have_avx512, have_avx512bf16, have_avx512vnni, have_avx512vbmi, is_amd;
 /* Read by every kernel call: atomic so that a parity_set_cpu_path() is not a data race,
  * relaxed because the tables do not change after detection. */
 static _Atomic(const kernels *) current;
@@ -99,12 +99,14 @@ static int detect_avx512(void) {
 }
 #endif
 
-#if defined(PARITY_HAVE_AVX512VNNI)
-static int detect_avx512vnni(void) {
+#if defined(PARITY_HAVE_AVX512VNNI) || defined(PARITY_HAVE_AVX512VBMI)
+/* Whether the avx512 path's AVX-512 is there and CPUID leaf 7's ECX has bit `bit`
+ * (AVX512_VNNI: 11, AVX512_VBMI: 1). */
+static int detect_avx512_ecx7(unsigned bit) {
     unsigned a, b, c, d;
     if (!detect_avx512()) return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return (c & (1u << 11)) != 0;  /* AVX512_VNNI */
+    return (c & (1u << bit)) != 0;
 }
 #endif
 
@@ -195,7 +197,10 @@ static void detect(void) {
     if (have_avx512) kernels_avx512_set_entries(&avx512_table);
 #endif
 #if defined(PARITY_HAVE_AVX512VNNI)
-    have_avx512vnni = detect_avx512vnni();
+    have_avx512vnni = detect_avx512_ecx7(11);
+#endif
+#if defined(PARITY_HAVE_AVX512VBMI)
+    have_avx512vbmi = detect_avx512_ecx7(1);
 #endif
 #if defined(PARITY_HAVE_AVX512BF16)
     avx512bf16_table = avx512_table;
@@ -236,6 +241,11 @@ int cpu_path_supported(parity_cpu_path path) {
 int cpu_has_avx512_vnni(void) {
     pthread_once(&detect_once, detect);
     return have_avx512vnni;
+}
+
+int cpu_has_avx512_vbmi(void) {
+    pthread_once(&detect_once, detect);
+    return have_avx512vbmi;
 }
 
 const kernels *kernel_table(parity_cpu_path path) {

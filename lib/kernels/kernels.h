@@ -261,6 +261,9 @@ int cpu_path_supported(parity_cpu_path path);
 /* Whether the CPU and OS have AVX512_VNNI beside the avx512 path's AVX-512 F, BW, VL, DQ, and
  * this build compiles for it (PARITY_HAVE_AVX512VNNI): the quantized GEMMs' VNNI variants. */
 int cpu_has_avx512_vnni(void);
+/* Whether the CPU and OS have AVX512_VBMI beside the avx512 path's AVX-512 F, BW, VL, DQ, and
+ * this build compiles for it (PARITY_HAVE_AVX512VBMI): the FP8 GEMM's one-row kernel. */
+int cpu_has_avx512_vbmi(void);
 
 /* The table of the current CPU path (cpu.c): detected once, PARITY_CPU_PATH or
  * parity_set_cpu_path() force one. Never NULL. */

@@ -39,6 +39,13 @@
 #include "codecs.h"
 #include "dot.h"
 #include "fp8_simd.h"
+#include "kernels/kernels.h"
+
+#if defined(PARITY_HAVE_AVX512VBMI)
+/* A job of one activation row goes to the one-row kernel (fp8_row_avx512.c) where the CPU has
+ * VBMI and the kernel takes it (fp8_driver.h). */
+#define FP8_ONE_ROW(j, n0, n1) (cpu_has_avx512_vbmi() && fp8_row_gemm_avx512vbmi(j, n0, n1))
+#endif
 
 #ifdef FP8_VNNI
 #define FP8_ENTRY(name) name##_avx512vnni

@@ -13,7 +13,9 @@
  *     vint load_ints(const int32_t *); vfloat gather_columns(const float *base, vint offsets);
  *     void store_columns(float *, vfloat, size_t cols);
  *   and, before or after the include, pack_tile, decode_rows, block_d and quantize_block (the
- *   declarations below), which take their decoded pairs through take_pair.
+ *   declarations below), which take their decoded pairs through take_pair;
+ *   optionally FP8_ONE_ROW(j, n0, n1): nonzero where a kernel of its own took the job (the
+ *   columns [n0, n1) computed), tried first.
  *
  * The GEMM allocates nothing: a chunk of up to FP8_CHUNK_ROWS activation rows is decoded onto
  * the stack a run of K blocks at a time (fp8_rows, 48 KB: one block for 64 rows, all of K up to
@@ -190,6 +192,9 @@ static void block_tile(const quant_gemm_job *j, fp8_rows *b, vint *tile, const f
 }
 
 void FP8_ENTRY(fp8_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
+#ifdef FP8_ONE_ROW
+    if (FP8_ONE_ROW(j, n0, n1)) return; /* a job of one row the ISA file's own kernel took */
+#endif
     if (j->nblocks == 0) { /* K = 0: every output the empty sum */
         for (size_t m = 0; m < j->M; m++)
             for (size_t n = n0; n < n1; n++) j->y[m * j->ldy + n] = 0.0f;

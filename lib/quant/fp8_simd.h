@@ -97,4 +97,9 @@ static inline fp8_block_scale fp8_rule_scale(const quant_rule *r, float amax, fl
     return b;
 }
 
+/* fp8_row_avx512.c (AVX-512 with VBMI): the columns [n0, n1) of a job of one activation row
+ * whose K it takes (returns 1), bit for bit quant_gemm_blocked; returns 0, computing nothing,
+ * for any other job. */
+int fp8_row_gemm_avx512vbmi(const quant_gemm_job *j, size_t n0, size_t n1);
+
 #endif /* PARITY_QUANT_FP8_SIMD_H */
