@@ -8,8 +8,9 @@
  * The tiles of e2m1_lanes.h transpose 16 weight rows a chunk at a time, which at M = 1 costs
  * more instructions than the row's bytes take to arrive, and read 16 rows of a few lines each
  * at once, which the hardware's prefetchers lose. Here the weight rows are read whole, one
- * after the other, in address order (a software prefetch ROW_AHEAD rows ahead), and the
- * transposition is of the block dots, after the integer work:
+ * after the other, in address order (the next unit's lines asked for through both of the
+ * current unit's phases: ahead_lines), and the transposition is of the block dots, after the
+ * integer work:
  *
  * Once per call, the activation row's codes become their k_a (k = 2 x value, |k| <= 12, signed
  * bytes) arranged per chunk of 128 codes as the chunk's 64 held weight bytes pair with them:
@@ -52,12 +53,29 @@
 #define E2M1_TILES_GEMM e2m1_gemm_avx512
 #endif
 
-/* The chunks of 128 codes whose block dots are kept at once (16 columns of each: 24 KB), and
- * how far ahead of its reads the kernel asks for the weight's lines, in rows. */
+/* The chunks of 128 codes whose block dots are kept at once (16 columns of each: 24 KB). */
 enum { SEGMENT_CHUNKS = 24 };
-#ifndef ROW_AHEAD
-#define ROW_AHEAD 32
-#endif
+
+/* The weight lines of the next unit of work (the next segment of the 16 columns, else the
+ * first of the next 16), asked for one at a time in address order: half of them while the
+ * current unit's rows are read (a line every other chunk), half while its block dots are
+ * folded (8 lines a chunk), so that the memory is kept busy through both phases; asked for
+ * only while the integer work runs, the lines came in bursts the fold phase left idle. */
+typedef struct ahead_lines {
+    const uint8_t *row; /* the row being asked for, `rows` rows left from it */
+    size_t rows, row_bytes, at, from, to; /* bytes [from, to) of each row, `at` the next */
+} ahead_lines;
+
+static inline void ask_next_line(ahead_lines *a) {
+    if (!a->rows) return;
+    _mm_prefetch((const char *)(a->row + a->at), _MM_HINT_T0);
+    a->at += 64;
+    if (a->at >= a->to) {
+        a->at = a->from;
+        a->row += a->row_bytes;
+        a->rows--;
+    }
+}
 
 /* The mask of the first n of 64 bytes (n <= 64). */
 static inline __mmask64 byte_mask(size_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
@@ -196,17 +214,20 @@ static inline __m512 scale_values_at(__m512i v, const int i, int e4m3) {
 
 /* The scale bytes of blocks kb0 .. kb0 + n - 1 (n <= per, the blocks of a chunk: 8 or 4) of
  * the 16 columns whose scale rows start at rows[c], as per / 4 vectors of dwords (lane c:
- * column c, block kb0 + 4 v + i in byte i of vector v); bytes past n are 0, not read. */
-static inline void chunk_scale_bytes(const uint8_t *const rows[16], size_t kb0, int n, int per,
-                                     __m512i out[2]) {
+ * column c, block kb0 + 4 v + i in byte i of vector v); bytes past n are 0, not read. A whole
+ * chunk's are gathered a dword a column (`offsets`: the columns' scale rows from rows[0]'s);
+ * bytes copied one at a time, as a partial chunk's are, would cost the stores' forwarding
+ * to the vector's load. */
+static inline void chunk_scale_bytes(const uint8_t *const rows[16], __m512i offsets, size_t kb0,
+                                     int n, int per, __m512i out[2]) {
+    if (n == per) {
+        out[0] = _mm512_i32gather_epi32(offsets, rows[0] + kb0, 1);
+        if (per == 8) out[1] = _mm512_i32gather_epi32(offsets, rows[0] + kb0 + 4, 1);
+        return;
+    }
     uint32_t bytes[32];
     memset(bytes, 0, sizeof bytes);
-    for (int c = 0; c < 16; c++) {
-        if (n == per)
-            memcpy(bytes + c * per / 4, rows[c] + kb0, (size_t)per);
-        else
-            memcpy(bytes + c * per / 4, rows[c] + kb0, (size_t)n);
-    }
+    for (int c = 0; c < 16; c++) memcpy(bytes + c * per / 4, rows[c] + kb0, (size_t)n);
     if (per == 4) {
         out[0] = _mm512_loadu_si512(bytes);
         return;
@@ -227,7 +248,7 @@ static inline void chunk_scale_bytes(const uint8_t *const rows[16], size_t kb0, 
 /* The columns [n0, n1) of a job of one row under blocks of bc = 16 (NVFP4) or 32 (MXFP4). */
 ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, const int bc) {
     const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols, row_bytes = j->w_row_bytes;
-    const size_t chunks = (K + 127) / 128, ahead = ROW_AHEAD * row_bytes;
+    const size_t chunks = (K + 127) / 128;
     const int per = 128 / bc; /* blocks a chunk */
     const int e4m3 = bc == 16;
     _Alignas(64) int8_t arranged[E2M1_ROW_MAX_K];
@@ -241,11 +262,23 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
     for (size_t n = n0; n < n1; n += 16) {
         const size_t cols = n1 - n < 16 ? n1 - n : 16;
         const uint8_t *srow[16];
-        for (size_t c = 0; c < 16; c++) /* past the last column: the last again, not stored */
+        int32_t offset[16];
+        for (size_t c = 0; c < 16; c++) { /* past the last column: the last again, not stored */
             srow[c] = j->ws_codes + (n + (c < cols ? c : cols - 1)) * grid;
+            offset[c] = (int32_t)((c < cols ? c : cols - 1) * grid);
+        }
+        const __m512i offsets = _mm512_loadu_si512(offset);
         __m512 acc = _mm512_setzero_ps();
         for (size_t s0 = 0; s0 < chunks; s0 += SEGMENT_CHUNKS) {
             const size_t s1 = chunks - s0 < SEGMENT_CHUNKS ? chunks : s0 + SEGMENT_CHUNKS;
+            ahead_lines next = {j->wq + n * row_bytes, cols, row_bytes, 64 * s1, 64 * s1,
+                                64 * (chunks - s1 < SEGMENT_CHUNKS ? chunks : s1 + SEGMENT_CHUNKS)};
+            if (s1 == chunks) { /* the first segment of the next 16 columns */
+                next.row += 16 * row_bytes;
+                next.rows = n1 - n > 16 ? (n1 - n - 16 < 16 ? n1 - n - 16 : 16) : 0;
+                next.at = next.from = 0;
+                next.to = 64 * (chunks < SEGMENT_CHUNKS ? chunks : SEGMENT_CHUNKS);
+            }
             for (size_t c = 0; c < cols; c++) {
                 const uint8_t *row = j->wq + (n + c) * row_bytes;
                 /* the column's scales of the segment, and those of the column 16 on, asked
@@ -256,7 +289,7 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
                 }
                 for (size_t k = s0; k < s1; k++) {
                     const size_t at = 64 * k;
-                    _mm_prefetch((const char *)(row + at + ahead), _MM_HINT_T0);
+                    if ((k - s0 + c) % 2 == 0) ask_next_line(&next);
                     const __m512i w = _mm512_maskz_loadu_epi8(byte_mask(row_bytes - at), row + at);
                     const __m512i low = _mm512_and_si512(w, nibble);
                     const __m512i high = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
@@ -269,12 +302,13 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
             }
             for (size_t k = s0; k < s1; k++) {
                 __m512i *v = kept + (k - s0) * 16;
+                for (int l = 0; l < 8; l++) ask_next_line(&next);
                 for (size_t c = cols; c < 16; c++) v[c] = v[0];
                 __m512i dots[8], scale_bytes[2];
                 block_dots(v, bc == 32, dots);
                 const size_t kb0 = k * (size_t)per;
                 const int n_blocks = nb - kb0 < (size_t)per ? (int)(nb - kb0) : per;
-                chunk_scale_bytes(srow, kb0, n_blocks, per, scale_bytes);
+                chunk_scale_bytes(srow, offsets, kb0, n_blocks, per, scale_bytes);
                 /* NVFP4: the fast conversion unless a byte is a NaN code (0x7f, 0xff) */
                 const int any_nan =
                     e4m3 && (_mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[0], seven_bits),
