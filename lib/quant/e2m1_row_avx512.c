@@ -212,28 +212,35 @@ static inline __m512 scale_values_at(__m512i v, const int i, int e4m3) {
         _mm512_castps_si512(value), sign, _mm512_set1_epi32((int32_t)0x80000000u), 0xf8));
 }
 
-/* The scale bytes of blocks kb0 .. kb0 + n - 1 (n <= per, the blocks of a chunk: 8 or 4) of
- * the 16 columns whose scale rows start at rows[c], as per / 4 vectors of dwords (lane c:
- * column c, block kb0 + 4 v + i in byte i of vector v); bytes past n are 0, not read. A whole
- * chunk's are gathered a dword a column (`offsets`: the columns' scale rows from rows[0]'s);
- * bytes copied one at a time, as a partial chunk's are, would cost the stores' forwarding
- * to the vector's load. */
-static inline void chunk_scale_bytes(const uint8_t *const rows[16], __m512i offsets, size_t kb0,
-                                     int n, int per, __m512i out[2]) {
-    if (n == per) {
-        out[0] = _mm512_i32gather_epi32(offsets, rows[0] + kb0, 1);
-        if (per == 8) out[1] = _mm512_i32gather_epi32(offsets, rows[0] + kb0 + 4, 1);
-        return;
+/* The scale bytes of one column's blocks kb0 .. kb0 + n - 1 (n <= per, the blocks of a chunk:
+ * 8 or 4) as the low n bytes of a word (0 past n, not read). They are staged in memory
+ * while the column's row is read, a word a column, so that the fold's vector loads of them
+ * (chunk_scale_bytes) come long after the stores: loaded right after them, they waited on the
+ * stores' forwarding (a quarter of a call's time); a gather costs about as much on Zen 4. */
+static inline uint64_t column_scale_bytes(const uint8_t *row, size_t kb0, int n, int per) {
+    uint64_t v = 0;
+    if (n == per && per == 8) {
+        memcpy(&v, row + kb0, 8);
+    } else if (n == per) {
+        uint32_t v4;
+        memcpy(&v4, row + kb0, 4);
+        v = v4;
+    } else {
+        for (int b = 0; b < n; b++) v |= (uint64_t)row[kb0 + b] << (8 * b);
     }
-    uint32_t bytes[32];
-    memset(bytes, 0, sizeof bytes);
-    for (int c = 0; c < 16; c++) memcpy(bytes + c * per / 4, rows[c] + kb0, (size_t)n);
+    return v;
+}
+
+/* A chunk's staged scale bytes of the 16 columns (words of 8 bytes: NVFP4, or of 4: MXFP4) as
+ * per / 4 vectors of dwords (lane c: column c, block kb0 + 4 v + i in byte i of vector v). */
+static inline void chunk_scale_bytes(const void *staged, int per, __m512i out[2]) {
     if (per == 4) {
-        out[0] = _mm512_loadu_si512(bytes);
+        out[0] = _mm512_loadu_si512(staged);
         return;
     }
     /* a column's 8 bytes are two dwords: the first four blocks, then the next four */
-    const __m512i first = _mm512_loadu_si512(bytes), second = _mm512_loadu_si512(bytes + 16);
+    const __m512i first = _mm512_loadu_si512(staged);
+    const __m512i second = _mm512_loadu_si512((const uint8_t *)staged + 64);
     out[0] = _mm512_permutex2var_epi32(
         first, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
         second);
@@ -259,15 +266,14 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
     const __m512i k_unsigned = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_K_UNSIGNED));
     const __m512i nibble = _mm512_set1_epi8(0x0f), seven_bits = _mm512_set1_epi8(0x7f);
     __m512i kept[SEGMENT_CHUNKS * 16];
+    /* the chunks' scale bytes, a word a column (column_scale_bytes) */
+    _Alignas(64) uint64_t staged8[SEGMENT_CHUNKS][16];
+    _Alignas(64) uint32_t staged4[SEGMENT_CHUNKS][16];
     for (size_t n = n0; n < n1; n += 16) {
         const size_t cols = n1 - n < 16 ? n1 - n : 16;
         const uint8_t *srow[16];
-        int32_t offset[16];
-        for (size_t c = 0; c < 16; c++) { /* past the last column: the last again, not stored */
+        for (size_t c = 0; c < 16; c++) /* past the last column: the last again, not stored */
             srow[c] = j->ws_codes + (n + (c < cols ? c : cols - 1)) * grid;
-            offset[c] = (int32_t)((c < cols ? c : cols - 1) * grid);
-        }
-        const __m512i offsets = _mm512_loadu_si512(offset);
         __m512 acc = _mm512_setzero_ps();
         for (size_t s0 = 0; s0 < chunks; s0 += SEGMENT_CHUNKS) {
             const size_t s1 = chunks - s0 < SEGMENT_CHUNKS ? chunks : s0 + SEGMENT_CHUNKS;
@@ -288,7 +294,13 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
                     _mm_prefetch((const char *)(srow[c] + 16 * grid + at), _MM_HINT_T0);
                 }
                 for (size_t k = s0; k < s1; k++) {
-                    const size_t at = 64 * k;
+                    const size_t at = 64 * k, kb0 = k * (size_t)per;
+                    const uint64_t scales = column_scale_bytes(
+                        srow[c], kb0, nb - kb0 < (size_t)per ? (int)(nb - kb0) : per, per);
+                    if (per == 8)
+                        staged8[k - s0][c] = scales;
+                    else
+                        staged4[k - s0][c] = (uint32_t)scales;
                     if ((k - s0 + c) % 2 == 0) ask_next_line(&next);
                     const __m512i w = _mm512_maskz_loadu_epi8(byte_mask(row_bytes - at), row + at);
                     const __m512i low = _mm512_and_si512(w, nibble);
@@ -303,12 +315,18 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
             for (size_t k = s0; k < s1; k++) {
                 __m512i *v = kept + (k - s0) * 16;
                 for (int l = 0; l < 8; l++) ask_next_line(&next);
-                for (size_t c = cols; c < 16; c++) v[c] = v[0];
+                for (size_t c = cols; c < 16; c++) {
+                    v[c] = v[0];
+                    staged8[k - s0][c] = staged8[k - s0][0];
+                    staged4[k - s0][c] = staged4[k - s0][0];
+                }
                 __m512i dots[8], scale_bytes[2];
                 block_dots(v, bc == 32, dots);
                 const size_t kb0 = k * (size_t)per;
                 const int n_blocks = nb - kb0 < (size_t)per ? (int)(nb - kb0) : per;
-                chunk_scale_bytes(srow, offsets, kb0, n_blocks, per, scale_bytes);
+                chunk_scale_bytes(per == 8 ? (const void *)staged8[k - s0]
+                                           : (const void *)staged4[k - s0],
+                                  per, scale_bytes);
                 /* NVFP4: the fast conversion unless a byte is a NaN code (0x7f, 0xff) */
                 const int any_nan =
                     e4m3 && (_mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[0], seven_bits),
