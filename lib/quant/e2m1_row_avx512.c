@@ -137,38 +137,38 @@ static inline void transpose_lanes(const __m512i q[4], __m512i t[4]) {
 
 /* From the chunk vectors of 16 columns (v[c]: column c, lane i codes 8 i .. 8 i + 7), the
  * chunk's block sums a vector a block, lane c column c: 8 blocks of 16 codes (quads = 0) or 4
- * of 32 (quads = 1). First each pair of columns' lanes summed in pairs (lane 2 h + e: column
- * 2 p + e, codes 16 h .. 16 h + 15), then pairs of those (blocks of 16: the two halves of each
- * 128-bit lane apart; of 32: summed), then the 128-bit lanes transposed. */
+ * of 32 (quads = 1). Every lane and every sum of two or four of them fits int16 (at most
+ * 12 x 32 x 12 from a block's start plus 16 x 24 x 12: 9216), so each pair of columns' lanes
+ * is narrowed to int16 (vpackssdw, which then saturates nothing) and summed in pairs
+ * (vpmaddwd by 1): per 128-bit lane L, dwords (block 2 L, 2 L + 1 of column 2 p, the same of
+ * column 2 p + 1) for 16 codes a block. For 32 codes the pairs of those vectors again: dword
+ * j of lane L is block L of column 4 g + j; for 16, a shuffle of dwords per pair of them puts
+ * block 2 L + e of columns 4 g .. 4 g + 3 in lane L. Then the 128-bit lanes transposed. */
 static inline void block_dots(const __m512i v[16], const int quads, __m512i out[8]) {
+    const __m512i ones = _mm512_set1_epi16(1);
     __m512i pair[8];
 #pragma GCC unroll 8
-    for (int p = 0; p < 8; p++) {
-        const __m512i a = v[2 * p], b = v[2 * p + 1];
-        /* a's even lanes and b's even lanes swapped into the odd ones, plus the odd lanes */
-        const __m512i evens = _mm512_mask_shuffle_epi32(a, 0xaaaa, b, _MM_PERM_CDAB);
-        const __m512i odds = _mm512_mask_shuffle_epi32(b, 0x5555, a, _MM_PERM_CDAB);
-        pair[p] = _mm512_add_epi32(evens, odds);
-    }
-    __m512i lo[4], hi[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) { /* lane L: codes 32 L .. (lo: the first 16, hi: the next) */
-        lo[r] = _mm512_unpacklo_epi64(pair[2 * r], pair[2 * r + 1]);
-        hi[r] = _mm512_unpackhi_epi64(pair[2 * r], pair[2 * r + 1]);
-    }
+    for (int p = 0; p < 8; p++)
+        pair[p] = _mm512_madd_epi16(_mm512_packs_epi32(v[2 * p], v[2 * p + 1]), ones);
+    __m512i q[4], t[4];
     if (quads) {
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) lo[r] = _mm512_add_epi32(lo[r], hi[r]);
-        transpose_lanes(lo, out);
+        for (int g = 0; g < 4; g++)
+            q[g] = _mm512_madd_epi16(_mm512_packs_epi32(pair[2 * g], pair[2 * g + 1]), ones);
+        transpose_lanes(q, out);
         return;
     }
-    __m512i t[4];
-    transpose_lanes(lo, t);
+#pragma GCC unroll 2
+    for (int e = 0; e < 2; e++) {
 #pragma GCC unroll 4
-    for (int L = 0; L < 4; L++) out[2 * L] = t[L];
-    transpose_lanes(hi, t);
+        for (int g = 0; g < 4; g++)
+            q[g] = _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(pair[2 * g]),
+                                                         _mm512_castsi512_ps(pair[2 * g + 1]),
+                                                         e ? 0xdd : 0x88));
+        transpose_lanes(q, t);
 #pragma GCC unroll 4
-    for (int L = 0; L < 4; L++) out[2 * L + 1] = t[L];
+        for (int L = 0; L < 4; L++) out[2 * L + e] = t[L];
+    }
 }
 
 /* The fp32 values of scale bytes (one a dword lane), bit for bit e4m3_to_f32 (e4m3) or
@@ -212,23 +212,34 @@ static inline __m512 scale_values_at(__m512i v, const int i, int e4m3) {
         _mm512_castps_si512(value), sign, _mm512_set1_epi32((int32_t)0x80000000u), 0xf8));
 }
 
-/* The scale bytes of one column's blocks kb0 .. kb0 + n - 1 (n <= per, the blocks of a chunk:
- * 8 or 4) as the low n bytes of a word (0 past n, not read). They are staged in memory
- * while the column's row is read, a word a column, so that the fold's vector loads of them
- * (chunk_scale_bytes) come long after the stores: loaded right after them, they waited on the
- * stores' forwarding (a quarter of a call's time); a gather costs about as much on Zen 4. */
-static inline uint64_t column_scale_bytes(const uint8_t *row, size_t kb0, int n, int per) {
-    uint64_t v = 0;
-    if (n == per && per == 8) {
-        memcpy(&v, row + kb0, 8);
-    } else if (n == per) {
-        uint32_t v4;
-        memcpy(&v4, row + kb0, 4);
-        v = v4;
+/* Chunk k of a column: its 64 weight bytes (whole: all of them in the row, else masked at the
+ * row's end; a byte past it is code 0, whose k_a partner is 0), the nibbles mapped to k_w + 12
+ * and dotted with the even and odd k_a from the chunk's start (chunk_dot); and its blocks'
+ * per scale bytes (0 past the row's nb, not read) staged in memory at `stage`, to be loaded
+ * as vectors by the fold long after these stores (chunk_scale_bytes): loaded right after
+ * them, they waited on the stores' forwarding (a quarter of a call's time; a gather costs
+ * about as much on Zen 4). */
+ALWAYS_INLINE __m512i read_chunk(const uint8_t *row, size_t row_bytes, const uint8_t *scale_row,
+                                 size_t nb, size_t k, const int whole, const int per,
+                                 const int8_t *arranged, const int32_t *start,
+                                 __m512i k_unsigned, uint8_t *stage) {
+    const size_t at = 64 * k, kb0 = k * (size_t)per;
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    __m512i w;
+    if (whole) {
+        memcpy(stage, scale_row + kb0, (size_t)per);
+        w = _mm512_loadu_si512(row + at);
     } else {
-        for (int b = 0; b < n; b++) v |= (uint64_t)row[kb0 + b] << (8 * b);
+        const size_t n = nb - kb0 < (size_t)per ? nb - kb0 : (size_t)per;
+        memset(stage, 0, (size_t)per);
+        for (size_t b = 0; b < n; b++) stage[b] = scale_row[kb0 + b];
+        w = _mm512_maskz_loadu_epi8(byte_mask(row_bytes - at), row + at);
     }
-    return v;
+    const __m512i low = _mm512_and_si512(w, nibble);
+    const __m512i high = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
+    const __m512i *x = (const __m512i *)(const void *)(arranged + 2 * at);
+    return chunk_dot(_mm512_load_si512(start + 16 * k), _mm512_shuffle_epi8(k_unsigned, low),
+                     x[0], _mm512_shuffle_epi8(k_unsigned, high), x[1]);
 }
 
 /* A chunk's staged scale bytes of the 16 columns (words of 8 bytes: NVFP4, or of 4: MXFP4) as
@@ -264,11 +275,11 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
     arrange_row(j->xq, K, (size_t)bc, arranged, start);
     for (size_t b = 0; b < nb; b++) a_quarter[b] = j->xs[b] * 0.25f;
     const __m512i k_unsigned = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_K_UNSIGNED));
-    const __m512i nibble = _mm512_set1_epi8(0x0f), seven_bits = _mm512_set1_epi8(0x7f);
+    const __m512i seven_bits = _mm512_set1_epi8(0x7f);
     __m512i kept[SEGMENT_CHUNKS * 16];
-    /* the chunks' scale bytes, a word a column (column_scale_bytes) */
-    _Alignas(64) uint64_t staged8[SEGMENT_CHUNKS][16];
-    _Alignas(64) uint32_t staged4[SEGMENT_CHUNKS][16];
+    /* the chunks' scale bytes, per bytes a column (read_chunk) */
+    _Alignas(64) uint8_t staged[SEGMENT_CHUNKS * 16 * 8];
+    const size_t whole_chunks = row_bytes / 64 < nb / (size_t)per ? row_bytes / 64 : nb / (size_t)per;
     for (size_t n = n0; n < n1; n += 16) {
         const size_t cols = n1 - n < 16 ? n1 - n : 16;
         const uint8_t *srow[16];
@@ -293,40 +304,30 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
                     _mm_prefetch((const char *)(srow[c] + at), _MM_HINT_T0);
                     _mm_prefetch((const char *)(srow[c] + 16 * grid + at), _MM_HINT_T0);
                 }
-                for (size_t k = s0; k < s1; k++) {
-                    const size_t at = 64 * k, kb0 = k * (size_t)per;
-                    const uint64_t scales = column_scale_bytes(
-                        srow[c], kb0, nb - kb0 < (size_t)per ? (int)(nb - kb0) : per, per);
-                    if (per == 8)
-                        staged8[k - s0][c] = scales;
-                    else
-                        staged4[k - s0][c] = (uint32_t)scales;
-                    if ((k - s0 + c) % 2 == 0) ask_next_line(&next);
-                    const __m512i w = _mm512_maskz_loadu_epi8(byte_mask(row_bytes - at), row + at);
-                    const __m512i low = _mm512_and_si512(w, nibble);
-                    const __m512i high = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
-                    const __m512i *x = (const __m512i *)(const void *)(arranged + 2 * at);
+                for (size_t l = 0; l < (s1 - s0 + 1) / 2; l++) ask_next_line(&next);
+                const size_t whole = s1 < whole_chunks ? s1 : whole_chunks;
+                for (size_t k = s0; k < whole; k++)
                     kept[(k - s0) * 16 + c] =
-                        chunk_dot(_mm512_load_si512(start + 16 * k),
-                                  _mm512_shuffle_epi8(k_unsigned, low), x[0],
-                                  _mm512_shuffle_epi8(k_unsigned, high), x[1]);
-                }
+                        read_chunk(row, row_bytes, srow[c], nb, k, 1, per, arranged, start,
+                                   k_unsigned, staged + ((k - s0) * 16 + c) * (size_t)per);
+                for (size_t k = whole > s0 ? whole : s0; k < s1; k++) /* the row's last */
+                    kept[(k - s0) * 16 + c] =
+                        read_chunk(row, row_bytes, srow[c], nb, k, 0, per, arranged, start,
+                                   k_unsigned, staged + ((k - s0) * 16 + c) * (size_t)per);
             }
             for (size_t k = s0; k < s1; k++) {
                 __m512i *v = kept + (k - s0) * 16;
                 for (int l = 0; l < 8; l++) ask_next_line(&next);
+                uint8_t *chunk_scales = staged + (k - s0) * 16 * (size_t)per;
                 for (size_t c = cols; c < 16; c++) {
                     v[c] = v[0];
-                    staged8[k - s0][c] = staged8[k - s0][0];
-                    staged4[k - s0][c] = staged4[k - s0][0];
+                    memcpy(chunk_scales + c * (size_t)per, chunk_scales, (size_t)per);
                 }
                 __m512i dots[8], scale_bytes[2];
                 block_dots(v, bc == 32, dots);
                 const size_t kb0 = k * (size_t)per;
                 const int n_blocks = nb - kb0 < (size_t)per ? (int)(nb - kb0) : per;
-                chunk_scale_bytes(per == 8 ? (const void *)staged8[k - s0]
-                                           : (const void *)staged4[k - s0],
-                                  per, scale_bytes);
+                chunk_scale_bytes(chunk_scales, per, scale_bytes);
                 /* NVFP4: the fast conversion unless a byte is a NaN code (0x7f, 0xff) */
                 const int any_nan =
                     e4m3 && (_mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[0], seven_bits),
