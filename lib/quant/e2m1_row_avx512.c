@@ -260,6 +260,34 @@ static inline void chunk_scale_bytes(const void *staged, int per, __m512i out[2]
         second);
 }
 
+/* scale_values_at of byte i of each dword lane of v, E4M3, where every byte is below 0x7f (no
+ * sign, no NaN code): the byte's 7 bits moved to bits 20 .. 26, times 2^120. */
+static inline __m512 e4m3_plain_values_at(__m512i v, const int i) {
+    const __m512i field = i == 3 ? _mm512_srli_epi32(v, 4) : _mm512_slli_epi32(v, 20 - 8 * i);
+    return _mm512_mul_ps(
+        _mm512_castsi512_ps(_mm512_and_si512(field, _mm512_set1_epi32(0x07f00000))),
+        _mm512_set1_ps(0x1p120f));
+}
+
+/* Whether NVFP4's chain step acc + (S (a_s / 4)) w_s is, for every block of the row, the one
+ * fma(S, (a_s / 4) w_s, acc) against every E4M3 weight scale but the NaN codes (whose chunks
+ * take the spec's steps). e2m1_lanes.h's "fused chain step" proves the two the same bits when
+ * |S| < 2^13, w_s has at most 4 significant bits and a_s at most 7 (its low 17 bits 0), and
+ * every nonzero a_s, w_s and product a_s w_s is in [2^-124, 2^116]; a zero a_s or w_s gives the
+ * same signed zero product in both. A nonzero E4M3 w_s is in [2^-9, 448], so a nonzero a_s in
+ * [2^-115, 2^107] keeps every product in bounds (2^107 x 448 < 2^116); then a_s / 4 is exact
+ * and (a_s / 4) w_s is the exact a_s (w_s / 4) of the proof. */
+static int nvfp4_row_fusable(const float *xs, size_t nb) {
+    for (size_t b = 0; b < nb; b++) {
+        uint32_t bits;
+        memcpy(&bits, xs + b, 4);
+        const float magnitude = xs[b] < 0 ? -xs[b] : xs[b];
+        if (bits & 0x1ffffu) return 0;
+        if (magnitude != 0 && !(magnitude >= 0x1p-115f && magnitude <= 0x1p107f)) return 0;
+    }
+    return 1;
+}
+
 /* The longest row this kernel takes: its arranged activations are on the stack. */
 #define E2M1_ROW_MAX_K ((size_t)16384)
 
@@ -274,6 +302,7 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
     float a_quarter[E2M1_ROW_MAX_K / 16];
     arrange_row(j->xq, K, (size_t)bc, arranged, start);
     for (size_t b = 0; b < nb; b++) a_quarter[b] = j->xs[b] * 0.25f;
+    const int fusable = bc == 16 && nvfp4_row_fusable(j->xs, nb);
     const __m512i k_unsigned = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_K_UNSIGNED));
     const __m512i seven_bits = _mm512_set1_epi8(0x7f);
     __m512i kept[SEGMENT_CHUNKS * 16];
@@ -328,24 +357,34 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
                 const size_t kb0 = k * (size_t)per;
                 const int n_blocks = nb - kb0 < (size_t)per ? (int)(nb - kb0) : per;
                 chunk_scale_bytes(chunk_scales, per, scale_bytes);
-                /* NVFP4: the fast conversion unless a byte is a NaN code (0x7f, 0xff) */
+                /* NVFP4: the conversions without a sign where no byte has one or is a NaN
+                 * code (0x7f: the bytes below 0x7f), else without NaN where none is one; the
+                 * fused step where the row's activation scales allow it and no byte is a NaN */
+                const int plain = e4m3 && !(_mm512_cmpge_epu8_mask(scale_bytes[0], seven_bits) |
+                                            _mm512_cmpge_epu8_mask(scale_bytes[1], seven_bits));
                 const int any_nan =
-                    e4m3 && (_mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[0], seven_bits),
-                                                    seven_bits) |
-                             _mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[1], seven_bits),
-                                                    seven_bits));
+                    e4m3 && !plain &&
+                    (_mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[0], seven_bits),
+                                            seven_bits) |
+                     _mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[1], seven_bits),
+                                            seven_bits));
+                const int fuse = fusable && !any_nan;
 #pragma GCC unroll 8
                 for (int b = 0; b < per; b++) {
                     if (b >= n_blocks) break;
                     const __m512 w_scale =
-                        any_nan ? scale_values(_mm512_and_si512(
-                                                   _mm512_srli_epi32(scale_bytes[b / 4], 8 * (b % 4)),
-                                                   _mm512_set1_epi32(0xff)),
-                                               1)
-                                : scale_values_at(scale_bytes[b / 4], b % 4, e4m3);
-                    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dots[b]),
-                                                   _mm512_set1_ps(a_quarter[kb0 + b]));
-                    acc = _mm512_add_ps(acc, _mm512_mul_ps(t, w_scale));
+                        plain     ? e4m3_plain_values_at(scale_bytes[b / 4], b % 4)
+                        : any_nan ? scale_values(_mm512_and_si512(
+                                                     _mm512_srli_epi32(scale_bytes[b / 4], 8 * (b % 4)),
+                                                     _mm512_set1_epi32(0xff)),
+                                                 1)
+                                  : scale_values_at(scale_bytes[b / 4], b % 4, e4m3);
+                    const __m512 d = _mm512_cvtepi32_ps(dots[b]);
+                    const __m512 a = _mm512_set1_ps(a_quarter[kb0 + b]);
+                    if (fuse) /* fma(S, a_s (w_s / 4), acc): nvfp4_row_fusable says why */
+                        acc = _mm512_fmadd_ps(d, _mm512_mul_ps(w_scale, a), acc);
+                    else
+                        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(d, a), w_scale));
                 }
             }
         }
