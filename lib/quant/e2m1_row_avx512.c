@@ -288,6 +288,33 @@ static int nvfp4_row_fusable(const float *xs, size_t nb) {
     return 1;
 }
 
+/* Whether MXFP4's chain step acc + (S (a_s / 4)) w_s may run, for every block of the row,
+ * as fma(S, a_s (w_s / 4), acc) with a_s (w_s / 4) the integer sum of the bits of a_s / 4 and
+ * of the E8M0 byte moved to the exponent field, less those of 1.0, for the chunks whose scale
+ * bytes are all within [*least, *most] (set here, in every byte). e2m1_lanes.h's "fused chain
+ * step" proves the fma the spec's step where every activation scale is a power of two and
+ * every a_s, w_s and a_s w_s is within [2^-124, 2^116]: a_s = 2^e (bits: no fraction, the
+ * exponent field 3 .. 243) and w_s = 2^(byte - 127) then need byte >= 3 and 3 - e_least <=
+ * byte <= 243 - e_most (and byte < 255, the infinity); then a_s / 4 and the product are normal,
+ * so the exponents add with nothing carried into the sign or past the field. */
+static int mxfp4_row_bounds(const float *xs, size_t nb, __m512i *least, __m512i *most) {
+    int e_least = 1000, e_most = -1000;
+    for (size_t b = 0; b < nb; b++) {
+        uint32_t bits;
+        memcpy(&bits, xs + b, 4);
+        const int field = (int)(bits >> 23 & 0xff);
+        if ((bits & 0x7fffffu) || field < 3 || field > 243) return 0;
+        e_least = field - 127 < e_least ? field - 127 : e_least;
+        e_most = field - 127 > e_most ? field - 127 : e_most;
+    }
+    const int lo = 3 - e_least > 3 ? 3 - e_least : 3;
+    const int hi = 243 - e_most < 254 ? 243 - e_most : 254;
+    if (nb == 0 || lo > hi) return 0;
+    *least = _mm512_set1_epi8((char)lo);
+    *most = _mm512_set1_epi8((char)hi);
+    return 1;
+}
+
 /* The longest row this kernel takes: its arranged activations are on the stack. */
 #define E2M1_ROW_MAX_K ((size_t)16384)
 
@@ -303,6 +330,16 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
     arrange_row(j->xq, K, (size_t)bc, arranged, start);
     for (size_t b = 0; b < nb; b++) a_quarter[b] = j->xs[b] * 0.25f;
     const int fusable = bc == 16 && nvfp4_row_fusable(j->xs, nb);
+    /* MXFP4: the scale bytes' bounds of the exponent add (mxfp4_row_bounds), and per block
+     * the bits of a_s / 4 less those of 1.0 */
+    __m512i least_byte = _mm512_setzero_si512(), most_byte = _mm512_setzero_si512();
+    int32_t exponent_add[E2M1_ROW_MAX_K / 32];
+    const int adds = bc == 32 && mxfp4_row_bounds(j->xs, nb, &least_byte, &most_byte);
+    if (adds)
+        for (size_t b = 0; b < nb; b++) {
+            memcpy(exponent_add + b, a_quarter + b, 4);
+            exponent_add[b] -= 0x3f800000;
+        }
     const __m512i k_unsigned = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_K_UNSIGNED));
     const __m512i seven_bits = _mm512_set1_epi8(0x7f);
     __m512i kept[SEGMENT_CHUNKS * 16];
@@ -369,6 +406,23 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
                      _mm512_cmpeq_epi8_mask(_mm512_and_si512(scale_bytes[1], seven_bits),
                                             seven_bits));
                 const int fuse = fusable && !any_nan;
+                if (adds && !(_mm512_cmplt_epu8_mask(scale_bytes[0], least_byte) |
+                              _mm512_cmpgt_epu8_mask(scale_bytes[0], most_byte))) {
+                    /* MXFP4, every byte within the bounds: acc = fma(S, a_s (w_s / 4), acc),
+                     * a_s (w_s / 4) the integer sum of the exponents' bits */
+#pragma GCC unroll 4
+                    for (int b = 0; b < 4; b++) {
+                        const __m512i field =
+                            b == 3 ? _mm512_srli_epi32(scale_bytes[0], 1)
+                                   : _mm512_slli_epi32(scale_bytes[0], 23 - 8 * b);
+                        const __m512i product = _mm512_add_epi32(
+                            _mm512_and_si512(field, _mm512_set1_epi32(0x7f800000)),
+                            _mm512_set1_epi32(exponent_add[kb0 + b]));
+                        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[b]),
+                                              _mm512_castsi512_ps(product), acc);
+                    }
+                    continue;
+                }
 #pragma GCC unroll 8
                 for (int b = 0; b < per; b++) {
                     if (b >= n_blocks) break;
