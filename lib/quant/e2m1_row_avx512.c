@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "dot.h"
+#include "e2m1_row.h"
 #include "e2m1_simd.h"
 
 #include "kernels/kernels_x86.h"
@@ -55,27 +56,6 @@
 
 /* The chunks of 128 codes whose block dots are kept at once (16 columns of each: 24 KB). */
 enum { SEGMENT_CHUNKS = 24 };
-
-/* The weight lines of the next unit of work (the next segment of the 16 columns, else the
- * first of the next 16), asked for one at a time in address order: half of them while the
- * current unit's rows are read (a line every other chunk), half while its block dots are
- * folded (8 lines a chunk), so that the memory is kept busy through both phases; asked for
- * only while the integer work runs, the lines came in bursts the fold phase left idle. */
-typedef struct ahead_lines {
-    const uint8_t *row; /* the row being asked for, `rows` rows left from it */
-    size_t rows, row_bytes, at, from, to; /* bytes [from, to) of each row, `at` the next */
-} ahead_lines;
-
-static inline void ask_next_line(ahead_lines *a) {
-    if (!a->rows) return;
-    _mm_prefetch((const char *)(a->row + a->at), _MM_HINT_T0);
-    a->at += 64;
-    if (a->at >= a->to) {
-        a->at = a->from;
-        a->row += a->row_bytes;
-        a->rows--;
-    }
-}
 
 /* The mask of the first n of 64 bytes (n <= 64). */
 static inline __mmask64 byte_mask(size_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
@@ -269,55 +249,6 @@ static inline __m512 e4m3_plain_values_at(__m512i v, const int i) {
         _mm512_set1_ps(0x1p120f));
 }
 
-/* Whether NVFP4's chain step acc + (S (a_s / 4)) w_s is, for every block of the row, the one
- * fma(S, (a_s / 4) w_s, acc) against every E4M3 weight scale but the NaN codes (whose chunks
- * take the spec's steps). e2m1_lanes.h's "fused chain step" proves the two the same bits when
- * |S| < 2^13, w_s has at most 4 significant bits and a_s at most 7 (its low 17 bits 0), and
- * every nonzero a_s, w_s and product a_s w_s is in [2^-124, 2^116]; a zero a_s or w_s gives the
- * same signed zero product in both. A nonzero E4M3 w_s is in [2^-9, 448], so a nonzero a_s in
- * [2^-115, 2^107] keeps every product in bounds (2^107 x 448 < 2^116); then a_s / 4 is exact
- * and (a_s / 4) w_s is the exact a_s (w_s / 4) of the proof. */
-static int nvfp4_row_fusable(const float *xs, size_t nb) {
-    for (size_t b = 0; b < nb; b++) {
-        uint32_t bits;
-        memcpy(&bits, xs + b, 4);
-        const float magnitude = xs[b] < 0 ? -xs[b] : xs[b];
-        if (bits & 0x1ffffu) return 0;
-        if (magnitude != 0 && !(magnitude >= 0x1p-115f && magnitude <= 0x1p107f)) return 0;
-    }
-    return 1;
-}
-
-/* Whether MXFP4's chain step acc + (S (a_s / 4)) w_s may run, for every block of the row,
- * as fma(S, a_s (w_s / 4), acc) with a_s (w_s / 4) the integer sum of the bits of a_s / 4 and
- * of the E8M0 byte moved to the exponent field, less those of 1.0, for the chunks whose scale
- * bytes are all within [*least, *most] (set here, in every byte). e2m1_lanes.h's "fused chain
- * step" proves the fma the spec's step where every activation scale is a power of two and
- * every a_s, w_s and a_s w_s is within [2^-124, 2^116]: a_s = 2^e (bits: no fraction, the
- * exponent field 3 .. 243) and w_s = 2^(byte - 127) then need byte >= 3 and 3 - e_least <=
- * byte <= 243 - e_most (and byte < 255, the infinity); then a_s / 4 and the product are normal,
- * so the exponents add with nothing carried into the sign or past the field. */
-static int mxfp4_row_bounds(const float *xs, size_t nb, __m512i *least, __m512i *most) {
-    int e_least = 1000, e_most = -1000;
-    for (size_t b = 0; b < nb; b++) {
-        uint32_t bits;
-        memcpy(&bits, xs + b, 4);
-        const int field = (int)(bits >> 23 & 0xff);
-        if ((bits & 0x7fffffu) || field < 3 || field > 243) return 0;
-        e_least = field - 127 < e_least ? field - 127 : e_least;
-        e_most = field - 127 > e_most ? field - 127 : e_most;
-    }
-    const int lo = 3 - e_least > 3 ? 3 - e_least : 3;
-    const int hi = 243 - e_most < 254 ? 243 - e_most : 254;
-    if (nb == 0 || lo > hi) return 0;
-    *least = _mm512_set1_epi8((char)lo);
-    *most = _mm512_set1_epi8((char)hi);
-    return 1;
-}
-
-/* The longest row this kernel takes: its arranged activations are on the stack. */
-#define E2M1_ROW_MAX_K ((size_t)16384)
-
 /* The columns [n0, n1) of a job of one row under blocks of bc = 16 (NVFP4) or 32 (MXFP4). */
 ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, const int bc) {
     const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols, row_bytes = j->w_row_bytes;
@@ -332,20 +263,19 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
     const int fusable = bc == 16 && nvfp4_row_fusable(j->xs, nb);
     /* MXFP4: the scale bytes' bounds of the exponent add (mxfp4_row_bounds), and per block
      * the bits of a_s / 4 less those of 1.0 */
-    __m512i least_byte = _mm512_setzero_si512(), most_byte = _mm512_setzero_si512();
+    int least = 0, most = 0;
     int32_t exponent_add[E2M1_ROW_MAX_K / 32];
-    const int adds = bc == 32 && mxfp4_row_bounds(j->xs, nb, &least_byte, &most_byte);
-    if (adds)
-        for (size_t b = 0; b < nb; b++) {
-            memcpy(exponent_add + b, a_quarter + b, 4);
-            exponent_add[b] -= 0x3f800000;
-        }
+    const int adds = bc == 32 && mxfp4_row_bounds(j->xs, nb, &least, &most);
+    if (adds) mxfp4_exponent_adds(a_quarter, nb, exponent_add);
+    const __m512i least_byte = _mm512_set1_epi8((char)least);
+    const __m512i most_byte = _mm512_set1_epi8((char)most);
     const __m512i k_unsigned = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_K_UNSIGNED));
     const __m512i seven_bits = _mm512_set1_epi8(0x7f);
     __m512i kept[SEGMENT_CHUNKS * 16];
     /* the chunks' scale bytes, per bytes a column (read_chunk) */
     _Alignas(64) uint8_t staged[SEGMENT_CHUNKS * 16 * 8];
-    const size_t whole_chunks = row_bytes / 64 < nb / (size_t)per ? row_bytes / 64 : nb / (size_t)per;
+    const size_t whole_chunks =
+        row_bytes / 64 < nb / (size_t)per ? row_bytes / 64 : nb / (size_t)per;
     for (size_t n = n0; n < n1; n += 16) {
         const size_t cols = n1 - n < 16 ? n1 - n : 16;
         const uint8_t *srow[16];
@@ -426,13 +356,12 @@ ALWAYS_INLINE void row_columns(const quant_gemm_job *j, size_t n0, size_t n1, co
 #pragma GCC unroll 8
                 for (int b = 0; b < per; b++) {
                     if (b >= n_blocks) break;
-                    const __m512 w_scale =
-                        plain     ? e4m3_plain_values_at(scale_bytes[b / 4], b % 4)
-                        : any_nan ? scale_values(_mm512_and_si512(
-                                                     _mm512_srli_epi32(scale_bytes[b / 4], 8 * (b % 4)),
-                                                     _mm512_set1_epi32(0xff)),
-                                                 1)
-                                  : scale_values_at(scale_bytes[b / 4], b % 4, e4m3);
+                    const __m512i bytes = scale_bytes[b / 4];
+                    const __m512i byte = _mm512_and_si512(_mm512_srli_epi32(bytes, 8 * (b % 4)),
+                                                          _mm512_set1_epi32(0xff));
+                    const __m512 w_scale = plain     ? e4m3_plain_values_at(bytes, b % 4)
+                                           : any_nan ? scale_values(byte, 1)
+                                                     : scale_values_at(bytes, b % 4, e4m3);
                     const __m512 d = _mm512_cvtepi32_ps(dots[b]);
                     const __m512 a = _mm512_set1_ps(a_quarter[kb0 + b]);
                     if (fuse) /* fma(S, a_s (w_s / 4), acc): nvfp4_row_fusable says why */
