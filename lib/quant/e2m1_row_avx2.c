@@ -88,6 +88,12 @@ ALWAYS_INLINE __m256i read_chunk(const uint8_t *row, size_t row_bytes, const uin
                             _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
+/* Dwords e and e + 2 of each 128-bit lane of a, then those of b. */
+static inline __m256i pick_blocks(__m256i a, __m256i b, const int e) {
+    const __m256 x = _mm256_castsi256_ps(a), y = _mm256_castsi256_ps(b);
+    return _mm256_castps_si256(e ? _mm256_shuffle_ps(x, y, 0xdd) : _mm256_shuffle_ps(x, y, 0x88));
+}
+
 /* From the chunk vectors of 8 columns (v[c]: column c, lane i codes 8 i .. 8 i + 7), the
  * chunk's block sums a vector a block, lane c column c: 4 blocks of 16 codes (quads = 0) or 2
  * of 32 (quads = 1), as e2m1_row_avx512.c's block_dots (every sum fits int16): per 128-bit
@@ -110,10 +116,7 @@ static inline void block_dots(const __m256i v[8], const int quads, __m256i out[4
     }
 #pragma GCC unroll 2
     for (int e = 0; e < 2; e++) {
-        const __m256i q0 = _mm256_castps_si256(_mm256_shuffle_ps(
-            _mm256_castsi256_ps(pair[0]), _mm256_castsi256_ps(pair[1]), e ? 0xdd : 0x88));
-        const __m256i q1 = _mm256_castps_si256(_mm256_shuffle_ps(
-            _mm256_castsi256_ps(pair[2]), _mm256_castsi256_ps(pair[3]), e ? 0xdd : 0x88));
+        const __m256i q0 = pick_blocks(pair[0], pair[1], e), q1 = pick_blocks(pair[2], pair[3], e);
         out[e] = _mm256_permute2x128_si256(q0, q1, 0x20);
         out[2 + e] = _mm256_permute2x128_si256(q0, q1, 0x31);
     }

@@ -141,10 +141,12 @@ static inline void block_dots(const __m512i v[16], const int quads, __m512i out[
 #pragma GCC unroll 2
     for (int e = 0; e < 2; e++) {
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; g++)
-            q[g] = _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(pair[2 * g]),
-                                                         _mm512_castsi512_ps(pair[2 * g + 1]),
-                                                         e ? 0xdd : 0x88));
+        for (int g = 0; g < 4; g++) {
+            const __m512 x = _mm512_castsi512_ps(pair[2 * g]);
+            const __m512 y = _mm512_castsi512_ps(pair[2 * g + 1]);
+            q[g] = _mm512_castps_si512(e ? _mm512_shuffle_ps(x, y, 0xdd)
+                                         : _mm512_shuffle_ps(x, y, 0x88));
+        }
         transpose_lanes(q, t);
 #pragma GCC unroll 4
         for (int L = 0; L < 4; L++) out[2 * L + e] = t[L];
