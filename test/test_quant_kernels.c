@@ -560,12 +560,16 @@ static float scale_of_bits(int bits, int exact, int e) {
  * E8M0's 2^-127, infinite, ordinary; codes saturated (|S| at its largest, so that sums reach
  * infinity) or random. Compared bitwise with the portable kernel. The activation scales stay
  * where a_s / 4 is exact (at least 2^-124, or 2^-127), as every quantizer's are: the SIMD
- * kernels' spec steps compute d a_s as S (a_s / 4) (e2m1_lanes.h). */
-static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, const char *variant) {
+ * kernels' spec steps compute d a_s as S (a_s / 4) (e2m1_lanes.h). M rows: 70 (the tiles'
+ * passes) or 1 (the AVX-512 one-row kernel, whose NVFP4 bounds are nonzero activation scales
+ * in [2^-115, 2^107] against any E4M3 weight scale: half of its GEMMs put 2^-9 and 448 among
+ * the weight scale bytes, and its activation scales may lie about either bound). */
+static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, const char *variant,
+                               size_t M) {
     const quant_format *f = r->format;
     const int e4m3 = f->block_cols == 16;
     static const size_t Ks[] = {67, 300, 1057};
-    const size_t M = 70, N = 37, K = Ks[rand_u64() % 3], bc = f->block_cols;
+    const size_t N = 37, K = Ks[rand_u64() % 3], bc = f->block_cols;
     const size_t nb = (K + bc - 1) / bc;
     uint8_t *xq = alloc_exact(M * K), *codes = alloc_exact(N * K), *bytes = alloc_exact(N * nb);
     const uint8_t *rows_of[2] = {xq, codes};
@@ -586,25 +590,41 @@ static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, cons
         if (v > 0 && v < least) least = v;
         if (v > most) most = v;
     }
+    /* one row (the AVX-512 one-row kernel's bounds, nvfp4_row_fusable): in half of them the
+     * E4M3 extremes 2^-9 and 448 among the bytes, beside activation scales (kind 8) about
+     * 2^-115 and 2^107 */
+    if (M == 1 && e4m3 && rand_u64() % 2)
+        for (size_t i = 0; i < N * nb; i += 1 + (size_t)(rand_u64() % 8)) {
+            bytes[i] = (uint8_t)((rand_u64() % 2 ? 0x01 : 0x7e) | (rand_u64() % 4 ? 0 : 0x80));
+            const double v = weight_scale_value(e4m3, bytes[i]);
+            if (v > 0 && v < least) least = v;
+            if (v > most) most = v;
+        }
     if (rand_u64() % 6 == 0) bytes[rand_u64() % (N * nb)] = e4m3 && rand_u64() % 2 ? 0x7f : 0xff;
     /* E4M3's zero scales (an all-zero weight block's) beside power-of-two activation scales */
     if (e4m3 && rand_u64() % 6 == 0) bytes[rand_u64() % (N * nb)] = rand_u64() % 2 ? 0x00 : 0x80;
     float *xs = alloc_exact(M * nb * sizeof(float)), *xt = alloc_exact(M * sizeof(float));
     for (size_t m0 = 0; m0 < M; m0 += 32) {
         /* delta -22 puts the least product in the denormals (where E8M0 reaches) */
-        const int kind = (int)(rand_u64() % 8);
-        const int delta = rand_u64() % 4 ? (int)(rand_u64() % 3) - 1 : -22;
+        const int kind = (int)(rand_u64() % (M == 1 ? 9 : 8));
+        int delta = rand_u64() % 4 ? (int)(rand_u64() % 3) - 1 : -22;
+        /* one row: also products of scales past fp32's range (2^128 and up), where an
+         * exponent add of unbounded bytes would carry into the sign */
+        if (M == 1 && rand_u64() % 4 == 0) delta = 12 + (int)(rand_u64() % 4);
         const int bits = rand_u64() % 2 ? 7 : 1; /* of the ordinary scales: 1, powers of two */
+        /* of the scales at the bounds: 7 bits, at one row also powers of two (MXFP4's
+         * exponent add there, mxfp4_row_bounds) */
+        const int ends_bits = M == 1 && rand_u64() % 2 ? 1 : 7;
         for (size_t i = m0 * nb; i < (m0 + 32 < M ? m0 + 32 : M) * nb; i++) {
             int e_w;
             switch (kind) {
             case 0: /* the largest product of scales in [2^(115 + delta), 2^(117 + delta)) */
                 frexp(most > 0 ? most : 1.0, &e_w);
-                xs[i] = scale_of_bits(7, 0, 116 - e_w + delta);
+                xs[i] = scale_of_bits(ends_bits, 0, 116 - e_w + delta);
                 break;
             case 1: /* the least in [2^(-124 + delta), 2^(-122 + delta)) */
                 frexp(least < INFINITY ? least : 1.0, &e_w);
-                xs[i] = scale_of_bits(7, 0, imax(-124, -124 - (e_w - 1) + delta));
+                xs[i] = scale_of_bits(ends_bits, 0, imax(-124, -124 - (e_w - 1) + delta));
                 break;
             case 2: /* 8 .. 12 or 24 significant bits: NVFP4's products need 12 + 4 + 8 */
                 xs[i] = scale_of_bits(rand_u64() % 6 ? 8 + (int)(rand_u64() % 5) : 24, 1,
@@ -618,6 +638,10 @@ static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, cons
                 break;
             case 5:
                 xs[i] = i % 11 ? scale_of_bits(4, 0, 2) : INFINITY;
+                break;
+            case 8: /* in [2^-116, 2^-113) or [2^107, 2^110): a power of two or 7 bits */
+                xs[i] = scale_of_bits(rand_u64() % 2 ? 1 : 7, 0,
+                                      (rand_u64() % 2 ? -116 : 107) + (int)(rand_u64() % 3));
                 break;
             default:
                 xs[i] = scale_of_bits(bits, 0, (int)(rand_u64() % 40) - 20);
@@ -697,8 +721,10 @@ int main(void) {
                 if (f->element == QUANT_ELEMENT_TERNARY) test_ternary_extra(r, s, variant_names[v]);
                 if (f->element == QUANT_ELEMENT_E4M3) test_fp8_codes(r, s, variant_names[v]);
                 if (f->element == QUANT_ELEMENT_E2M1 && s->gemm_columns)
-                    for (int rep = 0; rep < 40; rep++)
-                        compare_e2m1_edges(r, s->gemm_columns, variant_names[v]);
+                    for (int rep = 0; rep < 40; rep++) {
+                        compare_e2m1_edges(r, s->gemm_columns, variant_names[v], 70);
+                        compare_e2m1_edges(r, s->gemm_columns, variant_names[v], 1);
+                    }
             }
             printf("%-9s %-10s: activation quantizer compared under %d rule(s), GEMM under %d\n",
                    f->name, variant_names[v], rows, gemm);

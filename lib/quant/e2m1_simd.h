@@ -17,7 +17,8 @@
 #define E2M1_K_UNSIGNED 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
 
 #if defined(PARITY_HAVE_AVX2)
-quant_gemm_fn e2m1_gemm_avx2;
+/* e2m1_row_avx2.c: a job of one activation row, others to e2m1_gemm_avx2 */
+quant_gemm_fn e2m1_gemm_avx2, e2m1_row_gemm_avx2;
 quant_fn nvfp4_quantize_rows_avx2, mxfp4_quantize_rows_avx2;
 #endif
 #if defined(PARITY_HAVE_AVX512)
@@ -34,7 +35,7 @@ quant_gemm_fn e2m1_gemm_avx512vnni, e2m1_row_gemm_avx512vnni;
  * format's activation quantizers `rows_avx2` and `rows_avx512` (the VNNI variant has none of
  * its own: it falls back to the AVX-512 one) and the GEMM, for the ISAs this build has (each
  * implies the ones before it: lib/kernels/meson.build). */
-#define E2M1_SIMD_AVX2(rows_avx2) [QUANT_SIMD_AVX2] = {rows_avx2, e2m1_gemm_avx2}
+#define E2M1_SIMD_AVX2(rows_avx2) [QUANT_SIMD_AVX2] = {rows_avx2, e2m1_row_gemm_avx2}
 #define E2M1_SIMD_AVX512(rows_avx512) [QUANT_SIMD_AVX512] = {rows_avx512, e2m1_row_gemm_avx512}
 #define E2M1_SIMD_AVX512VNNI [QUANT_SIMD_AVX512VNNI] = {NULL, e2m1_row_gemm_avx512vnni}
 #if defined(PARITY_HAVE_AVX512VNNI)
