@@ -37,6 +37,20 @@ static int overlaps(uintptr_t lo0, uintptr_t hi0, uintptr_t lo1, uintptr_t hi1) 
     return lo0 < hi1 && lo1 < hi0;
 }
 
+/* Whether two fp32 matrices of rows x dim, rows s0 and s1 floats apart, whose spans are
+ * [lo0, hi0) and [lo1, hi1), share an element: not when the spans are apart, nor when they
+ * have one row stride s >= dim and the columns of one start at least dim past the other's
+ * (modulo s) and end within the row (the two halves of a [rows, 2 dim] buffer, read or written
+ * through their stride); in any other case of overlapping spans, yes. */
+static int rows_overlap(uintptr_t lo0, uintptr_t hi0, size_t s0, uintptr_t lo1, uintptr_t hi1,
+                        size_t s1, size_t dim) {
+    if (!overlaps(lo0, hi0, lo1, hi1)) return 0;
+    const uintptr_t gap = lo0 < lo1 ? lo1 - lo0 : lo0 - lo1;
+    if (s0 != s1 || dim > s0 || gap % 4) return 1;
+    const size_t off = (size_t)(gap / 4 % s0);
+    return off < dim || off + dim > s0;
+}
+
 /* ---- gathering an operand into rows ------------------------------------------------------- */
 
 /* Rows of an operand read through strides, written contiguous (row stride `cols`): as fp32,
@@ -657,7 +671,7 @@ int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim, const flo
     }
     for (size_t o = 3; o < 5; o++)
         for (size_t i = 0; i < o; i++)
-            if (overlaps(lo[o], hi[o], lo[i], hi[i]))
+            if (rows_overlap(lo[o], hi[o], strides[o], lo[i], hi[i], strides[i], dim))
                 return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s overlaps %s", fn, names[o],
                                  names[i]);
     op_call call;
