@@ -120,6 +120,11 @@ static void gather(threadpool *pool, gather_job *j) {
  * contiguous rows through the table's own packs. */
 #define PACK_A_ROWS (4 * GEMM_XT_ROWS)
 #define PACK_A_COLS 64
+/* By columns, the column PACK_A_AHEAD on is asked for a line (16 rows) at a time while a
+ * column is packed: each column is a short run of memory that the hardware prefetchers,
+ * left alone, take up too late (measured on a Zen 4 VM, 256 and 768 rows of 4,281 columns
+ * from sources out of cache: 2.2-2.8x faster; 2 to 12 columns ahead all alike) */
+#define PACK_A_AHEAD 4
 
 typedef struct pack_a_job {
     const kernels *kt;
@@ -156,7 +161,13 @@ static void pack_a_bf16(void *ctx, size_t begin, size_t end, unsigned worker) {
                 const uint32_t *lo = c < k ? src + c * cs : NULL, *hi = c + 1 < k ? lo + cs : NULL;
                 uint16_t *out = xb + c;
                 if (hi) {
+                    const uint32_t *ahead = c + PACK_A_AHEAD + 1 < k ? lo + PACK_A_AHEAD * cs
+                                                                       : NULL;
                     for (size_t i = 0; i < m; i++) {
+                        if (ahead && i % 16 == 0) {
+                            __builtin_prefetch(ahead + i * rs);
+                            __builtin_prefetch(ahead + cs + i * rs);
+                        }
                         const uint32_t u = lo[i * rs], v = hi[i * rs];
                         odd |= (u | v) & 0xffffu;
                         out[i * P] = (uint16_t)(u >> 16);
@@ -219,9 +230,14 @@ static void pack_a_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
     for (size_t c = begin * PACK_A_COLS; c < end * PACK_A_COLS && c < P; c++) {
         float *dst = j->xt + tile_offset(c, chunks);
         size_t i = 0;
-        if (c < k)
-            for (const float *col = j->a + c * cs; i < m; i++)
+        if (c < k) {
+            const float *col = j->a + c * cs;
+            const float *ahead = c + PACK_A_AHEAD < k ? col + PACK_A_AHEAD * cs : NULL;
+            for (; i < m; i++) {
+                if (ahead && i % 16 == 0) __builtin_prefetch(ahead + i * rs);
                 dst[i / GEMM_XT_ROWS * tile + i % GEMM_XT_ROWS] = col[i * rs];
+            }
+        }
         for (; i < tiles * GEMM_XT_ROWS; i++) dst[i / GEMM_XT_ROWS * tile + i % GEMM_XT_ROWS] = 0.0f;
     }
 }
