@@ -1108,13 +1108,17 @@ class CausalLM(_torch.nn.Module):
 
         return lin, vec
 
+    #: Whether a dense MLP's gate and up run as one Function (_GateUpSwiglu) where they can.
+    _fuse_gate_up = True
+
     def _gate_up_swiglu(self, xn, prefix, lin):
         """swiglu(gate_proj(xn), up_proj(xn)) of a dense MLP (prefix "model.layers.N.mlp."):
         one GEMM over both weights (_GateUpSwiglu) where the GEMM is the bf16 backend's on
         bf16 weights (unquantized, compute "bf16"), whose outputs are each their own column's
-        bits; else the two projections and swiglu one after the other. The same values."""
+        bits; else (and where _fuse_gate_up is False: the tests' reference) the two
+        projections and swiglu one after the other. The same values."""
         pol, pol_c, pool = self._pol, self._pol_c, self._pool.handle
-        if pol.compute != 0 or pol_c.gemm != 0 or self._backend != _lib.BACKENDS["bf16"] or \
+        if not self._fuse_gate_up or pol.compute != 0 or pol_c.gemm != 0 or self._backend != _lib.BACKENDS["bf16"] or \
                 self._has(prefix + "gate_proj.bias") or self._has(prefix + "up_proj.bias"):
             return _swiglu(lin(xn, prefix + "gate_proj"), lin(xn, prefix + "up_proj"), pol_c,
                            pol, pool=pool)
