@@ -1118,7 +1118,8 @@ class CausalLM(_torch.nn.Module):
         bits; else (and where _fuse_gate_up is False: the tests' reference) the two
         projections and swiglu one after the other. The same values."""
         pol, pol_c, pool = self._pol, self._pol_c, self._pool.handle
-        if not self._fuse_gate_up or pol.compute != 0 or pol_c.gemm != 0 or self._backend != _lib.BACKENDS["bf16"] or \
+        if not self._fuse_gate_up or pol.compute != 0 or pol_c.gemm != 0 or \
+                self._backend != _lib.BACKENDS["bf16"] or \
                 self._has(prefix + "gate_proj.bias") or self._has(prefix + "up_proj.bias"):
             return _swiglu(lin(xn, prefix + "gate_proj"), lin(xn, prefix + "up_proj"), pol_c,
                            pol, pool=pool)
