@@ -314,8 +314,9 @@ PARITY_API int parity_rmsnorm_residual_backward(parity_pool *pool, size_t rows, 
 
 /* SwiGLU's gradient in fp32, y = (gate s) up with s = 1 / (1 + exp(-gate)) (the library's
  * exp): d_up = d_out (gate s), d_gate = gy s + (gy gate) (1 - s) s with gy = d_out up, the
- * steps of autograd's graph of the formula. Elementwise; outputs must not overlap an input
- * or each other. */
+ * steps of autograd's graph of the formula. Elementwise; outputs must not share an element
+ * with an input or each other (the two column halves of one [rows, 2 dim] buffer, each
+ * through its row stride 2 dim, share none: d_gate and d_up may be those). */
 PARITY_API int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim,
                                       const float *gate, size_t gate_stride, const float *up,
                                       size_t up_stride, const float *d_out, size_t d_out_stride,

@@ -614,7 +614,23 @@ static void test_bad_arguments(void) {
     CHECK(strstr(parity_last_error(), "d_up overlaps d_gate") != NULL);
     CHECK_STATUS(parity_swiglu_backward(NULL, 2, 4, x, 4, g, 4, g, 4, x, 4, o2, 4), E);
     CHECK(strstr(parity_last_error(), "d_gate overlaps gate") != NULL);
+    /* one row of 4 floats: the two halves' columns meet (2 past 0, stride 4 < 2 + 2) */
+    CHECK_STATUS(parity_swiglu_backward(NULL, 1, 2, x, 4, g, 4, g, 4, o, 4, o + 1, 4), E);
+    CHECK(strstr(parity_last_error(), "d_up overlaps d_gate") != NULL);
+    /* strides that differ, or a column offset that runs past the row: refused */
+    CHECK_STATUS(parity_swiglu_backward(NULL, 2, 2, x, 4, g, 4, g, 4, o, 4, o + 2, 3), E);
+    CHECK_STATUS(parity_swiglu_backward(NULL, 2, 2, x, 4, g, 4, g, 4, o, 4, o + 3, 4), E);
+    CHECK(strstr(parity_last_error(), "d_up overlaps d_gate") != NULL);
     CHECK(untouched(o, 8) && untouched(o2, 8));
+    /* the two halves of one buffer [2 rows, 2 x 2], each through its stride 4: the values of
+     * separate buffers */
+    float sep_g[4], sep_u[4], both[8];
+    CHECK_OK(parity_swiglu_backward(NULL, 2, 2, x, 4, x + 2, 4, g, 2, sep_g, 2, sep_u, 2));
+    CHECK_OK(parity_swiglu_backward(NULL, 2, 2, x, 4, x + 2, 4, g, 2, both, 4, both + 2, 4));
+    for (size_t r = 0; r < 2; r++) {
+        CHECK_BITS_F32(both + 4 * r, sep_g + 2 * r, 2, "swiglu d_gate, the left half");
+        CHECK_BITS_F32(both + 4 * r + 2, sep_u + 2 * r, 2, "swiglu d_up, the right half");
+    }
 }
 
 int main(void) {

@@ -918,22 +918,25 @@ def run_learner(spec, run, args, prompts, rollouts, torch, emit):
                 adv_tok.append(a_i.expand(len(tokens)))
         if hasattr(learner, "begin_step"):
             learner.begin_step(step)
+        # torch's thread count is restored even when the forward or backward raises
         glue_threads = getattr(learner, "torch_threads", None)
         if glue_threads:
             torch.set_num_threads(glue_threads)
-        out = learner([s for _, s in seqs], args.mode, args.temperature)
-        learner_lp = torch.cat([lp[plen - 1:] for (plen, _), lp in zip(seqs, out)])
-        sampler_lp = torch.cat(sampler_lp)
-        adv = torch.cat(adv_tok)
-        metrics = mismatch(learner_lp, sampler_lp, torch)
+        try:
+            out = learner([s for _, s in seqs], args.mode, args.temperature)
+            learner_lp = torch.cat([lp[plen - 1:] for (plen, _), lp in zip(seqs, out)])
+            sampler_lp = torch.cat(sampler_lp)
+            adv = torch.cat(adv_tok)
+            metrics = mismatch(learner_lp, sampler_lp, torch)
 
-        ratio = torch.exp(learner_lp - sampler_lp)
-        clipped = ratio.clamp(1.0 - args.clip, 1.0 + args.clip)
-        loss = torch.max(-adv * ratio, -adv * clipped).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if glue_threads:
-            torch.set_num_threads(args.threads)
+            ratio = torch.exp(learner_lp - sampler_lp)
+            clipped = ratio.clamp(1.0 - args.clip, 1.0 + args.clip)
+            loss = torch.max(-adv * ratio, -adv * clipped).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        finally:
+            if glue_threads:
+                torch.set_num_threads(args.threads)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         version += 1

@@ -37,6 +37,20 @@ static int overlaps(uintptr_t lo0, uintptr_t hi0, uintptr_t lo1, uintptr_t hi1) 
     return lo0 < hi1 && lo1 < hi0;
 }
 
+/* Whether two fp32 matrices of rows x dim, rows s0 and s1 floats apart, whose spans are
+ * [lo0, hi0) and [lo1, hi1), share an element: not when the spans are apart, nor when they
+ * have one row stride s >= dim and the columns of one start at least dim past the other's
+ * (modulo s) and end within the row (the two halves of a [rows, 2 dim] buffer, read or written
+ * through their stride); in any other case of overlapping spans, yes. */
+static int rows_overlap(uintptr_t lo0, uintptr_t hi0, size_t s0, uintptr_t lo1, uintptr_t hi1,
+                        size_t s1, size_t dim) {
+    if (!overlaps(lo0, hi0, lo1, hi1)) return 0;
+    const uintptr_t gap = lo0 < lo1 ? lo1 - lo0 : lo0 - lo1;
+    if (s0 != s1 || dim > s0 || gap % 4) return 1;
+    const size_t off = (size_t)(gap / 4 % s0);
+    return off < dim || off + dim > s0;
+}
+
 /* ---- gathering an operand into rows ------------------------------------------------------- */
 
 /* Rows of an operand read through strides, written contiguous (row stride `cols`): as fp32,
@@ -106,6 +120,11 @@ static void gather(threadpool *pool, gather_job *j) {
  * contiguous rows through the table's own packs. */
 #define PACK_A_ROWS (4 * GEMM_XT_ROWS)
 #define PACK_A_COLS 64
+/* By columns, the column PACK_A_AHEAD on is asked for a line (16 rows) at a time while a
+ * column is packed: each column is a short run of memory that the hardware prefetchers,
+ * left alone, take up too late (measured on a Zen 4 VM, 256 and 768 rows of 4,281 columns
+ * from sources out of cache: 2.2-2.8x faster; 2 to 12 columns ahead all alike) */
+#define PACK_A_AHEAD 4
 
 typedef struct pack_a_job {
     const kernels *kt;
@@ -142,7 +161,13 @@ static void pack_a_bf16(void *ctx, size_t begin, size_t end, unsigned worker) {
                 const uint32_t *lo = c < k ? src + c * cs : NULL, *hi = c + 1 < k ? lo + cs : NULL;
                 uint16_t *out = xb + c;
                 if (hi) {
+                    const uint32_t *ahead = c + PACK_A_AHEAD + 1 < k ? lo + PACK_A_AHEAD * cs
+                                                                       : NULL;
                     for (size_t i = 0; i < m; i++) {
+                        if (ahead && i % 16 == 0) {
+                            __builtin_prefetch(ahead + i * rs);
+                            __builtin_prefetch(ahead + cs + i * rs);
+                        }
                         const uint32_t u = lo[i * rs], v = hi[i * rs];
                         odd |= (u | v) & 0xffffu;
                         out[i * P] = (uint16_t)(u >> 16);
@@ -205,9 +230,14 @@ static void pack_a_tiles(void *ctx, size_t begin, size_t end, unsigned worker) {
     for (size_t c = begin * PACK_A_COLS; c < end * PACK_A_COLS && c < P; c++) {
         float *dst = j->xt + tile_offset(c, chunks);
         size_t i = 0;
-        if (c < k)
-            for (const float *col = j->a + c * cs; i < m; i++)
+        if (c < k) {
+            const float *col = j->a + c * cs;
+            const float *ahead = c + PACK_A_AHEAD < k ? col + PACK_A_AHEAD * cs : NULL;
+            for (; i < m; i++) {
+                if (ahead && i % 16 == 0) __builtin_prefetch(ahead + i * rs);
                 dst[i / GEMM_XT_ROWS * tile + i % GEMM_XT_ROWS] = col[i * rs];
+            }
+        }
         for (; i < tiles * GEMM_XT_ROWS; i++) dst[i / GEMM_XT_ROWS * tile + i % GEMM_XT_ROWS] = 0.0f;
     }
 }
@@ -727,7 +757,7 @@ int parity_swiglu_backward(parity_pool *pool, size_t rows, size_t dim, const flo
     }
     for (size_t o = 3; o < 5; o++)
         for (size_t i = 0; i < o; i++)
-            if (overlaps(lo[o], hi[o], lo[i], hi[i]))
+            if (rows_overlap(lo[o], hi[o], strides[o], lo[i], hi[i], strides[i], dim))
                 return set_error(PARITY_ERR_INVALID_ARGUMENT, "%s: %s overlaps %s", fn, names[o],
                                  names[i]);
     op_call call;

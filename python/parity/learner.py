@@ -291,6 +291,55 @@ class _LinearBf16Gradients(_Linear):
         return gx, gw, gb, None, None, None, None, None, None, None
 
 
+class _GateUpSwiglu(_torch.autograd.Function):
+    """A SwiGLU MLP's first half, swiglu(round(x Wg^T), round(x Wu^T)), as one GEMM over the
+    two weights side by side (data: bf16 [2 * inter, k], the gate's rows then the up's), its
+    output [rows, 2 * inter] holding the gate's columns then the up's. Each output column is
+    the bits of its own projection's GEMM (an output depends on its row of x and of the
+    weights alone), so the same values as two _Linear calls and _SwigluC; swiglu reads the
+    two halves through their row stride, without copies. Backward: swiglu's gradients written
+    into the two halves of one [rows, 2 * inter] buffer, so that the two weight gradients are
+    one GEMM (x^T packed once; each row of it the bits of its own GEMM) and the input gradient
+    the two GEMMs' sum, as autograd adds them (one fp32 add: the same bits in either order).
+    gradients "bf16": the GEMMs take the incoming gradient rounded to bf16, as
+    _LinearBf16Gradients'."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, data, pol_c, backend, pool, rounding, gradients):
+        (m, k), n = x.shape, data.shape[0]
+        inter = n // 2
+        y = _torch.empty(m, n, dtype=_f32)
+        lib.parity_linear(pool, ctypes.byref(pol_c), backend, m, k, n, _addr(x), k, _BF16,
+                          _addr(data), k, None, _addr(y), n)
+        _round_in_place(y, rounding)
+        out = _torch.empty(m, inter, dtype=_f32)
+        lib.parity_swiglu_f32(pool, ctypes.byref(pol_c), m, inter, _addr(y), n,
+                              _addr(y[:, inter:]), n, _addr(out), inter)
+        ctx.save_for_backward(x, data, y)
+        ctx.pool, ctx.gradients = pool, gradients
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, data, y = ctx.saved_tensors
+        m, n = y.shape
+        inter = n // 2
+        grad = grad.contiguous()
+        gy = _torch.empty(m, n, dtype=_f32)
+        lib.parity_swiglu_backward(ctx.pool, m, inter, _addr(y), n, _addr(y[:, inter:]), n,
+                                   _addr(grad), inter, _addr(gy), n, _addr(gy[:, inter:]), n)
+        if ctx.gradients == "bf16":
+            gy = _torch_regions._rounded(gy, _bf16)
+        gx = gw_gate = gw_up = None
+        if ctx.needs_input_grad[0]:
+            gx = _matmul_t(gy[:, :inter], data[:inter].t(), ctx.pool)
+            gx += _matmul_t(gy[:, inter:], data[inter:].t(), ctx.pool)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            gw = _matmul_t(gy.t(), x.t(), ctx.pool)
+            gw_gate, gw_up = gw[:inter], gw[inter:]
+        return gx, gw_gate, gw_up, None, None, None, None, None, None
+
+
 #: The gradient arithmetic of the linear layers' backward GEMMs (CausalLM(gradients=...)).
 GRADIENTS = ("fp32", "bf16")
 
@@ -1078,6 +1127,32 @@ class CausalLM(_torch.nn.Module):
 
         return lin, vec
 
+    #: Whether a dense MLP's gate and up run as one Function (_GateUpSwiglu) where they can.
+    _fuse_gate_up = True
+
+    def _gate_up_swiglu(self, xn, prefix, lin):
+        """swiglu(gate_proj(xn), up_proj(xn)) of a dense MLP (prefix "model.layers.N.mlp."):
+        one GEMM over both weights (_GateUpSwiglu) where the GEMM is the bf16 backend's on
+        bf16 weights (unquantized, compute "bf16"), whose outputs are each their own column's
+        bits; else (and where _fuse_gate_up is False: the tests' reference) the two
+        projections and swiglu one after the other. The same values."""
+        pol, pol_c, pool = self._pol, self._pol_c, self._pool.handle
+        if not self._fuse_gate_up or pol.compute != 0 or pol_c.gemm != 0 or \
+                self._backend != _lib.BACKENDS["bf16"] or \
+                self._has(prefix + "gate_proj.bias") or self._has(prefix + "up_proj.bias"):
+            return _swiglu(lin(xn, prefix + "gate_proj"), lin(xn, prefix + "up_proj"), pol_c,
+                           pol, pool=pool)
+        w_gate = self._param(prefix + "gate_proj.weight")
+        w_up = self._param(prefix + "up_proj.weight")
+        inter, k = w_gate.shape
+        data = _torch.empty(2 * inter, k, dtype=_bf16)
+        for i, w in enumerate((w_gate, w_up)):
+            lib.parity_bf16_from_f32_array(pool, w.numel(), _addr(w.detach().contiguous()),
+                                           _addr(data[i * inter:]))
+        rounding = {_bf16: _BF16}[_torch_regions._round_dtype(pol)]
+        return _GateUpSwiglu.apply(xn, w_gate, w_up, data, pol_c, self._backend, pool, rounding,
+                                   self.gradients)
+
     def _sparse_layers(self):
         """{layer index: its index among the sparse layers} of a mixture-of-experts model
         ({} for the others), as Model.sparse_layers decides."""
@@ -1260,9 +1335,7 @@ class CausalLM(_torch.nn.Module):
                 delta = self._moe_block(xn, p, lin, None if replay is None else
                                         replay[:, sparse[l]], replaying)
                 continue
-            g = lin(xn, p + "mlp.gate_proj")
-            u = lin(xn, p + "mlp.up_proj")
-            delta = lin(_swiglu(g, u, pol_c, pol, pool=pool), p + "mlp.down_proj")
+            delta = lin(self._gate_up_swiglu(xn, p + "mlp.", lin), p + "mlp.down_proj")
 
         # the head on every position but each sequence's last, predicting the next token
         rows, at = [], 0

@@ -277,6 +277,27 @@ class Gradients(unittest.TestCase):
                 self.assertGreaterEqual(worst["cos"][0], theirs["cos"][0])
                 self.assertLessEqual(worst["rel"][0], theirs["rel"][0])
 
+    def test_gate_up_as_one_gemm_keeps_the_bits(self):
+        """A dense MLP's gate and up as one GEMM with SwiGLU on its halves (_GateUpSwiglu):
+        the log-probs and every parameter's gradient are the bits of the separate Functions
+        (two linear layers, then SwiGLU), under fp32 and bf16 gradients."""
+        seqs = byte_sequences([150, 90, 210], start=900)
+        for pol in ("aligned", "hf-eager", "vllm"):
+            for mode in ("fp32", "bf16"):
+                got = {}
+                for fused in (True, False):
+                    lm = CausalLM(TRAINED, policy=pol, threads=2, gradients=mode)
+                    lm._fuse_gate_up = fused
+                    lps = lm(seqs)
+                    sum((lp * torch.linspace(-1.0, 1.0, lp.numel())).sum()
+                        for lp in lps).backward()
+                    got[fused] = ([bits(lp) for lp in lps],
+                                  {n: p.grad.view(torch.int32) for n, p in lm.named_parameters()})
+                what = "%s, %s gradients" % (pol, mode)
+                self.assertEqual(got[True][0], got[False][0], what)
+                for name, want in got[False][1].items():
+                    self.assertTrue(torch.equal(got[True][1][name], want), "%s: %s" % (what, name))
+
     def test_bf16_gradients_refused_where_weights_are_not_bf16(self):
         """gradients="bf16" needs bf16 weights: fp32 and fp16 policies, quantized GEMMs and
         training recipes are refused with the reason; an unknown mode is refused."""
