@@ -13,12 +13,13 @@
  * held and its scales as held), the median and the best of the repetitions, each repetition
  * about 0.1 s of calls; beside them the median over the process's CPU time (with one thread:
  * the time the calls had a core, on a machine that runs other work too), and that median as
- * G multiply-adds a second (M N K a call: the measure at the large M of a prefill). Every call reads a different copy of the weight (copies of at least
- * 128 MB in all, so that the codes come from memory as in a forward over the whole model);
- * --hot uses one copy (the kernel alone, its codes in cache where they fit); --thp puts the
- * copies in 2 MB pages (advised MADV_HUGEPAGE; the model's weights under 2 MB are in 4 KB ones). --paths runs the
- * rows on each CPU path named (portable, avx2, avx512, avx512bf16; default: the library's
- * choice), one after the other.
+ * G multiply-adds a second (M N K a call: the measure at the large M of a prefill). Every call
+ * reads a different copy of the weight (copies of at least 128 MB in all, so that the codes
+ * come from memory as in a forward over the whole model); --hot uses one copy (the kernel
+ * alone, its codes in cache where they fit); --thp puts the copies in 2 MB pages (advised
+ * MADV_HUGEPAGE; the model's weights under 2 MB are in 4 KB ones). --paths runs the rows on
+ * each CPU path named (portable, avx2, avx512, avx512bf16; default: the library's choice), one
+ * after the other.
  */
 #include <stdint.h>
 #include <stdio.h>

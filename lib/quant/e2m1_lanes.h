@@ -6,26 +6,26 @@
  * once, after their mapping, so every function here is compiled with that file's instruction
  * set and under its own name (EV_NAME).
  *
- * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK =
- * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). The weight rows are held two
- * codes a byte (code_layout.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2
- * bytes. Per tile and chunk the weight rows' codes are transposed and expanded to a code a
- * byte (ei_weight_chunk), so that register i holds codes 4i .. 4i+3 of every column, and
- * become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle; a
- * block's correction -12 sum(k_w) per column comes from the same registers. Then each row of
- * activations (up to PASS_ROWS a pass, each reusing the transposed chunk from registers) has
- * its codes mapped to k_a + 12 (unsigned bytes, 0 .. 24), and each dword of them, broadcast,
- * is multiplied with register i, 4 products summed per lane (vpdpbusd, or vpmaddubsw pairs
- * summed in int16 then vpmaddwd); a block's lanes start at its correction, so they end at
- * S = sum k_a k_w, the block's exact dot in units of 1/4 (at most 32 x 144 in magnitude: no
- * lane overflows). Then dot.c's fp32 chain in the lanes, the blocks ascending:
- * acc = acc + (S * (a_s / 4)) * w_s, which is acc + (d * a_s) * w_s: d = S / 4 exactly, and
- * a_s / 4 is exact (an E4M3 value is at least 2^-9, an E8M0 one at least 2^-127: powers of two
- * down to 2^-149 divide exactly), so S * (a_s / 4) and d * a_s are one real number rounded
- * once. Where every scale of a pass's rows and of the job's columns is within the bounds
- * that make each product exact (below, "the fused chain step"), the step is the one fma
- * acc = fma(S, a_s * (w_s / 4), acc), the same bits. Last, NVFP4's acc * (s2a * s2w). Past K
- * the codes read as 0 (k_w = 0: nothing added).
+ * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK = 4
+ * EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). The weight rows are held two codes a
+ * byte (code_layout.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2 bytes. Per
+ * tile and chunk the weight rows' codes are transposed and expanded to a code a byte
+ * (ei_weight_chunk), so that register i holds codes 4i .. 4i+3 of every column, and become their
+ * k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle; a block's correction -12
+ * sum(k_w) per column comes from the same registers (past PASS_ROWS rows, once per tile into a
+ * panel of a segment of K that every pass reads: e2m1_columns). Then each row of activations (up to
+ * PASS_ROWS a pass, two at a time, each reusing the transposed chunk from registers) has its codes
+ * mapped to k_a + 12 (unsigned bytes, 0 .. 24), and each dword of them, broadcast, is multiplied
+ * with register i, 4 products summed per lane (vpdpbusd, or vpmaddubsw pairs summed in int16 then
+ * vpmaddwd); a block's lanes start at its correction, so they end at S = sum k_a k_w, the block's
+ * exact dot in units of 1/4 (at most 32 x 144 in magnitude: no lane overflows). Then dot.c's fp32
+ * chain in the lanes, the blocks ascending: acc = acc + (S * (a_s / 4)) * w_s, which is acc + (d *
+ * a_s) * w_s: d = S / 4 exactly, and a_s / 4 is exact (an E4M3 value is at least 2^-9, an E8M0 one
+ * at least 2^-127: powers of two down to 2^-149 divide exactly), so S * (a_s / 4) and d * a_s are
+ * one real number rounded once. Where every scale of a pass's rows and of the job's columns is
+ * within the bounds that make each product exact (below, "the fused chain step"), the step is the
+ * one fma acc = fma(S, a_s * (w_s / 4), acc), the same bits. Last, NVFP4's acc * (s2a * s2w). Past
+ * K the codes read as 0 (k_w = 0: nothing added).
  *
  * The quantizers. Per block, amax is the lanes' max of |x| (a NaN passed over as fmaxf does:
  * vmaxps returns its second operand, the running max, when the first is NaN; a max is exact in
