@@ -363,11 +363,13 @@ static inline void e2m1_prefetch_next(const quant_gemm_job *j, size_t nt, size_t
 }
 
 /* The rows [m0, m1) (a pass) over chunk c at [k0, k0 + len): the chain's scales made the fused
- * step's factors where `fused`, then the rows two at a time (two chains of block dots in
- * flight), the last alone. */
+ * step's factors where `fused`, then the rows `pair` (1 or 2) at a time (two: two chains of
+ * block dots in flight, the faster from the panel; one: the faster for a single pass, whose
+ * chunk is made ready in registers), the last alone. */
 static inline __attribute__((always_inline)) void
 e2m1_pass_chunk(ev *acc, const quant_gemm_job *j, size_t m0, size_t m1, const e2m1_chunk *c,
-                size_t k0, size_t len, size_t kb0, int nbc, int fused, const int dwords) {
+                size_t k0, size_t len, size_t kb0, int nbc, int fused, const int pair,
+                const int dwords) {
     ev w_scale[EV_CHUNK / 16];
     for (int b = 0; b < EV_CHUNK / 16; b++) {
         /* w_s / 4 (exact: e2m1_chain_fusable), the fused chain's factor; for the exponent
@@ -378,8 +380,11 @@ e2m1_pass_chunk(ev *acc, const quant_gemm_job *j, size_t m0, size_t m1, const e2
             w_scale[b] = ev_from_bits(ei_sub(ev_bits(w_scale[b]), ei_set1(0x3f800000)));
     }
     size_t m = m0;
-    for (; m + 2 <= m1; m += 2)
+    for (; pair == 2 && m + 2 <= m1; m += 2)
         e2m1_rows_chunk(acc + (m - m0), 2, j, m, k0, len, kb0, nbc, c->w, c->correction,
+                        w_scale, fused, dwords);
+    for (; pair == 1 && m + 1 < m1; m++)
+        e2m1_rows_chunk(acc + (m - m0), 1, j, m, k0, len, kb0, nbc, c->w, c->correction,
                         w_scale, fused, dwords);
     if (m < m1)
         e2m1_rows_chunk(acc + (m - m0), 1, j, m, k0, len, kb0, nbc, c->w, c->correction,
@@ -454,13 +459,13 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                          * panel by each row, its 24 vectors would cost a load each */
                         const e2m1_chunk ready = panel[c];
                         e2m1_pass_chunk(acc, j, m0, m1, &ready, k0, len, kb0, nbc, fused,
-                                        dwords);
+                                        2, dwords);
                     } else {
                         if (prefetch) e2m1_prefetch_next(j, nt, k0, kb0, blocks_per_chunk);
                         e2m1_chunk ready;
                         e2m1_chunk_ready(&ready, wrow, srow, k0, len, kb0, nbc, dwords);
                         e2m1_pass_chunk(acc, j, m0, m1, &ready, k0, len, kb0, nbc, fused,
-                                        dwords);
+                                        1, dwords);
                     }
                 }
                 for (size_t m = m0; m < m1; m++) {
@@ -474,8 +479,147 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
     }
 }
 
+/* e2m1_columns up to PASS_ROWS rows: one pass, each chunk made ready in registers and the rows
+ * one at a time (on Zen 4 the faster at 32 rows than e2m1_columns' single pass). */
+static inline __attribute__((always_inline)) void e2m1_columns_one_pass(const quant_gemm_job *j,
+                                                               size_t n0, size_t n1,
+                                                               const int dwords) {
+    const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols;
+    const size_t row_bytes = j->w_row_bytes; /* (K + 1) / 2 */
+    const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
+    const ei signed_k = ei_table(E2M1_K_SIGNED), unsigned_k = ei_table(E2M1_K_UNSIGNED);
+    /* the activation scales of all rows, once (below FUSE_MIN_ROWS rows the scans cost more
+     * than the fused chain saves) */
+    const int fuse_rows = j->M >= FUSE_MIN_ROWS;
+    e2m1_activation_scales all_rows = {0, 0, 0.0f, 0.0f};
+    if (fuse_rows) all_rows = e2m1_activation_scales_of(j->xs, j->M * nb);
+    for (size_t nt = n0; nt < n1; nt += EV_LANES) {
+        const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
+        /* lanes past the tile's columns repeat its last column (read, never stored) */
+        const uint8_t *ws = j->ws_codes + nt * grid;
+        const uint8_t *wrow[EV_LANES];
+        const uint8_t *srow[EV_LANES];
+        for (size_t l = 0; l < EV_LANES; l++) {
+            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
+            srow[l] = ws + (l < cols ? l : cols - 1) * grid;
+        }
+        /* the tile's weight scales (its rows of `grid` bytes, one span) against all rows */
+        e2m1_weight_scales tile_scales = {0, 0, 0.0, 0.0};
+        if (fuse_rows) tile_scales = e2m1_weight_scales_of(ws, cols * grid, dwords == 4);
+        const int fuse_tile = fuse_rows ? e2m1_chain_fusable(&all_rows, &tile_scales) : 0;
+        for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
+            const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
+            /* the fused chain where it is exact for every row of the pass and the tile's
+             * columns (all of the job's rows at once, else the pass's own): 0 or FUSED_* */
+            int fused = fuse_tile;
+            if (!fused && fuse_rows) {
+                const e2m1_activation_scales pass_rows =
+                    e2m1_activation_scales_of(j->xs + m0 * nb, (m1 - m0) * nb);
+                fused = e2m1_chain_fusable(&pass_rows, &tile_scales);
+            }
+            ev acc[PASS_ROWS];
+            for (size_t m = m0; m < m1; m++) acc[m - m0] = ev_zero();
+            for (size_t k0 = 0, kb0 = 0; k0 < K; k0 += EV_CHUNK, kb0 += (size_t)blocks_per_chunk) {
+                const size_t len = K - k0 < EV_CHUNK ? K - k0 : EV_CHUNK;
+                const size_t left = nb - kb0;
+                const int nbc = left < (size_t)blocks_per_chunk ? (int)left : blocks_per_chunk;
+                /* the next tile's codes and scales (each contiguous), a share a chunk: the
+                 * hardware's prefetchers lose EV_LANES streams of short rows (2-3x the read
+                 * rate of a cold 3072 x 1024 decode GEMM on Zen 4) */
+                if (m0 == 0 && nt + EV_LANES < n1) {
+                    const uint8_t *next = j->wq + (nt + EV_LANES) * row_bytes + k0 / 2 * EV_LANES;
+                    for (int l = 0; l < EV_LANES * EV_CHUNK / 2; l += 64)
+                        _mm_prefetch((const char *)(next + l), EV_PREFETCH);
+                    const uint8_t *next_ws = ws + EV_LANES * grid + kb0 * EV_LANES;
+                    for (int l = 0; l < EV_LANES * blocks_per_chunk; l += 64)
+                        _mm_prefetch((const char *)(next_ws + l), EV_PREFETCH);
+                }
+                ei w[EV_LANES];
+                ei_weight_chunk(w, wrow, k0 / 2, len);
+                for (int i = 0; i < EV_LANES; i++) w[i] = ei_shuffle_bytes(signed_k, w[i]);
+                /* per block: -12 sum(k_w) in each lane, and w_s */
+                ei correction[EV_CHUNK / 16];
+                ev w_scale[EV_CHUNK / 16];
+                for (int b = 0; b < EV_CHUNK / 16; b++) {
+                    correction[b] = ei_set1(0);
+                    w_scale[b] = ev_zero();
+                }
+                for (int b = 0; b < blocks_per_chunk; b++) {
+                    if (b >= nbc) break;
+                    correction[b] = ei_sub(ei_set1(0), ei_dot(ei_set1(0), w + b * dwords,
+                                                              e2m1_biases, dwords));
+                }
+                ev_block_scales(w_scale, srow, kb0, nbc, dwords == 4); /* NVFP4: E4M3 */
+                if (fused) {
+                    /* w_s / 4 (exact: e2m1_chain_fusable), the fused chain's factor; for the
+                     * exponent add, its bits less those of 1.0 */
+                    for (int b = 0; b < EV_CHUNK / 16; b++) {
+                        w_scale[b] = ev_mul(w_scale[b], ev_set1(0.25f));
+                        if (fused == FUSED_EXPONENT_ADD)
+                            w_scale[b] = ev_from_bits(ei_sub(ev_bits(w_scale[b]),
+                                                             ei_set1(0x3f800000)));
+                    }
+                    for (size_t m = m0; m < m1; m++) {
+                        int32_t u[EV_CHUNK / 4];
+                        activation_dwords(u, unsigned_k, j->xq + m * K + k0, len);
+                        const float *xs = j->xs + m * nb + kb0;
+                        ev a = acc[m - m0];
+                        if (fused == FUSED_EXPONENT_ADD) {
+                            const int32_t *xs_bits = (const int32_t *)(const void *)xs;
+#pragma GCC unroll 4
+                            for (int b = 0; b < blocks_per_chunk; b++) {
+                                if (b >= nbc) break;
+                                const ei s =
+                                    ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                                const ev p = ev_from_bits(
+                                    ei_add(ev_bits(w_scale[b]), ei_set1(xs_bits[b])));
+                                a = ev_fma(ev_from_int(s), p, a);
+                            }
+                        } else {
+#pragma GCC unroll 4
+                            for (int b = 0; b < blocks_per_chunk; b++) {
+                                if (b >= nbc) break;
+                                const ei s =
+                                    ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                                a = ev_fma(ev_from_int(s), ev_mul(w_scale[b], ev_set1(xs[b])), a);
+                            }
+                        }
+                        acc[m - m0] = a;
+                    }
+                } else {
+                    for (size_t m = m0; m < m1; m++) {
+                        int32_t u[EV_CHUNK / 4];
+                        activation_dwords(u, unsigned_k, j->xq + m * K + k0, len);
+                        const float *xs = j->xs + m * nb + kb0;
+                        ev a = acc[m - m0];
+#pragma GCC unroll 4
+                        for (int b = 0; b < blocks_per_chunk; b++) {
+                            if (b >= nbc) break;
+                            const ei s =
+                                ei_dot(correction[b], w + b * dwords, u + b * dwords, dwords);
+                            const ev t = ev_mul(ev_from_int(s), ev_set1(xs[b] * 0.25f));
+                            a = ev_add(a, ev_mul(t, w_scale[b]));
+                        }
+                        acc[m - m0] = a;
+                    }
+                }
+            }
+            for (size_t m = m0; m < m1; m++) {
+                ev a = acc[m - m0];
+                if (j->rule->format->has_tensor_scale)
+                    a = ev_mul(a, ev_set1(j->xt[m] * j->w_tensor_scale));
+                ev_store(j->y + m * j->ldy + nt, a, cols);
+            }
+        }
+    }
+}
+
 void EV_NAME(e2m1_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
-    if (j->bc == 16)
+    if (j->M <= PASS_ROWS && j->bc == 16)
+        e2m1_columns_one_pass(j, n0, n1, 4);
+    else if (j->M <= PASS_ROWS)
+        e2m1_columns_one_pass(j, n0, n1, 8);
+    else if (j->bc == 16)
         e2m1_columns(j, n0, n1, 4);
     else
         e2m1_columns(j, n0, n1, 8);
