@@ -12,12 +12,14 @@
  * deepseek, ocp), shape and M: GB/s counted in the bytes a call reads (the weight's codes as
  * held and its scales as held), the median and the best of the repetitions, each repetition
  * about 0.1 s of calls; beside them the median over the process's CPU time (with one thread:
- * the time the calls had a core, on a machine that runs other work too). Every call reads a different copy of the weight (copies of at least
- * 128 MB in all, so that the codes come from memory as in a forward over the whole model);
- * --hot uses one copy (the kernel alone, its codes in cache where they fit); --thp puts the
- * copies in 2 MB pages (advised MADV_HUGEPAGE; the model's weights under 2 MB are in 4 KB ones). --paths runs the
- * rows on each CPU path named (portable, avx2, avx512, avx512bf16; default: the library's
- * choice), one after the other.
+ * the time the calls had a core, on a machine that runs other work too), and that median as
+ * G multiply-adds a second (M N K a call: the measure at the large M of a prefill). Every call
+ * reads a different copy of the weight (copies of at least 128 MB in all, so that the codes
+ * come from memory as in a forward over the whole model); --hot uses one copy (the kernel
+ * alone, its codes in cache where they fit); --thp puts the copies in 2 MB pages (advised
+ * MADV_HUGEPAGE; the model's weights under 2 MB are in 4 KB ones). --paths runs the rows on
+ * each CPU path named (portable, avx2, avx512, avx512bf16; default: the library's choice), one
+ * after the other.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -270,8 +272,8 @@ int main(int argc, char **argv) {
         }
         printf("\nCPU path %s, %s weights%s\n", parity_cpu_path_name(parity_get_cpu_path()),
                hot ? "hot (one copy)" : "cold (copies of 128 MB)", thp ? ", 2 MB pages" : "");
-        printf("%-9s %-8s %5s %5s %5s %3s %10s %10s %10s\n", "format", "shape", "M", "N", "K",
-               "thr", "GB/s med", "GB/s best", "GB/s cpu");
+        printf("%-9s %-8s %5s %5s %5s %3s %10s %10s %10s %10s\n", "format", "shape", "M", "N",
+               "K", "thr", "GB/s med", "GB/s best", "GB/s cpu", "GMAC/s cpu");
         for (int ti = 0; ti < n_threads; ti++) {
             threadpool *pool;
             if (pool_create((unsigned)threads[ti], &pool)) return 1;
@@ -286,9 +288,17 @@ int main(int argc, char **argv) {
                             fprintf(stderr, "quant-decode-bench: out of memory\n");
                             return 1;
                         }
-                        printf("%-9s %-8s %5zu %5zu %5zu %3zu %10.1f %10.1f %10.1f\n",
+                        const quant_format *f = r->format;
+                        const double read = (double)(quant_weight_row_bytes(f, SHAPES[si].K) *
+                                                         SHAPES[si].N +
+                                                     (size_t)quant_scale_count(
+                                                         f, SHAPES[si].N, SHAPES[si].K) *
+                                                         f->scale_bytes);
+                        const double macs =
+                            (double)ms[mi] * (double)SHAPES[si].N * (double)SHAPES[si].K;
+                        printf("%-9s %-8s %5zu %5zu %5zu %3zu %10.1f %10.1f %10.1f %10.1f\n",
                                FORMATS[fi].name, SHAPES[si].name, ms[mi], SHAPES[si].N,
-                               SHAPES[si].K, threads[ti], med, best, cpu);
+                               SHAPES[si].K, threads[ti], med, best, cpu, cpu / read * macs);
                         fflush(stdout);
                     }
             }

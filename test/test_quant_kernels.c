@@ -333,6 +333,9 @@ static int test_gemm(const quant_rule *r, const quant_simd *s, const char *varia
     /* a prefill shape: many rows, K past 1031 with a partial last block, columns past one
      * fp8-block weight block row */
     compare_gemm(r, s->gemm_columns, variant, 97, 133, 1100);
+    /* rows past one pass (32) along a K of several of the E2M1 kernels' panel segments (1024
+     * codes on AVX-512, 2048 on AVX2), a partial last block and a partial last tile */
+    compare_gemm(r, s->gemm_columns, variant, 40, 37, 4135);
     /* a decode row and two rows along a K longer than the kernel's stack holds at once */
     compare_gemm(r, s->gemm_columns, variant, 1, 21, 8300);
     compare_gemm(r, s->gemm_columns, variant, 2, 19, 4200);
@@ -568,8 +571,8 @@ static void compare_e2m1_edges(const quant_rule *r, quant_gemm_fn *columns, cons
                                size_t M) {
     const quant_format *f = r->format;
     const int e4m3 = f->block_cols == 16;
-    static const size_t Ks[] = {67, 300, 1057};
-    const size_t N = 37, K = Ks[rand_u64() % 3], bc = f->block_cols;
+    static const size_t Ks[] = {67, 300, 1057, 2100};
+    const size_t N = 37, K = Ks[rand_u64() % 4], bc = f->block_cols;
     const size_t nb = (K + bc - 1) / bc;
     uint8_t *xq = alloc_exact(M * K), *codes = alloc_exact(N * K), *bytes = alloc_exact(N * nb);
     const uint8_t *rows_of[2] = {xq, codes};

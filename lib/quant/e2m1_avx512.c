@@ -65,8 +65,8 @@ static inline __mmask16 lanes_of(size_t n) {
     return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
 }
 static inline void ev_store(float *p, ev v, size_t n) { _mm512_mask_storeu_ps(p, lanes_of(n), v); }
-#if !defined(E2M1_GEMM_ONLY)
 static inline ev ev_load(const float *p, size_t n) { return _mm512_maskz_loadu_ps(lanes_of(n), p); }
+#if !defined(E2M1_GEMM_ONLY)
 static inline void e2m1_store(uint8_t *p, ei code, size_t n) {
     _mm_mask_storeu_epi8(p, lanes_of(n), _mm512_cvtepi32_epi8(code));
 }

@@ -6,26 +6,26 @@
  * once, after their mapping, so every function here is compiled with that file's instruction
  * set and under its own name (EV_NAME).
  *
- * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK =
- * 4 EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). The weight rows are held two
- * codes a byte (code_layout.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2
- * bytes. Per tile and chunk the weight rows' codes are transposed and expanded to a code a
- * byte (ei_weight_chunk), so that register i holds codes 4i .. 4i+3 of every column, and
- * become their k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle; a
- * block's correction -12 sum(k_w) per column comes from the same registers. Then each row of
- * activations (up to PASS_ROWS a pass, each reusing the transposed chunk from registers) has
- * its codes mapped to k_a + 12 (unsigned bytes, 0 .. 24), and each dword of them, broadcast,
- * is multiplied with register i, 4 products summed per lane (vpdpbusd, or vpmaddubsw pairs
- * summed in int16 then vpmaddwd); a block's lanes start at its correction, so they end at
- * S = sum k_a k_w, the block's exact dot in units of 1/4 (at most 32 x 144 in magnitude: no
- * lane overflows). Then dot.c's fp32 chain in the lanes, the blocks ascending:
- * acc = acc + (S * (a_s / 4)) * w_s, which is acc + (d * a_s) * w_s: d = S / 4 exactly, and
- * a_s / 4 is exact (an E4M3 value is at least 2^-9, an E8M0 one at least 2^-127: powers of two
- * down to 2^-149 divide exactly), so S * (a_s / 4) and d * a_s are one real number rounded
- * once. Where every scale of a pass's rows and of the job's columns is within the bounds
- * that make each product exact (below, "the fused chain step"), the step is the one fma
- * acc = fma(S, a_s * (w_s / 4), acc), the same bits. Last, NVFP4's acc * (s2a * s2w). Past K
- * the codes read as 0 (k_w = 0: nothing added).
+ * The GEMM. Output columns in tiles of EV_LANES, a column a lane; K in chunks of EV_CHUNK = 4
+ * EV_LANES codes (on AVX-512 4 NVFP4 blocks or 2 MXFP4 ones). The weight rows are held two codes a
+ * byte (code_layout.h), (K + 1) / 2 bytes a row, so a chunk of a row is EV_CHUNK / 2 bytes. Per
+ * tile and chunk the weight rows' codes are transposed and expanded to a code a byte
+ * (ei_weight_chunk), so that register i holds codes 4i .. 4i+3 of every column, and become their
+ * k_w (k = 2 x value, |k| <= 12, signed bytes) through a byte shuffle; a block's correction -12
+ * sum(k_w) per column comes from the same registers (past PASS_ROWS rows, once per tile into a
+ * panel of a segment of K that every pass reads: e2m1_columns). Then each row of activations (up to
+ * PASS_ROWS a pass, two at a time, each reusing the transposed chunk from registers) has its codes
+ * mapped to k_a + 12 (unsigned bytes, 0 .. 24), and each dword of them, broadcast, is multiplied
+ * with register i, 4 products summed per lane (vpdpbusd, or vpmaddubsw pairs summed in int16 then
+ * vpmaddwd); a block's lanes start at its correction, so they end at S = sum k_a k_w, the block's
+ * exact dot in units of 1/4 (at most 32 x 144 in magnitude: no lane overflows). Then dot.c's fp32
+ * chain in the lanes, the blocks ascending: acc = acc + (S * (a_s / 4)) * w_s, which is acc + (d *
+ * a_s) * w_s: d = S / 4 exactly, and a_s / 4 is exact (an E4M3 value is at least 2^-9, an E8M0 one
+ * at least 2^-127: powers of two down to 2^-149 divide exactly), so S * (a_s / 4) and d * a_s are
+ * one real number rounded once. Where every scale of a pass's rows and of the job's columns is
+ * within the bounds that make each product exact (below, "the fused chain step"), the step is the
+ * one fma acc = fma(S, a_s * (w_s / 4), acc), the same bits. Last, NVFP4's acc * (s2a * s2w). Past
+ * K the codes read as 0 (k_w = 0: nothing added).
  *
  * The quantizers. Per block, amax is the lanes' max of |x| (a NaN passed over as fmaxf does:
  * vmaxps returns its second operand, the running max, when the first is NaN; a max is exact in
@@ -259,9 +259,229 @@ static inline void activation_dwords(int32_t u[EV_CHUNK / 4], ei unsigned_k, con
     __asm__ volatile("" : "+m"(*(int32_t(*)[EV_CHUNK / 4])u));
 }
 
+/* The chunk [k0, k0 + len) (blocks kb0 .. kb0 + nbc - 1) of `rows` (1 or 2, a constant where
+ * inlined) activation rows from row m, into their accumulators acc[0 .. rows): the block dots
+ * from the chunk's weight registers w and corrections, then the chain step per block, fused
+ * (FUSED_*: w_scale is w_s / 4, or its bits less those of 1.0) or the spec's. The rows'
+ * chains are independent, so that two rows at once keep twice the dots in flight. */
+static inline __attribute__((always_inline)) void
+e2m1_rows_chunk(ev *acc, const int rows, const quant_gemm_job *j, size_t m, size_t k0,
+                size_t len, size_t kb0, int nbc, const ei *w, const ei *correction,
+                const ev *w_scale, int fused, const int dwords) {
+    const size_t K = j->K, nb = j->nblocks;
+    const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
+    const ei unsigned_k = ei_table(E2M1_K_UNSIGNED);
+    int32_t u[2][EV_CHUNK / 4];
+    const float *xs[2];
+    ev a[2];
+    for (int r = 0; r < rows; r++) {
+        activation_dwords(u[r], unsigned_k, j->xq + (m + (size_t)r) * K + k0, len);
+        xs[r] = j->xs + (m + (size_t)r) * nb + kb0;
+        a[r] = acc[r];
+    }
+    if (fused == FUSED_EXPONENT_ADD) {
+#pragma GCC unroll 4
+        for (int b = 0; b < blocks_per_chunk; b++) {
+            if (b >= nbc) break;
+            for (int r = 0; r < rows; r++) {
+                const ei s = ei_dot(correction[b], w + b * dwords, u[r] + b * dwords, dwords);
+                int32_t scale_bits;
+                memcpy(&scale_bits, xs[r] + b, 4);
+                const ev p = ev_from_bits(ei_add(ev_bits(w_scale[b]), ei_set1(scale_bits)));
+                a[r] = ev_fma(ev_from_int(s), p, a[r]);
+            }
+        }
+    } else if (fused) {
+#pragma GCC unroll 4
+        for (int b = 0; b < blocks_per_chunk; b++) {
+            if (b >= nbc) break;
+            for (int r = 0; r < rows; r++) {
+                const ei s = ei_dot(correction[b], w + b * dwords, u[r] + b * dwords, dwords);
+                a[r] = ev_fma(ev_from_int(s), ev_mul(w_scale[b], ev_set1(xs[r][b])), a[r]);
+            }
+        }
+    } else {
+#pragma GCC unroll 4
+        for (int b = 0; b < blocks_per_chunk; b++) {
+            if (b >= nbc) break;
+            for (int r = 0; r < rows; r++) {
+                const ei s = ei_dot(correction[b], w + b * dwords, u[r] + b * dwords, dwords);
+                const ev t = ev_mul(ev_from_int(s), ev_set1(xs[r][b] * 0.25f));
+                a[r] = ev_add(a[r], ev_mul(t, w_scale[b]));
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) acc[r] = a[r];
+}
+
+/* A chunk of a tile's weights made ready for the rows: w[i] codes 4i .. 4i+3 of every column as
+ * k_w (signed bytes), per block the correction -12 sum(k_w) and w_s (0 past the job's
+ * blocks). */
+typedef struct e2m1_chunk {
+    ei w[EV_LANES];
+    ei correction[EV_CHUNK / 16];
+    ev w_scale[EV_CHUNK / 16];
+} e2m1_chunk;
+
+/* The panel of a tile: from PASS_ROWS rows on, a segment of K's chunks is made ready once (the
+ * codes transposed and widened, the corrections, the scales' values: about 15% of a pass when
+ * repeated for each) and read from memory by every pass, about 24 KB of it (L1). */
+enum { PANEL_CHUNKS = 24 * 1024 / sizeof(e2m1_chunk) };
+
+/* Makes chunk [k0, k0 + len) of the tile's columns ready (blocks kb0 .. kb0 + nbc - 1). */
+static inline __attribute__((always_inline)) void
+e2m1_chunk_ready(e2m1_chunk *c, const uint8_t *const wrow[EV_LANES],
+                 const uint8_t *const srow[EV_LANES], size_t k0, size_t len, size_t kb0,
+                 int nbc, const int dwords) {
+    const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
+    const ei signed_k = ei_table(E2M1_K_SIGNED);
+    ei_weight_chunk(c->w, wrow, k0 / 2, len);
+    for (int i = 0; i < EV_LANES; i++) c->w[i] = ei_shuffle_bytes(signed_k, c->w[i]);
+    for (int b = 0; b < EV_CHUNK / 16; b++) {
+        c->correction[b] = ei_set1(0);
+        c->w_scale[b] = ev_zero();
+    }
+    for (int b = 0; b < blocks_per_chunk; b++) {
+        if (b >= nbc) break;
+        c->correction[b] =
+            ei_sub(ei_set1(0), ei_dot(ei_set1(0), c->w + b * dwords, e2m1_biases, dwords));
+    }
+    ev_block_scales(c->w_scale, srow, kb0, nbc, dwords == 4); /* NVFP4: E4M3 */
+}
+
+/* Prefetches the next tile's share of chunk k0: its codes and scales (each contiguous): the
+ * hardware's prefetchers lose EV_LANES streams of short rows (2-3x the read rate of a cold
+ * 3072 x 1024 decode GEMM on Zen 4). */
+static inline void e2m1_prefetch_next(const quant_gemm_job *j, size_t nt, size_t k0, size_t kb0,
+                                      int blocks_per_chunk) {
+    const uint8_t *next = j->wq + (nt + EV_LANES) * j->w_row_bytes + k0 / 2 * EV_LANES;
+    for (int l = 0; l < EV_LANES * EV_CHUNK / 2; l += 64)
+        _mm_prefetch((const char *)(next + l), EV_PREFETCH);
+    const uint8_t *next_ws = j->ws_codes + (nt + EV_LANES) * j->w_grid_cols + kb0 * EV_LANES;
+    for (int l = 0; l < EV_LANES * blocks_per_chunk; l += 64)
+        _mm_prefetch((const char *)(next_ws + l), EV_PREFETCH);
+}
+
+/* The rows [m0, m1) (a pass) over chunk c at [k0, k0 + len): the chain's scales made the fused
+ * step's factors where `fused`, then the rows `pair` (1 or 2) at a time (two: two chains of
+ * block dots in flight, the faster from the panel; one: the faster for a single pass, whose
+ * chunk is made ready in registers), the last alone. */
+static inline __attribute__((always_inline)) void
+e2m1_pass_chunk(ev *acc, const quant_gemm_job *j, size_t m0, size_t m1, const e2m1_chunk *c,
+                size_t k0, size_t len, size_t kb0, int nbc, int fused, const int pair,
+                const int dwords) {
+    ev w_scale[EV_CHUNK / 16];
+    for (int b = 0; b < EV_CHUNK / 16; b++) {
+        /* w_s / 4 (exact: e2m1_chain_fusable), the fused chain's factor; for the exponent
+         * add, its bits less those of 1.0 */
+        w_scale[b] = c->w_scale[b];
+        if (fused) w_scale[b] = ev_mul(w_scale[b], ev_set1(0.25f));
+        if (fused == FUSED_EXPONENT_ADD)
+            w_scale[b] = ev_from_bits(ei_sub(ev_bits(w_scale[b]), ei_set1(0x3f800000)));
+    }
+    size_t m = m0;
+    for (; pair == 2 && m + 2 <= m1; m += 2)
+        e2m1_rows_chunk(acc + (m - m0), 2, j, m, k0, len, kb0, nbc, c->w, c->correction,
+                        w_scale, fused, dwords);
+    for (; pair == 1 && m + 1 < m1; m++)
+        e2m1_rows_chunk(acc + (m - m0), 1, j, m, k0, len, kb0, nbc, c->w, c->correction,
+                        w_scale, fused, dwords);
+    if (m < m1)
+        e2m1_rows_chunk(acc + (m - m0), 1, j, m, k0, len, kb0, nbc, c->w, c->correction,
+                        w_scale, fused, dwords);
+}
+
 /* The columns [n0, n1) of the job under blocks of `dwords` dwords (4: NVFP4's 16 codes, 8:
- * MXFP4's 32), a tile's columns a lane each. */
+ * MXFP4's 32), a tile's columns a lane each. Up to PASS_ROWS rows, one pass whose chunks are
+ * made ready in registers; from there on K in segments of PANEL_CHUNKS chunks, each made ready
+ * once into the panel and read by every pass, the rows' sums kept in y between segments
+ * (fp32 stored and loaded: the chain goes on unchanged). */
 static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_job *j,
+                                                               size_t n0, size_t n1,
+                                                               const int dwords) {
+    const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols;
+    const size_t row_bytes = j->w_row_bytes; /* (K + 1) / 2 */
+    const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
+    const int paneled = j->M > PASS_ROWS;
+    const size_t segment = paneled ? (size_t)PANEL_CHUNKS * EV_CHUNK : K;
+    e2m1_chunk panel[paneled ? PANEL_CHUNKS : 1];
+    /* the activation scales of all rows, once (below FUSE_MIN_ROWS rows the scans cost more
+     * than the fused chain saves) */
+    const int fuse_rows = j->M >= FUSE_MIN_ROWS;
+    e2m1_activation_scales all_rows = {0, 0, 0.0f, 0.0f};
+    if (fuse_rows) all_rows = e2m1_activation_scales_of(j->xs, j->M * nb);
+    for (size_t nt = n0; nt < n1; nt += EV_LANES) {
+        const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
+        const int prefetch = nt + EV_LANES < n1;
+        /* lanes past the tile's columns repeat its last column (read, never stored) */
+        const uint8_t *ws = j->ws_codes + nt * grid;
+        const uint8_t *wrow[EV_LANES];
+        const uint8_t *srow[EV_LANES];
+        for (size_t l = 0; l < EV_LANES; l++) {
+            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
+            srow[l] = ws + (l < cols ? l : cols - 1) * grid;
+        }
+        /* the tile's weight scales (its rows of `grid` bytes, one span) against all rows */
+        e2m1_weight_scales tile_scales = {0, 0, 0.0, 0.0};
+        if (fuse_rows) tile_scales = e2m1_weight_scales_of(ws, cols * grid, dwords == 4);
+        const int fuse_tile = fuse_rows ? e2m1_chain_fusable(&all_rows, &tile_scales) : 0;
+        for (size_t s0 = 0; s0 < K; s0 += segment) {
+            const size_t s1 = K - s0 < segment ? K : s0 + segment;
+            if (paneled)
+                for (size_t k0 = s0, c = 0; k0 < s1; k0 += EV_CHUNK, c++) {
+                    const size_t kb0 = k0 / (size_t)(4 * dwords), left = nb - kb0;
+                    const int nbc = left < (size_t)blocks_per_chunk ? (int)left
+                                                                    : blocks_per_chunk;
+                    if (prefetch) e2m1_prefetch_next(j, nt, k0, kb0, blocks_per_chunk);
+                    e2m1_chunk_ready(&panel[c], wrow, srow, k0,
+                                     K - k0 < EV_CHUNK ? K - k0 : EV_CHUNK, kb0, nbc, dwords);
+                }
+            for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
+                const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
+                /* the fused chain where it is exact for every row of the pass and the tile's
+                 * columns (all of the job's rows at once, else the pass's own): 0 or FUSED_* */
+                int fused = fuse_tile;
+                if (!fused && fuse_rows) {
+                    const e2m1_activation_scales pass_rows =
+                        e2m1_activation_scales_of(j->xs + m0 * nb, (m1 - m0) * nb);
+                    fused = e2m1_chain_fusable(&pass_rows, &tile_scales);
+                }
+                ev acc[PASS_ROWS];
+                for (size_t m = m0; m < m1; m++)
+                    acc[m - m0] = s0 == 0 ? ev_zero() : ev_load(j->y + m * j->ldy + nt, cols);
+                for (size_t k0 = s0, c = 0; k0 < s1; k0 += EV_CHUNK, c++) {
+                    const size_t len = K - k0 < EV_CHUNK ? K - k0 : EV_CHUNK;
+                    const size_t kb0 = k0 / (size_t)(4 * dwords), left = nb - kb0;
+                    const int nbc = left < (size_t)blocks_per_chunk ? (int)left
+                                                                    : blocks_per_chunk;
+                    if (paneled) {
+                        /* the chunk into registers for the pass (as below): read from the
+                         * panel by each row, its 24 vectors would cost a load each */
+                        const e2m1_chunk ready = panel[c];
+                        e2m1_pass_chunk(acc, j, m0, m1, &ready, k0, len, kb0, nbc, fused,
+                                        2, dwords);
+                    } else {
+                        if (prefetch) e2m1_prefetch_next(j, nt, k0, kb0, blocks_per_chunk);
+                        e2m1_chunk ready;
+                        e2m1_chunk_ready(&ready, wrow, srow, k0, len, kb0, nbc, dwords);
+                        e2m1_pass_chunk(acc, j, m0, m1, &ready, k0, len, kb0, nbc, fused,
+                                        1, dwords);
+                    }
+                }
+                for (size_t m = m0; m < m1; m++) {
+                    ev a = acc[m - m0];
+                    if (s1 == K && j->rule->format->has_tensor_scale)
+                        a = ev_mul(a, ev_set1(j->xt[m] * j->w_tensor_scale));
+                    ev_store(j->y + m * j->ldy + nt, a, cols);
+                }
+            }
+        }
+    }
+}
+
+/* e2m1_columns up to PASS_ROWS rows: one pass, each chunk made ready in registers and the rows
+ * one at a time (on Zen 4 the faster at 32 rows than e2m1_columns' single pass). */
+static inline __attribute__((always_inline)) void e2m1_columns_one_pass(const quant_gemm_job *j,
                                                                size_t n0, size_t n1,
                                                                const int dwords) {
     const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols;
@@ -395,7 +615,11 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
 }
 
 void EV_NAME(e2m1_gemm)(const quant_gemm_job *j, size_t n0, size_t n1) {
-    if (j->bc == 16)
+    if (j->M <= PASS_ROWS && j->bc == 16)
+        e2m1_columns_one_pass(j, n0, n1, 4);
+    else if (j->M <= PASS_ROWS)
+        e2m1_columns_one_pass(j, n0, n1, 8);
+    else if (j->bc == 16)
         e2m1_columns(j, n0, n1, 4);
     else
         e2m1_columns(j, n0, n1, 8);
