@@ -391,6 +391,40 @@ e2m1_pass_chunk(ev *acc, const quant_gemm_job *j, size_t m0, size_t m1, const e2
                         w_scale, fused, dwords);
 }
 
+/* The rows a tile of columns nt.. nt + cols - 1 reads, a lane each (lanes past the tile's
+ * columns repeat its last column: read, never stored): its codes' rows in wrow, its scale
+ * bytes' rows in srow; and its weight scales (its rows of `grid` bytes, one span) in
+ * tile_scales where fuse_rows, returning whether the fused chain step is exact for them
+ * against all rows' activation scales (e2m1_chain_fusable), else 0. */
+static inline __attribute__((always_inline)) int
+e2m1_tile_sources(const quant_gemm_job *j, size_t nt, size_t cols, const int dwords,
+                  int fuse_rows, const e2m1_activation_scales *all_rows,
+                  const uint8_t *wrow[EV_LANES], const uint8_t *srow[EV_LANES],
+                  e2m1_weight_scales *tile_scales) {
+    const size_t grid = j->w_grid_cols;
+    const uint8_t *ws = j->ws_codes + nt * grid;
+    for (size_t l = 0; l < EV_LANES; l++) {
+        wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * j->w_row_bytes;
+        srow[l] = ws + (l < cols ? l : cols - 1) * grid;
+    }
+    *tile_scales = (e2m1_weight_scales){0, 0, 0.0, 0.0};
+    if (!fuse_rows) return 0;
+    *tile_scales = e2m1_weight_scales_of(ws, cols * grid, dwords == 4);
+    return e2m1_chain_fusable(all_rows, tile_scales);
+}
+
+/* The fused chain step for the pass of rows m0.. m1 - 1 of a tile: where it is exact for
+ * every row of the pass and the tile's columns (all of the job's rows at once, fuse_tile,
+ * else the pass's own activation scales where fuse_rows): 0 or FUSED_*. */
+static inline __attribute__((always_inline)) int
+e2m1_pass_fusable(const quant_gemm_job *j, size_t m0, size_t m1, int fuse_tile, int fuse_rows,
+                  const e2m1_weight_scales *tile_scales) {
+    if (fuse_tile || !fuse_rows) return fuse_tile;
+    const e2m1_activation_scales pass_rows =
+        e2m1_activation_scales_of(j->xs + m0 * j->nblocks, (m1 - m0) * j->nblocks);
+    return e2m1_chain_fusable(&pass_rows, tile_scales);
+}
+
 /* The columns [n0, n1) of the job under blocks of `dwords` dwords (4: NVFP4's 16 codes, 8:
  * MXFP4's 32), a tile's columns a lane each. Up to PASS_ROWS rows, one pass whose chunks are
  * made ready in registers; from there on K in segments of PANEL_CHUNKS chunks, each made ready
@@ -399,8 +433,7 @@ e2m1_pass_chunk(ev *acc, const quant_gemm_job *j, size_t m0, size_t m1, const e2
 static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_job *j,
                                                                size_t n0, size_t n1,
                                                                const int dwords) {
-    const size_t K = j->K, nb = j->nblocks, grid = j->w_grid_cols;
-    const size_t row_bytes = j->w_row_bytes; /* (K + 1) / 2 */
+    const size_t K = j->K, nb = j->nblocks;
     const int blocks_per_chunk = EV_CHUNK / 4 / dwords;
     const int paneled = j->M > PASS_ROWS;
     const size_t segment = paneled ? (size_t)PANEL_CHUNKS * EV_CHUNK : K;
@@ -413,18 +446,10 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
         const int prefetch = nt + EV_LANES < n1;
-        /* lanes past the tile's columns repeat its last column (read, never stored) */
-        const uint8_t *ws = j->ws_codes + nt * grid;
-        const uint8_t *wrow[EV_LANES];
-        const uint8_t *srow[EV_LANES];
-        for (size_t l = 0; l < EV_LANES; l++) {
-            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
-            srow[l] = ws + (l < cols ? l : cols - 1) * grid;
-        }
-        /* the tile's weight scales (its rows of `grid` bytes, one span) against all rows */
-        e2m1_weight_scales tile_scales = {0, 0, 0.0, 0.0};
-        if (fuse_rows) tile_scales = e2m1_weight_scales_of(ws, cols * grid, dwords == 4);
-        const int fuse_tile = fuse_rows ? e2m1_chain_fusable(&all_rows, &tile_scales) : 0;
+        const uint8_t *wrow[EV_LANES], *srow[EV_LANES];
+        e2m1_weight_scales tile_scales;
+        const int fuse_tile = e2m1_tile_sources(j, nt, cols, dwords, fuse_rows, &all_rows, wrow,
+                                                srow, &tile_scales);
         for (size_t s0 = 0; s0 < K; s0 += segment) {
             const size_t s1 = K - s0 < segment ? K : s0 + segment;
             if (paneled)
@@ -438,14 +463,7 @@ static inline __attribute__((always_inline)) void e2m1_columns(const quant_gemm_
                 }
             for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
                 const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
-                /* the fused chain where it is exact for every row of the pass and the tile's
-                 * columns (all of the job's rows at once, else the pass's own): 0 or FUSED_* */
-                int fused = fuse_tile;
-                if (!fused && fuse_rows) {
-                    const e2m1_activation_scales pass_rows =
-                        e2m1_activation_scales_of(j->xs + m0 * nb, (m1 - m0) * nb);
-                    fused = e2m1_chain_fusable(&pass_rows, &tile_scales);
-                }
+                const int fused = e2m1_pass_fusable(j, m0, m1, fuse_tile, fuse_rows, &tile_scales);
                 ev acc[PASS_ROWS];
                 for (size_t m = m0; m < m1; m++)
                     acc[m - m0] = s0 == 0 ? ev_zero() : ev_load(j->y + m * j->ldy + nt, cols);
@@ -495,28 +513,13 @@ static inline __attribute__((always_inline)) void e2m1_columns_one_pass(const qu
     if (fuse_rows) all_rows = e2m1_activation_scales_of(j->xs, j->M * nb);
     for (size_t nt = n0; nt < n1; nt += EV_LANES) {
         const size_t cols = n1 - nt < EV_LANES ? n1 - nt : EV_LANES;
-        /* lanes past the tile's columns repeat its last column (read, never stored) */
-        const uint8_t *ws = j->ws_codes + nt * grid;
-        const uint8_t *wrow[EV_LANES];
-        const uint8_t *srow[EV_LANES];
-        for (size_t l = 0; l < EV_LANES; l++) {
-            wrow[l] = j->wq + (nt + (l < cols ? l : cols - 1)) * row_bytes;
-            srow[l] = ws + (l < cols ? l : cols - 1) * grid;
-        }
-        /* the tile's weight scales (its rows of `grid` bytes, one span) against all rows */
-        e2m1_weight_scales tile_scales = {0, 0, 0.0, 0.0};
-        if (fuse_rows) tile_scales = e2m1_weight_scales_of(ws, cols * grid, dwords == 4);
-        const int fuse_tile = fuse_rows ? e2m1_chain_fusable(&all_rows, &tile_scales) : 0;
+        const uint8_t *wrow[EV_LANES], *srow[EV_LANES];
+        e2m1_weight_scales tile_scales;
+        const int fuse_tile = e2m1_tile_sources(j, nt, cols, dwords, fuse_rows, &all_rows, wrow,
+                                                srow, &tile_scales);
         for (size_t m0 = 0; m0 < j->M; m0 += PASS_ROWS) {
             const size_t m1 = j->M - m0 < PASS_ROWS ? j->M : m0 + PASS_ROWS;
-            /* the fused chain where it is exact for every row of the pass and the tile's
-             * columns (all of the job's rows at once, else the pass's own): 0 or FUSED_* */
-            int fused = fuse_tile;
-            if (!fused && fuse_rows) {
-                const e2m1_activation_scales pass_rows =
-                    e2m1_activation_scales_of(j->xs + m0 * nb, (m1 - m0) * nb);
-                fused = e2m1_chain_fusable(&pass_rows, &tile_scales);
-            }
+            const int fused = e2m1_pass_fusable(j, m0, m1, fuse_tile, fuse_rows, &tile_scales);
             ev acc[PASS_ROWS];
             for (size_t m = m0; m < m1; m++) acc[m - m0] = ev_zero();
             for (size_t k0 = 0, kb0 = 0; k0 < K; k0 += EV_CHUNK, kb0 += (size_t)blocks_per_chunk) {
@@ -530,7 +533,7 @@ static inline __attribute__((always_inline)) void e2m1_columns_one_pass(const qu
                     const uint8_t *next = j->wq + (nt + EV_LANES) * row_bytes + k0 / 2 * EV_LANES;
                     for (int l = 0; l < EV_LANES * EV_CHUNK / 2; l += 64)
                         _mm_prefetch((const char *)(next + l), EV_PREFETCH);
-                    const uint8_t *next_ws = ws + EV_LANES * grid + kb0 * EV_LANES;
+                    const uint8_t *next_ws = srow[0] + EV_LANES * grid + kb0 * EV_LANES;
                     for (int l = 0; l < EV_LANES * blocks_per_chunk; l += 64)
                         _mm_prefetch((const char *)(next_ws + l), EV_PREFETCH);
                 }
