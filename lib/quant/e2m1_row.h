@@ -80,11 +80,14 @@ static inline int mxfp4_row_bounds(const float *xs, size_t nb, int *least, int *
 }
 
 /* The exponent adds of mxfp4_row_bounds, per block: the bits of a_s / 4 (a_quarter) less
- * those of 1.0. */
+ * those of 1.0, modulo 2^32 (a negative scale's sign bit rides along into the product's; the
+ * subtraction is unsigned, as the kernels' vector adds are, so no int overflows). */
 static inline void mxfp4_exponent_adds(const float *a_quarter, size_t nb, int32_t *adds) {
     for (size_t b = 0; b < nb; b++) {
-        memcpy(adds + b, a_quarter + b, 4);
-        adds[b] -= 0x3f800000;
+        uint32_t bits;
+        memcpy(&bits, a_quarter + b, 4);
+        bits -= 0x3f800000u;
+        memcpy(adds + b, &bits, 4);
     }
 }
 
